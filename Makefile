@@ -1,0 +1,97 @@
+# quern build. `make` builds bin/quern; `make test` builds and runs every test;
+# `make asan test` does the same under ASan+UBSan (separate build dir); `make deps`
+# installs Debian packages; `make model` fetches and verifies the default model.
+
+CC      ?= gcc
+BUILD   ?= build
+WERROR  ?=
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+CFLAGS_WARN = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(WERROR)
+CFLAGS_OPT  = -O2 -g
+CPPFLAGS    = -I. -D_GNU_SOURCE -MMD -MP
+LDLIBS      = -lsqlite3 -lzstd -lpcre2-8 -lcjson -larchive -lpthread -lm
+
+ifneq ($(filter asan,$(MAKECMDGOALS)),)
+BUILD      := build-asan
+CFLAGS_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+              -fno-sanitize-recover=undefined
+LDFLAGS    += -fsanitize=address,undefined
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+endif
+
+CFLAGS = -std=c11 $(CFLAGS_OPT) $(CFLAGS_WARN) -pthread
+
+# SIMD kernels live in files named *_avx2.c / *_avx512.c and are compiled for that ISA only;
+# the binary picks one at run time (kernels/cpu/dispatch.c), so it runs on any x86-64.
+ISA_AVX2   = -mavx2 -mfma -mf16c
+ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavxvnni
+
+LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/cpu/*.c engine/*.c jobs/*.c))
+BIN_SRC  = $(sort $(wildcard runner/*.c))
+TEST_SRC = $(sort $(wildcard tests/test_*.c))
+
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+QUERN    = $(BUILD)/bin/quern
+
+.PHONY: all test unit e2e asan deps model clean format bench
+all: $(QUERN) bin/quern
+
+bin/quern: $(QUERN)
+	@mkdir -p bin
+	cp $< $@
+
+$(BUILD)/libquern.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(QUERN): $(BIN_OBJ) $(BUILD)/libquern.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BIN_OBJ) $(BUILD)/libquern.a $(LDLIBS)
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_AVX2) -c -o $@ $<
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_AVX512) -c -o $@ $<
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
+
+# Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
+test: all $(TEST_BIN) model
+	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh $(TEST_BIN)
+
+unit: $(TEST_BIN) model
+	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh --unit-only $(TEST_BIN)
+
+asan:
+	@true
+
+deps:
+	tools/install_deps.sh
+
+model: $(MODEL)
+
+$(MODEL):
+	tools/fetch_model.sh $(MODEL)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+bench: all model
+	$(QUERN) bench --model $(MODEL)
+
+clean:
+	rm -rf build build-asan bin
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,52 @@
+/* Small helpers shared by the cmocka tests: fixture paths, whole-file reads, FNV-1a. */
+#ifndef TESTS_TEST_UTIL_H
+#define TESTS_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Path of the default model: $QUERN_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf. */
+static inline const char *test_model_path(void)
+{
+    const char *p = getenv("QUERN_MODEL");
+    return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+/* Read a whole file into a malloc'd buffer of exactly its size (+1 NUL not counted);
+ * returns NULL on failure. Caller frees. */
+static inline char *test_read_file(const char *path, size_t *len)
+{
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static inline uint64_t test_fnv1a64(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+#endif

