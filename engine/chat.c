@@ -1,0 +1,463 @@
+/* ChatML chat template: recognises the template text, extracts its default system turn, and
+ * renders or tokenizes a conversation as a list of parts (template special tokens and text). */
+#include "engine/chat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define CHAT_IM_START "<|im_start|>"
+#define CHAT_IM_END   "<|im_end|>"
+
+/* What a rendered part is. */
+enum chat_part_kind {
+    CHAT_PART_TEXT = 0, /* plain text */
+    CHAT_PART_IM_START, /* the template's <|im_start|> special token */
+    CHAT_PART_IM_END,   /* the template's <|im_end|> special token */
+};
+
+/* One piece of the rendered conversation; text points into caller or chat-owned memory. */
+struct chat_part {
+    enum chat_part_kind kind; /* text or which special token */
+    const char *s;            /* the text (for specials: their literal text) */
+    size_t n;                 /* its length in bytes */
+};
+
+#define CHAT_MAX_DEFAULT_PARTS 16
+
+struct engine_chat {
+    char *default_system;                                   /* unescaped default turn, or NULL */
+    struct chat_part default_parts[CHAT_MAX_DEFAULT_PARTS]; /* it split at special tokens */
+    size_t n_default_parts;                                 /* entries in default_parts */
+};
+
+/* ---- recognising the template ---- */
+
+/* The first ~60 characters of a template, made printable, for error messages. */
+static void template_snippet(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && i < 60 && o + 3 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') {
+            buf[o++] = '\\';
+            buf[o++] = 'n';
+        } else if (c < 0x20 || c == 0x7f) {
+            buf[o++] = '?';
+        } else if (c >= 0x80 && i + 4 > 60) {
+            break; /* do not cut a multi-byte character near the limit */
+        } else {
+            buf[o++] = (char)c;
+        }
+    }
+    buf[o] = 0;
+}
+
+/* Parse the Jinja string literal that starts at s[*i] (a quote). Unescapes the Python-style
+ * escapes Jinja accepts (\n \t \r \\ \' \" ; others are kept verbatim) into a malloc'd string
+ * (*out, *out_len); advances *i past the closing quote. Returns 0 if unterminated. */
+static int parse_literal(const char *s, size_t n, size_t *i, char **out, size_t *out_len)
+{
+    char q = s[*i];
+    char *d = malloc(n - *i + 1);
+    if (!d)
+        return -1;
+    size_t o = 0;
+    for (size_t j = *i + 1; j < n; j++) {
+        if (s[j] == q) {
+            d[o] = 0;
+            *out = d;
+            *out_len = o;
+            *i = j + 1;
+            return 1;
+        }
+        if (s[j] == '\\' && j + 1 < n) {
+            char e = s[++j];
+            switch (e) {
+            case 'n':
+                d[o++] = '\n';
+                break;
+            case 't':
+                d[o++] = '\t';
+                break;
+            case 'r':
+                d[o++] = '\r';
+                break;
+            case '\\':
+            case '\'':
+            case '"':
+                d[o++] = e;
+                break;
+            default:
+                d[o++] = '\\';
+                d[o++] = e;
+            }
+            continue;
+        }
+        d[o++] = s[j];
+    }
+    free(d);
+    return 0;
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* 1 when the tag body tpl[b..e) is just the literal at [lb..le), give or take whitespace and
+ * whitespace-control markers: {{- 'literal' -}}. */
+static int literal_is_whole_expr(const char *tpl, size_t b, size_t e, size_t lb, size_t le)
+{
+    while (b < lb && (is_space(tpl[b]) || tpl[b] == '-' || tpl[b] == '+'))
+        b++;
+    while (e > le && (is_space(tpl[e - 1]) || tpl[e - 1] == '-' || tpl[e - 1] == '+'))
+        e--;
+    return b == lb && e == le;
+}
+
+/* Find the default system turn: a string literal in the template that is a complete ChatML
+ * system turn and is output on its own ({{ '<|im_start|>system\n...<|im_end|>\n' }}).
+ * *out is NULL when there is none. */
+static enum status find_default_system(const char *tpl, size_t n, char **out,
+                                       struct err_detail *err)
+{
+    *out = NULL;
+    for (size_t i = 0; i + 1 < n;) {
+        if (tpl[i] != '{' || (tpl[i + 1] != '{' && tpl[i + 1] != '%' && tpl[i + 1] != '#')) {
+            i++;
+            continue;
+        }
+        char open = tpl[i + 1];
+        char close = open == '{' ? '}' : open;
+        size_t body = i + 2, j = body;
+        int closed = 0;
+        while (j + 1 < n) {
+            if (open != '#' && (tpl[j] == '\'' || tpl[j] == '"')) {
+                size_t lb = j;
+                char *lit;
+                size_t lit_len;
+                int r = parse_literal(tpl, n, &j, &lit, &lit_len);
+                if (r < 0)
+                    return err_set(err, ST_ERR_NOMEM, "parsing the chat template");
+                if (r == 0)
+                    return err_set(err, ST_ERR_FORMAT,
+                                   "chat template has an unterminated string at byte %zu", lb);
+                int turn =
+                    strncmp(lit, CHAT_IM_START "system", strlen(CHAT_IM_START "system")) == 0 &&
+                    strstr(lit, CHAT_IM_END) != NULL;
+                if (!turn) {
+                    free(lit);
+                    continue;
+                }
+                size_t le = j, e = le;
+                while (e + 1 < n && !(tpl[e] == close && tpl[e + 1] == '}'))
+                    e++;
+                if (open != '{' || !literal_is_whole_expr(tpl, body, e, lb, le)) {
+                    free(lit);
+                    return err_set(err, ST_ERR_UNSUPPORTED,
+                                   "chat template builds its default system turn in a way this "
+                                   "renderer does not support (byte %zu)",
+                                   lb);
+                }
+                if (!*out) {
+                    *out = lit;
+                } else {
+                    int same = strcmp(*out, lit) == 0;
+                    free(lit);
+                    if (!same)
+                        return err_set(err, ST_ERR_UNSUPPORTED,
+                                       "chat template has two different default system turns");
+                }
+                continue;
+            }
+            if (tpl[j] == close && tpl[j + 1] == '}') {
+                closed = 1;
+                break;
+            }
+            j++;
+        }
+        if (!closed)
+            return err_set(err, ST_ERR_FORMAT, "chat template has an unclosed tag at byte %zu", i);
+        i = j + 2;
+    }
+    return ST_OK;
+}
+
+/* Split the default system text at the ChatML special tokens into c->default_parts. */
+static enum status split_default(struct engine_chat *c, struct err_detail *err)
+{
+    const char *s = c->default_system;
+    size_t n = strlen(s), i = 0, text = 0;
+    c->n_default_parts = 0;
+    while (i <= n) {
+        enum chat_part_kind k = CHAT_PART_TEXT;
+        size_t tl = 0;
+        if (i < n && strncmp(s + i, CHAT_IM_START, strlen(CHAT_IM_START)) == 0)
+            k = CHAT_PART_IM_START, tl = strlen(CHAT_IM_START);
+        else if (i < n && strncmp(s + i, CHAT_IM_END, strlen(CHAT_IM_END)) == 0)
+            k = CHAT_PART_IM_END, tl = strlen(CHAT_IM_END);
+        if (k == CHAT_PART_TEXT && i < n) {
+            i++;
+            continue;
+        }
+        if (c->n_default_parts + 2 > CHAT_MAX_DEFAULT_PARTS)
+            return err_set(err, ST_ERR_UNSUPPORTED,
+                           "chat template's default system turn has "
+                           "too many special tokens");
+        if (i > text)
+            c->default_parts[c->n_default_parts++] =
+                (struct chat_part){CHAT_PART_TEXT, s + text, i - text};
+        if (i == n)
+            break;
+        c->default_parts[c->n_default_parts++] = (struct chat_part){k, s + i, tl};
+        i += tl;
+        text = i;
+    }
+    return ST_OK;
+}
+
+enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
+                             struct err_detail *err)
+{
+    *out = NULL;
+    struct io_gguf_str tpl;
+    enum status st = io_gguf_get_str(g, "tokenizer.chat_template", &tpl, err);
+    if (st != ST_OK && st != ST_ERR_NOT_FOUND)
+        return st;
+    struct engine_chat *c = calloc(1, sizeof(*c));
+    if (!c)
+        return err_set(err, ST_ERR_NOMEM, "allocating the chat template");
+    if (st == ST_ERR_NOT_FOUND) {
+        LOG_WARN("model has no tokenizer.chat_template; using plain ChatML");
+        *out = c;
+        return ST_OK;
+    }
+
+    char *s = malloc((size_t)tpl.len + 1);
+    if (!s) {
+        free(c);
+        return err_set(err, ST_ERR_NOMEM, "copying the chat template");
+    }
+    memcpy(s, tpl.ptr, (size_t)tpl.len);
+    s[tpl.len] = 0;
+    size_t n = (size_t)tpl.len;
+    if (memchr(s, 0, n) || !strstr(s, CHAT_IM_START) || !strstr(s, CHAT_IM_END) ||
+        strstr(s, "<|im_sep|>")) {
+        char snip[200];
+        template_snippet(s, n, snip, sizeof(snip));
+        free(s);
+        free(c);
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "chat template not supported (only ChatML is): \"%s\"", snip);
+    }
+    st = find_default_system(s, n, &c->default_system, err);
+    if (st == ST_OK && c->default_system)
+        st = split_default(c, err);
+    free(s);
+    if (st != ST_OK) {
+        err_prefix(err, "chat template");
+        engine_chat_free(c);
+        return st;
+    }
+    *out = c;
+    return ST_OK;
+}
+
+void engine_chat_free(struct engine_chat *c)
+{
+    if (!c)
+        return;
+    free(c->default_system);
+    free(c);
+}
+
+/* ---- rendering ---- */
+
+/* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs and c. */
+static enum status chat_parts(const struct engine_chat *c, const struct engine_chat_msg *msgs,
+                              size_t n, int add_generation_prompt, struct chat_part **parts,
+                              size_t *n_parts, struct err_detail *err)
+{
+    *parts = NULL;
+    *n_parts = 0;
+    if (n == 0)
+        return err_set(err, ST_ERR_INVALID_ARG, "a chat needs at least one message");
+    for (size_t i = 0; i < n; i++) {
+        const char *r = msgs[i].role;
+        if (!r || !msgs[i].content)
+            return err_set(err, ST_ERR_INVALID_ARG, "message %zu has no %s", i,
+                           r ? "content" : "role");
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "message %zu has role \"%.40s\" (allowed: system, user, assistant)", i,
+                           r);
+    }
+    if (n > SIZE_MAX / (8 * sizeof(struct chat_part)))
+        return err_set(err, ST_ERR_INVALID_ARG, "too many messages (%zu)", n);
+    struct chat_part *p = malloc((6 * n + 2 + CHAT_MAX_DEFAULT_PARTS) * sizeof(*p));
+    if (!p)
+        return err_set(err, ST_ERR_NOMEM, "rendering the chat");
+    size_t k = 0;
+    static const struct chat_part im_start = {CHAT_PART_IM_START, CHAT_IM_START, 12};
+    static const struct chat_part im_end = {CHAT_PART_IM_END, CHAT_IM_END, 10};
+    static const struct chat_part nl = {CHAT_PART_TEXT, "\n", 1};
+    if (c->default_system && strcmp(msgs[0].role, "system") != 0)
+        for (size_t i = 0; i < c->n_default_parts; i++)
+            p[k++] = c->default_parts[i];
+    for (size_t i = 0; i < n; i++) {
+        p[k++] = im_start;
+        p[k++] = (struct chat_part){CHAT_PART_TEXT, msgs[i].role, strlen(msgs[i].role)};
+        p[k++] = nl;
+        p[k++] = (struct chat_part){CHAT_PART_TEXT, msgs[i].content, strlen(msgs[i].content)};
+        p[k++] = im_end;
+        p[k++] = nl;
+    }
+    if (add_generation_prompt) {
+        p[k++] = im_start;
+        p[k++] = (struct chat_part){CHAT_PART_TEXT, "assistant\n", 10};
+    }
+    *parts = p;
+    *n_parts = k;
+    return ST_OK;
+}
+
+enum status engine_chat_render(const struct engine_chat *c, const struct engine_chat_msg *msgs,
+                               size_t n, int add_generation_prompt, char **out, size_t *out_len,
+                               struct err_detail *err)
+{
+    *out = NULL;
+    *out_len = 0;
+    struct chat_part *p;
+    size_t np;
+    enum status st = chat_parts(c, msgs, n, add_generation_prompt, &p, &np, err);
+    if (st != ST_OK)
+        return st;
+    size_t total = 1;
+    for (size_t i = 0; i < np; i++)
+        total += p[i].n;
+    char *s = malloc(total);
+    if (!s) {
+        free(p);
+        return err_set(err, ST_ERR_NOMEM, "rendering the chat (%zu bytes)", total);
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < np; i++) {
+        memcpy(s + o, p[i].s, p[i].n);
+        o += p[i].n;
+    }
+    s[o] = 0;
+    free(p);
+    *out = s;
+    *out_len = o;
+    return ST_OK;
+}
+
+/* Growing id array for engine_chat_tokenize. */
+struct chat_ids {
+    int32_t *v;    /* ids */
+    size_t n, cap; /* count and capacity */
+};
+
+static enum status ids_append(struct chat_ids *a, const int32_t *ids, size_t n,
+                              struct err_detail *err)
+{
+    if (a->n + n > a->cap) {
+        size_t cap = a->cap ? a->cap : 256;
+        while (cap < a->n + n)
+            cap *= 2;
+        int32_t *v = realloc(a->v, cap * sizeof(*v));
+        if (!v)
+            return err_set(err, ST_ERR_NOMEM, "growing the prompt token buffer");
+        a->v = v;
+        a->cap = cap;
+    }
+    if (n)
+        memcpy(a->v + a->n, ids, n * sizeof(*ids));
+    a->n += n;
+    return ST_OK;
+}
+
+/* Tokenize text (plain unless flags say otherwise) and append the ids. */
+static enum status ids_encode(struct chat_ids *a, const struct engine_tok *t, const char *s,
+                              size_t n, unsigned flags, struct err_detail *err)
+{
+    int32_t *ids;
+    size_t n_ids;
+    enum status st = engine_tok_encode(t, s, n, flags, &ids, &n_ids, err);
+    if (st != ST_OK)
+        return st;
+    st = ids_append(a, ids, n_ids, err);
+    free(ids);
+    return st;
+}
+
+enum status engine_chat_tokenize(const struct engine_chat *c, const struct engine_tok *t,
+                                 const struct engine_chat_msg *msgs, size_t n,
+                                 int add_generation_prompt, int allow_special_in_content,
+                                 int32_t **ids, size_t *n_ids, struct err_detail *err)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    int32_t im_start = engine_tok_find(t, CHAT_IM_START, strlen(CHAT_IM_START));
+    int32_t im_end = engine_tok_find(t, CHAT_IM_END, strlen(CHAT_IM_END));
+    if (im_start < 0 || im_end < 0)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "ChatML needs %s and %s tokens; the vocabulary "
+                       "lacks %s",
+                       CHAT_IM_START, CHAT_IM_END, im_start < 0 ? CHAT_IM_START : CHAT_IM_END);
+    struct chat_part *p;
+    size_t np;
+    enum status st = chat_parts(c, msgs, n, add_generation_prompt, &p, &np, err);
+    if (st != ST_OK)
+        return st;
+
+    struct chat_ids a = {0};
+    unsigned flags = allow_special_in_content ? ENGINE_TOK_PARSE_SPECIAL : 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    /* BOS, if the model wants one: encoding nothing with ADD_BOS yields just that. */
+    st = ids_encode(&a, t, "", 0, ENGINE_TOK_ADD_BOS, err);
+    for (size_t i = 0; i < np && st == ST_OK;) {
+        if (p[i].kind != CHAT_PART_TEXT) {
+            int32_t id = p[i].kind == CHAT_PART_IM_START ? im_start : im_end;
+            st = ids_append(&a, &id, 1, err);
+            i++;
+            continue;
+        }
+        /* Join the run of text parts up to the next special token into one piece. */
+        size_t j = i, len = 0;
+        for (; j < np && p[j].kind == CHAT_PART_TEXT; j++)
+            len += p[j].n;
+        if (len == 0) {
+            i = j;
+            continue;
+        }
+        if (len > cap) {
+            free(buf);
+            cap = len;
+            if (!(buf = malloc(cap))) {
+                st = err_set(err, ST_ERR_NOMEM, "joining prompt text");
+                break;
+            }
+        }
+        size_t o = 0;
+        for (; i < j; i++) {
+            memcpy(buf + o, p[i].s, p[i].n);
+            o += p[i].n;
+        }
+        st = ids_encode(&a, t, buf, len, flags, err);
+    }
+    free(buf);
+    free(p);
+    if (st != ST_OK) {
+        free(a.v);
+        return st;
+    }
+    if (!a.v && !(a.v = malloc(sizeof(*a.v))))
+        return err_set(err, ST_ERR_NOMEM, "allocating prompt tokens");
+    *ids = a.v;
+    *n_ids = a.n;
+    return ST_OK;
+}

@@ -1,0 +1,54 @@
+/* Chat templates: turns a list of role/content messages into the prompt text and token ids a
+ * model expects, by recognising the model's tokenizer.chat_template (no Jinja engine).
+ *
+ * Supported: ChatML ("<|im_start|>role\ncontent<|im_end|>\n" per message, generation prompt
+ * "<|im_start|>assistant\n"), including the default system turn that templates such as
+ * SmolLM2's and Qwen2.5's insert when the first message is not a system message: it is taken
+ * verbatim from the template's string literal. A model without tokenizer.chat_template gets
+ * plain ChatML without a default system turn (llama.cpp's fallback too). */
+#ifndef ENGINE_CHAT_H
+#define ENGINE_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/tokenizer.h"
+#include "io/gguf.h"
+
+/* One chat message; both strings NUL-terminated UTF-8, owned by the caller. */
+struct engine_chat_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* message text, rendered verbatim */
+};
+
+struct engine_chat; /* opaque; see engine/chat.c */
+
+/* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
+ * template's first 60 characters. The result copies what it needs (g may be closed); the
+ * caller frees it with engine_chat_free. */
+enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
+                             struct err_detail *err);
+
+/* Free; NULL is a no-op. */
+void engine_chat_free(struct engine_chat *c);
+
+/* Render n >= 1 messages (roles system/user/assistant, else ST_ERR_INVALID_ARG), followed by
+ * the assistant generation prompt when add_generation_prompt. *out is NUL-terminated,
+ * *out_len excludes the NUL; the caller frees *out with free(). */
+enum status engine_chat_render(const struct engine_chat *c, const struct engine_chat_msg *msgs,
+                               size_t n, int add_generation_prompt, char **out, size_t *out_len,
+                               struct err_detail *err);
+
+/* Render and tokenize in one go. Only the special tokens the template itself inserts
+ * (<|im_start|>, <|im_end|>, also inside the default system turn) become special ids; the text
+ * between two of them ("user\n" + content, or "\n") is tokenized as one piece of plain text, so
+ * a literal "<|im_end|>" inside content stays text unless allow_special_in_content, in which
+ * case control-token text in those pieces is parsed too. BOS is prepended when the model's
+ * add_bos_token says so. The caller frees *ids with free(). */
+enum status engine_chat_tokenize(const struct engine_chat *c, const struct engine_tok *t,
+                                 const struct engine_chat_msg *msgs, size_t n,
+                                 int add_generation_prompt, int allow_special_in_content,
+                                 int32_t **ids, size_t *n_ids, struct err_detail *err);
+
+#endif

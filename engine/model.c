@@ -1,0 +1,338 @@
+/* Llama forward pass over a flat multi-sequence batch, read top to bottom like llama2.c:
+ * embed -> per layer (RMSNorm, QKV, RoPE, paged attention, output proj, residual, RMSNorm,
+ * SwiGLU FFN, residual) -> final norm -> output head for the rows that want logits. */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+
+/* ---- loading ---- */
+
+static enum status get_hparam(const struct io_gguf *g, const char *arch, const char *key,
+                              int *out, int required, int dflt, struct err_detail *err)
+{
+    char name[128];
+    uint32_t v;
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    enum status st = io_gguf_get_u32(g, name, &v, err);
+    if (st == ST_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return ST_OK;
+    }
+    if (st)
+        return st;
+    if (v == 0 || v > (1u << 24))
+        return err_set(err, ST_ERR_FORMAT, "metadata %s = %u is out of range", name, v);
+    *out = (int)v;
+    return ST_OK;
+}
+
+static enum status get_f32(const struct io_gguf *g, const char *arch, const char *key,
+                           float *out, struct err_detail *err)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    enum status st = io_gguf_get_f32(g, name, out, err);
+    if (!st && !(isfinite(*out) && *out > 0))
+        return err_set(err, ST_ERR_FORMAT, "metadata %s = %g is not a positive number", name,
+                       (double)*out);
+    return st;
+}
+
+static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *hp,
+                                struct err_detail *err)
+{
+    struct io_gguf_str arch_s;
+    enum status st = io_gguf_get_str(g, "general.architecture", &arch_s, err);
+    if (st)
+        return st;
+    if (!io_gguf_str_eq(arch_s, "llama"))
+        return err_set(err, ST_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (llama only)",
+                       (int)(arch_s.len > 40 ? 40 : arch_s.len), arch_s.ptr);
+    const char *arch = "llama";
+    if ((st = get_hparam(g, arch, "embedding_length", &hp->n_embd, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "block_count", &hp->n_layer, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "feed_forward_length", &hp->n_ff, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "attention.head_count", &hp->n_head, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "context_length", &hp->n_ctx_train, 1, 0, err)) ||
+        (st = get_f32(g, arch, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)))
+        return st;
+    if ((st = get_hparam(g, arch, "attention.head_count_kv", &hp->n_kv_head, 0, hp->n_head, err)))
+        return st;
+    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_kv_head)
+        return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_embd %d, n_head %d, n_kv_head %d",
+                       hp->n_embd, hp->n_head, hp->n_kv_head);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->head_dim > KERN_MAX_HEAD_DIM || hp->head_dim % 2)
+        return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d unsupported (even, <= %d)",
+                       hp->head_dim, KERN_MAX_HEAD_DIM);
+    if ((st = get_hparam(g, arch, "rope.dimension_count", &hp->rope_dim, 0, hp->head_dim, err)))
+        return st;
+    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return err_set(err, ST_ERR_FORMAT, "rope.dimension_count %d invalid for head_dim %d",
+                       hp->rope_dim, hp->head_dim);
+    hp->rope_theta = 10000.0f;
+    char name[128];
+    snprintf(name, sizeof(name), "%s.rope.freq_base", arch);
+    if (io_gguf_find_kv(g, name) && (st = get_f32(g, arch, "rope.freq_base", &hp->rope_theta, err)))
+        return st;
+    struct io_gguf_str sc;
+    snprintf(name, sizeof(name), "%s.rope.scaling.type", arch);
+    if (io_gguf_get_str(g, name, &sc, NULL) == ST_OK && !io_gguf_str_eq(sc, "none"))
+        return err_set(err, ST_ERR_UNSUPPORTED, "RoPE scaling '%.*s' is not supported yet",
+                       (int)(sc.len > 20 ? 20 : sc.len), sc.ptr);
+    return ST_OK;
+}
+
+/* A 2-D weight of shape [ne0 = in, ne1 = out]. */
+static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in,
+                               int64_t out, struct kern_tensor *t, struct err_detail *err)
+{
+    const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
+    if (!gt)
+        return err_set(err, ST_ERR_NOT_FOUND, "tensor '%s' is missing", name);
+    if (gt->n_dims != 2 || gt->ne[0] != in || gt->ne[1] != out)
+        return err_set(err, ST_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], want [%lld, %lld]",
+                       name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)in,
+                       (long long)out);
+    if (gt->type != DTYPE_F32 && gt->type != DTYPE_F16 && gt->type != DTYPE_BF16 && in % 32)
+        return err_set(err, ST_ERR_UNSUPPORTED, "tensor '%s': row length %lld not a multiple of 32",
+                       name, (long long)in);
+    t->type = gt->type;
+    t->ne0 = in;
+    t->ne1 = out;
+    t->row_bytes = dtype_row_bytes(gt->type, in);
+    t->data = gt->data;
+    return ST_OK;
+}
+
+static enum status load_vector(const struct io_gguf *g, const char *name, int64_t n,
+                               const float **v, struct err_detail *err)
+{
+    const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
+    if (!gt)
+        return err_set(err, ST_ERR_NOT_FOUND, "tensor '%s' is missing", name);
+    if (gt->type != DTYPE_F32 || gt->ne[0] != n || gt->ne[1] * gt->ne[2] * gt->ne[3] != 1)
+        return err_set(err, ST_ERR_UNSUPPORTED, "tensor '%s': want F32 vector of %lld", name,
+                       (long long)n);
+    if ((uintptr_t)gt->data % sizeof(float))
+        return err_set(err, ST_ERR_FORMAT, "tensor '%s' is not 4-byte aligned", name);
+    *v = gt->data;
+    return ST_OK;
+}
+
+enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
+                                   struct kern_backend *be, struct err_detail *err)
+{
+    *out = NULL;
+    struct engine_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    struct engine_hparams *hp = &m->hp;
+    enum status st = read_hparams(g, hp, err);
+    if (st)
+        goto fail;
+    const struct io_gguf_tensor *emb = io_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) {
+        st = err_set(err, ST_ERR_NOT_FOUND, "tensor 'token_embd.weight' is missing");
+        goto fail;
+    }
+    hp->n_vocab = (int)emb->ne[1];
+    int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_kv_head * hp->head_dim;
+    if ((st = load_matrix(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)) ||
+        (st = load_vector(g, "output_norm.weight", hp->n_embd, &m->output_norm, err)))
+        goto fail;
+    if (io_gguf_find_tensor(g, "output.weight")) {
+        if ((st = load_matrix(g, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
+            goto fail;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = 1;
+    }
+    m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
+    if (!m->layers) {
+        st = err_set(err, ST_ERR_NOMEM, "no memory");
+        goto fail;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct engine_layer *L = &m->layers[l];
+        char n[9][64];
+        static const char *const names[9] = {"attn_norm", "attn_q", "attn_k",
+                                             "attn_v",    "attn_output", "ffn_norm",
+                                             "ffn_gate",  "ffn_up", "ffn_down"};
+        for (int i = 0; i < 9; i++)
+            snprintf(n[i], sizeof(n[i]), "blk.%d.%s.weight", l, names[i]);
+        char bias[64];
+        snprintf(bias, sizeof(bias), "blk.%d.attn_q.bias", l);
+        if (io_gguf_find_tensor(g, bias)) {
+            st = err_set(err, ST_ERR_UNSUPPORTED, "attention biases (%s) are not supported", bias);
+            goto fail;
+        }
+        if ((st = load_vector(g, n[0], hp->n_embd, &L->attn_norm, err)) ||
+            (st = load_matrix(g, n[1], hp->n_embd, q_dim, &L->wq, err)) ||
+            (st = load_matrix(g, n[2], hp->n_embd, kv_dim, &L->wk, err)) ||
+            (st = load_matrix(g, n[3], hp->n_embd, kv_dim, &L->wv, err)) ||
+            (st = load_matrix(g, n[4], q_dim, hp->n_embd, &L->wo, err)) ||
+            (st = load_vector(g, n[5], hp->n_embd, &L->ffn_norm, err)) ||
+            (st = load_matrix(g, n[6], hp->n_embd, hp->n_ff, &L->w_gate, err)) ||
+            (st = load_matrix(g, n[7], hp->n_embd, hp->n_ff, &L->w_up, err)) ||
+            (st = load_matrix(g, n[8], hp->n_ff, hp->n_embd, &L->w_down, err)))
+            goto fail;
+    }
+    m->gguf = g;
+    m->be = be;
+    *out = m;
+    return ST_OK;
+fail:
+    engine_model_free(m);
+    return st;
+}
+
+enum status engine_model_load(struct engine_model **out, const char *path, struct kern_backend *be,
+                              struct err_detail *err)
+{
+    struct io_gguf *g;
+    enum status st = io_gguf_open(&g, path, err);
+    if (st)
+        return st;
+    st = engine_model_from_gguf(out, g, be, err);
+    if (st) {
+        err_prefix(err, "%s", path);
+        io_gguf_close(g);
+    }
+    return st;
+}
+
+void engine_model_free(struct engine_model *m)
+{
+    if (!m)
+        return;
+    io_gguf_close(m->gguf);
+    free(m->layers);
+    free(m->scratch);
+    free(m->tables);
+    free(m);
+}
+
+enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
+                                 int32_t n_tokens, int max_seqs, int block_size,
+                                 struct err_detail *err)
+{
+    int32_t blocks = (n_tokens + block_size - 1) / block_size;
+    return engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim, block_size,
+                          blocks, max_seqs, err);
+}
+
+/* ---- forward ---- */
+
+/* Floats of activation scratch per token. */
+static size_t scratch_per_tok(const struct engine_hparams *hp)
+{
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
+    return 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)hp->n_ff;
+}
+
+static enum status check_batch(const struct engine_model *m, const struct engine_kv *kv,
+                               const struct engine_batch *b, struct err_detail *err)
+{
+    if (b->n_tok < 1)
+        return err_set(err, ST_ERR_INVALID_ARG, "empty batch");
+    for (int t = 0; t < b->n_tok; t++) {
+        if (b->token[t] < 0 || b->token[t] >= m->hp.n_vocab)
+            return err_set(err, ST_ERR_RANGE, "token id %d outside the vocabulary (%d)",
+                           b->token[t], m->hp.n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= kv->max_seqs)
+            return err_set(err, ST_ERR_RANGE, "sequence slot %d outside 0..%d", b->seq[t],
+                           kv->max_seqs - 1);
+        int64_t cap = (int64_t)kv->seqs[b->seq[t]].n_blocks * kv->block_size;
+        if (b->pos[t] < 0 || b->pos[t] >= cap)
+            return err_set(err, ST_ERR_RANGE,
+                           "position %d of sequence %d has no KV block reserved (capacity %lld)",
+                           b->pos[t], b->seq[t], (long long)cap);
+    }
+    return ST_OK;
+}
+
+enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
+                                 const struct engine_batch *b, float *logits,
+                                 struct err_detail *err)
+{
+    const struct engine_hparams *hp = &m->hp;
+    const struct kern_ops *k = m->be->ops;
+    struct kern_backend *be = m->be;
+    enum status st = check_batch(m, kv, b, err);
+    if (st)
+        return st;
+    const int n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
+    const int q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
+    if (n > m->scratch_tok) {
+        free(m->scratch);
+        free(m->tables);
+        m->scratch = malloc(sizeof(float) * scratch_per_tok(hp) * (size_t)n);
+        m->tables = malloc(sizeof(*m->tables) * (size_t)n);
+        m->scratch_tok = m->scratch && m->tables ? n : 0;
+        if (!m->scratch_tok)
+            return err_set(err, ST_ERR_NOMEM, "no memory for a batch of %d tokens", n);
+    }
+    float *x = m->scratch;               /* residual stream, n x E */
+    float *xn = x + (size_t)n * E;       /* normed input, n x E */
+    float *q = xn + (size_t)n * E;       /* queries, n x q_dim */
+    float *att = q + (size_t)n * q_dim;  /* attention output, n x q_dim */
+    float *kk = att + (size_t)n * q_dim; /* keys, n x kv_dim */
+    float *vv = kk + (size_t)n * kv_dim; /* values, n x kv_dim */
+    float *gate = vv + (size_t)n * kv_dim; /* FFN gate, n x n_ff */
+    float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
+    for (int t = 0; t < n; t++)
+        m->tables[t] = engine_kv_table(kv, b->seq[t]);
+
+    k->get_rows(be, &m->tok_embd, b->token, n, x);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct engine_layer *L = &m->layers[l];
+        struct kern_kv_layer kvl = engine_kv_layer(kv, l);
+
+        /* attention block */
+        k->rmsnorm(be, x, L->attn_norm, xn, n, E, hp->rms_eps);
+        k->matmul(be, &L->wq, xn, q, n);
+        k->matmul(be, &L->wk, xn, kk, n);
+        k->matmul(be, &L->wv, xn, vv, n);
+        k->rope(be, q, b->pos, n, hp->n_head, hd, hp->rope_dim, hp->rope_theta);
+        k->rope(be, kk, b->pos, n, hp->n_kv_head, hd, hp->rope_dim, hp->rope_theta);
+        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, kv_dim, kk, vv, n);
+        struct kern_attn a = {
+            .n_tok = n, .q = q, .out = att, .pos = b->pos, .block_table = m->tables,
+            .kv = kvl, .block_size = kv->block_size, .n_head = hp->n_head,
+            .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+        };
+        k->attention(be, &a);
+        k->matmul(be, &L->wo, att, xn, n);
+        k->add(be, x, xn, (long)n * E);
+
+        /* feed-forward block */
+        k->rmsnorm(be, x, L->ffn_norm, xn, n, E, hp->rms_eps);
+        k->matmul(be, &L->w_gate, xn, gate, n);
+        k->matmul(be, &L->w_up, xn, up, n);
+        k->swiglu(be, gate, up, (long)n * hp->n_ff);
+        k->matmul(be, &L->w_down, gate, xn, n);
+        k->add(be, x, xn, (long)n * E);
+    }
+
+    /* gather the rows that want logits, then final norm and output head */
+    int n_out = 0;
+    for (int t = 0; t < n; t++) {
+        int want = b->logits ? b->logits[t] != 0 : t == n - 1;
+        if (want) {
+            if (n_out != t)
+                memcpy(x + (size_t)n_out * E, x + (size_t)t * E, sizeof(float) * E);
+            n_out++;
+        }
+    }
+    if (n_out) {
+        k->rmsnorm(be, x, m->output_norm, xn, n_out, E, hp->rms_eps);
+        k->matmul(be, &m->output, xn, logits, n_out);
+    }
+    return ST_OK;
+}

@@ -1,0 +1,85 @@
+/* A Llama-architecture model loaded from GGUF, with a batched forward pass: one call
+ * computes a flat list of tokens from several sequences (each with its own position and KV
+ * block table) and returns logits only where asked. */
+#ifndef ENGINE_MODEL_H
+#define ENGINE_MODEL_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/kv.h"
+#include "io/gguf.h"
+#include "kernels/kernels.h"
+
+struct engine_hparams {
+    int n_vocab;      /* vocabulary size (rows of the output head) */
+    int n_ctx_train;  /* context length the model was trained for */
+    int n_embd;       /* hidden size */
+    int n_layer;      /* transformer blocks */
+    int n_head;       /* query heads */
+    int n_kv_head;    /* key/value heads */
+    int head_dim;     /* n_embd / n_head */
+    int n_ff;         /* FFN hidden size */
+    int rope_dim;     /* channels rotated by RoPE per head */
+    float rope_theta; /* RoPE base frequency */
+    float rms_eps;    /* RMSNorm epsilon */
+};
+
+struct engine_layer {
+    const float *attn_norm;    /* n_embd */
+    struct kern_tensor wq;     /* n_embd -> n_head*head_dim */
+    struct kern_tensor wk;     /* n_embd -> n_kv_head*head_dim */
+    struct kern_tensor wv;     /* n_embd -> n_kv_head*head_dim */
+    struct kern_tensor wo;     /* n_head*head_dim -> n_embd */
+    const float *ffn_norm;     /* n_embd */
+    struct kern_tensor w_gate; /* n_embd -> n_ff */
+    struct kern_tensor w_up;   /* n_embd -> n_ff */
+    struct kern_tensor w_down; /* n_ff -> n_embd */
+};
+
+struct engine_model {
+    struct io_gguf *gguf;         /* owns the mapping the weights point into */
+    struct engine_hparams hp;     /* hyperparameters from metadata */
+    struct kern_tensor tok_embd;  /* n_vocab rows of n_embd */
+    const float *output_norm;     /* n_embd */
+    struct kern_tensor output;    /* output head (tok_embd when tied) */
+    int tied_output;              /* 1 when the output head is tok_embd */
+    struct engine_layer *layers;  /* n_layer layers */
+    struct kern_backend *be;      /* compute backend (not owned) */
+    float *scratch;               /* activations for scratch_tok tokens (model-owned) */
+    int scratch_tok;              /* tokens the scratch holds */
+    const int32_t **tables;       /* per-token block tables (scratch) */
+};
+
+/* One forward step over a flat batch. Tokens of one sequence must appear in position order;
+ * a sequence's positions 0..pos-1 must already be in the KV cache or earlier in the batch. */
+struct engine_batch {
+    int n_tok;               /* tokens */
+    const int32_t *token;    /* token ids */
+    const int32_t *pos;      /* position of each token in its sequence */
+    const int32_t *seq;      /* KV sequence slot of each token */
+    const uint8_t *logits;   /* 1 where logits are wanted; NULL = last token only */
+};
+
+/* Load the model at path onto backend be (borrowed; must outlive the model). Every
+ * hyperparameter comes from metadata; a missing tensor or unsupported feature is an error
+ * that names it. Caller frees with engine_model_free. */
+enum status engine_model_load(struct engine_model **out, const char *path, struct kern_backend *be,
+                              struct err_detail *err);
+/* Same with an already-open GGUF; the model takes ownership of g on success. */
+enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
+                                   struct kern_backend *be, struct err_detail *err);
+void engine_model_free(struct engine_model *m);
+
+/* Run the batch; writes one n_vocab row of logits per requested token, in batch order, to
+ * logits (caller-owned). KV blocks for every position must be reserved beforehand. */
+enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
+                                 const struct engine_batch *b, float *logits,
+                                 struct err_detail *err);
+
+/* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences. */
+enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
+                                 int32_t n_tokens, int max_seqs, int block_size,
+                                 struct err_detail *err);
+
+#endif

@@ -1,0 +1,691 @@
+/* Per-request sampling and stop-string matching (see engine/sampler.h). Everything here is
+ * a pure function of one request's inputs: scratch is cleared after each call, sums run in
+ * a fixed order, and ranking ties always go to the lowest token id. */
+#include "engine/sampler.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Parameters ------------------------------------------------------------------------ */
+
+void engine_sampling_default(struct engine_sampling *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = -1;
+}
+
+enum status engine_sampling_validate(const struct engine_sampling *p, struct err_detail *err)
+{
+    /* Written as !(in range) so that NaN fails every check. */
+    if (!(p->temperature >= 0.0f && p->temperature <= 2.0f))
+        return err_set(err, ST_ERR_INVALID_ARG, "temperature %g not in [0, 2]",
+                       (double)p->temperature);
+    if (p->top_k < 0)
+        return err_set(err, ST_ERR_INVALID_ARG, "top_k %d is negative", (int)p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return err_set(err, ST_ERR_INVALID_ARG, "top_p %g not in (0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return err_set(err, ST_ERR_INVALID_ARG, "min_p %g not in [0, 1]", (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty)))
+        return err_set(err, ST_ERR_INVALID_ARG, "repeat_penalty %g must be finite and > 0",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < -1)
+        return err_set(err, ST_ERR_INVALID_ARG, "repeat_last_n %d is below -1",
+                       (int)p->repeat_last_n);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return err_set(err, ST_ERR_INVALID_ARG, "frequency_penalty %g not in [-2, 2]",
+                       (double)p->frequency_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return err_set(err, ST_ERR_INVALID_ARG, "presence_penalty %g not in [-2, 2]",
+                       (double)p->presence_penalty);
+    return ST_OK;
+}
+
+/* ---- Random numbers: splitmix64 for seeding, xoshiro256** for the stream --------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl64(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id, size_t id_len)
+{
+    /* FNV-1a over the id bytes, folded into a scrambled seed; splitmix64 then spreads that
+     * one word over the four state words (its outputs are distinct, so never all zero). */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < id_len; i++) {
+        h ^= (unsigned char)request_id[i];
+        h *= 0x100000001b3ull;
+    }
+    uint64_t x = seed;
+    x = splitmix64(&x) ^ h;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+uint64_t engine_rng_next(struct engine_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl64(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return out;
+}
+
+double engine_rng_uniform(struct engine_rng *r)
+{
+    return (double)(engine_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+/* ---- Sampler --------------------------------------------------------------------------- */
+
+/* Sort key that orders floats by descending value: flip every bit of a positive float
+ * except the sign, and only the sign of a negative one (branch-free: the sign bit spread
+ * into a mask). -0 is folded into +0 so that equal values get equal keys (ties then fall
+ * to the lower id through stable sorting). v must not be NaN. */
+static uint32_t rank_key(float v)
+{
+    v += 0.0f;
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    uint32_t neg = 0u - (u >> 31); /* all ones when v < 0 */
+    return u ^ (~neg & 0x7fffffffu);
+}
+
+/* Histogram buckets are the top 11 key bits (sign, exponent, two mantissa bits): values
+ * within a factor of 2^(1/4) share a bucket, and a lower bucket means a larger value. */
+#define RANK_BUCKET_BITS 11
+#define RANK_BUCKETS     (1u << RANK_BUCKET_BITS)
+#define RANK_BUCKET(key) ((key) >> (32 - RANK_BUCKET_BITS))
+
+/* One candidate token. During top-k selection w holds the (NaN-free) logit; afterwards the
+ * unnormalised weight exp(logit - max), which is exactly 1 for the most likely token. */
+struct cand {
+    float w;    /* logit during selection, then weight in [0, 1] */
+    int32_t id; /* token id */
+};
+
+struct engine_sampler {
+    int32_t n_vocab;   /* vocabulary size */
+    struct cand *cand; /* n_vocab: candidates of the current call; after it, the kept ones */
+    struct cand *tmp;  /* n_vocab: second buffer for the top-p radix sort */
+    int32_t *count;    /* n_vocab: penalty counts; all zero between calls */
+    int32_t *touched;  /* n_vocab: ids whose count is non-zero during a call */
+    size_t n_kept;     /* candidates kept by the last call (prefix of cand) */
+    double kept_total; /* sum of their weights */
+    double mass[4][RANK_BUCKETS]; /* top-p scratch: weight per rank bucket, in four lanes */
+};
+
+enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
+                                struct err_detail *err)
+{
+    *out = NULL;
+    if (n_vocab <= 0)
+        return err_set(err, ST_ERR_INVALID_ARG, "sampler: n_vocab %d must be positive",
+                       (int)n_vocab);
+    struct engine_sampler *s = calloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, ST_ERR_NOMEM, "sampler: out of memory");
+    size_t n = (size_t)n_vocab;
+    s->n_vocab = n_vocab;
+    s->cand = malloc(n * sizeof(*s->cand));
+    s->tmp = malloc(n * sizeof(*s->tmp));
+    s->count = calloc(n, sizeof(*s->count));
+    s->touched = malloc(n * sizeof(*s->touched));
+    if (!s->cand || !s->tmp || !s->count || !s->touched) {
+        engine_sampler_free(s);
+        return err_set(err, ST_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
+    }
+    *out = s;
+    return ST_OK;
+}
+
+void engine_sampler_free(struct engine_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->cand);
+    free(s->tmp);
+    free(s->count);
+    free(s->touched);
+    free(s);
+}
+
+size_t engine_sampler_n_kept(const struct engine_sampler *s)
+{
+    return s->n_kept;
+}
+
+int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *prob)
+{
+    assert(i < s->n_kept);
+    if (prob)
+        *prob = s->cand[i].w / s->kept_total;
+    return s->cand[i].id;
+}
+
+/* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
+ * applied in place. Counts live in s->count and are reset through s->touched, so a call
+ * costs O(window), not O(n_vocab), and leaves the scratch clean. */
+static void apply_penalties(struct engine_sampler *s, const struct engine_sampling *p,
+                            float *logits, const int32_t *history, size_t n_history)
+{
+    if (p->repeat_last_n == 0 || n_history == 0)
+        return;
+    if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
+        return;
+    size_t start = 0;
+    if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)
+        start = n_history - (size_t)p->repeat_last_n;
+
+    size_t n_touched = 0;
+    for (size_t i = start; i < n_history; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= s->n_vocab)
+            continue;
+        if (s->count[t]++ == 0)
+            s->touched[n_touched++] = t;
+    }
+    for (size_t j = 0; j < n_touched; j++) {
+        int32_t t = s->touched[j];
+        float l = logits[t];
+        if (p->repeat_penalty != 1.0f)
+            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        l -= (float)s->count[t] * p->frequency_penalty + p->presence_penalty;
+        logits[t] = l;
+        s->count[t] = 0;
+    }
+}
+
+/* Candidate a ranks above b: larger w, ties to the lower id. */
+static int cand_above(struct cand a, struct cand b)
+{
+    return a.w > b.w || (a.w == b.w && a.id < b.id);
+}
+
+/* Sort c[0..n) by rank; cheap when already nearly sorted. */
+static void insertion_sort(struct cand *c, size_t n)
+{
+    for (size_t i = 1; i < n; i++) {
+        struct cand x = c[i];
+        size_t j = i;
+        for (; j > 0 && cand_above(x, c[j - 1]); j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
+}
+
+/* Sort c[0..n) by rank with a stable LSD radix sort on rank_key(w), 8 bits a pass; the
+ * input must be in ascending id order so that equal weights stay in id order. Passes in
+ * which every key has the same byte are skipped. Uses tmp[0..n). */
+static void radix_sort(struct cand *c, struct cand *tmp, size_t n)
+{
+    struct cand *src = c, *dst = tmp;
+    for (int shift = 0; shift < 32; shift += 8) {
+        size_t hist[256] = {0};
+        for (size_t i = 0; i < n; i++)
+            hist[(rank_key(src[i].w) >> shift) & 0xff]++;
+        size_t pos = 0;
+        int single = 0;
+        for (int b = 0; b < 256; b++) {
+            size_t cnt = hist[b];
+            single |= cnt == n;
+            hist[b] = pos;
+            pos += cnt;
+        }
+        if (single)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            dst[hist[(rank_key(src[i].w) >> shift) & 0xff]++] = src[i];
+        struct cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c)
+        memcpy(c, src, n * sizeof(*c));
+}
+
+/* Sort c[0..n) (in ascending id order) by rank. */
+static void sort_cands(struct cand *c, struct cand *tmp, size_t n)
+{
+    if (n <= 48)
+        insertion_sort(c, n);
+    else
+        radix_sort(c, tmp, n);
+}
+
+/* Put the k (< n_vocab) highest-ranked logits, best first, at the front of cand (NaN ranks
+ * as -inf). One pass with a rising bar: a token that beats the current k-th best is
+ * appended to a buffer of max(2k, k + 64); when the buffer fills it is sorted and cut back
+ * to k, and the new k-th best becomes the bar. A later token equal to the bar loses the
+ * tie (higher id), so only strictly better keys enter. Equal keys stay in id order in the
+ * buffer, as sort_cands requires. */
+static void select_top_k(struct engine_sampler *s, const float *logits, size_t k)
+{
+    const size_t n = (size_t)s->n_vocab;
+    size_t cap = k < 64 ? k + 64 : 2 * k;
+    if (cap > n)
+        cap = n;
+    uint32_t bar = UINT32_MAX; /* above every non-NaN key */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v = isnan(logits[i]) ? -INFINITY : logits[i];
+        if (rank_key(v) >= bar)
+            continue;
+        s->cand[m++] = (struct cand){v, (int32_t)i};
+        if (m == cap) {
+            sort_cands(s->cand, s->tmp, m);
+            m = k;
+            bar = rank_key(s->cand[k - 1].w);
+        }
+    }
+    sort_cands(s->cand, s->tmp, m);
+}
+
+/* e^x for x <= 0 (engine_sample_exp), inlined into the weight loops. */
+static inline float exp_nonpos(float x)
+{
+    /* 2^n * e^r with n = round(x / ln 2) and |r| <= ln(2) / 2; e^r by its Taylor series to
+     * degree 6 (measured error under 3e-7 relative over [-80, 0]). ln 2 is split in two so
+     * that n * ln2_hi is exact. Adding and subtracting 1.5 * 2^23 rounds to an integer.
+     * Plain float operations only, so every IEEE machine gets the same bits as long as
+     * multiply-adds are not fused (-std=c11 implies -ffp-contract=off). */
+    const float log2e = 1.44269504f, ln2_hi = 0.693145751953125f, ln2_lo = 1.42860677e-6f;
+    const float round_magic = 12582912.0f;
+    float xc = x < -80.0f ? -80.0f : x;
+    float n = (xc * log2e + round_magic) - round_magic;
+    float r = (xc - n * ln2_hi) - n * ln2_lo;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return x < -80.0f ? 0.0f : p * scale;
+}
+
+float engine_sample_exp(float x)
+{
+    return exp_nonpos(x);
+}
+
+/* Weight of logit l when the largest candidate logit is mx: exactly 1 for the maximum
+ * itself (so rows with +inf, or with every logit -inf, stay well defined). */
+static float cand_weight(float l, float mx)
+{
+    return l == mx ? 1.0f : exp_nonpos(l - mx);
+}
+
+/* Whole-row temperature: NaN -> -inf, divide by t (skipped for t == 1, which would not
+ * change a bit); returns the row maximum. Four running maxima keep the loop from waiting
+ * on one compare chain; max is exact, so the order does not matter. */
+static float scale_row(float *logits, size_t n, float t)
+{
+    float hi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int k = 0; k < 4; k++) {
+            float l = logits[i + k];
+            l = isnan(l) ? -INFINITY : t == 1.0f ? l : l / t;
+            logits[i + k] = l;
+            hi[k] = l > hi[k] ? l : hi[k];
+        }
+    }
+    for (; i < n; i++) {
+        float l = logits[i];
+        l = isnan(l) ? -INFINITY : t == 1.0f ? l : l / t;
+        logits[i] = l;
+        hi[0] = l > hi[0] ? l : hi[0];
+    }
+    float a = hi[0] > hi[1] ? hi[0] : hi[1], b = hi[2] > hi[3] ? hi[2] : hi[3];
+    return a > b ? a : b;
+}
+
+/* Every token as a candidate in id order with its weight; returns the sum of weights,
+ * accumulated in four interleaved partial sums (a fixed order, so still deterministic).
+ * With `mass` set, also fills s->mass: weight per rank bucket for top_p_prefix, again in
+ * four lanes so that runs of one bucket do not wait on each other. */
+static double weigh_row(struct engine_sampler *s, const float *logits, float mx, int mass)
+{
+    const size_t n = (size_t)s->n_vocab;
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    if (mass)
+        memset(s->mass, 0, sizeof(s->mass));
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int k = 0; k < 4; k++) {
+            float w = cand_weight(logits[i + k], mx);
+            s->cand[i + k] = (struct cand){w, (int32_t)(i + k)};
+            acc[k] += w;
+            if (mass)
+                s->mass[k][RANK_BUCKET(rank_key(w))] += w;
+        }
+    }
+    for (; i < n; i++) {
+        float w = cand_weight(logits[i], mx);
+        s->cand[i] = (struct cand){w, (int32_t)i};
+        acc[0] += w;
+        if (mass)
+            s->mass[0][RANK_BUCKET(rank_key(w))] += w;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/* Top-p over the whole row (cand[0..n) in id order from weigh_row with mass, summing to
+ * total): move to the front, sorted by rank, a prefix of the full ranking that contains
+ * the nucleus, and return its length. The mass histogram gives the first rank bucket at
+ * which it and every bucket above hold top_p * total; those tokens form a prefix of the
+ * ranking (each outweighs every other token), usually a short one, and only they are
+ * sorted. If summing them in ranked order falls just short of the target (rounding), fall
+ * back to sorting the whole row. */
+static size_t top_p_prefix(struct engine_sampler *s, const float *logits, float mx, double total,
+                           float top_p)
+{
+    const size_t n = (size_t)s->n_vocab;
+    double target = (double)top_p * total, acc = 0.0;
+    uint32_t last = RANK_BUCKETS - 1;
+    for (uint32_t b = 0; b < RANK_BUCKETS; b++) {
+        acc += (s->mass[0][b] + s->mass[1][b]) + (s->mass[2][b] + s->mass[3][b]);
+        if (acc >= target) {
+            last = b;
+            break;
+        }
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (RANK_BUCKET(rank_key(s->cand[i].w)) <= last)
+            s->tmp[m++] = s->cand[i];
+    if (m < n) {
+        memcpy(s->cand, s->tmp, m * sizeof(*s->cand));
+        sort_cands(s->cand, s->tmp, m);
+        double cum = 0.0;
+        for (size_t j = 0; j < m; j++)
+            cum += s->cand[j].w;
+        if (cum >= target)
+            return m;
+        for (size_t i = 0; i < n; i++)
+            s->cand[i] = (struct cand){cand_weight(logits[i], mx), (int32_t)i};
+    }
+    sort_cands(s->cand, s->tmp, n);
+    return n;
+}
+
+/* Greedy: argmax of the penalised logits, ties to the lowest id; NaN becomes -inf. */
+static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *logprob)
+{
+    const size_t n = (size_t)s->n_vocab;
+    size_t best = 0;
+    float mx = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > mx) {
+            mx = logits[i];
+            best = i;
+        }
+    }
+    if (logprob) {
+        double sum = 0.0;
+        for (size_t i = 0; i < n; i++)
+            sum += cand_weight(logits[i], mx);
+        *logprob = (float)-log(sum);
+    }
+    s->cand[0] = (struct cand){1.0f, (int32_t)best};
+    s->n_kept = 1;
+    s->kept_total = 1.0;
+    return (int32_t)best;
+}
+
+int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
+                      struct engine_rng *rng, float *logits, const int32_t *history,
+                      size_t n_history, float *logprob)
+{
+    assert(p->temperature >= 0.0f && p->top_k >= 0 && p->top_p > 0.0f && p->top_p <= 1.0f);
+    assert(p->min_p >= 0.0f && p->min_p <= 1.0f && p->repeat_penalty > 0.0f);
+    const size_t n = (size_t)s->n_vocab;
+    const float t = p->temperature;
+
+    apply_penalties(s, p, logits, history, n_history);
+    if (t == 0.0f)
+        return sample_greedy(s, logits, logprob);
+
+    /* Candidates with their weights, cand[0..m): after top_k the k best by penalised logit,
+     * ranked (temperature touches only them); otherwise the whole row in id order. */
+    size_t m;
+    int ranked;
+    float mx;
+    double total = 0.0;
+    if (p->top_k > 0 && (size_t)p->top_k < n) {
+        m = (size_t)p->top_k;
+        select_top_k(s, logits, m);
+        for (size_t j = 0; j < m; j++)
+            logits[s->cand[j].id] = t == 1.0f ? s->cand[j].w : s->cand[j].w / t;
+        mx = logits[s->cand[0].id]; /* dividing by t > 0 keeps the best on top */
+        for (size_t j = 0; j < m; j++) {
+            s->cand[j].w = cand_weight(logits[s->cand[j].id], mx);
+            total += s->cand[j].w;
+        }
+        insertion_sort(s->cand, m); /* weights can tie where logits did not: re-rank by id */
+        ranked = 1;
+    } else {
+        m = n;
+        mx = scale_row(logits, n, t);
+        total = weigh_row(s, logits, mx, p->top_p < 1.0f);
+        ranked = 0;
+    }
+    const size_t m_weighed = m;
+
+    /* top_p: the smallest ranked prefix whose mass reaches top_p of the total. */
+    if (p->top_p < 1.0f) {
+        if (!ranked) {
+            m = top_p_prefix(s, logits, mx, total, p->top_p);
+            ranked = 1;
+        }
+        double target = (double)p->top_p * total, cum = 0.0;
+        for (size_t j = 0; j < m; j++) {
+            cum += s->cand[j].w;
+            if (cum >= target) {
+                m = j + 1;
+                break;
+            }
+        }
+    }
+
+    /* min_p: p_i >= min_p * p_max is w_i >= min_p, as the most likely weight is exactly 1. */
+    if (p->min_p > 0.0f) {
+        size_t kept = 0;
+        for (size_t j = 0; j < m; j++) {
+            if (s->cand[j].w >= p->min_p)
+                s->cand[kept++] = s->cand[j];
+            else if (ranked)
+                break;
+        }
+        m = kept;
+    }
+
+    /* Renormalise and draw with one uniform. */
+    double kept_total = total;
+    if (m != m_weighed) {
+        kept_total = 0.0;
+        for (size_t j = 0; j < m; j++)
+            kept_total += s->cand[j].w;
+    }
+    double u = engine_rng_uniform(rng) * kept_total, cum = 0.0;
+    size_t pick = 0, last_pos = 0;
+    int found = 0;
+    for (size_t j = 0; j < m; j++) {
+        cum += s->cand[j].w;
+        if (s->cand[j].w > 0.0f)
+            last_pos = j;
+        if (u < cum) {
+            pick = j;
+            found = 1;
+            break;
+        }
+    }
+    if (!found)
+        pick = last_pos; /* u at the very top, past the sum by rounding: last weighted token */
+
+    int32_t id = s->cand[pick].id;
+    if (logprob) {
+        float l = logits[id];
+        double lw = l == mx ? 0.0 : (double)l - (double)mx;
+        *logprob = (float)(lw - log(kept_total));
+    }
+    s->n_kept = m;
+    s->kept_total = kept_total;
+    return id;
+}
+
+/* ---- Stop strings ---------------------------------------------------------------------- */
+
+struct engine_stop {
+    size_t n;       /* number of stop strings */
+    char *blob;     /* all stop strings back to back, owned */
+    size_t *off;    /* n offsets of each string in blob, owned */
+    size_t *len;    /* n lengths in bytes (> 0), owned */
+    size_t max_len; /* longest stop string */
+    char *win;      /* 2 * max_len bytes: the last bytes of the text, owned */
+    size_t win_len; /* valid bytes in win (at least min(text so far, max_len)) */
+    size_t pending; /* bytes pushed, not yet released (under max_len between pushes) */
+    int matched;    /* index of the stop string that matched, -1 before */
+};
+
+enum status engine_stop_init(struct engine_stop **out, const char *const *stops, size_t n,
+                             struct err_detail *err)
+{
+    *out = NULL;
+    size_t total = 0, max_len = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!stops[i] || !stops[i][0])
+            return err_set(err, ST_ERR_INVALID_ARG, "stop string %zu is empty", i);
+        size_t l = 0;
+        while (l <= ENGINE_STOP_MAX_LEN && stops[i][l])
+            l++;
+        if (l > ENGINE_STOP_MAX_LEN)
+            return err_set(err, ST_ERR_INVALID_ARG, "stop string %zu is longer than %d bytes", i,
+                           ENGINE_STOP_MAX_LEN);
+        total += l;
+        if (l > max_len)
+            max_len = l;
+    }
+    struct engine_stop *s = calloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, ST_ERR_NOMEM, "stop: out of memory");
+    s->n = n;
+    s->max_len = max_len;
+    s->matched = -1;
+    s->blob = malloc(total + 1);
+    s->off = malloc((n + 1) * sizeof(*s->off));
+    s->len = malloc((n + 1) * sizeof(*s->len));
+    s->win = malloc(2 * max_len);
+    if (!s->blob || !s->off || !s->len || !s->win) {
+        engine_stop_free(s);
+        return err_set(err, ST_ERR_NOMEM, "stop: out of memory");
+    }
+    size_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        s->len[i] = strlen(stops[i]);
+        s->off[i] = pos;
+        memcpy(s->blob + pos, stops[i], s->len[i]);
+        pos += s->len[i];
+    }
+    *out = s;
+    return ST_OK;
+}
+
+void engine_stop_free(struct engine_stop *s)
+{
+    if (!s)
+        return;
+    free(s->blob);
+    free(s->off);
+    free(s->len);
+    free(s->win);
+    free(s);
+}
+
+size_t engine_stop_pending(const struct engine_stop *s)
+{
+    return s->matched >= 0 ? 0 : s->pending;
+}
+
+int engine_stop_matched(const struct engine_stop *s)
+{
+    return s->matched;
+}
+
+/* Length of the longest pending suffix that is a proper prefix of some stop string: the
+ * bytes that must be held back because a later push could complete a stop with them. */
+static size_t stop_holdback(const struct engine_stop *s)
+{
+    size_t h = s->pending < s->max_len - 1 ? s->pending : s->max_len - 1;
+    for (; h > 0; h--) {
+        const char *tail = s->win + s->win_len - h;
+        for (size_t k = 0; k < s->n; k++)
+            if (s->len[k] > h && memcmp(tail, s->blob + s->off[k], h) == 0)
+                return h;
+    }
+    return 0;
+}
+
+int engine_stop_push(struct engine_stop *s, const char *text, size_t len, size_t *emit_len)
+{
+    *emit_len = 0;
+    if (s->matched >= 0)
+        return 1;
+    for (size_t i = 0; i < len; i++) {
+        if (s->win_len == 2 * s->max_len) {
+            /* keep the last max_len bytes: enough for any stop ending at the next byte */
+            memmove(s->win, s->win + s->max_len, s->max_len);
+            s->win_len = s->max_len;
+        }
+        s->win[s->win_len++] = text[i];
+        s->pending++;
+        /* Does a stop string end at this byte? Prefer the longest. Matches never start
+         * before the pending text: those bytes were released only because no stop string
+         * could begin there. */
+        size_t best = 0;
+        int which = -1;
+        for (size_t k = 0; k < s->n; k++) {
+            size_t l = s->len[k];
+            if (l > best && l <= s->pending &&
+                memcmp(s->win + s->win_len - l, s->blob + s->off[k], l) == 0) {
+                best = l;
+                which = (int)k;
+            }
+        }
+        if (which >= 0) {
+            *emit_len = s->pending - best;
+            s->pending = 0;
+            s->matched = which;
+            return 1;
+        }
+    }
+    size_t hold = stop_holdback(s);
+    *emit_len = s->pending - hold;
+    s->pending = hold;
+    return 0;
+}

@@ -1,0 +1,137 @@
+/* Per-request token sampling (penalties, top-k, temperature, top-p, min-p, seeded draw) and
+ * stop-string matching. A request's result depends only on its own logits, history, params
+ * and RNG, never on what else shares the batch. */
+#ifndef ENGINE_SAMPLER_H
+#define ENGINE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+/* ---- Parameters ------------------------------------------------------------------------ */
+
+/* Per-request sampling parameters (OpenAI names; llama.cpp semantics for repeat_penalty). */
+struct engine_sampling {
+    float temperature;     /* 0 = greedy (argmax, ties to lowest id); else logits /= T */
+    int32_t top_k;         /* keep the k most likely tokens; 0 = off */
+    float top_p;           /* keep the smallest most-likely prefix with mass >= top_p; 1 = off */
+    float min_p;           /* drop tokens with p < min_p * p_max; 0 = off */
+    float repeat_penalty;  /* tokens in the window: logit > 0 ? logit / rp : logit * rp; 1 = off */
+    int32_t repeat_last_n; /* penalty window in tokens: -1 = whole history, 0 = no penalties */
+    float frequency_penalty; /* logit -= count * fp, count = occurrences in the window */
+    float presence_penalty;  /* logit -= pp when count > 0 */
+    uint64_t seed;           /* job/request seed, mixed with the request id by engine_rng_seed */
+};
+
+/* Temperature 1, top_p 1, repeat_penalty 1, every other penalty and filter off, seed 0;
+ * repeat_last_n -1 so that a request setting only frequency/presence penalties gets the
+ * OpenAI behaviour (counts over the whole history). */
+void engine_sampling_default(struct engine_sampling *p);
+
+/* Check user-supplied values: temperature in [0, 2], top_k >= 0, top_p in (0, 1],
+ * min_p in [0, 1], repeat_penalty finite and > 0, repeat_last_n >= -1, frequency and
+ * presence penalties in [-2, 2]. Returns ST_ERR_INVALID_ARG naming the first bad field. */
+enum status engine_sampling_validate(const struct engine_sampling *p, struct err_detail *err);
+
+/* ---- Random numbers -------------------------------------------------------------------- */
+
+/* xoshiro256** state; plain value, one per request, copy it to checkpoint a stream. */
+struct engine_rng {
+    uint64_t s[4]; /* generator state, never all zero */
+};
+
+/* Seed a per-request stream from the job seed and the request id bytes (e.g. custom_id;
+ * request_id may be NULL when id_len is 0). Same (seed, id) gives the same stream; different
+ * ids give unrelated streams. */
+void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id, size_t id_len);
+
+/* Next 64 random bits. */
+uint64_t engine_rng_next(struct engine_rng *r);
+
+/* Uniform double in [0, 1) with 53 random bits (consumes one engine_rng_next). */
+double engine_rng_uniform(struct engine_rng *r);
+
+/* ---- Sampler --------------------------------------------------------------------------- */
+
+/* Scratch for sampling over a vocabulary of n_vocab tokens (24 bytes a token + 64 KiB).
+ * Owned by one worker thread; holds no per-request state between calls, so one sampler
+ * serves every request the worker runs, in any order. */
+struct engine_sampler;
+
+/* Allocate a sampler for n_vocab > 0 tokens; caller frees with engine_sampler_free. */
+enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
+                                struct err_detail *err);
+
+/* Free a sampler; NULL is a no-op. */
+void engine_sampler_free(struct engine_sampler *s);
+
+/* Draw one token id in [0, n_vocab) for one request.
+ * logits: n_vocab values, caller-owned, used as scratch. On return every entry holds the
+ *   penalised logit (NaN as -inf), divided by the temperature when temperature > 0, except
+ *   that with top_k only the top_k candidates are divided and the rest are unspecified.
+ * history: the request's previous tokens (prompt + generated) for the penalties; ids
+ *   outside [0, n_vocab) are ignored. May be NULL when n_history is 0.
+ * p: validated parameters (engine_sampling_validate); rng: the request's stream, advanced
+ *   by exactly one engine_rng_next when temperature > 0 and not at all when greedy.
+ * Order: penalties -> (temperature 0: argmax) -> top_k -> temperature + softmax -> top_p
+ *   -> min_p -> renormalise -> draw. Ties in ranking go to the lowest id.
+ * logprob (NULL = skip): natural log of the chosen token's probability under the final,
+ *   renormalised distribution; for greedy, under softmax of the penalised logits.
+ * The result depends only on (logits, history, p, rng state). */
+int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
+                      struct engine_rng *rng, float *logits, const int32_t *history,
+                      size_t n_history, float *logprob);
+
+/* e^x for x <= 0 exactly as the sampler computes softmax weights: plain float arithmetic,
+ * so the same bits on every IEEE machine and libm (relative error under 4e-7); returns 0
+ * for x < -80 (such tokens never matter next to the maximum, whose weight is 1). */
+float engine_sample_exp(float x);
+
+/* The candidates that survived truncation in the last engine_sample call on s: how many. */
+size_t engine_sampler_n_kept(const struct engine_sampler *s);
+
+/* The i-th surviving candidate (i < engine_sampler_n_kept) of the last call: returns its id
+ * and stores its final probability in *prob (may be NULL). Order is by descending
+ * probability (ties to lowest id) when top_k or top_p truncated, otherwise by id. After a
+ * greedy call there is one candidate, the argmax, with probability 1. */
+int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *prob);
+
+/* ---- Stop strings ---------------------------------------------------------------------- */
+
+/* Longest stop string accepted, in bytes. */
+#define ENGINE_STOP_MAX_LEN 1024
+
+/* Matcher of a request's generated text against its stop strings (OpenAI `stop`). The
+ * caller owns the generated text; the matcher keeps a private copy of the short pending
+ * tail (under ENGINE_STOP_MAX_LEN bytes) it needs to see stops that span several pushes. */
+struct engine_stop;
+
+/* Build a matcher for n stop strings (NUL-terminated, non-empty, at most
+ * ENGINE_STOP_MAX_LEN bytes each); they are copied, so the caller may free them after the
+ * call. n == 0 gives a matcher that never matches. Caller frees with engine_stop_free. */
+enum status engine_stop_init(struct engine_stop **out, const char *const *stops, size_t n,
+                             struct err_detail *err);
+
+/* Free a matcher; NULL is a no-op. */
+void engine_stop_free(struct engine_stop *s);
+
+/* Feed len newly generated bytes. The "pending" text is every byte pushed but not yet
+ * released; *emit_len is set to how many bytes from the start of the pending text are now
+ * final and may be emitted (they can no longer be part of a stop string); the rest stays
+ * pending. Returns 1 when a stop string completed: *emit_len then counts the bytes before
+ * the stop string, and the stop string and everything after it must be dropped. The match
+ * is the occurrence that ends first in the whole text (the longest one if several end
+ * there), so results do not depend on how the text was split into pushes. After a match,
+ * further pushes return 1 with *emit_len 0. Emitted boundaries are byte positions and may
+ * split a UTF-8 character; callers that stream must hold partial characters themselves. */
+int engine_stop_push(struct engine_stop *s, const char *text, size_t len, size_t *emit_len);
+
+/* Bytes pushed but not yet released (the text to emit at end of generation when no stop
+ * string matched, e.g. on max_tokens). */
+size_t engine_stop_pending(const struct engine_stop *s);
+
+/* Index (into the init array) of the stop string that matched, or -1 before a match. */
+int engine_stop_matched(const struct engine_stop *s);
+
+#endif

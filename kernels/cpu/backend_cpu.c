@@ -1,0 +1,299 @@
+/* The CPU backend: fills struct kern_ops with threaded kernels built on the per-ISA dot
+ * products of cpu_kernels.h. Matmuls split weight rows across threads and either dequantize
+ * each weight row to f32 (exact mode) or quantize activations to 8-bit blocks once per call
+ * (fast mode). Every output element is computed by the same code whatever the batch, so
+ * results are independent of batch size and thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "common/pool.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+
+#define MATMUL_TOK_TILE 32 /* tokens whose activations stay hot while a row chunk streams */
+
+struct cpu_state {
+    struct pool *pool;             /* worker threads */
+    const struct kern_cpu_fns *fn; /* per-ISA kernels */
+    enum kern_act act;             /* activation precision of matmuls */
+    struct kern_q8 *xq;            /* quantized activations scratch (thread 0 owns) */
+    size_t xq_cap;                 /* blocks allocated in xq */
+    float *wrow;                   /* per-thread dequantized weight rows, n_threads x wrow_cap */
+    size_t wrow_cap;               /* floats per thread in wrow */
+};
+
+static struct cpu_state *st_of(struct kern_backend *b)
+{
+    return b->impl;
+}
+
+struct matmul_job {
+    const struct kern_cpu_fns *fn; /* kernels */
+    const struct kern_tensor *w;   /* weights */
+    const float *x;                /* float activations (float weight types) */
+    const struct kern_q8 *xq;      /* quantized activations (fast mode), else NULL */
+    float *wrow;                   /* per-thread row buffers (exact mode) */
+    size_t wrow_cap;               /* floats per thread in wrow */
+    float *y;                      /* output n_tok x ne1 */
+    int n_tok;                     /* tokens */
+};
+
+static void matmul_worker(void *arg, int ith, int nth)
+{
+    const struct matmul_job *j = arg;
+    const struct kern_tensor *w = j->w;
+    long r0, r1;
+    pool_range((long)w->ne1, ith, nth, &r0, &r1);
+    const int64_t nb = w->ne0 / KERN_QK;
+    float (*dq)(const void *, const struct kern_q8 *, int64_t) = j->fn->vec_dot_q8[w->type];
+    float (*df)(const void *, const float *, int64_t) = j->fn->vec_dot_f32[w->type];
+    void (*deq)(const void *, float *, int64_t) = j->fn->dequant_row[w->type];
+    float (*dot)(const void *, const float *, int64_t) = j->fn->vec_dot_f32[DTYPE_F32];
+    float *buf = j->wrow + (size_t)ith * j->wrow_cap;
+    for (int t0 = 0; t0 < j->n_tok; t0 += MATMUL_TOK_TILE) {
+        int t1 = t0 + MATMUL_TOK_TILE < j->n_tok ? t0 + MATMUL_TOK_TILE : j->n_tok;
+        for (long r = r0; r < r1; r++) {
+            const void *row = (const char *)w->data + (size_t)r * w->row_bytes;
+            if (j->xq) { /* fast: integer dots against quantized activations */
+                for (int t = t0; t < t1; t++)
+                    j->y[(size_t)t * w->ne1 + r] = dq(row, j->xq + (size_t)t * nb, w->ne0);
+            } else if (df) { /* float weights */
+                for (int t = t0; t < t1; t++)
+                    j->y[(size_t)t * w->ne1 + r] = df(row, j->x + (size_t)t * w->ne0, w->ne0);
+            } else { /* exact: dequantize the row once per token tile */
+                deq(row, buf, w->ne0);
+                for (int t = t0; t < t1; t++)
+                    j->y[(size_t)t * w->ne1 + r] = dot(buf, j->x + (size_t)t * w->ne0, w->ne0);
+            }
+        }
+    }
+}
+
+static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, const float *x,
+                       float *y, int n_tok)
+{
+    struct cpu_state *s = st_of(b);
+    struct matmul_job j = {s->fn, w, x, NULL, NULL, 0, y, n_tok};
+    int quantized = s->fn->vec_dot_f32[w->type] == NULL;
+    if (quantized && s->act == KERN_ACT_F32) {
+        if ((size_t)w->ne0 > s->wrow_cap) {
+            size_t cap = ((size_t)w->ne0 + 15) & ~(size_t)15; /* 64-byte rows per thread */
+            free(s->wrow);
+            s->wrow = aligned_alloc(64, sizeof(float) * cap * (size_t)pool_size(s->pool));
+            if (!s->wrow)
+                abort(); /* a few KB per thread: out of memory here is fatal */
+            s->wrow_cap = cap;
+        }
+        j.wrow = s->wrow;
+        j.wrow_cap = s->wrow_cap;
+    } else if (quantized) {
+        size_t need = (size_t)n_tok * (size_t)(w->ne0 / KERN_QK);
+        if (need > s->xq_cap) {
+            free(s->xq);
+            s->xq = malloc(need * sizeof(*s->xq));
+            if (!s->xq)
+                abort(); /* out of memory for activations: nothing sensible to do */
+            s->xq_cap = need;
+        }
+        for (int t = 0; t < n_tok; t++)
+            s->fn->quantize_q8(x + (size_t)t * w->ne0, s->xq + (size_t)t * (w->ne0 / KERN_QK),
+                               w->ne0);
+        j.xq = s->xq;
+    }
+    pool_run(s->pool, matmul_worker, &j);
+}
+
+static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
+                         int n, float *out)
+{
+    struct cpu_state *s = st_of(b);
+    for (int i = 0; i < n; i++)
+        s->fn->dequant_row[w->type]((const char *)w->data + (size_t)ids[i] * w->row_bytes,
+                                    out + (size_t)i * w->ne0, w->ne0);
+}
+
+static void cpu_rmsnorm(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
+                        int dim, float eps)
+{
+    (void)b;
+    for (int t = 0; t < n_tok; t++) {
+        const float *xr = x + (size_t)t * dim;
+        float *yr = y + (size_t)t * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+static void cpu_rope(struct kern_backend *b, float *x, const int32_t *pos, int n_tok, int n_head,
+                     int head_dim, int rot_dim, float theta)
+{
+    (void)b;
+    for (int t = 0; t < n_tok; t++) {
+        for (int i = 0; i < rot_dim; i += 2) {
+            double freq = pow((double)theta, -(double)i / rot_dim);
+            double ang = pos[t] * freq;
+            float c = (float)cos(ang), sn = (float)sin(ang);
+            for (int h = 0; h < n_head; h++) {
+                float *v = x + ((size_t)t * n_head + h) * head_dim + i;
+                float a = v[0], bb = v[1];
+                v[0] = a * c - bb * sn;
+                v[1] = a * sn + bb * c;
+            }
+        }
+    }
+}
+
+static void cpu_swiglu(struct kern_backend *b, float *gate, const float *up, long n)
+{
+    (void)b;
+    for (long i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
+{
+    (void)b;
+    for (long i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
+static size_t kv_slot(const int32_t *table, int32_t pos, int block_size)
+{
+    return (size_t)table[pos / block_size] * (size_t)block_size + (size_t)(pos % block_size);
+}
+
+static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
+                         const int32_t *const *block_table, const int32_t *pos, int block_size,
+                         int kv_dim, const float *k, const float *v, int n_tok)
+{
+    (void)b;
+    for (int t = 0; t < n_tok; t++) {
+        size_t slot = kv_slot(block_table[t], pos[t], block_size);
+        memcpy(kv.k + slot * kv_dim, k + (size_t)t * kv_dim, sizeof(float) * kv_dim);
+        memcpy(kv.v + slot * kv_dim, v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
+    }
+}
+
+/* One (token, head) pair: online-softmax attention over positions 0..pos. */
+static void attend_one(const struct kern_attn *a, int t, int h)
+{
+    const int hd = a->head_dim, kv_dim = a->n_kv_head * hd;
+    const int kvh = h / (a->n_head / a->n_kv_head);
+    const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
+    float *out = a->out + ((size_t)t * a->n_head + h) * hd;
+    const int32_t *table = a->block_table[t];
+    float acc[KERN_MAX_HEAD_DIM];
+    float m = -INFINITY, l = 0.0f;
+    for (int c = 0; c < hd; c++)
+        acc[c] = 0.0f;
+    for (int32_t p = 0; p <= a->pos[t]; p++) {
+        size_t slot = kv_slot(table, p, a->block_size);
+        const float *k = a->kv.k + slot * kv_dim + (size_t)kvh * hd;
+        const float *v = a->kv.v + slot * kv_dim + (size_t)kvh * hd;
+        float s = 0.0f;
+        for (int c = 0; c < hd; c++)
+            s += q[c] * k[c];
+        s *= a->scale;
+        if (s > m) {
+            float r = expf(m - s); /* 0 on the first key */
+            l *= r;
+            for (int c = 0; c < hd; c++)
+                acc[c] *= r;
+            m = s;
+        }
+        float pw = expf(s - m);
+        l += pw;
+        for (int c = 0; c < hd; c++)
+            acc[c] += pw * v[c];
+    }
+    for (int c = 0; c < hd; c++)
+        out[c] = acc[c] / l;
+}
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    const struct kern_attn *a = arg;
+    long lo, hi;
+    pool_range((long)a->n_tok * a->n_head, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++)
+        attend_one(a, (int)(i / a->n_head), (int)(i % a->n_head));
+}
+
+static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
+{
+    pool_run(st_of(b)->pool, attn_worker, (void *)a);
+}
+
+static const struct kern_ops cpu_ops = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+};
+
+enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
+                                  struct err_detail *err)
+{
+    *out = NULL;
+    const char *isa = o->isa;
+    const struct kern_cpu_fns *fn;
+    if (!isa || !strcmp(isa, "auto"))
+        fn = kern_cpu_fns_best();
+    else if (!strcmp(isa, "scalar"))
+        fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
+    else if (!strcmp(isa, "avx2"))
+        fn = kern_cpu_fns_get(KERN_ISA_AVX2);
+    else if (!strcmp(isa, "avx512"))
+        fn = kern_cpu_fns_get(KERN_ISA_AVX512);
+    else
+        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avx512)", isa);
+    if (!fn)
+        return err_set(err, ST_ERR_UNSUPPORTED, "this CPU does not support ISA '%s'", isa);
+    struct kern_backend *b = calloc(1, sizeof(*b));
+    struct cpu_state *s = calloc(1, sizeof(*s));
+    if (!b || !s) {
+        free(b);
+        free(s);
+        return err_set(err, ST_ERR_NOMEM, "no memory for the CPU backend");
+    }
+    enum status st = pool_init(&s->pool, o->n_threads, err);
+    if (st) {
+        free(b);
+        free(s);
+        return st;
+    }
+    s->fn = fn;
+    s->act = o->act;
+    b->ops = &cpu_ops;
+    b->impl = s;
+    *out = b;
+    return ST_OK;
+}
+
+void kern_cpu_backend_free(struct kern_backend *b)
+{
+    if (!b)
+        return;
+    struct cpu_state *s = b->impl;
+    pool_free(s->pool);
+    free(s->xq);
+    free(s->wrow);
+    free(s);
+    free(b);
+}
+
+const char *kern_cpu_backend_isa(const struct kern_backend *b)
+{
+    return ((const struct cpu_state *)b->impl)->fn->name;
+}

@@ -1,0 +1,126 @@
+/* CPU compute kernels: fp16/bf16 conversion, activation quantization, row dequantization and
+ * dot products of weight rows (any supported GGUF type) with activations, as scalar reference
+ * code plus AVX2 and AVX-512 VNNI versions chosen at run time through a function table. */
+#ifndef KERNELS_CPU_CPU_KERNELS_H
+#define KERNELS_CPU_CPU_KERNELS_H
+
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+#define KERN_QK   32  /* elements per activation block (and per Q4_0/Q4_1/Q5_0/Q8_0 block) */
+#define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
+
+/* Activations quantized per block of 32: q = round(x/d) (halves away from zero, as roundf),
+ * d = max|x|/127, s = d * sum(q). A block whose d would be below FLT_MIN (all zeros, or so tiny
+ * that 1/d overflows) is stored as d = s = 0, q = 0. q is always in [-127, 127] for finite x; the
+ * SIMD dot kernels rely on that (-128 would break their sign tricks). A row of n activations is
+ * n/KERN_QK consecutive blocks. */
+struct kern_q8 {
+    float d;           /* scale: max|x| / 127 (0 for an all-zero block) */
+    float s;           /* d * sum(q), used for the min/offset terms of Q4_1 and Q4_K */
+    int8_t q[KERN_QK]; /* quantized values */
+};
+
+/* GGUF/ggml weight blocks, little-endian, fp16 = IEEE half. Weight rows handed to the kernels
+ * must be 2-byte aligned (every block size is even and GGUF aligns tensor data to 32). */
+struct kern_block_q4_0 {
+    uint16_t d;     /* fp16 scale; x = d * (nibble - 8) */
+    uint8_t qs[16]; /* element i in the low nibble of qs[i], element i+16 in the high */
+};
+
+struct kern_block_q4_1 {
+    uint16_t d;     /* fp16 scale; x = d * nibble + m */
+    uint16_t m;     /* fp16 offset (the block minimum) */
+    uint8_t qs[16]; /* element i in the low nibble of qs[i], element i+16 in the high */
+};
+
+struct kern_block_q5_0 {
+    uint16_t d;     /* fp16 scale; x = d * (q5 - 16) */
+    uint8_t qh[4];  /* bit j of this little-endian uint32 is bit 4 of element j */
+    uint8_t qs[16]; /* low 4 bits: element i in the low nibble, element i+16 in the high */
+};
+
+struct kern_block_q8_0 {
+    uint16_t d;    /* fp16 scale; x = d * q */
+    int8_t qs[32]; /* quantized values */
+};
+
+struct kern_block_q4_k {
+    uint16_t d;         /* fp16 super-scale for the 6-bit sub-block scales */
+    uint16_t dmin;      /* fp16 super-scale for the 6-bit sub-block mins */
+    uint8_t scales[12]; /* 8 scales and 8 mins of 6 bits, packed (see kern_q4_k_scale_min) */
+    uint8_t qs[128];    /* 64-element group g: qs[32g..32g+31], low nibbles then high nibbles */
+};
+
+struct kern_block_q6_k {
+    uint8_t ql[128];   /* low 4 bits of the 256 quants */
+    uint8_t qh[64];    /* high 2 bits, four elements per byte */
+    int8_t scales[16]; /* one scale per 16 consecutive elements */
+    uint16_t d;        /* fp16 super-scale */
+};
+
+_Static_assert(sizeof(struct kern_q8) == 40, "kern_q8 layout");
+_Static_assert(sizeof(struct kern_block_q4_0) == 18, "Q4_0 block size");
+_Static_assert(sizeof(struct kern_block_q4_1) == 20, "Q4_1 block size");
+_Static_assert(sizeof(struct kern_block_q5_0) == 22, "Q5_0 block size");
+_Static_assert(sizeof(struct kern_block_q8_0) == 34, "Q8_0 block size");
+_Static_assert(sizeof(struct kern_block_q4_k) == 144, "Q4_K block size");
+_Static_assert(sizeof(struct kern_block_q6_k) == 210, "Q6_K block size");
+
+/* IEEE half and bfloat16 conversions; float -> half/bf16 rounds to nearest even, overflows to
+ * inf, keeps subnormals, and maps NaN to a quiet NaN of the same sign. */
+float kern_f16_to_f32(uint16_t h);
+uint16_t kern_f32_to_f16(float f);
+float kern_bf16_to_f32(uint16_t h);
+uint16_t kern_f32_to_bf16(float f);
+
+/* Sub-block j (0..7) scale and min of a Q4_K block, unpacked from its 12 scale bytes. */
+void kern_q4_k_scale_min(const uint8_t scales[12], int j, uint8_t *sc, uint8_t *m);
+
+/* Scalar reference implementations: the ground truth for every SIMD kernel. n is a multiple of
+ * the type's block size (and of KERN_QK); x must be finite. Passing a type a function does not
+ * handle is a programmer error and aborts. */
+void kern_ref_quantize_q8(const float *x, struct kern_q8 *y, int64_t n);
+/* All 9 types. */
+void kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K weight row . quantized activations. */
+float kern_ref_vec_dot_q8(uint32_t type, const void *w, const struct kern_q8 *x, int64_t n);
+/* F32, F16, BF16 weight row . float activations. */
+float kern_ref_vec_dot_f32(uint32_t type, const void *w, const float *x, int64_t n);
+
+enum kern_isa {
+    KERN_ISA_SCALAR = 0,
+    KERN_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    KERN_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI */
+    KERN_ISA_COUNT,
+};
+
+/* One instruction set's kernels. Every table is fully populated: entries a SIMD file does not
+ * implement point at the scalar reference (or, in the AVX-512 table, at the AVX2 kernel). Results
+ * are deterministic for a given table (same inputs, same bits) but may differ slightly between
+ * tables (summation order, FMA). */
+struct kern_cpu_fns {
+    enum kern_isa isa; /* which instruction set these use */
+    const char *name;  /* "scalar", "avx2", "avx512-vnni" */
+    void (*quantize_q8)(const float *x, struct kern_q8 *y, int64_t n); /* never NULL */
+    /* Quantized weight row . quantized activations; NULL for float types. */
+    float (*vec_dot_q8[DTYPE_COUNT])(const void *w, const struct kern_q8 *x, int64_t n);
+    /* Float weight row . float activations; only F32/F16/BF16, NULL otherwise. */
+    float (*vec_dot_f32[DTYPE_COUNT])(const void *w, const float *x, int64_t n);
+    /* Weight row -> floats, bitwise equal to the reference; all 9 types. */
+    void (*dequant_row[DTYPE_COUNT])(const void *src, float *dst, int64_t n);
+};
+
+/* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).
+ * Detected once, then cached; thread-safe. */
+enum kern_isa kern_cpu_detect(void);
+/* The table for isa, or NULL if this CPU lacks it (or isa is out of range). Static storage. */
+const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa);
+/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avx512 when that is set and
+ * supported (otherwise a warning is logged and the best is used). Never NULL. */
+const struct kern_cpu_fns *kern_cpu_fns_best(void);
+/* "scalar", "avx2", "avx512-vnni"; "?" when out of range. */
+const char *kern_isa_name(enum kern_isa isa);
+
+#endif

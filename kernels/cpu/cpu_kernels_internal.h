@@ -1,0 +1,70 @@
+/* Private to kernels/cpu: the per-type scalar kernels that the SIMD tables fall back to, and the
+ * per-ISA tables that dispatch.c hands out only after checking the CPU supports them. */
+#ifndef KERNELS_CPU_CPU_KERNELS_INTERNAL_H
+#define KERNELS_CPU_CPU_KERNELS_INTERNAL_H
+
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+/* One table per ISA, each defined in that ISA's file (quant_ref.c, dot_avx2.c, dot_avx512.c).
+ * Calling through the AVX tables on a CPU without those instructions crashes: go through
+ * kern_cpu_fns_get(). */
+extern const struct kern_cpu_fns kern_cpu_fns_scalar;
+extern const struct kern_cpu_fns kern_cpu_fns_avx2;
+extern const struct kern_cpu_fns kern_cpu_fns_avx512;
+
+/* Scalar per-type kernels (quant_ref.c); semantics as kern_ref_dequant_row and friends. */
+void kern_ref_dequant_f32(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_f16(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_bf16(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q4_0(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q4_1(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q5_0(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q8_0(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q4_k(const void *src, float *dst, int64_t n);
+void kern_ref_dequant_q6_k(const void *src, float *dst, int64_t n);
+
+float kern_ref_dot_q4_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_ref_dot_q4_1_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_ref_dot_q5_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_ref_dot_q8_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_ref_dot_q4_k_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_ref_dot_q6_k_q8(const void *w, const struct kern_q8 *x, int64_t n);
+
+float kern_ref_dot_f32_f32(const void *w, const float *x, int64_t n);
+float kern_ref_dot_f16_f32(const void *w, const float *x, int64_t n);
+float kern_ref_dot_bf16_f32(const void *w, const float *x, int64_t n);
+
+/* All 8 sub-block scales (out[0..7]) and mins (out[8..15]) of a Q4_K block at once, unpacked
+ * from their 12-byte packing with 32-bit integer ops (same result as kern_q4_k_scale_min). */
+static inline void kern_q4_k_unpack(const uint8_t packed[12], uint8_t out[16])
+{
+    uint32_t a, b, c;
+    memcpy(&a, packed, 4);     /* low 6 bits: scales 0-3; top 2 bits: scales 4-7 bits 4-5 */
+    memcpy(&b, packed + 4, 4); /* low 6 bits: mins 0-3; top 2 bits: mins 4-7 bits 4-5 */
+    memcpy(&c, packed + 8, 4); /* low nibbles: scales 4-7 bits 0-3; high nibbles: mins 4-7 */
+    uint32_t u[4] = {
+        a & 0x3F3F3F3Fu,
+        (c & 0x0F0F0F0Fu) | ((a >> 6) & 0x03030303u) << 4,
+        b & 0x3F3F3F3Fu,
+        ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 6) & 0x03030303u) << 4,
+    };
+    memcpy(out, u, sizeof u); /* x86 and the format are both little-endian */
+}
+
+/* AVX2 kernels (dot_avx2.c), also used by the AVX-512 table where it has nothing better. */
+float kern_avx2_dot_q4_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_q4_1_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_q5_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_q8_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_q4_k_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_q6_k_q8(const void *w, const struct kern_q8 *x, int64_t n);
+float kern_avx2_dot_f32_f32(const void *w, const float *x, int64_t n);
+float kern_avx2_dot_f16_f32(const void *w, const float *x, int64_t n);
+float kern_avx2_dot_bf16_f32(const void *w, const float *x, int64_t n);
+void kern_avx2_dequant_f16(const void *src, float *dst, int64_t n);
+void kern_avx2_dequant_q4_1(const void *src, float *dst, int64_t n);
+void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n);
+
+#endif

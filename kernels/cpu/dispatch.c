@@ -1,0 +1,115 @@
+/* Run-time choice of CPU kernels: detects once which SIMD instruction sets the CPU and OS support
+ * (cpuid + xgetbv) and hands out only tables whose instructions will run here. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* XCR0: which register state the OS saves on context switch. Only valid when CPUID reports
+ * OSXSAVE; the raw opcode avoids needing -mxsave for the intrinsic. */
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+static enum kern_isa detect_x86(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return KERN_ISA_SCALAR;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx)
+        return KERN_ISA_SCALAR;
+    uint64_t xcr0 = read_xcr0();
+    int os_ymm = (xcr0 & 0x6) == 0x6;   /* XMM and upper YMM state */
+    int os_zmm = (xcr0 & 0xE0) == 0xE0; /* opmask, upper ZMM0-15, ZMM16-31 */
+
+    if (__get_cpuid_max(0, 0) < 7)
+        return KERN_ISA_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    int avx2 = (b >> 5) & 1;
+    int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
+        avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
+
+    if (!(os_ymm && avx2 && fma && f16c))
+        return KERN_ISA_SCALAR;
+    /* dot_avx512.c is compiled with -mavx512dq too, so DQ is required (every VNNI CPU has it). */
+    if (os_zmm && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni)
+        return KERN_ISA_AVX512;
+    return KERN_ISA_AVX2;
+}
+#else
+static enum kern_isa detect_x86(void)
+{
+    return KERN_ISA_SCALAR;
+}
+#endif
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static enum kern_isa detected_isa; /* written once under detect_once */
+
+static void detect_run(void)
+{
+    detected_isa = detect_x86();
+}
+
+enum kern_isa kern_cpu_detect(void)
+{
+    pthread_once(&detect_once, detect_run);
+    return detected_isa;
+}
+
+static const struct kern_cpu_fns *const tables[KERN_ISA_COUNT] = {
+    [KERN_ISA_SCALAR] = &kern_cpu_fns_scalar,
+    [KERN_ISA_AVX2] = &kern_cpu_fns_avx2,
+    [KERN_ISA_AVX512] = &kern_cpu_fns_avx512,
+};
+
+const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa)
+{
+    /* The ISAs are ordered: each one's table only uses instructions of the ones above it. */
+    if ((int)isa < 0 || isa >= KERN_ISA_COUNT || isa > kern_cpu_detect())
+        return NULL;
+    return tables[isa];
+}
+
+const char *kern_isa_name(enum kern_isa isa)
+{
+    if ((int)isa < 0 || isa >= KERN_ISA_COUNT)
+        return "?";
+    return tables[isa]->name;
+}
+
+const struct kern_cpu_fns *kern_cpu_fns_best(void)
+{
+    enum kern_isa best = kern_cpu_detect();
+    const char *want = getenv("QUERN_ISA");
+    if (!want || !*want)
+        return tables[best];
+
+    enum kern_isa isa;
+    if (!strcmp(want, "scalar"))
+        isa = KERN_ISA_SCALAR;
+    else if (!strcmp(want, "avx2"))
+        isa = KERN_ISA_AVX2;
+    else if (!strcmp(want, "avx512") || !strcmp(want, "avx512-vnni"))
+        isa = KERN_ISA_AVX512;
+    else {
+        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avx512; using %s", want,
+                 tables[best]->name);
+        return tables[best];
+    }
+    if (isa > best) {
+        LOG_WARN("QUERN_ISA=%s is not supported by this CPU; using %s", want, tables[best]->name);
+        return tables[best];
+    }
+    return tables[isa];
+}

@@ -1,0 +1,450 @@
+/* AVX2 + FMA + F16C kernels: activation quantization and dot products of weight rows with
+ * activations. Compiled with -mavx2 -mfma -mf16c; only reached through kern_cpu_fns_get(), which
+ * checks the CPU first. Each kernel matches the scalar reference in quant_ref.c (integer sums
+ * exactly; float sums up to rounding, since lanes are summed in a different, fixed order). */
+#include <assert.h>
+#include <float.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+/* ---- helpers ---- */
+
+static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int32_t hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float hmax_ps(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float f16_load(const uint16_t *p)
+{
+    return _cvtsh_ss(*p);
+}
+
+/* The 16 bytes of a 32-element nibble block as 32 bytes 0..15: element i (low nibble of qs[i])
+ * at byte i, element i+16 (high nibble) at byte i+16. */
+static inline __m256i nibbles_32(const uint8_t *qs)
+{
+    /* both lanes load the same 16 bytes (a load-port broadcast, no shuffle); lane 1 is shifted
+     * right by 4 within each dword, which brings every byte's high nibble down to its low bits
+     * (the bits that come in from the next byte are masked off) */
+    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    both = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Signed bytes a . signed bytes b, summed in 8 groups of 4 (int32). |a| may be 128, b must not. */
+static inline __m256i dot_i8(__m256i a, __m256i b)
+{
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* Unsigned bytes a (< 128) . signed bytes b, summed in 8 groups of 4 (int32). */
+static inline __m256i dot_u8_i8(__m256i a, __m256i b)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+
+/* roundf() of 8 floats with |v| < 2^31, as int32: truncate, then step away from zero when the
+ * dropped fraction (exact) is at least one half. Bitwise the same as the scalar reference. */
+static inline __m256i round_away_epi32(__m256 v)
+{
+    __m256i i = _mm256_cvttps_epi32(v);
+    __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(i));
+    __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 down = _mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ);
+    i = _mm256_sub_epi32(i, _mm256_castps_si256(up)); /* mask is -1 where true */
+    return _mm256_add_epi32(i, _mm256_castps_si256(down));
+}
+
+/* ---- activation quantization ---- */
+
+static void avx2_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
+{
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+        __m256 m01 = _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask));
+        __m256 m23 = _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask));
+        float amax = hmax_ps(_mm256_max_ps(m01, m23));
+        float d = amax / 127.0f;
+        if (!(d >= FLT_MIN))
+            d = 0.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = round_away_epi32(_mm256_mul_ps(v[k], vid));
+        int32_t sum = hsum_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+
+        /* int32 -> int8; the packs interleave 128-bit lanes, the permute restores order */
+        __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+        __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[b].q, p);
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+/* ---- quantized weights . quantized activations ---- */
+
+float kern_avx2_dot_q4_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q4_0 *w = vw;
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        __m256i q = _mm256_sub_epi8(nibbles_32(w[b].qs), eight);
+        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
+        __m256 s = _mm256_set1_ps(f16_load(&w[b].d) * x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(q, xq)), s, acc);
+    }
+    return hsum_ps(acc);
+}
+
+/* Hot path (the default model is Q4_1): two blocks per iteration on separate accumulators. The
+ * fp16 pair (d, m) is converted at once and multiplied by the activation pair (d, s), giving
+ * (d*dx, m*s): lane 0 scales the integer dot, lane 1 is the block's offset term. */
+static inline void q4_1_block(const struct kern_block_q4_1 *w, const struct kern_q8 *x, __m256 *acc,
+                              __m128 *acc_m)
+{
+    uint32_t dm_bits;
+    memcpy(&dm_bits, &w->d, sizeof dm_bits);
+    __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm_bits));
+    __m128 xds = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&x->d));
+    __m128 prod = _mm_mul_ps(dm, xds);
+    __m256i xq = _mm256_loadu_si256((const __m256i *)x->q);
+    __m256i p = dot_u8_i8(nibbles_32(w->qs), xq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(prod), *acc);
+    *acc_m = _mm_add_ps(*acc_m, prod);
+}
+
+float kern_avx2_dot_q4_1_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q4_1 *w = vw;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 acc_m0 = _mm_setzero_ps(), acc_m1 = _mm_setzero_ps();
+    int64_t nb = n / KERN_QK, b = 0;
+    assert(n % KERN_QK == 0);
+    for (; b + 1 < nb; b += 2) {
+        q4_1_block(&w[b], &x[b], &acc0, &acc_m0);
+        q4_1_block(&w[b + 1], &x[b + 1], &acc1, &acc_m1);
+    }
+    if (b < nb)
+        q4_1_block(&w[b], &x[b], &acc0, &acc_m0);
+    __m128 m = _mm_add_ps(acc_m0, acc_m1);
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(m));
+}
+
+/* The 32 bits of a Q5_0 qh as 32 bytes: 0x10 where the bit is set, else 0. */
+static inline __m256i q5_high_bytes(const uint8_t qh_bytes[4])
+{
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, sizeof qh); /* x86 is little-endian, as the format is */
+    __m256i v = _mm256_set1_epi32((int)qh);
+    /* byte j takes source byte j/8 (each 128-bit lane sees the same 4 source bytes) */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                            2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL); /* byte j tests bit j%8 */
+    v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+float kern_avx2_dot_q5_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q5_0 *w = vw;
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    __m256 acc = _mm256_setzero_ps();
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        __m256i q = _mm256_or_si256(nibbles_32(w[b].qs), q5_high_bytes(w[b].qh));
+        q = _mm256_sub_epi8(q, sixteen);
+        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
+        __m256 s = _mm256_set1_ps(f16_load(&w[b].d) * x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(q, xq)), s, acc);
+    }
+    return hsum_ps(acc);
+}
+
+float kern_avx2_dot_q8_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q8_0 *w = vw;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t nb = n / KERN_QK, b = 0;
+    assert(n % KERN_QK == 0);
+    for (; b + 1 < nb; b += 2) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)w[b + 1].qs);
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)x[b].q);
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)x[b + 1].q);
+        __m256 s0 = _mm256_set1_ps(f16_load(&w[b].d) * x[b].d);
+        __m256 s1 = _mm256_set1_ps(f16_load(&w[b + 1].d) * x[b + 1].d);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(w0, x0)), s0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(w1, x1)), s1, acc1);
+    }
+    if (b < nb) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)x[b].q);
+        __m256 s0 = _mm256_set1_ps(f16_load(&w[b].d) * x[b].d);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(w0, x0)), s0, acc0);
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* Q4_K: per super-block, the 8 float scales d*sc[j]*dx[j] and the min term dmin*m[j]*s[j] are
+ * computed as vectors; each 32-byte qs group then gives sub-blocks 2g (low nibbles) and 2g+1
+ * (high nibbles), whose integer dots are scaled by a broadcast from memory (no shuffle). */
+float kern_avx2_dot_q4_k_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q4_k *w = vw;
+    const __m256i lo_mask = _mm256_set1_epi8(0x0F);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, acc_m = a0;
+    assert(n % KERN_QK_K == 0);
+    for (int64_t b = 0; b < n / KERN_QK_K; b++, x += 8) {
+        uint8_t sm[16];
+        kern_q4_k_unpack(w[b].scales, sm);
+        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256 mn =
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+        __m256 dx = _mm256_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d, x[6].d, x[7].d);
+        __m256 sx = _mm256_setr_ps(x[0].s, x[1].s, x[2].s, x[3].s, x[4].s, x[5].s, x[6].s, x[7].s);
+        float scale[8];
+        _mm256_storeu_ps(scale,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(f16_load(&w[b].d)), sc), dx));
+        acc_m = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16_load(&w[b].dmin)), mn), sx, acc_m);
+        for (int g = 0; g < 4; g += 2) { /* two 32-byte groups per step, four chains */
+            __m256i r0 = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * g));
+            __m256i r1 = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * g + 32));
+            __m256i p0 = dot_u8_i8(_mm256_and_si256(r0, lo_mask),
+                                   _mm256_loadu_si256((const __m256i *)x[2 * g].q));
+            __m256i p1 = dot_u8_i8(_mm256_and_si256(_mm256_srli_epi16(r0, 4), lo_mask),
+                                   _mm256_loadu_si256((const __m256i *)x[2 * g + 1].q));
+            __m256i p2 = dot_u8_i8(_mm256_and_si256(r1, lo_mask),
+                                   _mm256_loadu_si256((const __m256i *)x[2 * g + 2].q));
+            __m256i p3 = dot_u8_i8(_mm256_and_si256(_mm256_srli_epi16(r1, 4), lo_mask),
+                                   _mm256_loadu_si256((const __m256i *)x[2 * g + 3].q));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(&scale[2 * g]), a0);
+            a1 =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&scale[2 * g + 1]), a1);
+            a2 =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), _mm256_broadcast_ss(&scale[2 * g + 2]), a2);
+            a3 =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p3), _mm256_broadcast_ss(&scale[2 * g + 3]), a3);
+        }
+    }
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    return hsum_ps(sum) - hsum_ps(acc_m);
+}
+
+/* Q6_K: the 6-bit values of 32 elements as unsigned bytes 0..63, group k of a 128-element half.
+ * ql_lo/ql_hi are ql[0..31]/ql[32..63] of the half, qh its 32 high-bit bytes. */
+static inline __m256i q6_group(__m256i ql_lo, __m256i ql_hi, __m256i qh, int k)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256i ql = k % 2 ? ql_hi : ql_lo;
+    __m256i low = k / 2 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+    __m256i high;
+    switch (k) { /* bits 2k..2k+1 of qh moved to bits 4..5 */
+    case 0:
+        high = _mm256_slli_epi16(qh, 4);
+        break;
+    case 1:
+        high = _mm256_slli_epi16(qh, 2);
+        break;
+    case 2:
+        high = qh;
+        break;
+    default:
+        high = _mm256_srli_epi16(qh, 2);
+        break;
+    }
+    return _mm256_or_si256(low, _mm256_and_si256(high, m2));
+}
+
+float kern_avx2_dot_q6_k_q8(const void *vw, const struct kern_q8 *x, int64_t n)
+{
+    const struct kern_block_q6_k *w = vw;
+    const __m256i thirty_two = _mm256_set1_epi8(32);
+    /* scale-byte selectors: bytes 0..7 take scale 2j, bytes 8..15 take scale 2j+1 */
+    const __m128i sel0 = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m256 acc = _mm256_setzero_ps();
+    assert(n % KERN_QK_K == 0);
+    for (int64_t b = 0; b < n / KERN_QK_K; b++, x += 8) {
+        float d = f16_load(&w[b].d);
+        __m128i scales = _mm_loadu_si128((const __m128i *)w[b].scales);
+        __m128i sel = sel0;
+        for (int h = 0; h < 2; h++) {
+            __m256i ql_lo = _mm256_loadu_si256((const __m256i *)(w[b].ql + 64 * h));
+            __m256i ql_hi = _mm256_loadu_si256((const __m256i *)(w[b].ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const struct kern_q8 *xb = &x[4 * h + k];
+                __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+                __m256i q = q6_group(ql_lo, ql_hi, qh, k);
+                /* (q - 32) . x as int16 pairs: |.| <= 63*127*2 + 32*127*2, fits */
+                __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, xq),
+                                               _mm256_maddubs_epi16(thirty_two, xq));
+                __m256i sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sel));
+                sel = _mm_add_epi8(sel, _mm_set1_epi8(2));
+                __m256i p = _mm256_madd_epi16(p16, sc16);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb->d), acc);
+            }
+        }
+    }
+    return hsum_ps(acc);
+}
+
+/* ---- float weights . float activations ---- */
+
+/* 8 weights as floats; the caller-supplied loader decides the storage type. */
+static inline __m256 load8_f32(const void *w, int64_t i)
+{
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline __m256 load8_f16(const void *w, int64_t i)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+}
+
+static inline __m256 load8_bf16(const void *w, int64_t i)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* Four accumulators over 32 elements per step, then a scalar tail in the reference order. */
+#define DOT_FLOAT_BODY(load8, scalar_w)                                                            \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                    \
+    int64_t i = 0;                                                                                 \
+    for (; i + 32 <= n; i += 32) {                                                                 \
+        a0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(x + i), a0);                             \
+        a1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(x + i + 8), a1);                     \
+        a2 = _mm256_fmadd_ps(load8(w, i + 16), _mm256_loadu_ps(x + i + 16), a2);                   \
+        a3 = _mm256_fmadd_ps(load8(w, i + 24), _mm256_loadu_ps(x + i + 24), a3);                   \
+    }                                                                                              \
+    for (; i + 8 <= n; i += 8)                                                                     \
+        a0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(x + i), a0);                             \
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
+    for (; i < n; i++)                                                                             \
+        sum += (scalar_w)*x[i];                                                                    \
+    return sum;
+
+float kern_avx2_dot_f32_f32(const void *w, const float *x, int64_t n)
+{
+    DOT_FLOAT_BODY(load8_f32, ((const float *)w)[i])
+}
+
+float kern_avx2_dot_f16_f32(const void *w, const float *x, int64_t n)
+{
+    DOT_FLOAT_BODY(load8_f16, kern_f16_to_f32(((const uint16_t *)w)[i]))
+}
+
+float kern_avx2_dot_bf16_f32(const void *w, const float *x, int64_t n)
+{
+    DOT_FLOAT_BODY(load8_bf16, kern_bf16_to_f32(((const uint16_t *)w)[i]))
+}
+
+/* ---- dequantization (exact: same float operations as the reference) ---- */
+
+void kern_avx2_dequant_f16(const void *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load8_f16(src, i));
+    for (; i < n; i++)
+        dst[i] = kern_f16_to_f32(((const uint16_t *)src)[i]);
+}
+
+void kern_avx2_dequant_q4_1(const void *src, float *dst, int64_t n)
+{
+    const struct kern_block_q4_1 *w = src;
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++, dst += KERN_QK) {
+        __m256 d = _mm256_set1_ps(f16_load(&w[b].d));
+        __m256 m = _mm256_set1_ps(f16_load(&w[b].m));
+        __m256i q = nibbles_32(w[b].qs);
+        __m128i half[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int k = 0; k < 4; k++) { /* elements 8k..8k+7 */
+            __m128i q8 = k % 2 ? _mm_srli_si128(half[k / 2], 8) : half[k / 2];
+            __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8));
+            /* mul then add, not FMA: the reference rounds twice */
+            _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_mul_ps(d, qf), m));
+        }
+    }
+}
+
+void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n)
+{
+    const struct kern_block_q8_0 *w = src;
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++, dst += KERN_QK) {
+        __m256 d = _mm256_set1_ps(f16_load(&w[b].d));
+        for (int k = 0; k < 4; k++) {
+            __m256i q32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[b].qs + 8 * k)));
+            _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q32)));
+        }
+    }
+}
+
+const struct kern_cpu_fns kern_cpu_fns_avx2 = {
+    .isa = KERN_ISA_AVX2,
+    .name = "avx2",
+    .quantize_q8 = avx2_quantize_q8,
+    .vec_dot_q8 =
+        {
+            [DTYPE_Q4_0] = kern_avx2_dot_q4_0_q8,
+            [DTYPE_Q4_1] = kern_avx2_dot_q4_1_q8,
+            [DTYPE_Q5_0] = kern_avx2_dot_q5_0_q8,
+            [DTYPE_Q8_0] = kern_avx2_dot_q8_0_q8,
+            [DTYPE_Q4_K] = kern_avx2_dot_q4_k_q8,
+            [DTYPE_Q6_K] = kern_avx2_dot_q6_k_q8,
+        },
+    .vec_dot_f32 =
+        {
+            [DTYPE_F32] = kern_avx2_dot_f32_f32,
+            [DTYPE_F16] = kern_avx2_dot_f16_f32,
+            [DTYPE_BF16] = kern_avx2_dot_bf16_f32,
+        },
+    .dequant_row =
+        {
+            [DTYPE_F32] = kern_ref_dequant_f32,
+            [DTYPE_F16] = kern_avx2_dequant_f16,
+            [DTYPE_BF16] = kern_ref_dequant_bf16,
+            [DTYPE_Q4_0] = kern_ref_dequant_q4_0,
+            [DTYPE_Q4_1] = kern_avx2_dequant_q4_1,
+            [DTYPE_Q5_0] = kern_ref_dequant_q5_0,
+            [DTYPE_Q8_0] = kern_avx2_dequant_q8_0,
+            [DTYPE_Q4_K] = kern_ref_dequant_q4_k,
+            [DTYPE_Q6_K] = kern_ref_dequant_q6_k,
+        },
+};

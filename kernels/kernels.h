@@ -1,0 +1,100 @@
+/* The backend interface: the engine calls compute kernels only through struct kern_backend,
+ * so a CPU or CUDA backend can sit behind the same forward pass. All activations are f32,
+ * row-major, one row per token. */
+#ifndef KERNELS_KERNELS_H
+#define KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+/* A weight matrix of ne1 rows of ne0 elements (GGUF ne order), stored in `type` blocks. */
+struct kern_tensor {
+    uint32_t type;    /* enum dtype */
+    int64_t ne0;      /* elements per row (input features) */
+    int64_t ne1;      /* rows (output features) */
+    size_t row_bytes; /* bytes per row */
+    const void *data; /* ne1 * row_bytes bytes (not owned) */
+};
+
+/* One layer's KV storage as a pool of fixed-size blocks: element [b][i][c] is channel c of
+ * the i-th token of block b, with n_kv_head * head_dim channels per token. */
+struct kern_kv_layer {
+    float *k; /* n_blocks * block_size * kv_dim floats */
+    float *v; /* same shape */
+};
+
+/* Arguments of one attention call over a batch of tokens from several sequences. Token t
+ * attends to positions 0..pos[t] of its own sequence, found through block_table[t]. */
+struct kern_attn {
+    int n_tok;                          /* tokens in the batch */
+    const float *q;                     /* n_tok x (n_head * head_dim) */
+    float *out;                         /* n_tok x (n_head * head_dim) */
+    const int32_t *pos;                 /* position of each token in its sequence */
+    const int32_t *const *block_table;  /* per token: its sequence's block ids */
+    struct kern_kv_layer kv;            /* this layer's pool */
+    int block_size;                     /* tokens per block */
+    int n_head;                         /* query heads */
+    int n_kv_head;                      /* key/value heads (GQA: n_head % n_kv_head == 0) */
+    int head_dim;                       /* channels per head */
+    float scale;                        /* usually 1/sqrt(head_dim) */
+};
+
+#define KERN_MAX_HEAD_DIM 512 /* largest head_dim the attention kernels accept */
+
+struct kern_backend;
+
+struct kern_ops {
+    const char *name; /* "cpu" */
+    /* y[t][r] = dot(row r of w, x[t]) for t < n_tok, r < w->ne1; x is n_tok x w->ne0.
+     * Batch-invariant: a row's result does not depend on n_tok. */
+    void (*matmul)(struct kern_backend *b, const struct kern_tensor *w, const float *x, float *y,
+                   int n_tok);
+    /* out[i] = dequantized row ids[i] of w (embedding lookup). */
+    void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
+                     int n, float *out);
+    /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of dim elements; y may alias x. */
+    void (*rmsnorm)(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
+                    int dim, float eps);
+    /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by
+     * pos * theta^(-2i/rot_dim) (RoPE "NORM" as llama.cpp). x is n_tok x n_head x head_dim. */
+    void (*rope)(struct kern_backend *b, float *x, const int32_t *pos, int n_tok, int n_head,
+                 int head_dim, int rot_dim, float theta);
+    /* gate[i] = silu(gate[i]) * up[i] */
+    void (*swiglu)(struct kern_backend *b, float *gate, const float *up, long n);
+    /* y[i] += x[i] */
+    void (*add)(struct kern_backend *b, float *y, const float *x, long n);
+    /* Write token rows k, v (n_tok x kv_dim) into their slots of the pool. */
+    void (*kv_store)(struct kern_backend *b, struct kern_kv_layer kv,
+                     const int32_t *const *block_table, const int32_t *pos, int block_size,
+                     int kv_dim, const float *k, const float *v, int n_tok);
+    void (*attention)(struct kern_backend *b, const struct kern_attn *a);
+};
+
+struct kern_backend {
+    const struct kern_ops *ops; /* dispatch table */
+    void *impl;                 /* backend-private state */
+};
+
+/* How matmuls treat activations on the CPU. */
+enum kern_act {
+    KERN_ACT_F32 = 0, /* exact: weight rows dequantized to f32, f32 dot products (default) */
+    KERN_ACT_Q8 = 1,  /* fast: activations quantized to 8-bit blocks, integer dot products
+                       * (as llama.cpp does; costs accuracy, see README "Accuracy") */
+};
+
+struct kern_cpu_opts {
+    int n_threads;   /* threads including the caller, >= 1 */
+    const char *isa; /* NULL/"auto" = best the CPU supports; "scalar", "avx2", "avx512" */
+    enum kern_act act; /* activation precision of matmuls */
+};
+
+/* CPU backend; an ISA the CPU lacks is an error. Caller frees with kern_cpu_backend_free. */
+enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
+                                  struct err_detail *err);
+void kern_cpu_backend_free(struct kern_backend *b);
+/* Name of the instruction set in use ("avx512-vnni", ...). */
+const char *kern_cpu_backend_isa(const struct kern_backend *b);
+
+#endif

@@ -1,0 +1,171 @@
+/* `quern info`: a GGUF model's metadata, tensor table and size totals, as text on stdout. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "common/log.h"
+#include "io/gguf.h"
+#include "runner/runner.h"
+
+static const char info_usage[] =
+    "usage: quern info [--model PATH] [--tensors]\n"
+    "\n"
+    "Print a GGUF model's metadata and per-type tensor totals.\n"
+    "\n"
+    "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --tensors      also list every tensor (name, type, shape, bytes)\n"
+    "  -h, --help     this help\n";
+
+/* Print a string value, escaping control bytes, cut at max bytes. */
+static void print_str(struct io_gguf_str s, size_t max)
+{
+    putchar('"');
+    for (uint64_t i = 0; i < s.len && i < max; i++) {
+        unsigned char ch = (unsigned char)s.ptr[i];
+        if (ch == '\n')
+            fputs("\\n", stdout);
+        else if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\x%02x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+    if (s.len > max)
+        printf("... (%" PRIu64 " bytes)", s.len);
+}
+
+static void print_scalar(enum io_gguf_vtype t, const uint8_t *p)
+{
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
+        uint64_t u64; int64_t i64; float f32; double f64;
+    } v;
+    memcpy(&v, p, t == IO_GGUF_UINT64 || t == IO_GGUF_INT64 || t == IO_GGUF_FLOAT64 ? 8
+                  : t == IO_GGUF_UINT32 || t == IO_GGUF_INT32 || t == IO_GGUF_FLOAT32 ? 4
+                  : t == IO_GGUF_UINT16 || t == IO_GGUF_INT16 ? 2 : 1);
+    switch (t) {
+    case IO_GGUF_UINT8: printf("%u", v.u8); break;
+    case IO_GGUF_INT8: printf("%d", v.i8); break;
+    case IO_GGUF_UINT16: printf("%u", v.u16); break;
+    case IO_GGUF_INT16: printf("%d", v.i16); break;
+    case IO_GGUF_UINT32: printf("%" PRIu32, v.u32); break;
+    case IO_GGUF_INT32: printf("%" PRId32, v.i32); break;
+    case IO_GGUF_UINT64: printf("%" PRIu64, v.u64); break;
+    case IO_GGUF_INT64: printf("%" PRId64, v.i64); break;
+    case IO_GGUF_FLOAT32: printf("%g", (double)v.f32); break;
+    case IO_GGUF_FLOAT64: printf("%g", v.f64); break;
+    case IO_GGUF_BOOL: fputs(v.u8 ? "true" : "false", stdout); break;
+    default: fputs("?", stdout);
+    }
+}
+
+static size_t scalar_size(enum io_gguf_vtype t)
+{
+    switch (t) {
+    case IO_GGUF_UINT8: case IO_GGUF_INT8: case IO_GGUF_BOOL: return 1;
+    case IO_GGUF_UINT16: case IO_GGUF_INT16: return 2;
+    case IO_GGUF_UINT32: case IO_GGUF_INT32: case IO_GGUF_FLOAT32: return 4;
+    default: return 8;
+    }
+}
+
+static void print_kv(const struct io_gguf_kv *kv)
+{
+    printf("  %.*s = ", (int)kv->key.len, kv->key.ptr);
+    if (kv->type == IO_GGUF_STRING) {
+        struct io_gguf_str s;
+        memcpy(&s.len, kv->val, 8);
+        s.ptr = (const char *)kv->val + 8;
+        print_str(s, 200);
+    } else if (kv->type == IO_GGUF_ARRAY) {
+        printf("[%s x %" PRIu64 "]", io_gguf_vtype_name(kv->arr_type), kv->arr_n);
+        uint64_t show = kv->arr_n < 6 ? kv->arr_n : 6;
+        if (kv->arr_type == IO_GGUF_STRING) {
+            for (uint64_t i = 0; i < show; i++) {
+                fputs(i ? ", " : " ", stdout);
+                print_str(kv->strs[i], 40);
+            }
+        } else if (kv->arr_type != IO_GGUF_ARRAY) {
+            for (uint64_t i = 0; i < show; i++) {
+                fputs(i ? ", " : " ", stdout);
+                print_scalar(kv->arr_type, kv->val + i * scalar_size(kv->arr_type));
+            }
+        }
+        if (show < kv->arr_n && kv->arr_type != IO_GGUF_ARRAY)
+            fputs(", ...", stdout);
+    } else {
+        print_scalar(kv->type, kv->val);
+    }
+    putchar('\n');
+}
+
+int runner_cmd_info(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"tensors", no_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = RUNNER_DEFAULT_MODEL;
+    int list = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 't': list = 1; break;
+        case 'h': fputs(info_usage, stdout); return RUNNER_EXIT_OK;
+        default: fputs(info_usage, stderr); return RUNNER_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern info: unexpected argument '%s'\n", argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
+    struct err_detail err = {0};
+    struct io_gguf *g;
+    if (io_gguf_open(&g, model, &err)) {
+        LOG_ERROR("%s", err.msg);
+        return RUNNER_EXIT_ERROR;
+    }
+    printf("file: %s\nsize: %zu bytes\nGGUF version: %u\nalignment: %u\n", model, g->size,
+           g->version, g->alignment);
+    printf("metadata (%" PRIu64 " keys):\n", g->n_kv);
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        print_kv(&g->kv[i]);
+    uint64_t count[DTYPE_COUNT] = {0}, bytes[DTYPE_COUNT] = {0}, elems[DTYPE_COUNT] = {0};
+    uint64_t total_b = 0, total_e = 0;
+    if (list)
+        printf("tensors (%" PRIu64 "):\n", g->n_tensors);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct io_gguf_tensor *t = &g->tensors[i];
+        uint64_t ne = 1;
+        for (int d = 0; d < IO_GGUF_MAX_DIMS; d++)
+            ne *= (uint64_t)t->ne[d];
+        count[t->type]++;
+        bytes[t->type] += t->nbytes;
+        elems[t->type] += ne;
+        total_b += t->nbytes;
+        total_e += ne;
+        if (list) {
+            printf("  %-32s %-5s [", t->name, dtype_get(t->type)->name);
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                printf(d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
+            printf("] %" PRIu64 " bytes\n", t->nbytes);
+        }
+    }
+    printf("tensor totals (%" PRIu64 " tensors, %" PRIu64 " parameters, %" PRIu64 " bytes):\n",
+           g->n_tensors, total_e, total_b);
+    for (int t = 0; t < DTYPE_COUNT; t++)
+        if (count[t])
+            printf("  %-5s %4" PRIu64 " tensors %12" PRIu64 " params %12" PRIu64
+                   " bytes (%.2f bits/param)\n",
+                   dtype_get((uint32_t)t)->name, count[t], elems[t], bytes[t],
+                   8.0 * (double)bytes[t] / (double)elems[t]);
+    io_gguf_close(g);
+    return RUNNER_EXIT_OK;
+}

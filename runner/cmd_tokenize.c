@@ -1,0 +1,95 @@
+/* `quern tokenize`: token ids of stdin text as a JSON array on stdout (for counting and
+ * debugging prompts). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine/chat.h"
+#include "engine/tokenizer.h"
+#include "io/gguf.h"
+#include "runner/runner.h"
+
+static const char tok_usage[] =
+    "usage: quern tokenize [--model PATH] [--chat] [--special] < TEXT\n"
+    "\n"
+    "Read text from stdin and print its token ids as a JSON array on stdout.\n"
+    "\n"
+    "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --chat         treat stdin as one user message and render the chat template around\n"
+    "                 it (with the generation prompt), as `quern generate --chat` does\n"
+    "  --special      recognise special-token text such as <|im_end|> in the input\n"
+    "                 (by default it is tokenized as plain text)\n"
+    "  -h, --help     this help\n";
+
+int runner_cmd_tokenize(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"chat", no_argument, 0, 'c'},
+        {"special", no_argument, 0, 's'},     {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = RUNNER_DEFAULT_MODEL;
+    int chat = 0, special = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'c': chat = 1; break;
+        case 's': special = 1; break;
+        case 'h': fputs(tok_usage, stdout); return RUNNER_EXIT_OK;
+        default: fputs(tok_usage, stderr); return RUNNER_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern tokenize: unexpected argument '%s' (text comes on stdin)\n",
+                argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
+    struct err_detail err = {0};
+    struct io_gguf *g = NULL;
+    struct engine_tok *tok = NULL;
+    struct engine_chat *ch = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0, len = 0;
+    int rc = RUNNER_EXIT_ERROR;
+    char *text = runner_read_stdin(&len);
+    if (!text) {
+        LOG_ERROR("cannot read stdin");
+        return RUNNER_EXIT_ERROR;
+    }
+    enum status st;
+    if ((st = io_gguf_open(&g, model, &err)) || (st = engine_tok_load(&tok, g, &err)) ||
+        (chat && (st = engine_chat_init(&ch, g, &err)))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    if (chat) {
+        if (strlen(text) != len) {
+            LOG_ERROR("stdin contains a NUL byte; a chat message cannot");
+            goto out;
+        }
+        struct engine_chat_msg msg = {"user", text};
+        st = engine_chat_tokenize(ch, tok, &msg, 1, 1, special, &ids, &n_ids, &err);
+    } else {
+        st = engine_tok_encode(tok, text, len, special ? ENGINE_TOK_PARSE_SPECIAL : 0, &ids,
+                               &n_ids, &err);
+    }
+    if (st) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    putchar('[');
+    for (size_t i = 0; i < n_ids; i++)
+        printf(i ? ", %d" : "%d", ids[i]);
+    puts("]");
+    rc = RUNNER_EXIT_OK;
+out:
+    free(ids);
+    free(text);
+    engine_chat_free(ch);
+    engine_tok_free(tok);
+    io_gguf_close(g);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* quern: offline batch LLM generation. This file dispatches to the subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runner/runner.h"
+
+static const char usage[] =
+    "usage: quern <command> [options]\n"
+    "\n"
+    "Commands available in this build:\n"
+    "  generate   run one prompt through a model and print the completion\n"
+    "  tokenize   print the token ids of text read from stdin as a JSON array\n"
+    "  info       print a GGUF model's metadata, tensors and sizes\n"
+    "\n"
+    "Planned (not built yet): submit, run, status, export, bench, plan, cancel, retry.\n"
+    "Run 'quern <command> --help' for a command's options.\n";
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? RUNNER_EXIT_USAGE : RUNNER_EXIT_OK;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate"))
+        return runner_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize"))
+        return runner_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info"))
+        return runner_cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "quern: unknown command '%s'\n%s", cmd, usage);
+    return RUNNER_EXIT_USAGE;
+}

@@ -1,0 +1,34 @@
+/* The `quern` command line: one function per subcommand, plus the option helpers they share.
+ * Each subcommand returns the process exit code (0 ok, 1 error, 2 usage). */
+#ifndef RUNNER_RUNNER_H
+#define RUNNER_RUNNER_H
+
+#include <stdint.h>
+
+#define RUNNER_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define RUNNER_EXIT_OK 0
+#define RUNNER_EXIT_ERROR 1
+#define RUNNER_EXIT_USAGE 2
+
+int runner_cmd_generate(int argc, char **argv);
+int runner_cmd_tokenize(int argc, char **argv);
+int runner_cmd_info(int argc, char **argv);
+
+/* Strict number parsing for flag values: the whole string must be a number in [lo, hi].
+ * On failure prints "quern NAME: bad value for --FLAG: ..." to stderr and returns 0. */
+int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
+                      long *out);
+int runner_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+int runner_parse_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                       float *out);
+
+/* Online CPU count (>= 1): the default for --threads. */
+int runner_default_threads(void);
+
+/* Monotonic seconds. */
+double runner_now(void);
+
+/* Read all of stdin into a malloc'd NUL-terminated buffer (caller frees); NULL on error. */
+char *runner_read_stdin(size_t *len);
+
+#endif

@@ -1,0 +1,97 @@
+/* Option parsing and small helpers shared by the subcommands. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runner/runner.h"
+
+int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
+                      long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "quern %s: bad value for --%s: '%s' (want an integer in %ld..%ld)\n", cmd,
+                flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int runner_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || *s == '-') {
+        fprintf(stderr, "quern %s: bad value for --%s: '%s' (want an unsigned integer)\n", cmd,
+                flag, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int runner_parse_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                       float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "quern %s: bad value for --%s: '%s' (want a number in %g..%g)\n", cmd,
+                flag, s, lo, hi);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int runner_default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+double runner_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+char *runner_read_stdin(size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+        n += r;
+        if (r == 0) {
+            if (ferror(stdin)) {
+                free(buf);
+                return NULL;
+            }
+            break;
+        }
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# End-to-end: the real quern binary on the real default model. Checks that a greedy chat
+# answer is sensible, that greedy output is reproducible, that tokenize and info agree with
+# the model, and that bad input gives clear errors with the documented exit codes.
+set -euo pipefail
+Q=${QUERN_BIN:-bin/quern}
+M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# 1. A sensible answer.
+"$Q" generate --model "$M" --chat "What is the capital of France?" --temperature 0 \
+    --max-tokens 48 >"$tmp/paris.txt" 2>"$tmp/paris.err" || { cat "$tmp/paris.err"; fail "generate exited non-zero"; }
+grep -q "Paris" "$tmp/paris.txt" || { cat "$tmp/paris.txt"; fail "answer does not mention Paris"; }
+grep -q "tok/s" "$tmp/paris.err" || fail "no timings on stderr"
+grep -q "tok/s" "$tmp/paris.txt" && fail "timings leaked to stdout"
+
+# 2. Greedy is deterministic, also across thread counts.
+"$Q" generate --model "$M" --chat "What is the capital of France?" --temperature 0 \
+    --max-tokens 48 --threads 1 >"$tmp/paris1.txt" 2>/dev/null
+cmp -s "$tmp/paris.txt" "$tmp/paris1.txt" || fail "1-thread greedy output differs from default"
+
+# 3. Seeded sampling is reproducible; a different seed gives different text.
+i=0
+for s in 7 7 8; do
+    i=$((i + 1))
+    "$Q" generate --model "$M" --prompt "Once upon a time" --temperature 1 --seed $s \
+        --max-tokens 24 --ignore-eos 2>/dev/null >"$tmp/seed$i.txt"
+done
+cmp -s "$tmp/seed1.txt" "$tmp/seed2.txt" || fail "same seed gave different text"
+cmp -s "$tmp/seed1.txt" "$tmp/seed3.txt" && fail "seeds 7 and 8 gave identical text"
+
+# 4. Stop strings end the output before the stop text.
+"$Q" generate --model "$M" --prompt "1, 2, 3, 4, 5, 6," --temperature 0 --max-tokens 32 \
+    --stop " 9" >"$tmp/stop.txt" 2>"$tmp/stop.err"
+grep -q "finish: stop" "$tmp/stop.err" || { cat "$tmp/stop.txt"; fail "stop string not hit"; }
+grep -q " 9" "$tmp/stop.txt" && fail "stop string leaked into the output"
+grep -q " 8," "$tmp/stop.txt" || fail "text before the stop string missing"
+
+# 5. tokenize: JSON array; literal special-token text stays text unless --special.
+echo -n "<|im_end|>" | "$Q" tokenize --model "$M" >"$tmp/t1.json"
+echo -n "<|im_end|>" | "$Q" tokenize --model "$M" --special >"$tmp/t2.json"
+[ "$(cat "$tmp/t2.json")" = "[2]" ] || fail "--special: $(cat "$tmp/t2.json")"
+grep -q '^\[[0-9]' "$tmp/t1.json" || fail "tokenize output not a JSON array"
+[ "$(cat "$tmp/t1.json")" != "[2]" ] || fail "special token smuggled without --special"
+
+# 6. info reports the architecture and tensor types.
+"$Q" info --model "$M" >"$tmp/info.txt"
+grep -q "general.architecture = \"llama\"" "$tmp/info.txt" || fail "info: no architecture"
+grep -Eq "Q4_1 +210 tensors" "$tmp/info.txt" || fail "info: Q4_1 tensor count"
+
+# 7. Errors: clear message, exit codes 1 (runtime) and 2 (usage).
+set +e
+"$Q" generate --model "$tmp/none.gguf" --prompt hi 2>"$tmp/e1"; rc1=$?
+"$Q" generate --model "$M" --prompt hi --temperature abc 2>"$tmp/e2"; rc2=$?
+"$Q" generate --model "$M" 2>"$tmp/e3"; rc3=$?
+head -c 1000 /dev/urandom >"$tmp/junk.gguf"
+"$Q" info --model "$tmp/junk.gguf" 2>"$tmp/e4"; rc4=$?
+"$Q" frobnicate 2>/dev/null; rc5=$?
+set -e
+[ $rc1 -eq 1 ] && grep -q "none.gguf" "$tmp/e1" || fail "missing model: rc $rc1 $(cat "$tmp/e1")"
+[ $rc2 -eq 2 ] && grep -q "temperature" "$tmp/e2" || fail "bad flag: rc $rc2"
+[ $rc3 -eq 2 ] || fail "no prompt: rc $rc3"
+[ $rc4 -eq 1 ] && grep -q "magic" "$tmp/e4" || fail "junk model: rc $rc4 $(cat "$tmp/e4")"
+[ $rc5 -eq 2 ] || fail "unknown command: rc $rc5"
+echo "e2e generate: ok"

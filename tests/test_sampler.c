@@ -1,0 +1,1001 @@
+/* Unit tests for engine/sampler: RNG streams, greedy and truncated sampling against a
+ * full-sort reference, the empirical draw distribution, penalties, validation, batch
+ * independence and the stop-string matcher. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sampler.h"
+
+#define VOCAB 49152 /* the default model's vocabulary size */
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static struct engine_sampler *new_sampler(int32_t n)
+{
+    struct engine_sampler *s = NULL;
+    struct err_detail err = {0};
+    assert_int_equal(engine_sampler_init(&s, n, &err), ST_OK);
+    assert_non_null(s);
+    return s;
+}
+
+/* Logits with scale `spread` (small = flat distribution) from the test's own rng. */
+static void random_logits(struct engine_rng *r, float *l, size_t n, float spread)
+{
+    for (size_t i = 0; i < n; i++) {
+        /* sum of uniforms: roughly normal, with a long-ish head when spread is large */
+        double u = engine_rng_uniform(r) + engine_rng_uniform(r) + engine_rng_uniform(r) - 1.5;
+        l[i] = (float)(u * spread);
+    }
+}
+
+static struct engine_sampling sampling(float temperature, int32_t top_k, float top_p, float min_p)
+{
+    struct engine_sampling p;
+    engine_sampling_default(&p);
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    return p;
+}
+
+/* Reference: rank by (value desc, id asc). */
+struct ref_item {
+    float v;
+    int32_t id;
+};
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const struct ref_item *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Kept set of the spec computed the slow, obvious way: full sorts, no histograms. Applies
+ * top_k, temperature, top_p, min_p to the (already penalised) logits in `in`; writes the
+ * kept ids, best first, to out and returns how many. */
+static size_t ref_kept(const float *in, size_t n, const struct engine_sampling *p, int32_t *out)
+{
+    struct ref_item *it = malloc(n * sizeof(*it));
+    float *clean = malloc(n * sizeof(float));
+    assert_non_null(it);
+    assert_non_null(clean);
+    for (size_t i = 0; i < n; i++) {
+        clean[i] = isnan(in[i]) ? -INFINITY : in[i]; /* NaN ranks as -inf */
+        it[i] = (struct ref_item){clean[i], (int32_t)i};
+    }
+    in = clean;
+    size_t m = n;
+    if (p->top_k > 0 && (size_t)p->top_k < n) {
+        qsort(it, n, sizeof(*it), ref_cmp);
+        m = (size_t)p->top_k;
+    }
+    float mx = -INFINITY;
+    for (size_t j = 0; j < m; j++)
+        mx = fmaxf(mx, in[it[j].id] / p->temperature);
+    double total = 0.0;
+    for (size_t j = 0; j < m; j++) {
+        float l = in[it[j].id] / p->temperature;
+        it[j].v = l == mx ? 1.0f : engine_sample_exp(l - mx);
+        total += it[j].v;
+    }
+    qsort(it, m, sizeof(*it), ref_cmp);
+    if (p->top_p < 1.0f) {
+        double cum = 0.0;
+        for (size_t j = 0; j < m; j++) {
+            cum += it[j].v;
+            if (cum >= (double)p->top_p * total) {
+                m = j + 1;
+                break;
+            }
+        }
+    }
+    size_t k = 0;
+    for (size_t j = 0; j < m; j++)
+        if (it[j].v >= p->min_p * it[0].v)
+            out[k++] = it[j].id;
+    free(it);
+    free(clean);
+    return k;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* ---- RNG -------------------------------------------------------------------------------- */
+
+static void test_rng_same_seed_same_stream(void **state)
+{
+    struct engine_rng a, b;
+    engine_rng_seed(&a, 42, "req-1", 5);
+    engine_rng_seed(&b, 42, "req-1", 5);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(engine_rng_next(&a), engine_rng_next(&b));
+    /* a copied state continues the same stream */
+    struct engine_rng c = a;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(engine_rng_next(&a), engine_rng_next(&c));
+}
+
+static void test_rng_different_ids_and_seeds(void **state)
+{
+    struct engine_rng a, b, c, d;
+    engine_rng_seed(&a, 42, "req-1", 5);
+    engine_rng_seed(&b, 42, "req-2", 5);
+    engine_rng_seed(&c, 43, "req-1", 5);
+    engine_rng_seed(&d, 42, NULL, 0);
+    int same_ab = 0, same_ac = 0, same_ad = 0;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t x = engine_rng_next(&a);
+        same_ab += x == engine_rng_next(&b);
+        same_ac += x == engine_rng_next(&c);
+        same_ad += x == engine_rng_next(&d);
+    }
+    assert_int_equal(same_ab, 0);
+    assert_int_equal(same_ac, 0);
+    assert_int_equal(same_ad, 0);
+}
+
+static void test_rng_uniform_range_and_mean(void **state)
+{
+    struct engine_rng r;
+    engine_rng_seed(&r, 7, "u", 1);
+    double sum = 0.0;
+    int low = 0;
+    const int n = 100000;
+    for (int i = 0; i < n; i++) {
+        double u = engine_rng_uniform(&r);
+        assert_true(u >= 0.0 && u < 1.0);
+        sum += u;
+        low += u < 0.25;
+    }
+    assert_true(fabs(sum / n - 0.5) < 0.005);
+    assert_true(fabs((double)low / n - 0.25) < 0.005);
+}
+
+/* ---- greedy / top_k ------------------------------------------------------------------- */
+
+static void test_greedy_argmax_ties_lowest(void **state)
+{
+    struct engine_sampler *s = new_sampler(8);
+    struct engine_sampling p = sampling(0.0f, 0, 1.0f, 0.0f);
+    struct engine_rng r, r0;
+    engine_rng_seed(&r, 1, "g", 1);
+    r0 = r;
+    float l1[8] = {0.5f, 3.0f, -1.0f, 3.0f, 2.0f, 3.0f, 0.0f, 1.0f};
+    float lp = 1.0f;
+    assert_int_equal(engine_sample(s, &p, &r, l1, NULL, 0, &lp), 1);
+    /* greedy logprob is log softmax of the logits: three tied maxima */
+    double z = 0.0;
+    for (int i = 0; i < 8; i++)
+        z += exp(l1[i] - 3.0);
+    assert_float_equal(lp, -log(z), 1e-6);
+    assert_memory_equal(&r, &r0, sizeof(r)); /* greedy consumes no randomness */
+
+    float l2[8] = {NAN, -INFINITY, 2.0f, 2.0f, NAN, 1.0f, 2.0f, -5.0f};
+    assert_int_equal(engine_sample(s, &p, &r, l2, NULL, 0, NULL), 2);
+    assert_true(isinf(l2[0]) && l2[0] < 0); /* NaN became -inf */
+    float l3[8] = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f};
+    assert_int_equal(engine_sample(s, &p, &r, l3, NULL, 0, NULL), 0);
+    float l4[8] = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, 0.0f};
+    assert_int_equal(engine_sample(s, &p, &r, l4, NULL, 0, NULL), 7);
+    assert_int_equal(engine_sampler_n_kept(s), 1);
+    engine_sampler_free(s);
+}
+
+static void test_top_k1_equals_greedy(void **state)
+{
+    const size_t n = 4096;
+    struct engine_sampler *s = new_sampler((int32_t)n);
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    struct engine_rng gen, r;
+    engine_rng_seed(&gen, 9, "logits", 6);
+    engine_rng_seed(&r, 9, "draws", 5);
+    struct engine_sampling greedy = sampling(0.0f, 0, 1.0f, 0.0f);
+    for (int trial = 0; trial < 1000; trial++) {
+        random_logits(&gen, a, n, trial % 2 ? 10.0f : 0.5f);
+        if (trial % 3 == 0) { /* plant ties at the top */
+            a[100] = 50.0f;
+            a[7] = 50.0f;
+            a[3000] = 50.0f;
+        }
+        memcpy(b, a, n * sizeof(float));
+        struct engine_sampling topk1 = sampling(0.1f + (float)(trial % 19) / 10.0f, 1, 1.0f, 0.0f);
+        float lp = 1.0f;
+        int32_t g = engine_sample(s, &greedy, &r, a, NULL, 0, NULL);
+        int32_t k = engine_sample(s, &topk1, &r, b, NULL, 0, &lp);
+        assert_int_equal(g, k);
+        assert_float_equal(lp, 0.0f, 0.0f); /* one candidate left: probability 1 */
+        if (trial % 3 == 0)
+            assert_int_equal(g, 7);
+    }
+    free(a);
+    free(b);
+    engine_sampler_free(s);
+}
+
+/* Kept sets of the sampler match the full-sort reference over many random rows, for
+ * top_k / top_p / min_p mixes on the real vocabulary size (covers the histogram prefix,
+ * the radix sort, the insertion sort and the heap). */
+static void test_truncation_matches_reference(void **state)
+{
+    struct engine_sampler *s = new_sampler(VOCAB);
+    float *l = malloc(VOCAB * sizeof(float)), *work = malloc(VOCAB * sizeof(float));
+    int32_t *ref = malloc(VOCAB * sizeof(int32_t)), *got = malloc(VOCAB * sizeof(int32_t));
+    struct engine_rng gen, r;
+    engine_rng_seed(&gen, 5, "rows", 4);
+    engine_rng_seed(&r, 5, "draws", 5);
+    const float spreads[] = {0.05f, 1.0f, 4.0f, 12.0f, 40.0f};
+    const struct {
+        int32_t top_k;
+        float top_p, min_p, temp;
+    } cfg[] = {
+        {0, 0.9f, 0.0f, 1.0f},     {0, 0.5f, 0.0f, 0.7f},     {0, 0.99f, 0.0f, 1.5f},
+        {0, 0.1f, 0.0f, 1.0f},     {40, 1.0f, 0.0f, 1.0f},    {40, 0.9f, 0.0f, 1.0f},
+        {1000, 0.95f, 0.0f, 1.0f}, {40000, 1.0f, 0.0f, 1.0f}, {0, 1.0f, 0.05f, 1.0f},
+        {0, 0.9f, 0.1f, 0.8f},     {50, 0.8f, 0.2f, 1.2f},    {0, 1.0f, 0.0f, 1.0f},
+    };
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        for (size_t sp = 0; sp < sizeof(spreads) / sizeof(spreads[0]); sp++) {
+            random_logits(&gen, l, VOCAB, spreads[sp]);
+            if (sp == 2) /* coarse values: many exact ties */
+                for (size_t i = 0; i < VOCAB; i++)
+                    l[i] = roundf(l[i]);
+            struct engine_sampling p =
+                sampling(cfg[c].temp, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p);
+            size_t nref = ref_kept(l, VOCAB, &p, ref);
+            memcpy(work, l, VOCAB * sizeof(float));
+            int32_t tok = engine_sample(s, &p, &r, work, NULL, 0, NULL);
+            size_t n = engine_sampler_n_kept(s);
+            assert_int_equal(n, nref);
+            double psum = 0.0;
+            int seen = 0;
+            for (size_t i = 0; i < n; i++) {
+                double pr;
+                got[i] = engine_sampler_kept(s, i, &pr);
+                psum += pr;
+                seen |= got[i] == tok;
+            }
+            assert_true(seen);
+            assert_float_equal(psum, 1.0, 1e-9);
+            int truncated = (cfg[c].top_k > 0) || cfg[c].top_p < 1.0f;
+            if (truncated) { /* ranked order: must equal the reference order exactly */
+                assert_memory_equal(got, ref, n * sizeof(int32_t));
+            } else { /* id order: compare as sets */
+                qsort(ref, nref, sizeof(int32_t), cmp_i32);
+                assert_memory_equal(got, ref, n * sizeof(int32_t));
+            }
+        }
+    }
+    free(l);
+    free(work);
+    free(ref);
+    free(got);
+    engine_sampler_free(s);
+}
+
+/* The sampler's own e^x: accurate, exact at 0, zero below -80. */
+static void test_exp_accuracy(void **state)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 400000; i++) {
+        float x = -80.0f * (float)i / 400000.0f;
+        double want = exp((double)x), got = engine_sample_exp(x);
+        double rel = fabs(got - want) / want;
+        worst = rel > worst ? rel : worst;
+    }
+    assert_true(worst < 4e-7);
+    assert_true(engine_sample_exp(0.0f) == 1.0f);
+    assert_true(engine_sample_exp(-80.001f) == 0.0f);
+    assert_true(engine_sample_exp(-INFINITY) == 0.0f);
+}
+
+/* Rows with +inf, -inf and NaN entries draw only from what deserves mass. */
+static void test_edge_rows(void **state)
+{
+    struct engine_sampler *s = new_sampler(4);
+    struct engine_rng r;
+    engine_rng_seed(&r, 21, "edge", 4);
+    struct engine_sampling p = sampling(1.0f, 0, 1.0f, 0.0f);
+    const float rows[3][4] = {
+        {0.0f, INFINITY, 1.0f, INFINITY},
+        {NAN, 0.0f, NAN, 0.0f},
+        {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
+    };
+    for (int row = 0; row < 3; row++) {
+        int counts[4] = {0};
+        for (int i = 0; i < 4000; i++) {
+            float l[4];
+            memcpy(l, rows[row], sizeof(l));
+            int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+            assert_true(t >= 0 && t < 4);
+            counts[t]++;
+        }
+        if (row < 2) { /* tokens 1 and 3 only, evenly */
+            assert_int_equal(counts[0] + counts[2], 0);
+            assert_true(counts[1] > 1800 && counts[3] > 1800);
+        } else { /* all masked: every token alike */
+            for (int t = 0; t < 4; t++)
+                assert_true(counts[t] > 850);
+        }
+    }
+    engine_sampler_free(s);
+}
+
+/* The sampler's kept list equals the reference's for this row and top_k. */
+static void check_top_k(struct engine_sampler *s, const float *l, size_t n, int32_t k,
+                        struct engine_rng *r)
+{
+    float *work = malloc(n * sizeof(float));
+    int32_t *ref = malloc(n * sizeof(int32_t));
+    struct engine_sampling p = sampling(1.0f, k, 1.0f, 0.0f);
+    size_t nref = ref_kept(l, n, &p, ref);
+    memcpy(work, l, n * sizeof(float));
+    engine_sample(s, &p, r, work, NULL, 0, NULL);
+    assert_int_equal(engine_sampler_n_kept(s), nref);
+    for (size_t i = 0; i < nref; i++)
+        assert_int_equal(engine_sampler_kept(s, i, NULL), ref[i]);
+    free(work);
+    free(ref);
+}
+
+/* top_k's rising-bar buffer against the reference on orders that stress it: ascending
+ * (every token enters, many refills), descending, constant (all ties: lowest ids win),
+ * -inf / NaN, signed zeros (equal, so ties by id); then random rows of a few distinct
+ * values, where later tokens often land just above the bar, and of continuous values. */
+static void test_top_k_orders(void **state)
+{
+    const size_t n = 1000;
+    struct engine_sampler *s = new_sampler((int32_t)n);
+    float *l = malloc(n * sizeof(float));
+    struct engine_rng r;
+    engine_rng_seed(&r, 31, "k", 1);
+    const int32_t ks[] = {1, 2, 5, 63, 64, 65, 200, 499, 500, 501, 999};
+    for (int order = 0; order < 6; order++) {
+        for (size_t i = 0; i < n; i++) {
+            switch (order) {
+            case 0:
+                l[i] = (float)i * 0.01f;
+                break;
+            case 1:
+                l[i] = -(float)i * 0.01f;
+                break;
+            case 2:
+                l[i] = 0.5f;
+                break;
+            case 3:
+                l[i] = (float)(i % 7); /* ties in blocks */
+                break;
+            case 4:
+                l[i] = i % 3 == 0 ? -INFINITY : i % 5 == 0 ? NAN : (float)(i % 11);
+                break;
+            default:
+                l[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? -0.0f : -1.0f - (float)(i % 9);
+                break;
+            }
+        }
+        for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++)
+            check_top_k(s, l, n, ks[c], &r);
+    }
+    for (int trial = 0; trial < 400; trial++) {
+        int discrete = trial % 2 == 0;
+        for (size_t i = 0; i < n; i++)
+            l[i] = discrete ? (float)(engine_rng_next(&r) % 13)
+                            : (float)engine_rng_uniform(&r) * 10.0f;
+        int32_t k = 1 + (int32_t)(engine_rng_next(&r) % (trial % 4 < 2 ? 80 : n - 1));
+        check_top_k(s, l, n, k, &r);
+    }
+    free(l);
+    engine_sampler_free(s);
+}
+
+/* ---- distribution -------------------------------------------------------------------- */
+
+/* Chi-square goodness of fit of `draws` samples against the expected probabilities; the
+ * 0.1% critical values are 24.32 (7 dof), 16.27 (3 dof), 13.82 (2 dof). */
+static double chi_square(const int *counts, const double *expect, int k, int draws)
+{
+    double chi = 0.0;
+    for (int i = 0; i < k; i++) {
+        double e = expect[i] * draws;
+        if (e == 0.0) {
+            assert_int_equal(counts[i], 0); /* an excluded token was drawn */
+            continue;
+        }
+        chi += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    return chi;
+}
+
+static void draw_counts(const float *logits, int k, const struct engine_sampling *p, int draws,
+                        int *counts)
+{
+    struct engine_sampler *s = new_sampler(k);
+    struct engine_rng r;
+    engine_rng_seed(&r, 2024, "chi", 3);
+    float row[16];
+    memset(counts, 0, (size_t)k * sizeof(int));
+    for (int i = 0; i < draws; i++) {
+        memcpy(row, logits, (size_t)k * sizeof(float));
+        int32_t t = engine_sample(s, p, &r, row, NULL, 0, NULL);
+        assert_true(t >= 0 && t < k);
+        counts[t]++;
+    }
+    engine_sampler_free(s);
+}
+
+static void test_distribution_matches_softmax(void **state)
+{
+    const float logits[8] = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -0.5f};
+    double expect[8], z = 0.0;
+    for (int i = 0; i < 8; i++)
+        z += exp(logits[i]);
+    for (int i = 0; i < 8; i++)
+        expect[i] = exp(logits[i]) / z;
+    int counts[8];
+    const int draws = 200000;
+    struct engine_sampling p = sampling(1.0f, 0, 1.0f, 0.0f);
+    draw_counts(logits, 8, &p, draws, counts);
+    double chi = chi_square(counts, expect, 8, draws);
+    assert_true(chi < 24.32);
+    for (int i = 0; i < 8; i++) /* and a plain per-token tolerance */
+        assert_true(fabs((double)counts[i] / draws - expect[i]) < 0.005);
+
+    /* temperature 0.5 with top_k 4: softmax of 2*logits over the four best */
+    const int top4[4] = {4, 6, 1, 0};
+    double z4 = 0.0;
+    for (int i = 0; i < 4; i++)
+        z4 += exp(2.0 * logits[top4[i]]);
+    for (int i = 0; i < 8; i++)
+        expect[i] = 0.0;
+    for (int i = 0; i < 4; i++)
+        expect[top4[i]] = exp(2.0 * logits[top4[i]]) / z4;
+    p = sampling(0.5f, 4, 1.0f, 0.0f);
+    draw_counts(logits, 8, &p, draws, counts);
+    assert_true(chi_square(counts, expect, 8, draws) < 16.27);
+}
+
+static void test_logprob_is_log_softmax(void **state)
+{
+    struct engine_sampler *s = new_sampler(8);
+    struct engine_rng r;
+    engine_rng_seed(&r, 3, "lp", 2);
+    const float logits[8] = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -0.5f};
+    struct engine_sampling p = sampling(2.0f, 0, 1.0f, 0.0f);
+    double z = 0.0;
+    for (int i = 0; i < 8; i++)
+        z += exp(logits[i] / 2.0);
+    for (int i = 0; i < 50; i++) {
+        float row[8], lp;
+        memcpy(row, logits, sizeof(row));
+        int32_t t = engine_sample(s, &p, &r, row, NULL, 0, &lp);
+        assert_float_equal(lp, logits[t] / 2.0 - log(z), 1e-5);
+        assert_float_equal(row[t], logits[t] / 2.0f, 0.0f); /* temperature applied in place */
+    }
+    engine_sampler_free(s);
+}
+
+/* ---- top_p / min_p on crafted distributions ------------------------------------------ */
+
+/* Probabilities 0.05, 0.30, 0.15, 0.50 (ids 0..3) plus four tiny ones. */
+static void crafted(float *l)
+{
+    const double pr[8] = {0.05, 0.30, 0.15, 0.4999, 1e-4 / 4, 1e-4 / 4, 1e-4 / 4, 1e-4 / 4};
+    for (int i = 0; i < 8; i++)
+        l[i] = (float)log(pr[i]);
+}
+
+static size_t kept_ids(struct engine_sampler *s, int32_t *ids)
+{
+    size_t n = engine_sampler_n_kept(s);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = engine_sampler_kept(s, i, NULL);
+    return n;
+}
+
+static void test_top_p_smallest_prefix(void **state)
+{
+    struct engine_sampler *s = new_sampler(8);
+    struct engine_rng r;
+    engine_rng_seed(&r, 11, "tp", 2);
+    const struct {
+        float top_p;
+        size_t n;
+    } cases[] = {{0.01f, 1}, {0.49f, 1}, {0.51f, 2},    {0.79f, 2}, {0.81f, 3},
+                 {0.94f, 3}, {0.96f, 4}, {0.99991f, 5}, {1.0f, 8}};
+    const int32_t order[5] = {3, 1, 2, 0, 4};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        float l[8];
+        int32_t ids[8];
+        crafted(l);
+        struct engine_sampling p = sampling(1.0f, 0, cases[c].top_p, 0.0f);
+        int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        size_t n = kept_ids(s, ids);
+        assert_int_equal(n, cases[c].n);
+        if (cases[c].top_p < 1.0f) {
+            assert_memory_equal(ids, order, n * sizeof(int32_t));
+            int ok = 0;
+            for (size_t i = 0; i < n; i++)
+                ok |= ids[i] == t;
+            assert_true(ok);
+        }
+    }
+    /* renormalised: with top_p 0.81 the kept probabilities are 0.4999, 0.3, 0.15 / 0.9499 */
+    float l[8];
+    crafted(l);
+    struct engine_sampling p = sampling(1.0f, 0, 0.81f, 0.0f);
+    engine_sample(s, &p, &r, l, NULL, 0, NULL);
+    double pr;
+    assert_int_equal(engine_sampler_kept(s, 1, &pr), 1);
+    assert_float_equal(pr, 0.30 / 0.9499, 1e-6);
+    engine_sampler_free(s);
+}
+
+static void test_min_p_cutoff(void **state)
+{
+    struct engine_sampler *s = new_sampler(8);
+    struct engine_rng r;
+    engine_rng_seed(&r, 12, "mp", 2);
+    /* relative to p_max = 0.4999: 0.30 -> 0.60, 0.15 -> 0.30, 0.05 -> 0.10, tiny -> 5e-5 */
+    const struct {
+        float min_p;
+        size_t n;
+    } cases[] = {{0.0f, 8},  {1e-5f, 8}, {1e-3f, 4}, {0.09f, 4}, {0.11f, 3},
+                 {0.29f, 3}, {0.31f, 2}, {0.59f, 2}, {0.61f, 1}, {1.0f, 1}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        float l[8];
+        int32_t ids[8];
+        crafted(l);
+        struct engine_sampling p = sampling(1.0f, 0, 1.0f, cases[c].min_p);
+        engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        size_t n = kept_ids(s, ids);
+        assert_int_equal(n, cases[c].n);
+        /* without ranking truncation the kept set is in id order: check membership */
+        for (size_t i = 0; i < n; i++) {
+            double rel = exp(l[ids[i]] - l[3]);
+            assert_true(rel >= cases[c].min_p * (1 - 1e-6));
+        }
+    }
+    /* draws never leave the kept set */
+    struct engine_sampling p = sampling(1.0f, 0, 1.0f, 0.31f);
+    for (int i = 0; i < 2000; i++) {
+        float l[8];
+        crafted(l);
+        int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        assert_true(t == 3 || t == 1);
+    }
+    engine_sampler_free(s);
+}
+
+/* ---- penalties ------------------------------------------------------------------------ */
+
+static void test_penalties_exact(void **state)
+{
+    struct engine_sampler *s = new_sampler(8);
+    struct engine_rng r;
+    engine_rng_seed(&r, 13, "pen", 3);
+    const float base[8] = {2.0f, -2.0f, 1.0f, 4.0f, 0.0f, 3.0f, -1.0f, 0.5f};
+    /* history: 0 x3, 1 x1, 2 x2, 99 (out of vocab, ignored), -1 (ignored) */
+    const int32_t hist[] = {5, 0, 2, 0, 99, 1, -1, 2, 0};
+    float l[8];
+
+    /* repeat penalty 2 only, whole history: positive /2, negative *2, zero stays */
+    struct engine_sampling p = sampling(0.0f, 0, 1.0f, 0.0f);
+    p.repeat_penalty = 2.0f;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    const float e1[8] = {1.0f, -4.0f, 0.5f, 4.0f, 0.0f, 1.5f, -1.0f, 0.5f};
+    assert_memory_equal(l, e1, sizeof(l));
+
+    /* frequency 0.5 and presence 0.25 (OpenAI), no repeat penalty */
+    p = sampling(0.0f, 0, 1.0f, 0.0f);
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    const float e2[8] = {2.0f - 1.5f - 0.25f,
+                         -2.0f - 0.5f - 0.25f,
+                         1.0f - 1.0f - 0.25f,
+                         4.0f,
+                         0.0f,
+                         3.0f - 0.5f - 0.25f,
+                         -1.0f,
+                         0.5f};
+    assert_memory_equal(l, e2, sizeof(l));
+
+    /* all three with a window of the last 4 tokens: {1, -1, 2, 0} -> ids 0, 1, 2 once */
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = 4;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    const float e3[8] = {1.0f - 0.75f, -4.0f - 0.75f, 0.5f - 0.75f, 4.0f, 0.0f, 3.0f, -1.0f, 0.5f};
+    assert_memory_equal(l, e3, sizeof(l));
+
+    /* repeat_last_n 0 turns every penalty off; and the scratch counts were cleared */
+    p.repeat_last_n = 0;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    assert_memory_equal(l, base, sizeof(l));
+    p.repeat_last_n = -1;
+    const int32_t one[1] = {3};
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, l, one, 1, NULL);
+    const float e4[8] = {2.0f, -2.0f, 1.0f, 2.0f - 0.75f, 0.0f, 3.0f, -1.0f, 0.5f};
+    assert_memory_equal(l, e4, sizeof(l));
+
+    /* a penalty can change the greedy choice: token 3 (4.0 -> 2.0 - 0.75) loses to 5 */
+    memcpy(l, base, sizeof(l));
+    assert_int_equal(engine_sample(s, &p, &r, l, one, 1, NULL), 5);
+    engine_sampler_free(s);
+}
+
+/* ---- independence of batch composition ------------------------------------------------ */
+
+/* Two requests generated on one shared sampler, interleaved with a third, give the same
+ * tokens as each alone on a fresh sampler. */
+static void run_request(struct engine_sampler *s, const struct engine_sampling *p,
+                        const float *base, int32_t *hist, size_t *n_hist, struct engine_rng *r)
+{
+    float *l = malloc(VOCAB * sizeof(float));
+    memcpy(l, base, VOCAB * sizeof(float));
+    /* make logits depend on the history so the sequence feeds back */
+    l[hist[*n_hist - 1] * 7 % VOCAB] += 3.0f;
+    int32_t t = engine_sample(s, p, r, l, hist, *n_hist, NULL);
+    hist[(*n_hist)++] = t;
+    free(l);
+}
+
+static void test_batch_independence(void **state)
+{
+    float *base = malloc(VOCAB * sizeof(float));
+    struct engine_rng gen;
+    engine_rng_seed(&gen, 77, "base", 4);
+    random_logits(&gen, base, VOCAB, 8.0f);
+    struct engine_sampling pa = sampling(0.9f, 0, 0.9f, 0.0f);
+    pa.repeat_penalty = 1.3f;
+    pa.frequency_penalty = 0.4f;
+    struct engine_sampling pb = sampling(1.2f, 50, 1.0f, 0.05f);
+    pb.presence_penalty = 0.6f;
+    pb.repeat_last_n = 16;
+    struct engine_sampling pc = sampling(0.0f, 0, 1.0f, 0.0f);
+    pc.repeat_penalty = 1.5f;
+    enum { STEPS = 60 };
+    int32_t ha[STEPS + 1] = {1}, hb[STEPS + 1] = {2}, hc[STEPS + 1] = {3};
+    int32_t ha2[STEPS + 1] = {1}, hb2[STEPS + 1] = {2};
+    size_t na = 1, nb = 1, nc = 1, na2 = 1, nb2 = 1;
+    struct engine_rng ra, rb, rc, ra2, rb2;
+    engine_rng_seed(&ra, 1, "a", 1);
+    engine_rng_seed(&rb, 1, "b", 1);
+    engine_rng_seed(&rc, 1, "c", 1);
+    ra2 = ra;
+    rb2 = rb;
+
+    struct engine_sampler *shared = new_sampler(VOCAB);
+    for (int i = 0; i < STEPS; i++) {
+        run_request(shared, &pa, base, ha, &na, &ra);
+        if (i % 3 != 1)
+            run_request(shared, &pc, base, hc, &nc, &rc);
+        run_request(shared, &pb, base, hb, &nb, &rb);
+    }
+    engine_sampler_free(shared);
+    struct engine_sampler *alone = new_sampler(VOCAB);
+    for (int i = 0; i < STEPS; i++)
+        run_request(alone, &pa, base, ha2, &na2, &ra2);
+    engine_sampler_free(alone);
+    alone = new_sampler(VOCAB);
+    for (int i = 0; i < STEPS; i++)
+        run_request(alone, &pb, base, hb2, &nb2, &rb2);
+    engine_sampler_free(alone);
+    assert_memory_equal(ha, ha2, sizeof(ha));
+    assert_memory_equal(hb, hb2, sizeof(hb));
+    /* and the two requests did not simply produce the same thing */
+    assert_memory_not_equal(ha, hb, sizeof(ha));
+    free(base);
+}
+
+/* ---- validation ----------------------------------------------------------------------- */
+
+static void test_validate(void **state)
+{
+    struct err_detail err = {0};
+    struct engine_sampling p;
+    engine_sampling_default(&p);
+    assert_int_equal(engine_sampling_validate(&p, &err), ST_OK);
+    assert_float_equal(p.temperature, 1.0f, 0.0f);
+    assert_float_equal(p.top_p, 1.0f, 0.0f);
+    assert_float_equal(p.repeat_penalty, 1.0f, 0.0f);
+    assert_int_equal(p.top_k, 0);
+
+    struct engine_sampling ok[5];
+    for (int i = 0; i < 5; i++)
+        engine_sampling_default(&ok[i]);
+    ok[0].temperature = 0.0f;
+    ok[1].temperature = 2.0f;
+    ok[2].top_p = 1e-6f;
+    ok[3].min_p = 1.0f;
+    ok[4].frequency_penalty = -2.0f;
+    ok[4].presence_penalty = 2.0f;
+    ok[4].repeat_last_n = 0;
+    ok[4].top_k = 49152;
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(engine_sampling_validate(&ok[i], &err), ST_OK);
+
+    struct engine_sampling bad[16];
+    for (int i = 0; i < 16; i++)
+        engine_sampling_default(&bad[i]);
+    bad[0].temperature = -0.1f;
+    bad[1].temperature = 2.5f;
+    bad[2].temperature = NAN;
+    bad[3].top_k = -1;
+    bad[4].top_p = 0.0f;
+    bad[5].top_p = 1.01f;
+    bad[6].top_p = NAN;
+    bad[7].min_p = -0.01f;
+    bad[8].min_p = 1.5f;
+    bad[9].repeat_penalty = 0.0f;
+    bad[10].repeat_penalty = INFINITY;
+    bad[11].repeat_last_n = -2;
+    bad[12].frequency_penalty = 2.5f;
+    bad[13].presence_penalty = -3.0f;
+    bad[14].frequency_penalty = NAN;
+    bad[15].temperature = INFINITY;
+    for (int i = 0; i < 16; i++) {
+        err.msg[0] = 0;
+        assert_int_equal(engine_sampling_validate(&bad[i], &err), ST_ERR_INVALID_ARG);
+        assert_int_equal(err.status, ST_ERR_INVALID_ARG);
+        assert_true(strlen(err.msg) > 0);
+    }
+
+    struct engine_sampler *s = NULL;
+    assert_int_equal(engine_sampler_init(&s, 0, &err), ST_ERR_INVALID_ARG);
+    assert_null(s);
+    engine_sampler_free(NULL);
+}
+
+/* ---- stop strings --------------------------------------------------------------------- */
+
+/* Feeds text in the given chunk sizes; returns in out the concatenation of everything
+ * emitted (plus the pending tail when no stop matched) and whether a stop matched. Checks at
+ * every push that the bytes emitted so far stay within the first `limit` bytes (the text
+ * before the stop string), so stop text is never exposed, not even transiently. */
+static int feed(struct engine_stop *st, const char *text, const size_t *chunks, size_t n_chunks,
+                size_t limit, char *out, size_t *out_len)
+{
+    size_t pos = 0, emitted = 0, pending = 0;
+    int hit = 0;
+    for (size_t c = 0; c < n_chunks && !hit; c++) {
+        size_t e;
+        hit = engine_stop_push(st, text + pos, chunks[c], &e);
+        pending += chunks[c];
+        assert_true(e <= pending);
+        /* the emitted bytes are the start of the pending text */
+        memcpy(out + emitted, text + emitted, e);
+        emitted += e;
+        pending -= e;
+        assert_true(emitted <= limit);
+        pos += chunks[c];
+        if (!hit)
+            assert_int_equal(engine_stop_pending(st), pending);
+    }
+    if (!hit) {
+        size_t rest = engine_stop_pending(st);
+        memcpy(out + emitted, text + emitted, rest);
+        emitted += rest;
+    }
+    *out_len = emitted;
+    return hit;
+}
+
+static struct engine_stop *new_stop(const char *const *stops, size_t n)
+{
+    struct engine_stop *st = NULL;
+    struct err_detail err = {0};
+    assert_int_equal(engine_stop_init(&st, stops, n, &err), ST_OK);
+    return st;
+}
+
+static void test_stop_basic(void **state)
+{
+    const char *stops[] = {"END", "\n\n", "ab"};
+    char out[64];
+    size_t n;
+
+    /* stop inside one push */
+    struct engine_stop *st = new_stop(stops, 3);
+    size_t e;
+    assert_int_equal(engine_stop_push(st, "hello END world", 15, &e), 1);
+    assert_int_equal(e, 6);
+    assert_int_equal(engine_stop_matched(st), 0);
+    assert_int_equal(engine_stop_push(st, "more", 4, &e), 1); /* finished stays finished */
+    assert_int_equal(e, 0);
+    engine_stop_free(st);
+
+    /* spanning three pushes, with the held-back tail released late */
+    st = new_stop(stops, 3);
+    assert_int_equal(engine_stop_push(st, "xyE", 3, &e), 0);
+    assert_int_equal(e, 2); /* "E" held */
+    assert_int_equal(engine_stop_push(st, "N", 1, &e), 0);
+    assert_int_equal(e, 0); /* "EN" held */
+    assert_int_equal(engine_stop_push(st, "D!", 2, &e), 1);
+    assert_int_equal(e, 0);
+    engine_stop_free(st);
+
+    /* a held prefix that turns out not to be a stop is released */
+    st = new_stop(stops, 3);
+    assert_int_equal(engine_stop_push(st, "EN", 2, &e), 0);
+    assert_int_equal(e, 0);
+    assert_int_equal(engine_stop_push(st, "Xz", 2, &e), 0);
+    assert_int_equal(e, 4);
+    assert_int_equal(engine_stop_pending(st), 0);
+    engine_stop_free(st);
+
+    /* overlapping prefix: "ab" in "aab" */
+    st = new_stop(stops, 3);
+    assert_int_equal(engine_stop_push(st, "a", 1, &e), 0);
+    assert_int_equal(e, 0);
+    assert_int_equal(engine_stop_push(st, "a", 1, &e), 0);
+    assert_int_equal(e, 1); /* the first "a" can no longer start "ab" */
+    assert_int_equal(engine_stop_push(st, "b", 1, &e), 1);
+    assert_int_equal(e, 0); /* pending "a"+"b" is the stop: only the first "a" came out */
+    engine_stop_free(st);
+
+    /* no false match */
+    st = new_stop(stops, 3);
+    const char *text = "EN D E\nN\n a b ENDa\n";
+    size_t ch[1] = {strlen(text) - 5}; /* stop before "ENDa" */
+    assert_int_equal(feed(st, text, ch, 1, ch[0], out, &n), 0);
+    assert_int_equal(n, ch[0]);
+    assert_memory_equal(out, text, n);
+    engine_stop_free(st);
+
+    /* n == 0: never matches, never holds */
+    st = new_stop(NULL, 0);
+    assert_int_equal(engine_stop_push(st, "anything", 8, &e), 0);
+    assert_int_equal(e, 8);
+    engine_stop_free(st);
+
+    /* invalid stops */
+    struct err_detail err = {0};
+    const char *empty[] = {"ok", ""};
+    st = (struct engine_stop *)1;
+    assert_int_equal(engine_stop_init(&st, empty, 2, &err), ST_ERR_INVALID_ARG);
+    assert_null(st);
+    char *big = malloc(ENGINE_STOP_MAX_LEN + 2);
+    memset(big, 'x', ENGINE_STOP_MAX_LEN + 1);
+    big[ENGINE_STOP_MAX_LEN + 1] = 0;
+    const char *toolong[] = {big};
+    assert_int_equal(engine_stop_init(&st, toolong, 1, &err), ST_ERR_INVALID_ARG);
+    free(big);
+    engine_stop_free(NULL);
+}
+
+/* Overlaps between stop strings: the first-ending occurrence wins, the longest on a tie. */
+static void test_stop_overlaps(void **state)
+{
+    size_t e;
+    const char *s1[] = {"abcd", "bc"};
+    struct engine_stop *st = new_stop(s1, 2);
+    assert_int_equal(engine_stop_push(st, "xabcd", 5, &e), 1);
+    assert_int_equal(e, 2); /* "bc" ends first: emit "xa" */
+    assert_int_equal(engine_stop_matched(st), 1);
+    engine_stop_free(st);
+
+    const char *s2[] = {"c", "abc"};
+    st = new_stop(s2, 2);
+    assert_int_equal(engine_stop_push(st, "xab", 3, &e), 0);
+    assert_int_equal(e, 1);
+    assert_int_equal(engine_stop_push(st, "c", 1, &e), 1);
+    assert_int_equal(e, 0); /* both end at 'c'; the longer "abc" wins */
+    assert_int_equal(engine_stop_matched(st), 1);
+    engine_stop_free(st);
+
+    const char *s3[] = {"aaab"};
+    st = new_stop(s3, 1);
+    assert_int_equal(engine_stop_push(st, "aaaa", 4, &e), 0);
+    assert_int_equal(e, 1); /* "aaa" could still start "aaab" */
+    assert_int_equal(engine_stop_push(st, "ab", 2, &e), 1);
+    assert_int_equal(e, 1); /* pending "aaa"+"ab": stop starts at pending offset 1 */
+    engine_stop_free(st);
+}
+
+/* Earliest-ending occurrence by brute force: returns the emitted length (text before the
+ * match) or len when nothing matches. */
+static size_t ref_stop(const char *text, size_t len, const char *const *stops, size_t n)
+{
+    for (size_t end = 1; end <= len; end++) {
+        size_t best = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t l = strlen(stops[k]);
+            if (l <= end && l > best && memcmp(text + end - l, stops[k], l) == 0)
+                best = l;
+        }
+        if (best)
+            return end - best;
+    }
+    return len;
+}
+
+/* Random texts over a tiny alphabet, random stop sets, random chunkings: the emitted text
+ * equals the brute-force answer whatever the chunking, and never contains stop text. */
+static void test_stop_random_chunking(void **state)
+{
+    struct engine_rng r;
+    engine_rng_seed(&r, 99, "stop", 4);
+    char text[256], out[256], stopbuf[4][8];
+    const char *stops[4];
+    size_t chunks[256];
+    for (int trial = 0; trial < 3000; trial++) {
+        size_t n_stops = 1 + engine_rng_next(&r) % 4;
+        for (size_t k = 0; k < n_stops; k++) {
+            size_t l = 1 + engine_rng_next(&r) % 6;
+            for (size_t i = 0; i < l; i++)
+                stopbuf[k][i] = (char)('a' + engine_rng_next(&r) % 3);
+            stopbuf[k][l] = 0;
+            stops[k] = stopbuf[k];
+        }
+        size_t len = engine_rng_next(&r) % 200;
+        for (size_t i = 0; i < len; i++)
+            text[i] = (char)('a' + engine_rng_next(&r) % 4);
+        size_t want = ref_stop(text, len, stops, n_stops);
+        for (int split = 0; split < 3; split++) {
+            size_t nc = 0, pos = 0;
+            while (pos < len) {
+                size_t c = split == 0 ? 1 : 1 + engine_rng_next(&r) % (split == 1 ? 5 : 40);
+                if (c > len - pos)
+                    c = len - pos;
+                if (engine_rng_next(&r) % 10 == 0)
+                    chunks[nc++] = 0; /* empty pushes are harmless */
+                chunks[nc++] = c;
+                pos += c;
+            }
+            struct engine_stop *st = new_stop(stops, n_stops);
+            size_t got;
+            int hit = feed(st, text, chunks, nc, want, out, &got);
+            assert_int_equal(hit, want < len);
+            assert_int_equal(got, want);
+            assert_memory_equal(out, text, got);
+            engine_stop_free(st);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rng_same_seed_same_stream),
+        cmocka_unit_test(test_rng_different_ids_and_seeds),
+        cmocka_unit_test(test_rng_uniform_range_and_mean),
+        cmocka_unit_test(test_greedy_argmax_ties_lowest),
+        cmocka_unit_test(test_top_k1_equals_greedy),
+        cmocka_unit_test(test_truncation_matches_reference),
+        cmocka_unit_test(test_exp_accuracy),
+        cmocka_unit_test(test_edge_rows),
+        cmocka_unit_test(test_top_k_orders),
+        cmocka_unit_test(test_distribution_matches_softmax),
+        cmocka_unit_test(test_logprob_is_log_softmax),
+        cmocka_unit_test(test_top_p_smallest_prefix),
+        cmocka_unit_test(test_min_p_cutoff),
+        cmocka_unit_test(test_penalties_exact),
+        cmocka_unit_test(test_batch_independence),
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_stop_basic),
+        cmocka_unit_test(test_stop_overlaps),
+        cmocka_unit_test(test_stop_random_chunking),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Independent numpy reference of the llama.cpp Llama forward pass (NOT run by CI).
+
+Every tensor is dequantized with gguf.quants.dequantize (exact float32 values of the
+quantized weights), then ALL compute is done in float64. Writes tests/fixtures/forward_ref.json.
+
+Semantics (llama.cpp, GGUF 'llama' arch):
+  x = tok_embd[tok]
+  per layer: h = rmsnorm(x)*attn_norm; q,k,v = Wq h, Wk h, Wv h
+             rope NORM mode (adjacent pairs (2i,2i+1), angle pos*theta^(-2i/rot_dim)) on q,k
+             causal softmax(q.k/sqrt(head_dim)) GQA: head h uses kv head h // (n_head/n_kv)
+             x += Wo attn; h = rmsnorm(x)*ffn_norm; x += Wdown(silu(Wgate h) * Wup h)
+  logits = W_out @ (rmsnorm(x)*output_norm), W_out = output.weight or tied token_embd.
+GGUF shapes are [ne0, ne1] with ne0 the inner (input) dim; numpy arrays from gguf are
+(ne1, ne0), so y = W @ x.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import gguf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_tokenizer  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+DT = np.float64
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+class Model:
+    def __init__(self, path):
+        r = gguf.GGUFReader(path)
+        f = r.fields
+        arch = f["general.architecture"].contents()
+        assert arch == "llama", arch
+        g = lambda k: f[arch + "." + k].contents()
+        self.n_layer = int(g("block_count"))
+        self.n_embd = int(g("embedding_length"))
+        self.n_ff = int(g("feed_forward_length"))
+        self.n_head = int(g("attention.head_count"))
+        self.n_kv = int(g("attention.head_count_kv"))
+        self.eps = float(g("attention.layer_norm_rms_epsilon"))
+        self.theta = float(g("rope.freq_base")) if arch + ".rope.freq_base" in f else 10000.0
+        self.head_dim = self.n_embd // self.n_head
+        self.n_rot = int(g("rope.dimension_count")) if arch + ".rope.dimension_count" in f else self.head_dim
+        assert self.n_rot == self.head_dim
+        self.eps = np.float64(np.float32(self.eps))  # stored as f32 in GGUF
+        tens = {t.name: t for t in r.tensors}
+
+        def W(name):
+            t = tens[name]
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            ne = [int(x) for x in t.shape]  # ne0 first
+            assert list(a.shape) == ne[::-1] or (len(ne) == 1 and a.shape == (ne[0],)), (name, a.shape, ne)
+            return np.ascontiguousarray(a, dtype=DT)
+
+        self.tok_embd = W("token_embd.weight")           # (n_vocab, n_embd)
+        self.n_vocab = self.tok_embd.shape[0]
+        self.out_norm = W("output_norm.weight")
+        self.out_w = W("output.weight") if "output.weight" in tens else self.tok_embd
+        self.layers = []
+        for i in range(self.n_layer):
+            p = "blk.%d." % i
+            L = {k: W(p + k + ".weight") for k in
+                 ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+            assert L["attn_q"].shape == (self.n_head * self.head_dim, self.n_embd)
+            assert L["attn_k"].shape == (self.n_kv * self.head_dim, self.n_embd)
+            assert L["ffn_gate"].shape == (self.n_ff, self.n_embd)
+            assert L["ffn_down"].shape == (self.n_embd, self.n_ff)
+            self.layers.append(L)
+        self.meta = dict(n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff,
+                         n_head=self.n_head, n_kv=self.n_kv, head_dim=self.head_dim,
+                         rope_theta=self.theta, rms_eps=float(self.eps), n_vocab=self.n_vocab)
+
+    def rmsnorm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, pos):
+        # x: (T, H, D); NORM mode: rotate adjacent pairs
+        D = x.shape[-1]
+        inv = self.theta ** (-np.arange(0, D, 2, dtype=DT) / D)        # (D/2,)
+        ang = pos[:, None].astype(DT) * inv[None, :]                    # (T, D/2)
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+
+    def new_cache(self):
+        return [([], []) for _ in range(self.n_layer)]
+
+    def forward(self, tokens, cache):
+        """Process `tokens` appended after what `cache` holds. Returns logits (T, n_vocab)."""
+        T = len(tokens)
+        start = sum(k.shape[0] for k in cache[0][0])
+        pos = np.arange(start, start + T)
+        x = self.tok_embd[np.asarray(tokens)]
+        H, KV, D = self.n_head, self.n_kv, self.head_dim
+        grp = H // KV
+        scale = 1.0 / np.sqrt(D)
+        for L, (kc, vc) in zip(self.layers, cache):
+            h = self.rmsnorm(x, L["attn_norm"])
+            q = (h @ L["attn_q"].T).reshape(T, H, D)
+            k = (h @ L["attn_k"].T).reshape(T, KV, D)
+            v = (h @ L["attn_v"].T).reshape(T, KV, D)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            kc.append(k)
+            vc.append(v)
+            K, V = np.concatenate(kc, 0), np.concatenate(vc, 0)    # (S, KV, D)
+            S = K.shape[0]
+            kpos = np.arange(S)
+            mask = kpos[None, :] > pos[:, None]                       # (T, S)
+            att = np.empty((T, H, D), dtype=DT)
+            for hh in range(H):
+                kv = hh // grp
+                sc = (q[:, hh, :] @ K[:, kv, :].T) * scale            # (T, S)
+                sc = np.where(mask, -np.inf, sc)
+                sc = sc - sc.max(axis=1, keepdims=True)
+                p = np.exp(sc)
+                p /= p.sum(axis=1, keepdims=True)
+                att[:, hh, :] = p @ V[:, kv, :]
+            x = x + att.reshape(T, H * D) @ L["attn_output"].T
+            h = self.rmsnorm(x, L["ffn_norm"])
+            gt = h @ L["ffn_gate"].T
+            up = h @ L["ffn_up"].T
+            x = x + ((gt / (1.0 + np.exp(-gt))) * up) @ L["ffn_down"].T
+        x = self.rmsnorm(x, self.out_norm)
+        return x @ self.out_w.T
+
+
+def top2_margin(l):
+    i = np.argpartition(-l, 2)[:2]
+    a, b = sorted(l[i], reverse=True)
+    return float(a - b)
+
+
+def position_record(l, probe):
+    top = np.argsort(-l, kind="stable")[:16]
+    return {"top": [[int(i), round(float(l[i]), 6)] for i in top],
+            "probe": [round(float(l[i]), 6) for i in probe],
+            "margin": round(float(l[top[0]] - l[top[1]]), 6)}
+
+
+def greedy(m, prompt, n, cache=None, first_logits=None):
+    cache = m.new_cache() if cache is None else cache
+    logits = m.forward(prompt, cache)[-1] if first_logits is None else first_logits
+    out, margins = [], []
+    for _ in range(n):
+        t = int(np.argmax(logits))
+        out.append(t)
+        margins.append(round(top2_margin(logits), 6))
+        logits = m.forward([t], cache)[-1]
+    return out, margins
+
+
+def make_llama_checks(model):
+    """(1) strict: llama.cpp on an F32 re-quantized copy (exact dequantized weights) with an F32
+    KV cache -- must match this reference to ~1e-4; (2) informational: llama.cpp on the native
+    Q4_1 file (Q8 activation quantization in its matmuls, F16 KV cache)."""
+    import ctypes
+    import tempfile
+    import llama_cpp
+    from llama_cpp import Llama
+    f32 = os.path.join(tempfile.mkdtemp(prefix="quern_ref_"), "model_f32.gguf")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = 0  # LLAMA_FTYPE_ALL_F32
+    p.allow_requantize = True
+    assert llama_cpp.llama_model_quantize(model.encode(), f32.encode(), ctypes.byref(p)) == 0
+    kw = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=os.cpu_count())
+    ref = Llama(model_path=f32, type_k=0, type_v=0, use_mmap=False, **kw)
+    os.remove(f32)
+    os.rmdir(os.path.dirname(f32))
+    return [("F32 weights, F32 KV:", ref, True),
+            ("native Q4_1, F16 KV:", Llama(model_path=model, **kw), False)]
+
+
+def llama_logits_and_greedy(llm, toks, n):
+    llm.reset()
+    llm.eval(toks)
+    lg = np.array(llm.scores[:len(toks)], dtype=DT)
+    out, cur = [], int(np.argmax(lg[-1]))
+    for _ in range(n):
+        out.append(cur)
+        llm.eval([cur])
+        cur = int(np.argmax(np.array(llm.scores[llm.n_tokens - 1])))
+    return lg, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "forward_ref.json"))
+    ap.add_argument("--n-greedy", type=int, default=32)
+    ap.add_argument("--check-llama", action="store_true",
+                    help="also compare logits against llama.cpp (llama-cpp-python) and print diffs")
+    args = ap.parse_args()
+
+    t0 = time.time()
+    m = Model(args.model)
+    print("loaded model in %.1fs: %s" % (time.time() - t0, m.meta))
+    meta = ref_tokenizer.gguf_tokenizer_meta(args.model)
+    hf = ref_tokenizer.HFRef(meta)
+    special = {t: i for i, (t, ty) in enumerate(zip(meta["tokens"], meta["token_type"])) if ty == 3}
+
+    # sanity: greedy chat answer mentions Paris
+    _, chat_ids = ref_tokenizer.chat_ids(meta["chat_template"],
+                                         [{"role": "user", "content": "What is the capital of France?"}],
+                                         True, hf.encode, special)
+    ans, _ = greedy(m, chat_ids, 16)
+    ans_text = hf.decode(ans)
+    print("sanity greedy answer: %r" % ans_text)
+    assert "Paris" in ans_text, ans_text
+
+    prompts = [
+        ("short", hf.encode("The capital of France is")),
+        ("chat_france", chat_ids),
+        ("code_c", hf.encode("#include <stdio.h>\n\nint main(void) {\n    for (int i = 0; i < 10; i++) {\n        printf(\"%d\\n\", i);\n    }\n")),
+        ("digits", hf.encode("Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,")),
+        ("prose", hf.encode("Once upon a time, in a small village nestled between rolling hills and a "
+                            "quiet river, there lived an old clockmaker who")),
+        ("python_code", hf.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n")),
+        ("unicode_mix", hf.encode("Le café est très bon. 東京は日本の首都です。 The Japanese word for cat is")),
+    ]
+    for name, toks in prompts:
+        assert 4 <= len(toks) <= 60, (name, len(toks))
+
+    rng = np.random.default_rng(1234)
+    fixed = [0, 1, 2, 3, 17, 28, 30, 198, 216, 253, 260, 314, 330, 905, 4649, 19556,
+             49151, 49150, 49000, 40000, 32000, 25000, 16384, 12345, 8192, 4096, 1024, 512]
+    extra = [int(i) for i in rng.choice(np.setdiff1d(np.arange(m.n_vocab), fixed),
+                                        64 - len(fixed), replace=False)]
+    probe = fixed + sorted(extra)
+    assert len(probe) == 64 and len(set(probe)) == 64
+
+    checks = []
+    if args.check_llama:
+        checks = make_llama_checks(args.model)
+
+    out = {"model_sha256": sha256(args.model),
+           "precision": "float64 compute; weights dequantized to float32 by gguf.quants.dequantize then widened",
+           "config": m.meta, "probe_ids": probe, "prompts": []}
+    all_margins = []
+    for name, toks in prompts:
+        t0 = time.time()
+        cache = m.new_cache()
+        L = m.forward(toks, cache)
+        g, gm = greedy(m, toks, args.n_greedy, cache=cache, first_logits=L[-1])
+        rec = {"name": name, "tokens": [int(t) for t in toks],
+               "positions": [position_record(L[i], probe) for i in range(len(toks))],
+               "greedy": g, "greedy_margins": gm}
+        out["prompts"].append(rec)
+        pm = [p["margin"] for p in rec["positions"]]
+        all_margins += [(v, name, "pos", i) for i, v in enumerate(pm)]
+        all_margins += [(v, name, "greedy", i) for i, v in enumerate(gm)]
+        print("%-12s n=%2d  %.1fs  min pos margin %.4f  min greedy margin %.4f  greedy=%r"
+              % (name, len(toks), time.time() - t0, min(pm), min(gm), hf.decode(g)))
+        for label, llm, strict in checks:
+            lg, ll_g = llama_logits_and_greedy(llm, toks, args.n_greedy)
+            d = np.abs(lg - L)
+            agree = float(np.mean(np.argmax(lg, 1) == np.argmax(L, 1)))
+            ng = next((i for i, (x, y) in enumerate(zip(ll_g, g)) if x != y), len(g))
+            print("   vs llama.cpp %-26s max|dlogit| %.5f mean %.6f argmax agree %.3f greedy agree %d/%d"
+                  % (label, d.max(), d.mean(), agree, ng, len(g)))
+            if strict:
+                assert d.max() < 1e-3 and ng == len(g), "reference disagrees with llama.cpp F32"
+    all_margins.sort()
+    out["smallest_margins"] = [{"margin": v, "prompt": n, "kind": k, "index": i}
+                               for v, n, k, i in all_margins[:10]]
+    print("smallest top1-top2 margins:")
+    for v, n, k, i in all_margins[:10]:
+        print("  %.6f  %s %s[%d]" % (v, n, k, i))
+    with open(args.out, "w") as f:
+        json.dump(out, f, separators=(",", ":"))
+        f.write("\n")
+    print("wrote %s (%d bytes)" % (args.out, os.path.getsize(args.out)))
+
+
+if __name__ == "__main__":
+    main()
