@@ -26,7 +26,7 @@ CFLAGS = -std=c11 $(CFLAGS_OPT) $(CFLAGS_WARN) -pthread
 # SIMD kernels live in files named *_avx2.c / *_avx512.c and are compiled for that ISA only;
 # the binary picks one at run time (kernels/cpu/dispatch.c), so it runs on any x86-64.
 ISA_AVX2   = -mavx2 -mfma -mf16c
-ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavxvnni
+ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
 LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/cpu/*.c engine/*.c jobs/*.c))
 BIN_SRC  = $(sort $(wildcard runner/*.c))

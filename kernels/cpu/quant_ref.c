@@ -1,7 +1,8 @@
 /* Scalar reference kernels: half/bf16 conversion, activation quantization, row dequantization and
  * dot products for every supported type, plus the scalar function table. Written for clarity;
  * the SIMD files must reproduce these results (exactly for integer parts, to rounding otherwise).
- */
+ * Exact dequantization relies on gcc not contracting a*b+c into FMA, which -std=c11 ensures
+ * (-ffp-contract=off); a GNU dialect would allow it. */
 #include <assert.h>
 #include <float.h>
 #include <math.h>
