@@ -1,4 +1,5 @@
-# quern build. `make` builds bin/quern; `make test` builds and runs every test;
+# quern build. `make` builds bin/quern; `make test` builds and runs every test (`make unit`:
+# unit tests only);
 # `make asan test` does the same under ASan+UBSan (separate build dir); `make deps`
 # installs Debian packages; `make model` fetches and verifies the default model.
 
@@ -17,6 +18,7 @@ BUILD      := build-asan
 CFLAGS_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
               -fno-sanitize-recover=undefined
 LDFLAGS    += -fsanitize=address,undefined
+export QUERN_SANITIZE = 1
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 endif
@@ -37,8 +39,13 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit e2e asan deps model clean format bench
+.PHONY: all test unit asan deps model clean format
+# bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
+ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
+else
+all: $(QUERN)
+endif
 
 bin/quern: $(QUERN)
 	@mkdir -p bin
@@ -87,9 +94,6 @@ $(MODEL):
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
-
-bench: all model
-	$(QUERN) bench --model $(MODEL)
 
 clean:
 	rm -rf build build-asan bin

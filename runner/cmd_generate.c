@@ -261,6 +261,8 @@ struct gen_out {
 
 static void out_write(const char *s, size_t n)
 {
+    if (!n)
+        return;
     fwrite(s, 1, n, stdout);
     fflush(stdout);
 }

@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "io/gguf.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "runner/runner.h"
 
 static const char info_usage[] =
@@ -132,6 +133,8 @@ int runner_cmd_info(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
+    printf("cpu kernels: %s (best this CPU supports: %s)\n", kern_cpu_fns_best()->name,
+           kern_isa_name(kern_cpu_detect()));
     printf("file: %s\nsize: %zu bytes\nGGUF version: %u\nalignment: %u\n", model, g->size,
            g->version, g->alignment);
     printf("metadata (%" PRIu64 " keys):\n", g->n_kv);

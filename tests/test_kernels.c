@@ -347,6 +347,7 @@ static void test_dispatch(void **state)
             assert_int_equal(f->vec_dot_q8[t] != NULL, is_quant);
             assert_int_equal(f->vec_dot_f32[t] != NULL, is_float);
             assert_int_equal(f->dequant_row[t] != NULL, is_quant || is_float);
+            assert_int_equal(f->matvec_f32[t] != NULL, is_quant || is_float);
         }
     }
     assert_null(kern_cpu_fns_get(KERN_ISA_COUNT));
@@ -1012,6 +1013,166 @@ static void test_vec_dot_f32(void **state)
     }
 }
 
+/* ---- weight rows . float activations (matvec) ---------------------------------------- */
+
+static const uint32_t all_types[] = {DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q4_0, DTYPE_Q4_1,
+                                     DTYPE_Q5_0, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K};
+#define N_ALL_TYPES (sizeof all_types / sizeof all_types[0])
+
+/* n_rows random rows of n weights, row_bytes = dtype_row_bytes + pad apart (pad even, filled
+ * with 0xEE). With a fill pattern (>= 0) every quant byte (not the fp16 scales) is set to it.
+ * Caller frees. */
+static uint8_t *random_rows(uint32_t type, int64_t n, int64_t n_rows, size_t pad, int fill,
+                            struct rng *r)
+{
+    size_t bytes = dtype_row_bytes(type, n), row_bytes = bytes + pad;
+    const struct dtype_info *di = dtype_get(type);
+    uint8_t *w = malloc(row_bytes * (size_t)n_rows);
+    assert_non_null(w);
+    memset(w, 0xEE, row_bytes * (size_t)n_rows);
+    for (int64_t i = 0; i < n_rows; i++) {
+        uint8_t *row = random_weights(type, n, r);
+        if (fill >= 0 && di->block_elems > 1)
+            for (size_t j = 0; j < bytes; j++)
+                if (!is_f16_field(type, j % (size_t)di->block_bytes))
+                    row[j] = (uint8_t)fill;
+        memcpy(w + (size_t)i * row_bytes, row, bytes);
+        free(row);
+    }
+    return w;
+}
+
+/* Every type on every ISA: the reference is bitwise dequant_row + the reference float dot, and
+ * close to exact double math; each ISA's matvec is within rounding of the reference and of its
+ * own dequant_row + vec_dot_f32, and repeatable. Includes extreme quant bytes and padded rows. */
+static void test_matvec_f32(void **state)
+{
+    (void)state;
+    static const int64_t sizes32[] = {32, 96, 576, 1536};
+    static const int64_t sizesk[] = {256, 512, 1536};
+    static const int64_t sizesf[] = {11, 100, 576};
+    static const int fills[] = {-1, -1, 0x00, 0xFF, 0x80, 0x5A};
+    const int64_t n_rows = 7;
+    struct rng r = {4242};
+    double worst[KERN_ISA_COUNT] = {0};
+    for (size_t t = 0; t < N_ALL_TYPES; t++) {
+        uint32_t type = all_types[t];
+        int be = dtype_get(type)->block_elems;
+        const int64_t *sizes = be == 1 ? sizesf : be == KERN_QK_K ? sizesk : sizes32;
+        size_t n_sizes = be == KERN_QK ? sizeof sizes32 / sizeof sizes32[0] : 3;
+        for (size_t si = 0; si < n_sizes; si++) {
+            int64_t n = sizes[si];
+            for (size_t fi = 0; fi < sizeof fills / sizeof fills[0]; fi++) {
+                size_t pad = fi % 2 ? 6 : 0;
+                size_t row_bytes = dtype_row_bytes(type, n) + pad;
+                uint8_t *w = random_rows(type, n, n_rows, pad, fills[fi], &r);
+                float *x = malloc(n * sizeof *x), *wf = malloc(n * sizeof *wf);
+                float y_ref[7], y[7];
+                assert_true(x && wf);
+                random_activations(x, n - n % KERN_QK, &r);
+                for (int64_t i = n - n % KERN_QK; i < n; i++)
+                    x[i] = rng_uniform(&r, -2.0f, 2.0f);
+                kern_ref_matvec_f32(type, w, row_bytes, n_rows, x, n, y_ref);
+                for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+                    const struct kern_cpu_fns *f = isa_fns(isa);
+                    if (!f)
+                        continue;
+                    memset(y, 0, sizeof y);
+                    f->matvec_f32[type](w, row_bytes, n_rows, x, n, y);
+                    for (int64_t k = 0; k < n_rows; k++) {
+                        const uint8_t *row = w + (size_t)k * row_bytes;
+                        double exact = 0.0, mag = 0.0;
+                        kern_ref_dequant_row(type, row, wf, n);
+                        for (int64_t i = 0; i < n; i++) {
+                            exact += (double)wf[i] * x[i];
+                            mag += fabs((double)wf[i] * x[i]);
+                        }
+                        if (isa == 0) {
+                            float want = kern_ref_vec_dot_f32(DTYPE_F32, wf, x, n);
+                            if (f32_bits(y_ref[k]) != f32_bits(want))
+                                fail_msg("ref matvec %s n=%lld row %lld: %.9g, dequant + dot "
+                                         "%.9g",
+                                         dtype_get(type)->name, (long long)n, (long long)k,
+                                         (double)y_ref[k], (double)want);
+                            if (!close_enough(y_ref[k], exact, mag, REL_TOL))
+                                fail_msg("ref matvec %s n=%lld: %.9g vs exact %.9g (mag %.3g)",
+                                         dtype_get(type)->name, (long long)n, (double)y_ref[k],
+                                         exact, mag);
+                        }
+                        f->dequant_row[type](row, wf, n);
+                        float old = f->vec_dot_f32[DTYPE_F32](wf, x, n);
+                        if (!close_enough(y[k], y_ref[k], mag, REL_TOL) ||
+                            !close_enough(y[k], old, mag, REL_TOL))
+                            fail_msg("%s matvec %s n=%lld fill %d row %lld: %.9g vs reference "
+                                     "%.9g, dequant + dot %.9g (mag %.3g)",
+                                     f->name, dtype_get(type)->name, (long long)n, fills[fi],
+                                     (long long)k, (double)y[k], (double)y_ref[k], (double)old,
+                                     mag);
+                        if (mag > 0 && fabs(y[k] - exact) / mag > worst[isa])
+                            worst[isa] = fabs(y[k] - exact) / mag;
+                    }
+                    float again[7];
+                    f->matvec_f32[type](w, row_bytes, n_rows, x, n, again);
+                    assert_memory_equal(again, y, sizeof y);
+                }
+                free(w);
+                free(x);
+                free(wf);
+            }
+        }
+    }
+    for (int isa = 0; isa < KERN_ISA_COUNT; isa++)
+        if (isa_fns(isa))
+            print_message("%s matvec: worst |err vs double| / sum|terms| = %.2g\n",
+                          kern_isa_name((enum kern_isa)isa), worst[isa]);
+}
+
+/* A row's result is bitwise the same whether it is computed alone, in groups of 1..7 rows
+ * starting at any offset, or in one call over all rows. */
+static void test_matvec_grouping(void **state)
+{
+    (void)state;
+    enum { ROWS = 13 };
+    struct rng r = {1717};
+    for (size_t t = 0; t < N_ALL_TYPES; t++) {
+        uint32_t type = all_types[t];
+        int64_t n = dtype_get(type)->block_elems == KERN_QK_K ? 512 : 576;
+        size_t row_bytes = dtype_row_bytes(type, n);
+        uint8_t *w = random_rows(type, n, ROWS, 0, -1, &r);
+        float *x = malloc(n * sizeof *x);
+        assert_non_null(x);
+        random_activations(x, n, &r);
+        for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+            const struct kern_cpu_fns *f = isa_fns(isa);
+            if (!f)
+                continue;
+            float alone[ROWS], y[ROWS];
+            for (int k = 0; k < ROWS; k++)
+                f->matvec_f32[type](w + (size_t)k * row_bytes, row_bytes, 1, x, n, &alone[k]);
+            f->matvec_f32[type](w, row_bytes, ROWS, x, n, y);
+            assert_memory_equal(y, alone, sizeof y);
+            for (int g = 1; g <= 7; g++) {
+                for (int start = 0; start < 4; start++) {
+                    memset(y, 0, sizeof y);
+                    for (int k = start; k < ROWS; k += g) {
+                        int cnt = k + g <= ROWS ? g : ROWS - k;
+                        f->matvec_f32[type](w + (size_t)k * row_bytes, row_bytes, cnt, x, n,
+                                            &y[k]);
+                    }
+                    for (int k = start; k < ROWS; k++)
+                        if (f32_bits(y[k]) != f32_bits(alone[k]))
+                            fail_msg("%s matvec %s: row %d in groups of %d from %d: %.9g, "
+                                     "alone %.9g",
+                                     f->name, dtype_get(type)->name, k, g, start, (double)y[k],
+                                     (double)alone[k]);
+                }
+            }
+        }
+        free(w);
+        free(x);
+    }
+}
+
 /* ---- thread safety ---------------------------------------------------------------------- */
 
 struct dot_job {
@@ -1090,6 +1251,8 @@ int main(void)
         cmocka_unit_test(test_tolerance_catches_layout_bug),
         cmocka_unit_test(test_vec_dot_alignment_independent),
         cmocka_unit_test(test_vec_dot_f32),
+        cmocka_unit_test(test_matvec_f32),
+        cmocka_unit_test(test_matvec_grouping),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -88,6 +88,11 @@ void kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
 float kern_ref_vec_dot_q8(uint32_t type, const void *w, const struct kern_q8 *x, int64_t n);
 /* F32, F16, BF16 weight row . float activations. */
 float kern_ref_vec_dot_f32(uint32_t type, const void *w, const float *x, int64_t n);
+/* All 9 types: n_rows weight rows (row_bytes apart) . float activations, one float per row.
+ * Row r's result is bitwise kern_ref_vec_dot_f32(DTYPE_F32, dequantized row r, x, n): every
+ * weight is dequantized exactly as kern_ref_dequant_row does, times x, summed in order. */
+void kern_ref_matvec_f32(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
+                         const float *x, int64_t n, float *y);
 
 enum kern_isa {
     KERN_ISA_SCALAR = 0,
@@ -110,6 +115,14 @@ struct kern_cpu_fns {
     float (*vec_dot_f32[DTYPE_COUNT])(const void *w, const float *x, int64_t n);
     /* Weight row -> floats, bitwise equal to the reference; all 9 types. */
     void (*dequant_row[DTYPE_COUNT])(const void *src, float *dst, int64_t n);
+    /* Weight rows . float activations without a dequantized copy: y[r] = sum_i w_r[i] * x[i]
+     * for r < n_rows, row r at w + r * row_bytes (2-byte aligned); all 9 types. Each weight is
+     * dequantized exactly (as dequant_row) before it is multiplied, so the result agrees with
+     * dequant_row + vec_dot_f32 up to float summation order. A row's result uses one fixed
+     * accumulation order: it is bitwise the same whatever n_rows is and wherever the row sits in
+     * the call, so splitting rows across threads or calls never changes a bit. */
+    void (*matvec_f32[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
+                                    const float *x, int64_t n, float *y);
 };
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).

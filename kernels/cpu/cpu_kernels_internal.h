@@ -36,6 +36,20 @@ float kern_ref_dot_f32_f32(const void *w, const float *x, int64_t n);
 float kern_ref_dot_f16_f32(const void *w, const float *x, int64_t n);
 float kern_ref_dot_bf16_f32(const void *w, const float *x, int64_t n);
 
+/* Weight rows . float activations, the scalar per-type matvec_f32 entries (any n for the float
+ * types); semantics as kern_ref_matvec_f32. */
+#define KERN_MATVEC_ARGS                                                                           \
+    const void *w, size_t row_bytes, int64_t n_rows, const float *x, int64_t n, float *y
+void kern_ref_matvec_f32_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_f16_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_bf16_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q4_0_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q4_1_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q5_0_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q8_0_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q4_k_f32(KERN_MATVEC_ARGS);
+void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
+
 /* All 8 sub-block scales (out[0..7]) and mins (out[8..15]) of a Q4_K block at once, unpacked
  * from their 12-byte packing with 32-bit integer ops (same result as kern_q4_k_scale_min). */
 static inline void kern_q4_k_unpack(const uint8_t packed[12], uint8_t out[16])
@@ -66,5 +80,6 @@ float kern_avx2_dot_bf16_f32(const void *w, const float *x, int64_t n);
 void kern_avx2_dequant_f16(const void *src, float *dst, int64_t n);
 void kern_avx2_dequant_q4_1(const void *src, float *dst, int64_t n);
 void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n);
+void kern_avx2_matvec_q6_k_f32(KERN_MATVEC_ARGS);
 
 #endif

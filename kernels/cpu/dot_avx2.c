@@ -5,6 +5,7 @@
 #include <assert.h>
 #include <float.h>
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -416,6 +417,282 @@ void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n)
     }
 }
 
+/* ---- weight rows . float activations (matvec) ----
+ * Each weight is dequantized in registers with the reference's float operations (convert, then
+ * mul/add, never FMA, so the value is bitwise the reference's) and FMA'd into the row's two
+ * accumulators. MATVEC_ROWS rows are done at once so each activation load serves them all; the
+ * leftover rows go one at a time through the same inlined body, whose per-row operations do not
+ * depend on how many rows share a pass: a row's result never depends on its grouping. */
+
+#define MATVEC_ROWS 4
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+/* Loops over rows and vector parts are unrolled so the accumulators live in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* The matvec entry point `name`: rows in groups of MATVEC_ROWS, then singly, through
+ * rows_fn(w, row_bytes, n_rows_in_pass, x, n, y), which must be always-inlined. */
+#define MATVEC_DRIVER(storage, name, rows_fn)                                                      \
+    storage void name(KERN_MATVEC_ARGS)                                                                  \
+    {                                                                                              \
+        int64_t r = 0;                                                                             \
+        for (; r + MATVEC_ROWS <= n_rows; r += MATVEC_ROWS)                                        \
+            rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, MATVEC_ROWS, x, n, y + r); \
+        for (; r < n_rows; r++)                                                                    \
+            rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, 1, x, n, y + r);           \
+    }
+
+/* 8 bytes at p as 8 int32, zero-extended (vpmovzxbd with a memory operand). */
+static inline __m256i load8_u8(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* Q4_0 and Q4_1 share a body: x = d * (nibble - 8), or x = d * nibble + m. */
+static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x,
+                                  int64_t n, float *y, const int has_min)
+{
+    const __m256i lo_mask = _mm256_set1_epi32(0xF), eight = _mm256_set1_epi32(8);
+    const size_t bb = has_min ? sizeof(struct kern_block_q4_1) : sizeof(struct kern_block_q4_0);
+    const size_t qs_off = has_min ? offsetof(struct kern_block_q4_1, qs)
+                                  : offsetof(struct kern_block_q4_0, qs);
+    __m256 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m256 xv[4];
+        UNROLL
+        for (int p = 0; p < 4; p++)
+            xv[p] = _mm256_loadu_ps(x + 8 * p);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const char *blk = w + (size_t)k * rb + (size_t)b * bb;
+            const uint8_t *qs = (const uint8_t *)blk + qs_off;
+            __m256 d = _mm256_set1_ps(f16_load((const uint16_t *)blk));
+            __m256i raw0 = load8_u8(qs), raw1 = load8_u8(qs + 8);
+            /* elements 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles) */
+            __m256i q[4] = {_mm256_and_si256(raw0, lo_mask), _mm256_and_si256(raw1, lo_mask),
+                            _mm256_srli_epi32(raw0, 4), _mm256_srli_epi32(raw1, 4)};
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                __m256 v;
+                if (has_min) {
+                    __m256 m = _mm256_set1_ps(f16_load((const uint16_t *)blk + 1));
+                    v = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q[p])), m);
+                } else {
+                    v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[p], eight)));
+                }
+                acc[k][p % 2] = _mm256_fmadd_ps(v, xv[p], acc[k][p % 2]);
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
+
+static ALWAYS_INLINE void q4_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    q4_rows(w, rb, nr, x, n, y, 0);
+}
+
+static ALWAYS_INLINE void q4_1_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    q4_rows(w, rb, nr, x, n, y, 1);
+}
+
+MATVEC_DRIVER(static, avx2_matvec_q4_0_f32, q4_0_rows)
+MATVEC_DRIVER(static, avx2_matvec_q4_1_f32, q4_1_rows)
+
+/* Q5_0: the fifth bit of element j is bit j of qh, moved to bit 4 with a variable shift. */
+static ALWAYS_INLINE void q5_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    const __m256i lo_mask = _mm256_set1_epi32(0xF);
+    const __m256i sixteen = _mm256_set1_epi32(16);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
+    __m256 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m256 xv[4];
+        UNROLL
+        for (int p = 0; p < 4; p++)
+            xv[p] = _mm256_loadu_ps(x + 8 * p);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q5_0 *blk =
+                (const struct kern_block_q5_0 *)(w + (size_t)k * rb) + b;
+            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            uint32_t qh;
+            memcpy(&qh, blk->qh, sizeof qh);
+            __m256i vqh = _mm256_set1_epi32((int)qh);
+            __m256i raw0 = load8_u8(blk->qs), raw1 = load8_u8(blk->qs + 8);
+            __m256i q[4] = {_mm256_and_si256(raw0, lo_mask), _mm256_and_si256(raw1, lo_mask),
+                            _mm256_srli_epi32(raw0, 4), _mm256_srli_epi32(raw1, 4)};
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                /* lane l takes bit 8p + l of qh, moved to bit 4 */
+                __m256i sh = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * p));
+                __m256i h = _mm256_and_si256(_mm256_srlv_epi32(vqh, sh), one);
+                __m256i v = _mm256_sub_epi32(_mm256_or_si256(q[p], _mm256_slli_epi32(h, 4)), sixteen);
+                __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+                acc[k][p % 2] = _mm256_fmadd_ps(wv, xv[p], acc[k][p % 2]);
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(static, avx2_matvec_q5_0_f32, q5_0_rows)
+
+/* Q8_0: x = d * q. */
+static ALWAYS_INLINE void q8_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    __m256 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m256 xv[4];
+        UNROLL
+        for (int p = 0; p < 4; p++)
+            xv[p] = _mm256_loadu_ps(x + 8 * p);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q8_0 *blk =
+                (const struct kern_block_q8_0 *)(w + (size_t)k * rb) + b;
+            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * p)));
+                __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+                acc[k][p % 2] = _mm256_fmadd_ps(wv, xv[p], acc[k][p % 2]);
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(static, avx2_matvec_q8_0_f32, q8_0_rows)
+
+/* Q4_K: per super-block and row, the 8 sub-block factors d*sc and dmin*m are computed as one
+ * vector each (the reference's single roundings) and read back as broadcasts; then
+ * x = (d*sc) * nibble - dmin*m. */
+static ALWAYS_INLINE void q4_k_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    const __m256i lo_mask = _mm256_set1_epi32(0xF);
+    __m256 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK_K; b++, x += KERN_QK_K) {
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q4_k *blk =
+                (const struct kern_block_q4_k *)(w + (size_t)k * rb) + b;
+            uint8_t sm[16];
+            kern_q4_k_unpack(blk->scales, sm);
+            float scale[8], mins[8];
+            __m256 sc =
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+            __m256 mn = _mm256_cvtepi32_ps(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+            _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(f16_load(&blk->d)), sc));
+            _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(f16_load(&blk->dmin)), mn));
+            UNROLL
+            for (int j = 0; j < 8; j++) { /* sub-block j: elements 32j..32j+31 */
+                const uint8_t *qs = blk->qs + 32 * (j / 2);
+                __m256 d1 = _mm256_broadcast_ss(&scale[j]), m1 = _mm256_broadcast_ss(&mins[j]);
+                UNROLL
+                for (int p = 0; p < 4; p++) {
+                    __m256i q = load8_u8(qs + 8 * p);
+                    q = j % 2 ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, lo_mask);
+                    __m256 wv = _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(q)), m1);
+                    acc[k][p % 2] =
+                        _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 32 * j + 8 * p), acc[k][p % 2]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(static, avx2_matvec_q4_k_f32, q4_k_rows)
+
+/* Q6_K: x = (d * scale) * (q6 - 32), the factor d*scale per 16 elements as in the reference. */
+static ALWAYS_INLINE void q6_k_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), m2 = _mm256_set1_epi32(3);
+    const __m256i thirty_two = _mm256_set1_epi32(32);
+    __m256 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK_K; b++, x += KERN_QK_K) {
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q6_k *blk =
+                (const struct kern_block_q6_k *)(w + (size_t)k * rb) + b;
+            float scale[16];
+            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m128i s8 = _mm_loadl_epi64((const __m128i *)(blk->scales + 8 * h));
+                _mm256_storeu_ps(scale + 8 * h,
+                                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
+            }
+            UNROLL
+            for (int g = 0; g < 8; g++) { /* 32 elements: half g/4, group g%4 */
+                int h = g / 4, gk = g % 4;
+                const uint8_t *ql = blk->ql + 64 * h + 32 * (gk % 2);
+                const uint8_t *qh = blk->qh + 32 * h;
+                UNROLL
+                for (int p = 0; p < 4; p++) {
+                    __m256i lo = load8_u8(ql + 8 * p), hi = load8_u8(qh + 8 * p);
+                    lo = _mm256_and_si256(_mm256_srli_epi32(lo, 4 * (gk / 2)), m4);
+                    hi = _mm256_and_si256(_mm256_srli_epi32(hi, 2 * gk), m2);
+                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                                 thirty_two);
+                    __m256 s = _mm256_broadcast_ss(&scale[2 * g + p / 2]);
+                    __m256 wv = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
+                    acc[k][p % 2] =
+                        _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 32 * g + 8 * p), acc[k][p % 2]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(, kern_avx2_matvec_q6_k_f32, q6_k_rows)
+
+/* Float rows: one dot per row. */
+#define MATVEC_FLOAT(name, dot)                                                                    \
+    static void name(KERN_MATVEC_ARGS)                                                             \
+    {                                                                                              \
+        for (int64_t r = 0; r < n_rows; r++)                                                       \
+            y[r] = dot((const char *)w + (size_t)r * row_bytes, x, n);                             \
+    }
+
+MATVEC_FLOAT(avx2_matvec_f32_f32, kern_avx2_dot_f32_f32)
+MATVEC_FLOAT(avx2_matvec_f16_f32, kern_avx2_dot_f16_f32)
+MATVEC_FLOAT(avx2_matvec_bf16_f32, kern_avx2_dot_bf16_f32)
+
 const struct kern_cpu_fns kern_cpu_fns_avx2 = {
     .isa = KERN_ISA_AVX2,
     .name = "avx2",
@@ -446,5 +723,18 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
             [DTYPE_Q8_0] = kern_avx2_dequant_q8_0,
             [DTYPE_Q4_K] = kern_ref_dequant_q4_k,
             [DTYPE_Q6_K] = kern_ref_dequant_q6_k,
+        },
+
+    .matvec_f32 =
+        {
+            [DTYPE_F32] = avx2_matvec_f32_f32,
+            [DTYPE_F16] = avx2_matvec_f16_f32,
+            [DTYPE_BF16] = avx2_matvec_bf16_f32,
+            [DTYPE_Q4_0] = avx2_matvec_q4_0_f32,
+            [DTYPE_Q4_1] = avx2_matvec_q4_1_f32,
+            [DTYPE_Q5_0] = avx2_matvec_q5_0_f32,
+            [DTYPE_Q8_0] = avx2_matvec_q8_0_f32,
+            [DTYPE_Q4_K] = avx2_matvec_q4_k_f32,
+            [DTYPE_Q6_K] = kern_avx2_matvec_q6_k_f32,
         },
 };

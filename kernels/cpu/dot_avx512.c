@@ -11,6 +11,7 @@
 #include <assert.h>
 #include <float.h>
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -386,6 +387,216 @@ static float avx512_dot_bf16_f32(const void *w, const float *x, int64_t n)
     DOT_FLOAT_BODY(load16_bf16, kern_bf16_to_f32(((const uint16_t *)w)[i]))
 }
 
+/* ---- weight rows . float activations (matvec) ----
+ * 16 elements per 512-bit step. For the 4- and 5-bit types a block's (or Q4_K sub-block's) 16 or
+ * 32 possible weight values are computed once, with the reference's float operations, into a
+ * table of one or two registers, and each element's value is a vpermps/vpermt2ps lookup by its
+ * quant (vpermps reads only the low 4 index bits, so the nibbles need no masking); Q8_0 converts
+ * and scales. Values are bitwise the reference's; each is FMA'd into one of the row's two
+ * accumulators (elements 0-15 and 16-31 of each 32). MATVEC_ROWS rows share each activation
+ * load; leftover rows go singly through the same inlined body, so a row's result never depends
+ * on its grouping. */
+
+#define MATVEC_ROWS 4
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+/* Loops over rows and vector parts are unrolled so the accumulators live in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+#define MATVEC_DRIVER(name, rows_fn)                                                               \
+    static void name(KERN_MATVEC_ARGS)                                                             \
+    {                                                                                              \
+        int64_t r = 0;                                                                             \
+        for (; r + MATVEC_ROWS <= n_rows; r += MATVEC_ROWS)                                        \
+            rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, MATVEC_ROWS, x, n, y + r); \
+        for (; r < n_rows; r++)                                                                    \
+            rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, 1, x, n, y + r);           \
+    }
+
+/* 16 bytes at p as 16 int32, zero-extended (vpmovzxbd with a memory operand). */
+static inline __m512i load16_u8(const uint8_t *p)
+{
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m512 iota16(int base)
+{
+    return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_ps((float)base));
+}
+
+/* Q4_0 (x = d * (nibble - 8)) and Q4_1 (x = d * nibble + m): one 16-entry table per block. */
+static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x,
+                                  int64_t n, float *y, const int has_min)
+{
+    const __m512 q_vals = iota16(has_min ? 0 : -8);
+    const size_t bb = has_min ? sizeof(struct kern_block_q4_1) : sizeof(struct kern_block_q4_0);
+    const size_t qs_off = has_min ? offsetof(struct kern_block_q4_1, qs)
+                                  : offsetof(struct kern_block_q4_0, qs);
+    __m512 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const char *blk = w + (size_t)k * rb + (size_t)b * bb;
+            __m512 tab = _mm512_mul_ps(_mm512_set1_ps(f16_load((const uint16_t *)blk)), q_vals);
+            if (has_min)
+                tab = _mm512_add_ps(tab, _mm512_set1_ps(f16_load((const uint16_t *)blk + 1)));
+            __m512i i0 = load16_u8((const uint8_t *)blk + qs_off); /* low nibble: element i */
+            __m512i i1 = _mm512_srli_epi32(i0, 4);                  /* element i + 16 */
+            acc[k][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tab), x0, acc[k][0]);
+            acc[k][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tab), x1, acc[k][1]);
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
+}
+
+static ALWAYS_INLINE void q4_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    q4_rows(w, rb, nr, x, n, y, 0);
+}
+
+static ALWAYS_INLINE void q4_1_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    q4_rows(w, rb, nr, x, n, y, 1);
+}
+
+MATVEC_DRIVER(avx512_matvec_q4_0_f32, q4_0_rows)
+MATVEC_DRIVER(avx512_matvec_q4_1_f32, q4_1_rows)
+
+/* Q5_0: x = d * (q5 - 16), a 32-entry table in two registers; qh bits become index bit 4. */
+static ALWAYS_INLINE void q5_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    const __m512 q_lo = iota16(-16), q_hi = iota16(0);
+    const __m512i lo_mask = _mm512_set1_epi32(0xF), sixteen = _mm512_set1_epi32(16);
+    __m512 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q5_0 *blk =
+                (const struct kern_block_q5_0 *)(w + (size_t)k * rb) + b;
+            __m512 d = _mm512_set1_ps(f16_load(&blk->d));
+            __m512 t_lo = _mm512_mul_ps(d, q_lo), t_hi = _mm512_mul_ps(d, q_hi);
+            uint32_t qh;
+            memcpy(&qh, blk->qh, sizeof qh);
+            __m512i raw = load16_u8(blk->qs);
+            __m512i i0 = _mm512_and_si512(raw, lo_mask), i1 = _mm512_srli_epi32(raw, 4);
+            i0 = _mm512_mask_or_epi32(i0, (__mmask16)qh, i0, sixteen);
+            i1 = _mm512_mask_or_epi32(i1, (__mmask16)(qh >> 16), i1, sixteen);
+            acc[k][0] = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, i0, t_hi), x0, acc[k][0]);
+            acc[k][1] = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, i1, t_hi), x1, acc[k][1]);
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(avx512_matvec_q5_0_f32, q5_0_rows)
+
+/* Q8_0 (the output head): x = d * q, converted 16 at a time. */
+static ALWAYS_INLINE void q8_0_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    __m512 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q8_0 *blk =
+                (const struct kern_block_q8_0 *)(w + (size_t)k * rb) + b;
+            __m512 d = _mm512_set1_ps(f16_load(&blk->d));
+            __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+            __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)));
+            __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
+            __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
+            acc[k][0] = _mm512_fmadd_ps(w0, x0, acc[k][0]);
+            acc[k][1] = _mm512_fmadd_ps(w1, x1, acc[k][1]);
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(avx512_matvec_q8_0_f32, q8_0_rows)
+
+/* Q4_K: x = (d*sc) * nibble - dmin*m, a 16-entry table per 32-element sub-block; the 8 factors
+ * of a super-block are computed as one vector each (the reference's single roundings). */
+static ALWAYS_INLINE void q4_k_rows(const char *w, size_t rb, const int nr, const float *x,
+                                    int64_t n, float *y)
+{
+    const __m512 q_vals = iota16(0);
+    __m512 acc[MATVEC_ROWS][2];
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / KERN_QK_K; b++, x += KERN_QK_K) {
+        UNROLL
+        for (int k = 0; k < nr; k++) {
+            const struct kern_block_q4_k *blk =
+                (const struct kern_block_q4_k *)(w + (size_t)k * rb) + b;
+            uint8_t sm[16];
+            kern_q4_k_unpack(blk->scales, sm);
+            float scale[8], mins[8];
+            __m256 sc =
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+            __m256 mn = _mm256_cvtepi32_ps(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+            _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(f16_load(&blk->d)), sc));
+            _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(f16_load(&blk->dmin)), mn));
+            UNROLL
+            for (int g = 0; g < 4; g++) { /* sub-blocks 2g (low nibbles), 2g+1 (high) */
+                __m512i ia = load16_u8(blk->qs + 32 * g), ib = load16_u8(blk->qs + 32 * g + 16);
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    int j = 2 * g + h;
+                    __m512 tab = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(scale[j]), q_vals),
+                                               _mm512_set1_ps(mins[j]));
+                    __m512i i0 = h ? _mm512_srli_epi32(ia, 4) : ia;
+                    __m512i i1 = h ? _mm512_srli_epi32(ib, 4) : ib;
+                    const float *xs = x + 32 * j;
+                    acc[k][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tab),
+                                                _mm512_loadu_ps(xs), acc[k][0]);
+                    acc[k][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tab),
+                                                _mm512_loadu_ps(xs + 16), acc[k][1]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int k = 0; k < nr; k++)
+        y[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]));
+}
+
+MATVEC_DRIVER(avx512_matvec_q4_k_f32, q4_k_rows)
+
+/* Float rows: one dot per row. */
+#define MATVEC_FLOAT(name, dot)                                                                    \
+    static void name(KERN_MATVEC_ARGS)                                                             \
+    {                                                                                              \
+        for (int64_t r = 0; r < n_rows; r++)                                                       \
+            y[r] = dot((const char *)w + (size_t)r * row_bytes, x, n);                             \
+    }
+
+MATVEC_FLOAT(avx512_matvec_f32_f32, avx512_dot_f32_f32)
+MATVEC_FLOAT(avx512_matvec_f16_f32, avx512_dot_f16_f32)
+MATVEC_FLOAT(avx512_matvec_bf16_f32, avx512_dot_bf16_f32)
+
 const struct kern_cpu_fns kern_cpu_fns_avx512 = {
     .isa = KERN_ISA_AVX512,
     .name = "avx512-vnni",
@@ -416,5 +627,17 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
             [DTYPE_Q8_0] = kern_avx2_dequant_q8_0,
             [DTYPE_Q4_K] = kern_ref_dequant_q4_k,
             [DTYPE_Q6_K] = kern_ref_dequant_q6_k,
+        },
+    .matvec_f32 =
+        {
+            [DTYPE_F32] = avx512_matvec_f32_f32,
+            [DTYPE_F16] = avx512_matvec_f16_f32,
+            [DTYPE_BF16] = avx512_matvec_bf16_f32,
+            [DTYPE_Q4_0] = avx512_matvec_q4_0_f32,
+            [DTYPE_Q4_1] = avx512_matvec_q4_1_f32,
+            [DTYPE_Q5_0] = avx512_matvec_q5_0_f32,
+            [DTYPE_Q8_0] = avx512_matvec_q8_0_f32,
+            [DTYPE_Q4_K] = avx512_matvec_q4_k_f32,
+            [DTYPE_Q6_K] = kern_avx2_matvec_q6_k_f32,
         },
 };

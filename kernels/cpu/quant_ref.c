@@ -426,6 +426,64 @@ float kern_ref_vec_dot_f32(uint32_t type, const void *w, const float *x, int64_t
     return fn(w, x, n);
 }
 
+/* ---- weight rows . float activations (matvec) ----
+ * Each block is dequantized into a small buffer by the reference dequantizer and its products
+ * added in element order, so a row's sum is bitwise that of dequant_row + kern_ref_dot_f32_f32. */
+
+static void ref_matvec_blocks(void (*deq)(const void *, float *, int64_t), int block_elems,
+                              size_t block_bytes, const void *w, size_t row_bytes,
+                              int64_t n_rows, const float *x, int64_t n, float *y)
+{
+    float buf[KERN_QK_K];
+    assert(block_elems <= KERN_QK_K && n % block_elems == 0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const char *row = (const char *)w + (size_t)r * row_bytes;
+        float sum = 0.0f;
+        for (int64_t b = 0; b < n / block_elems; b++) {
+            deq(row + (size_t)b * block_bytes, buf, block_elems);
+            for (int i = 0; i < block_elems; i++)
+                sum += buf[i] * x[b * block_elems + i];
+        }
+        y[r] = sum;
+    }
+}
+
+#define REF_MATVEC_QUANT(name, block, elems)                                                       \
+    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                         \
+    {                                                                                              \
+        ref_matvec_blocks(kern_ref_dequant_##name, elems, sizeof(struct block), w, row_bytes,      \
+                          n_rows, x, n, y);                                                        \
+    }
+
+REF_MATVEC_QUANT(q4_0, kern_block_q4_0, KERN_QK)
+REF_MATVEC_QUANT(q4_1, kern_block_q4_1, KERN_QK)
+REF_MATVEC_QUANT(q5_0, kern_block_q5_0, KERN_QK)
+REF_MATVEC_QUANT(q8_0, kern_block_q8_0, KERN_QK)
+REF_MATVEC_QUANT(q4_k, kern_block_q4_k, KERN_QK_K)
+REF_MATVEC_QUANT(q6_k, kern_block_q6_k, KERN_QK_K)
+
+/* Float rows: one vec_dot_f32 per row (any n). */
+#define REF_MATVEC_FLOAT(name)                                                                     \
+    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                         \
+    {                                                                                              \
+        for (int64_t r = 0; r < n_rows; r++)                                                       \
+            y[r] = kern_ref_dot_##name##_f32((const char *)w + (size_t)r * row_bytes, x, n);       \
+    }
+
+REF_MATVEC_FLOAT(f32)
+REF_MATVEC_FLOAT(f16)
+REF_MATVEC_FLOAT(bf16)
+
+void kern_ref_matvec_f32(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
+                         const float *x, int64_t n, float *y)
+{
+    void (*fn)(const void *, size_t, int64_t, const float *, int64_t, float *) =
+        type < DTYPE_COUNT ? kern_cpu_fns_scalar.matvec_f32[type] : NULL;
+    if (!fn)
+        bad_type(__func__, type);
+    fn(w, row_bytes, n_rows, x, n, y);
+}
+
 const struct kern_cpu_fns kern_cpu_fns_scalar = {
     .isa = KERN_ISA_SCALAR,
     .name = "scalar",
@@ -456,5 +514,17 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
             [DTYPE_Q8_0] = kern_ref_dequant_q8_0,
             [DTYPE_Q4_K] = kern_ref_dequant_q4_k,
             [DTYPE_Q6_K] = kern_ref_dequant_q6_k,
+        },
+    .matvec_f32 =
+        {
+            [DTYPE_F32] = kern_ref_matvec_f32_f32,
+            [DTYPE_F16] = kern_ref_matvec_f16_f32,
+            [DTYPE_BF16] = kern_ref_matvec_bf16_f32,
+            [DTYPE_Q4_0] = kern_ref_matvec_q4_0_f32,
+            [DTYPE_Q4_1] = kern_ref_matvec_q4_1_f32,
+            [DTYPE_Q5_0] = kern_ref_matvec_q5_0_f32,
+            [DTYPE_Q8_0] = kern_ref_matvec_q8_0_f32,
+            [DTYPE_Q4_K] = kern_ref_matvec_q4_k_f32,
+            [DTYPE_Q6_K] = kern_ref_matvec_q6_k_f32,
         },
 };
