@@ -1,18 +1,29 @@
-/* KV cache as a pool of fixed-size blocks with per-sequence block tables (the paged layout
- * the attention kernels read). This is the minimal allocator; reference counts and prefix
- * sharing come with the throughput engine. */
+/* Paged KV cache: one pool of fixed-size blocks, per-sequence block tables, reference counts
+ * and an automatic prefix cache. A full block is identified by its token ids and its parent
+ * block (a hash chain); sequences whose prompts share a prefix share those blocks, and blocks
+ * freed by finished sequences stay cached until evicted least-recently-used.
+ * Storage is f32 (see README "Accuracy"). */
 #ifndef ENGINE_KV_H
 #define ENGINE_KV_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
 #include "kernels/kernels.h"
 
 struct engine_kv_seq {
-    int32_t *blocks;  /* block ids in position order */
+    int32_t *blocks;  /* block ids in position order (owned) */
     int32_t n_blocks; /* blocks held */
     int32_t cap;      /* capacity of blocks[] */
+    int32_t n_hashed; /* leading blocks already offered to the prefix cache */
+    uint64_t *chain;  /* chain hash of each of the first n_hashed blocks (owned, cap) */
+};
+
+struct engine_kv_stats {
+    uint64_t lookup_blocks; /* full prompt blocks looked up in the prefix cache */
+    uint64_t hit_blocks;    /* of those, found cached */
+    uint64_t evictions;     /* cached blocks reused for new data */
 };
 
 struct engine_kv {
@@ -22,28 +33,66 @@ struct engine_kv {
     int32_t n_blocks;            /* blocks in the pool */
     float *k;                    /* n_layer x n_blocks x block_size x kv_dim */
     float *v;                    /* same shape */
-    int32_t *free_ids;           /* stack of free block ids */
+    int32_t *ref;                /* per block: sequences holding it */
+    uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
+    int32_t *btok;               /* per block: its block_size token ids (for exact matching) */
+    uint64_t *phash;             /* per block: chain hash of its parent (0 for a first block) */
+    int32_t *lru_prev;           /* cached free blocks, doubly linked, oldest at lru_head */
+    int32_t *lru_next;           /* ... */
+    int32_t lru_head;            /* least recently freed cached block, -1 if none */
+    int32_t lru_tail;            /* most recently freed cached block, -1 if none */
+    int32_t n_lru;               /* blocks on the LRU list */
+    int32_t *free_ids;           /* stack of free, uncached blocks */
     int32_t n_free;              /* entries in free_ids */
+    int32_t *table;              /* open-addressing hash -> block id, -1 empty */
+    uint32_t table_mask;         /* table size - 1 (power of two) */
+    int prefix_cache;            /* 1 = register and reuse full blocks */
     int max_seqs;                /* sequence slots */
     struct engine_kv_seq *seqs;  /* max_seqs slots */
+    struct engine_kv_stats stats; /* counters since init */
 };
 
-/* A pool of n_blocks blocks for max_seqs sequences. Caller frees with engine_kv_free. */
+/* A pool of n_blocks blocks for max_seqs sequence slots. Caller frees with engine_kv_free. */
 enum status engine_kv_init(struct engine_kv **out, int n_layer, int kv_dim, int block_size,
-                           int32_t n_blocks, int max_seqs, struct err_detail *err);
+                           int32_t n_blocks, int max_seqs, int prefix_cache,
+                           struct err_detail *err);
 void engine_kv_free(struct engine_kv *kv);
 
 /* Bytes one token occupies across all layers (K and V). */
 size_t engine_kv_bytes_per_token(int n_layer, int kv_dim);
 
-/* Make positions [0, n_tokens) of seq addressable, taking blocks from the pool.
- * ST_ERR_RANGE when the pool is exhausted (nothing is taken then). */
+/* Make positions [0, n_tokens) of slot seq addressable, taking free blocks (evicting cached
+ * ones LRU if needed). ST_ERR_RANGE when not enough blocks (nothing is taken then). */
 enum status engine_kv_reserve(struct engine_kv *kv, int seq, int32_t n_tokens,
                               struct err_detail *err);
-/* Keep positions [0, n_tokens) of seq and return the rest of its blocks to the pool. */
+/* Blocks a reserve of n_tokens for seq would take (0 if it already holds them). */
+int32_t engine_kv_blocks_needed(const struct engine_kv *kv, int seq, int32_t n_tokens);
+/* Blocks available to reserve: free plus evictable cached. */
+int32_t engine_kv_available(const struct engine_kv *kv);
+
+/* Keep positions [0, n_tokens) of seq and drop its later blocks. A kept partial block must
+ * not be shared (speculative decoding rolls back only freshly written tokens). */
 void engine_kv_truncate(struct engine_kv *kv, int seq, int32_t n_tokens);
-/* Blocks not held by any sequence. */
-int32_t engine_kv_free_blocks(const struct engine_kv *kv);
+/* Drop every block of seq (they stay cached if registered). */
+void engine_kv_release(struct engine_kv *kv, int seq);
+
+/* Prefix cache. For an empty slot: attach the cached blocks that hold the longest prefix of
+ * tokens made of whole blocks, at most max_tokens tokens; returns the tokens covered. */
+int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *tokens,
+                                int32_t n_tokens, int32_t max_tokens);
+/* Register seq's full blocks among positions [0, n_computed) whose KV is now written. */
+void engine_kv_prefix_commit(struct engine_kv *kv, int seq, const int32_t *tokens,
+                             int32_t n_computed);
+/* Forget every cached block (they become plain free blocks). */
+void engine_kv_prefix_clear(struct engine_kv *kv);
+
+/* Consistency check: every block is exactly one of referenced / cached-free / free, and
+ * reference counts equal the block-table references. With expect_empty, no block may be
+ * referenced (used at shutdown to catch leaks). Returns ST_ERR_INTERNAL describing the
+ * first violation. */
+enum status engine_kv_check(const struct engine_kv *kv, int expect_empty, struct err_detail *err);
+
+int32_t engine_kv_free_blocks(const struct engine_kv *kv); /* free + cached-free */
 const int32_t *engine_kv_table(const struct engine_kv *kv, int seq);
 struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int layer);
 

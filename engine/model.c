@@ -224,7 +224,7 @@ enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv 
 {
     int32_t blocks = (n_tokens + block_size - 1) / block_size;
     return engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim, block_size,
-                          blocks, max_seqs, err);
+                          blocks, max_seqs, 0, err);
 }
 
 /* ---- forward ---- */

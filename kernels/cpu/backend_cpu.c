@@ -20,8 +20,6 @@ struct cpu_state {
     enum kern_act act;             /* activation precision of matmuls */
     struct kern_q8 *xq;            /* quantized activations scratch (thread 0 owns) */
     size_t xq_cap;                 /* blocks allocated in xq */
-    float *wrow;                   /* per-thread dequantized weight rows, n_threads x wrow_cap */
-    size_t wrow_cap;               /* floats per thread in wrow */
 };
 
 static struct cpu_state *st_of(struct kern_backend *b)
@@ -33,9 +31,7 @@ struct matmul_job {
     const struct kern_cpu_fns *fn; /* kernels */
     const struct kern_tensor *w;   /* weights */
     const float *x;                /* float activations (float weight types) */
-    const struct kern_q8 *xq;      /* quantized activations (fast mode), else NULL */
-    float *wrow;                   /* per-thread row buffers (exact mode) */
-    size_t wrow_cap;               /* floats per thread in wrow */
+    const struct kern_q8 *xq;      /* quantized activations (q8 mode), else NULL */
     float *y;                      /* output n_tok x ne1 */
     int n_tok;                     /* tokens */
 };
@@ -46,27 +42,25 @@ static void matmul_worker(void *arg, int ith, int nth)
     const struct kern_tensor *w = j->w;
     long r0, r1;
     pool_range((long)w->ne1, ith, nth, &r0, &r1);
+    if (r0 == r1)
+        return;
     const int64_t nb = w->ne0 / KERN_QK;
+    if (!j->xq) {
+        /* exact (and float weights): fused dequantize-and-dot over this thread's rows, one
+         * token at a time; a row's result does not depend on the row grouping */
+        const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        for (int t = 0; t < j->n_tok; t++)
+            j->fn->matvec_f32[w->type](w0, w->row_bytes, r1 - r0, j->x + (size_t)t * w->ne0,
+                                       w->ne0, j->y + (size_t)t * w->ne1 + r0);
+        return;
+    }
     float (*dq)(const void *, const struct kern_q8 *, int64_t) = j->fn->vec_dot_q8[w->type];
-    float (*df)(const void *, const float *, int64_t) = j->fn->vec_dot_f32[w->type];
-    void (*deq)(const void *, float *, int64_t) = j->fn->dequant_row[w->type];
-    float (*dot)(const void *, const float *, int64_t) = j->fn->vec_dot_f32[DTYPE_F32];
-    float *buf = j->wrow + (size_t)ith * j->wrow_cap;
     for (int t0 = 0; t0 < j->n_tok; t0 += MATMUL_TOK_TILE) {
         int t1 = t0 + MATMUL_TOK_TILE < j->n_tok ? t0 + MATMUL_TOK_TILE : j->n_tok;
         for (long r = r0; r < r1; r++) {
             const void *row = (const char *)w->data + (size_t)r * w->row_bytes;
-            if (j->xq) { /* fast: integer dots against quantized activations */
-                for (int t = t0; t < t1; t++)
-                    j->y[(size_t)t * w->ne1 + r] = dq(row, j->xq + (size_t)t * nb, w->ne0);
-            } else if (df) { /* float weights */
-                for (int t = t0; t < t1; t++)
-                    j->y[(size_t)t * w->ne1 + r] = df(row, j->x + (size_t)t * w->ne0, w->ne0);
-            } else { /* exact: dequantize the row once per token tile */
-                deq(row, buf, w->ne0);
-                for (int t = t0; t < t1; t++)
-                    j->y[(size_t)t * w->ne1 + r] = dot(buf, j->x + (size_t)t * w->ne0, w->ne0);
-            }
+            for (int t = t0; t < t1; t++)
+                j->y[(size_t)t * w->ne1 + r] = dq(row, j->xq + (size_t)t * nb, w->ne0);
         }
     }
 }
@@ -75,20 +69,9 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, cons
                        float *y, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, x, NULL, NULL, 0, y, n_tok};
+    struct matmul_job j = {s->fn, w, x, NULL, y, n_tok};
     int quantized = s->fn->vec_dot_f32[w->type] == NULL;
-    if (quantized && s->act == KERN_ACT_F32) {
-        if ((size_t)w->ne0 > s->wrow_cap) {
-            size_t cap = ((size_t)w->ne0 + 15) & ~(size_t)15; /* 64-byte rows per thread */
-            free(s->wrow);
-            s->wrow = aligned_alloc(64, sizeof(float) * cap * (size_t)pool_size(s->pool));
-            if (!s->wrow)
-                abort(); /* a few KB per thread: out of memory here is fatal */
-            s->wrow_cap = cap;
-        }
-        j.wrow = s->wrow;
-        j.wrow_cap = s->wrow_cap;
-    } else if (quantized) {
+    if (quantized && s->act == KERN_ACT_Q8) {
         size_t need = (size_t)n_tok * (size_t)(w->ne0 / KERN_QK);
         if (need > s->xq_cap) {
             free(s->xq);
@@ -288,7 +271,6 @@ void kern_cpu_backend_free(struct kern_backend *b)
     struct cpu_state *s = b->impl;
     pool_free(s->pool);
     free(s->xq);
-    free(s->wrow);
     free(s);
     free(b);
 }

@@ -116,13 +116,13 @@ struct kern_cpu_fns {
     /* Weight row -> floats, bitwise equal to the reference; all 9 types. */
     void (*dequant_row[DTYPE_COUNT])(const void *src, float *dst, int64_t n);
     /* Weight rows . float activations without a dequantized copy: y[r] = sum_i w_r[i] * x[i]
-     * for r < n_rows, row r at w + r * row_bytes (2-byte aligned); all 9 types. Each weight is
-     * dequantized exactly (as dequant_row) before it is multiplied, so the result agrees with
-     * dequant_row + vec_dot_f32 up to float summation order. A row's result uses one fixed
-     * accumulation order: it is bitwise the same whatever n_rows is and wherever the row sits in
-     * the call, so splitting rows across threads or calls never changes a bit. */
-    void (*matvec_f32[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
-                                    const float *x, int64_t n, float *y);
+     * for r < n_rows, row r at w + r * row_bytes (2-byte aligned; 4 for F32); all 9 types. Each
+     * weight is dequantized exactly (as dequant_row) before it is multiplied, so the result
+     * agrees with dequant_row + vec_dot_f32 up to float summation order. A row's result uses one
+     * fixed accumulation order: it is bitwise the same whatever n_rows is and wherever the row
+     * sits in the call, so splitting rows across threads or calls never changes a bit. */
+    void (*matvec_f32[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows, const float *x,
+                                    int64_t n, float *y);
 };
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).

@@ -424,7 +424,7 @@ void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n)
  * leftover rows go one at a time through the same inlined body, whose per-row operations do not
  * depend on how many rows share a pass: a row's result never depends on its grouping. */
 
-#define MATVEC_ROWS 4
+#define MATVEC_ROWS   4
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 /* Loops over rows and vector parts are unrolled so the accumulators live in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -432,7 +432,7 @@ void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n)
 /* The matvec entry point `name`: rows in groups of MATVEC_ROWS, then singly, through
  * rows_fn(w, row_bytes, n_rows_in_pass, x, n, y), which must be always-inlined. */
 #define MATVEC_DRIVER(storage, name, rows_fn)                                                      \
-    storage void name(KERN_MATVEC_ARGS)                                                                  \
+    storage void name(KERN_MATVEC_ARGS)                                                            \
     {                                                                                              \
         int64_t r = 0;                                                                             \
         for (; r + MATVEC_ROWS <= n_rows; r += MATVEC_ROWS)                                        \
@@ -441,6 +441,14 @@ void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n)
             rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, 1, x, n, y + r);           \
     }
 
+/* The fp16 at p and the one after it as floats in lanes 0 and 1 (one vcvtph2ps from memory,
+ * cheaper than two scalar conversions). Reads 8 bytes: callers pass a block's leading scale
+ * field, and every block is longer than that. */
+static inline __m128 f16x2_load(const void *p)
+{
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+}
+
 /* 8 bytes at p as 8 int32, zero-extended (vpmovzxbd with a memory operand). */
 static inline __m256i load8_u8(const uint8_t *p)
 {
@@ -448,13 +456,13 @@ static inline __m256i load8_u8(const uint8_t *p)
 }
 
 /* Q4_0 and Q4_1 share a body: x = d * (nibble - 8), or x = d * nibble + m. */
-static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x,
-                                  int64_t n, float *y, const int has_min)
+static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x, int64_t n,
+                                  float *y, const int has_min)
 {
     const __m256i lo_mask = _mm256_set1_epi32(0xF), eight = _mm256_set1_epi32(8);
     const size_t bb = has_min ? sizeof(struct kern_block_q4_1) : sizeof(struct kern_block_q4_0);
-    const size_t qs_off = has_min ? offsetof(struct kern_block_q4_1, qs)
-                                  : offsetof(struct kern_block_q4_0, qs);
+    const size_t qs_off =
+        has_min ? offsetof(struct kern_block_q4_1, qs) : offsetof(struct kern_block_q4_0, qs);
     __m256 acc[MATVEC_ROWS][2];
     UNROLL
     for (int k = 0; k < nr; k++)
@@ -468,7 +476,8 @@ static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const 
         for (int k = 0; k < nr; k++) {
             const char *blk = w + (size_t)k * rb + (size_t)b * bb;
             const uint8_t *qs = (const uint8_t *)blk + qs_off;
-            __m256 d = _mm256_set1_ps(f16_load((const uint16_t *)blk));
+            __m128 dm = f16x2_load(blk); /* d, and m for Q4_1 */
+            __m256 d = _mm256_broadcastss_ps(dm);
             __m256i raw0 = load8_u8(qs), raw1 = load8_u8(qs + 8);
             /* elements 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles) */
             __m256i q[4] = {_mm256_and_si256(raw0, lo_mask), _mm256_and_si256(raw1, lo_mask),
@@ -477,7 +486,7 @@ static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const 
             for (int p = 0; p < 4; p++) {
                 __m256 v;
                 if (has_min) {
-                    __m256 m = _mm256_set1_ps(f16_load((const uint16_t *)blk + 1));
+                    __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
                     v = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q[p])), m);
                 } else {
                     v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[p], eight)));
@@ -526,7 +535,7 @@ static ALWAYS_INLINE void q5_0_rows(const char *w, size_t rb, const int nr, cons
         for (int k = 0; k < nr; k++) {
             const struct kern_block_q5_0 *blk =
                 (const struct kern_block_q5_0 *)(w + (size_t)k * rb) + b;
-            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            __m256 d = _mm256_broadcastss_ps(f16x2_load(blk));
             uint32_t qh;
             memcpy(&qh, blk->qh, sizeof qh);
             __m256i vqh = _mm256_set1_epi32((int)qh);
@@ -538,7 +547,8 @@ static ALWAYS_INLINE void q5_0_rows(const char *w, size_t rb, const int nr, cons
                 /* lane l takes bit 8p + l of qh, moved to bit 4 */
                 __m256i sh = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * p));
                 __m256i h = _mm256_and_si256(_mm256_srlv_epi32(vqh, sh), one);
-                __m256i v = _mm256_sub_epi32(_mm256_or_si256(q[p], _mm256_slli_epi32(h, 4)), sixteen);
+                __m256i v =
+                    _mm256_sub_epi32(_mm256_or_si256(q[p], _mm256_slli_epi32(h, 4)), sixteen);
                 __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
                 acc[k][p % 2] = _mm256_fmadd_ps(wv, xv[p], acc[k][p % 2]);
             }
@@ -568,10 +578,11 @@ static ALWAYS_INLINE void q8_0_rows(const char *w, size_t rb, const int nr, cons
         for (int k = 0; k < nr; k++) {
             const struct kern_block_q8_0 *blk =
                 (const struct kern_block_q8_0 *)(w + (size_t)k * rb) + b;
-            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            __m256 d = _mm256_broadcastss_ps(f16x2_load(blk));
             UNROLL
             for (int p = 0; p < 4; p++) {
-                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * p)));
+                __m256i q =
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * p)));
                 __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
                 acc[k][p % 2] = _mm256_fmadd_ps(wv, xv[p], acc[k][p % 2]);
             }
@@ -647,7 +658,7 @@ static ALWAYS_INLINE void q6_k_rows(const char *w, size_t rb, const int nr, cons
             const struct kern_block_q6_k *blk =
                 (const struct kern_block_q6_k *)(w + (size_t)k * rb) + b;
             float scale[16];
-            __m256 d = _mm256_set1_ps(f16_load(&blk->d));
+            __m256 d = _mm256_set1_ps(f16_load(&blk->d)); /* d is at the block end */
             UNROLL
             for (int h = 0; h < 2; h++) {
                 __m128i s8 = _mm_loadl_epi64((const __m128i *)(blk->scales + 8 * h));
@@ -664,8 +675,8 @@ static ALWAYS_INLINE void q6_k_rows(const char *w, size_t rb, const int nr, cons
                     __m256i lo = load8_u8(ql + 8 * p), hi = load8_u8(qh + 8 * p);
                     lo = _mm256_and_si256(_mm256_srli_epi32(lo, 4 * (gk / 2)), m4);
                     hi = _mm256_and_si256(_mm256_srli_epi32(hi, 2 * gk), m2);
-                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
-                                                 thirty_two);
+                    __m256i q =
+                        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), thirty_two);
                     __m256 s = _mm256_broadcast_ss(&scale[2 * g + p / 2]);
                     __m256 wv = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
                     acc[k][p % 2] =

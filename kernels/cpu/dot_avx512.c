@@ -397,7 +397,7 @@ static float avx512_dot_bf16_f32(const void *w, const float *x, int64_t n)
  * load; leftover rows go singly through the same inlined body, so a row's result never depends
  * on its grouping. */
 
-#define MATVEC_ROWS 4
+#define MATVEC_ROWS   4
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 /* Loops over rows and vector parts are unrolled so the accumulators live in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -412,6 +412,14 @@ static float avx512_dot_bf16_f32(const void *w, const float *x, int64_t n)
             rows_fn((const char *)w + (size_t)r * row_bytes, row_bytes, 1, x, n, y + r);           \
     }
 
+/* The fp16 at p and the one after it as floats in lanes 0 and 1 (one vcvtph2ps from memory,
+ * cheaper than two scalar conversions). Reads 8 bytes: callers pass a block's leading scale
+ * field, and every block is longer than that. */
+static inline __m128 f16x2_load(const void *p)
+{
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+}
+
 /* 16 bytes at p as 16 int32, zero-extended (vpmovzxbd with a memory operand). */
 static inline __m512i load16_u8(const uint8_t *p)
 {
@@ -425,13 +433,13 @@ static inline __m512 iota16(int base)
 }
 
 /* Q4_0 (x = d * (nibble - 8)) and Q4_1 (x = d * nibble + m): one 16-entry table per block. */
-static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x,
-                                  int64_t n, float *y, const int has_min)
+static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const float *x, int64_t n,
+                                  float *y, const int has_min)
 {
     const __m512 q_vals = iota16(has_min ? 0 : -8);
     const size_t bb = has_min ? sizeof(struct kern_block_q4_1) : sizeof(struct kern_block_q4_0);
-    const size_t qs_off = has_min ? offsetof(struct kern_block_q4_1, qs)
-                                  : offsetof(struct kern_block_q4_0, qs);
+    const size_t qs_off =
+        has_min ? offsetof(struct kern_block_q4_1, qs) : offsetof(struct kern_block_q4_0, qs);
     __m512 acc[MATVEC_ROWS][2];
     UNROLL
     for (int k = 0; k < nr; k++)
@@ -441,11 +449,13 @@ static ALWAYS_INLINE void q4_rows(const char *w, size_t rb, const int nr, const 
         UNROLL
         for (int k = 0; k < nr; k++) {
             const char *blk = w + (size_t)k * rb + (size_t)b * bb;
-            __m512 tab = _mm512_mul_ps(_mm512_set1_ps(f16_load((const uint16_t *)blk)), q_vals);
+            __m128 dm = f16x2_load(blk); /* d, and m for Q4_1 */
+            __m512 tab = _mm512_mul_ps(_mm512_broadcastss_ps(dm), q_vals);
             if (has_min)
-                tab = _mm512_add_ps(tab, _mm512_set1_ps(f16_load((const uint16_t *)blk + 1)));
+                tab = _mm512_add_ps(
+                    tab, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)));
             __m512i i0 = load16_u8((const uint8_t *)blk + qs_off); /* low nibble: element i */
-            __m512i i1 = _mm512_srli_epi32(i0, 4);                  /* element i + 16 */
+            __m512i i1 = _mm512_srli_epi32(i0, 4);                 /* element i + 16 */
             acc[k][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tab), x0, acc[k][0]);
             acc[k][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tab), x1, acc[k][1]);
         }
@@ -486,7 +496,7 @@ static ALWAYS_INLINE void q5_0_rows(const char *w, size_t rb, const int nr, cons
         for (int k = 0; k < nr; k++) {
             const struct kern_block_q5_0 *blk =
                 (const struct kern_block_q5_0 *)(w + (size_t)k * rb) + b;
-            __m512 d = _mm512_set1_ps(f16_load(&blk->d));
+            __m512 d = _mm512_broadcastss_ps(f16x2_load(blk));
             __m512 t_lo = _mm512_mul_ps(d, q_lo), t_hi = _mm512_mul_ps(d, q_hi);
             uint32_t qh;
             memcpy(&qh, blk->qh, sizeof qh);
@@ -519,7 +529,7 @@ static ALWAYS_INLINE void q8_0_rows(const char *w, size_t rb, const int nr, cons
         for (int k = 0; k < nr; k++) {
             const struct kern_block_q8_0 *blk =
                 (const struct kern_block_q8_0 *)(w + (size_t)k * rb) + b;
-            __m512 d = _mm512_set1_ps(f16_load(&blk->d));
+            __m512 d = _mm512_broadcastss_ps(f16x2_load(blk));
             __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
             __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)));
             __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
@@ -570,8 +580,8 @@ static ALWAYS_INLINE void q4_k_rows(const char *w, size_t rb, const int nr, cons
                     __m512i i0 = h ? _mm512_srli_epi32(ia, 4) : ia;
                     __m512i i1 = h ? _mm512_srli_epi32(ib, 4) : ib;
                     const float *xs = x + 32 * j;
-                    acc[k][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tab),
-                                                _mm512_loadu_ps(xs), acc[k][0]);
+                    acc[k][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, tab), _mm512_loadu_ps(xs),
+                                                acc[k][0]);
                     acc[k][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, tab),
                                                 _mm512_loadu_ps(xs + 16), acc[k][1]);
                 }

@@ -431,8 +431,8 @@ float kern_ref_vec_dot_f32(uint32_t type, const void *w, const float *x, int64_t
  * added in element order, so a row's sum is bitwise that of dequant_row + kern_ref_dot_f32_f32. */
 
 static void ref_matvec_blocks(void (*deq)(const void *, float *, int64_t), int block_elems,
-                              size_t block_bytes, const void *w, size_t row_bytes,
-                              int64_t n_rows, const float *x, int64_t n, float *y)
+                              size_t block_bytes, const void *w, size_t row_bytes, int64_t n_rows,
+                              const float *x, int64_t n, float *y)
 {
     float buf[KERN_QK_K];
     assert(block_elems <= KERN_QK_K && n % block_elems == 0);
@@ -449,7 +449,7 @@ static void ref_matvec_blocks(void (*deq)(const void *, float *, int64_t), int b
 }
 
 #define REF_MATVEC_QUANT(name, block, elems)                                                       \
-    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                         \
+    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                            \
     {                                                                                              \
         ref_matvec_blocks(kern_ref_dequant_##name, elems, sizeof(struct block), w, row_bytes,      \
                           n_rows, x, n, y);                                                        \
@@ -464,7 +464,7 @@ REF_MATVEC_QUANT(q6_k, kern_block_q6_k, KERN_QK_K)
 
 /* Float rows: one vec_dot_f32 per row (any n). */
 #define REF_MATVEC_FLOAT(name)                                                                     \
-    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                         \
+    void kern_ref_matvec_##name##_f32(KERN_MATVEC_ARGS)                                            \
     {                                                                                              \
         for (int64_t r = 0; r < n_rows; r++)                                                       \
             y[r] = kern_ref_dot_##name##_f32((const char *)w + (size_t)r * row_bytes, x, n);       \

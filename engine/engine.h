@@ -1,0 +1,98 @@
+/* The batch engine: requests go in with engine_add_request, engine_step runs one forward pass
+ * over every running sequence's next token plus prefill chunks of waiting ones (continuous
+ * batching over a paged, prefix-cached KV cache), and finished requests come out of
+ * engine_poll. Single-threaded API; the kernels underneath use the backend's threads. */
+#ifndef ENGINE_ENGINE_H
+#define ENGINE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+struct engine_params {
+    int max_seqs;          /* sequences running at once (default 256) */
+    int max_batch_tokens;  /* tokens per forward step (default 512) */
+    int kv_block;          /* tokens per KV block (default 16) */
+    size_t kv_mem;         /* bytes for the KV pool (default 1 GiB) */
+    int prefix_cache;      /* reuse cached prompt blocks (default 1) */
+};
+
+void engine_params_default(struct engine_params *p);
+
+#define ENGINE_MAX_STOP 8
+
+/* One request. The engine copies everything it needs; the caller may free after adding. */
+struct engine_request {
+    const int32_t *prompt;          /* prompt token ids */
+    size_t n_prompt;                /* >= 1 */
+    struct engine_sampling sampling; /* validated by engine_add_request */
+    int32_t max_tokens;             /* tokens to generate at most, >= 1 */
+    int ignore_eos;                 /* 1 = do not stop at end-of-generation tokens */
+    const char *const *stop;        /* stop strings (not part of the output) */
+    size_t n_stop;                  /* <= ENGINE_MAX_STOP */
+    const char *request_id;         /* seeds the RNG with sampling.seed; NUL-terminated */
+    void *user;                     /* returned with the output */
+};
+
+enum engine_finish {
+    ENGINE_FINISH_STOP = 0,   /* end-of-generation token or stop string */
+    ENGINE_FINISH_LENGTH = 1, /* max_tokens reached */
+};
+
+/* A finished request; valid until the next engine_poll/engine_free. */
+struct engine_output {
+    uint64_t id;                /* as returned by engine_add_request */
+    void *user;                 /* caller's pointer */
+    const int32_t *tokens;      /* generated token ids (excluding a final EOG token) */
+    size_t n_tokens;            /* count */
+    const char *text;           /* generated text, stop string removed (NUL-terminated) */
+    size_t text_len;            /* bytes */
+    enum engine_finish finish;  /* why it ended */
+    size_t n_prompt;            /* prompt tokens */
+    size_t n_cached;            /* prompt tokens served from the prefix cache (first admission) */
+    double t_arrival;           /* engine_add_request time (monotonic s) */
+    double t_first;             /* first generated token */
+    double t_finish;            /* completion */
+    int preemptions;            /* times evicted and recomputed */
+};
+
+struct engine_stats {
+    uint64_t steps;             /* forward passes */
+    uint64_t batch_tokens;      /* tokens over all steps */
+    uint64_t batch_seqs;        /* running sequences summed over steps */
+    uint64_t prompt_tokens;     /* prompt tokens computed (excluding cache hits) */
+    uint64_t gen_tokens;        /* tokens sampled */
+    uint64_t preemptions;       /* sequences preempted */
+    int32_t peak_blocks_used;   /* most KV blocks referenced at once */
+};
+
+struct engine;
+
+/* The engine borrows m and tok (they must outlive it). */
+enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,
+                        const struct engine_params *p, struct err_detail *err);
+/* Frees everything; in debug builds (!NDEBUG) aborts if the KV check finds a leak. */
+void engine_free(struct engine *e);
+
+/* Queue a request. ST_ERR_RANGE when prompt + max_tokens exceeds the model context or the
+ * KV pool could never hold it; ST_ERR_INVALID_ARG for bad parameters. */
+enum status engine_add_request(struct engine *e, const struct engine_request *r, uint64_t *id,
+                               struct err_detail *err);
+/* Run one step (no-op when idle). */
+enum status engine_step(struct engine *e, struct err_detail *err);
+/* Requests waiting or running. */
+size_t engine_pending(const struct engine *e);
+/* Take up to max finished requests (oldest first); returns how many. */
+size_t engine_poll(struct engine *e, struct engine_output *out, size_t max);
+/* One short batch to fault in weights and buffers; leaves no state behind. */
+enum status engine_warmup(struct engine *e, struct err_detail *err);
+
+const struct engine_stats *engine_get_stats(const struct engine *e);
+const struct engine_kv *engine_get_kv(const struct engine *e);
+
+#endif
