@@ -1,0 +1,416 @@
+/* Engine tests: the KV block manager on its own (reference counts, LRU eviction, prefix
+ * matching, leak check) and continuous batching on the real model: 64 prompts decoded
+ * together give exactly the tokens each gives alone (greedy and seeded sampling); prefix-
+ * cache hits, chunked prefill and preemption with recompute change nothing; requests that
+ * cannot fit are rejected with an error. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/kernels.h"
+#include "tests/test_util.h"
+
+#define N_PROMPTS 64
+#define GEN 8
+
+/* ---- block manager ---- */
+
+static void check_ok(const struct engine_kv *kv, int empty)
+{
+    struct err_detail err = {0};
+    if (engine_kv_check(kv, empty, &err))
+        fail_msg("KV check: %s", err.msg);
+}
+
+static void test_kv_refcount_and_lru(void **state)
+{
+    (void)state;
+    struct engine_kv *kv;
+    struct err_detail err = {0};
+    /* 4 blocks of 4 tokens, 3 slots */
+    assert_int_equal(engine_kv_init(&kv, 1, 2, 4, 4, 3, 1, &err), ST_OK);
+    int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    assert_int_equal(engine_kv_reserve(kv, 0, 9, &err), ST_OK); /* 3 blocks */
+    assert_int_equal(engine_kv_available(kv), 1);
+    engine_kv_prefix_commit(kv, 0, a, 9); /* registers blocks 0 and 1 (full) */
+    check_ok(kv, 0);
+    /* slot 1 shares the two full blocks, never the partial third */
+    assert_int_equal(engine_kv_prefix_attach(kv, 1, a, 12, 11), 8);
+    assert_int_equal(kv->ref[engine_kv_table(kv, 1)[0]], 2);
+    assert_int_equal(engine_kv_table(kv, 1)[1], engine_kv_table(kv, 0)[1]);
+    check_ok(kv, 0);
+    /* a different prefix shares nothing */
+    int32_t b[8] = {1, 2, 3, 5, 5, 6, 7, 8};
+    assert_int_equal(engine_kv_prefix_attach(kv, 2, b, 8, 8), 0);
+    /* over-reserving fails and takes nothing */
+    assert_int_equal(engine_kv_reserve(kv, 2, 8, &err), ST_ERR_RANGE);
+    assert_int_equal(engine_kv_available(kv), 1);
+    engine_kv_release(kv, 0);
+    engine_kv_release(kv, 1);
+    check_ok(kv, 1);
+    /* the two registered blocks are cached-free; the unregistered one is plain free */
+    assert_int_equal(kv->n_lru, 2);
+    assert_int_equal(kv->n_free, 2);
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, a, 12, 12), 8); /* cache hit after free */
+    engine_kv_release(kv, 0);
+    /* reserving all 4 blocks evicts both cached ones */
+    assert_int_equal(engine_kv_reserve(kv, 2, 16, &err), ST_OK);
+    assert_int_equal(kv->stats.evictions, 2);
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, a, 12, 12), 0);
+    check_ok(kv, 0);
+    /* truncate returns blocks */
+    engine_kv_truncate(kv, 2, 5);
+    assert_int_equal(engine_kv_available(kv), 2);
+    engine_kv_release(kv, 2);
+    check_ok(kv, 1);
+    engine_kv_free(kv);
+}
+
+static void test_kv_check_detects_leak(void **state)
+{
+    (void)state;
+    struct engine_kv *kv;
+    struct err_detail err = {0};
+    assert_int_equal(engine_kv_init(&kv, 1, 2, 4, 4, 2, 1, &err), ST_OK);
+    assert_int_equal(engine_kv_reserve(kv, 0, 4, &err), ST_OK);
+    assert_int_equal(engine_kv_check(kv, 1, &err), ST_ERR_INTERNAL); /* still held */
+    assert_non_null(strstr(err.msg, "leak"));
+    kv->ref[engine_kv_table(kv, 0)[0]] = 2; /* corrupt a count */
+    assert_int_equal(engine_kv_check(kv, 0, &err), ST_ERR_INTERNAL);
+    kv->ref[engine_kv_table(kv, 0)[0]] = 1;
+    engine_kv_release(kv, 0);
+    check_ok(kv, 1);
+    engine_kv_free(kv);
+}
+
+/* Random operations keep the invariants (hash table deletions included). */
+static void test_kv_random_ops(void **state)
+{
+    (void)state;
+    struct engine_kv *kv;
+    struct err_detail err = {0};
+    assert_int_equal(engine_kv_init(&kv, 1, 1, 2, 32, 6, 1, &err), ST_OK);
+    uint64_t r = 12345;
+    int32_t toks[6][64];
+    int32_t len[6] = {0};
+    for (int it = 0; it < 20000; it++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int s = (int)((r >> 33) % 6), op = (int)((r >> 40) % 4);
+        if (op == 0 && len[s] == 0) { /* start: prompt from a small alphabet -> shared prefixes */
+            int n = 1 + (int)((r >> 20) % 40);
+            for (int i = 0; i < n; i++)
+                toks[s][i] = (int32_t)((r >> (i % 30)) % 2);
+            int32_t got = engine_kv_prefix_attach(kv, s, toks[s], n, n - 1);
+            if (engine_kv_reserve(kv, s, n, NULL) == ST_OK) {
+                len[s] = n;
+                engine_kv_prefix_commit(kv, s, toks[s], n);
+            } else {
+                engine_kv_release(kv, s);
+            }
+            (void)got;
+        } else if (op == 1 && len[s] > 0 && len[s] < 64) { /* decode one token */
+            if (engine_kv_reserve(kv, s, len[s] + 1, NULL) == ST_OK) {
+                toks[s][len[s]] = (int32_t)(r % 3);
+                len[s]++;
+                engine_kv_prefix_commit(kv, s, toks[s], len[s]);
+            }
+        } else if (op == 2 && len[s] > 0) {
+            engine_kv_release(kv, s);
+            len[s] = 0;
+        } else if (op == 3 && len[s] > 2) { /* roll back the last token */
+            int32_t keep = len[s] - 1;
+            if (kv->ref[engine_kv_table(kv, s)[(keep) / 2]] == 1 || keep % 2 == 0) {
+                engine_kv_truncate(kv, s, keep);
+                len[s] = keep;
+            }
+        }
+        if (it % 97 == 0)
+            check_ok(kv, 0);
+    }
+    for (int s = 0; s < 6; s++)
+        engine_kv_release(kv, s);
+    check_ok(kv, 1);
+    assert_true(kv->stats.hit_blocks > 100);
+    engine_kv_free(kv);
+}
+
+/* ---- engine on the real model ---- */
+
+struct fixture {
+    struct kern_backend *be;   /* CPU backend */
+    struct engine_model *m;    /* model */
+    struct engine_tok *tok;    /* tokenizer */
+    int32_t *prompt[N_PROMPTS]; /* tokenized prompts */
+    size_t n_prompt[N_PROMPTS]; /* lengths */
+};
+
+static int setup(void **state)
+{
+    static struct fixture f;
+    struct err_detail err = {0};
+    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_F32};
+    if (kern_cpu_backend_init(&f.be, &ko, &err) ||
+        engine_model_load(&f.m, test_model_path(), f.be, &err) ||
+        engine_tok_load(&f.tok, f.m->gguf, &err)) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return -1;
+    }
+    static const char *const topics[] = {"the sea", "a robot", "Paris", "prime numbers",
+                                         "a red fox", "coffee", "the moon", "C pointers"};
+    for (int i = 0; i < N_PROMPTS; i++) {
+        char text[256];
+        snprintf(text, sizeof(text), "%s %d. Tell me about %s in %d words:",
+                 i % 2 ? "Question" : "Task", i, topics[i % 8], 5 + i);
+        if (engine_tok_encode(f.tok, text, strlen(text), 0, &f.prompt[i], &f.n_prompt[i], &err))
+            return -1;
+    }
+    *state = &f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    for (int i = 0; i < N_PROMPTS; i++)
+        free(f->prompt[i]);
+    engine_tok_free(f->tok);
+    engine_model_free(f->m);
+    kern_cpu_backend_free(f->be);
+    return 0;
+}
+
+struct result {
+    int32_t tok[64]; /* generated tokens */
+    size_t n;        /* count */
+    size_t n_cached; /* prompt tokens from the prefix cache */
+    int finish;      /* enum engine_finish */
+    int preempted;   /* times preempted */
+};
+
+/* Run requests [0, n) (prompt i from prompts[i]) through an engine with parameters p;
+ * sampled requests use temperature 1 with seed 42 and their index as request id. */
+static void run_engine(struct fixture *f, const struct engine_params *p, int32_t *const *prompts,
+                       const size_t *n_prompts, int n, int sampled, struct result *res,
+                       struct engine_stats *stats)
+{
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, p, &err), ST_OK);
+    for (int i = 0; i < n; i++) {
+        struct engine_request r = {0};
+        char id[32];
+        snprintf(id, sizeof(id), "req-%d", i);
+        r.prompt = prompts[i];
+        r.n_prompt = n_prompts[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = sampled ? 1.0f : 0.0f;
+        r.sampling.seed = 42;
+        r.max_tokens = GEN;
+        r.ignore_eos = 1;
+        r.request_id = id;
+        r.user = &res[i];
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    int done = 0;
+    while (engine_pending(e)) {
+        if (engine_step(e, &err))
+            fail_msg("step: %s", err.msg);
+        struct engine_output o[8];
+        size_t k;
+        while ((k = engine_poll(e, o, 8)) > 0)
+            for (size_t j = 0; j < k; j++) {
+                struct result *rr = o[j].user;
+                assert_true(o[j].n_tokens <= 64);
+                memcpy(rr->tok, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+                rr->n = o[j].n_tokens;
+                rr->n_cached = o[j].n_cached;
+                rr->finish = (int)o[j].finish;
+                rr->preempted = o[j].preemptions;
+                done++;
+            }
+    }
+    assert_int_equal(done, n);
+    if (stats)
+        *stats = *engine_get_stats(e);
+    check_ok(engine_get_kv(e), 1);
+    engine_free(e);
+}
+
+static void params(struct engine_params *p, int max_seqs, int max_batch, size_t kv_mb, int cache)
+{
+    engine_params_default(p);
+    p->max_seqs = max_seqs;
+    p->max_batch_tokens = max_batch;
+    p->kv_mem = kv_mb << 20;
+    p->prefix_cache = cache;
+}
+
+static void assert_same(const struct result *a, const struct result *b, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        if (a[i].n != b[i].n || memcmp(a[i].tok, b[i].tok, sizeof(int32_t) * a[i].n))
+            fail_msg("%s: request %d differs (%zu vs %zu tokens, first %d vs %d)", what, i,
+                     a[i].n, b[i].n, a[i].tok[0], b[i].tok[0]);
+    }
+}
+
+static void batch_invariance(struct fixture *f, int sampled)
+{
+    static struct result alone[N_PROMPTS], together[N_PROMPTS];
+    struct engine_params p;
+    params(&p, 1, 64, 64, 0);
+    for (int i = 0; i < N_PROMPTS; i++)
+        run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, sampled, &alone[i], NULL);
+    /* together: every "alone" run used request id req-0 (its only request), so the batched
+     * run gives every request that id too, and the same seed */
+    struct engine_stats st;
+    params(&p, 64, 512, 256, 0);
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        struct engine_request r = {0};
+        r.prompt = f->prompt[i];
+        r.n_prompt = f->n_prompt[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = sampled ? 1.0f : 0.0f;
+        r.sampling.seed = 42;
+        r.max_tokens = GEN;
+        r.ignore_eos = 1;
+        r.request_id = "req-0";
+        r.user = &together[i];
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    size_t max_batch_seqs = 0;
+    while (engine_pending(e)) {
+        if (engine_step(e, &err))
+            fail_msg("step: %s", err.msg);
+        struct engine_output o[N_PROMPTS];
+        size_t k = engine_poll(e, o, N_PROMPTS);
+        for (size_t j = 0; j < k; j++) {
+            struct result *rr = o[j].user;
+            memcpy(rr->tok, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+            rr->n = o[j].n_tokens;
+        }
+        if (engine_pending(e) > max_batch_seqs)
+            max_batch_seqs = engine_pending(e);
+    }
+    st = *engine_get_stats(e);
+    engine_free(e);
+    assert_true(max_batch_seqs == N_PROMPTS);
+    assert_true(st.batch_seqs / st.steps > 32); /* really batched */
+    assert_same(alone, together, N_PROMPTS, sampled ? "sampled" : "greedy");
+    for (int i = 0; i < N_PROMPTS; i++)
+        assert_int_equal(together[i].n, GEN);
+}
+
+static void test_batch_invariance_greedy(void **state) { batch_invariance(*state, 0); }
+static void test_batch_invariance_sampled(void **state) { batch_invariance(*state, 1); }
+
+/* Chunked prefill (4 tokens per step), preemption under a tiny KV pool, and prefix-cache
+ * hits all give the tokens of a roomy cold run. */
+static void test_chunking_preemption_prefix(void **state)
+{
+    struct fixture *f = *state;
+    enum { N = 16 };
+    static struct result base[N], chunked[N], tight[N], cached[N];
+    /* prompts sharing a 3-block prefix (48 tokens) plus their own question */
+    int32_t *pr[N];
+    size_t np[N];
+    int32_t shared[48];
+    for (int i = 0; i < 48; i++)
+        shared[i] = f->prompt[i % N_PROMPTS][i % f->n_prompt[i % N_PROMPTS]];
+    for (int i = 0; i < N; i++) {
+        np[i] = 48 + f->n_prompt[i];
+        pr[i] = malloc(sizeof(int32_t) * np[i]);
+        memcpy(pr[i], shared, sizeof(shared));
+        memcpy(pr[i] + 48, f->prompt[i], sizeof(int32_t) * f->n_prompt[i]);
+    }
+    struct engine_params p;
+    struct engine_stats st;
+    params(&p, 16, 512, 256, 0);
+    run_engine(f, &p, pr, np, N, 0, base, &st);
+    params(&p, 4, 4, 256, 0); /* 4 tokens per step: every prompt is split into chunks */
+    run_engine(f, &p, pr, np, N, 0, chunked, &st);
+    assert_same(base, chunked, N, "chunked prefill");
+    /* pool of 24 blocks (384 tokens) for 16 sequences of ~70 tokens: must preempt */
+    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head * f->m->hp.head_dim) * 16;
+    engine_params_default(&p);
+    p.max_seqs = 16;
+    p.max_batch_tokens = 64;
+    p.kv_mem = 24 * blk;
+    p.prefix_cache = 0;
+    run_engine(f, &p, pr, np, N, 1, tight, &st);
+    assert_true(st.preemptions > 0);
+    static struct result base_s[N];
+    params(&p, 16, 512, 256, 0);
+    run_engine(f, &p, pr, np, N, 1, base_s, NULL);
+    assert_same(base_s, tight, N, "preemption (sampled)");
+    print_message("preemptions under a 24-block pool: %llu\n", (unsigned long long)st.preemptions);
+    /* prefix cache: later requests reuse the shared 48 tokens */
+    params(&p, 4, 64, 256, 1);
+    run_engine(f, &p, pr, np, N, 0, cached, &st);
+    assert_same(base, cached, N, "prefix cache");
+    int hits = 0;
+    for (int i = 0; i < N; i++)
+        hits += cached[i].n_cached == 48;
+    assert_true(hits >= N - 4); /* all but the first wave */
+    assert_true(st.prompt_tokens < (uint64_t)(N * 48));
+    for (int i = 0; i < N; i++)
+        free(pr[i]);
+}
+
+static void test_rejects(void **state)
+{
+    struct fixture *f = *state;
+    struct engine *e;
+    struct err_detail err = {0};
+    struct engine_params p;
+    params(&p, 4, 64, 64, 1);
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    struct engine_request r = {0};
+    int32_t tok[4] = {1, 2, 3, 4};
+    r.prompt = tok;
+    r.n_prompt = 4;
+    engine_sampling_default(&r.sampling);
+    r.max_tokens = f->m->hp.n_ctx_train; /* 4 + n_ctx > n_ctx */
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "context"));
+    r.max_tokens = 4000; /* fits the context, not the 64 MB pool (~1400 tokens) */
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "kv-mem"));
+    tok[1] = f->m->hp.n_vocab;
+    r.max_tokens = 4;
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_RANGE);
+    tok[1] = 2;
+    r.sampling.top_p = 0;
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(engine_pending(e), 0);
+    engine_free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest kv_tests[] = {
+        cmocka_unit_test(test_kv_refcount_and_lru),
+        cmocka_unit_test(test_kv_check_detects_leak),
+        cmocka_unit_test(test_kv_random_ops),
+    };
+    const struct CMUnitTest engine_tests[] = {
+        cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_chunking_preemption_prefix),
+        cmocka_unit_test(test_batch_invariance_greedy),
+        cmocka_unit_test(test_batch_invariance_sampled),
+    };
+    int rc = cmocka_run_group_tests_name("kv", kv_tests, NULL, NULL);
+    return rc | cmocka_run_group_tests_name("engine", engine_tests, setup, teardown);
+}
