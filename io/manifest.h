@@ -1,0 +1,54 @@
+/* manifest.json for a job's output directory: job parameters, the model and its sha256,
+ * and every shard with its kind, record count, byte length and sha256. Written atomically
+ * (temporary file, fsync, rename, fsync of the directory), so readers see the old or the new
+ * manifest, never a mix. */
+#ifndef IO_MANIFEST_H
+#define IO_MANIFEST_H
+
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/err.h"
+#include "common/sha256.h"
+
+#define IO_MANIFEST_VERSION 1 /* "manifest_version" written into the file */
+
+enum io_shard_kind {
+    IO_SHARD_RESULTS = 0, /* results-NNNNN.jsonl.zst: one output object per done item */
+    IO_SHARD_ERRORS,      /* errors-NNNNN.jsonl.zst: one output object per failed item */
+};
+
+/* One shard as listed in the manifest. Strings are borrowed from the caller. */
+struct io_manifest_shard {
+    const char *name;            /* file name inside the output directory, no '/' */
+    enum io_shard_kind kind;     /* results or errors */
+    uint64_t records;            /* lines in the shard */
+    uint64_t bytes;              /* committed length in bytes */
+    char sha256[SHA256_HEX_LEN]; /* hex sha256 of the first `bytes` bytes; an empty string
+                                    makes io_manifest_write hash DIR/name itself */
+};
+
+/* Everything written to manifest.json. Pointers are borrowed for the duration of the call. */
+struct io_manifest {
+    const char *job_id;                     /* job identifier (may be NULL) */
+    const cJSON *params;                    /* job parameters as an object, or NULL */
+    const char *params_json;                /* ...or as JSON object text (used when params is
+                                               NULL; both NULL writes {}) */
+    const char *model_path;                 /* model file as given to the job (may be NULL) */
+    const char *model_sha256;               /* its hex sha256; NULL or "" hashes model_path */
+    int complete;                           /* 1 when every item of the job is done or failed */
+    int64_t created_unix;                   /* seconds since the epoch; 0 means now */
+    const struct io_manifest_shard *shards; /* n_shards entries, in shard order */
+    size_t n_shards;                        /* number of shards */
+};
+
+/* Write dir/manifest.json atomically. Totals (records and bytes per kind) are added. Fails
+ * with ST_ERR_INVALID_ARG for bad params JSON or shard names, ST_ERR_IO for file errors.
+ * Missing checksums are computed here (reading the shards / the model). */
+enum status io_manifest_write(const char *dir, const struct io_manifest *m, struct err_detail *err);
+
+/* "results" or "errors". */
+const char *io_shard_kind_name(enum io_shard_kind k);
+
+#endif
