@@ -17,6 +17,9 @@ const char *status_str(enum status st)
     case ST_ERR_RANGE: return "out of range";
     case ST_ERR_NOT_FOUND: return "not found";
     case ST_ERR_INTERNAL: return "internal error";
+    case ST_ERR_EXISTS: return "already exists";
+    case ST_ERR_BUSY: return "busy";
+    case ST_ERR_CONFLICT: return "conflict";
     }
     return "unknown status";
 }

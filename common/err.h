@@ -16,6 +16,9 @@ enum status {
     ST_ERR_RANGE,       /* value out of range (context too long, id out of vocab) */
     ST_ERR_NOT_FOUND,   /* a required key, tensor or item is missing */
     ST_ERR_INTERNAL,    /* a library we call failed in an unexpected way */
+    ST_ERR_EXISTS,      /* a unique thing already exists (duplicate custom_id, job name) */
+    ST_ERR_BUSY,        /* a shared resource stayed locked past its timeout; retry later */
+    ST_ERR_CONFLICT,    /* lost a race: the item/shard is no longer ours (lease re-claimed) */
 };
 
 struct err_detail {

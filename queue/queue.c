@@ -1,0 +1,847 @@
+/* The queue connection: open with pragmas and forward migrations, the prepared-statement cache,
+ * write scopes (BEGIN IMMEDIATE or savepoint), the clock, and the job and run calls. Item,
+ * lease and shard calls live in queue/lease.c and queue/shards.c. */
+#include "queue/queue_internal.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+static const char *const JOB_STATES[QUEUE_JOB_STATE_COUNT] = {"queued", "running", "done",
+                                                              "cancelled"};
+static const char *const ITEM_STATES[QUEUE_ITEM_STATE_COUNT] = {"queued", "leased", "done",
+                                                                "failed", "cancelled"};
+static const char *const SHARD_KINDS[QUEUE_SHARD_KIND_COUNT] = {"results", "errors"};
+
+const char *queue_job_state_str(enum queue_job_state s)
+{
+    return (unsigned)s < QUEUE_JOB_STATE_COUNT ? JOB_STATES[s] : "?";
+}
+
+const char *queue_item_state_str(enum queue_item_state s)
+{
+    return (unsigned)s < QUEUE_ITEM_STATE_COUNT ? ITEM_STATES[s] : "?";
+}
+
+const char *queue_shard_kind_str(enum queue_shard_kind k)
+{
+    return (unsigned)k < QUEUE_SHARD_KIND_COUNT ? SHARD_KINDS[k] : "?";
+}
+
+static int parse_name(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; s && i < n; i++)
+        if (strcmp(names[i], s) == 0)
+            return i;
+    return -1;
+}
+
+int queue_job_state_parse(const char *s)
+{
+    return parse_name(JOB_STATES, QUEUE_JOB_STATE_COUNT, s);
+}
+
+int queue_item_state_parse(const char *s)
+{
+    return parse_name(ITEM_STATES, QUEUE_ITEM_STATE_COUNT, s);
+}
+
+int queue_shard_kind_parse(const char *s)
+{
+    return parse_name(SHARD_KINDS, QUEUE_SHARD_KIND_COUNT, s);
+}
+
+/* ---- SQLite helpers -------------------------------------------------------------------- */
+
+static int64_t real_now_ms(void *ctx)
+{
+    (void)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t queue_now(struct queue *q)
+{
+    return q->now_ms(q->clock_ctx);
+}
+
+void queue_set_clock(struct queue *q, int64_t (*now_ms)(void *ctx), void *ctx)
+{
+    q->now_ms = now_ms ? now_ms : real_now_ms;
+    q->clock_ctx = now_ms ? ctx : NULL;
+}
+
+enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err)
+{
+    enum status st;
+    switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        st = ST_ERR_BUSY;
+        break;
+    case SQLITE_NOMEM:
+        st = ST_ERR_NOMEM;
+        break;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+        st = ST_ERR_FORMAT;
+        break;
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+        st = ST_ERR_IO;
+        break;
+    case SQLITE_CONSTRAINT:
+        st = (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY)
+                 ? ST_ERR_EXISTS
+                 : ST_ERR_INVALID_ARG;
+        break;
+    default:
+        st = ST_ERR_INTERNAL;
+        break;
+    }
+    const char *msg = q && q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc);
+    return err_set(err, st, "%s: %s", what, msg);
+}
+
+sqlite3_stmt *queue_stmt(struct queue *q, enum queue_stmt_id id, struct err_detail *err)
+{
+    assert((unsigned)id < QS_COUNT);
+    if (!q->stmts[id]) {
+        int rc = sqlite3_prepare_v3(q->db, queue_stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT,
+                                    &q->stmts[id], NULL);
+        if (rc != SQLITE_OK) {
+            queue_sql_err(q, rc, "preparing a queue statement", err);
+            q->stmts[id] = NULL;
+            return NULL;
+        }
+    }
+    return q->stmts[id];
+}
+
+void queue_stmt_done(sqlite3_stmt *st)
+{
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+}
+
+enum status queue_step_done(struct queue *q, sqlite3_stmt *st, const char *what,
+                            struct err_detail *err)
+{
+    int rc = sqlite3_step(st);
+    enum status s = ST_OK;
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        s = queue_sql_err(q, rc, what, err);
+    queue_stmt_done(st);
+    return s;
+}
+
+int queue_bind_str(sqlite3_stmt *st, int idx, const char *s)
+{
+    return s ? sqlite3_bind_text(st, idx, s, -1, SQLITE_STATIC) : sqlite3_bind_null(st, idx);
+}
+
+enum status queue_col_dup(sqlite3_stmt *st, int col, char **out, struct err_detail *err)
+{
+    *out = NULL;
+    const unsigned char *s = sqlite3_column_text(st, col);
+    if (!s && sqlite3_column_type(st, col) == SQLITE_NULL)
+        return ST_OK;
+    if (!s)
+        return err_set(err, ST_ERR_NOMEM, "queue: out of memory reading a column");
+    size_t n = (size_t)sqlite3_column_bytes(st, col);
+    char *c = malloc(n + 1);
+    if (!c)
+        return err_set(err, ST_ERR_NOMEM, "queue: out of memory copying a column");
+    memcpy(c, s, n);
+    c[n] = 0;
+    *out = c;
+    return ST_OK;
+}
+
+/* Run a statement from the cache that has no parameters and returns no rows. */
+static enum status run_simple(struct queue *q, enum queue_stmt_id id, struct err_detail *err)
+{
+    sqlite3_stmt *st = queue_stmt(q, id, err);
+    if (!st)
+        return err ? err->status : ST_ERR_INTERNAL;
+    return queue_step_done(q, st, queue_stmt_sql[id], err);
+}
+
+/* ---- write scopes and user transactions ------------------------------------------------ */
+
+enum status queue_scope_enter(struct queue *q, struct queue_scope *sc, struct err_detail *err)
+{
+    sc->savepoint = q->user_tx;
+    if (q->user_tx && sqlite3_get_autocommit(q->db))
+        return err_set(err, ST_ERR_INTERNAL,
+                       "queue: the open transaction was rolled back by an earlier error");
+    return run_simple(q, sc->savepoint ? QS_SAVEPOINT : QS_BEGIN, err);
+}
+
+enum status queue_scope_leave(struct queue *q, struct queue_scope *sc, enum status st,
+                              struct err_detail *err)
+{
+    if (st == ST_OK) {
+        st = run_simple(q, sc->savepoint ? QS_RELEASE_SP : QS_COMMIT, err);
+        if (st == ST_OK)
+            return ST_OK;
+    }
+    /* Undo. SQLite may already have rolled back on its own (I/O error, full disk), in which
+     * case these fail harmlessly; the caller keeps the first error. */
+    if (!sqlite3_get_autocommit(q->db)) {
+        if (sc->savepoint) {
+            run_simple(q, QS_ROLLBACK_TO_SP, NULL);
+            run_simple(q, QS_RELEASE_SP, NULL);
+        } else {
+            run_simple(q, QS_ROLLBACK, NULL);
+        }
+    }
+    return st;
+}
+
+enum status queue_tx_begin(struct queue *q, struct err_detail *err)
+{
+    if (q->user_tx)
+        return err_set(err, ST_ERR_INVALID_ARG, "queue: transaction already open");
+    enum status st = run_simple(q, QS_BEGIN, err);
+    if (st == ST_OK)
+        q->user_tx = true;
+    return st;
+}
+
+enum status queue_tx_commit(struct queue *q, struct err_detail *err)
+{
+    if (!q->user_tx)
+        return err_set(err, ST_ERR_INVALID_ARG, "queue: no transaction to commit");
+    q->user_tx = false;
+    if (sqlite3_get_autocommit(q->db))
+        return err_set(err, ST_ERR_INTERNAL,
+                       "queue: the transaction was rolled back by an earlier error");
+    enum status st = run_simple(q, QS_COMMIT, err);
+    if (st != ST_OK && !sqlite3_get_autocommit(q->db))
+        run_simple(q, QS_ROLLBACK, NULL);
+    return st;
+}
+
+void queue_tx_rollback(struct queue *q)
+{
+    if (!q || !q->user_tx)
+        return;
+    q->user_tx = false;
+    if (!sqlite3_get_autocommit(q->db))
+        run_simple(q, QS_ROLLBACK, NULL);
+}
+
+/* ---- open / close ---------------------------------------------------------------------- */
+
+static enum status exec(struct queue *q, const char *sql, const char *what, struct err_detail *err)
+{
+    int rc = sqlite3_exec(q->db, sql, NULL, NULL, NULL);
+    return rc == SQLITE_OK ? ST_OK : queue_sql_err(q, rc, what, err);
+}
+
+static enum status read_user_version(struct queue *q, int *v, struct err_detail *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(q->db, "PRAGMA user_version", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            *v = sqlite3_column_int(st, 0);
+            rc = SQLITE_OK;
+        }
+    }
+    enum status s =
+        rc == SQLITE_OK ? ST_OK : queue_sql_err(q, rc, "reading the schema version", err);
+    sqlite3_finalize(st);
+    return s;
+}
+
+static enum status refuse_newer(int v, struct err_detail *err)
+{
+    return err_set(err, ST_ERR_UNSUPPORTED,
+                   "queue database has schema version %d, newer than this quern understands "
+                   "(%d): it was written by a newer quern; use that version",
+                   v, QUEUE_SCHEMA_VERSION);
+}
+
+/* Bring the schema to QUEUE_SCHEMA_VERSION in one transaction. The version is read again
+ * under the write lock: another process may have migrated meanwhile. */
+static enum status migrate(struct queue *q, struct err_detail *err)
+{
+    int v = 0;
+    enum status st = read_user_version(q, &v, err);
+    if (st != ST_OK)
+        return st;
+    if (v > QUEUE_SCHEMA_VERSION)
+        return refuse_newer(v, err);
+    if (v == QUEUE_SCHEMA_VERSION) {
+        q->schema_version = v;
+        return ST_OK;
+    }
+    if ((st = exec(q, "BEGIN IMMEDIATE", "locking the queue for migration", err)) != ST_OK)
+        return st;
+    st = read_user_version(q, &v, err);
+    if (st == ST_OK && v > QUEUE_SCHEMA_VERSION)
+        st = refuse_newer(v, err);
+    for (size_t i = 0; st == ST_OK && i < queue_n_migrations; i++) {
+        const struct queue_migration *m = &queue_migrations[i];
+        if (m->version <= v)
+            continue;
+        char pragma[64];
+        snprintf(pragma, sizeof(pragma), "PRAGMA user_version = %d", m->version);
+        st = exec(q, m->sql, "migrating the queue schema", err);
+        if (st == ST_OK)
+            st = exec(q, pragma, "setting the schema version", err);
+        if (st == ST_OK)
+            v = m->version;
+    }
+    if (st == ST_OK)
+        st = exec(q, "COMMIT", "committing the migration", err);
+    if (st != ST_OK) {
+        sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+        return st;
+    }
+    q->schema_version = v;
+    return ST_OK;
+}
+
+static enum status set_pragmas(struct queue *q, const struct queue_options *opts,
+                               struct err_detail *err)
+{
+    /* WAL is persistent: only switch when needed (the switch wants an exclusive lock). */
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(q->db, "PRAGMA journal_mode", -1, &st, NULL);
+    char mode[16] = "";
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *m = sqlite3_column_text(st, 0);
+        snprintf(mode, sizeof(mode), "%s", m ? (const char *)m : "");
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "reading the journal mode", err);
+    if (strcmp(mode, "wal") != 0 && strcmp(mode, "memory") != 0) {
+        rc = sqlite3_prepare_v2(q->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+            const unsigned char *m = sqlite3_column_text(st, 0);
+            snprintf(mode, sizeof(mode), "%s", m ? (const char *)m : "");
+            rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        if (rc != SQLITE_OK)
+            return queue_sql_err(q, rc, "switching the queue to WAL mode", err);
+        if (strcmp(mode, "wal") != 0)
+            return err_set(err, ST_ERR_UNSUPPORTED,
+                           "queue: the database cannot use WAL mode here (journal mode \"%s\"); "
+                           "put it on a local file system",
+                           mode);
+    }
+    enum status s =
+        exec(q, opts->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
+             "setting synchronous", err);
+    if (s == ST_OK)
+        s = exec(q, "PRAGMA foreign_keys = ON", "enabling foreign keys", err);
+    return s;
+}
+
+enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
+                            struct err_detail *err)
+{
+    *out = NULL;
+    struct queue_options def = {0};
+    if (!opts)
+        opts = &def;
+    struct queue *q = calloc(1, sizeof(*q));
+    if (!q)
+        return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
+    q->now_ms = real_now_ms;
+    int rc = sqlite3_open_v2(path, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    enum status st = ST_OK;
+    if (rc != SQLITE_OK) {
+        st = err_set(err, ST_ERR_IO, "opening queue %s: %s", path,
+                     q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc));
+        goto fail;
+    }
+    sqlite3_extended_result_codes(q->db, 1);
+    sqlite3_busy_timeout(q->db,
+                         opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
+    /* Refuse a newer schema before changing anything in the file. */
+    int v = 0;
+    if ((st = read_user_version(q, &v, err)) != ST_OK)
+        goto fail;
+    if (v > QUEUE_SCHEMA_VERSION) {
+        st = refuse_newer(v, err);
+        goto fail;
+    }
+    if ((st = set_pragmas(q, opts, err)) != ST_OK)
+        goto fail;
+    if ((st = migrate(q, err)) != ST_OK)
+        goto fail;
+    *out = q;
+    return ST_OK;
+fail:
+    if (err)
+        err_prefix(err, "queue %s", path);
+    queue_close(q);
+    return st;
+}
+
+enum status queue_open(struct queue **out, const char *path, struct err_detail *err)
+{
+    return queue_open_opts(out, path, NULL, err);
+}
+
+void queue_close(struct queue *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < QS_COUNT; i++)
+        sqlite3_finalize(q->stmts[i]);
+    if (q->db && !sqlite3_get_autocommit(q->db))
+        sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(q->db);
+    free(q);
+}
+
+int queue_schema_version(struct queue *q)
+{
+    return q->schema_version;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+/* Names become directory names: [A-Za-z0-9._-]{1,128}, no leading '.', not all digits (so
+ * that queue_job_find can tell names from ids). */
+static enum status check_job_name(const char *name, struct err_detail *err)
+{
+    if (!name || !*name)
+        return err_set(err, ST_ERR_INVALID_ARG, "job name is empty");
+    size_t n = strlen(name);
+    bool digits = true;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        if (!ok)
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "job name \"%.64s\": only letters, digits, '.', '_' and '-' allowed",
+                           name);
+        digits = digits && c >= '0' && c <= '9';
+    }
+    if (n > 128)
+        return err_set(err, ST_ERR_INVALID_ARG, "job name is longer than 128 characters");
+    if (name[0] == '.')
+        return err_set(err, ST_ERR_INVALID_ARG, "job name \"%s\" starts with '.'", name);
+    if (digits)
+        return err_set(err, ST_ERR_INVALID_ARG, "job name \"%s\" is all digits (ids are)", name);
+    return ST_OK;
+}
+
+enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec, int64_t *job_id,
+                             struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *job_id = 0;
+    enum status st = check_job_name(spec->name, err);
+    if (st != ST_OK)
+        return st;
+    if (!spec->model_path || !spec->out_dir)
+        return err_set(err, ST_ERR_INVALID_ARG, "job %s: model_path and out_dir are required",
+                       spec->name);
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_INSERT, err);
+    if (!s)
+        return err->status;
+    queue_bind_str(s, 1, spec->name);
+    sqlite3_bind_int64(s, 2, queue_now(q));
+    queue_bind_str(s, 3, spec->model_path);
+    queue_bind_str(s, 4, spec->model_sha256);
+    queue_bind_str(s, 5, spec->params_json ? spec->params_json : "{}");
+    queue_bind_str(s, 6, spec->out_dir);
+    sqlite3_bind_int64(s, 7, (int64_t)spec->seed);
+    st = queue_step_done(q, s, "creating job", err);
+    if (st == ST_ERR_EXISTS)
+        return err_set(err, ST_ERR_EXISTS, "a job named \"%s\" already exists", spec->name);
+    if (st == ST_OK)
+        *job_id = sqlite3_last_insert_rowid(q->db);
+    return st;
+}
+
+void queue_job_free(struct queue_job *j)
+{
+    if (!j)
+        return;
+    free(j->name);
+    free(j->model_path);
+    free(j->model_sha256);
+    free(j->params_json);
+    free(j->out_dir);
+    memset(j, 0, sizeof(*j));
+}
+
+void queue_job_list_free(struct queue_job *jobs, size_t n)
+{
+    if (!jobs)
+        return;
+    for (size_t i = 0; i < n; i++)
+        queue_job_free(&jobs[i]);
+    free(jobs);
+}
+
+/* Fill j from the current row of a JOB_COLS statement. */
+static enum status read_job(sqlite3_stmt *s, struct queue_job *j, struct err_detail *err)
+{
+    memset(j, 0, sizeof(*j));
+    j->id = sqlite3_column_int64(s, 0);
+    j->created = sqlite3_column_int64(s, 2);
+    j->finished = sqlite3_column_int64(s, 3);
+    int state = queue_job_state_parse((const char *)sqlite3_column_text(s, 4));
+    j->state = state < 0 ? QUEUE_JOB_QUEUED : (enum queue_job_state)state;
+    j->seed = (uint64_t)sqlite3_column_int64(s, 9);
+    j->n_items = sqlite3_column_int64(s, 10);
+    enum status st = queue_col_dup(s, 1, &j->name, err);
+    if (st == ST_OK)
+        st = queue_col_dup(s, 5, &j->model_path, err);
+    if (st == ST_OK)
+        st = queue_col_dup(s, 6, &j->model_sha256, err);
+    if (st == ST_OK)
+        st = queue_col_dup(s, 7, &j->params_json, err);
+    if (st == ST_OK)
+        st = queue_col_dup(s, 8, &j->out_dir, err);
+    if (st != ST_OK)
+        queue_job_free(j);
+    return st;
+}
+
+/* Step a one-row job query into out; ST_ERR_NOT_FOUND when there is no row. */
+static enum status job_one(struct queue *q, sqlite3_stmt *s, const char *what,
+                           struct queue_job *out, struct err_detail *err)
+{
+    int rc = sqlite3_step(s);
+    enum status st;
+    if (rc == SQLITE_ROW)
+        st = read_job(s, out, err);
+    else if (rc == SQLITE_DONE)
+        st = err_set(err, ST_ERR_NOT_FOUND, "no job %s", what);
+    else
+        st = queue_sql_err(q, rc, "reading a job", err);
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_job_get(struct queue *q, int64_t job_id, struct queue_job *out,
+                          struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    memset(out, 0, sizeof(*out));
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_GET, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    char what[32];
+    snprintf(what, sizeof(what), "with id %lld", (long long)job_id);
+    return job_one(q, s, what, out, err);
+}
+
+enum status queue_job_find(struct queue *q, const char *id_or_name, struct queue_job *out,
+                           struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    memset(out, 0, sizeof(*out));
+    if (!id_or_name || !*id_or_name)
+        return err_set(err, ST_ERR_INVALID_ARG, "empty job id or name");
+    bool digits = strlen(id_or_name) <= 18;
+    for (const char *c = id_or_name; *c; c++)
+        digits = digits && *c >= '0' && *c <= '9';
+    if (digits)
+        return queue_job_get(q, strtoll(id_or_name, NULL, 10), out, err);
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_BY_NAME, err);
+    if (!s)
+        return err->status;
+    queue_bind_str(s, 1, id_or_name);
+    char what[160];
+    snprintf(what, sizeof(what), "named \"%.128s\"", id_or_name);
+    return job_one(q, s, what, out, err);
+}
+
+enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
+                           struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *jobs = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_LIST, err);
+    if (!s)
+        return err->status;
+    struct queue_job *arr = NULL;
+    size_t len = 0, cap = 0;
+    enum status st = ST_OK;
+    int rc;
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (len == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            struct queue_job *t = realloc(arr, ncap * sizeof(*arr));
+            if (!t) {
+                st = err_set(err, ST_ERR_NOMEM, "queue: out of memory listing jobs");
+                break;
+            }
+            arr = t;
+            cap = ncap;
+        }
+        st = read_job(s, &arr[len], err);
+        if (st == ST_OK)
+            len++;
+    }
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "listing jobs", err);
+    queue_stmt_done(s);
+    if (st != ST_OK) {
+        queue_job_list_free(arr, len);
+        return st;
+    }
+    *jobs = arr;
+    *n = len;
+    return ST_OK;
+}
+
+enum status queue_job_state_get(struct queue *q, int64_t job_id, enum queue_job_state *state,
+                                struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_STATE, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    int rc = sqlite3_step(s);
+    enum status st = ST_OK;
+    if (rc == SQLITE_ROW) {
+        int v = queue_job_state_parse((const char *)sqlite3_column_text(s, 0));
+        *state = v < 0 ? QUEUE_JOB_QUEUED : (enum queue_job_state)v;
+    } else if (rc == SQLITE_DONE) {
+        st = err_set(err, ST_ERR_NOT_FOUND, "no job with id %lld", (long long)job_id);
+    } else {
+        st = queue_sql_err(q, rc, "reading a job state", err);
+    }
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_jobs_finish(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, job_id ? QS_JOB_FINISH : QS_JOB_FINISH_ALL, err);
+    if (!s)
+        return err->status;
+    if (job_id) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_int64(s, 2, queue_now(q));
+    } else {
+        sqlite3_bind_int64(s, 1, queue_now(q));
+    }
+    return queue_step_done(q, s, "marking finished jobs done", err);
+}
+
+enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
+                             struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_cancelled)
+        *n_cancelled = 0;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    enum queue_job_state js;
+    int64_t now = queue_now(q), changed = 0;
+    st = queue_job_state_get(q, job_id, &js, err);
+    if (st == ST_OK && (js == QUEUE_JOB_QUEUED || js == QUEUE_JOB_RUNNING)) {
+        sqlite3_stmt *s = queue_stmt(q, QS_JOB_CANCEL_ITEMS, err);
+        st = s ? ST_OK : err->status;
+        if (st == ST_OK) {
+            sqlite3_bind_int64(s, 1, job_id);
+            sqlite3_bind_int64(s, 2, now);
+            st = queue_step_done(q, s, "cancelling items", err);
+            changed = sqlite3_changes(q->db);
+        }
+        if (st == ST_OK && (s = queue_stmt(q, QS_JOB_CANCEL, err)) == NULL)
+            st = err->status;
+        if (st == ST_OK) {
+            sqlite3_bind_int64(s, 1, job_id);
+            sqlite3_bind_int64(s, 2, now);
+            st = queue_step_done(q, s, "cancelling job", err);
+        }
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_cancelled)
+        *n_cancelled = changed;
+    return st;
+}
+
+enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_retried,
+                                   struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_retried)
+        *n_retried = 0;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    enum queue_job_state js;
+    int64_t changed = 0;
+    st = queue_job_state_get(q, job_id, &js, err);
+    if (st == ST_OK && js == QUEUE_JOB_CANCELLED)
+        st = err_set(err, ST_ERR_INVALID_ARG, "job %lld is cancelled; nothing can be retried",
+                     (long long)job_id);
+    /* superseded counts first: they look at items still failed and pointing at the shard */
+    static const enum queue_stmt_id steps[] = {QS_JOB_RETRY_SHARDS, QS_JOB_RETRY_ITEMS,
+                                               QS_JOB_REOPEN};
+    for (size_t i = 0; st == ST_OK && i < sizeof(steps) / sizeof(steps[0]); i++) {
+        sqlite3_stmt *s = queue_stmt(q, steps[i], err);
+        if (!s) {
+            st = err->status;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, job_id);
+        st = queue_step_done(q, s, "retrying failed items", err);
+        if (steps[i] == QS_JOB_RETRY_ITEMS)
+            changed = sqlite3_changes(q->db);
+        if (steps[i] == QS_JOB_RETRY_ITEMS && changed == 0)
+            break; /* nothing failed: the job keeps its state */
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_retried)
+        *n_retried = changed;
+    return st;
+}
+
+enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_counts *out,
+                             struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    memset(out, 0, sizeof(*out));
+    sqlite3_stmt *s = queue_stmt(q, job_id ? QS_COUNTS_JOB : QS_COUNTS_ALL, err);
+    if (!s)
+        return err->status;
+    if (job_id)
+        sqlite3_bind_int64(s, 1, job_id);
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int state = queue_item_state_parse((const char *)sqlite3_column_text(s, 0));
+        int64_t count = sqlite3_column_int64(s, 1);
+        if (state >= 0)
+            out->items[state] += count;
+        out->total += count;
+        out->prompt_tokens += (int64_t)sqlite3_column_double(s, 2);
+        out->completion_tokens += (int64_t)sqlite3_column_double(s, 3);
+        out->attempts += (int64_t)sqlite3_column_double(s, 4);
+    }
+    queue_stmt_done(s);
+    if (rc != SQLITE_DONE)
+        return queue_sql_err(q, rc, "counting items", err);
+
+    s = queue_stmt(q, job_id ? QS_ERRORS_JOB : QS_ERRORS_ALL, err);
+    if (!s)
+        return err->status;
+    if (job_id)
+        sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int(s, 2, QUEUE_MAX_ERROR_CODES);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW && out->n_error_codes < QUEUE_MAX_ERROR_CODES) {
+        struct queue_error_count *e = &out->errors[out->n_error_codes++];
+        const unsigned char *code = sqlite3_column_text(s, 0);
+        snprintf(e->code, sizeof(e->code), "%s", code ? (const char *)code : "");
+        e->count = sqlite3_column_int64(s, 1);
+    }
+    queue_stmt_done(s);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        return queue_sql_err(q, rc, "counting errors", err);
+    return ST_OK;
+}
+
+/* ---- runs ------------------------------------------------------------------------------ */
+
+enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, int64_t *run_id,
+                            struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *run_id = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_INSERT, err);
+    if (!s)
+        return err->status;
+    if (spec->job_id)
+        sqlite3_bind_int64(s, 1, spec->job_id);
+    else
+        sqlite3_bind_null(s, 1);
+    queue_bind_str(s, 2, spec->worker_id);
+    queue_bind_str(s, 3, spec->host);
+    sqlite3_bind_int64(s, 4, spec->pid);
+    sqlite3_bind_int64(s, 5, queue_now(q));
+    enum status st = queue_step_done(q, s, "recording a run", err);
+    if (st == ST_ERR_INVALID_ARG) /* foreign key: the job */
+        return err_set(err, ST_ERR_NOT_FOUND, "run for job %lld: no such job",
+                       (long long)spec->job_id);
+    if (st == ST_OK)
+        *run_id = sqlite3_last_insert_rowid(q->db);
+    return st;
+}
+
+enum status queue_run_check(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_ENDED, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    enum status st = ST_OK;
+    if (rc == SQLITE_ROW) {
+        if (sqlite3_column_int(s, 0))
+            st = err_set(err, ST_ERR_INVALID_ARG, "run %lld has ended", (long long)run_id);
+    } else if (rc == SQLITE_DONE) {
+        st = err_set(err, ST_ERR_INVALID_ARG, "no run with id %lld", (long long)run_id);
+    } else {
+        st = queue_sql_err(q, rc, "reading a run", err);
+    }
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reason,
+                          const char *summary_json, int64_t *n_requeued, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_requeued)
+        *n_requeued = 0;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    int64_t requeued = 0;
+    st = queue_run_check(q, run_id, err);
+    sqlite3_stmt *s = NULL;
+    if (st == ST_OK && (s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err)) == NULL)
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, run_id);
+        st = queue_step_done(q, s, "requeueing the run's leases", err);
+        requeued = sqlite3_changes(q->db);
+    }
+    if (st == ST_OK && (s = queue_stmt(q, QS_RUN_END, err)) == NULL)
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, run_id);
+        sqlite3_bind_int64(s, 2, queue_now(q));
+        queue_bind_str(s, 3, exit_reason);
+        queue_bind_str(s, 4, summary_json);
+        st = queue_step_done(q, s, "ending the run", err);
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_requeued)
+        *n_requeued = requeued;
+    return st;
+}

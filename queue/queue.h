@@ -1,0 +1,366 @@
+/* The SQLite job queue: jobs, their items (one per request), the runs that work on them and the
+ * output shards they write, with leases for claiming work and one transaction per shard flush
+ * so that a record is in a shard iff its item is done (exactly-once output).
+ *
+ * Connections. A struct queue is one SQLite connection. Use it from one thread at a time; give
+ * every process (and every thread that touches the queue) its own queue_open. Never carry an
+ * open queue across fork(): open it again in the child. Any number of processes may share one
+ * file: the database is in WAL mode, every write transaction is BEGIN IMMEDIATE, and a busy
+ * database is waited for (busy timeout, default 30 s) before ST_ERR_BUSY is returned.
+ *
+ * Durability. synchronous=NORMAL (default) or FULL (queue_options.sync_full). In WAL mode
+ * NORMAL keeps every committed transaction across a killed process (SIGKILL, OOM, crash); only
+ * power loss or an OS crash can roll back the last few commits, never corrupt the file. Power
+ * loss is out of scope for quern; even so the shard protocol stays exactly-once under it, since
+ * shard bytes are fsynced before the transaction that counts them: a lost commit only means
+ * those records are truncated away on restart and their items run again.
+ *
+ * Item life cycle (state, who moves it):
+ *   queued  --claim-->              leased (attempts + 1, lease_owner = run, lease_expiry)
+ *   leased  --commit_shard-->       done | failed (with the shard that holds its record)
+ *   leased  --release-->            queued (attempts - 1: a graceful stop is not an attempt)
+ *   leased  --lease expiry-->       queued (attempts kept: the run died holding it)
+ *   leased  --run_end-->            queued (attempts kept)
+ *   queued|leased --job_cancel-->   cancelled
+ *   failed  --job_retry_failed-->   queued (attempts reset to 0)
+ * Items added with an error_code start as failed (bad input line) and have no shard record.
+ *
+ * The exactly-once rule. queue_commit_shard marks an item done/failed only while the item is
+ * still `leased` AND its lease_owner is the committing run; the lease's expiry time is NOT
+ * checked. This is safe because every transition above is a serialised transaction: an
+ * expired lease is only taken away inside another run's claim (which changes lease_owner), so
+ * while lease_owner still names us nobody else can have the item. If any item in the batch
+ * fails the rule (re-claimed after expiry, released, or cancelled) the whole commit is rolled
+ * back, nothing changes (not the items, not the shard length) and ST_ERR_CONFLICT is returned
+ * with the offending items flagged in `lost`. The writer then truncates the shard file back to
+ * its committed length, rewrites only the records of the items not lost, and commits again.
+ * This is also how running workers notice a cancelled job; queue_lease_extend's count of leases
+ * still held is the early warning.
+ *
+ * Times are unix milliseconds from the queue's clock (queue_set_clock, for tests). */
+#ifndef QUEUE_QUEUE_H
+#define QUEUE_QUEUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define QUEUE_SCHEMA_VERSION       1     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
+#define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
+#define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
+
+struct queue; /* one connection; opaque */
+
+enum queue_job_state {
+    QUEUE_JOB_QUEUED = 0, /* created, nothing claimed yet */
+    QUEUE_JOB_RUNNING,    /* some item claimed; not every item finished */
+    QUEUE_JOB_DONE,       /* no item queued or leased (set by commit or by an empty claim) */
+    QUEUE_JOB_CANCELLED,  /* queue_job_cancel; no item will be claimed again */
+    QUEUE_JOB_STATE_COUNT,
+};
+
+enum queue_item_state {
+    QUEUE_ITEM_QUEUED = 0, /* waiting to be claimed */
+    QUEUE_ITEM_LEASED,     /* claimed by a run until lease_expiry */
+    QUEUE_ITEM_DONE,       /* result record committed in a results shard */
+    QUEUE_ITEM_FAILED,     /* error record committed in an errors shard, or bad at submit */
+    QUEUE_ITEM_CANCELLED,  /* its job was cancelled before it finished */
+    QUEUE_ITEM_STATE_COUNT,
+};
+
+enum queue_shard_kind {
+    QUEUE_SHARD_RESULTS = 0, /* records of done items */
+    QUEUE_SHARD_ERRORS,      /* records of failed items */
+    QUEUE_SHARD_KIND_COUNT,
+};
+
+enum queue_shard_state {
+    QUEUE_SHARD_OPEN = 0, /* being appended to by its run; bytes past committed_bytes are junk */
+    QUEUE_SHARD_CLOSED,   /* complete; sha256 covers exactly committed_bytes */
+};
+
+/* Names as stored in the database ("queued", "results", ...); never NULL. */
+const char *queue_job_state_str(enum queue_job_state s);
+const char *queue_item_state_str(enum queue_item_state s);
+const char *queue_shard_kind_str(enum queue_shard_kind k);
+
+/* ---- Connection ------------------------------------------------------------------------ */
+
+struct queue_options {
+    int busy_timeout_ms; /* wait this long for a locked database; <= 0 means the default */
+    bool sync_full;      /* synchronous=FULL instead of NORMAL (see Durability above) */
+};
+
+/* Open (creating if missing) the queue at path and migrate it to QUEUE_SCHEMA_VERSION.
+ * A database written by a newer quern (user_version > QUEUE_SCHEMA_VERSION) is refused with
+ * ST_ERR_UNSUPPORTED and left untouched; a file that is not SQLite gives ST_ERR_FORMAT.
+ * On success *out is owned by the caller: close with queue_close. opts may be NULL. */
+enum status queue_open(struct queue **out, const char *path, struct err_detail *err);
+enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
+                            struct err_detail *err);
+
+/* Close the connection, rolling back an open queue_tx_begin. queue_close(NULL) is a no-op. */
+void queue_close(struct queue *q);
+
+/* Schema version of the open database (QUEUE_SCHEMA_VERSION after a successful open). */
+int queue_schema_version(struct queue *q);
+
+/* Replace the clock (unix ms) used for every timestamp and lease; NULL restores the real one.
+ * For tests: lets lease expiry be exercised without sleeping. */
+void queue_set_clock(struct queue *q, int64_t (*now_ms)(void *ctx), void *ctx);
+
+/* ---- Transactions ---------------------------------------------------------------------- */
+
+/* Group many calls into one write transaction (BEGIN IMMEDIATE: takes the write lock now, so
+ * it never fails half-way on a lock). Inside it every queue_ call joins the transaction and
+ * undoes its own partial work on failure (savepoints), so a failed call, e.g. a duplicate
+ * custom_id, leaves the transaction usable. Not nestable: a second begin is ST_ERR_INVALID_ARG.
+ * Hold it briefly; other processes wait on it. */
+enum status queue_tx_begin(struct queue *q, struct err_detail *err);
+enum status queue_tx_commit(struct queue *q, struct err_detail *err);
+/* Roll back; a no-op without an open transaction. */
+void queue_tx_rollback(struct queue *q);
+
+/* ---- Jobs ------------------------------------------------------------------------------ */
+
+/* What queue_job_create copies; every pointer is borrowed for the call. */
+struct queue_job_spec {
+    const char *name;         /* unique; [A-Za-z0-9._-], 1-128 chars, not all digits, no
+                                 leading '.'; used as the output directory name */
+    const char *model_path;   /* GGUF path */
+    const char *model_sha256; /* hex digest of the model file, or NULL */
+    const char *params_json;  /* sampling defaults etc. as JSON text; NULL means "{}" */
+    const char *out_dir;      /* output directory for this job's shards */
+    uint64_t seed;            /* job seed (per-request RNGs derive from it) */
+};
+
+/* A job row. Strings are owned by the struct: free them with queue_job_free. */
+struct queue_job {
+    int64_t id;                 /* jobs.id, > 0 */
+    char *name;                 /* unique job name */
+    int64_t created;            /* unix ms */
+    int64_t finished;           /* unix ms when done or cancelled; 0 while not */
+    enum queue_job_state state; /* see enum */
+    char *model_path;           /* GGUF path */
+    char *model_sha256;         /* may be NULL */
+    char *params_json;          /* JSON text, never NULL */
+    char *out_dir;              /* output directory */
+    uint64_t seed;              /* job seed */
+    int64_t n_items;            /* items added to the job */
+};
+
+/* Create a job in state queued. A duplicate name is ST_ERR_EXISTS (nothing created), a bad
+ * name ST_ERR_INVALID_ARG. */
+enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec, int64_t *job_id,
+                             struct err_detail *err);
+
+/* Fill *out (caller-owned struct, strings freed with queue_job_free) from the job with this id,
+ * or ST_ERR_NOT_FOUND. */
+enum status queue_job_get(struct queue *q, int64_t job_id, struct queue_job *out,
+                          struct err_detail *err);
+
+/* Like queue_job_get by name, or by id when `id_or_name` is all digits (names never are). */
+enum status queue_job_find(struct queue *q, const char *id_or_name, struct queue_job *out,
+                           struct err_detail *err);
+
+/* Every job, oldest first, in a malloc'd array the caller frees with queue_job_list_free. */
+enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
+                           struct err_detail *err);
+
+/* Free the strings of one job (not the struct itself); NULL is a no-op. */
+void queue_job_free(struct queue_job *j);
+/* Free an array from queue_job_list; NULL is a no-op. */
+void queue_job_list_free(struct queue_job *jobs, size_t n);
+
+/* Cancel: every queued or leased item becomes cancelled, the job becomes cancelled. Done and
+ * failed items keep their records. Runs holding leases find out when their next
+ * queue_commit_shard returns ST_ERR_CONFLICT (or queue_lease_extend reports fewer leases).
+ * Cancelling a done or cancelled job changes nothing. *n_cancelled (may be NULL) gets the
+ * number of items cancelled. */
+enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
+                             struct err_detail *err);
+
+/* Retry: every failed item goes back to queued with attempts reset to 0 and its error cleared;
+ * a done job becomes running again. Its old error record stays in its errors shard but no
+ * longer counts: the item no longer points at that shard, and the shard's `superseded` count
+ * grows by one, so export keeps a record only while its item still names its shard. A
+ * cancelled job is ST_ERR_INVALID_ARG. *n_retried (may be NULL) gets the number of items. */
+enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_retried,
+                                   struct err_detail *err);
+
+/* Error code and how many failed items carry it. */
+struct queue_error_count {
+    char code[64]; /* error_code as stored (truncated to 63 bytes); "" for none */
+    int64_t count; /* failed items with this code */
+};
+
+/* Progress of a job (or of every job). */
+struct queue_counts {
+    int64_t items[QUEUE_ITEM_STATE_COUNT]; /* items per enum queue_item_state */
+    int64_t total;                         /* all items */
+    int64_t prompt_tokens;                 /* sum over finished items */
+    int64_t completion_tokens;             /* sum over finished items */
+    int64_t attempts;                      /* sum of attempts (claims not given back) */
+    size_t n_error_codes;                  /* entries used in errors[] */
+    struct queue_error_count errors[QUEUE_MAX_ERROR_CODES]; /* most frequent first */
+};
+
+/* Counts for job_id, or for all jobs when job_id is 0. */
+enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_counts *out,
+                             struct err_detail *err);
+
+/* ---- Items ----------------------------------------------------------------------------- */
+
+/* What queue_item_add copies; every pointer is borrowed for the call. */
+struct queue_item_spec {
+    const char *custom_id;  /* unique within the job; may be NULL only for a failed item */
+    const char *source;     /* input file name (+ archive member), or NULL */
+    int64_t line_no;        /* 1-based line in source; 0 if unknown */
+    const char *payload;    /* request JSON text; may be NULL only for a failed item */
+    int32_t priority;       /* higher is claimed first; 0 normally */
+    int32_t max_attempts;   /* 0 means QUEUE_DEFAULT_MAX_ATTEMPTS */
+    const char *error_code; /* non-NULL: the item is added as failed (bad input line) */
+    const char *error_msg;  /* human-readable reason for a failed item */
+};
+
+/* Add one item to a job (queued, or failed when it->error_code is set). A custom_id already
+ * used in the job is ST_ERR_EXISTS and inserts nothing; a missing job is ST_ERR_NOT_FOUND, a
+ * cancelled one ST_ERR_INVALID_ARG. Adding a queued item to a done job makes it running.
+ * *item_id (may be NULL) gets the new id. Call inside queue_tx_begin/commit for bulk loads. */
+enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_item_spec *it,
+                           int64_t *item_id, struct err_detail *err);
+
+/* ---- Runs ------------------------------------------------------------------------------ */
+
+/* What queue_run_start copies; pointers borrowed for the call. */
+struct queue_run_spec {
+    int64_t job_id;        /* job this run works on, 0 for any */
+    const char *worker_id; /* free-form worker name (e.g. Slurm job/task id), or NULL */
+    const char *host;      /* host name, or NULL */
+    int64_t pid;           /* process id */
+};
+
+/* Record a new run (started = heartbeat = now). Run ids are never reused. */
+enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, int64_t *run_id,
+                            struct err_detail *err);
+
+/* End a run: ended = now, exit_reason and summary_json (both may be NULL) stored. Items it
+ * still leases go back to queued with their attempt counted (a run that ends holding work did
+ * not finish it; release first to give items back uncounted). *n_requeued may be NULL. A run
+ * that already ended is ST_ERR_INVALID_ARG. */
+enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reason,
+                          const char *summary_json, int64_t *n_requeued, struct err_detail *err);
+
+/* ---- Claiming and leases --------------------------------------------------------------- */
+
+/* A claimed item. Strings owned by the array: free with queue_claimed_free. */
+struct queue_claimed {
+    int64_t id;           /* items.id */
+    int64_t job_id;       /* its job */
+    char *custom_id;      /* never NULL for a claimed item */
+    char *payload;        /* request JSON text */
+    int32_t priority;     /* as added */
+    int32_t attempts;     /* including this claim (1 on the first) */
+    int32_t max_attempts; /* attempts > max_attempts: the worker should fail the item (e.g.
+                             "attempts_exhausted") without running it */
+};
+
+/* In one BEGIN IMMEDIATE transaction: return every expired lease (of any run) to queued, then
+ * lease up to max_items queued items of job_id (0 = any job) to run_id until now + lease_ms,
+ * highest priority first, then lowest id. *items is a malloc'd array in that order (NULL when
+ * *n is 0) that the caller frees with queue_claimed_free. A claim that finds nothing marks
+ * finished jobs done. The run must exist and not have ended (ST_ERR_INVALID_ARG). */
+enum status queue_claim(struct queue *q, int64_t job_id, int64_t run_id, int max_items,
+                        int64_t lease_ms, struct queue_claimed **items, size_t *n,
+                        struct err_detail *err);
+/* Free an array from queue_claim; NULL is a no-op. */
+void queue_claimed_free(struct queue_claimed *items, size_t n);
+
+/* Heartbeat: every lease still held by run_id now expires at now + lease_ms, and the run's
+ * heartbeat is now. *n_held (may be NULL) gets how many leases the run still holds (fewer than
+ * it thinks: some expired and were re-claimed, or were cancelled). */
+enum status queue_lease_extend(struct queue *q, int64_t run_id, int64_t lease_ms, int64_t *n_held,
+                               struct err_detail *err);
+
+/* Graceful give-back: each listed item (ids NULL: every item) still leased by run_id goes back
+ * to queued with attempts - 1, since the item was not tried to the end. Items not leased by
+ * run_id are skipped. *n_released (may be NULL) gets how many moved. */
+enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
+                          int64_t *n_released, struct err_detail *err);
+
+/* Return every expired lease to queued (attempts kept) now; claims also do this.
+ * *n_expired may be NULL. */
+enum status queue_lease_expire(struct queue *q, int64_t *n_expired, struct err_detail *err);
+
+/* ---- Shards ---------------------------------------------------------------------------- */
+
+/* A shard row. path is owned by the struct (queue_shard_list_free). */
+struct queue_shard {
+    int64_t id;                   /* shards.id */
+    int64_t job_id;               /* its job */
+    enum queue_shard_kind kind;   /* results or errors */
+    int64_t seq;                  /* 0, 1, 2 ... per (job, kind) */
+    char *path;                   /* file path, unique */
+    int64_t run_id;               /* run that writes (or last wrote) it */
+    uint64_t committed_bytes;     /* valid prefix of the file */
+    uint64_t records;             /* records in that prefix */
+    uint64_t superseded;          /* records whose item was retried since (errors shards) */
+    enum queue_shard_state state; /* open or closed */
+    char sha256[65];              /* hex digest of the committed bytes once closed; "" if open */
+};
+
+/* Next seq for (job_id, kind): one past the largest used, 0 for the first. To make seq, path
+ * and the row agree under concurrency, call it and queue_shard_create inside one
+ * queue_tx_begin/commit. */
+enum status queue_shard_next_seq(struct queue *q, int64_t job_id, enum queue_shard_kind kind,
+                                 int64_t *seq, struct err_detail *err);
+
+/* Record a new open shard written by run_id. A used (job, kind, seq) or path is ST_ERR_EXISTS.
+ * Create the file with O_TRUNC: a file left by a rolled-back create may exist. */
+enum status queue_shard_create(struct queue *q, int64_t run_id, int64_t job_id,
+                               enum queue_shard_kind kind, int64_t seq, const char *path,
+                               int64_t *shard_id, struct err_detail *err);
+
+/* Take over an open shard of another run that is dead: ended, or no heartbeat for stale_ms.
+ * Succeeds for exactly one caller; afterwards that caller truncates the file to
+ * committed_bytes and appends to it or closes it. ST_ERR_CONFLICT if its run is still alive
+ * (or the shard is closed), ST_ERR_NOT_FOUND if there is no such shard. */
+enum status queue_shard_adopt(struct queue *q, int64_t shard_id, int64_t run_id, int64_t stale_ms,
+                              struct err_detail *err);
+
+/* Close an open shard owned by run_id, recording the hex sha256 of its committed bytes. */
+enum status queue_shard_close(struct queue *q, int64_t run_id, int64_t shard_id,
+                              const char *sha256_hex, struct err_detail *err);
+
+/* Shards of job_id (0: all jobs) ordered by job, kind, seq, in a malloc'd array the caller
+ * frees with queue_shard_list_free. */
+enum status queue_shard_list(struct queue *q, int64_t job_id, struct queue_shard **shards,
+                             size_t *n, struct err_detail *err);
+void queue_shard_list_free(struct queue_shard *shards, size_t n);
+
+/* The outcome of one item in a shard flush; pointers borrowed for the call. */
+struct queue_done {
+    int64_t item_id;           /* a leased item of the shard's job */
+    const char *error_code;    /* NULL: done (results shard); else failed (errors shard) */
+    const char *error_msg;     /* for failed items */
+    int64_t prompt_tokens;     /* tokens in the rendered prompt */
+    int64_t completion_tokens; /* tokens generated */
+};
+
+/* The commit of a shard flush, in ONE transaction: every item in done[] becomes done (results
+ * shard) or failed (errors shard) pointing at this shard, and the shard's committed length
+ * and record count become committed_bytes and records. Requires: the shard is open and owned
+ * by run_id; committed_bytes >= the committed length so far; records == records so far +
+ * n_done; every item belongs to the shard's job and is leased by run_id (the exactly-once rule
+ * at the top of this file). Otherwise nothing changes: ST_ERR_CONFLICT when items are no longer
+ * ours (each such done[i] flagged in lost[i] when lost is not NULL; the others set false),
+ * ST_ERR_INVALID_ARG for the rest. A finished job becomes done. */
+enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id,
+                               uint64_t committed_bytes, uint64_t records,
+                               const struct queue_done *done, size_t n_done, bool *lost,
+                               struct err_detail *err);
+
+#endif

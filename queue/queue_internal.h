@@ -1,0 +1,136 @@
+/* Private parts of the queue module shared by its .c files: the connection struct, the table of
+ * prepared statements (SQL text in queue/schema.c), transaction scopes and SQLite helpers. */
+#ifndef QUEUE_QUEUE_INTERNAL_H
+#define QUEUE_QUEUE_INTERNAL_H
+
+#include <sqlite3.h>
+
+#include "queue/queue.h"
+
+/* Every statement the module runs after open; prepared on first use, reused until close. */
+enum queue_stmt_id {
+    QS_BEGIN,
+    QS_COMMIT,
+    QS_ROLLBACK,
+    QS_SAVEPOINT,
+    QS_RELEASE_SP,
+    QS_ROLLBACK_TO_SP,
+    QS_JOB_INSERT,
+    QS_JOB_GET,
+    QS_JOB_BY_NAME,
+    QS_JOB_LIST,
+    QS_JOB_STATE,
+    QS_JOB_ADD_ITEM,
+    QS_JOB_START,
+    QS_JOB_FINISH,
+    QS_JOB_FINISH_ALL,
+    QS_JOB_CANCEL_ITEMS,
+    QS_JOB_CANCEL,
+    QS_JOB_RETRY_SHARDS,
+    QS_JOB_RETRY_ITEMS,
+    QS_JOB_REOPEN,
+    QS_COUNTS_JOB,
+    QS_COUNTS_ALL,
+    QS_ERRORS_JOB,
+    QS_ERRORS_ALL,
+    QS_ITEM_INSERT,
+    QS_ITEM_OWNER,
+    QS_ITEM_FINISH,
+    QS_RUN_INSERT,
+    QS_RUN_ENDED,
+    QS_RUN_END,
+    QS_RUN_HEARTBEAT,
+    QS_LEASE_EXPIRE,
+    QS_LEASE_REQUEUE_RUN,
+    QS_LEASE_EXTEND,
+    QS_CLAIM_JOB,
+    QS_CLAIM_ANY,
+    QS_RELEASE_ONE,
+    QS_RELEASE_ALL,
+    QS_SHARD_GET,
+    QS_SHARD_NEXT_SEQ,
+    QS_SHARD_INSERT,
+    QS_SHARD_ADOPT,
+    QS_SHARD_CLOSE,
+    QS_SHARD_COMMIT,
+    QS_SHARD_LIST_JOB,
+    QS_SHARD_LIST_ALL,
+    QS_COUNT,
+};
+
+/* SQL text of each statement, indexed by enum queue_stmt_id (queue/schema.c). */
+extern const char *const queue_stmt_sql[QS_COUNT];
+
+/* One forward migration: running `sql` on a database at version - 1 brings it to version. */
+struct queue_migration {
+    int version;     /* user_version after this step */
+    const char *sql; /* statements run in the migration's transaction */
+};
+extern const struct queue_migration queue_migrations[]; /* ascending; the last is current */
+extern const size_t queue_n_migrations;                 /* entries in queue_migrations */
+
+struct queue {
+    sqlite3 *db;                   /* the connection, owned */
+    bool user_tx;                  /* inside queue_tx_begin/commit */
+    int schema_version;            /* user_version after open */
+    int64_t (*now_ms)(void *ctx);  /* clock; never NULL */
+    void *clock_ctx;               /* passed to now_ms */
+    sqlite3_stmt *stmts[QS_COUNT]; /* prepared lazily, finalized at close */
+};
+
+/* A write scope: BEGIN IMMEDIATE outside a user transaction, a savepoint inside one. */
+struct queue_scope {
+    bool savepoint; /* true: savepoint inside the user's transaction */
+};
+
+/* Public entry points accept err == NULL; this points it at a local so helpers can use it. */
+#define QUEUE_ERR_LOCAL(err)                                                                       \
+    struct err_detail err##_local_;                                                                \
+    if (!(err))                                                                                    \
+    (err) = &err##_local_
+
+/* Current time in unix ms from the queue's clock. */
+int64_t queue_now(struct queue *q);
+
+/* The prepared statement id, reset and ready to bind; NULL with err set on failure. */
+sqlite3_stmt *queue_stmt(struct queue *q, enum queue_stmt_id id, struct err_detail *err);
+
+/* Reset a statement after use and drop its bindings (borrowed strings are not kept). */
+void queue_stmt_done(sqlite3_stmt *st);
+
+/* Map an SQLite result code to a status and describe it in err as "what: sqlite message". */
+enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err);
+
+/* Step a statement that returns no rows, then queue_stmt_done it. */
+enum status queue_step_done(struct queue *q, sqlite3_stmt *st, const char *what,
+                            struct err_detail *err);
+
+/* Bind a string or NULL. */
+int queue_bind_str(sqlite3_stmt *st, int idx, const char *s);
+
+/* Copy column col as a malloc'd string into *out (NULL for SQL NULL); ST_ERR_NOMEM. */
+enum status queue_col_dup(sqlite3_stmt *st, int col, char **out, struct err_detail *err);
+
+/* Open a write scope; close it with queue_scope_leave passing the status of the work done in
+ * it: ST_OK commits (or releases the savepoint), anything else rolls back. Returns st, or the
+ * commit's error. */
+enum status queue_scope_enter(struct queue *q, struct queue_scope *sc, struct err_detail *err);
+enum status queue_scope_leave(struct queue *q, struct queue_scope *sc, enum status st,
+                              struct err_detail *err);
+
+/* Current state of a job; ST_ERR_NOT_FOUND if it does not exist. */
+enum status queue_job_state_get(struct queue *q, int64_t job_id, enum queue_job_state *state,
+                                struct err_detail *err);
+
+/* ST_OK if run_id exists and has not ended, else ST_ERR_INVALID_ARG. */
+enum status queue_run_check(struct queue *q, int64_t run_id, struct err_detail *err);
+
+/* Set jobs with no queued or leased item to done: job_id, or all when 0. */
+enum status queue_jobs_finish(struct queue *q, int64_t job_id, struct err_detail *err);
+
+/* Parse a stored state/kind name; -1 if unknown. */
+int queue_job_state_parse(const char *s);
+int queue_item_state_parse(const char *s);
+int queue_shard_kind_parse(const char *s);
+
+#endif

@@ -1,0 +1,206 @@
+/* Every piece of SQL the queue runs: the forward migrations that build the schema (version n is
+ * PRAGMA user_version n) and the text of each prepared statement. To change the schema, append
+ * a migration with the next version and raise QUEUE_SCHEMA_VERSION; never edit a shipped one. */
+#include "queue/queue_internal.h"
+
+/* Version 1. States are readable text (CHECKed) so the file can be inspected with sqlite3.
+ * items.lease_owner names the run holding the lease, and after done/failed/cancelled the run
+ * that last held it. items.shard_id is the shard holding the item's record. */
+static const char SCHEMA_V1[] =
+    "CREATE TABLE jobs ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  name TEXT NOT NULL UNIQUE,"
+    "  created INTEGER NOT NULL,"
+    "  finished INTEGER,"
+    "  state TEXT NOT NULL DEFAULT 'queued'"
+    "    CHECK (state IN ('queued','running','done','cancelled')),"
+    "  model_path TEXT NOT NULL,"
+    "  model_sha256 TEXT,"
+    "  params_json TEXT NOT NULL DEFAULT '{}',"
+    "  out_dir TEXT NOT NULL,"
+    "  seed INTEGER NOT NULL DEFAULT 0,"
+    "  n_items INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "CREATE TABLE runs ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  job_id INTEGER REFERENCES jobs(id),"
+    "  worker_id TEXT,"
+    "  host TEXT,"
+    "  pid INTEGER,"
+    "  started INTEGER NOT NULL,"
+    "  heartbeat INTEGER NOT NULL,"
+    "  ended INTEGER,"
+    "  exit_reason TEXT,"
+    "  summary_json TEXT"
+    ");"
+    "CREATE TABLE shards ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),"
+    "  kind TEXT NOT NULL CHECK (kind IN ('results','errors')),"
+    "  seq INTEGER NOT NULL CHECK (seq >= 0),"
+    "  path TEXT NOT NULL UNIQUE,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  committed_bytes INTEGER NOT NULL DEFAULT 0,"
+    "  records INTEGER NOT NULL DEFAULT 0,"
+    "  superseded INTEGER NOT NULL DEFAULT 0,"
+    "  state TEXT NOT NULL DEFAULT 'open' CHECK (state IN ('open','closed')),"
+    "  sha256 TEXT,"
+    "  created INTEGER NOT NULL,"
+    "  closed INTEGER,"
+    "  UNIQUE (job_id, kind, seq)"
+    ");"
+    "CREATE TABLE items ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),"
+    "  custom_id TEXT,"
+    "  source TEXT,"
+    "  line_no INTEGER,"
+    "  payload TEXT,"
+    "  state TEXT NOT NULL"
+    "    CHECK (state IN ('queued','leased','done','failed','cancelled')),"
+    "  priority INTEGER NOT NULL DEFAULT 0,"
+    "  attempts INTEGER NOT NULL DEFAULT 0,"
+    "  max_attempts INTEGER NOT NULL DEFAULT 3,"
+    "  lease_owner INTEGER REFERENCES runs(id),"
+    "  lease_expiry INTEGER,"
+    "  shard_id INTEGER REFERENCES shards(id),"
+    "  error_code TEXT,"
+    "  error_msg TEXT,"
+    "  prompt_tokens INTEGER,"
+    "  completion_tokens INTEGER,"
+    "  finished INTEGER,"
+    "  UNIQUE (job_id, custom_id)"
+    ");"
+    /* claiming from one job (and per-job state counts, the job-finished test) */
+    "CREATE INDEX items_claim_job ON items (job_id, state, priority DESC, id);"
+    /* claiming from any job; partial, so the planner never takes it for leased items */
+    "CREATE INDEX items_claim_any ON items (priority DESC, id) WHERE state = 'queued';"
+    /* expiry sweep and per-run lease work only ever look at leased items */
+    "CREATE INDEX items_lease_expiry ON items (lease_expiry) WHERE state = 'leased';"
+    "CREATE INDEX items_lease_owner ON items (lease_owner) WHERE state = 'leased';"
+    "CREATE INDEX items_shard ON items (shard_id) WHERE shard_id IS NOT NULL;"
+    "CREATE INDEX shards_run ON shards (run_id);";
+
+const struct queue_migration queue_migrations[] = {
+    {1, SCHEMA_V1},
+};
+const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
+
+#define JOB_COLS                                                                                   \
+    "id, name, created, finished, state, model_path, model_sha256, params_json, out_dir, seed, "   \
+    "n_items"
+#define SHARD_COLS                                                                                 \
+    "id, job_id, kind, seq, path, run_id, committed_bytes, records, superseded, state, sha256"
+#define CLAIM_SET                                                                                  \
+    "UPDATE items SET state = 'leased', lease_owner = ?1, lease_expiry = ?2, "                     \
+    "attempts = attempts + 1 WHERE id IN "
+#define CLAIM_RETURNING                                                                            \
+    " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts"
+
+const char *const queue_stmt_sql[QS_COUNT] = {
+    [QS_BEGIN] = "BEGIN IMMEDIATE",
+    [QS_COMMIT] = "COMMIT",
+    [QS_ROLLBACK] = "ROLLBACK",
+    [QS_SAVEPOINT] = "SAVEPOINT queue_call",
+    [QS_RELEASE_SP] = "RELEASE queue_call",
+    [QS_ROLLBACK_TO_SP] = "ROLLBACK TO queue_call",
+
+    [QS_JOB_INSERT] = "INSERT INTO jobs (name, created, state, model_path, model_sha256, "
+                      "params_json, out_dir, seed) VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7)",
+    [QS_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    [QS_JOB_BY_NAME] = "SELECT " JOB_COLS " FROM jobs WHERE name = ?1",
+    [QS_JOB_LIST] = "SELECT " JOB_COLS " FROM jobs ORDER BY id",
+    [QS_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
+    /* ?2: the new item is queued, which reopens a done job */
+    [QS_JOB_ADD_ITEM] = "UPDATE jobs SET n_items = n_items + 1,"
+                        " state = CASE WHEN ?2 AND state = 'done' THEN 'running' ELSE state END,"
+                        " finished = CASE WHEN ?2 AND state = 'done' THEN NULL ELSE finished END"
+                        " WHERE id = ?1",
+    [QS_JOB_START] = "UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'queued'",
+    [QS_JOB_FINISH] = "UPDATE jobs SET state = 'done', finished = ?2"
+                      " WHERE id = ?1 AND state IN ('queued', 'running') AND NOT EXISTS"
+                      " (SELECT 1 FROM items WHERE job_id = ?1 AND state IN ('queued', 'leased'))",
+    [QS_JOB_FINISH_ALL] = "UPDATE jobs SET state = 'done', finished = ?1"
+                          " WHERE state IN ('queued', 'running') AND NOT EXISTS"
+                          " (SELECT 1 FROM items WHERE items.job_id = jobs.id"
+                          "  AND items.state IN ('queued', 'leased'))",
+    [QS_JOB_CANCEL_ITEMS] = "UPDATE items SET state = 'cancelled', lease_expiry = NULL,"
+                            " finished = ?2 WHERE job_id = ?1 AND state IN ('queued', 'leased')",
+    [QS_JOB_CANCEL] = "UPDATE jobs SET state = 'cancelled', finished = ?2"
+                      " WHERE id = ?1 AND state IN ('queued', 'running')",
+    [QS_JOB_RETRY_SHARDS] = "UPDATE shards SET superseded = superseded +"
+                            " (SELECT count(*) FROM items WHERE items.shard_id = shards.id"
+                            "  AND items.state = 'failed')"
+                            " WHERE job_id = ?1 AND kind = 'errors'",
+    [QS_JOB_RETRY_ITEMS] = "UPDATE items SET state = 'queued', attempts = 0, lease_owner = NULL,"
+                           " lease_expiry = NULL, shard_id = NULL, error_code = NULL,"
+                           " error_msg = NULL, prompt_tokens = NULL, completion_tokens = NULL,"
+                           " finished = NULL WHERE job_id = ?1 AND state = 'failed'",
+    [QS_JOB_REOPEN] = "UPDATE jobs SET state = 'running', finished = NULL"
+                      " WHERE id = ?1 AND state = 'done'",
+    [QS_COUNTS_JOB] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
+                      " total(attempts) FROM items WHERE job_id = ?1 GROUP BY state",
+    [QS_COUNTS_ALL] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
+                      " total(attempts) FROM items GROUP BY state",
+    [QS_ERRORS_JOB] = "SELECT coalesce(error_code, ''), count(*) FROM items"
+                      " WHERE job_id = ?1 AND state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1"
+                      " LIMIT ?2",
+    [QS_ERRORS_ALL] = "SELECT coalesce(error_code, ''), count(*) FROM items"
+                      " WHERE state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT ?2",
+
+    /* inserts nothing when the job is missing or cancelled */
+    [QS_ITEM_INSERT] = "INSERT INTO items (job_id, custom_id, source, line_no, payload, state,"
+                       " priority, max_attempts, error_code, error_msg, finished)"
+                       " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11"
+                       " FROM jobs WHERE id = ?1 AND state <> 'cancelled'",
+    [QS_ITEM_OWNER] = "SELECT job_id, state, lease_owner, shard_id FROM items WHERE id = ?1",
+    /* the exactly-once rule: only while leased by the committing run */
+    [QS_ITEM_FINISH] = "UPDATE items SET state = ?3, lease_expiry = NULL, shard_id = ?4,"
+                       " error_code = ?5, error_msg = ?6, prompt_tokens = ?7,"
+                       " completion_tokens = ?8, finished = ?9"
+                       " WHERE id = ?1 AND job_id = ?10 AND state = 'leased'"
+                       " AND lease_owner = ?2",
+
+    [QS_RUN_INSERT] = "INSERT INTO runs (job_id, worker_id, host, pid, started, heartbeat)"
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+    [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
+    [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
+                   " WHERE id = ?1 AND ended IS NULL",
+    [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
+
+    /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
+    [QS_LEASE_EXPIRE] = "UPDATE items INDEXED BY items_lease_expiry SET state = 'queued',"
+                        " lease_owner = NULL, lease_expiry = NULL"
+                        " WHERE state = 'leased' AND lease_expiry <= ?1",
+    [QS_LEASE_REQUEUE_RUN] =
+        "UPDATE items INDEXED BY items_lease_owner SET state = 'queued', lease_owner = NULL,"
+        " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",
+    [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
+                        " WHERE state = 'leased' AND lease_owner = ?1",
+    [QS_CLAIM_JOB] = CLAIM_SET "(SELECT id FROM items WHERE job_id = ?3 AND state = 'queued'"
+                               " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
+    [QS_CLAIM_ANY] = CLAIM_SET "(SELECT id FROM items WHERE state = 'queued'"
+                               " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
+    [QS_RELEASE_ONE] = "UPDATE items SET state = 'queued', lease_owner = NULL,"
+                       " lease_expiry = NULL, attempts = max(attempts - 1, 0)"
+                       " WHERE id = ?2 AND state = 'leased' AND lease_owner = ?1",
+    [QS_RELEASE_ALL] =
+        "UPDATE items INDEXED BY items_lease_owner SET state = 'queued', lease_owner = NULL,"
+        " lease_expiry = NULL, attempts = max(attempts - 1, 0)"
+        " WHERE state = 'leased' AND lease_owner = ?1",
+
+    [QS_SHARD_GET] = "SELECT " SHARD_COLS " FROM shards WHERE id = ?1",
+    [QS_SHARD_NEXT_SEQ] = "SELECT coalesce(max(seq) + 1, 0) FROM shards"
+                          " WHERE job_id = ?1 AND kind = ?2",
+    [QS_SHARD_INSERT] = "INSERT INTO shards (job_id, kind, seq, path, run_id, created)"
+                        " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [QS_SHARD_ADOPT] = "UPDATE shards SET run_id = ?2 WHERE id = ?1 AND state = 'open'"
+                       " AND run_id <> ?2 AND run_id IN (SELECT id FROM runs"
+                       "  WHERE ended IS NOT NULL OR heartbeat <= ?3)",
+    [QS_SHARD_CLOSE] = "UPDATE shards SET state = 'closed', sha256 = ?3, closed = ?4"
+                       " WHERE id = ?1 AND run_id = ?2 AND state = 'open'",
+    [QS_SHARD_COMMIT] = "UPDATE shards SET committed_bytes = ?2, records = ?3 WHERE id = ?1",
+    [QS_SHARD_LIST_JOB] = "SELECT " SHARD_COLS " FROM shards WHERE job_id = ?1"
+                          " ORDER BY job_id, kind DESC, seq",
+    [QS_SHARD_LIST_ALL] = "SELECT " SHARD_COLS " FROM shards ORDER BY job_id, kind DESC, seq",
+};

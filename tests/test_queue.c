@@ -1,0 +1,1113 @@
+/* Unit tests for queue/: schema creation, migration and the newer-version refusal; items and
+ * duplicate custom_ids; claim order and limits; lease expiry with a fake clock; the
+ * all-or-nothing shard commit and its exactly-once rule; release, cancel, retry and counts;
+ * shards; and four forked processes draining one queue with no item done twice. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "queue/queue.h"
+
+/* ---- fixture: a temporary directory per test, a fake clock -------------------------------- */
+
+struct fixture {
+    char dir[64];   /* mkdtemp directory */
+    char path[128]; /* dir/queue.db */
+    int64_t now;    /* fake clock, unix ms */
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    snprintf(f->dir, sizeof(f->dir), "/tmp/quern-test-queue-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/queue.db", f->dir);
+    f->now = 1000000;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    DIR *d = opendir(f->dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char p[512];
+            snprintf(p, sizeof(p), "%s/%s", f->dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+static int64_t fake_clock(void *ctx)
+{
+    return *(int64_t *)ctx;
+}
+
+static struct queue *open_q(struct fixture *f)
+{
+    struct queue *q = NULL;
+    struct err_detail err = {0};
+    enum status st = queue_open(&q, f->path, &err);
+    if (st != ST_OK)
+        fail_msg("queue_open: %s", err.msg);
+    queue_set_clock(q, fake_clock, &f->now);
+    return q;
+}
+
+/* A job named name with n queued items c00000.. (payload {"i":k}, priority 0). */
+static int64_t make_job(struct queue *q, const char *name, int n)
+{
+    struct err_detail err = {0};
+    struct queue_job_spec spec = {.name = name,
+                                  .model_path = "m.gguf",
+                                  .model_sha256 = "ab",
+                                  .params_json = "{\"temperature\":0}",
+                                  .out_dir = "out",
+                                  .seed = 0xFFFFFFFFFFFFFFF0ull};
+    int64_t job = 0;
+    assert_int_equal(queue_job_create(q, &spec, &job, &err), ST_OK);
+    assert_true(job > 0);
+    assert_int_equal(queue_tx_begin(q, &err), ST_OK);
+    for (int i = 0; i < n; i++) {
+        char cid[32], payload[32];
+        snprintf(cid, sizeof(cid), "c%05d", i);
+        snprintf(payload, sizeof(payload), "{\"i\":%d}", i);
+        struct queue_item_spec it = {.custom_id = cid, .payload = payload, .line_no = i + 1};
+        if (queue_item_add(q, job, &it, NULL, &err) != ST_OK)
+            fail_msg("item_add: %s", err.msg);
+    }
+    assert_int_equal(queue_tx_commit(q, &err), ST_OK);
+    return job;
+}
+
+static int64_t start_run(struct queue *q, int64_t job)
+{
+    struct err_detail err = {0};
+    struct queue_run_spec rs = {.job_id = job, .worker_id = "w", .host = "h", .pid = getpid()};
+    int64_t run = 0;
+    assert_int_equal(queue_run_start(q, &rs, &run, &err), ST_OK);
+    assert_true(run > 0);
+    return run;
+}
+
+static int64_t new_shard(struct queue *q, int64_t run, int64_t job, enum queue_shard_kind kind,
+                         struct fixture *f)
+{
+    struct err_detail err = {0};
+    int64_t seq = -1, id = 0;
+    assert_int_equal(queue_tx_begin(q, &err), ST_OK);
+    assert_int_equal(queue_shard_next_seq(q, job, kind, &seq, &err), ST_OK);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%lld-%s-%05lld", f->dir, (long long)job,
+             queue_shard_kind_str(kind), (long long)seq);
+    assert_int_equal(queue_shard_create(q, run, job, kind, seq, path, &id, &err), ST_OK);
+    assert_int_equal(queue_tx_commit(q, &err), ST_OK);
+    return id;
+}
+
+/* Independent look at the file: the first column of the first row of sql as an integer. */
+static int64_t sql_int(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+    int64_t v = -1;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+static void sql_exec(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("%s: %s", sql, msg);
+    sqlite3_close(db);
+}
+
+static int64_t item_int(struct fixture *f, int64_t item, const char *col)
+{
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT %s FROM items WHERE id = %lld", col, (long long)item);
+    return sql_int(f->path, sql);
+}
+
+static enum queue_item_state item_state(struct fixture *f, int64_t item)
+{
+    char sql[160];
+    snprintf(sql, sizeof(sql),
+             "SELECT CASE state WHEN 'queued' THEN 0 WHEN 'leased' THEN 1 WHEN 'done' THEN 2 "
+             "WHEN 'failed' THEN 3 WHEN 'cancelled' THEN 4 END FROM items WHERE id = %lld",
+             (long long)item);
+    return (enum queue_item_state)sql_int(f->path, sql);
+}
+
+static struct queue_claimed *claim(struct queue *q, int64_t job, int64_t run, int max,
+                                   int64_t lease_ms, size_t *n)
+{
+    struct err_detail err = {0};
+    struct queue_claimed *c = NULL;
+    if (queue_claim(q, job, run, max, lease_ms, &c, n, &err) != ST_OK)
+        fail_msg("claim: %s", err.msg);
+    return c;
+}
+
+static struct queue_shard get_shard(struct queue *q, int64_t job, int64_t shard_id)
+{
+    struct err_detail err = {0};
+    struct queue_shard *sh = NULL, out = {0};
+    size_t n = 0;
+    assert_int_equal(queue_shard_list(q, job, &sh, &n, &err), ST_OK);
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        if (sh[i].id == shard_id) {
+            out = sh[i];
+            out.path = NULL;
+            found = true;
+        }
+    queue_shard_list_free(sh, n);
+    assert_true(found);
+    return out;
+}
+
+/* ---- open, migrate, reopen ----------------------------------------------------------------- */
+
+static void test_create_reopen(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+    int64_t job = make_job(q, "alpha", 3);
+    queue_close(q);
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
+
+    /* journal mode is persistent WAL */
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+
+    q = open_q(f);
+    struct queue_job j;
+    assert_int_equal(queue_job_find(q, "alpha", &j, &err), ST_OK);
+    assert_int_equal(j.id, job);
+    assert_int_equal(j.n_items, 3);
+    assert_int_equal(j.state, QUEUE_JOB_QUEUED);
+    assert_string_equal(j.params_json, "{\"temperature\":0}");
+    assert_string_equal(j.model_sha256, "ab");
+    assert_true(j.seed == 0xFFFFFFFFFFFFFFF0ull);
+    assert_int_equal(j.created, f->now);
+    queue_job_free(&j);
+    char idstr[32];
+    snprintf(idstr, sizeof(idstr), "%lld", (long long)job);
+    assert_int_equal(queue_job_find(q, idstr, &j, &err), ST_OK);
+    assert_string_equal(j.name, "alpha");
+    queue_job_free(&j);
+    queue_job_free(NULL);
+    assert_int_equal(queue_job_find(q, "beta", &j, &err), ST_ERR_NOT_FOUND);
+    assert_int_equal(queue_job_find(q, "999", &j, &err), ST_ERR_NOT_FOUND);
+
+    /* names: unique, directory-safe, never all digits */
+    struct queue_job_spec spec = {.name = "alpha", .model_path = "m", .out_dir = "o"};
+    int64_t id2 = 0;
+    assert_int_equal(queue_job_create(q, &spec, &id2, &err), ST_ERR_EXISTS);
+    const char *bad[] = {"", "12", "a/b", ".hidden", "sp ace"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        spec.name = bad[i];
+        assert_int_equal(queue_job_create(q, &spec, &id2, &err), ST_ERR_INVALID_ARG);
+    }
+    spec.name = "beta-2.x_y";
+    assert_int_equal(queue_job_create(q, &spec, &id2, &err), ST_OK);
+    struct queue_job *list = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_job_list(q, &list, &n, &err), ST_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(list[0].name, "alpha");
+    assert_string_equal(list[1].name, "beta-2.x_y");
+    assert_string_equal(list[1].params_json, "{}");
+    assert_null(list[1].model_sha256);
+    queue_job_list_free(list, n);
+    queue_job_list_free(NULL, 0);
+    queue_close(q);
+    queue_close(NULL);
+}
+
+static void test_migrate_existing_v0(void **state)
+{
+    struct fixture *f = *state;
+    /* an existing SQLite file at version 0 (rollback journal, one foreign table) */
+    sql_exec(f->path, "CREATE TABLE notes (x); INSERT INTO notes VALUES (42);");
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 0);
+    struct queue *q = open_q(f);
+    assert_int_equal(queue_schema_version(q), 1);
+    make_job(q, "j", 1);
+    queue_close(q);
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 1);
+    assert_int_equal(sql_int(f->path, "SELECT x FROM notes"), 42);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items"), 1);
+}
+
+static void test_newer_version_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct queue *q = open_q(f);
+    queue_close(q);
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", QUEUE_SCHEMA_VERSION + 1);
+    sql_exec(f->path, sql);
+    struct err_detail err = {0};
+    q = (struct queue *)0x1;
+    assert_int_equal(queue_open(&q, f->path, &err), ST_ERR_UNSUPPORTED);
+    assert_null(q);
+    assert_non_null(strstr(err.msg, "newer"));
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION + 1);
+
+    /* a file that is not SQLite at all */
+    char junk[160];
+    snprintf(junk, sizeof(junk), "%s/junk.db", f->dir);
+    FILE *fp = fopen(junk, "wb");
+    assert_non_null(fp);
+    for (int i = 0; i < 4096; i++)
+        fputc('x', fp);
+    fclose(fp);
+    assert_int_equal(queue_open(&q, junk, &err), ST_ERR_FORMAT);
+    assert_null(q);
+    /* a directory that does not exist */
+    assert_int_equal(queue_open(&q, "/nonexistent-dir/q.db", &err), ST_ERR_IO);
+}
+
+/* ---- items --------------------------------------------------------------------------------- */
+
+static void test_item_add_duplicate(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 0);
+    struct queue_item_spec it = {
+        .custom_id = "a", .payload = "{}", .source = "in.jsonl", .line_no = 1};
+    int64_t id = 0;
+    assert_int_equal(queue_item_add(q, job, &it, &id, &err), ST_OK);
+    assert_true(id > 0);
+    it.payload = "{\"other\":1}";
+    assert_int_equal(queue_item_add(q, job, &it, &id, &err), ST_ERR_EXISTS);
+    assert_int_equal(id, 0);
+    assert_non_null(strstr(err.msg, "\"a\""));
+
+    /* inside a transaction a duplicate fails alone; the transaction goes on */
+    assert_int_equal(queue_tx_begin(q, &err), ST_OK);
+    assert_int_equal(queue_tx_begin(q, &err), ST_ERR_INVALID_ARG);
+    it.custom_id = "b";
+    assert_int_equal(queue_item_add(q, job, &it, NULL, &err), ST_OK);
+    assert_int_equal(queue_item_add(q, job, &it, NULL, &err), ST_ERR_EXISTS);
+    it.custom_id = "c";
+    assert_int_equal(queue_item_add(q, job, &it, NULL, &err), ST_OK);
+    assert_int_equal(queue_tx_commit(q, &err), ST_OK);
+    assert_int_equal(queue_tx_commit(q, &err), ST_ERR_INVALID_ARG);
+
+    /* a rolled-back transaction leaves nothing */
+    assert_int_equal(queue_tx_begin(q, &err), ST_OK);
+    it.custom_id = "d";
+    assert_int_equal(queue_item_add(q, job, &it, NULL, &err), ST_OK);
+    queue_tx_rollback(q);
+    queue_tx_rollback(q);
+
+    /* failed items: no custom_id needed, several may lack one */
+    struct queue_item_spec bad = {.line_no = 7,
+                                  .payload = "{oops",
+                                  .error_code = "invalid_json",
+                                  .error_msg = "line 7: expected a key"};
+    assert_int_equal(queue_item_add(q, job, &bad, NULL, &err), ST_OK);
+    bad.line_no = 8;
+    assert_int_equal(queue_item_add(q, job, &bad, &id, &err), ST_OK);
+    assert_int_equal(item_state(f, id), QUEUE_ITEM_FAILED);
+    assert_int_equal(item_int(f, id, "finished"), f->now);
+    bad.error_code = "missing_custom_id";
+    assert_int_equal(queue_item_add(q, job, &bad, NULL, &err), ST_OK);
+    /* a queued item needs custom_id and payload */
+    struct queue_item_spec incomplete = {.custom_id = "e"};
+    assert_int_equal(queue_item_add(q, job, &incomplete, NULL, &err), ST_ERR_INVALID_ARG);
+    it.custom_id = "z";
+    assert_int_equal(queue_item_add(q, 9999, &it, NULL, &err), ST_ERR_NOT_FOUND);
+
+    struct queue_counts c;
+    assert_int_equal(queue_job_counts(q, job, &c, &err), ST_OK);
+    assert_int_equal(c.total, 6);
+    assert_int_equal(c.items[QUEUE_ITEM_QUEUED], 3);
+    assert_int_equal(c.items[QUEUE_ITEM_FAILED], 3);
+    assert_int_equal(c.n_error_codes, 2);
+    assert_string_equal(c.errors[0].code, "invalid_json");
+    assert_int_equal(c.errors[0].count, 2);
+    assert_string_equal(c.errors[1].code, "missing_custom_id");
+    assert_int_equal(c.errors[1].count, 1);
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.n_items, 6);
+    queue_job_free(&j);
+
+    /* cancelled jobs take no items */
+    assert_int_equal(queue_job_cancel(q, job, NULL, &err), ST_OK);
+    it.custom_id = "after-cancel";
+    assert_int_equal(queue_item_add(q, job, &it, NULL, &err), ST_ERR_INVALID_ARG);
+    queue_close(q);
+}
+
+/* ---- claiming ------------------------------------------------------------------------------ */
+
+static void test_claim_order_limits(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 0);
+    int64_t ids[10];
+    for (int i = 0; i < 10; i++) {
+        char cid[16];
+        snprintf(cid, sizeof(cid), "p%d", i);
+        struct queue_item_spec it = {.custom_id = cid, .payload = cid, .priority = i % 3};
+        assert_int_equal(queue_item_add(q, job, &it, &ids[i], &err), ST_OK);
+    }
+    int64_t other = make_job(q, "other", 2);
+    int64_t run = start_run(q, job);
+
+    /* expected order: priority 2 (i = 2, 5, 8), 1 (1, 4, 7), 0 (0, 3, 6, 9) */
+    const int order[10] = {2, 5, 8, 1, 4, 7, 0, 3, 6, 9};
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 4, 60000, &n);
+    assert_int_equal(n, 4);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(c[i].id, ids[order[i]]);
+        assert_int_equal(c[i].job_id, job);
+        assert_int_equal(c[i].attempts, 1);
+        assert_int_equal(c[i].max_attempts, QUEUE_DEFAULT_MAX_ATTEMPTS);
+        char cid[16];
+        snprintf(cid, sizeof(cid), "p%d", order[i]);
+        assert_string_equal(c[i].custom_id, cid);
+        assert_string_equal(c[i].payload, cid);
+        assert_int_equal(item_state(f, c[i].id), QUEUE_ITEM_LEASED);
+        assert_int_equal(item_int(f, c[i].id, "lease_owner"), run);
+        assert_int_equal(item_int(f, c[i].id, "lease_expiry"), f->now + 60000);
+    }
+    queue_claimed_free(c, n);
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_RUNNING);
+    queue_job_free(&j);
+    assert_int_equal(queue_job_get(q, other, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_QUEUED);
+    queue_job_free(&j);
+
+    c = claim(q, job, run, 100, 60000, &n);
+    assert_int_equal(n, 6);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(c[i].id, ids[order[4 + i]]);
+    queue_claimed_free(c, n);
+    c = claim(q, job, run, 100, 60000, &n);
+    assert_int_equal(n, 0);
+    assert_null(c);
+
+    /* any job: only the other job's items are left */
+    c = claim(q, 0, run, 100, 60000, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[0].job_id, other);
+    assert_string_equal(c[0].custom_id, "c00000");
+    assert_string_equal(c[1].custom_id, "c00001");
+    queue_claimed_free(c, n);
+    queue_claimed_free(NULL, 0);
+
+    /* bad arguments, unknown and ended runs */
+    assert_int_equal(queue_claim(q, job, run, 0, 1000, &c, &n, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_claim(q, job, run, 1, 0, &c, &n, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_claim(q, job, 777, 1, 1000, &c, &n, &err), ST_ERR_INVALID_ARG);
+    int64_t requeued = -1;
+    assert_int_equal(queue_run_end(q, run, "drained", "{\"items\":12}", &requeued, &err), ST_OK);
+    assert_int_equal(requeued, 12);
+    assert_int_equal(queue_claim(q, job, run, 1, 1000, &c, &n, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "ended"));
+    assert_int_equal(queue_run_end(q, run, "again", NULL, NULL, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE exit_reason = 'drained' "
+                                      "AND summary_json = '{\"items\":12}' AND ended IS NOT NULL"),
+                     1);
+    /* run_end kept the attempt: the items were not finished */
+    assert_int_equal(item_int(f, ids[0], "attempts"), 1);
+    assert_int_equal(item_state(f, ids[0]), QUEUE_ITEM_QUEUED);
+    queue_close(q);
+}
+
+static void test_lease_expiry_reclaim(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 5);
+    int64_t a = start_run(q, job), b = start_run(q, job);
+
+    size_t na = 0, nb = 0;
+    struct queue_claimed *ca = claim(q, job, a, 3, 1000, &na);
+    assert_int_equal(na, 3);
+    int64_t expiry = f->now + 1000;
+
+    /* not expired yet: b gets the other two only */
+    f->now += 999;
+    struct queue_claimed *cb = claim(q, job, b, 10, 100000, &nb);
+    assert_int_equal(nb, 2);
+    queue_claimed_free(cb, nb);
+
+    /* heartbeat before expiry keeps a's leases */
+    int64_t held = 0;
+    assert_int_equal(queue_lease_extend(q, a, 1000, &held, &err), ST_OK);
+    assert_int_equal(held, 3);
+    assert_int_equal(item_int(f, ca[0].id, "lease_expiry"), f->now + 1000);
+    char sql[64];
+    snprintf(sql, sizeof(sql), "SELECT heartbeat FROM runs WHERE id = %lld", (long long)a);
+    assert_int_equal(sql_int(f->path, sql), f->now);
+    expiry = f->now + 1000;
+    f->now = expiry - 1;
+    cb = claim(q, job, b, 10, 1000, &nb);
+    assert_int_equal(nb, 0);
+
+    /* expired (expiry <= now): b re-claims them, attempts counted */
+    f->now = expiry;
+    cb = claim(q, job, b, 10, 5000, &nb);
+    assert_int_equal(nb, 3);
+    for (size_t i = 0; i < nb; i++) {
+        assert_int_equal(cb[i].id, ca[i].id);
+        assert_int_equal(cb[i].attempts, 2);
+        assert_int_equal(item_int(f, cb[i].id, "lease_owner"), b);
+    }
+    /* a's heartbeat now reports it holds nothing */
+    assert_int_equal(queue_lease_extend(q, a, 1000, &held, &err), ST_OK);
+    assert_int_equal(held, 0);
+
+    /* a's late commit must not mark b's items: conflict, everything flagged, nothing changed */
+    int64_t sa = new_shard(q, a, job, QUEUE_SHARD_RESULTS, f);
+    struct queue_done d[3];
+    bool lost[3] = {false, false, false};
+    for (int i = 0; i < 3; i++)
+        d[i] = (struct queue_done){.item_id = ca[i].id, .prompt_tokens = 5, .completion_tokens = 7};
+    assert_int_equal(queue_commit_shard(q, a, sa, 300, 3, d, 3, lost, &err), ST_ERR_CONFLICT);
+    assert_true(lost[0] && lost[1] && lost[2]);
+    struct queue_shard sh = get_shard(q, job, sa);
+    assert_int_equal(sh.committed_bytes, 0);
+    assert_int_equal(sh.records, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(item_state(f, ca[i].id), QUEUE_ITEM_LEASED);
+        assert_int_equal(item_int(f, ca[i].id, "lease_owner"), b);
+    }
+    /* b commits them */
+    int64_t sb = new_shard(q, b, job, QUEUE_SHARD_RESULTS, f);
+    assert_int_equal(queue_commit_shard(q, b, sb, 300, 3, d, 3, lost, &err), ST_OK);
+    assert_false(lost[0] || lost[1] || lost[2]);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(item_state(f, ca[i].id), QUEUE_ITEM_DONE);
+    queue_claimed_free(ca, na);
+    queue_claimed_free(cb, nb);
+
+    /* an expired lease that nobody re-claimed is still the owner's to commit */
+    int64_t job2 = make_job(q, "j2", 1);
+    ca = claim(q, job2, a, 1, 100, &na);
+    assert_int_equal(na, 1);
+    f->now += 10000;
+    int64_t sa2 = new_shard(q, a, job2, QUEUE_SHARD_RESULTS, f);
+    d[0] = (struct queue_done){.item_id = ca[0].id};
+    assert_int_equal(queue_commit_shard(q, a, sa2, 10, 1, d, 1, NULL, &err), ST_OK);
+    assert_int_equal(item_state(f, ca[0].id), QUEUE_ITEM_DONE);
+    queue_claimed_free(ca, na);
+
+    /* the explicit sweep */
+    int64_t job3 = make_job(q, "j3", 2);
+    ca = claim(q, job3, a, 2, 100, &na);
+    queue_claimed_free(ca, na);
+    int64_t expired = -1;
+    assert_int_equal(queue_lease_expire(q, &expired, &err), ST_OK);
+    assert_int_equal(expired, 0);
+    f->now += 100;
+    assert_int_equal(queue_lease_expire(q, &expired, &err), ST_OK);
+    assert_int_equal(expired, 2);
+    assert_int_equal(queue_lease_extend(q, 4242, 100, NULL, &err), ST_ERR_INVALID_ARG);
+    queue_close(q);
+}
+
+/* ---- the shard commit ---------------------------------------------------------------------- */
+
+static void test_commit_all_or_nothing(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 6);
+    int64_t other_job = make_job(q, "other", 1);
+    int64_t run = start_run(q, job), run2 = start_run(q, job);
+    size_t n = 0, n2 = 0;
+    struct queue_claimed *c = claim(q, job, run, 5, 60000, &n);
+    assert_int_equal(n, 5);
+    struct queue_claimed *c2 = claim(q, other_job, run, 1, 60000, &n2);
+    assert_int_equal(n2, 1);
+    int64_t res = new_shard(q, run, job, QUEUE_SHARD_RESULTS, f);
+    int64_t errs = new_shard(q, run, job, QUEUE_SHARD_ERRORS, f);
+    int64_t res2 = new_shard(q, run2, job, QUEUE_SHARD_RESULTS, f);
+
+    /* item 2 was released: the batch of three is refused as a whole */
+    int64_t rel = c[2].id, released = 0;
+    assert_int_equal(queue_release(q, run, &rel, 1, &released, &err), ST_OK);
+    assert_int_equal(released, 1);
+    struct queue_done d[4];
+    for (int i = 0; i < 3; i++)
+        d[i] = (struct queue_done){
+            .item_id = c[i].id, .prompt_tokens = 10 + i, .completion_tokens = 20 + i};
+    bool lost[4];
+    assert_int_equal(queue_commit_shard(q, run, res, 120, 3, d, 3, lost, &err), ST_ERR_CONFLICT);
+    assert_false(lost[0]);
+    assert_false(lost[1]);
+    assert_true(lost[2]);
+    assert_non_null(strstr(err.msg, "nothing committed"));
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_LEASED);
+    assert_int_equal(item_state(f, c[1].id), QUEUE_ITEM_LEASED);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE shard_id IS NOT NULL"), 0);
+    struct queue_shard sh = get_shard(q, job, res);
+    assert_int_equal(sh.committed_bytes, 0);
+
+    /* caller mistakes: nothing changes either */
+    assert_int_equal(queue_commit_shard(q, run, res, 80, 3, d, 2, lost, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_commit_shard(q, run, res2, 80, 2, d, 2, lost, &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_commit_shard(q, run, 999, 80, 2, d, 2, lost, &err), ST_ERR_NOT_FOUND);
+    assert_int_equal(queue_commit_shard(q, run, errs, 80, 2, d, 2, lost, &err),
+                     ST_ERR_INVALID_ARG); /* results into an errors shard */
+    struct queue_done dup[2] = {d[0], d[0]};
+    assert_int_equal(queue_commit_shard(q, run, res, 80, 2, dup, 2, lost, &err),
+                     ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "already"));
+    struct queue_done foreign[2] = {d[0], {.item_id = c2[0].id}};
+    assert_int_equal(queue_commit_shard(q, run, res, 80, 2, foreign, 2, lost, &err),
+                     ST_ERR_INVALID_ARG);
+    assert_false(lost[0] || lost[1]);
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_LEASED);
+
+    /* the good commit */
+    assert_int_equal(queue_commit_shard(q, run, res, 80, 2, d, 2, lost, &err), ST_OK);
+    sh = get_shard(q, job, res);
+    assert_int_equal(sh.committed_bytes, 80);
+    assert_int_equal(sh.records, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(item_state(f, c[i].id), QUEUE_ITEM_DONE);
+        assert_int_equal(item_int(f, c[i].id, "shard_id"), res);
+        assert_int_equal(item_int(f, c[i].id, "prompt_tokens"), 10 + i);
+        assert_int_equal(item_int(f, c[i].id, "completion_tokens"), 20 + i);
+        assert_int_equal(item_int(f, c[i].id, "finished"), f->now);
+        assert_int_equal(item_int(f, c[i].id, "lease_owner"), run);
+    }
+    /* a done item cannot be committed again */
+    assert_int_equal(queue_commit_shard(q, run, res, 90, 3, d, 1, lost, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "already"));
+    /* the committed length never shrinks */
+    assert_int_equal(queue_commit_shard(q, run, res, 79, 2, NULL, 0, NULL, &err),
+                     ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_commit_shard(q, run, res, 85, 2, NULL, 0, NULL, &err), ST_OK);
+
+    /* failures go to the errors shard; a failed record into results is refused */
+    struct queue_done fl[2] = {
+        {.item_id = c[3].id,
+         .error_code = "context_length_exceeded",
+         .error_msg = "too long",
+         .prompt_tokens = 9000},
+        {.item_id = c[4].id, .error_code = "context_length_exceeded", .error_msg = "too long"},
+    };
+    assert_int_equal(queue_commit_shard(q, run, res, 200, 4, fl, 2, lost, &err),
+                     ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_commit_shard(q, run, errs, 200, 2, fl, 2, lost, &err), ST_OK);
+    assert_int_equal(item_state(f, c[3].id), QUEUE_ITEM_FAILED);
+    assert_int_equal(item_int(f, c[3].id, "shard_id"), errs);
+
+    struct queue_counts cnt;
+    assert_int_equal(queue_job_counts(q, job, &cnt, &err), ST_OK);
+    assert_int_equal(cnt.items[QUEUE_ITEM_DONE], 2);
+    assert_int_equal(cnt.items[QUEUE_ITEM_FAILED], 2);
+    assert_int_equal(cnt.items[QUEUE_ITEM_QUEUED], 2); /* the released one and the sixth */
+    assert_int_equal(cnt.prompt_tokens, 10 + 11 + 9000);
+    assert_int_equal(cnt.completion_tokens, 20 + 21);
+    assert_int_equal(cnt.n_error_codes, 1);
+    assert_string_equal(cnt.errors[0].code, "context_length_exceeded");
+    assert_int_equal(cnt.errors[0].count, 2);
+
+    /* finishing the last two makes the job done */
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_RUNNING);
+    queue_job_free(&j);
+    queue_claimed_free(c, n);
+    c = claim(q, job, run, 10, 60000, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[0].id, rel);
+    assert_int_equal(c[0].attempts, 1); /* release gave the attempt back */
+    d[0] = (struct queue_done){.item_id = c[0].id};
+    d[1] = (struct queue_done){.item_id = c[1].id};
+    assert_int_equal(queue_commit_shard(q, run, res, 150, 4, d, 2, NULL, &err), ST_OK);
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_DONE);
+    assert_int_equal(j.finished, f->now);
+    queue_job_free(&j);
+
+    /* close: sha256 validated, then the shard takes no more commits */
+    assert_int_equal(queue_shard_close(q, run, res, "abc", &err), ST_ERR_INVALID_ARG);
+    const char *sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_int_equal(queue_shard_close(q, run2, res, sha, &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_shard_close(q, run, res, sha, &err), ST_OK);
+    assert_int_equal(queue_shard_close(q, run, res, sha, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_commit_shard(q, run, res, 150, 4, NULL, 0, NULL, &err),
+                     ST_ERR_INVALID_ARG);
+    sh = get_shard(q, job, res);
+    assert_int_equal(sh.state, QUEUE_SHARD_CLOSED);
+    assert_string_equal(sh.sha256, sha);
+    queue_claimed_free(c, n);
+    queue_claimed_free(c2, n2);
+    queue_close(q);
+}
+
+/* Inside a user transaction a refused commit undoes only itself. */
+static void test_commit_in_user_tx(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 3);
+    int64_t run = start_run(q, job);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 3, 60000, &n);
+    int64_t res = new_shard(q, run, job, QUEUE_SHARD_RESULTS, f);
+    assert_int_equal(queue_tx_begin(q, &err), ST_OK);
+    struct queue_done d[2] = {{.item_id = c[0].id}, {.item_id = c[1].id}};
+    assert_int_equal(queue_commit_shard(q, run, res, 10, 1, d, 1, NULL, &err), ST_OK);
+    assert_int_equal(queue_release(q, run, &c[1].id, 1, NULL, &err), ST_OK);
+    assert_int_equal(queue_commit_shard(q, run, res, 20, 2, &d[1], 1, NULL, &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_tx_commit(q, &err), ST_OK);
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_DONE);
+    assert_int_equal(item_state(f, c[1].id), QUEUE_ITEM_QUEUED);
+    struct queue_shard sh = get_shard(q, job, res);
+    assert_int_equal(sh.committed_bytes, 10);
+    assert_int_equal(sh.records, 1);
+    queue_claimed_free(c, n);
+    queue_close(q);
+}
+
+/* ---- release, cancel, retry ---------------------------------------------------------------- */
+
+static void test_release(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 6);
+    int64_t run = start_run(q, job), other = start_run(q, job);
+    size_t n = 0, n2 = 0;
+    struct queue_claimed *c = claim(q, job, run, 4, 60000, &n);
+    struct queue_claimed *c2 = claim(q, job, other, 1, 60000, &n2);
+    assert_int_equal(n, 4);
+    int64_t ids[3] = {c[1].id, c[3].id, c2[0].id}; /* the last is not ours: skipped */
+    int64_t released = 0;
+    assert_int_equal(queue_release(q, run, ids, 3, &released, &err), ST_OK);
+    assert_int_equal(released, 2);
+    assert_int_equal(item_state(f, c[1].id), QUEUE_ITEM_QUEUED);
+    assert_int_equal(item_int(f, c[1].id, "attempts"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'queued' AND "
+                                      "(lease_owner IS NOT NULL OR lease_expiry IS NOT NULL)"),
+                     0);
+    assert_int_equal(item_state(f, c2[0].id), QUEUE_ITEM_LEASED);
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_LEASED);
+    /* re-claim: the released ones come back first (lowest ids), first attempt again */
+    struct queue_claimed *c3 = claim(q, job, run, 2, 60000, &n2);
+    assert_int_equal(n2, 2);
+    assert_int_equal(c3[0].id, c[1].id);
+    assert_int_equal(c3[1].id, c[3].id);
+    assert_int_equal(c3[0].attempts, 1);
+    queue_claimed_free(c3, n2);
+    /* release everything the run holds */
+    assert_int_equal(queue_release(q, run, NULL, 0, &released, &err), ST_OK);
+    assert_int_equal(released, 4);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 1);
+    queue_claimed_free(c, n);
+    queue_claimed_free(c2, 1);
+    queue_close(q);
+}
+
+static void test_cancel(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 5);
+    int64_t keep = make_job(q, "keep", 2);
+    int64_t run = start_run(q, 0);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 3, 60000, &n);
+    int64_t res = new_shard(q, run, job, QUEUE_SHARD_RESULTS, f);
+    struct queue_done d[3] = {{.item_id = c[0].id}, {.item_id = c[1].id}, {.item_id = c[2].id}};
+    assert_int_equal(queue_commit_shard(q, run, res, 10, 1, d, 1, NULL, &err), ST_OK);
+
+    int64_t cancelled = 0;
+    assert_int_equal(queue_job_cancel(q, job, &cancelled, &err), ST_OK);
+    assert_int_equal(cancelled, 4); /* 2 leased + 2 queued; the done one stays done */
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_CANCELLED);
+    assert_int_equal(j.finished, f->now);
+    queue_job_free(&j);
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_DONE);
+
+    /* the worker finds out at its next commit (and its heartbeat shows the leases gone) */
+    bool lost[2];
+    assert_int_equal(queue_commit_shard(q, run, res, 30, 3, &d[1], 2, lost, &err), ST_ERR_CONFLICT);
+    assert_true(lost[0] && lost[1]);
+    int64_t held = -1;
+    assert_int_equal(queue_lease_extend(q, run, 1000, &held, &err), ST_OK);
+    assert_int_equal(held, 0);
+    queue_claimed_free(c, n);
+
+    /* nothing of the job is claimable; other jobs are untouched */
+    c = claim(q, 0, run, 10, 60000, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[0].job_id, keep);
+    queue_claimed_free(c, n);
+    struct queue_counts cnt;
+    assert_int_equal(queue_job_counts(q, job, &cnt, &err), ST_OK);
+    assert_int_equal(cnt.items[QUEUE_ITEM_CANCELLED], 4);
+    assert_int_equal(cnt.items[QUEUE_ITEM_DONE], 1);
+    assert_int_equal(queue_job_counts(q, 0, &cnt, &err), ST_OK);
+    assert_int_equal(cnt.total, 7);
+    assert_int_equal(cnt.items[QUEUE_ITEM_LEASED], 2);
+
+    /* again: nothing more; retry is refused */
+    assert_int_equal(queue_job_cancel(q, job, &cancelled, &err), ST_OK);
+    assert_int_equal(cancelled, 0);
+    assert_int_equal(queue_job_retry_failed(q, job, NULL, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_job_cancel(q, 999, NULL, &err), ST_ERR_NOT_FOUND);
+    queue_close(q);
+}
+
+static void test_retry_failed(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 4);
+    int64_t run = start_run(q, job);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 4, 60000, &n);
+    int64_t res = new_shard(q, run, job, QUEUE_SHARD_RESULTS, f);
+    int64_t errs = new_shard(q, run, job, QUEUE_SHARD_ERRORS, f);
+    struct queue_done ok[2] = {{.item_id = c[0].id}, {.item_id = c[1].id}};
+    struct queue_done bad[2] = {{.item_id = c[2].id, .error_code = "engine", .error_msg = "x"},
+                                {.item_id = c[3].id, .error_code = "engine", .error_msg = "y"}};
+    assert_int_equal(queue_commit_shard(q, run, res, 10, 2, ok, 2, NULL, &err), ST_OK);
+    assert_int_equal(queue_commit_shard(q, run, errs, 10, 2, bad, 2, NULL, &err), ST_OK);
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_DONE);
+    queue_job_free(&j);
+
+    int64_t retried = 0;
+    assert_int_equal(queue_job_retry_failed(q, job, &retried, &err), ST_OK);
+    assert_int_equal(retried, 2);
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_RUNNING);
+    assert_int_equal(j.finished, 0);
+    queue_job_free(&j);
+    for (int i = 2; i < 4; i++) {
+        assert_int_equal(item_state(f, c[i].id), QUEUE_ITEM_QUEUED);
+        assert_int_equal(item_int(f, c[i].id, "attempts"), 0);
+        assert_int_equal(item_int(f, c[i].id, "shard_id IS NULL AND error_code IS NULL"), 1);
+    }
+    struct queue_shard sh = get_shard(q, job, errs);
+    assert_int_equal(sh.records, 2);
+    assert_int_equal(sh.superseded, 2);
+    assert_int_equal(get_shard(q, job, res).superseded, 0);
+    queue_claimed_free(c, n);
+
+    c = claim(q, job, run, 10, 60000, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[0].attempts, 1);
+    ok[0].item_id = c[0].id;
+    ok[1].item_id = c[1].id;
+    assert_int_equal(queue_commit_shard(q, run, res, 20, 4, ok, 2, NULL, &err), ST_OK);
+    struct queue_counts cnt;
+    assert_int_equal(queue_job_counts(q, job, &cnt, &err), ST_OK);
+    assert_int_equal(cnt.items[QUEUE_ITEM_DONE], 4);
+    assert_int_equal(cnt.items[QUEUE_ITEM_FAILED], 0);
+    assert_int_equal(cnt.n_error_codes, 0);
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_DONE);
+    queue_job_free(&j);
+    /* nothing failed: no change */
+    assert_int_equal(queue_job_retry_failed(q, job, &retried, &err), ST_OK);
+    assert_int_equal(retried, 0);
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_DONE);
+    queue_job_free(&j);
+    queue_claimed_free(c, n);
+    queue_close(q);
+}
+
+/* ---- shards -------------------------------------------------------------------------------- */
+
+static void test_shards(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 0);
+    int64_t a = start_run(q, job), b = start_run(q, job), c = start_run(q, job);
+    int64_t seq = -1, id = 0;
+    assert_int_equal(queue_shard_next_seq(q, job, QUEUE_SHARD_RESULTS, &seq, &err), ST_OK);
+    assert_int_equal(seq, 0);
+    int64_t s0 = new_shard(q, a, job, QUEUE_SHARD_RESULTS, f);
+    int64_t s1 = new_shard(q, a, job, QUEUE_SHARD_RESULTS, f);
+    int64_t e0 = new_shard(q, b, job, QUEUE_SHARD_ERRORS, f);
+    assert_int_equal(queue_shard_next_seq(q, job, QUEUE_SHARD_RESULTS, &seq, &err), ST_OK);
+    assert_int_equal(seq, 2);
+    assert_int_equal(queue_shard_next_seq(q, job, QUEUE_SHARD_ERRORS, &seq, &err), ST_OK);
+    assert_int_equal(seq, 1);
+    assert_int_equal(queue_shard_create(q, a, job, QUEUE_SHARD_RESULTS, 1, "/x/new", &id, &err),
+                     ST_ERR_EXISTS);
+    struct queue_shard sh = {0};
+    struct queue_shard *list = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_shard_list(q, job, &list, &n, &err), ST_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(list[0].id, s0);
+    assert_int_equal(list[1].id, s1);
+    assert_int_equal(list[2].id, e0);
+    assert_int_equal(list[2].kind, QUEUE_SHARD_ERRORS);
+    assert_int_equal(list[1].seq, 1);
+    assert_int_equal(list[0].run_id, a);
+    assert_int_equal(list[0].state, QUEUE_SHARD_OPEN);
+    assert_string_equal(list[0].sha256, "");
+    assert_non_null(strstr(list[1].path, "results-00001"));
+    assert_int_equal(queue_shard_create(q, a, job, QUEUE_SHARD_RESULTS, 7, list[0].path, &id, &err),
+                     ST_ERR_EXISTS);
+    queue_shard_list_free(list, n);
+    queue_shard_list_free(NULL, 0);
+    assert_int_equal(queue_shard_create(q, a, 999, QUEUE_SHARD_RESULTS, 0, "/x/y", &id, &err),
+                     ST_ERR_NOT_FOUND);
+
+    /* adopt: only from a dead run, and only once */
+    assert_int_equal(queue_shard_adopt(q, s0, b, 60000, &err), ST_ERR_CONFLICT);
+    f->now += 30000;
+    assert_int_equal(queue_lease_extend(q, b, 1000, NULL, &err), ST_OK); /* b stays alive */
+    f->now += 40000;                                                     /* a: 70 s silent */
+    assert_int_equal(queue_shard_adopt(q, s0, b, 60000, &err), ST_OK);
+    assert_int_equal(queue_shard_adopt(q, s0, c, 60000, &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_shard_adopt(q, 999, c, 60000, &err), ST_ERR_NOT_FOUND);
+    sh = get_shard(q, job, s0);
+    assert_int_equal(sh.run_id, b);
+    /* a run that ended is dead at once */
+    assert_int_equal(queue_lease_extend(q, a, 1000, NULL, &err), ST_OK);
+    assert_int_equal(queue_run_end(q, a, "signal", NULL, NULL, &err), ST_OK);
+    assert_int_equal(queue_shard_adopt(q, s1, c, 60000, &err), ST_OK);
+    assert_int_equal(queue_shard_adopt(q, s1, a, 60000, &err), ST_ERR_INVALID_ARG); /* ended */
+    queue_close(q);
+}
+
+/* ---- many processes ------------------------------------------------------------------------ */
+
+#define CONC_ITEMS 4000
+#define CONC_PROCS 4
+#define CONC_CHUNK 7
+
+/* One worker process: claim small chunks and commit them to its own shard until nothing is
+ * left. Writes its claim count to fd; exit status 0 only if no call failed. */
+static int conc_worker(const char *path, int64_t job, int fd)
+{
+    struct queue *q = NULL;
+    struct err_detail err = {0};
+    if (queue_open(&q, path, &err) != ST_OK) {
+        fprintf(stderr, "worker open: %s\n", err.msg);
+        return 1;
+    }
+    struct queue_run_spec rs = {.job_id = job, .worker_id = "conc", .pid = getpid()};
+    int64_t run = 0, shard = 0, seq = 0, claims = 0;
+    uint64_t bytes = 0, records = 0;
+    enum status st = queue_run_start(q, &rs, &run, &err);
+    if (st == ST_OK)
+        st = queue_tx_begin(q, &err);
+    if (st == ST_OK)
+        st = queue_shard_next_seq(q, job, QUEUE_SHARD_RESULTS, &seq, &err);
+    char spath[256];
+    snprintf(spath, sizeof(spath), "%s.results-%05lld", path, (long long)seq);
+    if (st == ST_OK)
+        st = queue_shard_create(q, run, job, QUEUE_SHARD_RESULTS, seq, spath, &shard, &err);
+    if (st == ST_OK)
+        st = queue_tx_commit(q, &err);
+    while (st == ST_OK) {
+        struct queue_claimed *c = NULL;
+        size_t n = 0;
+        st = queue_claim(q, job, run, CONC_CHUNK, 600000, &c, &n, &err);
+        if (st != ST_OK || n == 0)
+            break;
+        claims += (int64_t)n;
+        struct queue_done d[CONC_CHUNK];
+        for (size_t i = 0; i < n; i++)
+            d[i] =
+                (struct queue_done){.item_id = c[i].id, .prompt_tokens = 1, .completion_tokens = 2};
+        bytes += 10 * n;
+        records += n;
+        st = queue_commit_shard(q, run, shard, bytes, records, d, n, NULL, &err);
+        queue_claimed_free(c, n);
+    }
+    if (st == ST_OK)
+        st = queue_run_end(q, run, "drained", NULL, NULL, &err);
+    if (st != ST_OK)
+        fprintf(stderr, "worker %d: %s (%s)\n", (int)getpid(), err.msg, status_str(st));
+    queue_close(q);
+    if (write(fd, &claims, sizeof(claims)) != (ssize_t)sizeof(claims))
+        return 1;
+    return st == ST_OK ? 0 : 1;
+}
+
+static void test_concurrent_workers(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "conc", CONC_ITEMS);
+    queue_close(q);
+
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pids[CONC_PROCS];
+    for (int p = 0; p < CONC_PROCS; p++) {
+        pids[p] = fork();
+        assert_true(pids[p] >= 0);
+        if (pids[p] == 0) {
+            close(fds[0]);
+            _exit(conc_worker(f->path, job, fds[1]));
+        }
+    }
+    close(fds[1]);
+    int64_t total_claims = 0, claims;
+    int reports = 0;
+    while (read(fds[0], &claims, sizeof(claims)) == (ssize_t)sizeof(claims)) {
+        total_claims += claims;
+        reports++;
+    }
+    close(fds[0]);
+    for (int p = 0; p < CONC_PROCS; p++) {
+        int ws = 0;
+        assert_int_equal(waitpid(pids[p], &ws, 0), pids[p]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    assert_int_equal(reports, CONC_PROCS);
+    assert_int_equal(total_claims, CONC_ITEMS); /* no item claimed twice */
+
+    q = open_q(f);
+    struct queue_counts c;
+    assert_int_equal(queue_job_counts(q, job, &c, &err), ST_OK);
+    assert_int_equal(c.items[QUEUE_ITEM_DONE], CONC_ITEMS);
+    assert_int_equal(c.total, CONC_ITEMS);
+    assert_int_equal(c.attempts, CONC_ITEMS);
+    assert_int_equal(c.completion_tokens, 2 * CONC_ITEMS);
+    /* every item is in exactly one shard and every shard counts exactly its items */
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE attempts <> 1 OR "
+                                      "shard_id IS NULL"),
+                     0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM shards s WHERE records <> (SELECT "
+                                      "count(*) FROM items i WHERE i.shard_id = s.id) OR "
+                                      "committed_bytes <> 10 * records"),
+                     0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM shards"), CONC_PROCS);
+    assert_int_equal(sql_int(f->path, "SELECT count(DISTINCT seq) FROM shards"), CONC_PROCS);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items i JOIN shards s ON "
+                                      "i.shard_id = s.id WHERE i.lease_owner <> s.run_id"),
+                     0);
+    struct queue_job j;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_int_equal(j.state, QUEUE_JOB_DONE);
+    queue_job_free(&j);
+    queue_close(q);
+}
+
+/* Several processes creating the same new queue at once: each open must wait, not fail. */
+static void test_concurrent_create(void **state)
+{
+    struct fixture *f = *state;
+    pid_t pids[6];
+    for (int p = 0; p < 6; p++) {
+        pids[p] = fork();
+        assert_true(pids[p] >= 0);
+        if (pids[p] == 0) {
+            struct queue *q = NULL;
+            struct err_detail err = {0};
+            char name[16];
+            snprintf(name, sizeof(name), "job%d", p);
+            struct queue_job_spec spec = {.name = name, .model_path = "m", .out_dir = "o"};
+            int64_t id = 0;
+            enum status st = queue_open(&q, f->path, &err);
+            if (st == ST_OK)
+                st = queue_job_create(q, &spec, &id, &err);
+            if (st != ST_OK)
+                fprintf(stderr, "process %d: %s\n", p, err.msg);
+            queue_close(q);
+            _exit(st == ST_OK ? 0 : 1);
+        }
+    }
+    for (int p = 0; p < 6; p++) {
+        int ws = 0;
+        assert_int_equal(waitpid(pids[p], &ws, 0), pids[p]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs"), 6);
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_create_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_existing_v0, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_newer_version_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_item_add_duplicate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claim_order_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lease_expiry_reclaim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_all_or_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_in_user_tx, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_failed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shards, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_create, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_workers, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
