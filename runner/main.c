@@ -8,11 +8,15 @@ static const char usage[] =
     "usage: quern <command> [options]\n"
     "\n"
     "Commands available in this build:\n"
+    "  submit     create a job in an SQLite queue from JSONL request files\n"
+    "  run        process queued items into zstd JSONL shards (resumable)\n"
     "  generate   run one prompt through a model and print the completion\n"
     "  tokenize   print the token ids of text read from stdin as a JSON array\n"
     "  info       print a GGUF model's metadata, tensors and sizes\n"
+    "  bench      offline throughput benchmark (continuous batching), JSON on stdout\n"
+    "  plan       memory plan: weights, KV bytes per token, how many sequences fit\n"
     "\n"
-    "Planned (not built yet): submit, run, status, export, bench, plan, cancel, retry.\n"
+    "Planned (not built yet): status, export, cancel, retry.\n"
     "Run 'quern <command> --help' for a command's options.\n";
 
 int main(int argc, char **argv)
@@ -23,12 +27,20 @@ int main(int argc, char **argv)
         return argc < 2 ? RUNNER_EXIT_USAGE : RUNNER_EXIT_OK;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "submit"))
+        return runner_cmd_submit(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run"))
+        return runner_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate"))
         return runner_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))
         return runner_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return runner_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return runner_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan"))
+        return runner_cmd_plan(argc - 1, argv + 1);
     fprintf(stderr, "quern: unknown command '%s'\n%s", cmd, usage);
     return RUNNER_EXIT_USAGE;
 }

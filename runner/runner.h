@@ -13,6 +13,10 @@
 int runner_cmd_generate(int argc, char **argv);
 int runner_cmd_tokenize(int argc, char **argv);
 int runner_cmd_info(int argc, char **argv);
+int runner_cmd_bench(int argc, char **argv);
+int runner_cmd_plan(int argc, char **argv);
+int runner_cmd_submit(int argc, char **argv);
+int runner_cmd_run(int argc, char **argv);
 
 /* Strict number parsing for flag values: the whole string must be a number in [lo, hi].
  * On failure prints "quern NAME: bad value for --FLAG: ..." to stderr and returns 0. */
@@ -21,6 +25,9 @@ int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo,
 int runner_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 int runner_parse_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
                        float *out);
+
+/* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
+int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);
 
 /* Online CPU count (>= 1): the default for --threads. */
 int runner_default_threads(void);

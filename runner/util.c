@@ -52,6 +52,32 @@ int runner_parse_float(const char *cmd, const char *flag, const char *s, double 
     return 1;
 }
 
+int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mul > 1 && (*end == 'i' || *end == 'I'))
+        end++;
+    if (mul > 1 && (*end == 'b' || *end == 'B'))
+        end++;
+    if (errno || end == s || *end || !isfinite(v) || v < 1 || v * mul > 1e15) {
+        fprintf(stderr, "quern %s: bad value for --%s: '%s' (want a size like 2G or 512M)\n", cmd,
+                flag, s);
+        return 0;
+    }
+    *out = (size_t)(v * mul);
+    return 1;
+}
+
 int runner_default_threads(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -1,0 +1,504 @@
+/* `quern bench`: offline throughput of the continuous-batching engine on a model, in the
+ * style of vLLM's benchmark_throughput: N requests arrive at once, each generates a fixed
+ * number of tokens (EOS ignored); prints one JSON object with throughput, latency
+ * percentiles, batch and KV statistics, peak RSS and efficiency against the CPU's int8 peak. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/log.h"
+#include "common/pool.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "runner/runner.h"
+
+static const char bench_usage[] =
+    "usage: quern bench [options]\n"
+    "\n"
+    "Offline throughput benchmark: all requests arrive at once and each generates exactly\n"
+    "--output-len tokens (end-of-generation tokens are ignored). Prints JSON on stdout.\n"
+    "\n"
+    "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --prompts N            synthetic requests (default 256)\n"
+    "  --input-len L          tokens per synthetic prompt (default 128; random ids)\n"
+    "  --output-len M         tokens generated per request (default 128)\n"
+    "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
+    "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
+    "  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
+    "  --max-batch-tokens T   tokens per forward step (default 512)\n"
+    "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
+    "  --kv-block B           tokens per KV block (default 16)\n"
+    "  --no-prefix-cache      disable automatic prefix caching\n"
+    "  --threads N            CPU threads (default: all online CPUs)\n"
+    "  --isa NAME             auto|scalar|avx2|avx512 (default auto)\n"
+    "  --matmul MODE          exact (default) or q8, see `quern generate --help`\n"
+    "  --seed N               seed for synthetic prompts (default 1)\n"
+    "  --peak-seconds S       length of the int8 peak microbenchmark, 0 = skip (default 1)\n"
+    "  -h, --help             this help\n";
+
+struct bench_opts {
+    const char *model;          /* --model */
+    const char *input;          /* --input */
+    const char *isa;            /* --isa */
+    long prompts;               /* --prompts */
+    long input_len;             /* --input-len */
+    long output_len;            /* --output-len */
+    long threads;               /* --threads */
+    int act_q8;                 /* --matmul q8 */
+    uint64_t seed;              /* --seed */
+    float peak_seconds;         /* --peak-seconds */
+    struct engine_params ep;    /* engine parameters */
+};
+
+enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEQS, B_BATCH, B_KVMEM, B_KVBLOCK,
+       B_NOPREFIX, B_THREADS, B_ISA, B_MATMUL, B_SEED, B_PEAK };
+
+static int parse_bench(int argc, char **argv, struct bench_opts *o)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, B_MODEL},
+        {"prompts", required_argument, 0, B_PROMPTS},
+        {"input-len", required_argument, 0, B_INLEN},
+        {"output-len", required_argument, 0, B_OUTLEN},
+        {"input", required_argument, 0, B_INPUT},
+        {"max-seqs", required_argument, 0, B_SEQS},
+        {"max-batch-tokens", required_argument, 0, B_BATCH},
+        {"kv-mem", required_argument, 0, B_KVMEM},
+        {"kv-block", required_argument, 0, B_KVBLOCK},
+        {"no-prefix-cache", no_argument, 0, B_NOPREFIX},
+        {"threads", required_argument, 0, B_THREADS},
+        {"isa", required_argument, 0, B_ISA},
+        {"matmul", required_argument, 0, B_MATMUL},
+        {"seed", required_argument, 0, B_SEED},
+        {"peak-seconds", required_argument, 0, B_PEAK},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->model = RUNNER_DEFAULT_MODEL;
+    o->prompts = 256;
+    o->input_len = 128;
+    o->output_len = 128;
+    o->threads = runner_default_threads();
+    o->seed = 1;
+    o->peak_seconds = 1;
+    engine_params_default(&o->ep);
+    long l;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case B_MODEL: o->model = optarg; break;
+        case B_INPUT: o->input = optarg; break;
+        case B_ISA: o->isa = optarg; break;
+        case B_NOPREFIX: o->ep.prefix_cache = 0; break;
+        case B_PROMPTS:
+            if (!runner_parse_long("bench", "prompts", optarg, 1, 1 << 24, &o->prompts))
+                return 0;
+            break;
+        case B_INLEN:
+            if (!runner_parse_long("bench", "input-len", optarg, 1, 1 << 20, &o->input_len))
+                return 0;
+            break;
+        case B_OUTLEN:
+            if (!runner_parse_long("bench", "output-len", optarg, 1, 1 << 20, &o->output_len))
+                return 0;
+            break;
+        case B_SEQS:
+            if (!runner_parse_long("bench", "max-seqs", optarg, 1, 1 << 16, &l))
+                return 0;
+            o->ep.max_seqs = (int)l;
+            break;
+        case B_BATCH:
+            if (!runner_parse_long("bench", "max-batch-tokens", optarg, 1, 1 << 20, &l))
+                return 0;
+            o->ep.max_batch_tokens = (int)l;
+            break;
+        case B_KVBLOCK:
+            if (!runner_parse_long("bench", "kv-block", optarg, 1, 4096, &l))
+                return 0;
+            o->ep.kv_block = (int)l;
+            break;
+        case B_KVMEM:
+            if (!runner_parse_size("bench", "kv-mem", optarg, &o->ep.kv_mem))
+                return 0;
+            break;
+        case B_THREADS:
+            if (!runner_parse_long("bench", "threads", optarg, 1, 256, &o->threads))
+                return 0;
+            break;
+        case B_MATMUL:
+            if (strcmp(optarg, "exact") && strcmp(optarg, "q8")) {
+                fprintf(stderr, "quern bench: bad value for --matmul: '%s' (exact|q8)\n", optarg);
+                return 0;
+            }
+            o->act_q8 = !strcmp(optarg, "q8");
+            break;
+        case B_SEED:
+            if (!runner_parse_u64("bench", "seed", optarg, &o->seed))
+                return 0;
+            break;
+        case B_PEAK:
+            if (!runner_parse_float("bench", "peak-seconds", optarg, 0, 60, &o->peak_seconds))
+                return 0;
+            break;
+        case 'h': fputs(bench_usage, stdout); exit(RUNNER_EXIT_OK);
+        default: fputs(bench_usage, stderr); return 0;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern bench: unexpected argument '%s'\n", argv[optind]);
+        return 0;
+    }
+    return 1;
+}
+
+struct prompt_set {
+    int32_t **ids; /* per prompt (owned) */
+    size_t *n;     /* lengths */
+    size_t count;  /* prompts */
+};
+
+static void prompts_free(struct prompt_set *ps)
+{
+    for (size_t i = 0; i < ps->count; i++)
+        free(ps->ids[i]);
+    free(ps->ids);
+    free(ps->n);
+}
+
+static int prompts_push(struct prompt_set *ps, int32_t *ids, size_t n, size_t *cap)
+{
+    if (ps->count == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        int32_t **ni = realloc(ps->ids, sizeof(*ni) * nc);
+        if (ni)
+            ps->ids = ni;
+        size_t *nn = realloc(ps->n, sizeof(*nn) * nc);
+        if (nn)
+            ps->n = nn;
+        if (!ni || !nn)
+            return 0;
+        *cap = nc;
+    }
+    ps->ids[ps->count] = ids;
+    ps->n[ps->count++] = n;
+    return 1;
+}
+
+/* Synthetic prompts: random ids among normal (non-control) tokens, distinct per request. */
+static int prompts_synthetic(struct prompt_set *ps, const struct bench_opts *o,
+                             const struct engine_tok *tok)
+{
+    size_t cap = 0;
+    struct engine_rng rng;
+    engine_rng_seed(&rng, o->seed, "bench", 5);
+    int32_t nv = engine_tok_n_vocab(tok);
+    for (long i = 0; i < o->prompts; i++) {
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)o->input_len);
+        if (!ids)
+            return 0;
+        for (long j = 0; j < o->input_len; j++) {
+            int32_t id;
+            char buf[64];
+            do
+                id = (int32_t)(engine_rng_next(&rng) % (uint64_t)nv);
+            while (engine_tok_piece(tok, id, 0, buf, sizeof(buf)) == 0); /* skip control */
+            ids[j] = id;
+        }
+        if (!prompts_push(ps, ids, (size_t)o->input_len, &cap)) {
+            free(ids);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Real prompts from JSONL. */
+static int prompts_from_file(struct prompt_set *ps, const char *path, const struct engine_tok *tok,
+                             const struct engine_chat *chat)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        LOG_ERROR("cannot open %s", path);
+        return 0;
+    }
+    char *line = NULL;
+    size_t lcap = 0, cap = 0;
+    ssize_t len;
+    long lineno = 0;
+    int ok = 1;
+    while (ok && (len = getline(&line, &lcap, f)) >= 0) {
+        lineno++;
+        if (len <= 1)
+            continue;
+        cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
+        const cJSON *body = j ? cJSON_GetObjectItem(j, "body") : NULL;
+        const cJSON *src = body ? body : j;
+        const cJSON *pr = src ? cJSON_GetObjectItem(src, "prompt") : NULL;
+        const cJSON *msgs = src ? cJSON_GetObjectItem(src, "messages") : NULL;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        struct err_detail err = {0};
+        enum status st = ST_ERR_INVALID_ARG;
+        if (cJSON_IsString(pr)) {
+            st = engine_tok_encode(tok, pr->valuestring, strlen(pr->valuestring),
+                                   ENGINE_TOK_ADD_BOS, &ids, &n, &err);
+        } else if (cJSON_IsArray(msgs) && chat) {
+            int nm = cJSON_GetArraySize(msgs);
+            struct engine_chat_msg *m = calloc((size_t)nm + 1, sizeof(*m));
+            for (int i = 0; m && i < nm; i++) {
+                const cJSON *mi = cJSON_GetArrayItem(msgs, i);
+                const cJSON *role = cJSON_GetObjectItem(mi, "role");
+                const cJSON *content = cJSON_GetObjectItem(mi, "content");
+                m[i].role = cJSON_IsString(role) ? role->valuestring : "";
+                m[i].content = cJSON_IsString(content) ? content->valuestring : "";
+            }
+            if (m)
+                st = engine_chat_tokenize(chat, tok, m, (size_t)nm, 1, 0, &ids, &n, &err);
+            free(m);
+        } else {
+            snprintf(err.msg, sizeof(err.msg), "no \"prompt\" string or \"messages\" array");
+        }
+        if (st || !n) {
+            LOG_ERROR("%s:%ld: %s", path, lineno, err.msg[0] ? err.msg : "empty prompt");
+            ok = 0;
+        } else if (!prompts_push(ps, ids, n, &cap)) {
+            ok = 0;
+        } else {
+            ids = NULL;
+        }
+        free(ids);
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    if (ok && !ps->count) {
+        LOG_ERROR("%s holds no prompts", path);
+        ok = 0;
+    }
+    return ok;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v[0..n). */
+static double pct(const double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k ? k - 1 : 0];
+}
+
+static cJSON *pct_json(double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "p50", pct(v, n, 50));
+    cJSON_AddNumberToObject(o, "p90", pct(v, n, 90));
+    cJSON_AddNumberToObject(o, "p99", pct(v, n, 99));
+    return o;
+}
+
+/* 2 x parameters of every matmul weight: FLOPs per token, attention excluded. */
+static double model_flops_per_token(const struct engine_model *m)
+{
+    double p = (double)m->output.ne0 * (double)m->output.ne1;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const struct engine_layer *L = &m->layers[l];
+        const struct kern_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                          &L->w_down};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+            p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
+    }
+    return 2 * p;
+}
+
+struct peak_job {
+    const struct kern_cpu_fns *fn; /* kernels to measure */
+    double seconds;                /* per thread */
+    double ops[256];               /* per-thread result */
+};
+
+static void peak_worker(void *arg, int ith, int nth)
+{
+    struct peak_job *j = arg;
+    (void)nth;
+    j->ops[ith] = kern_cpu_int8_peak(j->fn, j->seconds);
+}
+
+/* int8 multiply-add ops/s of the whole machine: the peak loop on every thread at once. */
+static double measure_peak(int threads, double seconds, const char *isa)
+{
+    struct pool *pool;
+    if (pool_init(&pool, threads, NULL))
+        return 0;
+    struct peak_job j = {kern_cpu_fns_best(), seconds, {0}};
+    if (isa && !strcmp(isa, "scalar"))
+        j.fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
+    else if (isa && !strcmp(isa, "avx2"))
+        j.fn = kern_cpu_fns_get(KERN_ISA_AVX2);
+    pool_run(pool, peak_worker, &j);
+    pool_free(pool);
+    double sum = 0;
+    for (int i = 0; i < threads; i++)
+        sum += j.ops[i];
+    return sum;
+}
+
+int runner_cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o;
+    if (!parse_bench(argc, argv, &o))
+        return RUNNER_EXIT_USAGE;
+    struct err_detail err = {0};
+    struct kern_backend *be = NULL;
+    struct engine_model *m = NULL;
+    struct engine_tok *tok = NULL;
+    struct engine_chat *chat = NULL;
+    struct engine *e = NULL;
+    struct prompt_set ps = {0};
+    double *ttft = NULL, *tpot = NULL;
+    int rc = RUNNER_EXIT_ERROR;
+    struct kern_cpu_opts ko = {(int)o.threads, o.isa, o.act_q8 ? KERN_ACT_Q8 : KERN_ACT_F32};
+    enum status st;
+    if ((st = kern_cpu_backend_init(&be, &ko, &err)) ||
+        (st = engine_model_load(&m, o.model, be, &err)) ||
+        (st = engine_tok_load(&tok, m->gguf, &err))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    if (o.input) {
+        if (engine_chat_init(&chat, m->gguf, &err))
+            LOG_WARN("no usable chat template (%s); \"messages\" lines will fail", err.msg);
+        if (!prompts_from_file(&ps, o.input, tok, chat))
+            goto out;
+    } else if (!prompts_synthetic(&ps, &o, tok)) {
+        LOG_ERROR("no memory for prompts");
+        goto out;
+    }
+    if ((st = engine_init(&e, m, tok, &o.ep, &err)) || (st = engine_warmup(e, &err))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    ttft = calloc(ps.count, sizeof(double));
+    tpot = calloc(ps.count, sizeof(double));
+    if (!ttft || !tpot)
+        goto out;
+    double t0 = runner_now();
+    for (size_t i = 0; i < ps.count; i++) {
+        struct engine_request r = {0};
+        char id[32];
+        snprintf(id, sizeof(id), "bench-%zu", i);
+        r.prompt = ps.ids[i];
+        r.n_prompt = ps.n[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = (int32_t)o.output_len;
+        r.ignore_eos = 1;
+        r.request_id = id;
+        if ((st = engine_add_request(e, &r, NULL, &err))) {
+            LOG_ERROR("request %zu: %s", i, err.msg);
+            goto out;
+        }
+    }
+    size_t done = 0;
+    uint64_t in_tok = 0, out_tok = 0;
+    while (engine_pending(e)) {
+        if ((st = engine_step(e, &err))) {
+            LOG_ERROR("%s", err.msg);
+            goto out;
+        }
+        struct engine_output outs[64];
+        size_t k;
+        while ((k = engine_poll(e, outs, 64)) > 0)
+            for (size_t i = 0; i < k; i++, done++) {
+                ttft[done] = 1e3 * (outs[i].t_first - outs[i].t_arrival);
+                tpot[done] = outs[i].n_tokens > 1 ? 1e3 * (outs[i].t_finish - outs[i].t_first) /
+                                                        (double)(outs[i].n_tokens - 1)
+                                                  : 0;
+                in_tok += outs[i].n_prompt;
+                out_tok += outs[i].n_tokens;
+            }
+    }
+    double elapsed = runner_now() - t0;
+    const struct engine_stats *es = engine_get_stats(e);
+    const struct engine_kv *kv = engine_get_kv(e);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa) : 0;
+    double flops = model_flops_per_token(m);
+    double total_tps = (double)(in_tok + out_tok) / elapsed;
+
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", o.model);
+    cJSON_AddStringToObject(j, "isa", kern_cpu_backend_isa(be));
+    cJSON_AddNumberToObject(j, "threads", (double)o.threads);
+    cJSON_AddStringToObject(j, "matmul", o.act_q8 ? "q8" : "exact");
+    cJSON_AddNumberToObject(j, "requests", (double)ps.count);
+    if (o.input)
+        cJSON_AddStringToObject(j, "input", o.input);
+    else
+        cJSON_AddNumberToObject(j, "input_len", (double)o.input_len);
+    cJSON_AddNumberToObject(j, "output_len", (double)o.output_len);
+    cJSON_AddNumberToObject(j, "max_seqs", o.ep.max_seqs);
+    cJSON_AddNumberToObject(j, "max_batch_tokens", o.ep.max_batch_tokens);
+    cJSON_AddNumberToObject(j, "kv_block", o.ep.kv_block);
+    cJSON_AddNumberToObject(j, "kv_blocks", kv->n_blocks);
+    cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
+    cJSON_AddNumberToObject(j, "input_tokens", (double)in_tok);
+    cJSON_AddNumberToObject(j, "output_tokens", (double)out_tok);
+    cJSON_AddNumberToObject(j, "output_tok_s", (double)out_tok / elapsed);
+    cJSON_AddNumberToObject(j, "total_tok_s", total_tps);
+    cJSON_AddNumberToObject(j, "requests_s", (double)ps.count / elapsed);
+    cJSON_AddItemToObject(j, "ttft_ms", pct_json(ttft, done));
+    cJSON_AddItemToObject(j, "tpot_ms", pct_json(tpot, done));
+    cJSON_AddNumberToObject(j, "steps", (double)es->steps);
+    cJSON_AddNumberToObject(j, "mean_batch_seqs",
+                            es->steps ? (double)es->batch_seqs / (double)es->steps : 0);
+    cJSON_AddNumberToObject(j, "mean_batch_tokens",
+                            es->steps ? (double)es->batch_tokens / (double)es->steps : 0);
+    cJSON_AddNumberToObject(j, "peak_kv_util", (double)es->peak_blocks_used / kv->n_blocks);
+    cJSON_AddNumberToObject(j, "prefix_hit_rate",
+                            kv->stats.lookup_blocks ? (double)kv->stats.hit_blocks /
+                                                          (double)kv->stats.lookup_blocks
+                                                    : 0);
+    cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
+    cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
+    cJSON_AddNumberToObject(j, "model_flops_per_token", flops);
+    if (peak > 0) {
+        cJSON_AddNumberToObject(j, "int8_peak_ops_s", peak);
+        cJSON_AddNumberToObject(j, "ceiling_tok_s", peak / flops);
+        cJSON_AddNumberToObject(j, "fraction_of_int8_peak", flops * total_tps / peak);
+    }
+    char *s = cJSON_Print(j);
+    if (s)
+        puts(s);
+    free(s);
+    cJSON_Delete(j);
+    rc = RUNNER_EXIT_OK;
+out:
+    free(ttft);
+    free(tpot);
+    engine_free(e);
+    prompts_free(&ps);
+    engine_chat_free(chat);
+    engine_tok_free(tok);
+    engine_model_free(m);
+    kern_cpu_backend_free(be);
+    return rc;
+}

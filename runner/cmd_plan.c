@@ -1,0 +1,111 @@
+/* `quern plan`: memory plan for a model and KV budget: weight bytes, KV bytes per token, and
+ * how many tokens and sequences of a given length the pool holds. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "io/gguf.h"
+#include "runner/runner.h"
+
+static const char plan_usage[] =
+    "usage: quern plan [--model PATH] [--kv-mem SIZE] [--kv-block B] [--seq-len L] [--json]\n"
+    "\n"
+    "Print the memory plan: weights, KV cache bytes per token (layers x 2 x kv_heads x\n"
+    "head_dim x 4 bytes, f32), and how many tokens / sequences of length L fit in --kv-mem.\n"
+    "Warns when the budget cannot hold one sequence of the model's full context.\n"
+    "\n"
+    "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --kv-mem SIZE  KV pool size, e.g. 2G (default 1G)\n"
+    "  --kv-block B   tokens per KV block (default 16)\n"
+    "  --seq-len L    sequence length (prompt + output) to count (default 1024)\n"
+    "  --json         print JSON instead of text\n"
+    "  -h, --help     this help\n";
+
+int runner_cmd_plan(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"kv-mem", required_argument, 0, 'k'},
+        {"kv-block", required_argument, 0, 'b'}, {"seq-len", required_argument, 0, 'l'},
+        {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = RUNNER_DEFAULT_MODEL;
+    size_t kv_mem = (size_t)1 << 30;
+    long block = 16, seq_len = 1024;
+    int json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'j': json = 1; break;
+        case 'k':
+            if (!runner_parse_size("plan", "kv-mem", optarg, &kv_mem))
+                return RUNNER_EXIT_USAGE;
+            break;
+        case 'b':
+            if (!runner_parse_long("plan", "kv-block", optarg, 1, 4096, &block))
+                return RUNNER_EXIT_USAGE;
+            break;
+        case 'l':
+            if (!runner_parse_long("plan", "seq-len", optarg, 1, 1 << 24, &seq_len))
+                return RUNNER_EXIT_USAGE;
+            break;
+        case 'h': fputs(plan_usage, stdout); return RUNNER_EXIT_OK;
+        default: fputs(plan_usage, stderr); return RUNNER_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern plan: unexpected argument '%s'\n", argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
+    struct err_detail err = {0};
+    struct engine_model *m;
+    /* the plan needs no compute: load the model without a backend */
+    if (engine_model_load(&m, model, NULL, &err)) {
+        LOG_ERROR("%s", err.msg);
+        return RUNNER_EXIT_ERROR;
+    }
+    const struct engine_hparams *hp = &m->hp;
+    uint64_t weights = 0;
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
+        weights += m->gguf->tensors[i].nbytes;
+    size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head * hp->head_dim);
+    size_t per_block = per_tok * (size_t)block;
+    size_t blocks = kv_mem / per_block;
+    size_t tokens = blocks * (size_t)block;
+    size_t blocks_per_seq = ((size_t)seq_len + (size_t)block - 1) / (size_t)block;
+    size_t seqs = blocks / blocks_per_seq;
+    size_t ctx_blocks = ((size_t)hp->n_ctx_train + (size_t)block - 1) / (size_t)block;
+    int full_ctx_fits = blocks >= ctx_blocks;
+    if (json) {
+        printf("{\"model\": \"%s\", \"weights_bytes\": %llu, \"kv_bytes_per_token\": %zu, "
+               "\"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, \"kv_tokens\": %zu, "
+               "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
+               "\"full_context_fits\": %s}\n",
+               model, (unsigned long long)weights, per_tok, kv_mem, block, blocks, tokens,
+               seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false");
+    } else {
+        printf("model:               %s\n", model);
+        printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
+               (double)weights / 1048576.0, (unsigned long long)weights);
+        printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x %d dims x 4 B)\n",
+               per_tok, hp->n_layer, hp->n_kv_head, hp->head_dim);
+        printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
+               (double)kv_mem / 1048576.0, blocks, block, tokens);
+        printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
+        printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
+               full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
+        printf("total resident:      ~%.1f MiB (weights + KV pool, plus activations)\n",
+               (double)(weights + kv_mem) / 1048576.0);
+    }
+    if (!full_ctx_fits)
+        LOG_WARN("--kv-mem %.1f MiB cannot hold one full-context sequence (%d tokens need "
+                 "%.1f MiB); long requests will be rejected",
+                 (double)kv_mem / 1048576.0, hp->n_ctx_train,
+                 (double)(ctx_blocks * per_block) / 1048576.0);
+    engine_model_free(m);
+    return RUNNER_EXIT_OK;
+}

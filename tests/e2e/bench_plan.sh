@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# End-to-end: `quern plan` arithmetic on the default model (30 layers x 2 x 3 KV heads x 64
+# dims x 4 bytes = 46080 bytes per token) and a tiny `quern bench` whose JSON must account
+# for every request and token. Numbers are checked for consistency, never for speed.
+set -euo pipefail
+Q=${QUERN_BIN:-bin/quern}
+M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d' + sys.argv[2]))" "$@"; }
+
+"$Q" plan --model "$M" --kv-mem 2G --kv-block 16 --seq-len 1000 --json >"$tmp/plan.json"
+[ "$(jget "$tmp/plan.json" '["kv_bytes_per_token"]')" = 46080 ] || fail "kv bytes per token"
+# 2 GiB / (46080 * 16) = 2912 blocks; 1000 tokens = 63 blocks -> 46 sequences
+[ "$(jget "$tmp/plan.json" '["kv_blocks"]')" = 2912 ] || fail "kv blocks"
+[ "$(jget "$tmp/plan.json" '["sequences"]')" = 46 ] || fail "sequences"
+[ "$(jget "$tmp/plan.json" '["full_context_fits"]')" = True ] || fail "full context"
+"$Q" plan --model "$M" --kv-mem 100M 2>"$tmp/plan.err" >/dev/null
+grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warning for a small pool"
+
+"$Q" bench --model "$M" --prompts 12 --input-len 20 --output-len 5 --max-seqs 8 \
+    --max-batch-tokens 64 --peak-seconds 0.2 >"$tmp/bench.json"
+[ "$(jget "$tmp/bench.json" '["requests"]')" = 12 ] || fail "requests"
+[ "$(jget "$tmp/bench.json" '["input_tokens"]')" = 240 ] || fail "input tokens"
+[ "$(jget "$tmp/bench.json" '["output_tokens"]')" = 60 ] || fail "output tokens"
+python3 - "$tmp/bench.json" <<'PY' || fail "bench JSON inconsistent"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mean_batch_seqs"] <= 8 and d["mean_batch_tokens"] <= 64, d
+assert 0 < d["peak_kv_util"] <= 1
+assert d["ttft_ms"]["p50"] <= d["ttft_ms"]["p90"] <= d["ttft_ms"]["p99"]
+assert d["int8_peak_ops_s"] > 0 and 0 < d["fraction_of_int8_peak"] < 1
+assert abs(d["output_tok_s"] * d["elapsed_s"] - 60) < 1e-6 * 60 + 1e-9
+PY
+"$Q" bench --model "$M" --prompts 2 --max-seqs 600 >/dev/null 2>"$tmp/b.err" && fail "max-seqs > max-batch-tokens accepted"
+grep -q "max-batch-tokens" "$tmp/b.err" || fail "no explanation for bad engine params"
+echo "e2e bench/plan: ok"
