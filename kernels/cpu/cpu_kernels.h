@@ -123,6 +123,22 @@ struct kern_cpu_fns {
      * sits in the call, so splitting rows across threads or calls never changes a bit. */
     void (*matvec_f32[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows, const float *x,
                                     int64_t n, float *y);
+    /* Batched matmul, exact f32 math: y[t*ldy + r] = sum_i w_r[i] * x[t*ldx + i] for r < n_rows,
+     * t < n_tok; row r at w + r * row_bytes (as matvec_f32), n a multiple of the type's block
+     * size (any n for the float types). Weights are dequantized bitwise as dequant_row. Batch
+     * invariant: each (row, token) result follows one fixed accumulation order, so it is bitwise
+     * the same whatever n_tok and n_rows are and wherever the row and token sit in the call;
+     * rows may be split across threads and calls freely. Thread-safe, allocates nothing (uses a
+     * bounded stack buffer). All 9 types. */
+    void (*gemm_f32[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows, const float *x,
+                                  size_t ldx, int64_t n_tok, int64_t n, float *y, size_t ldy);
+    /* The same with quantized activations: token t's n/KERN_QK blocks start at xq + t * ldxq;
+     * y agrees with vec_dot_q8 up to float rounding (integer parts exact) and has the same
+     * batch invariance. Quantized types only (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), NULL
+     * otherwise. */
+    void (*gemm_q8[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
+                                 const struct kern_q8 *xq, size_t ldxq, int64_t n_tok, int64_t n,
+                                 float *y, size_t ldy);
 };
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).
@@ -135,5 +151,12 @@ const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa);
 const struct kern_cpu_fns *kern_cpu_fns_best(void);
 /* "scalar", "avx2", "avx512-vnni"; "?" when out of range. */
 const char *kern_isa_name(enum kern_isa isa);
+
+/* Single-thread microbenchmark of f's best int8 dot-product instruction loop (vpdpbusd on
+ * AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2, a scalar loop otherwise) with independent
+ * accumulators, run for about `seconds`: the achieved int8 operations per second, counting a
+ * multiply and an add per multiply-accumulate (2 ops per MAC). Run it on every thread at once
+ * for the machine's peak. */
+double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds);
 
 #endif

@@ -4,6 +4,7 @@
 #define KERNELS_CPU_CPU_KERNELS_INTERNAL_H
 
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -49,6 +50,71 @@ void kern_ref_matvec_q5_0_f32(KERN_MATVEC_ARGS);
 void kern_ref_matvec_q8_0_f32(KERN_MATVEC_ARGS);
 void kern_ref_matvec_q4_k_f32(KERN_MATVEC_ARGS);
 void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
+
+/* Batched matmul argument lists (see gemm_f32 / gemm_q8 in struct kern_cpu_fns). */
+#define KERN_GEMM_F32_ARGS                                                                         \
+    const void *w, size_t row_bytes, int64_t n_rows, const float *x, size_t ldx, int64_t n_tok,    \
+        int64_t n, float *y, size_t ldy
+#define KERN_GEMM_Q8_ARGS                                                                          \
+    const void *w, size_t row_bytes, int64_t n_rows, const struct kern_q8 *xq, size_t ldxq,        \
+        int64_t n_tok, int64_t n, float *y, size_t ldy
+
+/* Scalar per-type gemm entries (quant_ref.c): every pair bitwise as kern_ref_matvec_f32 /
+ * kern_ref_vec_dot_q8 would compute it. */
+void kern_ref_gemm_f32_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_f16_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_bf16_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q4_0_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q4_1_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q5_0_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q8_0_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q4_k_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q6_k_f32(KERN_GEMM_F32_ARGS);
+void kern_ref_gemm_q4_0_q8(KERN_GEMM_Q8_ARGS);
+void kern_ref_gemm_q4_1_q8(KERN_GEMM_Q8_ARGS);
+void kern_ref_gemm_q5_0_q8(KERN_GEMM_Q8_ARGS);
+void kern_ref_gemm_q8_0_q8(KERN_GEMM_Q8_ARGS);
+void kern_ref_gemm_q4_k_q8(KERN_GEMM_Q8_ARGS);
+void kern_ref_gemm_q6_k_q8(KERN_GEMM_Q8_ARGS);
+
+/* Generic batch-invariant gemm: one dot(row, token) call per pair, so each pair's result is
+ * bitwise that dot's. The fallback of the SIMD tables for types without a tiled kernel. */
+void kern_gemm_q8_pairs(float (*dot)(const void *, const struct kern_q8 *, int64_t),
+                        KERN_GEMM_Q8_ARGS);
+void kern_gemm_f32_pairs(float (*dot)(const void *, const float *, int64_t), KERN_GEMM_F32_ARGS);
+
+/* Tiled gemm kernels (gemm_avx2.c, gemm_avx512.c). gemm_f32 handles every type by dequantizing
+ * row panels with the given ISA table's dequant_row; see those files for the pair order. */
+#define KERN_GEMM_DECL(isa)                                                                        \
+    void kern_##isa##_gemm_f32_f32(KERN_GEMM_F32_ARGS);                                            \
+    void kern_##isa##_gemm_f16_f32(KERN_GEMM_F32_ARGS);                                            \
+    void kern_##isa##_gemm_bf16_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q4_0_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q4_1_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q5_0_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q8_0_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q4_k_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q6_k_f32(KERN_GEMM_F32_ARGS);                                           \
+    void kern_##isa##_gemm_q4_0_q8(KERN_GEMM_Q8_ARGS);                                             \
+    void kern_##isa##_gemm_q4_1_q8(KERN_GEMM_Q8_ARGS);                                             \
+    void kern_##isa##_gemm_q5_0_q8(KERN_GEMM_Q8_ARGS);                                             \
+    void kern_##isa##_gemm_q8_0_q8(KERN_GEMM_Q8_ARGS);                                             \
+    void kern_##isa##_gemm_q4_k_q8(KERN_GEMM_Q8_ARGS);                                             \
+    void kern_##isa##_gemm_q6_k_q8(KERN_GEMM_Q8_ARGS);                                             \
+    double kern_##isa##_int8_peak(double seconds);
+KERN_GEMM_DECL(avx2)
+KERN_GEMM_DECL(avx512)
+
+/* The scalar int8 peak loop (quant_ref.c). */
+double kern_ref_int8_peak(double seconds);
+
+/* Monotonic wall clock in seconds, for the microbenchmarks. */
+static inline double kern_now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* All 8 sub-block scales (out[0..7]) and mins (out[8..15]) of a Q4_K block at once, unpacked
  * from their 12-byte packing with 32-bit integer ops (same result as kern_q4_k_scale_min). */

@@ -113,3 +113,15 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
     }
     return tables[isa];
 }
+
+double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds)
+{
+    switch (f->isa) {
+    case KERN_ISA_AVX512:
+        return kern_avx512_int8_peak(seconds);
+    case KERN_ISA_AVX2:
+        return kern_avx2_int8_peak(seconds);
+    default:
+        return kern_ref_int8_peak(seconds);
+    }
+}

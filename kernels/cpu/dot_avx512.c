@@ -650,4 +650,25 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
             [DTYPE_Q4_K] = avx512_matvec_q4_k_f32,
             [DTYPE_Q6_K] = kern_avx2_matvec_q6_k_f32,
         },
+    .gemm_f32 =
+        {
+            [DTYPE_F32] = kern_avx512_gemm_f32_f32,
+            [DTYPE_F16] = kern_avx512_gemm_f16_f32,
+            [DTYPE_BF16] = kern_avx512_gemm_bf16_f32,
+            [DTYPE_Q4_0] = kern_avx512_gemm_q4_0_f32,
+            [DTYPE_Q4_1] = kern_avx512_gemm_q4_1_f32,
+            [DTYPE_Q5_0] = kern_avx512_gemm_q5_0_f32,
+            [DTYPE_Q8_0] = kern_avx512_gemm_q8_0_f32,
+            [DTYPE_Q4_K] = kern_avx512_gemm_q4_k_f32,
+            [DTYPE_Q6_K] = kern_avx512_gemm_q6_k_f32,
+        },
+    .gemm_q8 =
+        {
+            [DTYPE_Q4_0] = kern_avx512_gemm_q4_0_q8,
+            [DTYPE_Q4_1] = kern_avx512_gemm_q4_1_q8,
+            [DTYPE_Q5_0] = kern_avx512_gemm_q5_0_q8,
+            [DTYPE_Q8_0] = kern_avx512_gemm_q8_0_q8,
+            [DTYPE_Q4_K] = kern_avx512_gemm_q4_k_q8,
+            [DTYPE_Q6_K] = kern_avx512_gemm_q6_k_q8,
+        },
 };

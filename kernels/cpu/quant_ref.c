@@ -484,6 +484,117 @@ void kern_ref_matvec_f32(uint32_t type, const void *w, size_t row_bytes, int64_t
     fn(w, row_bytes, n_rows, x, n, y);
 }
 
+/* ---- batched matmul (gemm) ----
+ * The references compute every (row, token) pair exactly as the single-row kernels do (the exact
+ * one as kern_ref_matvec_f32, the quantized one as kern_ref_vec_dot_q8), so they are trivially
+ * batch invariant. The exact one dequantizes each block once per group of REF_GEMM_TOK tokens
+ * instead of once per token. */
+
+#define REF_GEMM_TOK 16
+
+static void ref_gemm_blocks(void (*deq)(const void *, float *, int64_t), int block_elems,
+                            size_t block_bytes, const void *w, size_t row_bytes, int64_t n_rows,
+                            const float *x, size_t ldx, int64_t n_tok, int64_t n, float *y,
+                            size_t ldy)
+{
+    float buf[KERN_QK_K];
+    assert(block_elems <= KERN_QK_K && n % block_elems == 0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const char *row = (const char *)w + (size_t)r * row_bytes;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += REF_GEMM_TOK) {
+            int nt = n_tok - t0 < REF_GEMM_TOK ? (int)(n_tok - t0) : REF_GEMM_TOK;
+            float sum[REF_GEMM_TOK] = {0};
+            for (int64_t b = 0; b < n / block_elems; b++) {
+                deq(row + (size_t)b * block_bytes, buf, block_elems);
+                for (int j = 0; j < nt; j++) {
+                    const float *xb = x + (size_t)(t0 + j) * ldx + b * block_elems;
+                    for (int i = 0; i < block_elems; i++)
+                        sum[j] += buf[i] * xb[i];
+                }
+            }
+            for (int j = 0; j < nt; j++)
+                y[(size_t)(t0 + j) * ldy + r] = sum[j];
+        }
+    }
+}
+
+#define REF_GEMM_QUANT(name, block, elems)                                                         \
+    void kern_ref_gemm_##name##_f32(KERN_GEMM_F32_ARGS)                                            \
+    {                                                                                              \
+        ref_gemm_blocks(kern_ref_dequant_##name, elems, sizeof(struct block), w, row_bytes,        \
+                        n_rows, x, ldx, n_tok, n, y, ldy);                                         \
+    }                                                                                              \
+    void kern_ref_gemm_##name##_q8(KERN_GEMM_Q8_ARGS)                                              \
+    {                                                                                              \
+        kern_gemm_q8_pairs(kern_ref_dot_##name##_q8, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y,  \
+                           ldy);                                                                   \
+    }
+
+REF_GEMM_QUANT(q4_0, kern_block_q4_0, KERN_QK)
+REF_GEMM_QUANT(q4_1, kern_block_q4_1, KERN_QK)
+REF_GEMM_QUANT(q5_0, kern_block_q5_0, KERN_QK)
+REF_GEMM_QUANT(q8_0, kern_block_q8_0, KERN_QK)
+REF_GEMM_QUANT(q4_k, kern_block_q4_k, KERN_QK_K)
+REF_GEMM_QUANT(q6_k, kern_block_q6_k, KERN_QK_K)
+
+/* Float rows: one reference dot per pair (any n). */
+#define REF_GEMM_FLOAT(name)                                                                       \
+    void kern_ref_gemm_##name##_f32(KERN_GEMM_F32_ARGS)                                            \
+    {                                                                                              \
+        kern_gemm_f32_pairs(kern_ref_dot_##name##_f32, w, row_bytes, n_rows, x, ldx, n_tok, n, y,  \
+                            ldy);                                                                  \
+    }
+
+REF_GEMM_FLOAT(f32)
+REF_GEMM_FLOAT(f16)
+REF_GEMM_FLOAT(bf16)
+
+void kern_gemm_q8_pairs(float (*dot)(const void *, const struct kern_q8 *, int64_t),
+                        KERN_GEMM_Q8_ARGS)
+{
+    for (int64_t r = 0; r < n_rows; r++) {
+        const void *row = (const char *)w + (size_t)r * row_bytes;
+        for (int64_t t = 0; t < n_tok; t++)
+            y[(size_t)t * ldy + r] = dot(row, xq + (size_t)t * ldxq, n);
+    }
+}
+
+void kern_gemm_f32_pairs(float (*dot)(const void *, const float *, int64_t), KERN_GEMM_F32_ARGS)
+{
+    for (int64_t r = 0; r < n_rows; r++) {
+        const void *row = (const char *)w + (size_t)r * row_bytes;
+        for (int64_t t = 0; t < n_tok; t++)
+            y[(size_t)t * ldy + r] = dot(row, x + (size_t)t * ldx, n);
+    }
+}
+
+/* The scalar int8 peak loop: independent int32 accumulators over int8 products. */
+double kern_ref_int8_peak(double seconds)
+{
+    int8_t a[64], b[64];
+    volatile int8_t seed = 3;
+    for (int i = 0; i < 64; i++) {
+        a[i] = (int8_t)(seed + i);
+        b[i] = (int8_t)(seed - i);
+    }
+    int32_t acc[8] = {0};
+    double t0 = kern_now_seconds(), t = t0;
+    uint64_t macs = 0;
+    while (t - t0 < seconds) {
+        for (int it = 0; it < 4096; it++) {
+            for (int i = 0; i < 64; i += 8)
+                for (int k = 0; k < 8; k++)
+                    acc[k] += a[i + k] * b[i + k];
+            a[it & 63] ^= (int8_t)acc[it & 7]; /* a data dependence the compiler cannot hoist */
+        }
+        macs += 4096 * 64;
+        t = kern_now_seconds();
+    }
+    volatile int32_t sink = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+    (void)sink;
+    return 2.0 * (double)macs / (t - t0);
+}
+
 const struct kern_cpu_fns kern_cpu_fns_scalar = {
     .isa = KERN_ISA_SCALAR,
     .name = "scalar",
@@ -526,5 +637,26 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
             [DTYPE_Q8_0] = kern_ref_matvec_q8_0_f32,
             [DTYPE_Q4_K] = kern_ref_matvec_q4_k_f32,
             [DTYPE_Q6_K] = kern_ref_matvec_q6_k_f32,
+        },
+    .gemm_f32 =
+        {
+            [DTYPE_F32] = kern_ref_gemm_f32_f32,
+            [DTYPE_F16] = kern_ref_gemm_f16_f32,
+            [DTYPE_BF16] = kern_ref_gemm_bf16_f32,
+            [DTYPE_Q4_0] = kern_ref_gemm_q4_0_f32,
+            [DTYPE_Q4_1] = kern_ref_gemm_q4_1_f32,
+            [DTYPE_Q5_0] = kern_ref_gemm_q5_0_f32,
+            [DTYPE_Q8_0] = kern_ref_gemm_q8_0_f32,
+            [DTYPE_Q4_K] = kern_ref_gemm_q4_k_f32,
+            [DTYPE_Q6_K] = kern_ref_gemm_q6_k_f32,
+        },
+    .gemm_q8 =
+        {
+            [DTYPE_Q4_0] = kern_ref_gemm_q4_0_q8,
+            [DTYPE_Q4_1] = kern_ref_gemm_q4_1_q8,
+            [DTYPE_Q5_0] = kern_ref_gemm_q5_0_q8,
+            [DTYPE_Q8_0] = kern_ref_gemm_q8_0_q8,
+            [DTYPE_Q4_K] = kern_ref_gemm_q4_k_q8,
+            [DTYPE_Q6_K] = kern_ref_gemm_q6_k_q8,
         },
 };

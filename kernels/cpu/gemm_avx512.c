@@ -1,0 +1,468 @@
+/* AVX-512 (F/BW/VL/DQ) + VNNI batched matmul: weight rows times many activation rows at once,
+ * for the throughput engine. Batch invariant by construction: every (row, token) pair is computed
+ * by the same sequence of per-lane operations whatever tile it falls in, so n_tok, n_rows, the
+ * position in the call and any split of the rows never change a bit. Only reached through
+ * kern_cpu_fns_get(), which checks the CPU first. */
+#pragma GCC target("no-avxvnni") /* every vpdpbusd EVEX-encoded (see dot_avx512.c) */
+
+#include <assert.h>
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLL        _Pragma("GCC unroll 16")
+
+/* ---- exact mode: f32 activations ----
+ * A panel of GF_ROWS weight rows is dequantized (bitwise as dequant_row) into a stack buffer,
+ * then multiplied with GF_TOK tokens at a time. Pair (r, t) owns one 16-lane accumulator:
+ * acc = fma(w[k..k+15], x[k..k+15], acc) for k = 0, 16, 32, ... in order (a final partial step
+ * with masked, zero-filled loads when n % 16 != 0), then one fixed horizontal sum. Edge tiles
+ * (fewer rows or tokens) run the same inlined body with fewer pairs. Rows longer than GF_KC are
+ * processed in chunks of GF_KC with the accumulators parked in memory, which keeps the order. */
+
+#define GF_ROWS 6    /* rows per panel (6 x 4 accumulators + 4 activations in 32 registers) */
+#define GF_TOK  4    /* tokens per tile */
+#define GF_KC   4096 /* panel row length in floats; a multiple of KERN_QK_K */
+
+static ALWAYS_INLINE void gf_tile(const float *wp, size_t ldw, const int nr, const float *x,
+                                  size_t ldx, const int nt, int64_t kc, __m512 *accm)
+{
+    __m512 acc[GF_ROWS][GF_TOK];
+    UNROLL
+    for (int i = 0; i < nr; i++)
+        UNROLL
+    for (int j = 0; j < nt; j++)
+        acc[i][j] = accm[i * GF_TOK + j];
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16) {
+        __m512 xv[GF_TOK];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            xv[j] = _mm512_loadu_ps(x + (size_t)j * ldx + k);
+        UNROLL
+        for (int i = 0; i < nr; i++) {
+            __m512 wv = _mm512_loadu_ps(wp + (size_t)i * ldw + k);
+            UNROLL
+            for (int j = 0; j < nt; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+    if (k < kc) { /* float types only: n % 16 elements left */
+        __mmask16 m = (__mmask16)((1u << (kc - k)) - 1);
+        __m512 xv[GF_TOK];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            xv[j] = _mm512_maskz_loadu_ps(m, x + (size_t)j * ldx + k);
+        UNROLL
+        for (int i = 0; i < nr; i++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, wp + (size_t)i * ldw + k);
+            UNROLL
+            for (int j = 0; j < nt; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+    UNROLL
+    for (int i = 0; i < nr; i++)
+        UNROLL
+    for (int j = 0; j < nt; j++)
+        accm[i * GF_TOK + j] = acc[i][j];
+}
+
+#define GF_CASE(R, T)                                                                              \
+    case (R)*8 + (T):                                                                              \
+        gf_tile(wp, ldw, R, x, ldx, T, kc, accm);                                                  \
+        break;
+#define GF_CASES(R) GF_CASE(R, 1) GF_CASE(R, 2) GF_CASE(R, 3) GF_CASE(R, 4)
+
+/* One tile of nr x nt pairs, dispatched to a body specialized for those counts. */
+static void gf_tile_any(const float *wp, size_t ldw, int nr, const float *x, size_t ldx, int nt,
+                        int64_t kc, __m512 *accm)
+{
+    switch (nr * 8 + nt) {
+        GF_CASES(1)
+        GF_CASES(2)
+        GF_CASES(3)
+        GF_CASES(4)
+        GF_CASES(5)
+        GF_CASES(6)
+    default:
+        assert(0 && "bad tile");
+    }
+}
+
+/* deq NULL: F32 rows are used in place (4-byte aligned, same values as a copy). */
+static void gf_driver(void (*deq)(const void *, float *, int64_t), int be, size_t bb,
+                      KERN_GEMM_F32_ARGS)
+{
+    _Alignas(64) float panel[GF_ROWS * GF_KC];
+    __m512 accm[GF_ROWS * GF_TOK];
+    const int one_chunk = n <= GF_KC;
+    const size_t ldw = deq ? (one_chunk ? (size_t)((n + 15) & ~(int64_t)15) : GF_KC)
+                           : row_bytes / sizeof(float);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += GF_ROWS) {
+        int nr = n_rows - r0 < GF_ROWS ? (int)(n_rows - r0) : GF_ROWS;
+        const char *wr = (const char *)w + (size_t)r0 * row_bytes;
+        if (deq && one_chunk)
+            for (int i = 0; i < nr; i++)
+                deq(wr + (size_t)i * row_bytes, panel + (size_t)i * ldw, n);
+        for (int64_t t0 = 0; t0 < n_tok; t0 += GF_TOK) {
+            int nt = n_tok - t0 < GF_TOK ? (int)(n_tok - t0) : GF_TOK;
+            for (int q = 0; q < GF_ROWS * GF_TOK; q++)
+                accm[q] = _mm512_setzero_ps();
+            for (int64_t k0 = 0; k0 < n; k0 += GF_KC) {
+                int64_t kc = n - k0 < GF_KC ? n - k0 : GF_KC;
+                const float *wp = panel;
+                if (!deq)
+                    wp = (const float *)wr + k0;
+                else if (!one_chunk)
+                    for (int i = 0; i < nr; i++)
+                        deq(wr + (size_t)i * row_bytes + (size_t)(k0 / be) * bb,
+                            panel + (size_t)i * ldw, kc);
+                gf_tile_any(wp, ldw, nr, x + (size_t)t0 * ldx + k0, ldx, nt, kc, accm);
+            }
+            for (int i = 0; i < nr; i++)
+                for (int j = 0; j < nt; j++)
+                    y[(size_t)(t0 + j) * ldy + r0 + i] =
+                        _mm512_reduce_add_ps(accm[i * GF_TOK + j]);
+        }
+    }
+}
+
+#define GF_ENTRY(name, type)                                                                       \
+    void kern_avx512_gemm_##name##_f32(KERN_GEMM_F32_ARGS)                                         \
+    {                                                                                              \
+        const struct dtype_info *di = dtype_get(type);                                             \
+        gf_driver(type == DTYPE_F32 ? NULL : kern_cpu_fns_avx512.dequant_row[type],                \
+                  di->block_elems, (size_t)di->block_bytes, w, row_bytes, n_rows, x, ldx, n_tok,   \
+                  n, y, ldy);                                                                      \
+    }
+
+GF_ENTRY(f32, DTYPE_F32)
+GF_ENTRY(f16, DTYPE_F16)
+GF_ENTRY(bf16, DTYPE_BF16)
+GF_ENTRY(q4_0, DTYPE_Q4_0)
+GF_ENTRY(q4_1, DTYPE_Q4_1)
+GF_ENTRY(q5_0, DTYPE_Q5_0)
+GF_ENTRY(q8_0, DTYPE_Q8_0)
+GF_ENTRY(q4_k, DTYPE_Q4_K)
+GF_ENTRY(q6_k, DTYPE_Q6_K)
+
+/* ---- q8 mode: quantized activations, vpdpbusd ----
+ * 16 weight rows are the 16 int32 lanes. A panel's blocks are repacked once into gq_blk: for
+ * k-step s (activation dword s, i.e. elements 4s..4s+3 of the block), lane r holds row r's four
+ * quants as unsigned bytes; then for each token, vpdpbusd with that token's dword s broadcast
+ * accumulates the exact integer dot of all 16 rows at once. Signed weights are stored offset
+ * (Q4_0: nibble = w + 8, Q8_0: w + 128) and the integer sum starts from -offset * sum(x_q) of the
+ * block, so it is exact too. Per pair and block, in this order and in every tile:
+ *   acc = fma((float)isum, d_w * d_x, acc);  Q4_1 only: acc = fma(m_w, s_x, acc)
+ * and the pair's result is its lane of acc: no horizontal sum, no dependence on the tile. */
+
+#define GQ_ROWS 16  /* rows per panel: the lanes */
+#define GQ_TOK  8   /* tokens per tile */
+#define GQ_BLKS 144 /* packed blocks on the stack (92 KiB); longer rows use the per-pair path */
+#define GQ_PPG  8   /* at most this many panels packed per group */
+
+struct gq_blk {
+    uint8_t q[8][64]; /* k-step s: lane r = row r's 4 quants (offset to unsigned) */
+    float d[16];      /* row scales */
+    float m[16];      /* Q4_1 row offsets (unused for the other types) */
+};
+
+enum gq_kind {
+    GQ_Q4_1, /* unsigned nibbles, offset term m*s */
+    GQ_Q4_0, /* nibbles offset by 8 */
+    GQ_Q8_0, /* bytes offset by 128 */
+};
+
+/* Row offsets of the 16 lanes relative to the panel's first row, for gathers; lanes past nr
+ * repeat the last row (their results are never stored). */
+static inline __m512i gq_row_offsets(size_t row_bytes, int nr)
+{
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    lane = _mm512_min_epi32(lane, _mm512_set1_epi32(nr - 1));
+    return _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)row_bytes));
+}
+
+/* 16 rows x 4 dwords (16 bytes at p[r]) -> v[s] lane r = dword s of row r. */
+static inline void transpose_16x4(const uint8_t *const p[16], __m512i v[4])
+{
+    __m512i z[4];
+    for (int g = 0; g < 4; g++) {
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p[4 * g]));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 1]), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 2]), 2);
+        z[g] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 3]), 3);
+    }
+    const __m512i i01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i i23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    __m512i a01 = _mm512_permutex2var_epi32(z[0], i01, z[1]); /* s0 rows 0-7 | s1 rows 0-7 */
+    __m512i a23 = _mm512_permutex2var_epi32(z[0], i23, z[1]);
+    __m512i b01 = _mm512_permutex2var_epi32(z[2], i01, z[3]); /* rows 8-15 */
+    __m512i b23 = _mm512_permutex2var_epi32(z[2], i23, z[3]);
+    v[0] = _mm512_shuffle_i64x2(a01, b01, 0x44);
+    v[1] = _mm512_shuffle_i64x2(a01, b01, 0xEE);
+    v[2] = _mm512_shuffle_i64x2(a23, b23, 0x44);
+    v[3] = _mm512_shuffle_i64x2(a23, b23, 0xEE);
+}
+
+/* 16 rows x 8 dwords (32 bytes at p[r]) -> v[s] lane r = dword s of row r. */
+static inline void transpose_16x8(const uint8_t *const p[16], __m512i v[8])
+{
+    __m512i z[8]; /* rows 2g, 2g+1 */
+    for (int g = 0; g < 8; g++)
+        z[g] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p[2 * g])),
+            _mm256_loadu_si256((const __m256i *)p[2 * g + 1]), 1);
+    /* stage 1: rows 4h..4h+3, lane 4s' + i (s' = s or s - 4, i = row in the four) */
+    const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+    __m512i c[4][2];
+    for (int h = 0; h < 4; h++) {
+        c[h][0] = _mm512_permutex2var_epi32(z[2 * h], lo, z[2 * h + 1]);
+        c[h][1] = _mm512_permutex2var_epi32(z[2 * h], hi, z[2 * h + 1]);
+    }
+    /* stage 2: rows 8q..8q+7, lane 8s'' + i for s pairs (0,1), (2,3) of each half */
+    const __m512i e01 =
+        _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i e23 = _mm512_add_epi32(e01, _mm512_set1_epi32(8));
+    __m512i d[2][4];
+    for (int q = 0; q < 2; q++)
+        for (int half = 0; half < 2; half++) {
+            d[q][2 * half] = _mm512_permutex2var_epi32(c[2 * q][half], e01, c[2 * q + 1][half]);
+            d[q][2 * half + 1] = _mm512_permutex2var_epi32(c[2 * q][half], e23, c[2 * q + 1][half]);
+        }
+    /* stage 3: d[q][u] holds s = 2u (lanes 0-7) and 2u+1 (lanes 8-15) of rows 8q.. */
+    for (int u = 0; u < 4; u++) {
+        v[2 * u] = _mm512_shuffle_i64x2(d[0][u], d[1][u], 0x44);
+        v[2 * u + 1] = _mm512_shuffle_i64x2(d[0][u], d[1][u], 0xEE);
+    }
+}
+
+/* Packs nb blocks of nr (<= 16) rows starting at rows. */
+static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
+                                  struct gq_blk *dst, const enum gq_kind kind)
+{
+    const size_t bb = kind == GQ_Q4_1   ? sizeof(struct kern_block_q4_1)
+                      : kind == GQ_Q4_0 ? sizeof(struct kern_block_q4_0)
+                                        : sizeof(struct kern_block_q8_0);
+    const size_t qoff = kind == GQ_Q4_1   ? offsetof(struct kern_block_q4_1, qs)
+                        : kind == GQ_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
+                                          : offsetof(struct kern_block_q8_0, qs);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i offs = gq_row_offsets(row_bytes, nr);
+    const uint8_t *p[16];
+    for (int r = 0; r < 16; r++)
+        p[r] = (const uint8_t *)rows + (size_t)(r < nr ? r : nr - 1) * row_bytes + qoff;
+    for (int64_t b = 0; b < nb; b++) {
+        struct gq_blk *o = &dst[b];
+        /* the scale dword (d, and m for Q4_1; else d and two quant bytes) of each row */
+        __m512i dm = _mm512_i32gather_epi32(
+            _mm512_add_epi32(offs, _mm512_set1_epi32((int)((size_t)b * bb))), rows, 1);
+        _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+        if (kind == GQ_Q4_1)
+            _mm512_store_ps(o->m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+        if (kind == GQ_Q8_0) {
+            __m512i v[8];
+            transpose_16x8(p, v);
+            for (int s = 0; s < 8; s++)
+                _mm512_store_si512((__m512i *)o->q[s],
+                                   _mm512_xor_si512(v[s], _mm512_set1_epi8((char)0x80)));
+        } else {
+            __m512i v[4];
+            transpose_16x4(p, v);
+            for (int s = 0; s < 4; s++) {
+                _mm512_store_si512((__m512i *)o->q[s], _mm512_and_si512(v[s], low4));
+                _mm512_store_si512((__m512i *)o->q[s + 4],
+                                   _mm512_and_si512(_mm512_srli_epi32(v[s], 4), low4));
+            }
+        }
+        for (int r = 0; r < 16; r++)
+            p[r] += bb;
+    }
+}
+
+/* Sum of a block's 32 quantized activations. */
+static inline int32_t q8_block_sum(const struct kern_q8 *xb)
+{
+    __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->q),
+                                 _mm256_set1_epi8((char)0x80)); /* q + 128, unsigned */
+    __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
+    return _mm_cvtsi128_si32(t) - 32 * 128;
+}
+
+/* One panel (16 rows) x nt tokens over nb blocks; out[j] lane r = pair (r, token j). corr[j*nb+b]
+ * is the integer sum's starting value for signed kinds. The integer sums may use several chains
+ * (exact, so the result does not depend on how many). */
+static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const struct kern_q8 *x,
+                                  size_t ldxq, const int nt, const int32_t *corr,
+                                  const enum gq_kind kind, __m512 *out)
+{
+    enum { C_MAX = 4 };
+    const int nc = nt == 1 ? 4 : nt == 2 ? 2 : 1;
+    __m512 acc[GQ_TOK];
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct gq_blk *p = pk + b;
+        __m512i ia[GQ_TOK][C_MAX];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            UNROLL
+        for (int c = 0; c < nc; c++)
+            ia[j][c] = c == 0 && kind != GQ_Q4_1 ? _mm512_set1_epi32(corr[j * nb + b])
+                                                 : _mm512_setzero_si512();
+        UNROLL
+        for (int s = 0; s < 8; s++) {
+            __m512i wv = _mm512_load_si512((const __m512i *)p->q[s]);
+            UNROLL
+            for (int j = 0; j < nt; j++) {
+                int32_t xd;
+                memcpy(&xd, x[(size_t)j * ldxq + b].q + 4 * s, sizeof xd);
+                ia[j][s % nc] = _mm512_dpbusd_epi32(ia[j][s % nc], wv, _mm512_set1_epi32(xd));
+            }
+        }
+        __m512 dw = _mm512_load_ps(p->d);
+        UNROLL
+        for (int j = 0; j < nt; j++) {
+            const struct kern_q8 *xb = &x[(size_t)j * ldxq + b];
+            __m512i isum = ia[j][0];
+            UNROLL
+            for (int c = 1; c < nc; c++)
+                isum = _mm512_add_epi32(isum, ia[j][c]);
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[j]);
+            if (kind == GQ_Q4_1)
+                acc[j] = _mm512_fmadd_ps(_mm512_load_ps(p->m), _mm512_set1_ps(xb->s), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        out[j] = acc[j];
+}
+
+#define GQ_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        gq_tile(pk, nb, x, ldxq, T, corr, kind, out);                                              \
+        break;
+
+static ALWAYS_INLINE void gq_tile_any(const struct gq_blk *pk, int64_t nb,
+                                      const struct kern_q8 *x, size_t ldxq, int nt,
+                                      const int32_t *corr, const enum gq_kind kind, __m512 *out)
+{
+    switch (nt) {
+        GQ_CASE(1)
+        GQ_CASE(2)
+        GQ_CASE(3)
+        GQ_CASE(4)
+        GQ_CASE(5)
+        GQ_CASE(6)
+        GQ_CASE(7)
+        GQ_CASE(8)
+    default:
+        assert(0 && "bad tile");
+    }
+}
+
+static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
+{
+    const int64_t nb = n / KERN_QK;
+    _Alignas(64) struct gq_blk pk[GQ_BLKS];
+    int32_t corr[GQ_TOK * GQ_BLKS];
+    const int32_t off = kind == GQ_Q4_0 ? 8 : 128;
+    int64_t ppg = GQ_BLKS / nb < GQ_PPG ? GQ_BLKS / nb : GQ_PPG;
+    assert(n % KERN_QK == 0 && nb <= GQ_BLKS && nb > 0);
+    assert(row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
+    for (int64_t g0 = 0; g0 < n_rows; g0 += ppg * GQ_ROWS) {
+        int64_t left = n_rows - g0;
+        int np = (int)((left + GQ_ROWS - 1) / GQ_ROWS < ppg ? (left + GQ_ROWS - 1) / GQ_ROWS : ppg);
+        for (int q = 0; q < np; q++) {
+            int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
+            int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+            gq_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk + q * nb,
+                    kind);
+        }
+        for (int64_t t0 = 0; t0 < n_tok; t0 += GQ_TOK) {
+            int nt = n_tok - t0 < GQ_TOK ? (int)(n_tok - t0) : GQ_TOK;
+            const struct kern_q8 *x = xq + (size_t)t0 * ldxq;
+            if (kind != GQ_Q4_1)
+                for (int j = 0; j < nt; j++)
+                    for (int64_t b = 0; b < nb; b++)
+                        corr[j * nb + b] = -off * q8_block_sum(&x[(size_t)j * ldxq + b]);
+            for (int q = 0; q < np; q++) {
+                int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
+                int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+                __m512 out[GQ_TOK];
+                gq_tile_any(pk + q * nb, nb, x, ldxq, nt, corr, kind, out);
+                __mmask16 m = (__mmask16)((1u << nr) - 1);
+                for (int j = 0; j < nt; j++)
+                    _mm512_mask_storeu_ps(y + (size_t)(t0 + j) * ldy + r0, m, out[j]);
+            }
+        }
+    }
+}
+
+/* Rows longer than the stack panel fall back to one vec_dot_q8 per pair: the choice depends on
+ * n only, so a matrix always takes the same path. */
+#define GQ_ENTRY(name, kind, type)                                                                 \
+    void kern_avx512_gemm_##name##_q8(KERN_GEMM_Q8_ARGS)                                           \
+    {                                                                                              \
+        if (n / KERN_QK > GQ_BLKS || n < KERN_QK)                                                  \
+            kern_gemm_q8_pairs(kern_cpu_fns_avx512.vec_dot_q8[type], w, row_bytes, n_rows, xq,     \
+                               ldxq, n_tok, n, y, ldy);                                            \
+        else                                                                                       \
+            gq_driver(kind, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);                     \
+    }
+
+GQ_ENTRY(q4_0, GQ_Q4_0, DTYPE_Q4_0)
+GQ_ENTRY(q4_1, GQ_Q4_1, DTYPE_Q4_1)
+GQ_ENTRY(q8_0, GQ_Q8_0, DTYPE_Q8_0)
+
+/* The other types: one vec_dot_q8 per pair (batch invariant, not tiled). */
+#define GQ_PAIRS(name, type)                                                                       \
+    void kern_avx512_gemm_##name##_q8(KERN_GEMM_Q8_ARGS)                                           \
+    {                                                                                              \
+        kern_gemm_q8_pairs(kern_cpu_fns_avx512.vec_dot_q8[type], w, row_bytes, n_rows, xq, ldxq,   \
+                           n_tok, n, y, ldy);                                                      \
+    }
+
+GQ_PAIRS(q5_0, DTYPE_Q5_0)
+GQ_PAIRS(q4_k, DTYPE_Q4_K)
+GQ_PAIRS(q6_k, DTYPE_Q6_K)
+
+/* ---- int8 peak: vpdpbusd throughput ---- */
+
+#define PEAK_CHAINS 16 /* independent accumulators: more than latency x throughput */
+
+double kern_avx512_int8_peak(double seconds)
+{
+    volatile int seed = 3;
+    __m512i a = _mm512_set1_epi8((char)(seed + 1)), b = _mm512_set1_epi8((char)(seed - 5));
+    __m512i acc[PEAK_CHAINS];
+    for (int k = 0; k < PEAK_CHAINS; k++)
+        acc[k] = _mm512_set1_epi32(k);
+    double t0 = kern_now_seconds(), t = t0;
+    uint64_t macs = 0;
+    while (t - t0 < seconds) {
+        for (int it = 0; it < 4096; it++) {
+            UNROLL
+            for (int k = 0; k < PEAK_CHAINS; k++)
+                acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
+        }
+        macs += (uint64_t)4096 * PEAK_CHAINS * 64;
+        t = kern_now_seconds();
+    }
+    __m512i s = acc[0];
+    for (int k = 1; k < PEAK_CHAINS; k++)
+        s = _mm512_add_epi32(s, acc[k]);
+    volatile int32_t sink = _mm512_reduce_add_epi32(s);
+    (void)sink;
+    return 2.0 * (double)macs / (t - t0);
+}
