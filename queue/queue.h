@@ -363,4 +363,31 @@ enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id
                                const struct queue_done *done, size_t n_done, bool *lost,
                                struct err_detail *err);
 
+
+/* ---- item scans (export, status) ---- */
+
+struct queue_item_info {
+    int64_t id;                  /* items.id */
+    const char *custom_id;       /* may be NULL for a line that failed at submit */
+    const char *source;          /* input file (+ member), may be NULL */
+    int64_t line_no;             /* 1-based line in source, 0 if unknown */
+    enum queue_item_state state; /* current state */
+    int64_t shard_id;            /* shard holding its record, 0 if none */
+    const char *error_code;      /* for failed items, else NULL */
+    const char *error_msg;       /* for failed items, else NULL */
+};
+
+/* Called once per item; a non-OK return stops the scan and is returned by it. Pointers in
+ * *it are valid only during the call. */
+typedef enum status (*queue_item_fn)(void *user, const struct queue_item_info *it);
+
+/* Every item of job_id in input order (source, line_no, id). One read transaction. */
+enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
+                            struct err_detail *err);
+
+/* Wall-clock span of the runs that worked on job_id (or on any job): first start and last
+ * heartbeat/end, unix ms; both 0 when no run has started. */
+enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
+                             struct err_detail *err);
+
 #endif

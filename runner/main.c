@@ -10,13 +10,17 @@ static const char usage[] =
     "Commands available in this build:\n"
     "  submit     create a job in an SQLite queue from JSONL request files\n"
     "  run        process queued items into zstd JSONL shards (resumable)\n"
+    "  status     per-job progress, tokens, throughput, ETA, errors\n"
+    "  export     a job's records as .jsonl/.jsonl.zst, or a .tar/.tar.zst bundle\n"
+    "  cancel     cancel a job's remaining items\n"
+    "  retry      re-queue a job's failed items\n"
     "  generate   run one prompt through a model and print the completion\n"
     "  tokenize   print the token ids of text read from stdin as a JSON array\n"
     "  info       print a GGUF model's metadata, tensors and sizes\n"
     "  bench      offline throughput benchmark (continuous batching), JSON on stdout\n"
     "  plan       memory plan: weights, KV bytes per token, how many sequences fit\n"
     "\n"
-    "Planned (not built yet): status, export, cancel, retry.\n"
+
     "Run 'quern <command> --help' for a command's options.\n";
 
 int main(int argc, char **argv)
@@ -31,6 +35,14 @@ int main(int argc, char **argv)
         return runner_cmd_submit(argc - 1, argv + 1);
     if (!strcmp(cmd, "run"))
         return runner_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status"))
+        return runner_cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export"))
+        return runner_cmd_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "cancel"))
+        return runner_cmd_cancel(argc - 1, argv + 1);
+    if (!strcmp(cmd, "retry"))
+        return runner_cmd_retry(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate"))
         return runner_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))

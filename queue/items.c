@@ -1,0 +1,58 @@
+/* Read-only scans over a job's items (for export and status) and the time span of its runs. */
+#include <stdlib.h>
+
+#include "queue/queue_internal.h"
+
+enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
+                            struct err_detail *err)
+{
+    static const char sql[] =
+        "SELECT id, custom_id, source, line_no, state, shard_id, error_code, error_msg "
+        "FROM items WHERE job_id = ?1 ORDER BY source, line_no, id";
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "preparing the item scan", err);
+    sqlite3_bind_int64(s, 1, job_id);
+    enum status st = ST_OK;
+    while (!st && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct queue_item_info it;
+        int state;
+        it.id = sqlite3_column_int64(s, 0);
+        it.custom_id = (const char *)sqlite3_column_text(s, 1);
+        it.source = (const char *)sqlite3_column_text(s, 2);
+        it.line_no = sqlite3_column_int64(s, 3);
+        state = queue_item_state_parse((const char *)sqlite3_column_text(s, 4));
+        it.state = state < 0 ? QUEUE_ITEM_QUEUED : (enum queue_item_state)state;
+        it.shard_id = sqlite3_column_int64(s, 5);
+        it.error_code = (const char *)sqlite3_column_text(s, 6);
+        it.error_msg = (const char *)sqlite3_column_text(s, 7);
+        st = fn(user, &it);
+    }
+    if (!st && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "scanning items", err);
+    sqlite3_finalize(s);
+    return st;
+}
+
+enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
+                             struct err_detail *err)
+{
+    static const char sql[] = "SELECT min(started), max(coalesce(ended, heartbeat)) FROM runs "
+                              "WHERE job_id = ?1 OR job_id IS NULL OR job_id = 0";
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "preparing the run timing query", err);
+    sqlite3_bind_int64(s, 1, job_id);
+    *first_ms = *last_ms = 0;
+    enum status st = ST_OK;
+    if ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        *first_ms = sqlite3_column_int64(s, 0);
+        *last_ms = sqlite3_column_int64(s, 1);
+    } else {
+        st = queue_sql_err(q, rc, "reading run times", err);
+    }
+    sqlite3_finalize(s);
+    return st;
+}
