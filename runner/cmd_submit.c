@@ -2,7 +2,9 @@
  * archives), validate each one, and insert them as one job's items in the SQLite queue.
  * A bad line becomes a failed item with its file, line number and reason; the whole submit
  * is one transaction, so an interrupted submit leaves nothing behind. */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +305,13 @@ int runner_cmd_submit(int argc, char **argv)
                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid());
         o.name = name;
     }
+    /* record the model by absolute path so runs started elsewhere find it */
+    char *model_abs = realpath(o.model, NULL);
+    if (!model_abs) {
+        LOG_ERROR("model %s: %s", o.model, strerror(errno));
+        return RUNNER_EXIT_ERROR;
+    }
+    o.model = model_abs;
     char *params = job_params_to_json(&o.def);
     if (!params || queue_open(&q, o.db, &err) || queue_tx_begin(q, &err)) {
         LOG_ERROR("%s", params ? err.msg : "out of memory");
@@ -326,6 +335,7 @@ int runner_cmd_submit(int argc, char **argv)
     rc = RUNNER_EXIT_OK;
 out:
     free(params);
+    free(model_abs);
     queue_close(q);
     return rc;
 }

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# End-to-end job runner tests with the real binary and model:
+#  1. examples/prompts.jsonl: submit, run, export; every custom_id exactly once, every shard
+#     a valid zstd stream, the manifest's counts and sha256 match the files;
+#  2. SIGTERM mid-run exits 75 within the grace period, and a rerun completes the job;
+#  3. kill -9 at random moments (QUERN_CRASH_TRIALS, default 20), resuming each time: the
+#     final export has every item exactly once and no shard holds a partial line;
+#  4. two concurrent runs on one DB: no item processed twice;
+#  5. a bad input file: valid lines complete, each bad line is reported with its number;
+#  6. the same prompts as .tar.zst and .zip give the same results as .jsonl.
+set -euo pipefail
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+EX=$(realpath examples/prompts.jsonl)
+TRIALS=${QUERN_CRASH_TRIALS:-20}
+tmp=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# check_job DB JOB N_EXPECTED: export, exactly-once ids, shard integrity, manifest.
+check_job() {
+    local db=$1 job=$2 n=$3
+    "$Q" export --db "$db" --job "$job" --out "$job.export.jsonl" 2>/dev/null
+    python3 - "$job.export.jsonl" "$n" <<'PY' || fail "$job: export check"
+import collections, json, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+dup = [k for k, v in collections.Counter(ids).items() if v > 1]
+assert not dup, f"duplicated custom_ids: {dup[:5]}"
+assert len(ids) == int(sys.argv[2]), f"{len(ids)} records, want {sys.argv[2]}"
+PY
+    local dir=out/$job
+    for f in "$dir"/*.jsonl.zst; do
+        zstd -q -t "$f" || fail "$f is not a valid zstd stream"
+        zstd -q -dc "$f" | python3 -c '
+import json, sys
+for l in sys.stdin: json.loads(l)' || fail "$f holds a partial or invalid line"
+    done
+    python3 - "$dir" <<'PY' || fail "$job: manifest does not match the shards"
+import hashlib, json, os, sys, subprocess
+d = sys.argv[1]
+m = json.load(open(os.path.join(d, "manifest.json")))
+assert m["complete"] is True, "manifest not complete"
+listed = set()
+for s in m["shards"]:
+    p = os.path.join(d, s["file"])
+    data = open(p, "rb").read()
+    assert len(data) == s["bytes"], (p, len(data), s["bytes"])
+    assert hashlib.sha256(data).hexdigest() == s["sha256"], p
+    lines = subprocess.run(["zstd", "-dc", p], capture_output=True, check=True).stdout.count(b"\n")
+    assert lines == s["records"], (p, lines, s["records"])
+    listed.add(s["file"])
+on_disk = {f for f in os.listdir(d) if f.endswith(".jsonl.zst")}
+assert on_disk == listed, (on_disk, listed)
+PY
+}
+
+# small fast job input: N short greedy prompts
+make_small() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt": f"Item {i}: the number after {i} is",
+                            "max_tokens": 6, "temperature": 0}) + "\n")
+PY
+}
+
+# 1. examples end to end
+"$Q" submit --db ex.db --model "$M" --name examples "$EX" >/dev/null 2>&1
+"$Q" run --db ex.db --out out >run.json 2>run.log || { cat run.log; fail "run exited non-zero"; }
+n_ex=$(wc -l <"$EX")
+check_job ex.db examples "$n_ex"
+"$Q" status --db ex.db --job examples --json | python3 -c "
+import json,sys; s=json.load(sys.stdin)[0]
+assert s['state']=='done' and s['by_state']['done']==$n_ex, s" || fail "status after the examples"
+grep -q '"exit_reason":"drained"' run.json || fail "run summary"
+
+# 2. SIGTERM: exit 75 within grace, rerun completes
+make_small small.jsonl 60
+"$Q" submit --db term.db --model "$M" --name term small.jsonl >/dev/null 2>&1
+"$Q" run --db term.db --out out --max-seqs 4 --max-batch-tokens 64 --grace 20 --flush-secs 0.2 \
+    >/dev/null 2>term.log &
+pid=$!
+for _ in $(seq 100); do
+    "$Q" status --db term.db --job term --json 2>/dev/null | grep -q '"done":[1-9]' && break
+    sleep 0.2
+done
+t0=$(date +%s)
+kill -TERM $pid
+set +e; wait $pid; rc=$?; set -e
+t1=$(date +%s)
+[ $rc -eq 75 ] || { cat term.log; fail "SIGTERM: exit $rc, want 75"; }
+[ $((t1 - t0)) -le 25 ] || fail "SIGTERM: took $((t1 - t0)) s (grace 20)"
+"$Q" status --db term.db --job term --json | grep -q '"leased":0' || fail "SIGTERM left leases"
+"$Q" run --db term.db --out out >/dev/null 2>&1 || fail "rerun after SIGTERM"
+check_job term.db term 60
+
+# 3. kill -9 at random moments, resume each time
+make_small crash.jsonl 80
+"$Q" submit --db crash.db --model "$M" --name crash crash.jsonl >/dev/null 2>&1
+for i in $(seq "$TRIALS"); do
+    "$Q" run --db crash.db --out out --max-seqs 8 --max-batch-tokens 64 --flush-secs 0 \
+        --flush-records 3 --lease 2 >/dev/null 2>>crash.log &
+    pid=$!
+    sleep "$(python3 -c "import random; print(random.uniform(0.05, 1.5))")"
+    kill -9 $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+    sleep 2.1 # let the dead run's leases expire
+done
+"$Q" run --db crash.db --out out >/dev/null 2>>crash.log || { tail crash.log; fail "final resume"; }
+check_job crash.db crash 80
+
+# 4. two concurrent runs on one DB
+make_small conc.jsonl 60
+"$Q" submit --db conc.db --model "$M" --name conc conc.jsonl >/dev/null 2>&1
+"$Q" run --db conc.db --out out --threads 1 --max-seqs 4 --max-batch-tokens 64 --claim 4 >c1.json 2>c1.log &
+p1=$!
+"$Q" run --db conc.db --out out --threads 1 --max-seqs 4 --max-batch-tokens 64 --claim 4 >c2.json 2>c2.log &
+p2=$!
+wait $p1 || fail "concurrent run 1"
+wait $p2 || fail "concurrent run 2"
+check_job conc.db conc 60
+python3 - c1.json c2.json <<'PY' || fail "concurrent runs: item counts"
+import json, sys
+a, b = (json.load(open(p))["items_done"] for p in sys.argv[1:3])
+assert a + b == 60, (a, b)
+PY
+
+# 5. bad input
+python3 - bad.jsonl <<'PY'
+import json
+lines = [
+    json.dumps({"custom_id": "ok1", "prompt": "One, two,", "max_tokens": 4, "temperature": 0}),
+    '{"custom_id": "broken", "prompt": ',
+    b'{"custom_id": "utf8", "prompt": "\xff\xfe"}'.decode("latin-1"),
+    json.dumps({"custom_id": "types", "prompt": 42}),
+    json.dumps({"custom_id": "ok1", "prompt": "duplicate id"}),
+    json.dumps({"custom_id": "huge", "prompt": "x " * 600000, "max_tokens": 4}),
+    "",
+    json.dumps({"custom_id": "toolong", "prompt": "word " * 9000, "max_tokens": 4}),
+    json.dumps({"custom_id": "ok2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}),
+]
+with open("bad.jsonl", "wb") as f:
+    for l in lines:
+        f.write(l.encode("latin-1") if l.startswith('{"custom_id": "utf8"') else l.encode())
+        f.write(b"\n")
+PY
+"$Q" submit --db bad.db --model "$M" --name bad bad.jsonl >/dev/null 2>bad.err || fail "submit of bad input"
+for n in 2 3 4 5 7; do grep -q "bad.jsonl:$n:" bad.err || { cat bad.err; fail "line $n not reported"; }; done
+"$Q" run --db bad.db --out out >/dev/null 2>bad.run || { cat bad.run; fail "run on bad input"; }
+"$Q" export --db bad.db --job bad --out bad.export.jsonl --order input 2>/dev/null
+python3 - bad.export.jsonl <<'PY' || fail "bad input: export"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 9, len(recs)
+ok = {r["custom_id"]: r for r in recs if r["response"] and r["response"]["status_code"] == 200}
+assert set(ok) == {"ok1", "ok2"}, sorted(ok)
+codes = {r["custom_id"]: r["response"]["body"]["error"]["code"] for r in recs
+         if r["response"] and r["response"]["status_code"] == 400}
+# a 1 MB line is accepted at submit; its 600k-token prompt cannot fit the 8k context
+assert codes.get("huge") == "context_length_exceeded", codes
+assert codes.get("toolong") == "context_length_exceeded", codes
+# lines whose custom_id cannot be read (or is a duplicate) are reported as line-N
+assert codes.get("line-2") == "invalid_json" and codes.get("line-3") == "invalid_utf8", codes
+assert codes.get("types") == "invalid_type" and codes.get("line-5") == "duplicate_custom_id", codes
+assert codes.get("line-7") == "invalid_json", codes
+PY
+
+# 6. archives give the same results as plain JSONL
+make_small arc.jsonl 12
+mkdir -p arcdir && cp arc.jsonl arcdir/part.jsonl
+tar --zstd -cf arc.tar.zst -C arcdir part.jsonl
+(cd arcdir && python3 -c "import zipfile; z=zipfile.ZipFile('../arc.zip','w'); z.write('part.jsonl'); z.close()")
+for f in arc.jsonl arc.tar.zst arc.zip; do
+    name=a-${f//./-}
+    "$Q" submit --db arc.db --model "$M" --name "$name" "$f" >/dev/null 2>&1
+    "$Q" run --db arc.db --out out --job "$name" >/dev/null 2>&1 || fail "run $f"
+    "$Q" export --db arc.db --job "$name" --out "$name.jsonl" --order input 2>/dev/null
+done
+python3 - a-arc-jsonl.jsonl a-arc-tar-zst.jsonl a-arc-zip.jsonl <<'PY' || fail "archives differ"
+import json, sys
+def texts(p):
+    return {json.loads(l)["custom_id"]: json.loads(l)["response"]["body"]["choices"][0]["text"]
+            for l in open(p)}
+base = texts(sys.argv[1])
+assert len(base) == 12
+for p in sys.argv[2:]:
+    assert texts(p) == base, p
+PY
+echo "e2e jobs: ok"
