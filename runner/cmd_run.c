@@ -835,6 +835,7 @@ static int run_job(struct run *r, struct err_detail *err)
     progress(r, 1);
     if (r->tty)
         fputc('\n', stderr);
+    LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
     return r->t_stop && !complete ? 0 : 1;
 }
 
