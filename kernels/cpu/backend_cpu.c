@@ -12,7 +12,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 
-#define MATMUL_TOK_TILE 32 /* tokens whose activations stay hot while a row chunk streams */
 
 struct cpu_state {
     struct pool *pool;             /* worker threads */
@@ -44,25 +43,15 @@ static void matmul_worker(void *arg, int ith, int nth)
     pool_range((long)w->ne1, ith, nth, &r0, &r1);
     if (r0 == r1)
         return;
-    const int64_t nb = w->ne0 / KERN_QK;
-    if (!j->xq) {
-        /* exact (and float weights): fused dequantize-and-dot over this thread's rows, one
-         * token at a time; a row's result does not depend on the row grouping */
-        const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        for (int t = 0; t < j->n_tok; t++)
-            j->fn->matvec_f32[w->type](w0, w->row_bytes, r1 - r0, j->x + (size_t)t * w->ne0,
-                                       w->ne0, j->y + (size_t)t * w->ne1 + r0);
-        return;
-    }
-    float (*dq)(const void *, const struct kern_q8 *, int64_t) = j->fn->vec_dot_q8[w->type];
-    for (int t0 = 0; t0 < j->n_tok; t0 += MATMUL_TOK_TILE) {
-        int t1 = t0 + MATMUL_TOK_TILE < j->n_tok ? t0 + MATMUL_TOK_TILE : j->n_tok;
-        for (long r = r0; r < r1; r++) {
-            const void *row = (const char *)w->data + (size_t)r * w->row_bytes;
-            for (int t = t0; t < t1; t++)
-                j->y[(size_t)t * w->ne1 + r] = dq(row, j->xq + (size_t)t * nb, w->ne0);
-        }
-    }
+    /* one batch-invariant GEMM over this thread's rows and every token: a (row, token)
+     * result is bitwise the same whatever the batch size or the row split */
+    const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    if (j->xq)
+        j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, (size_t)(w->ne0 / KERN_QK),
+                                j->n_tok, w->ne0, j->y + r0, (size_t)w->ne1);
+    else
+        j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
+                                 w->ne0, j->y + r0, (size_t)w->ne1);
 }
 
 static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, const float *x,
@@ -70,8 +59,7 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, cons
 {
     struct cpu_state *s = st_of(b);
     struct matmul_job j = {s->fn, w, x, NULL, y, n_tok};
-    int quantized = s->fn->vec_dot_f32[w->type] == NULL;
-    if (quantized && s->act == KERN_ACT_Q8) {
+    if (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w->type]) {
         size_t need = (size_t)n_tok * (size_t)(w->ne0 / KERN_QK);
         if (need > s->xq_cap) {
             free(s->xq);

@@ -95,6 +95,54 @@ static void gf_tile_any(const float *wp, size_t ldw, int nr, const float *x, siz
     }
 }
 
+/* Panel dequantizers for the hot types, bitwise as the reference (the same float operations per
+ * value: a block's 16 possible values are computed once, d * q (+ m), and looked up by nibble). */
+static inline __m512 iota16(float base)
+{
+    return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_ps(base));
+}
+
+static ALWAYS_INLINE void deq_q4(const void *src, float *dst, int64_t n, const int has_min)
+{
+    const size_t bb = has_min ? sizeof(struct kern_block_q4_1) : sizeof(struct kern_block_q4_0);
+    const size_t qoff =
+        has_min ? offsetof(struct kern_block_q4_1, qs) : offsetof(struct kern_block_q4_0, qs);
+    const __m512 q_vals = iota16(has_min ? 0.0f : -8.0f);
+    for (int64_t b = 0; b < n / KERN_QK; b++, dst += KERN_QK) {
+        const uint8_t *blk = (const uint8_t *)src + (size_t)b * bb;
+        __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk)); /* d, m (8 bytes) */
+        __m512 tab = _mm512_mul_ps(_mm512_broadcastss_ps(dm), q_vals);
+        if (has_min)
+            tab = _mm512_add_ps(tab, _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
+        __m512i i0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + qoff)));
+        _mm512_storeu_ps(dst, _mm512_permutexvar_ps(i0, tab)); /* low nibbles (index bits 0-3) */
+        _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(i0, 4), tab));
+    }
+}
+
+static void deq_q4_0(const void *src, float *dst, int64_t n)
+{
+    deq_q4(src, dst, n, 0);
+}
+
+static void deq_q4_1(const void *src, float *dst, int64_t n)
+{
+    deq_q4(src, dst, n, 1);
+}
+
+static void deq_q8_0(const void *src, float *dst, int64_t n)
+{
+    const struct kern_block_q8_0 *w = src;
+    for (int64_t b = 0; b < n / KERN_QK; b++, dst += KERN_QK) {
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(w[b].d));
+        __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[b].qs));
+        __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w[b].qs + 16)));
+        _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
+        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
+    }
+}
+
 /* deq NULL: F32 rows are used in place (4-byte aligned, same values as a copy). */
 static void gf_driver(void (*deq)(const void *, float *, int64_t), int be, size_t bb,
                       KERN_GEMM_F32_ARGS)
@@ -137,7 +185,11 @@ static void gf_driver(void (*deq)(const void *, float *, int64_t), int be, size_
     void kern_avx512_gemm_##name##_f32(KERN_GEMM_F32_ARGS)                                         \
     {                                                                                              \
         const struct dtype_info *di = dtype_get(type);                                             \
-        gf_driver(type == DTYPE_F32 ? NULL : kern_cpu_fns_avx512.dequant_row[type],                \
+        gf_driver(type == DTYPE_F32    ? NULL                                                      \
+                  : type == DTYPE_Q4_0 ? deq_q4_0                                                  \
+                  : type == DTYPE_Q4_1 ? deq_q4_1                                                  \
+                  : type == DTYPE_Q8_0 ? deq_q8_0                                                  \
+                                       : kern_cpu_fns_avx512.dequant_row[type],                    \
                   di->block_elems, (size_t)di->block_bytes, w, row_bytes, n_rows, x, ldx, n_tok,   \
                   n, y, ldy);                                                                      \
     }
@@ -188,55 +240,62 @@ static inline __m512i gq_row_offsets(size_t row_bytes, int nr)
     return _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)row_bytes));
 }
 
-/* 16 rows x 4 dwords (16 bytes at p[r]) -> v[s] lane r = dword s of row r. */
-static inline void transpose_16x4(const uint8_t *const p[16], __m512i v[4])
+/* 16 rows x 4 dwords (16 bytes at base + off[r]) -> v[s] lane r = dword s of row r. */
+static ALWAYS_INLINE void transpose_16x4(const uint8_t *base, const size_t off[16], __m512i v[4])
 {
-    __m512i z[4];
-    for (int g = 0; g < 4; g++) {
-        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p[4 * g]));
-        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 1]), 1);
-        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 2]), 2);
-        z[g] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)p[4 * g + 3]), 3);
-    }
+#define LD4(r) _mm_loadu_si128((const __m128i *)(base + off[r]))
+#define Z4(g)                                                                                      \
+    _mm512_inserti32x4(                                                                            \
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(LD4(4 * (g))),               \
+                                              LD4(4 * (g) + 1), 1),                                \
+                           LD4(4 * (g) + 2), 2),                                                   \
+        LD4(4 * (g) + 3), 3)
+    __m512i z0 = Z4(0), z1 = Z4(1), z2 = Z4(2), z3 = Z4(3);
+#undef Z4
+#undef LD4
     const __m512i i01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
     const __m512i i23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
-    __m512i a01 = _mm512_permutex2var_epi32(z[0], i01, z[1]); /* s0 rows 0-7 | s1 rows 0-7 */
-    __m512i a23 = _mm512_permutex2var_epi32(z[0], i23, z[1]);
-    __m512i b01 = _mm512_permutex2var_epi32(z[2], i01, z[3]); /* rows 8-15 */
-    __m512i b23 = _mm512_permutex2var_epi32(z[2], i23, z[3]);
+    __m512i a01 = _mm512_permutex2var_epi32(z0, i01, z1); /* s0 rows 0-7 | s1 rows 0-7 */
+    __m512i a23 = _mm512_permutex2var_epi32(z0, i23, z1);
+    __m512i b01 = _mm512_permutex2var_epi32(z2, i01, z3); /* rows 8-15 */
+    __m512i b23 = _mm512_permutex2var_epi32(z2, i23, z3);
     v[0] = _mm512_shuffle_i64x2(a01, b01, 0x44);
     v[1] = _mm512_shuffle_i64x2(a01, b01, 0xEE);
     v[2] = _mm512_shuffle_i64x2(a23, b23, 0x44);
     v[3] = _mm512_shuffle_i64x2(a23, b23, 0xEE);
 }
 
-/* 16 rows x 8 dwords (32 bytes at p[r]) -> v[s] lane r = dword s of row r. */
-static inline void transpose_16x8(const uint8_t *const p[16], __m512i v[8])
+/* 16 rows x 8 dwords (32 bytes at base + off[r]) -> v[s] lane r = dword s of row r. */
+static ALWAYS_INLINE void transpose_16x8(const uint8_t *base, const size_t off[16], __m512i v[8])
 {
     __m512i z[8]; /* rows 2g, 2g+1 */
+    UNROLL
     for (int g = 0; g < 8; g++)
         z[g] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p[2 * g])),
-            _mm256_loadu_si256((const __m256i *)p[2 * g + 1]), 1);
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(base + off[2 * g]))),
+            _mm256_loadu_si256((const __m256i *)(base + off[2 * g + 1])), 1);
     /* stage 1: rows 4h..4h+3, lane 4s' + i (s' = s or s - 4, i = row in the four) */
     const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
     const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
     __m512i c[4][2];
+    UNROLL
     for (int h = 0; h < 4; h++) {
         c[h][0] = _mm512_permutex2var_epi32(z[2 * h], lo, z[2 * h + 1]);
         c[h][1] = _mm512_permutex2var_epi32(z[2 * h], hi, z[2 * h + 1]);
     }
     /* stage 2: rows 8q..8q+7, lane 8s'' + i for s pairs (0,1), (2,3) of each half */
-    const __m512i e01 =
-        _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i e01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i e23 = _mm512_add_epi32(e01, _mm512_set1_epi32(8));
     __m512i d[2][4];
+    UNROLL
     for (int q = 0; q < 2; q++)
-        for (int half = 0; half < 2; half++) {
-            d[q][2 * half] = _mm512_permutex2var_epi32(c[2 * q][half], e01, c[2 * q + 1][half]);
-            d[q][2 * half + 1] = _mm512_permutex2var_epi32(c[2 * q][half], e23, c[2 * q + 1][half]);
-        }
+        UNROLL
+    for (int half = 0; half < 2; half++) {
+        d[q][2 * half] = _mm512_permutex2var_epi32(c[2 * q][half], e01, c[2 * q + 1][half]);
+        d[q][2 * half + 1] = _mm512_permutex2var_epi32(c[2 * q][half], e23, c[2 * q + 1][half]);
+    }
     /* stage 3: d[q][u] holds s = 2u (lanes 0-7) and 2u+1 (lanes 8-15) of rows 8q.. */
+    UNROLL
     for (int u = 0; u < 4; u++) {
         v[2 * u] = _mm512_shuffle_i64x2(d[0][u], d[1][u], 0x44);
         v[2 * u + 1] = _mm512_shuffle_i64x2(d[0][u], d[1][u], 0xEE);
@@ -255,34 +314,34 @@ static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, in
                                           : offsetof(struct kern_block_q8_0, qs);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i offs = gq_row_offsets(row_bytes, nr);
-    const uint8_t *p[16];
+    size_t roff[16]; /* lanes past nr repeat the last row */
     for (int r = 0; r < 16; r++)
-        p[r] = (const uint8_t *)rows + (size_t)(r < nr ? r : nr - 1) * row_bytes + qoff;
+        roff[r] = (size_t)(r < nr ? r : nr - 1) * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         struct gq_blk *o = &dst[b];
+        const uint8_t *base = (const uint8_t *)rows + (size_t)b * bb;
         /* the scale dword (d, and m for Q4_1; else d and two quant bytes) of each row */
-        __m512i dm = _mm512_i32gather_epi32(
-            _mm512_add_epi32(offs, _mm512_set1_epi32((int)((size_t)b * bb))), rows, 1);
+        __m512i dm = _mm512_i32gather_epi32(offs, base, 1);
         _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         if (kind == GQ_Q4_1)
             _mm512_store_ps(o->m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
         if (kind == GQ_Q8_0) {
             __m512i v[8];
-            transpose_16x8(p, v);
+            transpose_16x8(base + qoff, roff, v);
+            UNROLL
             for (int s = 0; s < 8; s++)
                 _mm512_store_si512((__m512i *)o->q[s],
                                    _mm512_xor_si512(v[s], _mm512_set1_epi8((char)0x80)));
         } else {
             __m512i v[4];
-            transpose_16x4(p, v);
+            transpose_16x4(base + qoff, roff, v);
+            UNROLL
             for (int s = 0; s < 4; s++) {
                 _mm512_store_si512((__m512i *)o->q[s], _mm512_and_si512(v[s], low4));
                 _mm512_store_si512((__m512i *)o->q[s + 4],
                                    _mm512_and_si512(_mm512_srli_epi32(v[s], 4), low4));
             }
         }
-        for (int r = 0; r < 16; r++)
-            p[r] += bb;
     }
 }
 
