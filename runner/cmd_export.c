@@ -288,6 +288,8 @@ static enum status export_tar(struct exporter *x, const char *out, int zst,
         st = err_set(err, ST_ERR_IO, "cannot write %s: %s", out, archive_error_string(a));
     char dir[4096] = "";
     for (size_t i = 0; !st && i < n; i++) {
+        if (!sh[i].committed_bytes)
+            continue;
         const char *slash = strrchr(sh[i].path, '/');
         char name[600];
         snprintf(name, sizeof(name), "%s/%s", x->job.name, slash ? slash + 1 : sh[i].path);
@@ -381,7 +383,7 @@ int runner_cmd_export(int argc, char **argv)
         }
         for (int kind = 0; !st && kind < 2; kind++)
             for (size_t i = 0; !st && i < n_sh; i++) {
-                if ((int)sh[i].kind != kind)
+                if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
                     continue;
                 x.cur_shard = sh[i].id;
                 st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, &x, &err);

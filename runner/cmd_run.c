@@ -322,19 +322,37 @@ fail:
     return st;
 }
 
+/* Mark a shard closed with the sha256 of its committed bytes. A shard that never committed
+ * anything (its run died or stopped before the first flush) is closed empty and its file
+ * removed, so the output directory holds only shards with records. */
+static enum status shard_seal(struct run *r, int64_t id, const char *path, uint64_t bytes,
+                              struct err_detail *err)
+{
+    char sha[SHA256_HEX_LEN];
+    enum status st;
+    if (bytes == 0) {
+        if (unlink(path) && errno != ENOENT)
+            return err_set(err, ST_ERR_IO, "cannot remove empty shard %s: %s", path,
+                           strerror(errno));
+        sha256_buf_hex("", 0, sha);
+        st = ST_OK;
+    } else {
+        st = sha256_file(path, bytes, sha, err);
+    }
+    if (!st)
+        st = queue_shard_close(r->q, r->run_id, id, sha, err);
+    return st;
+}
+
 /* Close the shard: hash its committed bytes and mark it closed in the queue. */
 static enum status shard_finish(struct run *r, struct oshard *s, struct err_detail *err)
 {
     if (!s->sh)
         return ST_OK;
-    char sha[SHA256_HEX_LEN];
     uint64_t bytes = io_shard_committed_bytes(s->sh);
     io_shard_close(s->sh);
     s->sh = NULL;
-    enum status st = sha256_file(s->path, bytes, sha, err);
-    if (!st)
-        st = queue_shard_close(r->q, r->run_id, s->id, sha, err);
-    return st;
+    return shard_seal(r, s->id, s->path, bytes, err);
 }
 
 static enum status shard_append(struct run *r, struct oshard *s, int64_t item, char *line,
@@ -648,13 +666,13 @@ static enum status recover_shards(struct run *r, struct err_detail *err)
         struct err_detail e2 = {0};
         if (queue_shard_adopt(r->q, sh[i].id, r->run_id, (int64_t)(r->o->lease * 1000), &e2))
             continue; /* a live run still writes it */
-        struct io_shard *w;
-        if ((st = io_shard_open(&w, sh[i].path, sh[i].committed_bytes, 3, err)))
-            break;
-        io_shard_close(w);
-        char sha[SHA256_HEX_LEN];
-        if (!(st = sha256_file(sh[i].path, sh[i].committed_bytes, sha, err)))
-            st = queue_shard_close(r->q, r->run_id, sh[i].id, sha, err);
+        if (sh[i].committed_bytes) { /* cut the uncommitted tail */
+            struct io_shard *w;
+            if ((st = io_shard_open(&w, sh[i].path, sh[i].committed_bytes, 3, err)))
+                break;
+            io_shard_close(w);
+        }
+        st = shard_seal(r, sh[i].id, sh[i].path, sh[i].committed_bytes, err);
         LOG_INFO("recovered shard %s at %llu committed bytes", sh[i].path,
                  (unsigned long long)sh[i].committed_bytes);
     }
@@ -672,7 +690,7 @@ static enum status write_manifest(struct run *r, int complete, struct err_detail
     struct io_manifest_shard *ms = calloc(n + 1, sizeof(*ms));
     size_t k = 0;
     for (size_t i = 0; ms && i < n; i++) {
-        if (sh[i].state != QUEUE_SHARD_CLOSED)
+        if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
             continue;
         const char *slash = strrchr(sh[i].path, '/');
         ms[k].name = slash ? slash + 1 : sh[i].path;
