@@ -19,8 +19,13 @@
 #include "kernels/kernels.h"
 #include "tests/test_util.h"
 
-#define N_PROMPTS 64
+#define N_PROMPTS 64 /* prompts decoded together in the batch-invariance tests */
 #define GEN 8
+
+/* Under sanitizers (QUERN_SANITIZE set by `make asan test`) the batch-invariance tests use
+ * the first 16 prompts: ASan makes each of the 64 solo runs ~10x slower, and the full
+ * 64-prompt check already runs in the normal suite of the same CI job. */
+static int n_prompts(void) { return getenv("QUERN_SANITIZE") ? 16 : N_PROMPTS; }
 
 /* ---- block manager ---- */
 
@@ -266,9 +271,10 @@ static void assert_same(const struct result *a, const struct result *b, int n, c
 static void batch_invariance(struct fixture *f, int sampled)
 {
     static struct result alone[N_PROMPTS], together[N_PROMPTS];
+    const int np = n_prompts();
     struct engine_params p;
     params(&p, 1, 64, 64, 0);
-    for (int i = 0; i < N_PROMPTS; i++)
+    for (int i = 0; i < np; i++)
         run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, sampled, &alone[i], NULL);
     /* together: every "alone" run used request id req-0 (its only request), so the batched
      * run gives every request that id too, and the same seed */
@@ -277,7 +283,7 @@ static void batch_invariance(struct fixture *f, int sampled)
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
-    for (int i = 0; i < N_PROMPTS; i++) {
+    for (int i = 0; i < np; i++) {
         struct engine_request r = {0};
         r.prompt = f->prompt[i];
         r.n_prompt = f->n_prompt[i];
@@ -306,10 +312,11 @@ static void batch_invariance(struct fixture *f, int sampled)
     }
     st = *engine_get_stats(e);
     engine_free(e);
-    assert_true(max_batch_seqs == N_PROMPTS);
-    assert_true(st.batch_seqs / st.steps > 32); /* really batched */
-    assert_same(alone, together, N_PROMPTS, sampled ? "sampled" : "greedy");
-    for (int i = 0; i < N_PROMPTS; i++)
+    assert_true(max_batch_seqs == (size_t)np);
+    assert_true(st.batch_seqs / st.steps > (uint64_t)np / 2); /* really batched */
+    assert_same(alone, together, np, sampled ? "sampled" : "greedy");
+    print_message("%d prompts: batched tokens equal solo tokens\n", np);
+    for (int i = 0; i < np; i++)
         assert_int_equal(together[i].n, GEN);
 }
 

@@ -8,12 +8,20 @@
 #  4. two concurrent runs on one DB: no item processed twice;
 #  5. a bad input file: valid lines complete, each bad line is reported with its number;
 #  6. the same prompts as .tar.zst and .zip give the same results as .jsonl.
+# Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
+# first 12 examples with 5 crash trials: ASan makes every run several times slower, and
+# the full-size checks run in the normal suite of the same CI job.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
 EX=$(realpath examples/prompts.jsonl)
 TRIALS=${QUERN_CRASH_TRIALS:-20}
 tmp=$(mktemp -d)
+if [ -n "${QUERN_SANITIZE:-}" ]; then
+    TRIALS=${QUERN_CRASH_TRIALS:-5}
+    head -12 "$EX" >"$tmp/examples12.jsonl"
+    EX=$tmp/examples12.jsonl
+fi
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cd "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Compare `quern bench` with llama.cpp (tools/bench_llamacpp.py) on the same offline workload,
+# one run after another on this machine: N requests of L random prompt tokens (same seed, so
+# the same prompts), M greedy tokens each (EOS ignored), all arriving at once.
+#
+# usage: tools/bench_compare.sh [RESULTS_DIR]        (default /tmp/bench-results)
+#
+# Environment (defaults in brackets):
+#   BENCH_N / BENCH_L / BENCH_M   requests, prompt length, output length [256 / 128 / 128]
+#   BENCH_THREADS                 threads for both engines [2]
+#   BENCH_SEED                    prompt seed [1]
+#   QUERN                         quern binary [bin/quern]
+#   QUERN_MAX_SEQS                batched quern --max-seqs [256]
+#   QUERN_BATCH_TOKENS            quern --max-batch-tokens [512]
+#   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
+#   QUERN_AVX2                    1 = also run batched quern q8 with --isa avx2, the ISA the
+#                                 installed llama.cpp was built for [1]
+#   LLAMA_PARALLEL                llama.cpp --parallel values to try ["32 64"]; 256 is much
+#                                 slower per token (per-sequence KV streams) and takes >10 min
+#   LLAMA_BATCH                   llama.cpp --batch (n_batch = n_ubatch) [512]
+#   LLAMA_EXTRA                   extra bench_llamacpp.py flags, e.g. "--flash-attn off" []
+#   PYTHON                        [python3]
+#
+# Each run's JSON goes to RESULTS_DIR/NAME.json and its stderr to RESULTS_DIR/NAME.log; a
+# summary table (ratios against quern --max-seqs 1 and the best llama.cpp run) goes to
+# stdout and RESULTS_DIR/summary.txt.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+
+RES=${1:-/tmp/bench-results}
+N=${BENCH_N:-256}
+L=${BENCH_L:-128}
+M=${BENCH_M:-128}
+T=${BENCH_THREADS:-2}
+SEED=${BENCH_SEED:-1}
+QUERN=${QUERN:-bin/quern}
+QSEQS=${QUERN_MAX_SEQS:-256}
+QBATCH=${QUERN_BATCH_TOKENS:-512}
+QPEAK=${QUERN_PEAK_SECONDS:-1}
+QAVX2=${QUERN_AVX2:-1}
+LPAR=${LLAMA_PARALLEL:-32 64}
+LBATCH=${LLAMA_BATCH:-512}
+LEXTRA=${LLAMA_EXTRA:-}
+PY=${PYTHON:-python3}
+
+mkdir -p "$RES" || exit 1
+echo "workload: $N requests x $L prompt tokens x $M output tokens, $T threads, seed $SEED" >&2
+echo "results:  $RES" >&2
+
+RUNS=()
+# run NAME CMD...: stdout -> NAME.json, stderr -> NAME.log
+run() {
+    local name=$1
+    shift
+    echo "== $name: $*" >&2
+    local t0=$SECONDS
+    if "$@" >"$RES/$name.json" 2>"$RES/$name.log"; then
+        echo "   done in $((SECONDS - t0)) s" >&2
+    else
+        echo "   FAILED (exit $?), see $RES/$name.log" >&2
+        tail -n 5 "$RES/$name.log" >&2
+    fi
+    RUNS+=("$name")
+}
+
+common_q=(bench --prompts "$N" --input-len "$L" --output-len "$M" --threads "$T" --seed "$SEED"
+          --peak-seconds "$QPEAK")
+if "$QUERN" bench --help >/dev/null 2>&1; then
+    run quern_seqs1 "$QUERN" "${common_q[@]}" --max-seqs 1 --max-batch-tokens "$QBATCH"
+    run "quern_seqs${QSEQS}_exact" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
+        --max-batch-tokens "$QBATCH" --matmul exact
+    run "quern_seqs${QSEQS}_q8" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
+        --max-batch-tokens "$QBATCH" --matmul q8
+    if [ "$QAVX2" = 1 ]; then
+        run "quern_seqs${QSEQS}_q8_avx2" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
+            --max-batch-tokens "$QBATCH" --matmul q8 --isa avx2
+    fi
+else
+    echo "warning: '$QUERN bench' is not available (build it first); quern runs skipped" >&2
+fi
+
+for p in $LPAR; do
+    # shellcheck disable=SC2086 # LEXTRA is a list of flags
+    run "llamacpp_par$p" "$PY" tools/bench_llamacpp.py --prompts "$N" --input-len "$L" \
+        --output-len "$M" --threads "$T" --seed "$SEED" --parallel "$p" --batch "$LBATCH" $LEXTRA
+done
+
+"$PY" - "$RES" "${RUNS[@]}" <<'EOF' | tee "$RES/summary.txt"
+import json, os, sys
+res, names = sys.argv[1], sys.argv[2:]
+rows = []
+for n in names:
+    try:
+        with open(os.path.join(res, n + ".json")) as f:
+            rows.append((n, json.load(f)))
+    except (OSError, ValueError):
+        rows.append((n, None))
+ok = [(n, j) for n, j in rows if j]
+base = next((j["output_tok_s"] for n, j in ok if n == "quern_seqs1"), None)
+llama = [j["output_tok_s"] for n, j in ok if n.startswith("llamacpp")]
+best = max(llama) if llama else None
+def ratio(x, d):
+    return "%.2fx" % (x / d) if d else "-"
+hdr = "%-26s %9s %11s %11s %10s %10s  %s" % ("run", "elapsed_s", "out_tok/s", "total_tok/s",
+                                              "vs_seqs1", "vs_llama", "notes")
+print(hdr)
+print("-" * len(hdr))
+for n, j in rows:
+    if not j:
+        print("%-26s %9s  (failed, see %s.log)" % (n, "-", n))
+        continue
+    if "engine" in j:
+        note = "par %s, batch %s, fa %s, kv %s" % (j.get("parallel"), j.get("batch"),
+                                                  j.get("flash_attn"),
+                                                  "unified" if j.get("kv_unified") else "per-seq")
+        c = j.get("check")
+        if c:
+            note += ", check %d/%d tok" % (c["matching_tokens"], c["tokens"])
+    else:
+        note = "seqs %s, batch %s, %s, isa %s" % (j.get("max_seqs"), j.get("max_batch_tokens"),
+                                                 j.get("matmul"), j.get("isa"))
+    print("%-26s %9.2f %11.1f %11.1f %10s %10s  %s" % (
+        n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
+        ratio(j["output_tok_s"], base), ratio(j["output_tok_s"], best), note))
+EOF
