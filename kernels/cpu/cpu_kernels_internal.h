@@ -148,4 +148,9 @@ void kern_avx2_dequant_q4_1(const void *src, float *dst, int64_t n);
 void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n);
 void kern_avx2_matvec_q6_k_f32(KERN_MATVEC_ARGS);
 
+/* Attention helpers (attn_avx2.c); head_dim % 8 == 0. */
+void kern_avx2_attn_scores(const float *q, const float *const *k, int n, int hd, float scale,
+                           float *out);
+void kern_avx2_attn_accum(float *acc, const float *const *v, const float *w, int n, int hd);
+
 #endif
