@@ -289,31 +289,6 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
     return ok;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of sorted v[0..n). */
-static double pct(const double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    size_t k = (size_t)ceil(p / 100.0 * (double)n);
-    return v[k ? k - 1 : 0];
-}
-
-static cJSON *pct_json(double *v, size_t n)
-{
-    qsort(v, n, sizeof(double), cmp_double);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "p50", pct(v, n, 50));
-    cJSON_AddNumberToObject(o, "p90", pct(v, n, 90));
-    cJSON_AddNumberToObject(o, "p99", pct(v, n, 99));
-    return o;
-}
-
 /* 2 x parameters of every matmul weight: FLOPs per token, attention excluded. */
 static double model_flops_per_token(const struct engine_model *m)
 {
@@ -465,8 +440,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "output_tok_s", (double)out_tok / elapsed);
     cJSON_AddNumberToObject(j, "total_tok_s", total_tps);
     cJSON_AddNumberToObject(j, "requests_s", (double)ps.count / elapsed);
-    cJSON_AddItemToObject(j, "ttft_ms", pct_json(ttft, done));
-    cJSON_AddItemToObject(j, "tpot_ms", pct_json(tpot, done));
+    runner_add_percentiles(j, "ttft_ms", ttft, done);
+    runner_add_percentiles(j, "tpot_ms", tpot, done);
     cJSON_AddNumberToObject(j, "steps", (double)es->steps);
     cJSON_AddNumberToObject(j, "mean_batch_seqs",
                             es->steps ? (double)es->batch_seqs / (double)es->steps : 0);

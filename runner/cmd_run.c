@@ -857,24 +857,6 @@ static int run_job(struct run *r, struct err_detail *err)
     return r->t_stop && !complete ? 0 : 1;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void add_pct(cJSON *o, const char *name, double *v, size_t n)
-{
-    cJSON *p = cJSON_AddObjectToObject(o, name);
-    qsort(v, n, sizeof(double), cmp_d);
-    static const double q[3] = {50, 90, 99};
-    static const char *const k[3] = {"p50", "p90", "p99"};
-    for (int i = 0; i < 3; i++) {
-        size_t idx = n ? (size_t)ceil(q[i] / 100.0 * (double)n) : 0;
-        cJSON_AddNumberToObject(p, k[i], n ? v[idx ? idx - 1 : 0] : 0);
-    }
-}
-
 /* The run's JSON summary (caller frees). */
 static char *summary_json(struct run *r, const char *reason)
 {
@@ -890,8 +872,8 @@ static char *summary_json(struct run *r, const char *reason)
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->tok_in);
     cJSON_AddNumberToObject(o, "completion_tokens", (double)r->tok_out);
     cJSON_AddNumberToObject(o, "output_tok_s", el > 0 ? (double)r->tok_out / el : 0);
-    add_pct(o, "ttft_ms", r->ttft, r->n_lat);
-    add_pct(o, "tpot_ms", r->tpot, r->n_lat);
+    runner_add_percentiles(o, "ttft_ms", r->ttft, r->n_lat);
+    runner_add_percentiles(o, "tpot_ms", r->tpot, r->n_lat);
     cJSON_AddNumberToObject(o, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -33,6 +33,12 @@ int runner_parse_float(const char *cmd, const char *flag, const char *s, double 
 /* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);
 
+/* Add {"p50","p90","p99"} (nearest-rank percentiles of v[0..n), which is sorted in place)
+ * to the JSON object o under name. Declared with an opaque pointer so callers need cJSON only
+ * where they use it. */
+struct cJSON;
+void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t n);
+
 /* Online CPU count (>= 1): the default for --threads. */
 int runner_default_threads(void);
 

@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "runner/runner.h"
 
 int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
@@ -120,4 +122,22 @@ char *runner_read_stdin(size_t *len)
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t n)
+{
+    static const double q[3] = {50, 90, 99};
+    static const char *const k[3] = {"p50", "p90", "p99"};
+    cJSON *p = cJSON_AddObjectToObject(o, name);
+    qsort(v, n, sizeof(double), cmp_double);
+    for (int i = 0; i < 3; i++) {
+        size_t idx = n ? (size_t)ceil(q[i] / 100.0 * (double)n) : 0;
+        cJSON_AddNumberToObject(p, k[i], n ? v[idx ? idx - 1 : 0] : 0);
+    }
 }
