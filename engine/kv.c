@@ -11,7 +11,7 @@
 
 size_t engine_kv_bytes_per_token(int n_layer, int kv_dim)
 {
-    return (size_t)n_layer * 2 * (size_t)kv_dim * sizeof(float);
+    return (size_t)n_layer * 2 * (size_t)kv_dim * sizeof(uint16_t); /* IEEE half */
 }
 
 static uint64_t mix64(uint64_t x)
@@ -55,8 +55,8 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int kv_dim, int 
     kv->table_mask = tsize - 1;
     size_t per_layer = (size_t)n_blocks * (size_t)block_size * (size_t)kv_dim;
     size_t nb = (size_t)n_blocks;
-    kv->k = calloc(per_layer * (size_t)n_layer, sizeof(float));
-    kv->v = calloc(per_layer * (size_t)n_layer, sizeof(float));
+    kv->k = calloc(per_layer * (size_t)n_layer, sizeof(uint16_t));
+    kv->v = calloc(per_layer * (size_t)n_layer, sizeof(uint16_t));
     kv->ref = calloc(nb, sizeof(*kv->ref));
     kv->hash = calloc(nb, sizeof(*kv->hash));
     kv->phash = calloc(nb, sizeof(*kv->phash));

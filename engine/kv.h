@@ -31,8 +31,9 @@ struct engine_kv {
     int kv_dim;                  /* n_kv_head * head_dim */
     int block_size;              /* tokens per block */
     int32_t n_blocks;            /* blocks in the pool */
-    float *k;                    /* n_layer x n_blocks x block_size x kv_dim */
-    float *v;                    /* same shape */
+    uint16_t *k;                 /* halves, per layer n_blocks x block_size x kv_dim, laid out
+                                  * as struct kern_kv_layer says */
+    uint16_t *v;                 /* same size */
     int32_t *ref;                /* per block: sequences holding it */
     uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
     int32_t *btok;               /* per block: its block_size token ids (for exact matching) */

@@ -301,7 +301,7 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
         k->matmul(be, &L->wv, xn, vv, n);
         k->rope(be, q, b->pos, n, hp->n_head, hd, hp->rope_dim, hp->rope_theta);
         k->rope(be, kk, b->pos, n, hp->n_kv_head, hd, hp->rope_dim, hp->rope_theta);
-        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, kv_dim, kk, vv, n);
+        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n);
         struct kern_attn a = {
             .n_tok = n, .q = q, .out = att, .pos = b->pos, .block_table = m->tables,
             .kv = kvl, .block_size = kv->block_size, .n_head = hp->n_head,

@@ -18,11 +18,16 @@ struct kern_tensor {
     const void *data; /* ne1 * row_bytes bytes (not owned) */
 };
 
-/* One layer's KV storage as a pool of fixed-size blocks: element [b][i][c] is channel c of
- * the i-th token of block b, with n_kv_head * head_dim channels per token. */
+/* One layer's KV storage: a pool of fixed-size blocks of IEEE half floats. Block b holds, for
+ * each KV head g, a tile of block_size (B) tokens x head_dim (D) channels:
+ *   key     channel c of token i: k[((b * n_kv_head + g) * D + c) * B + i]   (channel-major)
+ *   value   channel c of token i: v[((b * n_kv_head + g) * B + i) * D + c]   (token-major)
+ * Keys are channel-major so that one vector load gives a channel of consecutive tokens (scores
+ * of 16 keys come out of D vector FMAs, no horizontal sums); values are token-major for the
+ * weighted sum. One tile is contiguous, so a query head group streams it once. */
 struct kern_kv_layer {
-    float *k; /* n_blocks * block_size * kv_dim floats */
-    float *v; /* same shape */
+    uint16_t *k; /* n_blocks * n_kv_head * head_dim * block_size halves */
+    uint16_t *v; /* same size */
 };
 
 /* Arguments of one attention call over a batch of tokens from several sequences. Token t
@@ -65,10 +70,14 @@ struct kern_ops {
     void (*swiglu)(struct kern_backend *b, float *gate, const float *up, long n);
     /* y[i] += x[i] */
     void (*add)(struct kern_backend *b, float *y, const float *x, long n);
-    /* Write token rows k, v (n_tok x kv_dim) into their slots of the pool. */
+    /* Write token rows k, v (n_tok x n_kv_head * head_dim floats) into their slots of the pool,
+     * rounded to half (nearest even). */
     void (*kv_store)(struct kern_backend *b, struct kern_kv_layer kv,
                      const int32_t *const *block_table, const int32_t *pos, int block_size,
-                     int kv_dim, const float *k, const float *v, int n_tok);
+                     int n_kv_head, int head_dim, const float *k, const float *v, int n_tok);
+    /* Softmax attention of every (token, head) of the batch over its own sequence's KV. Each
+     * query head group (the n_head / n_kv_head heads sharing a KV head) reads its KV tile once.
+     * Batch-invariant: a token's output does not depend on the rest of the batch. */
     void (*attention)(struct kern_backend *b, const struct kern_attn *a);
 };
 

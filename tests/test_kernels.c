@@ -1626,6 +1626,115 @@ static void test_threads(void **state)
     free(w);
 }
 
+/* ---- attention over the f16 paged KV cache ----------------------------------------------- */
+
+/* Straightforward float64 attention over the layout of struct kern_kv_layer: all scores, max,
+ * exp, normalize, weighted sum. Independent of the kernels' run/online-softmax structure. */
+static void naive_attention(const struct kern_attn *a, int t, double *out)
+{
+    const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
+    const int n = a->pos[t] + 1;
+    double *sc = malloc(sizeof(double) * (size_t)n);
+    for (int h = 0; h < a->n_head; h++) {
+        const int g = h / G;
+        const float *q = a->q + ((size_t)t * a->n_head + h) * D;
+        double mx = -INFINITY, sum = 0;
+        for (int p = 0; p < n; p++) {
+            size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
+            double d = 0;
+            for (int c = 0; c < D; c++)
+                d += (double)q[c] * kern_f16_to_f32(a->kv.k[(tile * D + c) * B + p % B]);
+            sc[p] = d * a->scale;
+            mx = sc[p] > mx ? sc[p] : mx;
+        }
+        for (int p = 0; p < n; p++)
+            sum += (sc[p] = exp(sc[p] - mx));
+        for (int c = 0; c < D; c++) {
+            double acc = 0;
+            for (int p = 0; p < n; p++) {
+                size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
+                acc += sc[p] * kern_f16_to_f32(a->kv.v[(tile * B + p % B) * D + c]);
+            }
+            out[h * D + c] = acc / sum;
+        }
+    }
+    free(sc);
+}
+
+/* Every table's attn_group against naive_attention, for several head shapes, block sizes
+ * (multiples of 16 and not), sequence lengths (1 to past several blocks; partial runs) and
+ * blocks scattered in the pool. Scores are large enough that the softmax is peaked, so the
+ * running-max rescale is exercised. */
+static void test_attention_vs_naive(void **state)
+{
+    (void)state;
+    static const struct {
+        int n_head, n_kv_head, head_dim, block_size;
+    } shapes[] = {{9, 3, 64, 16}, {8, 8, 64, 16}, {8, 1, 128, 32}, {6, 3, 64, 8},
+                  {4, 2, 32, 16}, {3, 3, 10, 5},  {12, 4, 64, 48}};
+    struct rng r = {0x51ED};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int H = shapes[si].n_head, KV = shapes[si].n_kv_head, D = shapes[si].head_dim;
+        const int B = shapes[si].block_size, n_blocks = 64, n_tok = 6;
+        static const int lens[6] = {1, 2, 17, 33, 100, 257};
+        size_t pool = (size_t)n_blocks * KV * D * B;
+        uint16_t *k = malloc(pool * sizeof(uint16_t)), *v = malloc(pool * sizeof(uint16_t));
+        for (size_t i = 0; i < pool; i++) {
+            k[i] = kern_f32_to_f16(rng_uniform(&r, -2.0f, 2.0f));
+            v[i] = kern_f32_to_f16(rng_uniform(&r, -1.0f, 1.0f));
+        }
+        float *q = malloc(sizeof(float) * (size_t)n_tok * H * D);
+        float *out = malloc(sizeof(float) * (size_t)n_tok * H * D);
+        double *want = malloc(sizeof(double) * (size_t)H * D);
+        for (int i = 0; i < n_tok * H * D; i++)
+            q[i] = rng_uniform(&r, -1.5f, 1.5f);
+        int32_t pos[6], tables[6][64];
+        const int32_t *tp[6];
+        for (int t = 0; t < n_tok; t++) {
+            pos[t] = lens[t] - 1 < n_blocks * B - 1 ? lens[t] - 1 : n_blocks * B - 1;
+            for (int b = 0; b < n_blocks; b++) /* a random permutation of the pool */
+                tables[t][b] = b;
+            for (int b = n_blocks - 1; b > 0; b--) {
+                int j = (int)(rng_u64(&r) % (uint64_t)(b + 1));
+                int32_t x = tables[t][b];
+                tables[t][b] = tables[t][j];
+                tables[t][j] = x;
+            }
+            tp[t] = tables[t];
+        }
+        struct kern_attn a = {.n_tok = n_tok, .q = q, .out = out, .pos = pos, .block_table = tp,
+                              .kv = {k, v}, .block_size = B, .n_head = H, .n_kv_head = KV,
+                              .head_dim = D, .scale = 1.0f / sqrtf((float)D) * 4.0f};
+        for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+            const struct kern_cpu_fns *f = isa_fns(isa);
+            if (!f)
+                continue;
+            memset(out, 0xff, sizeof(float) * (size_t)n_tok * H * D); /* NaN: must be written */
+            for (int t = 0; t < n_tok; t++)
+                for (int g = 0; g < KV; g++)
+                    f->attn_group(&a, t, g);
+            double worst = 0;
+            for (int t = 0; t < n_tok; t++) {
+                naive_attention(&a, t, want);
+                for (int i = 0; i < H * D; i++) {
+                    double d = fabs((double)out[(size_t)t * H * D + i] - want[i]);
+                    if (!(d <= 2e-5))
+                        fail_msg("%s shape %zu token %d (len %d) elem %d: %g vs %g", f->name, si,
+                                 t, pos[t] + 1, i, (double)out[(size_t)t * H * D + i], want[i]);
+                    worst = d > worst ? d : worst;
+                }
+            }
+            print_message("attention %-12s H %2d KV %d D %3d B %2d: max |diff| %.2e\n", f->name, H,
+                          KV, D, B, worst);
+        }
+        free(k);
+        free(v);
+        free(q);
+        free(out);
+        free(want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1661,6 +1770,7 @@ int main(void)
         cmocka_unit_test(test_gemm_invariance_check_can_fail),
         cmocka_unit_test(test_gemm_threads),
         cmocka_unit_test(test_int8_peak),
+        cmocka_unit_test(test_attention_vs_naive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

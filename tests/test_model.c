@@ -16,10 +16,15 @@
 #include "kernels/kernels.h"
 #include "tests/test_util.h"
 
-/* Largest |ours - reference| accepted for any compared logit in exact mode (f32
- * activations, f32 KV; the reference computes in float64). The smallest top-1/top-2 margin
- * in the fixture is 0.021, so this also guarantees every argmax. */
-#define LOGIT_TOL 2e-3f
+/* Exact mode (f32 activations, f16 KV cache) against the float64 reference, which rounds
+ * K and V to half as the cache does. That rounding makes the comparison sensitive to the last
+ * bits before it: our f32 keys differ from the float64 ones by ~1e-6 relative, and the
+ * reference itself, fed keys scaled by (1 + 1e-6) before rounding, moves by mean 1.3e-3 and
+ * max 0.010 (measured 2026-11-29). So: max 0.02, mean 2e-3, and top-1 equal at every
+ * position. (With an f32 cache the difference was 5e-5; what the half cache costs against
+ * an f32 cache, up to 0.029, is in README "Accuracy".) */
+#define LOGIT_TOL      2e-2f
+#define LOGIT_MEAN_TOL 2e-3f
 /* In q8 mode (8-bit activations, as llama.cpp) single logits move by up to ~2.3 (llama.cpp
  * itself: 1.0-2.6 on these prompts); argmax must agree wherever the reference top-1/top-2
  * margin exceeds Q8_ARGMAX_MARGIN. */
@@ -110,8 +115,9 @@ static void run_seq(struct engine_model *m, const int32_t *ids, int n, int chunk
 /* Compare logits at every position of every fixture prompt; returns the worst difference.
  * Top-1 must match the reference wherever its margin exceeds argmax_margin. */
 static float compare_logits(struct engine_model *m, const cJSON *root, float argmax_margin,
-                            int *argmax_checked, int max_prompts)
+                            int *argmax_checked, int max_prompts, double *mean)
 {
+    double sum = 0;
     const int V = m->hp.n_vocab;
     const cJSON *probe = cJSON_GetObjectItem(root, "probe_ids");
     const cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
@@ -150,6 +156,7 @@ static float compare_logits(struct engine_model *m, const cJSON *root, float arg
                 int id = cJSON_GetArrayItem(e, 0)->valueint;
                 float d = fabsf(row[id] - (float)cJSON_GetArrayItem(e, 1)->valuedouble);
                 worst = d > worst ? d : worst;
+                sum += d;
                 compared++;
             }
             const cJSON *pr = cJSON_GetObjectItem(pi, "probe");
@@ -157,6 +164,7 @@ static float compare_logits(struct engine_model *m, const cJSON *root, float arg
                 int id = cJSON_GetArrayItem(probe, k)->valueint;
                 float d = fabsf(row[id] - (float)cJSON_GetArrayItem(pr, k)->valuedouble);
                 worst = d > worst ? d : worst;
+                sum += d;
                 compared++;
             }
         }
@@ -164,6 +172,7 @@ static float compare_logits(struct engine_model *m, const cJSON *root, float arg
         free(ids);
     }
     assert_true(compared > (max_prompts < 0 ? 10000 : 300));
+    *mean = sum / compared;
     return worst;
 }
 
@@ -171,11 +180,13 @@ static void test_logits_vs_reference(void **state)
 {
     struct fixture *f = *state;
     int checked;
-    float worst = compare_logits(f->m, f->root, 0.0f, &checked, -1);
-    print_message("exact: max |ours - reference| = %.6f over all compared logits (tolerance %g); "
-                  "top-1 equal at all %d positions\n",
-                  (double)worst, (double)LOGIT_TOL, checked);
+    double mean;
+    float worst = compare_logits(f->m, f->root, 0.0f, &checked, -1, &mean);
+    print_message("exact: max |ours - reference| = %.6f (tolerance %g), mean %.6f (tolerance %g) "
+                  "over all compared logits; top-1 equal at all %d positions\n",
+                  (double)worst, (double)LOGIT_TOL, mean, (double)LOGIT_MEAN_TOL, checked);
     assert_true(worst <= LOGIT_TOL);
+    assert_true(mean <= LOGIT_MEAN_TOL);
 }
 
 /* The scalar reference kernels (no SIMD: GEMM, attention) on the first prompt. */
@@ -189,9 +200,12 @@ static void test_scalar_isa_vs_reference(void **state)
     assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
     int checked;
-    float worst = compare_logits(m, f->root, 0.0f, &checked, 1);
-    print_message("scalar: max |ours - reference| = %.6f on the first prompt\n", (double)worst);
+    double mean;
+    float worst = compare_logits(m, f->root, 0.0f, &checked, 1, &mean);
+    print_message("scalar: max |ours - reference| = %.6f, mean %.6f on the first prompt\n",
+                  (double)worst, mean);
     assert_true(worst <= LOGIT_TOL);
+    assert_true(mean <= LOGIT_MEAN_TOL);
     engine_model_free(m);
     kern_cpu_backend_free(be);
 }
@@ -207,7 +221,8 @@ static void test_logits_q8_vs_reference(void **state)
     assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
     int checked;
-    float worst = compare_logits(m, f->root, Q8_ARGMAX_MARGIN, &checked, -1);
+    double mean;
+    float worst = compare_logits(m, f->root, Q8_ARGMAX_MARGIN, &checked, -1, &mean);
     print_message("q8: max |ours - reference| = %.4f (tolerance %g); top-1 equal at the %d "
                   "positions with margin > %g\n",
                   (double)worst, (double)LOGIT_TOL_Q8, checked, (double)Q8_ARGMAX_MARGIN);

@@ -1,31 +1,134 @@
-/* AVX2+FMA helpers for the CPU attention kernel (backend_cpu.c): scores of one query
- * against a run of keys, and the weighted sum of values. Only called after dispatch has
- * checked the CPU; head_dim must be a multiple of 8. Fixed summation order, so results do
- * not depend on anything but the inputs. */
+/* AVX2+FMA+F16C attention over the f16 paged KV cache (algorithm in attn_ref.c), and the
+ * float -> half conversion of new KV rows. The heads of a query group are processed one after
+ * another over the same key/value tiles (so the tiles come from cache after the first head);
+ * a run of 16 keys is two 8-lane score vectors. head_dim must be a multiple of 8, otherwise
+ * the scalar reference runs. Only reached through kern_cpu_fns_get(). */
 #include <immintrin.h>
+#include <string.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
 
-void kern_avx2_attn_scores(const float *q, const float *const *k, int n, int hd, float scale,
-                           float *out)
+void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n)
 {
-    for (int i = 0; i < n; i++) {
-        __m256 s = _mm256_setzero_ps();
-        for (int c = 0; c < hd; c += 8)
-            s = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k[i] + c), s);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        out[i] = _mm_cvtss_f32(h) * scale;
-    }
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        y[i] = kern_f32_to_f16(x[i]);
 }
 
-void kern_avx2_attn_accum(float *acc, const float *const *v, const float *w, int n, int hd)
+/* kern_attn_exp on 8 lanes: 0 for x < -87, -inf and NaN. */
+static inline __m256 exp8(__m256 x)
 {
-    for (int c = 0; c < hd; c += 8) {
-        __m256 a = _mm256_loadu_ps(acc + c);
-        for (int i = 0; i < n; i++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(v[i] + c), a);
-        _mm256_storeu_ps(acc + c, a);
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm256_and_ps(x, ok);
+    __m256i ni = _mm256_cvttps_epi32(
+        _mm256_sub_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(0.5f)));
+    __m256 n = _mm256_cvtepi32_ps(ni);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(KERN_EXP_C6), _mm256_set1_ps(KERN_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23));
+    return _mm256_and_ps(_mm256_castsi256_ps(e), ok);
+}
+
+static inline float hmax8(__m256 v)
+{
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
+{
+    const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
+    if (D % 8) {
+        kern_ref_attn_group(a, t, g);
+        return;
+    }
+    const int32_t *table = a->block_table[t];
+    const int32_t n = a->pos[t] + 1;
+    uint16_t kpad[KERN_MAX_HEAD_DIM * KERN_ATTN_RUN]; /* a partial run's keys, zero padded */
+    _Alignas(32) float pw[KERN_ATTN_RUN];
+    __m256 acc[KERN_MAX_HEAD_DIM / 8];
+    for (int h = 0; h < G; h++) {
+        const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G + h) * D;
+        float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G + h) * D;
+        float m = -1.0f / 0.0f;
+        __m256 lsum = _mm256_setzero_ps();
+        for (int j = 0; j < D / 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int32_t p0 = 0; p0 < n;) {
+            const int i0 = p0 % B;
+            int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
+            cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
+            const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
+            const uint16_t *kt = a->kv.k + tile * D * B + i0;
+            const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
+            size_t ks = (size_t)B; /* stride between channel rows of kt */
+            if (cnt < KERN_ATTN_RUN) {
+                memset(kpad, 0, sizeof(uint16_t) * (size_t)D * KERN_ATTN_RUN);
+                for (int c = 0; c < D; c++)
+                    memcpy(kpad + (size_t)c * KERN_ATTN_RUN, kt + (size_t)c * B,
+                           sizeof(uint16_t) * (size_t)cnt);
+                kt = kpad;
+                ks = KERN_ATTN_RUN;
+            }
+            __m256 lo0 = _mm256_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+            for (int c = 0; c < D; c += 2) {
+                const uint16_t *k0 = kt + (size_t)c * ks, *k1 = k0 + ks;
+                __m256 q0 = _mm256_set1_ps(q[c]), q1 = _mm256_set1_ps(q[c + 1]);
+                lo0 = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k0)), lo0);
+                hi0 = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + 8))), hi0);
+                lo1 = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k1)), lo1);
+                hi1 = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + 8))), hi1);
+            }
+            const __m256 scale = _mm256_set1_ps(a->scale), ninf = _mm256_set1_ps(-1.0f / 0.0f);
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256 vlo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lane));
+            __m256 vhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8), lane));
+            __m256 slo = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(lo0, lo1), scale), vlo);
+            __m256 shi = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(hi0, hi1), scale), vhi);
+            float bm = hmax8(_mm256_max_ps(slo, shi));
+            if (bm > m) {
+                __m256 r = _mm256_set1_ps(kern_attn_exp(m - bm)); /* 0 on the first run */
+                lsum = _mm256_mul_ps(lsum, r);
+                for (int j = 0; j < D / 8; j++)
+                    acc[j] = _mm256_mul_ps(acc[j], r);
+                m = bm;
+            }
+            __m256 mv = _mm256_set1_ps(m);
+            __m256 plo = exp8(_mm256_sub_ps(slo, mv)), phi = exp8(_mm256_sub_ps(shi, mv));
+            lsum = _mm256_add_ps(lsum, _mm256_add_ps(plo, phi));
+            _mm256_store_ps(pw, plo);
+            _mm256_store_ps(pw + 8, phi);
+            for (int i = 0; i < cnt; i++) {
+                const uint16_t *vr = vt + (size_t)i * D;
+                __m256 w = _mm256_set1_ps(pw[i]);
+                for (int j = 0; j < D / 8; j++)
+                    acc[j] = _mm256_fmadd_ps(
+                        w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8 * j))), acc[j]);
+            }
+            p0 += cnt;
+        }
+        __m256 l = _mm256_set1_ps(hsum8(lsum));
+        for (int j = 0; j < D / 8; j++)
+            _mm256_storeu_ps(out + 8 * j, _mm256_div_ps(acc[j], l));
     }
 }

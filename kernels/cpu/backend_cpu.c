@@ -16,7 +16,6 @@
 
 struct cpu_state {
     struct pool *pool;             /* worker threads */
-    int simd_attn;                 /* use the AVX2 attention helpers */
     const struct kern_cpu_fns *fn; /* per-ISA kernels */
     enum kern_act act;             /* activation precision of matmuls */
     struct kern_q8 *xq;            /* quantized activations scratch (thread 0 owns) */
@@ -136,134 +135,56 @@ static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
         y[i] += x[i];
 }
 
-static size_t kv_slot(const int32_t *table, int32_t pos, int block_size)
-{
-    return (size_t)table[pos / block_size] * (size_t)block_size + (size_t)(pos % block_size);
-}
-
+/* Token t's keys go channel-major into its block's tiles, values token-major (layout in
+ * struct kern_kv_layer); both rounded to half by the table's to_f16. */
 static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
                          const int32_t *const *block_table, const int32_t *pos, int block_size,
-                         int kv_dim, const float *k, const float *v, int n_tok)
+                         int n_kv_head, int head_dim, const float *k, const float *v, int n_tok)
 {
-    (void)b;
+    const struct kern_cpu_fns *fn = st_of(b)->fn;
+    const int B = block_size, D = head_dim, kv_dim = n_kv_head * head_dim;
+    uint16_t kh[KERN_MAX_HEAD_DIM];
     for (int t = 0; t < n_tok; t++) {
-        size_t slot = kv_slot(block_table[t], pos[t], block_size);
-        memcpy(kv.k + slot * kv_dim, k + (size_t)t * kv_dim, sizeof(float) * kv_dim);
-        memcpy(kv.v + slot * kv_dim, v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
-    }
-}
-
-/* e^x for x <= 0 in plain float arithmetic (no libm call, so loops over it vectorize and
- * the bits are the same everywhere): x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for
- * e^r, times 2^n built in the exponent bits. Relative error < 2e-7; 0 below -87. */
-static inline float attn_exp(float x)
-{
-    if (x < -87.0f)
-        return 0.0f;
-    float n = (float)(int)(x * 1.44269504f - 0.5f); /* round to nearest for x <= 0 */
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
-              r * (0.00833336729f + r * 0.00138888933f)))));
-    union {
-        float f;
-        int32_t i;
-    } u = {p};
-    u.i += (int32_t)n * (1 << 23);
-    return u.f;
-}
-
-/* q . k over hd channels (hd % 8 == 0) with 8 partial sums in a fixed order. */
-static inline float attn_dot(const float *q, const float *k, int hd)
-{
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c = 0; c < hd; c += 8)
-        for (int l = 0; l < 8; l++)
-            s[l] += q[c + l] * k[c + l];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-/* One (token, head) pair: softmax attention over positions 0..pos, 64 keys at a time
- * (scores, running max, rescale, weighted values). simd: use the AVX2 helpers. */
-static void attend_one(const struct kern_attn *a, int t, int h, int simd)
-{
-    const int hd = a->head_dim, kv_dim = a->n_kv_head * hd, B = a->block_size;
-    const int kvh = h / (a->n_head / a->n_kv_head);
-    const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-    float *out = a->out + ((size_t)t * a->n_head + h) * hd;
-    const int32_t *table = a->block_table[t];
-    float acc[KERN_MAX_HEAD_DIM], sc[64];
-    const float *kp[64], *vp[64];
-    float m = -INFINITY, l = 0.0f;
-    for (int c = 0; c < hd; c++)
-        acc[c] = 0.0f;
-    const int32_t n = a->pos[t] + 1;
-    for (int32_t p0 = 0; p0 < n; p0 += 64) {
-        int cnt = n - p0 < 64 ? (int)(n - p0) : 64;
-        for (int i = 0; i < cnt; i++) {
-            int32_t p = p0 + i;
-            size_t off = ((size_t)table[p / B] * (size_t)B + (size_t)(p % B)) * kv_dim +
-                         (size_t)kvh * hd;
-            kp[i] = a->kv.k + off;
-            vp[i] = a->kv.v + off;
-        }
-        if (simd) {
-            kern_avx2_attn_scores(q, kp, cnt, hd, a->scale, sc);
-        } else {
-            for (int i = 0; i < cnt; i++) {
-                float s1 = 0;
-                if (hd % 8 == 0) {
-                    s1 = attn_dot(q, kp[i], hd);
-                } else {
-                    for (int c = 0; c < hd; c++)
-                        s1 += q[c] * kp[i][c];
-                }
-                sc[i] = s1 * a->scale;
-            }
-        }
-        float bm = -INFINITY;
-        for (int i = 0; i < cnt; i++)
-            bm = sc[i] > bm ? sc[i] : bm;
-        if (bm > m) {
-            float r = attn_exp(m - bm); /* 0 on the first run of keys */
-            l *= r;
-            for (int c = 0; c < hd; c++)
-                acc[c] *= r;
-            m = bm;
-        }
-        for (int i = 0; i < cnt; i++) {
-            sc[i] = attn_exp(sc[i] - m);
-            l += sc[i];
-        }
-        if (simd) {
-            kern_avx2_attn_accum(acc, vp, sc, cnt, hd);
-        } else {
-            for (int i = 0; i < cnt; i++)
-                for (int c = 0; c < hd; c++)
-                    acc[c] += sc[i] * vp[i][c];
+        const int32_t blk = block_table[t][pos[t] / B], i = pos[t] % B;
+        for (int g = 0; g < n_kv_head; g++) {
+            const size_t tile = (size_t)blk * n_kv_head + (size_t)g;
+            const float *kr = k + (size_t)t * kv_dim + (size_t)g * D;
+            fn->to_f16(kr, kh, D);
+            uint16_t *kt = kv.k + tile * D * B + i;
+            for (int c = 0; c < D; c++)
+                kt[(size_t)c * B] = kh[c];
+            fn->to_f16(v + (size_t)t * kv_dim + (size_t)g * D, kv.v + (tile * B + i) * D, D);
         }
     }
-    for (int c = 0; c < hd; c++)
-        out[c] = acc[c] / l;
 }
 
+/* Work items are (token, KV head) pairs, claimed one at a time from a shared counter: their
+ * cost grows with the token's position, so a static split would leave threads idle. Which
+ * thread runs an item never changes its result. */
 struct attn_job {
-    const struct kern_attn *a; /* arguments */
-    int simd;                  /* use AVX2 helpers */
+    const struct kern_attn *a;     /* arguments */
+    const struct kern_cpu_fns *fn; /* kernels */
+    long n_items;                  /* n_tok * n_kv_head */
+    long next;                     /* next unclaimed item (atomic) */
 };
 
 static void attn_worker(void *arg, int ith, int nth)
 {
-    const struct attn_job *j = arg;
-    const struct kern_attn *a = j->a;
-    long lo, hi;
-    pool_range((long)a->n_tok * a->n_head, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++)
-        attend_one(a, (int)(i / a->n_head), (int)(i % a->n_head), j->simd);
+    (void)ith;
+    (void)nth;
+    struct attn_job *j = arg;
+    const int H = j->a->n_kv_head;
+    for (;;) {
+        long i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n_items)
+            break;
+        j->fn->attn_group(j->a, (int)(i / H), (int)(i % H));
+    }
 }
 
 static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
 {
-    struct attn_job j = {a, st_of(b)->simd_attn && a->head_dim % 8 == 0};
+    struct attn_job j = {a, st_of(b)->fn, (long)a->n_tok * a->n_kv_head, 0};
     pool_run(st_of(b)->pool, attn_worker, &j);
 }
 
@@ -312,7 +233,6 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
     }
     s->fn = fn;
     s->act = o->act;
-    s->simd_attn = fn->isa >= KERN_ISA_AVX2;
     b->ops = &cpu_ops;
     b->impl = s;
     *out = b;

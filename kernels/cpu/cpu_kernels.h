@@ -7,9 +7,11 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "kernels/kernels.h"
 
 #define KERN_QK   32  /* elements per activation block (and per Q4_0/Q4_1/Q5_0/Q8_0 block) */
 #define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
+#define KERN_ATTN_RUN 16 /* keys per attention step (one AVX-512 vector of scores) */
 
 /* Activations quantized per block of 32: q = round(x/d) (halves away from zero, as roundf),
  * d = max|x|/127, s = d * sum(q). A block whose d would be below FLT_MIN (all zeros, or so tiny
@@ -139,6 +141,16 @@ struct kern_cpu_fns {
     void (*gemm_q8[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
                                  const struct kern_q8 *xq, size_t ldxq, int64_t n_tok, int64_t n,
                                  float *y, size_t ldy);
+    /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
+    void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+    /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g
+     * of its sequence, positions 0..pos[t] (layout in struct kern_kv_layer). Every table runs
+     * the same algorithm (attn_ref.c): keys in runs of at most 16 inside a block, scores
+     * q . k * scale, online softmax (running max, rescale on a new max, exp by the polynomial of
+     * kern_attn_exp), values accumulated with the weights, and out = acc / sum at the end. The
+     * result depends only on the token's own q and KV: batch invariant. Any head_dim that is
+     * even and <= KERN_MAX_HEAD_DIM. */
+    void (*attn_group)(const struct kern_attn *a, int t, int g);
 };
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).

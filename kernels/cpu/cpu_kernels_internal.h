@@ -133,6 +133,39 @@ static inline void kern_q4_k_unpack(const uint8_t packed[12], uint8_t out[16])
     memcpy(out, u, sizeof u); /* x86 and the format are both little-endian */
 }
 
+/* e^x for x <= 0 in plain float arithmetic (no libm call, the same bits everywhere):
+ * x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, times 2^n built in the exponent
+ * bits. Relative error < 2e-7; 0 below -87 (and for -inf). The SIMD attention kernels evaluate
+ * the same polynomial lane by lane. */
+#define KERN_EXP_C6 0.00138888933f
+#define KERN_EXP_C5 0.00833336729f
+#define KERN_EXP_C4 0.0416666418f
+#define KERN_EXP_C3 0.166666672f
+#define KERN_EXP_LN2_HI 0.693145752f
+#define KERN_EXP_LN2_LO 1.42860677e-6f
+static inline float kern_attn_exp(float x)
+{
+    if (!(x >= -87.0f))
+        return 0.0f;
+    float n = (float)(int)(x * 1.44269504f - 0.5f); /* round to nearest for x <= 0 */
+    float r = x - n * KERN_EXP_LN2_HI - n * KERN_EXP_LN2_LO;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (KERN_EXP_C3 + r * (KERN_EXP_C4 +
+              r * (KERN_EXP_C5 + r * KERN_EXP_C6)))));
+    union {
+        float f;
+        int32_t i;
+    } u = {p};
+    u.i += (int32_t)n * (1 << 23);
+    return u.f;
+}
+
+/* Attention kernels: the scalar reference (attn_ref.c) and the SIMD ones. */
+void kern_ref_attn_group(const struct kern_attn *a, int t, int g);
+void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n);
+void kern_avx2_attn_group(const struct kern_attn *a, int t, int g);
+void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n);
+void kern_avx512_attn_group(const struct kern_attn *a, int t, int g);
+
 /* AVX2 kernels (dot_avx2.c), also used by the AVX-512 table where it has nothing better. */
 float kern_avx2_dot_q4_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
 float kern_avx2_dot_q4_1_q8(const void *w, const struct kern_q8 *x, int64_t n);
@@ -147,10 +180,5 @@ void kern_avx2_dequant_f16(const void *src, float *dst, int64_t n);
 void kern_avx2_dequant_q4_1(const void *src, float *dst, int64_t n);
 void kern_avx2_dequant_q8_0(const void *src, float *dst, int64_t n);
 void kern_avx2_matvec_q6_k_f32(KERN_MATVEC_ARGS);
-
-/* Attention helpers (attn_avx2.c); head_dim % 8 == 0. */
-void kern_avx2_attn_scores(const float *q, const float *const *k, int n, int hd, float scale,
-                           float *out);
-void kern_avx2_attn_accum(float *acc, const float *const *v, const float *w, int n, int hd);
 
 #endif

@@ -769,4 +769,6 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
             [DTYPE_Q4_K] = kern_avx2_gemm_q4_k_q8,
             [DTYPE_Q6_K] = kern_avx2_gemm_q6_k_q8,
         },
+    .to_f16 = kern_avx2_to_f16,
+    .attn_group = kern_avx2_attn_group,
 };

@@ -671,4 +671,6 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
             [DTYPE_Q4_K] = kern_avx512_gemm_q4_k_q8,
             [DTYPE_Q6_K] = kern_avx512_gemm_q6_k_q8,
         },
+    .to_f16 = kern_avx2_to_f16,
+    .attn_group = kern_avx512_attn_group,
 };

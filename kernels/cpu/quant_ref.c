@@ -659,4 +659,6 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
             [DTYPE_Q4_K] = kern_ref_gemm_q4_k_q8,
             [DTYPE_Q6_K] = kern_ref_gemm_q6_k_q8,
         },
+    .to_f16 = kern_ref_to_f16,
+    .attn_group = kern_ref_attn_group,
 };

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end: `quern plan` arithmetic on the default model (30 layers x 2 x 3 KV heads x 64
-# dims x 4 bytes = 46080 bytes per token) and a tiny `quern bench` whose JSON must account
+# dims x 2 bytes (f16) = 23040 bytes per token) and a tiny `quern bench` whose JSON must account
 # for every request and token. Numbers are checked for consistency, never for speed.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
@@ -11,10 +11,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d' + sys.argv[2]))" "$@"; }
 
 "$Q" plan --model "$M" --kv-mem 2G --kv-block 16 --seq-len 1000 --json >"$tmp/plan.json"
-[ "$(jget "$tmp/plan.json" '["kv_bytes_per_token"]')" = 46080 ] || fail "kv bytes per token"
-# 2 GiB / (46080 * 16) = 2912 blocks; 1000 tokens = 63 blocks -> 46 sequences
-[ "$(jget "$tmp/plan.json" '["kv_blocks"]')" = 2912 ] || fail "kv blocks"
-[ "$(jget "$tmp/plan.json" '["sequences"]')" = 46 ] || fail "sequences"
+[ "$(jget "$tmp/plan.json" '["kv_bytes_per_token"]')" = 23040 ] || fail "kv bytes per token"
+# 2 GiB / (23040 * 16) = 5825 blocks; 1000 tokens = 63 blocks -> 92 sequences
+[ "$(jget "$tmp/plan.json" '["kv_blocks"]')" = 5825 ] || fail "kv blocks"
+[ "$(jget "$tmp/plan.json" '["sequences"]')" = 92 ] || fail "sequences"
 [ "$(jget "$tmp/plan.json" '["full_context_fits"]')" = True ] || fail "full context"
 "$Q" plan --model "$M" --kv-mem 100M 2>"$tmp/plan.err" >/dev/null
 grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warning for a small pool"

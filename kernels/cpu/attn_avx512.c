@@ -1,0 +1,141 @@
+/* AVX-512 attention over the f16 paged KV cache (algorithm in attn_ref.c). One call handles the
+ * G query heads that share a KV head, so each key and value tile is read once for the group:
+ * a run of 16 keys is one masked 16-half load per channel (keys are channel-major), scored
+ * against every head with broadcast FMAs; the weighted values accumulate in G x D/16 vector
+ * registers. Specialized for G <= 8 and head_dim 64 or 128; other shapes use the scalar
+ * reference. Only reached through kern_cpu_fns_get(), which checks the CPU first. */
+#include <immintrin.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLL        _Pragma("GCC unroll 16")
+#define AG_MAX_G      8
+
+/* kern_attn_exp on 16 lanes: 0 for x < -87, -inf and NaN. */
+static ALWAYS_INLINE __m512 exp16(__m512 x)
+{
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_maskz_mov_ps(ok, x);
+    __m512i ni = _mm512_cvttps_epi32(
+        _mm512_sub_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)));
+    __m512 n = _mm512_cvtepi32_ps(ni);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KERN_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KERN_EXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(KERN_EXP_C6), _mm512_set1_ps(KERN_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KERN_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KERN_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(ni, 23));
+    return _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(e));
+}
+
+static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const int G,
+                                  const int NV)
+{
+    const int D = NV * 16, B = a->block_size;
+    const int32_t *table = a->block_table[t];
+    const int32_t n = a->pos[t] + 1;
+    const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G) * D;
+    float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G) * D;
+    __m512 acc[AG_MAX_G][NV], lsum[AG_MAX_G];
+    float m[AG_MAX_G];
+    _Alignas(64) float pw[AG_MAX_G][16];
+    UNROLL
+    for (int h = 0; h < G; h++) {
+        m[h] = -1.0f / 0.0f;
+        lsum[h] = _mm512_setzero_ps();
+        UNROLL
+        for (int j = 0; j < NV; j++)
+            acc[h][j] = _mm512_setzero_ps();
+    }
+    for (int32_t p0 = 0; p0 < n;) {
+        const int i0 = p0 % B;
+        int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
+        cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
+        const __mmask16 km = (__mmask16)((1u << cnt) - 1);
+        const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
+        const uint16_t *kt = a->kv.k + tile * D * B + i0;
+        const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
+        /* scores: two partial sums per head (even and odd channels) */
+        __m512 s0[AG_MAX_G], s1[AG_MAX_G];
+        UNROLL
+        for (int h = 0; h < G; h++)
+            s0[h] = s1[h] = _mm512_setzero_ps();
+        for (int c = 0; c < D; c += 2) {
+            __m512 k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, kt + (size_t)c * B));
+            __m512 k1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, kt + (size_t)(c + 1) * B));
+            UNROLL
+            for (int h = 0; h < G; h++) {
+                s0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * D + c]), k0, s0[h]);
+                s1[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * D + c + 1]), k1, s1[h]);
+            }
+        }
+        UNROLL
+        for (int h = 0; h < G; h++) {
+            __m512 sc = _mm512_mul_ps(_mm512_add_ps(s0[h], s1[h]), _mm512_set1_ps(a->scale));
+            sc = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f / 0.0f), km, sc);
+            float bm = _mm512_reduce_max_ps(sc);
+            if (bm > m[h]) {
+                __m512 r = _mm512_set1_ps(kern_attn_exp(m[h] - bm)); /* 0 on the first run */
+                lsum[h] = _mm512_mul_ps(lsum[h], r);
+                UNROLL
+                for (int j = 0; j < NV; j++)
+                    acc[h][j] = _mm512_mul_ps(acc[h][j], r);
+                m[h] = bm;
+            }
+            __m512 p = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m[h])));
+            lsum[h] = _mm512_add_ps(lsum[h], p);
+            _mm512_store_ps(pw[h], p);
+        }
+        for (int i = 0; i < cnt; i++) {
+            const uint16_t *vr = vt + (size_t)i * D;
+            UNROLL
+            for (int j = 0; j < NV; j++) {
+                __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * j)));
+                UNROLL
+                for (int h = 0; h < G; h++)
+                    acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(pw[h][i]), v, acc[h][j]);
+            }
+        }
+        p0 += cnt;
+    }
+    UNROLL
+    for (int h = 0; h < G; h++) {
+        __m512 l = _mm512_set1_ps(_mm512_reduce_add_ps(lsum[h]));
+        UNROLL
+        for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(out + h * D + 16 * j, _mm512_div_ps(acc[h][j], l));
+    }
+}
+
+#define AG_CASE(G)                                                                                 \
+    case (G) * 16 + 4:                                                                             \
+        attn_gn(a, t, g, G, 4);                                                                    \
+        return;                                                                                    \
+    case (G) * 16 + 8:                                                                             \
+        attn_gn(a, t, g, G, 8);                                                                    \
+        return;
+
+void kern_avx512_attn_group(const struct kern_attn *a, int t, int g)
+{
+    const int G = a->n_head / a->n_kv_head;
+    if (a->head_dim % 16 == 0 && G <= AG_MAX_G) {
+        switch (G * 16 + a->head_dim / 16) {
+            AG_CASE(1)
+            AG_CASE(2)
+            AG_CASE(3)
+            AG_CASE(4)
+            AG_CASE(5)
+            AG_CASE(6)
+            AG_CASE(7)
+            AG_CASE(8)
+        default:
+            break;
+        }
+    }
+    kern_ref_attn_group(a, t, g);
+}

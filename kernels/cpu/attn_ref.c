@@ -1,0 +1,62 @@
+/* Scalar attention over the f16 paged KV cache: the algorithm every SIMD table follows, and
+ * the fallback for shapes the SIMD kernels do not specialize. For one token and one KV head g,
+ * the G query heads of the group walk the sequence's keys in runs of at most KERN_ATTN_RUN
+ * tokens inside one block (so a run is one contiguous slice of every channel row of the key
+ * tile). Per run and head: scores s_i = (q . k_i) * scale, run maximum, and when it exceeds the
+ * running maximum m the accumulators and the running sum are scaled by exp(m_old - m_new);
+ * then p_i = exp(s_i - m), sum += p_i, acc += p_i * v_i. The output is acc / sum. */
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kern_f32_to_f16(x[i]);
+}
+
+void kern_ref_attn_group(const struct kern_attn *a, int t, int g)
+{
+    const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
+    const int32_t *table = a->block_table[t];
+    const int32_t n = a->pos[t] + 1;
+    float acc[KERN_MAX_HEAD_DIM], s[KERN_ATTN_RUN];
+    for (int h = 0; h < G; h++) {
+        const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G + h) * D;
+        float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G + h) * D;
+        float m = -1.0f / 0.0f, l = 0.0f;
+        for (int c = 0; c < D; c++)
+            acc[c] = 0.0f;
+        for (int32_t p0 = 0; p0 < n;) {
+            const int i0 = p0 % B;
+            int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
+            cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
+            const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
+            const uint16_t *kt = a->kv.k + tile * D * B + i0; /* channel c at kt[c * B] */
+            const uint16_t *vt = a->kv.v + (tile * B + i0) * D; /* token i at vt[i * D] */
+            float bm = -1.0f / 0.0f;
+            for (int i = 0; i < cnt; i++) {
+                float d = 0.0f;
+                for (int c = 0; c < D; c++)
+                    d += q[c] * kern_f16_to_f32(kt[(size_t)c * B + i]);
+                s[i] = d * a->scale;
+                bm = s[i] > bm ? s[i] : bm;
+            }
+            if (bm > m) {
+                float r = kern_attn_exp(m - bm); /* 0 on the first run */
+                l *= r;
+                for (int c = 0; c < D; c++)
+                    acc[c] *= r;
+                m = bm;
+            }
+            for (int i = 0; i < cnt; i++) {
+                float p = kern_attn_exp(s[i] - m);
+                l += p;
+                for (int c = 0; c < D; c++)
+                    acc[c] += p * kern_f16_to_f32(vt[(size_t)i * D + c]);
+            }
+            p0 += cnt;
+        }
+        for (int c = 0; c < D; c++)
+            out[c] = acc[c] / l;
+    }
+}
