@@ -215,6 +215,7 @@ void engine_model_free(struct engine_model *m)
     free(m->layers);
     free(m->scratch);
     free(m->tables);
+    free(m->rope_cs);
     free(m);
 }
 
@@ -228,6 +229,13 @@ enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv 
 }
 
 /* ---- forward ---- */
+
+static void matmul1(struct engine_model *m, const struct kern_tensor *w, const float *x, float *y,
+                    int n_tok)
+{
+    float *const ys[1] = {y};
+    m->be->ops->matmul(m->be, &w, ys, 1, x, n_tok);
+}
 
 /* Floats of activation scratch per token. */
 static size_t scratch_per_tok(const struct engine_hparams *hp)
@@ -272,9 +280,11 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
     if (n > m->scratch_tok) {
         free(m->scratch);
         free(m->tables);
+        free(m->rope_cs);
         m->scratch = malloc(sizeof(float) * scratch_per_tok(hp) * (size_t)n);
         m->tables = malloc(sizeof(*m->tables) * (size_t)n);
-        m->scratch_tok = m->scratch && m->tables ? n : 0;
+        m->rope_cs = malloc(sizeof(float) * (size_t)hp->rope_dim * (size_t)n);
+        m->scratch_tok = m->scratch && m->tables && m->rope_cs ? n : 0;
         if (!m->scratch_tok)
             return err_set(err, ST_ERR_NOMEM, "no memory for a batch of %d tokens", n);
     }
@@ -288,6 +298,15 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
     float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
     for (int t = 0; t < n; t++)
         m->tables[t] = engine_kv_table(kv, b->seq[t]);
+    /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
+    for (int i = 0; i < hp->rope_dim; i += 2) {
+        double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
+        for (int t = 0; t < n; t++) {
+            double ang = b->pos[t] * freq;
+            m->rope_cs[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
+            m->rope_cs[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+        }
+    }
 
     k->get_rows(be, &m->tok_embd, b->token, n, x);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -296,11 +315,11 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
 
         /* attention block */
         k->rmsnorm(be, x, L->attn_norm, xn, n, E, hp->rms_eps);
-        k->matmul(be, &L->wq, xn, q, n);
-        k->matmul(be, &L->wk, xn, kk, n);
-        k->matmul(be, &L->wv, xn, vv, n);
-        k->rope(be, q, b->pos, n, hp->n_head, hd, hp->rope_dim, hp->rope_theta);
-        k->rope(be, kk, b->pos, n, hp->n_kv_head, hd, hp->rope_dim, hp->rope_theta);
+        const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_y[3] = {q, kk, vv};
+        k->matmul(be, qkv_w, qkv_y, 3, xn, n);
+        k->rope(be, q, m->rope_cs, n, hp->n_head, hd, hp->rope_dim);
+        k->rope(be, kk, m->rope_cs, n, hp->n_kv_head, hd, hp->rope_dim);
         k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n);
         struct kern_attn a = {
             .n_tok = n, .q = q, .out = att, .pos = b->pos, .block_table = m->tables,
@@ -308,15 +327,16 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
             .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
         };
         k->attention(be, &a);
-        k->matmul(be, &L->wo, att, xn, n);
+        matmul1(m, &L->wo, att, xn, n);
         k->add(be, x, xn, (long)n * E);
 
         /* feed-forward block */
         k->rmsnorm(be, x, L->ffn_norm, xn, n, E, hp->rms_eps);
-        k->matmul(be, &L->w_gate, xn, gate, n);
-        k->matmul(be, &L->w_up, xn, up, n);
+        const struct kern_tensor *gu_w[2] = {&L->w_gate, &L->w_up};
+        float *const gu_y[2] = {gate, up};
+        k->matmul(be, gu_w, gu_y, 2, xn, n);
         k->swiglu(be, gate, up, (long)n * hp->n_ff);
-        k->matmul(be, &L->w_down, gate, xn, n);
+        matmul1(m, &L->w_down, gate, xn, n);
         k->add(be, x, xn, (long)n * E);
     }
 
@@ -332,7 +352,7 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
     }
     if (n_out) {
         k->rmsnorm(be, x, m->output_norm, xn, n_out, E, hp->rms_eps);
-        k->matmul(be, &m->output, xn, logits, n_out);
+        matmul1(m, &m->output, xn, logits, n_out);
     }
     return ST_OK;
 }

@@ -49,6 +49,7 @@ struct engine_model {
     float *scratch;               /* activations for scratch_tok tokens (model-owned) */
     int scratch_tok;              /* tokens the scratch holds */
     const int32_t **tables;       /* per-token block tables (scratch) */
+    float *rope_cs;               /* per token: cos, sin of each rotated pair (scratch) */
 };
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;

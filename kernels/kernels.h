@@ -52,20 +52,23 @@ struct kern_backend;
 
 struct kern_ops {
     const char *name; /* "cpu" */
-    /* y[t][r] = dot(row r of w, x[t]) for t < n_tok, r < w->ne1; x is n_tok x w->ne0.
-     * Batch-invariant: a row's result does not depend on n_tok. */
-    void (*matmul)(struct kern_backend *b, const struct kern_tensor *w, const float *x, float *y,
-                   int n_tok);
+    /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
+     * x[t]) for t < n_tok, r < w[i]->ne1; x is n_tok x ne0. Activations are prepared (e.g.
+     * quantized) once for all n_w. Batch-invariant: a row's result does not depend on n_tok. */
+    void (*matmul)(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
+                   int n_w, const float *x, int n_tok);
     /* out[i] = dequantized row ids[i] of w (embedding lookup). */
     void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                      int n, float *out);
     /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of dim elements; y may alias x. */
     void (*rmsnorm)(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
                     int dim, float eps);
-    /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by
-     * pos * theta^(-2i/rot_dim) (RoPE "NORM" as llama.cpp). x is n_tok x n_head x head_dim. */
-    void (*rope)(struct kern_backend *b, float *x, const int32_t *pos, int n_tok, int n_head,
-                 int head_dim, int rot_dim, float theta);
+    /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by the
+     * angle whose cosine and sine are cs[t * rot_dim + 2i], cs[t * rot_dim + 2i + 1] (RoPE
+     * "NORM" as llama.cpp: angle pos * theta^(-2i/rot_dim), tabulated once per forward pass by
+     * the caller). x is n_tok x n_head x head_dim. */
+    void (*rope)(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
+                 int head_dim, int rot_dim);
     /* gate[i] = silu(gate[i]) * up[i] */
     void (*swiglu)(struct kern_backend *b, float *gate, const float *up, long n);
     /* y[i] += x[i] */

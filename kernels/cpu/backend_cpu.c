@@ -27,41 +27,91 @@ static struct cpu_state *st_of(struct kern_backend *b)
     return b->impl;
 }
 
-struct matmul_job {
-    const struct kern_cpu_fns *fn; /* kernels */
-    const struct kern_tensor *w;   /* weights */
-    const float *x;                /* float activations (float weight types) */
-    const struct kern_q8 *xq;      /* quantized activations (q8 mode), else NULL */
-    float *y;                      /* output n_tok x ne1 */
-    int n_tok;                     /* tokens */
+/* Parallel loop over n items in contiguous ranges, one per thread. */
+struct range_job {
+    void (*body)(void *ctx, long lo, long hi); /* processes items [lo, hi) */
+    void *ctx;                                 /* its argument */
+    long n;                                    /* items */
 };
 
+static void range_worker(void *arg, int ith, int nth)
+{
+    const struct range_job *j = arg;
+    long lo, hi;
+    pool_range(j->n, ith, nth, &lo, &hi);
+    if (lo < hi)
+        j->body(j->ctx, lo, hi);
+}
+
+static void parallel_ranges(struct cpu_state *s, long n, void (*body)(void *, long, long),
+                            void *ctx)
+{
+    struct range_job j = {body, ctx, n};
+    pool_run(s->pool, range_worker, &j);
+}
+
+struct matmul_job {
+    const struct kern_cpu_fns *fn;       /* kernels */
+    const struct kern_tensor *const *w;  /* weights */
+    float *const *y;                     /* outputs, n_tok x w[i]->ne1 */
+    int n_w;                             /* weights */
+    long rows;                           /* sum of their ne1 */
+    const float *x;                      /* float activations (exact mode) */
+    const struct kern_q8 *xq;            /* quantized activations (q8 mode), else NULL */
+    int n_tok;                           /* tokens */
+};
+
+/* Each thread takes an even share of the concatenated rows of all weights and runs one
+ * batch-invariant GEMM per weight it touches: a (row, token) result is bitwise the same
+ * whatever the batch size or the row split. */
 static void matmul_worker(void *arg, int ith, int nth)
 {
     const struct matmul_job *j = arg;
-    const struct kern_tensor *w = j->w;
-    long r0, r1;
-    pool_range((long)w->ne1, ith, nth, &r0, &r1);
-    if (r0 == r1)
-        return;
-    /* one batch-invariant GEMM over this thread's rows and every token: a (row, token)
-     * result is bitwise the same whatever the batch size or the row split */
-    const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
-    if (j->xq)
-        j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, (size_t)(w->ne0 / KERN_QK),
-                                j->n_tok, w->ne0, j->y + r0, (size_t)w->ne1);
-    else
-        j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
-                                 w->ne0, j->y + r0, (size_t)w->ne1);
+    long lo, hi, base = 0;
+    pool_range(j->rows, ith, nth, &lo, &hi);
+    for (int i = 0; i < j->n_w && lo < hi; base += (long)j->w[i]->ne1, i++) {
+        const struct kern_tensor *w = j->w[i];
+        long r0 = lo > base ? lo - base : 0, r1 = hi - base < w->ne1 ? hi - base : (long)w->ne1;
+        if (r0 >= r1)
+            continue;
+        const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (j->xq && j->fn->gemm_q8[w->type])
+            j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq,
+                                    (size_t)(w->ne0 / KERN_QK), j->n_tok, w->ne0, j->y[i] + r0,
+                                    (size_t)w->ne1);
+        else
+            j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
+                                     w->ne0, j->y[i] + r0, (size_t)w->ne1);
+    }
 }
 
-static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, const float *x,
-                       float *y, int n_tok)
+struct quantize_ctx {
+    const struct kern_cpu_fns *fn; /* kernels */
+    const float *x;                /* n_tok x n */
+    struct kern_q8 *xq;            /* n_tok x n / KERN_QK blocks */
+    int64_t n;                     /* elements per token */
+};
+
+static void quantize_rows(void *arg, long lo, long hi)
+{
+    const struct quantize_ctx *c = arg;
+    const int64_t nb = c->n / KERN_QK;
+    for (long t = lo; t < hi; t++)
+        c->fn->quantize_q8(c->x + (size_t)t * c->n, c->xq + (size_t)t * nb, c->n);
+}
+
+static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
+                       float *const *y, int n_w, const float *x, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, x, NULL, y, n_tok};
-    if (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w->type]) {
-        size_t need = (size_t)n_tok * (size_t)(w->ne0 / KERN_QK);
+    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, n_tok};
+    int q8 = 0; /* some weight takes quantized activations (float weight types do not) */
+    for (int i = 0; i < n_w; i++) {
+        j.rows += (long)w[i]->ne1;
+        q8 |= s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL;
+    }
+    if (q8) {
+        size_t need = (size_t)n_tok * (size_t)(w[0]->ne0 / KERN_QK);
         if (need > s->xq_cap) {
             free(s->xq);
             s->xq = malloc(need * sizeof(*s->xq));
@@ -69,9 +119,8 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *w, cons
                 abort(); /* out of memory for activations: nothing sensible to do */
             s->xq_cap = need;
         }
-        for (int t = 0; t < n_tok; t++)
-            s->fn->quantize_q8(x + (size_t)t * w->ne0, s->xq + (size_t)t * (w->ne0 / KERN_QK),
-                               w->ne0);
+        struct quantize_ctx qc = {s->fn, x, s->xq, w[0]->ne0};
+        parallel_ranges(s, n_tok, quantize_rows, &qc);
         j.xq = s->xq;
     }
     pool_run(s->pool, matmul_worker, &j);
@@ -86,53 +135,99 @@ static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, co
                                     out + (size_t)i * w->ne0, w->ne0);
 }
 
-static void cpu_rmsnorm(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
-                        int dim, float eps)
+struct rmsnorm_ctx {
+    const float *x, *w; /* input rows, weight */
+    float *y;           /* output rows */
+    int dim;            /* row length */
+    float eps;          /* epsilon */
+};
+
+static void rmsnorm_rows(void *arg, long lo, long hi)
 {
-    (void)b;
-    for (int t = 0; t < n_tok; t++) {
-        const float *xr = x + (size_t)t * dim;
-        float *yr = y + (size_t)t * dim;
+    const struct rmsnorm_ctx *c = arg;
+    for (long t = lo; t < hi; t++) {
+        const float *xr = c->x + (size_t)t * c->dim;
+        float *yr = c->y + (size_t)t * c->dim;
         double ss = 0;
-        for (int i = 0; i < dim; i++)
+        for (int i = 0; i < c->dim; i++)
             ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / dim + eps));
-        for (int i = 0; i < dim; i++)
-            yr[i] = xr[i] * scale * w[i];
+        float scale = (float)(1.0 / sqrt(ss / c->dim + c->eps));
+        for (int i = 0; i < c->dim; i++)
+            yr[i] = xr[i] * scale * c->w[i];
     }
 }
 
-static void cpu_rope(struct kern_backend *b, float *x, const int32_t *pos, int n_tok, int n_head,
-                     int head_dim, int rot_dim, float theta)
+static void cpu_rmsnorm(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
+                        int dim, float eps)
 {
-    (void)b;
-    for (int t = 0; t < n_tok; t++) {
-        for (int i = 0; i < rot_dim; i += 2) {
-            double freq = pow((double)theta, -(double)i / rot_dim);
-            double ang = pos[t] * freq;
-            float c = (float)cos(ang), sn = (float)sin(ang);
-            for (int h = 0; h < n_head; h++) {
-                float *v = x + ((size_t)t * n_head + h) * head_dim + i;
-                float a = v[0], bb = v[1];
-                v[0] = a * c - bb * sn;
-                v[1] = a * sn + bb * c;
+    struct rmsnorm_ctx c = {x, w, y, dim, eps};
+    parallel_ranges(st_of(b), n_tok, rmsnorm_rows, &c);
+}
+
+struct rope_ctx {
+    float *x;        /* n_tok x n_head x head_dim */
+    const float *cs; /* n_tok x rot_dim: cos, sin per pair */
+    int n_head, head_dim, rot_dim;
+};
+
+static void rope_rows(void *arg, long lo, long hi)
+{
+    const struct rope_ctx *c = arg;
+    for (long t = lo; t < hi; t++) {
+        const float *cs = c->cs + (size_t)t * c->rot_dim;
+        for (int h = 0; h < c->n_head; h++) {
+            float *v = c->x + ((size_t)t * c->n_head + h) * c->head_dim;
+            for (int i = 0; i < c->rot_dim; i += 2) {
+                float a = v[i], bb = v[i + 1], co = cs[i], sn = cs[i + 1];
+                v[i] = a * co - bb * sn;
+                v[i + 1] = a * sn + bb * co;
             }
         }
     }
 }
 
+static void cpu_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
+                     int head_dim, int rot_dim)
+{
+    struct rope_ctx c = {x, cs, n_head, head_dim, rot_dim};
+    parallel_ranges(st_of(b), n_tok, rope_rows, &c);
+}
+
+/* Element-wise ops are split in chunks of EW_CHUNK elements. */
+#define EW_CHUNK 4096
+
+struct ew_ctx {
+    float *y;       /* gate (swiglu) or y (add) */
+    const float *x; /* up (swiglu) or x (add) */
+    long n;         /* elements */
+};
+
+static void swiglu_chunks(void *arg, long lo, long hi)
+{
+    const struct ew_ctx *c = arg;
+    long e = hi * EW_CHUNK < c->n ? hi * EW_CHUNK : c->n;
+    for (long i = lo * EW_CHUNK; i < e; i++)
+        c->y[i] = c->y[i] / (1.0f + expf(-c->y[i])) * c->x[i];
+}
+
+static void add_chunks(void *arg, long lo, long hi)
+{
+    const struct ew_ctx *c = arg;
+    long e = hi * EW_CHUNK < c->n ? hi * EW_CHUNK : c->n;
+    for (long i = lo * EW_CHUNK; i < e; i++)
+        c->y[i] += c->x[i];
+}
+
 static void cpu_swiglu(struct kern_backend *b, float *gate, const float *up, long n)
 {
-    (void)b;
-    for (long i = 0; i < n; i++)
-        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    struct ew_ctx c = {gate, up, n};
+    parallel_ranges(st_of(b), (n + EW_CHUNK - 1) / EW_CHUNK, swiglu_chunks, &c);
 }
 
 static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
 {
-    (void)b;
-    for (long i = 0; i < n; i++)
-        y[i] += x[i];
+    struct ew_ctx c = {y, x, n};
+    parallel_ranges(st_of(b), (n + EW_CHUNK - 1) / EW_CHUNK, add_chunks, &c);
 }
 
 /* Token t's keys go channel-major into its block's tiles, values token-major (layout in
