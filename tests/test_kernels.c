@@ -1735,6 +1735,58 @@ static void test_attention_vs_naive(void **state)
     }
 }
 
+/* ---- row operations ------------------------------------------------------------------------ */
+
+/* rmsnorm and swiglu of every table against float64 formulas, over lengths that exercise the
+ * vector bodies and tails, and inputs from tiny to large (SiLU saturates both ways). */
+static void test_row_ops_vs_double(void **state)
+{
+    (void)state;
+    struct rng r = {0xE1E1};
+    static const int lens[] = {1, 7, 8, 15, 16, 17, 64, 576, 1000, 1536};
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        const int n = lens[li];
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * n);
+        float *y = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
+        float *up = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            x[i] = rng_uniform(&r, -3.0f, 3.0f);
+            w[i] = rng_uniform(&r, -2.0f, 2.0f);
+            up[i] = rng_uniform(&r, -2.0f, 2.0f);
+        }
+        for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+            const struct kern_cpu_fns *f = isa_fns(isa);
+            if (!f)
+                continue;
+            double ss = 0;
+            for (int i = 0; i < n; i++)
+                ss += (double)x[i] * x[i];
+            double sc = 1.0 / sqrt(ss / n + 1e-5);
+            f->rmsnorm(x, w, y, n, 1e-5f);
+            for (int i = 0; i < n; i++) {
+                double want = x[i] * sc * w[i];
+                if (!(fabs(y[i] - want) <= 1e-6 * (fabs(want) + 1e-3)))
+                    fail_msg("%s rmsnorm n %d [%d]: %g vs %g", f->name, n, i, (double)y[i], want);
+            }
+            for (int i = 0; i < n; i++) /* spread over [-100, 100]: exp under- and overflow */
+                g[i] = (i % 3 == 0) ? rng_uniform(&r, -100.0f, 100.0f) : x[i];
+            memcpy(y, g, sizeof(float) * n);
+            f->swiglu(y, up, n);
+            for (int i = 0; i < n; i++) {
+                double want = g[i] / (1.0 + exp(-(double)g[i])) * up[i];
+                if (!(fabs(y[i] - want) <= 1e-6 * fabs(want) + 1e-30))
+                    fail_msg("%s swiglu n %d [%d] g %g: %g vs %g", f->name, n, i, (double)g[i],
+                             (double)y[i], want);
+            }
+        }
+        free(x);
+        free(w);
+        free(y);
+        free(g);
+        free(up);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1771,6 +1823,7 @@ int main(void)
         cmocka_unit_test(test_gemm_threads),
         cmocka_unit_test(test_int8_peak),
         cmocka_unit_test(test_attention_vs_naive),
+        cmocka_unit_test(test_row_ops_vs_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -136,31 +136,24 @@ static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, co
 }
 
 struct rmsnorm_ctx {
-    const float *x, *w; /* input rows, weight */
-    float *y;           /* output rows */
-    int dim;            /* row length */
-    float eps;          /* epsilon */
+    const struct kern_cpu_fns *fn; /* kernels */
+    const float *x, *w;            /* input rows, weight */
+    float *y;                      /* output rows */
+    int dim;                       /* row length */
+    float eps;                     /* epsilon */
 };
 
 static void rmsnorm_rows(void *arg, long lo, long hi)
 {
     const struct rmsnorm_ctx *c = arg;
-    for (long t = lo; t < hi; t++) {
-        const float *xr = c->x + (size_t)t * c->dim;
-        float *yr = c->y + (size_t)t * c->dim;
-        double ss = 0;
-        for (int i = 0; i < c->dim; i++)
-            ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / c->dim + c->eps));
-        for (int i = 0; i < c->dim; i++)
-            yr[i] = xr[i] * scale * c->w[i];
-    }
+    for (long t = lo; t < hi; t++)
+        c->fn->rmsnorm(c->x + (size_t)t * c->dim, c->w, c->y + (size_t)t * c->dim, c->dim, c->eps);
 }
 
 static void cpu_rmsnorm(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
                         int dim, float eps)
 {
-    struct rmsnorm_ctx c = {x, w, y, dim, eps};
+    struct rmsnorm_ctx c = {st_of(b)->fn, x, w, y, dim, eps};
     parallel_ranges(st_of(b), n_tok, rmsnorm_rows, &c);
 }
 
@@ -197,6 +190,7 @@ static void cpu_rope(struct kern_backend *b, float *x, const float *cs, int n_to
 #define EW_CHUNK 4096
 
 struct ew_ctx {
+    const struct kern_cpu_fns *fn; /* kernels */
     float *y;       /* gate (swiglu) or y (add) */
     const float *x; /* up (swiglu) or x (add) */
     long n;         /* elements */
@@ -206,8 +200,7 @@ static void swiglu_chunks(void *arg, long lo, long hi)
 {
     const struct ew_ctx *c = arg;
     long e = hi * EW_CHUNK < c->n ? hi * EW_CHUNK : c->n;
-    for (long i = lo * EW_CHUNK; i < e; i++)
-        c->y[i] = c->y[i] / (1.0f + expf(-c->y[i])) * c->x[i];
+    c->fn->swiglu(c->y + lo * EW_CHUNK, c->x + lo * EW_CHUNK, e - lo * EW_CHUNK);
 }
 
 static void add_chunks(void *arg, long lo, long hi)
@@ -220,13 +213,13 @@ static void add_chunks(void *arg, long lo, long hi)
 
 static void cpu_swiglu(struct kern_backend *b, float *gate, const float *up, long n)
 {
-    struct ew_ctx c = {gate, up, n};
+    struct ew_ctx c = {st_of(b)->fn, gate, up, n};
     parallel_ranges(st_of(b), (n + EW_CHUNK - 1) / EW_CHUNK, swiglu_chunks, &c);
 }
 
 static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
 {
-    struct ew_ctx c = {y, x, n};
+    struct ew_ctx c = {st_of(b)->fn, y, x, n};
     parallel_ranges(st_of(b), (n + EW_CHUNK - 1) / EW_CHUNK, add_chunks, &c);
 }
 

@@ -151,6 +151,12 @@ struct kern_cpu_fns {
      * result depends only on the token's own q and KV: batch invariant. Any head_dim that is
      * even and <= KERN_MAX_HEAD_DIM. */
     void (*attn_group)(const struct kern_attn *a, int t, int g);
+    /* y[i] = x[i] * (1 / sqrt(mean(x^2) + eps)) * w[i], the sum of squares in double; y may
+     * alias x. */
+    void (*rmsnorm)(const float *x, const float *w, float *y, int64_t n, float eps);
+    /* gate[i] = gate[i] / (1 + e^-gate[i]) * up[i] (SiLU-gated product). Scalar: libm expf;
+     * SIMD: polynomial e^x, relative error < 3e-7. */
+    void (*swiglu)(float *gate, const float *up, int64_t n);
 };
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).

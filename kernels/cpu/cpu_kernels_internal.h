@@ -166,6 +166,14 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g);
 void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n);
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g);
 
+/* Row operations (ew_ref.c, ew_avx2.c, ew_avx512.c). */
+void kern_ref_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+void kern_ref_swiglu(float *gate, const float *up, int64_t n);
+void kern_avx2_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+void kern_avx2_swiglu(float *gate, const float *up, int64_t n);
+void kern_avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+void kern_avx512_swiglu(float *gate, const float *up, int64_t n);
+
 /* AVX2 kernels (dot_avx2.c), also used by the AVX-512 table where it has nothing better. */
 float kern_avx2_dot_q4_0_q8(const void *w, const struct kern_q8 *x, int64_t n);
 float kern_avx2_dot_q4_1_q8(const void *w, const struct kern_q8 *x, int64_t n);

@@ -771,4 +771,6 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
         },
     .to_f16 = kern_avx2_to_f16,
     .attn_group = kern_avx2_attn_group,
+    .rmsnorm = kern_avx2_rmsnorm,
+    .swiglu = kern_avx2_swiglu,
 };

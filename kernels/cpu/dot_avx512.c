@@ -673,4 +673,6 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
         },
     .to_f16 = kern_avx2_to_f16,
     .attn_group = kern_avx512_attn_group,
+    .rmsnorm = kern_avx512_rmsnorm,
+    .swiglu = kern_avx512_swiglu,
 };

@@ -661,4 +661,6 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
         },
     .to_f16 = kern_ref_to_f16,
     .attn_group = kern_ref_attn_group,
+    .rmsnorm = kern_ref_rmsnorm,
+    .swiglu = kern_ref_swiglu,
 };

@@ -1,0 +1,22 @@
+/* Scalar row operations of the forward pass: RMS norm and the SwiGLU product. The SIMD tables
+ * compute the same functions with vector partial sums and a polynomial exp. */
+#include <math.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+void kern_ref_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+void kern_ref_swiglu(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
