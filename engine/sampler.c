@@ -436,16 +436,20 @@ static size_t top_p_prefix(struct engine_sampler *s, const float *logits, float 
 static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *logprob)
 {
     const size_t n = (size_t)s->n_vocab;
-    size_t best = 0;
+    /* the maximum (a loop the compiler vectorizes), then its first index; NaNs never win */
     float mx = -INFINITY;
+    int has_nan = 0;
     for (size_t i = 0; i < n; i++) {
-        if (isnan(logits[i]))
-            logits[i] = -INFINITY;
-        if (logits[i] > mx) {
-            mx = logits[i];
-            best = i;
-        }
+        mx = logits[i] > mx ? logits[i] : mx;
+        has_nan |= logits[i] != logits[i];
     }
+    if (has_nan)
+        for (size_t i = 0; i < n; i++)
+            if (isnan(logits[i]))
+                logits[i] = -INFINITY;
+    size_t best = 0;
+    while (best < n - 1 && !(logits[best] == mx))
+        best++;
     if (logprob) {
         double sum = 0.0;
         for (size_t i = 0; i < n; i++)
