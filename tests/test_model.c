@@ -354,6 +354,109 @@ static void test_bad_batch(void **state)
     engine_kv_free(kv);
 }
 
+/* Forward tokens[0..n) of slot 0 at positions p0.., logits for every row into out. */
+static void forward_rows(struct engine_model *m, struct engine_kv *kv, const int32_t *tokens, int n,
+                         int32_t p0, float *out)
+{
+    struct err_detail err = {0};
+    int32_t pos[64], seq[64] = {0};
+    uint8_t want[64];
+    assert_true(n <= 64);
+    for (int i = 0; i < n; i++) {
+        pos[i] = p0 + i;
+        want[i] = 1;
+    }
+    assert_int_equal(engine_kv_reserve(kv, 0, p0 + n, &err), ST_OK);
+    struct engine_batch b = {n, tokens, pos, seq, want};
+    assert_int_equal(engine_model_forward(m, kv, &b, out, &err), ST_OK);
+}
+
+/* Room for speculative decoding: one forward pass verifies k draft tokens appended to a
+ * sequence (the last accepted token plus the drafts, logits at every row), the rejected
+ * drafts' KV is rolled back with engine_kv_truncate, and decoding goes on over the stale
+ * slots. Drafts are the true greedy tokens with one corrupted in most rounds, so rollbacks
+ * of 0..k tokens happen, across block edges (blocks of 4 tokens). Every verification row must
+ * equal plain one-token greedy decoding bit for bit, and so must the accepted tokens. */
+static void test_draft_verify_rollback(void **state)
+{
+    struct fixture *f = *state;
+    struct engine_model *m = f->m;
+    const int V = m->hp.n_vocab, N = 40;
+    struct err_detail err = {0};
+    const cJSON *p0j = cJSON_GetArrayItem(cJSON_GetObjectItem(f->root, "prompts"), 0);
+    int n;
+    int32_t *prompt = json_ids(cJSON_GetObjectItem(p0j, "tokens"), &n);
+    assert_true(n <= 64);
+
+    /* reference: prefill, then one token per forward pass; ref[i] predicts g[i] */
+    float *ref = malloc(sizeof(float) * (size_t)(N + 1) * V);
+    float *rows = malloc(sizeof(float) * 64 * (size_t)V);
+    int32_t g[41];
+    struct engine_kv *kv;
+    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 16, 1, 4, &err), ST_OK);
+    forward_rows(m, kv, prompt, n, 0, rows);
+    memcpy(ref, rows + (size_t)(n - 1) * V, sizeof(float) * V);
+    g[0] = argmax(ref, V);
+    for (int i = 1; i <= N; i++) {
+        forward_rows(m, kv, &g[i - 1], 1, n + i - 1, ref + (size_t)i * V);
+        g[i] = argmax(ref + (size_t)i * V, V);
+    }
+    engine_kv_release(kv, 0);
+    engine_kv_free(kv);
+
+    /* speculative: t_last = last accepted token, not yet in the KV, at position p. Slot 1
+     * takes a block after every rollback, so freed blocks are not simply handed back. */
+    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 128, 2, 4, &err), ST_OK);
+    forward_rows(m, kv, prompt, n, 0, rows);
+    int32_t out[48];
+    int n_out = 1, rounds = 0, rollbacks = 0;
+    out[0] = argmax(rows + (size_t)(n - 1) * V, V);
+    int32_t p = n;
+    while (n_out < N) {
+        int k = 1 + rounds % 5, bad = rounds % (k + 2); /* bad >= k: all drafts right */
+        int32_t in[8];
+        in[0] = out[n_out - 1];
+        for (int j = 1; j <= k; j++) {
+            int gi = p + j - n; /* g index of the token at position p + j */
+            in[j] = gi <= N ? g[gi] : 0;
+            if (j - 1 == bad)
+                in[j] = (in[j] + 1) % V;
+        }
+        forward_rows(m, kv, in, k + 1, p, rows);
+        int acc = 0; /* drafts accepted */
+        for (int j = 0; j <= k; j++) {
+            int gi = p + j + 1 - n; /* row j predicts g[gi] */
+            if (gi > N)
+                break;
+            assert_memory_equal(rows + (size_t)j * V, ref + (size_t)gi * V, sizeof(float) * V);
+            int32_t t = argmax(rows + (size_t)j * V, V);
+            out[n_out++] = t;
+            if (j == k || t != in[j + 1] || n_out >= N)
+                break;
+            acc++;
+        }
+        if (acc < k) {
+            engine_kv_truncate(kv, 0, p + 1 + acc); /* keep t_last and the accepted drafts */
+            rollbacks++;
+            assert_int_equal(engine_kv_reserve(kv, 1, 4 * rollbacks, &err), ST_OK);
+        }
+        p += 1 + acc;
+        rounds++;
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(out[i], g[i]);
+    assert_int_equal(engine_kv_check(kv, 0, &err), ST_OK);
+    print_message("draft/verify: %d rounds, %d rollbacks, %d tokens equal to one-token decoding\n",
+                  rounds, rollbacks, N);
+    engine_kv_release(kv, 0);
+    engine_kv_release(kv, 1);
+    assert_int_equal(engine_kv_check(kv, 1, &err), ST_OK);
+    engine_kv_free(kv);
+    free(rows);
+    free(ref);
+    free(prompt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -363,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_greedy_vs_reference),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_bad_batch),
+        cmocka_unit_test(test_draft_verify_rollback),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
