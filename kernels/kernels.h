@@ -94,6 +94,8 @@ enum kern_act {
     KERN_ACT_F32 = 0, /* exact: weight rows dequantized to f32, f32 dot products (default) */
     KERN_ACT_Q8 = 1,  /* fast: activations quantized to 8-bit blocks, integer dot products
                        * (as llama.cpp does; costs accuracy, see README "Accuracy") */
+    KERN_ACT_Q16 = 2, /* activations quantized to 16-bit blocks, exact integer dot products
+                       * for Q4_0/Q4_1/Q8_0 weights (other types: as exact) */
 };
 
 struct kern_cpu_opts {

@@ -40,7 +40,7 @@ static const char bench_usage[] =
     "  --no-prefix-cache      disable automatic prefix caching\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
     "  --isa NAME             auto|scalar|avx2|avx512 (default auto)\n"
-    "  --matmul MODE          exact (default) or q8, see `quern generate --help`\n"
+    "  --matmul MODE          exact (default), q16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
     "  --peak-seconds S       length of the int8 peak microbenchmark, 0 = skip (default 1)\n"
     "  -h, --help             this help\n";
@@ -53,7 +53,7 @@ struct bench_opts {
     long input_len;             /* --input-len */
     long output_len;            /* --output-len */
     long threads;               /* --threads */
-    int act_q8;                 /* --matmul q8 */
+    int act;                    /* --matmul: enum kern_act */
     uint64_t seed;              /* --seed */
     float peak_seconds;         /* --peak-seconds */
     struct engine_params ep;    /* engine parameters */
@@ -137,11 +137,8 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
                 return 0;
             break;
         case B_MATMUL:
-            if (strcmp(optarg, "exact") && strcmp(optarg, "q8")) {
-                fprintf(stderr, "quern bench: bad value for --matmul: '%s' (exact|q8)\n", optarg);
+            if (!runner_parse_matmul("bench", optarg, &o->act))
                 return 0;
-            }
-            o->act_q8 = !strcmp(optarg, "q8");
             break;
         case B_SEED:
             if (!runner_parse_u64("bench", "seed", optarg, &o->seed))
@@ -349,7 +346,7 @@ int runner_cmd_bench(int argc, char **argv)
     struct prompt_set ps = {0};
     double *ttft = NULL, *tpot = NULL;
     int rc = RUNNER_EXIT_ERROR;
-    struct kern_cpu_opts ko = {(int)o.threads, o.isa, o.act_q8 ? KERN_ACT_Q8 : KERN_ACT_F32};
+    struct kern_cpu_opts ko = {(int)o.threads, o.isa, (enum kern_act)o.act};
     enum status st;
     if ((st = kern_cpu_backend_init(&be, &ko, &err)) ||
         (st = engine_model_load(&m, o.model, be, &err)) ||
@@ -423,7 +420,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(j, "model", o.model);
     cJSON_AddStringToObject(j, "isa", kern_cpu_backend_isa(be));
     cJSON_AddNumberToObject(j, "threads", (double)o.threads);
-    cJSON_AddStringToObject(j, "matmul", o.act_q8 ? "q8" : "exact");
+    cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.act));
     cJSON_AddNumberToObject(j, "requests", (double)ps.count);
     if (o.input)
         cJSON_AddStringToObject(j, "input", o.input);

@@ -39,8 +39,10 @@ static const char gen_usage[] =
     "  --seed N             sampling seed (default 0; the same seed gives the same text)\n"
     "  --threads N          CPU threads (default: all online CPUs)\n"
     "  --isa NAME           auto|scalar|avx2|avx512 (default auto)\n"
-    "  --matmul MODE        exact: f32 activations (default); q8: 8-bit activations,\n"
-    "                       faster for big batches, slightly less accurate\n"
+    "  --matmul MODE        exact: f32 activations (default); q16: 16-bit activations\n"
+    "                       with exact integer sums (Q4_0/Q4_1/Q8_0 weights; fast on\n"
+    "                       AVX-512, logits within the exact tolerance); q8: 8-bit\n"
+    "                       activations as llama.cpp, fastest, visibly less accurate\n"
     "  -h, --help           this help\n";
 
 struct gen_opts {
@@ -49,7 +51,7 @@ struct gen_opts {
     const char *chat;                   /* --chat user message */
     const char *system;                 /* --system message */
     const char *isa;                    /* --isa */
-    int act_q8;                         /* --matmul q8 */
+    int act;                            /* --matmul: enum kern_act */
     int special;                        /* --special */
     int ignore_eos;                     /* --ignore-eos */
     long max_tokens;                    /* --max-tokens */
@@ -109,12 +111,8 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_ISA: o->isa = optarg; break;
         case OPT_MATMUL:
-            if (strcmp(optarg, "exact") && strcmp(optarg, "q8")) {
-                fprintf(stderr, "quern generate: bad value for --matmul: '%s' (exact|q8)\n",
-                        optarg);
+            if (!runner_parse_matmul("generate", optarg, &o->act))
                 return 0;
-            }
-            o->act_q8 = !strcmp(optarg, "q8");
             break;
         case OPT_MAXTOK:
             if (!runner_parse_long("generate", "max-tokens", optarg, 1, 1 << 24, &o->max_tokens))
@@ -309,7 +307,7 @@ static int run(const struct gen_opts *o)
     int rc = RUNNER_EXIT_ERROR;
     double t_load = runner_now();
 
-    struct kern_cpu_opts ko = {(int)o->threads, o->isa, o->act_q8 ? KERN_ACT_Q8 : KERN_ACT_F32};
+    struct kern_cpu_opts ko = {(int)o->threads, o->isa, (enum kern_act)o->act};
     if ((st = kern_cpu_backend_init(&g.be, &ko, &err)) ||
         (st = engine_model_load(&g.model, o->model, g.be, &err)) ||
         (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||

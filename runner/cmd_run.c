@@ -53,7 +53,7 @@ static const char run_usage[] =
     "  --out DIR              output root (default out)\n"
     "  --job ID|NAME          only this job\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME, --matmul exact|q8   kernels (see quern generate --help)\n"
+    "  --isa NAME, --matmul exact|q16|q8   kernels (see quern generate --help)\n"
     "  --max-seqs S, --max-batch-tokens T, --kv-mem SIZE, --kv-block B, --no-prefix-cache\n"
     "                         engine settings (defaults 256, 512, 1G, 16)\n"
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
@@ -74,7 +74,7 @@ struct run_opts {
     long threads, claim, flush_records, shard_records;
     float max_runtime, grace, lease, flush_secs, progress;
     size_t shard_bytes;
-    int act_q8;
+    int act; /* --matmul: enum kern_act */
     struct engine_params ep;
 };
 
@@ -136,11 +136,8 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_WORKER: o->worker = optarg; break;
         case R_NOPREFIX: o->ep.prefix_cache = 0; break;
         case R_MATMUL:
-            if (strcmp(optarg, "exact") && strcmp(optarg, "q8")) {
-                fprintf(stderr, "quern run: bad value for --matmul: '%s' (exact|q8)\n", optarg);
+            if (!runner_parse_matmul(cmd, optarg, &o->act))
                 return 0;
-            }
-            o->act_q8 = !strcmp(optarg, "q8");
             break;
         case R_THREADS:
             if (!runner_parse_long(cmd, "threads", optarg, 1, 256, &o->threads))
@@ -792,7 +789,7 @@ static int run_job(struct run *r, struct err_detail *err)
         }
     }
     struct kern_cpu_opts ko = {(int)r->o->threads, r->o->isa,
-                               r->o->act_q8 ? KERN_ACT_Q8 : KERN_ACT_F32};
+                               (enum kern_act)r->o->act};
     if ((st = kern_cpu_backend_init(&r->be, &ko, err)) ||
         (st = engine_model_load(&r->m, r->job.model_path, r->be, err)) ||
         (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||

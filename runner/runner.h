@@ -30,6 +30,11 @@ int runner_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t 
 int runner_parse_float(const char *cmd, const char *flag, const char *s, double lo, double hi,
                        float *out);
 
+/* --matmul MODE: "exact", "q8" or "q16" into *out (an enum kern_act); 0 and a message on
+ * anything else. runner_matmul_name gives the name back. */
+int runner_parse_matmul(const char *cmd, const char *s, int *out);
+const char *runner_matmul_name(int act);
+
 /* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);
 

@@ -3,11 +3,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "kernels/kernels.h"
 #include "runner/runner.h"
 
 int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
@@ -52,6 +54,26 @@ int runner_parse_float(const char *cmd, const char *flag, const char *s, double 
     }
     *out = (float)v;
     return 1;
+}
+
+int runner_parse_matmul(const char *cmd, const char *s, int *out)
+{
+    static const struct {
+        const char *name;
+        int act;
+    } modes[] = {{"exact", KERN_ACT_F32}, {"q8", KERN_ACT_Q8}, {"q16", KERN_ACT_Q16}};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+        if (!strcmp(s, modes[i].name)) {
+            *out = modes[i].act;
+            return 1;
+        }
+    fprintf(stderr, "quern %s: bad value for --matmul: '%s' (exact|q16|q8)\n", cmd, s);
+    return 0;
+}
+
+const char *runner_matmul_name(int act)
+{
+    return act == KERN_ACT_Q8 ? "q8" : act == KERN_ACT_Q16 ? "q16" : "exact";
 }
 
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out)

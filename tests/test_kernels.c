@@ -1787,6 +1787,89 @@ static void test_row_ops_vs_double(void **state)
     }
 }
 
+/* ---- q16: 16-bit activations ------------------------------------------------------------ */
+
+/* quantize_q16 of every table is bitwise the reference (ties and extremes included); gemm_q16
+ * of every table agrees with a float64 product of the dequantized weights and the quantized
+ * activations, the scalar one bitwise with kern_ref_vec_dot_q16; and results do not depend on
+ * how tokens and rows are split between calls. n = 4096 exercises the long-row fallback. */
+static void test_gemm_q16(void **state)
+{
+    (void)state;
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
+    static const int64_t ns[] = {32, 576, 1536, 4096};
+    const int64_t rows = 19, n_tok = 11;
+    struct rng r = {16161};
+    for (size_t ti = 0; ti < 3; ti++) {
+        const uint32_t type = types[ti];
+        for (size_t ni = 0; ni < 4; ni++) {
+            const int64_t n = ns[ni], nb = n / KERN_QK;
+            const size_t row_bytes = dtype_row_bytes(type, n) + 4, ldx = (size_t)n + 3;
+            const size_t ldxq = (size_t)nb + 2, ldy = (size_t)rows + 5;
+            uint8_t *w = random_rows(type, n, rows, 4, -1, &r);
+            float *x = gemm_acts(n, n_tok, ldx, &r);
+            for (int i = 0; i < 64 && i < n; i++) /* exact .5 ties after scaling */
+                x[i] = (i % 2 ? -0.5f : 0.5f) * (float)(2 * i + 1) / 65534.0f * 32767.0f;
+            struct kern_q16 *xq = calloc((size_t)n_tok * ldxq, sizeof *xq);
+            struct kern_q16 *xq2 = calloc((size_t)n_tok * ldxq, sizeof *xq2);
+            float *y = malloc(sizeof(float) * (size_t)n_tok * ldy);
+            float *y1 = malloc(sizeof(float) * (size_t)n_tok * ldy);
+            float *wf = malloc(sizeof(float) * (size_t)n);
+            for (int64_t t = 0; t < n_tok; t++)
+                kern_ref_quantize_q16(x + (size_t)t * ldx, xq + (size_t)t * ldxq, n);
+            for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+                const struct kern_cpu_fns *f = isa_fns(isa);
+                if (!f)
+                    continue;
+                for (int64_t t = 0; t < n_tok; t++)
+                    f->quantize_q16(x + (size_t)t * ldx, xq2 + (size_t)t * ldxq, n);
+                for (int64_t t = 0; t < n_tok; t++)
+                    assert_memory_equal(xq2 + (size_t)t * ldxq, xq + (size_t)t * ldxq,
+                                        sizeof(*xq) * (size_t)nb);
+                f->gemm_q16[type](w, row_bytes, rows, xq, ldxq, n_tok, n, y, ldy);
+                /* every token alone, rows split 7 + 12 */
+                for (int64_t t = 0; t < n_tok; t++) {
+                    f->gemm_q16[type](w, row_bytes, 7, xq + (size_t)t * ldxq, ldxq, 1, n,
+                                      y1 + (size_t)t * ldy, ldy);
+                    f->gemm_q16[type](w + 7 * row_bytes, row_bytes, rows - 7,
+                                      xq + (size_t)t * ldxq, ldxq, 1, n, y1 + (size_t)t * ldy + 7,
+                                      ldy);
+                }
+                for (int64_t k = 0; k < rows; k++) {
+                    const uint8_t *row = w + (size_t)k * row_bytes;
+                    kern_ref_dequant_row(type, row, wf, n);
+                    for (int64_t t = 0; t < n_tok; t++) {
+                        const struct kern_q16 *xt = xq + (size_t)t * ldxq;
+                        float got = y[(size_t)t * ldy + k];
+                        double exact = 0, mag = 0;
+                        for (int64_t i = 0; i < n; i++) {
+                            double p = (double)wf[i] * ((double)xt[i / KERN_QK].d *
+                                                        xt[i / KERN_QK].q[i % KERN_QK]);
+                            exact += p;
+                            mag += fabs(p);
+                        }
+                        if (!close_enough(got, exact, mag, REL_TOL))
+                            fail_msg("%s gemm_q16 %s n=%lld (%lld, %lld): %.9g vs %.9g",
+                                     f->name, dtype_get(type)->name, (long long)n, (long long)k,
+                                     (long long)t, (double)got, exact);
+                        if (isa == KERN_ISA_SCALAR)
+                            assert_int_equal(f32_bits(got),
+                                             f32_bits(kern_ref_vec_dot_q16(type, row, xt, n)));
+                        assert_int_equal(f32_bits(got), f32_bits(y1[(size_t)t * ldy + k]));
+                    }
+                }
+            }
+            free(w);
+            free(x);
+            free(xq);
+            free(xq2);
+            free(y);
+            free(y1);
+            free(wf);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1824,6 +1907,7 @@ int main(void)
         cmocka_unit_test(test_int8_peak),
         cmocka_unit_test(test_attention_vs_naive),
         cmocka_unit_test(test_row_ops_vs_double),
+        cmocka_unit_test(test_gemm_q16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -232,36 +232,80 @@ static void test_logits_q8_vs_reference(void **state)
     kern_cpu_backend_free(be);
 }
 
-static void test_greedy_vs_reference(void **state)
+static int greedy_matches(struct engine_model *m, const cJSON *root, int strict);
+
+/* 16-bit activations (exact integer sums), best ISA and scalar kernels (first prompt): the
+ * quantization adds a relative error of ~1e-5 before the half KV rounding, whose sensitivity
+ * (see LOGIT_TOL) then puts it at about twice the exact mode's difference (measured
+ * 2026-11-29: max 0.026, mean 0.0026). Top-1 must match at every position; the greedy
+ * continuations are reported. */
+#define LOGIT_TOL_Q16      5e-2f
+#define LOGIT_MEAN_TOL_Q16 4e-3f
+static void test_logits_q16_vs_reference(void **state)
 {
     struct fixture *f = *state;
-    const int V = f->m->hp.n_vocab;
+    static const char *const isas[] = {NULL, "scalar"};
+    for (int k = 0; k < 2; k++) {
+        struct kern_backend *be;
+        struct engine_model *m;
+        struct err_detail err = {0};
+        struct kern_cpu_opts ko = {2, isas[k], KERN_ACT_Q16};
+        assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
+        assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
+        int checked;
+        double mean;
+        float worst = compare_logits(m, f->root, 0.0f, &checked, k ? 1 : -1, &mean);
+        print_message("q16 (%s): max |ours - reference| = %.6f (tolerance %g), mean %.6f "
+                      "(tolerance %g); top-1 equal at all %d positions\n",
+                      kern_cpu_backend_isa(be), (double)worst, (double)LOGIT_TOL_Q16, mean,
+                      (double)LOGIT_MEAN_TOL_Q16, checked);
+        assert_true(worst <= LOGIT_TOL_Q16);
+        assert_true(mean <= LOGIT_MEAN_TOL_Q16);
+        if (!k)
+            print_message("q16: greedy 32-token continuations equal to the reference for %d of "
+                          "7 prompts\n",
+                          greedy_matches(m, f->root, 0));
+        engine_model_free(m);
+        kern_cpu_backend_free(be);
+    }
+}
+
+/* Greedy continuations of every fixture prompt with model m against the reference's 32
+ * tokens; returns how many prompts match completely, and fails on a mismatch if strict. */
+static int greedy_matches(struct engine_model *m, const cJSON *root, int strict)
+{
+    const int V = m->hp.n_vocab;
     const cJSON *p;
-    cJSON_ArrayForEach(p, cJSON_GetObjectItem(f->root, "prompts"))
+    int matched = 0;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(root, "prompts"))
     {
-        int n, ng;
+        int n, ng, ok = 1;
         int32_t *ids = json_ids(cJSON_GetObjectItem(p, "tokens"), &n);
         int32_t *want = json_ids(cJSON_GetObjectItem(p, "greedy"), &ng);
         assert_int_equal(ng, 32);
         struct err_detail err = {0};
         struct engine_kv *kv;
-        assert_int_equal(engine_model_kv_init(f->m, &kv, n + ng, 1, 16, &err), ST_OK);
+        assert_int_equal(engine_model_kv_init(m, &kv, n + ng, 1, 16, &err), ST_OK);
         assert_int_equal(engine_kv_reserve(kv, 0, n + ng, &err), ST_OK);
         float *lg = malloc(sizeof(float) * V);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, 4);
         for (int i = 0; i < n; i++)
             pos[i] = i;
         struct engine_batch b = {n, ids, pos, seq, NULL};
-        assert_int_equal(engine_model_forward(f->m, kv, &b, lg, &err), ST_OK);
-        for (int g = 0; g < ng; g++) {
+        assert_int_equal(engine_model_forward(m, kv, &b, lg, &err), ST_OK);
+        for (int g = 0; g < ng && ok; g++) {
             int32_t next = (int32_t)argmax(lg, V);
-            if (next != want[g])
-                fail_msg("%s: greedy token %d is %d, reference %d",
-                         cJSON_GetObjectItem(p, "name")->valuestring, g, next, want[g]);
+            if (next != want[g]) {
+                if (strict)
+                    fail_msg("%s: greedy token %d is %d, reference %d",
+                             cJSON_GetObjectItem(p, "name")->valuestring, g, next, want[g]);
+                ok = 0;
+            }
             int32_t ps = n + g, sq = 0;
             struct engine_batch b1 = {1, &next, &ps, &sq, NULL};
-            assert_int_equal(engine_model_forward(f->m, kv, &b1, lg, &err), ST_OK);
+            assert_int_equal(engine_model_forward(m, kv, &b1, lg, &err), ST_OK);
         }
+        matched += ok;
         engine_kv_free(kv);
         free(lg);
         free(pos);
@@ -269,6 +313,13 @@ static void test_greedy_vs_reference(void **state)
         free(ids);
         free(want);
     }
+    return matched;
+}
+
+static void test_greedy_vs_reference(void **state)
+{
+    struct fixture *f = *state;
+    greedy_matches(f->m, f->root, 1);
 }
 
 /* All prompts in one batch (one sequence each, interleaved order does not matter) and
@@ -462,6 +513,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_vs_reference),
         cmocka_unit_test(test_logits_q8_vs_reference),
+        cmocka_unit_test(test_logits_q16_vs_reference),
         cmocka_unit_test(test_scalar_isa_vs_reference),
         cmocka_unit_test(test_greedy_vs_reference),
         cmocka_unit_test(test_batch_invariance),

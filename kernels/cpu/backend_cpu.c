@@ -20,6 +20,8 @@ struct cpu_state {
     enum kern_act act;             /* activation precision of matmuls */
     struct kern_q8 *xq;            /* quantized activations scratch (thread 0 owns) */
     size_t xq_cap;                 /* blocks allocated in xq */
+    struct kern_q16 *xq16;         /* 16-bit activations scratch (q16 mode) */
+    size_t xq16_cap;               /* blocks allocated in xq16 */
 };
 
 static struct cpu_state *st_of(struct kern_backend *b)
@@ -58,6 +60,7 @@ struct matmul_job {
     long rows;                           /* sum of their ne1 */
     const float *x;                      /* float activations (exact mode) */
     const struct kern_q8 *xq;            /* quantized activations (q8 mode), else NULL */
+    const struct kern_q16 *xq16;         /* 16-bit activations (q16 mode), else NULL */
     int n_tok;                           /* tokens */
 };
 
@@ -75,7 +78,11 @@ static void matmul_worker(void *arg, int ith, int nth)
         if (r0 >= r1)
             continue;
         const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        if (j->xq && j->fn->gemm_q8[w->type])
+        if (j->xq16 && j->fn->gemm_q16[w->type])
+            j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16,
+                                     (size_t)(w->ne0 / KERN_QK), j->n_tok, w->ne0, j->y[i] + r0,
+                                     (size_t)w->ne1);
+        else if (j->xq && j->fn->gemm_q8[w->type])
             j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq,
                                     (size_t)(w->ne0 / KERN_QK), j->n_tok, w->ne0, j->y[i] + r0,
                                     (size_t)w->ne1);
@@ -88,7 +95,8 @@ static void matmul_worker(void *arg, int ith, int nth)
 struct quantize_ctx {
     const struct kern_cpu_fns *fn; /* kernels */
     const float *x;                /* n_tok x n */
-    struct kern_q8 *xq;            /* n_tok x n / KERN_QK blocks */
+    struct kern_q8 *xq;            /* n_tok x n / KERN_QK blocks (q8), or NULL */
+    struct kern_q16 *xq16;         /* the same in 16 bits (q16), or NULL */
     int64_t n;                     /* elements per token */
 };
 
@@ -96,32 +104,47 @@ static void quantize_rows(void *arg, long lo, long hi)
 {
     const struct quantize_ctx *c = arg;
     const int64_t nb = c->n / KERN_QK;
-    for (long t = lo; t < hi; t++)
-        c->fn->quantize_q8(c->x + (size_t)t * c->n, c->xq + (size_t)t * nb, c->n);
+    for (long t = lo; t < hi; t++) {
+        if (c->xq16)
+            c->fn->quantize_q16(c->x + (size_t)t * c->n, c->xq16 + (size_t)t * nb, c->n);
+        else
+            c->fn->quantize_q8(c->x + (size_t)t * c->n, c->xq + (size_t)t * nb, c->n);
+    }
+}
+
+/* Grows a scratch array to hold need elements of size sz (aborts when out of memory: nothing
+ * sensible to do mid-forward). */
+static void *grow(void *p, size_t *cap, size_t need, size_t sz)
+{
+    if (need <= *cap)
+        return p;
+    free(p);
+    p = malloc(need * sz);
+    if (!p)
+        abort();
+    *cap = need;
+    return p;
 }
 
 static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
                        float *const *y, int n_w, const float *x, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, n_tok};
-    int q8 = 0; /* some weight takes quantized activations (float weight types do not) */
+    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, n_tok};
+    int quant = 0; /* some weight takes quantized activations (float weight types do not) */
     for (int i = 0; i < n_w; i++) {
         j.rows += (long)w[i]->ne1;
-        q8 |= s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL;
+        quant |= (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL) ||
+                 (s->act == KERN_ACT_Q16 && s->fn->gemm_q16[w[i]->type] != NULL);
     }
-    if (q8) {
+    if (quant) {
         size_t need = (size_t)n_tok * (size_t)(w[0]->ne0 / KERN_QK);
-        if (need > s->xq_cap) {
-            free(s->xq);
-            s->xq = malloc(need * sizeof(*s->xq));
-            if (!s->xq)
-                abort(); /* out of memory for activations: nothing sensible to do */
-            s->xq_cap = need;
-        }
-        struct quantize_ctx qc = {s->fn, x, s->xq, w[0]->ne0};
+        struct quantize_ctx qc = {s->fn, x, NULL, NULL, w[0]->ne0};
+        if (s->act == KERN_ACT_Q16)
+            j.xq16 = qc.xq16 = s->xq16 = grow(s->xq16, &s->xq16_cap, need, sizeof(*s->xq16));
+        else
+            j.xq = qc.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
         parallel_ranges(s, n_tok, quantize_rows, &qc);
-        j.xq = s->xq;
     }
     pool_run(s->pool, matmul_worker, &j);
 }
@@ -334,6 +357,7 @@ void kern_cpu_backend_free(struct kern_backend *b)
     struct cpu_state *s = b->impl;
     pool_free(s->pool);
     free(s->xq);
+    free(s->xq16);
     free(s);
     free(b);
 }

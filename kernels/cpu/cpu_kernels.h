@@ -24,6 +24,16 @@ struct kern_q8 {
     int8_t q[KERN_QK]; /* quantized values */
 };
 
+/* Activations quantized to 16 bits per block of 32: q = round(x/d) (halves away from zero),
+ * d = max|x|/32767, s = d * sum(q); blocks with d below FLT_MIN are zeros. The q16 matmul mode
+ * multiplies these with integer weight quants exactly (int32 sums), so its only rounding
+ * beyond f32 is this quantization: a relative error of at most 1.5e-5 of the block maximum. */
+struct kern_q16 {
+    float d;            /* scale: max|x| / 32767 */
+    float s;            /* d * sum(q) */
+    int16_t q[KERN_QK]; /* quantized values in [-32767, 32767] */
+};
+
 /* GGUF/ggml weight blocks, little-endian, fp16 = IEEE half. Weight rows handed to the kernels
  * must be 2-byte aligned (every block size is even and GGUF aligns tensor data to 32). */
 struct kern_block_q4_0 {
@@ -63,6 +73,7 @@ struct kern_block_q6_k {
 };
 
 _Static_assert(sizeof(struct kern_q8) == 40, "kern_q8 layout");
+_Static_assert(sizeof(struct kern_q16) == 72, "kern_q16 layout");
 _Static_assert(sizeof(struct kern_block_q4_0) == 18, "Q4_0 block size");
 _Static_assert(sizeof(struct kern_block_q4_1) == 20, "Q4_1 block size");
 _Static_assert(sizeof(struct kern_block_q5_0) == 22, "Q5_0 block size");
@@ -84,6 +95,9 @@ void kern_q4_k_scale_min(const uint8_t scales[12], int j, uint8_t *sc, uint8_t *
  * the type's block size (and of KERN_QK); x must be finite. Passing a type a function does not
  * handle is a programmer error and aborts. */
 void kern_ref_quantize_q8(const float *x, struct kern_q8 *y, int64_t n);
+void kern_ref_quantize_q16(const float *x, struct kern_q16 *y, int64_t n);
+/* Q4_0, Q4_1, Q8_0 weight row . 16-bit activations. */
+float kern_ref_vec_dot_q16(uint32_t type, const void *w, const struct kern_q16 *x, int64_t n);
 /* All 9 types. */
 void kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
 /* Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K weight row . quantized activations. */
@@ -141,6 +155,14 @@ struct kern_cpu_fns {
     void (*gemm_q8[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
                                  const struct kern_q8 *xq, size_t ldxq, int64_t n_tok, int64_t n,
                                  float *y, size_t ldy);
+    /* 16-bit activation quantization (struct kern_q16), as kern_ref_quantize_q16; never NULL. */
+    void (*quantize_q16)(const float *x, struct kern_q16 *y, int64_t n);
+    /* Batched matmul with 16-bit activations: as gemm_q8 (same layout of y, same batch
+     * invariance), each pair agreeing with kern_ref_vec_dot_q16 up to float rounding (integer
+     * parts exact). Q4_0, Q4_1 and Q8_0 only, NULL otherwise. */
+    void (*gemm_q16[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
+                                  const struct kern_q16 *xq, size_t ldxq, int64_t n_tok, int64_t n,
+                                  float *y, size_t ldy);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g

@@ -59,6 +59,19 @@ void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
     const void *w, size_t row_bytes, int64_t n_rows, const struct kern_q8 *xq, size_t ldxq,        \
         int64_t n_tok, int64_t n, float *y, size_t ldy
 
+#define KERN_GEMM_Q16_ARGS                                                                         \
+    const void *w, size_t row_bytes, int64_t n_rows, const struct kern_q16 *xq, size_t ldxq,       \
+        int64_t n_tok, int64_t n, float *y, size_t ldy
+
+/* 16-bit activation kernels: scalar (q16_ref.c) and AVX-512 (gemm16_avx512.c). */
+void kern_ref_gemm_q4_0_q16(KERN_GEMM_Q16_ARGS);
+void kern_ref_gemm_q4_1_q16(KERN_GEMM_Q16_ARGS);
+void kern_ref_gemm_q8_0_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx512_quantize_q16(const float *x, struct kern_q16 *y, int64_t n);
+void kern_avx512_gemm_q4_0_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx512_gemm_q4_1_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx512_gemm_q8_0_q16(KERN_GEMM_Q16_ARGS);
+
 /* Scalar per-type gemm entries (quant_ref.c): every pair bitwise as kern_ref_matvec_f32 /
  * kern_ref_vec_dot_q8 would compute it. */
 void kern_ref_gemm_f32_f32(KERN_GEMM_F32_ARGS);

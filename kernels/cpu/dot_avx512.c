@@ -102,6 +102,28 @@ static void avx512_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
     }
 }
 
+/* As kern_ref_quantize_q16 (d = max|x| / 32767, roundf), bitwise. */
+void kern_avx512_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
+{
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 32767.0f;
+        if (!(d >= FLT_MIN))
+            d = 0.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = round_away_epi32(_mm512_mul_ps(v0, vid));
+        __m512i q1 = round_away_epi32(_mm512_mul_ps(v1, vid));
+        int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm256_storeu_si256((__m256i *)y[b].q, _mm512_cvtsepi32_epi16(q0));
+        _mm256_storeu_si256((__m256i *)(y[b].q + 16), _mm512_cvtsepi32_epi16(q1));
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
 /* ---- quantized weights . quantized activations ---- */
 
 static float avx512_dot_q4_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
@@ -675,4 +697,11 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
     .attn_group = kern_avx512_attn_group,
     .rmsnorm = kern_avx512_rmsnorm,
     .swiglu = kern_avx512_swiglu,
+    .quantize_q16 = kern_avx512_quantize_q16,
+    .gemm_q16 =
+        {
+            [DTYPE_Q4_0] = kern_avx512_gemm_q4_0_q16,
+            [DTYPE_Q4_1] = kern_avx512_gemm_q4_1_q16,
+            [DTYPE_Q8_0] = kern_avx512_gemm_q8_0_q16,
+        },
 };

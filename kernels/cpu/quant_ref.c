@@ -663,4 +663,11 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
     .attn_group = kern_ref_attn_group,
     .rmsnorm = kern_ref_rmsnorm,
     .swiglu = kern_ref_swiglu,
+    .quantize_q16 = kern_ref_quantize_q16,
+    .gemm_q16 =
+        {
+            [DTYPE_Q4_0] = kern_ref_gemm_q4_0_q16,
+            [DTYPE_Q4_1] = kern_ref_gemm_q4_1_q16,
+            [DTYPE_Q8_0] = kern_ref_gemm_q8_0_q16,
+        },
 };

@@ -1,0 +1,115 @@
+/* Scalar reference of the q16 matmul mode: activations quantized to 16 bits per block of 32
+ * (struct kern_q16), multiplied with Q4_0 / Q4_1 / Q8_0 weight quants in exact integer sums,
+ * then scaled per block: sum_b d_w d_x isum_b (+ m_w s_x for Q4_1), in block order. */
+#include <assert.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels_internal.h"
+
+void kern_ref_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
+{
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        const float *xb = x + b * KERN_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KERN_QK; j++) {
+            float a = fabsf(xb[j]);
+            if (a > amax)
+                amax = a;
+        }
+        float d = amax / 32767.0f;
+        if (!(d >= FLT_MIN))
+            d = 0.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < KERN_QK; j++) {
+            float v = xb[j] * id;
+            if (!(v >= -32767.0f)) /* only non-finite input gets here */
+                v = v != v ? 0.0f : -32767.0f;
+            if (v > 32767.0f)
+                v = 32767.0f;
+            int q = (int)roundf(v);
+            y[b].q[j] = (int16_t)q;
+            sum += q;
+        }
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+static float dot_q4_0_q16(const void *vw, const struct kern_q16 *x, int64_t n)
+{
+    const struct kern_block_q4_0 *w = vw;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += ((w[b].qs[i] & 0xF) - 8) * x[b].q[i];
+            isum += ((w[b].qs[i] >> 4) - 8) * x[b].q[i + 16];
+        }
+        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q4_1_q16(const void *vw, const struct kern_q16 *x, int64_t n)
+{
+    const struct kern_block_q4_1 *w = vw;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += (w[b].qs[i] & 0xF) * x[b].q[i];
+            isum += (w[b].qs[i] >> 4) * x[b].q[i + 16];
+        }
+        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum + kern_f16_to_f32(w[b].m) * x[b].s;
+    }
+    return sum;
+}
+
+static float dot_q8_0_q16(const void *vw, const struct kern_q16 *x, int64_t n)
+{
+    const struct kern_block_q8_0 *w = vw;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        int32_t isum = 0;
+        for (int i = 0; i < KERN_QK; i++)
+            isum += w[b].qs[i] * x[b].q[i];
+        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q16(uint32_t type, const void *w, const struct kern_q16 *x, int64_t n)
+{
+    assert(n % KERN_QK == 0);
+    switch (type) {
+    case DTYPE_Q4_0:
+        return dot_q4_0_q16(w, x, n);
+    case DTYPE_Q4_1:
+        return dot_q4_1_q16(w, x, n);
+    case DTYPE_Q8_0:
+        return dot_q8_0_q16(w, x, n);
+    default:
+        LOG_ERROR("kern_ref_vec_dot_q16: unsupported type %u", (unsigned)type);
+        abort();
+    }
+}
+
+#define REF_GEMM_Q16(name)                                                                         \
+    void kern_ref_gemm_##name##_q16(KERN_GEMM_Q16_ARGS)                                            \
+    {                                                                                              \
+        for (int64_t r = 0; r < n_rows; r++) {                                                     \
+            const void *row = (const char *)w + (size_t)r * row_bytes;                             \
+            for (int64_t t = 0; t < n_tok; t++)                                                    \
+                y[(size_t)t * ldy + r] = dot_##name##_q16(row, xq + (size_t)t * ldxq, n);          \
+        }                                                                                          \
+    }
+
+REF_GEMM_Q16(q4_0)
+REF_GEMM_Q16(q4_1)
+REF_GEMM_Q16(q8_0)
