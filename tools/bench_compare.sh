@@ -12,6 +12,11 @@
 #   QUERN                         quern binary [bin/quern]
 #   QUERN_MAX_SEQS                batched quern --max-seqs [256]
 #   QUERN_BATCH_TOKENS            quern --max-batch-tokens [512]
+#   QUERN_KV_MEM                  batched quern --kv-mem [3G]
+#   QUERN_MODES                   --matmul modes, each run batched and at --max-seqs 1
+#                                 ["exact q16 q8"]
+#   QUERN_SEQS1_N                 requests of the --max-seqs 1 runs (one sequence at a time:
+#                                 its tok/s does not depend on the count) [16]
 #   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
 #   QUERN_AVX2                    1 = also run batched quern q8 with --isa avx2, the ISA the
 #                                 installed llama.cpp was built for [1]
@@ -22,8 +27,8 @@
 #   PYTHON                        [python3]
 #
 # Each run's JSON goes to RESULTS_DIR/NAME.json and its stderr to RESULTS_DIR/NAME.log; a
-# summary table (ratios against quern --max-seqs 1 and the best llama.cpp run) goes to
-# stdout and RESULTS_DIR/summary.txt.
+# summary table (ratios against quern --max-seqs 1 in the same matmul mode and the best
+# llama.cpp run) goes to stdout and RESULTS_DIR/summary.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -36,6 +41,9 @@ SEED=${BENCH_SEED:-1}
 QUERN=${QUERN:-bin/quern}
 QSEQS=${QUERN_MAX_SEQS:-256}
 QBATCH=${QUERN_BATCH_TOKENS:-512}
+QKV=${QUERN_KV_MEM:-3G}
+QMODES=${QUERN_MODES:-exact q16 q8}
+QN1=${QUERN_SEQS1_N:-16}
 QPEAK=${QUERN_PEAK_SECONDS:-1}
 QAVX2=${QUERN_AVX2:-1}
 LPAR=${LLAMA_PARALLEL:-32 64}
@@ -63,17 +71,19 @@ run() {
     RUNS+=("$name")
 }
 
-common_q=(bench --prompts "$N" --input-len "$L" --output-len "$M" --threads "$T" --seed "$SEED"
+common_q=(bench --input-len "$L" --output-len "$M" --threads "$T" --seed "$SEED"
           --peak-seconds "$QPEAK")
 if "$QUERN" bench --help >/dev/null 2>&1; then
-    run quern_seqs1 "$QUERN" "${common_q[@]}" --max-seqs 1 --max-batch-tokens "$QBATCH"
-    run "quern_seqs${QSEQS}_exact" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
-        --max-batch-tokens "$QBATCH" --matmul exact
-    run "quern_seqs${QSEQS}_q8" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
-        --max-batch-tokens "$QBATCH" --matmul q8
+    for mode in $QMODES; do
+        run "quern_seqs1_$mode" "$QUERN" "${common_q[@]}" --prompts "$QN1" --max-seqs 1 \
+            --max-batch-tokens "$QBATCH" --matmul "$mode"
+        run "quern_seqs${QSEQS}_$mode" "$QUERN" "${common_q[@]}" --prompts "$N" \
+            --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul "$mode"
+    done
     if [ "$QAVX2" = 1 ]; then
-        run "quern_seqs${QSEQS}_q8_avx2" "$QUERN" "${common_q[@]}" --max-seqs "$QSEQS" \
-            --max-batch-tokens "$QBATCH" --matmul q8 --isa avx2
+        run "quern_seqs${QSEQS}_q8_avx2" "$QUERN" "${common_q[@]}" --prompts "$N" \
+            --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul q8 \
+            --isa avx2
     fi
 else
     echo "warning: '$QUERN bench' is not available (build it first); quern runs skipped" >&2
@@ -96,7 +106,8 @@ for n in names:
     except (OSError, ValueError):
         rows.append((n, None))
 ok = [(n, j) for n, j in rows if j]
-base = next((j["output_tok_s"] for n, j in ok if n == "quern_seqs1"), None)
+# each quern run is compared with the --max-seqs 1 run of its matmul mode (default ISA)
+base = {j["matmul"]: j["output_tok_s"] for n, j in ok if n.startswith("quern_seqs1_")}
 llama = [j["output_tok_s"] for n, j in ok if n.startswith("llamacpp")]
 best = max(llama) if llama else None
 def ratio(x, d):
@@ -121,5 +132,6 @@ for n, j in rows:
                                                  j.get("matmul"), j.get("isa"))
     print("%-26s %9.2f %11.1f %11.1f %10s %10s  %s" % (
         n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
-        ratio(j["output_tok_s"], base), ratio(j["output_tok_s"], best), note))
+        ratio(j["output_tok_s"], base.get(j.get("matmul"))) if "engine" not in j else "-",
+        ratio(j["output_tok_s"], best), note))
 EOF
