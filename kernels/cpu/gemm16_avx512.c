@@ -14,9 +14,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#define UNROLL        _Pragma("GCC unroll 16")
+#include "kernels/cpu/pack_avx512.h"
 
 #define G16_ROWS 16  /* rows per panel: the lanes */
 #define G16_TOK  8   /* tokens per tile */
@@ -30,52 +28,69 @@ struct g16_blk {
 
 enum g16_kind { G16_Q4_0, G16_Q4_1, G16_Q8_0 };
 
-/* Packs nb blocks of nr (<= 16) rows; lanes past nr repeat the last row. */
+/* Packs nb blocks of nr (<= 16) rows; lanes past nr repeat the last row. The quant bytes are
+ * transposed 16 rows at a time (lane r = dword s of row r), then each dword's bytes are spread
+ * to two int16 pairs: for Q4 a dword holds elements 4s..4s+3 in its low nibbles and 16+4s..
+ * in its high nibbles; for Q8_0 elements 4s..4s+3 (sign-extended). */
 static ALWAYS_INLINE void g16_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
                                    struct g16_blk *dst, const enum g16_kind kind)
 {
     const size_t bb = kind == G16_Q4_1   ? sizeof(struct kern_block_q4_1)
                       : kind == G16_Q4_0 ? sizeof(struct kern_block_q4_0)
                                          : sizeof(struct kern_block_q8_0);
-    _Alignas(64) int16_t tmp[16][KERN_QK];
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)sizeof(tmp[0])));
+    const size_t qoff = kind == G16_Q4_1   ? offsetof(struct kern_block_q4_1, qs)
+                        : kind == G16_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
+                                           : offsetof(struct kern_block_q8_0, qs);
+    /* per dword: bytes 0,1 (pair A) or 2,3 (pair B) into the low bytes of two words */
+    const __m512i sh_a = _mm512_set4_epi32((int)0x800D800C, (int)0x80098008, (int)0x80058004,
+                                           (int)0x80018000);
+    const __m512i sh_b = _mm512_set4_epi32((int)0x800F800E, (int)0x800B800A, (int)0x80078006,
+                                           (int)0x80038002);
+    /* Q8_0: the same bytes into the high bytes of the words, then an arithmetic shift */
+    const __m512i sh_a8 = _mm512_set4_epi32((int)0x0D800C80, (int)0x09800880, (int)0x05800480,
+                                            (int)0x01800080);
+    const __m512i sh_b8 = _mm512_set4_epi32((int)0x0F800E80, (int)0x0B800A80, (int)0x07800680,
+                                            (int)0x03800280);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi16(8);
+    const __m512i offs = gq_row_offsets(row_bytes, nr);
+    size_t roff[16];
+    for (int r = 0; r < 16; r++)
+        roff[r] = (size_t)(r < nr ? r : nr - 1) * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         struct g16_blk *o = &dst[b];
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *blk = (const uint8_t *)rows + (size_t)(r < nr ? r : nr - 1) * row_bytes +
-                                 (size_t)b * bb;
-            if (kind == G16_Q8_0) {
-                const struct kern_block_q8_0 *q = (const void *)blk;
-                o->d[r] = _cvtsh_ss(q->d);
-                _mm512_store_si512((__m512i *)tmp[r],
-                                   _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q->qs)));
-            } else {
-                const uint8_t *qs = blk + (kind == G16_Q4_1 ? offsetof(struct kern_block_q4_1, qs)
-                                                            : offsetof(struct kern_block_q4_0, qs));
-                uint16_t dh, mh;
-                memcpy(&dh, blk, 2);
-                o->d[r] = _cvtsh_ss(dh);
-                if (kind == G16_Q4_1) {
-                    memcpy(&mh, blk + 2, 2);
-                    o->m[r] = _cvtsh_ss(mh);
-                }
-                __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
-                __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(0xF));
-                __m256i hi = _mm256_srli_epi16(v, 4);
-                if (kind == G16_Q4_0) {
-                    lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
-                    hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
-                }
-                _mm256_store_si256((__m256i *)tmp[r], lo);        /* elements 0-15 */
-                _mm256_store_si256((__m256i *)(tmp[r] + 16), hi); /* elements 16-31 */
+        const uint8_t *base = (const uint8_t *)rows + (size_t)b * bb;
+        __m512i dm = _mm512_i32gather_epi32(offs, base, 1);
+        _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+        if (kind == G16_Q4_1)
+            _mm512_store_ps(o->m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+        if (kind == G16_Q8_0) {
+            __m512i v[8];
+            transpose_16x8(base + qoff, roff, v);
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                _mm512_store_si512((__m512i *)o->q[2 * s],
+                                   _mm512_srai_epi16(_mm512_shuffle_epi8(v[s], sh_a8), 8));
+                _mm512_store_si512((__m512i *)o->q[2 * s + 1],
+                                   _mm512_srai_epi16(_mm512_shuffle_epi8(v[s], sh_b8), 8));
+            }
+        } else {
+            __m512i v[4];
+            transpose_16x4(base + qoff, roff, v);
+            UNROLL
+            for (int s = 0; s < 4; s++) {
+                __m512i lo = _mm512_and_si512(v[s], low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v[s], 4), low4);
+                __m512i q[4] = {_mm512_shuffle_epi8(lo, sh_a), _mm512_shuffle_epi8(lo, sh_b),
+                                _mm512_shuffle_epi8(hi, sh_a), _mm512_shuffle_epi8(hi, sh_b)};
+                if (kind == G16_Q4_0)
+                    for (int i = 0; i < 4; i++)
+                        q[i] = _mm512_sub_epi16(q[i], eight);
+                _mm512_store_si512((__m512i *)o->q[2 * s], q[0]);     /* elements 4s, 4s+1 */
+                _mm512_store_si512((__m512i *)o->q[2 * s + 1], q[1]); /* 4s+2, 4s+3 */
+                _mm512_store_si512((__m512i *)o->q[8 + 2 * s], q[2]); /* 16+4s, 16+4s+1 */
+                _mm512_store_si512((__m512i *)o->q[9 + 2 * s], q[3]); /* 16+4s+2, 16+4s+3 */
             }
         }
-        UNROLL
-        for (int s = 0; s < 16; s++)
-            _mm512_store_si512((__m512i *)o->q[s],
-                               _mm512_i32gather_epi32(idx, (const char *)tmp + 4 * s, 1));
     }
 }
 
