@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
+#include "kernels/cpu/simd_avx2.h"
 
 void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n)
 {
@@ -17,42 +18,6 @@ void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n)
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++)
         y[i] = kern_f32_to_f16(x[i]);
-}
-
-/* kern_attn_exp on 8 lanes: 0 for x < -87, -inf and NaN. */
-static inline __m256 exp8(__m256 x)
-{
-    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm256_and_ps(x, ok);
-    __m256i ni = _mm256_cvttps_epi32(
-        _mm256_sub_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(0.5f)));
-    __m256 n = _mm256_cvtepi32_ps(ni);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(KERN_EXP_C6), _mm256_set1_ps(KERN_EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23));
-    return _mm256_and_ps(_mm256_castsi256_ps(e), ok);
-}
-
-static inline float hmax8(__m256 v)
-{
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
-static inline float hsum8(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
 }
 
 void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
@@ -115,7 +80,7 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
             __m256 vhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8), lane));
             __m256 slo = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(lo0, lo1), scale), vlo);
             __m256 shi = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(hi0, hi1), scale), vhi);
-            float bm = hmax8(_mm256_max_ps(slo, shi));
+            float bm = hmax_ps(_mm256_max_ps(slo, shi));
             if (bm > m) {
                 __m256 r = _mm256_set1_ps(kern_attn_exp(m - bm)); /* 0 on the first run */
                 lsum = _mm256_mul_ps(lsum, r);
@@ -137,7 +102,7 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
             }
             p0 += cnt;
         }
-        __m256 l = _mm256_set1_ps(hsum8(lsum));
+        __m256 l = _mm256_set1_ps(hsum_ps(lsum));
         for (int j = 0; j < D / 8; j++)
             _mm256_storeu_ps(out + 8 * j, _mm256_div_ps(acc[j], l));
     }

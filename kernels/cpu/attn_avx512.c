@@ -8,30 +8,9 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
+#include "kernels/cpu/simd_avx512.h"
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#define UNROLL        _Pragma("GCC unroll 16")
 #define AG_MAX_G      8
-
-/* kern_attn_exp on 16 lanes: 0 for x < -87, -inf and NaN. */
-static ALWAYS_INLINE __m512 exp16(__m512 x)
-{
-    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm512_maskz_mov_ps(ok, x);
-    __m512i ni = _mm512_cvttps_epi32(
-        _mm512_sub_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)));
-    __m512 n = _mm512_cvtepi32_ps(ni);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KERN_EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KERN_EXP_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(KERN_EXP_C6), _mm512_set1_ps(KERN_EXP_C5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KERN_EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KERN_EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(ni, 23));
-    return _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(e));
-}
 
 static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const int G,
                                   const int NV)

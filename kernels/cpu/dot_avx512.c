@@ -81,46 +81,48 @@ static inline __m512i round_away_epi32(__m512 v)
     return _mm512_mask_sub_epi32(i, down, i, _mm512_set1_epi32(1));
 }
 
+/* One block of 32 activations as kern_ref_quantize_q8/_q16 do it for levels qmax, bitwise:
+ * q0, q1 = the two halves' integers; returns d, *sum = sum(q). */
+static inline float quantize_block(const float *x, float qmax, __m512i *q0, __m512i *q1,
+                                   int32_t *sum)
+{
+    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    float d = amax / qmax;
+    if (!(d >= FLT_MIN))
+        d = 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512 vid = _mm512_set1_ps(id);
+    *q0 = round_away_epi32(_mm512_mul_ps(v0, vid));
+    *q1 = round_away_epi32(_mm512_mul_ps(v1, vid));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(*q0, *q1));
+    return d;
+}
+
 static void avx512_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
 {
     assert(n % KERN_QK == 0);
     for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
-        __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        float d = amax / 127.0f;
-        if (!(d >= FLT_MIN))
-            d = 0.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        __m512 vid = _mm512_set1_ps(id);
-        __m512i q0 = round_away_epi32(_mm512_mul_ps(v0, vid));
-        __m512i q1 = round_away_epi32(_mm512_mul_ps(v1, vid));
-        int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        __m512i q0, q1;
+        int32_t sum;
+        y[b].d = quantize_block(x, 127.0f, &q0, &q1, &sum);
         _mm_storeu_si128((__m128i *)y[b].q, _mm512_cvtsepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(y[b].q + 16), _mm512_cvtsepi32_epi8(q1));
-        y[b].d = d;
-        y[b].s = d * (float)sum;
+        y[b].s = y[b].d * (float)sum;
     }
 }
 
-/* As kern_ref_quantize_q16 (d = max|x| / 32767, roundf), bitwise. */
+/* As kern_ref_quantize_q16, bitwise. */
 void kern_avx512_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
 {
     assert(n % KERN_QK == 0);
     for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
-        __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        float d = amax / 32767.0f;
-        if (!(d >= FLT_MIN))
-            d = 0.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        __m512 vid = _mm512_set1_ps(id);
-        __m512i q0 = round_away_epi32(_mm512_mul_ps(v0, vid));
-        __m512i q1 = round_away_epi32(_mm512_mul_ps(v1, vid));
-        int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        __m512i q0, q1;
+        int32_t sum;
+        y[b].d = quantize_block(x, 32767.0f, &q0, &q1, &sum);
         _mm256_storeu_si256((__m256i *)y[b].q, _mm512_cvtsepi32_epi16(q0));
         _mm256_storeu_si256((__m256i *)(y[b].q + 16), _mm512_cvtsepi32_epi16(q1));
-        y[b].d = d;
-        y[b].s = d * (float)sum;
+        y[b].s = y[b].d * (float)sum;
     }
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
+#include "kernels/cpu/simd_avx2.h"
 
 void kern_avx2_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps)
 {
@@ -31,32 +32,13 @@ void kern_avx2_rmsnorm(const float *x, const float *w, float *y, int64_t n, floa
         y[i] = x[i] * scale * w[i];
 }
 
-/* e^x for any finite x: x clamped to [-86, 88] (results stay normal), n = round(x / ln2),
- * degree-6 polynomial on the remainder, times 2^n in the exponent bits. */
-static inline __m256 exp_any8(__m256 x)
-{
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KERN_EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(KERN_EXP_C6), _mm256_set1_ps(KERN_EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KERN_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-
 void kern_avx2_swiglu(float *gate, const float *up, int64_t n)
 {
     int64_t i = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
         __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = exp_any8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
         __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }

@@ -14,7 +14,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
-#include "kernels/cpu/pack_avx512.h"
+#include "kernels/cpu/simd_avx512.h"
 
 #define G16_ROWS 16  /* rows per panel: the lanes */
 #define G16_TOK  8   /* tokens per tile */

@@ -13,7 +13,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
-#include "kernels/cpu/pack_avx512.h"
+#include "kernels/cpu/simd_avx512.h"
 
 
 /* ---- exact mode: f32 activations ----

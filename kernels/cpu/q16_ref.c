@@ -1,45 +1,12 @@
 /* Scalar reference of the q16 matmul mode: activations quantized to 16 bits per block of 32
- * (struct kern_q16), multiplied with Q4_0 / Q4_1 / Q8_0 weight quants in exact integer sums,
+ * (struct kern_q16, kern_ref_quantize_q16 in quant_ref.c), multiplied with Q4_0 / Q4_1 / Q8_0 weight quants in exact integer sums,
  * then scaled per block: sum_b d_w d_x isum_b (+ m_w s_x for Q4_1), in block order. */
 #include <assert.h>
-#include <float.h>
-#include <math.h>
 #include <stdlib.h>
 
 #include "common/log.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
-
-void kern_ref_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
-{
-    assert(n % KERN_QK == 0);
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        const float *xb = x + b * KERN_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < KERN_QK; j++) {
-            float a = fabsf(xb[j]);
-            if (a > amax)
-                amax = a;
-        }
-        float d = amax / 32767.0f;
-        if (!(d >= FLT_MIN))
-            d = 0.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < KERN_QK; j++) {
-            float v = xb[j] * id;
-            if (!(v >= -32767.0f)) /* only non-finite input gets here */
-                v = v != v ? 0.0f : -32767.0f;
-            if (v > 32767.0f)
-                v = 32767.0f;
-            int q = (int)roundf(v);
-            y[b].q[j] = (int16_t)q;
-            sum += q;
-        }
-        y[b].d = d;
-        y[b].s = d * (float)sum;
-    }
-}
 
 static float dot_q4_0_q16(const void *vw, const struct kern_q16 *x, int64_t n)
 {

@@ -103,35 +103,57 @@ static _Noreturn void bad_type(const char *fn, uint32_t type)
 
 /* ---- activation quantization ---- */
 
+/* One block of KERN_QK activations to integers in [-qmax, qmax]: d = max|x| / qmax (0 when
+ * that is below FLT_MIN: all zero, or so tiny that 1/d overflows), q = roundf(x / d). Returns
+ * sum(q). */
+static int32_t quantize_block(const float *xb, float qmax, int32_t q[KERN_QK], float *d_out)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < KERN_QK; j++) {
+        float a = fabsf(xb[j]);
+        if (a > amax)
+            amax = a;
+    }
+    float d = amax / qmax;
+    if (!(d >= FLT_MIN))
+        d = 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < KERN_QK; j++) {
+        float v = xb[j] * id;
+        /* |v| <= qmax for finite input; the clamp only keeps non-finite input defined */
+        if (!(v >= -qmax))
+            v = v != v ? 0.0f : -qmax;
+        if (v > qmax)
+            v = qmax;
+        q[j] = (int32_t)roundf(v);
+        sum += q[j];
+    }
+    *d_out = d;
+    return sum;
+}
+
 void kern_ref_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
 {
     assert(n % KERN_QK == 0);
+    int32_t q[KERN_QK];
     for (int64_t b = 0; b < n / KERN_QK; b++) {
-        const float *xb = x + b * KERN_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < KERN_QK; j++) {
-            float a = fabsf(xb[j]);
-            if (a > amax)
-                amax = a;
-        }
-        float d = amax / 127.0f;
-        if (!(d >= FLT_MIN)) /* all zero, or so tiny that 1/d overflows: store as zeros */
-            d = 0.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < KERN_QK; j++) {
-            float v = xb[j] * id;
-            /* |v| <= 127 for finite input; the clamp only keeps non-finite input defined */
-            if (!(v >= -127.0f))
-                v = v != v ? 0.0f : -127.0f;
-            if (v > 127.0f)
-                v = 127.0f;
-            int q = (int)roundf(v);
-            y[b].q[j] = (int8_t)q;
-            sum += q;
-        }
-        y[b].d = d;
-        y[b].s = d * (float)sum;
+        int32_t sum = quantize_block(x + b * KERN_QK, 127.0f, q, &y[b].d);
+        for (int j = 0; j < KERN_QK; j++)
+            y[b].q[j] = (int8_t)q[j];
+        y[b].s = y[b].d * (float)sum;
+    }
+}
+
+void kern_ref_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
+{
+    assert(n % KERN_QK == 0);
+    int32_t q[KERN_QK];
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        int32_t sum = quantize_block(x + b * KERN_QK, 32767.0f, q, &y[b].d);
+        for (int j = 0; j < KERN_QK; j++)
+            y[b].q[j] = (int16_t)q[j];
+        y[b].s = y[b].d * (float)sum;
     }
 }
 
