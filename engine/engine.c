@@ -48,7 +48,11 @@ struct engine {
     const struct engine_tok *tok; /* tokenizer (borrowed) */
     struct engine_params p;      /* parameters */
     struct engine_kv *kv;        /* paged KV cache */
-    struct engine_sampler *smp;  /* sampling scratch */
+    struct engine_sampler **smp; /* sampling scratch, one per host thread */
+    int n_smp;                   /* host threads */
+    struct seq **s_seq;          /* this step's sampling jobs: sequence, */
+    float **s_logits;            /* its logits row, */
+    int32_t *s_id;               /* and the token drawn */
     struct seq **running;        /* running sequences, admission order, n_running used */
     int n_running;               /* count */
     int *free_slots;             /* stack of unused KV slots */
@@ -136,10 +140,17 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         free(e);
         return st;
     }
-    if ((st = engine_sampler_init(&e->smp, m->hp.n_vocab, err))) {
+    e->n_smp = m->be->ops->host_threads(m->be);
+    e->smp = calloc((size_t)e->n_smp, sizeof(*e->smp));
+    if (!e->smp) {
         engine_free(e);
-        return st;
+        return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
+    for (int i = 0; i < e->n_smp; i++)
+        if ((st = engine_sampler_init(&e->smp[i], m->hp.n_vocab, err))) {
+            engine_free(e);
+            return st;
+        }
     size_t bt = (size_t)p->max_batch_tokens;
     e->running = calloc((size_t)p->max_seqs, sizeof(*e->running));
     e->free_slots = malloc(sizeof(int) * (size_t)p->max_seqs);
@@ -149,10 +160,13 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
     e->logits = malloc(sizeof(float) * (size_t)p->max_seqs * (size_t)m->hp.n_vocab);
+    e->s_seq = malloc(sizeof(*e->s_seq) * bt);
+    e->s_logits = malloc(sizeof(*e->s_logits) * bt);
+    e->s_id = malloc(sizeof(*e->s_id) * bt);
     e->piece_cap = ENGINE_TOK_STREAM_OUT_MAX(engine_tok_max_piece(tok)) + 8;
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_owner || !e->logits || !e->piece) {
+        !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -185,7 +199,13 @@ void engine_free(struct engine *e)
         }
     }
     engine_kv_free(e->kv);
-    engine_sampler_free(e->smp);
+    if (e->smp)
+        for (int i = 0; i < e->n_smp; i++)
+            engine_sampler_free(e->smp[i]);
+    free(e->smp);
+    free(e->s_seq);
+    free(e->s_logits);
+    free(e->s_id);
     free(e->running);
     free(e->free_slots);
     free(e->b_tok);
@@ -512,6 +532,17 @@ static int accept_token(struct engine *e, int ri, int32_t id)
     return 0;
 }
 
+/* Sampling jobs [lo, hi) of this step on host thread ith (engine_step). */
+static void sample_range(void *ctx, int ith, long lo, long hi)
+{
+    struct engine *e = ctx;
+    for (long j = lo; j < hi; j++) {
+        struct seq *s = e->s_seq[j];
+        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, e->s_logits[j], s->tok,
+                                   s->n_tok, NULL);
+    }
+}
+
 enum status engine_step(struct engine *e, struct err_detail *err)
 {
     int nb;
@@ -543,18 +574,23 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         if (k + 1 == nb || e->b_owner[k + 1] != s)
             engine_kv_prefix_commit(e->kv, s->slot, s->tok, s->n_computed);
     }
-    /* sample for every sequence whose last known token was computed */
-    int row = 0;
+    /* sample for every sequence whose last known token was computed: draws in parallel (each
+     * sequence has its own RNG and logits row, each thread its own scratch), then the tokens
+     * are accepted in batch order */
+    int n_s = 0;
     for (int k = 0; k < nb; k++) {
         if (!e->b_want[k])
             continue;
-        struct seq *s = e->b_owner[k];
-        float *lg = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
-        int32_t id = engine_sample(e->smp, &s->sp, &s->rng, lg, s->tok, s->n_tok, NULL);
+        e->s_seq[n_s] = e->b_owner[k];
+        e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)e->m->hp.n_vocab;
+        n_s++;
+    }
+    e->m->be->ops->host_parallel(e->m->be, sample_range, e, n_s);
+    for (int j = 0; j < n_s; j++) {
         int ri = 0;
-        while (e->running[ri] != s)
+        while (e->running[ri] != e->s_seq[j])
             ri++;
-        accept_token(e, ri, id);
+        accept_token(e, ri, e->s_id[j]);
     }
     return ST_OK;
 }

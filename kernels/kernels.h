@@ -82,6 +82,11 @@ struct kern_ops {
      * query head group (the n_head / n_kv_head heads sharing a KV head) reads its KV tile once.
      * Batch-invariant: a token's output does not depend on the rest of the batch. */
     void (*attention)(struct kern_backend *b, const struct kern_attn *a);
+    /* Host-side parallel loop for work around the model (sampling): fn(ctx, ith, lo, hi) runs
+     * once per host thread ith < host_threads(b) on a contiguous share [lo, hi) of [0, n). */
+    void (*host_parallel)(struct kern_backend *b,
+                          void (*fn)(void *ctx, int ith, long lo, long hi), void *ctx, long n);
+    int (*host_threads)(struct kern_backend *b);
 };
 
 struct kern_backend {

@@ -299,6 +299,33 @@ static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
     pool_run(st_of(b)->pool, attn_worker, &j);
 }
 
+struct host_job {
+    void (*fn)(void *ctx, int ith, long lo, long hi); /* caller's body */
+    void *ctx;                                        /* its argument */
+    long n;                                           /* items */
+};
+
+static void host_worker(void *arg, int ith, int nth)
+{
+    const struct host_job *j = arg;
+    long lo, hi;
+    pool_range(j->n, ith, nth, &lo, &hi);
+    if (lo < hi)
+        j->fn(j->ctx, ith, lo, hi);
+}
+
+static void cpu_host_parallel(struct kern_backend *b,
+                              void (*fn)(void *ctx, int ith, long lo, long hi), void *ctx, long n)
+{
+    struct host_job j = {fn, ctx, n};
+    pool_run(st_of(b)->pool, host_worker, &j);
+}
+
+static int cpu_host_threads(struct kern_backend *b)
+{
+    return pool_size(st_of(b)->pool);
+}
+
 static const struct kern_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
@@ -309,6 +336,8 @@ static const struct kern_ops cpu_ops = {
     .add = cpu_add,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .host_parallel = cpu_host_parallel,
+    .host_threads = cpu_host_threads,
 };
 
 enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
