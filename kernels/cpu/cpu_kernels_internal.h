@@ -63,10 +63,15 @@ void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
     const void *w, size_t row_bytes, int64_t n_rows, const struct kern_q16 *xq, size_t ldxq,       \
         int64_t n_tok, int64_t n, float *y, size_t ldy
 
-/* 16-bit activation kernels: scalar (q16_ref.c) and AVX-512 (gemm16_avx512.c). */
+/* 16-bit activation kernels: scalar (q16_ref.c), AVX2 (gemm16_avx2.c, quantize in dot_avx2.c)
+ * and AVX-512 (gemm16_avx512.c, quantize in dot_avx512.c). */
 void kern_ref_gemm_q4_0_q16(KERN_GEMM_Q16_ARGS);
 void kern_ref_gemm_q4_1_q16(KERN_GEMM_Q16_ARGS);
 void kern_ref_gemm_q8_0_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx2_quantize_q16(const float *x, struct kern_q16 *y, int64_t n);
+void kern_avx2_gemm_q4_0_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx2_gemm_q4_1_q16(KERN_GEMM_Q16_ARGS);
+void kern_avx2_gemm_q8_0_q16(KERN_GEMM_Q16_ARGS);
 void kern_avx512_quantize_q16(const float *x, struct kern_q16 *y, int64_t n);
 void kern_avx512_gemm_q4_0_q16(KERN_GEMM_Q16_ARGS);
 void kern_avx512_gemm_q4_1_q16(KERN_GEMM_Q16_ARGS);

@@ -59,37 +59,59 @@ static inline __m256i round_away_epi32(__m256 v)
 
 /* ---- activation quantization ---- */
 
-static void avx2_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
+/* One block of 32 activations as kern_ref_quantize_q8/_q16 do it for levels qmax, bitwise:
+ * q[0..3] = the integers of elements 8k..8k+7; returns d, *sum = sum(q). */
+static inline float quantize_block(const float *x, float qmax, __m256i q[4], int32_t *sum)
 {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+    __m256 m01 = _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask));
+    __m256 m23 = _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask));
+    float amax = hmax_ps(_mm256_max_ps(m01, m23));
+    float d = amax / qmax;
+    if (!(d >= FLT_MIN))
+        d = 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256 vid = _mm256_set1_ps(id);
+    for (int k = 0; k < 4; k++)
+        q[k] = round_away_epi32(_mm256_mul_ps(v[k], vid));
+    *sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    return d;
+}
+
+static void avx2_quantize_q8(const float *x, struct kern_q8 *y, int64_t n)
+{
     assert(n % KERN_QK == 0);
     for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
-        __m256 v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-        __m256 m01 = _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask));
-        __m256 m23 = _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask));
-        float amax = hmax_ps(_mm256_max_ps(m01, m23));
-        float d = amax / 127.0f;
-        if (!(d >= FLT_MIN))
-            d = 0.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        __m256 vid = _mm256_set1_ps(id);
-
         __m256i q[4];
-        for (int k = 0; k < 4; k++)
-            q[k] = round_away_epi32(_mm256_mul_ps(v[k], vid));
-        int32_t sum = hsum_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-
+        int32_t sum;
+        y[b].d = quantize_block(x, 127.0f, q, &sum);
         /* int32 -> int8; the packs interleave 128-bit lanes, the permute restores order */
         __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
         __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
         __m256i p = _mm256_packs_epi16(p01, p23);
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)y[b].q, p);
-        y[b].d = d;
-        y[b].s = d * (float)sum;
+        y[b].s = y[b].d * (float)sum;
+    }
+}
+
+/* As kern_ref_quantize_q16, bitwise. */
+void kern_avx2_quantize_q16(const float *x, struct kern_q16 *y, int64_t n)
+{
+    assert(n % KERN_QK == 0);
+    for (int64_t b = 0; b < n / KERN_QK; b++, x += KERN_QK) {
+        __m256i q[4];
+        int32_t sum;
+        y[b].d = quantize_block(x, 32767.0f, q, &sum);
+        /* int32 -> int16; packs interleave 128-bit lanes, permute4x64 restores order */
+        __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        _mm256_storeu_si256((__m256i *)y[b].q, p01);
+        _mm256_storeu_si256((__m256i *)(y[b].q + 16), p23);
+        y[b].s = y[b].d * (float)sum;
     }
 }
 
@@ -751,11 +773,11 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
     .attn_group = kern_avx2_attn_group,
     .rmsnorm = kern_avx2_rmsnorm,
     .swiglu = kern_avx2_swiglu,
-    .quantize_q16 = kern_ref_quantize_q16,
+    .quantize_q16 = kern_avx2_quantize_q16,
     .gemm_q16 =
         {
-            [DTYPE_Q4_0] = kern_ref_gemm_q4_0_q16,
-            [DTYPE_Q4_1] = kern_ref_gemm_q4_1_q16,
-            [DTYPE_Q8_0] = kern_ref_gemm_q8_0_q16,
+            [DTYPE_Q4_0] = kern_avx2_gemm_q4_0_q16,
+            [DTYPE_Q4_1] = kern_avx2_gemm_q4_1_q16,
+            [DTYPE_Q8_0] = kern_avx2_gemm_q8_0_q16,
         },
 };
