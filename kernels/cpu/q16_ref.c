@@ -1,5 +1,5 @@
 /* Scalar reference of the q16 matmul mode: activations quantized to 16 bits per block of 32
- * (struct kern_q16, kern_ref_quantize_q16 in quant_ref.c), multiplied with Q4_0 / Q4_1 / Q8_0 weight quants in exact integer sums,
+ * (struct kern_q16; its quantization and dot products are in quant_ref.c, shared with q8), multiplied with Q4_0 / Q4_1 / Q8_0 weight quants in exact integer sums,
  * then scaled per block: sum_b d_w d_x isum_b (+ m_w s_x for Q4_1), in block order. */
 #include <assert.h>
 #include <stdlib.h>
@@ -8,59 +8,16 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
 
-static float dot_q4_0_q16(const void *vw, const struct kern_q16 *x, int64_t n)
-{
-    const struct kern_block_q4_0 *w = vw;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < 16; i++) {
-            isum += ((w[b].qs[i] & 0xF) - 8) * x[b].q[i];
-            isum += ((w[b].qs[i] >> 4) - 8) * x[b].q[i + 16];
-        }
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
-    }
-    return sum;
-}
-
-static float dot_q4_1_q16(const void *vw, const struct kern_q16 *x, int64_t n)
-{
-    const struct kern_block_q4_1 *w = vw;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < 16; i++) {
-            isum += (w[b].qs[i] & 0xF) * x[b].q[i];
-            isum += (w[b].qs[i] >> 4) * x[b].q[i + 16];
-        }
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum + kern_f16_to_f32(w[b].m) * x[b].s;
-    }
-    return sum;
-}
-
-static float dot_q8_0_q16(const void *vw, const struct kern_q16 *x, int64_t n)
-{
-    const struct kern_block_q8_0 *w = vw;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < KERN_QK; i++)
-            isum += w[b].qs[i] * x[b].q[i];
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
-    }
-    return sum;
-}
-
 float kern_ref_vec_dot_q16(uint32_t type, const void *w, const struct kern_q16 *x, int64_t n)
 {
     assert(n % KERN_QK == 0);
     switch (type) {
     case DTYPE_Q4_0:
-        return dot_q4_0_q16(w, x, n);
+        return kern_ref_dot_q4_0_q16(w, x, n);
     case DTYPE_Q4_1:
-        return dot_q4_1_q16(w, x, n);
+        return kern_ref_dot_q4_1_q16(w, x, n);
     case DTYPE_Q8_0:
-        return dot_q8_0_q16(w, x, n);
+        return kern_ref_dot_q8_0_q16(w, x, n);
     default:
         LOG_ERROR("kern_ref_vec_dot_q16: unsupported type %u", (unsigned)type);
         abort();
@@ -73,7 +30,7 @@ float kern_ref_vec_dot_q16(uint32_t type, const void *w, const struct kern_q16 *
         for (int64_t r = 0; r < n_rows; r++) {                                                     \
             const void *row = (const char *)w + (size_t)r * row_bytes;                             \
             for (int64_t t = 0; t < n_tok; t++)                                                    \
-                y[(size_t)t * ldy + r] = dot_##name##_q16(row, xq + (size_t)t * ldxq, n);          \
+                y[(size_t)t * ldy + r] = kern_ref_dot_##name##_q16(row, xq + (size_t)t * ldxq, n);          \
         }                                                                                          \
     }
 

@@ -293,38 +293,63 @@ void kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
 /* ---- dot products with quantized activations ----
  * Each sums integer products per block (exact), then scales in float. */
 
-float kern_ref_dot_q4_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
-{
-    const struct kern_block_q4_0 *w = vw;
-    float sum = 0.0f;
-    assert(n % KERN_QK == 0);
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < 16; i++) {
-            isum += ((w[b].qs[i] & 0xF) - 8) * x[b].q[i];
-            isum += ((w[b].qs[i] >> 4) - 8) * x[b].q[i + 16];
-        }
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
+/* Q4_0, Q4_1 and Q8_0 are written once for both activation precisions (XT = q8: struct
+ * kern_q8, q16: struct kern_q16); the integer sums are exact in either. */
+#define REF_DOT_Q4_0(XT)                                                                           \
+    float kern_ref_dot_q4_0_##XT(const void *vw, const struct kern_##XT *x, int64_t n)             \
+    {                                                                                              \
+        const struct kern_block_q4_0 *w = vw;                                                      \
+        float sum = 0.0f;                                                                          \
+        assert(n % KERN_QK == 0);                                                                  \
+        for (int64_t b = 0; b < n / KERN_QK; b++) {                                                \
+            int32_t isum = 0;                                                                      \
+            for (int i = 0; i < 16; i++) {                                                         \
+                isum += ((w[b].qs[i] & 0xF) - 8) * x[b].q[i];                                      \
+                isum += ((w[b].qs[i] >> 4) - 8) * x[b].q[i + 16];                                  \
+            }                                                                                      \
+            sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;                                 \
+        }                                                                                          \
+        return sum;                                                                                \
     }
-    return sum;
-}
 
-float kern_ref_dot_q4_1_q8(const void *vw, const struct kern_q8 *x, int64_t n)
-{
-    const struct kern_block_q4_1 *w = vw;
-    float sum = 0.0f;
-    assert(n % KERN_QK == 0);
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < 16; i++) {
-            isum += (w[b].qs[i] & 0xF) * x[b].q[i];
-            isum += (w[b].qs[i] >> 4) * x[b].q[i + 16];
-        }
-        /* sum_i (d q_i + m)(dx qx_i) = d dx sum(q qx) + m s */
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum + kern_f16_to_f32(w[b].m) * x[b].s;
+/* sum_i (d q_i + m)(dx qx_i) = d dx sum(q qx) + m s */
+#define REF_DOT_Q4_1(XT)                                                                           \
+    float kern_ref_dot_q4_1_##XT(const void *vw, const struct kern_##XT *x, int64_t n)             \
+    {                                                                                              \
+        const struct kern_block_q4_1 *w = vw;                                                      \
+        float sum = 0.0f;                                                                          \
+        assert(n % KERN_QK == 0);                                                                  \
+        for (int64_t b = 0; b < n / KERN_QK; b++) {                                                \
+            int32_t isum = 0;                                                                      \
+            for (int i = 0; i < 16; i++) {                                                         \
+                isum += (w[b].qs[i] & 0xF) * x[b].q[i];                                            \
+                isum += (w[b].qs[i] >> 4) * x[b].q[i + 16];                                        \
+            }                                                                                      \
+            sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum +                                \
+                   kern_f16_to_f32(w[b].m) * x[b].s;                                               \
+        }                                                                                          \
+        return sum;                                                                                \
     }
-    return sum;
-}
+
+#define REF_DOT_Q8_0(XT)                                                                           \
+    float kern_ref_dot_q8_0_##XT(const void *vw, const struct kern_##XT *x, int64_t n)             \
+    {                                                                                              \
+        const struct kern_block_q8_0 *w = vw;                                                      \
+        float sum = 0.0f;                                                                          \
+        assert(n % KERN_QK == 0);                                                                  \
+        for (int64_t b = 0; b < n / KERN_QK; b++) {                                                \
+            int32_t isum = 0;                                                                      \
+            for (int i = 0; i < KERN_QK; i++)                                                      \
+                isum += w[b].qs[i] * x[b].q[i];                                                    \
+            sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;                                 \
+        }                                                                                          \
+        return sum;                                                                                \
+    }
+
+REF_DOT_Q4_0(q8)
+REF_DOT_Q4_0(q16)
+REF_DOT_Q4_1(q8)
+REF_DOT_Q4_1(q16)
 
 float kern_ref_dot_q5_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
 {
@@ -344,19 +369,8 @@ float kern_ref_dot_q5_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
     return sum;
 }
 
-float kern_ref_dot_q8_0_q8(const void *vw, const struct kern_q8 *x, int64_t n)
-{
-    const struct kern_block_q8_0 *w = vw;
-    float sum = 0.0f;
-    assert(n % KERN_QK == 0);
-    for (int64_t b = 0; b < n / KERN_QK; b++) {
-        int32_t isum = 0;
-        for (int i = 0; i < KERN_QK; i++)
-            isum += w[b].qs[i] * x[b].q[i];
-        sum += kern_f16_to_f32(w[b].d) * x[b].d * (float)isum;
-    }
-    return sum;
-}
+REF_DOT_Q8_0(q8)
+REF_DOT_Q8_0(q16)
 
 float kern_ref_dot_q4_k_q8(const void *vw, const struct kern_q8 *x, int64_t n)
 {
