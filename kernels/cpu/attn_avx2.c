@@ -46,8 +46,16 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
             const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
             const uint16_t *kt = a->kv.k + tile * D * B + i0;
             const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
-            if (h == 0) /* later heads find the tiles in cache */
-                kern_attn_prefetch_next(a, table, p0, i0, cnt, n, g);
+            if (h == 0 && i0 + cnt == B && p0 + cnt < n) {
+                /* the next block's tiles: streamed from memory while this run computes */
+                const size_t nt = (size_t)table[(p0 + cnt) / B] * a->n_kv_head + (size_t)g;
+                const char *nk = (const char *)(a->kv.k + nt * D * B);
+                const char *nv = (const char *)(a->kv.v + nt * B * D);
+                for (size_t o = 0; o < (size_t)D * B * sizeof(uint16_t); o += 64) {
+                    _mm_prefetch(nk + o, _MM_HINT_T0);
+                    _mm_prefetch(nv + o, _MM_HINT_T0);
+                }
+            }
             size_t ks = (size_t)B; /* stride between channel rows of kt */
             if (cnt < KERN_ATTN_RUN) {
                 memset(kpad, 0, sizeof(uint16_t) * (size_t)D * KERN_ATTN_RUN);

@@ -39,7 +39,16 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
         const uint16_t *kt = a->kv.k + tile * D * B + i0;
         const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
-        kern_attn_prefetch_next(a, table, p0, i0, cnt, n, g);
+        if (i0 + cnt == B && p0 + cnt < n) {
+            /* the next block's tiles: streamed from memory while this run computes */
+            const size_t nt = (size_t)table[(p0 + cnt) / B] * a->n_kv_head + (size_t)g;
+            const char *nk = (const char *)(a->kv.k + nt * D * B);
+            const char *nv = (const char *)(a->kv.v + nt * B * D);
+            for (size_t o = 0; o < (size_t)D * B * sizeof(uint16_t); o += 64) {
+                _mm_prefetch(nk + o, _MM_HINT_T0);
+                _mm_prefetch(nv + o, _MM_HINT_T0);
+            }
+        }
         /* scores: two partial sums per head (even and odd channels) */
         __m512 s0[AG_MAX_G], s1[AG_MAX_G];
         UNROLL

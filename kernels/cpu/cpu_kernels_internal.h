@@ -180,24 +180,6 @@ static inline float kern_attn_exp(float x)
     return u.f;
 }
 
-/* Attention kernels' prefetch: when the run of keys at p0 (cnt keys from offset i0 of its
- * block) ends its block and position n is not reached, fetch the next block's key and value
- * tiles of KV head g so they stream in while this run computes. */
-static inline void kern_attn_prefetch_next(const struct kern_attn *a, const int32_t *table,
-                                           int32_t p0, int i0, int cnt, int32_t n, int g)
-{
-    const int B = a->block_size, D = a->head_dim;
-    if (i0 + cnt != B || p0 + cnt >= n)
-        return;
-    const size_t nt = (size_t)table[(p0 + cnt) / B] * a->n_kv_head + (size_t)g;
-    const char *nk = (const char *)(a->kv.k + nt * D * B);
-    const char *nv = (const char *)(a->kv.v + nt * B * D);
-    for (size_t o = 0; o < (size_t)D * B * sizeof(uint16_t); o += 64) {
-        __builtin_prefetch(nk + o, 0, 3);
-        __builtin_prefetch(nv + o, 0, 3);
-    }
-}
-
 /* Attention kernels: the scalar reference (attn_ref.c) and the SIMD ones. */
 void kern_ref_attn_group(const struct kern_attn *a, int t, int g);
 void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n);
