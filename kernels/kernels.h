@@ -16,6 +16,8 @@ struct kern_tensor {
     int64_t ne1;      /* rows (output features) */
     size_t row_bytes; /* bytes per row */
     const void *data; /* ne1 * row_bytes bytes (not owned) */
+    void *packed;     /* the backend's copy repacked at load (kern_ops.prepare), or NULL */
+    size_t packed_panel; /* bytes per panel of packed rows (backend-defined) */
 };
 
 /* One layer's KV storage: a pool of fixed-size blocks of IEEE half floats. Block b holds, for
@@ -57,6 +59,12 @@ struct kern_ops {
      * quantized) once for all n_w. Batch-invariant: a row's result does not depend on n_tok. */
     void (*matmul)(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
                    int n_w, const float *x, int n_tok);
+    /* Optional (NULL = nothing to do): repack a weight matrix once, at load, into the layout
+     * this backend's matmul reads fastest, setting w->packed (matmul then ignores w->data; the
+     * results are bitwise those of the unpacked matrix). Returns ST_OK also when it chose not
+     * to pack. release frees what prepare made. */
+    enum status (*prepare)(struct kern_backend *b, struct kern_tensor *w, struct err_detail *err);
+    void (*release)(struct kern_backend *b, struct kern_tensor *w);
     /* out[i] = dequantized row ids[i] of w (embedding lookup). */
     void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                      int n, float *out);

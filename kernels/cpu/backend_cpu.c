@@ -57,38 +57,47 @@ struct matmul_job {
     const struct kern_tensor *const *w;  /* weights */
     float *const *y;                     /* outputs, n_tok x w[i]->ne1 */
     int n_w;                             /* weights */
-    long rows;                           /* sum of their ne1 */
+    long rows;                           /* sum of their panels (KERN_PANEL_ROWS rows) */
     const float *x;                      /* float activations (exact mode) */
     const struct kern_q8 *xq;            /* quantized activations (q8 mode), else NULL */
     const struct kern_q16 *xq16;         /* 16-bit activations (q16 mode), else NULL */
     int n_tok;                           /* tokens */
 };
 
-/* Each thread takes an even share of the concatenated rows of all weights and runs one
- * batch-invariant GEMM per weight it touches: a (row, token) result is bitwise the same
- * whatever the batch size or the row split. */
+/* Each thread takes an even share of the concatenated 16-row panels of all weights (the unit
+ * of packed weights) and runs one batch-invariant GEMM per weight it touches: a (row, token)
+ * result is bitwise the same whatever the batch size or the row split. */
 static void matmul_worker(void *arg, int ith, int nth)
 {
     const struct matmul_job *j = arg;
+    const long P = KERN_PANEL_ROWS;
     long lo, hi, base = 0;
-    pool_range(j->rows, ith, nth, &lo, &hi);
-    for (int i = 0; i < j->n_w && lo < hi; base += (long)j->w[i]->ne1, i++) {
+    pool_range(j->rows, ith, nth, &lo, &hi); /* in panels */
+    for (int i = 0; i < j->n_w && lo < hi; i++) {
         const struct kern_tensor *w = j->w[i];
-        long r0 = lo > base ? lo - base : 0, r1 = hi - base < w->ne1 ? hi - base : (long)w->ne1;
-        if (r0 >= r1)
+        long np = ((long)w->ne1 + P - 1) / P;
+        long p0 = lo > base ? lo - base : 0, p1 = hi - base < np ? hi - base : np;
+        base += np;
+        if (p0 >= p1)
             continue;
+        long r0 = p0 * P, r1 = p1 * P < (long)w->ne1 ? p1 * P : (long)w->ne1;
         const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        if (j->xq16 && j->fn->gemm_q16[w->type])
-            j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16,
-                                     (size_t)(w->ne0 / KERN_QK), j->n_tok, w->ne0, j->y[i] + r0,
-                                     (size_t)w->ne1);
+        const char *pk = w->packed ? (const char *)w->packed + (size_t)p0 * w->packed_panel : NULL;
+        float *y = j->y[i] + r0;
+        const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
+        if (j->xq16 && pk)
+            j->fn->gemm_q16_packed[w->type](pk, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y, ldy);
+        else if (j->xq16 && j->fn->gemm_q16[w->type])
+            j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0,
+                                     y, ldy);
+        else if (j->xq && pk)
+            j->fn->gemm_q8_packed[w->type](pk, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y, ldy);
         else if (j->xq && j->fn->gemm_q8[w->type])
-            j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq,
-                                    (size_t)(w->ne0 / KERN_QK), j->n_tok, w->ne0, j->y[i] + r0,
-                                    (size_t)w->ne1);
+            j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y,
+                                    ldy);
         else
             j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
-                                     w->ne0, j->y[i] + r0, (size_t)w->ne1);
+                                     w->ne0, y, ldy);
     }
 }
 
@@ -133,7 +142,7 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
     struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, n_tok};
     int quant = 0; /* some weight takes quantized activations (float weight types do not) */
     for (int i = 0; i < n_w; i++) {
-        j.rows += (long)w[i]->ne1;
+        j.rows += ((long)w[i]->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
         quant |= (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL) ||
                  (s->act == KERN_ACT_Q16 && s->fn->gemm_q16[w[i]->type] != NULL);
     }
@@ -147,6 +156,36 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
         parallel_ranges(s, n_tok, quantize_rows, &qc);
     }
     pool_run(s->pool, matmul_worker, &j);
+}
+
+/* Weights the active matmul mode reads through a packed GEMM are packed once here. */
+static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
+                               struct err_detail *err)
+{
+    struct cpu_state *s = st_of(b);
+    const int q16 = s->act == KERN_ACT_Q16;
+    if (s->act == KERN_ACT_F32 || !s->fn->panel_bytes || w->packed || w->type >= DTYPE_COUNT)
+        return ST_OK;
+    if (q16 ? !s->fn->gemm_q16_packed[w->type] : !s->fn->gemm_q8_packed[w->type])
+        return ST_OK;
+    size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, q16);
+    if (!bytes)
+        return ST_OK;
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p)
+        return err_set(err, ST_ERR_NOMEM, "no memory for %zu bytes of packed weights", bytes);
+    s->fn->panel_pack(w->type, w->data, w->row_bytes, w->ne1, w->ne0, p);
+    w->packed = p;
+    w->packed_panel = s->fn->panel_bytes(w->type, KERN_PANEL_ROWS, w->ne0, q16);
+    return ST_OK;
+}
+
+static void cpu_release(struct kern_backend *b, struct kern_tensor *w)
+{
+    (void)b;
+    free(w->packed);
+    w->packed = NULL;
+    w->packed_panel = 0;
 }
 
 static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
@@ -329,6 +368,8 @@ static int cpu_host_threads(struct kern_backend *b)
 static const struct kern_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
+    .prepare = cpu_prepare,
+    .release = cpu_release,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

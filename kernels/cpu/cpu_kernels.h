@@ -10,6 +10,7 @@
 #include "kernels/kernels.h"
 
 #define KERN_QK   32  /* elements per activation block (and per Q4_0/Q4_1/Q5_0/Q8_0 block) */
+#define KERN_PANEL_ROWS 16 /* rows per panel of weights packed at load (panel_pack) */
 #define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
 #define KERN_ATTN_RUN 16 /* keys per attention step (one AVX-512 vector of scores) */
 
@@ -163,6 +164,23 @@ struct kern_cpu_fns {
     void (*gemm_q16[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
                                   const struct kern_q16 *xq, size_t ldxq, int64_t n_tok, int64_t n,
                                   float *y, size_t ldy);
+    /* Weights repacked once (at model load) for this table's gemm_q8 / gemm_q16:
+     * panel_bytes(type, n_rows, n, q16) is the packed size of an n_rows x n matrix for the q8
+     * (q16 = 0) or q16 GEMM, 0 when this table does not pack that type or shape (then the
+     * unpacked GEMMs are used); panel_pack writes it (64-byte aligned dst). The packed form is a
+     * sequence of panels of KERN_PANEL_ROWS rows, panel_bytes(type, KERN_PANEL_ROWS, n, q16)
+     * bytes each. gemm_q8_packed / gemm_q16_packed take the panel of a row range's first row
+     * (a multiple of KERN_PANEL_ROWS) and give bitwise the results of gemm_q8 / gemm_q16 on the
+     * original rows. NULL in tables without packing. */
+    size_t (*panel_bytes)(uint32_t type, int64_t n_rows, int64_t n, int q16);
+    void (*panel_pack)(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n,
+                       void *dst);
+    void (*gemm_q8_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const struct kern_q8 *xq,
+                                        size_t ldxq, int64_t n_tok, int64_t n, float *y,
+                                        size_t ldy);
+    void (*gemm_q16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows,
+                                         const struct kern_q16 *xq, size_t ldxq, int64_t n_tok,
+                                         int64_t n, float *y, size_t ldy);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g

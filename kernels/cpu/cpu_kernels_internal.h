@@ -63,6 +63,22 @@ void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
     const void *w, size_t row_bytes, int64_t n_rows, const struct kern_q16 *xq, size_t ldxq,       \
         int64_t n_tok, int64_t n, float *y, size_t ldy
 
+/* Matmul over weights packed at load (struct kern_cpu_fns panel_pack); XT = kern_q8 or
+ * kern_q16. */
+#define KERN_GEMM_PK_ARGS(XT)                                                                      \
+    const void *pk, int64_t n_rows, const struct XT *xq, size_t ldxq, int64_t n_tok, int64_t n,    \
+        float *y, size_t ldy
+#define KERN_G16_BLKS 64 /* longest rows (in blocks) of the AVX-512 q16 tiles */
+size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int q16);
+void kern_avx512_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
+                            int64_t n, void *dst);
+void kern_avx512_gemm_q4_0_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));
+void kern_avx512_gemm_q4_1_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));
+void kern_avx512_gemm_q8_0_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));
+void kern_avx512_gemm_q4_0_q16_packed(KERN_GEMM_PK_ARGS(kern_q16));
+void kern_avx512_gemm_q4_1_q16_packed(KERN_GEMM_PK_ARGS(kern_q16));
+void kern_avx512_gemm_q8_0_q16_packed(KERN_GEMM_PK_ARGS(kern_q16));
+
 /* 16-bit activation kernels: scalar (q16_ref.c), AVX2 (gemm16_avx2.c, quantize in dot_avx2.c)
  * and AVX-512 (gemm16_avx512.c, quantize in dot_avx512.c). */
 float kern_ref_dot_q4_0_q16(const void *w, const struct kern_q16 *x, int64_t n);

@@ -16,9 +16,10 @@
 #include "kernels/cpu/cpu_kernels_internal.h"
 #include "kernels/cpu/simd_avx512.h"
 
-#define G16_ROWS 16  /* rows per panel: the lanes */
+#define G16_ROWS KERN_PANEL_ROWS /* rows per panel: the 16 lanes */
 #define G16_TOK  8   /* tokens per tile */
-#define G16_BLKS 64  /* packed blocks on the stack (72 KiB); longer rows use the per-pair path */
+#define G16_BLKS KERN_G16_BLKS /* expanded blocks on the stack (72 KiB); longer rows use
+                                * the per-pair path */
 
 struct g16_blk {
     int16_t q[16][32]; /* k-step s: lane r = row r's quants 2s, 2s + 1 */
@@ -28,13 +29,15 @@ struct g16_blk {
 
 enum g16_kind { G16_Q4_0, G16_Q4_1, G16_Q8_0 };
 
-/* Packs nb blocks of nr (<= 16) rows; lanes past nr repeat the last row. The quant bytes are
+/* Expands nb blocks of nr (<= 16) rows, or of the same panel's packed raw form (raw != NULL,
+ * rows unused; see panel_raw); lanes past nr repeat the last row. The quant bytes are
  * transposed 16 rows at a time (lane r = dword s of row r), then each dword's bytes are spread
  * to two int16 pairs: for Q4 a dword holds elements 4s..4s+3 in its low nibbles and 16+4s..
  * in its high nibbles; for Q8_0 elements 4s..4s+3 (sign-extended). */
-static ALWAYS_INLINE void g16_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
-                                   struct g16_blk *dst, const enum g16_kind kind)
+static ALWAYS_INLINE void g16_pack(const uint8_t *raw, const char *rows, size_t row_bytes, int nr,
+                                   int64_t nb, struct g16_blk *dst, const enum g16_kind kind)
 {
+    const int nq = kind == G16_Q8_0 ? 8 : 4;
     const size_t bb = kind == G16_Q4_1   ? sizeof(struct kern_block_q4_1)
                       : kind == G16_Q4_0 ? sizeof(struct kern_block_q4_0)
                                          : sizeof(struct kern_block_q8_0);
@@ -58,14 +61,14 @@ static ALWAYS_INLINE void g16_pack(const char *rows, size_t row_bytes, int nr, i
         roff[r] = (size_t)(r < nr ? r : nr - 1) * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         struct g16_blk *o = &dst[b];
-        const uint8_t *base = (const uint8_t *)rows + (size_t)b * bb;
-        __m512i dm = _mm512_i32gather_epi32(offs, base, 1);
+        __m512i dm, v[8];
+        panel_raw(raw ? raw + (size_t)b * PANEL_RAW_BYTES(nq) : NULL,
+                  raw ? NULL : (const uint8_t *)rows + (size_t)b * bb, offs, roff, qoff, nq, v,
+                  &dm);
         _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         if (kind == G16_Q4_1)
             _mm512_store_ps(o->m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
         if (kind == G16_Q8_0) {
-            __m512i v[8];
-            transpose_16x8(base + qoff, roff, v);
             UNROLL
             for (int s = 0; s < 8; s++) {
                 _mm512_store_si512((__m512i *)o->q[2 * s],
@@ -74,8 +77,6 @@ static ALWAYS_INLINE void g16_pack(const char *rows, size_t row_bytes, int nr, i
                                    _mm512_srai_epi16(_mm512_shuffle_epi8(v[s], sh_b8), 8));
             }
         } else {
-            __m512i v[4];
-            transpose_16x4(base + qoff, roff, v);
             UNROLL
             for (int s = 0; s < 4; s++) {
                 __m512i lo = _mm512_and_si512(v[s], low4);
@@ -158,14 +159,21 @@ static ALWAYS_INLINE void g16_tile_any(const struct g16_blk *pk, int64_t nb,
     }
 }
 
-static ALWAYS_INLINE void g16_driver(const enum g16_kind kind, KERN_GEMM_Q16_ARGS)
+/* raw: the packed form of w (then w is unused), or NULL. */
+static ALWAYS_INLINE void g16_driver(const enum g16_kind kind, const uint8_t *raw,
+                                     KERN_GEMM_Q16_ARGS)
 {
+    const int nq = kind == G16_Q8_0 ? 8 : 4;
     const int64_t nb = n / KERN_QK;
     _Alignas(64) struct g16_blk pk[G16_BLKS];
     assert(n % KERN_QK == 0 && nb <= G16_BLKS && nb > 0);
     for (int64_t r0 = 0; r0 < n_rows; r0 += G16_ROWS) {
         int nr = n_rows - r0 < G16_ROWS ? (int)(n_rows - r0) : G16_ROWS;
-        g16_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk, kind);
+        if (raw)
+            g16_pack(raw + (size_t)(r0 / G16_ROWS) * (size_t)nb * PANEL_RAW_BYTES(nq), NULL, 0, nr,
+                     nb, pk, kind);
+        else
+            g16_pack(NULL, (const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk, kind);
         __mmask16 m = (__mmask16)((1u << nr) - 1);
         for (int64_t t0 = 0; t0 < n_tok; t0 += G16_TOK) {
             int nt = n_tok - t0 < G16_TOK ? (int)(n_tok - t0) : G16_TOK;
@@ -185,7 +193,11 @@ static ALWAYS_INLINE void g16_driver(const enum g16_kind kind, KERN_GEMM_Q16_ARG
         if (n / KERN_QK > G16_BLKS || n < KERN_QK)                                                 \
             kern_ref_gemm_##name##_q16(w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);          \
         else                                                                                       \
-            g16_driver(kind, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);                    \
+            g16_driver(kind, NULL, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);              \
+    }                                                                                              \
+    void kern_avx512_gemm_##name##_q16_packed(KERN_GEMM_PK_ARGS(kern_q16))                         \
+    {                                                                                              \
+        g16_driver(kind, pk, NULL, 0, n_rows, xq, ldxq, n_tok, n, y, ldy);                         \
     }
 
 G16_ENTRY(q4_0, G16_Q4_0)

@@ -213,7 +213,7 @@ GF_ENTRY(q6_k, DTYPE_Q6_K)
  *   acc = fma((float)isum, d_w * d_x, acc);  Q4_1 only: acc = fma(m_w, s_x, acc)
  * and the pair's result is its lane of acc: no horizontal sum, no dependence on the tile. */
 
-#define GQ_ROWS 16  /* rows per panel: the lanes */
+#define GQ_ROWS KERN_PANEL_ROWS /* rows per panel: the 16 lanes */
 #define GQ_TOK  8   /* tokens per tile */
 #define GQ_BLKS 144 /* packed blocks on the stack (92 KiB); longer rows use the per-pair path */
 #define GQ_PPG  8   /* at most this many panels packed per group */
@@ -230,9 +230,15 @@ enum gq_kind {
     GQ_Q8_0, /* bytes offset by 128 */
 };
 
-/* Packs nb blocks of nr (<= 16) rows starting at rows. */
-static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
-                                  struct gq_blk *dst, const enum gq_kind kind)
+static ALWAYS_INLINE int gq_nq(const enum gq_kind kind)
+{
+    return kind == GQ_Q8_0 ? 8 : 4;
+}
+
+/* Expands nb blocks of nr (<= 16) rows starting at rows, or of the same panel's packed raw form
+ * (raw != NULL, rows unused; see panel_raw). */
+static ALWAYS_INLINE void gq_pack(const uint8_t *raw, const char *rows, size_t row_bytes, int nr,
+                                  int64_t nb, struct gq_blk *dst, const enum gq_kind kind)
 {
     const size_t bb = kind == GQ_Q4_1   ? sizeof(struct kern_block_q4_1)
                       : kind == GQ_Q4_0 ? sizeof(struct kern_block_q4_0)
@@ -240,6 +246,7 @@ static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, in
     const size_t qoff = kind == GQ_Q4_1   ? offsetof(struct kern_block_q4_1, qs)
                         : kind == GQ_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
                                           : offsetof(struct kern_block_q8_0, qs);
+    const int nq = gq_nq(kind);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i offs = gq_row_offsets(row_bytes, nr);
     size_t roff[16]; /* lanes past nr repeat the last row */
@@ -247,22 +254,20 @@ static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, in
         roff[r] = (size_t)(r < nr ? r : nr - 1) * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         struct gq_blk *o = &dst[b];
-        const uint8_t *base = (const uint8_t *)rows + (size_t)b * bb;
+        __m512i dm, v[8];
+        panel_raw(raw ? raw + (size_t)b * PANEL_RAW_BYTES(nq) : NULL,
+                  raw ? NULL : (const uint8_t *)rows + (size_t)b * bb, offs, roff, qoff, nq, v,
+                  &dm);
         /* the scale dword (d, and m for Q4_1; else d and two quant bytes) of each row */
-        __m512i dm = _mm512_i32gather_epi32(offs, base, 1);
         _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         if (kind == GQ_Q4_1)
             _mm512_store_ps(o->m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
         if (kind == GQ_Q8_0) {
-            __m512i v[8];
-            transpose_16x8(base + qoff, roff, v);
             UNROLL
             for (int s = 0; s < 8; s++)
                 _mm512_store_si512((__m512i *)o->q[s],
                                    _mm512_xor_si512(v[s], _mm512_set1_epi8((char)0x80)));
         } else {
-            __m512i v[4];
-            transpose_16x4(base + qoff, roff, v);
             UNROLL
             for (int s = 0; s < 4; s++) {
                 _mm512_store_si512((__m512i *)o->q[s], _mm512_and_si512(v[s], low4));
@@ -358,7 +363,8 @@ static ALWAYS_INLINE void gq_tile_any(const struct gq_blk *pk, int64_t nb,
     }
 }
 
-static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
+/* raw: the packed form of w (then w is unused), or NULL. */
+static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, const uint8_t *raw, KERN_GEMM_Q8_ARGS)
 {
     const int64_t nb = n / KERN_QK;
     _Alignas(64) struct gq_blk pk[GQ_BLKS];
@@ -366,15 +372,19 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
     const int32_t off = kind == GQ_Q4_0 ? 8 : 128;
     int64_t ppg = GQ_BLKS / nb < GQ_PPG ? GQ_BLKS / nb : GQ_PPG;
     assert(n % KERN_QK == 0 && nb <= GQ_BLKS && nb > 0);
-    assert(row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
+    assert(raw || row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
     for (int64_t g0 = 0; g0 < n_rows; g0 += ppg * GQ_ROWS) {
         int64_t left = n_rows - g0;
         int np = (int)((left + GQ_ROWS - 1) / GQ_ROWS < ppg ? (left + GQ_ROWS - 1) / GQ_ROWS : ppg);
         for (int q = 0; q < np; q++) {
             int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
             int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
-            gq_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk + q * nb,
-                    kind);
+            if (raw)
+                gq_pack(raw + (size_t)(r0 / GQ_ROWS) * (size_t)nb * PANEL_RAW_BYTES(gq_nq(kind)),
+                        NULL, 0, nr, nb, pk + q * nb, kind);
+            else
+                gq_pack(NULL, (const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb,
+                        pk + q * nb, kind);
         }
         for (int64_t t0 = 0; t0 < n_tok; t0 += GQ_TOK) {
             int nt = n_tok - t0 < GQ_TOK ? (int)(n_tok - t0) : GQ_TOK;
@@ -405,7 +415,11 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
             kern_gemm_q8_pairs(kern_cpu_fns_avx512.vec_dot_q8[type], w, row_bytes, n_rows, xq,     \
                                ldxq, n_tok, n, y, ldy);                                            \
         else                                                                                       \
-            gq_driver(kind, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);                     \
+            gq_driver(kind, NULL, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);               \
+    }                                                                                              \
+    void kern_avx512_gemm_##name##_q8_packed(KERN_GEMM_PK_ARGS(kern_q8))                           \
+    {                                                                                              \
+        gq_driver(kind, pk, NULL, 0, n_rows, xq, ldxq, n_tok, n, y, ldy);                          \
     }
 
 GQ_ENTRY(q4_0, GQ_Q4_0, DTYPE_Q4_0)
@@ -423,6 +437,55 @@ GQ_ENTRY(q8_0, GQ_Q8_0, DTYPE_Q8_0)
 GQ_PAIRS(q5_0, DTYPE_Q5_0)
 GQ_PAIRS(q4_k, DTYPE_Q4_K)
 GQ_PAIRS(q6_k, DTYPE_Q6_K)
+
+/* ---- weights packed once, at load ----
+ * Per 16-row panel (rows past the matrix repeat its last row) and block, the raw form of
+ * panel_raw: the transposed quant dwords and each row's scale dword. Same size as the panel's
+ * GGUF blocks for Q4_0/Q4_1 (Q8_0: 32 bytes more); the GEMMs then expand it per call without
+ * gathers or transposes, into exactly what they expand from the GGUF rows (bitwise the same
+ * results). Q4_0, Q4_1 and Q8_0 with rows the expansion buffers hold (q8: GQ_BLKS blocks,
+ * q16: KERN_G16_BLKS). */
+static int panel_nq(uint32_t type)
+{
+    return type == DTYPE_Q8_0 ? 8 : (type == DTYPE_Q4_0 || type == DTYPE_Q4_1) ? 4 : 0;
+}
+
+size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int q16)
+{
+    int nq = panel_nq(type);
+    int64_t nb = n / KERN_QK;
+    if (!nq || n_rows < 1 || n % KERN_QK || nb < 1 || nb > (q16 ? KERN_G16_BLKS : GQ_BLKS))
+        return 0;
+    return (size_t)((n_rows + GQ_ROWS - 1) / GQ_ROWS) * (size_t)nb * PANEL_RAW_BYTES(nq);
+}
+
+void kern_avx512_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
+                            int64_t n, void *dst)
+{
+    const int nq = panel_nq(type);
+    const size_t bb = dtype_row_bytes((enum dtype)type, KERN_QK);
+    const size_t qoff = type == DTYPE_Q4_1 ? offsetof(struct kern_block_q4_1, qs)
+                        : type == DTYPE_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
+                                             : offsetof(struct kern_block_q8_0, qs);
+    const int64_t nb = n / KERN_QK;
+    uint8_t *o = dst;
+    assert(nq && row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += GQ_ROWS) {
+        int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+        const __m512i offs = gq_row_offsets(row_bytes, nr);
+        size_t roff[16];
+        for (int r = 0; r < 16; r++)
+            roff[r] = (size_t)(r < nr ? r : nr - 1) * row_bytes;
+        for (int64_t b = 0; b < nb; b++, o += PANEL_RAW_BYTES(nq)) {
+            const uint8_t *base = (const uint8_t *)w + (size_t)r0 * row_bytes + (size_t)b * bb;
+            __m512i dm, v[8];
+            panel_raw(NULL, base, offs, roff, qoff, nq, v, &dm);
+            for (int s = 0; s < nq; s++)
+                _mm512_store_si512((__m512i *)(o + 64 * s), v[s]);
+            _mm512_store_si512((__m512i *)(o + 64 * nq), dm);
+        }
+    }
+}
 
 /* ---- int8 peak: vpdpbusd throughput ---- */
 

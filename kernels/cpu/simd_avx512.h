@@ -104,4 +104,28 @@ static ALWAYS_INLINE void transpose_16x8(const uint8_t *base, const size_t off[1
     }
 }
 
+/* Raw panel form of one block of a 16-row panel, the input of the q8 and q16 GEMMs' per-call
+ * expansion: v[0..nq) the transposed quant dwords (nq = 4 for Q4_0/Q4_1, 8 for Q8_0), dm each
+ * row's first dword (its f16 scale; then Q4_1's f16 offset, else two quant bytes). Read from the
+ * GGUF rows (gathers and transposes) when raw is NULL, else from a copy packed at load
+ * (kern_avx512_panel_pack: nq + 1 vectors per block, PANEL_RAW_BYTES). */
+#define PANEL_RAW_BYTES(nq) (64 * ((size_t)(nq) + 1))
+static ALWAYS_INLINE void panel_raw(const uint8_t *raw, const uint8_t *base, __m512i offs,
+                                    const size_t off[16], size_t qoff, const int nq, __m512i *v,
+                                    __m512i *dm)
+{
+    if (raw) {
+        UNROLL
+        for (int s = 0; s < nq; s++)
+            v[s] = _mm512_load_si512((const __m512i *)(raw + 64 * s));
+        *dm = _mm512_load_si512((const __m512i *)(raw + 64 * nq));
+        return;
+    }
+    *dm = _mm512_i32gather_epi32(offs, base, 1);
+    if (nq == 8)
+        transpose_16x8(base + qoff, off, v);
+    else
+        transpose_16x4(base + qoff, off, v);
+}
+
 #endif
