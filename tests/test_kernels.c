@@ -1876,12 +1876,16 @@ static void test_gemm_q16(void **state)
 /* Weights packed at load: the packed q8 / q16 GEMMs give bitwise the unpacked GEMMs' results,
  * for the whole matrix and for a row range starting at a later panel (how the backend splits
  * rows across threads), rows not a multiple of the panel height, and every row length the
- * packed form accepts; longer rows are declined (panel_bytes 0), never packed wrongly. */
+ * packed form accepts; longer rows are declined (panel_bytes 0), never packed wrongly. The
+ * packed exact GEMM sums in its own order: it is checked against the float64 product of the
+ * dequantized weights, and for batch invariance (each token alone, rows split at a panel,
+ * bitwise equal to the whole call). */
 static void test_gemm_packed(void **state)
 {
     (void)state;
     static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
     static const int64_t ns[] = {32, 576, 1536, 2048, 4608, 8192};
+    static const int64_t most[3] = {48, 144, 64}; /* blocks: exact, q8, q16 */
     const int64_t rows = 37, n_tok = 11, P = KERN_PANEL_ROWS;
     struct rng r = {90210};
     int packed_cases = 0;
@@ -1893,7 +1897,7 @@ static void test_gemm_packed(void **state)
             const uint32_t type = types[ti];
             for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
                 const int64_t n = ns[ni], nb = n / KERN_QK;
-                const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n;
+                const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n + 3;
                 const size_t ldxq = (size_t)nb + 1, ldy = (size_t)rows + 3;
                 uint8_t *w = random_rows(type, n, rows, 0, -1, &r);
                 float *x = gemm_acts(n, n_tok, ldx, &r);
@@ -1901,15 +1905,16 @@ static void test_gemm_packed(void **state)
                 struct kern_q16 *xq16 = calloc((size_t)n_tok * ldxq, sizeof *xq16);
                 float *y = calloc((size_t)n_tok * ldy, sizeof *y);
                 float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
+                float *wf = malloc(sizeof(float) * (size_t)n);
                 for (int64_t t = 0; t < n_tok; t++) {
                     kern_ref_quantize_q8(x + (size_t)t * ldx, xq + (size_t)t * ldxq, n);
                     kern_ref_quantize_q16(x + (size_t)t * ldx, xq16 + (size_t)t * ldxq, n);
                 }
-                for (int q16 = 0; q16 < 2; q16++) {
-                    size_t bytes = f->panel_bytes(type, rows, n, q16);
-                    size_t panel = f->panel_bytes(type, P, n, q16);
-                    if (!bytes) { /* declined: only for rows the expansion buffer cannot hold */
-                        assert_true(nb > (q16 ? 64 : 144));
+                for (int act = 0; act < 3; act++) {
+                    size_t bytes = f->panel_bytes(type, rows, n, act);
+                    size_t panel = f->panel_bytes(type, P, n, act);
+                    if (!bytes) { /* declined: only rows the expansion buffers cannot hold */
+                        assert_true(nb > most[act]);
                         continue;
                     }
                     assert_int_equal(bytes, panel * (size_t)((rows + P - 1) / P));
@@ -1917,23 +1922,54 @@ static void test_gemm_packed(void **state)
                     assert_non_null(pk);
                     f->panel_pack(type, w, row_bytes, rows, n, pk);
                     memset(yp, 0xff, sizeof(*yp) * (size_t)n_tok * ldy);
-                    if (q16) {
+                    if (act == 2) {
                         f->gemm_q16[type](w, row_bytes, rows, xq16, ldxq, n_tok, n, y, ldy);
                         f->gemm_q16_packed[type](pk, P, xq16, ldxq, n_tok, n, yp, ldy);
                         f->gemm_q16_packed[type](pk + panel, rows - P, xq16, ldxq, n_tok, n,
                                                  yp + P, ldy);
-                    } else {
+                    } else if (act == 1) {
                         f->gemm_q8[type](w, row_bytes, rows, xq, ldxq, n_tok, n, y, ldy);
                         f->gemm_q8_packed[type](pk, P, xq, ldxq, n_tok, n, yp, ldy);
                         f->gemm_q8_packed[type](pk + panel, rows - P, xq, ldxq, n_tok, n, yp + P,
                                                 ldy);
+                    } else {
+                        f->gemm_f32_packed[type](pk, rows, x, ldx, n_tok, n, y, ldy);
+                        /* two tokens (the in-register path), compared below via y */
+                        f->gemm_f32_packed[type](pk, rows, x, ldx, 2, n, yp, ldy);
+                        for (int64_t t = 0; t < 2; t++)
+                            for (int64_t k = 0; k < rows; k++)
+                                assert_int_equal(f32_bits(yp[(size_t)t * ldy + k]),
+                                                 f32_bits(y[(size_t)t * ldy + k]));
+                        for (int64_t t = 0; t < n_tok; t++) { /* each token alone, split */
+                            f->gemm_f32_packed[type](pk, P, x + (size_t)t * ldx, ldx, 1, n,
+                                                     yp + (size_t)t * ldy, ldy);
+                            f->gemm_f32_packed[type](pk + panel, rows - P, x + (size_t)t * ldx,
+                                                     ldx, 1, n, yp + (size_t)t * ldy + P, ldy);
+                        }
+                        for (int64_t k = 0; k < rows; k++) {
+                            kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
+                            for (int64_t t = 0; t < n_tok; t++) {
+                                double exact = 0, mag = 0;
+                                for (int64_t i = 0; i < n; i++) {
+                                    double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
+                                    exact += p;
+                                    mag += fabs(p);
+                                }
+                                float got = y[(size_t)t * ldy + k];
+                                if (!close_enough(got, exact, mag, REL_TOL))
+                                    fail_msg("%s packed exact %s n=%lld (%lld, %lld): %.9g vs "
+                                             "%.9g", f->name, dtype_get(type)->name,
+                                             (long long)n, (long long)k, (long long)t,
+                                             (double)got, exact);
+                            }
+                        }
                     }
                     for (int64_t t = 0; t < n_tok; t++)
                         for (int64_t k = 0; k < rows; k++)
                             if (f32_bits(y[(size_t)t * ldy + k]) != f32_bits(yp[(size_t)t * ldy + k]))
-                                fail_msg("%s packed %s %s n=%lld (%lld, %lld): %.9g vs %.9g",
-                                         f->name, q16 ? "q16" : "q8", dtype_get(type)->name,
-                                         (long long)n, (long long)k, (long long)t,
+                                fail_msg("%s packed act %d %s n=%lld (%lld, %lld): %.9g vs %.9g",
+                                         f->name, act, dtype_get(type)->name, (long long)n,
+                                         (long long)k, (long long)t,
                                          (double)yp[(size_t)t * ldy + k],
                                          (double)y[(size_t)t * ldy + k]);
                     packed_cases++;
@@ -1945,12 +1981,14 @@ static void test_gemm_packed(void **state)
                 free(xq16);
                 free(y);
                 free(yp);
+                free(wf);
             }
         }
     }
-    print_message("packed weights: %d cases bitwise equal to the unpacked GEMMs\n", packed_cases);
+    print_message("packed weights: %d cases checked (q8/q16 bitwise equal to the unpacked GEMMs, "
+                  "exact vs float64 and batch invariant)\n", packed_cases);
     if (isa_fns(KERN_ISA_AVX512))
-        assert_int_equal(packed_cases, 3 * (5 + 4)); /* q8: n <= 4608; q16: n <= 2048 */
+        assert_int_equal(packed_cases, 3 * (3 + 5 + 4)); /* exact n <= 1536, q8 <= 4608, q16 <= 2048 */
 }
 
 int main(void)

@@ -95,6 +95,9 @@ static void matmul_worker(void *arg, int ith, int nth)
         else if (j->xq && j->fn->gemm_q8[w->type])
             j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y,
                                     ldy);
+        else if (pk)
+            j->fn->gemm_f32_packed[w->type](pk, r1 - r0, j->x, (size_t)w->ne0, j->n_tok, w->ne0, y,
+                                            ldy);
         else
             j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
                                      w->ne0, y, ldy);
@@ -163,12 +166,14 @@ static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
                                struct err_detail *err)
 {
     struct cpu_state *s = st_of(b);
-    const int q16 = s->act == KERN_ACT_Q16;
-    if (s->act == KERN_ACT_F32 || !s->fn->panel_bytes || w->packed || w->type >= DTYPE_COUNT)
+    const int act = (int)s->act;
+    if (!s->fn->panel_bytes || w->packed || w->type >= DTYPE_COUNT)
         return ST_OK;
-    if (q16 ? !s->fn->gemm_q16_packed[w->type] : !s->fn->gemm_q8_packed[w->type])
+    if (s->act == KERN_ACT_Q16   ? !s->fn->gemm_q16_packed[w->type]
+        : s->act == KERN_ACT_Q8  ? !s->fn->gemm_q8_packed[w->type]
+                                 : !s->fn->gemm_f32_packed[w->type])
         return ST_OK;
-    size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, q16);
+    size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, act);
     if (!bytes)
         return ST_OK;
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -176,7 +181,7 @@ static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
         return err_set(err, ST_ERR_NOMEM, "no memory for %zu bytes of packed weights", bytes);
     s->fn->panel_pack(w->type, w->data, w->row_bytes, w->ne1, w->ne0, p);
     w->packed = p;
-    w->packed_panel = s->fn->panel_bytes(w->type, KERN_PANEL_ROWS, w->ne0, q16);
+    w->packed_panel = s->fn->panel_bytes(w->type, KERN_PANEL_ROWS, w->ne0, act);
     return ST_OK;
 }
 

@@ -164,20 +164,26 @@ struct kern_cpu_fns {
     void (*gemm_q16[DTYPE_COUNT])(const void *w, size_t row_bytes, int64_t n_rows,
                                   const struct kern_q16 *xq, size_t ldxq, int64_t n_tok, int64_t n,
                                   float *y, size_t ldy);
-    /* Weights repacked once (at model load) for this table's gemm_q8 / gemm_q16:
-     * panel_bytes(type, n_rows, n, q16) is the packed size of an n_rows x n matrix for the q8
-     * (q16 = 0) or q16 GEMM, 0 when this table does not pack that type or shape (then the
-     * unpacked GEMMs are used); panel_pack writes it (64-byte aligned dst). The packed form is a
-     * sequence of panels of KERN_PANEL_ROWS rows, panel_bytes(type, KERN_PANEL_ROWS, n, q16)
-     * bytes each. gemm_q8_packed / gemm_q16_packed take the panel of a row range's first row
-     * (a multiple of KERN_PANEL_ROWS) and give bitwise the results of gemm_q8 / gemm_q16 on the
-     * original rows. NULL in tables without packing. */
-    size_t (*panel_bytes)(uint32_t type, int64_t n_rows, int64_t n, int q16);
+    /* Weights repacked once (at model load) for this table's matmuls: panel_bytes(type, n_rows,
+     * n, act) is the packed size of an n_rows x n matrix for the exact (act 0), q8 (1) or q16
+     * (2) GEMM (the values of enum kern_act), 0 when this table does not pack that type or shape
+     * for that mode (then the unpacked GEMMs are used); panel_pack writes it (64-byte aligned
+     * dst; one form for every mode). The packed form is a sequence of panels of KERN_PANEL_ROWS
+     * rows, panel_bytes(type, KERN_PANEL_ROWS, n, act) bytes each. The *_packed GEMMs take the
+     * panel of a row range's first row (a multiple of KERN_PANEL_ROWS). gemm_q8_packed /
+     * gemm_q16_packed give bitwise the results of gemm_q8 / gemm_q16 on the original rows;
+     * gemm_f32_packed is exact like gemm_f32 (weights dequantized bitwise as dequant_row) but
+     * sums in its own fixed order (see gemm_avx512.c), also batch invariant. NULL in tables
+     * without packing. */
+    size_t (*panel_bytes)(uint32_t type, int64_t n_rows, int64_t n, int act);
     void (*panel_pack)(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n,
                        void *dst);
     void (*gemm_q8_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const struct kern_q8 *xq,
                                         size_t ldxq, int64_t n_tok, int64_t n, float *y,
                                         size_t ldy);
+    void (*gemm_f32_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const float *x,
+                                         size_t ldx, int64_t n_tok, int64_t n, float *y,
+                                         size_t ldy);
     void (*gemm_q16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows,
                                          const struct kern_q16 *xq, size_t ldxq, int64_t n_tok,
                                          int64_t n, float *y, size_t ldy);

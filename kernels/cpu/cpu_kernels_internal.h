@@ -68,8 +68,15 @@ void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
 #define KERN_GEMM_PK_ARGS(XT)                                                                      \
     const void *pk, int64_t n_rows, const struct XT *xq, size_t ldxq, int64_t n_tok, int64_t n,    \
         float *y, size_t ldy
-#define KERN_G16_BLKS 64 /* longest rows (in blocks) of the AVX-512 q16 tiles */
-size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int q16);
+#define KERN_GEMM_PK_ARGS_F32                                                                      \
+    const void *pk, int64_t n_rows, const float *x, size_t ldx, int64_t n_tok, int64_t n,         \
+        float *y, size_t ldy
+#define KERN_G16_BLKS       64 /* longest rows (in blocks) of the AVX-512 q16 tiles */
+#define KERN_PANEL_F32_BLKS 48 /* and of the packed exact tiles (2 x 96 KiB float panels) */
+size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act);
+void kern_avx512_gemm_q4_0_f32_packed(KERN_GEMM_PK_ARGS_F32);
+void kern_avx512_gemm_q4_1_f32_packed(KERN_GEMM_PK_ARGS_F32);
+void kern_avx512_gemm_q8_0_f32_packed(KERN_GEMM_PK_ARGS_F32);
 void kern_avx512_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
                             int64_t n, void *dst);
 void kern_avx512_gemm_q4_0_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));

@@ -708,6 +708,12 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
         },
     .panel_bytes = kern_avx512_panel_bytes,
     .panel_pack = kern_avx512_panel_pack,
+    .gemm_f32_packed =
+        {
+            [DTYPE_Q4_0] = kern_avx512_gemm_q4_0_f32_packed,
+            [DTYPE_Q4_1] = kern_avx512_gemm_q4_1_f32_packed,
+            [DTYPE_Q8_0] = kern_avx512_gemm_q8_0_f32_packed,
+        },
     .gemm_q8_packed =
         {
             [DTYPE_Q4_0] = kern_avx512_gemm_q4_0_q8_packed,

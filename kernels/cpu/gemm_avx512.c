@@ -444,17 +444,18 @@ GQ_PAIRS(q6_k, DTYPE_Q6_K)
  * GGUF blocks for Q4_0/Q4_1 (Q8_0: 32 bytes more); the GEMMs then expand it per call without
  * gathers or transposes, into exactly what they expand from the GGUF rows (bitwise the same
  * results). Q4_0, Q4_1 and Q8_0 with rows the expansion buffers hold (q8: GQ_BLKS blocks,
- * q16: KERN_G16_BLKS). */
+ * q16: KERN_G16_BLKS, exact: KERN_PANEL_F32_BLKS). */
 static int panel_nq(uint32_t type)
 {
     return type == DTYPE_Q8_0 ? 8 : (type == DTYPE_Q4_0 || type == DTYPE_Q4_1) ? 4 : 0;
 }
 
-size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int q16)
+size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act)
 {
     int nq = panel_nq(type);
     int64_t nb = n / KERN_QK;
-    if (!nq || n_rows < 1 || n % KERN_QK || nb < 1 || nb > (q16 ? KERN_G16_BLKS : GQ_BLKS))
+    int64_t most = act == 0 ? KERN_PANEL_F32_BLKS : act == 2 ? KERN_G16_BLKS : GQ_BLKS;
+    if (!nq || n_rows < 1 || n % KERN_QK || nb < 1 || nb > most)
         return 0;
     return (size_t)((n_rows + GQ_ROWS - 1) / GQ_ROWS) * (size_t)nb * PANEL_RAW_BYTES(nq);
 }
@@ -485,6 +486,227 @@ void kern_avx512_panel_pack(uint32_t type, const void *w, size_t row_bytes, int6
             _mm512_store_si512((__m512i *)(o + 64 * nq), dm);
         }
     }
+}
+
+/* ---- exact mode over packed panels ----
+ * Each panel's blocks are dequantized (bitwise as dequant_row: d * q, then + m for Q4_1) into a
+ * stack panel of n x 16 floats, lane r = row r. Pair (r, t) is lane r of its accumulators: per
+ * 32-element block, blk = fma(w[k], x[t][k], blk) for the block's k in order from 0, then
+ * acc = acc + blk, blocks in order. No horizontal sums, and the order depends on nothing but
+ * n (per-block partial sums keep the rounding error near the reference's). Tiles are two panels (32 rows) x GP_TOK tokens, so even one
+ * token has two independent FMA chains; a lone last panel runs the same per-pair order. Calls
+ * of at most GP_FUSE_TOK tokens (single-sequence decode) dequantize in registers instead of
+ * through the panel: the same values in the same order, so the same bits. */
+
+#define GP_TOK 7 /* tokens per tile */
+
+/* Element k (0..31) of a block for the 16 rows of a panel, bitwise as dequant_row: v = the
+ * block's raw quant vectors (panel_raw), d and m its scales. */
+static ALWAYS_INLINE __m512 gp_weight(const __m512i *v, __m512 d, __m512 m, const int k,
+                                      const enum gq_kind kind)
+{
+    if (kind == GQ_Q8_0) {
+        __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v[k / 4], 24 - 8 * (k % 4)), 24);
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+    }
+    /* k < 16: low nibble of byte k; else high nibble of byte k - 16 */
+    const int byte = k % 16, sh = 8 * (byte % 4) + 4 * (k / 16);
+    __m512i q = _mm512_and_si512(_mm512_srli_epi32(v[byte / 4], sh), _mm512_set1_epi32(0x0F));
+    if (kind == GQ_Q4_0)
+        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+    __m512 w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+    return kind == GQ_Q4_1 ? _mm512_add_ps(w, m) : w;
+}
+
+/* A block's raw vectors and scales. */
+static ALWAYS_INLINE void gp_block(const uint8_t *raw, const enum gq_kind kind, __m512i *v,
+                                   __m512 *d, __m512 *m)
+{
+    const int nq = gq_nq(kind);
+    UNROLL
+    for (int s = 0; s < nq; s++)
+        v[s] = _mm512_load_si512((const __m512i *)(raw + 64 * s));
+    __m512i dm = _mm512_load_si512((const __m512i *)(raw + 64 * nq));
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    *m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+}
+
+static ALWAYS_INLINE void gp_expand(const uint8_t *raw, int64_t nb, float *panel,
+                                    const enum gq_kind kind)
+{
+    for (int64_t b = 0; b < nb; b++, raw += PANEL_RAW_BYTES(gq_nq(kind)), panel += KERN_QK * 16) {
+        __m512i v[8];
+        __m512 d, m;
+        gp_block(raw, kind, v, &d, &m);
+        UNROLL
+        for (int k = 0; k < KERN_QK; k++)
+            _mm512_store_ps(panel + k * 16, gp_weight(v, d, m, k, kind));
+    }
+}
+
+/* Few tokens: the same pairs in the same order, weights dequantized in registers (no panel). */
+#define GP_FUSE_TOK 2
+static ALWAYS_INLINE void gp_fused(const uint8_t *r0, const uint8_t *r1, const int two,
+                                   int64_t nb, const float *x, size_t ldx, const int nt,
+                                   const enum gq_kind kind, __m512 *out)
+{
+    __m512 acc[2][GP_FUSE_TOK];
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t off = (size_t)b * PANEL_RAW_BYTES(gq_nq(kind));
+        __m512i v0[8], v1[8];
+        __m512 d0, m0, d1 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+        gp_block(r0 + off, kind, v0, &d0, &m0);
+        if (two)
+            gp_block(r1 + off, kind, v1, &d1, &m1);
+        __m512 blk[2][GP_FUSE_TOK];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            blk[0][j] = blk[1][j] = _mm512_setzero_ps();
+        UNROLL
+        for (int k = 0; k < KERN_QK; k++) {
+            __m512 w0 = gp_weight(v0, d0, m0, k, kind);
+            __m512 w1 = two ? gp_weight(v1, d1, m1, k, kind) : w0;
+            UNROLL
+            for (int j = 0; j < nt; j++) {
+                __m512 xv = _mm512_set1_ps(x[(size_t)j * ldx + (size_t)b * KERN_QK + (size_t)k]);
+                blk[0][j] = _mm512_fmadd_ps(w0, xv, blk[0][j]);
+                if (two)
+                    blk[1][j] = _mm512_fmadd_ps(w1, xv, blk[1][j]);
+            }
+        }
+        UNROLL
+        for (int j = 0; j < nt; j++) {
+            acc[0][j] = _mm512_add_ps(acc[0][j], blk[0][j]);
+            if (two)
+                acc[1][j] = _mm512_add_ps(acc[1][j], blk[1][j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nt; j++) {
+        out[j] = acc[0][j];
+        out[GP_TOK + j] = acc[1][j];
+    }
+}
+
+static ALWAYS_INLINE void gp_tile(const float *p0, const float *p1, const int two, int64_t n,
+                                  const float *x, size_t ldx, const int nt, __m512 *out)
+{
+    __m512 acc[2][GP_TOK];
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < n; k0 += KERN_QK) {
+        __m512 blk[2][GP_TOK];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            blk[0][j] = blk[1][j] = _mm512_setzero_ps();
+        for (int64_t k = k0; k < k0 + KERN_QK; k++) {
+            __m512 w0 = _mm512_load_ps(p0 + (size_t)k * 16);
+            __m512 w1 = two ? _mm512_load_ps(p1 + (size_t)k * 16) : w0;
+            UNROLL
+            for (int j = 0; j < nt; j++) {
+                __m512 xv = _mm512_set1_ps(x[(size_t)j * ldx + (size_t)k]);
+                blk[0][j] = _mm512_fmadd_ps(w0, xv, blk[0][j]);
+                if (two)
+                    blk[1][j] = _mm512_fmadd_ps(w1, xv, blk[1][j]);
+            }
+        }
+        UNROLL
+        for (int j = 0; j < nt; j++) {
+            acc[0][j] = _mm512_add_ps(acc[0][j], blk[0][j]);
+            if (two)
+                acc[1][j] = _mm512_add_ps(acc[1][j], blk[1][j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nt; j++) {
+        out[j] = acc[0][j];
+        out[GP_TOK + j] = acc[1][j];
+    }
+}
+
+#define GP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (two)                                                                                   \
+            gp_tile(p0, p1, 1, n, x, ldx, T, out);                                                 \
+        else                                                                                       \
+            gp_tile(p0, p0, 0, n, x, ldx, T, out);                                                 \
+        break;
+
+/* out[j]: pair (panel 0 row, token j); out[GP_TOK + j]: panel 1 (when two). */
+static void gp_tile_any(const float *p0, const float *p1, int two, int64_t n, const float *x,
+                        size_t ldx, int nt, __m512 *out)
+{
+    switch (nt) {
+        GP_CASE(1)
+        GP_CASE(2)
+        GP_CASE(3)
+        GP_CASE(4)
+        GP_CASE(5)
+        GP_CASE(6)
+        GP_CASE(7)
+    default:
+        assert(0 && "bad tile");
+    }
+}
+
+static ALWAYS_INLINE void gp_driver(const enum gq_kind kind, KERN_GEMM_PK_ARGS_F32)
+{
+    const int64_t nb = n / KERN_QK;
+    const size_t pstride = (size_t)nb * PANEL_RAW_BYTES(gq_nq(kind));
+    _Alignas(64) float panel[2][KERN_PANEL_F32_BLKS * KERN_QK * 16];
+    assert(n % KERN_QK == 0 && nb > 0 && nb <= KERN_PANEL_F32_BLKS);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 2 * GQ_ROWS) {
+        const int two = r0 + GQ_ROWS < n_rows;
+        int nr0 = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+        int nr1 = two ? (n_rows - r0 - GQ_ROWS < GQ_ROWS ? (int)(n_rows - r0 - GQ_ROWS) : GQ_ROWS) : 0;
+        const uint8_t *src = (const uint8_t *)pk + (size_t)(r0 / GQ_ROWS) * pstride;
+        const int fuse = n_tok <= GP_FUSE_TOK;
+        if (!fuse) {
+            gp_expand(src, nb, panel[0], kind);
+            if (two)
+                gp_expand(src + pstride, nb, panel[1], kind);
+        }
+        const __mmask16 m0 = (__mmask16)((1u << nr0) - 1), m1 = (__mmask16)((1u << nr1) - 1);
+        for (int64_t t0 = 0; t0 < n_tok; t0 += GP_TOK) {
+            int nt = n_tok - t0 < GP_TOK ? (int)(n_tok - t0) : GP_TOK;
+            __m512 out[2 * GP_TOK];
+            if (fuse && two && nt == 1)
+                gp_fused(src, src + pstride, 1, nb, x + (size_t)t0 * ldx, ldx, 1, kind, out);
+            else if (fuse && two)
+                gp_fused(src, src + pstride, 1, nb, x + (size_t)t0 * ldx, ldx, 2, kind, out);
+            else if (fuse && nt == 1)
+                gp_fused(src, src, 0, nb, x + (size_t)t0 * ldx, ldx, 1, kind, out);
+            else if (fuse)
+                gp_fused(src, src, 0, nb, x + (size_t)t0 * ldx, ldx, 2, kind, out);
+            else
+                gp_tile_any(panel[0], panel[1], two, n, x + (size_t)t0 * ldx, ldx, nt, out);
+            for (int j = 0; j < nt; j++) {
+                float *yr = y + (size_t)(t0 + j) * ldy + r0;
+                _mm512_mask_storeu_ps(yr, m0, out[j]);
+                if (two)
+                    _mm512_mask_storeu_ps(yr + GQ_ROWS, m1, out[GP_TOK + j]);
+            }
+        }
+    }
+}
+
+void kern_avx512_gemm_q4_0_f32_packed(KERN_GEMM_PK_ARGS_F32)
+{
+    gp_driver(GQ_Q4_0, pk, n_rows, x, ldx, n_tok, n, y, ldy);
+}
+
+void kern_avx512_gemm_q4_1_f32_packed(KERN_GEMM_PK_ARGS_F32)
+{
+    gp_driver(GQ_Q4_1, pk, n_rows, x, ldx, n_tok, n, y, ldy);
+}
+
+void kern_avx512_gemm_q8_0_f32_packed(KERN_GEMM_PK_ARGS_F32)
+{
+    gp_driver(GQ_Q8_0, pk, n_rows, x, ldx, n_tok, n, y, ldy);
 }
 
 /* ---- int8 peak: vpdpbusd throughput ---- */
