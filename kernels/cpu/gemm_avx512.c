@@ -544,16 +544,40 @@ static ALWAYS_INLINE void gp_expand(const uint8_t *raw, int64_t nb, float *panel
     }
 }
 
+/* One element k of every pair of a tile: blk[p][j] += w_p[k] * x[j][k] (p = panel 0, 1). */
+static ALWAYS_INLINE void gp_step(__m512 w0, __m512 w1, const int two, const float *xk,
+                                  size_t ldx, const int nt, __m512 (*blk)[GP_TOK])
+{
+    UNROLL
+    for (int j = 0; j < nt; j++) {
+        __m512 xv = _mm512_set1_ps(xk[(size_t)j * ldx]);
+        blk[0][j] = _mm512_fmadd_ps(w0, xv, blk[0][j]);
+        if (two)
+            blk[1][j] = _mm512_fmadd_ps(w1, xv, blk[1][j]);
+    }
+}
+
+/* The end of a block: acc += blk, and blk restarts from zero. */
+static ALWAYS_INLINE void gp_fold(__m512 (*acc)[GP_TOK], __m512 (*blk)[GP_TOK], const int nt)
+{
+    UNROLL
+    for (int j = 0; j < nt; j++) {
+        acc[0][j] = _mm512_add_ps(acc[0][j], blk[0][j]);
+        acc[1][j] = _mm512_add_ps(acc[1][j], blk[1][j]);
+        blk[0][j] = blk[1][j] = _mm512_setzero_ps();
+    }
+}
+
 /* Few tokens: the same pairs in the same order, weights dequantized in registers (no panel). */
 #define GP_FUSE_TOK 2
 static ALWAYS_INLINE void gp_fused(const uint8_t *r0, const uint8_t *r1, const int two,
                                    int64_t nb, const float *x, size_t ldx, const int nt,
                                    const enum gq_kind kind, __m512 *out)
 {
-    __m512 acc[2][GP_FUSE_TOK];
+    __m512 acc[2][GP_TOK], blk[2][GP_TOK];
     UNROLL
     for (int j = 0; j < nt; j++)
-        acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+        acc[0][j] = acc[1][j] = blk[0][j] = blk[1][j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * PANEL_RAW_BYTES(gq_nq(kind));
         __m512i v0[8], v1[8];
@@ -561,28 +585,13 @@ static ALWAYS_INLINE void gp_fused(const uint8_t *r0, const uint8_t *r1, const i
         gp_block(r0 + off, kind, v0, &d0, &m0);
         if (two)
             gp_block(r1 + off, kind, v1, &d1, &m1);
-        __m512 blk[2][GP_FUSE_TOK];
-        UNROLL
-        for (int j = 0; j < nt; j++)
-            blk[0][j] = blk[1][j] = _mm512_setzero_ps();
         UNROLL
         for (int k = 0; k < KERN_QK; k++) {
             __m512 w0 = gp_weight(v0, d0, m0, k, kind);
-            __m512 w1 = two ? gp_weight(v1, d1, m1, k, kind) : w0;
-            UNROLL
-            for (int j = 0; j < nt; j++) {
-                __m512 xv = _mm512_set1_ps(x[(size_t)j * ldx + (size_t)b * KERN_QK + (size_t)k]);
-                blk[0][j] = _mm512_fmadd_ps(w0, xv, blk[0][j]);
-                if (two)
-                    blk[1][j] = _mm512_fmadd_ps(w1, xv, blk[1][j]);
-            }
+            gp_step(w0, two ? gp_weight(v1, d1, m1, k, kind) : w0, two,
+                    x + (size_t)b * KERN_QK + (size_t)k, ldx, nt, blk);
         }
-        UNROLL
-        for (int j = 0; j < nt; j++) {
-            acc[0][j] = _mm512_add_ps(acc[0][j], blk[0][j]);
-            if (two)
-                acc[1][j] = _mm512_add_ps(acc[1][j], blk[1][j]);
-        }
+        gp_fold(acc, blk, nt);
     }
     UNROLL
     for (int j = 0; j < nt; j++) {
@@ -594,32 +603,17 @@ static ALWAYS_INLINE void gp_fused(const uint8_t *r0, const uint8_t *r1, const i
 static ALWAYS_INLINE void gp_tile(const float *p0, const float *p1, const int two, int64_t n,
                                   const float *x, size_t ldx, const int nt, __m512 *out)
 {
-    __m512 acc[2][GP_TOK];
+    __m512 acc[2][GP_TOK], blk[2][GP_TOK];
     UNROLL
     for (int j = 0; j < nt; j++)
-        acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+        acc[0][j] = acc[1][j] = blk[0][j] = blk[1][j] = _mm512_setzero_ps();
     for (int64_t k0 = 0; k0 < n; k0 += KERN_QK) {
-        __m512 blk[2][GP_TOK];
-        UNROLL
-        for (int j = 0; j < nt; j++)
-            blk[0][j] = blk[1][j] = _mm512_setzero_ps();
         for (int64_t k = k0; k < k0 + KERN_QK; k++) {
             __m512 w0 = _mm512_load_ps(p0 + (size_t)k * 16);
-            __m512 w1 = two ? _mm512_load_ps(p1 + (size_t)k * 16) : w0;
-            UNROLL
-            for (int j = 0; j < nt; j++) {
-                __m512 xv = _mm512_set1_ps(x[(size_t)j * ldx + (size_t)k]);
-                blk[0][j] = _mm512_fmadd_ps(w0, xv, blk[0][j]);
-                if (two)
-                    blk[1][j] = _mm512_fmadd_ps(w1, xv, blk[1][j]);
-            }
+            gp_step(w0, two ? _mm512_load_ps(p1 + (size_t)k * 16) : w0, two, x + (size_t)k, ldx,
+                    nt, blk);
         }
-        UNROLL
-        for (int j = 0; j < nt; j++) {
-            acc[0][j] = _mm512_add_ps(acc[0][j], blk[0][j]);
-            if (two)
-                acc[1][j] = _mm512_add_ps(acc[1][j], blk[1][j]);
-        }
+        gp_fold(acc, blk, nt);
     }
     UNROLL
     for (int j = 0; j < nt; j++) {
