@@ -89,14 +89,14 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
 }
 
 /* A 2-D weight of shape [ne0 = in, ne1 = out]. */
-#define KERN_LAYER_MATS 7
+#define LAYER_MATS 7
 /* A layer's weight matrices (the ones matmul reads); returns their count. */
 static int layer_mats(struct engine_layer *L, struct kern_tensor **out)
 {
-    struct kern_tensor *m[KERN_LAYER_MATS] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+    struct kern_tensor *m[LAYER_MATS] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                               &L->w_gate, &L->w_up, &L->w_down};
     memcpy(out, m, sizeof(m));
-    return KERN_LAYER_MATS;
+    return LAYER_MATS;
 }
 
 static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in,
@@ -195,7 +195,7 @@ enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
     }
     m->be = be;
     if (be && be->ops->prepare) {
-        struct kern_tensor *mats[KERN_LAYER_MATS];
+        struct kern_tensor *mats[LAYER_MATS];
         if ((st = be->ops->prepare(be, &m->output, err)))
             goto fail;
         for (int l = 0; l < hp->n_layer; l++)
@@ -231,7 +231,7 @@ void engine_model_free(struct engine_model *m)
     if (!m)
         return;
     if (m->be && m->be->ops->release) {
-        struct kern_tensor *mats[KERN_LAYER_MATS];
+        struct kern_tensor *mats[LAYER_MATS];
         m->be->ops->release(m->be, &m->output);
         for (int l = 0; m->layers && l < m->hp.n_layer; l++)
             for (int i = 0; i < layer_mats(&m->layers[l], mats); i++)

@@ -522,11 +522,8 @@ static ALWAYS_INLINE __m512 gp_weight(const __m512i *v, __m512 d, __m512 m, cons
 static ALWAYS_INLINE void gp_block(const uint8_t *raw, const enum gq_kind kind, __m512i *v,
                                    __m512 *d, __m512 *m)
 {
-    const int nq = gq_nq(kind);
-    UNROLL
-    for (int s = 0; s < nq; s++)
-        v[s] = _mm512_load_si512((const __m512i *)(raw + 64 * s));
-    __m512i dm = _mm512_load_si512((const __m512i *)(raw + 64 * nq));
+    __m512i dm;
+    panel_raw_load(raw, gq_nq(kind), v, &dm);
     *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
     *m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
 }

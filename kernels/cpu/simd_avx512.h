@@ -110,15 +110,22 @@ static ALWAYS_INLINE void transpose_16x8(const uint8_t *base, const size_t off[1
  * GGUF rows (gathers and transposes) when raw is NULL, else from a copy packed at load
  * (kern_avx512_panel_pack: nq + 1 vectors per block, PANEL_RAW_BYTES). */
 #define PANEL_RAW_BYTES(nq) (64 * ((size_t)(nq) + 1))
+
+/* The packed case alone: nq quant vectors, then the scale dwords. */
+static ALWAYS_INLINE void panel_raw_load(const uint8_t *raw, const int nq, __m512i *v, __m512i *dm)
+{
+    UNROLL
+    for (int s = 0; s < nq; s++)
+        v[s] = _mm512_load_si512((const __m512i *)(raw + 64 * s));
+    *dm = _mm512_load_si512((const __m512i *)(raw + 64 * nq));
+}
+
 static ALWAYS_INLINE void panel_raw(const uint8_t *raw, const uint8_t *base, __m512i offs,
                                     const size_t off[16], size_t qoff, const int nq, __m512i *v,
                                     __m512i *dm)
 {
     if (raw) {
-        UNROLL
-        for (int s = 0; s < nq; s++)
-            v[s] = _mm512_load_si512((const __m512i *)(raw + 64 * s));
-        *dm = _mm512_load_si512((const __m512i *)(raw + 64 * nq));
+        panel_raw_load(raw, nq, v, dm);
         return;
     }
     *dm = _mm512_i32gather_epi32(offs, base, 1);
