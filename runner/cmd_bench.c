@@ -42,7 +42,8 @@ static const char bench_usage[] =
     "  --isa NAME             auto|scalar|avx2|avx512 (default auto)\n"
     "  --matmul MODE          exact (default), q16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
-    "  --peak-seconds S       length of the int8 peak microbenchmark, 0 = skip (default 1)\n"
+    "  --peak-seconds S       length of each int8 peak microbenchmark (the kernels' instruction;\n"
+    "                         AMX tiles too where the CPU has them), 0 = skip (default 1)\n"
     "  -h, --help             this help\n";
 
 struct bench_opts {
@@ -301,7 +302,7 @@ static double model_flops_per_token(const struct engine_model *m)
 }
 
 struct peak_job {
-    const struct kern_cpu_fns *fn; /* kernels to measure */
+    const struct kern_cpu_fns *fn; /* kernels to measure; NULL = the AMX tile loop */
     double seconds;                /* per thread */
     double ops[256];               /* per-thread result */
 };
@@ -310,11 +311,12 @@ static void peak_worker(void *arg, int ith, int nth)
 {
     struct peak_job *j = arg;
     (void)nth;
-    j->ops[ith] = kern_cpu_int8_peak(j->fn, j->seconds);
+    j->ops[ith] = j->fn ? kern_cpu_int8_peak(j->fn, j->seconds) : kern_cpu_amx_int8_peak(j->seconds);
 }
 
-/* int8 multiply-add ops/s of the whole machine: the peak loop on every thread at once. */
-static double measure_peak(int threads, double seconds, const char *isa)
+/* int8 multiply-add ops/s of the whole machine: the peak loop on every thread at once, of the
+ * kernels --isa selects (amx: the AMX tile loop instead, 0 without AMX). */
+static double measure_peak(int threads, double seconds, const char *isa, int amx)
 {
     struct pool *pool;
     if (pool_init(&pool, threads, NULL))
@@ -324,6 +326,8 @@ static double measure_peak(int threads, double seconds, const char *isa)
         j.fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
     else if (isa && !strcmp(isa, "avx2"))
         j.fn = kern_cpu_fns_get(KERN_ISA_AVX2);
+    if (amx)
+        j.fn = NULL;
     pool_run(pool, peak_worker, &j);
     pool_free(pool);
     double sum = 0;
@@ -412,7 +416,8 @@ int runner_cmd_bench(int argc, char **argv)
     const struct engine_kv *kv = engine_get_kv(e);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa) : 0;
+    double peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 0) : 0;
+    double amx_peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 1) : 0;
     double flops = model_flops_per_token(m);
     double total_tps = (double)(in_tok + out_tok) / elapsed;
 
@@ -456,6 +461,10 @@ int runner_cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(j, "int8_peak_ops_s", peak);
         cJSON_AddNumberToObject(j, "ceiling_tok_s", peak / flops);
         cJSON_AddNumberToObject(j, "fraction_of_int8_peak", flops * total_tps / peak);
+    }
+    if (amx_peak > 0) {
+        cJSON_AddNumberToObject(j, "amx_int8_peak_ops_s", amx_peak);
+        cJSON_AddNumberToObject(j, "fraction_of_amx_int8_peak", flops * total_tps / amx_peak);
     }
     char *s = cJSON_Print(j);
     if (s)

@@ -133,8 +133,9 @@ int runner_cmd_info(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
-    printf("cpu kernels: %s (best this CPU supports: %s)\n", kern_cpu_fns_best()->name,
-           kern_isa_name(kern_cpu_detect()));
+    printf("cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
+           kern_isa_name(kern_cpu_detect()),
+           kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)" : "");
     printf("file: %s\nsize: %zu bytes\nGGUF version: %u\nalignment: %u\n", model, g->size,
            g->version, g->alignment);
     printf("metadata (%" PRIu64 " keys):\n", g->n_kv);

@@ -367,6 +367,22 @@ static void test_dispatch(void **state)
     assert_int_equal(unsetenv("QUERN_ISA"), 0);
 }
 
+/* The AMX peak loop runs exactly where the CPU has AMX-INT8 (and the OS grants tile state, as
+ * Linux does on request), and reports 0 elsewhere. */
+static void test_amx_detect(void **state)
+{
+    (void)state;
+    int cpu = kern_cpu_detect() == KERN_ISA_AVX512 && __builtin_cpu_supports("amx-tile") &&
+              __builtin_cpu_supports("amx-int8");
+    print_message("AMX-INT8: %s\n", kern_cpu_has_amx() ? "present" : "absent");
+    if (!cpu)
+        assert_int_equal(kern_cpu_has_amx(), 0);
+    if (kern_cpu_has_amx())
+        assert_true(cpu && kern_cpu_amx_int8_peak(0.01) > 0.0);
+    else
+        assert_true(kern_cpu_amx_int8_peak(0.01) == 0.0);
+}
+
 /* ---- block layouts: hand-built blocks -------------------------------------------------- */
 
 /* Dequantize the block with every ISA's dequant_row and compare with want exactly; then dot it
@@ -2001,6 +2017,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_amx_detect),
         cmocka_unit_test(test_known_q4_0),
         cmocka_unit_test(test_known_q4_1),
         cmocka_unit_test(test_known_q5_0),

@@ -222,5 +222,14 @@ const char *kern_isa_name(enum kern_isa isa);
  * multiply and an add per multiply-accumulate (2 ops per MAC). Run it on every thread at once
  * for the machine's peak. */
 double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds);
+/* The same for AMX tile products (tdpbusd, 16 x 16 x 64 per instruction) when the CPU has
+ * AMX-INT8 and the OS grants tile state; 0 otherwise. No kernel uses AMX: with 32-element
+ * weight blocks each product needs its own scale fold on the vector units, and in our
+ * measurement the tile GEMM was no faster than vpdpbusd (docs/BENCHMARKS.md). Reported so the
+ * achieved fraction can be read against the whole machine. */
+double kern_cpu_amx_int8_peak(double seconds);
+/* 1 when the AMX loop above runs here (AMX-TILE + AMX-INT8 on an AVX-512 VNNI CPU, tile state
+ * enabled by the OS and granted to this process). */
+int kern_cpu_has_amx(void);
 
 #endif

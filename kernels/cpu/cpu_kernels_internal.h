@@ -149,6 +149,9 @@ void kern_gemm_f32_pairs(float (*dot)(const void *, const float *, int64_t), KER
 KERN_GEMM_DECL(avx2)
 KERN_GEMM_DECL(avx512)
 
+/* The tdpbusd peak loop (gemm_avx512.c); only on CPUs and processes with AMX tiles. */
+double kern_amx_int8_peak(double seconds);
+
 /* The scalar int8 peak loop (quant_ref.c). */
 double kern_ref_int8_peak(double seconds);
 

@@ -3,6 +3,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "common/log.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -18,6 +22,28 @@ static uint64_t read_xcr0(void)
     uint32_t lo, hi;
     __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
     return (uint64_t)hi << 32 | lo;
+}
+
+/* Linux hands out the 8 KiB of tile data state only to processes that ask for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); the grant covers every thread. */
+static int amx_permit(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+/* AMX tiles with int8 products, enabled by the OS (XCR0 tile state) and granted to us. */
+static int detect_amx(void)
+{
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, 0) < 7 || !__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1))
+        return 0; /* no leaf 7, or no OSXSAVE (then xgetbv faults) */
+    __cpuid_count(7, 0, a, b, c, d);
+    int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    return amx_tile && amx_int8 && (read_xcr0() & 0x60000) == 0x60000 && amx_permit();
 }
 
 static enum kern_isa detect_x86(void)
@@ -51,14 +77,21 @@ static enum kern_isa detect_x86(void)
 {
     return KERN_ISA_SCALAR;
 }
+
+static int detect_amx(void)
+{
+    return 0;
+}
 #endif
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static enum kern_isa detected_isa; /* written once under detect_once */
+static int detected_amx;           /* ... */
 
 static void detect_run(void)
 {
     detected_isa = detect_x86();
+    detected_amx = detected_isa == KERN_ISA_AVX512 && detect_amx();
 }
 
 enum kern_isa kern_cpu_detect(void)
@@ -112,6 +145,17 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
         return tables[best];
     }
     return tables[isa];
+}
+
+int kern_cpu_has_amx(void)
+{
+    pthread_once(&detect_once, detect_run);
+    return detected_amx;
+}
+
+double kern_cpu_amx_int8_peak(double seconds)
+{
+    return kern_cpu_has_amx() ? kern_amx_int8_peak(seconds) : 0.0;
 }
 
 double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds)
