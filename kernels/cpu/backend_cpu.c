@@ -292,25 +292,46 @@ static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
 
 /* Token t's keys go channel-major into its block's tiles, values token-major (layout in
  * struct kern_kv_layer); both rounded to half by the table's to_f16. */
+struct kv_store_job {
+    const struct kern_cpu_fns *fn;
+    struct kern_kv_layer kv;
+    const int32_t *const *block_table;
+    const int32_t *pos;
+    int block_size, n_kv_head, head_dim;
+    const float *k, *v;
+    int n_tok;
+};
+
+/* Tokens split evenly between threads: every token writes its own slots. */
+static void kv_store_worker(void *arg, int ith, int nth)
+{
+    const struct kv_store_job *j = arg;
+    const int B = j->block_size, D = j->head_dim, kv_dim = j->n_kv_head * j->head_dim;
+    uint16_t kh[KERN_MAX_HEAD_DIM];
+    long lo, hi;
+    pool_range(j->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        const int32_t blk = j->block_table[t][j->pos[t] / B], i = j->pos[t] % B;
+        for (int g = 0; g < j->n_kv_head; g++) {
+            const size_t tile = (size_t)blk * j->n_kv_head + (size_t)g;
+            const float *kr = j->k + (size_t)t * kv_dim + (size_t)g * D;
+            j->fn->to_f16(kr, kh, D);
+            uint16_t *kt = j->kv.k + tile * D * B + i;
+            for (int c = 0; c < D; c++)
+                kt[(size_t)c * B] = kh[c];
+            j->fn->to_f16(j->v + (size_t)t * kv_dim + (size_t)g * D, j->kv.v + (tile * B + i) * D,
+                          D);
+        }
+    }
+}
+
 static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
                          const int32_t *const *block_table, const int32_t *pos, int block_size,
                          int n_kv_head, int head_dim, const float *k, const float *v, int n_tok)
 {
-    const struct kern_cpu_fns *fn = st_of(b)->fn;
-    const int B = block_size, D = head_dim, kv_dim = n_kv_head * head_dim;
-    uint16_t kh[KERN_MAX_HEAD_DIM];
-    for (int t = 0; t < n_tok; t++) {
-        const int32_t blk = block_table[t][pos[t] / B], i = pos[t] % B;
-        for (int g = 0; g < n_kv_head; g++) {
-            const size_t tile = (size_t)blk * n_kv_head + (size_t)g;
-            const float *kr = k + (size_t)t * kv_dim + (size_t)g * D;
-            fn->to_f16(kr, kh, D);
-            uint16_t *kt = kv.k + tile * D * B + i;
-            for (int c = 0; c < D; c++)
-                kt[(size_t)c * B] = kh[c];
-            fn->to_f16(v + (size_t)t * kv_dim + (size_t)g * D, kv.v + (tile * B + i) * D, D);
-        }
-    }
+    struct kv_store_job j = {st_of(b)->fn, kv, block_table, pos, block_size, n_kv_head, head_dim,
+                             k, v, n_tok};
+    pool_run(st_of(b)->pool, kv_store_worker, &j);
 }
 
 /* Work items are (token, KV head) pairs, claimed one at a time from a shared counter: their
