@@ -36,7 +36,10 @@ struct seq {
     size_t n_text;               /* bytes in text */
     size_t cap_text;             /* capacity of text */
     size_t n_final;              /* bytes of text the stop matcher has released */
+    size_t n_streamed;           /* bytes of text passed to on_text */
+    void (*on_text)(void *user, const char *text, size_t n); /* streaming callback or NULL */
     enum engine_finish finish;   /* why it ended */
+    int stop_string;             /* a stop string ended it */
     size_t n_cached;             /* prompt tokens from the prefix cache at first admission */
     int preemptions;             /* times preempted */
     double t_arrival, t_first, t_finish; /* monotonic seconds */
@@ -344,6 +347,7 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
     s->max_tokens = r->max_tokens;
     s->ignore_eos = r->ignore_eos;
     s->user = r->user;
+    s->on_text = r->on_text;
     s->slot = -1;
     s->id = e->next_id++;
     s->t_arrival = now_s();
@@ -492,7 +496,18 @@ static int schedule(struct engine *e, struct err_detail *err)
     return nb;
 }
 
-/* A token was sampled for running[ri]; returns 1 if the sequence finished. */
+/* Pass the text that became final since the last call to the request's on_text. */
+static void stream_text(struct seq *s, size_t final)
+{
+    if (s->on_text && final > s->n_streamed)
+        s->on_text(s->user, s->text + s->n_streamed, final - s->n_streamed);
+    s->n_streamed = final;
+}
+
+/* A token was sampled for running[ri]; returns 1 if the sequence finished. An end-of-generation
+ * token ends the text (bytes of an incomplete UTF-8 character held back are flushed as the
+ * tokenizer's stream flush renders them); so does max_tokens; a completed stop string ends it
+ * before the stop string. */
 static int accept_token(struct engine *e, int ri, int32_t id)
 {
     struct seq *s = e->running[ri];
@@ -500,18 +515,19 @@ static int accept_token(struct engine *e, int ri, int32_t id)
     e->stats.gen_tokens++;
     if (s->n_gen == 1)
         s->t_first = now_s();
-    if (!s->ignore_eos && engine_tok_is_eog(e->tok, id)) {
-        finish_seq(e, ri, ENGINE_FINISH_STOP);
-        return 1;
+    const int eog = !s->ignore_eos && engine_tok_is_eog(e->tok, id);
+    size_t n = 0;
+    if (!eog) {
+        if (tok_push(s, id))
+            abort(); /* a few bytes per token: out of memory here is fatal */
+        n = engine_tok_stream_push(e->tok, &s->ts, id, e->piece, e->piece_cap);
     }
-    if (tok_push(s, id))
-        abort(); /* a few bytes per token: out of memory here is fatal */
-    size_t n = engine_tok_stream_push(e->tok, &s->ts, id, e->piece, e->piece_cap);
-    int stopped = 0;
-    if (s->n_gen >= s->max_tokens)
+    const int end = eog || s->n_gen >= s->max_tokens;
+    if (end)
         n += engine_tok_stream_flush(&s->ts, e->piece + n, e->piece_cap - n);
     if (text_append(s, e->piece, n))
         abort();
+    int stopped = 0;
     if (s->stop) {
         size_t ok = 0;
         stopped = engine_stop_push(s->stop, e->piece, n, &ok);
@@ -522,10 +538,14 @@ static int accept_token(struct engine *e, int ri, int32_t id)
     if (stopped) {
         s->n_text = s->n_final;
         s->text[s->n_text] = 0;
+        s->stop_string = 1;
+    }
+    stream_text(s, stopped || end ? s->n_text : s->n_final);
+    if (stopped || eog) {
         finish_seq(e, ri, ENGINE_FINISH_STOP);
         return 1;
     }
-    if (s->n_gen >= s->max_tokens) {
+    if (end) {
         finish_seq(e, ri, ENGINE_FINISH_LENGTH);
         return 1;
     }
@@ -617,6 +637,7 @@ size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
         o->text = s->text;
         o->text_len = s->n_text;
         o->finish = s->finish;
+        o->stop_string = s->stop_string;
         o->n_prompt = s->n_prompt;
         o->n_cached = s->n_cached == (size_t)-1 ? 0 : s->n_cached;
         o->t_arrival = s->t_arrival;

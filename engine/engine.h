@@ -37,6 +37,10 @@ struct engine_request {
     size_t n_stop;                  /* <= ENGINE_MAX_STOP */
     const char *request_id;         /* seeds the RNG with sampling.seed; NUL-terminated */
     void *user;                     /* returned with the output */
+    /* Optional streaming: called from engine_step with each piece of the output text as it
+     * becomes final (complete UTF-8, past any possible stop string), in order; the pieces
+     * concatenate to the output's text. NULL = no streaming. */
+    void (*on_text)(void *user, const char *text, size_t n);
 };
 
 enum engine_finish {
@@ -53,6 +57,7 @@ struct engine_output {
     const char *text;           /* generated text, stop string removed (NUL-terminated) */
     size_t text_len;            /* bytes */
     enum engine_finish finish;  /* why it ended */
+    int stop_string;            /* 1 when a stop string ended it (finish is then STOP) */
     size_t n_prompt;            /* prompt tokens */
     size_t n_cached;            /* prompt tokens served from the prefix cache (first admission) */
     double t_arrival;           /* engine_add_request time (monotonic s) */

@@ -405,6 +405,105 @@ static void test_rejects(void **state)
     engine_free(e);
 }
 
+/* on_text streaming: the pieces, in order, are exactly the output text, for requests ending at
+ * max_tokens, at an end-of-generation token and at a stop string (which must not leak), run
+ * together in one engine. */
+struct stream_buf {
+    char text[4096]; /* concatenated pieces */
+    size_t n;        /* bytes */
+    int calls;       /* callbacks */
+};
+
+static void stream_cb(void *user, const char *text, size_t n)
+{
+    struct stream_buf *b = user;
+    assert_true(n > 0 && b->n + n < sizeof(b->text));
+    memcpy(b->text + b->n, text, n);
+    b->n += n;
+    b->calls++;
+}
+
+static void test_streaming(void **state)
+{
+    struct fixture *f = *state;
+    struct engine *e;
+    struct err_detail err = {0};
+    struct engine_params p;
+    params(&p, 4, 64, 64, 1);
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    static const struct {
+        const char *prompt;
+        const char *stop;
+        int ignore_eos;
+    } cases[] = {
+        {"Once upon a time", NULL, 1},
+        {"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+         NULL, 0},
+        {"1, 2, 3, 4, 5, 6,", " 9", 0},
+        {"The quick brown fox", "zqzqzq", 1},
+    };
+    enum { N = 4 };
+    static struct stream_buf bufs[N];
+    memset(bufs, 0, sizeof(bufs));
+    for (int i = 0; i < N; i++) {
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(engine_tok_encode(f->tok, cases[i].prompt, strlen(cases[i].prompt),
+                                           ENGINE_TOK_PARSE_SPECIAL, &ids, &n, &err),
+                         ST_OK);
+        struct engine_request r = {0};
+        r.prompt = ids;
+        r.n_prompt = n;
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = 32;
+        r.ignore_eos = cases[i].ignore_eos;
+        const char *stops[1] = {cases[i].stop};
+        r.stop = stops;
+        r.n_stop = cases[i].stop ? 1 : 0;
+        r.request_id = "stream";
+        r.user = &bufs[i];
+        r.on_text = stream_cb;
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+        free(ids);
+    }
+    int done = 0;
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o;
+        while (engine_poll(e, &o, 1)) {
+            struct stream_buf *b = o.user;
+            int i = (int)(b - bufs);
+            assert_int_equal(b->n, o.text_len);
+            assert_memory_equal(b->text, o.text, o.text_len);
+            print_message("stream %d: %d pieces, finish %d%s: \"%.*s\"\n", i, b->calls,
+                          (int)o.finish, o.stop_string ? " (stop string)" : "", (int)o.text_len,
+                          o.text);
+            switch (i) {
+            case 0:
+            case 3:
+                assert_int_equal(o.finish, ENGINE_FINISH_LENGTH);
+                assert_true(b->calls > 8); /* streamed as it went, not at the end */
+                break;
+            case 1:
+                assert_int_equal(o.finish, ENGINE_FINISH_STOP);
+                assert_false(o.stop_string);
+                assert_non_null(strstr(o.text, "Paris"));
+                break;
+            case 2:
+                assert_int_equal(o.finish, ENGINE_FINISH_STOP);
+                assert_true(o.stop_string);
+                assert_null(strstr(o.text, " 9"));
+                assert_non_null(strstr(o.text, " 8,"));
+                break;
+            }
+            done++;
+        }
+    }
+    assert_int_equal(done, N);
+    engine_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest kv_tests[] = {
@@ -414,6 +513,7 @@ int main(void)
     };
     const struct CMUnitTest engine_tests[] = {
         cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
