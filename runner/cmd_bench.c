@@ -39,7 +39,7 @@ static const char bench_usage[] =
     "  --kv-block B           tokens per KV block (default 16)\n"
     "  --no-prefix-cache      disable automatic prefix caching\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME             auto|scalar|avx2|avx512 (default auto)\n"
+    "  --isa NAME             auto|scalar|avx2|avx512|amx (default auto)\n"
     "  --matmul MODE          exact (default), q16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
     "  --peak-seconds S       length of each int8 peak microbenchmark (the kernels' instruction;\n"

@@ -321,13 +321,17 @@ static void test_dispatch(void **state)
         want = KERN_ISA_AVX2;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vnni"))
+            __builtin_cpu_supports("avx512vnni")) {
             want = KERN_ISA_AVX512;
+            /* AMX also needs the OS to grant tile state: Linux does on request */
+            if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16"))
+                want = KERN_ISA_AMX;
+        }
     }
     assert_int_equal(kern_cpu_detect(), want);
     print_message("CPU kernels: detected %s\n", kern_isa_name(kern_cpu_detect()));
 
-    static const char *const names[] = {"scalar", "avx2", "avx512-vnni"};
+    static const char *const names[] = {"scalar", "avx2", "avx512-vnni", "amx"};
     for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
         const struct kern_cpu_fns *f = isa_fns(isa);
         if (isa > (int)want) {
@@ -338,6 +342,7 @@ static void test_dispatch(void **state)
         assert_int_equal(f->isa, isa);
         assert_string_equal(f->name, names[isa]);
         assert_non_null(f->quantize_q8);
+        assert_int_equal(f->prep_x3 != NULL, isa == KERN_ISA_AMX);
         for (uint32_t t = 0; t < DTYPE_COUNT; t++) {
             int is_quant = 0, is_float = 0;
             for (size_t k = 0; k < N_QUANT_TYPES; k++)
@@ -357,7 +362,7 @@ static void test_dispatch(void **state)
     const struct kern_cpu_fns *best = isa_fns(want);
     assert_int_equal(unsetenv("QUERN_ISA"), 0);
     assert_ptr_equal(kern_cpu_fns_best(), best);
-    static const char *const env[] = {"scalar", "avx2", "avx512"};
+    static const char *const env[] = {"scalar", "avx2", "avx512", "amx"};
     for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
         assert_int_equal(setenv("QUERN_ISA", env[isa], 1), 0);
         assert_ptr_equal(kern_cpu_fns_best(), isa <= (int)want ? isa_fns(isa) : best);
@@ -372,7 +377,7 @@ static void test_dispatch(void **state)
 static void test_amx_detect(void **state)
 {
     (void)state;
-    int cpu = kern_cpu_detect() == KERN_ISA_AVX512 && __builtin_cpu_supports("amx-tile") &&
+    int cpu = kern_cpu_detect() >= KERN_ISA_AVX512 && __builtin_cpu_supports("amx-tile") &&
               __builtin_cpu_supports("amx-int8");
     print_message("AMX-INT8: %s\n", kern_cpu_has_amx() ? "present" : "absent");
     if (!cpu)
@@ -2003,8 +2008,142 @@ static void test_gemm_packed(void **state)
     }
     print_message("packed weights: %d cases checked (q8/q16 bitwise equal to the unpacked GEMMs, "
                   "exact vs float64 and batch invariant)\n", packed_cases);
-    if (isa_fns(KERN_ISA_AVX512))
-        assert_int_equal(packed_cases, 3 * (3 + 5 + 4)); /* exact n <= 1536, q8 <= 4608, q16 <= 2048 */
+    /* per table that packs (AVX-512, and AMX which shares its packing): exact n <= 1536,
+     * q8 <= 4608, q16 <= 2048 */
+    assert_int_equal(packed_cases, (!!isa_fns(KERN_ISA_AVX512) + !!isa_fns(KERN_ISA_AMX)) * 3 *
+                                       (3 + 5 + 4));
+}
+
+/* The AMX table's exact mode (prep_x3 + gemm_x3_packed), where the CPU has AMX-BF16:
+ * - prep_x3 splits every activation exactly: hi + mid + lo == x, each a bfloat16, in its tile;
+ * - a case with exact arithmetic only comes out exact (it fails if any of the three parts is
+ *   dropped): Q8_0 weights of 1 and scale 1 times x = 1 + 2^-8 + 2^-16;
+ * - random Q4_0 / Q4_1 / Q8_0 rows vs the float64 product of the dequantized weights;
+ * - batch invariance: the whole call (37 tokens: two full 16-token groups and a partial one)
+ *   equals each token alone, 2 tokens, and the rows split at a panel, bit for bit. */
+static float bf16_at(const uint8_t *xs, int64_t nb, int64_t t, int64_t i, int part)
+{
+    const uint8_t *tile = xs + ((size_t)(t / 16) * (size_t)nb + (size_t)(i / KERN_QK)) *
+                                   KERN_X3_BYTES(16, KERN_QK) + (size_t)part * 1024;
+    uint16_t h;
+    memcpy(&h, tile + (t % 16) * 64 + (i % KERN_QK) * 2, sizeof h);
+    return kern_bf16_to_f32(h);
+}
+
+static void test_gemm_x3(void **state)
+{
+    (void)state;
+    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
+    if (!f) {
+        print_message("AMX-BF16 exact mode: no AMX-BF16 on this CPU, not run\n");
+        return;
+    }
+    assert_non_null(f->prep_x3);
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
+    static const int64_t ns[] = {32, 576, 1536};
+    const int64_t rows = 37, n_tok = 37, P = KERN_PANEL_ROWS;
+    struct rng r = {0xB16};
+    int cases = 0;
+
+    /* exact arithmetic */
+    {
+        const int64_t n = KERN_QK;
+        struct kern_block_q8_0 blk[KERN_PANEL_ROWS];
+        for (int k = 0; k < KERN_PANEL_ROWS; k++) {
+            blk[k].d = kern_f32_to_f16(1.0f);
+            memset(blk[k].qs, 1, sizeof(blk[k].qs));
+        }
+        float x[KERN_QK], y[KERN_PANEL_ROWS];
+        for (int i = 0; i < KERN_QK; i++)
+            x[i] = 1.0f + 0x1p-8f + 0x1p-16f;
+        size_t bytes = f->panel_bytes(DTYPE_Q8_0, P, n, 0);
+        uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        uint8_t *xs = aligned_alloc(64, KERN_X3_BYTES(1, n));
+        f->panel_pack(DTYPE_Q8_0, blk, sizeof(blk[0]), P, n, pk);
+        f->prep_x3(x, KERN_QK, 1, n, xs);
+        f->gemm_x3_packed[DTYPE_Q8_0](pk, P, xs, 1, n, y, P);
+        for (int k = 0; k < KERN_PANEL_ROWS; k++)
+            assert_true(y[k] == 32.0f * x[0]);
+        free(pk);
+        free(xs);
+    }
+
+    for (size_t ti = 0; ti < 3; ti++) {
+        const uint32_t type = types[ti];
+        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+            const int64_t n = ns[ni], nb = n / KERN_QK;
+            const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n + 3;
+            const size_t ldy = (size_t)rows + 3;
+            uint8_t *w = random_rows(type, n, rows, 0, -1, &r);
+            float *x = gemm_acts(n, n_tok, ldx, &r);
+            float *y = calloc((size_t)n_tok * ldy, sizeof *y);
+            float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
+            float *wf = malloc(sizeof(float) * (size_t)n);
+            uint8_t *xs = aligned_alloc(64, KERN_X3_BYTES(n_tok, n));
+            size_t bytes = f->panel_bytes(type, rows, n, 0);
+            size_t panel = f->panel_bytes(type, P, n, 0);
+            uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
+            assert_true(bytes > 0 && pk && xs);
+            f->panel_pack(type, w, row_bytes, rows, n, pk);
+
+            f->prep_x3(x, ldx, n_tok, n, xs);
+            for (int64_t t = 0; t < n_tok; t++)
+                for (int64_t i = 0; i < n; i++) {
+                    double sum = (double)bf16_at(xs, nb, t, i, 0) + bf16_at(xs, nb, t, i, 1) +
+                                 bf16_at(xs, nb, t, i, 2);
+                    if (sum != (double)x[(size_t)t * ldx + (size_t)i])
+                        fail_msg("prep_x3 n=%lld (%lld, %lld): %.9g split into %.9g", (long long)n,
+                                 (long long)t, (long long)i, (double)x[(size_t)t * ldx + i], sum);
+                }
+            f->gemm_x3_packed[type](pk, rows, xs, n_tok, n, y, ldy);
+            for (int64_t k = 0; k < rows; k++) {
+                kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
+                for (int64_t t = 0; t < n_tok; t++) {
+                    double exact = 0, mag = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
+                        exact += p;
+                        mag += fabs(p);
+                    }
+                    float got = y[(size_t)t * ldy + k];
+                    if (!close_enough(got, exact, mag, REL_TOL))
+                        fail_msg("x3 %s n=%lld (%lld, %lld): %.9g vs %.9g",
+                                 dtype_get(type)->name, (long long)n, (long long)k, (long long)t,
+                                 (double)got, exact);
+                }
+            }
+            /* batch invariance: 1, 2 and 17 tokens at a time, rows split after one panel */
+            static const int64_t chunks[] = {1, 2, 17};
+            for (size_t ci = 0; ci < 3; ci++) {
+                memset(yp, 0xff, sizeof(*yp) * (size_t)n_tok * ldy);
+                for (int64_t t0 = 0; t0 < n_tok; t0 += chunks[ci]) {
+                    int64_t nt = n_tok - t0 < chunks[ci] ? n_tok - t0 : chunks[ci];
+                    f->prep_x3(x + (size_t)t0 * ldx, ldx, nt, n, xs);
+                    f->gemm_x3_packed[type](pk, P, xs, nt, n, yp + (size_t)t0 * ldy, ldy);
+                    f->gemm_x3_packed[type](pk + panel, rows - P, xs, nt, n,
+                                            yp + (size_t)t0 * ldy + P, ldy);
+                }
+                for (int64_t t = 0; t < n_tok; t++)
+                    for (int64_t k = 0; k < rows; k++)
+                        if (f32_bits(y[(size_t)t * ldy + k]) != f32_bits(yp[(size_t)t * ldy + k]))
+                            fail_msg("x3 %s n=%lld chunks of %lld (%lld, %lld): %.9g vs %.9g",
+                                     dtype_get(type)->name, (long long)n, (long long)chunks[ci],
+                                     (long long)k, (long long)t, (double)yp[(size_t)t * ldy + k],
+                                     (double)y[(size_t)t * ldy + k]);
+            }
+            cases++;
+            free(pk);
+            free(xs);
+            free(w);
+            free(x);
+            free(y);
+            free(yp);
+            free(wf);
+        }
+    }
+    print_message("AMX-BF16 exact mode: %d cases (split exact, vs float64, batch invariant)\n",
+                  cases);
+    assert_int_equal(cases, 9);
 }
 
 int main(void)
@@ -2018,6 +2157,7 @@ int main(void)
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_amx_detect),
+        cmocka_unit_test(test_gemm_x3),
         cmocka_unit_test(test_known_q4_0),
         cmocka_unit_test(test_known_q4_1),
         cmocka_unit_test(test_known_q5_0),

@@ -22,6 +22,8 @@ struct cpu_state {
     size_t xq_cap;                 /* blocks allocated in xq */
     struct kern_q16 *xq16;         /* 16-bit activations scratch (q16 mode) */
     size_t xq16_cap;               /* blocks allocated in xq16 */
+    void *xs;                      /* split activations (exact mode on the AMX table) */
+    size_t xs_cap;                 /* bytes allocated in xs */
 };
 
 static struct cpu_state *st_of(struct kern_backend *b)
@@ -61,6 +63,7 @@ struct matmul_job {
     const float *x;                      /* float activations (exact mode) */
     const struct kern_q8 *xq;            /* quantized activations (q8 mode), else NULL */
     const struct kern_q16 *xq16;         /* 16-bit activations (q16 mode), else NULL */
+    const void *xs;                      /* prep_x3 activations (exact mode, AMX), else NULL */
     int n_tok;                           /* tokens */
 };
 
@@ -85,7 +88,9 @@ static void matmul_worker(void *arg, int ith, int nth)
         const char *pk = w->packed ? (const char *)w->packed + (size_t)p0 * w->packed_panel : NULL;
         float *y = j->y[i] + r0;
         const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
-        if (j->xq16 && pk)
+        if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
+            j->fn->gemm_x3_packed[w->type](pk, r1 - r0, j->xs, j->n_tok, w->ne0, y, ldy);
+        else if (j->xq16 && pk)
             j->fn->gemm_q16_packed[w->type](pk, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y, ldy);
         else if (j->xq16 && j->fn->gemm_q16[w->type])
             j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0,
@@ -138,16 +143,35 @@ static void *grow(void *p, size_t *cap, size_t need, size_t sz)
     return p;
 }
 
+struct x3_ctx {
+    const struct kern_cpu_fns *fn; /* kernels */
+    const float *x;                /* n_tok x n */
+    void *xs;                      /* prep_x3 output */
+    long n_tok;                    /* tokens */
+    int64_t n;                     /* elements per token */
+};
+
+/* prep_x3 of 16-token groups [lo, hi) (the unit of its layout). */
+static void x3_groups(void *arg, long lo, long hi)
+{
+    const struct x3_ctx *c = arg;
+    long t0 = lo * 16, t1 = hi * 16 < c->n_tok ? hi * 16 : c->n_tok;
+    c->fn->prep_x3(c->x + (size_t)t0 * (size_t)c->n, (size_t)c->n, t1 - t0, c->n,
+                   (char *)c->xs + (size_t)lo * (KERN_X3_BYTES(16, c->n)));
+}
+
 static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
                        float *const *y, int n_w, const float *x, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, n_tok};
+    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, NULL, n_tok};
     int quant = 0; /* some weight takes quantized activations (float weight types do not) */
+    int x3 = 0;    /* some weight takes split activations */
     for (int i = 0; i < n_w; i++) {
         j.rows += ((long)w[i]->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
         quant |= (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL) ||
                  (s->act == KERN_ACT_Q16 && s->fn->gemm_q16[w[i]->type] != NULL);
+        x3 |= s->act == KERN_ACT_F32 && w[i]->packed && s->fn->gemm_x3_packed[w[i]->type] != NULL;
     }
     if (quant) {
         size_t need = (size_t)n_tok * (size_t)(w[0]->ne0 / KERN_QK);
@@ -157,6 +181,22 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
         else
             j.xq = qc.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
         parallel_ranges(s, n_tok, quantize_rows, &qc);
+    }
+    if (x3) {
+        size_t need = KERN_X3_BYTES(n_tok, w[0]->ne0);
+        if (need > s->xs_cap) {
+            free(s->xs);
+            s->xs = aligned_alloc(64, (need + 63) / 64 * 64);
+            if (!s->xs)
+                abort(); /* as grow(): nothing sensible to do mid-forward */
+            s->xs_cap = need;
+        }
+        struct x3_ctx xc = {s->fn, x, s->xs, n_tok, w[0]->ne0};
+        if (n_tok > 16)
+            parallel_ranges(s, (n_tok + 15) / 16, x3_groups, &xc);
+        else /* one group: not worth waking the pool */
+            x3_groups(&xc, 0, 1);
+        j.xs = s->xs;
     }
     pool_run(s->pool, matmul_worker, &j);
 }
@@ -421,8 +461,11 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
         fn = kern_cpu_fns_get(KERN_ISA_AVX2);
     else if (!strcmp(isa, "avx512"))
         fn = kern_cpu_fns_get(KERN_ISA_AVX512);
+    else if (!strcmp(isa, "amx"))
+        fn = kern_cpu_fns_get(KERN_ISA_AMX);
     else
-        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avx512)", isa);
+        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avx512|amx)",
+                       isa);
     if (!fn)
         return err_set(err, ST_ERR_UNSUPPORTED, "this CPU does not support ISA '%s'", isa);
     struct kern_backend *b = calloc(1, sizeof(*b));
@@ -454,6 +497,7 @@ void kern_cpu_backend_free(struct kern_backend *b)
     pool_free(s->pool);
     free(s->xq);
     free(s->xq16);
+    free(s->xs);
     free(s);
     free(b);
 }

@@ -11,6 +11,10 @@
 
 #define KERN_QK   32  /* elements per activation block (and per Q4_0/Q4_1/Q5_0/Q8_0 block) */
 #define KERN_PANEL_ROWS 16 /* rows per panel of weights packed at load (panel_pack) */
+/* Bytes of prep_x3's output for n_tok tokens of n elements: per 16-token group and 32-element
+ * block, three 16 x 32 bfloat16 tiles and 16 block sums. */
+#define KERN_X3_BYTES(n_tok, n)                                                                    \
+    ((((size_t)(n_tok) + 15) / 16) * ((size_t)(n) / 32) * (3 * 1024 + 64))
 #define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
 #define KERN_ATTN_RUN 16 /* keys per attention step (one AVX-512 vector of scores) */
 
@@ -115,6 +119,7 @@ enum kern_isa {
     KERN_ISA_SCALAR = 0,
     KERN_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
     KERN_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI */
+    KERN_ISA_AMX = 3,    /* the AVX-512 table, exact mode on AMX-BF16 tiles (OS grants tiles) */
     KERN_ISA_COUNT,
 };
 
@@ -124,7 +129,7 @@ enum kern_isa {
  * tables (summation order, FMA). */
 struct kern_cpu_fns {
     enum kern_isa isa; /* which instruction set these use */
-    const char *name;  /* "scalar", "avx2", "avx512-vnni" */
+    const char *name;  /* "scalar", "avx2", "avx512-vnni", "amx" */
     void (*quantize_q8)(const float *x, struct kern_q8 *y, int64_t n); /* never NULL */
     /* Quantized weight row . quantized activations; NULL for float types. */
     float (*vec_dot_q8[DTYPE_COUNT])(const void *w, const struct kern_q8 *x, int64_t n);
@@ -187,6 +192,16 @@ struct kern_cpu_fns {
     void (*gemm_q16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows,
                                          const struct kern_q16 *xq, size_t ldxq, int64_t n_tok,
                                          int64_t n, float *y, size_t ldy);
+    /* Exact mode on bf16 tile products (the AMX table; NULL elsewhere). prep_x3 writes n_tok
+     * activation rows of n floats as KERN_X3_BYTES(n_tok, n) bytes: every float split exactly
+     * into three bfloat16 parts (x = hi + mid + lo), in 16-token tiles, plus each token's
+     * per-block sums. gemm_x3_packed then multiplies weights packed at load (as for
+     * gemm_f32_packed) with it: per 32-element block the exact products of the integer quants
+     * with the three parts, summed in f32 by the tile unit, times the block scale (plus the
+     * Q4_1 offset times the block sum), blocks in order. Batch invariant. */
+    void (*prep_x3)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
+    void (*gemm_x3_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
+                                        int64_t n_tok, int64_t n, float *y, size_t ldy);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g
@@ -210,10 +225,10 @@ struct kern_cpu_fns {
 enum kern_isa kern_cpu_detect(void);
 /* The table for isa, or NULL if this CPU lacks it (or isa is out of range). Static storage. */
 const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa);
-/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avx512 when that is set and
+/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avx512|amx when that is set and
  * supported (otherwise a warning is logged and the best is used). Never NULL. */
 const struct kern_cpu_fns *kern_cpu_fns_best(void);
-/* "scalar", "avx2", "avx512-vnni"; "?" when out of range. */
+/* "scalar", "avx2", "avx512-vnni", "amx"; "?" when out of range. */
 const char *kern_isa_name(enum kern_isa isa);
 
 /* Single-thread microbenchmark of f's best int8 dot-product instruction loop (vpdpbusd on
@@ -222,14 +237,14 @@ const char *kern_isa_name(enum kern_isa isa);
  * multiply and an add per multiply-accumulate (2 ops per MAC). Run it on every thread at once
  * for the machine's peak. */
 double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds);
-/* The same for AMX tile products (tdpbusd, 16 x 16 x 64 per instruction) when the CPU has
- * AMX-INT8 and the OS grants tile state; 0 otherwise. No kernel uses AMX: with 32-element
- * weight blocks each product needs its own scale fold on the vector units, and in our
- * measurement the tile GEMM was no faster than vpdpbusd (docs/BENCHMARKS.md). Reported so the
- * achieved fraction can be read against the whole machine. */
+/* The same for AMX int8 tile products (tdpbusd, 16 x 16 x 64 per instruction) when the CPU has
+ * AMX-INT8 and the OS grants tile state; 0 otherwise. The q8 kernels do not use it: with
+ * 32-element weight blocks each product needs its own scale fold on the vector units, and in
+ * our measurements an int8 tile GEMM was no faster than vpdpbusd (docs/BENCHMARKS.md).
+ * Reported so the achieved fraction can be read against the whole machine. */
 double kern_cpu_amx_int8_peak(double seconds);
-/* 1 when the AMX loop above runs here (AMX-TILE + AMX-INT8 on an AVX-512 VNNI CPU, tile state
- * enabled by the OS and granted to this process). */
+/* 1 when the AMX int8 loop above runs here (AMX-TILE + AMX-INT8 on an AVX-512 VNNI CPU, tile
+ * state enabled by the OS and granted to this process). */
 int kern_cpu_has_amx(void);
 
 #endif

@@ -35,15 +35,18 @@ static int amx_permit(void)
 #endif
 }
 
-/* AMX tiles with int8 products, enabled by the OS (XCR0 tile state) and granted to us. */
+/* AMX tile support enabled by the OS (XCR0 tile state) and granted to us: bit 0 AMX-INT8,
+ * bit 1 AMX-BF16. */
 static int detect_amx(void)
 {
     unsigned a, b, c, d;
     if (__get_cpuid_max(0, 0) < 7 || !__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1))
         return 0; /* no leaf 7, or no OSXSAVE (then xgetbv faults) */
     __cpuid_count(7, 0, a, b, c, d);
-    int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
-    return amx_tile && amx_int8 && (read_xcr0() & 0x60000) == 0x60000 && amx_permit();
+    int tile = (d >> 24) & 1, int8 = (d >> 25) & 1, bf16 = (d >> 22) & 1;
+    if (!tile || (read_xcr0() & 0x60000) != 0x60000 || !amx_permit())
+        return 0;
+    return int8 | bf16 << 1;
 }
 
 static enum kern_isa detect_x86(void)
@@ -86,12 +89,23 @@ static int detect_amx(void)
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static enum kern_isa detected_isa; /* written once under detect_once */
-static int detected_amx;           /* ... */
+static int detected_amx;           /* detect_amx() on an AVX-512 VNNI CPU, else 0 */
+
+/* The AMX table is the AVX-512 one with the tile kernels added (gemm_avx512.c); filled once,
+ * and only handed out when the CPU and OS allow bf16 tiles. */
+static struct kern_cpu_fns amx_table = {.isa = KERN_ISA_AMX, .name = "amx"};
 
 static void detect_run(void)
 {
     detected_isa = detect_x86();
-    detected_amx = detected_isa == KERN_ISA_AVX512 && detect_amx();
+    detected_amx = detected_isa == KERN_ISA_AVX512 ? detect_amx() : 0;
+    if (detected_amx & 2) {
+        amx_table = kern_cpu_fns_avx512;
+        amx_table.isa = KERN_ISA_AMX;
+        amx_table.name = "amx";
+        kern_amx_patch(&amx_table);
+        detected_isa = KERN_ISA_AMX;
+    }
 }
 
 enum kern_isa kern_cpu_detect(void)
@@ -104,6 +118,7 @@ static const struct kern_cpu_fns *const tables[KERN_ISA_COUNT] = {
     [KERN_ISA_SCALAR] = &kern_cpu_fns_scalar,
     [KERN_ISA_AVX2] = &kern_cpu_fns_avx2,
     [KERN_ISA_AVX512] = &kern_cpu_fns_avx512,
+    [KERN_ISA_AMX] = &amx_table,
 };
 
 const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa)
@@ -135,8 +150,10 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
         isa = KERN_ISA_AVX2;
     else if (!strcmp(want, "avx512") || !strcmp(want, "avx512-vnni"))
         isa = KERN_ISA_AVX512;
+    else if (!strcmp(want, "amx"))
+        isa = KERN_ISA_AMX;
     else {
-        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avx512; using %s", want,
+        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avx512|amx; using %s", want,
                  tables[best]->name);
         return tables[best];
     }
@@ -150,7 +167,7 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
 int kern_cpu_has_amx(void)
 {
     pthread_once(&detect_once, detect_run);
-    return detected_amx;
+    return detected_amx & 1;
 }
 
 double kern_cpu_amx_int8_peak(double seconds)
@@ -161,6 +178,7 @@ double kern_cpu_amx_int8_peak(double seconds)
 double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds)
 {
     switch (f->isa) {
+    case KERN_ISA_AMX: /* its int8 kernels are the AVX-512 ones */
     case KERN_ISA_AVX512:
         return kern_avx512_int8_peak(seconds);
     case KERN_ISA_AVX2:

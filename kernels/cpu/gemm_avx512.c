@@ -700,6 +700,274 @@ void kern_avx512_gemm_q8_0_f32_packed(KERN_GEMM_PK_ARGS_F32)
     gp_driver(GQ_Q8_0, pk, n_rows, x, ldx, n_tok, n, y, ldy);
 }
 
+/* ---- exact mode on AMX-BF16 tiles (the AMX table) ----
+ * The weights' integer quants are exact in bfloat16 (0..15, -8..7, -128..127), and every f32
+ * activation is exactly the sum of three bfloat16 parts: hi = its top 16 bits, mid = the top
+ * 16 bits of x - hi, lo = the rest (at most 8 significant bits left). So per 32-element block
+ * tdpbf16ps computes the exact products q * part and sums them in f32 (3 products into one tile
+ * per block); the block sum S is then scaled as the float kernels do, blocks in order:
+ *   acc = fma(d, S, acc);  Q4_1 only: acc = fma(m, X, acc)   (X: the block's f32 element sum)
+ * Tile rows are tokens, columns the 16 rows of a panel; a row's result does not depend on the
+ * other rows of its tile (checked bit for bit by test_gemm_x3), so results are batch
+ * invariant. Per 16-token group and block, prep_x3's layout is the hi, mid and lo tiles
+ * (16 tokens x 32 bf16, 1 KiB each) and the 16 tokens' block sums X. */
+
+struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* The tile intrinsics are asm statements that do not tell the compiler which memory they touch:
+ * a full compiler barrier before tiles load what C code wrote. */
+#define AMX_FENCE() __asm__ volatile("" ::: "memory")
+
+#define X3_BLK_BYTES (3 * 1024 + 64) /* one group's block in prep_x3's output */
+#define X3_BLKS      48              /* longest rows (in blocks): one pair's B tiles, 96 KiB */
+#define AMX_BF16     __attribute__((target("amx-tile,amx-bf16")))
+
+_Static_assert(KERN_X3_BYTES(16, 32) == X3_BLK_BYTES, "prep_x3 layout");
+
+/* The upper halves of a's and b's 16 floats, in order: 32 bfloat16 (as words). */
+static ALWAYS_INLINE __m512i x3_pack(__m512i a, __m512i b)
+{
+    const __m512i idx = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
+                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
+                                         7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+static void x3_prep(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs)
+{
+    const int64_t nb = n / KERN_QK;
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    assert(n % KERN_QK == 0);
+    for (int64_t g = 0; g * 16 < n_tok; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = (uint8_t *)xs + ((size_t)g * (size_t)nb + (size_t)b) * X3_BLK_BYTES;
+            float *sum = (float *)(o + 3 * 1024);
+            for (int j = 0; j < 16; j++) {
+                const int64_t t = g * 16 + j;
+                if (t >= n_tok) { /* padding rows: zero products, results not stored */
+                    for (int p = 0; p < 3; p++)
+                        _mm512_store_si512((__m512i *)(o + p * 1024 + j * 64),
+                                           _mm512_setzero_si512());
+                    sum[j] = 0;
+                    continue;
+                }
+                const float *xr = x + (size_t)t * ldx + (size_t)b * KERN_QK;
+                __m512 a = _mm512_loadu_ps(xr), c = _mm512_loadu_ps(xr + 16);
+                __m512 ah = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), top));
+                __m512 ch = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(c), top));
+                __m512 ar = _mm512_sub_ps(a, ah), cr = _mm512_sub_ps(c, ch);
+                __m512 am = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(ar), top));
+                __m512 cm = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(cr), top));
+                __m512 al = _mm512_sub_ps(ar, am), cl = _mm512_sub_ps(cr, cm); /* exact bf16 */
+                _mm512_store_si512((__m512i *)(o + j * 64),
+                                   x3_pack(_mm512_castps_si512(ah), _mm512_castps_si512(ch)));
+                _mm512_store_si512((__m512i *)(o + 1024 + j * 64),
+                                   x3_pack(_mm512_castps_si512(am), _mm512_castps_si512(cm)));
+                _mm512_store_si512((__m512i *)(o + 2048 + j * 64),
+                                   x3_pack(_mm512_castps_si512(al), _mm512_castps_si512(cl)));
+                sum[j] = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+            }
+        }
+}
+
+/* One block of a panel as the B tile (16 k-pairs x 16 rows x 2 bf16: row kp, lane r = row r's
+ * quants 2kp, 2kp + 1), and its rows' scales and (Q4_1) offsets. */
+static ALWAYS_INLINE void x3_expand(const uint8_t *raw, const enum gq_kind kind, __m512i lut,
+                                    uint16_t *bt, float *d, float *m)
+{
+    __m512i v[8], dm;
+    panel_raw_load(raw, gq_nq(kind), v, &dm);
+    const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    _mm512_store_ps(d, dv);
+    /* Q4_1's quants are centred like Q4_0's (q - 8, the lut) and the offset moves by 8 d:
+     * d (q - 8) + (m + 8 d). The offset term is then small and cancels little of the sum. */
+    _mm512_store_ps(m, _mm512_fmadd_ps(dv, _mm512_set1_ps(8.0f),
+                                       _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))));
+    UNROLL
+    for (int kp = 0; kp < 16; kp++) {
+        const int k = 2 * kp;
+        __m512i row;
+        if (kind == GQ_Q8_0) { /* signed bytes k, k + 1 of dword k / 4 */
+            __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(v[k / 4], 24 - 8 * (k % 4)), 24);
+            __m512i hi = _mm512_srai_epi32(_mm512_slli_epi32(v[k / 4], 16 - 8 * (k % 4)), 24);
+            __m512i flo = _mm512_castps_si512(_mm512_cvtepi32_ps(lo));
+            __m512i fhi = _mm512_castps_si512(_mm512_cvtepi32_ps(hi));
+            row = _mm512_or_si512(_mm512_srli_epi32(flo, 16),
+                                  _mm512_and_si512(fhi, _mm512_set1_epi32((int)0xFFFF0000u)));
+        } else { /* nibbles of bytes k % 16, k % 16 + 1 (high nibbles for k >= 16) */
+            const int byte = k % 16, sh = 8 * (byte % 4) + 4 * (k / 16);
+            __m512i t = _mm512_srli_epi32(v[byte / 4], sh);
+            __m512i idx = _mm512_or_si512(_mm512_and_si512(t, _mm512_set1_epi32(0x0F)),
+                                          _mm512_and_si512(_mm512_slli_epi32(t, 8),
+                                                           _mm512_set1_epi32(0x0F0000)));
+            row = _mm512_permutexvar_epi16(idx, lut);
+        }
+        _mm512_store_si512((__m512i *)(bt + 32 * kp), row);
+    }
+}
+
+/* Tiles 0-1: C (tokens x 16 rows f32, two panels); 2-3: B (the panels' block, 16 k-pairs);
+ * 4-6: A (the hi, mid and lo parts of the tokens' block). x3_cfg[r - 1]: r token rows, so a
+ * group of fewer than 16 tokens loads, multiplies and stores only those. Static: the compiler
+ * does not see ldtilecfg read its operand. */
+#define X3_CFG(r)                                                                                  \
+    {                                                                                              \
+        .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64}, .rows = {r, r, 16, 16, r, r, r },     \
+    }
+static const struct amx_cfg x3_cfg[16] = {
+    X3_CFG(1),  X3_CFG(2),  X3_CFG(3),  X3_CFG(4),  X3_CFG(5),  X3_CFG(6),  X3_CFG(7),  X3_CFG(8),
+    X3_CFG(9),  X3_CFG(10), X3_CFG(11), X3_CFG(12), X3_CFG(13), X3_CFG(14), X3_CFG(15), X3_CFG(16),
+};
+
+/* The tile stores are opaque to the compiler: tell it which memory they write. */
+#define X3_STORED(t, buf)                                                                          \
+    do {                                                                                           \
+        _tile_stored(t, buf, 64);                                                                  \
+        __asm__ volatile("" : "+m"(*(float(*)[16][16])(buf)));                                     \
+    } while (0)
+
+/* The fold of one panel's stored block product into its 16 tokens' accumulators. */
+static ALWAYS_INLINE void x3_fold(float (*acc)[16], const float (*c)[16], const float *d,
+                                  const float *m, const float *sum, const int nt,
+                                  const enum gq_kind kind)
+{
+    const __m512 dv = _mm512_load_ps(d), mv = _mm512_load_ps(m);
+    for (int j = 0; j < nt; j++) {
+        __m512 a = _mm512_fmadd_ps(dv, _mm512_load_ps(c[j]), _mm512_load_ps(acc[j]));
+        if (kind == GQ_Q4_1)
+            a = _mm512_fmadd_ps(mv, _mm512_set1_ps(sum[j]), a);
+        _mm512_store_ps(acc[j], a);
+    }
+}
+
+/* Rows are taken in groups of up to X3_PAIRS panel pairs whose B tiles (all blocks) fit in
+ * X3_BT_BYTES; per 16-token group and block the three A tiles are loaded once for the group's
+ * pairs. Per pair: C0 += A x B0 and C1 += A x B1 for the three parts, both stored and folded. */
+#define X3_BT_BYTES (128 * 1024)
+#define X3_PAIRS    4
+
+static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void *pk,
+                                             int64_t n_rows, const void *xs, int64_t n_tok,
+                                             int64_t n, float *y, size_t ldy)
+{
+    const int64_t nb = n / KERN_QK;
+    const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
+    const size_t pstride = (size_t)nb * bb;
+    const size_t gstride = (size_t)nb * X3_BLK_BYTES;
+    _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
+    _Alignas(64) float bd[2 * X3_PAIRS][X3_BLKS][16], bm[2 * X3_PAIRS][X3_BLKS][16];
+    _Alignas(64) float cb[2][16][16], acc[2 * X3_PAIRS][16][16];
+    assert(n % KERN_QK == 0 && nb > 0 && nb <= X3_BLKS);
+    int pairs = (int)(X3_BT_BYTES / (2 * 1024 * (size_t)nb));
+    pairs = pairs < X3_PAIRS ? pairs : X3_PAIRS;
+    if (n_tok <= 16) /* one token group: A is loaded once anyway; start computing sooner */
+        pairs = 1;
+    const __m512i q = _mm512_sub_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
+                                                        3, 2, 1, 0),
+                                       _mm512_set1_epi32(kind == GQ_Q8_0 ? 0 : 8));
+    const __m512i lut = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(
+        _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(q)), 16)));
+    const int64_t n_panels = (n_rows + 15) / 16;
+    int rows = 0; /* token rows of the loaded tile configuration */
+    for (int64_t p0 = 0; p0 < n_panels; p0 += 2 * pairs) {
+        /* this group's panels p0 .. p0 + np - 1, padded to whole pairs with zero panels */
+        const int np = n_panels - p0 < 2 * pairs ? (int)(n_panels - p0) : 2 * pairs;
+        const int npair = (np + 1) / 2;
+        const uint8_t *raw = (const uint8_t *)pk + (size_t)p0 * pstride;
+        for (int p = 0; p < 2 * npair; p++)
+            for (int64_t b = 0; b < nb; b++) {
+                uint16_t *t = bt + ((size_t)p * (size_t)nb + (size_t)b) * 512;
+                if (p >= np) { /* the zero panel of an odd last pair */
+                    memset(t, 0, 1024);
+                    memset(bd[p][b], 0, sizeof(bd[p][b]));
+                    memset(bm[p][b], 0, sizeof(bm[p][b]));
+                    continue;
+                }
+                x3_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind, lut, t, bd[p][b],
+                          bm[p][b]);
+            }
+        AMX_FENCE();
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 16) {
+            const int nt = n_tok - t0 < 16 ? (int)(n_tok - t0) : 16;
+            const uint8_t *xg = (const uint8_t *)xs + (size_t)(t0 / 16) * gstride;
+            if (nt != rows) {
+                _tile_loadconfig(&x3_cfg[nt - 1]);
+                rows = nt;
+            }
+            for (int p = 0; p < 2 * npair; p++)
+                for (int j = 0; j < nt; j++)
+                    _mm512_store_ps(acc[p][j], _mm512_setzero_ps());
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *xb = xg + (size_t)b * X3_BLK_BYTES;
+                const float *sum = (const float *)(xb + 3 * 1024);
+                if (t0 == 0 && p0 + np < n_panels) { /* the next group's weights, meanwhile */
+                    const int nn = n_panels - p0 - np < 2 * pairs ? (int)(n_panels - p0 - np)
+                                                                   : 2 * pairs;
+                    for (int p = 0; p < nn; p++)
+                        for (size_t o = 0; o < bb; o += 64)
+                            _mm_prefetch((const char *)raw + (size_t)(np + p) * pstride +
+                                             (size_t)b * bb + o,
+                                         _MM_HINT_T0);
+                }
+                _tile_loadd(4, xb, 64);
+                _tile_loadd(5, xb + 1024, 64);
+                _tile_loadd(6, xb + 2048, 64);
+                for (int pr = 0; pr < npair; pr++) {
+                    const uint16_t *t = bt + ((size_t)(2 * pr) * (size_t)nb + (size_t)b) * 512;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_loadd(2, t, 64);
+                    _tile_loadd(3, t + (size_t)nb * 512, 64);
+                    _tile_dpbf16ps(0, 4, 2);
+                    _tile_dpbf16ps(1, 4, 3);
+                    _tile_dpbf16ps(0, 5, 2);
+                    _tile_dpbf16ps(1, 5, 3);
+                    _tile_dpbf16ps(0, 6, 2);
+                    _tile_dpbf16ps(1, 6, 3);
+                    X3_STORED(0, cb[0]);
+                    X3_STORED(1, cb[1]);
+                    x3_fold(acc[2 * pr], (const float(*)[16])cb[0], bd[2 * pr][b], bm[2 * pr][b],
+                            sum, nt, kind);
+                    x3_fold(acc[2 * pr + 1], (const float(*)[16])cb[1], bd[2 * pr + 1][b],
+                            bm[2 * pr + 1][b], sum, nt, kind);
+                }
+            }
+            for (int p = 0; p < np; p++) {
+                const int64_t r0 = (p0 + p) * 16;
+                const int nr = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
+                const __mmask16 m = (__mmask16)((1u << nr) - 1);
+                for (int j = 0; j < nt; j++)
+                    _mm512_mask_storeu_ps(y + (size_t)(t0 + j) * ldy + r0, m,
+                                          _mm512_load_ps(acc[p][j]));
+            }
+        }
+    }
+    _tile_release();
+}
+
+#define X3_ENTRY(name, kind)                                                                       \
+    static AMX_BF16 void amx_gemm_##name##_x3_packed(const void *pk, int64_t n_rows,               \
+                                                     const void *xs, int64_t n_tok, int64_t n,     \
+                                                     float *y, size_t ldy)                         \
+    {                                                                                              \
+        x3_driver(kind, pk, n_rows, xs, n_tok, n, y, ldy);                                         \
+    }
+X3_ENTRY(q4_0, GQ_Q4_0)
+X3_ENTRY(q4_1, GQ_Q4_1)
+X3_ENTRY(q8_0, GQ_Q8_0)
+
+void kern_amx_patch(struct kern_cpu_fns *f)
+{
+    f->prep_x3 = x3_prep;
+    f->gemm_x3_packed[DTYPE_Q4_0] = amx_gemm_q4_0_x3_packed;
+    f->gemm_x3_packed[DTYPE_Q4_1] = amx_gemm_q4_1_x3_packed;
+    f->gemm_x3_packed[DTYPE_Q8_0] = amx_gemm_q8_0_x3_packed;
+}
+
 /* ---- int8 peak: vpdpbusd throughput ---- */
 
 #define PEAK_CHAINS 16 /* independent accumulators: more than latency x throughput */
@@ -736,12 +1004,6 @@ double kern_avx512_int8_peak(double seconds)
 }
 
 /* ---- AMX int8 peak: tdpbusd throughput ---- */
-
-struct amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
 
 /* Four independent 16 x 16 x 64 tile products in flight (tiles 0-3 += 4-5 x 6-7). The config is
  * static: the compiler does not see ldtilecfg read it, and dropped the stores of a stack copy. */
