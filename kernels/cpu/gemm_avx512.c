@@ -847,7 +847,7 @@ static ALWAYS_INLINE void x3_fold(float (*acc)[16], const float (*c)[16], const 
 /* Rows are taken in groups of up to X3_PAIRS panel pairs whose B tiles (all blocks) fit in
  * X3_BT_BYTES; per 16-token group and block the three A tiles are loaded once for the group's
  * pairs. Per pair: C0 += A x B0 and C1 += A x B1 for the three parts, both stored and folded. */
-#define X3_BT_BYTES (128 * 1024)
+#define X3_BT_BYTES (256 * 1024)
 #define X3_PAIRS    4
 
 static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void *pk,
