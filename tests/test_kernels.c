@@ -1901,6 +1901,33 @@ static void test_gemm_q16(void **state)
  * packed exact GEMM sums in its own order: it is checked against the float64 product of the
  * dequantized weights, and for batch invariance (each token alone, rows split at a panel,
  * bitwise equal to the whole call). */
+/* Every (row, token) result of a GEMM y against the float64 product of the dequantized weight
+ * row and the activations, within REL_TOL of the sum of |products|. */
+static void check_gemm_f64(const char *what, uint32_t type, const uint8_t *w, size_t row_bytes,
+                           int64_t rows, const float *x, size_t ldx, int64_t n_tok, int64_t n,
+                           const float *y, size_t ldy)
+{
+    float *wf = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(wf);
+    for (int64_t k = 0; k < rows; k++) {
+        kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
+        for (int64_t t = 0; t < n_tok; t++) {
+            double exact = 0, mag = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
+                exact += p;
+                mag += fabs(p);
+            }
+            float got = y[(size_t)t * ldy + k];
+            if (!close_enough(got, exact, mag, REL_TOL))
+                fail_msg("%s exact %s n=%lld (%lld, %lld): %.9g vs %.9g", what,
+                         dtype_get(type)->name, (long long)n, (long long)k, (long long)t,
+                         (double)got, exact);
+        }
+    }
+    free(wf);
+}
+
 static void test_gemm_packed(void **state)
 {
     (void)state;
@@ -1926,7 +1953,6 @@ static void test_gemm_packed(void **state)
                 struct kern_q16 *xq16 = calloc((size_t)n_tok * ldxq, sizeof *xq16);
                 float *y = calloc((size_t)n_tok * ldy, sizeof *y);
                 float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
-                float *wf = malloc(sizeof(float) * (size_t)n);
                 for (int64_t t = 0; t < n_tok; t++) {
                     kern_ref_quantize_q8(x + (size_t)t * ldx, xq + (size_t)t * ldxq, n);
                     kern_ref_quantize_q16(x + (size_t)t * ldx, xq16 + (size_t)t * ldxq, n);
@@ -1967,23 +1993,8 @@ static void test_gemm_packed(void **state)
                             f->gemm_f32_packed[type](pk + panel, rows - P, x + (size_t)t * ldx,
                                                      ldx, 1, n, yp + (size_t)t * ldy + P, ldy);
                         }
-                        for (int64_t k = 0; k < rows; k++) {
-                            kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
-                            for (int64_t t = 0; t < n_tok; t++) {
-                                double exact = 0, mag = 0;
-                                for (int64_t i = 0; i < n; i++) {
-                                    double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
-                                    exact += p;
-                                    mag += fabs(p);
-                                }
-                                float got = y[(size_t)t * ldy + k];
-                                if (!close_enough(got, exact, mag, REL_TOL))
-                                    fail_msg("%s packed exact %s n=%lld (%lld, %lld): %.9g vs "
-                                             "%.9g", f->name, dtype_get(type)->name,
-                                             (long long)n, (long long)k, (long long)t,
-                                             (double)got, exact);
-                            }
-                        }
+                        check_gemm_f64(f->name, type, w, row_bytes, rows, x, ldx, n_tok, n, y,
+                                       ldy);
                     }
                     for (int64_t t = 0; t < n_tok; t++)
                         for (int64_t k = 0; k < rows; k++)
@@ -2002,7 +2013,6 @@ static void test_gemm_packed(void **state)
                 free(xq16);
                 free(y);
                 free(yp);
-                free(wf);
             }
         }
     }
@@ -2078,7 +2088,6 @@ static void test_gemm_x3(void **state)
             float *x = gemm_acts(n, n_tok, ldx, &r);
             float *y = calloc((size_t)n_tok * ldy, sizeof *y);
             float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
-            float *wf = malloc(sizeof(float) * (size_t)n);
             uint8_t *xs = aligned_alloc(64, KERN_X3_BYTES(n_tok, n));
             size_t bytes = f->panel_bytes(type, rows, n, 0);
             size_t panel = f->panel_bytes(type, P, n, 0);
@@ -2096,22 +2105,7 @@ static void test_gemm_x3(void **state)
                                  (long long)t, (long long)i, (double)x[(size_t)t * ldx + i], sum);
                 }
             f->gemm_x3_packed[type](pk, rows, xs, n_tok, n, y, ldy);
-            for (int64_t k = 0; k < rows; k++) {
-                kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
-                for (int64_t t = 0; t < n_tok; t++) {
-                    double exact = 0, mag = 0;
-                    for (int64_t i = 0; i < n; i++) {
-                        double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
-                        exact += p;
-                        mag += fabs(p);
-                    }
-                    float got = y[(size_t)t * ldy + k];
-                    if (!close_enough(got, exact, mag, REL_TOL))
-                        fail_msg("x3 %s n=%lld (%lld, %lld): %.9g vs %.9g",
-                                 dtype_get(type)->name, (long long)n, (long long)k, (long long)t,
-                                 (double)got, exact);
-                }
-            }
+            check_gemm_f64("amx x3", type, w, row_bytes, rows, x, ldx, n_tok, n, y, ldy);
             /* batch invariance: 1, 2 and 17 tokens at a time, rows split after one panel */
             static const int64_t chunks[] = {1, 2, 17};
             for (size_t ci = 0; ci < 3; ci++) {
@@ -2138,7 +2132,6 @@ static void test_gemm_x3(void **state)
             free(x);
             free(y);
             free(yp);
-            free(wf);
         }
     }
     print_message("AMX-BF16 exact mode: %d cases (split exact, vs float64, batch invariant)\n",
