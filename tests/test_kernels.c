@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -323,8 +325,10 @@ static void test_dispatch(void **state)
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
             __builtin_cpu_supports("avx512vnni")) {
             want = KERN_ISA_AVX512;
-            /* AMX also needs the OS to grant tile state: Linux does on request */
-            if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16"))
+            /* AMX also needs the OS to enable tile state (the compiler's check covers XCR0)
+             * and to grant it to the process, which Linux does on request */
+            if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0)
                 want = KERN_ISA_AMX;
         }
     }
