@@ -20,6 +20,8 @@
 #   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
 #   QUERN_AVX2                    1 = also run batched quern q8 with --isa avx2, the ISA the
 #                                 installed llama.cpp was built for [1]
+#   QUERN_EXACT_ISAS              more --isa values to run exact mode with, batched and at
+#                                 --max-seqs 1, e.g. "avx512" on an AMX machine []
 #   LLAMA_PARALLEL                llama.cpp --parallel values to try ["32 64"]; 256 is much
 #                                 slower per token (per-sequence KV streams) and takes >10 min
 #   LLAMA_BATCH                   llama.cpp --batch (n_batch = n_ubatch) [512]
@@ -46,6 +48,7 @@ QMODES=${QUERN_MODES:-exact q16 q8}
 QN1=${QUERN_SEQS1_N:-16}
 QPEAK=${QUERN_PEAK_SECONDS:-1}
 QAVX2=${QUERN_AVX2:-1}
+QEXACT_ISAS=${QUERN_EXACT_ISAS:-}
 LPAR=${LLAMA_PARALLEL:-32 64}
 LBATCH=${LLAMA_BATCH:-512}
 LEXTRA=${LLAMA_EXTRA:-}
@@ -80,6 +83,13 @@ if "$QUERN" bench --help >/dev/null 2>&1; then
         run "quern_seqs${QSEQS}_$mode" "$QUERN" "${common_q[@]}" --prompts "$N" \
             --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul "$mode"
     done
+    for isa in $QEXACT_ISAS; do
+        run "quern_seqs1_exact_$isa" "$QUERN" "${common_q[@]}" --prompts "$QN1" --max-seqs 1 \
+            --max-batch-tokens "$QBATCH" --matmul exact --isa "$isa"
+        run "quern_seqs${QSEQS}_exact_$isa" "$QUERN" "${common_q[@]}" --prompts "$N" \
+            --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul exact \
+            --isa "$isa"
+    done
     if [ "$QAVX2" = 1 ]; then
         run "quern_seqs${QSEQS}_q8_avx2" "$QUERN" "${common_q[@]}" --prompts "$N" \
             --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul q8 \
@@ -106,8 +116,9 @@ for n in names:
     except (OSError, ValueError):
         rows.append((n, None))
 ok = [(n, j) for n, j in rows if j]
-# each quern run is compared with the --max-seqs 1 run of its matmul mode (default ISA)
-base = {j["matmul"]: j["output_tok_s"] for n, j in ok if n.startswith("quern_seqs1_")}
+# each quern run is compared with the --max-seqs 1 run of its matmul mode and kernels
+base = {(j["matmul"], j.get("isa")): j["output_tok_s"] for n, j in ok
+        if n.startswith("quern_seqs1_")}
 llama = [j["output_tok_s"] for n, j in ok if n.startswith("llamacpp")]
 best = max(llama) if llama else None
 def ratio(x, d):
@@ -132,6 +143,7 @@ for n, j in rows:
                                                  j.get("matmul"), j.get("isa"))
     print("%-26s %9.2f %11.1f %11.1f %10s %10s  %s" % (
         n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
-        ratio(j["output_tok_s"], base.get(j.get("matmul"))) if "engine" not in j else "-",
+        ratio(j["output_tok_s"], base.get((j.get("matmul"), j.get("isa"))))
+        if "engine" not in j else "-",
         ratio(j["output_tok_s"], best), note))
 EOF
