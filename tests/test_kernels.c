@@ -2054,7 +2054,7 @@ static void test_gemm_x3(void **state)
     }
     assert_non_null(f->prep_x3);
     static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
-    static const int64_t ns[] = {32, 576, 1536};
+    static const int64_t ns[] = {32, 96, 576, 1536}; /* 1, 3 (odd), 18, 48 blocks */
     const int64_t rows = 37, n_tok = 37, P = KERN_PANEL_ROWS;
     struct rng r = {0xB16};
     int cases = 0;
@@ -2140,7 +2140,7 @@ static void test_gemm_x3(void **state)
     }
     print_message("AMX-BF16 exact mode: %d cases (split exact, vs float64, batch invariant)\n",
                   cases);
-    assert_int_equal(cases, 9);
+    assert_int_equal(cases, 12);
 }
 
 int main(void)

@@ -898,6 +898,62 @@ static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void
                 _tile_loadconfig(&x3_cfg[nt - 1]);
                 rows = nt;
             }
+            if (nt == 16 && t0 > 0) { /* full group: one panel at a time, sums in registers */
+                for (int p = 0; p < np; p++) {
+                    const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
+                    __m512 ar[16];
+                    UNROLL
+                    for (int j = 0; j < 16; j++)
+                        ar[j] = _mm512_setzero_ps();
+/* Block b's product into tile C (B tile TB); stored and folded one block later, so the tile
+ * unit works on the next block while the vector units fold this one. */
+#define X3_ISSUE(C, TB, b)                                                                         \
+    do {                                                                                           \
+        const uint8_t *xb_ = xg + (size_t)(b) * X3_BLK_BYTES;                                      \
+        _tile_zero(C);                                                                             \
+        _tile_loadd(TB, bp + (size_t)(b) * 512, 64);                                               \
+        _tile_loadd(4, xb_, 64);                                                                   \
+        _tile_dpbf16ps(C, 4, TB);                                                                  \
+        _tile_loadd(5, xb_ + 1024, 64);                                                            \
+        _tile_dpbf16ps(C, 5, TB);                                                                  \
+        _tile_loadd(6, xb_ + 2048, 64);                                                            \
+        _tile_dpbf16ps(C, 6, TB);                                                                  \
+    } while (0)
+#define X3_FOLD_REGS(c, b)                                                                         \
+    do {                                                                                           \
+        const float *sum_ = (const float *)(xg + (size_t)(b) * X3_BLK_BYTES + 3 * 1024);           \
+        const __m512 dv_ = _mm512_load_ps(bd[p][b]), mv_ = _mm512_load_ps(bm[p][b]);              \
+        UNROLL                                                                                     \
+        for (int j = 0; j < 16; j++) {                                                             \
+            ar[j] = _mm512_fmadd_ps(dv_, _mm512_load_ps((c)[j]), ar[j]);                           \
+            if (kind == GQ_Q4_1)                                                                   \
+                ar[j] = _mm512_fmadd_ps(mv_, _mm512_set1_ps(sum_[j]), ar[j]);                      \
+        }                                                                                          \
+    } while (0)
+                    X3_ISSUE(0, 2, 0);
+                    for (int64_t b = 0; b < nb; b += 2) {
+                        if (b + 1 < nb)
+                            X3_ISSUE(1, 3, b + 1);
+                        X3_STORED(0, cb[0]);
+                        X3_FOLD_REGS(cb[0], b);
+                        if (b + 1 >= nb)
+                            break;
+                        if (b + 2 < nb)
+                            X3_ISSUE(0, 2, b + 2);
+                        X3_STORED(1, cb[1]);
+                        X3_FOLD_REGS(cb[1], b + 1);
+                    }
+#undef X3_ISSUE
+#undef X3_FOLD_REGS
+                    const int64_t r0 = (p0 + p) * 16;
+                    const int nr = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
+                    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+                    UNROLL
+                    for (int j = 0; j < 16; j++)
+                        _mm512_mask_storeu_ps(y + (size_t)(t0 + j) * ldy + r0, m, ar[j]);
+                }
+                continue;
+            }
             for (int p = 0; p < 2 * npair; p++)
                 for (int j = 0; j < nt; j++)
                     _mm512_store_ps(acc[p][j], _mm512_setzero_ps());
