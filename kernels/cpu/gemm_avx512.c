@@ -830,25 +830,80 @@ static const struct amx_cfg x3_cfg[16] = {
         __asm__ volatile("" : "+m"(*(float(*)[16][16])(buf)));                                     \
     } while (0)
 
-/* The fold of one panel's stored block product into its 16 tokens' accumulators. */
-static ALWAYS_INLINE void x3_fold(float (*acc)[16], const float (*c)[16], const float *d,
-                                  const float *m, const float *sum, const int nt,
-                                  const enum gq_kind kind)
+/* Block b's product into tile C (B tile TB); stored and folded one block later, so the tile
+ * unit works on the next block while the vector units fold this one. */
+#define X3_ISSUE(C, TB, b)                                                                         \
+    do {                                                                                           \
+        const uint8_t *xb_ = xg + (size_t)(b) * X3_BLK_BYTES;                                      \
+        _tile_zero(C);                                                                             \
+        _tile_loadd(TB, bt + (size_t)(b) * 512, 64);                                               \
+        _tile_loadd(4, xb_, 64);                                                                   \
+        _tile_dpbf16ps(C, 4, TB);                                                                  \
+        _tile_loadd(5, xb_ + 1024, 64);                                                            \
+        _tile_dpbf16ps(C, 5, TB);                                                                  \
+        _tile_loadd(6, xb_ + 2048, 64);                                                            \
+        _tile_dpbf16ps(C, 6, TB);                                                                  \
+    } while (0)
+
+/* Block b's stored product c into the nt tokens' sums (acc = fma(d, S, acc), Q4_1 also
+ * acc = fma(m, X, acc)); pf: the next panel group's weights to prefetch meanwhile, or NULL. */
+static ALWAYS_INLINE void x3_fold(__m512 *acc, const float (*c)[16], const float *d,
+                                  const float *m, const uint8_t *xg, int64_t b, const int nt,
+                                  const uint8_t *pf, size_t bb, const enum gq_kind kind)
 {
+    const float *sum = (const float *)(xg + (size_t)b * X3_BLK_BYTES + 3 * 1024);
     const __m512 dv = _mm512_load_ps(d), mv = _mm512_load_ps(m);
-    for (int j = 0; j < nt; j++) {
-        __m512 a = _mm512_fmadd_ps(dv, _mm512_load_ps(c[j]), _mm512_load_ps(acc[j]));
-        if (kind == GQ_Q4_1)
-            a = _mm512_fmadd_ps(mv, _mm512_set1_ps(sum[j]), a);
-        _mm512_store_ps(acc[j], a);
-    }
+    if (pf)
+        for (size_t o = 0; o < bb; o += 64)
+            _mm_prefetch((const char *)pf + (size_t)b * bb + o, _MM_HINT_T0);
+    UNROLL
+    for (int j = 0; j < 16; j++)
+        if (j < nt) {
+            acc[j] = _mm512_fmadd_ps(dv, _mm512_load_ps(c[j]), acc[j]);
+            if (kind == GQ_Q4_1)
+                acc[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sum[j]), acc[j]);
+        }
 }
 
-/* Rows are taken in groups of up to X3_PAIRS panel pairs whose B tiles (all blocks) fit in
- * X3_BT_BYTES; per 16-token group and block the three A tiles are loaded once for the group's
- * pairs. Per pair: C0 += A x B0 and C1 += A x B1 for the three parts, both stored and folded. */
+/* One panel (expanded B tiles bt, scales bd / bm) times one token group (prep_x3 rows xg, nt
+ * tokens, the tile configuration for nt rows loaded) into y's rows r0 .. r0 + nr - 1. The sums
+ * stay in registers; the fold of block b overlaps the tile products of block b + 1. */
+static ALWAYS_INLINE AMX_BF16 void x3_panel(const enum gq_kind kind, const uint16_t *bt,
+                                            float (*bd)[16], float (*bm)[16], const uint8_t *xg,
+                                            int64_t nb, const int nt, const uint8_t *pf,
+                                            size_t bb, float *y, size_t ldy, int nr)
+{
+    _Alignas(64) float cb[2][16][16];
+    __m512 acc[16];
+    UNROLL
+    for (int j = 0; j < 16; j++)
+        acc[j] = _mm512_setzero_ps();
+    X3_ISSUE(0, 2, 0);
+    for (int64_t b = 0; b < nb; b += 2) {
+        if (b + 1 < nb)
+            X3_ISSUE(1, 3, b + 1);
+        X3_STORED(0, cb[0]);
+        x3_fold(acc, (const float(*)[16])cb[0], bd[b], bm[b], xg, b, nt, pf, bb, kind);
+        if (b + 1 >= nb)
+            break;
+        if (b + 2 < nb)
+            X3_ISSUE(0, 2, b + 2);
+        X3_STORED(1, cb[1]);
+        x3_fold(acc, (const float(*)[16])cb[1], bd[b + 1], bm[b + 1], xg, b + 1, nt, pf, bb,
+                kind);
+    }
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    UNROLL
+    for (int j = 0; j < 16; j++)
+        if (j < nt)
+            _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
+}
+#undef X3_ISSUE
+
+/* Rows are taken in groups of panels whose B tiles (all blocks) fit in X3_BT_BYTES, expanded
+ * once per call; then every 16-token group runs through each panel of the group. */
 #define X3_BT_BYTES (256 * 1024)
-#define X3_PAIRS    4
+#define X3_GROUP    8 /* panels per group at most */
 
 static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void *pk,
                                              int64_t n_rows, const void *xs, int64_t n_tok,
@@ -859,13 +914,12 @@ static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void
     const size_t pstride = (size_t)nb * bb;
     const size_t gstride = (size_t)nb * X3_BLK_BYTES;
     _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
-    _Alignas(64) float bd[2 * X3_PAIRS][X3_BLKS][16], bm[2 * X3_PAIRS][X3_BLKS][16];
-    _Alignas(64) float cb[2][16][16], acc[2 * X3_PAIRS][16][16];
+    _Alignas(64) float bd[X3_GROUP][X3_BLKS][16], bm[X3_GROUP][X3_BLKS][16];
     assert(n % KERN_QK == 0 && nb > 0 && nb <= X3_BLKS);
-    int pairs = (int)(X3_BT_BYTES / (2 * 1024 * (size_t)nb));
-    pairs = pairs < X3_PAIRS ? pairs : X3_PAIRS;
-    if (n_tok <= 16) /* one token group: A is loaded once anyway; start computing sooner */
-        pairs = 1;
+    int group = (int)(X3_BT_BYTES / (1024 * (size_t)nb));
+    group = group < X3_GROUP ? group : X3_GROUP;
+    if (n_tok <= 16) /* one token group: nothing to share; start computing sooner */
+        group = 1;
     const __m512i q = _mm512_sub_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
                                                         3, 2, 1, 0),
                                        _mm512_set1_epi32(kind == GQ_Q8_0 ? 0 : 8));
@@ -873,23 +927,13 @@ static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void
         _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(q)), 16)));
     const int64_t n_panels = (n_rows + 15) / 16;
     int rows = 0; /* token rows of the loaded tile configuration */
-    for (int64_t p0 = 0; p0 < n_panels; p0 += 2 * pairs) {
-        /* this group's panels p0 .. p0 + np - 1, padded to whole pairs with zero panels */
-        const int np = n_panels - p0 < 2 * pairs ? (int)(n_panels - p0) : 2 * pairs;
-        const int npair = (np + 1) / 2;
+    for (int64_t p0 = 0; p0 < n_panels; p0 += group) {
+        const int np = n_panels - p0 < group ? (int)(n_panels - p0) : group;
         const uint8_t *raw = (const uint8_t *)pk + (size_t)p0 * pstride;
-        for (int p = 0; p < 2 * npair; p++)
-            for (int64_t b = 0; b < nb; b++) {
-                uint16_t *t = bt + ((size_t)p * (size_t)nb + (size_t)b) * 512;
-                if (p >= np) { /* the zero panel of an odd last pair */
-                    memset(t, 0, 1024);
-                    memset(bd[p][b], 0, sizeof(bd[p][b]));
-                    memset(bm[p][b], 0, sizeof(bm[p][b]));
-                    continue;
-                }
-                x3_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind, lut, t, bd[p][b],
-                          bm[p][b]);
-            }
+        for (int p = 0; p < np; p++)
+            for (int64_t b = 0; b < nb; b++)
+                x3_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind, lut,
+                          bt + ((size_t)p * (size_t)nb + (size_t)b) * 512, bd[p][b], bm[p][b]);
         AMX_FENCE();
         for (int64_t t0 = 0; t0 < n_tok; t0 += 16) {
             const int nt = n_tok - t0 < 16 ? (int)(n_tok - t0) : 16;
@@ -898,107 +942,19 @@ static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void
                 _tile_loadconfig(&x3_cfg[nt - 1]);
                 rows = nt;
             }
-            if (nt == 16 && t0 > 0) { /* full group: one panel at a time, sums in registers */
-                for (int p = 0; p < np; p++) {
-                    const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
-                    __m512 ar[16];
-                    UNROLL
-                    for (int j = 0; j < 16; j++)
-                        ar[j] = _mm512_setzero_ps();
-/* Block b's product into tile C (B tile TB); stored and folded one block later, so the tile
- * unit works on the next block while the vector units fold this one. */
-#define X3_ISSUE(C, TB, b)                                                                         \
-    do {                                                                                           \
-        const uint8_t *xb_ = xg + (size_t)(b) * X3_BLK_BYTES;                                      \
-        _tile_zero(C);                                                                             \
-        _tile_loadd(TB, bp + (size_t)(b) * 512, 64);                                               \
-        _tile_loadd(4, xb_, 64);                                                                   \
-        _tile_dpbf16ps(C, 4, TB);                                                                  \
-        _tile_loadd(5, xb_ + 1024, 64);                                                            \
-        _tile_dpbf16ps(C, 5, TB);                                                                  \
-        _tile_loadd(6, xb_ + 2048, 64);                                                            \
-        _tile_dpbf16ps(C, 6, TB);                                                                  \
-    } while (0)
-#define X3_FOLD_REGS(c, b)                                                                         \
-    do {                                                                                           \
-        const float *sum_ = (const float *)(xg + (size_t)(b) * X3_BLK_BYTES + 3 * 1024);           \
-        const __m512 dv_ = _mm512_load_ps(bd[p][b]), mv_ = _mm512_load_ps(bm[p][b]);              \
-        UNROLL                                                                                     \
-        for (int j = 0; j < 16; j++) {                                                             \
-            ar[j] = _mm512_fmadd_ps(dv_, _mm512_load_ps((c)[j]), ar[j]);                           \
-            if (kind == GQ_Q4_1)                                                                   \
-                ar[j] = _mm512_fmadd_ps(mv_, _mm512_set1_ps(sum_[j]), ar[j]);                      \
-        }                                                                                          \
-    } while (0)
-                    X3_ISSUE(0, 2, 0);
-                    for (int64_t b = 0; b < nb; b += 2) {
-                        if (b + 1 < nb)
-                            X3_ISSUE(1, 3, b + 1);
-                        X3_STORED(0, cb[0]);
-                        X3_FOLD_REGS(cb[0], b);
-                        if (b + 1 >= nb)
-                            break;
-                        if (b + 2 < nb)
-                            X3_ISSUE(0, 2, b + 2);
-                        X3_STORED(1, cb[1]);
-                        X3_FOLD_REGS(cb[1], b + 1);
-                    }
-#undef X3_ISSUE
-#undef X3_FOLD_REGS
-                    const int64_t r0 = (p0 + p) * 16;
-                    const int nr = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
-                    const __mmask16 m = (__mmask16)((1u << nr) - 1);
-                    UNROLL
-                    for (int j = 0; j < 16; j++)
-                        _mm512_mask_storeu_ps(y + (size_t)(t0 + j) * ldy + r0, m, ar[j]);
-                }
-                continue;
-            }
-            for (int p = 0; p < 2 * npair; p++)
-                for (int j = 0; j < nt; j++)
-                    _mm512_store_ps(acc[p][j], _mm512_setzero_ps());
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *xb = xg + (size_t)b * X3_BLK_BYTES;
-                const float *sum = (const float *)(xb + 3 * 1024);
-                if (t0 == 0 && p0 + np < n_panels) { /* the next group's weights, meanwhile */
-                    const int nn = n_panels - p0 - np < 2 * pairs ? (int)(n_panels - p0 - np)
-                                                                   : 2 * pairs;
-                    for (int p = 0; p < nn; p++)
-                        for (size_t o = 0; o < bb; o += 64)
-                            _mm_prefetch((const char *)raw + (size_t)(np + p) * pstride +
-                                             (size_t)b * bb + o,
-                                         _MM_HINT_T0);
-                }
-                _tile_loadd(4, xb, 64);
-                _tile_loadd(5, xb + 1024, 64);
-                _tile_loadd(6, xb + 2048, 64);
-                for (int pr = 0; pr < npair; pr++) {
-                    const uint16_t *t = bt + ((size_t)(2 * pr) * (size_t)nb + (size_t)b) * 512;
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_loadd(2, t, 64);
-                    _tile_loadd(3, t + (size_t)nb * 512, 64);
-                    _tile_dpbf16ps(0, 4, 2);
-                    _tile_dpbf16ps(1, 4, 3);
-                    _tile_dpbf16ps(0, 5, 2);
-                    _tile_dpbf16ps(1, 5, 3);
-                    _tile_dpbf16ps(0, 6, 2);
-                    _tile_dpbf16ps(1, 6, 3);
-                    X3_STORED(0, cb[0]);
-                    X3_STORED(1, cb[1]);
-                    x3_fold(acc[2 * pr], (const float(*)[16])cb[0], bd[2 * pr][b], bm[2 * pr][b],
-                            sum, nt, kind);
-                    x3_fold(acc[2 * pr + 1], (const float(*)[16])cb[1], bd[2 * pr + 1][b],
-                            bm[2 * pr + 1][b], sum, nt, kind);
-                }
-            }
             for (int p = 0; p < np; p++) {
                 const int64_t r0 = (p0 + p) * 16;
                 const int nr = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
-                const __mmask16 m = (__mmask16)((1u << nr) - 1);
-                for (int j = 0; j < nt; j++)
-                    _mm512_mask_storeu_ps(y + (size_t)(t0 + j) * ldy + r0, m,
-                                          _mm512_load_ps(acc[p][j]));
+                /* while the first token group runs, the next group's weights stream in */
+                const uint8_t *pf = t0 == 0 && p0 + np + p < n_panels
+                                        ? raw + (size_t)(np + p) * pstride
+                                        : NULL;
+                const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
+                float *yr = y + (size_t)t0 * ldy + r0;
+                if (nt == 16) /* the common case, unrolled with no row tests */
+                    x3_panel(kind, bp, bd[p], bm[p], xg, nb, 16, pf, bb, yr, ldy, nr);
+                else
+                    x3_panel(kind, bp, bd[p], bm[p], xg, nb, nt, pf, bb, yr, ldy, nr);
             }
         }
     }
