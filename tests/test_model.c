@@ -177,6 +177,16 @@ static float compare_logits(struct engine_model *m, const cJSON *root, float arg
     return worst;
 }
 
+/* A backend with the given ISA (NULL = best) and activation mode, and the model on it. */
+static void load_with(const char *isa, enum kern_act act, struct kern_backend **be,
+                      struct engine_model **m)
+{
+    struct err_detail err = {0};
+    struct kern_cpu_opts ko = {2, isa, act};
+    assert_int_equal(kern_cpu_backend_init(be, &ko, &err), ST_OK);
+    assert_int_equal(engine_model_load(m, test_model_path(), *be, &err), ST_OK);
+}
+
 /* Exact mode with the best kernels this CPU has, and on an AMX machine also with the AVX-512
  * ones (their exact GEMMs differ: bf16 tile products vs f32 FMA). */
 static void test_logits_vs_reference(void **state)
@@ -186,12 +196,8 @@ static void test_logits_vs_reference(void **state)
     for (int k = 0; k < 1 + amx; k++) {
         struct kern_backend *be = f->be;
         struct engine_model *m = f->m;
-        struct err_detail err = {0};
-        if (k == 1) {
-            struct kern_cpu_opts ko = {2, "avx512", KERN_ACT_F32};
-            assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
-            assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
-        }
+        if (k == 1)
+            load_with("avx512", KERN_ACT_F32, &be, &m);
         int checked;
         double mean;
         float worst = compare_logits(m, f->root, 0.0f, &checked, -1, &mean);
@@ -214,10 +220,7 @@ static void test_scalar_isa_vs_reference(void **state)
     struct fixture *f = *state;
     struct kern_backend *be;
     struct engine_model *m;
-    struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, "scalar", KERN_ACT_F32};
-    assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
-    assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
+    load_with("scalar", KERN_ACT_F32, &be, &m);
     int checked;
     double mean;
     float worst = compare_logits(m, f->root, 0.0f, &checked, 1, &mean);
@@ -235,10 +238,7 @@ static void test_logits_q8_vs_reference(void **state)
     struct fixture *f = *state;
     struct kern_backend *be;
     struct engine_model *m;
-    struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_Q8};
-    assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
-    assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
+    load_with(NULL, KERN_ACT_Q8, &be, &m);
     int checked;
     double mean;
     float worst = compare_logits(m, f->root, Q8_ARGMAX_MARGIN, &checked, -1, &mean);
@@ -267,10 +267,7 @@ static void test_logits_q16_vs_reference(void **state)
     for (int k = 0; k < 2; k++) {
         struct kern_backend *be;
         struct engine_model *m;
-        struct err_detail err = {0};
-        struct kern_cpu_opts ko = {2, isas[k], KERN_ACT_Q16};
-        assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
-        assert_int_equal(engine_model_load(&m, test_model_path(), be, &err), ST_OK);
+        load_with(isas[k], KERN_ACT_Q16, &be, &m);
         int checked;
         double mean;
         float worst = compare_logits(m, f->root, 0.0f, &checked, k ? 1 : -1, &mean);

@@ -129,14 +129,14 @@ static void quantize_rows(void *arg, long lo, long hi)
     }
 }
 
-/* Grows a scratch array to hold need elements of size sz (aborts when out of memory: nothing
- * sensible to do mid-forward). */
+/* Grows a 64-byte aligned scratch array to hold need elements of size sz (aborts when out of
+ * memory: nothing sensible to do mid-forward). */
 static void *grow(void *p, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap)
         return p;
     free(p);
-    p = malloc(need * sz);
+    p = aligned_alloc(64, (need * sz + 63) / 64 * 64);
     if (!p)
         abort();
     *cap = need;
@@ -183,14 +183,7 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
         parallel_ranges(s, n_tok, quantize_rows, &qc);
     }
     if (x3) {
-        size_t need = KERN_X3_BYTES(n_tok, w[0]->ne0);
-        if (need > s->xs_cap) {
-            free(s->xs);
-            s->xs = aligned_alloc(64, (need + 63) / 64 * 64);
-            if (!s->xs)
-                abort(); /* as grow(): nothing sensible to do mid-forward */
-            s->xs_cap = need;
-        }
+        s->xs = grow(s->xs, &s->xs_cap, KERN_X3_BYTES(n_tok, w[0]->ne0), 1);
         struct x3_ctx xc = {s->fn, x, s->xs, n_tok, w[0]->ne0};
         if (n_tok > 16)
             parallel_ranges(s, (n_tok + 15) / 16, x3_groups, &xc);
@@ -371,7 +364,10 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
 {
     struct kv_store_job j = {st_of(b)->fn, kv, block_table, pos, block_size, n_kv_head, head_dim,
                              k, v, n_tok};
-    pool_run(st_of(b)->pool, kv_store_worker, &j);
+    if (n_tok > 16)
+        pool_run(st_of(b)->pool, kv_store_worker, &j);
+    else /* a few tokens: not worth waking the pool */
+        kv_store_worker(&j, 0, 1);
 }
 
 /* Work items are (token, KV head) pairs, claimed one at a time from a shared counter: their

@@ -723,7 +723,7 @@ struct amx_cfg {
 #define AMX_FENCE() __asm__ volatile("" ::: "memory")
 
 #define X3_BLK_BYTES (3 * 1024 + 64) /* one group's block in prep_x3's output */
-#define X3_BLKS      48              /* longest rows (in blocks): one pair's B tiles, 96 KiB */
+#define X3_BLKS      48              /* longest rows (in blocks): a panel's B tiles, 48 KiB */
 #define AMX_BF16     __attribute__((target("amx-tile,amx-bf16")))
 
 _Static_assert(KERN_X3_BYTES(16, 32) == X3_BLK_BYTES, "prep_x3 layout");
@@ -810,8 +810,8 @@ static ALWAYS_INLINE void x3_expand(const uint8_t *raw, const enum gq_kind kind,
     }
 }
 
-/* Tiles 0-1: C (tokens x 16 rows f32, two panels); 2-3: B (the panels' block, 16 k-pairs);
- * 4-6: A (the hi, mid and lo parts of the tokens' block). x3_cfg[r - 1]: r token rows, so a
+/* Tiles 0-1: C (tokens x 16 rows f32, even and odd blocks); 2-3: B (a panel's even and odd
+ * block, 16 k-pairs); 4-6: A (the hi, mid and lo parts of the tokens' block). x3_cfg[r - 1]: r token rows, so a
  * group of fewer than 16 tokens loads, multiplies and stores only those. Static: the compiler
  * does not see ldtilecfg read its operand. */
 #define X3_CFG(r)                                                                                  \
