@@ -109,6 +109,9 @@ enum kern_act {
                        * (as llama.cpp does; costs accuracy, see README "Accuracy") */
     KERN_ACT_Q16 = 2, /* activations quantized to 16-bit blocks, exact integer dot products
                        * for Q4_0/Q4_1/Q8_0 weights (other types: as exact) */
+    KERN_ACT_BF16 = 3, /* activations and dequantized weights rounded to bfloat16, f32 sums on
+                        * AMX-BF16 tiles, Q4_0/Q4_1/Q8_0 weights (other types: as exact); needs
+                        * the AMX table */
 };
 
 struct kern_cpu_opts {

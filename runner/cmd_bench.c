@@ -40,7 +40,7 @@ static const char bench_usage[] =
     "  --no-prefix-cache      disable automatic prefix caching\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
     "  --isa NAME             auto|scalar|avx2|avx512|amx (default auto)\n"
-    "  --matmul MODE          exact (default), q16 or q8, see `quern generate --help`\n"
+    "  --matmul MODE          exact (default), q16, bf16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
     "  --peak-seconds S       length of each int8 peak microbenchmark (the kernels' instruction;\n"
     "                         AMX tiles too where the CPU has them), 0 = skip (default 1)\n"

@@ -42,8 +42,11 @@ static const char gen_usage[] =
     "  --isa NAME           auto|scalar|avx2|avx512|amx (default auto)\n"
     "  --matmul MODE        exact: f32 activations (default); q16: 16-bit activations\n"
     "                       with exact integer sums (Q4_0/Q4_1/Q8_0 weights; ~2x exact's\n"
-    "                       batch throughput on AVX-512, near-exact logits); q8: 8-bit\n"
-    "                       activations as llama.cpp, fastest, visibly less accurate\n"
+    "                       batch throughput on AVX-512, near-exact logits); bf16:\n"
+    "                       activations and weights rounded to bfloat16 on AMX tiles\n"
+    "                       (AMX-BF16 CPUs only; fastest for big batches, slow for one\n"
+    "                       sequence, logits ~7x closer than q8); q8: 8-bit activations\n"
+    "                       as llama.cpp, visibly less accurate\n"
     "  -h, --help           this help\n";
 
 struct gen_opts {

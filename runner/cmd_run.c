@@ -53,7 +53,7 @@ static const char run_usage[] =
     "  --out DIR              output root (default out)\n"
     "  --job ID|NAME          only this job\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME, --matmul exact|q16|q8   kernels (see quern generate --help)\n"
+    "  --isa NAME, --matmul exact|q16|bf16|q8   kernels (see quern generate --help)\n"
     "  --max-seqs S, --max-batch-tokens T, --kv-mem SIZE, --kv-block B, --no-prefix-cache\n"
     "                         engine settings (defaults 256, 512, 1G, 16)\n"
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"

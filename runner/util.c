@@ -61,19 +61,23 @@ int runner_parse_matmul(const char *cmd, const char *s, int *out)
     static const struct {
         const char *name;
         int act;
-    } modes[] = {{"exact", KERN_ACT_F32}, {"q8", KERN_ACT_Q8}, {"q16", KERN_ACT_Q16}};
+    } modes[] = {{"exact", KERN_ACT_F32}, {"q8", KERN_ACT_Q8}, {"q16", KERN_ACT_Q16},
+                 {"bf16", KERN_ACT_BF16}};
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
         if (!strcmp(s, modes[i].name)) {
             *out = modes[i].act;
             return 1;
         }
-    fprintf(stderr, "quern %s: bad value for --matmul: '%s' (exact|q16|q8)\n", cmd, s);
+    fprintf(stderr, "quern %s: bad value for --matmul: '%s' (exact|q16|bf16|q8)\n", cmd, s);
     return 0;
 }
 
 const char *runner_matmul_name(int act)
 {
-    return act == KERN_ACT_Q8 ? "q8" : act == KERN_ACT_Q16 ? "q16" : "exact";
+    return act == KERN_ACT_Q8     ? "q8"
+           : act == KERN_ACT_Q16  ? "q16"
+           : act == KERN_ACT_BF16 ? "bf16"
+                                  : "exact";
 }
 
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out)

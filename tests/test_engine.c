@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/model.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "engine/tokenizer.h"
 #include "kernels/kernels.h"
 #include "tests/test_util.h"
@@ -323,6 +324,23 @@ static void batch_invariance(struct fixture *f, int sampled)
 static void test_batch_invariance_greedy(void **state) { batch_invariance(*state, 0); }
 static void test_batch_invariance_sampled(void **state) { batch_invariance(*state, 1); }
 
+/* The same for greedy decoding in bf16 mode (its own tile GEMM), where the CPU has AMX-BF16. */
+static void test_batch_invariance_bf16(void **state)
+{
+    if (kern_cpu_detect() != KERN_ISA_AMX) {
+        print_message("bf16: no AMX-BF16 on this CPU, not run\n");
+        return;
+    }
+    struct fixture f = *(struct fixture *)*state;
+    struct err_detail err = {0};
+    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_BF16};
+    assert_int_equal(kern_cpu_backend_init(&f.be, &ko, &err), ST_OK);
+    assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
+    batch_invariance(&f, 0);
+    engine_model_free(f.m);
+    kern_cpu_backend_free(f.be);
+}
+
 /* Chunked prefill (4 tokens per step), preemption under a tiny KV pool, and prefix-cache
  * hits all give the tokens of a roomy cold run. */
 static void test_chunking_preemption_prefix(void **state)
@@ -517,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
+        cmocka_unit_test(test_batch_invariance_bf16),
     };
     int rc = cmocka_run_group_tests_name("kv", kv_tests, NULL, NULL);
     return rc | cmocka_run_group_tests_name("engine", engine_tests, setup, teardown);

@@ -347,6 +347,7 @@ static void test_dispatch(void **state)
         assert_string_equal(f->name, names[isa]);
         assert_non_null(f->quantize_q8);
         assert_int_equal(f->prep_x3 != NULL, isa == KERN_ISA_AMX);
+        assert_int_equal(f->prep_bf16 != NULL, isa == KERN_ISA_AMX);
         for (uint32_t t = 0; t < DTYPE_COUNT; t++) {
             int is_quant = 0, is_float = 0;
             for (size_t k = 0; k < N_QUANT_TYPES; k++)
@@ -1907,29 +1908,47 @@ static void test_gemm_q16(void **state)
  * bitwise equal to the whole call). */
 /* Every (row, token) result of a GEMM y against the float64 product of the dequantized weight
  * row and the activations, within REL_TOL of the sum of |products|. */
-static void check_gemm_f64(const char *what, uint32_t type, const uint8_t *w, size_t row_bytes,
-                           int64_t rows, const float *x, size_t ldx, int64_t n_tok, int64_t n,
-                           const float *y, size_t ldy)
+/* A float rounded to bfloat16 as the bf16 matmul mode does: nearest even, subnormals to zero. */
+static float bf16_round(float v)
+{
+    return fabsf(v) < FLT_MIN ? 0.0f : kern_bf16_to_f32(kern_f32_to_bf16(v));
+}
+
+/* y against the float64 product of the dequantized weights and x (both first rounded to
+ * bfloat16 when bf16), within REL_TOL of sum |w x|. */
+static void check_gemm_f64_as(const char *what, int bf16, uint32_t type, const uint8_t *w,
+                              size_t row_bytes, int64_t rows, const float *x, size_t ldx,
+                              int64_t n_tok, int64_t n, const float *y, size_t ldy)
 {
     float *wf = malloc(sizeof(float) * (size_t)n);
     assert_non_null(wf);
     for (int64_t k = 0; k < rows; k++) {
         kern_ref_dequant_row(type, w + (size_t)k * row_bytes, wf, n);
+        for (int64_t i = 0; bf16 && i < n; i++)
+            wf[i] = bf16_round(wf[i]);
         for (int64_t t = 0; t < n_tok; t++) {
             double exact = 0, mag = 0;
             for (int64_t i = 0; i < n; i++) {
-                double p = (double)wf[i] * x[(size_t)t * ldx + (size_t)i];
+                float xi = x[(size_t)t * ldx + (size_t)i];
+                double p = (double)wf[i] * (bf16 ? bf16_round(xi) : xi);
                 exact += p;
                 mag += fabs(p);
             }
             float got = y[(size_t)t * ldy + k];
             if (!close_enough(got, exact, mag, REL_TOL))
-                fail_msg("%s exact %s n=%lld (%lld, %lld): %.9g vs %.9g", what,
+                fail_msg("%s %s n=%lld (%lld, %lld): %.9g vs %.9g", what,
                          dtype_get(type)->name, (long long)n, (long long)k, (long long)t,
                          (double)got, exact);
         }
     }
     free(wf);
+}
+
+static void check_gemm_f64(const char *what, uint32_t type, const uint8_t *w, size_t row_bytes,
+                           int64_t rows, const float *x, size_t ldx, int64_t n_tok, int64_t n,
+                           const float *y, size_t ldy)
+{
+    check_gemm_f64_as(what, 0, type, w, row_bytes, rows, x, ldx, n_tok, n, y, ldy);
 }
 
 static void test_gemm_packed(void **state)
@@ -2028,13 +2047,17 @@ static void test_gemm_packed(void **state)
                                        (3 + 5 + 4));
 }
 
-/* The AMX table's exact mode (prep_x3 + gemm_x3_packed), where the CPU has AMX-BF16:
+/* The AMX table's tile GEMMs, where the CPU has AMX-BF16. Exact mode (prep_x3 +
+ * gemm_x3_packed) and bf16 mode (prep_bf16 + gemm_bf16_packed):
  * - prep_x3 splits every activation exactly: hi + mid + lo == x, each a bfloat16, in its tile;
- * - a case with exact arithmetic only comes out exact (it fails if any of the three parts is
- *   dropped): Q8_0 weights of 1 and scale 1 times x = 1 + 2^-8 + 2^-16;
- * - random Q4_0 / Q4_1 / Q8_0 rows vs the float64 product of the dequantized weights;
+ *   prep_bf16 stores each activation rounded to bfloat16, block elements k and k + 16 paired;
+ * - a case with exact arithmetic only: Q8_0 weights of 1 times x = 1 + 2^-8 + 2^-16 comes out
+ *   exact in exact mode (it fails if any of the three parts is dropped), and in bf16 mode as
+ *   x rounded to 1 + 2^-7 with the weight 1 + 2^-10 (the scale) rounded to 1;
+ * - random Q4_0 / Q4_1 / Q8_0 rows vs the float64 product of the dequantized weights (bf16: of
+ *   both operands rounded to bfloat16);
  * - batch invariance: the whole call (37 tokens: two full 16-token groups and a partial one)
- *   equals each token alone, 2 tokens, and the rows split at a panel, bit for bit. */
+ *   equals each token alone, 2 tokens, and 17, with the rows split at a panel, bit for bit. */
 static float bf16_at(const uint8_t *xs, int64_t nb, int64_t t, int64_t i, int part)
 {
     const uint8_t *tile = xs + ((size_t)(t / 16) * (size_t)nb + (size_t)(i / KERN_QK)) *
@@ -2044,103 +2067,142 @@ static float bf16_at(const uint8_t *xs, int64_t nb, int64_t t, int64_t i, int pa
     return kern_bf16_to_f32(h);
 }
 
+/* prep_bf16's value of activation i of token t (n per token). */
+static float bf16_row_at(const uint8_t *xs, int64_t n, int64_t t, int64_t i)
+{
+    const int64_t k = i % KERN_QK, at = i - k + (k < 16 ? 2 * k : 2 * (k - 16) + 1);
+    uint16_t h;
+    memcpy(&h, xs + ((size_t)t * (size_t)n + (size_t)at) * 2, sizeof h);
+    return kern_bf16_to_f32(h);
+}
+
+typedef void (*amx_prep_fn)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
+typedef void (*amx_gemm_fn)(const void *pk, int64_t n_rows, const void *xs, int64_t n_tok,
+                            int64_t n, float *y, size_t ldy);
+
+static size_t amx_xs_bytes(int bf16, int64_t n_tok, int64_t n)
+{
+    return bf16 ? KERN_BF16_BYTES(n_tok, n) : KERN_X3_BYTES(n_tok, n);
+}
+
+static void amx_exact_case(const struct kern_cpu_fns *f, int bf16)
+{
+    const int64_t n = KERN_QK, P = KERN_PANEL_ROWS;
+    const int act = bf16 ? KERN_ACT_BF16 : KERN_ACT_F32;
+    amx_prep_fn prep = bf16 ? f->prep_bf16 : f->prep_x3;
+    amx_gemm_fn gemm = bf16 ? f->gemm_bf16_packed[DTYPE_Q8_0] : f->gemm_x3_packed[DTYPE_Q8_0];
+    struct kern_block_q8_0 blk[KERN_PANEL_ROWS];
+    for (int k = 0; k < KERN_PANEL_ROWS; k++) {
+        blk[k].d = kern_f32_to_f16(bf16 ? 1.0f + 0x1p-10f : 1.0f);
+        memset(blk[k].qs, 1, sizeof(blk[k].qs));
+    }
+    float x[KERN_QK], y[KERN_PANEL_ROWS];
+    for (int i = 0; i < KERN_QK; i++)
+        x[i] = 1.0f + 0x1p-8f + 0x1p-16f;
+    size_t bytes = f->panel_bytes(DTYPE_Q8_0, P, n, act);
+    uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    uint8_t *xs = aligned_alloc(64, amx_xs_bytes(bf16, 16, n));
+    assert_true(bytes > 0 && pk && xs);
+    f->panel_pack(DTYPE_Q8_0, blk, sizeof(blk[0]), P, n, pk);
+    prep(x, KERN_QK, 1, n, xs);
+    gemm(pk, P, xs, 1, n, y, P);
+    for (int k = 0; k < KERN_PANEL_ROWS; k++)
+        assert_true(y[k] == (bf16 ? 32.0f * (1.0f + 0x1p-7f) : 32.0f * x[0]));
+    free(pk);
+    free(xs);
+}
+
+static void amx_random_case(const struct kern_cpu_fns *f, int bf16, uint32_t type, int64_t n,
+                            struct rng *r)
+{
+    const int64_t rows = 37, n_tok = 37, P = KERN_PANEL_ROWS, nb = n / KERN_QK;
+    const int act = bf16 ? KERN_ACT_BF16 : KERN_ACT_F32;
+    const char *what = bf16 ? "amx bf16" : "amx x3";
+    amx_prep_fn prep = bf16 ? f->prep_bf16 : f->prep_x3;
+    amx_gemm_fn gemm = bf16 ? f->gemm_bf16_packed[type] : f->gemm_x3_packed[type];
+    const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n + 3;
+    const size_t ldy = (size_t)rows + 3;
+    uint8_t *w = random_rows(type, n, rows, 0, -1, r);
+    float *x = gemm_acts(n, n_tok, ldx, r);
+    float *y = calloc((size_t)n_tok * ldy, sizeof *y);
+    float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
+    uint8_t *xs = aligned_alloc(64, amx_xs_bytes(bf16, n_tok, n));
+    size_t bytes = f->panel_bytes(type, rows, n, act);
+    size_t panel = f->panel_bytes(type, P, n, act);
+    uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    assert_true(bytes > 0 && pk && xs && gemm);
+    f->panel_pack(type, w, row_bytes, rows, n, pk);
+
+    prep(x, ldx, n_tok, n, xs);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < n; i++) {
+            const float xi = x[(size_t)t * ldx + (size_t)i];
+            double got = bf16 ? bf16_row_at(xs, n, t, i)
+                              : (double)bf16_at(xs, nb, t, i, 0) + bf16_at(xs, nb, t, i, 1) +
+                                    bf16_at(xs, nb, t, i, 2);
+            if (got != (double)(bf16 ? bf16_round(xi) : xi))
+                fail_msg("%s prep n=%lld (%lld, %lld): %.9g stored as %.9g", what, (long long)n,
+                         (long long)t, (long long)i, (double)xi, got);
+        }
+    gemm(pk, rows, xs, n_tok, n, y, ldy);
+    check_gemm_f64_as(what, bf16, type, w, row_bytes, rows, x, ldx, n_tok, n, y, ldy);
+    /* batch invariance: 1, 2 and 17 tokens at a time, rows split after one panel */
+    static const int64_t chunks[] = {1, 2, 17};
+    for (size_t ci = 0; ci < 3; ci++) {
+        memset(yp, 0xff, sizeof(*yp) * (size_t)n_tok * ldy);
+        for (int64_t t0 = 0; t0 < n_tok; t0 += chunks[ci]) {
+            int64_t nt = n_tok - t0 < chunks[ci] ? n_tok - t0 : chunks[ci];
+            prep(x + (size_t)t0 * ldx, ldx, nt, n, xs);
+            gemm(pk, P, xs, nt, n, yp + (size_t)t0 * ldy, ldy);
+            gemm(pk + panel, rows - P, xs, nt, n, yp + (size_t)t0 * ldy + P, ldy);
+        }
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < rows; k++)
+                if (f32_bits(y[(size_t)t * ldy + k]) != f32_bits(yp[(size_t)t * ldy + k]))
+                    fail_msg("%s %s n=%lld chunks of %lld (%lld, %lld): %.9g vs %.9g", what,
+                             dtype_get(type)->name, (long long)n, (long long)chunks[ci],
+                             (long long)k, (long long)t, (double)yp[(size_t)t * ldy + k],
+                             (double)y[(size_t)t * ldy + k]);
+    }
+    free(pk);
+    free(xs);
+    free(w);
+    free(x);
+    free(y);
+    free(yp);
+}
+
+static void amx_mode_test(int bf16)
+{
+    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
+    const char *mode = bf16 ? "bf16 mode" : "exact mode";
+    if (!f) {
+        print_message("AMX-BF16 %s: no AMX-BF16 on this CPU, not run\n", mode);
+        return;
+    }
+    assert_non_null(bf16 ? (void *)f->prep_bf16 : (void *)f->prep_x3);
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
+    static const int64_t ns[] = {32, 96, 576, 1536}; /* 1, 3 (odd), 18, 48 blocks */
+    struct rng r = {bf16 ? 0xBF16u : 0xB16u};
+    int cases = 0;
+    amx_exact_case(f, bf16);
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++, cases++)
+            amx_random_case(f, bf16, types[ti], ns[ni], &r);
+    print_message("AMX-BF16 %s: %d cases (prep, vs float64, batch invariant)\n", mode, cases);
+    assert_int_equal(cases, 12);
+}
+
 static void test_gemm_x3(void **state)
 {
     (void)state;
-    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
-    if (!f) {
-        print_message("AMX-BF16 exact mode: no AMX-BF16 on this CPU, not run\n");
-        return;
-    }
-    assert_non_null(f->prep_x3);
-    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
-    static const int64_t ns[] = {32, 96, 576, 1536}; /* 1, 3 (odd), 18, 48 blocks */
-    const int64_t rows = 37, n_tok = 37, P = KERN_PANEL_ROWS;
-    struct rng r = {0xB16};
-    int cases = 0;
+    amx_mode_test(0);
+}
 
-    /* exact arithmetic */
-    {
-        const int64_t n = KERN_QK;
-        struct kern_block_q8_0 blk[KERN_PANEL_ROWS];
-        for (int k = 0; k < KERN_PANEL_ROWS; k++) {
-            blk[k].d = kern_f32_to_f16(1.0f);
-            memset(blk[k].qs, 1, sizeof(blk[k].qs));
-        }
-        float x[KERN_QK], y[KERN_PANEL_ROWS];
-        for (int i = 0; i < KERN_QK; i++)
-            x[i] = 1.0f + 0x1p-8f + 0x1p-16f;
-        size_t bytes = f->panel_bytes(DTYPE_Q8_0, P, n, 0);
-        uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        uint8_t *xs = aligned_alloc(64, KERN_X3_BYTES(1, n));
-        f->panel_pack(DTYPE_Q8_0, blk, sizeof(blk[0]), P, n, pk);
-        f->prep_x3(x, KERN_QK, 1, n, xs);
-        f->gemm_x3_packed[DTYPE_Q8_0](pk, P, xs, 1, n, y, P);
-        for (int k = 0; k < KERN_PANEL_ROWS; k++)
-            assert_true(y[k] == 32.0f * x[0]);
-        free(pk);
-        free(xs);
-    }
-
-    for (size_t ti = 0; ti < 3; ti++) {
-        const uint32_t type = types[ti];
-        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
-            const int64_t n = ns[ni], nb = n / KERN_QK;
-            const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n + 3;
-            const size_t ldy = (size_t)rows + 3;
-            uint8_t *w = random_rows(type, n, rows, 0, -1, &r);
-            float *x = gemm_acts(n, n_tok, ldx, &r);
-            float *y = calloc((size_t)n_tok * ldy, sizeof *y);
-            float *yp = calloc((size_t)n_tok * ldy, sizeof *yp);
-            uint8_t *xs = aligned_alloc(64, KERN_X3_BYTES(n_tok, n));
-            size_t bytes = f->panel_bytes(type, rows, n, 0);
-            size_t panel = f->panel_bytes(type, P, n, 0);
-            uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
-            assert_true(bytes > 0 && pk && xs);
-            f->panel_pack(type, w, row_bytes, rows, n, pk);
-
-            f->prep_x3(x, ldx, n_tok, n, xs);
-            for (int64_t t = 0; t < n_tok; t++)
-                for (int64_t i = 0; i < n; i++) {
-                    double sum = (double)bf16_at(xs, nb, t, i, 0) + bf16_at(xs, nb, t, i, 1) +
-                                 bf16_at(xs, nb, t, i, 2);
-                    if (sum != (double)x[(size_t)t * ldx + (size_t)i])
-                        fail_msg("prep_x3 n=%lld (%lld, %lld): %.9g split into %.9g", (long long)n,
-                                 (long long)t, (long long)i, (double)x[(size_t)t * ldx + i], sum);
-                }
-            f->gemm_x3_packed[type](pk, rows, xs, n_tok, n, y, ldy);
-            check_gemm_f64("amx x3", type, w, row_bytes, rows, x, ldx, n_tok, n, y, ldy);
-            /* batch invariance: 1, 2 and 17 tokens at a time, rows split after one panel */
-            static const int64_t chunks[] = {1, 2, 17};
-            for (size_t ci = 0; ci < 3; ci++) {
-                memset(yp, 0xff, sizeof(*yp) * (size_t)n_tok * ldy);
-                for (int64_t t0 = 0; t0 < n_tok; t0 += chunks[ci]) {
-                    int64_t nt = n_tok - t0 < chunks[ci] ? n_tok - t0 : chunks[ci];
-                    f->prep_x3(x + (size_t)t0 * ldx, ldx, nt, n, xs);
-                    f->gemm_x3_packed[type](pk, P, xs, nt, n, yp + (size_t)t0 * ldy, ldy);
-                    f->gemm_x3_packed[type](pk + panel, rows - P, xs, nt, n,
-                                            yp + (size_t)t0 * ldy + P, ldy);
-                }
-                for (int64_t t = 0; t < n_tok; t++)
-                    for (int64_t k = 0; k < rows; k++)
-                        if (f32_bits(y[(size_t)t * ldy + k]) != f32_bits(yp[(size_t)t * ldy + k]))
-                            fail_msg("x3 %s n=%lld chunks of %lld (%lld, %lld): %.9g vs %.9g",
-                                     dtype_get(type)->name, (long long)n, (long long)chunks[ci],
-                                     (long long)k, (long long)t, (double)yp[(size_t)t * ldy + k],
-                                     (double)y[(size_t)t * ldy + k]);
-            }
-            cases++;
-            free(pk);
-            free(xs);
-            free(w);
-            free(x);
-            free(y);
-            free(yp);
-        }
-    }
-    print_message("AMX-BF16 exact mode: %d cases (split exact, vs float64, batch invariant)\n",
-                  cases);
-    assert_int_equal(cases, 12);
+static void test_gemm_bf16(void **state)
+{
+    (void)state;
+    amx_mode_test(1);
 }
 
 int main(void)
@@ -2155,6 +2217,7 @@ int main(void)
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_amx_detect),
         cmocka_unit_test(test_gemm_x3),
+        cmocka_unit_test(test_gemm_bf16),
         cmocka_unit_test(test_known_q4_0),
         cmocka_unit_test(test_known_q4_1),
         cmocka_unit_test(test_known_q5_0),

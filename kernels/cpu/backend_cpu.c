@@ -22,7 +22,7 @@ struct cpu_state {
     size_t xq_cap;                 /* blocks allocated in xq */
     struct kern_q16 *xq16;         /* 16-bit activations scratch (q16 mode) */
     size_t xq16_cap;               /* blocks allocated in xq16 */
-    void *xs;                      /* split activations (exact mode on the AMX table) */
+    void *xs;                      /* split (exact) or bf16 activations on the AMX table */
     size_t xs_cap;                 /* bytes allocated in xs */
 };
 
@@ -64,6 +64,7 @@ struct matmul_job {
     const struct kern_q8 *xq;            /* quantized activations (q8 mode), else NULL */
     const struct kern_q16 *xq16;         /* 16-bit activations (q16 mode), else NULL */
     const void *xs;                      /* prep_x3 activations (exact mode, AMX), else NULL */
+    const void *xb;                      /* prep_bf16 activations (bf16 mode), else NULL */
     int n_tok;                           /* tokens */
 };
 
@@ -88,7 +89,9 @@ static void matmul_worker(void *arg, int ith, int nth)
         const char *pk = w->packed ? (const char *)w->packed + (size_t)p0 * w->packed_panel : NULL;
         float *y = j->y[i] + r0;
         const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
-        if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
+        if (j->xb && pk && j->fn->gemm_bf16_packed[w->type])
+            j->fn->gemm_bf16_packed[w->type](pk, r1 - r0, j->xb, j->n_tok, w->ne0, y, ldy);
+        else if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
             j->fn->gemm_x3_packed[w->type](pk, r1 - r0, j->xs, j->n_tok, w->ne0, y, ldy);
         else if (j->xq16 && pk)
             j->fn->gemm_q16_packed[w->type](pk, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y, ldy);
@@ -143,35 +146,53 @@ static void *grow(void *p, size_t *cap, size_t need, size_t sz)
     return p;
 }
 
-struct x3_ctx {
-    const struct kern_cpu_fns *fn; /* kernels */
+struct prep_ctx {
+    void (*prep)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs); /* x3/bf16 */
+    size_t group_bytes;            /* its output for 16 tokens */
     const float *x;                /* n_tok x n */
-    void *xs;                      /* prep_x3 output */
+    void *xs;                      /* its output */
     long n_tok;                    /* tokens */
     int64_t n;                     /* elements per token */
 };
 
-/* prep_x3 of 16-token groups [lo, hi) (the unit of its layout). */
-static void x3_groups(void *arg, long lo, long hi)
+/* prep of 16-token groups [lo, hi) (the unit of prep_x3's layout). */
+static void prep_groups(void *arg, long lo, long hi)
 {
-    const struct x3_ctx *c = arg;
+    const struct prep_ctx *c = arg;
     long t0 = lo * 16, t1 = hi * 16 < c->n_tok ? hi * 16 : c->n_tok;
-    c->fn->prep_x3(c->x + (size_t)t0 * (size_t)c->n, (size_t)c->n, t1 - t0, c->n,
-                   (char *)c->xs + (size_t)lo * (KERN_X3_BYTES(16, c->n)));
+    c->prep(c->x + (size_t)t0 * (size_t)c->n, (size_t)c->n, t1 - t0, c->n,
+            (char *)c->xs + (size_t)lo * c->group_bytes);
+}
+
+/* Activations in the form the AMX tile GEMMs take, in the backend's scratch. */
+static void *prep_tiles(struct cpu_state *s, int bf16, const float *x, int n_tok, int64_t n)
+{
+    struct prep_ctx c = {bf16 ? s->fn->prep_bf16 : s->fn->prep_x3,
+                         bf16 ? KERN_BF16_BYTES(16, n) : KERN_X3_BYTES(16, n), x, NULL, n_tok, n};
+    c.xs = s->xs = grow(s->xs, &s->xs_cap, bf16 ? KERN_BF16_BYTES(n_tok, n)
+                                                : KERN_X3_BYTES(n_tok, n), 1);
+    if (n_tok > 16)
+        parallel_ranges(s, (n_tok + 15) / 16, prep_groups, &c);
+    else /* one group: not worth waking the pool */
+        prep_groups(&c, 0, 1);
+    return s->xs;
 }
 
 static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
                        float *const *y, int n_w, const float *x, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, NULL, n_tok};
+    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, NULL, NULL, n_tok};
     int quant = 0; /* some weight takes quantized activations (float weight types do not) */
     int x3 = 0;    /* some weight takes split activations */
+    int bf = 0;    /* some weight takes bf16 activations */
     for (int i = 0; i < n_w; i++) {
         j.rows += ((long)w[i]->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
         quant |= (s->act == KERN_ACT_Q8 && s->fn->gemm_q8[w[i]->type] != NULL) ||
                  (s->act == KERN_ACT_Q16 && s->fn->gemm_q16[w[i]->type] != NULL);
         x3 |= s->act == KERN_ACT_F32 && w[i]->packed && s->fn->gemm_x3_packed[w[i]->type] != NULL;
+        bf |= s->act == KERN_ACT_BF16 && w[i]->packed &&
+              s->fn->gemm_bf16_packed[w[i]->type] != NULL;
     }
     if (quant) {
         size_t need = (size_t)n_tok * (size_t)(w[0]->ne0 / KERN_QK);
@@ -182,15 +203,10 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
             j.xq = qc.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
         parallel_ranges(s, n_tok, quantize_rows, &qc);
     }
-    if (x3) {
-        s->xs = grow(s->xs, &s->xs_cap, KERN_X3_BYTES(n_tok, w[0]->ne0), 1);
-        struct x3_ctx xc = {s->fn, x, s->xs, n_tok, w[0]->ne0};
-        if (n_tok > 16)
-            parallel_ranges(s, (n_tok + 15) / 16, x3_groups, &xc);
-        else /* one group: not worth waking the pool */
-            x3_groups(&xc, 0, 1);
-        j.xs = s->xs;
-    }
+    if (x3)
+        j.xs = prep_tiles(s, 0, x, n_tok, w[0]->ne0);
+    if (bf)
+        j.xb = prep_tiles(s, 1, x, n_tok, w[0]->ne0);
     pool_run(s->pool, matmul_worker, &j);
 }
 
@@ -202,9 +218,10 @@ static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
     const int act = (int)s->act;
     if (!s->fn->panel_bytes || w->packed || w->type >= DTYPE_COUNT)
         return ST_OK;
-    if (s->act == KERN_ACT_Q16   ? !s->fn->gemm_q16_packed[w->type]
-        : s->act == KERN_ACT_Q8  ? !s->fn->gemm_q8_packed[w->type]
-                                 : !s->fn->gemm_f32_packed[w->type])
+    if (s->act == KERN_ACT_Q16    ? !s->fn->gemm_q16_packed[w->type]
+        : s->act == KERN_ACT_Q8   ? !s->fn->gemm_q8_packed[w->type]
+        : s->act == KERN_ACT_BF16 ? !s->fn->gemm_bf16_packed[w->type]
+                                  : !s->fn->gemm_f32_packed[w->type])
         return ST_OK;
     size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, act);
     if (!bytes)
@@ -464,6 +481,11 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
                        isa);
     if (!fn)
         return err_set(err, ST_ERR_UNSUPPORTED, "this CPU does not support ISA '%s'", isa);
+    if (o->act == KERN_ACT_BF16 && !fn->prep_bf16)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "the bf16 matmul mode needs AMX-BF16 tiles (Sapphire Rapids or later, tile "
+                       "state granted by the OS); the '%s' kernels do not have it",
+                       fn->name);
     struct kern_backend *b = calloc(1, sizeof(*b));
     struct cpu_state *s = calloc(1, sizeof(*s));
     if (!b || !s) {

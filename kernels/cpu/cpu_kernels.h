@@ -15,6 +15,8 @@
  * block, three 16 x 32 bfloat16 tiles and 16 block sums. */
 #define KERN_X3_BYTES(n_tok, n)                                                                    \
     ((((size_t)(n_tok) + 15) / 16) * ((size_t)(n) / 32) * (3 * 1024 + 64))
+/* Bytes of prep_bf16's output: n_tok rows of n bfloat16. */
+#define KERN_BF16_BYTES(n_tok, n) ((size_t)(n_tok) * (size_t)(n) * 2)
 #define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
 #define KERN_ATTN_RUN 16 /* keys per attention step (one AVX-512 vector of scores) */
 
@@ -202,6 +204,15 @@ struct kern_cpu_fns {
     void (*prep_x3)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
     void (*gemm_x3_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
                                         int64_t n_tok, int64_t n, float *y, size_t ldy);
+    /* bf16 mode on bf16 tile products (the AMX table; NULL elsewhere). prep_bf16 writes n_tok
+     * activation rows of n floats as KERN_BF16_BYTES(n_tok, n) bytes, every value rounded to
+     * bfloat16 (nearest even, subnormals to zero); gemm_bf16_packed multiplies the weights
+     * packed at load (as for gemm_f32_packed), each dequantized as dequant_row and rounded to
+     * bfloat16, with it: exact products summed in f32 by the tile unit over the whole row, in
+     * one fixed order (gemm_avx512.c). Batch invariant. */
+    void (*prep_bf16)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
+    void (*gemm_bf16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
+                                          int64_t n_tok, int64_t n, float *y, size_t ldy);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g

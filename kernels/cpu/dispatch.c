@@ -36,7 +36,7 @@ static int amx_permit(void)
 }
 
 /* AMX tile support enabled by the OS (XCR0 tile state) and granted to us: bit 0 AMX-INT8,
- * bit 1 AMX-BF16. */
+ * bit 1 AMX-BF16 (with the AVX-512 BF16 conversions the bf16 kernels also use). */
 static int detect_amx(void)
 {
     unsigned a, b, c, d;
@@ -44,6 +44,8 @@ static int detect_amx(void)
         return 0; /* no leaf 7, or no OSXSAVE (then xgetbv faults) */
     __cpuid_count(7, 0, a, b, c, d);
     int tile = (d >> 24) & 1, int8 = (d >> 25) & 1, bf16 = (d >> 22) & 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    bf16 &= (a >> 5) & 1; /* AVX512_BF16 */
     if (!tile || (read_xcr0() & 0x60000) != 0x60000 || !amx_permit())
         return 0;
     return int8 | bf16 << 1;

@@ -454,7 +454,7 @@ size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act
 {
     int nq = panel_nq(type);
     int64_t nb = n / KERN_QK;
-    int64_t most = act == 0 ? KERN_PANEL_F32_BLKS : act == 2 ? KERN_G16_BLKS : GQ_BLKS;
+    int64_t most = act == 0 || act == 3 ? KERN_PANEL_F32_BLKS : act == 2 ? KERN_G16_BLKS : GQ_BLKS;
     if (!nq || n_rows < 1 || n % KERN_QK || nb < 1 || nb > most)
         return 0;
     return (size_t)((n_rows + GQ_ROWS - 1) / GQ_ROWS) * (size_t)nb * PANEL_RAW_BYTES(nq);
@@ -972,8 +972,200 @@ X3_ENTRY(q4_0, GQ_Q4_0)
 X3_ENTRY(q4_1, GQ_Q4_1)
 X3_ENTRY(q8_0, GQ_Q8_0)
 
+/* ---- bf16 mode on AMX-BF16 tiles (the AMX table) ----
+ * Activations and dequantized weights are both rounded to bfloat16 (nearest even; subnormals
+ * are flushed to zero by the conversion and the tile unit), and tdpbf16ps sums their exact
+ * products in f32 over the whole row: the tile of sums stays in the tile unit from the first
+ * block to the last, with no per-block scale fold (the scales are inside the weights). Within a
+ * block, elements k and k + 16 form the pair one tile lane multiplies (Q4 keeps both in one
+ * byte), the same order for every call. Tile rows are tokens, columns the 16 rows of a panel:
+ * a (row, token) result depends on nothing else, so results are batch invariant.
+ * prep_bf16's layout is row-major: token t's n values at xs + t * n (as bf16 words), each
+ * 32-element block stored as the pairs (x[k], x[k + 16]), k = 0..15. */
+
+#define AMX_BF16X __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+#define BF_GROUP  16 /* panels per group at most */
+
+/* Words 0..15 of lo's and hi's values rounded to bfloat16, interleaved: dword i = (lo[i],
+ * hi[i]). */
+static ALWAYS_INLINE AMX_BF16X __m512i bf_pair(__m512 lo, __m512 hi)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+static AMX_BF16X void bf_prep(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs)
+{
+    assert(n % KERN_QK == 0);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xr = x + (size_t)t * ldx;
+        uint16_t *o = (uint16_t *)xs + (size_t)t * (size_t)n;
+        for (int64_t k = 0; k < n; k += KERN_QK)
+            _mm512_storeu_si512((__m512i *)(o + k),
+                                bf_pair(_mm512_loadu_ps(xr + k), _mm512_loadu_ps(xr + k + 16)));
+    }
+}
+
+/* One block of a panel as a B tile: row kp, dword r = row r's weights kp and kp + 16 (as
+ * dequant_row computes them) rounded to bfloat16. */
+static ALWAYS_INLINE AMX_BF16X void bf_expand(const uint8_t *raw, const enum gq_kind kind,
+                                              uint16_t *bt)
+{
+    __m512i v[8];
+    __m512 d, m;
+    gp_block(raw, kind, v, &d, &m);
+    UNROLL
+    for (int kp = 0; kp < 16; kp++)
+        _mm512_store_si512((__m512i *)(bt + 32 * kp),
+                           bf_pair(gp_weight(v, d, m, kp, kind), gp_weight(v, d, m, kp + 16, kind)));
+}
+
+/* Tiles 0-1: C of the first token group (panels p, p + 1), 2-3: C of the second; 4-5: A (the
+ * two token groups' block), 6-7: B (the two panels' block). bf_cfg[nt - 1]: nt (1..32) tokens,
+ * the first group min(nt, 16) rows, the second the rest. */
+#define BF_R0(t) ((t) < 16 ? (t) : 16)
+#define BF_R1(t) ((t) > 16 ? (t) - 16 : 1)
+#define BF_CFG(t)                                                                                  \
+    {                                                                                              \
+        .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64},                                   \
+        .rows = {BF_R0(t), BF_R0(t), BF_R1(t), BF_R1(t), BF_R0(t), BF_R1(t), 16, 16},              \
+    }
+static const struct amx_cfg bf_cfg[32] = {
+    BF_CFG(1),  BF_CFG(2),  BF_CFG(3),  BF_CFG(4),  BF_CFG(5),  BF_CFG(6),  BF_CFG(7),
+    BF_CFG(8),  BF_CFG(9),  BF_CFG(10), BF_CFG(11), BF_CFG(12), BF_CFG(13), BF_CFG(14),
+    BF_CFG(15), BF_CFG(16), BF_CFG(17), BF_CFG(18), BF_CFG(19), BF_CFG(20), BF_CFG(21),
+    BF_CFG(22), BF_CFG(23), BF_CFG(24), BF_CFG(25), BF_CFG(26), BF_CFG(27), BF_CFG(28),
+    BF_CFG(29), BF_CFG(30), BF_CFG(31), BF_CFG(32),
+};
+
+/* Tile C (nt token rows) into y's columns 0 .. nr - 1: straight from the tile when all 16
+ * are ours, else through a buffer. */
+#define BF_STORE(C, yp, nt, nr)                                                                    \
+    do {                                                                                           \
+        if ((nr) == 16) {                                                                          \
+            _tile_stored(C, yp, ldy * sizeof(float));                                              \
+        } else {                                                                                   \
+            _Alignas(64) float cb_[16][16];                                                        \
+            X3_STORED(C, cb_);                                                                     \
+            for (int j_ = 0; j_ < (nt); j_++)                                                      \
+                _mm512_mask_storeu_ps((yp) + (size_t)j_ * ldy, (__mmask16)((1u << (nr)) - 1),      \
+                                      _mm512_load_ps(cb_[j_]));                                    \
+        }                                                                                          \
+    } while (0)
+
+/* Panels b0 (and b1 when two) times the token groups at a (and a + 16 rows when g2) over all
+ * nb blocks; the tile configuration for these token rows is loaded. */
+static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t *b1,
+                                             const int two, const uint16_t *a, int64_t n,
+                                             const int g2, int nt0, int nt1, float *y,
+                                             size_t ldy, int nr0, int nr1)
+{
+    const int64_t nb = n / KERN_QK;
+    const size_t lda = (size_t)n * sizeof(uint16_t);
+    const uint16_t *a1 = a + 16 * (size_t)n;
+    _tile_zero(0);
+    if (two)
+        _tile_zero(1);
+    if (g2) {
+        _tile_zero(2);
+        if (two)
+            _tile_zero(3);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        _tile_stream_loadd(4, a + b * KERN_QK, lda);
+        _tile_loadd(6, b0 + b * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) {
+            _tile_loadd(7, b1 + b * 512, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (g2) {
+            _tile_stream_loadd(5, a1 + b * KERN_QK, lda);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two)
+                _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    BF_STORE(0, y, nt0, nr0);
+    if (two)
+        BF_STORE(1, y + 16, nt0, nr1);
+    if (g2) {
+        BF_STORE(2, y + 16 * ldy, nt1, nr0);
+        if (two)
+            BF_STORE(3, y + 16 * ldy + 16, nt1, nr1);
+    }
+    AMX_FENCE(); /* y was written behind the compiler's back */
+}
+
+/* Rows in groups of panels whose B tiles fit in X3_BT_BYTES, expanded once per call; every
+ * pair of 16-token groups then runs over the group's panels two at a time. */
+static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const void *pk,
+                                              int64_t n_rows, const void *xs, int64_t n_tok,
+                                              int64_t n, float *y, size_t ldy)
+{
+    const int64_t nb = n / KERN_QK;
+    const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
+    const size_t pstride = (size_t)nb * bb;
+    _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
+    assert(n % KERN_QK == 0 && nb > 0 && nb <= X3_BLKS);
+    int group = (int)(X3_BT_BYTES / (1024 * (size_t)nb));
+    group = group < BF_GROUP ? group : BF_GROUP;
+    if (n_tok <= 32) /* one pass over the tokens: nothing to share, start computing sooner */
+        group = 2;
+    const int64_t n_panels = (n_rows + 15) / 16;
+    int cfg = 0; /* tokens of the loaded tile configuration */
+    for (int64_t p0 = 0; p0 < n_panels; p0 += group) {
+        const int np = n_panels - p0 < group ? (int)(n_panels - p0) : group;
+        const uint8_t *raw = (const uint8_t *)pk + (size_t)p0 * pstride;
+        for (int p = 0; p < np; p++)
+            for (int64_t b = 0; b < nb; b++)
+                bf_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind,
+                          bt + ((size_t)p * (size_t)nb + (size_t)b) * 512);
+        AMX_FENCE();
+        for (int p = 0; p < np; p += 2) {
+            const int64_t r0 = (p0 + p) * 16;
+            const int two = p + 1 < np;
+            const int nr0 = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
+            const int nr1 = two ? (n_rows - r0 - 16 < 16 ? (int)(n_rows - r0 - 16) : 16) : 0;
+            const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
+            for (int64_t t0 = 0; t0 < n_tok; t0 += 32) {
+                const int nt = n_tok - t0 < 32 ? (int)(n_tok - t0) : 32;
+                const int nt0 = nt < 16 ? nt : 16, nt1 = nt - nt0;
+                const uint16_t *a = (const uint16_t *)xs + (size_t)t0 * (size_t)n;
+                float *yr = y + (size_t)t0 * ldy + r0;
+                if (nt != cfg) {
+                    _tile_loadconfig(&bf_cfg[nt - 1]);
+                    cfg = nt;
+                }
+                if (nt == 32 && two) /* the common case */
+                    bf_tiles(bp, bp + nb * 512, 1, a, n, 1, 16, 16, yr, ldy, nr0, nr1);
+                else
+                    bf_tiles(bp, bp + nb * 512, two, a, n, nt1 > 0, nt0, nt1, yr, ldy, nr0, nr1);
+            }
+        }
+    }
+    _tile_release();
+}
+
+#define BF_ENTRY(name, kind)                                                                       \
+    static AMX_BF16X void amx_gemm_##name##_bf16_packed(const void *pk, int64_t n_rows,            \
+                                                        const void *xs, int64_t n_tok, int64_t n,  \
+                                                        float *y, size_t ldy)                      \
+    {                                                                                              \
+        bf_driver(kind, pk, n_rows, xs, n_tok, n, y, ldy);                                         \
+    }
+BF_ENTRY(q4_0, GQ_Q4_0)
+BF_ENTRY(q4_1, GQ_Q4_1)
+BF_ENTRY(q8_0, GQ_Q8_0)
+
 void kern_amx_patch(struct kern_cpu_fns *f)
 {
+    f->prep_bf16 = bf_prep;
+    f->gemm_bf16_packed[DTYPE_Q4_0] = amx_gemm_q4_0_bf16_packed;
+    f->gemm_bf16_packed[DTYPE_Q4_1] = amx_gemm_q4_1_bf16_packed;
+    f->gemm_bf16_packed[DTYPE_Q8_0] = amx_gemm_q8_0_bf16_packed;
     f->prep_x3 = x3_prep;
     f->gemm_x3_packed[DTYPE_Q4_0] = amx_gemm_q4_0_x3_packed;
     f->gemm_x3_packed[DTYPE_Q4_1] = amx_gemm_q4_1_x3_packed;
