@@ -436,15 +436,28 @@ static size_t top_p_prefix(struct engine_sampler *s, const float *logits, float 
 static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *logprob)
 {
     const size_t n = (size_t)s->n_vocab;
-    /* the maximum (a loop the compiler vectorizes), then its first index; NaNs never win */
-    float mx = -INFINITY;
+    /* the maximum, then its first index; NaNs never win. Eight running maxima (the compiler
+     * turns them into two SIMD registers): one chain would wait on every compare. */
+    float m8[8];
     int has_nan = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+    for (int k = 0; k < 8; k++)
+        m8[k] = -INFINITY;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            float v = logits[i + (size_t)k];
+            m8[k] = v > m8[k] ? v : m8[k];
+            has_nan |= v != v;
+        }
+    float mx = -INFINITY;
+    for (int k = 0; k < 8; k++)
+        mx = m8[k] > mx ? m8[k] : mx;
+    for (; i < n; i++) {
         mx = logits[i] > mx ? logits[i] : mx;
         has_nan |= logits[i] != logits[i];
     }
     if (has_nan)
-        for (size_t i = 0; i < n; i++)
+        for (i = 0; i < n; i++)
             if (isnan(logits[i]))
                 logits[i] = -INFINITY;
     size_t best = 0;
@@ -452,7 +465,7 @@ static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *log
         best++;
     if (logprob) {
         double sum = 0.0;
-        for (size_t i = 0; i < n; i++)
+        for (i = 0; i < n; i++)
             sum += cand_weight(logits[i], mx);
         *logprob = (float)-log(sum);
     }

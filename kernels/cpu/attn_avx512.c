@@ -50,6 +50,10 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         for (int j = 0; j < NV; j++)
             acc[h][j] = _mm512_setzero_ps();
     }
+    /* the first blocks' misses all in flight at once (later blocks are fetched ahead below) */
+    prefetch_tiles(a, table[0], g, D, 0);
+    for (int32_t b = 1; b < AG_AHEAD && b * B < n; b++)
+        prefetch_tiles(a, table[b], g, D, 1);
     for (int32_t p0 = 0; p0 < n;) {
         const int i0 = p0 % B;
         int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
