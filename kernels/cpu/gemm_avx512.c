@@ -1009,17 +1009,35 @@ static AMX_BF16X void bf_prep(const float *x, size_t ldx, int64_t n_tok, int64_t
 }
 
 /* One block of a panel as a B tile: row kp, dword r = row r's weights kp and kp + 16 (as
- * dequant_row computes them) rounded to bfloat16. */
+ * dequant_row computes them) rounded to bfloat16. For Q4 both come from byte kp: the low
+ * nibble q gives fma(d, q, m), the high one, kept in place as 16 q, fma(d / 16, 16 q, m); d q
+ * and (d / 16)(16 q) are exact, so each is dequant_row's d q + m rounded once (Q4_0: m = -8 d,
+ * d q - 8 d = d (q - 8) exactly). */
 static ALWAYS_INLINE AMX_BF16X void bf_expand(const uint8_t *raw, const enum gq_kind kind,
                                               uint16_t *bt)
 {
     __m512i v[8];
     __m512 d, m;
     gp_block(raw, kind, v, &d, &m);
+    if (kind == GQ_Q8_0) {
+        UNROLL
+        for (int kp = 0; kp < 16; kp++)
+            _mm512_store_si512((__m512i *)(bt + 32 * kp),
+                               bf_pair(gp_weight(v, d, m, kp, kind),
+                                       gp_weight(v, d, m, kp + 16, kind)));
+        return;
+    }
+    if (kind == GQ_Q4_0)
+        m = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16));
     UNROLL
-    for (int kp = 0; kp < 16; kp++)
+    for (int kp = 0; kp < 16; kp++) {
+        const __m512i t = kp % 4 ? _mm512_srli_epi32(v[kp / 4], 8 * (kp % 4)) : v[kp / 4];
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(t, _mm512_set1_epi32(0x0F)));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_and_si512(t, _mm512_set1_epi32(0xF0)));
         _mm512_store_si512((__m512i *)(bt + 32 * kp),
-                           bf_pair(gp_weight(v, d, m, kp, kind), gp_weight(v, d, m, kp + 16, kind)));
+                           bf_pair(_mm512_fmadd_ps(d, lo, m), _mm512_fmadd_ps(d16, hi, m)));
+    }
 }
 
 /* Tiles 0-1: C of the first token group (panels p, p + 1), 2-3: C of the second; 4-5: A (the
