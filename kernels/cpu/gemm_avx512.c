@@ -1092,15 +1092,15 @@ static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t 
             _tile_zero(3);
     }
     for (int64_t b = 0; b < nb; b++) {
-        _tile_stream_loadd(4, a + b * KERN_QK, lda);
-        _tile_loadd(6, b0 + b * 512, 64);
+        _tile_loadd(4, a + b * KERN_QK, lda);
+        _tile_stream_loadd(6, b0 + b * 512, 64);
         _tile_dpbf16ps(0, 4, 6);
         if (two) {
-            _tile_loadd(7, b1 + b * 512, 64);
+            _tile_stream_loadd(7, b1 + b * 512, 64);
             _tile_dpbf16ps(1, 4, 7);
         }
         if (g2) {
-            _tile_stream_loadd(5, a1 + b * KERN_QK, lda);
+            _tile_loadd(5, a1 + b * KERN_QK, lda);
             _tile_dpbf16ps(2, 5, 6);
             if (two)
                 _tile_dpbf16ps(3, 5, 7);
@@ -1118,7 +1118,9 @@ static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t 
 }
 
 /* Rows in groups of panels whose B tiles fit in X3_BT_BYTES, expanded once per call; every
- * pair of 16-token groups then runs over the group's panels two at a time. */
+ * pair of 16-token groups then runs over the group's panels two at a time: the token pair's
+ * activation tiles stay in L1 while the B tiles stream from L2 (loaded with the streaming
+ * hint; ~8 % faster end to end than the other loop order, A streaming). */
 static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const void *pk,
                                               int64_t n_rows, const void *xs, int64_t n_tok,
                                               int64_t n, float *y, size_t ldy)
@@ -1142,21 +1144,21 @@ static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const voi
                 bf_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind,
                           bt + ((size_t)p * (size_t)nb + (size_t)b) * 512);
         AMX_FENCE();
-        for (int p = 0; p < np; p += 2) {
-            const int64_t r0 = (p0 + p) * 16;
-            const int two = p + 1 < np;
-            const int nr0 = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
-            const int nr1 = two ? (n_rows - r0 - 16 < 16 ? (int)(n_rows - r0 - 16) : 16) : 0;
-            const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
-            for (int64_t t0 = 0; t0 < n_tok; t0 += 32) {
-                const int nt = n_tok - t0 < 32 ? (int)(n_tok - t0) : 32;
-                const int nt0 = nt < 16 ? nt : 16, nt1 = nt - nt0;
-                const uint16_t *a = (const uint16_t *)xs + (size_t)t0 * (size_t)n;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 32) {
+            const int nt = n_tok - t0 < 32 ? (int)(n_tok - t0) : 32;
+            const int nt0 = nt < 16 ? nt : 16, nt1 = nt - nt0;
+            const uint16_t *a = (const uint16_t *)xs + (size_t)t0 * (size_t)n;
+            if (nt != cfg) {
+                _tile_loadconfig(&bf_cfg[nt - 1]);
+                cfg = nt;
+            }
+            for (int p = 0; p < np; p += 2) {
+                const int64_t r0 = (p0 + p) * 16;
+                const int two = p + 1 < np;
+                const int nr0 = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
+                const int nr1 = two ? (n_rows - r0 - 16 < 16 ? (int)(n_rows - r0 - 16) : 16) : 0;
+                const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
                 float *yr = y + (size_t)t0 * ldy + r0;
-                if (nt != cfg) {
-                    _tile_loadconfig(&bf_cfg[nt - 1]);
-                    cfg = nt;
-                }
                 if (nt == 32 && two) /* the common case */
                     bf_tiles(bp, bp + nb * 512, 1, a, n, 1, 16, 16, yr, ldy, nr0, nr1);
                 else
