@@ -42,8 +42,10 @@ static const char bench_usage[] =
     "  --isa NAME             auto|scalar|avx2|avx512|amx (default auto)\n"
     "  --matmul MODE          exact (default), q16, bf16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
-    "  --peak-seconds S       length of each int8 peak microbenchmark (the kernels' instruction;\n"
-    "                         AMX tiles too where the CPU has them), 0 = skip (default 1)\n"
+    "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
+    "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
+    "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
+    "                         needed (matmuls; attention excluded) per second / that peak\n"
     "  -h, --help             this help\n";
 
 struct bench_opts {
@@ -287,10 +289,11 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
     return ok;
 }
 
-/* 2 x parameters of every matmul weight: FLOPs per token, attention excluded. */
-static double model_flops_per_token(const struct engine_model *m)
+/* 2 x parameters of the layers' matmul weights (body) and of the output projection (head):
+ * FLOPs per token, attention excluded. */
+static void model_flops(const struct engine_model *m, double *body, double *head)
 {
-    double p = (double)m->output.ne0 * (double)m->output.ne1;
+    double p = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         const struct engine_layer *L = &m->layers[l];
         const struct kern_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
@@ -298,11 +301,13 @@ static double model_flops_per_token(const struct engine_model *m)
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
             p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
     }
-    return 2 * p;
+    *body = 2 * p;
+    *head = 2 * (double)m->output.ne0 * (double)m->output.ne1;
 }
 
 struct peak_job {
-    const struct kern_cpu_fns *fn; /* kernels to measure; NULL = the AMX tile loop */
+    const struct kern_cpu_fns *fn; /* kernels to measure; NULL = an AMX tile loop */
+    int amx;                       /* with fn NULL: 1 = int8 tiles, 2 = bf16 tiles */
     double seconds;                /* per thread */
     double ops[256];               /* per-thread result */
 };
@@ -311,17 +316,20 @@ static void peak_worker(void *arg, int ith, int nth)
 {
     struct peak_job *j = arg;
     (void)nth;
-    j->ops[ith] = j->fn ? kern_cpu_int8_peak(j->fn, j->seconds) : kern_cpu_amx_int8_peak(j->seconds);
+    j->ops[ith] = j->fn           ? kern_cpu_int8_peak(j->fn, j->seconds)
+                  : j->amx == 2 ? kern_cpu_amx_bf16_peak(j->seconds)
+                                : kern_cpu_amx_int8_peak(j->seconds);
 }
 
-/* int8 multiply-add ops/s of the whole machine: the peak loop on every thread at once, of the
- * kernels --isa selects (amx: the AMX tile loop instead, 0 without AMX). */
+/* Multiply-add ops/s of the whole machine: the int8 peak loop on every thread at once, of the
+ * kernels --isa selects (amx 1: the AMX int8 tile loop instead, 2: the AMX bf16 one; 0 without
+ * AMX). */
 static double measure_peak(int threads, double seconds, const char *isa, int amx)
 {
     struct pool *pool;
     if (pool_init(&pool, threads, NULL))
         return 0;
-    struct peak_job j = {kern_cpu_fns_best(), seconds, {0}};
+    struct peak_job j = {kern_cpu_fns_best(), amx, seconds, {0}};
     if (isa && !strcmp(isa, "scalar"))
         j.fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
     else if (isa && !strcmp(isa, "avx2"))
@@ -393,7 +401,7 @@ int runner_cmd_bench(int argc, char **argv)
         }
     }
     size_t done = 0;
-    uint64_t in_tok = 0, out_tok = 0;
+    uint64_t in_tok = 0, out_tok = 0, cached = 0;
     while (engine_pending(e)) {
         if ((st = engine_step(e, &err))) {
             LOG_ERROR("%s", err.msg);
@@ -409,6 +417,7 @@ int runner_cmd_bench(int argc, char **argv)
                                                   : 0;
                 in_tok += outs[i].n_prompt;
                 out_tok += outs[i].n_tokens;
+                cached += outs[i].n_cached;
             }
     }
     double elapsed = runner_now() - t0;
@@ -418,8 +427,16 @@ int runner_cmd_bench(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 0) : 0;
     double amx_peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 1) : 0;
-    double flops = model_flops_per_token(m);
+    double bf16_peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 2)
+                                          : 0;
+    double body, head;
+    model_flops(m, &body, &head);
     double total_tps = (double)(in_tok + out_tok) / elapsed;
+    /* the model FLOPs the requests needed: every prompt token not served from the prefix cache
+     * and every generated token but each request's last goes through the layers; the output
+     * projection runs once per generated token */
+    double achieved = ((double)(in_tok - cached + out_tok - done) * body + (double)out_tok * head) /
+                      elapsed;
 
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
@@ -456,15 +473,20 @@ int runner_cmd_bench(int argc, char **argv)
                                                     : 0);
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
-    cJSON_AddNumberToObject(j, "model_flops_per_token", flops);
+    cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
+    cJSON_AddNumberToObject(j, "model_flops_s", achieved);
     if (peak > 0) {
         cJSON_AddNumberToObject(j, "int8_peak_ops_s", peak);
-        cJSON_AddNumberToObject(j, "ceiling_tok_s", peak / flops);
-        cJSON_AddNumberToObject(j, "fraction_of_int8_peak", flops * total_tps / peak);
+        cJSON_AddNumberToObject(j, "ceiling_tok_s", peak / (body + head));
+        cJSON_AddNumberToObject(j, "fraction_of_int8_peak", achieved / peak);
     }
     if (amx_peak > 0) {
         cJSON_AddNumberToObject(j, "amx_int8_peak_ops_s", amx_peak);
-        cJSON_AddNumberToObject(j, "fraction_of_amx_int8_peak", flops * total_tps / amx_peak);
+        cJSON_AddNumberToObject(j, "fraction_of_amx_int8_peak", achieved / amx_peak);
+    }
+    if (bf16_peak > 0) {
+        cJSON_AddNumberToObject(j, "amx_bf16_peak_flops_s", bf16_peak);
+        cJSON_AddNumberToObject(j, "fraction_of_amx_bf16_peak", achieved / bf16_peak);
     }
     char *s = cJSON_Print(j);
     if (s)

@@ -377,8 +377,8 @@ static void test_dispatch(void **state)
     assert_int_equal(unsetenv("QUERN_ISA"), 0);
 }
 
-/* The AMX peak loop runs exactly where the CPU has AMX-INT8 (and the OS grants tile state, as
- * Linux does on request), and reports 0 elsewhere. */
+/* The AMX peak loops run exactly where the CPU has AMX-INT8 / AMX-BF16 (and the OS grants tile
+ * state, as Linux does on request), and report 0 elsewhere. */
 static void test_amx_detect(void **state)
 {
     (void)state;
@@ -391,6 +391,11 @@ static void test_amx_detect(void **state)
         assert_true(cpu && kern_cpu_amx_int8_peak(0.01) > 0.0);
     else
         assert_true(kern_cpu_amx_int8_peak(0.01) == 0.0);
+    /* the bf16 tile loop exactly where the AMX table (AMX-BF16 + AVX512-BF16) is */
+    if (kern_cpu_detect() == KERN_ISA_AMX)
+        assert_true(__builtin_cpu_supports("amx-bf16") && kern_cpu_amx_bf16_peak(0.01) > 0.0);
+    else
+        assert_true(kern_cpu_amx_bf16_peak(0.01) == 0.0);
 }
 
 /* ---- block layouts: hand-built blocks -------------------------------------------------- */

@@ -254,6 +254,9 @@ double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds);
  * our measurements an int8 tile GEMM was no faster than vpdpbusd (docs/BENCHMARKS.md).
  * Reported so the achieved fraction can be read against the whole machine. */
 double kern_cpu_amx_int8_peak(double seconds);
+/* The same for AMX bf16 tile products (tdpbf16ps, 16 x 16 x 32 per instruction, the bf16
+ * matmul mode's instruction) where the AMX table is available; 0 otherwise. */
+double kern_cpu_amx_bf16_peak(double seconds);
 /* 1 when the AMX int8 loop above runs here (AMX-TILE + AMX-INT8 on an AVX-512 VNNI CPU, tile
  * state enabled by the OS and granted to this process). */
 int kern_cpu_has_amx(void);

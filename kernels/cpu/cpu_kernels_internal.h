@@ -150,7 +150,7 @@ KERN_GEMM_DECL(avx2)
 KERN_GEMM_DECL(avx512)
 
 /* The tdpbusd peak loop (gemm_avx512.c); only on CPUs and processes with AMX tiles. */
-double kern_amx_int8_peak(double seconds);
+double kern_amx_peak(int bf16, double seconds); /* tdpbf16ps when bf16, else tdpbusd */
 /* Adds the AMX-BF16 exact-mode kernels (prep_x3, gemm_x3_packed) to a copy of the AVX-512
  * table (gemm_avx512.c). */
 void kern_amx_patch(struct kern_cpu_fns *f);

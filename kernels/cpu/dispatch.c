@@ -166,6 +166,11 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
     return tables[isa];
 }
 
+double kern_cpu_amx_bf16_peak(double seconds)
+{
+    return kern_cpu_detect() == KERN_ISA_AMX ? kern_amx_peak(1, seconds) : 0.0;
+}
+
 int kern_cpu_has_amx(void)
 {
     pthread_once(&detect_once, detect_run);
@@ -174,7 +179,7 @@ int kern_cpu_has_amx(void)
 
 double kern_cpu_amx_int8_peak(double seconds)
 {
-    return kern_cpu_has_amx() ? kern_amx_int8_peak(seconds) : 0.0;
+    return kern_cpu_has_amx() ? kern_amx_peak(0, seconds) : 0.0;
 }
 
 double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds)

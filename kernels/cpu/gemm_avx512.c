@@ -1227,11 +1227,13 @@ double kern_avx512_int8_peak(double seconds)
     return 2.0 * (double)macs / (t - t0);
 }
 
-/* ---- AMX int8 peak: tdpbusd throughput ---- */
+/* ---- AMX peaks: tdpbusd (int8) and tdpbf16ps (bf16) throughput ---- */
 
-/* Four independent 16 x 16 x 64 tile products in flight (tiles 0-3 += 4-5 x 6-7). The config is
- * static: the compiler does not see ldtilecfg read it, and dropped the stores of a stack copy. */
-__attribute__((target("amx-tile,amx-int8"))) double kern_amx_int8_peak(double seconds)
+/* Four independent tile products in flight (tiles 0-3 += 4-5 x 6-7): 16 x 16 x 64 int8 or
+ * 16 x 16 x 32 bf16 multiply-adds each. The config is static: the compiler does not see
+ * ldtilecfg read it, and dropped the stores of a stack copy. */
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) double kern_amx_peak(int bf16,
+                                                                           double seconds)
 {
     static const struct amx_cfg cfg = {
         .palette = 1,
@@ -1251,13 +1253,21 @@ __attribute__((target("amx-tile,amx-int8"))) double kern_amx_int8_peak(double se
     double t0 = kern_now_seconds(), t = t0;
     uint64_t macs = 0;
     while (t - t0 < seconds) {
-        for (int it = 0; it < 1024; it++) {
-            _tile_dpbusd(0, 4, 6);
-            _tile_dpbusd(1, 4, 7);
-            _tile_dpbusd(2, 5, 6);
-            _tile_dpbusd(3, 5, 7);
-        }
-        macs += (uint64_t)1024 * 4 * 16 * 16 * 64;
+        if (bf16)
+            for (int it = 0; it < 1024; it++) {
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        else
+            for (int it = 0; it < 1024; it++) {
+                _tile_dpbusd(0, 4, 6);
+                _tile_dpbusd(1, 4, 7);
+                _tile_dpbusd(2, 5, 6);
+                _tile_dpbusd(3, 5, 7);
+            }
+        macs += (uint64_t)1024 * 4 * 16 * 16 * (bf16 ? 32 : 64);
         t = kern_now_seconds();
     }
     _Alignas(64) int32_t out[16 * 16];

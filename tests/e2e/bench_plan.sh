@@ -31,6 +31,13 @@ assert d["mean_batch_seqs"] <= 8 and d["mean_batch_tokens"] <= 64, d
 assert 0 < d["peak_kv_util"] <= 1
 assert d["ttft_ms"]["p50"] <= d["ttft_ms"]["p90"] <= d["ttft_ms"]["p99"]
 assert d["int8_peak_ops_s"] > 0 and 0 < d["fraction_of_int8_peak"] < 1
+# the FLOPs the requests needed: below every token through the whole model (the output
+# projection runs only for generated tokens), and the fractions are that over each peak
+assert 0 < d["model_flops_s"] < d["model_flops_per_token"] * d["total_tok_s"], d
+for k in ("int8_peak_ops_s", "amx_int8_peak_ops_s", "amx_bf16_peak_flops_s"):
+    if k in d:
+        f = "fraction_of_" + k.replace("_ops_s", "").replace("_flops_s", "")
+        assert abs(d[f] - d["model_flops_s"] / d[k]) <= 1e-9 * d[f], (k, d)
 assert abs(d["output_tok_s"] * d["elapsed_s"] - 60) < 1e-6 * 60 + 1e-9
 PY
 "$Q" bench --model "$M" --prompts 2 --max-seqs 600 >/dev/null 2>"$tmp/b.err" && fail "max-seqs > max-batch-tokens accepted"
