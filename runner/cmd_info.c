@@ -135,7 +135,10 @@ int runner_cmd_info(int argc, char **argv)
     }
     printf("cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
            kern_isa_name(kern_cpu_detect()),
-           kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)" : "");
+           kern_cpu_detect() == KERN_ISA_AMX
+               ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them (AMX-INT8 unused)"
+           : kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)"
+                                : "");
     printf("file: %s\nsize: %zu bytes\nGGUF version: %u\nalignment: %u\n", model, g->size,
            g->version, g->alignment);
     printf("metadata (%" PRIu64 " keys):\n", g->n_kv);

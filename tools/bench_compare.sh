@@ -14,7 +14,7 @@
 #   QUERN_BATCH_TOKENS            quern --max-batch-tokens [512]
 #   QUERN_KV_MEM                  batched quern --kv-mem [3G]
 #   QUERN_MODES                   --matmul modes, each run batched and at --max-seqs 1
-#                                 ["exact q16 q8"]
+#                                 ["exact q16 bf16 q8", bf16 only where the CPU has AMX-BF16]
 #   QUERN_SEQS1_N                 requests of the --max-seqs 1 runs (one sequence at a time:
 #                                 its tok/s does not depend on the count) [16]
 #   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
@@ -29,8 +29,9 @@
 #   PYTHON                        [python3]
 #
 # Each run's JSON goes to RESULTS_DIR/NAME.json and its stderr to RESULTS_DIR/NAME.log; a
-# summary table (ratios against quern --max-seqs 1 in the same matmul mode and the best
-# llama.cpp run) goes to stdout and RESULTS_DIR/summary.txt.
+# summary table (ratios against quern --max-seqs 1 in the same matmul mode and kernels, against
+# the fastest --max-seqs 1 run of any mode, and against the best llama.cpp run; the fraction of
+# the vpdpbusd int8 peak) goes to stdout and RESULTS_DIR/summary.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -44,7 +45,15 @@ QUERN=${QUERN:-bin/quern}
 QSEQS=${QUERN_MAX_SEQS:-256}
 QBATCH=${QUERN_BATCH_TOKENS:-512}
 QKV=${QUERN_KV_MEM:-3G}
-QMODES=${QUERN_MODES:-exact q16 q8}
+if [ -z "${QUERN_MODES:-}" ]; then
+    QUERN_MODES="exact q16 q8"
+    # bf16 needs AMX-BF16: try one tiny request
+    if "$QUERN" bench --prompts 1 --input-len 8 --output-len 1 --peak-seconds 0 --matmul bf16 \
+        >/dev/null 2>&1; then
+        QUERN_MODES="exact q16 bf16 q8"
+    fi
+fi
+QMODES=$QUERN_MODES
 QN1=${QUERN_SEQS1_N:-16}
 QPEAK=${QUERN_PEAK_SECONDS:-1}
 QAVX2=${QUERN_AVX2:-1}
@@ -121,10 +130,12 @@ base = {(j["matmul"], j.get("isa")): j["output_tok_s"] for n, j in ok
         if n.startswith("quern_seqs1_")}
 llama = [j["output_tok_s"] for n, j in ok if n.startswith("llamacpp")]
 best = max(llama) if llama else None
+best1 = max(base.values()) if base else None
 def ratio(x, d):
     return "%.2fx" % (x / d) if d else "-"
-hdr = "%-26s %9s %11s %11s %10s %10s  %s" % ("run", "elapsed_s", "out_tok/s", "total_tok/s",
-                                              "vs_seqs1", "vs_llama", "notes")
+hdr = "%-26s %9s %11s %11s %9s %9s %9s %6s  %s" % (
+    "run", "elapsed_s", "out_tok/s", "total_tok/s", "vs_seqs1", "vs_best1", "vs_llama", "int8%",
+    "notes")
 print(hdr)
 print("-" * len(hdr))
 for n, j in rows:
@@ -141,9 +152,11 @@ for n, j in rows:
     else:
         note = "seqs %s, batch %s, %s, isa %s" % (j.get("max_seqs"), j.get("max_batch_tokens"),
                                                  j.get("matmul"), j.get("isa"))
-    print("%-26s %9.2f %11.1f %11.1f %10s %10s  %s" % (
+    quern = "engine" not in j
+    frac = j.get("fraction_of_int8_peak")
+    print("%-26s %9.2f %11.1f %11.1f %9s %9s %9s %6s  %s" % (
         n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
-        ratio(j["output_tok_s"], base.get((j.get("matmul"), j.get("isa"))))
-        if "engine" not in j else "-",
-        ratio(j["output_tok_s"], best), note))
+        ratio(j["output_tok_s"], base.get((j.get("matmul"), j.get("isa")))) if quern else "-",
+        ratio(j["output_tok_s"], best1) if quern else "-",
+        ratio(j["output_tok_s"], best), "%.1f" % (100 * frac) if frac else "-", note))
 EOF
