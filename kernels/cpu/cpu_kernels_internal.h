@@ -73,6 +73,7 @@ void kern_ref_matvec_q6_k_f32(KERN_MATVEC_ARGS);
         float *y, size_t ldy
 #define KERN_G16_BLKS       64 /* longest rows (in blocks) of the AVX-512 q16 tiles */
 #define KERN_PANEL_F32_BLKS 48 /* and of the packed exact tiles (2 x 96 KiB float panels) */
+#define KERN_PANEL_BF16_BLKS 128 /* and of the bf16 tiles (two panels' B tiles in 256 KiB) */
 size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act);
 void kern_avx512_gemm_q4_0_f32_packed(KERN_GEMM_PK_ARGS_F32);
 void kern_avx512_gemm_q4_1_f32_packed(KERN_GEMM_PK_ARGS_F32);

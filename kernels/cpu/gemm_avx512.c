@@ -444,7 +444,7 @@ GQ_PAIRS(q6_k, DTYPE_Q6_K)
  * GGUF blocks for Q4_0/Q4_1 (Q8_0: 32 bytes more); the GEMMs then expand it per call without
  * gathers or transposes, into exactly what they expand from the GGUF rows (bitwise the same
  * results). Q4_0, Q4_1 and Q8_0 with rows the expansion buffers hold (q8: GQ_BLKS blocks,
- * q16: KERN_G16_BLKS, exact: KERN_PANEL_F32_BLKS). */
+ * q16: KERN_G16_BLKS, exact: KERN_PANEL_F32_BLKS, bf16: KERN_PANEL_BF16_BLKS). */
 static int panel_nq(uint32_t type)
 {
     return type == DTYPE_Q8_0 ? 8 : (type == DTYPE_Q4_0 || type == DTYPE_Q4_1) ? 4 : 0;
@@ -454,7 +454,10 @@ size_t kern_avx512_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act
 {
     int nq = panel_nq(type);
     int64_t nb = n / KERN_QK;
-    int64_t most = act == 0 || act == 3 ? KERN_PANEL_F32_BLKS : act == 2 ? KERN_G16_BLKS : GQ_BLKS;
+    int64_t most = act == 0   ? KERN_PANEL_F32_BLKS
+                   : act == 2 ? KERN_G16_BLKS
+                   : act == 3 ? KERN_PANEL_BF16_BLKS
+                              : GQ_BLKS;
     if (!nq || n_rows < 1 || n % KERN_QK || nb < 1 || nb > most)
         return 0;
     return (size_t)((n_rows + GQ_ROWS - 1) / GQ_ROWS) * (size_t)nb * PANEL_RAW_BYTES(nq);
@@ -1129,8 +1132,8 @@ static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const voi
     const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
     const size_t pstride = (size_t)nb * bb;
     _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
-    assert(n % KERN_QK == 0 && nb > 0 && nb <= X3_BLKS);
-    int group = (int)(X3_BT_BYTES / (1024 * (size_t)nb));
+    assert(n % KERN_QK == 0 && nb > 0 && nb <= KERN_PANEL_BF16_BLKS);
+    int group = (int)(X3_BT_BYTES / (1024 * (size_t)nb)); /* >= 2 */
     group = group < BF_GROUP ? group : BF_GROUP;
     if (n_tok <= 32) /* one pass over the tokens: nothing to share, start computing sooner */
         group = 2;
