@@ -13,11 +13,14 @@
 #define AG_MAX_G      8
 #define AG_AHEAD      4 /* blocks ahead whose tiles are prefetched into L2 */
 
-/* Block id's key and value tiles for KV head g: into L1, or only into L2 (l2). */
+/* Block id's key and value tiles for KV head g into L1; or (l2) those of KV heads g .. last into
+ * L2: a block's tiles of all heads are adjacent, and callers that run a token's heads in order
+ * (the CPU backend does) then find the later heads' tiles there. */
 static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, int g, int D,
                                          const int l2)
 {
-    const size_t tile = (size_t)id * a->n_kv_head + (size_t)g, bytes = (size_t)D * a->block_size * 2;
+    const size_t tile = (size_t)id * a->n_kv_head + (size_t)g;
+    const size_t bytes = (size_t)D * a->block_size * 2 * (l2 ? (size_t)(a->n_kv_head - g) : 1);
     const char *k = (const char *)(a->kv.k + tile * D * a->block_size);
     const char *v = (const char *)(a->kv.v + tile * D * a->block_size);
     for (size_t o = 0; o < bytes; o += 64) {

@@ -387,13 +387,14 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
         kv_store_worker(&j, 0, 1);
 }
 
-/* Work items are (token, KV head) pairs, claimed one at a time from a shared counter: their
- * cost grows with the token's position, so a static split would leave threads idle. Which
- * thread runs an item never changes its result. */
+/* Work items are tokens, claimed one at a time from a shared counter: their cost grows with
+ * the token's position, so a static split would leave threads idle. A token's KV heads run in
+ * order on one thread (a block's tiles of all heads are adjacent: the first head's prefetches
+ * bring the others'). Which thread runs an item never changes its result. */
 struct attn_job {
     const struct kern_attn *a;     /* arguments */
     const struct kern_cpu_fns *fn; /* kernels */
-    long n_items;                  /* n_tok * n_kv_head */
+    long n_items;                  /* n_tok */
     long next;                     /* next unclaimed item (atomic) */
 };
 
@@ -402,18 +403,18 @@ static void attn_worker(void *arg, int ith, int nth)
     (void)ith;
     (void)nth;
     struct attn_job *j = arg;
-    const int H = j->a->n_kv_head;
     for (;;) {
-        long i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (i >= j->n_items)
+        long t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (t >= j->n_items)
             break;
-        j->fn->attn_group(j->a, (int)(i / H), (int)(i % H));
+        for (int g = 0; g < j->a->n_kv_head; g++)
+            j->fn->attn_group(j->a, (int)t, g);
     }
 }
 
 static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
 {
-    struct attn_job j = {a, st_of(b)->fn, (long)a->n_tok * a->n_kv_head, 0};
+    struct attn_job j = {a, st_of(b)->fn, (long)a->n_tok, 0};
     pool_run(st_of(b)->pool, attn_worker, &j);
 }
 
