@@ -964,16 +964,17 @@ static ALWAYS_INLINE AMX_BF16 void x3_driver(const enum gq_kind kind, const void
     _tile_release();
 }
 
-#define X3_ENTRY(name, kind)                                                                       \
-    static AMX_BF16 void amx_gemm_##name##_x3_packed(const void *pk, int64_t n_rows,               \
-                                                     const void *xs, int64_t n_tok, int64_t n,     \
-                                                     float *y, size_t ldy)                         \
+/* The AMX GEMM entry points: mode (x3, bf16)'s driver for one weight type. */
+#define AMX_ENTRY(attr, mode, name, kind)                                                          \
+    static attr void amx_gemm_##name##_##mode##_packed(const void *pk, int64_t n_rows,             \
+                                                       const void *xs, int64_t n_tok, int64_t n,   \
+                                                       float *y, size_t ldy)                       \
     {                                                                                              \
-        x3_driver(kind, pk, n_rows, xs, n_tok, n, y, ldy);                                         \
+        mode##_driver(kind, pk, n_rows, xs, n_tok, n, y, ldy);                                     \
     }
-X3_ENTRY(q4_0, GQ_Q4_0)
-X3_ENTRY(q4_1, GQ_Q4_1)
-X3_ENTRY(q8_0, GQ_Q8_0)
+AMX_ENTRY(AMX_BF16, x3, q4_0, GQ_Q4_0)
+AMX_ENTRY(AMX_BF16, x3, q4_1, GQ_Q4_1)
+AMX_ENTRY(AMX_BF16, x3, q8_0, GQ_Q8_0)
 
 /* ---- bf16 mode on AMX-BF16 tiles (the AMX table) ----
  * Activations and dequantized weights are both rounded to bfloat16 (nearest even; subnormals
@@ -1124,9 +1125,9 @@ static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t 
  * pair of 16-token groups then runs over the group's panels two at a time: the token pair's
  * activation tiles stay in L1 while the B tiles stream from L2 (loaded with the streaming
  * hint; ~8 % faster end to end than the other loop order, A streaming). */
-static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const void *pk,
-                                              int64_t n_rows, const void *xs, int64_t n_tok,
-                                              int64_t n, float *y, size_t ldy)
+static ALWAYS_INLINE AMX_BF16X void bf16_driver(const enum gq_kind kind, const void *pk,
+                                                int64_t n_rows, const void *xs, int64_t n_tok,
+                                                int64_t n, float *y, size_t ldy)
 {
     const int64_t nb = n / KERN_QK;
     const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
@@ -1172,16 +1173,9 @@ static ALWAYS_INLINE AMX_BF16X void bf_driver(const enum gq_kind kind, const voi
     _tile_release();
 }
 
-#define BF_ENTRY(name, kind)                                                                       \
-    static AMX_BF16X void amx_gemm_##name##_bf16_packed(const void *pk, int64_t n_rows,            \
-                                                        const void *xs, int64_t n_tok, int64_t n,  \
-                                                        float *y, size_t ldy)                      \
-    {                                                                                              \
-        bf_driver(kind, pk, n_rows, xs, n_tok, n, y, ldy);                                         \
-    }
-BF_ENTRY(q4_0, GQ_Q4_0)
-BF_ENTRY(q4_1, GQ_Q4_1)
-BF_ENTRY(q8_0, GQ_Q8_0)
+AMX_ENTRY(AMX_BF16X, bf16, q4_0, GQ_Q4_0)
+AMX_ENTRY(AMX_BF16X, bf16, q4_1, GQ_Q4_1)
+AMX_ENTRY(AMX_BF16X, bf16, q8_0, GQ_Q8_0)
 
 void kern_amx_patch(struct kern_cpu_fns *f)
 {
