@@ -59,7 +59,9 @@ static const char run_usage[] =
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
     "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
-    "  --lease SECS           item lease, renewed while running (default 300)\n"
+    "  --lease SECS           item lease, renewed while running (default 300); also how long\n"
+    "                         another run may be silent before its open shards are taken over\n"
+    "                         (resume a killed run with the lease it had)\n"
     "  --claim N              items claimed per transaction (default 64)\n"
     "  --flush-secs S         commit finished records at least this often (default 5)\n"
     "  --flush-records N      ... or when this many are waiting (default 256)\n"
@@ -677,6 +679,20 @@ static enum status recover_shards(struct run *r, struct err_detail *err)
     return st;
 }
 
+/* Shards of job job_id still open (by other runs: ours are closed when this is asked). */
+static enum status count_open_shards(struct queue *q, int64_t job_id, int64_t *open,
+                                     struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    enum status st = queue_shard_list(q, job_id, &sh, &n, err);
+    *open = 0;
+    for (size_t i = 0; !st && i < n; i++)
+        *open += sh[i].state == QUEUE_SHARD_OPEN;
+    queue_shard_list_free(sh, n);
+    return st;
+}
+
 static enum status write_manifest(struct run *r, int complete, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
@@ -750,23 +766,40 @@ static int stop_requested(struct run *r)
     return 0;
 }
 
+/* OUT/<job name>, created if missing. */
+static enum status job_dir_init(struct run *r, struct err_detail *err)
+{
+    if ((size_t)snprintf(r->job_dir, sizeof(r->job_dir), "%s/%s", r->o->out, r->job.name) >=
+        sizeof(r->job_dir) - 64)
+        return err_set(err, ST_ERR_INVALID_ARG, "--out path too long");
+    if (mkdir(r->o->out, 0777) && errno != EEXIST)
+        return err_set(err, ST_ERR_IO, "cannot create %s: %s", r->o->out, strerror(errno));
+    if (mkdir(r->job_dir, 0777) && errno != EEXIST)
+        return err_set(err, ST_ERR_IO, "cannot create %s: %s", r->job_dir, strerror(errno));
+    return ST_OK;
+}
+
+/* A job whose items are all finished but whose shards were not all closed (a run died with
+ * one open and the run that finished the items still counted it alive): close what the dead
+ * runs left and write the manifest again, complete if nothing is open any more. */
+static int close_done_job(struct run *r, struct err_detail *err)
+{
+    int64_t open = 0;
+    if (job_dir_init(r, err) || recover_shards(r, err) ||
+        count_open_shards(r->q, r->job.id, &open, err) || write_manifest(r, open == 0, err))
+        return -1;
+    LOG_INFO("job %s: done earlier; open shards closed, manifest %s", r->job.name,
+             open ? "still incomplete (a run that beat within --lease holds a shard)"
+                  : "complete");
+    return 1;
+}
+
 /* Process one job until drained (1), stopped (0) or failed (-1). */
 static int run_job(struct run *r, struct err_detail *err)
 {
     enum status st;
-    if ((size_t)snprintf(r->job_dir, sizeof(r->job_dir), "%s/%s", r->o->out, r->job.name) >=
-        sizeof(r->job_dir) - 64) {
-        err_set(err, ST_ERR_INVALID_ARG, "--out path too long");
+    if ((st = job_dir_init(r, err)))
         return -1;
-    }
-    if (mkdir(r->o->out, 0777) && errno != EEXIST) {
-        err_set(err, ST_ERR_IO, "cannot create %s: %s", r->o->out, strerror(errno));
-        return -1;
-    }
-    if (mkdir(r->job_dir, 0777) && errno != EEXIST) {
-        err_set(err, ST_ERR_IO, "cannot create %s: %s", r->job_dir, strerror(errno));
-        return -1;
-    }
     const char *base = strrchr(r->job.model_path, '/');
     snprintf(r->model_name, sizeof(r->model_name), "%s", base ? base + 1 : r->job.model_path);
     char *dot = strstr(r->model_name, ".gguf");
@@ -841,10 +874,21 @@ static int run_job(struct run *r, struct err_detail *err)
     }
     if ((st = shard_finish(r, &r->res, err)) || (st = shard_finish(r, &r->errs, err)))
         return -1;
+    /* shards of runs that died while we ran are closed now; one whose run still looks alive
+     * (it beat within our --lease) may hold records, so the manifest is not complete until a
+     * later run has closed it */
     struct queue_counts c;
-    if ((st = queue_job_counts(r->q, r->job.id, &c, err)))
+    int64_t open = 0;
+    if ((st = recover_shards(r, err)) || (st = count_open_shards(r->q, r->job.id, &open, err)) ||
+        (st = queue_job_counts(r->q, r->job.id, &c, err)))
         return -1;
     int complete = c.items[QUEUE_ITEM_QUEUED] == 0 && c.items[QUEUE_ITEM_LEASED] == 0;
+    if (complete && open) {
+        LOG_WARN("job %s: %lld shard(s) still open by a run that beat within --lease %g s; the "
+                 "manifest says complete once a later run has closed them",
+                 r->job.name, (long long)open, (double)r->o->lease);
+        complete = 0;
+    }
     if ((st = write_manifest(r, complete, err)))
         return -1;
     progress(r, 1);
@@ -939,9 +983,16 @@ int runner_cmd_run(int argc, char **argv)
             goto out;
         }
         job_ids = malloc(sizeof(int64_t) * (n + 1));
-        for (size_t i = 0; job_ids && i < n; i++)
-            if (jobs[i].state == QUEUE_JOB_QUEUED || jobs[i].state == QUEUE_JOB_RUNNING)
+        for (size_t i = 0; job_ids && i < n; i++) {
+            int64_t open = 0;
+            if (jobs[i].state == QUEUE_JOB_DONE &&
+                count_open_shards(r.q, jobs[i].id, &open, &err)) {
+                LOG_ERROR("%s", err.msg);
+                open = 0;
+            }
+            if (jobs[i].state == QUEUE_JOB_QUEUED || jobs[i].state == QUEUE_JOB_RUNNING || open)
                 job_ids[n_jobs++] = jobs[i].id;
+        }
         queue_job_list_free(jobs, n);
     }
     if (!job_ids) {
@@ -960,9 +1011,20 @@ int runner_cmd_run(int argc, char **argv)
             result = -1;
             break;
         }
-        if (r.job.state == QUEUE_JOB_CANCELLED || r.job.state == QUEUE_JOB_DONE) {
+        int64_t open = 0;
+        if (r.job.state == QUEUE_JOB_DONE &&
+            count_open_shards(r.q, r.job.id, &open, &err)) {
+            result = -1;
+            break;
+        }
+        if (r.job.state == QUEUE_JOB_CANCELLED || (r.job.state == QUEUE_JOB_DONE && !open)) {
             queue_job_free(&r.job);
             memset(&r.job, 0, sizeof(r.job));
+            continue;
+        }
+        if (r.job.state == QUEUE_JOB_DONE) {
+            result = close_done_job(&r, &err);
+            job_close(&r);
             continue;
         }
         LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r.run_id, (long long)r.job.id,

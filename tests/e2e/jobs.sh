@@ -4,7 +4,8 @@
 #     a valid zstd stream, the manifest's counts and sha256 match the files;
 #  2. SIGTERM mid-run exits 75 within the grace period, and a rerun completes the job;
 #  3. kill -9 at random moments (QUERN_CRASH_TRIALS, default 20), resuming each time: the
-#     final export has every item exactly once and no shard holds a partial line;
+#     final export has every item exactly once and no shard holds a partial line; a run
+#     killed with an open shard: no complete manifest until a resume has closed that shard;
 #  4. two concurrent runs on one DB: no item processed twice;
 #  5. a bad input file: valid lines complete, each bad line is reported with its number;
 #  6. the same prompts as .tar.zst and .zip give the same results as .jsonl.
@@ -116,8 +117,33 @@ for i in $(seq "$TRIALS"); do
     wait $pid 2>/dev/null || true
     sleep 2.1 # let the dead run's leases expire
 done
-"$Q" run --db crash.db --out out >/dev/null 2>>crash.log || { tail crash.log; fail "final resume"; }
+# the same --lease as the killed runs: their silence past it is what marks them dead, so this
+# run takes over (and closes) the last one's open shard instead of waiting 300 s for it
+"$Q" run --db crash.db --out out --lease 2 >/dev/null 2>>crash.log ||
+    { tail crash.log; fail "final resume"; }
 check_job crash.db crash 80
+
+# 3b. a run killed with an open shard holding records: a resume that still counts it alive
+# (default --lease 300) finishes the items but must not call the manifest complete; a resume
+# with the killed run's lease closes the shard, and then it is
+make_small open.jsonl 30
+"$Q" submit --db open.db --model "$M" --name open open.jsonl >/dev/null 2>&1
+"$Q" run --db open.db --out out --max-seqs 2 --max-batch-tokens 64 --flush-secs 0 \
+    --flush-records 1 --lease 2 >/dev/null 2>>open.log &
+pid=$!
+for _ in $(seq 300); do
+    "$Q" status --db open.db --job open --json 2>/dev/null | grep -q '"done":[1-9]' && break
+    sleep 0.1
+done
+kill -9 $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+sleep 2.1
+"$Q" run --db open.db --out out >/dev/null 2>>open.log || fail "resume with the default lease"
+python3 -c "import json,sys; assert json.load(open('out/open/manifest.json'))['complete'] is False" ||
+    fail "manifest complete with a live-looking run's shard open"
+grep -q "still open by a run" open.log || fail "no warning about the open shard"
+"$Q" run --db open.db --out out --lease 2 >/dev/null 2>>open.log || fail "resume with --lease 2"
+check_job open.db open 30
 
 # 4. two concurrent runs on one DB
 make_small conc.jsonl 60
