@@ -161,7 +161,8 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
     static const double q[3] = {50, 90, 99};
     static const char *const k[3] = {"p50", "p90", "p99"};
     cJSON *p = cJSON_AddObjectToObject(o, name);
-    qsort(v, n, sizeof(double), cmp_double);
+    if (n) /* v may be NULL when nothing finished (qsort's pointer must not be) */
+        qsort(v, n, sizeof(double), cmp_double);
     for (int i = 0; i < 3; i++) {
         size_t idx = n ? (size_t)ceil(q[i] / 100.0 * (double)n) : 0;
         cJSON_AddNumberToObject(p, k[i], n ? v[idx ? idx - 1 : 0] : 0);
