@@ -314,29 +314,42 @@ static enum status migrate(struct queue *q, struct err_detail *err)
     return ST_OK;
 }
 
-static enum status set_pragmas(struct queue *q, const struct queue_options *opts,
-                               struct err_detail *err)
+/* PRAGMA journal_mode (= WAL when set) into mode; the SQLite result code. */
+static int journal_mode(struct queue *q, int set, char mode[16])
 {
-    /* WAL is persistent: only switch when needed (the switch wants an exclusive lock). */
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(q->db, "PRAGMA journal_mode", -1, &st, NULL);
-    char mode[16] = "";
+    int rc = sqlite3_prepare_v2(q->db, set ? "PRAGMA journal_mode = WAL" : "PRAGMA journal_mode",
+                                -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         const unsigned char *m = sqlite3_column_text(st, 0);
-        snprintf(mode, sizeof(mode), "%s", m ? (const char *)m : "");
+        snprintf(mode, 16, "%s", m ? (const char *)m : "");
         rc = SQLITE_OK;
     }
     sqlite3_finalize(st);
-    if (rc != SQLITE_OK)
-        return queue_sql_err(q, rc, "reading the journal mode", err);
-    if (strcmp(mode, "wal") != 0 && strcmp(mode, "memory") != 0) {
-        rc = sqlite3_prepare_v2(q->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
-        if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-            const unsigned char *m = sqlite3_column_text(st, 0);
-            snprintf(mode, sizeof(mode), "%s", m ? (const char *)m : "");
-            rc = SQLITE_OK;
+    return rc;
+}
+
+static enum status set_pragmas(struct queue *q, const struct queue_options *opts,
+                               struct err_detail *err)
+{
+    /* WAL is persistent: only switch when needed. The switch wants an exclusive lock, and
+     * SQLite can report SQLITE_BUSY for it without calling the busy handler while other
+     * processes open the same new file (deadlock avoidance): retry for the busy timeout,
+     * re-reading the mode, which one of them may have switched meanwhile. */
+    const int wait_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS;
+    char mode[16] = "";
+    int rc = SQLITE_OK;
+    for (int waited = 0;; waited += 10) {
+        rc = journal_mode(q, 0, mode);
+        if (rc == SQLITE_OK && (!strcmp(mode, "wal") || !strcmp(mode, "memory")))
+            break;
+        if (rc == SQLITE_OK)
+            rc = journal_mode(q, 1, mode);
+        if (rc != SQLITE_OK && ((rc & 0xFF) == SQLITE_BUSY || (rc & 0xFF) == SQLITE_LOCKED) &&
+            waited < wait_ms) {
+            sqlite3_sleep(10);
+            continue;
         }
-        sqlite3_finalize(st);
         if (rc != SQLITE_OK)
             return queue_sql_err(q, rc, "switching the queue to WAL mode", err);
         if (strcmp(mode, "wal") != 0)
@@ -344,6 +357,7 @@ static enum status set_pragmas(struct queue *q, const struct queue_options *opts
                            "queue: the database cannot use WAL mode here (journal mode \"%s\"); "
                            "put it on a local file system",
                            mode);
+        break;
     }
     enum status s =
         exec(q, opts->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
