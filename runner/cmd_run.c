@@ -983,16 +983,9 @@ int runner_cmd_run(int argc, char **argv)
             goto out;
         }
         job_ids = malloc(sizeof(int64_t) * (n + 1));
-        for (size_t i = 0; job_ids && i < n; i++) {
-            int64_t open = 0;
-            if (jobs[i].state == QUEUE_JOB_DONE &&
-                count_open_shards(r.q, jobs[i].id, &open, &err)) {
-                LOG_ERROR("%s", err.msg);
-                open = 0;
-            }
-            if (jobs[i].state == QUEUE_JOB_QUEUED || jobs[i].state == QUEUE_JOB_RUNNING || open)
+        for (size_t i = 0; job_ids && i < n; i++) /* done jobs: the loop below checks shards */
+            if (jobs[i].state != QUEUE_JOB_CANCELLED)
                 job_ids[n_jobs++] = jobs[i].id;
-        }
         queue_job_list_free(jobs, n);
     }
     if (!job_ids) {
