@@ -256,11 +256,11 @@ enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv 
 
 /* ---- forward ---- */
 
-static void matmul1(struct engine_model *m, const struct kern_tensor *w, const float *x, float *y,
-                    int n_tok)
+static void matmul1(struct engine_model *m, const struct kern_tensor *w,
+                    const struct kern_mm_in *in, float *y, int n_tok)
 {
     float *const ys[1] = {y};
-    m->be->ops->matmul(m->be, &w, ys, 1, x, n_tok);
+    m->be->ops->matmul(m->be, &w, ys, 1, in, n_tok);
 }
 
 /* Floats of activation scratch per token. */
@@ -335,15 +335,18 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
     }
 
     k->get_rows(be, &m->tok_embd, b->token, n, x);
+    /* Each matmul's input pass also does the element-wise steps before it (struct kern_mm_in):
+     * the residual add of the block before, the norm or the SwiGLU. */
     for (int l = 0; l < hp->n_layer; l++) {
         const struct engine_layer *L = &m->layers[l];
         struct kern_kv_layer kvl = engine_kv_layer(kv, l);
 
-        /* attention block */
-        k->rmsnorm(be, x, L->attn_norm, xn, n, E, hp->rms_eps);
+        /* attention block: x += the previous FFN's output (in xn), xn = norm(x) */
+        const struct kern_mm_in attn_in = {.x = x, .add = l ? xn : NULL, .norm = L->attn_norm,
+                                           .eps = hp->rms_eps, .xn = xn};
         const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_y[3] = {q, kk, vv};
-        k->matmul(be, qkv_w, qkv_y, 3, xn, n);
+        k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
         k->rope(be, q, m->rope_cs, n, hp->n_head, hd, hp->rope_dim);
         k->rope(be, kk, m->rope_cs, n, hp->n_kv_head, hd, hp->rope_dim);
         k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n);
@@ -353,18 +356,19 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
             .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
         };
         k->attention(be, &a);
-        matmul1(m, &L->wo, att, xn, n);
-        k->add(be, x, xn, (long)n * E);
+        const struct kern_mm_in o_in = {.x = att};
+        matmul1(m, &L->wo, &o_in, xn, n);
 
-        /* feed-forward block */
-        k->rmsnorm(be, x, L->ffn_norm, xn, n, E, hp->rms_eps);
+        /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) * up) */
+        const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
+                                          .eps = hp->rms_eps, .xn = xn};
         const struct kern_tensor *gu_w[2] = {&L->w_gate, &L->w_up};
         float *const gu_y[2] = {gate, up};
-        k->matmul(be, gu_w, gu_y, 2, xn, n);
-        k->swiglu(be, gate, up, (long)n * hp->n_ff);
-        matmul1(m, &L->w_down, gate, xn, n);
-        k->add(be, x, xn, (long)n * E);
+        k->matmul(be, gu_w, gu_y, 2, &ffn_in, n);
+        const struct kern_mm_in down_in = {.x = gate, .up = up};
+        matmul1(m, &L->w_down, &down_in, xn, n);
     }
+    k->add(be, x, xn, (long)n * E); /* the last FFN's output */
 
     /* gather the rows that want logits, then final norm and output head */
     int n_out = 0;
@@ -377,8 +381,9 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
         }
     }
     if (n_out) {
-        k->rmsnorm(be, x, m->output_norm, xn, n_out, E, hp->rms_eps);
-        matmul1(m, &m->output, xn, logits, n_out);
+        const struct kern_mm_in out_in = {.x = x, .norm = m->output_norm, .eps = hp->rms_eps,
+                                          .xn = xn};
+        matmul1(m, &m->output, &out_in, logits, n_out);
     }
     return ST_OK;
 }

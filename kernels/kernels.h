@@ -52,13 +52,28 @@ struct kern_attn {
 
 struct kern_backend;
 
+/* A matmul's input: rows x (n_tok x n) and the element-wise steps the backend fuses into the
+ * pass that prepares them for the GEMM, each bitwise as the separate op (add, rmsnorm,
+ * swiglu) would compute it. In order: x += add (x updated: the residual stream); then the
+ * matmul's input is rmsnorm(x) * norm, written to xn, or silu(x) * up, written to x; with
+ * neither it is x itself. */
+struct kern_mm_in {
+    float *x;          /* n_tok x n (read only when add and up are NULL) */
+    const float *add;  /* NULL or n_tok x n */
+    const float *norm; /* NULL or the n rmsnorm weights (xn must be set) */
+    float eps;         /* rmsnorm epsilon */
+    const float *up;   /* NULL or n_tok x n (swiglu: x is the gate); not with norm */
+    float *xn;         /* n_tok x n for rmsnorm's output, else unused */
+};
+
 struct kern_ops {
     const char *name; /* "cpu" */
     /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
-     * x[t]) for t < n_tok, r < w[i]->ne1; x is n_tok x ne0. Activations are prepared (e.g.
-     * quantized) once for all n_w. Batch-invariant: a row's result does not depend on n_tok. */
+     * x[t]) for t < n_tok, r < w[i]->ne1, where x is in's input rows (n_tok x ne0) after its
+     * element-wise steps. Activations are prepared (e.g. quantized) once for all n_w, in the
+     * same pass as those steps. Batch-invariant: a row's result does not depend on n_tok. */
     void (*matmul)(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
-                   int n_w, const float *x, int n_tok);
+                   int n_w, const struct kern_mm_in *in, int n_tok);
     /* Optional (NULL = nothing to do): repack a weight matrix once, at load, into the layout
      * this backend's matmul reads fastest, setting w->packed (matmul then ignores w->data; the
      * results are bitwise those of the unpacked matrix). Returns ST_OK also when it chose not
@@ -68,17 +83,12 @@ struct kern_ops {
     /* out[i] = dequantized row ids[i] of w (embedding lookup). */
     void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                      int n, float *out);
-    /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of dim elements; y may alias x. */
-    void (*rmsnorm)(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
-                    int dim, float eps);
     /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by the
      * angle whose cosine and sine are cs[t * rot_dim + 2i], cs[t * rot_dim + 2i + 1] (RoPE
      * "NORM" as llama.cpp: angle pos * theta^(-2i/rot_dim), tabulated once per forward pass by
      * the caller). x is n_tok x n_head x head_dim. */
     void (*rope)(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
                  int head_dim, int rot_dim);
-    /* gate[i] = silu(gate[i]) * up[i] */
-    void (*swiglu)(struct kern_backend *b, float *gate, const float *up, long n);
     /* y[i] += x[i] */
     void (*add)(struct kern_backend *b, float *y, const float *x, long n);
     /* Write token rows k, v (n_tok x n_kv_head * head_dim floats) into their slots of the pool,

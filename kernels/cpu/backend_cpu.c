@@ -112,26 +112,6 @@ static void matmul_worker(void *arg, int ith, int nth)
     }
 }
 
-struct quantize_ctx {
-    const struct kern_cpu_fns *fn; /* kernels */
-    const float *x;                /* n_tok x n */
-    struct kern_q8 *xq;            /* n_tok x n / KERN_QK blocks (q8), or NULL */
-    struct kern_q16 *xq16;         /* the same in 16 bits (q16), or NULL */
-    int64_t n;                     /* elements per token */
-};
-
-static void quantize_rows(void *arg, long lo, long hi)
-{
-    const struct quantize_ctx *c = arg;
-    const int64_t nb = c->n / KERN_QK;
-    for (long t = lo; t < hi; t++) {
-        if (c->xq16)
-            c->fn->quantize_q16(c->x + (size_t)t * c->n, c->xq16 + (size_t)t * nb, c->n);
-        else
-            c->fn->quantize_q8(c->x + (size_t)t * c->n, c->xq + (size_t)t * nb, c->n);
-    }
-}
-
 /* Grows a 64-byte aligned scratch array to hold need elements of size sz (aborts when out of
  * memory: nothing sensible to do mid-forward). */
 static void *grow(void *p, size_t *cap, size_t need, size_t sz)
@@ -146,43 +126,58 @@ static void *grow(void *p, size_t *cap, size_t need, size_t sz)
     return p;
 }
 
-struct prep_ctx {
-    void (*prep)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs); /* x3/bf16 */
-    size_t group_bytes;            /* its output for 16 tokens */
-    const float *x;                /* n_tok x n */
-    void *xs;                      /* its output */
-    long n_tok;                    /* tokens */
-    int64_t n;                     /* elements per token */
+/* The matmul input pass: in's element-wise steps, then the activations in the form the
+ * GEMMs take (quantized blocks, or prep_x3 / prep_bf16 tiles), one 16-token group at a time
+ * (the unit of the tile layouts) so each row is still in cache when it is prepared. */
+struct in_job {
+    const struct kern_cpu_fns *fn;  /* kernels */
+    const struct kern_mm_in *in;    /* input and its steps */
+    const float *src;               /* the GEMM's float input rows (in->xn or in->x) */
+    int64_t n;                      /* elements per token */
+    long n_tok;                     /* tokens */
+    struct kern_q8 *xq;             /* q8 blocks, or NULL */
+    struct kern_q16 *xq16;          /* q16 blocks, or NULL */
+    void (*prep)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs); /* or NULL */
+    size_t group_bytes;             /* prep's output for 16 tokens */
+    void *xs;                       /* prep's output */
 };
 
-/* prep of 16-token groups [lo, hi) (the unit of prep_x3's layout). */
-static void prep_groups(void *arg, long lo, long hi)
+static void in_groups(void *arg, long lo, long hi)
 {
-    const struct prep_ctx *c = arg;
-    long t0 = lo * 16, t1 = hi * 16 < c->n_tok ? hi * 16 : c->n_tok;
-    c->prep(c->x + (size_t)t0 * (size_t)c->n, (size_t)c->n, t1 - t0, c->n,
-            (char *)c->xs + (size_t)lo * c->group_bytes);
-}
-
-/* Activations in the form the AMX tile GEMMs take, in the backend's scratch. */
-static void *prep_tiles(struct cpu_state *s, int bf16, const float *x, int n_tok, int64_t n)
-{
-    struct prep_ctx c = {bf16 ? s->fn->prep_bf16 : s->fn->prep_x3,
-                         bf16 ? KERN_BF16_BYTES(16, n) : KERN_X3_BYTES(16, n), x, NULL, n_tok, n};
-    c.xs = s->xs = grow(s->xs, &s->xs_cap, bf16 ? KERN_BF16_BYTES(n_tok, n)
-                                                : KERN_X3_BYTES(n_tok, n), 1);
-    if (n_tok > 16)
-        parallel_ranges(s, (n_tok + 15) / 16, prep_groups, &c);
-    else /* one group: not worth waking the pool */
-        prep_groups(&c, 0, 1);
-    return s->xs;
+    const struct in_job *j = arg;
+    const struct kern_mm_in *in = j->in;
+    const int64_t n = j->n, nb = n / KERN_QK;
+    long t0 = lo * 16, t1 = hi * 16 < j->n_tok ? hi * 16 : j->n_tok;
+    for (long t = t0; t < t1; t++) {
+        float *x = in->x + (size_t)t * (size_t)n;
+        if (in->add) {
+            const float *a = in->add + (size_t)t * (size_t)n;
+            for (int64_t i = 0; i < n; i++)
+                x[i] += a[i];
+        }
+        if (in->norm)
+            j->fn->rmsnorm(x, in->norm, in->xn + (size_t)t * (size_t)n, (int)n, in->eps);
+        else if (in->up)
+            j->fn->swiglu(x, in->up + (size_t)t * (size_t)n, n);
+        const float *r = j->src + (size_t)t * (size_t)n;
+        if (j->xq16)
+            j->fn->quantize_q16(r, j->xq16 + (size_t)t * (size_t)nb, n);
+        else if (j->xq)
+            j->fn->quantize_q8(r, j->xq + (size_t)t * (size_t)nb, n);
+    }
+    if (j->prep)
+        j->prep(j->src + (size_t)t0 * (size_t)n, (size_t)n, t1 - t0, n,
+                (char *)j->xs + (size_t)lo * j->group_bytes);
 }
 
 static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
-                       float *const *y, int n_w, const float *x, int n_tok)
+                       float *const *y, int n_w, const struct kern_mm_in *in, int n_tok)
 {
     struct cpu_state *s = st_of(b);
-    struct matmul_job j = {s->fn, w, y, n_w, 0, x, NULL, NULL, NULL, NULL, n_tok};
+    const int64_t n = w[0]->ne0;
+    const float *src = in->norm ? in->xn : in->x;
+    struct matmul_job j = {s->fn, w, y, n_w, 0, src, NULL, NULL, NULL, NULL, n_tok};
+    struct in_job ij = {s->fn, in, src, n, n_tok, NULL, NULL, NULL, 0, NULL};
     int quant = 0; /* some weight takes quantized activations (float weight types do not) */
     int x3 = 0;    /* some weight takes split activations */
     int bf = 0;    /* some weight takes bf16 activations */
@@ -195,18 +190,29 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
               s->fn->gemm_bf16_packed[w[i]->type] != NULL;
     }
     if (quant) {
-        size_t need = (size_t)n_tok * (size_t)(w[0]->ne0 / KERN_QK);
-        struct quantize_ctx qc = {s->fn, x, NULL, NULL, w[0]->ne0};
+        size_t need = (size_t)n_tok * (size_t)(n / KERN_QK);
         if (s->act == KERN_ACT_Q16)
-            j.xq16 = qc.xq16 = s->xq16 = grow(s->xq16, &s->xq16_cap, need, sizeof(*s->xq16));
+            j.xq16 = ij.xq16 = s->xq16 = grow(s->xq16, &s->xq16_cap, need, sizeof(*s->xq16));
         else
-            j.xq = qc.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
-        parallel_ranges(s, n_tok, quantize_rows, &qc);
+            j.xq = ij.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
     }
-    if (x3)
-        j.xs = prep_tiles(s, 0, x, n_tok, w[0]->ne0);
-    if (bf)
-        j.xb = prep_tiles(s, 1, x, n_tok, w[0]->ne0);
+    if (x3 || bf) {
+        ij.prep = bf ? s->fn->prep_bf16 : s->fn->prep_x3;
+        ij.group_bytes = bf ? KERN_BF16_BYTES(16, n) : KERN_X3_BYTES(16, n);
+        ij.xs = s->xs = grow(s->xs, &s->xs_cap, bf ? KERN_BF16_BYTES(n_tok, n)
+                                                  : KERN_X3_BYTES(n_tok, n), 1);
+        if (bf)
+            j.xb = ij.xs;
+        else
+            j.xs = ij.xs;
+    }
+    if (quant || x3 || bf || in->add || in->norm || in->up) {
+        long groups = (n_tok + 15) / 16;
+        if (groups > 1)
+            parallel_ranges(s, groups, in_groups, &ij);
+        else /* one group: not worth waking the pool */
+            in_groups(&ij, 0, 1);
+    }
     pool_run(s->pool, matmul_worker, &j);
 }
 
@@ -252,28 +258,6 @@ static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, co
                                     out + (size_t)i * w->ne0, w->ne0);
 }
 
-struct rmsnorm_ctx {
-    const struct kern_cpu_fns *fn; /* kernels */
-    const float *x, *w;            /* input rows, weight */
-    float *y;                      /* output rows */
-    int dim;                       /* row length */
-    float eps;                     /* epsilon */
-};
-
-static void rmsnorm_rows(void *arg, long lo, long hi)
-{
-    const struct rmsnorm_ctx *c = arg;
-    for (long t = lo; t < hi; t++)
-        c->fn->rmsnorm(c->x + (size_t)t * c->dim, c->w, c->y + (size_t)t * c->dim, c->dim, c->eps);
-}
-
-static void cpu_rmsnorm(struct kern_backend *b, const float *x, const float *w, float *y, int n_tok,
-                        int dim, float eps)
-{
-    struct rmsnorm_ctx c = {st_of(b)->fn, x, w, y, dim, eps};
-    parallel_ranges(st_of(b), n_tok, rmsnorm_rows, &c);
-}
-
 struct rope_ctx {
     float *x;        /* n_tok x n_head x head_dim */
     const float *cs; /* n_tok x rot_dim: cos, sin per pair */
@@ -308,17 +292,10 @@ static void cpu_rope(struct kern_backend *b, float *x, const float *cs, int n_to
 
 struct ew_ctx {
     const struct kern_cpu_fns *fn; /* kernels */
-    float *y;       /* gate (swiglu) or y (add) */
-    const float *x; /* up (swiglu) or x (add) */
+    float *y;       /* y */
+    const float *x; /* x */
     long n;         /* elements */
 };
-
-static void swiglu_chunks(void *arg, long lo, long hi)
-{
-    const struct ew_ctx *c = arg;
-    long e = hi * EW_CHUNK < c->n ? hi * EW_CHUNK : c->n;
-    c->fn->swiglu(c->y + lo * EW_CHUNK, c->x + lo * EW_CHUNK, e - lo * EW_CHUNK);
-}
 
 static void add_chunks(void *arg, long lo, long hi)
 {
@@ -326,12 +303,6 @@ static void add_chunks(void *arg, long lo, long hi)
     long e = hi * EW_CHUNK < c->n ? hi * EW_CHUNK : c->n;
     for (long i = lo * EW_CHUNK; i < e; i++)
         c->y[i] += c->x[i];
-}
-
-static void cpu_swiglu(struct kern_backend *b, float *gate, const float *up, long n)
-{
-    struct ew_ctx c = {st_of(b)->fn, gate, up, n};
-    parallel_ranges(st_of(b), (n + EW_CHUNK - 1) / EW_CHUNK, swiglu_chunks, &c);
 }
 
 static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
@@ -451,9 +422,7 @@ static const struct kern_ops cpu_ops = {
     .prepare = cpu_prepare,
     .release = cpu_release,
     .get_rows = cpu_get_rows,
-    .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
     .add = cpu_add,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
