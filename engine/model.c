@@ -362,11 +362,7 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
         /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) * up) */
         const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
                                           .eps = hp->rms_eps, .xn = xn};
-        const struct kern_tensor *gu_w[2] = {&L->w_gate, &L->w_up};
-        float *const gu_y[2] = {gate, up};
-        k->matmul(be, gu_w, gu_y, 2, &ffn_in, n);
-        const struct kern_mm_in down_in = {.x = gate, .up = up};
-        matmul1(m, &L->w_down, &down_in, xn, n);
+        k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
     }
     k->add(be, x, xn, (long)n * E); /* the last FFN's output */
 

@@ -74,6 +74,14 @@ struct kern_ops {
      * same pass as those steps. Batch-invariant: a row's result does not depend on n_tok. */
     void (*matmul)(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
                    int n_w, const struct kern_mm_in *in, int n_tok);
+    /* The feed-forward block: y = down(silu(gate(x)) * up(x)), x being in's input rows (as for
+     * matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the backend may use. The
+     * same results as the two matmuls with the SwiGLU between them (which is what it runs
+     * unless it has a fused kernel for the mode). */
+    void (*ffn)(struct kern_backend *b, const struct kern_tensor *gate,
+                const struct kern_tensor *up, const struct kern_tensor *down,
+                const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
+                int n_tok);
     /* Optional (NULL = nothing to do): repack a weight matrix once, at load, into the layout
      * this backend's matmul reads fastest, setting w->packed (matmul then ignores w->data; the
      * results are bitwise those of the unpacked matrix). Returns ST_OK also when it chose not

@@ -2214,6 +2214,81 @@ static void test_gemm_bf16(void **state)
     amx_mode_test(1);
 }
 
+/* bf16 mode's fused FFN kernel: gate/up tiles, SwiGLU and the down projection's prep_bf16 in
+ * one pass must give bitwise what gemm_bf16_packed of gate and up, the table's swiglu and
+ * prep_bf16 give one after another: 37 tokens (two full token groups and a partial one) whole
+ * and in chunks of 1 and 17, and the rows split after one panel (a range starting on the odd
+ * half of a 32-row block). */
+static void swiglu_fused_case(const struct kern_cpu_fns *f, uint32_t type, int64_t n, struct rng *r)
+{
+    const int64_t ff = 64, n_tok = 37, P = KERN_PANEL_ROWS;
+    const size_t row_bytes = dtype_row_bytes(type, n), ldx = (size_t)n;
+    uint8_t *wg = random_rows(type, n, ff, 0, -1, r), *wu = random_rows(type, n, ff, 0, -1, r);
+    float *x = gemm_acts(n, n_tok, ldx, r);
+    float *g = calloc((size_t)(n_tok * ff), sizeof *g), *u = calloc((size_t)(n_tok * ff), sizeof *u);
+    size_t bytes = f->panel_bytes(type, ff, n, KERN_ACT_BF16);
+    size_t panel = f->panel_bytes(type, P, n, KERN_ACT_BF16);
+    uint8_t *pg = aligned_alloc(64, (bytes + 63) / 64 * 64), *pu = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    uint8_t *xs = aligned_alloc(64, KERN_BF16_BYTES(n_tok, n));
+    uint8_t *want = aligned_alloc(64, KERN_BF16_BYTES(n_tok, ff));
+    uint8_t *got = aligned_alloc(64, KERN_BF16_BYTES(n_tok, ff));
+    assert_true(bytes && g && u && pg && pu && xs && want && got);
+    f->panel_pack(type, wg, row_bytes, ff, n, pg);
+    f->panel_pack(type, wu, row_bytes, ff, n, pu);
+    f->prep_bf16(x, ldx, n_tok, n, xs);
+    f->gemm_bf16_packed[type](pg, ff, xs, n_tok, n, g, (size_t)ff);
+    f->gemm_bf16_packed[type](pu, ff, xs, n_tok, n, u, (size_t)ff);
+    for (int64_t t = 0; t < n_tok; t++)
+        f->swiglu(g + t * ff, u + t * ff, ff);
+    f->prep_bf16(g, (size_t)ff, n_tok, ff, want);
+    static const int64_t chunks[] = {37, 1, 17};
+    for (size_t ci = 0; ci < 3; ci++) {
+        memset(got, 0xff, KERN_BF16_BYTES(n_tok, ff));
+        for (int64_t t0 = 0; t0 < n_tok; t0 += chunks[ci]) {
+            int64_t nt = n_tok - t0 < chunks[ci] ? n_tok - t0 : chunks[ci];
+            uint8_t *o = got + KERN_BF16_BYTES(t0, ff);
+            f->prep_bf16(x + (size_t)t0 * ldx, ldx, nt, n, xs);
+            f->gemm_bf16_swiglu[type](pg, pu, P, xs, nt, n, o, 0, (size_t)ff);
+            f->gemm_bf16_swiglu[type](pg + panel, pu + panel, ff - P, xs, nt, n, o, P, (size_t)ff);
+        }
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < ff; k++)
+                if (bf16_row_at(got, ff, t, k) != bf16_row_at(want, ff, t, k))
+                    fail_msg("fused swiglu %s n=%lld chunks of %lld (token %lld, row %lld): %.9g, "
+                             "unfused %.9g", dtype_get(type)->name, (long long)n,
+                             (long long)chunks[ci], (long long)t, (long long)k,
+                             (double)bf16_row_at(got, ff, t, k),
+                             (double)bf16_row_at(want, ff, t, k));
+        assert_memory_equal(got, want, KERN_BF16_BYTES(n_tok, ff));
+    }
+    free(wg);
+    free(wu);
+    free(x);
+    free(g);
+    free(u);
+    free(pg);
+    free(pu);
+    free(xs);
+    free(want);
+    free(got);
+}
+
+static void test_gemm_bf16_swiglu(void **state)
+{
+    (void)state;
+    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
+    if (!f) {
+        print_message("fused bf16 SwiGLU: no AMX-BF16 on this CPU, not run\n");
+        return;
+    }
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
+    struct rng r = {0x5A1u};
+    for (size_t ti = 0; ti < 3; ti++) {
+        swiglu_fused_case(f, types[ti], 32, &r);
+        swiglu_fused_case(f, types[ti], 576, &r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2227,6 +2302,7 @@ int main(void)
         cmocka_unit_test(test_amx_detect),
         cmocka_unit_test(test_gemm_x3),
         cmocka_unit_test(test_gemm_bf16),
+        cmocka_unit_test(test_gemm_bf16_swiglu),
         cmocka_unit_test(test_known_q4_0),
         cmocka_unit_test(test_known_q4_1),
         cmocka_unit_test(test_known_q5_0),

@@ -24,6 +24,8 @@ struct cpu_state {
     size_t xq16_cap;               /* blocks allocated in xq16 */
     void *xs;                      /* split (exact) or bf16 activations on the AMX table */
     size_t xs_cap;                 /* bytes allocated in xs */
+    void *xh;                      /* bf16 mode: the fused SwiGLU's output (the down input) */
+    size_t xh_cap;                 /* bytes allocated in xh */
 };
 
 static struct cpu_state *st_of(struct kern_backend *b)
@@ -170,10 +172,11 @@ static void in_groups(void *arg, long lo, long hi)
                 (char *)j->xs + (size_t)lo * j->group_bytes);
 }
 
-static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
-                       float *const *y, int n_w, const struct kern_mm_in *in, int n_tok)
+/* The input pass of a matmul of w[0 .. n_w) (in's steps, the activations prepared for the
+ * GEMMs); *jp is then what matmul_worker takes (outputs y). */
+static void mm_input(struct cpu_state *s, const struct kern_tensor *const *w, float *const *y,
+                     int n_w, const struct kern_mm_in *in, int n_tok, struct matmul_job *jp)
 {
-    struct cpu_state *s = st_of(b);
     const int64_t n = w[0]->ne0;
     const float *src = in->norm ? in->xn : in->x;
     struct matmul_job j = {s->fn, w, y, n_w, 0, src, NULL, NULL, NULL, NULL, n_tok};
@@ -213,7 +216,66 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
         else /* one group: not worth waking the pool */
             in_groups(&ij, 0, 1);
     }
+    *jp = j;
+}
+
+static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *w,
+                       float *const *y, int n_w, const struct kern_mm_in *in, int n_tok)
+{
+    struct cpu_state *s = st_of(b);
+    struct matmul_job j;
+    mm_input(s, w, y, n_w, in, n_tok, &j);
     pool_run(s->pool, matmul_worker, &j);
+}
+
+/* bf16 mode's fused gate/up GEMM + SwiGLU: threads take even shares of the panel pairs. */
+struct swiglu_job {
+    const struct kern_cpu_fns *fn;
+    const struct kern_tensor *gate, *up;
+    const void *xb;   /* prep_bf16 of the FFN input */
+    void *h;          /* prep_bf16 of silu(gate) * up, the down projection's input */
+    int n_tok;
+};
+
+static void swiglu_worker(void *arg, int ith, int nth)
+{
+    const struct swiglu_job *j = arg;
+    const struct kern_tensor *g = j->gate;
+    long lo, hi;
+    pool_range(g->ne1 / KERN_PANEL_ROWS, ith, nth, &lo, &hi);
+    if (lo < hi)
+        j->fn->gemm_bf16_swiglu[g->type]((const char *)g->packed + (size_t)lo * g->packed_panel,
+                                         (const char *)j->up->packed +
+                                             (size_t)lo * j->up->packed_panel,
+                                         (hi - lo) * KERN_PANEL_ROWS, j->xb, j->n_tok, g->ne0,
+                                         j->h, lo * KERN_PANEL_ROWS, (size_t)g->ne1);
+}
+
+static void cpu_ffn(struct kern_backend *b, const struct kern_tensor *gate,
+                    const struct kern_tensor *up, const struct kern_tensor *down,
+                    const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
+                    int n_tok)
+{
+    struct cpu_state *s = st_of(b);
+    const struct kern_tensor *gu[2] = {gate, up};
+    float *const guy[2] = {gate_buf, up_buf};
+    if (s->act != KERN_ACT_BF16 || !gate->packed || !up->packed || !down->packed ||
+        gate->type != up->type || !s->fn->gemm_bf16_swiglu[gate->type] ||
+        !s->fn->gemm_bf16_packed[down->type] || gate->ne1 != up->ne1 || gate->ne0 != up->ne0 ||
+        gate->ne1 % KERN_QK || down->ne0 != gate->ne1) {
+        const struct kern_mm_in down_in = {.x = gate_buf, .up = up_buf};
+        cpu_matmul(b, gu, guy, 2, in, n_tok);
+        cpu_matmul(b, &down, &y, 1, &down_in, n_tok);
+        return;
+    }
+    struct matmul_job j;
+    mm_input(s, gu, guy, 2, in, n_tok, &j);
+    struct swiglu_job sj = {s->fn, gate, up, j.xb, NULL, n_tok};
+    sj.h = s->xh = grow(s->xh, &s->xh_cap, KERN_BF16_BYTES(n_tok, gate->ne1), 1);
+    pool_run(s->pool, swiglu_worker, &sj);
+    struct matmul_job jd = {s->fn, &down, &y, 1, (down->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS,
+                            NULL, NULL, NULL, NULL, sj.h, n_tok};
+    pool_run(s->pool, matmul_worker, &jd);
 }
 
 /* Weights the active matmul mode reads through a packed GEMM are packed once here. */
@@ -419,6 +481,7 @@ static int cpu_host_threads(struct kern_backend *b)
 static const struct kern_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
+    .ffn = cpu_ffn,
     .prepare = cpu_prepare,
     .release = cpu_release,
     .get_rows = cpu_get_rows,
@@ -486,6 +549,7 @@ void kern_cpu_backend_free(struct kern_backend *b)
     free(s->xq);
     free(s->xq16);
     free(s->xs);
+    free(s->xh);
     free(s);
     free(b);
 }

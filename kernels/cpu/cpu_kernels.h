@@ -213,6 +213,15 @@ struct kern_cpu_fns {
     void (*prep_bf16)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
     void (*gemm_bf16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
                                           int64_t n_tok, int64_t n, float *y, size_t ldy);
+    /* The FFN's gate and up GEMMs in bf16 mode with the SwiGLU fused: for rows [0, n_rows) of
+     * gate and up (both packed, pg / pu at the panel of the range's first row, n_rows a
+     * multiple of 16), h[t][r] = silu(gate[t][r]) * up[t][r] from the bf16 products, written
+     * as prep_bf16 would write the rows h (o: token t's row at o + t * ldo words; this range is
+     * its rows r0 .., r0 a multiple of 16). Bitwise gemm_bf16_packed of both, kern swiglu,
+     * then prep_bf16. */
+    void (*gemm_bf16_swiglu[DTYPE_COUNT])(const void *pg, const void *pu, int64_t n_rows,
+                                          const void *xs, int64_t n_tok, int64_t n, void *o,
+                                          int64_t r0, size_t ldo);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g

@@ -34,18 +34,11 @@ void kern_avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, fl
 void kern_avx512_swiglu(float *gate, const float *up, int64_t n)
 {
     int64_t i = 0;
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = _mm512_loadu_ps(gate + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(gate + i, swiglu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
+        _mm512_mask_storeu_ps(gate + i, m, swiglu16(_mm512_maskz_loadu_ps(m, gate + i),
+                                                    _mm512_maskz_loadu_ps(m, up + i)));
     }
 }

@@ -1078,11 +1078,9 @@ static const struct amx_cfg bf_cfg[32] = {
     } while (0)
 
 /* Panels b0 (and b1 when two) times the token groups at a (and a + 16 rows when g2) over all
- * nb blocks; the tile configuration for these token rows is loaded. */
-static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t *b1,
-                                             const int two, const uint16_t *a, int64_t n,
-                                             const int g2, int nt0, int nt1, float *y,
-                                             size_t ldy, int nr0, int nr1)
+ * nb blocks, into tiles 0-3; the tile configuration for these token rows is loaded. */
+static ALWAYS_INLINE AMX_BF16X void bf_loop(const uint16_t *b0, const uint16_t *b1, const int two,
+                                            const uint16_t *a, int64_t n, const int g2)
 {
     const int64_t nb = n / KERN_QK;
     const size_t lda = (size_t)n * sizeof(uint16_t);
@@ -1110,6 +1108,15 @@ static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t 
                 _tile_dpbf16ps(3, 5, 7);
         }
     }
+}
+
+/* bf_loop, then its tiles into y (nt0 / nt1 token rows, nr0 / nr1 panel rows). */
+static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t *b1,
+                                             const int two, const uint16_t *a, int64_t n,
+                                             const int g2, int nt0, int nt1, float *y,
+                                             size_t ldy, int nr0, int nr1)
+{
+    bf_loop(b0, b1, two, a, n, g2);
     BF_STORE(0, y, nt0, nr0);
     if (two)
         BF_STORE(1, y + 16, nt0, nr1);
@@ -1177,12 +1184,80 @@ AMX_ENTRY(AMX_BF16X, bf16, q4_0, GQ_Q4_0)
 AMX_ENTRY(AMX_BF16X, bf16, q4_1, GQ_Q4_1)
 AMX_ENTRY(AMX_BF16X, bf16, q8_0, GQ_Q8_0)
 
+/* The SwiGLU of one token group's gate tile C (panel rows r0 ..) and up tile CU, as
+ * prep_bf16 of the SwiGLU'd rows would write them: token j's value for row r is word
+ * 2 (r % 16) + (r % 32) / 16 of its block r / 32 (r0 is a multiple of 16, so the 16 rows of
+ * the panel fill the even or the odd words of one block). */
+#define BF_SWIGLU_STORE(C, CU, o, nt, r0, ldo)                                                             do {                                                                                                   _Alignas(64) float g_[16][16], u_[16][16];                                                         X3_STORED(C, g_);                                                                                  X3_STORED(CU, u_);                                                                            const int odd_ = (int)(((r0) / 16) % 2);                                                           const __mmask32 wm_ = odd_ ? 0xAAAAAAAAu : 0x55555555u;                                            uint16_t *ob_ = (uint16_t *)(o) + (size_t)(r0) / 32 * 32;                                          for (int j_ = 0; j_ < (nt); j_++) {                                                                    const __m512 h_ = swiglu16(_mm512_load_ps(g_[j_]), _mm512_load_ps(u_[j_]));                        __m512i w_ = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(h_));                               if (odd_)                                                                                              w_ = _mm512_slli_epi32(w_, 16);                                                                _mm512_mask_storeu_epi16(ob_ + (size_t)j_ * (ldo), wm_, w_);                                   }                                                                                              } while (0)
+
+/* The fused first half of the FFN: for rows [0, n_rows) of gate and up (panels packed at load,
+ * the same type), h = silu(gate x) * up x per token, written straight as the down projection's
+ * prep_bf16 input (o: token t's n_ff words at o + t * ldo, this call's rows starting at row
+ * r0 of it). Gate and up panels p run as a tile pair, so each (row, token) value is bitwise
+ * what the two GEMMs, kern_avx512_swiglu and prep_bf16 compute one after another. */
+static ALWAYS_INLINE AMX_BF16X void bf16_swiglu_driver(const enum gq_kind kind, const void *pg,
+                                                       const void *pu, int64_t n_rows,
+                                                       const void *xs, int64_t n_tok, int64_t n,
+                                                       void *o, int64_t r0, size_t ldo)
+{
+    const int64_t nb = n / KERN_QK;
+    const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
+    const size_t pstride = (size_t)nb * bb;
+    _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
+    assert(n % KERN_QK == 0 && nb > 0 && nb <= KERN_PANEL_BF16_BLKS);
+    assert(n_rows % 16 == 0 && r0 % 16 == 0);
+    int group = (int)(X3_BT_BYTES / (2048 * (size_t)nb)); /* panel pairs, >= 1 */
+    group = group < BF_GROUP / 2 ? group : BF_GROUP / 2;
+    if (n_tok <= 32)
+        group = 1;
+    const int64_t n_panels = n_rows / 16;
+    int cfg = 0;
+    for (int64_t p0 = 0; p0 < n_panels; p0 += group) {
+        const int np = n_panels - p0 < group ? (int)(n_panels - p0) : group;
+        for (int p = 0; p < np; p++)
+            for (int64_t b = 0; b < nb; b++) {
+                const size_t off = (size_t)(p0 + p) * pstride + (size_t)b * bb;
+                uint16_t *dst = bt + ((size_t)(2 * p) * (size_t)nb + (size_t)b) * 512;
+                bf_expand((const uint8_t *)pg + off, kind, dst);
+                bf_expand((const uint8_t *)pu + off, kind, dst + (size_t)nb * 512);
+            }
+        AMX_FENCE();
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 32) {
+            const int nt = n_tok - t0 < 32 ? (int)(n_tok - t0) : 32;
+            const int nt0 = nt < 16 ? nt : 16, nt1 = nt - nt0;
+            const uint16_t *a = (const uint16_t *)xs + (size_t)t0 * (size_t)n;
+            uint16_t *ot = (uint16_t *)o + (size_t)t0 * ldo;
+            if (nt != cfg) {
+                _tile_loadconfig(&bf_cfg[nt - 1]);
+                cfg = nt;
+            }
+            for (int p = 0; p < np; p++) {
+                const uint16_t *bp = bt + (size_t)(2 * p) * (size_t)nb * 512;
+                const int64_t r = r0 + (p0 + p) * 16;
+                bf_loop(bp, bp + nb * 512, 1, a, n, nt1 > 0);
+                BF_SWIGLU_STORE(0, 1, ot, nt0, r, ldo);
+                if (nt1 > 0)
+                    BF_SWIGLU_STORE(2, 3, ot + 16 * ldo, nt1, r, ldo);
+            }
+        }
+    }
+    _tile_release();
+}
+
+#define AMX_SWIGLU_ENTRY(name, kind)                                                                   static AMX_BF16X void amx_gemm_##name##_bf16_swiglu(const void *pg, const void *pu,                                                                     int64_t n_rows, const void *xs,                                                                    int64_t n_tok, int64_t n, void *o,                                                                 int64_t r0, size_t ldo)                       {                                                                                                      bf16_swiglu_driver(kind, pg, pu, n_rows, xs, n_tok, n, o, r0, ldo);                            }
+AMX_SWIGLU_ENTRY(q4_0, GQ_Q4_0)
+AMX_SWIGLU_ENTRY(q4_1, GQ_Q4_1)
+AMX_SWIGLU_ENTRY(q8_0, GQ_Q8_0)
+
 void kern_amx_patch(struct kern_cpu_fns *f)
 {
     f->prep_bf16 = bf_prep;
     f->gemm_bf16_packed[DTYPE_Q4_0] = amx_gemm_q4_0_bf16_packed;
     f->gemm_bf16_packed[DTYPE_Q4_1] = amx_gemm_q4_1_bf16_packed;
     f->gemm_bf16_packed[DTYPE_Q8_0] = amx_gemm_q8_0_bf16_packed;
+    f->gemm_bf16_swiglu[DTYPE_Q4_0] = amx_gemm_q4_0_bf16_swiglu;
+    f->gemm_bf16_swiglu[DTYPE_Q4_1] = amx_gemm_q4_1_bf16_swiglu;
+    f->gemm_bf16_swiglu[DTYPE_Q8_0] = amx_gemm_q8_0_bf16_swiglu;
     f->prep_x3 = x3_prep;
     f->gemm_x3_packed[DTYPE_Q4_0] = amx_gemm_q4_0_x3_packed;
     f->gemm_x3_packed[DTYPE_Q4_1] = amx_gemm_q4_1_x3_packed;

@@ -33,6 +33,14 @@ static inline __m512 exp16(__m512 x)
     return _mm512_maskz_mov_ps(ok, _mm512_scalef_ps(p, n));
 }
 
+/* silu(g) * u = g / (1 + e^-g) * u on 16 lanes: kern_avx512_swiglu's arithmetic, shared with
+ * the fused SwiGLU of the bf16 FFN so both give the same bits. */
+static inline __m512 swiglu16(__m512 g, __m512 u)
+{
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
 /* Row offsets of the 16 lanes relative to the panel's first row, for gathers; lanes past nr
  * repeat the last row (their results are never stored). */
 static inline __m512i gq_row_offsets(size_t row_bytes, int nr)
