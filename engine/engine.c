@@ -90,6 +90,7 @@ void engine_params_default(struct engine_params *p)
     p->kv_block = 16;
     p->kv_mem = (size_t)1 << 30;
     p->prefix_cache = 1;
+    p->kv_dtype = KERN_KV_F16;
 }
 
 static void seq_free(struct seq *s)
@@ -123,7 +124,10 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        "engine: max-batch-tokens (%d) must be >= max-seqs (%d) so every running "
                        "sequence decodes each step",
                        p->max_batch_tokens, p->max_seqs);
-    size_t per_block = engine_kv_bytes_per_token(m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim) *
+    if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
+        return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
+    size_t per_block = engine_kv_bytes_per_token(m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
+                                                 p->kv_dtype) *
                        (size_t)p->kv_block;
     size_t n_blocks = p->kv_mem / per_block;
     if (n_blocks < 1 || n_blocks > (1u << 28))
@@ -136,9 +140,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->m = m;
     e->tok = tok;
     e->p = *p;
-    enum status st = engine_kv_init(&e->kv, m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim,
-                                    p->kv_block, (int32_t)n_blocks, p->max_seqs, p->prefix_cache,
-                                    err);
+    enum status st = engine_kv_init(&e->kv, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
+                                    p->kv_dtype, p->kv_block, (int32_t)n_blocks, p->max_seqs,
+                                    p->prefix_cache, err);
     if (st) {
         free(e);
         return st;

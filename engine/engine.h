@@ -20,6 +20,7 @@ struct engine_params {
     int kv_block;          /* tokens per KV block (default 16) */
     size_t kv_mem;         /* bytes for the KV pool (default 1 GiB) */
     int prefix_cache;      /* reuse cached prompt blocks (default 1) */
+    int kv_dtype;          /* enum kern_kv_dtype: KERN_KV_F16 (default) or KERN_KV_Q8 */
 };
 
 void engine_params_default(struct engine_params *p);

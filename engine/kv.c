@@ -9,9 +9,10 @@
 
 #define CHAIN_SEED 0x9E3779B97F4A7C15ull
 
-size_t engine_kv_bytes_per_token(int n_layer, int kv_dim)
+size_t engine_kv_bytes_per_token(int n_layer, int n_kv_head, int head_dim, int dtype)
 {
-    return (size_t)n_layer * 2 * (size_t)kv_dim * sizeof(uint16_t); /* IEEE half */
+    /* K and V: per layer and KV head, one token's share of a tile */
+    return (size_t)n_layer * 2 * (size_t)n_kv_head * KERN_KV_TILE_BYTES(dtype, 1, head_dim);
 }
 
 static uint64_t mix64(uint64_t x)
@@ -32,19 +33,22 @@ static uint64_t chain_hash(uint64_t parent, const int32_t *tok, int n)
     return h ? h : 1;
 }
 
-enum status engine_kv_init(struct engine_kv **out, int n_layer, int kv_dim, int block_size,
-                           int32_t n_blocks, int max_seqs, int prefix_cache,
-                           struct err_detail *err)
+enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, int head_dim,
+                           int dtype, int block_size, int32_t n_blocks, int max_seqs,
+                           int prefix_cache, struct err_detail *err)
 {
     *out = NULL;
-    if (n_layer < 1 || kv_dim < 1 || block_size < 1 || block_size > 4096 || n_blocks < 1 ||
-        n_blocks > (1 << 28) || max_seqs < 1)
+    if (n_layer < 1 || n_kv_head < 1 || head_dim < 1 || block_size < 1 || block_size > 4096 ||
+        n_blocks < 1 || n_blocks > (1 << 28) || max_seqs < 1 ||
+        (dtype != KERN_KV_F16 && dtype != KERN_KV_Q8))
         return err_set(err, ST_ERR_INVALID_ARG, "bad KV cache geometry");
     struct engine_kv *kv = calloc(1, sizeof(*kv));
     if (!kv)
         return err_set(err, ST_ERR_NOMEM, "no memory for the KV cache");
     kv->n_layer = n_layer;
-    kv->kv_dim = kv_dim;
+    kv->n_kv_head = n_kv_head;
+    kv->head_dim = head_dim;
+    kv->dtype = dtype;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->max_seqs = max_seqs;
@@ -53,10 +57,11 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int kv_dim, int 
     while (tsize < 2u * (uint32_t)n_blocks)
         tsize *= 2;
     kv->table_mask = tsize - 1;
-    size_t per_layer = (size_t)n_blocks * (size_t)block_size * (size_t)kv_dim;
+    size_t per_layer = (size_t)n_blocks * (size_t)n_kv_head *
+                       KERN_KV_TILE_BYTES(dtype, block_size, head_dim);
     size_t nb = (size_t)n_blocks;
-    kv->k = calloc(per_layer * (size_t)n_layer, sizeof(uint16_t));
-    kv->v = calloc(per_layer * (size_t)n_layer, sizeof(uint16_t));
+    kv->k = calloc(per_layer, (size_t)n_layer);
+    kv->v = calloc(per_layer, (size_t)n_layer);
     kv->ref = calloc(nb, sizeof(*kv->ref));
     kv->hash = calloc(nb, sizeof(*kv->hash));
     kv->phash = calloc(nb, sizeof(*kv->phash));
@@ -413,7 +418,9 @@ const int32_t *engine_kv_table(const struct engine_kv *kv, int seq) { return kv-
 
 struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int layer)
 {
-    size_t per_layer = (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->kv_dim;
-    struct kern_kv_layer l = {kv->k + per_layer * (size_t)layer, kv->v + per_layer * (size_t)layer};
+    size_t per_layer = (size_t)kv->n_blocks * (size_t)kv->n_kv_head *
+                       KERN_KV_TILE_BYTES(kv->dtype, kv->block_size, kv->head_dim);
+    struct kern_kv_layer l = {kv->k + per_layer * (size_t)layer, kv->v + per_layer * (size_t)layer,
+                              kv->dtype};
     return l;
 }

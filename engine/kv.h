@@ -2,7 +2,8 @@
  * and an automatic prefix cache. A full block is identified by its token ids and its parent
  * block (a hash chain); sequences whose prompts share a prefix share those blocks, and blocks
  * freed by finished sequences stay cached until evicted least-recently-used.
- * Storage is f32 (see README "Accuracy"). */
+ * Storage is f16, or 8-bit with per-token scales on request (struct kern_kv_layer; README
+ * "Accuracy"). */
 #ifndef ENGINE_KV_H
 #define ENGINE_KV_H
 
@@ -28,12 +29,14 @@ struct engine_kv_stats {
 
 struct engine_kv {
     int n_layer;                 /* layers */
-    int kv_dim;                  /* n_kv_head * head_dim */
+    int n_kv_head;               /* KV heads */
+    int head_dim;                /* channels per head */
+    int dtype;                   /* enum kern_kv_dtype */
     int block_size;              /* tokens per block */
     int32_t n_blocks;            /* blocks in the pool */
-    uint16_t *k;                 /* halves, per layer n_blocks x block_size x kv_dim, laid out
-                                  * as struct kern_kv_layer says */
-    uint16_t *v;                 /* same size */
+    uint8_t *k;                  /* per layer n_blocks x n_kv_head tiles, laid out as struct
+                                  * kern_kv_layer says */
+    uint8_t *v;                  /* same size */
     int32_t *ref;                /* per block: sequences holding it */
     uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
     int32_t *btok;               /* per block: its block_size token ids (for exact matching) */
@@ -54,13 +57,13 @@ struct engine_kv {
 };
 
 /* A pool of n_blocks blocks for max_seqs sequence slots. Caller frees with engine_kv_free. */
-enum status engine_kv_init(struct engine_kv **out, int n_layer, int kv_dim, int block_size,
-                           int32_t n_blocks, int max_seqs, int prefix_cache,
-                           struct err_detail *err);
+enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, int head_dim,
+                           int dtype, int block_size, int32_t n_blocks, int max_seqs,
+                           int prefix_cache, struct err_detail *err);
 void engine_kv_free(struct engine_kv *kv);
 
 /* Bytes one token occupies across all layers (K and V). */
-size_t engine_kv_bytes_per_token(int n_layer, int kv_dim);
+size_t engine_kv_bytes_per_token(int n_layer, int n_kv_head, int head_dim, int dtype);
 
 /* Make positions [0, n_tokens) of slot seq addressable, taking free blocks (evicting cached
  * ones LRU if needed). ST_ERR_RANGE when not enough blocks (nothing is taken then). */

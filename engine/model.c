@@ -246,11 +246,11 @@ void engine_model_free(struct engine_model *m)
 }
 
 enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
-                                 int32_t n_tokens, int max_seqs, int block_size,
+                                 int32_t n_tokens, int max_seqs, int block_size, int dtype,
                                  struct err_detail *err)
 {
     int32_t blocks = (n_tokens + block_size - 1) / block_size;
-    return engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim, block_size,
+    return engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype, block_size,
                           blocks, max_seqs, 0, err);
 }
 

@@ -78,9 +78,10 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
                                  const struct engine_batch *b, float *logits,
                                  struct err_detail *err);
 
-/* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences. */
+/* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences, stored
+ * as dtype (enum kern_kv_dtype). */
 enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
-                                 int32_t n_tokens, int max_seqs, int block_size,
+                                 int32_t n_tokens, int max_seqs, int block_size, int dtype,
                                  struct err_detail *err);
 
 #endif

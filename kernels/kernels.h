@@ -20,16 +20,27 @@ struct kern_tensor {
     size_t packed_panel; /* bytes per panel of packed rows (backend-defined) */
 };
 
-/* One layer's KV storage: a pool of fixed-size blocks of IEEE half floats. Block b holds, for
- * each KV head g, a tile of block_size (B) tokens x head_dim (D) channels:
- *   key     channel c of token i: k[((b * n_kv_head + g) * D + c) * B + i]   (channel-major)
- *   value   channel c of token i: v[((b * n_kv_head + g) * B + i) * D + c]   (token-major)
+/* One layer's KV storage: a pool of fixed-size blocks. Block b holds, for each KV head g, a
+ * tile of block_size (B) tokens x head_dim (D) channels, tile number (b * n_kv_head + g), each
+ * KERN_KV_TILE_BYTES(dtype, B, D) bytes. In IEEE half floats (KERN_KV_F16):
+ *   key     channel c of token i: k[tile * D * B + c * B + i]   (channel-major)
+ *   value   channel c of token i: v[tile * B * D + i * D + c]   (token-major)
  * Keys are channel-major so that one vector load gives a channel of consecutive tokens (scores
  * of 16 keys come out of D vector FMAs, no horizontal sums); values are token-major for the
- * weighted sum. One tile is contiguous, so a query head group streams it once. */
+ * weighted sum. One tile is contiguous, so a query head group streams it once.
+ * In 8 bits (KERN_KV_Q8, opt-in): the same positions hold int8 quants q, and the tile's last
+ * 4 B bytes the B float scales s (token i's at byte D * B + 4 i); a token's D keys (values) of
+ * one head are s q with s = max|x| / 127 and q = round(x / s) (kern_kv_quant_q8): half the
+ * bytes of f16 for every attention read, at a rounding error of up to s / 2 per element. */
+enum kern_kv_dtype { KERN_KV_F16 = 0, KERN_KV_Q8 = 1 };
+
+#define KERN_KV_TILE_BYTES(dtype, B, D)                                                            \
+    ((dtype) == KERN_KV_Q8 ? (size_t)(B) * ((size_t)(D) + 4) : (size_t)(B) * (size_t)(D) * 2)
+
 struct kern_kv_layer {
-    uint16_t *k; /* n_blocks * n_kv_head * head_dim * block_size halves */
-    uint16_t *v; /* same size */
+    void *k;   /* n_blocks * n_kv_head tiles */
+    void *v;   /* same size */
+    int dtype; /* enum kern_kv_dtype */
 };
 
 /* Arguments of one attention call over a batch of tokens from several sequences. Token t

@@ -38,6 +38,7 @@ static const char bench_usage[] =
     "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
     "  --kv-block B           tokens per KV block (default 16)\n"
     "  --no-prefix-cache      disable automatic prefix caching\n"
+    "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8-bit, see quern run --help)\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
     "  --isa NAME             auto|scalar|avx2|avx512|amx (default auto)\n"
     "  --matmul MODE          exact (default), q16, bf16 or q8, see `quern generate --help`\n"
@@ -63,7 +64,7 @@ struct bench_opts {
 };
 
 enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEQS, B_BATCH, B_KVMEM, B_KVBLOCK,
-       B_NOPREFIX, B_THREADS, B_ISA, B_MATMUL, B_SEED, B_PEAK };
+       B_NOPREFIX, B_THREADS, B_ISA, B_MATMUL, B_SEED, B_PEAK, B_KVDTYPE };
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
 {
@@ -78,6 +79,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {"kv-mem", required_argument, 0, B_KVMEM},
         {"kv-block", required_argument, 0, B_KVBLOCK},
         {"no-prefix-cache", no_argument, 0, B_NOPREFIX},
+        {"kv-dtype", required_argument, 0, B_KVDTYPE},
         {"threads", required_argument, 0, B_THREADS},
         {"isa", required_argument, 0, B_ISA},
         {"matmul", required_argument, 0, B_MATMUL},
@@ -133,6 +135,10 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             break;
         case B_KVMEM:
             if (!runner_parse_size("bench", "kv-mem", optarg, &o->ep.kv_mem))
+                return 0;
+            break;
+        case B_KVDTYPE:
+            if (!runner_parse_kv_dtype("bench", optarg, &o->ep.kv_dtype))
                 return 0;
             break;
         case B_THREADS:
@@ -452,6 +458,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "max_seqs", o.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.ep.kv_block);
+    cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.ep.kv_dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", kv->n_blocks);
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
     cJSON_AddNumberToObject(j, "input_tokens", (double)in_tok);

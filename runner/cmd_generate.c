@@ -282,8 +282,8 @@ static int run(const struct gen_opts *o)
     ep.prefix_cache = 0;
     size_t blocks = (n_prompt + (size_t)max_new + (size_t)ep.kv_block - 1) / (size_t)ep.kv_block;
     ep.kv_mem = blocks * (size_t)ep.kv_block *
-                engine_kv_bytes_per_token(g.model->hp.n_layer,
-                                          g.model->hp.n_kv_head * g.model->hp.head_dim);
+                engine_kv_bytes_per_token(g.model->hp.n_layer, g.model->hp.n_kv_head,
+                                          g.model->hp.head_dim, ep.kv_dtype);
     struct engine_request r = {0};
     r.prompt = g.ids;
     r.n_prompt = n_prompt;

@@ -11,15 +11,18 @@
 #include "runner/runner.h"
 
 static const char plan_usage[] =
-    "usage: quern plan [--model PATH] [--kv-mem SIZE] [--kv-block B] [--seq-len L] [--json]\n"
+    "usage: quern plan [--model PATH] [--kv-mem SIZE] [--kv-block B] [--kv-dtype f16|q8]\n"
+    "                  [--seq-len L] [--json]\n"
     "\n"
     "Print the memory plan: weights, KV cache bytes per token (layers x 2 x kv_heads x\n"
-    "head_dim x 4 bytes, f32), and how many tokens / sequences of length L fit in --kv-mem.\n"
+    "head_dim x 2 bytes in f16; with q8, 1 byte per value plus a 4-byte scale per token and\n"
+    "head), and how many tokens / sequences of length L fit in --kv-mem.\n"
     "Warns when the budget cannot hold one sequence of the model's full context.\n"
     "\n"
     "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --kv-mem SIZE  KV pool size, e.g. 2G (default 1G)\n"
     "  --kv-block B   tokens per KV block (default 16)\n"
+    "  --kv-dtype T   KV cache storage, f16 (default) or q8\n"
     "  --seq-len L    sequence length (prompt + output) to count (default 1024)\n"
     "  --json         print JSON instead of text\n"
     "  -h, --help     this help\n";
@@ -30,17 +33,22 @@ int runner_cmd_plan(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"kv-mem", required_argument, 0, 'k'},
         {"kv-block", required_argument, 0, 'b'}, {"seq-len", required_argument, 0, 'l'},
         {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+        {"kv-dtype", required_argument, 0, 'd'},
         {0, 0, 0, 0},
     };
     const char *model = RUNNER_DEFAULT_MODEL;
     size_t kv_mem = (size_t)1 << 30;
     long block = 16, seq_len = 1024;
-    int json = 0, c;
+    int json = 0, dtype = KERN_KV_F16, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = 1; break;
+        case 'd':
+            if (!runner_parse_kv_dtype("plan", optarg, &dtype))
+                return RUNNER_EXIT_USAGE;
+            break;
         case 'k':
             if (!runner_parse_size("plan", "kv-mem", optarg, &kv_mem))
                 return RUNNER_EXIT_USAGE;
@@ -72,7 +80,7 @@ int runner_cmd_plan(int argc, char **argv)
     uint64_t weights = 0;
     for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
         weights += m->gguf->tensors[i].nbytes;
-    size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head * hp->head_dim);
+    size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype);
     size_t per_block = per_tok * (size_t)block;
     size_t blocks = kv_mem / per_block;
     size_t tokens = blocks * (size_t)block;
@@ -82,17 +90,25 @@ int runner_cmd_plan(int argc, char **argv)
     int full_ctx_fits = blocks >= ctx_blocks;
     if (json) {
         printf("{\"model\": \"%s\", \"weights_bytes\": %llu, \"kv_bytes_per_token\": %zu, "
-               "\"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, \"kv_tokens\": %zu, "
+               "\"kv_dtype\": \"%s\", \"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, "
+               "\"kv_tokens\": %zu, "
                "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
                "\"full_context_fits\": %s}\n",
-               model, (unsigned long long)weights, per_tok, kv_mem, block, blocks, tokens,
+               model, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
+               block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false");
     } else {
         printf("model:               %s\n", model);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
                (double)weights / 1048576.0, (unsigned long long)weights);
-        printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x %d dims x 4 B)\n",
-               per_tok, hp->n_layer, hp->n_kv_head, hp->head_dim);
+        if (dtype == KERN_KV_Q8)
+            printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x (%d dims x 1 B + "
+                   "4 B scale), q8)\n",
+                   per_tok, hp->n_layer, hp->n_kv_head, hp->head_dim);
+        else
+            printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x %d dims x 2 B, "
+                   "f16)\n",
+                   per_tok, hp->n_layer, hp->n_kv_head, hp->head_dim);
         printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
                (double)kv_mem / 1048576.0, blocks, block, tokens);
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);

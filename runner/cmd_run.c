@@ -56,6 +56,8 @@ static const char run_usage[] =
     "  --isa NAME, --matmul exact|q16|bf16|q8   kernels (see quern generate --help)\n"
     "  --max-seqs S, --max-batch-tokens T, --kv-mem SIZE, --kv-block B, --no-prefix-cache\n"
     "                         engine settings (defaults 256, 512, 1G, 16)\n"
+    "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8 bits per value with a\n"
+    "                         scale per token and head, half the bytes, less accurate)\n"
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
     "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
@@ -90,7 +92,7 @@ static void on_signal(int sig)
 
 enum { R_DB = 256, R_OUT, R_JOB, R_THREADS, R_ISA, R_MATMUL, R_SEQS, R_BATCH, R_KVMEM, R_KVBLOCK,
        R_NOPREFIX, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR, R_SHARDR,
-       R_SHARDB, R_PROGRESS, R_WORKER };
+       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
@@ -102,6 +104,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"max-batch-tokens", required_argument, 0, R_BATCH},
         {"kv-mem", required_argument, 0, R_KVMEM}, {"kv-block", required_argument, 0, R_KVBLOCK},
         {"no-prefix-cache", no_argument, 0, R_NOPREFIX},
+        {"kv-dtype", required_argument, 0, R_KVDTYPE},
         {"max-runtime", required_argument, 0, R_MAXRT}, {"grace", required_argument, 0, R_GRACE},
         {"lock", required_argument, 0, R_LOCK}, {"lease", required_argument, 0, R_LEASE},
         {"claim", required_argument, 0, R_CLAIM}, {"flush-secs", required_argument, 0, R_FLUSHS},
@@ -162,6 +165,10 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
             break;
         case R_KVMEM:
             if (!runner_parse_size(cmd, "kv-mem", optarg, &o->ep.kv_mem))
+                return 0;
+            break;
+        case R_KVDTYPE:
+            if (!runner_parse_kv_dtype(cmd, optarg, &o->ep.kv_dtype))
                 return 0;
             break;
         case R_MAXRT:

@@ -72,6 +72,21 @@ int runner_parse_matmul(const char *cmd, const char *s, int *out)
     return 0;
 }
 
+int runner_parse_kv_dtype(const char *cmd, const char *s, int *out)
+{
+    if (!strcmp(s, "f16") || !strcmp(s, "q8")) {
+        *out = !strcmp(s, "q8") ? KERN_KV_Q8 : KERN_KV_F16;
+        return 1;
+    }
+    fprintf(stderr, "quern %s: bad value for --kv-dtype: '%s' (f16|q8)\n", cmd, s);
+    return 0;
+}
+
+const char *runner_kv_dtype_name(int dtype)
+{
+    return dtype == KERN_KV_Q8 ? "q8" : "f16";
+}
+
 const char *runner_matmul_name(int act)
 {
     return act == KERN_ACT_Q8     ? "q8"

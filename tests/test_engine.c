@@ -43,7 +43,7 @@ static void test_kv_refcount_and_lru(void **state)
     struct engine_kv *kv;
     struct err_detail err = {0};
     /* 4 blocks of 4 tokens, 3 slots */
-    assert_int_equal(engine_kv_init(&kv, 1, 2, 4, 4, 3, 1, &err), ST_OK);
+    assert_int_equal(engine_kv_init(&kv, 1, 1, 2, KERN_KV_F16, 4, 4, 3, 1, &err), ST_OK);
     int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
     assert_int_equal(engine_kv_reserve(kv, 0, 9, &err), ST_OK); /* 3 blocks */
     assert_int_equal(engine_kv_available(kv), 1);
@@ -86,7 +86,7 @@ static void test_kv_check_detects_leak(void **state)
     (void)state;
     struct engine_kv *kv;
     struct err_detail err = {0};
-    assert_int_equal(engine_kv_init(&kv, 1, 2, 4, 4, 2, 1, &err), ST_OK);
+    assert_int_equal(engine_kv_init(&kv, 1, 1, 2, KERN_KV_F16, 4, 4, 2, 1, &err), ST_OK);
     assert_int_equal(engine_kv_reserve(kv, 0, 4, &err), ST_OK);
     assert_int_equal(engine_kv_check(kv, 1, &err), ST_ERR_INTERNAL); /* still held */
     assert_non_null(strstr(err.msg, "leak"));
@@ -104,7 +104,7 @@ static void test_kv_random_ops(void **state)
     (void)state;
     struct engine_kv *kv;
     struct err_detail err = {0};
-    assert_int_equal(engine_kv_init(&kv, 1, 1, 2, 32, 6, 1, &err), ST_OK);
+    assert_int_equal(engine_kv_init(&kv, 1, 1, 1, KERN_KV_F16, 2, 32, 6, 1, &err), ST_OK);
     uint64_t r = 12345;
     int32_t toks[6][64];
     int32_t len[6] = {0};
@@ -368,7 +368,8 @@ static void test_chunking_preemption_prefix(void **state)
     run_engine(f, &p, pr, np, N, 0, chunked, &st);
     assert_same(base, chunked, N, "chunked prefill");
     /* pool of 24 blocks (384 tokens) for 16 sequences of ~70 tokens: must preempt */
-    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head * f->m->hp.head_dim) * 16;
+    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
+                                           KERN_KV_F16) * 16;
     engine_params_default(&p);
     p.max_seqs = 16;
     p.max_batch_tokens = 64;

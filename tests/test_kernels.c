@@ -1660,7 +1660,30 @@ static void test_threads(void **state)
     free(w);
 }
 
-/* ---- attention over the f16 paged KV cache ----------------------------------------------- */
+/* ---- attention over the paged KV cache (f16 and 8-bit) -------------------------------------- */
+
+/* Key (value) channel c of token i of a tile, as stored (8-bit: quant times scale). */
+static double kv_key(const struct kern_attn *a, size_t tile, int c, int i)
+{
+    const int D = a->head_dim, B = a->block_size;
+    const uint8_t *t = (const uint8_t *)a->kv.k + tile * KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
+    if (a->kv.dtype == KERN_KV_F16)
+        return kern_f16_to_f32(((const uint16_t *)t)[(size_t)c * B + i]);
+    float sc;
+    memcpy(&sc, t + (size_t)D * B + 4 * (size_t)i, sizeof sc);
+    return (double)((const int8_t *)t)[(size_t)c * B + i] * sc;
+}
+
+static double kv_value(const struct kern_attn *a, size_t tile, int c, int i)
+{
+    const int D = a->head_dim, B = a->block_size;
+    const uint8_t *t = (const uint8_t *)a->kv.v + tile * KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
+    if (a->kv.dtype == KERN_KV_F16)
+        return kern_f16_to_f32(((const uint16_t *)t)[(size_t)i * D + c]);
+    float sc;
+    memcpy(&sc, t + (size_t)D * B + 4 * (size_t)i, sizeof sc);
+    return (double)((const int8_t *)t)[(size_t)i * D + c] * sc;
+}
 
 /* Straightforward float64 attention over the layout of struct kern_kv_layer: all scores, max,
  * exp, normalize, weighted sum. Independent of the kernels' run/online-softmax structure. */
@@ -1677,7 +1700,7 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
             size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
             double d = 0;
             for (int c = 0; c < D; c++)
-                d += (double)q[c] * kern_f16_to_f32(a->kv.k[(tile * D + c) * B + p % B]);
+                d += (double)q[c] * kv_key(a, tile, c, p % B);
             sc[p] = d * a->scale;
             mx = sc[p] > mx ? sc[p] : mx;
         }
@@ -1687,7 +1710,7 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
             double acc = 0;
             for (int p = 0; p < n; p++) {
                 size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
-                acc += sc[p] * kern_f16_to_f32(a->kv.v[(tile * B + p % B) * D + c]);
+                acc += sc[p] * kv_value(a, tile, c, p % B);
             }
             out[h * D + c] = acc / sum;
         }
@@ -1695,10 +1718,72 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
     free(sc);
 }
 
+/* kern_kv_quant_q8: the largest magnitude maps to +-127, every value within half a step of
+ * its quant times the scale, zeros stay zero. */
+static void check_kv_quant(void)
+{
+    struct rng r = {0x0A8};
+    float x[64], sc;
+    int8_t q[64];
+    for (int it = 0; it < 200; it++) {
+        int n = 1 + (int)(rng_u64(&r) % 64);
+        float amp = it % 2 ? 1e-3f : 40.0f, amax = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = rng_uniform(&r, -amp, amp);
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        }
+        kern_kv_quant_q8(x, n, q, &sc);
+        assert_true(sc == amax / 127.0f);
+        int top = 0;
+        for (int i = 0; i < n; i++) {
+            if (!(fabs((double)x[i] - (double)q[i] * sc) <= 0.5001 * sc))
+                fail_msg("kv quant: %g stored as %d x %g", (double)x[i], q[i], (double)sc);
+            top |= q[i] == 127 || q[i] == -127;
+        }
+        assert_true(top);
+    }
+    memset(x, 0, sizeof x);
+    kern_kv_quant_q8(x, 64, q, &sc);
+    assert_true(sc == 0.0f);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(q[i], 0);
+}
+
+/* Random keys/values into a pool of n_tiles tiles: f16, or each token's row of one head
+ * quantized by kern_kv_quant_q8 (the one quantizer the KV store uses). */
+static void fill_kv_pool(struct kern_kv_layer *kv, int dtype, size_t n_tiles, int B, int D,
+                         struct rng *r)
+{
+    const size_t tb = KERN_KV_TILE_BYTES(dtype, B, D);
+    uint8_t *k = malloc(n_tiles * tb), *v = malloc(n_tiles * tb);
+    float row[KERN_MAX_HEAD_DIM];
+    int8_t q[KERN_MAX_HEAD_DIM];
+    assert_true(k && v);
+    for (size_t t = 0; t < n_tiles; t++)
+        for (int i = 0; i < B; i++)
+            for (int kvi = 0; kvi < 2; kvi++) {
+                uint8_t *tile = (kvi ? v : k) + t * tb;
+                for (int c = 0; c < D; c++)
+                    row[c] = kvi ? rng_uniform(r, -1.0f, 1.0f) : rng_uniform(r, -2.0f, 2.0f);
+                if (dtype == KERN_KV_F16) {
+                    for (int c = 0; c < D; c++)
+                        ((uint16_t *)tile)[kvi ? (size_t)i * D + c : (size_t)c * B + i] =
+                            kern_f32_to_f16(row[c]);
+                } else {
+                    float sc;
+                    kern_kv_quant_q8(row, D, q, &sc);
+                    for (int c = 0; c < D; c++)
+                        ((int8_t *)tile)[kvi ? (size_t)i * D + c : (size_t)c * B + i] = q[c];
+                    memcpy(tile + (size_t)D * B + 4 * (size_t)i, &sc, sizeof sc);
+                }
+            }
+    *kv = (struct kern_kv_layer){k, v, dtype};
+}
+
 /* Every table's attn_group against naive_attention, for several head shapes, block sizes
- * (multiples of 16 and not), sequence lengths (1 to past several blocks; partial runs) and
- * blocks scattered in the pool. Scores are large enough that the softmax is peaked, so the
- * running-max rescale is exercised. */
+ * (multiples of 16 and not), sequence lengths (1 to past several blocks; partial runs), blocks
+ * scattered in the pool, and both KV storage types. Scores are large enough that the softmax
+ * is peaked, so the running-max rescale is exercised. */
 static void test_attention_vs_naive(void **state)
 {
     (void)state;
@@ -1707,16 +1792,14 @@ static void test_attention_vs_naive(void **state)
     } shapes[] = {{9, 3, 64, 16}, {8, 8, 64, 16}, {8, 1, 128, 32}, {6, 3, 64, 8},
                   {4, 2, 32, 16}, {3, 3, 10, 5},  {12, 4, 64, 48}};
     struct rng r = {0x51ED};
+    check_kv_quant();
+    for (int dtype = KERN_KV_F16; dtype <= KERN_KV_Q8; dtype++)
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         const int H = shapes[si].n_head, KV = shapes[si].n_kv_head, D = shapes[si].head_dim;
         const int B = shapes[si].block_size, n_blocks = 64, n_tok = 6;
         static const int lens[6] = {1, 2, 17, 33, 100, 257};
-        size_t pool = (size_t)n_blocks * KV * D * B;
-        uint16_t *k = malloc(pool * sizeof(uint16_t)), *v = malloc(pool * sizeof(uint16_t));
-        for (size_t i = 0; i < pool; i++) {
-            k[i] = kern_f32_to_f16(rng_uniform(&r, -2.0f, 2.0f));
-            v[i] = kern_f32_to_f16(rng_uniform(&r, -1.0f, 1.0f));
-        }
+        struct kern_kv_layer kv;
+        fill_kv_pool(&kv, dtype, (size_t)n_blocks * KV, B, D, &r);
         float *q = malloc(sizeof(float) * (size_t)n_tok * H * D);
         float *out = malloc(sizeof(float) * (size_t)n_tok * H * D);
         double *want = malloc(sizeof(double) * (size_t)H * D);
@@ -1737,7 +1820,7 @@ static void test_attention_vs_naive(void **state)
             tp[t] = tables[t];
         }
         struct kern_attn a = {.n_tok = n_tok, .q = q, .out = out, .pos = pos, .block_table = tp,
-                              .kv = {k, v}, .block_size = B, .n_head = H, .n_kv_head = KV,
+                              .kv = kv, .block_size = B, .n_head = H, .n_kv_head = KV,
                               .head_dim = D, .scale = 1.0f / sqrtf((float)D) * 4.0f};
         for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
             const struct kern_cpu_fns *f = isa_fns(isa);
@@ -1753,16 +1836,17 @@ static void test_attention_vs_naive(void **state)
                 for (int i = 0; i < H * D; i++) {
                     double d = fabs((double)out[(size_t)t * H * D + i] - want[i]);
                     if (!(d <= 2e-5))
-                        fail_msg("%s shape %zu token %d (len %d) elem %d: %g vs %g", f->name, si,
-                                 t, pos[t] + 1, i, (double)out[(size_t)t * H * D + i], want[i]);
+                        fail_msg("%s %s shape %zu token %d (len %d) elem %d: %g vs %g", f->name,
+                                 dtype ? "q8" : "f16", si, t, pos[t] + 1, i,
+                                 (double)out[(size_t)t * H * D + i], want[i]);
                     worst = d > worst ? d : worst;
                 }
             }
-            print_message("attention %-12s H %2d KV %d D %3d B %2d: max |diff| %.2e\n", f->name, H,
-                          KV, D, B, worst);
+            print_message("attention %-12s %s H %2d KV %d D %3d B %2d: max |diff| %.2e\n",
+                          f->name, dtype ? "q8 " : "f16", H, KV, D, B, worst);
         }
-        free(k);
-        free(v);
+        free(kv.k);
+        free(kv.v);
         free(q);
         free(out);
         free(want);

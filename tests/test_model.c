@@ -93,7 +93,7 @@ static void run_seq(struct engine_model *m, const int32_t *ids, int n, int chunk
 {
     struct err_detail err = {0};
     struct engine_kv *kv;
-    assert_int_equal(engine_model_kv_init(m, &kv, n + 64, 1, 16, &err), ST_OK);
+    assert_int_equal(engine_model_kv_init(m, &kv, n + 64, 1, 16, KERN_KV_F16, &err), ST_OK);
     assert_int_equal(engine_kv_reserve(kv, 0, n, &err), ST_OK);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
     uint8_t *want = malloc((size_t)n);
@@ -334,7 +334,7 @@ static int greedy_matches(struct engine_model *m, const cJSON *root, int strict)
         assert_int_equal(ng, 32);
         struct err_detail err = {0};
         struct engine_kv *kv;
-        assert_int_equal(engine_model_kv_init(m, &kv, n + ng, 1, 16, &err), ST_OK);
+        assert_int_equal(engine_model_kv_init(m, &kv, n + ng, 1, 16, KERN_KV_F16, &err), ST_OK);
         assert_int_equal(engine_kv_reserve(kv, 0, n + ng, &err), ST_OK);
         float *lg = malloc(sizeof(float) * V);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, 4);
@@ -397,7 +397,7 @@ static void test_batch_invariance(void **state)
     /* one mixed batch: sequences in reverse order */
     struct err_detail err = {0};
     struct engine_kv *kv;
-    assert_int_equal(engine_model_kv_init(f->m, &kv, total + 16 * np, np, 16, &err), ST_OK);
+    assert_int_equal(engine_model_kv_init(f->m, &kv, total + 16 * np, np, 16, KERN_KV_F16, &err), ST_OK);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)total);
     int k = 0;
@@ -437,7 +437,7 @@ static void test_bad_batch(void **state)
     struct fixture *f = *state;
     struct err_detail err = {0};
     struct engine_kv *kv;
-    assert_int_equal(engine_model_kv_init(f->m, &kv, 32, 1, 16, &err), ST_OK);
+    assert_int_equal(engine_model_kv_init(f->m, &kv, 32, 1, 16, KERN_KV_F16, &err), ST_OK);
     assert_int_equal(engine_kv_reserve(kv, 0, 16, &err), ST_OK);
     float *lg = malloc(sizeof(float) * (size_t)f->m->hp.n_vocab);
     int32_t tok = f->m->hp.n_vocab, pos = 0, seq = 0;
@@ -493,7 +493,7 @@ static void test_draft_verify_rollback(void **state)
     float *rows = malloc(sizeof(float) * 64 * (size_t)V);
     int32_t g[41];
     struct engine_kv *kv;
-    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 16, 1, 4, &err), ST_OK);
+    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 16, 1, 4, KERN_KV_F16, &err), ST_OK);
     forward_rows(m, kv, prompt, n, 0, rows);
     memcpy(ref, rows + (size_t)(n - 1) * V, sizeof(float) * V);
     g[0] = argmax(ref, V);
@@ -506,7 +506,7 @@ static void test_draft_verify_rollback(void **state)
 
     /* speculative: t_last = last accepted token, not yet in the KV, at position p. Slot 1
      * takes a block after every rollback, so freed blocks are not simply handed back. */
-    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 128, 2, 4, &err), ST_OK);
+    assert_int_equal(engine_model_kv_init(m, &kv, n + N + 128, 2, 4, KERN_KV_F16, &err), ST_OK);
     forward_rows(m, kv, prompt, n, 0, rows);
     int32_t out[48];
     int n_out = 1, rounds = 0, rollbacks = 0;

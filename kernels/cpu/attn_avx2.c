@@ -23,7 +23,7 @@ void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n)
 void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
 {
     const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
-    if (D % 8) {
+    if (D % 8 || a->kv.dtype != KERN_KV_F16) { /* 8-bit KV: the scalar kernel */
         kern_ref_attn_group(a, t, g);
         return;
     }
@@ -44,13 +44,13 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
             int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
             cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
             const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
-            const uint16_t *kt = a->kv.k + tile * D * B + i0;
-            const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
+            const uint16_t *kt = (const uint16_t *)a->kv.k + tile * D * B + i0;
+            const uint16_t *vt = (const uint16_t *)a->kv.v + (tile * B + i0) * D;
             if (h == 0 && i0 + cnt == B && p0 + cnt < n) {
                 /* the next block's tiles: streamed from memory while this run computes */
                 const size_t nt = (size_t)table[(p0 + cnt) / B] * a->n_kv_head + (size_t)g;
-                const char *nk = (const char *)(a->kv.k + nt * D * B);
-                const char *nv = (const char *)(a->kv.v + nt * B * D);
+                const char *nk = (const char *)a->kv.k + nt * D * B * sizeof(uint16_t);
+                const char *nv = (const char *)a->kv.v + nt * B * D * sizeof(uint16_t);
                 for (size_t o = 0; o < (size_t)D * B * sizeof(uint16_t); o += 64) {
                     _mm_prefetch(nk + o, _MM_HINT_T0);
                     _mm_prefetch(nv + o, _MM_HINT_T0);

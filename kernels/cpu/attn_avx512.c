@@ -1,9 +1,10 @@
-/* AVX-512 attention over the f16 paged KV cache (algorithm in attn_ref.c). One call handles the
+/* AVX-512 attention over the paged KV cache, f16 or 8-bit (algorithm in attn_ref.c). One call handles the
  * G query heads that share a KV head, so each key and value tile is read once for the group:
  * a run of 16 keys is one masked 16-half load per channel (keys are channel-major), scored
  * against every head with broadcast FMAs; the weighted values accumulate in G x D/16 vector
- * registers. Specialized for G <= 8 and head_dim 64 or 128; other shapes use the scalar
- * reference. Only reached through kern_cpu_fns_get(), which checks the CPU first. */
+ * registers (8-bit KV: the quants are widened to floats the same way, a run's scores are
+ * multiplied by the keys' scales and the softmax weights by the values' scales). Specialized
+ * for G <= 8 and head_dim 64 or 128; other shapes use the scalar reference. Only reached through kern_cpu_fns_get(), which checks the CPU first. */
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -19,10 +20,11 @@
 static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, int g, int D,
                                          const int l2)
 {
+    const size_t tb = KERN_KV_TILE_BYTES(a->kv.dtype, a->block_size, D);
     const size_t tile = (size_t)id * a->n_kv_head + (size_t)g;
-    const size_t bytes = (size_t)D * a->block_size * 2 * (l2 ? (size_t)(a->n_kv_head - g) : 1);
-    const char *k = (const char *)(a->kv.k + tile * D * a->block_size);
-    const char *v = (const char *)(a->kv.v + tile * D * a->block_size);
+    const size_t bytes = tb * (l2 ? (size_t)(a->n_kv_head - g) : 1);
+    const char *k = (const char *)a->kv.k + tile * tb;
+    const char *v = (const char *)a->kv.v + tile * tb;
     for (size_t o = 0; o < bytes; o += 64) {
         if (l2) {
             _mm_prefetch(k + o, _MM_HINT_T1);
@@ -34,10 +36,19 @@ static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, 
     }
 }
 
+/* 16 keys or values from an f16 or 8-bit tile as floats (lanes past the mask zero). */
+static ALWAYS_INLINE __m512 kv_load16(const void *p, __mmask16 m, const int Q8)
+{
+    if (Q8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
 static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const int G,
-                                  const int NV)
+                                  const int NV, const int Q8)
 {
     const int D = NV * 16, B = a->block_size;
+    const size_t tb = KERN_KV_TILE_BYTES(Q8 ? KERN_KV_Q8 : KERN_KV_F16, B, D), es = Q8 ? 1 : 2;
     const int32_t *table = a->block_table[t];
     const int32_t n = a->pos[t] + 1;
     const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G) * D;
@@ -63,8 +74,9 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
         const __mmask16 km = (__mmask16)((1u << cnt) - 1);
         const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
-        const uint16_t *kt = a->kv.k + tile * D * B + i0;
-        const uint16_t *vt = a->kv.v + (tile * B + i0) * D;
+        const char *kb = (const char *)a->kv.k + tile * tb, *vb = (const char *)a->kv.v + tile * tb;
+        const char *kt = kb + (size_t)i0 * es;          /* channel c at kt + c * B * es */
+        const char *vt = vb + (size_t)i0 * (size_t)D * es; /* token i at vt + i * D * es */
         if (i0 + cnt == B && p0 + cnt < n) {
             /* while this run computes: the next block's tiles into L1, and the tiles AG_AHEAD
              * blocks ahead from memory into L2 (more misses in flight than L1 can track; about
@@ -80,8 +92,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         for (int h = 0; h < G; h++)
             s0[h] = s1[h] = _mm512_setzero_ps();
         for (int c = 0; c < D; c += 2) {
-            __m512 k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, kt + (size_t)c * B));
-            __m512 k1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, kt + (size_t)(c + 1) * B));
+            __m512 k0 = kv_load16(kt + (size_t)c * B * es, km, Q8);
+            __m512 k1 = kv_load16(kt + (size_t)(c + 1) * B * es, km, Q8);
             UNROLL
             for (int h = 0; h < G; h++) {
                 s0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * D + c]), k0, s0[h]);
@@ -90,7 +102,10 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         }
         UNROLL
         for (int h = 0; h < G; h++) {
-            __m512 sc = _mm512_mul_ps(_mm512_add_ps(s0[h], s1[h]), _mm512_set1_ps(a->scale));
+            __m512 sc = _mm512_add_ps(s0[h], s1[h]);
+            if (Q8) /* the keys' scales */
+                sc = _mm512_mul_ps(sc, _mm512_maskz_loadu_ps(km, kb + (size_t)D * B + 4 * i0));
+            sc = _mm512_mul_ps(sc, _mm512_set1_ps(a->scale));
             sc = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f / 0.0f), km, sc);
             float bm = _mm512_reduce_max_ps(sc);
             if (bm > m[h]) {
@@ -103,13 +118,15 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
             }
             __m512 p = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m[h])));
             lsum[h] = _mm512_add_ps(lsum[h], p);
+            if (Q8) /* the values' scales */
+                p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(km, vb + (size_t)D * B + 4 * i0));
             _mm512_store_ps(pw[h], p);
         }
         for (int i = 0; i < cnt; i++) {
-            const uint16_t *vr = vt + (size_t)i * D;
+            const char *vr = vt + (size_t)i * D * es;
             UNROLL
             for (int j = 0; j < NV; j++) {
-                __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * j)));
+                __m512 v = kv_load16(vr + 16 * j * es, 0xFFFF, Q8);
                 UNROLL
                 for (int h = 0; h < G; h++)
                     acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(pw[h][i]), v, acc[h][j]);
@@ -128,15 +145,21 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
 
 #define AG_CASE(G)                                                                                 \
     case (G) * 16 + 4:                                                                             \
-        attn_gn(a, t, g, G, 4);                                                                    \
+        if (q8)                                                                                    \
+            attn_gn(a, t, g, G, 4, 1);                                                             \
+        else                                                                                       \
+            attn_gn(a, t, g, G, 4, 0);                                                             \
         return;                                                                                    \
     case (G) * 16 + 8:                                                                             \
-        attn_gn(a, t, g, G, 8);                                                                    \
+        if (q8)                                                                                    \
+            attn_gn(a, t, g, G, 8, 1);                                                             \
+        else                                                                                       \
+            attn_gn(a, t, g, G, 8, 0);                                                             \
         return;
 
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g)
 {
-    const int G = a->n_head / a->n_kv_head;
+    const int G = a->n_head / a->n_kv_head, q8 = a->kv.dtype == KERN_KV_Q8;
     if (a->head_dim % 16 == 0 && G <= AG_MAX_G) {
         switch (G * 16 + a->head_dim / 16) {
             AG_CASE(1)

@@ -1,10 +1,15 @@
-/* Scalar attention over the f16 paged KV cache: the algorithm every SIMD table follows, and
+/* Scalar attention over the paged KV cache (f16 or 8-bit): the algorithm every SIMD table follows, and
  * the fallback for shapes the SIMD kernels do not specialize. For one token and one KV head g,
  * the G query heads of the group walk the sequence's keys in runs of at most KERN_ATTN_RUN
  * tokens inside one block (so a run is one contiguous slice of every channel row of the key
  * tile). Per run and head: scores s_i = (q . k_i) * scale, run maximum, and when it exceeds the
  * running maximum m the accumulators and the running sum are scaled by exp(m_old - m_new);
- * then p_i = exp(s_i - m), sum += p_i, acc += p_i * v_i. The output is acc / sum. */
+ * then p_i = exp(s_i - m), sum += p_i, acc += p_i * v_i. The output is acc / sum. With 8-bit
+ * KV a key's dot is taken with its quants and then times its scale, and a value's weight is
+ * p_i times its scale. */
+#include <math.h>
+#include <string.h>
+
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
 
@@ -12,6 +17,25 @@ void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         y[i] = kern_f32_to_f16(x[i]);
+}
+
+void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < n; i++)
+        q[i] = (int8_t)lrintf(x[i] * id);
+    *scale = amax / 127.0f;
+}
+
+/* Token i's scale in an 8-bit tile. */
+static float kv_scale(const uint8_t *tile, int B, int D, int i)
+{
+    float sc;
+    memcpy(&sc, tile + (size_t)D * B + 4 * (size_t)i, sizeof sc);
+    return sc;
 }
 
 void kern_ref_attn_group(const struct kern_attn *a, int t, int g)
@@ -31,13 +55,18 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g)
             int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
             cnt = n - p0 < cnt ? (int)(n - p0) : cnt;
             const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
-            const uint16_t *kt = a->kv.k + tile * D * B + i0; /* channel c at kt[c * B] */
-            const uint16_t *vt = a->kv.v + (tile * B + i0) * D; /* token i at vt[i * D] */
+            const size_t tb = KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
+            const uint8_t *kb = (const uint8_t *)a->kv.k + tile * tb; /* the key tile */
+            const uint8_t *vb = (const uint8_t *)a->kv.v + tile * tb; /* the value tile */
+            const int q8 = a->kv.dtype == KERN_KV_Q8;
             float bm = -1.0f / 0.0f;
             for (int i = 0; i < cnt; i++) {
                 float d = 0.0f;
-                for (int c = 0; c < D; c++)
-                    d += q[c] * kern_f16_to_f32(kt[(size_t)c * B + i]);
+                for (int c = 0; c < D; c++) /* channel c at [c * B + i0 + i] */
+                    d += q[c] * (q8 ? (float)((const int8_t *)kb)[(size_t)c * B + i0 + i]
+                                    : kern_f16_to_f32(((const uint16_t *)kb)[(size_t)c * B + i0 + i]));
+                if (q8)
+                    d *= kv_scale(kb, B, D, i0 + i);
                 s[i] = d * a->scale;
                 bm = s[i] > bm ? s[i] : bm;
             }
@@ -49,10 +78,17 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g)
                 m = bm;
             }
             for (int i = 0; i < cnt; i++) {
+                const size_t row = (size_t)(i0 + i) * D; /* token i0 + i at [row + c] */
                 float p = kern_attn_exp(s[i] - m);
                 l += p;
-                for (int c = 0; c < D; c++)
-                    acc[c] += p * kern_f16_to_f32(vt[(size_t)i * D + c]);
+                if (q8) {
+                    const float pv = p * kv_scale(vb, B, D, i0 + i);
+                    for (int c = 0; c < D; c++)
+                        acc[c] += pv * (float)((const int8_t *)vb)[row + c];
+                } else {
+                    for (int c = 0; c < D; c++)
+                        acc[c] += p * kern_f16_to_f32(((const uint16_t *)vb)[row + c]);
+                }
             }
             p0 += cnt;
         }

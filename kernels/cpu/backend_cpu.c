@@ -374,7 +374,8 @@ static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
 }
 
 /* Token t's keys go channel-major into its block's tiles, values token-major (layout in
- * struct kern_kv_layer); both rounded to half by the table's to_f16. */
+ * struct kern_kv_layer): rounded to half by the table's to_f16, or quantized to 8 bits by
+ * kern_kv_quant_q8 with the token's scale after the tile's quants. */
 struct kv_store_job {
     const struct kern_cpu_fns *fn;
     struct kern_kv_layer kv;
@@ -390,7 +391,9 @@ static void kv_store_worker(void *arg, int ith, int nth)
 {
     const struct kv_store_job *j = arg;
     const int B = j->block_size, D = j->head_dim, kv_dim = j->n_kv_head * j->head_dim;
+    const size_t tb = KERN_KV_TILE_BYTES(j->kv.dtype, B, D);
     uint16_t kh[KERN_MAX_HEAD_DIM];
+    int8_t kq[KERN_MAX_HEAD_DIM];
     long lo, hi;
     pool_range(j->n_tok, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
@@ -398,12 +401,22 @@ static void kv_store_worker(void *arg, int ith, int nth)
         for (int g = 0; g < j->n_kv_head; g++) {
             const size_t tile = (size_t)blk * j->n_kv_head + (size_t)g;
             const float *kr = j->k + (size_t)t * kv_dim + (size_t)g * D;
-            j->fn->to_f16(kr, kh, D);
-            uint16_t *kt = j->kv.k + tile * D * B + i;
-            for (int c = 0; c < D; c++)
-                kt[(size_t)c * B] = kh[c];
-            j->fn->to_f16(j->v + (size_t)t * kv_dim + (size_t)g * D, j->kv.v + (tile * B + i) * D,
-                          D);
+            const float *vr = j->v + (size_t)t * kv_dim + (size_t)g * D;
+            uint8_t *kt = (uint8_t *)j->kv.k + tile * tb, *vt = (uint8_t *)j->kv.v + tile * tb;
+            if (j->kv.dtype == KERN_KV_Q8) {
+                float ks, vs;
+                kern_kv_quant_q8(kr, D, kq, &ks);
+                for (int c = 0; c < D; c++)
+                    ((int8_t *)kt)[(size_t)c * B + i] = kq[c];
+                kern_kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
+                memcpy(kt + (size_t)D * B + 4 * (size_t)i, &ks, sizeof ks);
+                memcpy(vt + (size_t)D * B + 4 * (size_t)i, &vs, sizeof vs);
+            } else {
+                j->fn->to_f16(kr, kh, D);
+                for (int c = 0; c < D; c++)
+                    ((uint16_t *)kt)[(size_t)c * B + i] = kh[c];
+                j->fn->to_f16(vr, (uint16_t *)vt + (size_t)i * D, D);
+            }
         }
     }
 }

@@ -240,6 +240,10 @@ struct kern_cpu_fns {
     void (*swiglu)(float *gate, const float *up, int64_t n);
 };
 
+/* 8-bit KV (struct kern_kv_layer): q[i] = round(x[i] / s) with s = max|x| / 127 (0 for all-zero
+ * x; rounding to nearest even). The one quantizer every table's KV store uses. */
+void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
+
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).
  * Detected once, then cached; thread-safe. */
 enum kern_isa kern_cpu_detect(void);
