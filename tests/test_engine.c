@@ -269,18 +269,20 @@ static void assert_same(const struct result *a, const struct result *b, int n, c
     }
 }
 
-static void batch_invariance(struct fixture *f, int sampled)
+static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
 {
     static struct result alone[N_PROMPTS], together[N_PROMPTS];
     const int np = n_prompts();
     struct engine_params p;
     params(&p, 1, 64, 64, 0);
+    p.kv_dtype = kv_dtype;
     for (int i = 0; i < np; i++)
         run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, sampled, &alone[i], NULL);
     /* together: every "alone" run used request id req-0 (its only request), so the batched
      * run gives every request that id too, and the same seed */
     struct engine_stats st;
     params(&p, 64, 512, 256, 0);
+    p.kv_dtype = kv_dtype;
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
@@ -321,8 +323,19 @@ static void batch_invariance(struct fixture *f, int sampled)
         assert_int_equal(together[i].n, GEN);
 }
 
-static void test_batch_invariance_greedy(void **state) { batch_invariance(*state, 0); }
-static void test_batch_invariance_sampled(void **state) { batch_invariance(*state, 1); }
+static void test_batch_invariance_greedy(void **state)
+{
+    batch_invariance(*state, 0, KERN_KV_F16);
+}
+static void test_batch_invariance_sampled(void **state)
+{
+    batch_invariance(*state, 1, KERN_KV_F16);
+}
+/* The 8-bit KV cache quantizes each token's keys and values on their own: still invariant. */
+static void test_batch_invariance_kv_q8(void **state)
+{
+    batch_invariance(*state, 0, KERN_KV_Q8);
+}
 
 /* The same for greedy decoding in bf16 mode (its own tile GEMM), where the CPU has AMX-BF16. */
 static void test_batch_invariance_bf16(void **state)
@@ -336,7 +349,7 @@ static void test_batch_invariance_bf16(void **state)
     struct kern_cpu_opts ko = {2, NULL, KERN_ACT_BF16};
     assert_int_equal(kern_cpu_backend_init(&f.be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
-    batch_invariance(&f, 0);
+    batch_invariance(&f, 0, KERN_KV_F16);
     engine_model_free(f.m);
     kern_cpu_backend_free(f.be);
 }
@@ -536,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
+        cmocka_unit_test(test_batch_invariance_kv_q8),
         cmocka_unit_test(test_batch_invariance_bf16),
     };
     int rc = cmocka_run_group_tests_name("kv", kv_tests, NULL, NULL);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end: `quern plan` arithmetic on the default model (30 layers x 2 x 3 KV heads x 64
-# dims x 2 bytes (f16) = 23040 bytes per token) and a tiny `quern bench` whose JSON must account
+# dims x 2 bytes (f16) = 23040 bytes per token; with --kv-dtype q8 30 x 2 x 3 x (64 + a 4-byte
+# scale) = 12240) and a tiny `quern bench` whose JSON must account
 # for every request and token. Numbers are checked for consistency, never for speed.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
@@ -16,6 +17,13 @@ jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval
 [ "$(jget "$tmp/plan.json" '["kv_blocks"]')" = 5825 ] || fail "kv blocks"
 [ "$(jget "$tmp/plan.json" '["sequences"]')" = 92 ] || fail "sequences"
 [ "$(jget "$tmp/plan.json" '["full_context_fits"]')" = True ] || fail "full context"
+"$Q" plan --model "$M" --kv-mem 2G --kv-dtype q8 --seq-len 1000 --json >"$tmp/plan8.json"
+[ "$(jget "$tmp/plan8.json" '["kv_bytes_per_token"]')" = 12240 ] || fail "q8 kv bytes per token"
+# 2 GiB / (12240 * 16) = 10965 blocks; / 63 -> 174 sequences
+[ "$(jget "$tmp/plan8.json" '["kv_blocks"]')" = 10965 ] || fail "q8 kv blocks"
+[ "$(jget "$tmp/plan8.json" '["sequences"]')" = 174 ] || fail "q8 sequences"
+"$Q" plan --model "$M" --kv-dtype q4 2>"$tmp/plan.err" >/dev/null && fail "--kv-dtype q4 accepted"
+grep -q "f16|q8" "$tmp/plan.err" || fail "no explanation for a bad --kv-dtype"
 "$Q" plan --model "$M" --kv-mem 100M 2>"$tmp/plan.err" >/dev/null
 grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warning for a small pool"
 
@@ -40,6 +48,10 @@ for k in ("int8_peak_ops_s", "amx_int8_peak_ops_s", "amx_bf16_peak_flops_s"):
         assert abs(d[f] - d["model_flops_s"] / d[k]) <= 1e-9 * d[f], (k, d)
 assert abs(d["output_tok_s"] * d["elapsed_s"] - 60) < 1e-6 * 60 + 1e-9
 PY
+"$Q" bench --model "$M" --prompts 4 --input-len 20 --output-len 5 --kv-dtype q8 \
+    --peak-seconds 0 >"$tmp/bench8.json"
+[ "$(jget "$tmp/bench8.json" '["kv_dtype"]')" = q8 ] || fail "bench kv_dtype"
+[ "$(jget "$tmp/bench8.json" '["output_tokens"]')" = 20 ] || fail "q8 KV output tokens"
 "$Q" bench --model "$M" --prompts 2 --max-seqs 600 >/dev/null 2>"$tmp/b.err" && fail "max-seqs > max-batch-tokens accepted"
 grep -q "max-batch-tokens" "$tmp/b.err" || fail "no explanation for bad engine params"
 echo "e2e bench/plan: ok"
