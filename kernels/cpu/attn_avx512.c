@@ -15,8 +15,9 @@
 #define AG_AHEAD      4 /* blocks ahead whose tiles are prefetched into L2 */
 
 /* Block id's key and value tiles for KV head g into L1; or (l2) those of KV heads g .. last into
- * L2: a block's tiles of all heads are adjacent, and callers that run a token's heads in order
- * (the CPU backend does) then find the later heads' tiles there. */
+ * L2: a block's tiles of all heads are adjacent, so head 0 fetches every head's (only head 0
+ * prefetches into L2: callers that run a token's heads in order, as the CPU backend does, find
+ * the later heads' tiles there; in another order only the speed suffers). */
 static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, int g, int D,
                                          const int l2)
 {
@@ -66,7 +67,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
     }
     /* the first blocks' misses all in flight at once (later blocks are fetched ahead below) */
     prefetch_tiles(a, table[0], g, D, 0);
-    for (int32_t b = 1; b < AG_AHEAD && b * B < n; b++)
+    for (int32_t b = 1; g == 0 && b < AG_AHEAD && b * B < n; b++)
         prefetch_tiles(a, table[b], g, D, 1);
     for (int32_t p0 = 0; p0 < n;) {
         const int i0 = p0 % B;
@@ -83,7 +84,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
              * +4 % end to end in `quern bench --matmul bf16`) */
             const int32_t nb = (p0 + cnt) / B;
             prefetch_tiles(a, table[nb], g, D, 0);
-            if ((nb + AG_AHEAD) * B < n)
+            if (g == 0 && (nb + AG_AHEAD) * B < n)
                 prefetch_tiles(a, table[nb + AG_AHEAD], g, D, 1);
         }
         /* scores: two partial sums per head (even and odd channels) */
@@ -122,14 +123,30 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
                 p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(km, vb + (size_t)D * B + 4 * i0));
             _mm512_store_ps(pw[h], p);
         }
-        for (int i = 0; i < cnt; i++) {
-            const char *vr = vt + (size_t)i * D * es;
+        /* weighted values, two 16-channel slices at a time so their 2 G accumulators stay in
+         * registers across the run (acc[][] itself does not fit them); tokens in order */
+        UNROLL
+        for (int j = 0; j < NV; j += 2) {
+            __m512 a0[AG_MAX_G], a1[AG_MAX_G];
             UNROLL
-            for (int j = 0; j < NV; j++) {
-                __m512 v = kv_load16(vr + 16 * j * es, 0xFFFF, Q8);
+            for (int h = 0; h < G; h++) {
+                a0[h] = acc[h][j];
+                a1[h] = acc[h][j + 1];
+            }
+            for (int i = 0; i < cnt; i++) {
+                const char *vr = vt + ((size_t)i * D + 16 * (size_t)j) * es;
+                const __m512 x0 = kv_load16(vr, 0xFFFF, Q8), x1 = kv_load16(vr + 16 * es, 0xFFFF, Q8);
                 UNROLL
-                for (int h = 0; h < G; h++)
-                    acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(pw[h][i]), v, acc[h][j]);
+                for (int h = 0; h < G; h++) {
+                    const __m512 p = _mm512_set1_ps(pw[h][i]);
+                    a0[h] = _mm512_fmadd_ps(p, x0, a0[h]);
+                    a1[h] = _mm512_fmadd_ps(p, x1, a1[h]);
+                }
+            }
+            UNROLL
+            for (int h = 0; h < G; h++) {
+                acc[h][j] = a0[h];
+                acc[h][j + 1] = a1[h];
             }
         }
         p0 += cnt;
