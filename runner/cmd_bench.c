@@ -46,7 +46,9 @@ static const char bench_usage[] =
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
     "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
-    "                         needed (matmuls; attention excluded) per second / that peak\n"
+    "                         needed (matmuls; attention excluded) per second / that peak;\n"
+    "                         ..._with_attention also counts attention's q.k and weighted-value\n"
+    "                         FLOPs (attention_flops_s)\n"
     "  -h, --help             this help\n";
 
 struct bench_opts {
@@ -408,6 +410,7 @@ int runner_cmd_bench(int argc, char **argv)
     }
     size_t done = 0;
     uint64_t in_tok = 0, out_tok = 0, cached = 0;
+    double attn_keys = 0; /* sum over forwarded tokens of the keys each attends to */
     while (engine_pending(e)) {
         if ((st = engine_step(e, &err))) {
             LOG_ERROR("%s", err.msg);
@@ -424,6 +427,12 @@ int runner_cmd_bench(int argc, char **argv)
                 in_tok += outs[i].n_prompt;
                 out_tok += outs[i].n_tokens;
                 cached += outs[i].n_cached;
+                /* positions n_cached .. n_prompt + n_tokens - 2 were forwarded; position p
+                 * attends to p + 1 keys */
+                const double last = (double)(outs[i].n_prompt + outs[i].n_tokens) - 1;
+                const double first = (double)outs[i].n_cached;
+                if (last > first)
+                    attn_keys += (last * (last + 1) - first * (first + 1)) / 2;
             }
     }
     double elapsed = runner_now() - t0;
@@ -443,6 +452,9 @@ int runner_cmd_bench(int argc, char **argv)
      * projection runs once per generated token */
     double achieved = ((double)(in_tok - cached + out_tok - done) * body + (double)out_tok * head) /
                       elapsed;
+    /* attention's products, q.k and the weighted values: 2 x 2 x n_head x head_dim FLOPs per key
+     * per layer */
+    double attn = attn_keys * 4.0 * m->hp.n_head * m->hp.head_dim * m->hp.n_layer / elapsed;
 
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
@@ -482,10 +494,12 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
     cJSON_AddNumberToObject(j, "model_flops_s", achieved);
+    cJSON_AddNumberToObject(j, "attention_flops_s", attn);
     if (peak > 0) {
         cJSON_AddNumberToObject(j, "int8_peak_ops_s", peak);
         cJSON_AddNumberToObject(j, "ceiling_tok_s", peak / (body + head));
         cJSON_AddNumberToObject(j, "fraction_of_int8_peak", achieved / peak);
+        cJSON_AddNumberToObject(j, "fraction_of_int8_peak_with_attention", (achieved + attn) / peak);
     }
     if (amx_peak > 0) {
         cJSON_AddNumberToObject(j, "amx_int8_peak_ops_s", amx_peak);

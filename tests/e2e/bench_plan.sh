@@ -47,6 +47,11 @@ for k in ("int8_peak_ops_s", "amx_int8_peak_ops_s", "amx_bf16_peak_flops_s"):
         f = "fraction_of_" + k.replace("_ops_s", "").replace("_flops_s", "")
         assert abs(d[f] - d["model_flops_s"] / d[k]) <= 1e-9 * d[f], (k, d)
 assert abs(d["output_tok_s"] * d["elapsed_s"] - 60) < 1e-6 * 60 + 1e-9
+# attention: 12 requests forward positions 0..23, position p attends to p + 1 keys (300 per
+# request); 2 x 2 x 9 heads x 64 dims FLOPs per key per layer, 30 layers
+want = 12 * 300 * 4 * 576 * 30
+assert abs(d["attention_flops_s"] * d["elapsed_s"] - want) <= 1e-6 * want, d
+assert d["fraction_of_int8_peak_with_attention"] > d["fraction_of_int8_peak"]
 PY
 "$Q" bench --model "$M" --prompts 4 --input-len 20 --output-len 5 --kv-dtype q8 \
     --peak-seconds 0 >"$tmp/bench8.json"
