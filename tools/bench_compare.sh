@@ -15,6 +15,8 @@
 #   QUERN_KV_MEM                  batched quern --kv-mem [3G]
 #   QUERN_MODES                   --matmul modes, each run batched and at --max-seqs 1
 #                                 ["exact q16 bf16 q8", bf16 only where the CPU has AMX-BF16]
+#   QUERN_KV_DTYPES               --kv-dtype values, each run with every mode (runs with q8 are
+#                                 named ..._kvq8) ["f16"]
 #   QUERN_SEQS1_N                 requests of the --max-seqs 1 runs (one sequence at a time:
 #                                 its tok/s does not depend on the count) [16]
 #   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
@@ -29,9 +31,10 @@
 #   PYTHON                        [python3]
 #
 # Each run's JSON goes to RESULTS_DIR/NAME.json and its stderr to RESULTS_DIR/NAME.log; a
-# summary table (ratios against quern --max-seqs 1 in the same matmul mode and kernels, against
-# the fastest --max-seqs 1 run of any mode, and against the best llama.cpp run; the fraction of
-# the vpdpbusd int8 peak) goes to stdout and RESULTS_DIR/summary.txt.
+# summary table (ratios against quern --max-seqs 1 in the same matmul mode, kernels and KV type,
+# against the fastest --max-seqs 1 run of any mode, and against the best llama.cpp run; the
+# fraction of the vpdpbusd int8 peak, matmul FLOPs only and with attention's) goes to stdout and
+# RESULTS_DIR/summary.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -54,6 +57,7 @@ if [ -z "${QUERN_MODES:-}" ]; then
     fi
 fi
 QMODES=$QUERN_MODES
+QKVS=${QUERN_KV_DTYPES:-f16}
 QN1=${QUERN_SEQS1_N:-16}
 QPEAK=${QUERN_PEAK_SECONDS:-1}
 QAVX2=${QUERN_AVX2:-1}
@@ -86,11 +90,16 @@ run() {
 common_q=(bench --input-len "$L" --output-len "$M" --threads "$T" --seed "$SEED"
           --peak-seconds "$QPEAK")
 if "$QUERN" bench --help >/dev/null 2>&1; then
-    for mode in $QMODES; do
-        run "quern_seqs1_$mode" "$QUERN" "${common_q[@]}" --prompts "$QN1" --max-seqs 1 \
-            --max-batch-tokens "$QBATCH" --matmul "$mode"
-        run "quern_seqs${QSEQS}_$mode" "$QUERN" "${common_q[@]}" --prompts "$N" \
-            --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul "$mode"
+    for kvd in $QKVS; do
+        sfx=""
+        [ "$kvd" = f16 ] || sfx="_kv$kvd"
+        for mode in $QMODES; do
+            run "quern_seqs1_$mode$sfx" "$QUERN" "${common_q[@]}" --prompts "$QN1" --max-seqs 1 \
+                --max-batch-tokens "$QBATCH" --matmul "$mode" --kv-dtype "$kvd"
+            run "quern_seqs${QSEQS}_$mode$sfx" "$QUERN" "${common_q[@]}" --prompts "$N" \
+                --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" \
+                --matmul "$mode" --kv-dtype "$kvd"
+        done
     done
     for isa in $QEXACT_ISAS; do
         run "quern_seqs1_exact_$isa" "$QUERN" "${common_q[@]}" --prompts "$QN1" --max-seqs 1 \
@@ -125,17 +134,18 @@ for n in names:
     except (OSError, ValueError):
         rows.append((n, None))
 ok = [(n, j) for n, j in rows if j]
-# each quern run is compared with the --max-seqs 1 run of its matmul mode and kernels
-base = {(j["matmul"], j.get("isa")): j["output_tok_s"] for n, j in ok
-        if n.startswith("quern_seqs1_")}
+# each quern run is compared with the --max-seqs 1 run of its matmul mode, kernels and KV type
+def key(j):
+    return (j.get("matmul"), j.get("isa"), j.get("kv_dtype", "f16"))
+base = {key(j): j["output_tok_s"] for n, j in ok if n.startswith("quern_seqs1_")}
 llama = [j["output_tok_s"] for n, j in ok if n.startswith("llamacpp")]
 best = max(llama) if llama else None
 best1 = max(base.values()) if base else None
 def ratio(x, d):
     return "%.2fx" % (x / d) if d else "-"
-hdr = "%-26s %9s %11s %11s %9s %9s %9s %6s  %s" % (
+hdr = "%-28s %9s %11s %11s %9s %9s %9s %6s %7s  %s" % (
     "run", "elapsed_s", "out_tok/s", "total_tok/s", "vs_seqs1", "vs_best1", "vs_llama", "int8%",
-    "notes")
+    "+attn%", "notes")
 print(hdr)
 print("-" * len(hdr))
 for n, j in rows:
@@ -150,13 +160,16 @@ for n, j in rows:
         if c:
             note += ", check %d/%d tok" % (c["matching_tokens"], c["tokens"])
     else:
-        note = "seqs %s, batch %s, %s, isa %s" % (j.get("max_seqs"), j.get("max_batch_tokens"),
-                                                 j.get("matmul"), j.get("isa"))
+        note = "seqs %s, batch %s, %s, isa %s, kv %s" % (
+            j.get("max_seqs"), j.get("max_batch_tokens"), j.get("matmul"), j.get("isa"),
+            j.get("kv_dtype", "f16"))
     quern = "engine" not in j
     frac = j.get("fraction_of_int8_peak")
-    print("%-26s %9.2f %11.1f %11.1f %9s %9s %9s %6s  %s" % (
+    fraca = j.get("fraction_of_int8_peak_with_attention")
+    print("%-28s %9.2f %11.1f %11.1f %9s %9s %9s %6s %7s  %s" % (
         n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
-        ratio(j["output_tok_s"], base.get((j.get("matmul"), j.get("isa")))) if quern else "-",
+        ratio(j["output_tok_s"], base.get(key(j))) if quern else "-",
         ratio(j["output_tok_s"], best1) if quern else "-",
-        ratio(j["output_tok_s"], best), "%.1f" % (100 * frac) if frac else "-", note))
+        ratio(j["output_tok_s"], best), "%.1f" % (100 * frac) if frac else "-",
+        "%.1f" % (100 * fraca) if fraca else "-", note))
 EOF
