@@ -1905,6 +1905,47 @@ static void test_row_ops_vs_double(void **state)
     }
 }
 
+/* RoPE: every table bitwise equal to the formula x[2i] cos - x[2i+1] sin, x[2i] sin +
+ * x[2i+1] cos computed here in float with each product rounded (the documented rounding), for
+ * rotary widths that use the vector body, its tail and both, over several heads. */
+static void test_rope_tables(void **state)
+{
+    (void)state;
+    struct rng r = {0x2077};
+    static const int dims[][2] = {{64, 64}, {64, 32}, {128, 128}, {10, 10}, {48, 40}, {64, 18}};
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+        const int hd = dims[di][0], rot = dims[di][1], H = 3;
+        float x[3 * 128], want[3 * 128], got[3 * 128], cs[128];
+        for (int i = 0; i < H * hd; i++)
+            x[i] = rng_uniform(&r, -3.0f, 3.0f);
+        for (int i = 0; i < rot; i += 2) {
+            double ang = rng_uniform(&r, -100.0f, 100.0f);
+            cs[i] = (float)cos(ang);
+            cs[i + 1] = (float)sin(ang);
+        }
+        memcpy(want, x, sizeof(float) * (size_t)(H * hd));
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < rot; i += 2) {
+                volatile float ac = x[h * hd + i] * cs[i], bs = x[h * hd + i + 1] * cs[i + 1];
+                volatile float as = x[h * hd + i] * cs[i + 1], bc = x[h * hd + i + 1] * cs[i];
+                want[h * hd + i] = ac - bs;
+                want[h * hd + i + 1] = as + bc;
+            }
+        for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+            const struct kern_cpu_fns *f = isa_fns(isa);
+            if (!f)
+                continue;
+            assert_non_null(f->rope);
+            memcpy(got, x, sizeof(float) * (size_t)(H * hd));
+            f->rope(got, cs, H, hd, rot);
+            for (int i = 0; i < H * hd; i++)
+                if (f32_bits(got[i]) != f32_bits(want[i]))
+                    fail_msg("%s rope head_dim %d rot %d elem %d: %.9g vs %.9g", f->name, hd, rot,
+                             i, (double)got[i], (double)want[i]);
+        }
+    }
+}
+
 /* ---- q16: 16-bit activations ------------------------------------------------------------ */
 
 /* quantize_q16 of every table is bitwise the reference (ties and extremes included); gemm_q16
@@ -2414,6 +2455,7 @@ int main(void)
         cmocka_unit_test(test_int8_peak),
         cmocka_unit_test(test_attention_vs_naive),
         cmocka_unit_test(test_row_ops_vs_double),
+        cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_gemm_q16),
         cmocka_unit_test(test_gemm_packed),
     };

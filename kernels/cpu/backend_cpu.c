@@ -321,6 +321,7 @@ static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, co
 }
 
 struct rope_ctx {
+    const struct kern_cpu_fns *fn; /* kernels */
     float *x;        /* n_tok x n_head x head_dim */
     const float *cs; /* n_tok x rot_dim: cos, sin per pair */
     int n_head, head_dim, rot_dim;
@@ -329,23 +330,15 @@ struct rope_ctx {
 static void rope_rows(void *arg, long lo, long hi)
 {
     const struct rope_ctx *c = arg;
-    for (long t = lo; t < hi; t++) {
-        const float *cs = c->cs + (size_t)t * c->rot_dim;
-        for (int h = 0; h < c->n_head; h++) {
-            float *v = c->x + ((size_t)t * c->n_head + h) * c->head_dim;
-            for (int i = 0; i < c->rot_dim; i += 2) {
-                float a = v[i], bb = v[i + 1], co = cs[i], sn = cs[i + 1];
-                v[i] = a * co - bb * sn;
-                v[i + 1] = a * sn + bb * co;
-            }
-        }
-    }
+    for (long t = lo; t < hi; t++)
+        c->fn->rope(c->x + (size_t)t * c->n_head * c->head_dim, c->cs + (size_t)t * c->rot_dim,
+                    c->n_head, c->head_dim, c->rot_dim);
 }
 
 static void cpu_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
                      int head_dim, int rot_dim)
 {
-    struct rope_ctx c = {x, cs, n_head, head_dim, rot_dim};
+    struct rope_ctx c = {st_of(b)->fn, x, cs, n_head, head_dim, rot_dim};
     parallel_ranges(st_of(b), n_tok, rope_rows, &c);
 }
 

@@ -238,6 +238,10 @@ struct kern_cpu_fns {
     /* gate[i] = gate[i] / (1 + e^-gate[i]) * up[i] (SiLU-gated product). Scalar: libm expf;
      * SIMD: polynomial e^x, relative error < 3e-7. */
     void (*swiglu)(float *gate, const float *up, int64_t n);
+    /* RoPE of one token's n_head heads (x: n_head x head_dim): pairs (x[2i], x[2i+1]) of each
+     * head's first rot_dim channels rotated by cs[2i] (cosine), cs[2i+1] (sine), rounded as
+     * x[2i] cos - x[2i+1] sin and x[2i] sin + x[2i+1] cos (every table the same bits). */
+    void (*rope)(float *x, const float *cs, int n_head, int head_dim, int rot_dim);
 };
 
 /* 8-bit KV (struct kern_kv_layer): q[i] = round(x[i] / s) with s = max|x| / 127 (0 for all-zero

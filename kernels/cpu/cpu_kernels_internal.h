@@ -224,6 +224,8 @@ void kern_avx2_rmsnorm(const float *x, const float *w, float *y, int64_t n, floa
 void kern_avx2_swiglu(float *gate, const float *up, int64_t n);
 void kern_avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
 void kern_avx512_swiglu(float *gate, const float *up, int64_t n);
+void kern_ref_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim);
+void kern_avx512_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim);
 
 /* AVX2 kernels (dot_avx2.c), also used by the AVX-512 table where it has nothing better. */
 float kern_avx2_dot_q4_0_q8(const void *w, const struct kern_q8 *x, int64_t n);

@@ -42,3 +42,23 @@ void kern_avx512_swiglu(float *gate, const float *up, int64_t n)
                                                     _mm512_maskz_loadu_ps(m, up + i)));
     }
 }
+
+/* Eight pairs at a time: with v = (a, b) pairs and cs = (cos, sin) pairs, the products a cos,
+ * b cos (v times the cosines duplicated) and b sin, a sin (v's pairs swapped times the sines
+ * duplicated), then difference in the even lanes and sum in the odd ones: each output rounded
+ * as kern_ref_rope's a cos - b sin and a sin + b cos. */
+void kern_avx512_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim)
+{
+    const int nv = rot_dim / 16 * 16;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        for (int i = 0; i < nv; i += 16) {
+            const __m512 xv = _mm512_loadu_ps(v + i), c = _mm512_loadu_ps(cs + i);
+            const __m512 p = _mm512_mul_ps(xv, _mm512_moveldup_ps(c));
+            const __m512 r = _mm512_mul_ps(_mm512_permute_ps(xv, 0xB1), _mm512_movehdup_ps(c));
+            _mm512_storeu_ps(v + i, _mm512_mask_add_ps(_mm512_sub_ps(p, r), 0xAAAA, p, r));
+        }
+        if (nv < rot_dim)
+            kern_ref_rope(v + nv, cs + nv, 1, head_dim, rot_dim - nv);
+    }
+}

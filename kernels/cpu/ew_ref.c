@@ -1,5 +1,6 @@
-/* Scalar row operations of the forward pass: RMS norm and the SwiGLU product. The SIMD tables
- * compute the same functions with vector partial sums and a polynomial exp. */
+/* Scalar row operations of the forward pass: RMS norm, the SwiGLU product and RoPE. The SIMD
+ * tables compute the same functions with vector partial sums and a polynomial exp (RoPE: the
+ * same operations, so the same bits). */
 #include <math.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -19,4 +20,16 @@ void kern_ref_swiglu(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void kern_ref_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim)
+{
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        for (int i = 0; i < rot_dim; i += 2) {
+            const float a = v[i], b = v[i + 1], co = cs[i], sn = cs[i + 1];
+            v[i] = a * co - b * sn;
+            v[i + 1] = a * sn + b * co;
+        }
+    }
 }
