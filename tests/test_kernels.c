@@ -1662,27 +1662,28 @@ static void test_threads(void **state)
 
 /* ---- attention over the paged KV cache (f16 and 8-bit) -------------------------------------- */
 
-/* Key (value) channel c of token i of a tile, as stored (8-bit: quant times scale). */
-static double kv_key(const struct kern_attn *a, size_t tile, int c, int i)
+/* Element idx of a tile of pool (K or V) whose token is i, as stored (8-bit: quant times the
+ * token's scale). */
+static double kv_at(const struct kern_attn *a, const void *pool, size_t tile, size_t idx, int i)
 {
     const int D = a->head_dim, B = a->block_size;
-    const uint8_t *t = (const uint8_t *)a->kv.k + tile * KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
+    const uint8_t *t = (const uint8_t *)pool + tile * KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
     if (a->kv.dtype == KERN_KV_F16)
-        return kern_f16_to_f32(((const uint16_t *)t)[(size_t)c * B + i]);
+        return kern_f16_to_f32(((const uint16_t *)t)[idx]);
     float sc;
     memcpy(&sc, t + (size_t)D * B + 4 * (size_t)i, sizeof sc);
-    return (double)((const int8_t *)t)[(size_t)c * B + i] * sc;
+    return (double)((const int8_t *)t)[idx] * sc;
+}
+
+/* Key / value channel c of token i of a tile: keys channel-major, values token-major. */
+static double kv_key(const struct kern_attn *a, size_t tile, int c, int i)
+{
+    return kv_at(a, a->kv.k, tile, (size_t)c * a->block_size + i, i);
 }
 
 static double kv_value(const struct kern_attn *a, size_t tile, int c, int i)
 {
-    const int D = a->head_dim, B = a->block_size;
-    const uint8_t *t = (const uint8_t *)a->kv.v + tile * KERN_KV_TILE_BYTES(a->kv.dtype, B, D);
-    if (a->kv.dtype == KERN_KV_F16)
-        return kern_f16_to_f32(((const uint16_t *)t)[(size_t)i * D + c]);
-    float sc;
-    memcpy(&sc, t + (size_t)D * B + 4 * (size_t)i, sizeof sc);
-    return (double)((const int8_t *)t)[(size_t)i * D + c] * sc;
+    return kv_at(a, a->kv.v, tile, (size_t)i * a->head_dim + c, i);
 }
 
 /* Straightforward float64 attention over the layout of struct kern_kv_layer: all scores, max,
