@@ -580,7 +580,20 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     if (!nb)
         return ST_OK;
     struct engine_batch b = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_want};
-    enum status st = engine_model_forward(e->m, e->kv, &b, e->logits, err);
+    /* when every row sampled this step is plain greedy (no penalties), the model may hand back
+     * the argmax tokens without writing the logits */
+    int greedy = 1, fused = 0;
+    for (int k = 0; k < nb && greedy; k++) {
+        const struct engine_sampling *sp = &e->b_owner[k]->sp;
+        greedy = !e->b_want[k] ||
+                 (sp->temperature == 0.0f &&
+                  (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f &&
+                                              sp->frequency_penalty == 0.0f &&
+                                              sp->presence_penalty == 0.0f)));
+    }
+    enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
+                                                          &fused, err)
+                            : engine_model_forward(e->m, e->kv, &b, e->logits, err);
     if (st)
         return st;
     e->stats.steps++;
@@ -609,7 +622,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)e->m->hp.n_vocab;
         n_s++;
     }
-    e->m->be->ops->host_parallel(e->m->be, sample_range, e, n_s);
+    if (!fused) /* else s_id holds the greedy tokens already */
+        e->m->be->ops->host_parallel(e->m->be, sample_range, e, n_s);
     for (int j = 0; j < n_s; j++) {
         int ri = 0;
         while (e->running[ri] != e->s_seq[j])

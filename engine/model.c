@@ -291,9 +291,11 @@ static enum status check_batch(const struct engine_model *m, const struct engine
     return ST_OK;
 }
 
-enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
-                                 const struct engine_batch *b, float *logits,
-                                 struct err_detail *err)
+/* The forward pass; with ids, the greedy tokens of the wanted rows instead of their logits
+ * where the backend can (*fused = 1). */
+static enum status forward(struct engine_model *m, struct engine_kv *kv,
+                           const struct engine_batch *b, float *logits, int32_t *ids, int *fused,
+                           struct err_detail *err)
 {
     const struct engine_hparams *hp = &m->hp;
     const struct kern_ops *k = m->be->ops;
@@ -379,7 +381,25 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
     if (n_out) {
         const struct kern_mm_in out_in = {.x = x, .norm = m->output_norm, .eps = hp->rms_eps,
                                           .xn = xn};
-        matmul1(m, &m->output, &out_in, logits, n_out);
+        if (ids && k->matmul_argmax && k->matmul_argmax(be, &m->output, &out_in, n_out, ids))
+            *fused = 1;
+        else
+            matmul1(m, &m->output, &out_in, logits, n_out);
     }
     return ST_OK;
+}
+
+enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
+                                 const struct engine_batch *b, float *logits,
+                                 struct err_detail *err)
+{
+    return forward(m, kv, b, logits, NULL, NULL, err);
+}
+
+enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv *kv,
+                                        const struct engine_batch *b, float *logits,
+                                        int32_t *ids, int *fused, struct err_detail *err)
+{
+    *fused = 0;
+    return forward(m, kv, b, logits, ids, fused, err);
 }

@@ -78,6 +78,14 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
                                  const struct engine_batch *b, float *logits,
                                  struct err_detail *err);
 
+/* engine_model_forward for rows that only need their greedy token: where the backend can
+ * (kern_ops.matmul_argmax), ids[j] = the argmax of wanted row j's logits (NaN never wins, ties
+ * to the lowest id, 0 if every logit is NaN or -inf) without writing the logits, and *fused = 1;
+ * otherwise the logits are written as by engine_model_forward and *fused = 0. */
+enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv *kv,
+                                        const struct engine_batch *b, float *logits,
+                                        int32_t *ids, int *fused, struct err_detail *err);
+
 /* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences, stored
  * as dtype (enum kern_kv_dtype). */
 enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,

@@ -85,6 +85,13 @@ struct kern_ops {
      * same pass as those steps. Batch-invariant: a row's result does not depend on n_tok. */
     void (*matmul)(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
                    int n_w, const struct kern_mm_in *in, int n_tok);
+    /* Optional (NULL, or 0 returned = not done, nothing touched): for an output projection whose
+     * rows are only wanted for their greedy token, ids[t] = the row of w with the largest
+     * value of x[t] times it (NaN never wins, ties to the lowest row, 0 when every value is NaN
+     * or -inf), without writing the n_tok x ne1 logits. The values compared are bitwise those
+     * matmul would write. Returns 1 when done. */
+    int (*matmul_argmax)(struct kern_backend *b, const struct kern_tensor *w,
+                         const struct kern_mm_in *in, int n_tok, int32_t *ids);
     /* The feed-forward block: y = down(silu(gate(x)) * up(x)), x being in's input rows (as for
      * matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the backend may use. The
      * same results as the two matmuls with the SwiGLU between them (which is what it runs

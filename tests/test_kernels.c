@@ -2399,6 +2399,86 @@ static void swiglu_fused_case(const struct kern_cpu_fns *f, uint32_t type, int64
     free(got);
 }
 
+/* bf16 mode's greedy output projection: the argmax epilogue must pick, per token, the first
+ * row of the largest value gemm_bf16_packed writes, with rows split between two calls (merged
+ * as the backend merges threads: a later range wins only when strictly larger). Rows 0..36 with
+ * rows 20 and 33 copies of row 5, so exact ties between panels occur and must go to row 5. */
+static int argmax_case(const struct kern_cpu_fns *f, uint32_t type, int64_t n, struct rng *r)
+{
+    const int64_t rows = 37, n_tok = 37, P = KERN_PANEL_ROWS;
+    const size_t row_bytes = dtype_row_bytes(type, n);
+    uint8_t *w = random_rows(type, n, rows, 0, -1, r);
+    memcpy(w + 20 * row_bytes, w + 5 * row_bytes, row_bytes);
+    memcpy(w + 33 * row_bytes, w + 5 * row_bytes, row_bytes);
+    float *x = gemm_acts(n, n_tok, (size_t)n, r);
+    float *y = calloc((size_t)(n_tok * rows), sizeof *y);
+    size_t bytes = f->panel_bytes(type, rows, n, KERN_ACT_BF16);
+    size_t panel = f->panel_bytes(type, P, n, KERN_ACT_BF16);
+    uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    uint8_t *xs = aligned_alloc(64, KERN_BF16_BYTES(n_tok, n));
+    assert_true(bytes && y && pk && xs);
+    f->panel_pack(type, w, row_bytes, rows, n, pk);
+    f->prep_bf16(x, (size_t)n, n_tok, n, xs);
+    f->gemm_bf16_packed[type](pk, rows, xs, n_tok, n, y, (size_t)rows);
+    /* make the tie real for some tokens: x . row 5 is then the maximum for them */
+    int ties = 0;
+    for (int64_t split = 0; split <= 1; split++) {
+        float bv[2][37];
+        int32_t bi[2][37];
+        for (int k = 0; k < 2; k++)
+            for (int64_t t = 0; t < n_tok; t++) {
+                bv[k][t] = -1.0f / 0.0f;
+                bi[k][t] = 0;
+            }
+        if (split) {
+            f->gemm_bf16_argmax[type](pk, P, xs, n_tok, n, 0, bv[0], bi[0]);
+            f->gemm_bf16_argmax[type](pk + panel, rows - P, xs, n_tok, n, P, bv[1], bi[1]);
+        } else {
+            f->gemm_bf16_argmax[type](pk, rows, xs, n_tok, n, 0, bv[0], bi[0]);
+        }
+        for (int64_t t = 0; t < n_tok; t++) {
+            int32_t got = bi[0][t];
+            if (split && bv[1][t] > bv[0][t])
+                got = bi[1][t];
+            int32_t want = 0;
+            for (int64_t k = 1; k < rows; k++)
+                if (y[t * rows + k] > y[t * rows + want])
+                    want = (int32_t)k;
+            ties += !split && want == 5;
+            if (got != want)
+                fail_msg("argmax %s n=%lld split %lld token %lld: row %d (%.9g), want %d (%.9g)",
+                         dtype_get(type)->name, (long long)n, (long long)split, (long long)t,
+                         got, (double)y[t * rows + got], want, (double)y[t * rows + want]);
+        }
+    }
+    print_message("argmax %s n=%lld: %d tokens whose best row has tied copies\n",
+                  dtype_get(type)->name, (long long)n, ties);
+    free(w);
+    free(x);
+    free(y);
+    free(pk);
+    free(xs);
+    return ties;
+}
+
+static void test_gemm_bf16_argmax(void **state)
+{
+    (void)state;
+    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
+    if (!f) {
+        print_message("bf16 argmax: no AMX-BF16 on this CPU, not run\n");
+        return;
+    }
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q8_0};
+    struct rng r = {0xA59u};
+    int ties = 0;
+    for (size_t ti = 0; ti < 3; ti++) {
+        ties += argmax_case(f, types[ti], 64, &r);
+        ties += argmax_case(f, types[ti], 576, &r);
+    }
+    assert_true(ties > 0); /* the tie-breaking was exercised */
+}
+
 static void test_gemm_bf16_swiglu(void **state)
 {
     (void)state;
@@ -2429,6 +2509,7 @@ int main(void)
         cmocka_unit_test(test_gemm_x3),
         cmocka_unit_test(test_gemm_bf16),
         cmocka_unit_test(test_gemm_bf16_swiglu),
+        cmocka_unit_test(test_gemm_bf16_argmax),
         cmocka_unit_test(test_known_q4_0),
         cmocka_unit_test(test_known_q4_1),
         cmocka_unit_test(test_known_q5_0),

@@ -322,6 +322,81 @@ static void test_logits_bf16_vs_reference(void **state)
                      LOGIT_MEAN_TOL_BF16, 150);
 }
 
+/* The greedy output projection (engine_model_forward_greedy): in bf16 mode on AMX the model
+ * returns the argmax tokens without writing logits, and they must be the first maximum of the
+ * logits engine_model_forward writes, at every position of every fixture prompt; in exact mode
+ * (no fused kernel) it must fall back to writing the logits. */
+static void test_greedy_fused_vs_logits(void **state)
+{
+    struct fixture *f = *state;
+    for (int k = 0; k < 2; k++) {
+        const enum kern_act act = k ? KERN_ACT_F32 : KERN_ACT_BF16;
+        if (act == KERN_ACT_BF16 && kern_cpu_detect() != KERN_ISA_AMX)
+            continue;
+        struct kern_backend *be;
+        struct engine_model *m;
+        load_with(NULL, act, &be, &m);
+        const int V = m->hp.n_vocab;
+        const cJSON *p;
+        int positions = 0;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItem(f->root, "prompts"))
+        {
+            int n;
+            int32_t *ids = json_ids(cJSON_GetObjectItem(p, "tokens"), &n);
+            float *lg = malloc(sizeof(float) * (size_t)n * V);
+            float *lg2 = malloc(sizeof(float) * (size_t)n * V);
+            int32_t *got = malloc(sizeof(int32_t) * (size_t)n);
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, 4);
+            uint8_t *want = malloc((size_t)n);
+            for (int i = 0; i < n; i++) {
+                pos[i] = i;
+                want[i] = 1;
+            }
+            struct engine_batch b = {n, ids, pos, seq, want};
+            struct err_detail err = {0};
+            int fused = -1;
+            for (int pass = 0; pass < 2; pass++) {
+                struct engine_kv *kv;
+                assert_int_equal(engine_model_kv_init(m, &kv, n + 16, 1, 16, KERN_KV_F16, &err),
+                                 ST_OK);
+                assert_int_equal(engine_kv_reserve(kv, 0, n, &err), ST_OK);
+                if (pass == 0)
+                    assert_int_equal(engine_model_forward(m, kv, &b, lg, &err), ST_OK);
+                else
+                    assert_int_equal(engine_model_forward_greedy(m, kv, &b, lg2, got, &fused,
+                                                                 &err),
+                                     ST_OK);
+                engine_kv_free(kv);
+            }
+            assert_int_equal(fused, act == KERN_ACT_BF16);
+            for (int i = 0; i < n && fused; i++, positions++) {
+                const float *row = lg + (size_t)i * V;
+                int best = 0;
+                for (int v = 1; v < V; v++)
+                    if (row[v] > row[best])
+                        best = v;
+                if (got[i] != best)
+                    fail_msg("position %d: fused greedy token %d (%.9g), logits' argmax %d (%.9g)",
+                             i, got[i], (double)row[got[i]], best, (double)row[best]);
+            }
+            if (!fused) /* the fallback wrote the same logits */
+                assert_memory_equal(lg, lg2, sizeof(float) * (size_t)n * V);
+            free(ids);
+            free(lg);
+            free(lg2);
+            free(got);
+            free(pos);
+            free(seq);
+            free(want);
+        }
+        if (act == KERN_ACT_BF16)
+            print_message("bf16: fused greedy tokens equal the logits' argmax at %d positions\n",
+                          positions);
+        engine_model_free(m);
+        kern_cpu_backend_free(be);
+    }
+}
+
 /* The 8-bit KV cache (--kv-dtype q8): every key and value rounded to 8 bits with a scale per
  * token and head, on top of a matmul mode. With exact matmuls this isolates the KV rounding
  * (measured 2026-11-30: max 1.12, mean 0.109 against exact mode's 0.0085 / 0.0011, i.e. the KV
@@ -586,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_logits_q16_vs_reference),
         cmocka_unit_test(test_logits_bf16_vs_reference),
         cmocka_unit_test(test_logits_kv_q8_vs_reference),
+        cmocka_unit_test(test_greedy_fused_vs_logits),
         cmocka_unit_test(test_scalar_isa_vs_reference),
         cmocka_unit_test(test_greedy_vs_reference),
         cmocka_unit_test(test_batch_invariance),

@@ -26,6 +26,10 @@ struct cpu_state {
     size_t xs_cap;                 /* bytes allocated in xs */
     void *xh;                      /* bf16 mode: the fused SwiGLU's output (the down input) */
     size_t xh_cap;                 /* bytes allocated in xh */
+    float *bv;                     /* greedy output projection: per-thread best values */
+    size_t bv_cap;                 /* entries allocated in bv */
+    int32_t *bi;                   /* ... and their rows */
+    size_t bi_cap;                 /* entries allocated in bi */
 };
 
 static struct cpu_state *st_of(struct kern_backend *b)
@@ -226,6 +230,65 @@ static void cpu_matmul(struct kern_backend *b, const struct kern_tensor *const *
     struct matmul_job j;
     mm_input(s, w, y, n_w, in, n_tok, &j);
     pool_run(s->pool, matmul_worker, &j);
+}
+
+/* bf16 mode's greedy output projection: each thread keeps per-token bests over its even share
+ * of the panels (increasing rows), merged in thread order so ties keep the lowest row. */
+struct argmax_job {
+    const struct kern_cpu_fns *fn;
+    const struct kern_tensor *w;
+    const void *xb;  /* prep_bf16 of the input */
+    int n_tok;
+    float *bv;       /* nth x n_tok best values */
+    int32_t *bi;     /* nth x n_tok their rows */
+};
+
+static void argmax_worker(void *arg, int ith, int nth)
+{
+    const struct argmax_job *j = arg;
+    const struct kern_tensor *w = j->w;
+    float *bv = j->bv + (size_t)ith * (size_t)j->n_tok;
+    int32_t *bi = j->bi + (size_t)ith * (size_t)j->n_tok;
+    for (int t = 0; t < j->n_tok; t++) {
+        bv[t] = -1.0f / 0.0f;
+        bi[t] = 0;
+    }
+    long lo, hi;
+    pool_range((w->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS, ith, nth, &lo, &hi);
+    if (lo >= hi)
+        return;
+    long r0 = lo * KERN_PANEL_ROWS, r1 = hi * KERN_PANEL_ROWS < (long)w->ne1 ? hi * KERN_PANEL_ROWS
+                                                                           : (long)w->ne1;
+    j->fn->gemm_bf16_argmax[w->type]((const char *)w->packed + (size_t)lo * w->packed_panel,
+                                     r1 - r0, j->xb, j->n_tok, w->ne0, r0, bv, bi);
+}
+
+static int cpu_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w,
+                             const struct kern_mm_in *in, int n_tok, int32_t *ids)
+{
+    struct cpu_state *s = st_of(b);
+    if (s->act != KERN_ACT_BF16 || !w->packed || !s->fn->gemm_bf16_argmax[w->type] ||
+        !s->fn->gemm_bf16_packed[w->type] || w->ne1 > INT32_MAX)
+        return 0;
+    struct matmul_job j;
+    float *const y[1] = {NULL}; /* no outputs: the epilogue replaces the stores */
+    mm_input(s, &w, y, 1, in, n_tok, &j);
+    const int nth = pool_size(s->pool);
+    size_t need = (size_t)nth * (size_t)n_tok;
+    struct argmax_job aj = {s->fn, w, j.xb, n_tok, NULL, NULL};
+    aj.bv = s->bv = grow(s->bv, &s->bv_cap, need, sizeof(*s->bv));
+    aj.bi = s->bi = grow(s->bi, &s->bi_cap, need, sizeof(*s->bi));
+    pool_run(s->pool, argmax_worker, &aj);
+    for (int t = 0; t < n_tok; t++) {
+        float best = aj.bv[t];
+        ids[t] = aj.bi[t];
+        for (int th = 1; th < nth; th++)
+            if (aj.bv[(size_t)th * (size_t)n_tok + (size_t)t] > best) {
+                best = aj.bv[(size_t)th * (size_t)n_tok + (size_t)t];
+                ids[t] = aj.bi[(size_t)th * (size_t)n_tok + (size_t)t];
+            }
+    }
+    return 1;
 }
 
 /* bf16 mode's fused gate/up GEMM + SwiGLU: threads take even shares of the panel pairs. */
@@ -488,6 +551,7 @@ static const struct kern_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .ffn = cpu_ffn,
+    .matmul_argmax = cpu_matmul_argmax,
     .prepare = cpu_prepare,
     .release = cpu_release,
     .get_rows = cpu_get_rows,
@@ -556,6 +620,8 @@ void kern_cpu_backend_free(struct kern_backend *b)
     free(s->xq16);
     free(s->xs);
     free(s->xh);
+    free(s->bv);
+    free(s->bi);
     free(s);
     free(b);
 }

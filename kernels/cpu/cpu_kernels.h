@@ -213,6 +213,14 @@ struct kern_cpu_fns {
     void (*prep_bf16)(const float *x, size_t ldx, int64_t n_tok, int64_t n, void *xs);
     void (*gemm_bf16_packed[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
                                           int64_t n_tok, int64_t n, float *y, size_t ldy);
+    /* gemm_bf16_packed with a greedy epilogue instead of stores (for an output projection whose
+     * rows are only argmax'ed): rows [0, n_rows) of this call are the matrix's rows r0 ..; for
+     * each token t, bv[t] / bi[t] become the largest value and its first row where a value
+     * exceeds bv[t] (NaN never does); the caller initialises them (e.g. -inf, 0). The values
+     * compared are bitwise gemm_bf16_packed's. */
+    void (*gemm_bf16_argmax[DTYPE_COUNT])(const void *pk, int64_t n_rows, const void *xs,
+                                          int64_t n_tok, int64_t n, int64_t r0, float *bv,
+                                          int32_t *bi);
     /* The FFN's gate and up GEMMs in bf16 mode with the SwiGLU fused: for rows [0, n_rows) of
      * gate and up (both packed, pg / pu at the panel of the range's first row, n_rows a
      * multiple of 16), h[t][r] = silu(gate[t][r]) * up[t][r] from the bf16 products, written
