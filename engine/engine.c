@@ -583,14 +583,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     /* when every row sampled this step is plain greedy (no penalties), the model may hand back
      * the argmax tokens without writing the logits */
     int greedy = 1, fused = 0;
-    for (int k = 0; k < nb && greedy; k++) {
-        const struct engine_sampling *sp = &e->b_owner[k]->sp;
-        greedy = !e->b_want[k] ||
-                 (sp->temperature == 0.0f &&
-                  (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f &&
-                                              sp->frequency_penalty == 0.0f &&
-                                              sp->presence_penalty == 0.0f)));
-    }
+    for (int k = 0; k < nb && greedy; k++)
+        greedy = !e->b_want[k] || engine_sampling_is_argmax(&e->b_owner[k]->sp);
     enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
                                                           &fused, err)
                             : engine_model_forward(e->m, e->kv, &b, e->logits, err);

@@ -185,12 +185,22 @@ int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *pr
 /* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
  * applied in place. Counts live in s->count and are reset through s->touched, so a call
  * costs O(window), not O(n_vocab), and leaves the scratch clean. */
+/* Whether p's penalties can change a logit at all. */
+static int penalizes(const struct engine_sampling *p)
+{
+    return p->repeat_last_n != 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                                     p->presence_penalty != 0.0f);
+}
+
+int engine_sampling_is_argmax(const struct engine_sampling *p)
+{
+    return p->temperature == 0.0f && !penalizes(p);
+}
+
 static void apply_penalties(struct engine_sampler *s, const struct engine_sampling *p,
                             float *logits, const int32_t *history, size_t n_history)
 {
-    if (p->repeat_last_n == 0 || n_history == 0)
-        return;
-    if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
+    if (!penalizes(p) || n_history == 0)
         return;
     size_t start = 0;
     if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)

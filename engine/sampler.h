@@ -29,6 +29,10 @@ struct engine_sampling {
  * OpenAI behaviour (counts over the whole history). */
 void engine_sampling_default(struct engine_sampling *p);
 
+/* 1 when sampling with p is the plain argmax of the logits (greedy, no penalties): the engine
+ * may then take the token without the logits (engine_model_forward_greedy). */
+int engine_sampling_is_argmax(const struct engine_sampling *p);
+
 /* Check user-supplied values: temperature in [0, 2], top_k >= 0, top_p in (0, 1],
  * min_p in [0, 1], repeat_penalty finite and > 0, repeat_last_n >= -1, frequency and
  * presence penalties in [-2, 2]. Returns ST_ERR_INVALID_ARG naming the first bad field. */

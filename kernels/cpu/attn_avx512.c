@@ -1,10 +1,11 @@
-/* AVX-512 attention over the paged KV cache, f16 or 8-bit (algorithm in attn_ref.c). One call handles the
- * G query heads that share a KV head, so each key and value tile is read once for the group:
- * a run of 16 keys is one masked 16-half load per channel (keys are channel-major), scored
- * against every head with broadcast FMAs; the weighted values accumulate in G x D/16 vector
- * registers (8-bit KV: the quants are widened to floats the same way, a run's scores are
+/* AVX-512 attention over the paged KV cache, f16 or 8-bit (algorithm in attn_ref.c). One call
+ * handles the G query heads that share a KV head, so each key and value tile is read once for
+ * the group: a run of 16 keys is one masked 16-value load per channel (keys are channel-major),
+ * scored against every head with broadcast FMAs; the weighted values accumulate in G x D/16
+ * vector registers (8-bit KV: the quants are widened to floats the same way, a run's scores are
  * multiplied by the keys' scales and the softmax weights by the values' scales). Specialized
- * for G <= 8 and head_dim 64 or 128; other shapes use the scalar reference. Only reached through kern_cpu_fns_get(), which checks the CPU first. */
+ * for G <= 8 and head_dim 64 or 128; other shapes use the scalar reference. Only reached
+ * through kern_cpu_fns_get(), which checks the CPU first. */
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_kernels.h"

@@ -336,8 +336,8 @@ static void cpu_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     struct swiglu_job sj = {s->fn, gate, up, j.xb, NULL, n_tok};
     sj.h = s->xh = grow(s->xh, &s->xh_cap, KERN_BF16_BYTES(n_tok, gate->ne1), 1);
     pool_run(s->pool, swiglu_worker, &sj);
-    struct matmul_job jd = {s->fn, &down, &y, 1, (down->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS,
-                            NULL, NULL, NULL, NULL, sj.h, n_tok};
+    const long down_panels = (down->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+    struct matmul_job jd = {s->fn, &down, &y, 1, down_panels, NULL, NULL, NULL, NULL, sj.h, n_tok};
     pool_run(s->pool, matmul_worker, &jd);
 }
 

@@ -1128,13 +1128,36 @@ static ALWAYS_INLINE AMX_BF16X void bf_tiles(const uint16_t *b0, const uint16_t 
     AMX_FENCE(); /* y was written behind the compiler's back */
 }
 
+/* Greedy epilogue: token rows 0 .. nt - 1 of tile C (panel rows row0 .. row0 + nr - 1 of the
+ * matrix) into each token's running best (bv, bi): the largest value, NaN never winning, and
+ * its first row. Rows reach a token in increasing order, so a strictly larger value is the only
+ * update: ties keep the lower row. */
+#define BF_ARGMAX(C, nt, nr, row0, bv, bi)                                                         \
+    do {                                                                                           \
+        _Alignas(64) float c_[16][16];                                                             \
+        X3_STORED(C, c_);                                                                          \
+        const __mmask16 rm_ = (__mmask16)((1u << (nr)) - 1);                                       \
+        for (int j_ = 0; j_ < (nt); j_++) {                                                        \
+            __m512 v_ = _mm512_load_ps(c_[j_]);                                                    \
+            const __mmask16 ok_ = _mm512_cmp_ps_mask(v_, v_, _CMP_ORD_Q) & rm_;                   \
+            v_ = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f / 0.0f), ok_, v_);                        \
+            const float m_ = _mm512_reduce_max_ps(v_);                                             \
+            if (m_ > (bv)[j_]) {                                                                   \
+                (bv)[j_] = m_;                                                                     \
+                (bi)[j_] = (int32_t)(row0) +                                                       \
+                           __builtin_ctz(_mm512_cmp_ps_mask(v_, _mm512_set1_ps(m_), _CMP_EQ_OQ)); \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
 /* Rows in groups of panels whose B tiles fit in X3_BT_BYTES, expanded once per call; every
  * pair of 16-token groups then runs over the group's panels two at a time: the token pair's
  * activation tiles stay in L1 while the B tiles stream from L2 (loaded with the streaming
  * hint; ~8 % faster end to end than the other loop order, A streaming). */
-static ALWAYS_INLINE AMX_BF16X void bf16_driver(const enum gq_kind kind, const void *pk,
-                                                int64_t n_rows, const void *xs, int64_t n_tok,
-                                                int64_t n, float *y, size_t ldy)
+static ALWAYS_INLINE AMX_BF16X void bf16_run(const enum gq_kind kind, const void *pk,
+                                             int64_t n_rows, const void *xs, int64_t n_tok,
+                                             int64_t n, float *y, size_t ldy, const int argmax,
+                                             int64_t rbase, float *bv, int32_t *bi)
 {
     const int64_t nb = n / KERN_QK;
     const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
@@ -1169,6 +1192,18 @@ static ALWAYS_INLINE AMX_BF16X void bf16_driver(const enum gq_kind kind, const v
                 const int nr0 = n_rows - r0 < 16 ? (int)(n_rows - r0) : 16;
                 const int nr1 = two ? (n_rows - r0 - 16 < 16 ? (int)(n_rows - r0 - 16) : 16) : 0;
                 const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
+                if (argmax) { /* per token: panel p's rows, then panel p + 1's */
+                    bf_loop(bp, bp + nb * 512, two, a, n, nt1 > 0);
+                    BF_ARGMAX(0, nt0, nr0, rbase + r0, bv + t0, bi + t0);
+                    if (two)
+                        BF_ARGMAX(1, nt0, nr1, rbase + r0 + 16, bv + t0, bi + t0);
+                    if (nt1 > 0) {
+                        BF_ARGMAX(2, nt1, nr0, rbase + r0, bv + t0 + 16, bi + t0 + 16);
+                        if (two)
+                            BF_ARGMAX(3, nt1, nr1, rbase + r0 + 16, bv + t0 + 16, bi + t0 + 16);
+                    }
+                    continue;
+                }
                 float *yr = y + (size_t)t0 * ldy + r0;
                 if (nt == 32 && two) /* the common case */
                     bf_tiles(bp, bp + nb * 512, 1, a, n, 1, 16, 16, yr, ldy, nr0, nr1);
@@ -1180,95 +1215,24 @@ static ALWAYS_INLINE AMX_BF16X void bf16_driver(const enum gq_kind kind, const v
     _tile_release();
 }
 
+/* gemm_bf16_packed: bf16_run storing its tiles into y. */
+static ALWAYS_INLINE AMX_BF16X void bf16_driver(const enum gq_kind kind, const void *pk,
+                                                int64_t n_rows, const void *xs, int64_t n_tok,
+                                                int64_t n, float *y, size_t ldy)
+{
+    bf16_run(kind, pk, n_rows, xs, n_tok, n, y, ldy, 0, 0, NULL, NULL);
+}
+
 AMX_ENTRY(AMX_BF16X, bf16, q4_0, GQ_Q4_0)
 AMX_ENTRY(AMX_BF16X, bf16, q4_1, GQ_Q4_1)
 AMX_ENTRY(AMX_BF16X, bf16, q8_0, GQ_Q8_0)
-
-/* Greedy epilogue: token rows 0 .. nt - 1 of tile C (panel rows row0 .. row0 + nr - 1 of the
- * matrix) into each token's running best (bv, bi): the largest value, NaN never winning, and
- * its first row. Rows reach a token in increasing order, so a strictly larger value is the only
- * update: ties keep the lower row. */
-#define BF_ARGMAX(C, nt, nr, row0, bv, bi)                                                         \
-    do {                                                                                           \
-        _Alignas(64) float c_[16][16];                                                             \
-        X3_STORED(C, c_);                                                                          \
-        const __mmask16 rm_ = (__mmask16)((1u << (nr)) - 1);                                       \
-        for (int j_ = 0; j_ < (nt); j_++) {                                                        \
-            __m512 v_ = _mm512_load_ps(c_[j_]);                                                    \
-            const __mmask16 ok_ = _mm512_cmp_ps_mask(v_, v_, _CMP_ORD_Q) & rm_;                   \
-            v_ = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f / 0.0f), ok_, v_);                        \
-            const float m_ = _mm512_reduce_max_ps(v_);                                             \
-            if (m_ > (bv)[j_]) {                                                                   \
-                (bv)[j_] = m_;                                                                     \
-                (bi)[j_] = (int32_t)(row0) +                                                       \
-                           __builtin_ctz(_mm512_cmp_ps_mask(v_, _mm512_set1_ps(m_), _CMP_EQ_OQ)); \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
-
-/* gemm_bf16_packed's products with the greedy epilogue instead of stores: for this call's rows
- * (the matrix's rows r0 ..), each token's best value and row into bv[t], bi[t] (which the
- * caller initialises; they are only raised). Same tiles, same values as gemm_bf16_packed. */
-static ALWAYS_INLINE AMX_BF16X void bf16_argmax_driver(const enum gq_kind kind, const void *pk,
-                                                       int64_t n_rows, const void *xs,
-                                                       int64_t n_tok, int64_t n, int64_t r0,
-                                                       float *bv, int32_t *bi)
-{
-    const int64_t nb = n / KERN_QK;
-    const size_t bb = PANEL_RAW_BYTES(gq_nq(kind));
-    const size_t pstride = (size_t)nb * bb;
-    _Alignas(64) uint16_t bt[X3_BT_BYTES / sizeof(uint16_t)];
-    assert(n % KERN_QK == 0 && nb > 0 && nb <= KERN_PANEL_BF16_BLKS);
-    int group = (int)(X3_BT_BYTES / (1024 * (size_t)nb));
-    group = group < BF_GROUP ? group : BF_GROUP;
-    if (n_tok <= 32)
-        group = 2;
-    const int64_t n_panels = (n_rows + 15) / 16;
-    int cfg = 0;
-    for (int64_t p0 = 0; p0 < n_panels; p0 += group) {
-        const int np = n_panels - p0 < group ? (int)(n_panels - p0) : group;
-        const uint8_t *raw = (const uint8_t *)pk + (size_t)p0 * pstride;
-        for (int p = 0; p < np; p++)
-            for (int64_t b = 0; b < nb; b++)
-                bf_expand(raw + (size_t)p * pstride + (size_t)b * bb, kind,
-                          bt + ((size_t)p * (size_t)nb + (size_t)b) * 512);
-        AMX_FENCE();
-        for (int64_t t0 = 0; t0 < n_tok; t0 += 32) {
-            const int nt = n_tok - t0 < 32 ? (int)(n_tok - t0) : 32;
-            const int nt0 = nt < 16 ? nt : 16, nt1 = nt - nt0;
-            const uint16_t *a = (const uint16_t *)xs + (size_t)t0 * (size_t)n;
-            if (nt != cfg) {
-                _tile_loadconfig(&bf_cfg[nt - 1]);
-                cfg = nt;
-            }
-            for (int p = 0; p < np; p += 2) {
-                const int64_t rl = (p0 + p) * 16; /* this call's row */
-                const int two = p + 1 < np;
-                const int nr0 = n_rows - rl < 16 ? (int)(n_rows - rl) : 16;
-                const int nr1 = two ? (n_rows - rl - 16 < 16 ? (int)(n_rows - rl - 16) : 16) : 0;
-                const uint16_t *bp = bt + (size_t)p * (size_t)nb * 512;
-                bf_loop(bp, bp + nb * 512, two, a, n, nt1 > 0);
-                /* per token: panel p's rows, then panel p + 1's (increasing rows) */
-                BF_ARGMAX(0, nt0, nr0, r0 + rl, bv + t0, bi + t0);
-                if (two)
-                    BF_ARGMAX(1, nt0, nr1, r0 + rl + 16, bv + t0, bi + t0);
-                if (nt1 > 0) {
-                    BF_ARGMAX(2, nt1, nr0, r0 + rl, bv + t0 + 16, bi + t0 + 16);
-                    if (two)
-                        BF_ARGMAX(3, nt1, nr1, r0 + rl + 16, bv + t0 + 16, bi + t0 + 16);
-                }
-            }
-        }
-    }
-    _tile_release();
-}
 
 #define AMX_ARGMAX_ENTRY(name, kind)                                                               \
     static AMX_BF16X void amx_gemm_##name##_bf16_argmax(const void *pk, int64_t n_rows,            \
                                                          const void *xs, int64_t n_tok, int64_t n, \
                                                          int64_t r0, float *bv, int32_t *bi)       \
     {                                                                                              \
-        bf16_argmax_driver(kind, pk, n_rows, xs, n_tok, n, r0, bv, bi);                            \
+        bf16_run(kind, pk, n_rows, xs, n_tok, n, NULL, 0, 1, r0, bv, bi);                         \
     }
 AMX_ARGMAX_ENTRY(q4_0, GQ_Q4_0)
 AMX_ARGMAX_ENTRY(q4_1, GQ_Q4_1)
@@ -1278,7 +1242,22 @@ AMX_ARGMAX_ENTRY(q8_0, GQ_Q8_0)
  * prep_bf16 of the SwiGLU'd rows would write them: token j's value for row r is word
  * 2 (r % 16) + (r % 32) / 16 of its block r / 32 (r0 is a multiple of 16, so the 16 rows of
  * the panel fill the even or the odd words of one block). */
-#define BF_SWIGLU_STORE(C, CU, o, nt, r0, ldo)                                                             do {                                                                                                   _Alignas(64) float g_[16][16], u_[16][16];                                                         X3_STORED(C, g_);                                                                                  X3_STORED(CU, u_);                                                                            const int odd_ = (int)(((r0) / 16) % 2);                                                           const __mmask32 wm_ = odd_ ? 0xAAAAAAAAu : 0x55555555u;                                            uint16_t *ob_ = (uint16_t *)(o) + (size_t)(r0) / 32 * 32;                                          for (int j_ = 0; j_ < (nt); j_++) {                                                                    const __m512 h_ = swiglu16(_mm512_load_ps(g_[j_]), _mm512_load_ps(u_[j_]));                        __m512i w_ = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(h_));                               if (odd_)                                                                                              w_ = _mm512_slli_epi32(w_, 16);                                                                _mm512_mask_storeu_epi16(ob_ + (size_t)j_ * (ldo), wm_, w_);                                   }                                                                                              } while (0)
+#define BF_SWIGLU_STORE(C, CU, o, nt, r0, ldo)                                                     \
+    do {                                                                                           \
+        _Alignas(64) float g_[16][16], u_[16][16];                                                 \
+        X3_STORED(C, g_);                                                                          \
+        X3_STORED(CU, u_);                                                                         \
+        const int odd_ = (int)(((r0) / 16) % 2);                                                   \
+        const __mmask32 wm_ = odd_ ? 0xAAAAAAAAu : 0x55555555u;                                    \
+        uint16_t *ob_ = (uint16_t *)(o) + (size_t)(r0) / 32 * 32;                                  \
+        for (int j_ = 0; j_ < (nt); j_++) {                                                        \
+            const __m512 h_ = swiglu16(_mm512_load_ps(g_[j_]), _mm512_load_ps(u_[j_]));            \
+            __m512i w_ = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(h_));                   \
+            if (odd_)                                                                              \
+                w_ = _mm512_slli_epi32(w_, 16);                                                    \
+            _mm512_mask_storeu_epi16(ob_ + (size_t)j_ * (ldo), wm_, w_);                           \
+        }                                                                                          \
+    } while (0)
 
 /* The fused first half of the FFN: for rows [0, n_rows) of gate and up (panels packed at load,
  * the same type), h = silu(gate x) * up x per token, written straight as the down projection's
@@ -1334,7 +1313,14 @@ static ALWAYS_INLINE AMX_BF16X void bf16_swiglu_driver(const enum gq_kind kind, 
     _tile_release();
 }
 
-#define AMX_SWIGLU_ENTRY(name, kind)                                                                   static AMX_BF16X void amx_gemm_##name##_bf16_swiglu(const void *pg, const void *pu,                                                                     int64_t n_rows, const void *xs,                                                                    int64_t n_tok, int64_t n, void *o,                                                                 int64_t r0, size_t ldo)                       {                                                                                                      bf16_swiglu_driver(kind, pg, pu, n_rows, xs, n_tok, n, o, r0, ldo);                            }
+#define AMX_SWIGLU_ENTRY(name, kind)                                                               \
+    static AMX_BF16X void amx_gemm_##name##_bf16_swiglu(const void *pg, const void *pu,            \
+                                                         int64_t n_rows, const void *xs,           \
+                                                         int64_t n_tok, int64_t n, void *o,        \
+                                                         int64_t r0, size_t ldo)                   \
+    {                                                                                              \
+        bf16_swiglu_driver(kind, pg, pu, n_rows, xs, n_tok, n, o, r0, ldo);                        \
+    }
 AMX_SWIGLU_ENTRY(q4_0, GQ_Q4_0)
 AMX_SWIGLU_ENTRY(q4_1, GQ_Q4_1)
 AMX_SWIGLU_ENTRY(q8_0, GQ_Q8_0)
