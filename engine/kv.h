@@ -37,6 +37,7 @@ struct engine_kv {
     uint8_t *k;                  /* per layer n_blocks x n_kv_head tiles, laid out as struct
                                   * kern_kv_layer says */
     uint8_t *v;                  /* same size */
+    size_t pool_bytes;           /* bytes of k (and of v) */
     int32_t *ref;                /* per block: sequences holding it */
     uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
     int32_t *btok;               /* per block: its block_size token ids (for exact matching) */

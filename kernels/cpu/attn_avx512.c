@@ -15,25 +15,22 @@
 #define AG_MAX_G      8
 #define AG_AHEAD      4 /* blocks ahead whose tiles are prefetched into L2 */
 
-/* Block id's key and value tiles for KV head g into L1; or (l2) those of KV heads g .. last into
- * L2: a block's tiles of all heads are adjacent, so head 0 fetches every head's (only head 0
- * prefetches into L2: callers that run a token's heads in order, as the CPU backend does, find
- * the later heads' tiles there; in another order only the speed suffers). */
-static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, int g, int D,
-                                         const int l2)
+/* Bytes [o0, o1) of block id's key and value tiles for KV head g (tb bytes each) into L1 (l1)
+ * or L2. */
+static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, int g, size_t tb,
+                                         size_t o0, size_t o1, const int l1)
 {
-    const size_t tb = KERN_KV_TILE_BYTES(a->kv.dtype, a->block_size, D);
-    const size_t tile = (size_t)id * a->n_kv_head + (size_t)g;
-    const size_t bytes = tb * (l2 ? (size_t)(a->n_kv_head - g) : 1);
-    const char *k = (const char *)a->kv.k + tile * tb;
-    const char *v = (const char *)a->kv.v + tile * tb;
-    for (size_t o = 0; o < bytes; o += 64) {
-        if (l2) {
-            _mm_prefetch(k + o, _MM_HINT_T1);
-            _mm_prefetch(v + o, _MM_HINT_T1);
-        } else {
+    const size_t tile = ((size_t)id * a->n_kv_head + (size_t)g) * tb;
+    const char *k = (const char *)a->kv.k + tile;
+    const char *v = (const char *)a->kv.v + tile;
+    o1 = o1 < tb ? o1 : tb;
+    for (size_t o = o0; o < o1; o += 64) {
+        if (l1) {
             _mm_prefetch(k + o, _MM_HINT_T0);
             _mm_prefetch(v + o, _MM_HINT_T0);
+        } else {
+            _mm_prefetch(k + o, _MM_HINT_T1);
+            _mm_prefetch(v + o, _MM_HINT_T1);
         }
     }
 }
@@ -67,9 +64,11 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
             acc[h][j] = _mm512_setzero_ps();
     }
     /* the first blocks' misses all in flight at once (later blocks are fetched ahead below) */
-    prefetch_tiles(a, table[0], g, D, 0);
-    for (int32_t b = 1; g == 0 && b < AG_AHEAD && b * B < n; b++)
-        prefetch_tiles(a, table[b], g, D, 1);
+    prefetch_tiles(a, table[0], g, tb, 0, tb, 1);
+    for (int32_t b = 1; b < AG_AHEAD && b * B < n; b++)
+        prefetch_tiles(a, table[b], g, tb, 0, tb, 0);
+    /* bytes of each tile to prefetch per channel pair of the scores loop, whole lines */
+    const size_t pstep = (tb + 64 * (size_t)(D / 2) - 1) / (64 * (size_t)(D / 2)) * 64;
     for (int32_t p0 = 0; p0 < n;) {
         const int i0 = p0 % B;
         int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
@@ -79,14 +78,16 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         const char *kb = (const char *)a->kv.k + tile * tb, *vb = (const char *)a->kv.v + tile * tb;
         const char *kt = kb + (size_t)i0 * es;          /* channel c at kt + c * B * es */
         const char *vt = vb + (size_t)i0 * (size_t)D * es; /* token i at vt + i * D * es */
+        /* while this run computes: the next block's tiles into L1, and the tiles AG_AHEAD blocks
+         * ahead from memory into L2 (more misses in flight than L1 can track), a few lines per
+         * channel pair of the scores loop: issued all at once they fill the fill buffers and
+         * stall the loads behind them */
+        int32_t nid = -1, fid = -1;
         if (i0 + cnt == B && p0 + cnt < n) {
-            /* while this run computes: the next block's tiles into L1, and the tiles AG_AHEAD
-             * blocks ahead from memory into L2 (more misses in flight than L1 can track; about
-             * +4 % end to end in `quern bench --matmul bf16`) */
             const int32_t nb = (p0 + cnt) / B;
-            prefetch_tiles(a, table[nb], g, D, 0);
-            if (g == 0 && (nb + AG_AHEAD) * B < n)
-                prefetch_tiles(a, table[nb + AG_AHEAD], g, D, 1);
+            nid = table[nb];
+            if ((nb + AG_AHEAD) * B < n)
+                fid = table[nb + AG_AHEAD];
         }
         /* scores: two partial sums per head (even and odd channels) */
         __m512 s0[AG_MAX_G], s1[AG_MAX_G];
@@ -94,6 +95,10 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         for (int h = 0; h < G; h++)
             s0[h] = s1[h] = _mm512_setzero_ps();
         for (int c = 0; c < D; c += 2) {
+            if (nid >= 0)
+                prefetch_tiles(a, nid, g, tb, (size_t)(c / 2) * pstep, (size_t)(c / 2 + 1) * pstep, 1);
+            if (fid >= 0)
+                prefetch_tiles(a, fid, g, tb, (size_t)(c / 2) * pstep, (size_t)(c / 2 + 1) * pstep, 0);
             __m512 k0 = kv_load16(kt + (size_t)c * B * es, km, Q8);
             __m512 k1 = kv_load16(kt + (size_t)(c + 1) * B * es, km, Q8);
             UNROLL
