@@ -1828,9 +1828,10 @@ static void test_attention_vs_naive(void **state)
             if (!f)
                 continue;
             memset(out, 0xff, sizeof(float) * (size_t)n_tok * H * D); /* NaN: must be written */
-            for (int t = 0; t < n_tok; t++)
+            for (int t = 0; t < n_tok; t++) /* each call told the next one, as the backend does */
                 for (int g = 0; g < KV; g++)
-                    f->attn_group(&a, t, g);
+                    f->attn_group(&a, t, g, g + 1 < KV ? t : (t + 1 < n_tok ? t + 1 : -1),
+                                  g + 1 < KV ? g + 1 : 0, t == 0 && g == 0);
             double worst = 0;
             for (int t = 0; t < n_tok; t++) {
                 naive_attention(&a, t, want);

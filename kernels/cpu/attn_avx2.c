@@ -20,11 +20,11 @@ void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n)
         y[i] = kern_f32_to_f16(x[i]);
 }
 
-void kern_avx2_attn_group(const struct kern_attn *a, int t, int g)
+void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold)
 {
     const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
     if (D % 8 || a->kv.dtype != KERN_KV_F16) { /* 8-bit KV: the scalar kernel */
-        kern_ref_attn_group(a, t, g);
+        kern_ref_attn_group(a, t, g, tn, gn, cold);
         return;
     }
     const int32_t *table = a->block_table[t];

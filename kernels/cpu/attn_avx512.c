@@ -35,6 +35,28 @@ static ALWAYS_INLINE void prefetch_tiles(const struct kern_attn *a, int32_t id, 
     }
 }
 
+/* The prefetch stream: this call's KV blocks, then the next call's (the same thread's next
+ * (token, KV head)), so the misses stay in flight across calls instead of restarting at each. */
+struct pf_stream {
+    const int32_t *table[2]; /* block tables */
+    int32_t n[2];            /* blocks in each */
+    int g[2];                /* KV heads */
+};
+
+/* Block j of the stream: its id and KV head; 0 past the end. */
+static ALWAYS_INLINE int stream_block(const struct pf_stream *s, int32_t j, int32_t *id, int *g)
+{
+    for (int i = 0; i < 2; i++) {
+        if (j < s->n[i]) {
+            *id = s->table[i][j];
+            *g = s->g[i];
+            return 1;
+        }
+        j -= s->n[i];
+    }
+    return 0;
+}
+
 /* 16 keys or values from an f16 or 8-bit tile as floats (lanes past the mask zero). */
 static ALWAYS_INLINE __m512 kv_load16(const void *p, __mmask16 m, const int Q8)
 {
@@ -43,8 +65,8 @@ static ALWAYS_INLINE __m512 kv_load16(const void *p, __mmask16 m, const int Q8)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const int G,
-                                  const int NV, const int Q8)
+static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int tn, int gn,
+                                  int cold, const int G, const int NV, const int Q8)
 {
     const int D = NV * 16, B = a->block_size;
     const size_t tb = KERN_KV_TILE_BYTES(Q8 ? KERN_KV_Q8 : KERN_KV_F16, B, D), es = Q8 ? 1 : 2;
@@ -63,10 +85,19 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         for (int j = 0; j < NV; j++)
             acc[h][j] = _mm512_setzero_ps();
     }
-    /* the first blocks' misses all in flight at once (later blocks are fetched ahead below) */
-    prefetch_tiles(a, table[0], g, tb, 0, tb, 1);
-    for (int32_t b = 1; b < AG_AHEAD && b * B < n; b++)
-        prefetch_tiles(a, table[b], g, tb, 0, tb, 0);
+    struct pf_stream ps = {{table, table}, {(n + B - 1) / B, 0}, {g, gn}};
+    if (tn >= 0) {
+        ps.table[1] = a->block_table[tn];
+        ps.n[1] = (a->pos[tn] + B) / B;
+    }
+    int32_t pid;
+    int pg;
+    if (cold) { /* the first blocks' misses all in flight at once; later ones stream below */
+        prefetch_tiles(a, table[0], g, tb, 0, tb, 1);
+        for (int32_t b = 1; b < AG_AHEAD; b++)
+            if (stream_block(&ps, b, &pid, &pg))
+                prefetch_tiles(a, pid, pg, tb, 0, tb, 0);
+    }
     /* bytes of each tile to prefetch per channel pair of the scores loop, whole lines */
     const size_t pstep = (tb + 64 * (size_t)(D / 2) - 1) / (64 * (size_t)(D / 2)) * 64;
     for (int32_t p0 = 0; p0 < n;) {
@@ -78,16 +109,18 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         const char *kb = (const char *)a->kv.k + tile * tb, *vb = (const char *)a->kv.v + tile * tb;
         const char *kt = kb + (size_t)i0 * es;          /* channel c at kt + c * B * es */
         const char *vt = vb + (size_t)i0 * (size_t)D * es; /* token i at vt + i * D * es */
-        /* while this run computes: the next block's tiles into L1, and the tiles AG_AHEAD blocks
-         * ahead from memory into L2 (more misses in flight than L1 can track), a few lines per
-         * channel pair of the scores loop: issued all at once they fill the fill buffers and
-         * stall the loads behind them */
+        /* while the run that ends a block computes: the next block of the stream into L1, and
+         * the one AG_AHEAD blocks ahead from memory into L2 (more misses in flight than L1 can
+         * track), a few lines per channel pair of the scores loop: issued all at once they
+         * fill the fill buffers and stall the loads behind them */
         int32_t nid = -1, fid = -1;
-        if (i0 + cnt == B && p0 + cnt < n) {
-            const int32_t nb = (p0 + cnt) / B;
-            nid = table[nb];
-            if ((nb + AG_AHEAD) * B < n)
-                fid = table[nb + AG_AHEAD];
+        int ng = 0, fg = 0;
+        if (i0 + cnt == B || p0 + cnt == n) {
+            const int32_t nb = p0 / B + 1;
+            if (!stream_block(&ps, nb, &nid, &ng))
+                nid = -1;
+            if (!stream_block(&ps, nb + AG_AHEAD - 1, &fid, &fg))
+                fid = -1;
         }
         /* scores: two partial sums per head (even and odd channels) */
         __m512 s0[AG_MAX_G], s1[AG_MAX_G];
@@ -95,10 +128,11 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
         for (int h = 0; h < G; h++)
             s0[h] = s1[h] = _mm512_setzero_ps();
         for (int c = 0; c < D; c += 2) {
+            const size_t o0 = (size_t)(c / 2) * pstep;
             if (nid >= 0)
-                prefetch_tiles(a, nid, g, tb, (size_t)(c / 2) * pstep, (size_t)(c / 2 + 1) * pstep, 1);
+                prefetch_tiles(a, nid, ng, tb, o0, o0 + pstep, 1);
             if (fid >= 0)
-                prefetch_tiles(a, fid, g, tb, (size_t)(c / 2) * pstep, (size_t)(c / 2 + 1) * pstep, 0);
+                prefetch_tiles(a, fid, fg, tb, o0, o0 + pstep, 0);
             __m512 k0 = kv_load16(kt + (size_t)c * B * es, km, Q8);
             __m512 k1 = kv_load16(kt + (size_t)(c + 1) * B * es, km, Q8);
             UNROLL
@@ -169,18 +203,18 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, const
 #define AG_CASE(G)                                                                                 \
     case (G) * 16 + 4:                                                                             \
         if (q8)                                                                                    \
-            attn_gn(a, t, g, G, 4, 1);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 4, 1);                                                             \
         else                                                                                       \
-            attn_gn(a, t, g, G, 4, 0);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 4, 0);                                                             \
         return;                                                                                    \
     case (G) * 16 + 8:                                                                             \
         if (q8)                                                                                    \
-            attn_gn(a, t, g, G, 8, 1);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 8, 1);                                                             \
         else                                                                                       \
-            attn_gn(a, t, g, G, 8, 0);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 8, 0);                                                             \
         return;
 
-void kern_avx512_attn_group(const struct kern_attn *a, int t, int g)
+void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold)
 {
     const int G = a->n_head / a->n_kv_head, q8 = a->kv.dtype == KERN_KV_Q8;
     if (a->head_dim % 16 == 0 && G <= AG_MAX_G) {
@@ -197,5 +231,5 @@ void kern_avx512_attn_group(const struct kern_attn *a, int t, int g)
             break;
         }
     }
-    kern_ref_attn_group(a, t, g);
+    kern_ref_attn_group(a, t, g, tn, gn, cold);
 }

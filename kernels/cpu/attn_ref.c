@@ -43,8 +43,11 @@ static float kv_scale(const uint8_t *tile, int B, int D, int i)
     return sc;
 }
 
-void kern_ref_attn_group(const struct kern_attn *a, int t, int g)
+void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold)
 {
+    (void)tn;
+    (void)gn;
+    (void)cold;
     const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
     const int32_t *table = a->block_table[t];
     const int32_t n = a->pos[t] + 1;

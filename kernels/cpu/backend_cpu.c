@@ -505,12 +505,20 @@ static void attn_worker(void *arg, int ith, int nth)
     (void)ith;
     (void)nth;
     struct attn_job *j = arg;
-    for (;;) {
-        long t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (t >= j->n_items)
-            break;
-        for (int g = 0; g < j->a->n_kv_head; g++)
-            j->fn->attn_group(j->a, (int)t, g);
+    const int KV = j->a->n_kv_head;
+    /* items are claimed one ahead, so each call knows the next one (for its prefetches) */
+    long t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    int cold = 1;
+    while (t < j->n_items) {
+        long tn = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        for (int g = 0; g < KV; g++) {
+            if (g + 1 < KV)
+                j->fn->attn_group(j->a, (int)t, g, (int)t, g + 1, cold);
+            else
+                j->fn->attn_group(j->a, (int)t, g, tn < j->n_items ? (int)tn : -1, 0, cold);
+            cold = 0;
+        }
+        t = tn;
     }
 }
 

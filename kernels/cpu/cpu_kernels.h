@@ -238,8 +238,10 @@ struct kern_cpu_fns {
      * q . k * scale, online softmax (running max, rescale on a new max, exp by the polynomial of
      * kern_attn_exp), values accumulated with the weights, and out = acc / sum at the end. The
      * result depends only on the token's own q and KV: batch invariant. Any head_dim that is
-     * even and <= KERN_MAX_HEAD_DIM. */
-    void (*attn_group)(const struct kern_attn *a, int t, int g);
+     * even and <= KERN_MAX_HEAD_DIM. (tn, gn): the call the same thread makes next (tn < 0:
+     * none), whose first KV blocks a kernel may prefetch while it ends this one; cold: no
+     * earlier call did that for this one. Neither changes a result. */
+    void (*attn_group)(const struct kern_attn *a, int t, int g, int tn, int gn, int cold);
     /* y[i] = x[i] * (1 / sqrt(mean(x^2) + eps)) * w[i], the sum of squares in double; y may
      * alias x. */
     void (*rmsnorm)(const float *x, const float *w, float *y, int64_t n, float eps);
