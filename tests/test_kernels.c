@@ -1719,6 +1719,24 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
     free(sc);
 }
 
+/* Every table's kv_quant_q8 gives the reference's bytes and scale for x[0..n). */
+static void check_kv_quant_tables(const float *x, int n, const int8_t *want, float want_sc)
+{
+    for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+        const struct kern_cpu_fns *f = isa_fns(isa);
+        if (!f)
+            continue;
+        int8_t q[64];
+        float sc = -1.0f;
+        memset(q, 0x55, sizeof q);
+        f->kv_quant_q8(x, n, q, &sc);
+        if (memcmp(q, want, (size_t)n) != 0 || memcmp(&sc, &want_sc, sizeof sc) != 0)
+            fail_msg("%s kv_quant_q8 (n %d) differs from the reference", f->name, n);
+        for (int i = n; i < 64; i++)
+            assert_int_equal(q[i], 0x55); /* nothing written past n */
+    }
+}
+
 /* kern_kv_quant_q8: the largest magnitude maps to +-127, every value within half a step of
  * its quant times the scale, zeros stay zero. */
 static void check_kv_quant(void)
@@ -1735,6 +1753,7 @@ static void check_kv_quant(void)
         }
         kern_kv_quant_q8(x, n, q, &sc);
         assert_true(sc == amax / 127.0f);
+        check_kv_quant_tables(x, n, q, sc);
         int top = 0;
         for (int i = 0; i < n; i++) {
             if (!(fabs((double)x[i] - (double)q[i] * sc) <= 0.5001 * sc))
@@ -1748,6 +1767,36 @@ static void check_kv_quant(void)
     assert_true(sc == 0.0f);
     for (int i = 0; i < 64; i++)
         assert_int_equal(q[i], 0);
+    check_kv_quant_tables(x, 64, q, sc);
+    /* x * id within half an ulp of a half-integer: the product rounded before the add (as the
+     * reference does) and a fused multiply-add give different quants; every table must round
+     * twice */
+    const float tie[4] = {0x1.6ad5acp+0f, 0x1.bb76eep+0f, 0x1.56ad5cp+1f, 0x1.7efdfcp+1f};
+    memset(x, 0, sizeof x);
+    x[0] = 40.0f; /* id = 127 / 40 */
+    memcpy(x + 1, tie, sizeof tie);
+    kern_kv_quant_q8(x, 5, q, &sc);
+    assert_int_equal(q[1], 4); /* 4.4999... rounded to 4.5, then to even */
+    check_kv_quant_tables(x, 5, q, sc);
+    /* a NaN is skipped by the maximum and stored as 0, in every table */
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)(i - 20) * 0.25f;
+    x[7] = NAN;
+    kern_kv_quant_q8(x, 64, q, &sc);
+    assert_true(sc == 43.0f * 0.25f / 127.0f);
+    assert_int_equal(q[7], 0);
+    assert_int_equal(q[63], 127);
+    for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
+        const struct kern_cpu_fns *f = isa_fns(isa);
+        int8_t q2[64];
+        float sc2;
+        if (!f)
+            continue;
+        f->kv_quant_q8(x, 64, q2, &sc2);
+        assert_true(sc2 == sc);
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(q2[i], q[i]);
+    }
 }
 
 /* Random keys/values into a pool of n_tiles tiles: f16, or each token's row of one head

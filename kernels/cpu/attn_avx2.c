@@ -69,10 +69,14 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int g
             for (int c = 0; c < D; c += 2) {
                 const uint16_t *k0 = kt + (size_t)c * ks, *k1 = k0 + ks;
                 __m256 q0 = _mm256_set1_ps(q[c]), q1 = _mm256_set1_ps(q[c + 1]);
-                lo0 = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k0)), lo0);
-                hi0 = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + 8))), hi0);
-                lo1 = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k1)), lo1);
-                hi1 = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + 8))), hi1);
+                lo0 =
+                    _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k0)), lo0);
+                hi0 = _mm256_fmadd_ps(
+                    q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + 8))), hi0);
+                lo1 =
+                    _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k1)), lo1);
+                hi1 = _mm256_fmadd_ps(
+                    q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + 8))), hi1);
             }
             const __m256 scale = _mm256_set1_ps(a->scale), ninf = _mm256_set1_ps(-1.0f / 0.0f);
             const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

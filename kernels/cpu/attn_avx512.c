@@ -12,8 +12,8 @@
 #include "kernels/cpu/cpu_kernels_internal.h"
 #include "kernels/cpu/simd_avx512.h"
 
-#define AG_MAX_G      8
-#define AG_AHEAD      4 /* blocks ahead whose tiles are prefetched into L2 */
+#define AG_MAX_G 8
+#define AG_AHEAD 4 /* blocks ahead whose tiles are prefetched into L2 */
 
 /* Bytes [o0, o1) of block id's key and value tiles for KV head g (tb bytes each) into L1 (l1)
  * or L2. */
@@ -65,8 +65,8 @@ static ALWAYS_INLINE __m512 kv_load16(const void *p, __mmask16 m, const int Q8)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int tn, int gn,
-                                  int cold, const int G, const int NV, const int Q8)
+static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int tn, int gn, int cold,
+                                  const int G, const int NV, const int Q8)
 {
     const int D = NV * 16, B = a->block_size;
     const size_t tb = KERN_KV_TILE_BYTES(Q8 ? KERN_KV_Q8 : KERN_KV_F16, B, D), es = Q8 ? 1 : 2;
@@ -107,7 +107,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         const __mmask16 km = (__mmask16)((1u << cnt) - 1);
         const size_t tile = (size_t)table[p0 / B] * a->n_kv_head + (size_t)g;
         const char *kb = (const char *)a->kv.k + tile * tb, *vb = (const char *)a->kv.v + tile * tb;
-        const char *kt = kb + (size_t)i0 * es;          /* channel c at kt + c * B * es */
+        const char *kt = kb + (size_t)i0 * es;             /* channel c at kt + c * B * es */
         const char *vt = vb + (size_t)i0 * (size_t)D * es; /* token i at vt + i * D * es */
         /* while the run that ends a block computes: the next block of the stream into L1, and
          * the one AG_AHEAD blocks ahead from memory into L2 (more misses in flight than L1 can
@@ -175,7 +175,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             }
             for (int i = 0; i < cnt; i++) {
                 const char *vr = vt + ((size_t)i * D + 16 * (size_t)j) * es;
-                const __m512 x0 = kv_load16(vr, 0xFFFF, Q8), x1 = kv_load16(vr + 16 * es, 0xFFFF, Q8);
+                const __m512 x0 = kv_load16(vr, 0xFFFF, Q8),
+                             x1 = kv_load16(vr + 16 * es, 0xFFFF, Q8);
                 UNROLL
                 for (int h = 0; h < G; h++) {
                     const __m512 p = _mm512_set1_ps(pw[h][i]);
@@ -200,18 +201,45 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
     }
 }
 
+/* kern_kv_quant_q8 on vectors, the same operations in the same order per element: |x| by
+ * clearing the sign, the maximum over lanes (vmaxps returns its second operand, the running
+ * maximum, when x is NaN: NaN is skipped as the scalar compare skips it; max is exact, so the
+ * order does not matter), then x * id + 1.5 * 2^23 - 1.5 * 2^23, each rounded, truncated. */
+void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
+{
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512i nosign = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 a = _mm512_castsi512_ps(
+            _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), nosign));
+        mx = _mm512_max_ps(a, mx);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_sub_ps(
+            _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vid), magic), magic);
+        _mm_mask_storeu_epi8(q + i, m, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+    }
+    *scale = amax / 127.0f;
+}
+
 #define AG_CASE(G)                                                                                 \
-    case (G) * 16 + 4:                                                                             \
+    case (G)*16 + 4:                                                                               \
         if (q8)                                                                                    \
-            attn_gn(a, t, g, tn, gn, cold, G, 4, 1);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 4, 1);                                               \
         else                                                                                       \
-            attn_gn(a, t, g, tn, gn, cold, G, 4, 0);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 4, 0);                                               \
         return;                                                                                    \
-    case (G) * 16 + 8:                                                                             \
+    case (G)*16 + 8:                                                                               \
         if (q8)                                                                                    \
-            attn_gn(a, t, g, tn, gn, cold, G, 8, 1);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 8, 1);                                               \
         else                                                                                       \
-            attn_gn(a, t, g, tn, gn, cold, G, 8, 0);                                                             \
+            attn_gn(a, t, g, tn, gn, cold, G, 8, 0);                                               \
         return;
 
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold)

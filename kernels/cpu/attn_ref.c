@@ -1,5 +1,5 @@
-/* Scalar attention over the paged KV cache (f16 or 8-bit): the algorithm every SIMD table follows, and
- * the fallback for shapes the SIMD kernels do not specialize. For one token and one KV head g,
+/* Scalar attention over the paged KV cache (f16 or 8-bit): the algorithm every SIMD table follows,
+ * and the fallback for shapes the SIMD kernels do not specialize. For one token and one KV head g,
  * the G query heads of the group walk the sequence's keys in runs of at most KERN_ATTN_RUN
  * tokens inside one block (so a run is one contiguous slice of every channel row of the key
  * tile). Per run and head: scores s_i = (q . k_i) * scale, run maximum, and when it exceeds the
@@ -30,8 +30,10 @@ void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
         amax = a > amax ? a : amax;
     }
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < n; i++)
-        q[i] = (int8_t)(int)((x[i] * id + magic) - magic);
+    for (int i = 0; i < n; i++) {
+        const float v = (x[i] * id + magic) - magic;
+        q[i] = v == v ? (int8_t)(int)v : 0; /* NaN: 0, as the vector conversions give */
+    }
     *scale = amax / 127.0f;
 }
 
@@ -71,8 +73,9 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn
             for (int i = 0; i < cnt; i++) {
                 float d = 0.0f;
                 for (int c = 0; c < D; c++) /* channel c at [c * B + i0 + i] */
-                    d += q[c] * (q8 ? (float)((const int8_t *)kb)[(size_t)c * B + i0 + i]
-                                    : kern_f16_to_f32(((const uint16_t *)kb)[(size_t)c * B + i0 + i]));
+                    d += q[c] *
+                         (q8 ? (float)((const int8_t *)kb)[(size_t)c * B + i0 + i]
+                             : kern_f16_to_f32(((const uint16_t *)kb)[(size_t)c * B + i0 + i]));
                 if (q8)
                     d *= kv_scale(kb, B, D, i0 + i);
                 s[i] = d * a->scale;

@@ -461,10 +461,10 @@ static void kv_store_worker(void *arg, int ith, int nth)
             uint8_t *kt = (uint8_t *)j->kv.k + tile * tb, *vt = (uint8_t *)j->kv.v + tile * tb;
             if (j->kv.dtype == KERN_KV_Q8) {
                 float ks, vs;
-                kern_kv_quant_q8(kr, D, kq, &ks);
+                j->fn->kv_quant_q8(kr, D, kq, &ks);
                 for (int c = 0; c < D; c++)
                     ((int8_t *)kt)[(size_t)c * B + i] = kq[c];
-                kern_kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
+                j->fn->kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
                 memcpy(kt + (size_t)D * B + 4 * (size_t)i, &ks, sizeof ks);
                 memcpy(vt + (size_t)D * B + 4 * (size_t)i, &vs, sizeof vs);
             } else {
@@ -491,8 +491,8 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
 
 /* Work items are tokens, claimed one at a time from a shared counter: their cost grows with
  * the token's position, so a static split would leave threads idle. A token's KV heads run in
- * order on one thread (a block's tiles of all heads are adjacent: the first head's prefetches
- * bring the others'). Which thread runs an item never changes its result. */
+ * order on one thread. Items are claimed one ahead so each call can prefetch the next one's
+ * first blocks while it ends. Which thread runs an item never changes its result. */
 struct attn_job {
     const struct kern_attn *a;     /* arguments */
     const struct kern_cpu_fns *fn; /* kernels */

@@ -232,6 +232,8 @@ struct kern_cpu_fns {
                                           int64_t r0, size_t ldo);
     /* y[i] = x[i] rounded to IEEE half, nearest even, bitwise as kern_f32_to_f16 (finite x). */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+    /* One 8-bit KV row, bitwise as kern_kv_quant_q8 (below). */
+    void (*kv_quant_q8)(const float *x, int n, int8_t *q, float *scale);
     /* Attention of token t's query heads g*G .. g*G+G-1 (G = n_head / n_kv_head) over KV head g
      * of its sequence, positions 0..pos[t] (layout in struct kern_kv_layer). Every table runs
      * the same algorithm (attn_ref.c): keys in runs of at most 16 inside a block, scores
@@ -255,7 +257,8 @@ struct kern_cpu_fns {
 };
 
 /* 8-bit KV (struct kern_kv_layer): q[i] = round(x[i] / s) with s = max|x| / 127 (0 for all-zero
- * x; rounding to nearest even). The one quantizer every table's KV store uses. */
+ * x; rounding to nearest even). The reference of every table's kv_quant_q8 (a NaN is skipped by
+ * the maximum and stored as 0). */
 void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).

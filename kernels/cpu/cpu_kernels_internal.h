@@ -217,6 +217,7 @@ void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n);
 void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
                          int cold);
 void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n);
+void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
                          int cold);
 

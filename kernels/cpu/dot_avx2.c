@@ -770,6 +770,7 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
             [DTYPE_Q6_K] = kern_avx2_gemm_q6_k_q8,
         },
     .to_f16 = kern_avx2_to_f16,
+    .kv_quant_q8 = kern_kv_quant_q8,
     .attn_group = kern_avx2_attn_group,
     .rmsnorm = kern_avx2_rmsnorm,
     .swiglu = kern_avx2_swiglu,

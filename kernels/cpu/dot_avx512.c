@@ -696,6 +696,7 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
             [DTYPE_Q6_K] = kern_avx512_gemm_q6_k_q8,
         },
     .to_f16 = kern_avx2_to_f16,
+    .kv_quant_q8 = kern_avx512_kv_quant_q8,
     .attn_group = kern_avx512_attn_group,
     .rmsnorm = kern_avx512_rmsnorm,
     .swiglu = kern_avx512_swiglu,

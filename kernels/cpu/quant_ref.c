@@ -696,6 +696,7 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
             [DTYPE_Q6_K] = kern_ref_gemm_q6_k_q8,
         },
     .to_f16 = kern_ref_to_f16,
+    .kv_quant_q8 = kern_kv_quant_q8,
     .attn_group = kern_ref_attn_group,
     .rmsnorm = kern_ref_rmsnorm,
     .swiglu = kern_ref_swiglu,
