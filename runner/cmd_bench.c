@@ -26,6 +26,8 @@ static const char bench_usage[] =
     "\n"
     "Offline throughput benchmark: all requests arrive at once and each generates exactly\n"
     "--output-len tokens (end-of-generation tokens are ignored). Prints JSON on stdout.\n"
+    "A request longer than the model context (prompt + --output-len) is skipped with a\n"
+    "warning and counted in rejected_requests. peak_rss_mb is in MiB.\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --prompts N            synthetic requests (default 256)\n"
@@ -34,13 +36,13 @@ static const char bench_usage[] =
     "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
     "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
     "  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
-    "  --max-batch-tokens T   tokens per forward step (default 512)\n"
+    "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n"
     "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
     "  --kv-block B           tokens per KV block (default 16)\n"
     "  --no-prefix-cache      disable automatic prefix caching\n"
     "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8-bit, see quern run --help)\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME             auto|scalar|avx2|avx512|amx (default auto)\n"
+    "  --isa NAME             auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
     "  --matmul MODE          exact (default), q16, bf16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
@@ -342,6 +344,8 @@ static double measure_peak(int threads, double seconds, const char *isa, int amx
         j.fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
     else if (isa && !strcmp(isa, "avx2"))
         j.fn = kern_cpu_fns_get(KERN_ISA_AVX2);
+    else if (isa && (!strcmp(isa, "avxvnni") || !strcmp(isa, "avx-vnni")))
+        j.fn = kern_cpu_fns_get(KERN_ISA_AVXVNNI);
     if (amx)
         j.fn = NULL;
     pool_run(pool, peak_worker, &j);
@@ -392,6 +396,7 @@ int runner_cmd_bench(int argc, char **argv)
     if (!ttft || !tpot)
         goto out;
     double t0 = runner_now();
+    size_t rejected = 0; /* requests the engine refused (too long for the context): skipped */
     for (size_t i = 0; i < ps.count; i++) {
         struct engine_request r = {0};
         char id[32];
@@ -403,9 +408,9 @@ int runner_cmd_bench(int argc, char **argv)
         r.max_tokens = (int32_t)o.output_len;
         r.ignore_eos = 1;
         r.request_id = id;
-        if ((st = engine_add_request(e, &r, NULL, &err))) {
-            LOG_ERROR("request %zu: %s", i, err.msg);
-            goto out;
+        if (engine_add_request(e, &r, NULL, &err)) {
+            LOG_WARN("request %zu skipped: %s", i, err.msg);
+            rejected++;
         }
     }
     size_t done = 0;
@@ -461,7 +466,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(j, "isa", kern_cpu_backend_isa(be));
     cJSON_AddNumberToObject(j, "threads", (double)o.threads);
     cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.act));
-    cJSON_AddNumberToObject(j, "requests", (double)ps.count);
+    cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
+    cJSON_AddNumberToObject(j, "rejected_requests", (double)rejected);
     if (o.input)
         cJSON_AddStringToObject(j, "input", o.input);
     else
@@ -477,7 +483,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "output_tokens", (double)out_tok);
     cJSON_AddNumberToObject(j, "output_tok_s", (double)out_tok / elapsed);
     cJSON_AddNumberToObject(j, "total_tok_s", total_tps);
-    cJSON_AddNumberToObject(j, "requests_s", (double)ps.count / elapsed);
+    cJSON_AddNumberToObject(j, "requests_s", (double)done / elapsed);
     runner_add_percentiles(j, "ttft_ms", ttft, done);
     runner_add_percentiles(j, "tpot_ms", tpot, done);
     cJSON_AddNumberToObject(j, "steps", (double)es->steps);

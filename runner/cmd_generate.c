@@ -39,7 +39,7 @@ static const char gen_usage[] =
     "  --ignore-eos         keep generating past end-of-generation tokens\n"
     "  --seed N             sampling seed (default 0; the same seed gives the same text)\n"
     "  --threads N          CPU threads (default: all online CPUs)\n"
-    "  --isa NAME           auto|scalar|avx2|avx512|amx (default auto)\n"
+    "  --isa NAME           auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
     "  --matmul MODE        exact: f32 activations (default); q16: 16-bit activations\n"
     "                       with exact integer sums (Q4_0/Q4_1/Q8_0 weights; ~2x exact's\n"
     "                       batch throughput on AVX-512, near-exact logits); bf16:\n"

@@ -320,7 +320,7 @@ static void test_dispatch(void **state)
     enum kern_isa want = KERN_ISA_SCALAR;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-        want = KERN_ISA_AVX2;
+        want = __builtin_cpu_supports("avxvnni") ? KERN_ISA_AVXVNNI : KERN_ISA_AVX2;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
             __builtin_cpu_supports("avx512vnni")) {
@@ -335,10 +335,15 @@ static void test_dispatch(void **state)
     assert_int_equal(kern_cpu_detect(), want);
     print_message("CPU kernels: detected %s\n", kern_isa_name(kern_cpu_detect()));
 
-    static const char *const names[] = {"scalar", "avx2", "avx512-vnni", "amx"};
+    /* every table up to the best, except AVX-VNNI, which AVX-512 VNNI does not imply */
+    const int vnni = want >= KERN_ISA_AVX2 && __builtin_cpu_supports("avxvnni");
+    int sup[KERN_ISA_COUNT];
+    for (int isa = 0; isa < KERN_ISA_COUNT; isa++)
+        sup[isa] = isa == KERN_ISA_AVXVNNI ? vnni : isa <= (int)want;
+    static const char *const names[] = {"scalar", "avx2", "avx-vnni", "avx512-vnni", "amx"};
     for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
         const struct kern_cpu_fns *f = isa_fns(isa);
-        if (isa > (int)want) {
+        if (!sup[isa]) {
             assert_null(f);
             continue;
         }
@@ -367,10 +372,10 @@ static void test_dispatch(void **state)
     const struct kern_cpu_fns *best = isa_fns(want);
     assert_int_equal(unsetenv("QUERN_ISA"), 0);
     assert_ptr_equal(kern_cpu_fns_best(), best);
-    static const char *const env[] = {"scalar", "avx2", "avx512", "amx"};
+    static const char *const env[] = {"scalar", "avx2", "avxvnni", "avx512", "amx"};
     for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
         assert_int_equal(setenv("QUERN_ISA", env[isa], 1), 0);
-        assert_ptr_equal(kern_cpu_fns_best(), isa <= (int)want ? isa_fns(isa) : best);
+        assert_ptr_equal(kern_cpu_fns_best(), sup[isa] ? isa_fns(isa) : best);
     }
     assert_int_equal(setenv("QUERN_ISA", "sse9", 1), 0);
     assert_ptr_equal(kern_cpu_fns_best(), best);
@@ -847,6 +852,13 @@ static void test_vec_dot_q8(void **state)
                     if (!f)
                         continue;
                     float got = f->vec_dot_q8[type](w, xq, n);
+                    /* AVX-VNNI only swaps the integer products for vpdpbusd: the AVX2 bits */
+                    if (isa == KERN_ISA_AVXVNNI) {
+                        float avx2 = isa_fns(KERN_ISA_AVX2)->vec_dot_q8[type](w, xq, n);
+                        if (f32_bits(got) != f32_bits(avx2))
+                            fail_msg("avx-vnni %s n=%lld: %.9g, avx2 %.9g", dtype_get(type)->name,
+                                     (long long)n, (double)got, (double)avx2);
+                    }
                     if (!close_enough(got, ref, mag, REL_TOL))
                         fail_msg("%s %s n=%lld: %.9g vs reference %.9g (mag %.3g)", f->name,
                                  dtype_get(type)->name, (long long)n, (double)got, (double)ref,
@@ -1286,7 +1298,8 @@ static void test_gemm_vs_reference(void **state)
                 float *wf = malloc(n * sizeof *wf), *xd = malloc(n * sizeof *xd);
                 float *y = malloc((size_t)n_tok * ldy * sizeof *y);
                 float *yq = malloc((size_t)n_tok * ldy * sizeof *yq);
-                assert_true(wf && xd && y && yq);
+                float *yq_avx2 = malloc((size_t)n_tok * ldy * sizeof *yq_avx2);
+                assert_true(wf && xd && y && yq && yq_avx2);
                 for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
                     const struct kern_cpu_fns *f = isa_fns(isa);
                     if (!f)
@@ -1298,6 +1311,14 @@ static void test_gemm_vs_reference(void **state)
                         f->gemm_q8[type](w, row_bytes, rows, xq, ldxq, n_tok, n, yq, ldy);
                     else
                         assert_null(f->gemm_q8[type]);
+                    /* AVX-VNNI only swaps the integer products for vpdpbusd: the AVX2 bits
+                     * (the AVX2 table runs first, and exists wherever AVX-VNNI does) */
+                    if (quant && isa == KERN_ISA_AVX2)
+                        memcpy(yq_avx2, yq, (size_t)n_tok * ldy * sizeof *yq);
+                    if (quant && isa == KERN_ISA_AVXVNNI &&
+                        memcmp(yq_avx2, yq, (size_t)n_tok * ldy * sizeof *yq) != 0)
+                        fail_msg("avx-vnni gemm_q8 %s n=%lld fill %d differs from avx2",
+                                 dtype_get(type)->name, (long long)n, fills[fi]);
                     for (int64_t k = 0; k < rows; k++) {
                         const uint8_t *row = w + (size_t)k * row_bytes;
                         kern_ref_dequant_row(type, row, wf, n);
@@ -1359,6 +1380,7 @@ static void test_gemm_vs_reference(void **state)
                 free(xd);
                 free(y);
                 free(yq);
+                free(yq_avx2);
             }
         }
     }

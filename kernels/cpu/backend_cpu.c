@@ -583,12 +583,14 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
         fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
     else if (!strcmp(isa, "avx2"))
         fn = kern_cpu_fns_get(KERN_ISA_AVX2);
+    else if (!strcmp(isa, "avxvnni") || !strcmp(isa, "avx-vnni"))
+        fn = kern_cpu_fns_get(KERN_ISA_AVXVNNI);
     else if (!strcmp(isa, "avx512"))
         fn = kern_cpu_fns_get(KERN_ISA_AVX512);
     else if (!strcmp(isa, "amx"))
         fn = kern_cpu_fns_get(KERN_ISA_AMX);
     else
-        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avx512|amx)",
+        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avxvnni|avx512|amx)",
                        isa);
     if (!fn)
         return err_set(err, ST_ERR_UNSUPPORTED, "this CPU does not support ISA '%s'", isa);

@@ -119,9 +119,11 @@ void kern_ref_matvec_f32(uint32_t type, const void *w, size_t row_bytes, int64_t
 
 enum kern_isa {
     KERN_ISA_SCALAR = 0,
-    KERN_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    KERN_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI */
-    KERN_ISA_AMX = 3,    /* the AVX-512 table, exact mode on AMX-BF16 tiles (OS grants tiles) */
+    KERN_ISA_AVX2 = 1,    /* AVX2 + FMA + F16C */
+    KERN_ISA_AVXVNNI = 2, /* the AVX2 table with its int8 dot products on AVX-VNNI (VEX
+                           * vpdpbusd: Alder Lake, Sierra Forest, Zen 5, Sapphire Rapids...) */
+    KERN_ISA_AVX512 = 3,  /* AVX-512 F/BW/VL/DQ + VNNI */
+    KERN_ISA_AMX = 4,     /* the AVX-512 table, exact mode on AMX-BF16 tiles (OS grants tiles) */
     KERN_ISA_COUNT,
 };
 
@@ -131,7 +133,7 @@ enum kern_isa {
  * tables (summation order, FMA). */
 struct kern_cpu_fns {
     enum kern_isa isa; /* which instruction set these use */
-    const char *name;  /* "scalar", "avx2", "avx512-vnni", "amx" */
+    const char *name;  /* "scalar", "avx2", "avx-vnni", "avx512-vnni", "amx" */
     void (*quantize_q8)(const float *x, struct kern_q8 *y, int64_t n); /* never NULL */
     /* Quantized weight row . quantized activations; NULL for float types. */
     float (*vec_dot_q8[DTYPE_COUNT])(const void *w, const struct kern_q8 *x, int64_t n);
@@ -266,10 +268,10 @@ void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
 enum kern_isa kern_cpu_detect(void);
 /* The table for isa, or NULL if this CPU lacks it (or isa is out of range). Static storage. */
 const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa);
-/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avx512|amx when that is set and
+/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avxvnni|avx512|amx when that is set and
  * supported (otherwise a warning is logged and the best is used). Never NULL. */
 const struct kern_cpu_fns *kern_cpu_fns_best(void);
-/* "scalar", "avx2", "avx512-vnni", "amx"; "?" when out of range. */
+/* "scalar", "avx2", "avx-vnni", "avx512-vnni", "amx"; "?" when out of range. */
 const char *kern_isa_name(enum kern_isa isa);
 
 /* Single-thread microbenchmark of f's best int8 dot-product instruction loop (vpdpbusd on

@@ -8,11 +8,13 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 
-/* One table per ISA, each defined in that ISA's file (quant_ref.c, dot_avx2.c, dot_avx512.c).
+/* One table per ISA, each defined in that ISA's file (quant_ref.c, dot_avx2.c, dot_avxvnni.c,
+ * dot_avx512.c).
  * Calling through the AVX tables on a CPU without those instructions crashes: go through
  * kern_cpu_fns_get(). */
 extern const struct kern_cpu_fns kern_cpu_fns_scalar;
 extern const struct kern_cpu_fns kern_cpu_fns_avx2;
+extern const struct kern_cpu_fns kern_cpu_fns_avxvnni;
 extern const struct kern_cpu_fns kern_cpu_fns_avx512;
 
 /* Scalar per-type kernels (quant_ref.c); semantics as kern_ref_dequant_row and friends. */
@@ -148,6 +150,7 @@ void kern_gemm_f32_pairs(float (*dot)(const void *, const float *, int64_t), KER
     void kern_##isa##_gemm_q6_k_q8(KERN_GEMM_Q8_ARGS);                                             \
     double kern_##isa##_int8_peak(double seconds);
 KERN_GEMM_DECL(avx2)
+KERN_GEMM_DECL(avxvnni)
 KERN_GEMM_DECL(avx512)
 
 /* The tdpbusd peak loop (gemm_avx512.c); only on CPUs and processes with AMX tiles. */

@@ -51,9 +51,11 @@ static int detect_amx(void)
     return int8 | bf16 << 1;
 }
 
-static enum kern_isa detect_x86(void)
+/* The best of SCALAR, AVX2, AVX512; *vnni = AVX-VNNI (VEX vpdpbusd) on top of AVX2. */
+static enum kern_isa detect_x86(int *vnni)
 {
     unsigned a, b, c, d;
+    *vnni = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return KERN_ISA_SCALAR;
     int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
@@ -72,14 +74,20 @@ static enum kern_isa detect_x86(void)
 
     if (!(os_ymm && avx2 && fma && f16c))
         return KERN_ISA_SCALAR;
+    if (a >= 1) { /* leaf 7 subleaf 1: EAX bit 4 = AVX-VNNI */
+        unsigned a1, b1, c1, d1;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        *vnni = (a1 >> 4) & 1;
+    }
     /* dot_avx512.c is compiled with -mavx512dq too, so DQ is required (every VNNI CPU has it). */
     if (os_zmm && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni)
         return KERN_ISA_AVX512;
     return KERN_ISA_AVX2;
 }
 #else
-static enum kern_isa detect_x86(void)
+static enum kern_isa detect_x86(int *vnni)
 {
+    *vnni = 0;
     return KERN_ISA_SCALAR;
 }
 
@@ -92,6 +100,7 @@ static int detect_amx(void)
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static enum kern_isa detected_isa; /* written once under detect_once */
 static int detected_amx;           /* detect_amx() on an AVX-512 VNNI CPU, else 0 */
+static int detected_avxvnni;       /* AVX2 level and AVX-VNNI */
 
 /* The AMX table is the AVX-512 one with the tile kernels added (gemm_avx512.c); filled once,
  * and only handed out when the CPU and OS allow bf16 tiles. */
@@ -99,7 +108,9 @@ static struct kern_cpu_fns amx_table = {.isa = KERN_ISA_AMX, .name = "amx"};
 
 static void detect_run(void)
 {
-    detected_isa = detect_x86();
+    detected_isa = detect_x86(&detected_avxvnni);
+    if (detected_isa == KERN_ISA_AVX2 && detected_avxvnni)
+        detected_isa = KERN_ISA_AVXVNNI;
     detected_amx = detected_isa == KERN_ISA_AVX512 ? detect_amx() : 0;
     if (detected_amx & 2) {
         amx_table = kern_cpu_fns_avx512;
@@ -119,14 +130,26 @@ enum kern_isa kern_cpu_detect(void)
 static const struct kern_cpu_fns *const tables[KERN_ISA_COUNT] = {
     [KERN_ISA_SCALAR] = &kern_cpu_fns_scalar,
     [KERN_ISA_AVX2] = &kern_cpu_fns_avx2,
+    [KERN_ISA_AVXVNNI] = &kern_cpu_fns_avxvnni,
     [KERN_ISA_AVX512] = &kern_cpu_fns_avx512,
     [KERN_ISA_AMX] = &amx_table,
 };
 
+/* Whether this CPU runs isa's table. The ISAs are ordered by what they need, except that
+ * AVX-512 VNNI does not imply AVX-VNNI (Ice Lake and Zen 4 have only the former). */
+static int supported(enum kern_isa isa)
+{
+    enum kern_isa best = kern_cpu_detect();
+    if (isa == KERN_ISA_AVXVNNI)
+        return detected_avxvnni;
+    if (best == KERN_ISA_AVXVNNI)
+        return isa <= KERN_ISA_AVX2;
+    return isa <= best;
+}
+
 const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa)
 {
-    /* The ISAs are ordered: each one's table only uses instructions of the ones above it. */
-    if ((int)isa < 0 || isa >= KERN_ISA_COUNT || isa > kern_cpu_detect())
+    if ((int)isa < 0 || isa >= KERN_ISA_COUNT || !supported(isa))
         return NULL;
     return tables[isa];
 }
@@ -150,16 +173,18 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
         isa = KERN_ISA_SCALAR;
     else if (!strcmp(want, "avx2"))
         isa = KERN_ISA_AVX2;
+    else if (!strcmp(want, "avxvnni") || !strcmp(want, "avx-vnni"))
+        isa = KERN_ISA_AVXVNNI;
     else if (!strcmp(want, "avx512") || !strcmp(want, "avx512-vnni"))
         isa = KERN_ISA_AVX512;
     else if (!strcmp(want, "amx"))
         isa = KERN_ISA_AMX;
     else {
-        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avx512|amx; using %s", want,
+        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avxvnni|avx512|amx; using %s", want,
                  tables[best]->name);
         return tables[best];
     }
-    if (isa > best) {
+    if (!supported(isa)) {
         LOG_WARN("QUERN_ISA=%s is not supported by this CPU; using %s", want, tables[best]->name);
         return tables[best];
     }
@@ -190,6 +215,8 @@ double kern_cpu_int8_peak(const struct kern_cpu_fns *f, double seconds)
         return kern_avx512_int8_peak(seconds);
     case KERN_ISA_AVX2:
         return kern_avx2_int8_peak(seconds);
+    case KERN_ISA_AVXVNNI:
+        return kern_avxvnni_int8_peak(seconds);
     default:
         return kern_ref_int8_peak(seconds);
     }

@@ -35,14 +35,13 @@ static inline __m256i nibbles_32(const uint8_t *qs)
 /* Signed bytes a . signed bytes b, summed in 8 groups of 4 (int32). |a| may be 128, b must not. */
 static inline __m256i dot_i8(__m256i a, __m256i b)
 {
-    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
 }
 
 /* Unsigned bytes a (< 128) . signed bytes b, summed in 8 groups of 4 (int32). */
 static inline __m256i dot_u8_i8(__m256i a, __m256i b)
 {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+    return dpbusd(_mm256_setzero_si256(), a, b);
 }
 
 /* roundf() of 8 floats with |v| < 2^31, as int32: truncate, then step away from zero when the
@@ -704,9 +703,15 @@ MATVEC_FLOAT(avx2_matvec_f32_f32, kern_avx2_dot_f32_f32)
 MATVEC_FLOAT(avx2_matvec_f16_f32, kern_avx2_dot_f16_f32)
 MATVEC_FLOAT(avx2_matvec_bf16_f32, kern_avx2_dot_bf16_f32)
 
+/* dot_avxvnni.c compiles this file again as the "avx-vnni" table (avxvnni_names.h) */
+#ifndef AVX2_TABLE_ISA
+#define AVX2_TABLE_ISA  KERN_ISA_AVX2
+#define AVX2_TABLE_NAME "avx2"
+#endif
+
 const struct kern_cpu_fns kern_cpu_fns_avx2 = {
-    .isa = KERN_ISA_AVX2,
-    .name = "avx2",
+    .isa = AVX2_TABLE_ISA,
+    .name = AVX2_TABLE_NAME,
     .quantize_q8 = avx2_quantize_q8,
     .vec_dot_q8 =
         {

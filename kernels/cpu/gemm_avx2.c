@@ -10,17 +10,10 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
+#include "kernels/cpu/simd_avx2.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLL        _Pragma("GCC unroll 16")
-
-static inline float hsum_ps(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Lanes below n set (n in 0..8), as a maskload/maskstore mask. */
 static inline __m256i lane_mask(int n)
@@ -158,8 +151,8 @@ GF_ENTRY(q6_k, DTYPE_Q6_K)
 
 /* ---- q8 mode: quantized activations ----
  * 8 weight rows are the 8 int32 lanes; a panel's blocks are repacked once (k-step s: lane r =
- * row r's quants for activation dword s), then per token and k-step vpmaddubsw with the token's
- * broadcast dword and vpmaddwd by ones accumulate the exact integer dots of all 8 rows. Q4_0
+ * row r's quants for activation dword s), then per token and k-step dpbusd (simd_avx2.h) with
+ * the token's broadcast dword accumulates the exact integer dots of all 8 rows. Q4_0
  * nibbles stay unsigned (w + 8) and the sum starts from -8 * sum(x_q); Q8_0 stores |w| and
  * applies w's sign to the activations (vpsignb), so no int16 sum can saturate. Per pair and
  * block, in every tile: acc = fma((float)isum, d_w * d_x, acc), then for Q4_1
@@ -245,7 +238,6 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
 {
     enum { C_MAX = 2 };
     const int nc = nt == 1 ? 2 : 1;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[GQ_TOK];
     UNROLL
     for (int j = 0; j < nt; j++)
@@ -272,8 +264,7 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
                 __m256i xv = _mm256_set1_epi32(xd);
                 if (kind == GQ_Q8_0)
                     xv = _mm256_sign_epi8(xv, sg);
-                __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
-                ia[j][s % nc] = _mm256_add_epi32(ia[j][s % nc], p32);
+                ia[j][s % nc] = dpbusd(ia[j][s % nc], wv, xv);
             }
         }
         __m256 dw = _mm256_loadu_ps(p->d);
@@ -376,14 +367,14 @@ GQ_PAIRS(q5_0, DTYPE_Q5_0)
 GQ_PAIRS(q4_k, DTYPE_Q4_K)
 GQ_PAIRS(q6_k, DTYPE_Q6_K)
 
-/* ---- int8 peak: vpmaddubsw + vpmaddwd + vpaddd throughput ---- */
+/* ---- int8 peak: dpbusd throughput (vpmaddubsw + vpmaddwd + vpaddd, or vpdpbusd) ---- */
 
 #define PEAK_CHAINS 8
 
 double kern_avx2_int8_peak(double seconds)
 {
     volatile int seed = 3;
-    const __m256i b = _mm256_set1_epi8((char)(seed - 5)), ones = _mm256_set1_epi16(1);
+    const __m256i b = _mm256_set1_epi8((char)(seed - 5));
     __m256i a[PEAK_CHAINS], acc[PEAK_CHAINS];
     for (int k = 0; k < PEAK_CHAINS; k++) {
         a[k] = _mm256_set1_epi8((char)(seed + k));
@@ -397,8 +388,7 @@ double kern_avx2_int8_peak(double seconds)
             for (int k = 0; k < PEAK_CHAINS; k++) {
                 /* an empty asm that "changes" a[k], so the products cannot be hoisted */
                 __asm__("" : "+x"(a[k]));
-                acc[k] = _mm256_add_epi32(acc[k],
-                                          _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), ones));
+                acc[k] = dpbusd(acc[k], a[k], b);
             }
         }
         macs += (uint64_t)4096 * PEAK_CHAINS * 32;

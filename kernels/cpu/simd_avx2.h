@@ -9,6 +9,20 @@
 
 #include "kernels/cpu/cpu_kernels_internal.h"
 
+/* acc + the dot products of 4 unsigned bytes of u with 4 signed bytes of s, per int32 lane:
+ * vpdpbusd where the file is compiled for AVX-VNNI (QUERN_AVXVNNI, the "avx-vnni" table), else
+ * vpmaddubsw + vpmaddwd + vpaddd. The same integers whenever no pair of adjacent products
+ * exceeds the int16 range (vpmaddubsw saturates), which every caller ensures. */
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
+{
+#ifdef QUERN_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+#endif
+}
+
 static inline float hsum_ps(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -59,4 +59,18 @@ PY
 [ "$(jget "$tmp/bench8.json" '["output_tokens"]')" = 20 ] || fail "q8 KV output tokens"
 "$Q" bench --model "$M" --prompts 2 --max-seqs 600 >/dev/null 2>"$tmp/b.err" && fail "max-seqs > max-batch-tokens accepted"
 grep -q "max-batch-tokens" "$tmp/b.err" || fail "no explanation for bad engine params"
+# a prompt longer than the model context is skipped with a warning, the others still run
+python3 - "$tmp/in.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"prompt": "Name a colour."}) + "\n")
+    f.write(json.dumps({"prompt": "word " * 9000}) + "\n")
+    f.write(json.dumps({"prompt": "Name a fruit."}) + "\n")
+PY
+"$Q" bench --model "$M" --input "$tmp/in.jsonl" --output-len 4 --peak-seconds 0 \
+    >"$tmp/bench_in.json" 2>"$tmp/bench_in.err" || fail "bench stopped at a too-long prompt"
+[ "$(jget "$tmp/bench_in.json" '["requests"]')" = 2 ] || fail "requests with one rejected"
+[ "$(jget "$tmp/bench_in.json" '["rejected_requests"]')" = 1 ] || fail "rejected_requests"
+[ "$(jget "$tmp/bench_in.json" '["output_tokens"]')" = 8 ] || fail "output tokens with one rejected"
+grep -q "request 1 skipped: .*exceeds the model context" "$tmp/bench_in.err" || fail "no warning for the rejected request"
 echo "e2e bench/plan: ok"
