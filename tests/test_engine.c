@@ -1,14 +1,17 @@
-/* Engine tests: the KV block manager on its own (reference counts, LRU eviction, prefix
+/* Engine tests: the KV block manager on its own (reference counts, LRU eviction order, prefix
  * matching, leak check) and continuous batching on the real model: 64 prompts decoded
- * together give exactly the tokens each gives alone (greedy and seeded sampling); prefix-
- * cache hits, chunked prefill and preemption with recompute change nothing; requests that
- * cannot fit are rejected with an error. */
+ * together give exactly the tokens each gives alone (greedy, and sampling with a seed per
+ * request); prefix-cache hits (bitwise logits), chunked prefill and preemption with recompute
+ * change nothing; the newest sequence is the one preempted and it is requeued first; request
+ * timestamps are ordered and the warm-up is not counted; requests that cannot fit are rejected
+ * with an error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -76,6 +79,64 @@ static void test_kv_refcount_and_lru(void **state)
     /* truncate returns blocks */
     engine_kv_truncate(kv, 2, 5);
     assert_int_equal(engine_kv_available(kv), 2);
+    engine_kv_release(kv, 2);
+    check_ok(kv, 1);
+    engine_kv_free(kv);
+}
+
+/* Cached free blocks are evicted least recently used first: of two released prompts the older
+ * goes first; reattaching a prompt makes it the newest again; and a released chain loses its
+ * last block before its first (the first blocks are the ones other prompts can share). Fails if
+ * eviction takes the newest cached block, or if a hit does not refresh a block's age. */
+static void test_kv_lru_order(void **state)
+{
+    (void)state;
+    struct engine_kv *kv;
+    struct err_detail err = {0};
+    /* 5 blocks of 4 tokens, 3 slots */
+    assert_int_equal(engine_kv_init(&kv, 1, 1, 2, KERN_KV_F16, 4, 5, 3, 1, &err), ST_OK);
+    const int32_t x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8}, c[8] = {9, 10, 11, 12, 13, 14, 15, 16};
+    /* cache one block of x, then one of y: LRU x (oldest), y */
+    const int32_t *one[2] = {x, y};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(engine_kv_reserve(kv, 0, 4, &err), ST_OK);
+        engine_kv_prefix_commit(kv, 0, one[i], 4);
+        engine_kv_release(kv, 0);
+    }
+    assert_int_equal(kv->n_lru, 2);
+    assert_int_equal(kv->n_free, 3);
+    /* slot 2 takes the 3 plain free blocks and one cached: x must go, y stay */
+    assert_int_equal(engine_kv_reserve(kv, 2, 16, &err), ST_OK);
+    assert_int_equal(kv->stats.evictions, 1);
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, y, 4, 4), 4);
+    assert_int_equal(engine_kv_prefix_attach(kv, 1, x, 4, 4), 0);
+    engine_kv_release(kv, 0);
+    engine_kv_release(kv, 2);
+    check_ok(kv, 1);
+    /* cache x again after y, then hit y: y was used last, so x is now the older one */
+    assert_int_equal(engine_kv_reserve(kv, 0, 4, &err), ST_OK);
+    engine_kv_prefix_commit(kv, 0, x, 4);
+    engine_kv_release(kv, 0);
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, y, 4, 4), 4);
+    engine_kv_release(kv, 0);
+    assert_int_equal(engine_kv_reserve(kv, 2, 16, &err), ST_OK); /* 3 free + 1 cached */
+    assert_int_equal(kv->stats.evictions, 2);
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, y, 4, 4), 4);
+    assert_int_equal(engine_kv_prefix_attach(kv, 1, x, 4, 4), 0);
+    engine_kv_release(kv, 0);
+    engine_kv_release(kv, 2);
+    /* a two-block chain c released after y: evicting one block takes y (older), the next takes
+     * c's second block, and c's first block is still a hit */
+    assert_int_equal(engine_kv_reserve(kv, 0, 8, &err), ST_OK);
+    engine_kv_prefix_commit(kv, 0, c, 8);
+    engine_kv_release(kv, 0);
+    assert_int_equal(kv->n_lru, 3);
+    assert_int_equal(kv->n_free, 2);
+    assert_int_equal(engine_kv_reserve(kv, 2, 16, &err), ST_OK); /* 2 free + 2 cached */
+    assert_int_equal(engine_kv_prefix_attach(kv, 0, y, 4, 4), 0);
+    assert_int_equal(engine_kv_prefix_attach(kv, 1, c, 8, 8), 4);
+    engine_kv_release(kv, 0);
+    engine_kv_release(kv, 1);
     engine_kv_release(kv, 2);
     check_ok(kv, 1);
     engine_kv_free(kv);
@@ -195,17 +256,31 @@ static int teardown(void **state)
 }
 
 struct result {
-    int32_t tok[64]; /* generated tokens */
-    size_t n;        /* count */
-    size_t n_cached; /* prompt tokens from the prefix cache */
-    int finish;      /* enum engine_finish */
-    int preempted;   /* times preempted */
+    int32_t tok[64];  /* generated tokens */
+    size_t n;         /* count */
+    size_t n_cached;  /* prompt tokens from the prefix cache */
+    int finish;       /* enum engine_finish */
+    int preempted;    /* times preempted */
+    double t_arrival; /* the output's timestamps: arrival, */
+    double t_first;   /* first token, */
+    double t_finish;  /* completion */
 };
 
+/* A request's timestamps must be in order: it arrives, then its first token is sampled, then
+ * it finishes (fails if, say, t_first were never set or reset when the request is preempted). */
+static void assert_times_ordered(const struct engine_output *o)
+{
+    if (!(o->t_arrival > 0 && o->t_arrival <= o->t_first && o->t_first <= o->t_finish))
+        fail_msg("request %llu: times out of order: arrival %.9f, first %.9f, finish %.9f",
+                 (unsigned long long)o->id, o->t_arrival, o->t_first, o->t_finish);
+}
+
 /* Run requests [0, n) (prompt i from prompts[i]) through an engine with parameters p;
- * sampled requests use temperature 1 with seed 42 and their index as request id. */
+ * request i is numbered first + i: that is its request id ("req-<number>") and, added to 42,
+ * its seed, so sampled requests (temperature 1) each draw from their own RNG stream, and a
+ * request run alone can be given the number it has in a batch. */
 static void run_engine(struct fixture *f, const struct engine_params *p, int32_t *const *prompts,
-                       const size_t *n_prompts, int n, int sampled, struct result *res,
+                       const size_t *n_prompts, int n, int first, int sampled, struct result *res,
                        struct engine_stats *stats)
 {
     struct engine *e;
@@ -214,12 +289,12 @@ static void run_engine(struct fixture *f, const struct engine_params *p, int32_t
     for (int i = 0; i < n; i++) {
         struct engine_request r = {0};
         char id[32];
-        snprintf(id, sizeof(id), "req-%d", i);
+        snprintf(id, sizeof(id), "req-%d", first + i);
         r.prompt = prompts[i];
         r.n_prompt = n_prompts[i];
         engine_sampling_default(&r.sampling);
         r.sampling.temperature = sampled ? 1.0f : 0.0f;
-        r.sampling.seed = 42;
+        r.sampling.seed = 42 + (uint64_t)(first + i);
         r.max_tokens = GEN;
         r.ignore_eos = 1;
         r.request_id = id;
@@ -241,6 +316,10 @@ static void run_engine(struct fixture *f, const struct engine_params *p, int32_t
                 rr->n_cached = o[j].n_cached;
                 rr->finish = (int)o[j].finish;
                 rr->preempted = o[j].preemptions;
+                rr->t_arrival = o[j].t_arrival;
+                rr->t_first = o[j].t_first;
+                rr->t_finish = o[j].t_finish;
+                assert_times_ordered(&o[j]);
                 done++;
             }
     }
@@ -277,9 +356,10 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     params(&p, 1, 64, 64, 0);
     p.kv_dtype = kv_dtype;
     for (int i = 0; i < np; i++)
-        run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, sampled, &alone[i], NULL);
-    /* together: every "alone" run used request id req-0 (its only request), so the batched
-     * run gives every request that id too, and the same seed */
+        run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, i, sampled, &alone[i], NULL);
+    /* together: request i has the id and seed its solo run had (run_engine numbers it i).
+     * They differ between requests, so every sequence has its own RNG stream: sequences that
+     * drew from each other's RNG state would sample other tokens than alone. */
     struct engine_stats st;
     params(&p, 64, 512, 256, 0);
     p.kv_dtype = kv_dtype;
@@ -288,14 +368,16 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
     for (int i = 0; i < np; i++) {
         struct engine_request r = {0};
+        char id[32];
+        snprintf(id, sizeof(id), "req-%d", i);
         r.prompt = f->prompt[i];
         r.n_prompt = f->n_prompt[i];
         engine_sampling_default(&r.sampling);
         r.sampling.temperature = sampled ? 1.0f : 0.0f;
-        r.sampling.seed = 42;
+        r.sampling.seed = 42 + (uint64_t)i;
         r.max_tokens = GEN;
         r.ignore_eos = 1;
-        r.request_id = "req-0";
+        r.request_id = id;
         r.user = &together[i];
         assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
     }
@@ -309,6 +391,7 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
             struct result *rr = o[j].user;
             memcpy(rr->tok, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
             rr->n = o[j].n_tokens;
+            assert_times_ordered(&o[j]);
         }
         if (engine_pending(e) > max_batch_seqs)
             max_batch_seqs = engine_pending(e);
@@ -354,8 +437,8 @@ static void test_batch_invariance_bf16(void **state)
     kern_cpu_backend_free(f.be);
 }
 
-/* Chunked prefill (4 tokens per step), preemption under a tiny KV pool, and prefix-cache
- * hits all give the tokens of a roomy cold run. */
+/* Chunked prefill (4 tokens per step), preemption under a tiny KV pool (sampled and greedy),
+ * and prefix-cache hits all give the tokens of a roomy cold run. */
 static void test_chunking_preemption_prefix(void **state)
 {
     struct fixture *f = *state;
@@ -376,9 +459,9 @@ static void test_chunking_preemption_prefix(void **state)
     struct engine_params p;
     struct engine_stats st;
     params(&p, 16, 512, 256, 0);
-    run_engine(f, &p, pr, np, N, 0, base, &st);
+    run_engine(f, &p, pr, np, N, 0, 0, base, &st);
     params(&p, 4, 4, 256, 0); /* 4 tokens per step: every prompt is split into chunks */
-    run_engine(f, &p, pr, np, N, 0, chunked, &st);
+    run_engine(f, &p, pr, np, N, 0, 0, chunked, &st);
     assert_same(base, chunked, N, "chunked prefill");
     /* pool of 24 blocks (384 tokens) for 16 sequences of ~70 tokens: must preempt */
     size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
@@ -388,16 +471,19 @@ static void test_chunking_preemption_prefix(void **state)
     p.max_batch_tokens = 64;
     p.kv_mem = 24 * blk;
     p.prefix_cache = 0;
-    run_engine(f, &p, pr, np, N, 1, tight, &st);
+    run_engine(f, &p, pr, np, N, 0, 0, tight, &st); /* greedy: the fused argmax path */
+    assert_true(st.preemptions > 0);
+    assert_same(base, tight, N, "preemption (greedy)");
+    run_engine(f, &p, pr, np, N, 0, 1, tight, &st);
     assert_true(st.preemptions > 0);
     static struct result base_s[N];
     params(&p, 16, 512, 256, 0);
-    run_engine(f, &p, pr, np, N, 1, base_s, NULL);
+    run_engine(f, &p, pr, np, N, 0, 1, base_s, NULL);
     assert_same(base_s, tight, N, "preemption (sampled)");
     print_message("preemptions under a 24-block pool: %llu\n", (unsigned long long)st.preemptions);
     /* prefix cache: later requests reuse the shared 48 tokens */
     params(&p, 4, 64, 256, 1);
-    run_engine(f, &p, pr, np, N, 0, cached, &st);
+    run_engine(f, &p, pr, np, N, 0, 0, cached, &st);
     assert_same(base, cached, N, "prefix cache");
     int hits = 0;
     for (int i = 0; i < N; i++)
@@ -406,6 +492,135 @@ static void test_chunking_preemption_prefix(void **state)
     assert_true(st.prompt_tokens < (uint64_t)(N * 48));
     for (int i = 0; i < N; i++)
         free(pr[i]);
+}
+
+/* Preemption policy. Three requests a, b, c are admitted in that order (max_seqs 3) and d
+ * waits for a slot; the pool holds a and b to the end but not c as well. When the pool runs
+ * out, the most recently admitted sequence (c) must be preempted, never a or b, and requeued at
+ * the front: d, behind it in the queue, must not get the slot c left, so d's first token comes
+ * only after a and b have finished. Every request still gives the greedy tokens of a roomy run,
+ * with and without the prefix cache serving the recompute. Fails if the oldest sequence is
+ * preempted, if the preempted one goes to the back of the queue (d, a 2-token prompt that fits
+ * anywhere, would then start at once), or if recomputing changes a greedy token. */
+static void test_preemption_policy(void **state)
+{
+    struct fixture *f = *state;
+    enum { N = 4, BLK = 4 };
+    int32_t *pr[N] = {f->prompt[0], f->prompt[1], f->prompt[2], f->prompt[3]};
+    size_t np[N] = {f->n_prompt[0], f->n_prompt[1], f->n_prompt[2], 2};
+    int32_t need[N]; /* blocks each request holds at the end */
+    for (int i = 0; i < N; i++)
+        need[i] = (int32_t)((np[i] + GEN + BLK - 1) / BLK);
+    int32_t pool = need[0] + need[1];
+    if (need[2] + need[3] > pool)
+        pool = need[2] + need[3];
+    assert_true(pool < need[0] + need[1] + need[2]); /* a, b and c cannot all finish at once */
+    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
+                                           KERN_KV_F16) *
+                 BLK;
+    static struct result base[N], tight[N];
+    struct engine_params p;
+    params(&p, N, 512, 64, 0);
+    p.kv_block = BLK;
+    run_engine(f, &p, pr, np, N, 0, 0, base, NULL);
+    for (int cache = 0; cache < 2; cache++) {
+        struct engine_stats st;
+        params(&p, 3, 64, 0, cache);
+        p.kv_block = BLK;
+        p.kv_mem = (size_t)pool * blk;
+        run_engine(f, &p, pr, np, N, 0, 0, tight, &st);
+        print_message("prefix cache %d, pool of %d blocks: preemptions %d %d %d %d\n", cache, pool,
+                      tight[0].preempted, tight[1].preempted, tight[2].preempted,
+                      tight[3].preempted);
+        assert_same(base, tight, N, "preemption (greedy)");
+        assert_int_equal(tight[0].preempted, 0);
+        assert_int_equal(tight[1].preempted, 0);
+        assert_true(tight[2].preempted > 0);
+        assert_int_equal(st.preemptions, (uint64_t)(tight[0].preempted + tight[1].preempted +
+                                                    tight[2].preempted + tight[3].preempted));
+        if (tight[3].t_first < tight[0].t_finish || tight[3].t_first < tight[1].t_finish)
+            fail_msg("d started before a and b finished: it overtook the preempted c");
+    }
+}
+
+/* Compute tokens [from, n) of toks in KV slot seq (positions from..n-1, blocks reserved here)
+ * and write the logits of the last one to logits. */
+static void forward_tail(struct fixture *f, struct engine_kv *kv, int seq, const int32_t *toks,
+                         int32_t from, int32_t n, float *logits)
+{
+    struct err_detail err = {0};
+    int32_t pos[64], sq[64];
+    assert_true(n - from <= 64);
+    for (int32_t i = from; i < n; i++) {
+        pos[i - from] = i;
+        sq[i - from] = seq;
+    }
+    assert_int_equal(engine_kv_reserve(kv, seq, n, &err), ST_OK);
+    struct engine_batch b = {n - from, toks + from, pos, sq, NULL};
+    assert_int_equal(engine_model_forward(f->m, kv, &b, logits, &err), ST_OK);
+}
+
+/* A prompt whose first two blocks come from the prefix cache gives bitwise the logits of a cold
+ * run, for both KV storage types. The cache also holds a decoy: the prompt's second block of
+ * tokens, cached after a different first block (so with other keys and values). Fails if a hit
+ * attaches the wrong block (e.g. one matched by its own tokens without its parent), or if
+ * computing on top of cached blocks differs from computing the whole prompt in one batch. */
+static void test_prefix_hit_logits(void **state)
+{
+    struct fixture *f = *state;
+    enum { B = 16, N = 3 * B - 8 }; /* 2 full blocks + 8 tokens */
+    const size_t V = (size_t)f->m->hp.n_vocab;
+    /* blocks of distinct text: x, y, w and tails t, u, v from the fixture prompts */
+    int32_t all[6 * B];
+    int n_all = 0;
+    for (int i = 0; n_all < 6 * B; i++)
+        for (size_t j = 0; j < f->n_prompt[i] && n_all < 6 * B; j++)
+            all[n_all++] = f->prompt[i][j];
+    const int32_t *x = all, *y = all + B, *w = all + 2 * B, *t = all + 3 * B, *u = all + 4 * B,
+                  *v = all + 5 * B;
+    int32_t prompt[N], decoy[N], other[N]; /* x y t; w y u; x y v */
+    const int32_t *parts[3][3] = {{x, y, t}, {w, y, u}, {x, y, v}};
+    int32_t *dst[3] = {prompt, decoy, other};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 3; i++)
+            memcpy(dst[k] + i * B, parts[k][i], sizeof(int32_t) * (i < 2 ? B : N - 2 * B));
+    float *cold = malloc(sizeof(float) * V), *hit = malloc(sizeof(float) * V);
+    assert_non_null(cold);
+    assert_non_null(hit);
+    static const int dtypes[2] = {KERN_KV_F16, KERN_KV_Q8};
+    for (int d = 0; d < 2; d++) {
+        struct err_detail err = {0};
+        struct engine_kv *kv;
+        assert_int_equal(engine_model_kv_init(f->m, &kv, 4 * B, 1, B, dtypes[d], &err), ST_OK);
+        forward_tail(f, kv, 0, prompt, 0, N, cold);
+        engine_kv_release(kv, 0);
+        engine_kv_free(kv);
+        /* the decoy first (so its y block comes first in a probe), then x y v */
+        assert_int_equal(engine_kv_init(&kv, f->m->hp.n_layer, f->m->hp.n_kv_head,
+                                        f->m->hp.head_dim, dtypes[d], B, 16, 2, 1, &err),
+                         ST_OK);
+        const int32_t *fill[2] = {decoy, other};
+        for (int k = 0; k < 2; k++) {
+            forward_tail(f, kv, 0, fill[k], 0, N, hit);
+            engine_kv_prefix_commit(kv, 0, fill[k], N);
+            engine_kv_release(kv, 0);
+        }
+        int32_t cached = engine_kv_prefix_attach(kv, 1, prompt, N, N - 1);
+        forward_tail(f, kv, 1, prompt, cached, N, hit);
+        if (memcmp(cold, hit, sizeof(float) * V))
+            fail_msg("kv dtype %d: logits after a %d-token prefix hit differ from a cold run",
+                     dtypes[d], cached);
+        assert_int_equal(cached, 2 * B);
+        engine_kv_release(kv, 1);
+        /* the decoy's blocks were really cached next to x and y (the tails are partial) */
+        assert_int_equal(kv->n_lru, 4);
+        assert_int_equal(engine_kv_prefix_attach(kv, 0, decoy, N, N), 2 * B);
+        engine_kv_release(kv, 0);
+        check_ok(kv, 1);
+        engine_kv_free(kv);
+    }
+    free(cold);
+    free(hit);
 }
 
 static void test_rejects(void **state)
@@ -536,17 +751,147 @@ static void test_streaming(void **state)
     engine_free(e);
 }
 
+/* Request timestamps and warm-up. */
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct times_seen {
+    double added0, added1; /* just before and just after engine_add_request */
+    double first_text;     /* first on_text call */
+    double last_text;      /* latest on_text call */
+    int calls;             /* on_text calls */
+};
+
+static void times_cb(void *user, const char *text, size_t n)
+{
+    struct times_seen *t = user;
+    (void)text;
+    (void)n;
+    t->last_text = mono_now();
+    if (!t->calls++)
+        t->first_text = t->last_text;
+}
+
+/* Run prompts 0..n-1 greedily (GEN tokens) on an engine with parameters p, after
+ * engine_warmup when warm; checks every output's timestamps against what the caller saw (both
+ * use the monotonic clock, engine.h): added <= t_arrival <= t_first <= the first streamed
+ * text, the last streamed text <= t_finish <= the poll that returned it. Fails if t_arrival is
+ * taken at admission rather than arrival, if t_first is moved by later tokens, or if t_finish is
+ * not the completion time. The run's stats (engine and KV) go to st and kst. */
+static void run_timed(struct fixture *f, const struct engine_params *p, int n, int warm,
+                      struct engine_stats *st, struct engine_kv_stats *kst)
+{
+    struct engine *e;
+    struct err_detail err = {0};
+    static struct times_seen seen[8];
+    assert_true(n <= 8);
+    memset(seen, 0, sizeof(seen));
+    assert_int_equal(engine_init(&e, f->m, f->tok, p, &err), ST_OK);
+    const struct engine_kv *kv = engine_get_kv(e);
+    if (warm) {
+        /* the warm-up leaves nothing behind: no request, no stats, no cached block */
+        assert_int_equal(engine_warmup(e, &err), ST_OK);
+        struct engine_output o;
+        assert_int_equal(engine_poll(e, &o, 1), 0);
+        assert_int_equal(engine_pending(e), 0);
+        const struct engine_stats *s0 = engine_get_stats(e);
+        assert_true(s0->steps == 0 && s0->batch_tokens == 0 && s0->batch_seqs == 0 &&
+                    s0->prompt_tokens == 0 && s0->gen_tokens == 0 && s0->preemptions == 0 &&
+                    s0->peak_blocks_used == 0);
+        assert_true(kv->stats.lookup_blocks == 0 && kv->stats.hit_blocks == 0 &&
+                    kv->stats.evictions == 0);
+        assert_int_equal(kv->n_lru, 0);
+        assert_int_equal(engine_kv_free_blocks(kv), kv->n_blocks);
+        check_ok(kv, 1);
+    }
+    for (int i = 0; i < n; i++) {
+        struct engine_request r = {0};
+        r.prompt = f->prompt[i];
+        r.n_prompt = f->n_prompt[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = GEN;
+        r.ignore_eos = 1;
+        r.request_id = "timed";
+        r.user = &seen[i];
+        r.on_text = times_cb;
+        seen[i].added0 = mono_now();
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+        seen[i].added1 = mono_now();
+    }
+    int done = 0;
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o[8];
+        size_t k = engine_poll(e, o, 8);
+        double polled = mono_now();
+        for (size_t j = 0; j < k; j++, done++) {
+            const struct times_seen *t = o[j].user;
+            assert_int_equal(o[j].n_tokens, GEN);
+            assert_true(t->calls > 1);
+            assert_times_ordered(&o[j]);
+            if (!(t->added0 <= o[j].t_arrival && o[j].t_arrival <= t->added1 &&
+                  o[j].t_first <= t->first_text && t->last_text <= o[j].t_finish &&
+                  o[j].t_finish <= polled))
+                fail_msg("request %d: added %.9f..%.9f, text %.9f..%.9f, polled %.9f; "
+                         "arrival %.9f, first %.9f, finish %.9f",
+                         (int)(t - seen), t->added0, t->added1, t->first_text, t->last_text, polled,
+                         o[j].t_arrival, o[j].t_first, o[j].t_finish);
+        }
+    }
+    assert_int_equal(done, n);
+    *st = *engine_get_stats(e);
+    *kst = kv->stats;
+    engine_free(e);
+}
+
+/* Timestamps are those of arrival, first token and completion (run_timed), and the warm-up is
+ * not counted: after engine_warmup the same requests give exactly the engine and KV stats of an
+ * engine that never warmed up. Two slots for four requests, so two wait; 4-token blocks, so the
+ * warm-up's 8-token prompt has full blocks to look up and cache. Fails if the warm-up's steps,
+ * tokens, peak blocks or prefix-cache lookups stay in the stats, or its blocks stay cached. */
+static void test_request_times_and_warmup(void **state)
+{
+    struct fixture *f = *state;
+    struct engine_params p;
+    struct engine_stats st[2];
+    struct engine_kv_stats kst[2];
+    params(&p, 2, 64, 64, 1);
+    p.kv_block = 4;
+    for (int warm = 0; warm < 2; warm++)
+        run_timed(f, &p, 4, warm, &st[warm], &kst[warm]);
+    assert_true(st[0].steps > 0 && st[0].gen_tokens == 4 * GEN && kst[0].lookup_blocks > 0);
+    assert_int_equal(st[1].steps, st[0].steps);
+    assert_int_equal(st[1].batch_tokens, st[0].batch_tokens);
+    assert_int_equal(st[1].batch_seqs, st[0].batch_seqs);
+    assert_int_equal(st[1].prompt_tokens, st[0].prompt_tokens);
+    assert_int_equal(st[1].gen_tokens, st[0].gen_tokens);
+    assert_int_equal(st[1].preemptions, st[0].preemptions);
+    assert_int_equal(st[1].peak_blocks_used, st[0].peak_blocks_used);
+    assert_int_equal(kst[1].lookup_blocks, kst[0].lookup_blocks);
+    assert_int_equal(kst[1].hit_blocks, kst[0].hit_blocks);
+    assert_int_equal(kst[1].evictions, kst[0].evictions);
+}
+
 int main(void)
 {
     const struct CMUnitTest kv_tests[] = {
         cmocka_unit_test(test_kv_refcount_and_lru),
+        cmocka_unit_test(test_kv_lru_order),
         cmocka_unit_test(test_kv_check_detects_leak),
         cmocka_unit_test(test_kv_random_ops),
     };
     const struct CMUnitTest engine_tests[] = {
         cmocka_unit_test(test_rejects),
         cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_request_times_and_warmup),
         cmocka_unit_test(test_chunking_preemption_prefix),
+        cmocka_unit_test(test_prefix_hit_logits),
+        cmocka_unit_test(test_preemption_policy),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
         cmocka_unit_test(test_batch_invariance_kv_q8),
