@@ -434,7 +434,10 @@ static void batch_add(struct engine *e, int *nb, struct seq *s, int32_t from, in
 static int schedule(struct engine *e, struct err_detail *err)
 {
     int budget = e->p.max_batch_tokens, nb = 0;
-    /* 1. decodes, oldest first; preempt the newest when blocks run out */
+    /* 1. decodes, oldest first; preempt the newest when blocks run out. The loop relies on the
+     * victim never standing before i in the running list (already in this batch): true while
+     * the list is in admission order and the newest is the victim; a different policy must
+     * take the victim's tokens back out of the batch. */
     for (int i = 0; i < e->n_running && budget > 0;) {
         struct seq *s = e->running[i];
         if ((size_t)s->n_computed + 1 != s->n_tok) {

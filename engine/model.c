@@ -242,6 +242,7 @@ void engine_model_free(struct engine_model *m)
     free(m->scratch);
     free(m->tables);
     free(m->rope_cs);
+    free(m->last);
     free(m);
 }
 
@@ -309,10 +310,12 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
         free(m->scratch);
         free(m->tables);
         free(m->rope_cs);
+        free(m->last);
         m->scratch = malloc(sizeof(float) * scratch_per_tok(hp) * (size_t)n);
         m->tables = malloc(sizeof(*m->tables) * (size_t)n);
         m->rope_cs = malloc(sizeof(float) * (size_t)hp->rope_dim * (size_t)n);
-        m->scratch_tok = m->scratch && m->tables && m->rope_cs ? n : 0;
+        m->last = malloc((size_t)n);
+        m->scratch_tok = m->scratch && m->tables && m->rope_cs && m->last ? n : 0;
         if (!m->scratch_tok)
             return err_set(err, ST_ERR_NOMEM, "no memory for a batch of %d tokens", n);
     }
@@ -326,6 +329,20 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
     for (int t = 0; t < n; t++)
         m->tables[t] = engine_kv_table(kv, b->seq[t]);
+    /* The last token of each sequence in the batch (no other token attends to it) has its KV
+     * written by the attention pass, right before it is read (struct kern_attn's store); the
+     * others by kv_store, before any attention. Without memory for the marks, kv_store does
+     * every token. */
+    const uint8_t *last = NULL;
+    uint8_t *seen = calloc((size_t)kv->max_seqs, 1);
+    if (seen) {
+        for (int t = n - 1; t >= 0; t--) {
+            m->last[t] = !seen[b->seq[t]];
+            seen[b->seq[t]] = 1;
+        }
+        free(seen);
+        last = m->last;
+    }
     /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
     for (int i = 0; i < hp->rope_dim; i += 2) {
         double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
@@ -351,11 +368,13 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
         k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
         k->rope(be, q, m->rope_cs, n, hp->n_head, hd, hp->rope_dim);
         k->rope(be, kk, m->rope_cs, n, hp->n_kv_head, hd, hp->rope_dim);
-        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n);
+        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n,
+                    last);
         struct kern_attn a = {
             .n_tok = n, .q = q, .out = att, .pos = b->pos, .block_table = m->tables,
             .kv = kvl, .block_size = kv->block_size, .n_head = hp->n_head,
             .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+            .store = last, .k_new = kk, .v_new = vv,
         };
         k->attention(be, &a);
         const struct kern_mm_in o_in = {.x = att};

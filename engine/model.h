@@ -50,6 +50,7 @@ struct engine_model {
     int scratch_tok;              /* tokens the scratch holds */
     const int32_t **tables;       /* per-token block tables (scratch) */
     float *rope_cs;               /* per token: cos, sin of each rotated pair (scratch) */
+    uint8_t *last;                /* per token: the last of its sequence in the batch (scratch) */
 };
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;

@@ -57,6 +57,14 @@ struct kern_attn {
     int n_kv_head;                      /* key/value heads (GQA: n_head % n_kv_head == 0) */
     int head_dim;                       /* channels per head */
     float scale;                        /* usually 1/sqrt(head_dim) */
+    /* Optional (store NULL: none): tokens t with store[t] set have their key and value rows
+     * (k_new, v_new: n_tok x n_kv_head * head_dim, as kv_store takes them) written into the
+     * pool by the attention itself, each KV head's right before that head's attention reads
+     * it, instead of by kv_store (which the caller told to skip them): the write's cache misses
+     * are then the ones the read takes anyway. Only for a token no other token of the batch
+     * attends to (the last of its sequence in the batch). */
+    const uint8_t *store;
+    const float *k_new, *v_new;
 };
 
 #define KERN_MAX_HEAD_DIM 512 /* largest head_dim the attention kernels accept */
@@ -118,10 +126,12 @@ struct kern_ops {
     /* y[i] += x[i] */
     void (*add)(struct kern_backend *b, float *y, const float *x, long n);
     /* Write token rows k, v (n_tok x n_kv_head * head_dim floats) into their slots of the pool,
-     * rounded to half (nearest even). */
+     * rounded to half (nearest even) or 8-bit as the pool stores them; tokens with skip[t] set
+     * are left out (skip may be NULL: struct kern_attn's store does them). */
     void (*kv_store)(struct kern_backend *b, struct kern_kv_layer kv,
                      const int32_t *const *block_table, const int32_t *pos, int block_size,
-                     int n_kv_head, int head_dim, const float *k, const float *v, int n_tok);
+                     int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
+                     const uint8_t *skip);
     /* Softmax attention of every (token, head) of the batch over its own sequence's KV. Each
      * query head group (the n_head / n_kv_head heads sharing a KV head) reads its KV tile once.
      * Batch-invariant: a token's output does not depend on the rest of the batch. */

@@ -440,49 +440,61 @@ struct kv_store_job {
     int block_size, n_kv_head, head_dim;
     const float *k, *v;
     int n_tok;
+    const uint8_t *skip; /* tokens to leave out, or NULL */
 };
+
+/* Token row kr / vr (KV head g) into its slot of the pool: position pos of the sequence whose
+ * block table is table. */
+static void kv_store_head(const struct kern_cpu_fns *fn, struct kern_kv_layer kv,
+                          const int32_t *table, int32_t pos, int B, int n_kv_head, int D, int g,
+                          const float *kr, const float *vr)
+{
+    const size_t tb = KERN_KV_TILE_BYTES(kv.dtype, B, D);
+    const int32_t blk = table[pos / B], i = pos % B;
+    const size_t tile = (size_t)blk * (size_t)n_kv_head + (size_t)g;
+    uint8_t *kt = (uint8_t *)kv.k + tile * tb, *vt = (uint8_t *)kv.v + tile * tb;
+    if (kv.dtype == KERN_KV_Q8) {
+        int8_t kq[KERN_MAX_HEAD_DIM];
+        float ks, vs;
+        fn->kv_quant_q8(kr, D, kq, &ks);
+        for (int c = 0; c < D; c++)
+            ((int8_t *)kt)[(size_t)c * B + i] = kq[c];
+        fn->kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
+        memcpy(kt + (size_t)D * B + 4 * (size_t)i, &ks, sizeof ks);
+        memcpy(vt + (size_t)D * B + 4 * (size_t)i, &vs, sizeof vs);
+    } else {
+        uint16_t kh[KERN_MAX_HEAD_DIM];
+        fn->to_f16(kr, kh, D);
+        for (int c = 0; c < D; c++)
+            ((uint16_t *)kt)[(size_t)c * B + i] = kh[c];
+        fn->to_f16(vr, (uint16_t *)vt + (size_t)i * D, D);
+    }
+}
 
 /* Tokens split evenly between threads: every token writes its own slots. */
 static void kv_store_worker(void *arg, int ith, int nth)
 {
     const struct kv_store_job *j = arg;
-    const int B = j->block_size, D = j->head_dim, kv_dim = j->n_kv_head * j->head_dim;
-    const size_t tb = KERN_KV_TILE_BYTES(j->kv.dtype, B, D);
-    uint16_t kh[KERN_MAX_HEAD_DIM];
-    int8_t kq[KERN_MAX_HEAD_DIM];
+    const int D = j->head_dim, kv_dim = j->n_kv_head * j->head_dim;
     long lo, hi;
     pool_range(j->n_tok, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
-        const int32_t blk = j->block_table[t][j->pos[t] / B], i = j->pos[t] % B;
-        for (int g = 0; g < j->n_kv_head; g++) {
-            const size_t tile = (size_t)blk * j->n_kv_head + (size_t)g;
-            const float *kr = j->k + (size_t)t * kv_dim + (size_t)g * D;
-            const float *vr = j->v + (size_t)t * kv_dim + (size_t)g * D;
-            uint8_t *kt = (uint8_t *)j->kv.k + tile * tb, *vt = (uint8_t *)j->kv.v + tile * tb;
-            if (j->kv.dtype == KERN_KV_Q8) {
-                float ks, vs;
-                j->fn->kv_quant_q8(kr, D, kq, &ks);
-                for (int c = 0; c < D; c++)
-                    ((int8_t *)kt)[(size_t)c * B + i] = kq[c];
-                j->fn->kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
-                memcpy(kt + (size_t)D * B + 4 * (size_t)i, &ks, sizeof ks);
-                memcpy(vt + (size_t)D * B + 4 * (size_t)i, &vs, sizeof vs);
-            } else {
-                j->fn->to_f16(kr, kh, D);
-                for (int c = 0; c < D; c++)
-                    ((uint16_t *)kt)[(size_t)c * B + i] = kh[c];
-                j->fn->to_f16(vr, (uint16_t *)vt + (size_t)i * D, D);
-            }
-        }
+        if (j->skip && j->skip[t])
+            continue;
+        for (int g = 0; g < j->n_kv_head; g++)
+            kv_store_head(j->fn, j->kv, j->block_table[t], j->pos[t], j->block_size,
+                          j->n_kv_head, D, g, j->k + (size_t)t * kv_dim + (size_t)g * D,
+                          j->v + (size_t)t * kv_dim + (size_t)g * D);
     }
 }
 
 static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
                          const int32_t *const *block_table, const int32_t *pos, int block_size,
-                         int n_kv_head, int head_dim, const float *k, const float *v, int n_tok)
+                         int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
+                         const uint8_t *skip)
 {
     struct kv_store_job j = {st_of(b)->fn, kv, block_table, pos, block_size, n_kv_head, head_dim,
-                             k, v, n_tok};
+                             k, v, n_tok, skip};
     if (n_tok > 16)
         pool_run(st_of(b)->pool, kv_store_worker, &j);
     else /* a few tokens: not worth waking the pool */
@@ -511,7 +523,14 @@ static void attn_worker(void *arg, int ith, int nth)
     int cold = 1;
     while (t < j->n_items) {
         long tn = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        const struct kern_attn *a = j->a;
+        const int D = a->head_dim;
         for (int g = 0; g < KV; g++) {
+            if (a->store && a->store[t]) {
+                const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
+                kv_store_head(j->fn, a->kv, a->block_table[t], a->pos[t], a->block_size, KV, D, g,
+                              a->k_new + row, a->v_new + row);
+            }
             if (g + 1 < KV)
                 j->fn->attn_group(j->a, (int)t, g, (int)t, g + 1, cold);
             else
