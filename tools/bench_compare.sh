@@ -20,6 +20,8 @@
 #   QUERN_SEQS1_N                 requests of the --max-seqs 1 runs (one sequence at a time:
 #                                 its tok/s does not depend on the count) [16]
 #   QUERN_PEAK_SECONDS            quern --peak-seconds [1]
+#   QUERN_AVXVNNI                 1 = also run batched quern q8 with --isa avxvnni where the
+#                                 CPU has AVX-VNNI [1]
 #   QUERN_AVX2                    1 = also run batched quern q8 with --isa avx2, the ISA the
 #                                 installed llama.cpp was built for [1]
 #   QUERN_EXACT_ISAS              more --isa values to run exact mode with, batched and at
@@ -33,8 +35,8 @@
 # Each run's JSON goes to RESULTS_DIR/NAME.json and its stderr to RESULTS_DIR/NAME.log; a
 # summary table (ratios against quern --max-seqs 1 in the same matmul mode, kernels and KV type,
 # against the fastest --max-seqs 1 run of any mode, and against the best llama.cpp run; the
-# fraction of the vpdpbusd int8 peak, matmul FLOPs only and with attention's) goes to stdout and
-# RESULTS_DIR/summary.txt.
+# fraction of the vpdpbusd int8 peak, matmul FLOPs only and with attention's, and of the AMX int8
+# and AMX bf16 tile peaks where the CPU has them) goes to stdout and RESULTS_DIR/summary.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -61,6 +63,7 @@ QKVS=${QUERN_KV_DTYPES:-f16}
 QN1=${QUERN_SEQS1_N:-16}
 QPEAK=${QUERN_PEAK_SECONDS:-1}
 QAVX2=${QUERN_AVX2:-1}
+QAVXVNNI=${QUERN_AVXVNNI:-1}
 QEXACT_ISAS=${QUERN_EXACT_ISAS:-}
 LPAR=${LLAMA_PARALLEL:-32 64}
 LBATCH=${LLAMA_BATCH:-512}
@@ -113,6 +116,12 @@ if "$QUERN" bench --help >/dev/null 2>&1; then
             --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul q8 \
             --isa avx2
     fi
+    if [ "$QAVXVNNI" = 1 ] && "$QUERN" bench --prompts 1 --input-len 8 --output-len 1 \
+        --peak-seconds 0 --isa avxvnni >/dev/null 2>&1; then
+        run "quern_seqs${QSEQS}_q8_avxvnni" "$QUERN" "${common_q[@]}" --prompts "$N" \
+            --max-seqs "$QSEQS" --max-batch-tokens "$QBATCH" --kv-mem "$QKV" --matmul q8 \
+            --isa avxvnni
+    fi
 else
     echo "warning: '$QUERN bench' is not available (build it first); quern runs skipped" >&2
 fi
@@ -143,9 +152,9 @@ best = max(llama) if llama else None
 best1 = max(base.values()) if base else None
 def ratio(x, d):
     return "%.2fx" % (x / d) if d else "-"
-hdr = "%-28s %9s %11s %11s %9s %9s %9s %6s %7s  %s" % (
+hdr = "%-28s %9s %11s %11s %9s %9s %9s %6s %7s %6s %6s  %s" % (
     "run", "elapsed_s", "out_tok/s", "total_tok/s", "vs_seqs1", "vs_best1", "vs_llama", "int8%",
-    "+attn%", "notes")
+    "+attn%", "amx8%", "amxbf%", "notes")
 print(hdr)
 print("-" * len(hdr))
 for n, j in rows:
@@ -166,10 +175,13 @@ for n, j in rows:
     quern = "engine" not in j
     frac = j.get("fraction_of_int8_peak")
     fraca = j.get("fraction_of_int8_peak_with_attention")
-    print("%-28s %9.2f %11.1f %11.1f %9s %9s %9s %6s %7s  %s" % (
+    famx = j.get("fraction_of_amx_int8_peak")
+    fbf = j.get("fraction_of_amx_bf16_peak")
+    print("%-28s %9.2f %11.1f %11.1f %9s %9s %9s %6s %7s %6s %6s  %s" % (
         n, j["elapsed_s"], j["output_tok_s"], j["total_tok_s"],
         ratio(j["output_tok_s"], base.get(key(j))) if quern else "-",
         ratio(j["output_tok_s"], best1) if quern else "-",
         ratio(j["output_tok_s"], best), "%.1f" % (100 * frac) if frac else "-",
-        "%.1f" % (100 * fraca) if fraca else "-", note))
+        "%.1f" % (100 * fraca) if fraca else "-", "%.1f" % (100 * famx) if famx else "-",
+        "%.1f" % (100 * fbf) if fbf else "-", note))
 EOF
