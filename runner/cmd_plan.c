@@ -8,15 +8,17 @@
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "io/gguf.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "runner/runner.h"
 
 static const char plan_usage[] =
     "usage: quern plan [--model PATH] [--kv-mem SIZE] [--kv-block B] [--kv-dtype f16|q8]\n"
     "                  [--seq-len L] [--json]\n"
     "\n"
-    "Print the memory plan: weights, KV cache bytes per token (layers x 2 x kv_heads x\n"
-    "head_dim x 2 bytes in f16; with q8, 1 byte per value plus a 4-byte scale per token and\n"
-    "head), and how many tokens / sequences of length L fit in --kv-mem.\n"
+    "Print the memory plan: weights (and the copy this CPU's kernels repack at load), KV cache\n"
+    "bytes per token (layers x 2 x kv_heads x head_dim x 2 bytes in f16; with q8, 1 byte per\n"
+    "value plus a 4-byte scale per token and head), and how many tokens / sequences of length\n"
+    "L fit in --kv-mem.\n"
     "Warns when the budget cannot hold one sequence of the model's full context.\n"
     "\n"
     "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
@@ -80,6 +82,23 @@ int runner_cmd_plan(int argc, char **argv)
     uint64_t weights = 0;
     for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
         weights += m->gguf->tensors[i].nbytes;
+    /* the copy of the matrices the kernels repack at load (this CPU's table, default exact
+     * mode; 0 where it packs nothing) */
+    const struct kern_cpu_fns *fn = kern_cpu_fns_best();
+    uint64_t packed = 0;
+    for (int l = 0; fn->panel_bytes && l <= hp->n_layer; l++) {
+        const struct engine_layer *L = l < hp->n_layer ? &m->layers[l] : NULL;
+        const struct kern_tensor *ws[7] = {&m->output};
+        int nw = 1;
+        if (L) {
+            const struct kern_tensor *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                               &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(ws, lw, sizeof lw);
+            nw = 7;
+        }
+        for (int i = 0; i < nw; i++)
+            packed += fn->panel_bytes(ws[i]->type, ws[i]->ne1, ws[i]->ne0, KERN_ACT_F32);
+    }
     size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype);
     size_t per_block = per_tok * (size_t)block;
     size_t blocks = kv_mem / per_block;
@@ -93,10 +112,11 @@ int runner_cmd_plan(int argc, char **argv)
                "\"kv_dtype\": \"%s\", \"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, "
                "\"kv_tokens\": %zu, "
                "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
-               "\"full_context_fits\": %s}\n",
+               "\"full_context_fits\": %s, \"packed_weights_bytes\": %llu}\n",
                model, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
                block, blocks, tokens,
-               seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false");
+               seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
+               (unsigned long long)packed);
     } else {
         printf("model:               %s\n", model);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
@@ -114,8 +134,11 @@ int runner_cmd_plan(int argc, char **argv)
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
-        printf("total resident:      ~%.1f MiB (weights + KV pool, plus activations)\n",
-               (double)(weights + kv_mem) / 1048576.0);
+        printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels)\n",
+               (double)packed / 1048576.0, fn->name);
+        printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, plus "
+               "activations)\n",
+               (double)(weights + packed + kv_mem) / 1048576.0);
     }
     if (!full_ctx_fits)
         LOG_WARN("--kv-mem %.1f MiB cannot hold one full-context sequence (%d tokens need "
