@@ -76,6 +76,11 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, i
     size_t per_layer = (size_t)n_blocks * (size_t)n_kv_head *
                        KERN_KV_TILE_BYTES(dtype, block_size, head_dim);
     size_t nb = (size_t)n_blocks;
+    if (per_layer > SIZE_MAX / (size_t)n_layer) {
+        engine_kv_free(kv);
+        return err_set(err, ST_ERR_NOMEM, "a KV cache of %d blocks does not fit in memory",
+                       n_blocks);
+    }
     kv->pool_bytes = per_layer * (size_t)n_layer;
     kv->k = pool_alloc(kv->pool_bytes);
     kv->v = pool_alloc(kv->pool_bytes);

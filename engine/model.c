@@ -243,6 +243,7 @@ void engine_model_free(struct engine_model *m)
     free(m->tables);
     free(m->rope_cs);
     free(m->last);
+    free(m->seq_top);
     free(m);
 }
 
@@ -329,18 +330,26 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
     for (int t = 0; t < n; t++)
         m->tables[t] = engine_kv_table(kv, b->seq[t]);
-    /* The last token of each sequence in the batch (no other token attends to it) has its KV
-     * written by the attention pass, right before it is read (struct kern_attn's store); the
-     * others by kv_store, before any attention. Without memory for the marks, kv_store does
-     * every token. */
+    /* The token at each sequence's highest position in the batch (no other token attends to
+     * it) has its KV written by the attention pass, right before it is read (struct kern_attn's
+     * store); the others by kv_store, before any attention. Without memory for the marks,
+     * kv_store does every token. */
     const uint8_t *last = NULL;
-    uint8_t *seen = calloc((size_t)kv->max_seqs, 1);
-    if (seen) {
-        for (int t = n - 1; t >= 0; t--) {
-            m->last[t] = !seen[b->seq[t]];
-            seen[b->seq[t]] = 1;
+    if (kv->max_seqs > m->seq_cap) {
+        free(m->seq_top);
+        m->seq_top = malloc(sizeof(*m->seq_top) * (size_t)kv->max_seqs);
+        m->seq_cap = m->seq_top ? kv->max_seqs : 0;
+    }
+    if (m->seq_top) {
+        for (int t = 0; t < n; t++)
+            m->seq_top[b->seq[t]] = -1;
+        for (int t = 0; t < n; t++) {
+            int32_t *top = &m->seq_top[b->seq[t]];
+            if (*top < 0 || b->pos[t] > b->pos[*top])
+                *top = t;
         }
-        free(seen);
+        for (int t = 0; t < n; t++)
+            m->last[t] = m->seq_top[b->seq[t]] == t;
         last = m->last;
     }
     /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */

@@ -50,7 +50,9 @@ struct engine_model {
     int scratch_tok;              /* tokens the scratch holds */
     const int32_t **tables;       /* per-token block tables (scratch) */
     float *rope_cs;               /* per token: cos, sin of each rotated pair (scratch) */
-    uint8_t *last;                /* per token: the last of its sequence in the batch (scratch) */
+    uint8_t *last;                /* per token: its sequence's highest position in the batch */
+    int32_t *seq_top;             /* per sequence slot: that token's index (scratch) */
+    int seq_cap;                  /* slots seq_top holds */
 };
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;

@@ -26,8 +26,9 @@ static const char bench_usage[] =
     "\n"
     "Offline throughput benchmark: all requests arrive at once and each generates exactly\n"
     "--output-len tokens (end-of-generation tokens are ignored). Prints JSON on stdout.\n"
-    "A request longer than the model context (prompt + --output-len) is skipped with a\n"
-    "warning and counted in rejected_requests. peak_rss_mb is in MiB.\n"
+    "A request that cannot fit (prompt + --output-len longer than the model context or the KV\n"
+    "pool) is skipped with a warning and counted in rejected_requests; if all are, it fails.\n"
+    "peak_rss_mb is in MiB.\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --prompts N            synthetic requests (default 256)\n"
@@ -408,10 +409,18 @@ int runner_cmd_bench(int argc, char **argv)
         r.max_tokens = (int32_t)o.output_len;
         r.ignore_eos = 1;
         r.request_id = id;
-        if (engine_add_request(e, &r, NULL, &err)) {
+        if ((st = engine_add_request(e, &r, NULL, &err))) {
+            if (st != ST_ERR_RANGE) { /* only out of range (does not fit) is skipped */
+                LOG_ERROR("request %zu: %s", i, err.msg);
+                goto out;
+            }
             LOG_WARN("request %zu skipped: %s", i, err.msg);
             rejected++;
         }
+    }
+    if (rejected == ps.count) {
+        LOG_ERROR("every request was rejected: nothing to measure");
+        goto out;
     }
     size_t done = 0;
     uint64_t in_tok = 0, out_tok = 0, cached = 0;

@@ -20,6 +20,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
 #include "tests/test_util.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -1926,6 +1927,79 @@ static void test_attention_vs_naive(void **state)
     }
 }
 
+/* The CPU backend's KV store deferred into the attention pass (kern_attn.store, kv_store's skip)
+ * writes the same pool bytes and gives bitwise the same outputs as storing every token first:
+ * a batch of 3 sequences (a 21-token prefill chunk starting mid-block, one decode token, a
+ * 5-token chunk), each sequence's highest position deferred, both storage types, 2 threads. */
+static void test_backend_deferred_kv_store(void **state)
+{
+    (void)state;
+    enum { H = 9, KV = 3, D = 64, B = 16, NB = 24, N = 27 };
+    struct rng r = {0xDEF};
+    struct kern_backend *be;
+    struct err_detail err = {0};
+    struct kern_cpu_opts ko = {.n_threads = 2};
+    assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
+    static const int seq_of[3] = {21, 1, 5}, start[3] = {37, 60, 3};
+    int32_t pos[N], tables[3][8];
+    const int32_t *tp[N];
+    uint8_t last[N];
+    for (int s = 0, t = 0; s < 3; s++) {
+        for (int b = 0; b < 8; b++)
+            tables[s][b] = s * 8 + (b * 5) % 8; /* the sequence's own 8 blocks, shuffled */
+        for (int i = 0; i < seq_of[s]; i++, t++) {
+            pos[t] = start[s] + i;
+            tp[t] = tables[s];
+            last[t] = i == seq_of[s] - 1;
+        }
+    }
+    float *q = malloc(sizeof(float) * N * H * D), *kk = malloc(sizeof(float) * N * KV * D);
+    float *vv = malloc(sizeof(float) * N * KV * D);
+    float *out0 = malloc(sizeof(float) * N * H * D), *out1 = malloc(sizeof(float) * N * H * D);
+    assert_true(q && kk && vv && out0 && out1);
+    for (int i = 0; i < N * H * D; i++)
+        q[i] = rng_uniform(&r, -1.5f, 1.5f);
+    for (int i = 0; i < N * KV * D; i++) {
+        kk[i] = rng_uniform(&r, -2.0f, 2.0f);
+        vv[i] = rng_uniform(&r, -1.0f, 1.0f);
+    }
+    for (int dtype = KERN_KV_F16; dtype <= KERN_KV_Q8; dtype++) {
+        const size_t bytes = (size_t)NB * KV * KERN_KV_TILE_BYTES(dtype, B, D);
+        struct kern_kv_layer kv[2];
+        fill_kv_pool(&kv[0], dtype, (size_t)NB * KV, B, D, &r); /* earlier positions' KV */
+        fill_kv_pool(&kv[1], dtype, (size_t)NB * KV, B, D, &r);
+        memcpy(kv[1].k, kv[0].k, bytes);
+        memcpy(kv[1].v, kv[0].v, bytes);
+        for (int run = 0; run < 2; run++) {
+            const uint8_t *defer = run ? last : NULL;
+            float *out = run ? out1 : out0;
+            memset(out, 0xff, sizeof(float) * N * H * D);
+            be->ops->kv_store(be, kv[run], tp, pos, B, KV, D, kk, vv, N, defer);
+            struct kern_attn a = {.n_tok = N, .q = q, .out = out, .pos = pos, .block_table = tp,
+                                  .kv = kv[run], .block_size = B, .n_head = H, .n_kv_head = KV,
+                                  .head_dim = D, .scale = 1.0f / sqrtf((float)D),
+                                  .store = defer, .k_new = kk, .v_new = vv};
+            be->ops->attention(be, &a);
+        }
+        if (memcmp(kv[0].k, kv[1].k, bytes) || memcmp(kv[0].v, kv[1].v, bytes))
+            fail_msg("%s pool differs with deferred stores", dtype ? "q8" : "f16");
+        if (memcmp(out0, out1, sizeof(float) * N * H * D))
+            fail_msg("%s attention differs with deferred stores", dtype ? "q8" : "f16");
+        for (int i = 0; i < N * H * D; i++)
+            assert_true(isfinite(out0[i]));
+        for (int k = 0; k < 2; k++) {
+            free(kv[k].k);
+            free(kv[k].v);
+        }
+    }
+    free(q);
+    free(kk);
+    free(vv);
+    free(out0);
+    free(out1);
+    kern_cpu_backend_free(be);
+}
+
 /* ---- row operations ------------------------------------------------------------------------ */
 
 /* rmsnorm and swiglu of every table against float64 formulas, over lengths that exercise the
@@ -2608,6 +2682,7 @@ int main(void)
         cmocka_unit_test(test_gemm_threads),
         cmocka_unit_test(test_int8_peak),
         cmocka_unit_test(test_attention_vs_naive),
+        cmocka_unit_test(test_backend_deferred_kv_store),
         cmocka_unit_test(test_row_ops_vs_double),
         cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_gemm_q16),

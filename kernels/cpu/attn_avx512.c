@@ -217,7 +217,7 @@ void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
         mx = _mm512_max_ps(a, mx);
     }
     const float amax = _mm512_reduce_max_ps(mx);
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float id = kern_kv_quant_inv(amax);
     const __m512 vid = _mm512_set1_ps(id);
     for (int i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);

@@ -29,7 +29,7 @@ void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
         const float a = x[i] < 0.0f ? -x[i] : x[i];
         amax = a > amax ? a : amax;
     }
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float id = kern_kv_quant_inv(amax);
     for (int i = 0; i < n; i++) {
         const float v = (x[i] * id + magic) - magic;
         q[i] = v == v ? (int8_t)(int)v : 0; /* NaN: 0, as the vector conversions give */

@@ -1,6 +1,7 @@
 /* The "avx-vnni" table is dot_avx2.c and gemm_avx2.c compiled a second time with QUERN_AVXVNNI
- * and -mavxvnni (dot_avxvnni.c, gemm_avxvnni.c): their int8 dot products (dpbusd in simd_avx2.h)
- * become vpdpbusd, everything else is the AVX2 code. These renames, included first by both
+ * and -mavxvnni (dot_avxvnni.c, gemm_avxvnni.c): their int8 dot products through dpbusd
+ * (simd_avx2.h; all but Q6_K's, which keeps vpmaddubsw for its 16-bit scale step) become
+ * vpdpbusd, everything else is the AVX2 code. These renames, included first by both
  * files, give the second copy its own external names (the table refers to them, and to the
  * kern_avx2_* kernels of the other AVX2 files, which have no second copy). Every external name
  * dot_avx2.c and gemm_avx2.c define must be here, or the link fails with a duplicate. */

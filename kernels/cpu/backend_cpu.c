@@ -441,6 +441,7 @@ struct kv_store_job {
     const float *k, *v;
     int n_tok;
     const uint8_t *skip; /* tokens to leave out, or NULL */
+    long n_store;        /* tokens not skipped */
 };
 
 /* Token row kr / vr (KV head g) into its slot of the pool: position pos of the sequence whose
@@ -476,10 +477,12 @@ static void kv_store_worker(void *arg, int ith, int nth)
 {
     const struct kv_store_job *j = arg;
     const int D = j->head_dim, kv_dim = j->n_kv_head * j->head_dim;
-    long lo, hi;
-    pool_range(j->n_tok, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++) {
+    long lo, hi, k = 0; /* an even share of the tokens stored (skipped ones are not counted) */
+    pool_range(j->n_store, ith, nth, &lo, &hi);
+    for (long t = 0; t < j->n_tok && k < hi; t++) {
         if (j->skip && j->skip[t])
+            continue;
+        if (k++ < lo)
             continue;
         for (int g = 0; g < j->n_kv_head; g++)
             kv_store_head(j->fn, j->kv, j->block_table[t], j->pos[t], j->block_size,
@@ -493,9 +496,14 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
                          int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
                          const uint8_t *skip)
 {
+    long n_store = n_tok;
+    for (int t = 0; skip && t < n_tok; t++)
+        n_store -= skip[t] != 0;
+    if (n_store == 0)
+        return;
     struct kv_store_job j = {st_of(b)->fn, kv, block_table, pos, block_size, n_kv_head, head_dim,
-                             k, v, n_tok, skip};
-    if (n_tok > 16)
+                             k, v, n_tok, skip, n_store};
+    if (n_store > 16)
         pool_run(st_of(b)->pool, kv_store_worker, &j);
     else /* a few tokens: not worth waking the pool */
         kv_store_worker(&j, 0, 1);
@@ -518,23 +526,26 @@ static void attn_worker(void *arg, int ith, int nth)
     (void)nth;
     struct attn_job *j = arg;
     const int KV = j->a->n_kv_head;
-    /* items are claimed one ahead, so each call knows the next one (for its prefetches) */
+    const struct kern_attn *a = j->a;
+    const int D = a->head_dim;
+    /* the next item is claimed as this one's last KV head starts, so that call knows it (for
+     * its prefetches) while no item waits on a busy thread longer than one head */
     long t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
     int cold = 1;
     while (t < j->n_items) {
-        long tn = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        const struct kern_attn *a = j->a;
-        const int D = a->head_dim;
+        long tn = -1;
         for (int g = 0; g < KV; g++) {
             if (a->store && a->store[t]) {
                 const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
                 kv_store_head(j->fn, a->kv, a->block_table[t], a->pos[t], a->block_size, KV, D, g,
                               a->k_new + row, a->v_new + row);
             }
-            if (g + 1 < KV)
-                j->fn->attn_group(j->a, (int)t, g, (int)t, g + 1, cold);
-            else
-                j->fn->attn_group(j->a, (int)t, g, tn < j->n_items ? (int)tn : -1, 0, cold);
+            if (g + 1 < KV) {
+                j->fn->attn_group(a, (int)t, g, (int)t, g + 1, cold);
+            } else {
+                tn = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+                j->fn->attn_group(a, (int)t, g, tn < j->n_items ? (int)tn : -1, 0, cold);
+            }
             cold = 0;
         }
         t = tn;
@@ -609,8 +620,8 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
     else if (!strcmp(isa, "amx"))
         fn = kern_cpu_fns_get(KERN_ISA_AMX);
     else
-        return err_set(err, ST_ERR_INVALID_ARG, "unknown ISA '%s' (auto|scalar|avx2|avxvnni|avx512|amx)",
-                       isa);
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "unknown ISA '%s' (auto|scalar|avx2|avxvnni|avx512|amx)", isa);
     if (!fn)
         return err_set(err, ST_ERR_UNSUPPORTED, "this CPU does not support ISA '%s'", isa);
     if (o->act == KERN_ACT_BF16 && !fn->prep_bf16)

@@ -258,24 +258,32 @@ struct kern_cpu_fns {
     void (*rope)(float *x, const float *cs, int n_head, int head_dim, int rot_dim);
 };
 
-/* 8-bit KV (struct kern_kv_layer): q[i] = round(x[i] / s) with s = max|x| / 127 (0 for all-zero
- * x; rounding to nearest even). The reference of every table's kv_quant_q8 (a NaN is skipped by
- * the maximum and stored as 0). */
+/* 8-bit KV (struct kern_kv_layer): q[i] = round(x[i] * (127 / max|x|)) (nearest even), scale
+ * s = max|x| / 127 (0 for all-zero x). The reference of every table's kv_quant_q8 (a NaN is
+ * skipped by the maximum and stored as 0). */
 void kern_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
+/* The quantizer's 127 / amax: 0 for an all-zero row, and also when it would overflow (amax
+ * below 127 / FLT_MAX, ~4e-37: such a row is stored as zeros with its tiny scale). */
+static inline float kern_kv_quant_inv(float amax)
+{
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    return id <= 3.40282347e+38f ? id : 0.0f;
+}
 
 /* Best ISA this CPU and OS support (cpuid + xgetbv; AVX-512 needs OS-enabled ZMM state).
  * Detected once, then cached; thread-safe. */
 enum kern_isa kern_cpu_detect(void);
 /* The table for isa, or NULL if this CPU lacks it (or isa is out of range). Static storage. */
 const struct kern_cpu_fns *kern_cpu_fns_get(enum kern_isa isa);
-/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avxvnni|avx512|amx when that is set and
- * supported (otherwise a warning is logged and the best is used). Never NULL. */
+/* The best table, or the one named by env QUERN_ISA=scalar|avx2|avxvnni|avx512|amx when that is
+ * set and supported (otherwise a warning is logged and the best is used). Never NULL. */
 const struct kern_cpu_fns *kern_cpu_fns_best(void);
 /* "scalar", "avx2", "avx-vnni", "avx512-vnni", "amx"; "?" when out of range. */
 const char *kern_isa_name(enum kern_isa isa);
 
 /* Single-thread microbenchmark of f's best int8 dot-product instruction loop (vpdpbusd on
- * AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2, a scalar loop otherwise) with independent
+ * AVX-512 VNNI, VEX vpdpbusd on AVX-VNNI, vpmaddubsw + vpmaddwd on AVX2, a scalar loop
+ * otherwise) with independent
  * accumulators, run for about `seconds`: the achieved int8 operations per second, counting a
  * multiply and an add per multiply-accumulate (2 ops per MAC). Run it on every thread at once
  * for the machine's peak. */

@@ -214,15 +214,13 @@ static inline float kern_attn_exp(float x)
 }
 
 /* Attention kernels: the scalar reference (attn_ref.c) and the SIMD ones. */
-void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
-                         int cold);
+void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold);
 void kern_ref_to_f16(const float *x, uint16_t *y, int64_t n);
-void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
-                         int cold);
+void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold);
 void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n);
 void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
-                         int cold);
+                            int cold);
 
 /* Row operations (ew_ref.c, ew_avx2.c, ew_avx512.c). */
 void kern_ref_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);

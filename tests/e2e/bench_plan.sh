@@ -81,5 +81,10 @@ PY
 [ "$(jget "$tmp/bench_in.json" '["requests"]')" = 2 ] || fail "requests with one rejected"
 [ "$(jget "$tmp/bench_in.json" '["rejected_requests"]')" = 1 ] || fail "rejected_requests"
 [ "$(jget "$tmp/bench_in.json" '["output_tokens"]')" = 8 ] || fail "output tokens with one rejected"
-grep -q "request 1 skipped: .*exceeds the model context" "$tmp/bench_in.err" || fail "no warning for the rejected request"
+grep -q "request 1 skipped: .*exceeds the model context" "$tmp/bench_in.err" ||
+    fail "no warning for the rejected request"
+# all rejected: an error, not an empty measurement
+python3 -c 'import json; print(json.dumps({"prompt": "word " * 9000}))' >"$tmp/long.jsonl"
+"$Q" bench --model "$M" --input "$tmp/long.jsonl" --output-len 4 --peak-seconds 0 \
+    >/dev/null 2>&1 && fail "bench with every request rejected succeeded"
 echo "e2e bench/plan: ok"
