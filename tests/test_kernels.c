@@ -1801,6 +1801,15 @@ static void check_kv_quant(void)
     kern_kv_quant_q8(x, 5, q, &sc);
     assert_int_equal(q[1], 4); /* 4.4999... rounded to 4.5, then to even */
     check_kv_quant_tables(x, 5, q, sc);
+    /* a row so small that 127 / max|x| overflows: zeros with the tiny scale, every table */
+    memset(x, 0, sizeof x);
+    x[3] = 1e-38f;
+    x[40] = -5e-39f;
+    kern_kv_quant_q8(x, 64, q, &sc);
+    assert_true(sc == 1e-38f / 127.0f);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(q[i], 0);
+    check_kv_quant_tables(x, 64, q, sc);
     /* a NaN is skipped by the maximum and stored as 0, in every table */
     for (int i = 0; i < 64; i++)
         x[i] = (float)(i - 20) * 0.25f;
