@@ -332,26 +332,24 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
         m->tables[t] = engine_kv_table(kv, b->seq[t]);
     /* The token at each sequence's highest position in the batch (no other token attends to
      * it) has its KV written by the attention pass, right before it is read (struct kern_attn's
-     * store); the others by kv_store, before any attention. Without memory for the marks,
-     * kv_store does every token. */
-    const uint8_t *last = NULL;
+     * store); the others by kv_store, before any attention. */
     if (kv->max_seqs > m->seq_cap) {
         free(m->seq_top);
         m->seq_top = malloc(sizeof(*m->seq_top) * (size_t)kv->max_seqs);
         m->seq_cap = m->seq_top ? kv->max_seqs : 0;
+        if (!m->seq_top)
+            return err_set(err, ST_ERR_NOMEM, "no memory for %d sequence slots", kv->max_seqs);
     }
-    if (m->seq_top) {
-        for (int t = 0; t < n; t++)
-            m->seq_top[b->seq[t]] = -1;
-        for (int t = 0; t < n; t++) {
-            int32_t *top = &m->seq_top[b->seq[t]];
-            if (*top < 0 || b->pos[t] > b->pos[*top])
-                *top = t;
-        }
-        for (int t = 0; t < n; t++)
-            m->last[t] = m->seq_top[b->seq[t]] == t;
-        last = m->last;
+    for (int t = 0; t < n; t++)
+        m->seq_top[b->seq[t]] = -1;
+    for (int t = 0; t < n; t++) {
+        int32_t *top = &m->seq_top[b->seq[t]];
+        if (*top < 0 || b->pos[t] > b->pos[*top])
+            *top = t;
     }
+    for (int t = 0; t < n; t++)
+        m->last[t] = m->seq_top[b->seq[t]] == t;
+    const uint8_t *last = m->last;
     /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
     for (int i = 0; i < hp->rope_dim; i += 2) {
         double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
