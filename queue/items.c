@@ -7,7 +7,8 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
                             struct err_detail *err)
 {
     static const char sql[] =
-        "SELECT id, custom_id, source, line_no, state, shard_id, error_code, error_msg "
+        "SELECT id, custom_id, source, line_no, state, shard_id, error_code, error_msg, "
+        "coalesce(shard_record, -1), payload "
         "FROM items WHERE job_id = ?1 ORDER BY source, line_no, id";
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
@@ -27,6 +28,8 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
         it.shard_id = sqlite3_column_int64(s, 5);
         it.error_code = (const char *)sqlite3_column_text(s, 6);
         it.error_msg = (const char *)sqlite3_column_text(s, 7);
+        it.shard_record = sqlite3_column_int64(s, 8);
+        it.payload = (const char *)sqlite3_column_text(s, 9);
         st = fn(user, &it);
     }
     if (!st && rc != SQLITE_DONE)

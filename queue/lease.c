@@ -167,7 +167,7 @@ enum status queue_claim(struct queue *q, int64_t job_id, int64_t run_id, int max
     size_t len = 0;
     st = queue_run_check(q, run_id, err);
     if (st == ST_OK)
-        st = run_changes(q, QS_LEASE_EXPIRE, now, 0, NULL, "requeueing expired leases", err);
+        st = run_changes(q, QS_LEASE_EXPIRE, now, run_id, NULL, "requeueing expired leases", err);
     sqlite3_stmt *s = NULL;
     if (st == ST_OK && (s = queue_stmt(q, job_id ? QS_CLAIM_JOB : QS_CLAIM_ANY, err)) == NULL)
         st = err->status;

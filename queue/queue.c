@@ -796,6 +796,13 @@ enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, 
     queue_bind_str(s, 3, spec->host);
     sqlite3_bind_int64(s, 4, spec->pid);
     sqlite3_bind_int64(s, 5, queue_now(q));
+    queue_bind_str(s, 6, spec->boot_id);
+    queue_bind_str(s, 7, spec->pid_ns);
+    if (spec->pstart > 0)
+        sqlite3_bind_int64(s, 8, spec->pstart);
+    else
+        sqlite3_bind_null(s, 8);
+    queue_bind_str(s, 9, spec->submit ? "submit" : "run");
     enum status st = queue_step_done(q, s, "recording a run", err);
     if (st == ST_ERR_INVALID_ARG) /* foreign key: the job */
         return err_set(err, ST_ERR_NOT_FOUND, "run for job %lld: no such job",
@@ -857,5 +864,84 @@ enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reas
     st = queue_scope_leave(q, &sc, st, err);
     if (st == ST_OK && n_requeued)
         *n_requeued = requeued;
+    return st;
+}
+
+/* End one run found dead: its leases go back to queued (attempts kept), ended = now. */
+static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    enum status st = queue_step_done(q, s, "requeueing a dead run's leases", err);
+    if (st == ST_OK && (s = queue_stmt(q, QS_RUN_END, err)) == NULL)
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, run_id);
+        sqlite3_bind_int64(s, 2, queue_now(q));
+        queue_bind_str(s, 3, "dead");
+        sqlite3_bind_null(s, 4);
+        st = queue_step_done(q, s, "ending a dead run", err);
+    }
+    return st;
+}
+
+enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
+                            struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_reaped)
+        *n_reaped = 0;
+    if (!self->host[0])
+        return ST_OK;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    int64_t dead[64];
+    size_t n_dead = 0;
+    int64_t total = 0;
+    bool more = true;
+    while (st == ST_OK && more) { /* batches of 64: ids are collected before any update */
+        more = false;
+        n_dead = 0;
+        sqlite3_stmt *s = queue_stmt(q, QS_RUN_ACTIVE, err);
+        if (!s) {
+            st = err->status;
+            break;
+        }
+        queue_bind_str(s, 1, self->host);
+        int rc;
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            struct proc_identity other;
+            memset(&other, 0, sizeof(other));
+            const unsigned char *t;
+            if ((t = sqlite3_column_text(s, 1)))
+                snprintf(other.host, sizeof(other.host), "%s", (const char *)t);
+            if ((t = sqlite3_column_text(s, 2)))
+                snprintf(other.boot_id, sizeof(other.boot_id), "%s", (const char *)t);
+            if ((t = sqlite3_column_text(s, 3)))
+                snprintf(other.pid_ns, sizeof(other.pid_ns), "%s", (const char *)t);
+            other.pid = sqlite3_column_int64(s, 4);
+            other.start_ticks = sqlite3_column_int64(s, 5);
+            if (proc_liveness(self, &other) != PROC_DEAD)
+                continue;
+            if (n_dead == sizeof(dead) / sizeof(dead[0])) {
+                more = true;
+                break;
+            }
+            dead[n_dead++] = sqlite3_column_int64(s, 0);
+        }
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            st = queue_sql_err(q, rc, "listing active runs", err);
+        queue_stmt_done(s);
+        for (size_t i = 0; st == ST_OK && i < n_dead; i++)
+            st = end_dead_run(q, dead[i], err);
+        total += (int64_t)n_dead;
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_reaped)
+        *n_reaped = total;
     return st;
 }

@@ -46,8 +46,9 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       1     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       2     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -241,9 +242,15 @@ struct queue_run_spec {
     const char *worker_id; /* free-form worker name (e.g. Slurm job/task id), or NULL */
     const char *host;      /* host name, or NULL */
     int64_t pid;           /* process id */
+    const char *boot_id;   /* the host's boot id (common/proc.h), or NULL */
+    const char *pid_ns;    /* the process's PID namespace, or NULL */
+    int64_t pstart;        /* the process's start time in clock ticks after boot, 0 unknown */
+    bool submit;           /* a submit writing a job (kind 'submit'), not a run */
 };
 
-/* Record a new run (started = heartbeat = now). Run ids are never reused. */
+/* Record a new run (started = heartbeat = now). Run ids are never reused. Give host, boot_id,
+ * pid_ns, pid and pstart (proc_identity_self) so that queue_reap_dead on the same host can
+ * tell at once when this process is gone. */
 enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, int64_t *run_id,
                             struct err_detail *err);
 
@@ -253,6 +260,16 @@ enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, 
  * that already ended is ST_ERR_INVALID_ARG. */
 enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reason,
                           const char *summary_json, int64_t *n_requeued, struct err_detail *err);
+
+/* The dead-run rule. A run is dead when it has ended, or when its heartbeat is older than the
+ * lease the observer uses, or (without waiting for any lease) when it ran on the observer's
+ * host, boot and PID namespace and its process is gone (common/proc.h: proc_liveness). Across
+ * hosts only the heartbeat can tell. queue_reap_dead applies the last case: every run not
+ * ended whose process `self` can see is dead is ended now (exit_reason "dead") and its leases
+ * go back to queued with their attempts kept, exactly as if they had expired; its open shards
+ * can then be adopted at once. *n_reaped (may be NULL) gets the number of runs ended. */
+enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
+                            struct err_detail *err);
 
 /* ---- Claiming and leases --------------------------------------------------------------- */
 
@@ -268,7 +285,8 @@ struct queue_claimed {
                              "attempts_exhausted") without running it */
 };
 
-/* In one BEGIN IMMEDIATE transaction: return every expired lease (of any run) to queued, then
+/* In one BEGIN IMMEDIATE transaction: return every expired lease of other runs to queued (the
+ * claiming run's own leases are never swept by itself: it still holds those items), then
  * lease up to max_items queued items of job_id (0 = any job) to run_id until now + lease_ms,
  * highest priority first, then lowest id. *items is a malloc'd array in that order (NULL when
  * *n is 0) that the caller frees with queue_claimed_free. A claim that finds nothing marks
@@ -357,7 +375,10 @@ struct queue_done {
  * n_done; every item belongs to the shard's job and is leased by run_id (the exactly-once rule
  * at the top of this file). Otherwise nothing changes: ST_ERR_CONFLICT when items are no longer
  * ours (each such done[i] flagged in lost[i] when lost is not NULL; the others set false),
- * ST_ERR_INVALID_ARG for the rest. A finished job becomes done. */
+ * ST_ERR_INVALID_ARG for the rest. A finished job becomes done. done[i] is the shard's record
+ * number (records so far) + i, stored as the item's shard_record. When the shard itself is no
+ * longer ours (adopted by another run, which took it for dead) the result is ST_ERR_CONFLICT
+ * with no lost[] flag set: the caller must stop writing that shard. */
 enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id,
                                uint64_t committed_bytes, uint64_t records,
                                const struct queue_done *done, size_t n_done, bool *lost,
@@ -373,6 +394,9 @@ struct queue_item_info {
     int64_t line_no;             /* 1-based line in source, 0 if unknown */
     enum queue_item_state state; /* current state */
     int64_t shard_id;            /* shard holding its record, 0 if none */
+    int64_t shard_record;        /* index of its record among that shard's records, -1 if
+                                    unknown (committed by schema version 1) */
+    const char *payload;         /* request JSON, NULL for a line rejected at submit */
     const char *error_code;      /* for failed items, else NULL */
     const char *error_msg;       /* for failed items, else NULL */
 };

@@ -37,6 +37,7 @@ enum queue_stmt_id {
     QS_ITEM_OWNER,
     QS_ITEM_FINISH,
     QS_RUN_INSERT,
+    QS_RUN_ACTIVE,
     QS_RUN_ENDED,
     QS_RUN_END,
     QS_RUN_HEARTBEAT,

@@ -81,8 +81,31 @@ static const char SCHEMA_V1[] =
     "CREATE INDEX items_shard ON items (shard_id) WHERE shard_id IS NOT NULL;"
     "CREATE INDEX shards_run ON shards (run_id);";
 
+/* Version 2: what the reliability rules need.
+ * runs: the process identity (boot id, PID namespace, process start time) so a run on the
+ *   same host can tell for certain that another run's process is gone (queue_reap_dead), and
+ *   kind ('run' or 'submit': a submit records itself as a run while it writes a job).
+ * items.shard_record: index (0-based) of the item's record among its shard's records, so
+ *   export keeps exactly that record even when a retried item was written to one shard twice.
+ * jobs.ready: 0 while the submit that creates the job is still adding items (runs leave such
+ *   a job alone; a dead submit's job is deleted); jobs.submit_run names that submit.
+ * meta: facts about the database itself; db_uuid names it in output directory markers. */
+static const char SCHEMA_V2[] =
+    "ALTER TABLE runs ADD COLUMN boot_id TEXT;"
+    "ALTER TABLE runs ADD COLUMN pid_ns TEXT;"
+    "ALTER TABLE runs ADD COLUMN pstart INTEGER;"
+    "ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'"
+    "  CHECK (kind IN ('run','submit'));"
+    "ALTER TABLE items ADD COLUMN shard_record INTEGER;"
+    "ALTER TABLE jobs ADD COLUMN ready INTEGER NOT NULL DEFAULT 1;"
+    "ALTER TABLE jobs ADD COLUMN submit_run INTEGER REFERENCES runs(id);"
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "INSERT INTO meta (key, value) VALUES ('db_uuid', lower(hex(randomblob(16))));"
+    "CREATE INDEX runs_active ON runs (host) WHERE ended IS NULL;";
+
 const struct queue_migration queue_migrations[] = {
     {1, SCHEMA_V1},
+    {2, SCHEMA_V2},
 };
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
@@ -130,12 +153,13 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                       " WHERE id = ?1 AND state IN ('queued', 'running')",
     [QS_JOB_RETRY_SHARDS] = "UPDATE shards SET superseded = superseded +"
                             " (SELECT count(*) FROM items WHERE items.shard_id = shards.id"
-                            "  AND items.state = 'failed')"
+                            "  AND items.state = 'failed' AND items.payload IS NOT NULL)"
                             " WHERE job_id = ?1 AND kind = 'errors'",
     [QS_JOB_RETRY_ITEMS] = "UPDATE items SET state = 'queued', attempts = 0, lease_owner = NULL,"
-                           " lease_expiry = NULL, shard_id = NULL, error_code = NULL,"
-                           " error_msg = NULL, prompt_tokens = NULL, completion_tokens = NULL,"
-                           " finished = NULL WHERE job_id = ?1 AND state = 'failed'",
+                           " lease_expiry = NULL, shard_id = NULL, shard_record = NULL,"
+                           " error_code = NULL, error_msg = NULL, prompt_tokens = NULL,"
+                           " completion_tokens = NULL, finished = NULL"
+                           " WHERE job_id = ?1 AND state = 'failed' AND payload IS NOT NULL",
     [QS_JOB_REOPEN] = "UPDATE jobs SET state = 'running', finished = NULL"
                       " WHERE id = ?1 AND state = 'done'",
     [QS_COUNTS_JOB] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
@@ -157,21 +181,25 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     /* the exactly-once rule: only while leased by the committing run */
     [QS_ITEM_FINISH] = "UPDATE items SET state = ?3, lease_expiry = NULL, shard_id = ?4,"
                        " error_code = ?5, error_msg = ?6, prompt_tokens = ?7,"
-                       " completion_tokens = ?8, finished = ?9"
+                       " completion_tokens = ?8, finished = ?9, shard_record = ?11"
                        " WHERE id = ?1 AND job_id = ?10 AND state = 'leased'"
                        " AND lease_owner = ?2",
 
-    [QS_RUN_INSERT] = "INSERT INTO runs (job_id, worker_id, host, pid, started, heartbeat)"
-                      " VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+    [QS_RUN_INSERT] = "INSERT INTO runs (job_id, worker_id, host, pid, started, heartbeat,"
+                      " boot_id, pid_ns, pstart, kind) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7,"
+                      " ?8, ?9)",
+    [QS_RUN_ACTIVE] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
+                      " WHERE ended IS NULL AND host = ?1",
     [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
+    /* ?2: the sweeping run, whose own leases are never swept (0: none) */
     [QS_LEASE_EXPIRE] = "UPDATE items INDEXED BY items_lease_expiry SET state = 'queued',"
                         " lease_owner = NULL, lease_expiry = NULL"
-                        " WHERE state = 'leased' AND lease_expiry <= ?1",
+                        " WHERE state = 'leased' AND lease_expiry <= ?1 AND lease_owner <> ?2",
     [QS_LEASE_REQUEUE_RUN] =
         "UPDATE items INDEXED BY items_lease_owner SET state = 'queued', lease_owner = NULL,"
         " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",

@@ -342,6 +342,7 @@ enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id
         sqlite3_bind_int64(s, 8, d->completion_tokens);
         sqlite3_bind_int64(s, 9, now);
         sqlite3_bind_int64(s, 10, sh.job_id);
+        sqlite3_bind_int64(s, 11, (int64_t)sh.records + (int64_t)i);
         st = queue_step_done(q, s, "finishing an item", err);
         if (st != ST_OK || sqlite3_changes(q->db) == 1)
             continue;

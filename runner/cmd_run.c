@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/log.h"
+#include "common/proc.h"
 #include "common/sha256.h"
 #include "engine/chat.h"
 #include "engine/engine.h"
@@ -273,6 +274,7 @@ struct run {
     double *ttft, *tpot;           /* per request (ms) */
     size_t n_lat, cap_lat;         /* count, capacity */
     int tty;                       /* stderr is a terminal */
+    struct proc_identity self;     /* this process, recorded with the run */
 };
 
 static void pend_free(struct pend *p)
@@ -962,8 +964,8 @@ int runner_cmd_run(int argc, char **argv)
     struct err_detail err = {0};
     int rc = RUNNER_EXIT_ERROR;
     const char *reason = "error";
-    char host[256] = "", worker[64];
-    gethostname(host, sizeof(host) - 1);
+    char worker[64];
+    proc_identity_self(&r.self);
     const char *slurm = getenv("SLURM_JOB_ID");
     snprintf(worker, sizeof(worker), "%s", o.worker ? o.worker : slurm ? slurm : "");
     int64_t *job_ids = NULL;
@@ -999,8 +1001,14 @@ int runner_cmd_run(int argc, char **argv)
         LOG_ERROR("out of memory");
         goto out;
     }
-    struct queue_run_spec rs = {o.job ? job_ids[0] : 0, worker[0] ? worker : NULL, host,
-                                (int64_t)getpid()};
+    struct queue_run_spec rs = {0};
+    rs.job_id = o.job ? job_ids[0] : 0;
+    rs.worker_id = worker[0] ? worker : NULL;
+    rs.host = r.self.host;
+    rs.pid = r.self.pid;
+    rs.boot_id = r.self.boot_id;
+    rs.pid_ns = r.self.pid_ns;
+    rs.pstart = r.self.start_ticks;
     if (queue_run_start(r.q, &rs, &r.run_id, &err)) {
         LOG_ERROR("%s", err.msg);
         goto out;

@@ -17,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/proc.h"
 #include "queue/queue.h"
+#include "queue/queue_internal.h"
 
 /* ---- fixture: a temporary directory per test, a fake clock -------------------------------- */
 
@@ -271,12 +273,213 @@ static void test_migrate_existing_v0(void **state)
     sql_exec(f->path, "CREATE TABLE notes (x); INSERT INTO notes VALUES (42);");
     assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 0);
     struct queue *q = open_q(f);
-    assert_int_equal(queue_schema_version(q), 1);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
     make_job(q, "j", 1);
     queue_close(q);
-    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 1);
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
     assert_int_equal(sql_int(f->path, "SELECT x FROM notes"), 42);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items"), 1);
+}
+
+/* A version-1 database with a finished item migrates to version 2: the data stays, the item's
+ * record index is unknown (-1), the database gets a uuid, and the new columns work. */
+static enum status collect_scan(void *user, const struct queue_item_info *it)
+{
+    int64_t *v = user;
+    v[0]++;
+    v[1] = it->shard_record;
+    v[2] = it->payload != NULL;
+    return ST_OK;
+}
+
+static void test_migrate_v1_to_v2(void **state)
+{
+    struct fixture *f = *state;
+    sql_exec(f->path, queue_migrations[0].sql);
+    sql_exec(f->path, "PRAGMA user_version = 1;"
+                      "INSERT INTO jobs (name, created, model_path, out_dir) VALUES ('old', 1, 'm', 'o');"
+                      "INSERT INTO runs (job_id, started, heartbeat, ended) VALUES (1, 1, 1, 2);"
+                      "INSERT INTO shards (job_id, kind, seq, path, run_id, created, records)"
+                      " VALUES (1, 'results', 0, 'p', 1, 1, 1);"
+                      "INSERT INTO items (job_id, custom_id, payload, state, shard_id)"
+                      " VALUES (1, 'a', '{}', 'done', 1);");
+    struct queue *q = open_q(f);
+    assert_int_equal(queue_schema_version(q), 2);
+    struct err_detail err = {0};
+    int64_t v[3] = {0, 0, 0};
+    assert_int_equal(queue_item_scan(q, 1, collect_scan, v, &err), ST_OK);
+    assert_int_equal(v[0], 1);
+    assert_int_equal(v[1], -1);
+    assert_int_equal(v[2], 1);
+    queue_close(q);
+    assert_int_equal(sql_int(f->path, "SELECT length(value) FROM meta WHERE key = 'db_uuid'"), 32);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE kind = 'run'"), 1);
+}
+
+/* A run that stalls past its own lease does not sweep its own items at its next claim; another
+ * run's claim does. */
+static void test_own_leases_not_swept(void **state)
+{
+    struct fixture *f = *state;
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 4);
+    int64_t a = start_run(q, job), b = start_run(q, job);
+    size_t n = 0;
+    struct queue_claimed *ca = claim(q, job, a, 2, 1000, &n);
+    assert_int_equal(n, 2);
+    f->now += 5000; /* a's leases expired; a claims again before its heartbeat */
+    struct queue_claimed *c2 = claim(q, job, a, 10, 1000, &n);
+    assert_int_equal(n, 2); /* the two still queued, not its own two again */
+    for (size_t i = 0; i < n; i++)
+        assert_true(c2[i].id != ca[0].id && c2[i].id != ca[1].id);
+    assert_int_equal(item_int(f, ca[0].id, "lease_owner"), a);
+    assert_int_equal(item_int(f, ca[0].id, "attempts"), 1);
+    queue_claimed_free(c2, n);
+    f->now += 5000; /* all four expired: b sweeps and claims them all */
+    c2 = claim(q, job, b, 10, 1000, &n);
+    assert_int_equal(n, 4);
+    queue_claimed_free(c2, n);
+    queue_claimed_free(ca, 2);
+    queue_close(q);
+}
+
+/* retry --failed only re-queues items that can run: a line rejected at submit has no payload
+ * and stays failed (it crashed the run and broke export when re-queued). */
+static void test_retry_skips_submit_rejects(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 1);
+    struct queue_item_spec bad = {.source = "in.jsonl", .line_no = 2, .error_code = "invalid_json",
+                                  .error_msg = "garbage"};
+    int64_t bad_id = 0;
+    assert_int_equal(queue_item_add(q, job, &bad, &bad_id, &err), ST_OK);
+    int64_t run = start_run(q, job);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 4, 60000, &n);
+    assert_int_equal(n, 1);
+    int64_t errs = new_shard(q, run, job, QUEUE_SHARD_ERRORS, f);
+    struct queue_done d = {.item_id = c[0].id, .error_code = "engine", .error_msg = "x"};
+    assert_int_equal(queue_commit_shard(q, run, errs, 10, 1, &d, 1, NULL, &err), ST_OK);
+    int64_t retried = 0;
+    assert_int_equal(queue_job_retry_failed(q, job, &retried, &err), ST_OK);
+    assert_int_equal(retried, 1);
+    assert_int_equal(item_state(f, bad_id), QUEUE_ITEM_FAILED);
+    assert_int_equal(item_state(f, c[0].id), QUEUE_ITEM_QUEUED);
+    assert_int_equal(get_shard(q, job, errs).superseded, 1);
+    queue_claimed_free(c, n);
+    c = claim(q, job, run, 4, 60000, &n);
+    assert_int_equal(n, 1);
+    assert_non_null(c[0].payload);
+    queue_claimed_free(c, n);
+    queue_close(q);
+}
+
+/* Each committed item remembers the index of its record in the shard, also when a retried item
+ * is written to the same shard a second time (export keeps only that one). */
+static void test_shard_record_index(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 3);
+    int64_t run = start_run(q, job);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, run, 3, 60000, &n);
+    int64_t errs = new_shard(q, run, job, QUEUE_SHARD_ERRORS, f);
+    struct queue_done d[3];
+    for (int i = 0; i < 3; i++)
+        d[i] = (struct queue_done){.item_id = c[i].id, .error_code = "e", .error_msg = "m"};
+    assert_int_equal(queue_commit_shard(q, run, errs, 10, 2, d, 2, NULL, &err), ST_OK);
+    assert_int_equal(queue_commit_shard(q, run, errs, 20, 3, d + 2, 1, NULL, &err), ST_OK);
+    assert_int_equal(item_int(f, c[0].id, "shard_record"), 0);
+    assert_int_equal(item_int(f, c[1].id, "shard_record"), 1);
+    assert_int_equal(item_int(f, c[2].id, "shard_record"), 2);
+    int64_t retried = 0;
+    assert_int_equal(queue_job_retry_failed(q, job, &retried, &err), ST_OK);
+    assert_int_equal(retried, 3);
+    assert_int_equal(item_int(f, c[1].id, "shard_record IS NULL"), 1);
+    queue_claimed_free(c, n);
+    c = claim(q, job, run, 1, 60000, &n);
+    assert_int_equal(n, 1);
+    d[0].item_id = c[0].id;
+    assert_int_equal(queue_commit_shard(q, run, errs, 30, 4, d, 1, NULL, &err), ST_OK);
+    assert_int_equal(item_int(f, c[0].id, "shard_record"), 3);
+    queue_claimed_free(c, n);
+    queue_close(q);
+}
+
+/* Same host, boot and namespace: a run whose process has exited is ended at once by
+ * queue_reap_dead (leases back to queued, attempts kept, shard adoptable with any lease);
+ * a live one, or one on another host, is left alone. */
+static void test_reap_dead_runs(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 4);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
+        fail_msg("no /proc identity on this machine");
+    /* a child that records itself as a run, claims two items, then exits */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct queue *cq = NULL;
+        struct proc_identity me;
+        proc_identity_self(&me);
+        if (queue_open(&cq, f->path, NULL))
+            _exit(1);
+        struct queue_run_spec rs = {.job_id = job, .host = me.host, .pid = me.pid,
+                                    .boot_id = me.boot_id, .pid_ns = me.pid_ns,
+                                    .pstart = me.start_ticks};
+        int64_t run = 0;
+        struct queue_claimed *items = NULL;
+        size_t k = 0;
+        if (queue_run_start(cq, &rs, &run, NULL) ||
+            queue_claim(cq, job, run, 2, 3600000, &items, &k, NULL) || k != 2)
+            _exit(1);
+        queue_claimed_free(items, k);
+        queue_close(cq);
+        _exit(0);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    /* this process as a live run, and a run on another host with a dead-looking pid */
+    struct queue_run_spec live = {.job_id = job, .host = self.host, .pid = self.pid,
+                                  .boot_id = self.boot_id, .pid_ns = self.pid_ns,
+                                  .pstart = self.start_ticks};
+    struct queue_run_spec remote = {.job_id = job, .host = "elsewhere", .pid = pid,
+                                    .boot_id = self.boot_id, .pid_ns = self.pid_ns,
+                                    .pstart = 1};
+    int64_t r_live = 0, r_remote = 0;
+    assert_int_equal(queue_run_start(q, &live, &r_live, &err), ST_OK);
+    assert_int_equal(queue_run_start(q, &remote, &r_remote, &err), ST_OK);
+    /* the same pid with another start time is another process: dead too */
+    struct queue_run_spec reused = live;
+    reused.pstart = self.start_ticks + 1;
+    int64_t r_reused = 0;
+    assert_int_equal(queue_run_start(q, &reused, &r_reused, &err), ST_OK);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 2);
+    int64_t reaped = 0;
+    assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
+    assert_int_equal(reaped, 2);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE attempts = 1"), 2);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE exit_reason = 'dead'"), 2);
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT ended IS NULL FROM runs WHERE id = %lld", (long long)r_live);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    snprintf(sql, sizeof(sql), "SELECT ended IS NULL FROM runs WHERE id = %lld",
+             (long long)r_remote);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    /* nothing more to reap */
+    assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
+    assert_int_equal(reaped, 0);
+    queue_close(q);
 }
 
 static void test_newer_version_refused(void **state)
@@ -1108,6 +1311,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shards, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_create, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_workers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_own_leases_not_swept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_record_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reap_dead_runs, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

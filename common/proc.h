@@ -1,0 +1,41 @@
+/* Who a process is, in a form another process (on the same host or not) can check later: host
+ * name, boot id, PID namespace, PID and the process's start time. A run records its identity
+ * in the queue; a later run on the same host, same boot and same PID namespace can then tell
+ * for certain whether that process still exists. Anywhere else only a lease can tell. */
+#ifndef COMMON_PROC_H
+#define COMMON_PROC_H
+
+#include <stdint.h>
+
+struct proc_identity {
+    char host[256];      /* gethostname(), "" if unknown */
+    char boot_id[64];    /* /proc/sys/kernel/random/boot_id, "" if unknown */
+    char pid_ns[64];     /* readlink /proc/self/ns/pid ("pid:[4026531836]"), "" if unknown */
+    int64_t pid;         /* process id, > 0 */
+    int64_t start_ticks; /* field 22 of /proc/PID/stat: start time in clock ticks after boot;
+                            0 if unknown */
+};
+
+enum proc_liveness {
+    PROC_UNKNOWN = 0, /* another host, boot or PID namespace, or not enough facts: ask the lease */
+    PROC_ALIVE,       /* that very process still runs here (not a zombie) */
+    PROC_DEAD,        /* same host, boot and namespace, and the process is gone (or its PID now
+                         belongs to a process started at another time, or it is a zombie) */
+};
+
+/* Fill *id for the calling process. Never fails: unknown facts are left empty/0. */
+void proc_identity_self(struct proc_identity *id);
+
+/* Start time of process pid (field 22 of /proc/PID/stat) into *ticks and its state letter
+ * ('R', 'S', 'Z', ...) into *state. 0 on success, -1 if there is no such process. */
+int proc_stat_start(int64_t pid, int64_t *ticks, char *state);
+
+/* Can `self` tell whether `other` is alive? See enum proc_liveness. The identities must both
+ * have a host, boot id, namespace and start time for anything but PROC_UNKNOWN. */
+enum proc_liveness proc_liveness(const struct proc_identity *self,
+                                 const struct proc_identity *other);
+
+/* "unknown", "alive" or "dead". */
+const char *proc_liveness_str(enum proc_liveness l);
+
+#endif
