@@ -178,7 +178,13 @@ enum status io_manifest_write(const char *dir, const struct io_manifest *m, stru
     }
     snprintf(final, n, "%s/manifest.json", dir);
     snprintf(tmp, n, "%s/.manifest.json.tmp.%ld", dir, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* never write through whatever is at the temp name (a symlink, a stale file): remove it
+     * (unlink does not follow links) and create the file exclusively */
+    if (unlink(tmp) != 0 && errno != ENOENT) {
+        st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
+        goto out;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;

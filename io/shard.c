@@ -289,21 +289,27 @@ static enum status sync_fd(int fd, int data_only, const char *path, struct err_d
     return ST_OK;
 }
 
-enum status io_shard_open(struct io_shard **out, const char *path, uint64_t committed_bytes,
-                          int level, struct err_detail *err)
+/* Open (or with create, exclusively create) the shard file and set up the writer. */
+static enum status shard_open(struct io_shard **out, const char *path, uint64_t committed_bytes,
+                              int level, int create, struct err_detail *err)
 {
     *out = NULL;
     int created = 0;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) {
+    int fd = create ? -1 : open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (create || (fd < 0 && errno == ENOENT)) {
         if (committed_bytes != 0)
             return err_set(err, ST_ERR_NOT_FOUND,
                            "%s: shard is missing but %llu bytes of it were committed: "
                            "committed output has been lost",
                            path, (unsigned long long)committed_bytes);
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         created = fd >= 0;
+        if (fd < 0 && errno == EEXIST)
+            return err_set(err, ST_ERR_EXISTS,
+                           "%s: a file is already there; refusing to overwrite it", path);
     }
+    if (fd < 0 && errno == ELOOP)
+        return err_set(err, ST_ERR_IO, "%s: is a symbolic link; refusing to follow it", path);
     if (fd < 0)
         return err_set(err, ST_ERR_IO, "%s: cannot open shard: %s", path, strerror(errno));
 
@@ -376,6 +382,35 @@ fail:
         io_shard_close(s);
     }
     close(fd);
+    return st;
+}
+
+enum status io_shard_open(struct io_shard **out, const char *path, uint64_t committed_bytes,
+                          int level, struct err_detail *err)
+{
+    return shard_open(out, path, committed_bytes, level, 0, err);
+}
+
+enum status io_shard_create(struct io_shard **out, const char *path, int level,
+                            struct err_detail *err)
+{
+    return shard_open(out, path, 0, level, 1, err);
+}
+
+enum status io_shard_abandon(struct io_shard *s, uint64_t length, struct err_detail *err)
+{
+    enum status st = ST_OK;
+    if (length > s->committed)
+        st = err_set(err, ST_ERR_INVALID_ARG, "%s: cannot cut back to %llu, past the committed %llu",
+                     s->path, (unsigned long long)length, (unsigned long long)s->committed);
+    else if (length < s->committed && ftruncate(s->fd, (off_t)length) != 0)
+        st = err_set(err, ST_ERR_IO, "%s: truncate to %llu: %s", s->path,
+                     (unsigned long long)length, strerror(errno));
+    else if (length < s->committed)
+        st = sync_fd(s->fd, 0, s->path, err);
+    s->buf_len = 0;
+    s->pending = 0;
+    io_shard_close(s);
     return st;
 }
 

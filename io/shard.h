@@ -23,10 +23,23 @@ struct io_shard;
  * verified to decode as whole frames (checksums included, see io_shard_verify) and counted,
  * then anything after it is truncated away and the file fsynced. The file is locked
  * (flock LOCK_EX|LOCK_NB) so a second writer fails with ST_ERR_IO instead of interleaving.
+ * A symbolic link at path is refused (O_NOFOLLOW), never followed.
  * level is the zstd level (0: zstd's default). On success *out owns the writer; close it
  * with io_shard_close. On failure *out is NULL. */
 enum status io_shard_open(struct io_shard **out, const char *path, uint64_t committed_bytes,
                           int level, struct err_detail *err);
+
+/* Create a new, empty shard at path for appending: exclusively (O_EXCL|O_NOFOLLOW), so an
+ * existing file or a symbolic link there is never followed or overwritten (ST_ERR_EXISTS);
+ * the directory is fsynced. Otherwise as io_shard_open with committed_bytes 0. */
+enum status io_shard_create(struct io_shard **out, const char *path, int level,
+                            struct err_detail *err);
+
+/* Give the shard up: cut the file back to length (a committed length the caller recorded,
+ * at most the writer's committed length; frames flushed after it are dropped), fsync,
+ * discard buffered records and free the writer, also on error. For a shard that is no longer
+ * the caller's: its owner's commits end at length. */
+enum status io_shard_abandon(struct io_shard *s, uint64_t length, struct err_detail *err);
 
 /* Buffer one record: line is len bytes WITHOUT a trailing newline (the writer adds '\n');
  * a line containing '\n' is ST_ERR_INVALID_ARG. Nothing reaches the file before a flush. */

@@ -11,8 +11,8 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
     QUEUE_ERR_LOCAL(err);
     if (item_id)
         *item_id = 0;
-    bool failed = it->error_code != NULL;
-    if (!failed && (!it->custom_id || !it->payload))
+    bool rejected = it->error_code != NULL;
+    if (!rejected && (!it->custom_id || !it->payload))
         return err_set(err, ST_ERR_INVALID_ARG,
                        "a queued item needs a custom_id and a payload (line %lld)",
                        (long long)it->line_no);
@@ -33,13 +33,11 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
         if (it->line_no > 0)
             sqlite3_bind_int64(s, 4, it->line_no);
         queue_bind_str(s, 5, it->payload);
-        queue_bind_str(s, 6, queue_item_state_str(failed ? QUEUE_ITEM_FAILED : QUEUE_ITEM_QUEUED));
+        queue_bind_str(s, 6, queue_item_state_str(QUEUE_ITEM_QUEUED));
         sqlite3_bind_int(s, 7, it->priority);
         sqlite3_bind_int(s, 8, it->max_attempts ? it->max_attempts : QUEUE_DEFAULT_MAX_ATTEMPTS);
         queue_bind_str(s, 9, it->error_code);
         queue_bind_str(s, 10, it->error_msg);
-        if (failed)
-            sqlite3_bind_int64(s, 11, queue_now(q));
         st = queue_step_done(q, s, "adding an item", err);
         if (st == ST_ERR_EXISTS)
             err_set(err, ST_ERR_EXISTS, "custom_id \"%.200s\" is already used in job %lld",
@@ -58,7 +56,7 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
         st = err->status;
     if (st == ST_OK) {
         sqlite3_bind_int64(s, 1, job_id);
-        sqlite3_bind_int(s, 2, !failed);
+        sqlite3_bind_int(s, 2, 1);
         st = queue_step_done(q, s, "counting the job's items", err);
     }
     st = queue_scope_leave(q, &sc, st, err);
@@ -74,6 +72,9 @@ void queue_claimed_free(struct queue_claimed *items, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(items[i].custom_id);
         free(items[i].payload);
+        free(items[i].error_code);
+        free(items[i].error_msg);
+        free(items[i].source);
     }
     free(items);
 }
@@ -129,10 +130,17 @@ static enum status collect_claimed(struct queue *q, sqlite3_stmt *s, struct queu
         c->priority = sqlite3_column_int(s, 4);
         c->attempts = sqlite3_column_int(s, 5);
         c->max_attempts = sqlite3_column_int(s, 6);
+        c->line_no = sqlite3_column_int64(s, 10);
         n++;
         st = queue_col_dup(s, 2, &c->custom_id, err);
         if (st == ST_OK)
             st = queue_col_dup(s, 3, &c->payload, err);
+        if (st == ST_OK)
+            st = queue_col_dup(s, 7, &c->error_code, err);
+        if (st == ST_OK)
+            st = queue_col_dup(s, 8, &c->error_msg, err);
+        if (st == ST_OK)
+            st = queue_col_dup(s, 9, &c->source, err);
         if (st != ST_OK)
             break;
     }

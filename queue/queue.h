@@ -22,8 +22,11 @@
  *   leased  --lease expiry-->       queued (attempts kept: the run died holding it)
  *   leased  --run_end-->            queued (attempts kept)
  *   queued|leased --job_cancel-->   cancelled
- *   failed  --job_retry_failed-->   queued (attempts reset to 0)
- * Items added with an error_code start as failed (bad input line) and have no shard record.
+ *   failed  --job_retry_failed-->   queued (attempts reset to 0; only items with a payload)
+ * Items added with an error_code (a line rejected at submit) are queued without a payload: the
+ * run that claims one writes its error record (the code and message given at submit) to an
+ * errors shard and commits it as failed, so the job's output accounts for every input line.
+ * Retry never re-queues them. (Schema version 1 added them as failed with no shard record.)
  *
  * The exactly-once rule. queue_commit_shard marks an item done/failed only while the item is
  * still `leased` AND its lease_owner is the committing run; the lease's expiry time is NOT
@@ -217,17 +220,17 @@ enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_count
 
 /* What queue_item_add copies; every pointer is borrowed for the call. */
 struct queue_item_spec {
-    const char *custom_id;  /* unique within the job; may be NULL only for a failed item */
+    const char *custom_id;  /* unique within the job; may be NULL only for a rejected line */
     const char *source;     /* input file name (+ archive member), or NULL */
     int64_t line_no;        /* 1-based line in source; 0 if unknown */
-    const char *payload;    /* request JSON text; may be NULL only for a failed item */
+    const char *payload;    /* request JSON text; may be NULL only for a rejected line */
     int32_t priority;       /* higher is claimed first; 0 normally */
     int32_t max_attempts;   /* 0 means QUEUE_DEFAULT_MAX_ATTEMPTS */
-    const char *error_code; /* non-NULL: the item is added as failed (bad input line) */
-    const char *error_msg;  /* human-readable reason for a failed item */
+    const char *error_code; /* non-NULL: a line rejected at submit (see the life cycle) */
+    const char *error_msg;  /* human-readable reason for a rejected line */
 };
 
-/* Add one item to a job (queued, or failed when it->error_code is set). A custom_id already
+/* Add one item to a job (queued; a rejected line when it->error_code is set). A custom_id already
  * used in the job is ST_ERR_EXISTS and inserts nothing; a missing job is ST_ERR_NOT_FOUND, a
  * cancelled one ST_ERR_INVALID_ARG. Adding a queued item to a done job makes it running.
  * *item_id (may be NULL) gets the new id. Call inside queue_tx_begin/commit for bulk loads. */
@@ -277,8 +280,12 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
 struct queue_claimed {
     int64_t id;           /* items.id */
     int64_t job_id;       /* its job */
-    char *custom_id;      /* never NULL for a claimed item */
-    char *payload;        /* request JSON text */
+    char *custom_id;      /* NULL only for a line rejected at submit without a usable id */
+    char *payload;        /* request JSON text; NULL for a line rejected at submit */
+    char *error_code;     /* non-NULL for a line rejected at submit: write this error */
+    char *error_msg;      /* its reason, or NULL */
+    char *source;         /* input file (+ member), or NULL */
+    int64_t line_no;      /* 1-based input line, 0 if unknown */
     int32_t priority;     /* as added */
     int32_t attempts;     /* including this claim (1 on the first) */
     int32_t max_attempts; /* attempts > max_attempts: the worker should fail the item (e.g.

@@ -118,7 +118,8 @@ const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrat
     "UPDATE items SET state = 'leased', lease_owner = ?1, lease_expiry = ?2, "                     \
     "attempts = attempts + 1 WHERE id IN "
 #define CLAIM_RETURNING                                                                            \
-    " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts"
+    " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts, error_code,"    \
+    " error_msg, source, line_no"
 
 const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_BEGIN] = "BEGIN IMMEDIATE",

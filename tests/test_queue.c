@@ -358,10 +358,13 @@ static void test_retry_skips_submit_rejects(void **state)
     int64_t run = start_run(q, job);
     size_t n = 0;
     struct queue_claimed *c = claim(q, job, run, 4, 60000, &n);
-    assert_int_equal(n, 1);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[1].id, bad_id);
+    assert_null(c[1].payload);
     int64_t errs = new_shard(q, run, job, QUEUE_SHARD_ERRORS, f);
-    struct queue_done d = {.item_id = c[0].id, .error_code = "engine", .error_msg = "x"};
-    assert_int_equal(queue_commit_shard(q, run, errs, 10, 1, &d, 1, NULL, &err), ST_OK);
+    struct queue_done d[2] = {{.item_id = c[0].id, .error_code = "engine", .error_msg = "x"},
+                              {.item_id = bad_id, .error_code = "invalid_json", .error_msg = "g"}};
+    assert_int_equal(queue_commit_shard(q, run, errs, 10, 2, d, 2, NULL, &err), ST_OK);
     int64_t retried = 0;
     assert_int_equal(queue_job_retry_failed(q, job, &retried, &err), ST_OK);
     assert_int_equal(retried, 1);
@@ -547,16 +550,16 @@ static void test_item_add_duplicate(void **state)
     queue_tx_rollback(q);
     queue_tx_rollback(q);
 
-    /* failed items: no custom_id needed, several may lack one */
+    /* rejected lines: no custom_id needed, several may lack one; queued until a run writes
+     * their error record */
     struct queue_item_spec bad = {.line_no = 7,
-                                  .payload = "{oops",
                                   .error_code = "invalid_json",
                                   .error_msg = "line 7: expected a key"};
     assert_int_equal(queue_item_add(q, job, &bad, NULL, &err), ST_OK);
     bad.line_no = 8;
     assert_int_equal(queue_item_add(q, job, &bad, &id, &err), ST_OK);
-    assert_int_equal(item_state(f, id), QUEUE_ITEM_FAILED);
-    assert_int_equal(item_int(f, id, "finished"), f->now);
+    assert_int_equal(item_state(f, id), QUEUE_ITEM_QUEUED);
+    assert_int_equal(item_int(f, id, "finished IS NULL AND payload IS NULL"), 1);
     bad.error_code = "missing_custom_id";
     assert_int_equal(queue_item_add(q, job, &bad, NULL, &err), ST_OK);
     /* a queued item needs custom_id and payload */
@@ -568,13 +571,27 @@ static void test_item_add_duplicate(void **state)
     struct queue_counts c;
     assert_int_equal(queue_job_counts(q, job, &c, &err), ST_OK);
     assert_int_equal(c.total, 6);
-    assert_int_equal(c.items[QUEUE_ITEM_QUEUED], 3);
-    assert_int_equal(c.items[QUEUE_ITEM_FAILED], 3);
-    assert_int_equal(c.n_error_codes, 2);
-    assert_string_equal(c.errors[0].code, "invalid_json");
-    assert_int_equal(c.errors[0].count, 2);
-    assert_string_equal(c.errors[1].code, "missing_custom_id");
-    assert_int_equal(c.errors[1].count, 1);
+    assert_int_equal(c.items[QUEUE_ITEM_QUEUED], 6);
+    assert_int_equal(c.items[QUEUE_ITEM_FAILED], 0);
+    /* a claim hands a rejected line out with its code, message and position */
+    int64_t run = start_run(q, job);
+    size_t nc = 0;
+    struct queue_claimed *cl = claim(q, job, run, 10, 1000, &nc);
+    assert_int_equal(nc, 6);
+    int rejects = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (!cl[i].error_code) {
+            assert_non_null(cl[i].payload);
+            continue;
+        }
+        rejects++;
+        assert_null(cl[i].payload);
+        assert_null(cl[i].custom_id);
+        assert_true(cl[i].line_no == 7 || cl[i].line_no == 8);
+        assert_non_null(strstr(cl[i].error_msg, "expected a key"));
+    }
+    assert_int_equal(rejects, 3);
+    queue_claimed_free(cl, nc);
     struct queue_job j;
     assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
     assert_int_equal(j.n_items, 6);
