@@ -391,6 +391,18 @@ enum status io_shard_open(struct io_shard **out, const char *path, uint64_t comm
     return shard_open(out, path, committed_bytes, level, 0, err);
 }
 
+int io_shard_locked(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    int held = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        held = errno == EWOULDBLOCK ? 1 : -1;
+    close(fd); /* drops our lock, if we took it */
+    return held;
+}
+
 enum status io_shard_create(struct io_shard **out, const char *path, int level,
                             struct err_detail *err)
 {

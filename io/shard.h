@@ -35,6 +35,11 @@ enum status io_shard_open(struct io_shard **out, const char *path, uint64_t comm
 enum status io_shard_create(struct io_shard **out, const char *path, int level,
                             struct err_detail *err);
 
+/* Is a writer (in any process on this host) holding the shard at path open? 1 yes, 0 no or
+ * no file, -1 when it cannot be told (the file cannot be opened). A writer holds its flock
+ * until it closes or its process dies (kill -9 included), so a locked shard's writer is alive. */
+int io_shard_locked(const char *path);
+
 /* Give the shard up: cut the file back to length (a committed length the caller recorded,
  * at most the writer's committed length; frames flushed after it are dropped), fsync,
  * discard buffered records and free the writer, also on error. For a shard that is no longer

@@ -351,6 +351,19 @@ char *job_record_success(const struct job_result *r)
     return job_jbuf_take(&b);
 }
 
+char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
+                          int64_t line_no, const char *code, const char *message)
+{
+    char idbuf[64], msg[1024];
+    if (!custom_id) {
+        snprintf(idbuf, sizeof(idbuf), "line-%lld", (long long)line_no);
+        custom_id = idbuf;
+    }
+    snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
+             message ? message : "rejected at submit");
+    return job_record_invalid(job_id, custom_id, 400, code ? code : "invalid_request", msg, NULL);
+}
+
 char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,
                          const char *message, const char *param)
 {

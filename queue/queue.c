@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- names ----------------------------------------------------------------------------- */
 
@@ -367,6 +368,69 @@ static enum status set_pragmas(struct queue *q, const struct queue_options *opts
     return s;
 }
 
+/* Absolute directory of the database file at path (malloc'd), from the working directory when
+ * path is relative; NULL when out of memory. */
+static char *db_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (slash && n == 0)
+        return strdup("/");
+    if (path[0] == '/')
+        return strndup(path, n);
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof(cwd)))
+        snprintf(cwd, sizeof(cwd), ".");
+    size_t len = strlen(cwd) + n + 2;
+    char *d = malloc(len);
+    if (d)
+        snprintf(d, len, "%s%s%.*s", cwd, n ? "/" : "", (int)n, path);
+    return d;
+}
+
+enum status queue_resolve_path(struct queue *q, const char *stored, char *out, size_t cap,
+                               struct err_detail *err)
+{
+    int n = stored[0] == '/' ? snprintf(out, cap, "%s", stored)
+                             : snprintf(out, cap, "%s/%s", q->dir, stored);
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", stored);
+    return ST_OK;
+}
+
+enum status queue_db_uuid(struct queue *q, char out[33], struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    out[0] = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_META_GET, err);
+    if (!s)
+        return err->status;
+    queue_bind_str(s, 1, "db_uuid");
+    int rc = sqlite3_step(s);
+    enum status st = ST_OK;
+    const unsigned char *v = rc == SQLITE_ROW ? sqlite3_column_text(s, 0) : NULL;
+    if (v && strlen((const char *)v) == 32)
+        memcpy(out, v, 33);
+    else if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+        st = err_set(err, ST_ERR_FORMAT, "queue: the database has no valid db_uuid");
+    else
+        st = queue_sql_err(q, rc, "reading the database id", err);
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *out_dir,
+                                  struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_SET_OUT, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    queue_bind_str(s, 2, out_dir);
+    return queue_step_done(q, s, "recording the job's output directory", err);
+}
+
 enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
                             struct err_detail *err)
 {
@@ -378,6 +442,16 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     if (!q)
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     q->now_ms = real_now_ms;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if ((q->dir = db_dir(path)) != NULL &&
+        (q->file = malloc(strlen(q->dir) + strlen(base) + 2)) != NULL)
+        sprintf(q->file, "%s/%s", strcmp(q->dir, "/") ? q->dir : "", base);
+    if (!q->file) {
+        free(q->dir);
+        free(q);
+        return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
+    }
     int rc = sqlite3_open_v2(path, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
     enum status st = ST_OK;
     if (rc != SQLITE_OK) {
@@ -423,7 +497,14 @@ void queue_close(struct queue *q)
     if (q->db && !sqlite3_get_autocommit(q->db))
         sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(q->db);
+    free(q->dir);
+    free(q->file);
     free(q);
+}
+
+const char *queue_db_path(const struct queue *q)
+{
+    return q->file;
 }
 
 int queue_schema_version(struct queue *q)

@@ -112,6 +112,19 @@ void queue_close(struct queue *q);
 /* Schema version of the open database (QUEUE_SCHEMA_VERSION after a successful open). */
 int queue_schema_version(struct queue *q);
 
+/* The database file's absolute path (valid until queue_close). */
+const char *queue_db_path(const struct queue *q);
+
+/* The database's own id (32 hex digits, made when the file was created or migrated to
+ * version 2) into out, for markers that tie output directories to it. */
+enum status queue_db_uuid(struct queue *q, char out[33], struct err_detail *err);
+
+/* Paths stored in the queue (a job's out_dir, shard paths) are absolute, or relative to the
+ * directory that holds the database file. Resolve `stored` that way into out; ST_ERR_RANGE
+ * when it does not fit in cap bytes. */
+enum status queue_resolve_path(struct queue *q, const char *stored, char *out, size_t cap,
+                               struct err_detail *err);
+
 /* Replace the clock (unix ms) used for every timestamp and lease; NULL restores the real one.
  * For tests: lets lease expiry be exercised without sleeping. */
 void queue_set_clock(struct queue *q, int64_t (*now_ms)(void *ctx), void *ctx);
@@ -178,6 +191,10 @@ enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
 void queue_job_free(struct queue_job *j);
 /* Free an array from queue_job_list; NULL is a no-op. */
 void queue_job_list_free(struct queue_job *jobs, size_t n);
+
+/* Set the job's output root (stored as given; make it absolute). */
+enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *out_dir,
+                                  struct err_detail *err);
 
 /* Cancel: every queued or leased item becomes cancelled, the job becomes cancelled. Done and
  * failed items keep their records. Runs holding leases find out when their next

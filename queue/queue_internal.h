@@ -29,6 +29,8 @@ enum queue_stmt_id {
     QS_JOB_RETRY_SHARDS,
     QS_JOB_RETRY_ITEMS,
     QS_JOB_REOPEN,
+    QS_JOB_SET_OUT,
+    QS_META_GET,
     QS_COUNTS_JOB,
     QS_COUNTS_ALL,
     QS_ERRORS_JOB,
@@ -77,6 +79,8 @@ struct queue {
     int64_t (*now_ms)(void *ctx);  /* clock; never NULL */
     void *clock_ctx;               /* passed to now_ms */
     sqlite3_stmt *stmts[QS_COUNT]; /* prepared lazily, finalized at close */
+    char *dir;                     /* directory of the database file, absolute (owned) */
+    char *file;                    /* the database file, absolute (owned) */
 };
 
 /* A write scope: BEGIN IMMEDIATE outside a user transaction, a savepoint inside one. */

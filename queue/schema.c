@@ -163,6 +163,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                            " WHERE job_id = ?1 AND state = 'failed' AND payload IS NOT NULL",
     [QS_JOB_REOPEN] = "UPDATE jobs SET state = 'running', finished = NULL"
                       " WHERE id = ?1 AND state = 'done'",
+    [QS_JOB_SET_OUT] = "UPDATE jobs SET out_dir = ?2 WHERE id = ?1",
+    [QS_META_GET] = "SELECT value FROM meta WHERE key = ?1",
     [QS_COUNTS_JOB] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
                       " total(attempts) FROM items WHERE job_id = ?1 GROUP BY state",
     [QS_COUNTS_ALL] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"

@@ -36,6 +36,7 @@
 #include "jobs/request.h"
 #include "kernels/kernels.h"
 #include "queue/queue.h"
+#include "runner/output.h"
 #include "runner/runner.h"
 
 #define RUN_EXIT_TEMPFAIL 75
@@ -47,11 +48,17 @@ static const char run_usage[] =
     "lines to DIR/<job>/results-NNNNN.jsonl.zst and errors-NNNNN.jsonl.zst, plus\n"
     "DIR/<job>/manifest.json when the job is drained. Safe to kill at any moment: rerun to\n"
     "resume; every item ends up in the output exactly once.\n"
-    "Exit codes: 0 drained, 75 stopped early (signal or --max-runtime; rerun to resume),\n"
-    "1 error, 2 usage. With --lock, a second overlapping run exits 0 at once.\n"
+    "Exit codes: 0 every item of the selected jobs is finished; 75 work remains (stopped by a\n"
+    "signal or --max-runtime, or --no-wait while other runs hold items; rerun to resume);\n"
+    "1 error; 2 usage. With --lock, a second overlapping run exits 0 at once.\n"
+    "Dead runs: a run on this host whose process is gone is taken over at once (its items\n"
+    "and open shards); a run elsewhere is dead once its heartbeat is older than --lease.\n"
     "\n"
     "  --db PATH              queue database\n"
-    "  --out DIR              output root (default out)\n"
+    "  --out DIR              output root (default: the job's, from submit --out); a job's\n"
+    "                         output never splits: DIR must be where its shards already are\n"
+    "  --no-wait              exit 75 at once when only items leased by other live runs are\n"
+    "                         left (default: wait for them, taking over any that die)\n"
     "  --job ID|NAME          only this job\n"
     "  --threads N            CPU threads (default: all online CPUs)\n"
     "  --isa NAME, --matmul exact|q16|bf16|q8   kernels (see quern generate --help)\n"
@@ -71,12 +78,14 @@ static const char run_usage[] =
     "  --shard-records N      start a new shard after N records (default 100000)\n"
     "  --shard-bytes SIZE     ... or after SIZE compressed bytes (default 256M)\n"
     "  --progress SECS        progress log interval (default 10; a live line on a TTY)\n"
+    "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n"
     "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
     "  -h, --help             this help\n";
 
 struct run_opts {
     const char *db, *out, *job, *isa, *lock, *worker; /* flags */
     long threads, claim, flush_records, shard_records;
+    int no_wait;           /* --no-wait */
     float max_runtime, grace, lease, flush_secs, progress;
     size_t shard_bytes;
     int act; /* --matmul: enum kern_act */
@@ -93,7 +102,7 @@ static void on_signal(int sig)
 
 enum { R_DB = 256, R_OUT, R_JOB, R_THREADS, R_ISA, R_MATMUL, R_SEQS, R_BATCH, R_KVMEM, R_KVBLOCK,
        R_NOPREFIX, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR, R_SHARDR,
-       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE };
+       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE, R_NOWAIT };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
@@ -113,11 +122,11 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"shard-records", required_argument, 0, R_SHARDR},
         {"shard-bytes", required_argument, 0, R_SHARDB},
         {"progress", required_argument, 0, R_PROGRESS},
-        {"worker-id", required_argument, 0, R_WORKER}, {"help", no_argument, 0, 'h'},
+        {"worker-id", required_argument, 0, R_WORKER}, {"no-wait", no_argument, 0, R_NOWAIT},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
-    o->out = "out";
     o->threads = runner_default_threads();
     o->claim = 64;
     o->flush_records = 256;
@@ -141,6 +150,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_LOCK: o->lock = optarg; break;
         case R_WORKER: o->worker = optarg; break;
         case R_NOPREFIX: o->ep.prefix_cache = 0; break;
+        case R_NOWAIT: o->no_wait = 1; break;
         case R_MATMUL:
             if (!runner_parse_matmul(cmd, optarg, &o->act))
                 return 0;
@@ -324,7 +334,9 @@ static enum status shard_start(struct run *r, struct oshard *s, struct err_detai
     if ((st = queue_shard_create(r->q, r->run_id, r->job.id, s->kind, seq, s->path, &s->id, err)) ||
         (st = queue_tx_commit(r->q, err)))
         goto fail;
-    return io_shard_open(&s->sh, s->path, 0, 3, err);
+    /* the row first, then the file, exclusively: a file already there is never overwritten
+     * (the row, committed 0, is then closed as empty by recovery, leaving the file alone) */
+    return io_shard_create(&s->sh, s->path, 3, err);
 fail:
     queue_tx_rollback(r->q);
     return st;
@@ -332,14 +344,17 @@ fail:
 
 /* Mark a shard closed with the sha256 of its committed bytes. A shard that never committed
  * anything (its run died or stopped before the first flush) is closed empty and its file
- * removed, so the output directory holds only shards with records. */
+ * removed, so the output directory holds only shards with records; only an empty regular
+ * file is removed (a file that was there before its row is never ours to delete). */
 static enum status shard_seal(struct run *r, int64_t id, const char *path, uint64_t bytes,
                               struct err_detail *err)
 {
     char sha[SHA256_HEX_LEN];
     enum status st;
     if (bytes == 0) {
-        if (unlink(path) && errno != ENOENT)
+        struct stat sb;
+        if (!lstat(path, &sb) && S_ISREG(sb.st_mode) && sb.st_size == 0 && unlink(path) &&
+            errno != ENOENT)
             return err_set(err, ST_ERR_IO, "cannot remove empty shard %s: %s", path,
                            strerror(errno));
         sha256_buf_hex("", 0, sha);
@@ -400,11 +415,17 @@ static enum status shard_append(struct run *r, struct oshard *s, int64_t item, c
 
 /* Flush + commit the shard's pending records. If the queue refuses some items (re-claimed
  * by another run after our lease expired, or cancelled), the file is cut back to its
- * committed length and only the others are written again. */
+ * committed length and only the others are written again. If the shard itself is no longer
+ * ours (another run took this one for dead and adopted it), the shard ends here: its file is
+ * cut back to what we committed, and the records go to a new shard. A commit that still
+ * fails after that is an error: nothing is ever reported committed that is not. */
 static enum status shard_commit(struct run *r, struct oshard *s, struct err_detail *err)
 {
     enum status st = ST_OK;
-    for (int attempt = 0; s->n_pend && attempt < 3; attempt++) {
+    for (int attempt = 0; s->n_pend; attempt++) {
+        if (attempt == 4)
+            return err_set(err, ST_ERR_CONFLICT, "%s: could not commit %zu records (%s)",
+                           s->path, s->n_pend, err->msg);
         uint64_t old = io_shard_committed_bytes(s->sh), bytes, records;
         struct queue_done *done = calloc(s->n_pend, sizeof(*done));
         bool *lost = calloc(s->n_pend, sizeof(*lost));
@@ -442,14 +463,32 @@ static enum status shard_commit(struct run *r, struct oshard *s, struct err_deta
             free(lost);
             return st;
         }
-        /* drop the lost records: reopen at the committed length and rewrite the rest */
-        LOG_WARN("%s: some items were taken over by another run or cancelled; rewriting",
-                 s->path);
-        io_shard_close(s->sh);
-        s->sh = NULL;
-        if ((st = io_shard_open(&s->sh, s->path, old, 3, err))) {
-            free(lost);
-            return st;
+        size_t n_lost = 0;
+        for (size_t i = 0; i < s->n_pend; i++)
+            n_lost += lost[i];
+        struct err_detail e2 = {0};
+        if (n_lost == 0) { /* the shard is not ours any more */
+            LOG_WARN("%s: %s; ending this shard and writing its %zu pending records to a new one",
+                     s->path, err->msg, s->n_pend);
+            st = io_shard_abandon(s->sh, old, &e2);
+            s->sh = NULL;
+            if (st) {
+                free(lost);
+                return err_set(err, st, "%s", e2.msg);
+            }
+            if ((st = shard_start(r, s, err))) {
+                free(lost);
+                return st;
+            }
+        } else { /* drop the lost records: reopen at the committed length, rewrite the rest */
+            LOG_WARN("%s: %zu items were taken over by another run or cancelled; rewriting",
+                     s->path, n_lost);
+            io_shard_close(s->sh);
+            s->sh = NULL;
+            if ((st = io_shard_open(&s->sh, s->path, old, 3, err))) {
+                free(lost);
+                return st;
+            }
         }
         size_t k = 0;
         for (size_t i = 0; i < s->n_pend; i++) {
@@ -467,8 +506,6 @@ static enum status shard_commit(struct run *r, struct oshard *s, struct err_deta
         if (st)
             return st;
     }
-    if (st)
-        return st;
     /* rotate */
     if (s->sh && (io_shard_committed_bytes(s->sh) >= r->o->shard_bytes ||
                   io_shard_records_total(s->sh) >= (uint64_t)r->o->shard_records))
@@ -504,6 +541,12 @@ static enum status admit(struct run *r, const struct queue_claimed *c, struct er
         char msg[128];
         snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
         return item_error(r, c->id, c->custom_id, "attempts_exhausted", msg, err);
+    }
+    if (!c->payload) { /* a line rejected at submit: its error record, as submit found it */
+        const char *code = c->error_code ? c->error_code : "invalid_request";
+        const char *msg = c->error_msg ? c->error_msg : "the line was rejected at submit";
+        char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg);
+        return shard_append(r, &r->errs, c->id, line, code, msg, 0, 0, err);
     }
     struct job_request *req = NULL;
     struct job_error je = {0};
@@ -662,26 +705,35 @@ static void job_close(struct run *r)
     memset(&r->job, 0, sizeof(r->job));
 }
 
-/* Truncate and close the open shards of dead runs. */
+/* Truncate and close the open shards of dead runs. A shard whose file is still locked has a
+ * live writer (the lock dies with its process), whatever its heartbeat says: left alone. */
 static enum status recover_shards(struct run *r, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
     size_t n = 0;
     enum status st = queue_shard_list(r->q, r->job.id, &sh, &n, err);
     for (size_t i = 0; !st && i < n; i++) {
-        if (sh[i].state != QUEUE_SHARD_OPEN)
+        if (sh[i].state != QUEUE_SHARD_OPEN || sh[i].run_id == r->run_id)
             continue;
+        char path[4096];
+        if ((st = queue_resolve_path(r->q, sh[i].path, path, sizeof(path), err)))
+            break;
+        if (io_shard_locked(path) == 1) {
+            LOG_INFO("%s: still written by run %lld (its file is locked); left open", path,
+                     (long long)sh[i].run_id);
+            continue;
+        }
         struct err_detail e2 = {0};
         if (queue_shard_adopt(r->q, sh[i].id, r->run_id, (int64_t)(r->o->lease * 1000), &e2))
             continue; /* a live run still writes it */
         if (sh[i].committed_bytes) { /* cut the uncommitted tail */
             struct io_shard *w;
-            if ((st = io_shard_open(&w, sh[i].path, sh[i].committed_bytes, 3, err)))
+            if ((st = io_shard_open(&w, path, sh[i].committed_bytes, 3, err)))
                 break;
             io_shard_close(w);
         }
-        st = shard_seal(r, sh[i].id, sh[i].path, sh[i].committed_bytes, err);
-        LOG_INFO("recovered shard %s at %llu committed bytes", sh[i].path,
+        st = shard_seal(r, sh[i].id, path, sh[i].committed_bytes, err);
+        LOG_INFO("recovered shard %s at %llu committed bytes", path,
                  (unsigned long long)sh[i].committed_bytes);
     }
     queue_shard_list_free(sh, n);
@@ -698,46 +750,6 @@ static enum status count_open_shards(struct queue *q, int64_t job_id, int64_t *o
     *open = 0;
     for (size_t i = 0; !st && i < n; i++)
         *open += sh[i].state == QUEUE_SHARD_OPEN;
-    queue_shard_list_free(sh, n);
-    return st;
-}
-
-static enum status write_manifest(struct run *r, int complete, struct err_detail *err)
-{
-    struct queue_shard *sh = NULL;
-    size_t n = 0;
-    enum status st = queue_shard_list(r->q, r->job.id, &sh, &n, err);
-    if (st)
-        return st;
-    struct io_manifest_shard *ms = calloc(n + 1, sizeof(*ms));
-    size_t k = 0;
-    for (size_t i = 0; ms && i < n; i++) {
-        if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
-            continue;
-        const char *slash = strrchr(sh[i].path, '/');
-        ms[k].name = slash ? slash + 1 : sh[i].path;
-        ms[k].kind = sh[i].kind == QUEUE_SHARD_RESULTS ? IO_SHARD_RESULTS : IO_SHARD_ERRORS;
-        ms[k].records = sh[i].records;
-        ms[k].bytes = sh[i].committed_bytes;
-        snprintf(ms[k].sha256, sizeof(ms[k].sha256), "%s", sh[i].sha256);
-        k++;
-    }
-    if (!ms) {
-        queue_shard_list_free(sh, n);
-        return err_set(err, ST_ERR_NOMEM, "out of memory");
-    }
-    char jid[32];
-    snprintf(jid, sizeof(jid), "%lld", (long long)r->job.id);
-    struct io_manifest m = {0};
-    m.job_id = jid;
-    m.params_json = r->job.params_json;
-    m.model_path = r->job.model_path;
-    m.model_sha256 = r->job.model_sha256;
-    m.complete = complete;
-    m.shards = ms;
-    m.n_shards = k;
-    st = io_manifest_write(r->job_dir, &m, err);
-    free(ms);
     queue_shard_list_free(sh, n);
     return st;
 }
@@ -775,39 +787,55 @@ static int stop_requested(struct run *r)
     return 0;
 }
 
-/* OUT/<job name>, created if missing. */
-static enum status job_dir_init(struct run *r, struct err_detail *err)
+/* Renew our leases and heartbeat when a third of the lease has passed (before any claim, so a
+ * run that stalled is seen alive again before it takes more work). */
+static enum status beat(struct run *r, int force, struct err_detail *err)
 {
-    if ((size_t)snprintf(r->job_dir, sizeof(r->job_dir), "%s/%s", r->o->out, r->job.name) >=
-        sizeof(r->job_dir) - 64)
-        return err_set(err, ST_ERR_INVALID_ARG, "--out path too long");
-    if (mkdir(r->o->out, 0777) && errno != EEXIST)
-        return err_set(err, ST_ERR_IO, "cannot create %s: %s", r->o->out, strerror(errno));
-    if (mkdir(r->job_dir, 0777) && errno != EEXIST)
-        return err_set(err, ST_ERR_IO, "cannot create %s: %s", r->job_dir, strerror(errno));
-    return ST_OK;
+    double now = runner_now();
+    if (!force && now - r->t_beat < r->o->lease / 3)
+        return ST_OK;
+    int64_t held = 0;
+    enum status st = queue_lease_extend(r->q, r->run_id, (int64_t)(r->o->lease * 1000), &held, err);
+    if (!st && (size_t)held < r->n_live)
+        LOG_WARN("run %lld holds %lld leases, %zu expected: some were taken over (this run was "
+                 "silent past its --lease) or cancelled; their records will not be committed",
+                 (long long)r->run_id, (long long)held, r->n_live);
+    r->t_beat = now;
+    return st;
 }
 
-/* A job whose items are all finished but whose shards were not all closed (a run died with
- * one open and the run that finished the items still counted it alive): close what the dead
- * runs left and write the manifest again, complete if nothing is open any more. */
+/* Sleep up to secs, waking early on a stop signal. */
+static void nap(double secs)
+{
+    double until = runner_now() + secs;
+    while (!g_signals && runner_now() < until) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A job whose items are all finished but whose output is not sealed: close the shards dead runs
+ * left open and write the manifest, complete when nothing is open any more (a shard of a run
+ * that still looks alive keeps it incomplete until a later run closes it). */
 static int close_done_job(struct run *r, struct err_detail *err)
 {
     int64_t open = 0;
-    if (job_dir_init(r, err) || recover_shards(r, err) ||
-        count_open_shards(r->q, r->job.id, &open, err) || write_manifest(r, open == 0, err))
+    if (runner_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err) ||
+        recover_shards(r, err) || count_open_shards(r->q, r->job.id, &open, err) ||
+        runner_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
         return -1;
-    LOG_INFO("job %s: done earlier; open shards closed, manifest %s", r->job.name,
-             open ? "still incomplete (a run that beat within --lease holds a shard)"
-                  : "complete");
+    LOG_INFO("job %s: done earlier; manifest %s", r->job.name,
+             open ? "still incomplete (a run that looks alive holds a shard open)"
+                  : "written, complete");
     return 1;
 }
 
-/* Process one job until drained (1), stopped (0) or failed (-1). */
+/* Process one job: 1 every item finished, 0 stopped (signal, --max-runtime), 2 items are
+ * still leased by other live runs and --no-wait was given, -1 failed. */
 static int run_job(struct run *r, struct err_detail *err)
 {
     enum status st;
-    if ((st = job_dir_init(r, err)))
+    if ((st = runner_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err)))
         return -1;
     const char *base = strrchr(r->job.model_path, '/');
     snprintf(r->model_name, sizeof(r->model_name), "%s", base ? base + 1 : r->job.model_path);
@@ -844,32 +872,59 @@ static int run_job(struct run *r, struct err_detail *err)
         return -1;
     r->res.kind = QUEUE_SHARD_RESULTS;
     r->errs.kind = QUEUE_SHARD_ERRORS;
-    int drained = 0;
+    int drained = 0, remains = 0, waiting = 0;
     r->t_flush = r->t_beat = runner_now();
     for (;;) {
         int stopping = stop_requested(r);
         if (stopping && (g_signals > 1 || runner_now() - r->t_stop >= r->o->grace))
             break;
+        if ((st = beat(r, 0, err)))
+            return -1;
         if (!stopping && !drained) {
             drained = fill(r, err, &st);
             if (st)
                 return -1;
         }
-        if (!engine_pending(r->e) && (drained || stopping))
+        if (!engine_pending(r->e) && stopping)
             break;
+        if (!engine_pending(r->e) && drained) {
+            /* nothing queued for us: finished, or other runs hold the rest */
+            if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
+                return -1;
+            struct queue_counts c;
+            if ((st = queue_job_counts(r->q, r->job.id, &c, err)))
+                return -1;
+            if (c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] == 0)
+                break;
+            if (r->o->no_wait) {
+                LOG_INFO("job %s: %lld items are leased by other runs; --no-wait: leaving them",
+                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+                remains = 1;
+                break;
+            }
+            if (!waiting++)
+                LOG_INFO("job %s: waiting for %lld items leased by other runs (taken over if "
+                         "their run dies; --no-wait exits 75 instead)",
+                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+            nap(1.0);
+            int64_t reaped = 0;
+            if ((st = queue_reap_dead(r->q, &r->self, &reaped, err)) || (st = beat(r, 1, err)))
+                return -1;
+            if (reaped)
+                LOG_INFO("%lld dead run(s) on this host: their items are queued again",
+                         (long long)reaped);
+            drained = 0;
+            progress(r, 0);
+            continue;
+        }
         if ((st = engine_step(r->e, err)) || (st = take_outputs(r, err)))
             return -1;
         double now = runner_now();
-        size_t waiting = r->res.n_pend + r->errs.n_pend;
-        if (waiting >= (size_t)r->o->flush_records || (waiting && now - r->t_flush >= r->o->flush_secs))
+        size_t pending = r->res.n_pend + r->errs.n_pend;
+        if (pending >= (size_t)r->o->flush_records ||
+            (pending && now - r->t_flush >= r->o->flush_secs))
             if ((st = flush_all(r, err)))
                 return -1;
-        if (now - r->t_beat >= r->o->lease / 3) {
-            int64_t held;
-            if ((st = queue_lease_extend(r->q, r->run_id, (int64_t)(r->o->lease * 1000), &held, err)))
-                return -1;
-            r->t_beat = now;
-        }
         progress(r, 0);
     }
     if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
@@ -884,8 +939,7 @@ static int run_job(struct run *r, struct err_detail *err)
     if ((st = shard_finish(r, &r->res, err)) || (st = shard_finish(r, &r->errs, err)))
         return -1;
     /* shards of runs that died while we ran are closed now; one whose run still looks alive
-     * (it beat within our --lease) may hold records, so the manifest is not complete until a
-     * later run has closed it */
+     * may hold records, so the manifest is not complete until a later run has closed it */
     struct queue_counts c;
     int64_t open = 0;
     if ((st = recover_shards(r, err)) || (st = count_open_shards(r->q, r->job.id, &open, err)) ||
@@ -893,18 +947,21 @@ static int run_job(struct run *r, struct err_detail *err)
         return -1;
     int complete = c.items[QUEUE_ITEM_QUEUED] == 0 && c.items[QUEUE_ITEM_LEASED] == 0;
     if (complete && open) {
-        LOG_WARN("job %s: %lld shard(s) still open by a run that beat within --lease %g s; the "
-                 "manifest says complete once a later run has closed them",
+        LOG_WARN("job %s: %lld shard(s) still open by a run that looks alive (its heartbeat is "
+                 "within --lease %g s); the manifest says complete once a later run has closed "
+                 "them",
                  r->job.name, (long long)open, (double)r->o->lease);
         complete = 0;
     }
-    if ((st = write_manifest(r, complete, err)))
+    if ((st = runner_manifest_write(r->q, &r->job, r->job_dir, complete, err)))
         return -1;
     progress(r, 1);
     if (r->tty)
         fputc('\n', stderr);
     LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
-    return r->t_stop && !complete ? 0 : 1;
+    if (complete)
+        return 1;
+    return r->t_stop ? 0 : remains ? 2 : 1;
 }
 
 /* The run's JSON summary (caller frees). */
@@ -952,9 +1009,11 @@ int runner_cmd_run(int argc, char **argv)
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    /* HUP (terminal closed) and PIPE (stdout/stderr reader gone) stop like TERM: the leases go
+     * back and the work done so far is committed, instead of dying mid-run */
+    static const int stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
+    for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
+        sigaction(stop_sigs[i], &sa, NULL);
 
     struct run r;
     memset(&r, 0, sizeof(r));
@@ -1013,31 +1072,41 @@ int runner_cmd_run(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         goto out;
     }
-    int result = 1;
-    for (size_t i = 0; i < n_jobs && result == 1; i++) {
+    int64_t reaped = 0;
+    if (queue_reap_dead(r.q, &r.self, &reaped, &err)) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    if (reaped)
+        LOG_INFO("%lld dead run(s) on this host: their items and open shards are taken over",
+                 (long long)reaped);
+    int result = 1, remains = 0;
+    for (size_t i = 0; i < n_jobs && (result == 1 || result == 2); i++) {
         if (queue_job_get(r.q, job_ids[i], &r.job, &err)) {
             result = -1;
             break;
         }
-        int64_t open = 0;
-        if (r.job.state == QUEUE_JOB_DONE &&
-            count_open_shards(r.q, r.job.id, &open, &err)) {
-            result = -1;
-            break;
-        }
-        if (r.job.state == QUEUE_JOB_CANCELLED || (r.job.state == QUEUE_JOB_DONE && !open)) {
+        if (r.job.state == QUEUE_JOB_CANCELLED) {
             queue_job_free(&r.job);
             memset(&r.job, 0, sizeof(r.job));
             continue;
         }
         if (r.job.state == QUEUE_JOB_DONE) {
-            result = close_done_job(&r, &err);
+            /* finished earlier: make sure its output is sealed and its manifest current */
+            int64_t open = 0;
+            result = 1;
+            if (count_open_shards(r.q, r.job.id, &open, &err) ||
+                runner_job_dir(r.q, &r.job, o.out, 0, r.job_dir, sizeof(r.job_dir), &err))
+                result = -1;
+            else if (open || !runner_manifest_current(r.q, &r.job, r.job_dir))
+                result = close_done_job(&r, &err);
             job_close(&r);
             continue;
         }
         LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r.run_id, (long long)r.job.id,
                  r.job.name, r.job.model_path);
         result = run_job(&r, &err);
+        remains |= result == 2;
         job_close(&r);
     }
     if (result < 0) {
@@ -1045,6 +1114,9 @@ int runner_cmd_run(int argc, char **argv)
         reason = "error";
     } else if (result == 0) {
         reason = g_signals ? "signal" : "max_runtime";
+        rc = RUN_EXIT_TEMPFAIL;
+    } else if (remains) {
+        reason = "work_remains";
         rc = RUN_EXIT_TEMPFAIL;
     } else {
         reason = "drained";

@@ -1,0 +1,287 @@
+/* Output directories of jobs: location, ownership marker and manifest (see runner/output.h). */
+#include "runner/output.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/manifest.h"
+#include "io/shard.h"
+
+/* mkdir -p for an absolute or relative path. */
+static enum status mkdirs(const char *path, struct err_detail *err)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != 0)
+            continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(buf, 0777) && errno != EEXIST)
+            return err_set(err, ST_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
+        *p = c;
+        if (!c)
+            break;
+    }
+    struct stat sb;
+    if (stat(path, &sb) || !S_ISDIR(sb.st_mode))
+        return err_set(err, ST_ERR_IO, "%s is not a directory", path);
+    return ST_OK;
+}
+
+/* Absolute form of a working-directory-relative path (not resolved through links). */
+static enum status absolute(const char *p, char *out, size_t cap, struct err_detail *err)
+{
+    char cwd[4096];
+    int n;
+    if (p[0] == '/')
+        n = snprintf(out, cap, "%s", p);
+    else if (getcwd(cwd, sizeof(cwd)))
+        n = snprintf(out, cap, "%s/%s", cwd, p);
+    else
+        return err_set(err, ST_ERR_IO, "getcwd: %s", strerror(errno));
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", p);
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = 0;
+    return ST_OK;
+}
+
+/* Do a and b name the same existing directory? (device and inode) */
+static int same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) || stat(b, &sb))
+        return strcmp(a, b) == 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+enum status runner_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
+                           int create, char *dir, size_t cap, struct err_detail *err)
+{
+    char root[4096], shard_dir[4096] = "";
+    enum status st;
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    if ((st = queue_shard_list(q, job->id, &sh, &n, err)))
+        return st;
+    if (n) { /* where the job's output already is */
+        st = queue_resolve_path(q, sh[0].path, shard_dir, sizeof(shard_dir), err);
+        char *slash = strrchr(shard_dir, '/');
+        if (!st && slash)
+            *slash = 0;
+    }
+    queue_shard_list_free(sh, n);
+    if (st)
+        return st;
+    if (out_flag)
+        st = absolute(out_flag, root, sizeof(root), err);
+    else
+        st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
+    if (st)
+        return st;
+    int len = snprintf(dir, cap, "%s/%s", root, job->name);
+    if (len < 0 || (size_t)len + 64 >= cap)
+        return err_set(err, ST_ERR_RANGE, "output path too long under %.200s", root);
+    if (shard_dir[0] && !same_dir(shard_dir, dir))
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "job '%s' writes its output in %s; %s would split it across directories "
+                       "(run without --out, or with the directory that holds %s)",
+                       job->name, shard_dir, dir, job->name);
+    if (create && (st = mkdirs(dir, err)))
+        return st;
+    if (out_flag && !shard_dir[0]) { /* first output: record where it goes */
+        char stored[4096];
+        if ((st = queue_resolve_path(q, job->out_dir, stored, sizeof(stored), err)))
+            return st;
+        if (strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
+            return st;
+    }
+    return create ? runner_outdir_claim(q, job, dir, err) : ST_OK;
+}
+
+/* Does the marker text name this database and job? */
+static int marker_matches(const char *text, const char *uuid, int64_t job_id, char *owner,
+                          size_t cap)
+{
+    cJSON *m = cJSON_Parse(text);
+    const cJSON *u = cJSON_GetObjectItem(m, "db_uuid"), *j = cJSON_GetObjectItem(m, "job_id");
+    const cJSON *nm = cJSON_GetObjectItem(m, "job_name"), *db = cJSON_GetObjectItem(m, "database");
+    int ok = cJSON_IsString(u) && cJSON_IsNumber(j) && !strcmp(u->valuestring, uuid) &&
+             (int64_t)j->valuedouble == job_id;
+    snprintf(owner, cap, "job '%s' (id %lld) of database %s (uuid %s)",
+             cJSON_IsString(nm) ? nm->valuestring : "?",
+             cJSON_IsNumber(j) ? (long long)j->valuedouble : -1LL,
+             cJSON_IsString(db) ? db->valuestring : "?", cJSON_IsString(u) ? u->valuestring : "?");
+    cJSON_Delete(m);
+    return ok;
+}
+
+enum status runner_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
+                                struct err_detail *err)
+{
+    char uuid[33], path[4200], tmp[4300];
+    const char *dbpath = queue_db_path(q);
+    enum status st = queue_db_uuid(q, uuid, err);
+    if (st)
+        return st;
+    snprintf(path, sizeof(path), "%s/%s", dir, RUNNER_MARKER_NAME);
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            char text[4096];
+            ssize_t n = read(fd, text, sizeof(text) - 1);
+            close(fd);
+            text[n > 0 ? n : 0] = 0;
+            char owner[1024];
+            if (marker_matches(text, uuid, job->id, owner, sizeof(owner)))
+                return ST_OK;
+            return err_set(err, ST_ERR_EXISTS,
+                           "%s belongs to %s; refusing to write job '%s' there (choose another "
+                           "--out or job name)",
+                           dir, owner, job->name);
+        }
+        if (errno == ELOOP)
+            return err_set(err, ST_ERR_IO, "%s is a symbolic link; refusing to follow it", path);
+        if (errno != ENOENT)
+            return err_set(err, ST_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+        /* none yet: write a temp file and link it into place, which fails if another run
+         * made the marker meanwhile (then the loop reads theirs) */
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "db_uuid", uuid);
+        cJSON_AddNumberToObject(m, "job_id", (double)job->id);
+        cJSON_AddStringToObject(m, "job_name", job->name);
+        cJSON_AddStringToObject(m, "database", dbpath);
+        char *text = cJSON_PrintUnformatted(m);
+        cJSON_Delete(m);
+        if (!text)
+            return err_set(err, ST_ERR_NOMEM, "out of memory");
+        snprintf(tmp, sizeof(tmp), "%s/.quern-job.tmp.%ld", dir, (long)getpid());
+        unlink(tmp);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        size_t len = strlen(text);
+        int ok = fd >= 0 && write(fd, text, len) == (ssize_t)len && write(fd, "\n", 1) == 1 &&
+                 fsync(fd) == 0;
+        int e = errno;
+        free(text);
+        if (fd >= 0)
+            close(fd);
+        if (!ok) {
+            unlink(tmp);
+            return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+        }
+        int linked = link(tmp, path);
+        e = errno;
+        unlink(tmp);
+        if (linked == 0)
+            return io_fsync_dir(dir, err);
+        if (e != EEXIST)
+            return err_set(err, ST_ERR_IO, "cannot create %s: %s", path, strerror(e));
+    }
+    return err_set(err, ST_ERR_IO, "%s: could not create or read the marker", path);
+}
+
+/* The closed shards with records, as the manifest lists them (names point into sh). */
+static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, size_t n, size_t *k)
+{
+    struct io_manifest_shard *ms = calloc(n + 1, sizeof(*ms));
+    *k = 0;
+    for (size_t i = 0; ms && i < n; i++) {
+        if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
+            continue;
+        const char *slash = strrchr(sh[i].path, '/');
+        struct io_manifest_shard *m = &ms[(*k)++];
+        m->name = slash ? slash + 1 : sh[i].path;
+        m->kind = sh[i].kind == QUEUE_SHARD_RESULTS ? IO_SHARD_RESULTS : IO_SHARD_ERRORS;
+        m->records = sh[i].records;
+        m->bytes = sh[i].committed_bytes;
+        snprintf(m->sha256, sizeof(m->sha256), "%s", sh[i].sha256);
+    }
+    return ms;
+}
+
+enum status runner_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
+                                  int complete, struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n = 0, k = 0;
+    enum status st = queue_shard_list(q, job->id, &sh, &n, err);
+    if (st)
+        return st;
+    struct io_manifest_shard *ms = manifest_shards(sh, n, &k);
+    if (!ms) {
+        queue_shard_list_free(sh, n);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    char jid[32];
+    snprintf(jid, sizeof(jid), "%lld", (long long)job->id);
+    struct io_manifest m = {0};
+    m.job_id = jid;
+    m.params_json = job->params_json;
+    m.model_path = job->model_path;
+    m.model_sha256 = job->model_sha256;
+    m.complete = complete;
+    m.shards = ms;
+    m.n_shards = k;
+    st = io_manifest_write(dir, &m, err);
+    free(ms);
+    queue_shard_list_free(sh, n);
+    return st;
+}
+
+int runner_manifest_current(struct queue *q, const struct queue_job *job, const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/manifest.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    char *text = NULL;
+    size_t len = 0, cap = 0, got;
+    char buf[65536];
+    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) {
+        if (len + got + 1 > cap) {
+            cap = (len + got + 1) * 2;
+            char *t = realloc(text, cap);
+            if (!t)
+                break;
+            text = t;
+        }
+        memcpy(text + len, buf, got);
+        len += got;
+    }
+    fclose(f);
+    if (!text)
+        return 0;
+    text[len] = 0;
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    struct queue_shard *sh = NULL;
+    size_t n = 0, k = 0;
+    int ok = m && cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")) &&
+             !queue_shard_list(q, job->id, &sh, &n, NULL);
+    struct io_manifest_shard *ms = ok ? manifest_shards(sh, n, &k) : NULL;
+    const cJSON *arr = cJSON_GetObjectItem(m, "shards");
+    ok = ok && ms && cJSON_IsArray(arr) && (size_t)cJSON_GetArraySize(arr) == k;
+    for (size_t i = 0; ok && i < k; i++) {
+        const cJSON *e = cJSON_GetArrayItem(arr, (int)i);
+        const cJSON *file = cJSON_GetObjectItem(e, "file"), *sha = cJSON_GetObjectItem(e, "sha256");
+        const cJSON *bytes = cJSON_GetObjectItem(e, "bytes"), *rec = cJSON_GetObjectItem(e, "records");
+        ok = cJSON_IsString(file) && !strcmp(file->valuestring, ms[i].name) && cJSON_IsString(sha) &&
+             !strcmp(sha->valuestring, ms[i].sha256) && cJSON_IsNumber(bytes) &&
+             (uint64_t)bytes->valuedouble == ms[i].bytes && cJSON_IsNumber(rec) &&
+             (uint64_t)rec->valuedouble == ms[i].records;
+    }
+    free(ms);
+    queue_shard_list_free(sh, n);
+    cJSON_Delete(m);
+    return ok;
+}
