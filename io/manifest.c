@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fault.h"
 #include "io/shard.h"
 
 const char *io_shard_kind_name(enum io_shard_kind k)
@@ -191,12 +192,17 @@ enum status io_manifest_write(const char *dir, const struct io_manifest *m, stru
     }
     size_t len = strlen(text);
     text[len] = '\n'; /* replace the NUL: the file ends with a newline */
-    st = write_all(fd, text, len + 1, tmp, err);
+    st = fault_hit("manifest.write") ? err_set(err, ST_ERR_IO, "%s: write: injected fault", tmp)
+                                     : write_all(fd, text, len + 1, tmp, err);
+    if (st == ST_OK && fault_hit("manifest.fsync"))
+        st = err_set(err, ST_ERR_IO, "%s: fsync: injected fault", tmp);
     if (st == ST_OK && fsync(fd) != 0)
         st = err_set(err, ST_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
     if (close(fd) != 0 && st == ST_OK)
         st = err_set(err, ST_ERR_IO, "%s: close: %s", tmp, strerror(errno));
     fd = -1;
+    if (st == ST_OK && fault_hit("manifest.rename"))
+        st = err_set(err, ST_ERR_IO, "rename %s: injected fault", tmp);
     if (st == ST_OK && rename(tmp, final) != 0)
         st = err_set(err, ST_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
     if (st != ST_OK)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 
 #define SHARD_MAX_LINE ((size_t)1 << 30) /* a decoded line longer than this is corrupt data */
@@ -235,6 +236,8 @@ enum status io_shard_verify(const char *path, uint64_t limit_bytes, uint64_t *fr
 
 enum status io_fsync_dir(const char *dir, struct err_detail *err)
 {
+    if (fault_hit("dir.fsync"))
+        return err_set(err, ST_ERR_IO, "%s: fsync: injected fault", dir);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return err_set(err, ST_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
@@ -470,14 +473,24 @@ enum status io_shard_flush(struct io_shard *s, uint64_t *committed_bytes, uint64
         if (ZSTD_isError(n))
             return err_set(err, ST_ERR_INTERNAL, "%s: zstd compress: %s", s->path,
                            ZSTD_getErrorName(n));
-        enum status st = pwrite_full(s->fd, s->zbuf, n, s->committed, s->path, err);
+        /* shard.write fails before writing; shard.torn after half the frame (a torn write) */
+        size_t half = n / 2;
+        enum status st = fault_hit("shard.write")
+                             ? err_set(err, ST_ERR_IO, "%s: write: injected fault", s->path)
+                             : pwrite_full(s->fd, s->zbuf, half, s->committed, s->path, err);
+        if (st == ST_OK && fault_hit("shard.torn"))
+            st = err_set(err, ST_ERR_IO, "%s: write: injected fault", s->path);
+        if (st == ST_OK)
+            st = pwrite_full(s->fd, s->zbuf + half, n - half, s->committed + half, s->path, err);
         if (st != ST_OK) {
             /* leave the file as committed so a retry (or a reopen) starts clean */
             if (ftruncate(s->fd, (off_t)s->committed) != 0)
                 s->broken = 1;
             return st;
         }
-        if ((st = sync_fd(s->fd, 1, s->path, err)) != ST_OK) {
+        if (fault_hit("shard.fsync"))
+            st = err_set(err, ST_ERR_IO, "%s: fsync: injected fault", s->path);
+        if (st != ST_OK || (st = sync_fd(s->fd, 1, s->path, err)) != ST_OK) {
             s->broken = 1;
             return st;
         }

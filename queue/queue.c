@@ -3,6 +3,8 @@
  * lease and shard calls live in queue/lease.c and queue/shards.c. */
 #include "queue/queue_internal.h"
 
+#include "common/fault.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,7 +193,10 @@ enum status queue_scope_leave(struct queue *q, struct queue_scope *sc, enum stat
                               struct err_detail *err)
 {
     if (st == ST_OK) {
-        st = run_simple(q, sc->savepoint ? QS_RELEASE_SP : QS_COMMIT, err);
+        if (!sc->savepoint && fault_hit("queue.commit"))
+            st = err_set(err, ST_ERR_IO, "queue: commit: injected fault");
+        else
+            st = run_simple(q, sc->savepoint ? QS_RELEASE_SP : QS_COMMIT, err);
         if (st == ST_OK)
             return ST_OK;
     }
@@ -226,7 +231,9 @@ enum status queue_tx_commit(struct queue *q, struct err_detail *err)
     if (sqlite3_get_autocommit(q->db))
         return err_set(err, ST_ERR_INTERNAL,
                        "queue: the transaction was rolled back by an earlier error");
-    enum status st = run_simple(q, QS_COMMIT, err);
+    enum status st = fault_hit("queue.commit")
+                         ? err_set(err, ST_ERR_IO, "queue: commit: injected fault")
+                         : run_simple(q, QS_COMMIT, err);
     if (st != ST_OK && !sqlite3_get_autocommit(q->db))
         run_simple(q, QS_ROLLBACK, NULL);
     return st;

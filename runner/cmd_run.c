@@ -334,9 +334,16 @@ static enum status shard_start(struct run *r, struct oshard *s, struct err_detai
     if ((st = queue_shard_create(r->q, r->run_id, r->job.id, s->kind, seq, s->path, &s->id, err)) ||
         (st = queue_tx_commit(r->q, err)))
         goto fail;
-    /* the row first, then the file, exclusively: a file already there is never overwritten
-     * (the row, committed 0, is then closed as empty by recovery, leaving the file alone) */
-    return io_shard_create(&s->sh, s->path, 3, err);
+    /* the row first, then the file, exclusively: a file already there is never overwritten;
+     * the row is then closed empty at once, so an open row's file is always its run's own */
+    if ((st = io_shard_create(&s->sh, s->path, 3, err)) == ST_ERR_EXISTS) {
+        char sha[SHA256_HEX_LEN];
+        struct err_detail e2 = {0};
+        sha256_buf_hex("", 0, sha);
+        if (queue_shard_close(r->q, r->run_id, s->id, sha, &e2))
+            LOG_WARN("closing shard row %lld: %s", (long long)s->id, e2.msg);
+    }
+    return st;
 fail:
     queue_tx_rollback(r->q);
     return st;
@@ -344,8 +351,8 @@ fail:
 
 /* Mark a shard closed with the sha256 of its committed bytes. A shard that never committed
  * anything (its run died or stopped before the first flush) is closed empty and its file
- * removed, so the output directory holds only shards with records; only an empty regular
- * file is removed (a file that was there before its row is never ours to delete). */
+ * removed, so the output directory holds only shards with records (an open row's file was
+ * created by its run, see shard_start; anything but a regular file is left alone). */
 static enum status shard_seal(struct run *r, int64_t id, const char *path, uint64_t bytes,
                               struct err_detail *err)
 {
@@ -353,7 +360,7 @@ static enum status shard_seal(struct run *r, int64_t id, const char *path, uint6
     enum status st;
     if (bytes == 0) {
         struct stat sb;
-        if (!lstat(path, &sb) && S_ISREG(sb.st_mode) && sb.st_size == 0 && unlink(path) &&
+        if (!lstat(path, &sb) && S_ISREG(sb.st_mode) && unlink(path) &&
             errno != ENOENT)
             return err_set(err, ST_ERR_IO, "cannot remove empty shard %s: %s", path,
                            strerror(errno));

@@ -14,6 +14,7 @@
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
 EX=$(realpath examples/prompts.jsonl)
@@ -27,54 +28,6 @@ fi
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cd "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-
-# check_job DB JOB N_EXPECTED: export, exactly-once ids, shard integrity, manifest.
-check_job() {
-    local db=$1 job=$2 n=$3
-    "$Q" export --db "$db" --job "$job" --out "$job.export.jsonl" 2>/dev/null
-    python3 - "$job.export.jsonl" "$n" <<'PY' || fail "$job: export check"
-import collections, json, sys
-ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
-dup = [k for k, v in collections.Counter(ids).items() if v > 1]
-assert not dup, f"duplicated custom_ids: {dup[:5]}"
-assert len(ids) == int(sys.argv[2]), f"{len(ids)} records, want {sys.argv[2]}"
-PY
-    local dir=out/$job
-    for f in "$dir"/*.jsonl.zst; do
-        zstd -q -t "$f" || fail "$f is not a valid zstd stream"
-        zstd -q -dc "$f" | python3 -c '
-import json, sys
-for l in sys.stdin: json.loads(l)' || fail "$f holds a partial or invalid line"
-    done
-    python3 - "$dir" <<'PY' || fail "$job: manifest does not match the shards"
-import hashlib, json, os, sys, subprocess
-d = sys.argv[1]
-m = json.load(open(os.path.join(d, "manifest.json")))
-assert m["complete"] is True, "manifest not complete"
-listed = set()
-for s in m["shards"]:
-    p = os.path.join(d, s["file"])
-    data = open(p, "rb").read()
-    assert len(data) == s["bytes"], (p, len(data), s["bytes"])
-    assert hashlib.sha256(data).hexdigest() == s["sha256"], p
-    lines = subprocess.run(["zstd", "-dc", p], capture_output=True, check=True).stdout.count(b"\n")
-    assert lines == s["records"], (p, lines, s["records"])
-    listed.add(s["file"])
-on_disk = {f for f in os.listdir(d) if f.endswith(".jsonl.zst")}
-assert on_disk == listed, (on_disk, listed)
-PY
-}
-
-# small fast job input: N short greedy prompts
-make_small() {
-    python3 - "$1" "$2" <<'PY'
-import json, sys
-with open(sys.argv[1], "w") as f:
-    for i in range(int(sys.argv[2])):
-        f.write(json.dumps({"custom_id": f"r{i}", "prompt": f"Item {i}: the number after {i} is",
-                            "max_tokens": 6, "temperature": 0}) + "\n")
-PY
-}
 
 # 1. examples end to end
 "$Q" submit --db ex.db --model "$M" --name examples "$EX" >/dev/null 2>&1

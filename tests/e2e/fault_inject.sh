@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Fault injection of the commit protocol (common/fault.h): every shard write (also torn in
+# half), shard fsync, directory fsync, SQLite commit and manifest write/fsync/rename of a run is
+# made to fail, or the process killed right there, in turn (QUERN_FAULT=SITE:N:ACTION); each
+# time, what is committed so far must be there exactly once, and a resume on the same database
+# must finish the job with every custom_id exactly once across the results and errors shards,
+# every shard decoding, and a complete manifest that matches the files. The job mixes results
+# and errors (a request too long for the context, a line rejected at submit) and flushes every
+# 2 records, so each run makes several commits and both kinds of shards.
+# Under sanitizers (QUERN_SANITIZE) only the kill action runs, at fewer points;
+# QUERN_FAULT_FULL=1 runs many more points (a longer check before changing the protocol).
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+python3 - job.jsonl <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(6):
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt": f"Count: {i},", "max_tokens": 3,
+                            "temperature": 0}) + "\n")
+    f.write(json.dumps({"custom_id": "long", "prompt": "x", "max_tokens": 100000}) + "\n")
+    f.write("garbage\n")
+PY
+N=8
+"$Q" submit --db base.db --model "$M" --name job job.jsonl >/dev/null 2>&1 || fail "submit"
+RUN=(--max-seqs 2 --max-batch-tokens 64 --threads 1 --flush-secs 0 --flush-records 2)
+
+# points per action: the Nth call of each site (QUERN_FAULT_FULL=1: more of them, ~4 min)
+KILL_POINTS="1 2"
+FAIL_POINTS="1"
+COMMIT_POINTS="1 3 6 10"
+if [ -n "${QUERN_FAULT_FULL:-}" ]; then
+    KILL_POINTS="1 2 3 4"
+    FAIL_POINTS="1 2 3"
+    COMMIT_POINTS="1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16"
+elif [ -n "${QUERN_SANITIZE:-}" ]; then
+    KILL_POINTS="1"
+    FAIL_POINTS=""
+    COMMIT_POINTS="3 6"
+fi
+trials=0
+fired=0
+for site in shard.write shard.torn shard.fsync dir.fsync queue.commit manifest.write \
+    manifest.fsync manifest.rename; do
+    for action in kill fail; do
+        points=$KILL_POINTS
+        [ $action = fail ] && points=$FAIL_POINTS
+        [ "$site" = queue.commit ] && [ -n "$points" ] && points=$COMMIT_POINTS
+        for n in $points; do
+            t="$site-$n-$action"
+            cp base.db "$t.db"
+            set +e
+            (QUERN_FAULT="$site:$n:$action" exec "$Q" run --db "$t.db" --out "out-$t" \
+                "${RUN[@]}" >/dev/null 2>"$t.log")
+            rc=$?
+            set -e
+            trials=$((trials + 1))
+            if grep -q "quern fault: $site #$n" "$t.log"; then
+                fired=$((fired + 1))
+                [ "$action" = kill ] && [ $rc -ne 137 ] && fail "$t: killed run exited $rc"
+                [ "$action" = fail ] && [ $rc -eq 0 ] && fail "$t: failed run exited 0"
+                [ $rc -ge 128 ] && [ $rc -ne 137 ] && { cat "$t.log"; fail "$t: crashed ($rc)"; }
+                check_partial "$t.db" job
+            else
+                [ $rc -eq 0 ] || { cat "$t.log"; fail "$t: exited $rc without the fault"; }
+            fi
+            # resume at once: the dead or failed run is taken over without waiting
+            timeout 120 "$Q" run --db "$t.db" --out "out-$t" "${RUN[@]}" >/dev/null \
+                2>>"$t.log" || { tail -20 "$t.log"; fail "$t: resume"; }
+            check_job "$t.db" job $N "out-$t"
+            rm -rf "$t.db" "$t.db-wal" "$t.db-shm" "out-$t"
+        done
+    done
+done
+[ $fired -ge $((trials / 2)) ] || fail "only $fired of $trials faults fired"
+echo "e2e fault injection: ok ($trials trials, $fired faults fired)"

@@ -1,0 +1,66 @@
+# Shared helpers for the end-to-end scripts (sourced, not run by tests/run_tests.sh).
+# Needs: Q (quern binary), M (model), fail() defined by the caller, and a working directory
+# holding out/<job>/ for each job.
+
+# check_job DB JOB N_EXPECTED [OUTROOT]: export, exactly-once ids, shard integrity, manifest.
+check_job() {
+    local db=$1 job=$2 n=$3 root=${4:-out}
+    "$Q" export --db "$db" --job "$job" --out "$job.export.jsonl" 2>/dev/null ||
+        fail "$job: export failed"
+    python3 - "$job.export.jsonl" "$n" <<'PY' || fail "$job: export check"
+import collections, json, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+dup = [k for k, v in collections.Counter(ids).items() if v > 1]
+assert not dup, f"duplicated custom_ids: {dup[:5]}"
+assert len(ids) == int(sys.argv[2]), f"{len(ids)} records, want {sys.argv[2]}"
+PY
+    local dir=$root/$job
+    for f in "$dir"/*.jsonl.zst; do
+        [ -e "$f" ] || continue
+        zstd -q -t "$f" || fail "$f is not a valid zstd stream"
+        zstd -q -dc "$f" | python3 -c '
+import json, sys
+for l in sys.stdin: json.loads(l)' || fail "$f holds a partial or invalid line"
+    done
+    python3 - "$dir" <<'PY' || fail "$job: manifest does not match the shards"
+import hashlib, json, os, sys, subprocess
+d = sys.argv[1]
+m = json.load(open(os.path.join(d, "manifest.json")))
+assert m["complete"] is True, "manifest not complete"
+listed = set()
+for s in m["shards"]:
+    p = os.path.join(d, s["file"])
+    data = open(p, "rb").read()
+    assert len(data) == s["bytes"], (p, len(data), s["bytes"])
+    assert hashlib.sha256(data).hexdigest() == s["sha256"], p
+    lines = subprocess.run(["zstd", "-dc", p], capture_output=True, check=True).stdout.count(b"\n")
+    assert lines == s["records"], (p, lines, s["records"])
+    listed.add(s["file"])
+on_disk = {f for f in os.listdir(d) if f.endswith(".jsonl.zst")}
+assert on_disk == listed, (on_disk, listed)
+PY
+}
+
+# check_partial DB JOB: whatever is committed so far is there exactly once and decodes.
+check_partial() {
+    local db=$1 job=$2
+    "$Q" export --db "$db" --job "$job" --out "$job.partial.jsonl" 2>/dev/null ||
+        fail "$job: export of a partial job failed"
+    python3 - "$job.partial.jsonl" <<'PY' || fail "$job: partial export check"
+import collections, json, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+dup = [k for k, v in collections.Counter(ids).items() if v > 1]
+assert not dup, f"duplicated custom_ids: {dup[:5]}"
+PY
+}
+
+# make_small FILE N: N short greedy prompts r0..r(N-1).
+make_small() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt": f"Item {i}: the number after {i} is",
+                            "max_tokens": 6, "temperature": 0}) + "\n")
+PY
+}
