@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The runner reliability issue's reports, each reproduced as reported (each failed before its
+# fix; export's record identity and submit are tested in export_identity.sh and
+# submit_reliability.sh):
+#  1. resume right after kill -9 gets straight back to work (no 300 s lease wait, not "drained")
+#     and exits 0 only when every item is finished; with other runs holding items a run waits
+#     for them (exit 0 after) or, with --no-wait, exits 75;
+#  2. retry --failed after a line rejected at submit: the rerun does not crash, the line is not
+#     queued again, export accounts for both lines;
+#  4. a shard taken over by another run (as a run on another host would after a missed lease):
+#     the owner ends that shard, writes its records to a new one, and the job completes;
+#  5. a run that stalls (SIGSTOP) past its own lease resumes without re-claiming its own items;
+#  7. output location: shards stored absolute, resume from another directory, submit --out is
+#     the job's output root, a resume with another --out is refused (no split);
+#  8. no clobbering: a second database's job with the same name and --out is refused and the
+#     first job's shards are untouched; a symlink planted at a shard path is not followed;
+#  9. a done job whose manifest is missing is given one by the next run (exit 0);
+# 10. SIGHUP and SIGPIPE (a closed stderr reader) stop a run like SIGTERM: leases given back.
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+N1=240
+[ -n "${QUERN_SANITIZE:-}" ] && N1=60
+tmp=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+json_field() { python3 -c "import json,sys; print(json.load(open('$1'))$2)"; }
+wait_done() { # wait_done DB JOB MIN: until at least MIN items are done
+    for _ in $(seq 600); do
+        "$Q" status --db "$1" --job "$2" --json 2>/dev/null |
+            python3 -c "import json,sys; sys.exit(0 if json.load(sys.stdin)[0]['by_state']['done'] >= $3 else 1)" &&
+            return 0
+        sleep 0.1
+    done
+    fail "$2: fewer than $3 items done in time"
+}
+
+# 1. kill -9, then resume at once with the default --lease 300
+make_small one.jsonl $N1
+"$Q" submit --db one.db --model "$M" --name one one.jsonl >/dev/null 2>&1
+"$Q" run --db one.db --out out --max-seqs 16 >/dev/null 2>one.log &
+pid=$!
+wait_done one.db one 1
+kill -9 $pid
+wait $pid 2>/dev/null || true
+"$Q" status --db one.db --job one --json | grep -q '"leased":[1-9]' ||
+    fail "1: the killed run held no leases (test did not kill mid-run)"
+t0=$(date +%s)
+timeout 250 "$Q" run --db one.db --out out --max-seqs 16 >one.json 2>>one.log ||
+    { tail one.log; fail "1: resume exited non-zero"; }
+[ "$(json_field one.json "['exit_reason']")" = drained ] || fail "1: resume exit_reason"
+[ "$(json_field one.json "['items_done']")" -gt 0 ] || fail "1: resume did no work"
+grep -q "dead run(s) on this host" one.log || fail "1: the dead run was not taken over"
+check_job one.db one $N1
+echo "1: resumed after kill -9 in $(($(date +%s) - t0)) s"
+
+# 1b. items held by another live run: --no-wait exits 75, the default waits and exits 0
+make_small wait.jsonl 24
+"$Q" submit --db wait.db --model "$M" --name wait wait.jsonl >/dev/null 2>&1
+"$Q" run --db wait.db --out out --max-seqs 32 --threads 1 >/dev/null 2>wait.log &
+pa=$!
+for _ in $(seq 300); do
+    "$Q" status --db wait.db --job wait --json | grep -q '"queued":0' && break
+    sleep 0.05
+done
+set +e
+"$Q" run --db wait.db --out out --no-wait >nowait.json 2>>wait.log
+rc=$?
+set -e
+if "$Q" status --db wait.db --job wait --json | grep -q '"leased":0'; then
+    echo "1b: the first run finished before the check; --no-wait not exercised" >&2
+else
+    [ $rc -eq 75 ] || { tail wait.log; fail "1b: --no-wait exited $rc, want 75"; }
+    [ "$(json_field nowait.json "['exit_reason']")" = work_remains ] || fail "1b: exit_reason"
+fi
+"$Q" run --db wait.db --out out >waited.json 2>>wait.log || fail "1b: waiting run exited non-zero"
+wait $pa || fail "1b: first run"
+check_job wait.db wait 24
+
+# 2. retry --failed with a line rejected at submit
+printf '%s\n' '{"custom_id": "good", "prompt": "Hello", "max_tokens": 3, "temperature": 0}' \
+    garbage >two.jsonl
+"$Q" submit --db two.db --model "$M" --name two two.jsonl >/dev/null 2>&1
+"$Q" run --db two.db --out out >/dev/null 2>two.log || fail "2: first run"
+"$Q" retry --db two.db --job two --failed 2>two.retry || fail "2: retry"
+grep -q ": 0 items queued again" two.retry || { cat two.retry; fail "2: the rejected line was queued again"; }
+"$Q" run --db two.db --out out >/dev/null 2>>two.log || { tail two.log; fail "2: rerun"; }
+check_job two.db two 2
+python3 - two.export.jsonl <<'PY' || fail "2: records"
+import json, sys
+r = {json.loads(l)["custom_id"]: json.loads(l) for l in open(sys.argv[1])}
+assert r["good"]["response"]["status_code"] == 200, r
+assert r["line-2"]["response"]["body"]["error"]["code"] == "invalid_json", r
+assert "two.jsonl:2:" in r["line-2"]["response"]["body"]["error"]["message"], r
+PY
+
+# 4. the shard is taken over under the run (as by a run on another host that missed our
+# heartbeats): the run must end that shard and write its records to a new one
+make_small four.jsonl 40
+"$Q" submit --db four.db --model "$M" --name four four.jsonl >/dev/null 2>&1
+"$Q" run --db four.db --out out --max-seqs 4 --max-batch-tokens 64 --flush-secs 0 \
+    --flush-records 2 >four.json 2>four.log &
+pid=$!
+wait_done four.db four 4
+python3 - four.db <<'PY'
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=30)
+now = int(time.time() * 1000)
+cur = db.execute("INSERT INTO runs (host, pid, started, heartbeat, ended, exit_reason)"
+                 " VALUES ('elsewhere', 1, ?, ?, ?, 'test')", (now, now, now))
+db.execute("UPDATE shards SET run_id = ? WHERE state = 'open' AND kind = 'results'",
+           (cur.lastrowid,))
+db.commit()
+PY
+wait $pid || { tail four.log; fail "4: the run whose shard was taken exited non-zero"; }
+grep -q "ending this shard" four.log || fail "4: no shard-level conflict seen"
+"$Q" run --db four.db --out out >/dev/null 2>>four.log || fail "4: closing run"
+check_job four.db four 40
+
+# 5. a run stalled past its own lease does not re-claim its own items
+make_small five.jsonl 30
+"$Q" submit --db five.db --model "$M" --name five five.jsonl >/dev/null 2>&1
+"$Q" run --db five.db --out out --max-seqs 4 --max-batch-tokens 64 --lease 1 --claim 4 \
+    --flush-secs 0 --flush-records 2 >/dev/null 2>five.log &
+pid=$!
+wait_done five.db five 2
+kill -STOP $pid
+sleep 2.5
+kill -CONT $pid
+wait $pid || { tail five.log; fail "5: stalled run exited non-zero"; }
+check_job five.db five 30
+
+# 7. output location
+mkdir -p d7 elsewhere1 elsewhere2
+make_small seven.jsonl 20
+(cd d7 && "$Q" submit --db q.db --model "$M" --name seven --out results ../seven.jsonl >/dev/null 2>&1)
+(cd elsewhere1 && "$Q" run --db ../d7/q.db --max-seqs 2 --flush-secs 0 --flush-records 2 \
+    >/dev/null 2>../seven.log) &
+pid=$!
+wait_done d7/q.db seven 2
+kill -9 $pid
+wait $pid 2>/dev/null || true
+set +e
+(cd elsewhere2 && "$Q" run --db ../d7/q.db --out other >/dev/null 2>>../seven.log)
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "7: a resume with another --out exited $rc, want 1"
+grep -q "would split it" seven.log || fail "7: no message about splitting the output"
+[ ! -e elsewhere2/other/seven ] || fail "7: the refused run created output"
+(cd elsewhere2 && "$Q" run --db ../d7/q.db >/dev/null 2>>../seven.log) || fail "7: resume"
+python3 - d7/q.db <<'PY' || fail "7: shard paths not absolute"
+import sqlite3, sys
+paths = [r[0] for r in sqlite3.connect(sys.argv[1]).execute("SELECT path FROM shards")]
+assert paths and all(p.startswith("/") for p in paths), paths
+PY
+check_job d7/q.db seven 20 d7/results
+
+# 8. a second database's job of the same name and --out is refused; a planted symlink is not
+# followed
+make_small eight.jsonl 6
+"$Q" submit --db e1.db --model "$M" --name eight eight.jsonl >/dev/null 2>&1
+"$Q" run --db e1.db --out o8 >/dev/null 2>e8.log || fail "8: first run"
+sha_before=$(cat o8/eight/*.jsonl.zst | sha256sum)
+"$Q" submit --db e2.db --model "$M" --name eight eight.jsonl >/dev/null 2>&1
+set +e
+"$Q" run --db e2.db --out o8 >/dev/null 2>>e8.log
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "8: a second database's run into the same directory exited $rc"
+grep -q "belongs to job 'eight'" e8.log || fail "8: no message naming the owner"
+[ "$(cat o8/eight/*.jsonl.zst | sha256sum)" = "$sha_before" ] || fail "8: first job's shards changed"
+echo precious >victim.txt
+"$Q" submit --db e3.db --model "$M" --name eight3 eight.jsonl >/dev/null 2>&1
+mkdir -p o8b/eight3
+ln -s "$PWD/victim.txt" o8b/eight3/results-00000.jsonl.zst
+set +e
+"$Q" run --db e3.db --out o8b >/dev/null 2>>e8.log
+set -e
+[ "$(cat victim.txt)" = precious ] || fail "8: the symlink's target was written"
+rm o8b/eight3/results-00000.jsonl.zst
+"$Q" run --db e3.db --out o8b >/dev/null 2>>e8.log || fail "8: run after removing the link"
+[ "$(cat victim.txt)" = precious ] || fail "8: the symlink's target was written"
+check_job e3.db eight3 6 o8b
+
+# 9. the manifest of a done job is rewritten when it is missing
+rm o8/eight/manifest.json
+"$Q" run --db e1.db --out o8 >/dev/null 2>>e8.log || fail "9: rerun of a done job"
+check_job e1.db eight 6 o8
+
+# 10. SIGHUP, and SIGPIPE from a reader that went away, stop the run like SIGTERM
+make_small ten.jsonl 40
+"$Q" submit --db ten.db --model "$M" --name ten ten.jsonl >/dev/null 2>&1
+"$Q" run --db ten.db --out out --max-seqs 2 --flush-secs 0.2 --grace 0 >/dev/null 2>ten.log &
+pid=$!
+wait_done ten.db ten 1
+kill -HUP $pid
+set +e
+wait $pid
+rc=$?
+set -e
+[ $rc -eq 75 ] || fail "10: SIGHUP: exit $rc, want 75"
+"$Q" status --db ten.db --job ten --json | grep -q '"leased":0' || fail "10: SIGHUP left leases"
+set +e
+"$Q" run --db ten.db --out out --max-seqs 2 --flush-secs 0.2 --grace 0 --progress 0.1 2>&1 |
+    head -c 1 >/dev/null
+set -e
+"$Q" status --db ten.db --job ten --json | grep -q '"leased":0' || fail "10: SIGPIPE left leases"
+"$Q" run --db ten.db --out out >/dev/null 2>>ten.log || fail "10: final run"
+check_job ten.db ten 40
+echo "e2e reliability: ok"
