@@ -2,6 +2,7 @@
 #include "common/proc.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +80,12 @@ enum proc_liveness proc_liveness(const struct proc_identity *self,
         return PROC_UNKNOWN;
     int64_t ticks = 0;
     char state = 0;
-    if (proc_stat_start(other->pid, &ticks, &state))
-        return PROC_DEAD; /* no such process in our namespace */
+    if (proc_stat_start(other->pid, &ticks, &state)) {
+        /* /proc may hide other users' processes (hidepid): only "no such process" is dead */
+        if (kill((pid_t)other->pid, 0) != 0 && errno == ESRCH)
+            return PROC_DEAD;
+        return PROC_UNKNOWN;
+    }
     if (ticks != other->start_ticks)
         return PROC_DEAD; /* the PID was reused by a later process */
     if (state == 'Z' || state == 'X')

@@ -19,8 +19,9 @@ struct proc_identity {
 enum proc_liveness {
     PROC_UNKNOWN = 0, /* another host, boot or PID namespace, or not enough facts: ask the lease */
     PROC_ALIVE,       /* that very process still runs here (not a zombie) */
-    PROC_DEAD,        /* same host, boot and namespace, and the process is gone (or its PID now
-                         belongs to a process started at another time, or it is a zombie) */
+    PROC_DEAD,        /* same host, boot and namespace, and the process is gone (kill(pid, 0)
+                         says no such process), or its PID now belongs to a process started at
+                         another time, or it is a zombie */
 };
 
 /* Fill *id for the calling process. Never fails: unknown facts are left empty/0. */
