@@ -782,6 +782,53 @@ static void test_manifest_roundtrip(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Never clobber: io_shard_create refuses an existing file and a planted symbolic link (the
+ * link's target untouched), io_shard_open refuses to follow a link; io_shard_locked sees a live
+ * writer's lock; io_shard_abandon cuts frames flushed after the given length. */
+static void test_shard_no_clobber(void **state)
+{
+    (void)state;
+    char path[512], victim[512], link_path[512];
+    struct err_detail err = {0};
+    struct io_shard *s = NULL;
+    path_in(victim, sizeof(victim), "victim.txt");
+    FILE *f = fopen(victim, "w");
+    assert_non_null(f);
+    fputs("precious\n", f);
+    fclose(f);
+
+    path_in(path, sizeof(path), "existing.jsonl.zst");
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("someone else's\n", f);
+    fclose(f);
+    assert_int_equal(io_shard_create(&s, path, 3, &err), ST_ERR_EXISTS);
+    assert_null(s);
+    assert_int_equal(file_size(path), 15);
+
+    path_in(link_path, sizeof(link_path), "link.jsonl.zst");
+    assert_int_equal(symlink(victim, link_path), 0);
+    assert_int_not_equal(io_shard_create(&s, link_path, 3, &err), ST_OK);
+    assert_int_not_equal(io_shard_open(&s, link_path, 0, 3, &err), ST_OK);
+    assert_null(s);
+    assert_int_equal(file_size(victim), 9);
+
+    path_in(path, sizeof(path), "fresh.jsonl.zst");
+    assert_int_equal(io_shard_locked(path), 0); /* no file */
+    assert_int_equal(io_shard_create(&s, path, 3, &err), ST_OK);
+    assert_int_equal(io_shard_locked(path), 1); /* our own writer holds it */
+    append_range(s, 0, 5);
+    uint64_t recs = 0, first = flush_ok(s, &recs);
+    append_range(s, 5, 9);
+    uint64_t second = flush_ok(s, &recs);
+    assert_true(second > first);
+    assert_int_equal(io_shard_abandon(s, first, &err), ST_OK);
+    assert_int_equal(file_size(path), first);
+    assert_int_equal(io_shard_locked(path), 0);
+    assert_int_equal(io_shard_verify(path, IO_SHARD_ALL, NULL, &recs, &err), ST_OK);
+    assert_int_equal(recs, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -795,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_sha256_vectors),
         cmocka_unit_test(test_sha256_file),
         cmocka_unit_test(test_manifest_roundtrip),
+        cmocka_unit_test(test_shard_no_clobber),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }
