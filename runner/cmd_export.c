@@ -1,15 +1,22 @@
 /* `quern export`: one file with a job's output: every committed result record, every error
  * record still current (a retried item's old error is left out), and an error record for
  * each line that was rejected at submit. Formats by extension: .jsonl, .jsonl.zst, or a
- * .tar / .tar.zst bundle of the shards, manifest and submit errors as they are. */
+ * .tar / .tar.zst bundle of the shards, manifest and submit errors as they are.
+ * A record's identity is its place, (shard, index among the shard's records), as the queue
+ * stored it for its item; the output file appears at its path only once it is complete. */
 #include <archive.h>
 #include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <zstd.h>
@@ -27,15 +34,86 @@ static const char export_usage[] =
     "(shards, manifest.json and submit-time errors, unchanged). Records of items still\n"
     "queued or running are not there yet; run `quern status` to see what is left.\n"
     "\n"
+    "In .jsonl and .jsonl.zst each finished item has exactly one record: the one at the\n"
+    "place (shard, record number) the queue stored when the item was committed. A shard\n"
+    "record no item names any more (the old error of an item retried since) is left out.\n"
+    "Items committed by an older queue (no record number) match by custom_id, taking the\n"
+    "first such record in their shard. A bundle copies the shards unchanged, superseded\n"
+    "records included.\n"
+    "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
+    "and renamed over FILE: FILE is either its old self or the complete export.\n"
+    "\n"
     "  --order shard   shard by shard, results then errors (default; streams)\n"
     "  --order input   the order of the input lines (holds all records in memory)\n";
 
-/* custom_id -> item index (open addressing). */
+/* ---- lookups: record place -> item, and custom_id -> item for legacy items ------------------ */
+
+/* (shard id, record index) -> item index, open addressing; a slot is empty when item < 0. */
+struct recslot {
+    int64_t shard_id; /* shards.id */
+    int64_t record;   /* 0-based index among that shard's records */
+    int64_t item;     /* item index, -1 = empty slot */
+};
+
+struct recmap {
+    struct recslot *slots; /* cap slots (owned) */
+    size_t cap;            /* power of two, 0 before the first put */
+    size_t n;              /* entries */
+};
+
+static uint64_t rec_hash(int64_t shard_id, int64_t record)
+{
+    uint64_t h = (uint64_t)shard_id * 0x9e3779b97f4a7c15ull ^ (uint64_t)record;
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 29);
+}
+
+static struct recslot *recmap_find(struct recslot *slots, size_t cap, int64_t shard_id,
+                                   int64_t record)
+{
+    size_t j = rec_hash(shard_id, record) & (cap - 1);
+    while (slots[j].item >= 0 && (slots[j].shard_id != shard_id || slots[j].record != record))
+        j = (j + 1) & (cap - 1);
+    return &slots[j];
+}
+
+/* Returns 0 on allocation failure. A place already present keeps its first item. */
+static int recmap_put(struct recmap *m, int64_t shard_id, int64_t record, int64_t item)
+{
+    if (2 * (m->n + 1) > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 1024;
+        struct recslot *s = malloc(cap * sizeof(*s));
+        if (!s)
+            return 0;
+        for (size_t i = 0; i < cap; i++)
+            s[i].item = -1;
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->slots[i].item >= 0)
+                *recmap_find(s, cap, m->slots[i].shard_id, m->slots[i].record) = m->slots[i];
+        free(m->slots);
+        m->slots = s;
+        m->cap = cap;
+    }
+    struct recslot *e = recmap_find(m->slots, m->cap, shard_id, record);
+    if (e->item < 0) {
+        *e = (struct recslot){shard_id, record, item};
+        m->n++;
+    }
+    return 1;
+}
+
+static int64_t recmap_get(const struct recmap *m, int64_t shard_id, int64_t record)
+{
+    return m->cap ? recmap_find(m->slots, m->cap, shard_id, record)->item : -1;
+}
+
+/* custom_id -> item index (open addressing), only for items without a record index. */
 struct idmap {
-    char **keys;     /* owned strings, NULL = empty */
-    int64_t *val;    /* item index */
-    size_t cap;      /* power of two */
-    size_t n;        /* entries */
+    char **keys;  /* owned strings, NULL = empty */
+    int64_t *val; /* item index */
+    size_t cap;   /* power of two */
+    size_t n;     /* entries */
 };
 
 static uint64_t str_hash(const char *s)
@@ -99,35 +177,42 @@ static void idmap_free(struct idmap *m)
     free(m->val);
 }
 
+/* ---- the exporter ---------------------------------------------------------------------------- */
+
 struct item {
-    int64_t shard_id;             /* shard holding its current record, 0 if none */
-    enum queue_item_state state;  /* state */
-    char *line;                   /* record held for --order input (owned) */
+    int64_t shard_id;     /* shard holding its current record, 0 if none */
+    int64_t shard_record; /* index of that record in the shard, -1 if unknown (legacy) */
+    char *custom_id;      /* owned copy, NULL when the input line had none */
+    int found;            /* its record was read from its shard */
+    char *line;           /* record held for --order input (owned) */
 };
 
 enum fmt { FMT_JSONL, FMT_JSONL_ZST, FMT_TAR, FMT_TAR_ZST };
 
 struct exporter {
-    struct queue_job job;        /* the job */
-    struct item *items;          /* in input order */
-    size_t n_items, cap_items;   /* count, capacity */
-    struct idmap ids;            /* custom_id -> index */
-    char **submit_errors;        /* records of lines rejected at submit (owned) */
-    size_t n_submit_errors, cap_submit_errors;
-    int order_input;             /* --order input */
-    FILE *f;                     /* output */
-    ZSTD_CCtx *z;                /* for .jsonl.zst */
-    int64_t cur_shard;           /* shard being read */
-    int cur_errors;              /* it is an errors shard */
-    uint64_t written;            /* records written */
-    struct err_detail *err;      /* failure detail */
+    struct queue_job job;      /* the job */
+    struct item *items;        /* in input order */
+    size_t n_items, cap_items; /* count, capacity */
+    struct recmap recs;        /* (shard, record) -> index, items with a record index */
+    struct idmap ids;          /* custom_id -> index, legacy items only */
+    char **submit_errors;      /* records of lines rejected at submit (owned) */
+    size_t n_submit_errors;    /* their count */
+    size_t cap_submit_errors;  /* their capacity */
+    int order_input;           /* --order input */
+    FILE *f;                   /* output */
+    ZSTD_CCtx *z;              /* for .jsonl.zst */
+    int64_t cur_shard;         /* shard being read */
+    int64_t cur_record;        /* index of the next line in it */
+    uint64_t written;          /* records written */
+    uint64_t superseded;       /* shard lines no item names, left out */
+    struct err_detail *err;    /* failure detail */
 };
 
 static enum status out_bytes(struct exporter *x, const void *p, size_t n, int end)
 {
     if (!x->z) {
         if (n && fwrite(p, 1, n, x->f) != n)
-            return err_set(x->err, ST_ERR_IO, "write failed");
+            return err_set(x->err, ST_ERR_IO, "write failed: %s", strerror(errno));
         return ST_OK;
     }
     char buf[1 << 16];
@@ -138,7 +223,7 @@ static enum status out_bytes(struct exporter *x, const void *p, size_t n, int en
         if (ZSTD_isError(left))
             return err_set(x->err, ST_ERR_INTERNAL, "zstd: %s", ZSTD_getErrorName(left));
         if (ob.pos && fwrite(buf, 1, ob.pos, x->f) != ob.pos)
-            return err_set(x->err, ST_ERR_IO, "write failed");
+            return err_set(x->err, ST_ERR_IO, "write failed: %s", strerror(errno));
         if (end ? left == 0 : in.pos == in.size)
             return ST_OK;
     }
@@ -164,12 +249,20 @@ static enum status on_item(void *user, const struct queue_item_info *it)
         x->items = n;
         x->cap_items = cap;
     }
-    struct item *d = &x->items[x->n_items];
+    int64_t idx = (int64_t)x->n_items;
+    struct item *d = &x->items[x->n_items++];
+    memset(d, 0, sizeof(*d));
     d->shard_id = it->shard_id;
-    d->state = it->state;
-    d->line = NULL;
-    if (it->custom_id && !idmap_put(&x->ids, it->custom_id, (int64_t)x->n_items))
+    d->shard_record = it->shard_id ? it->shard_record : -1;
+    if (it->custom_id && !(d->custom_id = strdup(it->custom_id)))
         return err_set(x->err, ST_ERR_NOMEM, "out of memory");
+    if (d->shard_id && d->shard_record >= 0) {
+        if (!recmap_put(&x->recs, d->shard_id, d->shard_record, idx))
+            return err_set(x->err, ST_ERR_NOMEM, "out of memory");
+    } else if (d->shard_id && it->custom_id) { /* committed by schema v1 */
+        if (!idmap_put(&x->ids, it->custom_id, idx))
+            return err_set(x->err, ST_ERR_NOMEM, "out of memory");
+    }
     if (it->state == QUEUE_ITEM_FAILED && !it->shard_id) { /* rejected at submit */
         char idbuf[64];
         const char *cid = it->custom_id;
@@ -201,29 +294,61 @@ static enum status on_item(void *user, const struct queue_item_info *it)
             x->submit_errors[x->n_submit_errors++] = rec;
         }
     }
-    x->n_items++;
     return ST_OK;
 }
 
-/* One shard line: keep it if its item still points at this shard. */
-static enum status on_line(const char *line, size_t len, void *user)
+/* The line's custom_id as a new string, or NULL (not JSON, no custom_id, or not a string).
+ * Caller frees. */
+static char *line_custom_id(const char *line)
 {
-    struct exporter *x = user;
-    (void)len;
     cJSON *j = cJSON_Parse(line);
     const cJSON *cid = j ? cJSON_GetObjectItem(j, "custom_id") : NULL;
-    int64_t idx = cJSON_IsString(cid) ? idmap_get(&x->ids, cid->valuestring) : -1;
+    char *s = cJSON_IsString(cid) ? strdup(cid->valuestring) : NULL;
     cJSON_Delete(j);
-    if (idx < 0)
-        return err_set(x->err, ST_ERR_FORMAT, "a shard record names an unknown custom_id");
-    struct item *it = &x->items[idx];
-    if (it->shard_id != x->cur_shard)
-        return ST_OK; /* superseded (retried) or not committed to this shard */
+    return s;
+}
+
+static enum status keep_line(struct exporter *x, struct item *it, const char *line)
+{
+    it->found = 1;
     if (!x->order_input)
         return out_line(x, line);
     free(it->line);
     it->line = strdup(line);
     return it->line ? ST_OK : err_set(x->err, ST_ERR_NOMEM, "out of memory");
+}
+
+/* One shard line, record number cur_record of cur_shard: kept iff an item names that place
+ * (or, for a legacy item without a record number, it is the first line in the item's shard
+ * with the item's custom_id). Anything else is a superseded record and left out. */
+static enum status on_line(const char *line, size_t len, void *user)
+{
+    struct exporter *x = user;
+    (void)len;
+    int64_t rec = x->cur_record++;
+    int64_t idx = recmap_get(&x->recs, x->cur_shard, rec);
+    if (idx >= 0) {
+        struct item *it = &x->items[idx];
+        if (it->custom_id) { /* the queue and the shard must agree on whose record this is */
+            char *cid = line_custom_id(line);
+            int differ = cid && strcmp(cid, it->custom_id);
+            free(cid);
+            if (differ)
+                return err_set(x->err, ST_ERR_FORMAT,
+                               "record %lld of shard %lld is not item %s's, as the queue says",
+                               (long long)rec, (long long)x->cur_shard, it->custom_id);
+        }
+        return keep_line(x, it, line);
+    }
+    if (x->ids.n) {
+        char *cid = line_custom_id(line);
+        idx = cid ? idmap_get(&x->ids, cid) : -1;
+        free(cid);
+        if (idx >= 0 && x->items[idx].shard_id == x->cur_shard && !x->items[idx].found)
+            return keep_line(x, &x->items[idx], line);
+    }
+    x->superseded++;
+    return ST_OK;
 }
 
 static enum fmt pick_format(const char *path)
@@ -239,6 +364,94 @@ static enum fmt pick_format(const char *path)
 #undef ENDS
     return FMT_JSONL;
 }
+
+/* ---- the temporary output file ----------------------------------------------------------------
+ * Created beside the output (same file system, so the rename is atomic) with O_EXCL and
+ * O_NOFOLLOW under a random name: nothing already at that name, a planted symlink included,
+ * is ever opened. Its path lives in static storage so a SIGINT/SIGTERM/SIGHUP handler can
+ * unlink it before the process dies; SIGKILL leaves it behind, never a partial output. */
+
+static char tmp_path[4200];            /* the temporary file, while tmp_live */
+static volatile sig_atomic_t tmp_live; /* tmp_path exists and is ours */
+static struct sigaction tmp_old_sa[3]; /* handlers replaced while it exists */
+static const int tmp_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+static void tmp_on_signal(int sig)
+{
+    if (tmp_live)
+        unlink(tmp_path);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void tmp_forget(void)
+{
+    tmp_live = 0;
+    for (int i = 0; i < 3; i++)
+        sigaction(tmp_signals[i], &tmp_old_sa[i], NULL);
+}
+
+/* Create the temporary file for out; *fd gets it, open for writing. */
+static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
+{
+    static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    size_t n = strlen(out);
+    if (n + sizeof(".tmp.XXXXXX") > sizeof(tmp_path))
+        return err_set(err, ST_ERR_INVALID_ARG, "output path too long");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = tmp_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++)
+        sigaction(tmp_signals[i], &sa, &tmp_old_sa[i]);
+    for (int tries = 0; tries < 100; tries++) {
+        unsigned char rnd[6];
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+            uint64_t t = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)tries;
+            for (size_t i = 0; i < sizeof(rnd); i++)
+                rnd[i] = (unsigned char)(t >> (8 * i)) ^ (unsigned char)(tries * 37 + i);
+        }
+        memcpy(tmp_path, out, n);
+        memcpy(tmp_path + n, ".tmp.", 5);
+        for (size_t i = 0; i < sizeof(rnd); i++)
+            tmp_path[n + 5 + i] = alnum[rnd[i] % (sizeof(alnum) - 1)];
+        tmp_path[n + 5 + sizeof(rnd)] = '\0';
+        *fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (*fd >= 0) {
+            tmp_live = 1;
+            return ST_OK;
+        }
+        if (errno != EEXIST && errno != ELOOP)
+            break;
+    }
+    enum status st = err_set(err, ST_ERR_IO, "cannot create %s: %s", tmp_path, strerror(errno));
+    tmp_forget();
+    return st;
+}
+
+/* Finish the temporary file (*fd, closed here either way) after writing it ended with st:
+ * on ST_OK fsync it, rename it over out and fsync the directory; otherwise, or when any of
+ * that fails, remove it. Returns st, or the status of the step that failed. */
+static enum status tmp_commit(const char *out, int *fd, enum status st, struct err_detail *err)
+{
+    if (!st && fsync(*fd))
+        st = err_set(err, ST_ERR_IO, "fsync %s: %s", tmp_path, strerror(errno));
+    if (close(*fd) && !st)
+        st = err_set(err, ST_ERR_IO, "close %s: %s", tmp_path, strerror(errno));
+    *fd = -1;
+    if (!st)
+        tmp_live = 0; /* from here on a signal handler must not unlink the name */
+    if (!st && rename(tmp_path, out))
+        st = err_set(err, ST_ERR_IO, "cannot rename %s to %s: %s", tmp_path, out, strerror(errno));
+    if (st)
+        unlink(tmp_path);
+    tmp_forget();
+    if (!st)
+        st = io_fsync_parent(out, err);
+    return st;
+}
+
+/* ---- formats ----------------------------------------------------------------------------- */
 
 /* Add a file (its first `bytes` bytes) or a memory buffer to the tar bundle. */
 static enum status tar_add(struct archive *a, const char *name, const char *path, uint64_t bytes,
@@ -276,16 +489,19 @@ static enum status tar_add(struct archive *a, const char *name, const char *path
     return st;
 }
 
-static enum status export_tar(struct exporter *x, const char *out, int zst,
-                              const struct queue_shard *sh, size_t n, struct err_detail *err)
+/* The bundle, written to fd (which stays open: the caller syncs and closes it). */
+static enum status export_tar(struct exporter *x, int fd, int zst, const struct queue_shard *sh,
+                              size_t n, struct err_detail *err)
 {
     struct archive *a = archive_write_new();
+    if (!a)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
     enum status st = ST_OK;
     archive_write_set_format_pax_restricted(a);
-    if (zst)
-        archive_write_add_filter_zstd(a);
-    if (archive_write_open_filename(a, out) != ARCHIVE_OK)
-        st = err_set(err, ST_ERR_IO, "cannot write %s: %s", out, archive_error_string(a));
+    if (zst && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
+        st = err_set(err, ST_ERR_UNSUPPORTED, "tar: %s", archive_error_string(a));
+    if (!st && archive_write_open_fd(a, fd) != ARCHIVE_OK)
+        st = err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, archive_error_string(a));
     char dir[4096] = "";
     for (size_t i = 0; !st && i < n; i++) {
         if (!sh[i].committed_bytes)
@@ -320,6 +536,40 @@ static enum status export_tar(struct exporter *x, const char *out, int zst,
     if (archive_write_close(a) != ARCHIVE_OK && !st)
         st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(a));
     archive_write_free(a);
+    return st;
+}
+
+/* The records as JSONL (zstd-compressed when zst), written to fd (which stays open). */
+static enum status export_jsonl(struct exporter *x, int fd, int zst, const struct queue_shard *sh,
+                                size_t n_sh, struct err_detail *err)
+{
+    int dfd = dup(fd);
+    if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
+        if (dfd >= 0)
+            close(dfd);
+        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, strerror(errno));
+    }
+    enum status st = ST_OK;
+    if (zst && !(x->z = ZSTD_createCCtx()))
+        st = err_set(err, ST_ERR_NOMEM, "out of memory");
+    for (int kind = 0; !st && kind < 2; kind++)
+        for (size_t i = 0; !st && i < n_sh; i++) {
+            if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
+                continue;
+            x->cur_shard = sh[i].id;
+            x->cur_record = 0;
+            st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, x, err);
+        }
+    for (size_t i = 0; !st && i < x->n_submit_errors; i++)
+        st = out_line(x, x->submit_errors[i]);
+    for (size_t i = 0; !st && x->order_input && i < x->n_items; i++)
+        if (x->items[i].line)
+            st = out_line(x, x->items[i].line);
+    if (!st)
+        st = out_bytes(x, "", 0, 1);
+    if (fclose(x->f) && !st)
+        st = err_set(err, ST_ERR_IO, "write failed: %s", strerror(errno));
+    x->f = NULL;
     return st;
 }
 
@@ -360,65 +610,45 @@ int runner_cmd_export(int argc, char **argv)
     struct queue *q = NULL;
     struct queue_shard *sh = NULL;
     size_t n_sh = 0;
-    int rc = RUNNER_EXIT_ERROR;
+    int rc = RUNNER_EXIT_ERROR, fd = -1;
     enum fmt fmt = pick_format(out);
+    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST;
     enum status st;
     if ((st = queue_open(&q, db, &err)) || (st = queue_job_find(q, job, &x.job, &err)) ||
         (st = queue_item_scan(q, x.job.id, on_item, &x, &err)) ||
-        (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)))
+        (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)) ||
+        (st = tmp_create(out, &fd, &err)))
         goto out;
-    if (fmt == FMT_TAR || fmt == FMT_TAR_ZST) {
-        if ((st = export_tar(&x, out, fmt == FMT_TAR_ZST, sh, n_sh, &err)))
-            goto out;
-    } else {
-        char tmp[4200];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", out);
-        if (!(x.f = fopen(tmp, "wb"))) {
-            err_set(&err, ST_ERR_IO, "cannot write %s", tmp);
-            goto out;
-        }
-        if (fmt == FMT_JSONL_ZST && !(x.z = ZSTD_createCCtx())) {
-            err_set(&err, ST_ERR_NOMEM, "out of memory");
-            goto out;
-        }
-        for (int kind = 0; !st && kind < 2; kind++)
-            for (size_t i = 0; !st && i < n_sh; i++) {
-                if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
-                    continue;
-                x.cur_shard = sh[i].id;
-                st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, &x, &err);
-            }
-        for (size_t i = 0; !st && i < x.n_submit_errors; i++)
-            st = out_line(&x, x.submit_errors[i]);
-        for (size_t i = 0; !st && x.order_input && i < x.n_items; i++)
-            if (x.items[i].line)
-                st = out_line(&x, x.items[i].line);
-        if (!st)
-            st = out_bytes(&x, "", 0, 1);
-        if (fclose(x.f) && !st)
-            st = err_set(&err, ST_ERR_IO, "write failed");
-        x.f = NULL;
-        if (!st && rename(tmp, out))
-            st = err_set(&err, ST_ERR_IO, "cannot rename %s to %s", tmp, out);
-        if (st) {
-            remove(tmp);
-            goto out;
-        }
-        fprintf(stderr, "quern export: %llu records to %s\n", (unsigned long long)x.written, out);
+    if (tar)
+        st = export_tar(&x, fd, fmt == FMT_TAR_ZST, sh, n_sh, &err);
+    else
+        st = export_jsonl(&x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, &err);
+    if ((st = tmp_commit(out, &fd, st, &err)))
+        goto out;
+    if (!tar) {
+        uint64_t missing = 0;
+        for (size_t i = 0; i < x.n_items; i++)
+            missing += x.items[i].shard_id && !x.items[i].found;
+        if (missing)
+            LOG_WARN("%llu committed items have no record in their shard",
+                     (unsigned long long)missing);
+        fprintf(stderr, "quern export: %llu records to %s (%llu superseded left out)\n",
+                (unsigned long long)x.written, out, (unsigned long long)x.superseded);
     }
     rc = RUNNER_EXIT_OK;
 out:
     if (rc)
         LOG_ERROR("%s", err.msg);
-    if (x.f)
-        fclose(x.f);
     ZSTD_freeCCtx(x.z);
-    for (size_t i = 0; i < x.n_items; i++)
+    for (size_t i = 0; i < x.n_items; i++) {
         free(x.items[i].line);
+        free(x.items[i].custom_id);
+    }
     free(x.items);
     for (size_t i = 0; i < x.n_submit_errors; i++)
         free(x.submit_errors[i]);
     free(x.submit_errors);
+    free(x.recs.slots);
     idmap_free(&x.ids);
     queue_shard_list_free(sh, n_sh);
     queue_job_free(&x.job);
