@@ -263,19 +263,9 @@ static enum status on_item(void *user, const struct queue_item_info *it)
         if (!idmap_put(&x->ids, it->custom_id, idx))
             return err_set(x->err, ST_ERR_NOMEM, "out of memory");
     }
-    if (it->state == QUEUE_ITEM_FAILED && !it->shard_id) { /* rejected at submit */
-        char idbuf[64];
-        const char *cid = it->custom_id;
-        if (!cid) {
-            snprintf(idbuf, sizeof(idbuf), "line-%lld", (long long)it->line_no);
-            cid = idbuf;
-        }
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "%s:%lld: %s", it->source ? it->source : "?",
-                 (long long)it->line_no, it->error_msg ? it->error_msg : "");
-        char *rec = job_record_invalid(x->job.id, cid, 400,
-                                       it->error_code ? it->error_code : "invalid_request", msg,
-                                       NULL);
+    if (it->state == QUEUE_ITEM_FAILED && !it->shard_id) { /* rejected at submit (schema v1) */
+        char *rec = job_record_rejected(x->job.id, it->custom_id, it->source, it->line_no,
+                                        it->error_code, it->error_msg ? it->error_msg : "");
         if (!rec)
             return err_set(x->err, ST_ERR_NOMEM, "out of memory");
         if (x->order_input) {
@@ -616,8 +606,20 @@ int runner_cmd_export(int argc, char **argv)
     enum status st;
     if ((st = queue_open(&q, db, &err)) || (st = queue_job_find(q, job, &x.job, &err)) ||
         (st = queue_item_scan(q, x.job.id, on_item, &x, &err)) ||
-        (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)) ||
-        (st = tmp_create(out, &fd, &err)))
+        (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)))
+        goto out;
+    for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
+        char path[4096], *dup;
+        if ((st = queue_resolve_path(q, sh[i].path, path, sizeof(path), &err)))
+            goto out;
+        if (!(dup = strdup(path))) {
+            err_set(&err, ST_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        free(sh[i].path);
+        sh[i].path = dup;
+    }
+    if ((st = tmp_create(out, &fd, &err)))
         goto out;
     if (tar)
         st = export_tar(&x, fd, fmt == FMT_TAR_ZST, sh, n_sh, &err);
