@@ -229,12 +229,15 @@ const char *const queue_stmt_sql[QS_COUNT] = {
         " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
                         " WHERE state = 'leased' AND lease_owner = ?1",
-    /* only from ready jobs: a job still being submitted is invisible to runs */
+    /* only from ready jobs: a job still being submitted is invisible to runs. CLAIM_ANY walks
+     * items_claim_any in claim order, looking up each item's job, rather than sorting every
+     * queued item of the ready jobs (the plan SQLite picks for "job_id IN (ready jobs)") */
     [QS_CLAIM_JOB] = CLAIM_SET "(SELECT id FROM items WHERE job_id = ?3 AND state = 'queued'"
                                " AND (SELECT ready FROM jobs WHERE id = ?3)"
                                " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
-    [QS_CLAIM_ANY] = CLAIM_SET "(SELECT id FROM items WHERE state = 'queued'"
-                               " AND job_id IN (SELECT id FROM jobs WHERE ready)"
+    [QS_CLAIM_ANY] = CLAIM_SET "(SELECT id FROM items INDEXED BY items_claim_any"
+                               " WHERE state = 'queued'"
+                               " AND (SELECT ready FROM jobs WHERE jobs.id = items.job_id)"
                                " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
     [QS_RELEASE_ONE] = "UPDATE items SET state = 'queued', lease_owner = NULL,"
                        " lease_expiry = NULL, attempts = max(attempts - 1, 0)"
