@@ -41,8 +41,9 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
 enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
                              struct err_detail *err)
 {
-    static const char sql[] = "SELECT min(started), max(coalesce(ended, heartbeat)) FROM runs "
-                              "WHERE job_id = ?1 OR job_id IS NULL OR job_id = 0";
+    static const char sql[] =
+        "SELECT min(started), max(coalesce(ended, heartbeat)) FROM runs "
+        "WHERE kind = 'run' AND (job_id = ?1 OR job_id IS NULL OR job_id = 0)";
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
     if (rc != SQLITE_OK)

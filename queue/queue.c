@@ -569,7 +569,12 @@ enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec,
     queue_bind_str(s, 5, spec->params_json ? spec->params_json : "{}");
     queue_bind_str(s, 6, spec->out_dir);
     sqlite3_bind_int64(s, 7, (int64_t)spec->seed);
+    if (spec->submit_run)
+        sqlite3_bind_int64(s, 8, spec->submit_run);
     st = queue_step_done(q, s, "creating job", err);
+    if (st == ST_ERR_INVALID_ARG && spec->submit_run) /* foreign key: the submit run */
+        return err_set(err, ST_ERR_NOT_FOUND, "job %s: no submit run %lld", spec->name,
+                       (long long)spec->submit_run);
     if (st == ST_ERR_EXISTS)
         return err_set(err, ST_ERR_EXISTS, "a job named \"%s\" already exists", spec->name);
     if (st == ST_OK)
@@ -609,6 +614,8 @@ static enum status read_job(sqlite3_stmt *s, struct queue_job *j, struct err_det
     j->state = state < 0 ? QUEUE_JOB_QUEUED : (enum queue_job_state)state;
     j->seed = (uint64_t)sqlite3_column_int64(s, 9);
     j->n_items = sqlite3_column_int64(s, 10);
+    j->ready = sqlite3_column_int(s, 11) != 0;
+    j->submit_run = sqlite3_column_int64(s, 12);
     enum status st = queue_col_dup(s, 1, &j->name, err);
     if (st == ST_OK)
         st = queue_col_dup(s, 5, &j->model_path, err);
@@ -892,9 +899,17 @@ enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, 
         sqlite3_bind_null(s, 8);
     queue_bind_str(s, 9, spec->submit ? "submit" : "run");
     enum status st = queue_step_done(q, s, "recording a run", err);
-    if (st == ST_ERR_INVALID_ARG) /* foreign key: the job */
-        return err_set(err, ST_ERR_NOT_FOUND, "run for job %lld: no such job",
-                       (long long)spec->job_id);
+    if (st == ST_OK && sqlite3_changes(q->db) == 0) { /* the job is missing or not ready */
+        enum queue_job_state js;
+        st = queue_job_state_get(q, spec->job_id, &js, err);
+        if (st == ST_OK)
+            st = err_set(err, ST_ERR_INVALID_ARG,
+                         "run for job %lld: the job is still being submitted",
+                         (long long)spec->job_id);
+        else if (st == ST_ERR_NOT_FOUND)
+            err_set(err, st, "run for job %lld: no such job", (long long)spec->job_id);
+        return st;
+    }
     if (st == ST_OK)
         *run_id = sqlite3_last_insert_rowid(q->db);
     return st;
@@ -1031,5 +1046,32 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
     st = queue_scope_leave(q, &sc, st, err);
     if (st == ST_OK && n_reaped)
         *n_reaped = total;
+    return st;
+}
+
+enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_HEARTBEAT, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, queue_now(q));
+    enum status st = queue_step_done(q, s, "heartbeat", err);
+    if (st != ST_OK || sqlite3_changes(q->db) > 0)
+        return st;
+    /* no row changed: the run is missing, or it has ended */
+    if ((s = queue_stmt(q, QS_RUN_ENDED, err)) == NULL)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        st = err_set(err, ST_ERR_CONFLICT, "run %lld has ended (another process took it for dead)",
+                     (long long)run_id);
+    else if (rc == SQLITE_DONE)
+        st = err_set(err, ST_ERR_INVALID_ARG, "no run with id %lld", (long long)run_id);
+    else
+        st = queue_sql_err(q, rc, "reading a run", err);
+    queue_stmt_done(s);
     return st;
 }

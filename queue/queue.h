@@ -28,6 +28,18 @@
  * errors shard and commits it as failed, so the job's output accounts for every input line.
  * Retry never re-queues them. (Schema version 1 added them as failed with no shard record.)
  *
+ * Jobs being submitted. A submit writes its job in bounded transactions, so that it never
+ * holds the write lock for long, yet the job appears all at once: queue_job_create with
+ * spec.submit_run (a run of kind 'submit') creates the job not ready, the submit adds items
+ * and heartbeats its run (queue_run_heartbeat) in transactions of its own size, and
+ * queue_job_publish makes the job ready and ends the submit run in one transaction. Until
+ * then the job is invisible to runs: no claim takes its items, queue_run_start refuses it, a
+ * claim never marks it done, and queue_job_counts(0) leaves its items out; queue_job_list and
+ * queue_job_get still return it with ready = false, for callers to skip or show. A not-ready
+ * job whose submit run has ended (failed, interrupted, or found dead) can never become ready;
+ * queue_job_discard (the submit giving up) and queue_jobs_gc (anyone, for a submit that was
+ * killed) delete it and its items, which frees its name.
+ *
  * The exactly-once rule. queue_commit_shard marks an item done/failed only while the item is
  * still `leased` AND its lease_owner is the committing run; the lease's expiry time is NOT
  * checked. This is safe because every transition above is a serialised transaction: an
@@ -58,8 +70,10 @@
 
 struct queue; /* one connection; opaque */
 
+/* Job states. Readiness is apart from them: a job still being submitted is queued and not
+ * ready (struct queue_job.ready; "Jobs being submitted" above); no claim moves it till ready. */
 enum queue_job_state {
-    QUEUE_JOB_QUEUED = 0, /* created, nothing claimed yet */
+    QUEUE_JOB_QUEUED = 0, /* created, nothing claimed yet (or not ready: still being submitted) */
     QUEUE_JOB_RUNNING,    /* some item claimed; not every item finished */
     QUEUE_JOB_DONE,       /* no item queued or leased (set by commit or by an empty claim) */
     QUEUE_JOB_CANCELLED,  /* queue_job_cancel; no item will be claimed again */
@@ -152,6 +166,8 @@ struct queue_job_spec {
     const char *params_json;  /* sampling defaults etc. as JSON text; NULL means "{}" */
     const char *out_dir;      /* output directory for this job's shards */
     uint64_t seed;            /* job seed (per-request RNGs derive from it) */
+    int64_t submit_run;       /* 0: the job is ready at once; else the run (kind 'submit') that
+                                 writes it: not ready until queue_job_publish */
 };
 
 /* A job row. Strings are owned by the struct: free them with queue_job_free. */
@@ -167,10 +183,13 @@ struct queue_job {
     char *out_dir;              /* output directory */
     uint64_t seed;              /* job seed */
     int64_t n_items;            /* items added to the job */
+    bool ready;                 /* false while its submit is still adding items: runs skip it */
+    int64_t submit_run;         /* the submit run that wrote it, 0 if none */
 };
 
-/* Create a job in state queued. A duplicate name is ST_ERR_EXISTS (nothing created), a bad
- * name ST_ERR_INVALID_ARG. */
+/* Create a job in state queued, ready unless spec->submit_run is set (see "Jobs being
+ * submitted" above). A duplicate name is ST_ERR_EXISTS (nothing created), a bad name
+ * ST_ERR_INVALID_ARG. */
 enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec, int64_t *job_id,
                              struct err_detail *err);
 
@@ -229,7 +248,7 @@ struct queue_counts {
     struct queue_error_count errors[QUEUE_MAX_ERROR_CODES]; /* most frequent first */
 };
 
-/* Counts for job_id, or for all jobs when job_id is 0. */
+/* Counts for job_id, or for all ready jobs when job_id is 0. */
 enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_counts *out,
                              struct err_detail *err);
 
@@ -270,7 +289,8 @@ struct queue_run_spec {
 
 /* Record a new run (started = heartbeat = now). Run ids are never reused. Give host, boot_id,
  * pid_ns, pid and pstart (proc_identity_self) so that queue_reap_dead on the same host can
- * tell at once when this process is gone. */
+ * tell at once when this process is gone. A job_id that names no job is ST_ERR_NOT_FOUND, a
+ * job still being submitted (not ready) ST_ERR_INVALID_ARG. */
 enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, int64_t *run_id,
                             struct err_detail *err);
 
@@ -281,6 +301,11 @@ enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, 
 enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reason,
                           const char *summary_json, int64_t *n_requeued, struct err_detail *err);
 
+/* Heartbeat without leases: the run's heartbeat is now (a submit calls this with every
+ * commit). A run that has ended (e.g. ended as dead by another process) is ST_ERR_CONFLICT, a
+ * missing one ST_ERR_INVALID_ARG. */
+enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err);
+
 /* The dead-run rule. A run is dead when it has ended, or when its heartbeat is older than the
  * lease the observer uses, or (without waiting for any lease) when it ran on the observer's
  * host, boot and PID namespace and its process is gone (common/proc.h: proc_liveness). Across
@@ -290,6 +315,37 @@ enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reas
  * can then be adopted at once. *n_reaped (may be NULL) gets the number of runs ended. */
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
                             struct err_detail *err);
+
+/* ---- Jobs being submitted (see "Jobs being submitted" at the top) ---------------------- */
+
+/* Submit runs whose heartbeat is older than this are dead for queue_jobs_gc callers that have
+ * no lease of their own to go by (submit, status); a submit heartbeats about every second. */
+#define QUEUE_DEFAULT_SUBMIT_STALE_MS 300000
+
+/* In one transaction: make the not-ready job_id ready and end its submit run (exit_reason
+ * "submitted", summary_json stored; may be NULL). ST_ERR_NOT_FOUND if the job is gone (deleted
+ * as dead), ST_ERR_CONFLICT if its submit run has ended (the job will be deleted),
+ * ST_ERR_INVALID_ARG if it is ready already. */
+enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summary_json,
+                              struct err_detail *err);
+
+/* Delete a job that is not ready, with its items: first its submit run is ended with
+ * exit_reason (when still open), so the job can never become ready, then the items go in
+ * transactions of at most 10,000 rows and the job last; a discard cut short is finished by
+ * queue_jobs_gc. Call it outside queue_tx_begin to keep the transactions short. A ready job is
+ * ST_ERR_INVALID_ARG, a missing one ST_ERR_NOT_FOUND. *n_items (may be NULL) gets the number
+ * of items deleted. */
+enum status queue_job_discard(struct queue *q, int64_t job_id, const char *exit_reason,
+                              int64_t *n_items, struct err_detail *err);
+
+/* Collect the jobs of dead submits: queue_reap_dead(self) first (self may be NULL: skip it),
+ * then queue_job_discard every not-ready job whose submit run has ended, or whose heartbeat is
+ * older than stale_ms (<= 0: never) unless `self` can see that its process is alive; such a
+ * run is ended as "dead". A job that a run or shard names is left alone. Call it before
+ * creating a job (to reuse a dead submit's name) and when listing jobs. *n_deleted (may be
+ * NULL) gets the number of jobs deleted. */
+enum status queue_jobs_gc(struct queue *q, const struct proc_identity *self, int64_t stale_ms,
+                          int64_t *n_deleted, struct err_detail *err);
 
 /* ---- Claiming and leases --------------------------------------------------------------- */
 
@@ -312,9 +368,10 @@ struct queue_claimed {
 /* In one BEGIN IMMEDIATE transaction: return every expired lease of other runs to queued (the
  * claiming run's own leases are never swept by itself: it still holds those items), then
  * lease up to max_items queued items of job_id (0 = any job) to run_id until now + lease_ms,
- * highest priority first, then lowest id. *items is a malloc'd array in that order (NULL when
- * *n is 0) that the caller frees with queue_claimed_free. A claim that finds nothing marks
- * finished jobs done. The run must exist and not have ended (ST_ERR_INVALID_ARG). */
+ * highest priority first, then lowest id; items of a job that is not ready are never taken.
+ * *items is a malloc'd array in that order (NULL when *n is 0) that the caller frees with
+ * queue_claimed_free. A claim that finds nothing marks finished (ready) jobs done. The run
+ * must exist and not have ended (ST_ERR_INVALID_ARG). */
 enum status queue_claim(struct queue *q, int64_t job_id, int64_t run_id, int max_items,
                         int64_t lease_ms, struct queue_claimed **items, size_t *n,
                         struct err_detail *err);
@@ -433,8 +490,8 @@ typedef enum status (*queue_item_fn)(void *user, const struct queue_item_info *i
 enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
                             struct err_detail *err);
 
-/* Wall-clock span of the runs that worked on job_id (or on any job): first start and last
- * heartbeat/end, unix ms; both 0 when no run has started. */
+/* Wall-clock span of the runs (kind 'run'; submits do not count) that worked on job_id (or on
+ * any job): first start and last heartbeat/end, unix ms; both 0 when no run has started. */
 enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
                              struct err_detail *err);
 

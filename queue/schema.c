@@ -111,7 +111,7 @@ const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrat
 
 #define JOB_COLS                                                                                   \
     "id, name, created, finished, state, model_path, model_sha256, params_json, out_dir, seed, "   \
-    "n_items"
+    "n_items, ready, coalesce(submit_run, 0)"
 #define SHARD_COLS                                                                                 \
     "id, job_id, kind, seq, path, run_id, committed_bytes, records, superseded, state, sha256"
 #define CLAIM_SET                                                                                  \
@@ -129,8 +129,10 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RELEASE_SP] = "RELEASE queue_call",
     [QS_ROLLBACK_TO_SP] = "ROLLBACK TO queue_call",
 
+    /* ?8: the submit run writing the job (not ready until it ends), or NULL (ready now) */
     [QS_JOB_INSERT] = "INSERT INTO jobs (name, created, state, model_path, model_sha256, "
-                      "params_json, out_dir, seed) VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7)",
+                      "params_json, out_dir, seed, ready, submit_run)"
+                      " VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8 IS NULL, ?8)",
     [QS_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
     [QS_JOB_BY_NAME] = "SELECT " JOB_COLS " FROM jobs WHERE name = ?1",
     [QS_JOB_LIST] = "SELECT " JOB_COLS " FROM jobs ORDER BY id",
@@ -142,10 +144,10 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                         " WHERE id = ?1",
     [QS_JOB_START] = "UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'queued'",
     [QS_JOB_FINISH] = "UPDATE jobs SET state = 'done', finished = ?2"
-                      " WHERE id = ?1 AND state IN ('queued', 'running') AND NOT EXISTS"
+                      " WHERE id = ?1 AND ready AND state IN ('queued', 'running') AND NOT EXISTS"
                       " (SELECT 1 FROM items WHERE job_id = ?1 AND state IN ('queued', 'leased'))",
     [QS_JOB_FINISH_ALL] = "UPDATE jobs SET state = 'done', finished = ?1"
-                          " WHERE state IN ('queued', 'running') AND NOT EXISTS"
+                          " WHERE ready AND state IN ('queued', 'running') AND NOT EXISTS"
                           " (SELECT 1 FROM items WHERE items.job_id = jobs.id"
                           "  AND items.state IN ('queued', 'leased'))",
     [QS_JOB_CANCEL_ITEMS] = "UPDATE items SET state = 'cancelled', lease_expiry = NULL,"
@@ -161,6 +163,22 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                            " error_code = NULL, error_msg = NULL, prompt_tokens = NULL,"
                            " completion_tokens = NULL, finished = NULL"
                            " WHERE job_id = ?1 AND state = 'failed' AND payload IS NOT NULL",
+    /* a job's readiness and its submit run; run_ended is 1 when there is no such run */
+    [QS_JOB_SUBMIT_INFO] = "SELECT j.ready, coalesce(j.submit_run, 0),"
+                           " coalesce(r.ended IS NOT NULL, 1) FROM jobs j"
+                           " LEFT JOIN runs r ON r.id = j.submit_run WHERE j.id = ?1",
+    [QS_JOB_PUBLISH] = "UPDATE jobs SET ready = 1 WHERE id = ?1 AND NOT ready",
+    [QS_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1 AND NOT ready",
+    /* not-ready jobs whose submit run may be dead: ended, or no heartbeat since ?1 (the
+     * caller checks the process of the latter); never one a run or shard names. ?2: cursor */
+    [QS_GC_CANDIDATES] = "SELECT j.id, coalesce(r.id, 0), coalesce(r.ended IS NOT NULL, 1),"
+                         " r.host, r.boot_id, r.pid_ns, r.pid, r.pstart FROM jobs j"
+                         " LEFT JOIN runs r ON r.id = j.submit_run"
+                         " WHERE NOT j.ready AND j.id > ?2"
+                         " AND (r.id IS NULL OR r.ended IS NOT NULL OR r.heartbeat <= ?1)"
+                         " AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.job_id = j.id)"
+                         " AND NOT EXISTS (SELECT 1 FROM shards WHERE shards.job_id = j.id)"
+                         " ORDER BY j.id LIMIT 64",
     [QS_JOB_REOPEN] = "UPDATE jobs SET state = 'running', finished = NULL"
                       " WHERE id = ?1 AND state = 'done'",
     [QS_JOB_SET_OUT] = "UPDATE jobs SET out_dir = ?2 WHERE id = ?1",
@@ -168,18 +186,22 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_COUNTS_JOB] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
                       " total(attempts) FROM items WHERE job_id = ?1 GROUP BY state",
     [QS_COUNTS_ALL] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
-                      " total(attempts) FROM items GROUP BY state",
+                      " total(attempts) FROM items"
+                      " WHERE job_id IN (SELECT id FROM jobs WHERE ready) GROUP BY state",
     [QS_ERRORS_JOB] = "SELECT coalesce(error_code, ''), count(*) FROM items"
                       " WHERE job_id = ?1 AND state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1"
                       " LIMIT ?2",
     [QS_ERRORS_ALL] = "SELECT coalesce(error_code, ''), count(*) FROM items"
-                      " WHERE state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT ?2",
+                      " WHERE state = 'failed' AND job_id IN (SELECT id FROM jobs WHERE ready)"
+                      " GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT ?2",
 
     /* inserts nothing when the job is missing or cancelled */
     [QS_ITEM_INSERT] = "INSERT INTO items (job_id, custom_id, source, line_no, payload, state,"
                        " priority, max_attempts, error_code, error_msg, finished)"
                        " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11"
                        " FROM jobs WHERE id = ?1 AND state <> 'cancelled'",
+    [QS_ITEM_DELETE_BATCH] = "DELETE FROM items WHERE id IN (SELECT id FROM items"
+                             " WHERE job_id = ?1 LIMIT ?2)",
     [QS_ITEM_OWNER] = "SELECT job_id, state, lease_owner, shard_id FROM items WHERE id = ?1",
     /* the exactly-once rule: only while leased by the committing run */
     [QS_ITEM_FINISH] = "UPDATE items SET state = ?3, lease_expiry = NULL, shard_id = ?4,"
@@ -188,9 +210,11 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                        " WHERE id = ?1 AND job_id = ?10 AND state = 'leased'"
                        " AND lease_owner = ?2",
 
+    /* inserts nothing when ?1 names a job that is missing or not ready */
     [QS_RUN_INSERT] = "INSERT INTO runs (job_id, worker_id, host, pid, started, heartbeat,"
-                      " boot_id, pid_ns, pstart, kind) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7,"
-                      " ?8, ?9)",
+                      " boot_id, pid_ns, pstart, kind) SELECT ?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7,"
+                      " ?8, ?9 WHERE ?1 IS NULL OR EXISTS (SELECT 1 FROM jobs"
+                      "  WHERE id = ?1 AND ready)",
     [QS_RUN_ACTIVE] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
                       " WHERE ended IS NULL AND host = ?1",
     [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
@@ -208,9 +232,15 @@ const char *const queue_stmt_sql[QS_COUNT] = {
         " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
                         " WHERE state = 'leased' AND lease_owner = ?1",
+    /* only from ready jobs: a job still being submitted is invisible to runs. CLAIM_ANY walks
+     * items_claim_any in claim order, looking up each item's job, rather than sorting every
+     * queued item of the ready jobs (the plan SQLite picks for "job_id IN (ready jobs)") */
     [QS_CLAIM_JOB] = CLAIM_SET "(SELECT id FROM items WHERE job_id = ?3 AND state = 'queued'"
+                               " AND (SELECT ready FROM jobs WHERE id = ?3)"
                                " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
-    [QS_CLAIM_ANY] = CLAIM_SET "(SELECT id FROM items WHERE state = 'queued'"
+    [QS_CLAIM_ANY] = CLAIM_SET "(SELECT id FROM items INDEXED BY items_claim_any"
+                               " WHERE state = 'queued'"
+                               " AND (SELECT ready FROM jobs WHERE jobs.id = items.job_id)"
                                " ORDER BY priority DESC, id LIMIT ?4)" CLAIM_RETURNING,
     [QS_RELEASE_ONE] = "UPDATE items SET state = 'queued', lease_owner = NULL,"
                        " lease_expiry = NULL, attempts = max(attempts - 1, 0)"

@@ -15,7 +15,9 @@ static const char status_usage[] =
     "usage: quern status --db Q.db [--job ID|NAME] [--json]\n"
     "\n"
     "Per job: state, items by state, tokens in/out, throughput and ETA over the time runs\n"
-    "have worked on it, and failed items by error code.\n";
+    "have worked on it, and failed items by error code. A job still being submitted shows as\n"
+    "\"submitting\" with its items so far, and nothing else counts it yet. The jobs left by\n"
+    "killed submits are deleted first.\n";
 
 static const char cancel_usage[] =
     "usage: quern cancel --db Q.db --job ID|NAME\n"
@@ -65,16 +67,29 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
     return 1;
 }
 
+/* A job still being submitted: its items so far, and zero in every other count. */
+static void submitting_counts(struct queue_counts *c)
+{
+    int64_t total = c->total;
+    memset(c, 0, sizeof(*c));
+    c->total = total;
+}
+
 static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_detail *err)
 {
     struct queue_counts c;
     int64_t first, last;
     if (queue_job_counts(q, j->id, &c, err) || queue_job_timing(q, j->id, &first, &last, err))
         return NULL;
+    if (!j->ready) {
+        submitting_counts(&c);
+        first = last = 0;
+    }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "id", (double)j->id);
     cJSON_AddStringToObject(o, "name", j->name);
-    cJSON_AddStringToObject(o, "state", queue_job_state_str(j->state));
+    cJSON_AddStringToObject(o, "state", j->ready ? queue_job_state_str(j->state) : "submitting");
+    cJSON_AddBoolToObject(o, "ready", j->ready);
     cJSON_AddStringToObject(o, "model", j->model_path);
     cJSON_AddNumberToObject(o, "items", (double)c.total);
     cJSON *st = cJSON_AddObjectToObject(o, "by_state");
@@ -107,6 +122,11 @@ static void print_status_text(const cJSON *o)
            cJSON_GetObjectItem(o, "name")->valuestring,
            cJSON_GetObjectItem(o, "state")->valuestring,
            cJSON_GetObjectItem(o, "model")->valuestring);
+    if (!cJSON_IsTrue(cJSON_GetObjectItem(o, "ready"))) {
+        printf("  items so far %d (still being submitted; no run takes them yet)\n",
+               cJSON_GetObjectItem(o, "items")->valueint);
+        return;
+    }
     printf("  items %d:", cJSON_GetObjectItem(o, "items")->valueint);
     const cJSON *e;
     cJSON_ArrayForEach(e, bs)
@@ -146,6 +166,11 @@ int runner_cmd_status(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
+    /* killed submits leave jobs that are not ready: delete them before showing any */
+    struct proc_identity self;
+    proc_identity_self(&self);
+    if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
+        LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
     struct queue_job *jobs = NULL;
     size_t n = 0;
     int rc = RUNNER_EXIT_ERROR;

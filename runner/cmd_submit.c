@@ -1,10 +1,14 @@
 /* `quern submit`: read request lines from input files (JSONL, compressed, or inside
  * archives), validate each one, and insert them as one job's items in the SQLite queue.
- * A bad line becomes a failed item with its file, line number and reason; the whole submit
- * is one transaction, so an interrupted submit leaves nothing behind. */
+ * Blank lines are skipped; a bad line becomes a failed item with its file, line number and
+ * reason. Lines are parsed outside the write lock and written in bounded transactions, so runs
+ * sharing the database never wait long, while the job stays invisible to them until the last
+ * commit makes it ready (queue/queue.h, "Jobs being submitted"). A submit that fails or is
+ * interrupted deletes what it wrote; one that is killed is collected by queue_jobs_gc. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +33,8 @@ static const char submit_usage[] =
     "\"/v1/chat/completions\"|\"/v1/completions\",\"body\":{...}}) or the short forms\n"
     "{\"custom_id\"?, \"prompt\": ...} and {\"custom_id\"?, \"messages\": [...]}. A line without\n"
     "custom_id gets \"line-N\" (\"FILE:line-N\" with several inputs). Bad lines become failed\n"
-    "items (reported on stderr with their line numbers) unless --strict.\n"
+    "items (the first 20 reported on stderr with their line numbers) unless --strict. Blank\n"
+    "lines are skipped. The job becomes visible to runs only once every line is in.\n"
     "\n"
     "  --db PATH              queue database (created if missing)\n"
     "  --model PATH           GGUF model for the job (default " RUNNER_DEFAULT_MODEL ")\n"
@@ -156,33 +161,190 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
     return 1;
 }
 
-struct submit_stats {
-    long lines;    /* lines read */
-    long ok;       /* queued items */
-    long bad;      /* failed items */
+#define SUBMIT_BATCH_LINES 10000       /* lines read per write transaction at most */
+#define SUBMIT_BATCH_MS    1000        /* ... and milliseconds of reading */
+#define SUBMIT_BATCH_BYTES (64u << 20) /* ... and payload bytes held in memory */
+#define SUBMIT_WARN_LINES  20          /* bad lines reported one by one on stderr */
+
+/* SIGINT/SIGTERM seen: stop at the next line and delete what was written. */
+static volatile sig_atomic_t g_submit_signal;
+
+static void on_submit_signal(int sig)
+{
+    g_submit_signal = sig;
+}
+
+/* ST_OK, or an error once SIGINT or SIGTERM has come. */
+static enum status check_signal(struct err_detail *err)
+{
+    if (!g_submit_signal)
+        return ST_OK;
+    return err_set(err, ST_ERR_IO, "interrupted by %s",
+                   g_submit_signal == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* One line parsed and waiting for its write transaction; strings owned. */
+struct pending {
+    char *custom_id;  /* may be NULL for a bad line */
+    char *source;     /* input file (+ archive member) */
+    uint64_t line;    /* 1-based line number */
+    char *payload;    /* canonical request JSON; NULL for a bad line */
+    const char *code; /* error code (static text) of a bad line; NULL for a good one */
+    char *msg;        /* why the line is bad */
 };
 
-/* Record one bad line as a failed item and report it. */
-static enum status add_failed(struct queue *q, int64_t job, const char *custom_id,
-                              const char *source, uint64_t line, const char *code,
-                              const char *msg, struct submit_stats *ss, struct err_detail *err)
+struct submit_stats {
+    long lines; /* lines read */
+    long blank; /* blank lines skipped */
+    long ok;    /* queued items */
+    long bad;   /* failed items */
+};
+
+/* The state of one submit. */
+struct submit {
+    struct queue *q;             /* the queue */
+    const struct submit_opts *o; /* options */
+    int64_t job;                 /* the job being written (not ready) */
+    int64_t run;                 /* its submit run */
+    struct pending *pend;        /* lines read since the last write */
+    size_t n_pend;               /* used entries of pend */
+    size_t cap_pend;             /* allocated entries of pend */
+    size_t pend_bytes;           /* payload bytes in pend */
+    long batch_lines;            /* lines read since the last write, blank ones too */
+    double batch_t0;             /* runner_now() at the last write */
+    struct submit_stats ss;      /* counts so far */
+};
+
+static void pending_clear(struct submit *s)
+{
+    for (size_t i = 0; i < s->n_pend; i++) {
+        free(s->pend[i].custom_id);
+        free(s->pend[i].source);
+        free(s->pend[i].payload);
+        free(s->pend[i].msg);
+    }
+    s->n_pend = 0;
+    s->pend_bytes = 0;
+}
+
+/* Queue a line for the next write, copying custom_id, source and msg and taking payload. */
+static enum status pending_add(struct submit *s, const char *custom_id, const char *source,
+                               uint64_t line, char *payload, const char *code, const char *msg,
+                               struct err_detail *err)
+{
+    if (s->n_pend == s->cap_pend) {
+        size_t ncap = s->cap_pend ? s->cap_pend * 2 : 256;
+        struct pending *t = realloc(s->pend, ncap * sizeof(*t));
+        if (!t) {
+            free(payload);
+            return err_set(err, ST_ERR_NOMEM, "out of memory");
+        }
+        s->pend = t;
+        s->cap_pend = ncap;
+    }
+    struct pending *p = &s->pend[s->n_pend++];
+    p->custom_id = custom_id && *custom_id ? strdup(custom_id) : NULL;
+    p->source = strdup(source);
+    p->line = line;
+    p->payload = payload;
+    p->code = code;
+    p->msg = msg ? strdup(msg) : NULL;
+    s->pend_bytes += payload ? strlen(payload) : 0;
+    if ((custom_id && *custom_id && !p->custom_id) || !p->source || (msg && !p->msg))
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    return ST_OK;
+}
+
+/* Record one bad line as a failed item; report the first SUBMIT_WARN_LINES of them. */
+static enum status add_failed(struct submit *s, const char *custom_id, const char *source,
+                              uint64_t line, const char *code, const char *msg,
+                              struct err_detail *err)
 {
     struct queue_item_spec it = {0};
-    it.custom_id = custom_id && *custom_id ? custom_id : NULL;
+    it.custom_id = custom_id;
     it.source = source;
     it.line_no = (int64_t)line;
     it.error_code = code;
     it.error_msg = msg;
-    enum status st = queue_item_add(q, job, &it, NULL, err);
+    enum status st = queue_item_add(s->q, s->job, &it, NULL, err);
     if (st == ST_ERR_EXISTS) { /* the id belongs to another line: keep this one anonymous */
         it.custom_id = NULL;
-        st = queue_item_add(q, job, &it, NULL, err);
+        st = queue_item_add(s->q, s->job, &it, NULL, err);
     }
-    if (!st) {
-        ss->bad++;
+    if (!st && ++s->ss.bad <= SUBMIT_WARN_LINES)
         LOG_WARN("%s:%llu: %s: %s", source, (unsigned long long)line, code, msg);
-    }
     return st;
+}
+
+/* Write one pending line as a queued item, or a failed one. */
+static enum status write_pending(struct submit *s, const struct pending *p,
+                                 struct err_detail *err)
+{
+    if (p->code)
+        return add_failed(s, p->custom_id, p->source, p->line, p->code, p->msg, err);
+    struct queue_item_spec it = {0};
+    it.custom_id = p->custom_id;
+    it.source = p->source;
+    it.line_no = (int64_t)p->line;
+    it.payload = p->payload;
+    enum status st = queue_item_add(s->q, s->job, &it, NULL, err);
+    if (st == ST_ERR_EXISTS) {
+        char msg[700];
+        snprintf(msg, sizeof(msg), "duplicate custom_id '%.600s' (the first line with it is kept)",
+                 p->custom_id);
+        if (s->o->strict)
+            return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s (--strict)", p->source,
+                           (unsigned long long)p->line, msg);
+        return add_failed(s, NULL, p->source, p->line, "duplicate_custom_id", msg, err);
+    }
+    if (!st)
+        s->ss.ok++;
+    return st;
+}
+
+/* The run's summary as JSON text (caller frees), or NULL when out of memory. */
+static char *submit_summary(const struct submit_stats *ss)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "{\"lines\":%ld,\"blank\":%ld,\"queued\":%ld,\"invalid\":%ld}",
+             ss->lines, ss->blank, ss->ok, ss->bad);
+    return strdup(buf);
+}
+
+/* One write transaction: heartbeat the submit run, add every pending line, and when last is
+ * set publish the job (ready, submit run ended). */
+static enum status submit_write(struct submit *s, int last, struct err_detail *err)
+{
+    enum status st = queue_tx_begin(s->q, err);
+    if (st)
+        goto out;
+    st = queue_run_heartbeat(s->q, s->run, err);
+    for (size_t i = 0; !st && i < s->n_pend; i++)
+        st = write_pending(s, &s->pend[i], err);
+    if (!st && last) {
+        char *sum = submit_summary(&s->ss);
+        st = sum ? queue_job_publish(s->q, s->job, sum, err)
+                 : err_set(err, ST_ERR_NOMEM, "out of memory");
+        free(sum);
+    }
+    if (!st)
+        st = queue_tx_commit(s->q, err);
+    if (st)
+        queue_tx_rollback(s->q);
+out:
+    pending_clear(s);
+    s->batch_lines = 0;
+    s->batch_t0 = runner_now();
+    return st;
+}
+
+/* Empty or only ASCII white space. */
+static int blank_line(const char *line, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!strchr(" \t\r\n\v\f", line[i]) || !line[i])
+            return 0;
+    return 1;
 }
 
 /* Source label of a line: the file, plus the archive member when there is one. */
@@ -194,19 +356,53 @@ static void source_label(const struct io_input_pos *pos, char *buf, size_t cap)
         snprintf(buf, cap, "%s", pos->path);
 }
 
-static enum status submit_file(struct queue *q, int64_t job, const char *path, int multi,
-                               const struct submit_opts *o, struct submit_stats *ss,
+/* Parse one non-blank line into a pending item (or fail under --strict). */
+static enum status submit_line(struct submit *s, const char *line, size_t len,
+                               const struct io_input_pos *pos, const char *path, int multi,
+                               const char *source, struct err_detail *err)
+{
+    char defid[1100];
+    if (multi)
+        snprintf(defid, sizeof(defid), "%s:line-%llu", pos->member ? pos->member : path,
+                 (unsigned long long)pos->line);
+    else
+        snprintf(defid, sizeof(defid), "line-%llu", (unsigned long long)pos->line);
+    struct job_defaults d = s->o->def;
+    d.default_id = defid;
+    struct job_request *r = NULL;
+    struct job_error je = {0};
+    enum status st = job_request_parse(line, len, &d, &r, &je);
+    if (st == ST_ERR_NOMEM)
+        return err_set(err, st, "out of memory parsing %s:%llu", source,
+                       (unsigned long long)pos->line);
+    if (st) {
+        if (s->o->strict)
+            return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict)", source,
+                           (unsigned long long)pos->line, job_err_code_str(je.code), je.message);
+        return pending_add(s, je.custom_id, source, pos->line, NULL, job_err_code_str(je.code),
+                           je.message, err);
+    }
+    char *payload = job_request_to_json(r);
+    st = payload ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, err)
+                 : err_set(err, ST_ERR_NOMEM, "out of memory");
+    job_request_free(r);
+    return st;
+}
+
+static enum status submit_file(struct submit *s, const char *path, int multi,
                                struct err_detail *err)
 {
     struct io_input *in;
-    enum status st = io_input_open(&in, path, o->max_line, err);
+    enum status st = io_input_open(&in, path, s->o->max_line, err);
     if (st)
         return st;
     for (;;) {
         const char *line;
         size_t len;
         struct io_input_pos pos;
-        char source[1024], defid[1100];
+        char source[1024];
+        if ((st = check_signal(err)))
+            break;
         st = io_input_next(in, &line, &len, &pos, err);
         if (st == IO_INPUT_END) {
             st = ST_OK;
@@ -214,74 +410,69 @@ static enum status submit_file(struct queue *q, int64_t job, const char *path, i
         }
         if (st != ST_OK && st != ST_ERR_RANGE)
             break;
-        ss->lines++;
+        s->ss.lines++;
+        s->batch_lines++;
         source_label(&pos, source, sizeof(source));
         if (st == ST_ERR_RANGE) {
-            if (o->strict)
+            if (s->o->strict)
                 break;
-            if ((st = add_failed(q, job, NULL, source, pos.line, "line_too_long", err->msg, ss,
-                                 err)))
-                break;
-            continue;
-        }
-        if (multi)
-            snprintf(defid, sizeof(defid), "%s:line-%llu", pos.member ? pos.member : path,
-                     (unsigned long long)pos.line);
-        else
-            snprintf(defid, sizeof(defid), "line-%llu", (unsigned long long)pos.line);
-        struct job_defaults d = o->def;
-        d.default_id = defid;
-        struct job_request *r = NULL;
-        struct job_error je = {0};
-        if (len == 0) {
-            je.code = JOB_ERR_INVALID_JSON;
-            snprintf(je.message, sizeof(je.message), "empty line");
-            st = ST_ERR_FORMAT;
+            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, err);
+        } else if (blank_line(line, len)) {
+            s->ss.blank++;
         } else {
-            st = job_request_parse(line, len, &d, &r, &je);
+            st = submit_line(s, line, len, &pos, path, multi, source, err);
         }
-        if (st == ST_ERR_NOMEM) {
-            err_set(err, st, "out of memory parsing %s:%llu", source, (unsigned long long)pos.line);
-            break;
-        }
-        if (st) {
-            if (o->strict) {
-                err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict: nothing submitted)",
-                        source, (unsigned long long)pos.line, job_err_code_str(je.code),
-                        je.message);
-                break;
-            }
-            if ((st = add_failed(q, job, je.custom_id, source, pos.line,
-                                 job_err_code_str(je.code), je.message, ss, err)))
-                break;
-            continue;
-        }
-        char *payload = job_request_to_json(r);
-        struct queue_item_spec it = {0};
-        it.custom_id = r->custom_id;
-        it.source = source;
-        it.line_no = (int64_t)pos.line;
-        it.payload = payload;
-        st = payload ? queue_item_add(q, job, &it, NULL, err)
-                     : err_set(err, ST_ERR_NOMEM, "out of memory");
-        if (st == ST_ERR_EXISTS) {
-            char msg[700];
-            snprintf(msg, sizeof(msg), "duplicate custom_id '%.600s' (the first line with it is kept)",
-                     r->custom_id);
-            st = o->strict ? err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s (--strict)", source,
-                                     (unsigned long long)pos.line, msg)
-                           : add_failed(q, job, NULL, source, pos.line, "duplicate_custom_id",
-                                        msg, ss, err);
-        } else if (!st) {
-            ss->ok++;
-        }
-        free(payload);
-        job_request_free(r);
         if (st)
             break;
+        if (s->batch_lines >= SUBMIT_BATCH_LINES || s->pend_bytes >= SUBMIT_BATCH_BYTES ||
+            (runner_now() - s->batch_t0) * 1000 >= SUBMIT_BATCH_MS) {
+            if ((st = submit_write(s, 0, err)))
+                break;
+        }
     }
     io_input_close(in);
     return st;
+}
+
+/* Record the submit run and the (not ready) job in one short transaction. */
+static enum status submit_begin(struct submit *s, const struct queue_job_spec *spec,
+                                const struct proc_identity *self, struct err_detail *err)
+{
+    struct queue_run_spec rs = {0};
+    rs.host = self->host;
+    rs.pid = self->pid;
+    rs.boot_id = self->boot_id;
+    rs.pid_ns = self->pid_ns;
+    rs.pstart = self->start_ticks;
+    rs.submit = true;
+    struct queue_job_spec js = *spec;
+    enum status st = queue_tx_begin(s->q, err);
+    if (!st)
+        st = queue_run_start(s->q, &rs, &s->run, err);
+    js.submit_run = s->run;
+    if (!st)
+        st = queue_job_create(s->q, &js, &s->job, err);
+    if (!st)
+        st = queue_tx_commit(s->q, err);
+    if (st) {
+        queue_tx_rollback(s->q);
+        s->run = s->job = 0;
+    }
+    s->batch_t0 = runner_now();
+    return st;
+}
+
+/* SIGINT and SIGTERM stop the submit at the next line; a second one kills it (the job it
+ * leaves behind is not ready, and the next submit, run or status deletes it). */
+static void submit_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_submit_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 int runner_cmd_submit(int argc, char **argv)
@@ -290,7 +481,9 @@ int runner_cmd_submit(int argc, char **argv)
     if (!parse_submit(argc, argv, &o))
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
-    struct queue *q = NULL;
+    struct submit s;
+    memset(&s, 0, sizeof(s));
+    s.o = &o;
     char sha[SHA256_HEX_LEN], name[64];
     int rc = RUNNER_EXIT_ERROR;
     if (sha256_file(o.model, SHA256_WHOLE_FILE, sha, &err)) {
@@ -313,29 +506,54 @@ int runner_cmd_submit(int argc, char **argv)
     }
     o.model = model_abs;
     char *params = job_params_to_json(&o.def);
-    if (!params || queue_open(&q, o.db, &err) || queue_tx_begin(q, &err)) {
+    if (!params || queue_open(&s.q, o.db, &err)) {
         LOG_ERROR("%s", params ? err.msg : "out of memory");
         goto out;
     }
-    struct queue_job_spec js = {o.name, o.model, sha, params, o.out, o.def.sampling.seed};
-    int64_t job = 0;
-    struct submit_stats ss = {0};
-    enum status st = queue_job_create(q, &js, &job, &err);
+    /* a killed submit's job may hold the name we want: collect dead submits first */
+    struct proc_identity self;
+    proc_identity_self(&self);
+    int64_t n_gc = 0;
+    if (queue_jobs_gc(s.q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, &n_gc, &err))
+        LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
+    else if (n_gc)
+        LOG_INFO("deleted %lld unfinished job(s) left by dead submits", (long long)n_gc);
+    submit_signals();
+    struct queue_job_spec js = {o.name, o.model, sha, params, o.out, o.def.sampling.seed, 0};
+    enum status st = submit_begin(&s, &js, &self, &err);
     for (int i = optind; !st && i < argc; i++)
-        st = submit_file(q, job, argv[i], argc - optind > 1, &o, &ss, &err);
-    if (st || (st = queue_tx_commit(q, &err))) {
-        queue_tx_rollback(q);
+        st = submit_file(&s, argv[i], argc - optind > 1, &err);
+    if (!st && !(st = check_signal(&err)))
+        st = submit_write(&s, 1, &err);
+    pending_clear(&s);
+    free(s.pend);
+    if (s.ss.bad > SUBMIT_WARN_LINES)
+        LOG_WARN("%ld more bad lines not shown (each is a failed item with its line number)",
+                 s.ss.bad - SUBMIT_WARN_LINES);
+    if (st) {
         LOG_ERROR("%s", err.msg);
+        struct err_detail e2 = {0};
+        enum status dst = s.job ? queue_job_discard(s.q, s.job,
+                                                    g_submit_signal ? "interrupted" : "failed",
+                                                    NULL, &e2)
+                                : ST_OK;
+        if (dst && dst != ST_ERR_NOT_FOUND) /* not found: deleted already, as dead */
+            LOG_WARN("deleting the partial job %lld: %s (it is not ready, so no run takes it; "
+                     "the next submit or status deletes it)",
+                     (long long)s.job, e2.msg);
         LOG_ERROR("nothing was submitted");
         goto out;
     }
-    printf("%lld\n", (long long)job);
-    fprintf(stderr, "quern submit: job %lld '%s': %ld lines, %ld queued, %ld invalid\n",
-            (long long)job, o.name, ss.lines, ss.ok, ss.bad);
+    printf("%lld\n", (long long)s.job);
+    fprintf(stderr, "quern submit: job %lld '%s': %ld lines, %ld queued, %ld invalid",
+            (long long)s.job, o.name, s.ss.lines, s.ss.ok, s.ss.bad);
+    if (s.ss.blank)
+        fprintf(stderr, ", %ld blank lines skipped", s.ss.blank);
+    fputc('\n', stderr);
     rc = RUNNER_EXIT_OK;
 out:
     free(params);
     free(model_abs);
-    queue_close(q);
+    queue_close(s.q);
     return rc;
 }

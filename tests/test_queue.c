@@ -1,7 +1,9 @@
 /* Unit tests for queue/: schema creation, migration and the newer-version refusal; items and
  * duplicate custom_ids; claim order and limits; lease expiry with a fake clock; the
  * all-or-nothing shard commit and its exactly-once rule; release, cancel, retry and counts;
- * shards; and four forked processes draining one queue with no item done twice. */
+ * shards; four forked processes draining one queue with no item done twice; and jobs being
+ * submitted: invisible to runs until published, discarded in batches, collected when their
+ * submit died. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1311,6 +1313,251 @@ static void test_concurrent_create(void **state)
     assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
 }
 
+/* ---- jobs being submitted ---------------------------------------------------------------- */
+
+/* A submit run for `me` (kind 'submit'), and a not-ready job it writes with n queued items
+ * s00000.. added in one transaction (the submit's bounded commits). */
+static int64_t start_submit(struct queue *q, const struct proc_identity *me, int64_t *run)
+{
+    struct queue_run_spec rs = {.host = me->host,
+                                .pid = me->pid,
+                                .boot_id = me->boot_id,
+                                .pid_ns = me->pid_ns,
+                                .pstart = me->start_ticks,
+                                .submit = true};
+    *run = 0;
+    return queue_run_start(q, &rs, run, NULL) == ST_OK ? *run : 0;
+}
+
+static int64_t make_submitting_job(struct queue *q, const char *name, int64_t run, int n)
+{
+    struct queue_job_spec spec = {
+        .name = name, .model_path = "m.gguf", .out_dir = "out", .submit_run = run};
+    int64_t job = 0;
+    if (queue_job_create(q, &spec, &job, NULL) != ST_OK || queue_tx_begin(q, NULL) != ST_OK)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        char cid[32];
+        snprintf(cid, sizeof(cid), "s%05d", i);
+        struct queue_item_spec it = {.custom_id = cid, .payload = "{}", .line_no = i + 1};
+        if (queue_item_add(q, job, &it, NULL, NULL) != ST_OK)
+            return 0;
+        if (i % 1000 == 999 &&
+            (queue_run_heartbeat(q, run, NULL) != ST_OK || queue_tx_commit(q, NULL) != ST_OK ||
+             queue_tx_begin(q, NULL) != ST_OK))
+            return 0;
+    }
+    return queue_tx_commit(q, NULL) == ST_OK ? job : 0;
+}
+
+static int64_t count_where(struct fixture *f, const char *table, const char *col, int64_t v)
+{
+    char sql[160];
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE %s = %lld", table, col, (long long)v);
+    return sql_int(f->path, sql);
+}
+
+/* A job being submitted is invisible to runs until it is published: no claim (of that job or
+ * of any job) takes its items, no run can be started on it, an empty claim does not mark it
+ * done, and counts over all jobs leave it out; list and get show ready = false. */
+static void test_not_ready_job_invisible(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    int64_t ready_job = make_job(q, "ready", 2);
+    int64_t srun = 0;
+    assert_true(start_submit(q, &self, &srun) > 0);
+    int64_t job = make_submitting_job(q, "sub", srun, 5);
+    assert_true(job > 0);
+    struct queue_job j = {0};
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_false(j.ready);
+    assert_int_equal(j.submit_run, srun);
+    assert_int_equal(j.n_items, 5);
+    queue_job_free(&j);
+    struct queue_job *jobs = NULL;
+    size_t nj = 0;
+    assert_int_equal(queue_job_list(q, &jobs, &nj, &err), ST_OK);
+    assert_int_equal(nj, 2);
+    assert_true(jobs[0].ready);
+    assert_false(jobs[1].ready);
+    queue_job_list_free(jobs, nj);
+
+    /* a run on the job is refused; a run on any job claims only the ready job's items */
+    struct queue_run_spec rs = {.job_id = job, .host = "h", .pid = 1};
+    int64_t refused = 0;
+    assert_int_equal(queue_run_start(q, &rs, &refused, &err), ST_ERR_INVALID_ARG);
+    rs.job_id = 999;
+    assert_int_equal(queue_run_start(q, &rs, &refused, &err), ST_ERR_NOT_FOUND);
+    int64_t run = start_run(q, 0);
+    size_t n = 9;
+    struct queue_claimed *c = claim(q, job, run, 10, 60000, &n);
+    assert_int_equal(n, 0);
+    assert_null(c);
+    c = claim(q, 0, run, 10, 60000, &n);
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(c[i].job_id, ready_job);
+    queue_claimed_free(c, n);
+    c = claim(q, 0, run, 10, 60000, &n);
+    assert_int_equal(n, 0);
+    assert_int_equal(count_where(f, "items", "job_id", job), 5);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 2);
+
+    /* an empty not-ready job is not marked done by a claim that finds nothing */
+    int64_t srun2 = 0;
+    assert_true(start_submit(q, &self, &srun2) > 0);
+    int64_t empty = make_submitting_job(q, "empty", srun2, 0);
+    assert_true(empty > 0);
+    c = claim(q, empty, run, 10, 60000, &n);
+    assert_int_equal(n, 0);
+    c = claim(q, 0, run, 10, 60000, &n);
+    assert_int_equal(n, 0);
+    enum queue_job_state js;
+    assert_int_equal(queue_job_state_get(q, empty, &js, &err), ST_OK);
+    assert_int_equal(js, QUEUE_JOB_QUEUED);
+
+    /* counts over all jobs leave the not-ready jobs out; the job's own counts show them */
+    struct queue_counts counts;
+    assert_int_equal(queue_job_counts(q, 0, &counts, &err), ST_OK);
+    assert_int_equal(counts.total, 2);
+    assert_int_equal(queue_job_counts(q, job, &counts, &err), ST_OK);
+    assert_int_equal(counts.total, 5);
+
+    /* submit runs do not count as run time of any job */
+    f->now += 5000;
+    assert_int_equal(queue_run_heartbeat(q, srun, &err), ST_OK);
+    int64_t first = 0, last = 0;
+    assert_int_equal(queue_job_timing(q, ready_job, &first, &last, &err), ST_OK);
+    assert_int_equal(first, 1000000);
+    assert_int_equal(last, 1000000);
+
+    /* publish: ready, the submit run ended as "submitted"; now its items can be claimed */
+    assert_int_equal(queue_job_publish(q, job, "{\"lines\":5}", &err), ST_OK);
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_OK);
+    assert_true(j.ready);
+    queue_job_free(&j);
+    char sql[160];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM runs WHERE id = %lld AND exit_reason = 'submitted'"
+             " AND ended IS NOT NULL AND kind = 'submit'",
+             (long long)srun);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    assert_int_equal(queue_job_publish(q, job, NULL, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_run_heartbeat(q, srun, &err), ST_ERR_CONFLICT);
+    c = claim(q, job, run, 10, 60000, &n);
+    assert_int_equal(n, 5);
+    queue_claimed_free(c, n);
+    assert_int_equal(queue_job_counts(q, 0, &counts, &err), ST_OK);
+    assert_int_equal(counts.total, 7);
+    /* a discarded submit's job can never be published, and is gone with its items */
+    int64_t gone = 0;
+    assert_int_equal(queue_job_discard(q, ready_job, "failed", &gone, &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_job_discard(q, empty, "failed", &gone, &err), ST_OK);
+    assert_int_equal(gone, 0);
+    assert_int_equal(queue_job_publish(q, empty, NULL, &err), ST_ERR_NOT_FOUND);
+    queue_close(q);
+}
+
+/* queue_job_discard deletes a big job in bounded transactions, and ends its submit run first. */
+static void test_discard_batches(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    int64_t srun = 0;
+    assert_true(start_submit(q, &self, &srun) > 0);
+    int64_t job = make_submitting_job(q, "big", srun, 25001);
+    assert_true(job > 0);
+    int64_t gone = 0;
+    assert_int_equal(queue_job_discard(q, job, "interrupted", &gone, &err), ST_OK);
+    assert_int_equal(gone, 25001);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE exit_reason = 'interrupted'"
+                                      " AND ended IS NOT NULL"),
+                     1);
+    assert_int_equal(queue_job_discard(q, job, "failed", &gone, &err), ST_ERR_NOT_FOUND);
+    queue_close(q);
+}
+
+/* queue_jobs_gc deletes the job of a submit whose process died (a forked child that exits
+ * without publishing) with its items, so its name can be used again, and the job of a submit
+ * on another host once its heartbeat is stale; it leaves alone a not-ready job whose submit is
+ * alive (this process, even with a stale heartbeat), a remote one with a fresh heartbeat, and
+ * every ready job. */
+static void test_jobs_gc(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
+        fail_msg("no /proc identity on this machine");
+    int64_t ready_job = make_job(q, "ready", 3);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct queue *cq = NULL;
+        struct proc_identity me;
+        proc_identity_self(&me);
+        int64_t run = 0;
+        if (queue_open(&cq, f->path, NULL) || !start_submit(cq, &me, &run) ||
+            !make_submitting_job(cq, "dead", run, 1500))
+            _exit(1);
+        _exit(0); /* killed mid-submit: never published, connection not closed */
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    int64_t dead_job = sql_int(f->path, "SELECT id FROM jobs WHERE name = 'dead'");
+    assert_true(dead_job > 0);
+    assert_int_equal(count_where(f, "items", "job_id", dead_job), 1500);
+
+    /* this process's own submit, and two on another host: one goes stale, one stays fresh */
+    int64_t mine_run = 0, stale_run = 0, fresh_run = 0;
+    assert_true(start_submit(q, &self, &mine_run) > 0);
+    int64_t mine = make_submitting_job(q, "mine", mine_run, 4);
+    struct proc_identity other = self;
+    snprintf(other.host, sizeof(other.host), "elsewhere");
+    assert_true(start_submit(q, &other, &stale_run) > 0);
+    int64_t stale = make_submitting_job(q, "stale", stale_run, 2);
+    f->now += 600000;
+    assert_true(start_submit(q, &other, &fresh_run) > 0);
+    int64_t fresh = make_submitting_job(q, "fresh", fresh_run, 2);
+    assert_true(mine > 0 && stale > 0 && fresh > 0);
+
+    int64_t deleted = 0;
+    assert_int_equal(queue_jobs_gc(q, &self, 300000, &deleted, &err), ST_OK);
+    assert_int_equal(deleted, 2);
+    assert_int_equal(count_where(f, "jobs", "id", dead_job), 0);
+    assert_int_equal(count_where(f, "items", "job_id", dead_job), 0);
+    assert_int_equal(count_where(f, "jobs", "id", stale), 0);
+    assert_int_equal(count_where(f, "items", "job_id", stale), 0);
+    assert_int_equal(count_where(f, "items", "job_id", mine), 4);
+    assert_int_equal(count_where(f, "items", "job_id", fresh), 2);
+    assert_int_equal(count_where(f, "items", "job_id", ready_job), 3);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE exit_reason = 'dead'"), 2);
+    /* the stale submit finds out at its next heartbeat */
+    assert_int_equal(queue_run_heartbeat(q, stale_run, &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_job_publish(q, stale, NULL, &err), ST_ERR_NOT_FOUND);
+    /* the name is free again; nothing more to collect */
+    int64_t again = make_job(q, "dead", 1);
+    assert_true(again > dead_job);
+    assert_int_equal(queue_jobs_gc(q, &self, 300000, &deleted, &err), ST_OK);
+    assert_int_equal(deleted, 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs"), 4);
+    /* the live submit publishes as usual */
+    assert_int_equal(queue_job_publish(q, mine, NULL, &err), ST_OK);
+    queue_close(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1333,6 +1580,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_record_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reap_dead_runs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_not_ready_job_invisible, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
