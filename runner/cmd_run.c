@@ -1040,10 +1040,24 @@ int runner_cmd_run(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         goto out;
     }
+    /* runs and submits on this host whose process is gone: items back, half-submitted jobs
+     * deleted, before anything is chosen */
+    int64_t reaped = 0;
+    if (queue_reap_dead(r.q, &r.self, &reaped, &err) ||
+        queue_jobs_gc(r.q, &r.self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err)) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
     if (o.job) {
         struct queue_job j;
         if (queue_job_find(r.q, o.job, &j, &err)) {
             LOG_ERROR("%s", err.msg);
+            goto out;
+        }
+        if (!j.ready) {
+            LOG_ERROR("job '%s' is still being submitted; run it once its submit has finished",
+                      j.name);
+            queue_job_free(&j);
             goto out;
         }
         job_ids = malloc(sizeof(int64_t));
@@ -1059,7 +1073,7 @@ int runner_cmd_run(int argc, char **argv)
         }
         job_ids = malloc(sizeof(int64_t) * (n + 1));
         for (size_t i = 0; job_ids && i < n; i++) /* done jobs: the loop below checks shards */
-            if (jobs[i].state != QUEUE_JOB_CANCELLED)
+            if (jobs[i].state != QUEUE_JOB_CANCELLED && jobs[i].ready)
                 job_ids[n_jobs++] = jobs[i].id;
         queue_job_list_free(jobs, n);
     }
@@ -1076,11 +1090,6 @@ int runner_cmd_run(int argc, char **argv)
     rs.pid_ns = r.self.pid_ns;
     rs.pstart = r.self.start_ticks;
     if (queue_run_start(r.q, &rs, &r.run_id, &err)) {
-        LOG_ERROR("%s", err.msg);
-        goto out;
-    }
-    int64_t reaped = 0;
-    if (queue_reap_dead(r.q, &r.self, &reaped, &err)) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }

@@ -519,7 +519,13 @@ int runner_cmd_submit(int argc, char **argv)
     else if (n_gc)
         LOG_INFO("deleted %lld unfinished job(s) left by dead submits", (long long)n_gc);
     submit_signals();
-    struct queue_job_spec js = {o.name, o.model, sha, params, o.out, o.def.sampling.seed, 0};
+    /* the output root is stored absolute: runs started anywhere write to the same place */
+    char out_abs[4096];
+    if (runner_abspath(o.out, out_abs, sizeof(out_abs), &err)) {
+        LOG_ERROR("--out: %s", err.msg);
+        goto out;
+    }
+    struct queue_job_spec js = {o.name, o.model, sha, params, out_abs, o.def.sampling.seed, 0};
     enum status st = submit_begin(&s, &js, &self, &err);
     for (int i = optind; !st && i < argc; i++)
         st = submit_file(&s, argv[i], argc - optind > 1, &err);

@@ -13,6 +13,7 @@
 
 #include "io/manifest.h"
 #include "io/shard.h"
+#include "runner/runner.h"
 
 /* mkdir -p for an absolute or relative path. */
 static enum status mkdirs(const char *path, struct err_detail *err)
@@ -34,24 +35,6 @@ static enum status mkdirs(const char *path, struct err_detail *err)
     struct stat sb;
     if (stat(path, &sb) || !S_ISDIR(sb.st_mode))
         return err_set(err, ST_ERR_IO, "%s is not a directory", path);
-    return ST_OK;
-}
-
-/* Absolute form of a working-directory-relative path (not resolved through links). */
-static enum status absolute(const char *p, char *out, size_t cap, struct err_detail *err)
-{
-    char cwd[4096];
-    int n;
-    if (p[0] == '/')
-        n = snprintf(out, cap, "%s", p);
-    else if (getcwd(cwd, sizeof(cwd)))
-        n = snprintf(out, cap, "%s/%s", cwd, p);
-    else
-        return err_set(err, ST_ERR_IO, "getcwd: %s", strerror(errno));
-    if (n < 0 || (size_t)n >= cap)
-        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", p);
-    while (n > 1 && out[n - 1] == '/')
-        out[--n] = 0;
     return ST_OK;
 }
 
@@ -83,7 +66,7 @@ enum status runner_job_dir(struct queue *q, const struct queue_job *job, const c
     if (st)
         return st;
     if (out_flag)
-        st = absolute(out_flag, root, sizeof(root), err);
+        st = runner_abspath(out_flag, root, sizeof(root), err);
     else
         st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
     if (st)

@@ -3,7 +3,10 @@
 #ifndef RUNNER_RUNNER_H
 #define RUNNER_RUNNER_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "common/err.h"
 
 #define RUNNER_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define RUNNER_EXIT_OK 0
@@ -54,6 +57,10 @@ int runner_default_threads(void);
 
 /* Monotonic seconds. */
 double runner_now(void);
+
+/* Absolute form of a working-directory-relative path (no links resolved, trailing '/'
+ * dropped) into out; ST_ERR_RANGE when it does not fit. */
+enum status runner_abspath(const char *p, char *out, size_t cap, struct err_detail *err);
 
 /* Read all of stdin into a malloc'd NUL-terminated buffer (caller frees); NULL on error. */
 char *runner_read_stdin(size_t *len);
