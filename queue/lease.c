@@ -2,6 +2,7 @@
  * graceful release and the expiry sweep. Finishing items is queue_commit_shard (shards.c). */
 #include "queue/queue_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,6 +134,13 @@ static enum status collect_claimed(struct queue *q, sqlite3_stmt *s, struct queu
         st = queue_col_dup(s, 2, &c->custom_id, err);
         if (st == ST_OK)
             st = queue_col_dup(s, 3, &c->payload, err);
+        if (st == ST_OK && (!c->custom_id || !c->payload)) {
+            /* only items failed at submit lack them, and those are never queued */
+            char what[96];
+            snprintf(what, sizeof(what), "queued item %lld has no custom_id or payload",
+                     (long long)c->id);
+            st = queue_bad_row(q, what, err);
+        }
         if (st != ST_OK)
             break;
     }

@@ -100,26 +100,34 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_
     return o;
 }
 
+/* Field key of o as a string or a number; "?" and 0 when it is missing or of another type, so
+ * that the printer never assumes what job_status put in. */
+static const char *jstr(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : "?";
+}
+
+static double jnum(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
 static void print_status_text(const cJSON *o)
 {
-    const cJSON *bs = cJSON_GetObjectItem(o, "by_state");
-    printf("job %d '%s' [%s] model %s\n", cJSON_GetObjectItem(o, "id")->valueint,
-           cJSON_GetObjectItem(o, "name")->valuestring,
-           cJSON_GetObjectItem(o, "state")->valuestring,
-           cJSON_GetObjectItem(o, "model")->valuestring);
-    printf("  items %d:", cJSON_GetObjectItem(o, "items")->valueint);
+    printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
+           jstr(o, "model"));
+    printf("  items %.0f:", jnum(o, "items"));
     const cJSON *e;
-    cJSON_ArrayForEach(e, bs)
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(o, "by_state"))
     {
-        printf(" %s %d", e->string, e->valueint);
+        printf(" %s %.0f", e->string ? e->string : "?", cJSON_IsNumber(e) ? e->valuedouble : 0);
     }
     printf("\n  tokens: %.0f prompt, %.0f completion; %.1f completion tok/s, %.2f items/s over "
            "%.0f s of runs",
-           cJSON_GetObjectItem(o, "prompt_tokens")->valuedouble,
-           cJSON_GetObjectItem(o, "completion_tokens")->valuedouble,
-           cJSON_GetObjectItem(o, "completion_tok_s")->valuedouble,
-           cJSON_GetObjectItem(o, "items_s")->valuedouble,
-           cJSON_GetObjectItem(o, "run_seconds")->valuedouble);
+           jnum(o, "prompt_tokens"), jnum(o, "completion_tokens"), jnum(o, "completion_tok_s"),
+           jnum(o, "items_s"), jnum(o, "run_seconds"));
     const cJSON *eta = cJSON_GetObjectItem(o, "eta_s");
     if (cJSON_IsNumber(eta))
         printf("; ETA %.0f s", eta->valuedouble);
@@ -129,7 +137,7 @@ static void print_status_text(const cJSON *o)
         printf("  errors:");
         cJSON_ArrayForEach(e, errs)
         {
-            printf(" %s %d", e->string, e->valueint);
+            printf(" %s %.0f", e->string ? e->string : "?", cJSON_IsNumber(e) ? e->valuedouble : 0);
         }
         putchar('\n');
     }
@@ -142,7 +150,9 @@ int runner_cmd_status(int argc, char **argv)
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
     struct queue *q;
-    if (queue_open(&q, o.db, &err)) {
+    /* no quick_check: status is polled, and a damaged page it reads is still an error */
+    struct queue_options qo = {.must_exist = true};
+    if (queue_open_opts(&q, o.db, &qo, &err)) {
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
@@ -202,7 +212,9 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     struct queue_job j = {0};
     int64_t n = 0;
     int rc = RUNNER_EXIT_ERROR;
-    if (queue_open(&q, o.db, &err) || queue_job_find(q, o.job, &j, &err) ||
+    /* these write: check the whole file first rather than change a damaged one */
+    struct queue_options qo = {.must_exist = true, .check_integrity = true};
+    if (queue_open_opts(&q, o.db, &qo, &err) || queue_job_find(q, o.job, &j, &err) ||
         (retry ? queue_job_retry_failed(q, j.id, &n, &err) : queue_job_cancel(q, j.id, &n, &err)))
         LOG_ERROR("%s", err.msg);
     else {
