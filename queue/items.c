@@ -1,4 +1,5 @@
 /* Read-only scans over a job's items (for export and status) and the time span of its runs. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "queue/queue_internal.h"
@@ -24,12 +25,18 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
         it.source = (const char *)sqlite3_column_text(s, 2);
         it.line_no = sqlite3_column_int64(s, 3);
         state = queue_item_state_parse((const char *)sqlite3_column_text(s, 4));
-        it.state = state < 0 ? QUEUE_ITEM_QUEUED : (enum queue_item_state)state;
         it.shard_id = sqlite3_column_int64(s, 5);
         it.error_code = (const char *)sqlite3_column_text(s, 6);
         it.error_msg = (const char *)sqlite3_column_text(s, 7);
         it.shard_record = sqlite3_column_int64(s, 8);
         it.payload = (const char *)sqlite3_column_text(s, 9);
+        if (state < 0) { /* custom_id and payload may be NULL (see queue_item_info) */
+            char what[96];
+            snprintf(what, sizeof(what), "item %lld has an unknown state", (long long)it.id);
+            st = queue_bad_row(q, what, err);
+            break;
+        }
+        it.state = (enum queue_item_state)state;
         st = fn(user, &it);
     }
     if (!st && rc != SQLITE_DONE)

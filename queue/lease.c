@@ -2,6 +2,7 @@
  * graceful release and the expiry sweep. Finishing items is queue_commit_shard (shards.c). */
 #include "queue/queue_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -6,11 +6,16 @@
 #include "common/fault.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/log.h"
 
 /* ---- names ----------------------------------------------------------------------------- */
 
@@ -79,7 +84,14 @@ void queue_set_clock(struct queue *q, int64_t (*now_ms)(void *ctx), void *ctx)
     q->clock_ctx = now_ms ? ctx : NULL;
 }
 
-enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err)
+/* What to do about a damaged file, appended to every corruption message. */
+#define CORRUPT_ADVICE                                                                             \
+    "; restore it from a backup, or salvage what is left with `sqlite3 %s .recover` into a new "   \
+    "file"
+
+/* queue_sql_err for a connection that may not be a struct queue yet (db may be NULL). */
+static enum status sql_fail(sqlite3 *db, const char *path, int rc, const char *what,
+                            struct err_detail *err)
 {
     enum status st;
     switch (rc & 0xff) {
@@ -110,8 +122,27 @@ enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_
         st = ST_ERR_INTERNAL;
         break;
     }
-    const char *msg = q && q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc);
+    const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    const char *p = path ? path : "(unknown)";
+    if ((rc & 0xff) == SQLITE_CORRUPT)
+        return err_set(err, st, "queue %s is corrupt (%s: %s)" CORRUPT_ADVICE, p, what, msg, p);
+    if ((rc & 0xff) == SQLITE_NOTADB)
+        return err_set(err, st,
+                       "queue %s is not an SQLite database, or its header is destroyed (%s: %s)"
+                       "; if it was a queue, restore it from a backup",
+                       p, what, msg);
     return err_set(err, st, "%s: %s", what, msg);
+}
+
+enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err)
+{
+    return sql_fail(q ? q->db : NULL, q ? q->path : NULL, rc, what, err);
+}
+
+enum status queue_bad_row(struct queue *q, const char *what, struct err_detail *err)
+{
+    const char *p = q->path ? q->path : "(unknown)";
+    return err_set(err, ST_ERR_FORMAT, "queue %s is corrupt (%s)" CORRUPT_ADVICE, p, what, p);
 }
 
 sqlite3_stmt *queue_stmt(struct queue *q, enum queue_stmt_id id, struct err_detail *err)
@@ -438,6 +469,207 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
     return queue_step_done(q, s, "recording the job's output directory", err);
 }
 
+/* ---- what kind of file and file system -------------------------------------------------- */
+
+/* statfs f_type values (linux/magic.h and the file systems' own sources) of file systems where
+ * SQLite's WAL cannot be trusted: its index (the -shm file) is shared memory, which every
+ * process that opens the database maps, and mappings are not kept coherent across hosts. */
+static const struct fs_magic {
+    uint32_t magic;   /* statfs f_type */
+    const char *name; /* file system name for messages */
+    bool refuse;      /* true: network or cluster file system; false: maybe local (FUSE) */
+} FS_MAGICS[] = {
+    {0x00006969, "NFS", true},      {0x0000517B, "SMB", true},
+    {0xFF534D42, "SMB/CIFS", true}, {0xFE534D42, "SMB2", true},
+    {0x0BD00BD0, "Lustre", true},   {0x47504653, "GPFS", true},
+    {0x00C36400, "CephFS", true},   {0x01021997, "9P", true},
+    {0x5346414F, "AFS", true},      {0x6B414653, "AFS (kAFS)", true},
+    {0x19830326, "BeeGFS", true},   {0x20030528, "OrangeFS/PVFS2", true},
+    {0x65735546, "FUSE", false},
+};
+
+const char *queue_fs_kind(uint64_t magic, bool *refuse)
+{
+    if (refuse)
+        *refuse = false;
+    for (size_t i = 0; i < sizeof(FS_MAGICS) / sizeof(FS_MAGICS[0]); i++) {
+        /* f_type is a signed word: on 32-bit hosts 0xFF534D42 arrives sign-extended */
+        if (FS_MAGICS[i].magic == (uint32_t)magic) {
+            if (refuse)
+                *refuse = FS_MAGICS[i].refuse;
+            return FS_MAGICS[i].name;
+        }
+    }
+    return NULL;
+}
+
+/* Refuse a database whose directory is on a network or cluster file system; warn on FUSE.
+ * A directory that cannot be examined is left to the open to report. */
+static enum status check_fs(const char *path, struct err_detail *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = 0;
+    else
+        *slash = 0;
+    uint64_t magic;
+    const char *test = getenv("QUERN_TEST_FS_MAGIC"); /* test-only override, see queue.h */
+    if (test && *test) {
+        magic = strtoull(test, NULL, 0);
+    } else {
+        struct statfs sf;
+        if (statfs(dir, &sf) != 0)
+            return ST_OK;
+        magic = (uint64_t)sf.f_type;
+    }
+    bool refuse = false;
+    const char *kind = queue_fs_kind(magic, &refuse);
+    if (!kind)
+        return ST_OK;
+    if (!refuse) {
+        LOG_WARN("queue %s is on a %s file system: fine if the mount is local (or only this host "
+                 "uses it), but SQLite's WAL does not work across hosts; on a shared mount put "
+                 "the queue on node-local storage",
+                 path, kind);
+        return ST_OK;
+    }
+    return err_set(err, ST_ERR_UNSUPPORTED,
+                   "queue %s is on a %s file system (%s): the queue uses SQLite's WAL mode, whose "
+                   "index is shared memory that does not work across hosts, so concurrent runs "
+                   "would corrupt it. Put the queue on node-local storage (local disk or /tmp), "
+                   "one queue per Slurm array task",
+                   path, kind, dir);
+}
+
+/* A read-only connection for inspecting a file before anything is written to it. */
+struct peek {
+    sqlite3 *db;      /* SQLITE_OPEN_READONLY connection, owned */
+    const char *path; /* the file, borrowed */
+};
+
+/* Every table name except SQLite's own, comma-separated (shortened with "..."), and whether
+ * the four tables every quern queue has are among them. */
+static enum status peek_tables(struct peek *pk, char *names, size_t cap, bool *quern,
+                               struct err_detail *err)
+{
+    static const char sql[] = "SELECT name FROM sqlite_master WHERE type = 'table'"
+                              " AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name";
+    static const char *const ours[] = {"jobs", "items", "runs", "shards"};
+    bool have[4] = {false, false, false, false};
+    names[0] = 0;
+    size_t len = 0;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(pk->db, sql, -1, &st, NULL);
+    while (st && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *n = (const char *)sqlite3_column_text(st, 0);
+        if (!n)
+            continue;
+        for (int i = 0; i < 4; i++)
+            have[i] = have[i] || strcmp(n, ours[i]) == 0;
+        if (len + strlen(n) + 8 < cap)
+            len += (size_t)snprintf(names + len, cap - len, "%s%s", len ? ", " : "", n);
+        else if (len + 5 < cap && strcmp(names + len - 3, "...") != 0)
+            len += (size_t)snprintf(names + len, cap - len, ", ...");
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return sql_fail(pk->db, pk->path, rc, "reading the schema", err);
+    *quern = have[0] && have[1] && have[2] && have[3];
+    return ST_OK;
+}
+
+/* PRAGMA quick_check: ST_OK on "ok", else ST_ERR_FORMAT with its first lines. */
+static enum status peek_quick_check(struct peek *pk, struct err_detail *err)
+{
+    sqlite3_stmt *st = NULL;
+    char lines[320] = "";
+    size_t len = 0;
+    int n = 0;
+    int rc = sqlite3_prepare_v2(pk->db, "PRAGMA quick_check(4)", -1, &st, NULL);
+    while (st && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *t = (const char *)sqlite3_column_text(st, 0);
+        if (n++ == 0 && t && strcmp(t, "ok") == 0)
+            continue;
+        if (len + 4 < sizeof(lines))
+            len += (size_t)snprintf(lines + len, sizeof(lines) - len, "%s%s", len ? "; " : "",
+                                    t ? t : "?");
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return sql_fail(pk->db, pk->path, rc, "checking integrity", err);
+    if (!lines[0])
+        return ST_OK;
+    return err_set(err, ST_ERR_FORMAT, "queue %s is corrupt: %s" CORRUPT_ADVICE, pk->path, lines,
+                   pk->path);
+}
+
+/* Look at the file read-only and decide whether queue_open may change it: a missing or empty
+ * database becomes a new queue, a queue is migrated, anything else is refused. Every refusal
+ * leaves the file as it was, and every message names the path. */
+static enum status inspect(const char *path, const struct queue_options *opts,
+                           struct err_detail *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno != ENOENT)
+            return err_set(err, ST_ERR_IO, "queue %s: %s", path, strerror(errno));
+        if (opts->must_exist)
+            return err_set(err, ST_ERR_NOT_FOUND, "queue %s does not exist", path);
+        return ST_OK;
+    }
+    if (S_ISDIR(sb.st_mode))
+        return err_set(err, ST_ERR_INVALID_ARG, "queue %s is a directory, not a database file",
+                       path);
+    if (S_ISREG(sb.st_mode) && sb.st_size == 0) {
+        if (opts->must_exist)
+            return err_set(err, ST_ERR_NOT_FOUND, "queue %s is an empty file, not a queue", path);
+        return ST_OK;
+    }
+    struct peek pk = {NULL, path};
+    int rc = sqlite3_open_v2(path, &pk.db, SQLITE_OPEN_READONLY, NULL);
+    enum status st = ST_OK;
+    if (rc != SQLITE_OK) {
+        st = err_set(err, ST_ERR_IO, "opening queue %s: %s", path,
+                     pk.db ? sqlite3_errmsg(pk.db) : sqlite3_errstr(rc));
+        sqlite3_close(pk.db);
+        return st;
+    }
+    sqlite3_extended_result_codes(pk.db, 1);
+    sqlite3_busy_timeout(pk.db,
+                         opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
+    int v = 0;
+    sqlite3_stmt *s = NULL;
+    rc = sqlite3_prepare_v2(pk.db, "PRAGMA user_version", -1, &s, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        v = sqlite3_column_int(s, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(s);
+    char names[256];
+    bool quern = false;
+    if (rc != SQLITE_OK)
+        st = sql_fail(pk.db, path, rc, "reading the schema version", err);
+    else if (v > QUEUE_SCHEMA_VERSION)
+        st = refuse_newer(v, err);
+    else
+        st = peek_tables(&pk, names, sizeof(names), &quern, err);
+    if (st == ST_OK && ((v == 0 && names[0]) || (v > 0 && !quern)))
+        st = err_set(err, ST_ERR_FORMAT,
+                     "queue %s is an SQLite database but not a quern queue (user_version %d, "
+                     "tables: %s); refusing to change it",
+                     path, v, names[0] ? names : "none");
+    if (st == ST_OK && v == 0 && opts->must_exist)
+        st = err_set(err, ST_ERR_NOT_FOUND, "queue %s is an empty database, not a queue yet", path);
+    if (st == ST_OK && opts->check_integrity)
+        st = peek_quick_check(&pk, err);
+    sqlite3_close(pk.db);
+    return st;
+}
+
 enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
                             struct err_detail *err)
 {
@@ -445,9 +677,17 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     struct queue_options def = {0};
     if (!opts)
         opts = &def;
+    /* Nothing below may create or change the file until the checks have passed. */
+    enum status st = check_fs(path, err);
+    if (st == ST_OK)
+        st = inspect(path, opts, err);
+    if (st != ST_OK)
+        return st;
     struct queue *q = calloc(1, sizeof(*q));
-    if (!q)
+    if (!q || !(q->path = strdup(path))) {
+        free(q);
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
+    }
     q->now_ms = real_now_ms;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -456,11 +696,12 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
         sprintf(q->file, "%s/%s", strcmp(q->dir, "/") ? q->dir : "", base);
     if (!q->file) {
         free(q->dir);
+        free(q->path);
         free(q);
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     }
-    int rc = sqlite3_open_v2(path, &q->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
-    enum status st = ST_OK;
+    int flags = SQLITE_OPEN_READWRITE | (opts->must_exist ? 0 : SQLITE_OPEN_CREATE);
+    int rc = sqlite3_open_v2(path, &q->db, flags, NULL);
     if (rc != SQLITE_OK) {
         st = err_set(err, ST_ERR_IO, "opening queue %s: %s", path,
                      q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc));
@@ -469,14 +710,6 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     sqlite3_extended_result_codes(q->db, 1);
     sqlite3_busy_timeout(q->db,
                          opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
-    /* Refuse a newer schema before changing anything in the file. */
-    int v = 0;
-    if ((st = read_user_version(q, &v, err)) != ST_OK)
-        goto fail;
-    if (v > QUEUE_SCHEMA_VERSION) {
-        st = refuse_newer(v, err);
-        goto fail;
-    }
     if ((st = set_pragmas(q, opts, err)) != ST_OK)
         goto fail;
     if ((st = migrate(q, err)) != ST_OK)
@@ -484,7 +717,7 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     *out = q;
     return ST_OK;
 fail:
-    if (err)
+    if (err && !strstr(err->msg, path))
         err_prefix(err, "queue %s", path);
     queue_close(q);
     return st;
@@ -506,6 +739,7 @@ void queue_close(struct queue *q)
     sqlite3_close(q->db);
     free(q->dir);
     free(q->file);
+    free(q->path);
     free(q);
 }
 
@@ -603,15 +837,32 @@ void queue_job_list_free(struct queue_job *jobs, size_t n)
     free(jobs);
 }
 
-/* Fill j from the current row of a JOB_COLS statement. */
-static enum status read_job(sqlite3_stmt *s, struct queue_job *j, struct err_detail *err)
+/* Fill j from the current row of a JOB_COLS statement. A row that breaks the schema (a NULL
+ * where it says NOT NULL, an unknown state) is corruption: ST_ERR_FORMAT, never a half-filled
+ * job whose NULL strings a caller would trip on. */
+static enum status read_job(struct queue *q, sqlite3_stmt *s, struct queue_job *j,
+                            struct err_detail *err)
 {
+    static const int required[] = {0, 1, 2, 4, 5, 7, 8, 9, 10}; /* NOT NULL in the schema */
     memset(j, 0, sizeof(*j));
     j->id = sqlite3_column_int64(s, 0);
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+        if (sqlite3_column_type(s, required[i]) == SQLITE_NULL) {
+            char what[96];
+            snprintf(what, sizeof(what), "job %lld has no %s", (long long)j->id,
+                     sqlite3_column_name(s, required[i]));
+            return queue_bad_row(q, what, err);
+        }
+    }
+    int state = queue_job_state_parse((const char *)sqlite3_column_text(s, 4));
+    if (state < 0 || j->id <= 0) {
+        char what[96];
+        snprintf(what, sizeof(what), "job %lld has an unknown state or id", (long long)j->id);
+        return queue_bad_row(q, what, err);
+    }
+    j->state = (enum queue_job_state)state;
     j->created = sqlite3_column_int64(s, 2);
     j->finished = sqlite3_column_int64(s, 3);
-    int state = queue_job_state_parse((const char *)sqlite3_column_text(s, 4));
-    j->state = state < 0 ? QUEUE_JOB_QUEUED : (enum queue_job_state)state;
     j->seed = (uint64_t)sqlite3_column_int64(s, 9);
     j->n_items = sqlite3_column_int64(s, 10);
     j->ready = sqlite3_column_int(s, 11) != 0;
@@ -637,7 +888,7 @@ static enum status job_one(struct queue *q, sqlite3_stmt *s, const char *what,
     int rc = sqlite3_step(s);
     enum status st;
     if (rc == SQLITE_ROW)
-        st = read_job(s, out, err);
+        st = read_job(q, s, out, err);
     else if (rc == SQLITE_DONE)
         st = err_set(err, ST_ERR_NOT_FOUND, "no job %s", what);
     else
@@ -705,7 +956,7 @@ enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
             arr = t;
             cap = ncap;
         }
-        st = read_job(s, &arr[len], err);
+        st = read_job(q, s, &arr[len], err);
         if (st == ST_OK)
             len++;
     }
@@ -732,7 +983,10 @@ enum status queue_job_state_get(struct queue *q, int64_t job_id, enum queue_job_
     enum status st = ST_OK;
     if (rc == SQLITE_ROW) {
         int v = queue_job_state_parse((const char *)sqlite3_column_text(s, 0));
-        *state = v < 0 ? QUEUE_JOB_QUEUED : (enum queue_job_state)v;
+        if (v < 0)
+            st = queue_bad_row(q, "a job has an unknown state", err);
+        else
+            *state = (enum queue_job_state)v;
     } else if (rc == SQLITE_DONE) {
         st = err_set(err, ST_ERR_NOT_FOUND, "no job with id %lld", (long long)job_id);
     } else {
@@ -844,8 +1098,11 @@ enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_count
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         int state = queue_item_state_parse((const char *)sqlite3_column_text(s, 0));
         int64_t count = sqlite3_column_int64(s, 1);
-        if (state >= 0)
-            out->items[state] += count;
+        if (state < 0) {
+            queue_stmt_done(s);
+            return queue_bad_row(q, "an item has an unknown state", err);
+        }
+        out->items[state] += count;
         out->total += count;
         out->prompt_tokens += (int64_t)sqlite3_column_double(s, 2);
         out->completion_tokens += (int64_t)sqlite3_column_double(s, 3);

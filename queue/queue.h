@@ -108,17 +108,45 @@ const char *queue_shard_kind_str(enum queue_shard_kind k);
 /* ---- Connection ------------------------------------------------------------------------ */
 
 struct queue_options {
-    int busy_timeout_ms; /* wait this long for a locked database; <= 0 means the default */
-    bool sync_full;      /* synchronous=FULL instead of NORMAL (see Durability above) */
+    int busy_timeout_ms;  /* wait this long for a locked database; <= 0 means the default */
+    bool sync_full;       /* synchronous=FULL instead of NORMAL (see Durability above) */
+    bool must_exist;      /* a missing file (or an empty one) is ST_ERR_NOT_FOUND, nothing is
+                             created; for commands that only look at or steer a queue */
+    bool check_integrity; /* run PRAGMA quick_check before using the file: costs one read of
+                             the whole database, so worth it where a run starts, not in a
+                             status poll; any problem is ST_ERR_FORMAT */
 };
 
-/* Open (creating if missing) the queue at path and migrate it to QUEUE_SCHEMA_VERSION.
- * A database written by a newer quern (user_version > QUEUE_SCHEMA_VERSION) is refused with
- * ST_ERR_UNSUPPORTED and left untouched; a file that is not SQLite gives ST_ERR_FORMAT.
- * On success *out is owned by the caller: close with queue_close. opts may be NULL. */
+/* Open (creating if missing, unless must_exist) the queue at path and migrate it to
+ * QUEUE_SCHEMA_VERSION. Nothing is written until the file has been inspected read-only, and a
+ * refused file is left byte-for-byte as it was (journal mode included):
+ *  - an SQLite database that is not a quern queue (user_version 0 with tables of its own, or a
+ *    version >= 1 without quern's jobs, items, runs and shards tables): ST_ERR_FORMAT naming its
+ *    tables;
+ *  - a queue written by a newer quern (user_version > QUEUE_SCHEMA_VERSION): ST_ERR_UNSUPPORTED;
+ *  - a file that is not SQLite, or a corrupt one (a damaged page met on the way, or anything
+ *    quick_check reports with check_integrity): ST_ERR_FORMAT, with the advice to restore it
+ *    or salvage it with `sqlite3 PATH .recover`;
+ *  - a directory on a network or cluster file system (queue_fs_kind): ST_ERR_UNSUPPORTED, since
+ *    SQLite's WAL index is shared memory that does not work across hosts. Nothing is created.
+ * A new or empty file becomes a queue. SQLITE_CORRUPT met later by any call is ST_ERR_FORMAT
+ * with the same advice, and so is a row that breaks the schema's rules (a NULL where the
+ * schema says NOT NULL, an unknown state): the queue never hands out such a row.
+ * On success *out is owned by the caller: close with queue_close. opts may be NULL.
+ *
+ * Test-only: QUERN_TEST_FS_MAGIC=0x6969 (any statfs f_type, C syntax) in the environment makes
+ * the open treat the database's directory as that file system, so the network file system
+ * refusal can be tested on a local disk. Never set it in production. */
 enum status queue_open(struct queue **out, const char *path, struct err_detail *err);
 enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
                             struct err_detail *err);
+
+/* The file system with statfs f_type `magic` when it is one WAL cannot trust: NULL for any
+ * other (local disks, tmpfs, overlayfs...). *refuse (may be NULL) is true for network and
+ * cluster file systems (NFS, SMB/CIFS, Lustre, GPFS, CephFS, 9P, AFS, BeeGFS, OrangeFS), which
+ * queue_open refuses; false for FUSE, which it only warns about: a FUSE mount may be local
+ * (or one host's sshfs) and fine, or a cluster client (GlusterFS, ...) that is not. */
+const char *queue_fs_kind(uint64_t magic, bool *refuse);
 
 /* Close the connection, rolling back an open queue_tx_begin. queue_close(NULL) is a no-op. */
 void queue_close(struct queue *q);
@@ -464,7 +492,6 @@ enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id
                                uint64_t committed_bytes, uint64_t records,
                                const struct queue_done *done, size_t n_done, bool *lost,
                                struct err_detail *err);
-
 
 /* ---- item scans (export, status) ---- */
 

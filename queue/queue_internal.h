@@ -79,6 +79,7 @@ extern const size_t queue_n_migrations;                 /* entries in queue_migr
 
 struct queue {
     sqlite3 *db;                   /* the connection, owned */
+    char *path;                    /* the database file as given to queue_open, owned */
     bool user_tx;                  /* inside queue_tx_begin/commit */
     int schema_version;            /* user_version after open */
     int64_t (*now_ms)(void *ctx);  /* clock; never NULL */
@@ -110,6 +111,10 @@ void queue_stmt_done(sqlite3_stmt *st);
 
 /* Map an SQLite result code to a status and describe it in err as "what: sqlite message". */
 enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err);
+
+/* A row that breaks the schema's rules (NULL in a NOT NULL column, an unknown state): the
+ * file is damaged. ST_ERR_FORMAT with "queue PATH is corrupt: what" and the remedy. */
+enum status queue_bad_row(struct queue *q, const char *what, struct err_detail *err);
 
 /* Step a statement that returns no rows, then queue_stmt_done it. */
 enum status queue_step_done(struct queue *q, sqlite3_stmt *st, const char *what,

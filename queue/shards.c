@@ -16,22 +16,30 @@ void queue_shard_list_free(struct queue_shard *shards, size_t n)
     free(shards);
 }
 
-/* Fill sh from the current row of a SHARD_COLS statement; path is malloc'd. */
-static enum status read_shard(sqlite3_stmt *s, struct queue_shard *sh, struct err_detail *err)
+/* Fill sh from the current row of a SHARD_COLS statement; path is malloc'd. A row that breaks
+ * the schema (no path, an unknown kind or state) is ST_ERR_FORMAT. */
+static enum status read_shard(struct queue *q, sqlite3_stmt *s, struct queue_shard *sh,
+                              struct err_detail *err)
 {
     memset(sh, 0, sizeof(*sh));
     sh->id = sqlite3_column_int64(s, 0);
     sh->job_id = sqlite3_column_int64(s, 1);
     int kind = queue_shard_kind_parse((const char *)sqlite3_column_text(s, 2));
-    sh->kind = kind < 0 ? QUEUE_SHARD_RESULTS : (enum queue_shard_kind)kind;
+    const char *state = (const char *)sqlite3_column_text(s, 9);
+    if (kind < 0 || !state || (strcmp(state, "open") != 0 && strcmp(state, "closed") != 0) ||
+        sqlite3_column_type(s, 4) == SQLITE_NULL) {
+        char what[96];
+        snprintf(what, sizeof(what), "shard %lld has no path or an unknown kind or state",
+                 (long long)sh->id);
+        return queue_bad_row(q, what, err);
+    }
+    sh->kind = (enum queue_shard_kind)kind;
     sh->seq = sqlite3_column_int64(s, 3);
     sh->run_id = sqlite3_column_int64(s, 5);
     sh->committed_bytes = (uint64_t)sqlite3_column_int64(s, 6);
     sh->records = (uint64_t)sqlite3_column_int64(s, 7);
     sh->superseded = (uint64_t)sqlite3_column_int64(s, 8);
-    const unsigned char *state = sqlite3_column_text(s, 9);
-    sh->state =
-        state && strcmp((const char *)state, "closed") == 0 ? QUEUE_SHARD_CLOSED : QUEUE_SHARD_OPEN;
+    sh->state = strcmp(state, "closed") == 0 ? QUEUE_SHARD_CLOSED : QUEUE_SHARD_OPEN;
     const unsigned char *sha = sqlite3_column_text(s, 10);
     snprintf(sh->sha256, sizeof(sh->sha256), "%s", sha ? (const char *)sha : "");
     return queue_col_dup(s, 4, &sh->path, err);
@@ -49,7 +57,7 @@ static enum status shard_get(struct queue *q, int64_t shard_id, struct queue_sha
     int rc = sqlite3_step(s);
     enum status st;
     if (rc == SQLITE_ROW)
-        st = read_shard(s, sh, err);
+        st = read_shard(q, s, sh, err);
     else if (rc == SQLITE_DONE)
         st = err_set(err, ST_ERR_NOT_FOUND, "no shard with id %lld", (long long)shard_id);
     else
@@ -213,7 +221,7 @@ enum status queue_shard_list(struct queue *q, int64_t job_id, struct queue_shard
             arr = t;
             cap = ncap;
         }
-        st = read_shard(s, &arr[len], err);
+        st = read_shard(q, s, &arr[len], err);
         if (st != ST_OK)
             break;
         len++;

@@ -604,7 +604,8 @@ int runner_cmd_export(int argc, char **argv)
     enum fmt fmt = pick_format(out);
     int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST;
     enum status st;
-    if ((st = queue_open(&q, db, &err)) || (st = queue_job_find(q, job, &x.job, &err)) ||
+    struct queue_options qo = {.must_exist = true};
+    if ((st = queue_open_opts(&q, db, &qo, &err)) || (st = queue_job_find(q, job, &x.job, &err)) ||
         (st = queue_item_scan(q, x.job.id, on_item, &x, &err)) ||
         (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)))
         goto out;

@@ -3,12 +3,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/log.h"
 #include "queue/queue.h"
+#include "runner/output.h"
 #include "runner/runner.h"
 
 static const char status_usage[] =
@@ -115,31 +117,39 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_
     return o;
 }
 
+/* Field key of o as a string or a number; "?" and 0 when it is missing or of another type, so
+ * that the printer never assumes what job_status put in. */
+static const char *jstr(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : "?";
+}
+
+static double jnum(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
 static void print_status_text(const cJSON *o)
 {
-    const cJSON *bs = cJSON_GetObjectItem(o, "by_state");
-    printf("job %d '%s' [%s] model %s\n", cJSON_GetObjectItem(o, "id")->valueint,
-           cJSON_GetObjectItem(o, "name")->valuestring,
-           cJSON_GetObjectItem(o, "state")->valuestring,
-           cJSON_GetObjectItem(o, "model")->valuestring);
+    printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
+           jstr(o, "model"));
     if (!cJSON_IsTrue(cJSON_GetObjectItem(o, "ready"))) {
-        printf("  items so far %d (still being submitted; no run takes them yet)\n",
-               cJSON_GetObjectItem(o, "items")->valueint);
+        printf("  items so far %.0f (still being submitted; no run takes them yet)\n",
+               jnum(o, "items"));
         return;
     }
-    printf("  items %d:", cJSON_GetObjectItem(o, "items")->valueint);
+    printf("  items %.0f:", jnum(o, "items"));
     const cJSON *e;
-    cJSON_ArrayForEach(e, bs)
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(o, "by_state"))
     {
-        printf(" %s %d", e->string, e->valueint);
+        printf(" %s %.0f", e->string ? e->string : "?", cJSON_IsNumber(e) ? e->valuedouble : 0);
     }
     printf("\n  tokens: %.0f prompt, %.0f completion; %.1f completion tok/s, %.2f items/s over "
            "%.0f s of runs",
-           cJSON_GetObjectItem(o, "prompt_tokens")->valuedouble,
-           cJSON_GetObjectItem(o, "completion_tokens")->valuedouble,
-           cJSON_GetObjectItem(o, "completion_tok_s")->valuedouble,
-           cJSON_GetObjectItem(o, "items_s")->valuedouble,
-           cJSON_GetObjectItem(o, "run_seconds")->valuedouble);
+           jnum(o, "prompt_tokens"), jnum(o, "completion_tokens"), jnum(o, "completion_tok_s"),
+           jnum(o, "items_s"), jnum(o, "run_seconds"));
     const cJSON *eta = cJSON_GetObjectItem(o, "eta_s");
     if (cJSON_IsNumber(eta))
         printf("; ETA %.0f s", eta->valuedouble);
@@ -149,10 +159,34 @@ static void print_status_text(const cJSON *o)
         printf("  errors:");
         cJSON_ArrayForEach(e, errs)
         {
-            printf(" %s %d", e->string, e->valueint);
+            printf(" %s %.0f", e->string ? e->string : "?", cJSON_IsNumber(e) ? e->valuedouble : 0);
         }
         putchar('\n');
     }
+}
+
+/* A done job whose output directory has no current manifest (its last write failed, or the
+ * run was killed right after the last commit) gets one here, when no shard is open. */
+static void seal_manifest(struct queue *q, const struct queue_job *j)
+{
+    char dir[4096];
+    struct err_detail err = {0};
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    struct stat sb;
+    if (!j->ready || j->state != QUEUE_JOB_DONE || queue_shard_list(q, j->id, &sh, &n, &err))
+        return;
+    int open = 0;
+    for (size_t i = 0; i < n; i++)
+        open += sh[i].state == QUEUE_SHARD_OPEN;
+    queue_shard_list_free(sh, n);
+    if (open || runner_job_dir(q, j, NULL, 0, dir, sizeof(dir), &err) || stat(dir, &sb) ||
+        runner_manifest_current(q, j, dir))
+        return;
+    if (runner_outdir_claim(q, j, dir, &err) || runner_manifest_write(q, j, dir, 1, &err))
+        LOG_WARN("job %s: writing its missing manifest: %s", j->name, err.msg);
+    else
+        LOG_INFO("job %s: manifest.json was missing or stale; written", j->name);
 }
 
 int runner_cmd_status(int argc, char **argv)
@@ -162,7 +196,9 @@ int runner_cmd_status(int argc, char **argv)
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
     struct queue *q;
-    if (queue_open(&q, o.db, &err)) {
+    /* no quick_check: status is polled, and a damaged page it reads is still an error */
+    struct queue_options qo = {.must_exist = true};
+    if (queue_open_opts(&q, o.db, &qo, &err)) {
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
@@ -185,6 +221,7 @@ int runner_cmd_status(int argc, char **argv)
     }
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) {
+        seal_manifest(q, &jobs[i]);
         cJSON *js = job_status(q, &jobs[i], &err);
         if (!js) {
             cJSON_Delete(arr);
@@ -227,7 +264,9 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     struct queue_job j = {0};
     int64_t n = 0;
     int rc = RUNNER_EXIT_ERROR;
-    if (queue_open(&q, o.db, &err) || queue_job_find(q, o.job, &j, &err) ||
+    /* these write: check the whole file first rather than change a damaged one */
+    struct queue_options qo = {.must_exist = true, .check_integrity = true};
+    if (queue_open_opts(&q, o.db, &qo, &err) || queue_job_find(q, o.job, &j, &err) ||
         (retry ? queue_job_retry_failed(q, j.id, &n, &err) : queue_job_cancel(q, j.id, &n, &err)))
         LOG_ERROR("%s", err.msg);
     else {

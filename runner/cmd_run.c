@@ -54,7 +54,9 @@ static const char run_usage[] =
     "Dead runs: a run on this host whose process is gone is taken over at once (its items\n"
     "and open shards); a run elsewhere is dead once its heartbeat is older than --lease.\n"
     "\n"
-    "  --db PATH              queue database\n"
+    "  --db PATH              queue database (must exist unless --create; checked with\n"
+    "                         PRAGMA quick_check before any work)\n"
+    "  --create               create an empty queue at --db if there is none\n"
     "  --out DIR              output root (default: the job's, from submit --out); a job's\n"
     "                         output never splits: DIR must be where its shards already are\n"
     "  --no-wait              exit 75 at once when only items leased by other live runs are\n"
@@ -86,6 +88,7 @@ struct run_opts {
     const char *db, *out, *job, *isa, *lock, *worker; /* flags */
     long threads, claim, flush_records, shard_records;
     int no_wait;           /* --no-wait */
+    int create;            /* --create */
     float max_runtime, grace, lease, flush_secs, progress;
     size_t shard_bytes;
     int act; /* --matmul: enum kern_act */
@@ -102,7 +105,7 @@ static void on_signal(int sig)
 
 enum { R_DB = 256, R_OUT, R_JOB, R_THREADS, R_ISA, R_MATMUL, R_SEQS, R_BATCH, R_KVMEM, R_KVBLOCK,
        R_NOPREFIX, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR, R_SHARDR,
-       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE, R_NOWAIT };
+       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE, R_NOWAIT, R_CREATE };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
@@ -123,6 +126,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"shard-bytes", required_argument, 0, R_SHARDB},
         {"progress", required_argument, 0, R_PROGRESS},
         {"worker-id", required_argument, 0, R_WORKER}, {"no-wait", no_argument, 0, R_NOWAIT},
+        {"create", no_argument, 0, R_CREATE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -151,6 +155,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_WORKER: o->worker = optarg; break;
         case R_NOPREFIX: o->ep.prefix_cache = 0; break;
         case R_NOWAIT: o->no_wait = 1; break;
+        case R_CREATE: o->create = 1; break;
         case R_MATMUL:
             if (!runner_parse_matmul(cmd, optarg, &o->act))
                 return 0;
@@ -1036,7 +1041,10 @@ int runner_cmd_run(int argc, char **argv)
     snprintf(worker, sizeof(worker), "%s", o.worker ? o.worker : slurm ? slurm : "");
     int64_t *job_ids = NULL;
     size_t n_jobs = 0;
-    if (queue_open(&r.q, o.db, &err)) {
+    /* the whole file is checked once (a corrupt queue is an error before any work), and a
+     * missing one is an error unless --create: a mistyped --db must not look like "drained" */
+    struct queue_options qo = {.must_exist = !o.create, .check_integrity = true};
+    if (queue_open_opts(&r.q, o.db, &qo, &err)) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }

@@ -1,4 +1,6 @@
-/* Unit tests for queue/: schema creation, migration and the newer-version refusal; items and
+/* Unit tests for queue/: schema creation, migration and the newer-version refusal; the files
+ * queue_open refuses unchanged (not a queue, missing with must_exist, corrupt with
+ * check_integrity, on a network file system) and damaged rows read as errors; items and
  * duplicate custom_ids; claim order and limits; lease expiry with a fake clock; the
  * all-or-nothing shard commit and its exactly-once rule; release, cancel, retry and counts;
  * shards; four forked processes draining one queue with no item done twice; and jobs being
@@ -268,23 +270,6 @@ static void test_create_reopen(void **state)
     queue_close(NULL);
 }
 
-static void test_migrate_existing_v0(void **state)
-{
-    struct fixture *f = *state;
-    /* an existing SQLite file at version 0 (rollback journal, one foreign table) */
-    sql_exec(f->path, "CREATE TABLE notes (x); INSERT INTO notes VALUES (42);");
-    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 0);
-    struct queue *q = open_q(f);
-    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
-    make_job(q, "j", 1);
-    queue_close(q);
-    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
-    assert_int_equal(sql_int(f->path, "SELECT x FROM notes"), 42);
-    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items"), 1);
-}
-
-/* A version-1 database with a finished item migrates to version 2: the data stays, the item's
- * record index is unknown (-1), the database gets a uuid, and the new columns work. */
 static enum status collect_scan(void *user, const struct queue_item_info *it)
 {
     int64_t *v = user;
@@ -294,6 +279,292 @@ static enum status collect_scan(void *user, const struct queue_item_info *it)
     return ST_OK;
 }
 
+/* The whole file at path into a malloc'd buffer (*n bytes); NULL if it cannot be read. */
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
+    *n = b ? fread(b, 1, (size_t)len, fp) : 0;
+    fclose(fp);
+    return b;
+}
+
+/* True when path+suffix exists. */
+static bool exists_with(const char *path, const char *suffix)
+{
+    char p[256];
+    snprintf(p, sizeof(p), "%s%s", path, suffix);
+    return access(p, F_OK) == 0;
+}
+
+/* Open path with opts and expect status want; then the file is byte-for-byte as before, and
+ * no -wal or -shm file was left beside it. */
+static void expect_refused_unchanged(const char *path, const struct queue_options *opts,
+                                     enum status want, const char *msg_part)
+{
+    size_t n0 = 0, n1 = 0;
+    unsigned char *before = slurp(path, &n0);
+    assert_non_null(before);
+    struct err_detail err = {0};
+    struct queue *q = (struct queue *)0x1;
+    assert_int_equal(queue_open_opts(&q, path, opts, &err), want);
+    assert_null(q);
+    if (!strstr(err.msg, msg_part) || !strstr(err.msg, path))
+        fail_msg("message \"%s\" lacks \"%s\" or the path", err.msg, msg_part);
+    unsigned char *after = slurp(path, &n1);
+    assert_non_null(after);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    assert_false(exists_with(path, "-wal"));
+    assert_false(exists_with(path, "-shm"));
+    free(before);
+    free(after);
+}
+
+/* An SQLite file that is not a queue is refused and left exactly as it was: version 0 with a
+ * table of its own, and a version >= 1 without quern's tables. A version-0 file with no tables
+ * (what a fresh sqlite3 leaves) becomes a queue. */
+static void test_foreign_file_refused(void **state)
+{
+    struct fixture *f = *state;
+    sql_exec(f->path, "CREATE TABLE notes (x); INSERT INTO notes VALUES (42);");
+    expect_refused_unchanged(f->path, NULL, ST_ERR_FORMAT, "not a quern queue (user_version 0, "
+                                                           "tables: notes)");
+    struct queue_options strict = {.check_integrity = true};
+    expect_refused_unchanged(f->path, &strict, ST_ERR_FORMAT, "refusing to change it");
+    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM sqlite_master"), 1);
+    assert_int_equal(sql_int(f->path, "SELECT x FROM notes"), 42);
+    assert_int_equal(sql_int(f->path, "SELECT journal_mode = 'delete' FROM pragma_journal_mode"),
+                     1);
+
+    /* a user_version of its own, some of quern's table names but not all */
+    sql_exec(f->path, "PRAGMA user_version = 1; CREATE TABLE jobs (y); CREATE TABLE items (z);");
+    expect_refused_unchanged(f->path, NULL, ST_ERR_FORMAT, "tables: items, jobs, notes");
+
+    /* a database with nothing in it is as good as a new file */
+    char empty[160];
+    snprintf(empty, sizeof(empty), "%s/empty.db", f->dir);
+    sql_exec(empty, "PRAGMA user_version = 0;");
+    struct queue *q = NULL;
+    struct err_detail err = {0};
+    assert_int_equal(queue_open(&q, empty, &err), ST_OK);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+    queue_close(q);
+}
+
+/* must_exist: a missing or empty file is ST_ERR_NOT_FOUND naming it, and nothing is created; an
+ * existing queue opens. */
+static void test_must_exist(void **state)
+{
+    struct fixture *f = *state;
+    struct queue_options o = {.must_exist = true};
+    struct queue *q = (struct queue *)0x1;
+    struct err_detail err = {0};
+    assert_int_equal(queue_open_opts(&q, f->path, &o, &err), ST_ERR_NOT_FOUND);
+    assert_null(q);
+    assert_non_null(strstr(err.msg, f->path));
+    assert_non_null(strstr(err.msg, "does not exist"));
+    assert_false(exists_with(f->path, ""));
+    assert_false(exists_with(f->path, "-wal"));
+
+    FILE *fp = fopen(f->path, "wb"); /* an empty file */
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(queue_open_opts(&q, f->path, &o, &err), ST_ERR_NOT_FOUND);
+    size_t n = 1;
+    free(slurp(f->path, &n));
+    assert_int_equal(n, 0);
+
+    q = open_q(f); /* without must_exist the empty file becomes a queue */
+    make_job(q, "j", 2);
+    queue_close(q);
+    o.check_integrity = true;
+    assert_int_equal(queue_open_opts(&q, f->path, &o, &err), ST_OK);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+    queue_close(q);
+}
+
+/* A queue with a job of n items, checkpointed into the main file (no -wal left). */
+static void make_closed_queue(struct fixture *f, int n)
+{
+    struct queue *q = open_q(f);
+    make_job(q, "j", n);
+    queue_close(q);
+    sql_exec(f->path, "PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
+/* Overwrite len bytes at off with a fixed pseudo-random pattern. */
+static void scribble(const char *path, long off, size_t len)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, off, SEEK_SET), 0);
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        fputc((int)(x & 0xff), fp);
+    }
+    fclose(fp);
+}
+
+/* check_integrity: a page of garbage in the middle of a queue (header intact) is ST_ERR_FORMAT
+ * with quick_check's words and the remedy, before anything is written. */
+static void test_check_integrity(void **state)
+{
+    struct fixture *f = *state;
+    make_closed_queue(f, 2000);
+    int64_t pages = sql_int(f->path, "PRAGMA page_count");
+    int64_t psize = sql_int(f->path, "PRAGMA page_size");
+    assert_true(pages > 8);
+    scribble(f->path, (long)(pages / 2 * psize + 64), (size_t)psize / 2);
+    struct queue_options o = {.must_exist = true, .check_integrity = true};
+    struct err_detail err = {0};
+    struct queue *q = (struct queue *)0x1;
+    assert_int_equal(queue_open_opts(&q, f->path, &o, &err), ST_ERR_FORMAT);
+    assert_null(q);
+    assert_non_null(strstr(err.msg, "is corrupt"));
+    assert_non_null(strstr(err.msg, ".recover"));
+    assert_non_null(strstr(err.msg, f->path));
+    /* without the check the open succeeds, and the damaged page is an error where it is met */
+    assert_int_equal(queue_open(&q, f->path, &err), ST_OK);
+    struct queue_counts c;
+    assert_int_equal(queue_job_counts(q, 0, &c, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "is corrupt"));
+    assert_non_null(strstr(err.msg, ".recover"));
+    queue_close(q);
+}
+
+/* Rows that break the schema's rules (made here by editing the schema text, as damage can) are
+ * ST_ERR_FORMAT from every call that reads them, never a job with NULL strings or an item in
+ * state -1; quick_check names them too. */
+static void test_damaged_rows(void **state)
+{
+    struct fixture *f = *state;
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 3);
+    int64_t run = start_run(q, job);
+    new_shard(q, run, job, QUEUE_SHARD_RESULTS, f);
+    queue_close(q);
+    sql_exec(f->path, "PRAGMA writable_schema = ON;"
+                      "UPDATE sqlite_master SET sql = replace(sql, 'name TEXT NOT NULL UNIQUE',"
+                      " 'name TEXT UNIQUE') WHERE name = 'jobs';");
+    sql_exec(f->path, "PRAGMA ignore_check_constraints = ON;"
+                      "UPDATE jobs SET name = NULL; UPDATE items SET state = 'bogus' WHERE id = 2;"
+                      "UPDATE items SET payload = NULL WHERE id = 1;"
+                      "UPDATE shards SET kind = 'bogus';");
+    sql_exec(f->path, "PRAGMA writable_schema = ON;"
+                      "UPDATE sqlite_master SET sql = replace(sql, 'name TEXT UNIQUE',"
+                      " 'name TEXT NOT NULL UNIQUE') WHERE name = 'jobs';");
+    struct err_detail err = {0};
+    q = open_q(f);
+    struct queue_job j;
+    struct queue_job *jobs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_job_get(q, job, &j, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "has no name"));
+    assert_non_null(strstr(err.msg, ".recover"));
+    assert_null(j.name);
+    assert_int_equal(queue_job_list(q, &jobs, &n, &err), ST_ERR_FORMAT);
+    assert_null(jobs);
+    struct queue_counts c;
+    assert_int_equal(queue_job_counts(q, job, &c, &err), ST_ERR_FORMAT);
+    int64_t v[3] = {0, 0, 0};
+    assert_int_equal(queue_item_scan(q, job, collect_scan, v, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "unknown state"));
+    struct queue_shard *sh = NULL;
+    assert_int_equal(queue_shard_list(q, job, &sh, &n, &err), ST_ERR_FORMAT);
+    assert_null(sh);
+    /* a queued item without its request is a line rejected at submit (or re-queued by an
+     * older retry): handed out without payload, so the run writes its error record */
+    struct queue_claimed *items = NULL;
+    assert_int_equal(queue_claim(q, job, run, 1, 1000, &items, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(items[0].id, 1);
+    assert_null(items[0].payload);
+    queue_claimed_free(items, n);
+    queue_close(q);
+
+    struct queue_options o = {.check_integrity = true};
+    assert_int_equal(queue_open_opts(&q, f->path, &o, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "NULL value in jobs.name"));
+}
+
+/* The file system table: network and cluster file systems refused, FUSE only warned about,
+ * local ones unknown; a sign-extended f_type still matches. */
+static void test_fs_kind(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t magic;
+        const char *name; /* NULL: not in the table */
+        bool refuse;
+    } cases[] = {
+        {0x6969, "NFS", true},
+        {0xFF534D42, "SMB/CIFS", true},
+        {(uint64_t)(int64_t)(int32_t)0xFF534D42u, "SMB/CIFS", true},
+        {0xFE534D42, "SMB2", true},
+        {0x0BD00BD0, "Lustre", true},
+        {0x47504653, "GPFS", true},
+        {0x00C36400, "CephFS", true},
+        {0x01021997, "9P", true},
+        {0x5346414F, "AFS", true},
+        {0x19830326, "BeeGFS", true},
+        {0x20030528, "OrangeFS/PVFS2", true},
+        {0x65735546, "FUSE", false},
+        {0xEF53, NULL, false},       /* ext2/3/4 */
+        {0x58465342, NULL, false},   /* XFS */
+        {0x01021994, NULL, false},   /* tmpfs */
+        {0x794C7630, NULL, false},   /* overlayfs */
+        {0x6969000000ull, NULL, false}, /* only the low 32 bits count, and these are 0 */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        bool refuse = !cases[i].refuse;
+        const char *name = queue_fs_kind(cases[i].magic, &refuse);
+        if (cases[i].name) {
+            assert_non_null(name);
+            assert_string_equal(name, cases[i].name);
+        } else {
+            assert_null(name);
+        }
+        assert_int_equal(refuse, cases[i].refuse);
+    }
+    assert_non_null(queue_fs_kind(0x6969, NULL));
+}
+
+/* QUERN_TEST_FS_MAGIC: an NFS directory is refused before anything is created; a FUSE one
+ * opens (with a warning). */
+static void test_fs_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = (struct queue *)0x1;
+    setenv("QUERN_TEST_FS_MAGIC", "0x6969", 1);
+    enum status st = queue_open(&q, f->path, &err);
+    unsetenv("QUERN_TEST_FS_MAGIC");
+    assert_int_equal(st, ST_ERR_UNSUPPORTED);
+    assert_null(q);
+    assert_non_null(strstr(err.msg, "NFS"));
+    assert_non_null(strstr(err.msg, "node-local"));
+    assert_non_null(strstr(err.msg, f->path));
+    assert_false(exists_with(f->path, ""));
+
+    setenv("QUERN_TEST_FS_MAGIC", "0x65735546", 1);
+    st = queue_open(&q, f->path, &err);
+    unsetenv("QUERN_TEST_FS_MAGIC");
+    assert_int_equal(st, ST_OK);
+    queue_close(q);
+}
+
+/* A version-1 database with a finished item migrates to version 2: the data stays, the item's
+ * record index is unknown (-1), the database gets a uuid, and the new columns work. */
 static void test_migrate_v1_to_v2(void **state)
 {
     struct fixture *f = *state;
@@ -1562,7 +1833,12 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_create_reopen, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_migrate_existing_v0, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_foreign_file_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_must_exist, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_integrity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_kind, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_version_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_item_add_duplicate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_claim_order_limits, setup, teardown),

@@ -14,8 +14,9 @@
 #     the job's output root, a resume with another --out is refused (no split);
 #  8. no clobbering: a second database's job with the same name and --out is refused and the
 #     first job's shards are untouched; a symlink planted at a shard path is not followed;
-#  9. a done job whose manifest is missing is given one by the next run (exit 0);
-# 10. SIGHUP and SIGPIPE (a closed stderr reader) stop a run like SIGTERM: leases given back.
+#  9. a done job whose manifest is missing or stale is given one by the next run or status;
+# 10. `run --db typo.db` is an error (no file created) unless --create; SIGHUP and SIGPIPE (a
+#     closed stderr reader) stop a run like SIGTERM: leases given back.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -184,10 +185,24 @@ rm o8b/eight3/results-00000.jsonl.zst
 [ "$(cat victim.txt)" = precious ] || fail "8: the symlink's target was written"
 check_job e3.db eight3 6 o8b
 
-# 9. the manifest of a done job is rewritten when it is missing
+# 9. the manifest of a done job is rewritten when it is missing: by a run, or by status
 rm o8/eight/manifest.json
 "$Q" run --db e1.db --out o8 >/dev/null 2>>e8.log || fail "9: rerun of a done job"
 check_job e1.db eight 6 o8
+echo '{"complete": false}' >o8/eight/manifest.json
+"$Q" status --db e1.db >/dev/null 2>>e8.log || fail "9: status"
+check_job e1.db eight 6 o8
+
+# 10a. run on a mistyped --db is an error and creates nothing; --create makes an empty queue
+set +e
+"$Q" run --db typo.db >/dev/null 2>typo.log
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "10a: run on a missing database exited $rc"
+[ ! -e typo.db ] || fail "10a: run created the missing database"
+grep -q "does not exist" typo.log || fail "10a: no message about the missing database"
+"$Q" run --db typo.db --create >typo.json 2>>typo.log || fail "10a: --create"
+[ "$(json_field typo.json "['items_done']")" = 0 ] || fail "10a: --create summary"
 
 # 10. SIGHUP, and SIGPIPE from a reader that went away, stop the run like SIGTERM
 make_small ten.jsonl 40
