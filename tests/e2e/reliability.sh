@@ -139,7 +139,7 @@ check_job five.db five 30
 mkdir -p d7 elsewhere1 elsewhere2
 make_small seven.jsonl 20
 (cd d7 && "$Q" submit --db q.db --model "$M" --name seven --out results ../seven.jsonl >/dev/null 2>&1)
-(cd elsewhere1 && "$Q" run --db ../d7/q.db --max-seqs 2 --flush-secs 0 --flush-records 2 \
+(cd elsewhere1 && exec "$Q" run --db ../d7/q.db --max-seqs 2 --flush-secs 0 --flush-records 2 \
     >/dev/null 2>../seven.log) &
 pid=$!
 wait_done d7/q.db seven 2
