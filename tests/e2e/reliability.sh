@@ -98,6 +98,9 @@ assert r["good"]["response"]["status_code"] == 200, r
 assert r["line-2"]["response"]["body"]["error"]["code"] == "invalid_json", r
 assert "two.jsonl:2:" in r["line-2"]["response"]["body"]["error"]["message"], r
 PY
+# the rejected line's record is in the job's errors shard itself, not only made up by export
+zstd -q -dc out/two/errors-*.jsonl.zst | grep -q '"custom_id":"line-2"' ||
+    fail "2: the rejected line is not in the errors shards"
 
 # 4. the shard is taken over under the run (as by a run on another host that missed our
 # heartbeats): the run must end that shard and write its records to a new one
