@@ -182,8 +182,8 @@ void runner_progress_line(const struct runner_progress *p, int width, int color,
     }
     if (keep[SEG_BAR]) {
         int extra = room - (total + sep * (n - 1)), bw = BAR_MIN + (extra > 0 ? extra : 0);
-        runner_term_bar(seg[SEG_BAR], sizeof(seg[0]), fin && p->total ? (double)fin / (double)p->total : 0,
-                        bw > BAR_MAX ? BAR_MAX : bw, color);
+        double frac = p->total > 0 ? (double)fin / (double)p->total : 0;
+        runner_term_bar(seg[SEG_BAR], sizeof(seg[0]), frac, bw > BAR_MAX ? BAR_MAX : bw, color);
     }
     size_t k = 0;
     buf[0] = 0;

@@ -4,8 +4,7 @@
  * request); prefix-cache hits (bitwise logits), chunked prefill and preemption with recompute
  * change nothing; the newest sequence is the one preempted and it is requeued first; request
  * timestamps are ordered and the warm-up is not counted; tokens and the load are counted live,
- * before requests finish; requests that cannot fit are rejected
- * with an error. */
+ * before requests finish; requests that cannot fit are rejected with an error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

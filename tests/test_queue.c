@@ -2,10 +2,10 @@
  * queue_open refuses unchanged (not a queue, missing with must_exist, corrupt with
  * check_integrity, on a network file system) and damaged rows read as errors; items and
  * duplicate custom_ids; claim order and limits; lease expiry with a fake clock; the
- * all-or-nothing shard commit and its exactly-once rule; runs' live progress; release, cancel, retry and counts;
- * shards; four forked processes draining one queue with no item done twice; and jobs being
- * submitted: invisible to runs until published, discarded in batches, collected when their
- * submit died. */
+ * all-or-nothing shard commit and its exactly-once rule; runs' live progress; release, cancel,
+ * retry and counts; shards; four forked processes draining one queue with no item done
+ * twice; and jobs being submitted: invisible to runs until published, discarded in batches,
+ * collected when their submit died. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -597,8 +597,10 @@ static void test_migrate_v2_to_v3(void **state)
     sql_exec(f->path, queue_migrations[0].sql);
     sql_exec(f->path, queue_migrations[1].sql);
     sql_exec(f->path, "PRAGMA user_version = 2;"
-                      "INSERT INTO jobs (name, created, model_path, out_dir) VALUES ('old', 1, 'm', 'o');"
-                      "INSERT INTO runs (job_id, host, pid, started, heartbeat) VALUES (1, 'h', 7, 1, 2);"
+                      "INSERT INTO jobs (name, created, model_path, out_dir)"
+                      " VALUES ('old', 1, 'm', 'o');"
+                      "INSERT INTO runs (job_id, host, pid, started, heartbeat)"
+                      " VALUES (1, 'h', 7, 1, 2);"
                       "INSERT INTO runs (job_id, started, heartbeat, ended) VALUES (1, 1, 1, 2);");
     struct queue *q = open_q(f);
     assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
