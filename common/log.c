@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int log_level = -1; /* -1: not yet read from QUERN_LOG */
+static int log_level = -1;              /* -1: not yet read from QUERN_LOG */
+static void (*log_before_write)(void); /* see log_set_before_write */
 
 static void log_init_level(void)
 {
@@ -23,6 +24,8 @@ static void log_init_level(void)
 }
 
 void log_set_level(enum log_level lvl) { log_level = (int)lvl; }
+
+void log_set_before_write(void (*fn)(void)) { log_before_write = fn; }
 
 enum log_level log_get_level(void)
 {
@@ -41,6 +44,8 @@ void log_write(enum log_level lvl, const char *file, int line, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
+    if (log_before_write)
+        log_before_write();
     if (lvl == LOG_LEVEL_DEBUG)
         fprintf(stderr, "quern %s %s:%d: %s\n", names[lvl], file, line, buf);
     else

@@ -11,6 +11,10 @@ enum log_level log_get_level(void);
 void log_write(enum log_level lvl, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* fn (or NULL) is called before each message is written: a live progress line on the terminal
+ * clears itself there so that messages never land in the middle of it. */
+void log_set_before_write(void (*fn)(void));
+
 #define LOG_ERROR(...) log_write(LOG_LEVEL_ERROR, __FILE__, __LINE__, __VA_ARGS__)
 #define LOG_WARN(...) log_write(LOG_LEVEL_WARN, __FILE__, __LINE__, __VA_ARGS__)
 #define LOG_INFO(...) log_write(LOG_LEVEL_INFO, __FILE__, __LINE__, __VA_ARGS__)

@@ -231,6 +231,15 @@ const struct engine_stats *engine_get_stats(const struct engine *e) { return &e-
 
 const struct engine_kv *engine_get_kv(const struct engine *e) { return e->kv; }
 
+void engine_get_load(const struct engine *e, struct engine_load *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->running = e->n_running;
+    out->waiting = e->n_waiting;
+    out->kv_total = e->kv->n_blocks;
+    out->kv_used = e->kv->n_blocks - engine_kv_available(e->kv);
+}
+
 /* ---- queues ---- */
 
 static void wait_push_back(struct engine *e, struct seq *s)

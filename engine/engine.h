@@ -77,6 +77,15 @@ struct engine_stats {
     int32_t peak_blocks_used;   /* most KV blocks referenced at once */
 };
 
+/* What the engine holds at this moment (engine_get_load), for progress displays. Tokens
+ * generated so far, by unfinished requests too, are engine_get_stats()->gen_tokens. */
+struct engine_load {
+    int running;                /* sequences running (holding a KV slot) */
+    size_t waiting;             /* requests waiting: new ones and preempted ones */
+    int32_t kv_used;            /* KV blocks referenced now (cached free blocks not counted) */
+    int32_t kv_total;           /* blocks in the pool */
+};
+
 struct engine;
 
 /* The engine borrows m and tok (they must outlive it). */
@@ -100,5 +109,7 @@ enum status engine_warmup(struct engine *e, struct err_detail *err);
 
 const struct engine_stats *engine_get_stats(const struct engine *e);
 const struct engine_kv *engine_get_kv(const struct engine *e);
+/* Fill *out with the engine's current load (constant time). */
+void engine_get_load(const struct engine *e, struct engine_load *out);
 
 #endif

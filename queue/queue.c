@@ -944,7 +944,7 @@ enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
     struct queue_job *arr = NULL;
     size_t len = 0, cap = 0;
     enum status st = ST_OK;
-    int rc;
+    int rc = SQLITE_DONE;
     while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (len == cap) {
             size_t ncap = cap ? cap * 2 : 16;
@@ -1306,14 +1306,18 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
     return st;
 }
 
-enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err)
+/* Heartbeat (with progress_json when id is QS_RUN_PROGRESS); a run that has ended or is missing
+ * is an error, see queue_run_heartbeat. */
+static enum status run_touch(struct queue *q, enum queue_stmt_id id, int64_t run_id,
+                             const char *progress_json, struct err_detail *err)
 {
-    QUEUE_ERR_LOCAL(err);
-    sqlite3_stmt *s = queue_stmt(q, QS_RUN_HEARTBEAT, err);
+    sqlite3_stmt *s = queue_stmt(q, id, err);
     if (!s)
         return err->status;
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_int64(s, 2, queue_now(q));
+    if (id == QS_RUN_PROGRESS)
+        queue_bind_str(s, 3, progress_json);
     enum status st = queue_step_done(q, s, "heartbeat", err);
     if (st != ST_OK || sqlite3_changes(q->db) > 0)
         return st;
@@ -1331,4 +1335,76 @@ enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_deta
         st = queue_sql_err(q, rc, "reading a run", err);
     queue_stmt_done(s);
     return st;
+}
+
+enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    return run_touch(q, QS_RUN_HEARTBEAT, run_id, NULL, err);
+}
+
+enum status queue_run_progress(struct queue *q, int64_t run_id, const char *progress_json,
+                               struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    return run_touch(q, QS_RUN_PROGRESS, run_id, progress_json, err);
+}
+
+void queue_run_info_free(struct queue_run_info *runs, size_t n)
+{
+    for (size_t i = 0; runs && i < n; i++) {
+        free(runs[i].worker_id);
+        free(runs[i].host);
+        free(runs[i].progress_json);
+    }
+    free(runs);
+}
+
+enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *runs = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_LIST_LIVE, err);
+    if (!s)
+        return err->status;
+    int64_t now = queue_now(q);
+    struct queue_run_info *a = NULL;
+    size_t cnt = 0, cap = 0;
+    enum status st = ST_OK;
+    int rc = SQLITE_DONE;
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            struct queue_run_info *na = realloc(a, sizeof(*na) * nc);
+            if (!na) {
+                st = err_set(err, ST_ERR_NOMEM, "out of memory listing runs");
+                break;
+            }
+            a = na;
+            cap = nc;
+        }
+        struct queue_run_info *r = &a[cnt++];
+        memset(r, 0, sizeof(*r));
+        r->id = sqlite3_column_int64(s, 0);
+        r->job_id = sqlite3_column_int64(s, 1);
+        r->pid = sqlite3_column_int64(s, 4);
+        r->started_ms = sqlite3_column_int64(s, 5);
+        r->heartbeat_ms = sqlite3_column_int64(s, 6);
+        r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
+        if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
+            (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK)
+            st = queue_col_dup(s, 7, &r->progress_json, err);
+    }
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "listing live runs", err);
+    queue_stmt_done(s);
+    if (st != ST_OK) {
+        queue_run_info_free(a, cnt);
+        return st;
+    }
+    *runs = a;
+    *n = cnt;
+    return ST_OK;
 }

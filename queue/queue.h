@@ -63,7 +63,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       2     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       3     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -333,6 +333,33 @@ enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reas
  * commit). A run that has ended (e.g. ended as dead by another process) is ST_ERR_CONFLICT, a
  * missing one ST_ERR_INVALID_ARG. */
 enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err);
+
+/* A heartbeat that also stores progress_json (a JSON object of the run's live numbers, or NULL
+ * to clear it) in the run's row, for observers (queue_run_list_live). One autocommit UPDATE; a
+ * run calls it about once a second at most. Errors as queue_run_heartbeat. */
+enum status queue_run_progress(struct queue *q, int64_t run_id, const char *progress_json,
+                               struct err_detail *err);
+
+/* A run (kind 'run') that has not ended, as queue_run_list_live reports it. Strings owned by
+ * the array. */
+struct queue_run_info {
+    int64_t id;            /* runs.id */
+    int64_t job_id;        /* the job it was started for, 0 for any */
+    char *worker_id;       /* worker name, or NULL */
+    char *host;            /* host name, or NULL */
+    int64_t pid;           /* process id */
+    int64_t started_ms;    /* start, unix ms */
+    int64_t heartbeat_ms;  /* last heartbeat, unix ms */
+    int64_t age_ms;        /* now - heartbeat_ms by the queue's clock (>= 0) */
+    char *progress_json;   /* last queue_run_progress document, or NULL */
+};
+
+/* Every run not ended (alive, or dead and not yet noticed: see age_ms), oldest first, in one
+ * read. *runs is malloc'd (NULL when *n is 0); free with queue_run_info_free. */
+enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                struct err_detail *err);
+/* Free an array from queue_run_list_live; NULL is a no-op. */
+void queue_run_info_free(struct queue_run_info *runs, size_t n);
 
 /* The dead-run rule. A run is dead when it has ended, or when its heartbeat is older than the
  * lease the observer uses, or (without waiting for any lease) when it ran on the observer's

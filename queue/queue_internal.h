@@ -48,6 +48,8 @@ enum queue_stmt_id {
     QS_RUN_ENDED,
     QS_RUN_END,
     QS_RUN_HEARTBEAT,
+    QS_RUN_PROGRESS,
+    QS_RUN_LIST_LIVE,
     QS_LEASE_EXPIRE,
     QS_LEASE_REQUEUE_RUN,
     QS_LEASE_EXTEND,

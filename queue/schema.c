@@ -103,9 +103,15 @@ static const char SCHEMA_V2[] =
     "INSERT INTO meta (key, value) VALUES ('db_uuid', lower(hex(randomblob(16))));"
     "CREATE INDEX runs_active ON runs (host) WHERE ended IS NULL;";
 
+/* Version 3: runs.progress_json, the live numbers (token rates, running sequences, KV use) a
+ * run stores with its heartbeat about once a second, so `quern status` in another process can
+ * show them (queue_run_progress). */
+static const char SCHEMA_V3[] = "ALTER TABLE runs ADD COLUMN progress_json TEXT;";
+
 const struct queue_migration queue_migrations[] = {
     {1, SCHEMA_V1},
     {2, SCHEMA_V2},
+    {3, SCHEMA_V3},
 };
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
@@ -221,6 +227,11 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
+    [QS_RUN_PROGRESS] = "UPDATE runs SET heartbeat = ?2, progress_json = ?3"
+                        " WHERE id = ?1 AND ended IS NULL",
+    [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
+                         " heartbeat, progress_json FROM runs"
+                         " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
     /* ?2: the sweeping run, whose own leases are never swept (0: none) */

@@ -1,5 +1,8 @@
-/* `quern status`, `quern cancel` and `quern retry`: look at and steer jobs in the queue. */
+/* `quern status`, `quern cancel` and `quern retry`: look at and steer jobs in the queue;
+ * `status --watch` follows a job that runs in other processes, live. */
 #include <getopt.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,15 +14,29 @@
 #include "common/log.h"
 #include "queue/queue.h"
 #include "runner/output.h"
+#include "runner/progress.h"
 #include "runner/runner.h"
+#include "runner/term.h"
 
 static const char status_usage[] =
-    "usage: quern status --db Q.db [--job ID|NAME] [--json]\n"
+    "usage: quern status --db Q.db [--job ID|NAME] [--json | --watch [--progress SECS]]\n"
     "\n"
-    "Per job: state, items by state, tokens in/out, throughput and ETA over the time runs\n"
-    "have worked on it, and failed items by error code. A job still being submitted shows as\n"
-    "\"submitting\" with its items so far, and nothing else counts it yet. The jobs left by\n"
-    "killed submits are deleted first.\n";
+    "Per job: state, items by state, tokens in/out, throughput over the time runs have worked\n"
+    "on it, ETA, failed items by error code, and the runs working on it now (host, pid, start,\n"
+    "heartbeat age, live generated/prompt tok/s, running sequences, KV use, as each run\n"
+    "stores them about once a second). The ETA is token-based while runs report live rates\n"
+    "(items left x mean completion tokens, less tokens already generated, over the summed\n"
+    "generation rate), else from the items finished per second so far; null when unknown.\n"
+    "Counts are committed items. A job still being submitted shows as \"submitting\" with its\n"
+    "items so far, and nothing else counts it yet. The jobs left by killed submits are deleted\n"
+    "first.\n"
+    "\n"
+    "  --json           one JSON array, an object per job (fields as in the README)\n"
+    "  --watch          follow the job (or all jobs) until nothing is queued or leased, or\n"
+    "                   Ctrl-C (exit 0): on a terminal a live line on stdout redrawn about once\n"
+    "                   a second, as `quern run` shows it; otherwise a \"progress: key=value\n"
+    "                   ...\" line every --progress seconds; then one summary line\n"
+    "  --progress SECS  log interval of --watch when stdout is not a terminal (default 10)\n";
 
 static const char cancel_usage[] =
     "usage: quern cancel --db Q.db --job ID|NAME\n"
@@ -33,12 +50,14 @@ static const char retry_usage[] =
     "Put the job's failed items back in the queue (attempts reset). Their old error records\n"
     "stay in the errors shards but are left out by `quern export`.\n";
 
-/* Common flags: --db, --job, --json, --failed. */
+/* Common flags: --db, --job, --json, --failed; status's --watch and --progress. */
 struct jobs_opts {
     const char *db;  /* --db */
     const char *job; /* --job */
     int json;        /* --json */
     int failed;      /* --failed */
+    int watch;       /* --watch */
+    float progress;  /* --progress: --watch log interval (s) */
 };
 
 static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv, struct jobs_opts *o)
@@ -46,9 +65,12 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
     static const struct option longopts[] = {
         {"db", required_argument, 0, 'd'}, {"job", required_argument, 0, 'j'},
         {"json", no_argument, 0, 'J'},     {"failed", no_argument, 0, 'f'},
+        {"watch", no_argument, 0, 'w'},    {"progress", required_argument, 0, 'p'},
         {"help", no_argument, 0, 'h'},     {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
+    o->progress = 10;
+    int status = !strcmp(cmd, "status");
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -57,6 +79,11 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
         case 'j': o->job = optarg; break;
         case 'J': o->json = 1; break;
         case 'f': o->failed = 1; break;
+        case 'w': o->watch = 1; break;
+        case 'p':
+            if (!runner_parse_float(cmd, "progress", optarg, 0.1, 1e6, &o->progress))
+                return 0;
+            break;
         case 'h': fputs(usage, stdout); exit(RUNNER_EXIT_OK);
         default: fputs(usage, stderr); return 0;
         }
@@ -64,6 +91,11 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
     if (optind < argc || !o->db) {
         fprintf(stderr, "quern %s: %s\n%s", cmd,
                 optind < argc ? "unexpected argument" : "--db is required", usage);
+        return 0;
+    }
+    if ((o->watch && (!status || o->json)) || (!status && o->json)) {
+        fprintf(stderr, "quern %s: %s\n%s", cmd,
+                status ? "--watch and --json do not go together" : "unexpected option", usage);
         return 0;
     }
     return 1;
@@ -77,7 +109,111 @@ static void submitting_counts(struct queue_counts *c)
     c->total = total;
 }
 
-static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_detail *err)
+/* Wall clock, unix ms (the queue's clock). */
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Does run r work on job_id (0: on any job)? Its own job, or the one its progress names. */
+static int run_on_job(const struct queue_run_info *r, const struct runner_progress *rp,
+                      int64_t job_id)
+{
+    return !job_id || r->job_id == job_id || (rp && rp->job_id == job_id);
+}
+
+/* The job's numbers (job_id 0: all ready jobs) as another process sees them: committed counts
+ * from the queue, and the live rates, sequences and KV use summed over its runs whose last
+ * progress is fresher than RUNNER_PROGRESS_STALE_S; the ETA token-based from those. Elapsed
+ * time counts from *run_start, the earliest start of a run seen on the job (in/out, 0 none
+ * yet), else it is the span of the job's runs (first_ms to last_ms). */
+static void job_progress(int64_t job_id, const char *name, const struct queue_counts *c,
+                         int64_t first_ms, int64_t last_ms, const struct queue_run_info *runs,
+                         size_t n_runs, int64_t *run_start, struct runner_progress *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->job_id = job_id;
+    snprintf(p->job, sizeof(p->job), "%s", name ? name : "");
+    p->total = c->total;
+    p->done = c->items[QUEUE_ITEM_DONE];
+    p->failed = c->items[QUEUE_ITEM_FAILED];
+    p->cancelled = c->items[QUEUE_ITEM_CANCELLED];
+    p->prompt_tokens = c->prompt_tokens;
+    double mean_sum = 0, mean_n = 0;
+    for (size_t i = 0; i < n_runs; i++) {
+        struct runner_progress rp;
+        int have = runner_progress_from_json(runs[i].progress_json, &rp);
+        if (!run_on_job(&runs[i], have ? &rp : NULL, job_id))
+            continue;
+        if (!*run_start || runs[i].started_ms < *run_start)
+            *run_start = runs[i].started_ms;
+        if (!have || (double)runs[i].age_ms / 1000.0 > RUNNER_PROGRESS_STALE_S)
+            continue;
+        p->runs++;
+        p->gen_tok_s += rp.gen_tok_s;
+        p->prompt_tok_s += rp.prompt_tok_s;
+        p->inflight_tokens += rp.inflight_tokens;
+        p->running += rp.running;
+        p->waiting += rp.waiting;
+        p->kv_used += rp.kv_used;
+        p->kv_total += rp.kv_total;
+        if (rp.mean_out > 0) {
+            mean_sum += rp.mean_out;
+            mean_n++;
+        }
+    }
+    p->gen_tokens = c->completion_tokens + (int64_t)p->inflight_tokens;
+    if (p->done > 0)
+        p->mean_out = (double)c->completion_tokens / (double)p->done;
+    else if (mean_n > 0)
+        p->mean_out = mean_sum / mean_n;
+    int64_t now = now_ms();
+    if (*run_start)
+        p->elapsed_s = now > *run_start ? (double)(now - *run_start) / 1000.0 : 0;
+    else
+        p->elapsed_s = first_ms && last_ms > first_ms ? (double)(last_ms - first_ms) / 1000.0 : 0;
+    runner_progress_eta(p);
+}
+
+/* The runs of job_id not ended, as JSON: who and where, how fresh, and their own numbers. */
+static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_t job_id)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n_runs; i++) {
+        struct runner_progress rp;
+        int have = runner_progress_from_json(runs[i].progress_json, &rp);
+        if (!run_on_job(&runs[i], have ? &rp : NULL, job_id))
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "run_id", (double)runs[i].id);
+        if (runs[i].worker_id)
+            cJSON_AddStringToObject(o, "worker_id", runs[i].worker_id);
+        else
+            cJSON_AddNullToObject(o, "worker_id");
+        if (runs[i].host)
+            cJSON_AddStringToObject(o, "host", runs[i].host);
+        else
+            cJSON_AddNullToObject(o, "host");
+        cJSON_AddNumberToObject(o, "pid", (double)runs[i].pid);
+        cJSON_AddNumberToObject(o, "started_ms", (double)runs[i].started_ms);
+        cJSON_AddNumberToObject(o, "heartbeat_age_s", (double)runs[i].age_ms / 1000.0);
+        cJSON_AddBoolToObject(o, "stale",
+                              (double)runs[i].age_ms / 1000.0 > RUNNER_PROGRESS_STALE_S);
+        if (have) {
+            cJSON *lp = cJSON_AddObjectToObject(o, "progress");
+            runner_progress_add_json(lp, &rp);
+        } else {
+            cJSON_AddNullToObject(o, "progress");
+        }
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+static cJSON *job_status(struct queue *q, const struct queue_job *j,
+                         const struct queue_run_info *runs, size_t n_runs, struct err_detail *err)
 {
     struct queue_counts c;
     int64_t first, last;
@@ -87,6 +223,9 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_
         submitting_counts(&c);
         first = last = 0;
     }
+    struct runner_progress p;
+    int64_t run_start = 0;
+    job_progress(j->id, j->name, &c, first, last, runs, j->ready ? n_runs : 0, &run_start, &p);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "id", (double)j->id);
     cJSON_AddStringToObject(o, "name", j->name);
@@ -106,10 +245,30 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j, struct err_
     cJSON_AddNumberToObject(o, "run_seconds", secs);
     cJSON_AddNumberToObject(o, "completion_tok_s", secs > 0 ? (double)c.completion_tokens / secs : 0);
     cJSON_AddNumberToObject(o, "items_s", secs > 0 ? (double)fin / secs : 0);
-    if (secs > 0 && fin > 0 && left > 0)
+    if (left == 0) {
+        cJSON_AddNumberToObject(o, "eta_s", 0);
+        cJSON_AddNullToObject(o, "eta_basis");
+    } else if (p.eta_s >= 0) {
+        cJSON_AddNumberToObject(o, "eta_s", p.eta_s);
+        cJSON_AddStringToObject(o, "eta_basis", "tokens");
+    } else if (secs > 0 && fin > 0) {
         cJSON_AddNumberToObject(o, "eta_s", (double)left / ((double)fin / secs));
-    else
+        cJSON_AddStringToObject(o, "eta_basis", "items");
+    } else {
         cJSON_AddNullToObject(o, "eta_s");
+        cJSON_AddNullToObject(o, "eta_basis");
+    }
+    cJSON *live = cJSON_AddObjectToObject(o, "live");
+    cJSON_AddNumberToObject(live, "runs", (double)p.runs);
+    cJSON_AddNumberToObject(live, "gen_tok_s", p.gen_tok_s);
+    cJSON_AddNumberToObject(live, "prompt_tok_s", p.prompt_tok_s);
+    cJSON_AddNumberToObject(live, "inflight_tokens", p.inflight_tokens);
+    cJSON_AddNumberToObject(live, "mean_out", p.mean_out);
+    cJSON_AddNumberToObject(live, "running", (double)p.running);
+    cJSON_AddNumberToObject(live, "waiting", (double)p.waiting);
+    cJSON_AddNumberToObject(live, "kv_used", (double)p.kv_used);
+    cJSON_AddNumberToObject(live, "kv_total", (double)p.kv_total);
+    cJSON_AddItemToObject(o, "runs", runs_json(runs, j->ready ? n_runs : 0, j->id));
     cJSON *errs = cJSON_AddObjectToObject(o, "errors");
     for (size_t i = 0; i < c.n_error_codes; i++)
         cJSON_AddNumberToObject(errs, c.errors[i].code[0] ? c.errors[i].code : "unknown",
@@ -152,8 +311,21 @@ static void print_status_text(const cJSON *o)
            jnum(o, "items_s"), jnum(o, "run_seconds"));
     const cJSON *eta = cJSON_GetObjectItem(o, "eta_s");
     if (cJSON_IsNumber(eta))
-        printf("; ETA %.0f s", eta->valuedouble);
+        printf("; ETA %.0f s (%s)", eta->valuedouble, jstr(o, "eta_basis"));
     putchar('\n');
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(o, "runs"))
+    {
+        const cJSON *lp = cJSON_GetObjectItem(r, "progress");
+        printf("  run %.0f on %s pid %.0f: heartbeat %.0f s ago%s", jnum(r, "run_id"),
+               jstr(r, "host"), jnum(r, "pid"), jnum(r, "heartbeat_age_s"),
+               cJSON_IsTrue(cJSON_GetObjectItem(r, "stale")) ? " (stale)" : "");
+        if (cJSON_IsObject(lp))
+            printf(", gen %.1f tok/s, prompt %.1f tok/s, %.0f running, KV %.0f/%.0f blocks",
+                   jnum(lp, "gen_tok_s"), jnum(lp, "prompt_tok_s"), jnum(lp, "running"),
+                   jnum(lp, "kv_used"), jnum(lp, "kv_total"));
+        putchar('\n');
+    }
     const cJSON *errs = cJSON_GetObjectItem(o, "errors");
     if (cJSON_GetArraySize(errs)) {
         printf("  errors:");
@@ -189,6 +361,97 @@ static void seal_manifest(struct queue *q, const struct queue_job *j)
         LOG_INFO("job %s: manifest.json was missing or stale; written", j->name);
 }
 
+static volatile sig_atomic_t g_watch_stop; /* SIGINT, SIGTERM or SIGHUP during --watch */
+
+static void on_watch_signal(int sig)
+{
+    (void)sig;
+    g_watch_stop = 1;
+}
+
+/* One look at the job (j NULL: all ready jobs): *p and whether anything is left to do (items
+ * queued or leased). */
+static enum status watch_look(struct queue *q, const struct queue_job *j, int64_t *run_start,
+                              struct runner_progress *p, int *left, struct err_detail *err)
+{
+    struct queue_counts c;
+    int64_t first, last;
+    struct queue_run_info *runs = NULL;
+    size_t n_runs = 0;
+    enum status st;
+    if ((st = queue_job_counts(q, j ? j->id : 0, &c, err)) ||
+        (st = queue_job_timing(q, j ? j->id : 0, &first, &last, err)) ||
+        (st = queue_run_list_live(q, &runs, &n_runs, err)))
+        return st;
+    if (j && !j->ready) { /* still being submitted: it may become ready; show it empty */
+        submitting_counts(&c);
+        first = 0;
+    }
+    job_progress(j ? j->id : 0, j ? j->name : NULL, &c, first, last, runs, n_runs, run_start, p);
+    queue_run_info_free(runs, n_runs);
+    *left = (j && !j->ready) || c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] > 0;
+    return ST_OK;
+}
+
+/* status --watch: redraw (or log) until nothing is left or a signal; then the summary line. */
+static enum status status_watch(struct queue *q, const struct jobs_opts *o, struct queue_job *j,
+                                struct err_detail *err)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_watch_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    struct runner_term t;
+    runner_term_init(&t, stdout);
+    double period = t.tty ? RUNNER_PROGRESS_TTY_S : o->progress, next = runner_now();
+    struct runner_progress p;
+    int64_t run_start = 0; /* earliest start of a run seen on the job while watching */
+    enum status st = ST_OK;
+    for (;;) {
+        int left = 0;
+        if (j && !j->ready) { /* see whether its submit has finished */
+            struct queue_job nj;
+            if ((st = queue_job_get(q, j->id, &nj, err)))
+                break;
+            queue_job_free(j);
+            *j = nj;
+        }
+        if ((st = watch_look(q, j, &run_start, &p, &left, err)) || !left || g_watch_stop)
+            break;
+        double now = runner_now();
+        if (now >= next) {
+            char line[1024];
+            if (t.tty) {
+                runner_progress_line(&p, runner_term_width(&t), t.color, line, sizeof(line));
+                runner_term_redraw(&t, line);
+            } else {
+                runner_progress_log(&p, line, sizeof(line));
+                printf("%s\n", line);
+                fflush(stdout);
+            }
+            next += period;
+            if (next <= now)
+                next = now + period;
+        }
+        /* wake in time for the next line, and within 0.25 s for the end of the job */
+        double nap = fmin(0.25, fmax(0.01, next - runner_now()));
+        struct timespec ts = {0, (long)(nap * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    if (!st) {
+        char line[1024], full[1100];
+        runner_progress_summary(&p, line, sizeof(line));
+        snprintf(full, sizeof(full), "quern status: %s%s", line,
+                 g_watch_stop ? " (interrupted)" : "");
+        runner_term_finish(&t, full);
+    }
+    runner_term_close(&t);
+    return st;
+}
+
 int runner_cmd_status(int argc, char **argv)
 {
     struct jobs_opts o;
@@ -219,12 +482,25 @@ int runner_cmd_status(int argc, char **argv)
     } else if (queue_job_list(q, &jobs, &n, &err)) {
         goto out;
     }
+    if (o.watch) {
+        for (size_t i = 0; i < n; i++)
+            seal_manifest(q, &jobs[i]);
+        if (status_watch(q, &o, o.job ? &jobs[0] : NULL, &err))
+            goto out;
+        rc = RUNNER_EXIT_OK;
+        goto out;
+    }
+    struct queue_run_info *runs = NULL;
+    size_t n_runs = 0;
+    if (queue_run_list_live(q, &runs, &n_runs, &err))
+        goto out;
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) {
         seal_manifest(q, &jobs[i]);
-        cJSON *js = job_status(q, &jobs[i], &err);
+        cJSON *js = job_status(q, &jobs[i], runs, n_runs, &err);
         if (!js) {
             cJSON_Delete(arr);
+            queue_run_info_free(runs, n_runs);
             goto out;
         }
         if (!o.json)
@@ -240,6 +516,7 @@ int runner_cmd_status(int argc, char **argv)
         puts("no jobs");
     }
     cJSON_Delete(arr);
+    queue_run_info_free(runs, n_runs);
     rc = RUNNER_EXIT_OK;
 out:
     if (rc)

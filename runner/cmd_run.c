@@ -37,7 +37,9 @@
 #include "kernels/kernels.h"
 #include "queue/queue.h"
 #include "runner/output.h"
+#include "runner/progress.h"
 #include "runner/runner.h"
+#include "runner/term.h"
 
 #define RUN_EXIT_TEMPFAIL 75
 
@@ -79,7 +81,13 @@ static const char run_usage[] =
     "  --flush-records N      ... or when this many are waiting (default 256)\n"
     "  --shard-records N      start a new shard after N records (default 100000)\n"
     "  --shard-bytes SIZE     ... or after SIZE compressed bytes (default 256M)\n"
-    "  --progress SECS        progress log interval (default 10; a live line on a TTY)\n"
+    "  --progress SECS        progress log interval when stderr is not a terminal (default\n"
+    "                         10): one \"quern info: progress: key=value ...\" line each time;\n"
+    "                         on a terminal a live line redrawn about once a second (bar,\n"
+    "                         finished/failed/total, generated and prompt tok/s counted as\n"
+    "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
+    "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
+    "                         `quern status --watch` shows the same from another process.\n"
     "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n"
     "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
     "  -h, --help             this help\n";
@@ -282,13 +290,24 @@ struct run {
     int64_t *live;                 /* item ids claimed and not yet written (for release) */
     size_t n_live, cap_live;       /* count, capacity */
     double t_start, t_stop;        /* run start; when stopping began (0 = not stopping) */
-    double t_flush, t_beat, t_progress; /* last flush, heartbeat, progress line */
+    double t_flush, t_beat;        /* last flush, heartbeat */
     /* summary */
-    int64_t n_done, n_failed;      /* items written this run */
-    int64_t tok_in, tok_out;       /* tokens this run */
+    int64_t n_done, n_failed;      /* items committed this run */
+    int64_t tok_in, tok_out;       /* tokens of requests finished this run */
+    int64_t n_out;                 /* requests the engine finished this run */
     double *ttft, *tpot;           /* per request (ms) */
     size_t n_lat, cap_lat;         /* count, capacity */
-    int tty;                       /* stderr is a terminal */
+    /* live progress of the current job (progress()) */
+    struct runner_term term;       /* stderr: a live line on a terminal, else log lines */
+    struct runner_rate gen_rate;   /* engine tokens generated, sampled */
+    struct runner_rate prompt_rate; /* engine prompt tokens computed, sampled */
+    double t_job;                  /* when the job's engine was ready */
+    double t_draw, t_pub;          /* next redraw or log line; last queue_run_progress */
+    struct queue_counts counts;    /* the job's counts when last read */
+    double t_counts, counts_cost;  /* when they were read (0: read next time), and how long
+                                    * that took */
+    int64_t done_at_counts, failed_at_counts; /* n_done, n_failed then */
+    int64_t job_out0, job_tok0;    /* n_out and tok_out when the job started */
     struct proc_identity self;     /* this process, recorded with the run */
 };
 
@@ -663,6 +682,7 @@ static enum status take_outputs(struct run *r, struct err_detail *err)
                                   (int64_t)o[i].n_prompt, (int64_t)o[i].n_tokens, err);
             r->tok_in += (int64_t)o[i].n_prompt;
             r->tok_out += (int64_t)o[i].n_tokens;
+            r->n_out++;
             if (r->n_lat == r->cap_lat) {
                 size_t cap = r->cap_lat ? r->cap_lat * 2 : 1024;
                 double *a = realloc(r->ttft, sizeof(double) * cap);
@@ -766,24 +786,129 @@ static enum status count_open_shards(struct queue *q, int64_t job_id, int64_t *o
     return st;
 }
 
-static void progress(struct run *r, int force)
+/* The job's live numbers: its counts in the queue (read at most once a second, less often
+ * when reading them is slow) plus what this run finished since, committed or not, and the
+ * engine's token counts (unfinished requests included) and load. */
+static void progress_snapshot(struct run *r, double now, struct runner_progress *p)
+{
+    if (!r->t_counts || now - r->t_counts >= fmax(1.0, 20 * r->counts_cost)) {
+        struct queue_counts c;
+        struct err_detail err = {0};
+        if (!queue_job_counts(r->q, r->job.id, &c, &err)) {
+            r->counts = c;
+            r->done_at_counts = r->n_done;
+            r->failed_at_counts = r->n_failed;
+        }
+        r->counts_cost = runner_now() - now;
+        r->t_counts = now;
+    }
+    const struct queue_counts *c = &r->counts;
+    memset(p, 0, sizeof(*p));
+    p->job_id = r->job.id;
+    snprintf(p->job, sizeof(p->job), "%s", r->job.name ? r->job.name : "");
+    p->total = c->total;
+    p->cancelled = c->items[QUEUE_ITEM_CANCELLED];
+    p->done = c->items[QUEUE_ITEM_DONE] + (r->n_done - r->done_at_counts) + (int64_t)r->res.n_pend;
+    p->failed = c->items[QUEUE_ITEM_FAILED] + (r->n_failed - r->failed_at_counts) +
+                (int64_t)r->errs.n_pend;
+    if (p->done + p->failed + p->cancelled > p->total) /* a commit by another run since */
+        p->done = p->total - p->failed - p->cancelled;
+    const struct engine_stats *es = engine_get_stats(r->e);
+    struct engine_load ld;
+    engine_get_load(r->e, &ld);
+    p->gen_tokens = (int64_t)es->gen_tokens;
+    p->prompt_tokens = (int64_t)es->prompt_tokens;
+    runner_rate_add(&r->gen_rate, now, (double)es->gen_tokens);
+    runner_rate_add(&r->prompt_rate, now, (double)es->prompt_tokens);
+    p->gen_tok_s = runner_rate_get(&r->gen_rate);
+    p->prompt_tok_s = runner_rate_get(&r->prompt_rate);
+    p->running = ld.running;
+    p->waiting = (int64_t)ld.waiting;
+    p->kv_used = ld.kv_used;
+    p->kv_total = ld.kv_total;
+    p->runs = 1;
+    int64_t outs = r->n_out - r->job_out0, toks = r->tok_out - r->job_tok0;
+    if (outs > 0)
+        p->mean_out = (double)toks / (double)outs;
+    else if (c->items[QUEUE_ITEM_DONE] > 0) /* finished by earlier runs */
+        p->mean_out = (double)c->completion_tokens / (double)c->items[QUEUE_ITEM_DONE];
+    p->inflight_tokens = fmax(0, (double)(p->gen_tokens - toks));
+    p->elapsed_s = now - r->t_job;
+    runner_progress_eta(p);
+}
+
+/* Store the numbers in the queue for `quern status` (a heartbeat too). */
+static void progress_publish(struct run *r, const struct runner_progress *p, double now)
+{
+    char *js = runner_progress_to_json(p);
+    struct err_detail err = {0};
+    if (js && queue_run_progress(r->q, r->run_id, js, &err))
+        LOG_DEBUG("publishing progress: %s", err.msg);
+    free(js);
+    r->t_pub = now;
+}
+
+/* Start the job's progress display once its engine is ready. */
+static void progress_start(struct run *r)
+{
+    r->t_job = runner_now();
+    runner_rate_reset(&r->gen_rate);
+    runner_rate_reset(&r->prompt_rate);
+    runner_rate_add(&r->gen_rate, r->t_job, 0);
+    runner_rate_add(&r->prompt_rate, r->t_job, 0);
+    r->t_draw = r->t_job; /* at once */
+    r->t_pub = 0;
+    r->t_counts = 0;
+    r->job_out0 = r->n_out;
+    r->job_tok0 = r->tok_out;
+}
+
+/* Called after every step: publishes about once a second, redraws the live line about once a
+ * second on a terminal, else logs a line every --progress seconds (on a fixed cadence). */
+static void progress(struct run *r)
 {
     double now = runner_now();
-    if (!force && now - r->t_progress < r->o->progress)
+    int draw = now >= r->t_draw, publish = now - r->t_pub >= RUNNER_PROGRESS_PUBLISH_S;
+    if (!draw && !publish)
         return;
-    r->t_progress = now;
-    struct queue_counts c;
-    struct err_detail err = {0};
-    if (queue_job_counts(r->q, r->job.id, &c, &err))
+    struct runner_progress p;
+    progress_snapshot(r, now, &p);
+    if (publish)
+        progress_publish(r, &p, now);
+    if (!draw)
         return;
-    int64_t fin = c.items[QUEUE_ITEM_DONE] + c.items[QUEUE_ITEM_FAILED] +
-                  c.items[QUEUE_ITEM_CANCELLED];
-    double el = now - r->t_start, tps = el > 0 ? (double)r->tok_out / el : 0;
-    double rate = el > 0 ? (double)(r->n_done + r->n_failed) / el : 0;
-    double eta = rate > 0 ? (double)(c.total - fin) / rate : 0;
-    fprintf(stderr, "%squern run: job %s: %lld/%lld finished (%lld failed), %.1f tok/s, ETA %.0f s%s",
-            r->tty ? "\r" : "", r->job.name, (long long)fin, (long long)c.total,
-            (long long)c.items[QUEUE_ITEM_FAILED], tps, eta, r->tty ? "   " : "\n");
+    double period = r->term.tty ? RUNNER_PROGRESS_TTY_S : r->o->progress;
+    r->t_draw += period;
+    if (r->t_draw <= now)
+        r->t_draw = now + period;
+    char line[1024];
+    if (r->term.tty) {
+        runner_progress_line(&p, runner_term_width(&r->term), r->term.color, line, sizeof(line));
+        runner_term_redraw(&r->term, line);
+    } else {
+        runner_progress_log(&p, line, sizeof(line));
+        LOG_INFO("%s", line);
+    }
+}
+
+/* The job's last word: the final numbers published, and one summary line (on a terminal it
+ * replaces the live line). */
+static void progress_end(struct run *r)
+{
+    double now = runner_now();
+    struct runner_progress p;
+    r->t_counts = 0; /* exact counts */
+    progress_snapshot(r, now, &p);
+    progress_publish(r, &p, now);
+    char line[1024];
+    runner_progress_summary(&p, line, sizeof(line));
+    if (r->term.tty) {
+        char full[1100];
+        snprintf(full, sizeof(full), "quern run: %s", line);
+        runner_term_finish(&r->term, full);
+    } else {
+        LOG_INFO("%s", line);
+    }
 }
 
 static int stop_requested(struct run *r)
@@ -886,6 +1011,7 @@ static int run_job(struct run *r, struct err_detail *err)
     r->errs.kind = QUEUE_SHARD_ERRORS;
     int drained = 0, remains = 0, waiting = 0;
     r->t_flush = r->t_beat = runner_now();
+    progress_start(r);
     for (;;) {
         int stopping = stop_requested(r);
         if (stopping && (g_signals > 1 || runner_now() - r->t_stop >= r->o->grace))
@@ -926,7 +1052,7 @@ static int run_job(struct run *r, struct err_detail *err)
                 LOG_INFO("%lld dead run(s) on this host: their items are queued again",
                          (long long)reaped);
             drained = 0;
-            progress(r, 0);
+            progress(r);
             continue;
         }
         if ((st = engine_step(r->e, err)) || (st = take_outputs(r, err)))
@@ -937,7 +1063,7 @@ static int run_job(struct run *r, struct err_detail *err)
             (pending && now - r->t_flush >= r->o->flush_secs))
             if ((st = flush_all(r, err)))
                 return -1;
-        progress(r, 0);
+        progress(r);
     }
     if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
         return -1;
@@ -967,10 +1093,8 @@ static int run_job(struct run *r, struct err_detail *err)
     }
     if ((st = runner_manifest_write(r->q, &r->job, r->job_dir, complete, err)))
         return -1;
-    progress(r, 1);
-    if (r->tty)
-        fputc('\n', stderr);
     LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
+    progress_end(r);
     if (complete)
         return 1;
     return r->t_stop ? 0 : remains ? 2 : 1;
@@ -1031,7 +1155,7 @@ int runner_cmd_run(int argc, char **argv)
     memset(&r, 0, sizeof(r));
     r.o = &o;
     r.t_start = runner_now();
-    r.tty = isatty(2);
+    runner_term_init(&r.term, stderr);
     struct err_detail err = {0};
     int rc = RUNNER_EXIT_ERROR;
     const char *reason = "error";
@@ -1154,6 +1278,7 @@ int runner_cmd_run(int argc, char **argv)
         LOG_ERROR("recording the end of the run: %s", err.msg);
     free(sum);
 out:
+    runner_term_close(&r.term);
     job_close(&r);
     free(job_ids);
     free(r.live);

@@ -10,7 +10,7 @@ static const char usage[] =
     "Commands available in this build:\n"
     "  submit     create a job in an SQLite queue from JSONL request files\n"
     "  run        process queued items into zstd JSONL shards (resumable)\n"
-    "  status     per-job progress, tokens, throughput, ETA, errors\n"
+    "  status     per-job progress, tokens, throughput, ETA, errors, runs (--watch: live)\n"
     "  export     a job's records as .jsonl/.jsonl.zst, or a .tar/.tar.zst bundle\n"
     "  cancel     cancel a job's remaining items\n"
     "  retry      re-queue a job's failed items\n"

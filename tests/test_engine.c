@@ -3,8 +3,8 @@
  * together give exactly the tokens each gives alone (greedy, and sampling with a seed per
  * request); prefix-cache hits (bitwise logits), chunked prefill and preemption with recompute
  * change nothing; the newest sequence is the one preempted and it is requeued first; request
- * timestamps are ordered and the warm-up is not counted; requests that cannot fit are rejected
- * with an error. */
+ * timestamps are ordered and the warm-up is not counted; tokens and the load are counted live,
+ * before requests finish; requests that cannot fit are rejected with an error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -877,6 +877,66 @@ static void test_request_times_and_warmup(void **state)
     assert_int_equal(kst[1].evictions, kst[0].evictions);
 }
 
+/* engine_get_load and the live token count, as a progress display reads them mid-run: before
+ * any request finishes, gen_tokens already counts the tokens sampled, the requests are running
+ * and hold KV blocks; once drained nothing runs and no block is referenced. Fails if tokens were
+ * counted only at completion, or the load were not kept current. */
+static void test_live_load(void **state)
+{
+    struct fixture *f = *state;
+    struct engine *e;
+    struct err_detail err = {0};
+    struct engine_params p;
+    params(&p, 4, 64, 64, 1);
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    struct engine_load ld;
+    engine_get_load(e, &ld);
+    assert_int_equal(ld.running, 0);
+    assert_int_equal(ld.waiting, 0);
+    assert_int_equal(ld.kv_used, 0);
+    assert_int_equal(ld.kv_total, engine_get_kv(e)->n_blocks);
+    assert_true(ld.kv_total > 0);
+    for (int i = 0; i < 4; i++) {
+        struct engine_request r = {0};
+        r.prompt = f->prompt[i];
+        r.n_prompt = f->n_prompt[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = GEN;
+        r.ignore_eos = 1;
+        r.request_id = "load";
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    engine_get_load(e, &ld);
+    assert_int_equal(ld.running, 0);
+    assert_int_equal(ld.waiting, 4);
+    struct engine_output o[4];
+    int steps = 0;
+    while (engine_get_stats(e)->gen_tokens < 2 * 4) { /* two tokens each, none finished */
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        assert_int_equal(engine_poll(e, o, 4), 0);
+        assert_true(++steps < 64);
+    }
+    engine_get_load(e, &ld);
+    assert_int_equal(ld.running, 4);
+    assert_int_equal(ld.waiting, 0);
+    assert_true(ld.kv_used >= 4 && ld.kv_used <= ld.kv_total);
+    assert_true(engine_get_stats(e)->prompt_tokens > 0);
+    size_t done = 0;
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        done += engine_poll(e, o, 4);
+    }
+    done += engine_poll(e, o, 4);
+    assert_int_equal(done, 4);
+    assert_int_equal(engine_get_stats(e)->gen_tokens, 4 * GEN);
+    engine_get_load(e, &ld);
+    assert_int_equal(ld.running, 0);
+    assert_int_equal(ld.waiting, 0);
+    assert_int_equal(ld.kv_used, 0);
+    engine_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest kv_tests[] = {
@@ -889,6 +949,7 @@ int main(void)
         cmocka_unit_test(test_rejects),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_request_times_and_warmup),
+        cmocka_unit_test(test_live_load),
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_prefix_hit_logits),
         cmocka_unit_test(test_preemption_policy),

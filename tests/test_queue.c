@@ -2,10 +2,10 @@
  * queue_open refuses unchanged (not a queue, missing with must_exist, corrupt with
  * check_integrity, on a network file system) and damaged rows read as errors; items and
  * duplicate custom_ids; claim order and limits; lease expiry with a fake clock; the
- * all-or-nothing shard commit and its exactly-once rule; release, cancel, retry and counts;
- * shards; four forked processes draining one queue with no item done twice; and jobs being
- * submitted: invisible to runs until published, discarded in batches, collected when their
- * submit died. */
+ * all-or-nothing shard commit and its exactly-once rule; runs' live progress; release, cancel,
+ * retry and counts; shards; four forked processes draining one queue with no item done
+ * twice; and jobs being submitted: invisible to runs until published, discarded in batches,
+ * collected when their submit died. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -577,7 +577,7 @@ static void test_migrate_v1_to_v2(void **state)
                       "INSERT INTO items (job_id, custom_id, payload, state, shard_id)"
                       " VALUES (1, 'a', '{}', 'done', 1);");
     struct queue *q = open_q(f);
-    assert_int_equal(queue_schema_version(q), 2);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION); /* through v2 */
     struct err_detail err = {0};
     int64_t v[3] = {0, 0, 0};
     assert_int_equal(queue_item_scan(q, 1, collect_scan, v, &err), ST_OK);
@@ -587,6 +587,82 @@ static void test_migrate_v1_to_v2(void **state)
     queue_close(q);
     assert_int_equal(sql_int(f->path, "SELECT length(value) FROM meta WHERE key = 'db_uuid'"), 32);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE kind = 'run'"), 1);
+}
+
+/* Version 2 -> 3 adds runs.progress_json: a live run of a version-2 queue is listed with no
+ * progress, and can store some. */
+static void test_migrate_v2_to_v3(void **state)
+{
+    struct fixture *f = *state;
+    sql_exec(f->path, queue_migrations[0].sql);
+    sql_exec(f->path, queue_migrations[1].sql);
+    sql_exec(f->path, "PRAGMA user_version = 2;"
+                      "INSERT INTO jobs (name, created, model_path, out_dir)"
+                      " VALUES ('old', 1, 'm', 'o');"
+                      "INSERT INTO runs (job_id, host, pid, started, heartbeat)"
+                      " VALUES (1, 'h', 7, 1, 2);"
+                      "INSERT INTO runs (job_id, started, heartbeat, ended) VALUES (1, 1, 1, 2);");
+    struct queue *q = open_q(f);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+    struct err_detail err = {0};
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(runs[0].id, 1);
+    assert_int_equal(runs[0].job_id, 1);
+    assert_int_equal(runs[0].pid, 7);
+    assert_string_equal(runs[0].host, "h");
+    assert_null(runs[0].progress_json);
+    queue_run_info_free(runs, n);
+    assert_int_equal(queue_run_progress(q, 1, "{\"x\":1}", &err), ST_OK);
+    queue_close(q);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM runs WHERE progress_json IS NULL"), 1);
+    assert_int_equal(sql_int(f->path, "SELECT heartbeat FROM runs WHERE id = 1"), f->now);
+}
+
+/* queue_run_progress stores the document with the heartbeat; queue_run_list_live lists runs
+ * (not submits) that have not ended, with their heartbeat's age by the queue's clock; a run
+ * that ended, or none, is refused as by queue_run_heartbeat. */
+static void test_run_progress(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 2);
+    int64_t a = start_run(q, job), b = start_run(q, 0);
+    struct queue_run_spec sub = {.host = "h", .pid = 1, .submit = true};
+    int64_t s = 0;
+    assert_int_equal(queue_run_start(q, &sub, &s, &err), ST_OK);
+    f->now += 5000;
+    assert_int_equal(queue_run_progress(q, a, "{\"gen_tok_s\":12.5}", &err), ST_OK);
+    f->now += 3000;
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(runs[0].id, a);
+    assert_int_equal(runs[0].job_id, job);
+    assert_string_equal(runs[0].worker_id, "w");
+    assert_string_equal(runs[0].progress_json, "{\"gen_tok_s\":12.5}");
+    assert_int_equal(runs[0].started_ms, f->now - 8000);
+    assert_int_equal(runs[0].heartbeat_ms, f->now - 3000);
+    assert_int_equal(runs[0].age_ms, 3000);
+    assert_int_equal(runs[1].id, b);
+    assert_int_equal(runs[1].job_id, 0);
+    assert_null(runs[1].progress_json);
+    assert_int_equal(runs[1].age_ms, 8000);
+    queue_run_info_free(runs, n);
+    assert_int_equal(queue_run_end(q, b, "drained", NULL, NULL, &err), ST_OK);
+    assert_int_equal(queue_run_progress(q, b, "{}", &err), ST_ERR_CONFLICT);
+    assert_int_equal(queue_run_progress(q, 999, "{}", &err), ST_ERR_INVALID_ARG);
+    assert_int_equal(queue_run_progress(q, a, NULL, &err), ST_OK); /* cleared */
+    assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_null(runs[0].progress_json);
+    assert_int_equal(runs[0].age_ms, 0);
+    queue_run_info_free(runs, n);
+    queue_close(q);
 }
 
 /* A run that stalls past its own lease does not sweep its own items at its next claim; another
@@ -1852,6 +1928,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_create, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_v2_to_v3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_own_leases_not_swept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_record_index, setup, teardown),
