@@ -74,8 +74,8 @@ static const char run_usage[] =
     "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
     "  --lease SECS           item lease, renewed while running (default 300); also how long\n"
-    "                         another run may be silent before its open shards are taken over\n"
-    "                         (resume a killed run with the lease it had)\n"
+    "                         a run on another host may be silent before it counts as dead\n"
+    "                         (on this host a run whose process is gone is taken over at once)\n"
     "  --claim N              items claimed per transaction (default 64)\n"
     "  --flush-secs S         commit finished records at least this often (default 5)\n"
     "  --flush-records N      ... or when this many are waiting (default 256)\n"
@@ -88,9 +88,9 @@ static const char run_usage[] =
     "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
     "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
     "                         `quern status --watch` shows the same from another process.\n"
-    "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n"
-    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
-    "  -h, --help             this help\n";
+        "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
+    "  -h, --help             this help\n"
+    "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n";
 
 struct run_opts {
     const char *db, *out, *job, *isa, *lock, *worker; /* flags */
@@ -309,6 +309,7 @@ struct run {
     int64_t done_at_counts, failed_at_counts; /* n_done, n_failed then */
     int64_t job_out0, job_tok0;    /* n_out and tok_out when the job started */
     struct proc_identity self;     /* this process, recorded with the run */
+    double waited_s;               /* seconds spent waiting for items other runs held */
 };
 
 static void pend_free(struct pend *p)
@@ -1044,7 +1045,9 @@ static int run_job(struct run *r, struct err_detail *err)
                 LOG_INFO("job %s: waiting for %lld items leased by other runs (taken over if "
                          "their run dies; --no-wait exits 75 instead)",
                          r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+            double t_nap = runner_now();
             nap(1.0);
+            r->waited_s += runner_now() - t_nap;
             int64_t reaped = 0;
             if ((st = queue_reap_dead(r->q, &r->self, &reaped, err)) || (st = beat(r, 1, err)))
                 return -1;
@@ -1110,6 +1113,8 @@ static char *summary_json(struct run *r, const char *reason)
     cJSON_AddNumberToObject(o, "run_id", (double)r->run_id);
     cJSON_AddStringToObject(o, "exit_reason", reason);
     cJSON_AddNumberToObject(o, "elapsed_s", el);
+    /* > 0: the run waited for items leased by other live runs before it could finish */
+    cJSON_AddNumberToObject(o, "waited_for_other_runs_s", r->waited_s);
     cJSON_AddNumberToObject(o, "items_done", (double)r->n_done);
     cJSON_AddNumberToObject(o, "items_failed", (double)r->n_failed);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->tok_in);

@@ -79,6 +79,7 @@ else
     [ "$(json_field nowait.json "['exit_reason']")" = work_remains ] || fail "1b: exit_reason"
 fi
 "$Q" run --db wait.db --out out >waited.json 2>>wait.log || fail "1b: waiting run exited non-zero"
+[ "$(json_field waited.json "['exit_reason']")" = drained ] || fail "1b: waiting run's exit_reason"
 wait $pa || fail "1b: first run"
 check_job wait.db wait 24
 
