@@ -10,10 +10,10 @@
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_site[64];  /* the site to fault, "" when off */
-static long g_nth;       /* fire at this call (1-based) */
-static int g_kill;       /* 1: SIGKILL, 0: return true */
-static long g_calls;     /* calls of g_site so far */
+static char g_site[64]; /* the site to fault, "" when off */
+static long g_nth;      /* fire at this call (1-based) */
+static int g_kill;      /* 1: SIGKILL, 0: return true */
+static long g_calls;    /* calls of g_site so far */
 
 static void fault_init(void)
 {

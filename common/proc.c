@@ -96,8 +96,11 @@ enum proc_liveness proc_liveness(const struct proc_identity *self,
 const char *proc_liveness_str(enum proc_liveness l)
 {
     switch (l) {
-    case PROC_ALIVE: return "alive";
-    case PROC_DEAD: return "dead";
-    default: return "unknown";
+    case PROC_ALIVE:
+        return "alive";
+    case PROC_DEAD:
+        return "dead";
+    default:
+        return "unknown";
     }
 }

@@ -88,7 +88,7 @@ static const char run_usage[] =
     "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
     "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
     "                         `quern status --watch` shows the same from another process.\n"
-        "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
+    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
     "  -h, --help             this help\n"
     "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n";
 

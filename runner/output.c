@@ -257,11 +257,12 @@ int runner_manifest_current(struct queue *q, const struct queue_job *job, const 
     for (size_t i = 0; ok && i < k; i++) {
         const cJSON *e = cJSON_GetArrayItem(arr, (int)i);
         const cJSON *file = cJSON_GetObjectItem(e, "file"), *sha = cJSON_GetObjectItem(e, "sha256");
-        const cJSON *bytes = cJSON_GetObjectItem(e, "bytes"), *rec = cJSON_GetObjectItem(e, "records");
-        ok = cJSON_IsString(file) && !strcmp(file->valuestring, ms[i].name) && cJSON_IsString(sha) &&
-             !strcmp(sha->valuestring, ms[i].sha256) && cJSON_IsNumber(bytes) &&
-             (uint64_t)bytes->valuedouble == ms[i].bytes && cJSON_IsNumber(rec) &&
-             (uint64_t)rec->valuedouble == ms[i].records;
+        const cJSON *bytes = cJSON_GetObjectItem(e, "bytes"),
+                    *rec = cJSON_GetObjectItem(e, "records");
+        ok = cJSON_IsString(file) && !strcmp(file->valuestring, ms[i].name) &&
+             cJSON_IsString(sha) && !strcmp(sha->valuestring, ms[i].sha256) &&
+             cJSON_IsNumber(bytes) && (uint64_t)bytes->valuedouble == ms[i].bytes &&
+             cJSON_IsNumber(rec) && (uint64_t)rec->valuedouble == ms[i].records;
     }
     free(ms);
     queue_shard_list_free(sh, n);

@@ -131,18 +131,32 @@ static void fmt_dur(char *b, size_t cap, double s)
         snprintf(b, cap, "%ld:%02ld", m, sec);
 }
 
-static double pct(int64_t a, int64_t b) { return b > 0 ? 100.0 * (double)a / (double)b : 0; }
+static double pct(int64_t a, int64_t b)
+{
+    return b > 0 ? 100.0 * (double)a / (double)b : 0;
+}
 
-enum { SEG_NAME, SEG_BAR, SEG_COUNT, SEG_FAILED, SEG_GEN, SEG_PROMPT, SEG_SEQS, SEG_KV,
-       SEG_ELAPSED, SEG_ETA, SEG_N };
+enum {
+    SEG_NAME,
+    SEG_BAR,
+    SEG_COUNT,
+    SEG_FAILED,
+    SEG_GEN,
+    SEG_PROMPT,
+    SEG_SEQS,
+    SEG_KV,
+    SEG_ELAPSED,
+    SEG_ETA,
+    SEG_N
+};
 
 void runner_progress_line(const struct runner_progress *p, int width, int color, char *buf,
                           size_t cap)
 {
     /* dropped first when the line does not fit: higher number */
-    static const int drop[SEG_N] = {[SEG_NAME] = 9, [SEG_PROMPT] = 8, [SEG_KV] = 7,
-                                    [SEG_SEQS] = 6, [SEG_ELAPSED] = 5, [SEG_FAILED] = 4,
-                                    [SEG_BAR] = 3, [SEG_ETA] = 2, [SEG_GEN] = 1, [SEG_COUNT] = 0};
+    static const int drop[SEG_N] = {
+        [SEG_NAME] = 9,   [SEG_PROMPT] = 8, [SEG_KV] = 7,  [SEG_SEQS] = 6, [SEG_ELAPSED] = 5,
+        [SEG_FAILED] = 4, [SEG_BAR] = 3,    [SEG_ETA] = 2, [SEG_GEN] = 1,  [SEG_COUNT] = 0};
     enum { BAR_MIN = 12, BAR_MAX = 40 };
     char seg[SEG_N][96], r[32], d[32];
     int64_t fin = p->done + p->failed + p->cancelled;
@@ -236,7 +250,10 @@ void runner_progress_summary(const struct runner_progress *p, char *buf, size_t 
              (long long)p->prompt_tokens, el > 0 ? (double)p->prompt_tokens / el : 0);
 }
 
-void runner_rate_reset(struct runner_rate *r) { memset(r, 0, sizeof(*r)); }
+void runner_rate_reset(struct runner_rate *r)
+{
+    memset(r, 0, sizeof(*r));
+}
 
 void runner_rate_add(struct runner_rate *r, double t, double v)
 {
