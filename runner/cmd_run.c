@@ -271,7 +271,15 @@ struct inflight {
     char *custom_id;     /* owned */
     enum job_kind kind;  /* chat or completion */
     char *model;         /* request's model field or NULL (owned) */
+    struct inflight *prev, *next; /* in run.inflight, while the engine holds the request */
 };
+
+static void inflight_free(struct inflight *inf)
+{
+    free(inf->custom_id);
+    free(inf->model);
+    free(inf);
+}
 
 struct run {
     const struct run_opts *o;      /* options */
@@ -309,6 +317,9 @@ struct run {
     int64_t done_at_counts, failed_at_counts; /* n_done, n_failed then */
     int64_t job_out0, job_tok0;    /* n_out and tok_out when the job started */
     struct proc_identity self;     /* this process, recorded with the run */
+    struct inflight *inflight;     /* requests in the engine (their user data), owned: freed
+                                      when they come out, or by job_close when a stop leaves
+                                      them behind */
     double waited_s;               /* seconds spent waiting for items other runs held */
 };
 
@@ -621,12 +632,15 @@ static enum status admit(struct run *r, const struct queue_claimed *c, struct er
         st = engine_add_request(r->e, &er, NULL, &e2);
     }
     free(ids);
+    if (!st && inf) { /* the engine holds it now */
+        inf->next = r->inflight;
+        if (r->inflight)
+            r->inflight->prev = inf;
+        r->inflight = inf;
+    }
     if (st) {
-        if (inf) {
-            free(inf->custom_id);
-            free(inf->model);
-            free(inf);
-        }
+        if (inf)
+            inflight_free(inf);
         const char *code = st == ST_ERR_RANGE ? "context_length_exceeded" : "invalid_request";
         st = item_error(r, c->id, req->custom_id, code, e2.msg, err);
     }
@@ -702,9 +716,13 @@ static enum status take_outputs(struct run *r, struct err_detail *err)
                                                       : 0;
                 r->n_lat++;
             }
-            free(inf->custom_id);
-            free(inf->model);
-            free(inf);
+            if (inf->prev)
+                inf->prev->next = inf->next;
+            else
+                r->inflight = inf->next;
+            if (inf->next)
+                inf->next->prev = inf->prev;
+            inflight_free(inf);
         }
     return st;
 }
@@ -713,9 +731,13 @@ static enum status take_outputs(struct run *r, struct err_detail *err)
 
 static void job_close(struct run *r)
 {
-    /* requests still in the engine: free their user data */
     engine_free(r->e);
     r->e = NULL;
+    while (r->inflight) { /* requests a stop left in the engine */
+        struct inflight *next = r->inflight->next;
+        inflight_free(r->inflight);
+        r->inflight = next;
+    }
     engine_chat_free(r->chat);
     engine_tok_free(r->tok);
     engine_model_free(r->m);
