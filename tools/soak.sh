@@ -21,11 +21,15 @@ tmp=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cd "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-counts() { # counts DB JOB -> "done failed leased queued"
-    "$Q" status --db "$1" --job "$2" --json 2>/dev/null | python3 -c "
-import json, sys
-s = json.load(sys.stdin)[0]['by_state']
-print(s['done'], s['failed'], s['leased'], s['queued'])"
+counts() { # counts DB JOB -> "done failed leased queued", read from the file: `status`
+    # would take a dead run's leases back itself
+    python3 - "$1" "$2" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True, timeout=30)
+n = dict(db.execute("SELECT i.state, count(*) FROM items i JOIN jobs j ON j.id = i.job_id"
+                    " WHERE j.name = ? GROUP BY i.state", (sys.argv[2],)).fetchall())
+print(n.get("done", 0), n.get("failed", 0), n.get("leased", 0), n.get("queued", 0))
+PY
 }
 rand() { python3 -c "import random; print(random.uniform($1, $2))"; }
 
