@@ -245,7 +245,10 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j,
     cJSON_AddNumberToObject(o, "run_seconds", secs);
     cJSON_AddNumberToObject(o, "completion_tok_s", secs > 0 ? (double)c.completion_tokens / secs : 0);
     cJSON_AddNumberToObject(o, "items_s", secs > 0 ? (double)fin / secs : 0);
-    if (left == 0) {
+    if (!j->ready) { /* still being submitted: nothing to estimate yet */
+        cJSON_AddNullToObject(o, "eta_s");
+        cJSON_AddNullToObject(o, "eta_basis");
+    } else if (left == 0) {
         cJSON_AddNumberToObject(o, "eta_s", 0);
         cJSON_AddNullToObject(o, "eta_basis");
     } else if (p.eta_s >= 0) {
