@@ -1301,8 +1301,12 @@ int runner_cmd_run(int argc, char **argv)
     if (sum)
         puts(sum);
     int64_t requeued = 0;
-    if (queue_run_end(r.q, r.run_id, reason, sum, &requeued, &err))
+    if (queue_run_end(r.q, r.run_id, reason, sum, &requeued, &err)) {
+        /* the work is committed, but the queue could not be written: say so (the run row is
+         * ended by the next run on this host, or when its heartbeat is older than a lease) */
         LOG_ERROR("recording the end of the run: %s", err.msg);
+        rc = RUNNER_EXIT_ERROR;
+    }
     free(sum);
 out:
     runner_term_close(&r.term);
