@@ -313,8 +313,9 @@ static void print_status_text(const cJSON *o)
            jnum(o, "prompt_tokens"), jnum(o, "completion_tokens"), jnum(o, "completion_tok_s"),
            jnum(o, "items_s"), jnum(o, "run_seconds"));
     const cJSON *eta = cJSON_GetObjectItem(o, "eta_s");
-    if (cJSON_IsNumber(eta))
-        printf("; ETA %.0f s (%s)", eta->valuedouble, jstr(o, "eta_basis"));
+    const cJSON *basis = cJSON_GetObjectItem(o, "eta_basis");
+    if (cJSON_IsNumber(eta) && cJSON_IsString(basis)) /* no ETA line for a finished job */
+        printf("; ETA %.0f s (from %s)", eta->valuedouble, basis->valuestring);
     putchar('\n');
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(o, "runs"))

@@ -243,7 +243,7 @@ void runner_progress_summary(const struct runner_progress *p, char *buf, size_t 
     double el = p->elapsed_s > 0 ? p->elapsed_s : 0;
     snprintf(buf, cap,
              "job %s: %lld/%lld finished (%lld failed, %lld cancelled) in %s; %lld tokens "
-             "generated (%.1f tok/s), %lld prompt tokens (%.1f tok/s)",
+             "sampled (%.1f tok/s), %lld prompt tokens computed (%.1f tok/s)",
              p->job[0] ? p->job : "(all jobs)", (long long)(p->done + p->failed + p->cancelled),
              (long long)p->total, (long long)p->failed, (long long)p->cancelled, d,
              (long long)p->gen_tokens, el > 0 ? (double)p->gen_tokens / el : 0,
