@@ -41,7 +41,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit asan deps model clean format
+.PHONY: all test unit asan deps model clean format fuzz
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -90,6 +90,22 @@ unit: $(TEST_BIN) model
 asan:
 	@true
 
+# libFuzzer harness for request lines (clang; `make fuzz FUZZ_SECONDS=600` before resolving work
+# on the request parser): seeds are the example requests, the corpus grows in build-fuzz/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 20
+FUZZ_SRC      = jobs/request.c jobs/record.c common/err.c common/log.c engine/sampler.c
+build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -I. -D_GNU_SOURCE \
+	    tests/fuzz/fuzz_request.c $(FUZZ_SRC) -lcjson -lpcre2-8 -lm -o $@
+
+fuzz: build-fuzz/fuzz_request
+	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds
+	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
+	build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    build-fuzz/corpus-request build-fuzz/seeds
+
 deps:
 	tools/install_deps.sh
 
@@ -102,6 +118,6 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan bin
+	rm -rf build build-asan build-fuzz bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -2,7 +2,8 @@
 # Install the Debian packages quern builds against (idempotent; needs root or sudo).
 set -euo pipefail
 PKGS="gcc make pkg-config libsqlite3-dev libzstd-dev zstd libpcre2-dev
-      libcjson-dev libcmocka-dev libarchive-dev ca-certificates qemu-user"
+      libcjson-dev libcmocka-dev libarchive-dev ca-certificates qemu-user
+      clang libclang-rt-14-dev"
 missing=""
 # The model fetch needs pip; use the Debian one only when no python3 with pip exists.
 python3 -m pip --version >/dev/null 2>&1 || PKGS="$PKGS python3 python3-pip"
