@@ -1227,6 +1227,21 @@ enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reas
     return st;
 }
 
+enum status queue_run_mark_ended(struct queue *q, int64_t run_id, const char *exit_reason,
+                                 const char *summary_json, struct err_detail *err)
+{
+    if (!run_id)
+        return ST_OK;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_END, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, queue_now(q));
+    queue_bind_str(s, 3, exit_reason);
+    queue_bind_str(s, 4, summary_json);
+    return queue_step_done(q, s, "ending a run", err);
+}
+
 /* End one run found dead: its leases go back to queued (attempts kept), ended = now. */
 static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_detail *err)
 {
@@ -1235,16 +1250,7 @@ static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_deta
         return err->status;
     sqlite3_bind_int64(s, 1, run_id);
     enum status st = queue_step_done(q, s, "requeueing a dead run's leases", err);
-    if (st == ST_OK && (s = queue_stmt(q, QS_RUN_END, err)) == NULL)
-        st = err->status;
-    if (st == ST_OK) {
-        sqlite3_bind_int64(s, 1, run_id);
-        sqlite3_bind_int64(s, 2, queue_now(q));
-        queue_bind_str(s, 3, "dead");
-        sqlite3_bind_null(s, 4);
-        st = queue_step_done(q, s, "ending a dead run", err);
-    }
-    return st;
+    return st == ST_OK ? queue_run_mark_ended(q, run_id, "dead", NULL, err) : st;
 }
 
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,

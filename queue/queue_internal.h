@@ -139,6 +139,11 @@ enum status queue_scope_leave(struct queue *q, struct queue_scope *sc, enum stat
 enum status queue_job_state_get(struct queue *q, int64_t job_id, enum queue_job_state *state,
                                 struct err_detail *err);
 
+/* Set run_id's ended = now, exit_reason and summary_json (both may be NULL) unless it has
+ * ended already; run_id 0 is a no-op. Leases are the caller's business. */
+enum status queue_run_mark_ended(struct queue *q, int64_t run_id, const char *exit_reason,
+                                 const char *summary_json, struct err_detail *err);
+
 /* ST_OK if run_id exists and has not ended, else ST_ERR_INVALID_ARG. */
 enum status queue_run_check(struct queue *q, int64_t run_id, struct err_detail *err);
 

@@ -39,22 +39,6 @@ static enum status submit_info_get(struct queue *q, int64_t job_id, struct submi
     return st;
 }
 
-/* End run_id (ended = now) with exit_reason and summary_json unless it has ended already. */
-static enum status end_submit_run(struct queue *q, int64_t run_id, const char *exit_reason,
-                                  const char *summary_json, struct err_detail *err)
-{
-    if (!run_id)
-        return ST_OK;
-    sqlite3_stmt *s = queue_stmt(q, QS_RUN_END, err);
-    if (!s)
-        return err->status;
-    sqlite3_bind_int64(s, 1, run_id);
-    sqlite3_bind_int64(s, 2, queue_now(q));
-    queue_bind_str(s, 3, exit_reason);
-    queue_bind_str(s, 4, summary_json);
-    return queue_step_done(q, s, "ending a submit run", err);
-}
-
 /* Run a job statement (?1 = job_id, ?2 = limit when it has one); *changes gets the rows. */
 static enum status job_step(struct queue *q, enum queue_stmt_id id, int64_t job_id, int64_t limit,
                             int64_t *changes, const char *what, struct err_detail *err)
@@ -91,7 +75,7 @@ enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summa
     if (st == ST_OK)
         st = job_step(q, QS_JOB_PUBLISH, job_id, 0, NULL, "publishing a job", err);
     if (st == ST_OK)
-        st = end_submit_run(q, si.run, "submitted", summary_json, err);
+        st = queue_run_mark_ended(q, si.run, "submitted", summary_json, err);
     return queue_scope_leave(q, &sc, st, err);
 }
 
@@ -114,7 +98,7 @@ enum status queue_job_discard(struct queue *q, int64_t job_id, const char *exit_
                      "can be discarded",
                      (long long)job_id);
     if (st == ST_OK && !si.run_ended)
-        st = end_submit_run(q, si.run, exit_reason, NULL, err);
+        st = queue_run_mark_ended(q, si.run, exit_reason, NULL, err);
     if ((st = queue_scope_leave(q, &sc, st, err)) != ST_OK)
         return st;
     /* then its items in bounded transactions, the last of them with the job itself */
@@ -208,7 +192,7 @@ enum status queue_jobs_gc(struct queue *q, const struct proc_identity *self, int
             if (!cand[i].run_ended) { /* stale heartbeat: dead unless we can see it alive */
                 if (self && proc_liveness(self, &cand[i].other) == PROC_ALIVE)
                     continue;
-                st = end_submit_run(q, cand[i].run, "dead", NULL, err);
+                st = queue_run_mark_ended(q, cand[i].run, "dead", NULL, err);
             }
             doomed[n_doomed++] = cand[i].job;
         }
