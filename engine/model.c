@@ -88,15 +88,17 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
     return ST_OK;
 }
 
-/* A 2-D weight of shape [ne0 = in, ne1 = out]. */
-#define LAYER_MATS 7
-/* A layer's weight matrices (the ones matmul reads); returns their count. */
-static int layer_mats(struct engine_layer *L, struct kern_tensor **out)
+int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out)
 {
-    struct kern_tensor *m[LAYER_MATS] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                              &L->w_gate, &L->w_up, &L->w_down};
-    memcpy(out, m, sizeof(m));
-    return LAYER_MATS;
+    if (layer == m->hp.n_layer) {
+        out[0] = &m->output;
+        return 1;
+    }
+    const struct engine_layer *L = &m->layers[layer];
+    const struct kern_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                     &L->w_down};
+    memcpy(out, w, sizeof(w));
+    return (int)(sizeof(w) / sizeof(w[0]));
 }
 
 static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in,
@@ -194,14 +196,11 @@ enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
             goto fail;
     }
     m->be = be;
-    if (be && be->ops->prepare) {
-        struct kern_tensor *mats[LAYER_MATS];
-        if ((st = be->ops->prepare(be, &m->output, err)))
-            goto fail;
-        for (int l = 0; l < hp->n_layer; l++)
-            for (int i = 0; i < layer_mats(&m->layers[l], mats); i++)
-                if ((st = be->ops->prepare(be, mats[i], err)))
-                    goto fail;
+    for (int l = 0; be && be->ops->prepare && l <= hp->n_layer; l++) {
+        const struct kern_tensor *mats[ENGINE_MAX_LAYER_WEIGHTS];
+        for (int i = 0, nw = engine_model_weights(m, l, mats); i < nw; i++)
+            if ((st = be->ops->prepare(be, (struct kern_tensor *)mats[i], err)))
+                goto fail;
     }
     m->gguf = g; /* only now: on failure the caller closes g */
     *out = m;
@@ -230,12 +229,10 @@ void engine_model_free(struct engine_model *m)
 {
     if (!m)
         return;
-    if (m->be && m->be->ops->release) {
-        struct kern_tensor *mats[LAYER_MATS];
-        m->be->ops->release(m->be, &m->output);
-        for (int l = 0; m->layers && l < m->hp.n_layer; l++)
-            for (int i = 0; i < layer_mats(&m->layers[l], mats); i++)
-                m->be->ops->release(m->be, mats[i]);
+    for (int l = 0; m->be && m->be->ops->release && m->layers && l <= m->hp.n_layer; l++) {
+        const struct kern_tensor *mats[ENGINE_MAX_LAYER_WEIGHTS];
+        for (int i = 0, nw = engine_model_weights(m, l, mats); i < nw; i++)
+            m->be->ops->release(m->be, (struct kern_tensor *)mats[i]);
     }
     io_gguf_close(m->gguf);
     free(m->layers);

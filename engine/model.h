@@ -89,6 +89,14 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
                                         const struct engine_batch *b, float *logits,
                                         int32_t *ids, int *fused, struct err_detail *err);
 
+#define ENGINE_MAX_LAYER_WEIGHTS 8 /* matrices engine_model_weights returns at most */
+
+/* The weight matrices matmuls read in layer `layer` (0 <= layer < n_layer: q, k, v, o, gate,
+ * up, down), or with layer == n_layer the output head: points out[i] at them and returns
+ * their count (<= ENGINE_MAX_LAYER_WEIGHTS). The one list of a layer's matrices (load,
+ * prepare/release, bench FLOPs, plan memory). */
+int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
+
 /* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences, stored
  * as dtype (enum kern_kv_dtype). */
 enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,

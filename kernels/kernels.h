@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 
@@ -71,6 +72,12 @@ struct kern_attn {
 
 struct kern_backend;
 
+/* A measured peak rate (kern_ops.peaks). */
+struct kern_peak {
+    const char *name; /* "int8", "amx_int8", "amx_bf16", ... (static storage) */
+    double ops;       /* operations per second; 0 = not available here */
+};
+
 /* A matmul's input: rows x (n_tok x n) and the element-wise steps the backend fuses into the
  * pass that prepares them for the GEMM, each bitwise as the separate op (add, rmsnorm,
  * swiglu) would compute it. In order: x += add (x updated: the residual stream); then the
@@ -86,7 +93,7 @@ struct kern_mm_in {
 };
 
 struct kern_ops {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "cuda" */
     /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
      * x[t]) for t < n_tok, r < w[i]->ne1, where x is in's input rows (n_tok x ne0) after its
      * element-wise steps. Activations are prepared (e.g. quantized) once for all n_w, in the
@@ -141,6 +148,15 @@ struct kern_ops {
     void (*host_parallel)(struct kern_backend *b,
                           void (*fn)(void *ctx, int ith, long lo, long hi), void *ctx, long n);
     int (*host_threads)(struct kern_backend *b);
+    /* Optional (NULL: none): the device's measured peak multiply-add rates (2 ops per MAC),
+     * each loop run for about `seconds` on all the backend's threads at once: fills up to max
+     * entries of out and returns how many. A rate the machine lacks is reported as 0. */
+    int (*peaks)(struct kern_backend *b, double seconds, struct kern_peak *out, int max);
+    /* Optional (NULL: 0): bytes of backend memory prepare would hold for w (its packed copy)
+     * in the current matmul mode, without making it (quern plan). */
+    size_t (*weight_bytes)(struct kern_backend *b, const struct kern_tensor *w);
+    void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */
+    const char *(*describe)(const struct kern_backend *b);
 };
 
 struct kern_backend {
@@ -160,17 +176,22 @@ enum kern_act {
                         * the AMX table */
 };
 
-struct kern_cpu_opts {
-    int n_threads;   /* threads including the caller, >= 1 */
-    const char *isa; /* NULL/"auto" = best the CPU supports; "scalar", "avx2", "avx512" */
-    enum kern_act act; /* activation precision of matmuls */
+/* What kern_backend_open builds. Fields a backend does not use are ignored. */
+struct kern_backend_opts {
+    const char *device; /* NULL/"auto"/"cpu" (the only backend compiled in so far) */
+    int n_threads;      /* host threads including the caller, >= 1 */
+    const char *isa;    /* CPU: NULL/"auto" = best the CPU supports; "scalar", "avx2", ... */
+    enum kern_act act;  /* activation precision of matmuls */
 };
 
-/* CPU backend; an ISA the CPU lacks is an error. Caller frees with kern_cpu_backend_free. */
-enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
-                                  struct err_detail *err);
-void kern_cpu_backend_free(struct kern_backend *b);
-/* Name of the instruction set in use ("avx512-vnni", ...). */
-const char *kern_cpu_backend_isa(const struct kern_backend *b);
+/* Open a backend. An unknown device or an instruction set the machine lacks is an error that
+ * says so. Caller frees with kern_backend_free. */
+enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,
+                              struct err_detail *err);
+void kern_backend_free(struct kern_backend *b);
+/* What the backend runs on, for logs and reports ("cpu avx512-vnni"); static storage. */
+const char *kern_backend_describe(const struct kern_backend *b);
+/* One line per compute device this build can use and what it supports (quern info). */
+void kern_backends_print(FILE *f);
 
 #endif

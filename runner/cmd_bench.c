@@ -17,7 +17,6 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
 
@@ -306,55 +305,21 @@ static void model_flops(const struct engine_model *m, double *body, double *head
 {
     double p = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
-        const struct engine_layer *L = &m->layers[l];
-        const struct kern_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
-                                          &L->w_down};
-        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        const struct kern_tensor *ts[ENGINE_MAX_LAYER_WEIGHTS];
+        for (int i = 0, nw = engine_model_weights(m, l, ts); i < nw; i++)
             p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
     }
     *body = 2 * p;
     *head = 2 * (double)m->output.ne0 * (double)m->output.ne1;
 }
 
-struct peak_job {
-    const struct kern_cpu_fns *fn; /* kernels to measure; NULL = an AMX tile loop */
-    int amx;                       /* with fn NULL: 1 = int8 tiles, 2 = bf16 tiles */
-    double seconds;                /* per thread */
-    double ops[256];               /* per-thread result */
-};
-
-static void peak_worker(void *arg, int ith, int nth)
+/* The backend's peak rate named name from pk (n entries), or 0. */
+static double peak_of(const struct kern_peak *pk, int n, const char *name)
 {
-    struct peak_job *j = arg;
-    (void)nth;
-    j->ops[ith] = j->fn           ? kern_cpu_int8_peak(j->fn, j->seconds)
-                  : j->amx == 2 ? kern_cpu_amx_bf16_peak(j->seconds)
-                                : kern_cpu_amx_int8_peak(j->seconds);
-}
-
-/* Multiply-add ops/s of the whole machine: the int8 peak loop on every thread at once, of the
- * kernels --isa selects (amx 1: the AMX int8 tile loop instead, 2: the AMX bf16 one; 0 without
- * AMX). */
-static double measure_peak(int threads, double seconds, const char *isa, int amx)
-{
-    struct pool *pool;
-    if (pool_init(&pool, threads, NULL))
-        return 0;
-    struct peak_job j = {kern_cpu_fns_best(), amx, seconds, {0}};
-    if (isa && !strcmp(isa, "scalar"))
-        j.fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
-    else if (isa && !strcmp(isa, "avx2"))
-        j.fn = kern_cpu_fns_get(KERN_ISA_AVX2);
-    else if (isa && (!strcmp(isa, "avxvnni") || !strcmp(isa, "avx-vnni")))
-        j.fn = kern_cpu_fns_get(KERN_ISA_AVXVNNI);
-    if (amx)
-        j.fn = NULL;
-    pool_run(pool, peak_worker, &j);
-    pool_free(pool);
-    double sum = 0;
-    for (int i = 0; i < threads; i++)
-        sum += j.ops[i];
-    return sum;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(pk[i].name, name))
+            return pk[i].ops;
+    return 0;
 }
 
 int runner_cmd_bench(int argc, char **argv)
@@ -371,9 +336,9 @@ int runner_cmd_bench(int argc, char **argv)
     struct prompt_set ps = {0};
     double *ttft = NULL, *tpot = NULL;
     int rc = RUNNER_EXIT_ERROR;
-    struct kern_cpu_opts ko = {(int)o.threads, o.isa, (enum kern_act)o.act};
+    struct kern_backend_opts ko = {NULL, (int)o.threads, o.isa, (enum kern_act)o.act};
     enum status st;
-    if ((st = kern_cpu_backend_init(&be, &ko, &err)) ||
+    if ((st = kern_backend_open(&be, &ko, &err)) ||
         (st = engine_model_load(&m, o.model, be, &err)) ||
         (st = engine_tok_load(&tok, m->gguf, &err))) {
         LOG_ERROR("%s", err.msg);
@@ -454,10 +419,11 @@ int runner_cmd_bench(int argc, char **argv)
     const struct engine_kv *kv = engine_get_kv(e);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 0) : 0;
-    double amx_peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 1) : 0;
-    double bf16_peak = o.peak_seconds > 0 ? measure_peak((int)o.threads, o.peak_seconds, o.isa, 2)
-                                          : 0;
+    struct kern_peak pk[8];
+    int n_pk = o.peak_seconds > 0 && be->ops->peaks ? be->ops->peaks(be, o.peak_seconds, pk, 8) : 0;
+    double peak = peak_of(pk, n_pk, "int8");
+    double amx_peak = peak_of(pk, n_pk, "amx_int8");
+    double bf16_peak = peak_of(pk, n_pk, "amx_bf16");
     double body, head;
     model_flops(m, &body, &head);
     double total_tps = (double)(in_tok + out_tok) / elapsed;
@@ -472,7 +438,7 @@ int runner_cmd_bench(int argc, char **argv)
 
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
-    cJSON_AddStringToObject(j, "isa", kern_cpu_backend_isa(be));
+    cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
     cJSON_AddNumberToObject(j, "threads", (double)o.threads);
     cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.act));
     cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
@@ -538,6 +504,6 @@ out:
     engine_chat_free(chat);
     engine_tok_free(tok);
     engine_model_free(m);
-    kern_cpu_backend_free(be);
+    kern_backend_free(be);
     return rc;
 }

@@ -205,7 +205,7 @@ static void gen_free(struct gen *g)
     engine_chat_free(g->chat);
     engine_tok_free(g->tok);
     engine_model_free(g->model);
-    kern_cpu_backend_free(g->be);
+    kern_backend_free(g->be);
     free(g->ids);
 }
 
@@ -251,8 +251,8 @@ static int run(const struct gen_opts *o)
     int rc = RUNNER_EXIT_ERROR;
     double t_load = runner_now();
 
-    struct kern_cpu_opts ko = {(int)o->threads, o->isa, (enum kern_act)o->act};
-    if ((st = kern_cpu_backend_init(&g.be, &ko, &err)) ||
+    struct kern_backend_opts ko = {NULL, (int)o->threads, o->isa, (enum kern_act)o->act};
+    if ((st = kern_backend_open(&g.be, &ko, &err)) ||
         (st = engine_model_load(&g.model, o->model, g.be, &err)) ||
         (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||
         (o->chat && (st = engine_chat_init(&g.chat, g.model->gguf, &err)))) {
@@ -301,7 +301,7 @@ static int run(const struct gen_opts *o)
     }
     LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
              o->model, g.model->hp.n_layer, g.model->hp.n_embd, g.model->hp.n_vocab,
-             kern_cpu_backend_isa(g.be), o->threads, n_prompt);
+             kern_backend_describe(g.be), o->threads, n_prompt);
 
     double t0 = runner_now();
     while (engine_pending(g.eng))

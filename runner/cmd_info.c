@@ -7,7 +7,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "io/gguf.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
 #include "runner/runner.h"
 
 static const char info_usage[] =
@@ -133,12 +133,7 @@ int runner_cmd_info(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
-    printf("cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
-           kern_isa_name(kern_cpu_detect()),
-           kern_cpu_detect() == KERN_ISA_AMX
-               ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them (AMX-INT8 unused)"
-           : kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)"
-                                : "");
+    kern_backends_print(stdout);
     printf("file: %s\nsize: %zu bytes\nGGUF version: %u\nalignment: %u\n", model, g->size,
            g->version, g->alignment);
     printf("metadata (%" PRIu64 " keys):\n", g->n_kv);

@@ -8,7 +8,7 @@
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "io/gguf.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
 #include "runner/runner.h"
 
 static const char plan_usage[] =
@@ -82,22 +82,20 @@ int runner_cmd_plan(int argc, char **argv)
     uint64_t weights = 0;
     for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
         weights += m->gguf->tensors[i].nbytes;
-    /* the copy of the matrices the kernels repack at load (this CPU's table, default exact
-     * mode; 0 where it packs nothing) */
-    const struct kern_cpu_fns *fn = kern_cpu_fns_best();
+    /* the copy of the matrices the backend repacks at load (default exact mode; 0 where it
+     * packs nothing) */
+    struct kern_backend *be;
+    struct kern_backend_opts ko = {NULL, 1, NULL, KERN_ACT_F32};
+    if (kern_backend_open(&be, &ko, &err)) {
+        LOG_ERROR("%s", err.msg);
+        engine_model_free(m);
+        return RUNNER_EXIT_ERROR;
+    }
     uint64_t packed = 0;
-    for (int l = 0; fn->panel_bytes && l <= hp->n_layer; l++) {
-        const struct engine_layer *L = l < hp->n_layer ? &m->layers[l] : NULL;
-        const struct kern_tensor *ws[7] = {&m->output};
-        int nw = 1;
-        if (L) {
-            const struct kern_tensor *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                               &L->w_gate, &L->w_up, &L->w_down};
-            memcpy(ws, lw, sizeof lw);
-            nw = 7;
-        }
-        for (int i = 0; i < nw; i++)
-            packed += fn->panel_bytes(ws[i]->type, ws[i]->ne1, ws[i]->ne0, KERN_ACT_F32);
+    for (int l = 0; be->ops->weight_bytes && l <= hp->n_layer; l++) {
+        const struct kern_tensor *ws[ENGINE_MAX_LAYER_WEIGHTS];
+        for (int i = 0, nw = engine_model_weights(m, l, ws); i < nw; i++)
+            packed += be->ops->weight_bytes(be, ws[i]);
     }
     size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype);
     size_t per_block = per_tok * (size_t)block;
@@ -135,7 +133,7 @@ int runner_cmd_plan(int argc, char **argv)
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
         printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels)\n",
-               (double)packed / 1048576.0, fn->name);
+               (double)packed / 1048576.0, kern_backend_describe(be));
         printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, plus "
                "activations)\n",
                (double)(weights + packed + kv_mem) / 1048576.0);
@@ -145,6 +143,7 @@ int runner_cmd_plan(int argc, char **argv)
                  "%.1f MiB); long requests will be rejected",
                  (double)kv_mem / 1048576.0, hp->n_ctx_train,
                  (double)(ctx_blocks * per_block) / 1048576.0);
+    kern_backend_free(be);
     engine_model_free(m);
     return RUNNER_EXIT_OK;
 }

@@ -741,7 +741,7 @@ static void job_close(struct run *r)
     engine_chat_free(r->chat);
     engine_tok_free(r->tok);
     engine_model_free(r->m);
-    kern_cpu_backend_free(r->be);
+    kern_backend_free(r->be);
     r->chat = NULL;
     r->tok = NULL;
     r->m = NULL;
@@ -1018,9 +1018,9 @@ static int run_job(struct run *r, struct err_detail *err)
             return -1;
         }
     }
-    struct kern_cpu_opts ko = {(int)r->o->threads, r->o->isa,
-                               (enum kern_act)r->o->act};
-    if ((st = kern_cpu_backend_init(&r->be, &ko, err)) ||
+    struct kern_backend_opts ko = {NULL, (int)r->o->threads, r->o->isa,
+                                   (enum kern_act)r->o->act};
+    if ((st = kern_backend_open(&r->be, &ko, err)) ||
         (st = engine_model_load(&r->m, r->job.model_path, r->be, err)) ||
         (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||
         (st = engine_init(&r->e, r->m, r->tok, &r->o->ep, err)))

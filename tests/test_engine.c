@@ -224,8 +224,8 @@ static int setup(void **state)
 {
     static struct fixture f;
     struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_F32};
-    if (kern_cpu_backend_init(&f.be, &ko, &err) ||
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32};
+    if (kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err) ||
         engine_tok_load(&f.tok, f.m->gguf, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
@@ -251,7 +251,7 @@ static int teardown(void **state)
         free(f->prompt[i]);
     engine_tok_free(f->tok);
     engine_model_free(f->m);
-    kern_cpu_backend_free(f->be);
+    kern_backend_free(f->be);
     return 0;
 }
 
@@ -429,12 +429,12 @@ static void test_batch_invariance_bf16(void **state)
     }
     struct fixture f = *(struct fixture *)*state;
     struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_BF16};
-    assert_int_equal(kern_cpu_backend_init(&f.be, &ko, &err), ST_OK);
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16};
+    assert_int_equal(kern_backend_open(&f.be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
     batch_invariance(&f, 0, KERN_KV_F16);
     engine_model_free(f.m);
-    kern_cpu_backend_free(f.be);
+    kern_backend_free(f.be);
 }
 
 /* Chunked prefill (4 tokens per step), preemption under a tiny KV pool (sampled and greedy),

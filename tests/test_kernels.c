@@ -1947,8 +1947,8 @@ static void test_backend_deferred_kv_store(void **state)
     struct rng r = {0xDEF};
     struct kern_backend *be;
     struct err_detail err = {0};
-    struct kern_cpu_opts ko = {.n_threads = 2};
-    assert_int_equal(kern_cpu_backend_init(&be, &ko, &err), ST_OK);
+    struct kern_backend_opts ko = {.n_threads = 2};
+    assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
     static const int seq_of[3] = {21, 1, 5}, start[3] = {37, 60, 3};
     int32_t pos[N], tables[3][8];
     const int32_t *tp[N];
@@ -2006,7 +2006,7 @@ static void test_backend_deferred_kv_store(void **state)
     free(vv);
     free(out0);
     free(out1);
-    kern_cpu_backend_free(be);
+    kern_backend_free(be);
 }
 
 /* ---- row operations ------------------------------------------------------------------------ */

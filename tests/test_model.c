@@ -50,8 +50,8 @@ static int setup(void **state)
     f.root = cJSON_Parse(js);
     free(js);
     struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, NULL, KERN_ACT_F32};
-    if (!f.root || kern_cpu_backend_init(&f.be, &ko, &err) ||
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32};
+    if (!f.root || kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err)) {
         fprintf(stderr, "setup failed: %s\n", err.msg);
         return -1;
@@ -64,7 +64,7 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     engine_model_free(f->m);
-    kern_cpu_backend_free(f->be);
+    kern_backend_free(f->be);
     cJSON_Delete(f->root);
     return 0;
 }
@@ -185,8 +185,8 @@ static void load_with(const char *isa, enum kern_act act, struct kern_backend **
                       struct engine_model **m)
 {
     struct err_detail err = {0};
-    struct kern_cpu_opts ko = {2, isa, act};
-    assert_int_equal(kern_cpu_backend_init(be, &ko, &err), ST_OK);
+    struct kern_backend_opts ko = {NULL, 2, isa, act};
+    assert_int_equal(kern_backend_open(be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(m, test_model_path(), *be, &err), ST_OK);
 }
 
@@ -206,13 +206,13 @@ static void test_logits_vs_reference(void **state)
         float worst = compare_logits(m, f->root, 0.0f, &checked, -1, &mean);
         print_message("exact (%s): max |ours - reference| = %.6f (tolerance %g), mean %.6f "
                       "(tolerance %g) over all compared logits; top-1 equal at all %d positions\n",
-                      kern_cpu_backend_isa(be), (double)worst, (double)LOGIT_TOL, mean,
+                      kern_backend_describe(be), (double)worst, (double)LOGIT_TOL, mean,
                       (double)LOGIT_MEAN_TOL, checked);
         assert_true(worst <= LOGIT_TOL);
         assert_true(mean <= LOGIT_MEAN_TOL);
         if (k == 1) {
             engine_model_free(m);
-            kern_cpu_backend_free(be);
+            kern_backend_free(be);
         }
     }
 }
@@ -232,7 +232,7 @@ static void test_scalar_isa_vs_reference(void **state)
     assert_true(worst <= LOGIT_TOL);
     assert_true(mean <= LOGIT_MEAN_TOL);
     engine_model_free(m);
-    kern_cpu_backend_free(be);
+    kern_backend_free(be);
 }
 
 static int greedy_matches(struct engine_model *m, const cJSON *root, int strict);
@@ -262,7 +262,7 @@ static void check_lossy_mode(struct fixture *f, enum kern_act act, const char *n
                   "prompts\n",
                   name, greedy_matches(m, f->root, 0));
     engine_model_free(m);
-    kern_cpu_backend_free(be);
+    kern_backend_free(be);
 }
 
 /* The fast path (8-bit activations): looser, stated tolerance. */
@@ -291,7 +291,7 @@ static void test_logits_q16_vs_reference(void **state)
         float worst = compare_logits(m, f->root, 0.0f, &checked, k ? 1 : -1, &mean);
         print_message("q16 (%s): max |ours - reference| = %.6f (tolerance %g), mean %.6f "
                       "(tolerance %g); top-1 equal at all %d positions\n",
-                      kern_cpu_backend_isa(be), (double)worst, (double)LOGIT_TOL_Q16, mean,
+                      kern_backend_describe(be), (double)worst, (double)LOGIT_TOL_Q16, mean,
                       (double)LOGIT_MEAN_TOL_Q16, checked);
         assert_true(worst <= LOGIT_TOL_Q16);
         assert_true(mean <= LOGIT_MEAN_TOL_Q16);
@@ -300,7 +300,7 @@ static void test_logits_q16_vs_reference(void **state)
                           "7 prompts\n",
                           greedy_matches(m, f->root, 0));
         engine_model_free(m);
-        kern_cpu_backend_free(be);
+        kern_backend_free(be);
     }
 }
 
@@ -393,7 +393,7 @@ static void test_greedy_fused_vs_logits(void **state)
             print_message("bf16: fused greedy tokens equal the logits' argmax at %d positions\n",
                           positions);
         engine_model_free(m);
-        kern_cpu_backend_free(be);
+        kern_backend_free(be);
     }
 }
 

@@ -4,11 +4,13 @@
  * (fast mode). Every output element is computed by the same code whatever the batch, so
  * results are independent of batch size and thread count. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/dtype.h"
 #include "common/pool.h"
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_kernels_internal.h"
 #include "kernels/kernels.h"
@@ -30,7 +32,10 @@ struct cpu_state {
     size_t bv_cap;                 /* entries allocated in bv */
     int32_t *bi;                   /* ... and their rows */
     size_t bi_cap;                 /* entries allocated in bi */
+    char name[32];                 /* "cpu " + the table's name (kern_backend_describe) */
 };
+
+static int packs(const struct cpu_state *s, const struct kern_tensor *w);
 
 static struct cpu_state *st_of(struct kern_backend *b)
 {
@@ -347,12 +352,7 @@ static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
 {
     struct cpu_state *s = st_of(b);
     const int act = (int)s->act;
-    if (!s->fn->panel_bytes || w->packed || w->type >= DTYPE_COUNT)
-        return ST_OK;
-    if (s->act == KERN_ACT_Q16    ? !s->fn->gemm_q16_packed[w->type]
-        : s->act == KERN_ACT_Q8   ? !s->fn->gemm_q8_packed[w->type]
-        : s->act == KERN_ACT_BF16 ? !s->fn->gemm_bf16_packed[w->type]
-                                  : !s->fn->gemm_f32_packed[w->type])
+    if (w->packed || !packs(s, w))
         return ST_OK;
     size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, act);
     if (!bytes)
@@ -585,6 +585,70 @@ static int cpu_host_threads(struct kern_backend *b)
     return pool_size(st_of(b)->pool);
 }
 
+
+/* The int8 peak loop of the backend's table (or an AMX tile loop) on every thread at once. */
+struct peak_job {
+    const struct kern_cpu_fns *fn; /* kernels to measure; NULL = an AMX tile loop */
+    int amx;                       /* with fn NULL: 1 = int8 tiles, 2 = bf16 tiles */
+    double seconds;                /* per thread */
+    double *ops;                   /* per-thread result */
+};
+
+static void peak_worker(void *arg, int ith, int nth)
+{
+    struct peak_job *j = arg;
+    (void)nth;
+    j->ops[ith] = j->fn           ? kern_cpu_int8_peak(j->fn, j->seconds)
+                  : j->amx == 2 ? kern_cpu_amx_bf16_peak(j->seconds)
+                                : kern_cpu_amx_int8_peak(j->seconds);
+}
+
+static int cpu_peaks(struct kern_backend *b, double seconds, struct kern_peak *out, int max)
+{
+    struct cpu_state *s = st_of(b);
+    static const char *const names[3] = {"int8", "amx_int8", "amx_bf16"};
+    const int nth = pool_size(s->pool);
+    double *ops = calloc((size_t)nth, sizeof(*ops));
+    int n = 0;
+    for (int k = 0; k < 3 && n < max; k++) {
+        double sum = 0;
+        if (ops) {
+            struct peak_job j = {k ? NULL : s->fn, k, seconds, ops};
+            pool_run(s->pool, peak_worker, &j);
+            for (int i = 0; i < nth; i++)
+                sum += ops[i];
+        }
+        out[n].name = names[k];
+        out[n++].ops = sum;
+    }
+    free(ops);
+    return n;
+}
+
+/* Whether the active matmul mode reads w through a packed GEMM (prepare then packs it). */
+static int packs(const struct cpu_state *s, const struct kern_tensor *w)
+{
+    if (!s->fn->panel_bytes || w->type >= DTYPE_COUNT)
+        return 0;
+    return s->act == KERN_ACT_Q16    ? s->fn->gemm_q16_packed[w->type] != NULL
+           : s->act == KERN_ACT_Q8   ? s->fn->gemm_q8_packed[w->type] != NULL
+           : s->act == KERN_ACT_BF16 ? s->fn->gemm_bf16_packed[w->type] != NULL
+                                     : s->fn->gemm_f32_packed[w->type] != NULL;
+}
+
+static size_t cpu_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
+{
+    struct cpu_state *s = st_of(b);
+    return packs(s, w) ? s->fn->panel_bytes(w->type, w->ne1, w->ne0, (int)s->act) : 0;
+}
+
+static void cpu_free(struct kern_backend *b);
+
+static const char *cpu_describe(const struct kern_backend *b)
+{
+    return ((const struct cpu_state *)b->impl)->name;
+}
+
 static const struct kern_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
@@ -599,6 +663,10 @@ static const struct kern_ops cpu_ops = {
     .attention = cpu_attention,
     .host_parallel = cpu_host_parallel,
     .host_threads = cpu_host_threads,
+    .peaks = cpu_peaks,
+    .weight_bytes = cpu_weight_bytes,
+    .free = cpu_free,
+    .describe = cpu_describe,
 };
 
 enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
@@ -644,16 +712,15 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
     }
     s->fn = fn;
     s->act = o->act;
+    snprintf(s->name, sizeof(s->name), "cpu %s", fn->name);
     b->ops = &cpu_ops;
     b->impl = s;
     *out = b;
     return ST_OK;
 }
 
-void kern_cpu_backend_free(struct kern_backend *b)
+static void cpu_free(struct kern_backend *b)
 {
-    if (!b)
-        return;
     struct cpu_state *s = b->impl;
     pool_free(s->pool);
     free(s->xq);
@@ -669,4 +736,14 @@ void kern_cpu_backend_free(struct kern_backend *b)
 const char *kern_cpu_backend_isa(const struct kern_backend *b)
 {
     return ((const struct cpu_state *)b->impl)->fn->name;
+}
+
+void kern_cpu_print(FILE *f)
+{
+    fprintf(f, "cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
+            kern_isa_name(kern_cpu_detect()),
+            kern_cpu_detect() == KERN_ISA_AMX
+                ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them (AMX-INT8 unused)"
+            : kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)"
+                                 : "");
 }

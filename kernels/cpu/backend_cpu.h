@@ -1,0 +1,24 @@
+/* The CPU backend's own entry points, behind kern_backend_open("cpu"). Only kernels/ and the
+ * kernel tests include this header; everything above kernels/ goes through kernels/kernels.h. */
+#ifndef KERNELS_CPU_BACKEND_CPU_H
+#define KERNELS_CPU_BACKEND_CPU_H
+
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+
+struct kern_cpu_opts {
+    int n_threads;     /* threads including the caller, >= 1 */
+    const char *isa;   /* NULL/"auto" = best the CPU supports; "scalar", "avx2", "avx512" */
+    enum kern_act act; /* activation precision of matmuls */
+};
+
+/* CPU backend; an ISA the CPU lacks is an error. Caller frees with kern_backend_free. */
+enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
+                                  struct err_detail *err);
+/* Name of the instruction set in use ("avx512-vnni", ...). */
+const char *kern_cpu_backend_isa(const struct kern_backend *b);
+/* The CPU line of kern_backends_print. */
+void kern_cpu_print(FILE *f);
+
+#endif
