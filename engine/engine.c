@@ -147,6 +147,11 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         free(e);
         return st;
     }
+    if ((st = engine_kv_storage_alloc(e->kv, m->be, err)) ||
+        (st = engine_model_reserve(m, e->kv, p->max_batch_tokens, err))) {
+        engine_free(e);
+        return st;
+    }
     e->n_smp = m->be->ops->host_threads(m->be);
     e->smp = calloc((size_t)e->n_smp, sizeof(*e->smp));
     if (!e->smp) {

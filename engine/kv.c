@@ -6,7 +6,6 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #define CHAIN_SEED 0x9E3779B97F4A7C15ull
 
@@ -34,21 +33,6 @@ static uint64_t chain_hash(uint64_t parent, const int32_t *tok, int n)
     return h ? h : 1;
 }
 
-/* The K (or V) pool: page aligned, so tiles start on cache lines (calloc's 16-byte offset split
- * half the attention kernel's 32-byte loads over two lines), zeroed, and only resident once
- * touched (peak RSS counts the blocks actually used). */
-static uint8_t *pool_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-static void pool_free(uint8_t *p, size_t bytes)
-{
-    if (p)
-        munmap(p, bytes);
-}
-
 enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, int head_dim,
                            int dtype, int block_size, int32_t n_blocks, int max_seqs,
                            int prefix_cache, struct err_detail *err)
@@ -73,17 +57,7 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, i
     while (tsize < 2u * (uint32_t)n_blocks)
         tsize *= 2;
     kv->table_mask = tsize - 1;
-    size_t per_layer = (size_t)n_blocks * (size_t)n_kv_head *
-                       KERN_KV_TILE_BYTES(dtype, block_size, head_dim);
     size_t nb = (size_t)n_blocks;
-    if (per_layer > SIZE_MAX / (size_t)n_layer) {
-        engine_kv_free(kv);
-        return err_set(err, ST_ERR_NOMEM, "a KV cache of %d blocks does not fit in memory",
-                       n_blocks);
-    }
-    kv->pool_bytes = per_layer * (size_t)n_layer;
-    kv->k = pool_alloc(kv->pool_bytes);
-    kv->v = pool_alloc(kv->pool_bytes);
     kv->ref = calloc(nb, sizeof(*kv->ref));
     kv->hash = calloc(nb, sizeof(*kv->hash));
     kv->phash = calloc(nb, sizeof(*kv->phash));
@@ -93,7 +67,7 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, i
     kv->free_ids = malloc(nb * sizeof(*kv->free_ids));
     kv->table = malloc((size_t)tsize * sizeof(*kv->table));
     kv->seqs = calloc((size_t)max_seqs, sizeof(*kv->seqs));
-    if (!kv->k || !kv->v || !kv->ref || !kv->hash || !kv->phash || !kv->btok || !kv->lru_prev ||
+    if (!kv->ref || !kv->hash || !kv->phash || !kv->btok || !kv->lru_prev ||
         !kv->lru_next || !kv->free_ids || !kv->table || !kv->seqs) {
         engine_kv_free(kv);
         return err_set(err, ST_ERR_NOMEM, "no memory for a KV cache of %d blocks x %d tokens",
@@ -126,8 +100,12 @@ void engine_kv_free(struct engine_kv *kv)
     free(kv->phash);
     free(kv->hash);
     free(kv->ref);
-    pool_free(kv->k, kv->pool_bytes);
-    pool_free(kv->v, kv->pool_bytes);
+    if (kv->layers) {
+        struct kern_kv_desc d = {kv->n_layer, kv->n_kv_head, kv->head_dim, kv->block_size,
+                                 kv->dtype};
+        kv->be->ops->kv_free(kv->be, &d, kv->n_blocks, kv->layers);
+        free(kv->layers);
+    }
     free(kv);
 }
 
@@ -438,11 +416,26 @@ int32_t engine_kv_free_blocks(const struct engine_kv *kv) { return kv->n_free + 
 
 const int32_t *engine_kv_table(const struct engine_kv *kv, int seq) { return kv->seqs[seq].blocks; }
 
+enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *be,
+                                    struct err_detail *err)
+{
+    assert(!kv->layers);
+    struct kern_kv_desc d = {kv->n_layer, kv->n_kv_head, kv->head_dim, kv->block_size, kv->dtype};
+    struct kern_kv_layer *layers = calloc((size_t)kv->n_layer, sizeof(*layers));
+    if (!layers)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    enum status st = be->ops->kv_alloc(be, &d, kv->n_blocks, layers, err);
+    if (st) {
+        free(layers);
+        return st;
+    }
+    kv->be = be;
+    kv->layers = layers;
+    return ST_OK;
+}
+
 struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int layer)
 {
-    size_t per_layer = (size_t)kv->n_blocks * (size_t)kv->n_kv_head *
-                       KERN_KV_TILE_BYTES(kv->dtype, kv->block_size, kv->head_dim);
-    struct kern_kv_layer l = {kv->k + per_layer * (size_t)layer, kv->v + per_layer * (size_t)layer,
-                              kv->dtype};
-    return l;
+    assert(kv->layers && layer >= 0 && layer < kv->n_layer);
+    return kv->layers[layer];
 }

@@ -34,10 +34,8 @@ struct engine_kv {
     int dtype;                   /* enum kern_kv_dtype */
     int block_size;              /* tokens per block */
     int32_t n_blocks;            /* blocks in the pool */
-    uint8_t *k;                  /* per layer n_blocks x n_kv_head tiles, laid out as struct
-                                  * kern_kv_layer says */
-    uint8_t *v;                  /* same size */
-    size_t pool_bytes;           /* bytes of k (and of v) */
+    struct kern_backend *be;     /* the backend holding the storage (not owned), or NULL */
+    struct kern_kv_layer *layers; /* per layer: its storage in be (engine_kv_storage_alloc) */
     int32_t *ref;                /* per block: sequences holding it */
     uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
     int32_t *btok;               /* per block: its block_size token ids (for exact matching) */
@@ -57,13 +55,19 @@ struct engine_kv {
     struct engine_kv_stats stats; /* counters since init */
 };
 
-/* A pool of n_blocks blocks for max_seqs sequence slots. Caller frees with engine_kv_free. */
+/* A block manager for n_blocks blocks and max_seqs sequence slots, without storage (the
+ * bookkeeping alone, as the scheduler and the tests use it). Caller frees with engine_kv_free,
+ * which also frees the storage. */
 enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, int head_dim,
                            int dtype, int block_size, int32_t n_blocks, int max_seqs,
                            int prefix_cache, struct err_detail *err);
 void engine_kv_free(struct engine_kv *kv);
+/* Storage for every block in backend be (kern_ops.kv_alloc; be must outlive kv). */
+enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *be,
+                                    struct err_detail *err);
 
-/* Bytes one token occupies across all layers (K and V). */
+/* Bytes one token occupies across all layers (K and V) in the CPU backend's layout
+ * (KERN_KV_TILE_BYTES); a backend reports its own through kern_ops.kv_block_bytes. */
 size_t engine_kv_bytes_per_token(int n_layer, int n_kv_head, int head_dim, int dtype);
 
 /* Make positions [0, n_tokens) of slot seq addressable, taking free blocks (evicting cached

@@ -137,6 +137,43 @@ static enum status load_vector(const struct io_gguf *g, const char *name, int64_
     return ST_OK;
 }
 
+/* The norm vectors into one backend buffer; the model's pointers then point there. */
+static enum status upload_norms(struct engine_model *m, struct err_detail *err)
+{
+    const int E = m->hp.n_embd, nv = 2 * m->hp.n_layer + 1;
+    m->norms = m->be->ops->buf_alloc(m->be, sizeof(float) * (size_t)E * (size_t)nv);
+    if (!m->norms)
+        return err_set(err, ST_ERR_NOMEM, "no backend memory for the norm weights");
+    for (int i = 0; i < nv; i++) {
+        const float **p = i == 0       ? &m->output_norm
+                          : (i - 1) % 2 ? &m->layers[(i - 1) / 2].ffn_norm
+                                        : &m->layers[(i - 1) / 2].attn_norm;
+        float *dst = m->norms + (size_t)i * (size_t)E;
+        m->be->ops->upload(m->be, dst, *p, sizeof(float) * (size_t)E);
+        *p = dst;
+    }
+    return ST_OK;
+}
+
+static void bufs_free(struct engine_model *m)
+{
+    struct engine_model_bufs *f = &m->buf;
+    if (m->be) {
+        void *d[] = {f->d_act, f->d_tok,    f->d_pos, f->d_row,    f->d_last,
+                     f->d_rope, f->d_tables, f->d_idx, f->d_logits, f->d_ids};
+        for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
+            m->be->ops->buf_free(m->be, d[i]);
+    }
+    free(f->h_row);
+    free(f->h_last);
+    free(f->h_rope);
+    free(f->h_tables);
+    free(f->h_idx);
+    free(f->h_seq_row);
+    free(f->h_seq_top);
+    memset(f, 0, sizeof(*f));
+}
+
 enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
                                    struct kern_backend *be, struct err_detail *err)
 {
@@ -202,6 +239,8 @@ enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
             if ((st = be->ops->prepare(be, (struct kern_tensor *)mats[i], err)))
                 goto fail;
     }
+    if (be && (st = upload_norms(m, err)))
+        goto fail;
     m->gguf = g; /* only now: on failure the caller closes g */
     *out = m;
     return ST_OK;
@@ -234,23 +273,29 @@ void engine_model_free(struct engine_model *m)
         for (int i = 0, nw = engine_model_weights(m, l, mats); i < nw; i++)
             m->be->ops->release(m->be, (struct kern_tensor *)mats[i]);
     }
+    bufs_free(m);
+    if (m->be)
+        m->be->ops->buf_free(m->be, m->norms);
     io_gguf_close(m->gguf);
     free(m->layers);
-    free(m->scratch);
-    free(m->tables);
-    free(m->rope_cs);
-    free(m->last);
-    free(m->seq_top);
     free(m);
 }
 
-enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
+enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
                                  int32_t n_tokens, int max_seqs, int block_size, int dtype,
                                  struct err_detail *err)
 {
     int32_t blocks = (n_tokens + block_size - 1) / block_size;
-    return engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype, block_size,
-                          blocks, max_seqs, 0, err);
+    enum status st = engine_kv_init(out, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype,
+                                    block_size, blocks, max_seqs, 0, err);
+    if (st || !m->be)
+        return st;
+    if ((st = engine_kv_storage_alloc(*out, m->be, err)) ||
+        (st = engine_model_reserve(m, *out, n_tokens, err))) {
+        engine_kv_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* ---- forward ---- */
@@ -269,11 +314,68 @@ static size_t scratch_per_tok(const struct engine_hparams *hp)
     return 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)hp->n_ff;
 }
 
+enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
+                                 struct err_detail *err)
+{
+    struct engine_model_bufs *f = &m->buf;
+    const struct engine_hparams *hp = &m->hp;
+    /* a sequence never holds more blocks than the pool, nor more than the model's context */
+    int32_t ctx_blocks = (hp->n_ctx_train + kv->block_size - 1) / kv->block_size + 1;
+    int max_blocks = kv->n_blocks < ctx_blocks ? kv->n_blocks : ctx_blocks;
+    if (max_tok < 1)
+        return err_set(err, ST_ERR_INVALID_ARG, "engine_model_reserve: %d tokens", max_tok);
+    if (f->max_tok >= max_tok && f->max_seqs >= kv->max_seqs && f->max_blocks >= max_blocks)
+        return ST_OK;
+    bufs_free(m);
+    struct kern_backend *be = m->be;
+    const size_t T = (size_t)max_tok, R = T < (size_t)kv->max_seqs ? T : (size_t)kv->max_seqs;
+    const size_t tables = R * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim;
+    f->d_act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp) * T);
+    f->d_tok = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+    f->d_pos = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+    f->d_row = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+    f->d_last = be->ops->buf_alloc(be, T);
+    f->d_rope = be->ops->buf_alloc(be, sizeof(float) * rope);
+    f->d_tables = be->ops->buf_alloc(be, sizeof(int32_t) * tables);
+    f->d_idx = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+    int ok = f->d_act && f->d_tok && f->d_pos && f->d_row && f->d_last && f->d_rope &&
+             f->d_tables && f->d_idx;
+    if (!be->host_memory) {
+        f->d_logits = be->ops->buf_alloc(be, sizeof(float) * T * (size_t)hp->n_vocab);
+        f->d_ids = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+        ok = ok && f->d_logits && f->d_ids;
+    }
+    f->h_row = calloc(T, sizeof(*f->h_row));
+    f->h_last = calloc(T, 1);
+    f->h_rope = calloc(rope, sizeof(*f->h_rope));
+    f->h_tables = calloc(tables, sizeof(*f->h_tables));
+    f->h_idx = calloc(T, sizeof(*f->h_idx));
+    f->h_seq_row = malloc(sizeof(*f->h_seq_row) * (size_t)kv->max_seqs);
+    f->h_seq_top = malloc(sizeof(*f->h_seq_top) * R);
+    if (!ok || !f->h_row || !f->h_last || !f->h_rope || !f->h_tables || !f->h_idx ||
+        !f->h_seq_row || !f->h_seq_top) {
+        bufs_free(m);
+        return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
+                       max_tok);
+    }
+    for (int i = 0; i < kv->max_seqs; i++)
+        f->h_seq_row[i] = -1;
+    f->max_tok = max_tok;
+    f->max_seqs = kv->max_seqs;
+    f->max_blocks = max_blocks;
+    return ST_OK;
+}
+
 static enum status check_batch(const struct engine_model *m, const struct engine_kv *kv,
                                const struct engine_batch *b, struct err_detail *err)
 {
     if (b->n_tok < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "empty batch");
+    if (b->n_tok > m->buf.max_tok || kv->max_seqs > m->buf.max_seqs)
+        return err_set(err, ST_ERR_RANGE,
+                       "a batch of %d tokens over %d sequence slots exceeds the buffers reserved "
+                       "(%d tokens, %d slots)",
+                       b->n_tok, kv->max_seqs, m->buf.max_tok, m->buf.max_seqs);
     for (int t = 0; t < b->n_tok; t++) {
         if (b->token[t] < 0 || b->token[t] >= m->hp.n_vocab)
             return err_set(err, ST_ERR_RANGE, "token id %d outside the vocabulary (%d)",
@@ -286,12 +388,76 @@ static enum status check_batch(const struct engine_model *m, const struct engine
             return err_set(err, ST_ERR_RANGE,
                            "position %d of sequence %d has no KV block reserved (capacity %lld)",
                            b->pos[t], b->seq[t], (long long)cap);
+        if (kv->seqs[b->seq[t]].n_blocks > m->buf.max_blocks)
+            return err_set(err, ST_ERR_RANGE, "sequence %d holds %d KV blocks, more than %d",
+                           b->seq[t], kv->seqs[b->seq[t]].n_blocks, m->buf.max_blocks);
     }
     return ST_OK;
 }
 
+/* The host side of a step: each sequence of the batch gets a block table row (in order of
+ * first appearance), each token its row and whether it is its sequence's highest position
+ * (no other token attends to it: its KV is written by the attention pass, right before it is
+ * read, struct kern_attn's store; the others by kv_store, before any attention); the RoPE
+ * angles and the rows that want logits. Everything is uploaded; returns the table stride and
+ * sets *n_out. */
+static int stage_batch(struct engine_model *m, const struct engine_kv *kv,
+                       const struct engine_batch *b, int *n_out)
+{
+    struct engine_model_bufs *f = &m->buf;
+    const struct engine_hparams *hp = &m->hp;
+    struct kern_backend *be = m->be;
+    const int n = b->n_tok;
+    int n_rows = 0, stride = 1;
+    for (int t = 0; t < n; t++) {
+        int32_t *r = &f->h_seq_row[b->seq[t]];
+        if (*r < 0) {
+            f->h_seq_top[n_rows] = t;
+            *r = n_rows++;
+            int nb = kv->seqs[b->seq[t]].n_blocks;
+            stride = nb > stride ? nb : stride;
+        }
+        f->h_row[t] = *r;
+        if (b->pos[t] > b->pos[f->h_seq_top[*r]])
+            f->h_seq_top[*r] = t;
+    }
+    for (int t = 0; t < n; t++) {
+        const int r = f->h_row[t];
+        f->h_last[t] = f->h_seq_top[r] == t;
+        if (f->h_seq_top[r] == t) { /* once per row: its block ids */
+            const struct engine_kv_seq *sq = &kv->seqs[b->seq[t]];
+            memcpy(f->h_tables + (size_t)r * (size_t)stride, sq->blocks,
+                   sizeof(int32_t) * (size_t)sq->n_blocks);
+        }
+    }
+    for (int t = 0; t < n; t++)
+        f->h_seq_row[b->seq[t]] = -1;
+    /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
+    for (int i = 0; i < hp->rope_dim; i += 2) {
+        double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
+        for (int t = 0; t < n; t++) {
+            double ang = b->pos[t] * freq;
+            f->h_rope[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
+            f->h_rope[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+        }
+    }
+    *n_out = 0;
+    for (int t = 0; t < n; t++)
+        if (b->logits ? b->logits[t] != 0 : t == n - 1)
+            f->h_idx[(*n_out)++] = t;
+    const struct kern_ops *k = be->ops;
+    k->upload(be, f->d_tok, b->token, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->d_pos, b->pos, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->d_row, f->h_row, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->d_last, f->h_last, (size_t)n);
+    k->upload(be, f->d_rope, f->h_rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
+    k->upload(be, f->d_tables, f->h_tables, sizeof(int32_t) * (size_t)n_rows * (size_t)stride);
+    k->upload(be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)*n_out);
+    return stride;
+}
+
 /* The forward pass; with ids, the greedy tokens of the wanted rows instead of their logits
- * where the backend can (*fused = 1). */
+ * where the backend can (*fused = 1). logits and ids are host memory. */
 static enum status forward(struct engine_model *m, struct engine_kv *kv,
                            const struct engine_batch *b, float *logits, int32_t *ids, int *fused,
                            struct err_detail *err)
@@ -299,25 +465,13 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     const struct engine_hparams *hp = &m->hp;
     const struct kern_ops *k = m->be->ops;
     struct kern_backend *be = m->be;
+    struct engine_model_bufs *f = &m->buf;
     enum status st = check_batch(m, kv, b, err);
     if (st)
         return st;
     const int n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
     const int q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    if (n > m->scratch_tok) {
-        free(m->scratch);
-        free(m->tables);
-        free(m->rope_cs);
-        free(m->last);
-        m->scratch = malloc(sizeof(float) * scratch_per_tok(hp) * (size_t)n);
-        m->tables = malloc(sizeof(*m->tables) * (size_t)n);
-        m->rope_cs = malloc(sizeof(float) * (size_t)hp->rope_dim * (size_t)n);
-        m->last = malloc((size_t)n);
-        m->scratch_tok = m->scratch && m->tables && m->rope_cs && m->last ? n : 0;
-        if (!m->scratch_tok)
-            return err_set(err, ST_ERR_NOMEM, "no memory for a batch of %d tokens", n);
-    }
-    float *x = m->scratch;               /* residual stream, n x E */
+    float *x = f->d_act;                 /* residual stream, n x E */
     float *xn = x + (size_t)n * E;       /* normed input, n x E */
     float *q = xn + (size_t)n * E;       /* queries, n x q_dim */
     float *att = q + (size_t)n * q_dim;  /* attention output, n x q_dim */
@@ -325,39 +479,11 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     float *vv = kk + (size_t)n * kv_dim; /* values, n x kv_dim */
     float *gate = vv + (size_t)n * kv_dim; /* FFN gate, n x n_ff */
     float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
-    for (int t = 0; t < n; t++)
-        m->tables[t] = engine_kv_table(kv, b->seq[t]);
-    /* The token at each sequence's highest position in the batch (no other token attends to
-     * it) has its KV written by the attention pass, right before it is read (struct kern_attn's
-     * store); the others by kv_store, before any attention. */
-    if (kv->max_seqs > m->seq_cap) {
-        free(m->seq_top);
-        m->seq_top = malloc(sizeof(*m->seq_top) * (size_t)kv->max_seqs);
-        m->seq_cap = m->seq_top ? kv->max_seqs : 0;
-        if (!m->seq_top)
-            return err_set(err, ST_ERR_NOMEM, "no memory for %d sequence slots", kv->max_seqs);
-    }
-    for (int t = 0; t < n; t++)
-        m->seq_top[b->seq[t]] = -1;
-    for (int t = 0; t < n; t++) {
-        int32_t *top = &m->seq_top[b->seq[t]];
-        if (*top < 0 || b->pos[t] > b->pos[*top])
-            *top = t;
-    }
-    for (int t = 0; t < n; t++)
-        m->last[t] = m->seq_top[b->seq[t]] == t;
-    const uint8_t *last = m->last;
-    /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
-    for (int i = 0; i < hp->rope_dim; i += 2) {
-        double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
-        for (int t = 0; t < n; t++) {
-            double ang = b->pos[t] * freq;
-            m->rope_cs[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
-            m->rope_cs[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
-        }
-    }
+    int n_out;
+    const struct kern_block_table bt = {f->d_tables, f->d_row, stage_batch(m, kv, b, &n_out)};
+    const uint8_t *last = f->d_last;
 
-    k->get_rows(be, &m->tok_embd, b->token, n, x);
+    k->get_rows(be, &m->tok_embd, f->d_tok, n, x);
     /* Each matmul's input pass also does the element-wise steps before it (struct kern_mm_in):
      * the residual add of the block before, the norm or the SwiGLU. */
     for (int l = 0; l < hp->n_layer; l++) {
@@ -370,12 +496,11 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
         const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_y[3] = {q, kk, vv};
         k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
-        k->rope(be, q, m->rope_cs, n, hp->n_head, hd, hp->rope_dim);
-        k->rope(be, kk, m->rope_cs, n, hp->n_kv_head, hd, hp->rope_dim);
-        k->kv_store(be, kvl, m->tables, b->pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n,
-                    last);
+        k->rope(be, q, f->d_rope, n, hp->n_head, hd, hp->rope_dim);
+        k->rope(be, kk, f->d_rope, n, hp->n_kv_head, hd, hp->rope_dim);
+        k->kv_store(be, kvl, &bt, f->d_pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n, last);
         struct kern_attn a = {
-            .n_tok = n, .q = q, .out = att, .pos = b->pos, .block_table = m->tables,
+            .n_tok = n, .q = q, .out = att, .pos = f->d_pos, .bt = bt,
             .kv = kvl, .block_size = kv->block_size, .n_head = hp->n_head,
             .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
             .store = last, .k_new = kk, .v_new = vv,
@@ -390,24 +515,23 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
         k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
     }
     k->add(be, x, xn, (long)n * E); /* the last FFN's output */
+    if (!n_out)
+        return ST_OK;
 
-    /* gather the rows that want logits, then final norm and output head */
-    int n_out = 0;
-    for (int t = 0; t < n; t++) {
-        int want = b->logits ? b->logits[t] != 0 : t == n - 1;
-        if (want) {
-            if (n_out != t)
-                memcpy(x + (size_t)n_out * E, x + (size_t)t * E, sizeof(float) * E);
-            n_out++;
-        }
-    }
-    if (n_out) {
-        const struct kern_mm_in out_in = {.x = x, .norm = m->output_norm, .eps = hp->rms_eps,
-                                          .xn = xn};
-        if (ids && k->matmul_argmax && k->matmul_argmax(be, &m->output, &out_in, n_out, ids))
-            *fused = 1;
-        else
-            matmul1(m, &m->output, &out_in, logits, n_out);
+    /* the rows that want logits (into xn), then final norm (into x) and output head */
+    k->gather(be, xn, x, f->d_idx, n_out, E);
+    const struct kern_mm_in out_in = {.x = xn, .norm = m->output_norm, .eps = hp->rms_eps,
+                                      .xn = x};
+    const size_t V = (size_t)hp->n_vocab;
+    if (ids && k->matmul_argmax &&
+        k->matmul_argmax(be, &m->output, &out_in, n_out, be->host_memory ? ids : f->d_ids)) {
+        if (!be->host_memory)
+            k->download(be, ids, f->d_ids, sizeof(int32_t) * (size_t)n_out);
+        *fused = 1;
+    } else {
+        matmul1(m, &m->output, &out_in, be->host_memory ? logits : f->d_logits, n_out);
+        if (!be->host_memory)
+            k->download(be, logits, f->d_logits, sizeof(float) * V * (size_t)n_out);
     }
     return ST_OK;
 }

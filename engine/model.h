@@ -37,22 +37,42 @@ struct engine_layer {
     struct kern_tensor w_down; /* n_ff -> n_embd */
 };
 
+/* Buffers of one forward pass, sized once (engine_model_reserve): backend memory (d_*) and
+ * the host copies they are uploaded from (h_*). */
+struct engine_model_bufs {
+    int max_tok;        /* tokens per batch at most */
+    int max_seqs;       /* sequence slots of the KV cache it was sized for */
+    int max_blocks;     /* blocks per sequence at most (block table stride) */
+    float *d_act;       /* activations: residual, norm, q, attention, k, v, gate, up */
+    int32_t *d_tok;     /* token ids */
+    int32_t *d_pos;     /* positions */
+    int32_t *d_row;     /* per token: its block table row */
+    uint8_t *d_last;    /* per token: 1 when it is its sequence's highest position */
+    float *d_rope;      /* per token: cos, sin of each rotated pair */
+    int32_t *d_tables;  /* block tables, one row per sequence in the batch */
+    int32_t *d_idx;     /* rows that want logits */
+    float *d_logits;    /* logits (only when the backend's memory is not host memory) */
+    int32_t *d_ids;     /* greedy ids (same) */
+    int32_t *h_row;     /* host copies of the above */
+    uint8_t *h_last;    /* ... */
+    float *h_rope;      /* ... */
+    int32_t *h_tables;  /* ... */
+    int32_t *h_idx;     /* ... */
+    int32_t *h_seq_row; /* per sequence slot: its row in this batch, -1 if none */
+    int32_t *h_seq_top; /* per row: the token at its highest position */
+};
+
 struct engine_model {
     struct io_gguf *gguf;         /* owns the mapping the weights point into */
     struct engine_hparams hp;     /* hyperparameters from metadata */
     struct kern_tensor tok_embd;  /* n_vocab rows of n_embd */
-    const float *output_norm;     /* n_embd */
+    const float *output_norm;     /* n_embd (backend memory once loaded onto a backend) */
     struct kern_tensor output;    /* output head (tok_embd when tied) */
     int tied_output;              /* 1 when the output head is tok_embd */
     struct engine_layer *layers;  /* n_layer layers */
-    struct kern_backend *be;      /* compute backend (not owned) */
-    float *scratch;               /* activations for scratch_tok tokens (model-owned) */
-    int scratch_tok;              /* tokens the scratch holds */
-    const int32_t **tables;       /* per-token block tables (scratch) */
-    float *rope_cs;               /* per token: cos, sin of each rotated pair (scratch) */
-    uint8_t *last;                /* per token: its sequence's highest position in the batch */
-    int32_t *seq_top;             /* per sequence slot: that token's index (scratch) */
-    int seq_cap;                  /* slots seq_top holds */
+    struct kern_backend *be;      /* compute backend (not owned), or NULL (no compute) */
+    float *norms;                 /* backend copy of every norm vector (model-owned) */
+    struct engine_model_bufs buf; /* forward-pass buffers (engine_model_reserve) */
 };
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;
@@ -75,8 +95,15 @@ enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
                                    struct kern_backend *be, struct err_detail *err);
 void engine_model_free(struct engine_model *m);
 
+/* Size the forward pass's buffers once, for batches of up to max_tok tokens over kv's
+ * sequence slots (no allocation happens in engine_model_forward). Calling it again with
+ * larger sizes reallocates; with sizes it already covers it does nothing. */
+enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
+                                 struct err_detail *err);
+
 /* Run the batch; writes one n_vocab row of logits per requested token, in batch order, to
- * logits (caller-owned). KV blocks for every position must be reserved beforehand. */
+ * logits (caller-owned host memory). KV blocks for every position must be reserved beforehand
+ * and the batch must fit engine_model_reserve's sizes (else ST_ERR_RANGE). */
 enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
                                  const struct engine_batch *b, float *logits,
                                  struct err_detail *err);
@@ -98,8 +125,9 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
 
 /* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences, stored
- * as dtype (enum kern_kv_dtype). */
-enum status engine_model_kv_init(const struct engine_model *m, struct engine_kv **out,
+ * as dtype (enum kern_kv_dtype) in the model's backend; also reserves the forward buffers
+ * for batches of up to n_tokens tokens (engine_model_reserve). */
+enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
                                  int32_t n_tokens, int max_seqs, int block_size, int dtype,
                                  struct err_detail *err);
 

@@ -11,7 +11,7 @@ enum status kern_backend_open(struct kern_backend **out, const struct kern_backe
     *out = NULL;
     const char *dev = o->device;
     if (!dev || !strcmp(dev, "auto") || !strcmp(dev, "cpu")) {
-        struct kern_cpu_opts co = {o->n_threads, o->isa, o->act};
+        struct kern_cpu_opts co = {o->n_threads, o->isa, o->act, o->as_device};
         return kern_cpu_backend_init(out, &co, err);
     }
     if (!strcmp(dev, "cuda"))

@@ -1,6 +1,19 @@
 /* The backend interface: the engine calls compute kernels only through struct kern_backend,
  * so a CPU or CUDA backend can sit behind the same forward pass. All activations are f32,
- * row-major, one row per token. */
+ * row-major, one row per token.
+ *
+ * Memory. Every pointer an op takes (activations, norm weights, RoPE tables, token ids,
+ * positions, block tables, KV pools, packed weights) is backend memory: an address the backend
+ * gave out (buf_alloc, kv_alloc, prepare), which on a device is a device address the host must
+ * not dereference. The caller moves data with upload/download/copy and never reads backend
+ * memory directly unless the backend says it is host memory (struct kern_backend.host_memory,
+ * the CPU backend), in which case it may skip those copies. A weight's `data` is the host
+ * mapping of the file; ops read a weight only through what prepare made of it.
+ *
+ * Order and blocking. Ops run in call order on one stream. On a device they may return before
+ * the work is done; download (and sync) wait for all earlier work, so the host sees its
+ * results. upload copies from host memory before it returns (the source may be reused at
+ * once). The CPU backend finishes every op before returning. */
 #ifndef KERNELS_KERNELS_H
 #define KERNELS_KERNELS_H
 
@@ -21,8 +34,10 @@ struct kern_tensor {
     size_t packed_panel; /* bytes per panel of packed rows (backend-defined) */
 };
 
-/* One layer's KV storage: a pool of fixed-size blocks. Block b holds, for each KV head g, a
- * tile of block_size (B) tokens x head_dim (D) channels, tile number (b * n_kv_head + g), each
+/* One layer's KV storage: a pool of fixed-size blocks, allocated by the backend (kv_alloc),
+ * which alone reads and writes it. The CPU backend's layout, for the record: block b holds,
+ * for each KV head g, a tile of block_size (B) tokens x head_dim (D) channels, tile number
+ * (b * n_kv_head + g), each
  * KERN_KV_TILE_BYTES(dtype, B, D) bytes. In IEEE half floats (KERN_KV_F16):
  *   key     channel c of token i: k[tile * D * B + c * B + i]   (channel-major)
  *   value   channel c of token i: v[tile * B * D + i * D + c]   (token-major)
@@ -39,19 +54,43 @@ enum kern_kv_dtype { KERN_KV_F16 = 0, KERN_KV_Q8 = 1 };
     ((dtype) == KERN_KV_Q8 ? (size_t)(B) * ((size_t)(D) + 4) : (size_t)(B) * (size_t)(D) * 2)
 
 struct kern_kv_layer {
-    void *k;   /* n_blocks * n_kv_head tiles */
-    void *v;   /* same size */
+    void *k;   /* keys of every block (backend memory) */
+    void *v;   /* values of every block (backend memory) */
     int dtype; /* enum kern_kv_dtype */
 };
 
+/* What a KV pool holds (kv_alloc). */
+struct kern_kv_desc {
+    int n_layer;    /* layers */
+    int n_kv_head;  /* key/value heads */
+    int head_dim;   /* channels per head */
+    int block_size; /* tokens per block */
+    int dtype;      /* enum kern_kv_dtype */
+};
+
+/* Block tables, flat so they can be copied to a device: sequence row r's blocks are
+ * ids[r * stride .. r * stride + stride), in position order (position p is in block
+ * ids[r * stride + p / block_size]); token t belongs to row row[t]. All backend memory. */
+struct kern_block_table {
+    const int32_t *ids; /* n_rows x stride block ids */
+    const int32_t *row; /* per token: its sequence's row */
+    int stride;         /* ids per row */
+};
+
+/* Token t's block ids. */
+static inline const int32_t *kern_block_row(const struct kern_block_table *bt, int t)
+{
+    return bt->ids + (size_t)bt->row[t] * (size_t)bt->stride;
+}
+
 /* Arguments of one attention call over a batch of tokens from several sequences. Token t
- * attends to positions 0..pos[t] of its own sequence, found through block_table[t]. */
+ * attends to positions 0..pos[t] of its own sequence, found through its block table row. */
 struct kern_attn {
     int n_tok;                          /* tokens in the batch */
     const float *q;                     /* n_tok x (n_head * head_dim) */
     float *out;                         /* n_tok x (n_head * head_dim) */
     const int32_t *pos;                 /* position of each token in its sequence */
-    const int32_t *const *block_table;  /* per token: its sequence's block ids */
+    struct kern_block_table bt;         /* block tables */
     struct kern_kv_layer kv;            /* this layer's pool */
     int block_size;                     /* tokens per block */
     int n_head;                         /* query heads */
@@ -115,13 +154,14 @@ struct kern_ops {
                 const struct kern_tensor *up, const struct kern_tensor *down,
                 const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
                 int n_tok);
-    /* Optional (NULL = nothing to do): repack a weight matrix once, at load, into the layout
-     * this backend's matmul reads fastest, setting w->packed (matmul then ignores w->data; the
-     * results are bitwise those of the unpacked matrix). Returns ST_OK also when it chose not
-     * to pack. release frees what prepare made. */
+    /* Make the backend's copy of a weight matrix, once, at load: whatever its ops read (a
+     * layout repacked for its kernels, device memory), setting w->packed; a host-memory backend
+     * may also read w->data in place and leave packed NULL. The results are bitwise those of
+     * the unpacked matrix. NULL: ops read w->data (host-memory backends only). release frees
+     * what prepare made. */
     enum status (*prepare)(struct kern_backend *b, struct kern_tensor *w, struct err_detail *err);
     void (*release)(struct kern_backend *b, struct kern_tensor *w);
-    /* out[i] = dequantized row ids[i] of w (embedding lookup). */
+    /* out[i] = dequantized row ids[i] of w (embedding lookup); ids and out backend memory. */
     void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                      int n, float *out);
     /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by the
@@ -136,13 +176,32 @@ struct kern_ops {
      * rounded to half (nearest even) or 8-bit as the pool stores them; tokens with skip[t] set
      * are left out (skip may be NULL: struct kern_attn's store does them). */
     void (*kv_store)(struct kern_backend *b, struct kern_kv_layer kv,
-                     const int32_t *const *block_table, const int32_t *pos, int block_size,
+                     const struct kern_block_table *bt, const int32_t *pos, int block_size,
                      int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
                      const uint8_t *skip);
     /* Softmax attention of every (token, head) of the batch over its own sequence's KV. Each
      * query head group (the n_head / n_kv_head heads sharing a KV head) reads its KV tile once.
      * Batch-invariant: a token's output does not depend on the rest of the batch. */
     void (*attention)(struct kern_backend *b, const struct kern_attn *a);
+    /* Rows: dst row i = src row idx[i] (width floats each), for i < n; dst and src distinct. */
+    void (*gather)(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
+                   int n, long width);
+    /* Memory (see the top of this file). buf_alloc returns 64-byte aligned backend memory, or
+     * NULL when there is none left; buf_free(NULL) does nothing. */
+    void *(*buf_alloc)(struct kern_backend *b, size_t bytes);
+    void (*buf_free)(struct kern_backend *b, void *p);
+    void (*upload)(struct kern_backend *b, void *dst, const void *src, size_t bytes);
+    void (*download)(struct kern_backend *b, void *dst, const void *src, size_t bytes);
+    void (*copy)(struct kern_backend *b, void *dst, const void *src, size_t bytes);
+    void (*sync)(struct kern_backend *b); /* wait until every queued op is done */
+    /* KV storage: bytes one block of d takes in this backend's layout (all layers, K and V),
+     * and a pool of n_blocks such blocks (layers[l] for l < d->n_layer; zeroed), freed with
+     * kv_free. */
+    size_t (*kv_block_bytes)(struct kern_backend *b, const struct kern_kv_desc *d);
+    enum status (*kv_alloc)(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
+                            struct kern_kv_layer *layers, struct err_detail *err);
+    void (*kv_free)(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
+                    struct kern_kv_layer *layers);
     /* Host-side parallel loop for work around the model (sampling): fn(ctx, ith, lo, hi) runs
      * once per host thread ith < host_threads(b) on a contiguous share [lo, hi) of [0, n). */
     void (*host_parallel)(struct kern_backend *b,
@@ -162,6 +221,7 @@ struct kern_ops {
 struct kern_backend {
     const struct kern_ops *ops; /* dispatch table */
     void *impl;                 /* backend-private state */
+    int host_memory;            /* 1: backend memory is host memory the caller may use directly */
 };
 
 /* How matmuls treat activations on the CPU. */
@@ -182,6 +242,8 @@ struct kern_backend_opts {
     int n_threads;      /* host threads including the caller, >= 1 */
     const char *isa;    /* CPU: NULL/"auto" = best the CPU supports; "scalar", "avx2", ... */
     enum kern_act act;  /* activation precision of matmuls */
+    int as_device;      /* CPU, for tests: report host_memory 0, so callers take the device
+                         * path (every byte through upload/download) */
 };
 
 /* Open a backend. An unknown device or an instruction set the machine lacks is an error that

@@ -224,7 +224,7 @@ static int setup(void **state)
 {
     static struct fixture f;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0};
     if (kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err) ||
         engine_tok_load(&f.tok, f.m->gguf, &err)) {
@@ -429,7 +429,7 @@ static void test_batch_invariance_bf16(void **state)
     }
     struct fixture f = *(struct fixture *)*state;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16, 0};
     assert_int_equal(kern_backend_open(&f.be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
     batch_invariance(&f, 0, KERN_KV_F16);
@@ -556,6 +556,9 @@ static void forward_tail(struct fixture *f, struct engine_kv *kv, int seq, const
         sq[i - from] = seq;
     }
     assert_int_equal(engine_kv_reserve(kv, seq, n, &err), ST_OK);
+    if (!kv->layers) /* a bare block manager (engine_kv_init): give it storage */
+        assert_int_equal(engine_kv_storage_alloc(kv, f->m->be, &err), ST_OK);
+    assert_int_equal(engine_model_reserve(f->m, kv, 64, &err), ST_OK);
     struct engine_batch b = {n - from, toks + from, pos, sq, NULL};
     assert_int_equal(engine_model_forward(f->m, kv, &b, logits, &err), ST_OK);
 }

@@ -1721,7 +1721,7 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
         const float *q = a->q + ((size_t)t * a->n_head + h) * D;
         double mx = -INFINITY, sum = 0;
         for (int p = 0; p < n; p++) {
-            size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
+            size_t tile = (size_t)kern_block_row(&a->bt, t)[p / B] * a->n_kv_head + g;
             double d = 0;
             for (int c = 0; c < D; c++)
                 d += (double)q[c] * kv_key(a, tile, c, p % B);
@@ -1733,7 +1733,7 @@ static void naive_attention(const struct kern_attn *a, int t, double *out)
         for (int c = 0; c < D; c++) {
             double acc = 0;
             for (int p = 0; p < n; p++) {
-                size_t tile = (size_t)a->block_table[t][p / B] * a->n_kv_head + g;
+                size_t tile = (size_t)kern_block_row(&a->bt, t)[p / B] * a->n_kv_head + g;
                 acc += sc[p] * kv_value(a, tile, c, p % B);
             }
             out[h * D + c] = acc / sum;
@@ -1888,7 +1888,7 @@ static void test_attention_vs_naive(void **state)
         for (int i = 0; i < n_tok * H * D; i++)
             q[i] = rng_uniform(&r, -1.5f, 1.5f);
         int32_t pos[6], tables[6][64];
-        const int32_t *tp[6];
+        int32_t rows[6];
         for (int t = 0; t < n_tok; t++) {
             pos[t] = lens[t] - 1 < n_blocks * B - 1 ? lens[t] - 1 : n_blocks * B - 1;
             for (int b = 0; b < n_blocks; b++) /* a random permutation of the pool */
@@ -1899,9 +1899,10 @@ static void test_attention_vs_naive(void **state)
                 tables[t][b] = tables[t][j];
                 tables[t][j] = x;
             }
-            tp[t] = tables[t];
+            rows[t] = t;
         }
-        struct kern_attn a = {.n_tok = n_tok, .q = q, .out = out, .pos = pos, .block_table = tp,
+        struct kern_attn a = {.n_tok = n_tok, .q = q, .out = out, .pos = pos,
+                              .bt = {&tables[0][0], rows, 64},
                               .kv = kv, .block_size = B, .n_head = H, .n_kv_head = KV,
                               .head_dim = D, .scale = 1.0f / sqrtf((float)D) * 4.0f};
         for (int isa = 0; isa < KERN_ISA_COUNT; isa++) {
@@ -1951,14 +1952,14 @@ static void test_backend_deferred_kv_store(void **state)
     assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
     static const int seq_of[3] = {21, 1, 5}, start[3] = {37, 60, 3};
     int32_t pos[N], tables[3][8];
-    const int32_t *tp[N];
+    int32_t rows[N];
     uint8_t last[N];
     for (int s = 0, t = 0; s < 3; s++) {
         for (int b = 0; b < 8; b++)
             tables[s][b] = s * 8 + (b * 5) % 8; /* the sequence's own 8 blocks, shuffled */
         for (int i = 0; i < seq_of[s]; i++, t++) {
             pos[t] = start[s] + i;
-            tp[t] = tables[s];
+            rows[t] = s;
             last[t] = i == seq_of[s] - 1;
         }
     }
@@ -1983,8 +1984,9 @@ static void test_backend_deferred_kv_store(void **state)
             const uint8_t *defer = run ? last : NULL;
             float *out = run ? out1 : out0;
             memset(out, 0xff, sizeof(float) * N * H * D);
-            be->ops->kv_store(be, kv[run], tp, pos, B, KV, D, kk, vv, N, defer);
-            struct kern_attn a = {.n_tok = N, .q = q, .out = out, .pos = pos, .block_table = tp,
+            const struct kern_block_table bt = {&tables[0][0], rows, 8};
+            be->ops->kv_store(be, kv[run], &bt, pos, B, KV, D, kk, vv, N, defer);
+            struct kern_attn a = {.n_tok = N, .q = q, .out = out, .pos = pos, .bt = bt,
                                   .kv = kv[run], .block_size = B, .n_head = H, .n_kv_head = KV,
                                   .head_dim = D, .scale = 1.0f / sqrtf((float)D),
                                   .store = defer, .k_new = kk, .v_new = vv};

@@ -50,7 +50,7 @@ static int setup(void **state)
     f.root = cJSON_Parse(js);
     free(js);
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0};
     if (!f.root || kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err)) {
         fprintf(stderr, "setup failed: %s\n", err.msg);
@@ -185,7 +185,7 @@ static void load_with(const char *isa, enum kern_act act, struct kern_backend **
                       struct engine_model **m)
 {
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, isa, act};
+    struct kern_backend_opts ko = {NULL, 2, isa, act, 0};
     assert_int_equal(kern_backend_open(be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(m, test_model_path(), *be, &err), ST_OK);
 }
@@ -527,6 +527,76 @@ static void test_batch_invariance(void **state)
     }
 }
 
+/* The device path: a backend that says its memory is not host memory (the CPU backend with
+ * as_device) makes the model move every byte through upload/download and gather logits on the
+ * backend; the logits, and the greedy ids of a two-sequence batch, are bitwise those of the
+ * host-memory path. A missing upload or download would show as different numbers. */
+static void test_device_path(void **state)
+{
+    struct fixture *f = *state;
+    const int V = f->m->hp.n_vocab;
+    struct err_detail err = {0};
+    struct kern_backend *dbe;
+    struct engine_model *dm;
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 1};
+    assert_int_equal(kern_backend_open(&dbe, &ko, &err), ST_OK);
+    assert_int_equal(dbe->host_memory, 0);
+    assert_int_equal(engine_model_load(&dm, test_model_path(), dbe, &err), ST_OK);
+    const cJSON *prompts = cJSON_GetObjectItem(f->root, "prompts");
+    int n[2];
+    int32_t *ids[2];
+    for (int s = 0; s < 2; s++) {
+        ids[s] = json_ids(cJSON_GetObjectItem(cJSON_GetArrayItem(prompts, s), "tokens"), &n[s]);
+        float *host = malloc(sizeof(float) * (size_t)n[s] * V);
+        float *dev = malloc(sizeof(float) * (size_t)n[s] * V);
+        run_seq(f->m, ids[s], n[s], 3, host);
+        run_seq(dm, ids[s], n[s], 3, dev);
+        assert_memory_equal(host, dev, sizeof(float) * (size_t)n[s] * V);
+        free(host);
+        free(dev);
+    }
+    /* both prompts in one batch, greedy ids of every position */
+    const int total = n[0] + n[1];
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)total), got[2][512];
+    uint8_t *want = malloc((size_t)total);
+    assert_true(total <= 512);
+    for (int s = 0, k = 0; s < 2; s++)
+        for (int i = 0; i < n[s]; i++, k++) {
+            tok[k] = ids[s][i];
+            pos[k] = i;
+            seq[k] = s;
+            want[k] = 1;
+        }
+    float *lg = malloc(sizeof(float) * (size_t)total * V);
+    struct engine_model *ms[2] = {f->m, dm};
+    for (int side = 0; side < 2; side++) {
+        struct engine_kv *kv;
+        int fused = -1;
+        assert_int_equal(engine_model_kv_init(ms[side], &kv, total + 32, 2, 16, KERN_KV_F16, &err),
+                         ST_OK);
+        for (int s = 0; s < 2; s++)
+            assert_int_equal(engine_kv_reserve(kv, s, n[s], &err), ST_OK);
+        struct engine_batch b = {total, tok, pos, seq, want};
+        assert_int_equal(engine_model_forward_greedy(ms[side], kv, &b, lg, got[side], &fused, &err),
+                         ST_OK);
+        if (!fused)
+            for (int t = 0; t < total; t++)
+                got[side][t] = argmax(lg + (size_t)t * V, V);
+        engine_kv_free(kv);
+    }
+    assert_memory_equal(got[0], got[1], sizeof(int32_t) * (size_t)total);
+    free(lg);
+    free(want);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(ids[0]);
+    free(ids[1]);
+    engine_model_free(dm);
+    kern_backend_free(dbe);
+}
+
 /* Bad batches fail with a status, never a crash. */
 static void test_bad_batch(void **state)
 {
@@ -665,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_scalar_isa_vs_reference),
         cmocka_unit_test(test_greedy_vs_reference),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_device_path),
         cmocka_unit_test(test_bad_batch),
         cmocka_unit_test(test_draft_verify_rollback),
     };

@@ -27,7 +27,7 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int g
         kern_ref_attn_group(a, t, g, tn, gn, cold);
         return;
     }
-    const int32_t *table = a->block_table[t];
+    const int32_t *table = kern_block_row(&a->bt, t);
     const int32_t n = a->pos[t] + 1;
     uint16_t kpad[KERN_MAX_HEAD_DIM * KERN_ATTN_RUN]; /* a partial run's keys, zero padded */
     _Alignas(32) float pw[KERN_ATTN_RUN];

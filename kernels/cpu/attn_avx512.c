@@ -70,7 +70,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
 {
     const int D = NV * 16, B = a->block_size;
     const size_t tb = KERN_KV_TILE_BYTES(Q8 ? KERN_KV_Q8 : KERN_KV_F16, B, D), es = Q8 ? 1 : 2;
-    const int32_t *table = a->block_table[t];
+    const int32_t *table = kern_block_row(&a->bt, t);
     const int32_t n = a->pos[t] + 1;
     const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G) * D;
     float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G) * D;
@@ -87,7 +87,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
     }
     struct pf_stream ps = {{table, table}, {(n + B - 1) / B, 0}, {g, gn}};
     if (tn >= 0) {
-        ps.table[1] = a->block_table[tn];
+        ps.table[1] = kern_block_row(&a->bt, tn);
         ps.n[1] = (a->pos[tn] + B) / B;
     }
     int32_t pid;

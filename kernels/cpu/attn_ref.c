@@ -51,7 +51,7 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn
     (void)gn;
     (void)cold;
     const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head;
-    const int32_t *table = a->block_table[t];
+    const int32_t *table = kern_block_row(&a->bt, t);
     const int32_t n = a->pos[t] + 1;
     float acc[KERN_MAX_HEAD_DIM], s[KERN_ATTN_RUN];
     for (int h = 0; h < G; h++) {

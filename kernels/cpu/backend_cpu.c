@@ -4,9 +4,11 @@
  * (fast mode). Every output element is computed by the same code whatever the batch, so
  * results are independent of batch size and thread count. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/dtype.h"
 #include "common/pool.h"
@@ -435,7 +437,7 @@ static void cpu_add(struct kern_backend *b, float *y, const float *x, long n)
 struct kv_store_job {
     const struct kern_cpu_fns *fn;
     struct kern_kv_layer kv;
-    const int32_t *const *block_table;
+    const struct kern_block_table *bt;
     const int32_t *pos;
     int block_size, n_kv_head, head_dim;
     const float *k, *v;
@@ -485,14 +487,14 @@ static void kv_store_worker(void *arg, int ith, int nth)
         if (k++ < lo)
             continue;
         for (int g = 0; g < j->n_kv_head; g++)
-            kv_store_head(j->fn, j->kv, j->block_table[t], j->pos[t], j->block_size,
+            kv_store_head(j->fn, j->kv, kern_block_row(j->bt, (int)t), j->pos[t], j->block_size,
                           j->n_kv_head, D, g, j->k + (size_t)t * kv_dim + (size_t)g * D,
                           j->v + (size_t)t * kv_dim + (size_t)g * D);
     }
 }
 
 static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
-                         const int32_t *const *block_table, const int32_t *pos, int block_size,
+                         const struct kern_block_table *bt, const int32_t *pos, int block_size,
                          int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
                          const uint8_t *skip)
 {
@@ -501,7 +503,7 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
         n_store -= skip[t] != 0;
     if (n_store == 0)
         return;
-    struct kv_store_job j = {st_of(b)->fn, kv, block_table, pos, block_size, n_kv_head, head_dim,
+    struct kv_store_job j = {st_of(b)->fn, kv, bt, pos, block_size, n_kv_head, head_dim,
                              k, v, n_tok, skip, n_store};
     if (n_store > 16)
         pool_run(st_of(b)->pool, kv_store_worker, &j);
@@ -537,7 +539,8 @@ static void attn_worker(void *arg, int ith, int nth)
         for (int g = 0; g < KV; g++) {
             if (a->store && a->store[t]) {
                 const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
-                kv_store_head(j->fn, a->kv, a->block_table[t], a->pos[t], a->block_size, KV, D, g,
+                kv_store_head(j->fn, a->kv, kern_block_row(&a->bt, (int)t), a->pos[t], a->block_size,
+                              KV, D, g,
                               a->k_new + row, a->v_new + row);
             }
             if (g + 1 < KV) {
@@ -556,6 +559,109 @@ static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
 {
     struct attn_job j = {a, st_of(b)->fn, (long)a->n_tok, 0};
     pool_run(st_of(b)->pool, attn_worker, &j);
+}
+
+/* Rows are copied in parallel chunks of rows. */
+struct gather_ctx {
+    float *dst;         /* n x width */
+    const float *src;   /* rows */
+    const int32_t *idx; /* source row of each destination row */
+    long width;         /* floats per row */
+};
+
+static void gather_rows(void *arg, long lo, long hi)
+{
+    const struct gather_ctx *c = arg;
+    for (long i = lo; i < hi; i++)
+        memcpy(c->dst + (size_t)i * (size_t)c->width,
+               c->src + (size_t)c->idx[i] * (size_t)c->width, sizeof(float) * (size_t)c->width);
+}
+
+static void cpu_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
+                       int n, long width)
+{
+    struct gather_ctx c = {dst, src, idx, width};
+    if ((long)n * width < 65536)
+        gather_rows(&c, 0, n);
+    else
+        parallel_ranges(st_of(b), n, gather_rows, &c);
+}
+
+/* Backend memory is host memory: 64-byte aligned heap blocks, moved with memcpy. */
+static void *cpu_buf_alloc(struct kern_backend *b, size_t bytes)
+{
+    (void)b;
+    return aligned_alloc(64, (bytes + 63) / 64 * 64 + 64 * (bytes == 0));
+}
+
+static void cpu_buf_free(struct kern_backend *b, void *p)
+{
+    (void)b;
+    free(p);
+}
+
+static void cpu_memcpy(struct kern_backend *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    if (bytes)
+        memmove(dst, src, bytes);
+}
+
+static void cpu_sync(struct kern_backend *b)
+{
+    (void)b;
+}
+
+static size_t cpu_kv_block_bytes(struct kern_backend *b, const struct kern_kv_desc *d)
+{
+    (void)b;
+    return (size_t)d->n_layer * 2 * (size_t)d->n_kv_head *
+           KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
+}
+
+/* One mapping for the keys of every layer and one for the values: page aligned, so tiles start
+ * on cache lines, zeroed, and only resident once touched (peak RSS counts the blocks used). */
+static enum status cpu_kv_alloc(struct kern_backend *b, const struct kern_kv_desc *d,
+                                int32_t n_blocks, struct kern_kv_layer *layers,
+                                struct err_detail *err)
+{
+    (void)b;
+    const size_t tb = KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
+    if (n_blocks < 1 || (size_t)n_blocks > SIZE_MAX / tb / (size_t)d->n_kv_head / 2 /
+                                               (size_t)d->n_layer)
+        return err_set(err, ST_ERR_INVALID_ARG, "bad KV pool size (%d blocks)", (int)n_blocks);
+    const size_t per_layer = (size_t)n_blocks * (size_t)d->n_kv_head * tb;
+    const size_t bytes = per_layer * (size_t)d->n_layer;
+    void *k = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *v = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (k == MAP_FAILED || v == MAP_FAILED) {
+        if (k != MAP_FAILED)
+            munmap(k, bytes);
+        if (v != MAP_FAILED)
+            munmap(v, bytes);
+        return err_set(err, ST_ERR_NOMEM, "no memory for a KV pool of 2 x %zu bytes", bytes);
+    }
+    for (int l = 0; l < d->n_layer; l++) {
+        layers[l].k = (uint8_t *)k + (size_t)l * per_layer;
+        layers[l].v = (uint8_t *)v + (size_t)l * per_layer;
+        layers[l].dtype = d->dtype;
+    }
+    return ST_OK;
+}
+
+static void cpu_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
+                        struct kern_kv_layer *layers)
+{
+    (void)b;
+    if (!layers || !layers[0].k)
+        return;
+    const size_t bytes = (size_t)n_blocks * (size_t)d->n_kv_head *
+                         KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim) *
+                         (size_t)d->n_layer;
+    munmap(layers[0].k, bytes);
+    munmap(layers[0].v, bytes);
+    for (int l = 0; l < d->n_layer; l++)
+        layers[l].k = layers[l].v = NULL;
 }
 
 struct host_job {
@@ -661,6 +767,16 @@ static const struct kern_ops cpu_ops = {
     .add = cpu_add,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .gather = cpu_gather,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .sync = cpu_sync,
+    .kv_block_bytes = cpu_kv_block_bytes,
+    .kv_alloc = cpu_kv_alloc,
+    .kv_free = cpu_kv_free,
     .host_parallel = cpu_host_parallel,
     .host_threads = cpu_host_threads,
     .peaks = cpu_peaks,
@@ -715,6 +831,7 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
     snprintf(s->name, sizeof(s->name), "cpu %s", fn->name);
     b->ops = &cpu_ops;
     b->impl = s;
+    b->host_memory = !o->as_device;
     *out = b;
     return ST_OK;
 }

@@ -11,6 +11,7 @@ struct kern_cpu_opts {
     int n_threads;     /* threads including the caller, >= 1 */
     const char *isa;   /* NULL/"auto" = best the CPU supports; "scalar", "avx2", "avx512" */
     enum kern_act act; /* activation precision of matmuls */
+    int as_device;     /* report host_memory 0 (struct kern_backend_opts) */
 };
 
 /* CPU backend; an ISA the CPU lacks is an error. Caller frees with kern_backend_free. */
