@@ -1,0 +1,792 @@
+/* One test for every backend (the idea of ggml's test-backend-ops): each op of struct kern_ops,
+ * on random inputs over the shapes the models use and odd ones, on every backend and
+ * instruction set compiled in and every matmul mode, against a reference written here in
+ * double precision on the scalar table's dequantized weights, with a tolerance per op and mode.
+ * Data reaches the backend only through buf_alloc/upload/download, as a device backend needs.
+ * A backend with one op deliberately broken must fail the same checks (the test of the test).
+ * A new backend adds itself to backends_under_test(). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "tests/test_rand.h"
+
+/* ---- the checker ---------------------------------------------------------------------------- */
+
+struct check {
+    struct kern_backend *be; /* backend under test */
+    const char *label;       /* for messages */
+    enum kern_act act;       /* its matmul mode */
+    int fails;               /* failed comparisons */
+    int quiet;               /* 1: count failures without printing (the broken backends) */
+    struct rng r;            /* inputs */
+};
+
+static void report(struct check *c, const char *op, const char *fmt, ...)
+{
+    c->fails++;
+    if (c->quiet || c->fails > 10)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  %s %s: ", c->label, op);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* Backend copy of host bytes (caller frees with buf_free). */
+static void *to_be(struct check *c, const void *host, size_t bytes)
+{
+    void *d = c->be->ops->buf_alloc(c->be, bytes);
+    assert_non_null(d);
+    c->be->ops->upload(c->be, d, host, bytes);
+    return d;
+}
+
+static void *from_be(struct check *c, const void *dev, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    assert_non_null(h);
+    c->be->ops->download(c->be, h, dev, bytes);
+    return h;
+}
+
+static void bfree(struct check *c, void *d)
+{
+    c->be->ops->buf_free(c->be, d);
+}
+
+static void rand_floats(struct rng *r, float *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_uniform(r, lo, hi);
+}
+
+/* A weight matrix of ne1 random rows of ne0 elements (host data: the reference reads it; the
+ * backend gets its own copy through prepare). */
+struct weight {
+    struct kern_tensor t; /* as the engine hands it over */
+    uint8_t *data;        /* host rows */
+    float *deq;           /* ne1 x ne0, dequantized by the scalar table */
+};
+
+static void weight_make(struct check *c, struct weight *w, uint32_t type, int64_t ne0,
+                        int64_t ne1)
+{
+    const size_t rb = dtype_row_bytes(type, ne0);
+    w->data = malloc(rb * (size_t)ne1);
+    w->deq = malloc(sizeof(float) * (size_t)(ne0 * ne1));
+    assert_true(w->data && w->deq);
+    const struct kern_cpu_fns *ref = kern_cpu_fns_get(KERN_ISA_SCALAR);
+    for (int64_t i = 0; i < ne1; i++) {
+        uint8_t *row = random_weights(type, ne0, &c->r);
+        memcpy(w->data + (size_t)i * rb, row, rb);
+        free(row);
+        ref->dequant_row[type](w->data + (size_t)i * rb, w->deq + i * ne0, ne0);
+    }
+    memset(&w->t, 0, sizeof(w->t));
+    w->t.type = type;
+    w->t.ne0 = ne0;
+    w->t.ne1 = ne1;
+    w->t.row_bytes = rb;
+    w->t.data = w->data;
+    if (c->be->ops->prepare) {
+        struct err_detail err = {0};
+        assert_int_equal(c->be->ops->prepare(c->be, &w->t, &err), ST_OK);
+    }
+}
+
+static void weight_free(struct check *c, struct weight *w)
+{
+    if (c->be->ops->release)
+        c->be->ops->release(c->be, &w->t);
+    free(w->data);
+    free(w->deq);
+}
+
+/* Relative tolerance of a matmul element against the sum of |w x| of its terms, per mode: exact
+ * f32 sums; 16-bit activations (1.5e-5 of a block maximum); bf16 products (8 mantissa bits of
+ * both factors); 8-bit activations (1/254 of a block maximum). */
+static double mm_tol(enum kern_act act)
+{
+    return act == KERN_ACT_F32 ? 2e-5 : act == KERN_ACT_Q16 ? 2e-4 : act == KERN_ACT_BF16 ? 1.2e-2
+                                                                                       : 2.5e-2;
+}
+
+/* y_ref[t][r] = row r of w . x[t] in double; mag[t][r] = sum of |terms|. */
+static void ref_matmul(const struct weight *w, const float *x, int n_tok, double *y, double *mag)
+{
+    const int64_t n = w->t.ne0, m = w->t.ne1;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < m; r++) {
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double p = (double)w->deq[r * n + i] * x[(size_t)t * n + i];
+                s += p;
+                a += fabs(p);
+            }
+            y[(size_t)t * m + r] = s;
+            mag[(size_t)t * m + r] = a;
+        }
+}
+
+static void compare_mm(struct check *c, const char *op, const float *got, const double *want,
+                       const double *mag, size_t n)
+{
+    const double tol = mm_tol(c->act);
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * mag[i] + 1e-6)) {
+            report(c, op, "element %zu: %g, reference %g (tolerance %g)", i, (double)got[i],
+                   want[i], tol * mag[i] + 1e-6);
+            return;
+        }
+}
+
+/* rmsnorm in double: x / sqrt(mean(x^2) + eps) * w. */
+static void ref_rmsnorm(const float *x, const float *w, double *y, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double k = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] * k * w[i];
+}
+
+static double silu(double g)
+{
+    return g / (1.0 + exp(-g));
+}
+
+/* matmul with each input form (plain with two weights, residual add + rmsnorm, SwiGLU), then
+ * matmul_argmax against argmax of the backend's own matmul output (bitwise by contract). */
+static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne1, int n_tok)
+{
+    const struct kern_ops *k = c->be->ops;
+    const size_t nx = (size_t)n_tok * (size_t)ne0, ny = (size_t)n_tok * (size_t)ne1;
+    struct weight w[2];
+    weight_make(c, &w[0], type, ne0, ne1);
+    weight_make(c, &w[1], type, ne0, ne1 / 2 + 1);
+    float *x = malloc(sizeof(float) * nx), *add = malloc(sizeof(float) * nx);
+    float *nw = malloc(sizeof(float) * (size_t)ne0);
+    double *xr = malloc(sizeof(double) * nx);
+    float *xf = malloc(sizeof(float) * nx);
+    double *yr = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    assert_true(x && add && nw && xr && xf && yr && mag);
+    rand_floats(&c->r, x, nx, -1, 1);
+    rand_floats(&c->r, add, nx, -0.5f, 0.5f);
+    rand_floats(&c->r, nw, (size_t)ne0, 0.5f, 1.5f);
+    char op[64];
+    for (int form = 0; form < 3; form++) {
+        float *dx = to_be(c, x, sizeof(float) * nx), *dadd = to_be(c, add, sizeof(float) * nx);
+        float *dnw = to_be(c, nw, sizeof(float) * (size_t)ne0);
+        float *dxn = k->buf_alloc(c->be, sizeof(float) * nx);
+        float *dy0 = k->buf_alloc(c->be, sizeof(float) * ny);
+        float *dy1 = k->buf_alloc(c->be, sizeof(float) * ny);
+        struct kern_mm_in in = {.x = dx};
+        /* the reference input rows */
+        for (size_t i = 0; i < nx; i++)
+            xf[i] = x[i];
+        if (form == 1) {
+            in.add = dadd;
+            in.norm = dnw;
+            in.eps = 1e-5f;
+            in.xn = dxn;
+            for (size_t i = 0; i < nx; i++)
+                xf[i] = x[i] + add[i];
+            for (int t = 0; t < n_tok; t++)
+                ref_rmsnorm(xf + (size_t)t * ne0, nw, xr + (size_t)t * ne0, (int)ne0, 1e-5f);
+        } else if (form == 2) {
+            in.up = dadd;
+            for (size_t i = 0; i < nx; i++)
+                xr[i] = silu(x[i]) * add[i];
+        } else {
+            for (size_t i = 0; i < nx; i++)
+                xr[i] = x[i];
+        }
+        float *xin = malloc(sizeof(float) * nx);
+        for (size_t i = 0; i < nx; i++)
+            xin[i] = (float)xr[i];
+        const struct kern_tensor *ws[2] = {&w[0].t, &w[1].t};
+        float *const ys[2] = {dy0, dy1};
+        k->matmul(c->be, ws, ys, form == 0 ? 2 : 1, &in, n_tok);
+        for (int i = 0; i < (form == 0 ? 2 : 1); i++) {
+            const size_t m = (size_t)n_tok * (size_t)w[i].t.ne1;
+            float *y = from_be(c, ys[i], sizeof(float) * m);
+            ref_matmul(&w[i], xin, n_tok, yr, mag);
+            snprintf(op, sizeof(op), "matmul %s %lldx%lld n_tok %d form %d w%d", dtype_get(type)->name,
+                     (long long)ne0, (long long)w[i].t.ne1, n_tok, form, i);
+            compare_mm(c, op, y, yr, mag, m);
+            free(y);
+        }
+        /* the element-wise steps' own outputs: x updated by the add, xn the norm, x the SwiGLU */
+        if (form) {
+            float *gx = from_be(c, dx, sizeof(float) * nx);
+            float *gn = form == 1 ? from_be(c, dxn, sizeof(float) * nx) : NULL;
+            for (size_t i = 0; i < nx; i++) {
+                double want_x = form == 1 ? xf[i] : xr[i];
+                if (!(fabs(gx[i] - want_x) <= 1e-5 * fabs(want_x) + 1e-6)) {
+                    report(c, op, "input pass: x[%zu] = %g, reference %g", i, (double)gx[i],
+                           want_x);
+                    break;
+                }
+                if (gn && !(fabs(gn[i] - xr[i]) <= 1e-5 * fabs(xr[i]) + 1e-6)) {
+                    report(c, op, "input pass: xn[%zu] = %g, reference %g", i, (double)gn[i],
+                           xr[i]);
+                    break;
+                }
+            }
+            free(gx);
+            free(gn);
+        }
+        /* greedy: the argmax of what matmul wrote, ties to the lowest row */
+        if (form == 1 && k->matmul_argmax) {
+            float *dx2 = to_be(c, x, sizeof(float) * nx);
+            struct kern_mm_in in2 = in;
+            in2.x = dx2;
+            int32_t *dids = k->buf_alloc(c->be, sizeof(int32_t) * (size_t)n_tok);
+            if (k->matmul_argmax(c->be, &w[0].t, &in2, n_tok, dids)) {
+                int32_t *ids = from_be(c, dids, sizeof(int32_t) * (size_t)n_tok);
+                float *y = from_be(c, dy0, sizeof(float) * ny);
+                for (int t = 0; t < n_tok; t++) {
+                    int32_t best = 0;
+                    for (int64_t r = 1; r < ne1; r++)
+                        if (y[(size_t)t * ne1 + r] > y[(size_t)t * ne1 + best])
+                            best = (int32_t)r;
+                    if (ids[t] != best)
+                        report(c, "matmul_argmax", "%s token %d: %d, argmax of matmul %d",
+                               dtype_get(type)->name, t, ids[t], best);
+                }
+                free(ids);
+                free(y);
+            }
+            bfree(c, dids);
+            bfree(c, dx2);
+        }
+        free(xin);
+        bfree(c, dx);
+        bfree(c, dadd);
+        bfree(c, dnw);
+        bfree(c, dxn);
+        bfree(c, dy0);
+        bfree(c, dy1);
+    }
+    weight_free(c, &w[0]);
+    weight_free(c, &w[1]);
+    free(x);
+    free(add);
+    free(nw);
+    free(xr);
+    free(xf);
+    free(yr);
+    free(mag);
+}
+
+/* ffn: down(silu(gate(norm(x + add))) * up(norm(x + add))). */
+static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int n_tok)
+{
+    const struct kern_ops *k = c->be->ops;
+    struct weight g, u, d;
+    weight_make(c, &g, type, E, F);
+    weight_make(c, &u, type, E, F);
+    weight_make(c, &d, type, F, E);
+    const size_t nx = (size_t)n_tok * (size_t)E, nh = (size_t)n_tok * (size_t)F;
+    float *x = malloc(sizeof(float) * nx), *nw = malloc(sizeof(float) * (size_t)E);
+    rand_floats(&c->r, x, nx, -1, 1);
+    rand_floats(&c->r, nw, (size_t)E, 0.5f, 1.5f);
+    double *xn = malloc(sizeof(double) * nx), *gr = malloc(sizeof(double) * nh);
+    double *ur = malloc(sizeof(double) * nh), *gm = malloc(sizeof(double) * nh);
+    double *um = malloc(sizeof(double) * nh), *yr = malloc(sizeof(double) * nx);
+    double *ym = malloc(sizeof(double) * nx);
+    float *xnf = malloc(sizeof(float) * nx), *hf = malloc(sizeof(float) * nh);
+    for (int t = 0; t < n_tok; t++)
+        ref_rmsnorm(x + (size_t)t * E, nw, xn + (size_t)t * E, (int)E, 1e-5f);
+    for (size_t i = 0; i < nx; i++)
+        xnf[i] = (float)xn[i];
+    ref_matmul(&g, xnf, n_tok, gr, gm);
+    ref_matmul(&u, xnf, n_tok, ur, um);
+    for (size_t i = 0; i < nh; i++)
+        hf[i] = (float)(silu(gr[i]) * ur[i]);
+    ref_matmul(&d, hf, n_tok, yr, ym);
+    /* the hidden rows' own error feeds the down projection: widen its magnitude by theirs */
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < E; r++) {
+            double a = 0;
+            for (int64_t j = 0; j < F; j++) {
+                size_t h = (size_t)t * F + j;
+                double dh = fabs(silu(gr[h])) * um[h] + fabs(ur[h]) * gm[h];
+                a += fabs(d.deq[r * F + j]) * dh;
+            }
+            ym[(size_t)t * E + r] += a;
+        }
+    float *dx = to_be(c, x, sizeof(float) * nx), *dnw = to_be(c, nw, sizeof(float) * (size_t)E);
+    float *dxn = k->buf_alloc(c->be, sizeof(float) * nx), *dy = k->buf_alloc(c->be, sizeof(float) * nx);
+    float *dg = k->buf_alloc(c->be, sizeof(float) * nh), *du = k->buf_alloc(c->be, sizeof(float) * nh);
+    struct kern_mm_in in = {.x = dx, .norm = dnw, .eps = 1e-5f, .xn = dxn};
+    k->ffn(c->be, &g.t, &u.t, &d.t, &in, dy, dg, du, n_tok);
+    float *y = from_be(c, dy, sizeof(float) * nx);
+    char op[64];
+    snprintf(op, sizeof(op), "ffn %s %lld/%lld n_tok %d", dtype_get(type)->name, (long long)E,
+             (long long)F, n_tok);
+    compare_mm(c, op, y, yr, ym, nx);
+    free(y);
+    bfree(c, dx);
+    bfree(c, dnw);
+    bfree(c, dxn);
+    bfree(c, dy);
+    bfree(c, dg);
+    bfree(c, du);
+    weight_free(c, &g);
+    weight_free(c, &u);
+    weight_free(c, &d);
+    free(x);
+    free(nw);
+    free(xn);
+    free(gr);
+    free(ur);
+    free(gm);
+    free(um);
+    free(yr);
+    free(ym);
+    free(xnf);
+    free(hf);
+}
+
+/* get_rows (exact: dequantization is exact), gather, add (exact), rope, memory round trips. */
+static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
+{
+    const struct kern_ops *k = c->be->ops;
+    struct weight w;
+    weight_make(c, &w, type, ne0, 50);
+    int32_t ids[7] = {3, 0, 49, 3, 17, 48, 1};
+    int32_t *dids = to_be(c, ids, sizeof(ids));
+    float *dout = k->buf_alloc(c->be, sizeof(float) * 7 * (size_t)ne0);
+    k->get_rows(c->be, &w.t, dids, 7, dout);
+    float *out = from_be(c, dout, sizeof(float) * 7 * (size_t)ne0);
+    for (int i = 0; i < 7; i++)
+        if (memcmp(out + (size_t)i * ne0, w.deq + (size_t)ids[i] * ne0, sizeof(float) * (size_t)ne0))
+            report(c, "get_rows", "%s row %d differs from its dequantization",
+                   dtype_get(type)->name, ids[i]);
+    /* gather the same rows back out of the 7 in a new order */
+    int32_t gi[5] = {6, 0, 0, 3, 2};
+    int32_t *dgi = to_be(c, gi, sizeof(gi));
+    float *dg = k->buf_alloc(c->be, sizeof(float) * 5 * (size_t)ne0);
+    k->gather(c->be, dg, dout, dgi, 5, (long)ne0);
+    float *g = from_be(c, dg, sizeof(float) * 5 * (size_t)ne0);
+    for (int i = 0; i < 5; i++)
+        if (memcmp(g + (size_t)i * ne0, out + (size_t)gi[i] * ne0, sizeof(float) * (size_t)ne0))
+            report(c, "gather", "row %d is not source row %d", i, gi[i]);
+    free(g);
+    bfree(c, dg);
+    bfree(c, dgi);
+    free(out);
+    bfree(c, dout);
+    bfree(c, dids);
+    weight_free(c, &w);
+
+    /* add over sizes around the backend's chunking */
+    static const long sizes[] = {1, 7, 4096, 4097, 100000};
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        const long n = sizes[s];
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+        rand_floats(&c->r, a, (size_t)n, -10, 10);
+        rand_floats(&c->r, b, (size_t)n, -10, 10);
+        float *da = to_be(c, a, sizeof(float) * (size_t)n), *db = to_be(c, b, sizeof(float) * (size_t)n);
+        k->add(c->be, da, db, n);
+        float *got = from_be(c, da, sizeof(float) * (size_t)n);
+        for (long i = 0; i < n; i++)
+            if (got[i] != a[i] + b[i]) {
+                report(c, "add", "n %ld element %ld: %g, want %g", n, i, (double)got[i],
+                       (double)(a[i] + b[i]));
+                break;
+            }
+        /* copy: backend to backend */
+        float *dc = k->buf_alloc(c->be, sizeof(float) * (size_t)n);
+        k->copy(c->be, dc, db, sizeof(float) * (size_t)n);
+        float *cb = from_be(c, dc, sizeof(float) * (size_t)n);
+        if (memcmp(cb, b, sizeof(float) * (size_t)n))
+            report(c, "copy/download", "n %ld: a round trip changed the bytes", n);
+        free(cb);
+        bfree(c, dc);
+        free(got);
+        bfree(c, da);
+        bfree(c, db);
+        free(a);
+        free(b);
+    }
+
+    /* rope: heads of head_dim 64 with 64 or 32 rotated channels, angles of real positions */
+    for (int rot = 32; rot <= 64; rot += 32) {
+        const int n_tok = 5, H = 3, D = 64;
+        const size_t nx = (size_t)n_tok * H * D;
+        float *x = malloc(sizeof(float) * nx), *cs = malloc(sizeof(float) * (size_t)n_tok * rot);
+        rand_floats(&c->r, x, nx, -2, 2);
+        for (int t = 0; t < n_tok; t++)
+            for (int i = 0; i < rot; i += 2) {
+                double ang = (t * 37 + 5) * pow(10000.0, -(double)i / rot);
+                cs[t * rot + i] = (float)cos(ang);
+                cs[t * rot + i + 1] = (float)sin(ang);
+            }
+        float *dx = to_be(c, x, sizeof(float) * nx);
+        float *dcs = to_be(c, cs, sizeof(float) * (size_t)n_tok * rot);
+        k->rope(c->be, dx, dcs, n_tok, H, D, rot);
+        float *got = from_be(c, dx, sizeof(float) * nx);
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < D; i += 2) {
+                    size_t o = ((size_t)t * H + h) * D + i;
+                    double a = x[o], b = x[o + 1], r0 = a, r1 = b;
+                    if (i < rot) {
+                        double co = cs[t * rot + i], si = cs[t * rot + i + 1];
+                        r0 = a * co - b * si;
+                        r1 = a * si + b * co;
+                    }
+                    if (fabs(got[o] - r0) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7 ||
+                        fabs(got[o + 1] - r1) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7) {
+                        report(c, "rope", "rot %d token %d head %d pair %d: (%g, %g), want "
+                               "(%g, %g)", rot, t, h, i / 2, (double)got[o], (double)got[o + 1],
+                               r0, r1);
+                        t = n_tok, h = H, i = D;
+                    }
+                }
+        free(got);
+        bfree(c, dx);
+        bfree(c, dcs);
+        free(x);
+        free(cs);
+    }
+}
+
+/* kv_store then attention over a pool the backend allocated: three sequences with shuffled
+ * blocks, every position stored (half of the last tokens by attention's deferred store), and
+ * each token's output against softmax attention in double over the keys and values as the
+ * pool's dtype rounds them (f16: exact f16 of the inputs; q8: within a scale step). */
+static void check_attention(struct check *c, int dtype, int H, int KV, int D)
+{
+    const struct kern_ops *k = c->be->ops;
+    const int B = 16, NB = 24, S = 3;
+    const int len[3] = {37, 16, 70};
+    struct kern_kv_desc desc = {1, KV, D, B, dtype};
+    struct kern_kv_layer layer;
+    struct err_detail err = {0};
+    assert_int_equal(k->kv_alloc(c->be, &desc, NB, &layer, &err), ST_OK);
+    /* block tables: a shuffled pool split between the sequences */
+    int32_t perm[24], tables[3 * 8];
+    for (int i = 0; i < NB; i++)
+        perm[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        int j = (int)(rng_u64(&c->r) % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0; s < S; s++)
+        for (int b = 0; b < 8; b++)
+            tables[s * 8 + b] = perm[s * 8 + b];
+    int n = 0;
+    for (int s = 0; s < S; s++)
+        n += len[s];
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *row = malloc(sizeof(int32_t) * (size_t)n);
+    uint8_t *last = malloc((size_t)n);
+    for (int s = 0, t = 0; s < S; s++)
+        for (int i = 0; i < len[s]; i++, t++) {
+            pos[t] = i;
+            row[t] = s;
+            last[t] = i == len[s] - 1 && s != 1; /* sequence 1 stores its last by kv_store */
+        }
+    const size_t nq = (size_t)n * H * D, nk = (size_t)n * KV * D;
+    float *q = malloc(sizeof(float) * nq), *kk = malloc(sizeof(float) * nk);
+    float *vv = malloc(sizeof(float) * nk);
+    rand_floats(&c->r, q, nq, -1.5f, 1.5f);
+    rand_floats(&c->r, kk, nk, -2, 2);
+    rand_floats(&c->r, vv, nk, -1, 1);
+    int32_t *dpos = to_be(c, pos, sizeof(int32_t) * (size_t)n);
+    int32_t *drow = to_be(c, row, sizeof(int32_t) * (size_t)n);
+    int32_t *dtab = to_be(c, tables, sizeof(tables));
+    uint8_t *dlast = to_be(c, last, (size_t)n);
+    float *dq = to_be(c, q, sizeof(float) * nq), *dk = to_be(c, kk, sizeof(float) * nk);
+    float *dv = to_be(c, vv, sizeof(float) * nk), *dout = k->buf_alloc(c->be, sizeof(float) * nq);
+    const struct kern_block_table bt = {dtab, drow, 8};
+    k->kv_store(c->be, layer, &bt, dpos, B, KV, D, dk, dv, n, dlast);
+    struct kern_attn a = {.n_tok = n, .q = dq, .out = dout, .pos = dpos, .bt = bt, .kv = layer,
+                          .block_size = B, .n_head = H, .n_kv_head = KV, .head_dim = D,
+                          .scale = 1.0f / sqrtf((float)D), .store = dlast, .k_new = dk,
+                          .v_new = dv};
+    k->attention(c->be, &a);
+    float *out = from_be(c, dout, sizeof(float) * nq);
+    /* the reference: keys and values as stored */
+    float *kr = malloc(sizeof(float) * nk), *vr = malloc(sizeof(float) * nk);
+    for (size_t i = 0; i < nk; i += (size_t)D)
+        for (int j = 0; j < D; j++) {
+            if (dtype == KERN_KV_F16) {
+                kr[i + j] = kern_f16_to_f32(kern_f32_to_f16(kk[i + j]));
+                vr[i + j] = kern_f16_to_f32(kern_f32_to_f16(vv[i + j]));
+            } else {
+                kr[i + j] = kk[i + j];
+                vr[i + j] = vv[i + j];
+            }
+        }
+    /* f16: the kernels' polynomial exp and f32 sums; q8: plus a quantization step of the
+     * keys' and values' row maxima (2 and 1) / 127 */
+    const double tol = dtype == KERN_KV_F16 ? 2e-4 : 0.05;
+    double *sc = malloc(sizeof(double) * (size_t)n);
+    char op[64];
+    snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d", dtype ? "q8" : "f16", H,
+             KV, D);
+    int bad = 0;
+    for (int t = 0, base = 0, s = 0; t < n && !bad; t++) {
+        if (t - base == len[s])
+            base += len[s++];
+        for (int h = 0; h < H && !bad; h++) {
+            const int g = h / (H / KV);
+            double mx = -INFINITY, sum = 0;
+            for (int p = 0; p <= pos[t]; p++) {
+                double d = 0;
+                const size_t kt = ((size_t)(base + p) * KV + g) * D;
+                for (int j = 0; j < D; j++)
+                    d += (double)q[((size_t)t * H + h) * D + j] * kr[kt + j];
+                sc[p] = d * a.scale;
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
+            for (int p = 0; p <= pos[t]; p++)
+                sum += (sc[p] = exp(sc[p] - mx));
+            for (int j = 0; j < D && !bad; j++) {
+                double acc = 0;
+                for (int p = 0; p <= pos[t]; p++)
+                    acc += sc[p] * vr[((size_t)(base + p) * KV + g) * D + j];
+                const double want = acc / sum, got = out[((size_t)t * H + h) * D + j];
+                if (!(fabs(got - want) <= tol)) {
+                    report(c, op, "token %d head %d channel %d: %g, reference %g", t, h, j, got,
+                           want);
+                    bad = 1;
+                }
+            }
+        }
+    }
+    free(sc);
+    free(kr);
+    free(vr);
+    free(out);
+    k->kv_free(c->be, &desc, NB, &layer);
+    void *bufs[] = {dpos, drow, dtab, dlast, dq, dk, dv, dout};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        bfree(c, bufs[i]);
+    free(pos);
+    free(row);
+    free(last);
+    free(q);
+    free(kk);
+    free(vv);
+}
+
+/* Every op over the model shapes (SmolLM2: 576 hidden, 192 KV, 1536 FFN, head_dim 64) and odd
+ * ones (row counts that are not a multiple of the 16-row panels, one token, 17 tokens). The
+ * matmul-free ops run once per backend; matmuls in every mode. */
+static void check_backend(struct check *c, int all_ops)
+{
+    static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q8_0,
+                                     DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_F16,  DTYPE_F32};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const int ksz = dtype_get(types[i])->block_elems == 256;
+        check_matmul(c, types[i], ksz ? 512 : 576, 33, 1);
+        check_matmul(c, types[i], ksz ? 256 : 192, 100, 17);
+    }
+    check_matmul(c, DTYPE_Q4_1, 576, 192, 5);
+    check_ffn(c, DTYPE_Q4_1, 576, 256, 3);
+    if (!all_ops)
+        return;
+    check_ffn(c, DTYPE_Q8_0, 96, 160, 1);
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        check_small_ops(c, types[i], dtype_get(types[i])->block_elems == 256 ? 256 : 96);
+    check_attention(c, KERN_KV_F16, 9, 3, 64);
+    check_attention(c, KERN_KV_Q8, 9, 3, 64);
+    check_attention(c, KERN_KV_F16, 4, 4, 32);
+    check_attention(c, KERN_KV_F16, 8, 1, 128);
+}
+
+/* ---- the backends ---------------------------------------------------------------------------- */
+
+static const char *const isas[] = {"scalar", "avx2", "avxvnni", "avx512", "amx"};
+static const enum kern_act acts[] = {KERN_ACT_F32, KERN_ACT_Q16, KERN_ACT_Q8, KERN_ACT_BF16};
+static const char *const act_names[] = {"exact", "q16", "q8", "bf16"};
+
+/* Every CPU table this machine runs, in every matmul mode it offers, as a device (every byte
+ * through upload/download) and with the exact mode also as host memory. */
+static void test_cpu_backends(void **state)
+{
+    (void)state;
+    int tested = 0;
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
+        for (size_t m = 0; m < sizeof(acts) / sizeof(acts[0]); m++)
+            for (int dev = 1; dev >= (m == 0 ? 0 : 1); dev--) {
+                struct kern_backend_opts o = {"cpu", 2, isas[i], acts[m], dev};
+                struct err_detail err = {0};
+                struct check c = {0};
+                if (kern_backend_open(&c.be, &o, &err)) {
+                    if (dev)
+                        printf("  cpu %s %s: not on this machine (%s)\n", isas[i], act_names[m],
+                               err.msg);
+                    continue;
+                }
+                char label[64];
+                snprintf(label, sizeof(label), "%s %s%s", kern_backend_describe(c.be),
+                         act_names[m], dev ? " (device path)" : "");
+                c.label = label;
+                c.act = acts[m];
+                c.r.s = 1000 + i * 10 + m;
+                check_backend(&c, m == 0);
+                printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
+                assert_int_equal(c.fails, 0);
+                kern_backend_free(c.be);
+                tested++;
+            }
+    assert_true(tested >= 2); /* at least the scalar table, both ways */
+}
+
+/* ---- the test of the test: one op broken at a time -------------------------------------- */
+
+static struct kern_ops g_real; /* the working table the broken ones call */
+
+static void bad_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
+                       int n_w, const struct kern_mm_in *in, int n_tok)
+{
+    g_real.matmul(b, w, y, n_w, in, n_tok);
+    float v; /* one output element off by a relative 1e-3 */
+    g_real.download(b, &v, y[n_w - 1] + 3, sizeof v);
+    v *= 1.001f;
+    g_real.upload(b, y[n_w - 1] + 3, &v, sizeof v);
+}
+
+static void bad_ffn(struct kern_backend *b, const struct kern_tensor *gate,
+                    const struct kern_tensor *up, const struct kern_tensor *down,
+                    const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
+                    int n_tok)
+{
+    (void)gate; /* the up projection read as the gate too */
+    g_real.ffn(b, up, up, down, in, y, gate_buf, up_buf, n_tok);
+}
+
+static int bad_argmax(struct kern_backend *b, const struct kern_tensor *w,
+                      const struct kern_mm_in *in, int n_tok, int32_t *ids)
+{
+    if (!g_real.matmul_argmax(b, w, in, n_tok, ids))
+        return 0;
+    int32_t id; /* ties to the highest row instead: here, any other row */
+    g_real.download(b, &id, ids, sizeof id);
+    id = (int32_t)((id + 1) % w->ne1);
+    g_real.upload(b, ids, &id, sizeof id);
+    return 1;
+}
+
+static void bad_add(struct kern_backend *b, float *y, const float *x, long n)
+{
+    g_real.add(b, y, x, n > 1 ? n - 1 : n); /* forgets the last element */
+}
+
+static void bad_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
+                     int head_dim, int rot_dim)
+{
+    g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim > 2 ? rot_dim - 2 : rot_dim);
+}
+
+static void bad_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
+                         int n, float *out)
+{
+    g_real.get_rows(b, w, ids, n > 1 ? n - 1 : n, out); /* the last row is left unwritten */
+    if (n > 1) {
+        float z = 0;
+        g_real.upload(b, out + (size_t)(n - 1) * (size_t)w->ne0, &z, sizeof z);
+    }
+}
+
+static void bad_attention(struct kern_backend *b, const struct kern_attn *a)
+{
+    struct kern_attn a2 = *a;
+    a2.scale *= 1.01f; /* a slightly wrong softmax temperature */
+    g_real.attention(b, &a2);
+}
+
+static void bad_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
+                         const struct kern_block_table *bt, const int32_t *pos, int block_size,
+                         int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
+                         const uint8_t *skip)
+{
+    g_real.kv_store(b, kv, bt, pos, block_size, n_kv_head, head_dim, k, v, n_tok / 2, skip);
+}
+
+static void bad_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
+                       int n, long width)
+{
+    g_real.gather(b, dst, src, idx, n, width > 1 ? width - 1 : width);
+}
+
+/* Broken copies of the scalar table (and of the AMX table in bf16 mode where this machine has
+ * it: its greedy epilogue is the only matmul_argmax the CPU backend offers). */
+static void test_broken_ops_fail(void **state)
+{
+    (void)state;
+    struct kern_backend_opts o = {"cpu", 2, "scalar", KERN_ACT_F32, 1};
+    struct kern_backend_opts o_amx = {"cpu", 2, "amx", KERN_ACT_BF16, 1};
+    struct err_detail err = {0};
+    struct kern_backend *real, *amx = NULL;
+    assert_int_equal(kern_backend_open(&real, &o, &err), ST_OK);
+    if (kern_backend_open(&amx, &o_amx, &err))
+        amx = NULL;
+    g_real = *real->ops;
+    static const char *const names[] = {"matmul",   "matmul_argmax", "add",     "rope",
+                                        "get_rows", "attention",     "kv_store", "gather",
+                                        "ffn"};
+    for (int m = 0; m < 9; m++) {
+        struct kern_backend *base = m == 1 ? amx : real;
+        if (!base) {
+            printf("  %s broken: no backend here offers it (the AMX bf16 epilogue)\n", names[m]);
+            continue;
+        }
+        g_real = *base->ops;
+        struct kern_ops bad = g_real;
+        switch (m) {
+        case 0: bad.matmul = bad_matmul; break;
+        case 1: bad.matmul_argmax = bad_argmax; break;
+        case 2: bad.add = bad_add; break;
+        case 3: bad.rope = bad_rope; break;
+        case 4: bad.get_rows = bad_get_rows; break;
+        case 5: bad.attention = bad_attention; break;
+        case 6: bad.kv_store = bad_kv_store; break;
+        case 7: bad.gather = bad_gather; break;
+        case 8: bad.ffn = bad_ffn; break;
+        }
+        struct kern_backend be = *base;
+        be.ops = &bad;
+        struct check c = {.be = &be, .label = names[m], .act = base == amx ? KERN_ACT_BF16
+                                                                             : KERN_ACT_F32,
+                          .quiet = 1};
+        c.r.s = 77;
+        check_backend(&c, 1);
+        printf("  %s broken: %d failed checks\n", names[m], c.fails);
+        if (!c.fails)
+            fail_msg("a backend with %s broken passed every check", names[m]);
+    }
+    kern_backend_free(real);
+    kern_backend_free(amx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_backends),
+        cmocka_unit_test(test_broken_ops_fail),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
