@@ -336,7 +336,7 @@ int runner_cmd_bench(int argc, char **argv)
     struct prompt_set ps = {0};
     double *ttft = NULL, *tpot = NULL;
     int rc = RUNNER_EXIT_ERROR;
-    struct kern_backend_opts ko = {NULL, (int)o.threads, o.isa, (enum kern_act)o.act};
+    struct kern_backend_opts ko = {NULL, (int)o.threads, o.isa, (enum kern_act)o.act, 0};
     enum status st;
     if ((st = kern_backend_open(&be, &ko, &err)) ||
         (st = engine_model_load(&m, o.model, be, &err)) ||

@@ -251,7 +251,7 @@ static int run(const struct gen_opts *o)
     int rc = RUNNER_EXIT_ERROR;
     double t_load = runner_now();
 
-    struct kern_backend_opts ko = {NULL, (int)o->threads, o->isa, (enum kern_act)o->act};
+    struct kern_backend_opts ko = {NULL, (int)o->threads, o->isa, (enum kern_act)o->act, 0};
     if ((st = kern_backend_open(&g.be, &ko, &err)) ||
         (st = engine_model_load(&g.model, o->model, g.be, &err)) ||
         (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||

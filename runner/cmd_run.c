@@ -1019,7 +1019,7 @@ static int run_job(struct run *r, struct err_detail *err)
         }
     }
     struct kern_backend_opts ko = {NULL, (int)r->o->threads, r->o->isa,
-                                   (enum kern_act)r->o->act};
+                                   (enum kern_act)r->o->act, 0};
     if ((st = kern_backend_open(&r->be, &ko, err)) ||
         (st = engine_model_load(&r->m, r->job.model_path, r->be, err)) ||
         (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||
