@@ -147,8 +147,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         free(e);
         return st;
     }
-    if ((st = engine_kv_storage_alloc(e->kv, m->be, err)) ||
-        (st = engine_model_reserve(m, e->kv, p->max_batch_tokens, err))) {
+    if ((st = engine_model_kv_attach(m, e->kv, p->max_batch_tokens, err))) {
         engine_free(e);
         return st;
     }

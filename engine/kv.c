@@ -101,10 +101,13 @@ void engine_kv_free(struct engine_kv *kv)
     free(kv->hash);
     free(kv->ref);
     if (kv->layers) {
-        struct kern_kv_desc d = {kv->n_layer, kv->n_kv_head, kv->head_dim, kv->block_size,
+        struct kern_kv_desc d = {kv->n_layer, kv->rank_kv_head, kv->head_dim, kv->block_size,
                                  kv->dtype};
-        kv->be->ops->kv_free(kv->be, &d, kv->n_blocks, kv->layers);
+        for (int r = 0; r < kv->n_rank; r++)
+            kv->be[r]->ops->kv_free(kv->be[r], &d, kv->n_blocks,
+                                    kv->layers + (size_t)r * kv->n_layer);
         free(kv->layers);
+        free(kv->be);
     }
     free(kv);
 }
@@ -416,26 +419,35 @@ int32_t engine_kv_free_blocks(const struct engine_kv *kv) { return kv->n_free + 
 
 const int32_t *engine_kv_table(const struct engine_kv *kv, int seq) { return kv->seqs[seq].blocks; }
 
-enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *be,
-                                    struct err_detail *err)
+enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *const *be,
+                                    int n_rank, struct err_detail *err)
 {
-    assert(!kv->layers);
-    struct kern_kv_desc d = {kv->n_layer, kv->n_kv_head, kv->head_dim, kv->block_size, kv->dtype};
-    struct kern_kv_layer *layers = calloc((size_t)kv->n_layer, sizeof(*layers));
-    if (!layers)
+    assert(!kv->layers && n_rank >= 1 && kv->n_kv_head % n_rank == 0);
+    struct kern_kv_desc d = {kv->n_layer, kv->n_kv_head / n_rank, kv->head_dim, kv->block_size,
+                             kv->dtype};
+    kv->layers = calloc((size_t)kv->n_layer * (size_t)n_rank, sizeof(*kv->layers));
+    kv->be = calloc((size_t)n_rank, sizeof(*kv->be));
+    if (!kv->layers || !kv->be) {
+        free(kv->layers);
+        free(kv->be);
+        kv->layers = NULL;
+        kv->be = NULL;
         return err_set(err, ST_ERR_NOMEM, "no memory");
-    enum status st = be->ops->kv_alloc(be, &d, kv->n_blocks, layers, err);
-    if (st) {
-        free(layers);
-        return st;
     }
-    kv->be = be;
-    kv->layers = layers;
+    kv->rank_kv_head = d.n_kv_head;
+    for (int r = 0; r < n_rank; r++) {
+        enum status st = be[r]->ops->kv_alloc(be[r], &d, kv->n_blocks,
+                                              kv->layers + (size_t)r * kv->n_layer, err);
+        if (st)
+            return st; /* engine_kv_free frees the ranks done so far */
+        kv->be[r] = be[r];
+        kv->n_rank = r + 1;
+    }
     return ST_OK;
 }
 
-struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int layer)
+struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int rank, int layer)
 {
-    assert(kv->layers && layer >= 0 && layer < kv->n_layer);
-    return kv->layers[layer];
+    assert(rank >= 0 && rank < kv->n_rank && layer >= 0 && layer < kv->n_layer);
+    return kv->layers[(size_t)rank * kv->n_layer + layer];
 }

@@ -34,8 +34,10 @@ struct engine_kv {
     int dtype;                   /* enum kern_kv_dtype */
     int block_size;              /* tokens per block */
     int32_t n_blocks;            /* blocks in the pool */
-    struct kern_backend *be;     /* the backend holding the storage (not owned), or NULL */
-    struct kern_kv_layer *layers; /* per layer: its storage in be (engine_kv_storage_alloc) */
+    int n_rank;                  /* ranks holding storage (0: none) */
+    struct kern_backend **be;    /* per rank: the backend holding its storage (not owned) */
+    int rank_kv_head;            /* KV heads each rank stores (n_kv_head / n_rank) */
+    struct kern_kv_layer *layers; /* per rank and layer: its storage (rank * n_layer + layer) */
     int32_t *ref;                /* per block: sequences holding it */
     uint64_t *hash;              /* per block: chain hash when cached/registered, else 0 */
     int32_t *btok;               /* per block: its block_size token ids (for exact matching) */
@@ -62,9 +64,10 @@ enum status engine_kv_init(struct engine_kv **out, int n_layer, int n_kv_head, i
                            int dtype, int block_size, int32_t n_blocks, int max_seqs,
                            int prefix_cache, struct err_detail *err);
 void engine_kv_free(struct engine_kv *kv);
-/* Storage for every block in backend be (kern_ops.kv_alloc; be must outlive kv). */
-enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *be,
-                                    struct err_detail *err);
+/* Storage for every block on n_rank backends, each holding n_kv_head / n_rank heads
+ * (kern_ops.kv_alloc; the backends must outlive kv). */
+enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *const *be,
+                                    int n_rank, struct err_detail *err);
 
 /* Bytes one token occupies across all layers (K and V) in the CPU backend's layout
  * (KERN_KV_TILE_BYTES); a backend reports its own through kern_ops.kv_block_bytes. */
@@ -103,6 +106,7 @@ enum status engine_kv_check(const struct engine_kv *kv, int expect_empty, struct
 
 int32_t engine_kv_free_blocks(const struct engine_kv *kv); /* free + cached-free */
 const int32_t *engine_kv_table(const struct engine_kv *kv, int seq);
-struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int layer);
+/* Rank rank's storage of layer. */
+struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int rank, int layer);
 
 #endif

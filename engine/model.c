@@ -3,12 +3,16 @@
  * SwiGLU FFN, residual) -> final norm -> output head for the rows that want logits. */
 #include "engine/model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/pool.h"
+
+#define ENGINE_MAX_RANKS 64 /* tensor-parallel ranks at most */
 
 /* ---- loading ---- */
 
@@ -137,45 +141,10 @@ static enum status load_vector(const struct io_gguf *g, const char *name, int64_
     return ST_OK;
 }
 
-/* The norm vectors into one backend buffer; the model's pointers then point there. */
-static enum status upload_norms(struct engine_model *m, struct err_detail *err)
-{
-    const int E = m->hp.n_embd, nv = 2 * m->hp.n_layer + 1;
-    m->norms = m->be->ops->buf_alloc(m->be, sizeof(float) * (size_t)E * (size_t)nv);
-    if (!m->norms)
-        return err_set(err, ST_ERR_NOMEM, "no backend memory for the norm weights");
-    for (int i = 0; i < nv; i++) {
-        const float **p = i == 0       ? &m->output_norm
-                          : (i - 1) % 2 ? &m->layers[(i - 1) / 2].ffn_norm
-                                        : &m->layers[(i - 1) / 2].attn_norm;
-        float *dst = m->norms + (size_t)i * (size_t)E;
-        m->be->ops->upload(m->be, dst, *p, sizeof(float) * (size_t)E);
-        *p = dst;
-    }
-    return ST_OK;
-}
-
-static void bufs_free(struct engine_model *m)
-{
-    struct engine_model_bufs *f = &m->buf;
-    if (m->be) {
-        void *d[] = {f->d_act, f->d_tok,    f->d_pos, f->d_row,    f->d_last,
-                     f->d_rope, f->d_tables, f->d_idx, f->d_logits, f->d_ids};
-        for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
-            m->be->ops->buf_free(m->be, d[i]);
-    }
-    free(f->h_row);
-    free(f->h_last);
-    free(f->h_rope);
-    free(f->h_tables);
-    free(f->h_idx);
-    free(f->h_seq_row);
-    free(f->h_seq_top);
-    memset(f, 0, sizeof(*f));
-}
-
-enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
-                                   struct kern_backend *be, struct err_detail *err)
+/* The weights from the file: hyperparameters, whole matrices (views of the mapping) and norm
+ * vectors; no backend yet. On success the model owns g. */
+static enum status load_weights(struct engine_model **out, struct io_gguf *g,
+                                struct err_detail *err)
 {
     *out = NULL;
     struct engine_model *m = calloc(1, sizeof(*m));
@@ -232,16 +201,7 @@ enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
             (st = load_matrix(g, n[8], hp->n_ff, hp->n_embd, &L->w_down, err)))
             goto fail;
     }
-    m->be = be;
-    for (int l = 0; be && be->ops->prepare && l <= hp->n_layer; l++) {
-        const struct kern_tensor *mats[ENGINE_MAX_LAYER_WEIGHTS];
-        for (int i = 0, nw = engine_model_weights(m, l, mats); i < nw; i++)
-            if ((st = be->ops->prepare(be, (struct kern_tensor *)mats[i], err)))
-                goto fail;
-    }
-    if (be && (st = upload_norms(m, err)))
-        goto fail;
-    m->gguf = g; /* only now: on failure the caller closes g */
+    m->gguf = g;
     *out = m;
     return ST_OK;
 fail:
@@ -249,14 +209,216 @@ fail:
     return st;
 }
 
-enum status engine_model_load(struct engine_model **out, const char *path, struct kern_backend *be,
-                              struct err_detail *err)
+/* ---- ranks ---- */
+
+/* Rows [r0, r0 + n) of w, as a view of the same bytes. */
+static struct kern_tensor rows_of(const struct kern_tensor *w, int64_t r0, int64_t n)
+{
+    struct kern_tensor t = *w;
+    t.ne1 = n;
+    t.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    t.packed = NULL;
+    t.packed_panel = 0;
+    return t;
+}
+
+/* Columns [c0, c0 + n) of every row of w, copied to dst (ne1 rows of the slice's row bytes);
+ * c0 and n must fall on w's quantization blocks. */
+static struct kern_tensor cols_of(const struct kern_tensor *w, int64_t c0, int64_t n, uint8_t *dst)
+{
+    const size_t off = dtype_row_bytes(w->type, c0), rb = dtype_row_bytes(w->type, n);
+    for (int64_t i = 0; i < w->ne1; i++)
+        memcpy(dst + (size_t)i * rb, (const uint8_t *)w->data + (size_t)i * w->row_bytes + off, rb);
+    struct kern_tensor t = *w;
+    t.ne0 = n;
+    t.row_bytes = rb;
+    t.data = dst;
+    t.packed = NULL;
+    t.packed_panel = 0;
+    return t;
+}
+
+/* Whether n elements of type start and end on block boundaries (c0 = k * n). */
+static int on_blocks(uint32_t type, int64_t n)
+{
+    const struct dtype_info *di = dtype_get(type);
+    return di && n % di->block_elems == 0;
+}
+
+/* Rank r of n: its slices of every layer, prepared on its backend, and its norm vectors. */
+static enum status rank_init(struct engine_model *m, int r, int n, struct kern_backend *be,
+                             struct kern_comm *comm, struct err_detail *err)
+{
+    const struct engine_hparams *hp = &m->hp;
+    struct engine_rank *R = &m->rank[r];
+    R->be = be;
+    R->comm = comm;
+    R->n_head = hp->n_head / n;
+    R->n_kv_head = hp->n_kv_head / n;
+    R->n_ff = hp->n_ff / n;
+    const int hd = hp->head_dim, qd = R->n_head * hd, kvd = R->n_kv_head * hd;
+    R->layers = calloc((size_t)hp->n_layer, sizeof(*R->layers));
+    if (!R->layers)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    size_t col_bytes = 0;
+    if (n > 1) {
+        for (int l = 0; l < hp->n_layer; l++) {
+            const struct engine_layer *L = &m->layers[l];
+            if (!on_blocks(L->wo.type, qd) || !on_blocks(L->w_down.type, R->n_ff))
+                return err_set(err, ST_ERR_UNSUPPORTED,
+                               "--tp %d: layer %d's attention output (%s) or FFN down (%s) "
+                               "projection cannot be split into %d-column slices",
+                               n, l, dtype_get(L->wo.type)->name, dtype_get(L->w_down.type)->name,
+                               qd);
+            col_bytes += (size_t)hp->n_embd *
+                         (dtype_row_bytes(L->wo.type, qd) + dtype_row_bytes(L->w_down.type, R->n_ff));
+        }
+        if (!(R->cols = malloc(col_bytes)))
+            return err_set(err, ST_ERR_NOMEM, "no memory for the rank's weight slices");
+    }
+    uint8_t *cp = R->cols;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct engine_layer *L = &m->layers[l];
+        struct engine_layer *S = &R->layers[l];
+        *S = *L;
+        if (n > 1) {
+            S->wq = rows_of(&L->wq, (int64_t)r * qd, qd);
+            S->wk = rows_of(&L->wk, (int64_t)r * kvd, kvd);
+            S->wv = rows_of(&L->wv, (int64_t)r * kvd, kvd);
+            S->w_gate = rows_of(&L->w_gate, (int64_t)r * R->n_ff, R->n_ff);
+            S->w_up = rows_of(&L->w_up, (int64_t)r * R->n_ff, R->n_ff);
+            S->wo = cols_of(&L->wo, (int64_t)r * qd, qd, cp);
+            cp += (size_t)S->wo.ne1 * S->wo.row_bytes;
+            S->w_down = cols_of(&L->w_down, (int64_t)r * R->n_ff, R->n_ff, cp);
+            cp += (size_t)S->w_down.ne1 * S->w_down.row_bytes;
+        }
+        struct kern_tensor *mats[] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up,
+                                      &S->w_down};
+        for (size_t i = 0; be->ops->prepare && i < sizeof(mats) / sizeof(mats[0]); i++) {
+            enum status st = be->ops->prepare(be, mats[i], err);
+            if (st)
+                return st;
+        }
+    }
+    /* the norm vectors, whole, into one backend buffer */
+    const int E = hp->n_embd, nv = 2 * hp->n_layer + 1;
+    R->norms = be->ops->buf_alloc(be, sizeof(float) * (size_t)E * (size_t)nv);
+    if (!R->norms)
+        return err_set(err, ST_ERR_NOMEM, "no backend memory for the norm weights");
+    for (int i = 0; i < nv; i++) {
+        const float **p = i == 0       ? &R->output_norm
+                          : (i - 1) % 2 ? &R->layers[(i - 1) / 2].ffn_norm
+                                        : &R->layers[(i - 1) / 2].attn_norm;
+        const float *src = i == 0       ? m->output_norm
+                           : (i - 1) % 2 ? m->layers[(i - 1) / 2].ffn_norm
+                                         : m->layers[(i - 1) / 2].attn_norm;
+        float *dst = R->norms + (size_t)i * (size_t)E;
+        be->ops->upload(be, dst, src, sizeof(float) * (size_t)E);
+        *p = dst;
+    }
+    return ST_OK;
+}
+
+static void rank_bufs_free(struct engine_rank *R)
+{
+    struct engine_rank_bufs *f = &R->buf;
+    void *d[] = {f->act, f->tok, f->pos, f->row, f->last, f->rope, f->tables, f->idx, f->logits,
+                 f->ids};
+    for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
+        R->be->ops->buf_free(R->be, d[i]);
+    memset(f, 0, sizeof(*f));
+}
+
+static void stage_free(struct engine_model *m)
+{
+    struct engine_model_stage *s = &m->stage;
+    for (int r = 0; r < m->n_rank; r++)
+        if (m->rank[r].be)
+            rank_bufs_free(&m->rank[r]);
+    free(s->row);
+    free(s->last);
+    free(s->rope);
+    free(s->tables);
+    free(s->idx);
+    free(s->seq_row);
+    free(s->seq_top);
+    memset(s, 0, sizeof(*s));
+}
+
+static void rank_free(struct engine_rank *R, int n_layer)
+{
+    if (!R->be)
+        return;
+    for (int l = 0; R->layers && l < n_layer; l++) {
+        struct engine_layer *S = &R->layers[l];
+        struct kern_tensor *mats[] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up,
+                                      &S->w_down};
+        for (size_t i = 0; R->be->ops->release && i < sizeof(mats) / sizeof(mats[0]); i++)
+            R->be->ops->release(R->be, mats[i]);
+    }
+    R->be->ops->buf_free(R->be, R->norms);
+    free(R->layers);
+    free(R->cols);
+}
+
+/* Split m over the n ranks be[i] / comm[i]. */
+static enum status ranks_init(struct engine_model *m, struct kern_backend *const *be,
+                              struct kern_comm *const *comm, int n, struct err_detail *err)
+{
+    const struct engine_hparams *hp = &m->hp;
+    if (n > ENGINE_MAX_RANKS)
+        return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, ENGINE_MAX_RANKS);
+    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "--tp %d: the model's %d query heads, %d KV heads and %d FFN rows must "
+                       "each divide by it (KV heads are not replicated)",
+                       n, hp->n_head, hp->n_kv_head, hp->n_ff);
+    m->rank = calloc((size_t)n, sizeof(*m->rank));
+    if (!m->rank)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    m->n_rank = n;
+    m->be = be[0];
+    enum status st;
+    for (int r = 0; r < n; r++)
+        if ((st = rank_init(m, r, n, be[r], comm ? comm[r] : NULL, err)))
+            return st;
+    if (be[0]->ops->prepare && (st = be[0]->ops->prepare(be[0], &m->output, err)))
+        return st;
+    if (n > 1 && (st = pool_init(&m->rank_pool, n, err)))
+        return st;
+    return ST_OK;
+}
+
+static enum status from_gguf(struct engine_model **out, struct io_gguf *g,
+                             struct kern_backend *const *be, struct kern_comm *const *comm, int n,
+                             struct err_detail *err)
+{
+    enum status st = load_weights(out, g, err);
+    if (st)
+        return st;
+    if (n && (st = ranks_init(*out, be, comm, n, err))) {
+        (*out)->gguf = NULL; /* on failure the caller closes g */
+        engine_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
+                                   struct kern_backend *be, struct err_detail *err)
+{
+    return from_gguf(out, g, &be, NULL, be ? 1 : 0, err);
+}
+
+static enum status load_path(struct engine_model **out, const char *path,
+                             struct kern_backend *const *be, struct kern_comm *const *comm, int n,
+                             struct err_detail *err)
 {
     struct io_gguf *g;
     enum status st = io_gguf_open(&g, path, err);
     if (st)
         return st;
-    st = engine_model_from_gguf(out, g, be, err);
+    st = from_gguf(out, g, be, comm, n, err);
     if (st) {
         err_prefix(err, "%s", path);
         io_gguf_close(g);
@@ -264,21 +426,43 @@ enum status engine_model_load(struct engine_model **out, const char *path, struc
     return st;
 }
 
+enum status engine_model_load(struct engine_model **out, const char *path, struct kern_backend *be,
+                              struct err_detail *err)
+{
+    return load_path(out, path, &be, NULL, be ? 1 : 0, err);
+}
+
+enum status engine_model_load_group(struct engine_model **out, const char *path,
+                                    const struct kern_group *g, struct err_detail *err)
+{
+    return load_path(out, path, g->be, g->size > 1 ? g->comm : NULL, g->size, err);
+}
+
 void engine_model_free(struct engine_model *m)
 {
     if (!m)
         return;
-    for (int l = 0; m->be && m->be->ops->release && m->layers && l <= m->hp.n_layer; l++) {
-        const struct kern_tensor *mats[ENGINE_MAX_LAYER_WEIGHTS];
-        for (int i = 0, nw = engine_model_weights(m, l, mats); i < nw; i++)
-            m->be->ops->release(m->be, (struct kern_tensor *)mats[i]);
-    }
-    bufs_free(m);
-    if (m->be)
-        m->be->ops->buf_free(m->be, m->norms);
+    stage_free(m);
+    for (int r = 0; m->rank && r < m->n_rank; r++)
+        rank_free(&m->rank[r], m->hp.n_layer);
+    if (m->be && m->be->ops->release)
+        m->be->ops->release(m->be, &m->output);
+    pool_free(m->rank_pool);
+    free(m->rank);
     io_gguf_close(m->gguf);
     free(m->layers);
     free(m);
+}
+
+enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv, int max_tok,
+                                   struct err_detail *err)
+{
+    struct kern_backend *be[ENGINE_MAX_RANKS];
+    assert(m->n_rank >= 1 && m->n_rank <= ENGINE_MAX_RANKS);
+    for (int r = 0; r < m->n_rank; r++)
+        be[r] = m->rank[r].be;
+    enum status st = kv->layers ? ST_OK : engine_kv_storage_alloc(kv, be, m->n_rank, err);
+    return st ? st : engine_model_reserve(m, kv, max_tok, err);
 }
 
 enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
@@ -290,8 +474,7 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
                                     block_size, blocks, max_seqs, 0, err);
     if (st || !m->be)
         return st;
-    if ((st = engine_kv_storage_alloc(*out, m->be, err)) ||
-        (st = engine_model_reserve(m, *out, n_tokens, err))) {
+    if ((st = engine_model_kv_attach(m, *out, n_tokens, err))) {
         engine_kv_free(*out);
         *out = NULL;
     }
@@ -300,69 +483,67 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
 
 /* ---- forward ---- */
 
-static void matmul1(struct engine_model *m, const struct kern_tensor *w,
-                    const struct kern_mm_in *in, float *y, int n_tok)
+/* Floats of a rank's activation scratch per token. */
+static size_t scratch_per_tok(const struct engine_hparams *hp, const struct engine_rank *R)
 {
-    float *const ys[1] = {y};
-    m->be->ops->matmul(m->be, &w, ys, 1, in, n_tok);
-}
-
-/* Floats of activation scratch per token. */
-static size_t scratch_per_tok(const struct engine_hparams *hp)
-{
-    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
-    return 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)hp->n_ff;
+    size_t q_dim = (size_t)R->n_head * hp->head_dim, kv_dim = (size_t)R->n_kv_head * hp->head_dim;
+    return 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)R->n_ff;
 }
 
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
                                  struct err_detail *err)
 {
-    struct engine_model_bufs *f = &m->buf;
+    struct engine_model_stage *s = &m->stage;
     const struct engine_hparams *hp = &m->hp;
     /* a sequence never holds more blocks than the pool, nor more than the model's context */
     int32_t ctx_blocks = (hp->n_ctx_train + kv->block_size - 1) / kv->block_size + 1;
     int max_blocks = kv->n_blocks < ctx_blocks ? kv->n_blocks : ctx_blocks;
     if (max_tok < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "engine_model_reserve: %d tokens", max_tok);
-    if (f->max_tok >= max_tok && f->max_seqs >= kv->max_seqs && f->max_blocks >= max_blocks)
+    if (s->max_tok >= max_tok && s->max_seqs >= kv->max_seqs && s->max_blocks >= max_blocks)
         return ST_OK;
-    bufs_free(m);
-    struct kern_backend *be = m->be;
-    const size_t T = (size_t)max_tok, R = T < (size_t)kv->max_seqs ? T : (size_t)kv->max_seqs;
-    const size_t tables = R * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim;
-    f->d_act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp) * T);
-    f->d_tok = be->ops->buf_alloc(be, sizeof(int32_t) * T);
-    f->d_pos = be->ops->buf_alloc(be, sizeof(int32_t) * T);
-    f->d_row = be->ops->buf_alloc(be, sizeof(int32_t) * T);
-    f->d_last = be->ops->buf_alloc(be, T);
-    f->d_rope = be->ops->buf_alloc(be, sizeof(float) * rope);
-    f->d_tables = be->ops->buf_alloc(be, sizeof(int32_t) * tables);
-    f->d_idx = be->ops->buf_alloc(be, sizeof(int32_t) * T);
-    int ok = f->d_act && f->d_tok && f->d_pos && f->d_row && f->d_last && f->d_rope &&
-             f->d_tables && f->d_idx;
-    if (!be->host_memory) {
-        f->d_logits = be->ops->buf_alloc(be, sizeof(float) * T * (size_t)hp->n_vocab);
-        f->d_ids = be->ops->buf_alloc(be, sizeof(int32_t) * T);
-        ok = ok && f->d_logits && f->d_ids;
+    stage_free(m);
+    const size_t T = (size_t)max_tok, Rw = T < (size_t)kv->max_seqs ? T : (size_t)kv->max_seqs;
+    const size_t tables = Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim;
+    int ok = 1;
+    for (int r = 0; r < m->n_rank; r++) {
+        struct engine_rank *R = &m->rank[r];
+        struct engine_rank_bufs *f = &R->buf;
+        struct kern_backend *be = R->be;
+        f->act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp, R) * T);
+        f->tok = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+        f->pos = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+        f->row = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+        f->last = be->ops->buf_alloc(be, T);
+        f->rope = be->ops->buf_alloc(be, sizeof(float) * rope);
+        f->tables = be->ops->buf_alloc(be, sizeof(int32_t) * tables);
+        f->idx = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+        ok = ok && f->act && f->tok && f->pos && f->row && f->last && f->rope && f->tables &&
+             f->idx;
+        if (r == 0 && !be->host_memory) {
+            f->logits = be->ops->buf_alloc(be, sizeof(float) * T * (size_t)hp->n_vocab);
+            f->ids = be->ops->buf_alloc(be, sizeof(int32_t) * T);
+            ok = ok && f->logits && f->ids;
+        }
     }
-    f->h_row = calloc(T, sizeof(*f->h_row));
-    f->h_last = calloc(T, 1);
-    f->h_rope = calloc(rope, sizeof(*f->h_rope));
-    f->h_tables = calloc(tables, sizeof(*f->h_tables));
-    f->h_idx = calloc(T, sizeof(*f->h_idx));
-    f->h_seq_row = malloc(sizeof(*f->h_seq_row) * (size_t)kv->max_seqs);
-    f->h_seq_top = malloc(sizeof(*f->h_seq_top) * R);
-    if (!ok || !f->h_row || !f->h_last || !f->h_rope || !f->h_tables || !f->h_idx ||
-        !f->h_seq_row || !f->h_seq_top) {
-        bufs_free(m);
+    s->row = calloc(T, sizeof(*s->row));
+    s->last = calloc(T, 1);
+    s->rope = calloc(rope, sizeof(*s->rope));
+    s->tables = calloc(tables, sizeof(*s->tables));
+    s->idx = calloc(T, sizeof(*s->idx));
+    s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)kv->max_seqs);
+    s->seq_top = malloc(sizeof(*s->seq_top) * Rw);
+    if (!ok || !s->row || !s->last || !s->rope || !s->tables || !s->idx || !s->seq_row ||
+        !s->seq_top) {
+        stage_free(m);
         return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
                        max_tok);
     }
     for (int i = 0; i < kv->max_seqs; i++)
-        f->h_seq_row[i] = -1;
-    f->max_tok = max_tok;
-    f->max_seqs = kv->max_seqs;
-    f->max_blocks = max_blocks;
+        s->seq_row[i] = -1;
+    s->max_tok = max_tok;
+    s->max_seqs = kv->max_seqs;
+    s->max_blocks = max_blocks;
     return ST_OK;
 }
 
@@ -371,11 +552,12 @@ static enum status check_batch(const struct engine_model *m, const struct engine
 {
     if (b->n_tok < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "empty batch");
-    if (b->n_tok > m->buf.max_tok || kv->max_seqs > m->buf.max_seqs)
+    if (b->n_tok > m->stage.max_tok || kv->max_seqs > m->stage.max_seqs ||
+        kv->n_rank != m->n_rank)
         return err_set(err, ST_ERR_RANGE,
                        "a batch of %d tokens over %d sequence slots exceeds the buffers reserved "
-                       "(%d tokens, %d slots)",
-                       b->n_tok, kv->max_seqs, m->buf.max_tok, m->buf.max_seqs);
+                       "(%d tokens, %d slots), or the KV cache is not attached to this model",
+                       b->n_tok, kv->max_seqs, m->stage.max_tok, m->stage.max_seqs);
     for (int t = 0; t < b->n_tok; t++) {
         if (b->token[t] < 0 || b->token[t] >= m->hp.n_vocab)
             return err_set(err, ST_ERR_RANGE, "token id %d outside the vocabulary (%d)",
@@ -388,9 +570,9 @@ static enum status check_batch(const struct engine_model *m, const struct engine
             return err_set(err, ST_ERR_RANGE,
                            "position %d of sequence %d has no KV block reserved (capacity %lld)",
                            b->pos[t], b->seq[t], (long long)cap);
-        if (kv->seqs[b->seq[t]].n_blocks > m->buf.max_blocks)
+        if (kv->seqs[b->seq[t]].n_blocks > m->stage.max_blocks)
             return err_set(err, ST_ERR_RANGE, "sequence %d holds %d KV blocks, more than %d",
-                           b->seq[t], kv->seqs[b->seq[t]].n_blocks, m->buf.max_blocks);
+                           b->seq[t], kv->seqs[b->seq[t]].n_blocks, m->stage.max_blocks);
     }
     return ST_OK;
 }
@@ -399,61 +581,166 @@ static enum status check_batch(const struct engine_model *m, const struct engine
  * first appearance), each token its row and whether it is its sequence's highest position
  * (no other token attends to it: its KV is written by the attention pass, right before it is
  * read, struct kern_attn's store; the others by kv_store, before any attention); the RoPE
- * angles and the rows that want logits. Everything is uploaded; returns the table stride and
- * sets *n_out. */
-static int stage_batch(struct engine_model *m, const struct engine_kv *kv,
-                       const struct engine_batch *b, int *n_out)
+ * angles and the rows that want logits. */
+static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
+                        const struct engine_batch *b)
 {
-    struct engine_model_bufs *f = &m->buf;
+    struct engine_model_stage *s = &m->stage;
     const struct engine_hparams *hp = &m->hp;
-    struct kern_backend *be = m->be;
     const int n = b->n_tok;
     int n_rows = 0, stride = 1;
     for (int t = 0; t < n; t++) {
-        int32_t *r = &f->h_seq_row[b->seq[t]];
+        int32_t *r = &s->seq_row[b->seq[t]];
         if (*r < 0) {
-            f->h_seq_top[n_rows] = t;
+            s->seq_top[n_rows] = t;
             *r = n_rows++;
             int nb = kv->seqs[b->seq[t]].n_blocks;
             stride = nb > stride ? nb : stride;
         }
-        f->h_row[t] = *r;
-        if (b->pos[t] > b->pos[f->h_seq_top[*r]])
-            f->h_seq_top[*r] = t;
+        s->row[t] = *r;
+        if (b->pos[t] > b->pos[s->seq_top[*r]])
+            s->seq_top[*r] = t;
     }
     for (int t = 0; t < n; t++) {
-        const int r = f->h_row[t];
-        f->h_last[t] = f->h_seq_top[r] == t;
-        if (f->h_seq_top[r] == t) { /* once per row: its block ids */
+        const int r = s->row[t];
+        s->last[t] = s->seq_top[r] == t;
+        if (s->seq_top[r] == t) { /* once per row: its block ids */
             const struct engine_kv_seq *sq = &kv->seqs[b->seq[t]];
-            memcpy(f->h_tables + (size_t)r * (size_t)stride, sq->blocks,
+            memcpy(s->tables + (size_t)r * (size_t)stride, sq->blocks,
                    sizeof(int32_t) * (size_t)sq->n_blocks);
         }
     }
     for (int t = 0; t < n; t++)
-        f->h_seq_row[b->seq[t]] = -1;
+        s->seq_row[b->seq[t]] = -1;
     /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
     for (int i = 0; i < hp->rope_dim; i += 2) {
         double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
         for (int t = 0; t < n; t++) {
             double ang = b->pos[t] * freq;
-            f->h_rope[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
-            f->h_rope[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+            s->rope[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
+            s->rope[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
         }
     }
-    *n_out = 0;
+    s->n_out = 0;
     for (int t = 0; t < n; t++)
         if (b->logits ? b->logits[t] != 0 : t == n - 1)
-            f->h_idx[(*n_out)++] = t;
+            s->idx[s->n_out++] = t;
+    s->stride = stride;
+}
+
+/* One forward pass, shared by the rank threads. */
+struct fwd_job {
+    struct engine_model *m;      /* model */
+    struct engine_kv *kv;        /* KV cache */
+    const struct engine_batch *b; /* batch */
+    float *logits;               /* host: wanted rows' logits */
+    int32_t *ids;                /* host: their greedy ids (NULL: logits) */
+    int *fused;                  /* set to 1 when ids were written */
+};
+
+static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
+                    const struct kern_mm_in *in, float *y, int n_tok)
+{
+    float *const ys[1] = {y};
+    be->ops->matmul(be, &w, ys, 1, in, n_tok);
+}
+
+/* Rank r's share of the pass: its heads of attention and rows of the FFN, an all-reduce of
+ * each block's partial output (more than one rank), and on rank 0 the output head. */
+static void forward_rank(struct fwd_job *j, int r)
+{
+    struct engine_model *m = j->m;
+    const struct engine_hparams *hp = &m->hp;
+    struct engine_rank *R = &m->rank[r];
+    struct engine_rank_bufs *f = &R->buf;
+    const struct engine_model_stage *s = &m->stage;
+    struct kern_backend *be = R->be;
     const struct kern_ops *k = be->ops;
-    k->upload(be, f->d_tok, b->token, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->d_pos, b->pos, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->d_row, f->h_row, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->d_last, f->h_last, (size_t)n);
-    k->upload(be, f->d_rope, f->h_rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
-    k->upload(be, f->d_tables, f->h_tables, sizeof(int32_t) * (size_t)n_rows * (size_t)stride);
-    k->upload(be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)*n_out);
-    return stride;
+    const struct engine_batch *b = j->b;
+    const int n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
+    const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
+    float *x = f->act;                   /* residual stream, n x E */
+    float *xn = x + (size_t)n * E;       /* normed input, n x E */
+    float *q = xn + (size_t)n * E;       /* queries, n x q_dim */
+    float *att = q + (size_t)n * q_dim;  /* attention output, n x q_dim */
+    float *kk = att + (size_t)n * q_dim; /* keys, n x kv_dim */
+    float *vv = kk + (size_t)n * kv_dim; /* values, n x kv_dim */
+    float *gate = vv + (size_t)n * kv_dim; /* FFN gate, n x n_ff */
+    float *up = gate + (size_t)n * R->n_ff; /* FFN up, n x n_ff */
+    k->upload(be, f->tok, b->token, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->last, s->last, (size_t)n);
+    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
+    int n_rows = 0;
+    for (int t = 0; t < n; t++)
+        n_rows = s->row[t] + 1 > n_rows ? s->row[t] + 1 : n_rows;
+    k->upload(be, f->tables, s->tables, sizeof(int32_t) * (size_t)n_rows * (size_t)s->stride);
+    const struct kern_block_table bt = {f->tables, f->row, s->stride};
+
+    k->get_rows(be, &m->tok_embd, f->tok, n, x);
+    /* Each matmul's input pass also does the element-wise steps before it (struct kern_mm_in):
+     * the residual add of the block before, the norm or the SwiGLU. */
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct engine_layer *L = &R->layers[l];
+        struct kern_kv_layer kvl = engine_kv_layer(j->kv, r, l);
+
+        /* attention block: x += the previous FFN's output (in xn), xn = norm(x) */
+        const struct kern_mm_in attn_in = {.x = x, .add = l ? xn : NULL, .norm = L->attn_norm,
+                                           .eps = hp->rms_eps, .xn = xn};
+        const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_y[3] = {q, kk, vv};
+        k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
+        k->rope(be, q, f->rope, n, R->n_head, hd, hp->rope_dim);
+        k->rope(be, kk, f->rope, n, R->n_kv_head, hd, hp->rope_dim);
+        k->kv_store(be, kvl, &bt, f->pos, j->kv->block_size, R->n_kv_head, hd, kk, vv, n,
+                    f->last);
+        struct kern_attn a = {
+            .n_tok = n, .q = q, .out = att, .pos = f->pos, .bt = bt,
+            .kv = kvl, .block_size = j->kv->block_size, .n_head = R->n_head,
+            .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+            .store = f->last, .k_new = kk, .v_new = vv,
+        };
+        k->attention(be, &a);
+        const struct kern_mm_in o_in = {.x = att};
+        matmul1(be, &L->wo, &o_in, xn, n);
+        if (R->comm) /* the heads' partial sums of the attention output */
+            kern_comm_all_reduce_sum_f32(R->comm, xn, (size_t)n * (size_t)E);
+
+        /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) * up) */
+        const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
+                                          .eps = hp->rms_eps, .xn = xn};
+        k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
+        if (R->comm) /* the FFN rows' partial sums */
+            kern_comm_all_reduce_sum_f32(R->comm, xn, (size_t)n * (size_t)E);
+    }
+    if (r != 0 || !s->n_out)
+        return;
+    k->add(be, x, xn, (long)n * E); /* the last FFN's output */
+
+    /* the rows that want logits (into xn), then final norm (into x) and output head */
+    const int n_out = s->n_out;
+    k->upload(be, f->idx, s->idx, sizeof(int32_t) * (size_t)n_out);
+    k->gather(be, xn, x, f->idx, n_out, E);
+    const struct kern_mm_in out_in = {.x = xn, .norm = R->output_norm, .eps = hp->rms_eps,
+                                      .xn = x};
+    const size_t V = (size_t)hp->n_vocab;
+    if (j->ids && k->matmul_argmax &&
+        k->matmul_argmax(be, &m->output, &out_in, n_out, be->host_memory ? j->ids : f->ids)) {
+        if (!be->host_memory)
+            k->download(be, j->ids, f->ids, sizeof(int32_t) * (size_t)n_out);
+        *j->fused = 1;
+    } else {
+        matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
+        if (!be->host_memory)
+            k->download(be, j->logits, f->logits, sizeof(float) * V * (size_t)n_out);
+    }
+}
+
+static void rank_worker(void *arg, int ith, int nth)
+{
+    (void)nth;
+    forward_rank(arg, ith);
 }
 
 /* The forward pass; with ids, the greedy tokens of the wanted rows instead of their logits
@@ -462,77 +749,15 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
                            const struct engine_batch *b, float *logits, int32_t *ids, int *fused,
                            struct err_detail *err)
 {
-    const struct engine_hparams *hp = &m->hp;
-    const struct kern_ops *k = m->be->ops;
-    struct kern_backend *be = m->be;
-    struct engine_model_bufs *f = &m->buf;
     enum status st = check_batch(m, kv, b, err);
     if (st)
         return st;
-    const int n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
-    const int q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    float *x = f->d_act;                 /* residual stream, n x E */
-    float *xn = x + (size_t)n * E;       /* normed input, n x E */
-    float *q = xn + (size_t)n * E;       /* queries, n x q_dim */
-    float *att = q + (size_t)n * q_dim;  /* attention output, n x q_dim */
-    float *kk = att + (size_t)n * q_dim; /* keys, n x kv_dim */
-    float *vv = kk + (size_t)n * kv_dim; /* values, n x kv_dim */
-    float *gate = vv + (size_t)n * kv_dim; /* FFN gate, n x n_ff */
-    float *up = gate + (size_t)n * hp->n_ff; /* FFN up, n x n_ff */
-    int n_out;
-    const struct kern_block_table bt = {f->d_tables, f->d_row, stage_batch(m, kv, b, &n_out)};
-    const uint8_t *last = f->d_last;
-
-    k->get_rows(be, &m->tok_embd, f->d_tok, n, x);
-    /* Each matmul's input pass also does the element-wise steps before it (struct kern_mm_in):
-     * the residual add of the block before, the norm or the SwiGLU. */
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct engine_layer *L = &m->layers[l];
-        struct kern_kv_layer kvl = engine_kv_layer(kv, l);
-
-        /* attention block: x += the previous FFN's output (in xn), xn = norm(x) */
-        const struct kern_mm_in attn_in = {.x = x, .add = l ? xn : NULL, .norm = L->attn_norm,
-                                           .eps = hp->rms_eps, .xn = xn};
-        const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-        float *const qkv_y[3] = {q, kk, vv};
-        k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
-        k->rope(be, q, f->d_rope, n, hp->n_head, hd, hp->rope_dim);
-        k->rope(be, kk, f->d_rope, n, hp->n_kv_head, hd, hp->rope_dim);
-        k->kv_store(be, kvl, &bt, f->d_pos, kv->block_size, hp->n_kv_head, hd, kk, vv, n, last);
-        struct kern_attn a = {
-            .n_tok = n, .q = q, .out = att, .pos = f->d_pos, .bt = bt,
-            .kv = kvl, .block_size = kv->block_size, .n_head = hp->n_head,
-            .n_kv_head = hp->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
-            .store = last, .k_new = kk, .v_new = vv,
-        };
-        k->attention(be, &a);
-        const struct kern_mm_in o_in = {.x = att};
-        matmul1(m, &L->wo, &o_in, xn, n);
-
-        /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) * up) */
-        const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
-                                          .eps = hp->rms_eps, .xn = xn};
-        k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
-    }
-    k->add(be, x, xn, (long)n * E); /* the last FFN's output */
-    if (!n_out)
-        return ST_OK;
-
-    /* the rows that want logits (into xn), then final norm (into x) and output head */
-    k->gather(be, xn, x, f->d_idx, n_out, E);
-    const struct kern_mm_in out_in = {.x = xn, .norm = m->output_norm, .eps = hp->rms_eps,
-                                      .xn = x};
-    const size_t V = (size_t)hp->n_vocab;
-    if (ids && k->matmul_argmax &&
-        k->matmul_argmax(be, &m->output, &out_in, n_out, be->host_memory ? ids : f->d_ids)) {
-        if (!be->host_memory)
-            k->download(be, ids, f->d_ids, sizeof(int32_t) * (size_t)n_out);
-        *fused = 1;
-    } else {
-        matmul1(m, &m->output, &out_in, be->host_memory ? logits : f->d_logits, n_out);
-        if (!be->host_memory)
-            k->download(be, logits, f->d_logits, sizeof(float) * V * (size_t)n_out);
-    }
+    stage_batch(m, kv, b);
+    struct fwd_job j = {m, kv, b, logits, ids, fused};
+    if (m->n_rank > 1)
+        pool_run(m->rank_pool, rank_worker, &j);
+    else
+        forward_rank(&j, 0);
     return ST_OK;
 }
 

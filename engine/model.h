@@ -9,7 +9,10 @@
 #include "common/err.h"
 #include "engine/kv.h"
 #include "io/gguf.h"
+#include "kernels/comm.h"
 #include "kernels/kernels.h"
+
+struct pool;
 
 struct engine_hparams {
     int n_vocab;      /* vocabulary size (rows of the output head) */
@@ -37,42 +40,65 @@ struct engine_layer {
     struct kern_tensor w_down; /* n_ff -> n_embd */
 };
 
-/* Buffers of one forward pass, sized once (engine_model_reserve): backend memory (d_*) and
- * the host copies they are uploaded from (h_*). */
-struct engine_model_bufs {
+/* A rank's buffers for one forward pass, backend memory, sized once (engine_model_reserve). */
+struct engine_rank_bufs {
+    float *act;     /* activations: residual, norm, q, attention, k, v, gate, up */
+    int32_t *tok;   /* token ids */
+    int32_t *pos;   /* positions */
+    int32_t *row;   /* per token: its block table row */
+    uint8_t *last;  /* per token: 1 when it is its sequence's highest position */
+    float *rope;    /* per token: cos, sin of each rotated pair */
+    int32_t *tables; /* block tables, one row per sequence in the batch */
+    int32_t *idx;   /* rows that want logits */
+    float *logits;  /* logits (rank 0, only when the backend's memory is not host memory) */
+    int32_t *ids;   /* greedy ids (same) */
+};
+
+/* One tensor-parallel rank: its backend and its share of every layer (Megatron split: q, k, v,
+ * gate and up by output rows, o and down by input columns; norms, the embedding and the
+ * output head whole). With one rank, the whole model. */
+struct engine_rank {
+    struct kern_backend *be;      /* its backend (not owned) */
+    struct kern_comm *comm;       /* joins the ranks; NULL with one */
+    int n_head;                   /* query heads here */
+    int n_kv_head;                /* KV heads here */
+    int n_ff;                     /* FFN rows here */
+    struct engine_layer *layers;  /* its slices, prepared on be (norms: backend copies) */
+    const float *output_norm;     /* backend copy */
+    float *norms;                 /* backend memory holding every norm vector */
+    uint8_t *cols;                /* host copies of the column slices of o and down, or NULL */
+    struct engine_rank_bufs buf;  /* forward buffers */
+};
+
+/* Host-side staging of one forward pass, sized once with the ranks' buffers. */
+struct engine_model_stage {
     int max_tok;        /* tokens per batch at most */
     int max_seqs;       /* sequence slots of the KV cache it was sized for */
     int max_blocks;     /* blocks per sequence at most (block table stride) */
-    float *d_act;       /* activations: residual, norm, q, attention, k, v, gate, up */
-    int32_t *d_tok;     /* token ids */
-    int32_t *d_pos;     /* positions */
-    int32_t *d_row;     /* per token: its block table row */
-    uint8_t *d_last;    /* per token: 1 when it is its sequence's highest position */
-    float *d_rope;      /* per token: cos, sin of each rotated pair */
-    int32_t *d_tables;  /* block tables, one row per sequence in the batch */
-    int32_t *d_idx;     /* rows that want logits */
-    float *d_logits;    /* logits (only when the backend's memory is not host memory) */
-    int32_t *d_ids;     /* greedy ids (same) */
-    int32_t *h_row;     /* host copies of the above */
-    uint8_t *h_last;    /* ... */
-    float *h_rope;      /* ... */
-    int32_t *h_tables;  /* ... */
-    int32_t *h_idx;     /* ... */
-    int32_t *h_seq_row; /* per sequence slot: its row in this batch, -1 if none */
-    int32_t *h_seq_top; /* per row: the token at its highest position */
+    int32_t *row;       /* per token: its block table row */
+    uint8_t *last;      /* per token: highest position of its sequence */
+    float *rope;        /* per token: cos, sin of each rotated pair */
+    int32_t *tables;    /* block tables */
+    int32_t *idx;       /* rows that want logits */
+    int32_t *seq_row;   /* per sequence slot: its row in this batch, -1 if none */
+    int32_t *seq_top;   /* per row: the token at its highest position */
+    int n_out;          /* this batch: rows that want logits */
+    int stride;         /* this batch: block table stride */
 };
 
 struct engine_model {
     struct io_gguf *gguf;         /* owns the mapping the weights point into */
     struct engine_hparams hp;     /* hyperparameters from metadata */
     struct kern_tensor tok_embd;  /* n_vocab rows of n_embd */
-    const float *output_norm;     /* n_embd (backend memory once loaded onto a backend) */
-    struct kern_tensor output;    /* output head (tok_embd when tied) */
+    const float *output_norm;     /* n_embd (host, in the file) */
+    struct kern_tensor output;    /* output head (tok_embd when tied); prepared on rank 0 */
     int tied_output;              /* 1 when the output head is tok_embd */
-    struct engine_layer *layers;  /* n_layer layers */
-    struct kern_backend *be;      /* compute backend (not owned), or NULL (no compute) */
-    float *norms;                 /* backend copy of every norm vector (model-owned) */
-    struct engine_model_bufs buf; /* forward-pass buffers (engine_model_reserve) */
+    struct engine_layer *layers;  /* n_layer layers, whole (host views of the file) */
+    struct kern_backend *be;      /* rank 0's backend, or NULL (no compute) */
+    int n_rank;                   /* tensor-parallel ranks (0 without a backend) */
+    struct engine_rank *rank;     /* n_rank ranks */
+    struct pool *rank_pool;       /* one thread per rank (more than one rank) */
+    struct engine_model_stage stage; /* host staging (engine_model_reserve) */
 };
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;
@@ -90,6 +116,11 @@ struct engine_batch {
  * that names it. Caller frees with engine_model_free. */
 enum status engine_model_load(struct engine_model **out, const char *path, struct kern_backend *be,
                               struct err_detail *err);
+/* The model split over the ranks of g (borrowed; must outlive the model): query and KV heads
+ * and the FFN rows must divide by g->size (else ST_ERR_UNSUPPORTED naming the counts); the
+ * split matrices' column slices must fall on quantization blocks. */
+enum status engine_model_load_group(struct engine_model **out, const char *path,
+                                    const struct kern_group *g, struct err_detail *err);
 /* Same with an already-open GGUF; the model takes ownership of g on success. */
 enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
                                    struct kern_backend *be, struct err_detail *err);
@@ -124,9 +155,14 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
  * prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
 
+/* Storage for kv's blocks on the model's ranks (each its KV heads) and the forward buffers
+ * for batches of up to max_tok tokens over its slots (engine_model_reserve). */
+enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv, int max_tok,
+                                   struct err_detail *err);
+
 /* A KV cache sized for this model: n_tokens tokens of capacity over max_seqs sequences, stored
- * as dtype (enum kern_kv_dtype) in the model's backend; also reserves the forward buffers
- * for batches of up to n_tokens tokens (engine_model_reserve). */
+ * as dtype (enum kern_kv_dtype), attached (engine_model_kv_attach) for batches of up to
+ * n_tokens tokens. */
 enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
                                  int32_t n_tokens, int max_seqs, int block_size, int dtype,
                                  struct err_detail *err);

@@ -256,4 +256,21 @@ const char *kern_backend_describe(const struct kern_backend *b);
 /* One line per compute device this build can use and what it supports (quern info). */
 void kern_backends_print(FILE *f);
 
+struct kern_comm;
+
+/* The ranks of one tensor-parallel model: a backend per rank and a communicator joining them
+ * (kernels/comm.h). On the CPU the ranks are threads of this process, each backend with an
+ * even share of o->n_threads (at least one). */
+struct kern_group {
+    int size;                 /* ranks, >= 1 */
+    struct kern_backend **be; /* per rank (owned) */
+    struct kern_comm **comm;  /* per rank; NULL entries when size is 1 */
+    void *impl;               /* the communicator's shared state (owned) */
+};
+
+/* Open size backends as o says and their communicator. Caller frees with kern_group_free. */
+enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o, int size,
+                            struct err_detail *err);
+void kern_group_free(struct kern_group *g);
+
 #endif

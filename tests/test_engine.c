@@ -556,9 +556,8 @@ static void forward_tail(struct fixture *f, struct engine_kv *kv, int seq, const
         sq[i - from] = seq;
     }
     assert_int_equal(engine_kv_reserve(kv, seq, n, &err), ST_OK);
-    if (!kv->layers) /* a bare block manager (engine_kv_init): give it storage */
-        assert_int_equal(engine_kv_storage_alloc(kv, f->m->be, &err), ST_OK);
-    assert_int_equal(engine_model_reserve(f->m, kv, 64, &err), ST_OK);
+    /* a bare block manager (engine_kv_init) gets storage the first time */
+    assert_int_equal(engine_model_kv_attach(f->m, kv, 64, &err), ST_OK);
     struct engine_batch b = {n - from, toks + from, pos, sq, NULL};
     assert_int_equal(engine_model_forward(f->m, kv, &b, logits, &err), ST_OK);
 }

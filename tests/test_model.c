@@ -597,6 +597,65 @@ static void test_device_path(void **state)
     kern_backend_free(dbe);
 }
 
+/* Tensor parallelism over three CPU ranks (9 query heads, 3 KV heads: 3 and 1 per rank):
+ * logits of every position of every fixture prompt within TP_TOL of one rank's (the two
+ * all-reduces per layer add the ranks' partial sums in another order than one rank's dot
+ * products; TP_TOL is the bound one rank meets against the float64 reference, LOGIT_TOL), the same top-1 wherever one rank's margin exceeds that, and bitwise the same on
+ * a second run (the reduction order is fixed). Two ranks do not divide 9 heads: a clear error. */
+#define TP_TOL LOGIT_TOL
+static void test_tensor_parallel(void **state)
+{
+    struct fixture *f = *state;
+    const int V = f->m->hp.n_vocab;
+    struct err_detail err = {0};
+    struct kern_group *g;
+    struct engine_model *tm;
+    struct kern_backend_opts ko = {NULL, 3, NULL, KERN_ACT_F32, 0};
+    assert_int_equal(kern_group_open(&g, &ko, 2, &err), ST_OK);
+    assert_int_equal(engine_model_load_group(&tm, test_model_path(), g, &err), ST_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "9 query heads"));
+    kern_group_free(g);
+    assert_int_equal(kern_group_open(&g, &ko, 3, &err), ST_OK);
+    assert_int_equal(engine_model_load_group(&tm, test_model_path(), g, &err), ST_OK);
+    const cJSON *prompts = cJSON_GetObjectItem(f->root, "prompts");
+    float worst = 0;
+    int compared = 0;
+    for (int s = 0; s < cJSON_GetArraySize(prompts); s++) {
+        int n;
+        int32_t *ids = json_ids(cJSON_GetObjectItem(cJSON_GetArrayItem(prompts, s), "tokens"), &n);
+        float *one = malloc(sizeof(float) * (size_t)n * V), *tp = malloc(sizeof(float) * (size_t)n * V);
+        float *tp2 = malloc(sizeof(float) * (size_t)n * V);
+        run_seq(f->m, ids, n, 5, one);
+        run_seq(tm, ids, n, 5, tp);
+        run_seq(tm, ids, n, n, tp2);
+        for (int t = 0; t < n; t++) {
+            const float *a = one + (size_t)t * V, *b = tp + (size_t)t * V;
+            for (int i = 0; i < V; i++) {
+                float d = fabsf(a[i] - b[i]);
+                worst = d > worst ? d : worst;
+            }
+            int best = argmax(a, V), second = best ? 0 : 1;
+            for (int i = 0; i < V; i++)
+                if (i != best && a[i] > a[second])
+                    second = i;
+            if (a[best] - a[second] > 2 * TP_TOL)
+                assert_int_equal(argmax(b, V), best);
+            compared++;
+        }
+        /* chunked prefill and one-shot agree bitwise at three ranks too */
+        assert_memory_equal(tp, tp2, sizeof(float) * (size_t)n * V);
+        free(one);
+        free(tp);
+        free(tp2);
+        free(ids);
+    }
+    printf("tp 3: max |logit - one rank's| = %g over %d positions (tolerance %g)\n",
+           (double)worst, compared, (double)TP_TOL);
+    assert_true(worst <= TP_TOL);
+    engine_model_free(tm);
+    kern_group_free(g);
+}
+
 /* Bad batches fail with a status, never a crash. */
 static void test_bad_batch(void **state)
 {
@@ -736,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_greedy_vs_reference),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_device_path),
+        cmocka_unit_test(test_tensor_parallel),
         cmocka_unit_test(test_bad_batch),
         cmocka_unit_test(test_draft_verify_rollback),
     };
