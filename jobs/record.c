@@ -1,5 +1,5 @@
-/* OpenAI Batch output lines (see jobs/record.h), deterministic ids, strict UTF-8 decoding and
- * the compact JSON text builder shared with jobs/request.c. */
+/* OpenAI Batch output lines (see jobs/record.h), deterministic ids and the compact JSON text
+ * builder shared with jobs/request.c. */
 #include "jobs/record.h"
 
 #include <math.h>
@@ -8,78 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- UTF-8 ------------------------------------------------------------------------------- */
-
-size_t job_utf8_decode(const unsigned char *p, size_t n, uint32_t *cp, enum job_utf8_err *why)
-{
-    unsigned char b0 = p[0];
-    size_t need;
-    uint32_t c, min;
-
-    if (b0 < 0x80) {
-        *cp = b0;
-        return 1;
-    }
-    if (b0 < 0xC0) {
-        *why = JOB_UTF8_BAD_LEAD;
-        return 0;
-    } else if (b0 < 0xE0) {
-        need = 2, c = b0 & 0x1F, min = 0x80;
-    } else if (b0 < 0xF0) {
-        need = 3, c = b0 & 0x0F, min = 0x800;
-    } else if (b0 < 0xF8) {
-        need = 4, c = b0 & 0x07, min = 0x10000;
-    } else {
-        *why = JOB_UTF8_BAD_LEAD;
-        return 0;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if (i >= n) {
-            *why = JOB_UTF8_TRUNCATED;
-            return 0;
-        }
-        if ((p[i] & 0xC0) != 0x80) {
-            *why = JOB_UTF8_BAD_CONT;
-            return 0;
-        }
-        c = (c << 6) | (p[i] & 0x3F);
-    }
-    if (c < min) {
-        *why = JOB_UTF8_OVERLONG;
-        return 0;
-    }
-    if (c >= 0xD800 && c <= 0xDFFF) {
-        *why = JOB_UTF8_SURROGATE;
-        return 0;
-    }
-    if (c > 0x10FFFF) {
-        *why = JOB_UTF8_TOO_LARGE;
-        return 0;
-    }
-    *cp = c;
-    return need;
-}
-
-const char *job_utf8_err_str(enum job_utf8_err e)
-{
-    switch (e) {
-    case JOB_UTF8_OK:
-        return "ok";
-    case JOB_UTF8_BAD_LEAD:
-        return "unexpected byte where a character must start";
-    case JOB_UTF8_TRUNCATED:
-        return "truncated character";
-    case JOB_UTF8_BAD_CONT:
-        return "missing continuation byte";
-    case JOB_UTF8_OVERLONG:
-        return "overlong encoding";
-    case JOB_UTF8_SURROGATE:
-        return "encoded surrogate";
-    case JOB_UTF8_TOO_LARGE:
-        return "code point above U+10FFFF";
-    }
-    return "invalid UTF-8";
-}
+#include "common/utf8.h"
 
 /* ---- JSON text building ------------------------------------------------------------------ */
 
@@ -182,9 +111,7 @@ void job_jbuf_put_str(struct job_jbuf *b, const char *s, size_t n)
             }
             i++;
         } else {
-            uint32_t cp;
-            enum job_utf8_err why;
-            size_t k = job_utf8_decode(p + i, n - i, &cp, &why);
+            size_t k = utf8_decode(p + i, n - i, NULL, NULL);
             if (k) {
                 memcpy(o, p + i, k);
                 o += k;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
 #include "jobs/record.h"
 
 const char *job_err_code_str(enum job_err_code c)
@@ -144,10 +145,9 @@ static int scan_unexpected(struct scan *s, const char *expected)
     }
     unsigned char c = *s->p;
     if (c >= 0x80) {
-        uint32_t cp;
-        enum job_utf8_err why;
-        if (!job_utf8_decode(s->p, (size_t)(s->end - s->p), &cp, &why)) {
-            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", job_utf8_err_str(why));
+        enum utf8_err why;
+        if (!utf8_decode(s->p, (size_t)(s->end - s->p), NULL, &why)) {
+            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", utf8_err_str(why));
             return scan_fail(s, JOB_ERR_INVALID_UTF8, s->p, what);
         }
     }
@@ -231,11 +231,10 @@ static int scan_string(struct scan *s, const char **raw, size_t *raw_len)
             s->p++;
             continue;
         }
-        uint32_t cp;
-        enum job_utf8_err why;
-        size_t k = job_utf8_decode(s->p, (size_t)(s->end - s->p), &cp, &why);
+        enum utf8_err why;
+        size_t k = utf8_decode(s->p, (size_t)(s->end - s->p), NULL, &why);
         if (!k) {
-            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", job_utf8_err_str(why));
+            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", utf8_err_str(why));
             return scan_fail(s, JOB_ERR_INVALID_UTF8, s->p, what);
         }
         s->p += k;

@@ -935,37 +935,6 @@ static void test_record_errors(void **state)
     free(line);
 }
 
-static void test_utf8_decode(void **state)
-{
-    (void)state;
-    struct {
-        const char *s;
-        size_t n, len;
-        enum job_utf8_err why;
-    } t[] = {
-        {"A", 1, 1, JOB_UTF8_OK},
-        {"\xc3\xa9", 2, 2, JOB_UTF8_OK},
-        {"\xf4\x8f\xbf\xbf", 4, 4, JOB_UTF8_OK},
-        {"\x80", 1, 0, JOB_UTF8_BAD_LEAD},
-        {"\xf8\x88\x80\x80\x80", 5, 0, JOB_UTF8_BAD_LEAD},
-        {"\xc1\xbf", 2, 0, JOB_UTF8_OVERLONG},
-        {"\xe0\x9f\xbf", 3, 0, JOB_UTF8_OVERLONG},
-        {"\xf0\x8f\xbf\xbf", 4, 0, JOB_UTF8_OVERLONG},
-        {"\xed\xbf\xbf", 3, 0, JOB_UTF8_SURROGATE},
-        {"\xf4\x90\x80\x80", 4, 0, JOB_UTF8_TOO_LARGE},
-        {"\xe2\x82", 2, 0, JOB_UTF8_TRUNCATED},
-        {"\xe2\x28\xa1", 3, 0, JOB_UTF8_BAD_CONT},
-    };
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        uint32_t cp = 0;
-        enum job_utf8_err why = JOB_UTF8_OK;
-        size_t k = job_utf8_decode((const unsigned char *)t[i].s, t[i].n, &cp, &why);
-        assert_int_equal(k, t[i].len);
-        if (!k)
-            assert_int_equal(why, t[i].why);
-    }
-}
-
 /* ---- fuzz --------------------------------------------------------------------------------- */
 
 static uint64_t fz_state = 0x9e3779b97f4a7c15ull;
@@ -1105,7 +1074,6 @@ int main(void)
         cmocka_unit_test(test_record_success),
         cmocka_unit_test(test_record_text_encoding),
         cmocka_unit_test(test_record_errors),
-        cmocka_unit_test(test_utf8_decode),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
