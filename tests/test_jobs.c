@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jobs/json.h"
 #include "jobs/record.h"
 #include "jobs/request.h"
 
@@ -865,9 +866,9 @@ static void test_record_text_encoding(void **state)
     /* every valid code point class passes through verbatim */
     static const char good[] = "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80"
                                "\xf4\x8f\xbf\xbf";
-    struct job_jbuf b = {0};
-    job_jbuf_put_str(&b, good, sizeof(good) - 1);
-    char *s = job_jbuf_take(&b);
+    struct job_json b = {0};
+    job_json_put_str(&b, good, sizeof(good) - 1);
+    char *s = job_json_take(&b);
     assert_int_equal(strlen(s), sizeof(good) + 1);
     assert_memory_equal(s + 1, good, sizeof(good) - 1);
     free(s);
