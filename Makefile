@@ -1,5 +1,5 @@
 # quern build. `make` builds bin/quern; `make test` builds and runs every test (`make unit`:
-# unit tests only);
+# unit tests only; both first run `make check-includes`, the include-graph check);
 # `make asan test` does the same under ASan+UBSan (separate build dir); `make deps`
 # installs Debian packages; `make model` fetches and verifies the default model.
 
@@ -41,7 +41,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit asan deps model clean format fuzz
+.PHONY: all test unit check-includes asan deps model clean format fuzz
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -81,11 +81,15 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: all $(TEST_BIN) model
+test: check-includes all $(TEST_BIN) model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh $(TEST_BIN)
 
-unit: $(TEST_BIN) model
+unit: check-includes $(TEST_BIN) model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh --unit-only $(TEST_BIN)
+
+# No include cycles between modules, no includes up the layer order (README "Source layout").
+check-includes:
+	tools/check_includes.sh
 
 asan:
 	@true
