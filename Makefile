@@ -1,5 +1,5 @@
 # quern build. `make` builds bin/quern; `make test` builds and runs every test (`make unit`:
-# unit tests only);
+# unit tests only; both first run `make check-includes`, the include-graph check);
 # `make asan test` does the same under ASan+UBSan (separate build dir); `make deps`
 # installs Debian packages; `make model` fetches and verifies the default model.
 
@@ -41,7 +41,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit asan deps model clean format fuzz
+.PHONY: all test unit check-includes asan deps model clean format fuzz
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -81,11 +81,15 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: all $(TEST_BIN) model
+test: check-includes all $(TEST_BIN) model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh $(TEST_BIN)
 
-unit: $(TEST_BIN) model
+unit: check-includes $(TEST_BIN) model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh --unit-only $(TEST_BIN)
+
+# No include cycles between modules, no includes up the layer order (README "Source layout").
+check-includes:
+	tools/check_includes.sh
 
 asan:
 	@true
@@ -94,7 +98,7 @@ asan:
 # on the request parser): seeds are the example requests, the corpus grows in build-fuzz/.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
-FUZZ_SRC      = jobs/request.c jobs/record.c common/err.c common/log.c engine/sampler.c
+FUZZ_SRC      = jobs/request.c jobs/json.c common/err.c common/log.c common/utf8.c engine/sampler.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -I. -D_GNU_SOURCE \

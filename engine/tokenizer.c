@@ -10,6 +10,7 @@
 #include <pcre2.h>
 
 #include "common/log.h"
+#include "common/utf8.h"
 
 /* How a token behaves, derived from tokenizer.ggml.token_type. */
 enum tok_kind {
@@ -50,79 +51,7 @@ struct engine_tok {
     pcre2_code *re_words;     /* the GPT-2 word regex */
 };
 
-/* ---- UTF-8 and the GPT-2 byte <-> unicode mapping ---- */
-
-/* Sequence length announced by lead byte c (0 if c cannot start one) and the allowed range
- * [*lo, *hi] of the second byte, which excludes overlongs, surrogates and > U+10FFFF. */
-static size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi)
-{
-    *lo = 0x80;
-    *hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return 2;
-    if (c >= 0xE0 && c <= 0xEF) {
-        *lo = c == 0xE0 ? 0xA0 : 0x80;
-        *hi = c == 0xED ? 0x9F : 0xBF;
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        *lo = c == 0xF0 ? 0x90 : 0x80;
-        *hi = c == 0xF4 ? 0x8F : 0xBF;
-        return 4;
-    }
-    return 0;
-}
-
-/* How many of p[0..n) continue the sequence led by p[0] correctly (at most its length). */
-static size_t utf8_valid_prefix(const unsigned char *p, size_t n, size_t need, unsigned char lo,
-                                unsigned char hi)
-{
-    size_t k = 1;
-    if (k < n && k < need && p[1] >= lo && p[1] <= hi)
-        k++;
-    else
-        return k;
-    while (k < n && k < need && (p[k] & 0xC0) == 0x80)
-        k++;
-    return k;
-}
-
-/* Length of the well-formed UTF-8 sequence at p (n bytes available), or 0 when the byte at p
- * does not start one (bad lead, bad continuation, overlong, surrogate, > U+10FFFF, truncated). */
-static size_t utf8_seq_len(const unsigned char *p, size_t n)
-{
-    unsigned char lo, hi;
-    size_t need = utf8_lead(p[0], &lo, &hi);
-    if (need <= 1)
-        return need;
-    return utf8_valid_prefix(p, n, need, lo, hi) == need ? need : 0;
-}
-
-/* 1 when p[0..n) is a proper prefix of a well-formed sequence (more bytes could complete it). */
-static int utf8_is_prefix(const unsigned char *p, size_t n)
-{
-    unsigned char lo, hi;
-    size_t need = utf8_lead(p[0], &lo, &hi);
-    return need > n && utf8_valid_prefix(p, n, need, lo, hi) == n;
-}
-
-/* Decode one code point from well-formed UTF-8 of length len. */
-static uint32_t utf8_decode(const unsigned char *p, size_t len)
-{
-    switch (len) {
-    case 1:
-        return p[0];
-    case 2:
-        return ((uint32_t)(p[0] & 0x1F) << 6) | (p[1] & 0x3F);
-    case 3:
-        return ((uint32_t)(p[0] & 0x0F) << 12) | ((uint32_t)(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
-    default:
-        return ((uint32_t)(p[0] & 0x07) << 18) | ((uint32_t)(p[1] & 0x3F) << 12) |
-               ((uint32_t)(p[2] & 0x3F) << 6) | (p[3] & 0x3F);
-    }
-}
+/* ---- the GPT-2 byte <-> unicode mapping ---- */
 
 /* GPT-2 maps bytes that are printable Latin-1 to themselves and the rest, in byte order, to
  * U+0100 onwards, so every byte becomes a visible character. */
@@ -154,12 +83,12 @@ static size_t byte_level_decode(const unsigned char *src, size_t srclen, unsigne
 {
     size_t o = 0;
     for (size_t i = 0; i < srclen;) {
-        size_t l = utf8_seq_len(src + i, srclen - i);
+        uint32_t cp;
+        size_t l = utf8_decode(src + i, srclen - i, &cp, NULL);
         if (l == 0) {
             dst[o++] = src[i++];
             continue;
         }
-        uint32_t cp = utf8_decode(src + i, l);
         int b = cp < 512 ? cp_to_byte[cp] : -1;
         if (b >= 0) {
             dst[o++] = (unsigned char)b;
@@ -788,7 +717,7 @@ static enum status re_split(struct enc *e, const pcre2_code *re, const unsigned 
         if (!found)
             break;
         if (me == ms) { /* empty match: step over one character, it stays in the gap */
-            size_t l = utf8_seq_len(s + ms, n - ms);
+            size_t l = ms < n ? utf8_decode(s + ms, n - ms, NULL, NULL) : 0;
             pos = ms + (l ? l : 1);
             continue;
         }
@@ -879,7 +808,7 @@ static enum status split_special(struct enc *e, const unsigned char *s, size_t n
 static size_t utf8_first_invalid(const unsigned char *s, size_t n)
 {
     size_t i = 0, l;
-    while (i < n && (l = utf8_seq_len(s + i, n - i)) != 0)
+    while (i < n && (l = utf8_decode(s + i, n - i, NULL, NULL)) != 0)
         i += l;
     return i;
 }
@@ -895,7 +824,7 @@ static unsigned char *utf8_replace_invalid(const unsigned char *s, size_t n, siz
     memcpy(d, s, bad);
     size_t o = bad;
     for (size_t i = bad; i < n;) {
-        size_t l = utf8_seq_len(s + i, n - i);
+        size_t l = utf8_decode(s + i, n - i, NULL, NULL);
         if (l) {
             memcpy(d + o, s + i, l);
             o += l;
@@ -1036,7 +965,7 @@ static size_t stream_run(const unsigned char *a, size_t na, const unsigned char 
         size_t avail = total - i < 4 ? total - i : 4;
         for (size_t j = 0; j < avail; j++)
             q[j] = i + j < na ? a[i + j] : b[i + j - na];
-        size_t l = utf8_seq_len(q, avail);
+        size_t l = utf8_decode(q, avail, NULL, NULL);
         if (l) {
             if (out)
                 memcpy(out + o, q, l);

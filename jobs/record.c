@@ -1,252 +1,10 @@
-/* OpenAI Batch output lines (see jobs/record.h), deterministic ids, strict UTF-8 decoding and
- * the compact JSON text builder shared with jobs/request.c. */
+/* OpenAI Batch output lines (see jobs/record.h) and their deterministic ids. */
 #include "jobs/record.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* ---- UTF-8 ------------------------------------------------------------------------------- */
-
-size_t job_utf8_decode(const unsigned char *p, size_t n, uint32_t *cp, enum job_utf8_err *why)
-{
-    unsigned char b0 = p[0];
-    size_t need;
-    uint32_t c, min;
-
-    if (b0 < 0x80) {
-        *cp = b0;
-        return 1;
-    }
-    if (b0 < 0xC0) {
-        *why = JOB_UTF8_BAD_LEAD;
-        return 0;
-    } else if (b0 < 0xE0) {
-        need = 2, c = b0 & 0x1F, min = 0x80;
-    } else if (b0 < 0xF0) {
-        need = 3, c = b0 & 0x0F, min = 0x800;
-    } else if (b0 < 0xF8) {
-        need = 4, c = b0 & 0x07, min = 0x10000;
-    } else {
-        *why = JOB_UTF8_BAD_LEAD;
-        return 0;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if (i >= n) {
-            *why = JOB_UTF8_TRUNCATED;
-            return 0;
-        }
-        if ((p[i] & 0xC0) != 0x80) {
-            *why = JOB_UTF8_BAD_CONT;
-            return 0;
-        }
-        c = (c << 6) | (p[i] & 0x3F);
-    }
-    if (c < min) {
-        *why = JOB_UTF8_OVERLONG;
-        return 0;
-    }
-    if (c >= 0xD800 && c <= 0xDFFF) {
-        *why = JOB_UTF8_SURROGATE;
-        return 0;
-    }
-    if (c > 0x10FFFF) {
-        *why = JOB_UTF8_TOO_LARGE;
-        return 0;
-    }
-    *cp = c;
-    return need;
-}
-
-const char *job_utf8_err_str(enum job_utf8_err e)
-{
-    switch (e) {
-    case JOB_UTF8_OK:
-        return "ok";
-    case JOB_UTF8_BAD_LEAD:
-        return "unexpected byte where a character must start";
-    case JOB_UTF8_TRUNCATED:
-        return "truncated character";
-    case JOB_UTF8_BAD_CONT:
-        return "missing continuation byte";
-    case JOB_UTF8_OVERLONG:
-        return "overlong encoding";
-    case JOB_UTF8_SURROGATE:
-        return "encoded surrogate";
-    case JOB_UTF8_TOO_LARGE:
-        return "code point above U+10FFFF";
-    }
-    return "invalid UTF-8";
-}
-
-/* ---- JSON text building ------------------------------------------------------------------ */
-
-static int jbuf_reserve(struct job_jbuf *b, size_t extra)
-{
-    if (b->failed)
-        return 0;
-    if (b->len + extra + 1 <= b->cap)
-        return 1;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra + 1) {
-        if (cap > SIZE_MAX / 2) {
-            b->failed = 1;
-            return 0;
-        }
-        cap *= 2;
-    }
-    char *d = realloc(b->data, cap);
-    if (!d) {
-        b->failed = 1;
-        return 0;
-    }
-    b->data = d;
-    b->cap = cap;
-    return 1;
-}
-
-void job_jbuf_put_raw(struct job_jbuf *b, const char *s, size_t n)
-{
-    if (!jbuf_reserve(b, n))
-        return;
-    if (n)
-        memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-void job_jbuf_put_lit(struct job_jbuf *b, const char *s)
-{
-    job_jbuf_put_raw(b, s, strlen(s));
-}
-
-void job_jbuf_put_fmt(struct job_jbuf *b, const char *fmt, ...)
-{
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof(tmp)) {
-        b->failed = 1; /* only used for numbers: cannot happen */
-        return;
-    }
-    job_jbuf_put_raw(b, tmp, (size_t)n);
-}
-
-void job_jbuf_put_str(struct job_jbuf *b, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-
-    /* Worst case 6 output bytes per input byte (\u00XX); reserve once. */
-    if (n > (SIZE_MAX - 2) / 6) {
-        b->failed = 1;
-        return;
-    }
-    if (!jbuf_reserve(b, n * 6 + 2))
-        return;
-    char *o = b->data + b->len;
-    *o++ = '"';
-    while (i < n) {
-        unsigned char c = p[i];
-        if (c >= 0x20 && c < 0x80) {
-            if (c == '"' || c == '\\')
-                *o++ = '\\';
-            *o++ = (char)c;
-            i++;
-        } else if (c < 0x20) {
-            *o++ = '\\';
-            switch (c) {
-            case '\n':
-                *o++ = 'n';
-                break;
-            case '\t':
-                *o++ = 't';
-                break;
-            case '\r':
-                *o++ = 'r';
-                break;
-            case '\b':
-                *o++ = 'b';
-                break;
-            case '\f':
-                *o++ = 'f';
-                break;
-            default:
-                *o++ = 'u', *o++ = '0', *o++ = '0';
-                *o++ = hex[c >> 4], *o++ = hex[c & 15];
-            }
-            i++;
-        } else {
-            uint32_t cp;
-            enum job_utf8_err why;
-            size_t k = job_utf8_decode(p + i, n - i, &cp, &why);
-            if (k) {
-                memcpy(o, p + i, k);
-                o += k;
-                i += k;
-            } else { /* U+FFFD: 3 bytes for 1 input byte, within the reservation */
-                *o++ = (char)0xEF, *o++ = (char)0xBF, *o++ = (char)0xBD;
-                i++;
-            }
-        }
-    }
-    *o++ = '"';
-    b->len = (size_t)(o - b->data);
-    b->data[b->len] = 0;
-}
-
-void job_jbuf_put_cstr(struct job_jbuf *b, const char *s)
-{
-    if (s)
-        job_jbuf_put_str(b, s, strlen(s));
-    else
-        job_jbuf_put_lit(b, "null");
-}
-
-void job_jbuf_put_float(struct job_jbuf *b, float f)
-{
-    char tmp[64];
-    if (!isfinite(f)) {
-        b->failed = 1; /* programmer error: requests hold validated finite values */
-        return;
-    }
-    /* Readers (cJSON) parse a double and round it to float, so test exactly that. */
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(tmp, sizeof(tmp), "%.*g", prec, (double)f);
-        if ((float)strtod(tmp, NULL) == f) {
-            job_jbuf_put_lit(b, tmp);
-            return;
-        }
-    }
-    snprintf(tmp, sizeof(tmp), "%.17g", (double)f); /* the double is exact */
-    job_jbuf_put_lit(b, tmp);
-}
-
-char *job_jbuf_take(struct job_jbuf *b)
-{
-    char *d = NULL;
-    if (!b->failed && jbuf_reserve(b, 0))
-        d = b->data;
-    else
-        free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-    b->failed = 0;
-    return d;
-}
-
-void job_jbuf_free(struct job_jbuf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-    b->failed = 0;
-}
+#include "jobs/json.h"
 
 /* ---- Ids --------------------------------------------------------------------------------- */
 
@@ -305,50 +63,50 @@ void job_record_hash_hex(const char *tag, int64_t job_id, const char *custom_id,
 }
 
 /* Append `"key":"<prefix><hash>"`. */
-static void put_id(struct job_jbuf *b, const char *key, const char *prefix, const char *tag,
+static void put_id(struct job_json *b, const char *key, const char *prefix, const char *tag,
                    int64_t job_id, const char *custom_id)
 {
     char hex[33];
     job_record_hash_hex(tag, job_id, custom_id, hex);
-    job_jbuf_put_fmt(b, "\"%s\":\"%s%s\"", key, prefix, hex);
+    job_json_put_fmt(b, "\"%s\":\"%s%s\"", key, prefix, hex);
 }
 
 /* ---- Records ----------------------------------------------------------------------------- */
 
 char *job_record_success(const struct job_result *r)
 {
-    struct job_jbuf b = {0};
+    struct job_json b = {0};
     int chat = r->kind == JOB_KIND_CHAT;
 
-    job_jbuf_put_lit(&b, "{");
+    job_json_put_lit(&b, "{");
     put_id(&b, "id", "batch_req_", "batch_req", r->job_id, r->custom_id);
-    job_jbuf_put_lit(&b, ",\"custom_id\":");
-    job_jbuf_put_cstr(&b, r->custom_id);
-    job_jbuf_put_lit(&b, ",\"response\":{\"status_code\":200,");
+    job_json_put_lit(&b, ",\"custom_id\":");
+    job_json_put_cstr(&b, r->custom_id);
+    job_json_put_lit(&b, ",\"response\":{\"status_code\":200,");
     put_id(&b, "request_id", "req_", "req", r->job_id, r->custom_id);
-    job_jbuf_put_lit(&b, ",\"body\":{");
+    job_json_put_lit(&b, ",\"body\":{");
     put_id(&b, "id", chat ? "chatcmpl-" : "cmpl-", "cmpl", r->job_id, r->custom_id);
-    job_jbuf_put_lit(&b,
+    job_json_put_lit(&b,
                      chat ? ",\"object\":\"chat.completion\"" : ",\"object\":\"text_completion\"");
-    job_jbuf_put_fmt(&b, ",\"created\":%lld,\"model\":", (long long)r->created);
-    job_jbuf_put_cstr(&b, r->model ? r->model : "");
+    job_json_put_fmt(&b, ",\"created\":%lld,\"model\":", (long long)r->created);
+    job_json_put_cstr(&b, r->model ? r->model : "");
     if (chat) {
-        job_jbuf_put_lit(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+        job_json_put_lit(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
                              "\"content\":");
-        job_jbuf_put_str(&b, r->text, r->text_len);
-        job_jbuf_put_lit(&b, "},\"logprobs\":null,\"finish_reason\":");
+        job_json_put_str(&b, r->text, r->text_len);
+        job_json_put_lit(&b, "},\"logprobs\":null,\"finish_reason\":");
     } else {
-        job_jbuf_put_lit(&b, ",\"choices\":[{\"text\":");
-        job_jbuf_put_str(&b, r->text, r->text_len);
-        job_jbuf_put_lit(&b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
+        job_json_put_lit(&b, ",\"choices\":[{\"text\":");
+        job_json_put_str(&b, r->text, r->text_len);
+        job_json_put_lit(&b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
     }
-    job_jbuf_put_cstr(&b, r->finish_reason);
-    job_jbuf_put_fmt(&b,
+    job_json_put_cstr(&b, r->finish_reason);
+    job_json_put_fmt(&b,
                      "}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                      "\"total_tokens\":%lld}}},\"error\":null}",
                      (int)r->prompt_tokens, (int)r->completion_tokens,
                      (long long)r->prompt_tokens + (long long)r->completion_tokens);
-    return job_jbuf_take(&b);
+    return job_json_take(&b);
 }
 
 char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
@@ -367,23 +125,23 @@ char *job_record_rejected(int64_t job_id, const char *custom_id, const char *sou
 char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,
                          const char *message, const char *param)
 {
-    struct job_jbuf b = {0};
-    job_jbuf_put_lit(&b, "{");
+    struct job_json b = {0};
+    job_json_put_lit(&b, "{");
     put_id(&b, "id", "batch_req_", "batch_req", job_id, custom_id);
-    job_jbuf_put_lit(&b, ",\"custom_id\":");
-    job_jbuf_put_cstr(&b, custom_id);
-    job_jbuf_put_fmt(&b, ",\"response\":{\"status_code\":%d,", status_code);
+    job_json_put_lit(&b, ",\"custom_id\":");
+    job_json_put_cstr(&b, custom_id);
+    job_json_put_fmt(&b, ",\"response\":{\"status_code\":%d,", status_code);
     put_id(&b, "request_id", "req_", "req", job_id, custom_id);
-    job_jbuf_put_lit(&b, ",\"body\":{\"error\":{\"message\":");
-    job_jbuf_put_cstr(&b, message ? message : "");
-    job_jbuf_put_lit(&b, status_code >= 400 && status_code < 500
+    job_json_put_lit(&b, ",\"body\":{\"error\":{\"message\":");
+    job_json_put_cstr(&b, message ? message : "");
+    job_json_put_lit(&b, status_code >= 400 && status_code < 500
                              ? ",\"type\":\"invalid_request_error\",\"param\":"
                              : ",\"type\":\"server_error\",\"param\":");
-    job_jbuf_put_cstr(&b, param);
-    job_jbuf_put_lit(&b, ",\"code\":");
-    job_jbuf_put_cstr(&b, code);
-    job_jbuf_put_lit(&b, "}}},\"error\":null}");
-    return job_jbuf_take(&b);
+    job_json_put_cstr(&b, param);
+    job_json_put_lit(&b, ",\"code\":");
+    job_json_put_cstr(&b, code);
+    job_json_put_lit(&b, "}}},\"error\":null}");
+    return job_json_take(&b);
 }
 
 char *job_record_parse_error(int64_t job_id, const struct job_error *e)
@@ -394,15 +152,15 @@ char *job_record_parse_error(int64_t job_id, const struct job_error *e)
 
 char *job_record_error(int64_t job_id, const char *custom_id, const char *code, const char *message)
 {
-    struct job_jbuf b = {0};
-    job_jbuf_put_lit(&b, "{");
+    struct job_json b = {0};
+    job_json_put_lit(&b, "{");
     put_id(&b, "id", "batch_req_", "batch_req", job_id, custom_id);
-    job_jbuf_put_lit(&b, ",\"custom_id\":");
-    job_jbuf_put_cstr(&b, custom_id);
-    job_jbuf_put_lit(&b, ",\"response\":null,\"error\":{\"code\":");
-    job_jbuf_put_cstr(&b, code);
-    job_jbuf_put_lit(&b, ",\"message\":");
-    job_jbuf_put_cstr(&b, message);
-    job_jbuf_put_lit(&b, "}}");
-    return job_jbuf_take(&b);
+    job_json_put_lit(&b, ",\"custom_id\":");
+    job_json_put_cstr(&b, custom_id);
+    job_json_put_lit(&b, ",\"response\":null,\"error\":{\"code\":");
+    job_json_put_cstr(&b, code);
+    job_json_put_lit(&b, ",\"message\":");
+    job_json_put_cstr(&b, message);
+    job_json_put_lit(&b, "}}");
+    return job_json_take(&b);
 }

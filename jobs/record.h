@@ -1,5 +1,5 @@
 /* Output records: one OpenAI Batch output line (compact JSON, always valid UTF-8) per finished
- * or failed request, plus the small JSON-text and UTF-8 helpers that jobs/request.c shares.
+ * or failed request.
  *
  * Line shapes (keys in this order, no trailing newline):
  *   success  {"id","custom_id","response":{"status_code":200,"request_id","body":<chat.completion
@@ -68,65 +68,5 @@ char *job_record_error(int64_t job_id, const char *custom_id, const char *code,
 /* Write the 32 lowercase hex digits of the 128-bit id hash of (tag, job_id, custom_id) into
  * out[0..32] (NUL-terminated). custom_id NULL hashes like "". */
 void job_record_hash_hex(const char *tag, int64_t job_id, const char *custom_id, char out[33]);
-
-/* ---- UTF-8 ------------------------------------------------------------------------------- */
-
-/* Why a byte sequence is not well-formed UTF-8. */
-enum job_utf8_err {
-    JOB_UTF8_OK = 0,
-    JOB_UTF8_BAD_LEAD,  /* continuation byte or 0xF8..0xFF where a character must start */
-    JOB_UTF8_TRUNCATED, /* the data ends inside a character */
-    JOB_UTF8_BAD_CONT,  /* a continuation byte is missing */
-    JOB_UTF8_OVERLONG,  /* encoded in more bytes than needed (0xC0, 0xC1, 0xE0 0x80.. etc.) */
-    JOB_UTF8_SURROGATE, /* U+D800..U+DFFF */
-    JOB_UTF8_TOO_LARGE, /* above U+10FFFF */
-};
-
-/* Decode the character starting at p (n >= 1 bytes readable). Returns its length 1..4 and
- * stores the code point in *cp, or returns 0 and stores the reason in *why. */
-size_t job_utf8_decode(const unsigned char *p, size_t n, uint32_t *cp, enum job_utf8_err *why);
-
-/* Short description of a decode error ("overlong encoding"); never NULL. */
-const char *job_utf8_err_str(enum job_utf8_err e);
-
-/* ---- JSON text building ------------------------------------------------------------------ */
-
-/* Growable text buffer for compact JSON. Zero-initialise; after an allocation failure every
- * later put is a no-op and job_jbuf_take returns NULL. */
-struct job_jbuf {
-    char *data; /* malloc'd text, owned by the buffer until job_jbuf_take */
-    size_t len; /* bytes used, excluding the NUL kept after them */
-    size_t cap; /* bytes allocated */
-    int failed; /* 1 after an allocation failure */
-};
-
-/* Append n raw bytes (already JSON). */
-void job_jbuf_put_raw(struct job_jbuf *b, const char *s, size_t n);
-
-/* Append a NUL-terminated raw string (already JSON), e.g. "{\"id\":". */
-void job_jbuf_put_lit(struct job_jbuf *b, const char *s);
-
-/* Append printf-style text (numbers). */
-void job_jbuf_put_fmt(struct job_jbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* Append s[0..n) as a quoted JSON string: '"' and '\\' escaped, control characters as \n,
- * \t, \r, \b, \f or \u00XX (NUL too), each byte that does not start well-formed UTF-8 as
- * U+FFFD; everything else verbatim. s may be NULL when n is 0. */
-void job_jbuf_put_str(struct job_jbuf *b, const char *s, size_t n);
-
-/* Append a JSON string for a NUL-terminated s, or null when s is NULL. */
-void job_jbuf_put_cstr(struct job_jbuf *b, const char *s);
-
-/* Append the shortest decimal text that reads back (strtof) as exactly the float f; f must
- * be finite. */
-void job_jbuf_put_float(struct job_jbuf *b, float f);
-
-/* Hand over the text: returns the malloc'd NUL-terminated string (caller frees) and resets
- * b, or NULL (freeing everything) if any put failed. */
-char *job_jbuf_take(struct job_jbuf *b);
-
-/* Free the buffer's text and reset it; for error paths. */
-void job_jbuf_free(struct job_jbuf *b);
 
 #endif

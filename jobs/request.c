@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jobs/record.h"
+#include "common/utf8.h"
+#include "jobs/json.h"
 
 const char *job_err_code_str(enum job_err_code c)
 {
@@ -144,10 +145,9 @@ static int scan_unexpected(struct scan *s, const char *expected)
     }
     unsigned char c = *s->p;
     if (c >= 0x80) {
-        uint32_t cp;
-        enum job_utf8_err why;
-        if (!job_utf8_decode(s->p, (size_t)(s->end - s->p), &cp, &why)) {
-            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", job_utf8_err_str(why));
+        enum utf8_err why;
+        if (!utf8_decode(s->p, (size_t)(s->end - s->p), NULL, &why)) {
+            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", utf8_err_str(why));
             return scan_fail(s, JOB_ERR_INVALID_UTF8, s->p, what);
         }
     }
@@ -231,11 +231,10 @@ static int scan_string(struct scan *s, const char **raw, size_t *raw_len)
             s->p++;
             continue;
         }
-        uint32_t cp;
-        enum job_utf8_err why;
-        size_t k = job_utf8_decode(s->p, (size_t)(s->end - s->p), &cp, &why);
+        enum utf8_err why;
+        size_t k = utf8_decode(s->p, (size_t)(s->end - s->p), NULL, &why);
         if (!k) {
-            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", job_utf8_err_str(why));
+            snprintf(what, sizeof(what), "invalid UTF-8 (%s)", utf8_err_str(why));
             return scan_fail(s, JOB_ERR_INVALID_UTF8, s->p, what);
         }
         s->p += k;
@@ -1154,53 +1153,53 @@ void job_request_free(struct job_request *r)
 
 char *job_request_to_json(const struct job_request *r)
 {
-    struct job_jbuf b = {0};
+    struct job_json b = {0};
     const struct engine_sampling *sp = &r->sampling;
 
-    job_jbuf_put_lit(&b, "{\"custom_id\":");
-    job_jbuf_put_cstr(&b, r->custom_id);
+    job_json_put_lit(&b, "{\"custom_id\":");
+    job_json_put_cstr(&b, r->custom_id);
     if (r->kind == JOB_KIND_CHAT) {
-        job_jbuf_put_lit(&b, ",\"messages\":[");
+        job_json_put_lit(&b, ",\"messages\":[");
         for (size_t i = 0; i < r->n_messages; i++) {
-            job_jbuf_put_lit(&b, i ? ",{\"role\":" : "{\"role\":");
-            job_jbuf_put_cstr(&b, r->messages[i].role);
-            job_jbuf_put_lit(&b, ",\"content\":");
-            job_jbuf_put_cstr(&b, r->messages[i].content);
-            job_jbuf_put_lit(&b, "}");
+            job_json_put_lit(&b, i ? ",{\"role\":" : "{\"role\":");
+            job_json_put_cstr(&b, r->messages[i].role);
+            job_json_put_lit(&b, ",\"content\":");
+            job_json_put_cstr(&b, r->messages[i].content);
+            job_json_put_lit(&b, "}");
         }
-        job_jbuf_put_lit(&b, "]");
+        job_json_put_lit(&b, "]");
     } else {
-        job_jbuf_put_lit(&b, ",\"prompt\":");
-        job_jbuf_put_cstr(&b, r->prompt);
+        job_json_put_lit(&b, ",\"prompt\":");
+        job_json_put_cstr(&b, r->prompt);
     }
     if (r->model) {
-        job_jbuf_put_lit(&b, ",\"model\":");
-        job_jbuf_put_cstr(&b, r->model);
+        job_json_put_lit(&b, ",\"model\":");
+        job_json_put_cstr(&b, r->model);
     }
-    job_jbuf_put_fmt(&b, ",\"max_tokens\":%d,\"temperature\":", (int)r->max_tokens);
-    job_jbuf_put_float(&b, sp->temperature);
-    job_jbuf_put_lit(&b, ",\"top_p\":");
-    job_jbuf_put_float(&b, sp->top_p);
-    job_jbuf_put_fmt(&b, ",\"top_k\":%d,\"min_p\":", (int)sp->top_k);
-    job_jbuf_put_float(&b, sp->min_p);
-    job_jbuf_put_lit(&b, ",\"repetition_penalty\":");
-    job_jbuf_put_float(&b, sp->repeat_penalty);
-    job_jbuf_put_fmt(&b, ",\"repeat_last_n\":%d,\"frequency_penalty\":", (int)sp->repeat_last_n);
-    job_jbuf_put_float(&b, sp->frequency_penalty);
-    job_jbuf_put_lit(&b, ",\"presence_penalty\":");
-    job_jbuf_put_float(&b, sp->presence_penalty);
-    job_jbuf_put_fmt(&b, ",\"seed\":%llu", (unsigned long long)sp->seed);
+    job_json_put_fmt(&b, ",\"max_tokens\":%d,\"temperature\":", (int)r->max_tokens);
+    job_json_put_float(&b, sp->temperature);
+    job_json_put_lit(&b, ",\"top_p\":");
+    job_json_put_float(&b, sp->top_p);
+    job_json_put_fmt(&b, ",\"top_k\":%d,\"min_p\":", (int)sp->top_k);
+    job_json_put_float(&b, sp->min_p);
+    job_json_put_lit(&b, ",\"repetition_penalty\":");
+    job_json_put_float(&b, sp->repeat_penalty);
+    job_json_put_fmt(&b, ",\"repeat_last_n\":%d,\"frequency_penalty\":", (int)sp->repeat_last_n);
+    job_json_put_float(&b, sp->frequency_penalty);
+    job_json_put_lit(&b, ",\"presence_penalty\":");
+    job_json_put_float(&b, sp->presence_penalty);
+    job_json_put_fmt(&b, ",\"seed\":%llu", (unsigned long long)sp->seed);
     if (r->n_stop) {
-        job_jbuf_put_lit(&b, ",\"stop\":[");
+        job_json_put_lit(&b, ",\"stop\":[");
         for (size_t i = 0; i < r->n_stop; i++) {
             if (i)
-                job_jbuf_put_lit(&b, ",");
-            job_jbuf_put_cstr(&b, r->stop[i]);
+                job_json_put_lit(&b, ",");
+            job_json_put_cstr(&b, r->stop[i]);
         }
-        job_jbuf_put_lit(&b, "]");
+        job_json_put_lit(&b, "]");
     }
-    job_jbuf_put_lit(&b, "}");
-    return job_jbuf_take(&b);
+    job_json_put_lit(&b, "}");
+    return job_json_take(&b);
 }
 
 static int str_eq(const char *a, const char *b)

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jobs/json.h"
 #include "jobs/record.h"
 #include "jobs/request.h"
 
@@ -865,9 +866,9 @@ static void test_record_text_encoding(void **state)
     /* every valid code point class passes through verbatim */
     static const char good[] = "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80"
                                "\xf4\x8f\xbf\xbf";
-    struct job_jbuf b = {0};
-    job_jbuf_put_str(&b, good, sizeof(good) - 1);
-    char *s = job_jbuf_take(&b);
+    struct job_json b = {0};
+    job_json_put_str(&b, good, sizeof(good) - 1);
+    char *s = job_json_take(&b);
     assert_int_equal(strlen(s), sizeof(good) + 1);
     assert_memory_equal(s + 1, good, sizeof(good) - 1);
     free(s);
@@ -933,37 +934,6 @@ static void test_record_errors(void **state)
     assert_true(cJSON_IsNull(at(err, "param")));
     cJSON_Delete(root);
     free(line);
-}
-
-static void test_utf8_decode(void **state)
-{
-    (void)state;
-    struct {
-        const char *s;
-        size_t n, len;
-        enum job_utf8_err why;
-    } t[] = {
-        {"A", 1, 1, JOB_UTF8_OK},
-        {"\xc3\xa9", 2, 2, JOB_UTF8_OK},
-        {"\xf4\x8f\xbf\xbf", 4, 4, JOB_UTF8_OK},
-        {"\x80", 1, 0, JOB_UTF8_BAD_LEAD},
-        {"\xf8\x88\x80\x80\x80", 5, 0, JOB_UTF8_BAD_LEAD},
-        {"\xc1\xbf", 2, 0, JOB_UTF8_OVERLONG},
-        {"\xe0\x9f\xbf", 3, 0, JOB_UTF8_OVERLONG},
-        {"\xf0\x8f\xbf\xbf", 4, 0, JOB_UTF8_OVERLONG},
-        {"\xed\xbf\xbf", 3, 0, JOB_UTF8_SURROGATE},
-        {"\xf4\x90\x80\x80", 4, 0, JOB_UTF8_TOO_LARGE},
-        {"\xe2\x82", 2, 0, JOB_UTF8_TRUNCATED},
-        {"\xe2\x28\xa1", 3, 0, JOB_UTF8_BAD_CONT},
-    };
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        uint32_t cp = 0;
-        enum job_utf8_err why = JOB_UTF8_OK;
-        size_t k = job_utf8_decode((const unsigned char *)t[i].s, t[i].n, &cp, &why);
-        assert_int_equal(k, t[i].len);
-        if (!k)
-            assert_int_equal(why, t[i].why);
-    }
 }
 
 /* ---- fuzz --------------------------------------------------------------------------------- */
@@ -1105,7 +1075,6 @@ int main(void)
         cmocka_unit_test(test_record_success),
         cmocka_unit_test(test_record_text_encoding),
         cmocka_unit_test(test_record_errors),
-        cmocka_unit_test(test_utf8_decode),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
