@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
@@ -51,8 +53,9 @@ struct engine {
     const struct engine_tok *tok; /* tokenizer (borrowed) */
     struct engine_params p;      /* parameters */
     struct engine_kv *kv;        /* paged KV cache */
-    struct engine_sampler **smp; /* sampling scratch, one per host thread */
-    int n_smp;                   /* host threads */
+    struct pool *pool;           /* host threads for sampling (owned) */
+    struct engine_sampler **smp; /* sampling scratch, one per pool thread */
+    int n_smp;                   /* pool threads */
     struct seq **s_seq;          /* this step's sampling jobs: sequence, */
     float **s_logits;            /* its logits row, */
     int32_t *s_id;               /* and the token drawn */
@@ -91,6 +94,16 @@ void engine_params_default(struct engine_params *p)
     p->kv_mem = (size_t)1 << 30;
     p->prefix_cache = 1;
     p->kv_dtype = KERN_KV_F16;
+    p->host_threads = 0;
+}
+
+/* host_threads 0: the online CPUs, at most 8 (sampling a step's rows gains little beyond). */
+static int host_threads(const struct engine_params *p)
+{
+    if (p->host_threads > 0)
+        return p->host_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 static void seq_free(struct seq *s)
@@ -124,6 +137,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        "engine: max-batch-tokens (%d) must be >= max-seqs (%d) so every running "
                        "sequence decodes each step",
                        p->max_batch_tokens, p->max_seqs);
+    if (p->host_threads < 0 || p->host_threads > 1024)
+        return err_set(err, ST_ERR_INVALID_ARG, "engine: host-threads %d not in 0..1024",
+                       p->host_threads);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
     size_t per_block = engine_kv_bytes_per_token(m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
@@ -147,7 +163,14 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         free(e);
         return st;
     }
-    e->n_smp = m->be->ops->host_threads(m->be);
+    if ((st = pool_init(&e->pool, host_threads(p), err))) {
+        engine_free(e);
+        return st;
+    }
+    /* sampling jobs come one per forward pass, milliseconds apart: idle workers sleep at once
+     * instead of spinning on the CPUs the backend's kernel threads are using */
+    pool_set_spin(e->pool, 0);
+    e->n_smp = pool_size(e->pool);
     e->smp = calloc((size_t)e->n_smp, sizeof(*e->smp));
     if (!e->smp) {
         engine_free(e);
@@ -210,6 +233,7 @@ void engine_free(struct engine *e)
         for (int i = 0; i < e->n_smp; i++)
             engine_sampler_free(e->smp[i]);
     free(e->smp);
+    pool_free(e->pool);
     free(e->s_seq);
     free(e->s_logits);
     free(e->s_id);
@@ -568,10 +592,19 @@ static int accept_token(struct engine *e, int ri, int32_t id)
     return 0;
 }
 
-/* Sampling jobs [lo, hi) of this step on host thread ith (engine_step). */
-static void sample_range(void *ctx, int ith, long lo, long hi)
+struct sample_job {
+    struct engine *e; /* the engine */
+    long n;           /* sampling jobs this step */
+};
+
+/* This step's sampling jobs, split evenly over the pool (engine_step); thread ith uses its own
+ * sampler scratch, each job its own sequence's RNG, so the tokens do not depend on the split. */
+static void sample_range(void *arg, int ith, int nth)
 {
-    struct engine *e = ctx;
+    const struct sample_job *sj = arg;
+    struct engine *e = sj->e;
+    long lo, hi;
+    pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
         e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, e->s_logits[j], s->tok,
@@ -628,8 +661,10 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)e->m->hp.n_vocab;
         n_s++;
     }
-    if (!fused) /* else s_id holds the greedy tokens already */
-        e->m->be->ops->host_parallel(e->m->be, sample_range, e, n_s);
+    if (!fused) { /* else s_id holds the greedy tokens already */
+        struct sample_job sj = {e, n_s};
+        pool_run(e->pool, sample_range, &sj);
+    }
     for (int j = 0; j < n_s; j++) {
         int ri = 0;
         while (e->running[ri] != e->s_seq[j])
