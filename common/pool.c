@@ -7,8 +7,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define POOL_SPIN 200000 /* polls before a worker goes to sleep */
-
 struct pool {
     int n;                      /* threads including the caller */
     pthread_t *threads;         /* n - 1 workers */
@@ -17,6 +15,7 @@ struct pool {
     atomic_uint gen;            /* incremented once per job */
     atomic_int pending;         /* workers still running the current job */
     atomic_int quit;            /* set by pool_free */
+    atomic_int spin;            /* polls before an idle worker sleeps (pool_set_spin) */
     pool_fn fn;                 /* current job */
     void *arg;                  /* its argument */
 };
@@ -44,7 +43,7 @@ static void *worker_main(void *v)
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->quit)) {
-            if (++spins < POOL_SPIN) {
+            if (++spins < atomic_load_explicit(&p->spin, memory_order_relaxed)) {
                 cpu_relax();
                 if (spins % 1024 == 0)
                     sched_yield(); /* be polite when the machine is oversubscribed */
@@ -72,6 +71,7 @@ enum status pool_init(struct pool **out, int n_threads, struct err_detail *err)
     if (!p)
         return err_set(err, ST_ERR_NOMEM, "no memory for thread pool");
     p->n = n_threads;
+    atomic_init(&p->spin, POOL_SPIN_DEFAULT);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof(*p->threads));
@@ -113,6 +113,11 @@ void pool_free(struct pool *p)
 }
 
 int pool_size(const struct pool *p) { return p->n; }
+
+void pool_set_spin(struct pool *p, int polls)
+{
+    atomic_store_explicit(&p->spin, polls < 0 ? 0 : polls, memory_order_relaxed);
+}
 
 void pool_run(struct pool *p, pool_fn fn, void *arg)
 {

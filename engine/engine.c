@@ -1,87 +1,17 @@
-/* Continuous batching. Each step packs every decoding sequence's next token first, then
- * prefill chunks (oldest running first, then newly admitted waiting requests) under the
- * token budget; when the KV pool runs out, the most recently admitted sequence is preempted
- * (its blocks freed, to be recomputed later from its tokens, usually from the prefix cache).
- * All kernels are batch-invariant, so a request's tokens never depend on its batch mates. */
+/* The engine's public API and its step: a step takes the batch the scheduler built (sched.c),
+ * runs the forward pass, samples the wanted rows on the engine's host pool and hands each
+ * sequence its tokens (seq.c). All kernels are batch-invariant and every request has its own
+ * RNG, so a request's tokens never depend on its batch mates or on the thread count. */
 #include "engine/engine.h"
 
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
-
-enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
-
-struct seq {
-    uint64_t id;                 /* request id */
-    void *user;                  /* caller's pointer */
-    enum seq_state state;        /* where it is */
-    int slot;                    /* KV slot while running, else -1 */
-    uint64_t admitted;           /* admission counter value (newest = largest) */
-    int32_t *tok;                /* prompt then generated tokens (owned) */
-    size_t n_tok;                /* tokens in tok */
-    size_t cap_tok;              /* capacity of tok */
-    size_t n_prompt;             /* prompt length */
-    int32_t n_computed;          /* tokens whose KV is in the cache */
-    struct engine_sampling sp;   /* sampling parameters */
-    struct engine_rng rng;       /* per-request RNG */
-    int32_t max_tokens;          /* generation limit */
-    int ignore_eos;              /* keep going past EOG */
-    int32_t n_gen;               /* tokens sampled */
-    struct engine_stop *stop;    /* stop strings or NULL (owned) */
-    struct engine_tok_stream ts; /* UTF-8 holdback */
-    char *text;                  /* generated text (owned, NUL-terminated) */
-    size_t n_text;               /* bytes in text */
-    size_t cap_text;             /* capacity of text */
-    size_t n_final;              /* bytes of text the stop matcher has released */
-    size_t n_streamed;           /* bytes of text passed to on_text */
-    void (*on_text)(void *user, const char *text, size_t n); /* streaming callback or NULL */
-    enum engine_finish finish;   /* why it ended */
-    int stop_string;             /* a stop string ended it */
-    size_t n_cached;             /* prompt tokens from the prefix cache at first admission */
-    int preemptions;             /* times preempted */
-    double t_arrival, t_first, t_finish; /* monotonic seconds */
-    struct seq *next;            /* waiting / done list link */
-};
-
-struct engine {
-    struct engine_model *m;      /* model (borrowed) */
-    const struct engine_tok *tok; /* tokenizer (borrowed) */
-    struct engine_params p;      /* parameters */
-    struct engine_kv *kv;        /* paged KV cache */
-    struct engine_sampler **smp; /* sampling scratch, one per host thread */
-    int n_smp;                   /* host threads */
-    struct seq **s_seq;          /* this step's sampling jobs: sequence, */
-    float **s_logits;            /* its logits row, */
-    int32_t *s_id;               /* and the token drawn */
-    struct seq **running;        /* running sequences, admission order, n_running used */
-    int n_running;               /* count */
-    int *free_slots;             /* stack of unused KV slots */
-    int n_free_slots;            /* count */
-    struct seq *wait_head, *wait_tail; /* waiting queue (preempted ones at the head) */
-    struct seq *done_head, *done_tail; /* finished, not yet polled */
-    struct seq *polled;          /* handed out by the last poll; freed at the next */
-    size_t n_waiting;            /* waiting count */
-    uint64_t next_id;            /* request ids */
-    uint64_t admit_counter;      /* admission order */
-    /* per-step batch scratch, max_batch_tokens entries */
-    int32_t *b_tok, *b_pos, *b_seq; /* token, position, KV slot */
-    uint8_t *b_want;             /* logits wanted */
-    float *logits;               /* max_seqs x n_vocab */
-    struct seq **b_owner;        /* per batch entry: its sequence */
-    char *piece;                 /* decode scratch */
-    size_t piece_cap;            /* its size */
-    struct engine_stats stats;   /* counters */
-};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "common/pool.h"
+#include "engine/engine_internal.h"
 
 void engine_params_default(struct engine_params *p)
 {
@@ -91,25 +21,16 @@ void engine_params_default(struct engine_params *p)
     p->kv_mem = (size_t)1 << 30;
     p->prefix_cache = 1;
     p->kv_dtype = KERN_KV_F16;
+    p->host_threads = 0;
 }
 
-static void seq_free(struct seq *s)
+/* host_threads 0: the online CPUs, at most 8 (sampling a step's rows gains little beyond). */
+static int host_threads(const struct engine_params *p)
 {
-    if (!s)
-        return;
-    engine_stop_free(s->stop);
-    free(s->tok);
-    free(s->text);
-    free(s);
-}
-
-static void list_free(struct seq *s)
-{
-    while (s) {
-        struct seq *n = s->next;
-        seq_free(s);
-        s = n;
-    }
+    if (p->host_threads > 0)
+        return p->host_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,
@@ -124,6 +45,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        "engine: max-batch-tokens (%d) must be >= max-seqs (%d) so every running "
                        "sequence decodes each step",
                        p->max_batch_tokens, p->max_seqs);
+    if (p->host_threads < 0 || p->host_threads > 1024)
+        return err_set(err, ST_ERR_INVALID_ARG, "engine: host-threads %d not in 0..1024",
+                       p->host_threads);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
     size_t per_block = engine_kv_bytes_per_token(m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
@@ -147,11 +71,15 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         free(e);
         return st;
     }
-    if ((st = engine_model_kv_attach(m, e->kv, p->max_batch_tokens, err))) {
+    if ((st = engine_model_kv_attach(m, e->kv, p->max_batch_tokens, err)) ||
+        (st = pool_init(&e->pool, host_threads(p), err))) {
         engine_free(e);
         return st;
     }
-    e->n_smp = m->be->ops->host_threads(m->be);
+    /* sampling jobs come one per forward pass, milliseconds apart: idle workers sleep at once
+     * instead of spinning on the CPUs the backend's kernel threads are using */
+    pool_set_spin(e->pool, 0);
+    e->n_smp = pool_size(e->pool);
     e->smp = calloc((size_t)e->n_smp, sizeof(*e->smp));
     if (!e->smp) {
         engine_free(e);
@@ -170,7 +98,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_seq = malloc(sizeof(int32_t) * bt);
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
-    e->logits = malloc(sizeof(float) * (size_t)p->max_seqs * (size_t)m->hp.n_vocab);
+    e->n_logit_rows = p->max_seqs; /* one sampled row per running sequence */
+    e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)m->hp.n_vocab);
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
     e->s_logits = malloc(sizeof(*e->s_logits) * bt);
     e->s_id = malloc(sizeof(*e->s_id) * bt);
@@ -195,11 +124,11 @@ void engine_free(struct engine *e)
         return;
     for (int i = 0; i < e->n_running; i++) {
         engine_kv_release(e->kv, e->running[i]->slot);
-        seq_free(e->running[i]);
+        engine_seq_free(e->running[i]);
     }
-    list_free(e->wait_head);
-    list_free(e->done_head);
-    list_free(e->polled);
+    engine_seq_list_free(e->wait_head);
+    engine_seq_list_free(e->done_head);
+    engine_seq_list_free(e->polled);
     if (e->kv) {
         struct err_detail err = {0};
         if (engine_kv_check(e->kv, 1, &err)) {
@@ -214,6 +143,7 @@ void engine_free(struct engine *e)
         for (int i = 0; i < e->n_smp; i++)
             engine_sampler_free(e->smp[i]);
     free(e->smp);
+    pool_free(e->pool);
     free(e->s_seq);
     free(e->s_logits);
     free(e->s_id);
@@ -244,75 +174,6 @@ void engine_get_load(const struct engine *e, struct engine_load *out)
     out->kv_used = e->kv->n_blocks - engine_kv_available(e->kv);
 }
 
-/* ---- queues ---- */
-
-static void wait_push_back(struct engine *e, struct seq *s)
-{
-    s->state = SEQ_WAITING;
-    s->next = NULL;
-    if (e->wait_tail)
-        e->wait_tail->next = s;
-    else
-        e->wait_head = s;
-    e->wait_tail = s;
-    e->n_waiting++;
-}
-
-static void wait_push_front(struct engine *e, struct seq *s)
-{
-    s->state = SEQ_WAITING;
-    s->next = e->wait_head;
-    e->wait_head = s;
-    if (!e->wait_tail)
-        e->wait_tail = s;
-    e->n_waiting++;
-}
-
-static struct seq *wait_pop(struct engine *e)
-{
-    struct seq *s = e->wait_head;
-    if (s) {
-        e->wait_head = s->next;
-        if (!e->wait_head)
-            e->wait_tail = NULL;
-        s->next = NULL;
-        e->n_waiting--;
-    }
-    return s;
-}
-
-/* ---- requests ---- */
-
-static enum status tok_push(struct seq *s, int32_t id)
-{
-    if (s->n_tok == s->cap_tok) {
-        size_t cap = s->cap_tok * 2;
-        int32_t *nt = realloc(s->tok, sizeof(int32_t) * cap);
-        if (!nt)
-            return ST_ERR_NOMEM;
-        s->tok = nt;
-        s->cap_tok = cap;
-    }
-    s->tok[s->n_tok++] = id;
-    return ST_OK;
-}
-
-static enum status text_append(struct seq *s, const char *p, size_t n)
-{
-    if (s->n_text + n + 1 > s->cap_text) {
-        size_t cap = (s->n_text + n + 1) * 2;
-        char *nt = realloc(s->text, cap);
-        if (!nt)
-            return ST_ERR_NOMEM;
-        s->text = nt;
-        s->cap_text = cap;
-    }
-    memcpy(s->text + s->n_text, p, n);
-    s->n_text += n;
-    s->text[s->n_text] = 0;
-    return ST_OK;
-}
-
 enum status engine_add_request(struct engine *e, const struct engine_request *r, uint64_t *id,
                                struct err_detail *err)
 {
@@ -340,242 +201,32 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
         return err_set(err, ST_ERR_RANGE,
                        "prompt + max_tokens needs %llu KV blocks; the pool has %d (raise --kv-mem)",
                        (unsigned long long)blocks, e->kv->n_blocks);
-    struct seq *s = calloc(1, sizeof(*s));
-    if (!s)
-        return err_set(err, ST_ERR_NOMEM, "no memory");
-    s->cap_tok = r->n_prompt + (size_t)(r->max_tokens < 64 ? r->max_tokens : 64) + 1;
-    s->tok = malloc(sizeof(int32_t) * s->cap_tok);
-    s->cap_text = 256;
-    s->text = malloc(s->cap_text);
-    if (!s->tok || !s->text) {
-        seq_free(s);
-        return err_set(err, ST_ERR_NOMEM, "no memory");
-    }
-    s->text[0] = 0;
-    if (r->n_stop && (st = engine_stop_init(&s->stop, r->stop, r->n_stop, err))) {
-        seq_free(s);
+    struct seq *s;
+    if ((st = engine_seq_new(&s, r, err)))
         return st;
-    }
-    memcpy(s->tok, r->prompt, sizeof(int32_t) * r->n_prompt);
-    s->n_tok = s->n_prompt = r->n_prompt;
-    s->sp = r->sampling;
-    const char *rid = r->request_id ? r->request_id : "";
-    engine_rng_seed(&s->rng, r->sampling.seed, rid, strlen(rid));
-    s->max_tokens = r->max_tokens;
-    s->ignore_eos = r->ignore_eos;
-    s->user = r->user;
-    s->on_text = r->on_text;
-    s->slot = -1;
     s->id = e->next_id++;
-    s->t_arrival = now_s();
-    s->n_cached = (size_t)-1; /* set at first admission */
-    wait_push_back(e, s);
+    s->t_arrival = engine_now();
+    engine_sched_enqueue(e, s);
     if (id)
         *id = s->id;
     return ST_OK;
 }
 
-/* ---- scheduling ---- */
+struct sample_job {
+    struct engine *e; /* the engine */
+    long n;           /* sampling jobs this step */
+};
 
-static void finish_seq(struct engine *e, int ri, enum engine_finish why)
+/* This step's sampling jobs, split evenly over the pool (engine_step); thread ith uses its own
+ * sampler scratch, each job its own sequence's RNG, so the tokens do not depend on the split.
+ * (Several rows of one sequence, as a speculative step would sample, share its RNG: they must
+ * then go to one thread, in order.) */
+static void sample_range(void *arg, int ith, int nth)
 {
-    struct seq *s = e->running[ri];
-    s->finish = why;
-    s->t_finish = now_s();
-    engine_kv_release(e->kv, s->slot);
-    e->free_slots[e->n_free_slots++] = s->slot;
-    s->slot = -1;
-    memmove(&e->running[ri], &e->running[ri + 1], sizeof(*e->running) * (size_t)(e->n_running - ri - 1));
-    e->n_running--;
-    s->state = SEQ_DONE;
-    s->next = NULL;
-    if (e->done_tail)
-        e->done_tail->next = s;
-    else
-        e->done_head = s;
-    e->done_tail = s;
-}
-
-/* Evict running[ri]: its blocks go back (cached), it waits at the front to be recomputed. */
-static void preempt(struct engine *e, int ri)
-{
-    struct seq *s = e->running[ri];
-    engine_kv_release(e->kv, s->slot);
-    e->free_slots[e->n_free_slots++] = s->slot;
-    s->slot = -1;
-    s->n_computed = 0;
-    s->preemptions++;
-    e->stats.preemptions++;
-    memmove(&e->running[ri], &e->running[ri + 1], sizeof(*e->running) * (size_t)(e->n_running - ri - 1));
-    e->n_running--;
-    wait_push_front(e, s);
-}
-
-/* Index in running[] of the most recently admitted sequence. */
-static int newest_running(const struct engine *e)
-{
-    int best = 0;
-    for (int i = 1; i < e->n_running; i++)
-        if (e->running[i]->admitted > e->running[best]->admitted)
-            best = i;
-    return best;
-}
-
-/* Tokens of s that fit in the pool now, up to want. */
-static int32_t fit_tokens(const struct engine *e, const struct seq *s, int32_t want)
-{
-    const int B = e->p.kv_block;
-    int32_t held = e->kv->seqs[s->slot].n_blocks;
-    int32_t cap = (held + engine_kv_available(e->kv)) * B - s->n_computed;
-    return want < cap ? want : cap;
-}
-
-/* Append tokens [from, from + n) of s to the batch. */
-static void batch_add(struct engine *e, int *nb, struct seq *s, int32_t from, int32_t n)
-{
-    for (int32_t i = 0; i < n; i++) {
-        int k = (*nb)++;
-        e->b_tok[k] = s->tok[from + i];
-        e->b_pos[k] = from + i;
-        e->b_seq[k] = s->slot;
-        e->b_owner[k] = s;
-        e->b_want[k] = (size_t)(from + i) == s->n_tok - 1;
-    }
-}
-
-/* Build one step's batch; returns its token count (0 only when nothing can run). */
-static int schedule(struct engine *e, struct err_detail *err)
-{
-    int budget = e->p.max_batch_tokens, nb = 0;
-    /* 1. decodes, oldest first; preempt the newest when blocks run out. The loop relies on the
-     * victim never standing before i in the running list (already in this batch): true while
-     * the list is in admission order and the newest is the victim; a different policy must
-     * take the victim's tokens back out of the batch. */
-    for (int i = 0; i < e->n_running && budget > 0;) {
-        struct seq *s = e->running[i];
-        if ((size_t)s->n_computed + 1 != s->n_tok) {
-            i++;
-            continue;
-        }
-        while (engine_kv_blocks_needed(e->kv, s->slot, (int32_t)s->n_tok) >
-               engine_kv_available(e->kv)) {
-            int v = newest_running(e);
-            preempt(e, v);
-            if (v == i)
-                break;
-        }
-        if (i < e->n_running && e->running[i] == s) {
-            enum status st = engine_kv_reserve(e->kv, s->slot, (int32_t)s->n_tok, err);
-            assert(!st);
-            (void)st;
-            batch_add(e, &nb, s, s->n_computed, 1);
-            budget--;
-            i++;
-        }
-    }
-    /* 2. continue prefills of running sequences */
-    for (int i = 0; i < e->n_running && budget > 0; i++) {
-        struct seq *s = e->running[i];
-        int32_t left = (int32_t)s->n_tok - s->n_computed;
-        if (left <= 1 && (size_t)s->n_computed + 1 == s->n_tok)
-            continue; /* decoding (handled above) */
-        int32_t n = fit_tokens(e, s, left < budget ? left : budget);
-        if (n <= 0)
-            continue;
-        engine_kv_reserve(e->kv, s->slot, s->n_computed + n, NULL);
-        batch_add(e, &nb, s, s->n_computed, n);
-        budget -= n;
-    }
-    /* 3. admit waiting requests */
-    while (budget > 0 && e->wait_head && e->n_free_slots) {
-        struct seq *s = e->wait_head;
-        int slot = e->free_slots[e->n_free_slots - 1];
-        int32_t cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,
-                                                 (int32_t)s->n_tok - 1);
-        s->slot = slot;
-        s->n_computed = cached;
-        int32_t left = (int32_t)s->n_tok - cached;
-        int32_t n = fit_tokens(e, s, left < budget ? left : budget);
-        if (n <= 0) {
-            engine_kv_release(e->kv, slot);
-            s->slot = -1;
-            s->n_computed = 0;
-            break;
-        }
-        wait_pop(e);
-        e->n_free_slots--;
-        if (s->n_cached == (size_t)-1)
-            s->n_cached = (size_t)cached;
-        s->state = SEQ_RUNNING;
-        s->admitted = ++e->admit_counter;
-        e->running[e->n_running++] = s;
-        engine_kv_reserve(e->kv, slot, cached + n, NULL);
-        batch_add(e, &nb, s, cached, n);
-        budget -= n;
-    }
-    return nb;
-}
-
-/* Pass the text that became final since the last call to the request's on_text. */
-static void stream_text(struct seq *s, size_t final)
-{
-    if (s->on_text && final > s->n_streamed)
-        s->on_text(s->user, s->text + s->n_streamed, final - s->n_streamed);
-    s->n_streamed = final;
-}
-
-/* A token was sampled for running[ri]; returns 1 if the sequence finished. An end-of-generation
- * token ends the text (bytes of an incomplete UTF-8 character held back are flushed as the
- * tokenizer's stream flush renders them); so does max_tokens; a completed stop string ends it
- * before the stop string. */
-static int accept_token(struct engine *e, int ri, int32_t id)
-{
-    struct seq *s = e->running[ri];
-    s->n_gen++;
-    e->stats.gen_tokens++;
-    if (s->n_gen == 1)
-        s->t_first = now_s();
-    const int eog = !s->ignore_eos && engine_tok_is_eog(e->tok, id);
-    size_t n = 0;
-    if (!eog) {
-        if (tok_push(s, id))
-            abort(); /* a few bytes per token: out of memory here is fatal */
-        n = engine_tok_stream_push(e->tok, &s->ts, id, e->piece, e->piece_cap);
-    }
-    const int end = eog || s->n_gen >= s->max_tokens;
-    if (end)
-        n += engine_tok_stream_flush(&s->ts, e->piece + n, e->piece_cap - n);
-    if (text_append(s, e->piece, n))
-        abort();
-    int stopped = 0;
-    if (s->stop) {
-        size_t ok = 0;
-        stopped = engine_stop_push(s->stop, e->piece, n, &ok);
-        s->n_final += ok;
-    } else {
-        s->n_final = s->n_text;
-    }
-    if (stopped) {
-        s->n_text = s->n_final;
-        s->text[s->n_text] = 0;
-        s->stop_string = 1;
-    }
-    stream_text(s, stopped || end ? s->n_text : s->n_final);
-    if (stopped || eog) {
-        finish_seq(e, ri, ENGINE_FINISH_STOP);
-        return 1;
-    }
-    if (end) {
-        finish_seq(e, ri, ENGINE_FINISH_LENGTH);
-        return 1;
-    }
-    return 0;
-}
-
-/* Sampling jobs [lo, hi) of this step on host thread ith (engine_step). */
-static void sample_range(void *ctx, int ith, long lo, long hi)
-{
-    struct engine *e = ctx;
+    const struct sample_job *sj = arg;
+    struct engine *e = sj->e;
+    long lo, hi;
+    pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
         e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, e->s_logits[j], s->tok,
@@ -585,14 +236,7 @@ static void sample_range(void *ctx, int ith, long lo, long hi)
 
 enum status engine_step(struct engine *e, struct err_detail *err)
 {
-    int nb;
-    for (;;) {
-        nb = schedule(e, err);
-        if (nb || !e->n_running)
-            break;
-        /* running sequences all blocked on KV blocks: make room by preempting */
-        preempt(e, newest_running(e));
-    }
+    int nb = engine_sched_build(e, err);
     if (!nb)
         return ST_OK;
     struct engine_batch b = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_want};
@@ -612,15 +256,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     int32_t used = e->kv->n_blocks - engine_kv_available(e->kv);
     if (used > e->stats.peak_blocks_used)
         e->stats.peak_blocks_used = used;
-    /* advance computed counts and register full blocks */
-    for (int k = 0; k < nb; k++) {
-        struct seq *s = e->b_owner[k];
-        if (s->n_computed < (int32_t)s->n_prompt)
-            e->stats.prompt_tokens++;
-        s->n_computed++;
-        if (k + 1 == nb || e->b_owner[k + 1] != s)
-            engine_kv_prefix_commit(e->kv, s->slot, s->tok, s->n_computed);
-    }
+    engine_sched_computed(e, nb);
     /* sample for every sequence whose last known token was computed: draws in parallel (each
      * sequence has its own RNG and logits row, each thread its own scratch), then the tokens
      * are accepted in batch order */
@@ -632,20 +268,28 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)e->m->hp.n_vocab;
         n_s++;
     }
-    if (!fused) /* else s_id holds the greedy tokens already */
-        e->m->be->ops->host_parallel(e->m->be, sample_range, e, n_s);
-    for (int j = 0; j < n_s; j++) {
-        int ri = 0;
-        while (e->running[ri] != e->s_seq[j])
-            ri++;
-        accept_token(e, ri, e->s_id[j]);
+    if (!fused) { /* else s_id holds the greedy tokens already */
+        struct sample_job sj = {e, n_s};
+        pool_run(e->pool, sample_range, &sj);
+    }
+    /* accept each sequence's run of tokens (one today; a speculative step would sample several
+     * rows of one sequence, and the rows after the first rejected token would be dropped) */
+    for (int j = 0; j < n_s;) {
+        struct seq *s = e->s_seq[j];
+        int k = 1;
+        while (j + k < n_s && e->s_seq[j + k] == s)
+            k++;
+        engine_seq_accept(e, s, &e->s_id[j], (size_t)k);
+        if (s->ended)
+            engine_sched_retire(e, s);
+        j += k;
     }
     return ST_OK;
 }
 
 size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
 {
-    list_free(e->polled);
+    engine_seq_list_free(e->polled);
     e->polled = NULL;
     struct seq **tail = &e->polled;
     size_t n = 0;

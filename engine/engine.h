@@ -1,7 +1,8 @@
 /* The batch engine: requests go in with engine_add_request, engine_step runs one forward pass
  * over every running sequence's next token plus prefill chunks of waiting ones (continuous
  * batching over a paged, prefix-cached KV cache), and finished requests come out of
- * engine_poll. Single-threaded API; the kernels underneath use the backend's threads. */
+ * engine_poll. Single-threaded API; the kernels underneath use the backend's threads, and the
+ * engine samples on its own pool of host_threads between forward passes. */
 #ifndef ENGINE_ENGINE_H
 #define ENGINE_ENGINE_H
 
@@ -21,6 +22,8 @@ struct engine_params {
     size_t kv_mem;         /* bytes for the KV pool (default 1 GiB) */
     int prefix_cache;      /* reuse cached prompt blocks (default 1) */
     int kv_dtype;          /* enum kern_kv_dtype: KERN_KV_F16 (default) or KERN_KV_Q8 */
+    int host_threads;      /* threads sampling a step's rows; 0 (default) = online CPUs, at
+                            * most 8. The tokens do not depend on it. */
 };
 
 void engine_params_default(struct engine_params *p);

@@ -202,11 +202,6 @@ struct kern_ops {
                             struct kern_kv_layer *layers, struct err_detail *err);
     void (*kv_free)(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
                     struct kern_kv_layer *layers);
-    /* Host-side parallel loop for work around the model (sampling): fn(ctx, ith, lo, hi) runs
-     * once per host thread ith < host_threads(b) on a contiguous share [lo, hi) of [0, n). */
-    void (*host_parallel)(struct kern_backend *b,
-                          void (*fn)(void *ctx, int ith, long lo, long hi), void *ctx, long n);
-    int (*host_threads)(struct kern_backend *b);
     /* Optional (NULL: none): the device's measured peak multiply-add rates (2 ops per MAC),
      * each loop run for about `seconds` on all the backend's threads at once: fills up to max
      * entries of out and returns how many. A rate the machine lacks is reported as 0. */

@@ -664,32 +664,6 @@ static void cpu_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, in
         layers[l].k = layers[l].v = NULL;
 }
 
-struct host_job {
-    void (*fn)(void *ctx, int ith, long lo, long hi); /* caller's body */
-    void *ctx;                                        /* its argument */
-    long n;                                           /* items */
-};
-
-static void host_worker(void *arg, int ith, int nth)
-{
-    const struct host_job *j = arg;
-    long lo, hi;
-    pool_range(j->n, ith, nth, &lo, &hi);
-    if (lo < hi)
-        j->fn(j->ctx, ith, lo, hi);
-}
-
-static void cpu_host_parallel(struct kern_backend *b,
-                              void (*fn)(void *ctx, int ith, long lo, long hi), void *ctx, long n)
-{
-    struct host_job j = {fn, ctx, n};
-    pool_run(st_of(b)->pool, host_worker, &j);
-}
-
-static int cpu_host_threads(struct kern_backend *b)
-{
-    return pool_size(st_of(b)->pool);
-}
 
 
 /* The int8 peak loop of the backend's table (or an AMX tile loop) on every thread at once. */
@@ -777,8 +751,6 @@ static const struct kern_ops cpu_ops = {
     .kv_block_bytes = cpu_kv_block_bytes,
     .kv_alloc = cpu_kv_alloc,
     .kv_free = cpu_kv_free,
-    .host_parallel = cpu_host_parallel,
-    .host_threads = cpu_host_threads,
     .peaks = cpu_peaks,
     .weight_bytes = cpu_weight_bytes,
     .free = cpu_free,

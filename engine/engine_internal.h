@@ -1,0 +1,119 @@
+/* The engine's private structures and the seams between its parts: engine.c (the public API and
+ * the step), sched.c (queues, admission, preemption, batch building) and seq.c (a sequence's
+ * tokens and text: accepting sampled tokens, stop strings, end-of-generation, streaming). Only
+ * the engine's own files and its tests include it. */
+#ifndef ENGINE_ENGINE_INTERNAL_H
+#define ENGINE_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+
+struct pool;
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+struct seq {
+    uint64_t id;                 /* request id */
+    void *user;                  /* caller's pointer */
+    enum seq_state state;        /* where it is */
+    int slot;                    /* KV slot while running, else -1 */
+    uint64_t admitted;           /* admission counter value (newest = largest) */
+    int32_t *tok;                /* prompt then generated tokens (owned) */
+    size_t n_tok;                /* tokens in tok */
+    size_t cap_tok;              /* capacity of tok */
+    size_t n_prompt;             /* prompt length */
+    int32_t n_computed;          /* tokens whose KV is in the cache */
+    struct engine_sampling sp;   /* sampling parameters */
+    struct engine_rng rng;       /* per-request RNG */
+    int32_t max_tokens;          /* generation limit */
+    int ignore_eos;              /* keep going past EOG */
+    int32_t n_gen;               /* tokens sampled */
+    struct engine_stop *stop;    /* stop strings or NULL (owned) */
+    struct engine_tok_stream ts; /* UTF-8 holdback */
+    char *text;                  /* generated text (owned, NUL-terminated) */
+    size_t n_text;               /* bytes in text */
+    size_t cap_text;             /* capacity of text */
+    size_t n_final;              /* bytes of text the stop matcher has released */
+    size_t n_streamed;           /* bytes of text passed to on_text */
+    void (*on_text)(void *user, const char *text, size_t n); /* streaming callback or NULL */
+    int ended;                   /* 1 once an accepted token finished it (seq.c); the scheduler
+                                  * then retires it (engine_sched_retire) */
+    enum engine_finish finish;   /* why it ended */
+    int stop_string;             /* a stop string ended it */
+    size_t n_cached;             /* prompt tokens from the prefix cache at first admission */
+    int preemptions;             /* times preempted */
+    double t_arrival, t_first, t_finish; /* monotonic seconds */
+    struct seq *next;            /* waiting / done list link */
+};
+
+struct engine {
+    struct engine_model *m;      /* model (borrowed) */
+    const struct engine_tok *tok; /* tokenizer (borrowed) */
+    struct engine_params p;      /* parameters */
+    struct engine_kv *kv;        /* paged KV cache */
+    struct pool *pool;           /* host threads for sampling (owned) */
+    struct engine_sampler **smp; /* sampling scratch, one per pool thread */
+    int n_smp;                   /* pool threads */
+    struct seq **s_seq;          /* this step's sampling jobs (one per logits row): sequence, */
+    float **s_logits;            /* its logits row, */
+    int32_t *s_id;               /* and the token drawn */
+    struct seq **running;        /* running sequences, admission order, n_running used */
+    int n_running;               /* count */
+    int *free_slots;             /* stack of unused KV slots */
+    int n_free_slots;            /* count */
+    struct seq *wait_head, *wait_tail; /* waiting queue (preempted ones at the head) */
+    struct seq *done_head, *done_tail; /* finished, not yet polled */
+    struct seq *polled;          /* handed out by the last poll; freed at the next */
+    size_t n_waiting;            /* waiting count */
+    uint64_t next_id;            /* request ids */
+    uint64_t admit_counter;      /* admission order */
+    /* per-step batch scratch, max_batch_tokens entries */
+    int32_t *b_tok, *b_pos, *b_seq; /* token, position, KV slot */
+    uint8_t *b_want;             /* logits wanted */
+    struct seq **b_owner;        /* per batch entry: its sequence */
+    int n_logit_rows;            /* rows logits holds; a batch never wants more */
+    float *logits;               /* n_logit_rows x n_vocab */
+    char *piece;                 /* decode scratch */
+    size_t piece_cap;            /* its size */
+    struct engine_stats stats;   /* counters */
+};
+
+/* Monotonic seconds (the clock of engine_output's timestamps). */
+double engine_now(void);
+
+/* ---- sequence state (seq.c) ---- */
+
+/* A new sequence for a validated request r (engine_add_request checks it): copies the prompt,
+ * the stop strings and the parameters, seeds its RNG. Caller frees with engine_seq_free. */
+enum status engine_seq_new(struct seq **out, const struct engine_request *r,
+                           struct err_detail *err);
+/* NULL is a no-op. */
+void engine_seq_free(struct seq *s);
+/* Frees a list linked through next. */
+void engine_seq_list_free(struct seq *s);
+
+/* Accept the sampled tokens ids[0..k) for s, in order, stopping at the first that finishes it
+ * (an end-of-generation token, max_tokens, or a completed stop string); returns how many were
+ * taken (1..k for k >= 1). Each taken token is counted in e->stats.gen_tokens, appended (an
+ * end-of-generation token is not, unless ignore_eos) and its text streamed to on_text as it
+ * becomes final. When s finishes, s->ended is set with finish, stop_string and t_finish, the
+ * text is final (a stop string and what follows it dropped) and fully streamed; the caller
+ * then retires it. s must be running and not ended. */
+size_t engine_seq_accept(struct engine *e, struct seq *s, const int32_t *ids, size_t k);
+
+/* ---- scheduling (sched.c) ---- */
+
+/* Put a new request's sequence at the back of the waiting queue. */
+void engine_sched_enqueue(struct engine *e, struct seq *s);
+/* Build the step's batch in b_tok/b_pos/b_seq/b_want/b_owner: every decoding sequence's next
+ * token (preempting the newest running sequences when the KV pool runs out), then prefill
+ * chunks of running sequences, then newly admitted waiting ones, never more than
+ * max_batch_tokens tokens nor n_logit_rows wanted rows. KV blocks for every entry are reserved.
+ * Returns the token count, 0 only when nothing is waiting or running. */
+int engine_sched_build(struct engine *e, struct err_detail *err);
+/* After the forward pass of the nb-token batch: advance computed counts, register full blocks
+ * in the prefix cache, count prompt tokens. */
+void engine_sched_computed(struct engine *e, int nb);
+/* Move an ended running sequence to the done list, releasing its KV slot. */
+void engine_sched_retire(struct engine *e, struct seq *s);
+
+#endif

@@ -1,0 +1,167 @@
+/* A sequence's own state: its tokens (prompt, then generated), and what accepting a sampled
+ * token does to it: the token is detokenised into its text (UTF-8 held back until complete),
+ * checked against end-of-generation, max_tokens and the stop strings, and the text that became
+ * final is streamed to the request's on_text. Nothing here knows about queues or the KV cache. */
+#include "engine/engine_internal.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double engine_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void engine_seq_free(struct seq *s)
+{
+    if (!s)
+        return;
+    engine_stop_free(s->stop);
+    free(s->tok);
+    free(s->text);
+    free(s);
+}
+
+void engine_seq_list_free(struct seq *s)
+{
+    while (s) {
+        struct seq *n = s->next;
+        engine_seq_free(s);
+        s = n;
+    }
+}
+
+enum status engine_seq_new(struct seq **out, const struct engine_request *r,
+                           struct err_detail *err)
+{
+    *out = NULL;
+    struct seq *s = calloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    s->cap_tok = r->n_prompt + (size_t)(r->max_tokens < 64 ? r->max_tokens : 64) + 1;
+    s->tok = malloc(sizeof(int32_t) * s->cap_tok);
+    s->cap_text = 256;
+    s->text = malloc(s->cap_text);
+    if (!s->tok || !s->text) {
+        engine_seq_free(s);
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    }
+    s->text[0] = 0;
+    enum status st;
+    if (r->n_stop && (st = engine_stop_init(&s->stop, r->stop, r->n_stop, err))) {
+        engine_seq_free(s);
+        return st;
+    }
+    memcpy(s->tok, r->prompt, sizeof(int32_t) * r->n_prompt);
+    s->n_tok = s->n_prompt = r->n_prompt;
+    s->sp = r->sampling;
+    const char *rid = r->request_id ? r->request_id : "";
+    engine_rng_seed(&s->rng, r->sampling.seed, rid, strlen(rid));
+    s->max_tokens = r->max_tokens;
+    s->ignore_eos = r->ignore_eos;
+    s->user = r->user;
+    s->on_text = r->on_text;
+    s->slot = -1;
+    s->n_cached = (size_t)-1; /* set at first admission */
+    *out = s;
+    return ST_OK;
+}
+
+static enum status tok_push(struct seq *s, int32_t id)
+{
+    if (s->n_tok == s->cap_tok) {
+        size_t cap = s->cap_tok * 2;
+        int32_t *nt = realloc(s->tok, sizeof(int32_t) * cap);
+        if (!nt)
+            return ST_ERR_NOMEM;
+        s->tok = nt;
+        s->cap_tok = cap;
+    }
+    s->tok[s->n_tok++] = id;
+    return ST_OK;
+}
+
+static enum status text_append(struct seq *s, const char *p, size_t n)
+{
+    if (s->n_text + n + 1 > s->cap_text) {
+        size_t cap = (s->n_text + n + 1) * 2;
+        char *nt = realloc(s->text, cap);
+        if (!nt)
+            return ST_ERR_NOMEM;
+        s->text = nt;
+        s->cap_text = cap;
+    }
+    memcpy(s->text + s->n_text, p, n);
+    s->n_text += n;
+    s->text[s->n_text] = 0;
+    return ST_OK;
+}
+
+/* Pass the text that became final since the last call to the request's on_text. */
+static void stream_text(struct seq *s, size_t final)
+{
+    if (s->on_text && final > s->n_streamed)
+        s->on_text(s->user, s->text + s->n_streamed, final - s->n_streamed);
+    s->n_streamed = final;
+}
+
+static void end_seq(struct seq *s, enum engine_finish why)
+{
+    s->ended = 1;
+    s->finish = why;
+    s->t_finish = engine_now();
+}
+
+/* One token: an end-of-generation token ends the text (bytes of an incomplete UTF-8 character
+ * held back are flushed as the tokenizer's stream flush renders them); so does max_tokens; a
+ * completed stop string ends it before the stop string. */
+static void accept_one(struct engine *e, struct seq *s, int32_t id)
+{
+    s->n_gen++;
+    e->stats.gen_tokens++;
+    if (s->n_gen == 1)
+        s->t_first = engine_now();
+    const int eog = !s->ignore_eos && engine_tok_is_eog(e->tok, id);
+    size_t n = 0;
+    if (!eog) {
+        if (tok_push(s, id))
+            abort(); /* a few bytes per token: out of memory here is fatal */
+        n = engine_tok_stream_push(e->tok, &s->ts, id, e->piece, e->piece_cap);
+    }
+    const int end = eog || s->n_gen >= s->max_tokens;
+    if (end)
+        n += engine_tok_stream_flush(&s->ts, e->piece + n, e->piece_cap - n);
+    if (text_append(s, e->piece, n))
+        abort();
+    int stopped = 0;
+    if (s->stop) {
+        size_t ok = 0;
+        stopped = engine_stop_push(s->stop, e->piece, n, &ok);
+        s->n_final += ok;
+    } else {
+        s->n_final = s->n_text;
+    }
+    if (stopped) {
+        s->n_text = s->n_final;
+        s->text[s->n_text] = 0;
+        s->stop_string = 1;
+    }
+    stream_text(s, stopped || end ? s->n_text : s->n_final);
+    if (stopped || eog)
+        end_seq(s, ENGINE_FINISH_STOP);
+    else if (end)
+        end_seq(s, ENGINE_FINISH_LENGTH);
+}
+
+size_t engine_seq_accept(struct engine *e, struct seq *s, const int32_t *ids, size_t k)
+{
+    assert(s->state == SEQ_RUNNING && !s->ended);
+    size_t i = 0;
+    while (i < k && !s->ended)
+        accept_one(e, s, ids[i++]);
+    return i;
+}
