@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "runner/engine_opts.h"
 #include "runner/progress.h"
 #include "runner/runner.h"
 #include "runner/term.h"
@@ -47,12 +48,6 @@ static const char run_usage[] =
     "  --no-wait              exit 75 at once when only items leased by other live runs are\n"
     "                         left (default: wait for them, taking over any that die)\n"
     "  --job ID|NAME          only this job\n"
-    "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME, --matmul exact|q16|bf16|q8   kernels (see quern generate --help)\n"
-    "  --max-seqs S, --max-batch-tokens T, --kv-mem SIZE, --kv-block B, --no-prefix-cache\n"
-    "                         engine settings (defaults 256, 512, 1G, 16)\n"
-    "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8 bits per value with a\n"
-    "                         scale per token and head, half the bytes, less accurate)\n"
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
     "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
@@ -71,17 +66,23 @@ static const char run_usage[] =
     "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
     "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
     "                         `quern status --watch` shows the same from another process.\n"
-    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
+    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n";
+static const char run_usage_tail[] =
     "  -h, --help             this help\n"
     "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n";
 
+static void usage(FILE *f)
+{
+    fputs(run_usage, f);
+    runner_engine_help(f, RUNNER_EO_ALL);
+    fputs(run_usage_tail, f);
+}
+
 struct run_opts {
-    struct batch_opts b; /* the run itself */
-    const char *lock;    /* --lock */
-    const char *isa;     /* --isa */
-    long threads;        /* --threads */
-    int act;             /* --matmul: enum kern_act */
-    float progress;      /* --progress */
+    struct batch_opts b;          /* the run itself */
+    struct runner_engine_opts eo; /* engine and backend flags */
+    const char *lock;             /* --lock */
+    float progress;               /* --progress */
 };
 
 static volatile sig_atomic_t g_signals; /* stop signals received */
@@ -92,21 +93,14 @@ static void on_signal(int sig)
     g_signals++;
 }
 
-enum { R_DB = 256, R_OUT, R_JOB, R_THREADS, R_ISA, R_MATMUL, R_SEQS, R_BATCH, R_KVMEM, R_KVBLOCK,
-       R_NOPREFIX, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR, R_SHARDR,
-       R_SHARDB, R_PROGRESS, R_WORKER, R_KVDTYPE, R_NOWAIT, R_CREATE };
+enum { R_DB = 256, R_OUT, R_JOB, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR,
+       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
-    static const struct option longopts[] = {
+    static const struct option own[] = {
         {"db", required_argument, 0, R_DB}, {"out", required_argument, 0, R_OUT},
-        {"job", required_argument, 0, R_JOB}, {"threads", required_argument, 0, R_THREADS},
-        {"isa", required_argument, 0, R_ISA}, {"matmul", required_argument, 0, R_MATMUL},
-        {"max-seqs", required_argument, 0, R_SEQS},
-        {"max-batch-tokens", required_argument, 0, R_BATCH},
-        {"kv-mem", required_argument, 0, R_KVMEM}, {"kv-block", required_argument, 0, R_KVBLOCK},
-        {"no-prefix-cache", no_argument, 0, R_NOPREFIX},
-        {"kv-dtype", required_argument, 0, R_KVDTYPE},
+        {"job", required_argument, 0, R_JOB},
         {"max-runtime", required_argument, 0, R_MAXRT}, {"grace", required_argument, 0, R_GRACE},
         {"lock", required_argument, 0, R_LOCK}, {"lease", required_argument, 0, R_LEASE},
         {"claim", required_argument, 0, R_CLAIM}, {"flush-secs", required_argument, 0, R_FLUSHS},
@@ -119,8 +113,10 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
+    struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL);
     memset(o, 0, sizeof(*o));
-    o->threads = runner_default_threads();
+    runner_engine_opts_default(&o->eo);
     o->b.claim = 64;
     o->b.flush_records = 256;
     o->b.shard_records = 100000;
@@ -129,53 +125,23 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
     o->b.lease = 300;
     o->b.flush_secs = 5;
     o->progress = 10;
-    engine_params_default(&o->b.engine);
     const char *cmd = "run";
-    long l;
-    int c;
+    int c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if ((e = runner_engine_opt(cmd, c, optarg, &o->eo)) != 0) {
+            if (e < 0)
+                return 0;
+            continue;
+        }
         switch (c) {
         case R_DB: o->b.db = optarg; break;
         case R_OUT: o->b.out = optarg; break;
         case R_JOB: o->b.job = optarg; break;
-        case R_ISA: o->isa = optarg; break;
         case R_LOCK: o->lock = optarg; break;
         case R_WORKER: o->b.worker = optarg; break;
-        case R_NOPREFIX: o->b.engine.prefix_cache = 0; break;
         case R_NOWAIT: o->b.no_wait = 1; break;
         case R_CREATE: o->b.create = 1; break;
-        case R_MATMUL:
-            if (!runner_parse_matmul(cmd, optarg, &o->act))
-                return 0;
-            break;
-        case R_THREADS:
-            if (!runner_parse_long(cmd, "threads", optarg, 1, 256, &o->threads))
-                return 0;
-            break;
-        case R_SEQS:
-            if (!runner_parse_long(cmd, "max-seqs", optarg, 1, 1 << 16, &l))
-                return 0;
-            o->b.engine.max_seqs = (int)l;
-            break;
-        case R_BATCH:
-            if (!runner_parse_long(cmd, "max-batch-tokens", optarg, 1, 1 << 20, &l))
-                return 0;
-            o->b.engine.max_batch_tokens = (int)l;
-            break;
-        case R_KVBLOCK:
-            if (!runner_parse_long(cmd, "kv-block", optarg, 1, 4096, &l))
-                return 0;
-            o->b.engine.kv_block = (int)l;
-            break;
-        case R_KVMEM:
-            if (!runner_parse_size(cmd, "kv-mem", optarg, &o->b.engine.kv_mem))
-                return 0;
-            break;
-        case R_KVDTYPE:
-            if (!runner_parse_kv_dtype(cmd, optarg, &o->b.engine.kv_dtype))
-                return 0;
-            break;
         case R_MAXRT:
             if (!runner_parse_float(cmd, "max-runtime", optarg, 0.001, 1e9, &o->b.max_runtime))
                 return 0;
@@ -212,8 +178,8 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
             if (!runner_parse_size(cmd, "shard-bytes", optarg, &o->b.shard_bytes))
                 return 0;
             break;
-        case 'h': fputs(run_usage, stdout); exit(RUNNER_EXIT_OK);
-        default: fputs(run_usage, stderr); return 0;
+        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        default: usage(stderr); return 0;
         }
     }
     if (optind < argc) {
@@ -221,7 +187,8 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         return 0;
     }
     if (!o->b.db) {
-        fprintf(stderr, "quern run: --db is required\n%s", run_usage);
+        fprintf(stderr, "quern run: --db is required\n");
+        usage(stderr);
         return 0;
     }
     return 1;
@@ -306,7 +273,8 @@ int runner_cmd_run(int argc, char **argv)
 
     struct runner_term term;
     runner_term_init(&term, stderr);
-    o.b.backend = (struct kern_backend_opts){NULL, (int)o.threads, o.isa, (enum kern_act)o.act};
+    o.b.backend = runner_engine_backend(&o.eo);
+    o.b.engine = o.eo.ep;
     o.b.signals = &g_signals;
     o.b.show_period = term.tty ? RUNNER_PROGRESS_TTY_S : o.progress;
     o.b.show = show;
