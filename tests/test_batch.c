@@ -453,8 +453,11 @@ static void test_fault_between_write_and_commit(void **state)
         struct lines l;
         read_lines(sh[s].path, IO_SHARD_ALL, &l);
         assert_int_equal((uint64_t)l.n, sh[s].records);
-        for (char *p = l.buf; (p = strstr(p, "\"c")) != NULL; p += 2)
-            seen[p[2] - '0']++;
+        for (char *p = l.buf; (p = strstr(p, "\"custom_id\":\"c")) != NULL; p++) {
+            int i = p[14] - '0';
+            assert_true(i >= 0 && i < 8);
+            seen[i]++;
+        }
     }
     queue_shard_list_free(sh, n);
     for (size_t i = 0; i < f->n_items; i++)
