@@ -6,7 +6,8 @@
  * (QUERN_FAULT=queue.commit:N:fail in a child process) leaves the items claimable and the shard
  * cut back to its committed length by recovery, with no duplicate once the work is redone;
  * recovery of a dead run's shard with a torn tail, and of one still locked by its writer; the
- * manifest after a commit, and batch_manifest_current; the progress JSON round trip. */
+ * manifest after a commit, and batch_manifest_current; the progress JSON round trip; and one
+ * whole run of three requests through the engine (the default model; skipped without it). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +28,7 @@
 #include "common/sha256.h"
 #include "io/shard.h"
 #include "queue/queue.h"
+#include "tests/test_util.h"
 
 #define LEASE_MS 300000
 
@@ -643,6 +645,112 @@ static void test_progress_json(void **state)
     assert_true(batch_rate_get(&r) == 50);
 }
 
+/* ---- a whole run through the engine (needs the model) ---- */
+
+struct shown {
+    int live, final;            /* calls of each kind */
+    struct batch_progress last; /* the FINAL numbers */
+};
+
+static void on_show(void *user, const struct batch_progress *p, enum batch_show what)
+{
+    struct shown *s = user;
+    if (what == BATCH_SHOW_FINAL) {
+        s->final++;
+        s->last = *p;
+    } else {
+        s->live++;
+    }
+}
+
+/* Three requests (one with a bad line) through batch_run_*: the run drains, two results and
+ * one error record are committed, the manifest is complete, the stats count them. */
+static void test_run_drains(void **state)
+{
+    (void)state;
+    char model[4096];
+    if (!realpath(test_model_path(), model)) {
+        skip(); /* no model here */
+        return;
+    }
+    char dir[64], db[128], out[128];
+    snprintf(dir, sizeof(dir), "/tmp/quern-test-batch-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(db, sizeof(db), "%s/queue.db", dir);
+    snprintf(out, sizeof(out), "%s/out", dir);
+    struct queue *q = NULL;
+    struct err_detail err = {0};
+    check(queue_open(&q, db, &err), &err, "queue_open");
+    struct queue_job_spec js = {"run", model, NULL, "{}", out, 1, 0};
+    int64_t job_id;
+    check(queue_job_create(q, &js, &job_id, &err), &err, "queue_job_create");
+    static const char *const payloads[3] = {
+        "{\"custom_id\":\"a\",\"prompt\":\"The sky is\",\"max_tokens\":4,\"temperature\":0}",
+        "{\"custom_id\":\"b\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+        "\"max_tokens\":3,\"temperature\":0}",
+        "{\"custom_id\":\"c\",\"prompt\":\"x\",\"max_tokens\":99999999}",
+    };
+    for (int i = 0; i < 3; i++) {
+        struct queue_item_spec it = {0};
+        it.custom_id = (const char *[]){"a", "b", "c"}[i];
+        it.payload = payloads[i];
+        check(queue_item_add(q, job_id, &it, NULL, &err), &err, "queue_item_add");
+    }
+    queue_close(q);
+
+    struct shown shown = {0};
+    struct batch_opts o = {0};
+    o.db = db;
+    o.claim = 64;
+    o.flush_records = 256;
+    o.flush_secs = 5;
+    o.shard_records = 100000;
+    o.shard_bytes = (size_t)1 << 30;
+    o.lease = 300;
+    o.grace = 30;
+    o.backend = (struct kern_backend_opts){NULL, 2, NULL, KERN_ACT_F32};
+    engine_params_default(&o.engine);
+    o.engine.max_seqs = 4;
+    o.engine.kv_mem = (size_t)64 << 20;
+    o.show_period = 1000;
+    o.show = on_show;
+    o.show_user = &shown;
+    struct batch_run *r = NULL;
+    check(batch_run_open(&r, &o, &err), &err, "batch_run_open");
+    assert_int_equal(batch_run_jobs(r, &err), BATCH_END_DRAINED);
+    const struct batch_stats *st = batch_run_stats(r);
+    assert_int_equal(st->items_done, 2);
+    assert_int_equal(st->items_failed, 1);
+    assert_int_equal(st->n_lat, 2);
+    assert_true(st->completion_tokens >= 2 && st->completion_tokens <= 7);
+    check(batch_run_end(r, "drained", NULL, &err), &err, "batch_run_end");
+    batch_run_free(r);
+    assert_int_equal(shown.final, 1);
+    assert_int_equal(shown.last.done, 2);
+    assert_int_equal(shown.last.failed, 1);
+
+    check(queue_open(&q, db, &err), &err, "queue_open");
+    struct queue_job job;
+    check(queue_job_get(q, job_id, &job, &err), &err, "queue_job_get");
+    assert_int_equal(job.state, QUEUE_JOB_DONE);
+    char job_dir[4096];
+    check(batch_job_dir(q, &job, NULL, 0, job_dir, sizeof(job_dir), &err), &err, "job dir");
+    assert_true(batch_manifest_current(q, &job, job_dir));
+    struct queue_shard *sh;
+    size_t n;
+    check(queue_shard_list(q, job_id, &sh, &n, &err), &err, "queue_shard_list");
+    assert_int_equal(n, 2);
+    struct lines l;
+    read_lines(sh[1].path, IO_SHARD_ALL, &l);
+    assert_non_null(strstr(l.buf, "\"custom_id\":\"c\""));
+    read_lines(sh[0].path, IO_SHARD_ALL, &l);
+    assert_int_equal(l.n, 2);
+    queue_shard_list_free(sh, n);
+    queue_job_free(&job);
+    queue_close(q);
+    rm_rf(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 10 && !strcmp(argv[1], "--fault-child"))
@@ -657,6 +765,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_manifest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outdir_marker, setup, teardown),
         cmocka_unit_test(test_progress_json),
+        cmocka_unit_test(test_run_drains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
