@@ -32,7 +32,8 @@ CFLAGS = -std=c11 $(CFLAGS_OPT) $(CFLAGS_WARN) -pthread
 ISA_AVX2   = -mavx2 -mfma -mf16c
 ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/*.c kernels/cpu/*.c engine/*.c jobs/*.c))
+LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/*.c kernels/cpu/*.c engine/*.c jobs/*.c \
+                             batch/*.c))
 BIN_SRC  = $(sort $(wildcard runner/*.c))
 TEST_SRC = $(sort $(wildcard tests/test_*.c))
 

@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kernels/kernels.h"
+#include "runner/engine_opts.h"
 #include "runner/runner.h"
 
 static const char bench_usage[] =
@@ -35,81 +36,68 @@ static const char bench_usage[] =
     "  --output-len M         tokens generated per request (default 128)\n"
     "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
     "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
-    "  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
-    "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n"
-    "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
-    "  --kv-block B           tokens per KV block (default 16)\n"
-    "  --no-prefix-cache      disable automatic prefix caching\n"
-    "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8-bit, see quern run --help)\n"
-    "  --threads N            CPU threads (default: all online CPUs)\n"
-    "  --isa NAME             auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
-    "  --matmul MODE          exact (default), q16, bf16 or q8, see `quern generate --help`\n"
     "  --seed N               seed for synthetic prompts (default 1)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
     "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
     "                         needed (matmuls; attention excluded) per second / that peak;\n"
     "                         ..._with_attention also counts attention's q.k and weighted-value\n"
-    "                         FLOPs (attention_flops_s)\n"
-    "  -h, --help             this help\n";
+    "                         FLOPs (attention_flops_s)\n";
+
+static void usage(FILE *f)
+{
+    fputs(bench_usage, f);
+    runner_engine_help(f, RUNNER_EO_ALL);
+    fputs("  -h, --help             this help\n", f);
+}
 
 struct bench_opts {
     const char *model;          /* --model */
     const char *input;          /* --input */
-    const char *isa;            /* --isa */
     long prompts;               /* --prompts */
     long input_len;             /* --input-len */
     long output_len;            /* --output-len */
-    long threads;               /* --threads */
-    int act;                    /* --matmul: enum kern_act */
     uint64_t seed;              /* --seed */
     float peak_seconds;         /* --peak-seconds */
-    struct engine_params ep;    /* engine parameters */
+    struct runner_engine_opts eo; /* engine and backend flags */
 };
 
-enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEQS, B_BATCH, B_KVMEM, B_KVBLOCK,
-       B_NOPREFIX, B_THREADS, B_ISA, B_MATMUL, B_SEED, B_PEAK, B_KVDTYPE };
+enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEED, B_PEAK };
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
 {
-    static const struct option longopts[] = {
+    static const struct option own[] = {
         {"model", required_argument, 0, B_MODEL},
         {"prompts", required_argument, 0, B_PROMPTS},
         {"input-len", required_argument, 0, B_INLEN},
         {"output-len", required_argument, 0, B_OUTLEN},
         {"input", required_argument, 0, B_INPUT},
-        {"max-seqs", required_argument, 0, B_SEQS},
-        {"max-batch-tokens", required_argument, 0, B_BATCH},
-        {"kv-mem", required_argument, 0, B_KVMEM},
-        {"kv-block", required_argument, 0, B_KVBLOCK},
-        {"no-prefix-cache", no_argument, 0, B_NOPREFIX},
-        {"kv-dtype", required_argument, 0, B_KVDTYPE},
-        {"threads", required_argument, 0, B_THREADS},
-        {"isa", required_argument, 0, B_ISA},
-        {"matmul", required_argument, 0, B_MATMUL},
         {"seed", required_argument, 0, B_SEED},
         {"peak-seconds", required_argument, 0, B_PEAK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
+    struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL);
     memset(o, 0, sizeof(*o));
+    runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
     o->prompts = 256;
     o->input_len = 128;
     o->output_len = 128;
-    o->threads = runner_default_threads();
     o->seed = 1;
     o->peak_seconds = 1;
-    engine_params_default(&o->ep);
-    long l;
-    int c;
+    int c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if ((e = runner_engine_opt("bench", c, optarg, &o->eo)) != 0) {
+            if (e < 0)
+                return 0;
+            continue;
+        }
         switch (c) {
         case B_MODEL: o->model = optarg; break;
         case B_INPUT: o->input = optarg; break;
-        case B_ISA: o->isa = optarg; break;
-        case B_NOPREFIX: o->ep.prefix_cache = 0; break;
         case B_PROMPTS:
             if (!runner_parse_long("bench", "prompts", optarg, 1, 1 << 24, &o->prompts))
                 return 0;
@@ -122,37 +110,6 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             if (!runner_parse_long("bench", "output-len", optarg, 1, 1 << 20, &o->output_len))
                 return 0;
             break;
-        case B_SEQS:
-            if (!runner_parse_long("bench", "max-seqs", optarg, 1, 1 << 16, &l))
-                return 0;
-            o->ep.max_seqs = (int)l;
-            break;
-        case B_BATCH:
-            if (!runner_parse_long("bench", "max-batch-tokens", optarg, 1, 1 << 20, &l))
-                return 0;
-            o->ep.max_batch_tokens = (int)l;
-            break;
-        case B_KVBLOCK:
-            if (!runner_parse_long("bench", "kv-block", optarg, 1, 4096, &l))
-                return 0;
-            o->ep.kv_block = (int)l;
-            break;
-        case B_KVMEM:
-            if (!runner_parse_size("bench", "kv-mem", optarg, &o->ep.kv_mem))
-                return 0;
-            break;
-        case B_KVDTYPE:
-            if (!runner_parse_kv_dtype("bench", optarg, &o->ep.kv_dtype))
-                return 0;
-            break;
-        case B_THREADS:
-            if (!runner_parse_long("bench", "threads", optarg, 1, 256, &o->threads))
-                return 0;
-            break;
-        case B_MATMUL:
-            if (!runner_parse_matmul("bench", optarg, &o->act))
-                return 0;
-            break;
         case B_SEED:
             if (!runner_parse_u64("bench", "seed", optarg, &o->seed))
                 return 0;
@@ -161,8 +118,8 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             if (!runner_parse_float("bench", "peak-seconds", optarg, 0, 60, &o->peak_seconds))
                 return 0;
             break;
-        case 'h': fputs(bench_usage, stdout); exit(RUNNER_EXIT_OK);
-        default: fputs(bench_usage, stderr); return 0;
+        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        default: usage(stderr); return 0;
         }
     }
     if (optind < argc) {
@@ -336,7 +293,7 @@ int runner_cmd_bench(int argc, char **argv)
     struct prompt_set ps = {0};
     double *ttft = NULL, *tpot = NULL;
     int rc = RUNNER_EXIT_ERROR;
-    struct kern_backend_opts ko = {NULL, (int)o.threads, o.isa, (enum kern_act)o.act, 0};
+    struct kern_backend_opts ko = runner_engine_backend(&o.eo);
     enum status st;
     if ((st = kern_backend_open(&be, &ko, &err)) ||
         (st = engine_model_load(&m, o.model, be, &err)) ||
@@ -353,7 +310,7 @@ int runner_cmd_bench(int argc, char **argv)
         LOG_ERROR("no memory for prompts");
         goto out;
     }
-    if ((st = engine_init(&e, m, tok, &o.ep, &err)) || (st = engine_warmup(e, &err))) {
+    if ((st = engine_init(&e, m, tok, &o.eo.ep, &err)) || (st = engine_warmup(e, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }
@@ -439,8 +396,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
     cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
-    cJSON_AddNumberToObject(j, "threads", (double)o.threads);
-    cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.act));
+    cJSON_AddNumberToObject(j, "threads", (double)o.eo.threads);
+    cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.eo.act));
     cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
     cJSON_AddNumberToObject(j, "rejected_requests", (double)rejected);
     if (o.input)
@@ -448,10 +405,10 @@ int runner_cmd_bench(int argc, char **argv)
     else
         cJSON_AddNumberToObject(j, "input_len", (double)o.input_len);
     cJSON_AddNumberToObject(j, "output_len", (double)o.output_len);
-    cJSON_AddNumberToObject(j, "max_seqs", o.ep.max_seqs);
-    cJSON_AddNumberToObject(j, "max_batch_tokens", o.ep.max_batch_tokens);
-    cJSON_AddNumberToObject(j, "kv_block", o.ep.kv_block);
-    cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.ep.kv_dtype));
+    cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
+    cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
+    cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
+    cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.eo.ep.kv_dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", kv->n_blocks);
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
     cJSON_AddNumberToObject(j, "input_tokens", (double)in_tok);

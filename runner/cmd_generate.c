@@ -1,5 +1,6 @@
-/* `quern generate`: one prompt (raw or through the chat template) through the model on the
- * CPU backend; the completion streams to stdout, timings go to stderr. */
+/* `quern generate`: one prompt (raw or through the chat template) through the engine API as a
+ * batch of one (engine_add_request, engine_step, engine_poll); the completion streams to stdout
+ * through the request's on_text callback, timings go to stderr. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
 #include "kernels/kernels.h"
+#include "runner/engine_opts.h"
 #include "runner/runner.h"
 
 #define GEN_MAX_STOPS 8
@@ -23,43 +25,38 @@ static const char gen_usage[] =
     "\n"
     "Generate a completion for one prompt and print it to stdout; timings go to stderr.\n"
     "\n"
-    "  --model PATH         GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
-    "  --prompt TEXT        raw prompt, tokenized as plain text\n"
-    "  --chat TEXT          user message, rendered through the model's chat template\n"
-    "  --system TEXT        system message for --chat (default: the template's own)\n"
-    "  --special            let --prompt text contain special tokens like <|im_start|>\n"
-    "  --max-tokens N       tokens to generate at most (default 256)\n"
-    "  --temperature T      0 = greedy (default 0.8)\n"
-    "  --top-k K            keep the K most likely tokens, 0 = off (default 40)\n"
-    "  --top-p P            nucleus sampling mass, 1 = off (default 0.95)\n"
-    "  --min-p P            drop tokens below P x the top probability (default 0)\n"
-    "  --repeat-penalty R   llama.cpp-style repetition penalty, 1 = off (default 1)\n"
+    "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --prompt TEXT          raw prompt, tokenized as plain text\n"
+    "  --chat TEXT            user message, rendered through the model's chat template\n"
+    "  --system TEXT          system message for --chat (default: the template's own)\n"
+    "  --special              let --prompt text contain special tokens like <|im_start|>\n"
+    "  --max-tokens N         tokens to generate at most (default 256)\n"
+    "  --temperature T        0 = greedy (default 0.8)\n"
+    "  --top-k K              keep the K most likely tokens, 0 = off (default 40)\n"
+    "  --top-p P              nucleus sampling mass, 1 = off (default 0.95)\n"
+    "  --min-p P              drop tokens below P x the top probability (default 0)\n"
+    "  --repeat-penalty R     llama.cpp-style repetition penalty, 1 = off (default 1)\n"
     "  --frequency-penalty F, --presence-penalty F   OpenAI-style penalties (default 0)\n"
-    "  --stop STR           stop before this string (repeatable, up to 8)\n"
-    "  --ignore-eos         keep generating past end-of-generation tokens\n"
-    "  --seed N             sampling seed (default 0; the same seed gives the same text)\n"
-    "  --threads N          CPU threads (default: all online CPUs)\n"
-    "  --isa NAME           auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
-    "  --matmul MODE        exact: f32 activations (default); q16: 16-bit activations\n"
-    "                       with exact integer sums (Q4_0/Q4_1/Q8_0 weights; ~2x exact's\n"
-    "                       batch throughput on AVX-512, near-exact logits); bf16:\n"
-    "                       activations and weights rounded to bfloat16 on AMX tiles\n"
-    "                       (AMX-BF16 CPUs only; fastest for big batches, slow for one\n"
-    "                       sequence, logits ~7x closer than q8); q8: 8-bit activations\n"
-    "                       as llama.cpp, visibly less accurate\n"
-    "  -h, --help           this help\n";
+    "  --stop STR             stop before this string (repeatable, up to 8)\n"
+    "  --ignore-eos           keep generating past end-of-generation tokens\n"
+    "  --seed N               sampling seed (default 0; the same seed gives the same text)\n";
+
+static void usage(FILE *f)
+{
+    fputs(gen_usage, f);
+    runner_engine_help(f, RUNNER_EO_BACKEND);
+    fputs("  -h, --help             this help\n", f);
+}
 
 struct gen_opts {
     const char *model;                  /* model path */
     const char *prompt;                 /* --prompt text */
     const char *chat;                   /* --chat user message */
     const char *system;                 /* --system message */
-    const char *isa;                    /* --isa */
-    int act;                            /* --matmul: enum kern_act */
     int special;                        /* --special */
     int ignore_eos;                     /* --ignore-eos */
     long max_tokens;                    /* --max-tokens */
-    long threads;                       /* --threads */
+    struct runner_engine_opts eo;       /* --device, --threads, --isa, --matmul */
     struct engine_sampling sp;          /* sampling parameters */
     const char *stops[GEN_MAX_STOPS];   /* --stop strings */
     size_t n_stops;                     /* how many */
@@ -67,11 +64,11 @@ struct gen_opts {
 
 enum { OPT_MODEL = 256, OPT_PROMPT, OPT_CHAT, OPT_SYSTEM, OPT_SPECIAL, OPT_MAXTOK, OPT_TEMP,
        OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_FREQ, OPT_PRES, OPT_STOP, OPT_IGNORE_EOS,
-       OPT_SEED, OPT_THREADS, OPT_ISA, OPT_MATMUL };
+       OPT_SEED };
 
 static int parse_opts(int argc, char **argv, struct gen_opts *o)
 {
-    static const struct option longopts[] = {
+    static const struct option own[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"prompt", required_argument, 0, OPT_PROMPT},
         {"chat", required_argument, 0, OPT_CHAT},
@@ -88,24 +85,29 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         {"stop", required_argument, 0, OPT_STOP},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"seed", required_argument, 0, OPT_SEED},
-        {"threads", required_argument, 0, OPT_THREADS},
-        {"isa", required_argument, 0, OPT_ISA},
-        {"matmul", required_argument, 0, OPT_MATMUL},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
+    struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own,
+                           RUNNER_EO_BACKEND);
     memset(o, 0, sizeof(*o));
+    runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
     o->max_tokens = 256;
-    o->threads = runner_default_threads();
     engine_sampling_default(&o->sp);
     o->sp.temperature = 0.8f;
     o->sp.top_k = 40;
     o->sp.top_p = 0.95f;
     long l;
-    int c;
+    int c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if ((e = runner_engine_opt("generate", c, optarg, &o->eo)) != 0) {
+            if (e < 0)
+                return 0;
+            continue;
+        }
         switch (c) {
         case OPT_MODEL: o->model = optarg; break;
         case OPT_PROMPT: o->prompt = optarg; break;
@@ -113,17 +115,8 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         case OPT_SYSTEM: o->system = optarg; break;
         case OPT_SPECIAL: o->special = 1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
-        case OPT_ISA: o->isa = optarg; break;
-        case OPT_MATMUL:
-            if (!runner_parse_matmul("generate", optarg, &o->act))
-                return 0;
-            break;
         case OPT_MAXTOK:
             if (!runner_parse_long("generate", "max-tokens", optarg, 1, 1 << 24, &o->max_tokens))
-                return 0;
-            break;
-        case OPT_THREADS:
-            if (!runner_parse_long("generate", "threads", optarg, 1, 256, &o->threads))
                 return 0;
             break;
         case OPT_TOPK:
@@ -170,8 +163,8 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
             }
             o->stops[o->n_stops++] = optarg;
             break;
-        case 'h': fputs(gen_usage, stdout); exit(RUNNER_EXIT_OK);
-        default: fputs(gen_usage, stderr); return 0;
+        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        default: usage(stderr); return 0;
         }
     }
     if (optind < argc) {
@@ -179,7 +172,8 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         return 0;
     }
     if (!o->prompt == !o->chat) {
-        fprintf(stderr, "quern generate: give exactly one of --prompt or --chat\n%s", gen_usage);
+        fprintf(stderr, "quern generate: give exactly one of --prompt or --chat\n");
+        usage(stderr);
         return 0;
     }
     if (o->system && !o->chat) {
@@ -251,7 +245,7 @@ static int run(const struct gen_opts *o)
     int rc = RUNNER_EXIT_ERROR;
     double t_load = runner_now();
 
-    struct kern_backend_opts ko = {NULL, (int)o->threads, o->isa, (enum kern_act)o->act, 0};
+    struct kern_backend_opts ko = runner_engine_backend(&o->eo);
     if ((st = kern_backend_open(&g.be, &ko, &err)) ||
         (st = engine_model_load(&g.model, o->model, g.be, &err)) ||
         (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||
@@ -301,7 +295,7 @@ static int run(const struct gen_opts *o)
     }
     LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
              o->model, g.model->hp.n_layer, g.model->hp.n_embd, g.model->hp.n_vocab,
-             kern_backend_describe(g.be), o->threads, n_prompt);
+             kern_backend_describe(g.be), o->eo.threads, n_prompt);
 
     double t0 = runner_now();
     while (engine_pending(g.eng))

@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "queue/queue.h"
-#include "runner/output.h"
+#include "batch/batch.h"
 #include "runner/progress.h"
 #include "runner/runner.h"
 #include "runner/term.h"
@@ -119,7 +119,7 @@ static int64_t now_ms(void)
 }
 
 /* Does run r work on job_id (0: on any job)? Its own job, or the one its progress names. */
-static int run_on_job(const struct queue_run_info *r, const struct runner_progress *rp,
+static int run_on_job(const struct queue_run_info *r, const struct batch_progress *rp,
                       int64_t job_id)
 {
     return !job_id || r->job_id == job_id || (rp && rp->job_id == job_id);
@@ -127,12 +127,12 @@ static int run_on_job(const struct queue_run_info *r, const struct runner_progre
 
 /* The job's numbers (job_id 0: all ready jobs) as another process sees them: committed counts
  * from the queue, and the live rates, sequences and KV use summed over its runs whose last
- * progress is fresher than RUNNER_PROGRESS_STALE_S; the ETA token-based from those. Elapsed
+ * progress is fresher than BATCH_PROGRESS_STALE_S; the ETA token-based from those. Elapsed
  * time counts from *run_start, the earliest start of a run seen on the job (in/out, 0 none
  * yet), else it is the span of the job's runs (first_ms to last_ms). */
 static void job_progress(int64_t job_id, const char *name, const struct queue_counts *c,
                          int64_t first_ms, int64_t last_ms, const struct queue_run_info *runs,
-                         size_t n_runs, int64_t *run_start, struct runner_progress *p)
+                         size_t n_runs, int64_t *run_start, struct batch_progress *p)
 {
     memset(p, 0, sizeof(*p));
     p->job_id = job_id;
@@ -144,13 +144,13 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
     p->prompt_tokens = c->prompt_tokens;
     double mean_sum = 0, mean_n = 0;
     for (size_t i = 0; i < n_runs; i++) {
-        struct runner_progress rp;
-        int have = runner_progress_from_json(runs[i].progress_json, &rp);
+        struct batch_progress rp;
+        int have = batch_progress_from_json(runs[i].progress_json, &rp);
         if (!run_on_job(&runs[i], have ? &rp : NULL, job_id))
             continue;
         if (!*run_start || runs[i].started_ms < *run_start)
             *run_start = runs[i].started_ms;
-        if (!have || (double)runs[i].age_ms / 1000.0 > RUNNER_PROGRESS_STALE_S)
+        if (!have || (double)runs[i].age_ms / 1000.0 > BATCH_PROGRESS_STALE_S)
             continue;
         p->runs++;
         p->gen_tok_s += rp.gen_tok_s;
@@ -175,7 +175,7 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
         p->elapsed_s = now > *run_start ? (double)(now - *run_start) / 1000.0 : 0;
     else
         p->elapsed_s = first_ms && last_ms > first_ms ? (double)(last_ms - first_ms) / 1000.0 : 0;
-    runner_progress_eta(p);
+    batch_progress_eta(p);
 }
 
 /* The runs of job_id not ended, as JSON: who and where, how fresh, and their own numbers. */
@@ -183,8 +183,8 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
 {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; i < n_runs; i++) {
-        struct runner_progress rp;
-        int have = runner_progress_from_json(runs[i].progress_json, &rp);
+        struct batch_progress rp;
+        int have = batch_progress_from_json(runs[i].progress_json, &rp);
         if (!run_on_job(&runs[i], have ? &rp : NULL, job_id))
             continue;
         cJSON *o = cJSON_CreateObject();
@@ -201,10 +201,10 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
         cJSON_AddNumberToObject(o, "started_ms", (double)runs[i].started_ms);
         cJSON_AddNumberToObject(o, "heartbeat_age_s", (double)runs[i].age_ms / 1000.0);
         cJSON_AddBoolToObject(o, "stale",
-                              (double)runs[i].age_ms / 1000.0 > RUNNER_PROGRESS_STALE_S);
+                              (double)runs[i].age_ms / 1000.0 > BATCH_PROGRESS_STALE_S);
         if (have) {
             cJSON *lp = cJSON_AddObjectToObject(o, "progress");
-            runner_progress_add_json(lp, &rp);
+            batch_progress_add_json(lp, &rp);
         } else {
             cJSON_AddNullToObject(o, "progress");
         }
@@ -224,7 +224,7 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j,
         submitting_counts(&c);
         first = last = 0;
     }
-    struct runner_progress p;
+    struct batch_progress p;
     int64_t run_start = 0;
     job_progress(j->id, j->name, &c, first, last, runs, j->ready ? n_runs : 0, &run_start, &p);
     cJSON *o = cJSON_CreateObject();
@@ -357,10 +357,10 @@ static void seal_manifest(struct queue *q, const struct queue_job *j)
     for (size_t i = 0; i < n; i++)
         open += sh[i].state == QUEUE_SHARD_OPEN;
     queue_shard_list_free(sh, n);
-    if (open || runner_job_dir(q, j, NULL, 0, dir, sizeof(dir), &err) || stat(dir, &sb) ||
-        runner_manifest_current(q, j, dir))
+    if (open || batch_job_dir(q, j, NULL, 0, dir, sizeof(dir), &err) || stat(dir, &sb) ||
+        batch_manifest_current(q, j, dir))
         return;
-    if (runner_outdir_claim(q, j, dir, &err) || runner_manifest_write(q, j, dir, 1, &err))
+    if (batch_outdir_claim(q, j, dir, &err) || batch_manifest_write(q, j, dir, 1, &err))
         LOG_WARN("job %s: writing its missing manifest: %s", j->name, err.msg);
     else
         LOG_INFO("job %s: manifest.json was missing or stale; written", j->name);
@@ -377,7 +377,7 @@ static void on_watch_signal(int sig)
 /* One look at the job (j NULL: all ready jobs): *p and whether anything is left to do (items
  * queued or leased). */
 static enum status watch_look(struct queue *q, const struct queue_job *j, int64_t *run_start,
-                              struct runner_progress *p, int *left, struct err_detail *err)
+                              struct batch_progress *p, int *left, struct err_detail *err)
 {
     struct queue_counts c;
     int64_t first, last;
@@ -412,7 +412,7 @@ static enum status status_watch(struct queue *q, const struct jobs_opts *o, stru
     struct runner_term t;
     runner_term_init(&t, stdout);
     double period = t.tty ? RUNNER_PROGRESS_TTY_S : o->progress, next = runner_now();
-    struct runner_progress p;
+    struct batch_progress p;
     int64_t run_start = 0; /* earliest start of a run seen on the job while watching */
     enum status st = ST_OK;
     for (;;) {

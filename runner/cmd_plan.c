@@ -9,6 +9,7 @@
 #include "engine/model.h"
 #include "io/gguf.h"
 #include "kernels/kernels.h"
+#include "runner/engine_opts.h"
 #include "runner/runner.h"
 
 static const char plan_usage[] =
@@ -21,56 +22,56 @@ static const char plan_usage[] =
     "many tokens / sequences of length L fit in --kv-mem.\n"
     "Warns when the budget cannot hold one sequence of the model's full context.\n"
     "\n"
-    "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
-    "  --kv-mem SIZE  KV pool size, e.g. 2G (default 1G)\n"
-    "  --kv-block B   tokens per KV block (default 16)\n"
-    "  --kv-dtype T   KV cache storage, f16 (default) or q8\n"
-    "  --seq-len L    sequence length (prompt + output) to count (default 1024)\n"
-    "  --json         print JSON instead of text\n"
-    "  -h, --help     this help\n";
+    "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --seq-len L            sequence length (prompt + output) to count (default 1024)\n"
+    "  --json                 print JSON instead of text\n";
+
+static void usage(FILE *f)
+{
+    fputs(plan_usage, f);
+    runner_engine_help(f, RUNNER_EO_KV);
+    fputs("  -h, --help             this help\n", f);
+}
 
 int runner_cmd_plan(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'}, {"kv-mem", required_argument, 0, 'k'},
-        {"kv-block", required_argument, 0, 'b'}, {"seq-len", required_argument, 0, 'l'},
+    static const struct option own[] = {
+        {"model", required_argument, 0, 'm'}, {"seq-len", required_argument, 0, 'l'},
         {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-        {"kv-dtype", required_argument, 0, 'd'},
         {0, 0, 0, 0},
     };
+    struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_KV);
+    struct runner_engine_opts eo;
+    runner_engine_opts_default(&eo);
     const char *model = RUNNER_DEFAULT_MODEL;
-    size_t kv_mem = (size_t)1 << 30;
-    long block = 16, seq_len = 1024;
-    int json = 0, dtype = KERN_KV_F16, c;
+    long seq_len = 1024;
+    int json = 0, c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if ((e = runner_engine_opt("plan", c, optarg, &eo)) != 0) {
+            if (e < 0)
+                return RUNNER_EXIT_USAGE;
+            continue;
+        }
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = 1; break;
-        case 'd':
-            if (!runner_parse_kv_dtype("plan", optarg, &dtype))
-                return RUNNER_EXIT_USAGE;
-            break;
-        case 'k':
-            if (!runner_parse_size("plan", "kv-mem", optarg, &kv_mem))
-                return RUNNER_EXIT_USAGE;
-            break;
-        case 'b':
-            if (!runner_parse_long("plan", "kv-block", optarg, 1, 4096, &block))
-                return RUNNER_EXIT_USAGE;
-            break;
         case 'l':
             if (!runner_parse_long("plan", "seq-len", optarg, 1, 1 << 24, &seq_len))
                 return RUNNER_EXIT_USAGE;
             break;
-        case 'h': fputs(plan_usage, stdout); return RUNNER_EXIT_OK;
-        default: fputs(plan_usage, stderr); return RUNNER_EXIT_USAGE;
+        case 'h': usage(stdout); return RUNNER_EXIT_OK;
+        default: usage(stderr); return RUNNER_EXIT_USAGE;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "quern plan: unexpected argument '%s'\n", argv[optind]);
         return RUNNER_EXIT_USAGE;
     }
+    const size_t kv_mem = eo.ep.kv_mem;
+    const long block = eo.ep.kv_block;
+    const int dtype = eo.ep.kv_dtype;
     struct err_detail err = {0};
     struct engine_model *m;
     /* the plan needs no compute: load the model without a backend */

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch/batch.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "engine/sampler.h"
@@ -521,7 +522,7 @@ int runner_cmd_submit(int argc, char **argv)
     submit_signals();
     /* the output root is stored absolute: runs started anywhere write to the same place */
     char out_abs[4096];
-    if (runner_abspath(o.out, out_abs, sizeof(out_abs), &err)) {
+    if (batch_abspath(o.out, out_abs, sizeof(out_abs), &err)) {
         LOG_ERROR("--out: %s", err.msg);
         goto out;
     }

@@ -1,110 +1,11 @@
-/* Progress numbers, their JSON and their three printed forms (runner/progress.h). */
+/* The three printed forms of a job's progress numbers (runner/progress.h). */
 #include "runner/progress.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "runner/term.h"
-
-int64_t runner_progress_left(const struct runner_progress *p)
-{
-    int64_t left = p->total - p->done - p->failed - p->cancelled;
-    return left > 0 ? left : 0;
-}
-
-void runner_progress_eta(struct runner_progress *p)
-{
-    int64_t left = runner_progress_left(p);
-    if (!left) {
-        p->eta_s = 0;
-        return;
-    }
-    if (p->mean_out <= 0 || p->gen_tok_s <= 0) {
-        p->eta_s = -1;
-        return;
-    }
-    double tokens = (double)left * p->mean_out - p->inflight_tokens;
-    p->eta_s = tokens > 0 ? tokens / p->gen_tok_s : 0;
-}
-
-void runner_progress_add_json(cJSON *o, const struct runner_progress *p)
-{
-    cJSON_AddNumberToObject(o, "job_id", (double)p->job_id);
-    cJSON_AddStringToObject(o, "job", p->job);
-    cJSON_AddNumberToObject(o, "total", (double)p->total);
-    cJSON_AddNumberToObject(o, "done", (double)p->done);
-    cJSON_AddNumberToObject(o, "failed", (double)p->failed);
-    cJSON_AddNumberToObject(o, "cancelled", (double)p->cancelled);
-    cJSON_AddNumberToObject(o, "gen_tokens", (double)p->gen_tokens);
-    cJSON_AddNumberToObject(o, "prompt_tokens", (double)p->prompt_tokens);
-    cJSON_AddNumberToObject(o, "gen_tok_s", p->gen_tok_s);
-    cJSON_AddNumberToObject(o, "prompt_tok_s", p->prompt_tok_s);
-    cJSON_AddNumberToObject(o, "mean_out", p->mean_out);
-    cJSON_AddNumberToObject(o, "inflight_tokens", p->inflight_tokens);
-    cJSON_AddNumberToObject(o, "running", (double)p->running);
-    cJSON_AddNumberToObject(o, "waiting", (double)p->waiting);
-    cJSON_AddNumberToObject(o, "kv_used", (double)p->kv_used);
-    cJSON_AddNumberToObject(o, "kv_total", (double)p->kv_total);
-    cJSON_AddNumberToObject(o, "elapsed_s", p->elapsed_s);
-    if (p->eta_s >= 0)
-        cJSON_AddNumberToObject(o, "eta_s", p->eta_s);
-    else
-        cJSON_AddNullToObject(o, "eta_s");
-}
-
-char *runner_progress_to_json(const struct runner_progress *p)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (!o)
-        return NULL;
-    runner_progress_add_json(o, p);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
-}
-
-static double num(const cJSON *o, const char *key, double dflt)
-{
-    const cJSON *v = cJSON_GetObjectItem(o, key);
-    return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : dflt;
-}
-
-int runner_progress_from_json(const char *json, struct runner_progress *p)
-{
-    memset(p, 0, sizeof(*p));
-    p->eta_s = -1;
-    cJSON *o = json ? cJSON_Parse(json) : NULL;
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        return 0;
-    }
-    const cJSON *name = cJSON_GetObjectItem(o, "job");
-    if (cJSON_IsString(name) && name->valuestring)
-        snprintf(p->job, sizeof(p->job), "%s", name->valuestring);
-    p->job_id = (int64_t)num(o, "job_id", 0);
-    p->total = (int64_t)num(o, "total", 0);
-    p->done = (int64_t)num(o, "done", 0);
-    p->failed = (int64_t)num(o, "failed", 0);
-    p->cancelled = (int64_t)num(o, "cancelled", 0);
-    p->gen_tokens = (int64_t)num(o, "gen_tokens", 0);
-    p->prompt_tokens = (int64_t)num(o, "prompt_tokens", 0);
-    p->gen_tok_s = num(o, "gen_tok_s", 0);
-    p->prompt_tok_s = num(o, "prompt_tok_s", 0);
-    p->mean_out = num(o, "mean_out", 0);
-    p->inflight_tokens = num(o, "inflight_tokens", 0);
-    p->running = (int64_t)num(o, "running", 0);
-    p->waiting = (int64_t)num(o, "waiting", 0);
-    p->kv_used = (int64_t)num(o, "kv_used", 0);
-    p->kv_total = (int64_t)num(o, "kv_total", 0);
-    p->elapsed_s = num(o, "elapsed_s", 0);
-    p->eta_s = num(o, "eta_s", -1);
-    p->runs = 1;
-    cJSON_Delete(o);
-    return 1;
-}
 
 /* 769.5, 3.4k, 12.3M */
 static void fmt_rate(char *b, size_t cap, double x)
@@ -150,7 +51,7 @@ enum {
     SEG_N
 };
 
-void runner_progress_line(const struct runner_progress *p, int width, int color, char *buf,
+void runner_progress_line(const struct batch_progress *p, int width, int color, char *buf,
                           size_t cap)
 {
     /* dropped first when the line does not fit: higher number */
@@ -213,7 +114,7 @@ void runner_progress_line(const struct runner_progress *p, int width, int color,
         buf[cap - 1] = 0;
 }
 
-void runner_progress_log(const struct runner_progress *p, char *buf, size_t cap)
+void runner_progress_log(const struct batch_progress *p, char *buf, size_t cap)
 {
     char name[sizeof(p->job)], eta[32];
     snprintf(name, sizeof(name), "%s", p->job[0] ? p->job : "all");
@@ -236,7 +137,7 @@ void runner_progress_log(const struct runner_progress *p, char *buf, size_t cap)
              eta);
 }
 
-void runner_progress_summary(const struct runner_progress *p, char *buf, size_t cap)
+void runner_progress_summary(const struct batch_progress *p, char *buf, size_t cap)
 {
     char d[32];
     fmt_dur(d, sizeof(d), p->elapsed_s);
@@ -248,37 +149,4 @@ void runner_progress_summary(const struct runner_progress *p, char *buf, size_t 
              (long long)p->total, (long long)p->failed, (long long)p->cancelled, d,
              (long long)p->gen_tokens, el > 0 ? (double)p->gen_tokens / el : 0,
              (long long)p->prompt_tokens, el > 0 ? (double)p->prompt_tokens / el : 0);
-}
-
-void runner_rate_reset(struct runner_rate *r)
-{
-    memset(r, 0, sizeof(*r));
-}
-
-void runner_rate_add(struct runner_rate *r, double t, double v)
-{
-    /* a sample less than a second after the one before the newest replaces the newest, so the
-     * window stays ~10 s however often this is called */
-    if (r->n >= 2) {
-        int prev = (r->head + RUNNER_RATE_SAMPLES - 1) % RUNNER_RATE_SAMPLES;
-        if (t - r->t[prev] < 1.0) {
-            r->t[r->head] = t;
-            r->v[r->head] = v;
-            return;
-        }
-    }
-    r->head = r->n ? (r->head + 1) % RUNNER_RATE_SAMPLES : 0;
-    r->t[r->head] = t;
-    r->v[r->head] = v;
-    if (r->n < RUNNER_RATE_SAMPLES)
-        r->n++;
-}
-
-double runner_rate_get(const struct runner_rate *r)
-{
-    if (r->n < 2)
-        return 0;
-    int old = (r->head + RUNNER_RATE_SAMPLES - (r->n - 1)) % RUNNER_RATE_SAMPLES;
-    double dt = r->t[r->head] - r->t[old];
-    return dt > 0 ? (r->v[r->head] - r->v[old]) / dt : 0;
 }

@@ -58,10 +58,6 @@ int runner_default_threads(void);
 /* Monotonic seconds. */
 double runner_now(void);
 
-/* Absolute form of a working-directory-relative path (no links resolved, trailing '/'
- * dropped) into out; ST_ERR_RANGE when it does not fit. */
-enum status runner_abspath(const char *p, char *out, size_t cap, struct err_detail *err);
-
 /* Read all of stdin into a malloc'd NUL-terminated buffer (caller frees); NULL on error. */
 char *runner_read_stdin(size_t *len);
 

@@ -183,20 +183,3 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
         cJSON_AddNumberToObject(p, k[i], n ? v[idx ? idx - 1 : 0] : 0);
     }
 }
-
-enum status runner_abspath(const char *p, char *out, size_t cap, struct err_detail *err)
-{
-    char cwd[4096];
-    int n;
-    if (p[0] == '/')
-        n = snprintf(out, cap, "%s", p);
-    else if (getcwd(cwd, sizeof(cwd)))
-        n = snprintf(out, cap, "%s/%s", cwd, p);
-    else
-        return err_set(err, ST_ERR_IO, "getcwd: %s", strerror(errno));
-    if (n < 0 || (size_t)n >= cap)
-        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", p);
-    while (n > 1 && out[n - 1] == '/')
-        out[--n] = 0;
-    return ST_OK;
-}

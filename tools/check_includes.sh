@@ -3,7 +3,7 @@
 # modules, on an include that goes up the layer order, and on a quoted include that is not a
 # path from the repository root. A node is one file without its extension, so x/y.c and x/y.h
 # are one node, and a private header x/y_internal.h belongs to x/y too. The layer order is the
-# README's: runner -> jobs -> engine -> kernels; io and queue depend only on common; tests/ and
+# README's: runner -> batch -> jobs -> engine -> kernels; io and queue depend only on common; tests/ and
 # tools/ may include anything. `--edges [FOLDER]` prints the node graph (edges from FOLDER's
 # nodes only) instead of checking.
 set -eu
@@ -16,7 +16,8 @@ allowed_for() {
     io | queue | kernels) echo "common" ;;
     engine) echo "common io kernels" ;;
     jobs) echo "common io kernels engine" ;;
-    runner) echo "common io queue kernels engine jobs" ;;
+    batch) echo "common io queue kernels engine jobs" ;;
+    runner) echo "common io queue kernels engine jobs batch" ;;
     tests | tools) echo "*" ;;
     *) echo "?" ;;
     esac

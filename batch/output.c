@@ -1,5 +1,5 @@
-/* Output directories of jobs: location, ownership marker and manifest (see runner/output.h). */
-#include "runner/output.h"
+/* Output directories of jobs: location, ownership marker and manifest (see batch/batch.h). */
+#include "batch/batch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,23 @@
 
 #include "io/manifest.h"
 #include "io/shard.h"
-#include "runner/runner.h"
+
+enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detail *err)
+{
+    char cwd[4096];
+    int n;
+    if (p[0] == '/')
+        n = snprintf(out, cap, "%s", p);
+    else if (getcwd(cwd, sizeof(cwd)))
+        n = snprintf(out, cap, "%s/%s", cwd, p);
+    else
+        return err_set(err, ST_ERR_IO, "getcwd: %s", strerror(errno));
+    if (n < 0 || (size_t)n >= cap)
+        return err_set(err, ST_ERR_RANGE, "path too long: %.200s", p);
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = 0;
+    return ST_OK;
+}
 
 /* mkdir -p for an absolute or relative path. */
 static enum status mkdirs(const char *path, struct err_detail *err)
@@ -47,8 +63,8 @@ static int same_dir(const char *a, const char *b)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-enum status runner_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
-                           int create, char *dir, size_t cap, struct err_detail *err)
+enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
+                          int create, char *dir, size_t cap, struct err_detail *err)
 {
     char root[4096], shard_dir[4096] = "";
     enum status st;
@@ -66,7 +82,7 @@ enum status runner_job_dir(struct queue *q, const struct queue_job *job, const c
     if (st)
         return st;
     if (out_flag)
-        st = runner_abspath(out_flag, root, sizeof(root), err);
+        st = batch_abspath(out_flag, root, sizeof(root), err);
     else
         st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
     if (st)
@@ -88,7 +104,7 @@ enum status runner_job_dir(struct queue *q, const struct queue_job *job, const c
         if (strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
             return st;
     }
-    return create ? runner_outdir_claim(q, job, dir, err) : ST_OK;
+    return create ? batch_outdir_claim(q, job, dir, err) : ST_OK;
 }
 
 /* Does the marker text name this database and job? */
@@ -108,15 +124,15 @@ static int marker_matches(const char *text, const char *uuid, int64_t job_id, ch
     return ok;
 }
 
-enum status runner_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
-                                struct err_detail *err)
+enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
+                               struct err_detail *err)
 {
     char uuid[33], path[4200], tmp[4300];
     const char *dbpath = queue_db_path(q);
     enum status st = queue_db_uuid(q, uuid, err);
     if (st)
         return st;
-    snprintf(path, sizeof(path), "%s/%s", dir, RUNNER_MARKER_NAME);
+    snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
     for (int tries = 0; tries < 2; tries++) {
         int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd >= 0) {
@@ -191,8 +207,8 @@ static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, s
     return ms;
 }
 
-enum status runner_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
-                                  int complete, struct err_detail *err)
+enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
+                                 int complete, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
     size_t n = 0, k = 0;
@@ -220,7 +236,7 @@ enum status runner_manifest_write(struct queue *q, const struct queue_job *job, 
     return st;
 }
 
-int runner_manifest_current(struct queue *q, const struct queue_job *job, const char *dir)
+int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir)
 {
     char path[4200];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);

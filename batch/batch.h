@@ -1,0 +1,254 @@
+/* The job runner core behind `quern run`: claim queued items, admit them into the engine,
+ * collect finished outputs into records, and commit them to zstd JSONL shards with the
+ * exactly-once protocol (a flush writes one zstd frame and fsyncs it, then ONE queue
+ * transaction marks its items done or failed and stores the shard's committed length), recover
+ * the open shards of dead runs, and write each job's manifest. Also the job's output directory
+ * (location, ownership marker, manifest) and the live progress numbers a run publishes, both
+ * shared with `quern status` and `export`. The CLI (runner/) parses options and prints; this
+ * module never prints results and depends on queue/, io/, jobs/, engine/ and common/ only.
+ *
+ * Files: batch/run.c the run and its per-job loop (claim, admit, step, collect, heartbeat,
+ * stop); batch/commit.c the shard writer (struct batch_out) and recovery; batch/output.c
+ * output directories and manifest.json; batch/progress.c the progress numbers. */
+#ifndef BATCH_BATCH_H
+#define BATCH_BATCH_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "queue/queue.h"
+
+/* ---- Output directories and manifests (batch/output.c) --------------------------------- */
+
+#define BATCH_MARKER_NAME ".quern-job.json" /* the marker file inside OUT/<job> */
+
+/* Absolute form of a working-directory-relative path (no links resolved, trailing '/'
+ * dropped) into out; ST_ERR_RANGE when it does not fit. */
+enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detail *err);
+
+/* The job's output directory OUT/<name> into dir (absolute). OUT is the job's out_dir (absolute,
+ * or relative to the database's directory) unless out_flag (relative to the working directory)
+ * is given: then it must be where the job's shards already are, else ST_ERR_INVALID_ARG (a job
+ * never splits across directories); a job without shards yet records it as its out_dir. With
+ * create, the directories are made and the marker is checked or written (batch_outdir_claim). */
+enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
+                          int create, char *dir, size_t cap, struct err_detail *err);
+
+/* Claim dir for the job: create the marker (exclusively, never through a link) or check that
+ * the one there names this database (its db_uuid) and job id; a directory that belongs to
+ * another job or database is refused with ST_ERR_EXISTS, naming its owner. */
+enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
+                               struct err_detail *err);
+
+/* Write dir/manifest.json from the job's closed, non-empty shards (atomic, see io/manifest.h). */
+enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
+                                 int complete, struct err_detail *err);
+
+/* 1 when dir/manifest.json says complete and lists exactly the job's closed, non-empty shards
+ * with their bytes, records and sha256; 0 otherwise (missing, unreadable, stale, incomplete). */
+int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir);
+
+/* ---- The shard writer: one run's output for one job (batch/commit.c) ------------------- */
+
+/* Records go to the open results or errors shard of the job (a shard is started, row first and
+ * then the file, with its first record). batch_out_commit flushes each shard's pending records
+ * as one zstd frame, fsyncs it, and commits them in one queue transaction
+ * (queue_commit_shard). Items the queue refuses (taken over after our lease expired, or
+ * cancelled) are dropped and the rest rewritten; a shard adopted by another run is cut back to
+ * what we committed and the records go to a new shard. So a record is in a shard iff its item
+ * is done or failed. A shard is sealed (sha256 of its committed bytes, closed in the queue)
+ * when it reaches the size limits, and by batch_out_close. */
+struct batch_out; /* opaque */
+
+struct batch_out_spec {
+    struct queue *q;        /* borrowed; outlives the writer */
+    int64_t run_id;         /* the run writing (queue_run_start) */
+    int64_t job_id;         /* the job; its items must be leased by run_id */
+    const char *job_dir;    /* OUT/<job>, existing (copied) */
+    uint64_t shard_bytes;   /* seal a shard once its committed bytes reach this */
+    uint64_t shard_records; /* ... or its records */
+};
+
+/* Counts of the writer, for progress and summaries. */
+struct batch_out_counts {
+    size_t held;            /* items claimed and not yet committed (batch_out_hold) */
+    size_t pending_results; /* result records waiting for the next commit */
+    size_t pending_errors;  /* error records waiting for the next commit */
+    int64_t done, failed;   /* items committed done / failed by this writer */
+};
+
+/* A writer for spec (copied). Caller frees with batch_out_free. */
+enum status batch_out_open(struct batch_out **out, const struct batch_out_spec *spec,
+                           struct err_detail *err);
+/* Close the files and free; records not committed are dropped (their items stay leased until
+ * released, ended with the run, or expired). Open shards stay open in the queue, to be cut back
+ * and sealed by the next recovery. NULL is a no-op. */
+void batch_out_free(struct batch_out *w);
+
+/* Note a claimed item: the run holds it until its record is committed (or the queue refuses
+ * it); batch_out_release gives held items back. */
+enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_detail *err);
+/* Append the result record `line` (one JSON line without newline; owned by the writer from now
+ * on, also on failure; NULL means out of memory) of item_id, with its token usage. */
+enum status batch_out_result(struct batch_out *w, int64_t item_id, char *line,
+                             int64_t prompt_tokens, int64_t completion_tokens,
+                             struct err_detail *err);
+/* Append the error record `line` (owned as above) of item_id, failing it with code and msg. */
+enum status batch_out_error(struct batch_out *w, int64_t item_id, char *line, const char *code,
+                            const char *msg, struct err_detail *err);
+/* Commit the pending records of the results shard, then of the errors shard (see above). */
+enum status batch_out_commit(struct batch_out *w, struct err_detail *err);
+/* Give the held items back to the queue (queue_release: not counted as an attempt);
+ * *released (may be NULL) gets how many moved. Afterwards nothing is held. */
+enum status batch_out_release(struct batch_out *w, int64_t *released, struct err_detail *err);
+/* Seal both shards (call after the last commit). */
+enum status batch_out_close(struct batch_out *w, struct err_detail *err);
+void batch_out_get_counts(const struct batch_out *w, struct batch_out_counts *c);
+
+/* Recovery: cut every open shard of job_id left by a dead run (queue_shard_adopt with
+ * stale_ms: ended, or silent that long) back to its committed length and seal it (removed
+ * when empty). A shard whose file is still locked has a live writer and is left open. */
+enum status batch_recover_shards(struct queue *q, int64_t job_id, int64_t run_id, int64_t stale_ms,
+                                 struct err_detail *err);
+/* Shards of job_id still open. */
+enum status batch_count_open_shards(struct queue *q, int64_t job_id, int64_t *open,
+                                    struct err_detail *err);
+
+/* ---- Live progress numbers (batch/progress.c) ------------------------------------------ */
+
+#define BATCH_PROGRESS_PUBLISH_S 1.0  /* how often a run stores its numbers in the queue */
+#define BATCH_PROGRESS_STALE_S   30.0 /* a run silent longer adds nothing to live rates */
+
+/* A job's live numbers, counted as tokens are produced, not when requests finish; published
+ * with the run's heartbeat (queue_run_progress) and shown by runner/progress.h. */
+struct batch_progress {
+    int64_t job_id;            /* job shown, 0 for all jobs */
+    char job[128];             /* its name ("" for all jobs) */
+    int64_t total;             /* items */
+    int64_t done;              /* finished with a result */
+    int64_t failed;            /* finished with an error record */
+    int64_t cancelled;         /* cancelled */
+    int64_t gen_tokens;        /* tokens generated, unfinished requests included */
+    int64_t prompt_tokens;     /* prompt tokens computed (prefix-cache hits excluded) */
+    double gen_tok_s;          /* generated tokens per second, recent window */
+    double prompt_tok_s;       /* prompt tokens per second, same window */
+    double mean_out;           /* mean completion tokens of finished requests, 0 unknown */
+    double inflight_tokens;    /* tokens generated by requests not finished yet */
+    int64_t running;           /* sequences running */
+    int64_t waiting;           /* requests admitted and waiting to run */
+    int64_t kv_used, kv_total; /* KV blocks referenced, in the pool */
+    int64_t runs;              /* live runs these numbers come from */
+    double elapsed_s;          /* since work on the job started */
+    double eta_s;              /* seconds left, < 0 unknown */
+};
+
+/* Items not finished: total - done - failed - cancelled (>= 0). */
+int64_t batch_progress_left(const struct batch_progress *p);
+
+/* eta_s from the other fields: items left x mean_out, less the tokens already generated for
+ * unfinished requests, over gen_tok_s; 0 when nothing is left; -1 (unknown) until a request has
+ * finished and tokens are being generated. */
+void batch_progress_eta(struct batch_progress *p);
+
+/* The published form: a JSON object (caller frees), and back (1 ok; 0 and *p zeroed when json
+ * is not such an object; missing fields stay 0, eta_s -1). */
+char *batch_progress_to_json(const struct batch_progress *p);
+int batch_progress_from_json(const char *json, struct batch_progress *p);
+/* Add the fields of p to the cJSON object o (eta_s null when unknown). */
+struct cJSON;
+void batch_progress_add_json(struct cJSON *o, const struct batch_progress *p);
+
+/* A rate from samples of a growing count: per second over the last ~10 samples. */
+#define BATCH_RATE_SAMPLES 11
+struct batch_rate {
+    double t[BATCH_RATE_SAMPLES]; /* sample times (monotonic s), a ring */
+    double v[BATCH_RATE_SAMPLES]; /* the count at each */
+    int n;                        /* samples held */
+    int head;                     /* index of the newest */
+};
+void batch_rate_reset(struct batch_rate *r);
+void batch_rate_add(struct batch_rate *r, double t, double v);
+/* Change per second between the oldest and newest sample; 0 with fewer than two. */
+double batch_rate_get(const struct batch_rate *r);
+
+/* ---- A run (batch/run.c) --------------------------------------------------------------- */
+
+/* How the run's progress is shown: called with BATCH_SHOW_LIVE every show_period seconds
+ * while a job runs, and with BATCH_SHOW_FINAL once when it ends. */
+enum batch_show {
+    BATCH_SHOW_LIVE = 0,  /* a live update */
+    BATCH_SHOW_FINAL = 1, /* the job's last word (exact counts) */
+};
+
+struct batch_opts {
+    const char *db;     /* queue database */
+    int create;         /* create an empty queue when there is none */
+    const char *out;    /* output root (--out), or NULL: each job's own */
+    const char *job;    /* only this job (id or name), or NULL: every ready job in turn */
+    const char *worker; /* worker id recorded with the run, or NULL: $SLURM_JOB_ID */
+    int no_wait;        /* leave items leased by other live runs (exit "work remains") */
+    long claim;         /* items claimed per transaction */
+    long flush_records; /* commit when this many records wait ... */
+    float flush_secs;   /* ... or at least this often (s) */
+    long shard_records; /* seal a shard after this many records ... */
+    size_t shard_bytes; /* ... or this many compressed bytes */
+    float lease;        /* item lease (s); also how long another host's run may be
+                           silent before it counts as dead */
+    float max_runtime;  /* stop admitting after this long (s), 0 = never */
+    float grace;        /* how long in-flight requests may finish after a stop (s) */
+    struct kern_backend_opts backend; /* backend for each job's model (strings borrowed) */
+    struct engine_params engine;      /* engine settings */
+    /* Stop signals received so far (the caller's handler counts them; may be NULL): one stops
+     * admission, a second skips the grace. */
+    const volatile sig_atomic_t *signals;
+    double show_period; /* seconds between BATCH_SHOW_LIVE calls */
+    void (*show)(void *user, const struct batch_progress *p, enum batch_show what);
+    void *show_user; /* passed to show */
+};
+
+/* How the run ended (batch_run_jobs). */
+enum batch_end {
+    BATCH_END_DRAINED = 0, /* every item of the selected jobs is finished */
+    BATCH_END_STOPPED,     /* stopped by a signal or max_runtime; rerun to resume */
+    BATCH_END_REMAINS,     /* no_wait and other live runs hold items */
+    BATCH_END_FAILED,      /* an error, in *err */
+};
+
+/* The run's totals, for its summary. */
+struct batch_stats {
+    int64_t run_id;            /* runs.id */
+    double t_start;            /* when the run began (monotonic s) */
+    double waited_s;           /* seconds spent waiting for items other runs held */
+    int64_t items_done;        /* items committed done by this run */
+    int64_t items_failed;      /* items committed failed by this run */
+    int64_t prompt_tokens;     /* of the requests the engine finished */
+    int64_t completion_tokens; /* likewise */
+    double *ttft_ms;           /* per finished request: time to first token (ms) */
+    double *tpot_ms;           /* time per output token after the first (ms) */
+    size_t n_lat;              /* entries in ttft_ms and tpot_ms */
+};
+
+struct batch_run; /* opaque */
+
+/* Open the queue (checked with quick_check; missing is an error unless o->create), take over
+ * dead runs and submits on this host, choose the jobs (o->job, else every ready job not
+ * cancelled) and start the run row. o is borrowed for the run's life. Caller frees with
+ * batch_run_free, also after a failure (*out may then be NULL). */
+enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
+                           struct err_detail *err);
+/* Work the chosen jobs in turn: each job drained through the engine, or (done earlier) its
+ * output sealed and its manifest made current. */
+enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err);
+/* Record the end of the run (queue_run_end): items still leased go back to the queue. */
+enum status batch_run_end(struct batch_run *r, const char *reason, const char *summary_json,
+                          struct err_detail *err);
+/* The run's totals (valid until batch_run_free). */
+const struct batch_stats *batch_run_stats(struct batch_run *r);
+/* Free everything (closing the queue); NULL is a no-op. */
+void batch_run_free(struct batch_run *r);
+
+#endif

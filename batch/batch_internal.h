@@ -1,0 +1,71 @@
+/* What the files of batch/ share and callers never see: the state of a run (struct batch_run),
+ * owned by batch/run.c, and the progress bookkeeping batch/progress.c keeps in it. */
+#ifndef BATCH_BATCH_INTERNAL_H
+#define BATCH_BATCH_INTERNAL_H
+
+#include "batch/batch.h"
+#include "common/proc.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "jobs/params.h"
+#include "jobs/request.h"
+#include "queue/queue.h"
+
+/* Per-request state travelling through the engine as its user pointer. */
+struct batch_inflight {
+    int64_t item_id;                    /* queue item */
+    char *custom_id;                    /* owned */
+    enum job_kind kind;                 /* chat or completion */
+    char *model;                        /* request's model field or NULL (owned) */
+    struct batch_inflight *prev, *next; /* in batch_run.inflight, while the engine holds it */
+};
+
+struct batch_run {
+    const struct batch_opts *o;      /* options (borrowed) */
+    struct queue *q;                 /* queue connection */
+    struct proc_identity self;       /* this process, recorded with the run */
+    int64_t *job_ids;                /* the jobs chosen, in order (owned) */
+    size_t n_jobs;                   /* count */
+    struct queue_job job;            /* current job */
+    char job_dir[4096];              /* OUT/<job name> */
+    char model_name[256];            /* for records: model file name without .gguf */
+    struct kern_backend *be;         /* backend */
+    struct engine_model *m;          /* model */
+    struct engine_tok *tok;          /* tokenizer */
+    struct engine_chat *chat;        /* chat template (NULL if the model has none usable) */
+    struct engine *e;                /* engine */
+    struct job_defaults defaults;    /* job parameters */
+    struct batch_out *out;           /* the current job's shard writer */
+    struct batch_inflight *inflight; /* requests in the engine (their user data), owned: freed
+                                        when they come out, or by the job's close when a stop
+                                        leaves them behind */
+    double t_stop;                   /* when stopping began (0 = not stopping) */
+    double t_flush, t_beat;          /* last flush, heartbeat */
+    struct batch_stats stats;        /* totals; stats.ttft_ms/tpot_ms owned */
+    size_t cap_lat;                  /* capacity of stats.ttft_ms and tpot_ms */
+    int64_t done_base, failed_base;  /* items committed by the writers of earlier jobs */
+    int64_t n_out;                   /* requests the engine finished this run */
+    /* live progress of the current job (batch/progress.c) */
+    struct batch_rate gen_rate;    /* engine tokens generated, sampled */
+    struct batch_rate prompt_rate; /* engine prompt tokens computed, sampled */
+    double t_job;                  /* when the job's engine was ready */
+    double t_draw, t_pub;          /* next show call; last queue_run_progress */
+    struct queue_counts counts;    /* the job's counts when last read */
+    double t_counts, counts_cost;  /* when they were read (0: read next time), and how long
+                                    * that took */
+    int64_t done_at_counts, failed_at_counts; /* stats.items_done, items_failed then */
+    int64_t job_out0, job_tok0;               /* n_out and completion tokens when the job started */
+};
+
+/* Monotonic seconds. */
+double batch_now(void);
+/* Stop signals received so far (batch_opts.signals). */
+int batch_run_signals(const struct batch_run *r);
+
+/* The job's progress: reset when its engine is ready, ticked after every step (publishes
+ * about once a second, shows every show_period), and its last word when it ends. */
+void batch_progress_start(struct batch_run *r);
+void batch_progress_tick(struct batch_run *r);
+void batch_progress_end(struct batch_run *r);
+
+#endif

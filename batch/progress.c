@@ -1,0 +1,256 @@
+/* Progress numbers of a job, their published JSON and rates sampled from growing counts
+ * (batch/batch.h), and a run's bookkeeping of them: snapshot, publish, show. */
+#include "batch/batch.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "batch/batch_internal.h"
+#include "common/log.h"
+
+int64_t batch_progress_left(const struct batch_progress *p)
+{
+    int64_t left = p->total - p->done - p->failed - p->cancelled;
+    return left > 0 ? left : 0;
+}
+
+void batch_progress_eta(struct batch_progress *p)
+{
+    int64_t left = batch_progress_left(p);
+    if (!left) {
+        p->eta_s = 0;
+        return;
+    }
+    if (p->mean_out <= 0 || p->gen_tok_s <= 0) {
+        p->eta_s = -1;
+        return;
+    }
+    double tokens = (double)left * p->mean_out - p->inflight_tokens;
+    p->eta_s = tokens > 0 ? tokens / p->gen_tok_s : 0;
+}
+
+void batch_progress_add_json(cJSON *o, const struct batch_progress *p)
+{
+    cJSON_AddNumberToObject(o, "job_id", (double)p->job_id);
+    cJSON_AddStringToObject(o, "job", p->job);
+    cJSON_AddNumberToObject(o, "total", (double)p->total);
+    cJSON_AddNumberToObject(o, "done", (double)p->done);
+    cJSON_AddNumberToObject(o, "failed", (double)p->failed);
+    cJSON_AddNumberToObject(o, "cancelled", (double)p->cancelled);
+    cJSON_AddNumberToObject(o, "gen_tokens", (double)p->gen_tokens);
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)p->prompt_tokens);
+    cJSON_AddNumberToObject(o, "gen_tok_s", p->gen_tok_s);
+    cJSON_AddNumberToObject(o, "prompt_tok_s", p->prompt_tok_s);
+    cJSON_AddNumberToObject(o, "mean_out", p->mean_out);
+    cJSON_AddNumberToObject(o, "inflight_tokens", p->inflight_tokens);
+    cJSON_AddNumberToObject(o, "running", (double)p->running);
+    cJSON_AddNumberToObject(o, "waiting", (double)p->waiting);
+    cJSON_AddNumberToObject(o, "kv_used", (double)p->kv_used);
+    cJSON_AddNumberToObject(o, "kv_total", (double)p->kv_total);
+    cJSON_AddNumberToObject(o, "elapsed_s", p->elapsed_s);
+    if (p->eta_s >= 0)
+        cJSON_AddNumberToObject(o, "eta_s", p->eta_s);
+    else
+        cJSON_AddNullToObject(o, "eta_s");
+}
+
+char *batch_progress_to_json(const struct batch_progress *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    batch_progress_add_json(o, p);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static double num(const cJSON *o, const char *key, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : dflt;
+}
+
+int batch_progress_from_json(const char *json, struct batch_progress *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->eta_s = -1;
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return 0;
+    }
+    const cJSON *name = cJSON_GetObjectItem(o, "job");
+    if (cJSON_IsString(name) && name->valuestring)
+        snprintf(p->job, sizeof(p->job), "%s", name->valuestring);
+    p->job_id = (int64_t)num(o, "job_id", 0);
+    p->total = (int64_t)num(o, "total", 0);
+    p->done = (int64_t)num(o, "done", 0);
+    p->failed = (int64_t)num(o, "failed", 0);
+    p->cancelled = (int64_t)num(o, "cancelled", 0);
+    p->gen_tokens = (int64_t)num(o, "gen_tokens", 0);
+    p->prompt_tokens = (int64_t)num(o, "prompt_tokens", 0);
+    p->gen_tok_s = num(o, "gen_tok_s", 0);
+    p->prompt_tok_s = num(o, "prompt_tok_s", 0);
+    p->mean_out = num(o, "mean_out", 0);
+    p->inflight_tokens = num(o, "inflight_tokens", 0);
+    p->running = (int64_t)num(o, "running", 0);
+    p->waiting = (int64_t)num(o, "waiting", 0);
+    p->kv_used = (int64_t)num(o, "kv_used", 0);
+    p->kv_total = (int64_t)num(o, "kv_total", 0);
+    p->elapsed_s = num(o, "elapsed_s", 0);
+    p->eta_s = num(o, "eta_s", -1);
+    p->runs = 1;
+    cJSON_Delete(o);
+    return 1;
+}
+
+void batch_rate_reset(struct batch_rate *r)
+{
+    memset(r, 0, sizeof(*r));
+}
+
+void batch_rate_add(struct batch_rate *r, double t, double v)
+{
+    /* a sample less than a second after the one before the newest replaces the newest, so the
+     * window stays ~10 s however often this is called */
+    if (r->n >= 2) {
+        int prev = (r->head + BATCH_RATE_SAMPLES - 1) % BATCH_RATE_SAMPLES;
+        if (t - r->t[prev] < 1.0) {
+            r->t[r->head] = t;
+            r->v[r->head] = v;
+            return;
+        }
+    }
+    r->head = r->n ? (r->head + 1) % BATCH_RATE_SAMPLES : 0;
+    r->t[r->head] = t;
+    r->v[r->head] = v;
+    if (r->n < BATCH_RATE_SAMPLES)
+        r->n++;
+}
+
+double batch_rate_get(const struct batch_rate *r)
+{
+    if (r->n < 2)
+        return 0;
+    int old = (r->head + BATCH_RATE_SAMPLES - (r->n - 1)) % BATCH_RATE_SAMPLES;
+    double dt = r->t[r->head] - r->t[old];
+    return dt > 0 ? (r->v[r->head] - r->v[old]) / dt : 0;
+}
+
+/* ---- a run's progress (struct batch_run, batch/batch_internal.h) ---- */
+
+/* The job's live numbers: its counts in the queue (read at most once a second, less often
+ * when reading them is slow) plus what this run finished since, committed or not, and the
+ * engine's token counts (unfinished requests included) and load. */
+static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
+{
+    if (!r->t_counts || now - r->t_counts >= fmax(1.0, 20 * r->counts_cost)) {
+        struct queue_counts c;
+        struct err_detail err = {0};
+        if (!queue_job_counts(r->q, r->job.id, &c, &err)) {
+            r->counts = c;
+            r->done_at_counts = r->stats.items_done;
+            r->failed_at_counts = r->stats.items_failed;
+        }
+        r->counts_cost = batch_now() - now;
+        r->t_counts = now;
+    }
+    struct batch_out_counts oc = {0};
+    if (r->out)
+        batch_out_get_counts(r->out, &oc);
+    const struct queue_counts *c = &r->counts;
+    memset(p, 0, sizeof(*p));
+    p->job_id = r->job.id;
+    snprintf(p->job, sizeof(p->job), "%s", r->job.name ? r->job.name : "");
+    p->total = c->total;
+    p->cancelled = c->items[QUEUE_ITEM_CANCELLED];
+    p->done = c->items[QUEUE_ITEM_DONE] + (r->stats.items_done - r->done_at_counts) +
+              (int64_t)oc.pending_results;
+    p->failed = c->items[QUEUE_ITEM_FAILED] + (r->stats.items_failed - r->failed_at_counts) +
+                (int64_t)oc.pending_errors;
+    if (p->done + p->failed + p->cancelled > p->total) /* a commit by another run since */
+        p->done = p->total - p->failed - p->cancelled;
+    const struct engine_stats *es = engine_get_stats(r->e);
+    struct engine_load ld;
+    engine_get_load(r->e, &ld);
+    p->gen_tokens = (int64_t)es->gen_tokens;
+    p->prompt_tokens = (int64_t)es->prompt_tokens;
+    batch_rate_add(&r->gen_rate, now, (double)es->gen_tokens);
+    batch_rate_add(&r->prompt_rate, now, (double)es->prompt_tokens);
+    p->gen_tok_s = batch_rate_get(&r->gen_rate);
+    p->prompt_tok_s = batch_rate_get(&r->prompt_rate);
+    p->running = ld.running;
+    p->waiting = (int64_t)ld.waiting;
+    p->kv_used = ld.kv_used;
+    p->kv_total = ld.kv_total;
+    p->runs = 1;
+    int64_t outs = r->n_out - r->job_out0, toks = r->stats.completion_tokens - r->job_tok0;
+    if (outs > 0)
+        p->mean_out = (double)toks / (double)outs;
+    else if (c->items[QUEUE_ITEM_DONE] > 0) /* finished by earlier runs */
+        p->mean_out = (double)c->completion_tokens / (double)c->items[QUEUE_ITEM_DONE];
+    p->inflight_tokens = fmax(0, (double)(p->gen_tokens - toks));
+    p->elapsed_s = now - r->t_job;
+    batch_progress_eta(p);
+}
+
+/* Store the numbers in the queue for `quern status` (a heartbeat too). */
+static void publish(struct batch_run *r, const struct batch_progress *p, double now)
+{
+    char *js = batch_progress_to_json(p);
+    struct err_detail err = {0};
+    if (js && queue_run_progress(r->q, r->stats.run_id, js, &err))
+        LOG_DEBUG("publishing progress: %s", err.msg);
+    free(js);
+    r->t_pub = now;
+}
+
+void batch_progress_start(struct batch_run *r)
+{
+    r->t_job = batch_now();
+    batch_rate_reset(&r->gen_rate);
+    batch_rate_reset(&r->prompt_rate);
+    batch_rate_add(&r->gen_rate, r->t_job, 0);
+    batch_rate_add(&r->prompt_rate, r->t_job, 0);
+    r->t_draw = r->t_job; /* at once */
+    r->t_pub = 0;
+    r->t_counts = 0;
+    r->job_out0 = r->n_out;
+    r->job_tok0 = r->stats.completion_tokens;
+}
+
+void batch_progress_tick(struct batch_run *r)
+{
+    double now = batch_now();
+    int draw = now >= r->t_draw, pub = now - r->t_pub >= BATCH_PROGRESS_PUBLISH_S;
+    if (!draw && !pub)
+        return;
+    struct batch_progress p;
+    snapshot(r, now, &p);
+    if (pub)
+        publish(r, &p, now);
+    if (!draw)
+        return;
+    double period = r->o->show_period;
+    r->t_draw += period;
+    if (r->t_draw <= now)
+        r->t_draw = now + period;
+    if (r->o->show)
+        r->o->show(r->o->show_user, &p, BATCH_SHOW_LIVE);
+}
+
+void batch_progress_end(struct batch_run *r)
+{
+    double now = batch_now();
+    struct batch_progress p;
+    r->t_counts = 0; /* exact counts */
+    snapshot(r, now, &p);
+    publish(r, &p, now);
+    if (r->o->show)
+        r->o->show(r->o->show_user, &p, BATCH_SHOW_FINAL);
+}

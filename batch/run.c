@@ -1,0 +1,603 @@
+/* A run (batch/batch.h): open the queue, take over dead runs, choose the jobs, then drain each
+ * job through the engine: claim items in chunks under a lease, admit them (parse, render,
+ * tokenize, engine_add_request), step the engine, collect finished outputs into records for
+ * the shard writer (batch/commit.c), commit them every flush_secs or flush_records, renew the
+ * leases, and on a stop (signal, max_runtime) let in-flight requests finish for `grace`
+ * seconds, release the rest, commit, seal the shards and write the manifest. */
+#include "batch/batch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "batch/batch_internal.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "jobs/record.h"
+
+double batch_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int batch_run_signals(const struct batch_run *r)
+{
+    return r->o->signals ? (int)*r->o->signals : 0;
+}
+
+static void inflight_free(struct batch_inflight *inf)
+{
+    free(inf->custom_id);
+    free(inf->model);
+    free(inf);
+}
+
+/* Fold the writer's commit counts into the run's totals. */
+static void count_commits(struct batch_run *r)
+{
+    struct batch_out_counts c;
+    batch_out_get_counts(r->out, &c);
+    r->stats.items_done = r->done_base + c.done;
+    r->stats.items_failed = r->failed_base + c.failed;
+}
+
+static enum status flush_all(struct batch_run *r, struct err_detail *err)
+{
+    enum status st = batch_out_commit(r->out, err);
+    count_commits(r);
+    r->t_flush = batch_now();
+    return st;
+}
+
+/* Write an error record for an item that could not run. */
+static enum status item_error(struct batch_run *r, int64_t item, const char *custom_id,
+                              const char *code, const char *msg, struct err_detail *err)
+{
+    char *line = job_record_invalid(r->job.id, custom_id, 400, code, msg, NULL);
+    return batch_out_error(r->out, item, line, code, msg, err);
+}
+
+/* ---- admission ---- */
+
+static enum status admit(struct batch_run *r, const struct queue_claimed *c, struct err_detail *err)
+{
+    enum status st = batch_out_hold(r->out, c->id, err);
+    if (st)
+        return st;
+    if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
+        return item_error(r, c->id, c->custom_id, "attempts_exhausted", msg, err);
+    }
+    if (!c->payload) { /* a line rejected at submit: its error record, as submit found it */
+        const char *code = c->error_code ? c->error_code : "invalid_request";
+        const char *msg = c->error_msg ? c->error_msg : "the line was rejected at submit";
+        char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg);
+        return batch_out_error(r->out, c->id, line, code, msg, err);
+    }
+    struct job_request *req = NULL;
+    struct job_error je = {0};
+    st = job_request_parse(c->payload, strlen(c->payload), &r->defaults, &req, &je);
+    if (st == ST_ERR_NOMEM)
+        return err_set(err, st, "out of memory");
+    if (st)
+        return item_error(r, c->id, c->custom_id, job_err_code_str(je.code), je.message, err);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct err_detail e2 = {0};
+    if (req->kind == JOB_KIND_CHAT)
+        st = r->chat ? engine_chat_tokenize(r->chat, r->tok, req->messages, req->n_messages, 1, 0,
+                                            &ids, &n, &e2)
+                     : err_set(&e2, ST_ERR_UNSUPPORTED, "the model has no usable chat template");
+    else
+        st = engine_tok_encode(r->tok, req->prompt, strlen(req->prompt), ENGINE_TOK_ADD_BOS, &ids,
+                               &n, &e2);
+    struct batch_inflight *inf = NULL;
+    if (!st) {
+        inf = calloc(1, sizeof(*inf));
+        if (!inf || !(inf->custom_id = strdup(req->custom_id))) {
+            free(inf);
+            free(ids);
+            job_request_free(req);
+            return err_set(err, ST_ERR_NOMEM, "out of memory");
+        }
+        inf->item_id = c->id;
+        inf->kind = req->kind;
+        inf->model = req->model ? strdup(req->model) : NULL;
+        struct engine_request er = {0};
+        er.prompt = ids;
+        er.n_prompt = n;
+        er.sampling = req->sampling;
+        er.max_tokens = req->max_tokens;
+        er.stop = (const char *const *)req->stop;
+        er.n_stop = req->n_stop;
+        er.request_id = req->custom_id;
+        er.user = inf;
+        st = engine_add_request(r->e, &er, NULL, &e2);
+    }
+    free(ids);
+    if (!st && inf) { /* the engine holds it now */
+        inf->next = r->inflight;
+        if (r->inflight)
+            r->inflight->prev = inf;
+        r->inflight = inf;
+    }
+    if (st) {
+        if (inf)
+            inflight_free(inf);
+        const char *code = st == ST_ERR_RANGE ? "context_length_exceeded" : "invalid_request";
+        st = item_error(r, c->id, req->custom_id, code, e2.msg, err);
+    }
+    job_request_free(req);
+    return st;
+}
+
+/* Claim more items while the engine has room. Returns 1 when the job has nothing queued. */
+static int fill(struct batch_run *r, struct err_detail *err, enum status *st)
+{
+    size_t target = (size_t)r->o->engine.max_seqs * 2;
+    while (engine_pending(r->e) < target) {
+        struct queue_claimed *items = NULL;
+        size_t n = 0;
+        size_t want = target - engine_pending(r->e);
+        if (want > (size_t)r->o->claim)
+            want = (size_t)r->o->claim;
+        *st = queue_claim(r->q, r->job.id, r->stats.run_id, (int)want,
+                          (int64_t)(r->o->lease * 1000), &items, &n, err);
+        if (*st)
+            return 0;
+        for (size_t i = 0; i < n && !*st; i++)
+            *st = admit(r, &items[i], err);
+        queue_claimed_free(items, n);
+        if (*st)
+            return 0;
+        if (n < want)
+            return 1;
+    }
+    return 0;
+}
+
+/* Keep the request's latencies for the summary (dropped when memory runs out). */
+static void note_latency(struct batch_run *r, const struct engine_output *o)
+{
+    struct batch_stats *s = &r->stats;
+    if (s->n_lat == r->cap_lat) {
+        size_t cap = r->cap_lat ? r->cap_lat * 2 : 1024;
+        double *a = realloc(s->ttft_ms, sizeof(double) * cap);
+        if (a)
+            s->ttft_ms = a;
+        double *b = realloc(s->tpot_ms, sizeof(double) * cap);
+        if (b)
+            s->tpot_ms = b;
+        if (a && b)
+            r->cap_lat = cap;
+    }
+    if (s->n_lat < r->cap_lat) {
+        s->ttft_ms[s->n_lat] = 1e3 * (o->t_first - o->t_arrival);
+        s->tpot_ms[s->n_lat] =
+            o->n_tokens > 1 ? 1e3 * (o->t_finish - o->t_first) / (double)(o->n_tokens - 1) : 0;
+        s->n_lat++;
+    }
+}
+
+/* Finished requests out of the engine, as result records for the writer. */
+static enum status take_outputs(struct batch_run *r, struct err_detail *err)
+{
+    struct engine_output o[64];
+    size_t k;
+    enum status st = ST_OK;
+    while (!st && (k = engine_poll(r->e, o, 64)) > 0)
+        for (size_t i = 0; i < k; i++) {
+            struct batch_inflight *inf = o[i].user;
+            struct job_result jr = {0};
+            jr.custom_id = inf->custom_id;
+            jr.kind = inf->kind;
+            jr.model = inf->model ? inf->model : r->model_name;
+            jr.text = o[i].text;
+            jr.text_len = o[i].text_len;
+            jr.finish_reason = o[i].finish == ENGINE_FINISH_LENGTH ? "length" : "stop";
+            jr.prompt_tokens = (int32_t)o[i].n_prompt;
+            jr.completion_tokens = (int32_t)o[i].n_tokens;
+            jr.created = (int64_t)time(NULL);
+            jr.job_id = r->job.id;
+            if (!st)
+                st = batch_out_result(r->out, inf->item_id, job_record_success(&jr),
+                                      (int64_t)o[i].n_prompt, (int64_t)o[i].n_tokens, err);
+            r->stats.prompt_tokens += (int64_t)o[i].n_prompt;
+            r->stats.completion_tokens += (int64_t)o[i].n_tokens;
+            r->n_out++;
+            note_latency(r, &o[i]);
+            if (inf->prev)
+                inf->prev->next = inf->next;
+            else
+                r->inflight = inf->next;
+            if (inf->next)
+                inf->next->prev = inf->prev;
+            inflight_free(inf);
+        }
+    return st;
+}
+
+/* ---- job lifecycle ---- */
+
+static void job_close(struct batch_run *r)
+{
+    engine_free(r->e);
+    r->e = NULL;
+    while (r->inflight) { /* requests a stop left in the engine */
+        struct batch_inflight *next = r->inflight->next;
+        inflight_free(r->inflight);
+        r->inflight = next;
+    }
+    engine_chat_free(r->chat);
+    engine_tok_free(r->tok);
+    engine_model_free(r->m);
+    kern_backend_free(r->be);
+    r->chat = NULL;
+    r->tok = NULL;
+    r->m = NULL;
+    r->be = NULL;
+    if (r->out) {
+        count_commits(r);
+        r->done_base = r->stats.items_done;
+        r->failed_base = r->stats.items_failed;
+        batch_out_free(r->out);
+        r->out = NULL;
+    }
+    queue_job_free(&r->job);
+    memset(&r->job, 0, sizeof(r->job));
+}
+
+static enum status recover_shards(struct batch_run *r, struct err_detail *err)
+{
+    return batch_recover_shards(r->q, r->job.id, r->stats.run_id, (int64_t)(r->o->lease * 1000),
+                                err);
+}
+
+static int stop_requested(struct batch_run *r)
+{
+    int sig = batch_run_signals(r);
+    if (sig || (r->o->max_runtime > 0 && batch_now() - r->stats.t_start >= r->o->max_runtime)) {
+        if (!r->t_stop) {
+            r->t_stop = batch_now();
+            LOG_INFO("stopping: %s; in-flight requests get %.0f s to finish",
+                     sig ? "signal received" : "--max-runtime reached", (double)r->o->grace);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Renew our leases and heartbeat when a third of the lease has passed (before any claim, so a
+ * run that stalled is seen alive again before it takes more work). */
+static enum status beat(struct batch_run *r, int force, struct err_detail *err)
+{
+    double now = batch_now();
+    if (!force && now - r->t_beat < r->o->lease / 3)
+        return ST_OK;
+    int64_t held = 0;
+    struct batch_out_counts c;
+    batch_out_get_counts(r->out, &c);
+    enum status st =
+        queue_lease_extend(r->q, r->stats.run_id, (int64_t)(r->o->lease * 1000), &held, err);
+    if (!st && (size_t)held < c.held)
+        LOG_WARN("run %lld holds %lld leases, %zu expected: some were taken over (this run was "
+                 "silent past its --lease) or cancelled; their records will not be committed",
+                 (long long)r->stats.run_id, (long long)held, c.held);
+    r->t_beat = now;
+    return st;
+}
+
+/* Sleep up to secs, waking early on a stop signal. */
+static void nap(const struct batch_run *r, double secs)
+{
+    double until = batch_now() + secs;
+    while (!batch_run_signals(r) && batch_now() < until) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A job whose items are all finished but whose output is not sealed: close the shards dead runs
+ * left open and write the manifest, complete when nothing is open any more (a shard of a run
+ * that still looks alive keeps it incomplete until a later run closes it). */
+static int close_done_job(struct batch_run *r, struct err_detail *err)
+{
+    int64_t open = 0;
+    if (batch_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err) ||
+        recover_shards(r, err) || batch_count_open_shards(r->q, r->job.id, &open, err) ||
+        batch_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
+        return -1;
+    LOG_INFO("job %s: done earlier; manifest %s", r->job.name,
+             open ? "still incomplete (a run that looks alive holds a shard open)"
+                  : "written, complete");
+    return 1;
+}
+
+/* The job's parameters, model (checked against its sha256), engine and shard writer. */
+static enum status job_open(struct batch_run *r, struct err_detail *err)
+{
+    enum status st;
+    if ((st = batch_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err)))
+        return st;
+    const char *base = strrchr(r->job.model_path, '/');
+    snprintf(r->model_name, sizeof(r->model_name), "%s", base ? base + 1 : r->job.model_path);
+    char *dot = strstr(r->model_name, ".gguf");
+    if (dot)
+        *dot = 0;
+    engine_sampling_default(&r->defaults.sampling);
+    r->defaults.max_tokens = 256;
+    r->defaults.default_id = NULL;
+    if ((st = job_params_from_json(r->job.params_json, &r->defaults, err)))
+        return st;
+    if (r->job.model_sha256 && *r->job.model_sha256) {
+        char sha[SHA256_HEX_LEN];
+        if ((st = sha256_file(r->job.model_path, SHA256_WHOLE_FILE, sha, err)))
+            return st;
+        if (strcmp(sha, r->job.model_sha256))
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "model %s changed since the job was submitted (sha256 %s, job has %s)",
+                           r->job.model_path, sha, r->job.model_sha256);
+    }
+    if ((st = kern_backend_open(&r->be, &r->o->backend, err)) ||
+        (st = engine_model_load(&r->m, r->job.model_path, r->be, err)) ||
+        (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||
+        (st = engine_init(&r->e, r->m, r->tok, &r->o->engine, err)))
+        return st;
+    struct err_detail e2 = {0};
+    if (engine_chat_init(&r->chat, r->m->gguf, &e2))
+        LOG_WARN("%s: %s; chat requests will fail", r->job.model_path, e2.msg);
+    struct batch_out_spec spec = {r->q,
+                                  r->stats.run_id,
+                                  r->job.id,
+                                  r->job_dir,
+                                  (uint64_t)r->o->shard_bytes,
+                                  (uint64_t)r->o->shard_records};
+    return batch_out_open(&r->out, &spec, err);
+}
+
+/* Process one job: 1 every item finished, 0 stopped (signal, max_runtime), 2 items are
+ * still leased by other live runs and no_wait was given, -1 failed. */
+static int run_job(struct batch_run *r, struct err_detail *err)
+{
+    enum status st;
+    if (job_open(r, err) || recover_shards(r, err) || engine_warmup(r->e, err))
+        return -1;
+    int drained = 0, remains = 0, waiting = 0;
+    r->t_flush = r->t_beat = batch_now();
+    batch_progress_start(r);
+    for (;;) {
+        int stopping = stop_requested(r);
+        if (stopping && (batch_run_signals(r) > 1 || batch_now() - r->t_stop >= r->o->grace))
+            break;
+        if ((st = beat(r, 0, err)))
+            return -1;
+        if (!stopping && !drained) {
+            drained = fill(r, err, &st);
+            if (st)
+                return -1;
+        }
+        if (!engine_pending(r->e) && stopping)
+            break;
+        if (!engine_pending(r->e) && drained) {
+            /* nothing queued for us: finished, or other runs hold the rest */
+            if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
+                return -1;
+            struct queue_counts c;
+            if ((st = queue_job_counts(r->q, r->job.id, &c, err)))
+                return -1;
+            if (c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] == 0)
+                break;
+            if (r->o->no_wait) {
+                LOG_INFO("job %s: %lld items are leased by other runs; --no-wait: leaving them",
+                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+                remains = 1;
+                break;
+            }
+            if (!waiting++)
+                LOG_INFO("job %s: waiting for %lld items leased by other runs (taken over if "
+                         "their run dies; --no-wait exits 75 instead)",
+                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+            double t_nap = batch_now();
+            nap(r, 1.0);
+            r->stats.waited_s += batch_now() - t_nap;
+            int64_t reaped = 0;
+            if ((st = queue_reap_dead(r->q, &r->self, &reaped, err)) || (st = beat(r, 1, err)))
+                return -1;
+            if (reaped)
+                LOG_INFO("%lld dead run(s) on this host: their items are queued again",
+                         (long long)reaped);
+            drained = 0;
+            batch_progress_tick(r);
+            continue;
+        }
+        if ((st = engine_step(r->e, err)) || (st = take_outputs(r, err)))
+            return -1;
+        double now = batch_now();
+        struct batch_out_counts oc;
+        batch_out_get_counts(r->out, &oc);
+        size_t pending = oc.pending_results + oc.pending_errors;
+        if (pending >= (size_t)r->o->flush_records ||
+            (pending && now - r->t_flush >= r->o->flush_secs))
+            if ((st = flush_all(r, err)))
+                return -1;
+        batch_progress_tick(r);
+    }
+    if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
+        return -1;
+    struct batch_out_counts oc;
+    batch_out_get_counts(r->out, &oc);
+    if (oc.held) { /* stopped: give back what did not finish */
+        int64_t released = 0;
+        if ((st = batch_out_release(r->out, &released, err)))
+            return -1;
+        LOG_INFO("released %lld unfinished items back to the queue", (long long)released);
+    }
+    if ((st = batch_out_close(r->out, err)))
+        return -1;
+    /* shards of runs that died while we ran are closed now; one whose run still looks alive
+     * may hold records, so the manifest is not complete until a later run has closed it */
+    struct queue_counts c;
+    int64_t open = 0;
+    if ((st = recover_shards(r, err)) ||
+        (st = batch_count_open_shards(r->q, r->job.id, &open, err)) ||
+        (st = queue_job_counts(r->q, r->job.id, &c, err)))
+        return -1;
+    int complete = c.items[QUEUE_ITEM_QUEUED] == 0 && c.items[QUEUE_ITEM_LEASED] == 0;
+    if (complete && open) {
+        LOG_WARN("job %s: %lld shard(s) still open by a run that looks alive (its heartbeat is "
+                 "within --lease %g s); the manifest says complete once a later run has closed "
+                 "them",
+                 r->job.name, (long long)open, (double)r->o->lease);
+        complete = 0;
+    }
+    if ((st = batch_manifest_write(r->q, &r->job, r->job_dir, complete, err)))
+        return -1;
+    LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
+    batch_progress_end(r);
+    if (complete)
+        return 1;
+    return r->t_stop ? 0 : remains ? 2 : 1;
+}
+
+/* ---- the run ---- */
+
+/* The jobs to work on, into r->job_ids. */
+static enum status choose_jobs(struct batch_run *r, struct err_detail *err)
+{
+    enum status st;
+    if (r->o->job) {
+        struct queue_job j;
+        if ((st = queue_job_find(r->q, r->o->job, &j, err)))
+            return st;
+        if (!j.ready) {
+            st = err_set(err, ST_ERR_INVALID_ARG,
+                         "job '%s' is still being submitted; run it once its submit has finished",
+                         j.name);
+            queue_job_free(&j);
+            return st;
+        }
+        r->job_ids = malloc(sizeof(int64_t));
+        if (r->job_ids)
+            r->job_ids[r->n_jobs++] = j.id;
+        queue_job_free(&j);
+    } else {
+        struct queue_job *jobs;
+        size_t n;
+        if ((st = queue_job_list(r->q, &jobs, &n, err)))
+            return st;
+        r->job_ids = malloc(sizeof(int64_t) * (n + 1));
+        for (size_t i = 0; r->job_ids && i < n; i++) /* done jobs: batch_run_jobs checks them */
+            if (jobs[i].state != QUEUE_JOB_CANCELLED && jobs[i].ready)
+                r->job_ids[r->n_jobs++] = jobs[i].id;
+        queue_job_list_free(jobs, n);
+    }
+    return r->job_ids ? ST_OK : err_set(err, ST_ERR_NOMEM, "out of memory");
+}
+
+enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
+                           struct err_detail *err)
+{
+    struct batch_run *r = calloc(1, sizeof(*r));
+    *out = r;
+    if (!r)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    r->o = o;
+    r->stats.t_start = batch_now();
+    proc_identity_self(&r->self);
+    char worker[64];
+    const char *slurm = getenv("SLURM_JOB_ID");
+    snprintf(worker, sizeof(worker), "%s", o->worker ? o->worker : slurm ? slurm : "");
+    /* the whole file is checked once (a corrupt queue is an error before any work), and a
+     * missing one is an error unless create: a mistyped --db must not look like "drained" */
+    struct queue_options qo = {.must_exist = !o->create, .check_integrity = true};
+    enum status st;
+    if ((st = queue_open_opts(&r->q, o->db, &qo, err)))
+        return st;
+    /* runs and submits on this host whose process is gone: items back, half-submitted jobs
+     * deleted, before anything is chosen */
+    int64_t reaped = 0;
+    if ((st = queue_reap_dead(r->q, &r->self, &reaped, err)) ||
+        (st = queue_jobs_gc(r->q, &r->self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, err)) ||
+        (st = choose_jobs(r, err)))
+        return st;
+    struct queue_run_spec rs = {0};
+    rs.job_id = o->job ? r->job_ids[0] : 0;
+    rs.worker_id = worker[0] ? worker : NULL;
+    rs.host = r->self.host;
+    rs.pid = r->self.pid;
+    rs.boot_id = r->self.boot_id;
+    rs.pid_ns = r->self.pid_ns;
+    rs.pstart = r->self.start_ticks;
+    if ((st = queue_run_start(r->q, &rs, &r->stats.run_id, err)))
+        return st;
+    if (reaped)
+        LOG_INFO("%lld dead run(s) on this host: their items and open shards are taken over",
+                 (long long)reaped);
+    return ST_OK;
+}
+
+enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
+{
+    int result = 1, remains = 0;
+    for (size_t i = 0; i < r->n_jobs && (result == 1 || result == 2); i++) {
+        if (queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
+            result = -1;
+            break;
+        }
+        if (r->job.state == QUEUE_JOB_CANCELLED) {
+            queue_job_free(&r->job);
+            memset(&r->job, 0, sizeof(r->job));
+            continue;
+        }
+        if (r->job.state == QUEUE_JOB_DONE) {
+            /* finished earlier: make sure its output is sealed and its manifest current */
+            int64_t open = 0;
+            result = 1;
+            if (batch_count_open_shards(r->q, r->job.id, &open, err) ||
+                batch_job_dir(r->q, &r->job, r->o->out, 0, r->job_dir, sizeof(r->job_dir), err))
+                result = -1;
+            else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
+                result = close_done_job(r, err);
+            job_close(r);
+            continue;
+        }
+        LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r->stats.run_id, (long long)r->job.id,
+                 r->job.name, r->job.model_path);
+        result = run_job(r, err);
+        remains |= result == 2;
+        job_close(r);
+    }
+    if (result < 0)
+        return BATCH_END_FAILED;
+    if (result == 0)
+        return BATCH_END_STOPPED;
+    return remains ? BATCH_END_REMAINS : BATCH_END_DRAINED;
+}
+
+enum status batch_run_end(struct batch_run *r, const char *reason, const char *summary_json,
+                          struct err_detail *err)
+{
+    int64_t requeued = 0;
+    return queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
+}
+
+const struct batch_stats *batch_run_stats(struct batch_run *r)
+{
+    return &r->stats;
+}
+
+void batch_run_free(struct batch_run *r)
+{
+    if (!r)
+        return;
+    job_close(r);
+    free(r->job_ids);
+    free(r->stats.ttft_ms);
+    free(r->stats.tpot_ms);
+    queue_close(r->q);
+    free(r);
+}

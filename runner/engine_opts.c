@@ -1,0 +1,132 @@
+/* The engine and backend flags shared by the commands (runner/engine_opts.h). */
+#include "runner/engine_opts.h"
+
+#include <string.h>
+
+#include "runner/runner.h"
+
+void runner_engine_opts_default(struct runner_engine_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->threads = runner_default_threads();
+    o->act = KERN_ACT_F32;
+    engine_params_default(&o->ep);
+}
+
+static const struct option backend_opts[] = {
+    {"device", required_argument, 0, RUNNER_EO_OPT_DEVICE},
+    {"threads", required_argument, 0, RUNNER_EO_OPT_THREADS},
+    {"isa", required_argument, 0, RUNNER_EO_OPT_ISA},
+    {"matmul", required_argument, 0, RUNNER_EO_OPT_MATMUL},
+};
+static const struct option kv_opts[] = {
+    {"kv-mem", required_argument, 0, RUNNER_EO_OPT_KVMEM},
+    {"kv-block", required_argument, 0, RUNNER_EO_OPT_KVBLOCK},
+    {"kv-dtype", required_argument, 0, RUNNER_EO_OPT_KVDTYPE},
+};
+static const struct option batch_opts[] = {
+    {"max-seqs", required_argument, 0, RUNNER_EO_OPT_SEQS},
+    {"max-batch-tokens", required_argument, 0, RUNNER_EO_OPT_BATCH},
+    {"no-prefix-cache", no_argument, 0, RUNNER_EO_OPT_NOPREFIX},
+};
+
+static size_t append(struct option *dst, size_t k, size_t cap, const struct option *src, size_t n)
+{
+    for (size_t i = 0; i < n && k + 1 < cap; i++)
+        dst[k++] = src[i];
+    return k;
+}
+
+void runner_engine_longopts(struct option *dst, size_t cap, const struct option *own,
+                            unsigned groups)
+{
+    size_t k = 0;
+    while (own[k].name && k + 1 < cap) {
+        dst[k] = own[k];
+        k++;
+    }
+    if (groups & RUNNER_EO_BACKEND)
+        k = append(dst, k, cap, backend_opts, sizeof(backend_opts) / sizeof(backend_opts[0]));
+    if (groups & RUNNER_EO_KV)
+        k = append(dst, k, cap, kv_opts, sizeof(kv_opts) / sizeof(kv_opts[0]));
+    if (groups & RUNNER_EO_BATCH)
+        k = append(dst, k, cap, batch_opts, sizeof(batch_opts) / sizeof(batch_opts[0]));
+    memset(&dst[k], 0, sizeof(dst[k]));
+}
+
+int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_engine_opts *o)
+{
+    long l;
+    switch (c) {
+    case RUNNER_EO_OPT_DEVICE:
+        o->device = arg;
+        return 1;
+    case RUNNER_EO_OPT_ISA:
+        o->isa = arg;
+        return 1;
+    case RUNNER_EO_OPT_NOPREFIX:
+        o->ep.prefix_cache = 0;
+        return 1;
+    case RUNNER_EO_OPT_THREADS:
+        return runner_parse_long(cmd, "threads", arg, 1, 256, &o->threads) ? 1 : -1;
+    case RUNNER_EO_OPT_MATMUL:
+        return runner_parse_matmul(cmd, arg, &o->act) ? 1 : -1;
+    case RUNNER_EO_OPT_KVMEM:
+        return runner_parse_size(cmd, "kv-mem", arg, &o->ep.kv_mem) ? 1 : -1;
+    case RUNNER_EO_OPT_KVDTYPE:
+        return runner_parse_kv_dtype(cmd, arg, &o->ep.kv_dtype) ? 1 : -1;
+    case RUNNER_EO_OPT_KVBLOCK:
+        if (!runner_parse_long(cmd, "kv-block", arg, 1, 4096, &l))
+            return -1;
+        o->ep.kv_block = (int)l;
+        return 1;
+    case RUNNER_EO_OPT_SEQS:
+        if (!runner_parse_long(cmd, "max-seqs", arg, 1, 1 << 16, &l))
+            return -1;
+        o->ep.max_seqs = (int)l;
+        return 1;
+    case RUNNER_EO_OPT_BATCH:
+        if (!runner_parse_long(cmd, "max-batch-tokens", arg, 1, 1 << 20, &l))
+            return -1;
+        o->ep.max_batch_tokens = (int)l;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+void runner_engine_help(FILE *f, unsigned groups)
+{
+    if (groups & RUNNER_EO_BACKEND)
+        fputs(
+            "  --device NAME          compute device: auto|cpu|cuda (default auto); `quern info`\n"
+            "                         lists the ones this build has\n"
+            "  --threads N            CPU threads (default: all online CPUs)\n"
+            "  --isa NAME             auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
+            "  --matmul MODE          exact: f32 activations (default); q16: 16-bit activations\n"
+            "                         with exact integer sums (Q4_0/Q4_1/Q8_0 weights; ~2x\n"
+            "                         exact's batch throughput on AVX-512, near-exact logits);\n"
+            "                         bf16: activations and weights rounded to bfloat16 on AMX\n"
+            "                         tiles (AMX-BF16 CPUs only; fastest for big batches, slow\n"
+            "                         for one sequence, logits ~7x closer than q8); q8: 8-bit\n"
+            "                         activations as llama.cpp, visibly less accurate\n",
+            f);
+    if (groups & RUNNER_EO_BATCH)
+        fputs("  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
+              "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n"
+              "  --no-prefix-cache      disable automatic prefix caching\n",
+              f);
+    if (groups & RUNNER_EO_KV)
+        fputs(
+            "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
+            "  --kv-block B           tokens per KV block (default 16)\n"
+            "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8 bits per value with a\n"
+            "                         scale per token and head, half the bytes, less accurate)\n",
+            f);
+}
+
+struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *o)
+{
+    struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act, 0};
+    return ko;
+}

@@ -1,0 +1,61 @@
+/* The engine and backend flags, parsed the same way by every command that runs the model
+ * (run, bench, generate) or plans its memory (plan): one struct with their defaults, a fragment
+ * of getopt_long's option table, one function that handles them, and the help text that lists
+ * them, so each command's --help says the same thing about them. */
+#ifndef RUNNER_ENGINE_OPTS_H
+#define RUNNER_ENGINE_OPTS_H
+
+#include <getopt.h>
+#include <stdio.h>
+
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+
+/* Groups of flags a command takes (or-ed together). */
+#define RUNNER_EO_BACKEND 0x1 /* --device --threads --isa --matmul */
+#define RUNNER_EO_KV      0x2 /* --kv-mem --kv-block --kv-dtype */
+#define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens --no-prefix-cache */
+#define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH)
+
+/* getopt_long values of these flags; a command's own options use values below 512. */
+enum {
+    RUNNER_EO_OPT_DEVICE = 512,
+    RUNNER_EO_OPT_THREADS,
+    RUNNER_EO_OPT_ISA,
+    RUNNER_EO_OPT_MATMUL,
+    RUNNER_EO_OPT_KVMEM,
+    RUNNER_EO_OPT_KVBLOCK,
+    RUNNER_EO_OPT_KVDTYPE,
+    RUNNER_EO_OPT_SEQS,
+    RUNNER_EO_OPT_BATCH,
+    RUNNER_EO_OPT_NOPREFIX,
+};
+#define RUNNER_EO_MAX_LONGOPTS 10 /* entries the fragment adds at most */
+
+struct runner_engine_opts {
+    const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
+    long threads;            /* --threads (default: all online CPUs) */
+    const char *isa;         /* --isa, NULL = auto (borrowed) */
+    int act;                 /* --matmul: enum kern_act (default exact) */
+    struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache */
+};
+
+/* Every field at its default. */
+void runner_engine_opts_default(struct runner_engine_opts *o);
+
+/* The command's own options (own, ended by an all-zero entry) followed by the flags of groups,
+ * and the all-zero entry, into dst (cap entries, at least own's + RUNNER_EO_MAX_LONGOPTS + 1). */
+void runner_engine_longopts(struct option *dst, size_t cap, const struct option *own,
+                            unsigned groups);
+
+/* Handle getopt_long's result c with its optarg: 1 it was an engine flag and is stored, 0 it is
+ * not one, -1 its value is bad (a message naming cmd and the flag went to stderr). */
+int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_engine_opts *o);
+
+/* The help lines of groups, as every command prints them. */
+void runner_engine_help(FILE *f, unsigned groups);
+
+/* The backend factory's options (strings borrowed from o). */
+struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *o);
+
+#endif
