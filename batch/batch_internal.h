@@ -29,7 +29,7 @@ struct batch_run {
     struct queue_job job;            /* current job */
     char job_dir[4096];              /* OUT/<job name> */
     char model_name[256];            /* for records: model file name without .gguf */
-    struct kern_backend *be;         /* backend */
+    struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */
     struct engine_tok *tok;          /* tokenizer */
     struct engine_chat *chat;        /* chat template (NULL if the model has none usable) */

@@ -235,11 +235,11 @@ static void job_close(struct batch_run *r)
     engine_chat_free(r->chat);
     engine_tok_free(r->tok);
     engine_model_free(r->m);
-    kern_backend_free(r->be);
+    kern_group_free(r->group);
     r->chat = NULL;
     r->tok = NULL;
     r->m = NULL;
-    r->be = NULL;
+    r->group = NULL;
     if (r->out) {
         count_commits(r);
         r->done_base = r->stats.items_done;
@@ -342,8 +342,8 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
                            "model %s changed since the job was submitted (sha256 %s, job has %s)",
                            r->job.model_path, sha, r->job.model_sha256);
     }
-    if ((st = kern_backend_open(&r->be, &r->o->backend, err)) ||
-        (st = engine_model_load(&r->m, r->job.model_path, r->be, err)) ||
+    if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
+        (st = engine_model_load_group(&r->m, r->job.model_path, r->group, err)) ||
         (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||
         (st = engine_init(&r->e, r->m, r->tok, &r->o->engine, err)))
         return st;

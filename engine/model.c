@@ -222,29 +222,6 @@ static struct kern_tensor rows_of(const struct kern_tensor *w, int64_t r0, int64
     return t;
 }
 
-/* Columns [c0, c0 + n) of every row of w, copied to dst (ne1 rows of the slice's row bytes);
- * c0 and n must fall on w's quantization blocks. */
-static struct kern_tensor cols_of(const struct kern_tensor *w, int64_t c0, int64_t n, uint8_t *dst)
-{
-    const size_t off = dtype_row_bytes(w->type, c0), rb = dtype_row_bytes(w->type, n);
-    for (int64_t i = 0; i < w->ne1; i++)
-        memcpy(dst + (size_t)i * rb, (const uint8_t *)w->data + (size_t)i * w->row_bytes + off, rb);
-    struct kern_tensor t = *w;
-    t.ne0 = n;
-    t.row_bytes = rb;
-    t.data = dst;
-    t.packed = NULL;
-    t.packed_panel = 0;
-    return t;
-}
-
-/* Whether n elements of type start and end on block boundaries (c0 = k * n). */
-static int on_blocks(uint32_t type, int64_t n)
-{
-    const struct dtype_info *di = dtype_get(type);
-    return di && n % di->block_elems == 0;
-}
-
 /* Rank r of n: its slices of every layer, prepared on its backend, and its norm vectors. */
 static enum status rank_init(struct engine_model *m, int r, int n, struct kern_backend *be,
                              struct kern_comm *comm, struct err_detail *err)
@@ -256,27 +233,11 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
     R->n_head = hp->n_head / n;
     R->n_kv_head = hp->n_kv_head / n;
     R->n_ff = hp->n_ff / n;
+    R->n_embd = hp->n_embd / n;
     const int hd = hp->head_dim, qd = R->n_head * hd, kvd = R->n_kv_head * hd;
     R->layers = calloc((size_t)hp->n_layer, sizeof(*R->layers));
     if (!R->layers)
         return err_set(err, ST_ERR_NOMEM, "no memory");
-    size_t col_bytes = 0;
-    if (n > 1) {
-        for (int l = 0; l < hp->n_layer; l++) {
-            const struct engine_layer *L = &m->layers[l];
-            if (!on_blocks(L->wo.type, qd) || !on_blocks(L->w_down.type, R->n_ff))
-                return err_set(err, ST_ERR_UNSUPPORTED,
-                               "--tp %d: layer %d's attention output (%s) or FFN down (%s) "
-                               "projection cannot be split into %d-column slices",
-                               n, l, dtype_get(L->wo.type)->name, dtype_get(L->w_down.type)->name,
-                               qd);
-            col_bytes += (size_t)hp->n_embd *
-                         (dtype_row_bytes(L->wo.type, qd) + dtype_row_bytes(L->w_down.type, R->n_ff));
-        }
-        if (!(R->cols = malloc(col_bytes)))
-            return err_set(err, ST_ERR_NOMEM, "no memory for the rank's weight slices");
-    }
-    uint8_t *cp = R->cols;
     for (int l = 0; l < hp->n_layer; l++) {
         const struct engine_layer *L = &m->layers[l];
         struct engine_layer *S = &R->layers[l];
@@ -287,10 +248,8 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
             S->wv = rows_of(&L->wv, (int64_t)r * kvd, kvd);
             S->w_gate = rows_of(&L->w_gate, (int64_t)r * R->n_ff, R->n_ff);
             S->w_up = rows_of(&L->w_up, (int64_t)r * R->n_ff, R->n_ff);
-            S->wo = cols_of(&L->wo, (int64_t)r * qd, qd, cp);
-            cp += (size_t)S->wo.ne1 * S->wo.row_bytes;
-            S->w_down = cols_of(&L->w_down, (int64_t)r * R->n_ff, R->n_ff, cp);
-            cp += (size_t)S->w_down.ne1 * S->w_down.row_bytes;
+            S->wo = rows_of(&L->wo, (int64_t)r * R->n_embd, R->n_embd);
+            S->w_down = rows_of(&L->w_down, (int64_t)r * R->n_embd, R->n_embd);
         }
         struct kern_tensor *mats[] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up,
                                       &S->w_down};
@@ -322,8 +281,8 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
 static void rank_bufs_free(struct engine_rank *R)
 {
     struct engine_rank_bufs *f = &R->buf;
-    void *d[] = {f->act, f->tok, f->pos, f->row, f->last, f->rope, f->tables, f->idx, f->logits,
-                 f->ids};
+    void *d[] = {f->act,    f->tok, f->pos,    f->row, f->last, f->rope,
+                 f->tables, f->idx, f->logits, f->ids, f->perm};
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
         R->be->ops->buf_free(R->be, d[i]);
     memset(f, 0, sizeof(*f));
@@ -342,6 +301,7 @@ static void stage_free(struct engine_model *m)
     free(s->idx);
     free(s->seq_row);
     free(s->seq_top);
+    free(s->perm);
     memset(s, 0, sizeof(*s));
 }
 
@@ -358,7 +318,6 @@ static void rank_free(struct engine_rank *R, int n_layer)
     }
     R->be->ops->buf_free(R->be, R->norms);
     free(R->layers);
-    free(R->cols);
 }
 
 /* Split m over the n ranks be[i] / comm[i]. */
@@ -368,11 +327,11 @@ static enum status ranks_init(struct engine_model *m, struct kern_backend *const
     const struct engine_hparams *hp = &m->hp;
     if (n > ENGINE_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, ENGINE_MAX_RANKS);
-    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n)
+    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--tp %d: the model's %d query heads, %d KV heads and %d FFN rows must "
-                       "each divide by it (KV heads are not replicated)",
-                       n, hp->n_head, hp->n_kv_head, hp->n_ff);
+                       "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows and %d "
+                       "hidden rows must each divide by it (KV heads are not replicated)",
+                       n, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_embd);
     m->rank = calloc((size_t)n, sizeof(*m->rank));
     if (!m->rank)
         return err_set(err, ST_ERR_NOMEM, "no memory");
@@ -483,11 +442,21 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
 
 /* ---- forward ---- */
 
-/* Floats of a rank's activation scratch per token. */
-static size_t scratch_per_tok(const struct engine_hparams *hp, const struct engine_rank *R)
+/* Floats of a rank's activation scratch per token: residual, norm, its q, attention output, k,
+ * v, gate and up; with more than one rank also the whole attention output, gate and up, its
+ * slice of o's and down's output, and the all-gather's landing area. */
+static size_t scratch_per_tok(const struct engine_hparams *hp, const struct engine_rank *R,
+                              int n_rank)
 {
     size_t q_dim = (size_t)R->n_head * hp->head_dim, kv_dim = (size_t)R->n_kv_head * hp->head_dim;
-    return 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)R->n_ff;
+    size_t s = 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)R->n_ff;
+    if (n_rank > 1) {
+        size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)hp->n_ff;
+        size_t widest = qf > F ? qf : F;
+        widest = widest > (size_t)hp->n_embd ? widest : (size_t)hp->n_embd;
+        s += qf + 2 * F + (size_t)R->n_embd + widest;
+    }
+    return s;
 }
 
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
@@ -510,7 +479,11 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         struct engine_rank *R = &m->rank[r];
         struct engine_rank_bufs *f = &R->buf;
         struct kern_backend *be = R->be;
-        f->act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp, R) * T);
+        f->act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp, R, m->n_rank) * T);
+        if (m->n_rank > 1) {
+            f->perm = be->ops->buf_alloc(be, sizeof(int32_t) * T * (size_t)m->n_rank);
+            ok = ok && f->perm;
+        }
         f->tok = be->ops->buf_alloc(be, sizeof(int32_t) * T);
         f->pos = be->ops->buf_alloc(be, sizeof(int32_t) * T);
         f->row = be->ops->buf_alloc(be, sizeof(int32_t) * T);
@@ -533,8 +506,9 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     s->idx = calloc(T, sizeof(*s->idx));
     s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)kv->max_seqs);
     s->seq_top = malloc(sizeof(*s->seq_top) * Rw);
+    s->perm = malloc(sizeof(*s->perm) * T * (size_t)m->n_rank);
     if (!ok || !s->row || !s->last || !s->rope || !s->tables || !s->idx || !s->seq_row ||
-        !s->seq_top) {
+        !s->seq_top || !s->perm) {
         stage_free(m);
         return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
                        max_tok);
@@ -625,6 +599,9 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int t = 0; t < n; t++)
         if (b->logits ? b->logits[t] != 0 : t == n - 1)
             s->idx[s->n_out++] = t;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < m->n_rank; r++)
+            s->perm[t * m->n_rank + r] = r * n + t;
     s->stride = stride;
 }
 
@@ -645,8 +622,19 @@ static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
     be->ops->matmul(be, &w, ys, 1, in, n_tok);
 }
 
-/* Rank r's share of the pass: its heads of attention and rows of the FFN, an all-reduce of
- * each block's partial output (more than one rank), and on rank 0 the output head. */
+/* The ranks' slices src (n rows of w floats each, one slice per rank) gathered into dst: n rows
+ * of n_rank * w floats, rank r's slice at columns r w .. (through the landing area land). */
+static void gather_slices(struct engine_rank *R, int n_rank, const float *src, float *dst,
+                          float *land, int n, int w)
+{
+    kern_comm_all_gather(R->comm, src, land, sizeof(float) * (size_t)n * (size_t)w);
+    R->be->ops->gather(R->be, dst, land, R->buf.perm, n * n_rank, w);
+}
+
+/* Rank r's share of the pass: its query/KV heads of attention and its rows of every matrix;
+ * with more than one rank the slices each next matrix reads are all-gathered first (every rank
+ * then holds the whole residual stream, bitwise as one rank computes it). Rank 0 then runs the
+ * output head. */
 static void forward_rank(struct fwd_job *j, int r)
 {
     struct engine_model *m = j->m;
@@ -657,21 +645,30 @@ static void forward_rank(struct fwd_job *j, int r)
     struct kern_backend *be = R->be;
     const struct kern_ops *k = be->ops;
     const struct engine_batch *b = j->b;
-    const int n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
+    const int N = m->n_rank, n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
     const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
-    float *x = f->act;                   /* residual stream, n x E */
-    float *xn = x + (size_t)n * E;       /* normed input, n x E */
-    float *q = xn + (size_t)n * E;       /* queries, n x q_dim */
-    float *att = q + (size_t)n * q_dim;  /* attention output, n x q_dim */
-    float *kk = att + (size_t)n * q_dim; /* keys, n x kv_dim */
-    float *vv = kk + (size_t)n * kv_dim; /* values, n x kv_dim */
-    float *gate = vv + (size_t)n * kv_dim; /* FFN gate, n x n_ff */
-    float *up = gate + (size_t)n * R->n_ff; /* FFN up, n x n_ff */
+    float *x = f->act;                      /* residual stream, n x E */
+    float *xn = x + (size_t)n * E;          /* normed input / a block's output, n x E */
+    float *q = xn + (size_t)n * E;          /* its queries, n x q_dim */
+    float *att = q + (size_t)n * q_dim;     /* its heads' attention output, n x q_dim */
+    float *kk = att + (size_t)n * q_dim;    /* its keys, n x kv_dim */
+    float *vv = kk + (size_t)n * kv_dim;    /* its values, n x kv_dim */
+    float *gate = vv + (size_t)n * kv_dim;  /* its FFN gate rows, n x n_ff */
+    float *up = gate + (size_t)n * R->n_ff; /* its FFN up rows, n x n_ff */
+    /* more than one rank: the whole attention output, gate and up, this rank's rows of o's and
+     * down's output, and where the all-gathers land */
+    float *att_all = up + (size_t)n * R->n_ff;                      /* n x n_head * hd */
+    float *gate_all = att_all + (size_t)n * hp->n_head * hd;        /* n x n_ff (whole) */
+    float *up_all = gate_all + (size_t)n * hp->n_ff;                /* n x n_ff (whole) */
+    float *y = up_all + (size_t)n * hp->n_ff;                       /* n x R->n_embd */
+    float *land = y + (size_t)n * R->n_embd;                        /* n x widest */
     k->upload(be, f->tok, b->token, sizeof(int32_t) * (size_t)n);
     k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
     k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
     k->upload(be, f->last, s->last, (size_t)n);
     k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
+    if (N > 1)
+        k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
     int n_rows = 0;
     for (int t = 0; t < n; t++)
         n_rows = s->row[t] + 1 > n_rows ? s->row[t] + 1 : n_rows;
@@ -702,17 +699,34 @@ static void forward_rank(struct fwd_job *j, int r)
             .store = f->last, .k_new = kk, .v_new = vv,
         };
         k->attention(be, &a);
-        const struct kern_mm_in o_in = {.x = att};
-        matmul1(be, &L->wo, &o_in, xn, n);
-        if (R->comm) /* the heads' partial sums of the attention output */
-            kern_comm_all_reduce_sum_f32(R->comm, xn, (size_t)n * (size_t)E);
-
-        /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) * up) */
+        if (N == 1) {
+            const struct kern_mm_in o_in = {.x = att};
+            matmul1(be, &L->wo, &o_in, xn, n);
+            /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) *
+             * up) */
+            const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
+                                              .eps = hp->rms_eps, .xn = xn};
+            k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
+            continue;
+        }
+        /* the heads' outputs from every rank, then this rank's rows of o (the whole output in
+         * xn after the second gather) */
+        gather_slices(R, N, att, att_all, land, n, q_dim);
+        const struct kern_mm_in o_in = {.x = att_all};
+        matmul1(be, &L->wo, &o_in, y, n);
+        gather_slices(R, N, y, xn, land, n, R->n_embd);
+        /* feed-forward block: this rank's gate and up rows of norm(x += xn), both gathered;
+         * its rows of down(silu(gate) * up), gathered */
         const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
                                           .eps = hp->rms_eps, .xn = xn};
-        k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
-        if (R->comm) /* the FFN rows' partial sums */
-            kern_comm_all_reduce_sum_f32(R->comm, xn, (size_t)n * (size_t)E);
+        const struct kern_tensor *gu_w[2] = {&L->w_gate, &L->w_up};
+        float *const gu_y[2] = {gate, up};
+        k->matmul(be, gu_w, gu_y, 2, &ffn_in, n);
+        gather_slices(R, N, gate, gate_all, land, n, R->n_ff);
+        gather_slices(R, N, up, up_all, land, n, R->n_ff);
+        const struct kern_mm_in down_in = {.x = gate_all, .up = up_all};
+        matmul1(be, &L->w_down, &down_in, y, n);
+        gather_slices(R, N, y, xn, land, n, R->n_embd);
     }
     if (r != 0 || !s->n_out)
         return;

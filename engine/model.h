@@ -52,21 +52,25 @@ struct engine_rank_bufs {
     int32_t *idx;   /* rows that want logits */
     float *logits;  /* logits (rank 0, only when the backend's memory is not host memory) */
     int32_t *ids;   /* greedy ids (same) */
+    int32_t *perm;  /* more than one rank: gathered rank-major rows -> token-major (per step) */
 };
 
-/* One tensor-parallel rank: its backend and its share of every layer (Megatron split: q, k, v,
- * gate and up by output rows, o and down by input columns; norms, the embedding and the
- * output head whole). With one rank, the whole model. */
+/* One tensor-parallel rank: its backend and its share of every layer, every matrix split by
+ * output rows (q, k, v by heads; gate and up by FFN rows; o and down by hidden rows), so each
+ * output element is one whole dot product, computed as with one rank: the ranks' slices are
+ * all-gathered before the next matrix that reads them, and a split model gives bitwise the
+ * logits of a whole one. Norms, the embedding and the output head are whole. With one rank,
+ * the whole model. */
 struct engine_rank {
     struct kern_backend *be;      /* its backend (not owned) */
     struct kern_comm *comm;       /* joins the ranks; NULL with one */
     int n_head;                   /* query heads here */
     int n_kv_head;                /* KV heads here */
     int n_ff;                     /* FFN rows here */
+    int n_embd;                   /* rows of o and down here */
     struct engine_layer *layers;  /* its slices, prepared on be (norms: backend copies) */
     const float *output_norm;     /* backend copy */
     float *norms;                 /* backend memory holding every norm vector */
-    uint8_t *cols;                /* host copies of the column slices of o and down, or NULL */
     struct engine_rank_bufs buf;  /* forward buffers */
 };
 
@@ -82,6 +86,7 @@ struct engine_model_stage {
     int32_t *idx;       /* rows that want logits */
     int32_t *seq_row;   /* per sequence slot: its row in this batch, -1 if none */
     int32_t *seq_top;   /* per row: the token at its highest position */
+    int32_t *perm;      /* n_tok x n_rank: token t's slice from rank r is gathered row r n + t */
     int n_out;          /* this batch: rows that want logits */
     int stride;         /* this batch: block table stride */
 };

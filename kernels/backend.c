@@ -39,11 +39,12 @@ void kern_backends_print(FILE *f)
     kern_cpu_print(f);
 }
 
-enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o, int size,
+enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o,
                             struct err_detail *err)
 {
     *out = NULL;
-    if (size < 1 || size > KERN_CPU_COMM_MAX_RANKS)
+    const int size = o->tp > 1 ? o->tp : 1;
+    if (size > KERN_CPU_COMM_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: want 1..%d ranks", size,
                        KERN_CPU_COMM_MAX_RANKS);
     struct kern_group *g = calloc(1, sizeof(*g));

@@ -239,6 +239,7 @@ struct kern_backend_opts {
     enum kern_act act;  /* activation precision of matmuls */
     int as_device;      /* CPU, for tests: report host_memory 0, so callers take the device
                          * path (every byte through upload/download) */
+    int tp;             /* tensor-parallel ranks kern_group_open makes (0 or 1: one) */
 };
 
 /* Open a backend. An unknown device or an instruction set the machine lacks is an error that
@@ -263,8 +264,9 @@ struct kern_group {
     void *impl;               /* the communicator's shared state (owned) */
 };
 
-/* Open size backends as o says and their communicator. Caller frees with kern_group_free. */
-enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o, int size,
+/* Open o->tp backends (at least one) as o says and their communicator. Caller frees with
+ * kern_group_free. */
+enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o,
                             struct err_detail *err);
 void kern_group_free(struct kern_group *g);
 

@@ -285,7 +285,7 @@ int runner_cmd_bench(int argc, char **argv)
     if (!parse_bench(argc, argv, &o))
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
-    struct kern_backend *be = NULL;
+    struct kern_group *grp = NULL;
     struct engine_model *m = NULL;
     struct engine_tok *tok = NULL;
     struct engine_chat *chat = NULL;
@@ -295,8 +295,8 @@ int runner_cmd_bench(int argc, char **argv)
     int rc = RUNNER_EXIT_ERROR;
     struct kern_backend_opts ko = runner_engine_backend(&o.eo);
     enum status st;
-    if ((st = kern_backend_open(&be, &ko, &err)) ||
-        (st = engine_model_load(&m, o.model, be, &err)) ||
+    if ((st = kern_group_open(&grp, &ko, &err)) ||
+        (st = engine_model_load_group(&m, o.model, grp, &err)) ||
         (st = engine_tok_load(&tok, m->gguf, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
@@ -377,7 +377,11 @@ int runner_cmd_bench(int argc, char **argv)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     struct kern_peak pk[8];
-    int n_pk = o.peak_seconds > 0 && be->ops->peaks ? be->ops->peaks(be, o.peak_seconds, pk, 8) : 0;
+    /* the machine's peak: rank 0's backend measures on all the threads when there is one rank */
+    struct kern_backend *be = grp->be[0];
+    int n_pk = o.peak_seconds > 0 && grp->size == 1 && be->ops->peaks
+                   ? be->ops->peaks(be, o.peak_seconds, pk, 8)
+                   : 0;
     double peak = peak_of(pk, n_pk, "int8");
     double amx_peak = peak_of(pk, n_pk, "amx_int8");
     double bf16_peak = peak_of(pk, n_pk, "amx_bf16");
@@ -396,6 +400,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
     cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
+    cJSON_AddNumberToObject(j, "tp", (double)grp->size);
     cJSON_AddNumberToObject(j, "threads", (double)o.eo.threads);
     cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.eo.act));
     cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
@@ -461,6 +466,6 @@ out:
     engine_chat_free(chat);
     engine_tok_free(tok);
     engine_model_free(m);
-    kern_backend_free(be);
+    kern_group_free(grp);
     return rc;
 }

@@ -185,7 +185,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
 
 /* Everything a generation holds; freed by gen_free. */
 struct gen {
-    struct kern_backend *be;    /* CPU backend */
+    struct kern_group *grp;     /* backends, one per tensor-parallel rank */
     struct engine_model *model; /* weights */
     struct engine_tok *tok;     /* tokenizer */
     struct engine_chat *chat;   /* chat template (--chat only) */
@@ -199,7 +199,7 @@ static void gen_free(struct gen *g)
     engine_chat_free(g->chat);
     engine_tok_free(g->tok);
     engine_model_free(g->model);
-    kern_backend_free(g->be);
+    kern_group_free(g->grp);
     free(g->ids);
 }
 
@@ -246,8 +246,8 @@ static int run(const struct gen_opts *o)
     double t_load = runner_now();
 
     struct kern_backend_opts ko = runner_engine_backend(&o->eo);
-    if ((st = kern_backend_open(&g.be, &ko, &err)) ||
-        (st = engine_model_load(&g.model, o->model, g.be, &err)) ||
+    if ((st = kern_group_open(&g.grp, &ko, &err)) ||
+        (st = engine_model_load_group(&g.model, o->model, g.grp, &err)) ||
         (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||
         (o->chat && (st = engine_chat_init(&g.chat, g.model->gguf, &err)))) {
         LOG_ERROR("%s", err.msg);
@@ -295,7 +295,7 @@ static int run(const struct gen_opts *o)
     }
     LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
              o->model, g.model->hp.n_layer, g.model->hp.n_embd, g.model->hp.n_vocab,
-             kern_backend_describe(g.be), o->eo.threads, n_prompt);
+             kern_backend_describe(g.grp->be[0]), o->eo.threads, n_prompt);
 
     double t0 = runner_now();
     while (engine_pending(g.eng))

@@ -86,7 +86,7 @@ int runner_cmd_plan(int argc, char **argv)
     /* the copy of the matrices the backend repacks at load (default exact mode; 0 where it
      * packs nothing) */
     struct kern_backend *be;
-    struct kern_backend_opts ko = {NULL, 1, NULL, KERN_ACT_F32, 0};
+    struct kern_backend_opts ko = {.n_threads = 1, .act = KERN_ACT_F32};
     if (kern_backend_open(&be, &ko, &err)) {
         LOG_ERROR("%s", err.msg);
         engine_model_free(m);

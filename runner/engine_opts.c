@@ -10,12 +10,14 @@ void runner_engine_opts_default(struct runner_engine_opts *o)
     memset(o, 0, sizeof(*o));
     o->threads = runner_default_threads();
     o->act = KERN_ACT_F32;
+    o->tp = 1;
     engine_params_default(&o->ep);
 }
 
 static const struct option backend_opts[] = {
     {"device", required_argument, 0, RUNNER_EO_OPT_DEVICE},
     {"threads", required_argument, 0, RUNNER_EO_OPT_THREADS},
+    {"tp", required_argument, 0, RUNNER_EO_OPT_TP},
     {"isa", required_argument, 0, RUNNER_EO_OPT_ISA},
     {"matmul", required_argument, 0, RUNNER_EO_OPT_MATMUL},
 };
@@ -67,6 +69,8 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
     case RUNNER_EO_OPT_NOPREFIX:
         o->ep.prefix_cache = 0;
         return 1;
+    case RUNNER_EO_OPT_TP:
+        return runner_parse_long(cmd, "tp", arg, 1, 64, &o->tp) ? 1 : -1;
     case RUNNER_EO_OPT_THREADS:
         return runner_parse_long(cmd, "threads", arg, 1, 256, &o->threads) ? 1 : -1;
     case RUNNER_EO_OPT_MATMUL:
@@ -101,7 +105,12 @@ void runner_engine_help(FILE *f, unsigned groups)
         fputs(
             "  --device NAME          compute device: auto|cpu|cuda (default auto); `quern info`\n"
             "                         lists the ones this build has\n"
-            "  --threads N            CPU threads (default: all online CPUs)\n"
+            "  --threads N            CPU threads (default: all online CPUs), shared by the ranks\n"
+            "  --tp N                 tensor-parallel ranks (default 1): attention split by heads,\n"
+            "                         the FFN by rows, two all-reduces per layer, the KV cache by\n"
+            "                         KV head; the model's query and KV heads must divide by N\n"
+            "                         (SmolLM2-135M: 1 or 3); on the CPU the ranks are threads\n"
+            "                         of this process (a CPU has no faster path: for tests)\n"
             "  --isa NAME             auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
             "  --matmul MODE          exact: f32 activations (default); q16: 16-bit activations\n"
             "                         with exact integer sums (Q4_0/Q4_1/Q8_0 weights; ~2x\n"
@@ -127,6 +136,7 @@ void runner_engine_help(FILE *f, unsigned groups)
 
 struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *o)
 {
-    struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act, 0};
+    struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act, 0,
+                                   (int)o->tp};
     return ko;
 }

@@ -20,6 +20,7 @@
 /* getopt_long values of these flags; a command's own options use values below 512. */
 enum {
     RUNNER_EO_OPT_DEVICE = 512,
+    RUNNER_EO_OPT_TP,
     RUNNER_EO_OPT_THREADS,
     RUNNER_EO_OPT_ISA,
     RUNNER_EO_OPT_MATMUL,
@@ -35,6 +36,7 @@ enum {
 struct runner_engine_opts {
     const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
     long threads;            /* --threads (default: all online CPUs) */
+    long tp;                 /* --tp: tensor-parallel ranks (default 1) */
     const char *isa;         /* --isa, NULL = auto (borrowed) */
     int act;                 /* --matmul: enum kern_act (default exact) */
     struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache */

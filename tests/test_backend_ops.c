@@ -631,7 +631,7 @@ static void test_cpu_backends(void **state)
     for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
         for (size_t m = 0; m < sizeof(acts) / sizeof(acts[0]); m++)
             for (int dev = 1; dev >= (m == 0 ? 0 : 1); dev--) {
-                struct kern_backend_opts o = {"cpu", 2, isas[i], acts[m], dev};
+                struct kern_backend_opts o = {"cpu", 2, isas[i], acts[m], dev, 1};
                 struct err_detail err = {0};
                 struct check c = {0};
                 if (kern_backend_open(&c.be, &o, &err)) {
@@ -737,8 +737,8 @@ static void bad_gather(struct kern_backend *b, float *dst, const float *src, con
 static void test_broken_ops_fail(void **state)
 {
     (void)state;
-    struct kern_backend_opts o = {"cpu", 2, "scalar", KERN_ACT_F32, 1};
-    struct kern_backend_opts o_amx = {"cpu", 2, "amx", KERN_ACT_BF16, 1};
+    struct kern_backend_opts o = {"cpu", 2, "scalar", KERN_ACT_F32, 1, 1};
+    struct kern_backend_opts o_amx = {"cpu", 2, "amx", KERN_ACT_BF16, 1, 1};
     struct err_detail err = {0};
     struct kern_backend *real, *amx = NULL;
     assert_int_equal(kern_backend_open(&real, &o, &err), ST_OK);

@@ -708,7 +708,7 @@ static void test_run_drains(void **state)
     o.shard_bytes = (size_t)1 << 30;
     o.lease = 300;
     o.grace = 30;
-    o.backend = (struct kern_backend_opts){NULL, 2, NULL, KERN_ACT_F32};
+    o.backend = (struct kern_backend_opts){.n_threads = 2, .act = KERN_ACT_F32, .tp = 1};
     engine_params_default(&o.engine);
     o.engine.max_seqs = 4;
     o.engine.kv_mem = (size_t)64 << 20;

@@ -228,7 +228,7 @@ static int setup(void **state)
 {
     static struct fixture f;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
     if (kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err) ||
         engine_tok_load(&f.tok, f.m->gguf, &err)) {
@@ -433,7 +433,7 @@ static void test_batch_invariance_bf16(void **state)
     }
     struct fixture f = *(struct fixture *)*state;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16, 0};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16, 0, 1};
     assert_int_equal(kern_backend_open(&f.be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
     batch_invariance(&f, 0, KERN_KV_F16);
