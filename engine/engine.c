@@ -50,9 +50,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        p->host_threads);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
-    size_t per_block = engine_kv_bytes_per_token(m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
-                                                 p->kv_dtype) *
-                       (size_t)p->kv_block;
+    size_t per_block = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
     size_t n_blocks = p->kv_mem / per_block;
     if (n_blocks < 1 || n_blocks > (1u << 28))
         return err_set(err, ST_ERR_INVALID_ARG,

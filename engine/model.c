@@ -413,6 +413,21 @@ void engine_model_free(struct engine_model *m)
     free(m);
 }
 
+size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype)
+{
+    const struct engine_hparams *hp = &m->hp;
+    if (!m->n_rank)
+        return engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype) *
+               (size_t)block_size;
+    size_t bytes = 0;
+    for (int r = 0; r < m->n_rank; r++) {
+        const struct engine_rank *R = &m->rank[r];
+        struct kern_kv_desc d = {hp->n_layer, R->n_kv_head, hp->head_dim, block_size, dtype};
+        bytes += R->be->ops->kv_block_bytes(R->be, &d);
+    }
+    return bytes;
+}
+
 enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv, int max_tok,
                                    struct err_detail *err)
 {

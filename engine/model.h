@@ -160,6 +160,10 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
  * prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
 
+/* Bytes one KV block of block_size tokens takes on the model's backends (every rank's KV heads,
+ * all layers, K and V; kern_ops.kv_block_bytes), or in the CPU layout without a backend. */
+size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype);
+
 /* Storage for kv's blocks on the model's ranks (each its KV heads) and the forward buffers
  * for batches of up to max_tok tokens over its slots (engine_model_reserve). */
 enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv, int max_tok,

@@ -275,9 +275,7 @@ static int run(const struct gen_opts *o)
     ep.max_batch_tokens = GEN_PREFILL_CHUNK;
     ep.prefix_cache = 0;
     size_t blocks = (n_prompt + (size_t)max_new + (size_t)ep.kv_block - 1) / (size_t)ep.kv_block;
-    ep.kv_mem = blocks * (size_t)ep.kv_block *
-                engine_kv_bytes_per_token(g.model->hp.n_layer, g.model->hp.n_kv_head,
-                                          g.model->hp.head_dim, ep.kv_dtype);
+    ep.kv_mem = blocks * engine_model_kv_block_bytes(g.model, ep.kv_block, ep.kv_dtype);
     struct engine_request r = {0};
     r.prompt = g.ids;
     r.n_prompt = n_prompt;

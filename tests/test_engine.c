@@ -468,8 +468,7 @@ static void test_chunking_preemption_prefix(void **state)
     run_engine(f, &p, pr, np, N, 0, 0, chunked, &st);
     assert_same(base, chunked, N, "chunked prefill");
     /* pool of 24 blocks (384 tokens) for 16 sequences of ~70 tokens: must preempt */
-    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
-                                           KERN_KV_F16) * 16;
+    size_t blk = engine_model_kv_block_bytes(f->m, 16, KERN_KV_F16);
     engine_params_default(&p);
     p.max_seqs = 16;
     p.max_batch_tokens = 64;
@@ -519,9 +518,7 @@ static void test_preemption_policy(void **state)
     if (need[2] + need[3] > pool)
         pool = need[2] + need[3];
     assert_true(pool < need[0] + need[1] + need[2]); /* a, b and c cannot all finish at once */
-    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
-                                           KERN_KV_F16) *
-                 BLK;
+    size_t blk = engine_model_kv_block_bytes(f->m, BLK, KERN_KV_F16);
     static struct result base[N], tight[N];
     struct engine_params p;
     params(&p, N, 512, 64, 0);
@@ -902,9 +899,7 @@ static void test_sched_budget_and_victims(void **state)
         int32_t b = (int32_t)((f->n_prompt[i] + GEN + BLK - 1) / BLK);
         most = b > most ? b : most;
     }
-    size_t blk = engine_kv_bytes_per_token(f->m->hp.n_layer, f->m->hp.n_kv_head, f->m->hp.head_dim,
-                                           KERN_KV_F16) *
-                 BLK;
+    size_t blk = engine_model_kv_block_bytes(f->m, BLK, KERN_KV_F16);
     params(&p, 6, T, 0, 0);
     p.kv_block = BLK;
     p.kv_mem = (size_t)(2 * most) * blk; /* about two requests at a time */
