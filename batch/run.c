@@ -344,11 +344,11 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
     }
     if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
         (st = engine_model_load_group(&r->m, r->job.model_path, r->group, err)) ||
-        (st = engine_tok_load(&r->tok, r->m->gguf, err)) ||
+        (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)) ||
         (st = engine_init(&r->e, r->m, r->tok, &r->o->engine, err)))
         return st;
     struct err_detail e2 = {0};
-    if (engine_chat_init(&r->chat, r->m->gguf, &e2))
+    if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
         LOG_WARN("%s: %s; chat requests will fail", r->job.model_path, e2.msg);
     struct batch_out_spec spec = {r->q,
                                   r->stats.run_id,

@@ -62,7 +62,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->m = m;
     e->tok = tok;
     e->p = *p;
-    enum status st = engine_kv_init(&e->kv, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
+    enum status st = engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head, engine_model_hparams(m)->head_dim,
                                     p->kv_dtype, p->kv_block, (int32_t)n_blocks, p->max_seqs,
                                     p->prefix_cache, err);
     if (st) {
@@ -84,7 +84,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
     for (int i = 0; i < e->n_smp; i++)
-        if ((st = engine_sampler_init(&e->smp[i], m->hp.n_vocab, err))) {
+        if ((st = engine_sampler_init(&e->smp[i], engine_model_hparams(m)->n_vocab, err))) {
             engine_free(e);
             return st;
         }
@@ -97,7 +97,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
     e->n_logit_rows = p->max_seqs; /* one sampled row per running sequence */
-    e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)m->hp.n_vocab);
+    e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)engine_model_hparams(m)->n_vocab);
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
     e->s_logits = malloc(sizeof(*e->s_logits) * bt);
     e->s_id = malloc(sizeof(*e->s_id) * bt);
@@ -168,14 +168,14 @@ void engine_get_load(const struct engine *e, struct engine_load *out)
     memset(out, 0, sizeof(*out));
     out->running = e->n_running;
     out->waiting = e->n_waiting;
-    out->kv_total = e->kv->n_blocks;
-    out->kv_used = e->kv->n_blocks - engine_kv_available(e->kv);
+    out->kv_total = engine_kv_n_blocks(e->kv);
+    out->kv_used = engine_kv_n_blocks(e->kv) - engine_kv_available(e->kv);
 }
 
 enum status engine_add_request(struct engine *e, const struct engine_request *r, uint64_t *id,
                                struct err_detail *err)
 {
-    const int n_ctx = e->m->hp.n_ctx_train;
+    const int n_ctx = engine_model_hparams(e->m)->n_ctx_train;
     enum status st;
     if (r->n_prompt < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "empty prompt");
@@ -186,7 +186,7 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
     if ((st = engine_sampling_validate(&r->sampling, err)))
         return st;
     for (size_t i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->hp.n_vocab)
+        if (r->prompt[i] < 0 || r->prompt[i] >= engine_model_hparams(e->m)->n_vocab)
             return err_set(err, ST_ERR_RANGE, "prompt token %d is outside the vocabulary",
                            r->prompt[i]);
     uint64_t total = (uint64_t)r->n_prompt + (uint64_t)r->max_tokens;
@@ -195,10 +195,10 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
                        "prompt (%zu tokens) + max_tokens (%d) exceeds the model context (%d)",
                        r->n_prompt, r->max_tokens, n_ctx);
     uint64_t blocks = (total + (uint64_t)e->p.kv_block - 1) / (uint64_t)e->p.kv_block;
-    if (blocks > (uint64_t)e->kv->n_blocks)
+    if (blocks > (uint64_t)engine_kv_n_blocks(e->kv))
         return err_set(err, ST_ERR_RANGE,
                        "prompt + max_tokens needs %llu KV blocks; the pool has %d (raise --kv-mem)",
-                       (unsigned long long)blocks, e->kv->n_blocks);
+                       (unsigned long long)blocks, engine_kv_n_blocks(e->kv));
     struct seq *s;
     if ((st = engine_seq_new(&s, r, err)))
         return st;
@@ -251,7 +251,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     e->stats.steps++;
     e->stats.batch_tokens += (uint64_t)nb;
     e->stats.batch_seqs += (uint64_t)e->n_running;
-    int32_t used = e->kv->n_blocks - engine_kv_available(e->kv);
+    int32_t used = engine_kv_n_blocks(e->kv) - engine_kv_available(e->kv);
     if (used > e->stats.peak_blocks_used)
         e->stats.peak_blocks_used = used;
     engine_sched_computed(e, nb);
@@ -263,7 +263,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         if (!e->b_want[k])
             continue;
         e->s_seq[n_s] = e->b_owner[k];
-        e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)e->m->hp.n_vocab;
+        e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)engine_model_hparams(e->m)->n_vocab;
         n_s++;
     }
     if (!fused) { /* else s_id holds the greedy tokens already */
@@ -322,7 +322,7 @@ enum status engine_warmup(struct engine *e, struct err_detail *err)
 {
     int32_t prompt[8];
     for (int i = 0; i < 8; i++)
-        prompt[i] = (int32_t)((i * 7919) % e->m->hp.n_vocab);
+        prompt[i] = (int32_t)((i * 7919) % engine_model_hparams(e->m)->n_vocab);
     struct engine_request r = {0};
     r.prompt = prompt;
     r.n_prompt = 8;
@@ -340,6 +340,6 @@ enum status engine_warmup(struct engine *e, struct err_detail *err)
     engine_poll(e, &o, 0); /* frees the polled warm-up request */
     engine_kv_prefix_clear(e->kv);
     memset(&e->stats, 0, sizeof(e->stats));
-    memset(&e->kv->stats, 0, sizeof(e->kv->stats));
+    engine_kv_stats_reset(e->kv);
     return st;
 }

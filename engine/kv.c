@@ -1,7 +1,7 @@
 /* Block pool, reference counts, LRU of cached free blocks, and the prefix-cache hash table
  * (open addressing, linear probing, backward-shift deletion). A block is always exactly one
  * of: referenced by >= 1 sequence, free and cached (on the LRU), or free and uncached. */
-#include "engine/kv.h"
+#include "engine/kv_internal.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -450,4 +450,40 @@ struct kern_kv_layer engine_kv_layer(const struct engine_kv *kv, int rank, int l
 {
     assert(rank >= 0 && rank < kv->n_rank && layer >= 0 && layer < kv->n_layer);
     return kv->layers[(size_t)rank * kv->n_layer + layer];
+}
+
+int32_t engine_kv_n_blocks(const struct engine_kv *kv)
+{
+    return kv->n_blocks;
+}
+
+int engine_kv_block_size(const struct engine_kv *kv)
+{
+    return kv->block_size;
+}
+
+int engine_kv_max_seqs(const struct engine_kv *kv)
+{
+    return kv->max_seqs;
+}
+
+int32_t engine_kv_seq_blocks(const struct engine_kv *kv, int seq)
+{
+    assert(seq >= 0 && seq < kv->max_seqs);
+    return kv->seqs[seq].n_blocks;
+}
+
+int engine_kv_n_rank(const struct engine_kv *kv)
+{
+    return kv->n_rank;
+}
+
+const struct engine_kv_stats *engine_kv_get_stats(const struct engine_kv *kv)
+{
+    return &kv->stats;
+}
+
+void engine_kv_stats_reset(struct engine_kv *kv)
+{
+    memset(&kv->stats, 0, sizeof(kv->stats));
 }

@@ -1,7 +1,7 @@
 /* Llama forward pass over a flat multi-sequence batch, read top to bottom like llama2.c:
  * embed -> per layer (RMSNorm, QKV, RoPE, paged attention, output proj, residual, RMSNorm,
  * SwiGLU FFN, residual) -> final norm -> output head for the rows that want logits. */
-#include "engine/model.h"
+#include "engine/model_internal.h"
 
 #include <assert.h>
 #include <math.h>
@@ -435,7 +435,7 @@ enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv,
     assert(m->n_rank >= 1 && m->n_rank <= ENGINE_MAX_RANKS);
     for (int r = 0; r < m->n_rank; r++)
         be[r] = m->rank[r].be;
-    enum status st = kv->layers ? ST_OK : engine_kv_storage_alloc(kv, be, m->n_rank, err);
+    enum status st = engine_kv_n_rank(kv) ? ST_OK : engine_kv_storage_alloc(kv, be, m->n_rank, err);
     return st ? st : engine_model_reserve(m, kv, max_tok, err);
 }
 
@@ -480,14 +480,14 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     struct engine_model_stage *s = &m->stage;
     const struct engine_hparams *hp = &m->hp;
     /* a sequence never holds more blocks than the pool, nor more than the model's context */
-    int32_t ctx_blocks = (hp->n_ctx_train + kv->block_size - 1) / kv->block_size + 1;
-    int max_blocks = kv->n_blocks < ctx_blocks ? kv->n_blocks : ctx_blocks;
+    int32_t ctx_blocks = (hp->n_ctx_train + engine_kv_block_size(kv) - 1) / engine_kv_block_size(kv) + 1;
+    int max_blocks = engine_kv_n_blocks(kv) < ctx_blocks ? engine_kv_n_blocks(kv) : ctx_blocks;
     if (max_tok < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "engine_model_reserve: %d tokens", max_tok);
-    if (s->max_tok >= max_tok && s->max_seqs >= kv->max_seqs && s->max_blocks >= max_blocks)
+    if (s->max_tok >= max_tok && s->max_seqs >= engine_kv_max_seqs(kv) && s->max_blocks >= max_blocks)
         return ST_OK;
     stage_free(m);
-    const size_t T = (size_t)max_tok, Rw = T < (size_t)kv->max_seqs ? T : (size_t)kv->max_seqs;
+    const size_t T = (size_t)max_tok, Rw = T < (size_t)engine_kv_max_seqs(kv) ? T : (size_t)engine_kv_max_seqs(kv);
     const size_t tables = Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim;
     int ok = 1;
     for (int r = 0; r < m->n_rank; r++) {
@@ -519,7 +519,7 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     s->rope = calloc(rope, sizeof(*s->rope));
     s->tables = calloc(tables, sizeof(*s->tables));
     s->idx = calloc(T, sizeof(*s->idx));
-    s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)kv->max_seqs);
+    s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)engine_kv_max_seqs(kv));
     s->seq_top = malloc(sizeof(*s->seq_top) * Rw);
     s->perm = malloc(sizeof(*s->perm) * T * (size_t)m->n_rank);
     if (!ok || !s->row || !s->last || !s->rope || !s->tables || !s->idx || !s->seq_row ||
@@ -528,10 +528,10 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
                        max_tok);
     }
-    for (int i = 0; i < kv->max_seqs; i++)
+    for (int i = 0; i < engine_kv_max_seqs(kv); i++)
         s->seq_row[i] = -1;
     s->max_tok = max_tok;
-    s->max_seqs = kv->max_seqs;
+    s->max_seqs = engine_kv_max_seqs(kv);
     s->max_blocks = max_blocks;
     return ST_OK;
 }
@@ -541,27 +541,27 @@ static enum status check_batch(const struct engine_model *m, const struct engine
 {
     if (b->n_tok < 1)
         return err_set(err, ST_ERR_INVALID_ARG, "empty batch");
-    if (b->n_tok > m->stage.max_tok || kv->max_seqs > m->stage.max_seqs ||
-        kv->n_rank != m->n_rank)
+    if (b->n_tok > m->stage.max_tok || engine_kv_max_seqs(kv) > m->stage.max_seqs ||
+        engine_kv_n_rank(kv) != m->n_rank)
         return err_set(err, ST_ERR_RANGE,
                        "a batch of %d tokens over %d sequence slots exceeds the buffers reserved "
                        "(%d tokens, %d slots), or the KV cache is not attached to this model",
-                       b->n_tok, kv->max_seqs, m->stage.max_tok, m->stage.max_seqs);
+                       b->n_tok, engine_kv_max_seqs(kv), m->stage.max_tok, m->stage.max_seqs);
     for (int t = 0; t < b->n_tok; t++) {
         if (b->token[t] < 0 || b->token[t] >= m->hp.n_vocab)
             return err_set(err, ST_ERR_RANGE, "token id %d outside the vocabulary (%d)",
                            b->token[t], m->hp.n_vocab);
-        if (b->seq[t] < 0 || b->seq[t] >= kv->max_seqs)
+        if (b->seq[t] < 0 || b->seq[t] >= engine_kv_max_seqs(kv))
             return err_set(err, ST_ERR_RANGE, "sequence slot %d outside 0..%d", b->seq[t],
-                           kv->max_seqs - 1);
-        int64_t cap = (int64_t)kv->seqs[b->seq[t]].n_blocks * kv->block_size;
+                           engine_kv_max_seqs(kv) - 1);
+        int64_t cap = (int64_t)engine_kv_seq_blocks(kv, b->seq[t]) * engine_kv_block_size(kv);
         if (b->pos[t] < 0 || b->pos[t] >= cap)
             return err_set(err, ST_ERR_RANGE,
                            "position %d of sequence %d has no KV block reserved (capacity %lld)",
                            b->pos[t], b->seq[t], (long long)cap);
-        if (kv->seqs[b->seq[t]].n_blocks > m->stage.max_blocks)
+        if (engine_kv_seq_blocks(kv, b->seq[t]) > m->stage.max_blocks)
             return err_set(err, ST_ERR_RANGE, "sequence %d holds %d KV blocks, more than %d",
-                           b->seq[t], kv->seqs[b->seq[t]].n_blocks, m->stage.max_blocks);
+                           b->seq[t], engine_kv_seq_blocks(kv, b->seq[t]), m->stage.max_blocks);
     }
     return ST_OK;
 }
@@ -583,7 +583,7 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
         if (*r < 0) {
             s->seq_top[n_rows] = t;
             *r = n_rows++;
-            int nb = kv->seqs[b->seq[t]].n_blocks;
+            int nb = engine_kv_seq_blocks(kv, b->seq[t]);
             stride = nb > stride ? nb : stride;
         }
         s->row[t] = *r;
@@ -594,9 +594,8 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
         const int r = s->row[t];
         s->last[t] = s->seq_top[r] == t;
         if (s->seq_top[r] == t) { /* once per row: its block ids */
-            const struct engine_kv_seq *sq = &kv->seqs[b->seq[t]];
-            memcpy(s->tables + (size_t)r * (size_t)stride, sq->blocks,
-                   sizeof(int32_t) * (size_t)sq->n_blocks);
+            memcpy(s->tables + (size_t)r * (size_t)stride, engine_kv_table(kv, b->seq[t]),
+                   sizeof(int32_t) * (size_t)engine_kv_seq_blocks(kv, b->seq[t]));
         }
     }
     for (int t = 0; t < n; t++)
@@ -705,11 +704,11 @@ static void forward_rank(struct fwd_job *j, int r)
         k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
         k->rope(be, q, f->rope, n, R->n_head, hd, hp->rope_dim);
         k->rope(be, kk, f->rope, n, R->n_kv_head, hd, hp->rope_dim);
-        k->kv_store(be, kvl, &bt, f->pos, j->kv->block_size, R->n_kv_head, hd, kk, vv, n,
+        k->kv_store(be, kvl, &bt, f->pos, engine_kv_block_size(j->kv), R->n_kv_head, hd, kk, vv, n,
                     f->last);
         struct kern_attn a = {
             .n_tok = n, .q = q, .out = att, .pos = f->pos, .bt = bt,
-            .kv = kvl, .block_size = j->kv->block_size, .n_head = R->n_head,
+            .kv = kvl, .block_size = engine_kv_block_size(j->kv), .n_head = R->n_head,
             .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
             .store = f->last, .k_new = kk, .v_new = vv,
         };
@@ -803,4 +802,14 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 {
     *fused = 0;
     return forward(m, kv, b, logits, ids, fused, err);
+}
+
+const struct engine_hparams *engine_model_hparams(const struct engine_model *m)
+{
+    return &m->hp;
+}
+
+const struct io_gguf *engine_model_gguf(const struct engine_model *m)
+{
+    return m->gguf;
 }

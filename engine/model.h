@@ -9,10 +9,7 @@
 #include "common/err.h"
 #include "engine/kv.h"
 #include "io/gguf.h"
-#include "kernels/comm.h"
 #include "kernels/kernels.h"
-
-struct pool;
 
 struct engine_hparams {
     int n_vocab;      /* vocabulary size (rows of the output head) */
@@ -28,83 +25,7 @@ struct engine_hparams {
     float rms_eps;    /* RMSNorm epsilon */
 };
 
-struct engine_layer {
-    const float *attn_norm;    /* n_embd */
-    struct kern_tensor wq;     /* n_embd -> n_head*head_dim */
-    struct kern_tensor wk;     /* n_embd -> n_kv_head*head_dim */
-    struct kern_tensor wv;     /* n_embd -> n_kv_head*head_dim */
-    struct kern_tensor wo;     /* n_head*head_dim -> n_embd */
-    const float *ffn_norm;     /* n_embd */
-    struct kern_tensor w_gate; /* n_embd -> n_ff */
-    struct kern_tensor w_up;   /* n_embd -> n_ff */
-    struct kern_tensor w_down; /* n_ff -> n_embd */
-};
-
-/* A rank's buffers for one forward pass, backend memory, sized once (engine_model_reserve). */
-struct engine_rank_bufs {
-    float *act;     /* activations: residual, norm, q, attention, k, v, gate, up */
-    int32_t *tok;   /* token ids */
-    int32_t *pos;   /* positions */
-    int32_t *row;   /* per token: its block table row */
-    uint8_t *last;  /* per token: 1 when it is its sequence's highest position */
-    float *rope;    /* per token: cos, sin of each rotated pair */
-    int32_t *tables; /* block tables, one row per sequence in the batch */
-    int32_t *idx;   /* rows that want logits */
-    float *logits;  /* logits (rank 0, only when the backend's memory is not host memory) */
-    int32_t *ids;   /* greedy ids (same) */
-    int32_t *perm;  /* more than one rank: gathered rank-major rows -> token-major (per step) */
-};
-
-/* One tensor-parallel rank: its backend and its share of every layer, every matrix split by
- * output rows (q, k, v by heads; gate and up by FFN rows; o and down by hidden rows), so each
- * output element is one whole dot product, computed as with one rank: the ranks' slices are
- * all-gathered before the next matrix that reads them, and a split model gives bitwise the
- * logits of a whole one. Norms, the embedding and the output head are whole. With one rank,
- * the whole model. */
-struct engine_rank {
-    struct kern_backend *be;      /* its backend (not owned) */
-    struct kern_comm *comm;       /* joins the ranks; NULL with one */
-    int n_head;                   /* query heads here */
-    int n_kv_head;                /* KV heads here */
-    int n_ff;                     /* FFN rows here */
-    int n_embd;                   /* rows of o and down here */
-    struct engine_layer *layers;  /* its slices, prepared on be (norms: backend copies) */
-    const float *output_norm;     /* backend copy */
-    float *norms;                 /* backend memory holding every norm vector */
-    struct engine_rank_bufs buf;  /* forward buffers */
-};
-
-/* Host-side staging of one forward pass, sized once with the ranks' buffers. */
-struct engine_model_stage {
-    int max_tok;        /* tokens per batch at most */
-    int max_seqs;       /* sequence slots of the KV cache it was sized for */
-    int max_blocks;     /* blocks per sequence at most (block table stride) */
-    int32_t *row;       /* per token: its block table row */
-    uint8_t *last;      /* per token: highest position of its sequence */
-    float *rope;        /* per token: cos, sin of each rotated pair */
-    int32_t *tables;    /* block tables */
-    int32_t *idx;       /* rows that want logits */
-    int32_t *seq_row;   /* per sequence slot: its row in this batch, -1 if none */
-    int32_t *seq_top;   /* per row: the token at its highest position */
-    int32_t *perm;      /* n_tok x n_rank: token t's slice from rank r is gathered row r n + t */
-    int n_out;          /* this batch: rows that want logits */
-    int stride;         /* this batch: block table stride */
-};
-
-struct engine_model {
-    struct io_gguf *gguf;         /* owns the mapping the weights point into */
-    struct engine_hparams hp;     /* hyperparameters from metadata */
-    struct kern_tensor tok_embd;  /* n_vocab rows of n_embd */
-    const float *output_norm;     /* n_embd (host, in the file) */
-    struct kern_tensor output;    /* output head (tok_embd when tied); prepared on rank 0 */
-    int tied_output;              /* 1 when the output head is tok_embd */
-    struct engine_layer *layers;  /* n_layer layers, whole (host views of the file) */
-    struct kern_backend *be;      /* rank 0's backend, or NULL (no compute) */
-    int n_rank;                   /* tensor-parallel ranks (0 without a backend) */
-    struct engine_rank *rank;     /* n_rank ranks */
-    struct pool *rank_pool;       /* one thread per rank (more than one rank) */
-    struct engine_model_stage stage; /* host staging (engine_model_reserve) */
-};
+struct engine_model; /* opaque: engine/model_internal.h */
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;
  * a sequence's positions 0..pos-1 must already be in the KV cache or earlier in the batch. */
@@ -159,6 +80,11 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
  * their count (<= ENGINE_MAX_LAYER_WEIGHTS). The one list of a layer's matrices (load,
  * prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
+
+/* The model's hyperparameters and its GGUF file (for the tokenizer and chat template); valid
+ * while the model lives. */
+const struct engine_hparams *engine_model_hparams(const struct engine_model *m);
+const struct io_gguf *engine_model_gguf(const struct engine_model *m);
 
 /* Bytes one KV block of block_size tokens takes on the model's backends (every rank's KV heads,
  * all layers, K and V; kern_ops.kv_block_bytes), or in the CPU layout without a backend. */

@@ -100,7 +100,7 @@ static int newest_running(const struct engine *e)
 static int32_t fit_tokens(const struct engine *e, const struct seq *s, int32_t want)
 {
     const int B = e->p.kv_block;
-    int32_t held = e->kv->seqs[s->slot].n_blocks;
+    int32_t held = engine_kv_seq_blocks(e->kv, s->slot);
     int32_t cap = (held + engine_kv_available(e->kv)) * B - s->n_computed;
     return want < cap ? want : cap;
 }

@@ -261,13 +261,15 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
 static void model_flops(const struct engine_model *m, double *body, double *head)
 {
     double p = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
+    for (int l = 0; l < engine_model_hparams(m)->n_layer; l++) {
         const struct kern_tensor *ts[ENGINE_MAX_LAYER_WEIGHTS];
         for (int i = 0, nw = engine_model_weights(m, l, ts); i < nw; i++)
             p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
     }
     *body = 2 * p;
-    *head = 2 * (double)m->output.ne0 * (double)m->output.ne1;
+    const struct kern_tensor *out[ENGINE_MAX_LAYER_WEIGHTS];
+    engine_model_weights(m, engine_model_hparams(m)->n_layer, out); /* the output head */
+    *head = 2 * (double)out[0]->ne0 * (double)out[0]->ne1;
 }
 
 /* The backend's peak rate named name from pk (n entries), or 0. */
@@ -297,12 +299,12 @@ int runner_cmd_bench(int argc, char **argv)
     enum status st;
     if ((st = kern_group_open(&grp, &ko, &err)) ||
         (st = engine_model_load_group(&m, o.model, grp, &err)) ||
-        (st = engine_tok_load(&tok, m->gguf, &err))) {
+        (st = engine_tok_load(&tok, engine_model_gguf(m), &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }
     if (o.input) {
-        if (engine_chat_init(&chat, m->gguf, &err))
+        if (engine_chat_init(&chat, engine_model_gguf(m), &err))
             LOG_WARN("no usable chat template (%s); \"messages\" lines will fail", err.msg);
         if (!prompts_from_file(&ps, o.input, tok, chat))
             goto out;
@@ -395,7 +397,7 @@ int runner_cmd_bench(int argc, char **argv)
                       elapsed;
     /* attention's products, q.k and the weighted values: 2 x 2 x n_head x head_dim FLOPs per key
      * per layer */
-    double attn = attn_keys * 4.0 * m->hp.n_head * m->hp.head_dim * m->hp.n_layer / elapsed;
+    double attn = attn_keys * 4.0 * engine_model_hparams(m)->n_head * engine_model_hparams(m)->head_dim * engine_model_hparams(m)->n_layer / elapsed;
 
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o.model);
@@ -414,7 +416,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
     cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.eo.ep.kv_dtype));
-    cJSON_AddNumberToObject(j, "kv_blocks", kv->n_blocks);
+    cJSON_AddNumberToObject(j, "kv_blocks", engine_kv_n_blocks(kv));
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
     cJSON_AddNumberToObject(j, "input_tokens", (double)in_tok);
     cJSON_AddNumberToObject(j, "output_tokens", (double)out_tok);
@@ -428,10 +430,10 @@ int runner_cmd_bench(int argc, char **argv)
                             es->steps ? (double)es->batch_seqs / (double)es->steps : 0);
     cJSON_AddNumberToObject(j, "mean_batch_tokens",
                             es->steps ? (double)es->batch_tokens / (double)es->steps : 0);
-    cJSON_AddNumberToObject(j, "peak_kv_util", (double)es->peak_blocks_used / kv->n_blocks);
+    cJSON_AddNumberToObject(j, "peak_kv_util", (double)es->peak_blocks_used / engine_kv_n_blocks(kv));
     cJSON_AddNumberToObject(j, "prefix_hit_rate",
-                            kv->stats.lookup_blocks ? (double)kv->stats.hit_blocks /
-                                                          (double)kv->stats.lookup_blocks
+                            engine_kv_get_stats(kv)->lookup_blocks ? (double)engine_kv_get_stats(kv)->hit_blocks /
+                                                          (double)engine_kv_get_stats(kv)->lookup_blocks
                                                     : 0);
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);

@@ -248,8 +248,8 @@ static int run(const struct gen_opts *o)
     struct kern_backend_opts ko = runner_engine_backend(&o->eo);
     if ((st = kern_group_open(&g.grp, &ko, &err)) ||
         (st = engine_model_load_group(&g.model, o->model, g.grp, &err)) ||
-        (st = engine_tok_load(&g.tok, g.model->gguf, &err)) ||
-        (o->chat && (st = engine_chat_init(&g.chat, g.model->gguf, &err)))) {
+        (st = engine_tok_load(&g.tok, engine_model_gguf(g.model), &err)) ||
+        (o->chat && (st = engine_chat_init(&g.chat, engine_model_gguf(g.model), &err)))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }
@@ -258,7 +258,7 @@ static int run(const struct gen_opts *o)
         LOG_ERROR("prompt: %s", err.msg);
         goto out;
     }
-    const int n_ctx = g.model->hp.n_ctx_train;
+    const int n_ctx = engine_model_hparams(g.model)->n_ctx_train;
     if (n_prompt >= (size_t)n_ctx) {
         LOG_ERROR("prompt is %zu tokens; the model's context is %d", n_prompt, n_ctx);
         goto out;
@@ -292,7 +292,7 @@ static int run(const struct gen_opts *o)
         goto out;
     }
     LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
-             o->model, g.model->hp.n_layer, g.model->hp.n_embd, g.model->hp.n_vocab,
+             o->model, engine_model_hparams(g.model)->n_layer, engine_model_hparams(g.model)->n_embd, engine_model_hparams(g.model)->n_vocab,
              kern_backend_describe(g.grp->be[0]), o->eo.threads, n_prompt);
 
     double t0 = runner_now();

@@ -79,10 +79,10 @@ int runner_cmd_plan(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
-    const struct engine_hparams *hp = &m->hp;
+    const struct engine_hparams *hp = engine_model_hparams(m);
     uint64_t weights = 0;
-    for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
-        weights += m->gguf->tensors[i].nbytes;
+    for (uint64_t i = 0; i < engine_model_gguf(m)->n_tensors; i++)
+        weights += engine_model_gguf(m)->tensors[i].nbytes;
     /* the copy of the matrices the backend repacks at load (default exact mode; 0 where it
      * packs nothing) */
     struct kern_backend *be;

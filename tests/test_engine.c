@@ -19,6 +19,8 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "engine/kv_internal.h"
+#include "engine/model_internal.h"
 #include "engine/engine_internal.h"
 #include "engine/kv.h"
 #include "engine/model.h"

@@ -12,7 +12,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "engine/model.h"
+#include "engine/model_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 #include "tests/test_util.h"
