@@ -494,6 +494,15 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         struct engine_rank *R = &m->rank[r];
         struct engine_rank_bufs *f = &R->buf;
         struct kern_backend *be = R->be;
+        const int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+        const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
+        enum status rs = be->ops->reserve
+                             ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd, err)
+                             : ST_OK;
+        if (rs) {
+            stage_free(m);
+            return rs;
+        }
         f->act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp, R, m->n_rank) * T);
         if (m->n_rank > 1) {
             f->perm = be->ops->buf_alloc(be, sizeof(int32_t) * T * (size_t)m->n_rank);

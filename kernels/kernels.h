@@ -202,6 +202,10 @@ struct kern_ops {
                             struct kern_kv_layer *layers, struct err_detail *err);
     void (*kv_free)(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
                     struct kern_kv_layer *layers);
+    /* Optional (NULL: nothing to size): allocate the backend's own scratch once for ops over up
+     * to max_tok tokens of rows of up to max_width floats, so that no op allocates later. */
+    enum status (*reserve)(struct kern_backend *b, int max_tok, int64_t max_width,
+                           struct err_detail *err);
     /* Optional (NULL: none): the device's measured peak multiply-add rates (2 ops per MAC),
      * each loop run for about `seconds` on all the backend's threads at once: fills up to max
      * entries of out and returns how many. A rate the machine lacks is reported as 0. */

@@ -125,17 +125,28 @@ static void matmul_worker(void *arg, int ith, int nth)
     }
 }
 
-/* Grows a 64-byte aligned scratch array to hold need elements of size sz (aborts when out of
- * memory: nothing sensible to do mid-forward). */
-static void *grow(void *p, size_t *cap, size_t need, size_t sz)
+/* Grows the 64-byte aligned scratch array *p to hold need elements of size sz; 0 when out of
+ * memory (*p then unchanged). */
+static int grow_to(void **p, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap)
-        return p;
-    free(p);
-    p = aligned_alloc(64, (need * sz + 63) / 64 * 64);
-    if (!p)
-        abort();
+        return 1;
+    void *q = aligned_alloc(64, (need * sz + 63) / 64 * 64);
+    if (!q)
+        return 0;
+    free(*p);
+    *p = q;
     *cap = need;
+    return 1;
+}
+
+/* grow_to for the forward pass, where kern_ops.reserve has sized every array already (a
+ * caller that skipped it gets the memory now; aborts when out of memory: nothing sensible to
+ * do mid-forward). */
+static void *grow(void *p, size_t *cap, size_t need, size_t sz)
+{
+    if (!grow_to(&p, cap, need, sz))
+        abort();
     return p;
 }
 
@@ -724,6 +735,31 @@ static size_t cpu_weight_bytes(struct kern_backend *b, const struct kern_tensor 
 
 static void cpu_free(struct kern_backend *b);
 
+/* Every scratch array at its largest for batches of max_tok tokens of rows up to max_width. */
+static enum status cpu_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
+                               struct err_detail *err)
+{
+    struct cpu_state *s = st_of(b);
+    const size_t T = (size_t)max_tok, W = (size_t)max_width;
+    const size_t nth = (size_t)pool_size(s->pool);
+    size_t xs = KERN_BF16_BYTES(T, W) > KERN_X3_BYTES(T, W) ? KERN_BF16_BYTES(T, W)
+                                                            : KERN_X3_BYTES(T, W);
+    int ok = 1;
+    if (s->act == KERN_ACT_Q8)
+        ok = ok && grow_to((void **)&s->xq, &s->xq_cap, T * (W / KERN_QK), sizeof(*s->xq));
+    if (s->act == KERN_ACT_Q16)
+        ok = ok && grow_to((void **)&s->xq16, &s->xq16_cap, T * (W / KERN_QK), sizeof(*s->xq16));
+    if (s->fn->prep_x3 || s->fn->prep_bf16) {
+        ok = ok && grow_to(&s->xs, &s->xs_cap, xs, 1);
+        ok = ok && grow_to(&s->xh, &s->xh_cap, KERN_BF16_BYTES(T, W), 1);
+        ok = ok && grow_to((void **)&s->bv, &s->bv_cap, nth * T, sizeof(*s->bv));
+        ok = ok && grow_to((void **)&s->bi, &s->bi_cap, nth * T, sizeof(*s->bi));
+    }
+    return ok ? ST_OK
+              : err_set(err, ST_ERR_NOMEM, "no memory for the CPU kernels' scratch (%d tokens)",
+                        max_tok);
+}
+
 static const char *cpu_describe(const struct kern_backend *b)
 {
     return ((const struct cpu_state *)b->impl)->name;
@@ -751,6 +787,7 @@ static const struct kern_ops cpu_ops = {
     .kv_block_bytes = cpu_kv_block_bytes,
     .kv_alloc = cpu_kv_alloc,
     .kv_free = cpu_kv_free,
+    .reserve = cpu_reserve,
     .peaks = cpu_peaks,
     .weight_bytes = cpu_weight_bytes,
     .free = cpu_free,
