@@ -99,7 +99,8 @@ asan:
 # on the request parser): seeds are the example requests, the corpus grows in build-fuzz/.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
-FUZZ_SRC      = jobs/request.c jobs/json.c common/err.c common/log.c common/utf8.c engine/sampler.c
+FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/request_params.c \
+                jobs/json.c common/err.c common/log.c common/utf8.c engine/sampler.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -I. -D_GNU_SOURCE \

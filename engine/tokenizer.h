@@ -24,7 +24,7 @@
 #include "common/err.h"
 #include "io/gguf.h"
 
-struct engine_tok; /* opaque; see engine/tokenizer.c */
+struct engine_tok; /* opaque; see engine/tokenizer_internal.h */
 
 /* Build a tokenizer from g's tokenizer.* metadata. Supported: tokenizer.ggml.model "gpt2"
  * with tokenizer.ggml.pre "smollm" (digits split one by one, then the GPT-2 regex) or

@@ -111,6 +111,15 @@ sqlite3_stmt *queue_stmt(struct queue *q, enum queue_stmt_id id, struct err_deta
 /* Reset a statement after use and drop its bindings (borrowed strings are not kept). */
 void queue_stmt_done(sqlite3_stmt *st);
 
+/* What to do about a damaged file, appended to every corruption message (one %s: the path). */
+#define QUEUE_CORRUPT_ADVICE                                                                       \
+    "; restore it from a backup, or salvage what is left with `sqlite3 %s .recover` into a new "   \
+    "file"
+
+/* queue_sql_err for a connection that may not be a struct queue yet (db may be NULL, path too). */
+enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *what,
+                           struct err_detail *err);
+
 /* Map an SQLite result code to a status and describe it in err as "what: sqlite message". */
 enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err);
 

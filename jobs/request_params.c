@@ -1,0 +1,405 @@
+/* Pass 2 of request parsing, the typed field access shared by the field walk (describe, get, type
+ * errors), and the sampling parameters, max_tokens, stop and model with the unsupported features
+ * that are refused. */
+#include "jobs/request_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Short text for a JSON value in messages: "\"hot\"", "3.5", "true", "an array". */
+void job_request_describe(const cJSON *v, char *out, size_t cap)
+{
+    if (cJSON_IsString(v)) {
+        const char *str = v->valuestring;
+        size_t n = strlen(str), keep = n > 40 ? 40 : n;
+        while (keep < n && keep > 0 && ((unsigned char)str[keep] & 0xC0) == 0x80)
+            keep--; /* do not cut a character */
+        char tmp[48];
+        for (size_t i = 0; i < keep; i++)
+            tmp[i] = (unsigned char)str[i] < 0x20 ? '?' : str[i];
+        tmp[keep] = 0;
+        snprintf(out, cap, "\"%s\"%s", tmp, keep < n ? "..." : "");
+    } else if (cJSON_IsNumber(v)) {
+        snprintf(out, cap, "%.17g", v->valuedouble);
+        /* prefer the short form when it is exact */
+        char tmp[40];
+        snprintf(tmp, sizeof(tmp), "%g", v->valuedouble);
+        if (strtod(tmp, NULL) == v->valuedouble)
+            snprintf(out, cap, "%s", tmp);
+    } else if (cJSON_IsBool(v)) {
+        snprintf(out, cap, "%s", cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsNull(v)) {
+        snprintf(out, cap, "null");
+    } else if (cJSON_IsArray(v)) {
+        snprintf(out, cap, "an array");
+    } else {
+        snprintf(out, cap, "an object");
+    }
+}
+
+/* Type error: "<path> must be <what>, got <value>". */
+int job_request_fail_type(struct job_parse_ctx *c, const char *path, const char *what,
+                          const cJSON *v)
+{
+    char got[80];
+    job_request_describe(v, got, sizeof(got));
+    return job_request_fail(c->e, JOB_ERR_INVALID_TYPE, path, "%s must be %s, got %s", path, what,
+                            got);
+}
+
+/* Find member `name` of obj (case-sensitive). Sets *out to it or NULL; fails on a duplicate.
+ * path is the object's path prefix ("", "body.", "body.messages[0].") for messages. */
+int job_request_get(struct job_parse_ctx *c, const cJSON *obj, const char *prefix, const char *name,
+                    const cJSON **out)
+{
+    const cJSON *found = NULL;
+    *out = NULL;
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        if (it->string && strcmp(it->string, name) == 0) {
+            if (found) {
+                char path[JOB_PATH_CAP];
+                job_request_pathf(path, "%s%s", prefix, name);
+                return job_request_fail(c->e, JOB_ERR_INVALID_JSON, path, "duplicate key %s", path);
+            }
+            found = it;
+        }
+    }
+    *out = found;
+    return 1;
+}
+
+/* Like get, but a JSON null counts as absent. */
+int job_request_get_opt(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
+                        const char *name, const cJSON **out)
+{
+    if (!job_request_get(c, obj, prefix, name, out))
+        return 0;
+    if (*out && cJSON_IsNull(*out))
+        *out = NULL;
+    return 1;
+}
+
+static int is_integral(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+}
+
+/* Optional integer parameter in [lo, hi]; *out untouched when absent. */
+static int param_int(struct job_parse_ctx *c, const cJSON *obj, const char *name, double lo,
+                     double hi, int64_t *out, int *present)
+{
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%s%s", c->pfx, name);
+    *present = 0;
+    if (!job_request_get_opt(c, obj, c->pfx, name, &v))
+        return 0;
+    if (!v)
+        return 1;
+    if (!is_integral(v))
+        return job_request_fail_type(c, path, "an integer", v);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        char got[80];
+        job_request_describe(v, got, sizeof(got));
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                "%s must be an integer in [%.0f, %.0f], got %s", path, lo, hi, got);
+    }
+    *out = (int64_t)v->valuedouble;
+    *present = 1;
+    return 1;
+}
+
+/* Optional float parameter; range [lo, hi] ((lo, hi] when lo_open; hi = INFINITY means any
+ * finite value above lo). Checked after conversion to float, as the engine will see it. */
+static int param_float(struct job_parse_ctx *c, const cJSON *obj, const char *name, float lo,
+                       float hi, int lo_open, float *out)
+{
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%s%s", c->pfx, name);
+    if (!job_request_get_opt(c, obj, c->pfx, name, &v))
+        return 0;
+    if (!v)
+        return 1;
+    if (!cJSON_IsNumber(v))
+        return job_request_fail_type(c, path, "a number", v);
+    float f = (float)v->valuedouble;
+    int ok = isfinite(f) && (lo_open ? f > lo : f >= lo) && f <= hi;
+    if (!ok) {
+        char got[80], range[64];
+        job_request_describe(v, got, sizeof(got));
+        if (isinf(hi))
+            snprintf(range, sizeof(range), "a finite number %s %g",
+                     lo_open ? ">" : ">=", (double)lo);
+        else
+            snprintf(range, sizeof(range), "a number in %c%g, %g]", lo_open ? '(' : '[', (double)lo,
+                     (double)hi);
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path, "%s must be %s, got %s", path,
+                                range, got);
+    }
+    *out = f;
+    return 1;
+}
+
+/* Optional boolean that must not be true (stream, echo). */
+static int param_false(struct job_parse_ctx *c, const cJSON *obj, const char *name, const char *why)
+{
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%s%s", c->pfx, name);
+    if (!job_request_get_opt(c, obj, c->pfx, name, &v))
+        return 0;
+    if (!v)
+        return 1;
+    if (!cJSON_IsBool(v))
+        return job_request_fail_type(c, path, "a boolean", v);
+    if (cJSON_IsTrue(v))
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s=true is not supported: %s",
+                                path, why);
+    return 1;
+}
+
+/* Optional array/object that must be empty (tools, functions, logit_bias). */
+static int param_empty(struct job_parse_ctx *c, const cJSON *obj, const char *name, int want_array)
+{
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%s%s", c->pfx, name);
+    if (!job_request_get_opt(c, obj, c->pfx, name, &v))
+        return 0;
+    if (!v)
+        return 1;
+    if (want_array ? !cJSON_IsArray(v) : !cJSON_IsObject(v))
+        return job_request_fail_type(c, path, want_array ? "an array" : "an object", v);
+    if (v->child)
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s is not supported", path);
+    return 1;
+}
+
+/* Parameters that quern cannot honour: fail clearly rather than answer differently. */
+static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
+{
+    int64_t v;
+    int present;
+    const cJSON *it;
+    char path[JOB_PATH_CAP];
+
+    if (!param_int(c, obj, "n", 1, 1e9, &v, &present))
+        return 0;
+    job_request_pathf(path, "%sn", c->pfx);
+    if (present && v > 1)
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
+                                "%s=%lld is not supported: only one choice per request (n=1); "
+                                "submit separate lines with different custom_ids instead",
+                                path, (long long)v);
+    if (!param_int(c, obj, "best_of", 1, 1e9, &v, &present))
+        return 0;
+    job_request_pathf(path, "%sbest_of", c->pfx);
+    if (present && v > 1)
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
+                                "%s=%lld is not supported (only 1)", path, (long long)v);
+    if (!param_false(c, obj, "stream", "batch results are written to files, not streamed"))
+        return 0;
+    if (!param_false(c, obj, "echo", "the prompt is not echoed"))
+        return 0;
+
+    /* logprobs: boolean (chat) or integer (completions); top_logprobs: integer. */
+    job_request_pathf(path, "%slogprobs", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "logprobs", &it))
+        return 0;
+    if (it && !cJSON_IsBool(it) && !is_integral(it))
+        return job_request_fail_type(c, path, "a boolean or an integer", it);
+    if (it && (cJSON_IsTrue(it) || (cJSON_IsNumber(it) && it->valuedouble > 0)))
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s is not supported yet", path);
+    if (!param_int(c, obj, "top_logprobs", 0, 20, &v, &present))
+        return 0;
+    job_request_pathf(path, "%stop_logprobs", c->pfx);
+    if (present && v > 0)
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s > 0 is not supported yet",
+                                path);
+
+    job_request_pathf(path, "%ssuffix", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "suffix", &it))
+        return 0;
+    if (it && !cJSON_IsString(it))
+        return job_request_fail_type(c, path, "a string", it);
+    if (it && it->valuestring[0])
+        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s (insertion) is not supported",
+                                path);
+
+    if (!param_empty(c, obj, "tools", 1) || !param_empty(c, obj, "functions", 1) ||
+        !param_empty(c, obj, "logit_bias", 0))
+        return 0;
+
+    job_request_pathf(path, "%sresponse_format", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "response_format", &it))
+        return 0;
+    if (it) {
+        if (!cJSON_IsObject(it))
+            return job_request_fail_type(c, path, "an object", it);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
+                                    "%s is not supported (only {\"type\":\"text\"})", path);
+    }
+    return 1;
+}
+
+/* Exact integer text "-?[0-9]+" -> seed; other number forms through the double. */
+static int read_seed(struct job_parse_ctx *c, const cJSON *v, const char *path, uint64_t *out)
+{
+    const char *raw = c->s->seed_raw[c->batch];
+    size_t n = c->s->seed_len[c->batch];
+    char buf[JOB_SCAN_MAX_NUMBER + 1], got[80];
+    static const char range[] = "[-9223372036854775808, 18446744073709551615]";
+
+    if (!is_integral(v))
+        return job_request_fail_type(c, path, "an integer", v);
+    job_request_describe(v, got, sizeof(got));
+    if (raw && n < sizeof(buf) && !memchr(raw, '.', n) && !memchr(raw, 'e', n) &&
+        !memchr(raw, 'E', n)) {
+        memcpy(buf, raw, n);
+        buf[n] = 0;
+        errno = 0;
+        if (buf[0] == '-') {
+            long long x = strtoll(buf, NULL, 10);
+            if (errno == ERANGE)
+                return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                        "%s must be an integer in %s, got %s", path, range, buf);
+            *out = (uint64_t)(int64_t)x;
+        } else {
+            unsigned long long x = strtoull(buf, NULL, 10);
+            if (errno == ERANGE)
+                return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                        "%s must be an integer in %s, got %s", path, range, buf);
+            *out = (uint64_t)x;
+        }
+        return 1;
+    }
+    double d = v->valuedouble;
+    if (!(d >= -9223372036854775808.0 && d < 18446744073709551616.0))
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                "%s must be an integer in %s, got %s", path, range, got);
+    *out = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    return 1;
+}
+
+/* Sampling parameters, max_tokens, stop and model from obj (top level or body). */
+int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
+{
+    struct engine_sampling *sp = &r->sampling;
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    int64_t iv;
+    int present;
+
+    if (!check_unsupported(c, obj))
+        return 0;
+
+    /* model: recorded only. */
+    job_request_pathf(path, "%smodel", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "model", &v))
+        return 0;
+    if (v) {
+        if (!cJSON_IsString(v))
+            return job_request_fail_type(c, path, "a string", v);
+        if (strlen(v->valuestring) > JOB_MODEL_MAX)
+            return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path, "%s is longer than %d bytes",
+                                    path, JOB_MODEL_MAX);
+        if (!(r->model = strdup(v->valuestring)))
+            return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    }
+
+    /* max_tokens / max_completion_tokens (the newer name); both given must agree. */
+    int32_t cap = c->d->max_tokens_cap > 0 ? c->d->max_tokens_cap : INT32_MAX;
+    int64_t mt = 0, mct = 0;
+    int has_mt, has_mct;
+    job_request_pathf(path, "%smax_completion_tokens", c->pfx);
+    if (!param_int(c, obj, "max_tokens", 1, cap, &mt, &has_mt) ||
+        !param_int(c, obj, "max_completion_tokens", 1, cap, &mct, &has_mct))
+        return 0;
+    if (has_mt && has_mct && mt != mct)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                "%smax_tokens (%lld) and %smax_completion_tokens (%lld) disagree",
+                                c->pfx, (long long)mt, c->pfx, (long long)mct);
+    r->max_tokens = has_mct ? (int32_t)mct : has_mt ? (int32_t)mt : c->d->max_tokens;
+    if (r->max_tokens < 1 || r->max_tokens > cap)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, "max_tokens",
+                                "the job's default max_tokens %d is not in [1, %d]",
+                                (int)r->max_tokens, (int)cap);
+
+    if (!param_float(c, obj, "temperature", 0.0f, 2.0f, 0, &sp->temperature) ||
+        !param_float(c, obj, "top_p", 0.0f, 1.0f, 1, &sp->top_p) ||
+        !param_float(c, obj, "min_p", 0.0f, 1.0f, 0, &sp->min_p) ||
+        !param_float(c, obj, "repetition_penalty", 0.0f, INFINITY, 1, &sp->repeat_penalty) ||
+        !param_float(c, obj, "frequency_penalty", -2.0f, 2.0f, 0, &sp->frequency_penalty) ||
+        !param_float(c, obj, "presence_penalty", -2.0f, 2.0f, 0, &sp->presence_penalty))
+        return 0;
+    if (!param_int(c, obj, "top_k", -1, INT32_MAX, &iv, &present))
+        return 0;
+    if (present)
+        sp->top_k = iv < 0 ? 0 : (int32_t)iv; /* -1 (vLLM) and 0 both mean off */
+    if (!param_int(c, obj, "repeat_last_n", -1, INT32_MAX, &iv, &present))
+        return 0;
+    if (present)
+        sp->repeat_last_n = (int32_t)iv;
+
+    job_request_pathf(path, "%sseed", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "seed", &v))
+        return 0;
+    if (v && !read_seed(c, v, path, &sp->seed))
+        return 0;
+
+    /* stop: a string or an array of up to JOB_STOP_MAX strings. */
+    job_request_pathf(path, "%sstop", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "stop", &v))
+        return 0;
+    if (v) {
+        size_t n = 0;
+        if (cJSON_IsString(v)) {
+            n = 1;
+        } else if (cJSON_IsArray(v)) {
+            for (const cJSON *it = v->child; it; it = it->next)
+                n++;
+            if (n > JOB_STOP_MAX)
+                return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                        "%s has %zu strings; at most %d are allowed", path, n,
+                                        JOB_STOP_MAX);
+        } else {
+            return job_request_fail_type(c, path, "a string or an array of strings", v);
+        }
+        if (n && !(r->stop = calloc(n, sizeof(*r->stop))))
+            return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+        const cJSON *it = cJSON_IsString(v) ? v : v->child;
+        for (size_t i = 0; i < n; i++, it = it->next) {
+            char ipath[JOB_PATH_CAP];
+            if (cJSON_IsString(v))
+                job_request_pathf(ipath, "%s", path);
+            else
+                job_request_pathf(ipath, "%s[%zu]", path, i);
+            if (!cJSON_IsString(it))
+                return job_request_fail_type(c, ipath, "a string", it);
+            size_t len = strlen(it->valuestring);
+            if (len == 0)
+                return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, ipath, "%s must not be empty",
+                                        ipath);
+            if (len > ENGINE_STOP_MAX_LEN)
+                return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, ipath,
+                                        "%s is longer than %d bytes", ipath, ENGINE_STOP_MAX_LEN);
+            if (!(r->stop[i] = strdup(it->valuestring)))
+                return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+            r->n_stop = i + 1;
+        }
+    }
+
+    /* Backstop: our ranges match engine_sampling_validate's, so this cannot fail unless
+     * the job defaults themselves are bad. */
+    struct err_detail ed = {0};
+    if (engine_sampling_validate(sp, &ed) != ST_OK)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, NULL, "sampling parameters: %s",
+                                ed.msg);
+    return 1;
+}

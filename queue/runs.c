@@ -1,0 +1,292 @@
+/* Runs: start, check, end, heartbeat and progress, the list of live runs, and reaping runs whose
+ * process is dead on this host (their leases go back to queued). */
+#include "queue/queue_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- runs ------------------------------------------------------------------------------ */
+
+enum status queue_run_start(struct queue *q, const struct queue_run_spec *spec, int64_t *run_id,
+                            struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *run_id = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_INSERT, err);
+    if (!s)
+        return err->status;
+    if (spec->job_id)
+        sqlite3_bind_int64(s, 1, spec->job_id);
+    else
+        sqlite3_bind_null(s, 1);
+    queue_bind_str(s, 2, spec->worker_id);
+    queue_bind_str(s, 3, spec->host);
+    sqlite3_bind_int64(s, 4, spec->pid);
+    sqlite3_bind_int64(s, 5, queue_now(q));
+    queue_bind_str(s, 6, spec->boot_id);
+    queue_bind_str(s, 7, spec->pid_ns);
+    if (spec->pstart > 0)
+        sqlite3_bind_int64(s, 8, spec->pstart);
+    else
+        sqlite3_bind_null(s, 8);
+    queue_bind_str(s, 9, spec->submit ? "submit" : "run");
+    enum status st = queue_step_done(q, s, "recording a run", err);
+    if (st == ST_OK && sqlite3_changes(q->db) == 0) { /* the job is missing or not ready */
+        enum queue_job_state js;
+        st = queue_job_state_get(q, spec->job_id, &js, err);
+        if (st == ST_OK)
+            st = err_set(err, ST_ERR_INVALID_ARG,
+                         "run for job %lld: the job is still being submitted",
+                         (long long)spec->job_id);
+        else if (st == ST_ERR_NOT_FOUND)
+            err_set(err, st, "run for job %lld: no such job", (long long)spec->job_id);
+        return st;
+    }
+    if (st == ST_OK)
+        *run_id = sqlite3_last_insert_rowid(q->db);
+    return st;
+}
+
+enum status queue_run_check(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_ENDED, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    enum status st = ST_OK;
+    if (rc == SQLITE_ROW) {
+        if (sqlite3_column_int(s, 0))
+            st = err_set(err, ST_ERR_INVALID_ARG, "run %lld has ended", (long long)run_id);
+    } else if (rc == SQLITE_DONE) {
+        st = err_set(err, ST_ERR_INVALID_ARG, "no run with id %lld", (long long)run_id);
+    } else {
+        st = queue_sql_err(q, rc, "reading a run", err);
+    }
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reason,
+                          const char *summary_json, int64_t *n_requeued, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_requeued)
+        *n_requeued = 0;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    int64_t requeued = 0;
+    st = queue_run_check(q, run_id, err);
+    sqlite3_stmt *s = NULL;
+    if (st == ST_OK && (s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err)) == NULL)
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, run_id);
+        st = queue_step_done(q, s, "requeueing the run's leases", err);
+        requeued = sqlite3_changes(q->db);
+    }
+    if (st == ST_OK && (s = queue_stmt(q, QS_RUN_END, err)) == NULL)
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, run_id);
+        sqlite3_bind_int64(s, 2, queue_now(q));
+        queue_bind_str(s, 3, exit_reason);
+        queue_bind_str(s, 4, summary_json);
+        st = queue_step_done(q, s, "ending the run", err);
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_requeued)
+        *n_requeued = requeued;
+    return st;
+}
+
+enum status queue_run_mark_ended(struct queue *q, int64_t run_id, const char *exit_reason,
+                                 const char *summary_json, struct err_detail *err)
+{
+    if (!run_id)
+        return ST_OK;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_END, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, queue_now(q));
+    queue_bind_str(s, 3, exit_reason);
+    queue_bind_str(s, 4, summary_json);
+    return queue_step_done(q, s, "ending a run", err);
+}
+
+/* End one run found dead: its leases go back to queued (attempts kept), ended = now. */
+static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    enum status st = queue_step_done(q, s, "requeueing a dead run's leases", err);
+    return st == ST_OK ? queue_run_mark_ended(q, run_id, "dead", NULL, err) : st;
+}
+
+enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
+                            struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (n_reaped)
+        *n_reaped = 0;
+    if (!self->host[0])
+        return ST_OK;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    int64_t dead[64];
+    size_t n_dead = 0;
+    int64_t total = 0;
+    bool more = true;
+    while (st == ST_OK && more) { /* batches of 64: ids are collected before any update */
+        more = false;
+        n_dead = 0;
+        sqlite3_stmt *s = queue_stmt(q, QS_RUN_ACTIVE, err);
+        if (!s) {
+            st = err->status;
+            break;
+        }
+        queue_bind_str(s, 1, self->host);
+        int rc;
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            struct proc_identity other;
+            memset(&other, 0, sizeof(other));
+            const unsigned char *t;
+            if ((t = sqlite3_column_text(s, 1)))
+                snprintf(other.host, sizeof(other.host), "%s", (const char *)t);
+            if ((t = sqlite3_column_text(s, 2)))
+                snprintf(other.boot_id, sizeof(other.boot_id), "%s", (const char *)t);
+            if ((t = sqlite3_column_text(s, 3)))
+                snprintf(other.pid_ns, sizeof(other.pid_ns), "%s", (const char *)t);
+            other.pid = sqlite3_column_int64(s, 4);
+            other.start_ticks = sqlite3_column_int64(s, 5);
+            if (proc_liveness(self, &other) != PROC_DEAD)
+                continue;
+            if (n_dead == sizeof(dead) / sizeof(dead[0])) {
+                more = true;
+                break;
+            }
+            dead[n_dead++] = sqlite3_column_int64(s, 0);
+        }
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            st = queue_sql_err(q, rc, "listing active runs", err);
+        queue_stmt_done(s);
+        for (size_t i = 0; st == ST_OK && i < n_dead; i++)
+            st = end_dead_run(q, dead[i], err);
+        total += (int64_t)n_dead;
+    }
+    st = queue_scope_leave(q, &sc, st, err);
+    if (st == ST_OK && n_reaped)
+        *n_reaped = total;
+    return st;
+}
+
+/* Heartbeat (with progress_json when id is QS_RUN_PROGRESS); a run that has ended or is missing
+ * is an error, see queue_run_heartbeat. */
+static enum status run_touch(struct queue *q, enum queue_stmt_id id, int64_t run_id,
+                             const char *progress_json, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, id, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, queue_now(q));
+    if (id == QS_RUN_PROGRESS)
+        queue_bind_str(s, 3, progress_json);
+    enum status st = queue_step_done(q, s, "heartbeat", err);
+    if (st != ST_OK || sqlite3_changes(q->db) > 0)
+        return st;
+    /* no row changed: the run is missing, or it has ended */
+    if ((s = queue_stmt(q, QS_RUN_ENDED, err)) == NULL)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        st = err_set(err, ST_ERR_CONFLICT, "run %lld has ended (another process took it for dead)",
+                     (long long)run_id);
+    else if (rc == SQLITE_DONE)
+        st = err_set(err, ST_ERR_INVALID_ARG, "no run with id %lld", (long long)run_id);
+    else
+        st = queue_sql_err(q, rc, "reading a run", err);
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    return run_touch(q, QS_RUN_HEARTBEAT, run_id, NULL, err);
+}
+
+enum status queue_run_progress(struct queue *q, int64_t run_id, const char *progress_json,
+                               struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    return run_touch(q, QS_RUN_PROGRESS, run_id, progress_json, err);
+}
+
+void queue_run_info_free(struct queue_run_info *runs, size_t n)
+{
+    for (size_t i = 0; runs && i < n; i++) {
+        free(runs[i].worker_id);
+        free(runs[i].host);
+        free(runs[i].progress_json);
+    }
+    free(runs);
+}
+
+enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *runs = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_LIST_LIVE, err);
+    if (!s)
+        return err->status;
+    int64_t now = queue_now(q);
+    struct queue_run_info *a = NULL;
+    size_t cnt = 0, cap = 0;
+    enum status st = ST_OK;
+    int rc = SQLITE_DONE;
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            struct queue_run_info *na = realloc(a, sizeof(*na) * nc);
+            if (!na) {
+                st = err_set(err, ST_ERR_NOMEM, "out of memory listing runs");
+                break;
+            }
+            a = na;
+            cap = nc;
+        }
+        struct queue_run_info *r = &a[cnt++];
+        memset(r, 0, sizeof(*r));
+        r->id = sqlite3_column_int64(s, 0);
+        r->job_id = sqlite3_column_int64(s, 1);
+        r->pid = sqlite3_column_int64(s, 4);
+        r->started_ms = sqlite3_column_int64(s, 5);
+        r->heartbeat_ms = sqlite3_column_int64(s, 6);
+        r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
+        if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
+            (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK)
+            st = queue_col_dup(s, 7, &r->progress_json, err);
+    }
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "listing live runs", err);
+    queue_stmt_done(s);
+    if (st != ST_OK) {
+        queue_run_info_free(a, cnt);
+        return st;
+    }
+    *runs = a;
+    *n = cnt;
+    return ST_OK;
+}
