@@ -622,10 +622,11 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int t = 0; t < n; t++)
         if (b->logits ? b->logits[t] != 0 : t == n - 1)
             s->idx[s->n_out++] = t;
-    for (int t = 0; t < n; t++)
+    for (int t = 0; m->n_rank > 1 && t < n; t++) /* the all-gathers' reordering */
         for (int r = 0; r < m->n_rank; r++)
             s->perm[t * m->n_rank + r] = r * n + t;
     s->stride = stride;
+    s->n_rows = n_rows;
 }
 
 /* One forward pass, shared by the rank threads. */
@@ -692,10 +693,7 @@ static void forward_rank(struct fwd_job *j, int r)
     k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
     if (N > 1)
         k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
-    int n_rows = 0;
-    for (int t = 0; t < n; t++)
-        n_rows = s->row[t] + 1 > n_rows ? s->row[t] + 1 : n_rows;
-    k->upload(be, f->tables, s->tables, sizeof(int32_t) * (size_t)n_rows * (size_t)s->stride);
+    k->upload(be, f->tables, s->tables, sizeof(int32_t) * (size_t)s->n_rows * (size_t)s->stride);
     const struct kern_block_table bt = {f->tables, f->row, s->stride};
 
     k->get_rows(be, &m->tok_embd, f->tok, n, x);

@@ -69,6 +69,7 @@ struct engine_model_stage {
     int32_t *perm;      /* n_tok x n_rank: token t's slice from rank r is gathered row r n + t */
     int n_out;          /* this batch: rows that want logits */
     int stride;         /* this batch: block table stride */
+    int n_rows;         /* this batch: block table rows (sequences) */
 };
 
 struct engine_model {
