@@ -227,8 +227,8 @@ static void sample_range(void *arg, int ith, int nth)
     pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
-        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, e->s_logits[j], s->tok,
-                                   s->n_tok, NULL);
+        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)s->n_tok,
+                                   e->s_logits[j], s->tok, s->n_tok, NULL);
     }
 }
 

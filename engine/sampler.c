@@ -3,6 +3,8 @@
  * a fixed order, and ranking ties always go to the lowest token id. */
 #include "engine/sampler.h"
 
+#include "common/philox.h"
+
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
@@ -46,7 +48,11 @@ enum status engine_sampling_validate(const struct engine_sampling *p, struct err
     return ST_OK;
 }
 
-/* ---- Random numbers: splitmix64 for seeding, xoshiro256** for the stream --------------- */
+/* ---- Random numbers: a Philox key per request ------------------------------------------ */
+
+/* Counter word 1 of each kind of draw, so that no two uses share a counter. */
+#define RNG_STREAM_SAMPLE 0x53414d50u /* engine_rng_at */
+#define RNG_STREAM_PLAIN  0x504c4149u /* engine_rng_next */
 
 static uint64_t splitmix64(uint64_t *x)
 {
@@ -56,15 +62,9 @@ static uint64_t splitmix64(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl64(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
 void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id, size_t id_len)
 {
-    /* FNV-1a over the id bytes, folded into a scrambled seed; splitmix64 then spreads that
-     * one word over the four state words (its outputs are distinct, so never all zero). */
+    /* FNV-1a over the id bytes, folded into a scrambled seed, scrambled again */
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < id_len; i++) {
         h ^= (unsigned char)request_id[i];
@@ -72,22 +72,18 @@ void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id
     }
     uint64_t x = seed;
     x = splitmix64(&x) ^ h;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+    r->key = splitmix64(&x);
+    r->ctr = 0;
+}
+
+double engine_rng_at(const struct engine_rng *r, uint64_t pos, uint32_t draw)
+{
+    return philox_uniform(r->key, pos, (uint64_t)draw << 32 | RNG_STREAM_SAMPLE);
 }
 
 uint64_t engine_rng_next(struct engine_rng *r)
 {
-    uint64_t *s = r->s;
-    uint64_t out = rotl64(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl64(s[3], 45);
-    return out;
+    return philox_bits(r->key, r->ctr++, RNG_STREAM_PLAIN);
 }
 
 double engine_rng_uniform(struct engine_rng *r)
@@ -123,9 +119,16 @@ struct cand {
     int32_t id; /* token id */
 };
 
+/* Tokens per chunk of the row total (see engine_sample). */
+#define SAMPLE_CHUNK 256
+
 struct engine_sampler {
     int32_t n_vocab;   /* vocabulary size */
     struct cand *cand; /* n_vocab: candidates of the current call; after it, the kept ones */
+    double *zc;        /* weight per SAMPLE_CHUNK tokens (row_weights) */
+    const float *row;  /* the last call's weights when it kept every token (else NULL) */
+    uint64_t n_fast;   /* truncated rows decided from the candidates */
+    uint64_t n_slow;   /* ... and by ranking the whole row */
     struct cand *tmp;  /* n_vocab: second buffer for the top-p radix sort */
     int32_t *count;    /* n_vocab: penalty counts; all zero between calls */
     int32_t *touched;  /* n_vocab: ids whose count is non-zero during a call */
@@ -150,7 +153,8 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
     s->tmp = malloc(n * sizeof(*s->tmp));
     s->count = calloc(n, sizeof(*s->count));
     s->touched = malloc(n * sizeof(*s->touched));
-    if (!s->cand || !s->tmp || !s->count || !s->touched) {
+    s->zc = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->zc));
+    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->zc) {
         engine_sampler_free(s);
         return err_set(err, ST_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
     }
@@ -166,6 +170,7 @@ void engine_sampler_free(struct engine_sampler *s)
     free(s->tmp);
     free(s->count);
     free(s->touched);
+    free(s->zc);
     free(s);
 }
 
@@ -177,9 +182,20 @@ size_t engine_sampler_n_kept(const struct engine_sampler *s)
 int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *prob)
 {
     assert(i < s->n_kept);
+    if (s->row) { /* every token kept, in id order */
+        if (prob)
+            *prob = s->row[i] / s->kept_total;
+        return (int32_t)i;
+    }
     if (prob)
         *prob = s->cand[i].w / s->kept_total;
     return s->cand[i].id;
+}
+
+void engine_sampler_counts(const struct engine_sampler *s, uint64_t *fast, uint64_t *fallback)
+{
+    *fast = s->n_fast;
+    *fallback = s->n_slow;
 }
 
 /* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
@@ -282,29 +298,85 @@ static void sort_cands(struct cand *c, struct cand *tmp, size_t n)
         radix_sort(c, tmp, n);
 }
 
+/* ---- Whole-row passes, 16 lanes at a time ---------------------------------------------
+ * GCC/clang vector extensions: each lane computes exactly what the scalar code computes (no
+ * contraction into fused multiply-adds under -std=c11), so results do not depend on the
+ * instruction set; target_clones picks AVX-512 or AVX2 code at load time where the CPU has
+ * it (the plain build targets baseline x86-64). */
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+#define VLANES 16
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ROW_CLONES
+#endif
+
+static inline __attribute__((always_inline)) vf16 vload(const float *p)
+{
+    vf16 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+#define VSTORE(p, v)                                                                        \
+    do {                                                                                    \
+        const vf16 v_ = (v);                                                                \
+        memcpy((p), &v_, sizeof(v_));                                                       \
+    } while (0)
+
+/* m ? a : b lane by lane (m: all ones or zero per lane, as comparisons give). */
+#define vsel(m, a, b) ((vf16)(((vi16)(a) & (m)) | ((vi16)(b) & ~(m))))
+
+static inline __attribute__((always_inline)) vf16 vsplat(float x)
+{
+    return (vf16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
 /* Put the k (< n_vocab) highest-ranked logits, best first, at the front of cand (NaN ranks
- * as -inf). One pass with a rising bar: a token that beats the current k-th best is
+ * as -inf). One pass with a rising bar, 64 tokens at a time once it is set (a block with no
+ * value above the bar's is skipped whole): a token that beats the current k-th best is
  * appended to a buffer of max(2k, k + 64); when the buffer fills it is sorted and cut back
  * to k, and the new k-th best becomes the bar. A later token equal to the bar loses the
  * tie (higher id), so only strictly better keys enter. Equal keys stay in id order in the
  * buffer, as sort_cands requires. */
-static void select_top_k(struct engine_sampler *s, const float *logits, size_t k)
+#define SELECT_BLOCK 64 /* tokens select_top_k checks against the bar at once */
+
+ROW_CLONES static void select_top_k(struct engine_sampler *s, const float *logits, size_t k)
 {
     const size_t n = (size_t)s->n_vocab;
     size_t cap = k < 64 ? k + 64 : 2 * k;
     if (cap > n)
         cap = n;
     uint32_t bar = UINT32_MAX; /* above every non-NaN key */
+    vf16 bar_v = vsplat(INFINITY); /* once the bar is set: its value */
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float v = isnan(logits[i]) ? -INFINITY : logits[i];
-        if (rank_key(v) >= bar)
-            continue;
-        s->cand[m++] = (struct cand){v, (int32_t)i};
-        if (m == cap) {
-            sort_cands(s->cand, s->tmp, m);
-            m = k;
-            bar = rank_key(s->cand[k - 1].w);
+    for (size_t i0 = 0; i0 < n; i0 += SELECT_BLOCK) {
+        const size_t i1 = n - i0 < SELECT_BLOCK ? n : i0 + SELECT_BLOCK;
+        /* a whole block at or below the bar's value cannot enter (a NaN lane is looked at) */
+        if (i1 - i0 == SELECT_BLOCK && bar != UINT32_MAX) {
+            vi16 in = ~(vload(logits + i0) <= bar_v);
+            for (int b = 1; b < SELECT_BLOCK / VLANES; b++)
+                in |= ~(vload(logits + i0 + (size_t)b * VLANES) <= bar_v);
+            uint64_t part[VLANES / 2], any = 0;
+            memcpy(part, &in, sizeof(part));
+            for (int b = 0; b < VLANES / 2; b++)
+                any |= part[b];
+            if (!any)
+                continue;
+        }
+        for (size_t i = i0; i < i1; i++) {
+            float v = isnan(logits[i]) ? -INFINITY : logits[i];
+            if (rank_key(v) >= bar)
+                continue;
+            s->cand[m++] = (struct cand){v, (int32_t)i};
+            if (m == cap) {
+                sort_cands(s->cand, s->tmp, m);
+                m = k;
+                bar = rank_key(s->cand[k - 1].w);
+                bar_v = vsplat(s->cand[k - 1].w);
+            }
         }
     }
     sort_cands(s->cand, s->tmp, m);
@@ -348,72 +420,140 @@ static float cand_weight(float l, float mx)
     return l == mx ? 1.0f : exp_nonpos(l - mx);
 }
 
-/* Whole-row temperature: NaN -> -inf, divide by t (skipped for t == 1, which would not
- * change a bit); returns the row maximum. Four running maxima keep the loop from waiting
- * on one compare chain; max is exact, so the order does not matter. */
-static float scale_row(float *logits, size_t n, float t)
+/* exp_nonpos of every lane, bitwise. */
+static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
 {
-    float hi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const vf16 lo = vsplat(-80.0f), magic = vsplat(12582912.0f);
+    const vi16 under = x < lo;
+    const vf16 xc = vsel(under, lo, x);
+    const vf16 nf = (xc * vsplat(1.44269504f) + magic) - magic;
+    const vf16 r = (xc - nf * vsplat(0.693145751953125f)) - nf * vsplat(1.42860677e-6f);
+    vf16 p = vsplat(1.0f / 720.0f);
+    p = p * r + vsplat(1.0f / 120.0f);
+    p = p * r + vsplat(1.0f / 24.0f);
+    p = p * r + vsplat(1.0f / 6.0f);
+    p = p * r + vsplat(0.5f);
+    p = p * r + vsplat(1.0f);
+    p = p * r + vsplat(1.0f);
+    const vi16 bits = (__builtin_convertvector(nf, vi16) + 127) << 23;
+    return vsel(under, vsplat(0.0f), p * (vf16)bits);
+}
+
+/* Whole-row temperature: NaN -> -inf, divide by t (skipped for t == 1, which would not
+ * change a bit); returns the row maximum (max is exact, so the lane order does not
+ * matter). */
+ROW_CLONES static float scale_row(float *logits, size_t n, float t)
+{
+    const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t);
+    vf16 hi = ninf;
     size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        for (int k = 0; k < 4; k++) {
-            float l = logits[i + k];
-            l = isnan(l) ? -INFINITY : t == 1.0f ? l : l / t;
-            logits[i + k] = l;
-            hi[k] = l > hi[k] ? l : hi[k];
-        }
+    for (; i + VLANES <= n; i += VLANES) {
+        vf16 l = vload(logits + i);
+        if (t != 1.0f)
+            l = l / tv;
+        l = vsel(l != l, ninf, l);
+        VSTORE(logits + i, l);
+        hi = vsel(l > hi, l, hi);
     }
+    float mx = -INFINITY;
+    for (int k = 0; k < VLANES; k++)
+        mx = hi[k] > mx ? hi[k] : mx;
     for (; i < n; i++) {
         float l = logits[i];
         l = isnan(l) ? -INFINITY : t == 1.0f ? l : l / t;
         logits[i] = l;
-        hi[0] = l > hi[0] ? l : hi[0];
+        mx = l > mx ? l : mx;
     }
-    float a = hi[0] > hi[1] ? hi[0] : hi[1], b = hi[2] > hi[3] ? hi[2] : hi[3];
-    return a > b ? a : b;
+    return mx;
 }
 
-/* Every token as a candidate in id order with its weight; returns the sum of weights,
- * accumulated in four interleaved partial sums (a fixed order, so still deterministic).
- * With `mass` set, also fills s->mass: weight per rank bucket for top_p_prefix, again in
- * four lanes so that runs of one bucket do not wait on each other. */
-static double weigh_row(struct engine_sampler *s, const float *logits, float mx, int mass)
+/* The whole row's weights in place (l[i] = cand_weight(l[i], mx)) and their total: per
+ * SAMPLE_CHUNK tokens a float sum in 16 lanes (kept in s->zc), the chunk sums added in order
+ * in double. The order is fixed, so the total is too. */
+ROW_CLONES static double row_weights(struct engine_sampler *s, float *l, float mx)
 {
     const size_t n = (size_t)s->n_vocab;
-    double acc[4] = {0.0, 0.0, 0.0, 0.0};
-    if (mass)
-        memset(s->mass, 0, sizeof(s->mass));
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        for (int k = 0; k < 4; k++) {
-            float w = cand_weight(logits[i + k], mx);
-            s->cand[i + k] = (struct cand){w, (int32_t)(i + k)};
-            acc[k] += w;
-            if (mass)
-                s->mass[k][RANK_BUCKET(rank_key(w))] += w;
+    const vf16 mv = vsplat(mx), one = vsplat(1.0f);
+    double total = 0.0;
+    for (size_t c = 0, i0 = 0; i0 < n; c++, i0 += SAMPLE_CHUNK) {
+        const size_t i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
+        vf16 acc = vsplat(0.0f);
+        size_t i = i0;
+        for (; i + VLANES <= i1; i += VLANES) {
+            const vf16 v = vload(l + i);
+            const vf16 w = vsel(v == mv, one, vexp_nonpos(v - mv));
+            VSTORE(l + i, w);
+            acc += w;
         }
+        for (; i < i1; i++) {
+            float w = cand_weight(l[i], mx);
+            l[i] = w;
+            acc[0] += w;
+        }
+        double z = 0.0;
+        for (int k = 0; k < VLANES; k += 4)
+            z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
+        s->zc[c] = z;
+        total += z;
     }
-    for (; i < n; i++) {
-        float w = cand_weight(logits[i], mx);
-        s->cand[i] = (struct cand){w, (int32_t)i};
-        acc[0] += w;
-        if (mass)
-            s->mass[0][RANK_BUCKET(rank_key(w))] += w;
-    }
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    return total;
 }
 
-/* Top-p over the whole row (cand[0..n) in id order from weigh_row with mass, summing to
- * total): move to the front, sorted by rank, a prefix of the full ranking that contains
- * the nucleus, and return its length. The mass histogram gives the first rank bucket at
- * which it and every bucket above hold top_p * total; those tokens form a prefix of the
- * ranking (each outweighs every other token), usually a short one, and only they are
- * sorted. If summing them in ranked order falls just short of the target (rounding), fall
- * back to sorting the whole row. */
-static size_t top_p_prefix(struct engine_sampler *s, const float *logits, float mx, double total,
-                           float top_p)
+/* Inverse CDF over the whole row in id order (w: row_weights' weights summing to total): the
+ * chunk in which the running sum of s->zc passes u * total, then the token within it where the
+ * running sum of its weights does; a target just past the chunk's sum by rounding takes its
+ * last token of positive weight. */
+static int32_t draw_row(const struct engine_sampler *s, const float *w, double total, double u)
 {
-    const size_t n = (size_t)s->n_vocab;
+    const size_t n = (size_t)s->n_vocab, nc = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    const double target = u * total;
+    double cum = 0.0;
+    size_t c = 0, last_c = 0;
+    for (; c < nc; c++) {
+        if (s->zc[c] > 0.0)
+            last_c = c;
+        if (target < cum + s->zc[c])
+            break;
+        cum += s->zc[c];
+    }
+    if (c == nc) /* only by rounding */
+        c = last_c;
+    const size_t i0 = c * SAMPLE_CHUNK, i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
+    size_t last = i0;
+    for (size_t i = i0; i < i1; i++) {
+        if (w[i] > 0.0f)
+            last = i;
+        cum += w[i];
+        if (target < cum && w[i] > 0.0f)
+            return (int32_t)i;
+    }
+    return (int32_t)last;
+}
+
+/* Rank cand[0..m) (in id order): returns the length of a ranked prefix of it that holds the
+ * kept set. With top_p (total = the row total): the mass histogram gives the first rank bucket
+ * at which it and every bucket above hold top_p * total; those tokens form a prefix of the
+ * ranking (each outweighs every other token), usually a short one, and only they are sorted.
+ * If summing them in ranked order falls short of the target (rounding, or mass outside cand),
+ * all m are sorted. Without top_p, the tokens of weight >= min_p form the prefix. */
+static size_t rank_cands(struct engine_sampler *s, size_t m, double total, float top_p,
+                         float min_p)
+{
+    if (top_p >= 1.0f) {
+        size_t k = 0;
+        for (size_t i = 0; i < m; i++)
+            if (s->cand[i].w >= min_p)
+                s->cand[k++] = s->cand[i];
+        sort_cands(s->cand, s->tmp, k);
+        return k;
+    }
+    memset(s->mass, 0, sizeof(s->mass));
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4)
+        for (int k = 0; k < 4; k++)
+            s->mass[k][RANK_BUCKET(rank_key(s->cand[i + k].w))] += s->cand[i + k].w;
+    for (; i < m; i++)
+        s->mass[0][RANK_BUCKET(rank_key(s->cand[i].w))] += s->cand[i].w;
     double target = (double)top_p * total, acc = 0.0;
     uint32_t last = RANK_BUCKETS - 1;
     for (uint32_t b = 0; b < RANK_BUCKETS; b++) {
@@ -423,23 +563,74 @@ static size_t top_p_prefix(struct engine_sampler *s, const float *logits, float 
             break;
         }
     }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
+    size_t k = 0;
+    for (i = 0; i < m; i++)
         if (RANK_BUCKET(rank_key(s->cand[i].w)) <= last)
-            s->tmp[m++] = s->cand[i];
-    if (m < n) {
-        memcpy(s->cand, s->tmp, m * sizeof(*s->cand));
-        sort_cands(s->cand, s->tmp, m);
+            s->tmp[k++] = s->cand[i];
+    if (k < m) {
         double cum = 0.0;
-        for (size_t j = 0; j < m; j++)
-            cum += s->cand[j].w;
-        if (cum >= target)
-            return m;
-        for (size_t i = 0; i < n; i++)
-            s->cand[i] = (struct cand){cand_weight(logits[i], mx), (int32_t)i};
+        for (size_t j = 0; j < k; j++)
+            cum += s->tmp[j].w;
+        if (cum >= target) { /* the prefix holds the nucleus: rank just it */
+            memcpy(s->cand, s->tmp, k * sizeof(*s->cand));
+            sort_cands(s->cand, s->tmp, k);
+            return k;
+        }
     }
-    sort_cands(s->cand, s->tmp, n);
-    return n;
+    sort_cands(s->cand, s->tmp, m);
+    return m;
+}
+
+/* top_p and/or min_p without top_k on the scaled row l (maximum mx): *total = the row total
+ * (l then holds the weights) and cand[0..m) ranked, a prefix of the full ranking that holds
+ * the kept set; returns m. First the tokens of weight >= a bound, which form a prefix of the
+ * ranking: min_p itself, or for top_p e^-D with D = ln(n_vocab / (1 - top_p)), as every token
+ * below it together weighs less than (1 - top_p) of the total (whose largest weight is 1).
+ * When there are more than ENGINE_SAMPLE_CANDS of them, or their sum falls short of the
+ * nucleus by rounding, the whole row is ranked instead (the same prefix, so the same token). */
+ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct engine_sampling *p,
+                                      float *l, float mx, double *total)
+{
+    const size_t n = (size_t)s->n_vocab;
+    *total = row_weights(s, l, mx);
+    float bound = 0.0f;
+    if (p->top_p < 1.0f)
+        bound = (float)exp(-log((double)n / (1.0 - (double)p->top_p)));
+    if (p->min_p > bound)
+        bound = p->min_p;
+    const vf16 bv = vsplat(bound);
+    size_t m = 0;
+    for (size_t i0 = 0; i0 < n && m <= ENGINE_SAMPLE_CANDS; i0 += SELECT_BLOCK) {
+        const size_t i1 = n - i0 < SELECT_BLOCK ? n : i0 + SELECT_BLOCK;
+        if (i1 - i0 == SELECT_BLOCK) {
+            vi16 in = vload(l + i0) >= bv;
+            for (int b = 1; b < SELECT_BLOCK / VLANES; b++)
+                in |= vload(l + i0 + (size_t)b * VLANES) >= bv;
+            uint64_t part[VLANES / 2], any = 0;
+            memcpy(part, &in, sizeof(part));
+            for (int b = 0; b < VLANES / 2; b++)
+                any |= part[b];
+            if (!any)
+                continue;
+        }
+        for (size_t i = i0; i < i1 && m <= ENGINE_SAMPLE_CANDS; i++)
+            if (l[i] >= bound)
+                s->cand[m++] = (struct cand){l[i], (int32_t)i};
+    }
+    if (m <= ENGINE_SAMPLE_CANDS) {
+        size_t k = rank_cands(s, m, *total, p->top_p, p->min_p);
+        double cum = 0.0;
+        for (size_t j = 0; j < k && p->top_p < 1.0f; j++)
+            cum += s->cand[j].w;
+        if (p->top_p >= 1.0f || cum >= (double)p->top_p * *total || p->min_p >= bound) {
+            s->n_fast++;
+            return k;
+        }
+    }
+    s->n_slow++;
+    for (size_t i = 0; i < n; i++)
+        s->cand[i] = (struct cand){l[i], (int32_t)i};
+    return rank_cands(s, n, *total, p->top_p, p->min_p);
 }
 
 /* Greedy: argmax of the penalised logits, ties to the lowest id; NaN becomes -inf. */
@@ -486,22 +677,22 @@ static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *log
 }
 
 int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
-                      struct engine_rng *rng, float *logits, const int32_t *history,
-                      size_t n_history, float *logprob)
+                      const struct engine_rng *rng, uint64_t pos, float *logits,
+                      const int32_t *history, size_t n_history, float *logprob)
 {
     assert(p->temperature >= 0.0f && p->top_k >= 0 && p->top_p > 0.0f && p->top_p <= 1.0f);
     assert(p->min_p >= 0.0f && p->min_p <= 1.0f && p->repeat_penalty > 0.0f);
     const size_t n = (size_t)s->n_vocab;
     const float t = p->temperature;
 
+    s->row = NULL;
     apply_penalties(s, p, logits, history, n_history);
     if (t == 0.0f)
         return sample_greedy(s, logits, logprob);
 
-    /* Candidates with their weights, cand[0..m): after top_k the k best by penalised logit,
-     * ranked (temperature touches only them); otherwise the whole row in id order. */
+    /* Candidates with their weights, cand[0..m), ranked: after top_k the k best by penalised
+     * logit (temperature touches only them); else a ranked prefix holding the kept set. */
     size_t m;
-    int ranked;
     float mx;
     double total = 0.0;
     if (p->top_k > 0 && (size_t)p->top_k < n) {
@@ -515,21 +706,24 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
             total += s->cand[j].w;
         }
         insertion_sort(s->cand, m); /* weights can tie where logits did not: re-rank by id */
-        ranked = 1;
     } else {
-        m = n;
         mx = scale_row(logits, n, t);
-        total = weigh_row(s, logits, mx, p->top_p < 1.0f);
-        ranked = 0;
+        if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
+            total = row_weights(s, logits, mx);
+            int32_t id = draw_row(s, logits, total, engine_rng_at(rng, pos, 0));
+            if (logprob)
+                *logprob = (float)(log((double)logits[id]) - log(total));
+            s->row = logits;
+            s->n_kept = n;
+            s->kept_total = total;
+            return id;
+        }
+        m = truncate_row(s, p, logits, mx, &total);
     }
     const size_t m_weighed = m;
 
     /* top_p: the smallest ranked prefix whose mass reaches top_p of the total. */
     if (p->top_p < 1.0f) {
-        if (!ranked) {
-            m = top_p_prefix(s, logits, mx, total, p->top_p);
-            ranked = 1;
-        }
         double target = (double)p->top_p * total, cum = 0.0;
         for (size_t j = 0; j < m; j++) {
             cum += s->cand[j].w;
@@ -543,23 +737,19 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
     /* min_p: p_i >= min_p * p_max is w_i >= min_p, as the most likely weight is exactly 1. */
     if (p->min_p > 0.0f) {
         size_t kept = 0;
-        for (size_t j = 0; j < m; j++) {
-            if (s->cand[j].w >= p->min_p)
-                s->cand[kept++] = s->cand[j];
-            else if (ranked)
-                break;
-        }
+        while (kept < m && s->cand[kept].w >= p->min_p)
+            kept++;
         m = kept;
     }
 
     /* Renormalise and draw with one uniform. */
     double kept_total = total;
-    if (m != m_weighed) {
+    if (m != m_weighed || !(p->top_k > 0 && (size_t)p->top_k < n)) {
         kept_total = 0.0;
         for (size_t j = 0; j < m; j++)
             kept_total += s->cand[j].w;
     }
-    double u = engine_rng_uniform(rng) * kept_total, cum = 0.0;
+    double u = engine_rng_at(rng, pos, 0) * kept_total, cum = 0.0;
     size_t pick = 0, last_pos = 0;
     int found = 0;
     for (size_t j = 0; j < m; j++) {
@@ -576,11 +766,8 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
         pick = last_pos; /* u at the very top, past the sum by rounding: last weighted token */
 
     int32_t id = s->cand[pick].id;
-    if (logprob) {
-        float l = logits[id];
-        double lw = l == mx ? 0.0 : (double)l - (double)mx;
-        *logprob = (float)(lw - log(kept_total));
-    }
+    if (logprob)
+        *logprob = (float)(log((double)s->cand[pick].w) - log(kept_total));
     s->n_kept = m;
     s->kept_total = kept_total;
     return id;

@@ -40,17 +40,27 @@ enum status engine_sampling_validate(const struct engine_sampling *p, struct err
 
 /* ---- Random numbers -------------------------------------------------------------------- */
 
-/* xoshiro256** state; plain value, one per request, copy it to checkpoint a stream. */
+/* A request's random numbers, counter-based (Philox4x32-10, common/philox.h): a key from the
+ * seed and the request id, and every draw named by what it is for. The sampler's draw for the
+ * token at position pos is engine_rng_at(rng, pos, 0), so a request's tokens do not depend on
+ * what shares its batches, on the thread count, on preemption or on the backend. (Seeded
+ * outputs changed once, when this replaced a sequential xoshiro256** stream.) Plain value. */
 struct engine_rng {
-    uint64_t s[4]; /* generator state, never all zero */
+    uint64_t key; /* from engine_rng_seed */
+    uint64_t ctr; /* next counter of the plain stream (engine_rng_next) */
 };
 
-/* Seed a per-request stream from the job seed and the request id bytes (e.g. custom_id;
- * request_id may be NULL when id_len is 0). Same (seed, id) gives the same stream; different
- * ids give unrelated streams. */
+/* Seed a per-request key from the job seed and the request id bytes (e.g. custom_id;
+ * request_id may be NULL when id_len is 0). Same (seed, id) gives the same key; different
+ * ids give unrelated ones. The plain stream starts at counter 0. */
 void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id, size_t id_len);
 
-/* Next 64 random bits. */
+/* The uniform double in [0, 1) (53 random bits) of draw number `draw` for the token at
+ * position pos. A pure function of (key, pos, draw). */
+double engine_rng_at(const struct engine_rng *r, uint64_t pos, uint32_t draw);
+
+/* Next 64 random bits of the plain stream (synthetic data, tests): counter ctr, then ctr++.
+ * Independent of every engine_rng_at draw. */
 uint64_t engine_rng_next(struct engine_rng *r);
 
 /* Uniform double in [0, 1) with 53 random bits (consumes one engine_rng_next). */
@@ -71,21 +81,36 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
 void engine_sampler_free(struct engine_sampler *s);
 
 /* Draw one token id in [0, n_vocab) for one request.
- * logits: n_vocab values, caller-owned, used as scratch. On return every entry holds the
- *   penalised logit (NaN as -inf), divided by the temperature when temperature > 0, except
- *   that with top_k only the top_k candidates are divided and the rest are unspecified.
+ * logits: n_vocab values, caller-owned, used as scratch (unspecified on return).
  * history: the request's previous tokens (prompt + generated) for the penalties; ids
  *   outside [0, n_vocab) are ignored. May be NULL when n_history is 0.
- * p: validated parameters (engine_sampling_validate); rng: the request's stream, advanced
- *   by exactly one engine_rng_next when temperature > 0 and not at all when greedy.
+ * p: validated parameters (engine_sampling_validate); rng, pos: the request's key and the
+ *   position of the token drawn (its index in prompt + generated); the draw uses the one
+ *   uniform engine_rng_at(rng, pos, 0), none when greedy.
  * Order: penalties -> (temperature 0: argmax) -> top_k -> temperature + softmax -> top_p
- *   -> min_p -> renormalise -> draw. Ties in ranking go to the lowest id.
+ *   -> min_p -> renormalise -> draw by inverse CDF in rank order (id order when nothing
+ *   truncates). Ties in ranking go to the lowest id. Probabilities are softmax weights
+ *   exp(l - max) (engine_sample_exp) over their total: per 256-token chunk a float sum in
+ *   eight lanes, the chunk sums added in order in double (over the top_k candidates, in rank
+ *   order, when top_k truncates).
+ * top_p and min_p without top_k are first decided from the tokens above a weight that bounds
+ *   the kept set (min_p, or a weight below which all tokens together cannot reach the
+ *   nucleus); when there are more than ENGINE_SAMPLE_CANDS of them, the whole row is ranked
+ *   instead (engine_sampler_counts). Both give the same token: the kept set and the sums
+ *   over it are the same numbers in the same order.
  * logprob (NULL = skip): natural log of the chosen token's probability under the final,
  *   renormalised distribution; for greedy, under softmax of the penalised logits.
- * The result depends only on (logits, history, p, rng state). */
+ * The result depends only on (logits, history, p, rng key, pos). */
 int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
-                      struct engine_rng *rng, float *logits, const int32_t *history,
-                      size_t n_history, float *logprob);
+                      const struct engine_rng *rng, uint64_t pos, float *logits,
+                      const int32_t *history, size_t n_history, float *logprob);
+
+/* Most candidates the truncated fast path ranks (see engine_sample). */
+#define ENGINE_SAMPLE_CANDS 4096
+
+/* Rows s has drawn with top_p or min_p (and no top_k) since it was made: decided from the
+ * candidates (*fast) and by ranking the whole row (*fallback). */
+void engine_sampler_counts(const struct engine_sampler *s, uint64_t *fast, uint64_t *fallback);
 
 /* e^x for x <= 0 exactly as the sampler computes softmax weights: plain float arithmetic,
  * so the same bits on every IEEE machine and libm (relative error under 4e-7); returns 0
@@ -97,8 +122,10 @@ size_t engine_sampler_n_kept(const struct engine_sampler *s);
 
 /* The i-th surviving candidate (i < engine_sampler_n_kept) of the last call: returns its id
  * and stores its final probability in *prob (may be NULL). Order is by descending
- * probability (ties to lowest id) when top_k or top_p truncated, otherwise by id. After a
- * greedy call there is one candidate, the argmax, with probability 1. */
+ * probability (ties to lowest id) when top_k, top_p or min_p truncated, otherwise by id. After a
+ * greedy call there is one candidate, the argmax, with probability 1. When nothing
+ * truncated, the probabilities are read from that call's logits row: valid only until the
+ * caller changes it. */
 int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *prob);
 
 /* ---- Stop strings ---------------------------------------------------------------------- */

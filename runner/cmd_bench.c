@@ -36,7 +36,10 @@ static const char bench_usage[] =
     "  --output-len M         tokens generated per request (default 128)\n"
     "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
     "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
-    "  --seed N               seed for synthetic prompts (default 1)\n"
+    "  --seed N               seed for synthetic prompts and for sampling (default 1)\n"
+    "  --temperature T        sampling temperature, 0 = greedy (default 0)\n"
+    "  --top-p P              nucleus sampling: keep the most likely tokens holding P of\n"
+    "                         the probability (default 1 = off; with --temperature > 0)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
     "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
@@ -59,10 +62,12 @@ struct bench_opts {
     long output_len;            /* --output-len */
     uint64_t seed;              /* --seed */
     float peak_seconds;         /* --peak-seconds */
+    float temperature;          /* --temperature */
+    float top_p;                /* --top-p */
     struct runner_engine_opts eo; /* engine and backend flags */
 };
 
-enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEED, B_PEAK };
+enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEED, B_PEAK, B_TEMP, B_TOPP };
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
 {
@@ -74,6 +79,8 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {"input", required_argument, 0, B_INPUT},
         {"seed", required_argument, 0, B_SEED},
         {"peak-seconds", required_argument, 0, B_PEAK},
+        {"temperature", required_argument, 0, B_TEMP},
+        {"top-p", required_argument, 0, B_TOPP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -87,6 +94,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
     o->output_len = 128;
     o->seed = 1;
     o->peak_seconds = 1;
+    o->top_p = 1;
     int c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -116,6 +124,14 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             break;
         case B_PEAK:
             if (!runner_parse_float("bench", "peak-seconds", optarg, 0, 60, &o->peak_seconds))
+                return 0;
+            break;
+        case B_TEMP:
+            if (!runner_parse_float("bench", "temperature", optarg, 0, 2, &o->temperature))
+                return 0;
+            break;
+        case B_TOPP:
+            if (!runner_parse_float("bench", "top-p", optarg, 1e-6, 1, &o->top_p))
                 return 0;
             break;
         case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
@@ -329,7 +345,9 @@ int runner_cmd_bench(int argc, char **argv)
         r.prompt = ps.ids[i];
         r.n_prompt = ps.n[i];
         engine_sampling_default(&r.sampling);
-        r.sampling.temperature = 0;
+        r.sampling.temperature = o.temperature;
+        r.sampling.top_p = o.top_p;
+        r.sampling.seed = o.seed;
         r.max_tokens = (int32_t)o.output_len;
         r.ignore_eos = 1;
         r.request_id = id;
@@ -412,6 +430,8 @@ int runner_cmd_bench(int argc, char **argv)
     else
         cJSON_AddNumberToObject(j, "input_len", (double)o.input_len);
     cJSON_AddNumberToObject(j, "output_len", (double)o.output_len);
+    cJSON_AddNumberToObject(j, "temperature", o.temperature);
+    cJSON_AddNumberToObject(j, "top_p", o.top_p);
     cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);

@@ -19,6 +19,14 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
+/* A fresh position for each draw: with a counter-based RNG, the same (key, position) would
+ * repeat the same uniform. */
+static uint64_t next_pos(void)
+{
+    static uint64_t pos;
+    return pos++;
+}
+
 static struct engine_sampler *new_sampler(int32_t n)
 {
     struct engine_sampler *s = NULL;
@@ -179,7 +187,7 @@ static void test_greedy_argmax_ties_lowest(void **state)
     r0 = r;
     float l1[8] = {0.5f, 3.0f, -1.0f, 3.0f, 2.0f, 3.0f, 0.0f, 1.0f};
     float lp = 1.0f;
-    assert_int_equal(engine_sample(s, &p, &r, l1, NULL, 0, &lp), 1);
+    assert_int_equal(engine_sample(s, &p, &r, next_pos(), l1, NULL, 0, &lp), 1);
     /* greedy logprob is log softmax of the logits: three tied maxima */
     double z = 0.0;
     for (int i = 0; i < 8; i++)
@@ -188,12 +196,12 @@ static void test_greedy_argmax_ties_lowest(void **state)
     assert_memory_equal(&r, &r0, sizeof(r)); /* greedy consumes no randomness */
 
     float l2[8] = {NAN, -INFINITY, 2.0f, 2.0f, NAN, 1.0f, 2.0f, -5.0f};
-    assert_int_equal(engine_sample(s, &p, &r, l2, NULL, 0, NULL), 2);
+    assert_int_equal(engine_sample(s, &p, &r, next_pos(), l2, NULL, 0, NULL), 2);
     assert_true(isinf(l2[0]) && l2[0] < 0); /* NaN became -inf */
     float l3[8] = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f};
-    assert_int_equal(engine_sample(s, &p, &r, l3, NULL, 0, NULL), 0);
+    assert_int_equal(engine_sample(s, &p, &r, next_pos(), l3, NULL, 0, NULL), 0);
     float l4[8] = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, 0.0f};
-    assert_int_equal(engine_sample(s, &p, &r, l4, NULL, 0, NULL), 7);
+    assert_int_equal(engine_sample(s, &p, &r, next_pos(), l4, NULL, 0, NULL), 7);
     assert_int_equal(engine_sampler_n_kept(s), 1);
     engine_sampler_free(s);
 }
@@ -217,8 +225,8 @@ static void test_top_k1_equals_greedy(void **state)
         memcpy(b, a, n * sizeof(float));
         struct engine_sampling topk1 = sampling(0.1f + (float)(trial % 19) / 10.0f, 1, 1.0f, 0.0f);
         float lp = 1.0f;
-        int32_t g = engine_sample(s, &greedy, &r, a, NULL, 0, NULL);
-        int32_t k = engine_sample(s, &topk1, &r, b, NULL, 0, &lp);
+        int32_t g = engine_sample(s, &greedy, &r, next_pos(), a, NULL, 0, NULL);
+        int32_t k = engine_sample(s, &topk1, &r, next_pos(), b, NULL, 0, &lp);
         assert_int_equal(g, k);
         assert_float_equal(lp, 0.0f, 0.0f); /* one candidate left: probability 1 */
         if (trial % 3 == 0)
@@ -260,7 +268,7 @@ static void test_truncation_matches_reference(void **state)
                 sampling(cfg[c].temp, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p);
             size_t nref = ref_kept(l, VOCAB, &p, ref);
             memcpy(work, l, VOCAB * sizeof(float));
-            int32_t tok = engine_sample(s, &p, &r, work, NULL, 0, NULL);
+            int32_t tok = engine_sample(s, &p, &r, next_pos(), work, NULL, 0, NULL);
             size_t n = engine_sampler_n_kept(s);
             assert_int_equal(n, nref);
             double psum = 0.0;
@@ -273,7 +281,7 @@ static void test_truncation_matches_reference(void **state)
             }
             assert_true(seen);
             assert_float_equal(psum, 1.0, 1e-9);
-            int truncated = (cfg[c].top_k > 0) || cfg[c].top_p < 1.0f;
+            int truncated = cfg[c].top_k > 0 || cfg[c].top_p < 1.0f || cfg[c].min_p > 0.0f;
             if (truncated) { /* ranked order: must equal the reference order exactly */
                 assert_memory_equal(got, ref, n * sizeof(int32_t));
             } else { /* id order: compare as sets */
@@ -322,7 +330,7 @@ static void test_edge_rows(void **state)
         for (int i = 0; i < 4000; i++) {
             float l[4];
             memcpy(l, rows[row], sizeof(l));
-            int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+            int32_t t = engine_sample(s, &p, &r, next_pos(), l, NULL, 0, NULL);
             assert_true(t >= 0 && t < 4);
             counts[t]++;
         }
@@ -346,7 +354,7 @@ static void check_top_k(struct engine_sampler *s, const float *l, size_t n, int3
     struct engine_sampling p = sampling(1.0f, k, 1.0f, 0.0f);
     size_t nref = ref_kept(l, n, &p, ref);
     memcpy(work, l, n * sizeof(float));
-    engine_sample(s, &p, r, work, NULL, 0, NULL);
+    engine_sample(s, &p, r, next_pos(), work, NULL, 0, NULL);
     assert_int_equal(engine_sampler_n_kept(s), nref);
     for (size_t i = 0; i < nref; i++)
         assert_int_equal(engine_sampler_kept(s, i, NULL), ref[i]);
@@ -432,7 +440,7 @@ static void draw_counts(const float *logits, int k, const struct engine_sampling
     memset(counts, 0, (size_t)k * sizeof(int));
     for (int i = 0; i < draws; i++) {
         memcpy(row, logits, (size_t)k * sizeof(float));
-        int32_t t = engine_sample(s, p, &r, row, NULL, 0, NULL);
+        int32_t t = engine_sample(s, p, &r, (uint64_t)i, row, NULL, 0, NULL);
         assert_true(t >= 0 && t < k);
         counts[t]++;
     }
@@ -483,9 +491,8 @@ static void test_logprob_is_log_softmax(void **state)
     for (int i = 0; i < 50; i++) {
         float row[8], lp;
         memcpy(row, logits, sizeof(row));
-        int32_t t = engine_sample(s, &p, &r, row, NULL, 0, &lp);
+        int32_t t = engine_sample(s, &p, &r, next_pos(), row, NULL, 0, &lp);
         assert_float_equal(lp, logits[t] / 2.0 - log(z), 1e-5);
-        assert_float_equal(row[t], logits[t] / 2.0f, 0.0f); /* temperature applied in place */
     }
     engine_sampler_free(s);
 }
@@ -524,7 +531,7 @@ static void test_top_p_smallest_prefix(void **state)
         int32_t ids[8];
         crafted(l);
         struct engine_sampling p = sampling(1.0f, 0, cases[c].top_p, 0.0f);
-        int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        int32_t t = engine_sample(s, &p, &r, next_pos(), l, NULL, 0, NULL);
         size_t n = kept_ids(s, ids);
         assert_int_equal(n, cases[c].n);
         if (cases[c].top_p < 1.0f) {
@@ -539,7 +546,7 @@ static void test_top_p_smallest_prefix(void **state)
     float l[8];
     crafted(l);
     struct engine_sampling p = sampling(1.0f, 0, 0.81f, 0.0f);
-    engine_sample(s, &p, &r, l, NULL, 0, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, NULL, 0, NULL);
     double pr;
     assert_int_equal(engine_sampler_kept(s, 1, &pr), 1);
     assert_float_equal(pr, 0.30 / 0.9499, 1e-6);
@@ -562,7 +569,7 @@ static void test_min_p_cutoff(void **state)
         int32_t ids[8];
         crafted(l);
         struct engine_sampling p = sampling(1.0f, 0, 1.0f, cases[c].min_p);
-        engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        engine_sample(s, &p, &r, next_pos(), l, NULL, 0, NULL);
         size_t n = kept_ids(s, ids);
         assert_int_equal(n, cases[c].n);
         /* without ranking truncation the kept set is in id order: check membership */
@@ -576,7 +583,7 @@ static void test_min_p_cutoff(void **state)
     for (int i = 0; i < 2000; i++) {
         float l[8];
         crafted(l);
-        int32_t t = engine_sample(s, &p, &r, l, NULL, 0, NULL);
+        int32_t t = engine_sample(s, &p, &r, next_pos(), l, NULL, 0, NULL);
         assert_true(t == 3 || t == 1);
     }
     engine_sampler_free(s);
@@ -598,7 +605,7 @@ static void test_penalties_exact(void **state)
     struct engine_sampling p = sampling(0.0f, 0, 1.0f, 0.0f);
     p.repeat_penalty = 2.0f;
     memcpy(l, base, sizeof(l));
-    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
     const float e1[8] = {1.0f, -4.0f, 0.5f, 4.0f, 0.0f, 1.5f, -1.0f, 0.5f};
     assert_memory_equal(l, e1, sizeof(l));
 
@@ -607,7 +614,7 @@ static void test_penalties_exact(void **state)
     p.frequency_penalty = 0.5f;
     p.presence_penalty = 0.25f;
     memcpy(l, base, sizeof(l));
-    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
     const float e2[8] = {2.0f - 1.5f - 0.25f,
                          -2.0f - 0.5f - 0.25f,
                          1.0f - 1.0f - 0.25f,
@@ -622,25 +629,25 @@ static void test_penalties_exact(void **state)
     p.repeat_penalty = 2.0f;
     p.repeat_last_n = 4;
     memcpy(l, base, sizeof(l));
-    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
     const float e3[8] = {1.0f - 0.75f, -4.0f - 0.75f, 0.5f - 0.75f, 4.0f, 0.0f, 3.0f, -1.0f, 0.5f};
     assert_memory_equal(l, e3, sizeof(l));
 
     /* repeat_last_n 0 turns every penalty off; and the scratch counts were cleared */
     p.repeat_last_n = 0;
     memcpy(l, base, sizeof(l));
-    engine_sample(s, &p, &r, l, hist, 9, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
     assert_memory_equal(l, base, sizeof(l));
     p.repeat_last_n = -1;
     const int32_t one[1] = {3};
     memcpy(l, base, sizeof(l));
-    engine_sample(s, &p, &r, l, one, 1, NULL);
+    engine_sample(s, &p, &r, next_pos(), l, one, 1, NULL);
     const float e4[8] = {2.0f, -2.0f, 1.0f, 2.0f - 0.75f, 0.0f, 3.0f, -1.0f, 0.5f};
     assert_memory_equal(l, e4, sizeof(l));
 
     /* a penalty can change the greedy choice: token 3 (4.0 -> 2.0 - 0.75) loses to 5 */
     memcpy(l, base, sizeof(l));
-    assert_int_equal(engine_sample(s, &p, &r, l, one, 1, NULL), 5);
+    assert_int_equal(engine_sample(s, &p, &r, next_pos(), l, one, 1, NULL), 5);
     engine_sampler_free(s);
 }
 
@@ -655,7 +662,7 @@ static void run_request(struct engine_sampler *s, const struct engine_sampling *
     memcpy(l, base, VOCAB * sizeof(float));
     /* make logits depend on the history so the sequence feeds back */
     l[hist[*n_hist - 1] * 7 % VOCAB] += 3.0f;
-    int32_t t = engine_sample(s, p, r, l, hist, *n_hist, NULL);
+    int32_t t = engine_sample(s, p, r, *n_hist, l, hist, *n_hist, NULL);
     hist[(*n_hist)++] = t;
     free(l);
 }
