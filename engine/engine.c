@@ -269,6 +269,12 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     if (!fused) { /* else s_id holds the greedy tokens already */
         struct sample_job sj = {e, n_s};
         pool_run(e->pool, sample_range, &sj);
+        for (int i = 0; i < e->n_smp; i++) {
+            uint64_t fast, full;
+            engine_sampler_take_counts(e->smp[i], &fast, &full);
+            e->stats.nucleus_fast += fast;
+            e->stats.nucleus_full += full;
+        }
     }
     /* accept each sequence's run of tokens (one today; a speculative step would sample several
      * rows of one sequence, and the rows after the first rejected token would be dropped) */

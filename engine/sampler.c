@@ -127,6 +127,7 @@ struct engine_sampler {
     struct cand *cand; /* n_vocab: candidates of the current call; after it, the kept ones */
     double *zc;        /* weight per SAMPLE_CHUNK tokens (row_weights) */
     const float *row;  /* the last call's weights when it kept every token (else NULL) */
+    size_t max_cands;  /* most candidates of the truncated fast path */
     uint64_t n_fast;   /* truncated rows decided from the candidates */
     uint64_t n_slow;   /* ... and by ranking the whole row */
     struct cand *tmp;  /* n_vocab: second buffer for the top-p radix sort */
@@ -149,6 +150,7 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
         return err_set(err, ST_ERR_NOMEM, "sampler: out of memory");
     size_t n = (size_t)n_vocab;
     s->n_vocab = n_vocab;
+    s->max_cands = ENGINE_SAMPLE_CANDS;
     s->cand = malloc(n * sizeof(*s->cand));
     s->tmp = malloc(n * sizeof(*s->tmp));
     s->count = calloc(n, sizeof(*s->count));
@@ -192,10 +194,16 @@ int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *pr
     return s->cand[i].id;
 }
 
-void engine_sampler_counts(const struct engine_sampler *s, uint64_t *fast, uint64_t *fallback)
+void engine_sampler_set_max_cands(struct engine_sampler *s, size_t max)
+{
+    s->max_cands = max;
+}
+
+void engine_sampler_take_counts(struct engine_sampler *s, uint64_t *fast, uint64_t *fallback)
 {
     *fast = s->n_fast;
     *fallback = s->n_slow;
+    s->n_fast = s->n_slow = 0;
 }
 
 /* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
@@ -584,9 +592,9 @@ static size_t rank_cands(struct engine_sampler *s, size_t m, double total, float
 /* top_p and/or min_p without top_k on the scaled row l (maximum mx): *total = the row total
  * (l then holds the weights) and cand[0..m) ranked, a prefix of the full ranking that holds
  * the kept set; returns m. First the tokens of weight >= a bound, which form a prefix of the
- * ranking: min_p itself, or for top_p e^-D with D = ln(n_vocab / (1 - top_p)), as every token
- * below it together weighs less than (1 - top_p) of the total (whose largest weight is 1).
- * When there are more than ENGINE_SAMPLE_CANDS of them, or their sum falls short of the
+ * ranking: min_p itself, or for top_p (1 - top_p) * total / n_vocab, as the tokens below it
+ * together weigh less than (1 - top_p) of the total.
+ * When there are more than s->max_cands of them, or their sum falls short of the
  * nucleus by rounding, the whole row is ranked instead (the same prefix, so the same token). */
 ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct engine_sampling *p,
                                       float *l, float mx, double *total)
@@ -595,12 +603,12 @@ ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct eng
     *total = row_weights(s, l, mx);
     float bound = 0.0f;
     if (p->top_p < 1.0f)
-        bound = (float)exp(-log((double)n / (1.0 - (double)p->top_p)));
+        bound = (float)((1.0 - (double)p->top_p) * *total / (double)n);
     if (p->min_p > bound)
         bound = p->min_p;
     const vf16 bv = vsplat(bound);
     size_t m = 0;
-    for (size_t i0 = 0; i0 < n && m <= ENGINE_SAMPLE_CANDS; i0 += SELECT_BLOCK) {
+    for (size_t i0 = 0; i0 < n && m <= s->max_cands; i0 += SELECT_BLOCK) {
         const size_t i1 = n - i0 < SELECT_BLOCK ? n : i0 + SELECT_BLOCK;
         if (i1 - i0 == SELECT_BLOCK) {
             vi16 in = vload(l + i0) >= bv;
@@ -613,11 +621,11 @@ ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct eng
             if (!any)
                 continue;
         }
-        for (size_t i = i0; i < i1 && m <= ENGINE_SAMPLE_CANDS; i++)
+        for (size_t i = i0; i < i1 && m <= s->max_cands; i++)
             if (l[i] >= bound)
                 s->cand[m++] = (struct cand){l[i], (int32_t)i};
     }
-    if (m <= ENGINE_SAMPLE_CANDS) {
+    if (m <= s->max_cands) {
         size_t k = rank_cands(s, m, *total, p->top_p, p->min_p);
         double cum = 0.0;
         for (size_t j = 0; j < k && p->top_p < 1.0f; j++)
@@ -634,25 +642,25 @@ ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct eng
 }
 
 /* Greedy: argmax of the penalised logits, ties to the lowest id; NaN becomes -inf. */
-static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *logprob)
+ROW_CLONES static int32_t sample_greedy(struct engine_sampler *s, float *logits,
+                                       float *logprob)
 {
     const size_t n = (size_t)s->n_vocab;
-    /* the maximum, then its first index; NaNs never win. Eight running maxima (the compiler
-     * turns them into two SIMD registers): one chain would wait on every compare. */
-    float m8[8];
-    int has_nan = 0;
+    /* the maximum, then its first index; NaNs never win (16 lanes; max is exact) */
+    vf16 hi = vsplat(-INFINITY);
+    vi16 nan = {0};
     size_t i = 0;
-    for (int k = 0; k < 8; k++)
-        m8[k] = -INFINITY;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) {
-            float v = logits[i + (size_t)k];
-            m8[k] = v > m8[k] ? v : m8[k];
-            has_nan |= v != v;
-        }
+    for (; i + VLANES <= n; i += VLANES) {
+        const vf16 v = vload(logits + i);
+        hi = vsel(v > hi, v, hi);
+        nan |= v != v;
+    }
     float mx = -INFINITY;
-    for (int k = 0; k < 8; k++)
-        mx = m8[k] > mx ? m8[k] : mx;
+    int has_nan = 0;
+    for (int k = 0; k < VLANES; k++) {
+        mx = hi[k] > mx ? hi[k] : mx;
+        has_nan |= nan[k] != 0;
+    }
     for (; i < n; i++) {
         mx = logits[i] > mx ? logits[i] : mx;
         has_nan |= logits[i] != logits[i];
@@ -662,6 +670,15 @@ static int32_t sample_greedy(struct engine_sampler *s, float *logits, float *log
             if (isnan(logits[i]))
                 logits[i] = -INFINITY;
     size_t best = 0;
+    for (const vf16 mv = vsplat(mx); best + VLANES <= n; best += VLANES) { /* its block */
+        const vi16 eq = vload(logits + best) == mv;
+        uint64_t part[VLANES / 2], any = 0;
+        memcpy(part, &eq, sizeof(part));
+        for (int k = 0; k < VLANES / 2; k++)
+            any |= part[k];
+        if (any)
+            break;
+    }
     while (best < n - 1 && !(logits[best] == mx))
         best++;
     if (logprob) {

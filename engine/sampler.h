@@ -95,9 +95,10 @@ void engine_sampler_free(struct engine_sampler *s);
  *   order, when top_k truncates).
  * top_p and min_p without top_k are first decided from the tokens above a weight that bounds
  *   the kept set (min_p, or a weight below which all tokens together cannot reach the
- *   nucleus); when there are more than ENGINE_SAMPLE_CANDS of them, the whole row is ranked
- *   instead (engine_sampler_counts). Both give the same token: the kept set and the sums
- *   over it are the same numbers in the same order.
+ *   nucleus); when there are more than ENGINE_SAMPLE_CANDS of them (see
+ *   engine_sampler_set_max_cands), the whole row is ranked instead (engine_sampler_take_counts).
+ *   Both give the same token: the kept set and the sums over it are the same numbers in the
+ *   same order.
  * logprob (NULL = skip): natural log of the chosen token's probability under the final,
  *   renormalised distribution; for greedy, under softmax of the penalised logits.
  * The result depends only on (logits, history, p, rng key, pos). */
@@ -106,11 +107,16 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
                       const int32_t *history, size_t n_history, float *logprob);
 
 /* Most candidates the truncated fast path ranks (see engine_sample). */
-#define ENGINE_SAMPLE_CANDS 4096
+#define ENGINE_SAMPLE_CANDS 8192
 
-/* Rows s has drawn with top_p or min_p (and no top_k) since it was made: decided from the
- * candidates (*fast) and by ranking the whole row (*fallback). */
-void engine_sampler_counts(const struct engine_sampler *s, uint64_t *fast, uint64_t *fallback);
+/* Most candidates s's truncated fast path ranks (default ENGINE_SAMPLE_CANDS; 0 = always
+ * rank the whole row, as tests do to compare the two). */
+void engine_sampler_set_max_cands(struct engine_sampler *s, size_t max);
+
+/* Rows s has drawn with top_p or min_p (and no top_k) since the last call (or since it was
+ * made): decided from the candidates (*fast) and by ranking the whole row (*fallback). The
+ * counts restart from zero. */
+void engine_sampler_take_counts(struct engine_sampler *s, uint64_t *fast, uint64_t *fallback);
 
 /* e^x for x <= 0 exactly as the sampler computes softmax weights: plain float arithmetic,
  * so the same bits on every IEEE machine and libm (relative error under 4e-7); returns 0

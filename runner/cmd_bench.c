@@ -456,6 +456,8 @@ int runner_cmd_bench(int argc, char **argv)
                                                           (double)engine_kv_get_stats(kv)->lookup_blocks
                                                     : 0);
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
+    cJSON_AddNumberToObject(j, "nucleus_fast", (double)es->nucleus_fast);
+    cJSON_AddNumberToObject(j, "nucleus_full", (double)es->nucleus_full);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
     cJSON_AddNumberToObject(j, "model_flops_s", achieved);

@@ -39,6 +39,10 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
         r.n_prompt = f->n_prompt[i];
         engine_sampling_default(&r.sampling);
         r.sampling.temperature = sampled ? 1.0f : 0.0f;
+        if (sampled == 2) {
+            r.sampling.temperature = 0.8f;
+            r.sampling.top_p = 0.95f;
+        }
         r.sampling.seed = 42 + (uint64_t)i;
         r.max_tokens = GEN;
         r.ignore_eos = 1;
@@ -66,6 +70,11 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     assert_true(max_batch_seqs == (size_t)np);
     assert_true(st.batch_seqs / st.steps > (uint64_t)np / 2); /* really batched */
     assert_same(alone, together, np, sampled ? "sampled" : "greedy");
+    if (sampled == 2) { /* every batched draw went through the nucleus paths, and was counted */
+        print_message("nucleus: %llu draws from candidates, %llu by whole-row ranking\n",
+                      (unsigned long long)st.nucleus_fast, (unsigned long long)st.nucleus_full);
+        assert_int_equal(st.nucleus_fast + st.nucleus_full, st.gen_tokens);
+    }
     print_message("%d prompts: batched tokens equal solo tokens\n", np);
     for (int i = 0; i < np; i++)
         assert_int_equal(together[i].n, GEN);
@@ -79,6 +88,13 @@ static void test_batch_invariance_greedy(void **state)
 static void test_batch_invariance_sampled(void **state)
 {
     batch_invariance(*state, 1, KERN_KV_F16);
+}
+
+/* Temperature 0.8 with top_p 0.95: the nucleus decided from candidates or the whole row, the
+ * draw keyed by position, alone and in a batch of 64. */
+static void test_batch_invariance_nucleus(void **state)
+{
+    batch_invariance(*state, 2, KERN_KV_F16);
 }
 
 /* The 8-bit KV cache quantizes each token's keys and values on their own: still invariant. */
@@ -597,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_preemption_policy),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
+        cmocka_unit_test(test_batch_invariance_nucleus),
         cmocka_unit_test(test_batch_invariance_kv_q8),
         cmocka_unit_test(test_batch_invariance_bf16),
     };

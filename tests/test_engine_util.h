@@ -110,7 +110,8 @@ static inline void assert_times_ordered(const struct engine_output *o)
 
 /* Run requests [0, n) (prompt i from prompts[i]) through an engine with parameters p;
  * request i is numbered first + i: that is its request id ("req-<number>") and, added to 42,
- * its seed, so sampled requests (temperature 1) each draw from their own RNG stream, and a
+ * its seed, so sampled requests (sampled 1: temperature 1; 2: temperature 0.8, top_p 0.95) each
+ * draw from their own RNG key, and a
  * request run alone can be given the number it has in a batch. */
 static inline void run_engine(struct fixture *f, const struct engine_params *p,
                               int32_t *const *prompts, const size_t *n_prompts, int n, int first,
@@ -127,6 +128,10 @@ static inline void run_engine(struct fixture *f, const struct engine_params *p,
         r.n_prompt = n_prompts[i];
         engine_sampling_default(&r.sampling);
         r.sampling.temperature = sampled ? 1.0f : 0.0f;
+        if (sampled == 2) { /* nucleus sampling, the common dataset setting */
+            r.sampling.temperature = 0.8f;
+            r.sampling.top_p = 0.95f;
+        }
         r.sampling.seed = 42 + (uint64_t)(first + i);
         r.max_tokens = GEN;
         r.ignore_eos = 1;
