@@ -82,11 +82,17 @@ $(BUILD)/%.o: %.c
 # crosses a real call); GCC still warns that such functions would have another ABI.
 $(BUILD)/engine/sampler.o: CFLAGS += -Wno-psabi
 
+# Developer tools built on the library (not part of `all`; `make test` builds them so they
+# keep compiling): build/tools/bench_sampler.
+$(BUILD)/tools/%: tools/%.c $(BUILD)/libquern.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a $(LDLIBS)
+
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: check-includes all $(TEST_BIN) model
+test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh $(TEST_BIN)
 
 unit: check-includes $(TEST_BIN) model
