@@ -114,7 +114,7 @@ FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/re
                 engine/sampler.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
-	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -I. -D_GNU_SOURCE \
+	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Wno-psabi -I. -D_GNU_SOURCE \
 	    tests/fuzz/fuzz_request.c $(FUZZ_SRC) -lcjson -lpcre2-8 -lm -o $@
 
 fuzz: build-fuzz/fuzz_request
