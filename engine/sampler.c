@@ -125,8 +125,10 @@ struct cand {
 struct engine_sampler {
     int32_t n_vocab;   /* vocabulary size */
     struct cand *cand; /* n_vocab: candidates of the current call; after it, the kept ones */
-    double *zc;        /* weight per SAMPLE_CHUNK tokens (row_weights) */
-    const float *row;  /* the last call's weights when it kept every token (else NULL) */
+    double *zc;        /* weight per SAMPLE_CHUNK tokens (scale_chunks) */
+    float *tmp_f;      /* per-chunk scratch of scale_chunks */
+    const float *row;  /* the last call's scaled logits when it kept every token (else NULL) */
+    float row_max;     /* ... and their maximum */
     size_t max_cands;  /* most candidates of the truncated fast path */
     uint64_t n_fast;   /* truncated rows decided from the candidates */
     uint64_t n_slow;   /* ... and by ranking the whole row */
@@ -156,7 +158,8 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
     s->count = calloc(n, sizeof(*s->count));
     s->touched = malloc(n * sizeof(*s->touched));
     s->zc = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->zc));
-    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->zc) {
+    s->tmp_f = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->tmp_f));
+    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->zc || !s->tmp_f) {
         engine_sampler_free(s);
         return err_set(err, ST_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
     }
@@ -173,8 +176,11 @@ void engine_sampler_free(struct engine_sampler *s)
     free(s->count);
     free(s->touched);
     free(s->zc);
+    free(s->tmp_f);
     free(s);
 }
+
+static float cand_weight(float l, float mx);
 
 size_t engine_sampler_n_kept(const struct engine_sampler *s)
 {
@@ -186,7 +192,7 @@ int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *pr
     assert(i < s->n_kept);
     if (s->row) { /* every token kept, in id order */
         if (prob)
-            *prob = s->row[i] / s->kept_total;
+            *prob = cand_weight(s->row[i], s->row_max) / s->kept_total;
         return (int32_t)i;
     }
     if (prob)
@@ -448,71 +454,71 @@ static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
     return vsel(under, vsplat(0.0f), p * (vf16)bits);
 }
 
-/* Whole-row temperature: NaN -> -inf, divide by t (skipped for t == 1, which would not
- * change a bit); returns the row maximum (max is exact, so the lane order does not
- * matter). */
-ROW_CLONES static float scale_row(float *logits, size_t n, float t)
+
+/* The whole-row pass: every logit scaled in place (NaN -> -inf, divided by t unless t == 1),
+ * and per SAMPLE_CHUNK tokens, while they are in L1, the chunk's maximum m_c and the float sum
+ * of exp(s - m_c) in 16 lanes. Returns the row maximum M; s->zc[c] becomes the chunk's sum times
+ * e^(m_c - M) (the weight it holds: every weight is exp_nonpos(s - M), 1 for the maximum), and
+ * *total their sum, added in chunk order in double. A fixed order, so a fixed total. */
+ROW_CLONES static float scale_chunks(struct engine_sampler *s, float *l, float t, double *total)
 {
-    const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t);
-    vf16 hi = ninf;
-    size_t i = 0;
-    for (; i + VLANES <= n; i += VLANES) {
-        vf16 l = vload(logits + i);
-        if (t != 1.0f)
-            l = l / tv;
-        l = vsel(l != l, ninf, l);
-        VSTORE(logits + i, l);
-        hi = vsel(l > hi, l, hi);
-    }
+    const size_t n = (size_t)s->n_vocab;
+    const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t), one = vsplat(1.0f);
+    float *mc = s->tmp_f; /* chunk maxima */
     float mx = -INFINITY;
-    for (int k = 0; k < VLANES; k++)
-        mx = hi[k] > mx ? hi[k] : mx;
-    for (; i < n; i++) {
-        float l = logits[i];
-        l = isnan(l) ? -INFINITY : t == 1.0f ? l : l / t;
-        logits[i] = l;
-        mx = l > mx ? l : mx;
+    size_t nc = 0;
+    for (size_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK, nc++) {
+        const size_t i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
+        vf16 hi = ninf;
+        size_t i = i0;
+        for (; i + VLANES <= i1; i += VLANES) {
+            vf16 v = vload(l + i);
+            if (t != 1.0f)
+                v = v / tv;
+            v = vsel(v != v, ninf, v);
+            VSTORE(l + i, v);
+            hi = vsel(v > hi, v, hi);
+        }
+        float m = -INFINITY;
+        for (int k = 0; k < VLANES; k++)
+            m = hi[k] > m ? hi[k] : m;
+        for (; i < i1; i++) {
+            float v = l[i];
+            v = isnan(v) ? -INFINITY : t == 1.0f ? v : v / t;
+            l[i] = v;
+            m = v > m ? v : m;
+        }
+        const vf16 mv = vsplat(m);
+        vf16 acc = vsplat(0.0f);
+        float tail = 0.0f;
+        for (i = i0; i + VLANES <= i1; i += VLANES) {
+            const vf16 v = vload(l + i);
+            acc += vsel(v == mv, one, vexp_nonpos(v - mv));
+        }
+        for (; i < i1; i++)
+            tail += cand_weight(l[i], m);
+        double z = tail;
+        for (int k = 0; k < VLANES; k += 4)
+            z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
+        s->zc[nc] = z;
+        mc[nc] = m;
+        mx = m > mx ? m : mx;
     }
+    double sum = 0.0;
+    for (size_t c = 0; c < nc; c++) {
+        s->zc[c] *= cand_weight(mc[c], mx);
+        sum += s->zc[c];
+    }
+    *total = sum;
     return mx;
 }
 
-/* The whole row's weights in place (l[i] = cand_weight(l[i], mx)) and their total: per
- * SAMPLE_CHUNK tokens a float sum in 16 lanes (kept in s->zc), the chunk sums added in order
- * in double. The order is fixed, so the total is too. */
-ROW_CLONES static double row_weights(struct engine_sampler *s, float *l, float mx)
-{
-    const size_t n = (size_t)s->n_vocab;
-    const vf16 mv = vsplat(mx), one = vsplat(1.0f);
-    double total = 0.0;
-    for (size_t c = 0, i0 = 0; i0 < n; c++, i0 += SAMPLE_CHUNK) {
-        const size_t i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
-        vf16 acc = vsplat(0.0f);
-        size_t i = i0;
-        for (; i + VLANES <= i1; i += VLANES) {
-            const vf16 v = vload(l + i);
-            const vf16 w = vsel(v == mv, one, vexp_nonpos(v - mv));
-            VSTORE(l + i, w);
-            acc += w;
-        }
-        for (; i < i1; i++) {
-            float w = cand_weight(l[i], mx);
-            l[i] = w;
-            acc[0] += w;
-        }
-        double z = 0.0;
-        for (int k = 0; k < VLANES; k += 4)
-            z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
-        s->zc[c] = z;
-        total += z;
-    }
-    return total;
-}
-
-/* Inverse CDF over the whole row in id order (w: row_weights' weights summing to total): the
- * chunk in which the running sum of s->zc passes u * total, then the token within it where the
- * running sum of its weights does; a target just past the chunk's sum by rounding takes its
- * last token of positive weight. */
-static int32_t draw_row(const struct engine_sampler *s, const float *w, double total, double u)
+/* Inverse CDF over the whole row in id order (l: scale_chunks' scaled logits, maximum mx,
+ * weights summing to total): the chunk in which the running sum of s->zc passes u * total,
+ * then the token within it where the running sum of its weights does; a target just past the
+ * chunk's weights by rounding takes its last token of positive weight. */
+static int32_t draw_row(const struct engine_sampler *s, const float *l, float mx, double total,
+                        double u)
 {
     const size_t n = (size_t)s->n_vocab, nc = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
     const double target = u * total;
@@ -530,10 +536,11 @@ static int32_t draw_row(const struct engine_sampler *s, const float *w, double t
     const size_t i0 = c * SAMPLE_CHUNK, i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
     size_t last = i0;
     for (size_t i = i0; i < i1; i++) {
-        if (w[i] > 0.0f)
+        const float w = cand_weight(l[i], mx);
+        if (w > 0.0f)
             last = i;
-        cum += w[i];
-        if (target < cum && w[i] > 0.0f)
+        cum += w;
+        if (target < cum && w > 0.0f)
             return (int32_t)i;
     }
     return (int32_t)last;
@@ -590,31 +597,32 @@ static size_t rank_cands(struct engine_sampler *s, size_t m, double total, float
     return m;
 }
 
-/* top_p and/or min_p without top_k on the scaled row l (maximum mx): *total = the row total
- * (l then holds the weights) and cand[0..m) ranked, a prefix of the full ranking that holds
- * the kept set; returns m. First the tokens of weight >= a bound, which form a prefix of the
- * ranking: min_p itself, or for top_p (1 - top_p) * total / n_vocab, as the tokens below it
- * together weigh less than (1 - top_p) of the total.
- * When there are more than s->max_cands of them, or their sum falls short of the
- * nucleus by rounding, the whole row is ranked instead (the same prefix, so the same token). */
+/* top_p and/or min_p without top_k on the scaled row l (scale_chunks: maximum mx, weights
+ * summing to total): cand[0..m) ranked, a prefix of the full ranking that holds the kept set;
+ * returns m. First the tokens of weight >= a bound, which form a prefix of the ranking: min_p
+ * itself, or for top_p (1 - top_p) * total / n_vocab, as the tokens below it together weigh
+ * less than (1 - top_p) of the total. They are found by their scaled logit (at least
+ * mx + ln(bound) less a margin that covers the exp's error), then kept by their weight. When
+ * there are more than s->max_cands of them, or their sum falls short of the nucleus by
+ * rounding, the whole row is ranked instead (the same prefix, so the same token). */
 ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct engine_sampling *p,
-                                      float *l, float mx, double *total)
+                                      const float *l, float mx, double total)
 {
     const size_t n = (size_t)s->n_vocab;
-    *total = row_weights(s, l, mx);
     float bound = 0.0f;
     if (p->top_p < 1.0f)
-        bound = (float)((1.0 - (double)p->top_p) * *total / (double)n);
+        bound = (float)((1.0 - (double)p->top_p) * total / (double)n);
     if (p->min_p > bound)
         bound = p->min_p;
-    const vf16 bv = vsplat(bound);
-    size_t m = 0;
-    for (size_t i0 = 0; i0 < n && m <= s->max_cands; i0 += SELECT_BLOCK) {
+    const float theta = (float)((double)mx + log((double)bound) - 1e-3);
+    const vf16 tv = vsplat(theta);
+    size_t m = 0, seen = 0;
+    for (size_t i0 = 0; i0 < n && seen <= s->max_cands; i0 += SELECT_BLOCK) {
         const size_t i1 = n - i0 < SELECT_BLOCK ? n : i0 + SELECT_BLOCK;
         if (i1 - i0 == SELECT_BLOCK) {
-            vi16 in = vload(l + i0) >= bv;
+            vi16 in = vload(l + i0) >= tv;
             for (int b = 1; b < SELECT_BLOCK / VLANES; b++)
-                in |= vload(l + i0 + (size_t)b * VLANES) >= bv;
+                in |= vload(l + i0 + (size_t)b * VLANES) >= tv;
             uint64_t part[VLANES / 2], any = 0;
             memcpy(part, &in, sizeof(part));
             for (int b = 0; b < VLANES / 2; b++)
@@ -622,24 +630,29 @@ ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct eng
             if (!any)
                 continue;
         }
-        for (size_t i = i0; i < i1 && m <= s->max_cands; i++)
-            if (l[i] >= bound)
-                s->cand[m++] = (struct cand){l[i], (int32_t)i};
+        for (size_t i = i0; i < i1; i++) {
+            if (!(l[i] >= theta))
+                continue;
+            seen++;
+            const float w = cand_weight(l[i], mx);
+            if (w >= bound)
+                s->cand[m++] = (struct cand){w, (int32_t)i};
+        }
     }
-    if (m <= s->max_cands) {
-        size_t k = rank_cands(s, m, *total, p->top_p, p->min_p);
+    if (seen <= s->max_cands) {
+        size_t k = rank_cands(s, m, total, p->top_p, p->min_p);
         double cum = 0.0;
         for (size_t j = 0; j < k && p->top_p < 1.0f; j++)
             cum += s->cand[j].w;
-        if (p->top_p >= 1.0f || cum >= (double)p->top_p * *total || p->min_p >= bound) {
+        if (p->top_p >= 1.0f || cum >= (double)p->top_p * total || p->min_p >= bound) {
             s->n_fast++;
             return k;
         }
     }
     s->n_slow++;
     for (size_t i = 0; i < n; i++)
-        s->cand[i] = (struct cand){l[i], (int32_t)i};
-    return rank_cands(s, n, *total, p->top_p, p->min_p);
+        s->cand[i] = (struct cand){cand_weight(l[i], mx), (int32_t)i};
+    return rank_cands(s, n, total, p->top_p, p->min_p);
 }
 
 /* Greedy: argmax of the penalised logits, ties to the lowest id; NaN becomes -inf. */
@@ -725,18 +738,18 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
         }
         insertion_sort(s->cand, m); /* weights can tie where logits did not: re-rank by id */
     } else {
-        mx = scale_row(logits, n, t);
+        mx = scale_chunks(s, logits, t, &total);
         if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
-            total = row_weights(s, logits, mx);
-            int32_t id = draw_row(s, logits, total, engine_rng_at(rng, pos, 0));
+            int32_t id = draw_row(s, logits, mx, total, engine_rng_at(rng, pos, 0));
             if (logprob)
-                *logprob = (float)(log((double)logits[id]) - log(total));
+                *logprob = (float)(log((double)cand_weight(logits[id], mx)) - log(total));
             s->row = logits;
+            s->row_max = mx;
             s->n_kept = n;
             s->kept_total = total;
             return id;
         }
-        m = truncate_row(s, p, logits, mx, &total);
+        m = truncate_row(s, p, logits, mx, total);
     }
     const size_t m_weighed = m;
 
