@@ -597,54 +597,79 @@ static size_t rank_cands(struct engine_sampler *s, size_t m, double total, float
     return m;
 }
 
+/* The tokens of weight >= bound (cand_weight(l[i], mx), all of them: each with a scaled logit
+ * of at least mx + ln(bound) less a margin that covers the exp's error), in id order into
+ * cand; returns how many, or stops at max + 1. */
+ROW_CLONES static size_t collect(struct engine_sampler *s, const float *l, float mx, float bound,
+                                 size_t max)
+{
+    const size_t n = (size_t)s->n_vocab;
+    const float theta = (float)((double)mx + log((double)bound) - 1e-3);
+    const vf16 tv = vsplat(theta), mv = vsplat(mx), bv = vsplat(bound), one = vsplat(1.0f);
+    size_t m = 0, i = 0;
+    for (; i + VLANES <= n && m <= max; i += VLANES) {
+        const vf16 v = vload(l + i);
+        const vi16 pass = v >= tv;
+        uint64_t part[VLANES / 2], any = 0;
+        memcpy(part, &pass, sizeof(part));
+        for (int b = 0; b < VLANES / 2; b++)
+            any |= part[b];
+        if (!any)
+            continue;
+        const vf16 w = vsel(v == mv, one, vexp_nonpos(v - mv)); /* = cand_weight */
+        const vi16 keep = pass & (w >= bv);
+        for (int k = 0; k < VLANES; k++)
+            if (keep[k])
+                s->cand[m++] = (struct cand){w[k], (int32_t)(i + (size_t)k)};
+    }
+    for (; i < n && m <= max; i++) {
+        if (!(l[i] >= theta))
+            continue;
+        const float w = cand_weight(l[i], mx);
+        if (w >= bound)
+            s->cand[m++] = (struct cand){w, (int32_t)i};
+    }
+    return m;
+}
+
+/* Weight a first, tighter bound keeps for top_p: tokens within ln(1000) of the maximum. Their
+ * sum usually holds the nucleus already, and far fewer tokens pass it. */
+#define TOP_P_TIGHT 1e-3f
+
 /* top_p and/or min_p without top_k on the scaled row l (scale_chunks: maximum mx, weights
  * summing to total): cand[0..m) ranked, a prefix of the full ranking that holds the kept set;
- * returns m. First the tokens of weight >= a bound, which form a prefix of the ranking: min_p
- * itself, or for top_p (1 - top_p) * total / n_vocab, as the tokens below it together weigh
- * less than (1 - top_p) of the total. They are found by their scaled logit (at least
- * mx + ln(bound) less a margin that covers the exp's error), then kept by their weight. When
- * there are more than s->max_cands of them, or their sum falls short of the nucleus by
- * rounding, the whole row is ranked instead (the same prefix, so the same token). */
+ * returns m. The tokens of weight >= a bound form a prefix of the ranking; the bound is min_p,
+ * or for top_p first TOP_P_TIGHT (enough when those tokens hold top_p of the total), then
+ * (1 - top_p) * total / n_vocab, below which all tokens together weigh less than (1 - top_p)
+ * of the total. When more than s->max_cands tokens pass, or their sum falls short of the
+ * nucleus by rounding, the whole row is ranked instead (the same prefix, so the same token). */
 ROW_CLONES static size_t truncate_row(struct engine_sampler *s, const struct engine_sampling *p,
                                       const float *l, float mx, double total)
 {
     const size_t n = (size_t)s->n_vocab;
-    float bound = 0.0f;
-    if (p->top_p < 1.0f)
-        bound = (float)((1.0 - (double)p->top_p) * total / (double)n);
-    if (p->min_p > bound)
-        bound = p->min_p;
-    const float theta = (float)((double)mx + log((double)bound) - 1e-3);
-    const vf16 tv = vsplat(theta);
-    size_t m = 0, seen = 0;
-    for (size_t i0 = 0; i0 < n && seen <= s->max_cands; i0 += SELECT_BLOCK) {
-        const size_t i1 = n - i0 < SELECT_BLOCK ? n : i0 + SELECT_BLOCK;
-        if (i1 - i0 == SELECT_BLOCK) {
-            vi16 in = vload(l + i0) >= tv;
-            for (int b = 1; b < SELECT_BLOCK / VLANES; b++)
-                in |= vload(l + i0 + (size_t)b * VLANES) >= tv;
-            uint64_t part[VLANES / 2], any = 0;
-            memcpy(part, &in, sizeof(part));
-            for (int b = 0; b < VLANES / 2; b++)
-                any |= part[b];
-            if (!any)
-                continue;
-        }
-        for (size_t i = i0; i < i1; i++) {
-            if (!(l[i] >= theta))
-                continue;
-            seen++;
-            const float w = cand_weight(l[i], mx);
-            if (w >= bound)
-                s->cand[m++] = (struct cand){w, (int32_t)i};
-        }
+    const double target = (double)p->top_p * total;
+    float bound = p->min_p;
+    if (p->top_p < 1.0f) {
+        float loose = (float)((1.0 - (double)p->top_p) * total / (double)n);
+        bound = loose > bound ? loose : bound;
     }
-    if (seen <= s->max_cands) {
+    for (int tier = p->top_p < 1.0f && TOP_P_TIGHT > bound ? 0 : 1; tier < 2; tier++) {
+        const float b = tier ? bound : TOP_P_TIGHT;
+        size_t m = collect(s, l, mx, b, s->max_cands);
+        if (m > s->max_cands)
+            break;
+        if (!tier) { /* enough mass above the tight bound? (exactly checked after ranking) */
+            double sum = 0.0;
+            for (size_t j = 0; j < m; j++)
+                sum += s->cand[j].w;
+            if (sum < target * (1.0 - 1e-6))
+                continue;
+        }
         size_t k = rank_cands(s, m, total, p->top_p, p->min_p);
         double cum = 0.0;
         for (size_t j = 0; j < k && p->top_p < 1.0f; j++)
             cum += s->cand[j].w;
-        if (p->top_p >= 1.0f || cum >= (double)p->top_p * total || p->min_p >= bound) {
+        if (p->top_p >= 1.0f || cum >= target || p->min_p >= b) {
             s->n_fast++;
             return k;
         }
