@@ -20,6 +20,7 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     struct engine_params p;
     params(&p, 1, 64, 64, 0);
     p.kv_dtype = kv_dtype;
+    p.host_threads = 1; /* alone: one sampling thread; together: two */
     for (int i = 0; i < np; i++)
         run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, i, sampled, &alone[i], NULL);
     /* together: request i has the id and seed its solo run had (run_engine numbers it i).
@@ -28,6 +29,7 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     struct engine_stats st;
     params(&p, 64, 512, 256, 0);
     p.kv_dtype = kv_dtype;
+    p.host_threads = 2;
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
