@@ -10,9 +10,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# 1. quern run, greedy and sampled: the same records at --tp 3 as at --tp 1.
-out=$(SUBMIT_FLAGS="--temperature 0" NEW_RUN_FLAGS="--tp 3" tools/same_outputs.sh "$Q" "$Q" "$M" 2>&1 | tail -1)
-[ "$out" = "same: 57 records" ] || fail "greedy run at --tp 3: $out"
+# 1. quern run, greedy and sampled: the same records at --tp 3 as at --tp 1. (Under sanitizers
+#    only the sampled run: greedy --tp 3 is bitwise tp 1 in test_model's tensor-parallel test,
+#    which runs under them too, and each run here costs a minute there.)
+if [ -z "${QUERN_SANITIZE:-}" ]; then
+    out=$(SUBMIT_FLAGS="--temperature 0" NEW_RUN_FLAGS="--tp 3" tools/same_outputs.sh "$Q" "$Q" "$M" 2>&1 | tail -1)
+    [ "$out" = "same: 57 records" ] || fail "greedy run at --tp 3: $out"
+fi
 out=$(NEW_RUN_FLAGS="--tp 3" tools/same_outputs.sh "$Q" "$Q" "$M" 2>&1 | tail -1)
 [ "$out" = "same: 57 records" ] || fail "sampled run at --tp 3: $out"
 
