@@ -761,11 +761,24 @@ static void test_fast_path_equals_full_ranking(void **state)
         float temp, top_p, min_p;
     } cfg[] = {{1.0f, 0.9f, 0.0f}, {0.7f, 0.95f, 0.0f}, {1.3f, 0.5f, 0.0f},
                {1.0f, 1.0f, 0.05f}, {0.8f, 0.9f, 0.02f}, {1.0f, 0.999f, 0.0f}};
+    const size_t n_spread = sizeof(spreads) / sizeof(spreads[0]);
     int differ = 0;
-    for (size_t sp = 0; sp < sizeof(spreads) / sizeof(spreads[0]); sp++) {
-        random_logits(&gen, l, VOCAB, spreads[sp]);
+    for (size_t sp = 0; sp < n_spread + 4; sp++) {
+        random_logits(&gen, l, VOCAB, sp < n_spread ? spreads[sp] : 3.0f);
         for (int j = 0; j < 8; j++) /* a few strong tokens, as language models have */
-            l[(j * 7919) % VOCAB] += spreads[sp] * (1.0f + 0.2f * (float)j);
+            l[(j * 7919) % VOCAB] += (sp < n_spread ? spreads[sp] : 3.0f) * (1.0f + 0.2f * (float)j);
+        if (sp == n_spread) /* coarse values: many exact ties, also at the nucleus boundary */
+            for (size_t i = 0; i < VOCAB; i++)
+                l[i] = roundf(l[i]);
+        if (sp == n_spread + 1) /* NaNs (rank as -inf) and two tokens at +inf */
+            for (size_t i = 0; i < VOCAB; i++)
+                l[i] = i % 97 == 3 ? NAN : i == 500 || i == 40000 ? INFINITY : l[i];
+        if (sp == n_spread + 2) /* a masked row: -inf but for a few hundred tokens */
+            for (size_t i = 0; i < VOCAB; i++)
+                l[i] = i % 131 ? -INFINITY : l[i];
+        if (sp == n_spread + 3) /* everything masked */
+            for (size_t i = 0; i < VOCAB; i++)
+                l[i] = -INFINITY;
         for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
             struct engine_sampling p = sampling(cfg[c].temp, 0, cfg[c].top_p, cfg[c].min_p);
             for (uint64_t pos = 0; pos < 20; pos++) {
@@ -775,6 +788,11 @@ static void test_fast_path_equals_full_ranking(void **state)
                 int32_t b = engine_sample(full, &p, &r, pos, w2, NULL, 0, NULL);
                 assert_int_equal(a, b);
                 assert_int_equal(engine_sampler_n_kept(fast), engine_sampler_n_kept(full));
+                if (sp != n_spread + 3) /* never a NaN or masked token, unless all are */
+                    assert_false(isnan(l[a]) || l[a] == -INFINITY);
+                if (sp == n_spread + 1) /* +inf tokens take all the probability */
+                    assert_true(a == 500 || a == 40000);
+                memcpy(w2, l, VOCAB * sizeof(float));
                 differ |= a != engine_sample(full, &p, &r, pos + 1000, w2, NULL, 0, NULL);
             }
         }
