@@ -216,9 +216,10 @@ struct sample_job {
 };
 
 /* This step's sampling jobs, split evenly over the pool (engine_step); thread ith uses its own
- * sampler scratch, each job its own sequence's RNG, so the tokens do not depend on the split.
- * (Several rows of one sequence, as a speculative step would sample, share its RNG: they must
- * then go to one thread, in order.) */
+ * sampler scratch, and each draw is keyed by its sequence and the position it fills
+ * (engine_rng_at), so the tokens do not depend on the split. (Several rows of one sequence,
+ * as a speculative step would sample, draw at different positions; each row's penalties would
+ * need the history up to that row.) */
 static void sample_range(void *arg, int ith, int nth)
 {
     const struct sample_job *sj = arg;
@@ -256,8 +257,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->stats.peak_blocks_used = used;
     engine_sched_computed(e, nb);
     /* sample for every sequence whose last known token was computed: draws in parallel (each
-     * sequence has its own RNG and logits row, each thread its own scratch), then the tokens
-     * are accepted in batch order */
+     * row has its own logits, its sequence's key and position, each thread its own scratch),
+     * then the tokens are accepted in batch order */
     int n_s = 0;
     for (int k = 0; k < nb; k++) {
         if (!e->b_want[k])

@@ -24,8 +24,8 @@ static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
     for (int i = 0; i < np; i++)
         run_engine(f, &p, &f->prompt[i], &f->n_prompt[i], 1, i, sampled, &alone[i], NULL);
     /* together: request i has the id and seed its solo run had (run_engine numbers it i).
-     * They differ between requests, so every sequence has its own RNG stream: sequences that
-     * drew from each other's RNG state would sample other tokens than alone. */
+     * They differ between requests, so every sequence has its own RNG key: sequences that
+     * drew with each other's key or position would sample other tokens than alone. */
     struct engine_stats st;
     params(&p, 64, 512, 256, 0);
     p.kv_dtype = kv_dtype;

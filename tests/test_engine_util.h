@@ -111,8 +111,8 @@ static inline void assert_times_ordered(const struct engine_output *o)
 /* Run requests [0, n) (prompt i from prompts[i]) through an engine with parameters p;
  * request i is numbered first + i: that is its request id ("req-<number>") and, added to 42,
  * its seed, so sampled requests (sampled 1: temperature 1; 2: temperature 0.8, top_p 0.95) each
- * draw from their own RNG key, and a
- * request run alone can be given the number it has in a batch. */
+ * draw with their own RNG key, and a request run alone can be given the number it has in a
+ * batch. */
 static inline void run_engine(struct fixture *f, const struct engine_params *p,
                               int32_t *const *prompts, const size_t *n_prompts, int n, int first,
                               int sampled, struct result *res, struct engine_stats *stats)
