@@ -90,9 +90,9 @@ void engine_sampler_free(struct engine_sampler *s);
  * Order: penalties -> (temperature 0: argmax) -> top_k -> temperature + softmax -> top_p
  *   -> min_p -> renormalise -> draw by inverse CDF in rank order (id order when nothing
  *   truncates). Ties in ranking go to the lowest id. Probabilities are softmax weights
- *   exp(l - max) (engine_sample_exp) over their total: per 256-token chunk a float sum in
- *   eight lanes, the chunk sums added in order in double (over the top_k candidates, in rank
- *   order, when top_k truncates).
+ *   exp(l - max) (engine_sample_exp) over their total: per 256-token chunk the float sum in
+ *   16 lanes of exp(l - chunk max), times exp(chunk max - max), the chunk sums added in order
+ *   in double (over the top_k candidates, in rank order, when top_k truncates).
  * top_p and min_p without top_k are first decided from the tokens above a weight that bounds
  *   the kept set (min_p, or a weight below which all tokens together cannot reach the
  *   nucleus); when there are more than ENGINE_SAMPLE_CANDS of them (see
