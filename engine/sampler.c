@@ -349,6 +349,16 @@ static inline __attribute__((always_inline)) vf16 vsplat(float x)
     return (vf16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
 }
 
+/* Whether any lane of the comparison mask *m is set. */
+static inline __attribute__((always_inline)) int vany(const vi16 *m)
+{
+    uint64_t part[VLANES / 2], any = 0;
+    memcpy(part, m, sizeof(part));
+    for (int k = 0; k < VLANES / 2; k++)
+        any |= part[k];
+    return any != 0;
+}
+
 /* Put the k (< n_vocab) highest-ranked logits, best first, at the front of cand (NaN ranks
  * as -inf). One pass with a rising bar, 64 tokens at a time once it is set (a block with no
  * value above the bar's is skipped whole): a token that beats the current k-th best is
@@ -374,11 +384,7 @@ ROW_CLONES static void select_top_k(struct engine_sampler *s, const float *logit
             vi16 in = ~(vload(logits + i0) <= bar_v);
             for (int b = 1; b < SELECT_BLOCK / VLANES; b++)
                 in |= ~(vload(logits + i0 + (size_t)b * VLANES) <= bar_v);
-            uint64_t part[VLANES / 2], any = 0;
-            memcpy(part, &in, sizeof(part));
-            for (int b = 0; b < VLANES / 2; b++)
-                any |= part[b];
-            if (!any)
+            if (!vany(&in))
                 continue;
         }
         for (size_t i = i0; i < i1; i++) {
@@ -610,11 +616,7 @@ ROW_CLONES static size_t collect(struct engine_sampler *s, const float *l, float
     for (; i + VLANES <= n && m <= max; i += VLANES) {
         const vf16 v = vload(l + i);
         const vi16 pass = v >= tv;
-        uint64_t part[VLANES / 2], any = 0;
-        memcpy(part, &pass, sizeof(part));
-        for (int b = 0; b < VLANES / 2; b++)
-            any |= part[b];
-        if (!any)
+        if (!vany(&pass))
             continue;
         const vf16 w = vsel(v == mv, one, vexp_nonpos(v - mv)); /* = cand_weight */
         const vi16 keep = pass & (w >= bv);
@@ -711,11 +713,7 @@ ROW_CLONES static int32_t sample_greedy(struct engine_sampler *s, float *logits,
     size_t best = 0;
     for (const vf16 mv = vsplat(mx); best + VLANES <= n; best += VLANES) { /* its block */
         const vi16 eq = vload(logits + best) == mv;
-        uint64_t part[VLANES / 2], any = 0;
-        memcpy(part, &eq, sizeof(part));
-        for (int k = 0; k < VLANES / 2; k++)
-            any |= part[k];
-        if (any)
+        if (vany(&eq))
             break;
     }
     while (best < n - 1 && !(logits[best] == mx))
