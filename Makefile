@@ -32,12 +32,37 @@ CFLAGS = -std=c11 $(CFLAGS_OPT) $(CFLAGS_WARN) -pthread
 ISA_AVX2   = -mavx2 -mfma -mf16c
 ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
+# The CUDA backend (kernels/cuda/): CUDA=auto builds it when nvcc is found (on PATH, else under
+# CUDA_HOME), CUDA=1 requires nvcc, CUDA=0 leaves it out. Device code for sm_90 (H100/H200) plus
+# its PTX, which newer GPUs' drivers compile at load; CUDA_ARCH overrides both. A CUDA-enabled
+# binary runs anywhere: with no driver or GPU, --device auto is the CPU (README "Devices").
+CUDA      ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(or $(shell which nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifeq ($(CUDA),auto)
+CUDA_ON := $(if $(NVCC),1,0)
+else
+CUDA_ON := $(CUDA)
+endif
+ifeq ($(CUDA_ON),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found (PATH, $(CUDA_HOME)/bin))
+endif
+CUDA_C_SRC  = $(sort $(wildcard kernels/cuda/*.c))
+CUDA_CU_SRC = $(sort $(wildcard kernels/cuda/*.cu))
+CPPFLAGS   += -DQUERN_CUDA -I$(CUDA_HOME)/include
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+NVCCFLAGS   = -O3 -std=c++17 $(CUDA_ARCH) -I. -MMD -MP -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
+              $(if $(WERROR),-Werror all-warnings -Xcompiler -Werror)
+endif
+
 LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/*.c kernels/cpu/*.c engine/*.c jobs/*.c \
-                             batch/*.c))
+                             batch/*.c) $(CUDA_C_SRC))
 BIN_SRC  = $(sort $(wildcard runner/*.c))
 TEST_SRC = $(sort $(wildcard tests/test_*.c))
 
-LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.o)
 BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
@@ -77,6 +102,11 @@ $(BUILD)/%_avx512.o: %_avx512.c
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+# CUDA kernels: never sanitizer-instrumented (the host code that calls them is).
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
 # engine/sampler.c's row passes use 64-byte vector types in static inline helpers (no vector
 # crosses a real call); GCC still warns that such functions would have another ABI.

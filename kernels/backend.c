@@ -3,23 +3,62 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
+
 #include "kernels/comm.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/comm_cpu.h"
 #include "kernels/kernels.h"
+#ifdef QUERN_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
+
+/* Whether --device auto takes a CUDA device when one is present. It stays 0 until the CUDA
+ * backend has passed scripts/gpu-check.sh on a GPU (docs/CUDA_NOTES.md): until then a user's job
+ * runs on the CPU unless they ask for --device cuda. */
+#define KERN_CUDA_AUTO 0
+
+/* The device `auto` resolves to, logged once per process. */
+static const char *auto_device(void)
+{
+#ifdef QUERN_CUDA
+    static int logged;
+    char why[128] = "";
+    const int n = kern_cuda_device_count(why, sizeof(why));
+    if (n > 0 && KERN_CUDA_AUTO)
+        return "cuda";
+    if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED)) {
+        if (n > 0)
+            LOG_INFO("%d CUDA device(s) found, but the CUDA backend is not yet checked on a GPU: "
+                     "running on the CPU (--device cuda to use it anyway)", n);
+        else
+            LOG_INFO("no CUDA device usable (%s): running on the CPU", why);
+    }
+#endif
+    return "cpu";
+}
 
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,
                               struct err_detail *err)
 {
     *out = NULL;
     const char *dev = o->device;
-    if (!dev || !strcmp(dev, "auto") || !strcmp(dev, "cpu")) {
+    if (!dev || !strcmp(dev, "auto"))
+        dev = auto_device();
+    if (!strcmp(dev, "cpu")) {
         struct kern_cpu_opts co = {o->n_threads, o->isa, o->act, o->as_device};
         return kern_cpu_backend_init(out, &co, err);
     }
-    if (!strcmp(dev, "cuda"))
+    if (!strcmp(dev, "cuda")) {
+#ifdef QUERN_CUDA
+        struct kern_cuda_opts cu = {0, o->act};
+        return kern_cuda_backend_init(out, &cu, err);
+#else
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--device cuda: this build has no CUDA backend (only 'cpu')");
+                       "--device cuda: this build has no CUDA backend (nvcc was not found at "
+                       "build time; `make CUDA=1` requires it)");
+#endif
+    }
     return err_set(err, ST_ERR_INVALID_ARG, "unknown device '%s' (auto|cpu|cuda)", dev);
 }
 
@@ -37,6 +76,11 @@ const char *kern_backend_describe(const struct kern_backend *b)
 void kern_backends_print(FILE *f)
 {
     kern_cpu_print(f);
+#ifdef QUERN_CUDA
+    kern_cuda_print(f);
+#else
+    fprintf(f, "cuda: not built in (nvcc not found at build time)\n");
+#endif
 }
 
 enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o,
@@ -44,6 +88,11 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
 {
     *out = NULL;
     const int size = o->tp > 1 ? o->tp : 1;
+    if (size > 1 && o->device && !strcmp(o->device, "cuda"))
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "--tp %d with --device cuda: tensor parallelism over GPUs (NCCL) is not "
+                       "built yet; --tp runs on the CPU",
+                       size);
     if (size > KERN_CPU_COMM_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: want 1..%d ranks", size,
                        KERN_CPU_COMM_MAX_RANKS);

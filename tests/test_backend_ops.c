@@ -4,7 +4,7 @@
  * double precision on the scalar table's dequantized weights, with a tolerance per op and mode.
  * Data reaches the backend only through buf_alloc/upload/download, as a device backend needs.
  * A backend with one op deliberately broken must fail the same checks (the test of the test).
- * A new backend adds itself to backends_under_test(). */
+ * A new backend adds a test like test_cuda_backend. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -655,6 +655,32 @@ static void test_cpu_backends(void **state)
     assert_true(tested >= 2); /* at least the scalar table, both ways */
 }
 
+/* The CUDA backend (exact mode), when this build has it and a GPU is here. Elsewhere it says why
+ * it did not run; with QUERN_REQUIRE_CUDA=1 (scripts/gpu-check.sh) no GPU is a failure. */
+static void test_cuda_backend(void **state)
+{
+    (void)state;
+    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+    struct err_detail err = {0};
+    struct check c = {0};
+    if (kern_backend_open(&c.be, &o, &err)) {
+        const char *req = getenv("QUERN_REQUIRE_CUDA");
+        if (req && !strcmp(req, "1"))
+            fail_msg("QUERN_REQUIRE_CUDA=1 but the CUDA backend did not open: %s", err.msg);
+        printf("  cuda: not tested here (%s)\n", err.msg);
+        return;
+    }
+    char label[200];
+    snprintf(label, sizeof(label), "%s exact", kern_backend_describe(c.be));
+    c.label = label;
+    c.act = KERN_ACT_F32;
+    c.r.s = 4242;
+    check_backend(&c, 1);
+    printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
+    assert_int_equal(c.fails, 0);
+    kern_backend_free(c.be);
+}
+
 /* ---- the test of the test: one op broken at a time -------------------------------------- */
 
 static struct kern_ops g_real; /* the working table the broken ones call */
@@ -786,6 +812,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_backends),
+        cmocka_unit_test(test_cuda_backend),
         cmocka_unit_test(test_broken_ops_fail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,373 @@
+/* The CUDA backend: struct kern_ops over the kernels of cuda_kernels.cu, with weights kept in
+ * their GGUF blocks in device memory (prepare uploads them), the KV pool in the CPU backend's
+ * tile layout in device memory, and every op queued on one stream in call order. A failed CUDA
+ * call inside an op (a device fault, a lost GPU) ends the process with the runtime's message: a
+ * device in that state cannot be trusted, and the runner's checkpoints make a rerun lose
+ * nothing. */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_dequant.h"
+#include "kernels/cuda/cuda_launch.h"
+#include "kernels/kernels.h"
+
+struct cuda_state {
+    int device;          /* ordinal */
+    cudaStream_t stream; /* every op and copy, in call order */
+    char name[160];      /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
+};
+
+static struct cuda_state *st_of(struct kern_backend *b)
+{
+    return b->impl;
+}
+
+static void check(int rc, const char *what)
+{
+    if (rc) {
+        LOG_ERROR("CUDA error in %s: %s", what, cudaGetErrorString((cudaError_t)rc));
+        abort();
+    }
+}
+
+static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
+                        int n_w, const struct kern_mm_in *in, int n_tok)
+{
+    struct cuda_state *s = st_of(b);
+    const int64_t n = w[0]->ne0;
+    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok, (int)n),
+          "matmul input");
+    const float *x = in->norm ? in->xn : in->x;
+    for (int i = 0; i < n_w; i++)
+        check(kcu_matmul(s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0,
+                         w[i]->ne1, x, y[i], n_tok),
+              "matmul");
+}
+
+static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
+                     const struct kern_tensor *up, const struct kern_tensor *down,
+                     const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
+                     int n_tok)
+{
+    const struct kern_tensor *gu[2] = {gate, up};
+    float *const ys[2] = {gate_buf, up_buf};
+    cuda_matmul(b, gu, ys, 2, in, n_tok);
+    const struct kern_tensor *d[1] = {down};
+    float *const yd[1] = {y};
+    const struct kern_mm_in din = {.x = gate_buf, .up = up_buf};
+    cuda_matmul(b, d, yd, 1, &din, n_tok);
+}
+
+static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
+                                struct err_detail *err)
+{
+    struct cuda_state *s = st_of(b);
+    if (!kcu_type_ok(w->type) || w->ne0 % 32)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "the CUDA backend has no kernels for tensor type %u with rows of %lld",
+                       (unsigned)w->type, (long long)w->ne0);
+    const size_t bytes = (size_t)w->ne1 * w->row_bytes;
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
+    if (rc)
+        return err_set(err, ST_ERR_NOMEM, "no device memory for a %zu-byte weight: %s", bytes,
+                       cudaGetErrorString(rc));
+    rc = cudaMemcpyAsync(p, w->data, bytes, cudaMemcpyHostToDevice, s->stream);
+    if (!rc)
+        rc = cudaStreamSynchronize(s->stream);
+    if (rc) {
+        cudaFree(p);
+        return err_set(err, ST_ERR_IO, "uploading a weight: %s", cudaGetErrorString(rc));
+    }
+    w->packed = p;
+    w->packed_panel = 0;
+    return ST_OK;
+}
+
+static void cuda_release(struct kern_backend *b, struct kern_tensor *w)
+{
+    (void)b;
+    if (w->packed)
+        cudaFree(w->packed);
+    w->packed = NULL;
+}
+
+static void cuda_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
+                          int n, float *out)
+{
+    check(kcu_get_rows(st_of(b)->stream, w->type, w->packed, w->row_bytes, w->ne0, ids, n, out),
+          "get_rows");
+}
+
+static void cuda_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
+                      int head_dim, int rot_dim)
+{
+    check(kcu_rope(st_of(b)->stream, x, cs, n_tok, n_head, head_dim, rot_dim), "rope");
+}
+
+static void cuda_add(struct kern_backend *b, float *y, const float *x, long n)
+{
+    check(kcu_add(st_of(b)->stream, y, x, n), "add");
+}
+
+static struct kcu_kv kv_of(struct kern_kv_layer kv, const struct kern_block_table *bt,
+                           int block_size, int n_kv_head, int head_dim)
+{
+    const struct kcu_kv k = {kv.k,      kv.v,    kv.dtype,  block_size, n_kv_head,
+                             head_dim,  bt->ids, bt->row,   bt->stride};
+    return k;
+}
+
+static void cuda_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
+                          const struct kern_block_table *bt, const int32_t *pos, int block_size,
+                          int n_kv_head, int head_dim, const float *k, const float *v, int n_tok,
+                          const uint8_t *skip)
+{
+    const struct kcu_kv d = kv_of(kv, bt, block_size, n_kv_head, head_dim);
+    check(kcu_kv_store(st_of(b)->stream, &d, pos, k, v, n_tok, skip, 0), "kv_store");
+}
+
+/* The tokens whose store the caller left to the attention are stored first: on one stream that
+ * orders them before every read, which is all the contract asks. */
+static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
+{
+    struct cuda_state *s = st_of(b);
+    const struct kcu_kv d = kv_of(a->kv, &a->bt, a->block_size, a->n_kv_head, a->head_dim);
+    if (a->store)
+        check(kcu_kv_store(s->stream, &d, a->pos, a->k_new, a->v_new, a->n_tok, a->store, 1),
+              "attention store");
+    check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale),
+          "attention");
+}
+
+static void cuda_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
+                        int n, long width)
+{
+    check(kcu_gather(st_of(b)->stream, dst, src, idx, n, width), "gather");
+}
+
+static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
+{
+    (void)b;
+    void *p = NULL; /* cudaMalloc aligns to at least 256 bytes */
+    return cudaMalloc(&p, bytes ? bytes : 1) ? NULL : p;
+}
+
+static void cuda_buf_free(struct kern_backend *b, void *p)
+{
+    (void)b;
+    if (p)
+        cudaFree(p);
+}
+
+/* Synchronous on the backend's stream: the source may be reused when it returns. */
+static void cuda_upload(struct kern_backend *b, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_state *s = st_of(b);
+    check((int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream), "upload");
+    check((int)cudaStreamSynchronize(s->stream), "upload");
+}
+
+static void cuda_download(struct kern_backend *b, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_state *s = st_of(b);
+    check((int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream), "download");
+    check((int)cudaStreamSynchronize(s->stream), "download");
+}
+
+static void cuda_copy(struct kern_backend *b, void *dst, const void *src, size_t bytes)
+{
+    check((int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(b)->stream),
+          "copy");
+}
+
+static void cuda_sync(struct kern_backend *b)
+{
+    check((int)cudaStreamSynchronize(st_of(b)->stream), "sync");
+}
+
+static size_t cuda_kv_block_bytes(struct kern_backend *b, const struct kern_kv_desc *d)
+{
+    (void)b;
+    return (size_t)d->n_layer * 2 * (size_t)d->n_kv_head *
+           KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
+}
+
+/* One allocation for the keys of every layer and one for the values, zeroed. */
+static enum status cuda_kv_alloc(struct kern_backend *b, const struct kern_kv_desc *d,
+                                 int32_t n_blocks, struct kern_kv_layer *layers,
+                                 struct err_detail *err)
+{
+    struct cuda_state *s = st_of(b);
+    const size_t tb = KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
+    if (d->head_dim > KERN_MAX_HEAD_DIM)
+        return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d > %d", d->head_dim,
+                       KERN_MAX_HEAD_DIM);
+    if (n_blocks < 1 || (size_t)n_blocks > SIZE_MAX / tb / (size_t)d->n_kv_head / 2 /
+                                               (size_t)d->n_layer)
+        return err_set(err, ST_ERR_INVALID_ARG, "bad KV pool size (%d blocks)", (int)n_blocks);
+    const size_t per_layer = (size_t)n_blocks * (size_t)d->n_kv_head * tb;
+    const size_t bytes = per_layer * (size_t)d->n_layer;
+    void *k = NULL, *v = NULL;
+    cudaError_t rc = cudaMalloc(&k, bytes);
+    if (!rc)
+        rc = cudaMalloc(&v, bytes);
+    if (!rc)
+        rc = cudaMemsetAsync(k, 0, bytes, s->stream);
+    if (!rc)
+        rc = cudaMemsetAsync(v, 0, bytes, s->stream);
+    if (!rc)
+        rc = cudaStreamSynchronize(s->stream);
+    if (rc) {
+        if (k)
+            cudaFree(k);
+        if (v)
+            cudaFree(v);
+        return err_set(err, ST_ERR_NOMEM, "no device memory for a KV pool of 2 x %zu bytes: %s",
+                       bytes, cudaGetErrorString(rc));
+    }
+    for (int l = 0; l < d->n_layer; l++) {
+        layers[l].k = (uint8_t *)k + (size_t)l * per_layer;
+        layers[l].v = (uint8_t *)v + (size_t)l * per_layer;
+        layers[l].dtype = d->dtype;
+    }
+    return ST_OK;
+}
+
+static void cuda_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
+                         struct kern_kv_layer *layers)
+{
+    (void)b;
+    (void)n_blocks;
+    if (!layers || !layers[0].k)
+        return;
+    cudaFree(layers[0].k);
+    cudaFree(layers[0].v);
+    for (int l = 0; l < d->n_layer; l++)
+        layers[l].k = layers[l].v = NULL;
+}
+
+static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
+{
+    (void)b;
+    return (size_t)w->ne1 * w->row_bytes;
+}
+
+static const char *cuda_describe(const struct kern_backend *b)
+{
+    return ((const struct cuda_state *)b->impl)->name;
+}
+
+static void cuda_free(struct kern_backend *b)
+{
+    struct cuda_state *s = b->impl;
+    cudaStreamSynchronize(s->stream);
+    cudaStreamDestroy(s->stream);
+    free(s);
+    free(b);
+}
+
+static const struct kern_ops cuda_ops = {
+    .name = "cuda",
+    .matmul = cuda_matmul,
+    .ffn = cuda_ffn,
+    .prepare = cuda_prepare,
+    .release = cuda_release,
+    .get_rows = cuda_get_rows,
+    .rope = cuda_rope,
+    .add = cuda_add,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .gather = cuda_gather,
+    .buf_alloc = cuda_buf_alloc,
+    .buf_free = cuda_buf_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .kv_block_bytes = cuda_kv_block_bytes,
+    .kv_alloc = cuda_kv_alloc,
+    .kv_free = cuda_kv_free,
+    .weight_bytes = cuda_weight_bytes,
+    .free = cuda_free,
+    .describe = cuda_describe,
+};
+
+int kern_cuda_device_count(char *why, size_t why_size)
+{
+    int n = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc) {
+        if (why && why_size)
+            snprintf(why, why_size, "%s", cudaGetErrorString(rc));
+        cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
+        return 0;
+    }
+    if (n == 0 && why && why_size)
+        snprintf(why, why_size, "no CUDA device");
+    return n;
+}
+
+enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_cuda_opts *o,
+                                   struct err_detail *err)
+{
+    *out = NULL;
+    char why[128] = "";
+    const int n = kern_cuda_device_count(why, sizeof(why));
+    if (n < 1)
+        return err_set(err, ST_ERR_UNSUPPORTED, "--device cuda: no usable CUDA device (%s)", why);
+    if (o->device < 0 || o->device >= n)
+        return err_set(err, ST_ERR_INVALID_ARG, "CUDA device %d: this machine has %d", o->device,
+                       n);
+    if (o->act != KERN_ACT_F32)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "the CUDA backend runs the exact matmul mode only so far (--matmul exact)");
+    struct cudaDeviceProp prop;
+    cudaError_t rc = cudaSetDevice(o->device);
+    if (!rc)
+        rc = cudaGetDeviceProperties(&prop, o->device);
+    if (rc)
+        return err_set(err, ST_ERR_IO, "CUDA device %d: %s", o->device, cudaGetErrorString(rc));
+    struct kern_backend *b = calloc(1, sizeof(*b));
+    struct cuda_state *s = calloc(1, sizeof(*s));
+    if (!b || !s) {
+        free(b);
+        free(s);
+        return err_set(err, ST_ERR_NOMEM, "no memory for the CUDA backend");
+    }
+    if ((rc = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking))) {
+        free(b);
+        free(s);
+        return err_set(err, ST_ERR_IO, "CUDA stream: %s", cudaGetErrorString(rc));
+    }
+    s->device = o->device;
+    snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
+             prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
+    b->ops = &cuda_ops;
+    b->impl = s;
+    b->host_memory = 0;
+    *out = b;
+    return ST_OK;
+}
+
+void kern_cuda_print(FILE *f)
+{
+    char why[128] = "";
+    const int n = kern_cuda_device_count(why, sizeof(why));
+    if (n < 1) {
+        fprintf(f, "cuda: built in; no usable device here (%s)\n", why);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i))
+            continue;
+        fprintf(f, "cuda %d: %s, sm_%d%d, %.0f GiB\n", i, prop.name, prop.major, prop.minor,
+                (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
+    }
+}

@@ -1,0 +1,390 @@
+/* The CUDA backend's kernels, correctness first: f32 arithmetic on weights dequantized in
+ * registers (kernels/cuda/cuda_dequant.h, the same text the CPU tests check bit for bit), so the
+ * weights stay in their GGUF blocks in device memory. Each kernel is the plain parallel form of
+ * the CPU's scalar reference for its op; tensor-core GEMMs, repacked INT4 layouts and fused
+ * epilogues come after these pass the op test on a GPU. Launchers: kernels/cuda/cuda_launch.h. */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_dequant.h"
+#include "kernels/cuda/cuda_launch.h"
+
+#define WARP 32
+#define FULL 0xffffffffu
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2)
+        v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+static int launched(void)
+{
+    return (int)cudaGetLastError();
+}
+
+/* ---- matmul input steps: one block of 256 threads per token row ---- */
+
+#define PREP_THREADS 256
+
+__global__ void k_mm_prep(float *x, const float *add, const float *norm, float eps,
+                          const float *up, float *xn, int n)
+{
+    __shared__ float part[PREP_THREADS / WARP];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const size_t off = (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v = __fadd_rn(v, add[off + i]);
+            xr[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    if (norm) {
+        ss = warp_sum(ss);
+        if (threadIdx.x % WARP == 0)
+            part[threadIdx.x / WARP] = ss;
+        __syncthreads();
+        double tot = 0;
+        for (int w = 0; w < (int)(blockDim.x / WARP); w++)
+            tot += part[w];
+        const float scale = (float)(1.0 / sqrt(tot / (double)n + (double)eps));
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            xn[off + i] = __fmul_rn(__fmul_rn(xr[i], scale), norm[i]);
+    } else if (up) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float g = xr[i];
+            xr[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[off + i]);
+        }
+    }
+}
+
+extern "C" int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, float eps,
+                           const float *up, float *xn, int n_tok, int n)
+{
+    if (n_tok <= 0 || (!add && !norm && !up))
+        return 0;
+    k_mm_prep<<<n_tok, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, add, norm, eps, up, xn, n);
+    return launched();
+}
+
+/* ---- matmul: a warp per weight row and MM_TOK tokens; lane l takes the row's sub-blocks
+ * l, l + 32, ... (32 elements each), dequantizes one into registers and multiplies it with the
+ * tokens' matching 32 inputs; the lanes' partial sums are added by shuffles. ---- */
+
+#define MM_WARPS 4
+#define MM_TOK 8
+
+__global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t ne0,
+                         int64_t ne1, const float *x, float *y, int n_tok)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.x / WARP;
+    const int t0 = blockIdx.y * MM_TOK;
+    if (r >= ne1)
+        return;
+    const int nt = n_tok - t0 < MM_TOK ? n_tok - t0 : MM_TOK;
+    const uint8_t *row = w + (size_t)r * row_bytes;
+    float acc[MM_TOK];
+    for (int t = 0; t < MM_TOK; t++)
+        acc[t] = 0.0f;
+    float v[32];
+    for (int64_t j = lane; j < ne0 / 32; j += WARP) {
+        kcu_dequant32(type, row, j, v);
+        for (int t = 0; t < MM_TOK; t++) {
+            if (t >= nt)
+                break;
+            const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * ne0 + j * 32);
+            float a = acc[t];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float4 q = xp[i];
+                a = fmaf(v[4 * i], q.x, a);
+                a = fmaf(v[4 * i + 1], q.y, a);
+                a = fmaf(v[4 * i + 2], q.z, a);
+                a = fmaf(v[4 * i + 3], q.w, a);
+            }
+            acc[t] = a;
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const float s = warp_sum(acc[t]);
+        if (lane == 0)
+            y[(size_t)(t0 + t) * ne1 + r] = s;
+    }
+}
+
+extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes,
+                          int64_t ne0, int64_t ne1, const float *x, float *y, int n_tok)
+{
+    if (n_tok <= 0 || ne1 <= 0)
+        return 0;
+    const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
+                    (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
+    k_matmul<<<grid, MM_WARPS * WARP, 0, (cudaStream_t)stream>>>(
+        type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok);
+    return launched();
+}
+
+/* ---- get_rows: a block per requested row, a thread per sub-block ---- */
+
+__global__ void k_get_rows(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t ne0,
+                           const int32_t *ids, float *out)
+{
+    const uint8_t *row = w + (size_t)ids[blockIdx.x] * row_bytes;
+    float *o = out + (size_t)blockIdx.x * ne0;
+    float v[32];
+    for (int64_t j = threadIdx.x; j < ne0 / 32; j += blockDim.x) {
+        kcu_dequant32(type, row, j, v);
+        for (int i = 0; i < 32; i++)
+            o[j * 32 + i] = v[i];
+    }
+}
+
+extern "C" int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes,
+                            int64_t ne0, const int32_t *ids, int n, float *out)
+{
+    if (n <= 0)
+        return 0;
+    k_get_rows<<<n, 128, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)w, row_bytes, ne0, ids,
+                                                    out);
+    return launched();
+}
+
+/* ---- element-wise ---- */
+
+__global__ void k_rope(float *x, const float *cs, int n_tok, int n_head, int head_dim, int rot_dim)
+{
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x; /* one pair */
+    const int half = rot_dim / 2;
+    if (i >= (long)n_tok * n_head * half)
+        return;
+    const int p = (int)(i % half);
+    const long th = i / half; /* token * n_head + head */
+    const int t = (int)(th / n_head);
+    float *v = x + th * head_dim + 2 * p;
+    const float a = v[0], b = v[1], co = cs[(size_t)t * rot_dim + 2 * p],
+                sn = cs[(size_t)t * rot_dim + 2 * p + 1];
+    v[0] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, sn));
+    v[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, co));
+}
+
+extern "C" int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head,
+                        int head_dim, int rot_dim)
+{
+    const long n = (long)n_tok * n_head * (rot_dim / 2);
+    if (n <= 0)
+        return 0;
+    k_rope<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, cs, n_tok, n_head,
+                                                                        head_dim, rot_dim);
+    return launched();
+}
+
+__global__ void k_add(float *y, const float *x, long n)
+{
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+extern "C" int kcu_add(void *stream, float *y, const float *x, long n)
+{
+    if (n <= 0)
+        return 0;
+    k_add<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    return launched();
+}
+
+__global__ void k_gather(float *dst, const float *src, const int32_t *idx, long width)
+{
+    const float *s = src + (size_t)idx[blockIdx.x] * width;
+    float *d = dst + (size_t)blockIdx.x * width;
+    for (long i = threadIdx.x; i < width; i += blockDim.x)
+        d[i] = s[i];
+}
+
+extern "C" int kcu_gather(void *stream, float *dst, const float *src, const int32_t *idx, int n,
+                          long width)
+{
+    if (n <= 0 || width <= 0)
+        return 0;
+    k_gather<<<n, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
+    return launched();
+}
+
+/* ---- KV cache ---- */
+
+static __device__ __forceinline__ size_t tile_bytes(const struct kcu_kv *kv)
+{
+    const size_t B = (size_t)kv->block_size, D = (size_t)kv->head_dim;
+    return kv->dtype == 1 ? B * (D + 4) : B * D * 2;
+}
+
+/* The 8-bit quant of x * id as the CPU rounds it (nearest even; NaN to 0). */
+static __device__ __forceinline__ int8_t q8_of(float x, float id)
+{
+    const float s = __fmul_rn(x, id);
+    return s == s ? (int8_t)__float2int_rn(s) : (int8_t)0;
+}
+
+/* A warp per (token, KV head): the head's D keys and values of the token into its slot. */
+__global__ void k_kv_store(struct kcu_kv kv, const int32_t *pos, const float *k, const float *v,
+                           int n_tok, const uint8_t *sel, int want)
+{
+    const int lane = threadIdx.x % WARP;
+    const long wi = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    if (wi >= (long)n_tok * kv.n_kv_head)
+        return;
+    const int t = (int)(wi / kv.n_kv_head), g = (int)(wi % kv.n_kv_head);
+    if (sel && (sel[t] != 0) != (want != 0))
+        return;
+    const int B = kv.block_size, D = kv.head_dim, p = pos[t];
+    const int32_t blk = kv.ids[(size_t)kv.row[t] * kv.stride + p / B];
+    const int i = p % B;
+    const size_t tile = ((size_t)blk * kv.n_kv_head + g) * tile_bytes(&kv);
+    uint8_t *kt = (uint8_t *)kv.k + tile, *vt = (uint8_t *)kv.v + tile;
+    const float *kr = k + ((size_t)t * kv.n_kv_head + g) * D;
+    const float *vr = v + ((size_t)t * kv.n_kv_head + g) * D;
+    if (kv.dtype == 0) {
+        for (int c = lane; c < D; c += WARP) {
+            ((__half *)kt)[(size_t)c * B + i] = __float2half_rn(kr[c]);
+            ((__half *)vt)[(size_t)i * D + c] = __float2half_rn(vr[c]);
+        }
+        return;
+    }
+    float ka = 0.0f, va = 0.0f;
+    for (int c = lane; c < D; c += WARP) {
+        ka = fmaxf(ka, fabsf(kr[c]));
+        va = fmaxf(va, fabsf(vr[c]));
+    }
+    ka = warp_max(ka);
+    va = warp_max(va);
+    const float kid = kcu_kv_quant_inv(ka), vid = kcu_kv_quant_inv(va);
+    for (int c = lane; c < D; c += WARP) {
+        ((int8_t *)kt)[(size_t)c * B + i] = q8_of(kr[c], kid);
+        ((int8_t *)vt)[(size_t)i * D + c] = q8_of(vr[c], vid);
+    }
+    if (lane == 0) {
+        ((float *)(kt + (size_t)D * B))[i] = ka / 127.0f;
+        ((float *)(vt + (size_t)D * B))[i] = va / 127.0f;
+    }
+}
+
+extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos,
+                            const float *k, const float *v, int n_tok, const uint8_t *sel,
+                            int want)
+{
+    const long warps = (long)n_tok * kv->n_kv_head;
+    if (warps <= 0)
+        return 0;
+    k_kv_store<<<(unsigned)((warps + 3) / 4), 4 * WARP, 0, (cudaStream_t)stream>>>(
+        *kv, pos, k, v, n_tok, sel, want);
+    return launched();
+}
+
+/* Attention: a warp per (token, query head), online softmax over runs of 32 positions. Lane l
+ * scores position p0 + l (its key read channel by channel from the channel-major tile), then
+ * every lane accumulates its channels l, l + 32, ... of the run's values weighted by the
+ * scores, which the lanes pass round by shuffles. */
+#define ATT_MAX_CH (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
+
+__global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
+                            int n_head, float scale)
+{
+    __shared__ float qs[512];
+    const int lane = threadIdx.x;
+    const int t = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    const int B = kv.block_size, D = kv.head_dim, g = h / (n_head / kv.n_kv_head);
+    const float *qr = q + ((size_t)t * n_head + h) * D;
+    for (int c = lane; c < D; c += WARP)
+        qs[c] = qr[c];
+    __syncwarp();
+    const int32_t *table = kv.ids + (size_t)kv.row[t] * kv.stride;
+    const int n = pos[t] + 1;
+    const size_t tb = tile_bytes(&kv);
+    const int q8 = kv.dtype == 1;
+    float acc[ATT_MAX_CH];
+    for (int j = 0; j < ATT_MAX_CH; j++)
+        acc[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int p0 = 0; p0 < n; p0 += WARP) {
+        const int p = p0 + lane;
+        float s = -INFINITY;
+        if (p < n) {
+            const uint8_t *kt = (const uint8_t *)kv.k +
+                                ((size_t)table[p / B] * kv.n_kv_head + g) * tb;
+            const int i = p % B;
+            float d = 0.0f;
+            if (q8) {
+                for (int c = 0; c < D; c++)
+                    d = fmaf(qs[c], (float)((const int8_t *)kt)[(size_t)c * B + i], d);
+                d *= ((const float *)(kt + (size_t)D * B))[i];
+            } else {
+                for (int c = 0; c < D; c++)
+                    d = fmaf(qs[c], __half2float(((const __half *)kt)[(size_t)c * B + i]), d);
+            }
+            s = d * scale;
+        }
+        const float bm = warp_max(s);
+        if (bm > m) {
+            const float r = expf(m - bm); /* 0 on the first run */
+            l *= r;
+            for (int j = 0; j < ATT_MAX_CH; j++)
+                acc[j] *= r;
+            m = bm;
+        }
+        const float pl = p < n ? expf(s - m) : 0.0f;
+        l += warp_sum(pl);
+        const int cnt = n - p0 < WARP ? n - p0 : WARP;
+        for (int ii = 0; ii < cnt; ii++) {
+            float w = __shfl_sync(FULL, pl, ii);
+            const int pp = p0 + ii;
+            const uint8_t *vt = (const uint8_t *)kv.v +
+                                ((size_t)table[pp / B] * kv.n_kv_head + g) * tb;
+            const int i = pp % B;
+            if (q8) {
+                w *= ((const float *)(vt + (size_t)D * B))[i];
+                for (int j = 0; j < ATT_MAX_CH; j++) {
+                    const int c = lane + j * WARP;
+                    if (c < D)
+                        acc[j] = fmaf(w, (float)((const int8_t *)vt)[(size_t)i * D + c], acc[j]);
+                }
+            } else {
+                for (int j = 0; j < ATT_MAX_CH; j++) {
+                    const int c = lane + j * WARP;
+                    if (c < D)
+                        acc[j] = fmaf(w, __half2float(((const __half *)vt)[(size_t)i * D + c]),
+                                      acc[j]);
+                }
+            }
+        }
+    }
+    float *o = out + ((size_t)t * n_head + h) * D;
+    for (int j = 0; j < ATT_MAX_CH; j++) {
+        const int c = lane + j * WARP;
+        if (c < D)
+            o[c] = acc[j] / l;
+    }
+}
+
+extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
+                             const int32_t *pos, int n_tok, int n_head, float scale)
+{
+    if (n_tok <= 0)
+        return 0;
+    k_attention<<<(unsigned)(n_tok * n_head), WARP, 0, (cudaStream_t)stream>>>(*kv, q, out, pos,
+                                                                              n_head, scale);
+    return launched();
+}

@@ -1,0 +1,56 @@
+/* The CUDA kernels' launchers (kernels/cuda/cuda_kernels.cu), in plain C for the backend
+ * (kernels/cuda/backend_cuda.c): the CUDA boundary. Every pointer is device memory; every launch
+ * goes on `stream` (a cudaStream_t; NULL: the default stream) and returns at once with the
+ * launch's status (0 = cudaSuccess, else a cudaError_t), the work itself running later in stream
+ * order. The semantics are those of the struct kern_ops op of the same name (kernels/kernels.h). */
+#ifndef KERNELS_CUDA_CUDA_LAUNCH_H
+#define KERNELS_CUDA_CUDA_LAUNCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A matmul's input steps, in order: x += add (when add); then xn = rmsnorm(x) * norm (when norm)
+ * or x = silu(x) * up (when up). n_tok rows of n floats. */
+int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, float eps,
+                const float *up, float *xn, int n_tok, int n);
+/* y[t * ne1 + r] = dot(dequantized row r of w, x[t * ne0 ..]) for t < n_tok, r < ne1; w holds
+ * ne1 rows of row_bytes bytes of GGUF type `type` (cuda_dequant.h), ne0 % 32 == 0. */
+int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
+               int64_t ne1, const float *x, float *y, int n_tok);
+/* out row i = dequantized row ids[i] of w, bitwise as the CPU reference dequantizes it. */
+int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
+                 const int32_t *ids, int n, float *out);
+int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head, int head_dim,
+             int rot_dim);
+int kcu_add(void *stream, float *y, const float *x, long n);
+int kcu_gather(void *stream, float *dst, const float *src, const int32_t *idx, int n, long width);
+
+/* One KV layer as the kernels see it (the CPU backend's tile layout, kernels/kernels.h). */
+struct kcu_kv {
+    void *k, *v;           /* pools: tile (block * n_kv_head + head) at tile * tile_bytes */
+    int dtype;             /* enum kern_kv_dtype: 0 f16, 1 8-bit */
+    int block_size;        /* tokens per block (B) */
+    int n_kv_head;         /* key/value heads */
+    int head_dim;          /* channels per head (D) */
+    const int32_t *ids;    /* block tables: row r's blocks at ids[r * stride ..] */
+    const int32_t *row;    /* per token: its sequence's row */
+    int stride;            /* ids per row */
+};
+
+/* Write token rows of k and v (n_tok x n_kv_head * head_dim) into their slots. sel NULL: every
+ * token; else only tokens with sel[t] == want (want 0: kv_store's skip; 1: attention's store). */
+int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, const float *k,
+                 const float *v, int n_tok, const uint8_t *sel, int want);
+/* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence. */
+int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
+                  const int32_t *pos, int n_tok, int n_head, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
