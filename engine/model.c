@@ -397,6 +397,12 @@ enum status engine_model_load_group(struct engine_model **out, const char *path,
     return load_path(out, path, g->be, g->size > 1 ? g->comm : NULL, g->size, err);
 }
 
+enum status engine_model_from_gguf_group(struct engine_model **out, struct io_gguf *g,
+                                         const struct kern_group *grp, struct err_detail *err)
+{
+    return from_gguf(out, g, grp->be, grp->size > 1 ? grp->comm : NULL, grp->size, err);
+}
+
 void engine_model_free(struct engine_model *m)
 {
     if (!m)

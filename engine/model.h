@@ -50,6 +50,10 @@ enum status engine_model_load_group(struct engine_model **out, const char *path,
 /* Same with an already-open GGUF; the model takes ownership of g on success. */
 enum status engine_model_from_gguf(struct engine_model **out, struct io_gguf *g,
                                    struct kern_backend *be, struct err_detail *err);
+/* engine_model_load_group with an already-open GGUF (a dummy model, engine/dummy.h); the model
+ * takes ownership of g on success. */
+enum status engine_model_from_gguf_group(struct engine_model **out, struct io_gguf *g,
+                                         const struct kern_group *grp, struct err_detail *err);
 void engine_model_free(struct engine_model *m);
 
 /* Size the forward pass's buffers once, for batches of up to max_tok tokens over kv's

@@ -50,7 +50,7 @@ static const char bench_usage[] =
 static void usage(FILE *f)
 {
     fputs(bench_usage, f);
-    runner_engine_help(f, RUNNER_EO_ALL);
+    runner_engine_help(f, RUNNER_EO_ALL | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -85,7 +85,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {0, 0, 0, 0},
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
-    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL);
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL | RUNNER_EO_DUMMY);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
@@ -314,7 +314,7 @@ int runner_cmd_bench(int argc, char **argv)
     struct kern_backend_opts ko = runner_engine_backend(&o.eo);
     enum status st;
     if ((st = kern_group_open(&grp, &ko, &err)) ||
-        (st = engine_model_load_group(&m, o.model, grp, &err)) ||
+        (st = runner_model_load(&m, o.model, &o.eo, grp, &err)) ||
         (st = engine_tok_load(&tok, engine_model_gguf(m), &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
@@ -418,7 +418,8 @@ int runner_cmd_bench(int argc, char **argv)
     double attn = attn_keys * 4.0 * engine_model_hparams(m)->n_head * engine_model_hparams(m)->head_dim * engine_model_hparams(m)->n_layer / elapsed;
 
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o.model);
+    char label[512];
+    cJSON_AddStringToObject(j, "model", runner_model_label(o.model, &o.eo, label, sizeof(label)));
     cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
     cJSON_AddNumberToObject(j, "tp", (double)grp->size);
     cJSON_AddNumberToObject(j, "threads", (double)o.eo.threads);

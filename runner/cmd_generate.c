@@ -44,7 +44,7 @@ static const char gen_usage[] =
 static void usage(FILE *f)
 {
     fputs(gen_usage, f);
-    runner_engine_help(f, RUNNER_EO_BACKEND);
+    runner_engine_help(f, RUNNER_EO_BACKEND | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -90,7 +90,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
     runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own,
-                           RUNNER_EO_BACKEND);
+                           RUNNER_EO_BACKEND | RUNNER_EO_DUMMY);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
@@ -247,7 +247,7 @@ static int run(const struct gen_opts *o)
 
     struct kern_backend_opts ko = runner_engine_backend(&o->eo);
     if ((st = kern_group_open(&g.grp, &ko, &err)) ||
-        (st = engine_model_load_group(&g.model, o->model, g.grp, &err)) ||
+        (st = runner_model_load(&g.model, o->model, &o->eo, g.grp, &err)) ||
         (st = engine_tok_load(&g.tok, engine_model_gguf(g.model), &err)) ||
         (o->chat && (st = engine_chat_init(&g.chat, engine_model_gguf(g.model), &err)))) {
         LOG_ERROR("%s", err.msg);
@@ -291,8 +291,9 @@ static int run(const struct gen_opts *o)
         LOG_ERROR("%s", err.msg);
         goto out;
     }
+    char label[512];
     LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
-             o->model, engine_model_hparams(g.model)->n_layer, engine_model_hparams(g.model)->n_embd, engine_model_hparams(g.model)->n_vocab,
+             runner_model_label(o->model, &o->eo, label, sizeof(label)), engine_model_hparams(g.model)->n_layer, engine_model_hparams(g.model)->n_embd, engine_model_hparams(g.model)->n_vocab,
              kern_backend_describe(g.grp->be[0]), o->eo.threads, n_prompt);
 
     double t0 = runner_now();

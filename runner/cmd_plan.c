@@ -13,23 +13,28 @@
 #include "runner/runner.h"
 
 static const char plan_usage[] =
-    "usage: quern plan [--model PATH] [--kv-mem SIZE] [--kv-block B] [--kv-dtype f16|q8]\n"
-    "                  [--seq-len L] [--json]\n"
+    "usage: quern plan [--model PATH | --dummy PRESET] [--tp N] [--mem SIZE | --kv-mem SIZE]\n"
+    "                  [--kv-block B] [--kv-dtype f16|q8] [--seq-len L] [--json]\n"
     "\n"
     "Print the memory plan: weights (and the copy this CPU's kernels repack at load for the\n"
     "default exact matmul mode), KV cache bytes per token (layers x 2 x kv_heads x head_dim x\n"
     "2 bytes in f16; with q8, 1 byte per value plus a 4-byte scale per token and head), and how\n"
-    "many tokens / sequences of length L fit in --kv-mem.\n"
-    "Warns when the budget cannot hold one sequence of the model's full context.\n"
+    "many tokens / sequences of length L fit in the KV pool. With --tp N, per rank: 1/N of every\n"
+    "layer's matrices and KV heads, plus the embedding, output head and norms (replicated).\n"
+    "With --mem, the pool is what each rank's memory holds after its weights and a reserve\n"
+    "for activations (5 %, at least 256 MiB); --kv-mem is then ignored.\n"
+    "Warns when the pool cannot hold one sequence of the model's full context.\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
+    "  --tp N                 tensor-parallel ranks (default 1)\n"
+    "  --mem SIZE             memory of each rank's device, e.g. 80G (a GPU's HBM)\n"
     "  --seq-len L            sequence length (prompt + output) to count (default 1024)\n"
     "  --json                 print JSON instead of text\n";
 
 static void usage(FILE *f)
 {
     fputs(plan_usage, f);
-    runner_engine_help(f, RUNNER_EO_KV);
+    runner_engine_help(f, RUNNER_EO_KV | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -38,14 +43,16 @@ int runner_cmd_plan(int argc, char **argv)
     static const struct option own[] = {
         {"model", required_argument, 0, 'm'}, {"seq-len", required_argument, 0, 'l'},
         {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+        {"tp", required_argument, 0, 't'},      {"mem", required_argument, 0, 'M'},
         {0, 0, 0, 0},
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
-    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_KV);
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_KV | RUNNER_EO_DUMMY);
     struct runner_engine_opts eo;
     runner_engine_opts_default(&eo);
     const char *model = RUNNER_DEFAULT_MODEL;
-    long seq_len = 1024;
+    long seq_len = 1024, tp = 1;
+    size_t mem = 0;
     int json = 0, c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -57,6 +64,14 @@ int runner_cmd_plan(int argc, char **argv)
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = 1; break;
+        case 't':
+            if (!runner_parse_long("plan", "tp", optarg, 1, 64, &tp))
+                return RUNNER_EXIT_USAGE;
+            break;
+        case 'M':
+            if (!runner_parse_size("plan", "mem", optarg, &mem))
+                return RUNNER_EXIT_USAGE;
+            break;
         case 'l':
             if (!runner_parse_long("plan", "seq-len", optarg, 1, 1 << 24, &seq_len))
                 return RUNNER_EXIT_USAGE;
@@ -69,36 +84,56 @@ int runner_cmd_plan(int argc, char **argv)
         fprintf(stderr, "quern plan: unexpected argument '%s'\n", argv[optind]);
         return RUNNER_EXIT_USAGE;
     }
-    const size_t kv_mem = eo.ep.kv_mem;
+    size_t kv_mem = eo.ep.kv_mem;
     const long block = eo.ep.kv_block;
     const int dtype = eo.ep.kv_dtype;
     struct err_detail err = {0};
     struct engine_model *m;
     /* the plan needs no compute: load the model without a backend */
-    if (engine_model_load(&m, model, NULL, &err)) {
+    if (runner_model_load(&m, model, &eo, NULL, &err)) {
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
     const struct engine_hparams *hp = engine_model_hparams(m);
-    uint64_t weights = 0;
-    for (uint64_t i = 0; i < engine_model_gguf(m)->n_tensors; i++)
-        weights += engine_model_gguf(m)->tensors[i].nbytes;
+    if (hp->n_head % tp || hp->n_kv_head % tp || hp->n_ff % tp) {
+        LOG_ERROR("--tp %ld: the model's %d query heads, %d KV heads and %d FFN rows must divide "
+                  "by it",
+                  tp, hp->n_head, hp->n_kv_head, hp->n_ff);
+        engine_model_free(m);
+        return RUNNER_EXIT_ERROR;
+    }
     /* the copy of the matrices the backend repacks at load (default exact mode; 0 where it
      * packs nothing) */
     struct kern_backend *be;
-    struct kern_backend_opts ko = {.n_threads = 1, .act = KERN_ACT_F32};
+    struct kern_backend_opts ko = {.device = "cpu", .n_threads = 1, .act = KERN_ACT_F32};
     if (kern_backend_open(&be, &ko, &err)) {
         LOG_ERROR("%s", err.msg);
         engine_model_free(m);
         return RUNNER_EXIT_ERROR;
     }
-    uint64_t packed = 0;
-    for (int l = 0; be->ops->weight_bytes && l <= hp->n_layer; l++) {
+    /* every tensor, split (layer matrices) or replicated (the rest) over the ranks */
+    uint64_t weights = 0, split = 0, packed = 0;
+    for (uint64_t i = 0; i < engine_model_gguf(m)->n_tensors; i++)
+        weights += engine_model_gguf(m)->tensors[i].nbytes;
+    for (int l = 0; l <= hp->n_layer; l++) {
         const struct kern_tensor *ws[ENGINE_MAX_LAYER_WEIGHTS];
-        for (int i = 0, nw = engine_model_weights(m, l, ws); i < nw; i++)
-            packed += be->ops->weight_bytes(be, ws[i]);
+        for (int i = 0, nw = engine_model_weights(m, l, ws); i < nw; i++) {
+            if (l < hp->n_layer)
+                split += (uint64_t)ws[i]->ne1 * ws[i]->row_bytes;
+            if (be->ops->weight_bytes)
+                packed += be->ops->weight_bytes(be, ws[i]);
+        }
     }
+    const uint64_t w_rank = split / (uint64_t)tp + (weights - split);
+    const uint64_t p_rank = packed / (uint64_t)tp; /* about: the head's share is small */
     size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype);
+    const size_t per_tok_rank = per_tok / (size_t)tp;
+    size_t reserve = 0;
+    if (mem) {
+        reserve = mem / 20 > ((size_t)256 << 20) ? mem / 20 : (size_t)256 << 20;
+        kv_mem = mem > w_rank + p_rank + reserve ? (mem - w_rank - p_rank - reserve) * (size_t)tp
+                                                 : 0;
+    }
     size_t per_block = per_tok * (size_t)block;
     size_t blocks = kv_mem / per_block;
     size_t tokens = blocks * (size_t)block;
@@ -106,18 +141,24 @@ int runner_cmd_plan(int argc, char **argv)
     size_t seqs = blocks / blocks_per_seq;
     size_t ctx_blocks = ((size_t)hp->n_ctx_train + (size_t)block - 1) / (size_t)block;
     int full_ctx_fits = blocks >= ctx_blocks;
+    const int weights_fit = !mem || kv_mem > 0;
+    char label[512];
+    const char *name = runner_model_label(model, &eo, label, sizeof(label));
     if (json) {
         printf("{\"model\": \"%s\", \"weights_bytes\": %llu, \"kv_bytes_per_token\": %zu, "
                "\"kv_dtype\": \"%s\", \"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, "
                "\"kv_tokens\": %zu, "
                "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
-               "\"full_context_fits\": %s, \"packed_weights_bytes\": %llu}\n",
-               model, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
+               "\"full_context_fits\": %s, \"packed_weights_bytes\": %llu, \"tp\": %ld, "
+               "\"rank_weights_bytes\": %llu, \"rank_kv_bytes_per_token\": %zu, "
+               "\"mem\": %zu, \"weights_fit\": %s}\n",
+               name, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
                block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
-               (unsigned long long)packed);
+               (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
+               weights_fit ? "true" : "false");
     } else {
-        printf("model:               %s\n", model);
+        printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
                (double)weights / 1048576.0, (unsigned long long)weights);
         if (dtype == KERN_KV_Q8)
@@ -128,6 +169,16 @@ int runner_cmd_plan(int argc, char **argv)
             printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x %d dims x 2 B, "
                    "f16)\n",
                    per_tok, hp->n_layer, hp->n_kv_head, hp->head_dim);
+        if (tp > 1)
+            printf("per rank (--tp %ld):  weights %.1f MiB (1/%ld of the layers + embedding, head "
+                   "and norms), KV %zu bytes per token\n",
+                   tp, (double)w_rank / 1048576.0, tp, per_tok_rank);
+        if (mem)
+            printf("device memory:       %.1f MiB per rank: weights %.1f MiB, activation reserve "
+                   "%.1f MiB, KV pool %.1f MiB%s\n",
+                   (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0,
+                   (double)reserve / 1048576.0, (double)kv_mem / (double)tp / 1048576.0,
+                   weights_fit ? "" : " (the weights do NOT fit)");
         printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
                (double)kv_mem / 1048576.0, blocks, block, tokens);
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
@@ -139,8 +190,11 @@ int runner_cmd_plan(int argc, char **argv)
                "activations)\n",
                (double)(weights + packed + kv_mem) / 1048576.0);
     }
-    if (!full_ctx_fits)
-        LOG_WARN("--kv-mem %.1f MiB cannot hold one full-context sequence (%d tokens need "
+    if (!weights_fit)
+        LOG_WARN("--mem %.1f MiB per rank does not hold the %.1f MiB of weights each rank needs",
+                 (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0);
+    else if (!full_ctx_fits)
+        LOG_WARN("a KV pool of %.1f MiB cannot hold one full-context sequence (%d tokens need "
                  "%.1f MiB); long requests will be rejected",
                  (double)kv_mem / 1048576.0, hp->n_ctx_train,
                  (double)(ctx_blocks * per_block) / 1048576.0);

@@ -1,9 +1,15 @@
 /* The engine and backend flags shared by the commands (runner/engine_opts.h). */
 #include "runner/engine_opts.h"
 
+#include <stdio.h>
 #include <string.h>
 
+#include "engine/dummy.h"
+#include "io/gguf.h"
 #include "runner/runner.h"
+
+/* The seed of every dummy model's weights: the same preset gives the same model everywhere. */
+#define DUMMY_SEED 1
 
 void runner_engine_opts_default(struct runner_engine_opts *o)
 {
@@ -32,6 +38,10 @@ static const struct option batch_opts[] = {
     {"no-prefix-cache", no_argument, 0, RUNNER_EO_OPT_NOPREFIX},
 };
 
+static const struct option dummy_opts[] = {
+    {"dummy", required_argument, 0, RUNNER_EO_OPT_DUMMY},
+};
+
 static size_t append(struct option *dst, size_t k, size_t cap, const struct option *src, size_t n)
 {
     for (size_t i = 0; i < n && k + 1 < cap; i++)
@@ -53,6 +63,8 @@ void runner_engine_longopts(struct option *dst, size_t cap, const struct option 
         k = append(dst, k, cap, kv_opts, sizeof(kv_opts) / sizeof(kv_opts[0]));
     if (groups & RUNNER_EO_BATCH)
         k = append(dst, k, cap, batch_opts, sizeof(batch_opts) / sizeof(batch_opts[0]));
+    if (groups & RUNNER_EO_DUMMY)
+        k = append(dst, k, cap, dummy_opts, sizeof(dummy_opts) / sizeof(dummy_opts[0]));
     memset(&dst[k], 0, sizeof(dst[k]));
 }
 
@@ -65,6 +77,9 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
         return 1;
     case RUNNER_EO_OPT_ISA:
         o->isa = arg;
+        return 1;
+    case RUNNER_EO_OPT_DUMMY:
+        o->dummy = arg;
         return 1;
     case RUNNER_EO_OPT_NOPREFIX:
         o->ep.prefix_cache = 0;
@@ -101,6 +116,15 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
 
 void runner_engine_help(FILE *f, unsigned groups)
 {
+    if (groups & RUNNER_EO_DUMMY)
+        fprintf(f,
+                "  --dummy PRESET         no weight file: the preset's real sizes with random Q4_0\n"
+                "                         weights made in memory (fixed seed), the tokenizer and\n"
+                "                         chat template of --model; PRESET is one of\n"
+                "                         %s\n"
+                "                         (Llama 3's RoPE scaling and Qwen's biases left out);\n"
+                "                         for speed and memory: the text is noise\n",
+                engine_dummy_names());
     if (groups & RUNNER_EO_BACKEND)
         fputs(
             "  --device NAME          compute device: auto|cpu|cuda (default auto); `quern info`\n"
@@ -139,4 +163,38 @@ struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *
     struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act, 0,
                                    (int)o->tp};
     return ko;
+}
+
+enum status runner_model_load(struct engine_model **out, const char *path,
+                              const struct runner_engine_opts *o, const struct kern_group *grp,
+                              struct err_detail *err)
+{
+    *out = NULL;
+    if (!o->dummy)
+        return grp ? engine_model_load_group(out, path, grp, err)
+                   : engine_model_load(out, path, NULL, err);
+    struct io_gguf *tok, *g;
+    enum status st = io_gguf_open(&tok, path, err);
+    if (st)
+        return st;
+    st = engine_dummy_gguf(&g, o->dummy, tok, DUMMY_SEED, 0, grp != NULL, err);
+    io_gguf_close(tok);
+    if (st)
+        return st;
+    st = grp ? engine_model_from_gguf_group(out, g, grp, err)
+             : engine_model_from_gguf(out, g, NULL, err);
+    if (st) {
+        err_prefix(err, "--dummy %s", o->dummy);
+        io_gguf_close(g);
+    }
+    return st;
+}
+
+const char *runner_model_label(const char *path, const struct runner_engine_opts *o, char *buf,
+                               size_t size)
+{
+    if (!o->dummy)
+        return path;
+    snprintf(buf, size, "dummy %s (tokenizer of %s)", o->dummy, path);
+    return buf;
 }

@@ -9,12 +9,14 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
+#include "engine/model.h"
 #include "kernels/kernels.h"
 
 /* Groups of flags a command takes (or-ed together). */
 #define RUNNER_EO_BACKEND 0x1 /* --device --threads --isa --matmul */
 #define RUNNER_EO_KV      0x2 /* --kv-mem --kv-block --kv-dtype */
 #define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens --no-prefix-cache */
+#define RUNNER_EO_DUMMY   0x8 /* --dummy (commands that load a model by path, not run) */
 #define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH)
 
 /* getopt_long values of these flags; a command's own options use values below 512. */
@@ -30,8 +32,9 @@ enum {
     RUNNER_EO_OPT_SEQS,
     RUNNER_EO_OPT_BATCH,
     RUNNER_EO_OPT_NOPREFIX,
+    RUNNER_EO_OPT_DUMMY,
 };
-#define RUNNER_EO_MAX_LONGOPTS 10 /* entries the fragment adds at most */
+#define RUNNER_EO_MAX_LONGOPTS 12 /* entries the fragment adds at most */
 
 struct runner_engine_opts {
     const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
@@ -40,6 +43,7 @@ struct runner_engine_opts {
     const char *isa;         /* --isa, NULL = auto (borrowed) */
     int act;                 /* --matmul: enum kern_act (default exact) */
     struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache */
+    const char *dummy;       /* --dummy PRESET, or NULL (borrowed) */
 };
 
 /* Every field at its default. */
@@ -56,6 +60,17 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
 
 /* The help lines of groups, as every command prints them. */
 void runner_engine_help(FILE *f, unsigned groups);
+
+/* The command's model: the GGUF at path, or with o->dummy a dummy model of that preset
+ * (engine/dummy.h) with path's tokenizer and chat template; split over grp, or with grp NULL
+ * loaded without a backend (dummy weights then stay untouched zero pages: quern plan). */
+enum status runner_model_load(struct engine_model **out, const char *path,
+                              const struct runner_engine_opts *o, const struct kern_group *grp,
+                              struct err_detail *err);
+
+/* The model's name for logs and reports: path, or "dummy PRESET (tokenizer of PATH)". */
+const char *runner_model_label(const char *path, const struct runner_engine_opts *o, char *buf,
+                               size_t size);
 
 /* The backend factory's options (strings borrowed from o). */
 struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *o);

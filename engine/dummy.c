@@ -1,0 +1,171 @@
+/* Dummy models: the preset table, the GGUF layout they get (the same tensor names and metadata a
+ * converted Llama file has, so the loader treats them like any file), and the random fill. Each
+ * tensor's bytes come from its own splitmix64 stream keyed by (seed, tensor index): a dummy
+ * model's weights are a function of the preset, the layer count and the seed. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "engine/dummy.h"
+#include "io/gguf.h"
+#include "io/gguf_write.h"
+
+struct preset {
+    const char *name;   /* --dummy NAME */
+    int n_embd;         /* hidden size */
+    int n_layer;        /* blocks */
+    int n_head;         /* query heads */
+    int n_kv_head;      /* KV heads */
+    int n_ff;           /* FFN hidden size */
+    int n_vocab;        /* vocabulary (rows of the embedding and output head) */
+    int n_ctx;          /* training context */
+    float rope_theta;   /* RoPE base */
+    float rms_eps;      /* RMSNorm epsilon */
+    int tied;           /* 1: the output head is the embedding */
+};
+
+/* Dimensions as the models' published configs give them. Llama 3's RoPE frequency scaling and
+ * Qwen2.5's q/k/v biases are left out (the model-family issue adds them): the matrices, heads and
+ * vocabulary, which set the cost, are the real ones. */
+static const struct preset presets[] = {
+    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0},
+    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0},
+    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0},
+};
+#define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
+
+const char *engine_dummy_names(void)
+{
+    return "smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b";
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* IEEE half of a positive normal float in half's range (round to nearest even). */
+static uint16_t half_of(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t r = x + 0xFFFu + ((x >> 13) & 1);
+    return (uint16_t)((r - (112u << 23)) >> 13);
+}
+
+/* rows Q4_0 rows of ne0 weights: random nibbles, and per block a scale d of random sign and
+ * size around 1 / (4.6 sqrt(ne0)) (uniform nibbles minus 8 have a standard deviation of 4.6), so a row's dot
+ * product with unit-variance inputs has about unit variance and activations stay in range. */
+static void fill_q4_0(uint8_t *p, int64_t ne0, int64_t rows, uint64_t key)
+{
+    const float base = 1.0f / (4.61f * sqrtf((float)ne0));
+    const int64_t nb = rows * (ne0 / 32);
+    for (int64_t b = 0; b < nb; b++, p += 18) {
+        uint64_t s = key ^ (uint64_t)b * 0xD1B54A32D192ED03ull;
+        const uint64_t r0 = splitmix(&s), r1 = splitmix(&s), r2 = splitmix(&s);
+        /* a random sign: Q4_0's values -8..7 have mean -1/2, which would give every row the
+         * same bias and every token nearly the same logits */
+        const uint16_t d = (uint16_t)(half_of(base * (0.5f + (float)(r0 >> 40) * 0x1p-24f)) |
+                                      (r0 & 1) << 15);
+        memcpy(p, &d, 2);
+        memcpy(p + 2, &r1, 8);
+        memcpy(p + 10, &r2, 8);
+    }
+}
+
+/* n norm weights around 1. */
+static void fill_norm(float *p, int64_t n, uint64_t key)
+{
+    uint64_t s = key;
+    for (int64_t i = 0; i < n; i++)
+        p[i] = 0.75f + (float)(splitmix(&s) >> 40) * 0x1p-24f * 0.5f;
+}
+
+static enum status add_matrix(struct io_gguf_writer *w, const char *name, int64_t ne0,
+                              int64_t ne1, struct err_detail *err)
+{
+    const int64_t ne[2] = {ne0, ne1};
+    return io_gguf_writer_tensor(w, name, DTYPE_Q4_0, 2, ne, err);
+}
+
+static enum status layout(struct io_gguf_writer *w, const struct preset *p, int n_layer,
+                          const struct io_gguf *tok, struct err_detail *err)
+{
+    enum status st = ST_OK;
+    for (uint64_t i = 0; i < tok->n_kv && !st; i++)
+        if (tok->kv[i].key.len > 10 && !memcmp(tok->kv[i].key.ptr, "tokenizer.", 10))
+            st = io_gguf_writer_copy(w, &tok->kv[i], err);
+    const int head_dim = p->n_embd / p->n_head;
+    char name[96];
+    snprintf(name, sizeof(name), "dummy %s, random Q4_0 weights", p->name);
+    if (st || (st = io_gguf_writer_str(w, "general.architecture", "llama", err)) ||
+        (st = io_gguf_writer_str(w, "general.name", name, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.embedding_length", (uint32_t)p->n_embd, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.block_count", (uint32_t)n_layer, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.feed_forward_length", (uint32_t)p->n_ff, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.attention.head_count", (uint32_t)p->n_head, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.attention.head_count_kv", (uint32_t)p->n_kv_head,
+                                 err)) ||
+        (st = io_gguf_writer_u32(w, "llama.context_length", (uint32_t)p->n_ctx, err)) ||
+        (st = io_gguf_writer_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim, err)) ||
+        (st = io_gguf_writer_f32(w, "llama.rope.freq_base", p->rope_theta, err)) ||
+        (st = io_gguf_writer_f32(w, "llama.attention.layer_norm_rms_epsilon", p->rms_eps, err)))
+        return st;
+    const int64_t E = p->n_embd, Q = (int64_t)p->n_head * head_dim,
+                  KV = (int64_t)p->n_kv_head * head_dim, F = p->n_ff;
+    if ((st = add_matrix(w, "token_embd.weight", E, p->n_vocab, err)) ||
+        (st = io_gguf_writer_tensor(w, "output_norm.weight", DTYPE_F32, 1, &E, err)) ||
+        (!p->tied && (st = add_matrix(w, "output.weight", E, p->n_vocab, err))))
+        return st;
+    for (int l = 0; l < n_layer && !st; l++) {
+        static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k",
+                                             "attn_v",    "attn_output", "ffn_norm",
+                                             "ffn_gate",  "ffn_up",   "ffn_down"};
+        const int64_t in[9] = {E, E, E, E, Q, E, E, E, F}, out[9] = {1, Q, KV, KV, E, 1, F, F, E};
+        for (int i = 0; i < 9 && !st; i++) {
+            snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
+            st = out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &in[i], err)
+                             : add_matrix(w, name, in[i], out[i], err);
+        }
+    }
+    return st;
+}
+
+enum status engine_dummy_gguf(struct io_gguf **out, const char *preset, const struct io_gguf *tok,
+                              uint64_t seed, int n_layer, int fill, struct err_detail *err)
+{
+    *out = NULL;
+    const struct preset *p = NULL;
+    for (size_t i = 0; i < N_PRESETS; i++)
+        if (!strcmp(presets[i].name, preset))
+            p = &presets[i];
+    if (!p)
+        return err_set(err, ST_ERR_INVALID_ARG, "unknown dummy preset '%s' (%s)", preset,
+                       engine_dummy_names());
+    struct io_gguf_writer *w;
+    enum status st = io_gguf_writer_init(&w, err);
+    if (st)
+        return st;
+    st = layout(w, p, n_layer > 0 ? n_layer : p->n_layer, tok, err);
+    if (!st)
+        st = io_gguf_writer_open(w, out, err);
+    io_gguf_writer_free(w);
+    if (st || !fill)
+        return st;
+    for (uint64_t i = 0; i < (*out)->n_tensors; i++) {
+        const struct io_gguf_tensor *t = &(*out)->tensors[i];
+        uint64_t key = seed * 0x9E3779B97F4A7C15ull + i + 1;
+        key = splitmix(&key);
+        void *data = (void *)t->data; /* the writer's mapping is writable */
+        if (t->type == DTYPE_Q4_0)
+            fill_q4_0(data, t->ne[0], t->ne[1], key);
+        else
+            fill_norm(data, t->ne[0], key);
+    }
+    return ST_OK;
+}

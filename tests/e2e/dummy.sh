@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# End-to-end: dummy models (--dummy PRESET). generate on a dummy SmolLM2 is repeatable, the same
+# at --tp 3, and the same as the file build/tools/dummy_gguf writes for that preset and seed
+# (the in-memory model is the file); a dummy's tokenizer from another GGUF (an 8-layer dummy
+# file) gives the same text; bench reports the dummy; plan --dummy llama3-70b with --tp 8 and
+# --mem gives per-rank numbers without touching 37 GiB of weights; an unknown preset is exit 1.
+set -euo pipefail
+Q=${QUERN_BIN:-bin/quern}
+M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+T=$(dirname "$Q")/../tools/dummy_gguf
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+[ -x "$T" ] || fail "no $T (make test builds it)"
+
+gen() { # output file, then flags
+    local out=$1
+    shift
+    "$Q" generate --model "$M" --prompt "The weather today" --temperature 0 --max-tokens 12 \
+        "$@" >"$out" 2>"$out.err" || { cat "$out.err"; fail "generate $*"; }
+}
+gen "$tmp/a" --dummy smollm2-135m
+gen "$tmp/b" --dummy smollm2-135m
+gen "$tmp/tp3" --dummy smollm2-135m --tp 3
+[ -s "$tmp/a" ] || fail "a dummy model wrote nothing"
+cmp -s "$tmp/a" "$tmp/b" || fail "two runs of the same dummy differ"
+cmp -s "$tmp/a" "$tmp/tp3" || fail "--tp 3 differs on the dummy"
+grep -q "model dummy smollm2-135m (tokenizer of $M)" "$tmp/a.err" || fail "generate names the dummy"
+! cmp -s "$tmp/a" <("$Q" generate --model "$M" --prompt "The weather today" --temperature 0 \
+    --max-tokens 12 2>/dev/null) || fail "the dummy wrote the real model's text"
+
+"$T" smollm2-135m 0 1 "$tmp/full.gguf" >/dev/null || fail "dummy_gguf (30 layers)"
+"$T" smollm2-135m 8 1 "$tmp/l8.gguf" >/dev/null || fail "dummy_gguf (8 layers)"
+gen "$tmp/file" --model "$tmp/full.gguf"
+cmp -s "$tmp/a" "$tmp/file" || fail "the written file runs differently from --dummy"
+gen "$tmp/tok8" --dummy smollm2-135m --model "$tmp/l8.gguf"
+cmp -s "$tmp/a" "$tmp/tok8" || fail "the tokenizer of the 8-layer file gives other text"
+size=$(stat -c %s "$tmp/l8.gguf")
+[ "$size" -lt $((64 << 20)) ] || fail "the 8-layer file is $size bytes (the GPU check needs < 64 MiB)"
+
+"$Q" bench --model "$M" --dummy smollm2-135m --prompts 4 --input-len 8 --output-len 4 \
+    --peak-seconds 0 >"$tmp/bench.json" 2>/dev/null || fail "bench --dummy"
+python3 - "$tmp/bench.json" <<'PY' || fail "bench JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["model"].startswith("dummy smollm2-135m"), j["model"]
+assert j["output_tokens"] == 16, j
+PY
+
+"$Q" plan --model "$M" --dummy llama3-70b --tp 8 --mem 80G --json >"$tmp/plan.json" ||
+    fail "plan --dummy llama3-70b"
+"$Q" plan --model "$M" --dummy llama3-70b --mem 16G --json >"$tmp/plan16.json" 2>"$tmp/plan16.err" ||
+    fail "plan --mem 16G"
+python3 - "$tmp/plan.json" "$tmp/plan16.json" <<'PY' || fail "plan numbers"
+import json, sys
+p = json.load(open(sys.argv[1]))
+# 80 layers x 2 x 8 KV heads x 128 x 2 bytes, an eighth per rank
+assert p["kv_bytes_per_token"] == 327680 and p["rank_kv_bytes_per_token"] == 40960, p
+assert p["tp"] == 8 and p["weights_fit"] is True, p
+w, r = p["weights_bytes"], p["rank_weights_bytes"]
+assert 36e9 < w < 42e9, w            # 70.6B parameters at 4.5 bits
+assert w / 8 < r < w / 6, (w, r)     # an eighth of the layers + the replicated embedding and head
+assert p["kv_tokens"] > 1000000, p   # 8 x (80 GiB - weights - reserve) / 320 KiB
+q = json.load(open(sys.argv[2]))
+assert q["weights_fit"] is False and q["kv_tokens"] == 0, q
+PY
+grep -q "does not hold the" "$tmp/plan16.err" || fail "plan --mem 16G does not warn"
+
+set +e
+"$Q" generate --model "$M" --dummy llama3-9b --prompt hi >/dev/null 2>"$tmp/bad.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "unknown preset: exit $rc, want 1"
+grep -q "unknown dummy preset 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b)" \
+    "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
+echo "dummy.sh: ok"
