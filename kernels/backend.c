@@ -6,6 +6,7 @@
 #include "common/log.h"
 
 #include "kernels/comm.h"
+#include "kernels/comm_staged.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/comm_cpu.h"
 #include "kernels/kernels.h"
@@ -88,11 +89,6 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
 {
     *out = NULL;
     const int size = o->tp > 1 ? o->tp : 1;
-    if (size > 1 && o->device && !strcmp(o->device, "cuda"))
-        return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--tp %d with --device cuda: tensor parallelism over GPUs (NCCL) is not "
-                       "built yet; --tp runs on the CPU",
-                       size);
     if (size > KERN_CPU_COMM_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: want 1..%d ranks", size,
                        KERN_CPU_COMM_MAX_RANKS);
@@ -111,12 +107,21 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
     enum status st = ST_OK;
     for (int r = 0; r < size && !st; r++)
         st = kern_backend_open(&g->be[r], &ro, err);
-    if (!st && size > 1) {
+    if (!st && size > 1 && g->be[0]->host_memory) { /* ranks reduce through shared memory */
         struct kern_cpu_comm_group *cg;
         if (!(st = kern_cpu_comm_group_init(&cg, size, err))) {
             g->impl = cg;
+            g->impl_free = (void (*)(void *))kern_cpu_comm_group_free;
             for (int r = 0; r < size; r++)
                 g->comm[r] = kern_cpu_comm_get(cg, r);
+        }
+    } else if (!st && size > 1) { /* device memory, no device collectives yet: host staging */
+        struct kern_staged_comm_group *sg;
+        if (!(st = kern_staged_comm_group_init(&sg, g->be, size, err))) {
+            g->impl = sg;
+            g->impl_free = (void (*)(void *))kern_staged_comm_group_free;
+            for (int r = 0; r < size; r++)
+                g->comm[r] = kern_staged_comm_get(sg, r);
         }
     }
     if (st) {
@@ -133,7 +138,8 @@ void kern_group_free(struct kern_group *g)
         return;
     for (int r = 0; g->be && r < g->size; r++)
         kern_backend_free(g->be[r]);
-    kern_cpu_comm_group_free(g->impl);
+    if (g->impl)
+        g->impl_free(g->impl);
     free(g->be);
     free(g->comm);
     free(g);

@@ -259,13 +259,16 @@ void kern_backends_print(FILE *f);
 struct kern_comm;
 
 /* The ranks of one tensor-parallel model: a backend per rank and a communicator joining them
- * (kernels/comm.h). On the CPU the ranks are threads of this process, each backend with an
- * even share of o->n_threads (at least one). */
+ * (kernels/comm.h). The ranks are threads of this process, each backend with an even share of
+ * o->n_threads (at least one). Host-memory backends reduce through shared memory
+ * (kernels/cpu/comm_cpu.h); others through host staging (kernels/comm_staged.h) until a device
+ * communicator (NCCL) exists: on one GPU, N backend instances of that device. */
 struct kern_group {
     int size;                 /* ranks, >= 1 */
     struct kern_backend **be; /* per rank (owned) */
     struct kern_comm **comm;  /* per rank; NULL entries when size is 1 */
-    void *impl;               /* the communicator's shared state (owned) */
+    void *impl;               /* the communicator's shared state (owned), or NULL */
+    void (*impl_free)(void *impl); /* frees impl */
 };
 
 /* Open o->tp backends (at least one) as o says and their communicator. Caller frees with

@@ -14,6 +14,7 @@
 
 #include "engine/model_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/comm_staged.h"
 #include "kernels/kernels.h"
 #include "tests/test_util.h"
 
@@ -615,10 +616,12 @@ static void test_tensor_parallel(void **state)
     assert_non_null(strstr(err.msg, "9 query heads"));
     kern_group_free(g);
     const cJSON *prompts = cJSON_GetObjectItem(f->root, "prompts");
-    static const enum kern_act acts[2] = {KERN_ACT_F32, KERN_ACT_Q8};
-    for (int a = 0; a < 2; a++) {
+    /* exact, q8, and exact on backends that say their memory is not host memory (as a GPU's):
+     * the ranks then exchange through host staging (kernels/comm_staged.h) */
+    static const enum kern_act acts[3] = {KERN_ACT_F32, KERN_ACT_Q8, KERN_ACT_F32};
+    for (int a = 0; a < 3; a++) {
         struct kern_backend *be1 = NULL;
-        if (a == 0) {
+        if (a != 1) {
             one = f->m;
         } else {
             struct kern_backend_opts o1 = {NULL, 2, NULL, acts[a], 0, 1};
@@ -627,7 +630,9 @@ static void test_tensor_parallel(void **state)
         }
         ko.tp = 3;
         ko.act = acts[a];
+        ko.as_device = a == 2;
         assert_int_equal(kern_group_open(&g, &ko, &err), ST_OK);
+        assert_int_equal(g->be[0]->host_memory, a != 2);
         assert_int_equal(engine_model_load_group(&tm, test_model_path(), g, &err), ST_OK);
         int positions = 0;
         for (int s = 0; s < cJSON_GetArraySize(prompts); s++) {
@@ -647,10 +652,16 @@ static void test_tensor_parallel(void **state)
             free(ids);
         }
         printf("tp 3 (%s): logits bitwise those of one rank at all %d positions\n",
-               a ? "q8" : "exact", positions);
+               a == 1 ? "q8" : a ? "exact, device memory, host-staged collectives" : "exact",
+               positions);
+        if (a == 2) {
+            const size_t staged = kern_staged_comm_bytes(g->impl);
+            printf("tp 3: %zu bytes staged through host memory\n", staged);
+            assert_true(staged > 0);
+        }
         engine_model_free(tm);
         kern_group_free(g);
-        if (a) {
+        if (a == 1) {
             engine_model_free(one);
             kern_backend_free(be1);
         }
