@@ -12,8 +12,9 @@
 #                                  ./gpu-check-out), exit 0 only when every step passed:
 #     - the GPU (nvidia-smi), libraries the binaries miss (ldd), `quern info`;
 #     - test_cuda_dequant; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
-#       every op against the double-precision reference, and a 6-layer dummy model's logits and
-#       greedy tokens against the CPU backend's;
+#       every op against the double-precision reference (exact mode; matmuls also in bf16 mode,
+#       the tensor-core kernel), and a 6-layer dummy model's logits and greedy tokens against the
+#       CPU backend's;
 #     - greedy text of --device cuda against --device cpu: the 8-layer dummy GGUF prepare wrote
 #       (gpu-carry/models/, real SmolLM2 width and tokenizer) and --dummy smollm2-135m (all 30
 #       layers, the tokenizer from that file); --tp 3 on the one GPU (three backends, collectives
@@ -112,8 +113,9 @@ print(f"cuBLAS bf16 GEMM 8192^3: {2 * 8192 ** 3 / dt / 1e12:.0f} TFLOP/s")
 PY
         for spec in "smollm2-b1:smollm2-135m:--max-seqs 1 --prompts 4 --input-len 128 --output-len 64" \
             "smollm2-batch:smollm2-135m:--prompts 256 --input-len 128 --output-len 64" \
+            "smollm2-batch-bf16:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --matmul bf16" \
             "llama3-8b-b1:llama3-8b:--max-seqs 1 --prompts 2 --input-len 128 --output-len 32" \
-            "llama3-8b-batch:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G"; do
+            "llama3-8b-batch-bf16:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16"; do
             IFS=: read -r tag preset flags <<<"$spec"
             step "bench-$tag" 90 bash -c "'$C/bin/quern' bench --model $m --dummy $preset \
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \

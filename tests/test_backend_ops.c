@@ -660,30 +660,34 @@ static void test_cpu_backends(void **state)
     assert_true(tested >= 2); /* at least the scalar table, both ways */
 }
 
-/* The CUDA backend (exact mode), when this build has it and a GPU is here. Elsewhere it says why
- * it did not run; with QUERN_REQUIRE_CUDA=1 (scripts/gpu-check.sh) no GPU is a failure. */
+/* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
+ * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
+ * (scripts/gpu-check.sh) no GPU is a failure. */
 static void test_cuda_backend(void **state)
 {
     (void)state;
-    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
-    struct err_detail err = {0};
-    struct check c = {0};
-    if (kern_backend_open(&c.be, &o, &err)) {
-        const char *req = getenv("QUERN_REQUIRE_CUDA");
-        if (req && !strcmp(req, "1"))
-            fail_msg("QUERN_REQUIRE_CUDA=1 but the CUDA backend did not open: %s", err.msg);
-        printf("  cuda: not tested here (%s)\n", err.msg);
-        return;
+    static const enum kern_act modes[2] = {KERN_ACT_F32, KERN_ACT_BF16};
+    for (int i = 0; i < 2; i++) {
+        struct kern_backend_opts o = {"cuda", 2, NULL, modes[i], 1, 1};
+        struct err_detail err = {0};
+        struct check c = {0};
+        if (kern_backend_open(&c.be, &o, &err)) {
+            const char *req = getenv("QUERN_REQUIRE_CUDA");
+            if (req && !strcmp(req, "1"))
+                fail_msg("QUERN_REQUIRE_CUDA=1 but the CUDA backend did not open: %s", err.msg);
+            printf("  cuda: not tested here (%s)\n", err.msg);
+            return;
+        }
+        char label[200];
+        snprintf(label, sizeof(label), "%s %s", kern_backend_describe(c.be), i ? "bf16" : "exact");
+        c.label = label;
+        c.act = modes[i];
+        c.r.s = 4242 + (uint64_t)i;
+        check_backend(&c, i == 0);
+        printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
+        assert_int_equal(c.fails, 0);
+        kern_backend_free(c.be);
     }
-    char label[200];
-    snprintf(label, sizeof(label), "%s exact", kern_backend_describe(c.be));
-    c.label = label;
-    c.act = KERN_ACT_F32;
-    c.r.s = 4242;
-    check_backend(&c, 1);
-    printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
-    assert_int_equal(c.fails, 0);
-    kern_backend_free(c.be);
 }
 
 /* The CUDA backend against the CPU backend on a whole model: a 6-layer dummy SmolLM2 (random

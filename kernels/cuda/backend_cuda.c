@@ -1,4 +1,5 @@
-/* The CUDA backend: struct kern_ops over the kernels of cuda_kernels.cu, with weights kept in
+/* The CUDA backend: struct kern_ops over the kernels of cuda_kernels.cu (exact mode: f32 CUDA
+ * cores; bf16 mode: tensor cores), with weights kept in
  * their GGUF blocks in device memory (prepare uploads them), the KV pool in the CPU backend's
  * tile layout in device memory, and every op queued on one stream in call order. A failed CUDA
  * call inside an op (a device fault, a lost GPU) ends the process with the runtime's message: a
@@ -19,6 +20,7 @@
 struct cuda_state {
     int device;          /* ordinal */
     cudaStream_t stream; /* every op and copy, in call order */
+    enum kern_act act;   /* exact (f32 kernels) or bf16 (tensor cores) */
     char name[160];      /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -44,8 +46,9 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
           "matmul input");
     const float *x = in->norm ? in->xn : in->x;
     for (int i = 0; i < n_w; i++)
-        check(kcu_matmul(s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0,
-                         w[i]->ne1, x, y[i], n_tok),
+        check((s->act == KERN_ACT_BF16 ? kcu_matmul_bf16 : kcu_matmul)(
+                  s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0, w[i]->ne1, x,
+                  y[i], n_tok),
               "matmul");
 }
 
@@ -324,9 +327,9 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     if (o->device < 0 || o->device >= n)
         return err_set(err, ST_ERR_INVALID_ARG, "CUDA device %d: this machine has %d", o->device,
                        n);
-    if (o->act != KERN_ACT_F32)
+    if (o->act != KERN_ACT_F32 && o->act != KERN_ACT_BF16)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "the CUDA backend runs the exact matmul mode only so far (--matmul exact)");
+                       "the CUDA backend runs the exact and bf16 matmul modes (not q8/q16)");
     struct cudaDeviceProp prop;
     cudaError_t rc = cudaSetDevice(o->device);
     if (!rc)
@@ -345,7 +348,15 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         free(s);
         return err_set(err, ST_ERR_IO, "CUDA stream: %s", cudaGetErrorString(rc));
     }
+    if (o->act == KERN_ACT_BF16 && prop.major < 8) {
+        cudaStreamDestroy(s->stream);
+        free(b);
+        free(s);
+        return err_set(err, ST_ERR_UNSUPPORTED, "--matmul bf16 needs sm_80 or later (this GPU "
+                       "is sm_%d%d)", prop.major, prop.minor);
+    }
     s->device = o->device;
+    s->act = o->act;
     snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
              prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
     b->ops = &cuda_ops;

@@ -11,7 +11,7 @@
 
 struct kern_cuda_opts {
     int device;        /* CUDA device ordinal */
-    enum kern_act act; /* matmul mode: only KERN_ACT_F32 (exact) so far */
+    enum kern_act act; /* matmul mode: KERN_ACT_F32 (exact) or KERN_ACT_BF16 */
 };
 
 /* CUDA devices this process can use (0 when there is no driver or no GPU: then `why`, when not

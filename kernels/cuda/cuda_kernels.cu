@@ -3,6 +3,7 @@
  * weights stay in their GGUF blocks in device memory. Each kernel is the plain parallel form of
  * the CPU's scalar reference for its op; tensor-core GEMMs, repacked INT4 layouts and fused
  * epilogues come after these pass the op test on a GPU. Launchers: kernels/cuda/cuda_launch.h. */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 
 #include "kernels/cuda/cuda_dequant.h"
 #include "kernels/cuda/cuda_launch.h"
+#include "kernels/cuda/cuda_mma.h"
 
 #define WARP 32
 #define FULL 0xffffffffu
@@ -135,6 +137,97 @@ extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row
                     (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
     k_matmul<<<grid, MM_WARPS * WARP, 0, (cudaStream_t)stream>>>(
         type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok);
+    return launched();
+}
+
+/* ---- matmul in the bf16 mode, on tensor cores: the CPU's bf16 semantics (activations and
+ * dequantized weights rounded to bfloat16, f32 sums) with mma.sync m16n8k16 bf16 -> f32. A block
+ * computes a 64-token x 64-row tile of y in 32-wide k steps: its threads dequantize the 64
+ * weight rows' 32-element units (cuda_dequant.h, any type) and round the tokens' inputs into
+ * shared memory, then each of the 4 warps multiplies its 16 tokens by the 64 rows as 8 n8 tiles.
+ * Which lane holds what: kernels/cuda/cuda_mma.h (checked on the CPU by tests/test_cuda_mma.c
+ * against an emulation of the instruction). The weight rows are B's columns as GGUF stores
+ * them (k contiguous). ---- */
+
+#define TC_BM 64 /* tokens per block */
+#define TC_BN 64 /* weight rows per block */
+#define TC_BK 32 /* k per step: one dequantization unit */
+#define TC_LD (TC_BK + 8) /* shared row pitch in bf16: rows 80 bytes apart spread the banks */
+
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+static __device__ __forceinline__ uint16_t bf16_bits(float v)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+__global__ void __launch_bounds__(128) k_matmul_bf16(uint32_t type, const uint8_t *w,
+                                                     size_t row_bytes, int64_t ne0, int64_t ne1,
+                                                     const float *x, float *y, int n_tok)
+{
+    __shared__ __align__(16) uint16_t as[TC_BM * TC_LD]; /* tokens x k, bf16 bits */
+    __shared__ __align__(16) uint16_t bs[TC_BN * TC_LD]; /* weight rows x k, bf16 bits */
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int64_t n0 = (int64_t)blockIdx.x * TC_BN;
+    const int m0 = blockIdx.y * TC_BM;
+    float acc[8][4];
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++)
+            acc[j][i] = 0.0f;
+    float v[32];
+    for (int64_t k0 = 0; k0 < ne0; k0 += TC_BK) {
+        /* inputs: 64 x 32 floats, 16 per thread, rounded to bf16 (0 past the last token) */
+        for (int e = tid; e < TC_BM * TC_BK; e += blockDim.x) {
+            const int r = e / TC_BK, c = e % TC_BK;
+            as[r * TC_LD + c] = bf16_bits(m0 + r < n_tok ? x[(size_t)(m0 + r) * ne0 + k0 + c]
+                                                         : 0.0f);
+        }
+        /* weights: one row's 32-element unit per thread of the first 64 (0 past the last row) */
+        if (tid < TC_BN) {
+            if (n0 + tid < ne1)
+                kcu_dequant32(type, w + (size_t)(n0 + tid) * row_bytes, k0 / 32, v);
+            else
+                for (int i = 0; i < 32; i++)
+                    v[i] = 0.0f;
+            for (int i = 0; i < 32; i++)
+                bs[tid * TC_LD + i] = bf16_bits(v[i]);
+        }
+        __syncthreads();
+        for (int ks = 0; ks < TC_BK; ks += 16) {
+            uint32_t a[4], b[2];
+            kcu_frag_a(as, TC_LD, warp * 16, ks, lane, a);
+            for (int j = 0; j < 8; j++) {
+                kcu_frag_b(bs, TC_LD, j * 8, ks, lane, b);
+                mma_bf16(acc[j], a, b);
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) {
+            int r, c;
+            kcu_frag_c(lane, i, &r, &c);
+            const int m = m0 + warp * 16 + r;
+            const int64_t n = n0 + j * 8 + c;
+            if (m < n_tok && n < ne1)
+                y[(size_t)m * ne1 + n] = acc[j][i];
+        }
+}
+
+extern "C" int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_t row_bytes,
+                               int64_t ne0, int64_t ne1, const float *x, float *y, int n_tok)
+{
+    if (n_tok <= 0 || ne1 <= 0)
+        return 0;
+    const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN), (unsigned)((n_tok + TC_BM - 1) / TC_BM));
+    k_matmul_bf16<<<grid, 128, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)w, row_bytes,
+                                                          ne0, ne1, x, y, n_tok);
     return launched();
 }
 

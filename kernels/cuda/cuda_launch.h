@@ -21,6 +21,10 @@ int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, flo
  * ne1 rows of row_bytes bytes of GGUF type `type` (cuda_dequant.h), ne0 % 32 == 0. */
 int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
                int64_t ne1, const float *x, float *y, int n_tok);
+/* kcu_matmul in the bf16 mode: activations and dequantized weights rounded to bfloat16 (nearest
+ * even), products summed in f32 on tensor cores (sm_80 and later). */
+int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
+                    int64_t ne1, const float *x, float *y, int n_tok);
 /* out row i = dequantized row ids[i] of w, bitwise as the CPU reference dequantizes it. */
 int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
                  const int32_t *ids, int n, float *out);

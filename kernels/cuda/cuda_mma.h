@@ -1,0 +1,52 @@
+/* Where each lane of a warp finds its operands of mma.sync.m16n8k16 (bf16 in, f32 out) in
+ * shared-memory tiles, and where its results go: written once for the tensor-core kernel
+ * (cuda_kernels.cu) and a CPU test (tests/test_cuda_mma.c) that emulates the instruction from the
+ * PTX ISA's fragment tables and checks these functions against a plain matrix product. Tiles
+ * hold bfloat16 values as raw 16-bit patterns, row-major with `ld` elements per row: A as
+ * tokens x k, B as weight rows x k (the GGUF layout: k contiguous, which is mma's "col" B).
+ * g = lane / 4 and t = lane % 4 throughout. */
+#ifndef KERNELS_CUDA_CUDA_MMA_H
+#define KERNELS_CUDA_CUDA_MMA_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define KCU_MMA_FN static __device__ __forceinline__
+#else
+#define KCU_MMA_FN static inline
+#endif
+
+/* Two consecutive bf16 of a tile as one register: the lower index in the low half. */
+KCU_MMA_FN uint32_t kcu_pair(const uint16_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 16;
+}
+
+/* A's fragment for rows r0..r0+15, k ks..ks+15: rows r0 + g, r0 + g + 8; k 2t, 2t + 1 (regs 0, 1)
+ * and 2t + 8, 2t + 9 (regs 2, 3). */
+KCU_MMA_FN void kcu_frag_a(const uint16_t *a, int ld, int r0, int ks, int lane, uint32_t f[4])
+{
+    const int g = lane / 4, t = lane % 4;
+    f[0] = kcu_pair(a + (r0 + g) * ld + ks + 2 * t);
+    f[1] = kcu_pair(a + (r0 + g + 8) * ld + ks + 2 * t);
+    f[2] = kcu_pair(a + (r0 + g) * ld + ks + 2 * t + 8);
+    f[3] = kcu_pair(a + (r0 + g + 8) * ld + ks + 2 * t + 8);
+}
+
+/* B's fragment for weight rows n0..n0+7 (B's columns), k ks..ks+15: row n0 + g; k 2t, 2t + 1
+ * (reg 0) and 2t + 8, 2t + 9 (reg 1). */
+KCU_MMA_FN void kcu_frag_b(const uint16_t *b, int ld, int n0, int ks, int lane, uint32_t f[2])
+{
+    const int g = lane / 4, t = lane % 4;
+    f[0] = kcu_pair(b + (n0 + g) * ld + ks + 2 * t);
+    f[1] = kcu_pair(b + (n0 + g) * ld + ks + 2 * t + 8);
+}
+
+/* Result i (0..3) of a lane: the 16 x 8 tile's row (token) and column (weight row). */
+KCU_MMA_FN void kcu_frag_c(int lane, int i, int *row, int *col)
+{
+    *row = lane / 4 + (i >= 2 ? 8 : 0);
+    *col = 2 * (lane % 4) + (i & 1);
+}
+
+#endif
