@@ -108,9 +108,9 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
-# engine/sampler.c's row passes use 64-byte vector types in static inline helpers (no vector
-# crosses a real call); GCC still warns that such functions would have another ABI.
-$(BUILD)/engine/sampler.o: CFLAGS += -Wno-psabi
+# engine/sampler_rows.c's row passes use 64-byte vector types in static inline helpers (no
+# vector crosses a real call); GCC still warns that such functions would have another ABI.
+$(BUILD)/engine/sampler_rows.o: CFLAGS += -Wno-psabi
 
 # Developer tools built on the library (not part of `all`; `make test` builds them so they
 # keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf.
@@ -141,7 +141,7 @@ FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
 FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/request_params.c \
                 jobs/json.c common/err.c common/log.c common/utf8.c common/philox.c \
-                engine/sampler.c
+                engine/sampler.c engine/sampler_rows.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Wno-psabi -I. -D_GNU_SOURCE \

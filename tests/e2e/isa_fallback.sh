@@ -7,19 +7,23 @@
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-T=$(dirname "$Q")/../tests/test_kernels
+D=$(dirname "$Q")/../tests
+# every kernel test binary: tests/test_kernels.c and tests/test_kernels_*.c
+K=$(for src in "$(dirname "$0")"/../test_kernels*.c; do echo "$D/$(basename "$src" .c)"; done)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 if [ -n "${QUERN_SANITIZE:-}" ]; then
     echo "isa_fallback: not run under sanitizers (qemu-user cannot run ASan binaries)"
     exit 0
 fi
 command -v qemu-x86_64 >/dev/null || fail "qemu-x86_64 missing: run make deps (package qemu-user)"
-[ -x "$T" ] || fail "$T not built"
+for T in $K; do [ -x "$T" ] || fail "$T not built"; done
 for cpu in Haswell:avx2 qemu64:scalar; do
     model=${cpu%%:*} want=${cpu##*:}
     got=$(qemu-x86_64 -cpu "$model" "$Q" info --model "$M" 2>/dev/null | sed -n 's/^cpu kernels: \([^ ]*\).*/\1/p')
     [ "$got" = "$want" ] || fail "-cpu $model: dispatch picked '$got', want '$want'"
-    QUERN_EMULATED=1 qemu-x86_64 -cpu "$model" "$T" >/tmp/isa_$$.log 2>&1 || { grep -v warning /tmp/isa_$$.log | tail -20; rm -f /tmp/isa_$$.log; fail "kernel tests failed under -cpu $model"; }
+    for T in $K; do
+        QUERN_EMULATED=1 qemu-x86_64 -cpu "$model" "$T" >/tmp/isa_$$.log 2>&1 || { grep -v warning /tmp/isa_$$.log | tail -20; rm -f /tmp/isa_$$.log; fail "$(basename "$T") failed under -cpu $model"; }
+    done
     rm -f /tmp/isa_$$.log
 done
 echo "e2e isa_fallback: ok (avx2 and scalar paths pass under emulation)"
