@@ -21,6 +21,8 @@ struct cuda_state {
     int device;          /* ordinal */
     cudaStream_t stream; /* every op and copy, in call order */
     enum kern_act act;   /* exact (f32 kernels) or bf16 (tensor cores) */
+    unsigned long long *best; /* matmul_argmax's per-token keys (device memory) */
+    int best_cap;             /* tokens best holds */
     char name[160];      /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -50,6 +52,28 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
                   s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0, w[i]->ne1, x,
                   y[i], n_tok),
               "matmul");
+}
+
+/* The output projection's greedy epilogue: only the ids leave the kernels. */
+static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w,
+                              const struct kern_mm_in *in, int n_tok, int32_t *ids)
+{
+    struct cuda_state *s = st_of(b);
+    if (n_tok > s->best_cap) {
+        void *p = NULL;
+        if (cudaMalloc(&p, sizeof(*s->best) * (size_t)n_tok))
+            return 0; /* not done: the caller computes the logits */
+        cudaFree(s->best);
+        s->best = p;
+        s->best_cap = n_tok;
+    }
+    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok,
+                      (int)w->ne0),
+          "matmul_argmax input");
+    check(kcu_matmul_argmax(s->stream, s->act == KERN_ACT_BF16, w->type, w->packed, w->row_bytes,
+                            w->ne0, w->ne1, in->norm ? in->xn : in->x, n_tok, s->best, ids),
+          "matmul_argmax");
+    return 1;
 }
 
 static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
@@ -270,6 +294,8 @@ static void cuda_free(struct kern_backend *b)
 {
     struct cuda_state *s = b->impl;
     cudaStreamSynchronize(s->stream);
+    if (s->best)
+        cudaFree(s->best);
     cudaStreamDestroy(s->stream);
     free(s);
     free(b);
@@ -278,6 +304,7 @@ static void cuda_free(struct kern_backend *b)
 static const struct kern_ops cuda_ops = {
     .name = "cuda",
     .matmul = cuda_matmul,
+    .matmul_argmax = cuda_matmul_argmax,
     .ffn = cuda_ffn,
     .prepare = cuda_prepare,
     .release = cuda_release,

@@ -35,6 +35,28 @@ static int launched(void)
     return (int)cudaGetLastError();
 }
 
+/* ---- greedy epilogue: instead of storing logit v of (token, row), the matmul kernels fold it
+ * into best[token] with one 64-bit atomicMax of key = order(v) << 32 | (~row): the larger value
+ * wins and, among equal values, the lower row. NaN and -inf are never folded in, so a token
+ * whose every value is NaN or -inf keeps key 0 and gets id 0 (kern_ops.matmul_argmax). ---- */
+
+static __device__ __forceinline__ void fold_best(unsigned long long *best, int t, int64_t row,
+                                                 float v)
+{
+    if (!(v > -INFINITY)) /* NaN or -inf */
+        return;
+    const uint32_t b = __float_as_uint(v);
+    const uint32_t ord = b & 0x80000000u ? ~b : b | 0x80000000u;
+    atomicMax(best + t, (unsigned long long)ord << 32 | (uint32_t)~(uint32_t)row);
+}
+
+__global__ void k_best_ids(const unsigned long long *best, int32_t *ids, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        ids[i] = best[i] ? (int32_t)~(uint32_t)(best[i] & 0xFFFFFFFFu) : 0;
+}
+
 /* ---- matmul input steps: one block of 256 threads per token row ---- */
 
 #define PREP_THREADS 256
@@ -90,7 +112,8 @@ extern "C" int kcu_mm_prep(void *stream, float *x, const float *add, const float
 #define MM_TOK 8
 
 __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t ne0,
-                         int64_t ne1, const float *x, float *y, int n_tok)
+                         int64_t ne1, const float *x, float *y, int n_tok,
+                         unsigned long long *best)
 {
     const int lane = threadIdx.x % WARP;
     const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.x / WARP;
@@ -123,7 +146,9 @@ __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int6
     }
     for (int t = 0; t < nt; t++) {
         const float s = warp_sum(acc[t]);
-        if (lane == 0)
+        if (lane == 0 && best)
+            fold_best(best, t0 + t, r, s);
+        else if (lane == 0)
             y[(size_t)(t0 + t) * ne1 + r] = s;
     }
 }
@@ -136,7 +161,7 @@ extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row
     const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
                     (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
     k_matmul<<<grid, MM_WARPS * WARP, 0, (cudaStream_t)stream>>>(
-        type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok);
+        type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
     return launched();
 }
 
@@ -169,7 +194,8 @@ static __device__ __forceinline__ uint16_t bf16_bits(float v)
 
 __global__ void __launch_bounds__(128) k_matmul_bf16(uint32_t type, const uint8_t *w,
                                                      size_t row_bytes, int64_t ne0, int64_t ne1,
-                                                     const float *x, float *y, int n_tok)
+                                                     const float *x, float *y, int n_tok,
+                                                     unsigned long long *best)
 {
     __shared__ __align__(16) uint16_t as[TC_BM * TC_LD]; /* tokens x k, bf16 bits */
     __shared__ __align__(16) uint16_t bs[TC_BN * TC_LD]; /* weight rows x k, bf16 bits */
@@ -215,7 +241,9 @@ __global__ void __launch_bounds__(128) k_matmul_bf16(uint32_t type, const uint8_
             kcu_frag_c(lane, i, &r, &c);
             const int m = m0 + warp * 16 + r;
             const int64_t n = n0 + j * 8 + c;
-            if (m < n_tok && n < ne1)
+            if (m < n_tok && n < ne1 && best)
+                fold_best(best, m, n, acc[j][i]);
+            else if (m < n_tok && n < ne1)
                 y[(size_t)m * ne1 + n] = acc[j][i];
         }
 }
@@ -227,7 +255,34 @@ extern "C" int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_
         return 0;
     const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN), (unsigned)((n_tok + TC_BM - 1) / TC_BM));
     k_matmul_bf16<<<grid, 128, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)w, row_bytes,
-                                                          ne0, ne1, x, y, n_tok);
+                                                          ne0, ne1, x, y, n_tok, NULL);
+    return launched();
+}
+
+extern "C" int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const void *w,
+                                 size_t row_bytes, int64_t ne0, int64_t ne1, const float *x,
+                                 int n_tok, unsigned long long *best, int32_t *ids)
+{
+    if (n_tok <= 0)
+        return 0;
+    cudaStream_t st = (cudaStream_t)stream;
+    int rc = (int)cudaMemsetAsync(best, 0, sizeof(*best) * (size_t)n_tok, st);
+    if (rc)
+        return rc;
+    if (bf16) {
+        const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN),
+                        (unsigned)((n_tok + TC_BM - 1) / TC_BM));
+        k_matmul_bf16<<<grid, 128, 0, st>>>(type, (const uint8_t *)w, row_bytes, ne0, ne1, x,
+                                            NULL, n_tok, best);
+    } else {
+        const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
+                        (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
+        k_matmul<<<grid, MM_WARPS * WARP, 0, st>>>(type, (const uint8_t *)w, row_bytes, ne0, ne1,
+                                                  x, NULL, n_tok, best);
+    }
+    if ((rc = launched()))
+        return rc;
+    k_best_ids<<<(unsigned)((n_tok + 127) / 128), 128, 0, st>>>(best, ids, n_tok);
     return launched();
 }
 

@@ -25,6 +25,12 @@ int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int
  * even), products summed in f32 on tensor cores (sm_80 and later). */
 int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
                     int64_t ne1, const float *x, float *y, int n_tok);
+/* ids[t] = the row of w with the largest product with x[t] (NaN never wins, ties to the lowest
+ * row, 0 when every value is NaN or -inf), the values bitwise those kcu_matmul (bf16 0) or
+ * kcu_matmul_bf16 (bf16 1) would write, without writing them; best is n_tok 64-bit scratch. */
+int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const void *w, size_t row_bytes,
+                      int64_t ne0, int64_t ne1, const float *x, int n_tok,
+                      unsigned long long *best, int32_t *ids);
 /* out row i = dequantized row ids[i] of w, bitwise as the CPU reference dequantizes it. */
 int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
                  const int32_t *ids, int n, float *out);
