@@ -45,7 +45,7 @@ static __device__ __forceinline__ void fold_best(unsigned long long *best, int t
 {
     if (!(v > -INFINITY)) /* NaN or -inf */
         return;
-    const uint32_t b = __float_as_uint(v);
+    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v); /* -0 ties with +0, as values do */
     const uint32_t ord = b & 0x80000000u ? ~b : b | 0x80000000u;
     atomicMax(best + t, (unsigned long long)ord << 32 | (uint32_t)~(uint32_t)row);
 }
