@@ -1,7 +1,8 @@
 # quern build. `make` builds bin/quern; `make test` builds and runs every test (`make unit`:
 # unit tests only; both first run `make check-includes`, the include-graph check);
 # `make asan test` does the same under ASan+UBSan (separate build dir); `make deps`
-# installs Debian packages; `make model` fetches and verifies the default model.
+# installs Debian packages; `make model` fetches and verifies the default model; `make eval`
+# prints the perplexity table of every matmul mode (tools/eval.sh).
 
 CC      ?= gcc
 BUILD   ?= build
@@ -67,7 +68,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit check-includes asan deps model clean format fuzz
+.PHONY: all test unit check-includes asan deps model clean format fuzz eval
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -152,6 +153,11 @@ fuzz: build-fuzz/fuzz_request
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
 	build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    build-fuzz/corpus-request build-fuzz/seeds
+
+# The default model's perplexity on a fixed text (Debian's license texts, checksummed) for every
+# matmul mode x KV type this machine runs, with throughput: the table in docs/BENCHMARKS.md.
+eval: all model
+	QUERN_BIN=$(QUERN) QUERN_MODEL=$(MODEL) tools/eval.sh
 
 deps:
 	tools/install_deps.sh

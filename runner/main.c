@@ -19,6 +19,7 @@ static const char usage[] =
     "  info       print a GGUF model's metadata, tensors and sizes\n"
     "  bench      offline throughput benchmark (continuous batching), JSON on stdout\n"
     "  plan       memory plan: weights, KV bytes per token, how many sequences fit\n"
+    "  perplexity a model's perplexity on a text file (llama.cpp's method or sliding windows)\n"
     "\n"
 
     "Run 'quern <command> --help' for a command's options.\n";
@@ -53,6 +54,8 @@ int main(int argc, char **argv)
         return runner_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan"))
         return runner_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "perplexity"))
+        return runner_cmd_perplexity(argc - 1, argv + 1);
     fprintf(stderr, "quern: unknown command '%s'\n%s", cmd, usage);
     return RUNNER_EXIT_USAGE;
 }

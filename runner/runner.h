@@ -18,6 +18,7 @@ int runner_cmd_tokenize(int argc, char **argv);
 int runner_cmd_info(int argc, char **argv);
 int runner_cmd_bench(int argc, char **argv);
 int runner_cmd_plan(int argc, char **argv);
+int runner_cmd_perplexity(int argc, char **argv);
 int runner_cmd_submit(int argc, char **argv);
 int runner_cmd_run(int argc, char **argv);
 int runner_cmd_status(int argc, char **argv);
