@@ -54,26 +54,29 @@ static void count(struct staged_rank *r, size_t bytes)
     __atomic_fetch_add(&r->group->staged, bytes, __ATOMIC_RELAXED);
 }
 
-static void staged_reduce_f32(struct kern_comm *c, float *x, size_t n)
+/* Both all-reduces: n elements of x (bf16: 16-bit, else f32) down, reduced, back up. */
+static void staged_reduce(struct kern_comm *c, void *x, size_t n, int bf16)
 {
     struct staged_rank *r = rank_of(c);
-    const size_t bytes = n * sizeof(float);
-    float *h = (float *)staging(r, bytes);
+    const size_t bytes = n * (bf16 ? sizeof(uint16_t) : sizeof(float));
+    void *h = staging(r, bytes);
     r->be->ops->download(r->be, h, x, bytes);
-    kern_comm_all_reduce_sum_f32(r->inner, h, n);
+    if (bf16)
+        kern_comm_all_reduce_sum_bf16(r->inner, h, n);
+    else
+        kern_comm_all_reduce_sum_f32(r->inner, h, n);
     r->be->ops->upload(r->be, x, h, bytes);
     count(r, 2 * bytes);
 }
 
+static void staged_reduce_f32(struct kern_comm *c, float *x, size_t n)
+{
+    staged_reduce(c, x, n, 0);
+}
+
 static void staged_reduce_bf16(struct kern_comm *c, uint16_t *x, size_t n)
 {
-    struct staged_rank *r = rank_of(c);
-    const size_t bytes = n * sizeof(uint16_t);
-    uint16_t *h = (uint16_t *)staging(r, bytes);
-    r->be->ops->download(r->be, h, x, bytes);
-    kern_comm_all_reduce_sum_bf16(r->inner, h, n);
-    r->be->ops->upload(r->be, x, h, bytes);
-    count(r, 2 * bytes);
+    staged_reduce(c, x, n, 1);
 }
 
 static void staged_gather(struct kern_comm *c, const void *in, void *out, size_t bytes)
