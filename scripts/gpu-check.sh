@@ -13,8 +13,8 @@
 #     - the GPU (nvidia-smi), libraries the binaries miss (ldd), `quern info`;
 #     - test_cuda_dequant; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
 #       every op against the double-precision reference (exact mode; matmuls also in bf16 mode,
-#       the tensor-core kernel), and a 6-layer dummy model's logits and greedy tokens against the
-#       CPU backend's;
+#       the tensor-core kernel); test_cuda_model: a 6-layer dummy model's logits and greedy
+#       tokens against the CPU backend's;
 #     - greedy text of --device cuda against --device cpu: the 8-layer dummy GGUF prepare wrote
 #       (gpu-carry/models/, real SmolLM2 width and tokenizer) and --dummy smollm2-135m (all 30
 #       layers, the tokenizer from that file); --tp 3 on the one GPU (three backends, collectives
@@ -34,10 +34,11 @@ C=gpu-carry
 prepare() {
     set -e
     make -j"$(nproc)" CUDA=1 all build/tests/test_backend_ops build/tests/test_cuda_dequant \
-        build/tools/dummy_gguf
+        build/tests/test_cuda_model build/tools/dummy_gguf
     rm -rf "$C"
     mkdir -p "$C/bin" "$C/lib" "$C/models"
-    cp build/bin/quern build/tests/test_backend_ops build/tests/test_cuda_dequant "$C/bin/"
+    cp build/bin/quern build/tests/test_backend_ops build/tests/test_cuda_dequant \
+        build/tests/test_cuda_model "$C/bin/"
     # Libraries outside glibc, libgcc and libstdc++ (which any CUDA image has).
     for b in "$C"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -83,6 +84,7 @@ run() {
         step info 30 "$C/bin/quern" info
         step dequant 60 "$C/bin/test_cuda_dequant"
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_backend_ops"
+        step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_cuda_model"
         local m=$C/models/smollm2-8l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}
