@@ -136,23 +136,46 @@ check-includes:
 asan:
 	@true
 
-# libFuzzer harness for request lines (clang; `make fuzz FUZZ_SECONDS=600` before resolving work
-# on the request parser): seeds are the example requests, the corpus grows in build-fuzz/.
+# libFuzzer harnesses for the parsers of untrusted input (clang): request lines and GGUF model
+# files. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each, one minute in all; run
+# `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
+# example requests; the GGUF seeds are tests/fixtures/small.gguf and the files
+# tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
+# 2 MiB when it is there). Corpora grow in build-fuzz/corpus-*; crashes land in build-fuzz/.
+# -fno-sanitize-recover: undefined behaviour fails the run (UBSan alone only prints it).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
+FUZZ_CFLAGS   = -g -O1 -std=c11 -Wno-psabi -I. -D_GNU_SOURCE -fno-sanitize-recover=undefined
 FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/request_params.c \
                 jobs/json.c common/err.c common/log.c common/utf8.c common/philox.c \
                 engine/sampler.c engine/sampler_rows.c
+FUZZ_GGUF_SRC = io/gguf.c common/err.c common/dtype.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
-	$(FUZZ_CC) -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Wno-psabi -I. -D_GNU_SOURCE \
-	    tests/fuzz/fuzz_request.c $(FUZZ_SRC) -lcjson -lpcre2-8 -lm -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_request.c \
+	    $(FUZZ_SRC) -lcjson -lpcre2-8 -lm -o $@
 
-fuzz: build-fuzz/fuzz_request
-	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds
+FUZZ_GGUF_H   = io/gguf.h common/err.h common/dtype.h
+build-fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_gguf.c \
+	    $(FUZZ_GGUF_SRC) -o $@
+
+build-fuzz/gguf_seeds: tests/fuzz/gguf_seeds.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=address,undefined tests/fuzz/gguf_seeds.c \
+	    $(FUZZ_GGUF_SRC) -o $@
+
+fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds
+	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds build-fuzz/corpus-gguf \
+	    build-fuzz/seeds-gguf
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
 	build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
-	    build-fuzz/corpus-request build-fuzz/seeds
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-request build-fuzz/seeds
+	cp tests/fixtures/small.gguf build-fuzz/seeds-gguf/
+	build-fuzz/gguf_seeds build-fuzz/seeds-gguf $(wildcard $(MODEL))
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/gguf.dict \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-gguf build-fuzz/seeds-gguf
 
 # The default model's perplexity on a fixed text (Debian's license texts, checksummed) for every
 # matmul mode x KV type this machine runs, with throughput: the table in docs/BENCHMARKS.md.

@@ -188,11 +188,12 @@ static enum status parse_kv(struct io_gguf *g, struct cursor *c)
             return err_set(c->err, ST_ERR_NOMEM, "no memory for %llu metadata strings",
                            (unsigned long long)n_strs);
     }
-    /* second pass: record every string of string arrays (already validated) */
+    /* second pass: record every string of string arrays (already validated); an empty one
+     * keeps strs NULL (with no strings at all there is no pool to point into) */
     uint64_t used = 0;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         struct io_gguf_kv *kv = &g->kv[i];
-        if (kv->type != IO_GGUF_ARRAY || kv->arr_type != IO_GGUF_STRING)
+        if (kv->type != IO_GGUF_ARRAY || kv->arr_type != IO_GGUF_STRING || !kv->arr_n)
             continue;
         struct cursor s = {g->base, g->size, (size_t)(kv->val - g->base), c->err};
         kv->strs = g->str_pool + used;

@@ -40,7 +40,8 @@ struct io_gguf_kv {
     enum io_gguf_vtype arr_type;   /* element type when type == IO_GGUF_ARRAY */
     uint64_t arr_n;                /* element count when type == IO_GGUF_ARRAY */
     const uint8_t *val;            /* raw little-endian value (for arrays: first element) */
-    const struct io_gguf_str *strs; /* arr_n strings when arr_type == STRING (reader-owned) */
+    const struct io_gguf_str *strs; /* arr_n strings when arr_type == STRING (reader-owned);
+                                     * NULL when there are none */
 };
 
 struct io_gguf_tensor {
@@ -94,7 +95,7 @@ enum status io_gguf_get_str(const struct io_gguf *g, const char *key, struct io_
 /* An array of the given element type; *n elements at *data (raw little-endian). */
 enum status io_gguf_get_arr(const struct io_gguf *g, const char *key, enum io_gguf_vtype elem,
                             const void **data, uint64_t *n, struct err_detail *err);
-/* A string array; *strs points at reader-owned storage. */
+/* A string array; *strs points at reader-owned storage (NULL when *n is 0). */
 enum status io_gguf_get_str_arr(const struct io_gguf *g, const char *key,
                                 const struct io_gguf_str **strs, uint64_t *n,
                                 struct err_detail *err);

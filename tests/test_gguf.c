@@ -1,6 +1,7 @@
 /* GGUF reader tests: every tensor of the real default model against a table made by the
- * independent `gguf` Python package; typed metadata of a small fixture; and a fuzz loop that
- * mutates and truncates that fixture thousands of times (run under ASan in CI). */
+ * independent `gguf` Python package; typed metadata of a small fixture; a fuzz loop that
+ * mutates and truncates that fixture thousands of times (run under ASan in CI); and the files
+ * the libFuzzer harness (tests/fuzz/fuzz_gguf.c) found mishandled. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -279,12 +280,40 @@ static void test_errors(void **state)
     free(buf);
 }
 
+/* A file whose only string array is empty: no string pool is allocated, and the reader used
+ * to point the array's strings at NULL + 0 (undefined behaviour, which clang's UBSan stops at;
+ * found by tests/fuzz/fuzz_gguf.c). It reads, and the array has no strings. */
+static void test_empty_string_array(void **state)
+{
+    (void)state;
+    static const unsigned char file[] = {
+        'G', 'G', 'U', 'F', 3, 0, 0, 0,      /* magic, version */
+        0,   0,   0,   0,   0, 0, 0, 0,      /* no tensors */
+        1,   0,   0,   0,   0, 0, 0, 0,      /* one pair */
+        1,   0,   0,   0,   0, 0, 0, 0, 'k', /* key "k" */
+        9,   0,   0,   0,   8, 0, 0, 0,      /* array of strings */
+        0,   0,   0,   0,   0, 0, 0, 0,      /* of none */
+    };
+    struct io_gguf *g;
+    struct err_detail err = {0};
+    if (io_gguf_open_mem(&g, file, sizeof(file), &err) != ST_OK)
+        fail_msg("empty string array refused: %s", err.msg);
+    static const struct io_gguf_str junk;
+    const struct io_gguf_str *strs = &junk;
+    uint64_t n = 1;
+    assert_int_equal(io_gguf_get_str_arr(g, "k", &strs, &n, &err), ST_OK);
+    assert_int_equal(n, 0);
+    assert_null(strs);
+    io_gguf_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_tensors),
         cmocka_unit_test(test_small_metadata),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_empty_string_array),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
