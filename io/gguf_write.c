@@ -45,6 +45,8 @@ void io_gguf_writer_free(struct io_gguf_writer *w)
 static enum status put(uint8_t **buf, size_t *len, size_t *cap, const void *p, size_t n,
                        struct err_detail *err)
 {
+    if (!n) /* an empty string: nothing to copy, and *buf may not exist yet */
+        return ST_OK;
     if (*len + n > *cap) {
         size_t c = *cap ? *cap : 4096;
         while (c < *len + n)
@@ -222,8 +224,10 @@ enum status io_gguf_writer_open(struct io_gguf_writer *w, struct io_gguf **out,
     memcpy(map + 4, &version, 4);
     memcpy(map + 8, &w->n_tensor, 8);
     memcpy(map + 16, &w->n_kv, 8);
-    memcpy(map + 24, w->kv, w->kv_len);
-    memcpy(map + 24 + w->kv_len, w->ti, w->ti_len);
+    if (w->kv_len) /* an empty writer has no buffers at all */
+        memcpy(map + 24, w->kv, w->kv_len);
+    if (w->ti_len)
+        memcpy(map + 24 + w->kv_len, w->ti, w->ti_len);
     enum status st = io_gguf_open_mem(out, map, total, err);
     if (st) {
         munmap(map, total);

@@ -141,6 +141,30 @@ static void test_round_trip(void **state)
     io_gguf_close(src);
 }
 
+/* A writer given nothing (as test_cuda_model makes one for a tokenizer-free dummy), and one
+ * given an empty string value: valid files that read back as such. */
+static void test_empty(void **state)
+{
+    (void)state;
+    struct err_detail err = {0};
+    struct io_gguf_writer *w;
+    struct io_gguf *g;
+    assert_int_equal(io_gguf_writer_init(&w, &err), ST_OK);
+    assert_int_equal(io_gguf_writer_open(w, &g, &err), ST_OK);
+    assert_int_equal(g->n_kv, 0);
+    assert_int_equal(g->n_tensors, 0);
+    io_gguf_close(g);
+    io_gguf_writer_free(w);
+    assert_int_equal(io_gguf_writer_init(&w, &err), ST_OK);
+    assert_int_equal(io_gguf_writer_str(w, "k", "", &err), ST_OK);
+    assert_int_equal(io_gguf_writer_open(w, &g, &err), ST_OK);
+    struct io_gguf_str s;
+    assert_int_equal(io_gguf_get_str(g, "k", &s, &err), ST_OK);
+    assert_int_equal(s.len, 0);
+    io_gguf_close(g);
+    io_gguf_writer_free(w);
+}
+
 static struct io_gguf *dummy(const char *preset, uint64_t seed, int layers, int fill)
 {
     struct err_detail err = {0};
@@ -263,6 +287,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_empty),
         cmocka_unit_test(test_dummy_shapes_and_seed),
         cmocka_unit_test(test_dummy_runs_tensor_parallel),
     };
