@@ -39,13 +39,16 @@ static const char *auto_device(void)
     return "cpu";
 }
 
+const char *kern_device_resolve(const char *device)
+{
+    return !device || !strcmp(device, "auto") ? auto_device() : device;
+}
+
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,
                               struct err_detail *err)
 {
     *out = NULL;
-    const char *dev = o->device;
-    if (!dev || !strcmp(dev, "auto"))
-        dev = auto_device();
+    const char *dev = kern_device_resolve(o->device);
     if (!strcmp(dev, "cpu")) {
         struct kern_cpu_opts co = {o->n_threads, o->isa, o->act, o->as_device};
         return kern_cpu_backend_init(out, &co, err);

@@ -246,6 +246,11 @@ struct kern_backend_opts {
     int tp;             /* tensor-parallel ranks kern_group_open makes (0 or 1: one) */
 };
 
+/* The device a --device value names: "cpu" or "cuda" for those, and for NULL/"auto" the one
+ * kern_backend_open would pick (logging once why it is the CPU where a CUDA build finds no
+ * usable GPU); any other value is returned as it is (kern_backend_open refuses it). */
+const char *kern_device_resolve(const char *device);
+
 /* Open a backend. An unknown device or an instruction set the machine lacks is an error that
  * says so. Caller frees with kern_backend_free. */
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,

@@ -237,7 +237,7 @@ static void print_text(void *user, const char *text, size_t n)
     fflush(stdout);
 }
 
-static int run(const struct gen_opts *o)
+static int run(struct gen_opts *o)
 {
     struct gen g = {0};
     struct err_detail err = {0};

@@ -17,7 +17,7 @@ static const char plan_usage[] =
     "                  [--kv-block B] [--kv-dtype f16|q8] [--seq-len L] [--json]\n"
     "\n"
     "Print the memory plan: weights (and the copy this CPU's kernels repack at load for the\n"
-    "default exact matmul mode), KV cache bytes per token (layers x 2 x kv_heads x head_dim x\n"
+    "default matmul mode), KV cache bytes per token (layers x 2 x kv_heads x head_dim x\n"
     "2 bytes in f16; with q8, 1 byte per value plus a 4-byte scale per token and head), and how\n"
     "many tokens / sequences of length L fit in the KV pool. With --tp N, per rank: 1/N of every\n"
     "layer's matrices and KV heads, plus the embedding, output head and norms (replicated).\n"
@@ -102,10 +102,13 @@ int runner_cmd_plan(int argc, char **argv)
         engine_model_free(m);
         return RUNNER_EXIT_ERROR;
     }
-    /* the copy of the matrices the backend repacks at load (default exact mode; 0 where it
-     * packs nothing) */
+    /* the copy of the matrices the CPU backend repacks at load in its default matmul mode (0
+     * where it packs nothing) */
     struct kern_backend *be;
-    struct kern_backend_opts ko = {.device = "cpu", .n_threads = 1, .act = KERN_ACT_F32};
+    eo.device = "cpu";
+    struct kern_backend_opts ko = runner_engine_backend(&eo);
+    ko.n_threads = 1;
+    ko.tp = 1;
     if (kern_backend_open(&be, &ko, &err)) {
         LOG_ERROR("%s", err.msg);
         engine_model_free(m);
@@ -184,8 +187,9 @@ int runner_cmd_plan(int argc, char **argv)
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
-        printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels)\n",
-               (double)packed / 1048576.0, kern_backend_describe(be));
+        printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels, "
+               "matmul %s)\n",
+               (double)packed / 1048576.0, kern_backend_describe(be), runner_matmul_name(eo.act));
         printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, plus "
                "activations)\n",
                (double)(weights + packed + kv_mem) / 1048576.0);

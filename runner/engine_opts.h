@@ -41,10 +41,15 @@ struct runner_engine_opts {
     long threads;            /* --threads (default: all online CPUs) */
     long tp;                 /* --tp: tensor-parallel ranks (default 1) */
     const char *isa;         /* --isa, NULL = auto (borrowed) */
-    int act;                 /* --matmul: enum kern_act (default exact) */
+    int act;                 /* --matmul: enum kern_act, or RUNNER_ACT_DEFAULT (the device's) */
     struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache */
     const char *dummy;       /* --dummy PRESET, or NULL (borrowed) */
 };
+
+/* --matmul unset: the device's default mode, which runner_engine_backend settles. On the CPU
+ * that is q8, the fastest mode whose perplexity is within 0.5 % of exact's on `make eval`'s
+ * text (docs/BENCHMARKS.md, 2026-12-02); on CUDA exact. */
+#define RUNNER_ACT_DEFAULT (-1)
 
 /* Every field at its default. */
 void runner_engine_opts_default(struct runner_engine_opts *o);
@@ -72,7 +77,8 @@ enum status runner_model_load(struct engine_model **out, const char *path,
 const char *runner_model_label(const char *path, const struct runner_engine_opts *o, char *buf,
                                size_t size);
 
-/* The backend factory's options (strings borrowed from o). */
-struct kern_backend_opts runner_engine_backend(const struct runner_engine_opts *o);
+/* The backend factory's options (strings borrowed from o); settles o->act first when it is
+ * RUNNER_ACT_DEFAULT (so o->act names the mode that runs). */
+struct kern_backend_opts runner_engine_backend(struct runner_engine_opts *o);
 
 #endif

@@ -4,7 +4,7 @@
 # usage: tools/same_outputs.sh OLD_BIN NEW_BIN [MODEL] [extra `quern run` flags...]
 # SUBMIT_FLAGS (environment) go to `quern submit`, e.g. "--temperature 0" for greedy; the
 # default is the job defaults (temperature 1, seeded per request). NEW_RUN_FLAGS go to the new
-# binary's run only (to see the script fail: NEW_RUN_FLAGS="--matmul q8").
+# binary's run only (to see the script fail: NEW_RUN_FLAGS="--matmul exact").
 # Prints "same: N records" or the first differences; exits 1 when they differ.
 set -euo pipefail
 old=$1 new=$2 model=${3:-models/SmolLM2-135M-Instruct.Q4_1.gguf}

@@ -2,7 +2,8 @@
 # End-to-end: quern perplexity. On a short fixed text (tests/fixtures/perplexity_text.txt, the
 # start of the GPL-3), both window methods against the independent float64 reference
 # (tests/fixtures/perplexity_ref.json, tools/ref_perplexity.py): the same windows and tokens
-# scored, perplexity within a relative 1e-4 in exact mode. Batch invariance: one window at a time,
+# scored, perplexity within a relative 1e-4 in exact mode; the default mode is q8. Batch
+# invariance: one window at a time,
 # all at once and small steps give the same mean NLL to the last digit printed; --tp 3 on a dummy
 # model equals one rank. Clear errors: text that is not UTF-8, too short for a window, a stride
 # that leaves no context.
@@ -21,8 +22,8 @@ ppl() { # output json, then flags
     "$Q" perplexity --model "$M" --file "$TXT" --ctx 128 --json "$@" >"$out" 2>"$out.err" ||
         { cat "$out.err"; fail "perplexity $*"; }
 }
-ppl "$tmp/chunks.json"
-ppl "$tmp/sliding.json" --stride 96
+ppl "$tmp/chunks.json" --matmul exact
+ppl "$tmp/sliding.json" --matmul exact --stride 96
 python3 - "$REF" "$TXT" "$tmp/chunks.json" "$tmp/sliding.json" <<'PY' || fail "against the reference"
 import hashlib, json, sys
 ref = json.load(open(sys.argv[1]))
@@ -42,8 +43,8 @@ PY
     fail "method name"
 
 # batch invariance: the same numbers whatever the windows' batching
-ppl "$tmp/one.json" --max-seqs 1
-ppl "$tmp/small.json" --max-batch-tokens 40
+ppl "$tmp/one.json" --matmul exact --max-seqs 1
+ppl "$tmp/small.json" --matmul exact --max-batch-tokens 40
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 [ "$(field "$tmp/one.json" windows_in_flight)" = 1 ] || fail "--max-seqs 1 ran $(field "$tmp/one.json" windows_in_flight) at once"
 [ "$(field "$tmp/chunks.json" windows_in_flight)" = 4 ] || fail "the 4 windows did not run at once"
@@ -51,6 +52,9 @@ for f in one small; do
     [ "$(field "$tmp/$f.json" mean_nll)" = "$(field "$tmp/chunks.json" mean_nll)" ] ||
         fail "batching changed the result ($f)"
 done
+# the default mode on the CPU is q8 (make eval: within 0.5 % of exact on its text)
+ppl "$tmp/default.json"
+[ "$(field "$tmp/default.json" matmul)" = q8 ] || fail "the default matmul mode is $(field "$tmp/default.json" matmul)"
 # tensor parallelism on a dummy model: the same as one rank
 ppl "$tmp/d1.json" --dummy smollm2-135m
 ppl "$tmp/d3.json" --dummy smollm2-135m --tp 3
