@@ -21,7 +21,7 @@ cd "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 SAN=${QUERN_SANITIZE:-}
-N=24 TOK=48 TOK2=64
+N=24 TOK=96 TOK2=128
 [ -n "$SAN" ] && N=6 TOK=12 TOK2=16
 # N requests that all run at once and stop at max_tokens together (counting never ends early)
 make_job() {
@@ -37,7 +37,9 @@ make_job one.jsonl $TOK
 make_job two.jsonl $TOK2
 "$Q" submit --db p.db --model "$M" --name one one.jsonl >/dev/null 2>&1 || fail "submit one"
 "$Q" submit --db p.db --model "$M" --name two two.jsonl >/dev/null 2>&1 || fail "submit two"
-RUN=(--out out --max-seqs 32 --threads 2)
+# --matmul exact: the jobs are sized so a run lasts several seconds at exact mode's pace (the
+# checks watch it live); the default q8 finishes them before the watchers look.
+RUN=(--out out --max-seqs 32 --threads 2 --matmul exact)
 
 # pty_capture.py OUT.json SECS ENV... -- CMD...: run CMD with stdin/stderr on a pty of 100
 # columns (stdout too when STDOUT_PTY=1 is among ENV, else to OUT.stdout), SIGINT after SECS

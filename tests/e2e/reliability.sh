@@ -62,7 +62,8 @@ echo "1: resumed after kill -9 in $(($(date +%s) - t0)) s"
 # 1b. items held by another live run: --no-wait exits 75, the default waits and exits 0
 make_small wait.jsonl 24
 "$Q" submit --db wait.db --model "$M" --name wait wait.jsonl >/dev/null 2>&1
-"$Q" run --db wait.db --out out --max-seqs 32 --threads 1 >/dev/null 2>wait.log &
+# (exact mode, one thread: slow enough that the run still holds leases when --no-wait looks)
+"$Q" run --db wait.db --out out --max-seqs 32 --threads 1 --matmul exact >/dev/null 2>wait.log &
 pa=$!
 for _ in $(seq 300); do
     "$Q" status --db wait.db --job wait --json | grep -q '"queued":0' && break
