@@ -3,6 +3,7 @@
  * tensor's bytes come from its own splitmix64 stream keyed by (seed, tensor index): a dummy
  * model's weights are a function of the preset, the layer count and the seed. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,9 +37,22 @@ static const struct preset presets[] = {
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
+/* The table's names joined by "|" (built once: the table is the only list of presets). */
+static char preset_names[128];
+
+static void join_names(void)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < N_PRESETS; i++)
+        k += (size_t)snprintf(preset_names + k, sizeof(preset_names) - k, "%s%s", i ? "|" : "",
+                              presets[i].name);
+}
+
 const char *engine_dummy_names(void)
 {
-    return "smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b";
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, join_names);
+    return preset_names;
 }
 
 static uint64_t splitmix(uint64_t *s)

@@ -39,14 +39,20 @@ static void check(int rc, const char *what)
     }
 }
 
+/* A matmul's input steps (struct kern_mm_in) queued; returns the rows the matmul reads. */
+static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, int n_tok,
+                             int64_t n)
+{
+    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok, (int)n),
+          "matmul input");
+    return in->norm ? in->xn : in->x;
+}
+
 static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
                         int n_w, const struct kern_mm_in *in, int n_tok)
 {
     struct cuda_state *s = st_of(b);
-    const int64_t n = w[0]->ne0;
-    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok, (int)n),
-          "matmul input");
-    const float *x = in->norm ? in->xn : in->x;
+    const float *x = mm_input(s, in, n_tok, w[0]->ne0);
     for (int i = 0; i < n_w; i++)
         check((s->act == KERN_ACT_BF16 ? kcu_matmul_bf16 : kcu_matmul)(
                   s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0, w[i]->ne1, x,
@@ -67,11 +73,9 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
         s->best = p;
         s->best_cap = n_tok;
     }
-    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok,
-                      (int)w->ne0),
-          "matmul_argmax input");
+    const float *x = mm_input(s, in, n_tok, w->ne0);
     check(kcu_matmul_argmax(s->stream, s->act == KERN_ACT_BF16, w->type, w->packed, w->row_bytes,
-                            w->ne0, w->ne1, in->norm ? in->xn : in->x, n_tok, s->best, ids),
+                            w->ne0, w->ne1, x, n_tok, s->best, ids),
           "matmul_argmax");
     return 1;
 }
