@@ -384,9 +384,14 @@ static enum status inspect(const char *path, const struct queue_options *opts,
     sqlite3_extended_result_codes(pk.db, 1);
     sqlite3_busy_timeout(pk.db,
                          opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
+    /* One read transaction around every read below: another process may be creating this
+     * queue right now (its migration commits tables and version together), and a version read
+     * before that commit with tables read after it would look like a foreign database. */
     int v = 0;
     sqlite3_stmt *s = NULL;
-    rc = sqlite3_prepare_v2(pk.db, "PRAGMA user_version", -1, &s, NULL);
+    rc = sqlite3_exec(pk.db, "BEGIN", NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(pk.db, "PRAGMA user_version", -1, &s, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         v = sqlite3_column_int(s, 0);
         rc = SQLITE_OK;
@@ -409,6 +414,8 @@ static enum status inspect(const char *path, const struct queue_options *opts,
         st = err_set(err, ST_ERR_NOT_FOUND, "queue %s is an empty database, not a queue yet", path);
     if (st == ST_OK && opts->check_integrity)
         st = peek_quick_check(&pk, err);
+    if (!sqlite3_get_autocommit(pk.db))
+        sqlite3_exec(pk.db, "COMMIT", NULL, NULL, NULL);
     sqlite3_close(pk.db);
     return st;
 }

@@ -644,38 +644,46 @@ static void test_concurrent_workers(void **state)
     queue_close(q);
 }
 
-/* Several processes creating the same new queue at once: each open must wait, not fail. */
+/* Several processes creating the same new queue at once: each open must wait, not fail, and
+ * none may see a half-made queue (a version and tables read from two different moments). The
+ * window is small, so the race is run on many fresh files. */
 static void test_concurrent_create(void **state)
 {
     struct fixture *f = *state;
-    pid_t pids[6];
-    for (int p = 0; p < 6; p++) {
-        pids[p] = fork();
-        assert_true(pids[p] >= 0);
-        if (pids[p] == 0) {
-            struct queue *q = NULL;
-            struct err_detail err = {0};
-            char name[16];
-            snprintf(name, sizeof(name), "job%d", p);
-            struct queue_job_spec spec = {.name = name, .model_path = "m", .out_dir = "o"};
-            int64_t id = 0;
-            enum status st = queue_open(&q, f->path, &err);
-            if (st == ST_OK)
-                st = queue_job_create(q, &spec, &id, &err);
-            if (st != ST_OK)
-                fprintf(stderr, "process %d: %s\n", p, err.msg);
-            queue_close(q);
-            _exit(st == ST_OK ? 0 : 1);
+    enum { ROUNDS = 64, PROCS = 8 };
+    for (int r = 0; r < ROUNDS; r++) {
+        char path[160];
+        snprintf(path, sizeof(path), "%s/create-%d.db", f->dir, r);
+        pid_t pids[PROCS];
+        for (int p = 0; p < PROCS; p++) {
+            pids[p] = fork();
+            assert_true(pids[p] >= 0);
+            if (pids[p] == 0) {
+                struct queue *q = NULL;
+                struct err_detail err = {0};
+                char name[16];
+                snprintf(name, sizeof(name), "job%d", p);
+                struct queue_job_spec spec = {.name = name, .model_path = "m", .out_dir = "o"};
+                int64_t id = 0;
+                enum status st = queue_open(&q, path, &err);
+                if (st == ST_OK)
+                    st = queue_job_create(q, &spec, &id, &err);
+                if (st != ST_OK)
+                    fprintf(stderr, "round %d, process %d: %s\n", r, p, err.msg);
+                queue_close(q);
+                _exit(st == ST_OK ? 0 : 1);
+            }
         }
+        int failed = 0;
+        for (int p = 0; p < PROCS; p++) {
+            int ws = 0;
+            assert_int_equal(waitpid(pids[p], &ws, 0), pids[p]);
+            failed += !WIFEXITED(ws) || WEXITSTATUS(ws) != 0;
+        }
+        assert_int_equal(failed, 0);
+        assert_int_equal(sql_int(path, "SELECT count(*) FROM jobs"), PROCS);
+        assert_int_equal(sql_int(path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
     }
-    for (int p = 0; p < 6; p++) {
-        int ws = 0;
-        assert_int_equal(waitpid(pids[p], &ws, 0), pids[p]);
-        assert_true(WIFEXITED(ws));
-        assert_int_equal(WEXITSTATUS(ws), 0);
-    }
-    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs"), 6);
-    assert_int_equal(sql_int(f->path, "PRAGMA user_version"), QUEUE_SCHEMA_VERSION);
 }
 
 int main(void)
