@@ -68,7 +68,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit check-includes asan deps model clean format fuzz eval
+.PHONY: all test unit check-includes asan deps model clean format fuzz eval pydeps
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -123,8 +123,15 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf model
-	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh $(TEST_BIN)
+test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf model \
+      pydeps
+	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) QUERN_PYDEPS=$(CURDIR)/build-py \
+	    tests/run_tests.sh $(TEST_BIN)
+
+# The Python packages the end-to-end tests validate records with (the OpenAI SDK's types,
+# jsonschema), pinned in tools/requirements-test.txt, installed once into build-py/.
+pydeps:
+	tools/pydeps.sh build-py
 
 unit: check-includes $(TEST_BIN) model
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) tests/run_tests.sh --unit-only $(TEST_BIN)
@@ -194,6 +201,6 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-fuzz bin
+	rm -rf build build-asan build-fuzz build-py bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

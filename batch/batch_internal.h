@@ -18,6 +18,11 @@ struct batch_inflight {
     enum job_kind kind;                 /* chat or completion */
     char *model;                        /* request's model field or NULL (owned) */
     struct batch_inflight *prev, *next; /* in batch_run.inflight, while the engine holds it */
+    int n_choices;                      /* choices the request asked for (n) */
+    int n_got;                          /* of those, finished so far */
+    int32_t n_prompt;                   /* prompt tokens */
+    struct job_choice *choices;         /* n_choices, filled as they finish: every pointer in
+                                           them owned (copies of the engine's output) */
 };
 
 struct batch_run {

@@ -30,6 +30,15 @@ int batch_run_signals(const struct batch_run *r)
 
 static void inflight_free(struct batch_inflight *inf)
 {
+    for (int i = 0; inf->choices && i < inf->n_choices; i++) {
+        struct job_choice *c = &inf->choices[i];
+        free((void *)c->text);
+        free((void *)c->tokens);
+        free((void *)c->logprobs);
+        free((void *)c->top_ids);
+        free((void *)c->top_lps);
+    }
+    free(inf->choices);
     free(inf->custom_id);
     free(inf->model);
     free(inf);
@@ -98,7 +107,10 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     struct batch_inflight *inf = NULL;
     if (!st) {
         inf = calloc(1, sizeof(*inf));
-        if (!inf || !(inf->custom_id = strdup(req->custom_id))) {
+        if (!inf || !(inf->custom_id = strdup(req->custom_id)) ||
+            !(inf->choices = calloc((size_t)req->n, sizeof(*inf->choices)))) {
+            if (inf)
+                free(inf->custom_id);
             free(inf);
             free(ids);
             job_request_free(req);
@@ -107,6 +119,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         inf->item_id = c->id;
         inf->kind = req->kind;
         inf->model = req->model ? strdup(req->model) : NULL;
+        inf->n_choices = req->n;
+        inf->n_prompt = (int32_t)n;
         struct engine_request er = {0};
         er.prompt = ids;
         er.n_prompt = n;
@@ -116,6 +130,9 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         er.n_stop = req->n_stop;
         er.request_id = req->custom_id;
         er.user = inf;
+        er.n_choices = req->n;
+        er.logprobs = req->logprobs;
+        er.top_logprobs = req->top_logprobs;
         st = engine_add_request(r->e, &er, NULL, &e2);
     }
     free(ids);
@@ -183,7 +200,49 @@ static void note_latency(struct batch_run *r, const struct engine_output *o)
     }
 }
 
-/* Finished requests out of the engine, as result records for the writer. */
+/* A copy of n elements of size sz at p (NULL when n is 0 or p is NULL); *oom set on failure. */
+static void *dup_array(const void *p, size_t n, size_t sz, int *oom)
+{
+    if (!p || !n)
+        return NULL;
+    void *q = malloc(n * sz);
+    if (!q)
+        *oom = 1;
+    else
+        memcpy(q, p, n * sz);
+    return q;
+}
+
+/* Keep choice o of its request until every choice is in (the engine's output lives only until
+ * the next poll). ST_ERR_NOMEM when a copy fails. */
+static enum status keep_choice(struct batch_inflight *inf, const struct engine_output *o)
+{
+    struct job_choice *c = &inf->choices[o->choice];
+    int oom = 0;
+    const size_t nt = o->n_tokens, k = (size_t)o->top_logprobs;
+    char *text = malloc(o->text_len + 1);
+    if (text) {
+        memcpy(text, o->text, o->text_len);
+        text[o->text_len] = 0;
+    }
+    c->text = text;
+    c->text_len = o->text_len;
+    c->finish_reason = o->finish == ENGINE_FINISH_LENGTH ? "length" : "stop";
+    c->completion_tokens = (int32_t)nt;
+    if (o->logprobs) {
+        c->tokens = dup_array(o->tokens, nt, sizeof(int32_t), &oom);
+        c->logprobs = nt ? dup_array(o->logprobs, nt, sizeof(float), &oom) : malloc(1);
+        c->top_logprobs = o->top_logprobs;
+        c->top_ids = dup_array(o->top_ids, nt * k, sizeof(int32_t), &oom);
+        c->top_lps = dup_array(o->top_lps, nt * k, sizeof(float), &oom);
+        oom |= !c->logprobs;
+    }
+    inf->n_got++;
+    return !text || oom ? ST_ERR_NOMEM : ST_OK;
+}
+
+/* Finished requests out of the engine, as result records for the writer: a request's record
+ * is written when its last choice finishes. */
 static enum status take_outputs(struct batch_run *r, struct err_detail *err)
 {
     struct engine_output o[64];
@@ -192,24 +251,29 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
     while (!st && (k = engine_poll(r->e, o, 64)) > 0)
         for (size_t i = 0; i < k; i++) {
             struct batch_inflight *inf = o[i].user;
+            note_latency(r, &o[i]);
+            if (!st && keep_choice(inf, &o[i]))
+                st = err_set(err, ST_ERR_NOMEM, "out of memory keeping an output");
+            if (st || inf->n_got < inf->n_choices)
+                continue;
             struct job_result jr = {0};
             jr.custom_id = inf->custom_id;
             jr.kind = inf->kind;
             jr.model = inf->model ? inf->model : r->model_name;
-            jr.text = o[i].text;
-            jr.text_len = o[i].text_len;
-            jr.finish_reason = o[i].finish == ENGINE_FINISH_LENGTH ? "length" : "stop";
-            jr.prompt_tokens = (int32_t)o[i].n_prompt;
-            jr.completion_tokens = (int32_t)o[i].n_tokens;
+            jr.choices = inf->choices;
+            jr.n_choices = (size_t)inf->n_choices;
+            jr.prompt_tokens = inf->n_prompt;
             jr.created = (int64_t)time(NULL);
             jr.job_id = r->job.id;
-            if (!st)
-                st = batch_out_result(r->out, inf->item_id, job_record_success(&jr),
-                                      (int64_t)o[i].n_prompt, (int64_t)o[i].n_tokens, err);
-            r->stats.prompt_tokens += (int64_t)o[i].n_prompt;
-            r->stats.completion_tokens += (int64_t)o[i].n_tokens;
+            jr.tok = r->tok;
+            int64_t gen = 0;
+            for (int c = 0; c < inf->n_choices; c++)
+                gen += inf->choices[c].completion_tokens;
+            st = batch_out_result(r->out, inf->item_id, job_record_success(&jr),
+                                  (int64_t)inf->n_prompt, gen, err);
+            r->stats.prompt_tokens += (int64_t)inf->n_prompt;
+            r->stats.completion_tokens += gen;
             r->n_out++;
-            note_latency(r, &o[i]);
             if (inf->prev)
                 inf->prev->next = inf->next;
             else

@@ -101,10 +101,20 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
     e->s_logits = malloc(sizeof(*e->s_logits) * bt);
     e->s_id = malloc(sizeof(*e->s_id) * bt);
+    e->s_lp = malloc(sizeof(*e->s_lp) * bt);
+    e->s_top_id = malloc(sizeof(*e->s_top_id) * bt * ENGINE_TOP_LOGPROBS_MAX);
+    e->s_top_lp = malloc(sizeof(*e->s_top_lp) * bt * ENGINE_TOP_LOGPROBS_MAX);
+    e->lp_row = calloc((size_t)e->n_smp, sizeof(*e->lp_row));
+    for (int i = 0; e->lp_row && i < e->n_smp; i++)
+        if (!(e->lp_row[i] = malloc(sizeof(float) * (size_t)engine_model_hparams(m)->n_vocab))) {
+            engine_free(e);
+            return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
+        }
     e->piece_cap = ENGINE_TOK_STREAM_OUT_MAX(engine_tok_max_piece(tok)) + 8;
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id) {
+        !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
+        !e->s_top_id || !e->s_top_lp || !e->lp_row) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -141,6 +151,12 @@ void engine_free(struct engine *e)
         for (int i = 0; i < e->n_smp; i++)
             engine_sampler_free(e->smp[i]);
     free(e->smp);
+    for (int i = 0; e->lp_row && i < e->n_smp; i++)
+        free(e->lp_row[i]);
+    free(e->lp_row);
+    free(e->s_lp);
+    free(e->s_top_id);
+    free(e->s_top_lp);
     pool_free(e->pool);
     free(e->s_seq);
     free(e->s_logits);
@@ -185,6 +201,13 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
         return err_set(err, ST_ERR_INVALID_ARG, "at most %d stop strings", ENGINE_MAX_STOP);
     if ((st = engine_sampling_validate(&r->sampling, err)))
         return st;
+    if (r->n_choices < 0 || r->n_choices > ENGINE_MAX_CHOICES || r->first_choice < 0 ||
+        r->first_choice > INT32_MAX - ENGINE_MAX_CHOICES)
+        return err_set(err, ST_ERR_INVALID_ARG, "n_choices %d not in 0..%d (or first_choice %d "
+                       "negative)", r->n_choices, ENGINE_MAX_CHOICES, r->first_choice);
+    if (r->logprobs && (r->top_logprobs < 0 || r->top_logprobs > ENGINE_TOP_LOGPROBS_MAX))
+        return err_set(err, ST_ERR_INVALID_ARG, "top_logprobs %d not in 0..%d", r->top_logprobs,
+                       ENGINE_TOP_LOGPROBS_MAX);
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= engine_model_hparams(e->m)->n_vocab)
             return err_set(err, ST_ERR_RANGE, "prompt token %d is outside the vocabulary",
@@ -199,14 +222,41 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
         return err_set(err, ST_ERR_RANGE,
                        "prompt + max_tokens needs %llu KV blocks; the pool has %d (raise --kv-mem)",
                        (unsigned long long)blocks, engine_kv_n_blocks(e->kv));
-    struct seq *s;
-    if ((st = engine_seq_new(&s, r, err)))
-        return st;
-    s->id = e->next_id++;
-    s->t_arrival = engine_now();
-    engine_sched_enqueue(e, s);
+    /* every choice is made before any is queued, so a failure queues none */
+    const int n = r->n_choices > 1 ? r->n_choices : 1;
+    struct seq *first = NULL, **tail = &first;
+    struct seq_gate *gate = NULL;
+    if (n > 1 && e->p.prefix_cache && !(gate = calloc(1, sizeof(*gate))))
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    const double now = engine_now();
+    for (int i = 0; i < n; i++) {
+        struct seq *s;
+        if ((st = engine_seq_new(&s, r, err))) {
+            engine_seq_list_free(first);
+            if (gate && !gate->refs)
+                free(gate);
+            return st;
+        }
+        s->id = e->next_id;
+        s->t_arrival = now;
+        s->choice = r->first_choice + i;
+        engine_rng_choice(&s->rng, (uint32_t)s->choice);
+        s->lead = i == 0;
+        if (gate) {
+            s->gate = gate;
+            gate->refs++;
+        }
+        *tail = s;
+        tail = &s->next;
+    }
     if (id)
-        *id = s->id;
+        *id = e->next_id;
+    e->next_id++;
+    while (first) {
+        struct seq *s = first;
+        first = s->next;
+        engine_sched_enqueue(e, s);
+    }
     return ST_OK;
 }
 
@@ -224,12 +274,22 @@ static void sample_range(void *arg, int ith, int nth)
 {
     const struct sample_job *sj = arg;
     struct engine *e = sj->e;
+    const int32_t n_vocab = engine_model_hparams(e->m)->n_vocab;
     long lo, hi;
     pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
-        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)s->n_tok,
-                                   e->s_logits[j], s->tok, s->n_tok, NULL);
+        float *row = e->s_logits[j];
+        if (s->lp_k >= 0) { /* sample a copy: the log-probabilities read the raw row */
+            memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
+            row = e->lp_row[ith];
+        }
+        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)s->n_tok, row,
+                                   s->tok, s->n_tok, NULL);
+        if (s->lp_k >= 0)
+            engine_logprobs(e->s_logits[j], n_vocab, e->s_id[j], s->lp_k, &e->s_lp[j],
+                            e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
+                            e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX);
     }
 }
 
@@ -243,7 +303,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
      * the argmax tokens without writing the logits */
     int greedy = 1, fused = 0;
     for (int k = 0; k < nb && greedy; k++)
-        greedy = !e->b_want[k] || engine_sampling_is_argmax(&e->b_owner[k]->sp);
+        greedy = !e->b_want[k] ||
+                 (engine_sampling_is_argmax(&e->b_owner[k]->sp) && e->b_owner[k]->lp_k < 0);
     enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
                                                           &fused, err)
                             : engine_model_forward(e->m, e->kv, &b, e->logits, err);
@@ -284,6 +345,9 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         int k = 1;
         while (j + k < n_s && e->s_seq[j + k] == s)
             k++;
+        if (s->lp_k >= 0) /* rows that want logprobs never take the fused greedy path */
+            engine_seq_note_logprob(s, e->s_lp[j], e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
+                                    e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX);
         engine_seq_accept(e, s, &e->s_id[j], (size_t)k);
         if (s->ended)
             engine_sched_retire(e, s);
@@ -321,6 +385,11 @@ size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
         o->t_first = s->t_first;
         o->t_finish = s->t_finish;
         o->preemptions = s->preemptions;
+        o->choice = s->choice;
+        o->logprobs = s->lp_k >= 0 ? s->lp : NULL;
+        o->top_logprobs = s->lp_k > 0 ? s->lp_k : 0;
+        o->top_ids = s->lp_k > 0 ? s->lp_id : NULL;
+        o->top_lps = s->lp_k > 0 ? s->lp_top : NULL;
     }
     return n;
 }

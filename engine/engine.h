@@ -29,6 +29,7 @@ struct engine_params {
 void engine_params_default(struct engine_params *p);
 
 #define ENGINE_MAX_STOP 8
+#define ENGINE_MAX_CHOICES 128
 
 /* One request. The engine copies everything it needs; the caller may free after adding. */
 struct engine_request {
@@ -41,6 +42,17 @@ struct engine_request {
     size_t n_stop;                  /* <= ENGINE_MAX_STOP */
     const char *request_id;         /* seeds the RNG with sampling.seed; NUL-terminated */
     void *user;                     /* returned with the output */
+    int n_choices;                  /* independent completions of the prompt (OpenAI's n; 0
+                                     * counts as 1), at most ENGINE_MAX_CHOICES: choice i draws
+                                     * with engine_rng_choice(first_choice + i) and comes out as
+                                     * its own engine_output. With the prefix cache on, choices
+                                     * after the first wait until the first has computed the
+                                     * prompt, then share its full KV blocks (each recomputes
+                                     * only the prompt's last, partial block) */
+    int first_choice;               /* index of the first choice (usually 0) */
+    int logprobs;                   /* 1 = report each generated token's log-probability */
+    int top_logprobs;               /* with logprobs: alternatives per token, 0..
+                                     * ENGINE_TOP_LOGPROBS_MAX (engine_logprobs) */
     /* Optional streaming: called from engine_step with each piece of the output text as it
      * becomes final (complete UTF-8, past any possible stop string), in order; the pieces
      * concatenate to the output's text. NULL = no streaming. */
@@ -68,6 +80,15 @@ struct engine_output {
     double t_first;             /* first generated token */
     double t_finish;            /* completion */
     int preemptions;            /* times evicted and recomputed */
+    int choice;                 /* which choice of its request (first_choice + i) */
+    /* With logprobs: per generated token (n_tokens entries), its log-probability under the
+     * model's raw distribution (engine_logprobs), and top_logprobs alternatives each (ids by
+     * descending probability and their log-probabilities, n_tokens x top_logprobs). NULL and 0
+     * when the request did not ask. */
+    const float *logprobs;
+    int top_logprobs;
+    const int32_t *top_ids;
+    const float *top_lps;
 };
 
 struct engine_stats {

@@ -11,6 +11,14 @@ struct pool;
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
+/* Shared by the choices of one request (engine_request.n_choices > 1 with the prefix cache on):
+ * the choices after the first stay waiting until the first has computed the prompt, so that
+ * they find its full blocks in the prefix cache. Freed with its last choice. */
+struct seq_gate {
+    int refs; /* choices holding it */
+    int open; /* 1 once the first choice's prompt KV is written */
+};
+
 struct seq {
     uint64_t id;                 /* request id */
     void *user;                  /* caller's pointer */
@@ -41,6 +49,14 @@ struct seq {
     int stop_string;             /* a stop string ended it */
     size_t n_cached;             /* prompt tokens from the prefix cache at first admission */
     int preemptions;             /* times preempted */
+    int choice;                  /* which choice of its request */
+    int lead;                    /* 1 = the first choice: it opens the gate */
+    struct seq_gate *gate;       /* shared with its sibling choices, or NULL */
+    int lp_k;                    /* -1: no logprobs; else alternatives per token */
+    float *lp;                   /* per generated token: its log-probability (cap_lp entries) */
+    int32_t *lp_id;              /* lp_k alternatives per token: ids (cap_lp x lp_k) */
+    float *lp_top;               /* and their log-probabilities */
+    size_t cap_lp;               /* tokens lp holds room for */
     double t_arrival, t_first, t_finish; /* monotonic seconds */
     struct seq *next;            /* waiting / done list link */
 };
@@ -55,7 +71,11 @@ struct engine {
     int n_smp;                   /* pool threads */
     struct seq **s_seq;          /* this step's sampling jobs (one per logits row): sequence, */
     float **s_logits;            /* its logits row, */
-    int32_t *s_id;               /* and the token drawn */
+    int32_t *s_id;               /* and the token drawn; for rows that want logprobs: */
+    float *s_lp;                 /* the drawn token's log-probability, */
+    int32_t *s_top_id;           /* ENGINE_TOP_LOGPROBS_MAX alternatives per row */
+    float *s_top_lp;             /* and theirs */
+    float **lp_row;              /* per pool thread: a copy of the row to sample from */
     struct seq **running;        /* running sequences, admission order, n_running used */
     int n_running;               /* count */
     int *free_slots;             /* stack of unused KV slots */
@@ -86,8 +106,11 @@ double engine_now(void);
  * the stop strings and the parameters, seeds its RNG. Caller frees with engine_seq_free. */
 enum status engine_seq_new(struct seq **out, const struct engine_request *r,
                            struct err_detail *err);
-/* NULL is a no-op. */
+/* NULL is a no-op. Drops s's reference to its gate. */
 void engine_seq_free(struct seq *s);
+/* Record the log-probabilities of the token about to be accepted for s (lp_k >= 0): lp for
+ * it, top_id / top_lp its lp_k alternatives. Call before engine_seq_accept of that token. */
+void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp);
 /* Frees a list linked through next. */
 void engine_seq_list_free(struct seq *s);
 

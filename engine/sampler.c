@@ -78,6 +78,15 @@ void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id
     r->ctr = 0;
 }
 
+void engine_rng_choice(struct engine_rng *r, uint32_t choice)
+{
+    if (!choice)
+        return;
+    uint64_t x = r->key ^ ((uint64_t)choice * 0x9e3779b97f4a7c15ull);
+    x = splitmix64(&x) ^ 0x6a09e667f3bcc909ull; /* a constant of its own: not a seed's mix */
+    r->key = splitmix64(&x);
+}
+
 double engine_rng_at(const struct engine_rng *r, uint64_t pos, uint32_t draw)
 {
     return philox_uniform(r->key, pos, (uint64_t)draw << 32 | RNG_STREAM_SAMPLE);
@@ -437,4 +446,44 @@ int engine_stop_push(struct engine_stop *s, const char *text, size_t len, size_t
     *emit_len = s->pending - hold;
     s->pending = hold;
     return 0;
+}
+
+void engine_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int k,
+                     float *chosen_lp, int32_t *top_id, float *top_lp)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (logits[i] > mx) /* NaN never compares greater */
+            mx = logits[i];
+    double sum = 0;
+    for (int32_t c = 0; c < n_vocab; c += 256) { /* float chunks, added in double */
+        int32_t end = c + 256 < n_vocab ? c + 256 : n_vocab;
+        float part = 0;
+        for (int32_t i = c; i < end; i++)
+            part += logits[i] >= mx - 80.0f ? engine_sample_exp(logits[i] - mx) : 0.0f;
+        sum += part;
+    }
+    const double norm = (double)mx + log(sum);
+    const float lc = logits[chosen];
+    *chosen_lp = lc == lc ? (float)((double)lc - norm) : -INFINITY;
+    if (k > n_vocab)
+        k = n_vocab;
+    int n = 0; /* top_id[0..n) sorted by descending logit; a later equal logit goes after */
+    for (int32_t i = 0; i < n_vocab && k > 0; i++) {
+        float l = logits[i];
+        if (!(l == l))
+            l = -INFINITY;
+        if (n == k && !(l > top_lp[n - 1]))
+            continue;
+        int j = n < k ? n++ : n - 1;
+        while (j > 0 && l > top_lp[j - 1]) {
+            top_lp[j] = top_lp[j - 1];
+            top_id[j] = top_id[j - 1];
+            j--;
+        }
+        top_lp[j] = l;
+        top_id[j] = i;
+    }
+    for (int j = 0; j < n; j++)
+        top_lp[j] = (float)((double)top_lp[j] - norm);
 }

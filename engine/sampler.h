@@ -55,6 +55,11 @@ struct engine_rng {
  * ids give unrelated ones. The plain stream starts at counter 0. */
 void engine_rng_seed(struct engine_rng *r, uint64_t seed, const char *request_id, size_t id_len);
 
+/* Choice `choice` of a request with several (OpenAI's n): choice 0 keeps the key, choice c > 0
+ * replaces it with an unrelated key derived from (key, c), so each choice draws on its own and a
+ * request's choice c is reproduced by a one-choice request given the same c. */
+void engine_rng_choice(struct engine_rng *r, uint32_t choice);
+
 /* The uniform double in [0, 1) (53 random bits) of draw number `draw` for the token at
  * position pos. A pure function of (key, pos, draw). */
 double engine_rng_at(const struct engine_rng *r, uint64_t pos, uint32_t draw);
@@ -133,6 +138,20 @@ size_t engine_sampler_n_kept(const struct engine_sampler *s);
  * truncated, the probabilities are read from that call's logits row: valid only until the
  * caller changes it. */
 int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *prob);
+
+/* ---- Log-probabilities ------------------------------------------------------------------- */
+
+/* Most alternatives engine_logprobs reports per position (OpenAI's top_logprobs limit). */
+#define ENGINE_TOP_LOGPROBS_MAX 20
+
+/* Log-probabilities under the model's own distribution: the log-softmax of the raw logits row
+ * (before penalties, temperature and any truncation, as OpenAI's logprobs are; NaN counts as
+ * -inf). Stores the chosen token's in *chosen_lp and the k (0..ENGINE_TOP_LOGPROBS_MAX, at most
+ * n_vocab) most likely ids in top_id[0..k) with theirs in top_lp, by descending logit, ties to
+ * the lower id. The normaliser is max + log of the sum, in double, of engine_sample_exp(l - max)
+ * (relative error of each weight under 4e-7). Reads logits only; a pure function. */
+void engine_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int k,
+                     float *chosen_lp, int32_t *top_id, float *top_lp);
 
 /* ---- Stop strings ---------------------------------------------------------------------- */
 

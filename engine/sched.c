@@ -32,18 +32,19 @@ static void wait_push_front(struct engine *e, struct seq *s)
     e->n_waiting++;
 }
 
-static struct seq *wait_pop(struct engine *e)
+/* Take s out of the waiting queue; prev is the entry before it (NULL for the head). */
+static void wait_remove(struct engine *e, struct seq *prev, struct seq *s)
 {
-    struct seq *s = e->wait_head;
-    if (s) {
-        e->wait_head = s->next;
-        if (!e->wait_head)
-            e->wait_tail = NULL;
-        s->next = NULL;
-        e->n_waiting--;
-    }
-    return s;
+    *(prev ? &prev->next : &e->wait_head) = s->next;
+    if (e->wait_tail == s)
+        e->wait_tail = prev;
+    s->next = NULL;
+    e->n_waiting--;
 }
+
+/* 1 when s must keep waiting: a later choice whose first choice has not computed the prompt
+ * yet (it would find nothing in the prefix cache). */
+static int gated(const struct seq *s) { return s->gate && !s->lead && !s->gate->open; }
 
 void engine_sched_enqueue(struct engine *e, struct seq *s) { wait_push_back(e, s); }
 
@@ -171,9 +172,16 @@ static int schedule(struct engine *e, struct err_detail *err)
         batch_add(e, &nb, &rows, s, s->n_computed, n);
         budget -= n;
     }
-    /* 3. admit waiting requests */
-    while (budget > 0 && e->wait_head && e->n_free_slots) {
-        struct seq *s = e->wait_head;
+    /* 3. admit waiting requests, in order, passing over gated choices */
+    struct seq *prev = NULL;
+    while (budget > 0 && e->n_free_slots) {
+        struct seq *s = prev ? prev->next : e->wait_head;
+        if (!s)
+            break;
+        if (gated(s)) {
+            prev = s;
+            continue;
+        }
         int slot = e->free_slots[e->n_free_slots - 1];
         int32_t cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,
                                                  (int32_t)s->n_tok - 1);
@@ -187,7 +195,7 @@ static int schedule(struct engine *e, struct err_detail *err)
             s->n_computed = 0;
             break;
         }
-        wait_pop(e);
+        wait_remove(e, prev, s);
         e->n_free_slots--;
         if (s->n_cached == (size_t)-1)
             s->n_cached = (size_t)cached;
@@ -221,7 +229,10 @@ void engine_sched_computed(struct engine *e, int nb)
         if (s->n_computed < (int32_t)s->n_prompt)
             e->stats.prompt_tokens++;
         s->n_computed++;
-        if (k + 1 == nb || e->b_owner[k + 1] != s)
+        if (k + 1 == nb || e->b_owner[k + 1] != s) {
             engine_kv_prefix_commit(e->kv, s->slot, s->tok, s->n_computed);
+            if (s->lead && s->gate && s->n_computed >= (int32_t)s->n_prompt)
+                s->gate->open = 1;
+        }
     }
 }

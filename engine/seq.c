@@ -21,6 +21,11 @@ void engine_seq_free(struct seq *s)
     if (!s)
         return;
     engine_stop_free(s->stop);
+    if (s->gate && --s->gate->refs == 0)
+        free(s->gate);
+    free(s->lp);
+    free(s->lp_id);
+    free(s->lp_top);
     free(s->tok);
     free(s->text);
     free(s);
@@ -67,6 +72,7 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
     s->on_text = r->on_text;
     s->slot = -1;
     s->n_cached = (size_t)-1; /* set at first admission */
+    s->lp_k = r->logprobs ? r->top_logprobs : -1;
     *out = s;
     return ST_OK;
 }
@@ -83,6 +89,31 @@ static enum status tok_push(struct seq *s, int32_t id)
     }
     s->tok[s->n_tok++] = id;
     return ST_OK;
+}
+
+void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp)
+{
+    size_t i = s->n_tok - s->n_prompt, k = (size_t)s->lp_k;
+    if (i >= s->cap_lp) {
+        size_t cap = s->cap_lp ? s->cap_lp * 2 : 64;
+        float *a = realloc(s->lp, sizeof(float) * cap);
+        if (a)
+            s->lp = a;
+        int32_t *b = k ? realloc(s->lp_id, sizeof(int32_t) * cap * k) : NULL;
+        if (b)
+            s->lp_id = b;
+        float *c = k ? realloc(s->lp_top, sizeof(float) * cap * k) : NULL;
+        if (c)
+            s->lp_top = c;
+        if (!a || (k && (!b || !c)))
+            abort(); /* a few bytes per token, as the tokens themselves */
+        s->cap_lp = cap;
+    }
+    s->lp[i] = lp;
+    if (k) {
+        memcpy(s->lp_id + i * k, top_id, sizeof(int32_t) * k);
+        memcpy(s->lp_top + i * k, top_lp, sizeof(float) * k);
+    }
 }
 
 static enum status text_append(struct seq *s, const char *p, size_t n)

@@ -2,8 +2,10 @@
 #include "jobs/record.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "engine/tokenizer.h"
 #include "jobs/json.h"
 
 /* ---- Ids --------------------------------------------------------------------------------- */
@@ -73,10 +75,119 @@ static void put_id(struct job_json *b, const char *key, const char *prefix, cons
 
 /* ---- Records ----------------------------------------------------------------------------- */
 
+/* A log-probability as OpenAI writes it: -9999.0 stands for anything below (and -inf). */
+static void put_lp(struct job_json *b, float lp)
+{
+    if (!(lp >= -9999.0f))
+        job_json_put_lit(b, "-9999.0");
+    else
+        job_json_put_float(b, lp);
+}
+
+/* Token id's bytes (control tokens as their text) into *buf, growing it; returns the count. */
+static size_t piece(const struct engine_tok *tok, int32_t id, char **buf, size_t *cap)
+{
+    size_t n = engine_tok_piece(tok, id, 1, *buf, *cap);
+    if (n > *cap) {
+        char *nb = realloc(*buf, n);
+        if (!nb)
+            return 0; /* the record is then written with an empty token string */
+        *buf = nb;
+        *cap = n;
+        n = engine_tok_piece(tok, id, 1, *buf, *cap);
+    }
+    return n;
+}
+
+/* "token":S,"logprob":F,"bytes":[...] of one chat logprobs entry. */
+static void put_chat_token(struct job_json *b, const char *p, size_t n, float lp)
+{
+    job_json_put_lit(b, "\"token\":");
+    job_json_put_str(b, p, n);
+    job_json_put_lit(b, ",\"logprob\":");
+    put_lp(b, lp);
+    job_json_put_lit(b, ",\"bytes\":[");
+    for (size_t i = 0; i < n; i++)
+        job_json_put_fmt(b, i ? ",%u" : "%u", (unsigned)(unsigned char)p[i]);
+    job_json_put_lit(b, "]");
+}
+
+static void put_chat_logprobs(struct job_json *b, const struct job_choice *c,
+                              const struct engine_tok *tok, char **buf, size_t *cap)
+{
+    job_json_put_lit(b, "{\"content\":[");
+    for (int32_t t = 0; t < c->completion_tokens; t++) {
+        job_json_put_lit(b, t ? ",{" : "{");
+        size_t n = piece(tok, c->tokens[t], buf, cap);
+        put_chat_token(b, *buf, n, c->logprobs[t]);
+        job_json_put_lit(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < c->top_logprobs; k++) {
+            size_t i = (size_t)t * (size_t)c->top_logprobs + (size_t)k;
+            job_json_put_lit(b, k ? ",{" : "{");
+            n = piece(tok, c->top_ids[i], buf, cap);
+            put_chat_token(b, *buf, n, c->top_lps[i]);
+            job_json_put_lit(b, "}");
+        }
+        job_json_put_lit(b, "]}");
+    }
+    job_json_put_lit(b, "],\"refusal\":null}");
+}
+
+static void put_completion_logprobs(struct job_json *b, const struct job_choice *c,
+                                    const struct engine_tok *tok, char **buf, size_t *cap)
+{
+    job_json_put_lit(b, "{\"tokens\":[");
+    for (int32_t t = 0; t < c->completion_tokens; t++) {
+        size_t n = piece(tok, c->tokens[t], buf, cap);
+        if (t)
+            job_json_put_lit(b, ",");
+        job_json_put_str(b, *buf, n);
+    }
+    job_json_put_lit(b, "],\"token_logprobs\":[");
+    for (int32_t t = 0; t < c->completion_tokens; t++) {
+        if (t)
+            job_json_put_lit(b, ",");
+        put_lp(b, c->logprobs[t]);
+    }
+    job_json_put_lit(b, "],\"top_logprobs\":[");
+    for (int32_t t = 0; t < c->completion_tokens; t++) {
+        job_json_put_lit(b, t ? ",{" : "{");
+        int chosen_listed = 0;
+        for (int k = 0; k < c->top_logprobs; k++) {
+            size_t i = (size_t)t * (size_t)c->top_logprobs + (size_t)k;
+            size_t n = piece(tok, c->top_ids[i], buf, cap);
+            job_json_put_lit(b, k ? "," : "");
+            job_json_put_str(b, *buf, n);
+            job_json_put_lit(b, ":");
+            put_lp(b, c->top_lps[i]);
+            chosen_listed |= c->top_ids[i] == c->tokens[t];
+        }
+        if (!chosen_listed) {
+            size_t n = piece(tok, c->tokens[t], buf, cap);
+            job_json_put_lit(b, c->top_logprobs ? "," : "");
+            job_json_put_str(b, *buf, n);
+            job_json_put_lit(b, ":");
+            put_lp(b, c->logprobs[t]);
+        }
+        job_json_put_lit(b, "}");
+    }
+    job_json_put_lit(b, "],\"text_offset\":[");
+    long long off = 0;
+    for (int32_t t = 0; t < c->completion_tokens; t++) {
+        size_t n = piece(tok, c->tokens[t], buf, cap);
+        job_json_put_fmt(b, t ? ",%lld" : "%lld", off);
+        for (size_t i = 0; i < n; i++)
+            off += ((unsigned char)(*buf)[i] & 0xC0) != 0x80;
+    }
+    job_json_put_lit(b, "]}");
+}
+
 char *job_record_success(const struct job_result *r)
 {
     struct job_json b = {0};
     int chat = r->kind == JOB_KIND_CHAT;
+    char *buf = NULL;
+    size_t cap = 0;
 
     job_json_put_lit(&b, "{");
     put_id(&b, "id", "batch_req_", "batch_req", r->job_id, r->custom_id);
@@ -90,22 +201,36 @@ char *job_record_success(const struct job_result *r)
                      chat ? ",\"object\":\"chat.completion\"" : ",\"object\":\"text_completion\"");
     job_json_put_fmt(&b, ",\"created\":%lld,\"model\":", (long long)r->created);
     job_json_put_cstr(&b, r->model ? r->model : "");
-    if (chat) {
-        job_json_put_lit(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
-                             "\"content\":");
-        job_json_put_str(&b, r->text, r->text_len);
-        job_json_put_lit(&b, "},\"logprobs\":null,\"finish_reason\":");
-    } else {
-        job_json_put_lit(&b, ",\"choices\":[{\"text\":");
-        job_json_put_str(&b, r->text, r->text_len);
-        job_json_put_lit(&b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
+    job_json_put_lit(&b, ",\"choices\":[");
+    long long completion = 0;
+    for (size_t i = 0; i < r->n_choices; i++) {
+        const struct job_choice *c = &r->choices[i];
+        completion += c->completion_tokens;
+        if (chat) {
+            job_json_put_fmt(&b, "%s{\"index\":%zu,\"message\":{\"role\":\"assistant\","
+                                 "\"content\":", i ? "," : "", i);
+            job_json_put_str(&b, c->text, c->text_len);
+            job_json_put_lit(&b, "},\"logprobs\":");
+        } else {
+            job_json_put_lit(&b, i ? ",{\"text\":" : "{\"text\":");
+            job_json_put_str(&b, c->text, c->text_len);
+            job_json_put_fmt(&b, ",\"index\":%zu,\"logprobs\":", i);
+        }
+        if (!c->logprobs || !r->tok)
+            job_json_put_lit(&b, "null");
+        else if (chat)
+            put_chat_logprobs(&b, c, r->tok, &buf, &cap);
+        else
+            put_completion_logprobs(&b, c, r->tok, &buf, &cap);
+        job_json_put_lit(&b, ",\"finish_reason\":");
+        job_json_put_cstr(&b, c->finish_reason);
+        job_json_put_lit(&b, "}");
     }
-    job_json_put_cstr(&b, r->finish_reason);
+    free(buf);
     job_json_put_fmt(&b,
-                     "}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                     "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,"
                      "\"total_tokens\":%lld}}},\"error\":null}",
-                     (int)r->prompt_tokens, (int)r->completion_tokens,
-                     (long long)r->prompt_tokens + (long long)r->completion_tokens);
+                     (int)r->prompt_tokens, completion, (long long)r->prompt_tokens + completion);
     return job_json_take(&b);
 }
 

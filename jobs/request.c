@@ -191,6 +191,10 @@ char *job_request_to_json(const struct job_request *r)
     job_json_put_lit(&b, ",\"presence_penalty\":");
     job_json_put_float(&b, sp->presence_penalty);
     job_json_put_fmt(&b, ",\"seed\":%llu", (unsigned long long)sp->seed);
+    if (r->n > 1) /* written only when not the default, so older payloads read the same */
+        job_json_put_fmt(&b, ",\"n\":%d", (int)r->n);
+    if (r->logprobs)
+        job_json_put_fmt(&b, ",\"logprobs\":true,\"top_logprobs\":%d", (int)r->top_logprobs);
     if (r->n_stop) {
         job_json_put_lit(&b, ",\"stop\":[");
         for (size_t i = 0; i < r->n_stop; i++) {
@@ -214,7 +218,8 @@ int job_request_equal(const struct job_request *a, const struct job_request *b)
     const struct engine_sampling *x = &a->sampling, *y = &b->sampling;
     if (!str_eq(a->custom_id, b->custom_id) || a->kind != b->kind ||
         a->n_messages != b->n_messages || !str_eq(a->prompt, b->prompt) ||
-        a->max_tokens != b->max_tokens || a->n_stop != b->n_stop || !str_eq(a->model, b->model))
+        a->max_tokens != b->max_tokens || a->n_stop != b->n_stop || !str_eq(a->model, b->model) ||
+        a->n != b->n || a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs)
         return 0;
     for (size_t i = 0; i < a->n_messages; i++)
         if (!str_eq(a->messages[i].role, b->messages[i].role) ||

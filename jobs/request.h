@@ -8,15 +8,19 @@
  *   short chat    {"custom_id"?, "messages":[...], <parameters>}
  *   short prompt  {"custom_id"?, "prompt":"...", <parameters>}
  * Parameters: model (recorded, not used to pick a model), max_tokens or max_completion_tokens,
- * temperature, top_p, seed, stop (string or array of <= 4 strings), n (1 only),
- * frequency_penalty, presence_penalty, and the extensions top_k (-1 = off), min_p,
- * repetition_penalty, repeat_last_n. A parameter given as null counts as absent.
+ * temperature, top_p, seed, stop (string or array of <= 4 strings), n (1..128 choices),
+ * logprobs + top_logprobs, frequency_penalty, presence_penalty, and the extensions top_k
+ * (-1 = off), min_p, repetition_penalty, repeat_last_n. A parameter given as null counts as
+ * absent.
+ * logprobs: true / false with top_logprobs 0..20 (chat's form; top_logprobs > 0 needs logprobs
+ * true), or an integer k in 0..20 (completions' form: the chosen tokens' log-probabilities and
+ * k alternatives; a top_logprobs given too must equal k). Either form on either endpoint; the
+ * output shape follows the endpoint.
  *
  * Decisions (also in the error messages):
  *   - Unknown fields are ignored (user, metadata, stream_options, ...). Fields that would
  *     change what must be produced and that quern cannot honour fail with "unsupported":
- *     n or best_of > 1, stream true, logprobs true / top_logprobs > 0 / completions logprobs
- *     > 0, echo true, suffix, non-empty tools/functions/logit_bias, response_format other than
+ * best_of > 1, stream true, echo true, suffix, non-empty tools/functions/logit_bias, response_format other than
  *     {"type":"text"}, image/audio/file content parts, roles tool/function, prompt arrays of
  *     several prompts or of token ids, URLs other than the two above.
  *   - Role "developer" is accepted as "system". Text content parts are concatenated with no
@@ -45,6 +49,8 @@
 #define JOB_CUSTOM_ID_MAX 512 /* longest custom_id, in bytes */
 #define JOB_MODEL_MAX     256 /* longest model name, in bytes */
 #define JOB_STOP_MAX      4   /* most stop strings per request (OpenAI's limit) */
+#define JOB_N_MAX         128 /* most choices per request (OpenAI's limit) */
+#define JOB_TOP_LOGPROBS_MAX 20 /* most alternatives per token (OpenAI's chat limit) */
 
 enum job_kind {
     JOB_KIND_CHAT = 0,   /* messages through the chat template (/v1/chat/completions) */
@@ -100,6 +106,9 @@ struct job_request {
                                          bytes); NULL when n_stop is 0 */
     size_t n_stop;                    /* 0..JOB_STOP_MAX */
     char *model;                      /* the line's model field, or NULL */
+    int32_t n;                        /* choices (OpenAI n), 1..JOB_N_MAX */
+    int logprobs;                     /* 1 = log-probabilities of the output tokens */
+    int32_t top_logprobs;             /* with logprobs: alternatives per token, 0..20 */
 };
 
 /* Parse and validate line[0..len) (not NUL-terminated; any bytes). On ST_OK *out is a new

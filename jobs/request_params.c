@@ -187,14 +187,6 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
     const cJSON *it;
     char path[JOB_PATH_CAP];
 
-    if (!param_int(c, obj, "n", 1, 1e9, &v, &present))
-        return 0;
-    job_request_pathf(path, "%sn", c->pfx);
-    if (present && v > 1)
-        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
-                                "%s=%lld is not supported: only one choice per request (n=1); "
-                                "submit separate lines with different custom_ids instead",
-                                path, (long long)v);
     if (!param_int(c, obj, "best_of", 1, 1e9, &v, &present))
         return 0;
     job_request_pathf(path, "%sbest_of", c->pfx);
@@ -205,21 +197,6 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
         return 0;
     if (!param_false(c, obj, "echo", "the prompt is not echoed"))
         return 0;
-
-    /* logprobs: boolean (chat) or integer (completions); top_logprobs: integer. */
-    job_request_pathf(path, "%slogprobs", c->pfx);
-    if (!job_request_get_opt(c, obj, c->pfx, "logprobs", &it))
-        return 0;
-    if (it && !cJSON_IsBool(it) && !is_integral(it))
-        return job_request_fail_type(c, path, "a boolean or an integer", it);
-    if (it && (cJSON_IsTrue(it) || (cJSON_IsNumber(it) && it->valuedouble > 0)))
-        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s is not supported yet", path);
-    if (!param_int(c, obj, "top_logprobs", 0, 20, &v, &present))
-        return 0;
-    job_request_pathf(path, "%stop_logprobs", c->pfx);
-    if (present && v > 0)
-        return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s > 0 is not supported yet",
-                                path);
 
     job_request_pathf(path, "%ssuffix", c->pfx);
     if (!job_request_get_opt(c, obj, c->pfx, "suffix", &it))
@@ -287,6 +264,48 @@ static int read_seed(struct job_parse_ctx *c, const cJSON *v, const char *path, 
     return 1;
 }
 
+/* n, logprobs and top_logprobs (see jobs/request.h for the two forms of logprobs). */
+static int read_choices_logprobs(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
+{
+    int64_t v;
+    int present, has_top;
+    const cJSON *it;
+    char path[JOB_PATH_CAP], tpath[JOB_PATH_CAP];
+
+    r->n = 1;
+    if (!param_int(c, obj, "n", 1, JOB_N_MAX, &v, &present))
+        return 0;
+    if (present)
+        r->n = (int32_t)v;
+    int64_t top = 0;
+    if (!param_int(c, obj, "top_logprobs", 0, JOB_TOP_LOGPROBS_MAX, &top, &has_top))
+        return 0;
+    job_request_pathf(path, "%slogprobs", c->pfx);
+    job_request_pathf(tpath, "%stop_logprobs", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "logprobs", &it))
+        return 0;
+    if (it && cJSON_IsBool(it)) {
+        r->logprobs = cJSON_IsTrue(it);
+    } else if (it && !is_integral(it)) {
+        return job_request_fail_type(c, path, "a boolean or an integer", it);
+    } else if (it) {
+        int64_t k;
+        if (!param_int(c, obj, "logprobs", 0, JOB_TOP_LOGPROBS_MAX, &k, &present))
+            return 0; /* not an integer, or out of range: the error names it */
+        if (has_top && top != k)
+            return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, tpath,
+                                    "%s (%lld) disagrees with %s (%lld); give one of them", tpath,
+                                    (long long)top, path, (long long)k);
+        r->logprobs = 1;
+        top = k;
+    }
+    if (!r->logprobs && top > 0)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, tpath,
+                                "%s needs %s set to true", tpath, path);
+    r->top_logprobs = (int32_t)top;
+    return 1;
+}
+
 /* Sampling parameters, max_tokens, stop and model from obj (top level or body). */
 int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
 {
@@ -296,7 +315,7 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
     int64_t iv;
     int present;
 
-    if (!check_unsupported(c, obj))
+    if (!check_unsupported(c, obj) || !read_choices_logprobs(c, obj, r))
         return 0;
 
     /* model: recorded only. */

@@ -7,7 +7,10 @@
 
 #include <cmocka.h>
 
+#include "engine/tokenizer.h"
+#include "io/gguf.h"
 #include "tests/test_jobs_util.h"
+#include "tests/test_util.h"
 
 /* ---- records ------------------------------------------------------------------------------ */
 
@@ -33,8 +36,11 @@ static void test_record_success(void **state)
 {
     (void)state;
     static const char text[] = "Paris.\nThe \"capital\" \\ \xc3\xa9";
-    struct job_result res = {"q-1", JOB_KIND_CHAT, "smollm2", text, sizeof(text) - 1, "stop", 31,
-                             4,     1700000000,    9};
+    struct job_choice ch0 = {.text = text, .text_len = sizeof(text) - 1, .finish_reason = "stop",
+                             .completion_tokens = 4};
+    struct job_result res = {.custom_id = "q-1", .kind = JOB_KIND_CHAT, .model = "smollm2",
+                             .choices = &ch0, .n_choices = 1, .prompt_tokens = 31,
+                             .created = 1700000000, .job_id = 9};
     char *line = job_record_success(&res);
     assert_non_null(line);
     assert_null(strchr(line, '\n'));
@@ -84,7 +90,7 @@ static void test_record_success(void **state)
 
     /* text completion, finish length */
     res.kind = JOB_KIND_COMPLETION;
-    res.finish_reason = "length";
+    ch0.finish_reason = "length";
     res.model = NULL;
     line = job_record_success(&res);
     assert_strict_json(line);
@@ -111,7 +117,10 @@ static void test_record_text_encoding(void **state)
                               "b\xc0\xaf"
                               "c\xed\xa0\x80"
                               "d\xe2\x82";
-    struct job_result res = {"u", JOB_KIND_CHAT, "m", bad, sizeof(bad) - 1, "stop", 1, 1, 0, 1};
+    struct job_choice ch0 = {.text = bad, .text_len = sizeof(bad) - 1, .finish_reason = "stop",
+                             .completion_tokens = 1};
+    struct job_result res = {.custom_id = "u", .kind = JOB_KIND_CHAT, .model = "m",
+                             .choices = &ch0, .n_choices = 1, .prompt_tokens = 1, .job_id = 1};
     char *line = job_record_success(&res);
     assert_strict_json(line);
     cJSON *root = cJSON_Parse(line);
@@ -126,8 +135,8 @@ static void test_record_text_encoding(void **state)
 
     /* control characters, NUL, DEL, quotes: escaped, and decoded back to the same bytes */
     static const char ctl[] = "x\0y\x01\x1f\t\n\r\b\f\x7f\"\\/z";
-    res.text = ctl;
-    res.text_len = sizeof(ctl) - 1;
+    ch0.text = ctl;
+    ch0.text_len = sizeof(ctl) - 1;
     line = job_record_success(&res);
     assert_strict_json(line);
     assert_non_null(strstr(line, "\"x\\u0000y\\u0001\\u001f\\t\\n\\r\\b\\f\x7f\\\"\\\\/z\""));
@@ -139,8 +148,8 @@ static void test_record_text_encoding(void **state)
     free(line);
 
     /* without the NUL, the whole text comes back byte for byte */
-    res.text = ctl + 2;
-    res.text_len = sizeof(ctl) - 3;
+    ch0.text = ctl + 2;
+    ch0.text_len = sizeof(ctl) - 3;
     line = job_record_success(&res);
     root = cJSON_Parse(line);
     ch = cJSON_GetArrayItem(at(at(at(root, "response"), "body"), "choices"), 0);
@@ -149,8 +158,8 @@ static void test_record_text_encoding(void **state)
     free(line);
 
     /* empty text, NULL pointer */
-    res.text = NULL;
-    res.text_len = 0;
+    ch0.text = NULL;
+    ch0.text_len = 0;
     line = job_record_success(&res);
     assert_non_null(strstr(line, "\"content\":\"\""));
     free(line);
@@ -228,11 +237,94 @@ static void test_record_errors(void **state)
     free(line);
 }
 
+/* Two choices, one with logprobs, against the default model's tokenizer: both OpenAI shapes,
+ * token strings and exact bytes (a character split over two tokens), the chosen token added to
+ * a completion's alternatives when missing, -inf as -9999.0, usage summing the choices. */
+static void test_record_choices_logprobs(void **state)
+{
+    (void)state;
+    struct io_gguf *g = NULL;
+    struct engine_tok *tok = NULL;
+    struct err_detail err = {0};
+    if (io_gguf_open(&g, test_model_path(), &err) != ST_OK ||
+        engine_tok_load(&tok, g, &err) != ST_OK)
+        fail_msg("tokenizer of %s: %s", test_model_path(), err.msg);
+    const int32_t paris = engine_tok_find(tok, " Paris", 6), dot = engine_tok_find(tok, ".", 1),
+                  c3 = engine_tok_find(tok, "\xc3", 1), a9 = engine_tok_find(tok, "\xa9", 1);
+    assert_true(paris >= 0 && dot >= 0 && c3 >= 0 && a9 >= 0);
+    const int32_t ids[4] = {paris, dot, c3, a9};
+    const float lps[4] = {-0.25f, -0.5f, -INFINITY, -1e6f};
+    const int32_t top_ids[8] = {paris, dot, dot, paris, a9, c3, c3, a9};
+    const float top_lps[8] = {-0.25f, -2.0f, -0.5f, -1.0f, -0.1f, -INFINITY, -0.2f, -1e6f};
+    static const char text[] = " Paris.\xc3\xa9";
+    struct job_choice ch[2] = {
+        {.text = text, .text_len = sizeof(text) - 1, .finish_reason = "length",
+         .completion_tokens = 4, .tokens = ids, .logprobs = lps, .top_logprobs = 2,
+         .top_ids = top_ids, .top_lps = top_lps},
+        {.text = "x", .text_len = 1, .finish_reason = "stop", .completion_tokens = 3},
+    };
+    struct job_result res = {.custom_id = "lp", .kind = JOB_KIND_COMPLETION, .model = "m",
+                             .choices = ch, .n_choices = 2, .prompt_tokens = 5, .job_id = 1,
+                             .tok = tok};
+    char *line = job_record_success(&res);
+    assert_strict_json(line);
+    cJSON *root = cJSON_Parse(line);
+    const cJSON *body = at(at(root, "response"), "body");
+    assert_int_equal(at(at(body, "usage"), "completion_tokens")->valueint, 7);
+    assert_int_equal(at(at(body, "usage"), "total_tokens")->valueint, 12);
+    const cJSON *choices = at(body, "choices");
+    assert_int_equal(cJSON_GetArraySize(choices), 2);
+    assert_int_equal(at(cJSON_GetArrayItem(choices, 1), "index")->valueint, 1);
+    assert_true(cJSON_IsNull(at(cJSON_GetArrayItem(choices, 1), "logprobs")));
+    const cJSON *lp = at(cJSON_GetArrayItem(choices, 0), "logprobs");
+    const cJSON *toks = at(lp, "tokens"), *tl = at(lp, "token_logprobs");
+    assert_string_equal(cJSON_GetArrayItem(toks, 0)->valuestring, " Paris");
+    assert_string_equal(cJSON_GetArrayItem(toks, 2)->valuestring, "\xef\xbf\xbd");
+    assert_true(cJSON_GetArrayItem(tl, 0)->valuedouble == -0.25);
+    assert_true(cJSON_GetArrayItem(tl, 2)->valuedouble == -9999.0);
+    assert_true(cJSON_GetArrayItem(tl, 3)->valuedouble == -9999.0);
+    const cJSON *top = at(lp, "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(top, 0)), 2); /* chosen among them */
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(top, 1)), 2);
+    assert_true(at(cJSON_GetArrayItem(top, 1), ".")->valuedouble == -0.5);
+    /* token 2 (0xC3) and its alternatives 0xA9 and 0xC3 both print as U+FFFD: one key */
+    const cJSON *off = at(lp, "text_offset");
+    const int want_off[4] = {0, 6, 7, 8};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cJSON_GetArrayItem(off, i)->valueint, want_off[i]);
+    cJSON_Delete(root);
+    free(line);
+
+    res.kind = JOB_KIND_CHAT;
+    line = job_record_success(&res);
+    assert_strict_json(line);
+    root = cJSON_Parse(line);
+    body = at(at(root, "response"), "body");
+    lp = at(cJSON_GetArrayItem(at(body, "choices"), 0), "logprobs");
+    assert_true(cJSON_IsNull(at(lp, "refusal")));
+    const cJSON *content = at(lp, "content");
+    assert_int_equal(cJSON_GetArraySize(content), 4);
+    const cJSON *t2 = cJSON_GetArrayItem(content, 2), *t3 = cJSON_GetArrayItem(content, 3);
+    assert_string_equal(at(t2, "token")->valuestring, "\xef\xbf\xbd");
+    assert_int_equal(cJSON_GetArraySize(at(t2, "bytes")), 1);
+    assert_int_equal(cJSON_GetArrayItem(at(t2, "bytes"), 0)->valueint, 0xc3);
+    assert_int_equal(cJSON_GetArrayItem(at(t3, "bytes"), 0)->valueint, 0xa9);
+    const cJSON *alt = at(cJSON_GetArrayItem(content, 1), "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(alt), 2); /* exactly the alternatives in chat */
+    assert_string_equal(at(cJSON_GetArrayItem(alt, 0), "token")->valuestring, ".");
+    assert_true(at(cJSON_GetArrayItem(alt, 1), "logprob")->valuedouble == -1.0);
+    cJSON_Delete(root);
+    free(line);
+    engine_tok_free(tok);
+    io_gguf_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_success),
         cmocka_unit_test(test_record_text_encoding),
+        cmocka_unit_test(test_record_choices_logprobs),
         cmocka_unit_test(test_record_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -101,6 +101,27 @@ static void check_mct(const struct job_request *r)
     assert_int_equal(r->max_tokens, 12);
 }
 
+static void check_n3_logprobs(const struct job_request *r)
+{
+    assert_int_equal(r->n, 3);
+    assert_int_equal(r->logprobs, 1);
+    assert_int_equal(r->top_logprobs, 4);
+}
+
+static void check_logprobs_int(const struct job_request *r)
+{
+    assert_int_equal(r->n, 1);
+    assert_int_equal(r->logprobs, 1);
+    assert_int_equal(r->top_logprobs, 0);
+}
+
+static void check_no_logprobs(const struct job_request *r)
+{
+    assert_int_equal(r->n, 1);
+    assert_int_equal(r->logprobs, 0);
+    assert_int_equal(r->top_logprobs, 0);
+}
+
 static void check_unicode(const struct job_request *r)
 {
     assert_string_equal(r->prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\x97\xa5 \\u0000 /");
@@ -195,6 +216,14 @@ static const struct line_case cases[] = {
          "{\"type\":\"text\",\"text\":\"world\"}]}]}",
          check_parts),
     GOOD("max_completion_tokens", CHAT(",\"max_completion_tokens\":12"), check_mct),
+    GOOD("n 3, logprobs true, top_logprobs 4",
+         BATCH(",\"n\":3,\"logprobs\":true,\"top_logprobs\":4"), check_n3_logprobs),
+    GOOD("completions' integer logprobs 0: the chosen tokens only",
+         "{\"prompt\":\"x\",\"logprobs\":0}", check_logprobs_int),
+    GOOD("logprobs false, top_logprobs 0, n 1", CHAT(",\"logprobs\":false,\"top_logprobs\":0,\"n\":1"),
+         check_no_logprobs),
+    GOOD("integer logprobs with an agreeing top_logprobs",
+         "{\"prompt\":\"x\",\"logprobs\":4,\"top_logprobs\":4,\"n\":3}", check_n3_logprobs),
     GOOD("max_tokens and max_completion_tokens agreeing",
          CHAT(",\"max_tokens\":12,\"max_completion_tokens\":12"), check_mct),
     GOOD("escapes: non-ASCII, surrogate pair, escaped backslash-u0000, solidus",
@@ -421,15 +450,21 @@ static const struct line_case cases[] = {
     BAD("empty stop", BATCH(",\"stop\":\"\""), JOB_ERR_INVALID_VALUE, "body.stop"),
     BAD("empty stop in array", CHAT(",\"stop\":[\"a\",\"\"]"), JOB_ERR_INVALID_VALUE, "stop[1]"),
     BAD("n 0", CHAT(",\"n\":0"), JOB_ERR_INVALID_VALUE, "n must be"),
+    BAD("n 129", BATCH(",\"n\":129"), JOB_ERR_INVALID_VALUE, "body.n must be an integer in [1, 128]"),
+    BAD("top_logprobs without logprobs", CHAT(",\"top_logprobs\":3"), JOB_ERR_INVALID_VALUE,
+        "top_logprobs needs logprobs set to true"),
+    BAD("top_logprobs 21", CHAT(",\"logprobs\":true,\"top_logprobs\":21"), JOB_ERR_INVALID_VALUE,
+        "top_logprobs must be an integer in [0, 20]"),
+    BAD("logprobs 21 (completions)", "{\"prompt\":\"x\",\"logprobs\":21}", JOB_ERR_INVALID_VALUE,
+        "logprobs must be an integer in [0, 20]"),
+    BAD("logprobs and top_logprobs disagree", "{\"prompt\":\"x\",\"logprobs\":2,\"top_logprobs\":3}",
+        JOB_ERR_INVALID_VALUE, "disagrees"),
+    BAD("logprobs fractional", "{\"prompt\":\"x\",\"logprobs\":1.5}", JOB_ERR_INVALID_TYPE,
+        "logprobs must be a boolean or an integer"),
 
     /* unsupported */
-    BAD("n 2", BATCH(",\"n\":2"), JOB_ERR_UNSUPPORTED, "body.n=2"),
     BAD("best_of 3", CHAT(",\"best_of\":3"), JOB_ERR_UNSUPPORTED, "best_of"),
     BAD("stream true", BATCH(",\"stream\":true"), JOB_ERR_UNSUPPORTED, "body.stream"),
-    BAD("logprobs true", CHAT(",\"logprobs\":true"), JOB_ERR_UNSUPPORTED, "logprobs"),
-    BAD("logprobs 5 (completions)", "{\"prompt\":\"x\",\"logprobs\":5}", JOB_ERR_UNSUPPORTED,
-        "logprobs"),
-    BAD("top_logprobs 3", CHAT(",\"top_logprobs\":3"), JOB_ERR_UNSUPPORTED, "top_logprobs"),
     BAD("echo true", "{\"prompt\":\"x\",\"echo\":true}", JOB_ERR_UNSUPPORTED, "echo"),
     BAD("suffix", "{\"prompt\":\"x\",\"suffix\":\"end\"}", JOB_ERR_UNSUPPORTED, "suffix"),
     BAD("tools", BATCH(",\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_UNSUPPORTED, "body.tools"),
@@ -786,8 +821,11 @@ static void test_fuzz(void **state)
         if (st == ST_OK) {
             accepted++;
             check_round_trip(r);
-            struct job_result res = {r->custom_id, r->kind, r->model, exact, len,
-                                     "stop",       1,       2,        3,     4};
+            struct job_choice ch = {.text = exact, .text_len = len, .finish_reason = "stop",
+                                    .completion_tokens = 2};
+            struct job_result res = {.custom_id = r->custom_id, .kind = r->kind,
+                                     .model = r->model, .choices = &ch, .n_choices = 1,
+                                     .prompt_tokens = 1, .created = 3, .job_id = 4};
             char *rec = job_record_success(&res);
             assert_non_null(rec);
             assert_strict_json(rec);

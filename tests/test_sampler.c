@@ -666,6 +666,64 @@ static void test_validate(void **state)
     engine_sampler_free(NULL);
 }
 
+/* engine_logprobs against the obvious double computation: log-softmax with exp() in double,
+ * the alternatives by a full sort (ties to the lower id). Rows: random of several spreads,
+ * 49,152 and 262,144 tokens, ties in the top, -inf and NaN entries; k from 0 to 20. The
+ * normaliser may differ by the relative error of engine_sample_exp (4e-7), so 1e-5 absolute. */
+static void test_logprobs_reference(void **state)
+{
+    (void)state;
+    struct engine_rng r;
+    engine_rng_seed(&r, 11, "lp", 2);
+    static const size_t sizes[] = {49152, 262144, 7};
+    static const float spreads[] = {1.0f, 8.0f, 30.0f};
+    for (int si = 0; si < 3; si++)
+        for (int sp = 0; sp < 3; sp++) {
+            const size_t n = sizes[si];
+            float *l = malloc(n * sizeof(float));
+            struct ref_item *it = malloc(n * sizeof(*it));
+            assert_non_null(l);
+            assert_non_null(it);
+            random_logits(&r, l, n, spreads[sp]);
+            l[n / 2] = l[1] = 40.0f; /* a tie at the top: the lower id first */
+            l[2] = -INFINITY;
+            if (n > 100)
+                l[99] = NAN;
+            double mx = -INFINITY, sum = 0;
+            for (size_t i = 0; i < n; i++)
+                if (!isnan(l[i]))
+                    mx = fmax(mx, l[i]);
+            for (size_t i = 0; i < n; i++)
+                sum += isnan(l[i]) ? 0.0 : exp((double)l[i] - mx);
+            const double norm = mx + log(sum);
+            for (size_t i = 0; i < n; i++)
+                it[i] = (struct ref_item){isnan(l[i]) ? -INFINITY : l[i], (int32_t)i};
+            qsort(it, n, sizeof(*it), ref_cmp);
+            for (int k = 0; k <= ENGINE_TOP_LOGPROBS_MAX; k += 5) {
+                const int32_t chosen = (int32_t)((size_t)(k * 7919) % n);
+                float lp, top_lp[ENGINE_TOP_LOGPROBS_MAX];
+                int32_t top_id[ENGINE_TOP_LOGPROBS_MAX];
+                engine_logprobs(l, (int32_t)n, chosen, k, &lp, top_id, top_lp);
+                const double want = isnan(l[chosen]) ? -INFINITY : (double)l[chosen] - norm;
+                if (isinf(want))
+                    assert_true(isinf(lp) && lp < 0);
+                else if (fabs((double)lp - want) > 1e-5)
+                    fail_msg("n %zu spread %g: logprob %.8f, reference %.8f", n, spreads[sp],
+                             (double)lp, want);
+                const int kk = (size_t)k < n ? k : (int)n;
+                for (int j = 0; j < kk; j++) {
+                    assert_int_equal(top_id[j], it[j].id);
+                    if (isinf(it[j].v)) /* -inf and NaN entries (the 7-token rows) */
+                        assert_true(isinf(top_lp[j]) && top_lp[j] < 0);
+                    else
+                        assert_true(fabs((double)top_lp[j] - ((double)it[j].v - norm)) <= 1e-5);
+                }
+            }
+            free(it);
+            free(l);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -684,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_batch_independence),
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_philox_known_answers),
+        cmocka_unit_test(test_logprobs_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
