@@ -146,7 +146,7 @@ asan:
 # libFuzzer harnesses for the parsers of untrusted input (clang): request lines and GGUF model
 # files. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each, one minute in all; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
-# example requests; the GGUF seeds are tests/fixtures/small.gguf and the files
+# example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
 # 2 MiB when it is there). Corpora grow in build-fuzz/corpus-*; crashes land in build-fuzz/.
 # -fno-sanitize-recover: undefined behaviour fails the run (UBSan alone only prints it).
@@ -155,7 +155,8 @@ FUZZ_SECONDS ?= 20
 FUZZ_CFLAGS   = -g -O1 -std=c11 -Wno-psabi -I. -D_GNU_SOURCE -fno-sanitize-recover=undefined
 FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/request_params.c \
                 jobs/json.c common/err.c common/log.c common/utf8.c common/philox.c \
-                engine/sampler.c engine/sampler_rows.c
+                engine/sampler.c engine/sampler_rows.c jobs/schema.c engine/grammar.c \
+                engine/grammar_build.c
 FUZZ_GGUF_SRC = io/gguf.c common/err.c common/dtype.c
 build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*.h engine/*.h)
 	@mkdir -p build-fuzz
@@ -177,6 +178,7 @@ fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds
 	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds build-fuzz/corpus-gguf \
 	    build-fuzz/seeds-gguf
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
+	split -l 1 tests/fuzz/request_seeds.jsonl build-fuzz/seeds/rq_
 	build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-request build-fuzz/seeds
 	cp tests/fixtures/small.gguf build-fuzz/seeds-gguf/

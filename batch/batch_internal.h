@@ -25,6 +25,14 @@ struct batch_inflight {
                                            them owned (copies of the engine's output) */
 };
 
+/* A compiled response_format, kept for the requests of a job that share it. */
+struct batch_grammar {
+    enum job_format format;      /* json_object or json_schema */
+    char *schema;                /* the schema's JSON (owned), NULL for json_object */
+    struct engine_grammar *g;    /* one reference */
+    struct batch_grammar *next;  /* most recently used first */
+};
+
 struct batch_run {
     const struct batch_opts *o;      /* options (borrowed) */
     struct queue *q;                 /* queue connection */
@@ -37,6 +45,8 @@ struct batch_run {
     struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */
     struct engine_tok *tok;          /* tokenizer */
+    struct batch_grammar *grammars;  /* compiled response formats of the job (at most
+                                        BATCH_GRAMMARS; the engine holds its own references) */
     struct engine_chat *chat;        /* chat template (NULL if the model has none usable) */
     struct engine *e;                /* engine */
     struct job_defaults defaults;    /* job parameters */

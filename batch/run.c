@@ -71,6 +71,62 @@ static enum status item_error(struct batch_run *r, int64_t item, const char *cus
 
 /* ---- admission ---- */
 
+#define BATCH_GRAMMARS 64
+
+static void grammars_free(struct batch_run *r)
+{
+    while (r->grammars) {
+        struct batch_grammar *n = r->grammars->next;
+        engine_grammar_unref(r->grammars->g);
+        free(r->grammars->schema);
+        free(r->grammars);
+        r->grammars = n;
+    }
+}
+
+/* The compiled grammar of req's response_format (a borrowed pointer; the engine takes its own
+ * reference), compiled once per distinct schema and job while it stays among the
+ * BATCH_GRAMMARS most recently used. */
+static enum status request_grammar(struct batch_run *r, const struct job_request *req,
+                                   struct engine_grammar **out, struct err_detail *err)
+{
+    struct batch_grammar **p = &r->grammars, *bg;
+    int n = 0;
+    for (; (bg = *p) != NULL; p = &bg->next, n++)
+        if (bg->format == req->format &&
+            (bg->schema == req->schema || (bg->schema && req->schema && !strcmp(bg->schema, req->schema)))) {
+            *p = bg->next; /* to the front */
+            bg->next = r->grammars;
+            r->grammars = bg;
+            *out = bg->g;
+            return ST_OK;
+        }
+    if (n >= BATCH_GRAMMARS) { /* drop the least recently used */
+        for (p = &r->grammars; (*p)->next; p = &(*p)->next)
+            ;
+        engine_grammar_unref((*p)->g);
+        free((*p)->schema);
+        free(*p);
+        *p = NULL;
+    }
+    bg = calloc(1, sizeof(*bg));
+    if (!bg || (req->schema && !(bg->schema = strdup(req->schema)))) {
+        free(bg);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    bg->format = req->format;
+    enum status st = job_schema_grammar_text(req->format, req->schema, &bg->g, err);
+    if (st) {
+        free(bg->schema);
+        free(bg);
+        return st;
+    }
+    bg->next = r->grammars;
+    r->grammars = bg;
+    *out = bg->g;
+    return ST_OK;
+}
+
 static enum status admit(struct batch_run *r, const struct queue_claimed *c, struct err_detail *err)
 {
     enum status st = batch_out_hold(r->out, c->id, err);
@@ -132,8 +188,17 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         er.user = inf;
         er.n_choices = req->n;
         er.logprobs = req->logprobs;
+        if (req->format != JOB_FORMAT_TEXT)
+            st = request_grammar(r, req, &er.grammar, &e2);
+        if (st == ST_ERR_NOMEM) {
+            inflight_free(inf);
+            free(ids);
+            job_request_free(req);
+            return err_set(err, ST_ERR_NOMEM, "out of memory compiling a response format");
+        }
         er.top_logprobs = req->top_logprobs;
-        st = engine_add_request(r->e, &er, NULL, &e2);
+        if (!st)
+            st = engine_add_request(r->e, &er, NULL, &e2);
     }
     free(ids);
     if (!st && inf) { /* the engine holds it now */
@@ -296,6 +361,7 @@ static void job_close(struct batch_run *r)
         inflight_free(r->inflight);
         r->inflight = next;
     }
+    grammars_free(r);
     engine_chat_free(r->chat);
     engine_tok_free(r->tok);
     engine_model_free(r->m);

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -104,6 +105,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->s_lp = malloc(sizeof(*e->s_lp) * bt);
     e->s_top_id = malloc(sizeof(*e->s_top_id) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_top_lp = malloc(sizeof(*e->s_top_lp) * bt * ENGINE_TOP_LOGPROBS_MAX);
+    e->s_mask = calloc(bt, sizeof(*e->s_mask));
     e->lp_row = calloc((size_t)e->n_smp, sizeof(*e->lp_row));
     for (int i = 0; e->lp_row && i < e->n_smp; i++)
         if (!(e->lp_row[i] = malloc(sizeof(float) * (size_t)engine_model_hparams(m)->n_vocab))) {
@@ -114,7 +116,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
         !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
-        !e->s_top_id || !e->s_top_lp || !e->lp_row) {
+        !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -157,6 +159,8 @@ void engine_free(struct engine *e)
     free(e->s_lp);
     free(e->s_top_id);
     free(e->s_top_lp);
+    free(e->s_mask);
+    engine_vocab_free(e->vocab);
     pool_free(e->pool);
     free(e->s_seq);
     free(e->s_logits);
@@ -222,6 +226,9 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
         return err_set(err, ST_ERR_RANGE,
                        "prompt + max_tokens needs %llu KV blocks; the pool has %d (raise --kv-mem)",
                        (unsigned long long)blocks, engine_kv_n_blocks(e->kv));
+    if (r->grammar && !e->vocab &&
+        (st = engine_vocab_new(&e->vocab, e->tok, engine_model_hparams(e->m)->n_vocab, err)))
+        return st;
     /* every choice is made before any is queued, so a failure queues none */
     const int n = r->n_choices > 1 ? r->n_choices : 1;
     struct seq *first = NULL, **tail = &first;
@@ -280,6 +287,13 @@ static void sample_range(void *arg, int ith, int nth)
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
         float *row = e->s_logits[j];
+        const uint32_t *m = e->s_mask[j];
+        if (m) /* structured output: tokens that cannot continue the grammar are out */
+            for (int32_t w = 0; w < (n_vocab + 31) / 32; w++)
+                if (m[w] != 0xffffffffu)
+                    for (int32_t t = w * 32; t < w * 32 + 32 && t < n_vocab; t++)
+                        if (!(m[w] >> (t & 31) & 1))
+                            row[t] = -INFINITY;
         if (s->lp_k >= 0) { /* sample a copy: the log-probabilities read the raw row */
             memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
             row = e->lp_row[ith];
@@ -304,7 +318,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     int greedy = 1, fused = 0;
     for (int k = 0; k < nb && greedy; k++)
         greedy = !e->b_want[k] ||
-                 (engine_sampling_is_argmax(&e->b_owner[k]->sp) && e->b_owner[k]->lp_k < 0);
+                 (engine_sampling_is_argmax(&e->b_owner[k]->sp) && e->b_owner[k]->lp_k < 0 &&
+                  !e->b_owner[k]->grammar);
     enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
                                                           &fused, err)
                             : engine_model_forward(e->m, e->kv, &b, e->logits, err);
@@ -327,6 +342,18 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->s_seq[n_s] = e->b_owner[k];
         e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)engine_model_hparams(e->m)->n_vocab;
         n_s++;
+    }
+    /* the grammar rows' masks: first every grammar may drop its old masks, then they are taken
+     * (computed here, on this thread, when new) and stay valid through the sampling */
+    for (int j = 0; j < n_s; j++)
+        if (e->s_seq[j]->grammar)
+            engine_grammar_trim(e->s_seq[j]->grammar);
+    for (int j = 0; j < n_s; j++) {
+        struct seq *s = e->s_seq[j];
+        e->s_mask[j] = NULL;
+        if (s->grammar &&
+            !(e->s_mask[j] = engine_grammar_mask(s->grammar, s->gstate, e->vocab)))
+            return err_set(err, ST_ERR_NOMEM, "out of memory for a grammar's token mask");
     }
     if (!fused) { /* else s_id holds the greedy tokens already */
         struct sample_job sj = {e, n_s};

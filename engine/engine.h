@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "engine/grammar.h"
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -50,7 +51,12 @@ struct engine_request {
                                      * prompt, then share its full KV blocks (each recomputes
                                      * only the prompt's last, partial block) */
     int first_choice;               /* index of the first choice (usually 0) */
-    int logprobs;                   /* 1 = report each generated token's log-probability */
+    struct engine_grammar *grammar; /* NULL, or the grammar the output must follow (structured
+                                     * outputs): each step masks the tokens that cannot continue
+                                     * it, end-of-generation only where it may end; the engine
+                                     * holds a reference while the request runs */
+    int logprobs;                   /* 1 = report each generated token's log-probability
+                                     * (after the grammar's mask, when there is one) */
     int top_logprobs;               /* with logprobs: alternatives per token, 0..
                                      * ENGINE_TOP_LOGPROBS_MAX (engine_logprobs) */
     /* Optional streaming: called from engine_step with each piece of the output text as it

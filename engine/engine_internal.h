@@ -52,6 +52,8 @@ struct seq {
     int choice;                  /* which choice of its request */
     int lead;                    /* 1 = the first choice: it opens the gate */
     struct seq_gate *gate;       /* shared with its sibling choices, or NULL */
+    struct engine_grammar *grammar; /* output grammar (a reference) or NULL */
+    int32_t gstate;              /* its state after the generated tokens */
     int lp_k;                    /* -1: no logprobs; else alternatives per token */
     float *lp;                   /* per generated token: its log-probability (cap_lp entries) */
     int32_t *lp_id;              /* lp_k alternatives per token: ids (cap_lp x lp_k) */
@@ -76,6 +78,8 @@ struct engine {
     int32_t *s_top_id;           /* ENGINE_TOP_LOGPROBS_MAX alternatives per row */
     float *s_top_lp;             /* and theirs */
     float **lp_row;              /* per pool thread: a copy of the row to sample from */
+    const uint32_t **s_mask;     /* per row: the grammar's allowed tokens, or NULL */
+    struct engine_vocab *vocab;  /* the vocabulary trie for masks (made with the first grammar) */
     struct seq **running;        /* running sequences, admission order, n_running used */
     int n_running;               /* count */
     int *free_slots;             /* stack of unused KV slots */

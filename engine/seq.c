@@ -23,6 +23,7 @@ void engine_seq_free(struct seq *s)
     engine_stop_free(s->stop);
     if (s->gate && --s->gate->refs == 0)
         free(s->gate);
+    engine_grammar_unref(s->grammar);
     free(s->lp);
     free(s->lp_id);
     free(s->lp_top);
@@ -73,6 +74,11 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
     s->slot = -1;
     s->n_cached = (size_t)-1; /* set at first admission */
     s->lp_k = r->logprobs ? r->top_logprobs : -1;
+    if (r->grammar) {
+        s->grammar = r->grammar;
+        engine_grammar_ref(s->grammar);
+        s->gstate = engine_grammar_start(s->grammar);
+    }
     *out = s;
     return ST_OK;
 }
@@ -161,6 +167,10 @@ static void accept_one(struct engine *e, struct seq *s, int32_t id)
     if (!eog) {
         if (tok_push(s, id))
             abort(); /* a few bytes per token: out of memory here is fatal */
+        if (s->grammar) { /* the mask let only tokens through that continue the grammar */
+            size_t pn = engine_tok_piece(e->tok, id, 0, e->piece, e->piece_cap);
+            s->gstate = engine_grammar_feed(s->grammar, s->gstate, e->piece, pn);
+        }
         n = engine_tok_stream_push(e->tok, &s->ts, id, e->piece, e->piece_cap);
     }
     const int end = eog || s->n_gen >= s->max_tokens;

@@ -148,6 +148,7 @@ void job_request_free(struct job_request *r)
         free(r->stop[i]);
     free(r->stop);
     free(r->model);
+    free(r->schema);
     free(r);
 }
 
@@ -195,6 +196,14 @@ char *job_request_to_json(const struct job_request *r)
         job_json_put_fmt(&b, ",\"n\":%d", (int)r->n);
     if (r->logprobs)
         job_json_put_fmt(&b, ",\"logprobs\":true,\"top_logprobs\":%d", (int)r->top_logprobs);
+    if (r->format == JOB_FORMAT_JSON_OBJECT)
+        job_json_put_lit(&b, ",\"response_format\":{\"type\":\"json_object\"}");
+    if (r->format == JOB_FORMAT_JSON_SCHEMA) {
+        job_json_put_lit(&b, ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                             "{\"name\":\"schema\",\"schema\":");
+        job_json_put_lit(&b, r->schema);
+        job_json_put_lit(&b, "}}");
+    }
     if (r->n_stop) {
         job_json_put_lit(&b, ",\"stop\":[");
         for (size_t i = 0; i < r->n_stop; i++) {
@@ -219,7 +228,8 @@ int job_request_equal(const struct job_request *a, const struct job_request *b)
     if (!str_eq(a->custom_id, b->custom_id) || a->kind != b->kind ||
         a->n_messages != b->n_messages || !str_eq(a->prompt, b->prompt) ||
         a->max_tokens != b->max_tokens || a->n_stop != b->n_stop || !str_eq(a->model, b->model) ||
-        a->n != b->n || a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs)
+        a->n != b->n || a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs ||
+        a->format != b->format || !str_eq(a->schema, b->schema))
         return 0;
     for (size_t i = 0; i < a->n_messages; i++)
         if (!str_eq(a->messages[i].role, b->messages[i].role) ||

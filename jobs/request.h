@@ -9,7 +9,8 @@
  *   short prompt  {"custom_id"?, "prompt":"...", <parameters>}
  * Parameters: model (recorded, not used to pick a model), max_tokens or max_completion_tokens,
  * temperature, top_p, seed, stop (string or array of <= 4 strings), n (1..128 choices),
- * logprobs + top_logprobs, frequency_penalty, presence_penalty, and the extensions top_k
+ * logprobs + top_logprobs, response_format ({"type": "text" | "json_object" | "json_schema",
+ * "json_schema": {"name", "schema", "strict"}}), frequency_penalty, presence_penalty, and the extensions top_k
  * (-1 = off), min_p, repetition_penalty, repeat_last_n. A parameter given as null counts as
  * absent.
  * logprobs: true / false with top_logprobs 0..20 (chat's form; top_logprobs > 0 needs logprobs
@@ -20,8 +21,9 @@
  * Decisions (also in the error messages):
  *   - Unknown fields are ignored (user, metadata, stream_options, ...). Fields that would
  *     change what must be produced and that quern cannot honour fail with "unsupported":
- * best_of > 1, stream true, echo true, suffix, non-empty tools/functions/logit_bias, response_format other than
- *     {"type":"text"}, image/audio/file content parts, roles tool/function, prompt arrays of
+ *     best_of > 1, stream true, echo true, suffix, non-empty tools/functions/logit_bias, a
+ *     response_format json_schema whose schema uses what jobs/schema.h cannot guarantee (the
+ *     message names the keyword and its place in the schema), image/audio/file content parts, roles tool/function, prompt arrays of
  *     several prompts or of token ids, URLs other than the two above.
  *   - Role "developer" is accepted as "system". Text content parts are concatenated with no
  *     separator. A message's content may be "" but a completion prompt may not.
@@ -45,6 +47,7 @@
 #include "common/err.h"
 #include "engine/chat.h"
 #include "engine/sampler.h"
+#include "jobs/schema.h"
 
 #define JOB_CUSTOM_ID_MAX 512 /* longest custom_id, in bytes */
 #define JOB_MODEL_MAX     256 /* longest model name, in bytes */
@@ -109,6 +112,10 @@ struct job_request {
     int32_t n;                        /* choices (OpenAI n), 1..JOB_N_MAX */
     int logprobs;                     /* 1 = log-probabilities of the output tokens */
     int32_t top_logprobs;             /* with logprobs: alternatives per token, 0..20 */
+    enum job_format format;           /* response_format: text, json_object or json_schema */
+    char *schema;                     /* json_schema: the schema's compact JSON (owned), which
+                                         compiled (jobs/schema.h) when the line was parsed;
+                                         else NULL */
 };
 
 /* Parse and validate line[0..len) (not NUL-terminated; any bytes). On ST_OK *out is a new

@@ -211,17 +211,66 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
         !param_empty(c, obj, "logit_bias", 0))
         return 0;
 
+    return 1;
+}
+
+/* response_format: text, json_object, or json_schema with a schema that compiles. */
+static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
+{
+    const cJSON *it;
+    char path[JOB_PATH_CAP], sub[JOB_PATH_CAP];
     job_request_pathf(path, "%sresponse_format", c->pfx);
     if (!job_request_get_opt(c, obj, c->pfx, "response_format", &it))
         return 0;
-    if (it) {
-        if (!cJSON_IsObject(it))
-            return job_request_fail_type(c, path, "an object", it);
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
-                                    "%s is not supported (only {\"type\":\"text\"})", path);
+    if (!it)
+        return 1;
+    if (!cJSON_IsObject(it))
+        return job_request_fail_type(c, path, "an object", it);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
+    job_request_pathf(sub, "%s.type", path);
+    if (!t)
+        return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
+    if (!cJSON_IsString(t))
+        return job_request_fail_type(c, sub, "a string", t);
+    if (!strcmp(t->valuestring, "text"))
+        return 1;
+    if (!strcmp(t->valuestring, "json_object")) {
+        r->format = JOB_FORMAT_JSON_OBJECT;
+        return 1;
     }
+    if (strcmp(t->valuestring, "json_schema") != 0)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, sub,
+                                "%s must be \"text\", \"json_object\" or \"json_schema\"", sub);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(it, "json_schema");
+    job_request_pathf(sub, "%s.json_schema", path);
+    if (!js)
+        return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
+    if (!cJSON_IsObject(js))
+        return job_request_fail_type(c, sub, "an object", js);
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) {
+        job_request_pathf(sub, "%s.json_schema.strict", path);
+        return job_request_fail_type(c, sub, "a boolean", strict);
+    }
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    job_request_pathf(sub, "%s.json_schema.schema", path);
+    if (!schema)
+        return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
+    if (!cJSON_IsObject(schema))
+        return job_request_fail_type(c, sub, "an object", schema);
+    struct engine_grammar *g = NULL;
+    struct err_detail ed = {0};
+    enum status st = job_schema_grammar(JOB_FORMAT_JSON_SCHEMA, schema, &g, &ed);
+    engine_grammar_unref(g);
+    if (st == ST_ERR_NOMEM)
+        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    if (st)
+        return job_request_fail(c->e, st == ST_ERR_UNSUPPORTED ? JOB_ERR_UNSUPPORTED
+                                                               : JOB_ERR_INVALID_VALUE,
+                                sub, "%s: %s", sub, ed.msg);
+    if (!(r->schema = cJSON_PrintUnformatted(schema)))
+        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    r->format = JOB_FORMAT_JSON_SCHEMA;
     return 1;
 }
 
@@ -315,7 +364,8 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
     int64_t iv;
     int present;
 
-    if (!check_unsupported(c, obj) || !read_choices_logprobs(c, obj, r))
+    if (!check_unsupported(c, obj) || !read_choices_logprobs(c, obj, r) ||
+        !read_response_format(c, obj, r))
         return 0;
 
     /* model: recorded only. */

@@ -122,6 +122,19 @@ static void check_no_logprobs(const struct job_request *r)
     assert_int_equal(r->top_logprobs, 0);
 }
 
+static void check_json_object(const struct job_request *r)
+{
+    assert_int_equal(r->format, JOB_FORMAT_JSON_OBJECT);
+    assert_null(r->schema);
+}
+
+static void check_json_schema(const struct job_request *r)
+{
+    assert_int_equal(r->format, JOB_FORMAT_JSON_SCHEMA);
+    assert_string_equal(r->schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                                   "\"integer\"}},\"required\":[\"a\"]}");
+}
+
 static void check_unicode(const struct job_request *r)
 {
     assert_string_equal(r->prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\x97\xa5 \\u0000 /");
@@ -216,6 +229,13 @@ static const struct line_case cases[] = {
          "{\"type\":\"text\",\"text\":\"world\"}]}]}",
          check_parts),
     GOOD("max_completion_tokens", CHAT(",\"max_completion_tokens\":12"), check_mct),
+    GOOD("response_format json_object", CHAT(",\"response_format\":{\"type\":\"json_object\"}"),
+         check_json_object),
+    GOOD("response_format json_schema, strict, spaces in the schema",
+         BATCH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"r\","
+               "\"strict\":true,\"schema\":{\"type\": \"object\", \"properties\": {\"a\": "
+               "{\"type\": \"integer\"}}, \"required\": [\"a\"]}}}"),
+         check_json_schema),
     GOOD("n 3, logprobs true, top_logprobs 4",
          BATCH(",\"n\":3,\"logprobs\":true,\"top_logprobs\":4"), check_n3_logprobs),
     GOOD("completions' integer logprobs 0: the chosen tokens only",
@@ -469,8 +489,19 @@ static const struct line_case cases[] = {
     BAD("suffix", "{\"prompt\":\"x\",\"suffix\":\"end\"}", JOB_ERR_UNSUPPORTED, "suffix"),
     BAD("tools", BATCH(",\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_UNSUPPORTED, "body.tools"),
     BAD("logit_bias", CHAT(",\"logit_bias\":{\"50256\":-100}"), JOB_ERR_UNSUPPORTED, "logit_bias"),
-    BAD("response_format json_object", CHAT(",\"response_format\":{\"type\":\"json_object\"}"),
-        JOB_ERR_UNSUPPORTED, "response_format"),
+    BAD("response_format json_schema with pattern",
+        BATCH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+              "\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}"),
+        JOB_ERR_UNSUPPORTED,
+        "body.response_format.json_schema.schema: schema: keyword 'pattern' is not supported"),
+    BAD("response_format xml", CHAT(",\"response_format\":{\"type\":\"xml\"}"),
+        JOB_ERR_INVALID_VALUE, "response_format.type must be"),
+    BAD("response_format json_schema without schema",
+        CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}"),
+        JOB_ERR_MISSING_FIELD, "response_format.json_schema.schema is missing"),
+    BAD("response_format json_schema, schema not an object",
+        CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":[]}}"),
+        JOB_ERR_INVALID_TYPE, "response_format.json_schema.schema must be an object"),
 };
 
 static void check_case(const struct line_case *c)

@@ -1,0 +1,115 @@
+/* Constrained decoding: a context-free grammar over bytes, run as a pushdown automaton, and the
+ * token masks that keep a model's output inside it (structured outputs: JSON objects, JSON
+ * schemas).
+ *
+ * A grammar is built rule by rule (engine_gb_*): a rule is a list of alternatives, an
+ * alternative a sequence of byte sets and references to rules. Rule 0 is the root. Left
+ * recursion is refused when the grammar is finished (every cycle of references must consume a
+ * byte first); right recursion is free (a reference in last position does not grow the stack).
+ *
+ * The automaton's stacks are hash-consed frames (rule, alternative, element, parent), so a
+ * stack is one integer; a state is the sorted set of stacks that can read a byte next, plus
+ * "the input may end here". States are interned and their transitions filled in lazily, one
+ * byte at a time (a lazily determinised pushdown automaton), so a state seen again costs a table
+ * lookup. A token's mask for a state comes from one walk of the vocabulary's byte trie through
+ * those transitions, cached per state: a job whose requests share a schema computes each mask
+ * once. End-of-generation tokens are allowed exactly where the input may end; tokens without
+ * bytes (other control tokens) never are.
+ *
+ * Not thread-safe: the engine computes masks and advances states between forward passes, on
+ * its own thread; the sampling threads only read the masks. */
+#ifndef ENGINE_GRAMMAR_H
+#define ENGINE_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+struct engine_tok;
+struct engine_grammar;
+
+/* ---- building --------------------------------------------------------------------------- */
+
+struct engine_gb; /* a grammar being built */
+
+enum status engine_gb_new(struct engine_gb **out, struct err_detail *err);
+void engine_gb_free(struct engine_gb *b); /* NULL is a no-op */
+
+/* A new rule without alternatives; returns its id (the first rule made is the root, 0). */
+int32_t engine_gb_rule(struct engine_gb *b);
+/* Start a new (empty) alternative of rule; the appends below go to it. */
+void engine_gb_alt(struct engine_gb *b, int32_t rule);
+/* Append the bytes lo..hi (inclusive) as one element. */
+void engine_gb_range(struct engine_gb *b, unsigned lo, unsigned hi);
+/* Append one element matching any byte of set (256 bits, bit b of set[b / 32]). */
+void engine_gb_set(struct engine_gb *b, const uint32_t set[8]);
+/* Append the n bytes of s, one element each. */
+void engine_gb_lit(struct engine_gb *b, const char *s, size_t n);
+/* Append a reference to rule (which may be defined later). */
+void engine_gb_ref(struct engine_gb *b, int32_t rule);
+
+/* Standard pieces for JSON grammars, each a rule made once per builder and shared:
+ * ws (0 or 1 space, or a newline and up to 20 spaces/tabs: whitespace cannot run on forever),
+ * a JSON string (any valid UTF-8 but '"', '\\' and controls, plus every JSON escape),
+ * a JSON number, integer, and any JSON value / object (for json_object and untyped schemas). */
+int32_t engine_gb_json_ws(struct engine_gb *b);
+int32_t engine_gb_json_string(struct engine_gb *b);
+int32_t engine_gb_json_string_char(struct engine_gb *b); /* one character of a string body */
+int32_t engine_gb_json_number(struct engine_gb *b);
+int32_t engine_gb_json_integer(struct engine_gb *b);
+int32_t engine_gb_json_value(struct engine_gb *b);
+int32_t engine_gb_json_object(struct engine_gb *b);
+
+/* Finish: checks that every rule has an alternative and every reference a rule, and that no
+ * rule can reach itself without reading a byte (left recursion). Consumes b (freed on every
+ * path); *out is the grammar, refcount 1. */
+enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
+                             struct err_detail *err);
+
+/* ---- running ---------------------------------------------------------------------------- */
+
+struct engine_grammar;
+
+/* References: a grammar is shared by the requests that use it (engine_request.grammar). */
+void engine_grammar_ref(struct engine_grammar *g);
+void engine_grammar_unref(struct engine_grammar *g); /* frees at zero; NULL is a no-op */
+
+#define ENGINE_GRAMMAR_DEAD (-1) /* no state: the input cannot continue */
+
+/* The start state. */
+int32_t engine_grammar_start(struct engine_grammar *g);
+/* The state after reading byte c in state s, or ENGINE_GRAMMAR_DEAD; ENGINE_GRAMMAR_DEAD also
+ * when the grammar's state limit (ENGINE_GRAMMAR_MAX_STATES) is reached. */
+int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c);
+/* The state after reading bytes p[0..n) from s (ENGINE_GRAMMAR_DEAD if any step is). */
+int32_t engine_grammar_feed(struct engine_grammar *g, int32_t s, const char *p, size_t n);
+/* 1 when the input may end in state s. */
+int engine_grammar_accepting(const struct engine_grammar *g, int32_t s);
+/* 1 when state s can read no further byte (the input must end). */
+int engine_grammar_final(struct engine_grammar *g, int32_t s);
+/* States interned so far. */
+int32_t engine_grammar_n_states(const struct engine_grammar *g);
+
+#define ENGINE_GRAMMAR_MAX_STATES 200000
+
+/* The vocabulary as the masks see it: each token's bytes in a trie, the end-of-generation ids. */
+struct engine_vocab;
+enum status engine_vocab_new(struct engine_vocab **out, const struct engine_tok *tok,
+                             int32_t n_logits, struct err_detail *err);
+void engine_vocab_free(struct engine_vocab *v); /* NULL is a no-op */
+
+/* The allowed tokens in state s: a bitmap of n_logits bits (bit t of word t / 32), cached with
+ * the state and valid until engine_grammar_trim(g). NULL when out of memory. */
+const uint32_t *engine_grammar_mask(struct engine_grammar *g, int32_t s,
+                                    const struct engine_vocab *v);
+/* Drop the cached masks when they hold more than ENGINE_GRAMMAR_MASK_BYTES (called before a
+ * step's masks are taken, so none in use is freed). */
+void engine_grammar_trim(struct engine_grammar *g);
+
+#define ENGINE_GRAMMAR_MASK_BYTES ((size_t)64 << 20)
+
+/* Mask computations (cache misses) and lookups since the grammar was made. */
+void engine_grammar_counts(const struct engine_grammar *g, uint64_t *computed, uint64_t *cached);
+
+#endif

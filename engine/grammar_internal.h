@@ -1,0 +1,82 @@
+/* The grammar's insides, shared by engine/grammar_build.c (building), engine/grammar.c (the
+ * automaton) and engine/grammar_mask.c (the vocabulary trie and token masks). Only they include
+ * it. */
+#ifndef ENGINE_GRAMMAR_INTERNAL_H
+#define ENGINE_GRAMMAR_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/grammar.h"
+
+struct gelem {
+    int32_t ref;     /* rule referenced, or -1 for a byte set */
+    uint32_t set[8]; /* the bytes matched (ref < 0): bit c of set[c / 32] */
+};
+
+/* An alternative being built: its rule and its elements. */
+struct balt {
+    int32_t rule;    /* owner */
+    struct gelem *e; /* elements */
+    int32_t n, cap;  /* used, allocated */
+};
+
+struct engine_gb {
+    struct balt *alts;        /* every alternative made, in order */
+    int32_t n_alts, cap_alts; /* used, allocated */
+    int32_t n_rules;          /* rules made */
+    int32_t cur;              /* alternative being appended to, -1 = none */
+    int oom;                  /* an allocation failed: finish reports it */
+    int32_t json[7];          /* the shared JSON rules once made (-1 before) */
+};
+
+/* ---- the automaton (engine/grammar.c) and its masks (engine/grammar_mask.c) ---- */
+
+/* A stack frame: at element idx of alternative alt; when that alternative ends, continue with
+ * frame parent (-1: the input may end). Hash-consed: equal frames have one id. */
+struct frame {
+    int32_t alt, idx, parent;
+};
+
+struct state {
+    int32_t off, n;    /* frames[off..off+n) in state_frames: sorted, each at a byte set */
+    int accept;        /* the input may end here */
+    int32_t *trans;    /* 256 next states (-2 = not computed yet), or NULL */
+    uint32_t *mask;    /* allowed tokens, or NULL */
+};
+
+struct engine_grammar {
+    int refs;
+    /* rules, flattened */
+    int32_t n_rules;
+    int32_t *rule_alt;   /* n_rules + 1 offsets into alt_elem's alternatives */
+    int32_t *alt_first;  /* per alternative: first element in elems */
+    int32_t *alt_n;      /* per alternative: element count */
+    struct gelem *elems;
+    /* frames */
+    struct frame *frames;
+    int32_t n_frames, cap_frames;
+    int32_t *fhash;      /* open addressing, frame id + 1 (0 = empty) */
+    uint32_t fhash_cap;
+    /* states */
+    struct state *states;
+    int32_t n_states, cap_states;
+    int32_t *state_frames;
+    size_t n_sf, cap_sf;
+    int32_t *shash;      /* open addressing, state id + 1 */
+    uint32_t shash_cap;
+    int32_t start;
+    /* scratch for building a state */
+    int32_t *tmp;
+    size_t n_tmp, cap_tmp;
+    int tmp_accept;
+    int oom;
+    /* masks */
+    const struct engine_vocab *vocab; /* the vocabulary the cached masks are for */
+    size_t mask_bytes;
+    uint64_t n_computed, n_cached;
+    int32_t *dfs;        /* trie walk stack: (node, state) pairs */
+    size_t cap_dfs;
+};
+
+#endif

@@ -1,0 +1,160 @@
+/* engine/grammar: the JSON pieces accept exactly the JSON texts of their kind (checked on
+ * hand-picked valid and invalid texts, including UTF-8 edge cases); token masks equal feeding
+ * every token's bytes one by one (the default model's 49,152 tokens, several states); bad
+ * grammars (left recursion, a rule without alternatives) are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/grammar.h"
+#include "engine/tokenizer.h"
+#include "io/gguf.h"
+#include "tests/test_util.h"
+
+static struct engine_grammar *json_object_grammar(void)
+{
+    struct engine_gb *b;
+    struct engine_grammar *g;
+    struct err_detail err = {0};
+    assert_int_equal(engine_gb_new(&b, &err), ST_OK);
+    int32_t root = engine_gb_rule(b);
+    engine_gb_alt(b, root);
+    engine_gb_ref(b, engine_gb_json_object(b));
+    if (engine_gb_finish(b, &g, &err))
+        fail_msg("finish: %s", err.msg);
+    return g;
+}
+
+static int accepts(struct engine_grammar *g, const char *text)
+{
+    int32_t s = engine_grammar_feed(g, engine_grammar_start(g), text, strlen(text));
+    return engine_grammar_accepting(g, s);
+}
+
+static void test_json_object_texts(void **state)
+{
+    (void)state;
+    struct engine_grammar *g = json_object_grammar();
+    static const char *const good[] = {
+        "{}", "{ }", "{\"a\":1}", "{\"a\" : -0.5e+10, \"b\":[true,false,null]}",
+        "{\n  \"k\": {\"x\": [1, [2, {}], \"s\"]},\n  \"e\": \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"\n}",
+        "{\"u\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xed\x9f\xbf \xf4\x8f\xbf\xbf\"}",
+        "{\"n\":0,\"m\":-12,\"f\":3.25,\"E\":1E5}", "{\"del\":\"\x7f\"}",
+    };
+    static const char *const bad[] = {
+        "", "[]", "\"s\"", "{", "{\"a\"}", "{\"a\":}", "{\"a\":1,}", "{,}", "{\"a\":01}",
+        "{\"a\":1.}", "{\"a\":.5}", "{\"a\":-}", "{\"a\":tru}", "{\"a\":\"\\x\"}",
+        "{\"a\":\"\\u12\"}", "{\"a\":\"\x01\"}", "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}",
+        "{\"a\":\"\xf4\x90\x80\x80\"}", "{\"a\":\"\xff\"}", "{'a':1}", "{\"a\":1}}", "{} ",
+        "{\"a\":[1 2]}", "{\"a\":NaN}",
+        "{\n                      \"a\":1}", /* a newline then 22 spaces: more than ws allows */
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        if (!accepts(g, good[i]))
+            fail_msg("refused valid %s", good[i]);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (accepts(g, bad[i]))
+            fail_msg("accepted invalid %s", bad[i]);
+    /* after the closing brace nothing may follow */
+    int32_t s = engine_grammar_feed(g, engine_grammar_start(g), "{}", 2);
+    assert_true(engine_grammar_final(g, s));
+    assert_int_equal(engine_grammar_step(g, s, ' '), ENGINE_GRAMMAR_DEAD);
+    engine_grammar_unref(g);
+}
+
+static void test_bad_grammars(void **state)
+{
+    (void)state;
+    struct engine_gb *b;
+    struct engine_grammar *g;
+    struct err_detail err = {0};
+    /* a ::= b "x"; b ::= "" | a */
+    assert_int_equal(engine_gb_new(&b, &err), ST_OK);
+    int32_t a = engine_gb_rule(b), c = engine_gb_rule(b);
+    engine_gb_alt(b, a);
+    engine_gb_ref(b, c);
+    engine_gb_lit(b, "x", 1);
+    engine_gb_alt(b, c);
+    engine_gb_alt(b, c);
+    engine_gb_ref(b, a);
+    assert_int_equal(engine_gb_finish(b, &g, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "left-recursive"));
+    assert_null(g);
+    /* a rule nobody defined */
+    assert_int_equal(engine_gb_new(&b, &err), ST_OK);
+    a = engine_gb_rule(b);
+    c = engine_gb_rule(b);
+    engine_gb_alt(b, a);
+    engine_gb_ref(b, c);
+    assert_int_equal(engine_gb_finish(b, &g, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "no alternative"));
+}
+
+/* The mask of a state against the obvious computation: feed each token's bytes. */
+static void test_masks_match_feeding(void **state)
+{
+    (void)state;
+    struct io_gguf *gf = NULL;
+    struct engine_tok *tok = NULL;
+    struct err_detail err = {0};
+    if (io_gguf_open(&gf, test_model_path(), &err) || engine_tok_load(&tok, gf, &err))
+        fail_msg("tokenizer: %s", err.msg);
+    const int32_t n_tok = engine_tok_n_vocab(tok), n_logits = n_tok + 40; /* padded rows */
+    struct engine_vocab *v;
+    assert_int_equal(engine_vocab_new(&v, tok, n_logits, &err), ST_OK);
+    struct engine_grammar *g = json_object_grammar();
+    static const char *const prefixes[] = {"", "{", "{\"ke", "{\"k\":", "{\"k\": 1", "{\"k\":[",
+                                           "{\"k\":\"caf\xc3", "{\"k\":true}", "{\"k\":1.5e"};
+    char piece[256];
+    for (size_t p = 0; p < sizeof(prefixes) / sizeof(prefixes[0]); p++) {
+        int32_t s = engine_grammar_feed(g, engine_grammar_start(g), prefixes[p],
+                                        strlen(prefixes[p]));
+        assert_true(s >= 0);
+        const uint32_t *m = engine_grammar_mask(g, s, v);
+        assert_non_null(m);
+        int32_t allowed = 0;
+        for (int32_t t = 0; t < n_logits; t++) {
+            int want;
+            if (t >= n_tok)
+                want = 0;
+            else if (engine_tok_is_eog(tok, t))
+                want = engine_grammar_accepting(g, s);
+            else {
+                size_t n = engine_tok_piece(tok, t, 0, piece, sizeof(piece));
+                want = n > 0 && n <= sizeof(piece) && engine_grammar_feed(g, s, piece, n) >= 0;
+            }
+            int got = (int)(m[t >> 5] >> (t & 31) & 1);
+            if (got != want)
+                fail_msg("prefix %s: token %d mask %d, feeding says %d", prefixes[p], t, got,
+                         want);
+            allowed += got;
+        }
+        print_message("prefix %-14s %6d tokens allowed\n", prefixes[p], allowed);
+        assert_true(allowed > 0);
+        assert_ptr_equal(engine_grammar_mask(g, s, v), m); /* cached */
+    }
+    uint64_t computed, cached;
+    engine_grammar_counts(g, &computed, &cached);
+    assert_true(computed >= 1 && cached >= 1);
+    engine_grammar_unref(g);
+    engine_vocab_free(v);
+    engine_tok_free(tok);
+    io_gguf_close(gf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_object_texts),
+        cmocka_unit_test(test_bad_grammars),
+        cmocka_unit_test(test_masks_match_feeding),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

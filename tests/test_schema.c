@@ -1,0 +1,153 @@
+/* jobs/schema: JSON schemas compiled to grammars accept the instances the schema allows (in
+ * the shapes the grammar writes: properties in schema order) and refuse the ones it does not;
+ * schemas that use what the grammar cannot guarantee are refused with the place and the
+ * keyword. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs/schema.h"
+
+struct case_ {
+    const char *schema;
+    const char *good[10]; /* accepted, NULL-terminated */
+    const char *bad[10]; /* refused, NULL-terminated */
+};
+
+static const struct case_ cases[] = {
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+     "\"required\":[\"a\"],\"additionalProperties\":false}",
+     {"{\"a\":1}", "{\"a\": -7, \"b\": \"x\"}", "{ \"a\":0 ,\"b\":\"\" }", NULL},
+     {"{}", "{\"b\":\"x\"}", "{\"a\":1.5}", "{\"a\":1,\"c\":2}", "{\"b\":\"x\",\"a\":1}",
+      "{\"a\":\"1\"}", NULL}},
+    {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"boolean\"},\"y\":{\"type\":\"null\"}}}",
+     {"{}", "{\"x\":true}", "{\"y\":null}", "{\"x\":false,\"y\":null}", NULL},
+     {"{\"x\":1}", "{\"y\":0}", "{,}", "{\"x\":true,}", NULL}},
+    {"{\"type\":\"integer\",\"minimum\":-15,\"maximum\":230}",
+     {"-15", "-9", "0", "7", "99", "100", "199", "230", NULL},
+     {"-16", "-0", "231", "300", "1000", "007", "1.0", "-", NULL}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10}",
+     {"1", "9", NULL}, {"0", "10", "-1", NULL}},
+    {"{\"type\":\"integer\",\"minimum\":1000}", {"1000", "123456789", NULL}, {"999", "-1000", NULL}},
+    {"{\"type\":\"number\",\"minimum\":0}", {"0", "1.5", "2e-3", "10", NULL}, {"-1", "-0.5", NULL}},
+    {"{\"type\":\"string\",\"enum\":[\"red\",\"green\",\"caf\\u00e9\"]}",
+     {"\"red\"", "\"green\"", "\"caf\xc3\xa9\"", NULL}, {"\"blue\"", "\"re\"", "red", NULL}},
+    {"{\"enum\":[1,\"a\",null,[1,2],{\"k\":true}]}",
+     {"1", "\"a\"", "null", "[1,2]", "{\"k\":true}", NULL}, {"2", "[1, 2]", NULL}},
+    {"{\"const\":\"fixed\"}", {"\"fixed\"", NULL}, {"\"other\"", NULL}},
+    {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+     {"\"ab\"", "\"abc\"", "\"\\n\\u00e9\"", "\"\xc3\xa9\xc3\xa9\"", NULL},
+     {"\"a\"", "\"abcd\"", "\"\"", NULL}},
+    {"{\"type\":\"string\",\"minLength\":1}", {"\"a\"", "\"abcdefgh\"", NULL}, {"\"\"", NULL}},
+    {"{\"type\":\"string\",\"format\":\"date\"}",
+     {"\"2024-01-31\"", "\"1999-04-30\"", "\"2023-02-28\"", "\"0001-12-01\"", NULL},
+     {"\"2024-04-31\"", "\"2023-02-29\"", "\"2024-13-01\"", "\"2024-00-10\"", "\"2024-1-01\"",
+      "\"2024-01-00\"", "\"0000-01-01\"", NULL}},
+    {"{\"type\":\"string\",\"format\":\"date-time\"}",
+     {"\"2024-01-31T23:59:59Z\"", "\"2024-01-31T00:00:00.123+05:30\"", NULL},
+     {"\"2024-01-31 23:59:59Z\"", "\"2024-01-31T24:00:00Z\"", "\"2024-01-31T10:00:00\"", NULL}},
+    {"{\"type\":\"string\",\"format\":\"uuid\"}",
+     {"\"123e4567-e89b-12d3-a456-426614174000\"", NULL},
+     {"\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400g\"", NULL}},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}",
+     {"[1]", "[1,2]", "[ 1 , 2 , 3 ]", NULL}, {"[]", "[1,2,3,4]", "[\"a\"]", "[1,]", NULL}},
+    {"{\"type\":\"array\",\"minItems\":2}", {"[1,\"a\"]", "[{},[],null,true]", NULL},
+     {"[]", "[1]", NULL}},
+    {"{\"type\":\"array\",\"maxItems\":0}", {"[]", NULL}, {"[1]", NULL}},
+    {"{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}", {"5", "null", NULL},
+     {"\"5\"", "true", NULL}},
+    {"{\"type\":[\"string\",\"boolean\"]}", {"\"s\"", "false", NULL}, {"1", "null", NULL}},
+    {"{\"type\":\"integer\",\"nullable\":true}", {"3", "null", NULL}, {"\"3\"", NULL}},
+    {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+     "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}},"
+     "\"required\":[\"v\",\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+     {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":null}}}",
+      NULL},
+     {"{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2}}", NULL}},
+    {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+     {"{}", "{\"a\":1,\"b\":2}", NULL}, {"{\"a\":\"x\"}", NULL}},
+    {"{\"type\":\"object\",\"additionalProperties\":false}", {"{}", NULL}, {"{\"a\":1}", NULL}},
+    {"{\"title\":\"anything\",\"description\":\"untyped\"}", {"1", "\"s\"", "{\"a\":[null]}", NULL},
+     {"", "nul", NULL}},
+};
+
+static void test_instances(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const struct case_ *c = &cases[i];
+        struct engine_grammar *g = NULL;
+        struct err_detail err = {0};
+        if (job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, c->schema, &g, &err))
+            fail_msg("schema %zu refused: %s", i, err.msg);
+        for (int k = 0; c->good[k]; k++) {
+            int32_t s = engine_grammar_feed(g, engine_grammar_start(g), c->good[k],
+                                            strlen(c->good[k]));
+            if (!engine_grammar_accepting(g, s))
+                fail_msg("schema %zu: refused %s", i, c->good[k]);
+        }
+        for (int k = 0; c->bad[k]; k++) {
+            int32_t s = engine_grammar_feed(g, engine_grammar_start(g), c->bad[k],
+                                            strlen(c->bad[k]));
+            if (engine_grammar_accepting(g, s))
+                fail_msg("schema %zu: accepted %s", i, c->bad[k]);
+        }
+        engine_grammar_unref(g);
+    }
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *want;
+        enum status st;
+    } r[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a\"}}}",
+         "properties.a: keyword 'pattern' is not supported", ST_ERR_UNSUPPORTED},
+        {"{\"oneOf\":[{\"type\":\"string\"}]}", "keyword 'oneOf' is not supported",
+         ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":\"email\"}}",
+         "items: format 'email' is not supported", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"number\",\"maximum\":5}", "'maximum' on a number is not supported",
+         ST_ERR_UNSUPPORTED},
+        {"{\"$ref\":\"#/$defs/missing\"}", "$ref '#/$defs/missing' names no definition",
+         ST_ERR_INVALID_ARG},
+        {"{\"$ref\":\"http://x/y.json\"}", "only #", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}",
+         "required property 'a' is not in 'properties'", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"strin\"}", "unknown type 'strin'", ST_ERR_INVALID_ARG},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer lies within",
+         ST_ERR_INVALID_ARG},
+        {"{\"type\":\"array\",\"maxItems\":5000}", "'maxItems' over 1024", ST_ERR_UNSUPPORTED},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":{\"k\":"
+         "{\"uniqueItems\":true}}}]}",
+         "anyOf[1].properties.k: keyword 'uniqueItems' is not supported", ST_ERR_UNSUPPORTED},
+        {"[1]", "a schema must be an object", ST_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+        struct engine_grammar *g = NULL;
+        struct err_detail err = {0};
+        enum status st = job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, r[i].schema, &g, &err);
+        assert_null(g);
+        if (st != r[i].st || !strstr(err.msg, r[i].want))
+            fail_msg("schema %s: status %d, message '%s' (want %d, '%s')", r[i].schema, st,
+                     err.msg, r[i].st, r[i].want);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_instances),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
