@@ -154,6 +154,7 @@ FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
 FUZZ_CFLAGS   = -g -O1 -std=c11 -Wno-psabi -I. -D_GNU_SOURCE -fno-sanitize-recover=undefined
 FUZZ_SRC      = jobs/request.c jobs/request_scan.c jobs/request_fields.c jobs/request_params.c \
+                jobs/gbnf.c \
                 jobs/json.c common/err.c common/log.c common/utf8.c common/philox.c \
                 engine/sampler.c engine/sampler_rows.c jobs/schema.c engine/grammar.c \
                 engine/grammar_build.c

@@ -2,6 +2,7 @@
  * (engine/grammar.h); the builder is engine/grammar_build.c. */
 #include "engine/grammar_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,15 +205,18 @@ static int32_t intern(struct engine_grammar *g)
         g->cap_sf = cap;
     }
     memcpy(g->state_frames + g->n_sf, g->tmp, sizeof(int32_t) * n);
-    g->states[g->n_states] = (struct state){(int32_t)g->n_sf, (int32_t)n, g->tmp_accept, NULL,
-                                            NULL};
+    g->states[g->n_states] =
+        (struct state){(int32_t)g->n_sf, (int32_t)n, g->tmp_accept, NULL, NULL};
     g->n_sf += n;
     g->shash[h] = ++g->n_states;
     g->oom = 0;
     return g->n_states - 1;
 }
 
-int32_t engine_grammar_start(struct engine_grammar *g) { return g->start; }
+int32_t engine_grammar_start(struct engine_grammar *g)
+{
+    return g->start;
+}
 
 int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c)
 {
@@ -266,9 +270,15 @@ int engine_grammar_final(struct engine_grammar *g, int32_t s)
     return s >= 0 && g->states[s].n == 0;
 }
 
-int32_t engine_grammar_n_states(const struct engine_grammar *g) { return g->n_states; }
+int32_t engine_grammar_n_states(const struct engine_grammar *g)
+{
+    return g->n_states;
+}
 
-void engine_grammar_ref(struct engine_grammar *g) { g->refs++; }
+void engine_grammar_ref(struct engine_grammar *g)
+{
+    g->refs++;
+}
 
 void engine_grammar_unref(struct engine_grammar *g)
 {
@@ -294,32 +304,45 @@ void engine_grammar_unref(struct engine_grammar *g)
 
 /* ---- finishing: checks, flattening ------------------------------------------------------- */
 
-/* Left recursion: can rule r reach itself through first elements that read nothing? */
-static int left_cycle(const struct engine_grammar *g, const uint8_t *nullable, int32_t r,
-                      uint8_t *mark)
+/* Left recursion: a rule that reaches itself through first elements that read nothing, found
+ * from r (depth first); returns it, or -1. */
+static int32_t left_cycle(const struct engine_grammar *g, const uint8_t *nullable, int32_t r,
+                          uint8_t *mark)
 {
     if (mark[r] == 1)
-        return 1;
+        return r;
     if (mark[r] == 2)
-        return 0;
+        return -1;
     mark[r] = 1;
     for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
         for (int32_t i = 0; i < g->alt_n[a]; i++) {
             const struct gelem *e = &g->elems[g->alt_first[a] + i];
             if (e->ref < 0)
                 break;
-            if (left_cycle(g, nullable, e->ref, mark))
-                return 1;
+            int32_t c = left_cycle(g, nullable, e->ref, mark);
+            if (c >= 0)
+                return c;
             if (!nullable[e->ref])
                 break;
         }
     mark[r] = 2;
-    return 0;
+    return -1;
+}
+
+/* "'name'" when the builder named rule r, else its number. */
+static const char *rule_name(const struct engine_gb *b, int32_t r, char buf[80])
+{
+    if (r < b->n_names && b->names[r])
+        snprintf(buf, 80, "'%.60s'", b->names[r]);
+    else
+        snprintf(buf, 80, "%d", r);
+    return buf;
 }
 
 enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
                              struct err_detail *err)
 {
+    char nm[80];
     *out = NULL;
     enum status st = ST_OK;
     struct engine_grammar *g = NULL;
@@ -350,7 +373,7 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
         g->rule_alt[b->alts[a].rule + 1]++;
     for (int32_t r = 0; r < b->n_rules; r++) {
         if (!g->rule_alt[r + 1]) {
-            st = err_set(err, ST_ERR_INVALID_ARG, "grammar: rule %d has no alternative", r);
+            st = err_set(err, ST_ERR_INVALID_ARG, "rule %s has no alternative", rule_name(b, r, nm));
             goto done;
         }
         g->rule_alt[r + 1] += g->rule_alt[r];
@@ -375,7 +398,7 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
         for (int32_t i = 0; i < ba->n; i++) {
             if (ba->e[i].ref >= b->n_rules) {
                 free(order);
-                st = err_set(err, ST_ERR_INVALID_ARG, "grammar: reference to rule %d of %d",
+                st = err_set(err, ST_ERR_INVALID_ARG, "reference to rule %d of %d",
                              ba->e[i].ref, b->n_rules);
                 goto done;
             }
@@ -398,11 +421,12 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
     }
     for (int32_t r = 0; r < g->n_rules; r++)
         mark[r] = 0;
-    for (int32_t r = 0; r < g->n_rules; r++)
-        if (left_cycle(g, nullable, r, mark)) {
+    for (int32_t r = 0, c; r < g->n_rules; r++)
+        if ((c = left_cycle(g, nullable, r, mark)) >= 0) {
+            r = c;
             st = err_set(err, ST_ERR_INVALID_ARG,
-                         "grammar: rule %d is left-recursive (reaches itself without reading)",
-                         r);
+                         "rule %s is left-recursive (reaches itself without reading)",
+                         rule_name(b, r, nm));
             goto done;
         }
     /* the start state: every alternative of the root */
@@ -416,7 +440,7 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
     g->start = intern(g);
     if (g->start < 0) {
         if (!g->oom) {
-            st = err_set(err, ST_ERR_INVALID_ARG, "grammar: accepts nothing");
+            st = err_set(err, ST_ERR_INVALID_ARG, "the grammar accepts nothing");
             goto done;
         }
         goto oom;
@@ -434,4 +458,3 @@ done:
         *out = g;
     return st;
 }
-

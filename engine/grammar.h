@@ -38,6 +38,8 @@ void engine_gb_free(struct engine_gb *b); /* NULL is a no-op */
 
 /* A new rule without alternatives; returns its id (the first rule made is the root, 0). */
 int32_t engine_gb_rule(struct engine_gb *b);
+/* Name rule for error messages (copied; optional). */
+void engine_gb_name(struct engine_gb *b, int32_t rule, const char *name);
 /* Start a new (empty) alternative of rule; the appends below go to it. */
 void engine_gb_alt(struct engine_gb *b, int32_t rule);
 /* Append the bytes lo..hi (inclusive) as one element. */
@@ -56,10 +58,16 @@ void engine_gb_ref(struct engine_gb *b, int32_t rule);
 int32_t engine_gb_json_ws(struct engine_gb *b);
 int32_t engine_gb_json_string(struct engine_gb *b);
 int32_t engine_gb_json_string_char(struct engine_gb *b); /* one character of a string body */
+int32_t engine_gb_utf8_multibyte(struct engine_gb *b);   /* one well-formed non-ASCII character */
 int32_t engine_gb_json_number(struct engine_gb *b);
+int32_t engine_gb_json_unsigned_number(struct engine_gb *b); /* a number without a sign */
+int32_t engine_gb_json_digits(struct engine_gb *b);          /* [0-9]+ */
 int32_t engine_gb_json_integer(struct engine_gb *b);
 int32_t engine_gb_json_value(struct engine_gb *b);
 int32_t engine_gb_json_object(struct engine_gb *b);
+/* A new rule: a JSON array (object 0) of `value` items, or a JSON object (object 1) whose
+ * members' values are `value` (any string keys). */
+int32_t engine_gb_json_container(struct engine_gb *b, int object, int32_t value);
 
 /* Finish: checks that every rule has an alternative and every reference a rule, and that no
  * rule can reach itself without reading a byte (left recursion). Consumes b (freed on every

@@ -27,7 +27,9 @@ struct engine_gb {
     int32_t n_rules;          /* rules made */
     int32_t cur;              /* alternative being appended to, -1 = none */
     int oom;                  /* an allocation failed: finish reports it */
-    int32_t json[7];          /* the shared JSON rules once made (-1 before) */
+    int32_t json[11];         /* the shared JSON rules once made (-1 before) */
+    char **names;             /* rule names for messages (engine_gb_name), n_names entries */
+    int32_t n_names;
 };
 
 /* ---- the automaton (engine/grammar.c) and its masks (engine/grammar_mask.c) ---- */

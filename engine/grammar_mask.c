@@ -138,20 +138,20 @@ const uint32_t *engine_grammar_mask(struct engine_grammar *g, int32_t s,
         return NULL;
     size_t sp = 0;
     int failed = 0;
-#define DFS_PUSH(node_, st_)                                                                      \
-    do {                                                                                          \
-        if (sp + 2 > g->cap_dfs) {                                                                \
-            size_t c_ = g->cap_dfs ? 2 * g->cap_dfs : 4096;                                       \
-            int32_t *d_ = realloc(g->dfs, sizeof(int32_t) * c_);                                  \
-            if (!d_) {                                                                            \
-                failed = 1;                                                                       \
-                break;                                                                            \
-            }                                                                                     \
-            g->dfs = d_;                                                                          \
-            g->cap_dfs = c_;                                                                      \
-        }                                                                                         \
-        g->dfs[sp++] = (node_);                                                                   \
-        g->dfs[sp++] = (st_);                                                                     \
+#define DFS_PUSH(node_, st_)                                                                       \
+    do {                                                                                           \
+        if (sp + 2 > g->cap_dfs) {                                                                 \
+            size_t c_ = g->cap_dfs ? 2 * g->cap_dfs : 4096;                                        \
+            int32_t *d_ = realloc(g->dfs, sizeof(int32_t) * c_);                                   \
+            if (!d_) {                                                                             \
+                failed = 1;                                                                        \
+                break;                                                                             \
+            }                                                                                      \
+            g->dfs = d_;                                                                           \
+            g->cap_dfs = c_;                                                                       \
+        }                                                                                          \
+        g->dfs[sp++] = (node_);                                                                    \
+        g->dfs[sp++] = (st_);                                                                      \
     } while (0)
     DFS_PUSH(0, s);
     while (sp && !failed) {

@@ -204,6 +204,10 @@ char *job_request_to_json(const struct job_request *r)
         job_json_put_lit(&b, r->schema);
         job_json_put_lit(&b, "}}");
     }
+    if (r->format == JOB_FORMAT_GRAMMAR) {
+        job_json_put_lit(&b, ",\"grammar\":");
+        job_json_put_cstr(&b, r->schema);
+    }
     if (r->n_stop) {
         job_json_put_lit(&b, ",\"stop\":[");
         for (size_t i = 0; i < r->n_stop; i++) {

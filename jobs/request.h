@@ -10,7 +10,8 @@
  * Parameters: model (recorded, not used to pick a model), max_tokens or max_completion_tokens,
  * temperature, top_p, seed, stop (string or array of <= 4 strings), n (1..128 choices),
  * logprobs + top_logprobs, response_format ({"type": "text" | "json_object" | "json_schema",
- * "json_schema": {"name", "schema", "strict"}}), frequency_penalty, presence_penalty, and the extensions top_k
+ * "json_schema": {"name", "schema", "strict"}}), grammar (quern's GBNF-style text, see
+ * job_gbnf_grammar; not with a JSON response_format), frequency_penalty, presence_penalty, and the extensions top_k
  * (-1 = off), min_p, repetition_penalty, repeat_last_n. A parameter given as null counts as
  * absent.
  * logprobs: true / false with top_logprobs 0..20 (chat's form; top_logprobs > 0 needs logprobs
@@ -113,9 +114,9 @@ struct job_request {
     int logprobs;                     /* 1 = log-probabilities of the output tokens */
     int32_t top_logprobs;             /* with logprobs: alternatives per token, 0..20 */
     enum job_format format;           /* response_format: text, json_object or json_schema */
-    char *schema;                     /* json_schema: the schema's compact JSON (owned), which
-                                         compiled (jobs/schema.h) when the line was parsed;
-                                         else NULL */
+    char *schema;                     /* json_schema: the schema's compact JSON; grammar: the
+                                         grammar's text (owned; it compiled, jobs/schema.h,
+                                         when the line was parsed); else NULL */
 };
 
 /* Parse and validate line[0..len) (not NUL-terminated; any bytes). On ST_OK *out is a new

@@ -214,6 +214,37 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
     return 1;
 }
 
+/* grammar (quern's extension): GBNF-style text that compiles; not with a JSON response_format. */
+static int read_grammar(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
+{
+    const cJSON *it;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%sgrammar", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "grammar", &it))
+        return 0;
+    if (!it)
+        return 1;
+    if (!cJSON_IsString(it))
+        return job_request_fail_type(c, path, "a string", it);
+    if (r->format != JOB_FORMAT_TEXT)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                "%s and a JSON response_format cannot be used together", path);
+    struct engine_grammar *g = NULL;
+    struct err_detail ed = {0};
+    enum status st = job_gbnf_grammar(it->valuestring, &g, &ed);
+    engine_grammar_unref(g);
+    if (st == ST_ERR_NOMEM)
+        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    if (st)
+        return job_request_fail(c->e, st == ST_ERR_UNSUPPORTED ? JOB_ERR_UNSUPPORTED
+                                                               : JOB_ERR_INVALID_VALUE,
+                                path, "%s: %s", path, ed.msg);
+    if (!(r->schema = strdup(it->valuestring)))
+        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    r->format = JOB_FORMAT_GRAMMAR;
+    return 1;
+}
+
 /* response_format: text, json_object, or json_schema with a schema that compiles. */
 static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
 {
@@ -365,7 +396,7 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
     int present;
 
     if (!check_unsupported(c, obj) || !read_choices_logprobs(c, obj, r) ||
-        !read_response_format(c, obj, r))
+        !read_response_format(c, obj, r) || !read_grammar(c, obj, r))
         return 0;
 
     /* model: recorded only. */

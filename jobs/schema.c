@@ -19,8 +19,8 @@ struct sc {
     struct engine_gb *b;
     const cJSON *root;
     struct err_detail *err;
-    enum status st;           /* first failure */
-    char path[512];           /* where we are, for messages */
+    enum status st; /* first failure */
+    char path[512]; /* where we are, for messages */
     const char *ref_name[MAX_REFS];
     int32_t ref_rule[MAX_REFS];
     int n_refs;
@@ -197,43 +197,12 @@ static int32_t number_rule(struct sc *c, const cJSON *s)
         if (v && !(i == 0 && cJSON_IsNumber(v) && v->valuedouble == 0))
             return fail(c, ST_ERR_UNSUPPORTED,
                         "'%s' on a number is not supported (only minimum 0; integers take any "
-                        "bounds)%s", bounds[i], NULL);
+                        "bounds)%s",
+                        bounds[i], NULL);
     }
     if (!mn)
         return engine_gb_json_number(c->b);
-    /* minimum 0: a number without a sign */
-    int32_t r = engine_gb_rule(c->b);
-    /* nat ("." digits)? (exp)? -- rebuilt here without the leading "-" */
-    int32_t digs = engine_gb_rule(c->b), nat = engine_gb_rule(c->b);
-    int32_t frac = engine_gb_rule(c->b), ex = engine_gb_rule(c->b);
-    engine_gb_alt(c->b, digs);
-    engine_gb_range(c->b, '0', '9');
-    engine_gb_alt(c->b, digs);
-    engine_gb_range(c->b, '0', '9');
-    engine_gb_ref(c->b, digs);
-    engine_gb_alt(c->b, nat);
-    engine_gb_lit(c->b, "0", 1);
-    engine_gb_alt(c->b, nat);
-    engine_gb_range(c->b, '1', '9');
-    engine_gb_alt(c->b, nat);
-    engine_gb_range(c->b, '1', '9');
-    engine_gb_ref(c->b, digs);
-    engine_gb_alt(c->b, frac);
-    engine_gb_alt(c->b, frac);
-    engine_gb_lit(c->b, ".", 1);
-    engine_gb_ref(c->b, digs);
-    engine_gb_alt(c->b, ex);
-    engine_gb_alt(c->b, ex);
-    engine_gb_lit(c->b, "e", 1);
-    engine_gb_ref(c->b, digs);
-    engine_gb_alt(c->b, ex);
-    engine_gb_lit(c->b, "e-", 2);
-    engine_gb_ref(c->b, digs);
-    engine_gb_alt(c->b, r);
-    engine_gb_ref(c->b, nat);
-    engine_gb_ref(c->b, frac);
-    engine_gb_ref(c->b, ex);
-    return r;
+    return engine_gb_json_unsigned_number(c->b); /* minimum 0: no sign */
 }
 
 /* ---- strings -------------------------------------------------------------------------------- */
@@ -295,17 +264,12 @@ static int32_t date_rule(struct engine_gb *b)
 /* "HH:MM:SS" (".digits")? then "Z" or "+HH:MM" / "-HH:MM" (RFC 3339 full-time). */
 static int32_t time_rule(struct engine_gb *b)
 {
-    int32_t hh = engine_gb_rule(b), frac = engine_gb_rule(b), digs = engine_gb_rule(b);
+    int32_t hh = engine_gb_rule(b), frac = engine_gb_rule(b), digs = engine_gb_json_digits(b);
     int32_t off = engine_gb_rule(b), r = engine_gb_rule(b);
     engine_gb_alt(b, hh);
     digit2(b, '0', '1', '0', '9');
     engine_gb_alt(b, hh);
     digit2(b, '2', '2', '0', '3');
-    engine_gb_alt(b, digs);
-    engine_gb_range(b, '0', '9');
-    engine_gb_alt(b, digs);
-    engine_gb_range(b, '0', '9');
-    engine_gb_ref(b, digs);
     engine_gb_alt(b, frac);
     engine_gb_alt(b, frac);
     engine_gb_lit(b, ".", 1);
@@ -339,8 +303,10 @@ static int32_t string_rule(struct sc *c, const cJSON *s)
         if (!cJSON_IsString(fmt))
             return fail(c, ST_ERR_INVALID_ARG, "'format' must be a string%s%s", NULL, NULL);
         if (mn || mx)
-            return fail(c, ST_ERR_UNSUPPORTED, "'format' with minLength/maxLength is not "
-                                               "supported%s%s", NULL, NULL);
+            return fail(c, ST_ERR_UNSUPPORTED,
+                        "'format' with minLength/maxLength is not "
+                        "supported%s%s",
+                        NULL, NULL);
         const char *f = fmt->valuestring;
         int32_t body;
         if (!strcmp(f, "date")) {
@@ -379,12 +345,14 @@ static int32_t string_rule(struct sc *c, const cJSON *s)
     if (!mn && !mx)
         return engine_gb_json_string(b);
     double lo = 0, hi = -1;
-    if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble != floor(mn->valuedouble)))
-        return fail(c, ST_ERR_INVALID_ARG, "'minLength' must be a non-negative integer%s%s",
-                    NULL, NULL);
-    if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble != floor(mx->valuedouble)))
-        return fail(c, ST_ERR_INVALID_ARG, "'maxLength' must be a non-negative integer%s%s",
-                    NULL, NULL);
+    if (mn &&
+        (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble != floor(mn->valuedouble)))
+        return fail(c, ST_ERR_INVALID_ARG, "'minLength' must be a non-negative integer%s%s", NULL,
+                    NULL);
+    if (mx &&
+        (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble != floor(mx->valuedouble)))
+        return fail(c, ST_ERR_INVALID_ARG, "'maxLength' must be a non-negative integer%s%s", NULL,
+                    NULL);
     if (mn)
         lo = mn->valuedouble;
     if (mx)
@@ -532,9 +500,8 @@ static int32_t object_rule(struct sc *c, const cJSON *s)
         if (!cJSON_IsString(it))
             return fail(c, ST_ERR_INVALID_ARG, "'required' must hold strings%s%s", NULL, NULL);
         if (!props || !cJSON_GetObjectItemCaseSensitive(props, it->valuestring))
-            return fail(c, ST_ERR_UNSUPPORTED,
-                        "required property '%s' is not in 'properties'%s", it->valuestring,
-                        NULL);
+            return fail(c, ST_ERR_UNSUPPORTED, "required property '%s' is not in 'properties'%s",
+                        it->valuestring, NULL);
     }
     int n = props ? cJSON_GetArraySize(props) : 0;
     int32_t ws = engine_gb_json_ws(b);
@@ -555,37 +522,13 @@ static int32_t object_rule(struct sc *c, const cJSON *s)
         c->path[pl] = 0;
         if (val < 0)
             return -1;
-        int32_t str = engine_gb_json_string(b), kv = engine_gb_rule(b), more = engine_gb_rule(b);
-        int32_t r = engine_gb_rule(b);
-        engine_gb_alt(b, kv);
-        engine_gb_ref(b, str);
-        engine_gb_ref(b, ws);
-        engine_gb_lit(b, ":", 1);
-        engine_gb_ref(b, ws);
-        engine_gb_ref(b, val);
-        engine_gb_alt(b, more);
-        engine_gb_alt(b, more);
-        engine_gb_ref(b, ws);
-        engine_gb_lit(b, ",", 1);
-        engine_gb_ref(b, ws);
-        engine_gb_ref(b, kv);
-        engine_gb_ref(b, more);
-        engine_gb_alt(b, r);
-        engine_gb_lit(b, "{", 1);
-        engine_gb_ref(b, ws);
-        engine_gb_lit(b, "}", 1);
-        engine_gb_alt(b, r);
-        engine_gb_lit(b, "{", 1);
-        engine_gb_ref(b, ws);
-        engine_gb_ref(b, kv);
-        engine_gb_ref(b, more);
-        engine_gb_ref(b, ws);
-        engine_gb_lit(b, "}", 1);
-        return r;
+        return engine_gb_json_container(b, 1, val);
     }
     if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl))
-        return fail(c, ST_ERR_INVALID_ARG, "'additionalProperties' must be a boolean or a "
-                                           "schema%s%s", NULL, NULL);
+        return fail(c, ST_ERR_INVALID_ARG,
+                    "'additionalProperties' must be a boolean or a "
+                    "schema%s%s",
+                    NULL, NULL);
     /* kv_i, then F_i (none written yet) and R_i (some written) for i = 0..n */
     int32_t *kv = malloc(sizeof(int32_t) * (size_t)(3 * n + 2));
     if (!kv)
@@ -705,9 +648,9 @@ static int has_type(const cJSON *v, const char *t)
     if (!strcmp(t, "integer"))
         return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
     return (!strcmp(t, "number") && cJSON_IsNumber(v)) ||
-           (!strcmp(t, "string") && cJSON_IsString(v)) || (!strcmp(t, "boolean") && cJSON_IsBool(v)) ||
-           (!strcmp(t, "null") && cJSON_IsNull(v)) || (!strcmp(t, "object") && cJSON_IsObject(v)) ||
-           (!strcmp(t, "array") && cJSON_IsArray(v));
+           (!strcmp(t, "string") && cJSON_IsString(v)) ||
+           (!strcmp(t, "boolean") && cJSON_IsBool(v)) || (!strcmp(t, "null") && cJSON_IsNull(v)) ||
+           (!strcmp(t, "object") && cJSON_IsObject(v)) || (!strcmp(t, "array") && cJSON_IsArray(v));
 }
 
 static int32_t ref_rule(struct sc *c, const char *ref)
@@ -723,11 +666,15 @@ static int32_t ref_rule(struct sc *c, const char *ref)
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(c->root, defs ? "$defs" : "definitions");
         target = d ? cJSON_GetObjectItemCaseSensitive(d, ref + (defs ? 8 : 14)) : NULL;
         if (strchr(ref + (defs ? 8 : 14), '/') || strchr(ref, '~'))
-            return fail(c, ST_ERR_UNSUPPORTED, "$ref '%s': only #/$defs/NAME and "
-                                               "#/definitions/NAME are supported%s", ref, NULL);
+            return fail(c, ST_ERR_UNSUPPORTED,
+                        "$ref '%s': only #/$defs/NAME and "
+                        "#/definitions/NAME are supported%s",
+                        ref, NULL);
     } else {
-        return fail(c, ST_ERR_UNSUPPORTED, "$ref '%s': only #, #/$defs/NAME and "
-                                           "#/definitions/NAME are supported%s", ref, NULL);
+        return fail(c, ST_ERR_UNSUPPORTED,
+                    "$ref '%s': only #, #/$defs/NAME and "
+                    "#/definitions/NAME are supported%s",
+                    ref, NULL);
     }
     if (!target)
         return fail(c, ST_ERR_INVALID_ARG, "$ref '%s' names no definition%s", ref, NULL);
@@ -752,12 +699,28 @@ static int32_t ref_rule(struct sc *c, const char *ref)
 }
 
 static const char *const annotations[] = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-    "readOnly", "writeOnly", "$defs", "definitions", NULL};
-static const char *const handled[] = {
-    "type", "enum", "const", "anyOf", "$ref", "nullable", "properties", "required",
-    "additionalProperties", "items", "minItems", "maxItems", "minLength", "maxLength", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    "title",      "description", "default",   "examples", "$schema",     "$id", "$comment",
+    "deprecated", "readOnly",    "writeOnly", "$defs",    "definitions", NULL};
+static const char *const handled[] = {"type",
+                                      "enum",
+                                      "const",
+                                      "anyOf",
+                                      "$ref",
+                                      "nullable",
+                                      "properties",
+                                      "required",
+                                      "additionalProperties",
+                                      "items",
+                                      "minItems",
+                                      "maxItems",
+                                      "minLength",
+                                      "maxLength",
+                                      "format",
+                                      "minimum",
+                                      "maximum",
+                                      "exclusiveMinimum",
+                                      "exclusiveMaximum",
+                                      NULL};
 
 static int listed(const char *const *list, const char *k)
 {
@@ -775,8 +738,7 @@ static int32_t compile(struct sc *c, const cJSON *s)
     if (cJSON_IsTrue(s))
         return engine_gb_json_value(b);
     if (!cJSON_IsObject(s))
-        return fail(c, ST_ERR_INVALID_ARG, "a schema must be an object or true%s%s", NULL,
-                    NULL);
+        return fail(c, ST_ERR_INVALID_ARG, "a schema must be an object or true%s%s", NULL, NULL);
     if (++c->depth > MAX_DEPTH) {
         c->depth--;
         return fail(c, ST_ERR_UNSUPPORTED, "schemas nested deeper than 64%s%s", NULL, NULL);
@@ -802,8 +764,10 @@ static int32_t compile(struct sc *c, const cJSON *s)
     }
     int nul = cJSON_IsTrue(nullable);
     if ((ref != NULL) + (en != NULL) + (cn != NULL) + (any != NULL) > 1) {
-        r = fail(c, ST_ERR_UNSUPPORTED, "more than one of $ref, enum, const and anyOf in one "
-                                        "schema is not supported%s%s", NULL, NULL);
+        r = fail(c, ST_ERR_UNSUPPORTED,
+                 "more than one of $ref, enum, const and anyOf in one "
+                 "schema is not supported%s%s",
+                 NULL, NULL);
         goto out;
     }
     if (ref) {
@@ -884,7 +848,7 @@ static int32_t compile(struct sc *c, const cJSON *s)
     if (!type) { /* untyped: what the keywords imply, else any value */
         const char *t = cJSON_GetObjectItemCaseSensitive(s, "properties") ? "object"
                         : cJSON_GetObjectItemCaseSensitive(s, "items")    ? "array"
-                                                                           : NULL;
+                                                                          : NULL;
         int32_t x = t ? type_rule(c, s, t) : engine_gb_json_value(b);
         if (x < 0) {
             r = -1;
@@ -895,8 +859,8 @@ static int32_t compile(struct sc *c, const cJSON *s)
         goto out;
     }
     if (!cJSON_IsString(type) && !(cJSON_IsArray(type) && type->child)) {
-        r = fail(c, ST_ERR_INVALID_ARG, "'type' must be a string or a non-empty array%s%s",
-                 NULL, NULL);
+        r = fail(c, ST_ERR_INVALID_ARG, "'type' must be a string or a non-empty array%s%s", NULL,
+                 NULL);
         goto out;
     }
     const cJSON *t = cJSON_IsString(type) ? type : type->child;
@@ -929,8 +893,8 @@ enum status job_schema_grammar(enum job_format format, const cJSON *schema,
     c.root = schema;
     c.err = err;
     int32_t root = engine_gb_rule(c.b);
-    int32_t body = format == JOB_FORMAT_JSON_OBJECT ? engine_gb_json_object(c.b)
-                                                    : compile(&c, schema);
+    int32_t body =
+        format == JOB_FORMAT_JSON_OBJECT ? engine_gb_json_object(c.b) : compile(&c, schema);
     if (body < 0) {
         engine_gb_free(c.b);
         return c.st ? c.st : err_set(err, ST_ERR_INTERNAL, "schema: no grammar");
@@ -943,6 +907,8 @@ enum status job_schema_grammar(enum job_format format, const cJSON *schema,
 enum status job_schema_grammar_text(enum job_format format, const char *schema_json,
                                     struct engine_grammar **out, struct err_detail *err)
 {
+    if (format == JOB_FORMAT_GRAMMAR)
+        return job_gbnf_grammar(schema_json, out, err);
     cJSON *s = NULL;
     if (format == JOB_FORMAT_JSON_SCHEMA && !(s = cJSON_Parse(schema_json)))
         return err_set(err, ST_ERR_FORMAT, "schema: not JSON");

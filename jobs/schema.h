@@ -31,6 +31,7 @@ enum job_format {
     JOB_FORMAT_TEXT = 0,    /* free text */
     JOB_FORMAT_JSON_OBJECT, /* any JSON object */
     JOB_FORMAT_JSON_SCHEMA, /* an instance of the request's schema */
+    JOB_FORMAT_GRAMMAR,     /* a sentence of the request's GBNF-style grammar (job_gbnf_grammar) */
 };
 
 /* Compile: format JSON_OBJECT ignores schema; JSON_SCHEMA needs it. On failure err->msg reads
@@ -40,8 +41,21 @@ enum job_format {
 enum status job_schema_grammar(enum job_format format, const cJSON *schema,
                                struct engine_grammar **out, struct err_detail *err);
 
-/* The same from the schema's JSON text (as the queue stores it). */
+/* The same from the schema's JSON text (as the queue stores it), or for JOB_FORMAT_GRAMMAR
+ * from the grammar's text. */
 enum status job_schema_grammar_text(enum job_format format, const char *schema_json,
                                     struct engine_grammar **out, struct err_detail *err);
+
+/* quern's `grammar` field (jobs/gbnf.c), GBNF-style:
+ *   name ::= alternatives      one rule per line (a line starting with | continues it);
+ *                              "root" is where the output starts; # starts a comment
+ *   "literal"  with \n \t \r \\ \" \xHH (a byte) \uXXXX escapes
+ *   [a-z0-9_]  ASCII ranges and characters, non-ASCII characters listed singly;
+ *   [^...]     any character but the listed ASCII ones;  .  any character (not NUL)
+ *   name  ( ... )  x*  x+  x?  x{m}  x{m,}  x{m,n} (n <= 256)
+ * Errors read "line N: what" (ST_ERR_INVALID_ARG; ST_ERR_UNSUPPORTED for limits); left
+ * recursion is refused ("rule 'name' is left-recursive ..."). */
+enum status job_gbnf_grammar(const char *text, struct engine_grammar **out,
+                             struct err_detail *err);
 
 #endif

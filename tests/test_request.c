@@ -128,6 +128,12 @@ static void check_json_object(const struct job_request *r)
     assert_null(r->schema);
 }
 
+static void check_grammar(const struct job_request *r)
+{
+    assert_int_equal(r->format, JOB_FORMAT_GRAMMAR);
+    assert_string_equal(r->schema, "root ::= [a-z]+ \".\"");
+}
+
 static void check_json_schema(const struct job_request *r)
 {
     assert_int_equal(r->format, JOB_FORMAT_JSON_SCHEMA);
@@ -229,6 +235,7 @@ static const struct line_case cases[] = {
          "{\"type\":\"text\",\"text\":\"world\"}]}]}",
          check_parts),
     GOOD("max_completion_tokens", CHAT(",\"max_completion_tokens\":12"), check_mct),
+    GOOD("grammar", "{\"prompt\":\"x\",\"grammar\":\"root ::= [a-z]+ \\\".\\\"\"}", check_grammar),
     GOOD("response_format json_object", CHAT(",\"response_format\":{\"type\":\"json_object\"}"),
          check_json_object),
     GOOD("response_format json_schema, strict, spaces in the schema",
@@ -494,6 +501,13 @@ static const struct line_case cases[] = {
               "\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}"),
         JOB_ERR_UNSUPPORTED,
         "body.response_format.json_schema.schema: schema: keyword 'pattern' is not supported"),
+    BAD("grammar with an undefined rule", "{\"prompt\":\"x\",\"grammar\":\"root ::= a b\\na ::= \\\"a\\\"\"}",
+        JOB_ERR_INVALID_VALUE, "grammar: line 1: rule 'b' is used but not defined"),
+    BAD("grammar and json_object", CHAT(",\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":"
+                                        "{\"type\":\"json_object\"}"),
+        JOB_ERR_INVALID_VALUE, "grammar and a JSON response_format cannot be used together"),
+    BAD("grammar not a string", CHAT(",\"grammar\":5"), JOB_ERR_INVALID_TYPE,
+        "grammar must be a string"),
     BAD("response_format xml", CHAT(",\"response_format\":{\"type\":\"xml\"}"),
         JOB_ERR_INVALID_VALUE, "response_format.type must be"),
     BAD("response_format json_schema without schema",

@@ -143,11 +143,73 @@ static void test_refusals(void **state)
     }
 }
 
+/* quern's GBNF-style grammars: sentences accepted and refused, every operator; errors with
+ * their line. */
+static void test_gbnf(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *grammar;
+        const char *good[6], *bad[6];
+    } c[] = {
+        {"root ::= \"yes\" | \"no\"", {"yes", "no", NULL}, {"", "ye", "yesno", "No", NULL}},
+        {"# comment\nroot ::= digit+ (\".\" digit{2})?  # trailing\ndigit ::= [0-9]\n",
+         {"7", "123", "4.50", NULL}, {"", ".5", "1.5", "1.505", "a", NULL}},
+        {"root ::= item (\",\" item)*\nitem ::= [a-c]{1,2} | \"x\"?\n",
+         {"a", "ab,c", ",", "x,,cc", NULL}, {"abc", "d", "a;b", NULL}},
+        {"root ::= [^\"\\n]* \"\\n\"", {"\n", "caf\xc3\xa9 ok\n", NULL}, {"a\"\n", "a", NULL}},
+        {"root ::= \"\\x41\\u00e9\\t\" .", {"A\xc3\xa9\tz", "A\xc3\xa9\t\xe2\x82\xac", NULL},
+         {"A\xc3\xa9\t", "A\xc3\xa9\tzz", NULL}},
+        {"root ::= a\n  | b\na ::= \"a\"\nb ::= [\xc3\xa9\xc3\xb6]", {"a", "\xc3\xa9", "\xc3\xb6", NULL},
+         {"b", "\xc3\xa8", NULL}},
+        {"root ::= \"(\" root \")\" | \"\"", {"", "()", "((()))", NULL}, {"(", "())", NULL}},
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct engine_grammar *g = NULL;
+        struct err_detail err = {0};
+        if (job_gbnf_grammar(c[i].grammar, &g, &err))
+            fail_msg("grammar %zu refused: %s", i, err.msg);
+        for (int k = 0; c[i].good[k]; k++)
+            if (!engine_grammar_accepting(g, engine_grammar_feed(g, engine_grammar_start(g),
+                                                                 c[i].good[k],
+                                                                 strlen(c[i].good[k]))))
+                fail_msg("grammar %zu refused %s", i, c[i].good[k]);
+        for (int k = 0; c[i].bad[k]; k++)
+            if (engine_grammar_accepting(g, engine_grammar_feed(g, engine_grammar_start(g),
+                                                                c[i].bad[k],
+                                                                strlen(c[i].bad[k]))))
+                fail_msg("grammar %zu accepted %s", i, c[i].bad[k]);
+        engine_grammar_unref(g);
+    }
+    static const struct {
+        const char *grammar, *want;
+    } e[] = {
+        {"root ::= foo", "line 1: rule 'foo' is used but not defined"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "line 2: rule defined twice"},
+        {"root ::= x \"a\"\nx ::= \"\" | root", "is left-recursive"},
+        {"root ::= (\"a\"", "line 1: expected ')'"},
+        {"r ::= \"a\"", "no rule named 'root'"},
+        {"root ::= \"a\n\"", "line 1: unterminated literal or class"},
+        {"root ::= [z-a]", "class ranges must be ASCII, low to high"},
+        {"root ::= \"a\"{3,2}", "bad {m,n}"},
+        {"root ::= \"\\q\"", "unknown escape"},
+        {"\n\nroot = \"a\"", "line 3: expected '::='"},
+    };
+    for (size_t i = 0; i < sizeof(e) / sizeof(e[0]); i++) {
+        struct engine_grammar *g = NULL;
+        struct err_detail err = {0};
+        if (!job_gbnf_grammar(e[i].grammar, &g, &err) || !strstr(err.msg, e[i].want))
+            fail_msg("grammar %s: message '%s', want '%s'", e[i].grammar, err.msg, e[i].want);
+        assert_null(g);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_instances),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_gbnf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,9 @@
 # as response_format json_schema requests, plus json_object requests, through submit and run:
 # every output that ended by itself ("stop") parses and validates against its schema with
 # Python's jsonschema (formats checked), every json_object output is a JSON object, outputs cut
-# by max_tokens say "length". Submit refuses a schema quern cannot guarantee, naming the line,
-# the place in the schema and the keyword. 300 schemas (40 under sanitizers).
+# by max_tokens say "length". The grammar field: outputs are sentences of their grammar. Submit
+# refuses a schema quern cannot guarantee, naming the line, the place in the schema and the
+# keyword. 300 schemas (40 under sanitizers).
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -50,6 +51,41 @@ assert run["items_done"] == counts["stop"] + counts["length"], (run, counts)
 assert counts["stop"] >= counts["length"], counts  # most records finish within 96 tokens
 print("  %d outputs ended by themselves, all valid; %d cut by max_tokens; %.0f tok/s"
       % (counts["stop"], counts["length"], run["output_tok_s"]))
+PY
+
+# the grammar field: outputs that end by themselves are sentences of the grammar (checked with
+# an equivalent Python regular expression)
+python3 - >"$tmp/g.jsonl" <<'PY'
+import json
+grammars = [
+    ('root ::= ("yes" | "no") "." ', r"(yes|no)\."),
+    ('root ::= header row{2,3}\nheader ::= "a,b,c\\n"\nrow ::= num "," num "," num "\\n"\n'
+     'num ::= "0" | [1-9] [0-9]{0,3}', r"a,b,c\n((0|[1-9][0-9]{0,3}),(0|[1-9][0-9]{0,3}),(0|[1-9][0-9]{0,3})\n){2,3}"),
+    ('root ::= [A-Z] [a-z]+ (" " [a-z]+)* "."', r"[A-Z][a-z]+( [a-z]+)*\."),
+]
+for i in range(24):
+    g, rx = grammars[i % 3]
+    print(json.dumps({"custom_id": "g%d" % i, "rx": rx, "messages": [{"role": "user", "content":
+        ["Is water wet?", "Write a CSV with columns a,b,c.", "Say something about cats."][i % 3]}],
+        "max_tokens": 48, "temperature": 0.9, "seed": i, "grammar": g}))
+PY
+"$Q" submit --db "$tmp/q.db" --model "$M" --name gr --strict "$tmp/g.jsonl" >/dev/null \
+    2>"$tmp/submit.err" || { cat "$tmp/submit.err"; fail "submit grammar"; }
+"$Q" run --db "$tmp/q.db" --out "$tmp/out" --job gr >/dev/null 2>"$tmp/run.err" ||
+    { cat "$tmp/run.err"; fail "run grammar"; }
+zstd -dcq "$tmp"/out/gr/results-*.jsonl.zst >"$tmp/g_out.jsonl"
+python3 - "$tmp/g.jsonl" "$tmp/g_out.jsonl" <<'PY' || fail "grammar outputs"
+import json, re, sys
+rx = {json.loads(l)["custom_id"]: json.loads(l)["rx"] for l in open(sys.argv[1])}
+stop = 0
+for line in open(sys.argv[2]):
+    d = json.loads(line)
+    c = d["response"]["body"]["choices"][0]
+    if c["finish_reason"] == "stop":
+        stop += 1
+        assert re.fullmatch(rx[d["custom_id"]], c["message"]["content"]), (d["custom_id"], c)
+assert stop >= 12, stop
+print("  grammar field: %d of 24 outputs ended by themselves, all sentences of their grammar" % stop)
 PY
 
 # refused at submit: line number, place in the schema, keyword
