@@ -143,8 +143,8 @@ check-includes:
 asan:
 	@true
 
-# libFuzzer harnesses for the parsers of untrusted input (clang): request lines and GGUF model
-# files. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each, one minute in all; run
+# libFuzzer harnesses for the parsers of untrusted input (clang): request lines, the grammar
+# compilers (JSON schemas, GBNF text) and GGUF model files. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each, one minute in all; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
 # example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
@@ -164,6 +164,13 @@ build-fuzz/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_SRC) $(wildcard jobs/*
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_request.c \
 	    $(FUZZ_SRC) -lcjson -lpcre2-8 -lm -o $@
 
+FUZZ_GRAMMAR_SRC = jobs/gbnf.c jobs/schema.c jobs/json.c engine/grammar.c engine/grammar_build.c \
+                   common/err.c common/utf8.c
+build-fuzz/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(FUZZ_GRAMMAR_SRC) $(wildcard jobs/*.h engine/*.h)
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_grammar.c \
+	    $(FUZZ_GRAMMAR_SRC) -lcjson -o $@
+
 FUZZ_GGUF_H   = io/gguf.h common/err.h common/dtype.h
 build-fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	@mkdir -p build-fuzz
@@ -175,13 +182,17 @@ build-fuzz/gguf_seeds: tests/fuzz/gguf_seeds.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=address,undefined tests/fuzz/gguf_seeds.c \
 	    $(FUZZ_GGUF_SRC) -o $@
 
-fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds
+fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-fuzz/fuzz_grammar
 	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds build-fuzz/corpus-gguf \
 	    build-fuzz/seeds-gguf
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
 	split -l 1 tests/fuzz/request_seeds.jsonl build-fuzz/seeds/rq_
 	build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-request build-fuzz/seeds
+	@mkdir -p build-fuzz/corpus-grammar build-fuzz/seeds-grammar
+	python3 tests/fuzz/grammar_seeds.py build-fuzz/seeds-grammar
+	build-fuzz/fuzz_grammar -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-grammar build-fuzz/seeds-grammar
 	cp tests/fixtures/small.gguf build-fuzz/seeds-gguf/
 	build-fuzz/gguf_seeds build-fuzz/seeds-gguf $(wildcard $(MODEL))
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/gguf.dict \

@@ -164,7 +164,8 @@ static int32_t intern(struct engine_grammar *g)
     if (g->oom)
         return ENGINE_GRAMMAR_DEAD;
     g->oom = 1; /* until the state is found or made: a failure below is not "no state" */
-    qsort(g->tmp, g->n_tmp, sizeof(int32_t), cmp_i32);
+    if (g->n_tmp) /* tmp may be NULL while empty: no library call gets it */
+        qsort(g->tmp, g->n_tmp, sizeof(int32_t), cmp_i32);
     size_t n = 0;
     for (size_t i = 0; i < g->n_tmp; i++)
         if (!n || g->tmp[i] != g->tmp[n - 1])
@@ -180,7 +181,7 @@ static int32_t intern(struct engine_grammar *g)
     while (g->shash[h]) {
         const struct state *s = &g->states[g->shash[h] - 1];
         if (s->n == (int32_t)n && s->accept == g->tmp_accept &&
-            !memcmp(g->state_frames + s->off, g->tmp, sizeof(int32_t) * n)) {
+            (!n || !memcmp(g->state_frames + s->off, g->tmp, sizeof(int32_t) * n))) {
             g->oom = 0;
             return g->shash[h] - 1;
         }
@@ -196,7 +197,7 @@ static int32_t intern(struct engine_grammar *g)
         g->states = ns;
         g->cap_states = cap;
     }
-    if (g->n_sf + n > g->cap_sf) {
+    if (g->n_sf + n > g->cap_sf || !g->state_frames) { /* never NULL once a state exists */
         size_t cap = (g->n_sf + n) * 2 + 256;
         int32_t *nf = realloc(g->state_frames, sizeof(int32_t) * cap);
         if (!nf)
@@ -204,7 +205,8 @@ static int32_t intern(struct engine_grammar *g)
         g->state_frames = nf;
         g->cap_sf = cap;
     }
-    memcpy(g->state_frames + g->n_sf, g->tmp, sizeof(int32_t) * n);
+    if (n)
+        memcpy(g->state_frames + g->n_sf, g->tmp, sizeof(int32_t) * n);
     g->states[g->n_states] =
         (struct state){(int32_t)g->n_sf, (int32_t)n, g->tmp_accept, NULL, NULL};
     g->n_sf += n;
