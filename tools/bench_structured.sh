@@ -4,7 +4,7 @@
 # job of its own through `quern run`; prints each job's output tok/s (from the run summary) and
 # its ratio to free text. A job's first requests compute its grammar's masks (cold); later ones
 # find them cached.
-#   tools/bench_structured.sh [N] [extra quern run flags...]    (N default 256)
+#   [ROUNDS=2] tools/bench_structured.sh [N] [extra quern run flags...]    (N default 256)
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -34,17 +34,29 @@ for kind in ("text", "json_object", "json_schema"):
                     "name": "record", "strict": True, "schema": schema}}
             f.write(json.dumps({"custom_id": "r%d" % i, **body}) + "\n")
 PY
-base=""
-for kind in text json_object json_schema; do
-    "$Q" submit --db "$tmp/q.db" --model "$M" --name "$kind" "$tmp/$kind.jsonl" >/dev/null 2>&1
-    "$Q" run --db "$tmp/q.db" --out "$tmp/out" --job "$kind" --max-seqs 64 "$@" \
-        >"$tmp/$kind.json" 2>/dev/null
-    python3 - "$tmp/$kind.json" "$kind" "$base" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-base = float(sys.argv[3]) if sys.argv[3] else r["output_tok_s"]
-print("%-12s %5d tokens  %7.1f output tok/s  %.3f x text" % (sys.argv[2], r["completion_tokens"],
-      r["output_tok_s"], r["output_tok_s"] / base))
-PY
-    [ -z "$base" ] && base=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['output_tok_s'])" "$tmp/$kind.json")
+# ROUNDS rounds of the three jobs in turn (the machine's noise moves all three alike within a
+# round); each round's ratios to its own free-text job, then the mean ratio
+ROUNDS=${ROUNDS:-2}
+for round in $(seq "$ROUNDS"); do
+    for kind in text json_object json_schema; do
+        "$Q" submit --db "$tmp/q.db" --model "$M" --name "$kind-$round" "$tmp/$kind.jsonl" \
+            >/dev/null 2>&1
+        "$Q" run --db "$tmp/q.db" --out "$tmp/out" --job "$kind-$round" --max-seqs 64 "$@" \
+            >"$tmp/$kind-$round.json" 2>/dev/null
+    done
 done
+python3 - "$tmp" "$ROUNDS" <<'PY'
+import json, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+ratios = {"json_object": [], "json_schema": []}
+for r in range(1, rounds + 1):
+    base = json.load(open("%s/text-%d.json" % (d, r)))["output_tok_s"]
+    for kind in ("text", "json_object", "json_schema"):
+        j = json.load(open("%s/%s-%d.json" % (d, kind, r)))
+        if kind != "text":
+            ratios[kind].append(j["output_tok_s"] / base)
+        print("round %d  %-12s %6d tokens  %7.1f output tok/s  %.3f x text"
+              % (r, kind, j["completion_tokens"], j["output_tok_s"], j["output_tok_s"] / base))
+for kind, v in ratios.items():
+    print("mean %-12s %.3f x text" % (kind, sum(v) / len(v)))
+PY
