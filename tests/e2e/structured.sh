@@ -6,14 +6,14 @@
 # Python's jsonschema (formats checked), every json_object output is a JSON object, outputs cut
 # by max_tokens say "length". The grammar field: outputs are sentences of their grammar. Submit
 # refuses a schema quern cannot guarantee, naming the line, the place in the schema and the
-# keyword. 300 schemas (40 under sanitizers).
+# keyword. 300 schemas (24 under sanitizers).
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 PYDEPS=${QUERN_PYDEPS:-build-py}
 [ -d "$PYDEPS" ] || { echo "FAIL: $PYDEPS missing (make pydeps)" >&2; exit 1; }
 N=300
-[ -n "${QUERN_SANITIZE:-}" ] && N=40
+[ -n "${QUERN_SANITIZE:-}" ] && N=24
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
