@@ -214,6 +214,21 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
     return 1;
 }
 
+/* The outcome of compiling a request's schema or grammar (g, st, ed) as the line's verdict:
+ * 1 when it compiled (g released: the run compiles its own), else the job error at path. */
+static int compiled(struct job_parse_ctx *c, const char *path, struct engine_grammar *g,
+                    enum status st, const struct err_detail *ed)
+{
+    engine_grammar_unref(g);
+    if (st == ST_ERR_NOMEM)
+        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
+    if (st)
+        return job_request_fail(c->e, st == ST_ERR_UNSUPPORTED ? JOB_ERR_UNSUPPORTED
+                                                               : JOB_ERR_INVALID_VALUE,
+                                path, "%s: %s", path, ed->msg);
+    return 1;
+}
+
 /* grammar (quern's extension): GBNF-style text that compiles; not with a JSON response_format. */
 static int read_grammar(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
 {
@@ -232,13 +247,8 @@ static int read_grammar(struct job_parse_ctx *c, const cJSON *obj, struct job_re
     struct engine_grammar *g = NULL;
     struct err_detail ed = {0};
     enum status st = job_gbnf_grammar(it->valuestring, &g, &ed);
-    engine_grammar_unref(g);
-    if (st == ST_ERR_NOMEM)
-        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
-    if (st)
-        return job_request_fail(c->e, st == ST_ERR_UNSUPPORTED ? JOB_ERR_UNSUPPORTED
-                                                               : JOB_ERR_INVALID_VALUE,
-                                path, "%s: %s", path, ed.msg);
+    if (!compiled(c, path, g, st, &ed))
+        return 0;
     if (!(r->schema = strdup(it->valuestring)))
         return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
     r->format = JOB_FORMAT_GRAMMAR;
@@ -292,13 +302,8 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
     struct engine_grammar *g = NULL;
     struct err_detail ed = {0};
     enum status st = job_schema_grammar(JOB_FORMAT_JSON_SCHEMA, schema, &g, &ed);
-    engine_grammar_unref(g);
-    if (st == ST_ERR_NOMEM)
-        return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
-    if (st)
-        return job_request_fail(c->e, st == ST_ERR_UNSUPPORTED ? JOB_ERR_UNSUPPORTED
-                                                               : JOB_ERR_INVALID_VALUE,
-                                sub, "%s: %s", sub, ed.msg);
+    if (!compiled(c, sub, g, st, &ed))
+        return 0;
     if (!(r->schema = cJSON_PrintUnformatted(schema)))
         return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
     r->format = JOB_FORMAT_JSON_SCHEMA;
