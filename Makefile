@@ -114,7 +114,7 @@ $(BUILD)/%.o: %.cu
 $(BUILD)/engine/sampler_rows.o: CFLAGS += -Wno-psabi
 
 # Developer tools built on the library (not part of `all`; `make test` builds them so they
-# keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf.
+# keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf, build/tools/bench_masks.
 $(BUILD)/tools/%: tools/%.c $(BUILD)/libquern.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a $(LDLIBS)
@@ -123,7 +123,8 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf model \
+test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
+      $(BUILD)/tools/bench_masks model \
       pydeps
 	QUERN_MODEL=$(MODEL) QUERN_BIN=$(QUERN) QUERN_PYDEPS=$(CURDIR)/build-py \
 	    tests/run_tests.sh $(TEST_BIN)

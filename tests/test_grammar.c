@@ -1,7 +1,7 @@
 /* engine/grammar: the JSON pieces accept exactly the JSON texts of their kind (checked on
  * hand-picked valid and invalid texts, including UTF-8 edge cases); token masks equal feeding
- * every token's bytes one by one (the default model's 49,152 tokens, several states); bad
- * grammars (left recursion, a rule without alternatives) are refused. */
+ * every token's bytes one by one (the default model's 49,152 tokens, several states and two
+ * grammars); bad grammars (left recursion, a rule without alternatives) are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +16,7 @@
 #include "engine/grammar.h"
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
+#include "jobs/schema.h"
 #include "tests/test_util.h"
 
 static struct engine_grammar *json_object_grammar(void)
@@ -97,23 +98,16 @@ static void test_bad_grammars(void **state)
     assert_non_null(strstr(err.msg, "no alternative"));
 }
 
-/* The mask of a state against the obvious computation: feed each token's bytes. */
-static void test_masks_match_feeding(void **state)
+/* Compare g's masks after each prefix with feeding every token's bytes; returns how many
+ * tokens the masks allowed in all. */
+static long check_masks(struct engine_grammar *g, struct engine_vocab *v,
+                        const struct engine_tok *tok, int32_t n_logits,
+                        const char *const *prefixes, size_t n_prefixes, const char *what)
 {
-    (void)state;
-    struct io_gguf *gf = NULL;
-    struct engine_tok *tok = NULL;
-    struct err_detail err = {0};
-    if (io_gguf_open(&gf, test_model_path(), &err) || engine_tok_load(&tok, gf, &err))
-        fail_msg("tokenizer: %s", err.msg);
-    const int32_t n_tok = engine_tok_n_vocab(tok), n_logits = n_tok + 40; /* padded rows */
-    struct engine_vocab *v;
-    assert_int_equal(engine_vocab_new(&v, tok, n_logits, &err), ST_OK);
-    struct engine_grammar *g = json_object_grammar();
-    static const char *const prefixes[] = {"", "{", "{\"ke", "{\"k\":", "{\"k\": 1", "{\"k\":[",
-                                           "{\"k\":\"caf\xc3", "{\"k\":true}", "{\"k\":1.5e"};
+    const int32_t n_tok = engine_tok_n_vocab(tok);
     char piece[256];
-    for (size_t p = 0; p < sizeof(prefixes) / sizeof(prefixes[0]); p++) {
+    long total = 0;
+    for (size_t p = 0; p < n_prefixes; p++) {
         int32_t s = engine_grammar_feed(g, engine_grammar_start(g), prefixes[p],
                                         strlen(prefixes[p]));
         assert_true(s >= 0);
@@ -132,18 +126,50 @@ static void test_masks_match_feeding(void **state)
             }
             int got = (int)(m[t >> 5] >> (t & 31) & 1);
             if (got != want)
-                fail_msg("prefix %s: token %d mask %d, feeding says %d", prefixes[p], t, got,
-                         want);
+                fail_msg("%s, prefix %s: token %d mask %d, feeding says %d", what, prefixes[p],
+                         t, got, want);
             allowed += got;
         }
-        print_message("prefix %-14s %6d tokens allowed\n", prefixes[p], allowed);
+        print_message("%s %-22s %6d tokens allowed\n", what, prefixes[p], allowed);
         assert_true(allowed > 0);
         assert_ptr_equal(engine_grammar_mask(g, s, v), m); /* cached */
+        total += allowed;
     }
+    return total;
+}
+
+/* Masks against the obvious computation (feed each token's bytes), on JSON objects at several
+ * depths and on a GBNF grammar. */
+static void test_masks_match_feeding(void **state)
+{
+    (void)state;
+    struct io_gguf *gf = NULL;
+    struct engine_tok *tok = NULL;
+    struct err_detail err = {0};
+    if (io_gguf_open(&gf, test_model_path(), &err) || engine_tok_load(&tok, gf, &err))
+        fail_msg("tokenizer: %s", err.msg);
+    const int32_t n_logits = engine_tok_n_vocab(tok) + 40; /* padded rows */
+    struct engine_vocab *v;
+    assert_int_equal(engine_vocab_new(&v, tok, n_logits, &err), ST_OK);
+    static const char *const json_prefixes[] = {
+        "", "{", "{\"ke", "{\"k\":", "{\"k\": 1", "{\"k\":[", "{\"k\":\"caf\xc3", "{\"k\":true}",
+        "{\"k\":1.5e", "{\"a\":{\"b\":[{\"c\":\"x", "{\"a\":{\"b\":[{\"c\":\"x\"}", "{\"a\":[[[1,"};
+    static const char *const gbnf_prefixes[] = {"", "x", "xy:", "x: ab", "x: ab c"};
+    struct engine_grammar *g = json_object_grammar();
+    long a = check_masks(g, v, tok, n_logits, json_prefixes,
+                         sizeof(json_prefixes) / sizeof(json_prefixes[0]), "json");
     uint64_t computed, cached;
     engine_grammar_counts(g, &computed, &cached);
     assert_true(computed >= 1 && cached >= 1);
     engine_grammar_unref(g);
+    assert_int_equal(job_gbnf_grammar("root ::= word \":\" tail\nword ::= [a-z]+\n"
+                                      "tail ::= (\" \" [a-z]+)* .\n",
+                                      &g, &err),
+                     ST_OK);
+    long b = check_masks(g, v, tok, n_logits, gbnf_prefixes,
+                         sizeof(gbnf_prefixes) / sizeof(gbnf_prefixes[0]), "gbnf");
+    engine_grammar_unref(g);
+    assert_true(a > 0 && b > 0);
     engine_vocab_free(v);
     engine_tok_free(tok);
     io_gguf_close(gf);
