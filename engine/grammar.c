@@ -68,6 +68,11 @@ static int32_t frame_id(struct engine_grammar *g, int32_t alt, int32_t idx, int3
         if (!nf)
             return -2;
         g->frames = nf;
+        uint32_t *nv = realloc(g->visit, sizeof(*nv) * (size_t)cap);
+        if (!nv)
+            return -2;
+        memset(nv + g->cap_frames, 0, sizeof(*nv) * (size_t)(cap - g->cap_frames));
+        g->visit = nv;
         g->cap_frames = cap;
     }
     g->frames[g->n_frames] = f;
@@ -117,6 +122,12 @@ static void expand(struct engine_grammar *g, int32_t f, int depth)
         g->oom |= f == -2 || depth > 10000;
         return;
     }
+    /* a frame's closure depends on the frame alone: once per closure is enough (without this,
+     * chains of optional items re-expanded what follows them once per path: exponential) */
+    if (g->visit[f] == g->epoch)
+        return;
+    g->visit[f] = g->epoch;
+    g->n_expand++;
     const struct frame fr = g->frames[f];
     const struct gelem *e = &g->elems[g->alt_first[fr.alt] + fr.idx];
     if (e->ref < 0) {
@@ -236,6 +247,7 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
     g->n_tmp = 0;
     g->tmp_accept = 0;
     g->oom = 0;
+    g->epoch++; /* a new closure */
     for (int32_t i = 0; i < st->n; i++) {
         int32_t f = g->state_frames[st->off + i];
         const struct frame fr = g->frames[f];
@@ -272,6 +284,8 @@ int engine_grammar_final(struct engine_grammar *g, int32_t s)
     return s >= 0 && g->states[s].n == 0;
 }
 
+uint64_t engine_grammar_expansions(const struct engine_grammar *g) { return g->n_expand; }
+
 int32_t engine_grammar_n_states(const struct engine_grammar *g)
 {
     return g->n_states;
@@ -294,6 +308,7 @@ void engine_grammar_unref(struct engine_grammar *g)
     free(g->state_frames);
     free(g->shash);
     free(g->frames);
+    free(g->visit);
     free(g->fhash);
     free(g->rule_alt);
     free(g->alt_first);
@@ -431,6 +446,7 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
                          rule_name(b, r, nm));
             goto done;
         }
+    g->epoch++; /* the start state's closure */
     /* the start state: every alternative of the root */
     g->tmp_accept = 0;
     for (int32_t a = g->rule_alt[0]; a < g->rule_alt[1]; a++) {

@@ -96,6 +96,8 @@ int32_t engine_grammar_feed(struct engine_grammar *g, int32_t s, const char *p, 
 int engine_grammar_accepting(const struct engine_grammar *g, int32_t s);
 /* 1 when state s can read no further byte (the input must end). */
 int engine_grammar_final(struct engine_grammar *g, int32_t s);
+/* Frames expanded so far, over every closure computed (work done; tests bound it). */
+uint64_t engine_grammar_expansions(const struct engine_grammar *g);
 /* States interned so far. */
 int32_t engine_grammar_n_states(const struct engine_grammar *g);
 

@@ -58,6 +58,9 @@ struct engine_grammar {
     /* frames */
     struct frame *frames;
     int32_t n_frames, cap_frames;
+    uint32_t *visit;     /* per frame: the closure (epoch) that last expanded it */
+    uint32_t epoch;      /* the closure being computed */
+    uint64_t n_expand;   /* frames expanded, over all closures (engine_grammar_expansions) */
     int32_t *fhash;      /* open addressing, frame id + 1 (0 = empty) */
     uint32_t fhash_cap;
     /* states */
