@@ -20,6 +20,7 @@ struct batch_inflight {
     struct batch_inflight *prev, *next; /* in batch_run.inflight, while the engine holds it */
     int n_choices;                      /* choices the request asked for (n) */
     int n_got;                          /* of those, finished so far */
+    int grammar_stuck;                  /* a choice ended because its grammar allowed no token */
     int32_t n_prompt;                   /* prompt tokens */
     struct job_choice *choices;         /* n_choices, filled as they finish: every pointer in
                                            them owned (copies of the engine's output) */

@@ -303,7 +303,26 @@ static enum status keep_choice(struct batch_inflight *inf, const struct engine_o
         oom |= !c->logprobs;
     }
     inf->n_got++;
+    inf->grammar_stuck |= o->finish == ENGINE_FINISH_GRAMMAR;
     return !text || oom ? ST_ERR_NOMEM : ST_OK;
+}
+
+/* The success record of a request whose choices are all in; gen: their tokens. */
+static enum status write_result(struct batch_run *r, struct batch_inflight *inf, int64_t gen,
+                                struct err_detail *err)
+{
+    struct job_result jr = {0};
+    jr.custom_id = inf->custom_id;
+    jr.kind = inf->kind;
+    jr.model = inf->model ? inf->model : r->model_name;
+    jr.choices = inf->choices;
+    jr.n_choices = (size_t)inf->n_choices;
+    jr.prompt_tokens = inf->n_prompt;
+    jr.created = (int64_t)time(NULL);
+    jr.job_id = r->job.id;
+    jr.tok = r->tok;
+    return batch_out_result(r->out, inf->item_id, job_record_success(&jr),
+                            (int64_t)inf->n_prompt, gen, err);
 }
 
 /* Finished requests out of the engine, as result records for the writer: a request's record
@@ -321,24 +340,20 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
                 st = err_set(err, ST_ERR_NOMEM, "out of memory keeping an output");
             if (st || inf->n_got < inf->n_choices)
                 continue;
-            struct job_result jr = {0};
-            jr.custom_id = inf->custom_id;
-            jr.kind = inf->kind;
-            jr.model = inf->model ? inf->model : r->model_name;
-            jr.choices = inf->choices;
-            jr.n_choices = (size_t)inf->n_choices;
-            jr.prompt_tokens = inf->n_prompt;
-            jr.created = (int64_t)time(NULL);
-            jr.job_id = r->job.id;
-            jr.tok = r->tok;
             int64_t gen = 0;
             for (int c = 0; c < inf->n_choices; c++)
                 gen += inf->choices[c].completion_tokens;
-            st = batch_out_result(r->out, inf->item_id, job_record_success(&jr),
-                                  (int64_t)inf->n_prompt, gen, err);
             r->stats.prompt_tokens += (int64_t)inf->n_prompt;
             r->stats.completion_tokens += gen;
             r->n_out++;
+            if (inf->grammar_stuck) /* an output that cannot be completed is no answer */
+                st = item_error(r, inf->item_id, inf->custom_id, "grammar_too_ambiguous",
+                                "the request's grammar allowed no next token (more than "
+                                "4096 parses alive at once, or none that a token can spell); "
+                                "simplify it (nested repetitions like (x+)+ multiply parses)",
+                                err);
+            else
+                st = write_result(r, inf, gen, err);
             if (inf->prev)
                 inf->prev->next = inf->next;
             else

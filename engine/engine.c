@@ -286,6 +286,10 @@ static void sample_range(void *arg, int ith, int nth)
     pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
+        if (s->grammar_stuck) { /* nothing to draw: engine_step ends it */
+            e->s_id[j] = -1;
+            continue;
+        }
         float *row = e->s_logits[j];
         const uint32_t *m = e->s_mask[j];
         if (m) /* structured output: tokens that cannot continue the grammar are out */
@@ -351,9 +355,18 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     for (int j = 0; j < n_s; j++) {
         struct seq *s = e->s_seq[j];
         e->s_mask[j] = NULL;
-        if (s->grammar &&
-            !(e->s_mask[j] = engine_grammar_mask(s->grammar, s->gstate, e->vocab)))
+        if (!s->grammar)
+            continue;
+        if (s->gstate < 0) { /* the last token's bytes passed the grammar's stack limit */
+            s->grammar_stuck = 1;
+            continue;
+        }
+        if (!(e->s_mask[j] = engine_grammar_mask(s->grammar, s->gstate, e->vocab)))
             return err_set(err, ST_ERR_NOMEM, "out of memory for a grammar's token mask");
+        int any = 0;
+        for (int32_t w = 0; w < (engine_model_hparams(e->m)->n_vocab + 31) / 32 && !any; w++)
+            any = e->s_mask[j][w] != 0;
+        s->grammar_stuck = !any;
     }
     if (!fused) { /* else s_id holds the greedy tokens already */
         struct sample_job sj = {e, n_s};
@@ -372,6 +385,12 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         int k = 1;
         while (j + k < n_s && e->s_seq[j + k] == s)
             k++;
+        if (s->grammar_stuck) {
+            engine_seq_end_grammar(s);
+            engine_sched_retire(e, s);
+            j += k;
+            continue;
+        }
         if (s->lp_k >= 0) /* rows that want logprobs never take the fused greedy path */
             engine_seq_note_logprob(s, e->s_lp[j], e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
                                     e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX);

@@ -68,6 +68,9 @@ struct engine_request {
 enum engine_finish {
     ENGINE_FINISH_STOP = 0,   /* end-of-generation token or stop string */
     ENGINE_FINISH_LENGTH = 1, /* max_tokens reached */
+    ENGINE_FINISH_GRAMMAR = 2, /* the request's grammar allowed no token (too ambiguous:
+                                * ENGINE_GRAMMAR_MAX_STACKS; or no token spells what it needs);
+                                * the output is not a complete sentence of it */
 };
 
 /* A finished request; valid until the next engine_poll/engine_free. */

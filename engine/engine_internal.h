@@ -54,6 +54,7 @@ struct seq {
     struct seq_gate *gate;       /* shared with its sibling choices, or NULL */
     struct engine_grammar *grammar; /* output grammar (a reference) or NULL */
     int32_t gstate;              /* its state after the generated tokens */
+    int grammar_stuck;           /* this step: the grammar allows no token (engine_step ends it) */
     int lp_k;                    /* -1: no logprobs; else alternatives per token */
     float *lp;                   /* per generated token: its log-probability (cap_lp entries) */
     int32_t *lp_id;              /* lp_k alternatives per token: ids (cap_lp x lp_k) */
@@ -112,6 +113,9 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
                            struct err_detail *err);
 /* NULL is a no-op. Drops s's reference to its gate. */
 void engine_seq_free(struct seq *s);
+/* End s because its grammar allows no token (ENGINE_FINISH_GRAMMAR); its text so far is final
+ * and streamed. */
+void engine_seq_end_grammar(struct seq *s);
 /* Record the log-probabilities of the token about to be accepted for s (lp_k >= 0): lp for
  * it, top_id / top_lp its lp_k alternatives. Call before engine_seq_accept of that token. */
 void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp);

@@ -82,6 +82,10 @@ static int32_t frame_id(struct engine_grammar *g, int32_t alt, int32_t idx, int3
 
 static void tmp_push(struct engine_grammar *g, int32_t v)
 {
+    if (g->n_tmp >= ENGINE_GRAMMAR_MAX_STACKS) {
+        g->too_many = 1;
+        return;
+    }
     if (g->n_tmp == g->cap_tmp) {
         size_t cap = g->cap_tmp ? 2 * g->cap_tmp : 64;
         int32_t *t = realloc(g->tmp, sizeof(int32_t) * cap);
@@ -247,6 +251,7 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
     g->n_tmp = 0;
     g->tmp_accept = 0;
     g->oom = 0;
+    g->too_many = 0;
     g->epoch++; /* a new closure */
     for (int32_t i = 0; i < st->n; i++) {
         int32_t f = g->state_frames[st->off + i];
@@ -260,7 +265,7 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
                 cont(g, nx, 0);
         }
     }
-    int32_t r = intern(g);
+    int32_t r = g->too_many ? ENGINE_GRAMMAR_DEAD : intern(g);
     if (!g->oom) /* a failure to allocate (or the state limit) is not remembered as "dead" */
         g->states[s].trans[c] = r;
     g->oom = 0;

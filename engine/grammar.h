@@ -102,6 +102,10 @@ uint64_t engine_grammar_expansions(const struct engine_grammar *g);
 int32_t engine_grammar_n_states(const struct engine_grammar *g);
 
 #define ENGINE_GRAMMAR_MAX_STATES 200000
+/* Most stacks alive in one state: an ambiguous grammar (".+++", nested repetitions) can keep
+ * exponentially many parses alive; a step past this is ENGINE_GRAMMAR_DEAD, so a grammar
+ * never costs more than this per byte. */
+#define ENGINE_GRAMMAR_MAX_STACKS 4096
 
 /* The vocabulary as the masks see it: each token's bytes in a trie, the end-of-generation ids. */
 struct engine_vocab;

@@ -76,6 +76,7 @@ struct engine_grammar {
     size_t n_tmp, cap_tmp;
     int tmp_accept;
     int oom;
+    int too_many;        /* the closure passed ENGINE_GRAMMAR_MAX_STACKS stacks */
     /* masks */
     const struct engine_vocab *vocab; /* the vocabulary the cached masks are for */
     size_t mask_bytes;

@@ -198,6 +198,13 @@ static void accept_one(struct engine *e, struct seq *s, int32_t id)
         end_seq(s, ENGINE_FINISH_LENGTH);
 }
 
+void engine_seq_end_grammar(struct seq *s)
+{
+    s->n_final = s->n_text; /* what a stop matcher held back is output too */
+    stream_text(s, s->n_text);
+    end_seq(s, ENGINE_FINISH_GRAMMAR);
+}
+
 size_t engine_seq_accept(struct engine *e, struct seq *s, const int32_t *ids, size_t k)
 {
     assert(s->state == SEQ_RUNNING && !s->ended);

@@ -205,6 +205,23 @@ static void test_gbnf(void **state)
         assert_true(engine_grammar_expansions(g) < 5000);
         engine_grammar_unref(g);
     }
+    /* an ambiguous grammar ((.+)+ nested 17 deep): the parses alive grow until a byte passes
+     * ENGINE_GRAMMAR_MAX_STACKS and the state is dead, never an unbounded closure (the grammar
+     * fuzzer's 74 s input) */
+    {
+        struct engine_grammar *g = NULL;
+        struct err_detail err = {0};
+        assert_int_equal(job_gbnf_grammar("root ::= .+++++++++++++++++", &g, &err), ST_OK);
+        int32_t s = engine_grammar_start(g);
+        int steps = 0;
+        while (s >= 0 && steps < 64)
+            s = engine_grammar_step(g, s, (unsigned char)('a' + steps++ % 26));
+        print_message("(.+)+ x17: dead after %d bytes, %llu frame expansions\n", steps,
+                      (unsigned long long)engine_grammar_expansions(g));
+        assert_true(s < 0 && steps > 1);
+        assert_true(engine_grammar_expansions(g) < (uint64_t)steps * 2 * ENGINE_GRAMMAR_MAX_STACKS);
+        engine_grammar_unref(g);
+    }
     static const struct {
         const char *grammar, *want;
     } e[] = {
