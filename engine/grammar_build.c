@@ -197,41 +197,23 @@ int32_t engine_gb_json_string_char(struct engine_gb *b)
 int32_t engine_gb_utf8_multibyte(struct engine_gb *b)
 {
     SHARED_BEGIN(b, J_UTF8);
-    /* UTF-8, well formed (RFC 3629) */
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xc2, 0xdf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xe0, 0xe0);
-    engine_gb_range(b, 0xa0, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xe1, 0xec);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xed, 0xed);
-    engine_gb_range(b, 0x80, 0x9f);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xee, 0xef);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xf0, 0xf0);
-    engine_gb_range(b, 0x90, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xf1, 0xf3);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_alt(b, r);
-    engine_gb_range(b, 0xf4, 0xf4);
-    engine_gb_range(b, 0x80, 0x8f);
-    engine_gb_range(b, 0x80, 0xbf);
-    engine_gb_range(b, 0x80, 0xbf);
+    /* UTF-8, well formed (RFC 3629): per form, the lead byte range then the continuation
+     * ranges (0 marks the end) */
+    static const unsigned char forms[9][4][2] = {
+        {{0xc2, 0xdf}, {0x80, 0xbf}},
+        {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}},
+        {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}},
+        {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
+    };
+    for (int f = 0; forms[f][0][0]; f++) {
+        engine_gb_alt(b, r);
+        for (int k = 0; k < 4 && forms[f][k][0]; k++)
+            engine_gb_range(b, forms[f][k][0], forms[f][k][1]);
+    }
     SHARED_END(b);
 }
 

@@ -614,6 +614,16 @@ static int32_t object_rule(struct sc *c, const cJSON *s)
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
+/* Add rule x (a compiled subschema, -1 on failure) as an alternative of r; 0 on failure. */
+static int add_alt(struct engine_gb *b, int32_t r, int32_t x)
+{
+    if (x < 0)
+        return 0;
+    engine_gb_alt(b, r);
+    engine_gb_ref(b, x);
+    return 1;
+}
+
 static int32_t type_rule(struct sc *c, const cJSON *s, const char *t)
 {
     struct engine_gb *b = c->b;
@@ -805,11 +815,8 @@ static int32_t compile(struct sc *c, const cJSON *s)
                 cJSON_ArrayForEach(t, type) ok |= cJSON_IsString(t) && has_type(v, t->valuestring);
             if (!ok)
                 continue;
-            int32_t lit = literal(c, v);
-            if (lit < 0)
+            if (!add_alt(b, r, literal(c, v)))
                 goto out;
-            engine_gb_alt(b, r);
-            engine_gb_ref(b, lit);
             n++;
         }
         (void)vals;
@@ -836,12 +843,10 @@ static int32_t compile(struct sc *c, const cJSON *s)
             path_push(c, NULL, i++);
             int32_t x = compile(c, sub);
             c->path[pl] = 0;
-            if (x < 0) {
+            if (!add_alt(b, r, x)) {
                 r = -1;
                 goto out;
             }
-            engine_gb_alt(b, r);
-            engine_gb_ref(b, x);
         }
         goto out;
     }
@@ -849,13 +854,8 @@ static int32_t compile(struct sc *c, const cJSON *s)
         const char *t = cJSON_GetObjectItemCaseSensitive(s, "properties") ? "object"
                         : cJSON_GetObjectItemCaseSensitive(s, "items")    ? "array"
                                                                           : NULL;
-        int32_t x = t ? type_rule(c, s, t) : engine_gb_json_value(b);
-        if (x < 0) {
+        if (!add_alt(b, r, t ? type_rule(c, s, t) : engine_gb_json_value(b)))
             r = -1;
-            goto out;
-        }
-        engine_gb_alt(b, r);
-        engine_gb_ref(b, x);
         goto out;
     }
     if (!cJSON_IsString(type) && !(cJSON_IsArray(type) && type->child)) {
@@ -869,13 +869,10 @@ static int32_t compile(struct sc *c, const cJSON *s)
             r = fail(c, ST_ERR_INVALID_ARG, "'type' must hold strings%s%s", NULL, NULL);
             goto out;
         }
-        int32_t x = type_rule(c, s, t->valuestring);
-        if (x < 0) {
+        if (!add_alt(b, r, type_rule(c, s, t->valuestring))) {
             r = -1;
             goto out;
         }
-        engine_gb_alt(b, r);
-        engine_gb_ref(b, x);
     }
 out:
     c->depth--;
