@@ -23,6 +23,10 @@ void engine_params_default(struct engine_params *p)
     p->prefix_cache = 1;
     p->kv_dtype = KERN_KV_F16;
     p->host_threads = 0;
+    p->spec = 0;
+    p->spec_max_k = 8;
+    p->spec_budget = ENGINE_SPEC_BUDGET_AUTO;
+    p->spec_test_broken = 0;
 }
 
 /* host_threads 0: the online CPUs, at most 8 (sampling a step's rows gains little beyond). */
@@ -49,6 +53,12 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     if (p->host_threads < 0 || p->host_threads > 1024)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: host-threads %d not in 0..1024",
                        p->host_threads);
+    if (p->spec & ~(ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX) || p->spec_max_k < 1 ||
+        p->spec_max_k > ENGINE_SPEC_MAX_K ||
+        (p->spec_budget != ENGINE_SPEC_BUDGET_AUTO && p->spec_budget != ENGINE_SPEC_BUDGET_ALL))
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "engine: speculation drafters 0x%x, max-k %d (1..%d) or budget %d invalid",
+                       (unsigned)p->spec, p->spec_max_k, ENGINE_SPEC_MAX_K, p->spec_budget);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
     size_t per_block = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
@@ -98,11 +108,27 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
     e->n_logit_rows = p->max_seqs; /* one sampled row per running sequence */
+    if (p->spec) { /* and rows for draft tokens: a few per sequence when few run */
+        int extra = p->max_seqs * p->spec_max_k < 128 ? p->max_seqs * p->spec_max_k : 128;
+        e->n_logit_rows = p->max_seqs + extra < p->max_batch_tokens ? p->max_seqs + extra
+                                                                    : p->max_batch_tokens;
+        if ((st = engine_spec_new(&e->spec, p->spec, p->max_batch_tokens, err))) {
+            engine_free(e);
+            return st;
+        }
+        e->slots = malloc(sizeof(*e->slots) * (size_t)p->max_seqs * (size_t)p->spec_max_k);
+        if (!e->slots) {
+            engine_free(e);
+            return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
+        }
+    }
     e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)engine_model_hparams(m)->n_vocab);
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
     e->s_logits = malloc(sizeof(*e->s_logits) * bt);
     e->s_id = malloc(sizeof(*e->s_id) * bt);
     e->s_lp = malloc(sizeof(*e->s_lp) * bt);
+    e->s_off = malloc(sizeof(*e->s_off) * bt);
+    e->s_alt = malloc(sizeof(*e->s_alt) * bt);
     e->s_top_id = malloc(sizeof(*e->s_top_id) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_top_lp = malloc(sizeof(*e->s_top_lp) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_mask = calloc(bt, sizeof(*e->s_mask));
@@ -116,7 +142,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
         !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
-        !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
+        !e->s_off || !e->s_alt || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -157,6 +183,10 @@ void engine_free(struct engine *e)
         free(e->lp_row[i]);
     free(e->lp_row);
     free(e->s_lp);
+    free(e->s_off);
+    free(e->s_alt);
+    free(e->slots);
+    engine_spec_free(e->spec);
     free(e->s_top_id);
     free(e->s_top_lp);
     free(e->s_mask);
@@ -274,9 +304,10 @@ struct sample_job {
 
 /* This step's sampling jobs, split evenly over the pool (engine_step); thread ith uses its own
  * sampler scratch, and each draw is keyed by its sequence and the position it fills
- * (engine_rng_at), so the tokens do not depend on the split. (Several rows of one sequence,
- * as a speculative step would sample, draw at different positions; each row's penalties would
- * need the history up to that row.) */
+ * (engine_rng_at), so the tokens do not depend on the split. A speculative step samples several
+ * rows of one sequence: row s_off = i draws the token at position n_tok + i with the history up
+ * to it (the known tokens and drafts 1..i, which sit after them in tok) -- exactly the draw
+ * decoding without drafts makes there if those drafts are accepted. */
 static void sample_range(void *arg, int ith, int nth)
 {
     const struct sample_job *sj = arg;
@@ -302,8 +333,18 @@ static void sample_range(void *arg, int ith, int nth)
             memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
             row = e->lp_row[ith];
         }
-        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)s->n_tok, row,
-                                   s->tok, s->n_tok, NULL);
+        const size_t at = s->n_tok + (size_t)e->s_off[j];
+        if (e->p.spec_test_broken && e->s_off[j] < s->n_draft && s->lp_k < 0) {
+            /* the deliberately wrong replacement for a rejected draft: a fresh draw from the
+             * whole distribution (another key), which can be the rejected token again */
+            memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
+            struct engine_rng other = s->rng;
+            other.key ^= 0x5bd1e995u;
+            e->s_alt[j] = engine_sample(e->smp[ith], &s->sp, &other, (uint64_t)at, e->lp_row[ith],
+                                        s->tok, at, NULL);
+        }
+        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)at, row, s->tok, at,
+                                   NULL);
         if (s->lp_k >= 0)
             engine_logprobs(e->s_logits[j], n_vocab, e->s_id[j], s->lp_k, &e->s_lp[j],
                             e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
@@ -311,11 +352,44 @@ static void sample_range(void *arg, int ith, int nth)
     }
 }
 
+/* A finished sequence leaves the running list; the job's suffix index learns its output. */
+static void finish(struct engine *e, struct seq *s)
+{
+    engine_spec_learn(e->spec, s->tok, s->n_prompt, s->tok + s->n_prompt, s->n_tok - s->n_prompt);
+    engine_sched_retire(e, s);
+}
+
+/* s's verification outcome: its first n_acc of n_draft drafts were accepted. Updates the
+ * confidence model, the counters and the request's recent acceptance, and sends a request
+ * whose drafts keep failing to sit out a while (doubling each time, up to 64 steps). */
+static void spec_outcome(struct engine *e, struct seq *s, int n_acc)
+{
+    const int nd = s->n_draft;
+    engine_spec_observe(e->spec, &s->draft, nd, n_acc);
+    e->stats.spec_drafted += (uint64_t)nd;
+    e->stats.spec_accepted += (uint64_t)n_acc;
+    for (int i = 0; i < nd; i++) {
+        e->stats.spec_tried_at[i]++;
+        e->stats.spec_acc_at[i] += i < n_acc;
+    }
+    float r = (float)n_acc / (float)nd;
+    s->spec_rate = s->spec_rate < 0 ? r : 0.7f * s->spec_rate + 0.3f * r;
+    if (s->spec_rate < 0.1f) {
+        s->spec_wait = s->spec_backoff;
+        s->spec_backoff = s->spec_backoff < 64 ? s->spec_backoff * 2 : 64;
+        s->spec_rate = -1;
+    } else if (s->spec_rate >= 0.3f) {
+        s->spec_backoff = 4;
+    }
+}
+
 enum status engine_step(struct engine *e, struct err_detail *err)
 {
+    const double t_step = engine_now();
     int nb = engine_sched_build(e, err);
     if (!nb)
         return ST_OK;
+    nb = engine_sched_speculate(e, nb);
     struct engine_batch b = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_want};
     /* when every row sampled this step is plain greedy (no penalties), the model may hand back
      * the argmax tokens without writing the logits */
@@ -344,6 +418,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         if (!e->b_want[k])
             continue;
         e->s_seq[n_s] = e->b_owner[k];
+        e->s_off[n_s] = n_s && e->s_seq[n_s - 1] == e->b_owner[k] ? e->s_off[n_s - 1] + 1 : 0;
         e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)engine_model_hparams(e->m)->n_vocab;
         n_s++;
     }
@@ -378,26 +453,47 @@ enum status engine_step(struct engine *e, struct err_detail *err)
             e->stats.nucleus_full += full;
         }
     }
-    /* accept each sequence's run of tokens (one today; a speculative step would sample several
-     * rows of one sequence, and the rows after the first rejected token would be dropped) */
+    /* accept each sequence's tokens: row i's draw, for i = 0 and for every row whose previous
+     * row drew the draft that follows it (a speculative step samples 1 + n_draft rows; the
+     * rows after the first rejected draft are dropped and their KV rolled back) */
     for (int j = 0; j < n_s;) {
         struct seq *s = e->s_seq[j];
-        int k = 1;
-        while (j + k < n_s && e->s_seq[j + k] == s)
-            k++;
+        const int nd = s->n_draft;
         if (s->grammar_stuck) {
             engine_seq_end_grammar(s);
-            engine_sched_retire(e, s);
-            j += k;
+            finish(e, s);
+            j += 1 + nd;
             continue;
         }
-        if (s->lp_k >= 0) /* rows that want logprobs never take the fused greedy path */
-            engine_seq_note_logprob(s, e->s_lp[j], e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
-                                    e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX);
-        engine_seq_accept(e, s, &e->s_id[j], (size_t)k);
-        if (s->ended)
-            engine_sched_retire(e, s);
-        j += k;
+        const size_t base = s->n_tok;
+        int acc = 0;
+        while (acc < nd && e->s_id[j + acc] == s->tok[base + (size_t)acc])
+            acc++;
+        if (nd) {
+            spec_outcome(e, s, acc);
+            if (e->p.spec_test_broken && acc < nd && s->lp_k < 0)
+                e->s_id[j + acc] = e->s_alt[j + acc];
+        }
+        for (int i = 0; i <= acc && !s->ended; i++) {
+            if (s->lp_k >= 0) /* rows that want logprobs never take the fused greedy path */
+                engine_seq_note_logprob(s, e->s_lp[j + i],
+                                        e->s_top_id + (j + i) * ENGINE_TOP_LOGPROBS_MAX,
+                                        e->s_top_lp + (j + i) * ENGINE_TOP_LOGPROBS_MAX);
+            engine_seq_accept(e, s, &e->s_id[j + i], 1);
+        }
+        s->n_draft = 0;
+        if (s->ended) {
+            finish(e, s);
+        } else if (nd) { /* keep the accepted drafts' KV, drop the rest's */
+            s->n_computed = (int32_t)base + acc;
+            engine_kv_truncate(e->kv, s->slot, s->n_computed);
+            engine_kv_prefix_commit(e->kv, s->slot, s->tok, s->n_computed);
+        }
+        j += 1 + nd;
+    }
+    if (e->spec) {
+        engine_spec_time(e->spec, nb, engine_now() - t_step);
+        e->stats.spec_ece = engine_spec_ece(e->spec, NULL);
     }
     return ST_OK;
 }
@@ -440,6 +536,34 @@ size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
     return n;
 }
 
+/* Speculation's step-cost model starts from one forward pass per batch size: sizes 1..8, then
+ * a quarter octave apart up to max_batch_tokens (the slot's own positions, logits wanted for as
+ * many rows as a step can want); real steps refine it. */
+static enum status measure_steps(struct engine *e, struct err_detail *err)
+{
+    const int slot = e->free_slots[e->n_free_slots - 1];
+    const int32_t n_vocab = engine_model_hparams(e->m)->n_vocab;
+    enum status st = ST_OK;
+    for (int b = 1; b <= e->p.max_batch_tokens && !st; b = b < 8 ? b + 1 : b + (b + 3) / 4) {
+        if (engine_kv_blocks_needed(e->kv, slot, b) > engine_kv_available(e->kv))
+            break;
+        if ((st = engine_kv_reserve(e->kv, slot, b, err)))
+            break;
+        for (int i = 0; i < b; i++) {
+            e->b_tok[i] = (int32_t)((i * 7919) % n_vocab);
+            e->b_pos[i] = i;
+            e->b_seq[i] = slot;
+            e->b_want[i] = i >= b - e->n_logit_rows;
+        }
+        struct engine_batch bt = {b, e->b_tok, e->b_pos, e->b_seq, e->b_want};
+        double t0 = engine_now();
+        st = engine_model_forward(e->m, e->kv, &bt, e->logits, err);
+        engine_spec_time(e->spec, b, engine_now() - t0);
+        engine_kv_release(e->kv, slot);
+    }
+    return st;
+}
+
 enum status engine_warmup(struct engine *e, struct err_detail *err)
 {
     int32_t prompt[8];
@@ -460,6 +584,8 @@ enum status engine_warmup(struct engine *e, struct err_detail *err)
     while (engine_poll(e, &o, 1))
         ;
     engine_poll(e, &o, 0); /* frees the polled warm-up request */
+    if (!st && e->spec)
+        st = measure_steps(e, err);
     engine_kv_prefix_clear(e->kv);
     memset(&e->stats, 0, sizeof(e->stats));
     engine_kv_stats_reset(e->kv);

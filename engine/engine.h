@@ -14,6 +14,7 @@
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/tokenizer.h"
 
 struct engine_params {
@@ -25,7 +26,18 @@ struct engine_params {
     int kv_dtype;          /* enum kern_kv_dtype: KERN_KV_F16 (default) or KERN_KV_Q8 */
     int host_threads;      /* threads sampling a step's rows; 0 (default) = online CPUs, at
                             * most 8. The tokens do not depend on it. */
+    int spec;              /* speculative decoding's drafters: 0 (default) = off, else
+                            * ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX (engine/spec.h). Lossless:
+                            * a request's tokens are the same with it on or off */
+    int spec_max_k;        /* draft tokens per sequence and step at most, 1..ENGINE_SPEC_MAX_K
+                            * (default 8) */
+    int spec_budget;       /* ENGINE_SPEC_BUDGET_AUTO (default): verify only the draft tokens
+                            * that raise the expected tokens per second; _ALL: every one drafted */
+    int spec_test_broken;  /* tests only: 1 = a rejected draft's replacement is drawn afresh
+                            * from the whole distribution instead of the residual (wrong: the
+                            * distribution test must catch it) */
 };
+
 
 void engine_params_default(struct engine_params *p);
 
@@ -110,6 +122,15 @@ struct engine_stats {
     uint64_t nucleus_fast;      /* top_p/min_p draws decided from candidates (sampler.h) */
     uint64_t nucleus_full;      /* ... and by ranking the whole row (the fallback) */
     int32_t peak_blocks_used;   /* most KV blocks referenced at once */
+    /* speculative decoding (engine_params.spec) */
+    uint64_t spec_steps;        /* steps that verified draft tokens */
+    uint64_t spec_skipped;      /* steps whose load left no room worth drafting for */
+    uint64_t spec_drafted;      /* draft tokens verified */
+    uint64_t spec_accepted;     /* of those, accepted */
+    uint64_t spec_tried_at[ENGINE_SPEC_MAX_K]; /* per draft position: verified ... */
+    uint64_t spec_acc_at[ENGINE_SPEC_MAX_K];   /* ... and accepted */
+    double spec_draft_s;        /* seconds spent drafting */
+    double spec_ece;            /* survival ECE after warm-up (engine/spec.h), -1 = none yet */
 };
 
 /* What the engine holds at this moment (engine_get_load), for progress displays. Tokens

@@ -62,6 +62,21 @@ struct seq {
     size_t cap_lp;               /* tokens lp holds room for */
     double t_arrival, t_first, t_finish; /* monotonic seconds */
     struct seq *next;            /* waiting / done list link */
+    /* speculative decoding: the drafted path, of which n_draft tokens are in this step's batch
+     * (written after the known tokens, at tok[n_tok..n_tok + n_draft), not counted in n_tok) */
+    struct engine_draft draft;
+    int n_draft;                 /* 0 outside a step */
+    float spec_rate;             /* recent share of drafted tokens accepted, < 0 = unknown */
+    int spec_wait;               /* steps to sit out before drafting again (backoff) */
+    int spec_backoff;            /* length of the next sit-out */
+};
+
+/* One draft token that could be verified this step: draft j of s, and the chance that it and
+ * every draft before it are accepted (engine_sched_speculate). */
+struct spec_slot {
+    struct seq *s;
+    int j;
+    float surv;
 };
 
 struct engine {
@@ -100,6 +115,11 @@ struct engine {
     char *piece;                 /* decode scratch */
     size_t piece_cap;            /* its size */
     struct engine_stats stats;   /* counters */
+    struct engine_spec *spec;    /* speculative decoding, or NULL when off */
+    int32_t *s_off;              /* per sampling row: its offset past its sequence's last known
+                                  * token (0, or a draft's 1..n_draft) */
+    int32_t *s_alt;              /* per row: engine_params.spec_test_broken's wrong redraw */
+    struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */
 };
 
 /* Monotonic seconds (the clock of engine_output's timestamps). */
@@ -141,8 +161,13 @@ void engine_sched_enqueue(struct engine *e, struct seq *s);
  * max_batch_tokens tokens nor n_logit_rows wanted rows. KV blocks for every entry are reserved.
  * Returns the token count, 0 only when nothing is waiting or running. */
 int engine_sched_build(struct engine *e, struct err_detail *err);
+/* Speculative decoding: draft for the sequences sampled in the nb-token batch just built, pick
+ * the draft tokens worth verifying (engine/spec.h: survival against the step-cost model, or all
+ * with ENGINE_SPEC_BUDGET_ALL), reserve their KV and insert them after their sequences' last
+ * entries (logits wanted). Returns the new token count (nb when nothing was drafted). */
+int engine_sched_speculate(struct engine *e, int nb);
 /* After the forward pass of the nb-token batch: advance computed counts, register full blocks
- * in the prefix cache, count prompt tokens. */
+ * of known tokens in the prefix cache (never draft tokens), count prompt tokens. */
 void engine_sched_computed(struct engine *e, int nb);
 /* Move an ended running sequence to the done list, releasing its KV slot. */
 void engine_sched_retire(struct engine *e, struct seq *s);

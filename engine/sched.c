@@ -6,6 +6,7 @@
 #include "engine/engine_internal.h"
 
 #include <assert.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- queues ---- */
@@ -222,6 +223,136 @@ int engine_sched_build(struct engine *e, struct err_detail *err)
     return nb;
 }
 
+/* ---- speculative decoding ---- */
+
+static int slot_cmp(const void *a, const void *b)
+{
+    const struct spec_slot *x = a, *y = b;
+    if (x->surv != y->surv)
+        return x->surv > y->surv ? -1 : 1;
+    return x->j - y->j; /* keeps a path's drafts in order at equal survival */
+}
+
+/* Room for s's known tokens plus n drafts in its token array. */
+static int tok_room(struct seq *s, size_t n)
+{
+    if (s->n_tok + n + 1 <= s->cap_tok)
+        return 1;
+    size_t cap = (s->n_tok + n + 1) * 2;
+    int32_t *t = realloc(s->tok, sizeof(int32_t) * cap);
+    if (!t)
+        return 0;
+    s->tok = t;
+    s->cap_tok = cap;
+    return 1;
+}
+
+/* Insert each sequence's admitted drafts after its last entry (in place, from the back). */
+static int expand(struct engine *e, int nb, int added)
+{
+    int w = nb + added;
+    for (int k = nb - 1; k >= 0; k--) {
+        struct seq *s = e->b_owner[k];
+        if (e->b_want[k])
+            for (int i = s->n_draft - 1; i >= 0; i--) {
+                w--;
+                e->b_tok[w] = s->tok[s->n_tok + (size_t)i];
+                e->b_pos[w] = (int32_t)s->n_tok + i;
+                e->b_seq[w] = s->slot;
+                e->b_owner[w] = s;
+                e->b_want[w] = 1;
+            }
+        w--;
+        e->b_tok[w] = e->b_tok[k];
+        e->b_pos[w] = e->b_pos[k];
+        e->b_seq[w] = e->b_seq[k];
+        e->b_owner[w] = e->b_owner[k];
+        e->b_want[w] = e->b_want[k];
+    }
+    assert(w == 0);
+    return nb + added;
+}
+
+int engine_sched_speculate(struct engine *e, int nb)
+{
+    struct engine_spec *sp = e->spec;
+    if (!sp)
+        return nb;
+    int rows = 0;
+    for (int k = 0; k < nb; k++)
+        rows += e->b_want[k];
+    int room_tok = e->p.max_batch_tokens - nb, room_rows = e->n_logit_rows - rows;
+    if (room_tok <= 0 || room_rows <= 0 || !rows)
+        return nb;
+    const int all = e->p.spec_budget == ENGINE_SPEC_BUDGET_ALL;
+    /* Expected tokens out of the step (one per sampled row) and its cost; drafting is skipped
+     * outright when even the most trusted first draft token could not raise tokens/second */
+    double gain = rows, t = engine_spec_cost(sp, nb);
+    if (!all && t > 0 &&
+        (gain + engine_spec_best_conf(sp)) * t <= gain * engine_spec_cost(sp, nb + 1)) {
+        e->stats.spec_skipped++;
+        return nb;
+    }
+    double t0 = engine_now();
+    int n_slots = 0;
+    for (int k = 0; k < nb; k++) {
+        if (!e->b_want[k])
+            continue;
+        struct seq *s = e->b_owner[k];
+        s->n_draft = 0;
+        s->draft.n = 0;
+        if (s->grammar)
+            continue;
+        if (s->spec_wait > 0) {
+            s->spec_wait--;
+            continue;
+        }
+        int kmax = s->max_tokens - s->n_gen - 1; /* drafts past max_tokens are never kept */
+        kmax = kmax < e->p.spec_max_k ? kmax : e->p.spec_max_k;
+        if (kmax <= 0 || !engine_spec_propose(sp, s->tok, s->n_tok, kmax, s->spec_rate, &s->draft))
+            continue;
+        float surv = 1;
+        for (int j = 0; j < s->draft.n; j++) {
+            surv *= s->draft.c[j];
+            e->slots[n_slots++] = (struct spec_slot){s, j, surv};
+        }
+    }
+    e->stats.spec_draft_s += engine_now() - t0;
+    if (!n_slots)
+        return nb;
+    qsort(e->slots, (size_t)n_slots, sizeof(*e->slots), slot_cmp);
+    /* admit by survival while the expected tokens per second rise (DSpark's greedy budget) */
+    int added = 0;
+    for (int i = 0; i < n_slots && room_tok > 0 && room_rows > 0; i++) {
+        struct seq *s = e->slots[i].s;
+        if (e->slots[i].j != s->n_draft || s->n_draft >= s->draft.n)
+            continue; /* an earlier draft of its path was not admitted */
+        double t1 = engine_spec_cost(sp, nb + added + 1);
+        if (!all && t1 > 0 && (gain + e->slots[i].surv) * t <= gain * t1)
+            break; /* the first drop: stop */
+        int32_t n_pos = (int32_t)s->n_tok + s->n_draft + 1;
+        if (engine_kv_blocks_needed(e->kv, s->slot, n_pos) > engine_kv_available(e->kv) ||
+            !tok_room(s, (size_t)s->n_draft + 1)) {
+            s->draft.n = s->n_draft; /* no room for more of its path */
+            continue;
+        }
+        enum status st = engine_kv_reserve(e->kv, s->slot, n_pos, NULL);
+        assert(!st);
+        (void)st;
+        s->tok[s->n_tok + (size_t)s->n_draft] = s->draft.tok[s->n_draft];
+        s->n_draft++;
+        gain += e->slots[i].surv;
+        t = t1;
+        added++;
+        room_tok--;
+        room_rows--;
+    }
+    if (!added)
+        return nb;
+    e->stats.spec_steps++;
+    return expand(e, nb, added);
+}
+
 void engine_sched_computed(struct engine *e, int nb)
 {
     for (int k = 0; k < nb; k++) {
@@ -230,7 +361,9 @@ void engine_sched_computed(struct engine *e, int nb)
             e->stats.prompt_tokens++;
         s->n_computed++;
         if (k + 1 == nb || e->b_owner[k + 1] != s) {
-            engine_kv_prefix_commit(e->kv, s->slot, s->tok, s->n_computed);
+            /* draft tokens are not known tokens: their blocks wait for verification */
+            int32_t known = s->n_computed < (int32_t)s->n_tok ? s->n_computed : (int32_t)s->n_tok;
+            engine_kv_prefix_commit(e->kv, s->slot, s->tok, known);
             if (s->lead && s->gate && s->n_computed >= (int32_t)s->n_prompt)
                 s->gate->open = 1;
         }

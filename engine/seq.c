@@ -74,6 +74,8 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
     s->slot = -1;
     s->n_cached = (size_t)-1; /* set at first admission */
     s->lp_k = r->logprobs ? r->top_logprobs : -1;
+    s->spec_rate = -1;
+    s->spec_backoff = 4;
     if (r->grammar) {
         s->grammar = r->grammar;
         engine_grammar_ref(s->grammar);

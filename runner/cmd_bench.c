@@ -50,7 +50,7 @@ static const char bench_usage[] =
 static void usage(FILE *f)
 {
     fputs(bench_usage, f);
-    runner_engine_help(f, RUNNER_EO_ALL | RUNNER_EO_DUMMY);
+    runner_engine_help(f, RUNNER_EO_ALL | RUNNER_EO_SPEC | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -85,7 +85,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {0, 0, 0, 0},
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
-    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL | RUNNER_EO_DUMMY);
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL | RUNNER_EO_SPEC | RUNNER_EO_DUMMY);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;

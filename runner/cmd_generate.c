@@ -44,7 +44,7 @@ static const char gen_usage[] =
 static void usage(FILE *f)
 {
     fputs(gen_usage, f);
-    runner_engine_help(f, RUNNER_EO_BACKEND | RUNNER_EO_DUMMY);
+    runner_engine_help(f, RUNNER_EO_BACKEND | RUNNER_EO_SPEC | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -90,7 +90,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
     runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own,
-                           RUNNER_EO_BACKEND | RUNNER_EO_DUMMY);
+                           RUNNER_EO_BACKEND | RUNNER_EO_SPEC | RUNNER_EO_DUMMY);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
@@ -274,6 +274,9 @@ static int run(struct gen_opts *o)
     ep.max_seqs = 1;
     ep.max_batch_tokens = GEN_PREFILL_CHUNK;
     ep.prefix_cache = 0;
+    ep.spec = o->eo.ep.spec;
+    ep.spec_max_k = o->eo.ep.spec_max_k;
+    ep.spec_budget = o->eo.ep.spec_budget;
     size_t blocks = (n_prompt + (size_t)max_new + (size_t)ep.kv_block - 1) / (size_t)ep.kv_block;
     ep.kv_mem = blocks * engine_model_kv_block_bytes(g.model, ep.kv_block, ep.kv_dtype);
     struct engine_request r = {0};
@@ -287,6 +290,7 @@ static int run(struct gen_opts *o)
     r.request_id = "generate"; /* with --seed, the same text every time */
     r.on_text = print_text;
     if ((st = engine_init(&g.eng, g.model, g.tok, &ep, &err)) ||
+        (ep.spec && (st = engine_warmup(g.eng, &err))) || /* speculation's step costs */
         (st = engine_add_request(g.eng, &r, NULL, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;

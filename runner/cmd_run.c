@@ -74,7 +74,7 @@ static const char run_usage_tail[] =
 static void usage(FILE *f)
 {
     fputs(run_usage, f);
-    runner_engine_help(f, RUNNER_EO_ALL);
+    runner_engine_help(f, RUNNER_EO_ALL | RUNNER_EO_SPEC);
     fputs(run_usage_tail, f);
 }
 
@@ -114,7 +114,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {0, 0, 0, 0},
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
-    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL);
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_ALL | RUNNER_EO_SPEC);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->b.claim = 64;

@@ -38,6 +38,12 @@ static const struct option batch_opts[] = {
     {"no-prefix-cache", no_argument, 0, RUNNER_EO_OPT_NOPREFIX},
 };
 
+static const struct option spec_opts[] = {
+    {"spec", required_argument, 0, RUNNER_EO_OPT_SPEC},
+    {"spec-max-k", required_argument, 0, RUNNER_EO_OPT_SPEC_K},
+    {"spec-budget", required_argument, 0, RUNNER_EO_OPT_SPEC_BUDGET},
+};
+
 static const struct option dummy_opts[] = {
     {"dummy", required_argument, 0, RUNNER_EO_OPT_DUMMY},
 };
@@ -63,6 +69,8 @@ void runner_engine_longopts(struct option *dst, size_t cap, const struct option 
         k = append(dst, k, cap, kv_opts, sizeof(kv_opts) / sizeof(kv_opts[0]));
     if (groups & RUNNER_EO_BATCH)
         k = append(dst, k, cap, batch_opts, sizeof(batch_opts) / sizeof(batch_opts[0]));
+    if (groups & RUNNER_EO_SPEC)
+        k = append(dst, k, cap, spec_opts, sizeof(spec_opts) / sizeof(spec_opts[0]));
     if (groups & RUNNER_EO_DUMMY)
         k = append(dst, k, cap, dummy_opts, sizeof(dummy_opts) / sizeof(dummy_opts[0]));
     memset(&dst[k], 0, sizeof(dst[k]));
@@ -84,6 +92,38 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
     case RUNNER_EO_OPT_NOPREFIX:
         o->ep.prefix_cache = 0;
         return 1;
+    case RUNNER_EO_OPT_SPEC:
+        if (!strcmp(arg, "off"))
+            o->ep.spec = 0;
+        else if (!strcmp(arg, "auto"))
+            o->ep.spec = ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX;
+        else if (!strcmp(arg, "ngram"))
+            o->ep.spec = ENGINE_SPEC_NGRAM;
+        else if (!strcmp(arg, "suffix"))
+            o->ep.spec = ENGINE_SPEC_SUFFIX;
+        else if (!strcmp(arg, "model")) {
+            fprintf(stderr, "quern %s: --spec model: drafting with a draft model is not built yet "
+                            "(use auto, ngram or suffix)\n", cmd);
+            return -1;
+        } else {
+            fprintf(stderr, "quern %s: --spec: '%s' is not one of off, auto, ngram, suffix\n",
+                    cmd, arg);
+            return -1;
+        }
+        return 1;
+    case RUNNER_EO_OPT_SPEC_K:
+        if (!runner_parse_long(cmd, "spec-max-k", arg, 1, ENGINE_SPEC_MAX_K, &l))
+            return -1;
+        o->ep.spec_max_k = (int)l;
+        return 1;
+    case RUNNER_EO_OPT_SPEC_BUDGET:
+        if (!strcmp(arg, "auto") || !strcmp(arg, "all")) {
+            o->ep.spec_budget = arg[0] == 'a' && arg[1] == 'l' ? ENGINE_SPEC_BUDGET_ALL
+                                                               : ENGINE_SPEC_BUDGET_AUTO;
+            return 1;
+        }
+        fprintf(stderr, "quern %s: --spec-budget: '%s' is not auto or all\n", cmd, arg);
+        return -1;
     case RUNNER_EO_OPT_TP:
         return runner_parse_long(cmd, "tp", arg, 1, 64, &o->tp) ? 1 : -1;
     case RUNNER_EO_OPT_THREADS:
@@ -150,6 +190,17 @@ void runner_engine_help(FILE *f, unsigned groups)
               "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n"
               "  --no-prefix-cache      disable automatic prefix caching\n",
               f);
+    if (groups & RUNNER_EO_SPEC)
+        fprintf(f,
+                "  --spec MODE            speculative decoding: off (default), auto (both drafters),\n"
+                "                         ngram (the request's own tokens) or suffix (the job's\n"
+                "                         finished outputs); lossless: the same tokens as off\n"
+                "  --spec-max-k K         draft tokens per sequence and step at most (1..%d,\n"
+                "                         default 8)\n"
+                "  --spec-budget B        auto (default): verify only the draft tokens expected to\n"
+                "                         raise tokens/second at the current load (none at full\n"
+                "                         batch); all: every drafted token\n",
+                ENGINE_SPEC_MAX_K);
     if (groups & RUNNER_EO_KV)
         fputs(
             "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"

@@ -17,6 +17,7 @@
 #define RUNNER_EO_KV      0x2 /* --kv-mem --kv-block --kv-dtype */
 #define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens --no-prefix-cache */
 #define RUNNER_EO_DUMMY   0x8 /* --dummy (commands that load a model by path, not run) */
+#define RUNNER_EO_SPEC    0x10 /* --spec --spec-max-k --spec-budget */
 #define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH)
 
 /* getopt_long values of these flags; a command's own options use values below 512. */
@@ -33,8 +34,11 @@ enum {
     RUNNER_EO_OPT_BATCH,
     RUNNER_EO_OPT_NOPREFIX,
     RUNNER_EO_OPT_DUMMY,
+    RUNNER_EO_OPT_SPEC,
+    RUNNER_EO_OPT_SPEC_K,
+    RUNNER_EO_OPT_SPEC_BUDGET,
 };
-#define RUNNER_EO_MAX_LONGOPTS 12 /* entries the fragment adds at most */
+#define RUNNER_EO_MAX_LONGOPTS 15 /* entries the fragment adds at most */
 
 struct runner_engine_opts {
     const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
@@ -42,7 +46,8 @@ struct runner_engine_opts {
     long tp;                 /* --tp: tensor-parallel ranks (default 1) */
     const char *isa;         /* --isa, NULL = auto (borrowed) */
     int act;                 /* --matmul: enum kern_act, or RUNNER_ACT_DEFAULT (the device's) */
-    struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache */
+    struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache,
+                              * --spec* */
     const char *dummy;       /* --dummy PRESET, or NULL (borrowed) */
 };
 

@@ -1,0 +1,85 @@
+/* Speculative decoding's parts that know nothing of sequences or batches (the engine's
+ * scheduler uses them, engine/sched.c): the drafters, the confidence model that turns a
+ * drafter's evidence into a calibrated acceptance probability, and the step-cost model the
+ * load-aware budget reads.
+ *
+ * Drafters are deterministic: each proposes one path of up to k tokens, each token with its
+ * evidence. "ngram" (prompt lookup) matches the sequence's last tokens against its own earlier
+ * tokens (prompt and output); "suffix" matches them against an index of the finished outputs
+ * of the same engine's job (each with the last prompt tokens before it), learned online as
+ * requests finish and bounded in memory (a ring of ENGINE_SPEC_INDEX_TOKENS tokens with hash
+ * chains). Where several earlier occurrences match, the path follows the most frequent
+ * continuation (among the longest matches), as SuffixDecoding's frequency-weighted tree does.
+ *
+ * Confidence: each draft token falls in a bin by drafter, depth, vote share, support, match
+ * length and the request's recent acceptance; a bin's estimate is its observed conditional
+ * acceptance rate (accepted given every earlier draft token of the path was), shrunk toward
+ * its coarse bin (drafter, depth, share) and a 0.5 prior while it has few observations. The
+ * survival of draft j is the product of the first j estimates; how honest those products are
+ * is tracked as the expected calibration error (ECE) of survival over 10 bins. */
+#ifndef ENGINE_SPEC_H
+#define ENGINE_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define ENGINE_SPEC_MAX_K 16             /* draft tokens per sequence and step at most */
+#define ENGINE_SPEC_INDEX_TOKENS (1 << 20) /* tokens the job's suffix index keeps (ring) */
+
+#define ENGINE_SPEC_NGRAM 0x1  /* draft from the request's own tokens (prompt lookup) */
+#define ENGINE_SPEC_SUFFIX 0x2 /* draft from the job's finished outputs */
+enum { ENGINE_SPEC_BUDGET_AUTO = 0, ENGINE_SPEC_BUDGET_ALL = 1 };
+
+enum engine_spec_src { ENGINE_SPEC_SRC_SELF = 0, ENGINE_SPEC_SRC_JOB = 1 };
+
+/* One drafted path. */
+struct engine_draft {
+    int n;                              /* tokens proposed */
+    int src;                            /* enum engine_spec_src */
+    int32_t tok[ENGINE_SPEC_MAX_K];     /* the tokens */
+    float c[ENGINE_SPEC_MAX_K];         /* confidence: P(token i accepted | 0..i-1 were) */
+    uint16_t bin[ENGINE_SPEC_MAX_K];    /* calibration bin of each token */
+};
+
+struct engine_spec;
+
+/* A speculation state for drafters `drafters` (ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX bits of
+ * engine_params.spec) and batches of up to max_batch_tokens tokens. */
+enum status engine_spec_new(struct engine_spec **out, int drafters, int max_batch_tokens,
+                            struct err_detail *err);
+void engine_spec_free(struct engine_spec *sp);
+
+/* Draft up to k (<= ENGINE_SPEC_MAX_K) tokens to follow tok[0..n) with every drafter on and
+ * keep the path with the larger expected accepted length; recent: the request's recent
+ * acceptance rate in [0, 1], or < 0 when unknown. Returns d->n (0: nothing to propose). */
+int engine_spec_propose(struct engine_spec *sp, const int32_t *tok, size_t n, int k,
+                        float recent, struct engine_draft *d);
+
+/* A verification of d's first n_tried tokens accepted the first n_acc: updates the bins and
+ * the survival calibration statistics. */
+void engine_spec_observe(struct engine_spec *sp, const struct engine_draft *d, int n_tried,
+                         int n_acc);
+
+/* Add a finished request to the job index: the last prompt tokens before its output (at most
+ * 8 of prompt[0..n_prompt)) and its output. No-op without the suffix drafter. */
+void engine_spec_learn(struct engine_spec *sp, const int32_t *prompt, size_t n_prompt,
+                       const int32_t *out, size_t n_out);
+
+/* Step cost model: a step of b tokens took seconds (kept per batch size as an exponential
+ * average); engine_spec_cost(b) is the estimate for b tokens (1 <= b <= max_batch_tokens),
+ * interpolated between measured sizes and non-decreasing in b; 0 until anything is measured. */
+void engine_spec_time(struct engine_spec *sp, int b, double seconds);
+double engine_spec_cost(struct engine_spec *sp, int b);
+
+/* Largest first-token confidence any draft could get now (the budget's quick "is drafting worth
+ * anything at this load" test). */
+float engine_spec_best_conf(const struct engine_spec *sp);
+
+/* Survival ECE over observations after the first ENGINE_SPEC_ECE_WARMUP verified draft tokens
+ * (negative when there are none yet), and the count it covers. */
+#define ENGINE_SPEC_ECE_WARMUP 2000
+double engine_spec_ece(const struct engine_spec *sp, uint64_t *n);
+
+#endif

@@ -1,0 +1,468 @@
+/* Speculative decoding (engine_params.spec, engine/spec.h) on the real model: the tokens are
+ * identical with drafting on and off, greedy and sampled (penalties included), whichever drafter
+ * and budget; a first-token distribution with forced drafts matches the model's softmax by a
+ * chi-square test, and the same test catches a deliberately wrong replacement of rejected drafts;
+ * the KV pool and prefix cache stay consistent through many steps of random acceptance and
+ * rollback. Unit checks of the drafters, the confidence bins and the step-cost model. */
+#include "tests/test_engine_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/spec.h"
+
+#define SP_GEN 32
+#define SP_MAX_REQ (N_PROMPTS + 8)
+
+struct sp_out {
+    int32_t tok[128];
+    size_t n;
+};
+
+struct sp_set {
+    int32_t *prompt[SP_MAX_REQ];
+    size_t n_prompt[SP_MAX_REQ];
+    int n;
+};
+
+/* The fixture's prompts plus repetitive ones (lists, code) where drafts get accepted. */
+static void make_set(struct fixture *f, struct sp_set *s, int n_fixture)
+{
+    static const char *const rep[] = {
+        "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,",
+        "def get_a(self):\n    return self.a\n\ndef get_b(self):\n    return self.b\n\ndef get_c(self):",
+        "<item><name>apple</name></item>\n<item><name>pear</name></item>\n<item><name>",
+        "Monday, Tuesday, Wednesday, Thursday, Friday, Monday, Tuesday,",
+        "The cat sat on the mat. The cat sat on the mat. The cat",
+        "{\"id\": 1, \"ok\": true}\n{\"id\": 2, \"ok\": true}\n{\"id\": 3,",
+        "a b c d e f g a b c d e f g a b c",
+        "SELECT name FROM users;\nSELECT name FROM orders;\nSELECT name FROM",
+    };
+    struct err_detail err = {0};
+    s->n = 0;
+    for (int i = 0; i < n_fixture; i++) {
+        s->prompt[s->n] = f->prompt[i];
+        s->n_prompt[s->n++] = f->n_prompt[i];
+    }
+    for (size_t i = 0; i < sizeof(rep) / sizeof(rep[0]); i++) {
+        assert_int_equal(engine_tok_encode(f->tok, rep[i], strlen(rep[i]), 0, &s->prompt[s->n],
+                                           &s->n_prompt[s->n], &err),
+                         ST_OK);
+        s->n++;
+    }
+}
+
+static void free_set(struct sp_set *s, int n_fixture)
+{
+    for (int i = n_fixture; i < s->n; i++)
+        free(s->prompt[i]);
+}
+
+struct sp_cfg {
+    float temperature, top_p, repeat_penalty;
+    int max_tokens;
+};
+
+/* Run the set through an engine with p; out[i] gets request i's tokens. KV checked each step. */
+static void run_set(struct fixture *f, const struct engine_params *p, const struct sp_set *s,
+                    const struct sp_cfg *c, struct sp_out *out, struct engine_stats *stats)
+{
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, p, &err), ST_OK);
+    for (int i = 0; i < s->n; i++) {
+        struct engine_request r = {0};
+        char id[32];
+        snprintf(id, sizeof(id), "sp-%d", i);
+        r.prompt = s->prompt[i];
+        r.n_prompt = s->n_prompt[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = c->temperature;
+        r.sampling.top_p = c->top_p;
+        r.sampling.repeat_penalty = c->repeat_penalty;
+        r.sampling.seed = 5;
+        r.max_tokens = c->max_tokens;
+        r.ignore_eos = 1;
+        r.request_id = id;
+        r.user = &out[i];
+        out[i].n = 0;
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        check_ok(e->kv, 0);
+        struct engine_output o[16];
+        size_t k;
+        while ((k = engine_poll(e, o, 16)) > 0)
+            for (size_t i = 0; i < k; i++) {
+                struct sp_out *so = o[i].user;
+                assert_true(o[i].n_tokens <= 128);
+                memcpy(so->tok, o[i].tokens, sizeof(int32_t) * o[i].n_tokens);
+                so->n = o[i].n_tokens;
+            }
+    }
+    if (stats)
+        *stats = *engine_get_stats(e);
+    engine_free(e);
+}
+
+static void assert_outs_same(const struct sp_out *a, const struct sp_out *b, int n,
+                             const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].n != b[i].n || memcmp(a[i].tok, b[i].tok, sizeof(int32_t) * a[i].n))
+            fail_msg("%s: request %d differs (%zu vs %zu tokens)", what, i, a[i].n, b[i].n);
+}
+
+/* Drafting on (each drafter, each budget) gives the tokens drafting off gives. */
+static void same_tokens(void **state, const struct sp_cfg *c, const char *what)
+{
+    struct fixture *f = *state;
+    struct sp_set s;
+    const int nf = getenv("QUERN_SANITIZE") ? 2 : 8;
+    make_set(f, &s, nf);
+    static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
+    struct engine_params p;
+    params(&p, 32, 256, 64, 1);
+    run_set(f, &p, &s, c, off, NULL);
+    static const struct {
+        int spec, budget, k;
+    } modes[] = {{ENGINE_SPEC_NGRAM, ENGINE_SPEC_BUDGET_ALL, 8},
+                 {ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX, ENGINE_SPEC_BUDGET_AUTO, 3}};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        p.spec = modes[m].spec;
+        p.spec_budget = modes[m].budget;
+        p.spec_max_k = modes[m].k;
+        struct engine_stats st;
+        run_set(f, &p, &s, c, on, &st);
+        assert_outs_same(off, on, s.n, what);
+        if (modes[m].budget == ENGINE_SPEC_BUDGET_ALL) { /* drafts happened, some held */
+            assert_true(st.spec_drafted > 0);
+            assert_true(st.spec_accepted > 0);
+            assert_true(st.spec_accepted < st.spec_drafted);
+        }
+        print_message("%s, drafters %d budget %d k %d: %llu drafted, %llu accepted, %llu steps "
+                      "(identical tokens)\n",
+                      what, modes[m].spec, modes[m].budget, modes[m].k,
+                      (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted,
+                      (unsigned long long)st.steps);
+    }
+    free_set(&s, nf);
+}
+
+static void test_spec_greedy_same(void **state)
+{
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, SP_GEN};
+    same_tokens(state, &c, "greedy");
+}
+
+static void test_spec_sampled_same(void **state)
+{
+    struct sp_cfg c = {0.8f, 0.95f, 1.1f, SP_GEN}; /* nucleus and a history-dependent penalty */
+    same_tokens(state, &c, "sampled");
+}
+
+/* The job's suffix index: identical requests one after another; from the second on, the first's
+ * output is drafted from the index and accepted (greedy: every draft token). */
+static void test_spec_suffix_learns(void **state)
+{
+    struct fixture *f = *state;
+    struct sp_set s;
+    s.n = 0;
+    for (int i = 0; i < 4; i++) {
+        s.prompt[s.n] = f->prompt[3];
+        s.n_prompt[s.n++] = f->n_prompt[3];
+    }
+    struct engine_params p;
+    params(&p, 1, 64, 64, 1); /* one at a time: each finishes before the next starts */
+    p.spec = ENGINE_SPEC_SUFFIX;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, SP_GEN};
+    struct sp_out out[4];
+    struct engine_stats st;
+    run_set(f, &p, &s, &c, out, &st);
+    for (int i = 1; i < 4; i++)
+        assert_outs_same(&out[0], &out[i], 1, "repeat");
+    print_message("suffix index: %llu of %llu draft tokens accepted, %llu steps\n",
+                  (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
+                  (unsigned long long)st.steps);
+    /* requests 2..4 draft their whole output from request 1's, 8 tokens a step (the step's own
+     * token after them): at least 3 x (SP_GEN - SP_GEN / 8 - 1) accepted, none rejected */
+    assert_true(st.spec_accepted >= 3 * (SP_GEN - SP_GEN / 8 - 1));
+    assert_true(st.spec_accepted == st.spec_drafted);
+}
+
+/* Chi-square statistic of counts against n x probs over the tokens expected at least 5 times
+ * (the rest lumped into one cell); *df gets the degrees of freedom. */
+static double chi_square(const int *counts, const double *probs, int V, int n, int *df)
+{
+    double chi = 0, rest_e = 0, rest_o = 0;
+    int cells = 0;
+    for (int t = 0; t < V; t++) {
+        double ex = probs[t] * n;
+        if (ex >= 5) {
+            chi += (counts[t] - ex) * (counts[t] - ex) / ex;
+            cells++;
+        } else {
+            rest_e += ex;
+            rest_o += counts[t];
+        }
+    }
+    if (rest_e >= 5) {
+        chi += (rest_o - rest_e) * (rest_o - rest_e) / rest_e;
+        cells++;
+    }
+    *df = cells - 1;
+    return chi;
+}
+
+/* Upper 0.1 % point of chi-square with df degrees of freedom (Wilson-Hilferty). */
+static double chi_crit(int df)
+{
+    const double z = 3.090;
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1 - a + z * sqrt(a), 3);
+}
+
+/* First tokens of n requests (distinct ids) of a repetitive prompt whose ngram draft is forced
+ * (budget all), temperature 1: their counts against the model's softmax. */
+static double first_token_chi(struct fixture *f, int broken, int n, int *df,
+                              struct engine_stats *st)
+{
+    const int V = engine_model_hparams(f->m)->n_vocab;
+    struct err_detail err = {0};
+    const char *text = "red green blue red green blue red green";
+    int32_t *prompt;
+    size_t np;
+    assert_int_equal(engine_tok_encode(f->tok, text, strlen(text), 0, &prompt, &np, &err), ST_OK);
+    /* the model's distribution of the first token: its logits after the prompt */
+    struct engine_kv *kv;
+    assert_int_equal(engine_model_kv_init(f->m, &kv, (int32_t)np + 4, 1, 16, KERN_KV_F16, &err),
+                     ST_OK);
+    assert_int_equal(engine_kv_reserve(kv, 0, (int32_t)np, &err), ST_OK);
+    int32_t *pos = malloc(sizeof(int32_t) * np), *seq = calloc(np, sizeof(int32_t));
+    for (size_t i = 0; i < np; i++)
+        pos[i] = (int32_t)i;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    struct engine_batch b = {(int)np, prompt, pos, seq, NULL};
+    assert_int_equal(engine_model_forward(f->m, kv, &b, logits, &err), ST_OK);
+    engine_kv_release(kv, 0);
+    engine_kv_free(kv);
+    double *probs = malloc(sizeof(double) * (size_t)V), mx = -INFINITY, sum = 0;
+    for (int t = 0; t < V; t++)
+        mx = logits[t] > mx ? logits[t] : mx;
+    for (int t = 0; t < V; t++)
+        sum += probs[t] = exp(logits[t] - mx);
+    for (int t = 0; t < V; t++)
+        probs[t] /= sum;
+
+    struct engine_params p;
+    params(&p, 64, 256, 64, 1);
+    p.kv_block = 4; /* the prompt's blocks come from the prefix cache */
+    p.spec = ENGINE_SPEC_NGRAM;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p.spec_max_k = 2;
+    p.spec_test_broken = broken;
+    struct engine *e;
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    int *counts = calloc((size_t)V, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        struct engine_request r = {0};
+        char id[32];
+        snprintf(id, sizeof(id), "chi-%d", i);
+        r.prompt = prompt;
+        r.n_prompt = np;
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 1.0f;
+        r.sampling.top_k = 0;
+        r.sampling.top_p = 1.0f;
+        r.max_tokens = 3;
+        r.ignore_eos = 1;
+        r.request_id = id;
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o[64];
+        size_t k;
+        while ((k = engine_poll(e, o, 64)) > 0)
+            for (size_t i = 0; i < k; i++)
+                counts[o[i].tokens[0]]++;
+    }
+    *st = *engine_get_stats(e);
+    engine_free(e);
+    double chi = chi_square(counts, probs, V, n, df);
+    free(counts);
+    free(probs);
+    free(logits);
+    free(pos);
+    free(seq);
+    free(prompt);
+    return chi;
+}
+
+static void test_spec_distribution(void **state)
+{
+    struct fixture *f = *state;
+    const int n = getenv("QUERN_SANITIZE") ? 300 : 1000;
+    int df;
+    struct engine_stats st;
+    double chi = first_token_chi(f, 0, n, &df, &st);
+    print_message("first tokens with drafts, %d samples: chi-square %.1f, df %d, 0.1%% critical "
+                  "%.1f; %llu drafted, %llu accepted\n",
+                  n, chi, df, chi_crit(df), (unsigned long long)st.spec_drafted,
+                  (unsigned long long)st.spec_accepted);
+    /* most requests drafted their first token (not those whose whole prompt filled a step), and
+     * both outcomes happened */
+    assert_true(st.spec_tried_at[0] >= (uint64_t)n / 2);
+    assert_true(st.spec_acc_at[0] > 0 && st.spec_acc_at[0] < st.spec_tried_at[0]);
+    assert_true(df >= 1);
+    assert_true(chi < chi_crit(df));
+    /* the wrong replacement (a fresh draw that can repeat the rejected draft) must fail */
+    double bad = first_token_chi(f, 1, n, &df, &st);
+    print_message("deliberately wrong replacement: chi-square %.1f, df %d (must exceed %.1f)\n",
+                  bad, df, chi_crit(df));
+    assert_true(bad > chi_crit(df));
+}
+
+/* Many steps of speculative decoding with random acceptance (sampled, forced drafts of up to 8
+ * tokens, KV blocks of 4 so rollbacks cross blocks, a pool small enough to preempt): the KV
+ * check after every step, the leak check at the end (engine_free in debug builds). Steps from
+ * QUERN_SPEC_STEPS (default 150; 40 under sanitizers). */
+static void test_spec_rollback_invariants(void **state)
+{
+    struct fixture *f = *state;
+    const char *env = getenv("QUERN_SPEC_STEPS");
+    long want = env ? atol(env) : getenv("QUERN_SANITIZE") ? 40 : 150;
+    struct sp_set s;
+    make_set(f, &s, 8);
+    struct engine_params p;
+    params(&p, 16, 128, 2, 1);
+    p.kv_block = 4;
+    p.spec = ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    long steps = 0;
+    int next = 0;
+    while (steps < want) {
+        while (engine_pending(e) < 16) { /* keep it full: a new request as one finishes */
+            struct engine_request r = {0};
+            char id[32];
+            snprintf(id, sizeof(id), "rb-%d", next);
+            r.prompt = s.prompt[next % s.n];
+            r.n_prompt = s.n_prompt[next % s.n];
+            engine_sampling_default(&r.sampling);
+            r.sampling.temperature = 0.7f;
+            r.max_tokens = 24 + next % 40;
+            r.ignore_eos = next % 3 != 0;
+            r.request_id = id;
+            next++;
+            assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+        }
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        check_ok(e->kv, 0);
+        steps++;
+        struct engine_output o[16];
+        while (engine_poll(e, o, 16) > 0)
+            ;
+    }
+    const struct engine_stats *st = engine_get_stats(e);
+    print_message("%ld steps, %llu with drafts, %llu drafted, %llu accepted, %llu preemptions, "
+                  "%d requests\n",
+                  steps, (unsigned long long)st->spec_steps, (unsigned long long)st->spec_drafted,
+                  (unsigned long long)st->spec_accepted, (unsigned long long)st->preemptions,
+                  next);
+    assert_true(st->spec_steps > (uint64_t)want / 4);
+    assert_true(st->spec_accepted > 0 && st->spec_accepted < st->spec_drafted);
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o[16];
+        while (engine_poll(e, o, 16) > 0)
+            ;
+    }
+    check_ok(e->kv, 1);
+    engine_free(e);
+    free_set(&s, 8);
+}
+
+/* ---- units: drafters, bins, cost model ---- */
+
+static void test_spec_units(void **state)
+{
+    (void)state;
+    struct engine_spec *sp;
+    struct err_detail err = {0};
+    assert_int_equal(engine_spec_new(&sp, ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX, 64, &err), ST_OK);
+    struct engine_draft d;
+    /* ngram: the continuation of the most recent earlier occurrence of the last two tokens */
+    const int32_t a[] = {1, 2, 3, 4, 5, 9, 9, 1, 2, 3, 4, 5, 9, 1, 2};
+    assert_int_equal(engine_spec_propose(sp, a, 15, 4, -1, &d), 4);
+    assert_int_equal(d.src, ENGINE_SPEC_SRC_SELF);
+    assert_int_equal(d.tok[0], 3);
+    assert_int_equal(d.tok[3], 9); /* most recent: ...4 5 9 1 2 */
+    for (int i = 0; i < 4; i++)
+        assert_true(d.c[i] > 0 && d.c[i] < 1);
+    /* nothing repeats: no draft */
+    const int32_t b[] = {1, 2, 3, 4, 5, 6};
+    assert_int_equal(engine_spec_propose(sp, b, 6, 4, -1, &d), 0);
+    /* the job index: learned outputs are drafted, the majority continuation wins */
+    const int32_t p1[] = {50, 51, 52}, o1[] = {60, 61, 62, 63}, o2[] = {60, 61, 70, 71};
+    engine_spec_learn(sp, p1, 3, o1, 4);
+    engine_spec_learn(sp, p1, 3, o1, 4);
+    engine_spec_learn(sp, p1, 3, o2, 4);
+    const int32_t q[] = {7, 8, 51, 52};
+    assert_int_equal(engine_spec_propose(sp, q, 4, 8, -1, &d), 4);
+    assert_int_equal(d.src, ENGINE_SPEC_SRC_JOB);
+    const int32_t want[] = {60, 61, 62, 63};
+    assert_memory_equal(d.tok, want, sizeof(want));
+    /* bins learn: depth-0 acceptance 70 % of the time -> the estimate approaches 0.7, and the
+     * survival ECE stays small */
+    uint64_t state_ = 12345;
+    for (int i = 0; i < 20000; i++) {
+        assert_int_equal(engine_spec_propose(sp, q, 4, 1, -1, &d), 1);
+        state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+        engine_spec_observe(sp, &d, 1, (state_ >> 33) % 10 < 7);
+    }
+    assert_int_equal(engine_spec_propose(sp, q, 4, 1, -1, &d), 1);
+    assert_true(fabsf(d.c[0] - 0.7f) < 0.03f);
+    uint64_t n_ece;
+    double ece = engine_spec_ece(sp, &n_ece);
+    assert_true(n_ece == 20000 - ENGINE_SPEC_ECE_WARMUP);
+    assert_true(ece >= 0 && ece < 0.03);
+    /* the ring wraps: twice its size of outputs, and the index still answers from recent ones */
+    int32_t *big = malloc(sizeof(int32_t) * 4096);
+    for (int i = 0; i < 4096; i++)
+        big[i] = 1000 + i % 97;
+    for (int r = 0; r < 2 * ENGINE_SPEC_INDEX_TOKENS / 4096; r++)
+        engine_spec_learn(sp, p1, 3, big, 4096);
+    const int32_t q2[] = {1000 + 5, 1000 + 6};
+    assert_true(engine_spec_propose(sp, q2, 2, 4, -1, &d) == 4);
+    assert_int_equal(d.tok[0], 1000 + 7);
+    free(big);
+    /* cost model: interpolated between measured sizes, non-decreasing, extrapolated past them */
+    assert_true(engine_spec_cost(sp, 10) == 0);
+    engine_spec_time(sp, 8, 1.0);
+    engine_spec_time(sp, 16, 2.0);
+    engine_spec_time(sp, 32, 1.5); /* noise below a smaller size's time is lifted */
+    assert_true(fabs(engine_spec_cost(sp, 1) - 1.0) < 1e-9);
+    assert_true(fabs(engine_spec_cost(sp, 12) - 1.5) < 1e-9);
+    assert_true(fabs(engine_spec_cost(sp, 24) - 2.0) < 1e-9);
+    for (int bb = 2; bb <= 64; bb++)
+        assert_true(engine_spec_cost(sp, bb) >= engine_spec_cost(sp, bb - 1));
+    engine_spec_free(sp);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_units),
+        cmocka_unit_test(test_spec_suffix_learns),
+        cmocka_unit_test(test_spec_greedy_same),
+        cmocka_unit_test(test_spec_sampled_same),
+        cmocka_unit_test(test_spec_distribution),
+        cmocka_unit_test(test_spec_rollback_invariants),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
