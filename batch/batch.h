@@ -141,6 +141,8 @@ struct batch_progress {
     int64_t running;           /* sequences running */
     int64_t waiting;           /* requests admitted and waiting to run */
     int64_t kv_used, kv_total; /* KV blocks referenced, in the pool */
+    int64_t spec_drafted;      /* speculative decoding: draft tokens verified (live runs) */
+    int64_t spec_accepted;     /* and accepted */
     int64_t runs;              /* live runs these numbers come from */
     double elapsed_s;          /* since work on the job started */
     double eta_s;              /* seconds left, < 0 unknown */
@@ -230,6 +232,8 @@ struct batch_stats {
     double *ttft_ms;           /* per finished request: time to first token (ms) */
     double *tpot_ms;           /* time per output token after the first (ms) */
     size_t n_lat;              /* entries in ttft_ms and tpot_ms */
+    struct engine_stats spec;  /* speculative decoding's counters (spec_*), summed over the
+                                * run's jobs; spec_ece is the last job's */
 };
 
 struct batch_run; /* opaque */

@@ -51,6 +51,10 @@ void batch_progress_add_json(cJSON *o, const struct batch_progress *p)
     cJSON_AddNumberToObject(o, "waiting", (double)p->waiting);
     cJSON_AddNumberToObject(o, "kv_used", (double)p->kv_used);
     cJSON_AddNumberToObject(o, "kv_total", (double)p->kv_total);
+    if (p->spec_drafted) {
+        cJSON_AddNumberToObject(o, "spec_drafted", (double)p->spec_drafted);
+        cJSON_AddNumberToObject(o, "spec_accepted", (double)p->spec_accepted);
+    }
     cJSON_AddNumberToObject(o, "elapsed_s", p->elapsed_s);
     if (p->eta_s >= 0)
         cJSON_AddNumberToObject(o, "eta_s", p->eta_s);
@@ -98,6 +102,8 @@ int batch_progress_from_json(const char *json, struct batch_progress *p)
     p->prompt_tok_s = num(o, "prompt_tok_s", 0);
     p->mean_out = num(o, "mean_out", 0);
     p->inflight_tokens = num(o, "inflight_tokens", 0);
+    p->spec_drafted = (int64_t)num(o, "spec_drafted", 0);
+    p->spec_accepted = (int64_t)num(o, "spec_accepted", 0);
     p->running = (int64_t)num(o, "running", 0);
     p->waiting = (int64_t)num(o, "waiting", 0);
     p->kv_used = (int64_t)num(o, "kv_used", 0);
@@ -188,6 +194,8 @@ static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
     p->waiting = (int64_t)ld.waiting;
     p->kv_used = ld.kv_used;
     p->kv_total = ld.kv_total;
+    p->spec_drafted = (int64_t)es->spec_drafted;
+    p->spec_accepted = (int64_t)es->spec_accepted;
     p->runs = 1;
     int64_t outs = r->n_out - r->job_out0, toks = r->stats.completion_tokens - r->job_tok0;
     if (outs > 0)

@@ -367,8 +367,26 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
 
 /* ---- job lifecycle ---- */
 
+/* Add an engine's speculation counters to the run's. */
+static void add_spec_stats(struct engine_stats *sum, const struct engine_stats *s)
+{
+    sum->steps += s->steps;
+    sum->spec_steps += s->spec_steps;
+    sum->spec_skipped += s->spec_skipped;
+    sum->spec_drafted += s->spec_drafted;
+    sum->spec_accepted += s->spec_accepted;
+    for (int i = 0; i < ENGINE_SPEC_MAX_K; i++) {
+        sum->spec_tried_at[i] += s->spec_tried_at[i];
+        sum->spec_acc_at[i] += s->spec_acc_at[i];
+    }
+    sum->spec_draft_s += s->spec_draft_s;
+    sum->spec_ece = s->spec_ece;
+}
+
 static void job_close(struct batch_run *r)
 {
+    if (r->e)
+        add_spec_stats(&r->stats.spec, engine_get_stats(r->e));
     engine_free(r->e);
     r->e = NULL;
     while (r->inflight) { /* requests a stop left in the engine */

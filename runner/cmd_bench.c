@@ -459,6 +459,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
     cJSON_AddNumberToObject(j, "nucleus_fast", (double)es->nucleus_fast);
     cJSON_AddNumberToObject(j, "nucleus_full", (double)es->nucleus_full);
+    runner_add_spec_json(j, es);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
     cJSON_AddNumberToObject(j, "model_flops_s", achieved);

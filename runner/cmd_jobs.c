@@ -160,6 +160,8 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
         p->waiting += rp.waiting;
         p->kv_used += rp.kv_used;
         p->kv_total += rp.kv_total;
+        p->spec_drafted += rp.spec_drafted;
+        p->spec_accepted += rp.spec_accepted;
         if (rp.mean_out > 0) {
             mean_sum += rp.mean_out;
             mean_n++;

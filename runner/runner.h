@@ -52,6 +52,12 @@ int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *
  * where they use it. */
 struct cJSON;
 void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t n);
+/* Speculative decoding's numbers from es as o's "spec" object (nothing when no step drafted
+ * or skipped): steps that verified drafts and steps the load skipped, draft tokens verified
+ * and accepted, acceptance, accepted tokens per sequence verification, verified draft tokens per
+ * step (the budget), acceptance per draft position, survival ECE, drafting seconds. */
+struct engine_stats;
+void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es);
 
 /* Online CPU count (>= 1): the default for --threads. */
 int runner_default_threads(void);

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
 
@@ -182,4 +183,30 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
         size_t idx = n ? (size_t)ceil(q[i] / 100.0 * (double)n) : 0;
         cJSON_AddNumberToObject(p, k[i], n ? v[idx ? idx - 1 : 0] : 0);
     }
+}
+
+void runner_add_spec_json(cJSON *o, const struct engine_stats *es)
+{
+    if (!es->spec_steps && !es->spec_skipped)
+        return;
+    cJSON *j = cJSON_AddObjectToObject(o, "spec");
+    const double drafted = (double)es->spec_drafted, verifies = (double)es->spec_tried_at[0];
+    cJSON_AddNumberToObject(j, "steps", (double)es->spec_steps);
+    cJSON_AddNumberToObject(j, "skipped_steps", (double)es->spec_skipped);
+    cJSON_AddNumberToObject(j, "drafted", drafted);
+    cJSON_AddNumberToObject(j, "accepted", (double)es->spec_accepted);
+    cJSON_AddNumberToObject(j, "acceptance", drafted > 0 ? (double)es->spec_accepted / drafted : 0);
+    cJSON_AddNumberToObject(j, "accepted_per_verify",
+                            verifies > 0 ? (double)es->spec_accepted / verifies : 0);
+    cJSON_AddNumberToObject(j, "drafted_per_step",
+                            es->steps ? drafted / (double)es->steps : 0);
+    cJSON *pos = cJSON_AddArrayToObject(j, "acceptance_at");
+    for (int i = 0; i < ENGINE_SPEC_MAX_K && es->spec_tried_at[i]; i++)
+        cJSON_AddItemToArray(pos, cJSON_CreateNumber((double)es->spec_acc_at[i] /
+                                                     (double)es->spec_tried_at[i]));
+    if (es->spec_ece >= 0)
+        cJSON_AddNumberToObject(j, "survival_ece", es->spec_ece);
+    else
+        cJSON_AddNullToObject(j, "survival_ece");
+    cJSON_AddNumberToObject(j, "draft_s", es->spec_draft_s);
 }
