@@ -537,14 +537,15 @@ size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
 }
 
 /* Speculation's step-cost model starts from one forward pass per batch size: sizes 1..8, then
- * a quarter octave apart up to max_batch_tokens (the slot's own positions, logits wanted for as
- * many rows as a step can want); real steps refine it. */
+ * a quarter octave apart up to 64 (the slot's own positions, logits wanted for every row, as a
+ * step of drafts wants them); real steps measure the sizes they run and refine the rest. */
 static enum status measure_steps(struct engine *e, struct err_detail *err)
 {
     const int slot = e->free_slots[e->n_free_slots - 1];
     const int32_t n_vocab = engine_model_hparams(e->m)->n_vocab;
     enum status st = ST_OK;
-    for (int b = 1; b <= e->p.max_batch_tokens && !st; b = b < 8 ? b + 1 : b + (b + 3) / 4) {
+    const int max_b = e->p.max_batch_tokens < 64 ? e->p.max_batch_tokens : 64;
+    for (int b = 1; b <= max_b && !st; b = b < 8 ? b + 1 : b + (b + 3) / 4) {
         if (engine_kv_blocks_needed(e->kv, slot, b) > engine_kv_available(e->kv))
             break;
         if ((st = engine_kv_reserve(e->kv, slot, b, err)))

@@ -22,7 +22,8 @@ struct sp_out {
 struct sp_set {
     int32_t *prompt[SP_MAX_REQ];
     size_t n_prompt[SP_MAX_REQ];
-    int n;
+    int n;    /* prompts used */
+    int made; /* prompts make_set encoded (from n_fixture on) */
 };
 
 /* The fixture's prompts plus repetitive ones (lists, code) where drafts get accepted. */
@@ -50,11 +51,12 @@ static void make_set(struct fixture *f, struct sp_set *s, int n_fixture)
                          ST_OK);
         s->n++;
     }
+    s->made = s->n;
 }
 
 static void free_set(struct sp_set *s, int n_fixture)
 {
-    for (int i = n_fixture; i < s->n; i++)
+    for (int i = n_fixture; i < s->made; i++)
         free(s->prompt[i]);
 }
 
@@ -119,8 +121,10 @@ static void same_tokens(void **state, const struct sp_cfg *c, const char *what)
 {
     struct fixture *f = *state;
     struct sp_set s;
-    const int nf = getenv("QUERN_SANITIZE") ? 2 : 8;
+    const int nf = getenv("QUERN_SANITIZE") ? 0 : 8;
     make_set(f, &s, nf);
+    if (getenv("QUERN_SANITIZE")) /* each draft row costs the output head: keep it small */
+        s.n = 4;
     static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
     struct engine_params p;
     params(&p, 32, 256, 64, 1);
@@ -150,15 +154,18 @@ static void same_tokens(void **state, const struct sp_cfg *c, const char *what)
     free_set(&s, nf);
 }
 
+/* Tokens per request in the identity tests (fewer under sanitizers). */
+static int sp_gen(void) { return getenv("QUERN_SANITIZE") ? 12 : SP_GEN; }
+
 static void test_spec_greedy_same(void **state)
 {
-    struct sp_cfg c = {0.0f, 1.0f, 1.0f, SP_GEN};
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, sp_gen()};
     same_tokens(state, &c, "greedy");
 }
 
 static void test_spec_sampled_same(void **state)
 {
-    struct sp_cfg c = {0.8f, 0.95f, 1.1f, SP_GEN}; /* nucleus and a history-dependent penalty */
+    struct sp_cfg c = {0.8f, 0.95f, 1.1f, sp_gen()}; /* nucleus, a history-dependent penalty */
     same_tokens(state, &c, "sampled");
 }
 
@@ -304,7 +311,7 @@ static double first_token_chi(struct fixture *f, int broken, int n, int *df,
 static void test_spec_distribution(void **state)
 {
     struct fixture *f = *state;
-    const int n = getenv("QUERN_SANITIZE") ? 300 : 1000;
+    const int san = getenv("QUERN_SANITIZE") != NULL, n = san ? 48 : 600;
     int df;
     struct engine_stats st;
     double chi = first_token_chi(f, 0, n, &df, &st);
@@ -318,6 +325,8 @@ static void test_spec_distribution(void **state)
     assert_true(st.spec_acc_at[0] > 0 && st.spec_acc_at[0] < st.spec_tried_at[0]);
     assert_true(df >= 1);
     assert_true(chi < chi_crit(df));
+    if (san) /* the test's power (below) is checked in the normal build of the same suite */
+        return;
     /* the wrong replacement (a fresh draw that can repeat the rejected draft) must fail */
     double bad = first_token_chi(f, 1, n, &df, &st);
     print_message("deliberately wrong replacement: chi-square %.1f, df %d (must exceed %.1f)\n",
@@ -328,12 +337,12 @@ static void test_spec_distribution(void **state)
 /* Many steps of speculative decoding with random acceptance (sampled, forced drafts of up to 8
  * tokens, KV blocks of 4 so rollbacks cross blocks, a pool small enough to preempt): the KV
  * check after every step, the leak check at the end (engine_free in debug builds). Steps from
- * QUERN_SPEC_STEPS (default 150; 40 under sanitizers). */
+ * QUERN_SPEC_STEPS (default 150; 16 under sanitizers). */
 static void test_spec_rollback_invariants(void **state)
 {
     struct fixture *f = *state;
     const char *env = getenv("QUERN_SPEC_STEPS");
-    long want = env ? atol(env) : getenv("QUERN_SANITIZE") ? 40 : 150;
+    long want = env ? atol(env) : getenv("QUERN_SANITIZE") ? 16 : 150;
     struct sp_set s;
     make_set(f, &s, 8);
     struct engine_params p;
@@ -374,7 +383,7 @@ static void test_spec_rollback_invariants(void **state)
                   steps, (unsigned long long)st->spec_steps, (unsigned long long)st->spec_drafted,
                   (unsigned long long)st->spec_accepted, (unsigned long long)st->preemptions,
                   next);
-    assert_true(st->spec_steps > (uint64_t)want / 4);
+    assert_true(st->spec_steps >= (uint64_t)want / 4);
     assert_true(st->spec_accepted > 0 && st->spec_accepted < st->spec_drafted);
     while (engine_pending(e)) {
         assert_int_equal(engine_step(e, &err), ST_OK);
