@@ -492,7 +492,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         j += 1 + nd;
     }
     if (e->spec) {
-        engine_spec_time(e->spec, nb, engine_now() - t_step);
+        engine_spec_time(e->spec, nb, engine_now() - t_step, 0);
         e->stats.spec_ece = engine_spec_ece(e->spec, NULL);
     }
     return ST_OK;
@@ -559,7 +559,7 @@ static enum status measure_steps(struct engine *e, struct err_detail *err)
         struct engine_batch bt = {b, e->b_tok, e->b_pos, e->b_seq, e->b_want};
         double t0 = engine_now();
         st = engine_model_forward(e->m, e->kv, &bt, e->logits, err);
-        engine_spec_time(e->spec, b, engine_now() - t0);
+        engine_spec_time(e->spec, b, engine_now() - t0, 1);
         engine_kv_release(e->kv, slot);
     }
     return st;

@@ -313,7 +313,7 @@ int engine_sched_speculate(struct engine *e, int nb)
             continue;
         float surv = 1;
         for (int j = 0; j < s->draft.n; j++) {
-            surv *= s->draft.c[j];
+            surv *= s->draft.u[j]; /* with the exploration bonus */
             e->slots[n_slots++] = (struct spec_slot){s, j, surv};
         }
     }

@@ -44,8 +44,11 @@ struct engine_spec {
     uint64_t ece_n[N_ECE], n_obs;
     /* step cost per batch size */
     int max_b;
-    double *t_avg;                /* max_b + 1 entries: measured average, 0 = none */
-    double *t_tab;                /* the interpolated, non-decreasing estimate */
+    double *t_avg;                /* max_b + 1 entries: real steps' average, 0 = none */
+    double *w_avg;                /* the warm-up's measurements */
+    double *w_tab;                /* w_avg interpolated */
+    double *t_tab;                /* the estimate (rebuild) */
+    int *near;                    /* per size: the nearest size real steps measured */
     int dirty;                    /* t_tab out of date */
     struct cand cands[MAX_CANDS];
 };
@@ -61,7 +64,10 @@ enum status engine_spec_new(struct engine_spec **out, int drafters, int max_batc
     sp->max_b = max_batch_tokens;
     sp->t_avg = calloc((size_t)max_batch_tokens + 1, sizeof(double));
     sp->t_tab = calloc((size_t)max_batch_tokens + 1, sizeof(double));
-    int ok = sp->t_avg && sp->t_tab;
+    sp->w_avg = calloc((size_t)max_batch_tokens + 1, sizeof(double));
+    sp->w_tab = calloc((size_t)max_batch_tokens + 1, sizeof(double));
+    sp->near = calloc((size_t)max_batch_tokens + 1, sizeof(int));
+    int ok = sp->t_avg && sp->t_tab && sp->w_avg && sp->w_tab && sp->near;
     if (ok && (drafters & ENGINE_SPEC_SUFFIX)) {
         sp->ring = malloc(sizeof(int32_t) * ENGINE_SPEC_INDEX_TOKENS);
         sp->prev = malloc(sizeof(uint64_t) * ENGINE_SPEC_INDEX_TOKENS);
@@ -85,6 +91,9 @@ void engine_spec_free(struct engine_spec *sp)
     free(sp->head);
     free(sp->t_avg);
     free(sp->t_tab);
+    free(sp->w_avg);
+    free(sp->w_tab);
+    free(sp->near);
     free(sp);
 }
 
@@ -202,6 +211,17 @@ static double fine_rate(const struct engine_spec *sp, int f)
     return (sp->acc[f] + SHRINK * coarse_rate(sp, c)) / (sp->tried[f] + SHRINK);
 }
 
+/* fine_rate plus an exploration bonus that fades as the bin's coarse bin gathers evidence
+ * (1 / sqrt(1 + its tries), capped at 0.99): a drafter nobody has tried yet looks promising
+ * enough to be verified a few times, so a budget that trusts only proven drafts can still
+ * learn that a job's drafts are good. */
+static double optimistic_rate(const struct engine_spec *sp, int f)
+{
+    int c = f / (N_SUPPORT * N_MATCH * N_RECENT);
+    double r = fine_rate(sp, f) + 1.0 / sqrt(1.0 + sp->ctried[c]);
+    return r < 0.99 ? r : 0.99;
+}
+
 /* Vote one path out of nc candidates into d; returns its expected accepted length. */
 static double vote(struct engine_spec *sp, int nc, int src, float recent,
                    struct engine_draft *d)
@@ -246,6 +266,7 @@ static double vote(struct engine_spec *sp, int nc, int src, float recent,
         d->tok[depth] = top;
         d->bin[depth] = (uint16_t)f;
         d->c[depth] = (float)fine_rate(sp, f);
+        d->u[depth] = (float)optimistic_rate(sp, f);
         d->n = depth + 1;
         surv *= d->c[depth];
         expect += surv;
@@ -321,7 +342,7 @@ float engine_spec_best_conf(const struct engine_spec *sp)
     const int per_depth = N_SHARE * N_SUPPORT * N_MATCH * N_RECENT;
     for (int src = 0; src < 2; src++)
         for (int i = 0; i < per_depth; i++) {
-            double r = fine_rate(sp, src * N_DEPTH * per_depth + i);
+            double r = optimistic_rate(sp, src * N_DEPTH * per_depth + i);
             if (r > best)
                 best = r;
         }
@@ -330,46 +351,80 @@ float engine_spec_best_conf(const struct engine_spec *sp)
 
 /* ---- step cost ---- */
 
-void engine_spec_time(struct engine_spec *sp, int b, double seconds)
+void engine_spec_time(struct engine_spec *sp, int b, double seconds, int warm)
 {
     if (b < 1 || b > sp->max_b || !(seconds > 0))
         return;
-    sp->t_avg[b] = sp->t_avg[b] > 0 ? 0.8 * sp->t_avg[b] + 0.2 * seconds : seconds;
+    double *avg = warm ? sp->w_avg : sp->t_avg;
+    avg[b] = avg[b] > 0 ? 0.8 * avg[b] + 0.2 * seconds : seconds;
     sp->dirty = 1;
 }
 
-static void rebuild(struct engine_spec *sp)
+/* out[b] for b in 1..max_b from the sizes avg measured (avg[b] > 0): measured values where
+ * there are some, linear between them, the first one's below them, extended past the last one
+ * along the last two's slope; 0 everywhere when nothing was measured. */
+static void interpolate(const double *avg, int max_b, double *out)
 {
     int first = 0, last = 0, before_last = 0;
-    for (int b = 1; b <= sp->max_b; b++)
-        if (sp->t_avg[b] > 0) {
+    for (int b = 1; b <= max_b; b++)
+        if (avg[b] > 0) {
             if (!first)
                 first = b;
             before_last = last;
             last = b;
         }
     int lo = first, hi = 0; /* measured sizes around b: lo <= b < hi */
-    for (int b = 1; b <= sp->max_b; b++) {
-        double t;
-        if (sp->t_avg[b] > 0)
+    for (int b = 1; b <= max_b; b++) {
+        if (avg[b] > 0)
             lo = b;
         if (!first) {
-            t = 0;
+            out[b] = 0;
         } else if (b <= first) {
-            t = sp->t_avg[first];
+            out[b] = avg[first];
         } else if (b >= last) {
-            double slope = before_last ? (sp->t_avg[last] - sp->t_avg[before_last]) /
+            double slope = before_last ? (avg[last] - avg[before_last]) /
                                              (double)(last - before_last)
-                                       : sp->t_avg[last] / (double)last;
-            t = sp->t_avg[last] + (slope > 0 ? slope : 0) * (double)(b - last);
+                                       : avg[last] / (double)last;
+            out[b] = avg[last] + (slope > 0 ? slope : 0) * (double)(b - last);
         } else {
             if (hi <= b)
-                for (hi = b + 1; sp->t_avg[hi] <= 0; hi++)
+                for (hi = b + 1; avg[hi] <= 0; hi++)
                     ;
-            t = sp->t_avg[b] > 0 ? sp->t_avg[b]
-                                 : sp->t_avg[lo] + (sp->t_avg[hi] - sp->t_avg[lo]) *
-                                                       (double)(b - lo) / (double)(hi - lo);
+            out[b] = avg[b] > 0 ? avg[b]
+                                : avg[lo] + (avg[hi] - avg[lo]) * (double)(b - lo) /
+                                                (double)(hi - lo);
         }
+    }
+}
+
+/* The estimate: a size real steps ran at costs what they measured; another size costs the
+ * warm-up's curve there scaled to the nearest size real steps measured (the warm-up's single
+ * prompt chunk is cheaper than a step of many sequences' decodes: its shape is kept, not its
+ * level); non-decreasing in b. */
+static void rebuild(struct engine_spec *sp)
+{
+    interpolate(sp->w_avg, sp->max_b, sp->w_tab);
+    interpolate(sp->t_avg, sp->max_b, sp->t_tab);
+    int prev = 0;
+    for (int b = 1; b <= sp->max_b; b++) {
+        if (sp->t_avg[b] > 0)
+            prev = b;
+        sp->near[b] = prev; /* the nearest real size at or below b, for now */
+    }
+    int next = 0;
+    for (int b = sp->max_b; b >= 1; b--) {
+        if (sp->t_avg[b] > 0)
+            next = b;
+        if (next && (!sp->near[b] || next - b < b - sp->near[b]))
+            sp->near[b] = next;
+    }
+    for (int b = 1; b <= sp->max_b; b++) {
+        int r = sp->near[b];
+        double t = sp->t_tab[b];
+        if (r && r != b && sp->w_tab[b] > 0 && sp->w_tab[r] > 0)
+            t = sp->w_tab[b] * sp->t_avg[r] / sp->w_tab[r];
+        else if (!r)
+            t = sp->w_tab[b];
         sp->t_tab[b] = b > 1 && sp->t_tab[b - 1] > t ? sp->t_tab[b - 1] : t;
     }
     sp->dirty = 0;

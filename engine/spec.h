@@ -40,6 +40,7 @@ struct engine_draft {
     int src;                            /* enum engine_spec_src */
     int32_t tok[ENGINE_SPEC_MAX_K];     /* the tokens */
     float c[ENGINE_SPEC_MAX_K];         /* confidence: P(token i accepted | 0..i-1 were) */
+    float u[ENGINE_SPEC_MAX_K];         /* c plus an exploration bonus (what the budget uses) */
     uint16_t bin[ENGINE_SPEC_MAX_K];    /* calibration bin of each token */
 };
 
@@ -67,14 +68,16 @@ void engine_spec_observe(struct engine_spec *sp, const struct engine_draft *d, i
 void engine_spec_learn(struct engine_spec *sp, const int32_t *prompt, size_t n_prompt,
                        const int32_t *out, size_t n_out);
 
-/* Step cost model: a step of b tokens took seconds (kept per batch size as an exponential
- * average); engine_spec_cost(b) is the estimate for b tokens (1 <= b <= max_batch_tokens),
- * interpolated between measured sizes and non-decreasing in b; 0 until anything is measured. */
-void engine_spec_time(struct engine_spec *sp, int b, double seconds);
+/* Step cost model: a step of b tokens took seconds (warm 1: a warm-up pass; 0: a real step),
+ * kept per batch size as an exponential average. engine_spec_cost(b) is the estimate for b
+ * tokens (1 <= b <= max_batch_tokens): what real steps of b tokens took, else the warm-up's
+ * curve (interpolated between its sizes) scaled to the nearest size real steps measured;
+ * non-decreasing in b; 0 until anything is measured. */
+void engine_spec_time(struct engine_spec *sp, int b, double seconds, int warm);
 double engine_spec_cost(struct engine_spec *sp, int b);
 
-/* Largest first-token confidence any draft could get now (the budget's quick "is drafting worth
- * anything at this load" test). */
+/* Largest first-token confidence, with its exploration bonus, any draft could get now (the
+ * budget's quick "is drafting worth anything at this load" test). */
 float engine_spec_best_conf(const struct engine_spec *sp);
 
 /* Survival ECE over observations after the first ENGINE_SPEC_ECE_WARMUP verified draft tokens

@@ -452,12 +452,19 @@ static void test_spec_units(void **state)
     free(big);
     /* cost model: interpolated between measured sizes, non-decreasing, extrapolated past them */
     assert_true(engine_spec_cost(sp, 10) == 0);
-    engine_spec_time(sp, 8, 1.0);
-    engine_spec_time(sp, 16, 2.0);
-    engine_spec_time(sp, 32, 1.5); /* noise below a smaller size's time is lifted */
+    engine_spec_time(sp, 8, 1.0, 1);
+    engine_spec_time(sp, 16, 2.0, 1);
+    engine_spec_time(sp, 32, 1.5, 1); /* noise below a smaller size's time is lifted */
     assert_true(fabs(engine_spec_cost(sp, 1) - 1.0) < 1e-9);
     assert_true(fabs(engine_spec_cost(sp, 12) - 1.5) < 1e-9);
     assert_true(fabs(engine_spec_cost(sp, 24) - 2.0) < 1e-9);
+    for (int bb = 2; bb <= 64; bb++)
+        assert_true(engine_spec_cost(sp, bb) >= engine_spec_cost(sp, bb - 1));
+    /* a real step at 16 took 4 s: 16 costs that, and the warm-up's curve is scaled to it */
+    engine_spec_time(sp, 16, 4.0, 0);
+    assert_true(fabs(engine_spec_cost(sp, 16) - 4.0) < 1e-9);
+    assert_true(fabs(engine_spec_cost(sp, 12) - 3.0) < 1e-9);
+    assert_true(fabs(engine_spec_cost(sp, 8) - 2.0) < 1e-9);
     for (int bb = 2; bb <= 64; bb++)
         assert_true(engine_spec_cost(sp, bb) >= engine_spec_cost(sp, bb - 1));
     engine_spec_free(sp);
