@@ -129,6 +129,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->s_lp = malloc(sizeof(*e->s_lp) * bt);
     e->s_off = malloc(sizeof(*e->s_off) * bt);
     e->s_alt = malloc(sizeof(*e->s_alt) * bt);
+    e->s_stuck = calloc(bt, 1);
     e->s_top_id = malloc(sizeof(*e->s_top_id) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_top_lp = malloc(sizeof(*e->s_top_lp) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_mask = calloc(bt, sizeof(*e->s_mask));
@@ -142,7 +143,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
         !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
-        !e->s_off || !e->s_alt || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
+        !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -185,6 +186,7 @@ void engine_free(struct engine *e)
     free(e->s_lp);
     free(e->s_off);
     free(e->s_alt);
+    free(e->s_stuck);
     free(e->slots);
     engine_spec_free(e->spec);
     free(e->s_top_id);
@@ -317,7 +319,7 @@ static void sample_range(void *arg, int ith, int nth)
     pool_range(sj->n, ith, nth, &lo, &hi);
     for (long j = lo; j < hi; j++) {
         struct seq *s = e->s_seq[j];
-        if (s->grammar_stuck) { /* nothing to draw: engine_step ends it */
+        if (e->s_stuck[j]) { /* nothing to draw: engine_step ends it if it gets here */
             e->s_id[j] = -1;
             continue;
         }
@@ -430,18 +432,22 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     for (int j = 0; j < n_s; j++) {
         struct seq *s = e->s_seq[j];
         e->s_mask[j] = NULL;
+        e->s_stuck[j] = 0;
         if (!s->grammar)
             continue;
-        if (s->gstate < 0) { /* the last token's bytes passed the grammar's stack limit */
-            s->grammar_stuck = 1;
+        /* row i's state: after the known tokens, then drafts 0..i-1 (engine_sched_speculate
+         * drafts only what the grammar can read) */
+        const int32_t gs = e->s_off[j] ? s->dstate[e->s_off[j] - 1] : s->gstate;
+        if (gs < 0) { /* the last token's bytes passed the grammar's stack limit */
+            e->s_stuck[j] = 1;
             continue;
         }
-        if (!(e->s_mask[j] = engine_grammar_mask(s->grammar, s->gstate, e->vocab)))
+        if (!(e->s_mask[j] = engine_grammar_mask(s->grammar, gs, e->vocab)))
             return err_set(err, ST_ERR_NOMEM, "out of memory for a grammar's token mask");
         int any = 0;
         for (int32_t w = 0; w < (engine_model_hparams(e->m)->n_vocab + 31) / 32 && !any; w++)
             any = e->s_mask[j][w] != 0;
-        s->grammar_stuck = !any;
+        e->s_stuck[j] = !any;
     }
     if (!fused) { /* else s_id holds the greedy tokens already */
         struct sample_job sj = {e, n_s};
@@ -459,14 +465,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     for (int j = 0; j < n_s;) {
         struct seq *s = e->s_seq[j];
         const int nd = s->n_draft;
-        if (s->grammar_stuck) {
-            engine_seq_end_grammar(s);
-            finish(e, s);
-            j += 1 + nd;
-            continue;
-        }
         const size_t base = s->n_tok;
-        int acc = 0;
+        int acc = 0; /* a stuck row drew -1: no draft matches it */
         while (acc < nd && e->s_id[j + acc] == s->tok[base + (size_t)acc])
             acc++;
         if (nd) {
@@ -475,6 +475,10 @@ enum status engine_step(struct engine *e, struct err_detail *err)
                 e->s_id[j + acc] = e->s_alt[j + acc];
         }
         for (int i = 0; i <= acc && !s->ended; i++) {
+            if (e->s_stuck[j + i]) {
+                engine_seq_end_grammar(s);
+                break;
+            }
             if (s->lp_k >= 0) /* rows that want logprobs never take the fused greedy path */
                 engine_seq_note_logprob(s, e->s_lp[j + i],
                                         e->s_top_id + (j + i) * ENGINE_TOP_LOGPROBS_MAX,

@@ -54,7 +54,6 @@ struct seq {
     struct seq_gate *gate;       /* shared with its sibling choices, or NULL */
     struct engine_grammar *grammar; /* output grammar (a reference) or NULL */
     int32_t gstate;              /* its state after the generated tokens */
-    int grammar_stuck;           /* this step: the grammar allows no token (engine_step ends it) */
     int lp_k;                    /* -1: no logprobs; else alternatives per token */
     float *lp;                   /* per generated token: its log-probability (cap_lp entries) */
     int32_t *lp_id;              /* lp_k alternatives per token: ids (cap_lp x lp_k) */
@@ -66,6 +65,7 @@ struct seq {
      * (written after the known tokens, at tok[n_tok..n_tok + n_draft), not counted in n_tok) */
     struct engine_draft draft;
     int n_draft;                 /* 0 outside a step */
+    int32_t dstate[ENGINE_SPEC_MAX_K]; /* with a grammar: its state after drafts 0..i */
     float spec_rate;             /* recent share of drafted tokens accepted, < 0 = unknown */
     int spec_wait;               /* steps to sit out before drafting again (backoff) */
     int spec_backoff;            /* length of the next sit-out */
@@ -119,6 +119,8 @@ struct engine {
     int32_t *s_off;              /* per sampling row: its offset past its sequence's last known
                                   * token (0, or a draft's 1..n_draft) */
     int32_t *s_alt;              /* per row: engine_params.spec_test_broken's wrong redraw */
+    uint8_t *s_stuck;            /* per row: its grammar allows no token (nothing drawn; a
+                                  * sequence that reaches such a row ends, ENGINE_FINISH_GRAMMAR) */
     struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */
 };
 

@@ -233,6 +233,25 @@ static int slot_cmp(const void *a, const void *b)
     return x->j - y->j; /* keeps a path's drafts in order at equal survival */
 }
 
+/* A sequence with a grammar keeps the part of its draft the grammar can read (an end-of-
+ * generation token ends it too), with the grammar's state after each kept token in dstate;
+ * returns how many tokens are kept. */
+static int grammar_drafts(struct engine *e, struct seq *s)
+{
+    int32_t st = s->gstate;
+    int n = 0;
+    while (n < s->draft.n && st >= 0) {
+        int32_t t = s->draft.tok[n];
+        if (engine_tok_is_eog(e->tok, t))
+            break;
+        size_t pn = engine_tok_piece(e->tok, t, 0, e->piece, e->piece_cap);
+        if ((st = engine_grammar_feed(s->grammar, st, e->piece, pn)) < 0)
+            break;
+        s->dstate[n++] = st;
+    }
+    return s->draft.n = n;
+}
+
 /* Room for s's known tokens plus n drafts in its token array. */
 static int tok_room(struct seq *s, size_t n)
 {
@@ -301,8 +320,6 @@ int engine_sched_speculate(struct engine *e, int nb)
         struct seq *s = e->b_owner[k];
         s->n_draft = 0;
         s->draft.n = 0;
-        if (s->grammar)
-            continue;
         if (s->spec_wait > 0) {
             s->spec_wait--;
             continue;
@@ -310,6 +327,8 @@ int engine_sched_speculate(struct engine *e, int nb)
         int kmax = s->max_tokens - s->n_gen - 1; /* drafts past max_tokens are never kept */
         kmax = kmax < e->p.spec_max_k ? kmax : e->p.spec_max_k;
         if (kmax <= 0 || !engine_spec_propose(sp, s->tok, s->n_tok, kmax, s->spec_rate, &s->draft))
+            continue;
+        if (s->grammar && !grammar_drafts(e, s))
             continue;
         float surv = 1;
         for (int j = 0; j < s->draft.n; j++) {

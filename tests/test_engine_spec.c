@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "engine/spec.h"
+#include "jobs/schema.h"
 
 #define SP_GEN 32
 #define SP_MAX_REQ (N_PROMPTS + 8)
@@ -63,6 +64,7 @@ static void free_set(struct sp_set *s, int n_fixture)
 struct sp_cfg {
     float temperature, top_p, repeat_penalty;
     int max_tokens;
+    struct engine_grammar *grammar; /* or NULL */
 };
 
 /* Run the set through an engine with p; out[i] gets request i's tokens. KV checked each step. */
@@ -84,7 +86,8 @@ static void run_set(struct fixture *f, const struct engine_params *p, const stru
         r.sampling.repeat_penalty = c->repeat_penalty;
         r.sampling.seed = 5;
         r.max_tokens = c->max_tokens;
-        r.ignore_eos = 1;
+        r.ignore_eos = !c->grammar; /* a grammar's output ends where the grammar lets it */
+        r.grammar = c->grammar;
         r.request_id = id;
         r.user = &out[i];
         out[i].n = 0;
@@ -159,14 +162,32 @@ static int sp_gen(void) { return getenv("QUERN_SANITIZE") ? 12 : SP_GEN; }
 
 static void test_spec_greedy_same(void **state)
 {
-    struct sp_cfg c = {0.0f, 1.0f, 1.0f, sp_gen()};
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, sp_gen(), NULL};
     same_tokens(state, &c, "greedy");
 }
 
 static void test_spec_sampled_same(void **state)
 {
-    struct sp_cfg c = {0.8f, 0.95f, 1.1f, sp_gen()}; /* nucleus, a history-dependent penalty */
+    struct sp_cfg c = {0.8f, 0.95f, 1.1f, sp_gen(), NULL}; /* nucleus, history-dependent penalty */
     same_tokens(state, &c, "sampled");
+}
+
+/* Structured outputs: drafts are cut where the grammar cannot read them, each draft row gets
+ * the mask of the grammar's state after the drafts before it; the tokens stay identical. */
+static void test_spec_grammar_same(void **state)
+{
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+                         "\"maxLength\":12},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":"
+                         "[\"red\",\"green\",\"blue\"]},\"maxItems\":6}},\"required\":[\"name\","
+                         "\"tags\"],\"additionalProperties\":false}";
+    struct engine_grammar *g;
+    struct err_detail err = {0};
+    assert_int_equal(job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, schema, &g, &err), ST_OK);
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, sp_gen() + 16, g};
+    same_tokens(state, &c, "grammar, greedy");
+    c.temperature = 0.8f;
+    same_tokens(state, &c, "grammar, sampled");
+    engine_grammar_unref(g);
 }
 
 /* The job's suffix index: identical requests one after another; from the second on, the first's
@@ -184,7 +205,7 @@ static void test_spec_suffix_learns(void **state)
     params(&p, 1, 64, 64, 1); /* one at a time: each finishes before the next starts */
     p.spec = ENGINE_SPEC_SUFFIX;
     p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
-    struct sp_cfg c = {0.0f, 1.0f, 1.0f, SP_GEN};
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, SP_GEN, NULL};
     struct sp_out out[4];
     struct engine_stats st;
     run_set(f, &p, &s, &c, out, &st);
@@ -477,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_spec_suffix_learns),
         cmocka_unit_test(test_spec_greedy_same),
         cmocka_unit_test(test_spec_sampled_same),
+        cmocka_unit_test(test_spec_grammar_same),
         cmocka_unit_test(test_spec_distribution),
         cmocka_unit_test(test_spec_rollback_invariants),
     };
