@@ -332,7 +332,7 @@ int engine_sched_speculate(struct engine *e, int nb)
             continue;
         float surv = 1;
         for (int j = 0; j < s->draft.n; j++) {
-            surv *= s->draft.u[j]; /* with the exploration bonus */
+            surv *= s->draft.c[j];
             e->slots[n_slots++] = (struct spec_slot){s, j, surv};
         }
     }
@@ -362,6 +362,32 @@ int engine_sched_speculate(struct engine *e, int nb)
         s->n_draft++;
         gain += e->slots[i].surv;
         t = t1;
+        added++;
+        room_tok--;
+        room_rows--;
+    }
+    /* exploration: when nothing paid, one path whose bins have little evidence is verified
+     * anyway, as far as its tokens' bins are unexplored (at most ENGINE_SPEC_EXPLORE tries
+     * per coarse bin over the engine's life) */
+    struct seq *x = NULL;
+    for (int i = 0; !added && !all && i < n_slots; i++) {
+        struct seq *s = e->slots[i].s;
+        if (e->slots[i].j == 0 && engine_spec_exploring(sp, &s->draft, 0) &&
+            (!x || s->draft.u[0] > x->draft.u[0]))
+            x = s;
+    }
+    for (int j = 0; x && j < x->draft.n && room_tok > 0 && room_rows > 0 &&
+                    engine_spec_exploring(sp, &x->draft, j);
+         j++) {
+        int32_t n_pos = (int32_t)x->n_tok + j + 1;
+        if (engine_kv_blocks_needed(e->kv, x->slot, n_pos) > engine_kv_available(e->kv) ||
+            !tok_room(x, (size_t)j + 1))
+            break;
+        enum status st = engine_kv_reserve(e->kv, x->slot, n_pos, NULL);
+        assert(!st);
+        (void)st;
+        x->tok[x->n_tok + (size_t)j] = x->draft.tok[j];
+        x->n_draft++;
         added++;
         room_tok--;
         room_rows--;

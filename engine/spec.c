@@ -336,6 +336,11 @@ double engine_spec_ece(const struct engine_spec *sp, uint64_t *n)
     return ece;
 }
 
+int engine_spec_exploring(const struct engine_spec *sp, const struct engine_draft *d, int j)
+{
+    return sp->ctried[d->bin[j] / (N_SUPPORT * N_MATCH * N_RECENT)] < ENGINE_SPEC_EXPLORE;
+}
+
 float engine_spec_best_conf(const struct engine_spec *sp)
 {
     double best = 0;

@@ -80,6 +80,11 @@ double engine_spec_cost(struct engine_spec *sp, int b);
  * budget's quick "is drafting worth anything at this load" test). */
 float engine_spec_best_conf(const struct engine_spec *sp);
 
+/* 1 while draft token j's coarse bin (drafter, depth, vote share) has been verified fewer than
+ * ENGINE_SPEC_EXPLORE times: the budget verifies such tokens even when their estimate does not
+ * pay, so that every kind of draft gets evidence. */
+#define ENGINE_SPEC_EXPLORE 32
+int engine_spec_exploring(const struct engine_spec *sp, const struct engine_draft *d, int j);
 /* Survival ECE over observations after the first ENGINE_SPEC_ECE_WARMUP verified draft tokens
  * (negative when there are none yet), and the count it covers. */
 #define ENGINE_SPEC_ECE_WARMUP 2000

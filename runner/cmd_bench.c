@@ -28,7 +28,7 @@ static const char bench_usage[] =
     "--output-len tokens (end-of-generation tokens are ignored). Prints JSON on stdout.\n"
     "A request that cannot fit (prompt + --output-len longer than the model context or the KV\n"
     "pool) is skipped with a warning and counted in rejected_requests; if all are, it fails.\n"
-    "peak_rss_mb is in MiB.\n"
+    "peak_rss_mb is in MiB; cpu_s is the CPU time of the measured part (all threads).\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --prompts N            synthetic requests (default 256)\n"
@@ -46,6 +46,12 @@ static const char bench_usage[] =
     "                         needed (matmuls; attention excluded) per second / that peak;\n"
     "                         ..._with_attention also counts attention's q.k and weighted-value\n"
     "                         FLOPs (attention_flops_s)\n";
+
+static double cpu_seconds(const struct rusage *r)
+{
+    return (double)r->ru_utime.tv_sec + 1e-6 * (double)r->ru_utime.tv_usec +
+           (double)r->ru_stime.tv_sec + 1e-6 * (double)r->ru_stime.tv_usec;
+}
 
 static void usage(FILE *f)
 {
@@ -336,6 +342,8 @@ int runner_cmd_bench(int argc, char **argv)
     tpot = calloc(ps.count, sizeof(double));
     if (!ttft || !tpot)
         goto out;
+    struct rusage ru0;
+    getrusage(RUSAGE_SELF, &ru0);
     double t0 = runner_now();
     size_t rejected = 0; /* requests the engine refused (too long for the context): skipped */
     for (size_t i = 0; i < ps.count; i++) {
@@ -439,6 +447,9 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.eo.ep.kv_dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", engine_kv_n_blocks(kv));
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
+    /* CPU seconds of the measured part (all threads): steadier than elapsed_s on a shared
+     * machine, for comparing runs of the same work */
+    cJSON_AddNumberToObject(j, "cpu_s", cpu_seconds(&ru) - cpu_seconds(&ru0));
     cJSON_AddNumberToObject(j, "input_tokens", (double)in_tok);
     cJSON_AddNumberToObject(j, "output_tokens", (double)out_tok);
     cJSON_AddNumberToObject(j, "output_tok_s", (double)out_tok / elapsed);
