@@ -203,7 +203,8 @@ struct batch_opts {
     float max_runtime;  /* stop admitting after this long (s), 0 = never */
     float grace;        /* how long in-flight requests may finish after a stop (s) */
     struct kern_backend_opts backend; /* backend for each job's model (strings borrowed) */
-    struct engine_params engine;      /* engine settings */
+    struct engine_params engine;      /* engine settings (its draft_model is set per job) */
+    const char *draft_model;          /* with ENGINE_SPEC_MODEL: the draft model's GGUF path */
     /* Stop signals received so far (the caller's handler counts them; may be NULL): one stops
      * admission, a second skips the grace. */
     const volatile sig_atomic_t *signals;

@@ -45,6 +45,7 @@ struct batch_run {
     char model_name[256];            /* for records: model file name without .gguf */
     struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */
+    struct engine_model *draft;      /* draft model (--spec model) or NULL */
     struct engine_tok *tok;          /* tokenizer */
     struct batch_grammar *grammars;  /* compiled response formats of the job (at most
                                         BATCH_GRAMMARS; the engine holds its own references) */

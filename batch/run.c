@@ -398,10 +398,12 @@ static void job_close(struct batch_run *r)
     engine_chat_free(r->chat);
     engine_tok_free(r->tok);
     engine_model_free(r->m);
+    engine_model_free(r->draft);
     kern_group_free(r->group);
     r->chat = NULL;
     r->tok = NULL;
     r->m = NULL;
+    r->draft = NULL;
     r->group = NULL;
     if (r->out) {
         count_commits(r);
@@ -505,10 +507,18 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
                            "model %s changed since the job was submitted (sha256 %s, job has %s)",
                            r->job.model_path, sha, r->job.model_sha256);
     }
+    struct engine_params ep = r->o->engine;
     if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
         (st = engine_model_load_group(&r->m, r->job.model_path, r->group, err)) ||
-        (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)) ||
-        (st = engine_init(&r->e, r->m, r->tok, &r->o->engine, err)))
+        (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)))
+        return st;
+    if ((ep.spec & ENGINE_SPEC_MODEL) &&
+        (st = engine_model_load_group(&r->draft, r->o->draft_model, r->group, err))) {
+        err_prefix(err, "--draft-model %s", r->o->draft_model);
+        return st;
+    }
+    ep.draft_model = r->draft;
+    if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)))
         return st;
     struct err_detail e2 = {0};
     if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))

@@ -53,7 +53,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     if (p->host_threads < 0 || p->host_threads > 1024)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: host-threads %d not in 0..1024",
                        p->host_threads);
-    if (p->spec & ~(ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX) || p->spec_max_k < 1 ||
+    if (p->spec & ~(ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX | ENGINE_SPEC_MODEL) ||
+        p->spec_max_k < 1 ||
         p->spec_max_k > ENGINE_SPEC_MAX_K ||
         (p->spec_budget != ENGINE_SPEC_BUDGET_AUTO && p->spec_budget != ENGINE_SPEC_BUDGET_ALL))
         return err_set(err, ST_ERR_INVALID_ARG,
@@ -121,6 +122,10 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
             engine_free(e);
             return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
         }
+        if ((p->spec & ENGINE_SPEC_MODEL) && (st = engine_draft_init(e, err))) {
+            engine_free(e);
+            return st;
+        }
     }
     e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)engine_model_hparams(m)->n_vocab);
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
@@ -160,6 +165,7 @@ void engine_free(struct engine *e)
     if (!e)
         return;
     for (int i = 0; i < e->n_running; i++) {
+        engine_draft_release(e, e->running[i]);
         engine_kv_release(e->kv, e->running[i]->slot);
         engine_seq_free(e->running[i]);
     }
@@ -188,6 +194,7 @@ void engine_free(struct engine *e)
     free(e->s_alt);
     free(e->s_stuck);
     free(e->slots);
+    engine_draft_free(e);
     engine_spec_free(e->spec);
     free(e->s_top_id);
     free(e->s_top_lp);
@@ -469,6 +476,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         int acc = 0; /* a stuck row drew -1: no draft matches it */
         while (acc < nd && e->s_id[j + acc] == s->tok[base + (size_t)acc])
             acc++;
+        if (s->d_proposed)
+            engine_draft_settle(e, s, base, acc);
         if (nd) {
             spec_outcome(e, s, acc);
             if (e->p.spec_test_broken && acc < nd && s->lp_k < 0)

@@ -33,6 +33,8 @@ struct engine_params {
                             * (default 8) */
     int spec_budget;       /* ENGINE_SPEC_BUDGET_AUTO (default): verify only the draft tokens
                             * that raise the expected tokens per second; _ALL: every one drafted */
+    struct engine_model *draft_model; /* with ENGINE_SPEC_MODEL: the draft model (borrowed; the
+                            * same vocabulary); its KV pool gets as many blocks as the model's */
     int spec_test_broken;  /* tests only: 1 = a rejected draft's replacement is drawn afresh
                             * from the whole distribution instead of the residual (wrong: the
                             * distribution test must catch it) */

@@ -69,6 +69,9 @@ struct seq {
     float spec_rate;             /* recent share of drafted tokens accepted, < 0 = unknown */
     int spec_wait;               /* steps to sit out before drafting again (backoff) */
     int spec_backoff;            /* length of the next sit-out */
+    int32_t d_computed;          /* draft model: positions of its KV that hold tok's tokens */
+    int d_proposed;              /* draft model: tokens it drafted this step */
+    int d_kmax;                  /* draft model: most tokens to draft this step */
 };
 
 /* One draft token that could be verified this step: draft j of s, and the chance that it and
@@ -122,10 +125,35 @@ struct engine {
     uint8_t *s_stuck;            /* per row: its grammar allows no token (nothing drawn; a
                                   * sequence that reaches such a row ends, ENGINE_FINISH_GRAMMAR) */
     struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */
+    /* the draft model's KV cache and batch (engine/spec_model.c) */
+    struct engine_kv *dkv;
+    float *d_logits;             /* max_seqs rows */
+    int32_t *d_tok, *d_pos, *d_seq;
+    uint8_t *d_want;
+    struct seq **d_owner;
+    struct seq **d_cand;         /* this step's drafting sequences (sched.c) */
 };
 
 /* Monotonic seconds (the clock of engine_output's timestamps). */
 double engine_now(void);
+
+/* ---- the draft model (spec_model.c) ---- */
+
+/* Its KV cache (as many blocks as the model's, no prefix cache) and buffers; checks that its
+ * vocabulary is the model's. */
+enum status engine_draft_init(struct engine *e, struct err_detail *err);
+/* Frees them (aborts if a slot was left holding blocks). */
+void engine_draft_free(struct engine *e);
+/* Draft up to cand[i]->d_kmax tokens (greedy) into cand[i]->draft for each of the n
+ * sequences, after catching the draft KV up on their known tokens; a sequence without room in
+ * the draft KV gets none. d_proposed is set to what each drafted. */
+enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int n,
+                                 struct err_detail *err);
+/* After verification: base = the known tokens before it, acc = drafts accepted; the draft KV
+ * keeps the positions whose tokens stood. */
+void engine_draft_settle(struct engine *e, struct seq *s, size_t base, int acc);
+/* s leaves its slot (finished or preempted): its draft KV blocks go back. */
+void engine_draft_release(struct engine *e, struct seq *s);
 
 /* ---- sequence state (seq.c) ---- */
 

@@ -53,6 +53,7 @@ void engine_sched_enqueue(struct engine *e, struct seq *s) { wait_push_back(e, s
 static void running_remove(struct engine *e, int ri)
 {
     struct seq *s = e->running[ri];
+    engine_draft_release(e, s);
     engine_kv_release(e->kv, s->slot);
     e->free_slots[e->n_free_slots++] = s->slot;
     s->slot = -1;
@@ -252,6 +253,19 @@ static int grammar_drafts(struct engine *e, struct seq *s)
     return s->draft.n = n;
 }
 
+/* Candidate slots for s's drafted path (after cutting it to what its grammar can read). */
+static int add_slots(struct engine *e, struct seq *s, int n_slots)
+{
+    if (s->grammar && !grammar_drafts(e, s))
+        return n_slots;
+    float surv = 1;
+    for (int j = 0; j < s->draft.n; j++) {
+        surv *= s->draft.c[j];
+        e->slots[n_slots++] = (struct spec_slot){s, j, surv};
+    }
+    return n_slots;
+}
+
 /* Room for s's known tokens plus n drafts in its token array. */
 static int tok_room(struct seq *s, size_t n)
 {
@@ -313,7 +327,7 @@ int engine_sched_speculate(struct engine *e, int nb)
         return nb;
     }
     double t0 = engine_now();
-    int n_slots = 0;
+    int n_slots = 0, n_cand = 0;
     for (int k = 0; k < nb; k++) {
         if (!e->b_want[k])
             continue;
@@ -326,16 +340,20 @@ int engine_sched_speculate(struct engine *e, int nb)
         }
         int kmax = s->max_tokens - s->n_gen - 1; /* drafts past max_tokens are never kept */
         kmax = kmax < e->p.spec_max_k ? kmax : e->p.spec_max_k;
-        if (kmax <= 0 || !engine_spec_propose(sp, s->tok, s->n_tok, kmax, s->spec_rate, &s->draft))
+        if (kmax <= 0)
             continue;
-        if (s->grammar && !grammar_drafts(e, s))
+        if (e->dkv) { /* the draft model drafts for all of them at once, below */
+            s->d_kmax = kmax;
+            e->d_cand[n_cand++] = s;
             continue;
-        float surv = 1;
-        for (int j = 0; j < s->draft.n; j++) {
-            surv *= s->draft.c[j];
-            e->slots[n_slots++] = (struct spec_slot){s, j, surv};
         }
+        if (!engine_spec_propose(sp, s->tok, s->n_tok, kmax, s->spec_rate, &s->draft))
+            continue;
+        n_slots = add_slots(e, s, n_slots);
     }
+    if (n_cand && engine_draft_propose(e, e->d_cand, n_cand, NULL) == ST_OK)
+        for (int i = 0; i < n_cand; i++)
+            n_slots = add_slots(e, e->d_cand[i], n_slots);
     e->stats.spec_draft_s += engine_now() - t0;
     if (!n_slots)
         return nb;

@@ -19,8 +19,9 @@
 #define N_SUPPORT 3
 #define N_MATCH 3
 #define N_RECENT 4
-#define N_FINE (2 * N_DEPTH * N_SHARE * N_SUPPORT * N_MATCH * N_RECENT)
-#define N_COARSE (2 * N_DEPTH * N_SHARE)
+#define N_SRC 3 /* enum engine_spec_src */
+#define N_FINE (N_SRC * N_DEPTH * N_SHARE * N_SUPPORT * N_MATCH * N_RECENT)
+#define N_COARSE (N_SRC * N_DEPTH * N_SHARE)
 #define SHRINK 8.0 /* observations a fine bin needs to weigh as much as its coarse bin */
 #define N_ECE 10
 
@@ -222,6 +223,27 @@ static double optimistic_rate(const struct engine_spec *sp, int f)
     return r < 0.99 ? r : 0.99;
 }
 
+static int bin_of(int src, int depth, double share, int support, int match, float recent)
+{
+    return ((((src * N_DEPTH + (depth < N_DEPTH ? depth : N_DEPTH - 1)) * N_SHARE +
+              bucket_share(share)) * N_SUPPORT + bucket_support(support)) * N_MATCH +
+            bucket_match(match)) * N_RECENT + bucket_recent(recent);
+}
+
+/* Token j of d falls in bin f: its estimates. */
+static void rate(const struct engine_spec *sp, struct engine_draft *d, int j, int f)
+{
+    d->bin[j] = (uint16_t)f;
+    d->c[j] = (float)fine_rate(sp, f);
+    d->u[j] = (float)optimistic_rate(sp, f);
+}
+
+void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j,
+                            float prob, float recent)
+{
+    rate(sp, d, j, bin_of(ENGINE_SPEC_SRC_MODEL, j, prob, 1, 0, recent));
+}
+
 /* Vote one path out of nc candidates into d; returns its expected accepted length. */
 static double vote(struct engine_spec *sp, int nc, int src, float recent,
                    struct engine_draft *d)
@@ -259,14 +281,8 @@ static double vote(struct engine_spec *sp, int nc, int src, float recent,
         }
         if (!total)
             break;
-        int f = ((((src * N_DEPTH + (depth < N_DEPTH ? depth : N_DEPTH - 1)) * N_SHARE +
-                   bucket_share((double)top_n / total)) * N_SUPPORT +
-                  bucket_support(total)) * N_MATCH + bucket_match(thr)) * N_RECENT +
-                bucket_recent(recent);
         d->tok[depth] = top;
-        d->bin[depth] = (uint16_t)f;
-        d->c[depth] = (float)fine_rate(sp, f);
-        d->u[depth] = (float)optimistic_rate(sp, f);
+        rate(sp, d, depth, bin_of(src, depth, (double)top_n / total, total, thr, recent));
         d->n = depth + 1;
         surv *= d->c[depth];
         expect += surv;
@@ -345,7 +361,7 @@ float engine_spec_best_conf(const struct engine_spec *sp)
 {
     double best = 0;
     const int per_depth = N_SHARE * N_SUPPORT * N_MATCH * N_RECENT;
-    for (int src = 0; src < 2; src++)
+    for (int src = 0; src < N_SRC; src++)
         for (int i = 0; i < per_depth; i++) {
             double r = optimistic_rate(sp, src * N_DEPTH * per_depth + i);
             if (r > best)

@@ -30,9 +30,10 @@
 
 #define ENGINE_SPEC_NGRAM 0x1  /* draft from the request's own tokens (prompt lookup) */
 #define ENGINE_SPEC_SUFFIX 0x2 /* draft from the job's finished outputs */
+#define ENGINE_SPEC_MODEL 0x4  /* draft with a draft model (engine_params.draft_model), greedy */
 enum { ENGINE_SPEC_BUDGET_AUTO = 0, ENGINE_SPEC_BUDGET_ALL = 1 };
 
-enum engine_spec_src { ENGINE_SPEC_SRC_SELF = 0, ENGINE_SPEC_SRC_JOB = 1 };
+enum engine_spec_src { ENGINE_SPEC_SRC_SELF = 0, ENGINE_SPEC_SRC_JOB = 1, ENGINE_SPEC_SRC_MODEL = 2 };
 
 /* One drafted path. */
 struct engine_draft {
@@ -57,6 +58,12 @@ void engine_spec_free(struct engine_spec *sp);
  * acceptance rate in [0, 1], or < 0 when unknown. Returns d->n (0: nothing to propose). */
 int engine_spec_propose(struct engine_spec *sp, const int32_t *tok, size_t n, int k,
                         float recent, struct engine_draft *d);
+
+/* Estimates for token j of a draft model's path (d->src ENGINE_SPEC_SRC_MODEL): its bin by
+ * depth, the draft model's probability of the token (prob, as a vote share) and the request's
+ * recent acceptance. */
+void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j,
+                            float prob, float recent);
 
 /* A verification of d's first n_tried tokens accepted the first n_acc: updates the bins and
  * the survival calibration statistics. */

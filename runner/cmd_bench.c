@@ -148,7 +148,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "quern bench: unexpected argument '%s'\n", argv[optind]);
         return 0;
     }
-    return 1;
+    return runner_spec_check("bench", &o->eo);
 }
 
 struct prompt_set {
@@ -310,7 +310,7 @@ int runner_cmd_bench(int argc, char **argv)
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
     struct kern_group *grp = NULL;
-    struct engine_model *m = NULL;
+    struct engine_model *m = NULL, *dm = NULL;
     struct engine_tok *tok = NULL;
     struct engine_chat *chat = NULL;
     struct engine *e = NULL;
@@ -334,7 +334,8 @@ int runner_cmd_bench(int argc, char **argv)
         LOG_ERROR("no memory for prompts");
         goto out;
     }
-    if ((st = engine_init(&e, m, tok, &o.eo.ep, &err)) || (st = engine_warmup(e, &err))) {
+    if ((st = runner_draft_load(&dm, &o.eo, grp, &err)) ||
+        (st = engine_init(&e, m, tok, &o.eo.ep, &err)) || (st = engine_warmup(e, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }
@@ -503,6 +504,7 @@ out:
     engine_chat_free(chat);
     engine_tok_free(tok);
     engine_model_free(m);
+    engine_model_free(dm);
     kern_group_free(grp);
     return rc;
 }

@@ -180,7 +180,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         fprintf(stderr, "quern generate: --system needs --chat\n");
         return 0;
     }
-    return 1;
+    return runner_spec_check("generate", &o->eo);
 }
 
 /* Everything a generation holds; freed by gen_free. */
@@ -190,6 +190,7 @@ struct gen {
     struct engine_tok *tok;     /* tokenizer */
     struct engine_chat *chat;   /* chat template (--chat only) */
     struct engine *eng;         /* the batch engine, running this one request */
+    struct engine_model *draft; /* --spec model's draft model */
     int32_t *ids;               /* prompt tokens */
 };
 
@@ -199,6 +200,7 @@ static void gen_free(struct gen *g)
     engine_chat_free(g->chat);
     engine_tok_free(g->tok);
     engine_model_free(g->model);
+    engine_model_free(g->draft);
     kern_group_free(g->grp);
     free(g->ids);
 }
@@ -277,6 +279,11 @@ static int run(struct gen_opts *o)
     ep.spec = o->eo.ep.spec;
     ep.spec_max_k = o->eo.ep.spec_max_k;
     ep.spec_budget = o->eo.ep.spec_budget;
+    if ((st = runner_draft_load(&g.draft, &o->eo, g.grp, &err))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    ep.draft_model = g.draft;
     size_t blocks = (n_prompt + (size_t)max_new + (size_t)ep.kv_block - 1) / (size_t)ep.kv_block;
     ep.kv_mem = blocks * engine_model_kv_block_bytes(g.model, ep.kv_block, ep.kv_dtype);
     struct engine_request r = {0};

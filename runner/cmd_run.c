@@ -191,7 +191,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         usage(stderr);
         return 0;
     }
-    return 1;
+    return runner_spec_check("run", &o->eo);
 }
 
 /* The core's progress, shown on stderr: a live line on a terminal, else a log line every
@@ -276,6 +276,7 @@ int runner_cmd_run(int argc, char **argv)
     runner_term_init(&term, stderr);
     o.b.backend = runner_engine_backend(&o.eo);
     o.b.engine = o.eo.ep;
+    o.b.draft_model = o.eo.draft_model;
     o.b.signals = &g_signals;
     o.b.show_period = term.tty ? RUNNER_PROGRESS_TTY_S : o.progress;
     o.b.show = show;

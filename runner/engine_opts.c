@@ -42,6 +42,7 @@ static const struct option spec_opts[] = {
     {"spec", required_argument, 0, RUNNER_EO_OPT_SPEC},
     {"spec-max-k", required_argument, 0, RUNNER_EO_OPT_SPEC_K},
     {"spec-budget", required_argument, 0, RUNNER_EO_OPT_SPEC_BUDGET},
+    {"draft-model", required_argument, 0, RUNNER_EO_OPT_DRAFT_MODEL},
 };
 
 static const struct option dummy_opts[] = {
@@ -101,15 +102,16 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
             o->ep.spec = ENGINE_SPEC_NGRAM;
         else if (!strcmp(arg, "suffix"))
             o->ep.spec = ENGINE_SPEC_SUFFIX;
-        else if (!strcmp(arg, "model")) {
-            fprintf(stderr, "quern %s: --spec model: drafting with a draft model is not built yet "
-                            "(use auto, ngram or suffix)\n", cmd);
-            return -1;
-        } else {
-            fprintf(stderr, "quern %s: --spec: '%s' is not one of off, auto, ngram, suffix\n",
+        else if (!strcmp(arg, "model"))
+            o->ep.spec = ENGINE_SPEC_MODEL;
+        else {
+            fprintf(stderr, "quern %s: --spec: '%s' is not one of off, auto, ngram, suffix, model\n",
                     cmd, arg);
             return -1;
         }
+        return 1;
+    case RUNNER_EO_OPT_DRAFT_MODEL:
+        o->draft_model = arg;
         return 1;
     case RUNNER_EO_OPT_SPEC_K:
         if (!runner_parse_long(cmd, "spec-max-k", arg, 1, ENGINE_SPEC_MAX_K, &l))
@@ -193,8 +195,12 @@ void runner_engine_help(FILE *f, unsigned groups)
     if (groups & RUNNER_EO_SPEC)
         fprintf(f,
                 "  --spec MODE            speculative decoding: off (default), auto (both drafters),\n"
-                "                         ngram (the request's own tokens) or suffix (the job's\n"
-                "                         finished outputs); lossless: the same tokens as off\n"
+                "                         ngram (the request's own tokens), suffix (the job's\n"
+                "                         finished outputs) or model (--draft-model, greedy);\n"
+                "                         lossless: the same tokens as off\n"
+                "  --draft-model PATH     GGUF draft model for --spec model: the same vocabulary;\n"
+                "                         its KV cache gets as many blocks as --kv-mem gives the\n"
+                "                         model (its own bytes per block)\n"
                 "  --spec-max-k K         draft tokens per sequence and step at most (1..%d,\n"
                 "                         default 8)\n"
                 "  --spec-budget B        auto (default): verify only the draft tokens expected to\n"
@@ -251,4 +257,31 @@ const char *runner_model_label(const char *path, const struct runner_engine_opts
         return path;
     snprintf(buf, size, "dummy %s (tokenizer of %s)", o->dummy, path);
     return buf;
+}
+
+int runner_spec_check(const char *cmd, const struct runner_engine_opts *o)
+{
+    const int model = (o->ep.spec & ENGINE_SPEC_MODEL) != 0;
+    if (model && !o->draft_model) {
+        fprintf(stderr, "quern %s: --spec model needs --draft-model PATH\n", cmd);
+        return 0;
+    }
+    if (!model && o->draft_model) {
+        fprintf(stderr, "quern %s: --draft-model is used with --spec model\n", cmd);
+        return 0;
+    }
+    return 1;
+}
+
+enum status runner_draft_load(struct engine_model **out, struct runner_engine_opts *o,
+                              const struct kern_group *grp, struct err_detail *err)
+{
+    *out = NULL;
+    if (!(o->ep.spec & ENGINE_SPEC_MODEL))
+        return ST_OK;
+    enum status st = engine_model_load_group(out, o->draft_model, grp, err);
+    if (st)
+        err_prefix(err, "--draft-model %s", o->draft_model);
+    o->ep.draft_model = *out;
+    return st;
 }

@@ -17,7 +17,7 @@
 #define RUNNER_EO_KV      0x2 /* --kv-mem --kv-block --kv-dtype */
 #define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens --no-prefix-cache */
 #define RUNNER_EO_DUMMY   0x8 /* --dummy (commands that load a model by path, not run) */
-#define RUNNER_EO_SPEC    0x10 /* --spec --spec-max-k --spec-budget */
+#define RUNNER_EO_SPEC    0x10 /* --spec --spec-max-k --spec-budget --draft-model */
 #define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH)
 
 /* getopt_long values of these flags; a command's own options use values below 512. */
@@ -37,8 +37,9 @@ enum {
     RUNNER_EO_OPT_SPEC,
     RUNNER_EO_OPT_SPEC_K,
     RUNNER_EO_OPT_SPEC_BUDGET,
+    RUNNER_EO_OPT_DRAFT_MODEL,
 };
-#define RUNNER_EO_MAX_LONGOPTS 15 /* entries the fragment adds at most */
+#define RUNNER_EO_MAX_LONGOPTS 16 /* entries the fragment adds at most */
 
 struct runner_engine_opts {
     const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
@@ -49,6 +50,7 @@ struct runner_engine_opts {
     struct engine_params ep; /* --kv-*, --max-seqs, --max-batch-tokens, --no-prefix-cache,
                               * --spec* */
     const char *dummy;       /* --dummy PRESET, or NULL (borrowed) */
+    const char *draft_model; /* --draft-model PATH (with --spec model), or NULL (borrowed) */
 };
 
 /* --matmul unset: the device's default mode, which runner_engine_backend settles. On the CPU
@@ -70,6 +72,14 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
 
 /* The help lines of groups, as every command prints them. */
 void runner_engine_help(FILE *f, unsigned groups);
+
+/* --spec model and --draft-model go together: 0 (with a message naming cmd) when one is given
+ * without the other. */
+int runner_spec_check(const char *cmd, const struct runner_engine_opts *o);
+/* With --spec model, the draft model (--draft-model) on grp into *out and o->ep.draft_model;
+ * else *out = NULL. */
+enum status runner_draft_load(struct engine_model **out, struct runner_engine_opts *o,
+                              const struct kern_group *grp, struct err_detail *err);
 
 /* The command's model: the GGUF at path, or with o->dummy a dummy model of that preset
  * (engine/dummy.h) with path's tokenizer and chat template; split over grp, or with grp NULL

@@ -220,6 +220,43 @@ static void test_spec_suffix_learns(void **state)
     assert_true(st.spec_accepted == st.spec_drafted);
 }
 
+/* A draft model (here the model itself, on its own KV cache): greedy drafts of the same model
+ * are all accepted (batch-invariant kernels: its argmax is the verifier's); sampled requests
+ * keep their tokens; the draft KV is rolled back and released (engine_free checks). */
+static void test_spec_draft_model(void **state)
+{
+    struct fixture *f = *state;
+    struct sp_set s;
+    make_set(f, &s, getenv("QUERN_SANITIZE") ? 0 : 4);
+    if (getenv("QUERN_SANITIZE"))
+        s.n = 3;
+    static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
+    struct engine_params p;
+    params(&p, 8, 256, 64, 1);
+    p.kv_block = 4; /* rollbacks cross blocks */
+    struct engine_stats st;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        struct sp_cfg c = {sampled ? 0.8f : 0.0f, 1.0f, 1.0f, sp_gen(), NULL};
+        p.spec = 0;
+        run_set(f, &p, &s, &c, off, NULL);
+        p.spec = ENGINE_SPEC_MODEL;
+        p.draft_model = f->m;
+        p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+        p.spec_max_k = 4;
+        run_set(f, &p, &s, &c, on, &st);
+        assert_outs_same(off, on, s.n, sampled ? "draft model, sampled" : "draft model, greedy");
+        print_message("draft model (itself), %s: %llu drafted, %llu accepted, %llu steps\n",
+                      sampled ? "sampled" : "greedy", (unsigned long long)st.spec_drafted,
+                      (unsigned long long)st.spec_accepted, (unsigned long long)st.steps);
+        assert_true(st.spec_drafted > 0);
+        if (!sampled)
+            assert_true(st.spec_accepted == st.spec_drafted);
+        else
+            assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_drafted);
+    }
+    free_set(&s, getenv("QUERN_SANITIZE") ? 0 : 4);
+}
+
 /* Chi-square statistic of counts against n x probs over the tokens expected at least 5 times
  * (the rest lumped into one cell); *df gets the degrees of freedom. */
 static double chi_square(const int *counts, const double *probs, int V, int n, int *df)
@@ -499,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_spec_greedy_same),
         cmocka_unit_test(test_spec_sampled_same),
         cmocka_unit_test(test_spec_grammar_same),
+        cmocka_unit_test(test_spec_draft_model),
         cmocka_unit_test(test_spec_distribution),
         cmocka_unit_test(test_spec_rollback_invariants),
     };

@@ -2,7 +2,7 @@
 # End-to-end: speculative decoding is lossless. The 57 examples (greedy) and the same prompts
 # sampled (temperature 0.8, top_p 0.95, a seed each) run with --spec off and with --spec auto
 # (both drafters; --spec-budget all so that every draft is verified, and the default load-aware
-# budget) in --matmul exact: every record's choices and usage are identical, and the run summary
+# budget) and with --spec model (the model drafting for itself) in --matmul exact: every record's choices and usage are identical, and the run summary
 # reports the drafts (accepted ones among them). Under sanitizers: the first 4 prompts, without
 # the default-budget run.
 set -euo pipefail
@@ -37,6 +37,7 @@ run() { # name, flags...
 }
 run off --spec off
 run all --spec auto --spec-budget all
+run model --spec model --draft-model "$M" --spec-max-k 3
 [ -n "${QUERN_SANITIZE:-}" ] || run auto --spec auto
 
 python3 - "$tmp" <<'PY' || fail "outputs differ"
@@ -52,7 +53,7 @@ def load(name):
     return out
 off = load("off")
 import os
-for name in ("all", "auto"):
+for name in ("all", "auto", "model"):
     if not os.path.exists("%s/%s.jsonl" % (d, name)):
         continue
     on = load(name)
@@ -61,7 +62,7 @@ for name in ("all", "auto"):
     assert not bad, (name, bad[:5])
     s = json.loads(open("%s/%s.sum" % (d, name)).read().strip().splitlines()[-1])
     sp = s.get("spec")
-    if name == "all":
+    if name in ("all", "model"):
         assert sp and sp["drafted"] > 0 and 0 < sp["accepted"] < sp["drafted"], s
     print("  --spec %s: %d records identical to --spec off; spec %s" % (name, len(on), sp))
 PY
