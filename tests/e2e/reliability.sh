@@ -41,7 +41,9 @@ wait_done() { # wait_done DB JOB MIN: until at least MIN items are done
 # 1. kill -9, then resume at once with the default --lease 300
 make_small one.jsonl $N1
 "$Q" submit --db one.db --model "$M" --name one one.jsonl >/dev/null 2>&1
-"$Q" run --db one.db --out out --max-seqs 16 >/dev/null 2>one.log &
+# (commits every 0.3 s: with the default 5 s a fast machine finished the whole job before its
+# first commit, and there was nothing left to kill)
+"$Q" run --db one.db --out out --max-seqs 16 --flush-secs 0.3 >/dev/null 2>one.log &
 pid=$!
 wait_done one.db one 1
 kill -9 $pid
