@@ -404,7 +404,7 @@ static void test_spec_rollback_invariants(void **state)
     struct sp_set s;
     make_set(f, &s, 8);
     struct engine_params p;
-    params(&p, 16, 128, 2, 1);
+    params(&p, 16, 128, 4, 1); /* 45 blocks of 4: every request fits, 16 of them do not */
     p.kv_block = 4;
     p.spec = ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX;
     p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
