@@ -280,6 +280,22 @@ static int tok_room(struct seq *s, size_t n)
     return 1;
 }
 
+/* Admit s's next draft token: its KV position reserved, the token written after the known
+ * ones, n_draft counted. 0 (nothing taken) when the pool or the token array has no room. */
+static int admit_next(struct engine *e, struct seq *s)
+{
+    const int32_t n_pos = (int32_t)s->n_tok + s->n_draft + 1;
+    if (engine_kv_blocks_needed(e->kv, s->slot, n_pos) > engine_kv_available(e->kv) ||
+        !tok_room(s, (size_t)s->n_draft + 1))
+        return 0;
+    enum status st = engine_kv_reserve(e->kv, s->slot, n_pos, NULL);
+    assert(!st);
+    (void)st;
+    s->tok[s->n_tok + (size_t)s->n_draft] = s->draft.tok[s->n_draft];
+    s->n_draft++;
+    return 1;
+}
+
 /* Insert each sequence's admitted drafts after its last entry (in place, from the back). */
 static int expand(struct engine *e, int nb, int added)
 {
@@ -367,17 +383,10 @@ int engine_sched_speculate(struct engine *e, int nb)
         double t1 = engine_spec_cost(sp, nb + added + 1);
         if (!all && t1 > 0 && (gain + e->slots[i].surv) * t <= gain * t1)
             break; /* the first drop: stop */
-        int32_t n_pos = (int32_t)s->n_tok + s->n_draft + 1;
-        if (engine_kv_blocks_needed(e->kv, s->slot, n_pos) > engine_kv_available(e->kv) ||
-            !tok_room(s, (size_t)s->n_draft + 1)) {
+        if (!admit_next(e, s)) {
             s->draft.n = s->n_draft; /* no room for more of its path */
             continue;
         }
-        enum status st = engine_kv_reserve(e->kv, s->slot, n_pos, NULL);
-        assert(!st);
-        (void)st;
-        s->tok[s->n_tok + (size_t)s->n_draft] = s->draft.tok[s->n_draft];
-        s->n_draft++;
         gain += e->slots[i].surv;
         t = t1;
         added++;
@@ -394,18 +403,8 @@ int engine_sched_speculate(struct engine *e, int nb)
             (!x || s->draft.u[0] > x->draft.u[0]))
             x = s;
     }
-    for (int j = 0; x && j < x->draft.n && room_tok > 0 && room_rows > 0 &&
-                    engine_spec_exploring(sp, &x->draft, j);
-         j++) {
-        int32_t n_pos = (int32_t)x->n_tok + j + 1;
-        if (engine_kv_blocks_needed(e->kv, x->slot, n_pos) > engine_kv_available(e->kv) ||
-            !tok_room(x, (size_t)j + 1))
-            break;
-        enum status st = engine_kv_reserve(e->kv, x->slot, n_pos, NULL);
-        assert(!st);
-        (void)st;
-        x->tok[x->n_tok + (size_t)j] = x->draft.tok[j];
-        x->n_draft++;
+    while (x && x->n_draft < x->draft.n && room_tok > 0 && room_rows > 0 &&
+           engine_spec_exploring(sp, &x->draft, x->n_draft) && admit_next(e, x)) {
         added++;
         room_tok--;
         room_rows--;
