@@ -47,6 +47,46 @@ static enum status get_f32(const struct io_gguf *g, const char *arch, const char
     return st;
 }
 
+/* The architectures: GGUF name and what differs from llama. */
+static const struct {
+    const char *name;
+    int arch;
+} g_archs[] = {
+    {"llama", ENGINE_ARCH_LLAMA},
+    {"qwen2", ENGINE_ARCH_QWEN2},
+    {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma3", ENGINE_ARCH_GEMMA3},
+};
+
+/* 1 when g has the metadata key "<arch>.<key>". */
+static int has_key(const struct io_gguf *g, const char *arch, const char *key)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    return io_gguf_find_kv(g, name) != NULL;
+}
+
+/* RoPE scaling: none, or linear (positions / factor); anything else is refused by name. */
+static enum status read_rope_scaling(const struct io_gguf *g, const char *arch,
+                                     struct engine_hparams *hp, struct err_detail *err)
+{
+    char name[128];
+    struct io_gguf_str sc;
+    hp->rope_scale = 1.0f;
+    snprintf(name, sizeof(name), "%s.rope.scaling.type", arch);
+    if (io_gguf_get_str(g, name, &sc, NULL) != ST_OK || io_gguf_str_eq(sc, "none"))
+        return ST_OK;
+    if (!io_gguf_str_eq(sc, "linear"))
+        return err_set(err, ST_ERR_UNSUPPORTED, "RoPE scaling '%.*s' is not supported (none, linear)",
+                       (int)(sc.len > 20 ? 20 : sc.len), sc.ptr);
+    float factor;
+    enum status st = get_f32(g, arch, "rope.scaling.factor", &factor, err);
+    if (st)
+        return st;
+    hp->rope_scale = 1.0f / factor;
+    return ST_OK;
+}
+
 static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *hp,
                                 struct err_detail *err)
 {
@@ -54,10 +94,16 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
     enum status st = io_gguf_get_str(g, "general.architecture", &arch_s, err);
     if (st)
         return st;
-    if (!io_gguf_str_eq(arch_s, "llama"))
-        return err_set(err, ST_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (llama only)",
+    const char *arch = NULL;
+    for (size_t i = 0; i < sizeof(g_archs) / sizeof(g_archs[0]); i++)
+        if (io_gguf_str_eq(arch_s, g_archs[i].name)) {
+            arch = g_archs[i].name;
+            hp->arch = g_archs[i].arch;
+        }
+    if (!arch)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma3)",
                        (int)(arch_s.len > 40 ? 40 : arch_s.len), arch_s.ptr);
-    const char *arch = "llama";
     if ((st = get_hparam(g, arch, "embedding_length", &hp->n_embd, 1, 0, err)) ||
         (st = get_hparam(g, arch, "block_count", &hp->n_layer, 1, 0, err)) ||
         (st = get_hparam(g, arch, "feed_forward_length", &hp->n_ff, 1, 0, err)) ||
@@ -67,10 +113,24 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         return st;
     if ((st = get_hparam(g, arch, "attention.head_count_kv", &hp->n_kv_head, 0, hp->n_head, err)))
         return st;
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_kv_head)
-        return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_embd %d, n_head %d, n_kv_head %d",
-                       hp->n_embd, hp->n_head, hp->n_kv_head);
-    hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->n_head % hp->n_kv_head)
+        return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_head %d, n_kv_head %d",
+                       hp->n_head, hp->n_kv_head);
+    /* head_dim: attention.key_length where given (Qwen3, Gemma 3: not n_embd / n_head) */
+    if (has_key(g, arch, "attention.key_length")) {
+        int vl;
+        if ((st = get_hparam(g, arch, "attention.key_length", &hp->head_dim, 1, 0, err)) ||
+            (st = get_hparam(g, arch, "attention.value_length", &vl, 0, hp->head_dim, err)))
+            return st;
+        if (vl != hp->head_dim)
+            return err_set(err, ST_ERR_UNSUPPORTED, "key length %d != value length %d",
+                           hp->head_dim, vl);
+    } else {
+        if (hp->n_embd % hp->n_head)
+            return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_embd %d, n_head %d",
+                           hp->n_embd, hp->n_head);
+        hp->head_dim = hp->n_embd / hp->n_head;
+    }
     if (hp->head_dim > KERN_MAX_HEAD_DIM || hp->head_dim % 2)
         return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d unsupported (even, <= %d)",
                        hp->head_dim, KERN_MAX_HEAD_DIM);
@@ -80,15 +140,39 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         return err_set(err, ST_ERR_FORMAT, "rope.dimension_count %d invalid for head_dim %d",
                        hp->rope_dim, hp->head_dim);
     hp->rope_theta = 10000.0f;
-    char name[128];
-    snprintf(name, sizeof(name), "%s.rope.freq_base", arch);
-    if (io_gguf_find_kv(g, name) && (st = get_f32(g, arch, "rope.freq_base", &hp->rope_theta, err)))
+    if (has_key(g, arch, "rope.freq_base") &&
+        (st = get_f32(g, arch, "rope.freq_base", &hp->rope_theta, err)))
         return st;
-    struct io_gguf_str sc;
-    snprintf(name, sizeof(name), "%s.rope.scaling.type", arch);
-    if (io_gguf_get_str(g, name, &sc, NULL) == ST_OK && !io_gguf_str_eq(sc, "none"))
-        return err_set(err, ST_ERR_UNSUPPORTED, "RoPE scaling '%.*s' is not supported yet",
-                       (int)(sc.len > 20 ? 20 : sc.len), sc.ptr);
+    if ((st = read_rope_scaling(g, arch, hp, err)))
+        return st;
+    static const char *const capping[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+    for (int i = 0; i < 2; i++)
+        if (has_key(g, arch, capping[i]))
+            return err_set(err, ST_ERR_UNSUPPORTED, "%s.%s: logit soft-capping is not supported",
+                           arch, capping[i]);
+    /* what the architectures do differently (as llama.cpp runs them) */
+    hp->rope_neox = hp->arch != ENGINE_ARCH_LLAMA;
+    hp->glu = hp->arch == ENGINE_ARCH_GEMMA3 ? KERN_GLU_GELU : KERN_GLU_SILU;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->emb_scale = 0.0f;
+    hp->swa_window = 0;
+    hp->swa_pattern = 1;
+    hp->rope_theta_swa = hp->rope_theta;
+    if (hp->arch == ENGINE_ARCH_GEMMA3) {
+        hp->emb_scale = sqrtf((float)hp->n_embd);
+        /* Gemma 3 27B scales by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
+         * (query_pre_attn_scalar; the GGUF does not carry it) */
+        if (hp->n_layer == 62)
+            hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        if ((st = get_hparam(g, arch, "attention.sliding_window", &hp->swa_window, 1, 0, err)) ||
+            (st = get_hparam(g, arch, "attention.sliding_window_pattern", &hp->swa_pattern, 0, 6,
+                             err)))
+            return st;
+        hp->rope_theta_swa = 10000.0f; /* the local layers' base (rope_local_base_freq) */
+        if (has_key(g, arch, "rope.freq_base_swa") &&
+            (st = get_f32(g, arch, "rope.freq_base_swa", &hp->rope_theta_swa, err)))
+            return st;
+    }
     return ST_OK;
 }
 
@@ -141,6 +225,47 @@ static enum status load_vector(const struct io_gguf *g, const char *name, int64_
     return ST_OK;
 }
 
+/* A layer's vectors beyond llama's, as its architecture has them: Q/K/V biases (qwen2), QK-norm
+ * (qwen3, gemma3), post-norms (gemma3); any other's presence is refused (a llama file with
+ * biases is not run without them). */
+static enum status load_extras(const struct io_gguf *g, const struct engine_hparams *hp, int l,
+                               struct engine_layer *L, struct err_detail *err)
+{
+    const int a = hp->arch, qd = hp->n_head * hp->head_dim, kvd = hp->n_kv_head * hp->head_dim;
+    const struct {
+        const char *name;
+        int want;        /* the architecture has it */
+        int64_t n;       /* floats */
+        const float **v; /* where it goes */
+    } ex[] = {
+        {"attn_q.bias", a == ENGINE_ARCH_QWEN2, qd, &L->bq},
+        {"attn_k.bias", a == ENGINE_ARCH_QWEN2, kvd, &L->bk},
+        {"attn_v.bias", a == ENGINE_ARCH_QWEN2, kvd, &L->bv},
+        {"attn_q_norm.weight", a == ENGINE_ARCH_QWEN3 || a == ENGINE_ARCH_GEMMA3, hp->head_dim,
+         &L->q_norm},
+        {"attn_k_norm.weight", a == ENGINE_ARCH_QWEN3 || a == ENGINE_ARCH_GEMMA3, hp->head_dim,
+         &L->k_norm},
+        {"post_attention_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_attn_norm},
+        {"post_ffw_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_ffn_norm},
+        {"attn_output.bias", 0, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "blk.%d.%s", l, ex[i].name);
+        if (!ex[i].want) {
+            if (io_gguf_find_tensor(g, name))
+                return err_set(err, ST_ERR_UNSUPPORTED,
+                               "tensor '%s' is not part of the architecture as supported", name);
+            continue;
+        }
+        enum status st = load_vector(g, name, ex[i].n, ex[i].v, err);
+        if (st)
+            return st;
+    }
+    L->swa = hp->swa_window > 0 && l % hp->swa_pattern != hp->swa_pattern - 1;
+    return ST_OK;
+}
+
 /* The weights from the file: hyperparameters, whole matrices (views of the mapping) and norm
  * vectors; no backend yet. On success the model owns g. */
 static enum status load_weights(struct engine_model **out, struct io_gguf *g,
@@ -176,6 +301,10 @@ static enum status load_weights(struct engine_model **out, struct io_gguf *g,
         st = err_set(err, ST_ERR_NOMEM, "no memory");
         goto fail;
     }
+    if (io_gguf_find_tensor(g, "rope_freqs.weight") &&
+        (st = load_vector(g, "rope_freqs.weight", hp->rope_dim / 2, &m->rope_freqs, err)))
+        goto fail;
+    m->n_rope = hp->swa_window && hp->rope_theta_swa != hp->rope_theta ? 2 : 1;
     for (int l = 0; l < hp->n_layer; l++) {
         struct engine_layer *L = &m->layers[l];
         char n[9][64];
@@ -184,12 +313,8 @@ static enum status load_weights(struct engine_model **out, struct io_gguf *g,
                                              "ffn_gate",  "ffn_up", "ffn_down"};
         for (int i = 0; i < 9; i++)
             snprintf(n[i], sizeof(n[i]), "blk.%d.%s.weight", l, names[i]);
-        char bias[64];
-        snprintf(bias, sizeof(bias), "blk.%d.attn_q.bias", l);
-        if (io_gguf_find_tensor(g, bias)) {
-            st = err_set(err, ST_ERR_UNSUPPORTED, "attention biases (%s) are not supported", bias);
+        if ((st = load_extras(g, hp, l, L, err)))
             goto fail;
-        }
         if ((st = load_vector(g, n[0], hp->n_embd, &L->attn_norm, err)) ||
             (st = load_matrix(g, n[1], hp->n_embd, q_dim, &L->wq, err)) ||
             (st = load_matrix(g, n[2], hp->n_embd, kv_dim, &L->wk, err)) ||
@@ -220,6 +345,47 @@ static struct kern_tensor rows_of(const struct kern_tensor *w, int64_t r0, int64
     t.packed = NULL;
     t.packed_panel = 0;
     return t;
+}
+
+/* A vector a rank holds on its backend: n floats from src, its backend address to *dst. */
+struct vec_slot {
+    const float **dst;
+    const float *src;
+    size_t n;
+};
+
+#define RANK_VECS 9 /* vectors of one layer at most */
+
+/* Rank r's vectors of layer l (l = -1: the output norm): every norm whole, the biases its
+ * rows' slice. Returns their count. */
+static int rank_vecs(const struct engine_model *m, struct engine_rank *R, int r, int l,
+                     struct vec_slot *v)
+{
+    const struct engine_hparams *hp = &m->hp;
+    int n = 0;
+    if (l < 0) {
+        v[n++] = (struct vec_slot){&R->output_norm, m->output_norm, (size_t)hp->n_embd};
+        return n;
+    }
+    const struct engine_layer *L = &m->layers[l];
+    struct engine_layer *S = &R->layers[l];
+    const size_t E = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    const size_t qd = (size_t)R->n_head * hd, kvd = (size_t)R->n_kv_head * hd;
+    const struct vec_slot all[RANK_VECS] = {
+        {&S->attn_norm, L->attn_norm, E},
+        {&S->ffn_norm, L->ffn_norm, E},
+        {&S->post_attn_norm, L->post_attn_norm, E},
+        {&S->post_ffn_norm, L->post_ffn_norm, E},
+        {&S->q_norm, L->q_norm, hd},
+        {&S->k_norm, L->k_norm, hd},
+        {&S->bq, L->bq ? L->bq + (size_t)r * qd : NULL, qd},
+        {&S->bk, L->bk ? L->bk + (size_t)r * kvd : NULL, kvd},
+        {&S->bv, L->bv ? L->bv + (size_t)r * kvd : NULL, kvd},
+    };
+    for (int i = 0; i < RANK_VECS; i++)
+        if (all[i].src)
+            v[n++] = all[i];
+    return n;
 }
 
 /* Rank r of n: its slices of every layer, prepared on its backend, and its norm vectors. */
@@ -259,21 +425,23 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
                 return st;
         }
     }
-    /* the norm vectors, whole, into one backend buffer */
-    const int E = hp->n_embd, nv = 2 * hp->n_layer + 1;
-    R->norms = be->ops->buf_alloc(be, sizeof(float) * (size_t)E * (size_t)nv);
-    if (!R->norms)
-        return err_set(err, ST_ERR_NOMEM, "no backend memory for the norm weights");
-    for (int i = 0; i < nv; i++) {
-        const float **p = i == 0       ? &R->output_norm
-                          : (i - 1) % 2 ? &R->layers[(i - 1) / 2].ffn_norm
-                                        : &R->layers[(i - 1) / 2].attn_norm;
-        const float *src = i == 0       ? m->output_norm
-                           : (i - 1) % 2 ? m->layers[(i - 1) / 2].ffn_norm
-                                         : m->layers[(i - 1) / 2].attn_norm;
-        float *dst = R->norms + (size_t)i * (size_t)E;
-        be->ops->upload(be, dst, src, sizeof(float) * (size_t)E);
-        *p = dst;
+    /* the norm and bias vectors (norms whole, biases this rank's slice) into one backend
+     * buffer: counted, then copied */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int l = -1; l < hp->n_layer; l++) {
+            struct vec_slot v[RANK_VECS];
+            const int nv = rank_vecs(m, R, r, l, v);
+            for (int i = 0; i < nv; i++) {
+                if (pass == 1) {
+                    be->ops->upload(be, R->norms + off, v[i].src, sizeof(float) * v[i].n);
+                    *v[i].dst = R->norms + off;
+                }
+                off += (v[i].n + 15) / 16 * 16; /* 64-byte aligned */
+            }
+        }
+        if (pass == 0 && !(R->norms = be->ops->buf_alloc(be, sizeof(float) * off)))
+            return err_set(err, ST_ERR_NOMEM, "no backend memory for the norm weights");
     }
     return ST_OK;
 }
@@ -494,7 +662,7 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         return ST_OK;
     stage_free(m);
     const size_t T = (size_t)max_tok, Rw = T < (size_t)engine_kv_max_seqs(kv) ? T : (size_t)engine_kv_max_seqs(kv);
-    const size_t tables = Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim;
+    const size_t tables = Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim * m->n_rope;
     int ok = 1;
     for (int r = 0; r < m->n_rank; r++) {
         struct engine_rank *R = &m->rank[r];
@@ -615,13 +783,22 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     }
     for (int t = 0; t < n; t++)
         s->seq_row[b->seq[t]] = -1;
-    /* RoPE angles pos * theta^(-i/rope_dim) for pair i/2, the same for every layer */
-    for (int i = 0; i < hp->rope_dim; i += 2) {
-        double freq = pow((double)hp->rope_theta, -(double)i / hp->rope_dim);
-        for (int t = 0; t < n; t++) {
-            double ang = b->pos[t] * freq;
-            s->rope[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
-            s->rope[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+    /* RoPE angles pos * scale * theta^(-i/rope_dim) / factor for pair i/2 (factor: Llama 3's
+     * rope_freqs, else 1), one table for the global layers and one for the sliding ones when
+     * their base differs (unscaled, no factors) */
+    for (int k = 0; k < m->n_rope; k++) {
+        const double theta = k ? hp->rope_theta_swa : hp->rope_theta;
+        const double scale = k ? 1.0 : hp->rope_scale;
+        float *tab = s->rope + (size_t)k * (size_t)n * (size_t)hp->rope_dim;
+        for (int i = 0; i < hp->rope_dim; i += 2) {
+            double freq = pow(theta, -(double)i / hp->rope_dim);
+            if (!k && m->rope_freqs)
+                freq /= m->rope_freqs[i / 2];
+            for (int t = 0; t < n; t++) {
+                double ang = (double)b->pos[t] * scale * freq;
+                tab[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
+                tab[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+            }
         }
     }
     s->n_out = 0;
@@ -661,6 +838,13 @@ static void gather_slices(struct engine_rank *R, int n_rank, const float *src, f
     R->be->ops->gather(R->be, dst, land, R->buf.perm, n * n_rank, w);
 }
 
+/* A block's output y (n rows of E) normed in place when the layer has a post-norm (gemma3). */
+static void post_norm(struct kern_backend *be, const float *w, float *y, int n, int E, float eps)
+{
+    if (w)
+        be->ops->norm_rows(be, y, w, n, E, eps);
+}
+
 /* Rank r's share of the pass: its query/KV heads of attention and its rows of every matrix;
  * with more than one rank the slices each next matrix reads are all-gathered first (every rank
  * then holds the whole residual stream, bitwise as one rank computes it). Rank 0 then runs the
@@ -696,13 +880,15 @@ static void forward_rank(struct fwd_job *j, int r)
     k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
     k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
     k->upload(be, f->last, s->last, (size_t)n);
-    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim);
+    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim * m->n_rope);
     if (N > 1)
         k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
     k->upload(be, f->tables, s->tables, sizeof(int32_t) * (size_t)s->n_rows * (size_t)s->stride);
     const struct kern_block_table bt = {f->tables, f->row, s->stride};
 
     k->get_rows(be, &m->tok_embd, f->tok, n, x);
+    if (hp->emb_scale > 0)
+        k->scale(be, x, hp->emb_scale, (long)n * E);
     /* Each matmul's input pass also does the element-wise steps before it (struct kern_mm_in):
      * the residual add of the block before, the norm or the SwiGLU. */
     for (int l = 0; l < hp->n_layer; l++) {
@@ -715,25 +901,37 @@ static void forward_rank(struct fwd_job *j, int r)
         const struct kern_tensor *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_y[3] = {q, kk, vv};
         k->matmul(be, qkv_w, qkv_y, 3, &attn_in, n);
-        k->rope(be, q, f->rope, n, R->n_head, hd, hp->rope_dim);
-        k->rope(be, kk, f->rope, n, R->n_kv_head, hd, hp->rope_dim);
+        if (L->bq) {
+            k->add_rows(be, q, L->bq, n, q_dim);
+            k->add_rows(be, kk, L->bk, n, kv_dim);
+            k->add_rows(be, vv, L->bv, n, kv_dim);
+        }
+        if (L->q_norm) {
+            k->norm_rows(be, q, L->q_norm, (long)n * R->n_head, hd, hp->rms_eps);
+            k->norm_rows(be, kk, L->k_norm, (long)n * R->n_kv_head, hd, hp->rms_eps);
+        }
+        const float *cs = f->rope + (L->swa && m->n_rope > 1 ? (size_t)n * hp->rope_dim : 0);
+        k->rope(be, q, cs, n, R->n_head, hd, hp->rope_dim, hp->rope_neox);
+        k->rope(be, kk, cs, n, R->n_kv_head, hd, hp->rope_dim, hp->rope_neox);
         k->kv_store(be, kvl, &bt, f->pos, engine_kv_block_size(j->kv), R->n_kv_head, hd, kk, vv, n,
                     f->last);
         struct kern_attn a = {
             .n_tok = n, .q = q, .out = att, .pos = f->pos, .bt = bt,
             .kv = kvl, .block_size = engine_kv_block_size(j->kv), .n_head = R->n_head,
-            .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
-            .store = f->last, .k_new = kk, .v_new = vv,
+            .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = hp->attn_scale,
+            .window = L->swa ? hp->swa_window : 0, .store = f->last, .k_new = kk, .v_new = vv,
         };
         k->attention(be, &a);
         if (N == 1) {
             const struct kern_mm_in o_in = {.x = att};
             matmul1(be, &L->wo, &o_in, xn, n);
-            /* feed-forward block: x += the attention output, xn = norm(x); down(silu(gate) *
+            post_norm(be, L->post_attn_norm, xn, n, E, hp->rms_eps);
+            /* feed-forward block: x += the attention output, xn = norm(x); down(act(gate) *
              * up) */
             const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
                                               .eps = hp->rms_eps, .xn = xn};
-            k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, xn, gate, up, n);
+            k->ffn(be, &L->w_gate, &L->w_up, &L->w_down, &ffn_in, hp->glu, xn, gate, up, n);
+            post_norm(be, L->post_ffn_norm, xn, n, E, hp->rms_eps);
             continue;
         }
         /* the heads' outputs from every rank, then this rank's rows of o (the whole output in
@@ -742,8 +940,9 @@ static void forward_rank(struct fwd_job *j, int r)
         const struct kern_mm_in o_in = {.x = att_all};
         matmul1(be, &L->wo, &o_in, y, n);
         gather_slices(R, N, y, xn, land, n, R->n_embd);
+        post_norm(be, L->post_attn_norm, xn, n, E, hp->rms_eps);
         /* feed-forward block: this rank's gate and up rows of norm(x += xn), both gathered;
-         * its rows of down(silu(gate) * up), gathered */
+         * its rows of down(act(gate) * up), gathered */
         const struct kern_mm_in ffn_in = {.x = x, .add = xn, .norm = L->ffn_norm,
                                           .eps = hp->rms_eps, .xn = xn};
         const struct kern_tensor *gu_w[2] = {&L->w_gate, &L->w_up};
@@ -751,9 +950,10 @@ static void forward_rank(struct fwd_job *j, int r)
         k->matmul(be, gu_w, gu_y, 2, &ffn_in, n);
         gather_slices(R, N, gate, gate_all, land, n, R->n_ff);
         gather_slices(R, N, up, up_all, land, n, R->n_ff);
-        const struct kern_mm_in down_in = {.x = gate_all, .up = up_all};
+        const struct kern_mm_in down_in = {.x = gate_all, .up = up_all, .glu = hp->glu};
         matmul1(be, &L->w_down, &down_in, y, n);
         gather_slices(R, N, y, xn, land, n, R->n_embd);
+        post_norm(be, L->post_ffn_norm, xn, n, E, hp->rms_eps);
     }
     if (r != 0 || !s->n_out)
         return;

@@ -1,6 +1,6 @@
-/* A Llama-architecture model loaded from GGUF, with a batched forward pass: one call
- * computes a flat list of tokens from several sequences (each with its own position and KV
- * block table) and returns logits only where asked. */
+/* A decoder-only transformer loaded from GGUF (architectures: llama, qwen2, qwen3, gemma3), with
+ * a batched forward pass: one call computes a flat list of tokens from several sequences (each
+ * with its own position and KV block table) and returns logits only where asked. */
 #ifndef ENGINE_MODEL_H
 #define ENGINE_MODEL_H
 
@@ -10,6 +10,15 @@
 #include "engine/kv.h"
 #include "io/gguf.h"
 #include "kernels/kernels.h"
+
+/* The architectures engine_model_load reads (GGUF general.architecture). */
+enum engine_arch {
+    ENGINE_ARCH_LLAMA = 0,  /* "llama": Llama 2/3, SmolLM2, Mistral-style */
+    ENGINE_ARCH_QWEN2 = 1,  /* "qwen2": Q/K/V biases, NEOX RoPE */
+    ENGINE_ARCH_QWEN3 = 2,  /* "qwen3": QK-norm, NEOX RoPE */
+    ENGINE_ARCH_GEMMA3 = 3, /* "gemma3": scaled embedding, QK-norm, pre- and post-norms, GeGLU,
+                             * sliding-window layers with their own RoPE base */
+};
 
 struct engine_hparams {
     int n_vocab;      /* vocabulary size (rows of the output head) */
@@ -23,6 +32,17 @@ struct engine_hparams {
     int rope_dim;     /* channels rotated by RoPE per head */
     float rope_theta; /* RoPE base frequency */
     float rms_eps;    /* RMSNorm epsilon */
+    int arch;         /* enum engine_arch */
+    int rope_neox;    /* 1: RoPE rotates pairs (i, i + rope_dim / 2), else (2i, 2i + 1) */
+    float rope_scale; /* positions times this in the (global layers') RoPE angles: linear
+                       * scaling 1 / factor, else 1 */
+    int glu;          /* enum kern_glu: the FFN's gated activation */
+    float attn_scale; /* attention scores times this (1/sqrt(head_dim) unless the model says) */
+    float emb_scale;  /* token embeddings times this (Gemma: sqrt(n_embd)), 0: not scaled */
+    int swa_window;   /* sliding-window layers attend to this many last positions; 0: none */
+    int swa_pattern;  /* with swa_window: layer l is global when l % swa_pattern ==
+                       * swa_pattern - 1, else sliding */
+    float rope_theta_swa; /* the sliding layers' RoPE base */
 };
 
 struct engine_model; /* opaque: engine/model_internal.h */

@@ -18,6 +18,12 @@ struct engine_layer {
     struct kern_tensor w_gate; /* n_embd -> n_ff */
     struct kern_tensor w_up;   /* n_embd -> n_ff */
     struct kern_tensor w_down; /* n_ff -> n_embd */
+    const float *bq, *bk, *bv; /* NULL, or the projections' biases (qwen2) */
+    const float *q_norm;       /* NULL, or head_dim: RMS norm of each query head (QK-norm) */
+    const float *k_norm;       /* NULL, or head_dim: the same for each key head */
+    const float *post_attn_norm; /* NULL, or n_embd: norm of the attention output (gemma3) */
+    const float *post_ffn_norm;  /* NULL, or n_embd: norm of the FFN output (gemma3) */
+    int swa;                   /* 1: a sliding-window layer (hparams swa_window, theta_swa) */
 };
 
 /* A rank's buffers for one forward pass, backend memory, sized once (engine_model_reserve). */
@@ -27,7 +33,8 @@ struct engine_rank_bufs {
     int32_t *pos;   /* positions */
     int32_t *row;   /* per token: its block table row */
     uint8_t *last;  /* per token: 1 when it is its sequence's highest position */
-    float *rope;    /* per token: cos, sin of each rotated pair */
+    float *rope;    /* per token: cos, sin of each rotated pair (then the sliding layers' table,
+                     * when they have their own base) */
     int32_t *tables; /* block tables, one row per sequence in the batch */
     int32_t *idx;   /* rows that want logits */
     float *logits;  /* logits (rank 0, only when the backend's memory is not host memory) */
@@ -50,7 +57,7 @@ struct engine_rank {
     int n_embd;                   /* rows of o and down here */
     struct engine_layer *layers;  /* its slices, prepared on be (norms: backend copies) */
     const float *output_norm;     /* backend copy */
-    float *norms;                 /* backend memory holding every norm vector */
+    float *norms;                 /* backend memory holding every norm and bias vector */
     struct engine_rank_bufs buf;  /* forward buffers */
 };
 
@@ -61,7 +68,7 @@ struct engine_model_stage {
     int max_blocks;     /* blocks per sequence at most (block table stride) */
     int32_t *row;       /* per token: its block table row */
     uint8_t *last;      /* per token: highest position of its sequence */
-    float *rope;        /* per token: cos, sin of each rotated pair */
+    float *rope;        /* per token: cos, sin of each rotated pair (x n_rope tables) */
     int32_t *tables;    /* block tables */
     int32_t *idx;       /* rows that want logits */
     int32_t *seq_row;   /* per sequence slot: its row in this batch, -1 if none */
@@ -79,6 +86,10 @@ struct engine_model {
     const float *output_norm;     /* n_embd (host, in the file) */
     struct kern_tensor output;    /* output head (tok_embd when tied); prepared on rank 0 */
     int tied_output;              /* 1 when the output head is tok_embd */
+    const float *rope_freqs;      /* NULL, or rope_dim / 2 factors dividing each pair's frequency
+                                   * (Llama 3's rope_freqs.weight) */
+    int n_rope;                   /* RoPE tables per step: 1, or 2 when sliding layers have
+                                   * their own base */
     struct engine_layer *layers;  /* n_layer layers, whole (host views of the file) */
     struct kern_backend *be;      /* rank 0's backend, or NULL (no compute) */
     int n_rank;                   /* tensor-parallel ranks (0 without a backend) */

@@ -97,6 +97,9 @@ struct kern_attn {
     int n_kv_head;                      /* key/value heads (GQA: n_head % n_kv_head == 0) */
     int head_dim;                       /* channels per head */
     float scale;                        /* usually 1/sqrt(head_dim) */
+    int window;                         /* 0: positions 0..pos[t]; else only the last `window`
+                                         * of them, pos[t] - window < p <= pos[t] (sliding-
+                                         * window attention) */
     /* Optional (store NULL: none): tokens t with store[t] set have their key and value rows
      * (k_new, v_new: n_tok x n_kv_head * head_dim, as kv_store takes them) written into the
      * pool by the attention itself, each KV head's right before that head's attention reads
@@ -106,6 +109,12 @@ struct kern_attn {
     const uint8_t *store;
     const float *k_new, *v_new;
 };
+
+/* The first position token t of a attends to (sliding window: the last a->window ones). */
+static inline int32_t kern_attn_first(const struct kern_attn *a, int t)
+{
+    return a->window > 0 && a->pos[t] + 1 > a->window ? a->pos[t] + 1 - a->window : 0;
+}
 
 #define KERN_MAX_HEAD_DIM 512 /* largest head_dim the attention kernels accept */
 
@@ -117,17 +126,25 @@ struct kern_peak {
     double ops;       /* operations per second; 0 = not available here */
 };
 
+/* The gated activation of a feed-forward block: act(gate) * up. */
+enum kern_glu {
+    KERN_GLU_SILU = 0, /* SwiGLU: silu(g) = g / (1 + e^-g) (Llama, Qwen) */
+    KERN_GLU_GELU = 1, /* GeGLU with the tanh GELU: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+                        * (Gemma) */
+};
+
 /* A matmul's input: rows x (n_tok x n) and the element-wise steps the backend fuses into the
  * pass that prepares them for the GEMM, each bitwise as the separate op (add, rmsnorm,
  * swiglu) would compute it. In order: x += add (x updated: the residual stream); then the
- * matmul's input is rmsnorm(x) * norm, written to xn, or silu(x) * up, written to x; with
- * neither it is x itself. */
+ * matmul's input is rmsnorm(x) * norm, written to xn, or act(x) * up (act: glu), written to
+ * x; with neither it is x itself. */
 struct kern_mm_in {
     float *x;          /* n_tok x n (read only when add and up are NULL) */
     const float *add;  /* NULL or n_tok x n */
     const float *norm; /* NULL or the n rmsnorm weights (xn must be set) */
     float eps;         /* rmsnorm epsilon */
     const float *up;   /* NULL or n_tok x n (swiglu: x is the gate); not with norm */
+    int glu;           /* with up: enum kern_glu, the gate's activation */
     float *xn;         /* n_tok x n for rmsnorm's output, else unused */
 };
 
@@ -146,13 +163,13 @@ struct kern_ops {
      * matmul would write. Returns 1 when done. */
     int (*matmul_argmax)(struct kern_backend *b, const struct kern_tensor *w,
                          const struct kern_mm_in *in, int n_tok, int32_t *ids);
-    /* The feed-forward block: y = down(silu(gate(x)) * up(x)), x being in's input rows (as for
-     * matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the backend may use. The
-     * same results as the two matmuls with the SwiGLU between them (which is what it runs
-     * unless it has a fused kernel for the mode). */
+    /* The feed-forward block: y = down(act(gate(x)) * up(x)), act the enum kern_glu glu and x
+     * in's input rows (as for matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the
+     * backend may use. The same results as the two matmuls with the gated activation between
+     * them (which is what it runs unless it has a fused kernel for the mode). */
     void (*ffn)(struct kern_backend *b, const struct kern_tensor *gate,
                 const struct kern_tensor *up, const struct kern_tensor *down,
-                const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
+                const struct kern_mm_in *in, int glu, float *y, float *gate_buf, float *up_buf,
                 int n_tok);
     /* Make the backend's copy of a weight matrix, once, at load: whatever its ops read (a
      * layout repacked for its kernels, device memory), setting w->packed; a host-memory backend
@@ -164,14 +181,23 @@ struct kern_ops {
     /* out[i] = dequantized row ids[i] of w (embedding lookup); ids and out backend memory. */
     void (*get_rows)(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                      int n, float *out);
-    /* Rotate adjacent pairs (x[2i], x[2i+1]) of the first rot_dim channels of every head by the
-     * angle whose cosine and sine are cs[t * rot_dim + 2i], cs[t * rot_dim + 2i + 1] (RoPE
-     * "NORM" as llama.cpp: angle pos * theta^(-2i/rot_dim), tabulated once per forward pass by
-     * the caller). x is n_tok x n_head x head_dim. */
+    /* Rotate pair i < rot_dim / 2 of the first rot_dim channels of every head by the angle
+     * whose cosine and sine are cs[t * rot_dim + 2i], cs[t * rot_dim + 2i + 1] (angle
+     * pos * theta^(-2i/rot_dim), tabulated once per forward pass by the caller). Pair i is
+     * (x[2i], x[2i+1]) with neox 0 (llama.cpp's "NORM": Llama) and (x[i], x[i + rot_dim/2])
+     * with neox 1 ("NEOX": Qwen, Gemma). x is n_tok x n_head x head_dim. */
     void (*rope)(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
-                 int head_dim, int rot_dim);
+                 int head_dim, int rot_dim, int neox);
     /* y[i] += x[i] */
     void (*add)(struct kern_backend *b, float *y, const float *x, long n);
+    /* Every row r < n_rows of y (width floats) += bias (width floats): a projection's bias. */
+    void (*add_rows)(struct kern_backend *b, float *y, const float *bias, long n_rows, int width);
+    /* Every row of x (n_rows of width floats) in place: rmsnorm(row) * w (w: width floats),
+     * bitwise as kern_mm_in's norm step: a per-head QK-norm, a block's post-norm. */
+    void (*norm_rows)(struct kern_backend *b, float *x, const float *w, long n_rows, int width,
+                      float eps);
+    /* x[i] *= s */
+    void (*scale)(struct kern_backend *b, float *x, float s, long n);
     /* Write token rows k, v (n_tok x n_kv_head * head_dim floats) into their slots of the pool,
      * rounded to half (nearest even) or 8-bit as the pool stores them; tokens with skip[t] set
      * are left out (skip may be NULL: struct kern_attn's store does them). */

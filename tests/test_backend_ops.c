@@ -294,8 +294,14 @@ static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne
     free(mag);
 }
 
-/* ffn: down(silu(gate(norm(x + add))) * up(norm(x + add))). */
-static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int n_tok)
+/* The tanh GELU (enum kern_glu). */
+static double gelu(double g)
+{
+    return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+
+/* ffn: down(act(gate(norm(x + add))) * up(norm(x + add))), act SiLU or GELU (glu). */
+static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int n_tok, int glu)
 {
     const struct kern_ops *k = c->be->ops;
     struct weight g, u, d;
@@ -318,7 +324,7 @@ static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int 
     ref_matmul(&g, xnf, n_tok, gr, gm);
     ref_matmul(&u, xnf, n_tok, ur, um);
     for (size_t i = 0; i < nh; i++)
-        hf[i] = (float)(silu(gr[i]) * ur[i]);
+        hf[i] = (float)((glu ? gelu(gr[i]) : silu(gr[i])) * ur[i]);
     ref_matmul(&d, hf, n_tok, yr, ym);
     /* the hidden rows' own error feeds the down projection: widen its magnitude by theirs */
     for (int t = 0; t < n_tok; t++)
@@ -326,7 +332,7 @@ static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int 
             double a = 0;
             for (int64_t j = 0; j < F; j++) {
                 size_t h = (size_t)t * F + j;
-                double dh = fabs(silu(gr[h])) * um[h] + fabs(ur[h]) * gm[h];
+                double dh = fabs(glu ? gelu(gr[h]) : silu(gr[h])) * um[h] + fabs(ur[h]) * gm[h];
                 a += fabs(d.deq[r * F + j]) * dh;
             }
             ym[(size_t)t * E + r] += a;
@@ -335,11 +341,11 @@ static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int 
     float *dxn = k->buf_alloc(c->be, sizeof(float) * nx), *dy = k->buf_alloc(c->be, sizeof(float) * nx);
     float *dg = k->buf_alloc(c->be, sizeof(float) * nh), *du = k->buf_alloc(c->be, sizeof(float) * nh);
     struct kern_mm_in in = {.x = dx, .norm = dnw, .eps = 1e-5f, .xn = dxn};
-    k->ffn(c->be, &g.t, &u.t, &d.t, &in, dy, dg, du, n_tok);
+    k->ffn(c->be, &g.t, &u.t, &d.t, &in, glu, dy, dg, du, n_tok);
     float *y = from_be(c, dy, sizeof(float) * nx);
     char op[64];
-    snprintf(op, sizeof(op), "ffn %s %lld/%lld n_tok %d", dtype_get(type)->name, (long long)E,
-             (long long)F, n_tok);
+    snprintf(op, sizeof(op), "ffn %s %s %lld/%lld n_tok %d", glu ? "geglu" : "swiglu",
+             dtype_get(type)->name, (long long)E, (long long)F, n_tok);
     compare_mm(c, op, y, yr, ym, nx);
     free(y);
     bfree(c, dx);
@@ -364,7 +370,65 @@ static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int 
     free(hf);
 }
 
-/* get_rows (exact: dequantization is exact), gather, add (exact), rope, memory round trips. */
+/* add_rows (exact), scale (exact) and norm_rows (against a double RMS norm) over 13 rows of 40
+ * and 7 rows of 576: a projection's bias, the embedding scale, a QK- or post-norm. */
+static void check_row_ops(struct check *c)
+{
+    const struct kern_ops *k = c->be->ops;
+    static const int shape[2][2] = {{13, 40}, {7, 576}};
+    for (int si = 0; si < 2; si++) {
+        const int R = shape[si][0], W = shape[si][1];
+        const size_t n = (size_t)R * (size_t)W;
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * (size_t)W);
+        rand_floats(&c->r, x, n, -3, 3);
+        rand_floats(&c->r, w, (size_t)W, 0.5f, 1.5f);
+        float *dx = to_be(c, x, sizeof(float) * n), *dw = to_be(c, w, sizeof(float) * (size_t)W);
+        k->add_rows(c->be, dx, dw, R, W);
+        float *got = from_be(c, dx, sizeof(float) * n);
+        for (size_t i = 0; i < n; i++)
+            if (got[i] != x[i] + w[i % (size_t)W]) {
+                report(c, "add_rows", "%d x %d element %zu: %g, want %g", R, W, i,
+                       (double)got[i], (double)(x[i] + w[i % (size_t)W]));
+                break;
+            }
+        free(got);
+        k->upload(c->be, dx, x, sizeof(float) * n);
+        k->scale(c->be, dx, 0.37f, (long)n);
+        got = from_be(c, dx, sizeof(float) * n);
+        for (size_t i = 0; i < n; i++)
+            if (got[i] != x[i] * 0.37f) {
+                report(c, "scale", "%zu floats, element %zu: %g, want %g", n, i, (double)got[i],
+                       (double)(x[i] * 0.37f));
+                break;
+            }
+        free(got);
+        k->upload(c->be, dx, x, sizeof(float) * n);
+        k->norm_rows(c->be, dx, dw, R, W, 1e-6f);
+        got = from_be(c, dx, sizeof(float) * n);
+        double *ref = malloc(sizeof(double) * (size_t)W);
+        for (int r = 0; r < R; r++) {
+            ref_rmsnorm(x + (size_t)r * W, w, ref, W, 1e-6f);
+            int j;
+            for (j = 0; j < W; j++)
+                if (!(fabs(got[(size_t)r * W + j] - ref[j]) <= 1e-5 * (1 + fabs(ref[j]))))
+                    break;
+            if (j < W) {
+                report(c, "norm_rows", "%d x %d row %d element %d: %g, want %g", R, W, r, j,
+                       (double)got[(size_t)r * W + j], ref[j]);
+                break;
+            }
+        }
+        free(ref);
+        free(got);
+        bfree(c, dx);
+        bfree(c, dw);
+        free(x);
+        free(w);
+    }
+}
+
+/* get_rows (exact: dequantization is exact), gather, add (exact), rope, the row ops, memory
+ * round trips. */
 static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
 {
     const struct kern_ops *k = c->be->ops;
@@ -427,8 +491,10 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
         free(b);
     }
 
-    /* rope: heads of head_dim 64 with 64 or 32 rotated channels, angles of real positions */
-    for (int rot = 32; rot <= 64; rot += 32) {
+    /* rope: heads of head_dim 64 with 64 or 32 rotated channels, angles of real positions,
+     * pairs (2i, 2i + 1) (NORM) or (i, i + rot / 2) (NEOX) */
+    for (int mode = 0; mode < 4; mode++) {
+        const int rot = mode % 2 ? 64 : 32, neox = mode / 2;
         const int n_tok = 5, H = 3, D = 64;
         const size_t nx = (size_t)n_tok * H * D;
         float *x = malloc(sizeof(float) * nx), *cs = malloc(sizeof(float) * (size_t)n_tok * rot);
@@ -441,23 +507,26 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
             }
         float *dx = to_be(c, x, sizeof(float) * nx);
         float *dcs = to_be(c, cs, sizeof(float) * (size_t)n_tok * rot);
-        k->rope(c->be, dx, dcs, n_tok, H, D, rot);
+        k->rope(c->be, dx, dcs, n_tok, H, D, rot, neox);
         float *got = from_be(c, dx, sizeof(float) * nx);
         for (int t = 0; t < n_tok; t++)
             for (int h = 0; h < H; h++)
-                for (int i = 0; i < D; i += 2) {
-                    size_t o = ((size_t)t * H + h) * D + i;
-                    double a = x[o], b = x[o + 1], r0 = a, r1 = b;
-                    if (i < rot) {
-                        double co = cs[t * rot + i], si = cs[t * rot + i + 1];
+                for (int i = 0; i < D / 2; i++) {
+                    /* pair i: channels o0, o1 (untouched past rot) */
+                    const size_t hb = ((size_t)t * H + h) * D;
+                    const size_t o0 = hb + (neox && i < rot / 2 ? (size_t)i : 2 * (size_t)i);
+                    const size_t o1 = o0 + (neox && i < rot / 2 ? (size_t)rot / 2 : 1);
+                    double a = x[o0], b = x[o1], r0 = a, r1 = b;
+                    if (i < rot / 2) {
+                        double co = cs[t * rot + 2 * i], si = cs[t * rot + 2 * i + 1];
                         r0 = a * co - b * si;
                         r1 = a * si + b * co;
                     }
-                    if (fabs(got[o] - r0) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7 ||
-                        fabs(got[o + 1] - r1) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7) {
-                        report(c, "rope", "rot %d token %d head %d pair %d: (%g, %g), want "
-                               "(%g, %g)", rot, t, h, i / 2, (double)got[o], (double)got[o + 1],
-                               r0, r1);
+                    if (fabs(got[o0] - r0) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7 ||
+                        fabs(got[o1] - r1) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7) {
+                        report(c, "rope", "%s rot %d token %d head %d pair %d: (%g, %g), want "
+                               "(%g, %g)", neox ? "neox" : "norm", rot, t, h, i,
+                               (double)got[o0], (double)got[o1], r0, r1);
                         t = n_tok, h = H, i = D;
                     }
                 }
@@ -467,13 +536,14 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
         free(x);
         free(cs);
     }
+    check_row_ops(c);
 }
 
 /* kv_store then attention over a pool the backend allocated: three sequences with shuffled
  * blocks, every position stored (half of the last tokens by attention's deferred store), and
  * each token's output against softmax attention in double over the keys and values as the
  * pool's dtype rounds them (f16: exact f16 of the inputs; q8: within a scale step). */
-static void check_attention(struct check *c, int dtype, int H, int KV, int D)
+static void check_attention(struct check *c, int dtype, int H, int KV, int D, int window)
 {
     const struct kern_ops *k = c->be->ops;
     const int B = 16, NB = 24, S = 3;
@@ -522,8 +592,8 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D)
     k->kv_store(c->be, layer, &bt, dpos, B, KV, D, dk, dv, n, dlast);
     struct kern_attn a = {.n_tok = n, .q = dq, .out = dout, .pos = dpos, .bt = bt, .kv = layer,
                           .block_size = B, .n_head = H, .n_kv_head = KV, .head_dim = D,
-                          .scale = 1.0f / sqrtf((float)D), .store = dlast, .k_new = dk,
-                          .v_new = dv};
+                          .scale = 1.0f / sqrtf((float)D), .window = window, .store = dlast,
+                          .k_new = dk, .v_new = dv};
     k->attention(c->be, &a);
     float *out = from_be(c, dout, sizeof(float) * nq);
     /* the reference: keys and values as stored */
@@ -543,8 +613,8 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D)
     const double tol = dtype == KERN_KV_F16 ? 2e-4 : 0.05;
     double *sc = malloc(sizeof(double) * (size_t)n);
     char op[64];
-    snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d", dtype ? "q8" : "f16", H,
-             KV, D);
+    snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d window %d",
+             dtype ? "q8" : "f16", H, KV, D, window);
     int bad = 0;
     for (int t = 0, base = 0, s = 0; t < n && !bad; t++) {
         if (t - base == len[s])
@@ -552,7 +622,8 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D)
         for (int h = 0; h < H && !bad; h++) {
             const int g = h / (H / KV);
             double mx = -INFINITY, sum = 0;
-            for (int p = 0; p <= pos[t]; p++) {
+            const int p_lo = window && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
+            for (int p = p_lo; p <= pos[t]; p++) {
                 double d = 0;
                 const size_t kt = ((size_t)(base + p) * KV + g) * D;
                 for (int j = 0; j < D; j++)
@@ -560,11 +631,11 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D)
                 sc[p] = d * a.scale;
                 mx = sc[p] > mx ? sc[p] : mx;
             }
-            for (int p = 0; p <= pos[t]; p++)
+            for (int p = p_lo; p <= pos[t]; p++)
                 sum += (sc[p] = exp(sc[p] - mx));
             for (int j = 0; j < D && !bad; j++) {
                 double acc = 0;
-                for (int p = 0; p <= pos[t]; p++)
+                for (int p = p_lo; p <= pos[t]; p++)
                     acc += sc[p] * vr[((size_t)(base + p) * KV + g) * D + j];
                 const double want = acc / sum, got = out[((size_t)t * H + h) * D + j];
                 if (!(fabs(got - want) <= tol)) {
@@ -604,16 +675,21 @@ static void check_backend(struct check *c, int all_ops)
         check_matmul(c, types[i], ksz ? 256 : 192, 100, 17);
     }
     check_matmul(c, DTYPE_Q4_1, 576, 192, 5);
-    check_ffn(c, DTYPE_Q4_1, 576, 256, 3);
+    check_ffn(c, DTYPE_Q4_1, 576, 256, 3, KERN_GLU_SILU);
     if (!all_ops)
         return;
-    check_ffn(c, DTYPE_Q8_0, 96, 160, 1);
+    check_ffn(c, DTYPE_Q8_0, 96, 160, 1, KERN_GLU_SILU);
+    check_ffn(c, DTYPE_Q4_1, 96, 160, 5, KERN_GLU_GELU);
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         check_small_ops(c, types[i], dtype_get(types[i])->block_elems == 256 ? 256 : 96);
-    check_attention(c, KERN_KV_F16, 9, 3, 64);
-    check_attention(c, KERN_KV_Q8, 9, 3, 64);
-    check_attention(c, KERN_KV_F16, 4, 4, 32);
-    check_attention(c, KERN_KV_F16, 8, 1, 128);
+    check_attention(c, KERN_KV_F16, 9, 3, 64, 0);
+    check_attention(c, KERN_KV_Q8, 9, 3, 64, 0);
+    check_attention(c, KERN_KV_F16, 4, 4, 32, 0);
+    check_attention(c, KERN_KV_F16, 8, 1, 128, 0);
+    /* sliding windows: inside a block, across blocks, at a block's edge; Gemma's head_dim 256 */
+    check_attention(c, KERN_KV_F16, 9, 3, 64, 5);
+    check_attention(c, KERN_KV_Q8, 4, 2, 64, 23);
+    check_attention(c, KERN_KV_F16, 4, 1, 256, 16);
 }
 
 /* ---- the backends ---------------------------------------------------------------------------- */
@@ -701,11 +777,11 @@ static void bad_matmul(struct kern_backend *b, const struct kern_tensor *const *
 
 static void bad_ffn(struct kern_backend *b, const struct kern_tensor *gate,
                     const struct kern_tensor *up, const struct kern_tensor *down,
-                    const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
-                    int n_tok)
+                    const struct kern_mm_in *in, int glu, float *y, float *gate_buf,
+                    float *up_buf, int n_tok)
 {
     (void)gate; /* the up projection read as the gate too */
-    g_real.ffn(b, up, up, down, in, y, gate_buf, up_buf, n_tok);
+    g_real.ffn(b, up, up, down, in, glu, y, gate_buf, up_buf, n_tok);
 }
 
 static int bad_argmax(struct kern_backend *b, const struct kern_tensor *w,
@@ -726,9 +802,40 @@ static void bad_add(struct kern_backend *b, float *y, const float *x, long n)
 }
 
 static void bad_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
-                     int head_dim, int rot_dim)
+                     int head_dim, int rot_dim, int neox)
 {
-    g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim > 2 ? rot_dim - 2 : rot_dim);
+    g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim > 2 ? rot_dim - 2 : rot_dim, neox);
+}
+
+static void bad_rope_mode(struct kern_backend *b, float *x, const float *cs, int n_tok,
+                          int n_head, int head_dim, int rot_dim, int neox)
+{
+    g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim, 0); /* NORM pairs for NEOX */
+    (void)neox;
+}
+
+static void bad_add_rows(struct kern_backend *b, float *y, const float *bias, long n_rows,
+                         int width)
+{
+    g_real.add_rows(b, y, bias, n_rows > 1 ? n_rows - 1 : n_rows, width); /* the last row */
+}
+
+static void bad_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows,
+                          int width, float eps)
+{
+    g_real.norm_rows(b, x, w, n_rows, width, eps * 1e5f); /* a far larger epsilon */
+}
+
+static void bad_scale(struct kern_backend *b, float *x, float s, long n)
+{
+    g_real.scale(b, x, s, n > 1 ? n - 1 : n);
+}
+
+static void bad_window(struct kern_backend *b, const struct kern_attn *a)
+{
+    struct kern_attn a2 = *a;
+    a2.window = a->window ? a->window + 1 : 0; /* one key too many */
+    g_real.attention(b, &a2);
 }
 
 static void bad_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
@@ -775,10 +882,11 @@ static void test_broken_ops_fail(void **state)
     if (kern_backend_open(&amx, &o_amx, &err))
         amx = NULL;
     g_real = *real->ops;
-    static const char *const names[] = {"matmul",   "matmul_argmax", "add",     "rope",
-                                        "get_rows", "attention",     "kv_store", "gather",
-                                        "ffn"};
-    for (int m = 0; m < 9; m++) {
+    static const char *const names[] = {"matmul",    "matmul_argmax", "add",       "rope",
+                                        "get_rows",  "attention",     "kv_store",  "gather",
+                                        "ffn",       "rope (neox)",   "add_rows",  "norm_rows",
+                                        "scale",     "attention (window)"};
+    for (int m = 0; m < (int)(sizeof(names) / sizeof(names[0])); m++) {
         struct kern_backend *base = m == 1 ? amx : real;
         if (!base) {
             printf("  %s broken: no backend here offers it (the AMX bf16 epilogue)\n", names[m]);
@@ -796,6 +904,11 @@ static void test_broken_ops_fail(void **state)
         case 6: bad.kv_store = bad_kv_store; break;
         case 7: bad.gather = bad_gather; break;
         case 8: bad.ffn = bad_ffn; break;
+        case 9: bad.rope = bad_rope_mode; break;
+        case 10: bad.add_rows = bad_add_rows; break;
+        case 11: bad.norm_rows = bad_norm_rows; break;
+        case 12: bad.scale = bad_scale; break;
+        case 13: bad.attention = bad_window; break;
         }
         struct kern_backend be = *base;
         be.ops = &bad;

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the llama.cpp Llama forward pass (NOT run by CI).
+"""Independent numpy reference of the llama.cpp forward pass of the llama, qwen2, qwen3 and
+gemma3 architectures (NOT run by CI; class Model says how the others differ from llama).
 
 Every tensor is dequantized with gguf.quants.dequantize (exact float32 values of the
 quantized weights), then ALL compute is done in float64. Writes tests/fixtures/forward_ref.json.
@@ -42,22 +43,38 @@ def sha256(path):
 
 
 class Model:
+    """llama, qwen2, qwen3 and gemma3 as llama.cpp builds them (src/models/*.cpp there):
+      qwen2:  q, k, v get their biases; RoPE NEOX (pairs (i, i + D/2))
+      qwen3:  q, k each RMS-normed per head (attn_q_norm / attn_k_norm) before RoPE; NEOX
+      gemma3: x = tok_embd[tok] * sqrt(n_embd); QK-norm; NEOX; scores scaled by 1/sqrt(head_dim);
+              attention output RMS-normed (post_attention_norm) before the residual add; FFN
+              down(gelu_tanh(gate) * up), RMS-normed (post_ffw_norm) before its residual add;
+              every 6th layer (il % 6 == 5) global with rope.freq_base, the others see only the
+              last attention.sliding_window positions with base 10000. Norm weights are used
+              as stored (the converter already added Gemma's +1).
+      llama:  rope_freqs.weight, when present, divides pair i's frequency (Llama 3)."""
+
     def __init__(self, path):
         r = gguf.GGUFReader(path)
         f = r.fields
         arch = f["general.architecture"].contents()
-        assert arch == "llama", arch
+        assert arch in ("llama", "qwen2", "qwen3", "gemma3"), arch
+        self.arch = arch
         g = lambda k: f[arch + "." + k].contents()
+        has = lambda k: arch + "." + k in f
         self.n_layer = int(g("block_count"))
         self.n_embd = int(g("embedding_length"))
         self.n_ff = int(g("feed_forward_length"))
         self.n_head = int(g("attention.head_count"))
         self.n_kv = int(g("attention.head_count_kv"))
         self.eps = float(g("attention.layer_norm_rms_epsilon"))
-        self.theta = float(g("rope.freq_base")) if arch + ".rope.freq_base" in f else 10000.0
-        self.head_dim = self.n_embd // self.n_head
-        self.n_rot = int(g("rope.dimension_count")) if arch + ".rope.dimension_count" in f else self.head_dim
+        self.theta = float(g("rope.freq_base")) if has("rope.freq_base") else 10000.0
+        self.head_dim = int(g("attention.key_length")) if has("attention.key_length") else self.n_embd // self.n_head
+        self.n_rot = int(g("rope.dimension_count")) if has("rope.dimension_count") else self.head_dim
         assert self.n_rot == self.head_dim
+        self.neox = arch != "llama"
+        self.window = int(g("attention.sliding_window")) if arch == "gemma3" else 0
+        self.pattern = int(g("attention.sliding_window_pattern")) if has("attention.sliding_window_pattern") else 6
         self.eps = np.float64(np.float32(self.eps))  # stored as f32 in GGUF
         tens = {t.name: t for t in r.tensors}
 
@@ -72,34 +89,52 @@ class Model:
         self.n_vocab = self.tok_embd.shape[0]
         self.out_norm = W("output_norm.weight")
         self.out_w = W("output.weight") if "output.weight" in tens else self.tok_embd
+        self.freq_factors = W("rope_freqs.weight") if "rope_freqs.weight" in tens else None
+        extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+                 "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
+                 "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight",
+                            "post_attention_norm.weight", "post_ffw_norm.weight")}.get(arch, ())
         self.layers = []
         for i in range(self.n_layer):
             p = "blk.%d." % i
             L = {k: W(p + k + ".weight") for k in
                  ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+            for k in extra:
+                L[k] = W(p + k)
             assert L["attn_q"].shape == (self.n_head * self.head_dim, self.n_embd)
             assert L["attn_k"].shape == (self.n_kv * self.head_dim, self.n_embd)
             assert L["ffn_gate"].shape == (self.n_ff, self.n_embd)
             assert L["ffn_down"].shape == (self.n_embd, self.n_ff)
+            L["swa"] = self.window > 0 and i % self.pattern != self.pattern - 1
             self.layers.append(L)
-        self.meta = dict(n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff,
+        self.meta = dict(arch=arch, n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff,
                          n_head=self.n_head, n_kv=self.n_kv, head_dim=self.head_dim,
-                         rope_theta=self.theta, rms_eps=float(self.eps), n_vocab=self.n_vocab)
+                         rope_theta=self.theta, rms_eps=float(self.eps), n_vocab=self.n_vocab,
+                         window=self.window)
+        self.kv_f16 = True
 
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, pos):
-        # x: (T, H, D); NORM mode: rotate adjacent pairs
+    def rope(self, x, pos, theta, factors=None):
+        # x: (T, H, D); pair i rotated by pos * theta^(-2i/D) (/ factor i)
         D = x.shape[-1]
-        inv = self.theta ** (-np.arange(0, D, 2, dtype=DT) / D)        # (D/2,)
+        inv = theta ** (-np.arange(0, D, 2, dtype=DT) / D)             # (D/2,)
+        if factors is not None:
+            inv = inv / factors
         ang = pos[:, None].astype(DT) * inv[None, :]                    # (T, D/2)
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        x0, x1 = x[..., 0::2], x[..., 1::2]
+        if self.neox:
+            x0, x1 = x[..., :D // 2], x[..., D // 2:]
+        else:
+            x0, x1 = x[..., 0::2], x[..., 1::2]
+        r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
         out = np.empty_like(x)
-        out[..., 0::2] = x0 * c - x1 * s
-        out[..., 1::2] = x0 * s + x1 * c
+        if self.neox:
+            out[..., :D // 2], out[..., D // 2:] = r0, r1
+        else:
+            out[..., 0::2], out[..., 1::2] = r0, r1
         return out
 
     def new_cache(self):
@@ -111,15 +146,26 @@ class Model:
         start = sum(k.shape[0] for k in cache[0][0])
         pos = np.arange(start, start + T)
         x = self.tok_embd[np.asarray(tokens)]
+        gemma = self.arch == "gemma3"
+        if gemma:
+            x = x * np.float64(np.float32(np.sqrt(np.float32(self.n_embd))))
         H, KV, D = self.n_head, self.n_kv, self.head_dim
         grp = H // KV
         scale = 1.0 / np.sqrt(D)
         for L, (kc, vc) in zip(self.layers, cache):
             h = self.rmsnorm(x, L["attn_norm"])
-            q = (h @ L["attn_q"].T).reshape(T, H, D)
-            k = (h @ L["attn_k"].T).reshape(T, KV, D)
-            v = (h @ L["attn_v"].T).reshape(T, KV, D)
-            q, k = self.rope(q, pos), self.rope(k, pos)
+            q = h @ L["attn_q"].T
+            k = h @ L["attn_k"].T
+            v = h @ L["attn_v"].T
+            if "attn_q.bias" in L:
+                q, k, v = q + L["attn_q.bias"], k + L["attn_k.bias"], v + L["attn_v.bias"]
+            q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
+            if "attn_q_norm.weight" in L:
+                q = self.rmsnorm(q, L["attn_q_norm.weight"])
+                k = self.rmsnorm(k, L["attn_k_norm.weight"])
+            theta = 10000.0 if L["swa"] else self.theta
+            factors = None if L["swa"] else self.freq_factors
+            q, k = self.rope(q, pos, theta, factors), self.rope(k, pos, theta, factors)
             if self.kv_f16:
                 k = k.astype(np.float16).astype(DT)
                 v = v.astype(np.float16).astype(DT)
@@ -129,6 +175,8 @@ class Model:
             S = K.shape[0]
             kpos = np.arange(S)
             mask = kpos[None, :] > pos[:, None]                       # (T, S)
+            if L["swa"]:
+                mask |= pos[:, None] - kpos[None, :] >= self.window
             att = np.empty((T, H, D), dtype=DT)
             for hh in range(H):
                 kv = hh // grp
@@ -138,11 +186,21 @@ class Model:
                 p = np.exp(sc)
                 p /= p.sum(axis=1, keepdims=True)
                 att[:, hh, :] = p @ V[:, kv, :]
-            x = x + att.reshape(T, H * D) @ L["attn_output"].T
+            a = att.reshape(T, H * D) @ L["attn_output"].T
+            if gemma:
+                a = self.rmsnorm(a, L["post_attention_norm.weight"])
+            x = x + a
             h = self.rmsnorm(x, L["ffn_norm"])
             gt = h @ L["ffn_gate"].T
             up = h @ L["ffn_up"].T
-            x = x + ((gt / (1.0 + np.exp(-gt))) * up) @ L["ffn_down"].T
+            if gemma:
+                act = 0.5 * gt * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gt + 0.044715 * gt ** 3)))
+            else:
+                act = gt / (1.0 + np.exp(-gt))
+            y = (act * up) @ L["ffn_down"].T
+            if gemma:
+                y = self.rmsnorm(y, L["post_ffw_norm.weight"])
+            x = x + y
         x = self.rmsnorm(x, self.out_norm)
         return x @ self.out_w.T
 

@@ -39,7 +39,7 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int g
         __m256 lsum = _mm256_setzero_ps();
         for (int j = 0; j < D / 8; j++)
             acc[j] = _mm256_setzero_ps();
-        for (int32_t p0 = 0; p0 < n;) {
+        for (int32_t p0 = kern_attn_first(a, t); p0 < n;) {
             const int i0 = p0 % B;
             int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
             cnt = n - p0 < cnt ? (int)(n - p0) : cnt;

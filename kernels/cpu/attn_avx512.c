@@ -100,7 +100,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
     }
     /* bytes of each tile to prefetch per channel pair of the scores loop, whole lines */
     const size_t pstep = (tb + 64 * (size_t)(D / 2) - 1) / (64 * (size_t)(D / 2)) * 64;
-    for (int32_t p0 = 0; p0 < n;) {
+    for (int32_t p0 = kern_attn_first(a, t); p0 < n;) {
         const int i0 = p0 % B;
         int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
         cnt = n - p0 < cnt ? (int)(n - p0) : cnt;

@@ -60,7 +60,7 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn
         float m = -1.0f / 0.0f, l = 0.0f;
         for (int c = 0; c < D; c++)
             acc[c] = 0.0f;
-        for (int32_t p0 = 0; p0 < n;) {
+        for (int32_t p0 = kern_attn_first(a, t); p0 < n;) {
             const int i0 = p0 % B;
             int cnt = B - i0 < KERN_ATTN_RUN ? B - i0 : KERN_ATTN_RUN;
             cnt = n - p0 < cnt ? (int)(n - p0) : cnt;

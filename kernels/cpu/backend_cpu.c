@@ -181,6 +181,8 @@ static void in_groups(void *arg, long lo, long hi)
         }
         if (in->norm)
             j->fn->rmsnorm(x, in->norm, in->xn + (size_t)t * (size_t)n, (int)n, in->eps);
+        else if (in->up && in->glu == KERN_GLU_GELU)
+            kern_ref_geglu(x, in->up + (size_t)t * (size_t)n, n);
         else if (in->up)
             j->fn->swiglu(x, in->up + (size_t)t * (size_t)n, n);
         const float *r = j->src + (size_t)t * (size_t)n;
@@ -334,17 +336,17 @@ static void swiglu_worker(void *arg, int ith, int nth)
 
 static void cpu_ffn(struct kern_backend *b, const struct kern_tensor *gate,
                     const struct kern_tensor *up, const struct kern_tensor *down,
-                    const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
-                    int n_tok)
+                    const struct kern_mm_in *in, int glu, float *y, float *gate_buf,
+                    float *up_buf, int n_tok)
 {
     struct cpu_state *s = st_of(b);
     const struct kern_tensor *gu[2] = {gate, up};
     float *const guy[2] = {gate_buf, up_buf};
-    if (s->act != KERN_ACT_BF16 || !gate->packed || !up->packed || !down->packed ||
+    if (s->act != KERN_ACT_BF16 || glu != KERN_GLU_SILU || !gate->packed || !up->packed || !down->packed ||
         gate->type != up->type || !s->fn->gemm_bf16_swiglu[gate->type] ||
         !s->fn->gemm_bf16_packed[down->type] || gate->ne1 != up->ne1 || gate->ne0 != up->ne0 ||
         gate->ne1 % KERN_QK || down->ne0 != gate->ne1) {
-        const struct kern_mm_in down_in = {.x = gate_buf, .up = up_buf};
+        const struct kern_mm_in down_in = {.x = gate_buf, .up = up_buf, .glu = glu};
         cpu_matmul(b, gu, guy, 2, in, n_tok);
         cpu_matmul(b, &down, &y, 1, &down_in, n_tok);
         return;
@@ -400,22 +402,69 @@ struct rope_ctx {
     const struct kern_cpu_fns *fn; /* kernels */
     float *x;        /* n_tok x n_head x head_dim */
     const float *cs; /* n_tok x rot_dim: cos, sin per pair */
-    int n_head, head_dim, rot_dim;
+    int n_head, head_dim, rot_dim, neox;
 };
 
 static void rope_rows(void *arg, long lo, long hi)
 {
     const struct rope_ctx *c = arg;
     for (long t = lo; t < hi; t++)
-        c->fn->rope(c->x + (size_t)t * c->n_head * c->head_dim, c->cs + (size_t)t * c->rot_dim,
-                    c->n_head, c->head_dim, c->rot_dim);
+        (c->neox ? kern_ref_rope_neox : c->fn->rope)(c->x + (size_t)t * c->n_head * c->head_dim,
+                                                     c->cs + (size_t)t * c->rot_dim, c->n_head,
+                                                     c->head_dim, c->rot_dim);
 }
 
 static void cpu_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
-                     int head_dim, int rot_dim)
+                     int head_dim, int rot_dim, int neox)
 {
-    struct rope_ctx c = {st_of(b)->fn, x, cs, n_head, head_dim, rot_dim};
+    struct rope_ctx c = {st_of(b)->fn, x, cs, n_head, head_dim, rot_dim, neox};
     parallel_ranges(st_of(b), n_tok, rope_rows, &c);
+}
+
+/* Row-wise ops of the other architectures (biases, QK- and post-norms, embedding scale). */
+struct rows_ctx {
+    const struct kern_cpu_fns *fn;
+    float *x;       /* n_rows x width */
+    const float *w; /* width: bias or norm weights */
+    int width;
+    float eps;
+};
+
+static void bias_rows(void *arg, long lo, long hi)
+{
+    const struct rows_ctx *c = arg;
+    for (long r = lo; r < hi; r++)
+        for (int i = 0; i < c->width; i++)
+            c->x[(size_t)r * (size_t)c->width + (size_t)i] += c->w[i];
+}
+
+static void cpu_add_rows(struct kern_backend *b, float *y, const float *bias, long n_rows, int width)
+{
+    struct rows_ctx c = {st_of(b)->fn, y, bias, width, 0.0f};
+    parallel_ranges(st_of(b), n_rows, bias_rows, &c);
+}
+
+static void norm_rows(void *arg, long lo, long hi)
+{
+    const struct rows_ctx *c = arg;
+    for (long r = lo; r < hi; r++) {
+        float *x = c->x + (size_t)r * (size_t)c->width;
+        c->fn->rmsnorm(x, c->w, x, c->width, c->eps);
+    }
+}
+
+static void cpu_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows,
+                          int width, float eps)
+{
+    struct rows_ctx c = {st_of(b)->fn, x, w, width, eps};
+    parallel_ranges(st_of(b), n_rows, norm_rows, &c);
+}
+
+static void cpu_scale(struct kern_backend *b, float *x, float s, long n)
+{
+    (void)b;
+    for (long i = 0; i < n; i++)
+        x[i] *= s;
 }
 
 /* Element-wise ops are split in chunks of EW_CHUNK elements. */
@@ -775,6 +824,9 @@ static const struct kern_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .rope = cpu_rope,
     .add = cpu_add,
+    .add_rows = cpu_add_rows,
+    .norm_rows = cpu_norm_rows,
+    .scale = cpu_scale,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .gather = cpu_gather,

@@ -1,4 +1,5 @@
-/* Scalar row operations of the forward pass: RMS norm, the SwiGLU product and RoPE. The SIMD
+/* Scalar row operations of the forward pass: RMS norm, the SwiGLU and GeGLU products and RoPE
+ * (NORM and NEOX pairings). The SIMD
  * tables compute the same functions with vector partial sums and a polynomial exp (RoPE: the
  * same operations, so the same bits). */
 #include <math.h>
@@ -20,6 +21,28 @@ void kern_ref_swiglu(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void kern_ref_geglu(float *gate, const float *up, int64_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+void kern_ref_rope_neox(float *x, const float *cs, int n_head, int head_dim, int rot_dim)
+{
+    const int half = rot_dim / 2;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        for (int i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half], co = cs[2 * i], sn = cs[2 * i + 1];
+            v[i] = a * co - b * sn;
+            v[i + half] = a * sn + b * co;
+        }
+    }
 }
 
 void kern_ref_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim)

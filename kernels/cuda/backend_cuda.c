@@ -43,7 +43,8 @@ static void check(int rc, const char *what)
 static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, int n_tok,
                              int64_t n)
 {
-    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->xn, n_tok, (int)n),
+    check(kcu_mm_prep(s->stream, in->x, in->add, in->norm, in->eps, in->up, in->glu, in->xn, n_tok,
+                      (int)n),
           "matmul input");
     return in->norm ? in->xn : in->x;
 }
@@ -82,15 +83,15 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
 
 static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
                      const struct kern_tensor *up, const struct kern_tensor *down,
-                     const struct kern_mm_in *in, float *y, float *gate_buf, float *up_buf,
-                     int n_tok)
+                     const struct kern_mm_in *in, int glu, float *y, float *gate_buf,
+                     float *up_buf, int n_tok)
 {
     const struct kern_tensor *gu[2] = {gate, up};
     float *const ys[2] = {gate_buf, up_buf};
     cuda_matmul(b, gu, ys, 2, in, n_tok);
     const struct kern_tensor *d[1] = {down};
     float *const yd[1] = {y};
-    const struct kern_mm_in din = {.x = gate_buf, .up = up_buf};
+    const struct kern_mm_in din = {.x = gate_buf, .up = up_buf, .glu = glu};
     cuda_matmul(b, d, yd, 1, &din, n_tok);
 }
 
@@ -136,14 +137,31 @@ static void cuda_get_rows(struct kern_backend *b, const struct kern_tensor *w, c
 }
 
 static void cuda_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
-                      int head_dim, int rot_dim)
+                      int head_dim, int rot_dim, int neox)
 {
-    check(kcu_rope(st_of(b)->stream, x, cs, n_tok, n_head, head_dim, rot_dim), "rope");
+    check(kcu_rope(st_of(b)->stream, x, cs, n_tok, n_head, head_dim, rot_dim, neox), "rope");
 }
 
 static void cuda_add(struct kern_backend *b, float *y, const float *x, long n)
 {
     check(kcu_add(st_of(b)->stream, y, x, n), "add");
+}
+
+static void cuda_add_rows(struct kern_backend *b, float *y, const float *bias, long n_rows,
+                          int width)
+{
+    check(kcu_add_rows(st_of(b)->stream, y, bias, n_rows, width), "add_rows");
+}
+
+static void cuda_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows,
+                           int width, float eps)
+{
+    check(kcu_norm_rows(st_of(b)->stream, x, w, n_rows, width, eps), "norm_rows");
+}
+
+static void cuda_scale(struct kern_backend *b, float *x, float sc, long n)
+{
+    check(kcu_scale(st_of(b)->stream, x, sc, n), "scale");
 }
 
 static struct kcu_kv kv_of(struct kern_kv_layer kv, const struct kern_block_table *bt,
@@ -172,7 +190,8 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     if (a->store)
         check(kcu_kv_store(s->stream, &d, a->pos, a->k_new, a->v_new, a->n_tok, a->store, 1),
               "attention store");
-    check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale),
+    check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
+                        a->window),
           "attention");
 }
 
@@ -315,6 +334,9 @@ static const struct kern_ops cuda_ops = {
     .get_rows = cuda_get_rows,
     .rope = cuda_rope,
     .add = cuda_add,
+    .add_rows = cuda_add_rows,
+    .norm_rows = cuda_norm_rows,
+    .scale = cuda_scale,
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .gather = cuda_gather,

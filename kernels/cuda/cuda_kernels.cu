@@ -62,7 +62,7 @@ __global__ void k_best_ids(const unsigned long long *best, int32_t *ids, int n)
 #define PREP_THREADS 256
 
 __global__ void k_mm_prep(float *x, const float *add, const float *norm, float eps,
-                          const float *up, float *xn, int n)
+                          const float *up, int glu, float *xn, int n)
 {
     __shared__ float part[PREP_THREADS / WARP];
     float *xr = x + (size_t)blockIdx.x * n;
@@ -90,17 +90,32 @@ __global__ void k_mm_prep(float *x, const float *add, const float *norm, float e
     } else if (up) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const float g = xr[i];
-            xr[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[off + i]);
+            const float a = glu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f *
+                                                          (g + 0.044715f * g * g * g)))
+                                : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+            xr[i] = __fmul_rn(a, up[off + i]);
         }
     }
 }
 
 extern "C" int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, float eps,
-                           const float *up, float *xn, int n_tok, int n)
+                           const float *up, int glu, float *xn, int n_tok, int n)
 {
     if (n_tok <= 0 || (!add && !norm && !up))
         return 0;
-    k_mm_prep<<<n_tok, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, add, norm, eps, up, xn, n);
+    k_mm_prep<<<n_tok, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, add, norm, eps, up, glu, xn,
+                                                                 n);
+    return launched();
+}
+
+/* Rows of x normed in place: the norm step of k_mm_prep with xn = x (QK-norm, post-norm). */
+extern "C" int kcu_norm_rows(void *stream, float *x, const float *w, long n_rows, int width,
+                             float eps)
+{
+    if (n_rows <= 0)
+        return 0;
+    k_mm_prep<<<(unsigned)n_rows, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, NULL, w, eps, NULL,
+                                                                            0, x, width);
     return launched();
 }
 
@@ -313,7 +328,8 @@ extern "C" int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t r
 
 /* ---- element-wise ---- */
 
-__global__ void k_rope(float *x, const float *cs, int n_tok, int n_head, int head_dim, int rot_dim)
+__global__ void k_rope(float *x, const float *cs, int n_tok, int n_head, int head_dim, int rot_dim,
+                       int neox)
 {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x; /* one pair */
     const int half = rot_dim / 2;
@@ -322,21 +338,52 @@ __global__ void k_rope(float *x, const float *cs, int n_tok, int n_head, int hea
     const int p = (int)(i % half);
     const long th = i / half; /* token * n_head + head */
     const int t = (int)(th / n_head);
-    float *v = x + th * head_dim + 2 * p;
-    const float a = v[0], b = v[1], co = cs[(size_t)t * rot_dim + 2 * p],
+    float *v0 = x + th * head_dim + (neox ? p : 2 * p), *v1 = v0 + (neox ? half : 1);
+    const float a = *v0, b = *v1, co = cs[(size_t)t * rot_dim + 2 * p],
                 sn = cs[(size_t)t * rot_dim + 2 * p + 1];
-    v[0] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, sn));
-    v[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, co));
+    *v0 = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, sn));
+    *v1 = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, co));
 }
 
 extern "C" int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head,
-                        int head_dim, int rot_dim)
+                        int head_dim, int rot_dim, int neox)
 {
     const long n = (long)n_tok * n_head * (rot_dim / 2);
     if (n <= 0)
         return 0;
     k_rope<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, cs, n_tok, n_head,
-                                                                        head_dim, rot_dim);
+                                                                        head_dim, rot_dim, neox);
+    return launched();
+}
+
+__global__ void k_add_rows(float *y, const float *bias, long n, int width)
+{
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __fadd_rn(y[i], bias[i % width]);
+}
+
+extern "C" int kcu_add_rows(void *stream, float *y, const float *bias, long n_rows, int width)
+{
+    const long n = n_rows * width;
+    if (n <= 0)
+        return 0;
+    k_add_rows<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, bias, n, width);
+    return launched();
+}
+
+__global__ void k_scale(float *x, float s, long n)
+{
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+extern "C" int kcu_scale(void *stream, float *x, float s, long n)
+{
+    if (n <= 0)
+        return 0;
+    k_scale<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, s, n);
     return launched();
 }
 
@@ -449,7 +496,7 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
 #define ATT_MAX_CH (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
 
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
-                            int n_head, float scale)
+                            int n_head, float scale, int window)
 {
     __shared__ float qs[512];
     const int lane = threadIdx.x;
@@ -467,7 +514,7 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     for (int j = 0; j < ATT_MAX_CH; j++)
         acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int p0 = 0; p0 < n; p0 += WARP) {
+    for (int p0 = window > 0 && n > window ? n - window : 0; p0 < n; p0 += WARP) {
         const int p = p0 + lane;
         float s = -INFINITY;
         if (p < n) {
@@ -528,11 +575,12 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
 }
 
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
-                             const int32_t *pos, int n_tok, int n_head, float scale)
+                             const int32_t *pos, int n_tok, int n_head, float scale, int window)
 {
     if (n_tok <= 0)
         return 0;
     k_attention<<<(unsigned)(n_tok * n_head), WARP, 0, (cudaStream_t)stream>>>(*kv, q, out, pos,
-                                                                              n_head, scale);
+                                                                              n_head, scale,
+                                                                              window);
     return launched();
 }

@@ -14,9 +14,10 @@ extern "C" {
 #endif
 
 /* A matmul's input steps, in order: x += add (when add); then xn = rmsnorm(x) * norm (when norm)
- * or x = silu(x) * up (when up). n_tok rows of n floats. */
+ * or x = act(x) * up (when up; act: silu, or the tanh GELU with glu 1). n_tok rows of n floats. */
 int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, float eps,
-                const float *up, float *xn, int n_tok, int n);
+                const float *up, int glu, float *xn, int n_tok, int n);
+int kcu_norm_rows(void *stream, float *x, const float *w, long n_rows, int width, float eps);
 /* y[t * ne1 + r] = dot(dequantized row r of w, x[t * ne0 ..]) for t < n_tok, r < ne1; w holds
  * ne1 rows of row_bytes bytes of GGUF type `type` (cuda_dequant.h), ne0 % 32 == 0. */
 int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
@@ -35,8 +36,10 @@ int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const void *w, size
 int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
                  const int32_t *ids, int n, float *out);
 int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head, int head_dim,
-             int rot_dim);
+             int rot_dim, int neox);
 int kcu_add(void *stream, float *y, const float *x, long n);
+int kcu_add_rows(void *stream, float *y, const float *bias, long n_rows, int width);
+int kcu_scale(void *stream, float *x, float s, long n);
 int kcu_gather(void *stream, float *dst, const float *src, const int32_t *idx, int n, long width);
 
 /* One KV layer as the kernels see it (the CPU backend's tile layout, kernels/kernels.h). */
@@ -55,9 +58,10 @@ struct kcu_kv {
  * token; else only tokens with sel[t] == want (want 0: kv_store's skip; 1: attention's store). */
 int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, const float *k,
                  const float *v, int n_tok, const uint8_t *sel, int want);
-/* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence. */
+/* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence (the
+ * last `window` of them when window > 0). */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
-                  const int32_t *pos, int n_tok, int n_head, float scale);
+                  const int32_t *pos, int n_tok, int n_head, float scale, int window);
 
 #ifdef __cplusplus
 }

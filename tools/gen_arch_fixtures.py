@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Small random-weight GGUFs of each supported architecture and their reference logits (NOT run
+by CI; the outputs are committed):
+
+  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3}.gguf   written by the `gguf` package
+  tests/fixtures/arch_ref.json                           logits at every position of a prompt,
+                                                         from tools/ref_forward.py's Model
+
+Each file has only what the forward pass reads (no tokenizer): 64 hidden, 4 query heads, 2 KV
+heads (so --tp 2 splits them), FFN 96, 128 tokens of vocabulary, 6 layers, matrices in a mix of
+Q8_0, Q4_0, Q4_1 and F16. llama3 carries rope_freqs.weight with Llama 3.1's factors formula;
+qwen3 and gemma3 a head_dim (32) that is not hidden / heads (16); gemma3 a 5-token sliding
+window, so a 24-token prompt crosses it in the five sliding layers of every six.
+
+Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from gguf import GGUFWriter, GGMLQuantizationType as Q
+from gguf import quants
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_forward  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+E, H, KV, FF, V, NL, CTX = 64, 4, 2, 96, 128, 6, 64
+N_PROMPT = 24
+
+
+def llama3_factors(dim, theta):
+    """Llama 3.1 RoPE frequency factors (factor 8, low 1, high 4, original context 8192), as the
+    GGUF converter writes them: wavelengths past the low band are slowed 8x, those under the
+    high band kept, the rest blended."""
+    factor, low, high, old_ctx = 8.0, 1.0, 4.0, 8192
+    lo_wl, hi_wl = old_ctx / low, old_ctx / high
+    out = []
+    for i in range(0, dim, 2):
+        freq = 1.0 / theta ** (i / dim)
+        wl = 2 * math.pi / freq
+        if wl < hi_wl:
+            out.append(1.0)
+        elif wl > lo_wl:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write(name, arch, head_dim, extra, types, rng):
+    path = os.path.join(ROOT, "tests", "fixtures", "arch", name + ".gguf")
+    w = GGUFWriter(path, arch)
+    w.add_context_length(CTX)
+    w.add_embedding_length(E)
+    w.add_block_count(NL)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(1e-6)
+    if head_dim != E // H:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    theta = {"llama3": 500000.0, "gemma3": 1000000.0}.get(name, 10000.0 * 3)
+    w.add_rope_freq_base(theta)
+    if arch == "gemma3":
+        w.add_sliding_window(5)
+
+    def mat(tname, n_in, n_out, qt, scale=1.0):
+        x = (rng.standard_normal((n_out, n_in)) * scale / math.sqrt(n_in)).astype(np.float32)
+        if qt == Q.F16:
+            w.add_tensor(tname, x.astype(np.float16))
+        else:
+            q = quants.quantize(x, qt)
+            w.add_tensor(tname, q, raw_shape=q.shape, raw_dtype=qt)
+
+    def vec(tname, n, mean, spread):
+        w.add_tensor(tname, (mean + spread * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
+    vec("output_norm.weight", E, 1.0, 0.2)
+    if name == "llama3":
+        mat("output.weight", E, V, types[1], scale=2.0)
+        w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
+    for l in range(NL):
+        p = "blk.%d." % l
+        vec(p + "attn_norm.weight", E, 1.0, 0.2)
+        vec(p + "ffn_norm.weight", E, 1.0, 0.2)
+        mat(p + "attn_q.weight", E, H * head_dim, types[l % len(types)], 2.0)
+        mat(p + "attn_k.weight", E, KV * head_dim, types[(l + 1) % len(types)], 2.0)
+        mat(p + "attn_v.weight", E, KV * head_dim, types[(l + 2) % len(types)])
+        mat(p + "attn_output.weight", H * head_dim, E, types[(l + 3) % len(types)])
+        mat(p + "ffn_gate.weight", E, FF, types[l % len(types)], 2.0)
+        mat(p + "ffn_up.weight", E, FF, types[(l + 1) % len(types)])
+        mat(p + "ffn_down.weight", FF, E, types[(l + 2) % len(types)])
+        if "bias" in extra:
+            vec(p + "attn_q.bias", H * head_dim, 0.0, 0.3)
+            vec(p + "attn_k.bias", KV * head_dim, 0.0, 0.3)
+            vec(p + "attn_v.bias", KV * head_dim, 0.0, 0.3)
+        if "qk_norm" in extra:
+            vec(p + "attn_q_norm.weight", head_dim, 1.0, 0.2)
+            vec(p + "attn_k_norm.weight", head_dim, 1.0, 0.2)
+        if "post_norm" in extra:
+            vec(p + "post_attention_norm.weight", E, 1.0, 0.2)
+            vec(p + "post_ffw_norm.weight", E, 1.0, 0.2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main():
+    os.makedirs(os.path.join(ROOT, "tests", "fixtures", "arch"), exist_ok=True)
+    rng = np.random.default_rng(2026)
+    specs = [
+        ("llama3", "llama", E // H, (), (Q.Q8_0, Q.Q4_0)),
+        ("qwen2", "qwen2", E // H, ("bias",), (Q.Q8_0, Q.F16, Q.Q4_1)),
+        ("qwen3", "qwen3", 32, ("qk_norm",), (Q.Q4_1, Q.Q8_0)),
+        ("gemma3", "gemma3", 32, ("qk_norm", "post_norm"), (Q.Q8_0, Q.Q4_0, Q.Q4_1)),
+    ]
+    out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
+                   "rounded to f16) at every position", "models": []}
+    for name, arch, hd, extra, types in specs:
+        path = write(name, arch, hd, extra, types, rng)
+        m = ref_forward.Model(path)
+        m.kv_f16 = True
+        toks = [int(t) for t in rng.integers(0, V, N_PROMPT)]
+        logits = m.forward(toks, m.new_cache())
+        # the same logits one token at a time (the reference's KV cache path)
+        cache = m.new_cache()
+        step = np.concatenate([m.forward([t], cache) for t in toks], 0)
+        assert np.abs(step - logits).max() < 1e-9
+        out["models"].append({"name": name, "file": "tests/fixtures/arch/%s.gguf" % name,
+                              "config": m.meta, "tokens": toks,
+                              "logits": [[round(float(v), 5) for v in row] for row in logits]})
+        print("%-7s %6d bytes  logits |max| %.2f  std %.2f" %
+              (name, os.path.getsize(path), float(np.abs(logits).max()), float(logits.std())))
+    # an architecture quern does not run: only its name (the loader refuses it first)
+    w = GGUFWriter(os.path.join(ROOT, "tests", "fixtures", "arch", "phi3.gguf"), "phi3")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    dst = os.path.join(ROOT, "tests", "fixtures", "arch_ref.json")
+    with open(dst, "w") as f:
+        json.dump(out, f, separators=(",", ":"))
+        f.write("\n")
+    print("wrote %s (%d bytes)" % (dst, os.path.getsize(dst)))
+
+
+if __name__ == "__main__":
+    main()
