@@ -1,5 +1,6 @@
-/* ChatML chat template: recognises the template text, extracts its default system turn, and
- * renders or tokenizes a conversation as a list of parts (template special tokens and text). */
+/* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
+ * Llama 3), and renders or tokenizes a conversation as a list of parts (the template's special
+ * tokens and text). */
 #include "engine/chat.h"
 
 #include <stdlib.h>
@@ -13,8 +14,19 @@
 /* What a rendered part is. */
 enum chat_part_kind {
     CHAT_PART_TEXT = 0, /* plain text */
-    CHAT_PART_IM_START, /* the template's <|im_start|> special token */
-    CHAT_PART_IM_END,   /* the template's <|im_end|> special token */
+    CHAT_PART_SPECIAL,  /* one of the template's special tokens (s: its text) */
+};
+
+/* The conversation formats. */
+enum chat_fmt { CHAT_FMT_CHATML = 0, CHAT_FMT_GEMMA, CHAT_FMT_LLAMA3 };
+
+static const struct {
+    const char *name;   /* --chat-template NAME */
+    const char *marker; /* a special token only this format's templates write */
+} g_fmts[] = {
+    {"chatml", CHAT_IM_START},
+    {"gemma", "<start_of_turn>"},
+    {"llama3", "<|start_header_id|>"},
 };
 
 /* One piece of the rendered conversation; text points into caller or chat-owned memory. */
@@ -27,6 +39,7 @@ struct chat_part {
 #define CHAT_MAX_DEFAULT_PARTS 16
 
 struct engine_chat {
+    int fmt;                                                /* enum chat_fmt */
     char *default_system;                                   /* unescaped default turn, or NULL */
     struct chat_part default_parts[CHAT_MAX_DEFAULT_PARTS]; /* it split at special tokens */
     size_t n_default_parts;                                 /* entries in default_parts */
@@ -195,9 +208,9 @@ static enum status split_default(struct engine_chat *c, struct err_detail *err)
         enum chat_part_kind k = CHAT_PART_TEXT;
         size_t tl = 0;
         if (i < n && strncmp(s + i, CHAT_IM_START, strlen(CHAT_IM_START)) == 0)
-            k = CHAT_PART_IM_START, tl = strlen(CHAT_IM_START);
+            k = CHAT_PART_SPECIAL, tl = strlen(CHAT_IM_START);
         else if (i < n && strncmp(s + i, CHAT_IM_END, strlen(CHAT_IM_END)) == 0)
-            k = CHAT_PART_IM_END, tl = strlen(CHAT_IM_END);
+            k = CHAT_PART_SPECIAL, tl = strlen(CHAT_IM_END);
         if (k == CHAT_PART_TEXT && i < n) {
             i++;
             continue;
@@ -218,19 +231,54 @@ static enum status split_default(struct engine_chat *c, struct err_detail *err)
     return ST_OK;
 }
 
+/* The format whose marker token the vocabulary has (a model without a template), or -1. */
+static int fmt_from_vocab(const struct io_gguf *g)
+{
+    const struct io_gguf_str *toks;
+    uint64_t n;
+    if (io_gguf_get_str_arr(g, "tokenizer.ggml.tokens", &toks, &n, NULL) != ST_OK)
+        return -1;
+    for (int f = (int)(sizeof(g_fmts) / sizeof(g_fmts[0])) - 1; f >= 0; f--)
+        for (uint64_t i = 0; i < n; i++)
+            if (io_gguf_str_eq(toks[i], g_fmts[f].marker))
+                return f;
+    return -1;
+}
+
 enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
                              struct err_detail *err)
 {
+    return engine_chat_init_named(out, g, NULL, err);
+}
+
+enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
+                                   const char *name, struct err_detail *err)
+{
     *out = NULL;
-    struct io_gguf_str tpl;
-    enum status st = io_gguf_get_str(g, "tokenizer.chat_template", &tpl, err);
-    if (st != ST_OK && st != ST_ERR_NOT_FOUND)
-        return st;
     struct engine_chat *c = calloc(1, sizeof(*c));
     if (!c)
         return err_set(err, ST_ERR_NOMEM, "allocating the chat template");
+    if (name) { /* chosen by name: the format as it is, no default system turn */
+        for (c->fmt = 0; c->fmt < (int)(sizeof(g_fmts) / sizeof(g_fmts[0])); c->fmt++)
+            if (!strcmp(name, g_fmts[c->fmt].name)) {
+                *out = c;
+                return ST_OK;
+            }
+        free(c);
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "unknown chat template '%.40s' (chatml, gemma, llama3)", name);
+    }
+    struct io_gguf_str tpl;
+    enum status st = io_gguf_get_str(g, "tokenizer.chat_template", &tpl, err);
+    if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
+        free(c);
+        return st;
+    }
     if (st == ST_ERR_NOT_FOUND) {
-        LOG_WARN("model has no tokenizer.chat_template; using plain ChatML");
+        const int f = fmt_from_vocab(g);
+        c->fmt = f < 0 ? CHAT_FMT_CHATML : f;
+        LOG_WARN("model has no tokenizer.chat_template; using %s%s", g_fmts[c->fmt].name,
+                 f < 0 ? "" : " (its vocabulary has the format's tokens)");
         *out = c;
         return ST_OK;
     }
@@ -243,16 +291,26 @@ enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
     memcpy(s, tpl.ptr, (size_t)tpl.len);
     s[tpl.len] = 0;
     size_t n = (size_t)tpl.len;
-    if (memchr(s, 0, n) || !strstr(s, CHAT_IM_START) || !strstr(s, CHAT_IM_END) ||
-        strstr(s, "<|im_sep|>")) {
+    int ok = !memchr(s, 0, n);
+    if (ok && strstr(s, g_fmts[CHAT_FMT_GEMMA].marker)) {
+        c->fmt = CHAT_FMT_GEMMA;
+    } else if (ok && strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
+        /* Llama 3.1 and later write a dated default system turn and tool prompts */
+        c->fmt = CHAT_FMT_LLAMA3;
+        ok = !strstr(s, "Cutting Knowledge") && !strstr(s, "tools");
+    } else {
+        ok = ok && strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>");
+    }
+    if (!ok) {
         char snip[200];
         template_snippet(s, n, snip, sizeof(snip));
         free(s);
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "chat template not supported (only ChatML is): \"%s\"", snip);
+                       "chat template not supported (ChatML, Gemma and Llama 3 are; "
+                       "--chat-template NAME picks one): \"%s\"", snip);
     }
-    st = find_default_system(s, n, &c->default_system, err);
+    st = c->fmt == CHAT_FMT_CHATML ? find_default_system(s, n, &c->default_system, err) : ST_OK;
     if (st == ST_OK && c->default_system)
         st = split_default(c, err);
     free(s);
@@ -275,6 +333,139 @@ void engine_chat_free(struct engine_chat *c)
 
 /* ---- rendering ---- */
 
+/* Python's str.isspace for the character at s (UTF-8), as Jinja's trim strips: its byte
+ * length, or 0 when it is not whitespace. */
+static size_t space_len(const unsigned char *s, size_t n)
+{
+    static const char *const multi[] = {"\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\xA8",
+                                        "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F",
+                                        "\xE3\x80\x80"};
+    if ((s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x20))
+        return 1;
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 && s[2] >= 0x80 && s[2] <= 0x8A) /* U+2000..200A */
+        return 3;
+    for (size_t i = 0; i < sizeof(multi) / sizeof(multi[0]); i++) {
+        size_t l = strlen(multi[i]);
+        if (n >= l && !memcmp(s, multi[i], l))
+            return l;
+    }
+    return 0;
+}
+
+/* content with leading and trailing whitespace cut (Jinja's trim), as a part. */
+static struct chat_part trimmed(const char *content)
+{
+    const unsigned char *s = (const unsigned char *)content;
+    size_t b = 0, e = strlen(content), l;
+    while (b < e && (l = space_len(s + b, e - b)))
+        b += l;
+    while (e > b) { /* the last character, while it is whitespace */
+        size_t k = e - 1;
+        while (k > b && (s[k] & 0xC0) == 0x80)
+            k--;
+        if (space_len(s + k, e - k) != e - k)
+            break;
+        e = k;
+    }
+    return (struct chat_part){CHAT_PART_TEXT, content + b, e - b};
+}
+
+static struct chat_part text(const char *s)
+{
+    return (struct chat_part){CHAT_PART_TEXT, s, strlen(s)};
+}
+
+static struct chat_part special(const char *s)
+{
+    return (struct chat_part){CHAT_PART_SPECIAL, s, strlen(s)};
+}
+
+/* ChatML: the default system turn unless the chat starts with one, then
+ * <|im_start|>role\ncontent<|im_end|>\n per message; <|im_start|>assistant\n. */
+static size_t parts_chatml(const struct engine_chat *c, const struct engine_chat_msg *m, size_t n,
+                           int gen, struct chat_part *p)
+{
+    size_t k = 0;
+    if (c->default_system && strcmp(m[0].role, "system") != 0)
+        for (size_t i = 0; i < c->n_default_parts; i++)
+            p[k++] = c->default_parts[i];
+    for (size_t i = 0; i < n; i++) {
+        p[k++] = special(CHAT_IM_START);
+        p[k++] = text(m[i].role);
+        p[k++] = text("\n");
+        p[k++] = text(m[i].content);
+        p[k++] = special(CHAT_IM_END);
+        p[k++] = text("\n");
+    }
+    if (gen) {
+        p[k++] = special(CHAT_IM_START);
+        p[k++] = text("assistant\n");
+    }
+    return k;
+}
+
+/* Gemma: <bos>; a leading system message becomes a prefix of the first turn (its content and a
+ * blank line); the others alternate user/assistant from user (else an error, as the template
+ * raises), each <start_of_turn>role\ntrim(content)<end_of_turn>\n with assistant written
+ * "model"; <start_of_turn>model\n. */
+static enum status parts_gemma(const struct engine_chat_msg *m, size_t n, int gen,
+                               struct chat_part *p, size_t *np, struct err_detail *err)
+{
+    size_t k = 0;
+    const size_t first = strcmp(m[0].role, "system") == 0;
+    p[k++] = special("<bos>");
+    for (size_t i = first; i < n; i++) {
+        const int user = strcmp(m[i].role, "user") == 0;
+        if (user != ((i - first) % 2 == 0))
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "the gemma chat template needs user and assistant turns alternating "
+                           "from user (message %zu is %s)", i, m[i].role);
+        p[k++] = special("<start_of_turn>");
+        p[k++] = text(strcmp(m[i].role, "assistant") ? m[i].role : "model");
+        p[k++] = text("\n");
+        if (first && i == first) {
+            p[k++] = text(m[0].content);
+            p[k++] = text("\n\n");
+        }
+        p[k++] = trimmed(m[i].content);
+        p[k++] = special("<end_of_turn>");
+        p[k++] = text("\n");
+    }
+    if (gen) {
+        p[k++] = special("<start_of_turn>");
+        p[k++] = text("model\n");
+    }
+    *np = k;
+    return ST_OK;
+}
+
+/* Llama 3: <|begin_of_text|>, then <|start_header_id|>role<|end_header_id|>\n\ntrim(content)
+ * <|eot_id|> per message; <|start_header_id|>assistant<|end_header_id|>\n\n. */
+static size_t parts_llama3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
+{
+    size_t k = 0;
+    p[k++] = special("<|begin_of_text|>");
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n && !gen)
+            break;
+        p[k++] = special("<|start_header_id|>");
+        p[k++] = text(i < n ? m[i].role : "assistant");
+        p[k++] = special("<|end_header_id|>");
+        p[k++] = text("\n\n");
+        if (i == n)
+            break;
+        p[k++] = trimmed(m[i].content);
+        p[k++] = special("<|eot_id|>");
+    }
+    return k;
+}
+
+/* 1 when the format writes BOS itself (the tokenizer must not add another). */
+static int writes_bos(const struct engine_chat *c)
+{
+    return c->fmt != CHAT_FMT_CHATML;
+}
+
 /* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs and c. */
 static enum status chat_parts(const struct engine_chat *c, const struct engine_chat_msg *msgs,
                               size_t n, int add_generation_prompt, struct chat_part **parts,
@@ -294,29 +485,22 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
                            "message %zu has role \"%.40s\" (allowed: system, user, assistant)", i,
                            r);
     }
-    if (n > SIZE_MAX / (8 * sizeof(struct chat_part)))
+    if (n > SIZE_MAX / (16 * sizeof(struct chat_part)))
         return err_set(err, ST_ERR_INVALID_ARG, "too many messages (%zu)", n);
-    struct chat_part *p = malloc((6 * n + 2 + CHAT_MAX_DEFAULT_PARTS) * sizeof(*p));
+    struct chat_part *p = malloc((8 * n + 8 + CHAT_MAX_DEFAULT_PARTS) * sizeof(*p));
     if (!p)
         return err_set(err, ST_ERR_NOMEM, "rendering the chat");
     size_t k = 0;
-    static const struct chat_part im_start = {CHAT_PART_IM_START, CHAT_IM_START, 12};
-    static const struct chat_part im_end = {CHAT_PART_IM_END, CHAT_IM_END, 10};
-    static const struct chat_part nl = {CHAT_PART_TEXT, "\n", 1};
-    if (c->default_system && strcmp(msgs[0].role, "system") != 0)
-        for (size_t i = 0; i < c->n_default_parts; i++)
-            p[k++] = c->default_parts[i];
-    for (size_t i = 0; i < n; i++) {
-        p[k++] = im_start;
-        p[k++] = (struct chat_part){CHAT_PART_TEXT, msgs[i].role, strlen(msgs[i].role)};
-        p[k++] = nl;
-        p[k++] = (struct chat_part){CHAT_PART_TEXT, msgs[i].content, strlen(msgs[i].content)};
-        p[k++] = im_end;
-        p[k++] = nl;
-    }
-    if (add_generation_prompt) {
-        p[k++] = im_start;
-        p[k++] = (struct chat_part){CHAT_PART_TEXT, "assistant\n", 10};
+    enum status st = ST_OK;
+    if (c->fmt == CHAT_FMT_GEMMA)
+        st = parts_gemma(msgs, n, add_generation_prompt, p, &k, err);
+    else if (c->fmt == CHAT_FMT_LLAMA3)
+        k = parts_llama3(msgs, n, add_generation_prompt, p);
+    else
+        k = parts_chatml(c, msgs, n, add_generation_prompt, p);
+    if (st != ST_OK) {
+        free(p);
+        return st;
     }
     *parts = p;
     *n_parts = k;
@@ -400,13 +584,6 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
 {
     *ids = NULL;
     *n_ids = 0;
-    int32_t im_start = engine_tok_find(t, CHAT_IM_START, strlen(CHAT_IM_START));
-    int32_t im_end = engine_tok_find(t, CHAT_IM_END, strlen(CHAT_IM_END));
-    if (im_start < 0 || im_end < 0)
-        return err_set(err, ST_ERR_UNSUPPORTED,
-                       "ChatML needs %s and %s tokens; the vocabulary "
-                       "lacks %s",
-                       CHAT_IM_START, CHAT_IM_END, im_start < 0 ? CHAT_IM_START : CHAT_IM_END);
     struct chat_part *p;
     size_t np;
     enum status st = chat_parts(c, msgs, n, add_generation_prompt, &p, &np, err);
@@ -417,12 +594,17 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
     unsigned flags = allow_special_in_content ? ENGINE_TOK_PARSE_SPECIAL : 0;
     char *buf = NULL;
     size_t cap = 0;
-    /* BOS, if the model wants one: encoding nothing with ADD_BOS yields just that. */
-    st = ids_encode(&a, t, "", 0, ENGINE_TOK_ADD_BOS, err);
+    /* BOS, if the model wants one and the template does not write it: encoding nothing with
+     * ADD_BOS yields just that. */
+    if (!writes_bos(c))
+        st = ids_encode(&a, t, "", 0, ENGINE_TOK_ADD_BOS, err);
     for (size_t i = 0; i < np && st == ST_OK;) {
         if (p[i].kind != CHAT_PART_TEXT) {
-            int32_t id = p[i].kind == CHAT_PART_IM_START ? im_start : im_end;
-            st = ids_append(&a, &id, 1, err);
+            int32_t id = engine_tok_find(t, p[i].s, p[i].n);
+            st = id >= 0 ? ids_append(&a, &id, 1, err)
+                         : err_set(err, ST_ERR_UNSUPPORTED,
+                                   "the %s chat template needs the token %.*s; the vocabulary "
+                                   "lacks it", g_fmts[c->fmt].name, (int)p[i].n, p[i].s);
             i++;
             continue;
         }

@@ -1,11 +1,21 @@
 /* Chat templates: turns a list of role/content messages into the prompt text and token ids a
  * model expects, by recognising the model's tokenizer.chat_template (no Jinja engine).
  *
- * Supported: ChatML ("<|im_start|>role\ncontent<|im_end|>\n" per message, generation prompt
- * "<|im_start|>assistant\n"), including the default system turn that templates such as
- * SmolLM2's and Qwen2.5's insert when the first message is not a system message: it is taken
- * verbatim from the template's string literal. A model without tokenizer.chat_template gets
- * plain ChatML without a default system turn (llama.cpp's fallback too). */
+ * Supported (by the name --chat-template takes):
+ *   chatml  "<|im_start|>role\ncontent<|im_end|>\n" per message, generation prompt
+ *           "<|im_start|>assistant\n", including the default system turn that templates such
+ *           as SmolLM2's and Qwen2.5's insert when the first message is not a system message:
+ *           it is taken verbatim from the template's string literal.
+ *   gemma   Gemma 2/3: "<bos>", "<start_of_turn>role\n" + trim(content) + "<end_of_turn>\n"
+ *           with assistant written "model", a leading system message as a prefix of the first
+ *           turn (content + "\n\n"), user/assistant alternating from user (else an error, as
+ *           the template raises), generation prompt "<start_of_turn>model\n".
+ *   llama3  Llama 3 (3.0: no dated default system turn): "<|begin_of_text|>", then
+ *           "<|start_header_id|>role<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>".
+ * trim is Jinja's (Python's str.strip whitespace). A model without tokenizer.chat_template
+ * gets the format whose marker token its vocabulary has (<start_of_turn>: gemma,
+ * <|start_header_id|>: llama3), else plain ChatML without a default system turn (llama.cpp's
+ * fallback too). */
 #ifndef ENGINE_CHAT_H
 #define ENGINE_CHAT_H
 
@@ -30,6 +40,11 @@ struct engine_chat; /* opaque; see engine/chat.c */
 enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
                              struct err_detail *err);
 
+/* Use the format called name (chatml, gemma, llama3) whatever g's template says; NULL: as
+ * engine_chat_init. An unknown name is ST_ERR_INVALID_ARG listing the names. */
+enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
+                                   const char *name, struct err_detail *err);
+
 /* Free; NULL is a no-op. */
 void engine_chat_free(struct engine_chat *c);
 
@@ -41,11 +56,13 @@ enum status engine_chat_render(const struct engine_chat *c, const struct engine_
                                struct err_detail *err);
 
 /* Render and tokenize in one go. Only the special tokens the template itself inserts
- * (<|im_start|>, <|im_end|>, also inside the default system turn) become special ids; the text
- * between two of them ("user\n" + content, or "\n") is tokenized as one piece of plain text, so
- * a literal "<|im_end|>" inside content stays text unless allow_special_in_content, in which
- * case control-token text in those pieces is parsed too. BOS is prepended when the model's
- * add_bos_token says so. The caller frees *ids with free(). */
+ * (<|im_start|>, <|im_end|>, also inside the default system turn; <start_of_turn>, ...) become
+ * special ids (a vocabulary without one is ST_ERR_UNSUPPORTED naming it); the text between two
+ * of them ("user\n" + content, or "\n") is tokenized as one piece of plain text, so a literal
+ * "<|im_end|>" inside content stays text unless allow_special_in_content, in which case
+ * control-token text in those pieces is parsed too. BOS is prepended when the model's
+ * add_bos_token says so and the format does not write it (gemma, llama3 do). The caller frees
+ * *ids with free(). */
 enum status engine_chat_tokenize(const struct engine_chat *c, const struct engine_tok *t,
                                  const struct engine_chat_msg *msgs, size_t n,
                                  int add_generation_prompt, int allow_special_in_content,

@@ -1,8 +1,10 @@
-/* Byte-level BPE tokenizer, loading: the vocabulary, merges and special tokens from GGUF
- * metadata into the immutable struct engine_tok, with its GPT-2 byte <-> unicode mapping and
- * hash tables. Encoding is in engine/tokenizer_encode.c, decoding in engine/tokenizer_decode.c. */
+/* Tokenizer loading: the vocabulary, merges (byte-level BPE) or scores (SentencePiece) and
+ * special tokens from GGUF metadata into the immutable struct engine_tok, with its GPT-2 byte
+ * <-> unicode mapping, pre-tokenizer regexes and hash tables. Encoding is in
+ * engine/tokenizer_encode.c and engine/tokenizer_spm.c, decoding in engine/tokenizer_decode.c. */
 #include "engine/tokenizer_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,9 +116,37 @@ int32_t engine_tok_text_map_find(const struct engine_tok *t, const char *s, size
     }
 }
 
-/* Insert id unless a token with the same text and class is already there (first id wins). */
+int32_t engine_tok_raw_find(const struct engine_tok *t, const char *s, size_t n)
+{
+    uint32_t i = (uint32_t)hash_bytes(s, n) & t->raw_map_mask;
+    for (;; i = (i + 1) & t->raw_map_mask) {
+        int32_t id = t->raw_map[i];
+        if (id < 0)
+            return -1;
+        if (t->raw_off[id + 1] - t->raw_off[id] == n && memcmp(t->raw + t->raw_off[id], s, n) == 0)
+            return id;
+    }
+}
+
+/* SentencePiece: id into the raw-text table unless its text is there already (first wins). */
+static void raw_map_insert(struct engine_tok *t, int32_t id)
+{
+    const char *s = t->raw + t->raw_off[id];
+    const size_t n = t->raw_off[id + 1] - t->raw_off[id];
+    if (engine_tok_raw_find(t, s, n) >= 0)
+        return;
+    uint32_t i = (uint32_t)hash_bytes(s, n) & t->raw_map_mask;
+    while (t->raw_map[i] >= 0)
+        i = (i + 1) & t->raw_map_mask;
+    t->raw_map[i] = id;
+}
+
+/* Insert id unless a token with the same text and class is already there (first id wins);
+ * byte-fallback tokens stay out (their byte is also some normal token's text). */
 static void text_map_insert(struct engine_tok *t, int32_t id)
 {
+    if (t->kind[id] == TOK_KIND_BYTE)
+        return;
     int normal = t->kind[id] == TOK_KIND_NORMAL;
     if (engine_tok_text_map_find(t, engine_tok_text(t, id), engine_tok_text_len(t, id), normal) >=
         0)
@@ -171,6 +201,30 @@ static void merge_insert(struct engine_tok *t, int32_t l, int32_t r, int32_t ran
 static const char re_words_src[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
                                    "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
 static const char re_digit_src[] = "\\p{N}";
+
+/* Llama 3 ("llama-bpe") and Qwen2 ("qwen2"): case-insensitive contractions, letters with one
+ * leading non-letter, digits in runs of up to three (qwen2: one by one), punctuation with
+ * trailing newlines, newline runs, spaces:
+ * (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+#define RE_LLAMA3(DIGITS)                                                                          \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"       \
+    "\\p{N}" DIGITS "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS      \
+    "])|[" WS "]+"
+static const char re_llama3_src[] = RE_LLAMA3("{1,3}");
+static const char re_qwen2_src[] = RE_LLAMA3("");
+
+/* The byte-level BPE pre-tokenizers by tokenizer.ggml.pre name: an optional digit split, then
+ * the word regex. */
+static const struct {
+    const char *name;
+    int digits;        /* 1: every digit its own piece first (smollm) */
+    const char *words; /* the word regex */
+} g_pre[] = {
+    {"default", 0, re_words_src}, {"gpt2", 0, re_words_src},      {"gpt-2", 0, re_words_src},
+    {"smollm", 1, re_words_src},  {"llama-bpe", 0, re_llama3_src}, {"llama3", 0, re_llama3_src},
+    {"qwen2", 0, re_qwen2_src},   {"llama-v3", 0, re_llama3_src},
+};
 
 static enum status compile_re(pcre2_code **out, const char *src, struct err_detail *err)
 {
@@ -228,6 +282,60 @@ static void add_eog(struct engine_tok *t, int32_t id)
     t->eog[t->n_eog++] = id;
 }
 
+/* Texts that mark the end of a turn in common chat formats: a token with one of them is a
+ * control token that ends generation, whatever its type says (as llama.cpp, which makes Gemma's
+ * user-defined "</s>" one). */
+static const char *const eog_texts[] = {
+    "<|im_end|>", "<|endoftext|>",   "<|eot_id|>", "<|eom_id|>", "<|end|>",
+    "<end_of_turn>", "<|end_of_text|>", "</s>",   "<EOT>",      "<end_of_utterance>",
+};
+
+static int is_eog_text(const char *s, size_t n)
+{
+    for (size_t i = 0; i < sizeof(eog_texts) / sizeof(eog_texts[0]); i++)
+        if (strlen(eog_texts[i]) == n && !memcmp(eog_texts[i], s, n))
+            return 1;
+    return 0;
+}
+
+/* SentencePiece: the scores, the GGUF texts and their table (the merges look tokens up by the
+ * text with U+2581 for spaces, as the vocabulary writes them). */
+static enum status load_spm(struct engine_tok *t, const struct io_gguf *g,
+                            const struct io_gguf_str *toks, struct err_detail *err)
+{
+    const void *sc;
+    uint64_t n_sc;
+    enum status st = io_gguf_get_arr(g, "tokenizer.ggml.scores", IO_GGUF_FLOAT32, &sc, &n_sc, err);
+    if (st)
+        return st;
+    if (n_sc != (uint64_t)t->n_vocab)
+        return err_set(err, ST_ERR_FORMAT, "tokenizer.ggml.scores has %llu entries, tokens %d",
+                       (unsigned long long)n_sc, t->n_vocab);
+    const size_t n = (size_t)t->n_vocab;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += toks[i].len;
+    t->score = malloc(sizeof(float) * n);
+    t->raw = malloc(total + 1);
+    t->raw_off = malloc(sizeof(uint32_t) * (n + 1));
+    t->raw_map_mask = table_size_for(n) - 1;
+    t->raw_map = malloc(sizeof(int32_t) * ((size_t)t->raw_map_mask + 1));
+    if (!t->score || !t->raw || !t->raw_off || !t->raw_map)
+        return err_set(err, ST_ERR_NOMEM, "allocating the SentencePiece vocabulary");
+    memcpy(t->score, sc, sizeof(float) * n);
+    memset(t->raw_map, 0xff, sizeof(int32_t) * ((size_t)t->raw_map_mask + 1));
+    uint32_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        t->raw_off[i] = off;
+        memcpy(t->raw + off, toks[i].ptr, toks[i].len);
+        off += (uint32_t)toks[i].len;
+    }
+    t->raw_off[n] = off;
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        raw_map_insert(t, i);
+    return ST_OK;
+}
+
 static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
                               const int16_t *cp_to_byte, struct err_detail *err)
 {
@@ -266,6 +374,8 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
     t->kind = malloc(n);
     if (!t->text || !t->text_off || !t->kind)
         return err_set(err, ST_ERR_NOMEM, "allocating the vocabulary");
+    for (int b = 0; b < 256; b++)
+        t->byte_id[b] = -1;
 
     uint32_t off = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -279,15 +389,43 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
             k = TOK_KIND_USER;
         else if (ty == 5)
             k = TOK_KIND_UNUSED;
+        else if (ty == 6 && t->spm)
+            k = TOK_KIND_BYTE;
         t->kind[i] = (uint8_t)k;
         t->text_off[i] = off;
         const unsigned char *src = (const unsigned char *)toks[i].ptr;
         size_t len = (size_t)toks[i].len;
-        if (k == TOK_KIND_NORMAL) {
-            len = byte_level_decode(src, len, (unsigned char *)t->text + off, cp_to_byte);
+        unsigned char *dst = (unsigned char *)t->text + off;
+        unsigned bv;
+        char tail;
+        if (k == TOK_KIND_BYTE) { /* "<0xXX>": that byte */
+            char hex[8] = {0};
+            memcpy(hex, src, len < 7 ? len : 7);
+            if (len != 6 || sscanf(hex, "<0x%2x%c", &bv, &tail) != 2 || tail != '>')
+                return err_set(err, ST_ERR_FORMAT, "byte token %llu has text '%.*s', not <0xXX>",
+                               (unsigned long long)i, (int)(len > 16 ? 16 : len), (const char *)src);
+            dst[0] = (unsigned char)bv;
+            len = 1;
+            if (t->byte_id[bv] < 0)
+                t->byte_id[bv] = (int32_t)i;
+        } else if (k == TOK_KIND_NORMAL && t->spm) { /* U+2581 is a space */
+            size_t o = 0;
+            for (size_t j = 0; j < len; j++) {
+                if (j + 2 < len && !memcmp(src + j, "\xE2\x96\x81", 3)) {
+                    dst[o++] = ' ';
+                    j += 2;
+                } else {
+                    dst[o++] = src[j];
+                }
+            }
+            len = o;
+        } else if (k == TOK_KIND_NORMAL) {
+            len = byte_level_decode(src, len, dst, cp_to_byte);
         } else if (len) {
-            memcpy(t->text + off, src, len);
+            memcpy(dst, src, len);
         }
+        if (is_eog_text(t->text + off, len) && (k == TOK_KIND_NORMAL || k == TOK_KIND_USER))
+            t->kind[i] = TOK_KIND_CONTROL;
         off += (uint32_t)len;
         if (len > t->max_piece)
             t->max_piece = len;
@@ -308,6 +446,8 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
     }
     qsort_r(t->special, t->n_special, sizeof(*t->special), cmp_special, t);
 
+    if (t->spm)
+        return load_spm(t, g, toks, err);
     /* Vocabularies may lack tokens for bytes that never occur in UTF-8 text (SmolLM2 has no
      * 0xC0, 0xF5..0xFF, and a few control characters): those bytes get -1 and are dropped. */
     for (int b = 0; b < 256; b++) {
@@ -375,12 +515,6 @@ static enum status load_merges(struct engine_tok *t, const struct io_gguf *g,
     return ST_OK;
 }
 
-/* Control tokens whose text marks the end of a turn in common chat formats. */
-static const char *const eog_texts[] = {
-    "<|im_end|>", "<|endoftext|>", "<|eot_id|>",      "<|eom_id|>",
-    "<|end|>",    "<end_of_turn>", "<|end_of_text|>",
-};
-
 static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struct err_detail *err)
 {
     struct io_gguf_str s;
@@ -389,23 +523,26 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         return err_set(err, ST_ERR_NOT_FOUND, "the model has no tokenizer (tokenizer.ggml.model)");
     if (st != ST_OK)
         return st;
-    if (!io_gguf_str_eq(s, "gpt2"))
+    if (io_gguf_str_eq(s, "llama"))
+        t->spm = 1;
+    else if (!io_gguf_str_eq(s, "gpt2"))
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "tokenizer model '%.*s' is not supported (only 'gpt2' byte-level BPE)",
+                       "tokenizer model '%.*s' is not supported ('gpt2' byte-level BPE, 'llama' "
+                       "SentencePiece)",
                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
 
-    int digits = 0;
+    int pre = 0; /* g_pre[0]: default */
     st = io_gguf_get_str(g, "tokenizer.ggml.pre", &s, err);
-    if (st == ST_OK) {
-        if (io_gguf_str_eq(s, "smollm"))
-            digits = 1;
-        else if (!io_gguf_str_eq(s, "default") && !io_gguf_str_eq(s, "gpt2") &&
-                 !io_gguf_str_eq(s, "gpt-2"))
+    if (st == ST_OK && !t->spm) {
+        for (pre = 0; pre < (int)(sizeof(g_pre) / sizeof(g_pre[0])); pre++)
+            if (io_gguf_str_eq(s, g_pre[pre].name))
+                break;
+        if (pre == (int)(sizeof(g_pre) / sizeof(g_pre[0])))
             return err_set(err, ST_ERR_UNSUPPORTED,
-                           "pre-tokenizer '%.*s' is not supported (supported: smollm, gpt2, "
-                           "default)",
+                           "pre-tokenizer '%.*s' is not supported (supported: default, gpt2, "
+                           "smollm, llama-bpe, qwen2)",
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
-    } else if (st != ST_ERR_NOT_FOUND) {
+    } else if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
         return st;
     }
 
@@ -415,10 +552,18 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
 
     if ((st = load_vocab(t, g, cp_to_byte, err)) != ST_OK)
         return st;
-    if ((st = load_merges(t, g, cp_to_byte, err)) != ST_OK)
+    if (!t->spm && (st = load_merges(t, g, cp_to_byte, err)) != ST_OK)
         return st;
 
-    t->bos = t->eos = -1;
+    t->bos = t->eos = t->unk = -1;
+    t->spm_space_prefix = 1;
+    if (t->spm) {
+        st = io_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &t->spm_space_prefix, err);
+        if (st != ST_OK && st != ST_ERR_NOT_FOUND)
+            return st;
+        if ((st = load_opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err)))
+            return st;
+    }
     int32_t eot = -1, eom = -1;
     if ((st = load_opt_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err)) ||
         (st = load_opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err)) ||
@@ -440,9 +585,11 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
             add_eog(t, id);
     }
 
-    if (digits && (st = compile_re(&t->re_digit, re_digit_src, err)) != ST_OK)
+    if (t->spm)
+        return ST_OK;
+    if (g_pre[pre].digits && (st = compile_re(&t->re_digit, re_digit_src, err)) != ST_OK)
         return st;
-    return compile_re(&t->re_words, re_words_src, err);
+    return compile_re(&t->re_words, g_pre[pre].words, err);
 }
 
 enum status engine_tok_load(struct engine_tok **out, const struct io_gguf *g,
@@ -474,5 +621,9 @@ void engine_tok_free(struct engine_tok *t)
     free(t->text_map);
     free(t->merges);
     free(t->special);
+    free(t->score);
+    free(t->raw);
+    free(t->raw_off);
+    free(t->raw_map);
     free(t);
 }

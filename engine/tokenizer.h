@@ -1,6 +1,8 @@
-/* Byte-level BPE tokenizer (GPT-2 family) built from a GGUF file's tokenizer.* metadata:
- * text -> token ids (special-token split, regex pre-tokenizer, rank-ordered merges) and
- * token ids -> bytes, including a streaming decoder that only emits whole UTF-8 characters.
+/* The tokenizer built from a GGUF file's tokenizer.* metadata: byte-level BPE (GPT-2 family:
+ * special-token split, the regex pre-tokenizer tokenizer.ggml.pre names, rank-ordered merges)
+ * or SentencePiece (tokenizer.ggml.model "llama": Gemma; score-ordered merges, U+2581 for
+ * spaces, <0xXX> byte fallback), text -> token ids, and token ids -> bytes, including a
+ * streaming decoder that only emits whole UTF-8 characters.
  *
  * Invalid UTF-8 in encode input is not an error: every byte that does not begin a well-formed
  * UTF-8 sequence (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF, no truncated
@@ -27,9 +29,10 @@
 struct engine_tok; /* opaque; see engine/tokenizer_internal.h */
 
 /* Build a tokenizer from g's tokenizer.* metadata. Supported: tokenizer.ggml.model "gpt2"
- * with tokenizer.ggml.pre "smollm" (digits split one by one, then the GPT-2 regex) or
- * "default"/"gpt2"/absent (the GPT-2 regex alone). Anything else fails with
- * ST_ERR_UNSUPPORTED naming the model or pre-tokenizer. The tokenizer copies what it needs;
+ * with tokenizer.ggml.pre "smollm" (digits split one by one, then the GPT-2 regex),
+ * "default"/"gpt2"/absent (the GPT-2 regex alone), "llama-bpe" (Llama 3) or "qwen2" (Qwen2,
+ * Qwen2.5, Qwen3); tokenizer.ggml.model "llama" (SentencePiece; the pre-tokenizer name is not
+ * read). Anything else fails with ST_ERR_UNSUPPORTED naming the model or pre-tokenizer. The tokenizer copies what it needs;
  * g may be closed afterwards. On success the caller owns *out (free with engine_tok_free). */
 enum status engine_tok_load(struct engine_tok **out, const struct io_gguf *g,
                             struct err_detail *err);
@@ -62,8 +65,10 @@ int32_t engine_tok_eos(const struct engine_tok *t);
  * for ids out of range. */
 int engine_tok_is_eog(const struct engine_tok *t, int32_t id);
 
-/* Exact lookup of a token by its text: raw bytes (after byte-level decoding) for normal
- * tokens, literal text for control and user-defined tokens. -1 when no token has that text. */
+/* Exact lookup of a token by its text: raw bytes (after byte-level decoding, or with U+2581
+ * as a space in SentencePiece vocabularies) for normal tokens, literal text for control and
+ * user-defined tokens, the byte of a byte-fallback token <0xXX> when no other token is that
+ * one byte. -1 when no token has that text. */
 int32_t engine_tok_find(const struct engine_tok *t, const char *text, size_t len);
 
 /* Raw bytes of token id (byte-level decoded). Control tokens give their literal text when

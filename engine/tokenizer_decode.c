@@ -33,7 +33,11 @@ int engine_tok_is_eog(const struct engine_tok *t, int32_t id)
 int32_t engine_tok_find(const struct engine_tok *t, const char *text, size_t len)
 {
     int32_t id = engine_tok_text_map_find(t, text, len, 1);
-    return id >= 0 ? id : engine_tok_text_map_find(t, text, len, 0);
+    if (id < 0)
+        id = engine_tok_text_map_find(t, text, len, 0);
+    if (id < 0 && len == 1) /* a byte-fallback token (SentencePiece) */
+        id = t->byte_id[(unsigned char)text[0]];
+    return id;
 }
 
 /* Bytes of token id as decoding emits them; *len 0 for hidden or out-of-range tokens. */

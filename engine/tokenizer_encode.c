@@ -30,20 +30,29 @@ struct enc {
     struct bpe_cand *heap;      /* candidate merges */
     size_t n_heap, cap_heap;    /* count and capacity of heap */
     struct err_detail *err;     /* where failures are described */
+    /* what a pre-tokenized word goes to: NULL = BPE; else (engine_tok_pretokenize) this */
+    void (*piece)(void *ctx, const char *s, size_t n);
+    void *piece_ctx;
 };
+
+enum status engine_tok_push(int32_t **v, size_t *n, size_t *cap, int32_t id,
+                            struct err_detail *err)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        int32_t *p = realloc(*v, c * sizeof(*p));
+        if (!p)
+            return err_set(err, ST_ERR_NOMEM, "growing the token buffer");
+        *v = p;
+        *cap = c;
+    }
+    (*v)[(*n)++] = id;
+    return ST_OK;
+}
 
 static enum status enc_push(struct enc *e, int32_t id)
 {
-    if (e->n_out == e->cap_out) {
-        size_t cap = e->cap_out ? 2 * e->cap_out : 64;
-        int32_t *p = realloc(e->out, cap * sizeof(*p));
-        if (!p)
-            return err_set(e->err, ST_ERR_NOMEM, "growing the token buffer");
-        e->out = p;
-        e->cap_out = cap;
-    }
-    e->out[e->n_out++] = id;
-    return ST_OK;
+    return engine_tok_push(&e->out, &e->n_out, &e->cap_out, id, e->err);
 }
 
 static int cand_less(const struct bpe_cand *a, const struct bpe_cand *b)
@@ -220,12 +229,17 @@ static enum status re_split(struct enc *e, const pcre2_code *re, const unsigned 
     return gap < n ? fn(e, s + gap, n - gap) : ST_OK;
 }
 
-static enum status words_split(struct enc *e, const unsigned char *s, size_t n)
+static enum status piece_word(struct enc *e, const unsigned char *w, size_t n)
 {
-    return re_split(e, e->t->re_words, s, n, bpe_word);
+    e->piece(e->piece_ctx, (const char *)w, n);
+    return ST_OK;
 }
 
-/* Pre-tokenize and BPE one stretch of plain (already valid UTF-8) text. */
+static enum status words_split(struct enc *e, const unsigned char *s, size_t n)
+{
+    return re_split(e, e->t->re_words, s, n, e->piece ? piece_word : bpe_word);
+}
+
 static enum status encode_text(struct enc *e, const unsigned char *s, size_t n)
 {
     if (e->t->re_digit)
@@ -233,6 +247,21 @@ static enum status encode_text(struct enc *e, const unsigned char *s, size_t n)
     return words_split(e, s, n);
 }
 
+enum status engine_tok_pretokenize(const struct engine_tok *t, const char *s, size_t n,
+                                   void (*piece)(void *ctx, const char *s, size_t n), void *ctx,
+                                   struct err_detail *err)
+{
+    if (t->spm)
+        return err_set(err, ST_ERR_INVALID_ARG, "a SentencePiece tokenizer has no pre-tokenizer");
+    struct enc e = {.t = t, .err = err, .piece = piece, .piece_ctx = ctx};
+    if (!(e.md = pcre2_match_data_create(2, NULL)))
+        return err_set(err, ST_ERR_NOMEM, "allocating regex match data");
+    enum status st = encode_text(&e, (const unsigned char *)s, n);
+    pcre2_match_data_free(e.md);
+    return st;
+}
+
+/* Pre-tokenize and BPE one stretch of plain (already valid UTF-8) text. */
 /* A stretch of the input: plain text, or a recognised special token. */
 struct frag {
     size_t off; /* start in the input */
@@ -347,8 +376,8 @@ enum status engine_tok_encode(const struct engine_tok *t, const char *text, size
         s = clean;
     }
 
-    e.md = pcre2_match_data_create(2, NULL);
-    if (!e.md) {
+    e.md = t->spm ? NULL : pcre2_match_data_create(2, NULL);
+    if (!t->spm && !e.md) {
         st = err_set(err, ST_ERR_NOMEM, "allocating regex match data");
         goto out;
     }
@@ -357,11 +386,18 @@ enum status engine_tok_encode(const struct engine_tok *t, const char *text, size
         goto out;
     if (len && (st = split_special(&e, s, len, flags, &frags, &n_frags)) != ST_OK)
         goto out;
-    for (size_t i = 0; i < n_frags && st == ST_OK; i++) {
+    /* SentencePiece: a space before text at the start or after a special token, when the
+     * vocabulary asks (add_space_prefix) */
+    for (size_t i = 0, prev_special = 1; i < n_frags && st == ST_OK; i++) {
         if (frags[i].id >= 0)
             st = enc_push(&e, frags[i].id);
+        else if (t->spm)
+            st = engine_tok_spm_encode(t, s + frags[i].off, frags[i].len,
+                                       t->spm_space_prefix && prev_special, &e.out, &e.n_out,
+                                       &e.cap_out, err);
         else
             st = encode_text(&e, s + frags[i].off, frags[i].len);
+        prev_special = frags[i].id >= 0;
     }
     if (st == ST_OK && !e.out && !(e.out = malloc(sizeof(*e.out))))
         st = err_set(err, ST_ERR_NOMEM, "allocating the token buffer"); /* empty input */

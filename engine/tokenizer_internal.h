@@ -17,6 +17,7 @@ enum tok_kind {
     TOK_KIND_CONTROL,    /* control or unknown: literal text, parsed only on request */
     TOK_KIND_USER,       /* user-defined: literal text, always parsed and printed */
     TOK_KIND_UNUSED,     /* unused slot: never parsed, prints nothing */
+    TOK_KIND_BYTE,       /* SentencePiece byte-fallback token <0xXX>: its text is that byte */
 };
 
 /* One merge rule in the open-addressing pair table. */
@@ -47,8 +48,39 @@ struct engine_tok {
     int add_bos;              /* tokenizer.ggml.add_bos_token */
     size_t max_piece;         /* longest token text in bytes */
     pcre2_code *re_digit;     /* \p{N}: splits digits one by one; NULL when not used */
-    pcre2_code *re_words;     /* the GPT-2 word regex */
+    pcre2_code *re_words;     /* the pre-tokenizer's word regex (BPE) */
+    /* SentencePiece (tokenizer.ggml.model "llama"; spm = 1): merges by score instead of by
+     * rank, over the GGUF's own token texts (U+2581 for spaces), looked up in raw_map */
+    int spm;                  /* 1: SentencePiece, 0: byte-level BPE */
+    int spm_space_prefix;     /* tokenizer.ggml.add_space_prefix (default 1) */
+    int32_t unk;              /* unknown token, -1 if none */
+    float *score;             /* n_vocab scores: higher merges first */
+    char *raw;                /* the GGUF texts back to back */
+    uint32_t *raw_off;        /* n_vocab + 1 offsets into raw */
+    int32_t *raw_map;         /* open-addressing table of ids keyed by raw text */
+    uint32_t raw_map_mask;    /* table size - 1 */
 };
+
+/* Append id to the growing array *v (*n used, *cap allocated). */
+enum status engine_tok_push(int32_t **v, size_t *n, size_t *cap, int32_t id,
+                            struct err_detail *err);
+
+/* Id of the token whose GGUF text is s[0..n) (SentencePiece vocabularies), or -1. */
+int32_t engine_tok_raw_find(const struct engine_tok *t, const char *s, size_t n);
+
+/* The byte-level BPE pre-tokenizer alone (tests): piece(ctx, ...) gets each word of the plain
+ * text s[0..n) (valid UTF-8) in order, as the merges would see them. */
+enum status engine_tok_pretokenize(const struct engine_tok *t, const char *s, size_t n,
+                                   void (*piece)(void *ctx, const char *s, size_t n), void *ctx,
+                                   struct err_detail *err);
+
+/* SentencePiece encoding of one stretch of plain text (valid UTF-8), with a leading space
+ * when space_prefix, appended to *v (engine_tok_push). As llama.cpp's SPM tokenizer: spaces
+ * become U+2581, the characters are merged pairwise, highest-scoring token first (leftmost on
+ * ties), and a piece that is no token becomes its bytes' <0xXX> tokens. */
+enum status engine_tok_spm_encode(const struct engine_tok *t, const unsigned char *s, size_t n,
+                                  int space_prefix, int32_t **v, size_t *nv, size_t *cap,
+                                  struct err_detail *err);
 
 /* Length in bytes of token id's text (byte-decoded for normal tokens). */
 size_t engine_tok_text_len(const struct engine_tok *t, int32_t id);

@@ -230,7 +230,7 @@ def greedy(m, prompt, n, cache=None, first_logits=None):
     return out, margins
 
 
-def make_llama_checks(model):
+def make_llama_checks(model, n_ctx=256):
     """(1) strict: llama.cpp on an F32 re-quantized copy (exact dequantized weights) with an F32
     KV cache -- must match this reference to ~1e-4; (2) informational: llama.cpp on the native
     Q4_1 file (Q8 activation quantization in its matmuls, F16 KV cache)."""
@@ -243,7 +243,7 @@ def make_llama_checks(model):
     p.ftype = 0  # LLAMA_FTYPE_ALL_F32
     p.allow_requantize = True
     assert llama_cpp.llama_model_quantize(model.encode(), f32.encode(), ctypes.byref(p)) == 0
-    kw = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=os.cpu_count())
+    kw = dict(n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=os.cpu_count())
     ref = Llama(model_path=f32, type_k=0, type_v=0, use_mmap=False, **kw)
     os.remove(f32)
     os.rmdir(os.path.dirname(f32))

@@ -1,0 +1,151 @@
+/* Tokenizers of the other model families: Gemma 3's SentencePiece vocabulary (the real model,
+ * fetched by `make gemma`) against llama.cpp's ids for >1,000 strings
+ * (tests/fixtures/tokenizer_gemma3.jsonl, tools/ref_tokenizer_families.py), its byte fallback,
+ * spaces and end-of-turn token; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers against
+ * Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "engine/tokenizer_internal.h"
+#include "io/gguf.h"
+#include "tests/test_tokenizer_util.h"
+#include "tests/test_util.h"
+
+/* The Gemma 3 270M GGUF: QUERN_GEMMA, else where `make gemma` puts it. */
+static const char *gemma_path(void)
+{
+    const char *p = getenv("QUERN_GEMMA");
+    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
+}
+
+static void test_gemma_reference(void **state)
+{
+    (void)state;
+    struct io_gguf *g;
+    struct engine_tok *t;
+    struct err_detail err = {0};
+    if (io_gguf_open(&g, gemma_path(), &err))
+        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", gemma_path(),
+                 err.msg);
+    if (engine_tok_load(&t, g, &err))
+        fail_msg("%s", err.msg);
+    io_gguf_close(g); /* the tokenizer keeps what it needs */
+    assert_int_equal(engine_tok_n_vocab(t), 262144);
+    assert_int_equal(engine_tok_bos(t), 2);
+    assert_int_equal(engine_tok_eos(t), 1);
+    const int32_t eot = engine_tok_find(t, "<end_of_turn>", 13);
+    assert_int_equal(eot, 106);
+    assert_true(engine_tok_is_eog(t, eot) && engine_tok_is_eog(t, 1));
+    /* BOS is prepended (add_bos_token); no space is (add_space_prefix false) */
+    size_t n;
+    int32_t *ids = encode(t, "Hi", 2, ENGINE_TOK_ADD_BOS, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 2);
+    free(ids);
+    /* a character outside the vocabulary: its UTF-8 bytes as <0xXX> tokens, which decode back */
+    const char *rare = "\xF0\x9F\xAB\xA8"; /* U+1FAE8 */
+    ids = encode(t, rare, 4, 0, &n);
+    char piece[8];
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(engine_tok_piece(t, ids[i], 0, piece, sizeof(piece)), 1);
+    size_t dl;
+    char *d = decode(t, ids, n, 0, &dl);
+    assert_int_equal(dl, 4);
+    assert_memory_equal(d, rare, 4);
+    free(d);
+    free(ids);
+    /* U+2581 in a token is a space when decoded */
+    ids = encode(t, "a b", 3, 0, &n);
+    d = decode(t, ids, n, 0, &dl);
+    assert_int_equal(dl, 3);
+    assert_memory_equal(d, "a b", 3);
+    free(d);
+    free(ids);
+    check_fixture(t, "tests/fixtures/tokenizer_gemma3.jsonl", 1000);
+    engine_tok_free(t);
+}
+
+
+static void on_piece(void *ctx, const char *s, size_t n)
+{
+    cJSON *a = ctx;
+    char *h = malloc(2 * n + 1);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++)
+        snprintf(h + 2 * i, 3, "%02x", (unsigned char)s[i]);
+    h[2 * n] = 0;
+    cJSON_AddItemToArray(a, cJSON_CreateString(h));
+    free(h);
+}
+
+static void test_pretokenizers(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"llama-bpe", "qwen2"};
+    struct engine_tok *tok[2];
+    struct err_detail err = {0};
+    for (int k = 0; k < 2; k++) {
+        static struct gbuf b;
+        struct io_gguf *g = tiny_model(&b, names[k]);
+        assert_int_equal(engine_tok_load(&tok[k], g, &err), ST_OK);
+        io_gguf_close(g);
+    }
+    size_t flen;
+    char *file = test_read_file("tests/fixtures/pretok_ref.jsonl", &flen);
+    if (!file)
+        fail_msg("missing tests/fixtures/pretok_ref.jsonl");
+    size_t lines = 0, pieces = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        size_t len;
+        char *text = unhex(cJSON_GetObjectItem(j, "hex")->valuestring, &len);
+        for (int k = 0; k < 2; k++) {
+            const cJSON *want = cJSON_GetObjectItem(j, names[k]);
+            cJSON *got = cJSON_CreateArray();
+            assert_int_equal(engine_tok_pretokenize(tok[k], text, len, on_piece, got, &err), ST_OK);
+            char *g = cJSON_PrintUnformatted(got), *w = cJSON_PrintUnformatted(want);
+            if (strcmp(g, w))
+                fail_msg("pretok_ref line %zu, %s: text \"%.*s\"\n  got  %.400s\n  want %.400s",
+                         lines + 1, names[k], (int)(len > 200 ? 200 : len), text, g, w);
+            pieces += (size_t)cJSON_GetArraySize(want);
+            free(g);
+            free(w);
+            cJSON_Delete(got);
+        }
+        free(text);
+        cJSON_Delete(j);
+        lines++;
+    }
+    free(file);
+    print_message("pretok_ref: %zu strings, %zu pieces, llama-bpe and qwen2 as Python regex\n",
+                  lines, pieces);
+    assert_true(lines >= 1000);
+    /* what differs: digits in threes (llama-bpe) or one by one (qwen2) */
+    const char *digits = "x=12345";
+    for (int k = 0; k < 2; k++) {
+        cJSON *got = cJSON_CreateArray();
+        assert_int_equal(engine_tok_pretokenize(tok[k], digits, 7, on_piece, got, &err), ST_OK);
+        assert_int_equal(cJSON_GetArraySize(got), k ? 1 + 1 + 5 : 1 + 1 + 2);
+        cJSON_Delete(got);
+        engine_tok_free(tok[k]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemma_reference),
+        cmocka_unit_test(test_pretokenizers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Chat templates rendered by Jinja2, the engine Hugging Face's apply_chat_template runs (NOT run
+by CI; output committed): tests/fixtures/chat_templates_ref.jsonl, one line per (template,
+conversation, add_generation_prompt) with the rendered text, and for Gemma the token ids
+llama.cpp gives that text (special tokens parsed, no BOS added: the template writes it).
+
+The template texts are the models' published tokenizer_config.json chat_template values:
+Gemma 3 (google/gemma-3-*-it) and Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct).
+
+Usage: python3 tools/ref_chat_templates.py [--gemma models/gemma-3-270m-q4_k_m.gguf]"""
+import argparse
+import json
+import os
+
+import jinja2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GEMMA3 = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n")
+
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim"
+    " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+TEMPLATES = {"gemma": (GEMMA3, "<bos>"), "llama3": (LLAMA3, "<|begin_of_text|>")}
+
+U, A, S = "user", "assistant", "system"
+CONVS = [
+    [(U, "What is the capital of France?")],
+    [(S, "You are terse."), (U, "Name a prime.")],
+    [(U, "Hi"), (A, "Hello! How can I help?"), (U, "Tell me a joke.")],
+    [(S, "Answer in French.\n"), (U, "  padded question\n\n"), (A, " Bonjour \t"), (U, "Encore")],
+    [(U, "Line one\nLine two\n\tindented"), (A, "ok")],
+    [(U, "\u3000wide space and emoji \U0001F600\u00a0")],
+    [(U, "code:\n```c\nint x = 1;\n```")],
+    [(S, "only a system prompt")],
+]
+
+
+def raise_exception(msg):
+    raise jinja2.exceptions.TemplateError(msg)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gemma", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
+    a = ap.parse_args()
+    from llama_cpp import Llama
+    voc = Llama(model_path=a.gemma, vocab_only=True, verbose=False)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # as transformers does
+    env.globals["raise_exception"] = raise_exception
+    out = os.path.join(ROOT, "tests", "fixtures", "chat_templates_ref.jsonl")
+    n = 0
+    with open(out, "w") as f:
+        for name, (src, bos) in TEMPLATES.items():
+            tpl = env.from_string(src)
+            for conv in CONVS:
+                msgs = [{"role": r, "content": c} for r, c in conv]
+                for agp in (False, True):
+                    rec = {"template": name, "source": src, "messages": msgs,
+                           "add_generation_prompt": agp}
+                    try:
+                        rec["text"] = tpl.render(messages=msgs, add_generation_prompt=agp,
+                                                 bos_token=bos)
+                    except jinja2.exceptions.TemplateError as e:
+                        rec["error"] = str(e)
+                    if name == "gemma" and "text" in rec:
+                        rec["ids"] = voc.tokenize(rec["text"].encode(), add_bos=False, special=True)
+                    f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+                    n += 1
+        # a conversation the Gemma template refuses: two user turns in a row
+        msgs = [{"role": U, "content": "a"}, {"role": U, "content": "b"}]
+        try:
+            env.from_string(GEMMA3).render(messages=msgs, add_generation_prompt=True, bos_token="<bos>")
+            raise SystemExit("expected the Gemma template to refuse")
+        except jinja2.exceptions.TemplateError as e:
+            f.write(json.dumps({"template": "gemma", "source": GEMMA3, "messages": msgs,
+                                "add_generation_prompt": True, "error": str(e)},
+                               separators=(",", ":")) + "\n")
+            n += 1
+    print("wrote %s: %d renderings" % (out, n))
+
+
+if __name__ == "__main__":
+    main()
