@@ -1,5 +1,6 @@
 /* Dummy models: the preset table, the GGUF layout they get (the same tensor names and metadata a
- * converted Llama file has, so the loader treats them like any file), and the random fill. Each
+ * converted file of the preset's architecture has, so the loader treats them like any file), and
+ * the random fill. Each
  * tensor's bytes come from its own splitmix64 stream keyed by (seed, tensor index): a dummy
  * model's weights are a function of the preset, the layer count and the seed. */
 #include <math.h>
@@ -24,16 +25,22 @@ struct preset {
     float rope_theta;   /* RoPE base */
     float rms_eps;      /* RMSNorm epsilon */
     int tied;           /* 1: the output head is the embedding */
+    const char *arch;   /* GGUF general.architecture */
+    int head_dim;       /* 0: n_embd / n_head; else attention.key_length */
+    int swa;            /* gemma3: attention.sliding_window */
 };
 
-/* Dimensions as the models' published configs give them. Llama 3's RoPE frequency scaling and
- * Qwen2.5's q/k/v biases are left out (the model-family issue adds them): the matrices, heads and
- * vocabulary, which set the cost, are the real ones. */
+/* Dimensions and architectures as the models' published configs give them, each with its
+ * family's extra tensors (Llama 3's rope_freqs, Qwen's q/k/v biases, QK-norms, Gemma's
+ * post-norms): the matrices, heads and vocabulary, which set the cost, are the real ones. */
 static const struct preset presets[] = {
-    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1},
-    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0},
-    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0},
-    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0},
+    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0},
+    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0},
+    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0},
+    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0},
+    {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
+     1024},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
@@ -92,12 +99,12 @@ static void fill_q4_0(uint8_t *p, int64_t ne0, int64_t rows, uint64_t key)
     }
 }
 
-/* n norm weights around 1. */
-static void fill_norm(float *p, int64_t n, uint64_t key)
+/* n norm weights (or RoPE frequency factors) around 1; biases (offset -1) around 0. */
+static void fill_norm(float *p, int64_t n, uint64_t key, float offset)
 {
     uint64_t s = key;
     for (int64_t i = 0; i < n; i++)
-        p[i] = 0.75f + (float)(splitmix(&s) >> 40) * 0x1p-24f * 0.5f;
+        p[i] = offset + 0.75f + (float)(splitmix(&s) >> 40) * 0x1p-24f * 0.5f;
 }
 
 static enum status add_matrix(struct io_gguf_writer *w, const char *name, int64_t ne0,
@@ -114,28 +121,59 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
     for (uint64_t i = 0; i < tok->n_kv && !st; i++)
         if (tok->kv[i].key.len > 10 && !memcmp(tok->kv[i].key.ptr, "tokenizer.", 10))
             st = io_gguf_writer_copy(w, &tok->kv[i], err);
-    const int head_dim = p->n_embd / p->n_head;
+    const int head_dim = p->head_dim ? p->head_dim : p->n_embd / p->n_head;
     char name[96];
     snprintf(name, sizeof(name), "dummy %s, random Q4_0 weights", p->name);
-    if (st || (st = io_gguf_writer_str(w, "general.architecture", "llama", err)) ||
-        (st = io_gguf_writer_str(w, "general.name", name, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.embedding_length", (uint32_t)p->n_embd, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.block_count", (uint32_t)n_layer, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.feed_forward_length", (uint32_t)p->n_ff, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.attention.head_count", (uint32_t)p->n_head, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.attention.head_count_kv", (uint32_t)p->n_kv_head,
-                                 err)) ||
-        (st = io_gguf_writer_u32(w, "llama.context_length", (uint32_t)p->n_ctx, err)) ||
-        (st = io_gguf_writer_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim, err)) ||
-        (st = io_gguf_writer_f32(w, "llama.rope.freq_base", p->rope_theta, err)) ||
-        (st = io_gguf_writer_f32(w, "llama.attention.layer_norm_rms_epsilon", p->rms_eps, err)))
+    const struct {
+        const char *key;
+        uint32_t v;
+    } u32[] = {
+        {"embedding_length", (uint32_t)p->n_embd},
+        {"block_count", (uint32_t)n_layer},
+        {"feed_forward_length", (uint32_t)p->n_ff},
+        {"attention.head_count", (uint32_t)p->n_head},
+        {"attention.head_count_kv", (uint32_t)p->n_kv_head},
+        {"context_length", (uint32_t)p->n_ctx},
+        {"rope.dimension_count", (uint32_t)head_dim},
+        {"attention.key_length", p->head_dim ? (uint32_t)head_dim : 0},
+        {"attention.value_length", p->head_dim ? (uint32_t)head_dim : 0},
+        {"attention.sliding_window", (uint32_t)p->swa},
+    };
+    if (st || (st = io_gguf_writer_str(w, "general.architecture", p->arch, err)) ||
+        (st = io_gguf_writer_str(w, "general.name", name, err)))
+        return st;
+    for (size_t i = 0; i < sizeof(u32) / sizeof(u32[0]) && !st; i++) {
+        snprintf(name, sizeof(name), "%s.%s", p->arch, u32[i].key);
+        if (u32[i].v)
+            st = io_gguf_writer_u32(w, name, u32[i].v, err);
+    }
+    snprintf(name, sizeof(name), "%s.rope.freq_base", p->arch);
+    if (st || (st = io_gguf_writer_f32(w, name, p->rope_theta, err)))
+        return st;
+    snprintf(name, sizeof(name), "%s.attention.layer_norm_rms_epsilon", p->arch);
+    if ((st = io_gguf_writer_f32(w, name, p->rms_eps, err)))
         return st;
     const int64_t E = p->n_embd, Q = (int64_t)p->n_head * head_dim,
-                  KV = (int64_t)p->n_kv_head * head_dim, F = p->n_ff;
+                  KV = (int64_t)p->n_kv_head * head_dim, F = p->n_ff, HD = head_dim,
+                  HALF = head_dim / 2;
+    const int llama3 = !strcmp(p->arch, "llama") && p->rope_theta == 500000.0f;
     if ((st = add_matrix(w, "token_embd.weight", E, p->n_vocab, err)) ||
         (st = io_gguf_writer_tensor(w, "output_norm.weight", DTYPE_F32, 1, &E, err)) ||
-        (!p->tied && (st = add_matrix(w, "output.weight", E, p->n_vocab, err))))
+        (!p->tied && (st = add_matrix(w, "output.weight", E, p->n_vocab, err))) ||
+        (llama3 && (st = io_gguf_writer_tensor(w, "rope_freqs.weight", DTYPE_F32, 1, &HALF, err))))
         return st;
+    /* the family's per-layer vectors: name, length, architecture */
+    const struct {
+        const char *name;
+        const int64_t *n;
+        const char *arch;
+    } extra[] = {
+        {"attn_q.bias", &Q, "qwen2"},           {"attn_k.bias", &KV, "qwen2"},
+        {"attn_v.bias", &KV, "qwen2"},          {"attn_q_norm.weight", &HD, "qwen3"},
+        {"attn_k_norm.weight", &HD, "qwen3"},   {"attn_q_norm.weight", &HD, "gemma3"},
+        {"attn_k_norm.weight", &HD, "gemma3"},  {"post_attention_norm.weight", &E, "gemma3"},
+        {"post_ffw_norm.weight", &E, "gemma3"},
+    };
     for (int l = 0; l < n_layer && !st; l++) {
         static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k",
                                              "attn_v",    "attn_output", "ffn_norm",
@@ -145,6 +183,12 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
             st = out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &in[i], err)
                              : add_matrix(w, name, in[i], out[i], err);
+        }
+        for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]) && !st; i++) {
+            if (strcmp(extra[i].arch, p->arch))
+                continue;
+            snprintf(name, sizeof(name), "blk.%d.%s", l, extra[i].name);
+            st = io_gguf_writer_tensor(w, name, DTYPE_F32, 1, extra[i].n, err);
         }
     }
     return st;
@@ -179,7 +223,7 @@ enum status engine_dummy_gguf(struct io_gguf **out, const char *preset, const st
         if (t->type == DTYPE_Q4_0)
             fill_q4_0(data, t->ne[0], t->ne[1], key);
         else
-            fill_norm(data, t->ne[0], key);
+            fill_norm(data, t->ne[0], key, strstr(t->name, ".bias") ? -1.0f : 0.0f);
     }
     return ST_OK;
 }

@@ -32,6 +32,9 @@ struct kern_tensor {
     const void *data; /* ne1 * row_bytes bytes (not owned) */
     void *packed;     /* the backend's copy repacked at load (kern_ops.prepare), or NULL */
     size_t packed_panel; /* bytes per panel of packed rows (backend-defined) */
+    void *widened;    /* NULL, or prepare's lossless re-encoding of the rows in a type its
+                       * kernels are faster on (then type, row_bytes and data describe it;
+                       * release frees it) */
 };
 
 /* One layer's KV storage: a pool of fixed-size blocks, allocated by the backend (kv_alloc),

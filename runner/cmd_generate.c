@@ -29,6 +29,8 @@ static const char gen_usage[] =
     "  --prompt TEXT          raw prompt, tokenized as plain text\n"
     "  --chat TEXT            user message, rendered through the model's chat template\n"
     "  --system TEXT          system message for --chat (default: the template's own)\n"
+    "  --chat-template NAME   chatml, gemma or llama3 instead of what the model's\n"
+    "                         tokenizer.chat_template is recognised as\n"
     "  --special              let --prompt text contain special tokens like <|im_start|>\n"
     "  --max-tokens N         tokens to generate at most (default 256)\n"
     "  --temperature T        0 = greedy (default 0.8)\n"
@@ -53,6 +55,7 @@ struct gen_opts {
     const char *prompt;                 /* --prompt text */
     const char *chat;                   /* --chat user message */
     const char *system;                 /* --system message */
+    const char *chat_template;          /* --chat-template name, or NULL */
     int special;                        /* --special */
     int ignore_eos;                     /* --ignore-eos */
     long max_tokens;                    /* --max-tokens */
@@ -64,7 +67,7 @@ struct gen_opts {
 
 enum { OPT_MODEL = 256, OPT_PROMPT, OPT_CHAT, OPT_SYSTEM, OPT_SPECIAL, OPT_MAXTOK, OPT_TEMP,
        OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_FREQ, OPT_PRES, OPT_STOP, OPT_IGNORE_EOS,
-       OPT_SEED };
+       OPT_SEED, OPT_CHAT_TEMPLATE };
 
 static int parse_opts(int argc, char **argv, struct gen_opts *o)
 {
@@ -73,6 +76,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         {"prompt", required_argument, 0, OPT_PROMPT},
         {"chat", required_argument, 0, OPT_CHAT},
         {"system", required_argument, 0, OPT_SYSTEM},
+        {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
         {"special", no_argument, 0, OPT_SPECIAL},
         {"max-tokens", required_argument, 0, OPT_MAXTOK},
         {"temperature", required_argument, 0, OPT_TEMP},
@@ -113,6 +117,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         case OPT_PROMPT: o->prompt = optarg; break;
         case OPT_CHAT: o->chat = optarg; break;
         case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
         case OPT_SPECIAL: o->special = 1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_MAXTOK:
@@ -251,7 +256,8 @@ static int run(struct gen_opts *o)
     if ((st = kern_group_open(&g.grp, &ko, &err)) ||
         (st = runner_model_load(&g.model, o->model, &o->eo, g.grp, &err)) ||
         (st = engine_tok_load(&g.tok, engine_model_gguf(g.model), &err)) ||
-        (o->chat && (st = engine_chat_init(&g.chat, engine_model_gguf(g.model), &err)))) {
+        (o->chat && (st = engine_chat_init_named(&g.chat, engine_model_gguf(g.model),
+                                                 o->chat_template, &err)))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }

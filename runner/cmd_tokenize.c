@@ -12,13 +12,15 @@
 #include "runner/runner.h"
 
 static const char tok_usage[] =
-    "usage: quern tokenize [--model PATH] [--chat] [--special] < TEXT\n"
+    "usage: quern tokenize [--model PATH] [--chat [--chat-template NAME]] [--special] < TEXT\n"
     "\n"
     "Read text from stdin and print its token ids as a JSON array on stdout.\n"
     "\n"
     "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --chat         treat stdin as one user message and render the chat template around\n"
     "                 it (with the generation prompt), as `quern generate --chat` does\n"
+    "  --chat-template NAME\n"
+    "                 chatml, gemma or llama3 instead of the model's recognised template\n"
     "  --special      recognise special-token text such as <|im_end|> in the input\n"
     "                 (by default it is tokenized as plain text)\n"
     "  -h, --help     this help\n";
@@ -28,9 +30,11 @@ int runner_cmd_tokenize(int argc, char **argv)
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"chat", no_argument, 0, 'c'},
         {"special", no_argument, 0, 's'},     {"help", no_argument, 0, 'h'},
+        {"chat-template", required_argument, 0, 't'},
         {0, 0, 0, 0},
     };
     const char *model = RUNNER_DEFAULT_MODEL;
+    const char *tmpl = NULL;
     int chat = 0, special = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -38,6 +42,7 @@ int runner_cmd_tokenize(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'c': chat = 1; break;
         case 's': special = 1; break;
+        case 't': tmpl = optarg; break;
         case 'h': fputs(tok_usage, stdout); return RUNNER_EXIT_OK;
         default: fputs(tok_usage, stderr); return RUNNER_EXIT_USAGE;
         }
@@ -61,7 +66,7 @@ int runner_cmd_tokenize(int argc, char **argv)
     }
     enum status st;
     if ((st = io_gguf_open(&g, model, &err)) || (st = engine_tok_load(&tok, g, &err)) ||
-        (chat && (st = engine_chat_init(&ch, g, &err)))) {
+        (chat && (st = engine_chat_init_named(&ch, g, tmpl, &err)))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }

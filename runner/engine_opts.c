@@ -164,8 +164,8 @@ void runner_engine_help(FILE *f, unsigned groups)
                 "                         weights made in memory (fixed seed), the tokenizer and\n"
                 "                         chat template of --model; PRESET is one of\n"
                 "                         %s\n"
-                "                         (Llama 3's RoPE scaling and Qwen's biases left out);\n"
-                "                         for speed and memory: the text is noise\n",
+                "                         (each with its architecture's extra tensors); for\n"
+                "                         speed and memory: the text is noise\n",
                 engine_dummy_names());
     if (groups & RUNNER_EO_BACKEND)
         fputs(

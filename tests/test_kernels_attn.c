@@ -348,7 +348,7 @@ static void test_backend_deferred_kv_store(void **state)
 
 /* ---- row operations ------------------------------------------------------------------------ */
 
-/* rmsnorm and swiglu of every table against float64 formulas, over lengths that exercise the
+/* rmsnorm, swiglu and geglu of every table against float64 formulas, over lengths that exercise the
  * vector bodies and tails, and inputs from tiny to large (SiLU saturates both ways). */
 static void test_row_ops_vs_double(void **state)
 {
@@ -387,6 +387,18 @@ static void test_row_ops_vs_double(void **state)
                 double want = g[i] / (1.0 + exp(-(double)g[i])) * up[i];
                 if (!(fabs(y[i] - want) <= 1e-6 * fabs(want) + 1e-30))
                     fail_msg("%s swiglu n %d [%d] g %g: %g vs %g", f->name, n, i, (double)g[i],
+                             (double)y[i], want);
+            }
+            memcpy(y, g, sizeof(float) * n);
+            f->geglu(y, up, n);
+            for (int i = 0; i < n; i++) {
+                const double gd = g[i];
+                /* 0.5 g (1 + tanh z) in its exact form g / (1 + e^-2z) (1 + tanh z cancels) */
+                const double z = 0.7978845608028654 * (gd + 0.044715 * gd * gd * gd);
+                double want = gd / (1.0 + exp(-2.0 * z)) * up[i];
+                /* the exponent 2z is computed in float: its rounding grows with |2z| */
+                if (!(fabs(y[i] - want) <= 1e-6 * (2.0 + 2.0 * fabs(z)) * fabs(want) + 1e-30))
+                    fail_msg("%s geglu n %d [%d] g %g: %g vs %g", f->name, n, i, gd,
                              (double)y[i], want);
             }
         }

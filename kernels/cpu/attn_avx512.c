@@ -4,7 +4,7 @@
  * scored against every head with broadcast FMAs; the weighted values accumulate in G x D/16
  * vector registers (8-bit KV: the quants are widened to floats the same way, a run's scores are
  * multiplied by the keys' scales and the softmax weights by the values' scales). Specialized
- * for G <= 8 and head_dim 64 or 128; other shapes use the scalar reference. Only reached
+ * for G <= 8 and head_dim 64 or 128; other shapes use the AVX2 kernel (f16 KV). Only reached
  * through kern_cpu_fns_get(), which checks the CPU first. */
 #include <immintrin.h>
 
@@ -259,5 +259,7 @@ void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int
             break;
         }
     }
-    kern_ref_attn_group(a, t, g, tn, gn, cold);
+    /* other shapes (Gemma's head_dim 256: 16 vectors per head would not fit the registers for
+     * a whole group): the AVX2 kernel, one head at a time, itself the scalar one for 8-bit KV */
+    kern_avx2_attn_group(a, t, g, tn, gn, cold);
 }

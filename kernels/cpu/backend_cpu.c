@@ -182,7 +182,7 @@ static void in_groups(void *arg, long lo, long hi)
         if (in->norm)
             j->fn->rmsnorm(x, in->norm, in->xn + (size_t)t * (size_t)n, (int)n, in->eps);
         else if (in->up && in->glu == KERN_GLU_GELU)
-            kern_ref_geglu(x, in->up + (size_t)t * (size_t)n, n);
+            j->fn->geglu(x, in->up + (size_t)t * (size_t)n, n);
         else if (in->up)
             j->fn->swiglu(x, in->up + (size_t)t * (size_t)n, n);
         const float *r = j->src + (size_t)t * (size_t)n;
@@ -361,12 +361,53 @@ static void cpu_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     pool_run(s->pool, matmul_worker, &jd);
 }
 
-/* Weights the active matmul mode reads through a packed GEMM are packed once here. */
+/* Q5_0 rows as Q8_0 (the same scale; quants -16..15 fit a byte): every weight the same value,
+ * so the products are too, and they run on the packed Q8_0 GEMMs (Q5_0 has none; Gemma 3's
+ * Q4_K_M file keeps most of its matrices in it). 34 bytes per block instead of 22. */
+static int widens(const struct cpu_state *s, const struct kern_tensor *w)
+{
+    struct kern_tensor q8 = *w;
+    q8.type = DTYPE_Q8_0;
+    return w->type == DTYPE_Q5_0 && !w->widened && packs(s, &q8);
+}
+
+static enum status widen_q5_0(struct kern_tensor *w, struct err_detail *err)
+{
+    const size_t rb = dtype_row_bytes(DTYPE_Q8_0, w->ne0), nb = (size_t)(w->ne0 / 32);
+    uint8_t *d = malloc(rb * (size_t)w->ne1);
+    if (!d)
+        return err_set(err, ST_ERR_NOMEM, "no memory to widen a Q5_0 matrix");
+    for (int64_t r = 0; r < w->ne1; r++) {
+        const struct kern_block_q5_0 *src =
+            (const void *)((const uint8_t *)w->data + (size_t)r * w->row_bytes);
+        struct kern_block_q8_0 *dst = (void *)(d + (size_t)r * rb);
+        for (size_t k = 0; k < nb; k++) {
+            uint32_t qh;
+            memcpy(&qh, src[k].qh, 4);
+            dst[k].d = src[k].d;
+            for (int j = 0; j < 32; j++) {
+                const int lo = j < 16 ? src[k].qs[j] & 0xF : src[k].qs[j - 16] >> 4;
+                dst[k].qs[j] = (int8_t)((lo | (int)((qh >> j) & 1) << 4) - 16);
+            }
+        }
+    }
+    w->widened = d;
+    w->data = d;
+    w->type = DTYPE_Q8_0;
+    w->row_bytes = rb;
+    return ST_OK;
+}
+
+/* Weights the active matmul mode reads through a packed GEMM are packed once here (Q5_0 ones
+ * first widened to Q8_0, widen_q5_0). */
 static enum status cpu_prepare(struct kern_backend *b, struct kern_tensor *w,
                                struct err_detail *err)
 {
     struct cpu_state *s = st_of(b);
     const int act = (int)s->act;
+    enum status st;
+    if (widens(s, w) && (st = widen_q5_0(w, err)))
+        return st;
     if (w->packed || !packs(s, w))
         return ST_OK;
     size_t bytes = s->fn->panel_bytes(w->type, w->ne1, w->ne0, act);
@@ -385,8 +426,10 @@ static void cpu_release(struct kern_backend *b, struct kern_tensor *w)
 {
     (void)b;
     free(w->packed);
+    free(w->widened); /* data pointed at it: the tensor is not used after release */
     w->packed = NULL;
     w->packed_panel = 0;
+    w->widened = NULL;
 }
 
 static void cpu_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
@@ -779,6 +822,9 @@ static int packs(const struct cpu_state *s, const struct kern_tensor *w)
 static size_t cpu_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
     struct cpu_state *s = st_of(b);
+    if (widens(s, w))
+        return dtype_row_bytes(DTYPE_Q8_0, w->ne0) * (size_t)w->ne1 +
+               s->fn->panel_bytes(DTYPE_Q8_0, w->ne1, w->ne0, (int)s->act);
     return packs(s, w) ? s->fn->panel_bytes(w->type, w->ne1, w->ne0, (int)s->act) : 0;
 }
 

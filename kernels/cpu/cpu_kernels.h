@@ -252,6 +252,10 @@ struct kern_cpu_fns {
     /* gate[i] = gate[i] / (1 + e^-gate[i]) * up[i] (SiLU-gated product). Scalar: libm expf;
      * SIMD: polynomial e^x, relative error < 3e-7. */
     void (*swiglu)(float *gate, const float *up, int64_t n);
+    /* gate[i] = gelu_tanh(gate[i]) * up[i] (GeGLU): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+     * written g / (1 + e^-2z) with z the tanh's argument (no cancellation). Scalar: libm expf;
+     * SIMD: the polynomial e^x. */
+    void (*geglu)(float *gate, const float *up, int64_t n);
     /* RoPE of one token's n_head heads (x: n_head x head_dim): pairs (x[2i], x[2i+1]) of each
      * head's first rot_dim channels rotated by cs[2i] (cosine), cs[2i+1] (sine), rounded as
      * x[2i] cos - x[2i+1] sin and x[2i] sin + x[2i+1] cos (every table the same bits). */

@@ -229,8 +229,10 @@ void kern_avx2_rmsnorm(const float *x, const float *w, float *y, int64_t n, floa
 void kern_avx2_swiglu(float *gate, const float *up, int64_t n);
 void kern_avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
 void kern_avx512_swiglu(float *gate, const float *up, int64_t n);
+void kern_avx2_geglu(float *gate, const float *up, int64_t n);
+void kern_avx512_geglu(float *gate, const float *up, int64_t n);
 void kern_ref_rope(float *x, const float *cs, int n_head, int head_dim, int rot_dim);
-/* GeGLU (tanh GELU, libm tanhf) and NEOX-paired RoPE (pairs (i, i + rot_dim / 2)): scalar in
+/* GeGLU (tanh GELU as g / (1 + e^-2z), libm expf) and NEOX-paired RoPE (pairs (i, i + rot_dim / 2)): scalar in
  * every table. */
 void kern_ref_geglu(float *gate, const float *up, int64_t n);
 void kern_ref_rope_neox(float *x, const float *cs, int n_head, int head_dim, int rot_dim);

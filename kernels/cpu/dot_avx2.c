@@ -779,6 +779,7 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
     .attn_group = kern_avx2_attn_group,
     .rmsnorm = kern_avx2_rmsnorm,
     .swiglu = kern_avx2_swiglu,
+    .geglu = kern_avx2_geglu,
     .rope = kern_ref_rope,
     .quantize_q16 = kern_avx2_quantize_q16,
     .gemm_q16 =

@@ -700,6 +700,7 @@ const struct kern_cpu_fns kern_cpu_fns_avx512 = {
     .attn_group = kern_avx512_attn_group,
     .rmsnorm = kern_avx512_rmsnorm,
     .swiglu = kern_avx512_swiglu,
+    .geglu = kern_avx512_geglu,
     .rope = kern_avx512_rope,
     .quantize_q16 = kern_avx512_quantize_q16,
     .gemm_q16 =

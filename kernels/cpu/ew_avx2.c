@@ -48,3 +48,22 @@ void kern_avx2_swiglu(float *gate, const float *up, int64_t n)
         gate[i] = g[0];
     }
 }
+
+/* gelu_tanh(g) * u as g / (1 + e^-2z) * u, z = sqrt(2/pi) (g + 0.044715 g^3). */
+void kern_avx2_geglu(float *gate, const float *up, int64_t n)
+{
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), k = _mm256_set1_ps(-1.5957691216057308f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 z = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(g, g), g),
+                                                    _mm256_set1_ps(0.044715f), g));
+        __m256 h = _mm256_div_ps(g, _mm256_add_ps(one, exp8(z)));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(h, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) { /* the tail through the same vector code, one lane used */
+        float g[8] = {gate[i]}, u[8] = {up[i]};
+        kern_avx2_geglu(g, u, 8);
+        gate[i] = g[0];
+    }
+}

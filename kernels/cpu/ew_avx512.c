@@ -43,6 +43,28 @@ void kern_avx512_swiglu(float *gate, const float *up, int64_t n)
     }
 }
 
+/* gelu_tanh(g) * u as g / (1 + e^-2z) * u, z = sqrt(2/pi) (g + 0.044715 g^3). */
+static inline __m512 geglu16(__m512 g, __m512 u)
+{
+    const __m512 z = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f), /* -2 sqrt(2/pi) */
+                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(g, g), g),
+                                                   _mm512_set1_ps(0.044715f), g));
+    const __m512 e = exp16(z);
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+void kern_avx512_geglu(float *gate, const float *up, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(gate + i, geglu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(gate + i, m, geglu16(_mm512_maskz_loadu_ps(m, gate + i),
+                                                   _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
+
 /* Eight pairs at a time: with v = (a, b) pairs and cs = (cos, sin) pairs, the products a cos,
  * b cos (v times the cosines duplicated) and b sin, a sin (v's pairs swapped times the sines
  * duplicated), then difference in the even lanes and sum in the odd ones: each output rounded

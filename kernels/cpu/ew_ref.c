@@ -25,10 +25,11 @@ void kern_ref_swiglu(float *gate, const float *up, int64_t n)
 
 void kern_ref_geglu(float *gate, const float *up, int64_t n)
 {
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    /* 0.5 (1 + tanh z) = 1 / (1 + e^-2z): no cancellation where tanh z is near -1 */
+    const float k = -1.5957691216057308f; /* -2 sqrt(2 / pi) */
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+        gate[i] = g / (1.0f + expf(k * (g + 0.044715f * g * g * g))) * up[i];
     }
 }
 

@@ -700,6 +700,7 @@ const struct kern_cpu_fns kern_cpu_fns_scalar = {
     .attn_group = kern_ref_attn_group,
     .rmsnorm = kern_ref_rmsnorm,
     .swiglu = kern_ref_swiglu,
+    .geglu = kern_ref_geglu,
     .rope = kern_ref_rope,
     .quantize_q16 = kern_ref_quantize_q16,
     .gemm_q16 =

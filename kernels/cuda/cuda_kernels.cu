@@ -90,9 +90,9 @@ __global__ void k_mm_prep(float *x, const float *add, const float *norm, float e
     } else if (up) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const float g = xr[i];
-            const float a = glu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f *
-                                                          (g + 0.044715f * g * g * g)))
-                                : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+            /* GeGLU as g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3), as the CPU */
+            const float z = glu ? -1.5957691216057308f * (g + 0.044715f * g * g * g) : -g;
+            const float a = __fdiv_rn(g, __fadd_rn(1.0f, expf(z)));
             xr[i] = __fmul_rn(a, up[off + i]);
         }
     }
