@@ -47,12 +47,6 @@ static size_t json_msgs(const cJSON *arr, struct engine_chat_msg *m)
     return n;
 }
 
-static const char *gemma_path(void)
-{
-    const char *p = getenv("QUERN_GEMMA");
-    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
-}
-
 static void test_templates_vs_jinja(void **state)
 {
     (void)state;
@@ -60,8 +54,8 @@ static void test_templates_vs_jinja(void **state)
     struct io_gguf *gg;
     struct engine_tok *gtok;
     struct engine_chat *gchat;
-    if (io_gguf_open(&gg, gemma_path(), &err))
-        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", gemma_path(), err.msg);
+    if (io_gguf_open(&gg, test_gemma_path(), &err))
+        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", test_gemma_path(), err.msg);
     assert_int_equal(engine_tok_load(&gtok, gg, &err), ST_OK);
     assert_int_equal(engine_chat_init(&gchat, gg, &err), ST_OK); /* no template: by vocabulary */
     size_t flen;

@@ -22,21 +22,6 @@
 #define GEMMA_MEAN_TOL 0.002f
 #define CHUNK 64
 
-static const char *gemma_path(void)
-{
-    const char *p = getenv("QUERN_GEMMA");
-    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static void test_gemma_vs_reference(void **state)
 {
     (void)state;
@@ -51,7 +36,7 @@ static void test_gemma_vs_reference(void **state)
     struct engine_model *m;
     struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
     assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
-    if (engine_model_load(&m, gemma_path(), be, &err))
+    if (engine_model_load(&m, test_gemma_path(), be, &err))
         fail_msg("%s (run `make gemma` or set QUERN_GEMMA)", err.msg);
     assert_int_equal(m->hp.arch, ENGINE_ARCH_GEMMA3);
     assert_int_equal(m->hp.swa_window, 512);
@@ -97,9 +82,9 @@ static void test_gemma_vs_reference(void **state)
                 const cJSON *top = cJSON_GetObjectItem(pi, "top");
                 const int ref1 = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 0), 0)->valueint;
                 if (cJSON_GetObjectItem(pi, "margin")->valuedouble > 0.05) {
-                    if (argmax(row, V) != ref1)
+                    if (test_argmax(row, V) != ref1)
                         fail_msg("%s position %d: top-1 %d, reference %d", name, c0 + i,
-                                 argmax(row, V), ref1);
+                                 test_argmax(row, V), ref1);
                     top1++;
                 }
                 const cJSON *e;
@@ -123,13 +108,13 @@ static void test_gemma_vs_reference(void **state)
         }
         /* greedy: the last prompt row, then one token at a time */
         int ok = 1;
-        int32_t next = (int32_t)argmax(lg + (size_t)((n - 1) % CHUNK) * V, V);
+        int32_t next = (int32_t)test_argmax(lg + (size_t)((n - 1) % CHUNK) * V, V);
         for (int g = 0; g < ng && ok; g++) {
             ok = next == cJSON_GetArrayItem(greedy, g)->valueint;
             int32_t ps = n + g, sq = 0;
             struct engine_batch b1 = {1, &next, &ps, &sq, NULL};
             assert_int_equal(engine_model_forward(m, kv, &b1, lg, &err), ST_OK);
-            next = (int32_t)argmax(lg, V);
+            next = (int32_t)test_argmax(lg, V);
         }
         if (!ok) { /* only where the reference's choice was clear */
             const cJSON *mg = cJSON_GetObjectItem(p, "greedy_margins");

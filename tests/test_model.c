@@ -80,15 +80,6 @@ static int32_t *json_ids(const cJSON *a, int *n)
     return ids;
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* KV storage of the caches run_seq and greedy_matches make (the 8-bit KV test sets it). */
 static int g_kv_dtype = KERN_KV_F16;
 
@@ -150,9 +141,9 @@ static float compare_logits(struct engine_model *m, const cJSON *root, float arg
             double margin = cJSON_GetObjectItem(pi, "margin")->valuedouble;
             if (margin > argmax_margin) {
                 (*argmax_checked)++;
-                if (argmax(row, V) != ref_top1)
+                if (test_argmax(row, V) != ref_top1)
                     fail_msg("%s position %d: top-1 %d, reference %d (margin %g)",
-                             cJSON_GetObjectItem(p, "name")->valuestring, i, argmax(row, V),
+                             cJSON_GetObjectItem(p, "name")->valuestring, i, test_argmax(row, V),
                              ref_top1, margin);
             }
             const cJSON *e;
@@ -440,7 +431,7 @@ static int greedy_matches(struct engine_model *m, const cJSON *root, int strict)
         struct engine_batch b = {n, ids, pos, seq, NULL};
         assert_int_equal(engine_model_forward(m, kv, &b, lg, &err), ST_OK);
         for (int g = 0; g < ng && ok; g++) {
-            int32_t next = (int32_t)argmax(lg, V);
+            int32_t next = (int32_t)test_argmax(lg, V);
             if (next != want[g]) {
                 if (strict)
                     fail_msg("%s: greedy token %d is %d, reference %d",
@@ -583,7 +574,7 @@ static void test_device_path(void **state)
                          ST_OK);
         if (!fused)
             for (int t = 0; t < total; t++)
-                got[side][t] = argmax(lg + (size_t)t * V, V);
+                got[side][t] = test_argmax(lg + (size_t)t * V, V);
         engine_kv_free(kv);
     }
     assert_memory_equal(got[0], got[1], sizeof(int32_t) * (size_t)total);
@@ -736,10 +727,10 @@ static void test_draft_verify_rollback(void **state)
     assert_int_equal(engine_model_kv_init(m, &kv, n + N + 16, 1, 4, KERN_KV_F16, &err), ST_OK);
     forward_rows(m, kv, prompt, n, 0, rows);
     memcpy(ref, rows + (size_t)(n - 1) * V, sizeof(float) * V);
-    g[0] = argmax(ref, V);
+    g[0] = test_argmax(ref, V);
     for (int i = 1; i <= N; i++) {
         forward_rows(m, kv, &g[i - 1], 1, n + i - 1, ref + (size_t)i * V);
-        g[i] = argmax(ref + (size_t)i * V, V);
+        g[i] = test_argmax(ref + (size_t)i * V, V);
     }
     engine_kv_release(kv, 0);
     engine_kv_free(kv);
@@ -750,7 +741,7 @@ static void test_draft_verify_rollback(void **state)
     forward_rows(m, kv, prompt, n, 0, rows);
     int32_t out[48];
     int n_out = 1, rounds = 0, rollbacks = 0;
-    out[0] = argmax(rows + (size_t)(n - 1) * V, V);
+    out[0] = test_argmax(rows + (size_t)(n - 1) * V, V);
     int32_t p = n;
     while (n_out < N) {
         int k = 1 + rounds % 5, bad = rounds % (k + 2); /* bad >= k: all drafts right */
@@ -769,7 +760,7 @@ static void test_draft_verify_rollback(void **state)
             if (gi > N)
                 break;
             assert_memory_equal(rows + (size_t)j * V, ref + (size_t)gi * V, sizeof(float) * V);
-            int32_t t = argmax(rows + (size_t)j * V, V);
+            int32_t t = test_argmax(rows + (size_t)j * V, V);
             out[n_out++] = t;
             if (j == k || t != in[j + 1] || n_out >= N)
                 break;

@@ -19,21 +19,14 @@
 #include "tests/test_tokenizer_util.h"
 #include "tests/test_util.h"
 
-/* The Gemma 3 270M GGUF: QUERN_GEMMA, else where `make gemma` puts it. */
-static const char *gemma_path(void)
-{
-    const char *p = getenv("QUERN_GEMMA");
-    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
-}
-
 static void test_gemma_reference(void **state)
 {
     (void)state;
     struct io_gguf *g;
     struct engine_tok *t;
     struct err_detail err = {0};
-    if (io_gguf_open(&g, gemma_path(), &err))
-        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", gemma_path(),
+    if (io_gguf_open(&g, test_gemma_path(), &err))
+        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", test_gemma_path(),
                  err.msg);
     if (engine_tok_load(&t, g, &err))
         fail_msg("%s", err.msg);

@@ -1,4 +1,5 @@
-/* Small helpers shared by the cmocka tests: fixture paths, whole-file reads, FNV-1a. */
+/* Small helpers shared by the cmocka tests: model and fixture paths, whole-file reads, argmax,
+ * FNV-1a. */
 #ifndef TESTS_TEST_UTIL_H
 #define TESTS_TEST_UTIL_H
 
@@ -12,6 +13,24 @@ static inline const char *test_model_path(void)
 {
     const char *p = getenv("QUERN_MODEL");
     return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+/* Path of the optional Gemma 3 270M (`make gemma`): $QUERN_GEMMA or
+ * models/gemma-3-270m-q4_k_m.gguf. */
+static inline const char *test_gemma_path(void)
+{
+    const char *p = getenv("QUERN_GEMMA");
+    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
+}
+
+/* Index of the largest of x[0..n) (the first on ties). */
+static inline int test_argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
 }
 
 /* Read a whole file into a malloc'd buffer of exactly its size (+1 NUL not counted);
