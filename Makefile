@@ -147,7 +147,7 @@ asan:
 	@true
 
 # libFuzzer harnesses for the parsers of untrusted input (clang): request lines, the grammar
-# compilers (JSON schemas, GBNF text) and GGUF model files. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each, one minute in all; run
+# compilers (JSON schemas, GBNF text), GGUF model files and the tokenizer metadata in them. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
 # example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
@@ -180,12 +180,22 @@ build-fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_gguf.c \
 	    $(FUZZ_GGUF_SRC) -o $@
 
+FUZZ_TOK_SRC  = engine/tokenizer.c engine/tokenizer_encode.c engine/tokenizer_decode.c \
+                engine/tokenizer_spm.c io/gguf.c common/err.c common/log.c common/utf8.c \
+                common/dtype.c
+build-fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(FUZZ_TOK_SRC) $(wildcard engine/tokenizer*.h) \
+                           $(FUZZ_GGUF_H)
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_tokenizer.c \
+	    $(FUZZ_TOK_SRC) -lpcre2-8 -o $@
+
 build-fuzz/gguf_seeds: tests/fuzz/gguf_seeds.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=address,undefined tests/fuzz/gguf_seeds.c \
 	    $(FUZZ_GGUF_SRC) -o $@
 
-fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-fuzz/fuzz_grammar
+fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-fuzz/fuzz_grammar \
+      build-fuzz/fuzz_tokenizer
 	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds build-fuzz/corpus-gguf \
 	    build-fuzz/seeds-gguf
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
@@ -200,6 +210,13 @@ fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-f
 	build-fuzz/gguf_seeds build-fuzz/seeds-gguf $(wildcard $(MODEL))
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/gguf.dict \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-gguf build-fuzz/seeds-gguf
+	@mkdir -p build-fuzz/corpus-tokenizer build-fuzz/seeds-tokenizer
+	printf '\001\002\003\001a\n\001b\n\001ab\n\006<0x41>\n\003<eos>\n\nab a b A<eos>' \
+	    >build-fuzz/seeds-tokenizer/spm
+	printf '\000\003\001\001a\n\001b\n\001ab\n\001\304\240\n\003<|end|>\n\nab 12 ab<|end|>' \
+	    >build-fuzz/seeds-tokenizer/bpe
+	build-fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-tokenizer build-fuzz/seeds-tokenizer
 
 # The default model's perplexity on a fixed text (Debian's license texts, checksummed) for every
 # matmul mode x KV type this machine runs, with throughput: the table in docs/BENCHMARKS.md.

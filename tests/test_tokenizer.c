@@ -200,34 +200,7 @@ static void test_invalid_utf8(void **state)
 /* Random bytes (mostly invalid UTF-8) never crash, and decode to the documented replacement. */
 static void test_random_bytes(void **state)
 {
-    const struct engine_tok *t = tok_of(state);
-    uint64_t x = 0x9E3779B97F4A7C15ull;
-    unsigned char buf[300];
-    for (int iter = 0; iter < 3000; iter++) {
-        size_t n = (size_t)(iter % 300);
-        for (size_t i = 0; i < n; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            /* Bias towards UTF-8-looking bytes so sequences are sometimes valid. */
-            unsigned r = (unsigned)(x >> 24);
-            buf[i] = (r & 3) == 0   ? (unsigned char)(0x80 | (r >> 8 & 0x3F))
-                     : (r & 3) == 1 ? (unsigned char)(0xC2 + (r >> 8) % 0x33)
-                                    : (unsigned char)(r >> 8);
-        }
-        unsigned flags = iter & 1 ? ENGINE_TOK_PARSE_SPECIAL : 0;
-        size_t n_ids;
-        int32_t *ids = encode(t, (const char *)buf, n, flags, &n_ids);
-        size_t clen, dl;
-        char *clean = utf8_replace_invalid(buf, n, &clen);
-        clen = drop_tokenless_bytes(t, clean, clen);
-        char *d = decode(t, ids, n_ids, 1, &dl);
-        if (dl != clen || memcmp(d, clean, dl) != 0)
-            fail_msg("random bytes iteration %d: decode differs from the replaced input", iter);
-        free(d);
-        free(clean);
-        free(ids);
-    }
+    check_random_bytes(tok_of(state), 3000);
 }
 
 /* Long inputs: a long run of one character and a long mixed text round-trip. */

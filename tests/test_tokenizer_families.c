@@ -1,7 +1,7 @@
 /* Tokenizers of the other model families: Gemma 3's SentencePiece vocabulary (the real model,
  * fetched by `make gemma`) against llama.cpp's ids for >1,000 strings
  * (tests/fixtures/tokenizer_gemma3.jsonl, tools/ref_tokenizer_families.py), its byte fallback,
- * spaces and end-of-turn token; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers against
+ * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers against
  * Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -63,6 +63,7 @@ static void test_gemma_reference(void **state)
     free(d);
     free(ids);
     check_fixture(t, "tests/fixtures/tokenizer_gemma3.jsonl", 1000);
+    check_random_bytes(t, getenv("QUERN_SANITIZE") ? 500 : 3000);
     engine_tok_free(t);
 }
 

@@ -313,6 +313,42 @@ static inline void expect_load_error(const char *const *kv, enum status want, co
     io_gguf_close(g);
 }
 
+/* iters random byte strings (biased towards UTF-8-looking bytes, so sequences are sometimes
+ * valid) encode without error, and decode to the input with invalid bytes replaced, tokenless
+ * bytes dropped (and U+2581 a space in SentencePiece vocabularies). */
+static inline void check_random_bytes(const struct engine_tok *t, int iters)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    unsigned char buf[300];
+    for (int iter = 0; iter < iters; iter++) {
+        size_t n = (size_t)(iter % 300);
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            /* Bias towards UTF-8-looking bytes so sequences are sometimes valid. */
+            unsigned r = (unsigned)(x >> 24);
+            buf[i] = (r & 3) == 0   ? (unsigned char)(0x80 | (r >> 8 & 0x3F))
+                     : (r & 3) == 1 ? (unsigned char)(0xC2 + (r >> 8) % 0x33)
+                                    : (unsigned char)(r >> 8);
+        }
+        unsigned flags = iter & 1 ? ENGINE_TOK_PARSE_SPECIAL : 0;
+        size_t n_ids;
+        int32_t *ids = encode(t, (const char *)buf, n, flags, &n_ids);
+        size_t clen, dl;
+        char *clean = utf8_replace_invalid(buf, n, &clen);
+        clen = drop_tokenless_bytes(t, clean, clen);
+        if (t->spm)
+            clen = spaces_for_u2581(clean, clen);
+        char *d = decode(t, ids, n_ids, 1, &dl);
+        if (dl != clen || memcmp(d, clean, dl) != 0)
+            fail_msg("random bytes iteration %d: decode differs from the replaced input", iter);
+        free(d);
+        free(clean);
+        free(ids);
+    }
+}
+
 /* A tiny vocabulary built in memory: the 256 byte tokens (GPT-2 byte-level text), "12", "123",
  * a control "<|end|>" and a user-defined "<tool>"; merges "1 2" and "12 3". */
 static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
