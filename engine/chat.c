@@ -308,7 +308,8 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma and Llama 3 are; "
-                       "--chat-template NAME picks one): \"%s\"", snip);
+                       "--chat-template NAME picks one): \"%s\"",
+                       snip);
     }
     st = c->fmt == CHAT_FMT_CHATML ? find_default_system(s, n, &c->default_system, err) : ST_OK;
     if (st == ST_OK && c->default_system)
@@ -337,9 +338,9 @@ void engine_chat_free(struct engine_chat *c)
  * length, or 0 when it is not whitespace. */
 static size_t space_len(const unsigned char *s, size_t n)
 {
-    static const char *const multi[] = {"\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\xA8",
-                                        "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F",
-                                        "\xE3\x80\x80"};
+    static const char *const multi[] = {"\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80",
+                                        "\xE2\x80\xA8", "\xE2\x80\xA9", "\xE2\x80\xAF",
+                                        "\xE2\x81\x9F", "\xE3\x80\x80"};
     if ((s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x20))
         return 1;
     if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 && s[2] >= 0x80 && s[2] <= 0x8A) /* U+2000..200A */
@@ -419,7 +420,8 @@ static enum status parts_gemma(const struct engine_chat_msg *m, size_t n, int ge
         if (user != ((i - first) % 2 == 0))
             return err_set(err, ST_ERR_INVALID_ARG,
                            "the gemma chat template needs user and assistant turns alternating "
-                           "from user (message %zu is %s)", i, m[i].role);
+                           "from user (message %zu is %s)",
+                           i, m[i].role);
         p[k++] = special("<start_of_turn>");
         p[k++] = text(strcmp(m[i].role, "assistant") ? m[i].role : "model");
         p[k++] = text("\n");
@@ -604,7 +606,8 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
             st = id >= 0 ? ids_append(&a, &id, 1, err)
                          : err_set(err, ST_ERR_UNSUPPORTED,
                                    "the %s chat template needs the token %.*s; the vocabulary "
-                                   "lacks it", g_fmts[c->fmt].name, (int)p[i].n, p[i].s);
+                                   "lacks it",
+                                   g_fmts[c->fmt].name, (int)p[i].n, p[i].s);
             i++;
             continue;
         }

@@ -98,4 +98,9 @@ struct engine_model {
     struct engine_model_stage stage; /* host staging (engine_model_reserve) */
 };
 
+/* The weights from the file (engine/model_load.c): hyperparameters, whole matrices (views of the
+ * mapping) and norm/bias vectors; no backend yet. On success the model owns g. */
+enum status engine_model_load_weights(struct engine_model **out, struct io_gguf *g,
+                                      struct err_detail *err);
+
 #endif

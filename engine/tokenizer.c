@@ -208,7 +208,7 @@ static const char re_digit_src[] = "\\p{N}";
  * (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
 #define RE_LLAMA3(DIGITS)                                                                          \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"       \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}" DIGITS "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS      \
     "])|[" WS "]+"
 static const char re_llama3_src[] = RE_LLAMA3("{1,3}");
@@ -221,7 +221,7 @@ static const struct {
     int digits;        /* 1: every digit its own piece first (smollm) */
     const char *words; /* the word regex */
 } g_pre[] = {
-    {"default", 0, re_words_src}, {"gpt2", 0, re_words_src},      {"gpt-2", 0, re_words_src},
+    {"default", 0, re_words_src}, {"gpt2", 0, re_words_src},       {"gpt-2", 0, re_words_src},
     {"smollm", 1, re_words_src},  {"llama-bpe", 0, re_llama3_src}, {"llama3", 0, re_llama3_src},
     {"qwen2", 0, re_qwen2_src},   {"llama-v3", 0, re_llama3_src},
 };
@@ -286,8 +286,8 @@ static void add_eog(struct engine_tok *t, int32_t id)
  * control token that ends generation, whatever its type says (as llama.cpp, which makes Gemma's
  * user-defined "</s>" one). */
 static const char *const eog_texts[] = {
-    "<|im_end|>", "<|endoftext|>",   "<|eot_id|>", "<|eom_id|>", "<|end|>",
-    "<end_of_turn>", "<|end_of_text|>", "</s>",   "<EOT>",      "<end_of_utterance>",
+    "<|im_end|>",    "<|endoftext|>",   "<|eot_id|>", "<|eom_id|>", "<|end|>",
+    "<end_of_turn>", "<|end_of_text|>", "</s>",       "<EOT>",      "<end_of_utterance>",
 };
 
 static int is_eog_text(const char *s, size_t n)
@@ -403,7 +403,8 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
             memcpy(hex, src, len < 7 ? len : 7);
             if (len != 6 || sscanf(hex, "<0x%2x%c", &bv, &tail) != 2 || tail != '>')
                 return err_set(err, ST_ERR_FORMAT, "byte token %llu has text '%.*s', not <0xXX>",
-                               (unsigned long long)i, (int)(len > 16 ? 16 : len), (const char *)src);
+                               (unsigned long long)i, (int)(len > 16 ? 16 : len),
+                               (const char *)src);
             dst[0] = (unsigned char)bv;
             len = 1;
             if (t->byte_id[bv] < 0)

@@ -70,8 +70,8 @@ static void run_seq(struct engine_model *m, const int32_t *ids, int n, int chunk
 
 /* Largest |ours - reference| / (1 + |reference|) over all logits; top-1 must agree wherever the
  * reference's margin is clear. */
-static double compare(const char *name, const char *how, const float *got, const cJSON *ref,
-                      int n, int V)
+static double compare(const char *name, const char *how, const float *got, const cJSON *ref, int n,
+                      int V)
 {
     double worst = 0;
     for (int t = 0; t < n; t++) {

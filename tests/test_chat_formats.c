@@ -55,7 +55,8 @@ static void test_templates_vs_jinja(void **state)
     struct engine_tok *gtok;
     struct engine_chat *gchat;
     if (io_gguf_open(&gg, test_gemma_path(), &err))
-        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", test_gemma_path(), err.msg);
+        fail_msg("cannot open %s (run `make gemma` or set QUERN_GEMMA): %s", test_gemma_path(),
+                 err.msg);
     assert_int_equal(engine_tok_load(&gtok, gg, &err), ST_OK);
     assert_int_equal(engine_chat_init(&gchat, gg, &err), ST_OK); /* no template: by vocabulary */
     size_t flen;
@@ -128,9 +129,10 @@ static void test_named_and_refused(void **state)
     char *s;
     size_t len;
     /* a ChatML template, but --chat-template llama3 */
-    struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template",
-                                "{% for message in messages %}{{'<|im_start|>' + message['role'] "
-                                "+ '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}");
+    struct io_gguf *g =
+        gguf_kv(&b, "tokenizer.chat_template",
+                "{% for message in messages %}{{'<|im_start|>' + message['role'] "
+                "+ '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}");
     assert_int_equal(engine_chat_init_named(&c, g, "llama3", &err), ST_OK);
     assert_int_equal(engine_chat_render(c, m, 1, 1, &s, &len, &err), ST_OK);
     assert_string_equal(s, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi"

@@ -18,9 +18,9 @@
 #include "tests/test_util.h"
 
 /* f32 compute over f16 KV against float64 over the same f16 KV (see the printed numbers). */
-#define GEMMA_TOL 0.02f
+#define GEMMA_TOL      0.02f
 #define GEMMA_MEAN_TOL 0.002f
-#define CHUNK 64
+#define CHUNK          64
 
 static void test_gemma_vs_reference(void **state)
 {
@@ -63,7 +63,8 @@ static void test_gemma_vs_reference(void **state)
         const cJSON *greedy = cJSON_GetObjectItem(p, "greedy");
         const int ng = cJSON_GetArraySize(greedy);
         struct engine_kv *kv;
-        assert_int_equal(engine_model_kv_init(m, &kv, n + ng + 16, 1, 16, KERN_KV_F16, &err), ST_OK);
+        assert_int_equal(engine_model_kv_init(m, &kv, n + ng + 16, 1, 16, KERN_KV_F16, &err),
+                         ST_OK);
         assert_int_equal(engine_kv_reserve(kv, 0, n + ng, &err), ST_OK);
         int32_t ids[CHUNK], pos[CHUNK], seq[CHUNK] = {0};
         uint8_t want[CHUNK];

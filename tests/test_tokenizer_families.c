@@ -1,8 +1,8 @@
 /* Tokenizers of the other model families: Gemma 3's SentencePiece vocabulary (the real model,
  * fetched by `make gemma`) against llama.cpp's ids for >1,000 strings
  * (tests/fixtures/tokenizer_gemma3.jsonl, tools/ref_tokenizer_families.py), its byte fallback,
- * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers against
- * Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl). */
+ * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers
+ * against Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -66,7 +66,6 @@ static void test_gemma_reference(void **state)
     check_random_bytes(t, getenv("QUERN_SANITIZE") ? 500 : 3000);
     engine_tok_free(t);
 }
-
 
 static void on_piece(void *ctx, const char *s, size_t n)
 {

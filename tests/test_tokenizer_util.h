@@ -19,7 +19,7 @@
 #include "tests/test_util.h"
 
 static inline int32_t *encode(const struct engine_tok *t, const char *s, size_t n, unsigned flags,
-                       size_t *n_ids)
+                              size_t *n_ids)
 {
     int32_t *ids;
     struct err_detail err = {0};
@@ -32,7 +32,7 @@ static inline int32_t *encode(const struct engine_tok *t, const char *s, size_t 
 
 /* Concatenated pieces of ids; *len bytes in a malloc'd buffer. */
 static inline char *decode(const struct engine_tok *t, const int32_t *ids, size_t n, int special,
-                    size_t *len)
+                           size_t *len)
 {
     size_t cap = 64, o = 0;
     char *s = malloc(cap);
@@ -60,7 +60,7 @@ static inline void format_ids(char *buf, size_t cap, const int32_t *ids, size_t 
 }
 
 static inline void assert_ids(const struct engine_tok *t, const char *s, size_t n, unsigned flags,
-                       const int32_t *want, size_t n_want)
+                              const int32_t *want, size_t n_want)
 {
     size_t n_got;
     int32_t *got = encode(t, s, n, flags, &n_got);
@@ -212,8 +212,8 @@ static inline void check_fixture(const struct engine_tok *t, const char *path, s
             format_ids(w, sizeof(w), want + from, n_want - from < 32 ? n_want - from : 32);
             fail_msg("%s line %zu (special=%d): first difference at id index %zu (%zu vs %zu "
                      "ids)\n  text \"%.*s\"\n  hex  %.300s\n  got  [%zu..] %s\n  want [%zu..] %s",
-                     path, lines + 1, special, at, n_got, n_want,
-                     (int)(len > 300 ? 300 : len), text, hex->valuestring, from, g, from, w);
+                     path, lines + 1, special, at, n_got, n_want, (int)(len > 300 ? 300 : len),
+                     text, hex->valuestring, from, g, from, w);
         }
         /* Round trip: the pieces give back the (valid UTF-8) input, minus bytes that have no
          * token at all in this vocabulary. */
@@ -226,8 +226,8 @@ static inline void check_fixture(const struct engine_tok *t, const char *path, s
             size_t dl;
             char *d = decode(t, got, n_got, special, &dl);
             if (dl != clen || memcmp(d, clean, dl) != 0)
-                fail_msg("%s line %zu: decode(encode(x)) != x for \"%.*s\"", path,
-                         lines + 1, (int)len, text);
+                fail_msg("%s line %zu: decode(encode(x)) != x for \"%.*s\"", path, lines + 1,
+                         (int)len, text);
             free(d);
             roundtrips++;
         }

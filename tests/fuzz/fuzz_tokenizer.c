@@ -35,8 +35,14 @@ static void put(struct buf *b, const void *s, size_t n)
     b->n += n;
 }
 
-static void u32(struct buf *b, uint32_t v) { put(b, &v, 4); }
-static void u64(struct buf *b, uint64_t v) { put(b, &v, 8); }
+static void u32(struct buf *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+static void u64(struct buf *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
 
 static void str(struct buf *b, const void *s, size_t n)
 {

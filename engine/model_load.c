@@ -1,0 +1,328 @@
+/* Loading a model's weights from GGUF: the architecture (llama, qwen2, qwen3, gemma3) and its
+ * hyperparameters from the metadata, whole matrices as views of the mapping, the norm and bias
+ * vectors each architecture has. No backend here: engine/model.c splits and prepares them. */
+#include "engine/model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+
+static enum status get_hparam(const struct io_gguf *g, const char *arch, const char *key, int *out,
+                              int required, int dflt, struct err_detail *err)
+{
+    char name[128];
+    uint32_t v;
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    enum status st = io_gguf_get_u32(g, name, &v, err);
+    if (st == ST_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return ST_OK;
+    }
+    if (st)
+        return st;
+    if (v == 0 || v > (1u << 24))
+        return err_set(err, ST_ERR_FORMAT, "metadata %s = %u is out of range", name, v);
+    *out = (int)v;
+    return ST_OK;
+}
+
+static enum status get_f32(const struct io_gguf *g, const char *arch, const char *key, float *out,
+                           struct err_detail *err)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    enum status st = io_gguf_get_f32(g, name, out, err);
+    if (!st && !(isfinite(*out) && *out > 0))
+        return err_set(err, ST_ERR_FORMAT, "metadata %s = %g is not a positive number", name,
+                       (double)*out);
+    return st;
+}
+
+/* The architectures: GGUF name and what differs from llama. */
+static const struct {
+    const char *name;
+    int arch;
+} g_archs[] = {
+    {"llama", ENGINE_ARCH_LLAMA},
+    {"qwen2", ENGINE_ARCH_QWEN2},
+    {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma3", ENGINE_ARCH_GEMMA3},
+};
+
+/* 1 when g has the metadata key "<arch>.<key>". */
+static int has_key(const struct io_gguf *g, const char *arch, const char *key)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "%s.%s", arch, key);
+    return io_gguf_find_kv(g, name) != NULL;
+}
+
+/* RoPE scaling: none, or linear (positions / factor); anything else is refused by name. */
+static enum status read_rope_scaling(const struct io_gguf *g, const char *arch,
+                                     struct engine_hparams *hp, struct err_detail *err)
+{
+    char name[128];
+    struct io_gguf_str sc;
+    hp->rope_scale = 1.0f;
+    snprintf(name, sizeof(name), "%s.rope.scaling.type", arch);
+    if (io_gguf_get_str(g, name, &sc, NULL) != ST_OK || io_gguf_str_eq(sc, "none"))
+        return ST_OK;
+    if (!io_gguf_str_eq(sc, "linear"))
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "RoPE scaling '%.*s' is not supported (none, linear)",
+                       (int)(sc.len > 20 ? 20 : sc.len), sc.ptr);
+    float factor;
+    enum status st = get_f32(g, arch, "rope.scaling.factor", &factor, err);
+    if (st)
+        return st;
+    hp->rope_scale = 1.0f / factor;
+    return ST_OK;
+}
+
+static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *hp,
+                                struct err_detail *err)
+{
+    struct io_gguf_str arch_s;
+    enum status st = io_gguf_get_str(g, "general.architecture", &arch_s, err);
+    if (st)
+        return st;
+    const char *arch = NULL;
+    for (size_t i = 0; i < sizeof(g_archs) / sizeof(g_archs[0]); i++)
+        if (io_gguf_str_eq(arch_s, g_archs[i].name)) {
+            arch = g_archs[i].name;
+            hp->arch = g_archs[i].arch;
+        }
+    if (!arch)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma3)",
+                       (int)(arch_s.len > 40 ? 40 : arch_s.len), arch_s.ptr);
+    if ((st = get_hparam(g, arch, "embedding_length", &hp->n_embd, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "block_count", &hp->n_layer, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "feed_forward_length", &hp->n_ff, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "attention.head_count", &hp->n_head, 1, 0, err)) ||
+        (st = get_hparam(g, arch, "context_length", &hp->n_ctx_train, 1, 0, err)) ||
+        (st = get_f32(g, arch, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)))
+        return st;
+    if ((st = get_hparam(g, arch, "attention.head_count_kv", &hp->n_kv_head, 0, hp->n_head, err)))
+        return st;
+    if (hp->n_head % hp->n_kv_head)
+        return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_head %d, n_kv_head %d",
+                       hp->n_head, hp->n_kv_head);
+    /* head_dim: attention.key_length where given (Qwen3, Gemma 3: not n_embd / n_head) */
+    if (has_key(g, arch, "attention.key_length")) {
+        int vl;
+        if ((st = get_hparam(g, arch, "attention.key_length", &hp->head_dim, 1, 0, err)) ||
+            (st = get_hparam(g, arch, "attention.value_length", &vl, 0, hp->head_dim, err)))
+            return st;
+        if (vl != hp->head_dim)
+            return err_set(err, ST_ERR_UNSUPPORTED, "key length %d != value length %d",
+                           hp->head_dim, vl);
+    } else {
+        if (hp->n_embd % hp->n_head)
+            return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_embd %d, n_head %d",
+                           hp->n_embd, hp->n_head);
+        hp->head_dim = hp->n_embd / hp->n_head;
+    }
+    if (hp->head_dim > KERN_MAX_HEAD_DIM || hp->head_dim % 2)
+        return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d unsupported (even, <= %d)",
+                       hp->head_dim, KERN_MAX_HEAD_DIM);
+    if ((st = get_hparam(g, arch, "rope.dimension_count", &hp->rope_dim, 0, hp->head_dim, err)))
+        return st;
+    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return err_set(err, ST_ERR_FORMAT, "rope.dimension_count %d invalid for head_dim %d",
+                       hp->rope_dim, hp->head_dim);
+    hp->rope_theta = 10000.0f;
+    if (has_key(g, arch, "rope.freq_base") &&
+        (st = get_f32(g, arch, "rope.freq_base", &hp->rope_theta, err)))
+        return st;
+    if ((st = read_rope_scaling(g, arch, hp, err)))
+        return st;
+    static const char *const capping[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+    for (int i = 0; i < 2; i++)
+        if (has_key(g, arch, capping[i]))
+            return err_set(err, ST_ERR_UNSUPPORTED, "%s.%s: logit soft-capping is not supported",
+                           arch, capping[i]);
+    /* what the architectures do differently (as llama.cpp runs them) */
+    hp->rope_neox = hp->arch != ENGINE_ARCH_LLAMA;
+    hp->glu = hp->arch == ENGINE_ARCH_GEMMA3 ? KERN_GLU_GELU : KERN_GLU_SILU;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->emb_scale = 0.0f;
+    hp->swa_window = 0;
+    hp->swa_pattern = 1;
+    hp->rope_theta_swa = hp->rope_theta;
+    if (hp->arch == ENGINE_ARCH_GEMMA3) {
+        hp->emb_scale = sqrtf((float)hp->n_embd);
+        /* Gemma 3 27B scales by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
+         * (query_pre_attn_scalar; the GGUF does not carry it) */
+        if (hp->n_layer == 62)
+            hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        if ((st = get_hparam(g, arch, "attention.sliding_window", &hp->swa_window, 1, 0, err)) ||
+            (st = get_hparam(g, arch, "attention.sliding_window_pattern", &hp->swa_pattern, 0, 6,
+                             err)))
+            return st;
+        hp->rope_theta_swa = 10000.0f; /* the local layers' base (rope_local_base_freq) */
+        if (has_key(g, arch, "rope.freq_base_swa") &&
+            (st = get_f32(g, arch, "rope.freq_base_swa", &hp->rope_theta_swa, err)))
+            return st;
+    }
+    return ST_OK;
+}
+
+int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out)
+{
+    if (layer == m->hp.n_layer) {
+        out[0] = &m->output;
+        return 1;
+    }
+    const struct engine_layer *L = &m->layers[layer];
+    const struct kern_tensor *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                     &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(out, w, sizeof(w));
+    return (int)(sizeof(w) / sizeof(w[0]));
+}
+
+static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in, int64_t out,
+                               struct kern_tensor *t, struct err_detail *err)
+{
+    const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
+    if (!gt)
+        return err_set(err, ST_ERR_NOT_FOUND, "tensor '%s' is missing", name);
+    if (gt->n_dims != 2 || gt->ne[0] != in || gt->ne[1] != out)
+        return err_set(err, ST_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], want [%lld, %lld]",
+                       name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)in,
+                       (long long)out);
+    if (gt->type != DTYPE_F32 && gt->type != DTYPE_F16 && gt->type != DTYPE_BF16 && in % 32)
+        return err_set(err, ST_ERR_UNSUPPORTED, "tensor '%s': row length %lld not a multiple of 32",
+                       name, (long long)in);
+    t->type = gt->type;
+    t->ne0 = in;
+    t->ne1 = out;
+    t->row_bytes = dtype_row_bytes(gt->type, in);
+    t->data = gt->data;
+    return ST_OK;
+}
+
+static enum status load_vector(const struct io_gguf *g, const char *name, int64_t n,
+                               const float **v, struct err_detail *err)
+{
+    const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
+    if (!gt)
+        return err_set(err, ST_ERR_NOT_FOUND, "tensor '%s' is missing", name);
+    if (gt->type != DTYPE_F32 || gt->ne[0] != n || gt->ne[1] * gt->ne[2] * gt->ne[3] != 1)
+        return err_set(err, ST_ERR_UNSUPPORTED, "tensor '%s': want F32 vector of %lld", name,
+                       (long long)n);
+    if ((uintptr_t)gt->data % sizeof(float))
+        return err_set(err, ST_ERR_FORMAT, "tensor '%s' is not 4-byte aligned", name);
+    *v = gt->data;
+    return ST_OK;
+}
+
+/* A layer's vectors beyond llama's, as its architecture has them: Q/K/V biases (qwen2), QK-norm
+ * (qwen3, gemma3), post-norms (gemma3); any other's presence is refused (a llama file with
+ * biases is not run without them). */
+static enum status load_extras(const struct io_gguf *g, const struct engine_hparams *hp, int l,
+                               struct engine_layer *L, struct err_detail *err)
+{
+    const int a = hp->arch, qd = hp->n_head * hp->head_dim, kvd = hp->n_kv_head * hp->head_dim;
+    const struct {
+        const char *name;
+        int want;        /* the architecture has it */
+        int64_t n;       /* floats */
+        const float **v; /* where it goes */
+    } ex[] = {
+        {"attn_q.bias", a == ENGINE_ARCH_QWEN2, qd, &L->bq},
+        {"attn_k.bias", a == ENGINE_ARCH_QWEN2, kvd, &L->bk},
+        {"attn_v.bias", a == ENGINE_ARCH_QWEN2, kvd, &L->bv},
+        {"attn_q_norm.weight", a == ENGINE_ARCH_QWEN3 || a == ENGINE_ARCH_GEMMA3, hp->head_dim,
+         &L->q_norm},
+        {"attn_k_norm.weight", a == ENGINE_ARCH_QWEN3 || a == ENGINE_ARCH_GEMMA3, hp->head_dim,
+         &L->k_norm},
+        {"post_attention_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_attn_norm},
+        {"post_ffw_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_ffn_norm},
+        {"attn_output.bias", 0, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "blk.%d.%s", l, ex[i].name);
+        if (!ex[i].want) {
+            if (io_gguf_find_tensor(g, name))
+                return err_set(err, ST_ERR_UNSUPPORTED,
+                               "tensor '%s' is not part of the architecture as supported", name);
+            continue;
+        }
+        enum status st = load_vector(g, name, ex[i].n, ex[i].v, err);
+        if (st)
+            return st;
+    }
+    L->swa = hp->swa_window > 0 && l % hp->swa_pattern != hp->swa_pattern - 1;
+    return ST_OK;
+}
+
+enum status engine_model_load_weights(struct engine_model **out, struct io_gguf *g,
+                                      struct err_detail *err)
+{
+    *out = NULL;
+    struct engine_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    struct engine_hparams *hp = &m->hp;
+    enum status st = read_hparams(g, hp, err);
+    if (st)
+        goto fail;
+    const struct io_gguf_tensor *emb = io_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) {
+        st = err_set(err, ST_ERR_NOT_FOUND, "tensor 'token_embd.weight' is missing");
+        goto fail;
+    }
+    hp->n_vocab = (int)emb->ne[1];
+    int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_kv_head * hp->head_dim;
+    if ((st = load_matrix(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)) ||
+        (st = load_vector(g, "output_norm.weight", hp->n_embd, &m->output_norm, err)))
+        goto fail;
+    if (io_gguf_find_tensor(g, "output.weight")) {
+        if ((st = load_matrix(g, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
+            goto fail;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = 1;
+    }
+    m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
+    if (!m->layers) {
+        st = err_set(err, ST_ERR_NOMEM, "no memory");
+        goto fail;
+    }
+    if (io_gguf_find_tensor(g, "rope_freqs.weight") &&
+        (st = load_vector(g, "rope_freqs.weight", hp->rope_dim / 2, &m->rope_freqs, err)))
+        goto fail;
+    m->n_rope = hp->swa_window && hp->rope_theta_swa != hp->rope_theta ? 2 : 1;
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct engine_layer *L = &m->layers[l];
+        char n[9][64];
+        static const char *const names[9] = {"attn_norm", "attn_q",      "attn_k",
+                                             "attn_v",    "attn_output", "ffn_norm",
+                                             "ffn_gate",  "ffn_up",      "ffn_down"};
+        for (int i = 0; i < 9; i++)
+            snprintf(n[i], sizeof(n[i]), "blk.%d.%s.weight", l, names[i]);
+        if ((st = load_extras(g, hp, l, L, err)))
+            goto fail;
+        if ((st = load_vector(g, n[0], hp->n_embd, &L->attn_norm, err)) ||
+            (st = load_matrix(g, n[1], hp->n_embd, q_dim, &L->wq, err)) ||
+            (st = load_matrix(g, n[2], hp->n_embd, kv_dim, &L->wk, err)) ||
+            (st = load_matrix(g, n[3], hp->n_embd, kv_dim, &L->wv, err)) ||
+            (st = load_matrix(g, n[4], q_dim, hp->n_embd, &L->wo, err)) ||
+            (st = load_vector(g, n[5], hp->n_embd, &L->ffn_norm, err)) ||
+            (st = load_matrix(g, n[6], hp->n_embd, hp->n_ff, &L->w_gate, err)) ||
+            (st = load_matrix(g, n[7], hp->n_embd, hp->n_ff, &L->w_up, err)) ||
+            (st = load_matrix(g, n[8], hp->n_ff, hp->n_embd, &L->w_down, err)))
+            goto fail;
+    }
+    m->gguf = g;
+    *out = m;
+    return ST_OK;
+fail:
+    engine_model_free(m);
+    return st;
+}
