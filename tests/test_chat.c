@@ -13,6 +13,7 @@
 #include "engine/chat.h"
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
+#include "tests/test_tokenizer_util.h"
 #include "tests/test_util.h"
 
 #define CHAT_REF "tests/fixtures/chat_ref.jsonl"
@@ -75,14 +76,6 @@ static char *render(const struct engine_chat *c, const struct engine_chat_msg *m
         fail_msg("render: %s", err.msg);
     assert_int_equal(strlen(s), len);
     return s;
-}
-
-static void format_ids(char *buf, size_t cap, const int32_t *ids, size_t n)
-{
-    size_t o = 0;
-    buf[0] = 0;
-    for (size_t i = 0; i < n && o + 16 < cap; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", ids[i]);
 }
 
 static void assert_chat_ids(struct fixture *f, const struct engine_chat_msg *m, size_t n, int gen,
@@ -262,47 +255,11 @@ static void test_reference_fixture(void **state)
 
 /* ---- other templates, from small GGUF files built in memory ---- */
 
-struct gbuf {
-    unsigned char data[8192]; /* the file being built */
-    size_t n;                 /* bytes used */
-};
-
-static void gb_put(struct gbuf *b, const void *p, size_t n)
-{
-    assert_true(b->n + n <= sizeof(b->data));
-    memcpy(b->data + b->n, p, n);
-    b->n += n;
-}
-
-static void gb_str(struct gbuf *b, const char *s)
-{
-    uint64_t n = strlen(s);
-    gb_put(b, &n, 8);
-    gb_put(b, s, n);
-}
-
-/* A GGUF v3 file with no tensors and one string key (none when tpl is NULL). */
+/* A GGUF with no tensors and one string key (none when tpl is NULL). */
 static struct io_gguf *gguf_with_template(struct gbuf *b, const char *tpl)
 {
-    uint32_t version = 3, type_str = 8;
-    uint64_t n_tensors = 0, n_kv = tpl ? 1 : 0;
-    b->n = 0;
-    gb_put(b, "GGUF", 4);
-    gb_put(b, &version, 4);
-    gb_put(b, &n_tensors, 8);
-    gb_put(b, &n_kv, 8);
-    if (tpl) {
-        gb_str(b, "tokenizer.chat_template");
-        gb_put(b, &type_str, 4);
-        gb_str(b, tpl);
-    }
-    while (b->n % 32)
-        b->data[b->n++] = 0;
-    struct io_gguf *g;
-    struct err_detail err = {0};
-    if (io_gguf_open_mem(&g, b->data, b->n, &err) != ST_OK)
-        fail_msg("in-memory GGUF rejected: %s", err.msg);
-    return g;
+    const char *const kv[] = {tpl ? "tokenizer.chat_template" : NULL, tpl, NULL};
+    return gb_open(b, kv);
 }
 
 static void test_other_templates(void **state)

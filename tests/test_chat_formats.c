@@ -24,13 +24,8 @@
 
 static struct io_gguf *gguf_kv(struct gbuf *b, const char *key, const char *value)
 {
-    const char *kv[] = {key, value, NULL};
-    gb_build(b, kv);
-    struct io_gguf *g;
-    struct err_detail err = {0};
-    if (io_gguf_open_mem(&g, b->data, b->n, &err) != ST_OK)
-        fail_msg("in-memory GGUF rejected: %s", err.msg);
-    return g;
+    const char *const kv[] = {key, value, NULL};
+    return gb_open(b, kv);
 }
 
 static size_t json_msgs(const cJSON *arr, struct engine_chat_msg *m)

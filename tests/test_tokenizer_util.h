@@ -296,14 +296,22 @@ static inline void gb_build(struct gbuf *b, const char *const *kv)
         b->data[b->n++] = 0;
 }
 
+/* gb_build's file opened as a GGUF (the test fails if the reader refuses it). */
+static inline struct io_gguf *gb_open(struct gbuf *b, const char *const *kv)
+{
+    gb_build(b, kv);
+    struct io_gguf *g;
+    struct err_detail err = {0};
+    if (io_gguf_open_mem(&g, b->data, b->n, &err) != ST_OK)
+        fail_msg("in-memory GGUF rejected: %s", err.msg);
+    return g;
+}
+
 static inline void expect_load_error(const char *const *kv, enum status want, const char *needle)
 {
     static struct gbuf b;
-    gb_build(&b, kv);
-    struct io_gguf *g;
+    struct io_gguf *g = gb_open(&b, kv);
     struct err_detail err = {0};
-    if (io_gguf_open_mem(&g, b.data, b.n, &err) != ST_OK)
-        fail_msg("in-memory GGUF rejected: %s", err.msg);
     struct engine_tok *t = (struct engine_tok *)&b; /* must be reset to NULL on failure */
     enum status st = engine_tok_load(&t, g, &err);
     assert_int_equal(st, want);

@@ -6,7 +6,6 @@
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 G=${QUERN_GEMMA:-models/gemma-3-270m-q4_k_m.gguf}
-M=$G
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
