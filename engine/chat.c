@@ -1,6 +1,6 @@
 /* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
- * Llama 3), and renders or tokenizes a conversation as a list of parts (the template's special
- * tokens and text). */
+ * Llama 2, Llama 3, Mistral, Phi-3), and renders or tokenizes a conversation as a list of
+ * parts (the template's special tokens and text). */
 #include "engine/chat.h"
 
 #include <stdlib.h>
@@ -18,16 +18,30 @@ enum chat_part_kind {
 };
 
 /* The conversation formats. */
-enum chat_fmt { CHAT_FMT_CHATML = 0, CHAT_FMT_GEMMA, CHAT_FMT_LLAMA3 };
+enum chat_fmt {
+    CHAT_FMT_CHATML = 0,
+    CHAT_FMT_GEMMA,
+    CHAT_FMT_LLAMA3,
+    CHAT_FMT_LLAMA2,
+    CHAT_FMT_MISTRAL,
+    CHAT_FMT_PHI3,
+};
 
 static const struct {
     const char *name;   /* --chat-template NAME */
-    const char *marker; /* a special token only this format's templates write */
+    const char *marker; /* a special token in the vocabulary of this format's models and no
+                           other's, or NULL ([INST] is plain text in Llama 2's and Mistral's) */
 } g_fmts[] = {
     {"chatml", CHAT_IM_START},
     {"gemma", "<start_of_turn>"},
     {"llama3", "<|start_header_id|>"},
+    {"llama2", NULL},
+    {"mistral", NULL},
+    {"phi3", "<|user|>"},
 };
+
+#define CHAT_N_FMTS    (sizeof(g_fmts) / sizeof(g_fmts[0]))
+#define CHAT_FMT_NAMES "chatml, gemma, llama2, llama3, mistral, phi3"
 
 /* One piece of the rendered conversation; text points into caller or chat-owned memory. */
 struct chat_part {
@@ -238,10 +252,44 @@ static int fmt_from_vocab(const struct io_gguf *g)
     uint64_t n;
     if (io_gguf_get_str_arr(g, "tokenizer.ggml.tokens", &toks, &n, NULL) != ST_OK)
         return -1;
-    for (int f = (int)(sizeof(g_fmts) / sizeof(g_fmts[0])) - 1; f >= 0; f--)
-        for (uint64_t i = 0; i < n; i++)
+    for (int f = (int)CHAT_N_FMTS - 1; f >= 0; f--)
+        for (uint64_t i = 0; g_fmts[f].marker && i < n; i++)
             if (io_gguf_str_eq(toks[i], g_fmts[f].marker))
                 return f;
+    return -1;
+}
+
+/* The format of the NUL-terminated template text s, or -1 when it is none this renderer
+ * writes exactly. Each format is recognised by the special tokens or phrases its published
+ * templates write; a variant that renders differently (Llama 3.1's dated system turn and tools,
+ * Llama 2 templates with a default system prompt, Mistral v0.3's system-in-last-turn and tools,
+ * the first Phi-3 template that writes <|assistant|> after every user turn) is refused. */
+static int fmt_from_template(const char *s)
+{
+    if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
+        return CHAT_FMT_GEMMA;
+    if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker))
+        return strstr(s, "Cutting Knowledge") || strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
+    if (strstr(s, "[INST]")) {
+        if (strstr(s, "<<SYS>>"))
+            return strstr(s, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
+                           strstr(s, "set system_message = messages[0]['content']") &&
+                           strstr(s, "set system_message = false") &&
+                           !strstr(s, "elif message['role'] == 'system'")
+                       ? CHAT_FMT_LLAMA2
+                       : -1;
+        return strstr(s, "'[INST] ' + message['content'] + ' [/INST]'") &&
+                       strstr(s, "Only user and assistant roles are supported!")
+                   ? CHAT_FMT_MISTRAL
+                   : -1;
+    }
+    if (strstr(s, g_fmts[CHAT_FMT_PHI3].marker) && strstr(s, "<|end|>"))
+        return strstr(s, "message['role'] == 'system' and message['content']") &&
+                       strstr(s, "add_generation_prompt") && !strstr(s, "tools")
+                   ? CHAT_FMT_PHI3
+                   : -1;
+    if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>"))
+        return CHAT_FMT_CHATML;
     return -1;
 }
 
@@ -259,14 +307,14 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     if (!c)
         return err_set(err, ST_ERR_NOMEM, "allocating the chat template");
     if (name) { /* chosen by name: the format as it is, no default system turn */
-        for (c->fmt = 0; c->fmt < (int)(sizeof(g_fmts) / sizeof(g_fmts[0])); c->fmt++)
+        for (c->fmt = 0; c->fmt < (int)CHAT_N_FMTS; c->fmt++)
             if (!strcmp(name, g_fmts[c->fmt].name)) {
                 *out = c;
                 return ST_OK;
             }
         free(c);
         return err_set(err, ST_ERR_INVALID_ARG,
-                       "unknown chat template '%.40s' (chatml, gemma, llama3)", name);
+                       "unknown chat template '%.40s' (" CHAT_FMT_NAMES ")", name);
     }
     struct io_gguf_str tpl;
     enum status st = io_gguf_get_str(g, "tokenizer.chat_template", &tpl, err);
@@ -292,23 +340,16 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     s[tpl.len] = 0;
     size_t n = (size_t)tpl.len;
     int ok = !memchr(s, 0, n);
-    if (ok && strstr(s, g_fmts[CHAT_FMT_GEMMA].marker)) {
-        c->fmt = CHAT_FMT_GEMMA;
-    } else if (ok && strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
-        /* Llama 3.1 and later write a dated default system turn and tool prompts */
-        c->fmt = CHAT_FMT_LLAMA3;
-        ok = !strstr(s, "Cutting Knowledge") && !strstr(s, "tools");
-    } else {
-        ok = ok && strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>");
-    }
+    c->fmt = ok ? fmt_from_template(s) : -1;
+    ok = c->fmt >= 0;
     if (!ok) {
         char snip[200];
         template_snippet(s, n, snip, sizeof(snip));
         free(s);
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "chat template not supported (ChatML, Gemma and Llama 3 are; "
-                       "--chat-template NAME picks one): \"%s\"",
+                       "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Mistral "
+                       "v0.1/v0.2 and Phi-3 are; --chat-template NAME picks one): \"%s\"",
                        snip);
     }
     st = c->fmt == CHAT_FMT_CHATML ? find_default_system(s, n, &c->default_system, err) : ST_OK;
@@ -405,6 +446,21 @@ static size_t parts_chatml(const struct engine_chat *c, const struct engine_chat
     return k;
 }
 
+/* The message roles' alternation check of the Gemma, Llama 2 and Mistral templates: message i
+ * of the loop (counted from first) must be a user turn exactly at even positions; the other
+ * positions take any role that is not user. */
+static enum status check_alternation(const char *fmt, const struct engine_chat_msg *m, size_t i,
+                                     size_t first, struct err_detail *err)
+{
+    const int user = strcmp(m[i].role, "user") == 0;
+    if (user != ((i - first) % 2 == 0))
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "the %s chat template needs user and assistant turns alternating "
+                       "from user (message %zu is %s)",
+                       fmt, i, m[i].role);
+    return ST_OK;
+}
+
 /* Gemma: <bos>; a leading system message becomes a prefix of the first turn (its content and a
  * blank line); the others alternate user/assistant from user (else an error, as the template
  * raises), each <start_of_turn>role\ntrim(content)<end_of_turn>\n with assistant written
@@ -416,12 +472,9 @@ static enum status parts_gemma(const struct engine_chat_msg *m, size_t n, int ge
     const size_t first = strcmp(m[0].role, "system") == 0;
     p[k++] = special("<bos>");
     for (size_t i = first; i < n; i++) {
-        const int user = strcmp(m[i].role, "user") == 0;
-        if (user != ((i - first) % 2 == 0))
-            return err_set(err, ST_ERR_INVALID_ARG,
-                           "the gemma chat template needs user and assistant turns alternating "
-                           "from user (message %zu is %s)",
-                           i, m[i].role);
+        enum status st = check_alternation("gemma", m, i, first, err);
+        if (st != ST_OK)
+            return st;
         p[k++] = special("<start_of_turn>");
         p[k++] = text(strcmp(m[i].role, "assistant") ? m[i].role : "model");
         p[k++] = text("\n");
@@ -462,13 +515,108 @@ static size_t parts_llama3(const struct engine_chat_msg *m, size_t n, int gen, s
     return k;
 }
 
+/* Llama 2: a leading system message becomes "<<SYS>>\nsystem\n<</SYS>>\n\n" in front of the
+ * first turn's content; the others alternate from user; a user turn is "<s>[INST] " +
+ * strip(content) + " [/INST]", an assistant turn " " + strip(content) + " </s>", a system
+ * message elsewhere nothing; no generation prompt (the template has none). The first turn's
+ * joined content is written to scratch (strip applies to all of it). */
+static enum status parts_llama2(const struct engine_chat_msg *m, size_t n, struct chat_part *p,
+                                char *scratch, size_t *np, struct err_detail *err)
+{
+    size_t k = 0;
+    const size_t first = strcmp(m[0].role, "system") == 0;
+    for (size_t i = first; i < n; i++) {
+        enum status st = check_alternation("llama2", m, i, first, err);
+        if (st != ST_OK)
+            return st;
+        const char *content = m[i].content;
+        if (first && i == first) {
+            strcpy(scratch, "<<SYS>>\n");
+            strcat(scratch, m[0].content);
+            strcat(scratch, "\n<</SYS>>\n\n");
+            strcat(scratch, m[i].content);
+            content = scratch;
+        }
+        if (!strcmp(m[i].role, "user")) {
+            p[k++] = special("<s>");
+            p[k++] = text("[INST] ");
+            p[k++] = trimmed(content);
+            p[k++] = text(" [/INST]");
+        } else if (!strcmp(m[i].role, "assistant")) {
+            p[k++] = text(" ");
+            p[k++] = trimmed(content);
+            p[k++] = text(" ");
+            p[k++] = special("</s>");
+        }
+    }
+    *np = k;
+    return ST_OK;
+}
+
+/* Mistral Instruct v0.1/v0.2: "<s>", then user and assistant turns alternating from user,
+ * "[INST] " + content + " [/INST]" and content + "</s>" (no trimming); a system message is an
+ * error, as the template raises; no generation prompt (the template has none). */
+static enum status parts_mistral(const struct engine_chat_msg *m, size_t n, struct chat_part *p,
+                                 size_t *np, struct err_detail *err)
+{
+    size_t k = 0;
+    p[k++] = special("<s>");
+    for (size_t i = 0; i < n; i++) {
+        enum status st = check_alternation("mistral", m, i, 0, err);
+        if (st != ST_OK)
+            return st;
+        if (!strcmp(m[i].role, "user")) {
+            p[k++] = text("[INST] ");
+            p[k++] = text(m[i].content);
+            p[k++] = text(" [/INST]");
+        } else if (!strcmp(m[i].role, "assistant")) {
+            p[k++] = text(m[i].content);
+            p[k++] = special("</s>");
+        } else {
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "the mistral chat template takes only user and assistant roles "
+                           "(message %zu is %s)",
+                           i, m[i].role);
+        }
+    }
+    *np = k;
+    return ST_OK;
+}
+
+/* Phi-3/3.5: "<|role|>\ncontent<|end|>\n" per message (a system message with empty content
+ * is left out), then "<|assistant|>\n" as the generation prompt, else "<|endoftext|>". */
+static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
+{
+    static const char *const tag[][2] = {
+        {"system", "<|system|>"}, {"user", "<|user|>"}, {"assistant", "<|assistant|>"}};
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t r = 0; r < 3; r++) {
+            if (strcmp(m[i].role, tag[r][0]) || (r == 0 && !m[i].content[0]))
+                continue;
+            p[k++] = special(tag[r][1]);
+            p[k++] = text("\n");
+            p[k++] = text(m[i].content);
+            p[k++] = special("<|end|>");
+            p[k++] = text("\n");
+        }
+    if (gen) {
+        p[k++] = special("<|assistant|>");
+        p[k++] = text("\n");
+    } else {
+        p[k++] = special("<|endoftext|>");
+    }
+    return k;
+}
+
 /* 1 when the format writes BOS itself (the tokenizer must not add another). */
 static int writes_bos(const struct engine_chat *c)
 {
-    return c->fmt != CHAT_FMT_CHATML;
+    return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3;
 }
 
-/* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs and c. */
+/* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs, c and
+ * its own tail. */
 static enum status chat_parts(const struct engine_chat *c, const struct engine_chat_msg *msgs,
                               size_t n, int add_generation_prompt, struct chat_part **parts,
                               size_t *n_parts, struct err_detail *err)
@@ -489,7 +637,12 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
     }
     if (n > SIZE_MAX / (16 * sizeof(struct chat_part)))
         return err_set(err, ST_ERR_INVALID_ARG, "too many messages (%zu)", n);
-    struct chat_part *p = malloc((8 * n + 8 + CHAT_MAX_DEFAULT_PARTS) * sizeof(*p));
+    /* the parts, then (Llama 2) room for the first turn's content joined with the system's */
+    const size_t n_p = 8 * n + 8 + CHAT_MAX_DEFAULT_PARTS;
+    size_t scratch = 0;
+    if (c->fmt == CHAT_FMT_LLAMA2 && n > 1)
+        scratch = strlen(msgs[0].content) + strlen(msgs[1].content) + 32;
+    struct chat_part *p = malloc(n_p * sizeof(*p) + scratch);
     if (!p)
         return err_set(err, ST_ERR_NOMEM, "rendering the chat");
     size_t k = 0;
@@ -498,6 +651,12 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         st = parts_gemma(msgs, n, add_generation_prompt, p, &k, err);
     else if (c->fmt == CHAT_FMT_LLAMA3)
         k = parts_llama3(msgs, n, add_generation_prompt, p);
+    else if (c->fmt == CHAT_FMT_LLAMA2)
+        st = parts_llama2(msgs, n, p, (char *)(p + n_p), &k, err);
+    else if (c->fmt == CHAT_FMT_MISTRAL)
+        st = parts_mistral(msgs, n, p, &k, err);
+    else if (c->fmt == CHAT_FMT_PHI3)
+        k = parts_phi3(msgs, n, add_generation_prompt, p);
     else
         k = parts_chatml(c, msgs, n, add_generation_prompt, p);
     if (st != ST_OK) {

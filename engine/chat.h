@@ -12,10 +12,21 @@
  *           the template raises), generation prompt "<start_of_turn>model\n".
  *   llama3  Llama 3 (3.0: no dated default system turn): "<|begin_of_text|>", then
  *           "<|start_header_id|>role<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>".
- * trim is Jinja's (Python's str.strip whitespace). A model without tokenizer.chat_template
- * gets the format whose marker token its vocabulary has (<start_of_turn>: gemma,
- * <|start_header_id|>: llama3), else plain ChatML without a default system turn (llama.cpp's
- * fallback too). */
+ *   llama2  Llama 2 chat: a leading system message as "<<SYS>>\nsystem\n<</SYS>>\n\n" before
+ *           the first turn's content; "<s>[INST] " + trim(content) + " [/INST]" per user turn,
+ *           " " + trim(content) + " </s>" per assistant turn, alternating from user; no
+ *           generation prompt (the template has none).
+ *   mistral Mistral Instruct v0.1/v0.2: "<s>", "[INST] " + content + " [/INST]" and
+ *           content + "</s>", alternating from user; a system message is an error (as the
+ *           template raises); no generation prompt.
+ *   phi3    Phi-3/3.5: "<|role|>\n" + content + "<|end|>\n" (an empty system message is left
+ *           out); generation prompt "<|assistant|>\n", else "<|endoftext|>".
+ * trim is Jinja's (Python's str.strip whitespace). Variants that render differently (Llama 3.1's
+ * dated system turn, Mistral v0.3's, Llama 2 templates with a default system prompt, the first
+ * Phi-3 template) are refused. A model without tokenizer.chat_template gets the format whose
+ * marker token its vocabulary has (<start_of_turn>: gemma, <|start_header_id|>: llama3,
+ * <|user|>: phi3), else plain ChatML without a default system turn (llama.cpp's fallback
+ * too). */
 #ifndef ENGINE_CHAT_H
 #define ENGINE_CHAT_H
 
@@ -40,7 +51,7 @@ struct engine_chat; /* opaque; see engine/chat.c */
 enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
                              struct err_detail *err);
 
-/* Use the format called name (chatml, gemma, llama3) whatever g's template says; NULL: as
+/* Use the format called name (chatml, gemma, llama2, llama3, mistral, phi3) whatever g's template says; NULL: as
  * engine_chat_init. An unknown name is ST_ERR_INVALID_ARG listing the names. */
 enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
                                    const char *name, struct err_detail *err);

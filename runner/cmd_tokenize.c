@@ -20,7 +20,8 @@ static const char tok_usage[] =
     "  --chat         treat stdin as one user message and render the chat template around\n"
     "                 it (with the generation prompt), as `quern generate --chat` does\n"
     "  --chat-template NAME\n"
-    "                 chatml, gemma or llama3 instead of the model's recognised template\n"
+    "                 chatml, gemma, llama2, llama3, mistral or phi3 instead of the\n"
+    "                 model's recognised template\n"
     "  --special      recognise special-token text such as <|im_end|> in the input\n"
     "                 (by default it is tokenized as plain text)\n"
     "  -h, --help     this help\n";

@@ -5,7 +5,10 @@ conversation, add_generation_prompt) with the rendered text, and for Gemma the t
 llama.cpp gives that text (special tokens parsed, no BOS added: the template writes it).
 
 The template texts are the models' published tokenizer_config.json chat_template values:
-Gemma 3 (google/gemma-3-*-it) and Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct).
+Gemma 3 (google/gemma-3-*-it), Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct), Llama 2
+(meta-llama/Llama-2-7b-chat-hf), Mistral (mistralai/Mistral-7B-Instruct-v0.1 and v0.2) and
+Phi-3 (microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini-instruct), with each model's BOS and EOS
+texts.
 
 Usage: python3 tools/ref_chat_templates.py [--gemma models/gemma-3-270m-q4_k_m.gguf]"""
 import argparse
@@ -55,7 +58,39 @@ LLAMA3 = (
     "{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
 
-TEMPLATES = {"gemma": (GEMMA3, "<bos>"), "llama3": (LLAMA3, "<|begin_of_text|>")}
+LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}")
+
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+    "{% endfor %}")
+
+PHI3 = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+
+# name: (template, bos_token, eos_token)
+TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
+             "llama2": (LLAMA2, "<s>", "</s>"), "mistral": (MISTRAL, "<s>", "</s>"),
+             "phi3": (PHI3, "<s>", "<|endoftext|>")}
 
 U, A, S = "user", "assistant", "system"
 CONVS = [
@@ -67,6 +102,10 @@ CONVS = [
     [(U, "\u3000wide space and emoji \U0001F600\u00a0")],
     [(U, "code:\n```c\nint x = 1;\n```")],
     [(S, "only a system prompt")],
+    [(S, ""), (U, "empty system message")],
+    [(S, "sys"), (U, "  \n ")],
+    [(U, "a"), (S, "a system message in the middle"), (U, "b")],
+    [(A, "an assistant turn first")],
 ]
 
 
@@ -85,7 +124,7 @@ def main():
     out = os.path.join(ROOT, "tests", "fixtures", "chat_templates_ref.jsonl")
     n = 0
     with open(out, "w") as f:
-        for name, (src, bos) in TEMPLATES.items():
+        for name, (src, bos, eos) in TEMPLATES.items():
             tpl = env.from_string(src)
             for conv in CONVS:
                 msgs = [{"role": r, "content": c} for r, c in conv]
@@ -94,7 +133,7 @@ def main():
                            "add_generation_prompt": agp}
                     try:
                         rec["text"] = tpl.render(messages=msgs, add_generation_prompt=agp,
-                                                 bos_token=bos)
+                                                 bos_token=bos, eos_token=eos)
                     except jinja2.exceptions.TemplateError as e:
                         rec["error"] = str(e)
                     if name == "gemma" and "text" in rec:

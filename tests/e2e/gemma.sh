@@ -35,7 +35,7 @@ PY
 set +e
 "$Q" tokenize --model "$G" --chat --chat-template vicuna </dev/null 2>"$tmp/e1"; rc=$?
 set -e
-[ $rc -eq 1 ] && grep -q "chatml, gemma, llama3" "$tmp/e1" || fail "unknown template: rc $rc"
+[ $rc -eq 1 ] && grep -q "chatml, gemma, llama2, llama3, mistral, phi3" "$tmp/e1" || fail "unknown template: rc $rc"
 
 # 3. A job: 12 example requests (chat and completion), every record once, shards valid.
 head -n 12 examples/prompts.jsonl >"$tmp/in.jsonl"
