@@ -21,12 +21,29 @@ void engine_params_default(struct engine_params *p)
     p->kv_block = 16;
     p->kv_mem = (size_t)1 << 30;
     p->prefix_cache = 1;
+    p->kv_window_pool = 1;
     p->kv_dtype = KERN_KV_F16;
     p->host_threads = 0;
     p->spec = 0;
     p->spec_max_k = 8;
     p->spec_budget = ENGINE_SPEC_BUDGET_AUTO;
     p->spec_test_broken = 0;
+}
+
+/* The sliding-window layers' own KV pool (engine_kv_set_window), as planned. */
+static enum status set_window(struct engine *e, const struct engine_kv_plan *plan,
+                              struct err_detail *err)
+{
+    const int n_layer = engine_model_hparams(e->m)->n_layer;
+    uint8_t *local = malloc((size_t)n_layer);
+    if (!local)
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    for (int l = 0; l < n_layer; l++)
+        local[l] = (uint8_t)engine_model_layer_local(e->m, l);
+    enum status st =
+        engine_kv_set_window(e->kv, local, plan->window, (int32_t)plan->n_local, err);
+    free(local);
+    return st;
 }
 
 /* host_threads 0: the online CPUs, at most 8 (sampling a step's rows gains little beyond). */
@@ -62,12 +79,14 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        (unsigned)p->spec, p->spec_max_k, ENGINE_SPEC_MAX_K, p->spec_budget);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
-    size_t per_block = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
-    size_t n_blocks = p->kv_mem / per_block;
-    if (n_blocks < 1 || n_blocks > (1u << 28))
+    const struct engine_kv_plan_in pin = {p->kv_mem,   p->kv_block,         p->kv_dtype,
+                                          p->max_seqs, p->max_batch_tokens, p->kv_window_pool};
+    struct engine_kv_plan plan;
+    engine_model_kv_plan(m, &pin, &plan);
+    if (plan.n_main < 1 || plan.n_main > (1 << 28))
         return err_set(err, ST_ERR_INVALID_ARG,
-                       "engine: kv-mem %zu bytes holds %zu blocks of %zu bytes (need 1..2^28)",
-                       p->kv_mem, n_blocks, per_block);
+                       "engine: kv-mem %zu bytes holds %lld blocks of %zu bytes (need 1..2^28)",
+                       p->kv_mem, (long long)plan.n_main, plan.bytes_main + plan.bytes_local);
     struct engine *e = calloc(1, sizeof(*e));
     if (!e)
         return err_set(err, ST_ERR_NOMEM, "no memory");
@@ -75,10 +94,14 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->tok = tok;
     e->p = *p;
     enum status st = engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head, engine_model_hparams(m)->head_dim,
-                                    p->kv_dtype, p->kv_block, (int32_t)n_blocks, p->max_seqs,
+                                    p->kv_dtype, p->kv_block, (int32_t)plan.n_main, p->max_seqs,
                                     p->prefix_cache, err);
     if (st) {
         free(e);
+        return st;
+    }
+    if (plan.n_local && (st = set_window(e, &plan, err))) {
+        engine_free(e);
         return st;
     }
     if ((st = engine_model_kv_attach(m, e->kv, p->max_batch_tokens, err)) ||
@@ -228,7 +251,7 @@ void engine_get_load(const struct engine *e, struct engine_load *out)
     out->running = e->n_running;
     out->waiting = e->n_waiting;
     out->kv_total = engine_kv_n_blocks(e->kv);
-    out->kv_used = engine_kv_n_blocks(e->kv) - engine_kv_available(e->kv);
+    out->kv_used = engine_kv_pool_used(e->kv, 0);
 }
 
 enum status engine_add_request(struct engine *e, const struct engine_request *r, uint64_t *id,
@@ -415,7 +438,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     e->stats.steps++;
     e->stats.batch_tokens += (uint64_t)nb;
     e->stats.batch_seqs += (uint64_t)e->n_running;
-    int32_t used = engine_kv_n_blocks(e->kv) - engine_kv_available(e->kv);
+    int32_t used = engine_kv_pool_used(e->kv, 0);
     if (used > e->stats.peak_blocks_used)
         e->stats.peak_blocks_used = used;
     engine_sched_computed(e, nb);

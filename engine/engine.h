@@ -23,6 +23,8 @@ struct engine_params {
     int kv_block;          /* tokens per KV block (default 16) */
     size_t kv_mem;         /* bytes for the KV pool (default 1 GiB) */
     int prefix_cache;      /* reuse cached prompt blocks (default 1) */
+    int kv_window_pool;    /* sliding-window layers in their own pool, blocks out of the window
+                            * given back (default 1; engine_model_kv_plan) */
     int kv_dtype;          /* enum kern_kv_dtype: KERN_KV_F16 (default) or KERN_KV_Q8 */
     int host_threads;      /* threads sampling a step's rows; 0 (default) = online CPUs, at
                             * most 8. The tokens do not depend on it. */
@@ -141,7 +143,7 @@ struct engine_load {
     int running;                /* sequences running (holding a KV slot) */
     size_t waiting;             /* requests waiting: new ones and preempted ones */
     int32_t kv_used;            /* KV blocks referenced now (cached free blocks not counted) */
-    int32_t kv_total;           /* blocks in the pool */
+    int32_t kv_total;           /* blocks in the (main) pool */
 };
 
 struct engine;

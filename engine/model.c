@@ -268,19 +268,74 @@ void engine_model_free(struct engine_model *m)
     free(m);
 }
 
-size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype)
+/* Bytes of one block of n_layer layers over all ranks. */
+static size_t kv_bytes(const struct engine_model *m, int n_layer, int block_size, int dtype)
 {
     const struct engine_hparams *hp = &m->hp;
     if (!m->n_rank)
-        return engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype) *
+        return engine_kv_bytes_per_token(n_layer, hp->n_kv_head, hp->head_dim, dtype) *
                (size_t)block_size;
     size_t bytes = 0;
     for (int r = 0; r < m->n_rank; r++) {
         const struct engine_rank *R = &m->rank[r];
-        struct kern_kv_desc d = {hp->n_layer, R->n_kv_head, hp->head_dim, block_size, dtype};
+        struct kern_kv_desc d = {n_layer, R->n_kv_head, hp->head_dim, block_size, dtype};
         bytes += R->be->ops->kv_block_bytes(R->be, &d);
     }
     return bytes;
+}
+
+size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype)
+{
+    return kv_bytes(m, m->hp.n_layer, block_size, dtype);
+}
+
+int engine_model_layer_local(const struct engine_model *m, int layer)
+{
+    return m->layers[layer].swa;
+}
+
+/* The window pool beside a main pool of n_main blocks: a window's blocks (win, and a partial
+ * one, and one for the step's chunk) for every sequence the main pool holds when sequences are
+ * two windows long (at most max_seqs), the step's new tokens, and room to keep 4 windows
+ * cached for prefix reuse; never more than n_main. */
+static int64_t window_blocks(int64_t n_main, int64_t win, int B,
+                             const struct engine_kv_plan_in *in)
+{
+    int64_t seqs = n_main / (2 * win + 1);
+    seqs = seqs < in->max_seqs ? seqs : in->max_seqs;
+    const int64_t n = seqs * (win + 2) + (in->max_batch_tokens + B - 1) / B + 4 * (win + 1);
+    return n < n_main ? n : n_main;
+}
+
+void engine_model_kv_plan(const struct engine_model *m, const struct engine_kv_plan_in *in,
+                          struct engine_kv_plan *out)
+{
+    const struct engine_hparams *hp = &m->hp;
+    const int B = in->block_size;
+    int n_local = 0;
+    for (int l = 0; l < hp->n_layer; l++)
+        n_local += engine_model_layer_local(m, l);
+    memset(out, 0, sizeof(*out));
+    out->bytes_main = kv_bytes(m, hp->n_layer - (in->window_pool ? n_local : 0), B, in->dtype);
+    if (!in->window_pool || !n_local) {
+        out->n_main = (int64_t)(in->kv_mem / out->bytes_main);
+        return;
+    }
+    out->bytes_local = kv_bytes(m, n_local, B, in->dtype);
+    /* the largest main pool whose window pool fits beside it (window_blocks grows with it) */
+    const int64_t win = (hp->swa_window - 1 + B - 1) / B;
+    int64_t lo = 0, hi = (int64_t)(in->kv_mem / out->bytes_main) + 1;
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        const int64_t nl = window_blocks(mid, win, B, in);
+        if ((double)mid * out->bytes_main + (double)nl * out->bytes_local <= (double)in->kv_mem)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    out->n_main = lo;
+    out->n_local = window_blocks(lo, win, B, in);
+    out->window = hp->swa_window;
 }
 
 enum status engine_model_kv_attach(struct engine_model *m, struct engine_kv *kv, int max_tok,
@@ -343,7 +398,8 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         return ST_OK;
     stage_free(m);
     const size_t T = (size_t)max_tok, Rw = T < (size_t)engine_kv_max_seqs(kv) ? T : (size_t)engine_kv_max_seqs(kv);
-    const size_t tables = Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim * m->n_rope;
+    /* block tables: per row of the batch, the main pool's, then the sliding-window pool's */
+    const size_t tables = 2 * Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim * m->n_rope;
     int ok = 1;
     for (int r = 0; r < m->n_rank; r++) {
         struct engine_rank *R = &m->rank[r];
@@ -457,10 +513,11 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int t = 0; t < n; t++) {
         const int r = s->row[t];
         s->last[t] = s->seq_top[r] == t;
-        if (s->seq_top[r] == t) { /* once per row: its block ids */
-            memcpy(s->tables + (size_t)r * (size_t)stride, engine_kv_table(kv, b->seq[t]),
-                   sizeof(int32_t) * (size_t)engine_kv_seq_blocks(kv, b->seq[t]));
-        }
+        if (s->seq_top[r] == t) /* once per row: its block ids in each pool */
+            for (int p = 0; p < engine_kv_n_pools(kv); p++)
+                memcpy(s->tables + ((size_t)p * n_rows + r) * (size_t)stride,
+                       engine_kv_table_pool(kv, b->seq[t], p),
+                       sizeof(int32_t) * (size_t)engine_kv_seq_blocks(kv, b->seq[t]));
     }
     for (int t = 0; t < n; t++)
         s->seq_row[b->seq[t]] = -1;
@@ -564,8 +621,11 @@ static void forward_rank(struct fwd_job *j, int r)
     k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim * m->n_rope);
     if (N > 1)
         k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
-    k->upload(be, f->tables, s->tables, sizeof(int32_t) * (size_t)s->n_rows * (size_t)s->stride);
-    const struct kern_block_table bt = {f->tables, f->row, s->stride};
+    const int n_pools = engine_kv_n_pools(j->kv);
+    const size_t table_ids = (size_t)s->n_rows * (size_t)s->stride;
+    k->upload(be, f->tables, s->tables, sizeof(int32_t) * table_ids * (size_t)n_pools);
+    const struct kern_block_table bts[2] = {{f->tables, f->row, s->stride},
+                                            {f->tables + table_ids, f->row, s->stride}};
 
     k->get_rows(be, &m->tok_embd, f->tok, n, x);
     if (hp->emb_scale > 0)
@@ -575,6 +635,7 @@ static void forward_rank(struct fwd_job *j, int r)
     for (int l = 0; l < hp->n_layer; l++) {
         const struct engine_layer *L = &R->layers[l];
         struct kern_kv_layer kvl = engine_kv_layer(j->kv, r, l);
+        const struct kern_block_table bt = bts[engine_kv_layer_pool(j->kv, l)];
 
         /* attention block: x += the previous FFN's output (in xn), xn = norm(x) */
         const struct kern_mm_in attn_in = {.x = x, .add = l ? xn : NULL, .norm = L->attn_norm,

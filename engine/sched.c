@@ -426,6 +426,7 @@ void engine_sched_computed(struct engine *e, int nb)
             /* draft tokens are not known tokens: their blocks wait for verification */
             int32_t known = s->n_computed < (int32_t)s->n_tok ? s->n_computed : (int32_t)s->n_tok;
             engine_kv_prefix_commit(e->kv, s->slot, s->tok, known);
+            engine_kv_slide(e->kv, s->slot, known); /* verification keeps at least these */
             if (s->lead && s->gate && s->n_computed >= (int32_t)s->n_prompt)
                 s->gate->open = 1;
         }

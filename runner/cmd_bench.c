@@ -447,6 +447,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
     cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.eo.ep.kv_dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", engine_kv_n_blocks(kv));
+    cJSON_AddNumberToObject(j, "kv_window_blocks", engine_kv_pool_blocks(kv, 1));
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
     /* CPU seconds of the measured part (all threads): steadier than elapsed_s on a shared
      * machine, for comparing runs of the same work */

@@ -138,10 +138,24 @@ int runner_cmd_plan(int argc, char **argv)
                                                  : 0;
     }
     size_t per_block = per_tok * (size_t)block;
-    size_t blocks = kv_mem / per_block;
+    /* the engine's own split: sliding-window layers in a pool of their own (engine_kv_plan) */
+    const struct engine_kv_plan_in pin = {kv_mem,          (int)block,
+                                          dtype,           eo.ep.max_seqs,
+                                          eo.ep.max_batch_tokens, eo.ep.kv_window_pool};
+    struct engine_kv_plan plan;
+    engine_model_kv_plan(m, &pin, &plan);
+    size_t blocks = plan.n_main > 0 ? (size_t)plan.n_main : 0;
     size_t tokens = blocks * (size_t)block;
     size_t blocks_per_seq = ((size_t)seq_len + (size_t)block - 1) / (size_t)block;
     size_t seqs = blocks / blocks_per_seq;
+    int n_local = 0;
+    for (int l = 0; l < hp->n_layer; l++)
+        n_local += engine_model_layer_local(m, l);
+    if (plan.n_local) { /* a sequence holds its window's blocks there (and a partial one) */
+        size_t win = ((size_t)hp->swa_window - 1 + (size_t)block - 1) / (size_t)block + 2;
+        size_t w_seqs = (size_t)plan.n_local / (win < blocks_per_seq ? win : blocks_per_seq);
+        seqs = w_seqs < seqs ? w_seqs : seqs;
+    }
     size_t ctx_blocks = ((size_t)hp->n_ctx_train + (size_t)block - 1) / (size_t)block;
     int full_ctx_fits = blocks >= ctx_blocks;
     const int weights_fit = !mem || kv_mem > 0;
@@ -154,12 +168,14 @@ int runner_cmd_plan(int argc, char **argv)
                "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
                "\"full_context_fits\": %s, \"packed_weights_bytes\": %llu, \"tp\": %ld, "
                "\"rank_weights_bytes\": %llu, \"rank_kv_bytes_per_token\": %zu, "
-               "\"mem\": %zu, \"weights_fit\": %s}\n",
+               "\"mem\": %zu, \"weights_fit\": %s, \"kv_window\": %d, "
+               "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld}\n",
                name, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
                block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
                (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
-               weights_fit ? "true" : "false");
+               weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
+               plan.n_local ? n_local : 0, (long long)plan.n_local);
     } else {
         printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
@@ -182,8 +198,19 @@ int runner_cmd_plan(int argc, char **argv)
                    (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0,
                    (double)reserve / 1048576.0, (double)kv_mem / (double)tp / 1048576.0,
                    weights_fit ? "" : " (the weights do NOT fit)");
-        printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
-               (double)kv_mem / 1048576.0, blocks, block, tokens);
+        if (!plan.n_local) {
+            printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
+                   (double)kv_mem / 1048576.0, blocks, block, tokens);
+        } else {
+            printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens for the "
+                   "%d global layers\n",
+                   (double)((size_t)plan.n_main * plan.bytes_main) / 1048576.0, blocks, block,
+                   tokens, hp->n_layer - n_local);
+            printf("window pool:         %.1f MiB = %lld blocks for the %d sliding-window layers "
+                   "(%d positions: blocks that leave the window are given back)\n",
+                   (double)((size_t)plan.n_local * plan.bytes_local) / 1048576.0,
+                   (long long)plan.n_local, n_local, plan.window);
+        }
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");

@@ -31,6 +31,7 @@ static const struct option kv_opts[] = {
     {"kv-mem", required_argument, 0, RUNNER_EO_OPT_KVMEM},
     {"kv-block", required_argument, 0, RUNNER_EO_OPT_KVBLOCK},
     {"kv-dtype", required_argument, 0, RUNNER_EO_OPT_KVDTYPE},
+    {"no-window-pool", no_argument, 0, RUNNER_EO_OPT_NOWINDOW},
 };
 static const struct option batch_opts[] = {
     {"max-seqs", required_argument, 0, RUNNER_EO_OPT_SEQS},
@@ -92,6 +93,9 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
         return 1;
     case RUNNER_EO_OPT_NOPREFIX:
         o->ep.prefix_cache = 0;
+        return 1;
+    case RUNNER_EO_OPT_NOWINDOW:
+        o->ep.kv_window_pool = 0;
         return 1;
     case RUNNER_EO_OPT_SPEC:
         if (!strcmp(arg, "off"))
@@ -212,7 +216,10 @@ void runner_engine_help(FILE *f, unsigned groups)
             "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
             "  --kv-block B           tokens per KV block (default 16)\n"
             "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8 bits per value with a\n"
-            "                         scale per token and head, half the bytes, less accurate)\n",
+            "                         scale per token and head, half the bytes, less accurate)\n"
+            "  --no-window-pool       keep sliding-window layers (Gemma 3) in the main KV pool\n"
+            "                         instead of their own, whose blocks are given back once out\n"
+            "                         of the window (sized for sequences two windows long)\n",
             f);
 }
 

@@ -5,7 +5,9 @@
  * with the `gguf` package, against tools/ref_forward.py's float64 logits
  * (tests/fixtures/arch_ref.json) at every position: the prompt in one batch, one token at a time
  * over 4-token KV blocks (windows that start inside a block), and over two tensor-parallel ranks
- * (bitwise one rank's). An architecture quern does not run is a clear error. */
+ * (bitwise one rank's); with the sliding-window layers in their own small KV pool, bitwise the
+ * one pool's, alone and through the engine (prefix cache, chunked prefill, preemption,
+ * speculative rollback). An architecture quern does not run is a clear error. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,7 +20,11 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
+#include "engine/engine.h"
+#include "engine/kv_internal.h"
 #include "engine/model_internal.h"
+#include "engine/spec.h"
+#include "engine/tokenizer.h"
 #include "tests/test_util.h"
 
 static cJSON *g_root; /* parsed arch_ref.json */
@@ -44,27 +50,44 @@ static int teardown(void **state)
 }
 
 /* Tokens [0, n) of one sequence in chunks of `chunk` over blocks of block_size, logits for
- * every position. */
+ * every position. n_local > 0: the sliding-window layers in their own pool of that many
+ * blocks, each chunk's blocks reserved before it and the window slid after it. */
 static void run_seq(struct engine_model *m, const int32_t *ids, int n, int chunk, int block_size,
-                    float *logits)
+                    int32_t n_local, float *logits)
 {
     struct err_detail err = {0};
     struct engine_kv *kv;
-    assert_int_equal(engine_model_kv_init(m, &kv, n + 16, 1, block_size, KERN_KV_F16, &err), ST_OK);
-    assert_int_equal(engine_kv_reserve(kv, 0, n, &err), ST_OK);
+    assert_true(n <= 64);
+    if (!n_local) {
+        assert_int_equal(engine_model_kv_init(m, &kv, n + 16, 1, block_size, KERN_KV_F16, &err),
+                         ST_OK);
+    } else {
+        uint8_t local[64];
+        for (int l = 0; l < m->hp.n_layer; l++)
+            local[l] = (uint8_t)engine_model_layer_local(m, l);
+        assert_int_equal(engine_kv_init(&kv, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
+                                        KERN_KV_F16, block_size, (n + 16) / block_size + 1, 1, 0,
+                                        &err),
+                         ST_OK);
+        assert_int_equal(engine_kv_set_window(kv, local, m->hp.swa_window, n_local, &err), ST_OK);
+        assert_int_equal(engine_model_kv_attach(m, kv, n, &err), ST_OK);
+    }
     int32_t pos[64], seq[64] = {0};
     uint8_t want[64];
-    assert_true(n <= 64);
     for (int i = 0; i < n; i++) {
         pos[i] = i;
         want[i] = 1;
     }
     for (int i = 0; i < n; i += chunk) {
         int c = n - i < chunk ? n - i : chunk;
+        assert_int_equal(engine_kv_reserve(kv, 0, i + c, &err), ST_OK);
         struct engine_batch b = {c, ids + i, pos + i, seq + i, want + i};
         assert_int_equal(engine_model_forward(m, kv, &b, logits + (size_t)i * m->hp.n_vocab, &err),
                          ST_OK);
+        engine_kv_slide(kv, 0, i + c);
+        assert_true(engine_kv_seq_held(kv, 0, 1) <= n_local);
     }
+    assert_int_equal(engine_kv_check(kv, 0, &err), ST_OK);
     engine_kv_free(kv);
 }
 
@@ -123,8 +146,8 @@ static void test_arch_logits(void **state)
             ids[t] = (int32_t)cJSON_GetArrayItem(toks, t)->valueint;
         float *whole = malloc(sizeof(float) * (size_t)n * V);
         float *steps = malloc(sizeof(float) * (size_t)n * V);
-        run_seq(m, ids, n, n, 16, whole);
-        run_seq(m, ids, n, 1, 4, steps);
+        run_seq(m, ids, n, n, 16, 0, whole);
+        run_seq(m, ids, n, 1, 4, 0, steps);
         /* f32 compute against float64, the same f16 KV rounding */
         assert_true(compare(name, "one batch", whole, ref, n, V) < 2e-3);
         assert_true(compare(name, "a token at a time, 4-token blocks", steps, ref, n, V) < 2e-3);
@@ -133,6 +156,17 @@ static void test_arch_logits(void **state)
             assert_int_equal(m->hp.swa_window, 5);
             assert_true(m->layers[0].swa && !m->layers[5].swa && m->layers[0].post_ffn_norm);
             assert_int_equal(m->hp.head_dim, 32);
+            /* the sliding layers in their own pool, blocks out of the window given back and
+             * reused: a pool of 3 (chunks of 1) or 4 (chunks of 7) 4-token blocks serves the
+             * 6-block sequence, bitwise as the one pool does */
+            float *win = malloc(sizeof(float) * (size_t)n * V);
+            run_seq(m, ids, n, 1, 4, 3, win);
+            assert_memory_equal(win, steps, sizeof(float) * (size_t)n * V);
+            run_seq(m, ids, n, 7, 4, 0, steps);
+            run_seq(m, ids, n, 7, 4, 4, win);
+            assert_memory_equal(win, steps, sizeof(float) * (size_t)n * V);
+            printf("  %-7s sliding-window pool of 3-4 blocks: bitwise one pool's\n", name);
+            free(win);
         }
         if (!strcmp(name, "qwen2"))
             assert_non_null(m->layers[0].bq);
@@ -149,8 +183,8 @@ static void test_arch_logits(void **state)
         if (engine_model_load_group(&tm, file, g, &err))
             fail_msg("%s --tp 2: %s", file, err.msg);
         float *tp = malloc(sizeof(float) * (size_t)n * V);
-        run_seq(tm, ids, n, 7, 4, tp);
-        run_seq(m, ids, n, 7, 4, steps);
+        run_seq(tm, ids, n, 7, 4, 0, tp);
+        run_seq(m, ids, n, 7, 4, 0, steps);
         assert_memory_equal(tp, steps, sizeof(float) * (size_t)n * V);
         printf("  %-7s tp 2: bitwise one rank's at all %d positions\n", name, n);
         engine_model_free(tm);
@@ -160,6 +194,121 @@ static void test_arch_logits(void **state)
         free(steps);
         engine_model_free(m);
     }
+    kern_backend_free(be);
+}
+
+#define WIN_REQS 10
+#define WIN_GEN  14
+
+/* Greedy tokens of WIN_REQS requests (a shared 13-token prefix, then 3-9 tokens of their own)
+ * through an engine on the gemma3 fixture with parameters p (results in out); the KV cache's
+ * state is checked after every step. */
+static void run_window_engine(struct engine_model *m, const struct engine_tok *tok,
+                              const struct engine_params *p, int32_t out[][WIN_GEN],
+                              struct engine_kv_stats *kst, int32_t *peak_local, int *preempted)
+{
+    struct err_detail err = {0};
+    struct engine *e;
+    assert_int_equal(engine_init(&e, m, tok, p, &err), ST_OK);
+    for (int i = 0; i < WIN_REQS; i++) {
+        int32_t prompt[24];
+        const int n = 16 + i % 7;
+        for (int t = 0; t < n; t++)
+            prompt[t] = t < 13 ? (int32_t)(7 + 5 * t) % 128 : (int32_t)(11 * i + 3 * t) % 128;
+        struct engine_request r = {0};
+        r.prompt = prompt;
+        r.n_prompt = (size_t)n;
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = WIN_GEN;
+        r.ignore_eos = 1;
+        r.user = out[i];
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    *peak_local = 0;
+    int done = 0;
+    while (engine_pending(e)) {
+        if (engine_step(e, &err))
+            fail_msg("step: %s", err.msg);
+        const struct engine_kv *kv = engine_get_kv(e);
+        if (engine_kv_check(kv, 0, &err))
+            fail_msg("KV check: %s", err.msg);
+        const int32_t used = engine_kv_pool_used(kv, 1);
+        *peak_local = used > *peak_local ? used : *peak_local;
+        struct engine_output o[4];
+        size_t k;
+        while ((k = engine_poll(e, o, 4)) > 0)
+            for (size_t j = 0; j < k; j++) {
+                assert_int_equal(o[j].n_tokens, WIN_GEN);
+                memcpy(o[j].user, o[j].tokens, sizeof(int32_t) * WIN_GEN);
+                done++;
+            }
+    }
+    assert_int_equal(done, WIN_REQS);
+    *kst = *engine_kv_get_stats(engine_get_kv(e));
+    *preempted = (int)engine_get_stats(e)->preemptions;
+    engine_free(e); /* checks that every block came back */
+}
+
+/* The engine with the sliding-window pool gives every request the tokens it gets with one pool
+ * -- with the prefix cache attaching shared prompts (only as far as the window pool still has
+ * their windows), prefill in chunks, sequences preempted for blocks, and speculative decoding
+ * rolling drafts back -- while the window pool holds a fraction of the main pool's blocks. (The
+ * fixture has no tokenizer; SmolLM2's turns the fixture's ids < 128 into text.) */
+static void test_arch_engine_window(void **state)
+{
+    (void)state;
+    struct err_detail err = {0};
+    struct kern_backend *be;
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
+    struct engine_model *m;
+    struct engine_tok *tok;
+    struct io_gguf *sg;
+    assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/gemma3.gguf", be, &err), ST_OK);
+    assert_int_equal(io_gguf_open(&sg, test_model_path(), &err), ST_OK);
+    assert_int_equal(engine_tok_load(&tok, sg, &err), ST_OK);
+    struct engine_params p;
+    engine_params_default(&p);
+    p.max_seqs = 4;
+    p.max_batch_tokens = 12; /* prompts prefill in chunks */
+    p.kv_block = 2;
+    p.kv_mem = 36 * engine_model_kv_block_bytes(m, 2, KERN_KV_F16);
+    static int32_t ref[WIN_REQS][WIN_GEN], got[WIN_REQS][WIN_GEN];
+    struct engine_kv_stats ks;
+    int32_t peak;
+    int preempted;
+    p.kv_window_pool = 0;
+    run_window_engine(m, tok, &p, ref, &ks, &peak, &preempted);
+    assert_int_equal(peak, 0);
+    assert_true(preempted > 0);
+    for (int spec = 0; spec < 2; spec++) {
+        p.kv_window_pool = 1;
+        p.spec = spec ? ENGINE_SPEC_NGRAM : 0;
+        run_window_engine(m, tok, &p, got, &ks, &peak, &preempted);
+        for (int i = 0; i < WIN_REQS; i++)
+            assert_memory_equal(got[i], ref[i], sizeof(ref[i]));
+        /* the plan gives the window pool what 4 sequences of 5-token windows (2 blocks, and 2
+         * partial ones) and a 12-token step can ask, and 4 cached windows (4 x 4 + 6 + 4 x 3 =
+         * 34 blocks): 5/6 of the layers in 34 blocks and 1/6 in the rest (46); with one pool,
+         * 36 blocks in all */
+        struct engine_kv_plan_in pin = {p.kv_mem, 2, KERN_KV_F16, 4, 12, 1};
+        struct engine_kv_plan plan;
+        engine_model_kv_plan(m, &pin, &plan);
+        assert_int_equal(plan.n_local, 34);
+        assert_int_equal(plan.n_main, 46);
+        assert_true(peak > 0 && peak <= plan.n_local && preempted > 0);
+        print_message("gemma3 engine, window pool%s: %d requests as with one pool; prefix hits "
+                      "%llu of %llu blocks; window pool %lld blocks (peak %d held), main %lld; %d "
+                      "preemptions\n",
+                      spec ? " + speculation" : "", WIN_REQS, (unsigned long long)ks.hit_blocks,
+                      (unsigned long long)ks.lookup_blocks, (long long)plan.n_local, peak,
+                      (long long)plan.n_main, preempted);
+        assert_true(ks.hit_blocks > 0);
+    }
+    engine_tok_free(tok);
+    io_gguf_close(sg);
+    engine_model_free(m);
     kern_backend_free(be);
 }
 
@@ -180,6 +329,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arch_logits),
+        cmocka_unit_test(test_arch_engine_window),
         cmocka_unit_test(test_unsupported_arch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

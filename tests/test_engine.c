@@ -300,7 +300,7 @@ static void test_prefix_hit_logits(void **state)
         assert_int_equal(cached, 2 * B);
         engine_kv_release(kv, 1);
         /* the decoy's blocks were really cached next to x and y (the tails are partial) */
-        assert_int_equal(kv->n_lru, 4);
+        assert_int_equal(kv->pool[0].n_lru, 4);
         assert_int_equal(engine_kv_prefix_attach(kv, 0, decoy, N, N), 2 * B);
         engine_kv_release(kv, 0);
         check_ok(kv, 1);
@@ -473,8 +473,8 @@ static void run_timed(struct fixture *f, const struct engine_params *p, int n, i
                     s0->peak_blocks_used == 0);
         assert_true(kv->stats.lookup_blocks == 0 && kv->stats.hit_blocks == 0 &&
                     kv->stats.evictions == 0);
-        assert_int_equal(kv->n_lru, 0);
-        assert_int_equal(engine_kv_free_blocks(kv), kv->n_blocks);
+        assert_int_equal(kv->pool[0].n_lru, 0);
+        assert_int_equal(engine_kv_free_blocks(kv), kv->pool[0].n_blocks);
         check_ok(kv, 1);
     }
     for (int i = 0; i < n; i++) {
@@ -563,7 +563,7 @@ static void test_live_load(void **state)
     assert_int_equal(ld.running, 0);
     assert_int_equal(ld.waiting, 0);
     assert_int_equal(ld.kv_used, 0);
-    assert_int_equal(ld.kv_total, engine_get_kv(e)->n_blocks);
+    assert_int_equal(ld.kv_total, engine_get_kv(e)->pool[0].n_blocks);
     assert_true(ld.kv_total > 0);
     for (int i = 0; i < 4; i++) {
         struct engine_request r = {0};

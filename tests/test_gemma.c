@@ -1,7 +1,10 @@
 /* The real Gemma 3 270M (Q4_K_M: Q8_0, Q5_0, Q4_K and Q6_K matrices; fetched by `make gemma`)
  * against tools/ref_gemma.py's float64 reference (tests/fixtures/forward_gemma3.json): the
  * top-16 and 64 probe logits at every position of five prompts, one of them 600 tokens long so
- * that the sliding-window layers (512 positions) drop keys, and each prompt's 16 greedy tokens. */
+ * that the sliding-window layers (512 positions) drop keys, and each prompt's 16 greedy tokens;
+ * the sliding-window layers' KV in their own pool of 37 blocks (engine_kv_set_window), given
+ * back as the window moves, so the 616-token sequence runs in fewer window blocks than it has
+ * positions' worth (39). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
+#include "engine/kv.h"
 #include "engine/model_internal.h"
 #include "tests/test_util.h"
 
@@ -21,6 +25,37 @@
 #define GEMMA_TOL      0.02f
 #define GEMMA_MEAN_TOL 0.002f
 #define CHUNK          64
+
+/* Window pool blocks: a 64-token chunk's positions and the 511 before them, in 16-token blocks
+ * starting anywhere in one. */
+#define WINDOW_BLOCKS ((511 + CHUNK + 15) / 16 + 1)
+
+/* A one-sequence KV cache for n tokens with the sliding-window layers in their own pool of
+ * WINDOW_BLOCKS blocks, attached to m. */
+static struct engine_kv *window_kv(struct engine_model *m, int n)
+{
+    struct err_detail err = {0};
+    struct engine_kv *kv;
+    uint8_t local[64];
+    assert_true(m->hp.n_layer <= 64);
+    for (int l = 0; l < m->hp.n_layer; l++)
+        local[l] = (uint8_t)engine_model_layer_local(m, l);
+    const int32_t blocks = (n + 15) / 16 + 1;
+    assert_int_equal(engine_kv_init(&kv, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim,
+                                    KERN_KV_F16, 16, blocks, 1, 0, &err),
+                     ST_OK);
+    const int32_t nl = WINDOW_BLOCKS < blocks ? WINDOW_BLOCKS : blocks;
+    assert_int_equal(engine_kv_set_window(kv, local, m->hp.swa_window, nl, &err), ST_OK);
+    assert_int_equal(engine_model_kv_attach(m, kv, CHUNK, &err), ST_OK);
+    return kv;
+}
+
+/* Positions [0, n_done) are computed: the window pool gives back what no later one reads. */
+static void slide(struct engine_kv *kv, int32_t n_done)
+{
+    engine_kv_slide(kv, 0, n_done);
+    assert_true(engine_kv_seq_held(kv, 0, 1) <= 512 / 16 + 2 + CHUNK / 16);
+}
 
 static void test_gemma_vs_reference(void **state)
 {
@@ -62,10 +97,7 @@ static void test_gemma_vs_reference(void **state)
         const cJSON *positions = cJSON_GetObjectItem(p, "positions");
         const cJSON *greedy = cJSON_GetObjectItem(p, "greedy");
         const int ng = cJSON_GetArraySize(greedy);
-        struct engine_kv *kv;
-        assert_int_equal(engine_model_kv_init(m, &kv, n + ng + 16, 1, 16, KERN_KV_F16, &err),
-                         ST_OK);
-        assert_int_equal(engine_kv_reserve(kv, 0, n + ng, &err), ST_OK);
+        struct engine_kv *kv = window_kv(m, n + ng);
         int32_t ids[CHUNK], pos[CHUNK], seq[CHUNK] = {0};
         uint8_t want[CHUNK];
         memset(want, 1, sizeof(want));
@@ -76,7 +108,9 @@ static void test_gemma_vs_reference(void **state)
                 pos[i] = c0 + i;
             }
             struct engine_batch b = {c, ids, pos, seq, want};
+            assert_int_equal(engine_kv_reserve(kv, 0, c0 + c, &err), ST_OK);
             assert_int_equal(engine_model_forward(m, kv, &b, lg, &err), ST_OK);
+            slide(kv, c0 + c);
             for (int i = 0; i < c; i++) {
                 const cJSON *pi = cJSON_GetArrayItem(positions, c0 + i);
                 const float *row = lg + (size_t)i * V;
@@ -114,7 +148,9 @@ static void test_gemma_vs_reference(void **state)
             ok = next == cJSON_GetArrayItem(greedy, g)->valueint;
             int32_t ps = n + g, sq = 0;
             struct engine_batch b1 = {1, &next, &ps, &sq, NULL};
+            assert_int_equal(engine_kv_reserve(kv, 0, ps + 1, &err), ST_OK);
             assert_int_equal(engine_model_forward(m, kv, &b1, lg, &err), ST_OK);
+            slide(kv, ps + 1);
             next = (int32_t)test_argmax(lg, V);
         }
         if (!ok) { /* only where the reference's choice was clear */
@@ -127,6 +163,9 @@ static void test_gemma_vs_reference(void **state)
         }
         greedy_ok += ok;
         n_prompts++;
+        if (n + ng > WINDOW_BLOCKS * 16) /* it ran in fewer window blocks than it has */
+            assert_true(engine_kv_seq_held(kv, 0, 1) < engine_kv_seq_blocks(kv, 0));
+        assert_int_equal(engine_kv_check(kv, 0, &err), ST_OK);
         engine_kv_free(kv);
     }
     print_message("gemma3 270m: %d prompts, max |ours - reference| = %.5f (tolerance %g), mean "
