@@ -147,7 +147,8 @@ asan:
 	@true
 
 # libFuzzer harnesses for the parsers of untrusted input (clang): request lines, the grammar
-# compilers (JSON schemas, GBNF text), GGUF model files and the tokenizer metadata in them. `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each; run
+# compilers (JSON schemas, GBNF text), GGUF model files and the tokenizer metadata and chat
+# template in them (seeds: tests/fuzz/chat_seeds.py, the published templates). `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
 # example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
@@ -181,10 +182,10 @@ build-fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	    $(FUZZ_GGUF_SRC) -o $@
 
 FUZZ_TOK_SRC  = engine/tokenizer.c engine/tokenizer_encode.c engine/tokenizer_decode.c \
-                engine/tokenizer_spm.c io/gguf.c common/err.c common/log.c common/utf8.c \
-                common/dtype.c
+                engine/tokenizer_spm.c engine/chat.c io/gguf.c common/err.c common/log.c \
+                common/utf8.c common/dtype.c
 build-fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(FUZZ_TOK_SRC) $(wildcard engine/tokenizer*.h) \
-                           $(FUZZ_GGUF_H)
+                           engine/chat.h $(FUZZ_GGUF_H)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_tokenizer.c \
 	    $(FUZZ_TOK_SRC) -lpcre2-8 -o $@
@@ -215,6 +216,7 @@ fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-f
 	    >build-fuzz/seeds-tokenizer/spm
 	printf '\000\003\001\001a\n\001b\n\001ab\n\001\304\240\n\003<|end|>\n\nab 12 ab<|end|>' \
 	    >build-fuzz/seeds-tokenizer/bpe
+	python3 tests/fuzz/chat_seeds.py build-fuzz/seeds-tokenizer
 	build-fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-tokenizer build-fuzz/seeds-tokenizer
 

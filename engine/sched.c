@@ -99,13 +99,22 @@ static int newest_running(const struct engine *e)
     return best;
 }
 
-/* Tokens of s that fit in the pool now, up to want. */
-static int32_t fit_tokens(const struct engine *e, const struct seq *s, int32_t want)
+/* Tokens of s that fit in the pool now, up to want, leaving `keep` blocks free. */
+static int32_t fit_tokens(const struct engine *e, const struct seq *s, int32_t want, int32_t keep)
 {
     const int B = e->p.kv_block;
     int32_t held = engine_kv_seq_blocks(e->kv, s->slot);
-    int32_t cap = (held + engine_kv_available(e->kv)) * B - s->n_computed;
+    int32_t cap = (held + engine_kv_available(e->kv) - keep) * B - s->n_computed;
     return want < cap ? want : cap;
+}
+
+/* Blocks an admission leaves free: what the running sequences' next block boundaries take in
+ * a step on average (one per kv_block decode steps each), so that admitting a prompt rarely
+ * makes a running sequence's next decode preempt the newest (whose recompute, when its blocks
+ * have been evicted meanwhile, costs its whole prompt again). 0 when nothing runs. */
+static int32_t admit_headroom(const struct engine *e)
+{
+    return (e->n_running + e->p.kv_block - 1) / e->p.kv_block;
 }
 
 /* First position of s whose logits the step samples: its last token. A speculative step, with
@@ -167,7 +176,7 @@ static int schedule(struct engine *e, struct err_detail *err)
         int32_t left = (int32_t)s->n_tok - s->n_computed;
         if (left <= 1 && (size_t)s->n_computed + 1 == s->n_tok)
             continue; /* decoding (handled above) */
-        int32_t n = fit_tokens(e, s, left < budget ? left : budget);
+        int32_t n = fit_tokens(e, s, left < budget ? left : budget, 0);
         if (n <= 0)
             continue;
         engine_kv_reserve(e->kv, s->slot, s->n_computed + n, NULL);
@@ -190,7 +199,7 @@ static int schedule(struct engine *e, struct err_detail *err)
         s->slot = slot;
         s->n_computed = cached;
         int32_t left = (int32_t)s->n_tok - cached;
-        int32_t n = fit_tokens(e, s, left < budget ? left : budget);
+        int32_t n = fit_tokens(e, s, left < budget ? left : budget, admit_headroom(e));
         if (n <= 0) {
             engine_kv_release(e->kv, slot);
             s->slot = -1;

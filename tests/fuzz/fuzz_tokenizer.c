@@ -5,12 +5,16 @@
  * element type, a short scores or types array, out-of-range ids); the rest, up to a blank line,
  * is the vocabulary, one token per line (first byte: its type 0..7, the rest its text; BPE merges
  * are made from neighbouring tokens); what follows is text to encode. Loading must succeed or
- * fail with a message; an encoding's ids must be in the vocabulary and decode without fault. */
+ * fail with a message; an encoding's ids must be in the vocabulary and decode without fault.
+ * When the text holds a \x01 byte, what comes before it is also the GGUF's
+ * tokenizer.chat_template (engine/chat.c recognises it, or --chat-template names a format), and
+ * the text's lines become chat messages (role by first byte) rendered and tokenized with it. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/chat.h"
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
 
@@ -62,6 +66,66 @@ struct tok {
     int type;
 };
 
+#define MAX_MSGS 6
+
+/* The text's lines as chat messages (first byte: role, also an unknown one), rendered and
+ * tokenized through the template g names, or the format `pick` names (6: none, so recognised
+ * from g). Errors must come with a message; ids must be in the vocabulary. */
+static void fuzz_chat(const struct io_gguf *g, const struct engine_tok *t, const uint8_t *text,
+                      size_t n, int pick)
+{
+    static const char *const names[] = {"chatml", "gemma", "llama2", "llama3", "mistral", "phi3"};
+    static const char *const roles[] = {"user", "assistant", "system", "tool"};
+    struct err_detail err = {0};
+    struct engine_chat *c;
+    enum status st = pick < 6 ? engine_chat_init_named(&c, g, names[pick], &err)
+                              : engine_chat_init(&c, g, &err);
+    if (st) {
+        if (!err.msg[0])
+            abort();
+        return;
+    }
+    struct engine_chat_msg m[MAX_MSGS];
+    char *own[MAX_MSGS];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < MAX_MSGS;) {
+        size_t e = i;
+        while (e < n && text[e] != '\n')
+            e++;
+        own[k] = strndup((const char *)text + i + (e > i), e > i ? e - i - 1 : 0);
+        if (!own[k])
+            abort();
+        m[k].role = roles[e > i ? text[i] % 4 : 0];
+        m[k].content = own[k];
+        k++;
+        i = e + 1;
+    }
+    for (int gen = 0; gen < 2 && k; gen++) {
+        char *s;
+        size_t len;
+        if (engine_chat_render(c, m, k, gen, &s, &len, &err) == ST_OK) {
+            if (strlen(s) > len)
+                abort();
+            free(s);
+        } else if (!err.msg[0]) {
+            abort();
+        }
+        int32_t *ids;
+        size_t n_ids;
+        if (engine_chat_tokenize(c, t, m, k, gen, gen, &ids, &n_ids, &err) == ST_OK) {
+            for (size_t i = 0; i < n_ids; i++)
+                if (ids[i] < 0 || ids[i] >= engine_tok_n_vocab(t))
+                    abort();
+            free(ids);
+        } else if (!err.msg[0]) {
+            abort();
+        }
+    }
+    for (size_t i = 0; i < k; i++)
+        free(own[i]);
+    engine_chat_free(c);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 3)
@@ -86,10 +150,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         i = e + 1;
     }
     const uint8_t *text = data + (i < size ? i : size);
-    const size_t text_n = size - (size_t)(text - data);
+    size_t text_n = size - (size_t)(text - data);
+    const uint8_t *sep = memchr(text, 1, text_n);
+    const uint8_t *tpl = NULL;
+    size_t tpl_n = 0;
+    if (sep) { /* chat template, then the text */
+        tpl = text;
+        tpl_n = (size_t)(sep - text);
+        text_n -= tpl_n + 1;
+        text = sep + 1;
+    }
 
     struct buf b = {0};
-    const int n_kv = 7 + (spm ? 2 : 1);
+    const int n_kv = 7 + (spm ? 2 : 1) + (tpl != NULL);
     put(&b, "GGUF", 4);
     u32(&b, 3);
     u64(&b, 0);
@@ -115,6 +188,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     u32(&b, n_tok > 1 ? 1 : 0);
     key(&b, "tokenizer.ggml.add_bos_token", 7);
     put(&b, &(uint8_t){(uint8_t)add_bos}, 1);
+    if (tpl) {
+        key(&b, "tokenizer.chat_template", 8);
+        str(&b, tpl, tpl_n);
+    }
     if (spm) {
         key(&b, "tokenizer.ggml.scores", 9);
         u32(&b, 6); /* float32 */
@@ -169,6 +246,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 free(out);
                 free(ids);
             }
+            if (tpl)
+                fuzz_chat(g, t, text, text_n, bad);
             engine_tok_free(t);
         }
         io_gguf_close(g);
