@@ -45,9 +45,15 @@ static void wait_remove(struct engine *e, struct seq *prev, struct seq *s)
 
 /* 1 when s must keep waiting: a later choice whose first choice has not computed the prompt
  * yet (it would find nothing in the prefix cache). */
-static int gated(const struct seq *s) { return s->gate && !s->lead && !s->gate->open; }
+static int gated(const struct seq *s)
+{
+    return s->gate && !s->lead && !s->gate->open;
+}
 
-void engine_sched_enqueue(struct engine *e, struct seq *s) { wait_push_back(e, s); }
+void engine_sched_enqueue(struct engine *e, struct seq *s)
+{
+    wait_push_back(e, s);
+}
 
 /* Take running[ri] out of the running list (order kept) and give its KV slot back. */
 static void running_remove(struct engine *e, int ri)
@@ -119,12 +125,14 @@ static int32_t admit_headroom(const struct engine *e)
 
 /* First position of s whose logits the step samples: its last token. A speculative step, with
  * draft tokens appended to tok, would want the rows from the last accepted token on. */
-static int32_t logits_from(const struct seq *s) { return (int32_t)s->n_tok - 1; }
+static int32_t logits_from(const struct seq *s)
+{
+    return (int32_t)s->n_tok - 1;
+}
 
 /* Append tokens [from, from + n) of s to the batch, asking for logits at positions >=
  * logits_from(s). */
-static void batch_add(struct engine *e, int *nb, int *rows, struct seq *s, int32_t from,
-                      int32_t n)
+static void batch_add(struct engine *e, int *nb, int *rows, struct seq *s, int32_t from, int32_t n)
 {
     const int32_t want_from = logits_from(s);
     for (int32_t i = 0; i < n; i++) {
@@ -194,8 +202,8 @@ static int schedule(struct engine *e, struct err_detail *err)
             continue;
         }
         int slot = e->free_slots[e->n_free_slots - 1];
-        int32_t cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,
-                                                 (int32_t)s->n_tok - 1);
+        int32_t cached =
+            engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok, (int32_t)s->n_tok - 1);
         s->slot = slot;
         s->n_computed = cached;
         int32_t left = (int32_t)s->n_tok - cached;

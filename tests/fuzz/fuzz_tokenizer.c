@@ -78,8 +78,8 @@ static void fuzz_chat(const struct io_gguf *g, const struct engine_tok *t, const
     static const char *const roles[] = {"user", "assistant", "system", "tool"};
     struct err_detail err = {0};
     struct engine_chat *c;
-    enum status st = pick < 6 ? engine_chat_init_named(&c, g, names[pick], &err)
-                              : engine_chat_init(&c, g, &err);
+    enum status st =
+        pick < 6 ? engine_chat_init_named(&c, g, names[pick], &err) : engine_chat_init(&c, g, &err);
     if (st) {
         if (!err.msg[0])
             abort();
