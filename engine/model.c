@@ -661,7 +661,8 @@ static void forward_rank(struct fwd_job *j, int r)
             .n_tok = n, .q = q, .out = att, .pos = f->pos, .bt = bt,
             .kv = kvl, .block_size = engine_kv_block_size(j->kv), .n_head = R->n_head,
             .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = hp->attn_scale,
-            .window = L->swa ? hp->swa_window : 0, .store = f->last, .k_new = kk, .v_new = vv,
+            .window = L->swa ? hp->swa_window : 0, .softcap = hp->attn_softcap, .store = f->last,
+            .k_new = kk, .v_new = vv,
         };
         k->attention(be, &a);
         if (N == 1) {
@@ -717,6 +718,9 @@ static void forward_rank(struct fwd_job *j, int r)
         matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
         if (!be->host_memory)
             k->download(be, j->logits, f->logits, sizeof(float) * V * (size_t)n_out);
+        if (hp->final_softcap > 0) /* on the host: the rows are here now (Gemma 2) */
+            for (size_t i = 0; i < V * (size_t)n_out; i++)
+                j->logits[i] = hp->final_softcap * tanhf(j->logits[i] / hp->final_softcap);
     }
 }
 

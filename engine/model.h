@@ -18,6 +18,8 @@ enum engine_arch {
     ENGINE_ARCH_QWEN3 = 2,  /* "qwen3": QK-norm, NEOX RoPE */
     ENGINE_ARCH_GEMMA3 = 3, /* "gemma3": scaled embedding, QK-norm, pre- and post-norms, GeGLU,
                              * sliding-window layers with their own RoPE base */
+    ENGINE_ARCH_GEMMA2 = 4, /* "gemma2": as gemma3 without QK-norm, every other layer sliding
+                             * (one RoPE base), attention and output logits soft-capped */
 };
 
 struct engine_hparams {
@@ -43,6 +45,8 @@ struct engine_hparams {
     int swa_pattern;  /* with swa_window: layer l is global when l % swa_pattern ==
                        * swa_pattern - 1, else sliding */
     float rope_theta_swa; /* the sliding layers' RoPE base */
+    float attn_softcap;   /* attention scores s -> cap * tanh(s / cap); 0: none */
+    float final_softcap;  /* output logits likewise (the argmax is unchanged); 0: none */
 };
 
 struct engine_model; /* opaque: engine/model_internal.h */

@@ -1,4 +1,4 @@
-/* Loading a model's weights from GGUF: the architecture (llama, qwen2, qwen3, gemma3) and its
+/* Loading a model's weights from GGUF: the architecture (llama, qwen2, qwen3, gemma2, gemma3) and its
  * hyperparameters from the metadata, whole matrices as views of the mapping, the norm and bias
  * vectors each architecture has. No backend here: engine/model.c splits and prepares them. */
 #include "engine/model_internal.h"
@@ -49,6 +49,7 @@ static const struct {
     {"llama", ENGINE_ARCH_LLAMA},
     {"qwen2", ENGINE_ARCH_QWEN2},
     {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma2", ENGINE_ARCH_GEMMA2},
     {"gemma3", ENGINE_ARCH_GEMMA3},
 };
 
@@ -97,7 +98,8 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         }
     if (!arch)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma3)",
+                       "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
+                       "gemma3)",
                        (int)(arch_s.len > 40 ? 40 : arch_s.len), arch_s.ptr);
     if ((st = get_hparam(g, arch, "embedding_length", &hp->n_embd, 1, 0, err)) ||
         (st = get_hparam(g, arch, "block_count", &hp->n_layer, 1, 0, err)) ||
@@ -140,29 +142,36 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         return st;
     if ((st = read_rope_scaling(g, arch, hp, err)))
         return st;
-    static const char *const capping[] = {"attn_logit_softcapping", "final_logit_softcapping"};
-    for (int i = 0; i < 2; i++)
-        if (has_key(g, arch, capping[i]))
-            return err_set(err, ST_ERR_UNSUPPORTED, "%s.%s: logit soft-capping is not supported",
-                           arch, capping[i]);
+    /* soft-capping wherever the GGUF says so (Gemma 2 does) */
+    hp->attn_softcap = hp->final_softcap = 0.0f;
+    if ((has_key(g, arch, "attn_logit_softcapping") &&
+         (st = get_f32(g, arch, "attn_logit_softcapping", &hp->attn_softcap, err))) ||
+        (has_key(g, arch, "final_logit_softcapping") &&
+         (st = get_f32(g, arch, "final_logit_softcapping", &hp->final_softcap, err))))
+        return st;
     /* what the architectures do differently (as llama.cpp runs them) */
+    const int gemma = hp->arch == ENGINE_ARCH_GEMMA2 || hp->arch == ENGINE_ARCH_GEMMA3;
     hp->rope_neox = hp->arch != ENGINE_ARCH_LLAMA;
-    hp->glu = hp->arch == ENGINE_ARCH_GEMMA3 ? KERN_GLU_GELU : KERN_GLU_SILU;
+    hp->glu = gemma ? KERN_GLU_GELU : KERN_GLU_SILU;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->emb_scale = 0.0f;
     hp->swa_window = 0;
     hp->swa_pattern = 1;
     hp->rope_theta_swa = hp->rope_theta;
-    if (hp->arch == ENGINE_ARCH_GEMMA3) {
+    if (gemma) {
         hp->emb_scale = sqrtf((float)hp->n_embd);
-        /* Gemma 3 27B scales by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
+        /* Gemma 2 and 3 27B scale by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
          * (query_pre_attn_scalar; the GGUF does not carry it) */
-        if (hp->n_layer == 62)
+        if (hp->n_layer == (hp->arch == ENGINE_ARCH_GEMMA2 ? 46 : 62))
             hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        /* Gemma 2: every other layer sliding (even ones), all with rope.freq_base */
+        const int pattern = hp->arch == ENGINE_ARCH_GEMMA2 ? 2 : 6;
         if ((st = get_hparam(g, arch, "attention.sliding_window", &hp->swa_window, 1, 0, err)) ||
-            (st = get_hparam(g, arch, "attention.sliding_window_pattern", &hp->swa_pattern, 0, 6,
-                             err)))
+            (st = get_hparam(g, arch, "attention.sliding_window_pattern", &hp->swa_pattern, 0,
+                             pattern, err)))
             return st;
+        if (hp->arch == ENGINE_ARCH_GEMMA2)
+            return ST_OK;
         hp->rope_theta_swa = 10000.0f; /* the local layers' base (rope_local_base_freq) */
         if (has_key(g, arch, "rope.freq_base_swa") &&
             (st = get_f32(g, arch, "rope.freq_base_swa", &hp->rope_theta_swa, err)))
@@ -240,8 +249,10 @@ static enum status load_extras(const struct io_gguf *g, const struct engine_hpar
          &L->q_norm},
         {"attn_k_norm.weight", a == ENGINE_ARCH_QWEN3 || a == ENGINE_ARCH_GEMMA3, hp->head_dim,
          &L->k_norm},
-        {"post_attention_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_attn_norm},
-        {"post_ffw_norm.weight", a == ENGINE_ARCH_GEMMA3, hp->n_embd, &L->post_ffn_norm},
+        {"post_attention_norm.weight", a == ENGINE_ARCH_GEMMA3 || a == ENGINE_ARCH_GEMMA2,
+         hp->n_embd, &L->post_attn_norm},
+        {"post_ffw_norm.weight", a == ENGINE_ARCH_GEMMA3 || a == ENGINE_ARCH_GEMMA2, hp->n_embd,
+         &L->post_ffn_norm},
         {"attn_output.bias", 0, 0, NULL},
     };
     for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++) {

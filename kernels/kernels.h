@@ -17,6 +17,7 @@
 #ifndef KERNELS_KERNELS_H
 #define KERNELS_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +104,8 @@ struct kern_attn {
     int window;                         /* 0: positions 0..pos[t]; else only the last `window`
                                          * of them, pos[t] - window < p <= pos[t] (sliding-
                                          * window attention) */
+    float softcap;                      /* 0: none; else each scaled score s becomes
+                                         * softcap * tanh(s / softcap) (Gemma 2) */
     /* Optional (store NULL: none): tokens t with store[t] set have their key and value rows
      * (k_new, v_new: n_tok x n_kv_head * head_dim, as kv_store takes them) written into the
      * pool by the attention itself, each KV head's right before that head's attention reads
@@ -112,6 +115,13 @@ struct kern_attn {
     const uint8_t *store;
     const float *k_new, *v_new;
 };
+
+/* Score s soft-capped as struct kern_attn's softcap says (every kernel uses this, so they
+ * agree with the scalar reference). */
+static inline float kern_attn_softcap(float s, float cap)
+{
+    return cap * tanhf(s / cap);
+}
 
 /* The first position token t of a attends to (sliding window: the last a->window ones). */
 static inline int32_t kern_attn_first(const struct kern_attn *a, int t)

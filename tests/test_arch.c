@@ -126,7 +126,7 @@ static double compare(const char *name, const char *how, const float *got, const
 static void test_arch_logits(void **state)
 {
     const cJSON *models = cJSON_GetObjectItem(*state, "models");
-    assert_int_equal(cJSON_GetArraySize(models), 4);
+    assert_int_equal(cJSON_GetArraySize(models), 5);
     struct err_detail err = {0};
     struct kern_backend *be;
     struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
@@ -152,10 +152,13 @@ static void test_arch_logits(void **state)
         assert_true(compare(name, "one batch", whole, ref, n, V) < 2e-3);
         assert_true(compare(name, "a token at a time, 4-token blocks", steps, ref, n, V) < 2e-3);
         /* the architecture's features are there: a gemma3 layer slides, qwen2's biases ... */
-        if (!strcmp(name, "gemma3")) {
-            assert_int_equal(m->hp.swa_window, 5);
-            assert_true(m->layers[0].swa && !m->layers[5].swa && m->layers[0].post_ffn_norm);
-            assert_int_equal(m->hp.head_dim, 32);
+        if (!strcmp(name, "gemma2")) { /* every other layer sliding, soft-capped, no QK-norm */
+            assert_true(m->layers[0].swa && !m->layers[1].swa && m->layers[2].swa);
+            assert_true(!m->layers[0].q_norm && m->layers[1].post_attn_norm);
+            assert_true(m->hp.attn_softcap == 4.0f && m->hp.final_softcap == 30.0f);
+            assert_true(m->n_rope == 1);
+        }
+        if (m->hp.swa_window) {
             /* the sliding layers in their own pool, blocks out of the window given back and
              * reused: a pool of 3 (chunks of 1) or 4 (chunks of 7) 4-token blocks serves the
              * 6-block sequence, bitwise as the one pool does */
@@ -167,6 +170,11 @@ static void test_arch_logits(void **state)
             assert_memory_equal(win, steps, sizeof(float) * (size_t)n * V);
             printf("  %-7s sliding-window pool of 3-4 blocks: bitwise one pool's\n", name);
             free(win);
+        }
+        if (!strcmp(name, "gemma3")) {
+            assert_int_equal(m->hp.swa_window, 5);
+            assert_true(m->layers[0].swa && !m->layers[5].swa && m->layers[0].post_ffn_norm);
+            assert_int_equal(m->hp.head_dim, 32);
         }
         if (!strcmp(name, "qwen2"))
             assert_non_null(m->layers[0].bq);
@@ -297,7 +305,10 @@ static void test_arch_engine_window(void **state)
         engine_model_kv_plan(m, &pin, &plan);
         assert_int_equal(plan.n_local, 34);
         assert_int_equal(plan.n_main, 46);
-        assert_true(peak > 0 && peak <= plan.n_local && preempted > 0);
+        assert_true(peak > 0 && peak <= plan.n_local);
+        /* (speculation's budget follows measured step times: its schedule, and whether it
+         * preempts, varies from run to run) */
+        assert_true(spec || preempted > 0);
         print_message("gemma3 engine, window pool%s: %d requests as with one pool; prefix hits "
                       "%llu of %llu blocks; window pool %lld blocks (peak %d held), main %lld; %d "
                       "preemptions\n",
@@ -322,7 +333,7 @@ static void test_unsupported_arch(void **state)
     assert_null(m);
     printf("  %s\n", err.msg);
     assert_non_null(strstr(err.msg, "architecture 'phi3' is not supported"));
-    assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, gemma3"));
+    assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, gemma2, gemma3"));
 }
 
 int main(void)

@@ -79,8 +79,8 @@ static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne
             const size_t m = (size_t)n_tok * (size_t)w[i].t.ne1;
             float *y = from_be(c, ys[i], sizeof(float) * m);
             ref_matmul(&w[i], xin, n_tok, yr, mag);
-            snprintf(op, sizeof(op), "matmul %s %lldx%lld n_tok %d form %d w%d", dtype_get(type)->name,
-                     (long long)ne0, (long long)w[i].t.ne1, n_tok, form, i);
+            snprintf(op, sizeof(op), "matmul %s %lldx%lld n_tok %d form %d w%d",
+                     dtype_get(type)->name, (long long)ne0, (long long)w[i].t.ne1, n_tok, form, i);
             compare_mm(c, op, y, yr, mag, m);
             free(y);
         }
@@ -191,8 +191,10 @@ static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int 
             ym[(size_t)t * E + r] += a;
         }
     float *dx = to_be(c, x, sizeof(float) * nx), *dnw = to_be(c, nw, sizeof(float) * (size_t)E);
-    float *dxn = k->buf_alloc(c->be, sizeof(float) * nx), *dy = k->buf_alloc(c->be, sizeof(float) * nx);
-    float *dg = k->buf_alloc(c->be, sizeof(float) * nh), *du = k->buf_alloc(c->be, sizeof(float) * nh);
+    float *dxn = k->buf_alloc(c->be, sizeof(float) * nx),
+          *dy = k->buf_alloc(c->be, sizeof(float) * nx);
+    float *dg = k->buf_alloc(c->be, sizeof(float) * nh),
+          *du = k->buf_alloc(c->be, sizeof(float) * nh);
     struct kern_mm_in in = {.x = dx, .norm = dnw, .eps = 1e-5f, .xn = dxn};
     k->ffn(c->be, &g.t, &u.t, &d.t, &in, glu, dy, dg, du, n_tok);
     float *y = from_be(c, dy, sizeof(float) * nx);
@@ -240,8 +242,8 @@ static void check_row_ops(struct check *c)
         float *got = from_be(c, dx, sizeof(float) * n);
         for (size_t i = 0; i < n; i++)
             if (got[i] != x[i] + w[i % (size_t)W]) {
-                report(c, "add_rows", "%d x %d element %zu: %g, want %g", R, W, i,
-                       (double)got[i], (double)(x[i] + w[i % (size_t)W]));
+                report(c, "add_rows", "%d x %d element %zu: %g, want %g", R, W, i, (double)got[i],
+                       (double)(x[i] + w[i % (size_t)W]));
                 break;
             }
         free(got);
@@ -293,7 +295,8 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
     k->get_rows(c->be, &w.t, dids, 7, dout);
     float *out = from_be(c, dout, sizeof(float) * 7 * (size_t)ne0);
     for (int i = 0; i < 7; i++)
-        if (memcmp(out + (size_t)i * ne0, w.deq + (size_t)ids[i] * ne0, sizeof(float) * (size_t)ne0))
+        if (memcmp(out + (size_t)i * ne0, w.deq + (size_t)ids[i] * ne0,
+                   sizeof(float) * (size_t)ne0))
             report(c, "get_rows", "%s row %d differs from its dequantization",
                    dtype_get(type)->name, ids[i]);
     /* gather the same rows back out of the 7 in a new order */
@@ -320,7 +323,8 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
         float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
         rand_floats(&c->r, a, (size_t)n, -10, 10);
         rand_floats(&c->r, b, (size_t)n, -10, 10);
-        float *da = to_be(c, a, sizeof(float) * (size_t)n), *db = to_be(c, b, sizeof(float) * (size_t)n);
+        float *da = to_be(c, a, sizeof(float) * (size_t)n),
+              *db = to_be(c, b, sizeof(float) * (size_t)n);
         k->add(c->be, da, db, n);
         float *got = from_be(c, da, sizeof(float) * (size_t)n);
         for (long i = 0; i < n; i++)
@@ -377,9 +381,11 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
                     }
                     if (fabs(got[o0] - r0) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7 ||
                         fabs(got[o1] - r1) > 1e-6 * (fabs(a) + fabs(b)) + 1e-7) {
-                        report(c, "rope", "%s rot %d token %d head %d pair %d: (%g, %g), want "
-                               "(%g, %g)", neox ? "neox" : "norm", rot, t, h, i,
-                               (double)got[o0], (double)got[o1], r0, r1);
+                        report(c, "rope",
+                               "%s rot %d token %d head %d pair %d: (%g, %g), want "
+                               "(%g, %g)",
+                               neox ? "neox" : "norm", rot, t, h, i, (double)got[o0],
+                               (double)got[o1], r0, r1);
                         t = n_tok, h = H, i = D;
                     }
                 }
@@ -396,7 +402,8 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
  * blocks, every position stored (half of the last tokens by attention's deferred store), and
  * each token's output against softmax attention in double over the keys and values as the
  * pool's dtype rounds them (f16: exact f16 of the inputs; q8: within a scale step). */
-static void check_attention(struct check *c, int dtype, int H, int KV, int D, int window)
+static void check_attention(struct check *c, int dtype, int H, int KV, int D, int window,
+                            float softcap)
 {
     const struct kern_ops *k = c->be->ops;
     const int B = 16, NB = 24, S = 3;
@@ -443,10 +450,22 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
     float *dv = to_be(c, vv, sizeof(float) * nk), *dout = k->buf_alloc(c->be, sizeof(float) * nq);
     const struct kern_block_table bt = {dtab, drow, 8};
     k->kv_store(c->be, layer, &bt, dpos, B, KV, D, dk, dv, n, dlast);
-    struct kern_attn a = {.n_tok = n, .q = dq, .out = dout, .pos = dpos, .bt = bt, .kv = layer,
-                          .block_size = B, .n_head = H, .n_kv_head = KV, .head_dim = D,
-                          .scale = 1.0f / sqrtf((float)D), .window = window, .store = dlast,
-                          .k_new = dk, .v_new = dv};
+    struct kern_attn a = {.n_tok = n,
+                          .q = dq,
+                          .out = dout,
+                          .pos = dpos,
+                          .bt = bt,
+                          .kv = layer,
+                          .block_size = B,
+                          .n_head = H,
+                          .n_kv_head = KV,
+                          .head_dim = D,
+                          .scale = 1.0f / sqrtf((float)D),
+                          .window = window,
+                          .softcap = softcap,
+                          .store = dlast,
+                          .k_new = dk,
+                          .v_new = dv};
     k->attention(c->be, &a);
     float *out = from_be(c, dout, sizeof(float) * nq);
     /* the reference: keys and values as stored */
@@ -465,9 +484,9 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
      * keys' and values' row maxima (2 and 1) / 127 */
     const double tol = dtype == KERN_KV_F16 ? 2e-4 : 0.05;
     double *sc = malloc(sizeof(double) * (size_t)n);
-    char op[64];
-    snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d window %d",
-             dtype ? "q8" : "f16", H, KV, D, window);
+    char op[96];
+    snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d window %d softcap %g",
+             dtype ? "q8" : "f16", H, KV, D, window, (double)softcap);
     int bad = 0;
     for (int t = 0, base = 0, s = 0; t < n && !bad; t++) {
         if (t - base == len[s])
@@ -482,6 +501,8 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
                 for (int j = 0; j < D; j++)
                     d += (double)q[((size_t)t * H + h) * D + j] * kr[kt + j];
                 sc[p] = d * a.scale;
+                if (softcap > 0)
+                    sc[p] = softcap * tanh(sc[p] / softcap);
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             for (int p = p_lo; p <= pos[t]; p++)
@@ -535,14 +556,18 @@ static void check_backend(struct check *c, int all_ops)
     check_ffn(c, DTYPE_Q4_1, 96, 160, 5, KERN_GLU_GELU);
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         check_small_ops(c, types[i], dtype_get(types[i])->block_elems == 256 ? 256 : 96);
-    check_attention(c, KERN_KV_F16, 9, 3, 64, 0);
-    check_attention(c, KERN_KV_Q8, 9, 3, 64, 0);
-    check_attention(c, KERN_KV_F16, 4, 4, 32, 0);
-    check_attention(c, KERN_KV_F16, 8, 1, 128, 0);
+    check_attention(c, KERN_KV_F16, 9, 3, 64, 0, 0);
+    check_attention(c, KERN_KV_Q8, 9, 3, 64, 0, 0);
+    check_attention(c, KERN_KV_F16, 4, 4, 32, 0, 0);
+    check_attention(c, KERN_KV_F16, 8, 1, 128, 0, 0);
     /* sliding windows: inside a block, across blocks, at a block's edge; Gemma's head_dim 256 */
-    check_attention(c, KERN_KV_F16, 9, 3, 64, 5);
-    check_attention(c, KERN_KV_Q8, 4, 2, 64, 23);
-    check_attention(c, KERN_KV_F16, 4, 1, 256, 16);
+    check_attention(c, KERN_KV_F16, 9, 3, 64, 5, 0);
+    check_attention(c, KERN_KV_Q8, 4, 2, 64, 23, 0);
+    check_attention(c, KERN_KV_F16, 4, 1, 256, 16, 0);
+    /* soft-capped scores (Gemma 2; a cap the scores here reach, so tanh bends them) */
+    check_attention(c, KERN_KV_F16, 9, 3, 64, 0, 1.5f);
+    check_attention(c, KERN_KV_Q8, 4, 2, 128, 0, 1.5f);
+    check_attention(c, KERN_KV_F16, 4, 1, 256, 16, 1.5f);
 }
 
 /* ---- the backends ---------------------------------------------------------------------------- */
@@ -570,8 +595,8 @@ static void test_cpu_backends(void **state)
                     continue;
                 }
                 char label[64];
-                snprintf(label, sizeof(label), "%s %s%s", kern_backend_describe(c.be),
-                         act_names[m], dev ? " (device path)" : "");
+                snprintf(label, sizeof(label), "%s %s%s", kern_backend_describe(c.be), act_names[m],
+                         dev ? " (device path)" : "");
                 c.label = label;
                 c.act = acts[m];
                 c.r.s = 1000 + i * 10 + m;
@@ -630,8 +655,8 @@ static void bad_matmul(struct kern_backend *b, const struct kern_tensor *const *
 
 static void bad_ffn(struct kern_backend *b, const struct kern_tensor *gate,
                     const struct kern_tensor *up, const struct kern_tensor *down,
-                    const struct kern_mm_in *in, int glu, float *y, float *gate_buf,
-                    float *up_buf, int n_tok)
+                    const struct kern_mm_in *in, int glu, float *y, float *gate_buf, float *up_buf,
+                    int n_tok)
 {
     (void)gate; /* the up projection read as the gate too */
     g_real.ffn(b, up, up, down, in, glu, y, gate_buf, up_buf, n_tok);
@@ -660,8 +685,8 @@ static void bad_rope(struct kern_backend *b, float *x, const float *cs, int n_to
     g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim > 2 ? rot_dim - 2 : rot_dim, neox);
 }
 
-static void bad_rope_mode(struct kern_backend *b, float *x, const float *cs, int n_tok,
-                          int n_head, int head_dim, int rot_dim, int neox)
+static void bad_rope_mode(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
+                          int head_dim, int rot_dim, int neox)
 {
     g_real.rope(b, x, cs, n_tok, n_head, head_dim, rot_dim, 0); /* NORM pairs for NEOX */
     (void)neox;
@@ -673,8 +698,8 @@ static void bad_add_rows(struct kern_backend *b, float *y, const float *bias, lo
     g_real.add_rows(b, y, bias, n_rows > 1 ? n_rows - 1 : n_rows, width); /* the last row */
 }
 
-static void bad_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows,
-                          int width, float eps)
+static void bad_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows, int width,
+                          float eps)
 {
     g_real.norm_rows(b, x, w, n_rows, width, eps * 1e5f); /* a far larger epsilon */
 }
@@ -688,6 +713,13 @@ static void bad_window(struct kern_backend *b, const struct kern_attn *a)
 {
     struct kern_attn a2 = *a;
     a2.window = a->window ? a->window + 1 : 0; /* one key too many */
+    g_real.attention(b, &a2);
+}
+
+static void bad_softcap(struct kern_backend *b, const struct kern_attn *a)
+{
+    struct kern_attn a2 = *a;
+    a2.softcap = 0; /* the cap forgotten */
     g_real.attention(b, &a2);
 }
 
@@ -735,10 +767,21 @@ static void test_broken_ops_fail(void **state)
     if (kern_backend_open(&amx, &o_amx, &err))
         amx = NULL;
     g_real = *real->ops;
-    static const char *const names[] = {"matmul",    "matmul_argmax", "add",       "rope",
-                                        "get_rows",  "attention",     "kv_store",  "gather",
-                                        "ffn",       "rope (neox)",   "add_rows",  "norm_rows",
-                                        "scale",     "attention (window)"};
+    static const char *const names[] = {"matmul",
+                                        "matmul_argmax",
+                                        "add",
+                                        "rope",
+                                        "get_rows",
+                                        "attention",
+                                        "kv_store",
+                                        "gather",
+                                        "ffn",
+                                        "rope (neox)",
+                                        "add_rows",
+                                        "norm_rows",
+                                        "scale",
+                                        "attention (window)",
+                                        "attention (softcap)"};
     for (int m = 0; m < (int)(sizeof(names) / sizeof(names[0])); m++) {
         struct kern_backend *base = m == 1 ? amx : real;
         if (!base) {
@@ -748,25 +791,57 @@ static void test_broken_ops_fail(void **state)
         g_real = *base->ops;
         struct kern_ops bad = g_real;
         switch (m) {
-        case 0: bad.matmul = bad_matmul; break;
-        case 1: bad.matmul_argmax = bad_argmax; break;
-        case 2: bad.add = bad_add; break;
-        case 3: bad.rope = bad_rope; break;
-        case 4: bad.get_rows = bad_get_rows; break;
-        case 5: bad.attention = bad_attention; break;
-        case 6: bad.kv_store = bad_kv_store; break;
-        case 7: bad.gather = bad_gather; break;
-        case 8: bad.ffn = bad_ffn; break;
-        case 9: bad.rope = bad_rope_mode; break;
-        case 10: bad.add_rows = bad_add_rows; break;
-        case 11: bad.norm_rows = bad_norm_rows; break;
-        case 12: bad.scale = bad_scale; break;
-        case 13: bad.attention = bad_window; break;
+        case 0:
+            bad.matmul = bad_matmul;
+            break;
+        case 1:
+            bad.matmul_argmax = bad_argmax;
+            break;
+        case 2:
+            bad.add = bad_add;
+            break;
+        case 3:
+            bad.rope = bad_rope;
+            break;
+        case 4:
+            bad.get_rows = bad_get_rows;
+            break;
+        case 5:
+            bad.attention = bad_attention;
+            break;
+        case 6:
+            bad.kv_store = bad_kv_store;
+            break;
+        case 7:
+            bad.gather = bad_gather;
+            break;
+        case 8:
+            bad.ffn = bad_ffn;
+            break;
+        case 9:
+            bad.rope = bad_rope_mode;
+            break;
+        case 10:
+            bad.add_rows = bad_add_rows;
+            break;
+        case 11:
+            bad.norm_rows = bad_norm_rows;
+            break;
+        case 12:
+            bad.scale = bad_scale;
+            break;
+        case 13:
+            bad.attention = bad_window;
+            break;
+        case 14:
+            bad.attention = bad_softcap;
+            break;
         }
         struct kern_backend be = *base;
         be.ops = &bad;
-        struct check c = {.be = &be, .label = names[m], .act = base == amx ? KERN_ACT_BF16
-                                                                             : KERN_ACT_F32,
+        struct check c = {.be = &be,
+                          .label = names[m],
+                          .act = base == amx ? KERN_ACT_BF16 : KERN_ACT_F32,
                           .quiet = 1};
         c.r.s = 77;
         check_backend(&c, 1);

@@ -2,7 +2,7 @@
 """Small random-weight GGUFs of each supported architecture and their reference logits (NOT run
 by CI; the outputs are committed):
 
-  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3}.gguf   written by the `gguf` package
+  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2}.gguf   written by the `gguf` package
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -10,7 +10,9 @@ Each file has only what the forward pass reads (no tokenizer): 64 hidden, 4 quer
 heads (so --tp 2 splits them), FFN 96, 128 tokens of vocabulary, 6 layers, matrices in a mix of
 Q8_0, Q4_0, Q4_1 and F16. llama3 carries rope_freqs.weight with Llama 3.1's factors formula;
 qwen3 and gemma3 a head_dim (32) that is not hidden / heads (16); gemma3 a 5-token sliding
-window, so a 24-token prompt crosses it in the five sliding layers of every six.
+window, so a 24-token prompt crosses it in the five sliding layers of every six; gemma2 the
+same window in every other layer and soft-capping (attention 4, logits 30: caps these random
+weights' scores and logits reach, so that tanh bends them).
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -65,8 +67,11 @@ def write(name, arch, head_dim, extra, types, rng):
         w.add_value_length(head_dim)
     theta = {"llama3": 500000.0, "gemma3": 1000000.0}.get(name, 10000.0 * 3)
     w.add_rope_freq_base(theta)
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(5)
+    if arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", 4.0)
+        w.add_float32("gemma2.final_logit_softcapping", 30.0)
 
     def mat(tname, n_in, n_out, qt, scale=1.0):
         x = (rng.standard_normal((n_out, n_in)) * scale / math.sqrt(n_in)).astype(np.float32)
@@ -120,6 +125,7 @@ def main():
         ("qwen2", "qwen2", E // H, ("bias",), (Q.Q8_0, Q.F16, Q.Q4_1)),
         ("qwen3", "qwen3", 32, ("qk_norm",), (Q.Q4_1, Q.Q8_0)),
         ("gemma3", "gemma3", 32, ("qk_norm", "post_norm"), (Q.Q8_0, Q.Q4_0, Q.Q4_1)),
+        ("gemma2", "gemma2", 32, ("post_norm",), (Q.Q4_0, Q.Q8_0, Q.F16)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}

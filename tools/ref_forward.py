@@ -52,13 +52,16 @@ class Model:
               every 6th layer (il % 6 == 5) global with rope.freq_base, the others see only the
               last attention.sliding_window positions with base 10000. Norm weights are used
               as stored (the converter already added Gemma's +1).
+      gemma2: as gemma3 without QK-norm; every other layer (il % 2 == 0) sliding, all with
+              rope.freq_base; scores soft-capped (cap * tanh(s / cap), attn_logit_softcapping)
+              after scaling, and the output logits (final_logit_softcapping).
       llama:  rope_freqs.weight, when present, divides pair i's frequency (Llama 3)."""
 
     def __init__(self, path):
         r = gguf.GGUFReader(path)
         f = r.fields
         arch = f["general.architecture"].contents()
-        assert arch in ("llama", "qwen2", "qwen3", "gemma3"), arch
+        assert arch in ("llama", "qwen2", "qwen3", "gemma2", "gemma3"), arch
         self.arch = arch
         g = lambda k: f[arch + "." + k].contents()
         has = lambda k: arch + "." + k in f
@@ -73,8 +76,13 @@ class Model:
         self.n_rot = int(g("rope.dimension_count")) if has("rope.dimension_count") else self.head_dim
         assert self.n_rot == self.head_dim
         self.neox = arch != "llama"
-        self.window = int(g("attention.sliding_window")) if arch == "gemma3" else 0
-        self.pattern = int(g("attention.sliding_window_pattern")) if has("attention.sliding_window_pattern") else 6
+        self.gemma = arch in ("gemma2", "gemma3")
+        self.window = int(g("attention.sliding_window")) if self.gemma else 0
+        self.pattern = (int(g("attention.sliding_window_pattern"))
+                        if has("attention.sliding_window_pattern") else 2 if arch == "gemma2" else 6)
+        self.theta_swa = 10000.0 if arch == "gemma3" else self.theta
+        self.attn_cap = float(g("attn_logit_softcapping")) if has("attn_logit_softcapping") else 0.0
+        self.final_cap = float(g("final_logit_softcapping")) if has("final_logit_softcapping") else 0.0
         self.eps = np.float64(np.float32(self.eps))  # stored as f32 in GGUF
         tens = {t.name: t for t in r.tensors}
 
@@ -93,7 +101,8 @@ class Model:
         extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
                  "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
                  "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight",
-                            "post_attention_norm.weight", "post_ffw_norm.weight")}.get(arch, ())
+                            "post_attention_norm.weight", "post_ffw_norm.weight"),
+                 "gemma2": ("post_attention_norm.weight", "post_ffw_norm.weight")}.get(arch, ())
         self.layers = []
         for i in range(self.n_layer):
             p = "blk.%d." % i
@@ -111,7 +120,8 @@ class Model:
         self.meta = dict(arch=arch, n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff,
                          n_head=self.n_head, n_kv=self.n_kv, head_dim=self.head_dim,
                          rope_theta=self.theta, rms_eps=float(self.eps), n_vocab=self.n_vocab,
-                         window=self.window)
+                         window=self.window, attn_softcap=self.attn_cap,
+                         final_softcap=self.final_cap)
         self.kv_f16 = True
 
     def rmsnorm(self, x, w):
@@ -146,7 +156,7 @@ class Model:
         start = sum(k.shape[0] for k in cache[0][0])
         pos = np.arange(start, start + T)
         x = self.tok_embd[np.asarray(tokens)]
-        gemma = self.arch == "gemma3"
+        gemma = self.gemma
         if gemma:
             x = x * np.float64(np.float32(np.sqrt(np.float32(self.n_embd))))
         H, KV, D = self.n_head, self.n_kv, self.head_dim
@@ -163,7 +173,7 @@ class Model:
             if "attn_q_norm.weight" in L:
                 q = self.rmsnorm(q, L["attn_q_norm.weight"])
                 k = self.rmsnorm(k, L["attn_k_norm.weight"])
-            theta = 10000.0 if L["swa"] else self.theta
+            theta = self.theta_swa if L["swa"] else self.theta
             factors = None if L["swa"] else self.freq_factors
             q, k = self.rope(q, pos, theta, factors), self.rope(k, pos, theta, factors)
             if self.kv_f16:
@@ -181,6 +191,8 @@ class Model:
             for hh in range(H):
                 kv = hh // grp
                 sc = (q[:, hh, :] @ K[:, kv, :].T) * scale            # (T, S)
+                if self.attn_cap:
+                    sc = self.attn_cap * np.tanh(sc / self.attn_cap)
                 sc = np.where(mask, -np.inf, sc)
                 sc = sc - sc.max(axis=1, keepdims=True)
                 p = np.exp(sc)
@@ -202,7 +214,10 @@ class Model:
                 y = self.rmsnorm(y, L["post_ffw_norm.weight"])
             x = x + y
         x = self.rmsnorm(x, self.out_norm)
-        return x @ self.out_w.T
+        logits = x @ self.out_w.T
+        if self.final_cap:
+            logits = self.final_cap * np.tanh(logits / self.final_cap)
+        return logits
 
 
 def top2_margin(l):

@@ -82,8 +82,19 @@ void kern_avx2_attn_group(const struct kern_attn *a, int t, int g, int tn, int g
             const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             __m256 vlo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lane));
             __m256 vhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8), lane));
-            __m256 slo = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(lo0, lo1), scale), vlo);
-            __m256 shi = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(hi0, hi1), scale), vhi);
+            __m256 slo = _mm256_mul_ps(_mm256_add_ps(lo0, lo1), scale);
+            __m256 shi = _mm256_mul_ps(_mm256_add_ps(hi0, hi1), scale);
+            if (a->softcap > 0) { /* Gemma 2: scalar tanhf, as the reference */
+                _Alignas(32) float sv[16];
+                _mm256_store_ps(sv, slo);
+                _mm256_store_ps(sv + 8, shi);
+                for (int i = 0; i < 16; i++)
+                    sv[i] = kern_attn_softcap(sv[i], a->softcap);
+                slo = _mm256_load_ps(sv);
+                shi = _mm256_load_ps(sv + 8);
+            }
+            slo = _mm256_blendv_ps(ninf, slo, vlo);
+            shi = _mm256_blendv_ps(ninf, shi, vhi);
             float bm = hmax_ps(_mm256_max_ps(slo, shi));
             if (bm > m) {
                 __m256 r = _mm256_set1_ps(kern_attn_exp(m - bm)); /* 0 on the first run */

@@ -147,6 +147,13 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             if (Q8) /* the keys' scales */
                 sc = _mm512_mul_ps(sc, _mm512_maskz_loadu_ps(km, kb + (size_t)D * B + 4 * i0));
             sc = _mm512_mul_ps(sc, _mm512_set1_ps(a->scale));
+            if (a->softcap > 0) { /* Gemma 2: scalar tanhf, as the reference */
+                _Alignas(64) float sv[16];
+                _mm512_store_ps(sv, sc);
+                for (int i = 0; i < 16; i++)
+                    sv[i] = kern_attn_softcap(sv[i], a->softcap);
+                sc = _mm512_load_ps(sv);
+            }
             sc = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f / 0.0f), km, sc);
             float bm = _mm512_reduce_max_ps(sc);
             if (bm > m[h]) {

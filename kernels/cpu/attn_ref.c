@@ -79,6 +79,8 @@ void kern_ref_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn
                 if (q8)
                     d *= kv_scale(kb, B, D, i0 + i);
                 s[i] = d * a->scale;
+                if (a->softcap > 0)
+                    s[i] = kern_attn_softcap(s[i], a->softcap);
                 bm = s[i] > bm ? s[i] : bm;
             }
             if (bm > m) {

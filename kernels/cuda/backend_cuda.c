@@ -191,7 +191,7 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
         check(kcu_kv_store(s->stream, &d, a->pos, a->k_new, a->v_new, a->n_tok, a->store, 1),
               "attention store");
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
-                        a->window),
+                        a->window, a->softcap),
           "attention");
 }
 

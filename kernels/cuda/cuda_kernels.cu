@@ -496,7 +496,7 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
 #define ATT_MAX_CH (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
 
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
-                            int n_head, float scale, int window)
+                            int n_head, float scale, int window, float softcap)
 {
     __shared__ float qs[512];
     const int lane = threadIdx.x;
@@ -531,6 +531,8 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
                     d = fmaf(qs[c], __half2float(((const __half *)kt)[(size_t)c * B + i]), d);
             }
             s = d * scale;
+            if (softcap > 0.0f) /* Gemma 2 */
+                s = softcap * tanhf(s / softcap);
         }
         const float bm = warp_max(s);
         if (bm > m) {
@@ -575,12 +577,13 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
 }
 
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
-                             const int32_t *pos, int n_tok, int n_head, float scale, int window)
+                             const int32_t *pos, int n_tok, int n_head, float scale, int window,
+                             float softcap)
 {
     if (n_tok <= 0)
         return 0;
     k_attention<<<(unsigned)(n_tok * n_head), WARP, 0, (cudaStream_t)stream>>>(*kv, q, out, pos,
                                                                               n_head, scale,
-                                                                              window);
+                                                                              window, softcap);
     return launched();
 }

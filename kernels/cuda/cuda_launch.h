@@ -59,9 +59,10 @@ struct kcu_kv {
 int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, const float *k,
                  const float *v, int n_tok, const uint8_t *sel, int want);
 /* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence (the
- * last `window` of them when window > 0). */
+ * last `window` of them when window > 0), scores soft-capped when softcap > 0. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
-                  const int32_t *pos, int n_tok, int n_head, float scale, int window);
+                  const int32_t *pos, int n_tok, int n_head, float scale, int window,
+                  float softcap);
 
 #ifdef __cplusplus
 }
