@@ -54,6 +54,8 @@ struct chat_part {
 
 struct engine_chat {
     int fmt;                                                /* enum chat_fmt */
+    int no_system;                                          /* gemma: no system role (Gemma 2's
+                                                             * template raises on one) */
     char *default_system;                                   /* unescaped default turn, or NULL */
     struct chat_part default_parts[CHAT_MAX_DEFAULT_PARTS]; /* it split at special tokens */
     size_t n_default_parts;                                 /* entries in default_parts */
@@ -342,6 +344,7 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     int ok = !memchr(s, 0, n);
     c->fmt = ok ? fmt_from_template(s) : -1;
     ok = c->fmt >= 0;
+    c->no_system = ok && c->fmt == CHAT_FMT_GEMMA && strstr(s, "System role not supported");
     if (!ok) {
         char snip[200];
         template_snippet(s, n, snip, sizeof(snip));
@@ -465,11 +468,16 @@ static enum status check_alternation(const char *fmt, const struct engine_chat_m
  * blank line); the others alternate user/assistant from user (else an error, as the template
  * raises), each <start_of_turn>role\ntrim(content)<end_of_turn>\n with assistant written
  * "model"; <start_of_turn>model\n. */
-static enum status parts_gemma(const struct engine_chat_msg *m, size_t n, int gen,
-                               struct chat_part *p, size_t *np, struct err_detail *err)
+static enum status parts_gemma(const struct engine_chat *c, const struct engine_chat_msg *m,
+                               size_t n, int gen, struct chat_part *p, size_t *np,
+                               struct err_detail *err)
 {
     size_t k = 0;
     const size_t first = strcmp(m[0].role, "system") == 0;
+    if (first && c->no_system)
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "this model's gemma chat template has no system role (Gemma 2: it "
+                       "raises on one; put the instructions in the first user message)");
     p[k++] = special("<bos>");
     for (size_t i = first; i < n; i++) {
         enum status st = check_alternation("gemma", m, i, first, err);
@@ -648,7 +656,7 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
     size_t k = 0;
     enum status st = ST_OK;
     if (c->fmt == CHAT_FMT_GEMMA)
-        st = parts_gemma(msgs, n, add_generation_prompt, p, &k, err);
+        st = parts_gemma(c, msgs, n, add_generation_prompt, p, &k, err);
     else if (c->fmt == CHAT_FMT_LLAMA3)
         k = parts_llama3(msgs, n, add_generation_prompt, p);
     else if (c->fmt == CHAT_FMT_LLAMA2)

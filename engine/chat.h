@@ -8,7 +8,7 @@
  *           it is taken verbatim from the template's string literal.
  *   gemma   Gemma 2/3: "<bos>", "<start_of_turn>role\n" + trim(content) + "<end_of_turn>\n"
  *           with assistant written "model", a leading system message as a prefix of the first
- *           turn (content + "\n\n"), user/assistant alternating from user (else an error, as
+ *           turn (content + "\n\n"; Gemma 2's template has no system role: an error), user/assistant alternating from user (else an error, as
  *           the template raises), generation prompt "<start_of_turn>model\n".
  *   llama3  Llama 3 (3.0: no dated default system turn): "<|begin_of_text|>", then
  *           "<|start_header_id|>role<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>".

@@ -1,5 +1,5 @@
-/* The chat formats beyond ChatML (engine/chat.c): the published templates of Gemma 3, Llama 3,
- * Llama 2, Mistral v0.1/v0.2 and Phi-3/3.5,
+/* The chat formats beyond ChatML (engine/chat.c): the published templates of Gemma 3, Gemma 2,
+ * Llama 3, Llama 2, Mistral v0.1/v0.2 and Phi-3/3.5,
  * recognised from tokenizer.chat_template, render every conversation of
  * tests/fixtures/chat_templates_ref.jsonl exactly as Jinja2 does (tools/ref_chat_templates.py:
  * with and without system messages, multi-turn, whitespace that trim removes, the generation
@@ -81,7 +81,9 @@ static void test_templates_vs_jinja(void **state)
             if (st != ST_ERR_INVALID_ARG)
                 fail_msg("line %zu (%s): Jinja2 raised \"%s\", we did not", lines + 1, tname, why);
             assert_non_null(strstr(err.msg, strstr(why, "alternate") ? "alternating"
-                                                                     : "only user and assistant"));
+                                            : strstr(why, "System role")
+                                                ? "no system role"
+                                                : "only user and assistant"));
             errors++;
         } else {
             if (st != ST_OK)
@@ -112,7 +114,7 @@ static void test_templates_vs_jinja(void **state)
     print_message("chat_templates_ref: %zu renderings identical to Jinja2 (%zu refused alike), "
                   "%zu Gemma token lists identical to llama.cpp's\n",
                   lines, errors, id_lines);
-    assert_true(lines >= 120 && id_lines >= 20 && errors >= 10);
+    assert_true(lines >= 140 && id_lines >= 20 && errors >= 20);
     engine_chat_free(gchat);
     engine_tok_free(gtok);
     io_gguf_close(gg);

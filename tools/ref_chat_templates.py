@@ -5,7 +5,7 @@ conversation, add_generation_prompt) with the rendered text, and for Gemma the t
 llama.cpp gives that text (special tokens parsed, no BOS added: the template writes it).
 
 The template texts are the models' published tokenizer_config.json chat_template values:
-Gemma 3 (google/gemma-3-*-it), Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct), Llama 2
+Gemma 3 (google/gemma-3-*-it), Gemma 2 (google/gemma-2-*-it), Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct), Llama 2
 (meta-llama/Llama-2-7b-chat-hf), Mistral (mistralai/Mistral-7B-Instruct-v0.1 and v0.2) and
 Phi-3 (microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini-instruct), with each model's BOS and EOS
 texts.
@@ -51,6 +51,16 @@ GEMMA3 = (
     "    {{'<start_of_turn>model\\n'}}\n"
     "{%- endif -%}\n")
 
+GEMMA2 = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}"
+    "{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + "
+    "message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{'<start_of_turn>model\n'}}{% endif %}")
+
 LLAMA3 = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim"
@@ -90,7 +100,7 @@ PHI3 = (
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
              "llama2": (LLAMA2, "<s>", "</s>"), "mistral": (MISTRAL, "<s>", "</s>"),
-             "phi3": (PHI3, "<s>", "<|endoftext|>")}
+             "phi3": (PHI3, "<s>", "<|endoftext|>"), "gemma2": (GEMMA2, "<bos>", "<eos>")}
 
 U, A, S = "user", "assistant", "system"
 CONVS = [
