@@ -27,7 +27,7 @@ struct preset {
     int tied;           /* 1: the output head is the embedding */
     const char *arch;   /* GGUF general.architecture */
     int head_dim;       /* 0: n_embd / n_head; else attention.key_length */
-    int swa;            /* gemma3: attention.sliding_window */
+    int swa;            /* gemma2/3: attention.sliding_window */
 };
 
 /* Dimensions and architectures as the models' published configs give them, each with its
@@ -41,6 +41,7 @@ static const struct preset presets[] = {
     {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0},
     {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
      1024},
+    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
@@ -153,6 +154,10 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
     snprintf(name, sizeof(name), "%s.attention.layer_norm_rms_epsilon", p->arch);
     if ((st = io_gguf_writer_f32(w, name, p->rms_eps, err)))
         return st;
+    if (!strcmp(p->arch, "gemma2") && /* its soft-capping */
+        ((st = io_gguf_writer_f32(w, "gemma2.attn_logit_softcapping", 50.0f, err)) ||
+         (st = io_gguf_writer_f32(w, "gemma2.final_logit_softcapping", 30.0f, err))))
+        return st;
     const int64_t E = p->n_embd, Q = (int64_t)p->n_head * head_dim,
                   KV = (int64_t)p->n_kv_head * head_dim, F = p->n_ff, HD = head_dim,
                   HALF = head_dim / 2;
@@ -172,7 +177,8 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         {"attn_v.bias", &KV, "qwen2"},          {"attn_q_norm.weight", &HD, "qwen3"},
         {"attn_k_norm.weight", &HD, "qwen3"},   {"attn_q_norm.weight", &HD, "gemma3"},
         {"attn_k_norm.weight", &HD, "gemma3"},  {"post_attention_norm.weight", &E, "gemma3"},
-        {"post_ffw_norm.weight", &E, "gemma3"},
+        {"post_ffw_norm.weight", &E, "gemma3"}, {"post_attention_norm.weight", &E, "gemma2"},
+        {"post_ffw_norm.weight", &E, "gemma2"},
     };
     for (int l = 0; l < n_layer && !st; l++) {
         static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k",

@@ -71,6 +71,6 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 1 ] || fail "unknown preset: exit $rc, want 1"
-grep -q "unknown dummy preset 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b)" \
+grep -q "unknown dummy preset 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b)" \
     "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
 echo "dummy.sh: ok"
