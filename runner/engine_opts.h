@@ -39,8 +39,10 @@ enum {
     RUNNER_EO_OPT_SPEC_K,
     RUNNER_EO_OPT_SPEC_BUDGET,
     RUNNER_EO_OPT_DRAFT_MODEL,
+    RUNNER_EO_OPT_END /* not an option: one past the last */
 };
-#define RUNNER_EO_MAX_LONGOPTS 16 /* entries the fragment adds at most */
+/* Entries the fragment adds at most: each of its flags has its own value above. */
+#define RUNNER_EO_MAX_LONGOPTS (RUNNER_EO_OPT_END - RUNNER_EO_OPT_DEVICE)
 
 struct runner_engine_opts {
     const char *device;      /* --device: NULL (auto), "auto", "cpu" or "cuda" (borrowed) */
