@@ -2,7 +2,8 @@
 # End-to-end on the second model family: Gemma 3 270M (`make gemma`; QUERN_GEMMA) through the
 # real binary. A factual completion (the packaged model is the base model, so a plain prompt),
 # the chat template its vocabulary names (no template in the GGUF) with --chat-template, a
-# 12-request job through submit/run/export (exactly once, valid shards), and `quern bench`.
+# 12-request job through submit/run/export (exactly once, valid shards), `quern bench`, and the
+# sliding-window KV pool (plan; a prompt longer than the window, as with one pool).
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 G=${QUERN_GEMMA:-models/gemma-3-270m-q4_k_m.gguf}
@@ -64,4 +65,49 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["output_tok_s"] > 0 and d["requests"] == 4, d
 ' "$tmp/bench.json" || fail "bench JSON: $(head -c 300 "$tmp/bench.json")"
-echo "gemma e2e: Paris, chat format, 12-record job, bench OK"
+python3 -c '
+import json, sys
+assert json.load(open(sys.argv[1]))["kv_window_blocks"] > 0
+' "$tmp/bench.json" || fail "bench ran without the sliding-window pool"
+
+# 5. The sliding-window pool: plan counts it (more 1,024-token sequences fit than in one pool),
+# and a prompt longer than the window (its window blocks given back during the prefill chunks)
+# generates what it generates with one pool.
+"$Q" plan --model "$G" --seq-len 1024 --json >"$tmp/p1.json"
+"$Q" plan --model "$G" --seq-len 1024 --json --no-window-pool >"$tmp/p0.json"
+python3 - "$tmp/p1.json" "$tmp/p0.json" <<'PY' || fail "plan: $(cat "$tmp/p1.json")"
+import json, sys
+w, o = (json.load(open(f)) for f in sys.argv[1:3])
+assert w["kv_window"] == 512 and w["kv_window_layers"] == 15 and w["kv_window_blocks"] > 0, w
+assert o["kv_window_blocks"] == 0 and w["sequences"] > o["sequences"], (w, o)
+PY
+if [ -z "${QUERN_SANITIZE:-}" ]; then
+    python3 - >"$tmp/long.jsonl" <<'PY'
+import json
+for i in range(3):
+    long = " ".join("Step %d: the quick brown %s jumps over the lazy dog." % (k, ["fox", "cat", "owl"][i])
+                    for k in range(50 + 10 * i))
+    print(json.dumps({"custom_id": "long-%d" % i, "method": "POST", "url": "/v1/completions",
+                      "body": {"model": "gemma", "prompt": long, "max_tokens": 8, "temperature": 0}}))
+PY
+    cd "$tmp"
+    for pool in "" --no-window-pool; do
+        "$Q" submit --db "l$pool.db" --model "$G" --name long long.jsonl >/dev/null 2>&1 ||
+            fail "submit (long prompts $pool)"
+        "$Q" run --db "l$pool.db" --out "lo$pool" --matmul exact --max-batch-tokens 256 $pool \
+            >/dev/null 2>"l$pool.log" || { tail -5 "l$pool.log"; fail "run (long prompts $pool)"; }
+        check_job "l$pool.db" long 3 "lo$pool"
+        zstd -q -dc lo$pool/long/results-*.jsonl.zst | python3 -c '
+import json, sys
+recs = sorted((json.loads(l) for l in sys.stdin), key=lambda r: r["custom_id"])
+for r in recs:
+    u = r["response"]["body"]["usage"]
+    assert u["prompt_tokens"] > 600, u  # past the 512-token window
+    print(r["custom_id"], json.dumps(r["response"]["body"]["choices"][0]["text"]))
+' >"texts$pool.txt" || fail "long-prompt records ($pool)"
+    done
+    cmp -s texts.txt texts--no-window-pool.txt ||
+        fail "prompts past the window generate differently with the window pool: $(cat texts.txt)"
+    cd "$OLDPWD"
+fi
+echo "gemma e2e: Paris, chat format, 12-record job, bench, window pool OK"
