@@ -52,6 +52,67 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
  * with their bytes, records and sha256; 0 otherwise (missing, unreadable, stale, incomplete). */
 int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir);
 
+/* The JSON document in the file at path (caller frees with cJSON_Delete), or NULL when it is
+ * missing, unreadable or not JSON. */
+struct cJSON *batch_json_file(const char *path);
+
+/* ---- Partitioned queues (batch/parts.c) ------------------------------------------------ */
+
+/* A job split over N queue files in one directory, for Slurm arrays across hosts (SQLite's
+ * WAL cannot be shared between hosts, so one queue file cannot serve them): DIR holds the
+ * catalogue BATCH_PARTS_CATALOG (the job's name, N, the id the parts share) and the parts
+ * DIR/part-NNNN.db, each a whole queue holding the same job (same name, model, parameters and
+ * seed, so a request's output does not depend on its part) with a share of its items. A part
+ * is always opened exclusively (queue_options.exclusive: rollback journal, its lock held by
+ * one process from open to close), which is safe on network file systems; its meta says which
+ * part it is. A run on part k writes OUT/<job>/part-NNNN/ (shards, marker, manifest), and each
+ * part manifest written refreshes the combined OUT/<job>/manifest.json (every part's shards,
+ * complete once every part's is). Beside each part, files for processes that cannot open it
+ * while its run holds it: part-NNNN.progress.json (the run's live numbers, replaced as it
+ * publishes them) and part-NNNN.cancel (a cancel request its run acts on). */
+#define BATCH_PARTS_CATALOG "quern-parts.json"
+#define BATCH_PARTS_MAX     4096 /* most parts a job may have */
+
+struct batch_parts {
+    char dir[4096];  /* the directory, as given */
+    char job[129];   /* the job's name */
+    int n;           /* parts, 1..BATCH_PARTS_MAX */
+    char set_id[33]; /* id the parts share (their meta 'part_set'), 32 hex digits */
+};
+
+/* Is path a partitioned queue? 1 with *p filled when it is a directory holding a catalogue;
+ * 0 when it is not a directory (a queue file, or nothing yet); -1 with err set for a directory
+ * without a valid catalogue. */
+int batch_parts_find(const char *path, struct batch_parts *p, struct err_detail *err);
+
+/* Prepare dir (created if missing; it must hold no catalogue and no parts yet) as the home of
+ * job `name` in n parts: fills *p with a new set id. The parts are then created with
+ * batch_parts_open (create), and the directory becomes a partitioned queue when
+ * batch_parts_publish writes its catalogue (atomically), after the last part is written. */
+enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
+                               struct err_detail *err);
+enum status batch_parts_publish(const struct batch_parts *p, struct err_detail *err);
+
+/* DIR/part-NNNN<suffix> into out (suffix ".db", ".progress.json", ".cancel"). */
+void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, char *out,
+                      size_t cap);
+
+/* Open part k exclusively (busy_ms: how long to wait for a process that holds it; a part in use
+ * is ST_ERR_BUSY). With create a missing part is created and marked; else a missing one is
+ * ST_ERR_NOT_FOUND and one whose meta names another part or set is ST_ERR_FORMAT. */
+enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int create,
+                             struct queue **q, struct err_detail *err);
+
+/* When q is part of a partitioned queue: *k its index and *n the count (else *n = 0). */
+enum status batch_parts_which(struct queue *q, int *k, int *n, struct err_detail *err);
+
+/* Rewrite job_root/manifest.json from the part manifests job_root/part-NNNN/manifest.json
+ * (k < n): every part's shards (file "part-NNNN/<name>", with "part"), totals summed, complete
+ * when every part's manifest is; parts without a complete manifest are listed in
+ * "parts_incomplete". *complete (may be NULL) gets that. */
+enum status batch_parts_manifest(const char *job_root, int n, int *complete,
+                                 struct err_detail *err);
+
 /* ---- The shard writer: one run's output for one job (batch/commit.c) ------------------- */
 
 /* Records go to the open results or errors shard of the job (a shard is started, row first and
@@ -187,9 +248,14 @@ enum batch_show {
 };
 
 struct batch_opts {
-    const char *db;     /* queue database */
-    int create;         /* create an empty queue when there is none */
-    const char *out;    /* output root (--out), or NULL: each job's own */
+    const char *db;                  /* queue database (ignored with parts) */
+    const struct batch_parts *parts; /* a partitioned queue: work on its part `part` (opened
+                                        exclusively), or NULL for the queue file db */
+    int part;                        /* with parts: the part */
+    int busy_ms;                     /* with parts: wait this long for a part in use (<= 0:
+                                        the queue's default) */
+    int create;                      /* create an empty queue when there is none */
+    const char *out;                 /* output root (--out), or NULL: each job's own */
     const char *job;    /* only this job (id or name), or NULL: every ready job in turn */
     const char *worker; /* worker id recorded with the run, or NULL: $SLURM_JOB_ID */
     int no_wait;        /* leave items leased by other live runs (exit "work remains") */
@@ -239,7 +305,8 @@ struct batch_stats {
 
 struct batch_run; /* opaque */
 
-/* Open the queue (checked with quick_check; missing is an error unless o->create), take over
+/* Open the queue (checked with quick_check; missing is an error unless o->create; a part in
+ * use by another process is ST_ERR_BUSY), take over
  * dead runs and submits on this host, choose the jobs (o->job, else every ready job not
  * cancelled) and start the run row. o is borrowed for the run's life. Caller frees with
  * batch_run_free, also after a failure (*out may then be NULL). */

@@ -76,6 +76,8 @@ struct batch_run {
 
 /* Monotonic seconds. */
 double batch_now(void);
+/* Wall-clock unix milliseconds. */
+int64_t batch_unix_ms(void);
 /* Stop signals received so far (batch_opts.signals). */
 int batch_run_signals(const struct batch_run *r);
 

@@ -87,7 +87,13 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
         st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
     if (st)
         return st;
-    int len = snprintf(dir, cap, "%s/%s", root, job->name);
+    int part, parts; /* a part writes OUT/<job>/part-NNNN (batch/parts.c) */
+    if ((st = batch_parts_which(q, &part, &parts, err)))
+        return st;
+    char sub[32] = "";
+    if (parts)
+        snprintf(sub, sizeof(sub), "/part-%04d", part);
+    int len = snprintf(dir, cap, "%s/%s%s", root, job->name, sub);
     if (len < 0 || (size_t)len + 64 >= cap)
         return err_set(err, ST_ERR_RANGE, "output path too long under %.200s", root);
     if (shard_dir[0] && !same_dir(shard_dir, dir))
@@ -233,24 +239,34 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
     st = io_manifest_write(dir, &m, err);
     free(ms);
     queue_shard_list_free(sh, n);
+    int part, parts;
+    if (!st && !(st = batch_parts_which(q, &part, &parts, err)) && parts) {
+        /* a part's manifest: refresh the job's combined one, in the directory above */
+        char root[4096];
+        snprintf(root, sizeof(root), "%s", dir);
+        char *slash = strrchr(root, '/');
+        if (slash)
+            *slash = 0;
+        st = batch_parts_manifest(root, parts, NULL, err);
+    }
     return st;
 }
 
-int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir)
+cJSON *batch_json_file(const char *path)
 {
-    char path[4200];
-    snprintf(path, sizeof(path), "%s/manifest.json", dir);
     FILE *f = fopen(path, "rb");
     if (!f)
-        return 0;
+        return NULL;
     char *text = NULL;
     size_t len = 0, cap = 0, got;
     char buf[65536];
-    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) {
+    int oom = 0;
+    while (!oom && (got = fread(buf, 1, sizeof(buf), f)) > 0) {
         if (len + got + 1 > cap) {
             cap = (len + got + 1) * 2;
             char *t = realloc(text, cap);
-            if (!t)
+            oom = !t;
+            if (oom)
                 break;
             text = t;
         }
@@ -258,11 +274,21 @@ int batch_manifest_current(struct queue *q, const struct queue_job *job, const c
         len += got;
     }
     fclose(f);
-    if (!text)
-        return 0;
+    if (!text || oom) {
+        free(text);
+        return NULL;
+    }
     text[len] = 0;
     cJSON *m = cJSON_Parse(text);
     free(text);
+    return m;
+}
+
+int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/manifest.json", dir);
+    cJSON *m = batch_json_file(path);
     struct queue_shard *sh = NULL;
     size_t n = 0, k = 0;
     int ok = m && cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")) &&

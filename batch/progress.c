@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "batch/batch_internal.h"
 #include "common/log.h"
+#include "io/shard.h"
 
 int64_t batch_progress_left(const struct batch_progress *p)
 {
@@ -208,6 +210,48 @@ static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
 }
 
 /* Store the numbers in the queue for `quern status` (a heartbeat too). */
+/* A part's numbers for processes that cannot open it while this run holds it: the progress
+ * document with the run's identity, replaced in DIR/part-NNNN.progress.json. */
+static void publish_part(struct batch_run *r, const struct batch_progress *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return;
+    batch_progress_add_json(o, p);
+    cJSON_AddNumberToObject(o, "part", r->o->part);
+    cJSON_AddNumberToObject(o, "run_id", (double)r->stats.run_id);
+    cJSON_AddStringToObject(o, "host", r->self.host);
+    cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
+    cJSON_AddNumberToObject(o, "updated_ms", (double)batch_unix_ms());
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char name[64];
+    snprintf(name, sizeof(name), "part-%04d.progress.json", r->o->part);
+    struct err_detail err = {0};
+    if (text && io_file_replace(r->o->parts->dir, name, text, strlen(text), NULL, &err))
+        LOG_DEBUG("publishing progress: %s", err.msg);
+    free(text);
+}
+
+/* A cancel request left beside the part (`quern cancel` could not open it): cancel the job
+ * here, through this run's own connection, and remove the request. */
+static void part_cancel_request(struct batch_run *r)
+{
+    char path[4200];
+    batch_parts_path(r->o->parts, r->o->part, ".cancel", path, sizeof(path));
+    if (access(path, F_OK) != 0 || !r->job.id)
+        return;
+    int64_t n = 0;
+    struct err_detail err = {0};
+    if (queue_job_cancel(r->q, r->job.id, &n, &err)) {
+        LOG_WARN("job %s: cancel requested (%s): %s", r->job.name, path, err.msg);
+        return;
+    }
+    unlink(path);
+    LOG_INFO("job %s: cancelled on request (%s): %lld items cancelled; stopping", r->job.name, path,
+             (long long)n);
+}
+
 static void publish(struct batch_run *r, const struct batch_progress *p, double now)
 {
     char *js = batch_progress_to_json(p);
@@ -215,6 +259,10 @@ static void publish(struct batch_run *r, const struct batch_progress *p, double 
     if (js && queue_run_progress(r->q, r->stats.run_id, js, &err))
         LOG_DEBUG("publishing progress: %s", err.msg);
     free(js);
+    if (r->o->parts) {
+        publish_part(r, p);
+        part_cancel_request(r);
+    }
     r->t_pub = now;
 }
 

@@ -23,6 +23,13 @@ double batch_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int64_t batch_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int batch_run_signals(const struct batch_run *r)
 {
     return r->o->signals ? (int)*r->o->signals : 0;
@@ -688,7 +695,11 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
      * missing one is an error unless create: a mistyped --db must not look like "drained" */
     struct queue_options qo = {.must_exist = !o->create, .check_integrity = true};
     enum status st;
-    if ((st = queue_open_opts(&r->q, o->db, &qo, err)))
+    if (o->parts)
+        st = batch_parts_open(o->parts, o->part, o->busy_ms, 0, &r->q, err);
+    else
+        st = queue_open_opts(&r->q, o->db, &qo, err);
+    if (st)
         return st;
     /* runs and submits on this host whose process is gone: items back, half-submitted jobs
      * deleted, before anything is chosen */

@@ -141,22 +141,6 @@ static enum status build(const char *dir, const struct io_manifest *m, cJSON *ro
     return ST_OK;
 }
 
-static enum status write_all(int fd, const char *p, size_t n, const char *path,
-                             struct err_detail *err)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return err_set(err, ST_ERR_IO, "%s: write: %s", path,
-                           w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        n -= (size_t)w;
-    }
-    return ST_OK;
-}
-
 enum status io_manifest_write(const char *dir, const struct io_manifest *m, struct err_detail *err)
 {
     cJSON *root = cJSON_CreateObject();
@@ -170,48 +154,9 @@ enum status io_manifest_write(const char *dir, const struct io_manifest *m, stru
     if (!text)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
 
-    size_t n = strlen(dir) + 64;
-    char *tmp = malloc(n), *final = malloc(n);
-    int fd = -1;
-    if (!tmp || !final) {
-        st = err_set(err, ST_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    snprintf(final, n, "%s/manifest.json", dir);
-    snprintf(tmp, n, "%s/.manifest.json.tmp.%ld", dir, (long)getpid());
-    /* never write through whatever is at the temp name (a symlink, a stale file): remove it
-     * (unlink does not follow links) and create the file exclusively */
-    if (unlink(tmp) != 0 && errno != ENOENT) {
-        st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
-        goto out;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
     size_t len = strlen(text);
     text[len] = '\n'; /* replace the NUL: the file ends with a newline */
-    st = fault_hit("manifest.write") ? err_set(err, ST_ERR_IO, "%s: write: injected fault", tmp)
-                                     : write_all(fd, text, len + 1, tmp, err);
-    if (st == ST_OK && fault_hit("manifest.fsync"))
-        st = err_set(err, ST_ERR_IO, "%s: fsync: injected fault", tmp);
-    if (st == ST_OK && fsync(fd) != 0)
-        st = err_set(err, ST_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == ST_OK)
-        st = err_set(err, ST_ERR_IO, "%s: close: %s", tmp, strerror(errno));
-    fd = -1;
-    if (st == ST_OK && fault_hit("manifest.rename"))
-        st = err_set(err, ST_ERR_IO, "rename %s: injected fault", tmp);
-    if (st == ST_OK && rename(tmp, final) != 0)
-        st = err_set(err, ST_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
-    if (st != ST_OK)
-        unlink(tmp);
-    else
-        st = io_fsync_dir(dir, err);
-out:
+    st = io_file_replace(dir, "manifest.json", text, len + 1, "manifest", err);
     free(text);
-    free(tmp);
-    free(final);
     return st;
 }

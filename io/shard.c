@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -233,6 +234,78 @@ enum status io_shard_verify(const char *path, uint64_t limit_bytes, uint64_t *fr
 }
 
 /* ---- directories -------------------------------------------------------------------------- */
+
+static enum status write_all(int fd, const char *p, size_t n, const char *path,
+                             struct err_detail *err)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return err_set(err, ST_ERR_IO, "%s: write: %s", path,
+                           w < 0 ? strerror(errno) : "no progress");
+        p += w;
+        n -= (size_t)w;
+    }
+    return ST_OK;
+}
+
+/* fault_hit("<fault>.<what>") when fault is set. */
+static int fault_at(const char *fault, const char *what)
+{
+    char site[64];
+    if (!fault)
+        return 0;
+    snprintf(site, sizeof(site), "%s.%s", fault, what);
+    return fault_hit(site);
+}
+
+enum status io_file_replace(const char *dir, const char *name, const char *data, size_t len,
+                            const char *fault, struct err_detail *err)
+{
+    size_t n = strlen(dir) + strlen(name) + 64;
+    char *tmp = malloc(n), *final = malloc(n);
+    enum status st = ST_OK;
+    int fd = -1;
+    if (!tmp || !final) {
+        st = err_set(err, ST_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(final, n, "%s/%s", dir, name);
+    snprintf(tmp, n, "%s/.%s.tmp.%ld", dir, name, (long)getpid());
+    /* never write through whatever is at the temp name (a symlink, a stale file): remove it
+     * (unlink does not follow links) and create the file exclusively */
+    if (unlink(tmp) != 0 && errno != ENOENT) {
+        st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
+        goto out;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    st = fault_at(fault, "write") ? err_set(err, ST_ERR_IO, "%s: write: injected fault", tmp)
+                                  : write_all(fd, data, len, tmp, err);
+    if (st == ST_OK && fault_at(fault, "fsync"))
+        st = err_set(err, ST_ERR_IO, "%s: fsync: injected fault", tmp);
+    if (st == ST_OK && fsync(fd) != 0)
+        st = err_set(err, ST_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && st == ST_OK)
+        st = err_set(err, ST_ERR_IO, "%s: close: %s", tmp, strerror(errno));
+    if (st == ST_OK && fault_at(fault, "rename"))
+        st = err_set(err, ST_ERR_IO, "rename %s: injected fault", tmp);
+    if (st == ST_OK && rename(tmp, final) != 0)
+        st = err_set(err, ST_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
+    if (st != ST_OK)
+        unlink(tmp);
+    else
+        st = io_fsync_dir(dir, err);
+out:
+    free(tmp);
+    free(final);
+    return st;
+}
 
 enum status io_fsync_dir(const char *dir, struct err_detail *err)
 {

@@ -92,6 +92,13 @@ enum status io_shard_read(const char *path, uint64_t limit_bytes, io_shard_line_
 enum status io_shard_verify(const char *path, uint64_t limit_bytes, uint64_t *frames,
                             uint64_t *records, struct err_detail *err);
 
+/* Replace dir/name with data[0..len) atomically and durably: written to a temporary file in
+ * dir (created exclusively, never through a link), fsynced, renamed over name, and the
+ * directory fsynced; readers see the old file or the new one, never a mix. `fault` (may be
+ * NULL) names the fault-injection sites "<fault>.write", ".fsync" and ".rename". */
+enum status io_file_replace(const char *dir, const char *name, const char *data, size_t len,
+                            const char *fault, struct err_detail *err);
+
 /* fsync the directory dir, making entries created or renamed in it durable. */
 enum status io_fsync_dir(const char *dir, struct err_detail *err);
 

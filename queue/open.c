@@ -108,12 +108,13 @@ static enum status migrate(struct queue *q, struct err_detail *err)
     return ST_OK;
 }
 
-/* PRAGMA journal_mode (= WAL when set) into mode; the SQLite result code. */
-static int journal_mode(struct queue *q, int set, char mode[16])
+/* PRAGMA journal_mode (= set, when not NULL) into mode; the SQLite result code. */
+static int journal_mode(struct queue *q, const char *set, char mode[16])
 {
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA journal_mode%s%s", set ? " = " : "", set ? set : "");
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(q->db, set ? "PRAGMA journal_mode = WAL" : "PRAGMA journal_mode",
-                                -1, &st, NULL);
+    int rc = sqlite3_prepare_v2(q->db, sql, -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         const unsigned char *m = sqlite3_column_text(st, 0);
         snprintf(mode, 16, "%s", m ? (const char *)m : "");
@@ -123,9 +124,42 @@ static int journal_mode(struct queue *q, int set, char mode[16])
     return rc;
 }
 
+/* A part: rollback journal, and the write lock taken now and kept (locking_mode EXCLUSIVE
+ * keeps every lock a connection gets until it closes). */
+static enum status set_exclusive(struct queue *q, struct err_detail *err)
+{
+    char mode[16] = "";
+    enum status st = exec(q, "PRAGMA locking_mode = EXCLUSIVE", "setting exclusive locking", err);
+    if (st)
+        return st;
+    int rc = journal_mode(q, NULL, mode);
+    if (rc == SQLITE_OK && strcmp(mode, "delete") != 0)
+        rc = journal_mode(q, "DELETE", mode);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "switching the queue to a rollback journal", err);
+    if (strcmp(mode, "delete") != 0 && strcmp(mode, "memory") != 0)
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "queue: the database cannot use a rollback journal here (journal mode "
+                       "\"%s\")",
+                       mode);
+    if ((st = exec(q, "BEGIN EXCLUSIVE", "locking the queue", err)) != ST_OK)
+        return st;
+    return exec(q, "COMMIT", "locking the queue", err);
+}
+
 static enum status set_pragmas(struct queue *q, const struct queue_options *opts,
                                struct err_detail *err)
 {
+    if (opts->exclusive) {
+        enum status st = set_exclusive(q, err);
+        if (st == ST_OK)
+            st = exec(q,
+                      opts->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
+                      "setting synchronous", err);
+        if (st == ST_OK)
+            st = exec(q, "PRAGMA foreign_keys = ON", "enabling foreign keys", err);
+        return st;
+    }
     /* WAL is persistent: only switch when needed. The switch wants an exclusive lock, and
      * SQLite can report SQLITE_BUSY for it without calling the busy handler while other
      * processes open the same new file (deadlock avoidance): retry for the busy timeout,
@@ -134,11 +168,11 @@ static enum status set_pragmas(struct queue *q, const struct queue_options *opts
     char mode[16] = "";
     int rc = SQLITE_OK;
     for (int waited = 0;; waited += 10) {
-        rc = journal_mode(q, 0, mode);
+        rc = journal_mode(q, NULL, mode);
         if (rc == SQLITE_OK && (!strcmp(mode, "wal") || !strcmp(mode, "memory")))
             break;
         if (rc == SQLITE_OK)
-            rc = journal_mode(q, 1, mode);
+            rc = journal_mode(q, "WAL", mode);
         if (rc != SQLITE_OK && ((rc & 0xFF) == SQLITE_BUSY || (rc & 0xFF) == SQLITE_LOCKED) &&
             waited < wait_ms) {
             sqlite3_sleep(10);
@@ -189,6 +223,41 @@ enum status queue_resolve_path(struct queue *q, const char *stored, char *out, s
     if (n < 0 || (size_t)n >= cap)
         return err_set(err, ST_ERR_RANGE, "path too long: %.200s", stored);
     return ST_OK;
+}
+
+enum status queue_meta_get(struct queue *q, const char *key, char *out, size_t cap, bool *found,
+                           struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (cap)
+        out[0] = 0;
+    *found = false;
+    sqlite3_stmt *s = queue_stmt(q, QS_META_GET, err);
+    if (!s)
+        return err->status;
+    queue_bind_str(s, 1, key);
+    int rc = sqlite3_step(s);
+    const unsigned char *v = rc == SQLITE_ROW ? sqlite3_column_text(s, 0) : NULL;
+    if (v && cap)
+        snprintf(out, cap, "%s", (const char *)v);
+    *found = v != NULL;
+    enum status st = rc == SQLITE_ROW || rc == SQLITE_DONE
+                         ? ST_OK
+                         : queue_sql_err(q, rc, "reading the database's facts", err);
+    queue_stmt_done(s);
+    return st;
+}
+
+enum status queue_meta_set(struct queue *q, const char *key, const char *value,
+                           struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    sqlite3_stmt *s = queue_stmt(q, QS_META_SET, err);
+    if (!s)
+        return err->status;
+    queue_bind_str(s, 1, key);
+    queue_bind_str(s, 2, value);
+    return queue_step_done(q, s, "writing the database's facts", err);
 }
 
 enum status queue_db_uuid(struct queue *q, char out[33], struct err_detail *err)
@@ -247,9 +316,13 @@ const char *queue_fs_kind(uint64_t magic, bool *refuse)
 }
 
 /* Refuse a database whose directory is on a network or cluster file system; warn on FUSE.
- * A directory that cannot be examined is left to the open to report. */
-static enum status check_fs(const char *path, struct err_detail *err)
+ * A directory that cannot be examined is left to the open to report. An exclusive file (a
+ * part) uses no shared memory and holds its lock throughout, so it is fine on either. */
+static enum status check_fs(const char *path, const struct queue_options *opts,
+                            struct err_detail *err)
 {
+    if (opts->exclusive)
+        return ST_OK;
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s", path);
     char *slash = strrchr(dir, '/');
@@ -350,6 +423,29 @@ static enum status peek_quick_check(struct peek *pk, struct err_detail *err)
                    lines, pk->path);
 }
 
+/* A part of a partitioned queue (meta 'part' set) opened as a plain queue: refused, since
+ * switching it to WAL would break the promise that one process at a time uses it. */
+static enum status peek_part(struct peek *pk, struct err_detail *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(pk->db, "SELECT value FROM meta WHERE key = 'part'", -1, &st, NULL);
+    char part[32] = "";
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *v = sqlite3_column_text(st, 0);
+        snprintf(part, sizeof(part), "%s", v ? (const char *)v : "?");
+        rc = SQLITE_DONE;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return queue_sql_fail(pk->db, pk->path, rc, "reading the database's facts", err);
+    if (!part[0])
+        return ST_OK;
+    return err_set(err, ST_ERR_INVALID_ARG,
+                   "queue %s is part %s of a partitioned queue: give its directory as --db "
+                   "(with --part for a run)",
+                   pk->path, part);
+}
+
 /* Look at the file read-only and decide whether queue_open may change it: a missing or empty
  * database becomes a new queue, a queue is migrated, anything else is refused. Every refusal
  * leaves the file as it was, and every message names the path. */
@@ -410,6 +506,8 @@ static enum status inspect(const char *path, const struct queue_options *opts,
                      "queue %s is an SQLite database but not a quern queue (user_version %d, "
                      "tables: %s); refusing to change it",
                      path, v, names[0] ? names : "none");
+    if (st == ST_OK && v >= 2 && !opts->exclusive)
+        st = peek_part(&pk, err);
     if (st == ST_OK && v == 0 && opts->must_exist)
         st = err_set(err, ST_ERR_NOT_FOUND, "queue %s is an empty database, not a queue yet", path);
     if (st == ST_OK && opts->check_integrity)
@@ -420,6 +518,18 @@ static enum status inspect(const char *path, const struct queue_options *opts,
     return st;
 }
 
+/* An exclusive file that stayed locked is in use: say so plainly. */
+static enum status busy_in_use(enum status st, const char *path, const struct queue_options *opts,
+                               struct err_detail *err)
+{
+    if (st != ST_ERR_BUSY || !opts->exclusive)
+        return st;
+    return err_set(err, ST_ERR_BUSY,
+                   "queue %s is in use by another process (a part is used by one process at a "
+                   "time)",
+                   path);
+}
+
 enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
                             struct err_detail *err)
 {
@@ -428,11 +538,11 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     if (!opts)
         opts = &def;
     /* Nothing below may create or change the file until the checks have passed. */
-    enum status st = check_fs(path, err);
+    enum status st = check_fs(path, opts, err);
     if (st == ST_OK)
         st = inspect(path, opts, err);
     if (st != ST_OK)
-        return st;
+        return busy_in_use(st, path, opts, err);
     struct queue *q = calloc(1, sizeof(*q));
     if (!q || !(q->path = strdup(path))) {
         free(q);
@@ -467,6 +577,7 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     *out = q;
     return ST_OK;
 fail:
+    st = busy_in_use(st, path, opts, err);
     if (err && !strstr(err->msg, path))
         err_prefix(err, "queue %s", path);
     queue_close(q);

@@ -115,6 +115,14 @@ struct queue_options {
     bool check_integrity; /* run PRAGMA quick_check before using the file: costs one read of
                              the whole database, so worth it where a run starts, not in a
                              status poll; any problem is ST_ERR_FORMAT */
+    bool exclusive;       /* a part of a partitioned queue (or any file meant for one process
+                             at a time): rollback journal instead of WAL, and the file's write
+                             lock taken at open and held until queue_close (SQLite's
+                             locking_mode EXCLUSIVE), so no other connection, in this process
+                             or another, on this host or another, can use it meanwhile. Safe
+                             on network file systems whose locks work (NFS with lockd or v4,
+                             Lustre with flock), which are therefore not refused. A file
+                             another connection holds is ST_ERR_BUSY after the busy timeout. */
 };
 
 /* Open (creating if missing, unless must_exist) the queue at path and migrate it to
@@ -133,6 +141,9 @@ struct queue_options {
  * with the same advice, and so is a row that breaks the schema's rules (a NULL where the
  * schema says NOT NULL, an unknown state): the queue never hands out such a row.
  * On success *out is owned by the caller: close with queue_close. opts may be NULL.
+ *
+ * A part of a partitioned queue (queue_meta 'part' set) is refused without opts->exclusive:
+ * opening it in WAL mode would break its rollback journal's promise (ST_ERR_INVALID_ARG).
  *
  * Test-only: QUERN_TEST_FS_MAGIC=0x6969 (any statfs f_type, C syntax) in the environment makes
  * the open treat the database's directory as that file system, so the network file system
@@ -160,6 +171,16 @@ const char *queue_db_path(const struct queue *q);
 /* The database's own id (32 hex digits, made when the file was created or migrated to
  * version 2) into out, for markers that tie output directories to it. */
 enum status queue_db_uuid(struct queue *q, char out[33], struct err_detail *err);
+
+/* The database's own facts (the meta table): the value of key into out (cap bytes, cut
+ * short if longer) and *found; a missing key is ST_OK with *found false and out "". */
+enum status queue_meta_get(struct queue *q, const char *key, char *out, size_t cap, bool *found,
+                           struct err_detail *err);
+/* Set key to value (created or replaced). Keys quern uses: 'db_uuid' (never change it), and
+ * for a part of a partitioned queue 'part' (its index), 'parts' (how many) and 'part_set'
+ * (the id the parts of one directory share). */
+enum status queue_meta_set(struct queue *q, const char *key, const char *value,
+                           struct err_detail *err);
 
 /* Paths stored in the queue (a job's out_dir, shard paths) are absolute, or relative to the
  * directory that holds the database file. Resolve `stored` that way into out; ST_ERR_RANGE

@@ -31,6 +31,7 @@ enum queue_stmt_id {
     QS_JOB_REOPEN,
     QS_JOB_SET_OUT,
     QS_META_GET,
+    QS_META_SET,
     QS_JOB_SUBMIT_INFO,
     QS_JOB_PUBLISH,
     QS_JOB_DELETE,

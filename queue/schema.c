@@ -89,7 +89,8 @@ static const char SCHEMA_V1[] =
  *   export keeps exactly that record even when a retried item was written to one shard twice.
  * jobs.ready: 0 while the submit that creates the job is still adding items (runs leave such
  *   a job alone; a dead submit's job is deleted); jobs.submit_run names that submit.
- * meta: facts about the database itself; db_uuid names it in output directory markers. */
+ * meta: facts about the database itself; db_uuid names it in output directory markers, and a
+ *   part of a partitioned queue says which (queue_meta_set: 'part', 'parts', 'part_set'). */
 static const char SCHEMA_V2[] =
     "ALTER TABLE runs ADD COLUMN boot_id TEXT;"
     "ALTER TABLE runs ADD COLUMN pid_ns TEXT;"
@@ -189,6 +190,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                       " WHERE id = ?1 AND state = 'done'",
     [QS_JOB_SET_OUT] = "UPDATE jobs SET out_dir = ?2 WHERE id = ?1",
     [QS_META_GET] = "SELECT value FROM meta WHERE key = ?1",
+    [QS_META_SET] = "INSERT INTO meta (key, value) VALUES (?1, ?2)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     [QS_COUNTS_JOB] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
                       " total(attempts) FROM items WHERE job_id = ?1 GROUP BY state",
     [QS_COUNTS_ALL] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"

@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 #include <zstd.h>
 
+#include "batch/batch.h"
 #include "common/log.h"
 #include "io/shard.h"
 #include "jobs/record.h"
@@ -29,6 +30,7 @@
 
 static const char export_usage[] =
     "usage: quern export --db Q.db --job ID|NAME --out FILE [--order shard|input]\n"
+    "       quern export --db PARTS_DIR --out FILE.jsonl[.zst] [--order shard|input]\n"
     "\n"
     "Write the job's output records to FILE: .jsonl, .jsonl.zst, or a .tar/.tar.zst bundle\n"
     "(shards, manifest.json and submit-time errors, unchanged). Records of items still\n"
@@ -40,6 +42,8 @@ static const char export_usage[] =
     "Items committed by an older queue (no record number) match by custom_id, taking the\n"
     "first such record in their shard. A bundle copies the shards unchanged, superseded\n"
     "records included.\n"
+    "A partitioned queue is exported part by part (every part must be free: not in use by a\n"
+    "run), each part's records in the order above.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
     "and renamed over FILE: FILE is either its old self or the complete export.\n"
     "\n"
@@ -563,6 +567,71 @@ static enum status export_jsonl(struct exporter *x, int fd, int zst, const struc
     return st;
 }
 
+/* Drop what the exporter holds for one queue (items, lookups, the job). */
+static void exporter_reset(struct exporter *x)
+{
+    ZSTD_freeCCtx(x->z);
+    x->z = NULL;
+    for (size_t i = 0; i < x->n_items; i++) {
+        free(x->items[i].line);
+        free(x->items[i].custom_id);
+    }
+    free(x->items);
+    x->items = NULL;
+    x->n_items = x->cap_items = 0;
+    for (size_t i = 0; i < x->n_submit_errors; i++)
+        free(x->submit_errors[i]);
+    free(x->submit_errors);
+    x->submit_errors = NULL;
+    x->n_submit_errors = x->cap_submit_errors = 0;
+    free(x->recs.slots);
+    memset(&x->recs, 0, sizeof(x->recs));
+    idmap_free(&x->ids);
+    queue_job_free(&x->job);
+    memset(&x->job, 0, sizeof(x->job));
+}
+
+/* Export job (id or name) of the open queue q to fd in format fmt, appending. */
+static enum status export_queue(struct exporter *x, struct queue *q, const char *job, int fd,
+                                enum fmt fmt, struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n_sh = 0;
+    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST;
+    exporter_reset(x);
+    enum status st;
+    if ((st = queue_job_find(q, job, &x->job, err)) ||
+        (st = queue_item_scan(q, x->job.id, on_item, x, err)) ||
+        (st = queue_shard_list(q, x->job.id, &sh, &n_sh, err)))
+        goto out;
+    for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
+        char path[4096], *dup;
+        if ((st = queue_resolve_path(q, sh[i].path, path, sizeof(path), err)))
+            goto out;
+        if (!(dup = strdup(path))) {
+            st = err_set(err, ST_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        free(sh[i].path);
+        sh[i].path = dup;
+    }
+    if (tar)
+        st = export_tar(x, fd, fmt == FMT_TAR_ZST, sh, n_sh, err);
+    else
+        st = export_jsonl(x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, err);
+    if (!st && !tar) {
+        uint64_t missing = 0;
+        for (size_t i = 0; i < x->n_items; i++)
+            missing += x->items[i].shard_id && !x->items[i].found;
+        if (missing)
+            LOG_WARN("%llu committed items have no record in their shard",
+                     (unsigned long long)missing);
+    }
+out:
+    queue_shard_list_free(sh, n_sh);
+    return st;
+}
+
 int runner_cmd_export(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -591,70 +660,60 @@ int runner_cmd_export(int argc, char **argv)
         default: fputs(export_usage, stderr); return RUNNER_EXIT_USAGE;
         }
     }
-    if (optind < argc || !db || !job || !out) {
-        fprintf(stderr, "quern export: --db, --job and --out are required\n%s", export_usage);
+    if (optind < argc || !db || !out) {
+        fprintf(stderr, "quern export: --db and --out are required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
     struct err_detail err = {0};
     x.err = &err;
-    struct queue *q = NULL;
-    struct queue_shard *sh = NULL;
-    size_t n_sh = 0;
-    int rc = RUNNER_EXIT_ERROR, fd = -1;
+    struct batch_parts parts;
+    int dir = batch_parts_find(db, &parts, &err);
     enum fmt fmt = pick_format(out);
-    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST;
-    enum status st;
-    struct queue_options qo = {.must_exist = true};
-    if ((st = queue_open_opts(&q, db, &qo, &err)) || (st = queue_job_find(q, job, &x.job, &err)) ||
-        (st = queue_item_scan(q, x.job.id, on_item, &x, &err)) ||
-        (st = queue_shard_list(q, x.job.id, &sh, &n_sh, &err)))
+    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST, rc = RUNNER_EXIT_ERROR, fd = -1;
+    enum status st = ST_OK;
+    if (dir < 0)
         goto out;
-    for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
-        char path[4096], *dup;
-        if ((st = queue_resolve_path(q, sh[i].path, path, sizeof(path), &err)))
-            goto out;
-        if (!(dup = strdup(path))) {
-            err_set(&err, ST_ERR_NOMEM, "out of memory");
-            goto out;
-        }
-        free(sh[i].path);
-        sh[i].path = dup;
+    if (dir && tar) {
+        err_set(&err, ST_ERR_UNSUPPORTED,
+                "a bundle (.tar) of a partitioned queue is not built yet: export to .jsonl or "
+                ".jsonl.zst, or tar OUT/<job>/ (every part's shards and the combined manifest)");
+        goto out;
+    }
+    if (dir && job && strcmp(job, parts.job)) {
+        err_set(&err, ST_ERR_NOT_FOUND, "%s holds job '%s', not '%s'", db, parts.job, job);
+        goto out;
+    }
+    if (!dir && !job) {
+        fprintf(stderr, "quern export: --job is required\n%s", export_usage);
+        return RUNNER_EXIT_USAGE;
     }
     if ((st = tmp_create(out, &fd, &err)))
         goto out;
-    if (tar)
-        st = export_tar(&x, fd, fmt == FMT_TAR_ZST, sh, n_sh, &err);
-    else
-        st = export_jsonl(&x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, &err);
+    /* a partitioned queue: part by part into the one file (each part's records as they would
+     * be exported alone; a .zst gets a frame per part, which zstd reads as one stream) */
+    for (int k = 0; !st && k < (dir ? parts.n : 1); k++) {
+        struct queue *q = NULL;
+        struct queue_options qo = {.must_exist = true};
+        st = dir ? batch_parts_open(&parts, k, 500, 0, &q, &err)
+                 : queue_open_opts(&q, db, &qo, &err);
+        if (st == ST_ERR_BUSY)
+            err_set(&err, st, "part %d is in use by a run: export when it has ended (quern status "
+                    "--db %s shows the parts)", k, db);
+        if (!st)
+            st = export_queue(&x, q, dir ? parts.job : job, fd, fmt, &err);
+        queue_close(q);
+    }
     if ((st = tmp_commit(out, &fd, st, &err)))
         goto out;
-    if (!tar) {
-        uint64_t missing = 0;
-        for (size_t i = 0; i < x.n_items; i++)
-            missing += x.items[i].shard_id && !x.items[i].found;
-        if (missing)
-            LOG_WARN("%llu committed items have no record in their shard",
-                     (unsigned long long)missing);
+    if (!tar)
         fprintf(stderr, "quern export: %llu records to %s (%llu superseded left out)\n",
                 (unsigned long long)x.written, out, (unsigned long long)x.superseded);
-    }
     rc = RUNNER_EXIT_OK;
 out:
     if (rc)
         LOG_ERROR("%s", err.msg);
-    ZSTD_freeCCtx(x.z);
-    for (size_t i = 0; i < x.n_items; i++) {
-        free(x.items[i].line);
-        free(x.items[i].custom_id);
-    }
-    free(x.items);
-    for (size_t i = 0; i < x.n_submit_errors; i++)
-        free(x.submit_errors[i]);
-    free(x.submit_errors);
-    free(x.recs.slots);
-    idmap_free(&x.ids);
-    queue_shard_list_free(sh, n_sh);
-    queue_job_free(&x.job);
-    queue_close(q);
+    if (fd >= 0)
+        tmp_commit(out, &fd, ST_ERR_IO, NULL);
+    exporter_reset(&x);
     return rc;
 }

@@ -20,6 +20,7 @@
 
 static const char status_usage[] =
     "usage: quern status --db Q.db [--job ID|NAME] [--json | --watch [--progress SECS]]\n"
+    "       quern status --db PARTS_DIR [--json]\n"
     "\n"
     "Per job: state, items by state, tokens in/out, throughput over the time runs have worked\n"
     "on it, ETA, failed items by error code, and the runs working on it now (host, pid, start,\n"
@@ -31,6 +32,11 @@ static const char status_usage[] =
     "items so far, and nothing else counts it yet. First, runs on this host whose process is\n"
     "gone give their items back, and the jobs left by killed submits are deleted; a finished\n"
     "job whose manifest.json is missing or stale gets a new one.\n"
+    "A partitioned queue (a directory from `submit --partitions`) shows its job in total and\n"
+    "part by part; a part that its run holds is shown from the run's progress file\n"
+    "(part-NNNN.progress.json). --json: one array with the job's object (name, dir, parts,\n"
+    "state, items, done, failed, cancelled, unfinished, gen_tok_s, part_status: per part the\n"
+    "same counts, in_use, completion_tokens, errors, and host/pid/progress_age_s in use).\n"
     "\n"
     "  --json           one JSON array, an object per job (fields as in the README)\n"
     "  --watch          follow the job (or all jobs) until nothing is queued or leased, or\n"
@@ -41,15 +47,20 @@ static const char status_usage[] =
 
 static const char cancel_usage[] =
     "usage: quern cancel --db Q.db --job ID|NAME\n"
+    "       quern cancel --db PARTS_DIR\n"
     "\n"
     "Cancel a job: its queued and leased items become cancelled; running workers drop them\n"
-    "at their next commit. Finished records stay in the output.\n";
+    "at their next commit. Finished records stay in the output. In a partitioned queue every\n"
+    "part is cancelled; a part in use gets a request file (part-NNNN.cancel) that its run\n"
+    "carries out within about a second.\n";
 
 static const char retry_usage[] =
     "usage: quern retry --db Q.db --job ID|NAME --failed\n"
+    "       quern retry --db PARTS_DIR --failed\n"
     "\n"
     "Put the job's failed items back in the queue (attempts reset). Their old error records\n"
-    "stay in the errors shards but are left out by `quern export`.\n";
+    "stay in the errors shards but are left out by `quern export`. In a partitioned queue\n"
+    "every part; a part in use by a run is an error (retry it when the run has ended).\n";
 
 /* Common flags: --db, --job, --json, --failed; status's --watch and --progress. */
 struct jobs_opts {
@@ -215,7 +226,7 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
     return a;
 }
 
-static cJSON *job_status(struct queue *q, const struct queue_job *j,
+cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
                          const struct queue_run_info *runs, size_t n_runs, struct err_detail *err)
 {
     struct queue_counts c;
@@ -283,7 +294,7 @@ static cJSON *job_status(struct queue *q, const struct queue_job *j,
 }
 
 /* Field key of o as a string or a number; "?" and 0 when it is missing or of another type, so
- * that the printer never assumes what job_status put in. */
+ * that the printer never assumes what runner_job_status put in. */
 static const char *jstr(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItem(o, key);
@@ -465,6 +476,18 @@ int runner_cmd_status(int argc, char **argv)
     if (!parse_jobs("status", status_usage, argc, argv, &o))
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
+    struct batch_parts parts;
+    int dir = batch_parts_find(o.db, &parts, &err);
+    if (dir < 0) {
+        LOG_ERROR("%s", err.msg);
+        return RUNNER_EXIT_ERROR;
+    }
+    if (dir && o.watch) {
+        LOG_ERROR("--watch does not follow a partitioned queue yet: use status without it");
+        return RUNNER_EXIT_USAGE;
+    }
+    if (dir)
+        return runner_parts_status(&parts, o.job, o.json);
     struct queue *q;
     /* no quick_check: status is polled, and a damaged page it reads is still an error */
     struct queue_options qo = {.must_exist = true};
@@ -504,7 +527,7 @@ int runner_cmd_status(int argc, char **argv)
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) {
         seal_manifest(q, &jobs[i]);
-        cJSON *js = job_status(q, &jobs[i], runs, n_runs, &err);
+        cJSON *js = runner_job_status(q, &jobs[i], runs, n_runs, &err);
         if (!js) {
             cJSON_Delete(arr);
             queue_run_info_free(runs, n_runs);
@@ -538,12 +561,20 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     struct jobs_opts o;
     if (!parse_jobs(cmd, usage, argc, argv, &o))
         return RUNNER_EXIT_USAGE;
-    if (!o.job || (retry && !o.failed)) {
+    struct err_detail err = {0};
+    struct batch_parts parts;
+    int dir = batch_parts_find(o.db, &parts, &err);
+    if (dir < 0) {
+        LOG_ERROR("%s", err.msg);
+        return RUNNER_EXIT_ERROR;
+    }
+    if ((!o.job && !dir) || (retry && !o.failed)) {
         fprintf(stderr, "quern %s: --job%s required\n%s", cmd, retry ? " and --failed are" : " is",
                 usage);
         return RUNNER_EXIT_USAGE;
     }
-    struct err_detail err = {0};
+    if (dir)
+        return runner_parts_steer(&parts, cmd, o.job, retry);
     struct queue *q = NULL;
     struct queue_job j = {0};
     int64_t n = 0;

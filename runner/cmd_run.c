@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -29,6 +30,7 @@
 
 static const char run_usage[] =
     "usage: quern run --db Q.db --out DIR [options]\n"
+    "       quern run --db PARTS_DIR [--part K] [options]\n"
     "\n"
     "Process queued items (of --job, else of every job in turn) and write OpenAI Batch output\n"
     "lines to DIR/<job>/results-NNNNN.jsonl.zst and errors-NNNNN.jsonl.zst, plus\n"
@@ -41,7 +43,16 @@ static const char run_usage[] =
     "and open shards); a run elsewhere is dead once its heartbeat is older than --lease.\n"
     "\n"
     "  --db PATH              queue database (must exist unless --create; checked with\n"
-    "                         PRAGMA quick_check before any work)\n"
+    "                         PRAGMA quick_check before any work), or the directory of a\n"
+    "                         partitioned queue (`quern submit --partitions`)\n"
+    "  --part K               with a partitioned queue: work on part K (default\n"
+    "                         $SLURM_ARRAY_TASK_ID; without either, every part not in use\n"
+    "                         that has work, in turn). Output goes to OUT/<job>/part-NNNN/,\n"
+    "                         and OUT/<job>/manifest.json combines the parts. A part in use\n"
+    "                         by another process is left to it (exit 0). After its own part\n"
+    "                         the run takes over parts whose run died (or stopped) with work\n"
+    "                         left, one at a time; never a part in use\n"
+    "  --no-take-over         with --part: only that part\n"
     "  --create               create an empty queue at --db if there is none\n"
     "  --out DIR              output root (default: the job's, from submit --out); a job's\n"
     "                         output never splits: DIR must be where its shards already are\n"
@@ -49,6 +60,8 @@ static const char run_usage[] =
     "                         left (default: wait for them, taking over any that die)\n"
     "  --job ID|NAME          only this job\n"
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
+    "                         (default under Slurm: until $SLURM_JOB_END_TIME less --grace\n"
+    "                         and 60 s)\n"
     "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
     "  --lease SECS           item lease, renewed while running (default 300); also how long\n"
@@ -83,6 +96,8 @@ struct run_opts {
     struct runner_engine_opts eo; /* engine and backend flags */
     const char *lock;             /* --lock */
     float progress;               /* --progress */
+    long part;                    /* --part, -1 when not given */
+    int no_take_over;             /* --no-take-over */
 };
 
 static volatile sig_atomic_t g_signals; /* stop signals received */
@@ -94,7 +109,7 @@ static void on_signal(int sig)
 }
 
 enum { R_DB = 256, R_OUT, R_JOB, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR,
-       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE };
+       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE, R_PART, R_NOTAKE };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
@@ -110,6 +125,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"progress", required_argument, 0, R_PROGRESS},
         {"worker-id", required_argument, 0, R_WORKER}, {"no-wait", no_argument, 0, R_NOWAIT},
         {"create", no_argument, 0, R_CREATE},
+        {"part", required_argument, 0, R_PART}, {"no-take-over", no_argument, 0, R_NOTAKE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -125,6 +141,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
     o->b.lease = 300;
     o->b.flush_secs = 5;
     o->progress = 10;
+    o->part = -1;
     const char *cmd = "run";
     int c, e;
     optind = 1;
@@ -142,6 +159,11 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_WORKER: o->b.worker = optarg; break;
         case R_NOWAIT: o->b.no_wait = 1; break;
         case R_CREATE: o->b.create = 1; break;
+        case R_NOTAKE: o->no_take_over = 1; break;
+        case R_PART:
+            if (!runner_parse_long(cmd, "part", optarg, 0, BATCH_PARTS_MAX - 1, &o->part))
+                return 0;
+            break;
         case R_MAXRT:
             if (!runner_parse_float(cmd, "max-runtime", optarg, 0.001, 1e9, &o->b.max_runtime))
                 return 0;
@@ -244,6 +266,142 @@ static char *summary_json(const struct batch_stats *s, const char *reason)
     return str;
 }
 
+/* One run over o->b (a queue file, or one part): open, work, end, print its summary. The exit
+ * code; *busy (may be NULL) is set when the part is in use by another process. */
+static int run_once(struct run_opts *o, int *busy)
+{
+    struct batch_run *r = NULL;
+    struct err_detail err = {0};
+    int rc = RUNNER_EXIT_ERROR;
+    const char *reason = "error";
+    enum status st = batch_run_open(&r, &o->b, &err);
+    if (st) {
+        if (busy && st == ST_ERR_BUSY)
+            *busy = 1;
+        else
+            LOG_ERROR("%s", err.msg);
+        batch_run_free(r);
+        return rc;
+    }
+    switch (batch_run_jobs(r, &err)) {
+    case BATCH_END_FAILED:
+        LOG_ERROR("%s", err.msg);
+        reason = "error";
+        break;
+    case BATCH_END_STOPPED:
+        reason = g_signals ? "signal" : "max_runtime";
+        rc = RUN_EXIT_TEMPFAIL;
+        break;
+    case BATCH_END_REMAINS:
+        reason = "work_remains";
+        rc = RUN_EXIT_TEMPFAIL;
+        break;
+    case BATCH_END_DRAINED:
+        reason = "drained";
+        rc = RUNNER_EXIT_OK;
+        break;
+    }
+    char *sum = summary_json(batch_run_stats(r), reason);
+    if (sum)
+        puts(sum);
+    fflush(stdout);
+    if (batch_run_end(r, reason, sum, &err)) {
+        /* the work is committed, but the queue could not be written: say so (the run row is
+         * ended by the next run on this host, or when its heartbeat is older than a lease) */
+        LOG_ERROR("recording the end of the run: %s", err.msg);
+        rc = RUNNER_EXIT_ERROR;
+    }
+    free(sum);
+    batch_run_free(r);
+    return rc;
+}
+
+/* Under Slurm without --max-runtime: stop in time to commit before the allocation ends. */
+static void slurm_runtime(struct run_opts *o)
+{
+    const char *end = getenv("SLURM_JOB_END_TIME");
+    if (o->b.max_runtime > 0 || !end || !*end)
+        return;
+    double left = strtod(end, NULL) - (double)time(NULL) - o->b.grace - 60;
+    if (left < 1)
+        left = 1;
+    o->b.max_runtime = (float)left;
+    LOG_INFO("SLURM_JOB_END_TIME: --max-runtime %.0f s (the allocation's end less --grace and "
+             "60 s)",
+             left);
+}
+
+/* May part k be taken over? Not in use (we can open it at once), with work left, and, when
+ * `owned` is set, worked on before by a run that is gone (never-started parts are left to
+ * their own task). */
+static int part_free_with_work(const struct batch_parts *p, int k, int owned)
+{
+    struct queue *q = NULL;
+    struct err_detail err = {0};
+    if (batch_parts_open(p, k, 1, 0, &q, &err))
+        return 0;
+    struct queue_counts c;
+    int64_t first = 0, last = 0;
+    int ok = !queue_job_counts(q, 0, &c, &err) &&
+             c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] > 0 &&
+             !queue_job_timing(q, 0, &first, &last, &err) && (!owned || first > 0);
+    queue_close(q);
+    return ok;
+}
+
+/* A partitioned queue: the run's own part (--part, $SLURM_ARRAY_TASK_ID), then the parts it
+ * may take over; without a part, every part not in use that has work. */
+static int run_parts(struct run_opts *o, const struct batch_parts *p)
+{
+    long own = o->part;
+    const char *env = getenv("SLURM_ARRAY_TASK_ID");
+    if (own < 0 && env && *env) {
+        char *end;
+        own = strtol(env, &end, 10);
+        if (*end || own < 0) {
+            LOG_ERROR("SLURM_ARRAY_TASK_ID=%s is not a part number", env);
+            return RUNNER_EXIT_USAGE;
+        }
+    }
+    if (own >= p->n) {
+        LOG_ERROR("part %ld does not exist: %s has parts 0..%d (array tasks 0-%d)", own, p->dir,
+                  p->n - 1, p->n - 1);
+        return RUNNER_EXIT_USAGE;
+    }
+    o->b.parts = p;
+    int rc = RUNNER_EXIT_OK, busy = 0;
+    double t0 = runner_now(), max_rt = o->b.max_runtime;
+    if (own >= 0) {
+        o->b.part = (int)own;
+        o->b.busy_ms = 2000; /* ride over a status or export reading it */
+        LOG_INFO("job '%s': part %ld of %d (%s)", p->job, own, p->n, p->dir);
+        rc = run_once(o, &busy);
+        if (busy)
+            rc = RUNNER_EXIT_OK;
+        if (busy)
+            LOG_INFO("part %ld is in use by another process: it is that process's to finish", own);
+        if (o->no_take_over)
+            return rc;
+    }
+    for (int k = 0; k < p->n && (rc == RUNNER_EXIT_OK || rc == RUN_EXIT_TEMPFAIL); k++) {
+        if (g_signals || (max_rt > 0 && runner_now() - t0 >= max_rt))
+            break;
+        if (k == own || !part_free_with_work(p, k, own >= 0))
+            continue;
+        if (max_rt > 0)
+            o->b.max_runtime = (float)(max_rt - (runner_now() - t0));
+        o->b.part = k;
+        o->b.busy_ms = 1;
+        busy = 0;
+        LOG_INFO("job '%s': %s part %d of %d", p->job, own >= 0 ? "taking over" : "working on",
+                 k, p->n);
+        int r = run_once(o, &busy);
+        if (!busy && r != RUNNER_EXIT_OK)
+            rc = r;
+    }
+    return rc;
+}
+
 int runner_cmd_run(int argc, char **argv)
 {
     struct run_opts o;
@@ -281,45 +439,19 @@ int runner_cmd_run(int argc, char **argv)
     o.b.show_period = term.tty ? RUNNER_PROGRESS_TTY_S : o.progress;
     o.b.show = show;
     o.b.show_user = &term;
-    struct batch_run *r = NULL;
+    slurm_runtime(&o);
+    struct batch_parts parts;
     struct err_detail err = {0};
-    int rc = RUNNER_EXIT_ERROR;
-    const char *reason = "error";
-    if (batch_run_open(&r, &o.b, &err)) {
+    int rc = RUNNER_EXIT_ERROR, isdir = batch_parts_find(o.b.db, &parts, &err);
+    if (isdir < 0)
         LOG_ERROR("%s", err.msg);
-        goto out;
-    }
-    switch (batch_run_jobs(r, &err)) {
-    case BATCH_END_FAILED:
-        LOG_ERROR("%s", err.msg);
-        reason = "error";
-        break;
-    case BATCH_END_STOPPED:
-        reason = g_signals ? "signal" : "max_runtime";
-        rc = RUN_EXIT_TEMPFAIL;
-        break;
-    case BATCH_END_REMAINS:
-        reason = "work_remains";
-        rc = RUN_EXIT_TEMPFAIL;
-        break;
-    case BATCH_END_DRAINED:
-        reason = "drained";
-        rc = RUNNER_EXIT_OK;
-        break;
-    }
-    char *sum = summary_json(batch_run_stats(r), reason);
-    if (sum)
-        puts(sum);
-    if (batch_run_end(r, reason, sum, &err)) {
-        /* the work is committed, but the queue could not be written: say so (the run row is
-         * ended by the next run on this host, or when its heartbeat is older than a lease) */
-        LOG_ERROR("recording the end of the run: %s", err.msg);
-        rc = RUNNER_EXIT_ERROR;
-    }
-    free(sum);
-out:
+    else if (isdir)
+        rc = run_parts(&o, &parts);
+    else if (o.part >= 0)
+        LOG_ERROR("--part: %s is not the directory of a partitioned queue", o.b.db);
+    else
+        rc = run_once(&o, NULL);
     runner_term_close(&term);
-    batch_run_free(r);
     if (lock_fd >= 0)
         close(lock_fd);
     return rc;

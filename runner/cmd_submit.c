@@ -27,6 +27,7 @@
 
 static const char submit_usage[] =
     "usage: quern submit --db Q.db [options] FILE...\n"
+    "       quern submit --db DIR --partitions N [options] FILE...\n"
     "\n"
     "Create a job from request lines and print its id on stdout. FILEs may be .jsonl,\n"
     ".jsonl.gz, .jsonl.zst, or .tar/.tar.gz/.tar.zst/.zip archives of .jsonl members.\n"
@@ -44,6 +45,12 @@ static const char submit_usage[] =
     "guarantee are refused with the keyword (README \"Request parameters\").\n"
     "\n"
     "  --db PATH              queue database (created if missing)\n"
+    "  --partitions N         write the job as N queue files in the directory --db (made if\n"
+    "                         missing; one job per directory): DIR/part-NNNN.db and the\n"
+    "                         catalogue DIR/quern-parts.json, lines dealt out so that the\n"
+    "                         parts' estimated tokens (prompt bytes / 4 + max_tokens x n) are\n"
+    "                         balanced; for Slurm arrays across hosts (`quern run --db DIR\n"
+    "                         --part K`). Prints DIR instead of the job id\n"
     "  --model PATH           GGUF model for the job (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --name NAME            job name ([A-Za-z0-9._-], not all digits; default job-<time>)\n"
     "  --out DIR              output root recorded with the job (default out)\n"
@@ -63,12 +70,13 @@ struct submit_opts {
     const char *name;          /* --name */
     const char *out;           /* --out */
     size_t max_line;           /* --max-line */
+    int partitions;            /* --partitions, 0 = one queue file */
     int strict;                /* --strict */
     struct job_defaults def;   /* sampling defaults */
 };
 
 enum { S_DB = 256, S_MODEL, S_NAME, S_OUT, S_MAXTOK, S_TEMP, S_TOPP, S_TOPK, S_MINP, S_REP,
-       S_FREQ, S_PRES, S_SEED, S_MAXLINE, S_STRICT };
+       S_FREQ, S_PRES, S_SEED, S_MAXLINE, S_STRICT, S_PARTS };
 
 static int parse_submit(int argc, char **argv, struct submit_opts *o)
 {
@@ -88,6 +96,7 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
         {"seed", required_argument, 0, S_SEED},
         {"max-line", required_argument, 0, S_MAXLINE},
         {"strict", no_argument, 0, S_STRICT},
+        {"partitions", required_argument, 0, S_PARTS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -149,6 +158,11 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
             if (!runner_parse_u64(cmd, "seed", optarg, &o->def.sampling.seed))
                 return 0;
             break;
+        case S_PARTS:
+            if (!runner_parse_long(cmd, "partitions", optarg, 1, BATCH_PARTS_MAX, &l))
+                return 0;
+            o->partitions = (int)l;
+            break;
         case S_MAXLINE:
             if (!runner_parse_size(cmd, "max-line", optarg, &o->max_line))
                 return 0;
@@ -198,7 +212,68 @@ struct pending {
     char *payload;    /* canonical request JSON; NULL for a bad line */
     const char *code; /* error code (static text) of a bad line; NULL for a good one */
     char *msg;        /* why the line is bad */
+    int part;         /* the queue it goes to (0 without --partitions) */
 };
+
+/* custom_id -> part, so that a repeated id lands in the part that has it, whose queue then
+ * reports the duplicate as with one file (open addressing, keys owned). */
+struct id_map {
+    char **key;   /* NULL for an empty slot */
+    int *part;    /* part of each key */
+    size_t cap;   /* slots, a power of two */
+    size_t n;     /* keys */
+};
+
+static uint64_t id_hash(const char *k)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *k; k++)
+        h = (h ^ (unsigned char)*k) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of k: where it is, or the empty one where it would go. */
+static size_t id_slot(const struct id_map *m, const char *k)
+{
+    size_t i = (size_t)id_hash(k) & (m->cap - 1);
+    while (m->key[i] && strcmp(m->key[i], k))
+        i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+/* Double the table (or make the first one). 0 when out of memory. */
+static int id_grow(struct id_map *m)
+{
+    struct id_map g = {0};
+    g.cap = m->cap ? m->cap * 2 : 1024;
+    g.key = calloc(g.cap, sizeof(*g.key));
+    g.part = calloc(g.cap, sizeof(*g.part));
+    if (!g.key || !g.part) {
+        free(g.key);
+        free(g.part);
+        return 0;
+    }
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->key[i]) {
+            size_t j = id_slot(&g, m->key[i]);
+            g.key[j] = m->key[i];
+            g.part[j] = m->part[i];
+        }
+    g.n = m->n;
+    free(m->key);
+    free(m->part);
+    *m = g;
+    return 1;
+}
+
+static void id_map_free(struct id_map *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        free(m->key[i]);
+    free(m->key);
+    free(m->part);
+    memset(m, 0, sizeof(*m));
+}
 
 struct submit_stats {
     long lines; /* lines read */
@@ -209,10 +284,13 @@ struct submit_stats {
 
 /* The state of one submit. */
 struct submit {
-    struct queue *q;             /* the queue */
     const struct submit_opts *o; /* options */
-    int64_t job;                 /* the job being written (not ready) */
-    int64_t run;                 /* its submit run */
+    int n_parts;                 /* queues written: 1, or --partitions */
+    struct queue **q;            /* each part's queue (one without --partitions) */
+    int64_t *job;                /* the job being written (not ready) in each */
+    int64_t *run;                /* its submit run in each */
+    double *load;                /* estimated tokens dealt to each part */
+    struct id_map ids;           /* custom_id -> part (with --partitions) */
     struct pending *pend;        /* lines read since the last write */
     size_t n_pend;               /* used entries of pend */
     size_t cap_pend;             /* allocated entries of pend */
@@ -234,11 +312,45 @@ static void pending_clear(struct submit *s)
     s->pend_bytes = 0;
 }
 
-/* Queue a line for the next write, copying custom_id, source and msg and taking payload. */
+/* The part a line goes to: the one that has its custom_id already, else the one with the
+ * fewest estimated tokens so far (ties to the lowest index); est is added to its load. -1 when
+ * out of memory. */
+static int route(struct submit *s, const char *custom_id, double est)
+{
+    if (s->n_parts == 1)
+        return 0;
+    int best = 0;
+    for (int k = 1; k < s->n_parts; k++)
+        if (s->load[k] < s->load[best])
+            best = k;
+    if (custom_id && *custom_id) {
+        if (s->ids.n * 2 >= s->ids.cap && !id_grow(&s->ids))
+            return -1;
+        size_t i = id_slot(&s->ids, custom_id);
+        if (s->ids.key[i]) {
+            best = s->ids.part[i];
+        } else {
+            if (!(s->ids.key[i] = strdup(custom_id)))
+                return -1;
+            s->ids.part[i] = best;
+            s->ids.n++;
+        }
+    }
+    s->load[best] += est;
+    return best;
+}
+
+/* Queue a line for the next write, copying custom_id, source and msg and taking payload; est is
+ * its estimated tokens, for dealing lines out to parts. */
 static enum status pending_add(struct submit *s, const char *custom_id, const char *source,
                                uint64_t line, char *payload, const char *code, const char *msg,
-                               struct err_detail *err)
+                               double est, struct err_detail *err)
 {
+    int part = route(s, custom_id, est);
+    if (part < 0) {
+        free(payload);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
     if (s->n_pend == s->cap_pend) {
         size_t ncap = s->cap_pend ? s->cap_pend * 2 : 256;
         struct pending *t = realloc(s->pend, ncap * sizeof(*t));
@@ -256,6 +368,7 @@ static enum status pending_add(struct submit *s, const char *custom_id, const ch
     p->payload = payload;
     p->code = code;
     p->msg = msg ? strdup(msg) : NULL;
+    p->part = part;
     s->pend_bytes += payload ? strlen(payload) : 0;
     if ((custom_id && *custom_id && !p->custom_id) || !p->source || (msg && !p->msg))
         return err_set(err, ST_ERR_NOMEM, "out of memory");
@@ -263,9 +376,9 @@ static enum status pending_add(struct submit *s, const char *custom_id, const ch
 }
 
 /* Record one bad line as a failed item; report the first SUBMIT_WARN_LINES of them. */
-static enum status add_failed(struct submit *s, const char *custom_id, const char *source,
-                              uint64_t line, const char *code, const char *msg,
-                              struct err_detail *err)
+static enum status add_failed(struct submit *s, int part, const char *custom_id,
+                              const char *source, uint64_t line, const char *code,
+                              const char *msg, struct err_detail *err)
 {
     struct queue_item_spec it = {0};
     it.custom_id = custom_id;
@@ -273,10 +386,10 @@ static enum status add_failed(struct submit *s, const char *custom_id, const cha
     it.line_no = (int64_t)line;
     it.error_code = code;
     it.error_msg = msg;
-    enum status st = queue_item_add(s->q, s->job, &it, NULL, err);
+    enum status st = queue_item_add(s->q[part], s->job[part], &it, NULL, err);
     if (st == ST_ERR_EXISTS) { /* the id belongs to another line: keep this one anonymous */
         it.custom_id = NULL;
-        st = queue_item_add(s->q, s->job, &it, NULL, err);
+        st = queue_item_add(s->q[part], s->job[part], &it, NULL, err);
     }
     if (!st && ++s->ss.bad <= SUBMIT_WARN_LINES)
         LOG_WARN("%s:%llu: %s: %s", source, (unsigned long long)line, code, msg);
@@ -288,13 +401,13 @@ static enum status write_pending(struct submit *s, const struct pending *p,
                                  struct err_detail *err)
 {
     if (p->code)
-        return add_failed(s, p->custom_id, p->source, p->line, p->code, p->msg, err);
+        return add_failed(s, p->part, p->custom_id, p->source, p->line, p->code, p->msg, err);
     struct queue_item_spec it = {0};
     it.custom_id = p->custom_id;
     it.source = p->source;
     it.line_no = (int64_t)p->line;
     it.payload = p->payload;
-    enum status st = queue_item_add(s->q, s->job, &it, NULL, err);
+    enum status st = queue_item_add(s->q[p->part], s->job[p->part], &it, NULL, err);
     if (st == ST_ERR_EXISTS) {
         char msg[700];
         snprintf(msg, sizeof(msg), "duplicate custom_id '%.600s' (the first line with it is kept)",
@@ -302,7 +415,7 @@ static enum status write_pending(struct submit *s, const struct pending *p,
         if (s->o->strict)
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s (--strict)", p->source,
                            (unsigned long long)p->line, msg);
-        return add_failed(s, NULL, p->source, p->line, "duplicate_custom_id", msg, err);
+        return add_failed(s, p->part, NULL, p->source, p->line, "duplicate_custom_id", msg, err);
     }
     if (!st)
         s->ss.ok++;
@@ -318,27 +431,29 @@ static char *submit_summary(const struct submit_stats *ss)
     return strdup(buf);
 }
 
-/* One write transaction: heartbeat the submit run, add every pending line, and when last is
- * set publish the job (ready, submit run ended). */
+/* One write transaction per part: heartbeat the submit run, add the part's pending lines, and
+ * when last is set publish the job (ready, submit run ended). */
 static enum status submit_write(struct submit *s, int last, struct err_detail *err)
 {
-    enum status st = queue_tx_begin(s->q, err);
-    if (st)
-        goto out;
-    st = queue_run_heartbeat(s->q, s->run, err);
-    for (size_t i = 0; !st && i < s->n_pend; i++)
-        st = write_pending(s, &s->pend[i], err);
-    if (!st && last) {
-        char *sum = submit_summary(&s->ss);
-        st = sum ? queue_job_publish(s->q, s->job, sum, err)
-                 : err_set(err, ST_ERR_NOMEM, "out of memory");
-        free(sum);
+    enum status st = ST_OK;
+    for (int k = 0; !st && k < s->n_parts; k++) {
+        if ((st = queue_tx_begin(s->q[k], err)))
+            break;
+        st = queue_run_heartbeat(s->q[k], s->run[k], err);
+        for (size_t i = 0; !st && i < s->n_pend; i++)
+            if (s->pend[i].part == k)
+                st = write_pending(s, &s->pend[i], err);
+        if (!st && last) {
+            char *sum = submit_summary(&s->ss);
+            st = sum ? queue_job_publish(s->q[k], s->job[k], sum, err)
+                     : err_set(err, ST_ERR_NOMEM, "out of memory");
+            free(sum);
+        }
+        if (!st)
+            st = queue_tx_commit(s->q[k], err);
+        if (st)
+            queue_tx_rollback(s->q[k]);
     }
-    if (!st)
-        st = queue_tx_commit(s->q, err);
-    if (st)
-        queue_tx_rollback(s->q);
-out:
     pending_clear(s);
     s->batch_lines = 0;
     s->batch_t0 = runner_now();
@@ -387,10 +502,12 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict)", source,
                            (unsigned long long)pos->line, job_err_code_str(je.code), je.message);
         return pending_add(s, je.custom_id, source, pos->line, NULL, job_err_code_str(je.code),
-                           je.message, err);
+                           je.message, 1, err);
     }
     char *payload = job_request_to_json(r);
-    st = payload ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, err)
+    /* what the line will cost a run: its prompt (about 4 bytes a token) and its outputs */
+    double est = payload ? (double)strlen(payload) / 4 + (double)r->max_tokens * r->n : 0;
+    st = payload ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, est, err)
                  : err_set(err, ST_ERR_NOMEM, "out of memory");
     job_request_free(r);
     return st;
@@ -423,7 +540,7 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
         if (st == ST_ERR_RANGE) {
             if (s->o->strict)
                 break;
-            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, err);
+            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, 1, err);
         } else if (blank_line(line, len)) {
             s->ss.blank++;
         } else {
@@ -441,7 +558,7 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
     return st;
 }
 
-/* Record the submit run and the (not ready) job in one short transaction. */
+/* Record the submit run and the (not ready) job in one short transaction per part. */
 static enum status submit_begin(struct submit *s, const struct queue_job_spec *spec,
                                 const struct proc_identity *self, struct err_detail *err)
 {
@@ -452,21 +569,68 @@ static enum status submit_begin(struct submit *s, const struct queue_job_spec *s
     rs.pid_ns = self->pid_ns;
     rs.pstart = self->start_ticks;
     rs.submit = true;
-    struct queue_job_spec js = *spec;
-    enum status st = queue_tx_begin(s->q, err);
-    if (!st)
-        st = queue_run_start(s->q, &rs, &s->run, err);
-    js.submit_run = s->run;
-    if (!st)
-        st = queue_job_create(s->q, &js, &s->job, err);
-    if (!st)
-        st = queue_tx_commit(s->q, err);
-    if (st) {
-        queue_tx_rollback(s->q);
-        s->run = s->job = 0;
+    enum status st = ST_OK;
+    for (int k = 0; !st && k < s->n_parts; k++) {
+        struct queue_job_spec js = *spec;
+        st = queue_tx_begin(s->q[k], err);
+        if (!st)
+            st = queue_run_start(s->q[k], &rs, &s->run[k], err);
+        js.submit_run = s->run[k];
+        if (!st)
+            st = queue_job_create(s->q[k], &js, &s->job[k], err);
+        if (!st)
+            st = queue_tx_commit(s->q[k], err);
+        if (st) {
+            queue_tx_rollback(s->q[k]);
+            s->run[k] = s->job[k] = 0;
+        }
     }
     s->batch_t0 = runner_now();
     return st;
+}
+
+/* The queues: one file, or with --partitions the parts of a new directory (each created). */
+static enum status submit_open(struct submit *s, struct batch_parts *parts,
+                               struct err_detail *err)
+{
+    s->n_parts = s->o->partitions ? s->o->partitions : 1;
+    s->q = calloc((size_t)s->n_parts, sizeof(*s->q));
+    s->job = calloc((size_t)s->n_parts, sizeof(*s->job));
+    s->run = calloc((size_t)s->n_parts, sizeof(*s->run));
+    s->load = calloc((size_t)s->n_parts, sizeof(*s->load));
+    if (!s->q || !s->job || !s->run || !s->load)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    if (!s->o->partitions)
+        return queue_open(&s->q[0], s->o->db, err);
+    enum status st = batch_parts_create(s->o->db, s->o->name, s->n_parts, parts, err);
+    for (int k = 0; !st && k < s->n_parts; k++)
+        st = batch_parts_open(parts, k, 0, 1, &s->q[k], err);
+    return st;
+}
+
+/* A failed submit: each part's partial job deleted; with --partitions, the part files too. */
+static void submit_undo(struct submit *s, const struct batch_parts *parts)
+{
+    for (int k = 0; k < s->n_parts && s->q && s->job; k++) {
+        struct err_detail e2 = {0};
+        enum status dst = s->job[k] ? queue_job_discard(s->q[k], s->job[k],
+                                                        g_submit_signal ? "interrupted" : "failed",
+                                                        NULL, &e2)
+                                    : ST_OK;
+        if (dst && dst != ST_ERR_NOT_FOUND) /* not found: deleted already, as dead */
+            LOG_WARN("deleting the partial job %lld: %s (it is not ready, so no run takes it; "
+                     "the next submit or status deletes it)",
+                     (long long)s->job[k], e2.msg);
+    }
+    for (int k = 0; s->o->partitions && k < s->n_parts; k++) {
+        char path[4200];
+        queue_close(s->q[k]);
+        s->q[k] = NULL;
+        batch_parts_path(parts, k, ".db", path, sizeof(path));
+        unlink(path);
+        strcat(path, "-journal");
+        unlink(path);
+    }
 }
 
 /* SIGINT and SIGTERM stop the submit at the next line; a second one kills it (the job it
@@ -513,15 +677,19 @@ int runner_cmd_submit(int argc, char **argv)
     }
     o.model = model_abs;
     char *params = job_params_to_json(&o.def);
-    if (!params || queue_open(&s.q, o.db, &err)) {
+    struct batch_parts parts;
+    memset(&parts, 0, sizeof(parts));
+    if (!params || submit_open(&s, &parts, &err)) {
         LOG_ERROR("%s", params ? err.msg : "out of memory");
+        if (params && o.partitions && parts.n) /* parts made before the failure */
+            submit_undo(&s, &parts);
         goto out;
     }
     /* a killed submit's job may hold the name we want: collect dead submits first */
     struct proc_identity self;
     proc_identity_self(&self);
     int64_t n_gc = 0;
-    if (queue_jobs_gc(s.q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, &n_gc, &err))
+    if (queue_jobs_gc(s.q[0], &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, &n_gc, &err))
         LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
     else if (n_gc)
         LOG_INFO("deleted %lld unfinished job(s) left by dead submits", (long long)n_gc);
@@ -530,6 +698,8 @@ int runner_cmd_submit(int argc, char **argv)
     char out_abs[4096];
     if (batch_abspath(o.out, out_abs, sizeof(out_abs), &err)) {
         LOG_ERROR("--out: %s", err.msg);
+        if (o.partitions)
+            submit_undo(&s, &parts);
         goto out;
     }
     struct queue_job_spec js = {o.name, o.model, sha, params, out_abs, o.def.sampling.seed, 0};
@@ -538,6 +708,8 @@ int runner_cmd_submit(int argc, char **argv)
         st = submit_file(&s, argv[i], argc - optind > 1, &err);
     if (!st && !(st = check_signal(&err)))
         st = submit_write(&s, 1, &err);
+    if (!st && o.partitions)
+        st = batch_parts_publish(&parts, &err);
     pending_clear(&s);
     free(s.pend);
     if (s.ss.bad > SUBMIT_WARN_LINES)
@@ -545,28 +717,38 @@ int runner_cmd_submit(int argc, char **argv)
                  s.ss.bad - SUBMIT_WARN_LINES);
     if (st) {
         LOG_ERROR("%s", err.msg);
-        struct err_detail e2 = {0};
-        enum status dst = s.job ? queue_job_discard(s.q, s.job,
-                                                    g_submit_signal ? "interrupted" : "failed",
-                                                    NULL, &e2)
-                                : ST_OK;
-        if (dst && dst != ST_ERR_NOT_FOUND) /* not found: deleted already, as dead */
-            LOG_WARN("deleting the partial job %lld: %s (it is not ready, so no run takes it; "
-                     "the next submit or status deletes it)",
-                     (long long)s.job, e2.msg);
+        submit_undo(&s, &parts);
         LOG_ERROR("nothing was submitted");
         goto out;
     }
-    printf("%lld\n", (long long)s.job);
-    fprintf(stderr, "quern submit: job %lld '%s': %ld lines, %ld queued, %ld invalid",
-            (long long)s.job, o.name, s.ss.lines, s.ss.ok, s.ss.bad);
+    if (o.partitions) {
+        printf("%s\n", o.db);
+        fprintf(stderr, "quern submit: job '%s' in %d parts (%s): %ld lines, %ld queued, %ld invalid",
+                o.name, s.n_parts, o.db, s.ss.lines, s.ss.ok, s.ss.bad);
+    } else {
+        printf("%lld\n", (long long)s.job[0]);
+        fprintf(stderr, "quern submit: job %lld '%s': %ld lines, %ld queued, %ld invalid",
+                (long long)s.job[0], o.name, s.ss.lines, s.ss.ok, s.ss.bad);
+    }
     if (s.ss.blank)
         fprintf(stderr, ", %ld blank lines skipped", s.ss.blank);
     fputc('\n', stderr);
+    if (o.partitions) {
+        fprintf(stderr, "quern submit: estimated tokens per part:");
+        for (int k = 0; k < s.n_parts; k++)
+            fprintf(stderr, " %.0f", s.load[k]);
+        fputc('\n', stderr);
+    }
     rc = RUNNER_EXIT_OK;
 out:
     free(params);
     free(model_abs);
-    queue_close(s.q);
+    for (int k = 0; s.q && k < s.n_parts; k++)
+        queue_close(s.q[k]);
+    free(s.q);
+    free(s.job);
+    free(s.run);
+    free(s.load);
+    id_map_free(&s.ids);
     return rc;
 }

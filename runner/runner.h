@@ -59,6 +59,23 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
 struct engine_stats;
 void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es);
 
+/* One job's `quern status` object (cmd_jobs.c): counts by state, tokens, rates, ETA, the live
+ * numbers of runs (runs[0..n_runs) as queue_run_list_live gave them), errors by code. NULL
+ * with err set on failure; caller frees with cJSON_Delete. */
+struct queue;
+struct queue_job;
+struct queue_run_info;
+struct err_detail;
+struct cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
+                                const struct queue_run_info *runs, size_t n_runs,
+                                struct err_detail *err);
+
+/* A partitioned queue's status (job, when given, must be its job's name), and cancel or retry
+ * --failed on every part (cmd_parts.c). Exit codes. */
+struct batch_parts;
+int runner_parts_status(const struct batch_parts *p, const char *job, int json);
+int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char *job, int retry);
+
 /* Online CPU count (>= 1): the default for --threads. */
 int runner_default_threads(void);
 

@@ -1,6 +1,7 @@
 /* Unit tests for queue/ files and jobs: schema creation, migration and the newer-version
  * refusal; the files queue_open refuses unchanged (not a queue, missing with must_exist,
  * corrupt with check_integrity, on a network file system) and damaged rows read as errors;
+ * exclusive files (parts of a partitioned queue);
  * items and duplicate custom_ids; and jobs being submitted: invisible to runs until
  * published, discarded in batches, collected when their submit died. */
 #include <setjmp.h>
@@ -379,6 +380,65 @@ static void test_fs_refused(void **state)
     st = queue_open(&q, f->path, &err);
     unsetenv("QUERN_TEST_FS_MAGIC");
     assert_int_equal(st, ST_OK);
+    queue_close(q);
+}
+
+/* The journal mode a fresh connection reads from path. */
+static void journal_of(const char *path, char *mode, size_t cap)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    snprintf(mode, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+/* An exclusive file (a part): opens on a network file system, uses a rollback journal (a WAL
+ * queue is switched back), holds its lock so a second connection of any kind is busy, keeps
+ * its meta facts, and once marked as a part refuses a plain open without touching it. */
+static void test_exclusive(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = NULL, *q2 = (struct queue *)0x1;
+    char mode[16], v[32];
+    bool found = true;
+    /* a plain queue first (WAL), then the same file opened exclusive on "NFS" */
+    assert_int_equal(queue_open(&q, f->path, &err), ST_OK);
+    queue_close(q);
+    journal_of(f->path, mode, sizeof(mode));
+    assert_string_equal(mode, "wal");
+    struct queue_options xo = {.exclusive = true, .busy_timeout_ms = 50};
+    setenv("QUERN_TEST_FS_MAGIC", "0x6969", 1);
+    enum status st = queue_open_opts(&q, f->path, &xo, &err);
+    unsetenv("QUERN_TEST_FS_MAGIC");
+    assert_int_equal(st, ST_OK);
+    assert_int_equal(queue_meta_get(q, "part", v, sizeof(v), &found, &err), ST_OK);
+    assert_false(found);
+    assert_string_equal(v, "");
+    assert_int_equal(queue_meta_set(q, "part", "3", &err), ST_OK);
+    assert_int_equal(queue_meta_set(q, "part", "4", &err), ST_OK);
+    /* in use: another exclusive open and a plain one are both busy */
+    assert_int_equal(queue_open_opts(&q2, f->path, &xo, &err), ST_ERR_BUSY);
+    assert_null(q2);
+    assert_non_null(strstr(err.msg, "in use by another process"));
+    struct queue_options po = {.busy_timeout_ms = 50};
+    assert_int_equal(queue_open_opts(&q2, f->path, &po, &err), ST_ERR_BUSY);
+    queue_close(q);
+    journal_of(f->path, mode, sizeof(mode));
+    assert_string_equal(mode, "delete");
+    /* a part opened as a plain queue: refused, still a rollback-journal file */
+    assert_int_equal(queue_open_opts(&q2, f->path, &po, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "part 4 of a partitioned queue"));
+    journal_of(f->path, mode, sizeof(mode));
+    assert_string_equal(mode, "delete");
+    assert_int_equal(queue_open_opts(&q, f->path, &xo, &err), ST_OK);
+    assert_int_equal(queue_meta_get(q, "part", v, sizeof(v), &found, &err), ST_OK);
+    assert_true(found);
+    assert_string_equal(v, "4");
     queue_close(q);
 }
 
@@ -814,6 +874,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_damaged_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exclusive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_version_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_item_add_duplicate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),

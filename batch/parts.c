@@ -1,0 +1,279 @@
+/* Partitioned queues (batch/batch.h): the catalogue of a job split over N queue files in one
+ * directory, opening a part exclusively, and the combined manifest over the parts' outputs. */
+#include "batch/batch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/shard.h"
+
+#define CATALOG_FORMAT "quern-parts"
+
+int batch_parts_find(const char *path, struct batch_parts *p, struct err_detail *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return 0;
+    memset(p, 0, sizeof(*p));
+    char cat[4200];
+    snprintf(cat, sizeof(cat), "%s/%s", path, BATCH_PARTS_CATALOG);
+    cJSON *c = batch_json_file(cat);
+    const cJSON *fmt = cJSON_GetObjectItem(c, "format"), *job = cJSON_GetObjectItem(c, "job");
+    const cJSON *n = cJSON_GetObjectItem(c, "parts"), *id = cJSON_GetObjectItem(c, "part_set");
+    int ok = cJSON_IsString(fmt) && !strcmp(fmt->valuestring, CATALOG_FORMAT) &&
+             cJSON_IsString(job) && strlen(job->valuestring) < sizeof(p->job) &&
+             cJSON_IsNumber(n) && n->valuedouble >= 1 && n->valuedouble <= BATCH_PARTS_MAX &&
+             n->valuedouble == (int)n->valuedouble && cJSON_IsString(id) &&
+             strlen(id->valuestring) == 32;
+    if (ok) {
+        snprintf(p->dir, sizeof(p->dir), "%s", path);
+        snprintf(p->job, sizeof(p->job), "%s", job->valuestring);
+        snprintf(p->set_id, sizeof(p->set_id), "%s", id->valuestring);
+        p->n = (int)n->valuedouble;
+    }
+    int exists = access(cat, F_OK) == 0;
+    cJSON_Delete(c);
+    if (ok)
+        return 1;
+    err_set(err, exists ? ST_ERR_FORMAT : ST_ERR_INVALID_ARG,
+            exists ? "%s: not a valid catalogue of a partitioned queue"
+                   : "%s is a directory without a catalogue (" BATCH_PARTS_CATALOG
+                     "): give a queue file, or a directory made by `quern submit --partitions`",
+            exists ? cat : path);
+    return -1;
+}
+
+/* 32 hex digits from /dev/urandom (time and pid if it cannot be read). */
+static void random_id(char out[33])
+{
+    unsigned char b[16];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, b, sizeof(b)) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got != (ssize_t)sizeof(b)) {
+        unsigned long long t =
+            (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 32);
+        for (int i = 0; i < 16; i++)
+            b[i] = (unsigned char)(t >> (8 * (i % 8))) ^ (unsigned char)(i * 37);
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
+                               struct err_detail *err)
+{
+    if (n < 1 || n > BATCH_PARTS_MAX)
+        return err_set(err, ST_ERR_INVALID_ARG, "--partitions must be 1..%d", BATCH_PARTS_MAX);
+    if (strlen(name) >= sizeof(p->job) || strlen(dir) >= sizeof(p->dir))
+        return err_set(err, ST_ERR_RANGE, "name or directory too long");
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return err_set(err, ST_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return err_set(err, ST_ERR_INVALID_ARG, "%s exists and is not a directory", dir);
+    char cat[4200], part0[4200];
+    snprintf(cat, sizeof(cat), "%s/%s", dir, BATCH_PARTS_CATALOG);
+    snprintf(part0, sizeof(part0), "%s/part-0000.db", dir);
+    if (access(cat, F_OK) == 0)
+        return err_set(err, ST_ERR_EXISTS,
+                       "%s already holds a partitioned job (%s): one job per directory", dir,
+                       BATCH_PARTS_CATALOG);
+    if (access(part0, F_OK) == 0)
+        return err_set(err, ST_ERR_EXISTS,
+                       "%s holds parts without a catalogue (a submit that did not finish?): "
+                       "remove its part-*.db files or choose another directory",
+                       dir);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->dir, sizeof(p->dir), "%s", dir);
+    snprintf(p->job, sizeof(p->job), "%s", name);
+    p->n = n;
+    random_id(p->set_id);
+    return ST_OK;
+}
+
+enum status batch_parts_publish(const struct batch_parts *p, struct err_detail *err)
+{
+    char text[512];
+    int len = snprintf(text, sizeof(text),
+                       "{\"format\": \"%s\", \"version\": 1, \"job\": \"%s\", \"parts\": %d, "
+                       "\"part_set\": \"%s\", \"files\": \"part-NNNN.db, NNNN = 0000..%04d\"}\n",
+                       CATALOG_FORMAT, p->job, p->n, p->set_id, p->n - 1);
+    return io_file_replace(p->dir, BATCH_PARTS_CATALOG, text, (size_t)len, NULL, err);
+}
+
+void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/part-%04d%s", p->dir, k, suffix);
+}
+
+enum status batch_parts_which(struct queue *q, int *k, int *n, struct err_detail *err)
+{
+    char v[32];
+    bool found = false;
+    *k = *n = 0;
+    enum status st = queue_meta_get(q, "parts", v, sizeof(v), &found, err);
+    if (st || !found)
+        return st;
+    *n = atoi(v);
+    if ((st = queue_meta_get(q, "part", v, sizeof(v), &found, err)))
+        return st;
+    *k = found ? atoi(v) : -1;
+    if (*n < 1 || *k < 0 || *k >= *n)
+        return err_set(err, ST_ERR_FORMAT, "queue %s: bad part facts (part %d of %d)",
+                       queue_db_path(q), *k, *n);
+    return ST_OK;
+}
+
+/* Mark a new part, or check that an existing one is part k of p's set. */
+static enum status part_mark(struct queue *q, const struct batch_parts *p, int k,
+                             struct err_detail *err)
+{
+    char set[40];
+    bool found = false;
+    enum status st = queue_meta_get(q, "part_set", set, sizeof(set), &found, err);
+    if (st)
+        return st;
+    if (!found) {
+        char v[16];
+        snprintf(v, sizeof(v), "%d", k);
+        if ((st = queue_tx_begin(q, err)))
+            return st;
+        st = queue_meta_set(q, "part", v, err);
+        snprintf(v, sizeof(v), "%d", p->n);
+        if (!st)
+            st = queue_meta_set(q, "parts", v, err);
+        if (!st)
+            st = queue_meta_set(q, "part_set", p->set_id, err);
+        if (!st)
+            return queue_tx_commit(q, err);
+        queue_tx_rollback(q);
+        return st;
+    }
+    int pk, pn;
+    if ((st = batch_parts_which(q, &pk, &pn, err)))
+        return st;
+    if (strcmp(set, p->set_id) || pk != k || pn != p->n)
+        return err_set(err, ST_ERR_FORMAT,
+                       "queue %s is part %d of %d of set %s, not part %d of %d of the catalogue's "
+                       "set %s (files moved between directories?)",
+                       queue_db_path(q), pk, pn, set, k, p->n, p->set_id);
+    return ST_OK;
+}
+
+enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int create,
+                             struct queue **q, struct err_detail *err)
+{
+    *q = NULL;
+    if (k < 0 || k >= p->n)
+        return err_set(err, ST_ERR_INVALID_ARG, "part %d does not exist: %s has parts 0..%d", k,
+                       p->dir, p->n - 1);
+    char path[4200];
+    batch_parts_path(p, k, ".db", path, sizeof(path));
+    struct queue_options qo = {
+        .exclusive = true, .busy_timeout_ms = busy_ms, .must_exist = !create};
+    enum status st = queue_open_opts(q, path, &qo, err);
+    if (!st && (st = part_mark(*q, p, k, err))) {
+        queue_close(*q);
+        *q = NULL;
+    }
+    return st;
+}
+
+/* Add part k's manifest m to the combined one: its shards, prefixed, and their totals. */
+static int add_part(cJSON *shards, uint64_t tot[2][3], const cJSON *m, int k)
+{
+    const cJSON *arr = cJSON_GetObjectItem(m, "shards"), *e;
+    char file[300];
+    cJSON_ArrayForEach(e, arr)
+    {
+        const cJSON *f = cJSON_GetObjectItem(e, "file"), *kind = cJSON_GetObjectItem(e, "kind");
+        const cJSON *rec = cJSON_GetObjectItem(e, "records"),
+                    *bytes = cJSON_GetObjectItem(e, "bytes");
+        if (!cJSON_IsString(f) || !cJSON_IsString(kind) || !cJSON_IsNumber(rec) ||
+            !cJSON_IsNumber(bytes))
+            return 0;
+        cJSON *o = cJSON_Duplicate(e, 1);
+        if (!o)
+            return 0;
+        snprintf(file, sizeof(file), "part-%04d/%s", k, f->valuestring);
+        cJSON_ReplaceItemInObject(o, "file", cJSON_CreateString(file));
+        cJSON_AddNumberToObject(o, "part", k);
+        cJSON_AddItemToArray(shards, o);
+        int ki = strcmp(kind->valuestring, "errors") == 0;
+        tot[ki][0] += 1;
+        tot[ki][1] += (uint64_t)rec->valuedouble;
+        tot[ki][2] += (uint64_t)bytes->valuedouble;
+    }
+    return 1;
+}
+
+enum status batch_parts_manifest(const char *job_root, int n, int *complete, struct err_detail *err)
+{
+    cJSON *root = cJSON_CreateObject(), *shards = cJSON_CreateArray(),
+          *missing = cJSON_CreateArray();
+    uint64_t tot[2][3] = {{0, 0, 0}, {0, 0, 0}};
+    int all = 1, oom = !root || !shards || !missing;
+    char path[4400];
+    for (int k = 0; k < n && !oom; k++) {
+        snprintf(path, sizeof(path), "%s/part-%04d/manifest.json", job_root, k);
+        cJSON *m = batch_json_file(path);
+        if (m && !cJSON_GetObjectItem(root, "manifest_version")) {
+            static const char *const copy[] = {"manifest_version", "params", "model"};
+            for (size_t i = 0; i < sizeof(copy) / sizeof(copy[0]); i++) {
+                const cJSON *v = cJSON_GetObjectItem(m, copy[i]);
+                if (v)
+                    cJSON_AddItemToObject(root, copy[i], cJSON_Duplicate(v, 1));
+            }
+        }
+        if (m && !add_part(shards, tot, m, k))
+            oom = 1;
+        if (!m || !cJSON_IsTrue(cJSON_GetObjectItem(m, "complete"))) {
+            all = 0;
+            cJSON_AddItemToArray(missing, cJSON_CreateNumber(k));
+        }
+        cJSON_Delete(m);
+    }
+    enum status st = ST_OK;
+    if (!oom) {
+        cJSON_AddNumberToObject(root, "parts", n);
+        cJSON_AddBoolToObject(root, "complete", all);
+        cJSON_AddItemToObject(root, "parts_incomplete", missing);
+        cJSON_AddItemToObject(root, "shards", shards);
+        missing = shards = NULL;
+        cJSON *t = cJSON_AddObjectToObject(root, "totals");
+        static const char *const kinds[2] = {"results", "errors"};
+        for (int ki = 0; t && ki < 2; ki++) {
+            cJSON *o = cJSON_AddObjectToObject(t, kinds[ki]);
+            cJSON_AddNumberToObject(o, "shards", (double)tot[ki][0]);
+            cJSON_AddNumberToObject(o, "records", (double)tot[ki][1]);
+            cJSON_AddNumberToObject(o, "bytes", (double)tot[ki][2]);
+        }
+        char *text = cJSON_Print(root);
+        if (text) {
+            size_t len = strlen(text);
+            text[len] = '\n';
+            st = io_file_replace(job_root, "manifest.json", text, len + 1, NULL, err);
+            free(text);
+        } else {
+            oom = 1;
+        }
+    }
+    cJSON_Delete(root);
+    cJSON_Delete(shards);
+    cJSON_Delete(missing);
+    if (oom)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    if (complete)
+        *complete = all;
+    return st;
+}

@@ -1,0 +1,261 @@
+/* `quern status`, `cancel` and `retry` on a partitioned queue (batch/batch.h, "Partitioned
+ * queues"): every part is opened in turn, briefly; a part its run holds is read from the
+ * progress file the run keeps beside it, and a cancel for it is left there as a request. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "batch/batch.h"
+#include "common/log.h"
+#include "queue/queue.h"
+#include "runner/runner.h"
+
+#define PARTS_BUSY_MS 200 /* how long status waits for a part before reading its progress file */
+
+/* A number of the JSON object o (0 when missing). */
+static double num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Part k as its own queue shows it: runner_job_status of its job, summarised. NULL with err. */
+static cJSON *part_from_queue(struct queue *q, int k, struct err_detail *err)
+{
+    struct queue_job *jobs = NULL;
+    size_t n = 0;
+    if (queue_job_list(q, &jobs, &n, err))
+        return NULL;
+    if (n != 1) {
+        queue_job_list_free(jobs, n);
+        err_set(err, ST_ERR_FORMAT, "part %d holds %zu jobs, not one", k, n);
+        return NULL;
+    }
+    struct queue_run_info *runs = NULL;
+    size_t n_runs = 0;
+    cJSON *js = NULL;
+    if (!queue_run_list_live(q, &runs, &n_runs, err))
+        js = runner_job_status(q, &jobs[0], runs, n_runs, err);
+    queue_run_info_free(runs, n_runs);
+    queue_job_list_free(jobs, n);
+    if (!js)
+        return NULL;
+    const cJSON *bs = cJSON_GetObjectItem(js, "by_state");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "part", k);
+    cJSON_AddBoolToObject(o, "in_use", 0);
+    cJSON *state = cJSON_GetObjectItem(js, "state");
+    cJSON_AddStringToObject(o, "state", cJSON_IsString(state) ? state->valuestring : "?");
+    cJSON_AddNumberToObject(o, "items", num(js, "items"));
+    cJSON_AddNumberToObject(o, "done", num(bs, "done"));
+    cJSON_AddNumberToObject(o, "failed", num(bs, "failed"));
+    cJSON_AddNumberToObject(o, "cancelled", num(bs, "cancelled"));
+    cJSON_AddNumberToObject(o, "unfinished", num(bs, "queued") + num(bs, "leased"));
+    cJSON_AddNumberToObject(o, "completion_tokens", num(js, "completion_tokens"));
+    cJSON_AddNumberToObject(o, "gen_tok_s", 0);
+    cJSON_AddItemToObject(o, "errors", cJSON_DetachItemFromObject(js, "errors"));
+    cJSON_Delete(js);
+    return o;
+}
+
+/* Part k in use by a run: from its progress file (state "running"; "unknown" without one). */
+static cJSON *part_from_progress(const struct batch_parts *p, int k)
+{
+    char path[4200];
+    batch_parts_path(p, k, ".progress.json", path, sizeof(path));
+    cJSON *pj = batch_json_file(path);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "part", k);
+    cJSON_AddBoolToObject(o, "in_use", 1);
+    cJSON_AddStringToObject(o, "state", pj ? "running" : "unknown");
+    double total = num(pj, "total"), done = num(pj, "done"), failed = num(pj, "failed"),
+           cancelled = num(pj, "cancelled");
+    cJSON_AddNumberToObject(o, "items", total);
+    cJSON_AddNumberToObject(o, "done", done);
+    cJSON_AddNumberToObject(o, "failed", failed);
+    cJSON_AddNumberToObject(o, "cancelled", cancelled);
+    cJSON_AddNumberToObject(o, "unfinished", total - done - failed - cancelled);
+    cJSON_AddNumberToObject(o, "completion_tokens", num(pj, "gen_tokens"));
+    double age = pj ? (double)(wall_ms() - (int64_t)num(pj, "updated_ms")) / 1000.0 : -1;
+    /* a run silent longer than this adds nothing to live rates (as for one queue file) */
+    cJSON_AddNumberToObject(o, "gen_tok_s",
+                            age >= 0 && age <= BATCH_PROGRESS_STALE_S ? num(pj, "gen_tok_s") : 0);
+    const cJSON *host = cJSON_GetObjectItem(pj, "host");
+    if (cJSON_IsString(host))
+        cJSON_AddStringToObject(o, "host", host->valuestring);
+    if (pj) {
+        cJSON_AddNumberToObject(o, "pid", num(pj, "pid"));
+        cJSON_AddNumberToObject(o, "progress_age_s", age);
+    }
+    cJSON_Delete(pj);
+    return o;
+}
+
+/* The job's state from its parts'. */
+static const char *combined_state(const cJSON *parts)
+{
+    int n = 0, done = 0, cancelled = 0, started = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, parts)
+    {
+        const char *s = cJSON_GetObjectItem(e, "state")->valuestring;
+        n++;
+        done += !strcmp(s, "done");
+        cancelled += !strcmp(s, "cancelled");
+        started += strcmp(s, "queued") != 0 || num(e, "done") + num(e, "failed") > 0;
+    }
+    if (cancelled == n)
+        return "cancelled";
+    if (done + cancelled == n)
+        return "done";
+    return started ? "running" : "queued";
+}
+
+int runner_parts_status(const struct batch_parts *p, const char *job, int json)
+{
+    if (job && strcmp(job, p->job)) {
+        LOG_ERROR("%s holds job '%s', not '%s'", p->dir, p->job, job);
+        return RUNNER_EXIT_ERROR;
+    }
+    cJSON *parts = cJSON_CreateArray();
+    double sum[6] = {0, 0, 0, 0, 0, 0}; /* items done failed cancelled unfinished gen_tok_s */
+    static const char *const keys[6] = {"items",     "done",       "failed",
+                                        "cancelled", "unfinished", "gen_tok_s"};
+    int bad = 0;
+    for (int k = 0; k < p->n; k++) {
+        struct queue *q = NULL;
+        struct err_detail err = {0};
+        enum status st = batch_parts_open(p, k, PARTS_BUSY_MS, 0, &q, &err);
+        cJSON *o = NULL;
+        if (st == ST_ERR_BUSY)
+            o = part_from_progress(p, k);
+        else if (!st)
+            o = part_from_queue(q, k, &err);
+        queue_close(q);
+        if (!o) {
+            LOG_ERROR("part %d: %s", k, err.msg);
+            o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "part", k);
+            cJSON_AddStringToObject(o, "state", "error");
+            cJSON_AddStringToObject(o, "error", err.msg);
+            bad = 1;
+        }
+        for (int i = 0; i < 6; i++)
+            sum[i] += num(o, keys[i]);
+        cJSON_AddItemToArray(parts, o);
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", p->job);
+    cJSON_AddStringToObject(j, "dir", p->dir);
+    cJSON_AddNumberToObject(j, "parts", p->n);
+    cJSON_AddStringToObject(j, "state", bad ? "error" : combined_state(parts));
+    for (int i = 0; i < 6; i++)
+        cJSON_AddNumberToObject(j, keys[i], sum[i]);
+    cJSON_AddItemToObject(j, "part_status", parts);
+    if (json) {
+        cJSON *arr = cJSON_CreateArray();
+        cJSON_AddItemToArray(arr, j);
+        char *s = cJSON_PrintUnformatted(arr);
+        if (s)
+            puts(s);
+        free(s);
+        cJSON_Delete(arr);
+        return bad ? RUNNER_EXIT_ERROR : RUNNER_EXIT_OK;
+    }
+    printf("job %s (%d parts in %s): %s, %.0f/%.0f finished (%.0f failed, %.0f cancelled)", p->job,
+           p->n, p->dir, cJSON_GetObjectItem(j, "state")->valuestring, sum[1] + sum[2], sum[0],
+           sum[2], sum[3]);
+    if (sum[5] > 0)
+        printf(", %.1f tok/s live", sum[5]);
+    putchar('\n');
+    const cJSON *e;
+    cJSON_ArrayForEach(e, parts)
+    {
+        const cJSON *host = cJSON_GetObjectItem(e, "host");
+        printf("  part %4d: %-9s %6.0f/%.0f", (int)num(e, "part"),
+               cJSON_GetObjectItem(e, "state")->valuestring, num(e, "done") + num(e, "failed"),
+               num(e, "items"));
+        if (num(e, "failed") > 0)
+            printf(" (%.0f failed)", num(e, "failed"));
+        if (cJSON_IsString(host))
+            printf("  in use by pid %.0f on %s, %.1f tok/s, updated %.0f s ago", num(e, "pid"),
+                   host->valuestring, num(e, "gen_tok_s"), num(e, "progress_age_s"));
+        else if (cJSON_IsTrue(cJSON_GetObjectItem(e, "in_use")))
+            printf("  in use (no progress yet)");
+        putchar('\n');
+    }
+    cJSON_Delete(j);
+    return bad ? RUNNER_EXIT_ERROR : RUNNER_EXIT_OK;
+}
+
+int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char *job, int retry)
+{
+    if (job && strcmp(job, p->job)) {
+        LOG_ERROR("%s holds job '%s', not '%s'", p->dir, p->job, job);
+        return RUNNER_EXIT_ERROR;
+    }
+    int rc = RUNNER_EXIT_OK;
+    int64_t total = 0;
+    int requested = 0;
+    for (int k = 0; k < p->n; k++) {
+        struct queue *q = NULL;
+        struct err_detail err = {0};
+        struct queue_job *jobs = NULL;
+        size_t n = 0;
+        int64_t moved = 0;
+        enum status st = batch_parts_open(p, k, 500, 0, &q, &err);
+        if (st == ST_ERR_BUSY && !retry) {
+            /* its run acts on the request within about a second (batch/progress.c) */
+            char path[4200];
+            batch_parts_path(p, k, ".cancel", path, sizeof(path));
+            int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0) {
+                LOG_ERROR("part %d is in use and %s cannot be created: %s", k, path,
+                          strerror(errno));
+                rc = RUNNER_EXIT_ERROR;
+            } else {
+                close(fd);
+                requested++;
+                fprintf(stderr, "quern cancel: part %d is in use: its run cancels it (%s)\n", k,
+                        path);
+            }
+            continue;
+        }
+        if (st == ST_ERR_BUSY) {
+            LOG_ERROR("part %d is in use by a run: retry it when that run has ended", k);
+            rc = RUNNER_EXIT_ERROR;
+            continue;
+        }
+        if (!st && !(st = queue_job_list(q, &jobs, &n, &err)))
+            for (size_t i = 0; !st && i < n; i++)
+                st = retry ? queue_job_retry_failed(q, jobs[i].id, &moved, &err)
+                           : queue_job_cancel(q, jobs[i].id, &moved, &err);
+        queue_job_list_free(jobs, n);
+        queue_close(q);
+        if (st) {
+            LOG_ERROR("part %d: %s", k, err.msg);
+            rc = RUNNER_EXIT_ERROR;
+            continue;
+        }
+        total += moved;
+    }
+    fprintf(stderr, "quern %s: job '%s' (%d parts): %lld items %s", cmd, p->job, p->n,
+            (long long)total, retry ? "queued again" : "cancelled");
+    if (requested)
+        fprintf(stderr, "; %d part(s) in use cancel when their run sees the request", requested);
+    fputc('\n', stderr);
+    return rc;
+}

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# Partitioned queues end to end, with the real binary and model, as a Slurm array uses them:
+#  1. submit --partitions 3 deals the lines out by estimated tokens (the parts' estimates are
+#     within one line's estimate of each other although their line counts differ), a repeated
+#     custom_id lands in the part that has it and fails there as a duplicate, and the parts
+#     are rollback-journal files marked with their index;
+#  2. three runs (one finding its part in SLURM_ARRAY_TASK_ID) work at once; two are killed
+#     with -9 mid-run and restarted from another working directory (another "node", the
+#     directory given by another path), and every custom_id is in the combined export
+#     exactly once, every part's shards match its manifest, and the combined manifest lists
+#     every part's shards with their bytes, sha256 and records, complete;
+#  3. a part held by another process (a Python connection with SQLite's exclusive lock): run
+#     --part on it exits 0 leaving it alone, status shows it in use, retry and export refuse
+#     it, cancel leaves a request file; opening a part file as a plain queue is refused;
+#  4. take-over: a part whose run was killed is finished by the run of another part after its
+#     own, and a part whose task never started is left alone;
+#  5. cancel of a part in use: its run sees the request, cancels, and exits;
+#  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts.
+# Under sanitizers (QUERN_SANITIZE) the jobs are smaller; the checks are the same.
+set -euo pipefail
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+N=60 TOK=32
+if [ -n "${QUERN_SANITIZE:-}" ]; then N=24 TOK=12; fi
+RUN=(--flush-records 2 --flush-secs 0.2 --threads 1 --max-batch-tokens 256)
+
+# N requests whose first half is long (long prompt, more tokens) and second half short, and
+# one line repeating r3's custom_id.
+python3 - "$N" "$TOK" >in.jsonl <<'PY'
+import json, sys
+n, tok = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    big = i < n // 2
+    p = f"Item {i}: " + ("tell me about the sea and the sky. " * 6 if big else "count on:")
+    # lengths spread out, so that records are committed a few at a time all along a run
+    print(json.dumps({"custom_id": f"r{i}", "prompt": p,
+                      "max_tokens": 2 + (i * 7) % (tok if big else tok // 4), "temperature": 0}))
+print(json.dumps({"custom_id": "r3", "prompt": "again", "max_tokens": 2}))
+PY
+
+# part_done DIR K: committed done+failed items of part K from its progress file (0 if none).
+part_done() {
+    python3 - "$1/part-$(printf %04d "$2").progress.json" <<'PY'
+import json, sys
+try:
+    p = json.load(open(sys.argv[1]))
+    print(p["done"] + p["failed"])
+except Exception:
+    print(0)
+PY
+}
+
+# wait_done DIR K MIN PID: until part K has MIN items committed (or its run has exited).
+wait_done() {
+    for _ in $(seq 1 600); do
+        [ "$(part_done "$1" "$2")" -ge "$3" ] && return 0
+        kill -0 "$4" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    fail "part $2 made no progress"
+}
+
+# check_parts DIR JOB N: combined export exactly once, each part's shards and manifest, and
+# the combined manifest against them.
+check_parts() {
+    local dir=$1 job=$2 n=$3
+    "$Q" export --db "$dir" --out "$job.all.jsonl" 2>/dev/null || fail "$job: export failed"
+    python3 - "$job.all.jsonl" "$n" "out/$job" <<'PY' || fail "$job: combined output check"
+import collections, hashlib, json, os, subprocess, sys
+ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+dup = [k for k, v in collections.Counter(ids).items() if v > 1]
+assert not dup, f"duplicated custom_ids: {dup[:5]}"
+assert len(ids) == int(sys.argv[2]), f"{len(ids)} records, want {sys.argv[2]}"
+root = sys.argv[3]
+m = json.load(open(os.path.join(root, "manifest.json")))
+assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
+listed, recs = set(), 0
+for s in m["shards"]:
+    p = os.path.join(root, s["file"])
+    assert s["file"].startswith("part-%04d/" % s["part"]), s["file"]
+    data = open(p, "rb").read()
+    assert len(data) == s["bytes"] and hashlib.sha256(data).hexdigest() == s["sha256"], p
+    lines = subprocess.run(["zstd", "-dc", p], capture_output=True, check=True).stdout
+    assert lines.count(b"\n") == s["records"], p
+    for l in lines.splitlines():
+        json.loads(l)
+    listed.add(s["file"])
+    recs += s["records"]
+assert recs == len(ids) == m["totals"]["results"]["records"] + m["totals"]["errors"]["records"]
+on_disk = set()
+for k in range(m["parts"]):
+    d = os.path.join(root, "part-%04d" % k)
+    pm = json.load(open(os.path.join(d, "manifest.json")))
+    assert pm["complete"] is True, d
+    on_disk |= {"part-%04d/%s" % (k, f) for f in os.listdir(d) if f.endswith(".jsonl.zst")}
+    assert {"part-%04d/%s" % (k, s["file"]) for s in pm["shards"]} <= listed, d
+assert on_disk == listed, (on_disk, listed)
+PY
+}
+
+# ---- 1. submit ---------------------------------------------------------------------------
+"$Q" submit --db A --partitions 3 --name ja --model "$M" in.jsonl >submit.out 2>submit.err ||
+    { cat submit.err >&2; fail "submit --partitions"; }
+[ "$(cat submit.out)" = A ] || fail "submit printed $(cat submit.out), want the directory"
+[ -f A/quern-parts.json ] || fail "no catalogue"
+python3 - "$N" <<'PY' || fail "parts"
+import json, re, sqlite3, sys
+n = int(sys.argv[1])
+cat = json.load(open("A/quern-parts.json"))
+assert cat["job"] == "ja" and cat["parts"] == 3, cat
+loads = [float(x) for x in re.search(r"per part: ([\d ]+)", open("submit.err").read()).group(1).split()]
+counts, dups = [], 0
+for k in range(3):
+    db = sqlite3.connect(f"A/part-{k:04d}.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    assert meta["part"] == str(k) and meta["parts"] == "3" and meta["part_set"] == cat["part_set"]
+    counts.append(db.execute("SELECT count(*) FROM items").fetchone()[0])
+    dups += db.execute("SELECT count(*) FROM items WHERE error_code = 'duplicate_custom_id'").fetchone()[0]
+    if db.execute("SELECT count(*) FROM items WHERE custom_id = 'r3'").fetchone()[0]:
+        assert db.execute("SELECT count(*) FROM items WHERE error_code = 'duplicate_custom_id'").fetchone()[0] == 1
+    db.close()
+assert sum(counts) == n + 1 and dups == 1, (counts, dups)
+big = 0  # the largest single line's estimate bounds the imbalance of a greedy deal
+for l in open("in.jsonl"):
+    r = json.loads(l)
+    big = max(big, len(l) / 4 + r["max_tokens"])
+assert max(loads) - min(loads) <= big, (loads, big)
+assert len(set(counts)) > 1, f"line counts {counts}: the deal should follow tokens, not lines"
+PY
+
+# ---- 2. three runs, two killed with -9 and restarted elsewhere ---------------------------
+"$Q" run --db A --part 0 --no-take-over "${RUN[@]}" >r0.out 2>r0.err &
+p0=$!
+SLURM_ARRAY_TASK_ID=1 "$Q" run --db A --no-take-over "${RUN[@]}" >r1.out 2>r1.err &
+p1=$!
+"$Q" run --db A --part 2 --no-take-over "${RUN[@]}" >r2.out 2>r2.err &
+p2=$!
+pids+=("$p0" "$p1" "$p2")
+wait_done A 0 4 "$p0"
+wait_done A 2 4 "$p2"
+"$Q" status --db A --json >st.json 2>/dev/null || fail "status while running"
+kill -9 "$p0" "$p2" 2>/dev/null || true
+wait "$p0" "$p2" 2>/dev/null || true
+python3 - <<'PY' || fail "status of a running partitioned job"
+import json
+j = json.load(open("st.json"))[0]
+assert j["name"] == "ja" and j["parts"] == 3 and len(j["part_status"]) == 3, j
+assert j["items"] == sum(p["items"] for p in j["part_status"]), j
+PY
+grep -q "part 1 of 3" r1.err || fail "SLURM_ARRAY_TASK_ID did not choose part 1"
+mkdir -p node2/work
+(cd node2/work && "$Q" run --db ../../A/ --part 0 --no-take-over "${RUN[@]}" >../r0b.out 2>../r0b.err) ||
+    { cat node2/r0b.err >&2; fail "restarted part 0"; }
+(cd node2/work && "$Q" run --db "$tmp/A" --part 2 --no-take-over "${RUN[@]}" >../r2b.out 2>../r2b.err) ||
+    { cat node2/r2b.err >&2; fail "restarted part 2"; }
+wait "$p1" || { cat r1.err >&2; fail "part 1's run"; }
+# the kills came mid-run: each restarted run still had items to finish
+for f in node2/r0b.out node2/r2b.out; do
+    python3 -c 'import json,sys; s=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert s["items_done"] + s["items_failed"] > 0, s' "$f" ||
+        fail "$f: the killed run had already finished its part (the test needs a slower run)"
+done
+check_parts A ja $((N + 1))
+"$Q" status --db A --json >st2.json 2>/dev/null || fail "status after the runs"
+python3 - "$N" <<'PY' || fail "final status"
+import json, sys
+j = json.load(open("st2.json"))[0]
+assert j["state"] == "done" and j["done"] == int(sys.argv[1]) and j["failed"] == 1, j
+assert all(p["state"] == "done" and not p["in_use"] for p in j["part_status"]), j
+PY
+
+# ---- 3. a part held by another process ---------------------------------------------------
+make_job() { # make_job DIR NAME PARTS N TOK
+    python3 - "$4" "$5" >"$2.jsonl" <<'PY'
+import json, sys
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"custom_id": f"q{i}", "prompt": f"Item {i}: the number after {i} is",
+                      "max_tokens": 2 + (i * 7) % int(sys.argv[2]), "temperature": 0}))
+PY
+    "$Q" submit --db "$1" --partitions "$3" --name "$2" --model "$M" "$2.jsonl" >/dev/null 2>&1 ||
+        fail "submit $2"
+}
+make_job B jb 2 8 4
+python3 -c '
+import sqlite3, sys, time
+db = sqlite3.connect("B/part-0001.db", isolation_level=None)
+db.execute("PRAGMA locking_mode = EXCLUSIVE")
+db.execute("BEGIN EXCLUSIVE")
+open("held", "w").close()
+time.sleep(60)' &
+holder=$!
+pids+=("$holder")
+for _ in $(seq 1 100); do [ -e held ] && break; sleep 0.1; done
+"$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err ||
+    fail "run on a part in use: exit $?, want 0"
+grep -q "in use by another process" busy.err || fail "run on a part in use: $(cat busy.err)"
+"$Q" status --db B >st.txt 2>/dev/null || true
+grep -q "part    1: unknown.*in use" st.txt || { cat st.txt >&2; fail "status of a part in use"; }
+rc=0; "$Q" retry --db B --failed 2>retry.err || rc=$?
+[ $rc -eq 1 ] && grep -q "in use" retry.err || fail "retry of a part in use: exit $rc"
+rc=0; "$Q" export --db B --out b.jsonl 2>exp.err || rc=$?
+[ $rc -eq 1 ] && grep -q "part 1 is in use" exp.err && [ ! -e b.jsonl ] ||
+    fail "export of a part in use: exit $rc"
+"$Q" cancel --db B 2>cancel.err || fail "cancel with a part in use"
+[ -e B/part-0001.cancel ] || fail "cancel left no request for the part in use"
+rm -f B/part-0001.cancel
+kill "$holder"; wait "$holder" 2>/dev/null || true
+rc=0; "$Q" status --db B/part-0000.db 2>plain.err || rc=$?
+[ $rc -eq 1 ] && grep -q "part 0 of a partitioned queue" plain.err ||
+    fail "a part opened as a plain queue: exit $rc $(cat plain.err)"
+[ "$(sqlite3 B/part-0000.db 'PRAGMA journal_mode')" = delete ] || fail "the refused part changed"
+
+# ---- 4. take-over of a dead part, never of one not started -------------------------------
+make_job C jc 3 $((N / 3)) "$TOK"
+"$Q" run --db C --part 1 --no-take-over "${RUN[@]}" >c1.out 2>c1.err &
+pc=$!
+pids+=("$pc")
+wait_done C 1 2 "$pc"
+kill -9 "$pc" 2>/dev/null || true
+wait "$pc" 2>/dev/null || true
+"$Q" run --db C --part 0 "${RUN[@]}" >c0.out 2>c0.err || { cat c0.err >&2; fail "part 0 + take-over"; }
+grep -q "taking over part 1 of 3" c0.err || { cat c0.err >&2; fail "part 1 was not taken over"; }
+grep -q "part 2 of 3" c0.err && fail "part 2 (never started) was taken over"
+"$Q" status --db C --json >stc.json 2>/dev/null
+python3 - <<'PY' || fail "take-over status"
+import json
+p = {x["part"]: x for x in json.load(open("stc.json"))[0]["part_status"]}
+assert p[0]["state"] == "done" and p[1]["state"] == "done", p
+assert p[2]["state"] == "queued" and p[2]["done"] == 0, p[2]
+PY
+"$Q" run --db C "${RUN[@]}" >/dev/null 2>c2.err || fail "run without --part"
+grep -q "working on part 2 of 3" c2.err || fail "run without --part skipped part 2"
+check_parts C jc $((N / 3))
+
+# ---- 5. cancel reaches a part's run through its request file -----------------------------
+make_job D jd 2 16 48
+"$Q" run --db D --part 0 --no-take-over "${RUN[@]}" >d0.out 2>d0.err &
+pd=$!
+pids+=("$pd")
+wait_done D 0 1 "$pd"
+"$Q" cancel --db D 2>dcancel.err || fail "cancel: $(cat dcancel.err)"
+wait "$pd" || { cat d0.err >&2; fail "the cancelled run failed"; }
+grep -q "cancelled on request" d0.err || { cat d0.err >&2; fail "the run did not act on the cancel"; }
+[ ! -e D/part-0000.cancel ] || fail "the request file stayed"
+"$Q" status --db D --json >std.json 2>/dev/null
+python3 - <<'PY' || fail "cancelled status"
+import json
+j = json.load(open("std.json"))[0]
+assert j["state"] == "cancelled" and j["unfinished"] == 0 and j["cancelled"] > 0, j
+PY
+
+# ---- 6. parts on a network file system -------------------------------------------------
+QUERN_TEST_FS_MAGIC=0x6969 "$Q" submit --db E --partitions 2 --name je --model "$M" in.jsonl \
+    >/dev/null 2>e.err || { cat e.err >&2; fail "submit --partitions on NFS"; }
+QUERN_TEST_FS_MAGIC=0x6969 "$Q" status --db E >/dev/null 2>&1 || fail "status of parts on NFS"
+echo "partitions: ok"
