@@ -154,10 +154,11 @@ void batch_out_free(struct batch_out *w);
  * it); batch_out_release gives held items back. */
 enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_detail *err);
 /* Append the result record `line` (one JSON line without newline; owned by the writer from now
- * on, also on failure; NULL means out of memory) of item_id, with its token usage. */
+ * on, also on failure; NULL means out of memory) of item_id, with its token usage and latencies
+ * (ms; <= 0 unknown). */
 enum status batch_out_result(struct batch_out *w, int64_t item_id, char *line,
-                             int64_t prompt_tokens, int64_t completion_tokens,
-                             struct err_detail *err);
+                             int64_t prompt_tokens, int64_t completion_tokens, double ttft_ms,
+                             double tpot_ms, struct err_detail *err);
 /* Append the error record `line` (owned as above) of item_id, failing it with code and msg. */
 enum status batch_out_error(struct batch_out *w, int64_t item_id, char *line, const char *code,
                             const char *msg, struct err_detail *err);
@@ -183,6 +184,7 @@ enum status batch_count_open_shards(struct queue *q, int64_t job_id, int64_t *op
 
 #define BATCH_PROGRESS_PUBLISH_S 1.0  /* how often a run stores its numbers in the queue */
 #define BATCH_PROGRESS_STALE_S   30.0 /* a run silent longer adds nothing to live rates */
+#define BATCH_SAMPLE_S           5.0  /* how often a run records a time-series sample */
 
 /* A job's live numbers, counted as tokens are produced, not when requests finish; published
  * with the run's heartbeat (queue_run_progress) and shown by runner/progress.h. */
@@ -274,7 +276,9 @@ struct batch_opts {
     /* Stop signals received so far (the caller's handler counts them; may be NULL): one stops
      * admission, a second skips the grace. */
     const volatile sig_atomic_t *signals;
-    double show_period; /* seconds between BATCH_SHOW_LIVE calls */
+    const char *metrics_file; /* Prometheus text-format metrics replaced here every
+                                 BATCH_SAMPLE_S (node_exporter's textfile collector), or NULL */
+    double show_period;       /* seconds between BATCH_SHOW_LIVE calls */
     void (*show)(void *user, const struct batch_progress *p, enum batch_show what);
     void *show_user; /* passed to show */
 };

@@ -22,6 +22,9 @@ struct batch_inflight {
     int n_got;                          /* of those, finished so far */
     int grammar_stuck;                  /* a choice ended because its grammar allowed no token */
     int32_t n_prompt;                   /* prompt tokens */
+    double ttft_ms;                     /* time to first token of its first choice, 0 = none */
+    double decode_ms;                   /* summed over choices: first token to last ... */
+    int64_t decode_tokens;              /* ... and the tokens after the first */
     struct job_choice *choices;         /* n_choices, filled as they finish: every pointer in
                                            them owned (copies of the engine's output) */
 };
@@ -67,6 +70,7 @@ struct batch_run {
     struct batch_rate prompt_rate; /* engine prompt tokens computed, sampled */
     double t_job;                  /* when the job's engine was ready */
     double t_draw, t_pub;          /* next show call; last queue_run_progress */
+    double t_sample;               /* last queue_sample_add */
     struct queue_counts counts;    /* the job's counts when last read */
     double t_counts, counts_cost;  /* when they were read (0: read next time), and how long
                                     * that took */

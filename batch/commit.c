@@ -23,6 +23,7 @@ struct pend {
     char *err_code;     /* NULL for results; error code for errors (owned) */
     char *err_msg;      /* error message (owned) */
     int64_t ptok, ctok; /* usage */
+    double ttft, tpot;  /* latencies (ms), <= 0 unknown */
 };
 
 /* One of the two shards a writer keeps open. */
@@ -189,7 +190,7 @@ static enum status shard_finish(struct batch_out *w, struct oshard *s, struct er
 
 static enum status shard_append(struct batch_out *w, struct oshard *s, int64_t item, char *line,
                                 const char *code, const char *msg, int64_t ptok, int64_t ctok,
-                                struct err_detail *err)
+                                double ttft, double tpot, struct err_detail *err)
 {
     enum status st;
     if (!line)
@@ -219,21 +220,23 @@ static enum status shard_append(struct batch_out *w, struct oshard *s, int64_t i
     p->err_msg = msg ? strdup(msg) : NULL;
     p->ptok = ptok;
     p->ctok = ctok;
+    p->ttft = ttft;
+    p->tpot = tpot;
     return ST_OK;
 }
 
 enum status batch_out_result(struct batch_out *w, int64_t item_id, char *line,
-                             int64_t prompt_tokens, int64_t completion_tokens,
-                             struct err_detail *err)
+                             int64_t prompt_tokens, int64_t completion_tokens, double ttft_ms,
+                             double tpot_ms, struct err_detail *err)
 {
     return shard_append(w, &w->res, item_id, line, NULL, NULL, prompt_tokens, completion_tokens,
-                        err);
+                        ttft_ms, tpot_ms, err);
 }
 
 enum status batch_out_error(struct batch_out *w, int64_t item_id, char *line, const char *code,
                             const char *msg, struct err_detail *err)
 {
-    return shard_append(w, &w->errs, item_id, line, code, msg, 0, 0, err);
+    return shard_append(w, &w->errs, item_id, line, code, msg, 0, 0, -1, -1, err);
 }
 
 /* Flush + commit the shard's pending records. If the queue refuses some items (re-claimed
@@ -263,6 +266,8 @@ static enum status shard_commit(struct batch_out *w, struct oshard *s, struct er
             done[i].error_msg = s->pend[i].err_msg;
             done[i].prompt_tokens = s->pend[i].ptok;
             done[i].completion_tokens = s->pend[i].ctok;
+            done[i].ttft_ms = s->pend[i].ttft;
+            done[i].tpot_ms = s->pend[i].tpot;
         }
         st = io_shard_flush(s->sh, &bytes, &records, err);
         if (!st)

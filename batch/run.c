@@ -328,8 +328,9 @@ static enum status write_result(struct batch_run *r, struct batch_inflight *inf,
     jr.created = (int64_t)time(NULL);
     jr.job_id = r->job.id;
     jr.tok = r->tok;
+    double tpot = inf->decode_tokens ? inf->decode_ms / (double)inf->decode_tokens : 0;
     return batch_out_result(r->out, inf->item_id, job_record_success(&jr),
-                            (int64_t)inf->n_prompt, gen, err);
+                            (int64_t)inf->n_prompt, gen, inf->ttft_ms, tpot, err);
 }
 
 /* Finished requests out of the engine, as result records for the writer: a request's record
@@ -343,6 +344,13 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
         for (size_t i = 0; i < k; i++) {
             struct batch_inflight *inf = o[i].user;
             note_latency(r, &o[i]);
+            double ttft = 1e3 * (o[i].t_first - o[i].t_arrival);
+            if (o[i].n_tokens > 0 && (inf->ttft_ms <= 0 || ttft < inf->ttft_ms))
+                inf->ttft_ms = ttft;
+            if (o[i].n_tokens > 1) {
+                inf->decode_ms += 1e3 * (o[i].t_finish - o[i].t_first);
+                inf->decode_tokens += (int64_t)o[i].n_tokens - 1;
+            }
             if (!st && keep_choice(inf, &o[i]))
                 st = err_set(err, ST_ERR_NOMEM, "out of memory keeping an output");
             if (st || inf->n_got < inf->n_choices)

@@ -216,6 +216,7 @@ static int schedule(struct engine *e, struct err_detail *err)
         }
         wait_remove(e, prev, s);
         e->n_free_slots--;
+        e->stats.cached_tokens += (uint64_t)(cached < (int32_t)s->n_prompt ? cached : (int32_t)s->n_prompt);
         if (s->n_cached == (size_t)-1)
             s->n_cached = (size_t)cached;
         s->state = SEQ_RUNNING;

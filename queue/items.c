@@ -9,7 +9,8 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
 {
     static const char sql[] =
         "SELECT id, custom_id, source, line_no, state, shard_id, error_code, error_msg, "
-        "coalesce(shard_record, -1), payload "
+        "coalesce(shard_record, -1), payload, coalesce(prompt_tokens, 0), "
+        "coalesce(completion_tokens, 0), coalesce(ttft_ms, -1), coalesce(tpot_ms, -1), attempts "
         "FROM items WHERE job_id = ?1 ORDER BY source, line_no, id";
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
@@ -30,6 +31,11 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
         it.error_msg = (const char *)sqlite3_column_text(s, 7);
         it.shard_record = sqlite3_column_int64(s, 8);
         it.payload = (const char *)sqlite3_column_text(s, 9);
+        it.prompt_tokens = sqlite3_column_int64(s, 10);
+        it.completion_tokens = sqlite3_column_int64(s, 11);
+        it.ttft_ms = sqlite3_column_double(s, 12);
+        it.tpot_ms = sqlite3_column_double(s, 13);
+        it.attempts = sqlite3_column_int(s, 14);
         if (state < 0) { /* custom_id and payload may be NULL (see queue_item_info) */
             char what[96];
             snprintf(what, sizeof(what), "item %lld has an unknown state", (long long)it.id);

@@ -63,7 +63,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       3     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       4     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -382,6 +382,45 @@ enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, s
 /* Free an array from queue_run_list_live; NULL is a no-op. */
 void queue_run_info_free(struct queue_run_info *runs, size_t n);
 
+/* ---- Time series: a run's samples ------------------------------------------------------ */
+
+/* What a sample holds besides its time, run and job; counters are cumulative from the start
+ * of the run's work on the job (its engine), gauges are the moment's. */
+enum queue_sample_field {
+    QUEUE_SAMPLE_DONE = 0,       /* the job's items finished with a result (all runs) */
+    QUEUE_SAMPLE_FAILED,         /* ... with an error record */
+    QUEUE_SAMPLE_GEN_TOKENS,     /* counter: tokens generated */
+    QUEUE_SAMPLE_PROMPT_TOKENS,  /* counter: prompt tokens computed */
+    QUEUE_SAMPLE_CACHED_TOKENS,  /* counter: prompt tokens found in the prefix cache */
+    QUEUE_SAMPLE_RUNNING,        /* gauge: sequences running */
+    QUEUE_SAMPLE_WAITING,        /* gauge: requests waiting */
+    QUEUE_SAMPLE_KV_USED,        /* gauge: KV blocks in use */
+    QUEUE_SAMPLE_KV_TOTAL,       /* gauge: KV blocks in the pool */
+    QUEUE_SAMPLE_STEPS,          /* counter: forward steps */
+    QUEUE_SAMPLE_BATCH_TOKENS,   /* counter: tokens over those steps */
+    QUEUE_SAMPLE_SPEC_DRAFTED,   /* counter: draft tokens verified (speculative decoding) */
+    QUEUE_SAMPLE_SPEC_ACCEPTED,  /* counter: ... and accepted */
+    QUEUE_SAMPLE_FIELDS,
+};
+
+/* The column name of field f ("done", "gen_tokens", ...); NULL out of range. */
+const char *queue_sample_field_name(int f);
+
+struct queue_sample {
+    int64_t t_ms;                   /* when, unix ms (queue clock); 0 in queue_sample_add: now */
+    int64_t run_id;                 /* the run */
+    int64_t job_id;                 /* the job */
+    int64_t v[QUEUE_SAMPLE_FIELDS]; /* by enum queue_sample_field */
+};
+
+/* Append one sample (one autocommit INSERT). */
+enum status queue_sample_add(struct queue *q, const struct queue_sample *s, struct err_detail *err);
+
+/* Every sample of job_id, oldest first, in a malloc'd array (NULL when *n is 0) the caller
+ * frees with free(). */
+enum status queue_sample_list(struct queue *q, int64_t job_id, struct queue_sample **out,
+                              size_t *n, struct err_detail *err);
+
 /* The dead-run rule. A run is dead when it has ended, or when its heartbeat is older than the
  * lease the observer uses, or (without waiting for any lease) when it ran on the observer's
  * host, boot and PID namespace and its process is gone (common/proc.h: proc_liveness). Across
@@ -523,6 +562,8 @@ struct queue_done {
     const char *error_msg;     /* for failed items */
     int64_t prompt_tokens;     /* tokens in the rendered prompt */
     int64_t completion_tokens; /* tokens generated */
+    double ttft_ms;            /* time to first token; <= 0: unknown (stored as NULL) */
+    double tpot_ms;            /* time per output token after the first; <= 0: unknown */
 };
 
 /* The commit of a shard flush, in ONE transaction: every item in done[] becomes done (results
@@ -555,6 +596,11 @@ struct queue_item_info {
     const char *payload;         /* request JSON, NULL for a line rejected at submit */
     const char *error_code;      /* for failed items, else NULL */
     const char *error_msg;       /* for failed items, else NULL */
+    int64_t prompt_tokens;       /* usage of a finished item (0 when unknown) */
+    int64_t completion_tokens;   /* likewise */
+    double ttft_ms;              /* time to first token, < 0 when unknown */
+    double tpot_ms;              /* time per output token after the first, < 0 when unknown */
+    int32_t attempts;            /* claims that counted */
 };
 
 /* Called once per item; a non-OK return stops the scan and is returned by it. Pointers in

@@ -290,3 +290,73 @@ enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, s
     *n = cnt;
     return ST_OK;
 }
+
+/* ---- samples ---- */
+
+static const char *const SAMPLE_FIELDS[QUEUE_SAMPLE_FIELDS] = {
+    "done",    "failed",  "gen_tokens", "prompt_tokens", "cached_tokens",
+    "running", "waiting", "kv_used",    "kv_total",      "steps",
+    "batch_tokens", "spec_drafted", "spec_accepted",
+};
+
+const char *queue_sample_field_name(int f)
+{
+    return f >= 0 && f < QUEUE_SAMPLE_FIELDS ? SAMPLE_FIELDS[f] : NULL;
+}
+
+enum status queue_sample_add(struct queue *q, const struct queue_sample *smp,
+                             struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    sqlite3_stmt *s = queue_stmt(q, QS_SAMPLE_ADD, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, smp->run_id);
+    sqlite3_bind_int64(s, 2, smp->job_id);
+    sqlite3_bind_int64(s, 3, smp->t_ms ? smp->t_ms : queue_now(q));
+    for (int f = 0; f < QUEUE_SAMPLE_FIELDS; f++)
+        sqlite3_bind_int64(s, 4 + f, smp->v[f]);
+    return queue_step_done(q, s, "recording a sample", err);
+}
+
+enum status queue_sample_list(struct queue *q, int64_t job_id, struct queue_sample **out,
+                              size_t *n, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *out = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_SAMPLE_LIST, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    size_t cap = 0;
+    enum status st = ST_OK;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (*n == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            struct queue_sample *t = realloc(*out, ncap * sizeof(*t));
+            if (!t) {
+                st = err_set(err, ST_ERR_NOMEM, "out of memory");
+                break;
+            }
+            *out = t;
+            cap = ncap;
+        }
+        struct queue_sample *smp = &(*out)[(*n)++];
+        smp->run_id = sqlite3_column_int64(s, 0);
+        smp->job_id = sqlite3_column_int64(s, 1);
+        smp->t_ms = sqlite3_column_int64(s, 2);
+        for (int f = 0; f < QUEUE_SAMPLE_FIELDS; f++)
+            smp->v[f] = sqlite3_column_int64(s, 3 + f);
+    }
+    if (!st && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "reading samples", err);
+    queue_stmt_done(s);
+    if (st) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return st;
+}

@@ -109,10 +109,39 @@ static const char SCHEMA_V2[] =
  * show them (queue_run_progress). */
 static const char SCHEMA_V3[] = "ALTER TABLE runs ADD COLUMN progress_json TEXT;";
 
+/* Version 4: items.ttft_ms and tpot_ms, a finished request's time to first token and time per
+ * output token after it (NULL: unknown, or an error record); and samples, a run's time series: every few seconds (and when a job's work ends) its
+ * numbers for the job (queue_sample_add): the job's finished items, the run's engine counters
+ * since the job's engine started (tokens, prefix-cache hits, steps, batch tokens, speculation)
+ * and its load (sequences, KV blocks); for `quern status --json` and `quern report`. */
+static const char SCHEMA_V4[] =
+    "CREATE TABLE samples ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),"
+    "  t INTEGER NOT NULL,"
+    "  done INTEGER NOT NULL,"
+    "  failed INTEGER NOT NULL,"
+    "  gen_tokens INTEGER NOT NULL,"
+    "  prompt_tokens INTEGER NOT NULL,"
+    "  cached_tokens INTEGER NOT NULL,"
+    "  running INTEGER NOT NULL,"
+    "  waiting INTEGER NOT NULL,"
+    "  kv_used INTEGER NOT NULL,"
+    "  kv_total INTEGER NOT NULL,"
+    "  steps INTEGER NOT NULL,"
+    "  batch_tokens INTEGER NOT NULL,"
+    "  spec_drafted INTEGER NOT NULL,"
+    "  spec_accepted INTEGER NOT NULL);"
+    "CREATE INDEX samples_job ON samples (job_id, t);"
+    "ALTER TABLE items ADD COLUMN ttft_ms REAL;"
+    "ALTER TABLE items ADD COLUMN tpot_ms REAL;";
+
 const struct queue_migration queue_migrations[] = {
     {1, SCHEMA_V1},
     {2, SCHEMA_V2},
     {3, SCHEMA_V3},
+    {4, SCHEMA_V4},
 };
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
@@ -215,7 +244,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     /* the exactly-once rule: only while leased by the committing run */
     [QS_ITEM_FINISH] = "UPDATE items SET state = ?3, lease_expiry = NULL, shard_id = ?4,"
                        " error_code = ?5, error_msg = ?6, prompt_tokens = ?7,"
-                       " completion_tokens = ?8, finished = ?9, shard_record = ?11"
+                       " completion_tokens = ?8, finished = ?9, shard_record = ?11,"
+                       " ttft_ms = ?12, tpot_ms = ?13"
                        " WHERE id = ?1 AND job_id = ?10 AND state = 'leased'"
                        " AND lease_owner = ?2",
 
@@ -232,6 +262,13 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_PROGRESS] = "UPDATE runs SET heartbeat = ?2, progress_json = ?3"
                         " WHERE id = ?1 AND ended IS NULL",
+    [QS_SAMPLE_ADD] = "INSERT INTO samples (run_id, job_id, t, done, failed, gen_tokens,"
+                      " prompt_tokens, cached_tokens, running, waiting, kv_used, kv_total, steps,"
+                      " batch_tokens, spec_drafted, spec_accepted)"
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    [QS_SAMPLE_LIST] = "SELECT run_id, job_id, t, done, failed, gen_tokens, prompt_tokens,"
+                       " cached_tokens, running, waiting, kv_used, kv_total, steps, batch_tokens,"
+                       " spec_drafted, spec_accepted FROM samples WHERE job_id = ?1 ORDER BY t, id",
     [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
                          " heartbeat, progress_json FROM runs"
                          " WHERE ended IS NULL AND kind = 'run' ORDER BY id",

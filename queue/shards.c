@@ -351,6 +351,10 @@ enum status queue_commit_shard(struct queue *q, int64_t run_id, int64_t shard_id
         sqlite3_bind_int64(s, 9, now);
         sqlite3_bind_int64(s, 10, sh.job_id);
         sqlite3_bind_int64(s, 11, (int64_t)sh.records + (int64_t)i);
+        if (d->ttft_ms > 0)
+            sqlite3_bind_double(s, 12, d->ttft_ms);
+        if (d->tpot_ms > 0)
+            sqlite3_bind_double(s, 13, d->tpot_ms);
         st = queue_step_done(q, s, "finishing an item", err);
         if (st != ST_OK || sqlite3_changes(q->db) == 1)
             continue;

@@ -38,7 +38,12 @@ static const char status_usage[] =
     "state, items, done, failed, cancelled, unfinished, gen_tok_s, part_status: per part the\n"
     "same counts, in_use, completion_tokens, errors, and host/pid/progress_age_s in use).\n"
     "\n"
-    "  --json           one JSON array, an object per job (fields as in the README)\n"
+    "  --json           one JSON array, an object per job (fields as in the README), with\n"
+    "                   the job's time series: \"series\": {\"fields\": [...], \"rows\":\n"
+    "                   [[...], ...]}, a row per sample a run recorded (every 5 s and at the\n"
+    "                   end of its work on the job): t_ms, run_id, finished items, engine\n"
+    "                   counters (tokens, prefix-cache hits, steps, batch tokens, drafts) and\n"
+    "                   load (sequences, KV blocks)\n"
     "  --watch          follow the job (or all jobs) until nothing is queued or leased, or\n"
     "                   Ctrl-C (exit 0): on a terminal a live line on stdout redrawn about once\n"
     "                   a second, as `quern run` shows it; otherwise a \"progress: key=value\n"
@@ -226,6 +231,33 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
     return a;
 }
 
+/* The job's time series (queue_sample_list) as {"fields": [...], "rows": [[...], ...]}: one
+ * row per sample, oldest first, with t_ms and run_id before the sample's fields. NULL with
+ * err set on failure. */
+static cJSON *series_json(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    struct queue_sample *smp = NULL;
+    size_t n = 0;
+    if (queue_sample_list(q, job_id, &smp, &n, err))
+        return NULL;
+    cJSON *o = cJSON_CreateObject(), *fields = cJSON_AddArrayToObject(o, "fields");
+    cJSON_AddItemToArray(fields, cJSON_CreateString("t_ms"));
+    cJSON_AddItemToArray(fields, cJSON_CreateString("run_id"));
+    for (int f = 0; f < QUEUE_SAMPLE_FIELDS; f++)
+        cJSON_AddItemToArray(fields, cJSON_CreateString(queue_sample_field_name(f)));
+    cJSON *rows = cJSON_AddArrayToObject(o, "rows");
+    for (size_t i = 0; i < n; i++) {
+        cJSON *row = cJSON_CreateArray();
+        cJSON_AddItemToArray(row, cJSON_CreateNumber((double)smp[i].t_ms));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber((double)smp[i].run_id));
+        for (int f = 0; f < QUEUE_SAMPLE_FIELDS; f++)
+            cJSON_AddItemToArray(row, cJSON_CreateNumber((double)smp[i].v[f]));
+        cJSON_AddItemToArray(rows, row);
+    }
+    free(smp);
+    return o;
+}
+
 cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
                          const struct queue_run_info *runs, size_t n_runs, struct err_detail *err)
 {
@@ -290,6 +322,12 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     for (size_t i = 0; i < c.n_error_codes; i++)
         cJSON_AddNumberToObject(errs, c.errors[i].code[0] ? c.errors[i].code : "unknown",
                                 (double)c.errors[i].count);
+    cJSON *series = series_json(q, j->id, err);
+    if (!series) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToObject(o, "series", series);
     return o;
 }
 

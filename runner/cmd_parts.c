@@ -67,6 +67,7 @@ static cJSON *part_from_queue(struct queue *q, int k, struct err_detail *err)
     cJSON_AddNumberToObject(o, "completion_tokens", num(js, "completion_tokens"));
     cJSON_AddNumberToObject(o, "gen_tok_s", 0);
     cJSON_AddItemToObject(o, "errors", cJSON_DetachItemFromObject(js, "errors"));
+    cJSON_AddItemToObject(o, "series", cJSON_DetachItemFromObject(js, "series"));
     cJSON_Delete(js);
     return o;
 }

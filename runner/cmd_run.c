@@ -79,7 +79,12 @@ static const char run_usage[] =
     "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
     "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
     "                         `quern status --watch` shows the same from another process.\n"
-    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n";
+    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
+    "  --metrics-file PATH    write Prometheus text-format metrics to PATH every 5 s,\n"
+    "                         replaced atomically (for node_exporter's textfile collector:\n"
+    "                         PATH ending in .prom in its directory): the job's items by\n"
+    "                         state, this run's token/step/draft counters, tok/s, sequences,\n"
+    "                         KV blocks, ETA; labels job, part, run, host\n";
 static const char run_usage_tail[] =
     "  -h, --help             this help\n"
     "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n";
@@ -109,7 +114,8 @@ static void on_signal(int sig)
 }
 
 enum { R_DB = 256, R_OUT, R_JOB, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR,
-       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE, R_PART, R_NOTAKE };
+       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE, R_PART, R_NOTAKE,
+       R_METRICS };
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
@@ -126,6 +132,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         {"worker-id", required_argument, 0, R_WORKER}, {"no-wait", no_argument, 0, R_NOWAIT},
         {"create", no_argument, 0, R_CREATE},
         {"part", required_argument, 0, R_PART}, {"no-take-over", no_argument, 0, R_NOTAKE},
+        {"metrics-file", required_argument, 0, R_METRICS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -160,6 +167,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_NOWAIT: o->b.no_wait = 1; break;
         case R_CREATE: o->b.create = 1; break;
         case R_NOTAKE: o->no_take_over = 1; break;
+        case R_METRICS: o->b.metrics_file = optarg; break;
         case R_PART:
             if (!runner_parse_long(cmd, "part", optarg, 0, BATCH_PARTS_MAX - 1, &o->part))
                 return 0;

@@ -171,7 +171,7 @@ static void add_result(struct fixture *f, struct batch_out *w, size_t i)
 {
     struct err_detail err = {0};
     check(batch_out_hold(w, f->items[i], &err), &err, "batch_out_hold");
-    check(batch_out_result(w, f->items[i], record(i), 10, 5, &err), &err, "batch_out_result");
+    check(batch_out_result(w, f->items[i], record(i), 10, 5, 20.0 + (double)i, 0, &err), &err, "batch_out_result");
 }
 
 static void item_counts(struct fixture *f, struct queue_counts *c)
@@ -221,6 +221,25 @@ static void read_lines(const char *path, uint64_t limit, struct lines *l)
 }
 
 /* ---- the commit protocol, step by step ---- */
+
+/* An item scan callback: items c0..c2 done with the usage add_result gave, c3 failed
+ * without latencies, the rest unfinished. */
+static enum status check_usage(void *user, const struct queue_item_info *it)
+{
+    (void)user;
+    int i = atoi(it->custom_id + 1);
+    if (i < 3) {
+        assert_int_equal(it->state, QUEUE_ITEM_DONE);
+        assert_int_equal(it->prompt_tokens, 10);
+        assert_int_equal(it->completion_tokens, 5);
+        assert_true(it->ttft_ms == 20.0 + i);
+        assert_true(it->tpot_ms == -1); /* 0 given: unknown */
+        assert_int_equal(it->attempts, 1);
+    } else {
+        assert_true(it->ttft_ms == -1 && it->tpot_ms == -1);
+    }
+    return ST_OK;
+}
 
 static void test_commit_protocol(void **state)
 {
@@ -281,6 +300,8 @@ static void test_commit_protocol(void **state)
     assert_int_equal(l.n, 3);
     assert_string_equal(l.buf, "{\"custom_id\":\"c0\"}\n{\"custom_id\":\"c1\"}\n"
                                "{\"custom_id\":\"c2\"}\n");
+    /* each finished item keeps its usage and latency (none known: -1), for reports */
+    check(queue_item_scan(f->q, f->job.id, check_usage, f, &err), &err, "queue_item_scan");
 
     /* releasing gives the held items back uncounted */
     check(batch_out_hold(w, f->items[4], &err), &err, "hold");
@@ -375,7 +396,7 @@ static int fault_child(char **argv)
     for (int i = 0; i < 4; i++) {
         int64_t item = atoll(argv[6 + i]);
         if (batch_out_hold(w, item, &err) ||
-            batch_out_result(w, item, record((size_t)i), 1, 1, &err))
+            batch_out_result(w, item, record((size_t)i), 1, 1, -1, -1, &err))
             return 12;
         if (i == 1 && batch_out_commit(w, &err))
             return 13;

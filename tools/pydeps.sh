@@ -12,7 +12,7 @@ rm -rf "$DIR.tmp"
 py=$(command -v python3 || command -v python)
 "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
     --target "$DIR.tmp" -r "$REQ" 2>&1 | grep -v "dependency resolver\|requires pydantic\|as the 'root' user" || true
-PYTHONPATH="$DIR.tmp" "$py" -c 'import openai, jsonschema, rfc3339_validator' ||
+PYTHONPATH="$DIR.tmp" "$py" -c 'import openai, jsonschema, rfc3339_validator, prometheus_client' ||
     { echo "pydeps: install into $DIR failed" >&2; exit 1; }
 rm -rf "$DIR"
 mv "$DIR.tmp" "$DIR"

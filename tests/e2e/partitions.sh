@@ -15,10 +15,14 @@
 #  4. take-over: a part whose run was killed is finished by the run of another part after its
 #     own, and a part whose task never started is left alone;
 #  5. cancel of a part in use: its run sees the request, cancels, and exits;
-#  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts.
+#  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts;
+#  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
+#     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
+#     --max-runtime taken from SLURM_JOB_END_TIME.
 # Under sanitizers (QUERN_SANITIZE) the jobs are smaller; the checks are the same.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
+SBATCH=$(realpath examples/quern-array.sbatch)
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
 tmp=$(mktemp -d)
 pids=()
@@ -220,7 +224,7 @@ rc=0; "$Q" status --db B/part-0000.db 2>plain.err || rc=$?
 [ "$(sqlite3 B/part-0000.db 'PRAGMA journal_mode')" = delete ] || fail "the refused part changed"
 
 # ---- 4. take-over of a dead part, never of one not started -------------------------------
-make_job C jc 3 $((N / 3)) "$TOK"
+make_job C jc 3 30 "$TOK"
 "$Q" run --db C --part 1 --no-take-over "${RUN[@]}" >c1.out 2>c1.err &
 pc=$!
 pids+=("$pc")
@@ -239,7 +243,7 @@ assert p[2]["state"] == "queued" and p[2]["done"] == 0, p[2]
 PY
 "$Q" run --db C "${RUN[@]}" >/dev/null 2>c2.err || fail "run without --part"
 grep -q "working on part 2 of 3" c2.err || fail "run without --part skipped part 2"
-check_parts C jc $((N / 3))
+check_parts C jc 30
 
 # ---- 5. cancel reaches a part's run through its request file -----------------------------
 make_job D jd 2 16 48
@@ -262,4 +266,27 @@ PY
 QUERN_TEST_FS_MAGIC=0x6969 "$Q" submit --db E --partitions 2 --name je --model "$M" in.jsonl \
     >/dev/null 2>e.err || { cat e.err >&2; fail "submit --partitions on NFS"; }
 QUERN_TEST_FS_MAGIC=0x6969 "$Q" status --db E >/dev/null 2>&1 || fail "status of parts on NFS"
+# ---- 7. the Slurm array script, with Slurm's side played by the test -----------------------
+mkdir -p fakebin
+ln -s "$Q" fakebin/quern
+printf '#!/bin/sh\necho "$@" >>"%s/scontrol.log"\n' "$tmp" >fakebin/scontrol
+chmod +x fakebin/scontrol
+make_job F jf 2 $((N / 2)) 48
+PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS_PER_TASK=1 \
+    bash "$SBATCH" F >sb1.log 2>&1 &
+ps=$!
+pids+=("$ps")
+wait_done F 1 1 "$ps"
+kill -USR1 "$ps" # stop admitting ...
+sleep 0.5
+kill -USR1 "$ps" # ... and skip the script's 90 s grace
+rc=0; wait "$ps" || rc=$?
+[ $rc -eq 75 ] || { cat sb1.log >&2; fail "array task stopped by USR1: exit $rc, want 75"; }
+grep -qx "requeue 77_1" scontrol.log || fail "the task did not requeue itself: $(cat scontrol.log)"
+PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS_PER_TASK=1 \
+    SLURM_JOB_END_TIME=$(($(date +%s) + 3600)) bash "$SBATCH" F >sb2.log 2>&1 ||
+    { cat sb2.log >&2; fail "requeued array task"; }
+grep -q "SLURM_JOB_END_TIME: --max-runtime 34[0-9][0-9] s" sb2.log ||
+    fail "the allocation's end did not set --max-runtime"
+[ "$(wc -l <scontrol.log)" -eq 1 ] || fail "a finished task requeued itself"
 echo "partitions: ok"

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# What a run leaves for people and monitoring to look at, with the real binary and model:
+#  1. --metrics-file: the file parses with prometheus_client's text-format parser while the
+#     run works and after it (every metric typed, labels job/run/host), and its numbers are
+#     the job's (items done = status --json's, items = the job's, KV blocks > 0);
+#  2. the time series in status --json: a run killed with -9 and a second run that finishes
+#     the job both left samples (the kill is visible as a run boundary), each run's counters
+#     never go down and its times rise, the last sample has every item finished, and its
+#     token counter equals the metrics file's;
+#  3. every finished item keeps its time to first token and time per output token.
+set -euo pipefail
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+PYDEPS=${QUERN_PYDEPS:+$(realpath "$QUERN_PYDEPS")}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+[ -n "$PYDEPS" ] || fail "QUERN_PYDEPS (make pydeps) is needed for prometheus_client"
+export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
+N=40
+[ -n "${QUERN_SANITIZE:-}" ] && N=16
+python3 - "$N" >in.jsonl <<'PY'
+import json, sys
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"custom_id": f"o{i}", "prompt": f"Item {i}: the number after {i} is",
+                      "max_tokens": 4 + (i * 7) % 40, "temperature": 0}))
+PY
+"$Q" submit --db q.db --name jo --model "$M" in.jsonl >/dev/null 2>&1 || fail "submit"
+RUN=(--threads 1 --max-seqs 8 --flush-records 2 --flush-secs 0.2 --metrics-file m/quern.prom)
+mkdir m
+
+# check_prom FILE: parses, every family typed, one sample each with the run's labels; prints
+# {metric: value} as JSON.
+check_prom() {
+    python3 - "$1" <<'PY'
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+text = open(sys.argv[1]).read()
+assert text.endswith("\n")
+out = {}
+for fam in text_string_to_metric_families(text):
+    assert fam.type in ("gauge", "counter"), (fam.name, fam.type)
+    assert fam.documentation, fam.name
+    assert len(fam.samples) == 1, fam.name
+    s = fam.samples[0]
+    assert set(s.labels) == {"job", "run", "host"} and s.labels["job"] == "jo", s.labels
+    out[s.name] = s.value
+    out["run"] = int(s.labels["run"])
+for need in ("quern_items_done", "quern_items", "quern_generated_tokens_total",
+             "quern_kv_blocks", "quern_running_sequences", "quern_eta_seconds"):
+    assert need in out, need
+print(json.dumps(out))
+PY
+}
+
+# ---- a run killed with -9 while the metrics file is being written --------------------------
+"$Q" run --db q.db "${RUN[@]}" >r1.out 2>r1.err &
+p1=$!
+pids+=("$p1")
+for _ in $(seq 1 300); do [ -s m/quern.prom ] && break; sleep 0.1; done
+[ -s m/quern.prom ] || fail "no metrics file"
+check_prom m/quern.prom >mid.json || fail "the metrics file written mid-run does not parse"
+for _ in $(seq 1 300); do
+    d=$("$Q" status --db q.db --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["by_state"]["done"])')
+    [ "$d" -ge 4 ] && break
+    kill -0 "$p1" 2>/dev/null || break
+    sleep 0.1
+done
+sleep 5.5 # past BATCH_SAMPLE_S, so the first run leaves more than its first sample
+kill -9 "$p1" 2>/dev/null || true
+wait "$p1" 2>/dev/null || true
+ls m | grep -v '^quern.prom$' && fail "a temporary file was left beside the metrics file"
+
+# ---- a second run finishes the job ---------------------------------------------------------
+"$Q" run --db q.db "${RUN[@]}" >r2.out 2>r2.err || { cat r2.err >&2; fail "second run"; }
+check_prom m/quern.prom >end.json || fail "the final metrics file does not parse"
+"$Q" status --db q.db --json >st.json 2>/dev/null || fail "status --json"
+python3 - "$N" <<'PY' || fail "metrics and time series"
+import json, sys
+n = int(sys.argv[1])
+m = json.load(open("end.json"))
+j = json.load(open("st.json"))[0]
+assert m["quern_items"] == n and m["quern_items_done"] == j["by_state"]["done"] == n, (m, j["by_state"])
+assert m["quern_kv_blocks"] > 0 and m["quern_running_sequences"] == 0 and m["quern_eta_seconds"] == 0, m
+s = j["series"]
+f = {name: i for i, name in enumerate(s["fields"])}
+rows = s["rows"]
+runs = sorted({r[f["run_id"]] for r in rows})
+assert len(runs) == 2, f"samples from runs {runs}, want the killed one and the last"
+assert m["run"] == runs[-1], (m["run"], runs)
+first = [r for r in rows if r[f["run_id"]] == runs[0]]
+assert len(first) >= 2, f"the killed run left {len(first)} samples"
+for run in runs:
+    rr = [r for r in rows if r[f["run_id"]] == run]
+    for a, b in zip(rr, rr[1:]):
+        assert b[f["t_ms"]] >= a[f["t_ms"]], "times go back"
+        for c in ("gen_tokens", "prompt_tokens", "cached_tokens", "steps", "batch_tokens", "done"):
+            assert b[f[c]] >= a[f[c]], (run, c, a[f[c]], b[f[c]])
+    assert all(r[f["kv_total"]] > 0 and 0 <= r[f["kv_used"]] <= r[f["kv_total"]] for r in rr)
+last = rows[-1]
+assert last[f["done"]] == n and last[f["running"]] == 0, last
+assert last[f["gen_tokens"]] == m["quern_generated_tokens_total"], (last, m)
+assert last[f["steps"]] == m["quern_steps_total"] and last[f["batch_tokens"]] >= last[f["steps"]]
+assert first[-1][f["done"]] < n, "the first run was killed after the job was finished"
+PY
+# every finished request keeps its latencies (for reports): time to first token, and time per
+# output token where it has more than one
+[ "$(sqlite3 q.db "SELECT count(*) FROM items WHERE state = 'done' AND ttft_ms > 0")" -eq "$N" ] ||
+    fail "items without a time to first token"
+[ "$(sqlite3 q.db "SELECT count(*) FROM items WHERE completion_tokens > 1 AND NOT tpot_ms > 0")" -eq 0 ] ||
+    fail "items without a time per output token"
+echo "observe: ok"
