@@ -74,6 +74,8 @@ struct jobs_opts {
     int json;        /* --json */
     int failed;      /* --failed */
     int watch;       /* --watch */
+    int dir;         /* --db is a partitioned queue (probe_parts) */
+    struct batch_parts parts; /* ... and its catalogue */
     float progress;  /* --progress: --watch log interval (s) */
 };
 
@@ -116,6 +118,18 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
         return 0;
     }
     return 1;
+}
+
+/* Is --db a partitioned queue (o->dir, o->parts)? 0, or an exit code after saying what is wrong
+ * with the directory. */
+static int probe_parts(struct jobs_opts *o)
+{
+    struct err_detail err = {0};
+    o->dir = batch_parts_find(o->db, &o->parts, &err);
+    if (o->dir >= 0)
+        return 0;
+    LOG_ERROR("%s", err.msg);
+    return RUNNER_EXIT_ERROR;
 }
 
 /* A job still being submitted: its items so far, and zero in every other count. */
@@ -513,19 +527,16 @@ int runner_cmd_status(int argc, char **argv)
     struct jobs_opts o;
     if (!parse_jobs("status", status_usage, argc, argv, &o))
         return RUNNER_EXIT_USAGE;
+    int prc = probe_parts(&o);
+    if (prc)
+        return prc;
     struct err_detail err = {0};
-    struct batch_parts parts;
-    int dir = batch_parts_find(o.db, &parts, &err);
-    if (dir < 0) {
-        LOG_ERROR("%s", err.msg);
-        return RUNNER_EXIT_ERROR;
-    }
-    if (dir && o.watch) {
+    if (o.dir && o.watch) {
         LOG_ERROR("--watch does not follow a partitioned queue yet: use status without it");
         return RUNNER_EXIT_USAGE;
     }
-    if (dir)
-        return runner_parts_status(&parts, o.job, o.json);
+    if (o.dir)
+        return runner_parts_status(&o.parts, o.job, o.json);
     struct queue *q;
     /* no quick_check: status is polled, and a damaged page it reads is still an error */
     struct queue_options qo = {.must_exist = true};
@@ -599,20 +610,17 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     struct jobs_opts o;
     if (!parse_jobs(cmd, usage, argc, argv, &o))
         return RUNNER_EXIT_USAGE;
-    struct err_detail err = {0};
-    struct batch_parts parts;
-    int dir = batch_parts_find(o.db, &parts, &err);
-    if (dir < 0) {
-        LOG_ERROR("%s", err.msg);
-        return RUNNER_EXIT_ERROR;
-    }
-    if ((!o.job && !dir) || (retry && !o.failed)) {
+    int prc = probe_parts(&o);
+    if (prc)
+        return prc;
+    if ((!o.job && !o.dir) || (retry && !o.failed)) {
         fprintf(stderr, "quern %s: --job%s required\n%s", cmd, retry ? " and --failed are" : " is",
                 usage);
         return RUNNER_EXIT_USAGE;
     }
-    if (dir)
-        return runner_parts_steer(&parts, cmd, o.job, retry);
+    if (o.dir)
+        return runner_parts_steer(&o.parts, cmd, o.job, retry);
+    struct err_detail err = {0};
     struct queue *q = NULL;
     struct queue_job j = {0};
     int64_t n = 0;

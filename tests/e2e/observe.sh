@@ -12,15 +12,9 @@ set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
 PYDEPS=${QUERN_PYDEPS:+$(realpath "$QUERN_PYDEPS")}
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
+. "$(dirname "$0")/lib/common.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
+e2e_workdir
 [ -n "$PYDEPS" ] || fail "QUERN_PYDEPS (make pydeps) is needed for prometheus_client"
 export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
 N=40

@@ -24,15 +24,9 @@ set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 SBATCH=$(realpath examples/quern-array.sbatch)
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp"
+. "$(dirname "$0")/lib/common.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
+e2e_workdir
 N=60 TOK=32
 if [ -n "${QUERN_SANITIZE:-}" ]; then N=24 TOK=12; fi
 RUN=(--flush-records 2 --flush-secs 0.2 --threads 1 --max-batch-tokens 256)

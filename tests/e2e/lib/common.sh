@@ -2,6 +2,15 @@
 # Needs: Q (quern binary), M (model), fail() defined by the caller, and a working directory
 # holding out/<job>/ for each job.
 
+# e2e_workdir: make $tmp, a fresh working directory, and cd into it; at exit every PID added to
+# the array pids is killed and $tmp removed.
+pids=()
+e2e_workdir() {
+    tmp=$(mktemp -d)
+    trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
+    cd "$tmp"
+}
+
 # check_job DB JOB N_EXPECTED [OUTROOT]: export, exactly-once ids, shard integrity, manifest.
 check_job() {
     local db=$1 job=$2 n=$3 root=${4:-out}
