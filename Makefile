@@ -69,7 +69,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps
+.PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE),)
 all: $(QUERN) bin/quern
@@ -126,7 +126,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
 test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
       $(BUILD)/tools/bench_masks model gemma \
-      pydeps
+      pydeps testdeps
 	QUERN_MODEL=$(MODEL) QUERN_GEMMA=$(GEMMA) QUERN_BIN=$(QUERN) \
 	    QUERN_PYDEPS=$(CURDIR)/build-py tests/run_tests.sh $(TEST_BIN)
 
@@ -134,6 +134,10 @@ test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools
 # jsonschema), pinned in tools/requirements-test.txt, installed once into build-py/.
 pydeps:
 	tools/pydeps.sh build-py
+
+# Debian packages only the tests use (the sqlite3 shell, headless Chromium for the report).
+testdeps:
+	tools/install_deps.sh test
 
 unit: check-includes $(TEST_BIN) model gemma
 	QUERN_MODEL=$(MODEL) QUERN_GEMMA=$(GEMMA) QUERN_BIN=$(QUERN) \

@@ -113,6 +113,22 @@ enum status batch_parts_which(struct queue *q, int *k, int *n, struct err_detail
 enum status batch_parts_manifest(const char *job_root, int n, int *complete,
                                  struct err_detail *err);
 
+/* ---- The run report (batch/report.c) --------------------------------------------------- */
+
+struct batch_report_opts {
+    double cost_per_hour; /* cost of one run's device or node per hour; 0: no cost figures */
+};
+
+/* Write out_path (replaced atomically) as one self-contained HTML file about job (id or name;
+ * NULL for a partitioned queue's own job) of the queue file or partitioned queue db: summary
+ * figures, output tokens per second over time with every run's start and end (killed runs
+ * marked), batch size and KV use over time, TTFT/TPOT and prompt/output length histograms with
+ * P50/P90/P99, errors by code with examples, progress by part, the runs, and the cost per
+ * million output tokens. Inline SVG and CSS only: no script, nothing fetched. A part in use by
+ * a run contributes its counts from its progress file and nothing else. */
+enum status batch_report_write(const char *db, const char *job, const struct batch_report_opts *o,
+                               const char *out_path, struct err_detail *err);
+
 /* ---- The shard writer: one run's output for one job (batch/commit.c) ------------------- */
 
 /* Records go to the open results or errors shard of the job (a shard is started, row first and

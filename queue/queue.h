@@ -373,13 +373,20 @@ struct queue_run_info {
     int64_t heartbeat_ms;  /* last heartbeat, unix ms */
     int64_t age_ms;        /* now - heartbeat_ms by the queue's clock (>= 0) */
     char *progress_json;   /* last queue_run_progress document, or NULL */
+    int64_t ended_ms;      /* when it ended, unix ms; 0 while not (always, for a live run) */
+    char *exit_reason;     /* how it ended ("drained", "signal", "dead", ...), or NULL */
 };
 
 /* Every run not ended (alive, or dead and not yet noticed: see age_ms), oldest first, in one
  * read. *runs is malloc'd (NULL when *n is 0); free with queue_run_info_free. */
 enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
                                 struct err_detail *err);
-/* Free an array from queue_run_list_live; NULL is a no-op. */
+/* Every run (kind 'run') that worked on job_id, or on any job, ended or not, oldest first;
+ * free with queue_run_info_free. For reports: a run not ended whose heartbeat stopped was
+ * killed (or is still running). */
+enum status queue_run_list_job(struct queue *q, int64_t job_id, struct queue_run_info **runs,
+                               size_t *n, struct err_detail *err);
+/* Free an array from queue_run_list_live or queue_run_list_job; NULL is a no-op. */
 void queue_run_info_free(struct queue_run_info *runs, size_t n);
 
 /* ---- Time series: a run's samples ------------------------------------------------------ */

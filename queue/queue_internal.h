@@ -51,6 +51,7 @@ enum queue_stmt_id {
     QS_RUN_HEARTBEAT,
     QS_RUN_PROGRESS,
     QS_RUN_LIST_LIVE,
+    QS_RUN_LIST_JOB,
     QS_SAMPLE_ADD,
     QS_SAMPLE_LIST,
     QS_LEASE_EXPIRE,

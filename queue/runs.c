@@ -238,19 +238,23 @@ void queue_run_info_free(struct queue_run_info *runs, size_t n)
         free(runs[i].worker_id);
         free(runs[i].host);
         free(runs[i].progress_json);
+        free(runs[i].exit_reason);
     }
     free(runs);
 }
 
-enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
-                                struct err_detail *err)
+/* The runs statement `which` lists (bound to job_id), into *runs. */
+static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t job_id,
+                             struct queue_run_info **runs, size_t *n, struct err_detail *err)
 {
     QUEUE_ERR_LOCAL(err);
     *runs = NULL;
     *n = 0;
-    sqlite3_stmt *s = queue_stmt(q, QS_RUN_LIST_LIVE, err);
+    sqlite3_stmt *s = queue_stmt(q, which, err);
     if (!s)
         return err->status;
+    if (which == QS_RUN_LIST_JOB)
+        sqlite3_bind_int64(s, 1, job_id);
     int64_t now = queue_now(q);
     struct queue_run_info *a = NULL;
     size_t cnt = 0, cap = 0;
@@ -275,12 +279,14 @@ enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, s
         r->started_ms = sqlite3_column_int64(s, 5);
         r->heartbeat_ms = sqlite3_column_int64(s, 6);
         r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
+        r->ended_ms = sqlite3_column_int64(s, 8);
         if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
-            (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK)
-            st = queue_col_dup(s, 7, &r->progress_json, err);
+            (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK &&
+            (st = queue_col_dup(s, 7, &r->progress_json, err)) == ST_OK)
+            st = queue_col_dup(s, 9, &r->exit_reason, err);
     }
     if (st == ST_OK && rc != SQLITE_DONE)
-        st = queue_sql_err(q, rc, "listing live runs", err);
+        st = queue_sql_err(q, rc, "listing runs", err);
     queue_stmt_done(s);
     if (st != ST_OK) {
         queue_run_info_free(a, cnt);
@@ -289,6 +295,18 @@ enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, s
     *runs = a;
     *n = cnt;
     return ST_OK;
+}
+
+enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                struct err_detail *err)
+{
+    return list_runs(q, QS_RUN_LIST_LIVE, 0, runs, n, err);
+}
+
+enum status queue_run_list_job(struct queue *q, int64_t job_id, struct queue_run_info **runs,
+                               size_t *n, struct err_detail *err)
+{
+    return list_runs(q, QS_RUN_LIST_JOB, job_id, runs, n, err);
 }
 
 /* ---- samples ---- */

@@ -11,6 +11,7 @@ static const char usage[] =
     "  submit     create a job in an SQLite queue from JSONL request files\n"
     "  run        process queued items into zstd JSONL shards (resumable)\n"
     "  status     per-job progress, tokens, throughput, ETA, errors, runs (--watch: live)\n"
+    "  report     one self-contained HTML report of a job: throughput, load, latency, errors\n"
     "  export     a job's records as .jsonl/.jsonl.zst, or a .tar/.tar.zst bundle\n"
     "  cancel     cancel a job's remaining items\n"
     "  retry      re-queue a job's failed items\n"
@@ -38,6 +39,8 @@ int main(int argc, char **argv)
         return runner_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "status"))
         return runner_cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report"))
+        return runner_cmd_report(argc - 1, argv + 1);
     if (!strcmp(cmd, "export"))
         return runner_cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "cancel"))

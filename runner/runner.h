@@ -25,6 +25,7 @@ int runner_cmd_status(int argc, char **argv);
 int runner_cmd_export(int argc, char **argv);
 int runner_cmd_cancel(int argc, char **argv);
 int runner_cmd_retry(int argc, char **argv);
+int runner_cmd_report(int argc, char **argv);
 
 /* Strict number parsing for flag values: the whole string must be a number in [lo, hi].
  * On failure prints "quern NAME: bad value for --FLAG: ..." to stderr and returns 0. */
