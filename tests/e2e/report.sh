@@ -6,7 +6,7 @@
 #     by code), its P50/P90/P99 the nearest-rank percentiles of the items' stored latencies
 #     and lengths, its runs the queue's (the killed one marked), its cost run hours x price;
 #  2. headless Chromium renders it at desktop and phone widths without a console message or a
-#     failed load, and its DOM has every section;
+#     failed load, prints it to a PDF of several pages, and its DOM has every section;
 #  3. a partitioned queue's report covers every part.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -120,6 +120,12 @@ for w in 1280 390; do
     python3 -c 'import sys; d=open(sys.argv[1],"rb").read(); assert d[:8]==b"\x89PNG\r\n\x1a\n" and len(d)>20000, len(d)' "shot$w.png" ||
         fail "screenshot at $w px"
 done
+# printed: Chromium's print to PDF gives a document of more than one page
+timeout 120 "$CHROME" --headless --no-sandbox --disable-gpu --no-pdf-header-footer \
+    --print-to-pdf="$tmp/report.pdf" "file://$tmp/report.html" >/dev/null 2>pdf.err ||
+    { cat pdf.err >&2; fail "chromium --print-to-pdf"; }
+python3 -c 'import re,sys; d=open(sys.argv[1],"rb").read(); assert d[:5]==b"%PDF-", d[:8]; n=len(re.findall(rb"/Type\s*/Page[^s]", d)); assert n >= 2, n' report.pdf ||
+    fail "the printed report"
 timeout 120 "$CHROME" --headless --no-sandbox --disable-gpu --dump-dom "file://$tmp/report.html" \
     >dom.html 2>/dev/null || fail "chromium --dump-dom"
 for id in summary throughput load latency lengths errors parts runs cost; do
