@@ -98,9 +98,13 @@ void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, ch
                       size_t cap);
 
 /* Open part k exclusively (busy_ms: how long to wait for a process that holds it; a part in use
- * is ST_ERR_BUSY). With create a missing part is created and marked; else a missing one is
- * ST_ERR_NOT_FOUND and one whose meta names another part or set is ST_ERR_FORMAT. */
-enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int create,
+ * is ST_ERR_BUSY). flags: BATCH_PART_CREATE creates a missing part and marks it (else a missing
+ * one is ST_ERR_NOT_FOUND), BATCH_PART_CHECK checks the whole file first (queue_options
+ * check_integrity: for commands that write). A part whose meta names another part or set is
+ * ST_ERR_FORMAT. */
+#define BATCH_PART_CREATE 1
+#define BATCH_PART_CHECK  2
+enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int flags,
                              struct queue **q, struct err_detail *err);
 
 /* When q is part of a partitioned queue: *k its index and *n the count (else *n = 0). */

@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/log.h"
 #include "io/manifest.h"
 #include "io/shard.h"
 
@@ -247,7 +248,11 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
         char *slash = strrchr(root, '/');
         if (slash)
             *slash = 0;
-        st = batch_parts_manifest(root, parts, NULL, err);
+        /* the part's own manifest is written: a failure here is only the combined view's */
+        struct err_detail e2 = {0};
+        if (batch_parts_manifest(root, parts, NULL, &e2))
+            LOG_WARN("the combined manifest in %s: %s (rewritten when a part's is)", root,
+                     e2.msg);
     }
     return st;
 }

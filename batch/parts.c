@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -170,7 +171,7 @@ static enum status part_mark(struct queue *q, const struct batch_parts *p, int k
     return ST_OK;
 }
 
-enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int create,
+enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int flags,
                              struct queue **q, struct err_detail *err)
 {
     *q = NULL;
@@ -179,8 +180,10 @@ enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, in
                        p->dir, p->n - 1);
     char path[4200];
     batch_parts_path(p, k, ".db", path, sizeof(path));
-    struct queue_options qo = {
-        .exclusive = true, .busy_timeout_ms = busy_ms, .must_exist = !create};
+    struct queue_options qo = {.exclusive = true,
+                               .busy_timeout_ms = busy_ms,
+                               .must_exist = !(flags & BATCH_PART_CREATE),
+                               .check_integrity = (flags & BATCH_PART_CHECK) != 0};
     enum status st = queue_open_opts(q, path, &qo, err);
     if (!st && (st = part_mark(*q, p, k, err))) {
         queue_close(*q);
@@ -217,8 +220,24 @@ static int add_part(cJSON *shards, uint64_t tot[2][3], const cJSON *m, int k)
     return 1;
 }
 
+/* Hold an exclusive flock on job_root/.manifest.lock (NFS: a POSIX lock) while the part
+ * manifests are read and the combined one written, so that two parts finishing together
+ * cannot leave the older picture last. -1 when it cannot be had: go on without it. */
+static int manifest_lock(const char *job_root)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/.manifest.lock", job_root);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 enum status batch_parts_manifest(const char *job_root, int n, int *complete, struct err_detail *err)
 {
+    int lock = manifest_lock(job_root);
     cJSON *root = cJSON_CreateObject(), *shards = cJSON_CreateArray(),
           *missing = cJSON_CreateArray();
     uint64_t tot[2][3] = {{0, 0, 0}, {0, 0, 0}};
@@ -271,6 +290,8 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
     cJSON_Delete(root);
     cJSON_Delete(shards);
     cJSON_Delete(missing);
+    if (lock >= 0)
+        close(lock); /* releases the flock */
     if (oom)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     if (complete)

@@ -317,7 +317,7 @@ static void write_metrics(struct batch_run *r, const struct batch_progress *p)
     };
     size_t cap = 8192, len = 0;
     char *text = malloc(cap);
-    for (size_t i = 0; text && i < sizeof(m) / sizeof(m[0]); i++)
+    for (size_t i = 0; text && len < cap && i < sizeof(m) / sizeof(m[0]); i++)
         len += (size_t)snprintf(text + len, cap - len, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %.17g\n",
                                 m[i].name, m[i].help, m[i].name, m[i].type, m[i].name, lab, m[i].v);
     if (!text || len >= cap) {

@@ -56,11 +56,20 @@ static void sb_esc(struct sbuf *b, const char *s)
 {
     for (; s && *s; s++) {
         switch (*s) {
-        case '&': sb_printf(b, "&amp;"); break;
-        case '<': sb_printf(b, "&lt;"); break;
-        case '>': sb_printf(b, "&gt;"); break;
-        case '"': sb_printf(b, "&quot;"); break;
-        default: sb_printf(b, "%c", *s);
+        case '&':
+            sb_printf(b, "&amp;");
+            break;
+        case '<':
+            sb_printf(b, "&lt;");
+            break;
+        case '>':
+            sb_printf(b, "&gt;");
+            break;
+        case '"':
+            sb_printf(b, "&quot;");
+            break;
+        default:
+            sb_printf(b, "%c", *s);
         }
     }
 }
@@ -68,8 +77,8 @@ static void sb_esc(struct sbuf *b, const char *s)
 /* ---- what the report is made of ---- */
 
 struct darr {
-    double *v;       /* values */
-    size_t n, cap;   /* used, allocated */
+    double *v;     /* values */
+    size_t n, cap; /* used, allocated */
 };
 
 static int darr_push(struct darr *a, double v)
@@ -90,43 +99,43 @@ static int darr_push(struct darr *a, double v)
 #define REPORT_CODES    32 /* error codes listed */
 
 struct rep_error {
-    char code[64];                        /* error code */
-    int64_t count;                        /* items failed with it */
-    char *example[REPORT_EXAMPLES];       /* "custom_id: message" (owned) */
-    int n_examples;                       /* used */
+    char code[64];                  /* error code */
+    int64_t count;                  /* items failed with it */
+    char *example[REPORT_EXAMPLES]; /* "custom_id: message" (owned) */
+    int n_examples;                 /* used */
 };
 
 struct rep_run {
-    int part;               /* its part (0 for a queue file) */
-    int64_t id;             /* run id within its queue */
-    int64_t started_ms;     /* start */
-    int64_t end_ms;         /* end, or its last heartbeat when it never ended */
-    int ended;              /* 1 when it recorded its end */
-    char reason[32];        /* exit reason, or "killed" for a run that never ended and is silent */
-    char host[64];          /* host */
+    int part;           /* its part (0 for a queue file) */
+    int64_t id;         /* run id within its queue */
+    int64_t started_ms; /* start */
+    int64_t end_ms;     /* end, or its last heartbeat when it never ended */
+    int ended;          /* 1 when it recorded its end */
+    char reason[32];    /* exit reason, or "killed" for a run that never ended and is silent */
+    char host[64];      /* host */
 };
 
 struct rep_part {
-    int in_use;                       /* held by a run: counts from its progress file */
+    int in_use;                             /* held by a run: counts from its progress file */
     int64_t items, done, failed, cancelled; /* counts */
 };
 
 struct report {
-    char job[129];                 /* job name */
-    char model[512];               /* model path */
-    int n_parts;                   /* 1 for a queue file */
-    struct rep_part *parts;        /* n_parts */
-    struct queue_sample *samples;  /* every readable part's samples */
-    int *sample_part;              /* the part of each */
-    size_t n_samples, cap_samples; /* used, allocated */
-    struct rep_run *runs;          /* every readable part's runs */
-    size_t n_runs, cap_runs;       /* used, allocated */
-    struct darr ttft, tpot;        /* finished items' latencies (ms) */
-    struct darr ptok, ctok;        /* finished items' prompt and completion tokens */
+    char job[129];                            /* job name */
+    char model[512];                          /* model path */
+    int n_parts;                              /* 1 for a queue file */
+    struct rep_part *parts;                   /* n_parts */
+    struct queue_sample *samples;             /* every readable part's samples */
+    int *sample_part;                         /* the part of each */
+    size_t n_samples, cap_samples;            /* used, allocated */
+    struct rep_run *runs;                     /* every readable part's runs */
+    size_t n_runs, cap_runs;                  /* used, allocated */
+    struct darr ttft, tpot;                   /* finished items' latencies (ms) */
+    struct darr ptok, ctok;                   /* finished items' prompt and completion tokens */
     int64_t prompt_tokens, completion_tokens; /* summed over finished items */
     struct rep_error errors[REPORT_CODES];    /* by code, most frequent first once sorted */
-    int n_errors;                              /* used */
-    int oom;                                   /* an allocation failed */
+    int n_errors;                             /* used */
+    int oom;                                  /* an allocation failed */
 };
 
 static void report_free(struct report *r)
@@ -252,7 +261,10 @@ static enum status gather(struct report *r, struct queue *q, int k, const char *
             x->id = runs[i].id;
             x->started_ms = runs[i].started_ms;
             x->ended = runs[i].ended_ms > 0;
-            x->end_ms = x->ended ? runs[i].ended_ms : runs[i].heartbeat_ms;
+            /* a run found dead was ended when another run noticed; it stopped working at its
+             * last heartbeat */
+            int dead = x->ended && runs[i].exit_reason && !strcmp(runs[i].exit_reason, "dead");
+            x->end_ms = x->ended && !dead ? runs[i].ended_ms : runs[i].heartbeat_ms;
             snprintf(x->reason, sizeof(x->reason), "%s",
                      x->ended ? (runs[i].exit_reason ? runs[i].exit_reason : "?")
                               : (runs[i].age_ms > stale_ms ? "killed" : "running"));
@@ -296,12 +308,12 @@ static double nice_step(double range)
 
 /* ---- SVG ---- */
 
-#define SVG_W  640 /* viewBox width */
-#define SVG_H  220 /* viewBox height */
-#define SVG_L  52  /* left margin (y labels) */
-#define SVG_R  22  /* right margin (room for the last x label) */
-#define SVG_T  14  /* top margin */
-#define SVG_B  30  /* bottom margin (x labels) */
+#define SVG_W 640 /* viewBox width */
+#define SVG_H 220 /* viewBox height */
+#define SVG_L 52  /* left margin (y labels) */
+#define SVG_R 22  /* right margin (room for the last x label) */
+#define SVG_T 14  /* top margin */
+#define SVG_B 30  /* bottom margin (x labels) */
 
 struct chart {
     double x0, x1, y0, y1; /* data ranges */
@@ -367,8 +379,8 @@ static void svg_poly(struct sbuf *b, const struct chart *c, const double *x, con
 /* ---- sections ---- */
 
 /* The time axis: seconds, minutes or hours since the first run started, by the job's span. */
-static double g_unit_ms = 60000.0;       /* ms per unit */
-static const char *g_unit = "minutes";   /* its name */
+static double g_unit_ms = 60000.0;     /* ms per unit */
+static const char *g_unit = "minutes"; /* its name */
 
 static void time_unit(int64_t span_ms)
 {
@@ -388,8 +400,8 @@ static void svg_runs(struct sbuf *b, const struct chart *c, const struct report 
     for (size_t i = 0; i < r->n_runs; i++) {
         const struct rep_run *x = &r->runs[i];
         double xs = cx(c, minutes(x->started_ms, t0)), xe = cx(c, minutes(x->end_ms, t0));
-        sb_printf(b, "<line class=\"run-start\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>",
-                  xs, xs, SVG_T, SVG_H - SVG_B);
+        sb_printf(b, "<line class=\"run-start\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>", xs,
+                  xs, SVG_T, SVG_H - SVG_B);
         int bad = !strcmp(x->reason, "killed") || !strcmp(x->reason, "dead") ||
                   !strcmp(x->reason, "error");
         int stop = !strcmp(x->reason, "signal") || !strcmp(x->reason, "max_runtime");
@@ -547,7 +559,8 @@ static void svg_hist(struct sbuf *b, const char *id, const char *title, const ch
     svg_open(b, &c, title, xl);
     for (int k = 0; k < NB; k++)
         if (cnt[k] > 0)
-            sb_printf(b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>",
+            sb_printf(b,
+                      "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>",
                       cx(&c, lo + k * w) + 0.5, cy(&c, cnt[k]),
                       fmax(0.5, cx(&c, lo + (k + 1) * w) - cx(&c, lo + k * w) - 1),
                       cy(&c, 0) - cy(&c, cnt[k]));
@@ -612,8 +625,9 @@ static void sec_parts(struct sbuf *b, const struct report *r)
 
 static void sec_runs(struct sbuf *b, const struct report *r, int64_t t0)
 {
-    sb_printf(b, "<section id=\"runs\"><h2>Runs</h2><table><tr>%s<th>run</th><th>host</th>"
-                 "<th>start (%s)</th><th>length (%s)</th><th>how it ended</th></tr>",
+    sb_printf(b,
+              "<section id=\"runs\"><h2>Runs</h2><table><tr>%s<th>run</th><th>host</th>"
+              "<th>start (%s)</th><th>length (%s)</th><th>how it ended</th></tr>",
               r->n_parts > 1 ? "<th>part</th>" : "", g_unit, g_unit);
     for (size_t i = 0; i < r->n_runs; i++) {
         const struct rep_run *x = &r->runs[i];
@@ -644,7 +658,8 @@ static const char CSS[] =
     ".run-stopped{stroke:#d9822b;stroke-width:1.5}.key{display:inline-block;width:1.2em;"
     "height:.25em;vertical-align:middle}.key.line1{background:#1f6fb5}.key.line2{"
     "background:#d9822b}.kv{display:grid;grid-template-columns:repeat(auto-fit,minmax(11rem,1fr));"
-    "gap:.4rem}@media (max-width:30rem){.kv{grid-template-columns:1fr 1fr}}.kv div{background:#f5f7fa;padding:.4rem .6rem;border-radius:4px}.kv b{display:"
+    "gap:.4rem}@media (max-width:30rem){.kv{grid-template-columns:1fr 1fr}}.kv "
+    "div{background:#f5f7fa;padding:.4rem .6rem;border-radius:4px}.kv b{display:"
     "block;font-size:1.15rem}.hists{display:grid;grid-template-columns:repeat(auto-fit,"
     "minmax(18rem,1fr));gap:1rem}.pbar{background:#eee;height:.7rem;min-width:5rem}.pbar div{"
     "background:#1f6fb5;height:100%}.ex{font-size:.85rem;color:#444}.bad{color:#b3261e}"
@@ -697,8 +712,7 @@ static void render(struct sbuf *b, struct report *r, const struct batch_report_o
     char when[64];
     strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", &tm);
     sb_printf(b, " &middot; %d part%s &middot; %zu run%s &middot; report made %s</p></header>",
-              r->n_parts, r->n_parts == 1 ? "" : "s", r->n_runs, r->n_runs == 1 ? "" : "s",
-              when);
+              r->n_parts, r->n_parts == 1 ? "" : "s", r->n_runs, r->n_runs == 1 ? "" : "s", when);
     sb_printf(b, "<section id=\"summary\"><h2>Summary</h2><div class=\"kv\">");
     kv(b, "items", "items", "%lld", (long long)items);
     kv(b, "done", "done", "%lld", (long long)done);

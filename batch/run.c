@@ -704,7 +704,7 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
     struct queue_options qo = {.must_exist = !o->create, .check_integrity = true};
     enum status st;
     if (o->parts)
-        st = batch_parts_open(o->parts, o->part, o->busy_ms, 0, &r->q, err);
+        st = batch_parts_open(o->parts, o->part, o->busy_ms, BATCH_PART_CHECK, &r->q, err);
     else
         st = queue_open_opts(&r->q, o->db, &qo, err);
     if (st)

@@ -121,7 +121,7 @@ struct engine_stats {
     uint64_t batch_tokens;      /* tokens over all steps */
     uint64_t batch_seqs;        /* running sequences summed over steps */
     uint64_t prompt_tokens;     /* prompt tokens computed (excluding cache hits) */
-    uint64_t cached_tokens;     /* prompt tokens found in the prefix cache at admission */
+    uint64_t cached_tokens;     /* prompt tokens found in the prefix cache at first admission */
     uint64_t gen_tokens;        /* tokens sampled */
     uint64_t preemptions;       /* sequences preempted */
     uint64_t nucleus_fast;      /* top_p/min_p draws decided from candidates (sampler.h) */

@@ -216,9 +216,11 @@ static int schedule(struct engine *e, struct err_detail *err)
         }
         wait_remove(e, prev, s);
         e->n_free_slots--;
-        e->stats.cached_tokens += (uint64_t)(cached < (int32_t)s->n_prompt ? cached : (int32_t)s->n_prompt);
-        if (s->n_cached == (size_t)-1)
+        if (s->n_cached == (size_t)-1) { /* its first admission (not a re-admission) */
             s->n_cached = (size_t)cached;
+            e->stats.cached_tokens +=
+                (uint64_t)(cached < (int32_t)s->n_prompt ? cached : (int32_t)s->n_prompt);
+        }
         s->state = SEQ_RUNNING;
         s->admitted = ++e->admit_counter;
         e->running[e->n_running++] = s;

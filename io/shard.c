@@ -265,7 +265,7 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
                             const char *fault, struct err_detail *err)
 {
     size_t n = strlen(dir) + strlen(name) + 64;
-    char *tmp = malloc(n), *final = malloc(n);
+    char *tmp = malloc(n + 64), *final = malloc(n);
     enum status st = ST_OK;
     int fd = -1;
     if (!tmp || !final) {
@@ -273,7 +273,9 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
         goto out;
     }
     snprintf(final, n, "%s/%s", dir, name);
-    snprintf(tmp, n, "%s/.%s.tmp.%ld", dir, name, (long)getpid());
+    char host[64] = "";
+    gethostname(host, sizeof(host) - 1); /* hosts sharing dir may reuse a pid */
+    snprintf(tmp, n + sizeof(host), "%s/.%s.tmp.%s.%ld", dir, name, host, (long)getpid());
     /* never write through whatever is at the temp name (a symlink, a stale file): remove it
      * (unlink does not follow links) and create the file exclusively */
     if (unlink(tmp) != 0 && errno != ENOENT) {

@@ -381,9 +381,10 @@ struct queue_run_info {
  * read. *runs is malloc'd (NULL when *n is 0); free with queue_run_info_free. */
 enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
                                 struct err_detail *err);
-/* Every run (kind 'run') that worked on job_id, or on any job, ended or not, oldest first;
- * free with queue_run_info_free. For reports: a run not ended whose heartbeat stopped was
- * killed (or is still running). */
+/* Every run (kind 'run') that worked on job_id, ended or not, oldest first: runs started for
+ * it, and runs started for any job that recorded samples for it (queue_sample_add); free with
+ * queue_run_info_free. For reports: a run not ended whose heartbeat stopped was killed (or is
+ * still running). */
 enum status queue_run_list_job(struct queue *q, int64_t job_id, struct queue_run_info **runs,
                                size_t *n, struct err_detail *err);
 /* Free an array from queue_run_list_live or queue_run_list_job; NULL is a no-op. */

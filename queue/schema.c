@@ -274,8 +274,9 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                          " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
     [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
                         " heartbeat, progress_json, coalesce(ended, 0), exit_reason FROM runs"
-                        " WHERE kind = 'run' AND (job_id = ?1 OR job_id IS NULL OR job_id = 0)"
-                        " ORDER BY id",
+                        " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
+                        " AND EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
+                        " AND s.job_id = ?1))) ORDER BY id",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
     /* ?2: the sweeping run, whose own leases are never swept (0: none) */

@@ -30,7 +30,7 @@
 
 static const char export_usage[] =
     "usage: quern export --db Q.db --job ID|NAME --out FILE [--order shard|input]\n"
-    "       quern export --db PARTS_DIR --out FILE.jsonl[.zst] [--order shard|input]\n"
+    "       quern export --db PARTS_DIR --out FILE [--order shard|input]\n"
     "\n"
     "Write the job's output records to FILE: .jsonl, .jsonl.zst, or a .tar/.tar.zst bundle\n"
     "(shards, manifest.json and submit-time errors, unchanged). Records of items still\n"
@@ -43,7 +43,8 @@ static const char export_usage[] =
     "first such record in their shard. A bundle copies the shards unchanged, superseded\n"
     "records included.\n"
     "A partitioned queue is exported part by part (every part must be free: not in use by a\n"
-    "run), each part's records in the order above.\n"
+    "run), each part's records in the order above; its bundle holds <job>/part-NNNN/ for each\n"
+    "part and the combined <job>/manifest.json.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
     "and renamed over FILE: FILE is either its old self or the complete export.\n"
     "\n"
@@ -210,6 +211,8 @@ struct exporter {
     uint64_t written;          /* records written */
     uint64_t superseded;       /* shard lines no item names, left out */
     struct err_detail *err;    /* failure detail */
+    struct archive *tar;       /* the bundle being written, or NULL */
+    char tar_dir[4096];        /* the directory of the last queue's shards in it */
 };
 
 static enum status out_bytes(struct exporter *x, const void *p, size_t n, int end)
@@ -484,36 +487,45 @@ static enum status tar_add(struct archive *a, const char *name, const char *path
 }
 
 /* The bundle, written to fd (which stays open: the caller syncs and closes it). */
-static enum status export_tar(struct exporter *x, int fd, int zst, const struct queue_shard *sh,
-                              size_t n, struct err_detail *err)
+/* Start the bundle (x->tar) on fd: a tar, zstd-compressed when zst. */
+static enum status tar_open(struct exporter *x, int fd, int zst, struct err_detail *err)
 {
-    struct archive *a = archive_write_new();
+    struct archive *a = x->tar = archive_write_new();
     if (!a)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
-    enum status st = ST_OK;
     archive_write_set_format_pax_restricted(a);
     if (zst && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
-        st = err_set(err, ST_ERR_UNSUPPORTED, "tar: %s", archive_error_string(a));
-    if (!st && archive_write_open_fd(a, fd) != ARCHIVE_OK)
-        st = err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, archive_error_string(a));
+        return err_set(err, ST_ERR_UNSUPPORTED, "tar: %s", archive_error_string(a));
+    if (archive_write_open_fd(a, fd) != ARCHIVE_OK)
+        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, archive_error_string(a));
+    return ST_OK;
+}
+
+/* One queue's part of the bundle: its shards and manifest under <job>/<sub> (sub "" or
+ * "part-NNNN/"), and its submit-time errors. The shards' directory goes to x->tar_dir. */
+static enum status tar_queue(struct exporter *x, const struct queue_shard *sh, size_t n,
+                             const char *sub, struct err_detail *err)
+{
+    enum status st = ST_OK;
     char dir[4096] = "";
     for (size_t i = 0; !st && i < n; i++) {
         if (!sh[i].committed_bytes)
             continue;
         const char *slash = strrchr(sh[i].path, '/');
-        char name[600];
-        snprintf(name, sizeof(name), "%s/%s", x->job.name, slash ? slash + 1 : sh[i].path);
-        st = tar_add(a, name, sh[i].path, sh[i].committed_bytes, NULL, 0, err);
+        char name[700];
+        snprintf(name, sizeof(name), "%s/%s%s", x->job.name, sub, slash ? slash + 1 : sh[i].path);
+        st = tar_add(x->tar, name, sh[i].path, sh[i].committed_bytes, NULL, 0, err);
         if (slash && !dir[0])
             snprintf(dir, sizeof(dir), "%.*s", (int)(slash - sh[i].path), sh[i].path);
     }
     if (!st && dir[0]) {
-        char mpath[4200], name[300];
+        char mpath[4200], name[400];
         struct stat sb;
         snprintf(mpath, sizeof(mpath), "%s/manifest.json", dir);
-        snprintf(name, sizeof(name), "%s/manifest.json", x->job.name);
+        snprintf(name, sizeof(name), "%s/%smanifest.json", x->job.name, sub);
         if (!stat(mpath, &sb))
-            st = tar_add(a, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
+            st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
+        snprintf(x->tar_dir, sizeof(x->tar_dir), "%s", dir);
     }
     if (!st && x->n_submit_errors) {
         size_t len = 0;
@@ -522,14 +534,35 @@ static enum status export_tar(struct exporter *x, int fd, int zst, const struct 
         char *buf = malloc(len + 1), *p = buf;
         for (size_t i = 0; buf && i < x->n_submit_errors; i++)
             p += sprintf(p, "%s\n", x->submit_errors[i]);
-        char name[300];
-        snprintf(name, sizeof(name), "%s/errors-submit.jsonl", x->job.name);
-        st = buf ? tar_add(a, name, NULL, 0, buf, len, err) : err_set(err, ST_ERR_NOMEM, "oom");
+        char name[400];
+        snprintf(name, sizeof(name), "%s/%serrors-submit.jsonl", x->job.name, sub);
+        st = buf ? tar_add(x->tar, name, NULL, 0, buf, len, err)
+                 : err_set(err, ST_ERR_NOMEM, "oom");
         free(buf);
     }
-    if (archive_write_close(a) != ARCHIVE_OK && !st)
-        st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(a));
-    archive_write_free(a);
+    return st;
+}
+
+/* End the bundle; for a partitioned queue (job set) first the combined manifest, from the
+ * directory above the last part's. */
+static enum status tar_close(struct exporter *x, const char *job, enum status st,
+                             struct err_detail *err)
+{
+    if (!x->tar)
+        return st;
+    char *slash = strrchr(x->tar_dir, '/');
+    if (!st && job && slash) {
+        char mpath[4200], name[300];
+        struct stat sb;
+        snprintf(mpath, sizeof(mpath), "%.*s/manifest.json", (int)(slash - x->tar_dir), x->tar_dir);
+        snprintf(name, sizeof(name), "%s/manifest.json", job);
+        if (!stat(mpath, &sb))
+            st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
+    }
+    if (archive_write_close(x->tar) != ARCHIVE_OK && !st)
+        st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(x->tar));
+    archive_write_free(x->tar);
+    x->tar = NULL;
     return st;
 }
 
@@ -591,9 +624,10 @@ static void exporter_reset(struct exporter *x)
     memset(&x->job, 0, sizeof(x->job));
 }
 
-/* Export job (id or name) of the open queue q to fd in format fmt, appending. */
+/* Export job (id or name) of the open queue q to fd in format fmt, appending (a bundle: to
+ * x->tar, its names under <job>/<sub>). */
 static enum status export_queue(struct exporter *x, struct queue *q, const char *job, int fd,
-                                enum fmt fmt, struct err_detail *err)
+                                enum fmt fmt, const char *sub, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
     size_t n_sh = 0;
@@ -616,7 +650,7 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
         sh[i].path = dup;
     }
     if (tar)
-        st = export_tar(x, fd, fmt == FMT_TAR_ZST, sh, n_sh, err);
+        st = tar_queue(x, sh, n_sh, sub, err);
     else
         st = export_jsonl(x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, err);
     if (!st && !tar) {
@@ -673,12 +707,6 @@ int runner_cmd_export(int argc, char **argv)
     enum status st = ST_OK;
     if (dir < 0)
         goto out;
-    if (dir && tar) {
-        err_set(&err, ST_ERR_UNSUPPORTED,
-                "a bundle (.tar) of a partitioned queue is not built yet: export to .jsonl or "
-                ".jsonl.zst, or tar OUT/<job>/ (every part's shards and the combined manifest)");
-        goto out;
-    }
     if (dir && job && strcmp(job, parts.job)) {
         err_set(&err, ST_ERR_NOT_FOUND, "%s holds job '%s', not '%s'", db, parts.job, job);
         goto out;
@@ -687,7 +715,7 @@ int runner_cmd_export(int argc, char **argv)
         fprintf(stderr, "quern export: --job is required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
-    if ((st = tmp_create(out, &fd, &err)))
+    if ((st = tmp_create(out, &fd, &err)) || (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
         goto out;
     /* a partitioned queue: part by part into the one file (each part's records as they would
      * be exported alone; a .zst gets a frame per part, which zstd reads as one stream) */
@@ -699,10 +727,14 @@ int runner_cmd_export(int argc, char **argv)
         if (st == ST_ERR_BUSY)
             err_set(&err, st, "part %d is in use by a run: export when it has ended (quern status "
                     "--db %s shows the parts)", k, db);
+        char sub[32] = "";
+        if (dir)
+            snprintf(sub, sizeof(sub), "part-%04d/", k);
         if (!st)
-            st = export_queue(&x, q, dir ? parts.job : job, fd, fmt, &err);
+            st = export_queue(&x, q, dir ? parts.job : job, fd, fmt, sub, &err);
         queue_close(q);
     }
+    st = tar_close(&x, dir ? parts.job : NULL, st, &err);
     if ((st = tmp_commit(out, &fd, st, &err)))
         goto out;
     if (!tar)
@@ -712,6 +744,7 @@ int runner_cmd_export(int argc, char **argv)
 out:
     if (rc)
         LOG_ERROR("%s", err.msg);
+    tar_close(&x, NULL, ST_ERR_IO, NULL);
     if (fd >= 0)
         tmp_commit(out, &fd, ST_ERR_IO, NULL);
     exporter_reset(&x);

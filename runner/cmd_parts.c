@@ -217,7 +217,7 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
         struct queue_job *jobs = NULL;
         size_t n = 0;
         int64_t moved = 0;
-        enum status st = batch_parts_open(p, k, 500, 0, &q, &err);
+        enum status st = batch_parts_open(p, k, 500, BATCH_PART_CHECK, &q, &err);
         if (st == ST_ERR_BUSY && !retry) {
             /* its run acts on the request within about a second (batch/progress.c) */
             char path[4200];
@@ -252,6 +252,11 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
             continue;
         }
         total += moved;
+        if (retry) { /* retried items are wanted: a cancel request left earlier must not act */
+            char path[4200];
+            batch_parts_path(p, k, ".cancel", path, sizeof(path));
+            unlink(path);
+        }
     }
     fprintf(stderr, "quern %s: job '%s' (%d parts): %lld items %s", cmd, p->job, p->n,
             (long long)total, retry ? "queued again" : "cancelled");

@@ -26,9 +26,9 @@ static const char report_usage[] =
 int runner_cmd_report(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"db", required_argument, 0, 'd'},   {"job", required_argument, 0, 'j'},
-        {"out", required_argument, 0, 'o'},  {"cost-per-hour", required_argument, 0, 'c'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
+        {"db", required_argument, 0, 'd'},  {"job", required_argument, 0, 'j'},
+        {"out", required_argument, 0, 'o'}, {"cost-per-hour", required_argument, 0, 'c'},
+        {"help", no_argument, 0, 'h'},      {0, 0, 0, 0},
     };
     const char *db = NULL, *job = NULL, *out = NULL;
     struct batch_report_opts ro = {0};
@@ -36,9 +36,15 @@ int runner_cmd_report(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'd': db = optarg; break;
-        case 'j': job = optarg; break;
-        case 'o': out = optarg; break;
+        case 'd':
+            db = optarg;
+            break;
+        case 'j':
+            job = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
         case 'c': {
             float v;
             if (!runner_parse_float("report", "cost-per-hour", optarg, 0, 1e9, &v))
@@ -46,8 +52,12 @@ int runner_cmd_report(int argc, char **argv)
             ro.cost_per_hour = v;
             break;
         }
-        case 'h': fputs(report_usage, stdout); return RUNNER_EXIT_OK;
-        default: fputs(report_usage, stderr); return RUNNER_EXIT_USAGE;
+        case 'h':
+            fputs(report_usage, stdout);
+            return RUNNER_EXIT_OK;
+        default:
+            fputs(report_usage, stderr);
+            return RUNNER_EXIT_USAGE;
         }
     }
     if (optind < argc || !db || !out) {

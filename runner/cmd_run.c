@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,8 +49,9 @@ static const char run_usage[] =
     "  --part K               with a partitioned queue: work on part K (default\n"
     "                         $SLURM_ARRAY_TASK_ID; without either, every part not in use\n"
     "                         that has work, in turn). Output goes to OUT/<job>/part-NNNN/,\n"
-    "                         and OUT/<job>/manifest.json combines the parts. A part in use\n"
-    "                         by another process is left to it (exit 0). After its own part\n"
+    "                         and OUT/<job>/manifest.json combines the parts. A part that a\n"
+    "                         run holds (its progress file fresh) is left to it (exit 0);\n"
+    "                         one locked with no run reporting gives exit 75. After its part\n"
     "                         the run takes over parts whose run died (or stopped) with work\n"
     "                         left, one at a time; never a part in use\n"
     "  --no-take-over         with --part: only that part\n"
@@ -330,7 +332,13 @@ static void slurm_runtime(struct run_opts *o)
     const char *end = getenv("SLURM_JOB_END_TIME");
     if (o->b.max_runtime > 0 || !end || !*end)
         return;
-    double left = strtod(end, NULL) - (double)time(NULL) - o->b.grace - 60;
+    char *rest;
+    double t_end = strtod(end, &rest);
+    if (*rest || t_end <= (double)time(NULL)) {
+        LOG_WARN("SLURM_JOB_END_TIME=%s is not a time to come: ignored", end);
+        return;
+    }
+    double left = t_end - (double)time(NULL) - o->b.grace - 60;
     if (left < 1)
         left = 1;
     o->b.max_runtime = (float)left;
@@ -348,13 +356,27 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
     struct err_detail err = {0};
     if (batch_parts_open(p, k, 1, 0, &q, &err))
         return 0;
+    struct queue_job *jobs = NULL;
+    size_t n = 0;
     struct queue_counts c;
     int64_t first = 0, last = 0;
-    int ok = !queue_job_counts(q, 0, &c, &err) &&
+    int ok = !queue_job_list(q, &jobs, &n, &err) && n == 1 &&
+             !queue_job_counts(q, jobs[0].id, &c, &err) &&
              c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] > 0 &&
-             !queue_job_timing(q, 0, &first, &last, &err) && (!owned || first > 0);
+             !queue_job_timing(q, jobs[0].id, &first, &last, &err) && (!owned || first > 0);
+    queue_job_list_free(jobs, n);
     queue_close(q);
     return ok;
+}
+
+/* Has part k's run published progress within BATCH_PROGRESS_STALE_S? (A part whose lock is
+ * held without that is held by a reader, or by a lock a crashed host left behind.) */
+static int part_run_alive(const struct batch_parts *p, int k)
+{
+    char path[4200];
+    batch_parts_path(p, k, ".progress.json", path, sizeof(path));
+    struct stat sb;
+    return stat(path, &sb) == 0 && difftime(time(NULL), sb.st_mtime) <= BATCH_PROGRESS_STALE_S;
 }
 
 /* A partitioned queue: the run's own part (--part, $SLURM_ARRAY_TASK_ID), then the parts it
@@ -384,10 +406,17 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
         o->b.busy_ms = 2000; /* ride over a status or export reading it */
         LOG_INFO("job '%s': part %ld of %d (%s)", p->job, own, p->n, p->dir);
         rc = run_once(o, &busy);
-        if (busy)
+        if (busy && part_run_alive(p, (int)own)) {
             rc = RUNNER_EXIT_OK;
-        if (busy)
-            LOG_INFO("part %ld is in use by another process: it is that process's to finish", own);
+            LOG_INFO("part %ld is in use by a run: it is that run's to finish", own);
+        } else if (busy) {
+            /* held, but no run reports from it: a reader, or a crashed host's lock that its
+             * file system has not released yet; come back (75: the array script requeues) */
+            LOG_WARN("part %ld is locked but no run reports progress from it: try again later "
+                     "(exit 75)",
+                     own);
+            return RUN_EXIT_TEMPFAIL;
+        }
         if (o->no_take_over)
             return rc;
     }

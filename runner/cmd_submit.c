@@ -604,7 +604,7 @@ static enum status submit_open(struct submit *s, struct batch_parts *parts,
         return queue_open(&s->q[0], s->o->db, err);
     enum status st = batch_parts_create(s->o->db, s->o->name, s->n_parts, parts, err);
     for (int k = 0; !st && k < s->n_parts; k++)
-        st = batch_parts_open(parts, k, 0, 1, &s->q[k], err);
+        st = batch_parts_open(parts, k, 0, BATCH_PART_CREATE, &s->q[k], err);
     return st;
 }
 

@@ -551,6 +551,38 @@ static void test_migrate_v3_to_v4_samples(void **state)
     queue_close(q);
 }
 
+/* queue_run_list_job: the runs started for the job, and runs for any job that recorded
+ * samples for it; not another job's runs, nor any-job runs that never worked on it. */
+static void test_run_list_job(void **state)
+{
+    struct fixture *f = *state;
+    struct queue *q = open_q(f);
+    int64_t j1 = make_job(q, "a", 2), j2 = make_job(q, "b", 2);
+    int64_t r1 = start_run(q, j1), any_b = start_run(q, 0), any_none = start_run(q, 0);
+    (void)any_none;
+    struct queue_sample s = {0};
+    s.run_id = any_b;
+    s.job_id = j2;
+    struct err_detail err = {0};
+    assert_int_equal(queue_sample_add(q, &s, &err), ST_OK);
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_job(q, j1, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(runs[0].id, r1);
+    assert_int_equal(runs[0].ended_ms, 0);
+    assert_null(runs[0].exit_reason);
+    queue_run_info_free(runs, n);
+    assert_int_equal(queue_run_end(q, any_b, "drained", NULL, NULL, &err), ST_OK);
+    assert_int_equal(queue_run_list_job(q, j2, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(runs[0].id, any_b);
+    assert_true(runs[0].ended_ms > 0);
+    assert_string_equal(runs[0].exit_reason, "drained");
+    queue_run_info_free(runs, n);
+    queue_close(q);
+}
+
 static void test_newer_version_refused(void **state)
 {
     struct fixture *f = *state;
@@ -931,6 +963,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v2_to_v3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v3_to_v4_samples, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_list_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_ready_job_invisible, setup, teardown),
         cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),

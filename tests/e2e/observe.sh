@@ -69,7 +69,7 @@ done
 sleep 5.5 # past BATCH_SAMPLE_S, so the first run leaves more than its first sample
 kill -9 "$p1" 2>/dev/null || true
 wait "$p1" 2>/dev/null || true
-ls m | grep -v '^quern.prom$' && fail "a temporary file was left beside the metrics file"
+ls -A m | grep -v '^quern.prom$' && fail "a temporary file was left beside the metrics file"
 
 # ---- a second run finishes the job ---------------------------------------------------------
 "$Q" run --db q.db "${RUN[@]}" >r2.out 2>r2.err || { cat r2.err >&2; fail "second run"; }

@@ -10,8 +10,9 @@
 #     exactly once, every part's shards match its manifest, and the combined manifest lists
 #     every part's shards with their bytes, sha256 and records, complete;
 #  3. a part held by another process (a Python connection with SQLite's exclusive lock): run
-#     --part on it exits 0 leaving it alone, status shows it in use, retry and export refuse
-#     it, cancel leaves a request file; opening a part file as a plain queue is refused;
+#     --part on it exits 75 (try later) while no run reports from it, 0 (leaving it alone)
+#     when its progress file is fresh; status shows it in use, retry and export refuse it,
+#     cancel leaves a request file; opening a part file as a plain queue is refused;
 #  4. take-over: a part whose run was killed is finished by the run of another part after its
 #     own, and a part whose task never started is left alone;
 #  5. cancel of a part in use: its run sees the request, cancels, and exits;
@@ -168,6 +169,18 @@ for f in node2/r0b.out node2/r2b.out; do
         fail "$f: the killed run had already finished its part (the test needs a slower run)"
 done
 check_parts A ja $((N + 1))
+"$Q" export --db A --out a.tar 2>/dev/null || fail "export of parts as a bundle"
+python3 - <<'PY' || fail "the bundle of a partitioned queue"
+import json, tarfile
+t = tarfile.open("a.tar")
+names = set(t.getnames())
+m = json.load(t.extractfile("ja/manifest.json"))
+assert m["complete"] and m["parts"] == 3
+for s in m["shards"]:
+    assert t.extractfile("ja/" + s["file"]).read() == open("out/ja/" + s["file"], "rb").read(), s
+for k in range(3):
+    assert f"ja/part-{k:04d}/manifest.json" in names, names
+PY
 "$Q" status --db A --json >st2.json 2>/dev/null || fail "status after the runs"
 python3 - "$N" <<'PY' || fail "final status"
 import json, sys
@@ -198,9 +211,16 @@ time.sleep(60)' &
 holder=$!
 pids+=("$holder")
 for _ in $(seq 1 100); do [ -e held ] && break; sleep 0.1; done
+# held with no run reporting from it (a reader, or a crashed host's lock): exit 75, try later
+rc=0; "$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err || rc=$?
+[ $rc -eq 75 ] || fail "run on a part locked without a run: exit $rc, want 75"
+grep -q "no run reports progress" busy.err || fail "run on a locked part: $(cat busy.err)"
+# held by a run that reports (its progress file fresh): that run's to finish, exit 0
+echo '{}' >B/part-0001.progress.json
 "$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err ||
     fail "run on a part in use: exit $?, want 0"
-grep -q "in use by another process" busy.err || fail "run on a part in use: $(cat busy.err)"
+grep -q "in use by a run" busy.err || fail "run on a part in use: $(cat busy.err)"
+rm B/part-0001.progress.json
 "$Q" status --db B >st.txt 2>/dev/null || true
 grep -q "part    1: unknown.*in use" st.txt || { cat st.txt >&2; fail "status of a part in use"; }
 rc=0; "$Q" retry --db B --failed 2>retry.err || rc=$?

@@ -100,7 +100,9 @@ runs = json.load(open("runs.json"))
 assert len(runs) == 2 and runs[0]["exit_reason"] == "dead" and runs[1]["exit_reason"] == "drained", runs
 rows = re.findall(r'<section id="runs">.*?</section>', t, re.S)[0]
 assert rows.count("<tr>") == 3 and ">dead<" in rows and ">drained<" in rows
-hours = sum(((r["ended"] or r["heartbeat"]) - r["started"]) / 3.6e6 for r in runs)
+# a run found dead stopped at its last heartbeat, not when another run noticed
+end = lambda r: r["heartbeat"] if r["exit_reason"] == "dead" else (r["ended"] or r["heartbeat"])
+hours = sum((end(r) - r["started"]) / 3.6e6 for r in runs)
 assert abs(num("run_hours") - hours) < 1e-3, (num("run_hours"), hours)
 assert abs(num("cost") - 3 * hours) <= 1e-3 * 3 * hours + 1e-4
 assert abs(num("cost_per_mtok") - num("cost") / (num("completion_tokens") / 1e6)) <= 1e-3 * num("cost_per_mtok")
