@@ -22,10 +22,12 @@
  * K and V to half as the cache does. That rounding makes the comparison sensitive to the last
  * bits before it: our f32 keys differ from the float64 ones by ~1e-6 relative, and the
  * reference itself, fed keys scaled by (1 + 1e-6) before rounding, moves by mean 1.3e-3 and
- * max 0.010 (measured 2026-11-29). So: max 0.02, mean 2e-3, and top-1 equal at every
- * position. (With an f32 cache the difference was 5e-5; what the half cache costs against
- * an f32 cache, up to 0.029, is in README "Accuracy".) */
-#define LOGIT_TOL      2e-2f
+ * max 0.010 (measured 2026-11-29). Which keys round the other way depends on the ISA's
+ * summation order: max 0.015 on AVX-512 machines, 0.0202 on an AVX2-only EPYC (2026-12-02,
+ * mean 1.2e-3 there, top-1 equal everywhere). So: max 0.03, mean 2e-3, and top-1 equal at
+ * every position. (With an f32 cache the difference was 5e-5; what the half cache costs
+ * against an f32 cache, up to 0.029, is in README "Accuracy".) */
+#define LOGIT_TOL      3e-2f
 #define LOGIT_MEAN_TOL 2e-3f
 /* In q8 mode (8-bit activations, as llama.cpp) single logits move by up to ~2.3 (llama.cpp
  * itself: 1.0-2.6 on these prompts); argmax must agree wherever the reference top-1/top-2

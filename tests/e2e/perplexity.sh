@@ -36,7 +36,9 @@ for path, run in zip(sys.argv[3:], ref["runs"]):
     rel = abs(q["perplexity"] - run["perplexity"]) / run["perplexity"]
     print("  stride %d: %d windows, %d tokens, perplexity %.6f, reference %.6f, relative %.1e"
           % (run["stride"], q["windows"], q["tokens_scored"], q["perplexity"], run["perplexity"], rel))
-    assert rel < 1e-4, rel
+    # 5-6e-5 on AVX-512 machines, 1.4e-4 on an AVX2-only EPYC (the f16 KV rounding, as in
+    # test_model.c's tolerance)
+    assert rel < 3e-4, rel
     assert q["nll_stderr"] > 0 and q["tok_per_s"] > 0, q
 PY
 [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["method"])' "$tmp/sliding.json")" = sliding ] ||
