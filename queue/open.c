@@ -446,6 +446,37 @@ static enum status peek_part(struct peek *pk, struct err_detail *err)
                    pk->path, part);
 }
 
+/* Open the file with FLAGS (never creating it), begin one read transaction and read the
+ * schema version: one read transaction around every read of inspect(), since another process
+ * may be creating this queue right now (its migration commits tables and version together),
+ * and a version read before that commit with tables read after it would look like a foreign
+ * database. Returns the SQLite code (extended); pk->db is left open, its transaction too, and
+ * is NULL when the open failed. */
+static int peek_begin(struct peek *pk, int flags, const struct queue_options *opts, int *v)
+{
+    int rc = sqlite3_open_v2(pk->path, &pk->db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        if (pk->db)
+            rc = sqlite3_extended_errcode(pk->db);
+        sqlite3_close(pk->db);
+        pk->db = NULL;
+        return rc;
+    }
+    sqlite3_extended_result_codes(pk->db, 1);
+    sqlite3_busy_timeout(pk->db,
+                         opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
+    sqlite3_stmt *s = NULL;
+    rc = sqlite3_exec(pk->db, "BEGIN", NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(pk->db, "PRAGMA user_version", -1, &s, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        *v = sqlite3_column_int(s, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(s);
+    return rc;
+}
+
 /* Look at the file read-only and decide whether queue_open may change it: a missing or empty
  * database becomes a new queue, a queue is migrated, anything else is refused. Every refusal
  * leaves the file as it was, and every message names the path. */
@@ -469,33 +500,29 @@ static enum status inspect(const char *path, const struct queue_options *opts,
         return ST_OK;
     }
     struct peek pk = {NULL, path};
-    int rc = sqlite3_open_v2(path, &pk.db, SQLITE_OPEN_READONLY, NULL);
-    enum status st = ST_OK;
-    if (rc != SQLITE_OK) {
-        st = err_set(err, ST_ERR_IO, "opening queue %s: %s", path,
-                     pk.db ? sqlite3_errmsg(pk.db) : sqlite3_errstr(rc));
-        sqlite3_close(pk.db);
-        return st;
-    }
-    sqlite3_extended_result_codes(pk.db, 1);
-    sqlite3_busy_timeout(pk.db,
-                         opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
-    /* One read transaction around every read below: another process may be creating this
-     * queue right now (its migration commits tables and version together), and a version read
-     * before that commit with tables read after it would look like a foreign database. */
     int v = 0;
-    sqlite3_stmt *s = NULL;
-    rc = sqlite3_exec(pk.db, "BEGIN", NULL, NULL, NULL);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_prepare_v2(pk.db, "PRAGMA user_version", -1, &s, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        v = sqlite3_column_int(s, 0);
-        rc = SQLITE_OK;
+    int rc = peek_begin(&pk, SQLITE_OPEN_READONLY, opts, &v);
+    if (rc == SQLITE_READONLY_ROLLBACK) {
+        /* A hot journal: a process was killed in the middle of writing this file (a part, on
+         * the rollback journal). Reading it means rolling that transaction back first, which
+         * SQLite does on the first read of a connection allowed to write; the file then holds
+         * its last committed state, which is what every reader must see. */
+        sqlite3_close(pk.db);
+        pk.db = NULL;
+        rc = peek_begin(&pk, SQLITE_OPEN_READWRITE, opts, &v);
     }
-    sqlite3_finalize(s);
+    if (!pk.db)
+        return err_set(err, ST_ERR_IO, "opening queue %s: %s", path, sqlite3_errstr(rc));
+    enum status st = ST_OK;
     char names[256];
     bool quern = false;
-    if (rc != SQLITE_OK)
+    if (rc == SQLITE_READONLY_ROLLBACK)
+        st = err_set(err, ST_ERR_IO,
+                     "queue %s holds a transaction interrupted by a killed process (a hot "
+                     "journal, %s-journal); rolling it back needs write access to the file and "
+                     "its directory",
+                     path, path);
+    else if (rc != SQLITE_OK)
         st = queue_sql_fail(pk.db, path, rc, "reading the schema version", err);
     else if (v > QUEUE_SCHEMA_VERSION)
         st = refuse_newer(v, err);

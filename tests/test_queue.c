@@ -1,7 +1,7 @@
 /* Unit tests for queue/ files and jobs: schema creation, migration and the newer-version
  * refusal; the files queue_open refuses unchanged (not a queue, missing with must_exist,
  * corrupt with check_integrity, on a network file system) and damaged rows read as errors;
- * exclusive files (parts of a partitioned queue);
+ * exclusive files (parts of a partitioned queue), and one a killed writer left a hot journal in;
  * items and duplicate custom_ids; and jobs being submitted: invisible to runs until
  * published, discarded in batches, collected when their submit died. */
 #include <setjmp.h>
@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <limits.h>
+#include <sys/stat.h>
 
 #include "tests/test_queue_util.h"
 
@@ -442,6 +444,66 @@ static void test_exclusive(void **state)
     assert_true(found);
     assert_string_equal(v, "4");
     queue_close(q);
+}
+
+/* A process killed in the middle of writing a part (rollback journal) leaves a hot journal;
+ * the next open must roll it back and see the last committed state. A read-only look at
+ * such a file fails (SQLITE_READONLY_ROLLBACK), which is how a restarted array task once
+ * failed to open its own part after kill -9. */
+static void test_exclusive_hot_journal(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = NULL;
+    struct queue_options xo = {.exclusive = true, .busy_timeout_ms = 50};
+    assert_int_equal(queue_open_opts(&q, f->path, &xo, &err), ST_OK);
+    assert_int_equal(queue_meta_set(q, "part", "1", &err), ST_OK);
+    queue_close(q);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* a small page cache spills the transaction's pages to the file before commit, so
+         * the journal is synced with its header: hot once this process is gone */
+        sqlite3 *db = NULL;
+        if (sqlite3_open(f->path, &db) != SQLITE_OK ||
+            sqlite3_exec(db, "PRAGMA cache_size = 1; BEGIN IMMEDIATE", NULL, NULL, NULL) !=
+                SQLITE_OK)
+            _exit(2);
+        for (int i = 0; i < 200; i++) {
+            char sql[128];
+            snprintf(sql, sizeof(sql),
+                     "INSERT INTO meta (key, value) VALUES ('uncommitted%d', hex(zeroblob(500)))",
+                     i);
+            if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
+                _exit(3);
+        }
+        _exit(0); /* as kill -9 would: no commit, no rollback, no close */
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    char journal[PATH_MAX];
+    snprintf(journal, sizeof(journal), "%s-journal", f->path);
+    struct stat sb;
+    assert_int_equal(stat(journal, &sb), 0);
+    assert_true(sb.st_size > 0);
+    /* a read-only connection cannot read it: the state the fix handles */
+    sqlite3 *ro = NULL;
+    assert_int_equal(sqlite3_open_v2(f->path, &ro, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_extended_result_codes(ro, 1);
+    assert_int_equal(sqlite3_exec(ro, "SELECT count(*) FROM meta", NULL, NULL, NULL),
+                     SQLITE_READONLY_ROLLBACK);
+    sqlite3_close(ro);
+    assert_int_equal(queue_open_opts(&q, f->path, &xo, &err), ST_OK);
+    char v[32];
+    bool found = true;
+    assert_int_equal(queue_meta_get(q, "uncommitted7", v, sizeof(v), &found, &err), ST_OK);
+    assert_false(found);
+    assert_int_equal(queue_meta_get(q, "part", v, sizeof(v), &found, &err), ST_OK);
+    assert_true(found);
+    assert_string_equal(v, "1");
+    queue_close(q);
+    assert_int_equal(stat(journal, &sb), -1);
 }
 
 /* A version-1 database with a finished item migrates to version 2: the data stays, the item's
@@ -958,6 +1020,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fs_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exclusive, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exclusive_hot_journal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_version_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_item_add_duplicate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
