@@ -295,8 +295,11 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
     const int n = r->n_choices > 1 ? r->n_choices : 1;
     struct seq *first = NULL, **tail = &first;
     struct seq_gate *gate = NULL;
-    if (n > 1 && e->p.prefix_cache && !(gate = calloc(1, sizeof(*gate))))
-        return err_set(err, ST_ERR_NOMEM, "no memory");
+    if (n > 1 && e->p.prefix_cache) {
+        if (!(gate = calloc(1, sizeof(*gate))))
+            return err_set(err, ST_ERR_NOMEM, "no memory");
+        gate->lead_slot = -1;
+    }
     const double now = engine_now();
     for (int i = 0; i < n; i++) {
         struct seq *s;

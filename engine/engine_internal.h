@@ -12,11 +12,13 @@ struct pool;
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
 /* Shared by the choices of one request (engine_request.n_choices > 1 with the prefix cache on):
- * the choices after the first stay waiting until the first has computed the prompt, so that
- * they find its full blocks in the prefix cache. Freed with its last choice. */
+ * the choices after the first stay waiting until the first has computed the prompt, then fork
+ * its KV (engine_kv_fork: its whole blocks shared, the last partly filled one copied) while it
+ * runs, else find its whole blocks in the prefix cache. Freed with its last choice. */
 struct seq_gate {
-    int refs; /* choices holding it */
-    int open; /* 1 once the first choice's prompt KV is written */
+    int refs;      /* choices holding it */
+    int open;      /* 1 once the first choice's prompt KV is written */
+    int lead_slot; /* the first choice's KV slot while it runs with its prompt computed, else -1 */
 };
 
 struct seq {

@@ -67,11 +67,17 @@ static int pool_init(struct kv_pool *p, int32_t n_blocks, int block_size, int n_
     return 0;
 }
 
+/* What one rank stores of pool p (kern_ops.kv_alloc and the ops on its blocks). */
+static struct kern_kv_desc pool_desc(const struct engine_kv *kv, const struct kv_pool *p)
+{
+    return (struct kern_kv_desc){p->n_layer, kv->rank_kv_head, kv->head_dim, kv->block_size,
+                                 kv->dtype};
+}
+
 static void pool_free(struct engine_kv *kv, struct kv_pool *p)
 {
     if (p->layers) {
-        struct kern_kv_desc d = {p->n_layer, kv->rank_kv_head, kv->head_dim, kv->block_size,
-                                 kv->dtype};
+        struct kern_kv_desc d = pool_desc(kv, p);
         for (int r = 0; r < kv->n_rank; r++)
             kv->be[r]->ops->kv_free(kv->be[r], &d, p->n_blocks, p->layers + (size_t)r * p->n_layer);
         free(p->layers);
@@ -492,6 +498,52 @@ int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *to
     return k * B;
 }
 
+/* Block src of pool q copied to block dst on every rank that stores it. */
+static void block_copy(struct engine_kv *kv, int q, int32_t dst, int32_t src)
+{
+    struct kv_pool *p = &kv->pool[q];
+    const struct kern_kv_desc d = pool_desc(kv, p);
+    for (int r = 0; r < kv->n_rank; r++)
+        kv->be[r]->ops->kv_copy(kv->be[r], &d, p->layers + (size_t)r * p->n_layer, dst, src);
+}
+
+int engine_kv_fork(struct engine_kv *kv, int dst, int src, int32_t n_tokens)
+{
+    struct engine_kv_seq *d = &kv->seqs[dst];
+    const struct engine_kv_seq *s = &kv->seqs[src];
+    const int B = kv->block_size;
+    assert(d->n_blocks == 0 && dst != src && n_tokens > 0);
+    const int32_t full = n_tokens / B, n_blk = (n_tokens + B - 1) / B;
+    /* pool 1: the blocks of the window of position n_tokens, which dst computes next */
+    const int32_t lo = kv->n_pool > 1 ? window_lo(kv, n_tokens) : 0;
+    if (n_blk > s->n_blocks || lo < s->lo || (n_blk > full && engine_kv_available(kv) < 1) ||
+        seq_grow(d, n_blk, NULL))
+        return 0;
+    for (int32_t i = 0; i < full; i++) {
+        block_hold(&kv->pool[0], d->blocks[0][i] = s->blocks[0][i]);
+        d->blocks[1][i] = -1;
+        if (kv->n_pool > 1 && i >= lo)
+            block_hold(&kv->pool[1], d->blocks[1][i] = s->blocks[1][i]);
+    }
+    if (n_blk > full) { /* the partly filled block: dst's own copy (full >= lo) */
+        d->blocks[0][full] = block_take(kv, &kv->pool[0]);
+        block_copy(kv, 0, d->blocks[0][full], s->blocks[0][full]);
+        d->blocks[1][full] = -1;
+        if (kv->n_pool > 1) {
+            d->blocks[1][full] = block_take(kv, &kv->pool[1]);
+            block_copy(kv, 1, d->blocks[1][full], s->blocks[1][full]);
+        }
+    }
+    d->n_blocks = n_blk;
+    d->lo = lo;
+    d->n_hashed = full < s->n_hashed ? full : s->n_hashed;
+    if (d->n_hashed)
+        memcpy(d->chain, s->chain, sizeof(*d->chain) * (size_t)d->n_hashed);
+    kv->stats.forked_blocks += (uint64_t)full;
+    kv->stats.copied_blocks += (uint64_t)(n_blk - full);
+    return 1;
+}
+
 void engine_kv_prefix_commit(struct engine_kv *kv, int seq, const int32_t *tokens,
                              int32_t n_computed)
 {
@@ -643,16 +695,14 @@ enum status engine_kv_storage_alloc(struct engine_kv *kv, struct kern_backend *c
         kv->be[r] = be[r];
         for (int q = 0; q < kv->n_pool; q++) {
             struct kv_pool *p = &kv->pool[q];
-            struct kern_kv_desc d = {p->n_layer, kv->rank_kv_head, kv->head_dim, kv->block_size,
-                                     kv->dtype};
+            struct kern_kv_desc d = pool_desc(kv, p);
             enum status st = be[r]->ops->kv_alloc(be[r], &d, p->n_blocks,
                                                   p->layers + (size_t)r * p->n_layer, err);
             if (st) {
                 /* free what this rank got; engine_kv_free frees the ranks before it */
                 for (int u = 0; u < q; u++) {
                     struct kv_pool *pu = &kv->pool[u];
-                    struct kern_kv_desc du = {pu->n_layer, kv->rank_kv_head, kv->head_dim,
-                                              kv->block_size, kv->dtype};
+                    struct kern_kv_desc du = pool_desc(kv, pu);
                     be[r]->ops->kv_free(be[r], &du, pu->n_blocks,
                                         pu->layers + (size_t)r * pu->n_layer);
                 }

@@ -22,6 +22,8 @@ struct engine_kv_stats {
     uint64_t lookup_blocks; /* full prompt blocks looked up in the prefix cache */
     uint64_t hit_blocks;    /* of those, found cached */
     uint64_t evictions;     /* cached blocks reused for new data */
+    uint64_t forked_blocks; /* whole blocks shared by engine_kv_fork */
+    uint64_t copied_blocks; /* partly filled blocks engine_kv_fork copied */
 };
 
 struct engine_kv; /* opaque: engine/kv_internal.h */
@@ -70,6 +72,14 @@ void engine_kv_slide(struct engine_kv *kv, int seq, int32_t n_done);
  * tokens made of whole blocks, at most max_tokens tokens; returns the tokens covered. */
 int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *tokens,
                                 int32_t n_tokens, int32_t max_tokens);
+/* Fork: empty slot dst takes positions [0, n_tokens) of slot src, whose KV is written there:
+ * src's whole blocks shared (reference counted, like prefix-cache hits, cached or not) and
+ * the block holding the positions past the last whole one copied into a block of dst's own
+ * (kern_ops.kv_copy on every rank, queued before the next step's writes), since both will write
+ * on after it (n > 1 choices of one prompt). Returns 1, or 0 with dst left empty when src
+ * does not hold those blocks (pool 1: the window of position n_tokens) or none is free for
+ * the copy. */
+int engine_kv_fork(struct engine_kv *kv, int dst, int src, int32_t n_tokens);
 /* Register seq's full blocks among positions [0, n_computed) whose KV is now written. */
 void engine_kv_prefix_commit(struct engine_kv *kv, int seq, const int32_t *tokens,
                              int32_t n_computed);

@@ -59,6 +59,8 @@ void engine_sched_enqueue(struct engine *e, struct seq *s)
 static void running_remove(struct engine *e, int ri)
 {
     struct seq *s = e->running[ri];
+    if (s->lead && s->gate)
+        s->gate->lead_slot = -1; /* nothing to fork from any more */
     engine_draft_release(e, s);
     engine_kv_release(e->kv, s->slot);
     e->free_slots[e->n_free_slots++] = s->slot;
@@ -148,6 +150,18 @@ static void batch_add(struct engine *e, int *nb, int *rows, struct seq *s, int32
     assert(*rows <= e->n_logit_rows);
 }
 
+/* A later choice admitted for the first time while its first choice runs with the prompt
+ * computed: slot forks all of the prompt but its last token (whose logits the choice needs)
+ * from the first choice's KV. Returns the tokens it holds (0: not forked). */
+static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
+{
+    if (!s->gate || s->lead || s->gate->lead_slot < 0 || s->n_tok != s->n_prompt ||
+        s->n_prompt < 2)
+        return 0;
+    const int32_t n = (int32_t)s->n_prompt - 1;
+    return engine_kv_fork(e->kv, slot, s->gate->lead_slot, n) ? n : 0;
+}
+
 /* Build one step's batch; returns its token count (0 only when nothing can run). */
 static int schedule(struct engine *e, struct err_detail *err)
 {
@@ -202,8 +216,10 @@ static int schedule(struct engine *e, struct err_detail *err)
             continue;
         }
         int slot = e->free_slots[e->n_free_slots - 1];
-        int32_t cached =
-            engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok, (int32_t)s->n_tok - 1);
+        int32_t cached = prompt_fork(e, s, slot);
+        if (!cached)
+            cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,
+                                             (int32_t)s->n_tok - 1);
         s->slot = slot;
         s->n_computed = cached;
         int32_t left = (int32_t)s->n_tok - cached;
@@ -447,8 +463,10 @@ void engine_sched_computed(struct engine *e, int nb)
             int32_t known = s->n_computed < (int32_t)s->n_tok ? s->n_computed : (int32_t)s->n_tok;
             engine_kv_prefix_commit(e->kv, s->slot, s->tok, known);
             engine_kv_slide(e->kv, s->slot, known); /* verification keeps at least these */
-            if (s->lead && s->gate && s->n_computed >= (int32_t)s->n_prompt)
+            if (s->lead && s->gate && s->n_computed >= (int32_t)s->n_prompt) {
                 s->gate->open = 1;
+                s->gate->lead_slot = s->slot;
+            }
         }
     }
 }

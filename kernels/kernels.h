@@ -241,6 +241,11 @@ struct kern_ops {
                             struct kern_kv_layer *layers, struct err_detail *err);
     void (*kv_free)(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
                     struct kern_kv_layer *layers);
+    /* Block src's keys and values copied to block dst (src != dst) in every layer of the pool
+     * (layers[l] for l < d->n_layer), in call order with the other ops: a sequence that forks
+     * another's partly filled block (n > 1 choices) gets its own copy to write on. */
+    void (*kv_copy)(struct kern_backend *b, const struct kern_kv_desc *d,
+                    const struct kern_kv_layer *layers, int32_t dst, int32_t src);
     /* Optional (NULL: nothing to size): allocate the backend's own scratch once for ops over up
      * to max_tok tokens of rows of up to max_width floats, so that no op allocates later. */
     enum status (*reserve)(struct kern_backend *b, int max_tok, int64_t max_width,

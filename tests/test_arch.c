@@ -209,12 +209,14 @@ static void test_arch_logits(void **state)
 #define WIN_GEN  14
 
 /* Greedy tokens of WIN_REQS requests (a shared 13-token prefix, then 3-9 tokens of their own)
- * through an engine on the gemma3 fixture with parameters p (results in out); the KV cache's
- * state is checked after every step. */
+ * through an engine on the gemma3 fixture with parameters p (results in out), each request with
+ * n_choices choices (all must agree, being greedy); the KV cache's state is checked after every
+ * step. */
 static void run_window_engine(struct engine_model *m, const struct engine_tok *tok,
-                              const struct engine_params *p, int32_t out[][WIN_GEN],
+                              const struct engine_params *p, int n_choices, int32_t out[][WIN_GEN],
                               struct engine_kv_stats *kst, int32_t *peak_local, int *preempted)
 {
+    int seen[WIN_REQS] = {0};
     struct err_detail err = {0};
     struct engine *e;
     assert_int_equal(engine_init(&e, m, tok, p, &err), ST_OK);
@@ -231,6 +233,7 @@ static void run_window_engine(struct engine_model *m, const struct engine_tok *t
         r.max_tokens = WIN_GEN;
         r.ignore_eos = 1;
         r.user = out[i];
+        r.n_choices = n_choices;
         assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
     }
     *peak_local = 0;
@@ -248,11 +251,15 @@ static void run_window_engine(struct engine_model *m, const struct engine_tok *t
         while ((k = engine_poll(e, o, 4)) > 0)
             for (size_t j = 0; j < k; j++) {
                 assert_int_equal(o[j].n_tokens, WIN_GEN);
-                memcpy(o[j].user, o[j].tokens, sizeof(int32_t) * WIN_GEN);
+                const int i = (int)(((int32_t(*)[WIN_GEN])o[j].user) - out);
+                if (seen[i]++)
+                    assert_memory_equal(out[i], o[j].tokens, sizeof(int32_t) * WIN_GEN);
+                else
+                    memcpy(out[i], o[j].tokens, sizeof(int32_t) * WIN_GEN);
                 done++;
             }
     }
-    assert_int_equal(done, WIN_REQS);
+    assert_int_equal(done, WIN_REQS * n_choices);
     *kst = *engine_kv_get_stats(engine_get_kv(e));
     *preempted = (int)engine_get_stats(e)->preemptions;
     engine_free(e); /* checks that every block came back */
@@ -261,7 +268,8 @@ static void run_window_engine(struct engine_model *m, const struct engine_tok *t
 /* The engine with the sliding-window pool gives every request the tokens it gets with one pool
  * -- with the prefix cache attaching shared prompts (only as far as the window pool still has
  * their windows), prefill in chunks, sequences preempted for blocks, and speculative decoding
- * rolling drafts back -- while the window pool holds a fraction of the main pool's blocks. (The
+ * rolling drafts back, and choices forking their first choice's KV -- while the window pool
+ * holds a fraction of the main pool's blocks. (The
  * fixture has no tokenizer; SmolLM2's turns the fixture's ids < 128 into text.) */
 static void test_arch_engine_window(void **state)
 {
@@ -287,13 +295,13 @@ static void test_arch_engine_window(void **state)
     int32_t peak;
     int preempted;
     p.kv_window_pool = 0;
-    run_window_engine(m, tok, &p, ref, &ks, &peak, &preempted);
+    run_window_engine(m, tok, &p, 1, ref, &ks, &peak, &preempted);
     assert_int_equal(peak, 0);
     assert_true(preempted > 0);
     for (int spec = 0; spec < 2; spec++) {
         p.kv_window_pool = 1;
         p.spec = spec ? ENGINE_SPEC_NGRAM : 0;
-        run_window_engine(m, tok, &p, got, &ks, &peak, &preempted);
+        run_window_engine(m, tok, &p, 1, got, &ks, &peak, &preempted);
         for (int i = 0; i < WIN_REQS; i++)
             assert_memory_equal(got[i], ref[i], sizeof(ref[i]));
         /* the plan gives the window pool what 4 sequences of 5-token windows (2 blocks, and 2
@@ -317,6 +325,20 @@ static void test_arch_engine_window(void **state)
                       (long long)plan.n_main, preempted);
         assert_true(ks.hit_blocks > 0);
     }
+    /* three choices a request: the later ones fork the first's KV in both pools (or, where
+     * the first has slid its window past what they need, take the prefix cache); 4-token
+     * blocks, so that most prompts end inside a block the fork copies */
+    p.spec = 0;
+    p.kv_block = 4;
+    p.kv_mem = 36 * engine_model_kv_block_bytes(m, 4, KERN_KV_F16);
+    run_window_engine(m, tok, &p, 3, got, &ks, &peak, &preempted);
+    for (int i = 0; i < WIN_REQS; i++)
+        assert_memory_equal(got[i], ref[i], sizeof(ref[i]));
+    print_message("gemma3 engine, window pool, 3 choices: %llu blocks forked, %llu copied, "
+                  "prefix hits %llu\n",
+                  (unsigned long long)ks.forked_blocks, (unsigned long long)ks.copied_blocks,
+                  (unsigned long long)ks.hit_blocks);
+    assert_true(ks.forked_blocks > 0 && ks.copied_blocks > 0);
     engine_tok_free(tok);
     io_gguf_close(sg);
     engine_model_free(m);

@@ -401,17 +401,21 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
 /* kv_store then attention over a pool the backend allocated: three sequences with shuffled
  * blocks, every position stored (half of the last tokens by attention's deferred store), and
  * each token's output against softmax attention in double over the keys and values as the
- * pool's dtype rounds them (f16: exact f16 of the inputs; q8: within a scale step). */
+ * pool's dtype rounds them (f16: exact f16 of the inputs; q8: within a scale step). The pool
+ * has two layers and the second is used; one stored block is moved by kv_copy to a spare block
+ * (its sequence's table repointed, the old block overwritten with an empty one), so a copy
+ * that misses a layer, keys or values, or part of a block changes the output. */
 static void check_attention(struct check *c, int dtype, int H, int KV, int D, int window,
                             float softcap)
 {
     const struct kern_ops *k = c->be->ops;
     const int B = 16, NB = 24, S = 3;
     const int len[3] = {37, 16, 70};
-    struct kern_kv_desc desc = {1, KV, D, B, dtype};
-    struct kern_kv_layer layer;
+    struct kern_kv_desc desc = {2, KV, D, B, dtype};
+    struct kern_kv_layer layers[2];
     struct err_detail err = {0};
-    assert_int_equal(k->kv_alloc(c->be, &desc, NB, &layer, &err), ST_OK);
+    assert_int_equal(k->kv_alloc(c->be, &desc, NB, layers, &err), ST_OK);
+    const struct kern_kv_layer layer = layers[1];
     /* block tables: a shuffled pool split between the sequences */
     int32_t perm[24], tables[3 * 8];
     for (int i = 0; i < NB; i++)
@@ -450,6 +454,13 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
     float *dv = to_be(c, vv, sizeof(float) * nk), *dout = k->buf_alloc(c->be, sizeof(float) * nq);
     const struct kern_block_table bt = {dtab, drow, 8};
     k->kv_store(c->be, layer, &bt, dpos, B, KV, D, dk, dv, n, dlast);
+    /* sequence 2's third block (positions 32..47, all stored above) to sequence 1's unused
+     * second block; its never-written third block (zeros) over the original */
+    const int32_t moved = tables[2 * 8 + 2], spare = tables[1 * 8 + 1], empty = tables[1 * 8 + 2];
+    k->kv_copy(c->be, &desc, layers, spare, moved);
+    k->kv_copy(c->be, &desc, layers, moved, empty);
+    tables[2 * 8 + 2] = spare;
+    k->upload(c->be, dtab, tables, sizeof(tables));
     struct kern_attn a = {.n_tok = n,
                           .q = dq,
                           .out = dout,
@@ -524,7 +535,7 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
     free(kr);
     free(vr);
     free(out);
-    k->kv_free(c->be, &desc, NB, &layer);
+    k->kv_free(c->be, &desc, NB, layers);
     void *bufs[] = {dpos, drow, dtab, dlast, dq, dk, dv, dout};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         bfree(c, bufs[i]);
@@ -748,6 +759,14 @@ static void bad_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
     g_real.kv_store(b, kv, bt, pos, block_size, n_kv_head, head_dim, k, v, n_tok / 2, skip);
 }
 
+static void bad_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
+                        const struct kern_kv_layer *layers, int32_t dst, int32_t src)
+{
+    struct kern_kv_desc d1 = *d;
+    d1.n_layer--; /* the last layer left out */
+    g_real.kv_copy(b, &d1, layers, dst, src);
+}
+
 static void bad_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
                        int n, long width)
 {
@@ -781,7 +800,8 @@ static void test_broken_ops_fail(void **state)
                                         "norm_rows",
                                         "scale",
                                         "attention (window)",
-                                        "attention (softcap)"};
+                                        "attention (softcap)",
+                                        "kv_copy"};
     for (int m = 0; m < (int)(sizeof(names) / sizeof(names[0])); m++) {
         struct kern_backend *base = m == 1 ? amx : real;
         if (!base) {
@@ -835,6 +855,9 @@ static void test_broken_ops_fail(void **state)
             break;
         case 14:
             bad.attention = bad_softcap;
+            break;
+        case 15:
+            bad.kv_copy = bad_kv_copy;
             break;
         }
         struct kern_backend be = *base;

@@ -31,13 +31,21 @@ struct ch_req {
     struct choice_out out[MAX_CH]; /* indexed by choice - first_choice */
 };
 
-/* Run reqs[0..n) through one engine (kv_block 16, prefix cache `cache`); every output lands in
- * its request's out[] by choice. */
-static void run_choices(struct fixture *f, struct ch_req *reqs, int n, int cache,
+/* How an engine may share a prompt's KV between choices. */
+enum share {
+    SHARE_NONE,   /* no prefix cache: every choice computes its prompt */
+    SHARE_FORK,   /* prefix cache, 16 sequences at once: later choices fork the first's KV */
+    SHARE_SERIAL, /* prefix cache, one sequence at a time: the first choice is gone when the
+                   * next starts, which finds its whole blocks in the prefix cache */
+};
+
+/* Run reqs[0..n) through one engine (kv_block 16); every output lands in its request's out[]
+ * by choice. */
+static void run_choices(struct fixture *f, struct ch_req *reqs, int n, enum share share,
                         struct engine_stats *stats, struct engine_kv_stats *kv_stats)
 {
     struct engine_params p;
-    params(&p, 16, 256, 64, cache);
+    params(&p, share == SHARE_SERIAL ? 1 : 16, 256, 64, share != SHARE_NONE);
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
@@ -123,8 +131,8 @@ static void test_choices_match_single(void **state)
                                                    .first_choice = c, .temperature = 1.0f,
                                                    .id = ids[i]};
     }
-    run_choices(f, multi, NREQ, 1, NULL, NULL);
-    run_choices(f, single, NREQ * NCH, 1, NULL, NULL);
+    run_choices(f, multi, NREQ, SHARE_FORK, NULL, NULL);
+    run_choices(f, single, NREQ * NCH, SHARE_FORK, NULL, NULL);
     for (int i = 0; i < NREQ; i++) {
         for (int c = 0; c < NCH; c++)
             if (!same_tokens(&multi[i].out[c], &single[c * NREQ + i].out[0]))
@@ -136,17 +144,19 @@ static void test_choices_match_single(void **state)
     /* greedy: every choice is the argmax continuation */
     for (int i = 0; i < NREQ; i++)
         multi[i].temperature = 0;
-    run_choices(f, multi, NREQ, 1, NULL, NULL);
+    run_choices(f, multi, NREQ, SHARE_FORK, NULL, NULL);
     for (int i = 0; i < NREQ; i++)
         for (int c = 1; c < NCH; c++)
             assert_true(same_tokens(&multi[i].out[0], &multi[i].out[c]));
 }
 
-/* A 40-token prompt with 4 choices and 16-token blocks: the first choice computes the prompt,
- * the other three find its two full blocks in the prefix cache and compute only the last 8
- * tokens; with 12 generated tokens (52 in all, 4 blocks a choice) at most 4 + 3 x 2 blocks are
- * ever in use (16 without sharing). Without the prefix cache
- * every choice computes the whole prompt. The outputs are the same either way. */
+/* A 40-token prompt with 4 choices and 16-token blocks: the first choice computes the prompt;
+ * the other three fork its KV while it runs (its two whole blocks shared, the third, holding
+ * positions 32..38, copied) and compute only the last prompt token; with 12 generated tokens
+ * (52 in all, 4 blocks a choice) at most 4 + 3 x 2 blocks are ever in use (16 without
+ * sharing). One sequence at a time, the first choice is gone before the next starts: they find
+ * its whole blocks in the prefix cache and compute the last 8 tokens. Without the prefix cache
+ * every choice computes the whole prompt. The outputs are the same every way. */
 static void test_choices_share_prompt(void **state)
 {
     struct fixture *f = *state;
@@ -157,22 +167,32 @@ static void test_choices_share_prompt(void **state)
             prompt[n++] = f->prompt[i][j];
     struct ch_req a = {.prompt = prompt, .n_prompt = 40, .n_choices = 4, .temperature = 0.8f,
                        .id = "share"};
-    struct ch_req b = a;
+    struct ch_req b = a, c = a;
     struct engine_stats st;
     struct engine_kv_stats ks;
-    run_choices(f, &a, 1, 1, &st, &ks);
-    assert_int_equal(st.prompt_tokens, 40 + 3 * 8);
-    assert_int_equal(ks.hit_blocks, 3 * 2);
+    run_choices(f, &a, 1, SHARE_FORK, &st, &ks);
+    assert_int_equal(st.prompt_tokens, 40 + 3 * 1);
+    assert_int_equal(ks.forked_blocks, 3 * 2);
+    assert_int_equal(ks.copied_blocks, 3 * 1);
+    assert_int_equal(ks.hit_blocks, 0);
     if (st.peak_blocks_used > 4 + 3 * 2) /* 52 tokens: 4 blocks each, 2 of them shared */
         fail_msg("peak %d blocks in use; sharing the prompt's two full blocks needs 10",
                  st.peak_blocks_used);
     assert_int_equal(a.out[0].n_cached, 0);
-    for (int c = 1; c < 4; c++)
-        assert_int_equal(a.out[c].n_cached, 32);
-    run_choices(f, &b, 1, 0, &st, NULL);
+    for (int k = 1; k < 4; k++)
+        assert_int_equal(a.out[k].n_cached, 39);
+    run_choices(f, &c, 1, SHARE_SERIAL, &st, &ks);
+    assert_int_equal(st.prompt_tokens, 40 + 3 * 8);
+    assert_int_equal(ks.hit_blocks, 3 * 2);
+    assert_int_equal(ks.forked_blocks, 0);
+    for (int k = 1; k < 4; k++)
+        assert_int_equal(c.out[k].n_cached, 32);
+    run_choices(f, &b, 1, SHARE_NONE, &st, NULL);
     assert_int_equal(st.prompt_tokens, 4 * 40);
-    for (int c = 0; c < 4; c++)
-        assert_true(same_tokens(&a.out[c], &b.out[c]));
+    for (int k = 0; k < 4; k++) {
+        assert_true(same_tokens(&a.out[k], &b.out[k]));
+        assert_true(same_tokens(&a.out[k], &c.out[k]));
+    }
 }
 
 /* Logprobs: greedy tokens are their own top alternative, alternatives descend and hold at most
@@ -191,8 +211,8 @@ static void test_logprobs_tokens(void **state)
         without[i].logprobs = 0;
         without[i].top_logprobs = 0;
     }
-    run_choices(f, with, NREQ, 1, NULL, NULL);
-    run_choices(f, without, NREQ, 1, NULL, NULL);
+    run_choices(f, with, NREQ, SHARE_FORK, NULL, NULL);
+    run_choices(f, without, NREQ, SHARE_FORK, NULL, NULL);
     for (int i = 0; i < NREQ; i++)
         for (int c = 0; c < 2; c++) {
             const struct choice_out *o = &with[i].out[c];

@@ -1,6 +1,6 @@
 /* Unit tests for the KV block manager on its own (engine_kv_init, no model): reference
- * counts, LRU eviction order, prefix matching, the leak check, and random operations that
- * keep every invariant. */
+ * counts, LRU eviction order, prefix matching, the leak check, and random operations (forks
+ * of another sequence's prefix among them) that keep every invariant. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -142,7 +142,24 @@ static void test_kv_random_ops(void **state)
     for (int it = 0; it < 20000; it++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         int s = (int)((r >> 33) % 6), op = (int)((r >> 40) % 4);
-        if (op == 0 && len[s] == 0) { /* start: prompt from a small alphabet -> shared prefixes */
+        int t = (int)((r >> 50) % 6);
+        if (op == 0 && len[s] == 0 && t != s && len[t] >= 2 && (r >> 56) % 2) {
+            /* fork a prefix of another sequence (n > 1 choices) */
+            int32_t n = 1 + (int32_t)((r >> 20) % (uint64_t)len[t]);
+            if (engine_kv_fork(kv, s, t, n)) {
+                assert_int_equal(engine_kv_seq_blocks(kv, s), (n + 1) / 2);
+                for (int32_t b = 0; b < n / 2; b++) /* whole blocks shared */
+                    assert_int_equal(engine_kv_table(kv, s)[b], engine_kv_table(kv, t)[b]);
+                if (n % 2)
+                    assert_int_not_equal(engine_kv_table(kv, s)[n / 2],
+                                         engine_kv_table(kv, t)[n / 2]);
+                memcpy(toks[s], toks[t], sizeof(int32_t) * (size_t)n);
+                len[s] = n;
+            } else {
+                assert_int_equal(engine_kv_seq_blocks(kv, s), 0);
+            }
+        } else if (op == 0 && len[s] == 0) { /* start: prompt from a small alphabet -> shared
+                                               * prefixes */
             int n = 1 + (int)((r >> 20) % 40);
             for (int i = 0; i < n; i++)
                 toks[s][i] = (int32_t)((r >> (i % 30)) % 2);
@@ -177,6 +194,7 @@ static void test_kv_random_ops(void **state)
         engine_kv_release(kv, s);
     check_ok(kv, 1);
     assert_true(kv->stats.hit_blocks > 100);
+    assert_true(kv->stats.forked_blocks > 100 && kv->stats.copied_blocks > 100);
     engine_kv_free(kv);
 }
 
@@ -278,10 +296,23 @@ static void test_kv_window_random_ops(void **state)
     uint64_t r = 777;
     int32_t toks[6][64];
     int32_t len[6] = {0};
+    int forks = 0, refused = 0;
     for (int it = 0; it < 20000; it++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         int s = (int)((r >> 33) % 6), op = (int)((r >> 40) % 4);
-        if (op == 0 && len[s] == 0) {
+        int t = (int)((r >> 50) % 6);
+        if (op == 0 && len[s] == 0 && t != s && len[t] >= 2 && (r >> 56) % 2) {
+            /* fork: only as far back as t still holds the window's blocks */
+            int32_t n = 1 + (int32_t)((r >> 20) % (uint64_t)len[t]);
+            if (engine_kv_fork(kv, s, t, n)) {
+                memcpy(toks[s], toks[t], sizeof(int32_t) * (size_t)n);
+                len[s] = n;
+                forks++;
+            } else {
+                assert_int_equal(engine_kv_seq_blocks(kv, s), 0);
+                refused++;
+            }
+        } else if (op == 0 && len[s] == 0) {
             int n = 1 + (int)((r >> 20) % 40);
             for (int i = 0; i < n; i++)
                 toks[s][i] = (int32_t)((r >> (i % 30)) % 2);
@@ -334,6 +365,8 @@ static void test_kv_window_random_ops(void **state)
         engine_kv_release(kv, s);
     check_ok(kv, 1);
     assert_true(kv->stats.hit_blocks > 100);
+    assert_true(forks > 50 && refused > 50); /* both ways of a fork in the window's pool */
+    assert_true(kv->stats.copied_blocks > 25);
     engine_kv_free(kv);
 }
 

@@ -769,6 +769,20 @@ static void cpu_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, in
 
 
 
+static void cpu_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
+                        const struct kern_kv_layer *layers, int32_t dst, int32_t src)
+{
+    (void)b;
+    const size_t bb = (size_t)d->n_kv_head * KERN_KV_TILE_BYTES(d->dtype, d->block_size,
+                                                                 d->head_dim);
+    for (int l = 0; l < d->n_layer; l++) {
+        memcpy((uint8_t *)layers[l].k + (size_t)dst * bb,
+               (const uint8_t *)layers[l].k + (size_t)src * bb, bb);
+        memcpy((uint8_t *)layers[l].v + (size_t)dst * bb,
+               (const uint8_t *)layers[l].v + (size_t)src * bb, bb);
+    }
+}
+
 /* The int8 peak loop of the backend's table (or an AMX tile loop) on every thread at once. */
 struct peak_job {
     const struct kern_cpu_fns *fn; /* kernels to measure; NULL = an AMX tile loop */
@@ -885,6 +899,7 @@ static const struct kern_ops cpu_ops = {
     .kv_block_bytes = cpu_kv_block_bytes,
     .kv_alloc = cpu_kv_alloc,
     .kv_free = cpu_kv_free,
+    .kv_copy = cpu_kv_copy,
     .reserve = cpu_reserve,
     .peaks = cpu_peaks,
     .weight_bytes = cpu_weight_bytes,

@@ -302,6 +302,26 @@ static void cuda_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, i
         layers[l].k = layers[l].v = NULL;
 }
 
+/* A block of one layer is contiguous (its n_kv_head tiles): each layer's K and V block move as
+ * one device-to-device copy on the stream, in order with the ops around them. */
+static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
+                         const struct kern_kv_layer *layers, int32_t dst, int32_t src)
+{
+    cudaStream_t st = st_of(b)->stream;
+    const size_t bb = (size_t)d->n_kv_head * KERN_KV_TILE_BYTES(d->dtype, d->block_size,
+                                                                 d->head_dim);
+    for (int l = 0; l < d->n_layer; l++) {
+        check((int)cudaMemcpyAsync((uint8_t *)layers[l].k + (size_t)dst * bb,
+                                   (const uint8_t *)layers[l].k + (size_t)src * bb, bb,
+                                   cudaMemcpyDeviceToDevice, st),
+              "kv_copy");
+        check((int)cudaMemcpyAsync((uint8_t *)layers[l].v + (size_t)dst * bb,
+                                   (const uint8_t *)layers[l].v + (size_t)src * bb, bb,
+                                   cudaMemcpyDeviceToDevice, st),
+              "kv_copy");
+    }
+}
+
 static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
     (void)b;
@@ -349,6 +369,7 @@ static const struct kern_ops cuda_ops = {
     .kv_block_bytes = cuda_kv_block_bytes,
     .kv_alloc = cuda_kv_alloc,
     .kv_free = cuda_kv_free,
+    .kv_copy = cuda_kv_copy,
     .weight_bytes = cuda_weight_bytes,
     .free = cuda_free,
     .describe = cuda_describe,
