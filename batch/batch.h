@@ -48,6 +48,12 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
                                  int complete, struct err_detail *err);
 
+/* For a part of a partitioned queue, whose job directory dir is OUT/<job>/part-NNNN: rebuild
+ * the job's combined manifest above it from every part's (batch_parts_manifest; a failure is
+ * only warned: the part's own manifest stands, and the next part manifest written rebuilds
+ * it). Nothing for a plain queue. batch_manifest_write calls it. */
+enum status batch_manifest_combined(struct queue *q, const char *dir, struct err_detail *err);
+
 /* 1 when dir/manifest.json says complete and lists exactly the job's closed, non-empty shards
  * with their bytes, records and sha256; 0 otherwise (missing, unreadable, stale, incomplete). */
 int batch_manifest_current(struct queue *q, const struct queue_job *job, const char *dir);

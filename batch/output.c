@@ -240,21 +240,25 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
     st = io_manifest_write(dir, &m, err);
     free(ms);
     queue_shard_list_free(sh, n);
+    return st ? st : batch_manifest_combined(q, dir, err);
+}
+
+enum status batch_manifest_combined(struct queue *q, const char *dir, struct err_detail *err)
+{
     int part, parts;
-    if (!st && !(st = batch_parts_which(q, &part, &parts, err)) && parts) {
-        /* a part's manifest: refresh the job's combined one, in the directory above */
-        char root[4096];
-        snprintf(root, sizeof(root), "%s", dir);
-        char *slash = strrchr(root, '/');
-        if (slash)
-            *slash = 0;
-        /* the part's own manifest is written: a failure here is only the combined view's */
-        struct err_detail e2 = {0};
-        if (batch_parts_manifest(root, parts, NULL, &e2))
-            LOG_WARN("the combined manifest in %s: %s (rewritten when a part's is)", root,
-                     e2.msg);
-    }
-    return st;
+    enum status st = batch_parts_which(q, &part, &parts, err);
+    if (st || !parts)
+        return st;
+    char root[4096];
+    snprintf(root, sizeof(root), "%s", dir);
+    char *slash = strrchr(root, '/');
+    if (slash)
+        *slash = 0;
+    /* the part's own manifest is written: a failure here is only the combined view's */
+    struct err_detail e2 = {0};
+    if (batch_parts_manifest(root, parts, NULL, &e2))
+        LOG_WARN("the combined manifest in %s: %s (rewritten when a part's is)", root, e2.msg);
+    return ST_OK;
 }
 
 cJSON *batch_json_file(const char *path)

@@ -754,6 +754,8 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
                 result = -1;
             else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
                 result = close_done_job(r, err);
+            else if (batch_manifest_combined(r->q, r->job_dir, err))
+                result = -1; /* (a run killed between a part's manifest and the combined one) */
             job_close(r);
             continue;
         }

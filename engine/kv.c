@@ -661,11 +661,6 @@ enum status engine_kv_check(const struct engine_kv *kv, int expect_empty, struct
     return st;
 }
 
-int32_t engine_kv_free_blocks(const struct engine_kv *kv)
-{
-    return engine_kv_available(kv);
-}
-
 const int32_t *engine_kv_table(const struct engine_kv *kv, int seq)
 {
     return kv->seqs[seq].blocks[0];

@@ -92,7 +92,6 @@ void engine_kv_prefix_clear(struct engine_kv *kv);
  * first violation. */
 enum status engine_kv_check(const struct engine_kv *kv, int expect_empty, struct err_detail *err);
 
-int32_t engine_kv_free_blocks(const struct engine_kv *kv);       /* = engine_kv_available */
 int32_t engine_kv_n_blocks(const struct engine_kv *kv);          /* blocks in the main pool */
 int engine_kv_n_pools(const struct engine_kv *kv);               /* 1, or 2 with a window pool */
 int engine_kv_layer_pool(const struct engine_kv *kv, int layer); /* the pool of a layer */

@@ -152,6 +152,7 @@ static enum status set_pragmas(struct queue *q, const struct queue_options *opts
 {
     if (opts->exclusive) {
         enum status st = set_exclusive(q, err);
+        q->exclusive = st == ST_OK;
         if (st == ST_OK)
             st = exec(q,
                       opts->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",

@@ -432,8 +432,10 @@ enum status queue_sample_list(struct queue *q, int64_t job_id, struct queue_samp
 /* The dead-run rule. A run is dead when it has ended, or when its heartbeat is older than the
  * lease the observer uses, or (without waiting for any lease) when it ran on the observer's
  * host, boot and PID namespace and its process is gone (common/proc.h: proc_liveness). Across
- * hosts only the heartbeat can tell. queue_reap_dead applies the last case: every run not
- * ended whose process `self` can see is dead is ended now (exit_reason "dead") and its leases
+ * hosts only the heartbeat can tell, except in an exclusive file (a part): its holder is the
+ * only process using it, so every run of another host not ended is dead. queue_reap_dead
+ * applies the last two cases: every run not ended whose process `self` can see is dead (and in
+ * an exclusive file every other host's) is ended now (exit_reason "dead") and its leases
  * go back to queued with their attempts kept, exactly as if they had expired; its open shards
  * can then be adopted at once. *n_reaped (may be NULL) gets the number of runs ended. */
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,

@@ -46,6 +46,7 @@ enum queue_stmt_id {
     QS_ITEM_FINISH,
     QS_RUN_INSERT,
     QS_RUN_ACTIVE,
+    QS_RUN_ACTIVE_ALL,
     QS_RUN_ENDED,
     QS_RUN_END,
     QS_RUN_HEARTBEAT,
@@ -87,6 +88,7 @@ struct queue {
     sqlite3 *db;                   /* the connection, owned */
     char *path;                    /* the database file as given to queue_open, owned */
     bool user_tx;                  /* inside queue_tx_begin/commit */
+    bool exclusive;                /* opened with queue_options.exclusive (a part) */
     int schema_version;            /* user_version after open */
     int64_t (*now_ms)(void *ctx);  /* clock; never NULL */
     void *clock_ctx;               /* passed to now_ms */

@@ -148,12 +148,15 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
     while (st == ST_OK && more) { /* batches of 64: ids are collected before any update */
         more = false;
         n_dead = 0;
-        sqlite3_stmt *s = queue_stmt(q, QS_RUN_ACTIVE, err);
+        /* an exclusive file (a part) is used by one process at a time, the one holding it: a
+         * run of another host that has not ended is dead as well */
+        sqlite3_stmt *s = queue_stmt(q, q->exclusive ? QS_RUN_ACTIVE_ALL : QS_RUN_ACTIVE, err);
         if (!s) {
             st = err->status;
             break;
         }
-        queue_bind_str(s, 1, self->host);
+        if (!q->exclusive)
+            queue_bind_str(s, 1, self->host);
         int rc;
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
             struct proc_identity other;
@@ -167,7 +170,8 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
                 snprintf(other.pid_ns, sizeof(other.pid_ns), "%s", (const char *)t);
             other.pid = sqlite3_column_int64(s, 4);
             other.start_ticks = sqlite3_column_int64(s, 5);
-            if (proc_liveness(self, &other) != PROC_DEAD)
+            if (strcmp(other.host, self->host) == 0 ? proc_liveness(self, &other) != PROC_DEAD
+                                                    : !q->exclusive)
                 continue;
             if (n_dead == sizeof(dead) / sizeof(dead[0])) {
                 more = true;

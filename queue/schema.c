@@ -256,6 +256,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                       "  WHERE id = ?1 AND ready)",
     [QS_RUN_ACTIVE] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
                       " WHERE ended IS NULL AND host = ?1",
+    [QS_RUN_ACTIVE_ALL] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
+                          " WHERE ended IS NULL",
     [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",

@@ -240,6 +240,13 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
             rc = RUNNER_EXIT_ERROR;
             continue;
         }
+        if (!st && retry) {
+            /* retried items are wanted: a cancel request left earlier must not act on them,
+             * and goes before they are queued (a retry killed in between leaves none) */
+            char path[4200];
+            batch_parts_path(p, k, ".cancel", path, sizeof(path));
+            unlink(path);
+        }
         if (!st && !(st = queue_job_list(q, &jobs, &n, &err)))
             for (size_t i = 0; !st && i < n; i++)
                 st = retry ? queue_job_retry_failed(q, jobs[i].id, &moved, &err)
@@ -252,11 +259,6 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
             continue;
         }
         total += moved;
-        if (retry) { /* retried items are wanted: a cancel request left earlier must not act */
-            char path[4200];
-            batch_parts_path(p, k, ".cancel", path, sizeof(path));
-            unlink(path);
-        }
     }
     fprintf(stderr, "quern %s: job '%s' (%d parts): %lld items %s", cmd, p->job, p->n,
             (long long)total, retry ? "queued again" : "cancelled");

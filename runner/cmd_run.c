@@ -50,7 +50,7 @@ static const char run_usage[] =
     "                         $SLURM_ARRAY_TASK_ID; without either, every part not in use\n"
     "                         that has work, in turn). Output goes to OUT/<job>/part-NNNN/,\n"
     "                         and OUT/<job>/manifest.json combines the parts. A part that a\n"
-    "                         run holds (its progress file fresh) is left to it (exit 0);\n"
+    "                         run holds (its progress file changing) is left to it (exit 0);\n"
     "                         one locked with no run reporting gives exit 75. After its part\n"
     "                         the run takes over parts whose run died (or stopped) with work\n"
     "                         left, one at a time; never a part in use\n"
@@ -369,14 +369,42 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
     return ok;
 }
 
-/* Has part k's run published progress within BATCH_PROGRESS_STALE_S? (A part whose lock is
- * held without that is held by a reader, or by a lock a crashed host left behind.) */
+#define PART_ALIVE_WAIT_S 5.0 /* how long a part's progress file may stay unchanged */
+
+/* The identity of the file at path as of now: open() revalidates a network file system's
+ * cached attributes (close-to-open consistency), which stat() of a path may not. */
+static int file_version(const char *path, struct stat *sb)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fstat(fd, sb);
+    close(fd);
+    return rc;
+}
+
+/* Does a run report from part k? Its run replaces part-NNNN.progress.json about every second
+ * (batch/progress.c): alive when the file changes within PART_ALIVE_WAIT_S. No clocks are
+ * compared (the file server's may differ from this host's), and a file that is merely recent
+ * is not enough: a run that just ended (exit 75, requeued) leaves one, while a reader (status,
+ * export) holds the lock. Unsure means 0: the task comes back (75) rather than leave a part
+ * that no run finishes. */
 static int part_run_alive(const struct batch_parts *p, int k)
 {
     char path[4200];
     batch_parts_path(p, k, ".progress.json", path, sizeof(path));
-    struct stat sb;
-    return stat(path, &sb) == 0 && difftime(time(NULL), sb.st_mtime) <= BATCH_PROGRESS_STALE_S;
+    struct stat a, b;
+    if (file_version(path, &a))
+        return 0;
+    for (double t0 = runner_now(); runner_now() - t0 < PART_ALIVE_WAIT_S && !g_signals;) {
+        usleep(200000);
+        if (file_version(path, &b))
+            continue; /* (replaced by rename: the name is never missing, but be lenient) */
+        if (b.st_ino != a.st_ino || b.st_size != a.st_size || b.st_mtim.tv_sec != a.st_mtim.tv_sec ||
+            b.st_mtim.tv_nsec != a.st_mtim.tv_nsec)
+            return 1;
+    }
+    return 0;
 }
 
 /* A partitioned queue: the run's own part (--part, $SLURM_ARRAY_TASK_ID), then the parts it

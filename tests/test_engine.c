@@ -474,7 +474,7 @@ static void run_timed(struct fixture *f, const struct engine_params *p, int n, i
         assert_true(kv->stats.lookup_blocks == 0 && kv->stats.hit_blocks == 0 &&
                     kv->stats.evictions == 0);
         assert_int_equal(kv->pool[0].n_lru, 0);
-        assert_int_equal(engine_kv_free_blocks(kv), kv->pool[0].n_blocks);
+        assert_int_equal(engine_kv_available(kv), kv->pool[0].n_blocks);
         check_ok(kv, 1);
     }
     for (int i = 0; i < n; i++) {

@@ -119,7 +119,8 @@ static void test_retry_skips_submit_rejects(void **state)
 }
 
 /* Same host, boot and namespace: a run whose process has exited is ended at once by
- * queue_reap_dead (leases back to queued, attempts kept, shard adoptable with any lease);
+ * queue_reap_dead (leases back to queued, attempts kept, shard adoptable with any lease; in an
+ * exclusive file, runs of other hosts too);
  * a live one, or one on another host, is left alone. */
 static void test_reap_dead_runs(void **state)
 {
@@ -184,10 +185,28 @@ static void test_reap_dead_runs(void **state)
     snprintf(sql, sizeof(sql), "SELECT ended IS NULL FROM runs WHERE id = %lld",
              (long long)r_remote);
     assert_int_equal(sql_int(f->path, sql), 1);
-    /* nothing more to reap */
+    /* nothing more to reap; the other host's run keeps a lease it takes now */
+    struct queue_claimed *items = NULL;
+    size_t k = 0;
+    assert_int_equal(queue_claim(q, job, r_remote, 1, 3600000, &items, &k, &err), ST_OK);
+    assert_int_equal(k, 1);
+    queue_claimed_free(items, k);
     assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
     assert_int_equal(reaped, 0);
     queue_close(q);
+    /* an exclusive file (a part): whoever holds it has the only process using it, so a run on
+     * another host that has not ended is dead too (a Slurm task requeued on another node) */
+    struct queue_options xo = {.exclusive = true, .busy_timeout_ms = 50};
+    assert_int_equal(queue_open_opts(&q, f->path, &xo, &err), ST_OK);
+    assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
+    assert_int_equal(reaped, 1);
+    queue_close(q);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 0);
+    snprintf(sql, sizeof(sql), "SELECT exit_reason = 'dead' FROM runs WHERE id = %lld",
+             (long long)r_remote);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    snprintf(sql, sizeof(sql), "SELECT ended IS NULL FROM runs WHERE id = %lld", (long long)r_live);
+    assert_int_equal(sql_int(f->path, sql), 1);
 }
 
 /* ---- claiming ------------------------------------------------------------------------------ */

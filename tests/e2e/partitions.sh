@@ -158,7 +158,19 @@ assert j["items"] == sum(p["items"] for p in j["part_status"]), j
 PY
 grep -q "part 1 of 3" r1.err || fail "SLURM_ARRAY_TASK_ID did not choose part 1"
 mkdir -p node2/work
-(cd node2/work && "$Q" run --db ../../A/ --part 0 --no-take-over "${RUN[@]}" >../r0b.out 2>../r0b.err) ||
+# part 0's killed run as if it had been on another node (a Slurm requeue lands elsewhere): the
+# restarted run holds the part, so that run is dead and its leases come back at once (with
+# --no-wait a run still waiting for them would exit 75)
+python3 - <<'PY' || fail "moving part 0's killed run to another host"
+import sqlite3
+db = sqlite3.connect("A/part-0000.db")
+db.execute("PRAGMA journal_mode = DELETE")
+n = db.execute("UPDATE runs SET host = 'node-gone' WHERE ended IS NULL").rowcount
+db.commit()
+assert n == 1, n
+assert db.execute("SELECT count(*) FROM items WHERE state = 'leased'").fetchone()[0] > 0
+PY
+(cd node2/work && "$Q" run --db ../../A/ --part 0 --no-take-over --no-wait "${RUN[@]}" >../r0b.out 2>../r0b.err) ||
     { cat node2/r0b.err >&2; fail "restarted part 0"; }
 (cd node2/work && "$Q" run --db "$tmp/A" --part 2 --no-take-over "${RUN[@]}" >../r2b.out 2>../r2b.err) ||
     { cat node2/r2b.err >&2; fail "restarted part 2"; }
@@ -168,6 +180,11 @@ for f in node2/r0b.out node2/r2b.out; do
     python3 -c 'import json,sys; s=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert s["items_done"] + s["items_failed"] > 0, s' "$f" ||
         fail "$f: the killed run had already finished its part (the test needs a slower run)"
 done
+check_parts A ja $((N + 1))
+# a run killed between a part's manifest and the combined one: a later run of a done part
+# rebuilds the combined manifest
+rm out/ja/manifest.json
+"$Q" run --db A --part 1 --no-take-over "${RUN[@]}" >r1c.out 2>r1c.err || fail "run of a done part"
 check_parts A ja $((N + 1))
 "$Q" export --db A --out a.tar 2>/dev/null || fail "export of parts as a bundle"
 python3 - <<'PY' || fail "the bundle of a partitioned queue"
@@ -215,11 +232,20 @@ for _ in $(seq 1 100); do [ -e held ] && break; sleep 0.1; done
 rc=0; "$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err || rc=$?
 [ $rc -eq 75 ] || fail "run on a part locked without a run: exit $rc, want 75"
 grep -q "no run reports progress" busy.err || fail "run on a locked part: $(cat busy.err)"
-# held by a run that reports (its progress file fresh): that run's to finish, exit 0
+# a progress file that is recent but does not change (a run that just ended, a reader
+# holding the part): no run reports, exit 75
 echo '{}' >B/part-0001.progress.json
+rc=0; "$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err || rc=$?
+[ $rc -eq 75 ] || fail "run on a locked part with a still progress file: exit $rc, want 75"
+# held by a run that reports (its progress file replaced as a run does, every 0.3 s): that
+# run's to finish, exit 0
+(while :; do echo "{\"t\": $RANDOM}" >B/p.tmp && mv B/p.tmp B/part-0001.progress.json; sleep 0.3; done) &
+reporter=$!
+pids+=("$reporter")
 "$Q" run --db B --part 1 --no-take-over "${RUN[@]}" >/dev/null 2>busy.err ||
     fail "run on a part in use: exit $?, want 0"
 grep -q "in use by a run" busy.err || fail "run on a part in use: $(cat busy.err)"
+kill "$reporter"; wait "$reporter" 2>/dev/null || true
 rm B/part-0001.progress.json
 "$Q" status --db B >st.txt 2>/dev/null || true
 grep -q "part    1: unknown.*in use" st.txt || { cat st.txt >&2; fail "status of a part in use"; }
