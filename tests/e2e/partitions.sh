@@ -268,12 +268,11 @@ rc=0; "$Q" status --db B/part-0000.db 2>plain.err || rc=$?
 
 # ---- 4. take-over of a dead part, never of one not started -------------------------------
 make_job C jc 3 30 "$TOK"
-"$Q" run --db C --part 1 --no-take-over "${RUN[@]}" >c1.out 2>c1.err &
+QUERN_FAULT=shard.write:2:kill "$Q" run --db C --part 1 --no-take-over "${RUN[@]}" >c1.out 2>c1.err &
 pc=$!
 pids+=("$pc")
-wait_done C 1 2 "$pc"
-kill -9 "$pc" 2>/dev/null || true
-wait "$pc" 2>/dev/null || true
+rc=0; wait "$pc" 2>/dev/null || rc=$?
+[ $rc -eq 137 ] || { cat c1.err >&2; fail "part 1's run, meant to be killed, exited $rc"; }
 "$Q" run --db C --part 0 "${RUN[@]}" >c0.out 2>c0.err || { cat c0.err >&2; fail "part 0 + take-over"; }
 grep -q "taking over part 1 of 3" c0.err || { cat c0.err >&2; fail "part 1 was not taken over"; }
 grep -q "part 2 of 3" c0.err && fail "part 2 (never started) was taken over"
