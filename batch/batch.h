@@ -94,9 +94,14 @@ int batch_parts_find(const char *path, struct batch_parts *p, struct err_detail 
 /* Prepare dir (created if missing; it must hold no catalogue and no parts yet) as the home of
  * job `name` in n parts: fills *p with a new set id. The parts are then created with
  * batch_parts_open (create), and the directory becomes a partitioned queue when
- * batch_parts_publish writes its catalogue (atomically), after the last part is written. */
+ * batch_parts_publish writes its catalogue (atomically), after the last part is written.
+ * The directory is claimed first: *lock_fd holds an exclusive flock on
+ * dir/BATCH_PARTS_SUBMIT_LOCK, which the caller keeps open until its submit has published or
+ * undone its parts (a second submit into the same directory is ST_ERR_BUSY, so it can neither
+ * race for the parts nor delete the first's in its undo). *lock_fd is -1 on failure. */
+#define BATCH_PARTS_SUBMIT_LOCK ".quern-submit.lock"
 enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
-                               struct err_detail *err);
+                               int *lock_fd, struct err_detail *err);
 enum status batch_parts_publish(const struct batch_parts *p, struct err_detail *err);
 
 /* DIR/part-NNNN<suffix> into out (suffix ".db", ".progress.json", ".cancel"). */

@@ -70,9 +70,31 @@ static void random_id(char out[33])
         snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
-enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
-                               struct err_detail *err)
+/* Claim dir for this submit: an exclusive flock on its submit lock file, in *fd. */
+static enum status claim_dir(const char *dir, int *fd, struct err_detail *err)
 {
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", dir, BATCH_PARTS_SUBMIT_LOCK);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (*fd < 0)
+        return err_set(err, ST_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0)
+        return ST_OK;
+    int e = errno;
+    close(*fd);
+    *fd = -1;
+    if (e == EWOULDBLOCK)
+        return err_set(err, ST_ERR_BUSY,
+                       "another submit is writing a job into %s (it holds %s): one job per "
+                       "directory",
+                       dir, path);
+    return err_set(err, ST_ERR_IO, "cannot lock %s: %s", path, strerror(e));
+}
+
+enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
+                               int *lock_fd, struct err_detail *err)
+{
+    *lock_fd = -1;
     if (n < 1 || n > BATCH_PARTS_MAX)
         return err_set(err, ST_ERR_INVALID_ARG, "--partitions must be 1..%d", BATCH_PARTS_MAX);
     if (strlen(name) >= sizeof(p->job) || strlen(dir) >= sizeof(p->dir))
@@ -82,18 +104,26 @@ enum status batch_parts_create(const char *dir, const char *name, int n, struct 
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG, "%s exists and is not a directory", dir);
+    enum status st = claim_dir(dir, lock_fd, err);
+    if (st)
+        return st;
     char cat[4200], part0[4200];
     snprintf(cat, sizeof(cat), "%s/%s", dir, BATCH_PARTS_CATALOG);
     snprintf(part0, sizeof(part0), "%s/part-0000.db", dir);
     if (access(cat, F_OK) == 0)
-        return err_set(err, ST_ERR_EXISTS,
-                       "%s already holds a partitioned job (%s): one job per directory", dir,
-                       BATCH_PARTS_CATALOG);
-    if (access(part0, F_OK) == 0)
-        return err_set(err, ST_ERR_EXISTS,
-                       "%s holds parts without a catalogue (a submit that did not finish?): "
-                       "remove its part-*.db files or choose another directory",
-                       dir);
+        st = err_set(err, ST_ERR_EXISTS,
+                     "%s already holds a partitioned job (%s): one job per directory", dir,
+                     BATCH_PARTS_CATALOG);
+    else if (access(part0, F_OK) == 0)
+        st = err_set(err, ST_ERR_EXISTS,
+                     "%s holds parts without a catalogue (a submit that did not finish?): "
+                     "remove its part-*.db files or choose another directory",
+                     dir);
+    if (st) {
+        close(*lock_fd);
+        *lock_fd = -1;
+        return st;
+    }
     memset(p, 0, sizeof(*p));
     snprintf(p->dir, sizeof(p->dir), "%s", dir);
     snprintf(p->job, sizeof(p->job), "%s", name);

@@ -298,6 +298,7 @@ struct submit {
     long batch_lines;            /* lines read since the last write, blank ones too */
     double batch_t0;             /* runner_now() at the last write */
     struct submit_stats ss;      /* counts so far */
+    int lock_fd;                 /* with --partitions: the directory's submit lock, or -1 */
 };
 
 static void pending_clear(struct submit *s)
@@ -602,13 +603,16 @@ static enum status submit_open(struct submit *s, struct batch_parts *parts,
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     if (!s->o->partitions)
         return queue_open(&s->q[0], s->o->db, err);
-    enum status st = batch_parts_create(s->o->db, s->o->name, s->n_parts, parts, err);
+    enum status st =
+        batch_parts_create(s->o->db, s->o->name, s->n_parts, parts, &s->lock_fd, err);
     for (int k = 0; !st && k < s->n_parts; k++)
         st = batch_parts_open(parts, k, 0, BATCH_PART_CREATE, &s->q[k], err);
     return st;
 }
 
-/* A failed submit: each part's partial job deleted; with --partitions, the part files too. */
+/* A failed submit: each part's partial job deleted; with --partitions, the part files too, and
+ * the catalogue if it was written (its directory's fsync failed). The directory's submit lock,
+ * still held, guarantees these files are this submit's own. */
 static void submit_undo(struct submit *s, const struct batch_parts *parts)
 {
     for (int k = 0; k < s->n_parts && s->q && s->job; k++) {
@@ -630,6 +634,11 @@ static void submit_undo(struct submit *s, const struct batch_parts *parts)
         unlink(path);
         strcat(path, "-journal");
         unlink(path);
+    }
+    if (s->o->partitions) {
+        char cat[4200];
+        snprintf(cat, sizeof(cat), "%s/%s", parts->dir, BATCH_PARTS_CATALOG);
+        unlink(cat);
     }
 }
 
@@ -655,6 +664,7 @@ int runner_cmd_submit(int argc, char **argv)
     struct submit s;
     memset(&s, 0, sizeof(s));
     s.o = &o;
+    s.lock_fd = -1;
     char sha[SHA256_HEX_LEN], name[64];
     int rc = RUNNER_EXIT_ERROR;
     if (sha256_file(o.model, SHA256_WHOLE_FILE, sha, &err)) {
@@ -750,5 +760,7 @@ out:
     free(s.run);
     free(s.load);
     id_map_free(&s.ids);
+    if (s.lock_fd >= 0)
+        close(s.lock_fd); /* after the parts are closed: the directory is released last */
     return rc;
 }

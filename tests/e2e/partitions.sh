@@ -3,7 +3,8 @@
 #  1. submit --partitions 3 deals the lines out by estimated tokens (the parts' estimates are
 #     within one line's estimate of each other although their line counts differ), a repeated
 #     custom_id lands in the part that has it and fails there as a duplicate, and the parts
-#     are rollback-journal files marked with their index;
+#     are rollback-journal files marked with their index; a second submit into a directory
+#     whose submit lock is held (a submit still writing) is refused and touches nothing;
 #  2. three runs (one finding its part in SLURM_ARRAY_TASK_ID) work at once; two are killed
 #     with -9 mid-run and restarted from another working directory (another "node", the
 #     directory given by another path), and every custom_id is in the combined export
@@ -136,6 +137,21 @@ for l in open("in.jsonl"):
 assert max(loads) - min(loads) <= big, (loads, big)
 assert len(set(counts)) > 1, f"line counts {counts}: the deal should follow tokens, not lines"
 PY
+mkdir L
+(exec 9>L/.quern-submit.lock && flock 9 && exec sleep 30) &
+lk=$!
+pids+=("$lk")
+for _ in $(seq 1 100); do flock -n L/.quern-submit.lock true || break; sleep 0.05; done
+if "$Q" submit --db L --partitions 2 --name jl --model "$M" in.jsonl >/dev/null 2>l.err; then
+    fail "a submit into a directory another submit holds was accepted"
+fi
+grep -q "another submit is writing a job into L" l.err || { cat l.err >&2; fail "lock message"; }
+[ -z "$(ls L)" ] || fail "the refused submit left files: $(ls L)"
+kill "$lk" 2>/dev/null || true
+wait "$lk" 2>/dev/null || true
+"$Q" submit --db L --partitions 2 --name jl --model "$M" in.jsonl >/dev/null 2>l.err ||
+    { cat l.err >&2; fail "submit once the lock is free"; }
+[ -f L/quern-parts.json ] || fail "no catalogue in L"
 
 # ---- 2. three runs, two killed with -9 and restarted elsewhere ---------------------------
 # Parts 0 and 2 are killed (SIGKILL, common/fault.h) at their second shard write: after their
