@@ -46,7 +46,6 @@ enum queue_stmt_id {
     QS_ITEM_FINISH,
     QS_RUN_INSERT,
     QS_RUN_ACTIVE,
-    QS_RUN_ACTIVE_ALL,
     QS_RUN_ENDED,
     QS_RUN_END,
     QS_RUN_HEARTBEAT,

@@ -150,7 +150,7 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
         n_dead = 0;
         /* an exclusive file (a part) is used by one process at a time, the one holding it: a
          * run of another host that has not ended is dead as well */
-        sqlite3_stmt *s = queue_stmt(q, q->exclusive ? QS_RUN_ACTIVE_ALL : QS_RUN_ACTIVE, err);
+        sqlite3_stmt *s = queue_stmt(q, QS_RUN_ACTIVE, err);
         if (!s) {
             st = err->status;
             break;

@@ -254,10 +254,9 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                       " boot_id, pid_ns, pstart, kind) SELECT ?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7,"
                       " ?8, ?9 WHERE ?1 IS NULL OR EXISTS (SELECT 1 FROM jobs"
                       "  WHERE id = ?1 AND ready)",
+    /* ?1 the host, or NULL (unbound) for every host */
     [QS_RUN_ACTIVE] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
-                      " WHERE ended IS NULL AND host = ?1",
-    [QS_RUN_ACTIVE_ALL] = "SELECT id, host, boot_id, pid_ns, pid, pstart FROM runs"
-                          " WHERE ended IS NULL",
+                      " WHERE ended IS NULL AND (?1 IS NULL OR host = ?1)",
     [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",
