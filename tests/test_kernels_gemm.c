@@ -39,12 +39,15 @@ static struct kern_q8 *gemm_acts_q8(const float *x, int64_t n, int64_t n_tok, si
     assert_non_null(xq);
     for (int64_t t = 0; t < n_tok; t++)
         kern_ref_quantize_q8(x + (size_t)t * ldx, xq + (size_t)t * ldxq, n);
-    if (n_tok > 1)
+    /* token 1: extreme values of both signs; token 2: every value 127, so with the 0xFF fill
+     * (every nibble 15) a block's products reach their largest sum, 32 * 15 * 127 = 60,960,
+     * and its 8 k-steps of pairs 30,480 (the AVX2 Q4 kernels add those in int16) */
+    for (int64_t t = 1; t < n_tok && t <= 2; t++)
         for (int64_t b = 0; b < n / KERN_QK; b++) {
-            struct kern_q8 *xb = &xq[ldxq + b];
+            struct kern_q8 *xb = &xq[(size_t)t * ldxq + b];
             int sum = 0;
             for (int j = 0; j < KERN_QK; j++) {
-                xb->q[j] = (int8_t)((j + b) % 3 ? 127 : -127);
+                xb->q[j] = (int8_t)(t == 2 || (j + b) % 3 ? 127 : -127);
                 sum += xb->q[j];
             }
             xb->d = 0.01f;

@@ -158,6 +158,17 @@ GF_ENTRY(q6_k, DTYPE_Q6_K)
  * block, in every tile: acc = fma((float)isum, d_w * d_x, acc), then for Q4_1
  * acc = fma(m_w, s_x, acc); the pair's result is its lane. */
 
+/* Without VNNI a dpbusd is three instructions, two of them on the two multiply ports. For
+ * Q4_0/Q4_1 the nibbles are at most 15, so a block's 8 k-steps of vpmaddubsw pairs sum to at
+ * most 8 * 2 * 15 * 128 = 30,720 in magnitude: they are added in int16 (exact, no wrap) and
+ * widened once per block by one vpmaddwd - the same integers, 2.1 instead of 3 multiply-port
+ * instructions per k-step. Q8_0's |w| <= 128 leaves no such room. */
+#ifdef QUERN_AVXVNNI
+#define GQ_I16 0
+#else
+#define GQ_I16 1
+#endif
+
 #define GQ_ROWS 8   /* rows per panel: the lanes */
 #define GQ_TOK  4   /* tokens per tile */
 #define GQ_BLKS 160 /* packed blocks on the stack; longer rows use the per-pair path */
@@ -244,13 +255,14 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
         acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const struct gq_blk *p = pk + b;
+        const int i16 = GQ_I16 && kind != GQ_Q8_0;
         __m256i ia[GQ_TOK][C_MAX];
         UNROLL
         for (int j = 0; j < nt; j++)
             UNROLL
         for (int c = 0; c < nc; c++)
-            ia[j][c] = c == 0 && kind == GQ_Q4_0 ? _mm256_set1_epi32(corr[j * nb + b])
-                                                 : _mm256_setzero_si256();
+            ia[j][c] = c == 0 && kind == GQ_Q4_0 && !i16 ? _mm256_set1_epi32(corr[j * nb + b])
+                                                         : _mm256_setzero_si256();
         UNROLL
         for (int s = 0; s < 8; s++) {
             __m256i wv = _mm256_loadu_si256((const __m256i *)p->q[s]);
@@ -264,7 +276,10 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
                 __m256i xv = _mm256_set1_epi32(xd);
                 if (kind == GQ_Q8_0)
                     xv = _mm256_sign_epi8(xv, sg);
-                ia[j][s % nc] = dpbusd(ia[j][s % nc], wv, xv);
+                if (i16)
+                    ia[j][s % nc] = _mm256_add_epi16(ia[j][s % nc], _mm256_maddubs_epi16(wv, xv));
+                else
+                    ia[j][s % nc] = dpbusd(ia[j][s % nc], wv, xv);
             }
         }
         __m256 dw = _mm256_loadu_ps(p->d);
@@ -272,8 +287,16 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
         for (int j = 0; j < nt; j++) {
             const struct kern_q8 *xb = &x[(size_t)j * ldxq + b];
             __m256i isum = ia[j][0];
+            if (i16) {
+                UNROLL
+                for (int c = 1; c < nc; c++)
+                    isum = _mm256_add_epi16(isum, ia[j][c]);
+                isum = _mm256_madd_epi16(isum, _mm256_set1_epi16(1));
+                if (kind == GQ_Q4_0)
+                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(corr[j * nb + b]));
+            }
             UNROLL
-            for (int c = 1; c < nc; c++)
+            for (int c = 1; c < nc && !i16; c++)
                 isum = _mm256_add_epi32(isum, ia[j][c]);
             __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[j]);
