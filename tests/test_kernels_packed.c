@@ -104,10 +104,15 @@ static void test_gemm_packed(void **state)
                 for (int act = 0; act < 3; act++) {
                     size_t bytes = f->panel_bytes(type, rows, n, act);
                     size_t panel = f->panel_bytes(type, P, n, act);
+                    /* a table packs a mode iff it has that mode's packed GEMM */
+                    const int packs = act == 2   ? f->gemm_q16_packed[type] != NULL
+                                      : act == 1 ? f->gemm_q8_packed[type] != NULL
+                                                 : f->gemm_f32_packed[type] != NULL;
                     if (!bytes) { /* declined: only rows the expansion buffers cannot hold */
-                        assert_true(nb > most[act]);
+                        assert_true(!packs || nb > most[act]);
                         continue;
                     }
+                    assert_true(packs);
                     assert_int_equal(bytes, panel * (size_t)((rows + P - 1) / P));
                     uint8_t *pk = aligned_alloc(64, (bytes + 63) / 64 * 64);
                     assert_non_null(pk);
@@ -162,10 +167,11 @@ static void test_gemm_packed(void **state)
     }
     print_message("packed weights: %d cases checked (q8/q16 bitwise equal to the unpacked GEMMs, "
                   "exact vs float64 and batch invariant)\n", packed_cases);
-    /* per table that packs (AVX-512, and AMX which shares its packing): exact n <= 1536,
-     * q8 <= 4608, q16 <= 2048 */
-    assert_int_equal(packed_cases, (!!isa_fns(KERN_ISA_AVX512) + !!isa_fns(KERN_ISA_AMX)) * 3 *
-                                       (3 + 5 + 4));
+    /* per table that packs: AVX-512 and AMX (which shares its packing) exact n <= 1536, q8
+     * <= 4608, q16 <= 2048; AVX2 and AVX-VNNI q8 only, n <= 4608 (GQ_BLKS 160 blocks) */
+    assert_int_equal(packed_cases,
+                     (!!isa_fns(KERN_ISA_AVX512) + !!isa_fns(KERN_ISA_AMX)) * 3 * (3 + 5 + 4) +
+                         (!!isa_fns(KERN_ISA_AVX2) + !!isa_fns(KERN_ISA_AVXVNNI)) * 3 * 5);
 }
 
 /* The AMX table's tile GEMMs, where the CPU has AMX-BF16. Exact mode (prep_x3 +

@@ -151,6 +151,16 @@ void kern_gemm_f32_pairs(float (*dot)(const void *, const float *, int64_t), KER
     double kern_##isa##_int8_peak(double seconds);
 KERN_GEMM_DECL(avx2)
 KERN_GEMM_DECL(avxvnni)
+/* The AVX2 (and AVX-VNNI) q8 GEMMs over weights packed at load (gemm_avx2.c). */
+#define KERN_GEMM_PACKED_DECL(isa)                                                                 \
+    size_t kern_##isa##_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act);            \
+    void kern_##isa##_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,   \
+                                 int64_t n, void *dst);                                            \
+    void kern_##isa##_gemm_q4_0_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));                             \
+    void kern_##isa##_gemm_q4_1_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));                             \
+    void kern_##isa##_gemm_q8_0_q8_packed(KERN_GEMM_PK_ARGS(kern_q8));
+KERN_GEMM_PACKED_DECL(avx2)
+KERN_GEMM_PACKED_DECL(avxvnni)
 KERN_GEMM_DECL(avx512)
 
 /* The tdpbusd peak loop (gemm_avx512.c); only on CPUs and processes with AMX tiles. */

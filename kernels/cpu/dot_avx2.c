@@ -774,6 +774,14 @@ const struct kern_cpu_fns kern_cpu_fns_avx2 = {
             [DTYPE_Q4_K] = kern_avx2_gemm_q4_k_q8,
             [DTYPE_Q6_K] = kern_avx2_gemm_q6_k_q8,
         },
+    .panel_bytes = kern_avx2_panel_bytes,
+    .panel_pack = kern_avx2_panel_pack,
+    .gemm_q8_packed =
+        {
+            [DTYPE_Q4_0] = kern_avx2_gemm_q4_0_q8_packed,
+            [DTYPE_Q4_1] = kern_avx2_gemm_q4_1_q8_packed,
+            [DTYPE_Q8_0] = kern_avx2_gemm_q8_0_q8_packed,
+        },
     .to_f16 = kern_avx2_to_f16,
     .kv_quant_q8 = kern_kv_quant_q8,
     .attn_group = kern_avx2_attn_group,

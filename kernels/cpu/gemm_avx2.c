@@ -158,11 +158,11 @@ GF_ENTRY(q6_k, DTYPE_Q6_K)
  * block, in every tile: acc = fma((float)isum, d_w * d_x, acc), then for Q4_1
  * acc = fma(m_w, s_x, acc); the pair's result is its lane. */
 
-/* Without VNNI a dpbusd is three instructions, two of them on the two multiply ports. For
- * Q4_0/Q4_1 the nibbles are at most 15, so a block's 8 k-steps of vpmaddubsw pairs sum to at
- * most 8 * 2 * 15 * 128 = 30,720 in magnitude: they are added in int16 (exact, no wrap) and
- * widened once per block by one vpmaddwd - the same integers, 2.1 instead of 3 multiply-port
- * instructions per k-step. Q8_0's |w| <= 128 leaves no such room. */
+/* Without VNNI a dpbusd is three instructions, two of them multiplies. For Q4_0/Q4_1 the
+ * nibbles are at most 15, so a block's 8 k-steps of vpmaddubsw pairs sum to at most
+ * 8 * 2 * 15 * 128 = 30,720 in magnitude: gq_tile16 adds them in int16 (exact, no wrap) and
+ * widens once per block with one vpmaddwd - the same integers, so the same bits, with 9 instead
+ * of 16 multiplies per block and token. Q8_0's |w| <= 128 leaves no such room. */
 #ifdef QUERN_AVXVNNI
 #define GQ_I16 0
 #else
@@ -183,53 +183,102 @@ struct gq_blk {
 
 enum gq_kind { GQ_Q4_1, GQ_Q4_0, GQ_Q8_0 };
 
-static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
-                                  struct gq_blk *dst, const enum gq_kind kind)
+static inline int gq_nq(const enum gq_kind kind)
 {
-    const size_t bb = kind == GQ_Q4_1   ? sizeof(struct kern_block_q4_1)
-                      : kind == GQ_Q4_0 ? sizeof(struct kern_block_q4_0)
-                                        : sizeof(struct kern_block_q8_0);
-    const size_t qoff = kind == GQ_Q4_1   ? offsetof(struct kern_block_q4_1, qs)
-                        : kind == GQ_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
-                                          : offsetof(struct kern_block_q8_0, qs);
+    return kind == GQ_Q8_0 ? 8 : 4;
+}
+
+/* One block of a panel into dst, from its raw form: dm = each row's first dword (its f16
+ * scale, then Q4_1's f16 offset), v[s] = each row's quant dword s (s < gq_nq). */
+static ALWAYS_INLINE void gq_expand(__m256i dm, const __m256i *v, struct gq_blk *o,
+                                    const enum gq_kind kind)
+{
     const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m128i d16 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
+        _mm256_shuffle_epi8(dm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1,
+                                                 -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
+                                                 -1, -1, -1, -1, -1, -1)),
+        0x08));
+    _mm256_storeu_ps(o->d, _mm256_cvtph_ps(d16));
+    if (kind == GQ_Q4_1) {
+        __m256i mm = _mm256_srli_epi32(dm, 16);
+        __m128i m16 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(mm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
+                                                     -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13,
+                                                     -1, -1, -1, -1, -1, -1, -1, -1)),
+            0x08));
+        _mm256_storeu_ps(o->m, _mm256_cvtph_ps(m16));
+    }
+    if (kind == GQ_Q8_0) {
+        for (int s = 0; s < 8; s++) {
+            _mm256_storeu_si256((__m256i *)o->sgn[s], v[s]);
+            _mm256_storeu_si256((__m256i *)o->q[s], _mm256_abs_epi8(v[s]));
+        }
+    } else {
+        for (int s = 0; s < 4; s++) {
+            _mm256_storeu_si256((__m256i *)o->q[s], _mm256_and_si256(v[s], low4));
+            _mm256_storeu_si256((__m256i *)o->q[s + 4],
+                                _mm256_and_si256(_mm256_srli_epi32(v[s], 4), low4));
+        }
+    }
+}
+
+static inline size_t gq_block_bytes(const enum gq_kind kind)
+{
+    return kind == GQ_Q4_1   ? sizeof(struct kern_block_q4_1)
+           : kind == GQ_Q4_0 ? sizeof(struct kern_block_q4_0)
+                             : sizeof(struct kern_block_q8_0);
+}
+
+static inline size_t gq_quant_offset(const enum gq_kind kind)
+{
+    return kind == GQ_Q4_1   ? offsetof(struct kern_block_q4_1, qs)
+           : kind == GQ_Q4_0 ? offsetof(struct kern_block_q4_0, qs)
+                             : offsetof(struct kern_block_q8_0, qs);
+}
+
+/* The raw form of block b of nr (<= 8) rows, gathered (rows past nr repeat row nr - 1). */
+static ALWAYS_INLINE void gq_gather(const char *rows, size_t row_bytes, int nr, int64_t b,
+                                    __m256i *dm, __m256i *v, const enum gq_kind kind)
+{
     __m256i lane = _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                     _mm256_set1_epi32(nr - 1));
     const __m256i offs = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)row_bytes));
+    const int base = (int)((size_t)b * gq_block_bytes(kind));
+    *dm = _mm256_i32gather_epi32((const int *)(rows + base), offs, 1);
+    const int *q = (const int *)(rows + base + gq_quant_offset(kind));
+    for (int s = 0; s < gq_nq(kind); s++)
+        v[s] = _mm256_i32gather_epi32(q + s, offs, 1);
+}
+
+static ALWAYS_INLINE void gq_pack(const char *rows, size_t row_bytes, int nr, int64_t nb,
+                                  struct gq_blk *dst, const enum gq_kind kind)
+{
     for (int64_t b = 0; b < nb; b++) {
-        struct gq_blk *o = &dst[b];
-        const int base = (int)((size_t)b * bb);
-        __m256i dm = _mm256_i32gather_epi32((const int *)(rows + base), offs, 1);
-        __m128i d16 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
-            _mm256_shuffle_epi8(dm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1,
-                                                     -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
-                                                     -1, -1, -1, -1, -1, -1)),
-            0x08));
-        _mm256_storeu_ps(o->d, _mm256_cvtph_ps(d16));
-        if (kind == GQ_Q4_1) {
-            __m256i mm = _mm256_srli_epi32(dm, 16);
-            __m128i m16 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
-                _mm256_shuffle_epi8(mm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
-                                                         -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13,
-                                                         -1, -1, -1, -1, -1, -1, -1, -1)),
-                0x08));
-            _mm256_storeu_ps(o->m, _mm256_cvtph_ps(m16));
-        }
-        const int *q = (const int *)(rows + base + qoff);
-        if (kind == GQ_Q8_0) {
-            for (int s = 0; s < 8; s++) {
-                __m256i v = _mm256_i32gather_epi32(q + s, offs, 1);
-                _mm256_storeu_si256((__m256i *)o->sgn[s], v);
-                _mm256_storeu_si256((__m256i *)o->q[s], _mm256_abs_epi8(v));
-            }
-        } else {
-            for (int s = 0; s < 4; s++) {
-                __m256i v = _mm256_i32gather_epi32(q + s, offs, 1);
-                _mm256_storeu_si256((__m256i *)o->q[s], _mm256_and_si256(v, low4));
-                _mm256_storeu_si256((__m256i *)o->q[s + 4],
-                                    _mm256_and_si256(_mm256_srli_epi32(v, 4), low4));
-            }
-        }
+        __m256i dm, v[8];
+        gq_gather(rows, row_bytes, nr, b, &dm, v, kind);
+        gq_expand(dm, v, &dst[b], kind);
+    }
+}
+
+/* Weights packed once, at load (q8 mode): per KERN_PANEL_ROWS-row panel, its 8-row halves in
+ * order, each as nb blocks of the raw form gq_gather makes per call (the scale dwords, then the
+ * nq quant dwords; 32 bytes each, lane r = row r), rows past the matrix repeating its last
+ * row. Same size as the GGUF blocks for Q4_0/Q4_1 (Q8_0: 16 bytes more per 8-row block). The
+ * packed GEMMs expand it with plain loads (no gathers) into exactly what gq_pack makes from the
+ * rows, so their results are bitwise gemm_q8's. */
+#define GQ_RAW_BYTES(nq) ((size_t)32 * (size_t)((nq) + 1))
+
+static ALWAYS_INLINE void gq_pack_raw(const uint8_t *raw, int64_t nb, struct gq_blk *dst,
+                                      const enum gq_kind kind)
+{
+    const int nq = gq_nq(kind);
+    for (int64_t b = 0; b < nb; b++, raw += GQ_RAW_BYTES(nq)) {
+        __m256i v[8];
+        __m256i dm = _mm256_load_si256((const __m256i *)raw);
+        for (int s = 0; s < nq; s++)
+            v[s] = _mm256_load_si256((const __m256i *)(raw + 32 * (size_t)(s + 1)));
+        gq_expand(dm, v, &dst[b], kind);
     }
 }
 
@@ -255,14 +304,13 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
         acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const struct gq_blk *p = pk + b;
-        const int i16 = GQ_I16 && kind != GQ_Q8_0;
         __m256i ia[GQ_TOK][C_MAX];
         UNROLL
         for (int j = 0; j < nt; j++)
             UNROLL
         for (int c = 0; c < nc; c++)
-            ia[j][c] = c == 0 && kind == GQ_Q4_0 && !i16 ? _mm256_set1_epi32(corr[j * nb + b])
-                                                         : _mm256_setzero_si256();
+            ia[j][c] = c == 0 && kind == GQ_Q4_0 ? _mm256_set1_epi32(corr[j * nb + b])
+                                                 : _mm256_setzero_si256();
         UNROLL
         for (int s = 0; s < 8; s++) {
             __m256i wv = _mm256_loadu_si256((const __m256i *)p->q[s]);
@@ -276,10 +324,7 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
                 __m256i xv = _mm256_set1_epi32(xd);
                 if (kind == GQ_Q8_0)
                     xv = _mm256_sign_epi8(xv, sg);
-                if (i16)
-                    ia[j][s % nc] = _mm256_add_epi16(ia[j][s % nc], _mm256_maddubs_epi16(wv, xv));
-                else
-                    ia[j][s % nc] = dpbusd(ia[j][s % nc], wv, xv);
+                ia[j][s % nc] = dpbusd(ia[j][s % nc], wv, xv);
             }
         }
         __m256 dw = _mm256_loadu_ps(p->d);
@@ -287,17 +332,50 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
         for (int j = 0; j < nt; j++) {
             const struct kern_q8 *xb = &x[(size_t)j * ldxq + b];
             __m256i isum = ia[j][0];
-            if (i16) {
-                UNROLL
-                for (int c = 1; c < nc; c++)
-                    isum = _mm256_add_epi16(isum, ia[j][c]);
-                isum = _mm256_madd_epi16(isum, _mm256_set1_epi16(1));
-                if (kind == GQ_Q4_0)
-                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(corr[j * nb + b]));
-            }
             UNROLL
-            for (int c = 1; c < nc && !i16; c++)
+            for (int c = 1; c < nc; c++)
                 isum = _mm256_add_epi32(isum, ia[j][c]);
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[j]);
+            if (kind == GQ_Q4_1)
+                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(p->m), _mm256_set1_ps(xb->s), acc[j]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        out[j] = acc[j];
+}
+
+/* The Q4 tile without VNNI (GQ_I16): per block and token, the 8 k-steps' vpmaddubsw pairs
+ * summed in int16 (two chains), one vpmaddwd, then the same float steps as gq_tile - token by
+ * token, so the sums stay in registers. */
+static ALWAYS_INLINE void gq_tile16(const struct gq_blk *pk, int64_t nb, const struct kern_q8 *x,
+                                    size_t ldxq, const int nt, const int32_t *corr,
+                                    const enum gq_kind kind, __m256 *out)
+{
+    __m256 acc[GQ_TOK];
+    UNROLL
+    for (int j = 0; j < nt; j++)
+        acc[j] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const struct gq_blk *p = pk + b;
+        const __m256 dw = _mm256_loadu_ps(p->d);
+        UNROLL
+        for (int j = 0; j < nt; j++) {
+            const struct kern_q8 *xb = &x[(size_t)j * ldxq + b];
+            __m256i h[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                int32_t xd;
+                memcpy(&xd, xb->q + 4 * s, sizeof xd);
+                h[s & 1] = _mm256_add_epi16(
+                    h[s & 1], _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)p->q[s]),
+                                                   _mm256_set1_epi32(xd)));
+            }
+            __m256i isum = _mm256_madd_epi16(_mm256_add_epi16(h[0], h[1]), ones);
+            if (kind == GQ_Q4_0)
+                isum = _mm256_add_epi32(isum, _mm256_set1_epi32(corr[j * nb + b]));
             __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[j]);
             if (kind == GQ_Q4_1)
@@ -311,7 +389,10 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
 
 #define GQ_CASE(T)                                                                                 \
     case T:                                                                                        \
-        gq_tile(pk, nb, x, ldxq, T, corr, kind, out);                                              \
+        if (GQ_I16 && kind != GQ_Q8_0)                                                             \
+            gq_tile16(pk, nb, x, ldxq, T, corr, kind, out);                                        \
+        else                                                                                       \
+            gq_tile(pk, nb, x, ldxq, T, corr, kind, out);                                          \
         break;
 
 static ALWAYS_INLINE void gq_tile_any(const struct gq_blk *pk, int64_t nb,
@@ -328,22 +409,28 @@ static ALWAYS_INLINE void gq_tile_any(const struct gq_blk *pk, int64_t nb,
     }
 }
 
-static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
+/* raw: the packed form of w (then w and row_bytes are unused), or NULL. */
+static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, const uint8_t *raw,
+                                    KERN_GEMM_Q8_ARGS)
 {
     const int64_t nb = n / KERN_QK;
     _Alignas(32) struct gq_blk pk[GQ_BLKS];
     int32_t corr[GQ_TOK * GQ_BLKS];
     int64_t ppg = GQ_BLKS / nb < GQ_PPG ? GQ_BLKS / nb : GQ_PPG;
     assert(n % KERN_QK == 0 && nb <= GQ_BLKS && nb > 0);
-    assert(row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
+    assert(raw || row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
     for (int64_t g0 = 0; g0 < n_rows; g0 += ppg * GQ_ROWS) {
         int64_t left = n_rows - g0;
         int np = (int)((left + GQ_ROWS - 1) / GQ_ROWS < ppg ? (left + GQ_ROWS - 1) / GQ_ROWS : ppg);
         for (int q = 0; q < np; q++) {
             int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
             int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
-            gq_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk + q * nb,
-                    kind);
+            if (raw)
+                gq_pack_raw(raw + (size_t)(r0 / GQ_ROWS) * (size_t)nb * GQ_RAW_BYTES(gq_nq(kind)),
+                            nb, pk + q * nb, kind);
+            else
+                gq_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk + q * nb,
+                        kind);
         }
         for (int64_t t0 = 0; t0 < n_tok; t0 += GQ_TOK) {
             int nt = n_tok - t0 < GQ_TOK ? (int)(n_tok - t0) : GQ_TOK;
@@ -372,7 +459,12 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, KERN_GEMM_Q8_ARGS)
             kern_gemm_q8_pairs(kern_cpu_fns_avx2.vec_dot_q8[type], w, row_bytes, n_rows, xq,       \
                                ldxq, n_tok, n, y, ldy);                                            \
         else                                                                                       \
-            gq_driver(kind, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);                     \
+            gq_driver(kind, NULL, w, row_bytes, n_rows, xq, ldxq, n_tok, n, y, ldy);               \
+    }                                                                                              \
+    void kern_avx2_gemm_##name##_q8_packed(KERN_GEMM_PK_ARGS(kern_q8))                             \
+    {                                                                                              \
+        assert(n / KERN_QK <= GQ_BLKS && n >= KERN_QK);                                            \
+        gq_driver(kind, pk, NULL, 0, n_rows, xq, ldxq, n_tok, n, y, ldy);                          \
     }
 
 GQ_ENTRY(q4_0, GQ_Q4_0, DTYPE_Q4_0)
@@ -389,6 +481,49 @@ GQ_ENTRY(q8_0, GQ_Q8_0, DTYPE_Q8_0)
 GQ_PAIRS(q5_0, DTYPE_Q5_0)
 GQ_PAIRS(q4_k, DTYPE_Q4_K)
 GQ_PAIRS(q6_k, DTYPE_Q6_K)
+
+static int gq_kind_of(uint32_t type, enum gq_kind *kind)
+{
+    *kind = type == DTYPE_Q4_1 ? GQ_Q4_1 : type == DTYPE_Q4_0 ? GQ_Q4_0 : GQ_Q8_0;
+    return type == DTYPE_Q4_1 || type == DTYPE_Q4_0 || type == DTYPE_Q8_0;
+}
+
+/* Packed for the q8 mode only (act 1), rows of at most GQ_BLKS blocks. */
+size_t kern_avx2_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act)
+{
+    enum gq_kind kind;
+    const int64_t nb = n / KERN_QK;
+    if (act != 1 || !gq_kind_of(type, &kind) || n_rows < 1 || n % KERN_QK || nb < 1 ||
+        nb > GQ_BLKS)
+        return 0;
+    const int64_t panels = (n_rows + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+    return (size_t)panels * (KERN_PANEL_ROWS / GQ_ROWS) * (size_t)nb * GQ_RAW_BYTES(gq_nq(kind));
+}
+
+void kern_avx2_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_t n_rows,
+                          int64_t n, void *dst)
+{
+    enum gq_kind kind;
+    int ok = gq_kind_of(type, &kind);
+    const int64_t nb = n / KERN_QK;
+    const int64_t halves = (n_rows + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS *
+                           (KERN_PANEL_ROWS / GQ_ROWS);
+    uint8_t *o = dst;
+    assert(ok && row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX);
+    (void)ok;
+    for (int64_t h = 0; h < halves; h++) {
+        int64_t r0 = h * GQ_ROWS < n_rows ? h * GQ_ROWS : n_rows - 1;
+        int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i dm, v[8];
+            gq_gather((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, b, &dm, v, kind);
+            _mm256_store_si256((__m256i *)o, dm);
+            for (int s = 0; s < gq_nq(kind); s++)
+                _mm256_store_si256((__m256i *)(o + 32 * (size_t)(s + 1)), v[s]);
+            o += GQ_RAW_BYTES(gq_nq(kind));
+        }
+    }
+}
 
 /* ---- int8 peak: dpbusd throughput (vpmaddubsw + vpmaddwd + vpaddd, or vpdpbusd) ---- */
 
