@@ -525,28 +525,38 @@ void kern_avx2_panel_pack(uint32_t type, const void *w, size_t row_bytes, int64_
     }
 }
 
-/* ---- int8 peak: dpbusd throughput (vpmaddubsw + vpmaddwd + vpaddd, or vpdpbusd) ---- */
+/* ---- int8 peak: vpdpbusd throughput with AVX-VNNI; without it, vpmaddubsw + vpaddw (int16
+ * sums, as the Q4 GEMMs add a block's k-steps), the fastest exact int8 products AVX2 has ---- */
 
-#define PEAK_CHAINS 8
+/* Independent accumulators: more than latency x throughput (a chain step is a 4-5 cycle
+ * multiply plus an add; two multiplies start per cycle on current cores). Each chain has its
+ * own operand in memory (a load per product, as the GEMMs' broadcasts are), and one register
+ * operand an empty asm "changes" every round, so no product can be hoisted or shared. */
+#define PEAK_CHAINS 12
 
 double kern_avx2_int8_peak(double seconds)
 {
     volatile int seed = 3;
-    const __m256i b = _mm256_set1_epi8((char)(seed - 5));
-    __m256i a[PEAK_CHAINS], acc[PEAK_CHAINS];
-    for (int k = 0; k < PEAK_CHAINS; k++) {
-        a[k] = _mm256_set1_epi8((char)(seed + k));
+    _Alignas(32) int8_t bm[PEAK_CHAINS][32];
+    for (int k = 0; k < PEAK_CHAINS; k++)
+        for (int i = 0; i < 32; i++)
+            bm[k][i] = (int8_t)(seed + k - i);
+    __m256i a = _mm256_set1_epi8((char)(seed - 5)), acc[PEAK_CHAINS];
+    for (int k = 0; k < PEAK_CHAINS; k++)
         acc[k] = _mm256_set1_epi32(k);
-    }
     double t0 = kern_now_seconds(), t = t0;
     uint64_t macs = 0;
     while (t - t0 < seconds) {
         for (int it = 0; it < 4096; it++) {
+            __asm__("" : "+x"(a));
             UNROLL
             for (int k = 0; k < PEAK_CHAINS; k++) {
-                /* an empty asm that "changes" a[k], so the products cannot be hoisted */
-                __asm__("" : "+x"(a[k]));
-                acc[k] = dpbusd(acc[k], a[k], b);
+                __m256i b = _mm256_load_si256((const __m256i *)bm[k]);
+#ifdef QUERN_AVXVNNI
+                acc[k] = dpbusd(acc[k], a, b);
+#else /* the Q4 GEMMs' form (gq_tile16): vpmaddubsw pairs added in int16 */
+                acc[k] = _mm256_add_epi16(acc[k], _mm256_maddubs_epi16(a, b));
+#endif
             }
         }
         macs += (uint64_t)4096 * PEAK_CHAINS * 32;

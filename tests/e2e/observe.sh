@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 e2e_workdir
 [ -n "$PYDEPS" ] || fail "QUERN_PYDEPS (make pydeps) is needed for prometheus_client"
 export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
-N=40
+N=120 # ~14 s on one thread here: the first run must still be working when it is killed (> 5.5 s)
 [ -n "${QUERN_SANITIZE:-}" ] && N=16
 python3 - "$N" >in.jsonl <<'PY'
 import json, sys
@@ -67,6 +67,7 @@ for _ in $(seq 1 300); do
     sleep 0.1
 done
 sleep 5.5 # past BATCH_SAMPLE_S, so the first run leaves more than its first sample
+kill -0 "$p1" 2>/dev/null || fail "the first run finished before it could be killed (make the job longer)"
 kill -9 "$p1" 2>/dev/null || true
 wait "$p1" 2>/dev/null || true
 ls -A m | grep -v '^quern.prom$' && fail "a temporary file was left beside the metrics file"

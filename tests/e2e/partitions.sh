@@ -304,7 +304,7 @@ grep -q "working on part 2 of 3" c2.err || fail "run without --part skipped part
 check_parts C jc 30
 
 # ---- 5. cancel reaches a part's run through its request file -----------------------------
-make_job D jd 2 16 48
+make_job D jd 2 400 48 # ~30 s of work in part 0: the cancel must find it running
 "$Q" run --db D --part 0 --no-take-over "${RUN[@]}" >d0.out 2>d0.err &
 pd=$!
 pids+=("$pd")
@@ -329,7 +329,7 @@ mkdir -p fakebin
 ln -s "$Q" fakebin/quern
 printf '#!/bin/sh\necho "$@" >>"%s/scontrol.log"\n' "$tmp" >fakebin/scontrol
 chmod +x fakebin/scontrol
-make_job F jf 2 $((N / 2)) 48
+make_job F jf 2 $((N * 2)) 48 # enough work that the task is still running at the USR1s
 PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS_PER_TASK=1 \
     bash "$SBATCH" F >sb1.log 2>&1 &
 ps=$!

@@ -15,12 +15,14 @@ EX=$(realpath examples/prompts.jsonl)
 . "$(dirname "$0")/lib/common.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 e2e_workdir
-N=24
-[ -n "${QUERN_SANITIZE:-}" ] && N=16
+# the first run must still be working when it is killed, after more than 5.5 s: ~20 s of work
+# on one thread here (the kill's check below says so when a faster machine finishes first)
+N=57 MAXT=64
+[ -n "${QUERN_SANITIZE:-}" ] && N=16 MAXT=32
 CHROME=$(command -v chromium || command -v chromium-browser || true)
 [ -n "$CHROME" ] || fail "chromium is needed (make test installs it: tools/install_deps.sh test)"
 { head -"$N" "$EX"; echo '{"custom_id":"bad1","prompt":"x","max_tokens":-3}'; echo 'not json'; } >in.jsonl
-"$Q" submit --db q.db --name jr --model "$M" --max-tokens 32 in.jsonl >/dev/null 2>&1 || fail submit
+"$Q" submit --db q.db --name jr --model "$M" --max-tokens "$MAXT" in.jsonl >/dev/null 2>&1 || fail submit
 RUN=(--threads 1 --max-seqs 8 --flush-records 2 --flush-secs 0.2)
 "$Q" run --db q.db "${RUN[@]}" >/dev/null 2>r1.err &
 p=$!
@@ -31,6 +33,7 @@ for _ in $(seq 1 600); do
     sleep 0.1
 done
 sleep 5.5 # a second sample
+kill -0 "$p" 2>/dev/null || fail "the first run finished before it could be killed (make the job longer)"
 kill -9 "$p" 2>/dev/null || true
 wait "$p" 2>/dev/null || true
 "$Q" run --db q.db "${RUN[@]}" >/dev/null 2>r2.err || { cat r2.err >&2; fail "second run"; }
