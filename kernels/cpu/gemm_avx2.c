@@ -171,7 +171,7 @@ GF_ENTRY(q6_k, DTYPE_Q6_K)
 
 #define GQ_ROWS 8   /* rows per panel: the lanes */
 #define GQ_TOK  4   /* tokens per tile */
-#define GQ_BLKS 160 /* packed blocks on the stack; longer rows use the per-pair path */
+#define GQ_BLKS 160 /* blocks per panel on the stack; longer rows go in passes of GQ_BLKS */
 #define GQ_PPG  8   /* at most this many panels packed per group */
 
 struct gq_blk {
@@ -298,10 +298,10 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
 {
     enum { C_MAX = 2 };
     const int nc = nt == 1 ? 2 : 1;
-    __m256 acc[GQ_TOK];
+    __m256 acc[GQ_TOK]; /* from out: the sums of the blocks before this call's */
     UNROLL
     for (int j = 0; j < nt; j++)
-        acc[j] = _mm256_setzero_ps();
+        acc[j] = out[j];
     for (int64_t b = 0; b < nb; b++) {
         const struct gq_blk *p = pk + b;
         __m256i ia[GQ_TOK][C_MAX];
@@ -346,34 +346,39 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
         out[j] = acc[j];
 }
 
-/* The Q4 tile without VNNI (GQ_I16): per block and token, the 8 k-steps' vpmaddubsw pairs
- * summed in int16 (two chains), one vpmaddwd, then the same float steps as gq_tile - token by
- * token, so the sums stay in registers. */
+/* The Q4 tile without VNNI (GQ_I16): per block, each k-step's weight vector is loaded once and
+ * multiplied with every token's broadcast dword, the vpmaddubsw pairs added into one int16 sum
+ * per token; one vpmaddwd per token and block, then the same float steps as gq_tile. */
 static ALWAYS_INLINE void gq_tile16(const struct gq_blk *pk, int64_t nb, const struct kern_q8 *x,
                                     size_t ldxq, const int nt, const int32_t *corr,
                                     const enum gq_kind kind, __m256 *out)
 {
-    __m256 acc[GQ_TOK];
+    __m256 acc[GQ_TOK]; /* from out: the sums of the blocks before this call's */
     UNROLL
     for (int j = 0; j < nt; j++)
-        acc[j] = _mm256_setzero_ps();
+        acc[j] = out[j];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; b++) {
         const struct gq_blk *p = pk + b;
+        __m256i h[GQ_TOK];
+        UNROLL
+        for (int j = 0; j < nt; j++)
+            h[j] = _mm256_setzero_si256();
+        UNROLL
+        for (int s = 0; s < 8; s++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)p->q[s]);
+            UNROLL
+            for (int j = 0; j < nt; j++) {
+                int32_t xd;
+                memcpy(&xd, x[(size_t)j * ldxq + b].q + 4 * s, sizeof xd);
+                h[j] = _mm256_add_epi16(h[j], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(xd)));
+            }
+        }
         const __m256 dw = _mm256_loadu_ps(p->d);
         UNROLL
         for (int j = 0; j < nt; j++) {
             const struct kern_q8 *xb = &x[(size_t)j * ldxq + b];
-            __m256i h[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-            UNROLL
-            for (int s = 0; s < 8; s++) {
-                int32_t xd;
-                memcpy(&xd, xb->q + 4 * s, sizeof xd);
-                h[s & 1] = _mm256_add_epi16(
-                    h[s & 1], _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)p->q[s]),
-                                                   _mm256_set1_epi32(xd)));
-            }
-            __m256i isum = _mm256_madd_epi16(_mm256_add_epi16(h[0], h[1]), ones);
+            __m256i isum = _mm256_madd_epi16(h[j], ones);
             if (kind == GQ_Q4_0)
                 isum = _mm256_add_epi32(isum, _mm256_set1_epi32(corr[j * nb + b]));
             __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
@@ -414,39 +419,51 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, const uint8_t *raw,
                                     KERN_GEMM_Q8_ARGS)
 {
     const int64_t nb = n / KERN_QK;
+    const int64_t kc = nb < GQ_BLKS ? nb : GQ_BLKS; /* blocks per pass over the tokens */
+    const size_t rawb = GQ_RAW_BYTES(gq_nq(kind));
     _Alignas(32) struct gq_blk pk[GQ_BLKS];
     int32_t corr[GQ_TOK * GQ_BLKS];
-    int64_t ppg = GQ_BLKS / nb < GQ_PPG ? GQ_BLKS / nb : GQ_PPG;
-    assert(n % KERN_QK == 0 && nb <= GQ_BLKS && nb > 0);
+    int64_t ppg = GQ_BLKS / kc < GQ_PPG ? GQ_BLKS / kc : GQ_PPG;
+    assert(n % KERN_QK == 0 && nb > 0);
     assert(raw || row_bytes * GQ_ROWS + (size_t)n < (size_t)INT32_MAX); /* gather offsets */
     for (int64_t g0 = 0; g0 < n_rows; g0 += ppg * GQ_ROWS) {
         int64_t left = n_rows - g0;
         int np = (int)((left + GQ_ROWS - 1) / GQ_ROWS < ppg ? (left + GQ_ROWS - 1) / GQ_ROWS : ppg);
-        for (int q = 0; q < np; q++) {
-            int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
-            int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
-            if (raw)
-                gq_pack_raw(raw + (size_t)(r0 / GQ_ROWS) * (size_t)nb * GQ_RAW_BYTES(gq_nq(kind)),
-                            nb, pk + q * nb, kind);
-            else
-                gq_pack((const char *)w + (size_t)r0 * row_bytes, row_bytes, nr, nb, pk + q * nb,
-                        kind);
-        }
-        for (int64_t t0 = 0; t0 < n_tok; t0 += GQ_TOK) {
-            int nt = n_tok - t0 < GQ_TOK ? (int)(n_tok - t0) : GQ_TOK;
-            const struct kern_q8 *x = xq + (size_t)t0 * ldxq;
-            if (kind == GQ_Q4_0)
-                for (int j = 0; j < nt; j++)
-                    for (int64_t b = 0; b < nb; b++)
-                        corr[j * nb + b] = -8 * q8_block_sum(&x[(size_t)j * ldxq + b]);
+        /* rows longer than the stack panels go in passes of kc blocks: each pass continues
+         * the sums the last one stored in y, so the order per pair is the blocks' order, as in
+         * one pass (y holds the float accumulators exactly) */
+        for (int64_t k0 = 0; k0 < nb; k0 += kc) {
+            const int64_t kn = nb - k0 < kc ? nb - k0 : kc;
             for (int q = 0; q < np; q++) {
                 int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
                 int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
-                __m256 out[GQ_TOK];
-                gq_tile_any(pk + q * nb, nb, x, ldxq, nt, corr, kind, out);
-                __m256i m = lane_mask(nr);
-                for (int j = 0; j < nt; j++)
-                    _mm256_maskstore_ps(y + (size_t)(t0 + j) * ldy + r0, m, out[j]);
+                if (raw)
+                    gq_pack_raw(raw + ((size_t)(r0 / GQ_ROWS) * (size_t)nb + (size_t)k0) * rawb,
+                                kn, pk + q * kc, kind);
+                else
+                    gq_pack((const char *)w + (size_t)r0 * row_bytes +
+                                (size_t)k0 * gq_block_bytes(kind),
+                            row_bytes, nr, kn, pk + q * kc, kind);
+            }
+            for (int64_t t0 = 0; t0 < n_tok; t0 += GQ_TOK) {
+                int nt = n_tok - t0 < GQ_TOK ? (int)(n_tok - t0) : GQ_TOK;
+                const struct kern_q8 *x = xq + (size_t)t0 * ldxq + k0;
+                if (kind == GQ_Q4_0)
+                    for (int j = 0; j < nt; j++)
+                        for (int64_t b = 0; b < kn; b++)
+                            corr[j * kn + b] = -8 * q8_block_sum(&x[(size_t)j * ldxq + b]);
+                for (int q = 0; q < np; q++) {
+                    int64_t r0 = g0 + (int64_t)q * GQ_ROWS;
+                    int nr = n_rows - r0 < GQ_ROWS ? (int)(n_rows - r0) : GQ_ROWS;
+                    __m256i m = lane_mask(nr);
+                    __m256 out[GQ_TOK];
+                    for (int j = 0; j < nt; j++)
+                        out[j] = k0 ? _mm256_maskload_ps(y + (size_t)(t0 + j) * ldy + r0, m)
+                                    : _mm256_setzero_ps();
+                    gq_tile_any(pk + q * kc, kn, x, ldxq, nt, corr, kind, out);
+                    for (int j = 0; j < nt; j++)
+                        _mm256_maskstore_ps(y + (size_t)(t0 + j) * ldy + r0, m, out[j]);
+                }
             }
         }
     }
@@ -455,7 +472,7 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, const uint8_t *raw,
 #define GQ_ENTRY(name, kind, type)                                                                 \
     void kern_avx2_gemm_##name##_q8(KERN_GEMM_Q8_ARGS)                                             \
     {                                                                                              \
-        if (n / KERN_QK > GQ_BLKS || n < KERN_QK)                                                  \
+        if (n < KERN_QK)                                                                           \
             kern_gemm_q8_pairs(kern_cpu_fns_avx2.vec_dot_q8[type], w, row_bytes, n_rows, xq,       \
                                ldxq, n_tok, n, y, ldy);                                            \
         else                                                                                       \
@@ -463,7 +480,7 @@ static ALWAYS_INLINE void gq_driver(const enum gq_kind kind, const uint8_t *raw,
     }                                                                                              \
     void kern_avx2_gemm_##name##_q8_packed(KERN_GEMM_PK_ARGS(kern_q8))                             \
     {                                                                                              \
-        assert(n / KERN_QK <= GQ_BLKS && n >= KERN_QK);                                            \
+        assert(n >= KERN_QK);                                                                      \
         gq_driver(kind, pk, NULL, 0, n_rows, xq, ldxq, n_tok, n, y, ldy);                          \
     }
 
@@ -488,13 +505,12 @@ static int gq_kind_of(uint32_t type, enum gq_kind *kind)
     return type == DTYPE_Q4_1 || type == DTYPE_Q4_0 || type == DTYPE_Q8_0;
 }
 
-/* Packed for the q8 mode only (act 1), rows of at most GQ_BLKS blocks. */
+/* Packed for the q8 mode only (act 1), rows of any length. */
 size_t kern_avx2_panel_bytes(uint32_t type, int64_t n_rows, int64_t n, int act)
 {
     enum gq_kind kind;
     const int64_t nb = n / KERN_QK;
-    if (act != 1 || !gq_kind_of(type, &kind) || n_rows < 1 || n % KERN_QK || nb < 1 ||
-        nb > GQ_BLKS)
+    if (act != 1 || !gq_kind_of(type, &kind) || n_rows < 1 || n % KERN_QK || nb < 1)
         return 0;
     const int64_t panels = (n_rows + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
     return (size_t)panels * (KERN_PANEL_ROWS / GQ_ROWS) * (size_t)nb * GQ_RAW_BYTES(gq_nq(kind));
