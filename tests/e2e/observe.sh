@@ -18,7 +18,7 @@ e2e_workdir
 [ -n "$PYDEPS" ] || fail "QUERN_PYDEPS (make pydeps) is needed for prometheus_client"
 export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
 N=120 # ~14 s on one thread here: the first run must still be working when it is killed (> 5.5 s)
-[ -n "${QUERN_SANITIZE:-}" ] && N=16
+[ -n "${QUERN_SANITIZE:-}" ] && N=40 # ~3x slower: about as long as the plain run
 python3 - "$N" >in.jsonl <<'PY'
 import json, sys
 for i in range(int(sys.argv[1])):

@@ -18,7 +18,7 @@ e2e_workdir
 # the first run must still be working when it is killed, after more than 5.5 s: ~20 s of work
 # on one thread here (the kill's check below says so when a faster machine finishes first)
 N=57 MAXT=64
-[ -n "${QUERN_SANITIZE:-}" ] && N=16 MAXT=32
+[ -n "${QUERN_SANITIZE:-}" ] && N=32 MAXT=32
 CHROME=$(command -v chromium || command -v chromium-browser || true)
 [ -n "$CHROME" ] || fail "chromium is needed (make test installs it: tools/install_deps.sh test)"
 { head -"$N" "$EX"; echo '{"custom_id":"bad1","prompt":"x","max_tokens":-3}'; echo 'not json'; } >in.jsonl
