@@ -292,6 +292,19 @@ static inline int32_t q8_block_sum(const struct kern_q8 *xb)
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
+/* A block's integer sums of 8 rows into one token's float accumulator: the scale product, then
+ * Q4_1's offset term (every tile, so every path rounds alike). */
+static ALWAYS_INLINE __m256 gq_block_acc(__m256 acc, __m256i isum, __m256 dw,
+                                         const struct gq_blk *p, const struct kern_q8 *xb,
+                                         const enum gq_kind kind)
+{
+    __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc);
+    if (kind == GQ_Q4_1)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(p->m), _mm256_set1_ps(xb->s), acc);
+    return acc;
+}
+
 static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const struct kern_q8 *x,
                                   size_t ldxq, const int nt, const int32_t *corr,
                                   const enum gq_kind kind, __m256 *out)
@@ -335,10 +348,7 @@ static ALWAYS_INLINE void gq_tile(const struct gq_blk *pk, int64_t nb, const str
             UNROLL
             for (int c = 1; c < nc; c++)
                 isum = _mm256_add_epi32(isum, ia[j][c]);
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[j]);
-            if (kind == GQ_Q4_1)
-                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(p->m), _mm256_set1_ps(xb->s), acc[j]);
+            acc[j] = gq_block_acc(acc[j], isum, dw, p, xb, kind);
         }
     }
     UNROLL
@@ -377,10 +387,7 @@ static ALWAYS_INLINE void gq_tile16(const struct gq_blk *pk, int64_t nb, const s
             __m256i isum = _mm256_madd_epi16(_mm256_add_epi16(h[0], h[1]), ones);
             if (kind == GQ_Q4_0)
                 isum = _mm256_add_epi32(isum, _mm256_set1_epi32(corr[j * nb + b]));
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[j]);
-            if (kind == GQ_Q4_1)
-                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(p->m), _mm256_set1_ps(xb->s), acc[j]);
+            acc[j] = gq_block_acc(acc[j], isum, dw, p, xb, kind);
         }
     }
     UNROLL
