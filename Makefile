@@ -42,10 +42,28 @@ CUDA      ?= auto
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(or $(shell which nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# CUDA=emu builds the same backend into build-emu/ (build-asan-emu/ with asan) with the kernels
+# compiled as C++ and run on the CPU by kernels/cuda/emu/ instead of libcudart, so the CUDA
+# backend's code is tested where no GPU is (`make cuda-emu-test`; kernels/cuda/emu/kemu.h says
+# what the emulator shows and what it cannot). Such a binary reports the device "quern CUDA
+# emulator (CPU)" and is slow: a test tool, never the product.
 ifeq ($(CUDA),auto)
 CUDA_ON := $(if $(NVCC),1,0)
+else ifeq ($(CUDA),emu)
+CUDA_ON := emu
 else
 CUDA_ON := $(CUDA)
+endif
+ifeq ($(CUDA_ON),emu)
+BUILD       := $(BUILD)-emu
+CUDA_C_SRC   = $(sort $(wildcard kernels/cuda/*.c))
+CUDA_CU_SRC  = $(sort $(wildcard kernels/cuda/*.cu))
+CUDA_EMU_OBJ = $(BUILD)/kernels/cuda/emu/kemu.o
+CPPFLAGS    += -DQUERN_CUDA -DQUERN_CUDA_EMU -I$(CUDA_HOME)/include
+LDLIBS      += -lstdc++
+# -ffp-contract=off: a * b + c stays two roundings, as the kernels' __fmul_rn/__fadd_rn say.
+EMU_CXXFLAGS = -std=c++17 $(CFLAGS_OPT) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
+               -ffp-contract=off -fno-strict-aliasing -pthread $(WERROR)
 endif
 ifeq ($(CUDA_ON),1)
 ifeq ($(NVCC),)
@@ -64,14 +82,14 @@ LIB_SRC  = $(sort $(wildcard common/*.c io/*.c queue/*.c kernels/*.c kernels/cpu
 BIN_SRC  = $(sort $(wildcard runner/*.c))
 TEST_SRC = $(sort $(wildcard tests/test_*.c))
 
-LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.o)
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.o) $(CUDA_EMU_OBJ)
 BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
 .PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
-ifeq ($(QUERN_SANITIZE),)
+ifeq ($(QUERN_SANITIZE)$(filter emu,$(CUDA_ON)),)
 all: $(QUERN) bin/quern
 else
 all: $(QUERN)
@@ -105,10 +123,21 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
+ifeq ($(CUDA_ON),emu)
+# The emulated kernels are host code, instrumented by asan like the rest.
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) -DKCU_EMU $(EMU_CXXFLAGS) -x c++ -c -o $@ $<
+
+$(BUILD)/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(EMU_CXXFLAGS) -c -o $@ $<
+else
 # CUDA kernels: never sanitizer-instrumented (the host code that calls them is).
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+endif
 
 # engine/sampler_rows.c's row passes use 64-byte vector types in static inline helpers (no
 # vector crosses a real call); GCC still warns that such functions would have another ABI.
@@ -248,6 +277,6 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-fuzz build-py bin
+	rm -rf build build-asan build-emu build-asan-emu build-fuzz build-py bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

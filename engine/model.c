@@ -192,6 +192,14 @@ static enum status ranks_init(struct engine_model *m, struct kern_backend *const
             return st;
     if (be[0]->ops->prepare && (st = be[0]->ops->prepare(be[0], &m->output, err)))
         return st;
+    /* The token embedding, which get_rows reads: a host-memory backend reads the mapping; a
+     * device gets its copy too, the output's when the two are one matrix (tied). */
+    if (be[0]->ops->prepare && !be[0]->host_memory) {
+        if (m->tied_output)
+            m->tok_embd = m->output; /* what prepare made of it, as the output reads it */
+        else if ((st = be[0]->ops->prepare(be[0], &m->tok_embd, err)))
+            return st;
+    }
     if (n > 1 && (st = pool_init(&m->rank_pool, n, err)))
         return st;
     return ST_OK;
@@ -259,8 +267,11 @@ void engine_model_free(struct engine_model *m)
     stage_free(m);
     for (int r = 0; m->rank && r < m->n_rank; r++)
         rank_free(&m->rank[r], m->hp.n_layer);
-    if (m->be && m->be->ops->release)
+    if (m->be && m->be->ops->release) {
         m->be->ops->release(m->be, &m->output);
+        if (!m->tied_output)
+            m->be->ops->release(m->be, &m->tok_embd);
+    }
     pool_free(m->rank_pool);
     free(m->rank);
     io_gguf_close(m->gguf);

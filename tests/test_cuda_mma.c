@@ -1,11 +1,10 @@
 /* The tensor-core kernel's operand plumbing, checked on the CPU. mma.sync.m16n8k16 (bf16 inputs,
- * f32 accumulators) is emulated here from the PTX ISA's fragment tables, written out
- * independently below (docs/CUDA_NOTES.md §2.1): the 32 lanes' registers are assembled into A
- * (16 x 16) and B (16 x 8), D = A B + C is formed, and D is handed back per the C table. The
- * kernel's helpers (kernels/cuda/cuda_mma.h: which tile elements a lane loads, where its results
- * go) then drive the emulated instruction over a block tile exactly as k_matmul_bf16 does, and
- * the result must equal a plain product of the same bf16 values. Wrong fragment indices (a
- * swapped half, a transposed B) give different numbers. */
+ * f32 accumulators) is emulated from the PTX ISA's fragment tables, written out independently
+ * in kernels/cuda/emu/mma_ref.h (docs/CUDA_NOTES.md §2.1). The kernel's helpers
+ * (kernels/cuda/cuda_mma.h: which tile elements a lane loads, where its results go) then drive the
+ * emulated instruction over a block tile exactly as k_matmul_bf16 does, and the result must equal a
+ * plain product of the same bf16 values. Wrong fragment indices (a swapped half, a transposed B)
+ * give different numbers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,46 +19,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_mma.h"
-
-static float bf16_val(uint32_t reg, int hi)
-{
-    return kern_bf16_to_f32((uint16_t)(hi ? reg >> 16 : reg & 0xFFFF));
-}
-
-/* The ISA's tables. A, row-major 16 x 16: element pair p (0..3) of lane (g, t) covers row
- * g + 8 * (p % 2), columns 2t + 8 * (p / 2) + {0, 1}. B, 16 (k) x 8 (n): pair p covers
- * k = 2t + 8p + {0, 1}, column n = g. C/D 16 x 8: element i covers row g + 8 * (i / 2),
- * column 2t + i % 2. */
-static void mma_emulate(uint32_t a[32][4], uint32_t b[32][2], float c[32][4])
-{
-    float A[16][16], B[16][8], D[16][8];
-    for (int lane = 0; lane < 32; lane++) {
-        const int g = lane >> 2, t = lane & 3;
-        for (int p = 0; p < 4; p++)
-            for (int h = 0; h < 2; h++)
-                A[g + 8 * (p % 2)][2 * t + 8 * (p / 2) + h] = bf16_val(a[lane][p], h);
-        for (int p = 0; p < 2; p++)
-            for (int h = 0; h < 2; h++)
-                B[2 * t + 8 * p + h][g] = bf16_val(b[lane][p], h);
-    }
-    for (int lane = 0; lane < 32; lane++) { /* C in, by the same table as D */
-        const int g = lane >> 2, t = lane & 3;
-        for (int i = 0; i < 4; i++)
-            D[g + 8 * (i / 2)][2 * t + i % 2] = c[lane][i];
-    }
-    for (int m = 0; m < 16; m++)
-        for (int n = 0; n < 8; n++) {
-            double s = D[m][n];
-            for (int k = 0; k < 16; k++)
-                s += (double)A[m][k] * B[k][n];
-            D[m][n] = (float)s;
-        }
-    for (int lane = 0; lane < 32; lane++) {
-        const int g = lane >> 2, t = lane & 3;
-        for (int i = 0; i < 4; i++)
-            c[lane][i] = D[g + 8 * (i / 2)][2 * t + i % 2];
-    }
-}
+#include "kernels/cuda/emu/mma_ref.h"
 
 #define BM 64
 #define BN 64
@@ -80,7 +40,7 @@ static void block_step(const uint16_t *as, const uint16_t *bs, float acc[4][32][
                     kcu_frag_b(bs, LD, j * 8, ks, lane, b[lane]);
                     memcpy(c[lane], acc[warp][lane][j], sizeof(c[lane]));
                 }
-                mma_emulate(a, b, c);
+                kcu_mma_ref((const uint32_t(*)[4])a, (const uint32_t(*)[2])b, c);
                 for (int lane = 0; lane < 32; lane++)
                     memcpy(acc[warp][lane][j], c[lane], sizeof(c[lane]));
             }
@@ -131,16 +91,15 @@ static void test_block_tile(void **state)
                     seen[m][n]++;
                     double want = 0, mag = 0;
                     for (int k = 0; k < K; k++) {
-                        const double p = (double)kern_bf16_to_f32(x[m][k]) *
-                                         kern_bf16_to_f32(w[n][k]);
+                        const double p =
+                            (double)kern_bf16_to_f32(x[m][k]) * kern_bf16_to_f32(w[n][k]);
                         want += p;
                         mag += fabs(p);
                     }
                     const float got = acc[warp][lane][j][i];
                     if (!(fabs(got - want) <= 1e-5 * mag + 1e-7)) {
                         if (bad++ < 5)
-                            fprintf(stderr, "  y[%d][%d] = %g, want %g\n", m, n, (double)got,
-                                    want);
+                            fprintf(stderr, "  y[%d][%d] = %g, want %g\n", m, n, (double)got, want);
                     }
                 }
     assert_int_equal(bad, 0);

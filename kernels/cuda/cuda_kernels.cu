@@ -3,9 +3,15 @@
  * weights stay in their GGUF blocks in device memory. Each kernel is the plain parallel form of
  * the CPU's scalar reference for its op; tensor-core GEMMs, repacked INT4 layouts and fused
  * epilogues come after these pass the op test on a GPU. Launchers: kernels/cuda/cuda_launch.h. */
+#ifdef KCU_EMU
+#include "kernels/cuda/emu/kemu.h" /* compiled as C++ for the CPU emulator (make CUDA=emu) */
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+/* kernel<<<grid, block, 0, stream>>>, written so that the emulator can run it too */
+#define KCU_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
+#endif
 #include <math.h>
 #include <stdint.h>
 
@@ -47,22 +53,22 @@ static __device__ __forceinline__ void fold_best(unsigned long long *best, int t
         return;
     const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v); /* -0 ties with +0, as values do */
     const uint32_t ord = b & 0x80000000u ? ~b : b | 0x80000000u;
-    atomicMax(best + t, (unsigned long long)ord << 32 | (uint32_t)~(uint32_t)row);
+    atomicMax(best + t, (unsigned long long)ord << 32 | (uint32_t) ~(uint32_t)row);
 }
 
 __global__ void k_best_ids(const unsigned long long *best, int32_t *ids, int n)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        ids[i] = best[i] ? (int32_t)~(uint32_t)(best[i] & 0xFFFFFFFFu) : 0;
+        ids[i] = best[i] ? (int32_t) ~(uint32_t)(best[i] & 0xFFFFFFFFu) : 0;
 }
 
 /* ---- matmul input steps: one block of 256 threads per token row ---- */
 
 #define PREP_THREADS 256
 
-__global__ void k_mm_prep(float *x, const float *add, const float *norm, float eps,
-                          const float *up, int glu, float *xn, int n)
+__global__ void k_mm_prep(float *x, const float *add, const float *norm, float eps, const float *up,
+                          int glu, float *xn, int n)
 {
     __shared__ float part[PREP_THREADS / WARP];
     float *xr = x + (size_t)blockIdx.x * n;
@@ -103,8 +109,8 @@ extern "C" int kcu_mm_prep(void *stream, float *x, const float *add, const float
 {
     if (n_tok <= 0 || (!add && !norm && !up))
         return 0;
-    k_mm_prep<<<n_tok, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, add, norm, eps, up, glu, xn,
-                                                                 n);
+    KCU_LAUNCH(k_mm_prep, n_tok, PREP_THREADS, (cudaStream_t)stream)
+    (x, add, norm, eps, up, glu, xn, n);
     return launched();
 }
 
@@ -114,8 +120,8 @@ extern "C" int kcu_norm_rows(void *stream, float *x, const float *w, long n_rows
 {
     if (n_rows <= 0)
         return 0;
-    k_mm_prep<<<(unsigned)n_rows, PREP_THREADS, 0, (cudaStream_t)stream>>>(x, NULL, w, eps, NULL,
-                                                                            0, x, width);
+    KCU_LAUNCH(k_mm_prep, (unsigned)n_rows, PREP_THREADS, (cudaStream_t)stream)
+    (x, NULL, w, eps, NULL, 0, x, width);
     return launched();
 }
 
@@ -124,11 +130,10 @@ extern "C" int kcu_norm_rows(void *stream, float *x, const float *w, long n_rows
  * tokens' matching 32 inputs; the lanes' partial sums are added by shuffles. ---- */
 
 #define MM_WARPS 4
-#define MM_TOK 8
+#define MM_TOK   8
 
 __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t ne0,
-                         int64_t ne1, const float *x, float *y, int n_tok,
-                         unsigned long long *best)
+                         int64_t ne1, const float *x, float *y, int n_tok, unsigned long long *best)
 {
     const int lane = threadIdx.x % WARP;
     const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.x / WARP;
@@ -168,15 +173,15 @@ __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int6
     }
 }
 
-extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes,
-                          int64_t ne0, int64_t ne1, const float *x, float *y, int n_tok)
+extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
+                          int64_t ne1, const float *x, float *y, int n_tok)
 {
     if (n_tok <= 0 || ne1 <= 0)
         return 0;
     const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
                     (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
-    k_matmul<<<grid, MM_WARPS * WARP, 0, (cudaStream_t)stream>>>(
-        type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
+    KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, (cudaStream_t)stream)
+    (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
     return launched();
 }
 
@@ -189,17 +194,21 @@ extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row
  * against an emulation of the instruction). The weight rows are B's columns as GGUF stores
  * them (k contiguous). ---- */
 
-#define TC_BM 64 /* tokens per block */
-#define TC_BN 64 /* weight rows per block */
-#define TC_BK 32 /* k per step: one dequantization unit */
+#define TC_BM 64          /* tokens per block */
+#define TC_BN 64          /* weight rows per block */
+#define TC_BK 32          /* k per step: one dequantization unit */
 #define TC_LD (TC_BK + 8) /* shared row pitch in bf16: rows 80 bytes apart spread the banks */
 
 static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
 {
+#ifdef KCU_EMU
+    kemu_mma_bf16(c, a, b);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 static __device__ __forceinline__ uint16_t bf16_bits(float v)
@@ -207,10 +216,9 @@ static __device__ __forceinline__ uint16_t bf16_bits(float v)
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-__global__ void __launch_bounds__(128) k_matmul_bf16(uint32_t type, const uint8_t *w,
-                                                     size_t row_bytes, int64_t ne0, int64_t ne1,
-                                                     const float *x, float *y, int n_tok,
-                                                     unsigned long long *best)
+__global__ void __launch_bounds__(128)
+    k_matmul_bf16(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t ne0, int64_t ne1,
+                  const float *x, float *y, int n_tok, unsigned long long *best)
 {
     __shared__ __align__(16) uint16_t as[TC_BM * TC_LD]; /* tokens x k, bf16 bits */
     __shared__ __align__(16) uint16_t bs[TC_BN * TC_LD]; /* weight rows x k, bf16 bits */
@@ -226,8 +234,8 @@ __global__ void __launch_bounds__(128) k_matmul_bf16(uint32_t type, const uint8_
         /* inputs: 64 x 32 floats, 16 per thread, rounded to bf16 (0 past the last token) */
         for (int e = tid; e < TC_BM * TC_BK; e += blockDim.x) {
             const int r = e / TC_BK, c = e % TC_BK;
-            as[r * TC_LD + c] = bf16_bits(m0 + r < n_tok ? x[(size_t)(m0 + r) * ne0 + k0 + c]
-                                                         : 0.0f);
+            as[r * TC_LD + c] =
+                bf16_bits(m0 + r < n_tok ? x[(size_t)(m0 + r) * ne0 + k0 + c] : 0.0f);
         }
         /* weights: one row's 32-element unit per thread of the first 64 (0 past the last row) */
         if (tid < TC_BN) {
@@ -269,8 +277,8 @@ extern "C" int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_
     if (n_tok <= 0 || ne1 <= 0)
         return 0;
     const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN), (unsigned)((n_tok + TC_BM - 1) / TC_BM));
-    k_matmul_bf16<<<grid, 128, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)w, row_bytes,
-                                                          ne0, ne1, x, y, n_tok, NULL);
+    KCU_LAUNCH(k_matmul_bf16, grid, 128, (cudaStream_t)stream)
+    (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
     return launched();
 }
 
@@ -287,17 +295,17 @@ extern "C" int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const vo
     if (bf16) {
         const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN),
                         (unsigned)((n_tok + TC_BM - 1) / TC_BM));
-        k_matmul_bf16<<<grid, 128, 0, st>>>(type, (const uint8_t *)w, row_bytes, ne0, ne1, x,
-                                            NULL, n_tok, best);
+        KCU_LAUNCH(k_matmul_bf16, grid, 128, st)
+        (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, NULL, n_tok, best);
     } else {
         const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
                         (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
-        k_matmul<<<grid, MM_WARPS * WARP, 0, st>>>(type, (const uint8_t *)w, row_bytes, ne0, ne1,
-                                                  x, NULL, n_tok, best);
+        KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, st)
+        (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, NULL, n_tok, best);
     }
     if ((rc = launched()))
         return rc;
-    k_best_ids<<<(unsigned)((n_tok + 127) / 128), 128, 0, st>>>(best, ids, n_tok);
+    KCU_LAUNCH(k_best_ids, (unsigned)((n_tok + 127) / 128), 128, st)(best, ids, n_tok);
     return launched();
 }
 
@@ -321,8 +329,8 @@ extern "C" int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t r
 {
     if (n <= 0)
         return 0;
-    k_get_rows<<<n, 128, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)w, row_bytes, ne0, ids,
-                                                    out);
+    KCU_LAUNCH(k_get_rows, n, 128, (cudaStream_t)stream)
+    (type, (const uint8_t *)w, row_bytes, ne0, ids, out);
     return launched();
 }
 
@@ -351,8 +359,8 @@ extern "C" int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int 
     const long n = (long)n_tok * n_head * (rot_dim / 2);
     if (n <= 0)
         return 0;
-    k_rope<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, cs, n_tok, n_head,
-                                                                        head_dim, rot_dim, neox);
+    KCU_LAUNCH(k_rope, (unsigned)((n + 255) / 256), 256, (cudaStream_t)stream)
+    (x, cs, n_tok, n_head, head_dim, rot_dim, neox);
     return launched();
 }
 
@@ -368,7 +376,8 @@ extern "C" int kcu_add_rows(void *stream, float *y, const float *bias, long n_ro
     const long n = n_rows * width;
     if (n <= 0)
         return 0;
-    k_add_rows<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, bias, n, width);
+    KCU_LAUNCH(k_add_rows, (unsigned)((n + 255) / 256), 256, (cudaStream_t)stream)
+    (y, bias, n, width);
     return launched();
 }
 
@@ -383,7 +392,7 @@ extern "C" int kcu_scale(void *stream, float *x, float s, long n)
 {
     if (n <= 0)
         return 0;
-    k_scale<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, s, n);
+    KCU_LAUNCH(k_scale, (unsigned)((n + 255) / 256), 256, (cudaStream_t)stream)(x, s, n);
     return launched();
 }
 
@@ -398,7 +407,7 @@ extern "C" int kcu_add(void *stream, float *y, const float *x, long n)
 {
     if (n <= 0)
         return 0;
-    k_add<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    KCU_LAUNCH(k_add, (unsigned)((n + 255) / 256), 256, (cudaStream_t)stream)(y, x, n);
     return launched();
 }
 
@@ -415,7 +424,7 @@ extern "C" int kcu_gather(void *stream, float *dst, const float *src, const int3
 {
     if (n <= 0 || width <= 0)
         return 0;
-    k_gather<<<n, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
+    KCU_LAUNCH(k_gather, n, 256, (cudaStream_t)stream)(dst, src, idx, width);
     return launched();
 }
 
@@ -478,14 +487,13 @@ __global__ void k_kv_store(struct kcu_kv kv, const int32_t *pos, const float *k,
 }
 
 extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos,
-                            const float *k, const float *v, int n_tok, const uint8_t *sel,
-                            int want)
+                            const float *k, const float *v, int n_tok, const uint8_t *sel, int want)
 {
     const long warps = (long)n_tok * kv->n_kv_head;
     if (warps <= 0)
         return 0;
-    k_kv_store<<<(unsigned)((warps + 3) / 4), 4 * WARP, 0, (cudaStream_t)stream>>>(
-        *kv, pos, k, v, n_tok, sel, want);
+    KCU_LAUNCH(k_kv_store, (unsigned)((warps + 3) / 4), 4 * WARP, (cudaStream_t)stream)
+    (*kv, pos, k, v, n_tok, sel, want);
     return launched();
 }
 
@@ -518,8 +526,8 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         const int p = p0 + lane;
         float s = -INFINITY;
         if (p < n) {
-            const uint8_t *kt = (const uint8_t *)kv.k +
-                                ((size_t)table[p / B] * kv.n_kv_head + g) * tb;
+            const uint8_t *kt =
+                (const uint8_t *)kv.k + ((size_t)table[p / B] * kv.n_kv_head + g) * tb;
             const int i = p % B;
             float d = 0.0f;
             if (q8) {
@@ -548,8 +556,8 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         for (int ii = 0; ii < cnt; ii++) {
             float w = __shfl_sync(FULL, pl, ii);
             const int pp = p0 + ii;
-            const uint8_t *vt = (const uint8_t *)kv.v +
-                                ((size_t)table[pp / B] * kv.n_kv_head + g) * tb;
+            const uint8_t *vt =
+                (const uint8_t *)kv.v + ((size_t)table[pp / B] * kv.n_kv_head + g) * tb;
             const int i = pp % B;
             if (q8) {
                 w *= ((const float *)(vt + (size_t)D * B))[i];
@@ -562,8 +570,8 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
                 for (int j = 0; j < ATT_MAX_CH; j++) {
                     const int c = lane + j * WARP;
                     if (c < D)
-                        acc[j] = fmaf(w, __half2float(((const __half *)vt)[(size_t)i * D + c]),
-                                      acc[j]);
+                        acc[j] =
+                            fmaf(w, __half2float(((const __half *)vt)[(size_t)i * D + c]), acc[j]);
                 }
             }
         }
@@ -582,8 +590,7 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
 {
     if (n_tok <= 0)
         return 0;
-    k_attention<<<(unsigned)(n_tok * n_head), WARP, 0, (cudaStream_t)stream>>>(*kv, q, out, pos,
-                                                                              n_head, scale,
-                                                                              window, softcap);
+    KCU_LAUNCH(k_attention, (unsigned)(n_tok * n_head), WARP, (cudaStream_t)stream)
+    (*kv, q, out, pos, n_head, scale, window, softcap);
     return launched();
 }

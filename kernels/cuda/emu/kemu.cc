@@ -1,0 +1,476 @@
+/* The CPU emulator of the CUDA kernels (kemu.h says what it is and what it checks): the fiber
+ * scheduler that runs a launch, and the part of the CUDA runtime API the backend calls
+ * (kernels/cuda/backend_cuda.c), over host memory. Streams are executed at once, in order, on
+ * the calling thread. Device allocations are recorded so that a copy or memset reaching outside
+ * one, or a copy whose direction does not match its pointers, fails as cudaErrorInvalidValue
+ * (the GPU would fault or corrupt memory); new allocations are filled with 0xFF bytes (NaN
+ * floats, -1 ids), as cudaMalloc gives no zeroed memory. x86-64 only (the context switch). */
+#include "kernels/cuda/emu/kemu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#if !defined(__x86_64__)
+#error "the CUDA emulator's context switch is written for x86-64"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define KEMU_ASAN 1
+#else
+#define KEMU_ASAN 0
+#endif
+
+struct kemu_thread *kemu_cur;
+dim3 kemu_block_idx, kemu_block_dim, kemu_grid_dim;
+
+/* kemu_swap(save, to): saves the callee-saved registers on the current stack, stores its pointer
+ * in *save and continues on stack `to` (a stack kemu_swap saved, or a new one laid out by
+ * fiber_start). */
+extern "C" void kemu_swap(void **save, void *to);
+__asm__(".text\n"
+        ".globl kemu_swap\n"
+        ".type kemu_swap,@function\n"
+        "kemu_swap:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size kemu_swap, .-kemu_swap\n");
+
+namespace
+{
+
+const size_t STACK_BYTES = KEMU_ASAN ? 512 * 1024 : 128 * 1024;
+
+enum { ST_RUN, ST_WAIT, ST_DONE };
+
+struct fiber {
+    kemu_thread t;
+    void *sp;
+    int state;
+    char *stack;
+};
+
+struct sched {
+    std::vector<fiber> f;
+    void *sp;                          /* the scheduler's stack while a fiber runs */
+    const std::function<void()> *body; /* the launch's kernel call */
+    const char *name;
+    void *fake_stack; /* ASan's bookkeeping of the scheduler's stack */
+    const void *sched_bottom;
+    size_t sched_size;
+};
+
+sched S;
+thread_local int g_last_error; /* per host thread, as in CUDA */
+
+void die(const char *what)
+{
+    fprintf(stderr, "CUDA emulator: kernel %s, block (%u,%u,%u): %s\n", S.name ? S.name : "?",
+            kemu_block_idx.x, kemu_block_idx.y, kemu_block_idx.z, what);
+    abort();
+}
+
+/* Back to the scheduler from the running fiber. */
+void to_scheduler(fiber *f)
+{
+#if KEMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(f->state == ST_DONE ? nullptr : &fake, S.sched_bottom,
+                                   S.sched_size);
+    kemu_swap(&f->sp, S.sp);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    kemu_swap(&f->sp, S.sp);
+#endif
+}
+
+extern "C" void fiber_main(void)
+{
+    fiber *f = reinterpret_cast<fiber *>(kemu_cur);
+#if KEMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &S.sched_bottom, &S.sched_size);
+#endif
+    (*S.body)();
+    f->state = ST_DONE;
+    to_scheduler(f);
+    die("a finished thread was resumed");
+}
+
+/* Lay out a new stack so that kemu_swap "returns" into fiber_main with the ABI's alignment. */
+void fiber_start(fiber *f)
+{
+    uintptr_t top = (reinterpret_cast<uintptr_t>(f->stack) + STACK_BYTES) & ~(uintptr_t)15;
+    void **sp = reinterpret_cast<void **>(top - 16); /* at fiber_main's entry, rsp % 16 == 8 */
+    sp[0] = reinterpret_cast<void *>(&fiber_main);
+    sp[1] = nullptr;
+    sp -= 6; /* r15 r14 r13 r12 rbx rbp */
+    for (int i = 0; i < 6; i++)
+        sp[i] = nullptr;
+    f->sp = sp;
+    f->state = ST_RUN;
+}
+
+void resume(fiber *f)
+{
+    kemu_cur = &f->t;
+#if KEMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f->stack, STACK_BYTES);
+    kemu_swap(&S.sp, f->sp);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    kemu_swap(&S.sp, f->sp);
+#endif
+}
+
+/* A warp whose every lane waits in the same warp operation completes it. */
+bool warp_release(int w0, int n)
+{
+    fiber *f = &S.f[(size_t)w0];
+    const int op = f[0].t.op;
+    if (op == KEMU_OP_SYNCTHREADS)
+        return false;
+    for (int i = 0; i < n; i++) {
+        if (f[i].state == ST_DONE)
+            die("a warp operation (shuffle, __syncwarp, mma) with a lane that has returned");
+        if (f[i].state != ST_WAIT)
+            return false;
+        if (f[i].t.op != op)
+            return false; /* a deadlock unless someone else moves; judged by the caller */
+    }
+    if (op == KEMU_OP_SHFL) {
+        for (int i = 0; i < n; i++) {
+            if (f[i].t.src >= n)
+                die("a shuffle reads a lane past the block's last thread");
+            f[i].t.res = f[f[i].t.src].t.val;
+        }
+    } else if (op == KEMU_OP_MMA) {
+        if (n != 32)
+            die("mma.sync in a partial warp");
+        uint32_t a[32][4], b[32][2];
+        float c[32][4];
+        for (int i = 0; i < 32; i++) {
+            memcpy(a[i], f[i].t.mma_a, sizeof(a[i]));
+            memcpy(b[i], f[i].t.mma_b, sizeof(b[i]));
+            memcpy(c[i], f[i].t.mma_c, sizeof(c[i]));
+        }
+        kcu_mma_ref(a, b, c);
+        for (int i = 0; i < 32; i++)
+            memcpy(f[i].t.mma_c, c[i], sizeof(c[i]));
+    }
+    for (int i = 0; i < n; i++)
+        f[i].state = ST_RUN;
+    return true;
+}
+
+void run_block(int nthreads)
+{
+    for (int i = 0; i < nthreads; i++)
+        fiber_start(&S.f[(size_t)i]);
+    for (;;) {
+        int running = 0, waiting = 0, done = 0;
+        for (int i = 0; i < nthreads; i++) {
+            fiber *f = &S.f[(size_t)i];
+            if (f->state == ST_RUN)
+                resume(f);
+            if (f->state == ST_WAIT)
+                waiting++;
+            else if (f->state == ST_DONE)
+                done++;
+            else
+                running++;
+        }
+        if (done == nthreads)
+            return;
+        bool moved = running > 0;
+        for (int w0 = 0; w0 < nthreads; w0 += 32) {
+            const int n = nthreads - w0 < 32 ? nthreads - w0 : 32;
+            if (S.f[(size_t)w0].state == ST_WAIT && warp_release(w0, n))
+                moved = true;
+        }
+        if (waiting == nthreads - done && !moved) { /* everyone left waits: a block barrier? */
+            int at_bar = 0;
+            for (int i = 0; i < nthreads; i++)
+                at_bar +=
+                    S.f[(size_t)i].state == ST_WAIT && S.f[(size_t)i].t.op == KEMU_OP_SYNCTHREADS;
+            if (at_bar == waiting && done == 0) {
+                for (int i = 0; i < nthreads; i++)
+                    S.f[(size_t)i].state = ST_RUN;
+                moved = true;
+            } else if (at_bar == waiting) {
+                die("__syncthreads after some of the block's threads returned");
+            }
+        }
+        if (!moved)
+            die("the block's threads wait in different barriers or warp operations "
+                "(divergence)");
+    }
+}
+
+void set_error(int e)
+{
+    if (e && !g_last_error)
+        g_last_error = e;
+}
+
+} // namespace
+
+void kemu_wait(int op)
+{
+    fiber *f = reinterpret_cast<fiber *>(kemu_cur);
+    f->t.op = op;
+    f->state = ST_WAIT;
+    to_scheduler(f);
+    kemu_cur = &f->t;
+}
+
+int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
+             const std::function<void()> &body)
+{
+    (void)stream;
+    const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
+    if (!nthreads || nthreads > 1024 || block.z > 64 || !grid.x || !grid.y || !grid.z ||
+        grid.y > 65535 || grid.z > 65535) {
+        set_error(cudaErrorInvalidConfiguration);
+        return cudaErrorInvalidConfiguration;
+    }
+    static std::mutex one_at_a_time; /* the scheduler's state is global */
+    std::lock_guard<std::mutex> hold(one_at_a_time);
+    if (S.f.size() < nthreads) {
+        const size_t old = S.f.size();
+        S.f.resize(nthreads);
+        for (size_t i = old; i < nthreads; i++) {
+            void *p = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED)
+                die("out of memory for thread stacks");
+            S.f[i].stack = static_cast<char *>(p);
+        }
+    }
+    for (unsigned long i = 0; i < nthreads; i++) {
+        kemu_thread &t = S.f[i].t;
+        t.tid = make_uint3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                           (unsigned)(i / block.x / block.y));
+        t.lane = (int)(i % 32);
+        t.warp = (int)(i / 32);
+    }
+    S.body = &body;
+    S.name = name;
+    kemu_grid_dim = grid;
+    kemu_block_dim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                kemu_block_idx = dim3(x, y, z);
+                run_block((int)nthreads);
+            }
+    kemu_cur = nullptr;
+    S.name = nullptr;
+    return cudaSuccess;
+}
+
+/* ---- the runtime API ---- */
+
+namespace
+{
+
+std::mutex g_mem_lock;
+std::map<uintptr_t, size_t> g_allocs; /* device allocations: start -> bytes */
+
+/* Is [p, p + n) inside one device allocation? */
+bool on_device(const void *p, size_t n)
+{
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> hold(g_mem_lock);
+    auto it = g_allocs.upper_bound(a);
+    if (it == g_allocs.begin())
+        return false;
+    --it;
+    return a >= it->first && n <= it->second && a - it->first <= it->second - n;
+}
+
+bool touches_device(const void *p, size_t n)
+{
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> hold(g_mem_lock);
+    auto it = g_allocs.upper_bound(a + (n ? n - 1 : 0));
+    if (it == g_allocs.begin())
+        return false;
+    --it;
+    return it->first + it->second > a;
+}
+
+cudaError_t fail(cudaError_t e)
+{
+    set_error(e);
+    return e;
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device != 0)
+        return fail(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "quern CUDA emulator (CPU)");
+    prop->totalGlobalMem = (size_t)16 << 30;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = 1024;
+    prop->multiProcessorCount = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t size)
+{
+    *p = nullptr;
+    void *m = aligned_alloc(256, (size + 255) & ~(size_t)255);
+    if (!m)
+        return fail(cudaErrorMemoryAllocation);
+    memset(m, 0xFF, size);
+    std::lock_guard<std::mutex> hold(g_mem_lock);
+    g_allocs[reinterpret_cast<uintptr_t>(m)] = size;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> hold(g_mem_lock);
+        auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
+        if (it == g_allocs.end())
+            return fail(cudaErrorInvalidValue);
+        g_allocs.erase(it);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t stream)
+{
+    (void)stream;
+    if (!n)
+        return cudaSuccess;
+    bool ok;
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        ok = on_device(dst, n) && !touches_device(src, n);
+        break;
+    case cudaMemcpyDeviceToHost:
+        ok = on_device(src, n) && !touches_device(dst, n);
+        break;
+    case cudaMemcpyDeviceToDevice:
+        ok = on_device(src, n) && on_device(dst, n);
+        break;
+    default:
+        ok = false;
+    }
+    if (!ok) {
+        fprintf(stderr,
+                "CUDA emulator: cudaMemcpyAsync(%p, %p, %zu, kind %d) does not match "
+                "the device allocations\n",
+                dst, src, n, (int)kind);
+        return fail(cudaErrorInvalidValue);
+    }
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
+{
+    (void)stream;
+    if (!n)
+        return cudaSuccess;
+    if (!on_device(p, n)) {
+        fprintf(stderr,
+                "CUDA emulator: cudaMemsetAsync(%p, %zu) outside the device "
+                "allocations\n",
+                p, n);
+        return fail(cudaErrorInvalidValue);
+    }
+    memset(p, value, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    (void)flags;
+    *s = reinterpret_cast<cudaStream_t>(malloc(1));
+    return *s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    free(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    const int e = g_last_error;
+    g_last_error = 0;
+    return (cudaError_t)e;
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    default:
+        return "unknown error (CUDA emulator)";
+    }
+}
+
+} // extern "C"

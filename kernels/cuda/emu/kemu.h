@@ -1,0 +1,188 @@
+/* The CUDA kernels on the CPU: what kernels/cuda/cuda_kernels.cu needs of the CUDA language when
+ * it is compiled as plain C++ (`make CUDA=emu`, build-emu/), so that the CUDA backend's kernels
+ * and host code run, and are tested, where no GPU is. Every CUDA thread is a fiber; a block's
+ * fibers run one at a time and switch only at the points where CUDA threads synchronise
+ * (__syncthreads, __syncwarp, warp shuffles, mma.sync), so the kernels' results are those of
+ * one legal schedule. What it checks beyond the results: a barrier or warp operation that not
+ * all the threads reach (divergence, a lane that returned) stops the run with a message, and
+ * device memory is the host heap, so ASan sees a kernel's out-of-bounds access. What it cannot
+ * show: speed, races that another schedule would expose, and the GPU's own rounding of expf and
+ * friends (glibc's here). The runtime API the backend calls (cudaMalloc, cudaMemcpyAsync, ...)
+ * is kernels/cuda/emu/kemu.cc, linked instead of libcudart. */
+#ifndef KERNELS_CUDA_EMU_KEMU_H
+#define KERNELS_CUDA_EMU_KEMU_H
+
+#ifndef __cplusplus
+#error "kemu.h is C++ (cuda_kernels.cu compiled by the host compiler)"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <tuple>
+#include <utility>
+
+#include "kernels/cuda/emu/mma_ref.h"
+
+/* ---- the language's qualifiers: kernels are plain functions; __shared__ arrays are static, so
+ * the fibers of a block (run one block at a time) share them ---- */
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __forceinline__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __host__
+#define __shared__      static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+/* ---- the executing thread ---- */
+struct kemu_thread {
+    uint3 tid; /* threadIdx */
+    int lane;  /* linear thread index % 32 */
+    int warp;  /* linear thread index / 32 */
+    /* the warp operation it waits in: kind, operand, source lane, result */
+    int op;
+    uint64_t val, res;
+    int src;
+    uint32_t mma_a[4], mma_b[2];
+    float mma_c[4];
+};
+
+extern struct kemu_thread *kemu_cur;
+extern dim3 kemu_block_idx, kemu_block_dim, kemu_grid_dim;
+
+#define threadIdx (kemu_cur->tid)
+#define blockIdx  kemu_block_idx
+#define blockDim  kemu_block_dim
+#define gridDim   kemu_grid_dim
+
+enum { KEMU_OP_SYNCTHREADS = 1, KEMU_OP_SYNCWARP, KEMU_OP_SHFL, KEMU_OP_MMA };
+
+/* Suspend the current thread in warp or block operation `op` until its peers arrive. */
+void kemu_wait(int op);
+
+static inline void __syncthreads(void)
+{
+    kemu_wait(KEMU_OP_SYNCTHREADS);
+}
+
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    (void)mask;
+    kemu_wait(KEMU_OP_SYNCWARP);
+}
+
+/* Shuffles over the whole warp (the kernels pass the full mask; the emulator requires every
+ * lane of the warp to take part, as the full mask does). */
+template <class T> static inline T kemu_shfl(T v, int src)
+{
+    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffled value wider than 64 bits");
+    kemu_cur->val = 0;
+    memcpy(&kemu_cur->val, &v, sizeof(v));
+    kemu_cur->src = src & 31;
+    kemu_wait(KEMU_OP_SHFL);
+    T r;
+    memcpy(&r, &kemu_cur->res, sizeof(r));
+    return r;
+}
+
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
+{
+    (void)mask;
+    return kemu_shfl(v, kemu_cur->lane ^ lane_mask);
+}
+
+template <class T> static inline T __shfl_sync(unsigned mask, T v, int src)
+{
+    (void)mask;
+    return kemu_shfl(v, src);
+}
+
+/* mma.sync.m16n8k16 bf16 -> f32 for the warp (kernels/cuda/emu/mma_ref.h). */
+static inline void kemu_mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
+{
+    memcpy(kemu_cur->mma_a, a, sizeof(kemu_cur->mma_a));
+    memcpy(kemu_cur->mma_b, b, sizeof(kemu_cur->mma_b));
+    memcpy(kemu_cur->mma_c, c, sizeof(kemu_cur->mma_c));
+    kemu_wait(KEMU_OP_MMA);
+    memcpy(c, kemu_cur->mma_c, sizeof(kemu_cur->mma_c));
+}
+
+/* Atomics: fibers switch only at the waits above, so a read-modify-write is never interleaved. */
+static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
+{
+    const unsigned long long old = *p;
+    if (v > old)
+        *p = v;
+    return old;
+}
+
+/* ---- intrinsics: IEEE single precision with the stated rounding (the build uses
+ * -ffp-contract=off, so a * b + c is never fused behind the kernel's back) ---- */
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+static inline float __fdiv_rn(float a, float b)
+{
+    return a / b;
+}
+static inline int __float2int_rn(float x)
+{
+    return (int)nearbyintf(x);
+}
+static inline unsigned __float_as_uint(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+/* ---- launches: KCU_LAUNCH(kernel, grid, block, stream)(arguments) ---- */
+
+/* Run `body` as every thread of every block of the grid; returns the launch's cudaError_t
+ * (also kept for cudaGetLastError). Exits the process when the kernel diverges at a barrier. */
+int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
+             const std::function<void()> &body);
+
+template <class... P> struct kemu_launch {
+    void (*kernel)(P...);
+    const char *name;
+    dim3 grid, block;
+    cudaStream_t stream;
+    int operator()(P... args) const /* converted to the kernel's parameter types, as in CUDA */
+    {
+        const std::tuple<P...> bound(args...);
+        void (*k)(P...) = kernel;
+        return kemu_run(name, grid, block, stream, [&bound, k] { std::apply(k, bound); });
+    }
+};
+
+template <class... P>
+static inline kemu_launch<P...> kemu_launcher(void (*kernel)(P...), const char *name, dim3 grid,
+                                              dim3 block, cudaStream_t stream)
+{
+    return kemu_launch<P...>{kernel, name, grid, block, stream};
+}
+
+#define KCU_LAUNCH(kernel, grid, block, stream)                                                    \
+    kemu_launcher(kernel, #kernel, dim3(grid), dim3(block), (cudaStream_t)(stream))
+
+#endif

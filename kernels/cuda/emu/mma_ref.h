@@ -1,0 +1,52 @@
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for a whole warp, from the PTX ISA's
+ * fragment tables (docs/CUDA_NOTES.md §2.1), written independently of the kernel's helpers
+ * (kernels/cuda/cuda_mma.h): the 32 lanes' registers are assembled into A (16 x 16) and B
+ * (16 x 8), D = A B + C is formed in double precision and rounded to f32, and D is handed back
+ * per the C table. Used by tests/test_cuda_mma.c and by the CPU emulator of the CUDA kernels
+ * (kernels/cuda/emu/). Tables: A, row-major 16 x 16: element pair p (0..3) of lane (g, t) =
+ * (lane / 4, lane % 4) covers row g + 8 * (p % 2), columns 2t + 8 * (p / 2) + {0, 1}. B, 16 (k)
+ * x 8 (n): pair p covers k = 2t + 8p + {0, 1}, column n = g. C/D 16 x 8: element i covers row
+ * g + 8 * (i / 2), column 2t + i % 2. Each register holds its pair's lower index in bits 0-15. */
+#ifndef KERNELS_CUDA_EMU_MMA_REF_H
+#define KERNELS_CUDA_EMU_MMA_REF_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float kcu_ref_bf16(uint32_t reg, int hi)
+{
+    const uint32_t u = (hi ? reg >> 16 : reg & 0xFFFFu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline void kcu_mma_ref(const uint32_t a[32][4], const uint32_t b[32][2], float c[32][4])
+{
+    float A[16][16], B[16][8], D[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int p = 0; p < 4; p++)
+            for (int h = 0; h < 2; h++)
+                A[g + 8 * (p % 2)][2 * t + 8 * (p / 2) + h] = kcu_ref_bf16(a[lane][p], h);
+        for (int p = 0; p < 2; p++)
+            for (int h = 0; h < 2; h++)
+                B[2 * t + 8 * p + h][g] = kcu_ref_bf16(b[lane][p], h);
+        for (int i = 0; i < 4; i++) /* C in, by the same table as D */
+            D[g + 8 * (i / 2)][2 * t + i % 2] = c[lane][i];
+    }
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            double s = D[m][n];
+            for (int k = 0; k < 16; k++)
+                s += (double)A[m][k] * B[k][n];
+            D[m][n] = (float)s;
+        }
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 4; i++)
+            c[lane][i] = D[g + 8 * (i / 2)][2 * t + i % 2];
+    }
+}
+
+#endif
