@@ -87,7 +87,8 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps
+.PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps \
+        cuda-emu
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE)$(filter emu,$(CUDA_ON)),)
 all: $(QUERN) bin/quern
@@ -155,9 +156,18 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libquern.a
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
 test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
       $(BUILD)/tools/bench_masks model gemma \
-      pydeps testdeps
-	QUERN_MODEL=$(MODEL) QUERN_GEMMA=$(GEMMA) QUERN_BIN=$(QUERN) \
+      pydeps testdeps cuda-emu
+	QUERN_MODEL=$(MODEL) QUERN_GEMMA=$(GEMMA) QUERN_BIN=$(QUERN) QUERN_EMU=$(EMU_DIR) \
 	    QUERN_PYDEPS=$(CURDIR)/build-py tests/run_tests.sh $(TEST_BIN)
+
+# The CUDA backend on the CPU emulator for tests/e2e/cuda_emu.sh: built (make CUDA=emu) into
+# $(BUILD)-emu when the CUDA toolkit's headers are here; "none" tells the test they are not.
+EMU_DIR = $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),$(BUILD)-emu,none)
+cuda-emu:
+ifneq ($(EMU_DIR),none)
+	$(MAKE) CUDA=emu $(if $(QUERN_SANITIZE),asan) $(EMU_DIR)/bin/quern \
+	    $(EMU_DIR)/tests/test_backend_ops $(EMU_DIR)/tests/test_cuda_model
+endif
 
 # The Python packages the end-to-end tests validate records with (the OpenAI SDK's types,
 # jsonschema), pinned in tools/requirements-test.txt, installed once into build-py/.

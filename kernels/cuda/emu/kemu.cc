@@ -7,6 +7,7 @@
  * floats, -1 ids), as cudaMalloc gives no zeroed memory. x86-64 only (the context switch). */
 #include "kernels/cuda/emu/kemu.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -73,8 +74,8 @@ struct sched {
     void *sp;                          /* the scheduler's stack while a fiber runs */
     const std::function<void()> *body; /* the launch's kernel call */
     const char *name;
-    void *fake_stack; /* ASan's bookkeeping of the scheduler's stack */
-    const void *sched_bottom;
+    int nthreads;             /* of the running block */
+    const void *sched_bottom; /* the scheduler's (calling thread's) stack, for ASan */
     size_t sched_size;
 };
 
@@ -88,29 +89,60 @@ void die(const char *what)
     abort();
 }
 
-/* Back to the scheduler from the running fiber. */
-void to_scheduler(fiber *f)
+/* From the running fiber f to fiber `to`, or to the scheduler (to NULL); returns when f is
+ * resumed. A fiber that has finished is never resumed. */
+void switch_from(fiber *f, fiber *to)
 {
 #if KEMU_ASAN
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(f->state == ST_DONE ? nullptr : &fake, S.sched_bottom,
-                                   S.sched_size);
-    kemu_swap(&f->sp, S.sp);
-    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#else
-    kemu_swap(&f->sp, S.sp);
+    __sanitizer_start_switch_fiber(f->state == ST_DONE ? nullptr : &fake,
+                                   to ? to->stack : S.sched_bottom,
+                                   to ? STACK_BYTES : S.sched_size);
 #endif
+    if (to) {
+        kemu_cur = &to->t;
+        kemu_swap(&f->sp, to->sp);
+    } else {
+        kemu_swap(&f->sp, S.sp);
+    }
+#if KEMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    kemu_cur = &f->t;
+}
+
+bool warp_release(int w0, int n);
+
+/* Where the running fiber f goes when it waits or finishes: straight on to the next thread
+ * of its warp when that one can run; the warp's last lane to arrive completes the warp
+ * operation and goes back to the warp's first lane; otherwise the scheduler decides. */
+void yield_from(fiber *f)
+{
+    const int i = (int)(f - S.f.data());
+    if (i + 1 < S.nthreads && (i + 1) % 32 && S.f[(size_t)(i + 1)].state == ST_RUN) {
+        switch_from(f, &S.f[(size_t)(i + 1)]);
+        return;
+    }
+    const int w0 = i - i % 32, n = S.nthreads - w0 < 32 ? S.nthreads - w0 : 32;
+    if (f->state == ST_WAIT && i == w0 + n - 1 && S.f[(size_t)w0].state == ST_WAIT &&
+        warp_release(w0, n)) {
+        if (w0 == i)
+            return; /* a one-thread warp: carry on */
+        switch_from(f, &S.f[(size_t)w0]);
+        return;
+    }
+    switch_from(f, nullptr);
 }
 
 extern "C" void fiber_main(void)
 {
     fiber *f = reinterpret_cast<fiber *>(kemu_cur);
 #if KEMU_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &S.sched_bottom, &S.sched_size);
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
     (*S.body)();
     f->state = ST_DONE;
-    to_scheduler(f);
+    yield_from(f);
     die("a finished thread was resumed");
 }
 
@@ -128,6 +160,7 @@ void fiber_start(fiber *f)
     f->state = ST_RUN;
 }
 
+/* From the scheduler into fiber f, until some fiber switches back. */
 void resume(fiber *f)
 {
     kemu_cur = &f->t;
@@ -183,45 +216,35 @@ bool warp_release(int w0, int n)
 
 void run_block(int nthreads)
 {
+    S.nthreads = nthreads;
     for (int i = 0; i < nthreads; i++)
         fiber_start(&S.f[(size_t)i]);
     for (;;) {
-        int running = 0, waiting = 0, done = 0;
+        for (int i = 0; i < nthreads; i++)
+            if (S.f[(size_t)i].state == ST_RUN)
+                resume(&S.f[(size_t)i]);
+        for (int w0 = 0; w0 < nthreads; w0 += 32)
+            if (S.f[(size_t)w0].state == ST_WAIT)
+                warp_release(w0, nthreads - w0 < 32 ? nthreads - w0 : 32);
+        int running = 0, waiting = 0, done = 0, at_bar = 0;
         for (int i = 0; i < nthreads; i++) {
-            fiber *f = &S.f[(size_t)i];
-            if (f->state == ST_RUN)
-                resume(f);
-            if (f->state == ST_WAIT)
-                waiting++;
-            else if (f->state == ST_DONE)
-                done++;
-            else
-                running++;
+            const fiber *f = &S.f[(size_t)i];
+            running += f->state == ST_RUN;
+            done += f->state == ST_DONE;
+            waiting += f->state == ST_WAIT;
+            at_bar += f->state == ST_WAIT && f->t.op == KEMU_OP_SYNCTHREADS;
         }
         if (done == nthreads)
             return;
-        bool moved = running > 0;
-        for (int w0 = 0; w0 < nthreads; w0 += 32) {
-            const int n = nthreads - w0 < 32 ? nthreads - w0 : 32;
-            if (S.f[(size_t)w0].state == ST_WAIT && warp_release(w0, n))
-                moved = true;
-        }
-        if (waiting == nthreads - done && !moved) { /* everyone left waits: a block barrier? */
-            int at_bar = 0;
-            for (int i = 0; i < nthreads; i++)
-                at_bar +=
-                    S.f[(size_t)i].state == ST_WAIT && S.f[(size_t)i].t.op == KEMU_OP_SYNCTHREADS;
-            if (at_bar == waiting && done == 0) {
-                for (int i = 0; i < nthreads; i++)
-                    S.f[(size_t)i].state = ST_RUN;
-                moved = true;
-            } else if (at_bar == waiting) {
-                die("__syncthreads after some of the block's threads returned");
-            }
-        }
-        if (!moved)
+        if (running)
+            continue;
+        if (at_bar != waiting)
             die("the block's threads wait in different barriers or warp operations "
                 "(divergence)");
+        if (done)
+            die("__syncthreads after some of the block's threads returned");
+        for (int i = 0; i < nthreads; i++) /* everyone is at the barrier */
+            S.f[(size_t)i].state = ST_RUN;
     }
 }
 
@@ -238,8 +261,7 @@ void kemu_wait(int op)
     fiber *f = reinterpret_cast<fiber *>(kemu_cur);
     f->t.op = op;
     f->state = ST_WAIT;
-    to_scheduler(f);
-    kemu_cur = &f->t;
+    yield_from(f);
 }
 
 int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
@@ -274,6 +296,17 @@ int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
     }
     S.body = &body;
     S.name = name;
+#if KEMU_ASAN
+    pthread_attr_t attr;
+    void *lo = nullptr;
+    size_t sz = 0;
+    if (!pthread_getattr_np(pthread_self(), &attr)) {
+        pthread_attr_getstack(&attr, &lo, &sz);
+        pthread_attr_destroy(&attr);
+    }
+    S.sched_bottom = lo;
+    S.sched_size = sz;
+#endif
     kemu_grid_dim = grid;
     kemu_block_dim = block;
     for (unsigned z = 0; z < grid.z; z++)
