@@ -7,8 +7,9 @@
 # and greedy tokens against the CPU backend (test_cuda_model); the default model's greedy text
 # through `quern generate --device cuda` against --device cpu, and at --tp 3 (three backends on
 # the one emulated device, collectives staged through host memory); and a small `quern run`
-# job (continuous batching, the paged KV cache, prefix sharing on the device) whose records
-# equal the CPU's. What this does not show: speed, and what only a GPU does (scripts/gpu-check.sh).
+# job (continuous batching, the paged KV cache, prefix sharing on the device, a sampled request
+# with n = 2) whose records equal the CPU's. What this does not show: speed, and what only a GPU
+# does (scripts/gpu-check.sh).
 # QUERN_EMU: the emulator build directory (make test sets it), or "none" when this machine has
 # no CUDA toolkit headers to build it with (make says so).
 set -euo pipefail
@@ -26,11 +27,16 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 "$Q" info --model "$M" 2>&1 | grep -q "^cuda 0: quern CUDA emulator (CPU)" ||
     fail "$Q is not an emulator build"
 
-# 1. The op test and the whole-model test, the CUDA backend required.
-QUERN_REQUIRE_CUDA=1 QUERN_MODEL=$M "$E/tests/test_backend_ops" >"$tmp/ops.txt" 2>&1 ||
-    { tail -30 "$tmp/ops.txt"; fail "test_backend_ops on the emulated CUDA backend"; }
-n=$(grep -c "quern CUDA emulator (CPU) .*: every op within tolerance" "$tmp/ops.txt" || true)
-[ "$n" = 2 ] || { cat "$tmp/ops.txt"; fail "op test: $n of 2 CUDA modes passed"; }
+# 1. The op test, the CUDA backend required, with the threads of each block run first to last
+#    and last to first (a missing barrier shows in one order or the other); then the
+#    whole-model test.
+for order in forward reverse; do
+    QUERN_CUDA_EMU_ORDER=$order QUERN_REQUIRE_CUDA=1 QUERN_MODEL=$M \
+        "$E/tests/test_backend_ops" >"$tmp/ops.txt" 2>&1 ||
+        { tail -30 "$tmp/ops.txt"; fail "test_backend_ops on the emulated CUDA backend ($order)"; }
+    n=$(grep -c "quern CUDA emulator (CPU) .*: every op within tolerance" "$tmp/ops.txt" || true)
+    [ "$n" = 2 ] || { cat "$tmp/ops.txt"; fail "op test ($order): $n of 2 CUDA modes passed"; }
+done
 QUERN_REQUIRE_CUDA=1 "$E/tests/test_cuda_model" >"$tmp/model.txt" 2>&1 ||
     { cat "$tmp/model.txt"; fail "test_cuda_model on the emulated CUDA backend"; }
 grep "cuda model:" "$tmp/model.txt"
@@ -59,10 +65,14 @@ gen cuda3 --device cuda --tp 3
 cmp -s "$tmp/cuda.txt" "$tmp/cuda3.txt" || fail "cuda --tp 3 text differs from --tp 1"
 echo "generate: cuda = cpu = cuda --tp 3: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
-# 3. A job of three chat requests sharing the system prompt's blocks, run as one batch.
-for i in 1 2 3; do
-    printf '{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Count to %d."}], "max_tokens": 4, "temperature": 0}}\n' "$i" "$i"
-done >"$tmp/job.jsonl"
+# 3. A job of three greedy chat requests and a sampled one with two choices and penalties (its
+#    logit rows downloaded to the host sampler), sharing the system prompt's blocks, as one batch.
+{
+    for i in 1 2 3; do
+        printf '{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Count to %d."}], "max_tokens": 4, "temperature": 0}}\n' "$i" "$i"
+    done
+    echo '{"custom_id": "s", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 4, "temperature": 0.8, "top_p": 0.9, "frequency_penalty": 0.5, "seed": 7, "n": 2}}'
+} >"$tmp/job.jsonl"
 for d in cpu cuda; do
     "$Q" submit --db "$tmp/$d.db" --model "$M" --out "$tmp/$d-out" --name j "$tmp/job.jsonl" \
         >/dev/null 2>&1 || fail "submit ($d)"
@@ -77,7 +87,7 @@ for line in open(sys.argv[1]):
     print(json.dumps([r["custom_id"], [c["message"] for c in body["choices"]], body["usage"]]))
 PY
 done
-[ "$(wc -l <"$tmp/cuda.rec")" = 3 ] || fail "the cuda run wrote $(wc -l <"$tmp/cuda.rec") records, want 3"
+[ "$(wc -l <"$tmp/cuda.rec")" = 4 ] || fail "the cuda run wrote $(wc -l <"$tmp/cuda.rec") records, want 4"
 cmp -s "$tmp/cpu.rec" "$tmp/cuda.rec" || { diff "$tmp/cpu.rec" "$tmp/cuda.rec"; fail "job records differ"; }
-echo "run: 3 records, cuda = cpu"
+echo "run: 4 records (5 choices), cuda = cpu"
 echo "cuda_emu.sh: passed"

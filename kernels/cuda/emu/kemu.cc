@@ -76,6 +76,7 @@ struct sched {
     const std::function<void()> *body; /* the launch's kernel call */
     const char *name;
     int nthreads;             /* of the running block */
+    int reverse;              /* QUERN_CUDA_EMU_ORDER=reverse: the last thread first */
     const void *sched_bottom; /* the scheduler's (calling thread's) stack, for ASan */
     size_t sched_size;
 };
@@ -120,6 +121,10 @@ bool warp_release(int w0, int n);
 void yield_from(fiber *f)
 {
     const int i = (int)(f - S.f.data());
+    if (S.reverse) {
+        switch_from(f, nullptr);
+        return;
+    }
     if (i + 1 < S.nthreads && (i + 1) % 32 && S.f[(size_t)(i + 1)].state == ST_RUN) {
         switch_from(f, &S.f[(size_t)(i + 1)]);
         return;
@@ -226,9 +231,11 @@ void run_block(int nthreads)
     for (int i = 0; i < nthreads; i++)
         fiber_start(&S.f[(size_t)i]);
     for (;;) {
-        for (int i = 0; i < nthreads; i++)
+        for (int k = 0; k < nthreads; k++) {
+            const int i = S.reverse ? nthreads - 1 - k : k;
             if (S.f[(size_t)i].state == ST_RUN)
                 resume(&S.f[(size_t)i]);
+        }
         for (int w0 = 0; w0 < nthreads; w0 += 32)
             if (S.f[(size_t)w0].state == ST_WAIT)
                 warp_release(w0, nthreads - w0 < 32 ? nthreads - w0 : 32);
@@ -302,6 +309,8 @@ int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
     }
     S.body = &body;
     S.name = name;
+    const char *order = getenv("QUERN_CUDA_EMU_ORDER");
+    S.reverse = order && !strcmp(order, "reverse");
 #if KEMU_ASAN
     pthread_attr_t attr;
     void *lo = nullptr;
