@@ -269,6 +269,87 @@ void set_error(int e)
 
 } // namespace
 
+namespace
+{
+
+/* Device memory. Without ASan: one reserved range, allocated by whole pages from the bottom
+ * up and never reused, tagged with a memory protection key (x86 PKU) that host threads may not
+ * use: only while the emulator itself works on device memory (a kernel, a copy, a memset) does
+ * its thread open the key, so host code that dereferences a device pointer faults, as it would
+ * on a GPU machine. Where the CPU has no protection keys the range is plain memory. With ASan:
+ * the heap, so that ASan sees a kernel's out-of-bounds access (host dereferences go unseen). */
+std::recursive_mutex g_dev; /* held by whoever works on device memory */
+#if !KEMU_ASAN
+const size_t ARENA_BYTES = (size_t)32 << 30;
+char *g_arena;
+size_t g_top;    /* bytes handed out */
+int g_pkey = -1; /* the arena's protection key, or -1 */
+int g_depth;     /* nested access scopes of the holder of g_dev */
+#endif
+
+struct dev_access {
+    dev_access()
+    {
+        g_dev.lock();
+#if !KEMU_ASAN
+        if (g_depth++ == 0 && g_pkey >= 0)
+            pkey_set(g_pkey, 0);
+#endif
+    }
+    ~dev_access()
+    {
+#if !KEMU_ASAN
+        if (--g_depth == 0 && g_pkey >= 0)
+            pkey_set(g_pkey, PKEY_DISABLE_ACCESS);
+#endif
+        g_dev.unlock();
+    }
+    dev_access(const dev_access &) = delete;
+    dev_access &operator=(const dev_access &) = delete;
+};
+
+/* New device memory, or NULL. */
+void *dev_alloc(size_t size)
+{
+#if KEMU_ASAN
+    return aligned_alloc(256, (size + 255) & ~(size_t)255);
+#else
+    std::lock_guard<std::recursive_mutex> hold(g_dev);
+    if (!g_arena) {
+        void *a = mmap(nullptr, ARENA_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (a == MAP_FAILED)
+            return nullptr;
+        g_arena = static_cast<char *>(a);
+        /* closed in this thread by pkey_alloc, and in the others already (Linux starts
+         * threads with every key but 0 closed) */
+        const int key = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+        if (key >= 0 && !pkey_mprotect(a, ARENA_BYTES, PROT_READ | PROT_WRITE, key))
+            g_pkey = key;
+        else if (key >= 0)
+            pkey_free(key);
+    }
+    const size_t bytes = (size + 4095) & ~(size_t)4095;
+    if (bytes > ARENA_BYTES - g_top)
+        return nullptr;
+    void *p = g_arena + g_top;
+    g_top += bytes;
+    return p;
+#endif
+}
+
+void dev_free(void *p, size_t size)
+{
+#if KEMU_ASAN
+    (void)size;
+    free(p);
+#else
+    madvise(p, (size + 4095) & ~(size_t)4095, MADV_DONTNEED); /* the range is not reused */
+#endif
+}
+
+} // namespace
+
 void kemu_wait(int op)
 {
     fiber *f = reinterpret_cast<fiber *>(kemu_cur);
@@ -287,8 +368,7 @@ int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
         set_error(cudaErrorInvalidConfiguration);
         return cudaErrorInvalidConfiguration;
     }
-    static std::mutex one_at_a_time; /* the scheduler's state is global */
-    std::lock_guard<std::mutex> hold(one_at_a_time);
+    const dev_access hold; /* also keeps the scheduler's global state to one launch */
     if (S.f.size() < nthreads) {
         const size_t old = S.f.size();
         S.f.resize(nthreads);
@@ -405,10 +485,13 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     *p = nullptr;
-    void *m = aligned_alloc(256, (size + 255) & ~(size_t)255);
+    void *m = dev_alloc(size);
     if (!m)
         return fail(cudaErrorMemoryAllocation);
-    memset(m, 0xFF, size);
+    {
+        const dev_access hold;
+        memset(m, 0xFF, size);
+    }
     std::lock_guard<std::mutex> hold(g_mem_lock);
     g_allocs[reinterpret_cast<uintptr_t>(m)] = size;
     *p = m;
@@ -419,14 +502,16 @@ cudaError_t cudaFree(void *p)
 {
     if (!p)
         return cudaSuccess;
+    size_t size;
     {
         std::lock_guard<std::mutex> hold(g_mem_lock);
         auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
         if (it == g_allocs.end())
             return fail(cudaErrorInvalidValue);
+        size = it->second;
         g_allocs.erase(it);
     }
-    free(p);
+    dev_free(p, size);
     return cudaSuccess;
 }
 
@@ -457,6 +542,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
                 dst, src, n, (int)kind);
         return fail(cudaErrorInvalidValue);
     }
+    const dev_access hold;
     memmove(dst, src, n);
     return cudaSuccess;
 }
@@ -473,6 +559,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
                 p, n);
         return fail(cudaErrorInvalidValue);
     }
+    const dev_access hold;
     memset(p, value, n);
     return cudaSuccess;
 }
