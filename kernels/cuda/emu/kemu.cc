@@ -273,11 +273,12 @@ namespace
 {
 
 /* Device memory. Without ASan: one reserved range, allocated by whole pages from the bottom
- * up and never reused, tagged with a memory protection key (x86 PKU) that host threads may not
- * use: only while the emulator itself works on device memory (a kernel, a copy, a memset) does
- * its thread open the key, so host code that dereferences a device pointer faults, as it would
- * on a GPU machine. Where the CPU has no protection keys the range is plain memory. With ASan:
- * the heap, so that ASan sees a kernel's out-of-bounds access (host dereferences go unseen). */
+ * up and never reused (a freed range faults), tagged with a memory protection key (x86 PKU)
+ * that host threads keep closed: only while the emulator itself works on device memory (a
+ * kernel, a copy, a memset) does its thread open the key, so host code that dereferences a
+ * device pointer faults, as it would on a GPU machine. Where the CPU has no protection keys the
+ * range is plain memory. With ASan: the heap, so that ASan sees a kernel's out-of-bounds access
+ * (host dereferences go unseen). */
 std::recursive_mutex g_dev; /* held by whoever works on device memory */
 #if !KEMU_ASAN
 const size_t ARENA_BYTES = (size_t)32 << 30;
@@ -315,24 +316,23 @@ void *dev_alloc(size_t size)
     return aligned_alloc(256, (size + 255) & ~(size_t)255);
 #else
     std::lock_guard<std::recursive_mutex> hold(g_dev);
-    if (!g_arena) {
-        void *a = mmap(nullptr, ARENA_BYTES, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!g_arena) { /* reserved, not committed: pages become usable as they are handed out */
+        void *a = mmap(nullptr, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
         if (a == MAP_FAILED)
             return nullptr;
         g_arena = static_cast<char *>(a);
         /* closed in this thread by pkey_alloc, and in the others already (Linux starts
          * threads with every key but 0 closed) */
-        const int key = pkey_alloc(0, PKEY_DISABLE_ACCESS);
-        if (key >= 0 && !pkey_mprotect(a, ARENA_BYTES, PROT_READ | PROT_WRITE, key))
-            g_pkey = key;
-        else if (key >= 0)
-            pkey_free(key);
+        g_pkey = pkey_alloc(0, PKEY_DISABLE_ACCESS);
     }
     const size_t bytes = (size + 4095) & ~(size_t)4095;
     if (bytes > ARENA_BYTES - g_top)
         return nullptr;
-    void *p = g_arena + g_top;
+    char *p = g_arena + g_top;
+    if (g_pkey >= 0 ? pkey_mprotect(p, bytes, PROT_READ | PROT_WRITE, g_pkey)
+                    : mprotect(p, bytes, PROT_READ | PROT_WRITE))
+        return nullptr;
     g_top += bytes;
     return p;
 #endif
@@ -344,7 +344,10 @@ void dev_free(void *p, size_t size)
     (void)size;
     free(p);
 #else
-    madvise(p, (size + 4095) & ~(size_t)4095, MADV_DONTNEED); /* the range is not reused */
+    /* never reused: any later access, by a kernel too, faults */
+    const size_t bytes = (size + 4095) & ~(size_t)4095;
+    madvise(p, bytes, MADV_DONTNEED);
+    mprotect(p, bytes, PROT_NONE);
 #endif
 }
 
