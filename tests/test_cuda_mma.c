@@ -1,10 +1,10 @@
 /* The tensor-core kernel's operand plumbing, checked on the CPU. mma.sync.m16n8k16 (bf16 inputs,
  * f32 accumulators) is emulated from the PTX ISA's fragment tables, written out independently
  * in kernels/cuda/emu/mma_ref.h (docs/CUDA_NOTES.md §2.1). The kernel's helpers
- * (kernels/cuda/cuda_mma.h: which tile elements a lane loads, where its results go) then drive the
- * emulated instruction over a block tile exactly as k_matmul_bf16 does, and the result must equal a
- * plain product of the same bf16 values. Wrong fragment indices (a swapped half, a transposed B)
- * give different numbers. */
+ * (kernels/cuda/cuda_mma.h: which tile elements a lane loads, where its results go) then drive
+ * the emulated instruction over a block tile exactly as k_matmul_bf16 does, and the result must
+ * equal a plain product of the same bf16 values. Wrong fragment indices (a swapped half, a
+ * transposed B) give different numbers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
