@@ -44,7 +44,7 @@ NVCC      ?= $(or $(shell which nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nv
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # CUDA=emu builds the same backend into build-emu/ (build-asan-emu/ with asan) with the kernels
 # compiled as C++ and run on the CPU by kernels/cuda/emu/ instead of libcudart, so the CUDA
-# backend's code is tested where no GPU is (`make cuda-emu-test`; kernels/cuda/emu/kemu.h says
+# backend's code is tested where no GPU is (`make test` runs it; kernels/cuda/emu/kemu.h says
 # what the emulator shows and what it cannot). Such a binary reports the device "quern CUDA
 # emulator (CPU)" and is slow: a test tool, never the product.
 ifeq ($(CUDA),auto)
@@ -59,7 +59,7 @@ BUILD       := $(BUILD)-emu
 CUDA_C_SRC   = $(sort $(wildcard kernels/cuda/*.c))
 CUDA_CU_SRC  = $(sort $(wildcard kernels/cuda/*.cu))
 CUDA_EMU_OBJ = $(BUILD)/kernels/cuda/emu/kemu.o
-CPPFLAGS    += -DQUERN_CUDA -I$(CUDA_HOME)/include
+CPPFLAGS    += -DQUERN_CUDA -isystem $(CUDA_HOME)/include
 # EMU_BASE: a CUDA-enabled build dir whose C objects (compiled with the same flags) are linked
 # as they are, so only the kernels are compiled again (make test passes its own).
 OBJ_DIR      = $(or $(EMU_BASE),$(BUILD))
@@ -170,13 +170,21 @@ test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools
 
 # The CUDA backend on the CPU emulator for tests/e2e/cuda_emu.sh: built (make CUDA=emu) into
 # $(BUILD)-emu when the CUDA toolkit's headers are here; "none" tells the test they are not.
+# (`make CUDA=emu test`: this build is the emulator's, and the whole suite runs on it.)
+ifeq ($(CUDA_ON),emu)
+EMU_DIR = $(BUILD)
+cuda-emu: $(QUERN) $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_model
+else
 EMU_DIR = $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),$(BUILD)-emu,none)
-# A CUDA-enabled build lends it every C object (EMU_BASE), so they are built first.
+# A CUDA-enabled build lends it every C object (EMU_BASE), so they are built first. BUILD is
+# passed so that a BUILD given to this make does not reach the emulator's.
 cuda-emu: $(if $(filter 1,$(CUDA_ON)),$(BUILD)/libquern.a $(BIN_OBJ) \
           $(BUILD)/tests/test_backend_ops.o $(BUILD)/tests/test_cuda_model.o)
 ifneq ($(EMU_DIR),none)
-	$(MAKE) CUDA=emu $(if $(QUERN_SANITIZE),asan) $(if $(filter 1,$(CUDA_ON)),EMU_BASE=$(BUILD)) \
+	$(MAKE) CUDA=emu BUILD=$(EMU_DIR) $(if $(QUERN_SANITIZE),asan) \
+	    $(if $(filter 1,$(CUDA_ON)),EMU_BASE=$(BUILD)) \
 	    $(EMU_DIR)/bin/quern $(EMU_DIR)/tests/test_backend_ops $(EMU_DIR)/tests/test_cuda_model
+endif
 endif
 
 # The Python packages the end-to-end tests validate records with (the OpenAI SDK's types,

@@ -18,12 +18,12 @@
 #include "kernels/kernels.h"
 
 struct cuda_state {
-    int device;          /* ordinal */
-    cudaStream_t stream; /* every op and copy, in call order */
-    enum kern_act act;   /* exact (f32 kernels) or bf16 (tensor cores) */
+    int device;               /* ordinal */
+    cudaStream_t stream;      /* every op and copy, in call order */
+    enum kern_act act;        /* exact (f32 kernels) or bf16 (tensor cores) */
     unsigned long long *best; /* matmul_argmax's per-token keys (device memory) */
     int best_cap;             /* tokens best holds */
-    char name[160];      /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
+    char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
 static struct cuda_state *st_of(struct kern_backend *b)
@@ -37,6 +37,16 @@ static void check(int rc, const char *what)
         LOG_ERROR("CUDA error in %s: %s", what, cudaGetErrorString((cudaError_t)rc));
         abort();
     }
+}
+
+/* A runtime call whose failure the caller handles (a status, a fallback): the error is also
+ * taken out of the runtime's last-error slot, so that the next launch's check does not report
+ * it again as its own (cudaGetLastError returns the last error of any call). */
+static cudaError_t handled(cudaError_t rc)
+{
+    if (rc)
+        (void)cudaGetLastError();
+    return rc;
 }
 
 /* A matmul's input steps (struct kern_mm_in) queued; returns the rows the matmul reads. */
@@ -68,7 +78,7 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
     struct cuda_state *s = st_of(b);
     if (n_tok > s->best_cap) {
         void *p = NULL;
-        if (cudaMalloc(&p, sizeof(*s->best) * (size_t)n_tok))
+        if (handled(cudaMalloc(&p, sizeof(*s->best) * (size_t)n_tok)))
             return 0; /* not done: the caller computes the logits */
         cudaFree(s->best);
         s->best = p;
@@ -83,8 +93,8 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
 
 static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
                      const struct kern_tensor *up, const struct kern_tensor *down,
-                     const struct kern_mm_in *in, int glu, float *y, float *gate_buf,
-                     float *up_buf, int n_tok)
+                     const struct kern_mm_in *in, int glu, float *y, float *gate_buf, float *up_buf,
+                     int n_tok)
 {
     const struct kern_tensor *gu[2] = {gate, up};
     float *const ys[2] = {gate_buf, up_buf};
@@ -105,7 +115,7 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
                        (unsigned)w->type, (long long)w->ne0);
     const size_t bytes = (size_t)w->ne1 * w->row_bytes;
     void *p = NULL;
-    cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
+    cudaError_t rc = handled(cudaMalloc(&p, bytes ? bytes : 1));
     if (rc)
         return err_set(err, ST_ERR_NOMEM, "no device memory for a %zu-byte weight: %s", bytes,
                        cudaGetErrorString(rc));
@@ -153,8 +163,8 @@ static void cuda_add_rows(struct kern_backend *b, float *y, const float *bias, l
     check(kcu_add_rows(st_of(b)->stream, y, bias, n_rows, width), "add_rows");
 }
 
-static void cuda_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows,
-                           int width, float eps)
+static void cuda_norm_rows(struct kern_backend *b, float *x, const float *w, long n_rows, int width,
+                           float eps)
 {
     check(kcu_norm_rows(st_of(b)->stream, x, w, n_rows, width, eps), "norm_rows");
 }
@@ -167,8 +177,8 @@ static void cuda_scale(struct kern_backend *b, float *x, float sc, long n)
 static struct kcu_kv kv_of(struct kern_kv_layer kv, const struct kern_block_table *bt,
                            int block_size, int n_kv_head, int head_dim)
 {
-    const struct kcu_kv k = {kv.k,      kv.v,    kv.dtype,  block_size, n_kv_head,
-                             head_dim,  bt->ids, bt->row,   bt->stride};
+    const struct kcu_kv k = {kv.k,     kv.v,    kv.dtype, block_size, n_kv_head,
+                             head_dim, bt->ids, bt->row,  bt->stride};
     return k;
 }
 
@@ -205,7 +215,7 @@ static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 {
     (void)b;
     void *p = NULL; /* cudaMalloc aligns to at least 256 bytes */
-    return cudaMalloc(&p, bytes ? bytes : 1) ? NULL : p;
+    return handled(cudaMalloc(&p, bytes ? bytes : 1)) ? NULL : p;
 }
 
 static void cuda_buf_free(struct kern_backend *b, void *p)
@@ -256,17 +266,16 @@ static enum status cuda_kv_alloc(struct kern_backend *b, const struct kern_kv_de
     struct cuda_state *s = st_of(b);
     const size_t tb = KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
     if (d->head_dim > KERN_MAX_HEAD_DIM)
-        return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d > %d", d->head_dim,
-                       KERN_MAX_HEAD_DIM);
-    if (n_blocks < 1 || (size_t)n_blocks > SIZE_MAX / tb / (size_t)d->n_kv_head / 2 /
-                                               (size_t)d->n_layer)
+        return err_set(err, ST_ERR_UNSUPPORTED, "head_dim %d > %d", d->head_dim, KERN_MAX_HEAD_DIM);
+    if (n_blocks < 1 ||
+        (size_t)n_blocks > SIZE_MAX / tb / (size_t)d->n_kv_head / 2 / (size_t)d->n_layer)
         return err_set(err, ST_ERR_INVALID_ARG, "bad KV pool size (%d blocks)", (int)n_blocks);
     const size_t per_layer = (size_t)n_blocks * (size_t)d->n_kv_head * tb;
     const size_t bytes = per_layer * (size_t)d->n_layer;
     void *k = NULL, *v = NULL;
-    cudaError_t rc = cudaMalloc(&k, bytes);
+    cudaError_t rc = handled(cudaMalloc(&k, bytes));
     if (!rc)
-        rc = cudaMalloc(&v, bytes);
+        rc = handled(cudaMalloc(&v, bytes));
     if (!rc)
         rc = cudaMemsetAsync(k, 0, bytes, s->stream);
     if (!rc)
@@ -308,8 +317,8 @@ static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
                          const struct kern_kv_layer *layers, int32_t dst, int32_t src)
 {
     cudaStream_t st = st_of(b)->stream;
-    const size_t bb = (size_t)d->n_kv_head * KERN_KV_TILE_BYTES(d->dtype, d->block_size,
-                                                                 d->head_dim);
+    const size_t bb =
+        (size_t)d->n_kv_head * KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
     for (int l = 0; l < d->n_layer; l++) {
         check((int)cudaMemcpyAsync((uint8_t *)layers[l].k + (size_t)dst * bb,
                                    (const uint8_t *)layers[l].k + (size_t)src * bb, bb,
@@ -426,8 +435,10 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         cudaStreamDestroy(s->stream);
         free(b);
         free(s);
-        return err_set(err, ST_ERR_UNSUPPORTED, "--matmul bf16 needs sm_80 or later (this GPU "
-                       "is sm_%d%d)", prop.major, prop.minor);
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "--matmul bf16 needs sm_80 or later (this GPU "
+                       "is sm_%d%d)",
+                       prop.major, prop.minor);
     }
     s->device = o->device;
     s->act = o->act;

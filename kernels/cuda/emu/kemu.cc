@@ -82,6 +82,12 @@ struct sched {
 };
 
 sched S;
+
+#if !KEMU_ASAN
+/* the kernels' __shared__ arrays (kemu.h), bounds from the linker */
+extern "C" char __start_kemu_shared[] __attribute__((weak));
+extern "C" char __stop_kemu_shared[] __attribute__((weak));
+#endif
 thread_local int g_last_error; /* per host thread, as in CUDA */
 
 void die(const char *what)
@@ -228,6 +234,10 @@ bool warp_release(int w0, int n)
 void run_block(int nthreads)
 {
     S.nthreads = nthreads;
+#if !KEMU_ASAN
+    if (__start_kemu_shared) /* shared memory starts a block as garbage, here NaN */
+        memset(__start_kemu_shared, 0xFF, (size_t)(__stop_kemu_shared - __start_kemu_shared));
+#endif
     for (int i = 0; i < nthreads; i++)
         fiber_start(&S.f[(size_t)i]);
     for (;;) {
@@ -261,9 +271,9 @@ void run_block(int nthreads)
     }
 }
 
-void set_error(int e)
+void set_error(int e) /* the last error, as cudaGetLastError reports it */
 {
-    if (e && !g_last_error)
+    if (e)
         g_last_error = e;
 }
 
@@ -313,7 +323,8 @@ struct dev_access {
 void *dev_alloc(size_t size)
 {
 #if KEMU_ASAN
-    return aligned_alloc(256, (size + 255) & ~(size_t)255);
+    void *p = nullptr; /* the exact size, so ASan sees the first byte past the end */
+    return posix_memalign(&p, 256, size ? size : 1) ? nullptr : p;
 #else
     std::lock_guard<std::recursive_mutex> hold(g_dev);
     if (!g_arena) { /* reserved, not committed: pages become usable as they are handed out */
@@ -322,11 +333,12 @@ void *dev_alloc(size_t size)
         if (a == MAP_FAILED)
             return nullptr;
         g_arena = static_cast<char *>(a);
-        /* closed in this thread by pkey_alloc, and in the others already (Linux starts
-         * threads with every key but 0 closed) */
+        /* closed in this thread by pkey_alloc; threads that exist already have every key but
+         * 0 closed (Linux's initial PKRU); later ones inherit their creator's PKRU, which is
+         * closed outside the emulator's own scopes (which create no threads) */
         g_pkey = pkey_alloc(0, PKEY_DISABLE_ACCESS);
     }
-    const size_t bytes = (size + 4095) & ~(size_t)4095;
+    const size_t bytes = ((size ? size : 1) + 4095) & ~(size_t)4095;
     if (bytes > ARENA_BYTES - g_top)
         return nullptr;
     char *p = g_arena + g_top;
@@ -345,13 +357,19 @@ void dev_free(void *p, size_t size)
     free(p);
 #else
     /* never reused: any later access, by a kernel too, faults */
-    const size_t bytes = (size + 4095) & ~(size_t)4095;
+    const size_t bytes = ((size ? size : 1) + 4095) & ~(size_t)4095;
     madvise(p, bytes, MADV_DONTNEED);
     mprotect(p, bytes, PROT_NONE);
 #endif
 }
 
 } // namespace
+
+void kemu_full_mask(unsigned mask)
+{
+    if (mask != 0xffffffffu)
+        die("a warp operation with a partial mask (the emulator knows the full mask only)");
+}
 
 void kemu_wait(int op)
 {

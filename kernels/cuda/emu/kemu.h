@@ -40,7 +40,11 @@
 #define __global__
 #define __device__
 #define __host__
-#define __shared__      static
+#if defined(__SANITIZE_ADDRESS__)
+#define __shared__ static
+#else /* in one section, which the emulator fills with 0xFF (NaN) before each block */
+#define __shared__ static __attribute__((section("kemu_shared")))
+#endif
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
@@ -69,6 +73,8 @@ enum { KEMU_OP_SYNCTHREADS = 1, KEMU_OP_SYNCWARP, KEMU_OP_SHFL, KEMU_OP_MMA };
 
 /* Suspend the current thread in warp or block operation `op` until its peers arrive. */
 void kemu_wait(int op);
+/* Stops the run unless mask names the whole warp (the only form the emulator knows). */
+void kemu_full_mask(unsigned mask);
 
 static inline void __syncthreads(void)
 {
@@ -77,12 +83,11 @@ static inline void __syncthreads(void)
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu)
 {
-    (void)mask;
+    kemu_full_mask(mask);
     kemu_wait(KEMU_OP_SYNCWARP);
 }
 
-/* Shuffles over the whole warp (the kernels pass the full mask; the emulator requires every
- * lane of the warp to take part, as the full mask does). */
+/* Shuffles over the whole warp (the full mask: every lane of the warp takes part). */
 template <class T> static inline T kemu_shfl(T v, int src)
 {
     static_assert(sizeof(T) <= sizeof(uint64_t), "shuffled value wider than 64 bits");
@@ -97,13 +102,13 @@ template <class T> static inline T kemu_shfl(T v, int src)
 
 template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
 {
-    (void)mask;
+    kemu_full_mask(mask);
     return kemu_shfl(v, kemu_cur->lane ^ lane_mask);
 }
 
 template <class T> static inline T __shfl_sync(unsigned mask, T v, int src)
 {
-    (void)mask;
+    kemu_full_mask(mask);
     return kemu_shfl(v, src);
 }
 
