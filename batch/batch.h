@@ -184,6 +184,9 @@ void batch_out_free(struct batch_out *w);
 /* Note a claimed item: the run holds it until its record is committed (or the queue refuses
  * it); batch_out_release gives held items back. */
 enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_detail *err);
+/* Forget a held item whose lease the run has lost (cancelled, or taken over) before it has a
+ * record: it is no longer counted held, nor released. */
+void batch_out_drop(struct batch_out *w, int64_t item_id);
 /* Append the result record `line` (one JSON line without newline; owned by the writer from now
  * on, also on failure; NULL means out of memory) of item_id, with its token usage and latencies
  * (ms; <= 0 unknown). */
@@ -216,6 +219,7 @@ enum status batch_count_open_shards(struct queue *q, int64_t job_id, int64_t *op
 #define BATCH_PROGRESS_PUBLISH_S 1.0  /* how often a run stores its numbers in the queue */
 #define BATCH_PROGRESS_STALE_S   30.0 /* a run silent longer adds nothing to live rates */
 #define BATCH_SAMPLE_S           5.0  /* how often a run records a time-series sample */
+#define BATCH_LEASE_CHECK_S      2.0  /* how often a run lists its leases to drop lost requests */
 
 /* A job's live numbers, counted as tokens are produced, not when requests finish; published
  * with the run's heartbeat (queue_run_progress) and shown by runner/progress.h. */
@@ -329,6 +333,7 @@ struct batch_stats {
     double waited_s;           /* seconds spent waiting for items other runs held */
     int64_t items_done;        /* items committed done by this run */
     int64_t items_failed;      /* items committed failed by this run */
+    int64_t items_dropped;     /* unfinished requests dropped when their lease was lost */
     int64_t prompt_tokens;     /* of the requests the engine finished */
     int64_t completion_tokens; /* likewise */
     double *ttft_ms;           /* per finished request: time to first token (ms) */

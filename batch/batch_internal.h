@@ -61,6 +61,7 @@ struct batch_run {
                                         leaves them behind */
     double t_stop;                   /* when stopping began (0 = not stopping) */
     double t_flush, t_beat;          /* last flush, heartbeat */
+    double t_lease_check;            /* last check for lost leases (0: check at the next turn) */
     struct batch_stats stats;        /* totals; stats.ttft_ms/tpot_ms owned */
     size_t cap_lat;                  /* capacity of stats.ttft_ms and tpot_ms */
     int64_t done_base, failed_base;  /* items committed by the writers of earlier jobs */

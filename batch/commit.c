@@ -109,6 +109,11 @@ enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_deta
     return ST_OK;
 }
 
+void batch_out_drop(struct batch_out *w, int64_t item_id)
+{
+    live_remove(w, item_id);
+}
+
 void batch_out_get_counts(const struct batch_out *w, struct batch_out_counts *c)
 {
     c->held = w->n_live;

@@ -247,6 +247,7 @@ static void part_cancel_request(struct batch_run *r)
         return;
     }
     unlink(path);
+    r->t_lease_check = 0; /* its requests leave the engine at the run's next turn */
     LOG_INFO("job %s: cancelled on request (%s): %lld items cancelled; stopping", r->job.name, path,
              (long long)n);
 }

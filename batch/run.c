@@ -463,12 +463,62 @@ static enum status beat(struct batch_run *r, int force, struct err_detail *err)
     batch_out_get_counts(r->out, &c);
     enum status st =
         queue_lease_extend(r->q, r->stats.run_id, (int64_t)(r->o->lease * 1000), &held, err);
-    if (!st && (size_t)held < c.held)
+    if (!st && (size_t)held < c.held) {
         LOG_WARN("run %lld holds %lld leases, %zu expected: some were taken over (this run was "
                  "silent past its --lease) or cancelled; their records will not be committed",
                  (long long)r->stats.run_id, (long long)held, c.held);
+        r->t_lease_check = 0; /* drop_lost at once */
+    }
     r->t_beat = now;
     return st;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Requests whose leases this run has lost (their job was cancelled, or another run took them
+ * over after this one was silent past its --lease) leave the engine at once: their records
+ * could never be committed, so computing them would only keep the machine from other work.
+ * Every BATCH_LEASE_CHECK_S (one read of the run's leases), and at once after a beat found
+ * leases missing or a part's cancel request was acted on. */
+static enum status drop_lost(struct batch_run *r, struct err_detail *err)
+{
+    r->t_lease_check = batch_now();
+    if (!r->inflight)
+        return ST_OK;
+    struct batch_out_counts c;
+    batch_out_get_counts(r->out, &c);
+    int64_t *ids;
+    size_t n, dropped = 0;
+    enum status st = queue_lease_list(r->q, r->stats.run_id, &ids, &n, err);
+    if (st)
+        return st;
+    for (struct batch_inflight *inf = r->inflight, *next; n < c.held && inf; inf = next) {
+        next = inf->next;
+        if (n && bsearch(&inf->item_id, ids, n, sizeof(*ids), cmp_i64))
+            continue;
+        engine_cancel(r->e, inf);
+        batch_out_drop(r->out, inf->item_id);
+        if (inf->prev)
+            inf->prev->next = inf->next;
+        else
+            r->inflight = inf->next;
+        if (inf->next)
+            inf->next->prev = inf->prev;
+        inflight_free(inf);
+        dropped++;
+    }
+    free(ids);
+    if (dropped) {
+        r->stats.items_dropped += (int64_t)dropped;
+        LOG_INFO("job %s: %zu unfinished requests dropped: their leases are gone (cancelled, or "
+                 "taken over by another run)",
+                 r->job.name, dropped);
+    }
+    return ST_OK;
 }
 
 /* Sleep up to secs, waking early on a stop signal. */
@@ -562,6 +612,8 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         if (stopping && (batch_run_signals(r) > 1 || batch_now() - r->t_stop >= r->o->grace))
             break;
         if ((st = beat(r, 0, err)))
+            return -1;
+        if (batch_now() - r->t_lease_check >= BATCH_LEASE_CHECK_S && (st = drop_lost(r, err)))
             return -1;
         if (!stopping && !drained) {
             drained = fill(r, err, &st);

@@ -537,6 +537,11 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     return ST_OK;
 }
 
+size_t engine_cancel(struct engine *e, const void *user)
+{
+    return engine_sched_cancel(e, user);
+}
+
 size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
 {
     engine_seq_list_free(e->polled);

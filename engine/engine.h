@@ -124,6 +124,7 @@ struct engine_stats {
     uint64_t cached_tokens;     /* prompt tokens found in the prefix cache at first admission */
     uint64_t gen_tokens;        /* tokens sampled */
     uint64_t preemptions;       /* sequences preempted */
+    uint64_t cancelled;         /* sequences dropped unfinished by engine_cancel */
     uint64_t nucleus_fast;      /* top_p/min_p draws decided from candidates (sampler.h) */
     uint64_t nucleus_full;      /* ... and by ranking the whole row (the fallback) */
     int32_t peak_blocks_used;   /* most KV blocks referenced at once */
@@ -159,6 +160,11 @@ void engine_free(struct engine *e);
  * KV pool could never hold it; ST_ERR_INVALID_ARG for bad parameters. */
 enum status engine_add_request(struct engine *e, const struct engine_request *r, uint64_t *id,
                                struct err_detail *err);
+/* Drop every choice of the request added with `user` as its engine_request.user: waiting,
+ * running (its KV slot given back; whole prompt blocks stay in the prefix cache) or finished
+ * and not yet polled. Nothing of it is returned by engine_poll any more. Between steps only.
+ * Returns the sequences dropped (0 when none has that user). */
+size_t engine_cancel(struct engine *e, const void *user);
 /* Run one step (no-op when idle). */
 enum status engine_step(struct engine *e, struct err_detail *err);
 /* Requests waiting or running. */

@@ -203,5 +203,7 @@ int engine_sched_speculate(struct engine *e, int nb);
 void engine_sched_computed(struct engine *e, int nb);
 /* Move an ended running sequence to the done list, releasing its KV slot. */
 void engine_sched_retire(struct engine *e, struct seq *s);
+/* engine_cancel's work on the queues: unlink and free every sequence of `user`. */
+size_t engine_sched_cancel(struct engine *e, const void *user);
 
 #endif

@@ -86,6 +86,48 @@ void engine_sched_retire(struct engine *e, struct seq *s)
     e->done_tail = s;
 }
 
+/* Unlink every sequence of `user` from the singly linked list at *head (tail kept) onto *out. */
+static size_t list_take(struct seq **head, struct seq **tail, const void *user, struct seq **out)
+{
+    size_t n = 0;
+    struct seq *prev = NULL;
+    for (struct seq *s = *head, *next; s; s = next) {
+        next = s->next;
+        if (s->user != user) {
+            prev = s;
+            continue;
+        }
+        *(prev ? &prev->next : head) = next;
+        if (*tail == s)
+            *tail = prev;
+        s->next = *out;
+        *out = s;
+        n++;
+    }
+    return n;
+}
+
+size_t engine_sched_cancel(struct engine *e, const void *user)
+{
+    struct seq *gone = NULL;
+    size_t n_wait = list_take(&e->wait_head, &e->wait_tail, user, &gone);
+    e->n_waiting -= n_wait;
+    size_t n_run = 0;
+    for (int ri = e->n_running - 1; ri >= 0; ri--) {
+        struct seq *s = e->running[ri];
+        if (s->user != user)
+            continue;
+        running_remove(e, ri);
+        s->next = gone;
+        gone = s;
+        n_run++;
+    }
+    e->stats.cancelled += n_wait + n_run;
+    size_t n_done = list_take(&e->done_head, &e->done_tail, user, &gone);
+    engine_seq_list_free(gone);
+    return n_wait + n_run + n_done;
+}
+
 /* Evict running[ri]: its blocks go back (cached), it waits at the front to be recomputed. */
 static void preempt(struct engine *e, int ri)
 {

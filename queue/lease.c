@@ -235,6 +235,43 @@ enum status queue_lease_extend(struct queue *q, int64_t run_id, int64_t lease_ms
     return st;
 }
 
+enum status queue_lease_list(struct queue *q, int64_t run_id, int64_t **ids, size_t *n,
+                             struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *ids = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_LEASE_LIST, err); /* one SELECT: a read, no write scope */
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    enum status st = ST_OK;
+    int64_t *v = NULL;
+    size_t k = 0, cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (k == cap) {
+            int64_t *nv = realloc(v, sizeof(*v) * (cap = cap ? cap * 2 : 256));
+            if (!nv) {
+                st = err_set(err, ST_ERR_NOMEM, "out of memory");
+                break;
+            }
+            v = nv;
+        }
+        v[k++] = sqlite3_column_int64(s, 0);
+    }
+    queue_stmt_done(s);
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "listing leases", err);
+    if (st != ST_OK) {
+        free(v);
+        return st;
+    }
+    *ids = v;
+    *n = k;
+    return ST_OK;
+}
+
 enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
                           int64_t *n_released, struct err_detail *err)
 {

@@ -509,6 +509,11 @@ void queue_claimed_free(struct queue_claimed *items, size_t n);
 enum status queue_lease_extend(struct queue *q, int64_t run_id, int64_t lease_ms, int64_t *n_held,
                                struct err_detail *err);
 
+/* The items whose leases run_id holds now, ascending, into *ids (malloc'd, free() it; NULL when
+ * *n is 0): after queue_lease_extend reports fewer than the run thinks, which ones it lost. */
+enum status queue_lease_list(struct queue *q, int64_t run_id, int64_t **ids, size_t *n,
+                             struct err_detail *err);
+
 /* Graceful give-back: each listed item (ids NULL: every item) still leased by run_id goes back
  * to queued with attempts - 1, since the item was not tried to the end. Items not leased by
  * run_id are skipped. *n_released (may be NULL) gets how many moved. */

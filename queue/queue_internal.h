@@ -57,6 +57,7 @@ enum queue_stmt_id {
     QS_LEASE_EXPIRE,
     QS_LEASE_REQUEUE_RUN,
     QS_LEASE_EXTEND,
+    QS_LEASE_LIST,
     QS_CLAIM_JOB,
     QS_CLAIM_ANY,
     QS_RELEASE_ONE,

@@ -289,6 +289,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
         " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
                         " WHERE state = 'leased' AND lease_owner = ?1",
+    [QS_LEASE_LIST] = "SELECT id FROM items INDEXED BY items_lease_owner"
+                      " WHERE state = 'leased' AND lease_owner = ?1 ORDER BY id",
     /* only from ready jobs: a job still being submitted is invisible to runs. CLAIM_ANY walks
      * items_claim_any in claim order, looking up each item's job, rather than sorting every
      * queued item of the ready jobs (the plan SQLite picks for "job_id IN (ready jobs)") */

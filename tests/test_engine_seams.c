@@ -1,7 +1,7 @@
 /* Tests of the seams inside the engine (engine_internal.h) on the real model: a run of
  * several accepted tokens stops exactly at a stop string or end-of-generation token; the
  * scheduler keeps the token budget and preempts newest first; the number of sampling threads
- * changes no token. */
+ * changes no token; engine_cancel drops a request wherever it is. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -259,12 +259,91 @@ static void test_host_threads(void **state)
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_ERR_INVALID_ARG);
 }
 
+/* engine_cancel drops a request wherever it is: running (its KV slot back), waiting, a request
+ * of three choices (its gated followers with it) and finished but not yet polled; a user the
+ * engine does not know drops nothing. The dropped never come out of engine_poll, the KV check
+ * finds no leaked block, `cancelled` counts the unfinished sequences, and the requests left
+ * produce the tokens they produce without the others. Fails if a dropped sequence stays on a
+ * list, keeps its slot or blocks, or disturbs the rest. */
+static void test_cancel(void **state)
+{
+    struct fixture *f = *state;
+    enum { N = 8 };
+    static struct result got[N], ref[N];
+    memset(got, 0, sizeof(got));
+    struct engine_params p;
+    params(&p, 4, 64, 64, 1);
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    for (int i = 0; i < N; i++) {
+        struct engine_request r = {0};
+        r.prompt = f->prompt[i];
+        r.n_prompt = f->n_prompt[i];
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = i == 0 ? 1 : GEN; /* request 0 finishes at its first token */
+        r.ignore_eos = 1;
+        r.user = &got[i];
+        r.n_choices = i == 2 ? 3 : 1;
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    /* until request 0 has finished (not polled) while request 1 runs */
+    while (!e->done_head)
+        assert_int_equal(engine_step(e, &err), ST_OK);
+    assert_ptr_equal(e->done_head->user, &got[0]);
+    struct engine_load l0, l1;
+    engine_get_load(e, &l0);
+    int running1 = 0, waiting6 = 0;
+    for (int i = 0; i < e->n_running; i++)
+        running1 |= e->running[i]->user == &got[1];
+    for (struct seq *s = e->wait_head; s; s = s->next)
+        waiting6 |= s->user == &got[6];
+    assert_true(running1 && waiting6);
+    assert_int_equal(engine_cancel(e, &got[0]), 1); /* finished, not polled */
+    assert_int_equal(engine_cancel(e, &got[1]), 1); /* running */
+    assert_int_equal(engine_cancel(e, &got[2]), 3); /* three choices */
+    assert_int_equal(engine_cancel(e, &got[6]), 1); /* waiting */
+    assert_int_equal(engine_cancel(e, &got[6]), 0); /* gone */
+    assert_int_equal(engine_cancel(e, ref), 0);     /* never added */
+    engine_get_load(e, &l1);
+    assert_true(l1.running < l0.running && l1.kv_used < l0.kv_used);
+    assert_int_equal(engine_pending(e), N - 4);
+    check_ok(engine_get_kv(e), 0);
+    int n_out = 0;
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o[8];
+        size_t k;
+        while ((k = engine_poll(e, o, 8)) > 0)
+            for (size_t j = 0; j < k; j++) {
+                struct result *rr = o[j].user;
+                assert_true(rr != &got[0] && rr != &got[1] && rr != &got[2] && rr != &got[6]);
+                assert_int_equal(rr->n, 0);
+                memcpy(rr->tok, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+                rr->n = o[j].n_tokens;
+                n_out++;
+            }
+    }
+    assert_int_equal(n_out, N - 4);
+    assert_int_equal(engine_get_stats(e)->cancelled, 5);
+    check_ok(engine_get_kv(e), 1);
+    engine_free(e);
+    /* the survivors alone, numbered as in the batch */
+    const int keep[] = {3, 4, 5, 7};
+    for (int i = 0; i < 4; i++) {
+        run_engine(f, &p, &f->prompt[keep[i]], &f->n_prompt[keep[i]], 1, keep[i], 0, &ref[i], NULL);
+        assert_same(&got[keep[i]], &ref[i], 1, "a request left after cancels");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest engine_tests[] = {
         cmocka_unit_test(test_accept_run),
         cmocka_unit_test(test_sched_budget_and_victims),
         cmocka_unit_test(test_host_threads),
+        cmocka_unit_test(test_cancel),
     };
     return cmocka_run_group_tests_name("engine", engine_tests, setup, teardown);
 }

@@ -315,6 +315,13 @@ static void test_lease_expiry_reclaim(void **state)
     assert_int_equal(queue_lease_extend(q, a, 1000, &held, &err), ST_OK);
     assert_int_equal(held, 3);
     assert_int_equal(item_int(f, ca[0].id, "lease_expiry"), f->now + 1000);
+    int64_t *lids;
+    size_t nl;
+    assert_int_equal(queue_lease_list(q, a, &lids, &nl, &err), ST_OK); /* which ones: ascending */
+    assert_int_equal(nl, 3);
+    for (size_t i = 0; i < nl; i++)
+        assert_int_equal(lids[i], ca[i].id);
+    free(lids);
     char sql[64];
     snprintf(sql, sizeof(sql), "SELECT heartbeat FROM runs WHERE id = %lld", (long long)a);
     assert_int_equal(sql_int(f->path, sql), f->now);
@@ -332,9 +339,16 @@ static void test_lease_expiry_reclaim(void **state)
         assert_int_equal(cb[i].attempts, 2);
         assert_int_equal(item_int(f, cb[i].id, "lease_owner"), b);
     }
-    /* a's heartbeat now reports it holds nothing */
+    /* a's heartbeat now reports it holds nothing, and the list is empty; b's lists all five */
     assert_int_equal(queue_lease_extend(q, a, 1000, &held, &err), ST_OK);
     assert_int_equal(held, 0);
+    assert_int_equal(queue_lease_list(q, a, &lids, &nl, &err), ST_OK);
+    assert_true(nl == 0 && lids == NULL);
+    assert_int_equal(queue_lease_list(q, b, &lids, &nl, &err), ST_OK);
+    assert_int_equal(nl, 5);
+    for (size_t i = 1; i < nl; i++)
+        assert_true(lids[i - 1] < lids[i]);
+    free(lids);
 
     /* a's late commit must not mark b's items: conflict, everything flagged, nothing changed */
     int64_t sa = new_shard(q, a, job, QUEUE_SHARD_RESULTS, f);

@@ -10,7 +10,9 @@
 #  4. two concurrent runs on one DB: no item processed twice;
 #  5. a bad input file: valid lines complete, each bad line is reported with its number, a
 #     blank line is skipped (no item, no record);
-#  6. the same prompts as .tar.zst and .zip give the same results as .jsonl.
+#  6. the same prompts as .tar.zst and .zip give the same results as .jsonl;
+#  7. `quern cancel` of a job while a run works on it: the run drops its unfinished requests
+#     from the engine (items_dropped in its summary) instead of computing them to the end.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -174,4 +176,33 @@ assert len(base) == 12
 for p in sys.argv[2:]:
     assert texts(p) == base, p
 PY
+# 7. cancel while a run works: the run drops what it has in flight. 200 requests of up to 48
+# tokens; the cancel comes once the first records are committed, with most of the job left.
+python3 - >cx.jsonl <<'PY'
+import json
+for i in range(200):
+    print(json.dumps({"custom_id": f"c{i}", "prompt": f"Item {i}: the number after {i} is",
+                      "max_tokens": 8 + (i * 7) % 41, "temperature": 0}))
+PY
+"$Q" submit --db cx.db --model "$M" --name cx cx.jsonl >/dev/null 2>&1
+"$Q" run --db cx.db --out out --threads 1 --flush-records 2 --flush-secs 0.2 >cx.json 2>cx.log &
+px=$!
+for _ in $(seq 1 600); do
+    d=$("$Q" status --db cx.db --json 2>/dev/null |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["by_state"].get("done", 0))')
+    [ "$d" -ge 1 ] && break
+    kill -0 $px 2>/dev/null || break
+    sleep 0.2
+done
+"$Q" cancel --db cx.db --job cx >/dev/null 2>&1 || fail "cancel of a running job"
+wait $px || true
+python3 - <<'PY' || { cat cx.log >&2; fail "the run computed a cancelled job on"; }
+import json
+s = json.load(open("cx.json"))
+assert 0 < s["items_done"] < 150 and s["items_dropped"] > 0, s
+PY
+grep -q "unfinished requests dropped" cx.log || fail "no drop in the run's log"
+"$Q" status --db cx.db --json | python3 -c "
+import json,sys; s=json.load(sys.stdin)[0]
+assert s['state']=='cancelled' and s['by_state']['cancelled'] > 0, s" || fail "status after cancel"
 echo "e2e jobs: ok"

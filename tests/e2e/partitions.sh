@@ -16,7 +16,8 @@
 #     cancel leaves a request file; opening a part file as a plain queue is refused;
 #  4. take-over: a part whose run was killed is finished by the run of another part after its
 #     own, and a part whose task never started is left alone;
-#  5. cancel of a part in use: its run sees the request, cancels, and exits;
+#  5. cancel of a part in use: its run sees the request, cancels, drops what it has in flight
+#     and exits;
 #  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts;
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
 #     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
@@ -312,6 +313,8 @@ wait_done D 0 1 "$pd"
 "$Q" cancel --db D 2>dcancel.err || fail "cancel: $(cat dcancel.err)"
 wait "$pd" || { cat d0.err >&2; fail "the cancelled run failed"; }
 grep -q "cancelled on request" d0.err || { cat d0.err >&2; fail "the run did not act on the cancel"; }
+# ... and stopped computing: what it had in flight left the engine
+grep -q "unfinished requests dropped" d0.err || { cat d0.err >&2; fail "the run computed on"; }
 [ ! -e D/part-0000.cancel ] || fail "the request file stayed"
 "$Q" status --db D --json >std.json 2>/dev/null
 python3 - <<'PY' || fail "cancelled status"
