@@ -10,6 +10,8 @@
 #  4. a shard taken over by another run (as a run on another host would after a missed lease):
 #     the owner ends that shard, writes its records to a new one, and the job completes;
 #  5. a run that stalls (SIGSTOP) past its own lease resumes without re-claiming its own items;
+#  6. a run stalled past its lease while another run takes its items over drops them from its
+#     engine when it resumes (it does not compute what it can no longer commit);
 #  7. output location: shards stored absolute, resume from another directory, submit --out is
 #     the job's output root, a resume with another --out is refused (no split);
 #  8. no clobbering: a second database's job with the same name and --out is refused and the
@@ -141,6 +143,47 @@ sleep 2.5
 kill -CONT $pid
 wait $pid || { tail five.log; fail "5: stalled run exited non-zero"; }
 check_job five.db five 30
+
+# 6. a run stalled past its lease while another run takes its items over: when it resumes it
+# drops them (in flight at the stall: --claim 4 with 4 sequences running)
+python3 - >six.jsonl <<'PY'
+import json
+for i in range(24):
+    print(json.dumps({"custom_id": f"s{i}", "prompt": f"Item {i}: the number after {i} is",
+                      "max_tokens": 16, "temperature": 0}))
+PY
+"$Q" submit --db six.db --model "$M" --name six six.jsonl >/dev/null 2>&1
+"$Q" run --db six.db --out out --max-seqs 4 --max-batch-tokens 64 --lease 1 --claim 4 \
+    --flush-secs 0 --flush-records 1 >/dev/null 2>six_a.log &
+pa=$!
+wait_done six.db six 2
+kill -STOP $pa
+# the items the stalled run holds
+python3 -c 'import sqlite3, sys; print(" ".join(str(r[0]) for r in sqlite3.connect(sys.argv[1],
+    timeout=30).execute("SELECT id FROM items WHERE state = \x27leased\x27")))' six.db >six.held
+[ -s six.held ] || { kill -CONT $pa; fail "6: the stalled run held nothing"; }
+"$Q" run --db six.db --out out --max-seqs 4 --max-batch-tokens 64 --claim 4 \
+    --flush-secs 0 --flush-records 1 >/dev/null 2>six_b.log &
+pb=$!
+# until the second run holds one of them, or has finished it
+python3 - six.db $(cat six.held) <<'PY' || { kill -CONT $pa; fail "6: the second run took nothing over"; }
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=30)
+ids = ",".join(sys.argv[2:])
+a = db.execute(f"SELECT lease_owner FROM items WHERE id = {sys.argv[2]}").fetchone()[0]
+for _ in range(600):
+    q = (f"SELECT count(*) FROM items WHERE id IN ({ids}) AND"
+         f" ((state = 'leased' AND lease_owner <> {a}) OR state = 'done')")
+    if db.execute(q).fetchone()[0]:
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)
+PY
+kill -CONT $pa
+wait $pa || { tail six_a.log; fail "6: the stalled run exited non-zero"; }
+wait $pb || { tail six_b.log; fail "6: the second run exited non-zero"; }
+grep -q "unfinished requests dropped" six_a.log || { tail six_a.log; fail "6: nothing dropped"; }
+check_job six.db six 24
 
 # 7. output location
 mkdir -p d7 elsewhere1 elsewhere2
