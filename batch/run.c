@@ -613,8 +613,11 @@ static int run_job(struct batch_run *r, struct err_detail *err)
             break;
         if ((st = beat(r, 0, err)))
             return -1;
-        if (batch_now() - r->t_lease_check >= BATCH_LEASE_CHECK_S && (st = drop_lost(r, err)))
-            return -1;
+        if (batch_now() - r->t_lease_check >= BATCH_LEASE_CHECK_S) {
+            struct err_detail e2 = {0}; /* only saves work: a failed check is tried again */
+            if (drop_lost(r, &e2))
+                LOG_WARN("checking this run's leases: %s", e2.msg);
+        }
         if (!stopping && !drained) {
             drained = fill(r, err, &st);
             if (st)
