@@ -204,7 +204,8 @@ static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
         p->mean_out = (double)toks / (double)outs;
     else if (c->items[QUEUE_ITEM_DONE] > 0) /* finished by earlier runs */
         p->mean_out = (double)c->completion_tokens / (double)c->items[QUEUE_ITEM_DONE];
-    p->inflight_tokens = fmax(0, (double)(p->gen_tokens - toks));
+    /* tokens of requests still running: not those of finished ones, nor of dropped ones */
+    p->inflight_tokens = fmax(0, (double)(p->gen_tokens - toks - (int64_t)es->cancelled_tokens));
     p->elapsed_s = now - r->t_job;
     batch_progress_eta(p);
 }

@@ -125,6 +125,7 @@ struct engine_stats {
     uint64_t gen_tokens;        /* tokens sampled */
     uint64_t preemptions;       /* sequences preempted */
     uint64_t cancelled;         /* sequences dropped unfinished by engine_cancel */
+    uint64_t cancelled_tokens;  /* tokens sampled for the sequences engine_cancel dropped */
     uint64_t nucleus_fast;      /* top_p/min_p draws decided from candidates (sampler.h) */
     uint64_t nucleus_full;      /* ... and by ranking the whole row (the fallback) */
     int32_t peak_blocks_used;   /* most KV blocks referenced at once */

@@ -124,6 +124,8 @@ size_t engine_sched_cancel(struct engine *e, const void *user)
     }
     e->stats.cancelled += n_wait + n_run;
     size_t n_done = list_take(&e->done_head, &e->done_tail, user, &gone);
+    for (struct seq *s = gone; s; s = s->next)
+        e->stats.cancelled_tokens += (uint64_t)s->n_gen;
     engine_seq_list_free(gone);
     return n_wait + n_run + n_done;
 }

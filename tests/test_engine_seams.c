@@ -264,15 +264,19 @@ static void test_host_threads(void **state)
  * engine does not know drops nothing. The dropped never come out of engine_poll, the KV check
  * finds no leaked block, `cancelled` counts the unfinished sequences, and the requests left
  * produce the tokens they produce without the others. Fails if a dropped sequence stays on a
- * list, keeps its slot or blocks, or disturbs the rest. */
-static void test_cancel(void **state)
+ * list, keeps its slot or blocks (the draft model's too, with speculation on), or disturbs
+ * the rest. */
+static void cancel_case(struct fixture *f, int spec)
 {
-    struct fixture *f = *state;
     enum { N = 8 };
     static struct result got[N], ref[N];
     memset(got, 0, sizeof(got));
     struct engine_params p;
     params(&p, 4, 64, 64, 1);
+    if (spec) { /* speculation: the draft model (the model itself) holds KV of its own */
+        p.spec = ENGINE_SPEC_MODEL | ENGINE_SPEC_NGRAM;
+        p.draft_model = f->m;
+    }
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
@@ -327,14 +331,29 @@ static void test_cancel(void **state)
     }
     assert_int_equal(n_out, N - 4);
     assert_int_equal(engine_get_stats(e)->cancelled, 5);
+    /* the tokens they had: the finished one's single token and whatever the rest had drawn */
+    assert_true(engine_get_stats(e)->cancelled_tokens >= 1);
+    uint64_t kept = 0;
+    for (int i = 0; i < N; i++)
+        kept += got[i].n;
+    if (!spec) /* (speculation counts accepted drafts apart) */
+        assert_int_equal(engine_get_stats(e)->gen_tokens,
+                         kept + engine_get_stats(e)->cancelled_tokens);
     check_ok(engine_get_kv(e), 1);
     engine_free(e);
-    /* the survivors alone, numbered as in the batch */
+    /* the survivors alone, numbered as in the batch (without speculation: it is lossless,
+     * test_engine_spec.c) */
     const int keep[] = {3, 4, 5, 7};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (spec ? 0 : 4); i++) {
         run_engine(f, &p, &f->prompt[keep[i]], &f->n_prompt[keep[i]], 1, keep[i], 0, &ref[i], NULL);
         assert_same(&got[keep[i]], &ref[i], 1, "a request left after cancels");
     }
+}
+
+static void test_cancel(void **state)
+{
+    cancel_case(*state, 0);
+    cancel_case(*state, 1);
 }
 
 int main(void)
