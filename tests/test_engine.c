@@ -161,12 +161,15 @@ static void test_chunking_preemption_prefix(void **state)
     run_engine(f, &p, pr, np, N, 0, 0, tight, &st); /* greedy: the fused argmax path */
     assert_true(st.preemptions > 0);
     assert_same(base, tight, N, "preemption (greedy)");
-    run_engine(f, &p, pr, np, N, 0, 1, tight, &st);
-    assert_true(st.preemptions > 0);
-    static struct result base_s[N_MAX];
-    params(&p, 16, 512, 256, 0);
-    run_engine(f, &p, pr, np, N, 0, 1, base_s, NULL);
-    assert_same(base_s, tight, N, "preemption (sampled)");
+    if (!getenv("QUERN_SANITIZE")) { /* sampled: the normal build (under sanitizers it adds
+                                        * two runs and no memory path the greedy ones lack) */
+        run_engine(f, &p, pr, np, N, 0, 1, tight, &st);
+        assert_true(st.preemptions > 0);
+        static struct result base_s[N_MAX];
+        params(&p, 16, 512, 256, 0);
+        run_engine(f, &p, pr, np, N, 0, 1, base_s, NULL);
+        assert_same(base_s, tight, N, "preemption (sampled)");
+    }
     print_message("preemptions under a 24-block pool: %llu\n", (unsigned long long)st.preemptions);
     /* prefix cache: later requests reuse the shared 48 tokens */
     params(&p, 4, 64, 256, 1);
