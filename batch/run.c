@@ -51,6 +51,18 @@ static void inflight_free(struct batch_inflight *inf)
     free(inf);
 }
 
+/* Take a request the engine no longer holds off r->inflight and free it. */
+static void inflight_retire(struct batch_run *r, struct batch_inflight *inf)
+{
+    if (inf->prev)
+        inf->prev->next = inf->next;
+    else
+        r->inflight = inf->next;
+    if (inf->next)
+        inf->next->prev = inf->prev;
+    inflight_free(inf);
+}
+
 /* Fold the writer's commit counts into the run's totals. */
 static void count_commits(struct batch_run *r)
 {
@@ -369,13 +381,7 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
                                 err);
             else
                 st = write_result(r, inf, gen, err);
-            if (inf->prev)
-                inf->prev->next = inf->next;
-            else
-                r->inflight = inf->next;
-            if (inf->next)
-                inf->next->prev = inf->prev;
-            inflight_free(inf);
+            inflight_retire(r, inf);
         }
     return st;
 }
@@ -502,13 +508,7 @@ static enum status drop_lost(struct batch_run *r, struct err_detail *err)
             continue;
         engine_cancel(r->e, inf);
         batch_out_drop(r->out, inf->item_id);
-        if (inf->prev)
-            inf->prev->next = inf->next;
-        else
-            r->inflight = inf->next;
-        if (inf->next)
-            inf->next->prev = inf->prev;
-        inflight_free(inf);
+        inflight_retire(r, inf);
         dropped++;
     }
     free(ids);
