@@ -94,7 +94,7 @@ BIN_OBJ  = $(BIN_SRC:%.c=$(OBJ_DIR)/%.o)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 QUERN    = $(BUILD)/bin/quern
 
-.PHONY: all test unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps \
+.PHONY: all test test-build unit check-includes asan deps model gemma clean format fuzz eval pydeps testdeps \
         cuda-emu
 # bin/quern is the normal build; a sanitizer build stays in build-asan/bin/quern.
 ifeq ($(QUERN_SANITIZE)$(filter emu,$(CUDA_ON)),)
@@ -111,9 +111,41 @@ $(BUILD)/libquern.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(QUERN): $(BIN_OBJ) $(BUILD)/libquern.a
+# Under sanitizers (not the emulator's build) the end-to-end scripts run a quern whose SIMD
+# kernel files (*_avx2.c, *_avx512.c, *_avxvnni.c) are compiled once more without
+# instrumentation into $(BUILD)/plain/: ASan checks every 32- and 64-byte vector load and store
+# with a call into its runtime, which made each model forward ~9x slower and most of the
+# sanitizer suite's time. Everything else in that binary is instrumented, and the unit tests
+# (kernels against scalar references, model, engine, KV) link the fully instrumented library.
+ifneq ($(QUERN_SANITIZE),)
+ifneq ($(CUDA_ON),emu)
+SIMD_SRC   = $(filter %_avx2.c %_avx512.c %_avxvnni.c,$(LIB_SRC))
+PLAIN_OBJ  = $(SIMD_SRC:%.c=$(BUILD)/plain/%.o)
+QUERN_LIB  = $(BUILD)/libquern-e2e.a
+PLAIN_CFLAGS = -std=c11 -O2 -g $(CFLAGS_WARN) -pthread
+endif
+endif
+QUERN_LIB ?= $(BUILD)/libquern.a
+
+$(BUILD)/libquern-e2e.a: $(filter-out $(SIMD_SRC:%.c=$(OBJ_DIR)/%.o),$(LIB_OBJ)) $(PLAIN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/plain/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BIN_OBJ) $(BUILD)/libquern.a $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX2) -c -o $@ $<
+
+$(BUILD)/plain/%_avxvnni.o: %_avxvnni.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX2) -mavxvnni -c -o $@ $<
+
+$(BUILD)/plain/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX512) -c -o $@ $<
+
+$(QUERN): $(BIN_OBJ) $(QUERN_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BIN_OBJ) $(QUERN_LIB) $(LDLIBS)
 
 $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
@@ -157,14 +189,19 @@ $(BUILD)/tools/%: tools/%.c $(BUILD)/libquern.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a $(LDLIBS)
 
+# Kept (not deleted as intermediates), or the next make would compile every test again.
+.SECONDARY: $(TEST_SRC:%.c=$(OBJ_DIR)/%.o)
 $(BUILD)/tests/%: $(OBJ_DIR)/tests/%.o $(BUILD)/libquern.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a -lcmocka $(LDLIBS)
 
+# Everything the suite runs, built (`make -j2 test-build` first builds it in parallel; CI does).
+TEST_BUILD = all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
+             $(BUILD)/tools/bench_masks cuda-emu
+test-build: $(TEST_BUILD)
+
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
-test: check-includes all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
-      $(BUILD)/tools/bench_masks model gemma \
-      pydeps testdeps cuda-emu
+test: check-includes $(TEST_BUILD) model gemma pydeps testdeps
 	QUERN_MODEL=$(MODEL) QUERN_GEMMA=$(GEMMA) QUERN_BIN=$(QUERN) QUERN_EMU=$(EMU_DIR) \
 	    QUERN_PYDEPS=$(CURDIR)/build-py tests/run_tests.sh $(TEST_BIN)
 
