@@ -176,10 +176,9 @@ assert len(base) == 12
 for p in sys.argv[2:]:
     assert texts(p) == base, p
 PY
-# 7. cancel while a run works: the run drops what it has in flight. 200 requests (40 under
-# sanitizers) of 2 to 48 tokens; the cancel comes once the first records are committed.
+# 7. cancel while a run works: the run drops what it has in flight. 200 requests of 2 to 48
+# tokens; the cancel comes once the first records are committed.
 NC=200
-[ -n "${QUERN_SANITIZE:-}" ] && NC=40
 python3 - $NC >cx.jsonl <<'PY'
 import json, sys
 for i in range(int(sys.argv[1])):

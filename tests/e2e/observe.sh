@@ -17,8 +17,9 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 e2e_workdir
 [ -n "$PYDEPS" ] || fail "QUERN_PYDEPS (make pydeps) is needed for prometheus_client"
 export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
-N=120 # ~14 s on one thread here: the first run must still be working when it is killed (> 5.5 s)
-[ -n "${QUERN_SANITIZE:-}" ] && N=40 # ~3x slower: about as long as the plain run
+# ~20 s on one thread here (more under sanitizers): the first run must still be working when
+# it has left two samples, 5 s apart (kill_after_second_sample)
+N=200
 python3 - "$N" >in.jsonl <<'PY'
 import json, sys
 for i in range(int(sys.argv[1])):
@@ -60,16 +61,7 @@ pids+=("$p1")
 for _ in $(seq 1 300); do [ -s m/quern.prom ] && break; sleep 0.1; done
 [ -s m/quern.prom ] || fail "no metrics file"
 check_prom m/quern.prom >mid.json || fail "the metrics file written mid-run does not parse"
-for _ in $(seq 1 300); do
-    d=$("$Q" status --db q.db --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["by_state"]["done"])')
-    [ "$d" -ge 4 ] && break
-    kill -0 "$p1" 2>/dev/null || break
-    sleep 0.1
-done
-sleep 5.5 # past BATCH_SAMPLE_S, so the first run leaves more than its first sample
-kill -0 "$p1" 2>/dev/null || fail "the first run finished before it could be killed (make the job longer)"
-kill -9 "$p1" 2>/dev/null || true
-wait "$p1" 2>/dev/null || true
+kill_after_second_sample q.db "$p1" 4
 ls -A m | grep -v '^quern.prom$' && fail "a temporary file was left beside the metrics file"
 
 # ---- a second run finishes the job ---------------------------------------------------------

@@ -22,7 +22,6 @@
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
 #     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
 #     --max-runtime taken from SLURM_JOB_END_TIME.
-# Under sanitizers (QUERN_SANITIZE) the jobs are smaller; the checks are the same.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 SBATCH=$(realpath examples/quern-array.sbatch)
@@ -31,7 +30,6 @@ M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
 fail() { echo "FAIL: $*" >&2; exit 1; }
 e2e_workdir
 N=60 TOK=32
-if [ -n "${QUERN_SANITIZE:-}" ]; then N=24 TOK=12; fi
 RUN=(--flush-records 2 --flush-secs 0.2 --threads 1 --max-batch-tokens 256)
 
 # N requests whose first half is long (long prompt, more tokens) and second half short, and

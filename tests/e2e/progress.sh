@@ -10,7 +10,7 @@
 #     facts (run id, pid, host, live rates) mid-run, and the totals at the end;
 #  4. `status --watch` under a pseudo-terminal with TERM=dumb and NO_COLOR: live frames with
 #     no escape sequence at all, and Ctrl-C ends it with exit 0 and the summary line.
-# Under sanitizers (QUERN_SANITIZE) the jobs are smaller and timing is not asserted.
+# Under sanitizers (QUERN_SANITIZE) timing is not asserted.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
@@ -22,7 +22,6 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 SAN=${QUERN_SANITIZE:-}
 N=24 TOK=96 TOK2=128
-[ -n "$SAN" ] && N=6 TOK=12 TOK2=16
 # N requests that all run at once and stop at max_tokens together (counting never ends early)
 make_job() {
     python3 - "$1" "$N" "$2" <<'PY'

@@ -64,9 +64,16 @@ check_job one.db one $N1
 echo "1: resumed after kill -9 in $(($(date +%s) - t0)) s"
 
 # 1b. items held by another live run: --no-wait exits 75, the default waits and exits 0
-make_small wait.jsonl 24
+python3 - <<'PY'
+import json
+with open("wait.jsonl", "w") as f:
+    for i in range(24):
+        f.write(json.dumps({"custom_id": f"r{i}", "prompt": f"Count: {i}, {i + 1}, {i + 2},",
+                            "max_tokens": 64, "temperature": 0}) + "\n")
+PY
 "$Q" submit --db wait.db --model "$M" --name wait wait.jsonl >/dev/null 2>&1
-# (exact mode, one thread: slow enough that the run still holds leases when --no-wait looks)
+# (24 x 64 tokens of counting, which never ends early, in exact mode on one thread: the run
+# still holds leases when --no-wait looks)
 "$Q" run --db wait.db --out out --max-seqs 32 --threads 1 --matmul exact >/dev/null 2>wait.log &
 pa=$!
 for _ in $(seq 300); do
@@ -77,12 +84,13 @@ set +e
 "$Q" run --db wait.db --out out --no-wait >nowait.json 2>>wait.log
 rc=$?
 set -e
-if "$Q" status --db wait.db --job wait --json | grep -q '"leased":0'; then
-    echo "1b: the first run finished before the check; --no-wait not exercised" >&2
-else
-    [ $rc -eq 75 ] || { tail wait.log; fail "1b: --no-wait exited $rc, want 75"; }
-    [ "$(json_field nowait.json "['exit_reason']")" = work_remains ] || fail "1b: exit_reason"
+if [ $rc -ne 75 ]; then
+    tail wait.log
+    "$Q" status --db wait.db --job wait --json | grep -q '"leased":0' &&
+        fail "1b: the first run finished before --no-wait looked (make its job longer)"
+    fail "1b: --no-wait exited $rc, want 75"
 fi
+[ "$(json_field nowait.json "['exit_reason']")" = work_remains ] || fail "1b: exit_reason"
 "$Q" run --db wait.db --out out >waited.json 2>>wait.log || fail "1b: waiting run exited non-zero"
 [ "$(json_field waited.json "['exit_reason']")" = drained ] || fail "1b: waiting run's exit_reason"
 wait $pa || fail "1b: first run"

@@ -15,27 +15,33 @@ EX=$(realpath examples/prompts.jsonl)
 . "$(dirname "$0")/lib/common.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 e2e_workdir
-# the first run must still be working when it is killed, after more than 5.5 s: ~20 s of work
-# on one thread here (the kill's check below says so when a faster machine finishes first)
-N=57 MAXT=64
-[ -n "${QUERN_SANITIZE:-}" ] && N=32 MAXT=32
+# The first run must still be working when it has recorded a second sample (every 5 s): N
+# requests of the examples (cycled, max_tokens MAXT) on one thread, ~30 s of work in the normal
+# build here; the kill's check below says so when a faster machine finishes first.
+N=171 MAXT=64
+[ -n "${QUERN_SANITIZE:-}" ] && N=96 MAXT=48
 CHROME=$(command -v chromium || command -v chromium-browser || true)
 [ -n "$CHROME" ] || fail "chromium is needed (make test installs it: tools/install_deps.sh test)"
-{ head -"$N" "$EX"; echo '{"custom_id":"bad1","prompt":"x","max_tokens":-3}'; echo 'not json'; } >in.jsonl
-"$Q" submit --db q.db --name jr --model "$M" --max-tokens "$MAXT" in.jsonl >/dev/null 2>&1 || fail submit
+python3 - "$EX" "$N" "$MAXT" >in.jsonl <<'PY'
+import json, sys
+ex = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for i in range(int(sys.argv[2])):
+    r = dict(ex[i % len(ex)])
+    r["custom_id"] = f"{r['custom_id']}-{i}"
+    if "body" in r:
+        r["body"] = dict(r["body"], max_tokens=int(sys.argv[3]))
+    else:
+        r["max_tokens"] = int(sys.argv[3])
+    print(json.dumps(r))
+print(json.dumps({"custom_id": "bad1", "prompt": "x", "max_tokens": -3}))
+print("not json")
+PY
+"$Q" submit --db q.db --name jr --model "$M" in.jsonl >/dev/null 2>&1 || fail submit
 RUN=(--threads 1 --max-seqs 8 --flush-records 2 --flush-secs 0.2)
 "$Q" run --db q.db "${RUN[@]}" >/dev/null 2>r1.err &
 p=$!
 pids+=("$p")
-for _ in $(seq 1 600); do
-    d=$(sqlite3 q.db "SELECT count(*) FROM items WHERE state = 'done'" 2>/dev/null || echo 0)
-    [ "$d" -ge 3 ] && break
-    sleep 0.1
-done
-sleep 5.5 # a second sample
-kill -0 "$p" 2>/dev/null || fail "the first run finished before it could be killed (make the job longer)"
-kill -9 "$p" 2>/dev/null || true
-wait "$p" 2>/dev/null || true
+kill_after_second_sample q.db "$p" 3
 "$Q" run --db q.db "${RUN[@]}" >/dev/null 2>r2.err || { cat r2.err >&2; fail "second run"; }
 "$Q" report --db q.db --job jr --out report.html --cost-per-hour 3 2>rep.err ||
     { cat rep.err >&2; fail "report"; }

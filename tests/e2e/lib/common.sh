@@ -73,3 +73,22 @@ with open(sys.argv[1], "w") as f:
                             "max_tokens": 6, "temperature": 0}) + "\n")
 PY
 }
+
+# kill_after_second_sample DB PID DONE: wait until DONE items of DB are finished and the first
+# run has recorded its second time-series sample (BATCH_SAMPLE_S apart), then kill -9 PID. It
+# fails if the run ends first (the job is too short for this machine) or after 120 s.
+kill_after_second_sample() {
+    local db=$1 pid=$2 want=$3 ok=0
+    for _ in $(seq 1 1200); do
+        ok=$(sqlite3 "$db" "SELECT (SELECT count(*) FROM items WHERE state = 'done') >= $want
+            AND (SELECT count(*) FROM samples WHERE run_id = (SELECT min(id) FROM runs
+                 WHERE kind = 'run')) >= 2" 2>/dev/null || echo 0)
+        [ "$ok" = 1 ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null || fail "the first run finished before it could be killed (make the job longer)"
+    [ "$ok" = 1 ] || fail "no second sample from the first run within 120 s"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
