@@ -117,12 +117,12 @@ $(BUILD)/libquern.a: $(LIB_OBJ)
 # with a call into its runtime, which made each model forward ~9x slower and most of the
 # sanitizer suite's time. Everything else in that binary is instrumented, and the unit tests
 # (kernels against scalar references, model, engine, KV) link the fully instrumented library.
-ifneq ($(QUERN_SANITIZE),)
+ifneq ($(filter asan,$(MAKECMDGOALS)),)
 ifneq ($(CUDA_ON),emu)
 SIMD_SRC   = $(filter %_avx2.c %_avx512.c %_avxvnni.c,$(LIB_SRC))
 PLAIN_OBJ  = $(SIMD_SRC:%.c=$(BUILD)/plain/%.o)
 QUERN_LIB  = $(BUILD)/libquern-e2e.a
-PLAIN_CFLAGS = -std=c11 -O2 -g $(CFLAGS_WARN) -pthread
+PLAIN_CFLAGS = -std=c11 -O2 -g -fno-omit-frame-pointer $(CFLAGS_WARN) -pthread
 endif
 endif
 QUERN_LIB ?= $(BUILD)/libquern.a

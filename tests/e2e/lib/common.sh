@@ -76,7 +76,8 @@ PY
 
 # kill_after_second_sample DB PID DONE: wait until DONE items of DB are finished and the first
 # run has recorded its second time-series sample (BATCH_SAMPLE_S apart), then kill -9 PID. It
-# fails if the run ends first (the job is too short for this machine) or after 120 s.
+# fails if the run ends first or had no work left (the job is too short for this machine), or
+# after 120 s.
 kill_after_second_sample() {
     local db=$1 pid=$2 want=$3 ok=0
     for _ in $(seq 1 1200); do
@@ -91,4 +92,7 @@ kill_after_second_sample() {
     [ "$ok" = 1 ] || fail "no second sample from the first run within 120 s"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
+    # the job's end writes a sample too: the kill must have left work undone
+    [ "$(sqlite3 "$db" "SELECT count(*) FROM items WHERE state IN ('queued', 'leased')")" -gt 0 ] ||
+        fail "the first run had finished the job when it was killed (make the job longer)"
 }
