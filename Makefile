@@ -33,6 +33,9 @@ CFLAGS = -std=c11 $(CFLAGS_OPT) $(CFLAGS_WARN) -pthread
 # the binary picks one at run time (kernels/cpu/dispatch.c), so it runs on any x86-64.
 ISA_AVX2   = -mavx2 -mfma -mf16c
 ISA_AVX512 = $(ISA_AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+%_avx2.o: ISA = $(ISA_AVX2)
+%_avxvnni.o: ISA = $(ISA_AVX2) -mavxvnni
+%_avx512.o: ISA = $(ISA_AVX512)
 
 # The CUDA backend (kernels/cuda/): CUDA=auto builds it when nvcc is found (on PATH, else under
 # CUDA_HOME), CUDA=1 requires nvcc, CUDA=0 leaves it out. Device code for sm_90 (H100/H200) plus
@@ -131,37 +134,17 @@ $(BUILD)/libquern-e2e.a: $(filter-out $(SIMD_SRC:%.c=$(OBJ_DIR)/%.o),$(LIB_OBJ))
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/plain/%_avx2.o: %_avx2.c
+$(BUILD)/plain/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX2) -c -o $@ $<
-
-$(BUILD)/plain/%_avxvnni.o: %_avxvnni.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX2) -mavxvnni -c -o $@ $<
-
-$(BUILD)/plain/%_avx512.o: %_avx512.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA_AVX512) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(PLAIN_CFLAGS) $(ISA) -c -o $@ $<
 
 $(QUERN): $(BIN_OBJ) $(QUERN_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BIN_OBJ) $(QUERN_LIB) $(LDLIBS)
 
-$(BUILD)/%_avx2.o: %_avx2.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_AVX2) -c -o $@ $<
-
-$(BUILD)/%_avxvnni.o: %_avxvnni.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_AVX2) -mavxvnni -c -o $@ $<
-
-$(BUILD)/%_avx512.o: %_avx512.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_AVX512) -c -o $@ $<
-
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA) -c -o $@ $<
 
 ifeq ($(CUDA_ON),emu)
 # The emulated kernels are host code, instrumented by asan like the rest.
