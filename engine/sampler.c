@@ -121,9 +121,10 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
     s->tmp = malloc(n * sizeof(*s->tmp));
     s->count = calloc(n, sizeof(*s->count));
     s->touched = malloc(n * sizeof(*s->touched));
+    s->counts = malloc(n * sizeof(*s->counts));
     s->zc = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->zc));
     s->tmp_f = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->tmp_f));
-    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->zc || !s->tmp_f) {
+    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->counts || !s->zc || !s->tmp_f) {
         engine_sampler_free(s);
         return err_set(err, ST_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
     }
@@ -139,6 +140,7 @@ void engine_sampler_free(struct engine_sampler *s)
     free(s->tmp);
     free(s->count);
     free(s->touched);
+    free(s->counts);
     free(s->zc);
     free(s->tmp_f);
     free(s);
@@ -174,9 +176,6 @@ void engine_sampler_take_counts(struct engine_sampler *s, uint64_t *fast, uint64
     s->n_fast = s->n_slow = 0;
 }
 
-/* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
- * applied in place. Counts live in s->count and are reset through s->touched, so a call
- * costs O(window), not O(n_vocab), and leaves the scratch clean. */
 /* Whether p's penalties can change a logit at all. */
 static int penalizes(const struct engine_sampling *p)
 {
@@ -189,31 +188,43 @@ int engine_sampling_is_argmax(const struct engine_sampling *p)
     return p->temperature == 0.0f && !penalizes(p);
 }
 
-static void apply_penalties(struct engine_sampler *s, const struct engine_sampling *p,
-                            float *logits, const int32_t *history, size_t n_history)
+size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampling *p,
+                             const int32_t *history, size_t n_history, int32_t *ids,
+                             int32_t *counts)
 {
     if (!penalizes(p) || n_history == 0)
-        return;
+        return 0;
     size_t start = 0;
     if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)
         start = n_history - (size_t)p->repeat_last_n;
-
-    size_t n_touched = 0;
+    size_t n = 0;
     for (size_t i = start; i < n_history; i++) {
         int32_t t = history[i];
         if (t < 0 || t >= s->n_vocab)
             continue;
         if (s->count[t]++ == 0)
-            s->touched[n_touched++] = t;
+            ids[n++] = t;
     }
-    for (size_t j = 0; j < n_touched; j++) {
+    for (size_t j = 0; j < n; j++) {
+        counts[j] = s->count[ids[j]];
+        s->count[ids[j]] = 0;
+    }
+    return n;
+}
+
+/* Repetition, frequency and presence penalties over the last repeat_last_n history tokens,
+ * applied in place (engine_sampler_counts: O(window), not O(n_vocab)). */
+static void apply_penalties(struct engine_sampler *s, const struct engine_sampling *p,
+                            float *logits, const int32_t *history, size_t n_history)
+{
+    const size_t n = engine_sampler_counts(s, p, history, n_history, s->touched, s->counts);
+    for (size_t j = 0; j < n; j++) {
         int32_t t = s->touched[j];
         float l = logits[t];
         if (p->repeat_penalty != 1.0f)
             l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-        l -= (float)s->count[t] * p->frequency_penalty + p->presence_penalty;
+        l -= (float)s->counts[j] * p->frequency_penalty + p->presence_penalty;
         logits[t] = l;
-        s->count[t] = 0;
     }
 }
 

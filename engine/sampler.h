@@ -73,7 +73,7 @@ double engine_rng_uniform(struct engine_rng *r);
 
 /* ---- Sampler --------------------------------------------------------------------------- */
 
-/* Scratch for sampling over a vocabulary of n_vocab tokens (24 bytes a token + 64 KiB).
+/* Scratch for sampling over a vocabulary of n_vocab tokens (28 bytes a token + 64 KiB).
  * Owned by one worker thread; holds no per-request state between calls, so one sampler
  * serves every request the worker runs, in any order. */
 struct engine_sampler;
@@ -110,6 +110,14 @@ void engine_sampler_free(struct engine_sampler *s);
 int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
                       const struct engine_rng *rng, uint64_t pos, float *logits,
                       const int32_t *history, size_t n_history, float *logprob);
+
+/* The penalties engine_sample applies for p after history: the distinct tokens among the last
+ * repeat_last_n of history (ids outside [0, n_vocab) ignored), in first-seen order, into ids with
+ * their counts; returns how many (0 when p penalises nothing). ids and counts must hold the
+ * window's length (at most n_history). A backend that samples (kern_ops.sample) gets these. */
+size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampling *p,
+                             const int32_t *history, size_t n_history, int32_t *ids,
+                             int32_t *counts);
 
 /* Most candidates the truncated fast path ranks (see engine_sample). */
 #define ENGINE_SAMPLE_CANDS 8192

@@ -41,6 +41,7 @@ struct engine_sampler {
     struct cand *tmp;  /* n_vocab: second buffer for the top-p radix sort */
     int32_t *count;    /* n_vocab: penalty counts; all zero between calls */
     int32_t *touched;  /* n_vocab: ids whose count is non-zero during a call */
+    int32_t *counts;   /* n_vocab: their counts (engine_sampler_counts) */
     size_t n_kept;     /* candidates kept by the last call (prefix of cand) */
     double kept_total; /* sum of their weights */
     double mass[4][RANK_BUCKETS]; /* top-p scratch: weight per rank bucket, in four lanes */

@@ -161,6 +161,32 @@ struct kern_mm_in {
     float *xn;         /* n_tok x n for rmsnorm's output, else unused */
 };
 
+/* Most alternatives a sampled row's log-probabilities report (OpenAI's top_logprobs limit). */
+#define KERN_TOP_LOGPROBS_MAX 20
+
+/* One row's draw for kern_ops.sample, with engine_sample's parameters (engine/sampler.h). */
+struct kern_sample_row {
+    float temperature;       /* 0: greedy */
+    int32_t top_k;           /* 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* penalties of the tokens pen_id[pen_first .. pen_first + pen_n) */
+    float frequency_penalty; /* ... with their counts pen_count[...] */
+    float presence_penalty;
+    int32_t pen_first, pen_n;
+    double u;   /* the draw's uniform in [0, 1) (engine_rng_at(rng, pos, 0)) */
+    int32_t lp_k; /* -1: no log-probabilities; else 0..KERN_TOP_LOGPROBS_MAX alternatives */
+    int32_t host; /* 1: not drawn by the backend (the caller draws it from the row's logits) */
+};
+
+/* What kern_ops.sample drew for one row. */
+struct kern_sample_out {
+    int32_t id; /* the token, or -1: left to the caller */
+    float lp;   /* with lp_k >= 0: the token's log-probability (engine_logprobs) */
+    int32_t top_id[KERN_TOP_LOGPROBS_MAX]; /* ... and the lp_k most likely, with theirs */
+    float top_lp[KERN_TOP_LOGPROBS_MAX];
+};
+
 struct kern_ops {
     const char *name; /* "cpu", "cuda" */
     /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
@@ -176,6 +202,20 @@ struct kern_ops {
      * matmul would write. Returns 1 when done. */
     int (*matmul_argmax)(struct kern_backend *b, const struct kern_tensor *w,
                          const struct kern_mm_in *in, int n_tok, int32_t *ids);
+    /* Optional (NULL: the caller downloads the logits and draws on the host): draw one token
+     * from each row i < n of logits (n x n_vocab, backend memory, left unchanged) as rows[i]
+     * says (host memory), bitwise the token engine_sample (engine/sampler.h) draws from the same
+     * row with those parameters and uniform: the penalties first (each listed token's logit l
+     * becomes, when repeat_penalty != 1, l > 0 ? l / rp : l * rp, then l - (count * fp + pp)),
+     * then greedy, or top_k, temperature, top_p, min_p and the inverse-CDF draw, every sum in
+     * engine_sample's order. With lp_k >= 0 also engine_logprobs of the unpenalised row. pen_id
+     * and pen_count (n_pen entries) are host memory; out (n entries) is written on return. A
+     * row the backend cannot rank within its limits (a top_k or a nucleus of too many tokens)
+     * gets id -1, like rows marked host: the caller draws those itself. Returns the rows
+     * drawn. */
+    int (*sample)(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
+                  const struct kern_sample_row *rows, const int32_t *pen_id,
+                  const int32_t *pen_count, int n_pen, struct kern_sample_out *out);
     /* The feed-forward block: y = down(act(gate(x)) * up(x)), act the enum kern_glu glu and x
      * in's input rows (as for matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the
      * backend may use. The same results as the two matmuls with the gated activation between

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 #include "tests/test_backend_ops_util.h"
@@ -550,6 +551,170 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
 /* Every op over the model shapes (SmolLM2: 576 hidden, 192 KV, 1536 FFN, head_dim 64) and odd
  * ones (row counts that are not a multiple of the 16-row panels, one token, 17 tokens). The
  * matmul-free ops run once per backend; matmuls in every mode. */
+/* One logit row of n_vocab for the sampling check, by shape: 0 peaked (a few strong tokens over
+ * a normal-looking bulk), 1 flat (a nucleus of thousands of tokens), 2 heavy-tailed, 3 with
+ * NaN, -inf and tied values. */
+static void sample_row(struct check *c, float *x, int n_vocab, int shape)
+{
+    for (int i = 0; i < n_vocab; i++) {
+        const float a = rng_uniform(&c->r, -1.0f, 1.0f), b = rng_uniform(&c->r, -1.0f, 1.0f);
+        x[i] = shape == 1 ? 0.05f * a : shape == 2 ? 6.0f * a * a * a : 3.0f * (a + b);
+    }
+    for (int j = 0; j < 12; j++)
+        x[rng_u64(&c->r) % (uint64_t)n_vocab] += shape == 1 ? 0.3f : 9.0f + (float)j;
+    if (shape == 3) {
+        for (int j = 0; j < 40; j++) {
+            const int i = (int)(rng_u64(&c->r) % (uint64_t)n_vocab);
+            x[i] = j % 3 == 0 ? NAN : j % 3 == 1 ? -INFINITY : 14.0f; /* ties at the top */
+        }
+    }
+}
+
+/* kern_ops.sample (backends that have it) against engine_sample and engine_logprobs on the host:
+ * the same ids and log-probabilities for every sampling mode, row shape and penalty, with the
+ * rows the backend leaves to the caller only where its limits say (a top_k or nucleus beyond
+ * its ranking capacity); the check fails if too few rows were drawn on the device. */
+static void check_sample(struct check *c, int n_vocab)
+{
+    const struct kern_ops *k = c->be->ops;
+    struct engine_sampling ps[14];
+    for (int i = 0; i < 14; i++)
+        engine_sampling_default(&ps[i]);
+    ps[0].temperature = 0.0f; /* greedy */
+    ps[1].temperature = 0.0f;
+    ps[1].repeat_penalty = 1.3f;
+    ps[1].frequency_penalty = 0.5f;
+    ps[2].temperature = 0.8f; /* the whole row */
+    ps[3].temperature = 1.0f;
+    ps[4].temperature = 0.7f;
+    ps[4].top_k = 40;
+    ps[5].temperature = 1.2f;
+    ps[5].top_k = 1;
+    ps[6].temperature = 0.8f;
+    ps[6].top_p = 0.95f;
+    ps[7].temperature = 1.0f;
+    ps[7].top_p = 0.9f;
+    ps[7].presence_penalty = 0.7f;
+    ps[8].min_p = 0.05f;
+    ps[9].temperature = 0.9f;
+    ps[9].top_p = 0.8f;
+    ps[9].min_p = 0.02f;
+    ps[9].repeat_penalty = 1.1f;
+    ps[9].repeat_last_n = 16;
+    ps[10].temperature = 0.6f;
+    ps[10].top_k = 500;
+    ps[10].top_p = 0.9f;
+    ps[11].top_k = 4500; /* beyond the CUDA backend's ranking (4096): left to the host */
+    ps[12].temperature = 1.5f;
+    ps[12].top_p = 0.999f; /* on flat rows a nucleus of thousands: may be left to the host */
+    ps[13].temperature = 0.5f;
+    ps[13].frequency_penalty = -0.5f;
+    ps[13].presence_penalty = 0.3f;
+    enum { NP = 14, NSHAPE = 4, NH = 48 };
+    const int n = NP * NSHAPE;
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+    float *row = malloc(sizeof(float) * (size_t)n_vocab);
+    int32_t *hist = malloc(sizeof(int32_t) * (size_t)n * NH);
+    int32_t *pen_id = malloc(sizeof(int32_t) * (size_t)n * NH);
+    int32_t *pen_cnt = malloc(sizeof(int32_t) * (size_t)n * NH);
+    struct kern_sample_row *rows = calloc((size_t)n, sizeof(*rows));
+    struct kern_sample_out *out = calloc((size_t)n, sizeof(*out));
+    struct engine_sampler *smp = NULL;
+    struct err_detail err = {0};
+    assert_true(x && row && hist && pen_id && pen_cnt && rows && out);
+    assert_int_equal(engine_sampler_init(&smp, n_vocab, &err), ST_OK);
+    struct engine_rng rng;
+    engine_rng_seed(&rng, c->r.s, "sample", 6);
+    int n_pen = 0;
+    for (int r = 0; r < n; r++) {
+        const struct engine_sampling *p = &ps[r % NP];
+        float *xr = x + (size_t)r * (size_t)n_vocab;
+        sample_row(c, xr, n_vocab, r / NP);
+        for (int h = 0; h < NH; h++) { /* a history that repeats the row's strong tokens */
+            const int32_t t = (int32_t)(rng_u64(&c->r) % (uint64_t)n_vocab);
+            hist[r * NH + h] = h % 3 ? t : hist[r * NH + h / 2];
+        }
+        struct kern_sample_row *R = &rows[r];
+        R->temperature = p->temperature;
+        R->top_k = p->top_k;
+        R->top_p = p->top_p;
+        R->min_p = p->min_p;
+        R->repeat_penalty = p->repeat_penalty;
+        R->frequency_penalty = p->frequency_penalty;
+        R->presence_penalty = p->presence_penalty;
+        R->pen_first = n_pen;
+        R->pen_n = (int32_t)engine_sampler_counts(smp, p, hist + r * NH, NH, pen_id + n_pen,
+                                                  pen_cnt + n_pen);
+        n_pen += R->pen_n;
+        R->u = engine_rng_at(&rng, (uint64_t)r, 0); /* what the engine passes for position r */
+        R->lp_k = r % 5 == 0 ? -1 : r % 5 == 1 ? 0 : r % 5 == 2 ? 3 : KERN_TOP_LOGPROBS_MAX;
+        R->host = r == n - 1; /* the caller's own row */
+    }
+    float *d = to_be(c, x, sizeof(float) * (size_t)n * (size_t)n_vocab);
+    const int drawn = k->sample(c->be, d, n, n_vocab, rows, pen_id, pen_cnt, n_pen, out);
+    float *after = from_be(c, d, sizeof(float) * (size_t)n * (size_t)n_vocab);
+    if (memcmp(after, x, sizeof(float) * (size_t)n * (size_t)n_vocab))
+        report(c, "sample", "the logits changed");
+    int left = 0;
+    for (int r = 0; r < n; r++) {
+        const struct engine_sampling *p = &ps[r % NP];
+        const float *xr = x + (size_t)r * (size_t)n_vocab;
+        const int pi = r % NP, flat = r / NP == 1;
+        /* left to the host: its own row, top_k 4500, and the flat rows' nuclei (thousands of
+         * tokens above every bound); may be: top_p 0.999 */
+        const int must = rows[r].host || pi == 11 || (flat && pi >= 6 && pi <= 9) ||
+                         (flat && pi == 12);
+        if (out[r].id < 0) {
+            left++;
+            if (!must && pi != 12)
+                report(c, "sample", "row %d (params %d, shape %d) left to the host", r, pi,
+                       r / NP);
+            continue;
+        }
+        if (must) {
+            report(c, "sample", "row %d (params %d, shape %d) drawn, expected left to the host",
+                   r, pi, r / NP);
+            continue;
+        }
+        memcpy(row, xr, sizeof(float) * (size_t)n_vocab);
+        const int32_t want = engine_sample(smp, p, &rng, (uint64_t)r, row, hist + r * NH, NH, NULL);
+        if (out[r].id != want) {
+            report(c, "sample", "row %d (params %d, shape %d): id %d, host %d", r, r % NP, r / NP,
+                   out[r].id, want);
+            continue;
+        }
+        if (rows[r].lp_k < 0)
+            continue;
+        float lp;
+        int32_t top_id[KERN_TOP_LOGPROBS_MAX];
+        float top_lp[KERN_TOP_LOGPROBS_MAX];
+        engine_logprobs(xr, n_vocab, want, rows[r].lp_k, &lp, top_id, top_lp);
+        if (!(fabsf(out[r].lp - lp) <= 1e-5f * (1.0f + fabsf(lp))) && !(lp == out[r].lp))
+            report(c, "sample", "row %d: logprob %g, host %g", r, out[r].lp, lp);
+        for (int j = 0; j < rows[r].lp_k; j++)
+            if (out[r].top_id[j] != top_id[j] ||
+                !(fabsf(out[r].top_lp[j] - top_lp[j]) <= 1e-5f * (1.0f + fabsf(top_lp[j])) ||
+                  out[r].top_lp[j] == top_lp[j]))
+                report(c, "sample", "row %d: top %d is %d (%g), host %d (%g)", r, j,
+                       out[r].top_id[j], out[r].top_lp[j], top_id[j], top_lp[j]);
+    }
+    if (drawn != n - left)
+        report(c, "sample", "returned %d rows drawn, %d have ids", drawn, n - left);
+    if (!c->quiet)
+        printf("  %s sample over %d tokens: %d rows drawn on the backend, %d left to the host\n",
+               c->label, n_vocab, drawn, left);
+    bfree(c, d);
+    free(after);
+    engine_sampler_free(smp);
+    free(x);
+    free(row);
+    free(hist);
+    free(pen_id);
+    free(pen_cnt);
+    free(rows);
+    free(out);
+}
+
 static void check_backend(struct check *c, int all_ops)
 {
     static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q8_0,
@@ -579,6 +744,10 @@ static void check_backend(struct check *c, int all_ops)
     check_attention(c, KERN_KV_F16, 9, 3, 64, 0, 1.5f);
     check_attention(c, KERN_KV_Q8, 4, 2, 128, 0, 1.5f);
     check_attention(c, KERN_KV_F16, 4, 1, 256, 16, 1.5f);
+    if (c->be->ops->sample) {
+        check_sample(c, 5000);
+        check_sample(c, 49152);
+    }
 }
 
 /* ---- the backends ---------------------------------------------------------------------------- */
@@ -620,6 +789,48 @@ static void test_cpu_backends(void **state)
     assert_true(tested >= 2); /* at least the scalar table, both ways */
 }
 
+/* kern_ops.sample broken two ways (the test of check_sample): 0 the temperature ignored, 1 the
+ * penalties dropped. */
+static const struct kern_ops *g_sample_real;
+static int g_sample_bad;
+
+static int bad_sample(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
+                      const struct kern_sample_row *rows, const int32_t *pen_id,
+                      const int32_t *pen_count, int n_pen, struct kern_sample_out *out)
+{
+    struct kern_sample_row *r = malloc(sizeof(*r) * (size_t)n);
+    assert_non_null(r);
+    for (int i = 0; i < n; i++) {
+        r[i] = rows[i];
+        if (g_sample_bad == 0 && r[i].temperature > 0.0f)
+            r[i].temperature = 1.0f;
+        if (g_sample_bad == 1)
+            r[i].pen_n = 0;
+    }
+    const int drawn = g_sample_real->sample(b, logits, n, n_vocab, r, pen_id, pen_count, n_pen,
+                                            out);
+    free(r);
+    return drawn;
+}
+
+static void check_broken_sample(struct kern_backend *real)
+{
+    static const char *const what[2] = {"temperature ignored", "penalties dropped"};
+    g_sample_real = real->ops;
+    struct kern_ops bad = *real->ops;
+    bad.sample = bad_sample;
+    struct kern_backend be = *real;
+    be.ops = &bad;
+    for (g_sample_bad = 0; g_sample_bad < 2; g_sample_bad++) {
+        struct check c = {.be = &be, .label = what[g_sample_bad], .quiet = 1};
+        c.r.s = 99;
+        check_sample(&c, 5000);
+        printf("  sample broken (%s): %d failed checks\n", what[g_sample_bad], c.fails);
+        if (!c.fails)
+            fail_msg("a backend with sample broken (%s) passed every check", what[g_sample_bad]);
+    }
+}
+
 /* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
  * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
  * (scripts/gpu-check.sh) no GPU is a failure. */
@@ -646,6 +857,8 @@ static void test_cuda_backend(void **state)
         check_backend(&c, i == 0);
         printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
         assert_int_equal(c.fails, 0);
+        if (i == 0 && c.be->ops->sample)
+            check_broken_sample(c.be);
         kern_backend_free(c.be);
     }
 }

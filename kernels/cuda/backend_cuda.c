@@ -23,6 +23,11 @@ struct cuda_state {
     enum kern_act act;        /* exact (f32 kernels) or bf16 (tensor cores) */
     unsigned long long *best; /* matmul_argmax's per-token keys (device memory) */
     int best_cap;             /* tokens best holds */
+    void *smp;                /* sample's device scratch (smp_bytes) */
+    size_t smp_bytes;
+    struct kcu_sample *smp_rows;    /* ... and its host staging (smp_cap rows) */
+    struct kcu_sample_out *smp_out;
+    int smp_cap;
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -89,6 +94,102 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
                             w->ne0, w->ne1, x, n_tok, s->best, ids),
           "matmul_argmax");
     return 1;
+}
+
+/* 64-byte aligned offset after `bytes` from `at` */
+static size_t smp_align(size_t at, size_t bytes)
+{
+    return (at + bytes + 63) & ~(size_t)63;
+}
+
+/* Sampling on the device (cuda_sample.cu): the rows' parameters and penalties go up, the kernel
+ * draws, and only the ids (and log-probabilities) come back. Scratch that cannot be had leaves
+ * every row to the caller. */
+static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
+                       const struct kern_sample_row *rows, const int32_t *pen_id,
+                       const int32_t *pen_count, int n_pen, struct kern_sample_out *out)
+{
+    _Static_assert(KCU_TOP_LP == KERN_TOP_LOGPROBS_MAX, "top log-probability rows differ");
+    struct cuda_state *s = st_of(b);
+    if (n <= 0)
+        return 0;
+    const size_t nc = ((size_t)n_vocab + 255) / 256;
+    const size_t o_work = 0, o_zc = smp_align(o_work, sizeof(float) * (size_t)n * n_vocab);
+    const size_t o_mc = smp_align(o_zc, sizeof(double) * (size_t)n * nc);
+    const size_t o_rows = smp_align(o_mc, sizeof(float) * (size_t)n * nc);
+    const size_t o_pen = smp_align(o_rows, sizeof(struct kcu_sample) * (size_t)n);
+    const size_t o_out = smp_align(o_pen, sizeof(int32_t) * 2 * (size_t)(n_pen > 0 ? n_pen : 1));
+    const size_t need = smp_align(o_out, sizeof(struct kcu_sample_out) * (size_t)n);
+    if (need > s->smp_bytes) {
+        void *p = NULL;
+        if (handled(cudaMalloc(&p, need)))
+            goto none;
+        cudaFree(s->smp);
+        s->smp = p;
+        s->smp_bytes = need;
+    }
+    if (n > s->smp_cap) {
+        struct kcu_sample *r = malloc(sizeof(*r) * (size_t)n);
+        struct kcu_sample_out *o = malloc(sizeof(*o) * (size_t)n);
+        if (!r || !o) {
+            free(r);
+            free(o);
+            goto none;
+        }
+        free(s->smp_rows);
+        free(s->smp_out);
+        s->smp_rows = r;
+        s->smp_out = o;
+        s->smp_cap = n;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct kern_sample_row *r = &rows[i];
+        s->smp_rows[i] = (struct kcu_sample){
+            .temperature = r->temperature, .top_p = r->top_p, .min_p = r->min_p,
+            .top_k = r->top_k, .repeat_penalty = r->repeat_penalty,
+            .frequency_penalty = r->frequency_penalty, .presence_penalty = r->presence_penalty,
+            .pen_first = r->pen_first, .pen_n = r->pen_n, .lp_k = r->lp_k, .host = r->host,
+            .u = r->u};
+    }
+    uint8_t *d = s->smp;
+    check((int)cudaMemcpyAsync(d + o_rows, s->smp_rows, sizeof(struct kcu_sample) * (size_t)n,
+                               cudaMemcpyHostToDevice, s->stream),
+          "sample");
+    if (n_pen > 0) {
+        check((int)cudaMemcpyAsync(d + o_pen, pen_id, sizeof(int32_t) * (size_t)n_pen,
+                                   cudaMemcpyHostToDevice, s->stream),
+              "sample");
+        check((int)cudaMemcpyAsync(d + o_pen + sizeof(int32_t) * (size_t)n_pen, pen_count,
+                                   sizeof(int32_t) * (size_t)n_pen, cudaMemcpyHostToDevice,
+                                   s->stream),
+              "sample");
+    }
+    check(kcu_sample(s->stream, logits, (float *)(d + o_work), (double *)(d + o_zc),
+                     (float *)(d + o_mc), n, n_vocab, (const struct kcu_sample *)(d + o_rows),
+                     (const int32_t *)(d + o_pen),
+                     (const int32_t *)(d + o_pen + sizeof(int32_t) * (size_t)n_pen),
+                     (struct kcu_sample_out *)(d + o_out)),
+          "sample");
+    check((int)cudaMemcpyAsync(s->smp_out, d + o_out, sizeof(struct kcu_sample_out) * (size_t)n,
+                               cudaMemcpyDeviceToHost, s->stream),
+          "sample");
+    check((int)cudaStreamSynchronize(s->stream), "sample");
+    int drawn = 0;
+    for (int i = 0; i < n; i++) {
+        const struct kcu_sample_out *o = &s->smp_out[i];
+        out[i].id = o->id;
+        drawn += o->id >= 0;
+        if (o->id < 0 || rows[i].lp_k < 0)
+            continue;
+        out[i].lp = o->lp;
+        memcpy(out[i].top_id, o->top_id, sizeof(out[i].top_id[0]) * (size_t)rows[i].lp_k);
+        memcpy(out[i].top_lp, o->top_lp, sizeof(out[i].top_lp[0]) * (size_t)rows[i].lp_k);
+    }
+    return drawn;
+none:
+    for (int i = 0; i < n; i++)
+        out[i].id = -1;
+    return 0;
 }
 
 static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
@@ -348,6 +449,10 @@ static void cuda_free(struct kern_backend *b)
     cudaStreamSynchronize(s->stream);
     if (s->best)
         cudaFree(s->best);
+    if (s->smp)
+        cudaFree(s->smp);
+    free(s->smp_rows);
+    free(s->smp_out);
     cudaStreamDestroy(s->stream);
     free(s);
     free(b);
@@ -358,6 +463,7 @@ static const struct kern_ops cuda_ops = {
     .matmul = cuda_matmul,
     .matmul_argmax = cuda_matmul_argmax,
     .ffn = cuda_ffn,
+    .sample = cuda_sample,
     .prepare = cuda_prepare,
     .release = cuda_release,
     .get_rows = cuda_get_rows,

@@ -64,6 +64,29 @@ int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *
                   const int32_t *pos, int n_tok, int n_head, float scale, int window,
                   float softcap);
 
+/* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
+struct kcu_sample {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    int32_t pen_first, pen_n;
+    int32_t lp_k, host;
+    double u;
+};
+#define KCU_TOP_LP 20 /* KERN_TOP_LOGPROBS_MAX */
+struct kcu_sample_out {
+    int32_t id; /* -1: left to the host */
+    float lp;
+    int32_t top_id[KCU_TOP_LP];
+    float top_lp[KCU_TOP_LP];
+};
+/* kern_ops.sample over n rows of logits (n x n_vocab, unchanged): work (n x n_vocab floats),
+ * zc (n x chunks doubles) and mc (n x chunks floats, chunks = ceil(n_vocab / 256)) are scratch;
+ * rows, pen_id/pen_count and out are device memory. */
+int kcu_sample(void *stream, const float *logits, float *work, double *zc, float *mc, int n,
+               int n_vocab, const struct kcu_sample *rows, const int32_t *pen_id,
+               const int32_t *pen_count, struct kcu_sample_out *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -131,6 +131,13 @@ static inline unsigned long long atomicMax(unsigned long long *p, unsigned long 
     return old;
 }
 
+static inline int atomicAdd(int *p, int v)
+{
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+
 /* ---- intrinsics: IEEE single precision with the stated rounding (the build uses
  * -ffp-contract=off, so a * b + c is never fused behind the kernel's back) ---- */
 static inline float __fadd_rn(float a, float b)
@@ -158,6 +165,13 @@ static inline unsigned __float_as_uint(float x)
     unsigned u;
     memcpy(&u, &x, sizeof(u));
     return u;
+}
+
+static inline float __uint_as_float(unsigned u)
+{
+    float x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
 }
 
 /* ---- launches: KCU_LAUNCH(kernel, grid, block, stream)(arguments) ---- */
