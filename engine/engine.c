@@ -161,6 +161,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->s_top_id = malloc(sizeof(*e->s_top_id) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_top_lp = malloc(sizeof(*e->s_top_lp) * bt * ENGINE_TOP_LOGPROBS_MAX);
     e->s_mask = calloc(bt, sizeof(*e->s_mask));
+    e->s_row = calloc(bt, sizeof(*e->s_row));
+    e->s_out = calloc(bt, sizeof(*e->s_out));
+    e->s_drawn = calloc(bt, 1);
     e->lp_row = calloc((size_t)e->n_smp, sizeof(*e->lp_row));
     for (int i = 0; e->lp_row && i < e->n_smp; i++)
         if (!(e->lp_row[i] = malloc(sizeof(float) * (size_t)engine_model_hparams(m)->n_vocab))) {
@@ -171,7 +174,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
         !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
-        !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask) {
+        !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask ||
+        !e->s_row || !e->s_out || !e->s_drawn) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -222,6 +226,11 @@ void engine_free(struct engine *e)
     free(e->s_top_id);
     free(e->s_top_lp);
     free(e->s_mask);
+    free(e->s_row);
+    free(e->s_out);
+    free(e->s_drawn);
+    free(e->pen_id);
+    free(e->pen_count);
     engine_vocab_free(e->vocab);
     pool_free(e->pool);
     free(e->s_seq);
@@ -356,6 +365,8 @@ static void sample_range(void *arg, int ith, int nth)
             e->s_id[j] = -1;
             continue;
         }
+        if (e->s_drawn[j]) /* the backend drew it (sample_on_backend) */
+            continue;
         float *row = e->s_logits[j];
         const uint32_t *m = e->s_mask[j];
         if (m) /* structured output: tokens that cannot continue the grammar are out */
@@ -385,6 +396,67 @@ static void sample_range(void *arg, int ith, int nth)
                             e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
                             e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX);
     }
+}
+
+/* The forward pass with this step's n_s sampling rows drawn by the backend (engine_model_samples):
+ * each row's parameters, penalties over its history and uniform, exactly what engine_sample
+ * would use; grammar rows (their masks are made on the host) and the broken-speculation test's
+ * rows stay on the host. Sets s_drawn, s_id and the log-probabilities of the rows it drew. */
+static enum status forward_sampled(struct engine *e, const struct engine_batch *b, int n_s,
+                                   struct err_detail *err)
+{
+    int n_pen = 0;
+    for (int j = 0; j < n_s; j++) {
+        struct seq *s = e->s_seq[j];
+        const size_t at = s->n_tok + (size_t)e->s_off[j];
+        const struct engine_sampling *p = &s->sp;
+        struct kern_sample_row *R = &e->s_row[j];
+        const size_t window = p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at
+                                  ? (size_t)p->repeat_last_n
+                                  : at;
+        if ((size_t)n_pen + window > e->pen_cap) {
+            const size_t cap = 2 * ((size_t)n_pen + window) + 256;
+            int32_t *id = realloc(e->pen_id, sizeof(*id) * cap);
+            if (id)
+                e->pen_id = id;
+            int32_t *cnt = realloc(e->pen_count, sizeof(*cnt) * cap);
+            if (cnt)
+                e->pen_count = cnt;
+            if (!id || !cnt)
+                return err_set(err, ST_ERR_NOMEM, "no memory for the sampling penalties");
+            e->pen_cap = cap;
+        }
+        *R = (struct kern_sample_row){
+            .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+            .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
+            .frequency_penalty = p->frequency_penalty, .presence_penalty = p->presence_penalty,
+            .pen_first = n_pen, .u = engine_rng_at(&s->rng, at, 0), .lp_k = s->lp_k,
+            .host = s->grammar || e->p.spec_test_broken};
+        R->pen_n = (int32_t)engine_sampler_counts(e->smp[0], p, s->tok, at, e->pen_id + n_pen,
+                                                  e->pen_count + n_pen);
+        n_pen += R->pen_n;
+    }
+    enum status st = engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id,
+                                                 e->pen_count, n_pen, e->s_out, e->logits, err);
+    if (st)
+        return st;
+    for (int j = 0; j < n_s; j++) {
+        const struct kern_sample_out *o = &e->s_out[j];
+        e->s_drawn[j] = o->id >= 0;
+        e->stats.sampled_backend += o->id >= 0;
+        e->stats.sampled_host += o->id < 0;
+        if (o->id < 0)
+            continue;
+        e->s_id[j] = o->id;
+        if (e->s_row[j].lp_k < 0)
+            continue;
+        e->s_lp[j] = o->lp;
+        memcpy(e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX, o->top_id,
+               sizeof(o->top_id[0]) * (size_t)e->s_row[j].lp_k);
+        memcpy(e->s_top_lp + j * ENGINE_TOP_LOGPROBS_MAX, o->top_lp,
+               sizeof(o->top_lp[0]) * (size_t)e->s_row[j].lp_k);
+    }
+    return ST_OK;
 }
 
 /* A finished sequence leaves the running list; the job's suffix index learns its output. */
@@ -433,9 +505,23 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         greedy = !e->b_want[k] ||
                  (engine_sampling_is_argmax(&e->b_owner[k]->sp) && e->b_owner[k]->lp_k < 0 &&
                   !e->b_owner[k]->grammar);
+    /* the rows to sample: every sequence whose last known token is computed this step, each
+     * row's logits at its index in e->logits */
+    int n_s = 0;
+    for (int k = 0; k < nb; k++) {
+        if (!e->b_want[k])
+            continue;
+        e->s_seq[n_s] = e->b_owner[k];
+        e->s_off[n_s] = n_s && e->s_seq[n_s - 1] == e->b_owner[k] ? e->s_off[n_s - 1] + 1 : 0;
+        e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)engine_model_hparams(e->m)->n_vocab;
+        e->s_drawn[n_s] = 0;
+        n_s++;
+    }
     enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
                                                           &fused, err)
-                            : engine_model_forward(e->m, e->kv, &b, e->logits, err);
+                     : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
+                                                  : engine_model_forward(e->m, e->kv, &b,
+                                                                         e->logits, err);
     if (st)
         return st;
     e->stats.steps++;
@@ -448,15 +534,6 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     /* sample for every sequence whose last known token was computed: draws in parallel (each
      * row has its own logits, its sequence's key and position, each thread its own scratch),
      * then the tokens are accepted in batch order */
-    int n_s = 0;
-    for (int k = 0; k < nb; k++) {
-        if (!e->b_want[k])
-            continue;
-        e->s_seq[n_s] = e->b_owner[k];
-        e->s_off[n_s] = n_s && e->s_seq[n_s - 1] == e->b_owner[k] ? e->s_off[n_s - 1] + 1 : 0;
-        e->s_logits[n_s] = e->logits + (size_t)n_s * (size_t)engine_model_hparams(e->m)->n_vocab;
-        n_s++;
-    }
     /* the grammar rows' masks: first every grammar may drop its old masks, then they are taken
      * (computed here, on this thread, when new) and stay valid through the sampling */
     for (int j = 0; j < n_s; j++)

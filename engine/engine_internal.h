@@ -126,6 +126,13 @@ struct engine {
     int32_t *s_alt;              /* per row: engine_params.spec_test_broken's wrong redraw */
     uint8_t *s_stuck;            /* per row: its grammar allows no token (nothing drawn; a
                                   * sequence that reaches such a row ends, ENGINE_FINISH_GRAMMAR) */
+    /* sampling on the backend (engine_model_samples): per row its parameters and what the
+     * backend drew (s_drawn: 1 when it did), and the step's penalties */
+    struct kern_sample_row *s_row;
+    struct kern_sample_out *s_out;
+    uint8_t *s_drawn;
+    int32_t *pen_id, *pen_count; /* pen_cap entries */
+    size_t pen_cap;
     struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */
     /* the draft model's KV cache and batch (engine/spec_model.c) */
     struct engine_kv *dkv;

@@ -569,6 +569,10 @@ struct fwd_job {
     float *logits;               /* host: wanted rows' logits */
     int32_t *ids;                /* host: their greedy ids (NULL: logits) */
     int *fused;                  /* set to 1 when ids were written */
+    const struct kern_sample_row *srows; /* draws by the backend (NULL: none), per wanted row */
+    const int32_t *pen_id, *pen_count;   /* ... their penalties */
+    int n_pen;
+    struct kern_sample_out *sout;        /* ... and what it drew */
 };
 
 static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
@@ -727,6 +731,15 @@ static void forward_rank(struct fwd_job *j, int r)
         *j->fused = 1;
     } else {
         matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
+        if (j->srows) { /* engine_model_samples: drawn on the device; its leftovers come back */
+            k->sample(be, f->logits, n_out, hp->n_vocab, j->srows, j->pen_id, j->pen_count,
+                      j->n_pen, j->sout);
+            for (int i = 0; i < n_out; i++)
+                if (j->sout[i].id < 0)
+                    k->download(be, j->logits + V * (size_t)i, f->logits + V * (size_t)i,
+                                sizeof(float) * V);
+            return;
+        }
         if (!be->host_memory)
             k->download(be, j->logits, f->logits, sizeof(float) * V * (size_t)n_out);
         if (hp->final_softcap > 0) /* on the host: the rows are here now (Gemma 2) */
@@ -751,7 +764,7 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     if (st)
         return st;
     stage_batch(m, kv, b);
-    struct fwd_job j = {m, kv, b, logits, ids, fused};
+    struct fwd_job j = {m, kv, b, logits, ids, fused, NULL, NULL, NULL, 0, NULL};
     if (m->n_rank > 1)
         pool_run(m->rank_pool, rank_worker, &j);
     else
@@ -772,6 +785,33 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 {
     *fused = 0;
     return forward(m, kv, b, logits, ids, fused, err);
+}
+
+int engine_model_samples(const struct engine_model *m)
+{
+    const struct kern_backend *be = m->rank[0].be;
+    return be->ops->sample && !be->host_memory && !(m->hp.final_softcap > 0);
+}
+
+enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv *kv,
+                                        const struct engine_batch *b,
+                                        const struct kern_sample_row *rows,
+                                        const int32_t *pen_id, const int32_t *pen_count,
+                                        int n_pen, struct kern_sample_out *out, float *logits,
+                                        struct err_detail *err)
+{
+    if (!engine_model_samples(m))
+        return err_set(err, ST_ERR_UNSUPPORTED, "this model's backend does not sample");
+    enum status st = check_batch(m, kv, b, err);
+    if (st)
+        return st;
+    stage_batch(m, kv, b);
+    struct fwd_job j = {m, kv, b, logits, NULL, NULL, rows, pen_id, pen_count, n_pen, out};
+    if (m->n_rank > 1)
+        pool_run(m->rank_pool, rank_worker, &j);
+    else
+        forward_rank(&j, 0);
+    return ST_OK;
 }
 
 const struct engine_hparams *engine_model_hparams(const struct engine_model *m)

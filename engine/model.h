@@ -101,6 +101,22 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
                                         const struct engine_batch *b, float *logits,
                                         int32_t *ids, int *fused, struct err_detail *err);
 
+/* 1 when the model's backend draws tokens itself (kern_ops.sample, a device backend): then
+ * engine_model_forward_sample may be used. (Not with soft-capped output logits, which are
+ * capped on the host.) */
+int engine_model_samples(const struct engine_model *m);
+
+/* engine_model_forward whose wanted rows the backend draws as rows[j] says (struct
+ * kern_sample_row; pen_id/pen_count: their penalties, n_pen entries): out[j] for wanted row j.
+ * Only a row the backend left to the caller (out[j].id < 0: marked host, or beyond its limits)
+ * has its logits written, to row j of logits. */
+enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv *kv,
+                                        const struct engine_batch *b,
+                                        const struct kern_sample_row *rows,
+                                        const int32_t *pen_id, const int32_t *pen_count,
+                                        int n_pen, struct kern_sample_out *out, float *logits,
+                                        struct err_detail *err);
+
 #define ENGINE_MAX_LAYER_WEIGHTS 8 /* matrices engine_model_weights returns at most */
 
 /* The weight matrices matmuls read in layer `layer` (0 <= layer < n_layer: q, k, v, o, gate,

@@ -472,6 +472,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
     cJSON_AddNumberToObject(j, "nucleus_fast", (double)es->nucleus_fast);
     cJSON_AddNumberToObject(j, "nucleus_full", (double)es->nucleus_full);
+    cJSON_AddNumberToObject(j, "sampled_backend", (double)es->sampled_backend);
+    cJSON_AddNumberToObject(j, "sampled_host", (double)es->sampled_host);
     runner_add_spec_json(j, es);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);

@@ -68,13 +68,19 @@ gen cuda3 --device cuda --tp 3
 cmp -s "$tmp/cuda.txt" "$tmp/cuda3.txt" || fail "cuda --tp 3 text differs from --tp 1"
 echo "generate: cuda = cpu = cuda --tp 3: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
-# 3. A job of three greedy chat requests and a sampled one with two choices and penalties (its
-#    logit rows downloaded to the host sampler), sharing the system prompt's blocks, as one batch.
+# 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
+#    top_k and log-probabilities (both drawn on the device: kern_ops.sample) and a json_object one
+#    (its grammar's mask is made on the host, so its rows come back), sharing the system prompt's
+#    blocks, as one batch. The log-probabilities' tokens must agree; their values within 5e-3 (the
+#    two backends' logits differ by their sums' order; kern_ops.sample itself is checked bitwise
+#    against the host sampler by the op test).
 {
     for i in 1 2 3; do
         printf '{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Count to %d."}], "max_tokens": 4, "temperature": 0}}\n' "$i" "$i"
     done
     echo '{"custom_id": "s", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 4, "temperature": 0.8, "top_p": 0.9, "frequency_penalty": 0.5, "seed": 7, "n": 2}}'
+    echo '{"custom_id": "k", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4, "temperature": 1.0, "top_k": 20, "presence_penalty": 0.4, "seed": 3, "logprobs": true, "top_logprobs": 3}}'
+    echo '{"custom_id": "j", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "A JSON object with a name."}], "max_tokens": 6, "temperature": 0.7, "seed": 5, "response_format": {"type": "json_object"}}}'
 } >"$tmp/job.jsonl"
 for d in cpu cuda; do
     "$Q" submit --db "$tmp/$d.db" --model "$M" --out "$tmp/$d-out" --name j "$tmp/job.jsonl" \
@@ -87,10 +93,43 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     body = r["response"]["body"]
-    print(json.dumps([r["custom_id"], [c["message"] for c in body["choices"]], body["usage"]]))
+    lp = []
+    for c in body["choices"]:
+        for t in (c.get("logprobs") or {}).get("content") or []:
+            lp.append([t["token"], [a["token"] for a in t["top_logprobs"]]])
+    print(json.dumps([r["custom_id"], [c["message"] for c in body["choices"]], body["usage"], lp]))
 PY
 done
-[ "$(wc -l <"$tmp/cuda.rec")" = 4 ] || fail "the cuda run wrote $(wc -l <"$tmp/cuda.rec") records, want 4"
+[ "$(wc -l <"$tmp/cuda.rec")" = 6 ] || fail "the cuda run wrote $(wc -l <"$tmp/cuda.rec") records, want 6"
 cmp -s "$tmp/cpu.rec" "$tmp/cuda.rec" || { diff "$tmp/cpu.rec" "$tmp/cuda.rec"; fail "job records differ"; }
-echo "run: 4 records (5 choices), cuda = cpu"
+python3 - "$tmp/cpu.jsonl" "$tmp/cuda.jsonl" <<'PY' || fail "log-probabilities differ"
+import json, sys
+def lps(path):
+    out = []
+    for line in open(path):
+        for c in json.loads(line)["response"]["body"]["choices"]:
+            for t in (c.get("logprobs") or {}).get("content") or []:
+                out += [t["logprob"]] + [a["logprob"] for a in t["top_logprobs"]]
+    return out
+a, b = lps(sys.argv[1]), lps(sys.argv[2])
+assert len(a) == len(b) == 16, (len(a), len(b))
+worst = max(abs(x - y) for x, y in zip(a, b))
+assert worst <= 5e-3, worst  # the logits themselves differ by up to ~1e-3 (test_cuda_model)
+print(f"logprobs: {len(a)} values, cuda - cpu at most {worst:.2g}")
+PY
+echo "run: 6 records (7 choices), cuda = cpu"
+
+# 4. The device really draws: a sampled bench on the emulated device counts its rows (random
+#    prompt ids make flat rows, whose nucleus can be beyond the device's ranking: those few come
+#    back to the host).
+"$Q" bench --model "$M" --device cuda --matmul exact --prompts 3 --input-len 8 --output-len 3 \
+    --temperature 0.8 --top-p 0.9 --peak-seconds 0 >"$tmp/bench.json" 2>"$tmp/bench.log" ||
+    { cat "$tmp/bench.log"; fail "bench --device cuda"; }
+python3 - "$tmp/bench.json" <<'PY' || fail "the device drew no rows"
+import json, sys
+j = json.load(open(sys.argv[1]))
+n = (j["sampled_backend"], j["sampled_host"])
+assert n[0] >= 6 and n[0] + n[1] == 9, n
+print(f"bench: {j['sampled_backend']} rows drawn on the device, {j['sampled_host']} on the host")
+PY
 echo "cuda_emu.sh: passed"
