@@ -231,6 +231,7 @@ void engine_free(struct engine *e)
     free(e->s_drawn);
     free(e->pen_id);
     free(e->pen_count);
+    free(e->masks);
     engine_vocab_free(e->vocab);
     pool_free(e->pool);
     free(e->s_seq);
@@ -399,13 +400,15 @@ static void sample_range(void *arg, int ith, int nth)
 }
 
 /* The forward pass with this step's n_s sampling rows drawn by the backend (engine_model_samples):
- * each row's parameters, penalties over its history and uniform, exactly what engine_sample
- * would use; grammar rows (their masks are made on the host) and the broken-speculation test's
- * rows stay on the host. Sets s_drawn, s_id and the log-probabilities of the rows it drew. */
+ * each row's parameters, penalties over its history, grammar mask (s_mask, made before the
+ * pass) and uniform, exactly what sample_range would use; stuck grammar rows and the
+ * broken-speculation test's rows stay on the host. Sets s_drawn, s_id and the
+ * log-probabilities of the rows it drew. */
 static enum status forward_sampled(struct engine *e, const struct engine_batch *b, int n_s,
                                    struct err_detail *err)
 {
-    int n_pen = 0;
+    const size_t words = ((size_t)engine_model_hparams(e->m)->n_vocab + 31) / 32;
+    int n_pen = 0, n_masks = 0;
     for (int j = 0; j < n_s; j++) {
         struct seq *s = e->s_seq[j];
         const size_t at = s->n_tok + (size_t)e->s_off[j];
@@ -431,13 +434,26 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
             .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
             .frequency_penalty = p->frequency_penalty, .presence_penalty = p->presence_penalty,
             .pen_first = n_pen, .u = engine_rng_at(&s->rng, at, 0), .lp_k = s->lp_k,
-            .host = s->grammar || e->p.spec_test_broken};
+            .mask = -1, .host = e->s_stuck[j] || e->p.spec_test_broken};
+        if (e->s_mask[j] && !R->host) { /* the grammar's mask goes up with the row */
+            if (n_masks == e->masks_cap) {
+                const int cap = 2 * n_masks + 8;
+                uint32_t *mk = realloc(e->masks, sizeof(*mk) * (size_t)cap * words);
+                if (!mk)
+                    return err_set(err, ST_ERR_NOMEM, "no memory for the grammar masks");
+                e->masks = mk;
+                e->masks_cap = cap;
+            }
+            memcpy(e->masks + (size_t)n_masks * words, e->s_mask[j], sizeof(uint32_t) * words);
+            R->mask = n_masks++;
+        }
         R->pen_n = (int32_t)engine_sampler_counts(e->smp[0], p, s->tok, at, e->pen_id + n_pen,
                                                   e->pen_count + n_pen);
         n_pen += R->pen_n;
     }
     enum status st = engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id,
-                                                 e->pen_count, n_pen, e->s_out, e->logits, err);
+                                                 e->pen_count, n_pen, e->masks, n_masks,
+                                                 e->s_out, e->logits, err);
     if (st)
         return st;
     for (int j = 0; j < n_s; j++) {
@@ -517,23 +533,6 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         e->s_drawn[n_s] = 0;
         n_s++;
     }
-    enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
-                                                          &fused, err)
-                     : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
-                                                  : engine_model_forward(e->m, e->kv, &b,
-                                                                         e->logits, err);
-    if (st)
-        return st;
-    e->stats.steps++;
-    e->stats.batch_tokens += (uint64_t)nb;
-    e->stats.batch_seqs += (uint64_t)e->n_running;
-    int32_t used = engine_kv_pool_used(e->kv, 0);
-    if (used > e->stats.peak_blocks_used)
-        e->stats.peak_blocks_used = used;
-    engine_sched_computed(e, nb);
-    /* sample for every sequence whose last known token was computed: draws in parallel (each
-     * row has its own logits, its sequence's key and position, each thread its own scratch),
-     * then the tokens are accepted in batch order */
     /* the grammar rows' masks: first every grammar may drop its old masks, then they are taken
      * (computed here, on this thread, when new) and stay valid through the sampling */
     for (int j = 0; j < n_s; j++)
@@ -559,6 +558,23 @@ enum status engine_step(struct engine *e, struct err_detail *err)
             any = e->s_mask[j][w] != 0;
         e->s_stuck[j] = !any;
     }
+    enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
+                                                          &fused, err)
+                     : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
+                                                  : engine_model_forward(e->m, e->kv, &b,
+                                                                         e->logits, err);
+    if (st)
+        return st;
+    e->stats.steps++;
+    e->stats.batch_tokens += (uint64_t)nb;
+    e->stats.batch_seqs += (uint64_t)e->n_running;
+    int32_t used = engine_kv_pool_used(e->kv, 0);
+    if (used > e->stats.peak_blocks_used)
+        e->stats.peak_blocks_used = used;
+    engine_sched_computed(e, nb);
+    /* sample for every sequence whose last known token was computed: draws in parallel (each
+     * row has its own logits, its sequence's key and position, each thread its own scratch),
+     * then the tokens are accepted in batch order (rows a backend that samples drew are done) */
     if (!fused) { /* else s_id holds the greedy tokens already */
         struct sample_job sj = {e, n_s};
         pool_run(e->pool, sample_range, &sj);

@@ -572,6 +572,8 @@ struct fwd_job {
     const struct kern_sample_row *srows; /* draws by the backend (NULL: none), per wanted row */
     const int32_t *pen_id, *pen_count;   /* ... their penalties */
     int n_pen;
+    const uint32_t *masks;               /* ... their grammars' masks */
+    int n_masks;
     struct kern_sample_out *sout;        /* ... and what it drew */
 };
 
@@ -733,7 +735,7 @@ static void forward_rank(struct fwd_job *j, int r)
         matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
         if (j->srows) { /* engine_model_samples: drawn on the device; its leftovers come back */
             k->sample(be, f->logits, n_out, hp->n_vocab, j->srows, j->pen_id, j->pen_count,
-                      j->n_pen, j->sout);
+                      j->n_pen, j->masks, j->n_masks, j->sout);
             for (int i = 0; i < n_out; i++)
                 if (j->sout[i].id < 0)
                     k->download(be, j->logits + V * (size_t)i, f->logits + V * (size_t)i,
@@ -764,7 +766,7 @@ static enum status forward(struct engine_model *m, struct engine_kv *kv,
     if (st)
         return st;
     stage_batch(m, kv, b);
-    struct fwd_job j = {m, kv, b, logits, ids, fused, NULL, NULL, NULL, 0, NULL};
+    struct fwd_job j = {m, kv, b, logits, ids, fused, NULL, NULL, NULL, 0, NULL, 0, NULL};
     if (m->n_rank > 1)
         pool_run(m->rank_pool, rank_worker, &j);
     else
@@ -797,7 +799,8 @@ enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv
                                         const struct engine_batch *b,
                                         const struct kern_sample_row *rows,
                                         const int32_t *pen_id, const int32_t *pen_count,
-                                        int n_pen, struct kern_sample_out *out, float *logits,
+                                        int n_pen, const uint32_t *masks, int n_masks,
+                                        struct kern_sample_out *out, float *logits,
                                         struct err_detail *err)
 {
     if (!engine_model_samples(m))
@@ -806,7 +809,8 @@ enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv
     if (st)
         return st;
     stage_batch(m, kv, b);
-    struct fwd_job j = {m, kv, b, logits, NULL, NULL, rows, pen_id, pen_count, n_pen, out};
+    struct fwd_job j = {m,     kv,      b,         logits, NULL,    NULL, rows,
+                        pen_id, pen_count, n_pen, masks,  n_masks, out};
     if (m->n_rank > 1)
         pool_run(m->rank_pool, rank_worker, &j);
     else

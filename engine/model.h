@@ -107,14 +107,16 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 int engine_model_samples(const struct engine_model *m);
 
 /* engine_model_forward whose wanted rows the backend draws as rows[j] says (struct
- * kern_sample_row; pen_id/pen_count: their penalties, n_pen entries): out[j] for wanted row j.
+ * kern_sample_row; pen_id/pen_count: their penalties, n_pen entries; masks: n_masks grammar
+ * masks of (n_vocab + 31) / 32 words): out[j] for wanted row j.
  * Only a row the backend left to the caller (out[j].id < 0: marked host, or beyond its limits)
  * has its logits written, to row j of logits. */
 enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv *kv,
                                         const struct engine_batch *b,
                                         const struct kern_sample_row *rows,
                                         const int32_t *pen_id, const int32_t *pen_count,
-                                        int n_pen, struct kern_sample_out *out, float *logits,
+                                        int n_pen, const uint32_t *masks, int n_masks,
+                                        struct kern_sample_out *out, float *logits,
                                         struct err_detail *err);
 
 #define ENGINE_MAX_LAYER_WEIGHTS 8 /* matrices engine_model_weights returns at most */

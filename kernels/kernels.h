@@ -176,6 +176,9 @@ struct kern_sample_row {
     int32_t pen_first, pen_n;
     double u;   /* the draw's uniform in [0, 1) (engine_rng_at(rng, pos, 0)) */
     int32_t lp_k; /* -1: no log-probabilities; else 0..KERN_TOP_LOGPROBS_MAX alternatives */
+    int32_t mask; /* -1: none; else the index of its allowed-token mask (a grammar's): every
+                   * token whose bit is clear is -inf before anything else, the
+                   * log-probabilities included */
     int32_t host; /* 1: not drawn by the backend (the caller draws it from the row's logits) */
 };
 
@@ -209,13 +212,16 @@ struct kern_ops {
      * becomes, when repeat_penalty != 1, l > 0 ? l / rp : l * rp, then l - (count * fp + pp)),
      * then greedy, or top_k, temperature, top_p, min_p and the inverse-CDF draw, every sum in
      * engine_sample's order. With lp_k >= 0 also engine_logprobs of the unpenalised row. pen_id
-     * and pen_count (n_pen entries) are host memory; out (n entries) is written on return. A
+     * and pen_count (n_pen entries) and masks (n_masks masks of (n_vocab + 31) / 32 words, bit t
+     * of word t / 32 set when token t is allowed) are host memory; out (n entries) is written
+     * on return. A
      * row the backend cannot rank within its limits (a top_k or a nucleus of too many tokens)
      * gets id -1, like rows marked host: the caller draws those itself. Returns the rows
      * drawn. */
     int (*sample)(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
                   const struct kern_sample_row *rows, const int32_t *pen_id,
-                  const int32_t *pen_count, int n_pen, struct kern_sample_out *out);
+                  const int32_t *pen_count, int n_pen, const uint32_t *masks, int n_masks,
+                  struct kern_sample_out *out);
     /* The feed-forward block: y = down(act(gate(x)) * up(x)), act the enum kern_glu glu and x
      * in's input rows (as for matmul); gate_buf and up_buf (n_tok x gate->ne1) are scratch the
      * backend may use. The same results as the two matmuls with the gated activation between

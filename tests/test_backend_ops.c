@@ -571,7 +571,8 @@ static void sample_row(struct check *c, float *x, int n_vocab, int shape)
 }
 
 /* kern_ops.sample (backends that have it) against engine_sample and engine_logprobs on the host:
- * the same ids and log-probabilities for every sampling mode, row shape and penalty, with the
+ * the same ids and log-probabilities for every sampling mode, row shape, penalty and grammar
+ * mask (every third row: random bits, the engine masks the row before both), with the
  * rows the backend leaves to the caller only where its limits say (a top_k or nucleus beyond
  * its ranking capacity); the check fails if too few rows were drawn on the device. */
 static void check_sample(struct check *c, int n_vocab)
@@ -619,9 +620,12 @@ static void check_sample(struct check *c, int n_vocab)
     int32_t *pen_cnt = malloc(sizeof(int32_t) * (size_t)n * NH);
     struct kern_sample_row *rows = calloc((size_t)n, sizeof(*rows));
     struct kern_sample_out *out = calloc((size_t)n, sizeof(*out));
+    const size_t words = ((size_t)n_vocab + 31) / 32;
+    uint32_t *masks = malloc(sizeof(uint32_t) * words * (size_t)n);
+    int n_masks = 0;
     struct engine_sampler *smp = NULL;
     struct err_detail err = {0};
-    assert_true(x && row && hist && pen_id && pen_cnt && rows && out);
+    assert_true(x && row && hist && pen_id && pen_cnt && rows && out && masks);
     assert_int_equal(engine_sampler_init(&smp, n_vocab, &err), ST_OK);
     struct engine_rng rng;
     engine_rng_seed(&rng, c->r.s, "sample", 6);
@@ -649,24 +653,43 @@ static void check_sample(struct check *c, int n_vocab)
         R->u = engine_rng_at(&rng, (uint64_t)r, 0); /* what the engine passes for position r */
         R->lp_k = r % 5 == 0 ? -1 : r % 5 == 1 ? 0 : r % 5 == 2 ? 3 : KERN_TOP_LOGPROBS_MAX;
         R->host = r == n - 1; /* the caller's own row */
+        R->mask = -1;
+        if (r % 3 == 2) { /* about 3 tokens in 4 allowed, and the row's best ones forbidden */
+            uint32_t *mk = masks + (size_t)n_masks * words;
+            for (size_t w = 0; w < words; w++)
+                mk[w] = (uint32_t)(rng_u64(&c->r) | rng_u64(&c->r));
+            for (int i = 0; i < n_vocab; i++)
+                if (xr[i] > 8.0f)
+                    mk[i / 32] &= ~(1u << (i % 32));
+            R->mask = n_masks++;
+        }
     }
     float *d = to_be(c, x, sizeof(float) * (size_t)n * (size_t)n_vocab);
-    const int drawn = k->sample(c->be, d, n, n_vocab, rows, pen_id, pen_cnt, n_pen, out);
+    const int drawn =
+        k->sample(c->be, d, n, n_vocab, rows, pen_id, pen_cnt, n_pen, masks, n_masks, out);
     float *after = from_be(c, d, sizeof(float) * (size_t)n * (size_t)n_vocab);
     if (memcmp(after, x, sizeof(float) * (size_t)n * (size_t)n_vocab))
         report(c, "sample", "the logits changed");
-    int left = 0;
+    free(after);
+    int left = 0, nucleus = 0, nucleus_left = 0;
     for (int r = 0; r < n; r++) {
         const struct engine_sampling *p = &ps[r % NP];
-        const float *xr = x + (size_t)r * (size_t)n_vocab;
-        const int pi = r % NP, flat = r / NP == 1;
-        /* left to the host: its own row, top_k 4500, and the flat rows' nuclei (thousands of
-         * tokens above every bound); may be: top_p 0.999 */
-        const int must = rows[r].host || pi == 11 || (flat && pi >= 6 && pi <= 9) ||
-                         (flat && pi == 12);
+        float *xr = x + (size_t)r * (size_t)n_vocab;
+        const int pi = r % NP;
+        if (rows[r].mask >= 0) /* as the engine does: forbidden tokens -inf before all else */
+            for (int i = 0; i < n_vocab; i++)
+                if (!(masks[(size_t)rows[r].mask * words + (size_t)i / 32] >> (i % 32) & 1u))
+                    xr[i] = -INFINITY;
+        /* left to the host: its own row and top_k 4500; may be: a top_p/min_p row whose
+         * nucleus needs more than the backend ranks (flat rows: thousands of tokens) */
+        const int must = rows[r].host || pi == 11;
+        const int may =
+            p->top_k == 0 && p->temperature > 0.0f && (p->top_p < 1.0f || p->min_p > 0.0f);
+        nucleus += may;
         if (out[r].id < 0) {
             left++;
-            if (!must && pi != 12)
+            nucleus_left += may;
+            if (!must && !may)
                 report(c, "sample", "row %d (params %d, shape %d) left to the host", r, pi,
                        r / NP);
             continue;
@@ -700,11 +723,13 @@ static void check_sample(struct check *c, int n_vocab)
     }
     if (drawn != n - left)
         report(c, "sample", "returned %d rows drawn, %d have ids", drawn, n - left);
+    if (2 * nucleus_left > nucleus) /* the device's nucleus path must be what mostly runs */
+        report(c, "sample", "%d of %d top_p/min_p rows left to the host", nucleus_left, nucleus);
     if (!c->quiet)
         printf("  %s sample over %d tokens: %d rows drawn on the backend, %d left to the host\n",
                c->label, n_vocab, drawn, left);
     bfree(c, d);
-    free(after);
+    free(masks);
     engine_sampler_free(smp);
     free(x);
     free(row);
@@ -789,14 +814,15 @@ static void test_cpu_backends(void **state)
     assert_true(tested >= 2); /* at least the scalar table, both ways */
 }
 
-/* kern_ops.sample broken two ways (the test of check_sample): 0 the temperature ignored, 1 the
- * penalties dropped. */
+/* kern_ops.sample broken three ways (the test of check_sample): 0 the temperature ignored, 1 the
+ * penalties dropped, 2 the masks dropped. */
 static const struct kern_ops *g_sample_real;
 static int g_sample_bad;
 
 static int bad_sample(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
                       const struct kern_sample_row *rows, const int32_t *pen_id,
-                      const int32_t *pen_count, int n_pen, struct kern_sample_out *out)
+                      const int32_t *pen_count, int n_pen, const uint32_t *masks, int n_masks,
+                      struct kern_sample_out *out)
 {
     struct kern_sample_row *r = malloc(sizeof(*r) * (size_t)n);
     assert_non_null(r);
@@ -806,22 +832,25 @@ static int bad_sample(struct kern_backend *b, const float *logits, int n, int32_
             r[i].temperature = 1.0f;
         if (g_sample_bad == 1)
             r[i].pen_n = 0;
+        if (g_sample_bad == 2)
+            r[i].mask = -1;
     }
     const int drawn = g_sample_real->sample(b, logits, n, n_vocab, r, pen_id, pen_count, n_pen,
-                                            out);
+                                            masks, n_masks, out);
     free(r);
     return drawn;
 }
 
 static void check_broken_sample(struct kern_backend *real)
 {
-    static const char *const what[2] = {"temperature ignored", "penalties dropped"};
+    static const char *const what[3] = {"temperature ignored", "penalties dropped",
+                                        "masks dropped"};
     g_sample_real = real->ops;
     struct kern_ops bad = *real->ops;
     bad.sample = bad_sample;
     struct kern_backend be = *real;
     be.ops = &bad;
-    for (g_sample_bad = 0; g_sample_bad < 2; g_sample_bad++) {
+    for (g_sample_bad = 0; g_sample_bad < 3; g_sample_bad++) {
         struct check c = {.be = &be, .label = what[g_sample_bad], .quiet = 1};
         c.r.s = 99;
         check_sample(&c, 5000);

@@ -107,7 +107,8 @@ static size_t smp_align(size_t at, size_t bytes)
  * every row to the caller. */
 static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32_t n_vocab,
                        const struct kern_sample_row *rows, const int32_t *pen_id,
-                       const int32_t *pen_count, int n_pen, struct kern_sample_out *out)
+                       const int32_t *pen_count, int n_pen, const uint32_t *masks, int n_masks,
+                       struct kern_sample_out *out)
 {
     _Static_assert(KCU_TOP_LP == KERN_TOP_LOGPROBS_MAX, "top log-probability rows differ");
     struct cuda_state *s = st_of(b);
@@ -118,7 +119,9 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
     const size_t o_mc = smp_align(o_zc, sizeof(double) * (size_t)n * nc);
     const size_t o_rows = smp_align(o_mc, sizeof(float) * (size_t)n * nc);
     const size_t o_pen = smp_align(o_rows, sizeof(struct kcu_sample) * (size_t)n);
-    const size_t o_out = smp_align(o_pen, sizeof(int32_t) * 2 * (size_t)(n_pen > 0 ? n_pen : 1));
+    const size_t o_mask = smp_align(o_pen, sizeof(int32_t) * 2 * (size_t)(n_pen > 0 ? n_pen : 1));
+    const size_t mask_bytes = sizeof(uint32_t) * (((size_t)n_vocab + 31) / 32) * (size_t)n_masks;
+    const size_t o_out = smp_align(o_mask, mask_bytes);
     const size_t need = smp_align(o_out, sizeof(struct kcu_sample_out) * (size_t)n);
     if (need > s->smp_bytes) {
         void *p = NULL;
@@ -148,8 +151,8 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
             .temperature = r->temperature, .top_p = r->top_p, .min_p = r->min_p,
             .top_k = r->top_k, .repeat_penalty = r->repeat_penalty,
             .frequency_penalty = r->frequency_penalty, .presence_penalty = r->presence_penalty,
-            .pen_first = r->pen_first, .pen_n = r->pen_n, .lp_k = r->lp_k, .host = r->host,
-            .u = r->u};
+            .pen_first = r->pen_first, .pen_n = r->pen_n, .lp_k = r->lp_k, .mask = r->mask,
+            .host = r->host, .u = r->u};
     }
     uint8_t *d = s->smp;
     check((int)cudaMemcpyAsync(d + o_rows, s->smp_rows, sizeof(struct kcu_sample) * (size_t)n,
@@ -164,11 +167,15 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
                                    s->stream),
               "sample");
     }
+    if (n_masks > 0)
+        check((int)cudaMemcpyAsync(d + o_mask, masks, mask_bytes, cudaMemcpyHostToDevice,
+                                   s->stream),
+              "sample");
     check(kcu_sample(s->stream, logits, (float *)(d + o_work), (double *)(d + o_zc),
                      (float *)(d + o_mc), n, n_vocab, (const struct kcu_sample *)(d + o_rows),
                      (const int32_t *)(d + o_pen),
                      (const int32_t *)(d + o_pen + sizeof(int32_t) * (size_t)n_pen),
-                     (struct kcu_sample_out *)(d + o_out)),
+                     (const uint32_t *)(d + o_mask), (struct kcu_sample_out *)(d + o_out)),
           "sample");
     check((int)cudaMemcpyAsync(s->smp_out, d + o_out, sizeof(struct kcu_sample_out) * (size_t)n,
                                cudaMemcpyDeviceToHost, s->stream),

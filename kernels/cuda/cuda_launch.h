@@ -70,7 +70,7 @@ struct kcu_sample {
     int32_t top_k;
     float repeat_penalty, frequency_penalty, presence_penalty;
     int32_t pen_first, pen_n;
-    int32_t lp_k, host;
+    int32_t lp_k, mask, host;
     double u;
 };
 #define KCU_TOP_LP 20 /* KERN_TOP_LOGPROBS_MAX */
@@ -82,10 +82,10 @@ struct kcu_sample_out {
 };
 /* kern_ops.sample over n rows of logits (n x n_vocab, unchanged): work (n x n_vocab floats),
  * zc (n x chunks doubles) and mc (n x chunks floats, chunks = ceil(n_vocab / 256)) are scratch;
- * rows, pen_id/pen_count and out are device memory. */
+ * rows, pen_id/pen_count, masks and out are device memory. */
 int kcu_sample(void *stream, const float *logits, float *work, double *zc, float *mc, int n,
                int n_vocab, const struct kcu_sample *rows, const int32_t *pen_id,
-               const int32_t *pen_count, struct kcu_sample_out *out);
+               const int32_t *pen_count, const uint32_t *masks, struct kcu_sample_out *out);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,12 @@ static __device__ __forceinline__ float nan_to_ninf(float v)
     return v == v ? v : -INFINITY;
 }
 
+/* Logit i of a row as the sampler sees it: -inf where the row's mask (NULL: none) forbids it. */
+static __device__ __forceinline__ float masked(const float *x, const uint32_t *mask, int i)
+{
+    return mask && !(mask[i / 32] >> (i % 32) & 1u) ? -INFINITY : x[i];
+}
+
 /* ---- block reductions (every thread calls them; all get the result) ---- */
 
 static __device__ float block_max(struct smp_shared *sh, float v)
@@ -169,7 +175,8 @@ static __device__ void sort_keys(struct smp_shared *sh, int n)
 /* The k (1 <= k <= min(SMP_CAP, n)) best tokens of row x (NaN ranks as -inf), ranked, in
  * sh->key[0..k): a radix select of the k-th smallest cand_key, 8 bits a pass from the top,
  * stopping once every key left in the chosen bin is taken. */
-static __device__ void select_top(struct smp_shared *sh, const float *x, int n, int k)
+static __device__ void select_top(struct smp_shared *sh, const float *x, const uint32_t *mask,
+                                  int n, int k)
 {
     if (threadIdx.x == 0) {
         sh->prefix = 0;
@@ -185,7 +192,7 @@ static __device__ void select_top(struct smp_shared *sh, const float *x, int n, 
             sh->hist[b] = 0;
         __syncthreads();
         for (int i = threadIdx.x; i < n; i += SMP_THREADS) {
-            const u64 key = cand_key(nan_to_ninf(x[i]), i);
+            const u64 key = cand_key(nan_to_ninf(masked(x, mask, i)), i);
             if (hi >= 64 || key >> hi == prefix >> hi)
                 atomicAdd(&sh->hist[(key >> shift) & 255], 1);
         }
@@ -208,7 +215,7 @@ static __device__ void select_top(struct smp_shared *sh, const float *x, int n, 
         sh->count = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += SMP_THREADS) {
-        const u64 key = cand_key(nan_to_ninf(x[i]), i);
+        const u64 key = cand_key(nan_to_ninf(masked(x, mask, i)), i);
         if (key >> shift <= bar)
             sh->key[atomicAdd(&sh->count, 1)] = key;
     }
@@ -379,34 +386,38 @@ static __device__ int collect(struct smp_shared *sh, const float *l, int n, floa
     return m;
 }
 
-/* engine_logprobs of the raw row x for the chosen token: its log-probability and the lp_k most
- * likely tokens' (thread 0 writes them). part: one float per chunk of scratch. */
-static __device__ void logprobs(struct smp_shared *sh, const float *x, int n, int chosen,
-                                int lp_k, float *part, struct kcu_sample_out *o)
+/* engine_logprobs of the raw row x (masked) for the chosen token: its log-probability and the
+ * lp_k most likely tokens' (thread 0 writes them). part: one float per chunk of scratch. */
+static __device__ void logprobs(struct smp_shared *sh, const float *x, const uint32_t *mask, int n,
+                                int chosen, int lp_k, float *part, struct kcu_sample_out *o)
 {
     float m = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += SMP_THREADS)
-        m = x[i] > m ? x[i] : m;
+    for (int i = threadIdx.x; i < n; i += SMP_THREADS) {
+        const float v = masked(x, mask, i);
+        m = v > m ? v : m;
+    }
     const float mx = block_max(sh, m);
     const float lo = __fsub_rn(mx, 80.0f);
     const int nc = (n + SMP_CHUNK - 1) / SMP_CHUNK;
     for (int c = threadIdx.x; c < nc; c += SMP_THREADS) {
         const int i1 = n - c * SMP_CHUNK < SMP_CHUNK ? n : c * SMP_CHUNK + SMP_CHUNK;
         float s = 0.0f;
-        for (int i = c * SMP_CHUNK; i < i1; i++)
-            s = __fadd_rn(s, x[i] >= lo ? smp_exp(__fsub_rn(x[i], mx)) : 0.0f);
+        for (int i = c * SMP_CHUNK; i < i1; i++) {
+            const float v = masked(x, mask, i);
+            s = __fadd_rn(s, v >= lo ? smp_exp(__fsub_rn(v, mx)) : 0.0f);
+        }
         part[c] = s;
     }
     __syncthreads();
     const int k = lp_k < n ? lp_k : n;
     if (k > 0)
-        select_top(sh, x, n, k);
+        select_top(sh, x, mask, n, k);
     if (threadIdx.x == 0) {
         double sum = 0.0;
         for (int c = 0; c < nc; c++)
             sum += part[c];
         const double norm = (double)mx + log(sum);
-        const float lc = x[chosen];
+        const float lc = masked(x, mask, chosen);
         o->lp = lc == lc ? (float)((double)lc - norm) : -INFINITY;
         for (int j = 0; j < k; j++) {
             o->top_id[j] = cand_id(sh->key[j]);
@@ -420,7 +431,7 @@ static __device__ void logprobs(struct smp_shared *sh, const float *x, int n, in
 __global__ void __launch_bounds__(SMP_THREADS)
     k_sample(const float *logits, float *work, double *zc_all, float *mc_all, int n,
              const struct kcu_sample *rows, const int32_t *pen_id, const int32_t *pen_count,
-             struct kcu_sample_out *out)
+             const uint32_t *masks, struct kcu_sample_out *out)
 {
     __shared__ struct smp_shared sh;
     const struct kcu_sample R = rows[blockIdx.x];
@@ -435,8 +446,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
     float *l = work + (size_t)blockIdx.x * n;
     double *zc = zc_all + (size_t)blockIdx.x * nc;
     float *mc = mc_all + (size_t)blockIdx.x * nc;
+    const uint32_t *mask = R.mask >= 0 ? masks + (size_t)R.mask * (size_t)((n + 31) / 32) : NULL;
     for (int i = threadIdx.x; i < n; i += SMP_THREADS)
-        l[i] = raw[i];
+        l[i] = masked(raw, mask, i);
     __syncthreads();
     for (int e = threadIdx.x; e < R.pen_n; e += SMP_THREADS) { /* distinct tokens */
         const int t = pen_id[R.pen_first + e];
@@ -463,7 +475,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     } else if (R.top_k > 0 && R.top_k < n) {
         if (R.top_k <= SMP_CAP) {
             const int k = R.top_k;
-            select_top(&sh, l, n, k);
+            select_top(&sh, l, NULL, n, k);
             if (threadIdx.x == 0) { /* scaled by t, weighed against the best, re-ranked */
                 const float best = cand_value(sh.key[0]);
                 const float mx = t == 1.0f ? best : __fdiv_rn(best, t);
@@ -520,18 +532,19 @@ __global__ void __launch_bounds__(SMP_THREADS)
         id = sh.id;
     }
     if (id >= 0 && R.lp_k >= 0)
-        logprobs(&sh, raw, n, id, R.lp_k, mc, o);
+        logprobs(&sh, raw, mask, n, id, R.lp_k, mc, o);
     if (threadIdx.x == 0)
         o->id = id;
 }
 
 extern "C" int kcu_sample(void *stream, const float *logits, float *work, double *zc, float *mc,
                           int n, int n_vocab, const struct kcu_sample *rows, const int32_t *pen_id,
-                          const int32_t *pen_count, struct kcu_sample_out *out)
+                          const int32_t *pen_count, const uint32_t *masks,
+                          struct kcu_sample_out *out)
 {
     if (n <= 0)
         return 0;
     KCU_LAUNCH(k_sample, n, SMP_THREADS, (cudaStream_t)stream)(logits, work, zc, mc, n_vocab, rows,
-                                                              pen_id, pen_count, out);
+                                                              pen_id, pen_count, masks, out);
     return (int)cudaGetLastError();
 }

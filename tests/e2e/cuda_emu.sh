@@ -69,9 +69,8 @@ cmp -s "$tmp/cuda.txt" "$tmp/cuda3.txt" || fail "cuda --tp 3 text differs from -
 echo "generate: cuda = cpu = cuda --tp 3: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
 # 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
-#    top_k and log-probabilities (both drawn on the device: kern_ops.sample) and a json_object one
-#    (its grammar's mask is made on the host, so its rows come back), sharing the system prompt's
-#    blocks, as one batch. The log-probabilities' tokens must agree; their values within 5e-3 (the
+#    top_k and log-probabilities and a json_object one (its grammar's masks go up with its rows),
+#    all drawn on the device (kern_ops.sample), sharing the system prompt's blocks, as one batch. The log-probabilities' tokens must agree; their values within 5e-3 (the
 #    two backends' logits differ by their sums' order; kern_ops.sample itself is checked bitwise
 #    against the host sampler by the op test).
 {
