@@ -232,6 +232,13 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
                       const struct engine_rng *rng, uint64_t pos, float *logits,
                       const int32_t *history, size_t n_history, float *logprob)
 {
+    const double u = p->temperature == 0.0f ? 0.0 : engine_rng_at(rng, pos, 0);
+    return engine_sample_u(s, p, u, logits, history, n_history, logprob);
+}
+
+int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *p, double u_draw,
+                        float *logits, const int32_t *history, size_t n_history, float *logprob)
+{
     assert(p->temperature >= 0.0f && p->top_k >= 0 && p->top_p > 0.0f && p->top_p <= 1.0f);
     assert(p->min_p >= 0.0f && p->min_p <= 1.0f && p->repeat_penalty > 0.0f);
     const size_t n = (size_t)s->n_vocab;
@@ -263,7 +270,7 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
         mx = engine_sampler_scale_chunks(s, logits, t, &total);
         if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
             int32_t id =
-                engine_sampler_draw_row(s, logits, mx, total, engine_rng_at(rng, pos, 0));
+                engine_sampler_draw_row(s, logits, mx, total, u_draw);
             if (logprob)
                 *logprob = (float)(log((double)engine_sampler_cand_weight(logits[id], mx)) -
                                    log(total));
@@ -304,7 +311,7 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
         for (size_t j = 0; j < m; j++)
             kept_total += s->cand[j].w;
     }
-    double u = engine_rng_at(rng, pos, 0) * kept_total, cum = 0.0;
+    double u = u_draw * kept_total, cum = 0.0;
     size_t pick = 0, last_pos = 0;
     int found = 0;
     for (size_t j = 0; j < m; j++) {

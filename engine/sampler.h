@@ -119,6 +119,13 @@ size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampl
                              const int32_t *history, size_t n_history, int32_t *ids,
                              int32_t *counts);
 
+/* engine_sample with the draw's uniform u in [0, 1) given instead of (rng, pos), as a backend
+ * that samples gets it (struct kern_sample_row.u): engine_sample(..., rng, pos, ...) is
+ * engine_sample_u(..., engine_rng_at(rng, pos, 0), ...). Tests use it to draw at chosen
+ * uniforms, e.g. next to the boundary between two tokens. */
+int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *p, double u,
+                        float *logits, const int32_t *history, size_t n_history, float *logprob);
+
 /* Most candidates the truncated fast path ranks (see engine_sample). */
 #define ENGINE_SAMPLE_CANDS 8192
 

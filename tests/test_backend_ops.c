@@ -562,10 +562,10 @@ static void sample_row(struct check *c, float *x, int n_vocab, int shape)
     }
     for (int j = 0; j < 12; j++)
         x[rng_u64(&c->r) % (uint64_t)n_vocab] += shape == 1 ? 0.3f : 9.0f + (float)j;
-    if (shape == 3) {
+    if (shape == 3) { /* NaN, -inf, and the largest value tied between several tokens */
         for (int j = 0; j < 40; j++) {
             const int i = (int)(rng_u64(&c->r) % (uint64_t)n_vocab);
-            x[i] = j % 3 == 0 ? NAN : j % 3 == 1 ? -INFINITY : 14.0f; /* ties at the top */
+            x[i] = j % 3 == 0 ? NAN : j % 3 == 1 ? -INFINITY : 30.0f;
         }
     }
 }
@@ -615,6 +615,7 @@ static void check_sample(struct check *c, int n_vocab)
     const int n = NP * NSHAPE;
     float *x = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
     float *row = malloc(sizeof(float) * (size_t)n_vocab);
+    float *ref = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab); /* the rows masked */
     int32_t *hist = malloc(sizeof(int32_t) * (size_t)n * NH);
     int32_t *pen_id = malloc(sizeof(int32_t) * (size_t)n * NH);
     int32_t *pen_cnt = malloc(sizeof(int32_t) * (size_t)n * NH);
@@ -625,7 +626,7 @@ static void check_sample(struct check *c, int n_vocab)
     int n_masks = 0;
     struct engine_sampler *smp = NULL;
     struct err_detail err = {0};
-    assert_true(x && row && hist && pen_id && pen_cnt && rows && out && masks);
+    assert_true(x && row && ref && hist && pen_id && pen_cnt && rows && out && masks);
     assert_int_equal(engine_sampler_init(&smp, n_vocab, &err), ST_OK);
     struct engine_rng rng;
     engine_rng_seed(&rng, c->r.s, "sample", 6);
@@ -671,15 +672,24 @@ static void check_sample(struct check *c, int n_vocab)
     if (memcmp(after, x, sizeof(float) * (size_t)n * (size_t)n_vocab))
         report(c, "sample", "the logits changed");
     free(after);
+    bfree(c, d);
+    /* pass 2 (below): rows drawn again at the two adjacent uniforms u1 < u2 where the host's
+     * token changes, so a last-bit difference in any weight or total shows */
+    struct kern_sample_row *rows2 = calloc((size_t)n * 2, sizeof(*rows2));
+    int32_t *want2 = malloc(sizeof(int32_t) * (size_t)n * 2), *src2 = malloc(sizeof(int32_t) * (size_t)n * 2);
+    assert_true(rows2 && want2 && src2);
+    int n2 = 0;
     int left = 0, nucleus = 0, nucleus_left = 0;
     for (int r = 0; r < n; r++) {
         const struct engine_sampling *p = &ps[r % NP];
-        float *xr = x + (size_t)r * (size_t)n_vocab;
+        const float *xr = x + (size_t)r * (size_t)n_vocab;
         const int pi = r % NP;
-        if (rows[r].mask >= 0) /* as the engine does: forbidden tokens -inf before all else */
+        float *xm = ref + (size_t)r * (size_t)n_vocab; /* as the engine does: the row masked */
+        memcpy(xm, xr, sizeof(float) * (size_t)n_vocab);
+        if (rows[r].mask >= 0) /* forbidden tokens -inf before all else */
             for (int i = 0; i < n_vocab; i++)
                 if (!(masks[(size_t)rows[r].mask * words + (size_t)i / 32] >> (i % 32) & 1u))
-                    xr[i] = -INFINITY;
+                    xm[i] = -INFINITY;
         /* left to the host: its own row and top_k 4500; may be: a top_p/min_p row whose
          * nucleus needs more than the backend ranks (flat rows: thousands of tokens) */
         const int must = rows[r].host || pi == 11;
@@ -699,19 +709,47 @@ static void check_sample(struct check *c, int n_vocab)
                    r, pi, r / NP);
             continue;
         }
-        memcpy(row, xr, sizeof(float) * (size_t)n_vocab);
-        const int32_t want = engine_sample(smp, p, &rng, (uint64_t)r, row, hist + r * NH, NH, NULL);
-        if (out[r].id != want) {
+        memcpy(row, xm, sizeof(float) * (size_t)n_vocab);
+        const int32_t want =
+            engine_sample_u(smp, p, rows[r].u, row, hist + r * NH, NH, NULL);
+        if (out[r].id != want)
             report(c, "sample", "row %d (params %d, shape %d): id %d, host %d", r, r % NP, r / NP,
                    out[r].id, want);
-            continue;
+        if (p->temperature > 0.0f) { /* bisect the host's draw over u in [0, 1) */
+            uint64_t lo = 0, hi = 0x3fefffffffffffffull; /* 0 and the largest double below 1 */
+            double u;
+            memcpy(&u, &hi, sizeof(u));
+            memcpy(row, xm, sizeof(float) * (size_t)n_vocab);
+            const int32_t t_lo = engine_sample_u(smp, p, 0.0, row, hist + r * NH, NH, NULL);
+            memcpy(row, xm, sizeof(float) * (size_t)n_vocab);
+            int32_t t_hi = engine_sample_u(smp, p, u, row, hist + r * NH, NH, NULL);
+            while (t_hi != t_lo && hi - lo > 1) { /* doubles in [0, 1) order as their bits */
+                const uint64_t mid = lo + (hi - lo) / 2;
+                memcpy(&u, &mid, sizeof(u));
+                memcpy(row, xm, sizeof(float) * (size_t)n_vocab);
+                const int32_t t = engine_sample_u(smp, p, u, row, hist + r * NH, NH, NULL);
+                if (t == t_lo)
+                    lo = mid;
+                else {
+                    hi = mid;
+                    t_hi = t;
+                }
+            }
+            if (t_hi != t_lo) {
+                for (int e = 0; e < 2; e++) {
+                    rows2[n2] = rows[r];
+                    memcpy(&rows2[n2].u, e ? &hi : &lo, sizeof(double));
+                    want2[n2] = e ? t_hi : t_lo;
+                    src2[n2++] = r;
+                }
+            }
         }
-        if (rows[r].lp_k < 0)
+        if (rows[r].lp_k < 0 || out[r].id != want)
             continue;
         float lp;
         int32_t top_id[KERN_TOP_LOGPROBS_MAX];
         float top_lp[KERN_TOP_LOGPROBS_MAX];
-        engine_logprobs(xr, n_vocab, want, rows[r].lp_k, &lp, top_id, top_lp);
+        engine_logprobs(xm, n_vocab, want, rows[r].lp_k, &lp, top_id, top_lp);
         if (!(fabsf(out[r].lp - lp) <= 1e-5f * (1.0f + fabsf(lp))) && !(lp == out[r].lp))
             report(c, "sample", "row %d: logprob %g, host %g", r, out[r].lp, lp);
         for (int j = 0; j < rows[r].lp_k; j++)
@@ -723,15 +761,45 @@ static void check_sample(struct check *c, int n_vocab)
     }
     if (drawn != n - left)
         report(c, "sample", "returned %d rows drawn, %d have ids", drawn, n - left);
-    if (2 * nucleus_left > nucleus) /* the device's nucleus path must be what mostly runs */
+    if (4 * nucleus_left > 3 * nucleus) /* the device's nucleus path must run for most */
         report(c, "sample", "%d of %d top_p/min_p rows left to the host", nucleus_left, nucleus);
+    /* pass 2: each boundary pair's rows (the same logits, penalties and mask) */
+    float *x2 = malloc(sizeof(float) * (size_t)(n2 ? n2 : 1) * (size_t)n_vocab);
+    struct kern_sample_out *out2 = calloc((size_t)(n2 ? n2 : 1), sizeof(*out2));
+    assert_true(x2 && out2);
+    for (int i = 0; i < n2; i++) {
+        memcpy(x2 + (size_t)i * (size_t)n_vocab, x + (size_t)src2[i] * (size_t)n_vocab,
+               sizeof(float) * (size_t)n_vocab);
+        rows2[i].lp_k = -1;
+    }
+    int drawn2 = 0;
+    if (n2) {
+        float *d2 = to_be(c, x2, sizeof(float) * (size_t)n2 * (size_t)n_vocab);
+        k->sample(c->be, d2, n2, n_vocab, rows2, pen_id, pen_cnt, n_pen, masks, n_masks, out2);
+        bfree(c, d2);
+    }
+    for (int i = 0; i < n2; i++) {
+        drawn2 += out2[i].id >= 0;
+        if (out2[i].id >= 0 && out2[i].id != want2[i])
+            report(c, "sample", "row %d at the boundary uniform %.17g: id %d, host %d", src2[i],
+                   rows2[i].u, out2[i].id, want2[i]);
+    }
+    if (2 * drawn2 < n2 || n2 < n / 2)
+        report(c, "sample", "only %d of %d boundary draws on the backend (%d rows)", drawn2, n2,
+               n2 / 2);
     if (!c->quiet)
-        printf("  %s sample over %d tokens: %d rows drawn on the backend, %d left to the host\n",
-               c->label, n_vocab, drawn, left);
-    bfree(c, d);
+        printf("  %s sample over %d tokens: %d rows drawn on the backend, %d left to the host; "
+               "%d boundary draws\n",
+               c->label, n_vocab, drawn, left, drawn2);
+    free(x2);
+    free(out2);
+    free(rows2);
+    free(want2);
+    free(src2);
     free(masks);
     engine_sampler_free(smp);
     free(x);
+    free(ref);
     free(row);
     free(hist);
     free(pen_id);

@@ -322,9 +322,9 @@ static __device__ void scale_chunks(struct smp_shared *sh, float *l, int n, floa
     const float mx = block_max(sh, m);
     if (threadIdx.x == 0) {
         double sum = 0.0;
-        for (int c = 0; c < nc; c++) {
-            zc[c] *= smp_weight(mc[c], mx);
-            sum += zc[c];
+        for (int c = 0; c < nc; c++) { /* (the intrinsics: never fused into an FMA) */
+            zc[c] = __dmul_rn(zc[c], (double)smp_weight(mc[c], mx));
+            sum = __dadd_rn(sum, zc[c]);
         }
         sh->mx = mx;
         sh->total = sum;

@@ -156,6 +156,14 @@ static inline float __fdiv_rn(float a, float b)
 {
     return a / b;
 }
+static inline double __dadd_rn(double a, double b)
+{
+    return a + b;
+}
+static inline double __dmul_rn(double a, double b)
+{
+    return a * b;
+}
 static inline int __float2int_rn(float x)
 {
     return (int)nearbyintf(x);
