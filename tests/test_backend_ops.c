@@ -958,6 +958,22 @@ static void test_cuda_backend(void **state)
             check_broken_sample(c.be);
         kern_backend_free(c.be);
     }
+    /* attention split over the positions (flash-decoding) in runs of 24, so that these short
+     * sequences (up to 70 positions) take 1 to 3 splits, sliding windows across splits too */
+    setenv("QUERN_CUDA_ATTN_SPLIT", "24", 1);
+    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+    struct err_detail err = {0};
+    struct check c = {.label = "cuda attention split by 24", .act = KERN_ACT_F32};
+    c.r.s = 4343;
+    assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+    check_attention(&c, KERN_KV_F16, 9, 3, 64, 0, 0);
+    check_attention(&c, KERN_KV_Q8, 4, 2, 128, 0, 1.5f);
+    check_attention(&c, KERN_KV_F16, 4, 2, 64, 40, 0);
+    check_attention(&c, KERN_KV_F16, 4, 1, 256, 48, 0);
+    printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
+    assert_int_equal(c.fails, 0);
+    kern_backend_free(c.be);
+    unsetenv("QUERN_CUDA_ATTN_SPLIT");
 }
 
 /* ---- the test of the test: one op broken at a time -------------------------------------- */

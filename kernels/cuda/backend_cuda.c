@@ -28,6 +28,9 @@ struct cuda_state {
     struct kcu_sample *smp_rows;    /* ... and its host staging (smp_cap rows) */
     struct kcu_sample_out *smp_out;
     int smp_cap;
+    int att_split;            /* attention's positions per split (flash-decoding); 0: none */
+    float *att_part;          /* ... its scratch (ATT_PART_FLOATS), made at the first call */
+    int att_part_tried;
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -299,8 +302,14 @@ static void cuda_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
     check(kcu_kv_store(st_of(b)->stream, &d, pos, k, v, n_tok, skip, 0), "kv_store");
 }
 
+/* Attention's split scratch: 64 MiB of partial results (tokens go in slices that fit it). */
+#define ATT_PART_FLOATS ((size_t)16 << 20)
+
 /* The tokens whose store the caller left to the attention are stored first: on one stream that
- * orders them before every read, which is all the contract asks. */
+ * orders them before every read, which is all the contract asks. Long contexts are split over
+ * their positions (flash-decoding, s->att_split per warp); without the scratch (no memory at
+ * the first call) every call of the run goes unsplit, so a token's result still depends only on
+ * itself. */
 static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
 {
     struct cuda_state *s = st_of(b);
@@ -308,8 +317,17 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     if (a->store)
         check(kcu_kv_store(s->stream, &d, a->pos, a->k_new, a->v_new, a->n_tok, a->store, 1),
               "attention store");
+    if (s->att_split > 0 && !s->att_part_tried) {
+        s->att_part_tried = 1;
+        void *p = NULL;
+        if (handled(cudaMalloc(&p, sizeof(float) * ATT_PART_FLOATS)))
+            LOG_WARN("no device memory for split attention: long contexts run unsplit");
+        else
+            s->att_part = p;
+    }
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
-                        a->window, a->softcap),
+                        a->window, a->softcap, s->att_part ? s->att_split : 0, s->att_part,
+                        ATT_PART_FLOATS),
           "attention");
 }
 
@@ -458,6 +476,8 @@ static void cuda_free(struct kern_backend *b)
         cudaFree(s->best);
     if (s->smp)
         cudaFree(s->smp);
+    if (s->att_part)
+        cudaFree(s->att_part);
     free(s->smp_rows);
     free(s->smp_out);
     cudaStreamDestroy(s->stream);
@@ -555,6 +575,21 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     }
     s->device = o->device;
     s->act = o->act;
+    s->att_split = 512;
+    const char *split = getenv("QUERN_CUDA_ATTN_SPLIT"); /* tests: short splits */
+    if (split && *split) {
+        char *end;
+        const long v = strtol(split, &end, 10);
+        if (*end || v < 0 || v > (1 << 20)) {
+            cudaStreamDestroy(s->stream);
+            free(b);
+            free(s);
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "QUERN_CUDA_ATTN_SPLIT=%s: want positions per split (0: none)",
+                           split);
+        }
+        s->att_split = (int)v;
+    }
     snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
              prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
     b->ops = &cuda_ops;

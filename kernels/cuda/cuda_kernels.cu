@@ -497,14 +497,28 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
     return launched();
 }
 
-/* Attention: a warp per (token, query head), online softmax over runs of 32 positions. Lane l
- * scores position p0 + l (its key read channel by channel from the channel-major tile), then
- * every lane accumulates its channels l, l + 32, ... of the run's values weighted by the
- * scores, which the lanes pass round by shuffles. */
+/* Attention: a warp per (token, query head, split), online softmax over runs of 32 positions.
+ * Lane l scores position p0 + l (its key read channel by channel from the channel-major tile),
+ * then every lane accumulates its channels l, l + 32, ... of the run's values weighted by the
+ * scores, which the lanes pass round by shuffles. Flash-decoding: with split > 0 a token's
+ * positions are cut into runs of `split` (from its first), one warp each (blockIdx.y), each
+ * writing its running maximum, sum and weighted values to part, and k_attn_combine merges them;
+ * a token with one run writes its output directly, as without splits. How a token is cut
+ * depends only on its own positions, so its output does not depend on the batch. */
 #define ATT_MAX_CH (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
 
+/* Token t's positions [*first, n) and the number of splits of `split` positions (1: none). */
+static __device__ __forceinline__ int att_splits(const int32_t *pos, int t, int window, int split,
+                                                 int *first, int *n)
+{
+    *n = pos[t] + 1;
+    *first = window > 0 && *n > window ? *n - window : 0;
+    return split > 0 ? (*n - *first + split - 1) / split : 1;
+}
+
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
-                            int n_head, float scale, int window, float softcap)
+                            int n_head, float scale, int window, float softcap, int split,
+                            float *part)
 {
     __shared__ float qs[512];
     const int lane = threadIdx.x;
@@ -515,14 +529,19 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         qs[c] = qr[c];
     __syncwarp();
     const int32_t *table = kv.ids + (size_t)kv.row[t] * kv.stride;
-    const int n = pos[t] + 1;
+    int first, n;
+    const int ns = att_splits(pos, t, window, split, &first, &n), sp = blockIdx.y;
+    if (sp >= ns)
+        return;
+    const int lo = ns > 1 ? first + sp * split : first;
+    n = ns > 1 && n - lo > split ? lo + split : n; /* this split's end */
     const size_t tb = tile_bytes(&kv);
     const int q8 = kv.dtype == 1;
     float acc[ATT_MAX_CH];
     for (int j = 0; j < ATT_MAX_CH; j++)
         acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int p0 = window > 0 && n > window ? n - window : 0; p0 < n; p0 += WARP) {
+    for (int p0 = lo; p0 < n; p0 += WARP) {
         const int p = p0 + lane;
         float s = -INFINITY;
         if (p < n) {
@@ -577,6 +596,19 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         }
     }
     float *o = out + ((size_t)t * n_head + h) * D;
+    if (ns > 1) { /* this split's share, for k_attn_combine */
+        o = part + ((size_t)blockIdx.x * gridDim.y + sp) * (size_t)(D + 2);
+        if (lane == 0) {
+            o[0] = m;
+            o[1] = l;
+        }
+        for (int j = 0; j < ATT_MAX_CH; j++) {
+            const int c = lane + j * WARP;
+            if (c < D)
+                o[2 + c] = acc[j];
+        }
+        return;
+    }
     for (int j = 0; j < ATT_MAX_CH; j++) {
         const int c = lane + j * WARP;
         if (c < D)
@@ -584,13 +616,69 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     }
 }
 
+/* The splits of each (token, head) that has several, in split order: out = sum_s acc_s e^(m_s -
+ * M) / sum_s l_s e^(m_s - M), M the largest m_s. */
+__global__ void k_attn_combine(const float *part, float *out, const int32_t *pos, int n_head,
+                               int D, int window, int split, int n_split)
+{
+    const int lane = threadIdx.x, t = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    int first, n;
+    const int ns = att_splits(pos, t, window, split, &first, &n);
+    if (ns <= 1)
+        return;
+    const float *pp = part + (size_t)blockIdx.x * n_split * (size_t)(D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        M = fmaxf(M, pp[(size_t)s * (D + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++)
+        L = fmaf(pp[(size_t)s * (D + 2) + 1], expf(pp[(size_t)s * (D + 2)] - M), L);
+    float *o = out + ((size_t)t * n_head + h) * D;
+    for (int c = lane; c < D; c += WARP) {
+        float a = 0.0f;
+        for (int s = 0; s < ns; s++)
+            a = fmaf(pp[(size_t)s * (D + 2) + 2 + c], expf(pp[(size_t)s * (D + 2)] - M), a);
+        o[c] = a / L;
+    }
+}
+
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                              const int32_t *pos, int n_tok, int n_head, float scale, int window,
-                             float softcap)
+                             float softcap, int split, float *part, size_t part_floats)
 {
     if (n_tok <= 0)
         return 0;
-    KCU_LAUNCH(k_attention, (unsigned)(n_tok * n_head), WARP, (cudaStream_t)stream)
-    (*kv, q, out, pos, n_head, scale, window, softcap);
-    return launched();
+    /* the most splits a token of these block tables can have */
+    long span = (long)kv->stride * kv->block_size;
+    if (window > 0 && window < span)
+        span = window;
+    const int n_split = split > 0 ? (int)((span + split - 1) / split) : 1;
+    if (n_split <= 1 || !part) {
+        KCU_LAUNCH(k_attention, dim3((unsigned)(n_tok * n_head), 1), WARP, (cudaStream_t)stream)
+        (*kv, q, out, pos, n_head, scale, window, softcap, 0, (float *)NULL);
+        return launched();
+    }
+    /* tokens in slices whose shares fit part (the cut of a token is the same in any slice) */
+    const int D = kv->head_dim;
+    const size_t per_tok = (size_t)n_head * (size_t)n_split * (size_t)(D + 2);
+    const int slice = part_floats / per_tok > 0 ? (int)(part_floats / per_tok) : 0;
+    if (slice < 1)
+        return (int)cudaErrorMemoryAllocation;
+    for (int t0 = 0; t0 < n_tok; t0 += slice) {
+        const int nt = n_tok - t0 < slice ? n_tok - t0 : slice;
+        struct kcu_kv ks = *kv;
+        ks.row = kv->row + t0;
+        const size_t off = (size_t)t0 * (size_t)n_head * (size_t)D;
+        KCU_LAUNCH(k_attention, dim3((unsigned)(nt * n_head), (unsigned)n_split), WARP,
+                   (cudaStream_t)stream)
+        (ks, q + off, out + off, pos + t0, n_head, scale, window, softcap, split, part);
+        int rc = launched();
+        if (rc)
+            return rc;
+        KCU_LAUNCH(k_attn_combine, (unsigned)(nt * n_head), WARP, (cudaStream_t)stream)
+        (part, out + off, pos + t0, n_head, D, window, split, n_split);
+        if ((rc = launched()))
+            return rc;
+    }
+    return 0;
 }

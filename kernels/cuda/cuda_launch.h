@@ -59,10 +59,13 @@ struct kcu_kv {
 int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, const float *k,
                  const float *v, int n_tok, const uint8_t *sel, int want);
 /* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence (the
- * last `window` of them when window > 0), scores soft-capped when softcap > 0. */
+ * last `window` of them when window > 0), scores soft-capped when softcap > 0. split > 0: a
+ * token's positions are cut into runs of `split` (best a multiple of 32) computed in parallel and
+ * merged (flash-decoding) through part (part_floats floats of scratch; tokens go in slices that
+ * fit it); 0 or part NULL: one warp per (token, head) over all its positions. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                   const int32_t *pos, int n_tok, int n_head, float scale, int window,
-                  float softcap);
+                  float softcap, int split, float *part, size_t part_floats);
 
 /* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
 struct kcu_sample {

@@ -66,7 +66,10 @@ if [ -n "${QUERN_SANITIZE:-}" ]; then
 fi
 gen cuda3 --device cuda --tp 3
 cmp -s "$tmp/cuda.txt" "$tmp/cuda3.txt" || fail "cuda --tp 3 text differs from --tp 1"
-echo "generate: cuda = cpu = cuda --tp 3: $(tr '\n' ' ' <"$tmp/cpu.txt")"
+# attention split over the positions (flash-decoding) every 4 positions: 2 to 3 splits here
+QUERN_CUDA_ATTN_SPLIT=4 gen cuda_split --device cuda
+cmp -s "$tmp/cuda.txt" "$tmp/cuda_split.txt" || fail "cuda text with split attention differs"
+echo "generate: cuda = cpu = cuda --tp 3 = cuda split attention: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
 # 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
 #    top_k and log-probabilities and a json_object one (its grammar's masks go up with its rows),
