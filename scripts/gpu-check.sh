@@ -23,7 +23,8 @@
 #     - the machine's HBM copy bandwidth and cuBLAS bf16 GEMM rate (PyTorch, which the GPU image
 #       has), then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
-#       same batch greedy: issue 21's >= 95 %): the numbers the issues' goals are stated against.
+#       same batch greedy: issue 21's >= 95 %), and one 4,000-token context with attention split
+#       over the KV length and without: the numbers the issues' goals are stated against.
 #
 # Steps run most important first, so a run stopped at the device tool's limit (give it ~480 s of
 # the 15 minutes, leaving room for a rerun) still returns the op test. The results go into
@@ -137,6 +138,14 @@ PY
             step "bench-$tag" 90 bash -c "'$C/bin/quern' bench --model $m --dummy $preset \
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \
                 cat '$out/bench-$tag.json'"
+        done
+        # one sequence with a 4,000-token context: attention split over the KV length
+        # (flash-decoding, the default) against one warp per head over all of it
+        for split in 512 0; do
+            step "bench-llama3-8b-long-split$split" 120 bash -c "QUERN_CUDA_ATTN_SPLIT=$split \
+                '$C/bin/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
+                --max-seqs 1 --prompts 1 --input-len 4000 --output-len 32 --matmul bf16 \
+                >'$out/bench-long-split$split.json' && cat '$out/bench-long-split$split.json'"
         done
         echo "failed steps:${failed:- none}"
     } 2>&1 | tee "$out/gpu-check.txt"
