@@ -173,9 +173,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->piece_cap = ENGINE_TOK_STREAM_OUT_MAX(engine_tok_max_piece(tok)) + 8;
     e->piece = malloc(e->piece_cap);
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id || !e->s_lp ||
-        !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp || !e->lp_row || !e->s_mask ||
-        !e->s_row || !e->s_out || !e->s_drawn) {
+        !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id ||
+        !e->s_lp || !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp ||
+        !e->lp_row || !e->s_mask || !e->s_row || !e->s_out || !e->s_drawn) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -366,7 +366,7 @@ static void sample_range(void *arg, int ith, int nth)
             e->s_id[j] = -1;
             continue;
         }
-        if (e->s_drawn[j]) /* the backend drew it (sample_on_backend) */
+        if (e->s_drawn[j]) /* the backend drew it (forward_sampled) */
             continue;
         float *row = e->s_logits[j];
         const uint32_t *m = e->s_mask[j];
@@ -407,6 +407,7 @@ static void sample_range(void *arg, int ith, int nth)
 static enum status forward_sampled(struct engine *e, const struct engine_batch *b, int n_s,
                                    struct err_detail *err)
 {
+    _Static_assert(ENGINE_TOP_LOGPROBS_MAX == KERN_TOP_LOGPROBS_MAX, "top log-probability rows");
     const size_t words = ((size_t)engine_model_hparams(e->m)->n_vocab + 31) / 32;
     int n_pen = 0, n_masks = 0;
     for (int j = 0; j < n_s; j++) {
@@ -414,9 +415,8 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
         const size_t at = s->n_tok + (size_t)e->s_off[j];
         const struct engine_sampling *p = &s->sp;
         struct kern_sample_row *R = &e->s_row[j];
-        const size_t window = p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at
-                                  ? (size_t)p->repeat_last_n
-                                  : at;
+        const size_t window =
+            p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
         if ((size_t)n_pen + window > e->pen_cap) {
             const size_t cap = 2 * ((size_t)n_pen + window) + 256;
             int32_t *id = realloc(e->pen_id, sizeof(*id) * cap);
@@ -429,12 +429,18 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
                 return err_set(err, ST_ERR_NOMEM, "no memory for the sampling penalties");
             e->pen_cap = cap;
         }
-        *R = (struct kern_sample_row){
-            .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
-            .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
-            .frequency_penalty = p->frequency_penalty, .presence_penalty = p->presence_penalty,
-            .pen_first = n_pen, .u = engine_rng_at(&s->rng, at, 0), .lp_k = s->lp_k,
-            .mask = -1, .host = e->s_stuck[j] || e->p.spec_test_broken};
+        *R = (struct kern_sample_row){.temperature = p->temperature,
+                                      .top_k = p->top_k,
+                                      .top_p = p->top_p,
+                                      .min_p = p->min_p,
+                                      .repeat_penalty = p->repeat_penalty,
+                                      .frequency_penalty = p->frequency_penalty,
+                                      .presence_penalty = p->presence_penalty,
+                                      .pen_first = n_pen,
+                                      .u = engine_rng_at(&s->rng, at, 0),
+                                      .lp_k = s->lp_k,
+                                      .mask = -1,
+                                      .host = e->s_stuck[j] || e->p.spec_test_broken};
         if (e->s_mask[j] && !R->host) { /* the grammar's mask goes up with the row */
             if (n_masks == e->masks_cap) {
                 const int cap = 2 * n_masks + 8;
@@ -451,9 +457,9 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
                                                   e->pen_count + n_pen);
         n_pen += R->pen_n;
     }
-    enum status st = engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id,
-                                                 e->pen_count, n_pen, e->masks, n_masks,
-                                                 e->s_out, e->logits, err);
+    enum status st =
+        engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id, e->pen_count, n_pen,
+                                    e->masks, n_masks, e->s_out, e->logits, err);
     if (st)
         return st;
     for (int j = 0; j < n_s; j++) {
@@ -558,11 +564,10 @@ enum status engine_step(struct engine *e, struct err_detail *err)
             any = e->s_mask[j][w] != 0;
         e->s_stuck[j] = !any;
     }
-    enum status st = greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id,
-                                                          &fused, err)
-                     : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
-                                                  : engine_model_forward(e->m, e->kv, &b,
-                                                                         e->logits, err);
+    enum status st =
+        greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id, &fused, err)
+        : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
+                                     : engine_model_forward(e->m, e->kv, &b, e->logits, err);
     if (st)
         return st;
     e->stats.steps++;

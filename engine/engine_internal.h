@@ -133,7 +133,7 @@ struct engine {
     uint8_t *s_drawn;
     int32_t *pen_id, *pen_count; /* pen_cap entries */
     size_t pen_cap;
-    uint32_t *masks;             /* the step's grammar masks back to back (masks_cap masks) */
+    uint32_t *masks; /* the step's grammar masks back to back (masks_cap masks) */
     int masks_cap;
     struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */
     /* the draft model's KV cache and batch (engine/spec_model.c) */

@@ -572,9 +572,9 @@ struct fwd_job {
     const struct kern_sample_row *srows; /* draws by the backend (NULL: none), per wanted row */
     const int32_t *pen_id, *pen_count;   /* ... their penalties */
     int n_pen;
-    const uint32_t *masks;               /* ... their grammars' masks */
+    const uint32_t *masks; /* ... their grammars' masks */
     int n_masks;
-    struct kern_sample_out *sout;        /* ... and what it drew */
+    struct kern_sample_out *sout; /* ... and what it drew */
 };
 
 static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
@@ -756,21 +756,18 @@ static void rank_worker(void *arg, int ith, int nth)
     forward_rank(arg, ith);
 }
 
-/* The forward pass; with ids, the greedy tokens of the wanted rows instead of their logits
- * where the backend can (*fused = 1). logits and ids are host memory. */
-static enum status forward(struct engine_model *m, struct engine_kv *kv,
-                           const struct engine_batch *b, float *logits, int32_t *ids, int *fused,
-                           struct err_detail *err)
+/* The forward pass of job j (its model, cache, batch and outputs set; forward_rank says what
+ * each output asks of the output head). */
+static enum status forward(struct fwd_job *j, struct err_detail *err)
 {
-    enum status st = check_batch(m, kv, b, err);
+    enum status st = check_batch(j->m, j->kv, j->b, err);
     if (st)
         return st;
-    stage_batch(m, kv, b);
-    struct fwd_job j = {m, kv, b, logits, ids, fused, NULL, NULL, NULL, 0, NULL, 0, NULL};
-    if (m->n_rank > 1)
-        pool_run(m->rank_pool, rank_worker, &j);
+    stage_batch(j->m, j->kv, j->b);
+    if (j->m->n_rank > 1)
+        pool_run(j->m->rank_pool, rank_worker, j);
     else
-        forward_rank(&j, 0);
+        forward_rank(j, 0);
     return ST_OK;
 }
 
@@ -778,7 +775,8 @@ enum status engine_model_forward(struct engine_model *m, struct engine_kv *kv,
                                  const struct engine_batch *b, float *logits,
                                  struct err_detail *err)
 {
-    return forward(m, kv, b, logits, NULL, NULL, err);
+    struct fwd_job j = {.m = m, .kv = kv, .b = b, .logits = logits};
+    return forward(&j, err);
 }
 
 enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv *kv,
@@ -786,7 +784,8 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
                                         int32_t *ids, int *fused, struct err_detail *err)
 {
     *fused = 0;
-    return forward(m, kv, b, logits, ids, fused, err);
+    struct fwd_job j = {.m = m, .kv = kv, .b = b, .logits = logits, .ids = ids, .fused = fused};
+    return forward(&j, err);
 }
 
 int engine_model_samples(const struct engine_model *m)
@@ -797,25 +796,25 @@ int engine_model_samples(const struct engine_model *m)
 
 enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv *kv,
                                         const struct engine_batch *b,
-                                        const struct kern_sample_row *rows,
-                                        const int32_t *pen_id, const int32_t *pen_count,
-                                        int n_pen, const uint32_t *masks, int n_masks,
-                                        struct kern_sample_out *out, float *logits,
+                                        const struct kern_sample_row *rows, const int32_t *pen_id,
+                                        const int32_t *pen_count, int n_pen, const uint32_t *masks,
+                                        int n_masks, struct kern_sample_out *out, float *logits,
                                         struct err_detail *err)
 {
     if (!engine_model_samples(m))
         return err_set(err, ST_ERR_UNSUPPORTED, "this model's backend does not sample");
-    enum status st = check_batch(m, kv, b, err);
-    if (st)
-        return st;
-    stage_batch(m, kv, b);
-    struct fwd_job j = {m,     kv,      b,         logits, NULL,    NULL, rows,
-                        pen_id, pen_count, n_pen, masks,  n_masks, out};
-    if (m->n_rank > 1)
-        pool_run(m->rank_pool, rank_worker, &j);
-    else
-        forward_rank(&j, 0);
-    return ST_OK;
+    struct fwd_job j = {.m = m,
+                        .kv = kv,
+                        .b = b,
+                        .logits = logits,
+                        .srows = rows,
+                        .pen_id = pen_id,
+                        .pen_count = pen_count,
+                        .n_pen = n_pen,
+                        .masks = masks,
+                        .n_masks = n_masks,
+                        .sout = out};
+    return forward(&j, err);
 }
 
 const struct engine_hparams *engine_model_hparams(const struct engine_model *m)

@@ -113,10 +113,9 @@ int engine_model_samples(const struct engine_model *m);
  * has its logits written, to row j of logits. */
 enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv *kv,
                                         const struct engine_batch *b,
-                                        const struct kern_sample_row *rows,
-                                        const int32_t *pen_id, const int32_t *pen_count,
-                                        int n_pen, const uint32_t *masks, int n_masks,
-                                        struct kern_sample_out *out, float *logits,
+                                        const struct kern_sample_row *rows, const int32_t *pen_id,
+                                        const int32_t *pen_count, int n_pen, const uint32_t *masks,
+                                        int n_masks, struct kern_sample_out *out, float *logits,
                                         struct err_detail *err);
 
 #define ENGINE_MAX_LAYER_WEIGHTS 8 /* matrices engine_model_weights returns at most */

@@ -269,8 +269,7 @@ int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *
     } else {
         mx = engine_sampler_scale_chunks(s, logits, t, &total);
         if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
-            int32_t id =
-                engine_sampler_draw_row(s, logits, mx, total, u_draw);
+            int32_t id = engine_sampler_draw_row(s, logits, mx, total, u_draw);
             if (logprob)
                 *logprob = (float)(log((double)engine_sampler_cand_weight(logits[id], mx)) -
                                    log(total));

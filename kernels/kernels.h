@@ -174,7 +174,7 @@ struct kern_sample_row {
     float frequency_penalty; /* ... with their counts pen_count[...] */
     float presence_penalty;
     int32_t pen_first, pen_n;
-    double u;   /* the draw's uniform in [0, 1) (engine_rng_at(rng, pos, 0)) */
+    double u;     /* the draw's uniform in [0, 1) (engine_rng_at(rng, pos, 0)) */
     int32_t lp_k; /* -1: no log-probabilities; else 0..KERN_TOP_LOGPROBS_MAX alternatives */
     int32_t mask; /* -1: none; else the index of its allowed-token mask (a grammar's): every
                    * token whose bit is clear is -inf before anything else, the

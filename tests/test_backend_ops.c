@@ -676,7 +676,8 @@ static void check_sample(struct check *c, int n_vocab)
     /* pass 2 (below): rows drawn again at the two adjacent uniforms u1 < u2 where the host's
      * token changes, so a last-bit difference in any weight or total shows */
     struct kern_sample_row *rows2 = calloc((size_t)n * 2, sizeof(*rows2));
-    int32_t *want2 = malloc(sizeof(int32_t) * (size_t)n * 2), *src2 = malloc(sizeof(int32_t) * (size_t)n * 2);
+    int32_t *want2 = malloc(sizeof(int32_t) * (size_t)n * 2),
+            *src2 = malloc(sizeof(int32_t) * (size_t)n * 2);
     assert_true(rows2 && want2 && src2);
     int n2 = 0;
     int left = 0, nucleus = 0, nucleus_left = 0;
@@ -700,18 +701,16 @@ static void check_sample(struct check *c, int n_vocab)
             left++;
             nucleus_left += may;
             if (!must && !may)
-                report(c, "sample", "row %d (params %d, shape %d) left to the host", r, pi,
-                       r / NP);
+                report(c, "sample", "row %d (params %d, shape %d) left to the host", r, pi, r / NP);
             continue;
         }
         if (must) {
-            report(c, "sample", "row %d (params %d, shape %d) drawn, expected left to the host",
-                   r, pi, r / NP);
+            report(c, "sample", "row %d (params %d, shape %d) drawn, expected left to the host", r,
+                   pi, r / NP);
             continue;
         }
         memcpy(row, xm, sizeof(float) * (size_t)n_vocab);
-        const int32_t want =
-            engine_sample_u(smp, p, rows[r].u, row, hist + r * NH, NH, NULL);
+        const int32_t want = engine_sample_u(smp, p, rows[r].u, row, hist + r * NH, NH, NULL);
         if (out[r].id != want)
             report(c, "sample", "row %d (params %d, shape %d): id %d, host %d", r, r % NP, r / NP,
                    out[r].id, want);

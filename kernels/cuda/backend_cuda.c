@@ -25,11 +25,11 @@ struct cuda_state {
     int best_cap;             /* tokens best holds */
     void *smp;                /* sample's device scratch (smp_bytes) */
     size_t smp_bytes;
-    struct kcu_sample *smp_rows;    /* ... and its host staging (smp_cap rows) */
+    struct kcu_sample *smp_rows; /* ... and its host staging (smp_cap rows) */
     struct kcu_sample_out *smp_out;
     int smp_cap;
-    int att_split;            /* attention's positions per split (flash-decoding); 0: none */
-    float *att_part;          /* ... its scratch (ATT_PART_FLOATS), made at the first call */
+    int att_split;   /* attention's positions per split (flash-decoding); 0: none */
+    float *att_part; /* ... its scratch (ATT_PART_FLOATS), made at the first call */
     int att_part_tried;
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
@@ -150,12 +150,19 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
     }
     for (int i = 0; i < n; i++) {
         const struct kern_sample_row *r = &rows[i];
-        s->smp_rows[i] = (struct kcu_sample){
-            .temperature = r->temperature, .top_p = r->top_p, .min_p = r->min_p,
-            .top_k = r->top_k, .repeat_penalty = r->repeat_penalty,
-            .frequency_penalty = r->frequency_penalty, .presence_penalty = r->presence_penalty,
-            .pen_first = r->pen_first, .pen_n = r->pen_n, .lp_k = r->lp_k, .mask = r->mask,
-            .host = r->host, .u = r->u};
+        s->smp_rows[i] = (struct kcu_sample){.temperature = r->temperature,
+                                             .top_p = r->top_p,
+                                             .min_p = r->min_p,
+                                             .top_k = r->top_k,
+                                             .repeat_penalty = r->repeat_penalty,
+                                             .frequency_penalty = r->frequency_penalty,
+                                             .presence_penalty = r->presence_penalty,
+                                             .pen_first = r->pen_first,
+                                             .pen_n = r->pen_n,
+                                             .lp_k = r->lp_k,
+                                             .mask = r->mask,
+                                             .host = r->host,
+                                             .u = r->u};
     }
     uint8_t *d = s->smp;
     check((int)cudaMemcpyAsync(d + o_rows, s->smp_rows, sizeof(struct kcu_sample) * (size_t)n,
@@ -171,9 +178,9 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
               "sample");
     }
     if (n_masks > 0)
-        check((int)cudaMemcpyAsync(d + o_mask, masks, mask_bytes, cudaMemcpyHostToDevice,
-                                   s->stream),
-              "sample");
+        check(
+            (int)cudaMemcpyAsync(d + o_mask, masks, mask_bytes, cudaMemcpyHostToDevice, s->stream),
+            "sample");
     check(kcu_sample(s->stream, logits, (float *)(d + o_work), (double *)(d + o_zc),
                      (float *)(d + o_mc), n, n_vocab, (const struct kcu_sample *)(d + o_rows),
                      (const int32_t *)(d + o_pen),
@@ -585,8 +592,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
             free(b);
             free(s);
             return err_set(err, ST_ERR_INVALID_ARG,
-                           "QUERN_CUDA_ATTN_SPLIT=%s: want positions per split (0: none)",
-                           split);
+                           "QUERN_CUDA_ATTN_SPLIT=%s: want positions per split (0: none)", split);
         }
         s->att_split = (int)v;
     }

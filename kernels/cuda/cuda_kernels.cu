@@ -618,8 +618,8 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
 
 /* The splits of each (token, head) that has several, in split order: out = sum_s acc_s e^(m_s -
  * M) / sum_s l_s e^(m_s - M), M the largest m_s. */
-__global__ void k_attn_combine(const float *part, float *out, const int32_t *pos, int n_head,
-                               int D, int window, int split, int n_split)
+__global__ void k_attn_combine(const float *part, float *out, const int32_t *pos, int n_head, int D,
+                               int window, int split, int n_split)
 {
     const int lane = threadIdx.x, t = blockIdx.x / n_head, h = blockIdx.x % n_head;
     int first, n;

@@ -64,8 +64,8 @@ int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, cons
  * merged (flash-decoding) through part (part_floats floats of scratch; tokens go in slices that
  * fit it); 0 or part NULL: one warp per (token, head) over all its positions. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
-                  const int32_t *pos, int n_tok, int n_head, float scale, int window,
-                  float softcap, int split, float *part, size_t part_floats);
+                  const int32_t *pos, int n_tok, int n_head, float scale, int window, float softcap,
+                  int split, float *part, size_t part_floats);
 
 /* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
 struct kcu_sample {

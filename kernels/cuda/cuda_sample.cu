@@ -115,34 +115,19 @@ static __device__ __forceinline__ float masked(const float *x, const uint32_t *m
 
 /* ---- block reductions (every thread calls them; all get the result) ---- */
 
-static __device__ float block_max(struct smp_shared *sh, float v)
+/* The largest v over the block (`>`: a NaN never wins over a number); red: one slot a warp. */
+template <class T> static __device__ T block_max(T *red, T v)
 {
     for (int o = 16; o > 0; o /= 2) {
-        const float x = __shfl_xor_sync(SMP_FULL, v, o);
+        const T x = __shfl_xor_sync(SMP_FULL, v, o);
         v = x > v ? x : v;
     }
     if ((threadIdx.x & 31) == 0)
-        sh->redf[threadIdx.x / 32] = v;
+        red[threadIdx.x / 32] = v;
     __syncthreads();
-    float r = sh->redf[0];
+    T r = red[0];
     for (int w = 1; w < SMP_WARPS; w++)
-        r = sh->redf[w] > r ? sh->redf[w] : r;
-    __syncthreads();
-    return r;
-}
-
-static __device__ u64 block_max_u64(struct smp_shared *sh, u64 v)
-{
-    for (int o = 16; o > 0; o /= 2) {
-        const u64 x = __shfl_xor_sync(SMP_FULL, v, o);
-        v = x > v ? x : v;
-    }
-    if ((threadIdx.x & 31) == 0)
-        sh->red[threadIdx.x / 32] = v;
-    __syncthreads();
-    u64 r = sh->red[0];
-    for (int w = 1; w < SMP_WARPS; w++)
-        r = sh->red[w] > r ? sh->red[w] : r;
+        r = red[w] > r ? red[w] : r;
     __syncthreads();
     return r;
 }
@@ -319,7 +304,7 @@ static __device__ void scale_chunks(struct smp_shared *sh, float *l, int n, floa
     float m = -INFINITY;
     for (int c = threadIdx.x; c < nc; c += SMP_THREADS)
         m = mc[c] > m ? mc[c] : m;
-    const float mx = block_max(sh, m);
+    const float mx = block_max(sh->redf, m);
     if (threadIdx.x == 0) {
         double sum = 0.0;
         for (int c = 0; c < nc; c++) { /* (the intrinsics: never fused into an FMA) */
@@ -396,7 +381,7 @@ static __device__ void logprobs(struct smp_shared *sh, const float *x, const uin
         const float v = masked(x, mask, i);
         m = v > m ? v : m;
     }
-    const float mx = block_max(sh, m);
+    const float mx = block_max(sh->redf, m);
     const float lo = __fsub_rn(mx, 80.0f);
     const int nc = (n + SMP_CHUNK - 1) / SMP_CHUNK;
     for (int c = threadIdx.x; c < nc; c += SMP_THREADS) {
@@ -455,9 +440,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
         float v = l[t];
         if (R.repeat_penalty != 1.0f)
             v = v > 0.0f ? __fdiv_rn(v, R.repeat_penalty) : __fmul_rn(v, R.repeat_penalty);
-        v = __fsub_rn(v, __fadd_rn(__fmul_rn((float)pen_count[R.pen_first + e],
-                                             R.frequency_penalty),
-                                   R.presence_penalty));
+        v = __fsub_rn(v,
+                      __fadd_rn(__fmul_rn((float)pen_count[R.pen_first + e], R.frequency_penalty),
+                                R.presence_penalty));
         l[t] = v;
     }
     __syncthreads();
@@ -471,7 +456,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
             const u64 k = (u64)ord << 32 | (uint32_t) ~(uint32_t)i;
             best = k > best ? k : best;
         }
-        id = (int)~(uint32_t)block_max_u64(&sh, best);
+        id = (int)~(uint32_t)block_max(sh.red, best);
     } else if (R.top_k > 0 && R.top_k < n) {
         if (R.top_k <= SMP_CAP) {
             const int k = R.top_k;
@@ -544,7 +529,7 @@ extern "C" int kcu_sample(void *stream, const float *logits, float *work, double
 {
     if (n <= 0)
         return 0;
-    KCU_LAUNCH(k_sample, n, SMP_THREADS, (cudaStream_t)stream)(logits, work, zc, mc, n_vocab, rows,
-                                                              pen_id, pen_count, masks, out);
+    KCU_LAUNCH(k_sample, n, SMP_THREADS, (cudaStream_t)stream)
+    (logits, work, zc, mc, n_vocab, rows, pen_id, pen_count, masks, out);
     return (int)cudaGetLastError();
 }
