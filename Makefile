@@ -167,7 +167,8 @@ endif
 $(BUILD)/engine/sampler_rows.o: CFLAGS += -Wno-psabi
 
 # Developer tools built on the library (not part of `all`; `make test` builds them so they
-# keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf, build/tools/bench_masks.
+# keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf, build/tools/bench_masks,
+# build/tools/bench_matmul.
 $(BUILD)/tools/%: tools/%.c $(BUILD)/libquern.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a $(LDLIBS)
@@ -180,7 +181,7 @@ $(BUILD)/tests/%: $(OBJ_DIR)/tests/%.o $(BUILD)/libquern.a
 
 # Everything the suite runs, built (`make -j2 test-build` first builds it in parallel; CI does).
 TEST_BUILD = all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
-             $(BUILD)/tools/bench_masks cuda-emu
+             $(BUILD)/tools/bench_masks $(BUILD)/tools/bench_matmul cuda-emu
 test-build: $(TEST_BUILD)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.
@@ -193,7 +194,8 @@ test: check-includes $(TEST_BUILD) model gemma pydeps testdeps
 # (`make CUDA=emu test`: this build is the emulator's, and the whole suite runs on it.)
 ifeq ($(CUDA_ON),emu)
 EMU_DIR = $(BUILD)
-cuda-emu: $(QUERN) $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_model
+cuda-emu: $(QUERN) $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_model \
+          $(BUILD)/tools/bench_matmul
 else
 EMU_DIR = $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),$(BUILD)-emu,none)
 # A CUDA-enabled build lends it every C object (EMU_BASE), so they are built first. BUILD is
@@ -203,7 +205,8 @@ cuda-emu: $(if $(filter 1,$(CUDA_ON)),$(BUILD)/libquern.a $(BIN_OBJ) \
 ifneq ($(EMU_DIR),none)
 	$(MAKE) CUDA=emu BUILD=$(EMU_DIR) $(if $(QUERN_SANITIZE),asan) \
 	    $(if $(filter 1,$(CUDA_ON)),EMU_BASE=$(BUILD)) \
-	    $(EMU_DIR)/bin/quern $(EMU_DIR)/tests/test_backend_ops $(EMU_DIR)/tests/test_cuda_model
+	    $(EMU_DIR)/bin/quern $(EMU_DIR)/tests/test_backend_ops $(EMU_DIR)/tests/test_cuda_model \
+	    $(EMU_DIR)/tools/bench_matmul
 endif
 endif
 

@@ -11,7 +11,7 @@
 #                                  own timeout, everything into $OUT/gpu-check.txt (default
 #                                  ./gpu-check-out), exit 0 only when every step passed:
 #     - the GPU (nvidia-smi), libraries the binaries miss (ldd), `quern info`;
-#     - test_cuda_dequant; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
+#     - test_cuda_dequant, test_cuda_pack; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
 #       every op against the double-precision reference (exact mode; matmuls also in bf16 mode,
 #       the tensor-core kernel); test_cuda_model: a 6-layer dummy model's logits and greedy
 #       tokens against the CPU backend's;
@@ -21,9 +21,12 @@
 #       staged through host memory) against --tp 1; perplexity on the dummy, cuda within 0.5 %
 #       of cpu (issue 19);
 #     - the machine's HBM copy bandwidth and cuBLAS bf16 GEMM rate (PyTorch, which the GPU image
-#       has), then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
+#       has); each matmul kernel timed alone (tools/bench_matmul: the packed GEMV, the packed
+#       tensor-core kernel, the GGUF-row kernels, llama3-8b's shapes, 1 to 512 tokens); then quern
+#       bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
-#       same batch greedy: issue 21's >= 95 %), and one 4,000-token context with attention split
+#       same batch greedy: issue 21's >= 95 %), llama3-8b batch 1 with the weights as GGUF rows
+#       (QUERN_CUDA_PACK=0) against the packed layout, and one 4,000-token context with attention split
 #       over the KV length and without: the numbers the issues' goals are stated against.
 #
 # Steps run most important first, so a run stopped at the device tool's limit (give it ~480 s of
@@ -36,11 +39,12 @@ C=gpu-carry
 prepare() {
     set -e
     make -j"$(nproc)" CUDA=1 all build/tests/test_backend_ops build/tests/test_cuda_dequant \
-        build/tests/test_cuda_model build/tools/dummy_gguf
+        build/tests/test_cuda_pack build/tests/test_cuda_model build/tools/dummy_gguf \
+        build/tools/bench_matmul
     rm -rf "$C"
     mkdir -p "$C/bin" "$C/lib" "$C/models"
     cp build/bin/quern build/tests/test_backend_ops build/tests/test_cuda_dequant \
-        build/tests/test_cuda_model "$C/bin/"
+        build/tests/test_cuda_pack build/tests/test_cuda_model build/tools/bench_matmul "$C/bin/"
     # Libraries outside glibc, libgcc and libstdc++ (which any CUDA image has).
     for b in "$C"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -85,6 +89,7 @@ run() {
         step ldd 30 bash -c "! ldd $C/bin/* | grep 'not found'"
         step info 30 "$C/bin/quern" info
         step dequant 60 "$C/bin/test_cuda_dequant"
+        step pack 60 "$C/bin/test_cuda_pack"
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_backend_ops"
         step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_cuda_model"
         local m=$C/models/smollm2-8l-dummy.gguf
@@ -128,6 +133,12 @@ for _ in range(10): a @ b
 torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 10
 print(f"cuBLAS bf16 GEMM 8192^3: {2 * 8192 ** 3 / dt / 1e12:.0f} TFLOP/s")
 PY
+        # each matmul kernel alone: the packed GEMV's weight GB/s at 1-8 tokens against the HBM
+        # copy rate above (goal 70 %), the tensor-core kernel's TFLOPS at 256 against cuBLAS
+        # (goal 50 %), where the tensor-core kernel overtakes the GEMV (QUERN_CUDA_GEMV_MAX), and
+        # the packed layout against the GGUF rows
+        step bench-matmul 150 bash -c "'$C/bin/bench_matmul' --type q4_0 >'$out/bench-matmul.tsv' \
+            && cat '$out/bench-matmul.tsv'"
         for spec in "smollm2-b1:smollm2-135m:--max-seqs 1 --prompts 4 --input-len 128 --output-len 64" \
             "smollm2-batch:smollm2-135m:--prompts 256 --input-len 128 --output-len 64" \
             "smollm2-batch-sampled:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --temperature 0.8 --top-p 0.95" \
@@ -139,6 +150,11 @@ PY
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \
                 cat '$out/bench-$tag.json'"
         done
+        # batch 1 with the weights as GGUF rows (QUERN_CUDA_PACK=0): the packed layout's gain
+        step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$C/bin/quern' bench --model $m \
+            --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 2 \
+            --input-len 128 --output-len 32 >'$out/bench-llama3-8b-b1-gguf.json' && \
+            cat '$out/bench-llama3-8b-b1-gguf.json'"
         # one sequence with a 4,000-token context: attention split over the KV length
         # (flash-decoding, the default) against one warp per head over all of it
         for split in 512 0; do

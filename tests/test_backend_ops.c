@@ -83,6 +83,17 @@ static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne
             snprintf(op, sizeof(op), "matmul %s %lldx%lld n_tok %d form %d w%d",
                      dtype_get(type)->name, (long long)ne0, (long long)w[i].t.ne1, n_tok, form, i);
             compare_mm(c, op, y, yr, mag, m);
+            if (c->act == KERN_ACT_BF16 && form == 0) {
+                /* the mode's rounding itself, which the tolerance above would let pass unrounded */
+                ref_matmul_bf16(&w[i], xin, n_tok, yr, mag);
+                const struct check strict = {.act = KERN_ACT_F32};
+                for (size_t e = 0; e < m; e++)
+                    if (!(fabs(y[e] - yr[e]) <= mm_tol(strict.act) * mag[e] + 1e-6)) {
+                        report(c, op, "bf16 rounding: element %zu: %g, bf16 reference %g", e,
+                               (double)y[e], yr[e]);
+                        break;
+                    }
+            }
             free(y);
         }
         /* the element-wise steps' own outputs: x updated by the add, xn the norm, x the SwiGLU */
@@ -957,6 +968,43 @@ static void test_cuda_backend(void **state)
             check_broken_sample(c.be);
         kern_backend_free(c.be);
     }
+    /* the matmul kernels each layout and mode can take: 4-bit weights as GGUF rows (the
+     * kernels the other types use), and the packed layout (cuda_pack.h) on the tensor-core
+     * kernel from one token and on the GEMV kernel up to 70 tokens (two token blocks of the
+     * tensor-core kernel, nine of the GEMV) */
+    static const struct {
+        const char *pack, *mv_max;
+        enum kern_act act;
+    } knobs[] = {{"0", "8", KERN_ACT_F32},
+                 {"0", "8", KERN_ACT_BF16},
+                 {"1", "0", KERN_ACT_BF16},
+                 {"1", "100", KERN_ACT_BF16}};
+    for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
+        setenv("QUERN_CUDA_PACK", knobs[i].pack, 1);
+        setenv("QUERN_CUDA_GEMV_MAX", knobs[i].mv_max, 1);
+        struct kern_backend_opts o = {"cuda", 2, NULL, knobs[i].act, 1, 1};
+        struct err_detail err = {0};
+        char label[96];
+        snprintf(label, sizeof(label), "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_GEMV_MAX=%s",
+                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].mv_max);
+        struct check c = {.label = label, .act = knobs[i].act};
+        c.r.s = 4400 + i;
+        assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+        static const uint32_t p4[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K};
+        for (size_t t = 0; t < sizeof(p4) / sizeof(p4[0]); t++) {
+            const int ksz = p4[t] == DTYPE_Q4_K;
+            check_matmul(&c, p4[t], ksz ? 768 : 160, 41, 1);
+            check_matmul(&c, p4[t], ksz ? 256 : 96, 70, 70);
+            check_matmul(&c, p4[t], ksz ? 2560 : 2336, 9, 3); /* > 16 groups: the GEMV's warps
+                                                               * take several runs */
+        }
+        check_ffn(&c, DTYPE_Q4_1, 96, 160, 9, KERN_GLU_SILU);
+        printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
+        assert_int_equal(c.fails, 0);
+        kern_backend_free(c.be);
+    }
+    unsetenv("QUERN_CUDA_PACK");
+    unsetenv("QUERN_CUDA_GEMV_MAX");
     /* attention split over the positions (flash-decoding) in runs of 24, so that these short
      * sequences (up to 70 positions) take 1 to 3 splits, sliding windows across splits too */
     setenv("QUERN_CUDA_ATTN_SPLIT", "24", 1);

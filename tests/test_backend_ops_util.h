@@ -142,6 +142,26 @@ static inline void ref_matmul(const struct weight *w, const float *x, int n_tok,
         }
 }
 
+/* ref_matmul with the bf16 mode's rounding of the weights and inputs (bfloat16, nearest
+ * even): what a bf16 backend must compute up to its f32 sums' order. */
+static inline void ref_matmul_bf16(const struct weight *w, const float *x, int n_tok, double *y,
+                                   double *mag)
+{
+    const int64_t n = w->t.ne0, m = w->t.ne1;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < m; r++) {
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double p = (double)kern_bf16_to_f32(kern_f32_to_bf16(w->deq[r * n + i])) *
+                                 kern_bf16_to_f32(kern_f32_to_bf16(x[(size_t)t * n + i]));
+                s += p;
+                a += fabs(p);
+            }
+            y[(size_t)t * m + r] = s;
+            mag[(size_t)t * m + r] = a;
+        }
+}
+
 static inline void compare_mm(struct check *c, const char *op, const float *got, const double *want,
                               const double *mag, size_t n)
 {

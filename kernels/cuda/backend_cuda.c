@@ -1,6 +1,7 @@
 /* The CUDA backend: struct kern_ops over the kernels of cuda_kernels.cu (exact mode: f32 CUDA
- * cores; bf16 mode: tensor cores), with weights kept in
- * their GGUF blocks in device memory (prepare uploads them), the KV pool in the CPU backend's
+ * cores; bf16 mode: tensor cores), with 4-bit weights repacked for 16-byte lane loads in mma
+ * fragment order (cuda_pack.h) and the other types kept in their GGUF blocks in device memory
+ * (prepare uploads them), the KV pool in the CPU backend's
  * tile layout in device memory, and every op queued on one stream in call order. A failed CUDA
  * call inside an op (a device fault, a lost GPU) ends the process with the runtime's message: a
  * device in that state cannot be trusted, and the runner's checkpoints make a rerun lose
@@ -15,6 +16,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_dequant.h"
 #include "kernels/cuda/cuda_launch.h"
+#include "kernels/cuda/cuda_pack.h"
 #include "kernels/kernels.h"
 
 struct cuda_state {
@@ -31,6 +33,8 @@ struct cuda_state {
     int att_split;   /* attention's positions per split (flash-decoding); 0: none */
     float *att_part; /* ... its scratch (ATT_PART_FLOATS), made at the first call */
     int att_part_tried;
+    int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
+    int pack;   /* repack 4-bit weights at prepare (cuda_pack.h); 0: GGUF rows */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -67,16 +71,28 @@ static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, 
     return in->norm ? in->xn : in->x;
 }
 
+/* How the kernels see weight w in the current mode. */
+static struct kcu_mm mm_of(const struct cuda_state *s, const struct kern_tensor *w)
+{
+    return (struct kcu_mm){.w = {.type = w->type,
+                                 .w = w->packed,
+                                 .row_bytes = w->row_bytes,
+                                 .ne0 = w->ne0,
+                                 .ne1 = w->ne1,
+                                 .p4_scales = w->packed_panel},
+                           .bf16 = s->act == KERN_ACT_BF16,
+                           .mv_max = s->mv_max};
+}
+
 static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
                         int n_w, const struct kern_mm_in *in, int n_tok)
 {
     struct cuda_state *s = st_of(b);
     const float *x = mm_input(s, in, n_tok, w[0]->ne0);
-    for (int i = 0; i < n_w; i++)
-        check((s->act == KERN_ACT_BF16 ? kcu_matmul_bf16 : kcu_matmul)(
-                  s->stream, w[i]->type, w[i]->packed, w[i]->row_bytes, w[i]->ne0, w[i]->ne1, x,
-                  y[i], n_tok),
-              "matmul");
+    for (int i = 0; i < n_w; i++) {
+        const struct kcu_mm mm = mm_of(s, w[i]);
+        check(kcu_matmul(s->stream, &mm, x, y[i], n_tok), "matmul");
+    }
 }
 
 /* The output projection's greedy epilogue: only the ids leave the kernels. */
@@ -93,9 +109,8 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
         s->best_cap = n_tok;
     }
     const float *x = mm_input(s, in, n_tok, w->ne0);
-    check(kcu_matmul_argmax(s->stream, s->act == KERN_ACT_BF16, w->type, w->packed, w->row_bytes,
-                            w->ne0, w->ne1, x, n_tok, s->best, ids),
-          "matmul_argmax");
+    const struct kcu_mm mm = mm_of(s, w);
+    check(kcu_matmul_argmax(s->stream, &mm, x, n_tok, s->best, ids), "matmul_argmax");
     return 1;
 }
 
@@ -223,6 +238,14 @@ static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     cuda_matmul(b, d, yd, 1, &din, n_tok);
 }
 
+/* 1 when prepare repacks w into the 4-bit layout of cuda_pack.h. */
+static int packs(const struct cuda_state *s, const struct kern_tensor *w)
+{
+    return s->pack && kcu_p4_type(w->type);
+}
+
+/* Weights go up once, 4-bit ones repacked (cuda_pack.h: 16-byte lane loads in mma fragment
+ * order; packed_panel holds the scale plane's offset), the rest as their GGUF rows. */
 static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
                                 struct err_detail *err)
 {
@@ -231,21 +254,30 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "the CUDA backend has no kernels for tensor type %u with rows of %lld",
                        (unsigned)w->type, (long long)w->ne0);
-    const size_t bytes = (size_t)w->ne1 * w->row_bytes;
+    const int p4 = packs(s, w);
+    const size_t bytes = p4 ? kcu_p4_bytes(w->type, w->ne0, w->ne1) : (size_t)w->ne1 * w->row_bytes;
+    uint8_t *host = NULL;
+    if (p4 && !(host = malloc(bytes)))
+        return err_set(err, ST_ERR_NOMEM, "no memory to repack a %zu-byte weight", bytes);
+    if (p4)
+        kcu_p4_pack(w->type, w->data, w->row_bytes, w->ne0, w->ne1, host);
     void *p = NULL;
     cudaError_t rc = handled(cudaMalloc(&p, bytes ? bytes : 1));
-    if (rc)
+    if (rc) {
+        free(host);
         return err_set(err, ST_ERR_NOMEM, "no device memory for a %zu-byte weight: %s", bytes,
                        cudaGetErrorString(rc));
-    rc = cudaMemcpyAsync(p, w->data, bytes, cudaMemcpyHostToDevice, s->stream);
+    }
+    rc = cudaMemcpyAsync(p, p4 ? host : w->data, bytes, cudaMemcpyHostToDevice, s->stream);
     if (!rc)
         rc = cudaStreamSynchronize(s->stream);
+    free(host);
     if (rc) {
         cudaFree(p);
         return err_set(err, ST_ERR_IO, "uploading a weight: %s", cudaGetErrorString(rc));
     }
     w->packed = p;
-    w->packed_panel = 0;
+    w->packed_panel = p4 ? kcu_p4_qbytes(w->ne0, w->ne1) : 0;
     return ST_OK;
 }
 
@@ -260,8 +292,8 @@ static void cuda_release(struct kern_backend *b, struct kern_tensor *w)
 static void cuda_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                           int n, float *out)
 {
-    check(kcu_get_rows(st_of(b)->stream, w->type, w->packed, w->row_bytes, w->ne0, ids, n, out),
-          "get_rows");
+    const struct kcu_mm mm = mm_of(st_of(b), w);
+    check(kcu_get_rows(st_of(b)->stream, &mm.w, ids, n, out), "get_rows");
 }
 
 static void cuda_rope(struct kern_backend *b, float *x, const float *cs, int n_tok, int n_head,
@@ -466,8 +498,8 @@ static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
 
 static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
-    (void)b;
-    return (size_t)w->ne1 * w->row_bytes;
+    return packs(st_of(b), w) ? kcu_p4_bytes(w->type, w->ne0, w->ne1)
+                              : (size_t)w->ne1 * w->row_bytes;
 }
 
 static const char *cuda_describe(const struct kern_backend *b)
@@ -582,20 +614,31 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     }
     s->device = o->device;
     s->act = o->act;
-    s->att_split = 512;
-    const char *split = getenv("QUERN_CUDA_ATTN_SPLIT"); /* tests: short splits */
-    if (split && *split) {
+    /* tuning knobs for tests and the GPU check (docs/CUDA_NOTES.md): defaults until measured */
+    static const struct {
+        const char *name, *want;
+        long def, max;
+    } knobs[] = {
+        {"QUERN_CUDA_ATTN_SPLIT", "positions per split (0: none)", 512, 1 << 20},
+        {"QUERN_CUDA_GEMV_MAX", "the most tokens the bf16 GEMV takes", 8, 1 << 20},
+        {"QUERN_CUDA_PACK", "1 to repack 4-bit weights, 0 to keep GGUF rows", 1, 1},
+    };
+    long v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = knobs[i].def;
+        const char *e = getenv(knobs[i].name);
         char *end;
-        const long v = strtol(split, &end, 10);
-        if (*end || v < 0 || v > (1 << 20)) {
+        if (e && *e && ((v[i] = strtol(e, &end, 10)), *end || v[i] < 0 || v[i] > knobs[i].max)) {
             cudaStreamDestroy(s->stream);
             free(b);
             free(s);
-            return err_set(err, ST_ERR_INVALID_ARG,
-                           "QUERN_CUDA_ATTN_SPLIT=%s: want positions per split (0: none)", split);
+            return err_set(err, ST_ERR_INVALID_ARG, "%s=%s: want %s", knobs[i].name, e,
+                           knobs[i].want);
         }
-        s->att_split = (int)v;
     }
+    s->att_split = (int)v[0];
+    s->mv_max = (int)v[1];
+    s->pack = (int)v[2];
     snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
              prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
     b->ops = &cuda_ops;

@@ -1,8 +1,9 @@
-/* The CUDA backend's kernels, correctness first: f32 arithmetic on weights dequantized in
- * registers (kernels/cuda/cuda_dequant.h, the same text the CPU tests check bit for bit), so the
- * weights stay in their GGUF blocks in device memory. Each kernel is the plain parallel form of
- * the CPU's scalar reference for its op; tensor-core GEMMs, repacked INT4 layouts and fused
- * epilogues come after these pass the op test on a GPU. Launchers: kernels/cuda/cuda_launch.h. */
+/* The CUDA backend's kernels, correctness first: f32 arithmetic on weights decoded in registers
+ * by the very text the CPU tests check bit for bit (kernels/cuda/cuda_dequant.h for GGUF rows,
+ * kernels/cuda/cuda_pack.h for the packed 4-bit layout), so no weight is ever expanded in device
+ * memory. Each kernel is the plain parallel form of the CPU's scalar reference for its op; the
+ * matmuls also come as a GEMV and tensor-core kernels (mma.sync) over the packed layout.
+ * Launchers: kernels/cuda/cuda_launch.h. */
 #ifdef KCU_EMU
 #include "kernels/cuda/emu/kemu.h" /* compiled as C++ for the CPU emulator (make CUDA=emu) */
 #else
@@ -18,6 +19,7 @@
 #include "kernels/cuda/cuda_dequant.h"
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/cuda/cuda_mma.h"
+#include "kernels/cuda/cuda_pack.h"
 
 #define WARP 32
 #define FULL 0xffffffffu
@@ -173,18 +175,6 @@ __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int6
     }
 }
 
-extern "C" int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
-                          int64_t ne1, const float *x, float *y, int n_tok)
-{
-    if (n_tok <= 0 || ne1 <= 0)
-        return 0;
-    const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
-                    (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
-    KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, (cudaStream_t)stream)
-    (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
-    return launched();
-}
-
 /* ---- matmul in the bf16 mode, on tensor cores: the CPU's bf16 semantics (activations and
  * dequantized weights rounded to bfloat16, f32 sums) with mma.sync m16n8k16 bf16 -> f32. A block
  * computes a 64-token x 64-row tile of y in 32-wide k steps: its threads dequantize the 64
@@ -271,20 +261,263 @@ __global__ void __launch_bounds__(128)
         }
 }
 
-extern "C" int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_t row_bytes,
-                               int64_t ne0, int64_t ne1, const float *x, float *y, int n_tok)
+/* ---- the packed 4-bit layout (kernels/cuda/cuda_pack.h: Q4_0, Q4_1, Q4_K repacked at load).
+ * Each lane loads 16 bytes per (8-row tile, 128-element group): its row's 8 values of each of
+ * the group's 4 units, already in mma's B fragment order, and its row's scale record. The
+ * weights are decoded in registers by the very functions the CPU test checks bit for bit. ---- */
+
+#define MV_WARPS  4 /* warps of a GEMV block: one 8-row tile, the groups split among them */
+#define MV_TOK    8 /* tokens per GEMV block */
+#define MV_GROUPS 4 /* consecutive groups a warp loads before it multiplies them */
+
+/* The 8 weights of lane word `word` of a unit with parameters a, b; rounded to bfloat16 (as
+ * floats) in the bf16 mode. */
+template <uint32_t TYPE, int BF>
+static __device__ __forceinline__ void p4_values(uint32_t word, float a, float b, float *v)
 {
-    if (n_tok <= 0 || ne1 <= 0)
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = kcu_p4_val(TYPE, (word >> (4 * i)) & 0xF, a, b);
+        if (BF)
+            v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+    }
+}
+
+template <int BF> static __device__ __forceinline__ float p4_x(float v)
+{
+    return BF ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
+/* A lane's load of (tile, group): the quant words of its unit j = 0..3, and its row's record. */
+template <uint32_t TYPE>
+static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t sbase, int64_t groups,
+                                               int64_t tile, int64_t q4, int lane, uint32_t *qw,
+                                               uint32_t *rw)
+{
+    const uint4 q = *(const uint4 *)(w + ((size_t)(tile * groups + q4) * 32 + lane) * KCU_P4_LANE);
+    qw[0] = q.x;
+    qw[1] = q.y;
+    qw[2] = q.z;
+    qw[3] = q.w;
+    const uint32_t *r =
+        (const uint32_t *)(w + sbase + kcu_p4_soff(TYPE, groups, tile * 8 + lane / 4, q4));
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        rw[k] = k < kcu_p4_rec(TYPE) / 4 ? r[k] : 0u;
+}
+
+/* GEMV for few tokens: a block per (8-row tile, MV_TOK tokens), its warps taking runs of
+ * MV_GROUPS groups in turn; lane 4g + t multiplies row g's values at k = kcu_p4_k(t, i) by the
+ * tokens' inputs there (float2 loads), then the 4 lanes of a row and the warps are summed. */
+template <uint32_t TYPE, int BF>
+__global__ void __launch_bounds__(MV_WARPS *WARP)
+    k_p4_mv(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const float *x, float *y,
+            int n_tok, unsigned long long *best)
+{
+    __shared__ float part[MV_WARPS][8][MV_TOK];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, t = lane % 4;
+    const int64_t tile = blockIdx.x, groups = kcu_p4_groups(ne0), units = ne0 / 32;
+    const int t0 = blockIdx.y * MV_TOK;
+    const int nt = n_tok - t0 < MV_TOK ? n_tok - t0 : MV_TOK;
+    float acc[MV_TOK];
+#pragma unroll
+    for (int k = 0; k < MV_TOK; k++)
+        acc[k] = 0.0f;
+    for (int64_t q0 = (int64_t)warp * MV_GROUPS; q0 < groups; q0 += MV_WARPS * MV_GROUPS) {
+        uint32_t qw[MV_GROUPS][4], rw[MV_GROUPS][4];
+#pragma unroll
+        for (int q = 0; q < MV_GROUPS; q++) /* every load first: more bytes in flight */
+            if (q0 + q < groups)
+                p4_load<TYPE>(w, sbase, groups, tile, q0 + q, lane, qw[q], rw[q]);
+#pragma unroll
+        for (int q = 0; q < MV_GROUPS; q++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t u = (q0 + q) * 4 + j;
+                if (u >= units)
+                    break;
+                float a, b, v[8];
+                kcu_p4_par(TYPE, rw[q], j, &a, &b);
+                p4_values<TYPE, BF>(qw[q][j], a, b, v);
+#pragma unroll
+                for (int k = 0; k < MV_TOK; k++) {
+                    if (k >= nt)
+                        break;
+                    const float *xp = x + (size_t)(t0 + k) * ne0 + u * 32 + 2 * t;
+                    float s = acc[k];
+#pragma unroll
+                    for (int h = 0; h < 4; h++) { /* k 2t + 8h, 2t + 8h + 1: nibbles 2h, 2h + 1 */
+                        const float2 xv = *(const float2 *)(xp + 8 * h);
+                        s = fmaf(v[2 * h], p4_x<BF>(xv.x), s);
+                        s = fmaf(v[2 * h + 1], p4_x<BF>(xv.y), s);
+                    }
+                    acc[k] = s;
+                }
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < MV_TOK; k++) {
+        acc[k] += __shfl_xor_sync(FULL, acc[k], 1);
+        acc[k] += __shfl_xor_sync(FULL, acc[k], 2);
+        if (t == 0)
+            part[warp][lane / 4][k] = acc[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < 8 * MV_TOK) {
+        const int g = threadIdx.x / MV_TOK, k = threadIdx.x % MV_TOK;
+        const int64_t r = tile * 8 + g;
+        float s = part[0][g][k];
+        for (int i = 1; i < MV_WARPS; i++)
+            s += part[i][g][k];
+        if (k < nt && r < ne1 && best)
+            fold_best(best, t0 + k, r, s);
+        else if (k < nt && r < ne1)
+            y[(size_t)(t0 + k) * ne1 + r] = s;
+    }
+}
+
+/* Tensor-core GEMM (bf16 mode): a block computes 64 tokens x 64 rows (8 tiles) a group (128 k)
+ * at a time; the tokens' inputs are rounded into shared memory (A fragments as k_matmul_bf16),
+ * and each warp decodes its 2 tiles' values straight into B fragments: unit j's nibbles 0..3 are
+ * the fragment of k 32j..32j+15, nibbles 4..7 of the next 16. */
+#define PM_BM 64
+#define PM_BK 128
+#define PM_LD (PM_BK + 8)
+
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(128)
+    k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const float *x, float *y,
+             int n_tok, unsigned long long *best)
+{
+    __shared__ __align__(16) uint16_t as[PM_BM * PM_LD];
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
+    const int64_t tile0 = (int64_t)blockIdx.x * 8 + warp * 2;
+    const int m0 = blockIdx.y * PM_BM;
+    float acc[4][2][4];
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[m][n][i] = 0.0f;
+    for (int64_t q4 = 0; q4 < groups; q4++) {
+        const int64_t k0 = q4 * PM_BK;
+        for (int e = tid; e < PM_BM * PM_BK; e += blockDim.x) {
+            const int r = e / PM_BK, c = e % PM_BK;
+            as[r * PM_LD + c] = bf16_bits(
+                m0 + r < n_tok && k0 + c < ne0 ? x[(size_t)(m0 + r) * ne0 + k0 + c] : 0.0f);
+        }
+        uint32_t qw[2][4], rw[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+            if (tile0 + n < tiles)
+                p4_load<TYPE>(w, sbase, groups, tile0 + n, q4, lane, qw[n], rw[n]);
+            else
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    qw[n][k] = rw[n][k] = 0u; /* past the last tile: zero weights */
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t bf[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                float a, b, v[8];
+                kcu_p4_par(TYPE, rw[n], j, &a, &b);
+                p4_values<TYPE, 0>(qw[n][j], a, b, v);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
+                                                                   << 16;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    uint32_t af[4];
+                    kcu_frag_a(as, PM_LD, m * 16, j * 32 + h * 16, lane, af);
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+                        mma_bf16(acc[m][n], af, bf[n] + 2 * h);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r, c;
+                kcu_frag_c(lane, i, &r, &c);
+                const int tok = m0 + m * 16 + r;
+                const int64_t row = (tile0 + n) * 8 + c;
+                if (tok < n_tok && row < ne1 && best)
+                    fold_best(best, tok, row, acc[m][n][i]);
+                else if (tok < n_tok && row < ne1)
+                    y[(size_t)tok * ne1 + row] = acc[m][n][i];
+            }
+}
+
+template <uint32_t TYPE>
+static void p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
+                      unsigned long long *best)
+{
+    const struct kcu_weight *wt = &mm->w;
+    const uint8_t *w = (const uint8_t *)wt->w;
+    const unsigned tiles = (unsigned)kcu_p4_tiles(wt->ne1);
+    if (mm->bf16 && n_tok > mm->mv_max) {
+        void (*k)(const uint8_t *, size_t, int64_t, int64_t, const float *, float *, int,
+                  unsigned long long *) = k_p4_mma<TYPE>;
+        KCU_LAUNCH(k, dim3((tiles + 7) / 8, (unsigned)((n_tok + PM_BM - 1) / PM_BM)), 128, st)
+        (w, wt->p4_scales, wt->ne0, wt->ne1, x, y, n_tok, best);
+        return;
+    }
+    void (*k)(const uint8_t *, size_t, int64_t, int64_t, const float *, float *, int,
+              unsigned long long *) = mm->bf16 ? k_p4_mv<TYPE, 1> : k_p4_mv<TYPE, 0>;
+    KCU_LAUNCH(k, dim3(tiles, (unsigned)((n_tok + MV_TOK - 1) / MV_TOK)), MV_WARPS * WARP, st)
+    (w, wt->p4_scales, wt->ne0, wt->ne1, x, y, n_tok, best);
+}
+
+/* One matmul (y) or its greedy fold (best) on the kernel its weight's layout and mode take. */
+static void mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
+                      unsigned long long *best)
+{
+    const struct kcu_weight *w = &mm->w;
+    if (w->p4_scales) {
+        if (w->type == KCU_Q4_0)
+            p4_launch<KCU_Q4_0>(st, mm, x, y, n_tok, best);
+        else if (w->type == KCU_Q4_1)
+            p4_launch<KCU_Q4_1>(st, mm, x, y, n_tok, best);
+        else
+            p4_launch<KCU_Q4_K>(st, mm, x, y, n_tok, best);
+    } else if (mm->bf16) {
+        const dim3 grid((unsigned)((w->ne1 + TC_BN - 1) / TC_BN),
+                        (unsigned)((n_tok + TC_BM - 1) / TC_BM));
+        KCU_LAUNCH(k_matmul_bf16, grid, 128, st)
+        (w->type, (const uint8_t *)w->w, w->row_bytes, w->ne0, w->ne1, x, y, n_tok, best);
+    } else {
+        const dim3 grid((unsigned)((w->ne1 + MM_WARPS - 1) / MM_WARPS),
+                        (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
+        KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, st)
+        (w->type, (const uint8_t *)w->w, w->row_bytes, w->ne0, w->ne1, x, y, n_tok, best);
+    }
+}
+
+extern "C" int kcu_matmul(void *stream, const struct kcu_mm *mm, const float *x, float *y,
+                          int n_tok)
+{
+    if (n_tok <= 0 || mm->w.ne1 <= 0)
         return 0;
-    const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN), (unsigned)((n_tok + TC_BM - 1) / TC_BM));
-    KCU_LAUNCH(k_matmul_bf16, grid, 128, (cudaStream_t)stream)
-    (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, y, n_tok, NULL);
+    mm_launch((cudaStream_t)stream, mm, x, y, n_tok, NULL);
     return launched();
 }
 
-extern "C" int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const void *w,
-                                 size_t row_bytes, int64_t ne0, int64_t ne1, const float *x,
-                                 int n_tok, unsigned long long *best, int32_t *ids)
+extern "C" int kcu_matmul_argmax(void *stream, const struct kcu_mm *mm, const float *x, int n_tok,
+                                 unsigned long long *best, int32_t *ids)
 {
     if (n_tok <= 0)
         return 0;
@@ -292,17 +525,8 @@ extern "C" int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const vo
     int rc = (int)cudaMemsetAsync(best, 0, sizeof(*best) * (size_t)n_tok, st);
     if (rc)
         return rc;
-    if (bf16) {
-        const dim3 grid((unsigned)((ne1 + TC_BN - 1) / TC_BN),
-                        (unsigned)((n_tok + TC_BM - 1) / TC_BM));
-        KCU_LAUNCH(k_matmul_bf16, grid, 128, st)
-        (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, NULL, n_tok, best);
-    } else {
-        const dim3 grid((unsigned)((ne1 + MM_WARPS - 1) / MM_WARPS),
-                        (unsigned)((n_tok + MM_TOK - 1) / MM_TOK));
-        KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, st)
-        (type, (const uint8_t *)w, row_bytes, ne0, ne1, x, NULL, n_tok, best);
-    }
+    if (mm->w.ne1 > 0)
+        mm_launch(st, mm, x, NULL, n_tok, best);
     if ((rc = launched()))
         return rc;
     KCU_LAUNCH(k_best_ids, (unsigned)((n_tok + 127) / 128), 128, st)(best, ids, n_tok);
@@ -324,13 +548,27 @@ __global__ void k_get_rows(uint32_t type, const uint8_t *w, size_t row_bytes, in
     }
 }
 
-extern "C" int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes,
-                            int64_t ne0, const int32_t *ids, int n, float *out)
+/* get_rows of a packed weight: a thread per unit, through the text the CPU test checks. */
+__global__ void k_p4_get_rows(uint32_t type, const uint8_t *w, size_t sbase, int64_t ne0,
+                              const int32_t *ids, float *out)
+{
+    float *o = out + (size_t)blockIdx.x * ne0;
+    for (int64_t u = threadIdx.x; u < ne0 / 32; u += blockDim.x)
+        kcu_p4_unit(type, w, sbase, ne0, ids[blockIdx.x], u, o + u * 32);
+}
+
+extern "C" int kcu_get_rows(void *stream, const struct kcu_weight *w, const int32_t *ids, int n,
+                            float *out)
 {
     if (n <= 0)
         return 0;
-    KCU_LAUNCH(k_get_rows, n, 128, (cudaStream_t)stream)
-    (type, (const uint8_t *)w, row_bytes, ne0, ids, out);
+    if (w->p4_scales) {
+        KCU_LAUNCH(k_p4_get_rows, n, 128, (cudaStream_t)stream)
+        (w->type, (const uint8_t *)w->w, w->p4_scales, w->ne0, ids, out);
+    } else {
+        KCU_LAUNCH(k_get_rows, n, 128, (cudaStream_t)stream)
+        (w->type, (const uint8_t *)w->w, w->row_bytes, w->ne0, ids, out);
+    }
     return launched();
 }
 

@@ -18,23 +18,35 @@ extern "C" {
 int kcu_mm_prep(void *stream, float *x, const float *add, const float *norm, float eps,
                 const float *up, int glu, float *xn, int n_tok, int n);
 int kcu_norm_rows(void *stream, float *x, const float *w, long n_rows, int width, float eps);
-/* y[t * ne1 + r] = dot(dequantized row r of w, x[t * ne0 ..]) for t < n_tok, r < ne1; w holds
- * ne1 rows of row_bytes bytes of GGUF type `type` (cuda_dequant.h), ne0 % 32 == 0. */
-int kcu_matmul(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
-               int64_t ne1, const float *x, float *y, int n_tok);
-/* kcu_matmul in the bf16 mode: activations and dequantized weights rounded to bfloat16 (nearest
- * even), products summed in f32 on tensor cores (sm_80 and later). */
-int kcu_matmul_bf16(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
-                    int64_t ne1, const float *x, float *y, int n_tok);
-/* ids[t] = the row of w with the largest product with x[t] (NaN never wins, ties to the lowest
- * row, 0 when every value is NaN or -inf), the values bitwise those kcu_matmul (bf16 0) or
- * kcu_matmul_bf16 (bf16 1) would write, without writing them; best is n_tok 64-bit scratch. */
-int kcu_matmul_argmax(void *stream, int bf16, uint32_t type, const void *w, size_t row_bytes,
-                      int64_t ne0, int64_t ne1, const float *x, int n_tok,
+/* A weight in device memory as the matmul kernels read it. */
+struct kcu_weight {
+    uint32_t type;    /* GGUF type (cuda_dequant.h) */
+    const void *w;    /* the GGUF rows (row_bytes apart), or the packed planes (cuda_pack.h) */
+    size_t row_bytes; /* bytes of a GGUF row */
+    int64_t ne0, ne1; /* elements per row (a multiple of 32), rows */
+    size_t p4_scales; /* 0: GGUF rows; else w is in the 4-bit packed layout of cuda_pack.h and
+                       * its scale plane starts at this byte offset */
+};
+
+/* How a matmul runs: f32 (bf16 0: exact mode, f32 products of the dequantized weights) or the
+ * bf16 mode (bf16 1: activations and dequantized weights rounded to bfloat16, nearest even,
+ * products summed in f32; tensor cores, sm_80 and later). In the bf16 mode a packed weight is
+ * multiplied by the GEMV kernel up to mv_max tokens and by the tensor-core kernel above. */
+struct kcu_mm {
+    struct kcu_weight w;
+    int bf16;
+    int mv_max;
+};
+
+/* y[t * ne1 + r] = dot(dequantized row r of the weight, x[t * ne0 ..]) for t < n_tok, r < ne1. */
+int kcu_matmul(void *stream, const struct kcu_mm *mm, const float *x, float *y, int n_tok);
+/* ids[t] = the row of the weight with the largest product with x[t] (NaN never wins, ties to
+ * the lowest row, 0 when every value is NaN or -inf), the values bitwise those kcu_matmul would
+ * write, without writing them; best is n_tok 64-bit scratch. */
+int kcu_matmul_argmax(void *stream, const struct kcu_mm *mm, const float *x, int n_tok,
                       unsigned long long *best, int32_t *ids);
 /* out row i = dequantized row ids[i] of w, bitwise as the CPU reference dequantizes it. */
-int kcu_get_rows(void *stream, uint32_t type, const void *w, size_t row_bytes, int64_t ne0,
-                 const int32_t *ids, int n, float *out);
+int kcu_get_rows(void *stream, const struct kcu_weight *w, const int32_t *ids, int n, float *out);
 int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head, int head_dim,
              int rot_dim, int neox);
 int kcu_add(void *stream, float *y, const float *x, long n);

@@ -1,0 +1,205 @@
+/* The GPU's layout of 4-bit weights (Q4_0, Q4_1, Q4_K), made from the GGUF rows at load
+ * (kern_ops.prepare) and read by the packed matmul kernels (cuda_pack.cu) with one 16-byte load
+ * per lane that yields, in registers, exactly the values a lane of mma.sync m16n8k16 needs for
+ * its B fragments: no shared-memory staging, and no weight ever expanded in device memory.
+ * Written once for both sides like cuda_dequant.h: nvcc compiles the decoding into the kernels,
+ * and tests/test_cuda_pack.c packs rows on the CPU and unpacks them with the same text, bit for
+ * bit against the CPU's reference dequantization.
+ *
+ * A row's 32-element units (a Q4_0/Q4_1 block, an eighth of a Q4_K block) go in groups of four
+ * (128 elements, half a Q4_K block); rows go in tiles of eight (an n8 tile of mma). With U the
+ * units of a row and U4 = ceil(U / 4) its groups (units past U are zero), per (tile, group):
+ *   - the quant plane holds 512 bytes: lane l = 4 g + t (g = row in the tile, t = 0..3) owns 16
+ *     bytes, the u32 word of each unit j = 0..3 in turn; nibble i (bits 4i..4i+3) of a word is
+ *     the element at k = kcu_p4_k(t, i) of its unit: 2t, 2t+1, 2t+8, 2t+9, then the same + 16 —
+ *     mma's B fragment order (registers b0 = nibbles 0,1 and b1 = 2,3 for the unit's first 16 k,
+ *     nibbles 4..7 for its second);
+ *   - the scale plane holds the 8 rows' records of the group (KCU_P4_REC bytes each, u32 words,
+ *     little-endian): Q4_0 the four units' half d (two per word); Q4_1 per unit one word, d low and
+ *     m high; Q4_K word 0 the block's d (low) and dmin (high), word 1 the four 6-bit scales, word
+ *     2 the four 6-bit mins (one byte per unit).
+ * Both planes of a tile's group are contiguous, and tiles follow groups: (tile * U4 + group). A
+ * warp reading one (tile, group) reads 512 contiguous bytes. Sizes: Q4_0 4.5 bits per weight (as
+ * GGUF), Q4_1 5 (as GGUF), Q4_K 4.75 (GGUF 4.5). */
+#ifndef KERNELS_CUDA_CUDA_PACK_H
+#define KERNELS_CUDA_CUDA_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_dequant.h"
+
+/* Sizes and offsets: host (prepare, launch grids) and device alike. */
+#ifdef __CUDACC__
+#define KCU_HD static __host__ __device__ __forceinline__
+#else
+#define KCU_HD static inline
+#endif
+
+#define KCU_P4_LANE 16                 /* bytes of a lane's load */
+#define KCU_P4_TILE (32 * KCU_P4_LANE) /* bytes of a (tile, group) in the quant plane */
+
+/* 1 for the types this layout holds. */
+KCU_HD int kcu_p4_type(uint32_t type)
+{
+    return type == KCU_Q4_0 || type == KCU_Q4_1 || type == KCU_Q4_K;
+}
+
+/* Bytes of one row's record of a group in the scale plane. */
+KCU_HD int kcu_p4_rec(uint32_t type)
+{
+    return type == KCU_Q4_0 ? 8 : type == KCU_Q4_1 ? 16 : 12;
+}
+
+KCU_HD int64_t kcu_p4_groups(int64_t ne0)
+{
+    return (ne0 / 32 + 3) / 4;
+}
+
+KCU_HD int64_t kcu_p4_tiles(int64_t ne1)
+{
+    return (ne1 + 7) / 8;
+}
+
+KCU_HD size_t kcu_p4_qbytes(int64_t ne0, int64_t ne1)
+{
+    return (size_t)kcu_p4_tiles(ne1) * (size_t)kcu_p4_groups(ne0) * KCU_P4_TILE;
+}
+
+/* Both planes, the scale plane starting at kcu_p4_qbytes. */
+KCU_HD size_t kcu_p4_bytes(uint32_t type, int64_t ne0, int64_t ne1)
+{
+    return kcu_p4_qbytes(ne0, ne1) +
+           (size_t)kcu_p4_tiles(ne1) * (size_t)kcu_p4_groups(ne0) * 8 * (size_t)kcu_p4_rec(type);
+}
+
+/* The k (0..31) within its unit of nibble i (0..7) of lane t's word. */
+KCU_HD int kcu_p4_k(int t, int i)
+{
+    return 2 * t + (i & 1) + (i & 2) * 4 + (i & 4) * 4;
+}
+
+/* A unit's two parameters from its row's record words rw of the group, unit j (0..3) of it:
+ * Q4_0 a = d; Q4_1 a = d, b = m; Q4_K a = d * scale, b = dmin * min (the reference's d1, m1). */
+KCU_FN void kcu_p4_par(uint32_t type, const uint32_t *rw, int j, float *a, float *b)
+{
+    if (type == KCU_Q4_0) {
+        *a = kcu_f16((uint16_t)(rw[j / 2] >> (16 * (j % 2))));
+        *b = 0.0f;
+    } else if (type == KCU_Q4_1) {
+        *a = kcu_f16((uint16_t)rw[j]);
+        *b = kcu_f16((uint16_t)(rw[j] >> 16));
+    } else {
+        *a = KCU_MUL(kcu_f16((uint16_t)rw[0]), (float)((rw[1] >> (8 * j)) & 0xFF));
+        *b = KCU_MUL(kcu_f16((uint16_t)(rw[0] >> 16)), (float)((rw[2] >> (8 * j)) & 0xFF));
+    }
+}
+
+/* The weight of 4-bit value q with a unit's parameters, as cuda_dequant.h (and the CPU) make it. */
+KCU_FN float kcu_p4_val(uint32_t type, uint32_t q, float a, float b)
+{
+    if (type == KCU_Q4_0)
+        return KCU_MUL(a, (float)((int)q - 8));
+    if (type == KCU_Q4_1)
+        return KCU_ADD(KCU_MUL(a, (float)q), b);
+    return KCU_SUB(KCU_MUL(a, (float)q), b);
+}
+
+/* Byte offsets of row r's lane t word of unit u, and of row r's record of group u / 4. */
+KCU_HD size_t kcu_p4_qoff(int64_t groups, int64_t r, int64_t u, int t)
+{
+    return (((size_t)(r / 8) * (size_t)groups + (size_t)(u / 4)) * 32 + (size_t)(r % 8) * 4 +
+            (size_t)t) *
+               KCU_P4_LANE +
+           (size_t)(u % 4) * 4;
+}
+
+KCU_HD size_t kcu_p4_soff(uint32_t type, int64_t groups, int64_t r, int64_t g4)
+{
+    return (((size_t)(r / 8) * (size_t)groups + (size_t)g4) * 8 + (size_t)(r % 8)) *
+           (size_t)kcu_p4_rec(type);
+}
+
+KCU_FN uint32_t kcu_p4_word(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Elements 32 u .. 32 u + 31 of row r from the packed planes (p: both, scale plane at sbase),
+ * into out[0..31]: bitwise kcu_dequant32 of the GGUF row. */
+KCU_FN void kcu_p4_unit(uint32_t type, const uint8_t *p, size_t sbase, int64_t ne0, int64_t r,
+                        int64_t u, float *out)
+{
+    const int64_t groups = kcu_p4_groups(ne0);
+    uint32_t rw[4];
+    const uint8_t *rec = p + sbase + kcu_p4_soff(type, groups, r, u / 4);
+    for (int w = 0; w < kcu_p4_rec(type) / 4; w++)
+        rw[w] = kcu_p4_word(rec + 4 * w);
+    float a, b;
+    kcu_p4_par(type, rw, (int)(u % 4), &a, &b);
+    for (int t = 0; t < 4; t++) {
+        const uint32_t word = kcu_p4_word(p + kcu_p4_qoff(groups, r, u, t));
+        for (int i = 0; i < 8; i++)
+            out[kcu_p4_k(t, i)] = kcu_p4_val(type, (word >> (4 * i)) & 0xF, a, b);
+    }
+}
+
+#ifndef __CUDACC__
+/* Host side: the packed planes of ne1 GGUF rows (row_bytes apart from src) into dst
+ * (kcu_p4_bytes). */
+static inline void kcu_p4_pack(uint32_t type, const uint8_t *src, size_t row_bytes, int64_t ne0,
+                               int64_t ne1, uint8_t *dst)
+{
+    const int64_t groups = kcu_p4_groups(ne0), units = ne0 / 32;
+    const size_t sbase = kcu_p4_qbytes(ne0, ne1);
+    memset(dst, 0, kcu_p4_bytes(type, ne0, ne1));
+    for (int64_t r = 0; r < ne1; r++) {
+        const uint8_t *row = src + (size_t)r * row_bytes;
+        for (int64_t u = 0; u < units; u++) {
+            uint8_t q[32]; /* the unit's 4-bit values in element order */
+            uint8_t *rec = dst + sbase + kcu_p4_soff(type, groups, r, u / 4);
+            const int j = (int)(u % 4);
+            if (type == KCU_Q4_0 || type == KCU_Q4_1) {
+                const uint8_t *b = row + u * (type == KCU_Q4_0 ? 18 : 20);
+                const uint8_t *qs = b + (type == KCU_Q4_0 ? 2 : 4);
+                for (int i = 0; i < 16; i++) {
+                    q[i] = qs[i] & 0xF;
+                    q[i + 16] = qs[i] >> 4;
+                }
+                if (type == KCU_Q4_0)
+                    memcpy(rec + 2 * j, b, 2);
+                else
+                    memcpy(rec + 4 * j, b, 4); /* d, m: already the record's low, high halves */
+            } else {
+                const uint8_t *b = row + (u / 8) * 144, *s = b + 4;
+                const int sb = (int)(u % 8);
+                int sc, m;
+                if (sb < 4) {
+                    sc = s[sb] & 63;
+                    m = s[sb + 4] & 63;
+                } else {
+                    sc = (s[sb + 4] & 0xF) | (s[sb - 4] >> 6) << 4;
+                    m = (s[sb + 4] >> 4) | (s[sb] >> 6) << 4;
+                }
+                const uint8_t *qs = b + 16 + 32 * (sb / 2);
+                for (int l = 0; l < 32; l++)
+                    q[l] = (qs[l] >> (4 * (sb % 2))) & 0xF;
+                memcpy(rec, b, 4); /* d, dmin: the same in every group of the block */
+                rec[4 + j] = (uint8_t)sc;
+                rec[8 + j] = (uint8_t)m;
+            }
+            for (int t = 0; t < 4; t++) {
+                uint32_t word = 0;
+                for (int i = 0; i < 8; i++)
+                    word |= (uint32_t)q[kcu_p4_k(t, i)] << (4 * i);
+                uint8_t *wp = dst + kcu_p4_qoff(groups, r, u, t);
+                for (int k = 0; k < 4; k++)
+                    wp[k] = (uint8_t)(word >> (8 * k));
+            }
+        }
+    }
+}
+#endif
+
+#endif
