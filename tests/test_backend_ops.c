@@ -543,6 +543,12 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
             }
         }
     }
+    if (c->keep) {
+        free(c->kept);
+        c->kept = out;
+        c->kept_n = nq;
+        out = NULL;
+    }
     free(sc);
     free(kr);
     free(vr);
@@ -1005,6 +1011,54 @@ static void test_cuda_backend(void **state)
     }
     unsetenv("QUERN_CUDA_PACK");
     unsetenv("QUERN_CUDA_GEMV_MAX");
+    /* attention with each run of keys and values staged in shared memory once for the query
+     * heads of a KV head (the default) and read by each head's warp itself
+     * (QUERN_CUDA_ATTN_STAGE=0): bitwise the same, for groups of 1, 3, 4 and 8 heads, f16 and
+     * 8-bit KV, head_dim 64 to 256 (the largest staged), windows, soft-caps and splits */
+    static const struct {
+        int dtype, H, KV, D, window;
+        float softcap;
+        const char *split;
+    } att[] = {{KERN_KV_F16, 9, 3, 64, 0, 0, "0"},     {KERN_KV_Q8, 9, 3, 64, 0, 0, "0"},
+               {KERN_KV_F16, 4, 4, 32, 0, 0, "0"},     {KERN_KV_F16, 8, 1, 128, 0, 0, "24"},
+               {KERN_KV_Q8, 4, 1, 256, 16, 1.5f, "0"}, {KERN_KV_F16, 8, 2, 64, 23, 0, "24"}};
+    for (size_t i = 0; i < sizeof(att) / sizeof(att[0]); i++) {
+        float *got[2] = {NULL, NULL};
+        size_t n_got = 0;
+        for (int stage = 1; stage >= 0; stage--) {
+            setenv("QUERN_CUDA_ATTN_STAGE", stage ? "1" : "0", 1);
+            setenv("QUERN_CUDA_ATTN_SPLIT", att[i].split, 1);
+            struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+            struct err_detail err = {0};
+            struct check c = {.label = "cuda attention staged / unstaged", .keep = 1};
+            c.r.s = 4500 + i;
+            assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+            check_attention(&c, att[i].dtype, att[i].H, att[i].KV, att[i].D, att[i].window,
+                            att[i].softcap);
+            assert_int_equal(c.fails, 0);
+            got[stage] = c.kept;
+            n_got = c.kept_n;
+            kern_backend_free(c.be);
+        }
+        if (memcmp(got[0], got[1], sizeof(float) * n_got))
+            fail_msg("attention %zu: staged output differs from unstaged", i);
+        free(got[0]);
+        free(got[1]);
+    }
+    unsetenv("QUERN_CUDA_ATTN_STAGE");
+    unsetenv("QUERN_CUDA_ATTN_SPLIT");
+    printf("  cuda attention, K/V staged per KV head: bitwise the unstaged output (6 shapes)\n");
+    /* head_dim 512 (KERN_MAX_HEAD_DIM): too wide to stage, read directly */
+    {
+        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+        struct err_detail err = {0};
+        struct check c = {.label = "cuda attention head_dim 512", .act = KERN_ACT_F32};
+        c.r.s = 4600;
+        assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+        check_attention(&c, KERN_KV_F16, 4, 2, 512, 0, 0);
+        assert_int_equal(c.fails, 0);
+        kern_backend_free(c.be);
+    }
     /* attention split over the positions (flash-decoding) in runs of 24, so that these short
      * sequences (up to 70 positions) take 1 to 3 splits, sliding windows across splits too */
     setenv("QUERN_CUDA_ATTN_SPLIT", "24", 1);

@@ -28,6 +28,9 @@ struct check {
     int fails;               /* failed comparisons */
     int quiet;               /* 1: count failures without printing (the broken backends) */
     struct rng r;            /* inputs */
+    int keep;                /* 1: check_attention keeps its output in kept (kept_n floats) */
+    float *kept;
+    size_t kept_n;
 };
 
 static inline void report(struct check *c, const char *op, const char *fmt, ...)

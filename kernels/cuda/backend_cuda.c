@@ -35,6 +35,7 @@ struct cuda_state {
     int att_part_tried;
     int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
     int pack;   /* repack 4-bit weights at prepare (cuda_pack.h); 0: GGUF rows */
+    int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -366,7 +367,7 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     }
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
                         a->window, a->softcap, s->att_part ? s->att_split : 0, s->att_part,
-                        ATT_PART_FLOATS),
+                        ATT_PART_FLOATS, s->att_stage),
           "attention");
 }
 
@@ -622,9 +623,10 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_ATTN_SPLIT", "positions per split (0: none)", 512, 1 << 20},
         {"QUERN_CUDA_GEMV_MAX", "the most tokens the bf16 GEMV takes", 8, 1 << 20},
         {"QUERN_CUDA_PACK", "1 to repack 4-bit weights, 0 to keep GGUF rows", 1, 1},
+        {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
     };
-    long v[3];
-    for (int i = 0; i < 3; i++) {
+    long v[4];
+    for (int i = 0; i < 4; i++) {
         v[i] = knobs[i].def;
         const char *e = getenv(knobs[i].name);
         char *end;
@@ -639,6 +641,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     s->att_split = (int)v[0];
     s->mv_max = (int)v[1];
     s->pack = (int)v[2];
+    s->att_stage = (int)v[3];
     snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
              prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
     b->ops = &cuda_ops;

@@ -738,12 +738,19 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
 /* Attention: a warp per (token, query head, split), online softmax over runs of 32 positions.
  * Lane l scores position p0 + l (its key read channel by channel from the channel-major tile),
  * then every lane accumulates its channels l, l + 32, ... of the run's values weighted by the
- * scores, which the lanes pass round by shuffles. Flash-decoding: with split > 0 a token's
- * positions are cut into runs of `split` (from its first), one warp each (blockIdx.y), each
- * writing its running maximum, sum and weighted values to part, and k_attn_combine merges them;
- * a token with one run writes its output directly, as without splits. How a token is cut
- * depends only on its own positions, so its output does not depend on the batch. */
-#define ATT_MAX_CH (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
+ * scores, which the lanes pass round by shuffles. GQA: the warps of the query heads that share a
+ * KV head (up to ATT_MAX_HB of them) form one block, and for head_dim <= ATT_STAGE_D the block
+ * stages each run's keys and values in shared memory once for all of them (one global read of
+ * the KV cache per KV head instead of one per query head); each warp then computes exactly what
+ * it computed alone, in the same order, so the output is bitwise that of one warp per head.
+ * Flash-decoding: with split > 0 a token's positions are cut into runs of `split` (from its
+ * first), one block each (blockIdx.y), each warp writing its running maximum, sum and weighted
+ * values to part, and k_attn_combine merges them; a token with one run writes its output
+ * directly, as without splits. How a token is cut depends only on its own positions, so its
+ * output does not depend on the batch. */
+#define ATT_MAX_CH  (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
+#define ATT_MAX_HB  8            /* query heads (warps) per block */
+#define ATT_STAGE_D 256          /* head_dim up to which a run's K and V are staged */
 
 /* Token t's positions [*first, n) and the number of splits of `split` positions (1: none). */
 static __device__ __forceinline__ int att_splits(const int32_t *pos, int t, int window, int split,
@@ -754,46 +761,94 @@ static __device__ __forceinline__ int att_splits(const int32_t *pos, int t, int 
     return split > 0 ? (*n - *first + split - 1) / split : 1;
 }
 
+/* The K or V tile (pool kv.k or kv.v) that holds position p of KV head g. */
+static __device__ __forceinline__ const uint8_t *att_tile(const struct kcu_kv *kv, const void *pool,
+                                                          const int32_t *table, int g, int p)
+{
+    return (const uint8_t *)pool +
+           ((size_t)table[p / kv->block_size] * kv->n_kv_head + g) * tile_bytes(kv);
+}
+
+template <int STAGE>
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
-                            int n_head, float scale, int window, float softcap, int split,
+                            int n_head, int hb, float scale, int window, float softcap, int split,
                             float *part)
 {
-    __shared__ float qs[512];
-    const int lane = threadIdx.x;
-    const int t = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    /* STAGE: a run's keys [c][ii] and values [ii][c], raw (2 bytes f16, 1 byte int8), and the
+     * 8-bit rows' scales */
+    __shared__ float qs[ATT_MAX_HB][STAGE ? ATT_STAGE_D : 512];
+    __shared__ __align__(16) uint8_t kst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
+    __shared__ __align__(16) uint8_t vst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
+    __shared__ float ksc[WARP], vsc[WARP];
+    const int lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
+    const int t = blockIdx.x / (n_head / hb), h = (blockIdx.x % (n_head / hb)) * hb + wp;
     const int B = kv.block_size, D = kv.head_dim, g = h / (n_head / kv.n_kv_head);
     const float *qr = q + ((size_t)t * n_head + h) * D;
     for (int c = lane; c < D; c += WARP)
-        qs[c] = qr[c];
-    __syncwarp();
+        qs[wp][c] = qr[c];
     const int32_t *table = kv.ids + (size_t)kv.row[t] * kv.stride;
     int first, n;
     const int ns = att_splits(pos, t, window, split, &first, &n), sp = blockIdx.y;
-    if (sp >= ns)
+    if (sp >= ns) /* the same for every warp of the block: one token, one KV head */
         return;
     const int lo = ns > 1 ? first + sp * split : first;
     n = ns > 1 && n - lo > split ? lo + split : n; /* this split's end */
-    const size_t tb = tile_bytes(&kv);
     const int q8 = kv.dtype == 1;
     float acc[ATT_MAX_CH];
     for (int j = 0; j < ATT_MAX_CH; j++)
         acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int p0 = lo; p0 < n; p0 += WARP) {
+        const int cnt = n - p0 < WARP ? n - p0 : WARP;
+        if (STAGE) {
+            __syncthreads(); /* the previous run is read by every warp (and qs is written) */
+            for (int e = threadIdx.x; e < D * WARP; e += blockDim.x) {
+                const int c = e / WARP, ii = e % WARP; /* keys: positions fastest */
+                if (ii < cnt) {
+                    const int p = p0 + ii;
+                    const uint8_t *kt = att_tile(&kv, kv.k, table, g, p);
+                    const size_t at = (size_t)c * B + p % B;
+                    if (q8)
+                        kst[c * WARP + ii] = kt[at];
+                    else
+                        ((uint16_t *)kst)[c * WARP + ii] = ((const uint16_t *)kt)[at];
+                }
+            }
+            for (int e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+                const int ii = e / D, c = e % D; /* values: channels fastest */
+                const int p = p0 + ii;
+                const uint8_t *vt = att_tile(&kv, kv.v, table, g, p);
+                const size_t at = (size_t)(p % B) * D + c;
+                if (q8)
+                    vst[ii * D + c] = vt[at];
+                else
+                    ((uint16_t *)vst)[ii * D + c] = ((const uint16_t *)vt)[at];
+            }
+            if (q8 && (int)threadIdx.x < cnt) {
+                const int p = p0 + (int)threadIdx.x;
+                ksc[threadIdx.x] =
+                    ((const float *)(att_tile(&kv, kv.k, table, g, p) + (size_t)D * B))[p % B];
+                vsc[threadIdx.x] =
+                    ((const float *)(att_tile(&kv, kv.v, table, g, p) + (size_t)D * B))[p % B];
+            }
+            __syncthreads();
+        } else {
+            __syncwarp();
+        }
         const int p = p0 + lane;
         float s = -INFINITY;
         if (p < n) {
-            const uint8_t *kt =
-                (const uint8_t *)kv.k + ((size_t)table[p / B] * kv.n_kv_head + g) * tb;
-            const int i = p % B;
+            const uint8_t *kt = STAGE ? kst : att_tile(&kv, kv.k, table, g, p);
+            const size_t stride = STAGE ? WARP : (size_t)B, i = STAGE ? lane : p % B;
             float d = 0.0f;
             if (q8) {
                 for (int c = 0; c < D; c++)
-                    d = fmaf(qs[c], (float)((const int8_t *)kt)[(size_t)c * B + i], d);
-                d *= ((const float *)(kt + (size_t)D * B))[i];
+                    d = fmaf(qs[wp][c], (float)((const int8_t *)kt)[(size_t)c * stride + i], d);
+                d *= STAGE ? ksc[lane] : ((const float *)(kt + (size_t)D * B))[i];
             } else {
                 for (int c = 0; c < D; c++)
-                    d = fmaf(qs[c], __half2float(((const __half *)kt)[(size_t)c * B + i]), d);
+                    d = fmaf(qs[wp][c], __half2float(((const __half *)kt)[(size_t)c * stride + i]),
+                             d);
             }
             s = d * scale;
             if (softcap > 0.0f) /* Gemma 2 */
@@ -809,33 +864,31 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         }
         const float pl = p < n ? expf(s - m) : 0.0f;
         l += warp_sum(pl);
-        const int cnt = n - p0 < WARP ? n - p0 : WARP;
         for (int ii = 0; ii < cnt; ii++) {
             float w = __shfl_sync(FULL, pl, ii);
             const int pp = p0 + ii;
-            const uint8_t *vt =
-                (const uint8_t *)kv.v + ((size_t)table[pp / B] * kv.n_kv_head + g) * tb;
-            const int i = pp % B;
+            const uint8_t *vt = STAGE ? vst : att_tile(&kv, kv.v, table, g, pp);
+            const size_t i = STAGE ? ii : pp % B;
             if (q8) {
-                w *= ((const float *)(vt + (size_t)D * B))[i];
+                w *= STAGE ? vsc[ii] : ((const float *)(vt + (size_t)D * B))[i];
                 for (int j = 0; j < ATT_MAX_CH; j++) {
                     const int c = lane + j * WARP;
                     if (c < D)
-                        acc[j] = fmaf(w, (float)((const int8_t *)vt)[(size_t)i * D + c], acc[j]);
+                        acc[j] = fmaf(w, (float)((const int8_t *)vt)[i * D + c], acc[j]);
                 }
             } else {
                 for (int j = 0; j < ATT_MAX_CH; j++) {
                     const int c = lane + j * WARP;
                     if (c < D)
-                        acc[j] =
-                            fmaf(w, __half2float(((const __half *)vt)[(size_t)i * D + c]), acc[j]);
+                        acc[j] = fmaf(w, __half2float(((const __half *)vt)[i * D + c]), acc[j]);
                 }
             }
         }
     }
-    float *o = out + ((size_t)t * n_head + h) * D;
+    const size_t th = (size_t)t * n_head + h; /* this (token, head) */
+    float *o = out + th * D;
     if (ns > 1) { /* this split's share, for k_attn_combine */
-        o = part + ((size_t)blockIdx.x * gridDim.y + sp) * (size_t)(D + 2);
+        o = part + (th * gridDim.y + sp) * (size_t)(D + 2);
         if (lane == 0) {
             o[0] = m;
             o[1] = l;
@@ -882,7 +935,7 @@ __global__ void k_attn_combine(const float *part, float *out, const int32_t *pos
 
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                              const int32_t *pos, int n_tok, int n_head, float scale, int window,
-                             float softcap, int split, float *part, size_t part_floats)
+                             float softcap, int split, float *part, size_t part_floats, int stage)
 {
     if (n_tok <= 0)
         return 0;
@@ -891,9 +944,17 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     if (window > 0 && window < span)
         span = window;
     const int n_split = split > 0 ? (int)((span + split - 1) / split) : 1;
+    /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block */
+    const int group = n_head / kv->n_kv_head;
+    int hb = group < ATT_MAX_HB ? group : ATT_MAX_HB;
+    while (group % hb)
+        hb--;
+    void (*k)(struct kcu_kv, const float *, float *, const int32_t *, int, int, float, int, float,
+              int, float *) =
+        stage && kv->head_dim <= ATT_STAGE_D ? k_attention<1> : k_attention<0>;
     if (n_split <= 1 || !part) {
-        KCU_LAUNCH(k_attention, dim3((unsigned)(n_tok * n_head), 1), WARP, (cudaStream_t)stream)
-        (*kv, q, out, pos, n_head, scale, window, softcap, 0, (float *)NULL);
+        KCU_LAUNCH(k, dim3((unsigned)(n_tok * (n_head / hb)), 1), hb * WARP, (cudaStream_t)stream)
+        (*kv, q, out, pos, n_head, hb, scale, window, softcap, 0, (float *)NULL);
         return launched();
     }
     /* tokens in slices whose shares fit part (the cut of a token is the same in any slice) */
@@ -907,9 +968,9 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
         struct kcu_kv ks = *kv;
         ks.row = kv->row + t0;
         const size_t off = (size_t)t0 * (size_t)n_head * (size_t)D;
-        KCU_LAUNCH(k_attention, dim3((unsigned)(nt * n_head), (unsigned)n_split), WARP,
+        KCU_LAUNCH(k, dim3((unsigned)(nt * (n_head / hb)), (unsigned)n_split), hb * WARP,
                    (cudaStream_t)stream)
-        (ks, q + off, out + off, pos + t0, n_head, scale, window, softcap, split, part);
+        (ks, q + off, out + off, pos + t0, n_head, hb, scale, window, softcap, split, part);
         int rc = launched();
         if (rc)
             return rc;

@@ -74,10 +74,13 @@ int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, cons
  * last `window` of them when window > 0), scores soft-capped when softcap > 0. split > 0: a
  * token's positions are cut into runs of `split` (best a multiple of 32) computed in parallel and
  * merged (flash-decoding) through part (part_floats floats of scratch; tokens go in slices that
- * fit it); 0 or part NULL: one warp per (token, head) over all its positions. */
+ * fit it); 0 or part NULL: one warp per (token, head) over all its positions. The warps of
+ * query heads sharing a KV head go in one block, which with stage 1 (and head_dim <= 256) reads
+ * each run of keys and values into shared memory once for all of them; the output is bitwise
+ * the same either way. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                   const int32_t *pos, int n_tok, int n_head, float scale, int window, float softcap,
-                  int split, float *part, size_t part_floats);
+                  int split, float *part, size_t part_floats, int stage);
 
 /* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
 struct kcu_sample {
