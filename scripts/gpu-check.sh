@@ -22,10 +22,11 @@
 #       of cpu (issue 19);
 #     - the machine's HBM copy bandwidth and cuBLAS bf16 GEMM rate (PyTorch, which the GPU image
 #       has); each matmul kernel timed alone (tools/bench_matmul: the packed GEMV, the packed
-#       tensor-core kernel, the GGUF-row kernels, llama3-8b's shapes, 1 to 512 tokens); then quern
-#       bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
+#       tensor-core kernel, the GGUF-row kernels, cuBLAS on bf16 copies; llama3-8b's shapes, 1 to
+#       512 tokens); then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
-#       same batch greedy: issue 21's >= 95 %), llama3-8b batch 1 with the weights as GGUF rows
+#       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
+#       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
 #       (QUERN_CUDA_PACK=0) against the packed layout, and one 4,000-token context with attention split
 #       over the KV length and without: the numbers the issues' goals are stated against.
 #
@@ -82,11 +83,18 @@ run() {
     libs=$(mktemp -d)
     tar xzf "$C/lib.tar.gz" -C "$libs" || exit 1
     export LD_LIBRARY_PATH="$libs/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # cuBLAS is loaded at run time (dlopen libcublas.so.13): the toolkit's, else PyTorch's wheel
+    local blas
+    blas=$( (ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+        python3 -c 'import glob, os, torch; print("\n".join(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcublas.so.13"))))' 2>/dev/null) |
+        head -1)
+    [ -n "$blas" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$blas")"
     failed=""
     {
         echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
         step nvidia-smi 20 nvidia-smi
         step ldd 30 bash -c "! ldd $C/bin/* | grep 'not found'"
+        echo "libcublas.so.13 (dlopen'ed for QUERN_CUDA_CUBLAS_MIN): ${blas:-not found}"
         step info 30 "$C/bin/quern" info
         step dequant 60 "$C/bin/test_cuda_dequant"
         step pack 60 "$C/bin/test_cuda_pack"
@@ -150,6 +158,12 @@ PY
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \
                 cat '$out/bench-$tag.json'"
         done
+        # the batched bench with matmuls of 256 tokens or more on cuBLAS (bf16 copies per call)
+        step bench-llama3-8b-batch-bf16-cublas 90 bash -c "QUERN_CUDA_CUBLAS_MIN=256 \
+            '$C/bin/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
+            --prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16 \
+            >'$out/bench-llama3-8b-batch-bf16-cublas.json' && \
+            cat '$out/bench-llama3-8b-batch-bf16-cublas.json'"
         # batch 1 with the weights as GGUF rows (QUERN_CUDA_PACK=0): the packed layout's gain
         step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$C/bin/quern' bench --model $m \
             --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 2 \

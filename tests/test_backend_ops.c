@@ -977,22 +977,25 @@ static void test_cuda_backend(void **state)
     /* the matmul kernels each layout and mode can take: 4-bit weights as GGUF rows (the
      * kernels the other types use), and the packed layout (cuda_pack.h) on the tensor-core
      * kernel from one token and on the GEMV kernel up to 70 tokens (two token blocks of the
-     * tensor-core kernel, nine of the GEMV) */
+     * tensor-core kernel, nine of the GEMV); and cuBLAS on bf16 copies from one token, of the
+     * packed and of the GGUF rows (on the emulator, a kernel with cublasGemmEx's semantics) */
     static const struct {
-        const char *pack, *mv_max;
+        const char *pack, *mv_max, *blas;
         enum kern_act act;
-    } knobs[] = {{"0", "8", KERN_ACT_F32},
-                 {"0", "8", KERN_ACT_BF16},
-                 {"1", "0", KERN_ACT_BF16},
-                 {"1", "100", KERN_ACT_BF16}};
+    } knobs[] = {{"0", "8", "0", KERN_ACT_F32},  {"0", "8", "0", KERN_ACT_BF16},
+                 {"1", "0", "0", KERN_ACT_BF16}, {"1", "100", "0", KERN_ACT_BF16},
+                 {"1", "8", "1", KERN_ACT_BF16}, {"0", "8", "1", KERN_ACT_BF16}};
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         setenv("QUERN_CUDA_PACK", knobs[i].pack, 1);
         setenv("QUERN_CUDA_GEMV_MAX", knobs[i].mv_max, 1);
+        setenv("QUERN_CUDA_CUBLAS_MIN", knobs[i].blas, 1);
         struct kern_backend_opts o = {"cuda", 2, NULL, knobs[i].act, 1, 1};
         struct err_detail err = {0};
-        char label[96];
-        snprintf(label, sizeof(label), "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_GEMV_MAX=%s",
-                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].mv_max);
+        char label[128];
+        snprintf(label, sizeof(label),
+                 "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_GEMV_MAX=%s QUERN_CUDA_CUBLAS_MIN=%s",
+                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].mv_max,
+                 knobs[i].blas);
         struct check c = {.label = label, .act = knobs[i].act};
         c.r.s = 4400 + i;
         assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
@@ -1011,6 +1014,7 @@ static void test_cuda_backend(void **state)
     }
     unsetenv("QUERN_CUDA_PACK");
     unsetenv("QUERN_CUDA_GEMV_MAX");
+    unsetenv("QUERN_CUDA_CUBLAS_MIN");
     /* attention with each run of keys and values staged in shared memory once for the query
      * heads of a KV head (the default) and read by each head's warp itself
      * (QUERN_CUDA_ATTN_STAGE=0): bitwise the same, for groups of 1, 3, 4 and 8 heads, f16 and

@@ -5,7 +5,9 @@
  * Prints one line per (variant, shape, tokens): microseconds per call, the weight's bytes over
  * that time (GB/s: the batch-1 goal is 70 % of the HBM copy rate) and TFLOPS (2 per MAC). CUDA
  * variants: "gemv" (the packed layout's GEMV at every token count), "mma" (its tensor-core
- * kernel), "gguf" (the GGUF-row kernels, QUERN_CUDA_PACK=0); all in the bf16 mode. --quick: small
+ * kernel), "gguf" (the GGUF-row kernels, QUERN_CUDA_PACK=0), "cublas" (cublasGemmEx on bf16
+ * copies made per call, QUERN_CUDA_CUBLAS_MIN=1; the same as "mma" where libcublas.so.13 cannot
+ * be loaded, which the backend logs); all in the bf16 mode. --quick: small
  * shapes and few repetitions (the emulator's smoke run in tests/e2e/cuda_emu.sh). */
 #include <stdint.h>
 #include <stdio.h>
@@ -53,7 +55,7 @@ static uint8_t *random_rows(uint32_t type, int64_t ne0, int64_t ne1)
 }
 
 struct variant {
-    const char *name, *pack, *mv_max;
+    const char *name, *pack, *mv_max, *blas;
 };
 
 int main(int argc, char **argv)
@@ -91,17 +93,20 @@ int main(int argc, char **argv)
     const int n_shapes = quick ? 1 : 4;
     const int *toks = quick ? toks_small : toks_full;
     const int n_toks = quick ? 3 : 10;
-    static const struct variant cuda_v[] = {
-        {"gemv", "1", "1048576"}, {"mma", "1", "0"}, {"gguf", "0", "8"}};
-    static const struct variant cpu_v[] = {{"cpu", NULL, NULL}};
+    static const struct variant cuda_v[] = {{"gemv", "1", "1048576", "0"},
+                                            {"mma", "1", "0", "0"},
+                                            {"gguf", "0", "8", "0"},
+                                            {"cublas", "1", "8", "1"}};
+    static const struct variant cpu_v[] = {{"cpu", NULL, NULL, NULL}};
     const int is_cuda = !strcmp(device, "cuda");
     const struct variant *vs = is_cuda ? cuda_v : cpu_v;
-    const int n_v = is_cuda ? 3 : 1;
+    const int n_v = is_cuda ? 4 : 1;
     printf("variant\ttype\tne0\tne1\ttokens\tus_per_call\tweight_GB_s\tTFLOPS\n");
     for (int v = 0; v < n_v; v++) {
         if (vs[v].pack) {
             setenv("QUERN_CUDA_PACK", vs[v].pack, 1);
             setenv("QUERN_CUDA_GEMV_MAX", vs[v].mv_max, 1);
+            setenv("QUERN_CUDA_CUBLAS_MIN", vs[v].blas, 1);
         }
         struct kern_backend_opts o = {device, 2, NULL, is_cuda ? KERN_ACT_BF16 : KERN_ACT_F32,
                                       1,      1};

@@ -36,6 +36,8 @@ struct cuda_state {
     int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
     int pack;   /* repack 4-bit weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
+    int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
+    struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -92,6 +94,17 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
     const float *x = mm_input(s, in, n_tok, w[0]->ne0);
     for (int i = 0; i < n_w; i++) {
         const struct kcu_mm mm = mm_of(s, w[i]);
+        if (s->blas && n_tok >= s->blas_min) {
+            const int rc = kcu_matmul_blas(s->stream, s->blas, &mm, x, y[i], n_tok);
+            if (rc >= 1000) {
+                LOG_ERROR("cuBLAS error in matmul: status %d", rc - 1000);
+                abort();
+            }
+            if (rc != -1) {
+                check(rc, "matmul (cuBLAS)");
+                continue;
+            }
+        }
         check(kcu_matmul(s->stream, &mm, x, y[i], n_tok), "matmul");
     }
 }
@@ -518,6 +531,7 @@ static void cuda_free(struct kern_backend *b)
         cudaFree(s->smp);
     if (s->att_part)
         cudaFree(s->att_part);
+    kcu_blas_close(s->blas);
     free(s->smp_rows);
     free(s->smp_out);
     cudaStreamDestroy(s->stream);
@@ -624,9 +638,11 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_GEMV_MAX", "the most tokens the bf16 GEMV takes", 8, 1 << 20},
         {"QUERN_CUDA_PACK", "1 to repack 4-bit weights, 0 to keep GGUF rows", 1, 1},
         {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
+        {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
+         1 << 20},
     };
-    long v[4];
-    for (int i = 0; i < 4; i++) {
+    long v[5];
+    for (int i = 0; i < 5; i++) {
         v[i] = knobs[i].def;
         const char *e = getenv(knobs[i].name);
         char *end;
@@ -642,6 +658,16 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     s->mv_max = (int)v[1];
     s->pack = (int)v[2];
     s->att_stage = (int)v[3];
+    s->blas_min = (int)v[4];
+    if (s->blas_min > 0 && o->act == KERN_ACT_BF16) {
+        char blas_why[200] = "";
+        if (!(s->blas = kcu_blas_open(s->stream, blas_why, sizeof(blas_why)))) {
+            (void)cudaGetLastError(); /* handled: a runtime error cuBLAS left is not ours */
+            LOG_WARN("cuda: QUERN_CUDA_CUBLAS_MIN=%d but cuBLAS is not usable (%s): the bf16 "
+                     "matmuls stay on quern's kernels",
+                     s->blas_min, blas_why);
+        }
+    }
     snprintf(s->name, sizeof(s->name), "cuda %d %.100s (sm_%d%d, %.0f GiB)", o->device, prop.name,
              prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
     b->ops = &cuda_ops;

@@ -135,14 +135,15 @@ assert n[0] >= 6 and n[0] + n[1] == 9, n
 print(f"bench: {j['sampled_backend']} rows drawn on the device, {j['sampled_host']} on the host")
 PY
 # 5. tools/bench_matmul (which the GPU check times) runs each CUDA kernel choice: the packed
-#    layout's GEMV and tensor-core kernels and the GGUF-row kernels (speed means nothing here).
+#    layout's GEMV and tensor-core kernels, the GGUF-row kernels and cuBLAS (speed means nothing
+#    here).
 "$E/tools/bench_matmul" --quick >"$tmp/mm.tsv" 2>"$tmp/mm.log" ||
     { cat "$tmp/mm.log"; fail "bench_matmul on the emulated device"; }
 python3 - "$tmp/mm.tsv" <<'PY' || { cat "$tmp/mm.tsv"; fail "bench_matmul's table"; }
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
-assert sorted({r[0] for r in rows}) == ["gemv", "gguf", "mma"], rows
-assert len(rows) == 9 and all(float(r[5]) > 0 for r in rows), rows
-print(f"bench_matmul: {len(rows)} timings (gemv, mma, gguf)")
+assert sorted({r[0] for r in rows}) == ["cublas", "gemv", "gguf", "mma"], rows
+assert len(rows) == 12 and all(float(r[5]) > 0 for r in rows), rows
+print(f"bench_matmul: {len(rows)} timings (gemv, mma, gguf, cublas)")
 PY
 echo "cuda_emu.sh: passed"
