@@ -999,7 +999,7 @@ static void test_cuda_backend(void **state)
         struct check c = {.label = label, .act = knobs[i].act};
         c.r.s = 4400 + i;
         assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
-        static const uint32_t p4[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K};
+        static const uint32_t p4[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q8_0};
         for (size_t t = 0; t < sizeof(p4) / sizeof(p4[0]); t++) {
             const int ksz = p4[t] == DTYPE_Q4_K;
             check_matmul(&c, p4[t], ksz ? 768 : 160, 41, 1);

@@ -1,7 +1,7 @@
-/* The GPU's packed 4-bit layout (kernels/cuda/cuda_pack.h), checked on the CPU from the same
- * text nvcc compiles: GGUF rows repacked as prepare repacks them and unpacked again as the
- * kernels decode them equal the CPU reference's dequantization bit for bit, for Q4_0, Q4_1 and
- * Q4_K, random rows and special scale values, shapes with partial tiles and groups; the padding
+/* The GPU's packed layout (kernels/cuda/cuda_pack.h), checked on the CPU from the same text
+ * nvcc compiles: GGUF rows repacked as prepare repacks them and unpacked again as the kernels
+ * decode them equal the CPU reference's dequantization bit for bit, for Q4_0, Q4_1, Q4_K and
+ * Q8_0, random rows and special scale values, shapes with partial tiles and groups; the padding
  * is zero; a lane's words are in mma's B fragment order (kernels/cuda/cuda_mma.h); the sizes are
  * what the layout's comment says. */
 #include <setjmp.h>
@@ -21,7 +21,7 @@
 #include "kernels/cuda/cuda_pack.h"
 #include "tests/test_rand.h"
 
-static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K};
+static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q8_0};
 
 /* ne1 random rows of ne0 (with `special` halves written into the scale fields of some blocks),
  * packed, unpacked unit by unit: the number of elements that differ from the reference. */
@@ -54,7 +54,7 @@ static int round_trip(uint32_t type, int64_t ne0, int64_t ne1, struct rng *r, in
     for (int64_t i = 0; i < ne1; i++) {
         kern_ref_dequant_row(type, src + (size_t)i * row_bytes, want, ne0);
         for (int64_t u = 0; u < ne0 / 32; u++) {
-            kcu_p4_unit(type, p, kcu_p4_qbytes(ne0, ne1), ne0, i, u, got);
+            kcu_p4_unit(type, p, kcu_p4_qbytes(type, ne0, ne1), ne0, i, u, got);
             for (int e = 0; e < 32; e++)
                 if (memcmp(&got[e], &want[u * 32 + e], sizeof(float)) && bad++ < 5)
                     fprintf(stderr, "  %s %lldx%lld row %lld element %lld: %a, reference %a\n",
@@ -69,12 +69,12 @@ static int round_trip(uint32_t type, int64_t ne0, int64_t ne1, struct rng *r, in
             if (i < ne1 && u < ne0 / 32)
                 continue;
             for (int t = 0; t < 4; t++)
-                for (int k = 0; k < 4; k++)
-                    if (p[kcu_p4_qoff(groups, i, u, t) + (size_t)k] != 0)
+                for (int k = 0; k < 4 * kcu_p4_words(type); k++)
+                    if (p[kcu_p4_qoff(type, groups, i, u, t) + (size_t)k] != 0)
                         bad++;
             if (i >= ne1)
                 for (int k = 0; k < kcu_p4_rec(type); k++)
-                    if (p[kcu_p4_qbytes(ne0, ne1) + kcu_p4_soff(type, groups, i, u / 4) +
+                    if (p[kcu_p4_qbytes(type, ne0, ne1) + kcu_p4_soff(type, groups, i, u / 4) +
                           (size_t)k] != 0)
                         bad++;
         }
@@ -101,7 +101,6 @@ static void test_round_trip(void **state)
                     assert_int_equal(round_trip(types[k], cols[c], rows[i], &r, special), 0);
     }
     assert_false(kcu_p4_type(DTYPE_Q5_0));
-    assert_false(kcu_p4_type(DTYPE_Q8_0));
     assert_false(kcu_p4_type(DTYPE_Q6_K));
 }
 
@@ -133,8 +132,8 @@ static void test_fragment_order(void **state)
         assert_int_equal(seen[k], 1);
 }
 
-/* Bits per weight at a large shape: Q4_0 4.5 and Q4_1 5 as GGUF, Q4_K 4.75; a (tile, group)
- * is the 512 bytes a warp loads. */
+/* Bits per weight at a large shape: Q4_0 4.5, Q4_1 5 and Q8_0 8.5 as GGUF, Q4_K 4.75; a (tile,
+ * group) is the 512 bytes (Q8_0: 1024) a warp loads. */
 static void test_sizes(void **state)
 {
     (void)state;
@@ -143,11 +142,16 @@ static void test_sizes(void **state)
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q4_0, ne0, ne1) / w == 4.5);
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q4_1, ne0, ne1) / w == 5.0);
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q4_K, ne0, ne1) / w == 4.75);
-    assert_int_equal(kcu_p4_qbytes(ne0, ne1), (size_t)(w / 2));
+    assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q8_0, ne0, ne1) / w == 8.5);
+    assert_int_equal(kcu_p4_qbytes(DTYPE_Q4_0, ne0, ne1), (size_t)(w / 2));
+    assert_int_equal(kcu_p4_qbytes(DTYPE_Q8_0, ne0, ne1), (size_t)w);
     assert_int_equal(KCU_P4_TILE, 512);
-    /* lane l of (tile, group) at l * 16 bytes, words of units 0..3 in turn */
-    assert_int_equal(kcu_p4_qoff(kcu_p4_groups(ne0), 8 * 3 + 5, 4 * 7 + 2, 1),
-                     ((3 * (size_t)kcu_p4_groups(ne0) + 7) * 32 + 5 * 4 + 1) * 16 + 2 * 4);
+    /* lane l of (tile, group) at l * 16 W bytes, the W words of units 0..3 in turn */
+    const size_t g4 = (size_t)kcu_p4_groups(ne0);
+    assert_int_equal(kcu_p4_qoff(DTYPE_Q4_0, (int64_t)g4, 8 * 3 + 5, 4 * 7 + 2, 1),
+                     ((3 * g4 + 7) * 32 + 5 * 4 + 1) * 16 + 2 * 4);
+    assert_int_equal(kcu_p4_qoff(DTYPE_Q8_0, (int64_t)g4, 8 * 3 + 5, 4 * 7 + 2, 1),
+                     ((3 * g4 + 7) * 32 + 5 * 4 + 1) * 32 + 2 * 8);
 }
 
 int main(void)

@@ -1,11 +1,10 @@
 /* The CUDA backend: struct kern_ops over the kernels of cuda_kernels.cu (exact mode: f32 CUDA
- * cores; bf16 mode: tensor cores), with 4-bit weights repacked for 16-byte lane loads in mma
- * fragment order (cuda_pack.h) and the other types kept in their GGUF blocks in device memory
- * (prepare uploads them), the KV pool in the CPU backend's
- * tile layout in device memory, and every op queued on one stream in call order. A failed CUDA
- * call inside an op (a device fault, a lost GPU) ends the process with the runtime's message: a
- * device in that state cannot be trusted, and the runner's checkpoints make a rerun lose
- * nothing. */
+ * cores; bf16 mode: tensor cores), with Q4_0/Q4_1/Q4_K/Q8_0 weights repacked for 16-byte lane
+ * loads in mma fragment order (cuda_pack.h) and the other types kept in their GGUF blocks in device
+ * memory (prepare uploads them), the KV pool in the CPU backend's tile layout in device memory, and
+ * every op queued on one stream in call order. A failed CUDA call inside an op (a device fault, a
+ * lost GPU) ends the process with the runtime's message: a device in that state cannot be trusted,
+ * and the runner's checkpoints make a rerun lose nothing. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,7 +33,7 @@ struct cuda_state {
     float *att_part; /* ... its scratch (ATT_PART_FLOATS), made at the first call */
     int att_part_tried;
     int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
-    int pack;   /* repack 4-bit weights at prepare (cuda_pack.h); 0: GGUF rows */
+    int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
     struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
@@ -252,14 +251,14 @@ static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     cuda_matmul(b, d, yd, 1, &din, n_tok);
 }
 
-/* 1 when prepare repacks w into the 4-bit layout of cuda_pack.h. */
+/* 1 when prepare repacks w into the packed layout of cuda_pack.h. */
 static int packs(const struct cuda_state *s, const struct kern_tensor *w)
 {
     return s->pack && kcu_p4_type(w->type);
 }
 
-/* Weights go up once, 4-bit ones repacked (cuda_pack.h: 16-byte lane loads in mma fragment
- * order; packed_panel holds the scale plane's offset), the rest as their GGUF rows. */
+/* Weights go up once, Q4_0/Q4_1/Q4_K/Q8_0 ones repacked (cuda_pack.h: 16-byte lane loads in mma
+ * fragment order; packed_panel holds the scale plane's offset), the rest as their GGUF rows. */
 static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
                                 struct err_detail *err)
 {
@@ -291,7 +290,7 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
         return err_set(err, ST_ERR_IO, "uploading a weight: %s", cudaGetErrorString(rc));
     }
     w->packed = p;
-    w->packed_panel = p4 ? kcu_p4_qbytes(w->ne0, w->ne1) : 0;
+    w->packed_panel = p4 ? kcu_p4_qbytes(w->type, w->ne0, w->ne1) : 0;
     return ST_OK;
 }
 
@@ -636,7 +635,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     } knobs[] = {
         {"QUERN_CUDA_ATTN_SPLIT", "positions per split (0: none)", 512, 1 << 20},
         {"QUERN_CUDA_GEMV_MAX", "the most tokens the bf16 GEMV takes", 8, 1 << 20},
-        {"QUERN_CUDA_PACK", "1 to repack 4-bit weights, 0 to keep GGUF rows", 1, 1},
+        {"QUERN_CUDA_PACK", "1 to repack 4- and 8-bit weights, 0 to keep GGUF rows", 1, 1},
         {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
         {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
          1 << 20},

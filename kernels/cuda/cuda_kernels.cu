@@ -1,6 +1,6 @@
 /* The CUDA backend's kernels, correctness first: f32 arithmetic on weights decoded in registers
  * by the very text the CPU tests check bit for bit (kernels/cuda/cuda_dequant.h for GGUF rows,
- * kernels/cuda/cuda_pack.h for the packed 4-bit layout), so no weight is ever expanded in device
+ * kernels/cuda/cuda_pack.h for the packed layout), so no weight is ever expanded in device
  * memory. Each kernel is the plain parallel form of the CPU's scalar reference for its op; the
  * matmuls also come as a GEMV and tensor-core kernels (mma.sync) over the packed layout.
  * Launchers: kernels/cuda/cuda_launch.h. */
@@ -261,23 +261,28 @@ __global__ void __launch_bounds__(128)
         }
 }
 
-/* ---- the packed 4-bit layout (kernels/cuda/cuda_pack.h: Q4_0, Q4_1, Q4_K repacked at load).
- * Each lane loads 16 bytes per (8-row tile, 128-element group): its row's 8 values of each of
- * the group's 4 units, already in mma's B fragment order, and its row's scale record. The
+/* ---- the packed layout (kernels/cuda/cuda_pack.h: Q4_0, Q4_1, Q4_K, Q8_0 repacked at load).
+ * Each lane loads 16 bytes (Q8_0: 32) per (8-row tile, 128-element group): its row's 8 values of
+ * each of the group's 4 units, already in mma's B fragment order, and its row's scale record. The
  * weights are decoded in registers by the very functions the CPU test checks bit for bit. ---- */
 
 #define MV_WARPS  4 /* warps of a GEMV block: one 8-row tile, the groups split among them */
 #define MV_TOK    8 /* tokens per GEMV block */
 #define MV_GROUPS 4 /* consecutive groups a warp loads before it multiplies them */
 
-/* The 8 weights of lane word `word` of a unit with parameters a, b; rounded to bfloat16 (as
- * floats) in the bf16 mode. */
+/* u32 words per unit and lane (kcu_p4_words) as a constant. */
+template <uint32_t TYPE> struct p4_w {
+    static constexpr int W = TYPE == KCU_Q8_0 ? 2 : 1;
+};
+
+/* The 8 weights of a unit's lane words w with parameters a, b; rounded to bfloat16 (as floats)
+ * in the bf16 mode. */
 template <uint32_t TYPE, int BF>
-static __device__ __forceinline__ void p4_values(uint32_t word, float a, float b, float *v)
+static __device__ __forceinline__ void p4_values(const uint32_t *w, float a, float b, float *v)
 {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = kcu_p4_val(TYPE, (word >> (4 * i)) & 0xF, a, b);
+        v[i] = kcu_p4_val(TYPE, kcu_p4_q(TYPE, w, i), a, b);
         if (BF)
             v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
     }
@@ -288,17 +293,24 @@ template <int BF> static __device__ __forceinline__ float p4_x(float v)
     return BF ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
-/* A lane's load of (tile, group): the quant words of its unit j = 0..3, and its row's record. */
+/* A lane's load of (tile, group): the quant words of its units j = 0..3 (unit j's W words at
+ * qw[j * W]), and its row's record. */
 template <uint32_t TYPE>
 static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t sbase, int64_t groups,
                                                int64_t tile, int64_t q4, int lane, uint32_t *qw,
                                                uint32_t *rw)
 {
-    const uint4 q = *(const uint4 *)(w + ((size_t)(tile * groups + q4) * 32 + lane) * KCU_P4_LANE);
-    qw[0] = q.x;
-    qw[1] = q.y;
-    qw[2] = q.z;
-    qw[3] = q.w;
+    constexpr int W = p4_w<TYPE>::W;
+    const uint4 *q =
+        (const uint4 *)(w + ((size_t)(tile * groups + q4) * 32 + lane) * (KCU_P4_LANE * W));
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+        const uint4 v = q[k];
+        qw[4 * k] = v.x;
+        qw[4 * k + 1] = v.y;
+        qw[4 * k + 2] = v.z;
+        qw[4 * k + 3] = v.w;
+    }
     const uint32_t *r =
         (const uint32_t *)(w + sbase + kcu_p4_soff(TYPE, groups, tile * 8 + lane / 4, q4));
 #pragma unroll
@@ -324,7 +336,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     for (int k = 0; k < MV_TOK; k++)
         acc[k] = 0.0f;
     for (int64_t q0 = (int64_t)warp * MV_GROUPS; q0 < groups; q0 += MV_WARPS * MV_GROUPS) {
-        uint32_t qw[MV_GROUPS][4], rw[MV_GROUPS][4];
+        uint32_t qw[MV_GROUPS][4 * p4_w<TYPE>::W], rw[MV_GROUPS][4];
 #pragma unroll
         for (int q = 0; q < MV_GROUPS; q++) /* every load first: more bytes in flight */
             if (q0 + q < groups)
@@ -338,7 +350,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     break;
                 float a, b, v[8];
                 kcu_p4_par(TYPE, rw[q], j, &a, &b);
-                p4_values<TYPE, BF>(qw[q][j], a, b, v);
+                p4_values<TYPE, BF>(qw[q] + j * p4_w<TYPE>::W, a, b, v);
 #pragma unroll
                 for (int k = 0; k < MV_TOK; k++) {
                     if (k >= nt)
@@ -409,15 +421,19 @@ __global__ void __launch_bounds__(128)
             as[r * PM_LD + c] = bf16_bits(
                 m0 + r < n_tok && k0 + c < ne0 ? x[(size_t)(m0 + r) * ne0 + k0 + c] : 0.0f);
         }
-        uint32_t qw[2][4], rw[2][4];
+        uint32_t qw[2][4 * p4_w<TYPE>::W], rw[2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++)
             if (tile0 + n < tiles)
                 p4_load<TYPE>(w, sbase, groups, tile0 + n, q4, lane, qw[n], rw[n]);
-            else
+            else {
+#pragma unroll
+                for (int k = 0; k < 4 * p4_w<TYPE>::W; k++)
+                    qw[n][k] = 0u; /* past the last tile: zero weights */
 #pragma unroll
                 for (int k = 0; k < 4; k++)
-                    qw[n][k] = rw[n][k] = 0u; /* past the last tile: zero weights */
+                    rw[n][k] = 0u;
+            }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -426,7 +442,7 @@ __global__ void __launch_bounds__(128)
             for (int n = 0; n < 2; n++) {
                 float a, b, v[8];
                 kcu_p4_par(TYPE, rw[n], j, &a, &b);
-                p4_values<TYPE, 0>(qw[n][j], a, b, v);
+                p4_values<TYPE, 0>(qw[n] + j * p4_w<TYPE>::W, a, b, v);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
@@ -492,6 +508,8 @@ static void mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, 
             p4_launch<KCU_Q4_0>(st, mm, x, y, n_tok, best);
         else if (w->type == KCU_Q4_1)
             p4_launch<KCU_Q4_1>(st, mm, x, y, n_tok, best);
+        else if (w->type == KCU_Q8_0)
+            p4_launch<KCU_Q8_0>(st, mm, x, y, n_tok, best);
         else
             p4_launch<KCU_Q4_K>(st, mm, x, y, n_tok, best);
     } else if (mm->bf16) {

@@ -24,7 +24,7 @@ struct kcu_weight {
     const void *w;    /* the GGUF rows (row_bytes apart), or the packed planes (cuda_pack.h) */
     size_t row_bytes; /* bytes of a GGUF row */
     int64_t ne0, ne1; /* elements per row (a multiple of 32), rows */
-    size_t p4_scales; /* 0: GGUF rows; else w is in the 4-bit packed layout of cuda_pack.h and
+    size_t p4_scales; /* 0: GGUF rows; else w is in the packed layout of cuda_pack.h and
                        * its scale plane starts at this byte offset */
 };
 

@@ -1,7 +1,8 @@
-/* The GPU's layout of 4-bit weights (Q4_0, Q4_1, Q4_K), made from the GGUF rows at load
- * (kern_ops.prepare) and read by the packed matmul kernels (cuda_pack.cu) with one 16-byte load
- * per lane that yields, in registers, exactly the values a lane of mma.sync m16n8k16 needs for
- * its B fragments: no shared-memory staging, and no weight ever expanded in device memory.
+/* The GPU's layout of 4-bit and 8-bit weights (Q4_0, Q4_1, Q4_K, Q8_0), made from the GGUF rows
+ * at load (kern_ops.prepare) and read by the packed matmul kernels (cuda_kernels.cu) with one
+ * 16-byte load per lane (two for Q8_0) that yields, in registers, exactly the values a lane of
+ * mma.sync m16n8k16 needs for its B fragments: no shared-memory staging, and no weight ever
+ * expanded in device memory.
  * Written once for both sides like cuda_dequant.h: nvcc compiles the decoding into the kernels,
  * and tests/test_cuda_pack.c packs rows on the CPU and unpacks them with the same text, bit for
  * bit against the CPU's reference dequantization.
@@ -9,18 +10,19 @@
  * A row's 32-element units (a Q4_0/Q4_1 block, an eighth of a Q4_K block) go in groups of four
  * (128 elements, half a Q4_K block); rows go in tiles of eight (an n8 tile of mma). With U the
  * units of a row and U4 = ceil(U / 4) its groups (units past U are zero), per (tile, group):
- *   - the quant plane holds 512 bytes: lane l = 4 g + t (g = row in the tile, t = 0..3) owns 16
- *     bytes, the u32 word of each unit j = 0..3 in turn; nibble i (bits 4i..4i+3) of a word is
- *     the element at k = kcu_p4_k(t, i) of its unit: 2t, 2t+1, 2t+8, 2t+9, then the same + 16 —
- *     mma's B fragment order (registers b0 = nibbles 0,1 and b1 = 2,3 for the unit's first 16 k,
- *     nibbles 4..7 for its second);
- *   - the scale plane holds the 8 rows' records of the group (KCU_P4_REC bytes each, u32 words,
- *     little-endian): Q4_0 the four units' half d (two per word); Q4_1 per unit one word, d low and
- *     m high; Q4_K word 0 the block's d (low) and dmin (high), word 1 the four 6-bit scales, word
- *     2 the four 6-bit mins (one byte per unit).
- * Both planes of a tile's group are contiguous, and tiles follow groups: (tile * U4 + group). A
- * warp reading one (tile, group) reads 512 contiguous bytes. Sizes: Q4_0 4.5 bits per weight (as
- * GGUF), Q4_1 5 (as GGUF), Q4_K 4.75 (GGUF 4.5). */
+ *   - the quant plane holds 512 W bytes (W = kcu_p4_words: 1 for the 4-bit types, 2 for Q8_0):
+ *     lane l = 4 g + t (g = row in the tile, t = 0..3) owns 16 W bytes, the W u32 words of each
+ *     unit j = 0..3 in turn; value i (0..7; 4-bit: nibble i of the word, bits 4i..4i+3; Q8_0:
+ *     byte i % 4 of word i / 4, signed) is the element at k = kcu_p4_k(t, i) of its unit: 2t,
+ *     2t+1, 2t+8, 2t+9, then the same + 16 — mma's B fragment order (registers b0 = values 0,1
+ *     and b1 = 2,3 for the unit's first 16 k, values 4..7 for its second);
+ *   - the scale plane holds the 8 rows' records of the group (kcu_p4_rec bytes each, u32 words,
+ *     little-endian): Q4_0 and Q8_0 the four units' half d (two per word); Q4_1 per unit one word,
+ * d low and m high; Q4_K word 0 the block's d (low) and dmin (high), word 1 the four 6-bit scales,
+ * word 2 the four 6-bit mins (one byte per unit). Both planes of a tile's group are contiguous, and
+ * tiles follow groups: (tile * U4 + group). A warp reading one (tile, group) reads 512 W contiguous
+ * bytes. Sizes: Q4_0 4.5 bits per weight (as GGUF), Q4_1 5 (as GGUF), Q4_K 4.75 (GGUF 4.5),
+ * Q8_0 8.5 (as GGUF). */
 #ifndef KERNELS_CUDA_CUDA_PACK_H
 #define KERNELS_CUDA_CUDA_PACK_H
 
@@ -43,13 +45,19 @@
 /* 1 for the types this layout holds. */
 KCU_HD int kcu_p4_type(uint32_t type)
 {
-    return type == KCU_Q4_0 || type == KCU_Q4_1 || type == KCU_Q4_K;
+    return type == KCU_Q4_0 || type == KCU_Q4_1 || type == KCU_Q4_K || type == KCU_Q8_0;
+}
+
+/* u32 words per unit and lane: 8 values of 4 or 8 bits. */
+KCU_HD int kcu_p4_words(uint32_t type)
+{
+    return type == KCU_Q8_0 ? 2 : 1;
 }
 
 /* Bytes of one row's record of a group in the scale plane. */
 KCU_HD int kcu_p4_rec(uint32_t type)
 {
-    return type == KCU_Q4_0 ? 8 : type == KCU_Q4_1 ? 16 : 12;
+    return type == KCU_Q4_0 || type == KCU_Q8_0 ? 8 : type == KCU_Q4_1 ? 16 : 12;
 }
 
 KCU_HD int64_t kcu_p4_groups(int64_t ne0)
@@ -62,15 +70,16 @@ KCU_HD int64_t kcu_p4_tiles(int64_t ne1)
     return (ne1 + 7) / 8;
 }
 
-KCU_HD size_t kcu_p4_qbytes(int64_t ne0, int64_t ne1)
+KCU_HD size_t kcu_p4_qbytes(uint32_t type, int64_t ne0, int64_t ne1)
 {
-    return (size_t)kcu_p4_tiles(ne1) * (size_t)kcu_p4_groups(ne0) * KCU_P4_TILE;
+    return (size_t)kcu_p4_tiles(ne1) * (size_t)kcu_p4_groups(ne0) * KCU_P4_TILE *
+           (size_t)kcu_p4_words(type);
 }
 
 /* Both planes, the scale plane starting at kcu_p4_qbytes. */
 KCU_HD size_t kcu_p4_bytes(uint32_t type, int64_t ne0, int64_t ne1)
 {
-    return kcu_p4_qbytes(ne0, ne1) +
+    return kcu_p4_qbytes(type, ne0, ne1) +
            (size_t)kcu_p4_tiles(ne1) * (size_t)kcu_p4_groups(ne0) * 8 * (size_t)kcu_p4_rec(type);
 }
 
@@ -80,11 +89,20 @@ KCU_HD int kcu_p4_k(int t, int i)
     return 2 * t + (i & 1) + (i & 2) * 4 + (i & 4) * 4;
 }
 
+/* Value i (0..7) of a unit from its lane words w: a 4-bit q (0..15) or Q8_0's signed byte. */
+KCU_FN int kcu_p4_q(uint32_t type, const uint32_t *w, int i)
+{
+    if (type == KCU_Q8_0)
+        return (int)(int8_t)(uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    return (int)((w[0] >> (4 * i)) & 0xF);
+}
+
 /* A unit's two parameters from its row's record words rw of the group, unit j (0..3) of it:
- * Q4_0 a = d; Q4_1 a = d, b = m; Q4_K a = d * scale, b = dmin * min (the reference's d1, m1). */
+ * Q4_0 and Q8_0 a = d; Q4_1 a = d, b = m; Q4_K a = d * scale, b = dmin * min (the reference's
+ * d1, m1). */
 KCU_FN void kcu_p4_par(uint32_t type, const uint32_t *rw, int j, float *a, float *b)
 {
-    if (type == KCU_Q4_0) {
+    if (type == KCU_Q4_0 || type == KCU_Q8_0) {
         *a = kcu_f16((uint16_t)(rw[j / 2] >> (16 * (j % 2))));
         *b = 0.0f;
     } else if (type == KCU_Q4_1) {
@@ -96,23 +114,27 @@ KCU_FN void kcu_p4_par(uint32_t type, const uint32_t *rw, int j, float *a, float
     }
 }
 
-/* The weight of 4-bit value q with a unit's parameters, as cuda_dequant.h (and the CPU) make it. */
-KCU_FN float kcu_p4_val(uint32_t type, uint32_t q, float a, float b)
+/* The weight of value q with a unit's parameters, as cuda_dequant.h (and the CPU) make it. */
+KCU_FN float kcu_p4_val(uint32_t type, int q, float a, float b)
 {
     if (type == KCU_Q4_0)
-        return KCU_MUL(a, (float)((int)q - 8));
+        return KCU_MUL(a, (float)(q - 8));
+    if (type == KCU_Q8_0)
+        return KCU_MUL(a, (float)q);
     if (type == KCU_Q4_1)
         return KCU_ADD(KCU_MUL(a, (float)q), b);
     return KCU_SUB(KCU_MUL(a, (float)q), b);
 }
 
-/* Byte offsets of row r's lane t word of unit u, and of row r's record of group u / 4. */
-KCU_HD size_t kcu_p4_qoff(int64_t groups, int64_t r, int64_t u, int t)
+/* Byte offsets of row r's lane t words of unit u (W words from there), and of row r's record
+ * of group u / 4. */
+KCU_HD size_t kcu_p4_qoff(uint32_t type, int64_t groups, int64_t r, int64_t u, int t)
 {
+    const size_t wb = 4 * (size_t)kcu_p4_words(type); /* bytes of a unit's words */
     return (((size_t)(r / 8) * (size_t)groups + (size_t)(u / 4)) * 32 + (size_t)(r % 8) * 4 +
             (size_t)t) *
-               KCU_P4_LANE +
-           (size_t)(u % 4) * 4;
+               4 * wb +
+           (size_t)(u % 4) * wb;
 }
 
 KCU_HD size_t kcu_p4_soff(uint32_t type, int64_t groups, int64_t r, int64_t g4)
@@ -139,9 +161,10 @@ KCU_FN void kcu_p4_unit(uint32_t type, const uint8_t *p, size_t sbase, int64_t n
     float a, b;
     kcu_p4_par(type, rw, (int)(u % 4), &a, &b);
     for (int t = 0; t < 4; t++) {
-        const uint32_t word = kcu_p4_word(p + kcu_p4_qoff(groups, r, u, t));
+        const uint8_t *wp = p + kcu_p4_qoff(type, groups, r, u, t);
+        const uint32_t w[2] = {kcu_p4_word(wp), kcu_p4_words(type) > 1 ? kcu_p4_word(wp + 4) : 0};
         for (int i = 0; i < 8; i++)
-            out[kcu_p4_k(t, i)] = kcu_p4_val(type, (word >> (4 * i)) & 0xF, a, b);
+            out[kcu_p4_k(t, i)] = kcu_p4_val(type, kcu_p4_q(type, w, i), a, b);
     }
 }
 
@@ -152,15 +175,19 @@ static inline void kcu_p4_pack(uint32_t type, const uint8_t *src, size_t row_byt
                                int64_t ne1, uint8_t *dst)
 {
     const int64_t groups = kcu_p4_groups(ne0), units = ne0 / 32;
-    const size_t sbase = kcu_p4_qbytes(ne0, ne1);
+    const size_t sbase = kcu_p4_qbytes(type, ne0, ne1);
     memset(dst, 0, kcu_p4_bytes(type, ne0, ne1));
     for (int64_t r = 0; r < ne1; r++) {
         const uint8_t *row = src + (size_t)r * row_bytes;
         for (int64_t u = 0; u < units; u++) {
-            uint8_t q[32]; /* the unit's 4-bit values in element order */
+            uint8_t q[32]; /* the unit's values in element order (Q8_0: the signed bytes) */
             uint8_t *rec = dst + sbase + kcu_p4_soff(type, groups, r, u / 4);
             const int j = (int)(u % 4);
-            if (type == KCU_Q4_0 || type == KCU_Q4_1) {
+            if (type == KCU_Q8_0) {
+                const uint8_t *b = row + u * 34;
+                memcpy(q, b + 2, 32);
+                memcpy(rec + 2 * j, b, 2);
+            } else if (type == KCU_Q4_0 || type == KCU_Q4_1) {
                 const uint8_t *b = row + u * (type == KCU_Q4_0 ? 18 : 20);
                 const uint8_t *qs = b + (type == KCU_Q4_0 ? 2 : 4);
                 for (int i = 0; i < 16; i++) {
@@ -190,12 +217,14 @@ static inline void kcu_p4_pack(uint32_t type, const uint8_t *src, size_t row_byt
                 rec[8 + j] = (uint8_t)m;
             }
             for (int t = 0; t < 4; t++) {
-                uint32_t word = 0;
-                for (int i = 0; i < 8; i++)
-                    word |= (uint32_t)q[kcu_p4_k(t, i)] << (4 * i);
-                uint8_t *wp = dst + kcu_p4_qoff(groups, r, u, t);
-                for (int k = 0; k < 4; k++)
-                    wp[k] = (uint8_t)(word >> (8 * k));
+                uint8_t *wp = dst + kcu_p4_qoff(type, groups, r, u, t);
+                for (int i = 0; i < 8; i++) {
+                    const uint8_t v = q[kcu_p4_k(t, i)];
+                    if (type == KCU_Q8_0)
+                        wp[4 * (i / 4) + i % 4] = v;
+                    else
+                        wp[i / 2] |= (uint8_t)(v << (4 * (i % 2)));
+                }
             }
         }
     }
