@@ -1008,6 +1008,7 @@ static void test_cuda_backend(void **state)
                                                                * take several runs */
         }
         check_ffn(&c, DTYPE_Q4_1, 96, 160, 9, KERN_GLU_SILU);
+        check_matmul(&c, DTYPE_Q4_0, 160, 300, 20); /* three blocks of 128 rows, the last partial */
         printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
         assert_int_equal(c.fails, 0);
         kern_backend_free(c.be);

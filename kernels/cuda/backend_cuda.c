@@ -35,6 +35,8 @@ struct cuda_state {
     int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
+    uint16_t *xb;  /* the tensor-core kernel's bf16 inputs (xb_elems values), grown on demand */
+    size_t xb_elems;
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
     struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
@@ -73,17 +75,30 @@ static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, 
     return in->norm ? in->xn : in->x;
 }
 
-/* How the kernels see weight w in the current mode. */
-static struct kcu_mm mm_of(const struct cuda_state *s, const struct kern_tensor *w)
+/* How the kernels see weight w in the current mode, for a matmul of n_tok tokens (0: not a
+ * matmul): the packed layout's tensor-core kernel gets the bf16 input scratch, grown here (if
+ * it cannot be had, that matmul takes the GEMV). */
+static struct kcu_mm mm_of(struct cuda_state *s, const struct kern_tensor *w, int n_tok)
 {
-    return (struct kcu_mm){.w = {.type = w->type,
-                                 .w = w->packed,
-                                 .row_bytes = w->row_bytes,
-                                 .ne0 = w->ne0,
-                                 .ne1 = w->ne1,
-                                 .p4_scales = w->packed_panel},
-                           .bf16 = s->act == KERN_ACT_BF16,
-                           .mv_max = s->mv_max};
+    struct kcu_mm mm = {.w = {.type = w->type,
+                              .w = w->packed,
+                              .row_bytes = w->row_bytes,
+                              .ne0 = w->ne0,
+                              .ne1 = w->ne1,
+                              .p4_scales = w->packed_panel},
+                        .bf16 = s->act == KERN_ACT_BF16,
+                        .mv_max = s->mv_max};
+    const size_t need = (size_t)n_tok * (size_t)w->ne0;
+    if (mm.bf16 && w->packed_panel && n_tok > s->mv_max && need > s->xb_elems) {
+        void *p = NULL;
+        if (!handled(cudaMalloc(&p, need * sizeof(uint16_t)))) {
+            cudaFree(s->xb); /* cudaFree waits for the kernels still reading it */
+            s->xb = p;
+            s->xb_elems = need;
+        }
+    }
+    mm.xb = need <= s->xb_elems ? s->xb : NULL;
+    return mm;
 }
 
 static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
@@ -92,7 +107,7 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
     struct cuda_state *s = st_of(b);
     const float *x = mm_input(s, in, n_tok, w[0]->ne0);
     for (int i = 0; i < n_w; i++) {
-        const struct kcu_mm mm = mm_of(s, w[i]);
+        const struct kcu_mm mm = mm_of(s, w[i], n_tok);
         if (s->blas && n_tok >= s->blas_min) {
             const int rc = kcu_matmul_blas(s->stream, s->blas, &mm, x, y[i], n_tok);
             if (rc >= 1000) {
@@ -122,7 +137,7 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
         s->best_cap = n_tok;
     }
     const float *x = mm_input(s, in, n_tok, w->ne0);
-    const struct kcu_mm mm = mm_of(s, w);
+    const struct kcu_mm mm = mm_of(s, w, n_tok);
     check(kcu_matmul_argmax(s->stream, &mm, x, n_tok, s->best, ids), "matmul_argmax");
     return 1;
 }
@@ -305,7 +320,7 @@ static void cuda_release(struct kern_backend *b, struct kern_tensor *w)
 static void cuda_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                           int n, float *out)
 {
-    const struct kcu_mm mm = mm_of(st_of(b), w);
+    const struct kcu_mm mm = mm_of(st_of(b), w, 0);
     check(kcu_get_rows(st_of(b)->stream, &mm.w, ids, n, out), "get_rows");
 }
 
@@ -531,6 +546,7 @@ static void cuda_free(struct kern_backend *b)
     if (s->att_part)
         cudaFree(s->att_part);
     kcu_blas_close(s->blas);
+    cudaFree(s->xb);
     free(s->smp_rows);
     free(s->smp_out);
     cudaStreamDestroy(s->stream);

@@ -388,23 +388,32 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     }
 }
 
-/* Tensor-core GEMM (bf16 mode): a block computes 64 tokens x 64 rows (8 tiles) a group (128 k)
- * at a time; the tokens' inputs are rounded into shared memory (A fragments as k_matmul_bf16),
- * and each warp decodes its 2 tiles' values straight into B fragments: unit j's nibbles 0..3 are
- * the fragment of k 32j..32j+15, nibbles 4..7 of the next 16. */
-#define PM_BM 64
-#define PM_BK 128
-#define PM_LD (PM_BK + 8)
+/* Tensor-core GEMM (bf16 mode): a block of 8 warps computes 64 tokens x 128 rows (16 tiles) a
+ * group (128 k) at a time. The inputs come already rounded to bf16 (xb, made once per matmul by
+ * k_to_bf16, so each block reads half the bytes of f32 and never converts): each thread copies
+ * 4 16-byte chunks of the group's 64 x 128 tile into shared memory (A fragments as
+ * k_matmul_bf16), and each warp decodes its 2 tiles' values straight into B fragments: unit j's
+ * values 0..3 are the fragment of k 32j..32j+15, values 4..7 of the next 16. Software pipelined:
+ * the next group's A chunks and B words are loaded into registers while the current group is
+ * multiplied. */
+#define PM_BM     64
+#define PM_WARPS  8
+#define PM_BN     (PM_WARPS * 16) /* rows per block: 2 tiles per warp */
+#define PM_BK     128
+#define PM_LD     (PM_BK + 8) /* shared row pitch in bf16: 272 bytes, 16-byte aligned */
+#define PM_CHUNKS (PM_BM * PM_BK / 8 / (PM_WARPS * WARP)) /* 16-byte A chunks per thread */
 
+/* 2 blocks (16 warps) per SM: at most 128 registers a thread (ptxas spills up to 44 bytes) */
 template <uint32_t TYPE>
-__global__ void __launch_bounds__(128)
-    k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const float *x, float *y,
+__global__ void __launch_bounds__(PM_WARPS *WARP, 2)
+    k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb, float *y,
              int n_tok, unsigned long long *best)
 {
+    constexpr int W = p4_w<TYPE>::W;
     __shared__ __align__(16) uint16_t as[PM_BM * PM_LD];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
-    const int64_t tile0 = (int64_t)blockIdx.x * 8 + warp * 2;
+    const int64_t tile0 = (int64_t)blockIdx.x * (PM_BN / 8) + warp * 2;
     const int m0 = blockIdx.y * PM_BM;
     float acc[4][2][4];
 #pragma unroll
@@ -414,35 +423,60 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
-    for (int64_t q4 = 0; q4 < groups; q4++) {
-        const int64_t k0 = q4 * PM_BK;
-        for (int e = tid; e < PM_BM * PM_BK; e += blockDim.x) {
-            const int r = e / PM_BK, c = e % PM_BK;
-            as[r * PM_LD + c] = bf16_bits(
-                m0 + r < n_tok && k0 + c < ne0 ? x[(size_t)(m0 + r) * ne0 + k0 + c] : 0.0f);
+    /* the next group's A chunks (row e / 16, k 8 (e % 16) of the group, e = tid + 256 i) and
+     * this warp's B words and records */
+    uint4 ax[PM_CHUNKS];
+    uint32_t qw[2][4 * W], rw[2][4];
+    auto load = [&](int64_t q4) {
+#pragma unroll
+        for (int i = 0; i < PM_CHUNKS; i++) {
+            const int e = tid + i * PM_WARPS * WARP, r = e / (PM_BK / 8);
+            const int64_t k = q4 * PM_BK + (e % (PM_BK / 8)) * 8;
+            ax[i] = m0 + r < n_tok && k < ne0 ? *(const uint4 *)(xb + (size_t)(m0 + r) * ne0 + k)
+                                              : make_uint4(0u, 0u, 0u, 0u);
         }
-        uint32_t qw[2][4 * p4_w<TYPE>::W], rw[2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++)
             if (tile0 + n < tiles)
                 p4_load<TYPE>(w, sbase, groups, tile0 + n, q4, lane, qw[n], rw[n]);
             else {
 #pragma unroll
-                for (int k = 0; k < 4 * p4_w<TYPE>::W; k++)
+                for (int k = 0; k < 4 * W; k++)
                     qw[n][k] = 0u; /* past the last tile: zero weights */
 #pragma unroll
                 for (int k = 0; k < 4; k++)
                     rw[n][k] = 0u;
             }
+    };
+    load(0);
+    for (int64_t q4 = 0; q4 < groups; q4++) {
+        __syncthreads(); /* every warp is done with the previous group's A */
+#pragma unroll
+        for (int i = 0; i < PM_CHUNKS; i++) {
+            const int e = tid + i * PM_WARPS * WARP;
+            *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
+        }
+        uint32_t cq[2][4 * W], cr[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int k = 0; k < 4 * W; k++)
+                cq[n][k] = qw[n][k];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                cr[n][k] = rw[n][k];
+        }
         __syncthreads();
+        if (q4 + 1 < groups)
+            load(q4 + 1); /* in flight while this group is multiplied */
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             uint32_t bf[2][4];
 #pragma unroll
             for (int n = 0; n < 2; n++) {
                 float a, b, v[8];
-                kcu_p4_par(TYPE, rw[n], j, &a, &b);
-                p4_values<TYPE, 0>(qw[n] + j * p4_w<TYPE>::W, a, b, v);
+                kcu_p4_par(TYPE, cr[n], j, &a, &b);
+                p4_values<TYPE, 0>(cq[n] + j * W, a, b, v);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
@@ -459,7 +493,6 @@ __global__ void __launch_bounds__(128)
                         mma_bf16(acc[m][n], af, bf[n] + 2 * h);
                 }
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int m = 0; m < 4; m++)
@@ -478,6 +511,14 @@ __global__ void __launch_bounds__(128)
             }
 }
 
+/* Inputs rounded to bf16 for the tensor-core kernel. */
+__global__ void k_to_bf16(const float *x, uint16_t *out, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = bf16_bits(x[i]);
+}
+
 template <uint32_t TYPE>
 static void p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
                       unsigned long long *best)
@@ -485,13 +526,18 @@ static void p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, 
     const struct kcu_weight *wt = &mm->w;
     const uint8_t *w = (const uint8_t *)wt->w;
     const unsigned tiles = (unsigned)kcu_p4_tiles(wt->ne1);
-    if (mm->bf16 && n_tok > mm->mv_max) {
-        void (*k)(const uint8_t *, size_t, int64_t, int64_t, const float *, float *, int,
+    if (mm->bf16 && n_tok > mm->mv_max && mm->xb) {
+        const size_t nx = (size_t)n_tok * (size_t)wt->ne0;
+        KCU_LAUNCH(k_to_bf16, (unsigned)((nx + 255) / 256), 256, st)(x, mm->xb, nx);
+        void (*k)(const uint8_t *, size_t, int64_t, int64_t, const uint16_t *, float *, int,
                   unsigned long long *) = k_p4_mma<TYPE>;
-        KCU_LAUNCH(k, dim3((tiles + 7) / 8, (unsigned)((n_tok + PM_BM - 1) / PM_BM)), 128, st)
-        (w, wt->p4_scales, wt->ne0, wt->ne1, x, y, n_tok, best);
+        KCU_LAUNCH(
+            k, dim3((tiles + PM_BN / 8 - 1) / (PM_BN / 8), (unsigned)((n_tok + PM_BM - 1) / PM_BM)),
+            PM_WARPS * WARP, st)
+        (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xb, y, n_tok, best);
         return;
     }
+    /* few tokens, the exact mode, or no scratch for the bf16 inputs: the GEMV */
     void (*k)(const uint8_t *, size_t, int64_t, int64_t, const float *, float *, int,
               unsigned long long *) = mm->bf16 ? k_p4_mv<TYPE, 1> : k_p4_mv<TYPE, 0>;
     KCU_LAUNCH(k, dim3(tiles, (unsigned)((n_tok + MV_TOK - 1) / MV_TOK)), MV_WARPS * WARP, st)

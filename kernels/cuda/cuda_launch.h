@@ -36,6 +36,8 @@ struct kcu_mm {
     struct kcu_weight w;
     int bf16;
     int mv_max;
+    uint16_t *xb; /* scratch for the inputs in bf16 (n_tok x ne0), which the tensor-core kernel
+                   * of the packed layout needs; NULL: that matmul takes the GEMV */
 };
 
 /* y[t * ne1 + r] = dot(dequantized row r of the weight, x[t * ne0 ..]) for t < n_tok, r < ne1. */
