@@ -4,8 +4,8 @@
 #
 #   scripts/gpu-check.sh prepare   here, on the build machine: builds the CUDA-enabled binary and
 #                                  the op tests (make CUDA=1) and gathers them (debug info
-#                                  stripped), the shared libraries they need that a bare CUDA image
-#                                  lacks (compressed), and an 8-layer dummy GGUF in gpu-carry/
+#                                  stripped) with the shared libraries they need that a bare CUDA
+#                                  image lacks (both compressed), and an 8-layer dummy GGUF in gpu-carry/
 #                                  (git-ignored; ~52 MB: what travels must stay under 64 MiB)
 #   scripts/gpu-check.sh run       there (device tool: carry ["gpu-carry"]): each step under its
 #                                  own timeout, everything into $OUT/gpu-check.txt (default
@@ -53,8 +53,8 @@ prepare() {
     build/tools/dummy_gguf smollm2-135m 8 1 "$C/models/smollm2-8l-dummy.gguf"
     # what travels is limited to 64 MiB: no debug info, libraries compressed (ICU is half)
     strip --strip-debug "$C"/bin/*
-    tar czf "$C/lib.tar.gz" -C "$C" lib
-    rm -rf "$C/lib"
+    tar czf "$C/carry.tar.gz" -C "$C" lib bin
+    rm -rf "$C/lib" "$C/bin"
     du -sh "$C"/*
     local total
     total=$(du -sb "$C" | cut -f1)
@@ -81,8 +81,9 @@ run() {
     mkdir -p "$out"
     local libs
     libs=$(mktemp -d)
-    tar xzf "$C/lib.tar.gz" -C "$libs" || exit 1
+    tar xzf "$C/carry.tar.gz" -C "$libs" || exit 1
     export LD_LIBRARY_PATH="$libs/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local B=$libs/bin # the binaries, unpacked
     # cuBLAS is loaded at run time (dlopen libcublas.so.13): the toolkit's, else PyTorch's wheel
     local blas
     blas=$( (ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
@@ -93,29 +94,29 @@ run() {
     {
         echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
         step nvidia-smi 20 nvidia-smi
-        step ldd 30 bash -c "! ldd $C/bin/* | grep 'not found'"
+        step ldd 30 bash -c "! ldd $B/* | grep 'not found'"
         echo "libcublas.so.13 (dlopen'ed for QUERN_CUDA_CUBLAS_MIN): ${blas:-not found}"
-        step info 30 "$C/bin/quern" info
-        step dequant 60 "$C/bin/test_cuda_dequant"
-        step pack 60 "$C/bin/test_cuda_pack"
-        step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_backend_ops"
-        step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$C/bin/test_cuda_model"
+        step info 30 "$B/quern" info
+        step dequant 60 "$B/test_cuda_dequant"
+        step pack 60 "$B/test_cuda_pack"
+        step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$B/test_backend_ops"
+        step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$B/test_cuda_model"
         local m=$C/models/smollm2-8l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}
             for d in cpu cuda; do
-                step "generate-$tag-$d" 60 bash -c "'$C/bin/quern' generate $flags --device $d \
+                step "generate-$tag-$d" 60 bash -c "'$B/quern' generate $flags --device $d \
                     --threads 16 --chat 'Name three planets.' --temperature 0 --max-tokens 48 \
                     >'$out/gen-$tag-$d.txt'"
             done
             same "same-text-$tag" "$out/gen-$tag-cpu.txt" "$out/gen-$tag-cuda.txt"
         done
-        step generate-dummy-cuda-tp3 90 bash -c "'$C/bin/quern' generate --model $m \
+        step generate-dummy-cuda-tp3 90 bash -c "'$B/quern' generate --model $m \
             --dummy smollm2-135m --device cuda --tp 3 --chat 'Name three planets.' \
             --temperature 0 --max-tokens 48 >'$out/gen-dummy-cuda-tp3.txt'"
         same same-text-tp3 "$out/gen-dummy-cuda.txt" "$out/gen-dummy-cuda-tp3.txt"
         for d in cpu cuda; do
-            step "perplexity-$d" 60 bash -c "'$C/bin/quern' perplexity --model $m --dummy \
+            step "perplexity-$d" 60 bash -c "'$B/quern' perplexity --model $m --dummy \
                 smollm2-135m --file tests/fixtures/perplexity_text.txt --ctx 128 --device $d \
                 --threads 16 --json >'$out/ppl-$d.json' && cat '$out/ppl-$d.json'"
         done
@@ -145,7 +146,7 @@ PY
         # copy rate above (goal 70 %), the tensor-core kernel's TFLOPS at 256 against cuBLAS
         # (goal 50 %), where the tensor-core kernel overtakes the GEMV (QUERN_CUDA_GEMV_MAX), and
         # the packed layout against the GGUF rows
-        step bench-matmul 150 bash -c "'$C/bin/bench_matmul' --type q4_0 >'$out/bench-matmul.tsv' \
+        step bench-matmul 150 bash -c "'$B/bench_matmul' --type q4_0 >'$out/bench-matmul.tsv' \
             && cat '$out/bench-matmul.tsv'"
         for spec in "smollm2-b1:smollm2-135m:--max-seqs 1 --prompts 4 --input-len 128 --output-len 64" \
             "smollm2-batch:smollm2-135m:--prompts 256 --input-len 128 --output-len 64" \
@@ -154,18 +155,18 @@ PY
             "llama3-8b-b1:llama3-8b:--max-seqs 1 --prompts 2 --input-len 128 --output-len 32" \
             "llama3-8b-batch-bf16:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16"; do
             IFS=: read -r tag preset flags <<<"$spec"
-            step "bench-$tag" 90 bash -c "'$C/bin/quern' bench --model $m --dummy $preset \
+            step "bench-$tag" 90 bash -c "'$B/quern' bench --model $m --dummy $preset \
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \
                 cat '$out/bench-$tag.json'"
         done
         # the batched bench with matmuls of 256 tokens or more on cuBLAS (bf16 copies per call)
         step bench-llama3-8b-batch-bf16-cublas 90 bash -c "QUERN_CUDA_CUBLAS_MIN=256 \
-            '$C/bin/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
+            '$B/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
             --prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16 \
             >'$out/bench-llama3-8b-batch-bf16-cublas.json' && \
             cat '$out/bench-llama3-8b-batch-bf16-cublas.json'"
         # batch 1 with the weights as GGUF rows (QUERN_CUDA_PACK=0): the packed layout's gain
-        step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$C/bin/quern' bench --model $m \
+        step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$B/quern' bench --model $m \
             --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 2 \
             --input-len 128 --output-len 32 >'$out/bench-llama3-8b-b1-gguf.json' && \
             cat '$out/bench-llama3-8b-b1-gguf.json'"
@@ -173,7 +174,7 @@ PY
         # (flash-decoding, the default) against one warp per head over all of it
         for split in 512 0; do
             step "bench-llama3-8b-long-split$split" 120 bash -c "QUERN_CUDA_ATTN_SPLIT=$split \
-                '$C/bin/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
+                '$B/quern' bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 \
                 --max-seqs 1 --prompts 1 --input-len 4000 --output-len 32 --matmul bf16 \
                 >'$out/bench-long-split$split.json' && cat '$out/bench-long-split$split.json'"
         done
