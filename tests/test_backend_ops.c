@@ -999,9 +999,10 @@ static void test_cuda_backend(void **state)
         struct check c = {.label = label, .act = knobs[i].act};
         c.r.s = 4400 + i;
         assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
-        static const uint32_t p4[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q8_0};
+        static const uint32_t p4[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K,
+                                      DTYPE_Q8_0, DTYPE_Q5_0, DTYPE_Q6_K};
         for (size_t t = 0; t < sizeof(p4) / sizeof(p4[0]); t++) {
-            const int ksz = p4[t] == DTYPE_Q4_K;
+            const int ksz = dtype_get(p4[t])->block_elems == 256;
             check_matmul(&c, p4[t], ksz ? 768 : 160, 41, 1);
             check_matmul(&c, p4[t], ksz ? 256 : 96, 70, 70);
             check_matmul(&c, p4[t], ksz ? 2560 : 2336, 9, 3); /* > 16 groups: the GEMV's warps

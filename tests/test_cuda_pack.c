@@ -1,9 +1,9 @@
 /* The GPU's packed layout (kernels/cuda/cuda_pack.h), checked on the CPU from the same text
  * nvcc compiles: GGUF rows repacked as prepare repacks them and unpacked again as the kernels
- * decode them equal the CPU reference's dequantization bit for bit, for Q4_0, Q4_1, Q4_K and
- * Q8_0, random rows and special scale values, shapes with partial tiles and groups; the padding
- * is zero; a lane's words are in mma's B fragment order (kernels/cuda/cuda_mma.h); the sizes are
- * what the layout's comment says. */
+ * decode them equal the CPU reference's dequantization bit for bit, for Q4_0, Q4_1, Q4_K, Q5_0,
+ * Q6_K and Q8_0, random rows and special scale values, shapes with partial tiles and groups; the
+ * padding is zero; a lane's words are in mma's B fragment order (kernels/cuda/cuda_mma.h); the
+ * sizes are what the layout's comment says. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,7 +21,8 @@
 #include "kernels/cuda/cuda_pack.h"
 #include "tests/test_rand.h"
 
-static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q8_0};
+static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K,
+                                 DTYPE_Q8_0, DTYPE_Q5_0, DTYPE_Q6_K};
 
 /* ne1 random rows of ne0 (with `special` halves written into the scale fields of some blocks),
  * packed, unpacked unit by unit: the number of elements that differ from the reference. */
@@ -38,10 +39,12 @@ static int round_trip(uint32_t type, int64_t ne0, int64_t ne1, struct rng *r, in
     }
     static const uint16_t halves[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x7c00,
                                       0xfc00, 0x7e01, 0x3c00, 0x7bff};
-    if (special)
+    if (special) /* d first (Q6_K: last); Q4_1's m and Q4_K's dmin next */
         for (size_t b = 0; b < row_bytes * (size_t)ne1 / di->block_bytes; b++) {
-            memcpy(src + b * di->block_bytes, &halves[b % 9], 2);
-            memcpy(src + b * di->block_bytes + 2, &halves[(b + 4) % 9], 2); /* Q4_1 m, dmin */
+            const size_t at = type == DTYPE_Q6_K ? (size_t)di->block_bytes - 2 : 0;
+            memcpy(src + b * di->block_bytes + at, &halves[b % 9], 2);
+            if (type == DTYPE_Q4_1 || type == DTYPE_Q4_K)
+                memcpy(src + b * di->block_bytes + 2, &halves[(b + 4) % 9], 2);
         }
     const size_t bytes = kcu_p4_bytes(type, ne0, ne1);
     uint8_t *p = malloc(bytes);
@@ -54,7 +57,8 @@ static int round_trip(uint32_t type, int64_t ne0, int64_t ne1, struct rng *r, in
     for (int64_t i = 0; i < ne1; i++) {
         kern_ref_dequant_row(type, src + (size_t)i * row_bytes, want, ne0);
         for (int64_t u = 0; u < ne0 / 32; u++) {
-            kcu_p4_unit(type, p, kcu_p4_qbytes(type, ne0, ne1), ne0, i, u, got);
+            kcu_p4_unit(type, p, kcu_p4_qbytes(type, ne0, ne1), kcu_p4_sbase(type, ne0, ne1), ne0,
+                        i, u, got);
             for (int e = 0; e < 32; e++)
                 if (memcmp(&got[e], &want[u * 32 + e], sizeof(float)) && bad++ < 5)
                     fprintf(stderr, "  %s %lldx%lld row %lld element %lld: %a, reference %a\n",
@@ -72,9 +76,14 @@ static int round_trip(uint32_t type, int64_t ne0, int64_t ne1, struct rng *r, in
                 for (int k = 0; k < 4 * kcu_p4_words(type); k++)
                     if (p[kcu_p4_qoff(type, groups, i, u, t) + (size_t)k] != 0)
                         bad++;
+            for (int t = 0; t < 4; t++) /* the unit's high bits (whole bytes: hb bytes a unit) */
+                for (int k = 0; k < kcu_p4_hbits(type); k++)
+                    if (p[kcu_p4_qbytes(type, ne0, ne1) + kcu_p4_hoff(type, groups, i, u / 4, t) +
+                          (size_t)(u % 4) * (size_t)kcu_p4_hbits(type) + (size_t)k] != 0)
+                        bad++;
             if (i >= ne1)
                 for (int k = 0; k < kcu_p4_rec(type); k++)
-                    if (p[kcu_p4_qbytes(type, ne0, ne1) + kcu_p4_soff(type, groups, i, u / 4) +
+                    if (p[kcu_p4_sbase(type, ne0, ne1) + kcu_p4_soff(type, groups, i, u / 4) +
                           (size_t)k] != 0)
                         bad++;
         }
@@ -91,7 +100,7 @@ static void test_round_trip(void **state)
     static const int64_t rows[] = {1, 7, 8, 13, 40};
     for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
         assert_true(kcu_p4_type(types[k]));
-        const int qk = types[k] == DTYPE_Q4_K;
+        const int qk = dtype_get(types[k])->block_elems == 256;
         static const int64_t cols32[] = {32, 96, 128, 160, 576}, cols256[] = {256, 512, 768};
         const int64_t *cols = qk ? cols256 : cols32;
         const size_t nc = qk ? 3 : 5;
@@ -100,8 +109,8 @@ static void test_round_trip(void **state)
                 for (int special = 0; special < 2; special++)
                     assert_int_equal(round_trip(types[k], cols[c], rows[i], &r, special), 0);
     }
-    assert_false(kcu_p4_type(DTYPE_Q5_0));
-    assert_false(kcu_p4_type(DTYPE_Q6_K));
+    assert_false(kcu_p4_type(DTYPE_F16));
+    assert_false(kcu_p4_type(DTYPE_F32));
 }
 
 /* Lane l = 4g + t's word of a unit, nibbles 4h..4h+3, are the k a B fragment of mma.sync m16n8k16
@@ -143,6 +152,8 @@ static void test_sizes(void **state)
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q4_1, ne0, ne1) / w == 5.0);
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q4_K, ne0, ne1) / w == 4.75);
     assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q8_0, ne0, ne1) / w == 8.5);
+    assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q5_0, ne0, ne1) / w == 5.5);
+    assert_true(8.0 * (double)kcu_p4_bytes(DTYPE_Q6_K, ne0, ne1) / w == 6.75);
     assert_int_equal(kcu_p4_qbytes(DTYPE_Q4_0, ne0, ne1), (size_t)(w / 2));
     assert_int_equal(kcu_p4_qbytes(DTYPE_Q8_0, ne0, ne1), (size_t)w);
     assert_int_equal(KCU_P4_TILE, 512);

@@ -305,7 +305,7 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
         return err_set(err, ST_ERR_IO, "uploading a weight: %s", cudaGetErrorString(rc));
     }
     w->packed = p;
-    w->packed_panel = p4 ? kcu_p4_qbytes(w->type, w->ne0, w->ne1) : 0;
+    w->packed_panel = p4 ? kcu_p4_sbase(w->type, w->ne0, w->ne1) : 0;
     return ST_OK;
 }
 

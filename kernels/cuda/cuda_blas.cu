@@ -169,7 +169,8 @@ __global__ void k_weight_bf16(struct kcu_weight w, uint16_t *out)
     const int64_t r = e / units, u = e % units;
     float v[32];
     if (w.p4_scales)
-        kcu_p4_unit(w.type, (const uint8_t *)w.w, w.p4_scales, w.ne0, r, u, v);
+        kcu_p4_unit(w.type, (const uint8_t *)w.w, kcu_p4_qbytes(w.type, w.ne0, w.ne1), w.p4_scales,
+                    w.ne0, r, u, v);
     else
         kcu_dequant32(w.type, (const uint8_t *)w.w + (size_t)r * w.row_bytes, u, v);
     for (int i = 0; i < 32; i++)

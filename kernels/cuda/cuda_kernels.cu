@@ -275,14 +275,15 @@ template <uint32_t TYPE> struct p4_w {
     static constexpr int W = TYPE == KCU_Q8_0 ? 2 : 1;
 };
 
-/* The 8 weights of a unit's lane words w with parameters a, b; rounded to bfloat16 (as floats)
- * in the bf16 mode. */
+/* The 8 weights of a unit's lane words w and high bits hi with parameters a, b; rounded to bfloat16
+ * (as floats) in the bf16 mode. */
 template <uint32_t TYPE, int BF>
-static __device__ __forceinline__ void p4_values(const uint32_t *w, float a, float b, float *v)
+static __device__ __forceinline__ void p4_values(const uint32_t *w, uint32_t hi, float a, float b,
+                                                 float *v)
 {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = kcu_p4_val(TYPE, kcu_p4_q(TYPE, w, i), a, b);
+        v[i] = kcu_p4_val(TYPE, kcu_p4_q(TYPE, w, hi, i), a, b, i);
         if (BF)
             v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
     }
@@ -294,11 +295,11 @@ template <int BF> static __device__ __forceinline__ float p4_x(float v)
 }
 
 /* A lane's load of (tile, group): the quant words of its units j = 0..3 (unit j's W words at
- * qw[j * W]), and its row's record. */
+ * qw[j * W]), its high field (Q5_0, Q6_K) and its row's record. */
 template <uint32_t TYPE>
-static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t sbase, int64_t groups,
-                                               int64_t tile, int64_t q4, int lane, uint32_t *qw,
-                                               uint32_t *rw)
+static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t hbase, size_t sbase,
+                                               int64_t groups, int64_t tile, int64_t q4, int lane,
+                                               uint32_t *qw, uint32_t *hw, uint32_t *rw)
 {
     constexpr int W = p4_w<TYPE>::W;
     const uint4 *q =
@@ -310,6 +311,14 @@ static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t sbase, i
         qw[4 * k + 1] = v.y;
         qw[4 * k + 2] = v.z;
         qw[4 * k + 3] = v.w;
+    }
+    hw[0] = hw[1] = 0u;
+    if (kcu_p4_hbits(TYPE) == 1)
+        hw[0] = *(const uint32_t *)(w + hbase + kcu_p4_hoff(TYPE, groups, tile * 8, q4, lane));
+    if (kcu_p4_hbits(TYPE) == 2) {
+        const uint2 h = *(const uint2 *)(w + hbase + kcu_p4_hoff(TYPE, groups, tile * 8, q4, lane));
+        hw[0] = h.x;
+        hw[1] = h.y;
     }
     const uint32_t *r =
         (const uint32_t *)(w + sbase + kcu_p4_soff(TYPE, groups, tile * 8 + lane / 4, q4));
@@ -329,6 +338,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     __shared__ float part[MV_WARPS][8][MV_TOK];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, t = lane % 4;
     const int64_t tile = blockIdx.x, groups = kcu_p4_groups(ne0), units = ne0 / 32;
+    const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
     const int t0 = blockIdx.y * MV_TOK;
     const int nt = n_tok - t0 < MV_TOK ? n_tok - t0 : MV_TOK;
     float acc[MV_TOK];
@@ -336,11 +346,11 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     for (int k = 0; k < MV_TOK; k++)
         acc[k] = 0.0f;
     for (int64_t q0 = (int64_t)warp * MV_GROUPS; q0 < groups; q0 += MV_WARPS * MV_GROUPS) {
-        uint32_t qw[MV_GROUPS][4 * p4_w<TYPE>::W], rw[MV_GROUPS][4];
+        uint32_t qw[MV_GROUPS][4 * p4_w<TYPE>::W], hw[MV_GROUPS][2], rw[MV_GROUPS][4];
 #pragma unroll
         for (int q = 0; q < MV_GROUPS; q++) /* every load first: more bytes in flight */
             if (q0 + q < groups)
-                p4_load<TYPE>(w, sbase, groups, tile, q0 + q, lane, qw[q], rw[q]);
+                p4_load<TYPE>(w, hbase, sbase, groups, tile, q0 + q, lane, qw[q], hw[q], rw[q]);
 #pragma unroll
         for (int q = 0; q < MV_GROUPS; q++)
 #pragma unroll
@@ -350,7 +360,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     break;
                 float a, b, v[8];
                 kcu_p4_par(TYPE, rw[q], j, &a, &b);
-                p4_values<TYPE, BF>(qw[q] + j * p4_w<TYPE>::W, a, b, v);
+                p4_values<TYPE, BF>(qw[q] + j * p4_w<TYPE>::W, kcu_p4_hi(TYPE, hw[q], j), a, b, v);
 #pragma unroll
                 for (int k = 0; k < MV_TOK; k++) {
                     if (k >= nt)
@@ -413,6 +423,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
     __shared__ __align__(16) uint16_t as[PM_BM * PM_LD];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
+    const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
     const int64_t tile0 = (int64_t)blockIdx.x * (PM_BN / 8) + warp * 2;
     const int m0 = blockIdx.y * PM_BM;
     float acc[4][2][4];
@@ -426,7 +437,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
     /* the next group's A chunks (row e / 16, k 8 (e % 16) of the group, e = tid + 256 i) and
      * this warp's B words and records */
     uint4 ax[PM_CHUNKS];
-    uint32_t qw[2][4 * W], rw[2][4];
+    uint32_t qw[2][4 * W], hw[2][2], rw[2][4];
     auto load = [&](int64_t q4) {
 #pragma unroll
         for (int i = 0; i < PM_CHUNKS; i++) {
@@ -438,7 +449,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 #pragma unroll
         for (int n = 0; n < 2; n++)
             if (tile0 + n < tiles)
-                p4_load<TYPE>(w, sbase, groups, tile0 + n, q4, lane, qw[n], rw[n]);
+                p4_load<TYPE>(w, hbase, sbase, groups, tile0 + n, q4, lane, qw[n], hw[n], rw[n]);
             else {
 #pragma unroll
                 for (int k = 0; k < 4 * W; k++)
@@ -446,6 +457,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 #pragma unroll
                 for (int k = 0; k < 4; k++)
                     rw[n][k] = 0u;
+                hw[n][0] = hw[n][1] = 0u;
             }
     };
     load(0);
@@ -456,7 +468,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             const int e = tid + i * PM_WARPS * WARP;
             *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
         }
-        uint32_t cq[2][4 * W], cr[2][4];
+        uint32_t cq[2][4 * W], ch[2][2], cr[2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++) {
 #pragma unroll
@@ -465,6 +477,8 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 #pragma unroll
             for (int k = 0; k < 4; k++)
                 cr[n][k] = rw[n][k];
+            ch[n][0] = hw[n][0];
+            ch[n][1] = hw[n][1];
         }
         __syncthreads();
         if (q4 + 1 < groups)
@@ -476,7 +490,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             for (int n = 0; n < 2; n++) {
                 float a, b, v[8];
                 kcu_p4_par(TYPE, cr[n], j, &a, &b);
-                p4_values<TYPE, 0>(cq[n] + j * W, a, b, v);
+                p4_values<TYPE, 0>(cq[n] + j * W, kcu_p4_hi(TYPE, ch[n], j), a, b, v);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
@@ -556,6 +570,10 @@ static void mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, 
             p4_launch<KCU_Q4_1>(st, mm, x, y, n_tok, best);
         else if (w->type == KCU_Q8_0)
             p4_launch<KCU_Q8_0>(st, mm, x, y, n_tok, best);
+        else if (w->type == KCU_Q5_0)
+            p4_launch<KCU_Q5_0>(st, mm, x, y, n_tok, best);
+        else if (w->type == KCU_Q6_K)
+            p4_launch<KCU_Q6_K>(st, mm, x, y, n_tok, best);
         else
             p4_launch<KCU_Q4_K>(st, mm, x, y, n_tok, best);
     } else if (mm->bf16) {
@@ -613,12 +631,12 @@ __global__ void k_get_rows(uint32_t type, const uint8_t *w, size_t row_bytes, in
 }
 
 /* get_rows of a packed weight: a thread per unit, through the text the CPU test checks. */
-__global__ void k_p4_get_rows(uint32_t type, const uint8_t *w, size_t sbase, int64_t ne0,
-                              const int32_t *ids, float *out)
+__global__ void k_p4_get_rows(uint32_t type, const uint8_t *w, size_t hbase, size_t sbase,
+                              int64_t ne0, const int32_t *ids, float *out)
 {
     float *o = out + (size_t)blockIdx.x * ne0;
     for (int64_t u = threadIdx.x; u < ne0 / 32; u += blockDim.x)
-        kcu_p4_unit(type, w, sbase, ne0, ids[blockIdx.x], u, o + u * 32);
+        kcu_p4_unit(type, w, hbase, sbase, ne0, ids[blockIdx.x], u, o + u * 32);
 }
 
 extern "C" int kcu_get_rows(void *stream, const struct kcu_weight *w, const int32_t *ids, int n,
@@ -628,7 +646,8 @@ extern "C" int kcu_get_rows(void *stream, const struct kcu_weight *w, const int3
         return 0;
     if (w->p4_scales) {
         KCU_LAUNCH(k_p4_get_rows, n, 128, (cudaStream_t)stream)
-        (w->type, (const uint8_t *)w->w, w->p4_scales, w->ne0, ids, out);
+        (w->type, (const uint8_t *)w->w, kcu_p4_qbytes(w->type, w->ne0, w->ne1), w->p4_scales,
+         w->ne0, ids, out);
     } else {
         KCU_LAUNCH(k_get_rows, n, 128, (cudaStream_t)stream)
         (w->type, (const uint8_t *)w->w, w->row_bytes, w->ne0, ids, out);
