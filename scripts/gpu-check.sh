@@ -21,9 +21,9 @@
 #       staged through host memory) against --tp 1; perplexity on the dummy, cuda within 0.5 %
 #       of cpu (issue 19);
 #     - the machine's HBM copy bandwidth and cuBLAS bf16 GEMM rate (PyTorch, which the GPU image
-#       has); each matmul kernel timed alone (tools/bench_matmul: the packed GEMV, the packed
-#       tensor-core kernel, the GGUF-row kernels, cuBLAS on bf16 copies; llama3-8b's shapes, 1 to
-#       512 tokens); then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
+#       has); each matmul kernel timed alone (tools/bench_matmul: the packed tensor-core kernel in
+#       16- and 64-token blocks, the GGUF-row kernels, cuBLAS on bf16 copies, the exact mode's
+#       GEMV; llama3-8b's shapes, 1 to 512 tokens); then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
 #       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
@@ -142,9 +142,9 @@ for _ in range(10): a @ b
 torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 10
 print(f"cuBLAS bf16 GEMM 8192^3: {2 * 8192 ** 3 / dt / 1e12:.0f} TFLOP/s")
 PY
-        # each matmul kernel alone: the packed GEMV's weight GB/s at 1-8 tokens against the HBM
-        # copy rate above (goal 70 %), the tensor-core kernel's TFLOPS at 256 against cuBLAS
-        # (goal 50 %), where the tensor-core kernel overtakes the GEMV (QUERN_CUDA_GEMV_MAX), and
+        # each matmul kernel alone: the 16-token blocks' weight GB/s at 1-8 tokens against the
+        # HBM copy rate above (goal 70 %), the 64-token blocks' TFLOPS at 256 against cuBLAS
+        # (goal 50 %), where 64-token blocks overtake 16-token ones (QUERN_CUDA_MMA_SMALL), and
         # the packed layout against the GGUF rows
         step bench-matmul 150 bash -c "'$B/bench_matmul' --type q4_0 >'$out/bench-matmul.tsv' \
             && cat '$out/bench-matmul.tsv'"

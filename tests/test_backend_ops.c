@@ -166,6 +166,45 @@ static double gelu(double g)
 }
 
 /* ffn: down(act(gate(norm(x + add))) * up(norm(x + add))), act SiLU or GELU (glu). */
+/* Batch invariance (kern_ops.matmul): the first token's row of y is bitwise the same computed
+ * alone, among 20 and among 70 (on CUDA in the bf16 mode: 16-token and 64-token blocks). */
+static void check_invariance(struct check *c, uint32_t type, int64_t ne0, int64_t ne1)
+{
+    const struct kern_ops *k = c->be->ops;
+    static const int counts[3] = {1, 20, 70};
+    struct weight w;
+    weight_make(c, &w, type, ne0, ne1);
+    const size_t nx = (size_t)70 * (size_t)ne0;
+    float *x = malloc(sizeof(float) * nx), *first = NULL;
+    assert_non_null(x);
+    rand_floats(&c->r, x, nx, -1, 1);
+    for (int i = 0; i < 3; i++) {
+        float *dx = to_be(c, x, sizeof(float) * (size_t)counts[i] * (size_t)ne0);
+        float *dy = k->buf_alloc(c->be, sizeof(float) * (size_t)counts[i] * (size_t)ne1);
+        const struct kern_tensor *ws[1] = {&w.t};
+        float *const ys[1] = {dy};
+        const struct kern_mm_in in = {.x = dx};
+        k->matmul(c->be, ws, ys, 1, &in, counts[i]);
+        float *y = from_be(c, dy, sizeof(float) * (size_t)ne1);
+        if (!first)
+            first = y;
+        else {
+            if (memcmp(first, y, sizeof(float) * (size_t)ne1)) {
+                char op[64];
+                snprintf(op, sizeof(op), "matmul %s %lldx%lld batch invariance",
+                         dtype_get(type)->name, (long long)ne0, (long long)ne1);
+                report(c, op, "token 0 alone differs from token 0 among %d", counts[i]);
+            }
+            free(y);
+        }
+        bfree(c, dx);
+        bfree(c, dy);
+    }
+    free(first);
+    free(x);
+    weight_free(c, &w);
+}
+
 static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int n_tok, int glu)
 {
     const struct kern_ops *k = c->be->ops;
@@ -835,6 +874,9 @@ static void check_backend(struct check *c, int all_ops)
     }
     check_matmul(c, DTYPE_Q4_1, 576, 192, 5);
     check_ffn(c, DTYPE_Q4_1, 576, 256, 3, KERN_GLU_SILU);
+    check_invariance(c, DTYPE_Q4_0, 256, 72);
+    check_invariance(c, DTYPE_Q6_K, 256, 40);
+    check_invariance(c, DTYPE_F16, 96, 40);
     if (!all_ops)
         return;
     check_ffn(c, DTYPE_Q8_0, 96, 160, 1, KERN_GLU_SILU);
@@ -974,27 +1016,27 @@ static void test_cuda_backend(void **state)
             check_broken_sample(c.be);
         kern_backend_free(c.be);
     }
-    /* the matmul kernels each layout and mode can take: 4-bit weights as GGUF rows (the
-     * kernels the other types use), and the packed layout (cuda_pack.h) on the tensor-core
-     * kernel from one token and on the GEMV kernel up to 70 tokens (two token blocks of the
-     * tensor-core kernel, nine of the GEMV); and cuBLAS on bf16 copies from one token, of the
-     * packed and of the GGUF rows (on the emulator, a kernel with cublasGemmEx's semantics) */
+    /* the matmul kernels each layout and mode can take: weights as GGUF rows (the kernels F16
+     * and F32 use), and the packed layout (cuda_pack.h) on the tensor-core kernel in 64-token
+     * blocks from one token and in 16-token blocks up to 70 tokens (nine blocks); and cuBLAS on
+     * bf16 copies from one token, of the packed and of the GGUF rows (on the emulator, a kernel
+     * with cublasGemmEx's semantics) */
     static const struct {
-        const char *pack, *mv_max, *blas;
+        const char *pack, *small, *blas;
         enum kern_act act;
-    } knobs[] = {{"0", "8", "0", KERN_ACT_F32},  {"0", "8", "0", KERN_ACT_BF16},
-                 {"1", "0", "0", KERN_ACT_BF16}, {"1", "100", "0", KERN_ACT_BF16},
-                 {"1", "8", "1", KERN_ACT_BF16}, {"0", "8", "1", KERN_ACT_BF16}};
+    } knobs[] = {{"0", "16", "0", KERN_ACT_F32},  {"0", "16", "0", KERN_ACT_BF16},
+                 {"1", "0", "0", KERN_ACT_BF16},  {"1", "100", "0", KERN_ACT_BF16},
+                 {"1", "16", "1", KERN_ACT_BF16}, {"0", "16", "1", KERN_ACT_BF16}};
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         setenv("QUERN_CUDA_PACK", knobs[i].pack, 1);
-        setenv("QUERN_CUDA_GEMV_MAX", knobs[i].mv_max, 1);
+        setenv("QUERN_CUDA_MMA_SMALL", knobs[i].small, 1);
         setenv("QUERN_CUDA_CUBLAS_MIN", knobs[i].blas, 1);
         struct kern_backend_opts o = {"cuda", 2, NULL, knobs[i].act, 1, 1};
         struct err_detail err = {0};
         char label[128];
         snprintf(label, sizeof(label),
-                 "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_GEMV_MAX=%s QUERN_CUDA_CUBLAS_MIN=%s",
-                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].mv_max,
+                 "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_MMA_SMALL=%s QUERN_CUDA_CUBLAS_MIN=%s",
+                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].small,
                  knobs[i].blas);
         struct check c = {.label = label, .act = knobs[i].act};
         c.r.s = 4400 + i;
@@ -1005,8 +1047,8 @@ static void test_cuda_backend(void **state)
             const int ksz = dtype_get(p4[t])->block_elems == 256;
             check_matmul(&c, p4[t], ksz ? 768 : 160, 41, 1);
             check_matmul(&c, p4[t], ksz ? 256 : 96, 70, 70);
-            check_matmul(&c, p4[t], ksz ? 2560 : 2336, 9, 3); /* > 16 groups: the GEMV's warps
-                                                               * take several runs */
+            check_matmul(&c, p4[t], ksz ? 2560 : 2336, 9,
+                         3); /* > 16 groups: the exact GEMV's warps take several runs */
         }
         check_ffn(&c, DTYPE_Q4_1, 96, 160, 9, KERN_GLU_SILU);
         check_matmul(&c, DTYPE_Q4_0, 160, 300, 20); /* three blocks of 128 rows, the last partial */
@@ -1015,7 +1057,7 @@ static void test_cuda_backend(void **state)
         kern_backend_free(c.be);
     }
     unsetenv("QUERN_CUDA_PACK");
-    unsetenv("QUERN_CUDA_GEMV_MAX");
+    unsetenv("QUERN_CUDA_MMA_SMALL");
     unsetenv("QUERN_CUDA_CUBLAS_MIN");
     /* attention with each run of keys and values staged in shared memory once for the query
      * heads of a KV head (the default) and read by each head's warp itself

@@ -1,14 +1,15 @@
 /* Time of one matmul on a backend, per kernel choice, shape and token count: what picks the
- * CUDA backend's GEMV/tensor-core crossover (QUERN_CUDA_GEMV_MAX) and shows how close the
+ * CUDA backend's defaults (QUERN_CUDA_MMA_SMALL, QUERN_CUDA_CUBLAS_MIN) and shows how close the
  * kernels come to the machine (weight bytes streamed per second, multiply-add rate).
- *   build/tools/bench_matmul [--device cuda|cpu] [--type q4_0|q4_1|q4_k] [--quick]
+ *   build/tools/bench_matmul [--device cuda|cpu] [--type q4_0|q4_1|q4_k|q8_0] [--quick]
  * Prints one line per (variant, shape, tokens): microseconds per call, the weight's bytes over
  * that time (GB/s: the batch-1 goal is 70 % of the HBM copy rate) and TFLOPS (2 per MAC). CUDA
- * variants: "gemv" (the packed layout's GEMV at every token count), "mma" (its tensor-core
- * kernel), "gguf" (the GGUF-row kernels, QUERN_CUDA_PACK=0), "cublas" (cublasGemmEx on bf16
- * copies made per call, QUERN_CUDA_CUBLAS_MIN=1; the same as "mma" where libcublas.so.13 cannot
- * be loaded, which the backend logs); all in the bf16 mode. --quick: small
- * shapes and few repetitions (the emulator's smoke run in tests/e2e/cuda_emu.sh). */
+ * variants, bf16 mode: "mma16" and "mma64" (the packed layout's tensor-core kernel in 16- and
+ * 64-token blocks at every count), "gguf" (the GGUF-row kernels, QUERN_CUDA_PACK=0), "cublas"
+ * (cublasGemmEx on bf16 copies made per call, QUERN_CUDA_CUBLAS_MIN=1; the same as the default
+ * where libcublas.so.13 cannot be loaded, which the backend logs); exact mode: "gemv-exact" (the
+ * packed layout's f32 GEMV). --quick: small shapes and few repetitions (the emulator's smoke run
+ * in tests/e2e/cuda_emu.sh). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@ static uint32_t next_u32(void)
     return (uint32_t)(rng >> 11);
 }
 
-/* ne1 rows of random 4-bit weights with small positive half scales (values around +-0.05). */
+/* ne1 rows of random weights with small positive half scales (values around +-0.05). */
 static uint8_t *random_rows(uint32_t type, int64_t ne0, int64_t ne1)
 {
     const struct dtype_info *di = dtype_get(type);
@@ -48,14 +49,15 @@ static uint8_t *random_rows(uint32_t type, int64_t ne0, int64_t ne1)
         uint8_t *blk = p + b * di->block_bytes;
         const uint16_t d = (uint16_t)(0x2000 + (next_u32() & 0x3FF)); /* ~0.008 */
         memcpy(blk, &d, 2);
-        if (type != DTYPE_Q4_0)
+        if (type == DTYPE_Q4_1 || type == DTYPE_Q4_K)
             memcpy(blk + 2, &d, 2); /* Q4_1's m, Q4_K's dmin */
     }
     return p;
 }
 
 struct variant {
-    const char *name, *pack, *mv_max, *blas;
+    const char *name, *pack, *small, *blas;
+    enum kern_act act;
 };
 
 int main(int argc, char **argv)
@@ -71,16 +73,18 @@ int main(int argc, char **argv)
             type = !strcmp(t, "q4_0")   ? DTYPE_Q4_0
                    : !strcmp(t, "q4_1") ? DTYPE_Q4_1
                    : !strcmp(t, "q4_k") ? DTYPE_Q4_K
+                   : !strcmp(t, "q8_0") ? DTYPE_Q8_0
                                         : 0;
             if (!type) {
-                fprintf(stderr, "bench_matmul: --type q4_0|q4_1|q4_k\n");
+                fprintf(stderr, "bench_matmul: --type q4_0|q4_1|q4_k|q8_0\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else {
-            fprintf(stderr,
-                    "usage: bench_matmul [--device cuda|cpu] [--type q4_0|q4_1|q4_k] [--quick]\n");
+            fprintf(
+                stderr,
+                "usage: bench_matmul [--device cuda|cpu] [--type q4_0|q4_1|q4_k|q8_0] [--quick]\n");
             return 2;
         }
     }
@@ -93,23 +97,23 @@ int main(int argc, char **argv)
     const int n_shapes = quick ? 1 : 4;
     const int *toks = quick ? toks_small : toks_full;
     const int n_toks = quick ? 3 : 10;
-    static const struct variant cuda_v[] = {{"gemv", "1", "1048576", "0"},
-                                            {"mma", "1", "0", "0"},
-                                            {"gguf", "0", "8", "0"},
-                                            {"cublas", "1", "8", "1"}};
-    static const struct variant cpu_v[] = {{"cpu", NULL, NULL, NULL}};
+    static const struct variant cuda_v[] = {{"mma16", "1", "1048576", "0", KERN_ACT_BF16},
+                                            {"mma64", "1", "0", "0", KERN_ACT_BF16},
+                                            {"gguf", "0", "16", "0", KERN_ACT_BF16},
+                                            {"cublas", "1", "16", "1", KERN_ACT_BF16},
+                                            {"gemv-exact", "1", "16", "0", KERN_ACT_F32}};
+    static const struct variant cpu_v[] = {{"cpu", NULL, NULL, NULL, KERN_ACT_F32}};
     const int is_cuda = !strcmp(device, "cuda");
     const struct variant *vs = is_cuda ? cuda_v : cpu_v;
-    const int n_v = is_cuda ? 4 : 1;
+    const int n_v = is_cuda ? 5 : 1;
     printf("variant\ttype\tne0\tne1\ttokens\tus_per_call\tweight_GB_s\tTFLOPS\n");
     for (int v = 0; v < n_v; v++) {
         if (vs[v].pack) {
             setenv("QUERN_CUDA_PACK", vs[v].pack, 1);
-            setenv("QUERN_CUDA_GEMV_MAX", vs[v].mv_max, 1);
+            setenv("QUERN_CUDA_MMA_SMALL", vs[v].small, 1);
             setenv("QUERN_CUDA_CUBLAS_MIN", vs[v].blas, 1);
         }
-        struct kern_backend_opts o = {device, 2, NULL, is_cuda ? KERN_ACT_BF16 : KERN_ACT_F32,
-                                      1,      1};
+        struct kern_backend_opts o = {device, 2, NULL, vs[v].act, 1, 1};
         struct kern_backend *be = NULL;
         struct err_detail err = {0};
         if (kern_backend_open(&be, &o, &err)) {

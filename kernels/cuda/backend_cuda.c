@@ -32,11 +32,11 @@ struct cuda_state {
     int att_split;   /* attention's positions per split (flash-decoding); 0: none */
     float *att_part; /* ... its scratch (ATT_PART_FLOATS), made at the first call */
     int att_part_tried;
-    int mv_max; /* the bf16 GEMV's most tokens (QUERN_CUDA_GEMV_MAX); more: tensor cores */
+    int mma_small; /* the bf16 tensor-core kernel: 16-token blocks up to this many tokens */
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
-    uint16_t *xb;  /* the tensor-core kernel's bf16 inputs (xb_elems values), grown on demand */
-    size_t xb_elems;
+    uint16_t *xb;  /* the packed tensor-core kernel's bf16 inputs (xb_bytes), made by reserve */
+    size_t xb_bytes;
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
     struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
@@ -75,30 +75,52 @@ static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, 
     return in->norm ? in->xn : in->x;
 }
 
-/* How the kernels see weight w in the current mode, for a matmul of n_tok tokens (0: not a
- * matmul): the packed layout's tensor-core kernel gets the bf16 input scratch, grown here (if
- * it cannot be had, that matmul takes the GEMV). */
-static struct kcu_mm mm_of(struct cuda_state *s, const struct kern_tensor *w, int n_tok)
+/* How the kernels see weight w in the current mode. */
+static struct kcu_mm mm_of(const struct cuda_state *s, const struct kern_tensor *w)
 {
-    struct kcu_mm mm = {.w = {.type = w->type,
-                              .w = w->packed,
-                              .row_bytes = w->row_bytes,
-                              .ne0 = w->ne0,
-                              .ne1 = w->ne1,
-                              .p4_scales = w->packed_panel},
-                        .bf16 = s->act == KERN_ACT_BF16,
-                        .mv_max = s->mv_max};
-    const size_t need = (size_t)n_tok * (size_t)w->ne0;
-    if (mm.bf16 && w->packed_panel && n_tok > s->mv_max && need > s->xb_elems) {
-        void *p = NULL;
-        if (!handled(cudaMalloc(&p, need * sizeof(uint16_t)))) {
-            cudaFree(s->xb); /* cudaFree waits for the kernels still reading it */
-            s->xb = p;
-            s->xb_elems = need;
-        }
+    return (struct kcu_mm){.w = {.type = w->type,
+                                 .w = w->packed,
+                                 .row_bytes = w->row_bytes,
+                                 .ne0 = w->ne0,
+                                 .ne1 = w->ne1,
+                                 .p4_scales = w->packed_panel},
+                           .bf16 = s->act == KERN_ACT_BF16,
+                           .small = s->mma_small};
+}
+
+/* Grows device scratch *p (*have bytes) to n bytes; 0, or the runtime's error (handled). */
+static cudaError_t grow(void **p, size_t *have, size_t n)
+{
+    if (n <= *have)
+        return cudaSuccess;
+    void *q = NULL;
+    const cudaError_t rc = handled(cudaMalloc(&q, n));
+    if (rc)
+        return rc;
+    cudaFree(*p); /* waits for the kernels still using it */
+    *p = q;
+    *have = n;
+    return cudaSuccess;
+}
+
+/* The packed tensor-core kernel's inputs in bf16 (s->xb), rounded once per matmul call. reserve
+ * sized them; a device that cannot hold more cannot run the matmul (like a fault: abort). */
+static const uint16_t *bf16_inputs(struct cuda_state *s, const float *x, size_t n)
+{
+    const cudaError_t rc = grow((void **)&s->xb, &s->xb_bytes, n * sizeof(uint16_t));
+    if (rc) {
+        LOG_ERROR("CUDA: no device memory for %zu bf16 matmul inputs: %s", n,
+                  cudaGetErrorString(rc));
+        abort();
     }
-    mm.xb = need <= s->xb_elems ? s->xb : NULL;
-    return mm;
+    check(kcu_to_bf16(s->stream, x, s->xb, n), "matmul inputs");
+    return s->xb;
+}
+
+/* 1 when a matmul of n_tok tokens goes to cuBLAS (QUERN_CUDA_CUBLAS_MIN). */
+static int blas_takes(const struct cuda_state *s, int n_tok)
+{
+    return s->blas && n_tok >= s->blas_min;
 }
 
 static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const *w, float *const *y,
@@ -106,9 +128,10 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
 {
     struct cuda_state *s = st_of(b);
     const float *x = mm_input(s, in, n_tok, w[0]->ne0);
+    const uint16_t *xb = NULL; /* the weights share the inputs: rounded once */
     for (int i = 0; i < n_w; i++) {
-        const struct kcu_mm mm = mm_of(s, w[i], n_tok);
-        if (s->blas && n_tok >= s->blas_min) {
+        struct kcu_mm mm = mm_of(s, w[i]);
+        if (blas_takes(s, n_tok)) {
             const int rc = kcu_matmul_blas(s->stream, s->blas, &mm, x, y[i], n_tok);
             if (rc >= 1000) {
                 LOG_ERROR("cuBLAS error in matmul: status %d", rc - 1000);
@@ -119,27 +142,50 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
                 continue;
             }
         }
+        if (mm.bf16 && mm.w.p4_scales)
+            mm.xb = xb ? xb : (xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w[i]->ne0));
         check(kcu_matmul(s->stream, &mm, x, y[i], n_tok), "matmul");
     }
 }
 
-/* The output projection's greedy epilogue: only the ids leave the kernels. */
+/* The output projection's greedy epilogue: only the ids leave the kernels. Not where matmul
+ * would go to cuBLAS: its values are cuBLAS's, which the caller then takes the argmax of. */
 static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w,
                               const struct kern_mm_in *in, int n_tok, int32_t *ids)
 {
     struct cuda_state *s = st_of(b);
-    if (n_tok > s->best_cap) {
-        void *p = NULL;
-        if (handled(cudaMalloc(&p, sizeof(*s->best) * (size_t)n_tok)))
-            return 0; /* not done: the caller computes the logits */
-        cudaFree(s->best);
-        s->best = p;
-        s->best_cap = n_tok;
-    }
+    if (blas_takes(s, n_tok))
+        return 0;
+    size_t have = (size_t)s->best_cap * sizeof(*s->best);
+    if (grow((void **)&s->best, &have, sizeof(*s->best) * (size_t)n_tok))
+        return 0; /* not done: the caller computes the logits */
+    s->best_cap = (int)(have / sizeof(*s->best));
     const float *x = mm_input(s, in, n_tok, w->ne0);
-    const struct kcu_mm mm = mm_of(s, w, n_tok);
+    struct kcu_mm mm = mm_of(s, w);
+    if (mm.bf16 && mm.w.p4_scales)
+        mm.xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w->ne0);
     check(kcu_matmul_argmax(s->stream, &mm, x, n_tok, s->best, ids), "matmul_argmax");
     return 1;
+}
+
+/* Scratch sized once for batches of up to max_tok tokens of rows up to max_width floats: the
+ * bf16 inputs (bf16 mode) and the greedy keys, so that no op allocates in a forward pass. */
+static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
+                                struct err_detail *err)
+{
+    struct cuda_state *s = st_of(b);
+    size_t have = (size_t)s->best_cap * sizeof(*s->best);
+    cudaError_t rc = grow((void **)&s->best, &have, sizeof(*s->best) * (size_t)max_tok);
+    if (!rc)
+        s->best_cap = (int)(have / sizeof(*s->best));
+    if (!rc && s->act == KERN_ACT_BF16)
+        rc = grow((void **)&s->xb, &s->xb_bytes,
+                  (size_t)max_tok * (size_t)max_width * sizeof(uint16_t));
+    if (rc)
+        return err_set(err, ST_ERR_NOMEM,
+                       "no device memory for the scratch of %d-token batches: %s", max_tok,
+                       cudaGetErrorString(rc));
+    return ST_OK;
 }
 
 /* 64-byte aligned offset after `bytes` from `at` */
@@ -320,7 +366,7 @@ static void cuda_release(struct kern_backend *b, struct kern_tensor *w)
 static void cuda_get_rows(struct kern_backend *b, const struct kern_tensor *w, const int32_t *ids,
                           int n, float *out)
 {
-    const struct kcu_mm mm = mm_of(st_of(b), w, 0);
+    const struct kcu_mm mm = mm_of(st_of(b), w);
     check(kcu_get_rows(st_of(b)->stream, &mm.w, ids, n, out), "get_rows");
 }
 
@@ -560,6 +606,7 @@ static const struct kern_ops cuda_ops = {
     .matmul_argmax = cuda_matmul_argmax,
     .ffn = cuda_ffn,
     .sample = cuda_sample,
+    .reserve = cuda_reserve,
     .prepare = cuda_prepare,
     .release = cuda_release,
     .get_rows = cuda_get_rows,
@@ -650,7 +697,8 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         long def, max;
     } knobs[] = {
         {"QUERN_CUDA_ATTN_SPLIT", "positions per split (0: none)", 512, 1 << 20},
-        {"QUERN_CUDA_GEMV_MAX", "the most tokens the bf16 GEMV takes", 8, 1 << 20},
+        {"QUERN_CUDA_MMA_SMALL",
+         "the most tokens the bf16 tensor-core kernel takes in blocks of 16", 16, 1 << 20},
         {"QUERN_CUDA_PACK", "1 to repack 4- and 8-bit weights, 0 to keep GGUF rows", 1, 1},
         {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
         {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
@@ -670,7 +718,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         }
     }
     s->att_split = (int)v[0];
-    s->mv_max = (int)v[1];
+    s->mma_small = (int)v[1];
     s->pack = (int)v[2];
     s->att_stage = (int)v[3];
     s->blas_min = (int)v[4];

@@ -275,23 +275,14 @@ template <uint32_t TYPE> struct p4_w {
     static constexpr int W = TYPE == KCU_Q8_0 ? 2 : 1;
 };
 
-/* The 8 weights of a unit's lane words w and high bits hi with parameters a, b; rounded to bfloat16
- * (as floats) in the bf16 mode. */
-template <uint32_t TYPE, int BF>
+/* The 8 weights of a unit's lane words w and high bits hi with parameters a, b. */
+template <uint32_t TYPE>
 static __device__ __forceinline__ void p4_values(const uint32_t *w, uint32_t hi, float a, float b,
                                                  float *v)
 {
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i++)
         v[i] = kcu_p4_val(TYPE, kcu_p4_q(TYPE, w, hi, i), a, b, i);
-        if (BF)
-            v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
-    }
-}
-
-template <int BF> static __device__ __forceinline__ float p4_x(float v)
-{
-    return BF ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
 /* A lane's load of (tile, group): the quant words of its units j = 0..3 (unit j's W words at
@@ -330,7 +321,7 @@ static __device__ __forceinline__ void p4_load(const uint8_t *w, size_t hbase, s
 /* GEMV for few tokens: a block per (8-row tile, MV_TOK tokens), its warps taking runs of
  * MV_GROUPS groups in turn; lane 4g + t multiplies row g's values at k = kcu_p4_k(t, i) by the
  * tokens' inputs there (float2 loads), then the 4 lanes of a row and the warps are summed. */
-template <uint32_t TYPE, int BF>
+template <uint32_t TYPE>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
     k_p4_mv(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const float *x, float *y,
             int n_tok, unsigned long long *best)
@@ -360,7 +351,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     break;
                 float a, b, v[8];
                 kcu_p4_par(TYPE, rw[q], j, &a, &b);
-                p4_values<TYPE, BF>(qw[q] + j * p4_w<TYPE>::W, kcu_p4_hi(TYPE, hw[q], j), a, b, v);
+                p4_values<TYPE>(qw[q] + j * p4_w<TYPE>::W, kcu_p4_hi(TYPE, hw[q], j), a, b, v);
 #pragma unroll
                 for (int k = 0; k < MV_TOK; k++) {
                     if (k >= nt)
@@ -370,8 +361,8 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
 #pragma unroll
                     for (int h = 0; h < 4; h++) { /* k 2t + 8h, 2t + 8h + 1: nibbles 2h, 2h + 1 */
                         const float2 xv = *(const float2 *)(xp + 8 * h);
-                        s = fmaf(v[2 * h], p4_x<BF>(xv.x), s);
-                        s = fmaf(v[2 * h + 1], p4_x<BF>(xv.y), s);
+                        s = fmaf(v[2 * h], xv.x, s);
+                        s = fmaf(v[2 * h + 1], xv.y, s);
                     }
                     acc[k] = s;
                 }
@@ -406,29 +397,28 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
  * values 0..3 are the fragment of k 32j..32j+15, values 4..7 of the next 16. Software pipelined:
  * the next group's A chunks and B words are loaded into registers while the current group is
  * multiplied. */
-#define PM_BM     64
 #define PM_WARPS  8
 #define PM_BN     (PM_WARPS * 16) /* rows per block: 2 tiles per warp */
 #define PM_BK     128
 #define PM_LD     (PM_BK + 8) /* shared row pitch in bf16: 272 bytes, 16-byte aligned */
-#define PM_CHUNKS (PM_BM * PM_BK / 8 / (PM_WARPS * WARP)) /* 16-byte A chunks per thread */
+#define PM_CHUNKS(BM) ((BM)*PM_BK / 8 / (PM_WARPS * WARP)) /* 16-byte A chunks per thread */
 
 /* 2 blocks (16 warps) per SM: at most 128 registers a thread (ptxas spills up to 44 bytes) */
-template <uint32_t TYPE>
+template <uint32_t TYPE, int BM>
 __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
     k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb, float *y,
              int n_tok, unsigned long long *best)
 {
     constexpr int W = p4_w<TYPE>::W;
-    __shared__ __align__(16) uint16_t as[PM_BM * PM_LD];
+    __shared__ __align__(16) uint16_t as[BM * PM_LD];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
     const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
     const int64_t tile0 = (int64_t)blockIdx.x * (PM_BN / 8) + warp * 2;
-    const int m0 = blockIdx.y * PM_BM;
-    float acc[4][2][4];
+    const int m0 = blockIdx.y * BM;
+    float acc[BM / 16][2][4];
 #pragma unroll
-    for (int m = 0; m < 4; m++)
+    for (int m = 0; m < BM / 16; m++)
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -436,11 +426,11 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
                 acc[m][n][i] = 0.0f;
     /* the next group's A chunks (row e / 16, k 8 (e % 16) of the group, e = tid + 256 i) and
      * this warp's B words and records */
-    uint4 ax[PM_CHUNKS];
+    uint4 ax[PM_CHUNKS(BM)];
     uint32_t qw[2][4 * W], hw[2][2], rw[2][4];
     auto load = [&](int64_t q4) {
 #pragma unroll
-        for (int i = 0; i < PM_CHUNKS; i++) {
+        for (int i = 0; i < PM_CHUNKS(BM); i++) {
             const int e = tid + i * PM_WARPS * WARP, r = e / (PM_BK / 8);
             const int64_t k = q4 * PM_BK + (e % (PM_BK / 8)) * 8;
             ax[i] = m0 + r < n_tok && k < ne0 ? *(const uint4 *)(xb + (size_t)(m0 + r) * ne0 + k)
@@ -464,7 +454,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
     for (int64_t q4 = 0; q4 < groups; q4++) {
         __syncthreads(); /* every warp is done with the previous group's A */
 #pragma unroll
-        for (int i = 0; i < PM_CHUNKS; i++) {
+        for (int i = 0; i < PM_CHUNKS(BM); i++) {
             const int e = tid + i * PM_WARPS * WARP;
             *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
         }
@@ -490,7 +480,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             for (int n = 0; n < 2; n++) {
                 float a, b, v[8];
                 kcu_p4_par(TYPE, cr[n], j, &a, &b);
-                p4_values<TYPE, 0>(cq[n] + j * W, kcu_p4_hi(TYPE, ch[n], j), a, b, v);
+                p4_values<TYPE>(cq[n] + j * W, kcu_p4_hi(TYPE, ch[n], j), a, b, v);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
@@ -499,7 +489,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
+                for (int m = 0; m < BM / 16; m++) {
                     uint32_t af[4];
                     kcu_frag_a(as, PM_LD, m * 16, j * 32 + h * 16, lane, af);
 #pragma unroll
@@ -509,7 +499,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
         }
     }
 #pragma unroll
-    for (int m = 0; m < 4; m++)
+    for (int m = 0; m < BM / 16; m++)
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -525,7 +515,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             }
 }
 
-/* Inputs rounded to bf16 for the tensor-core kernel. */
+/* Inputs rounded to bf16 for the tensor-core kernel, once per matmul call. */
 __global__ void k_to_bf16(const float *x, uint16_t *out, size_t n)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -533,49 +523,62 @@ __global__ void k_to_bf16(const float *x, uint16_t *out, size_t n)
         out[i] = bf16_bits(x[i]);
 }
 
+extern "C" int kcu_to_bf16(void *stream, const float *x, uint16_t *out, size_t n)
+{
+    if (n == 0)
+        return 0;
+    KCU_LAUNCH(k_to_bf16, (unsigned)((n + 255) / 256), 256, (cudaStream_t)stream)(x, out, n);
+    return launched();
+}
+
+/* The packed layout: in the bf16 mode always the tensor-core kernel (16-token blocks up to
+ * mm->small tokens, 64-token blocks above: the same chain of MMAs for every output, so a token's
+ * result does not depend on its batch); in the exact mode the GEMV (one kernel at every count). */
 template <uint32_t TYPE>
-static void p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
-                      unsigned long long *best)
+static int p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
+                     unsigned long long *best)
 {
     const struct kcu_weight *wt = &mm->w;
     const uint8_t *w = (const uint8_t *)wt->w;
     const unsigned tiles = (unsigned)kcu_p4_tiles(wt->ne1);
-    if (mm->bf16 && n_tok > mm->mv_max && mm->xb) {
-        const size_t nx = (size_t)n_tok * (size_t)wt->ne0;
-        KCU_LAUNCH(k_to_bf16, (unsigned)((nx + 255) / 256), 256, st)(x, mm->xb, nx);
+    if (mm->bf16) {
+        if (!mm->xb)
+            return (int)cudaErrorInvalidValue; /* the caller owes the bf16 inputs */
+        const int bm = n_tok <= mm->small ? 16 : 64;
         void (*k)(const uint8_t *, size_t, int64_t, int64_t, const uint16_t *, float *, int,
-                  unsigned long long *) = k_p4_mma<TYPE>;
-        KCU_LAUNCH(
-            k, dim3((tiles + PM_BN / 8 - 1) / (PM_BN / 8), (unsigned)((n_tok + PM_BM - 1) / PM_BM)),
-            PM_WARPS * WARP, st)
+                  unsigned long long *) = bm == 16 ? k_p4_mma<TYPE, 16> : k_p4_mma<TYPE, 64>;
+        KCU_LAUNCH(k,
+                   dim3((tiles + PM_BN / 8 - 1) / (PM_BN / 8), (unsigned)((n_tok + bm - 1) / bm)),
+                   PM_WARPS * WARP, st)
         (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xb, y, n_tok, best);
-        return;
+        return 0;
     }
-    /* few tokens, the exact mode, or no scratch for the bf16 inputs: the GEMV */
-    void (*k)(const uint8_t *, size_t, int64_t, int64_t, const float *, float *, int,
-              unsigned long long *) = mm->bf16 ? k_p4_mv<TYPE, 1> : k_p4_mv<TYPE, 0>;
-    KCU_LAUNCH(k, dim3(tiles, (unsigned)((n_tok + MV_TOK - 1) / MV_TOK)), MV_WARPS * WARP, st)
+    KCU_LAUNCH(k_p4_mv<TYPE>, dim3(tiles, (unsigned)((n_tok + MV_TOK - 1) / MV_TOK)),
+               MV_WARPS * WARP, st)
     (w, wt->p4_scales, wt->ne0, wt->ne1, x, y, n_tok, best);
+    return 0;
 }
 
 /* One matmul (y) or its greedy fold (best) on the kernel its weight's layout and mode take. */
-static void mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
-                      unsigned long long *best)
+static int mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
+                     unsigned long long *best)
 {
     const struct kcu_weight *w = &mm->w;
     if (w->p4_scales) {
-        if (w->type == KCU_Q4_0)
-            p4_launch<KCU_Q4_0>(st, mm, x, y, n_tok, best);
-        else if (w->type == KCU_Q4_1)
-            p4_launch<KCU_Q4_1>(st, mm, x, y, n_tok, best);
-        else if (w->type == KCU_Q8_0)
-            p4_launch<KCU_Q8_0>(st, mm, x, y, n_tok, best);
-        else if (w->type == KCU_Q5_0)
-            p4_launch<KCU_Q5_0>(st, mm, x, y, n_tok, best);
-        else if (w->type == KCU_Q6_K)
-            p4_launch<KCU_Q6_K>(st, mm, x, y, n_tok, best);
-        else
-            p4_launch<KCU_Q4_K>(st, mm, x, y, n_tok, best);
+        switch (w->type) {
+        case KCU_Q4_0:
+            return p4_launch<KCU_Q4_0>(st, mm, x, y, n_tok, best);
+        case KCU_Q4_1:
+            return p4_launch<KCU_Q4_1>(st, mm, x, y, n_tok, best);
+        case KCU_Q8_0:
+            return p4_launch<KCU_Q8_0>(st, mm, x, y, n_tok, best);
+        case KCU_Q5_0:
+            return p4_launch<KCU_Q5_0>(st, mm, x, y, n_tok, best);
+        case KCU_Q6_K:
+            return p4_launch<KCU_Q6_K>(st, mm, x, y, n_tok, best);
+        default:
+            return p4_launch<KCU_Q4_K>(st, mm, x, y, n_tok, best);
+        }
     } else if (mm->bf16) {
         const dim3 grid((unsigned)((w->ne1 + TC_BN - 1) / TC_BN),
                         (unsigned)((n_tok + TC_BM - 1) / TC_BM));
@@ -587,6 +590,7 @@ static void mm_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, 
         KCU_LAUNCH(k_matmul, grid, MM_WARPS * WARP, st)
         (w->type, (const uint8_t *)w->w, w->row_bytes, w->ne0, w->ne1, x, y, n_tok, best);
     }
+    return 0;
 }
 
 extern "C" int kcu_matmul(void *stream, const struct kcu_mm *mm, const float *x, float *y,
@@ -594,8 +598,8 @@ extern "C" int kcu_matmul(void *stream, const struct kcu_mm *mm, const float *x,
 {
     if (n_tok <= 0 || mm->w.ne1 <= 0)
         return 0;
-    mm_launch((cudaStream_t)stream, mm, x, y, n_tok, NULL);
-    return launched();
+    const int rc = mm_launch((cudaStream_t)stream, mm, x, y, n_tok, NULL);
+    return rc ? rc : launched();
 }
 
 extern "C" int kcu_matmul_argmax(void *stream, const struct kcu_mm *mm, const float *x, int n_tok,
@@ -607,8 +611,8 @@ extern "C" int kcu_matmul_argmax(void *stream, const struct kcu_mm *mm, const fl
     int rc = (int)cudaMemsetAsync(best, 0, sizeof(*best) * (size_t)n_tok, st);
     if (rc)
         return rc;
-    if (mm->w.ne1 > 0)
-        mm_launch(st, mm, x, NULL, n_tok, best);
+    if (mm->w.ne1 > 0 && (rc = mm_launch(st, mm, x, NULL, n_tok, best)))
+        return rc;
     if ((rc = launched()))
         return rc;
     KCU_LAUNCH(k_best_ids, (unsigned)((n_tok + 127) / 128), 128, st)(best, ids, n_tok);
@@ -852,14 +856,14 @@ static __device__ __forceinline__ const uint8_t *att_tile(const struct kcu_kv *k
            ((size_t)table[p / kv->block_size] * kv->n_kv_head + g) * tile_bytes(kv);
 }
 
-template <int STAGE>
+template <int STAGE, int HB>
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
                             int n_head, int hb, float scale, int window, float softcap, int split,
                             float *part)
 {
     /* STAGE: a run's keys [c][ii] and values [ii][c], raw (2 bytes f16, 1 byte int8), and the
      * 8-bit rows' scales */
-    __shared__ float qs[ATT_MAX_HB][STAGE ? ATT_STAGE_D : 512];
+    __shared__ float qs[HB][STAGE ? ATT_STAGE_D : 512];
     __shared__ __align__(16) uint8_t kst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
     __shared__ __align__(16) uint8_t vst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
     __shared__ float ksc[WARP], vsc[WARP];
@@ -1026,15 +1030,22 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     long span = (long)kv->stride * kv->block_size;
     if (window > 0 && window < span)
         span = window;
-    const int n_split = split > 0 ? (int)((span + split - 1) / split) : 1;
-    /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block */
+    long n_split = split > 0 ? (span + split - 1) / split : 1;
+    /* the split grid's y extent and one token's shares must fit (else one warp per head over all
+     * of its positions, as without splits: only for contexts of millions of positions) */
+    const size_t per_tok = (size_t)n_head * (size_t)n_split * (size_t)(kv->head_dim + 2);
+    if (n_split > 65535 || per_tok > part_floats)
+        n_split = 1;
+    /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block; staged when there
+     * are several (a block of one warp has nothing to share: its own small kernel) */
     const int group = n_head / kv->n_kv_head;
     int hb = group < ATT_MAX_HB ? group : ATT_MAX_HB;
     while (group % hb)
         hb--;
     void (*k)(struct kcu_kv, const float *, float *, const int32_t *, int, int, float, int, float,
-              int, float *) =
-        stage && kv->head_dim <= ATT_STAGE_D ? k_attention<1> : k_attention<0>;
+              int, float *) = hb == 1                                ? k_attention<0, 1>
+                              : stage && kv->head_dim <= ATT_STAGE_D ? k_attention<1, ATT_MAX_HB>
+                                                                     : k_attention<0, ATT_MAX_HB>;
     if (n_split <= 1 || !part) {
         KCU_LAUNCH(k, dim3((unsigned)(n_tok * (n_head / hb)), 1), hb * WARP, (cudaStream_t)stream)
         (*kv, q, out, pos, n_head, hb, scale, window, softcap, 0, (float *)NULL);
@@ -1042,10 +1053,7 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     }
     /* tokens in slices whose shares fit part (the cut of a token is the same in any slice) */
     const int D = kv->head_dim;
-    const size_t per_tok = (size_t)n_head * (size_t)n_split * (size_t)(D + 2);
-    const int slice = part_floats / per_tok > 0 ? (int)(part_floats / per_tok) : 0;
-    if (slice < 1)
-        return (int)cudaErrorMemoryAllocation;
+    const int slice = (int)(part_floats / per_tok < (size_t)n_tok ? part_floats / per_tok : n_tok);
     for (int t0 = 0; t0 < n_tok; t0 += slice) {
         const int nt = n_tok - t0 < slice ? n_tok - t0 : slice;
         struct kcu_kv ks = *kv;

@@ -31,15 +31,18 @@ struct kcu_weight {
 /* How a matmul runs: f32 (bf16 0: exact mode, f32 products of the dequantized weights) or the
  * bf16 mode (bf16 1: activations and dequantized weights rounded to bfloat16, nearest even,
  * products summed in f32; tensor cores, sm_80 and later). In the bf16 mode a packed weight is
- * multiplied by the GEMV kernel up to mv_max tokens and by the tensor-core kernel above. */
+ * multiplied by the tensor-core kernel from xb, the inputs already rounded (kcu_to_bf16), in
+ * blocks of 16 tokens up to `small` tokens and of 64 above: every output the same chain of MMAs
+ * whatever the batch. */
 struct kcu_mm {
     struct kcu_weight w;
     int bf16;
-    int mv_max;
-    uint16_t *xb; /* scratch for the inputs in bf16 (n_tok x ne0), which the tensor-core kernel
-                   * of the packed layout needs; NULL: that matmul takes the GEMV */
+    int small;
+    const uint16_t *xb; /* the bf16 mode, packed weights: the n_tok x ne0 inputs in bf16 */
 };
 
+/* xb[i] = x[i] rounded to bfloat16 (nearest even), i < n. */
+int kcu_to_bf16(void *stream, const float *x, uint16_t *xb, size_t n);
 /* y[t * ne1 + r] = dot(dequantized row r of the weight, x[t * ne0 ..]) for t < n_tok, r < ne1. */
 int kcu_matmul(void *stream, const struct kcu_mm *mm, const float *x, float *y, int n_tok);
 /* ids[t] = the row of the weight with the largest product with x[t] (NaN never wins, ties to

@@ -142,8 +142,8 @@ PY
 python3 - "$tmp/mm.tsv" <<'PY' || { cat "$tmp/mm.tsv"; fail "bench_matmul's table"; }
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
-assert sorted({r[0] for r in rows}) == ["cublas", "gemv", "gguf", "mma"], rows
-assert len(rows) == 12 and all(float(r[5]) > 0 for r in rows), rows
-print(f"bench_matmul: {len(rows)} timings (gemv, mma, gguf, cublas)")
+assert sorted({r[0] for r in rows}) == ["cublas", "gemv-exact", "gguf", "mma16", "mma64"], rows
+assert len(rows) == 15 and all(float(r[5]) > 0 for r in rows), rows
+print(f"bench_matmul: {len(rows)} timings (mma16, mma64, gguf, cublas, gemv-exact)")
 PY
 echo "cuda_emu.sh: passed"
