@@ -85,7 +85,7 @@ static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne
             compare_mm(c, op, y, yr, mag, m);
             if (c->act == KERN_ACT_BF16 && form == 0) {
                 /* the mode's rounding itself, which the tolerance above would let pass unrounded */
-                ref_matmul_bf16(&w[i], xin, n_tok, yr, mag);
+                ref_matmul_r(&w[i], xin, n_tok, yr, mag, 1);
                 const struct check strict = {.act = KERN_ACT_F32};
                 for (size_t e = 0; e < m; e++)
                     if (!(fabs(y[e] - yr[e]) <= mm_tol(strict.act) * mag[e] + 1e-6)) {

@@ -127,16 +127,24 @@ static inline double mm_tol(enum kern_act act)
                                   : 2.5e-2;
 }
 
-/* y_ref[t][r] = row r of w . x[t] in double; mag[t][r] = sum of |terms|. */
-static inline void ref_matmul(const struct weight *w, const float *x, int n_tok, double *y,
-                              double *mag)
+/* v, or rounded to bfloat16 (nearest even) as the bf16 mode rounds weights and inputs. */
+static inline float ref_round(float v, int bf16)
+{
+    return bf16 ? kern_bf16_to_f32(kern_f32_to_bf16(v)) : v;
+}
+
+/* y_ref[t][r] = row r of w . x[t] in double; mag[t][r] = sum of |terms|. With bf16 1 the
+ * weights and inputs rounded first: what a bf16 backend must compute up to its sums' order. */
+static inline void ref_matmul_r(const struct weight *w, const float *x, int n_tok, double *y,
+                                double *mag, int bf16)
 {
     const int64_t n = w->t.ne0, m = w->t.ne1;
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < m; r++) {
             double s = 0, a = 0;
             for (int64_t i = 0; i < n; i++) {
-                double p = (double)w->deq[r * n + i] * x[(size_t)t * n + i];
+                const double p = (double)ref_round(w->deq[r * n + i], bf16) *
+                                 ref_round(x[(size_t)t * n + i], bf16);
                 s += p;
                 a += fabs(p);
             }
@@ -145,24 +153,10 @@ static inline void ref_matmul(const struct weight *w, const float *x, int n_tok,
         }
 }
 
-/* ref_matmul with the bf16 mode's rounding of the weights and inputs (bfloat16, nearest
- * even): what a bf16 backend must compute up to its f32 sums' order. */
-static inline void ref_matmul_bf16(const struct weight *w, const float *x, int n_tok, double *y,
-                                   double *mag)
+static inline void ref_matmul(const struct weight *w, const float *x, int n_tok, double *y,
+                              double *mag)
 {
-    const int64_t n = w->t.ne0, m = w->t.ne1;
-    for (int t = 0; t < n_tok; t++)
-        for (int64_t r = 0; r < m; r++) {
-            double s = 0, a = 0;
-            for (int64_t i = 0; i < n; i++) {
-                const double p = (double)kern_bf16_to_f32(kern_f32_to_bf16(w->deq[r * n + i])) *
-                                 kern_bf16_to_f32(kern_f32_to_bf16(x[(size_t)t * n + i]));
-                s += p;
-                a += fabs(p);
-            }
-            y[(size_t)t * m + r] = s;
-            mag[(size_t)t * m + r] = a;
-        }
+    ref_matmul_r(w, x, n_tok, y, mag, 0);
 }
 
 static inline void compare_mm(struct check *c, const char *op, const float *got, const double *want,

@@ -63,6 +63,18 @@ KCU_FN float kcu_f16(uint16_t h)
     return sign ? -f : f;
 }
 
+/* Q4_K sub-block sb's (0..7) 6-bit scale and min from the block's 12 packed bytes s. */
+KCU_FN void kcu_q4k_scale_min(const uint8_t *s, int sb, int *sc, int *m)
+{
+    if (sb < 4) {
+        *sc = s[sb] & 63;
+        *m = s[sb + 4] & 63;
+    } else {
+        *sc = (s[sb + 4] & 0xF) | (s[sb - 4] >> 6) << 4;
+        *m = (s[sb + 4] >> 4) | (s[sb] >> 6) << 4;
+    }
+}
+
 /* Elements 32 j .. 32 j + 31 of a row of type `type` starting at byte `row`, into out[0..31]. */
 KCU_FN void kcu_dequant32(uint32_t type, const uint8_t *row, int64_t j, float *out)
 {
@@ -125,13 +137,7 @@ KCU_FN void kcu_dequant32(uint32_t type, const uint8_t *row, int64_t j, float *o
         const int sb = (int)(j % 8); /* sub-block: 32 elements of one scale and min */
         const float d = kcu_f16(kcu_u16(b)), dmin = kcu_f16(kcu_u16(b + 2));
         int sc, m;
-        if (sb < 4) {
-            sc = s[sb] & 63;
-            m = s[sb + 4] & 63;
-        } else {
-            sc = (s[sb + 4] & 0xF) | (s[sb - 4] >> 6) << 4;
-            m = (s[sb + 4] >> 4) | (s[sb] >> 6) << 4;
-        }
+        kcu_q4k_scale_min(s, sb, &sc, &m);
         const float d1 = KCU_MUL(d, (float)sc), m1 = KCU_MUL(dmin, (float)m);
         const uint8_t *qs = b + 16 + 32 * (sb / 2);
         const int shift = 4 * (sb % 2);

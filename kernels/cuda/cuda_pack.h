@@ -286,13 +286,7 @@ static inline void kcu_p4_pack(uint32_t type, const uint8_t *src, size_t row_byt
                 const uint8_t *b = row + (u / 8) * 144, *s = b + 4;
                 const int sb = (int)(u % 8);
                 int sc, m;
-                if (sb < 4) {
-                    sc = s[sb] & 63;
-                    m = s[sb + 4] & 63;
-                } else {
-                    sc = (s[sb + 4] & 0xF) | (s[sb - 4] >> 6) << 4;
-                    m = (s[sb + 4] >> 4) | (s[sb] >> 6) << 4;
-                }
+                kcu_q4k_scale_min(s, sb, &sc, &m);
                 const uint8_t *qs = b + 16 + 32 * (sb / 2);
                 for (int l = 0; l < 32; l++)
                     q[l] = (qs[l] >> (4 * (sb % 2))) & 0xF;
