@@ -1122,6 +1122,24 @@ static void test_cuda_backend(void **state)
     printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
     assert_int_equal(c.fails, 0);
     kern_backend_free(c.be);
+    /* ... with a scratch of 20,000 floats: tokens in slices of 2 to 5 (every slice after the
+     * first offsets its rows, queries and outputs), and of 1,000: too small for one token's
+     * shares, so unsplit */
+    static const char *const parts[2] = {"20000", "1000"};
+    for (int i = 0; i < 2; i++) {
+        setenv("QUERN_CUDA_ATTN_PART", parts[i], 1);
+        struct check cs = {.label = i ? "cuda attention, split scratch too small"
+                                      : "cuda attention split in token slices",
+                           .act = KERN_ACT_F32};
+        cs.r.s = 4700 + (uint64_t)i;
+        assert_int_equal(kern_backend_open(&cs.be, &o, &err), ST_OK);
+        check_attention(&cs, KERN_KV_F16, 9, 3, 64, 0, 0);
+        check_attention(&cs, KERN_KV_F16, 4, 1, 256, 48, 0);
+        printf("  %s: %s\n", cs.label, cs.fails ? "FAILED" : "within tolerance");
+        assert_int_equal(cs.fails, 0);
+        kern_backend_free(cs.be);
+    }
+    unsetenv("QUERN_CUDA_ATTN_PART");
     unsetenv("QUERN_CUDA_ATTN_SPLIT");
 }
 

@@ -30,7 +30,8 @@ struct cuda_state {
     struct kcu_sample_out *smp_out;
     int smp_cap;
     int att_split;   /* attention's positions per split (flash-decoding); 0: none */
-    float *att_part; /* ... its scratch (ATT_PART_FLOATS), made at the first call */
+    float *att_part; /* ... its scratch (att_part_floats), made by reserve or the first call */
+    size_t att_part_floats;
     int att_part_tried;
     int mma_small; /* the bf16 tensor-core kernel: 16-token blocks up to this many tokens */
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
@@ -73,6 +74,21 @@ static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, 
                       (int)n),
           "matmul input");
     return in->norm ? in->xn : in->x;
+}
+
+/* Attention's split scratch (s->att_part_floats, 16 Mi floats = 64 MiB unless
+ * QUERN_CUDA_ATTN_PART says otherwise): partial results; tokens go in slices that fit it. Made
+ * by reserve (or at the first call); without it every call of the run goes unsplit. */
+static void att_part_make(struct cuda_state *s)
+{
+    if (s->att_split <= 0 || s->att_part_tried)
+        return;
+    s->att_part_tried = 1;
+    void *p = NULL;
+    if (handled(cudaMalloc(&p, sizeof(float) * s->att_part_floats)))
+        LOG_WARN("no device memory for split attention: long contexts run unsplit");
+    else
+        s->att_part = p;
 }
 
 /* How the kernels see weight w in the current mode. */
@@ -169,7 +185,8 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
 }
 
 /* Scratch sized once for batches of up to max_tok tokens of rows up to max_width floats: the
- * bf16 inputs (bf16 mode) and the greedy keys, so that no op allocates in a forward pass. */
+ * bf16 inputs (bf16 mode), the greedy keys and split attention's partials, so that no op
+ * allocates in a forward pass. */
 static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
                                 struct err_detail *err)
 {
@@ -185,6 +202,7 @@ static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max
         return err_set(err, ST_ERR_NOMEM,
                        "no device memory for the scratch of %d-token batches: %s", max_tok,
                        cudaGetErrorString(rc));
+    att_part_make(s);
     return ST_OK;
 }
 
@@ -415,9 +433,6 @@ static void cuda_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
     check(kcu_kv_store(st_of(b)->stream, &d, pos, k, v, n_tok, skip, 0), "kv_store");
 }
 
-/* Attention's split scratch: 64 MiB of partial results (tokens go in slices that fit it). */
-#define ATT_PART_FLOATS ((size_t)16 << 20)
-
 /* The tokens whose store the caller left to the attention are stored first: on one stream that
  * orders them before every read, which is all the contract asks. Long contexts are split over
  * their positions (flash-decoding, s->att_split per warp); without the scratch (no memory at
@@ -430,17 +445,10 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     if (a->store)
         check(kcu_kv_store(s->stream, &d, a->pos, a->k_new, a->v_new, a->n_tok, a->store, 1),
               "attention store");
-    if (s->att_split > 0 && !s->att_part_tried) {
-        s->att_part_tried = 1;
-        void *p = NULL;
-        if (handled(cudaMalloc(&p, sizeof(float) * ATT_PART_FLOATS)))
-            LOG_WARN("no device memory for split attention: long contexts run unsplit");
-        else
-            s->att_part = p;
-    }
+    att_part_make(s);
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
                         a->window, a->softcap, s->att_part ? s->att_split : 0, s->att_part,
-                        ATT_PART_FLOATS, s->att_stage),
+                        s->att_part_floats, s->att_stage),
           "attention");
 }
 
@@ -703,9 +711,11 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
         {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
          1 << 20},
+        {"QUERN_CUDA_ATTN_PART", "floats of split attention's scratch (tests: small slices)",
+         16 << 20, 1L << 30},
     };
-    long v[5];
-    for (int i = 0; i < 5; i++) {
+    long v[6];
+    for (int i = 0; i < 6; i++) {
         v[i] = knobs[i].def;
         const char *e = getenv(knobs[i].name);
         char *end;
@@ -722,6 +732,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     s->pack = (int)v[2];
     s->att_stage = (int)v[3];
     s->blas_min = (int)v[4];
+    s->att_part_floats = (size_t)v[5];
     if (s->blas_min > 0 && o->act == KERN_ACT_BF16) {
         char blas_why[200] = "";
         if (!(s->blas = kcu_blas_open(s->stream, blas_why, sizeof(blas_why)))) {

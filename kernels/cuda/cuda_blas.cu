@@ -173,8 +173,14 @@ __global__ void k_weight_bf16(struct kcu_weight w, uint16_t *out)
                     w.ne0, r, u, v);
     else
         kcu_dequant32(w.type, (const uint8_t *)w.w + (size_t)r * w.row_bytes, u, v);
-    for (int i = 0; i < 32; i++)
-        out[r * w.ne0 + u * 32 + i] = blas_bf16(v[i]);
+    uint4 *o = (uint4 *)(out + r * w.ne0 + u * 32); /* 64 aligned bytes: four 16-byte stores */
+    for (int q = 0; q < 4; q++) {
+        uint32_t p[4];
+        for (int i = 0; i < 4; i++)
+            p[i] = (uint32_t)blas_bf16(v[8 * q + 2 * i]) | (uint32_t)blas_bf16(v[8 * q + 2 * i + 1])
+                                                               << 16;
+        o[q] = make_uint4(p[0], p[1], p[2], p[3]);
+    }
 }
 
 __global__ void k_rows_bf16(const float *x, uint16_t *out, size_t n)
