@@ -165,7 +165,6 @@ static double gelu(double g)
     return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
 }
 
-/* ffn: down(act(gate(norm(x + add))) * up(norm(x + add))), act SiLU or GELU (glu). */
 /* Batch invariance (kern_ops.matmul): the first token's row of y is bitwise the same computed
  * alone, among 20 and among 70 (on CUDA in the bf16 mode: 16-token and 64-token blocks). */
 static void check_invariance(struct check *c, uint32_t type, int64_t ne0, int64_t ne1)
@@ -205,6 +204,7 @@ static void check_invariance(struct check *c, uint32_t type, int64_t ne0, int64_
     weight_free(c, &w);
 }
 
+/* ffn: down(act(gate(norm(x + add))) * up(norm(x + add))), act SiLU or GELU (glu). */
 static void check_ffn(struct check *c, uint32_t type, int64_t E, int64_t F, int n_tok, int glu)
 {
     const struct kern_ops *k = c->be->ops;
