@@ -147,8 +147,10 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
     const uint16_t *xb = NULL; /* the weights share the inputs: rounded once */
     for (int i = 0; i < n_w; i++) {
         struct kcu_mm mm = mm_of(s, w[i]);
+        if (mm.bf16 && (mm.w.p4_scales || blas_takes(s, n_tok)))
+            mm.xb = xb ? xb : (xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w[i]->ne0));
         if (blas_takes(s, n_tok)) {
-            const int rc = kcu_matmul_blas(s->stream, s->blas, &mm, x, y[i], n_tok);
+            const int rc = kcu_matmul_blas(s->stream, s->blas, &mm, y[i], n_tok);
             if (rc >= 1000) {
                 LOG_ERROR("cuBLAS error in matmul: status %d", rc - 1000);
                 abort();
@@ -158,8 +160,6 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
                 continue;
             }
         }
-        if (mm.bf16 && mm.w.p4_scales)
-            mm.xb = xb ? xb : (xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w[i]->ne0));
         check(kcu_matmul(s->stream, &mm, x, y[i], n_tok), "matmul");
     }
 }

@@ -1,5 +1,6 @@
 /* cuBLAS for the bf16 mode's large matmuls: the weight dequantized to a bf16 copy in scratch
- * (any type, the same decoding text as every kernel), the inputs rounded to bf16, and
+ * (any type, the same decoding text as every kernel), the inputs as the caller rounded them
+ * for the tensor-core kernel (kcu_to_bf16), and
  * cublasGemmEx (bf16 x bf16, f32 compute and output): the bf16 mode's semantics exactly, since
  * a product of two bf16 values is exact in f32. cuBLAS is loaded at run time (dlopen
  * libcublas.so.13), so a binary built here runs where it is missing, without this path. On the
@@ -34,8 +35,8 @@ struct kcu_blas {
     int (*set_stream)(void *, void *);
     int (*gemm)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
                 int, int, const void *, void *, int, int, int, int);
-    uint16_t *wb, *xb; /* scratch: the weight's and the inputs' bf16 copies */
-    size_t wb_elems, xb_elems;
+    uint16_t *wb; /* scratch: the weight's bf16 copy */
+    size_t wb_elems;
 };
 
 static int launched(void)
@@ -148,7 +149,6 @@ extern "C" void kcu_blas_close(struct kcu_blas *b)
         return;
     b->destroy(b->handle);
     cudaFree(b->wb);
-    cudaFree(b->xb);
 #ifndef KCU_EMU
     dlclose(b->lib);
 #endif
@@ -183,13 +183,6 @@ __global__ void k_weight_bf16(struct kcu_weight w, uint16_t *out)
     }
 }
 
-__global__ void k_rows_bf16(const float *x, uint16_t *out, size_t n)
-{
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        out[i] = blas_bf16(x[i]);
-}
-
 /* Grows scratch *p to n bf16 values; 0 on success. */
 static int grow(uint16_t **p, size_t *have, size_t n)
 {
@@ -206,15 +199,14 @@ static int grow(uint16_t **p, size_t *have, size_t n)
     return 0;
 }
 
-extern "C" int kcu_matmul_blas(void *stream, struct kcu_blas *b, const struct kcu_mm *mm,
-                               const float *x, float *y, int n_tok)
+extern "C" int kcu_matmul_blas(void *stream, struct kcu_blas *b, const struct kcu_mm *mm, float *y,
+                               int n_tok)
 {
     const struct kcu_weight *w = &mm->w;
     if (n_tok <= 0 || w->ne1 <= 0)
         return 0;
-    if (w->ne1 > INT32_MAX || w->ne0 > INT32_MAX ||
-        grow(&b->wb, &b->wb_elems, (size_t)(w->ne1 * w->ne0)) ||
-        grow(&b->xb, &b->xb_elems, (size_t)n_tok * (size_t)w->ne0))
+    if (!mm->xb || w->ne1 > INT32_MAX || w->ne0 > INT32_MAX ||
+        grow(&b->wb, &b->wb_elems, (size_t)(w->ne1 * w->ne0)))
         return -1; /* not done: the caller runs its own kernel */
     cudaStream_t st = (cudaStream_t)stream;
     const int64_t units = w->ne1 * (w->ne0 / 32);
@@ -222,16 +214,12 @@ extern "C" int kcu_matmul_blas(void *stream, struct kcu_blas *b, const struct kc
     int rc = launched();
     if (rc)
         return rc;
-    const size_t nx = (size_t)n_tok * (size_t)w->ne0;
-    KCU_LAUNCH(k_rows_bf16, (unsigned)((nx + 255) / 256), 256, st)(x, b->xb, nx);
-    if ((rc = launched()))
-        return rc;
     /* y (n_tok x ne1, row-major) is column-major ne1 x n_tok: y = W x per token, W row-major
      * ne1 x ne0 = column-major ne0 x ne1, so op(A) = A^T with lda ne0; x column-major ne0 x
      * n_tok, ldb ne0 */
     const float one = 1.0f, zero = 0.0f;
     rc = b->gemm(b->handle, BLAS_OP_T, BLAS_OP_N, (int)w->ne1, n_tok, (int)w->ne0, &one, b->wb,
-                 BLAS_R_16BF, (int)w->ne0, b->xb, BLAS_R_16BF, (int)w->ne0, &zero, y, BLAS_R_32F,
+                 BLAS_R_16BF, (int)w->ne0, mm->xb, BLAS_R_16BF, (int)w->ne0, &zero, y, BLAS_R_32F,
                  (int)w->ne1, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT);
     return rc ? 1000 + rc : 0; /* a cuBLAS status, told apart from the runtime's codes */
 }

@@ -52,14 +52,13 @@ int kcu_matmul_argmax(void *stream, const struct kcu_mm *mm, const float *x, int
                       unsigned long long *best, int32_t *ids);
 /* cuBLAS (kernels/cuda/cuda_blas.cu), loaded at run time: NULL with the reason in why when
  * libcublas.so.13 cannot be had. kcu_matmul_blas is kcu_matmul in the bf16 mode through
- * cublasGemmEx on bf16 copies of the weight and the inputs (scratch it grows); returns -1 when
- * the scratch cannot be had (nothing queued: the caller runs kcu_matmul), 0, a runtime error,
- * or 1000 + a cuBLAS status. */
+ * cublasGemmEx on a bf16 copy of the weight (scratch it grows) and mm->xb, the inputs already
+ * rounded; returns -1 when the scratch cannot be had or xb is NULL (nothing queued: the caller
+ * runs kcu_matmul), 0, a runtime error, or 1000 + a cuBLAS status. */
 struct kcu_blas;
 struct kcu_blas *kcu_blas_open(void *stream, char *why, size_t why_size);
 void kcu_blas_close(struct kcu_blas *b);
-int kcu_matmul_blas(void *stream, struct kcu_blas *b, const struct kcu_mm *mm, const float *x,
-                    float *y, int n_tok);
+int kcu_matmul_blas(void *stream, struct kcu_blas *b, const struct kcu_mm *mm, float *y, int n_tok);
 /* out row i = dequantized row ids[i] of w, bitwise as the CPU reference dequantizes it. */
 int kcu_get_rows(void *stream, const struct kcu_weight *w, const int32_t *ids, int n, float *out);
 int kcu_rope(void *stream, float *x, const float *cs, int n_tok, int n_head, int head_dim,
