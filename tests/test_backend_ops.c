@@ -530,6 +530,28 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
                           .v_new = dv};
     k->attention(c->be, &a);
     float *out = from_be(c, dout, sizeof(float) * nq);
+    /* batch invariance: sequence 0's tokens again alone, with a block table of its own 3 blocks
+     * (as the engine makes one for a batch), bitwise the same */
+    const size_t n0 = (size_t)len[0] * H * D;
+    int32_t *dtab0 = to_be(c, tables, sizeof(int32_t) * 3);
+    float *dout0 = k->buf_alloc(c->be, sizeof(float) * n0);
+    struct kern_attn a0 = a;
+    a0.n_tok = len[0];
+    a0.out = dout0;
+    a0.bt.ids = dtab0;
+    a0.bt.stride = 3;
+    a0.store = NULL;
+    k->attention(c->be, &a0);
+    float *out0 = from_be(c, dout0, sizeof(float) * n0);
+    if (memcmp(out0, out, sizeof(float) * n0)) {
+        char op0[96];
+        snprintf(op0, sizeof(op0), "attention H %d KV %d D %d window %d batch invariance", H, KV, D,
+                 window);
+        report(c, op0, "sequence 0 alone differs from sequence 0 in the batch");
+    }
+    free(out0);
+    bfree(c, dtab0);
+    bfree(c, dout0);
     /* the reference: keys and values as stored */
     float *kr = malloc(sizeof(float) * nk), *vr = malloc(sizeof(float) * nk);
     for (size_t i = 0; i < nk; i += (size_t)D)
@@ -877,6 +899,9 @@ static void check_backend(struct check *c, int all_ops)
     check_invariance(c, DTYPE_Q4_0, 256, 72);
     check_invariance(c, DTYPE_Q6_K, 256, 40);
     check_invariance(c, DTYPE_F16, 96, 40);
+    /* CUDA bf16: K in 4 and 8 slices, side by side for 1 token, in turn for 20 and 70 */
+    check_invariance(c, DTYPE_Q4_0, 1024, 72);
+    check_invariance(c, DTYPE_Q4_K, 2560, 40);
     if (!all_ops)
         return;
     check_ffn(c, DTYPE_Q8_0, 96, 160, 1, KERN_GLU_SILU);
@@ -1052,6 +1077,9 @@ static void test_cuda_backend(void **state)
         }
         check_ffn(&c, DTYPE_Q4_1, 96, 160, 9, KERN_GLU_SILU);
         check_matmul(&c, DTYPE_Q4_0, 160, 300, 20); /* three blocks of 128 rows, the last partial */
+        /* the bf16 kernels' K slices (kcu_p4_slices): 4 of 2 groups; 8 of 3, the last of 1 and
+         * one empty (check_backend checks their batch invariance) */
+        check_matmul(&c, DTYPE_Q4_0, 1024, 72, 18);
         printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
         assert_int_equal(c.fails, 0);
         kern_backend_free(c.be);
@@ -1123,14 +1151,16 @@ static void test_cuda_backend(void **state)
     assert_int_equal(c.fails, 0);
     kern_backend_free(c.be);
     /* ... with a scratch of 20,000 floats: tokens in slices of 2 to 5 (every slice after the
-     * first offsets its rows, queries and outputs), and of 1,000: too small for one token's
-     * shares, so unsplit */
-    static const char *const parts[2] = {"20000", "1000"};
-    for (int i = 0; i < 2; i++) {
+     * first offsets its rows, queries and outputs), of 1,000: too small for one token's
+     * shares, so unsplit, and of 1,500: 2 splits a token of 9 heads, so a token of more runs goes
+     * unsplit while sequence 0's tokens (2 runs) stay split in the batch as alone */
+    static const char *const parts[3] = {"20000", "1000", "1500"};
+    static const char *const part_labels[3] = {
+        "cuda attention split in token slices", "cuda attention, split scratch too small",
+        "cuda attention, scratch for 2 splits a token (longer tokens unsplit, in any batch)"};
+    for (int i = 0; i < 3; i++) {
         setenv("QUERN_CUDA_ATTN_PART", parts[i], 1);
-        struct check cs = {.label = i ? "cuda attention, split scratch too small"
-                                      : "cuda attention split in token slices",
-                           .act = KERN_ACT_F32};
+        struct check cs = {.label = part_labels[i], .act = KERN_ACT_F32};
         cs.r.s = 4700 + (uint64_t)i;
         assert_int_equal(kern_backend_open(&cs.be, &o, &err), ST_OK);
         check_attention(&cs, KERN_KV_F16, 9, 3, 64, 0, 0);

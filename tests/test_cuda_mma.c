@@ -138,10 +138,35 @@ static void test_fragments_cover_tiles(void **state)
         assert_int_equal(nb[i], 1);
 }
 
+/* kcu_frag_a_rows (A's rows read straight from global memory) is kcu_frag_a of the same
+ * rows, with zeros for rows past the batch and k past the row's end. */
+static void test_fragment_rows(void **state)
+{
+    (void)state;
+    enum { N = 96, ROWS = 11 }; /* 11 tokens: rows 11..15 of the 16 are past the batch */
+    uint16_t x[ROWS * N], tile[16 * 112];
+    for (int i = 0; i < ROWS * N; i++)
+        x[i] = (uint16_t)(1 + i);
+    for (int r = 0; r < 16; r++) /* the tile kcu_frag_a reads: 112 k, the last 16 past N */
+        for (int k = 0; k < 112; k++)
+            tile[r * 112 + k] = r < ROWS && k < N ? x[r * N + k] : 0;
+    for (int ks = 0; ks < 112; ks += 16)
+        for (int lane = 0; lane < 32; lane++) {
+            const int g = lane / 4;
+            uint32_t want[4], got[4];
+            kcu_frag_a(tile, 112, 0, ks, lane, want);
+            kcu_frag_a_rows(g < ROWS ? x + g * N : NULL, g + 8 < ROWS ? x + (g + 8) * N : NULL, N,
+                            ks, lane, got);
+            for (int p = 0; p < 4; p++)
+                assert_int_equal(got[p], want[p]);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments_cover_tiles),
+        cmocka_unit_test(test_fragment_rows),
         cmocka_unit_test(test_block_tile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -389,27 +389,203 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     }
 }
 
-/* Tensor-core GEMM (bf16 mode): a block of 8 warps computes 64 tokens x 128 rows (16 tiles) a
- * group (128 k) at a time. The inputs come already rounded to bf16 (xb, made once per matmul by
- * k_to_bf16, so each block reads half the bytes of f32 and never converts): each thread copies
- * 4 16-byte chunks of the group's 64 x 128 tile into shared memory (A fragments as
- * k_matmul_bf16), and each warp decodes its 2 tiles' values straight into B fragments: unit j's
- * values 0..3 are the fragment of k 32j..32j+15, values 4..7 of the next 16. Software pipelined:
- * the next group's A chunks and B words are loaded into registers while the current group is
- * multiplied. */
+/* Tensor-core GEMMs (bf16 mode) over the packed layout. The inputs come already rounded to
+ * bf16 (xb, made once per matmul by k_to_bf16, so each block reads half the bytes of f32 and never
+ * converts) and are copied in 16-byte chunks to shared memory (A fragments as k_matmul_bf16);
+ * each warp decodes its 2 tiles' values straight into B fragments: unit j's values 0..3 are the
+ * fragment of k 32j..32j+15, values 4..7 of the next 16. Software pipelined: the next group's A
+ * chunks and B words are loaded into registers while the current group is multiplied.
+ *
+ * K is cut into slices fixed by the shape alone (kcu_p4_slices: gps consecutive groups each):
+ * each slice's chain of MMAs starts from zero and the slices' sums are added in slice order.
+ * k_p4_mma16 (up to 16 tokens) runs a block's slices side by side, one warp per (slice, 16
+ * rows), so a one-token matmul has enough blocks to stream the weights from every SM;
+ * k_p4_mma (64-token blocks) runs them one after the other. Both add the same numbers in the
+ * same order, so a token's result does not depend on its batch. */
+#ifdef KCU_EMU
+#define KCU_OPAQUE64(v) ((void)0)
+#define KCU_OPAQUE32(v) ((void)0)
+#else /* a value the compiler cannot see through (nor move computations on it across) */
+#define KCU_OPAQUE64(v) asm volatile("" : "+l"(v))
+#define KCU_OPAQUE32(v) asm volatile("" : "+r"(v))
+#endif
 #define PM_WARPS  8
-#define PM_BN     (PM_WARPS * 16) /* rows per block: 2 tiles per warp */
+#define PM_BN         (PM_WARPS * 16) /* rows per 64-token block: 2 tiles per warp */
 #define PM_BK     128
 #define PM_LD     (PM_BK + 8) /* shared row pitch in bf16: 272 bytes, 16-byte aligned */
 #define PM_CHUNKS(BM) ((BM)*PM_BK / 8 / (PM_WARPS * WARP)) /* 16-byte A chunks per thread */
 
-/* 2 blocks (16 warps) per SM: at most 128 registers a thread (ptxas spills up to 44 bytes) */
+/* A warp's B words and records of its 2 tiles at group q4 (zero past the last tile). */
+template <uint32_t TYPE>
+static __device__ __forceinline__ void
+p4_load2(const uint8_t *w, size_t hbase, size_t sbase, int64_t groups, int64_t tiles, int64_t tile0,
+         int64_t q4, int lane, uint32_t (*qw)[4 * p4_w<TYPE>::W], uint32_t (*hw)[2],
+         uint32_t (*rw)[4])
+{
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+        if (tile0 + n < tiles)
+            p4_load<TYPE>(w, hbase, sbase, groups, tile0 + n, q4, lane, qw[n], hw[n], rw[n]);
+        else {
+#pragma unroll
+            for (int k = 0; k < 4 * p4_w<TYPE>::W; k++)
+                qw[n][k] = 0u;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                rw[n][k] = 0u;
+            hw[n][0] = hw[n][1] = 0u;
+        }
+}
+
+/* The B fragments (k 32j..32j+31 of its 2 tiles) of unit j from a warp's loaded words. */
+template <uint32_t TYPE>
+static __device__ __forceinline__ void p4_bfrag(const uint32_t (*cq)[4 * p4_w<TYPE>::W],
+                                                const uint32_t (*ch)[2], const uint32_t (*cr)[4],
+                                                int j, uint32_t (*bf)[4])
+{
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+        float a, b, v[8];
+        kcu_p4_par(TYPE, cr[n], j, &a, &b);
+        p4_values<TYPE>(cq[n] + j * p4_w<TYPE>::W, kcu_p4_hi(TYPE, ch[n], j), a, b, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1]) << 16;
+    }
+}
+
+/* One group's MMAs: BM / 16 token rows of A in shared memory (pitch PM_LD) by a warp's 2 tiles. */
 template <uint32_t TYPE, int BM>
+static __device__ __forceinline__ void
+p4_group_mma(const uint16_t *as, const uint32_t (*cq)[4 * p4_w<TYPE>::W], const uint32_t (*ch)[2],
+             const uint32_t (*cr)[4], int lane, float (*acc)[2][4])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t bf[2][4];
+        p4_bfrag<TYPE>(cq, ch, cr, j, bf);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int m = 0; m < BM / 16; m++) {
+                uint32_t af[4];
+                kcu_frag_a(as, PM_LD, m * 16, j * 32 + h * 16, lane, af);
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+                    mma_bf16(acc[m][n], af, bf[n] + 2 * h);
+            }
+    }
+}
+
+/* Up to 16 tokens: a block of 8 warps, ks (1, 2, 4 or 8) K slices side by side, warp w taking
+ * slice w % ks of 2 tiles (16 rows; 128 / ks rows a block). The warps never wait for each other
+ * until the end: each reads its A fragments straight from xb (a few KB, in L1 after a block's
+ * first warp) and keeps the B words of its next two groups in flight while it multiplies one.
+ * Then the warps of slices 1.. hand their sums to slice 0's through shared memory, which adds
+ * them in slice order. */
+template <uint32_t TYPE>
 __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
-    k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb, float *y,
-             int n_tok, unsigned long long *best)
+    k_p4_mma16(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb,
+               float *y, int n_tok, unsigned long long *best, int ks, int64_t gps)
 {
     constexpr int W = p4_w<TYPE>::W;
+    __shared__ float sums[PM_WARPS * WARP * 8];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4;
+    const int sl = warp % ks;
+    const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
+    const int64_t nsl = (groups + gps - 1) / gps; /* slices with groups */
+    const int64_t q0 = sl * gps, q1 = q0 + gps < groups ? q0 + gps : groups; /* this slice's */
+    const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
+    const int64_t tile0 = (int64_t)blockIdx.x * (PM_WARPS / ks) * 2 + (warp / ks) * 2;
+    const int m0 = blockIdx.y * 16;
+    /* the lane's A rows (tokens m0 + g, m0 + g + 8), NULL past the batch: zeros */
+    const uint16_t *x0 = m0 + g < n_tok ? xb + (size_t)(m0 + g) * ne0 : NULL;
+    const uint16_t *x1 = m0 + g + 8 < n_tok ? xb + (size_t)(m0 + g + 8) * ne0 : NULL;
+    float acc[1][2][4];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[0][n][i] = 0.0f;
+    /* B words of groups q (a), q + 1 (b) and q + 2 (c) */
+    uint32_t qa[2][4 * W], ha[2][2], ra[2][4], qb[2][4 * W] = {}, hb[2][2] = {}, rb[2][4] = {};
+    uint32_t qc[2][4 * W] = {}, hc[2][2] = {}, rc[2][4] = {};
+    if (q0 < q1)
+        p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q0, lane, qa, ha, ra);
+    if (q0 + 1 < q1)
+        p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q0 + 1, lane, qb, hb, rb);
+    for (int64_t q = q0; q < q1; q++) {
+        if (q + 2 < q1) /* in flight while q is multiplied */
+            p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q + 2, lane, qc, hc, rc);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t bf[2][4];
+            p4_bfrag<TYPE>(qa, ha, ra, j, bf);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t af[4];
+                kcu_frag_a_rows(x0, x1, ne0, q * PM_BK + j * 32 + h * 16, lane, af);
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+                    mma_bf16(acc[0][n], af, bf[n] + 2 * h);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int k = 0; k < 4 * W; k++) {
+                qa[n][k] = qb[n][k];
+                qb[n][k] = qc[n][k];
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                ra[n][k] = rb[n][k];
+                rb[n][k] = rc[n][k];
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                ha[n][k] = hb[n][k];
+                hb[n][k] = hc[n][k];
+            }
+        }
+    }
+    if (sl > 0 && sl < nsl)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sums[(warp * WARP + lane) * 8 + n * 4 + i] = acc[0][n][i];
+    __syncthreads();
+    if (sl != 0)
+        return;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = acc[0][n][i];
+            for (int s = 1; s < nsl; s++)
+                v += sums[((warp + s) * WARP + lane) * 8 + n * 4 + i];
+            int r, c;
+            kcu_frag_c(lane, i, &r, &c);
+            const int tok = m0 + r;
+            const int64_t row = (tile0 + n) * 8 + c;
+            if (tok < n_tok && row < ne1 && best)
+                fold_best(best, tok, row, v);
+            else if (tok < n_tok && row < ne1)
+                y[(size_t)tok * ne1 + row] = v;
+        }
+}
+
+/* 64-token blocks: 8 warps, 2 tiles each (128 rows a block), the K slices one after the other:
+ * at each slice's end a thread adds its sums to its outputs in y (the first slice stores them).
+ * best (the greedy fold) only with one slice: p4_launch sends other greedy batches to
+ * k_p4_mma16, whose sums are the same. */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(PM_WARPS *WARP, 2)
+    k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb, float *y,
+             int n_tok, unsigned long long *best, int64_t gps)
+{
+    constexpr int W = p4_w<TYPE>::W, BM = 64;
     __shared__ __align__(16) uint16_t as[BM * PM_LD];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
@@ -436,83 +612,59 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             ax[i] = m0 + r < n_tok && k < ne0 ? *(const uint4 *)(xb + (size_t)(m0 + r) * ne0 + k)
                                               : make_uint4(0u, 0u, 0u, 0u);
         }
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-            if (tile0 + n < tiles)
-                p4_load<TYPE>(w, hbase, sbase, groups, tile0 + n, q4, lane, qw[n], hw[n], rw[n]);
-            else {
-#pragma unroll
-                for (int k = 0; k < 4 * W; k++)
-                    qw[n][k] = 0u; /* past the last tile: zero weights */
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    rw[n][k] = 0u;
-                hw[n][0] = hw[n][1] = 0u;
-            }
+        p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q4, lane, qw, hw, rw);
     };
     load(0);
-    for (int64_t q4 = 0; q4 < groups; q4++) {
-        __syncthreads(); /* every warp is done with the previous group's A */
+    for (int64_t s0 = 0; s0 < groups; s0 += gps) { /* slice [s0, s1) */
+        const int64_t s1 = s0 + gps < groups ? s0 + gps : groups;
+        for (int64_t q4 = s0; q4 < s1; q4++) {
+            __syncthreads(); /* every warp is done with the previous group's A */
 #pragma unroll
-        for (int i = 0; i < PM_CHUNKS(BM); i++) {
-            const int e = tid + i * PM_WARPS * WARP;
-            *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
-        }
-        uint32_t cq[2][4 * W], ch[2][2], cr[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int k = 0; k < 4 * W; k++)
-                cq[n][k] = qw[n][k];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                cr[n][k] = rw[n][k];
-            ch[n][0] = hw[n][0];
-            ch[n][1] = hw[n][1];
-        }
-        __syncthreads();
-        if (q4 + 1 < groups)
-            load(q4 + 1); /* in flight while this group is multiplied */
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t bf[2][4];
+            for (int i = 0; i < PM_CHUNKS(BM); i++) {
+                const int e = tid + i * PM_WARPS * WARP;
+                *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
+            }
+            uint32_t cq[2][4 * W], ch[2][2], cr[2][4];
 #pragma unroll
             for (int n = 0; n < 2; n++) {
-                float a, b, v[8];
-                kcu_p4_par(TYPE, cr[n], j, &a, &b);
-                p4_values<TYPE>(cq[n] + j * W, kcu_p4_hi(TYPE, ch[n], j), a, b, v);
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    bf[n][i] = (uint32_t)bf16_bits(v[2 * i]) | (uint32_t)bf16_bits(v[2 * i + 1])
-                                                                   << 16;
+                for (int k = 0; k < 4 * W; k++)
+                    cq[n][k] = qw[n][k];
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    cr[n][k] = rw[n][k];
+                ch[n][0] = hw[n][0];
+                ch[n][1] = hw[n][1];
             }
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int m = 0; m < BM / 16; m++) {
-                    uint32_t af[4];
-                    kcu_frag_a(as, PM_LD, m * 16, j * 32 + h * 16, lane, af);
-#pragma unroll
-                    for (int n = 0; n < 2; n++)
-                        mma_bf16(acc[m][n], af, bf[n] + 2 * h);
-                }
+            __syncthreads();
+            if (q4 + 1 < groups)
+                load(q4 + 1); /* in flight while this group is multiplied */
+            p4_group_mma<TYPE, BM>(as, cq, ch, cr, lane, acc);
         }
+        int64_t rb = tile0 * 8; /* made opaque, so that the 32 outputs' addresses are not
+                                   computed before the loop and kept in registers */
+        int tb = m0;
+        KCU_OPAQUE64(rb);
+        KCU_OPAQUE32(tb);
+#pragma unroll
+        for (int m = 0; m < BM / 16; m++)
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r, c;
+                    kcu_frag_c(lane, i, &r, &c);
+                    const int tok = tb + m * 16 + r;
+                    const int64_t row = rb + n * 8 + c;
+                    if (tok < n_tok && row < ne1 && best)
+                        fold_best(best, tok, row, acc[m][n][i]);
+                    else if (tok < n_tok && row < ne1) {
+                        float *o = y + (size_t)tok * ne1 + row;
+                        *o = s0 == 0 ? acc[m][n][i] : *o + acc[m][n][i];
+                    }
+                    acc[m][n][i] = 0.0f;
+                }
     }
-#pragma unroll
-    for (int m = 0; m < BM / 16; m++)
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r, c;
-                kcu_frag_c(lane, i, &r, &c);
-                const int tok = m0 + m * 16 + r;
-                const int64_t row = (tile0 + n) * 8 + c;
-                if (tok < n_tok && row < ne1 && best)
-                    fold_best(best, tok, row, acc[m][n][i]);
-                else if (tok < n_tok && row < ne1)
-                    y[(size_t)tok * ne1 + row] = acc[m][n][i];
-            }
 }
 
 /* Inputs rounded to bf16 for the tensor-core kernel, once per matmul call. */
@@ -531,9 +683,10 @@ extern "C" int kcu_to_bf16(void *stream, const float *x, uint16_t *out, size_t n
     return launched();
 }
 
-/* The packed layout: in the bf16 mode always the tensor-core kernel (16-token blocks up to
- * mm->small tokens, 64-token blocks above: the same chain of MMAs for every output, so a token's
- * result does not depend on its batch); in the exact mode the GEMV (one kernel at every count). */
+/* The packed layout: in the bf16 mode always a tensor-core kernel (k_p4_mma16 up to mm->small
+ * tokens, k_p4_mma above, both over the shape's K slices: the same sums in the same order for
+ * every output, so a token's result does not depend on its batch); in the exact mode the GEMV
+ * (one kernel at every count). */
 template <uint32_t TYPE>
 static int p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, float *y, int n_tok,
                      unsigned long long *best)
@@ -544,13 +697,19 @@ static int p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, f
     if (mm->bf16) {
         if (!mm->xb)
             return (int)cudaErrorInvalidValue; /* the caller owes the bf16 inputs */
-        const int bm = n_tok <= mm->small ? 16 : 64;
-        void (*k)(const uint8_t *, size_t, int64_t, int64_t, const uint16_t *, float *, int,
-                  unsigned long long *) = bm == 16 ? k_p4_mma<TYPE, 16> : k_p4_mma<TYPE, 64>;
-        KCU_LAUNCH(k,
-                   dim3((tiles + PM_BN / 8 - 1) / (PM_BN / 8), (unsigned)((n_tok + bm - 1) / bm)),
+        int64_t gps;
+        const int ks = kcu_p4_slices(wt->ne0, wt->ne1, &gps);
+        if (n_tok > mm->small && (gps >= kcu_p4_groups(wt->ne0) || !best)) {
+            KCU_LAUNCH(k_p4_mma<TYPE>,
+                       dim3((tiles + PM_BN / 8 - 1) / (PM_BN / 8), (unsigned)((n_tok + 63) / 64)),
+                       PM_WARPS * WARP, st)
+            (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xb, y, n_tok, best, gps);
+            return 0;
+        }
+        const unsigned per = (unsigned)(PM_WARPS / ks) * 2; /* tiles a block */
+        KCU_LAUNCH(k_p4_mma16<TYPE>, dim3((tiles + per - 1) / per, (unsigned)((n_tok + 15) / 16)),
                    PM_WARPS * WARP, st)
-        (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xb, y, n_tok, best);
+        (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xb, y, n_tok, best, ks, gps);
         return 0;
     }
     KCU_LAUNCH(k_p4_mv<TYPE>, dim3(tiles, (unsigned)((n_tok + MV_TOK - 1) / MV_TOK)),
@@ -832,20 +991,23 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
  * it computed alone, in the same order, so the output is bitwise that of one warp per head.
  * Flash-decoding: with split > 0 a token's positions are cut into runs of `split` (from its
  * first), one block each (blockIdx.y), each warp writing its running maximum, sum and weighted
- * values to part, and k_attn_combine merges them; a token with one run writes its output
- * directly, as without splits. How a token is cut depends only on its own positions, so its
- * output does not depend on the batch. */
+ * values to part, and k_attn_combine merges them; a token with one run, or with more than
+ * max_split (what the scratch holds, fixed by the model), writes its output directly, as without
+ * splits. How a token is cut depends only on its own positions, so its output does not depend on
+ * the batch. */
 #define ATT_MAX_CH  (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
 #define ATT_MAX_HB  8            /* query heads (warps) per block */
 #define ATT_STAGE_D 256          /* head_dim up to which a run's K and V are staged */
 
-/* Token t's positions [*first, n) and the number of splits of `split` positions (1: none). */
+/* Token t's positions [*first, n) and the number of splits of `split` positions (1: none; also
+ * for a token of more than max_split runs, whose shares would not fit). */
 static __device__ __forceinline__ int att_splits(const int32_t *pos, int t, int window, int split,
-                                                 int *first, int *n)
+                                                 int max_split, int *first, int *n)
 {
     *n = pos[t] + 1;
     *first = window > 0 && *n > window ? *n - window : 0;
-    return split > 0 ? (*n - *first + split - 1) / split : 1;
+    const int runs = split > 0 ? (*n - *first + split - 1) / split : 1;
+    return runs <= max_split ? runs : 1;
 }
 
 /* The K or V tile (pool kv.k or kv.v) that holds position p of KV head g. */
@@ -859,7 +1021,7 @@ static __device__ __forceinline__ const uint8_t *att_tile(const struct kcu_kv *k
 template <int STAGE, int HB>
 __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const int32_t *pos,
                             int n_head, int hb, float scale, int window, float softcap, int split,
-                            float *part)
+                            int max_split, float *part)
 {
     /* STAGE: a run's keys [c][ii] and values [ii][c], raw (2 bytes f16, 1 byte int8), and the
      * 8-bit rows' scales */
@@ -875,7 +1037,7 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
         qs[wp][c] = qr[c];
     const int32_t *table = kv.ids + (size_t)kv.row[t] * kv.stride;
     int first, n;
-    const int ns = att_splits(pos, t, window, split, &first, &n), sp = blockIdx.y;
+    const int ns = att_splits(pos, t, window, split, max_split, &first, &n), sp = blockIdx.y;
     if (sp >= ns) /* the same for every warp of the block: one token, one KV head */
         return;
     const int lo = ns > 1 ? first + sp * split : first;
@@ -997,11 +1159,11 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
 /* The splits of each (token, head) that has several, in split order: out = sum_s acc_s e^(m_s -
  * M) / sum_s l_s e^(m_s - M), M the largest m_s. */
 __global__ void k_attn_combine(const float *part, float *out, const int32_t *pos, int n_head, int D,
-                               int window, int split, int n_split)
+                               int window, int split, int max_split, int n_split)
 {
     const int lane = threadIdx.x, t = blockIdx.x / n_head, h = blockIdx.x % n_head;
     int first, n;
-    const int ns = att_splits(pos, t, window, split, &first, &n);
+    const int ns = att_splits(pos, t, window, split, max_split, &first, &n);
     if (ns <= 1)
         return;
     const float *pp = part + (size_t)blockIdx.x * n_split * (size_t)(D + 2);
@@ -1026,16 +1188,20 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
 {
     if (n_tok <= 0)
         return 0;
-    /* the most splits a token of these block tables can have */
+    /* the most splits a token may have, from the model and the scratch alone (never from the
+     * batch, so whether a token is split does not depend on its batch): the grid's y extent and
+     * one token's shares must fit; a token of more runs (contexts of millions of positions, or a
+     * small scratch) goes unsplit, one warp per head over all of its positions */
+    const size_t per_split = (size_t)n_head * (size_t)(kv->head_dim + 2);
+    const long max_split =
+        part ? (long)(part_floats / per_split < 65535 ? part_floats / per_split : 65535) : 0;
+    /* the grid's y extent: the most splits a token of these block tables can have */
     long span = (long)kv->stride * kv->block_size;
     if (window > 0 && window < span)
         span = window;
     long n_split = split > 0 ? (span + split - 1) / split : 1;
-    /* the split grid's y extent and one token's shares must fit (else one warp per head over all
-     * of its positions, as without splits: only for contexts of millions of positions) */
-    const size_t per_tok = (size_t)n_head * (size_t)n_split * (size_t)(kv->head_dim + 2);
-    if (n_split > 65535 || per_tok > part_floats)
-        n_split = 1;
+    if (n_split > max_split)
+        n_split = max_split;
     /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block; staged when there
      * are several (a block of one warp has nothing to share: its own small kernel) */
     const int group = n_head / kv->n_kv_head;
@@ -1043,16 +1209,18 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     while (group % hb)
         hb--;
     void (*k)(struct kcu_kv, const float *, float *, const int32_t *, int, int, float, int, float,
-              int, float *) = hb == 1                                ? k_attention<0, 1>
-                              : stage && kv->head_dim <= ATT_STAGE_D ? k_attention<1, ATT_MAX_HB>
-                                                                     : k_attention<0, ATT_MAX_HB>;
+              int, int, float *) = hb == 1 ? k_attention<0, 1>
+                                   : stage && kv->head_dim <= ATT_STAGE_D
+                                       ? k_attention<1, ATT_MAX_HB>
+                                       : k_attention<0, ATT_MAX_HB>;
     if (n_split <= 1 || !part) {
         KCU_LAUNCH(k, dim3((unsigned)(n_tok * (n_head / hb)), 1), hb * WARP, (cudaStream_t)stream)
-        (*kv, q, out, pos, n_head, hb, scale, window, softcap, 0, (float *)NULL);
+        (*kv, q, out, pos, n_head, hb, scale, window, softcap, 0, 1, (float *)NULL);
         return launched();
     }
     /* tokens in slices whose shares fit part (the cut of a token is the same in any slice) */
     const int D = kv->head_dim;
+    const size_t per_tok = per_split * (size_t)n_split;
     const int slice = (int)(part_floats / per_tok < (size_t)n_tok ? part_floats / per_tok : n_tok);
     for (int t0 = 0; t0 < n_tok; t0 += slice) {
         const int nt = n_tok - t0 < slice ? n_tok - t0 : slice;
@@ -1061,12 +1229,13 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
         const size_t off = (size_t)t0 * (size_t)n_head * (size_t)D;
         KCU_LAUNCH(k, dim3((unsigned)(nt * (n_head / hb)), (unsigned)n_split), hb * WARP,
                    (cudaStream_t)stream)
-        (ks, q + off, out + off, pos + t0, n_head, hb, scale, window, softcap, split, part);
+        (ks, q + off, out + off, pos + t0, n_head, hb, scale, window, softcap, split,
+         (int)max_split, part);
         int rc = launched();
         if (rc)
             return rc;
         KCU_LAUNCH(k_attn_combine, (unsigned)(nt * n_head), WARP, (cudaStream_t)stream)
-        (part, out + off, pos + t0, n_head, D, window, split, n_split);
+        (part, out + off, pos + t0, n_head, D, window, split, (int)max_split, (int)n_split);
         if ((rc = launched()))
             return rc;
     }

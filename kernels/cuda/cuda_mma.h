@@ -33,6 +33,18 @@ KCU_MMA_FN void kcu_frag_a(const uint16_t *a, int ld, int r0, int ks, int lane, 
     f[3] = kcu_pair(a + (r0 + g + 8) * ld + ks + 2 * t + 8);
 }
 
+/* kcu_frag_a with rows r0 + g and r0 + g + 8 of a row-major A in global memory at x0 and x1
+ * (k from 0, n elements a row): zeros for a NULL row and for k >= n. */
+KCU_MMA_FN void kcu_frag_a_rows(const uint16_t *x0, const uint16_t *x1, int64_t n, int64_t ks,
+                                int lane, uint32_t f[4])
+{
+    const int64_t k = ks + 2 * (lane % 4);
+    f[0] = x0 && k < n ? kcu_pair(x0 + k) : 0u;
+    f[1] = x1 && k < n ? kcu_pair(x1 + k) : 0u;
+    f[2] = x0 && k + 8 < n ? kcu_pair(x0 + k + 8) : 0u;
+    f[3] = x1 && k + 8 < n ? kcu_pair(x1 + k + 8) : 0u;
+}
+
 /* B's fragment for weight rows n0..n0+7 (B's columns), k ks..ks+15: row n0 + g; k 2t, 2t + 1
  * (reg 0) and 2t + 8, 2t + 9 (reg 1). */
 KCU_MMA_FN void kcu_frag_b(const uint16_t *b, int ld, int n0, int ks, int lane, uint32_t f[2])

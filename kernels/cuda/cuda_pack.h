@@ -96,6 +96,24 @@ KCU_HD size_t kcu_p4_hbytes(uint32_t type, int64_t ne0, int64_t ne1)
            (size_t)kcu_p4_hbits(type);
 }
 
+/* K slices of the bf16 tensor-core matmuls (cuda_kernels.cu), a function of the shape alone,
+ * never of the batch: returns ks (1, 2, 4 or 8) and sets *gps, the groups a slice takes
+ * (consecutive; the last slice may be shorter and slices past the last group are empty). ks grows
+ * while a one-token matmul (blocks of 128 / ks rows) has fewer than KCU_P4_SLICE_BLOCKS blocks
+ * and every slice keeps at least 2 groups. */
+#define KCU_P4_SLICES_MAX   8
+#define KCU_P4_SLICE_BLOCKS 264 /* two a multiprocessor on an H100 or H200 (132) */
+KCU_HD int kcu_p4_slices(int64_t ne0, int64_t ne1, int64_t *gps)
+{
+    const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
+    int ks = 1;
+    while (ks < KCU_P4_SLICES_MAX && 4 * ks <= groups &&
+           (tiles * ks + 15) / 16 < KCU_P4_SLICE_BLOCKS)
+        ks *= 2;
+    *gps = (groups + ks - 1) / ks;
+    return ks;
+}
+
 /* Where the scale plane starts: after the quant and high planes. */
 KCU_HD size_t kcu_p4_sbase(uint32_t type, int64_t ne0, int64_t ne1)
 {
