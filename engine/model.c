@@ -380,19 +380,54 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
 
 /* Floats of a rank's activation scratch per token: residual, norm, its q, attention output, k,
  * v, gate and up; with more than one rank also the whole attention output, gate and up, its
- * slice of o's and down's output, and the all-gather's landing area. */
-static size_t scratch_per_tok(const struct engine_hparams *hp, const struct engine_rank *R,
-                              int n_rank)
+ * slice of o's and down's output, and the all-gather's landing area (rank_init's shares). */
+static size_t scratch_per_tok(const struct engine_hparams *hp, int n_rank)
 {
-    size_t q_dim = (size_t)R->n_head * hp->head_dim, kv_dim = (size_t)R->n_kv_head * hp->head_dim;
-    size_t s = 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)R->n_ff;
+    size_t q_dim = (size_t)(hp->n_head / n_rank) * hp->head_dim;
+    size_t kv_dim = (size_t)(hp->n_kv_head / n_rank) * hp->head_dim;
+    size_t s = 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)(hp->n_ff / n_rank);
     if (n_rank > 1) {
         size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)hp->n_ff;
         size_t widest = qf > F ? qf : F;
         widest = widest > (size_t)hp->n_embd ? widest : (size_t)hp->n_embd;
-        s += qf + 2 * F + (size_t)R->n_embd + widest;
+        s += qf + 2 * F + (size_t)(hp->n_embd / n_rank) + widest;
     }
     return s;
+}
+
+/* The element counts of engine_model_reserve's buffers. */
+struct stage_sizes {
+    size_t T;      /* tokens */
+    size_t rows;   /* sequence rows of a batch */
+    size_t tables; /* block-table ids: per row, the main pool's then the window pool's */
+    size_t rope;   /* RoPE table floats */
+    size_t act;    /* activation floats of a rank */
+};
+
+static struct stage_sizes stage_sizes(const struct engine_model *m, int n_rank, int max_tok,
+                                      int max_seqs, int max_blocks)
+{
+    const struct engine_hparams *hp = &m->hp;
+    struct stage_sizes z;
+    z.T = (size_t)max_tok;
+    z.rows = z.T < (size_t)max_seqs ? z.T : (size_t)max_seqs;
+    z.tables = 2 * z.rows * (size_t)max_blocks;
+    z.rope = z.T * (size_t)hp->rope_dim * m->n_rope;
+    z.act = scratch_per_tok(hp, n_rank) * z.T;
+    return z;
+}
+
+size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int rank, int max_tok,
+                                int max_seqs, int max_blocks, int device)
+{
+    const struct stage_sizes z = stage_sizes(m, n_rank, max_tok, max_seqs, max_blocks);
+    size_t b = sizeof(float) * z.act + sizeof(int32_t) * 4 * z.T + z.T + sizeof(float) * z.rope +
+               sizeof(int32_t) * z.tables; /* act, tok pos row idx, last, rope, tables */
+    if (n_rank > 1)
+        b += sizeof(int32_t) * z.T * (size_t)n_rank; /* perm */
+    if (rank == 0 && device)                         /* logits and ids */
+        b += sizeof(float) * z.T * (size_t)m->hp.n_vocab + sizeof(int32_t) * z.T;
+    return b;
 }
 
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
@@ -408,9 +443,9 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     if (s->max_tok >= max_tok && s->max_seqs >= engine_kv_max_seqs(kv) && s->max_blocks >= max_blocks)
         return ST_OK;
     stage_free(m);
-    const size_t T = (size_t)max_tok, Rw = T < (size_t)engine_kv_max_seqs(kv) ? T : (size_t)engine_kv_max_seqs(kv);
-    /* block tables: per row of the batch, the main pool's, then the sliding-window pool's */
-    const size_t tables = 2 * Rw * (size_t)max_blocks, rope = T * (size_t)hp->rope_dim * m->n_rope;
+    const struct stage_sizes z =
+        stage_sizes(m, m->n_rank, max_tok, engine_kv_max_seqs(kv), max_blocks);
+    const size_t T = z.T, Rw = z.rows, tables = z.tables, rope = z.rope;
     int ok = 1;
     for (int r = 0; r < m->n_rank; r++) {
         struct engine_rank *R = &m->rank[r];
@@ -425,7 +460,7 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
             stage_free(m);
             return rs;
         }
-        f->act = be->ops->buf_alloc(be, sizeof(float) * scratch_per_tok(hp, R, m->n_rank) * T);
+        f->act = be->ops->buf_alloc(be, sizeof(float) * z.act);
         if (m->n_rank > 1) {
             f->perm = be->ops->buf_alloc(be, sizeof(int32_t) * T * (size_t)m->n_rank);
             ok = ok && f->perm;

@@ -86,6 +86,13 @@ void engine_model_free(struct engine_model *m);
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
                                  struct err_detail *err);
 
+/* The bytes engine_model_reserve allocates on rank `rank`'s backend for batches of max_tok
+ * tokens over max_seqs sequence slots whose block tables hold up to max_blocks ids, the model
+ * split over n_rank ranks (device: a backend that is not host memory, where rank 0 also holds
+ * the logits rows). For `quern plan`: m needs no backend. */
+size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int rank, int max_tok,
+                                int max_seqs, int max_blocks, int device);
+
 /* Run the batch; writes one n_vocab row of logits per requested token, in batch order, to
  * logits (caller-owned host memory). KV blocks for every position must be reserved beforehand
  * and the batch must fit engine_model_reserve's sizes (else ST_ERR_RANGE). */

@@ -303,6 +303,10 @@ struct kern_ops {
     /* Optional (NULL: 0): bytes of backend memory prepare would hold for w (its packed copy)
      * in the current matmul mode, without making it (quern plan). */
     size_t (*weight_bytes)(struct kern_backend *b, const struct kern_tensor *w);
+    /* Optional (NULL: unknown): bytes of the backend's device memory in use, as its runtime
+     * sees them (every allocation of the process on that device, the runtime's own context
+     * included), to set against `quern plan --device ...`. */
+    size_t (*mem_used)(struct kern_backend *b);
     void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */
     const char *(*describe)(const struct kern_backend *b);
 };

@@ -411,6 +411,8 @@ int runner_cmd_bench(int argc, char **argv)
     int n_pk = o.peak_seconds > 0 && grp->size == 1 && be->ops->peaks
                    ? be->ops->peaks(be, o.peak_seconds, pk, 8)
                    : 0;
+    /* the device memory in use now, the engine's buffers and KV pool still held */
+    const size_t mem_used = be->ops->mem_used ? be->ops->mem_used(be) : 0;
     double peak = peak_of(pk, n_pk, "int8");
     double amx_peak = peak_of(pk, n_pk, "amx_int8");
     double bf16_peak = peak_of(pk, n_pk, "amx_bf16");
@@ -476,6 +478,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "sampled_host", (double)es->sampled_host);
     runner_add_spec_json(j, es);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
+    if (mem_used)
+        cJSON_AddNumberToObject(j, "device_mem_used_bytes", (double)mem_used);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
     cJSON_AddNumberToObject(j, "model_flops_s", achieved);
     cJSON_AddNumberToObject(j, "attention_flops_s", attn);

@@ -8,13 +8,15 @@
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "io/gguf.h"
+#include "kernels/cuda/cuda_sizes.h"
 #include "kernels/kernels.h"
 #include "runner/engine_opts.h"
 #include "runner/runner.h"
 
 static const char plan_usage[] =
     "usage: quern plan [--model PATH | --dummy PRESET] [--tp N] [--mem SIZE | --kv-mem SIZE]\n"
-    "                  [--kv-block B] [--kv-dtype f16|q8] [--seq-len L] [--json]\n"
+    "                  [--device cpu|cuda] [--matmul MODE] [--kv-block B] [--kv-dtype f16|q8]\n"
+    "                  [--max-seqs N] [--max-batch-tokens N] [--seq-len L] [--json]\n"
     "\n"
     "Print the memory plan: weights (and the copy this CPU's kernels repack at load for the\n"
     "default matmul mode), KV cache bytes per token (layers x 2 x kv_heads x head_dim x\n"
@@ -23,37 +25,50 @@ static const char plan_usage[] =
     "layer's matrices and KV heads, plus the embedding, output head and norms (replicated).\n"
     "With --mem, the pool is what each rank's memory holds after its weights and a reserve\n"
     "for activations (5 %, at least 256 MiB); --kv-mem is then ignored.\n"
+    "With --device cuda (no GPU needed), each rank's device memory is counted as the CUDA\n"
+    "backend holds it: the weights in its layout (4- and 8-bit matrices repacked), the\n"
+    "engine's buffers for --max-batch-tokens tokens over --max-seqs sequences (logits rows\n"
+    "included), the backend's scratch (greedy keys, split attention's 64 MiB, the device\n"
+    "sampler's, bf16 inputs with --matmul bf16) and the same reserve for the CUDA runtime.\n"
     "Warns when the pool cannot hold one sequence of the model's full context.\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --tp N                 tensor-parallel ranks (default 1)\n"
     "  --mem SIZE             memory of each rank's device, e.g. 80G (a GPU's HBM)\n"
+    "  --device cpu|cuda      the backend to plan for (default cpu)\n"
+    "  --matmul MODE          cuda: exact (default) or bf16 (its scratch differs)\n"
     "  --seq-len L            sequence length (prompt + output) to count (default 1024)\n"
     "  --json                 print JSON instead of text\n";
 
 static void usage(FILE *f)
 {
     fputs(plan_usage, f);
-    runner_engine_help(f, RUNNER_EO_KV | RUNNER_EO_DUMMY);
+    runner_engine_help(f, RUNNER_EO_KV | RUNNER_EO_BATCH | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
 int runner_cmd_plan(int argc, char **argv)
 {
     static const struct option own[] = {
-        {"model", required_argument, 0, 'm'}, {"seq-len", required_argument, 0, 'l'},
-        {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-        {"tp", required_argument, 0, 't'},      {"mem", required_argument, 0, 'M'},
+        {"model", required_argument, 0, 'm'},
+        {"seq-len", required_argument, 0, 'l'},
+        {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},
+        {"tp", required_argument, 0, 't'},
+        {"mem", required_argument, 0, 'M'},
+        {"device", required_argument, 0, 'd'},
+        {"matmul", required_argument, 0, 'x'},
         {0, 0, 0, 0},
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
-    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own, RUNNER_EO_KV | RUNNER_EO_DUMMY);
+    runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own,
+                           RUNNER_EO_KV | RUNNER_EO_BATCH | RUNNER_EO_DUMMY);
     struct runner_engine_opts eo;
     runner_engine_opts_default(&eo);
     const char *model = RUNNER_DEFAULT_MODEL;
     long seq_len = 1024, tp = 1;
     size_t mem = 0;
-    int json = 0, c, e;
+    int json = 0, c, e, cuda = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         if ((e = runner_engine_opt("plan", c, optarg, &eo)) != 0) {
@@ -72,6 +87,17 @@ int runner_cmd_plan(int argc, char **argv)
             if (!runner_parse_size("plan", "mem", optarg, &mem))
                 return RUNNER_EXIT_USAGE;
             break;
+        case 'd':
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "quern plan: --device %s: want cpu or cuda\n", optarg);
+                return RUNNER_EXIT_USAGE;
+            }
+            cuda = !strcmp(optarg, "cuda");
+            break;
+        case 'x':
+            if (!runner_parse_matmul("plan", optarg, &eo.act))
+                return RUNNER_EXIT_USAGE;
+            break;
         case 'l':
             if (!runner_parse_long("plan", "seq-len", optarg, 1, 1 << 24, &seq_len))
                 return RUNNER_EXIT_USAGE;
@@ -82,6 +108,13 @@ int runner_cmd_plan(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "quern plan: unexpected argument '%s'\n", argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
+    if (cuda && eo.act == RUNNER_ACT_DEFAULT)
+        eo.act = KERN_ACT_F32; /* the CUDA backend's default mode */
+    if (cuda && eo.act != KERN_ACT_F32 && eo.act != KERN_ACT_BF16) {
+        fprintf(stderr, "quern plan: --device cuda runs --matmul exact or bf16, not %s\n",
+                runner_matmul_name(eo.act));
         return RUNNER_EXIT_USAGE;
     }
     size_t kv_mem = eo.ep.kv_mem;
@@ -103,39 +136,60 @@ int runner_cmd_plan(int argc, char **argv)
         return RUNNER_EXIT_ERROR;
     }
     /* the copy of the matrices the CPU backend repacks at load in its default matmul mode (0
-     * where it packs nothing) */
-    struct kern_backend *be;
-    eo.device = "cpu";
-    struct kern_backend_opts ko = runner_engine_backend(&eo);
-    ko.n_threads = 1;
-    ko.tp = 1;
-    if (kern_backend_open(&be, &ko, &err)) {
-        LOG_ERROR("%s", err.msg);
-        engine_model_free(m);
-        return RUNNER_EXIT_ERROR;
+     * where it packs nothing); for CUDA the device holds each matrix in its own layout instead */
+    struct kern_backend *be = NULL;
+    if (!cuda) {
+        eo.device = "cpu";
+        struct kern_backend_opts ko = runner_engine_backend(&eo);
+        ko.n_threads = 1;
+        ko.tp = 1;
+        if (kern_backend_open(&be, &ko, &err)) {
+            LOG_ERROR("%s", err.msg);
+            engine_model_free(m);
+            return RUNNER_EXIT_ERROR;
+        }
     }
     /* every tensor, split (layer matrices) or replicated (the rest) over the ranks */
-    uint64_t weights = 0, split = 0, packed = 0;
+    uint64_t weights = 0, split = 0, packed = 0, mats = 0, dev_w = 0;
     for (uint64_t i = 0; i < engine_model_gguf(m)->n_tensors; i++)
         weights += engine_model_gguf(m)->tensors[i].nbytes;
     for (int l = 0; l <= hp->n_layer; l++) {
         const struct kern_tensor *ws[ENGINE_MAX_LAYER_WEIGHTS];
         for (int i = 0, nw = engine_model_weights(m, l, ws); i < nw; i++) {
+            const struct kern_tensor *w = ws[i];
+            mats += (uint64_t)w->ne1 * w->row_bytes;
             if (l < hp->n_layer)
-                split += (uint64_t)ws[i]->ne1 * ws[i]->row_bytes;
-            if (be->ops->weight_bytes)
-                packed += be->ops->weight_bytes(be, ws[i]);
+                split += (uint64_t)w->ne1 * w->row_bytes;
+            dev_w += kcu_weight_device_bytes(
+                w->type, w->ne0, l < hp->n_layer ? w->ne1 / tp : w->ne1, w->row_bytes, 1);
+            if (be && be->ops->weight_bytes)
+                packed += be->ops->weight_bytes(be, w);
         }
     }
-    const uint64_t w_rank = split / (uint64_t)tp + (weights - split);
+    dev_w += weights > mats ? weights - mats : 0; /* the embedding and norms as in the file */
+    /* CUDA: the engine's buffers and the backend's scratch on each rank (rank 0's: the logits) */
+    const int max_tok = eo.ep.max_batch_tokens, max_seqs = eo.ep.max_seqs;
+    const int tbl_blocks = (int)((hp->n_ctx_train + block - 1) / block) + 1; /* as reserve */
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
+    int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    widest = widest > qd ? widest : qd;
+    const size_t dev_act =
+        cuda ? engine_model_stage_bytes(m, (int)tp, 0, max_tok, max_seqs, tbl_blocks, 1) : 0;
+    const size_t dev_scratch =
+        cuda ? kcu_scratch_bytes(eo.act == KERN_ACT_BF16, max_tok, widest,
+                                 max_tok < max_seqs ? max_tok : max_seqs, hp->n_vocab)
+             : 0;
+    /* a rank's resident weights: the file's bytes (mapped) and the repacked copy on the CPU;
+     * the device copy alone on CUDA */
+    const uint64_t w_rank = cuda ? dev_w : split / (uint64_t)tp + (weights - split);
     const uint64_t p_rank = packed / (uint64_t)tp; /* about: the head's share is small */
+    const size_t counted = (size_t)(w_rank + p_rank) + dev_act + dev_scratch;
     size_t per_tok = engine_kv_bytes_per_token(hp->n_layer, hp->n_kv_head, hp->head_dim, dtype);
     const size_t per_tok_rank = per_tok / (size_t)tp;
     size_t reserve = 0;
     if (mem) {
         reserve = mem / 20 > ((size_t)256 << 20) ? mem / 20 : (size_t)256 << 20;
-        kv_mem = mem > w_rank + p_rank + reserve ? (mem - w_rank - p_rank - reserve) * (size_t)tp
-                                                 : 0;
+        kv_mem = mem > counted + reserve ? (mem - counted - reserve) * (size_t)tp : 0;
     }
     size_t per_block = per_tok * (size_t)block;
     /* the engine's own split: sliding-window layers in a pool of their own (engine_kv_plan) */
@@ -169,13 +223,15 @@ int runner_cmd_plan(int argc, char **argv)
                "\"full_context_fits\": %s, \"packed_weights_bytes\": %llu, \"tp\": %ld, "
                "\"rank_weights_bytes\": %llu, \"rank_kv_bytes_per_token\": %zu, "
                "\"mem\": %zu, \"weights_fit\": %s, \"kv_window\": %d, "
-               "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld}\n",
+               "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
+               "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
+               "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu}\n",
                name, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
-               block, blocks, tokens,
-               seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
-               (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
-               weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
-               plan.n_local ? n_local : 0, (long long)plan.n_local);
+               block, blocks, tokens, seq_len, seqs, hp->n_ctx_train,
+               full_ctx_fits ? "true" : "false", (unsigned long long)packed, tp,
+               (unsigned long long)w_rank, per_tok_rank, mem, weights_fit ? "true" : "false",
+               plan.n_local ? plan.window : 0, plan.n_local ? n_local : 0, (long long)plan.n_local,
+               cuda ? "cuda" : "cpu", runner_matmul_name(eo.act), dev_act, dev_scratch, reserve);
     } else {
         printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
@@ -192,7 +248,19 @@ int runner_cmd_plan(int argc, char **argv)
             printf("per rank (--tp %ld):  weights %.1f MiB (1/%ld of the layers + embedding, head "
                    "and norms), KV %zu bytes per token\n",
                    tp, (double)w_rank / 1048576.0, tp, per_tok_rank);
-        if (mem)
+        if (cuda)
+            printf("on the GPU, a rank:  weights %.1f MiB (the CUDA layout), engine buffers %.1f "
+                   "MiB (%d tokens, %d sequences, logits rows), backend scratch %.1f MiB (matmul "
+                   "%s)\n",
+                   (double)w_rank / 1048576.0, (double)dev_act / 1048576.0, max_tok, max_seqs,
+                   (double)dev_scratch / 1048576.0, runner_matmul_name(eo.act));
+        if (mem && cuda)
+            printf("device memory:       %.1f MiB per rank: weights, buffers and scratch %.1f MiB, "
+                   "runtime reserve %.1f MiB, KV pool %.1f MiB%s\n",
+                   (double)mem / 1048576.0, (double)counted / 1048576.0,
+                   (double)reserve / 1048576.0, (double)kv_mem / (double)tp / 1048576.0,
+                   weights_fit ? "" : " (the weights do NOT fit)");
+        else if (mem)
             printf("device memory:       %.1f MiB per rank: weights %.1f MiB, activation reserve "
                    "%.1f MiB, KV pool %.1f MiB%s\n",
                    (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0,
@@ -214,16 +282,23 @@ int runner_cmd_plan(int argc, char **argv)
         printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
-        printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels, "
-               "matmul %s)\n",
-               (double)packed / 1048576.0, kern_backend_describe(be), runner_matmul_name(eo.act));
-        printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, plus "
-               "activations)\n",
-               (double)(weights + packed + kv_mem) / 1048576.0);
+        if (be) {
+            printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels, "
+                   "matmul %s)\n",
+                   (double)packed / 1048576.0, kern_backend_describe(be),
+                   runner_matmul_name(eo.act));
+            printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, "
+                   "plus activations)\n",
+                   (double)(weights + packed + kv_mem) / 1048576.0);
+        } else
+            printf("total on the GPUs:   ~%.1f MiB (each rank's weights, buffers and scratch + KV "
+                   "pool when full, plus the runtime)\n",
+                   (double)(counted * (size_t)tp + kv_mem) / 1048576.0);
     }
     if (!weights_fit)
-        LOG_WARN("--mem %.1f MiB per rank does not hold the %.1f MiB of weights each rank needs",
-                 (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0);
+        LOG_WARN("--mem %.1f MiB per rank does not hold the %.1f MiB of weights%s each rank needs",
+                 (double)mem / 1048576.0, (double)counted / 1048576.0,
+                 cuda ? ", buffers and scratch" : "");
     else if (!full_ctx_fits)
         LOG_WARN("a KV pool of %.1f MiB cannot hold one full-context sequence (%d tokens need "
                  "%.1f MiB); long requests will be rejected",

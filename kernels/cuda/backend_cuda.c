@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_dequant.h"
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/cuda/cuda_pack.h"
+#include "kernels/cuda/cuda_sizes.h"
 #include "kernels/kernels.h"
 
 struct cuda_state {
@@ -206,12 +207,6 @@ static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max
     return ST_OK;
 }
 
-/* 64-byte aligned offset after `bytes` from `at` */
-static size_t smp_align(size_t at, size_t bytes)
-{
-    return (at + bytes + 63) & ~(size_t)63;
-}
-
 /* Sampling on the device (cuda_sample.cu): the rows' parameters and penalties go up, the kernel
  * draws, and only the ids (and log-probabilities) come back. Scratch that cannot be had leaves
  * every row to the caller. */
@@ -224,15 +219,10 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
     struct cuda_state *s = st_of(b);
     if (n <= 0)
         return 0;
-    const size_t nc = ((size_t)n_vocab + 255) / 256;
-    const size_t o_work = 0, o_zc = smp_align(o_work, sizeof(float) * (size_t)n * n_vocab);
-    const size_t o_mc = smp_align(o_zc, sizeof(double) * (size_t)n * nc);
-    const size_t o_rows = smp_align(o_mc, sizeof(float) * (size_t)n * nc);
-    const size_t o_pen = smp_align(o_rows, sizeof(struct kcu_sample) * (size_t)n);
-    const size_t o_mask = smp_align(o_pen, sizeof(int32_t) * 2 * (size_t)(n_pen > 0 ? n_pen : 1));
+    const struct kcu_sample_layout lay = kcu_sample_layout(n, n_vocab, n_pen, n_masks);
+    const size_t o_work = 0, o_zc = lay.zc, o_mc = lay.mc, o_rows = lay.rows, o_pen = lay.pen;
+    const size_t o_mask = lay.mask, o_out = lay.out, need = lay.bytes;
     const size_t mask_bytes = sizeof(uint32_t) * (((size_t)n_vocab + 31) / 32) * (size_t)n_masks;
-    const size_t o_out = smp_align(o_mask, mask_bytes);
-    const size_t need = smp_align(o_out, sizeof(struct kcu_sample_out) * (size_t)n);
     if (need > s->smp_bytes) {
         void *p = NULL;
         if (handled(cudaMalloc(&p, need)))
@@ -580,8 +570,14 @@ static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
 
 static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
-    return packs(st_of(b), w) ? kcu_p4_bytes(w->type, w->ne0, w->ne1)
-                              : (size_t)w->ne1 * w->row_bytes;
+    return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes, st_of(b)->pack);
+}
+
+static size_t cuda_mem_used(struct kern_backend *b)
+{
+    size_t avail = 0, total = 0;
+    cudaStreamSynchronize(st_of(b)->stream);
+    return handled(cudaMemGetInfo(&avail, &total)) ? 0 : total - avail;
 }
 
 static const char *cuda_describe(const struct kern_backend *b)
@@ -637,6 +633,7 @@ static const struct kern_ops cuda_ops = {
     .kv_free = cuda_kv_free,
     .kv_copy = cuda_kv_copy,
     .weight_bytes = cuda_weight_bytes,
+    .mem_used = cuda_mem_used,
     .free = cuda_free,
     .describe = cuda_describe,
 };
@@ -712,7 +709,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
          1 << 20},
         {"QUERN_CUDA_ATTN_PART", "floats of split attention's scratch (tests: small slices)",
-         16 << 20, 1L << 30},
+         (long)KCU_ATTN_PART_FLOATS, 1L << 30},
     };
     long v[6];
     for (int i = 0; i < 6; i++) {

@@ -146,4 +146,23 @@ assert sorted({r[0] for r in rows}) == ["cublas", "gemv-exact", "gguf", "mma16",
 assert len(rows) == 15 and all(float(r[5]) > 0 for r in rows), rows
 print(f"bench_matmul: {len(rows)} timings (mma16, mma64, gguf, cublas, gemv-exact)")
 PY
+# 6. `quern plan --device cuda` counts what the backend holds: its weights in the CUDA layout,
+#    the engine's buffers, the backend's scratch and the KV pool, against the device memory a
+#    greedy bench of the same limits has in use at its end (the emulator counts its live
+#    allocations; a greedy run never makes the device sampler's scratch, which the plan
+#    counts: at most 2 MiB here).
+lim=(--dummy smollm2-135m --kv-mem 64M --max-batch-tokens 64 --max-seqs 8)
+"$Q" bench --model "$M" "${lim[@]}" --device cuda --prompts 2 --input-len 6 --output-len 3 \
+    --peak-seconds 0 >"$tmp/mem.json" 2>"$tmp/mem.err" || { cat "$tmp/mem.err"; fail "bench (memory)"; }
+"$Q" plan --model "$M" "${lim[@]}" --device cuda --json >"$tmp/plan.json" 2>/dev/null ||
+    fail "plan --device cuda"
+python3 - "$tmp/mem.json" "$tmp/plan.json" <<'PY' || fail "plan --device cuda vs the device's use"
+import json, sys
+used = json.load(open(sys.argv[1]))["device_mem_used_bytes"]
+p = json.load(open(sys.argv[2]))
+assert p["device"] == "cuda", p
+planned = p["rank_weights_bytes"] + p["rank_activation_bytes"] + p["rank_scratch_bytes"] + p["kv_mem"]
+assert planned - (2 << 20) <= used <= planned, (used, planned, p)
+print(f"plan --device cuda: {planned} bytes counted, {used} in use on the device")
+PY
 echo "cuda_emu.sh: passed"

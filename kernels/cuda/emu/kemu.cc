@@ -519,6 +519,20 @@ cudaError_t cudaMalloc(void **p, size_t size)
     return cudaSuccess;
 }
 
+/* The emulated device: 16 GiB, of which the live allocations are in use (no context). */
+cudaError_t cudaMemGetInfo(size_t *avail, size_t *total)
+{
+    size_t used = 0;
+    {
+        std::lock_guard<std::mutex> hold(g_mem_lock);
+        for (const auto &a : g_allocs)
+            used += a.second;
+    }
+    *total = (size_t)16 << 30;
+    *avail = used < *total ? *total - used : 0;
+    return cudaSuccess;
+}
+
 cudaError_t cudaFree(void *p)
 {
     if (!p)
