@@ -417,6 +417,12 @@ static struct stage_sizes stage_sizes(const struct engine_model *m, int n_rank, 
     return z;
 }
 
+void engine_model_graph_counts(const struct engine_model *m, long *captures, long *replays)
+{
+    *captures = __atomic_load_n(&m->graph_captures, __ATOMIC_RELAXED);
+    *replays = __atomic_load_n(&m->graph_replays, __ATOMIC_RELAXED);
+}
+
 size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int rank, int max_tok,
                                 int max_seqs, int max_blocks, int device)
 {
@@ -635,50 +641,63 @@ static void post_norm(struct kern_backend *be, const float *w, float *y, int n, 
         be->ops->norm_rows(be, y, w, n, E, eps);
 }
 
-/* Rank r's share of the pass: its query/KV heads of attention and its rows of every matrix;
- * with more than one rank the slices each next matrix reads are all-gathered first (every rank
- * then holds the whole residual stream, bitwise as one rank computes it). Rank 0 then runs the
- * output head. */
-static void forward_rank(struct fwd_job *j, int r)
+/* A rank's activation scratch (engine_rank_bufs.act) carved for n tokens. */
+struct fwd_bufs {
+    float *x;       /* residual stream, n x E */
+    float *xn;      /* normed input / a block's output, n x E */
+    float *q;       /* its queries, n x q_dim */
+    float *att;     /* its heads' attention output, n x q_dim */
+    float *kk, *vv; /* its keys and values, n x kv_dim */
+    float *gate;    /* its FFN gate rows, n x n_ff */
+    float *up;      /* its FFN up rows, n x n_ff */
+    /* more than one rank: the whole attention output, gate and up, this rank's rows of o's and
+     * down's output, and where the all-gathers land */
+    float *att_all;  /* n x n_head * hd */
+    float *gate_all; /* n x n_ff (whole) */
+    float *up_all;   /* n x n_ff (whole) */
+    float *y;        /* n x R->n_embd */
+    float *land;     /* n x widest */
+};
+
+static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct engine_rank *R,
+                                   int n)
+{
+    const int E = hp->n_embd, hd = hp->head_dim;
+    const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
+    struct fwd_bufs B;
+    B.x = R->buf.act;
+    B.xn = B.x + (size_t)n * E;
+    B.q = B.xn + (size_t)n * E;
+    B.att = B.q + (size_t)n * q_dim;
+    B.kk = B.att + (size_t)n * q_dim;
+    B.vv = B.kk + (size_t)n * kv_dim;
+    B.gate = B.vv + (size_t)n * kv_dim;
+    B.up = B.gate + (size_t)n * R->n_ff;
+    B.att_all = B.up + (size_t)n * R->n_ff;
+    B.gate_all = B.att_all + (size_t)n * hp->n_head * hd;
+    B.up_all = B.gate_all + (size_t)n * hp->n_ff;
+    B.y = B.up_all + (size_t)n * hp->n_ff;
+    B.land = B.y + (size_t)n * R->n_embd;
+    return B;
+}
+
+/* The embedding and every layer of rank r's share: the ops between the step's uploads and the
+ * output head, whose sequence and arguments depend only on the model, the cache, the token
+ * count and the block tables' shape (what graph_key hashes). */
+static void forward_layers(struct fwd_job *j, int r, const struct fwd_bufs *B,
+                           const struct kern_block_table *bts)
 {
     struct engine_model *m = j->m;
     const struct engine_hparams *hp = &m->hp;
     struct engine_rank *R = &m->rank[r];
     struct engine_rank_bufs *f = &R->buf;
-    const struct engine_model_stage *s = &m->stage;
     struct kern_backend *be = R->be;
     const struct kern_ops *k = be->ops;
-    const struct engine_batch *b = j->b;
-    const int N = m->n_rank, n = b->n_tok, E = hp->n_embd, hd = hp->head_dim;
+    const int N = m->n_rank, n = j->b->n_tok, E = hp->n_embd, hd = hp->head_dim;
     const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
-    float *x = f->act;                      /* residual stream, n x E */
-    float *xn = x + (size_t)n * E;          /* normed input / a block's output, n x E */
-    float *q = xn + (size_t)n * E;          /* its queries, n x q_dim */
-    float *att = q + (size_t)n * q_dim;     /* its heads' attention output, n x q_dim */
-    float *kk = att + (size_t)n * q_dim;    /* its keys, n x kv_dim */
-    float *vv = kk + (size_t)n * kv_dim;    /* its values, n x kv_dim */
-    float *gate = vv + (size_t)n * kv_dim;  /* its FFN gate rows, n x n_ff */
-    float *up = gate + (size_t)n * R->n_ff; /* its FFN up rows, n x n_ff */
-    /* more than one rank: the whole attention output, gate and up, this rank's rows of o's and
-     * down's output, and where the all-gathers land */
-    float *att_all = up + (size_t)n * R->n_ff;                      /* n x n_head * hd */
-    float *gate_all = att_all + (size_t)n * hp->n_head * hd;        /* n x n_ff (whole) */
-    float *up_all = gate_all + (size_t)n * hp->n_ff;                /* n x n_ff (whole) */
-    float *y = up_all + (size_t)n * hp->n_ff;                       /* n x R->n_embd */
-    float *land = y + (size_t)n * R->n_embd;                        /* n x widest */
-    k->upload(be, f->tok, b->token, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->last, s->last, (size_t)n);
-    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim * m->n_rope);
-    if (N > 1)
-        k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
-    const int n_pools = engine_kv_n_pools(j->kv);
-    const size_t table_ids = (size_t)s->n_rows * (size_t)s->stride;
-    k->upload(be, f->tables, s->tables, sizeof(int32_t) * table_ids * (size_t)n_pools);
-    const struct kern_block_table bts[2] = {{f->tables, f->row, s->stride},
-                                            {f->tables + table_ids, f->row, s->stride}};
-
+    float *x = B->x, *xn = B->xn, *q = B->q, *att = B->att, *kk = B->kk, *vv = B->vv;
+    float *gate = B->gate, *up = B->up, *att_all = B->att_all, *gate_all = B->gate_all;
+    float *up_all = B->up_all, *y = B->y, *land = B->land;
     k->get_rows(be, &m->tok_embd, f->tok, n, x);
     if (hp->emb_scale > 0)
         k->scale(be, x, hp->emb_scale, (long)n * E);
@@ -749,6 +768,85 @@ static void forward_rank(struct fwd_job *j, int r)
         matmul1(be, &L->w_down, &down_in, y, n);
         gather_slices(R, N, y, xn, land, n, R->n_embd);
         post_norm(be, L->post_ffn_norm, xn, n, E, hp->rms_eps);
+    }
+}
+
+/* What fixes forward_layers' ops and arguments for a step: the token count, the block tables'
+ * rows and width, and the device memory they read and write: the rank's buffers (carved by the
+ * token count), every layer's KV pools and the weights (hashed as addresses, so a buffer,
+ * cache or model made anew elsewhere is a new key; one made anew at the same address is the
+ * same memory with the same role). */
+static uint64_t graph_key(const struct fwd_job *j, int r)
+{
+    const struct engine_model *m = j->m;
+    const struct engine_model_stage *s = &m->stage;
+    const struct engine_rank *R = &m->rank[r];
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+#define KEY_MIX(v)                                                                                 \
+    do {                                                                                           \
+        h ^= (uint64_t)(v) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);                          \
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;                                               \
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;                                               \
+        h ^= h >> 31;                                                                              \
+    } while (0)
+    KEY_MIX(j->b->n_tok);
+    KEY_MIX(s->n_rows);
+    KEY_MIX(s->stride);
+    KEY_MIX((uintptr_t)R->buf.act);
+    KEY_MIX((uintptr_t)R->buf.tables);
+    KEY_MIX((uintptr_t)m->tok_embd.packed);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const struct kern_kv_layer kv = engine_kv_layer(j->kv, r, l);
+        KEY_MIX((uintptr_t)kv.k);
+        KEY_MIX((uintptr_t)kv.v);
+        KEY_MIX((uintptr_t)R->layers[l].wq.packed);
+    }
+#undef KEY_MIX
+    return h;
+}
+
+/* Rank r's share of the pass: its query/KV heads of attention and its rows of every matrix;
+ * with more than one rank the slices each next matrix reads are all-gathered first (every rank
+ * then holds the whole residual stream, bitwise as one rank computes it). Rank 0 then runs the
+ * output head. One rank on a backend with graphs (CUDA): the layers' ops go through
+ * kern_ops.graph_begin, which replays a graph of them when one was made for the same shape. */
+static void forward_rank(struct fwd_job *j, int r)
+{
+    struct engine_model *m = j->m;
+    const struct engine_hparams *hp = &m->hp;
+    struct engine_rank *R = &m->rank[r];
+    struct engine_rank_bufs *f = &R->buf;
+    const struct engine_model_stage *s = &m->stage;
+    struct kern_backend *be = R->be;
+    const struct kern_ops *k = be->ops;
+    const struct engine_batch *b = j->b;
+    const int N = m->n_rank, n = b->n_tok, E = hp->n_embd;
+    const struct fwd_bufs B = fwd_bufs_of(hp, R, n);
+    float *x = B.x, *xn = B.xn;
+    k->upload(be, f->tok, b->token, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
+    k->upload(be, f->last, s->last, (size_t)n);
+    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim * m->n_rope);
+    if (N > 1)
+        k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
+    const int n_pools = engine_kv_n_pools(j->kv);
+    const size_t table_ids = (size_t)s->n_rows * (size_t)s->stride;
+    k->upload(be, f->tables, s->tables, sizeof(int32_t) * table_ids * (size_t)n_pools);
+    const struct kern_block_table bts[2] = {{f->tables, f->row, s->stride},
+                                            {f->tables + table_ids, f->row, s->stride}};
+
+    const int g = N == 1 && k->graph_begin ? k->graph_begin(be, graph_key(j, r)) : KERN_GRAPH_NONE;
+    if (g == KERN_GRAPH_REPLAYED)
+        __atomic_fetch_add(&m->graph_replays, 1, __ATOMIC_RELAXED);
+    else {
+        forward_layers(j, r, &B, bts);
+        if (g == KERN_GRAPH_CAPTURE) {
+            if (k->graph_end(be))
+                __atomic_fetch_add(&m->graph_captures, 1, __ATOMIC_RELAXED);
+            else /* the capture failed (the backend said why): the ops run now */
+                forward_layers(j, r, &B, bts);
+        }
     }
     if (r != 0 || !s->n_out)
         return;

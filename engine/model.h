@@ -86,6 +86,10 @@ void engine_model_free(struct engine_model *m);
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
                                  struct err_detail *err);
 
+/* Forward passes whose layers' ops were captured into a graph, and replayed from one
+ * (kern_ops.graph_begin: CUDA graphs; both 0 elsewhere). */
+void engine_model_graph_counts(const struct engine_model *m, long *captures, long *replays);
+
 /* The bytes engine_model_reserve allocates on rank `rank`'s backend for batches of max_tok
  * tokens over max_seqs sequence slots whose block tables hold up to max_blocks ids, the model
  * split over n_rank ranks (device: a backend that is not host memory, where rank 0 also holds

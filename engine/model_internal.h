@@ -96,6 +96,8 @@ struct engine_model {
     struct engine_rank *rank;     /* n_rank ranks */
     struct pool *rank_pool;       /* one thread per rank (more than one rank) */
     struct engine_model_stage stage; /* host staging (engine_model_reserve) */
+    long graph_captures;             /* forward passes whose layers became a graph (atomic) */
+    long graph_replays;              /* ... and that replayed one (atomic) */
 };
 
 /* The weights from the file (engine/model_load.c): hyperparameters, whole matrices (views of the

@@ -190,6 +190,9 @@ struct kern_sample_out {
     float top_lp[KERN_TOP_LOGPROBS_MAX];
 };
 
+/* kern_ops.graph_begin's answers. */
+enum { KERN_GRAPH_NONE = 0, KERN_GRAPH_CAPTURE = 1, KERN_GRAPH_REPLAYED = 2 };
+
 struct kern_ops {
     const char *name; /* "cpu", "cuda" */
     /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
@@ -307,6 +310,18 @@ struct kern_ops {
      * sees them (every allocation of the process on that device, the runtime's own context
      * included), to set against `quern plan --device ...`. */
     size_t (*mem_used)(struct kern_backend *b);
+    /* Optional (NULL: none), both or neither: graphs of a run of ops (CUDA graphs), for a run
+     * whose ops and arguments (buffers, counts, scalars) are the same whenever `key` is, and
+     * which reads what changes (inputs uploaded before it) from device memory at run time.
+     * graph_begin(b, key) returns KERN_GRAPH_REPLAYED when it launched the graph made for key
+     * (the caller skips the ops), KERN_GRAPH_CAPTURE when the ops the caller now calls, up to
+     * graph_end, are to be recorded into one (they do not run yet), or KERN_GRAPH_NONE (run them
+     * as usual; the backend decides which keys are worth a graph). graph_end returns 1 when the
+     * recorded graph was made and launched, 0 when the capture failed (the backend says why
+     * and stops making graphs; the caller runs the ops again). No op called between them may
+     * allocate, synchronise or move data to or from the host. */
+    int (*graph_begin)(struct kern_backend *b, uint64_t key);
+    int (*graph_end)(struct kern_backend *b);
     void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */
     const char *(*describe)(const struct kern_backend *b);
 };

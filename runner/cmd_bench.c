@@ -480,6 +480,10 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     if (mem_used)
         cJSON_AddNumberToObject(j, "device_mem_used_bytes", (double)mem_used);
+    long g_cap, g_rep;
+    engine_model_graph_counts(m, &g_cap, &g_rep);
+    cJSON_AddNumberToObject(j, "graph_captures", (double)g_cap);
+    cJSON_AddNumberToObject(j, "graph_replays", (double)g_rep);
     cJSON_AddNumberToObject(j, "model_flops_per_token", body + head);
     cJSON_AddNumberToObject(j, "model_flops_s", achieved);
     cJSON_AddNumberToObject(j, "attention_flops_s", attn);

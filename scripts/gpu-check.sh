@@ -27,7 +27,8 @@
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
 #       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
-#       (QUERN_CUDA_PACK=0) against the packed layout, and one 4,000-token context with attention split
+#       (QUERN_CUDA_PACK=0) against the packed layout, batch 1 without CUDA graphs
+#       (QUERN_CUDA_GRAPHS=0), and one 4,000-token context with attention split
 #       over the KV length and without: the numbers the issues' goals are stated against.
 #
 # Steps run most important first, so a run stopped at the device tool's limit (give it ~480 s of
@@ -165,6 +166,14 @@ PY
             --prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16 \
             >'$out/bench-llama3-8b-batch-bf16-cublas.json' && \
             cat '$out/bench-llama3-8b-batch-bf16-cublas.json'"
+        # batch 1 without CUDA graphs (QUERN_CUDA_GRAPHS=0): the launches' cost they save
+        for spec in "smollm2-b1:smollm2-135m:--prompts 4 --input-len 128 --output-len 64" \
+            "llama3-8b-b1:llama3-8b:--prompts 2 --input-len 128 --output-len 32"; do
+            IFS=: read -r tag preset flags <<<"$spec"
+            step "bench-$tag-nographs" 90 bash -c "QUERN_CUDA_GRAPHS=0 '$B/quern' bench \
+                --model $m --dummy $preset --device cuda --peak-seconds 0 --max-seqs 1 $flags \
+                >'$out/bench-$tag-nographs.json' && cat '$out/bench-$tag-nographs.json'"
+        done
         # batch 1 with the weights as GGUF rows (QUERN_CUDA_PACK=0): the packed layout's gain
         step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$B/quern' bench --model $m \
             --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 2 \

@@ -1014,6 +1014,49 @@ static void check_broken_sample(struct kern_backend *real)
 /* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
  * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
  * (scripts/gpu-check.sh) no GPU is a failure. */
+/* kern_ops.graph_begin/graph_end (CUDA graphs): a key is captured the second time in a row,
+ * the captured ops run once (when the graph is launched at graph_end, not while recorded), a
+ * replay reads device memory as it is then; a capture broken by an allocation fails at
+ * graph_end and turns graphs off. y += x stands for a step's ops. */
+static void check_graphs(struct kern_backend *be)
+{
+    const struct kern_ops *k = be->ops;
+    enum { N = 100 };
+    float a[N], b[N], y[N], want[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)i;
+        b[i] = 1000.0f + (float)i;
+    }
+    float *dx = k->buf_alloc(be, sizeof(a)), *dy = k->buf_alloc(be, sizeof(a));
+    assert_true(dx && dy);
+    memset(y, 0, sizeof(y));
+    k->upload(be, dx, a, sizeof(a));
+    k->upload(be, dy, y, sizeof(y));
+    const uint64_t key = 0x5eed;
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_NONE); /* first time: run */
+    k->add(be, dy, dx, N);
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_CAPTURE); /* again: recorded */
+    k->add(be, dy, dx, N);
+    assert_int_equal(k->graph_end(be), 1); /* ... and launched once */
+    k->upload(be, dx, b, sizeof(b));
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_REPLAYED); /* reads the new x */
+    k->download(be, y, dy, sizeof(y));
+    for (int i = 0; i < N; i++)
+        want[i] = a[i] + a[i] + b[i];
+    assert_memory_equal(y, want, sizeof(y));
+    /* an allocation inside a capture breaks it: graph_end fails, graphs are off */
+    assert_int_equal(k->graph_begin(be, key + 1), KERN_GRAPH_NONE);
+    assert_int_equal(k->graph_begin(be, key + 1), KERN_GRAPH_CAPTURE);
+    assert_null(k->buf_alloc(be, 64));
+    assert_int_equal(k->graph_end(be), 0);
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_NONE);
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_NONE);
+    k->buf_free(be, dx);
+    k->buf_free(be, dy);
+    printf("  cuda graphs: captured the second time, launched once, replayed with new inputs; "
+           "a broken capture fails and turns them off\n");
+}
+
 static void test_cuda_backend(void **state)
 {
     (void)state;
@@ -1039,6 +1082,8 @@ static void test_cuda_backend(void **state)
         assert_int_equal(c.fails, 0);
         if (i == 0 && c.be->ops->sample)
             check_broken_sample(c.be);
+        if (i == 0 && c.be->ops->graph_begin)
+            check_graphs(c.be);
         kern_backend_free(c.be);
     }
     /* the matmul kernels each layout and mode can take: weights as GGUF rows (the kernels F16

@@ -130,10 +130,93 @@ static void test_cuda_model(void **state)
     kern_group_free(gg);
 }
 
+/* Three sequences of 5, 9 and 14 prompt tokens, then `steps` decode steps of one token each
+ * (fixed ids) over 4-token KV blocks reserved as the positions need them, so the batch's block
+ * tables widen every four steps: every step's 3 logit rows into lg. */
+static void graph_run(struct engine_model *m, int steps, float *lg)
+{
+    struct err_detail err = {0};
+    struct engine_kv *kv;
+    const int V = engine_model_hparams(m)->n_vocab, len[3] = {5, 9, 14};
+    assert_int_equal(engine_model_kv_init(m, &kv, 256, 3, 4, KERN_KV_F16, &err), ST_OK);
+    int32_t tok[28], pos[28], seq[28];
+    int n = 0;
+    for (int s = 0; s < 3; s++) {
+        assert_int_equal(engine_kv_reserve(kv, s, len[s], &err), ST_OK);
+        for (int i = 0; i < len[s]; i++, n++) {
+            tok[n] = (int32_t)((n * 7919 + 13) % V);
+            pos[n] = i;
+            seq[n] = s;
+        }
+    }
+    float *scratch = malloc(sizeof(float) * 3 * (size_t)V);
+    assert_non_null(scratch);
+    struct engine_batch b = {n, tok, pos, seq, NULL}; /* logits: each sequence's last token */
+    assert_int_equal(engine_model_forward(m, kv, &b, scratch, &err), ST_OK);
+    for (int t = 0; t < steps; t++) {
+        for (int s = 0; s < 3; s++) { /* blocks as the positions need them */
+            assert_int_equal(engine_kv_reserve(kv, s, len[s] + t + 1, &err), ST_OK);
+            tok[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
+            pos[s] = len[s] + t;
+            seq[s] = s;
+        }
+        const uint8_t want[3] = {1, 1, 1};
+        struct engine_batch d = {3, tok, pos, seq, want};
+        assert_int_equal(engine_model_forward(m, kv, &d, lg + (size_t)t * 3 * V, &err), ST_OK);
+    }
+    free(scratch);
+    engine_kv_free(kv);
+}
+
+/* CUDA graphs at the engine level (kern_ops.graph_begin): a decode step's layers are captured
+ * once its shape repeats and replayed while it lasts. Every step's logits are bitwise those of
+ * the same run without graphs (QUERN_CUDA_GRAPHS=0), across the block tables' widening (a
+ * replay with a stale width would read the wrong blocks for rows 1 and 2). */
+static void test_cuda_graphs(void **state)
+{
+    (void)state;
+    enum { STEPS = 12 };
+    float *lg[2] = {NULL, NULL};
+    long cap = 0, rep = 0;
+    for (int on = 1; on >= 0; on--) {
+        setenv("QUERN_CUDA_GRAPHS", on ? "1" : "0", 1);
+        struct kern_group *grp;
+        struct engine_model *m = model_on("cuda", &grp);
+        if (!m) {
+            unsetenv("QUERN_CUDA_GRAPHS");
+            printf("  cuda graphs: not tested here (no CUDA device)\n");
+            return;
+        }
+        const int V = engine_model_hparams(m)->n_vocab;
+        lg[on] = malloc(sizeof(float) * STEPS * 3 * (size_t)V);
+        assert_non_null(lg[on]);
+        graph_run(m, STEPS, lg[on]);
+        long c, r;
+        engine_model_graph_counts(m, &c, &r);
+        if (on) {
+            cap = c;
+            rep = r;
+        } else
+            assert_true(c == 0 && r == 0);
+        if (!on)
+            assert_memory_equal(lg[0], lg[1], sizeof(float) * STEPS * 3 * (size_t)V);
+        engine_model_free(m);
+        kern_group_free(grp);
+    }
+    unsetenv("QUERN_CUDA_GRAPHS");
+    printf("  cuda graphs: %d steps of 3 sequences bitwise the run without graphs; %ld graphs "
+           "captured, %ld steps replayed\n",
+           STEPS, cap, rep);
+    assert_true(cap >= 2 && rep >= 4);
+    free(lg[0]);
+    free(lg[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_model),
+        cmocka_unit_test(test_cuda_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

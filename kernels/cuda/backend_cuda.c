@@ -19,6 +19,8 @@
 #include "kernels/cuda/cuda_sizes.h"
 #include "kernels/kernels.h"
 
+#define CUDA_GRAPHS 8 /* graphs kept (the least recently launched goes first) */
+
 struct cuda_state {
     int device;               /* ordinal */
     cudaStream_t stream;      /* every op and copy, in call order */
@@ -41,6 +43,14 @@ struct cuda_state {
     size_t xb_bytes;
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
     struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
+    int graphs;               /* make graphs (QUERN_CUDA_GRAPHS); 0 also after a failed one */
+    struct {
+        uint64_t key;
+        cudaGraphExec_t exec; /* NULL: a free slot */
+        unsigned long used;   /* when it was last launched (graph_tick) */
+    } graph[CUDA_GRAPHS];
+    uint64_t graph_seen; /* the key of the last graph_begin without a graph */
+    unsigned long graph_tick;
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -573,6 +583,78 @@ static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor
     return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes, st_of(b)->pack);
 }
 
+/* CUDA graphs (kern_ops.graph_begin): a key is captured the second time in a row it is asked
+ * for (a decode step at a steady batch repeats its shape; a prefill chunk's seldom does, and
+ * a capture costs about a step), then replayed for as long as it stays among the CUDA_GRAPHS
+ * last launched. Not with cuBLAS (its calls are not part of the contract here). */
+static void graphs_off(struct cuda_state *s, const char *what, cudaError_t rc)
+{
+    (void)handled(rc);
+    LOG_WARN("cuda: %s failed (%s): no more CUDA graphs this run", what, cudaGetErrorString(rc));
+    s->graphs = 0;
+}
+
+static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
+{
+    struct cuda_state *s = st_of(b);
+    if (!s->graphs || s->blas)
+        return KERN_GRAPH_NONE;
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        if (s->graph[i].exec && s->graph[i].key == key) {
+            const cudaError_t rc = cudaGraphLaunch(s->graph[i].exec, s->stream);
+            if (rc) {
+                graphs_off(s, "a graph launch", rc);
+                return KERN_GRAPH_NONE;
+            }
+            s->graph[i].used = ++s->graph_tick;
+            return KERN_GRAPH_REPLAYED;
+        }
+    if (key != s->graph_seen) {
+        s->graph_seen = key;
+        return KERN_GRAPH_NONE;
+    }
+    att_part_make(s); /* no allocation may happen in the capture */
+    const cudaError_t rc = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+    if (rc) {
+        graphs_off(s, "beginning a stream capture", rc);
+        return KERN_GRAPH_NONE;
+    }
+    s->graph_seen = key;
+    return KERN_GRAPH_CAPTURE;
+}
+
+static int cuda_graph_end(struct kern_backend *b)
+{
+    struct cuda_state *s = st_of(b);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t e = NULL;
+    cudaError_t rc = cudaStreamEndCapture(s->stream, &g);
+    if (rc) {
+        graphs_off(s, "a stream capture", rc);
+        return 0;
+    }
+    rc = cudaGraphInstantiate(&e, g, 0);
+    cudaGraphDestroy(g);
+    if (rc) {
+        graphs_off(s, "instantiating a graph", rc);
+        return 0;
+    }
+    int slot = 0; /* a free one, else the least recently launched */
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        if (!s->graph[i].exec || (s->graph[slot].exec && s->graph[i].used < s->graph[slot].used))
+            slot = i;
+    if (s->graph[slot].exec)
+        cudaGraphExecDestroy(s->graph[slot].exec);
+    s->graph[slot].key = s->graph_seen;
+    s->graph[slot].exec = e;
+    s->graph[slot].used = ++s->graph_tick;
+    if ((rc = cudaGraphLaunch(e, s->stream))) {
+        graphs_off(s, "a graph launch", rc);
+        return 0;
+    }
+    return 1;
+}
+
 static size_t cuda_mem_used(struct kern_backend *b)
 {
     size_t avail = 0, total = 0;
@@ -596,6 +678,9 @@ static void cuda_free(struct kern_backend *b)
     if (s->att_part)
         cudaFree(s->att_part);
     kcu_blas_close(s->blas);
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        if (s->graph[i].exec)
+            cudaGraphExecDestroy(s->graph[i].exec);
     cudaFree(s->xb);
     free(s->smp_rows);
     free(s->smp_out);
@@ -634,6 +719,8 @@ static const struct kern_ops cuda_ops = {
     .kv_copy = cuda_kv_copy,
     .weight_bytes = cuda_weight_bytes,
     .mem_used = cuda_mem_used,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
     .free = cuda_free,
     .describe = cuda_describe,
 };
@@ -710,9 +797,10 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
          1 << 20},
         {"QUERN_CUDA_ATTN_PART", "floats of split attention's scratch (tests: small slices)",
          (long)KCU_ATTN_PART_FLOATS, 1L << 30},
+        {"QUERN_CUDA_GRAPHS", "1 to replay repeated steps' layers as CUDA graphs, 0 not", 1, 1},
     };
-    long v[6];
-    for (int i = 0; i < 6; i++) {
+    long v[7];
+    for (int i = 0; i < 7; i++) {
         v[i] = knobs[i].def;
         const char *e = getenv(knobs[i].name);
         char *end;
@@ -730,6 +818,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     s->att_stage = (int)v[3];
     s->blas_min = (int)v[4];
     s->att_part_floats = (size_t)v[5];
+    s->graphs = (int)v[6];
     if (s->blas_min > 0 && o->act == KERN_ACT_BF16) {
         char blas_why[200] = "";
         if (!(s->blas = kcu_blas_open(s->stream, blas_why, sizeof(blas_why)))) {

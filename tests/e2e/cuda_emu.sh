@@ -4,11 +4,13 @@
 # threads synchronise; the backend's host code is unchanged. Checked, with the CUDA backend
 # required (QUERN_REQUIRE_CUDA=1): the op test in both modes (exact f32 kernels, bf16 on the
 # emulated tensor cores) against the double-precision reference; a 6-layer dummy model's logits
-# and greedy tokens against the CPU backend (test_cuda_model); the default model's greedy text
+# and greedy tokens against the CPU backend, and its decode steps replayed from CUDA graphs
+# bitwise as without (test_cuda_model); the default model's greedy text
 # through `quern generate --device cuda` against --device cpu, and at --tp 3 (three backends on
 # the one emulated device, collectives staged through host memory); and a small `quern run`
 # job (continuous batching, the paged KV cache, prefix sharing on the device, a sampled request
-# with n = 2) whose records equal the CPU's. What this does not show: speed, and what only a GPU
+# with n = 2) whose records equal the CPU's (graphs on, the default); `quern plan --device cuda`
+# against the device memory a run holds. What this does not show: speed, and what only a GPU
 # does (scripts/gpu-check.sh).
 # QUERN_EMU: the emulator build directory (make test sets it), or "none" when this machine has
 # no CUDA toolkit headers to build it with (make says so).
@@ -42,7 +44,7 @@ for order in $orders; do
 done
 QUERN_REQUIRE_CUDA=1 "$E/tests/test_cuda_model" >"$tmp/model.txt" 2>&1 ||
     { cat "$tmp/model.txt"; fail "test_cuda_model on the emulated CUDA backend"; }
-grep "cuda model:" "$tmp/model.txt"
+grep "cuda model:\|cuda graphs:" "$tmp/model.txt"
 
 # 2. Greedy text: cuda = cpu, and cuda --tp 3 = cuda --tp 1.
 gen() { # name, flags...

@@ -379,16 +379,77 @@ void kemu_wait(int op)
     yield_from(f);
 }
 
+/* ---- stream capture (CUDA graphs): a captured stream records its work instead of running it;
+ * a graph launch runs the records in order. As in CUDA (thread-local capture mode): host
+ * transfers and synchronisation of a capturing stream, and allocations by a capturing thread,
+ * are not capturable and invalidate the capture, whose end then fails. ---- */
+
+namespace
+{
+
+struct graph {
+    std::vector<std::function<void()>> ops;
+};
+
+struct capture {
+    graph *g;
+    bool invalid;
+    pthread_t thread;
+};
+
+std::mutex g_cap_lock;
+std::map<cudaStream_t, capture> g_caps;
+
+/* The capture of stream s (nullptr: none). */
+capture *capture_of(cudaStream_t s)
+{
+    std::lock_guard<std::mutex> hold(g_cap_lock);
+    auto it = g_caps.find(s);
+    return it == g_caps.end() ? nullptr : &it->second;
+}
+
+/* Does the calling thread capture a stream? Invalidates its captures when it does. */
+bool thread_captures_invalidate(void)
+{
+    std::lock_guard<std::mutex> hold(g_cap_lock);
+    bool any = false;
+    for (auto &c : g_caps)
+        if (pthread_equal(c.second.thread, pthread_self())) {
+            c.second.invalid = true;
+            any = true;
+        }
+    return any;
+}
+
+} // namespace
+
+static void run_launch(const char *name, dim3 grid, dim3 block, const std::function<void()> &body);
+
 int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
              const std::function<void()> &body)
 {
-    (void)stream;
     const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
     if (!nthreads || nthreads > 1024 || block.z > 64 || !grid.x || !grid.y || !grid.z ||
         grid.y > 65535 || grid.z > 65535) {
         set_error(cudaErrorInvalidConfiguration);
         return cudaErrorInvalidConfiguration;
     }
+    if (capture *c = capture_of(stream)) {
+        if (c->invalid) {
+            set_error(cudaErrorStreamCaptureInvalidated);
+            return cudaErrorStreamCaptureInvalidated;
+        }
+        const std::function<void()> keep = body;
+        c->g->ops.push_back([name, grid, block, keep] { run_launch(name, grid, block, keep); });
+        return cudaSuccess;
+    }
+    run_launch(name, grid, block, body);
+    return cudaSuccess;
+}
+
+static void run_launch(const char *name, dim3 grid, dim3 block, const std::function<void()> &body)
+{
+    const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
     const dev_access hold; /* also keeps the scheduler's global state to one launch */
     if (S.f.size() < nthreads) {
         const size_t old = S.f.size();
@@ -433,7 +494,6 @@ int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
             }
     kemu_cur = nullptr;
     S.name = nullptr;
-    return cudaSuccess;
 }
 
 /* ---- the runtime API ---- */
@@ -506,6 +566,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     *p = nullptr;
+    if (thread_captures_invalidate())
+        return fail(cudaErrorStreamCaptureUnsupported);
     void *m = dev_alloc(size);
     if (!m)
         return fail(cudaErrorMemoryAllocation);
@@ -537,6 +599,8 @@ cudaError_t cudaFree(void *p)
 {
     if (!p)
         return cudaSuccess;
+    if (thread_captures_invalidate())
+        return fail(cudaErrorStreamCaptureUnsupported);
     size_t size;
     {
         std::lock_guard<std::mutex> hold(g_mem_lock);
@@ -577,6 +641,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
                 dst, src, n, (int)kind);
         return fail(cudaErrorInvalidValue);
     }
+    if (capture *c = capture_of(stream)) {
+        if (c->invalid)
+            return fail(cudaErrorStreamCaptureInvalidated);
+        if (kind != cudaMemcpyDeviceToDevice) { /* host memory: not capturable */
+            c->invalid = true;
+            return fail(cudaErrorStreamCaptureUnsupported);
+        }
+        c->g->ops.push_back([dst, src, n] {
+            const dev_access hold;
+            memmove(dst, src, n);
+        });
+        return cudaSuccess;
+    }
     const dev_access hold;
     memmove(dst, src, n);
     return cudaSuccess;
@@ -593,6 +670,15 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
                 "allocations\n",
                 p, n);
         return fail(cudaErrorInvalidValue);
+    }
+    if (capture *c = capture_of(stream)) {
+        if (c->invalid)
+            return fail(cudaErrorStreamCaptureInvalidated);
+        c->g->ops.push_back([p, value, n] {
+            const dev_access hold;
+            memset(p, value, n);
+        });
+        return cudaSuccess;
     }
     const dev_access hold;
     memset(p, value, n);
@@ -614,7 +700,68 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
+    if (capture *c = capture_of(s)) {
+        c->invalid = true;
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    (void)mode; /* thread-local semantics whatever the mode */
+    std::lock_guard<std::mutex> hold(g_cap_lock);
+    if (g_caps.count(s))
+        return fail(cudaErrorIllegalState);
+    g_caps[s] = capture{new graph, false, pthread_self()};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *out)
+{
+    *out = nullptr;
+    capture c;
+    {
+        std::lock_guard<std::mutex> hold(g_cap_lock);
+        auto it = g_caps.find(s);
+        if (it == g_caps.end())
+            return fail(cudaErrorIllegalState);
+        c = it->second;
+        g_caps.erase(it);
+    }
+    if (c.invalid) {
+        delete c.g;
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *out = reinterpret_cast<cudaGraph_t>(c.g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags)
+{
+    (void)flags;
+    *exec = reinterpret_cast<cudaGraphExec_t>(new graph(*reinterpret_cast<graph *>(g)));
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    if (capture_of(s))
+        return fail(cudaErrorStreamCaptureUnsupported);
+    for (const auto &op : reinterpret_cast<graph *>(exec)->ops)
+        op();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    delete reinterpret_cast<graph *>(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete reinterpret_cast<graph *>(exec);
     return cudaSuccess;
 }
 
@@ -638,6 +785,12 @@ const char *cudaGetErrorString(cudaError_t e)
         return "invalid configuration argument";
     case cudaErrorInvalidDevice:
         return "invalid device ordinal";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState:
+        return "the operation is not permitted in the current state";
     default:
         return "unknown error (CUDA emulator)";
     }

@@ -198,7 +198,8 @@ template <class... P> struct kemu_launch {
     {
         const std::tuple<P...> bound(args...);
         void (*k)(P...) = kernel;
-        return kemu_run(name, grid, block, stream, [&bound, k] { std::apply(k, bound); });
+        /* the arguments by value: a stream being captured keeps the launch for its graph */
+        return kemu_run(name, grid, block, stream, [bound, k] { std::apply(k, bound); });
     }
 };
 
