@@ -137,6 +137,10 @@ enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv
  * prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
 
+/* The token embedding, or NULL when it is the output head (tied): a device backend prepares it
+ * like a matrix (get_rows reads that copy). */
+const struct kern_tensor *engine_model_untied_embedding(const struct engine_model *m);
+
 /* The model's hyperparameters and its GGUF file (for the tokenizer and chat template); valid
  * while the model lives. */
 const struct engine_hparams *engine_model_hparams(const struct engine_model *m);

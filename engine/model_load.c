@@ -180,6 +180,11 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
     return ST_OK;
 }
 
+const struct kern_tensor *engine_model_untied_embedding(const struct engine_model *m)
+{
+    return m->tied_output ? NULL : &m->tok_embd;
+}
+
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out)
 {
     if (layer == m->hp.n_layer) {

@@ -307,8 +307,8 @@ struct kern_ops {
      * in the current matmul mode, without making it (quern plan). */
     size_t (*weight_bytes)(struct kern_backend *b, const struct kern_tensor *w);
     /* Optional (NULL: unknown): bytes of the backend's device memory in use, as its runtime
-     * sees them (every allocation of the process on that device, the runtime's own context
-     * included), to set against `quern plan --device ...`. */
+     * sees them (device-wide: this process's allocations and runtime context, and any other
+     * process's on the same device), to set against `quern plan --device ...`. */
     size_t (*mem_used)(struct kern_backend *b);
     /* Optional (NULL: none), both or neither: graphs of a run of ops (CUDA graphs), for a run
      * whose ops and arguments (buffers, counts, scalars) are the same whenever `key` is, and
@@ -317,9 +317,10 @@ struct kern_ops {
      * (the caller skips the ops), KERN_GRAPH_CAPTURE when the ops the caller now calls, up to
      * graph_end, are to be recorded into one (they do not run yet), or KERN_GRAPH_NONE (run them
      * as usual; the backend decides which keys are worth a graph). graph_end returns 1 when the
-     * recorded graph was made and launched, 0 when the capture failed (the backend says why
-     * and stops making graphs; the caller runs the ops again). No op called between them may
-     * allocate, synchronise or move data to or from the host. */
+     * recorded graph was made and launched, 0 when the capture failed at its end (the backend
+     * says why and stops making graphs; the caller runs the ops again). No op called between
+     * them may allocate, synchronise or move data to or from the host (an op that fails inside
+     * a capture aborts, as any failing op does). Freeing backend memory drops every graph. */
     int (*graph_begin)(struct kern_backend *b, uint64_t key);
     int (*graph_end)(struct kern_backend *b);
     void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */

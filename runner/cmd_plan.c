@@ -166,7 +166,12 @@ int runner_cmd_plan(int argc, char **argv)
                 packed += be->ops->weight_bytes(be, w);
         }
     }
-    dev_w += weights > mats ? weights - mats : 0; /* the embedding and norms as in the file */
+    const struct kern_tensor *emb = engine_model_untied_embedding(m); /* prepared like a matrix */
+    if (emb) {
+        mats += (uint64_t)emb->ne1 * emb->row_bytes;
+        dev_w += kcu_weight_device_bytes(emb->type, emb->ne0, emb->ne1, emb->row_bytes, 1);
+    }
+    dev_w += weights > mats ? weights - mats : 0; /* norms and the rest as in the file */
     /* CUDA: the engine's buffers and the backend's scratch on each rank (rank 0's: the logits) */
     const int max_tok = eo.ep.max_batch_tokens, max_seqs = eo.ep.max_seqs;
     const int tbl_blocks = (int)((hp->n_ctx_train + block - 1) / block) + 1; /* as reserve */

@@ -1014,10 +1014,11 @@ static void check_broken_sample(struct kern_backend *real)
 /* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
  * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
  * (scripts/gpu-check.sh) no GPU is a failure. */
-/* kern_ops.graph_begin/graph_end (CUDA graphs): a key is captured the second time in a row,
- * the captured ops run once (when the graph is launched at graph_end, not while recorded), a
- * replay reads device memory as it is then; a capture broken by an allocation fails at
- * graph_end and turns graphs off. y += x stands for a step's ops. */
+/* kern_ops.graph_begin/graph_end (CUDA graphs): a key is captured the second time it is asked
+ * for, the captured ops run once (when the graph is launched at graph_end, not while
+ * recorded), a replay reads device memory as it is then, freed memory drops the graphs; a
+ * capture broken by an allocation fails at graph_end and turns graphs off. y += x stands for a
+ * step's ops. */
 static void check_graphs(struct kern_backend *be)
 {
     const struct kern_ops *k = be->ops;
@@ -1044,6 +1045,18 @@ static void check_graphs(struct kern_backend *be)
     for (int i = 0; i < N; i++)
         want[i] = a[i] + a[i] + b[i];
     assert_memory_equal(y, want, sizeof(y));
+    /* memory given back drops every graph (a later allocation could reuse its address in
+     * another role): the key is new again */
+    k->buf_free(be, k->buf_alloc(be, 64));
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_NONE);
+    k->add(be, dy, dx, N);
+    assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_CAPTURE);
+    k->add(be, dy, dx, N);
+    assert_int_equal(k->graph_end(be), 1);
+    k->download(be, y, dy, sizeof(y));
+    for (int i = 0; i < N; i++)
+        want[i] += b[i] + b[i];
+    assert_memory_equal(y, want, sizeof(y));
     /* an allocation inside a capture breaks it: graph_end fails, graphs are off */
     assert_int_equal(k->graph_begin(be, key + 1), KERN_GRAPH_NONE);
     assert_int_equal(k->graph_begin(be, key + 1), KERN_GRAPH_CAPTURE);
@@ -1053,8 +1066,8 @@ static void check_graphs(struct kern_backend *be)
     assert_int_equal(k->graph_begin(be, key), KERN_GRAPH_NONE);
     k->buf_free(be, dx);
     k->buf_free(be, dy);
-    printf("  cuda graphs: captured the second time, launched once, replayed with new inputs; "
-           "a broken capture fails and turns them off\n");
+    printf("  cuda graphs: captured the second time, launched once, replayed with new inputs, "
+           "dropped when memory is freed; a broken capture fails and turns them off\n");
 }
 
 static void test_cuda_backend(void **state)

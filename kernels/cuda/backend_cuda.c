@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 
 #define CUDA_GRAPHS 8 /* graphs kept (the least recently launched goes first) */
+#define CUDA_SEEN   8 /* keys remembered as asked for once (a step may alternate shapes) */
 
 struct cuda_state {
     int device;               /* ordinal */
@@ -49,7 +50,9 @@ struct cuda_state {
         cudaGraphExec_t exec; /* NULL: a free slot */
         unsigned long used;   /* when it was last launched (graph_tick) */
     } graph[CUDA_GRAPHS];
-    uint64_t graph_seen; /* the key of the last graph_begin without a graph */
+    uint64_t seen[CUDA_SEEN]; /* keys asked for without a graph (a ring; 0: none) */
+    int seen_next;
+    uint64_t capturing; /* the key being captured */
     unsigned long graph_tick;
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
@@ -57,6 +60,27 @@ struct cuda_state {
 static struct cuda_state *st_of(struct kern_backend *b)
 {
     return b->impl;
+}
+
+/* Every graph made so far goes: they hold device addresses, and memory given back may come back
+ * from a later allocation in another role (graph_begin makes them anew). */
+static void graphs_drop(struct cuda_state *s)
+{
+    for (int i = 0; i < CUDA_GRAPHS; i++) {
+        if (s->graph[i].exec)
+            cudaGraphExecDestroy(s->graph[i].exec);
+        s->graph[i].exec = NULL;
+    }
+    memset(s->seen, 0, sizeof(s->seen));
+}
+
+/* Device memory given back (graphs dropped first). */
+static void dev_free(struct cuda_state *s, void *p)
+{
+    if (!p)
+        return;
+    graphs_drop(s);
+    cudaFree(p);
 }
 
 static void check(int rc, const char *what)
@@ -116,7 +140,7 @@ static struct kcu_mm mm_of(const struct cuda_state *s, const struct kern_tensor 
 }
 
 /* Grows device scratch *p (*have bytes) to n bytes; 0, or the runtime's error (handled). */
-static cudaError_t grow(void **p, size_t *have, size_t n)
+static cudaError_t grow(struct cuda_state *s, void **p, size_t *have, size_t n)
 {
     if (n <= *have)
         return cudaSuccess;
@@ -124,7 +148,7 @@ static cudaError_t grow(void **p, size_t *have, size_t n)
     const cudaError_t rc = handled(cudaMalloc(&q, n));
     if (rc)
         return rc;
-    cudaFree(*p); /* waits for the kernels still using it */
+    dev_free(s, *p); /* waits for the kernels still using it */
     *p = q;
     *have = n;
     return cudaSuccess;
@@ -134,7 +158,7 @@ static cudaError_t grow(void **p, size_t *have, size_t n)
  * sized them; a device that cannot hold more cannot run the matmul (like a fault: abort). */
 static const uint16_t *bf16_inputs(struct cuda_state *s, const float *x, size_t n)
 {
-    const cudaError_t rc = grow((void **)&s->xb, &s->xb_bytes, n * sizeof(uint16_t));
+    const cudaError_t rc = grow(s, (void **)&s->xb, &s->xb_bytes, n * sizeof(uint16_t));
     if (rc) {
         LOG_ERROR("CUDA: no device memory for %zu bf16 matmul inputs: %s", n,
                   cudaGetErrorString(rc));
@@ -184,7 +208,7 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
     if (blas_takes(s, n_tok))
         return 0;
     size_t have = (size_t)s->best_cap * sizeof(*s->best);
-    if (grow((void **)&s->best, &have, sizeof(*s->best) * (size_t)n_tok))
+    if (grow(s, (void **)&s->best, &have, sizeof(*s->best) * (size_t)n_tok))
         return 0; /* not done: the caller computes the logits */
     s->best_cap = (int)(have / sizeof(*s->best));
     const float *x = mm_input(s, in, n_tok, w->ne0);
@@ -203,11 +227,11 @@ static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max
 {
     struct cuda_state *s = st_of(b);
     size_t have = (size_t)s->best_cap * sizeof(*s->best);
-    cudaError_t rc = grow((void **)&s->best, &have, sizeof(*s->best) * (size_t)max_tok);
+    cudaError_t rc = grow(s, (void **)&s->best, &have, sizeof(*s->best) * (size_t)max_tok);
     if (!rc)
         s->best_cap = (int)(have / sizeof(*s->best));
     if (!rc && s->act == KERN_ACT_BF16)
-        rc = grow((void **)&s->xb, &s->xb_bytes,
+        rc = grow(s, (void **)&s->xb, &s->xb_bytes,
                   (size_t)max_tok * (size_t)max_width * sizeof(uint16_t));
     if (rc)
         return err_set(err, ST_ERR_NOMEM,
@@ -237,7 +261,7 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
         void *p = NULL;
         if (handled(cudaMalloc(&p, need)))
             goto none;
-        cudaFree(s->smp);
+        dev_free(s, s->smp);
         s->smp = p;
         s->smp_bytes = need;
     }
@@ -375,9 +399,7 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
 
 static void cuda_release(struct kern_backend *b, struct kern_tensor *w)
 {
-    (void)b;
-    if (w->packed)
-        cudaFree(w->packed);
+    dev_free(st_of(b), w->packed);
     w->packed = NULL;
 }
 
@@ -467,9 +489,7 @@ static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 
 static void cuda_buf_free(struct kern_backend *b, void *p)
 {
-    (void)b;
-    if (p)
-        cudaFree(p);
+    dev_free(st_of(b), p);
 }
 
 /* Synchronous on the backend's stream: the source may be reused when it returns. */
@@ -548,12 +568,11 @@ static enum status cuda_kv_alloc(struct kern_backend *b, const struct kern_kv_de
 static void cuda_kv_free(struct kern_backend *b, const struct kern_kv_desc *d, int32_t n_blocks,
                          struct kern_kv_layer *layers)
 {
-    (void)b;
     (void)n_blocks;
     if (!layers || !layers[0].k)
         return;
-    cudaFree(layers[0].k);
-    cudaFree(layers[0].v);
+    dev_free(st_of(b), layers[0].k);
+    dev_free(st_of(b), layers[0].v);
     for (int l = 0; l < d->n_layer; l++)
         layers[l].k = layers[l].v = NULL;
 }
@@ -583,10 +602,14 @@ static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor
     return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes, st_of(b)->pack);
 }
 
-/* CUDA graphs (kern_ops.graph_begin): a key is captured the second time in a row it is asked
- * for (a decode step at a steady batch repeats its shape; a prefill chunk's seldom does, and
- * a capture costs about a step), then replayed for as long as it stays among the CUDA_GRAPHS
- * last launched. Not with cuBLAS (its calls are not part of the contract here). */
+/* CUDA graphs (kern_ops.graph_begin): a key is captured the second time it is asked for among
+ * the CUDA_SEEN last keys without a graph (a decode step at a steady batch repeats its shape, a
+ * speculative step alternates a few; a prefill chunk's seldom repeats, and a capture costs about
+ * a step), then replayed for as long as it stays among the CUDA_GRAPHS last launched. Any device
+ * memory given back drops them all (graphs_drop). Not with cuBLAS. Failures found at the
+ * capture's end, at instantiation or at launch fall back (the caller runs the ops); an op whose
+ * own launch fails inside a capture aborts, as any CUDA error in an op does (reserve makes sure
+ * no op allocates there). */
 static void graphs_off(struct cuda_state *s, const char *what, cudaError_t rc)
 {
     (void)handled(rc);
@@ -609,8 +632,12 @@ static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
             s->graph[i].used = ++s->graph_tick;
             return KERN_GRAPH_REPLAYED;
         }
-    if (key != s->graph_seen) {
-        s->graph_seen = key;
+    int seen = 0;
+    for (int i = 0; i < CUDA_SEEN; i++)
+        seen |= s->seen[i] == key;
+    if (!seen) {
+        s->seen[s->seen_next] = key;
+        s->seen_next = (s->seen_next + 1) % CUDA_SEEN;
         return KERN_GRAPH_NONE;
     }
     att_part_make(s); /* no allocation may happen in the capture */
@@ -619,7 +646,7 @@ static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
         graphs_off(s, "beginning a stream capture", rc);
         return KERN_GRAPH_NONE;
     }
-    s->graph_seen = key;
+    s->capturing = key;
     return KERN_GRAPH_CAPTURE;
 }
 
@@ -645,7 +672,7 @@ static int cuda_graph_end(struct kern_backend *b)
             slot = i;
     if (s->graph[slot].exec)
         cudaGraphExecDestroy(s->graph[slot].exec);
-    s->graph[slot].key = s->graph_seen;
+    s->graph[slot].key = s->capturing;
     s->graph[slot].exec = e;
     s->graph[slot].used = ++s->graph_tick;
     if ((rc = cudaGraphLaunch(e, s->stream))) {
