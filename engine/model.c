@@ -431,8 +431,8 @@ size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int ra
                sizeof(int32_t) * z.tables; /* act, tok pos row idx, last, rope, tables */
     if (n_rank > 1)
         b += sizeof(int32_t) * z.T * (size_t)n_rank; /* perm */
-    if (rank == 0 && device)                         /* logits and ids */
-        b += sizeof(float) * z.T * (size_t)m->hp.n_vocab + sizeof(int32_t) * z.T;
+    if (rank == 0 && device)                         /* logits (one row a sequence slot) and ids */
+        b += sizeof(float) * z.rows * (size_t)m->hp.n_vocab + sizeof(int32_t) * z.T;
     return b;
 }
 
@@ -481,7 +481,8 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         ok = ok && f->act && f->tok && f->pos && f->row && f->last && f->rope && f->tables &&
              f->idx;
         if (r == 0 && !be->host_memory) {
-            f->logits = be->ops->buf_alloc(be, sizeof(float) * T * (size_t)hp->n_vocab);
+            f->logits = be->ops->buf_alloc(be, sizeof(float) * Rw * (size_t)hp->n_vocab);
+            f->logits_rows = (int)Rw;
             f->ids = be->ops->buf_alloc(be, sizeof(int32_t) * T);
             ok = ok && f->logits && f->ids;
         }
@@ -891,12 +892,29 @@ static void rank_worker(void *arg, int ith, int nth)
 
 /* The forward pass of job j (its model, cache, batch and outputs set; forward_rank says what
  * each output asks of the output head). */
+/* A device backend's logits buffer holds one row a sequence slot (a step's usual need); a batch
+ * that wants more rows (several tokens of a sequence: speculative drafts, scoring) grows it. */
+static enum status logits_rows(struct engine_model *m, int n, struct err_detail *err)
+{
+    struct engine_rank *R = &m->rank[0];
+    struct kern_backend *be = R->be;
+    if (be->host_memory || n <= R->buf.logits_rows)
+        return ST_OK;
+    be->ops->buf_free(be, R->buf.logits);
+    R->buf.logits = be->ops->buf_alloc(be, sizeof(float) * (size_t)n * (size_t)m->hp.n_vocab);
+    R->buf.logits_rows = R->buf.logits ? n : 0;
+    return R->buf.logits ? ST_OK
+                         : err_set(err, ST_ERR_NOMEM, "no device memory for %d rows of logits", n);
+}
+
 static enum status forward(struct fwd_job *j, struct err_detail *err)
 {
     enum status st = check_batch(j->m, j->kv, j->b, err);
     if (st)
         return st;
     stage_batch(j->m, j->kv, j->b);
+    if ((st = logits_rows(j->m, j->m->stage.n_out, err)))
+        return st;
     if (j->m->n_rank > 1)
         pool_run(j->m->rank_pool, rank_worker, j);
     else

@@ -38,6 +38,7 @@ struct engine_rank_bufs {
     int32_t *tables; /* block tables, one row per sequence in the batch */
     int32_t *idx;   /* rows that want logits */
     float *logits;  /* logits (rank 0, only when the backend's memory is not host memory) */
+    int logits_rows; /* ... rows it holds: one a sequence slot, grown when a batch wants more */
     int32_t *ids;   /* greedy ids (same) */
     int32_t *perm;  /* more than one rank: gathered rank-major rows -> token-major (per step) */
 };

@@ -174,6 +174,16 @@ PY
                 --model $m --dummy $preset --device cuda --peak-seconds 0 --max-seqs 1 $flags \
                 >'$out/bench-$tag-nographs.json' && cat '$out/bench-$tag-nographs.json'"
         done
+        # quern plan --device cuda against the device memory the llama3-8b batch-1 bench held
+        # (the difference: the CUDA runtime's own context and the allocator's rounding, which
+        # the plan's 5 % reserve stands for)
+        step plan-vs-device 60 bash -c "'$B/quern' plan --model $m --dummy llama3-8b \
+            --device cuda --max-seqs 1 --json >'$out/plan-llama3-8b.json' && python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1])); u = json.load(open(sys.argv[2]))[\"device_mem_used_bytes\"]
+c = p[\"rank_weights_bytes\"] + p[\"rank_activation_bytes\"] + p[\"rank_scratch_bytes\"] + p[\"kv_mem\"]
+print(f\"plan {c} bytes, device in use {u}, runtime and rounding {u - c} ({(u - c) / 2**20:.0f} MiB)\")
+' '$out/plan-llama3-8b.json' '$out/bench-llama3-8b-b1.json'"
         # batch 1 with the weights as GGUF rows (QUERN_CUDA_PACK=0): the packed layout's gain
         step bench-llama3-8b-b1-gguf 90 bash -c "QUERN_CUDA_PACK=0 '$B/quern' bench --model $m \
             --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 2 \
