@@ -145,6 +145,8 @@ static void stage_free(struct engine_model *m)
             rank_bufs_free(&m->rank[r]);
     free(s->row);
     free(s->last);
+    free(s->tok);
+    free(s->pos);
     free(s->rope);
     free(s->tables);
     free(s->idx);
@@ -489,14 +491,16 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     }
     s->row = calloc(T, sizeof(*s->row));
     s->last = calloc(T, 1);
+    s->tok = calloc(T, sizeof(*s->tok));
+    s->pos = calloc(T, sizeof(*s->pos));
     s->rope = calloc(rope, sizeof(*s->rope));
     s->tables = calloc(tables, sizeof(*s->tables));
     s->idx = calloc(T, sizeof(*s->idx));
     s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)engine_kv_max_seqs(kv));
     s->seq_top = malloc(sizeof(*s->seq_top) * Rw);
     s->perm = malloc(sizeof(*s->perm) * T * (size_t)m->n_rank);
-    if (!ok || !s->row || !s->last || !s->rope || !s->tables || !s->idx || !s->seq_row ||
-        !s->seq_top || !s->perm) {
+    if (!ok || !s->row || !s->last || !s->tok || !s->pos || !s->rope || !s->tables || !s->idx ||
+        !s->seq_row || !s->seq_top || !s->perm) {
         stage_free(m);
         return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
                        max_tok);
@@ -544,6 +548,30 @@ static enum status check_batch(const struct engine_model *m, const struct engine
  * (no other token attends to it: its KV is written by the attention pass, right before it is
  * read, struct kern_attn's store; the others by kv_store, before any attention); the RoPE
  * angles and the rows that want logits. */
+/* A padded batch's size: n rounded up (powers of two to 8, then multiples of 8 to 64, of 32
+ * to 256, of 64 above), at most cap. */
+static int pad_bucket(int n, int cap)
+{
+    int q = n <= 8 ? 1 : n <= 64 ? 8 : n <= 256 ? 32 : 64, b;
+    if (n <= 8)
+        for (b = 1; b < n; b *= 2)
+            ;
+    else
+        b = (n + q - 1) / q * q;
+    return b < cap ? b : cap;
+}
+
+/* With graphs on (kern_ops.graphs_on, one rank), a step's tokens, block-table rows and width are
+ * padded to buckets (pad_bucket; the width to a multiple of 8 blocks) so that a decode batch's
+ * shape repeats while sequences come and go and grow: the padding tokens (id 0 at position 0 of
+ * row 0, KERN_STORE_PAD: never stored) compute rows nobody reads, and every op is row-wise and
+ * batch-invariant, so the real rows are bitwise those of the unpadded step. */
+static int pads(const struct engine_model *m)
+{
+    const struct kern_backend *be = m->rank[0].be;
+    return m->n_rank == 1 && be->ops->graphs_on && be->ops->graphs_on(m->rank[0].be);
+}
+
 static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
                         const struct engine_batch *b)
 {
@@ -563,6 +591,21 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
         if (b->pos[t] > b->pos[s->seq_top[*r]])
             s->seq_top[*r] = t;
     }
+    int np = n;
+    const int32_t *pos = b->pos;
+    if (pads(m)) {
+        const int rows_cap = s->max_tok < s->max_seqs ? s->max_tok : s->max_seqs;
+        np = pad_bucket(n, s->max_tok);
+        n_rows = pad_bucket(n_rows, rows_cap);
+        stride = (stride + 7) / 8 * 8 < s->max_blocks ? (stride + 7) / 8 * 8 : s->max_blocks;
+        memcpy(s->tok, b->token, sizeof(int32_t) * (size_t)n);
+        memcpy(s->pos, b->pos, sizeof(int32_t) * (size_t)n);
+        for (int t = n; t < np; t++) {
+            s->tok[t] = s->pos[t] = s->row[t] = 0;
+            s->last[t] = KERN_STORE_PAD;
+        }
+        pos = s->pos;
+    }
     for (int t = 0; t < n; t++) {
         const int r = s->row[t];
         s->last[t] = s->seq_top[r] == t;
@@ -580,13 +623,13 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int k = 0; k < m->n_rope; k++) {
         const double theta = k ? hp->rope_theta_swa : hp->rope_theta;
         const double scale = k ? 1.0 : hp->rope_scale;
-        float *tab = s->rope + (size_t)k * (size_t)n * (size_t)hp->rope_dim;
+        float *tab = s->rope + (size_t)k * (size_t)np * (size_t)hp->rope_dim;
         for (int i = 0; i < hp->rope_dim; i += 2) {
             double freq = pow(theta, -(double)i / hp->rope_dim);
             if (!k && m->rope_freqs)
                 freq /= m->rope_freqs[i / 2];
-            for (int t = 0; t < n; t++) {
-                double ang = (double)b->pos[t] * scale * freq;
+            for (int t = 0; t < np; t++) {
+                double ang = (double)pos[t] * scale * freq;
                 tab[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
                 tab[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
             }
@@ -601,6 +644,7 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
             s->perm[t * m->n_rank + r] = r * n + t;
     s->stride = stride;
     s->n_rows = n_rows;
+    s->n_pad = np;
 }
 
 /* One forward pass, shared by the rank threads. */
@@ -694,7 +738,7 @@ static void forward_layers(struct fwd_job *j, int r, const struct fwd_bufs *B,
     struct engine_rank_bufs *f = &R->buf;
     struct kern_backend *be = R->be;
     const struct kern_ops *k = be->ops;
-    const int N = m->n_rank, n = j->b->n_tok, E = hp->n_embd, hd = hp->head_dim;
+    const int N = m->n_rank, n = m->stage.n_pad, E = hp->n_embd, hd = hp->head_dim;
     const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
     float *x = B->x, *xn = B->xn, *q = B->q, *att = B->att, *kk = B->kk, *vv = B->vv;
     float *gate = B->gate, *up = B->up, *att_all = B->att_all, *gate_all = B->gate_all;
@@ -790,7 +834,7 @@ static uint64_t graph_key(const struct fwd_job *j, int r)
         h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;                                               \
         h ^= h >> 31;                                                                              \
     } while (0)
-    KEY_MIX(j->b->n_tok);
+    KEY_MIX(s->n_pad);
     KEY_MIX(s->n_rows);
     KEY_MIX(s->stride);
     KEY_MIX((uintptr_t)R->buf.act);
@@ -821,14 +865,14 @@ static void forward_rank(struct fwd_job *j, int r)
     struct kern_backend *be = R->be;
     const struct kern_ops *k = be->ops;
     const struct engine_batch *b = j->b;
-    const int N = m->n_rank, n = b->n_tok, E = hp->n_embd;
-    const struct fwd_bufs B = fwd_bufs_of(hp, R, n);
+    const int N = m->n_rank, n = b->n_tok, E = hp->n_embd, np = s->n_pad;
+    const struct fwd_bufs B = fwd_bufs_of(hp, R, np); /* the layers run np tokens */
     float *x = B.x, *xn = B.xn;
-    k->upload(be, f->tok, b->token, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->pos, b->pos, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)n);
-    k->upload(be, f->last, s->last, (size_t)n);
-    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)n * (size_t)hp->rope_dim * m->n_rope);
+    k->upload(be, f->tok, np > n ? s->tok : b->token, sizeof(int32_t) * (size_t)np);
+    k->upload(be, f->pos, np > n ? s->pos : b->pos, sizeof(int32_t) * (size_t)np);
+    k->upload(be, f->row, s->row, sizeof(int32_t) * (size_t)np);
+    k->upload(be, f->last, s->last, (size_t)np);
+    k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)np * (size_t)hp->rope_dim * m->n_rope);
     if (N > 1)
         k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
     const int n_pools = engine_kv_n_pools(j->kv);

@@ -75,9 +75,11 @@ struct engine_model_stage {
     int32_t *seq_row;   /* per sequence slot: its row in this batch, -1 if none */
     int32_t *seq_top;   /* per row: the token at its highest position */
     int32_t *perm;      /* n_tok x n_rank: token t's slice from rank r is gathered row r n + t */
+    int32_t *tok, *pos; /* padded batches: the token ids and positions, padding included */
     int n_out;          /* this batch: rows that want logits */
-    int stride;         /* this batch: block table stride */
-    int n_rows;         /* this batch: block table rows (sequences) */
+    int n_pad;          /* this batch: tokens the layers run (n_tok, or its bucket: padded) */
+    int stride;         /* this batch: block table stride (a bucket when padded) */
+    int n_rows;         /* this batch: block table rows (sequences; a bucket when padded) */
 };
 
 struct engine_model {

@@ -190,6 +190,10 @@ struct kern_sample_out {
     float top_lp[KERN_TOP_LOGPROBS_MAX];
 };
 
+/* kv_store's skip / kern_attn.store value of a padding token (kern_ops.graphs_on): neither
+ * writes its key and value. */
+#define KERN_STORE_PAD 2
+
 /* kern_ops.graph_begin's answers. */
 enum { KERN_GRAPH_NONE = 0, KERN_GRAPH_CAPTURE = 1, KERN_GRAPH_REPLAYED = 2 };
 
@@ -323,6 +327,11 @@ struct kern_ops {
      * a capture aborts, as any failing op does). Freeing backend memory drops every graph. */
     int (*graph_begin)(struct kern_backend *b, uint64_t key);
     int (*graph_end)(struct kern_backend *b);
+    /* Optional (NULL: 0): 1 when graph_begin may make graphs now. The engine then pads a
+     * step's tokens, block-table rows and width to buckets (engine/model.c) so that shapes
+     * repeat; padding tokens carry KERN_STORE_PAD in kv_store's skip and attention's store,
+     * and neither writes them. */
+    int (*graphs_on)(struct kern_backend *b);
     void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */
     const char *(*describe)(const struct kern_backend *b);
 };

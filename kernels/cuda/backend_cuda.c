@@ -250,6 +250,7 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
                        struct kern_sample_out *out)
 {
     _Static_assert(KCU_TOP_LP == KERN_TOP_LOGPROBS_MAX, "top log-probability rows differ");
+    _Static_assert(KCU_STORE_PAD == KERN_STORE_PAD, "padding's store value differs");
     struct cuda_state *s = st_of(b);
     if (n <= 0)
         return 0;
@@ -650,6 +651,12 @@ static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
     return KERN_GRAPH_CAPTURE;
 }
 
+static int cuda_graphs_on(struct kern_backend *b)
+{
+    const struct cuda_state *s = st_of(b);
+    return s->graphs && !s->blas;
+}
+
 static int cuda_graph_end(struct kern_backend *b)
 {
     struct cuda_state *s = st_of(b);
@@ -748,6 +755,7 @@ static const struct kern_ops cuda_ops = {
     .mem_used = cuda_mem_used,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
+    .graphs_on = cuda_graphs_on,
     .free = cuda_free,
     .describe = cuda_describe,
 };

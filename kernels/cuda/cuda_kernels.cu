@@ -936,8 +936,8 @@ __global__ void k_kv_store(struct kcu_kv kv, const int32_t *pos, const float *k,
     if (wi >= (long)n_tok * kv.n_kv_head)
         return;
     const int t = (int)(wi / kv.n_kv_head), g = (int)(wi % kv.n_kv_head);
-    if (sel && (sel[t] != 0) != (want != 0))
-        return;
+    if (sel && (sel[t] == KCU_STORE_PAD || (sel[t] != 0) != (want != 0)))
+        return; /* another op's token, or padding */
     const int B = kv.block_size, D = kv.head_dim, p = pos[t];
     const int32_t blk = kv.ids[(size_t)kv.row[t] * kv.stride + p / B];
     const int i = p % B;

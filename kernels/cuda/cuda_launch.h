@@ -81,7 +81,9 @@ struct kcu_kv {
 };
 
 /* Write token rows of k and v (n_tok x n_kv_head * head_dim) into their slots. sel NULL: every
- * token; else only tokens with sel[t] == want (want 0: kv_store's skip; 1: attention's store). */
+ * token; else only tokens with sel[t] == want (want 0: kv_store's skip; 1: attention's store;
+ * either nonzero); never a token with sel[t] == KCU_STORE_PAD (KERN_STORE_PAD: padding). */
+#define KCU_STORE_PAD 2
 int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, const float *k,
                  const float *v, int n_tok, const uint8_t *sel, int want);
 /* Softmax attention of every (token, query head) over positions 0..pos[t] of its sequence (the
