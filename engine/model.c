@@ -549,7 +549,9 @@ static enum status check_batch(const struct engine_model *m, const struct engine
  * read, struct kern_attn's store; the others by kv_store, before any attention); the RoPE
  * angles and the rows that want logits. */
 /* A padded batch's size: n rounded up (powers of two to 8, then multiples of 8 to 64, of 32
- * to 256, of 64 above), at most cap. */
+ * to 256, of 64 above), at most cap. Batches of more than PAD_MAX tokens (prefill chunks, which
+ * seldom repeat a shape) are not padded. */
+#define PAD_MAX 256
 static int pad_bucket(int n, int cap)
 {
     int q = n <= 8 ? 1 : n <= 64 ? 8 : n <= 256 ? 32 : 64, b;
@@ -563,9 +565,10 @@ static int pad_bucket(int n, int cap)
 
 /* With graphs on (kern_ops.graphs_on, one rank), a step's tokens, block-table rows and width are
  * padded to buckets (pad_bucket; the width to a multiple of 8 blocks) so that a decode batch's
- * shape repeats while sequences come and go and grow: the padding tokens (id 0 at position 0 of
- * row 0, KERN_STORE_PAD: never stored) compute rows nobody reads, and every op is row-wise and
- * batch-invariant, so the real rows are bitwise those of the unpadded step. */
+ * shape repeats while sequences come and go and grow: the padding tokens (copies of token 0,
+ * whose blocks are valid in every pool: a sliding-window pool's tables hold -1 for blocks out
+ * of the window; KERN_STORE_PAD: never stored) compute rows nobody reads, and every op is
+ * row-wise and batch-invariant, so the real rows are bitwise those of the unpadded step. */
 static int pads(const struct engine_model *m)
 {
     const struct kern_backend *be = m->rank[0].be;
@@ -595,13 +598,15 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     const int32_t *pos = b->pos;
     if (pads(m)) {
         const int rows_cap = s->max_tok < s->max_seqs ? s->max_tok : s->max_seqs;
-        np = pad_bucket(n, s->max_tok);
+        np = n <= PAD_MAX ? pad_bucket(n, s->max_tok) : n;
         n_rows = pad_bucket(n_rows, rows_cap);
         stride = (stride + 7) / 8 * 8 < s->max_blocks ? (stride + 7) / 8 * 8 : s->max_blocks;
         memcpy(s->tok, b->token, sizeof(int32_t) * (size_t)n);
         memcpy(s->pos, b->pos, sizeof(int32_t) * (size_t)n);
-        for (int t = n; t < np; t++) {
-            s->tok[t] = s->pos[t] = s->row[t] = 0;
+        for (int t = n; t < np; t++) { /* token 0 again: its blocks are valid in every pool */
+            s->tok[t] = b->token[0];
+            s->pos[t] = b->pos[0];
+            s->row[t] = s->row[0];
             s->last[t] = KERN_STORE_PAD;
         }
         pos = s->pos;
@@ -944,6 +949,10 @@ static enum status logits_rows(struct engine_model *m, int n, struct err_detail 
     struct kern_backend *be = R->be;
     if (be->host_memory || n <= R->buf.logits_rows)
         return ST_OK;
+    /* at least doubled (each growth frees memory, which drops the backend's graphs) */
+    const int dbl =
+        2 * R->buf.logits_rows < m->stage.max_tok ? 2 * R->buf.logits_rows : m->stage.max_tok;
+    n = n > dbl ? n : dbl;
     be->ops->buf_free(be, R->buf.logits);
     R->buf.logits = be->ops->buf_alloc(be, sizeof(float) * (size_t)n * (size_t)m->hp.n_vocab);
     R->buf.logits_rows = R->buf.logits ? n : 0;

@@ -171,11 +171,11 @@ static void graph_run(struct engine_model *m, int steps, float *lg)
 
 /* CUDA graphs at the engine level (kern_ops.graph_begin): with graphs on, a step is padded to
  * buckets (28 prompt tokens to 32, 3 decode tokens and rows to 4, the tables' width to a
- * multiple of 8 blocks; padding tokens never stored) and its layers are captured once its shape
- * repeats, then replayed while it lasts. Every step's logits are bitwise those of the same run
- * without graphs (QUERN_CUDA_GRAPHS=0: no padding either), across the tables' widening (a
- * replay with a stale width reads the wrong blocks for rows 1 and 2; a stored padding token
- * overwrites row 0's first key). */
+ * multiple of 8 blocks; padding tokens copy token 0 and are never stored) and its layers are
+ * captured once its shape repeats, then replayed while it lasts. Every step's logits are
+ * bitwise those of the same run without graphs (QUERN_CUDA_GRAPHS=0: no padding either),
+ * across the tables' widening (a replay with a stale width reads the wrong blocks for rows 1
+ * and 2). */
 static void test_cuda_graphs(void **state)
 {
     (void)state;
