@@ -195,18 +195,19 @@ test: check-includes $(TEST_BUILD) model gemma pydeps testdeps
 ifeq ($(CUDA_ON),emu)
 EMU_DIR = $(BUILD)
 cuda-emu: $(QUERN) $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_model \
-          $(BUILD)/tools/bench_matmul
+          $(BUILD)/tests/test_comm $(BUILD)/tools/bench_matmul
 else
 EMU_DIR = $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),$(BUILD)-emu,none)
 # A CUDA-enabled build lends it every C object (EMU_BASE), so they are built first. BUILD is
 # passed so that a BUILD given to this make does not reach the emulator's.
 cuda-emu: $(if $(filter 1,$(CUDA_ON)),$(BUILD)/libquern.a $(BIN_OBJ) \
-          $(BUILD)/tests/test_backend_ops.o $(BUILD)/tests/test_cuda_model.o)
+          $(BUILD)/tests/test_backend_ops.o $(BUILD)/tests/test_cuda_model.o \
+          $(BUILD)/tests/test_comm.o)
 ifneq ($(EMU_DIR),none)
 	$(MAKE) CUDA=emu BUILD=$(EMU_DIR) $(if $(QUERN_SANITIZE),asan) \
 	    $(if $(filter 1,$(CUDA_ON)),EMU_BASE=$(BUILD)) \
 	    $(EMU_DIR)/bin/quern $(EMU_DIR)/tests/test_backend_ops $(EMU_DIR)/tests/test_cuda_model \
-	    $(EMU_DIR)/tools/bench_matmul
+	    $(EMU_DIR)/tests/test_comm $(EMU_DIR)/tools/bench_matmul
 endif
 endif
 

@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #ifdef QUERN_CUDA
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/comm_nccl.h"
 #endif
 
 /* Whether --device auto takes a CUDA device when one is present. It stays 0 until the CUDA
@@ -55,7 +56,7 @@ enum status kern_backend_open(struct kern_backend **out, const struct kern_backe
     }
     if (!strcmp(dev, "cuda")) {
 #ifdef QUERN_CUDA
-        struct kern_cuda_opts cu = {0, o->act};
+        struct kern_cuda_opts cu = {o->ordinal, o->act};
         return kern_cuda_backend_init(out, &cu, err);
 #else
         return err_set(err, ST_ERR_UNSUPPORTED,
@@ -87,6 +88,38 @@ void kern_backends_print(FILE *f)
 #endif
 }
 
+/* How `size` ranks on o's device are joined (kern_group_open says): *nccl 1 for NCCL, rank r on
+ * device r; 0 for the device's own way (shared memory on the CPU, host staging on CUDA). */
+static enum status tp_comm_choice(const struct kern_backend_opts *o, int size, int *nccl,
+                                  struct err_detail *err)
+{
+    *nccl = 0;
+    const char *how = getenv("QUERN_TP_COMM");
+    if (!how || !*how)
+        how = "auto";
+    if (strcmp(how, "auto") && strcmp(how, "nccl") && strcmp(how, "staged"))
+        return err_set(err, ST_ERR_INVALID_ARG, "QUERN_TP_COMM=%s: want auto, nccl or staged", how);
+    if (strcmp(kern_device_resolve(o->device), "cuda"))
+        return ST_OK;
+#ifdef QUERN_CUDA
+    char why[256] = "QUERN_TP_COMM=staged";
+    if (strcmp(how, "staged"))
+        *nccl = kern_nccl_usable(size, why, sizeof(why));
+    if (!*nccl && !strcmp(how, "nccl"))
+        return err_set(err, ST_ERR_UNSUPPORTED, "QUERN_TP_COMM=nccl: %s", why);
+    if (*nccl)
+        LOG_INFO("tensor parallelism: %d ranks on CUDA devices 0-%d, joined by %s", size, size - 1,
+                 kern_nccl_describe());
+    else
+        LOG_INFO("tensor parallelism: %d ranks on CUDA device %d, joined through host memory "
+                 "(%s)",
+                 size, o->ordinal, why);
+#else
+    (void)size;
+#endif
+    return ST_OK;
+}
+
 enum status kern_group_open(struct kern_group **out, const struct kern_backend_opts *o,
                             struct err_detail *err)
 {
@@ -107,9 +140,12 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
     }
     struct kern_backend_opts ro = *o;
     ro.n_threads = o->n_threads / size > 1 ? o->n_threads / size : 1;
-    enum status st = ST_OK;
-    for (int r = 0; r < size && !st; r++)
+    int nccl = 0;
+    enum status st = size > 1 ? tp_comm_choice(o, size, &nccl, err) : ST_OK;
+    for (int r = 0; r < size && !st; r++) {
+        ro.ordinal = nccl ? r : o->ordinal;
         st = kern_backend_open(&g->be[r], &ro, err);
+    }
     if (!st && size > 1 && g->be[0]->host_memory) { /* ranks reduce through shared memory */
         struct kern_cpu_comm_group *cg;
         if (!(st = kern_cpu_comm_group_init(&cg, size, err))) {
@@ -118,7 +154,17 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
             for (int r = 0; r < size; r++)
                 g->comm[r] = kern_cpu_comm_get(cg, r);
         }
-    } else if (!st && size > 1) { /* device memory, no device collectives yet: host staging */
+#ifdef QUERN_CUDA
+    } else if (!st && nccl) {
+        struct kern_nccl_comm_group *ng;
+        if (!(st = kern_nccl_comm_group_init(&ng, g->be, size, err))) {
+            g->impl = ng;
+            g->impl_free = (void (*)(void *))kern_nccl_comm_group_free;
+            for (int r = 0; r < size; r++)
+                g->comm[r] = kern_nccl_comm_get(ng, r);
+        }
+#endif
+    } else if (!st && size > 1) { /* device memory without a device communicator */
         struct kern_staged_comm_group *sg;
         if (!(st = kern_staged_comm_group_init(&sg, g->be, size, err))) {
             g->impl = sg;
@@ -139,10 +185,10 @@ void kern_group_free(struct kern_group *g)
 {
     if (!g)
         return;
+    if (g->impl) /* first: a device communicator gives its buffers back through the backends */
+        g->impl_free(g->impl);
     for (int r = 0; g->be && r < g->size; r++)
         kern_backend_free(g->be[r]);
-    if (g->impl)
-        g->impl_free(g->impl);
     free(g->be);
     free(g->comm);
     free(g);

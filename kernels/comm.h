@@ -16,19 +16,22 @@ struct kern_comm;
  * builds, fails an assertion); these are programmer errors, so the operations return nothing.
  * Buffers are memory of the backend the communicator belongs to (host memory for the CPU);
  * different ranks' buffers must not overlap. On return, the rank's output is complete and its
- * buffers are free for it to reuse; nothing is allocated per call.
+ * buffers are free for it to reuse (for a device communicator, in the order of the rank's
+ * stream: the backend's later ops and copies see the output and may overwrite the inputs);
+ * nothing is allocated per call once a size has been seen.
  *
  * Determinism: a reduction adds, for each element, rank 0's value, then rank 1's, ..., then
  * rank size-1's, in that order and in the precision stated below, whatever the thread timing:
  * every rank gets bitwise the same result, and so does every run with the same inputs. */
 struct kern_comm_ops {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "staged", "nccl" */
     /* x (n floats, the same n on every rank) becomes, in place on every rank, the element-wise
      * sum over ranks in rank order, in f32: ((x_0 + x_1) + x_2) + ... */
     void (*all_reduce_sum_f32)(struct kern_comm *c, float *x, size_t n);
     /* The same for n bfloat16 values (the upper 16 bits of an f32): each element's sum is taken
      * in f32 in rank order, then rounded once to bfloat16, nearest even (kern_f32_to_bf16's
-     * rounding: overflow to inf, subnormals kept, NaN quiet of the same sign). */
+     * rounding: overflow to inf, subnormals kept, NaN quiet of the same sign). A sum that is
+     * NaN is NaN; its sign and payload are the adding hardware's (x86 and GPUs differ). */
     void (*all_reduce_sum_bf16)(struct kern_comm *c, uint16_t *x, size_t n);
     /* Every rank's `bytes` bytes at `in` (the same `bytes` on every rank) are gathered, in rank
      * order, into each rank's out (size * bytes): rank r's at out + r * bytes. in may be

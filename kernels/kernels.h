@@ -363,6 +363,7 @@ struct kern_backend_opts {
     int as_device;      /* CPU, for tests: report host_memory 0, so callers take the device
                          * path (every byte through upload/download) */
     int tp;             /* tensor-parallel ranks kern_group_open makes (0 or 1: one) */
+    int ordinal;        /* CUDA: the device (kern_group_open sets it for each rank) */
 };
 
 /* The device a --device value names: "cpu" or "cuda" for those, and for NULL/"auto" the one
@@ -385,8 +386,12 @@ struct kern_comm;
 /* The ranks of one tensor-parallel model: a backend per rank and a communicator joining them
  * (kernels/comm.h). The ranks are threads of this process, each backend with an even share of
  * o->n_threads (at least one). Host-memory backends reduce through shared memory
- * (kernels/cpu/comm_cpu.h); others through host staging (kernels/comm_staged.h) until a device
- * communicator (NCCL) exists: on one GPU, N backend instances of that device. */
+ * (kernels/cpu/comm_cpu.h). CUDA ranks, as QUERN_TP_COMM says (auto, the default: NCCL where it
+ * can be had): rank r on device r joined by NCCL (kernels/cuda/comm_nccl.h) when the library
+ * loads and there are as many devices as ranks; else (QUERN_TP_COMM=staged, or auto without
+ * NCCL or devices) every rank on device 0 through host staging (kernels/comm_staged.h), which is
+ * how the sharded paths run on one GPU. QUERN_TP_COMM=nccl makes the lack of NCCL an error. The
+ * choice is logged once per group. */
 struct kern_group {
     int size;                 /* ranks, >= 1 */
     struct kern_backend **be; /* per rank (owned) */

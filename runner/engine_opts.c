@@ -232,8 +232,8 @@ struct kern_backend_opts runner_engine_backend(struct runner_engine_opts *o)
 {
     if (o->act == RUNNER_ACT_DEFAULT)
         o->act = strcmp(kern_device_resolve(o->device), "cuda") ? KERN_ACT_Q8 : KERN_ACT_F32;
-    struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act, 0,
-                                   (int)o->tp};
+    struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act,
+                                   0,         (int)o->tp,      0};
     return ko;
 }
 

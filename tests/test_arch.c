@@ -129,7 +129,7 @@ static void test_arch_logits(void **state)
     assert_int_equal(cJSON_GetArraySize(models), 5);
     struct err_detail err = {0};
     struct kern_backend *be;
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
     assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
     for (int i = 0; i < cJSON_GetArraySize(models); i++) {
         const cJSON *md = cJSON_GetArrayItem(models, i);
@@ -185,7 +185,7 @@ static void test_arch_logits(void **state)
 
         /* two ranks: bitwise one rank's logits */
         struct kern_group *g;
-        struct kern_backend_opts to = {NULL, 2, NULL, KERN_ACT_F32, 0, 2};
+        struct kern_backend_opts to = {NULL, 2, NULL, KERN_ACT_F32, 0, 2, 0};
         struct engine_model *tm;
         assert_int_equal(kern_group_open(&g, &to, &err), ST_OK);
         if (engine_model_load_group(&tm, file, g, &err))
@@ -276,7 +276,7 @@ static void test_arch_engine_window(void **state)
     (void)state;
     struct err_detail err = {0};
     struct kern_backend *be;
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
     assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
     struct engine_model *m;
     struct engine_tok *tok;

@@ -941,7 +941,7 @@ static void test_cpu_backends(void **state)
     for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
         for (size_t m = 0; m < sizeof(acts) / sizeof(acts[0]); m++)
             for (int dev = 1; dev >= (m == 0 ? 0 : 1); dev--) {
-                struct kern_backend_opts o = {"cpu", 2, isas[i], acts[m], dev, 1};
+                struct kern_backend_opts o = {"cpu", 2, isas[i], acts[m], dev, 1, 0};
                 struct err_detail err = {0};
                 struct check c = {0};
                 if (kern_backend_open(&c.be, &o, &err)) {
@@ -1075,7 +1075,7 @@ static void test_cuda_backend(void **state)
     (void)state;
     static const enum kern_act modes[2] = {KERN_ACT_F32, KERN_ACT_BF16};
     for (int i = 0; i < 2; i++) {
-        struct kern_backend_opts o = {"cuda", 2, NULL, modes[i], 1, 1};
+        struct kern_backend_opts o = {"cuda", 2, NULL, modes[i], 1, 1, 0};
         struct err_detail err = {0};
         struct check c = {0};
         if (kern_backend_open(&c.be, &o, &err)) {
@@ -1114,7 +1114,7 @@ static void test_cuda_backend(void **state)
         setenv("QUERN_CUDA_PACK", knobs[i].pack, 1);
         setenv("QUERN_CUDA_MMA_SMALL", knobs[i].small, 1);
         setenv("QUERN_CUDA_CUBLAS_MIN", knobs[i].blas, 1);
-        struct kern_backend_opts o = {"cuda", 2, NULL, knobs[i].act, 1, 1};
+        struct kern_backend_opts o = {"cuda", 2, NULL, knobs[i].act, 1, 1, 0};
         struct err_detail err = {0};
         char label[128];
         snprintf(label, sizeof(label),
@@ -1162,7 +1162,7 @@ static void test_cuda_backend(void **state)
         for (int stage = 1; stage >= 0; stage--) {
             setenv("QUERN_CUDA_ATTN_STAGE", stage ? "1" : "0", 1);
             setenv("QUERN_CUDA_ATTN_SPLIT", att[i].split, 1);
-            struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+            struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1, 0};
             struct err_detail err = {0};
             struct check c = {.label = "cuda attention staged / unstaged", .keep = 1};
             c.r.s = 4500 + i;
@@ -1184,7 +1184,7 @@ static void test_cuda_backend(void **state)
     printf("  cuda attention, K/V staged per KV head: bitwise the unstaged output (6 shapes)\n");
     /* head_dim 512 (KERN_MAX_HEAD_DIM): too wide to stage, read directly */
     {
-        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1, 0};
         struct err_detail err = {0};
         struct check c = {.label = "cuda attention head_dim 512", .act = KERN_ACT_F32};
         c.r.s = 4600;
@@ -1196,7 +1196,7 @@ static void test_cuda_backend(void **state)
     /* attention split over the positions (flash-decoding) in runs of 24, so that these short
      * sequences (up to 70 positions) take 1 to 3 splits, sliding windows across splits too */
     setenv("QUERN_CUDA_ATTN_SPLIT", "24", 1);
-    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1};
+    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1, 0};
     struct err_detail err = {0};
     struct check c = {.label = "cuda attention split by 24", .act = KERN_ACT_F32};
     c.r.s = 4343;
@@ -1359,8 +1359,8 @@ static void bad_gather(struct kern_backend *b, float *dst, const float *src, con
 static void test_broken_ops_fail(void **state)
 {
     (void)state;
-    struct kern_backend_opts o = {"cpu", 2, "scalar", KERN_ACT_F32, 1, 1};
-    struct kern_backend_opts o_amx = {"cpu", 2, "amx", KERN_ACT_BF16, 1, 1};
+    struct kern_backend_opts o = {"cpu", 2, "scalar", KERN_ACT_F32, 1, 1, 0};
+    struct kern_backend_opts o_amx = {"cpu", 2, "amx", KERN_ACT_BF16, 1, 1, 0};
     struct err_detail err = {0};
     struct kern_backend *real, *amx = NULL;
     assert_int_equal(kern_backend_open(&real, &o, &err), ST_OK);

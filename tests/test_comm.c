@@ -1,5 +1,6 @@
 /* Unit tests for the CPU communicator (kernels/cpu/comm_cpu.h), and the host-staged one
- * (kernels/comm_staged.h) through the same checks: all-reduce in f32 and bf16
+ * (kernels/comm_staged.h) and the NCCL one (kernels/cuda/comm_nccl.h, where CUDA devices are: on
+ * the emulator, QUERN_CUDA_EMU_DEVICES of them) through the same checks: all-reduce in f32 and bf16
  * bitwise against a scalar sum in rank order (and edge cases with known answers), all-gather
  * (also in place), barrier ordering, and mixed collectives back to back, for 1 to 8 ranks, each
  * rank on its own thread. Races the results cannot show are ThreadSanitizer's to find: build
@@ -23,6 +24,10 @@
 #include "kernels/cpu/comm_cpu.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
+#ifdef QUERN_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/comm_nccl.h"
+#endif
 
 #define MAX_RANKS 8
 
@@ -56,6 +61,7 @@ static float mixed(uint64_t *s)
 /* One thread per rank runs fn(job); the main thread waits for all. */
 struct rank_job {
     struct kern_comm *c; /* this rank's handle */
+    struct kern_backend *dev; /* NULL: buffers are host memory; else the rank's device backend */
     void *ctx;           /* the test's shared state */
     long bad;            /* mismatches this rank found itself */
     void (*fn)(struct rank_job *j);
@@ -72,28 +78,96 @@ static void *rank_main(void *v)
  * that report device memory, instead of the CPU one; g_staged_bytes adds up what it staged. */
 static int g_staged;
 static size_t g_staged_bytes;
+/* 1: run_ranks makes the NCCL communicator over CUDA backends on devices 0, 1, ... */
+static int g_nccl;
+
+/* The collectives as a rank calls them on its host buffers: directly, or, on a device rank,
+ * through device copies of them (made, filled, and read back around the call). */
+static void rank_reduce(struct rank_job *j, void *x, size_t n, int bf16)
+{
+    const size_t bytes = n * (bf16 ? sizeof(uint16_t) : sizeof(float));
+    struct kern_backend *b = j->dev;
+    void *d = x;
+    if (b) {
+        assert_non_null(d = b->ops->buf_alloc(b, bytes ? bytes : 1));
+        b->ops->upload(b, d, x, bytes);
+    }
+    if (bf16)
+        kern_comm_all_reduce_sum_bf16(j->c, d, n);
+    else
+        kern_comm_all_reduce_sum_f32(j->c, d, n);
+    if (b) {
+        b->ops->download(b, x, d, bytes);
+        b->ops->buf_free(b, d);
+    }
+}
+
+static void rank_gather(struct rank_job *j, const void *in, void *out, size_t bytes)
+{
+    struct kern_backend *b = j->dev;
+    if (!b) {
+        kern_comm_all_gather(j->c, in, out, bytes);
+        return;
+    }
+    const size_t total = bytes * (size_t)kern_comm_size(j->c);
+    const size_t mine = bytes * (size_t)kern_comm_rank(j->c);
+    const int in_place = in == (const char *)out + mine;
+    void *d_out, *d_in;
+    assert_non_null(d_out = b->ops->buf_alloc(b, total ? total : 1));
+    b->ops->upload(b, d_out, out, total); /* the rank's part, when in place */
+    d_in = (char *)d_out + mine;
+    if (!in_place) {
+        assert_non_null(d_in = b->ops->buf_alloc(b, bytes ? bytes : 1));
+        b->ops->upload(b, d_in, in, bytes);
+    }
+    kern_comm_all_gather(j->c, d_in, d_out, bytes);
+    b->ops->download(b, out, d_out, total);
+    b->ops->buf_free(b, d_out);
+    if (!in_place)
+        b->ops->buf_free(b, d_in);
+}
 
 /* Runs fn on n_ranks threads of a fresh group; returns the mismatches the ranks reported. */
 static long run_ranks(int n_ranks, void (*fn)(struct rank_job *), void *ctx)
 {
     struct kern_cpu_comm_group *g = NULL;
     struct kern_staged_comm_group *sg = NULL;
-    struct kern_backend *be[MAX_RANKS];
+    struct kern_backend *be[MAX_RANKS] = {0};
     struct err_detail err = {0};
+#ifdef QUERN_CUDA
+    struct kern_nccl_comm_group *ng = NULL;
+#endif
     if (g_staged) {
-        const struct kern_backend_opts o = {"cpu", 1, NULL, KERN_ACT_F32, 1, 1};
+        const struct kern_backend_opts o = {"cpu", 1, NULL, KERN_ACT_F32, 1, 1, 0};
         for (int r = 0; r < n_ranks; r++)
             assert_int_equal(kern_backend_open(&be[r], &o, &err), ST_OK);
         assert_int_equal(kern_staged_comm_group_init(&sg, be, n_ranks, &err), ST_OK);
+#ifdef QUERN_CUDA
+    } else if (g_nccl) {
+        for (int r = 0; r < n_ranks; r++) {
+            const struct kern_backend_opts o = {"cuda", 1, NULL, KERN_ACT_F32, 0, 1, r};
+            assert_int_equal(kern_backend_open(&be[r], &o, &err), ST_OK);
+        }
+        if (kern_nccl_comm_group_init(&ng, be, n_ranks, &err))
+            fail_msg("NCCL group of %d: %s", n_ranks, err.msg);
+#endif
     } else {
         assert_int_equal(kern_cpu_comm_group_init(&g, n_ranks, &err), ST_OK);
     }
     struct rank_job jobs[MAX_RANKS];
     pthread_t th[MAX_RANKS];
     for (int r = 0; r < n_ranks; r++) {
-        jobs[r] = (struct rank_job){.c = sg ? kern_staged_comm_get(sg, r) : kern_cpu_comm_get(g, r),
+        jobs[r] = (struct rank_job){.c = sg  ? kern_staged_comm_get(sg, r)
+                                         : g ? kern_cpu_comm_get(g, r)
+                                             : NULL,
                                     .ctx = ctx,
                                     .fn = fn};
+#ifdef QUERN_CUDA
+        if (ng) {
+            jobs[r].c = kern_nccl_comm_get(ng, r);
+            jobs[r].dev = be[r];
+        }
+#endif
         assert_int_equal(kern_comm_rank(jobs[r].c), r);
         assert_int_equal(kern_comm_size(jobs[r].c), n_ranks);
         assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
@@ -110,6 +184,13 @@ static long run_ranks(int n_ranks, void (*fn)(struct rank_job *), void *ctx)
         for (int r = 0; r < n_ranks; r++)
             kern_backend_free(be[r]);
     }
+#ifdef QUERN_CUDA
+    if (ng) {
+        kern_nccl_comm_group_free(ng);
+        for (int r = 0; r < n_ranks; r++)
+            kern_backend_free(be[r]);
+    }
+#endif
     return bad;
 }
 
@@ -153,9 +234,9 @@ static void reduce_rank(struct rank_job *j)
     struct reduce_ctx *x = j->ctx;
     int r = kern_comm_rank(j->c);
     if (x->bf16)
-        kern_comm_all_reduce_sum_bf16(j->c, x->h[r], x->n);
+        rank_reduce(j, x->h[r], x->n, 1);
     else
-        kern_comm_all_reduce_sum_f32(j->c, x->f32[r], x->n);
+        rank_reduce(j, x->f32[r], x->n, 0);
 }
 
 /* Rank r's buffer starts r elements into its allocation, so the ranks' buffers are not equally
@@ -279,8 +360,8 @@ static void special_rank(struct rank_job *j)
         x->out_h[r][i] = x->h[i][r];
         x->out_f[r][i] = x->f[i][r];
     }
-    kern_comm_all_reduce_sum_bf16(j->c, x->out_h[r], x->n);
-    kern_comm_all_reduce_sum_f32(j->c, x->out_f[r], x->n);
+    rank_reduce(j, x->out_h[r], x->n, 1);
+    rank_reduce(j, x->out_f[r], x->n, 0);
 }
 
 static void test_all_reduce_special(void **state)
@@ -313,11 +394,13 @@ static void test_all_reduce_special(void **state)
         for (size_t i = 0; i < x.n; i++) {
             float s = kern_bf16_to_f32(h[i][0]) + kern_bf16_to_f32(h[i][1]);
             uint16_t ref = kern_f32_to_bf16(s + kern_bf16_to_f32(h[i][2]));
-            assert_int_equal(x.out_h[r][i], ref);
-            if (i == 6 || i == 7) /* NaN */
+            if (i == 6 ||
+                i == 7) { /* NaN: its sign and payload are the adder's (a GPU's: 0x7FFF) */
                 assert_true((x.out_h[r][i] & 0x7FFF) > 0x7F80);
-            else
+            } else {
+                assert_int_equal(x.out_h[r][i], ref);
                 assert_int_equal(x.out_h[r][i], want_h[i]);
+            }
         }
         for (size_t i = 0; i < sizeof(want_f) / sizeof(want_f[0]); i++)
             assert_true(f32_bits_equal(x.out_f[r][i], want_f[i]));
@@ -343,7 +426,7 @@ static void gather_rank(struct rank_job *j)
     struct gather_ctx *x = j->ctx;
     int r = kern_comm_rank(j->c);
     const void *in = x->in_place ? x->out[r] + (size_t)r * x->bytes : x->in[r];
-    kern_comm_all_gather(j->c, in, x->out[r], x->bytes);
+    rank_gather(j, in, x->out[r], x->bytes);
 }
 
 static void check_gather(int n_ranks, size_t bytes, int in_place)
@@ -469,14 +552,14 @@ static void mixed_rank(struct rank_job *j)
         }
         for (size_t i = 0; i < n; i++)
             x[i] = mixed_value(k, r, i);
-        kern_comm_all_reduce_sum_f32(j->c, x, n);
+        rank_reduce(j, x, n, 0);
         j->bad += memcmp(x, want_x, n * sizeof(float)) != 0;
         for (size_t i = 0; i < n; i++)
             h[i] = kern_f32_to_bf16(mixed_value(k, r, i));
-        kern_comm_all_reduce_sum_bf16(j->c, h, n);
+        rank_reduce(j, h, n, 1);
         j->bad += memcmp(h, want_h, n * sizeof(uint16_t)) != 0;
         mine = k * 1000 + r;
-        kern_comm_all_gather(j->c, &mine, all, sizeof(mine));
+        rank_gather(j, &mine, all, sizeof(mine));
         for (int q = 0; q < n_ranks; q++)
             j->bad += all[q] != k * 1000 + q;
         if (k % 2)
@@ -519,8 +602,93 @@ static void test_staged(void **state)
     g_staged = 0;
 }
 
+/* The NCCL communicator through the same checks, for as many ranks as there are devices (up to
+ * 4): bitwise the CPU communicator's results; and kern_group_open's choice between it and host
+ * staging (QUERN_TP_COMM). Where there is no CUDA device it says so (a failure with
+ * QUERN_REQUIRE_CUDA=1, as scripts/gpu-check.sh and the emulator's run set). */
+static void test_nccl(void **state)
+{
+    (void)state;
+    const char *req = getenv("QUERN_REQUIRE_CUDA");
+    const int require = req && !strcmp(req, "1");
+#ifndef QUERN_CUDA
+    if (require)
+        fail_msg("QUERN_REQUIRE_CUDA=1 but this build has no CUDA backend");
+    printf("  nccl: not checked (no CUDA backend in this build)\n");
+#else
+    char why[256] = "";
+    const int devs = kern_cuda_device_count(why, sizeof(why));
+    if (devs < 1 || !kern_nccl_usable(1, why, sizeof(why))) {
+        if (require)
+            fail_msg("QUERN_REQUIRE_CUDA=1 but NCCL is not usable: %s", why);
+        printf("  nccl: not checked (%s)\n", why);
+        return;
+    }
+    const int max = devs < 4 ? devs : 4;
+    printf("  nccl: %s, %d device(s), checking 1 to %d ranks\n", kern_nccl_describe(), devs, max);
+    g_nccl = 1;
+    long order_sensitive = 0;
+    static const size_t nsizes[] = {0, 1, 2, 31, 4097, 65537};
+    for (int ranks = 1; ranks <= max; ranks++)
+        for (size_t k = 0; k < sizeof(nsizes) / sizeof(nsizes[0]); k++) {
+            check_reduce(ranks, nsizes[k], 0, &order_sensitive);
+            check_reduce(ranks, nsizes[k], 1, &order_sensitive);
+            check_gather(ranks, nsizes[k], 0);
+            check_gather(ranks, nsizes[k], 1);
+        }
+    if (max >= 3)
+        test_all_reduce_special(NULL);
+    struct barrier_ctx x;
+    atomic_init(&x.counter, 0);
+    assert_int_equal(run_ranks(max, barrier_rank, &x), 0);
+    for (int ranks = 1; ranks <= max; ranks++)
+        assert_int_equal(run_ranks(ranks, mixed_rank, NULL), 0);
+    g_nccl = 0;
+    if (max >= 2)
+        assert_true(order_sensitive > 0); /* with 3+ ranks the order shows in these sums */
+
+    /* kern_group_open's choice */
+    assert_false(kern_nccl_usable(devs + 1, why, sizeof(why)));
+    assert_non_null(strstr(why, "device"));
+    struct err_detail err = {0};
+    struct kern_group *grp;
+    struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 0, max, 0};
+    static const struct {
+        const char *env;
+        int tp;           /* 0: max */
+        const char *name; /* the communicator's name; NULL: the open fails */
+    } cases[] = {
+        {NULL, 0, "nccl"},      {"auto", 0, "nccl"}, {"nccl", 0, "nccl"}, {"staged", 0, "staged"},
+        {"auto", -1, "staged"}, {"nccl", -1, NULL},  {"ring", 0, NULL},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        o.tp = cases[k].tp ? devs + 1 : max;
+        if (o.tp < 2 || (cases[k].tp && o.tp > 8))
+            continue;
+        if (cases[k].env)
+            setenv("QUERN_TP_COMM", cases[k].env, 1);
+        else
+            unsetenv("QUERN_TP_COMM");
+        const enum status st = kern_group_open(&grp, &o, &err);
+        if (!cases[k].name) {
+            assert_int_not_equal(st, ST_OK);
+            continue;
+        }
+        if (st)
+            fail_msg("QUERN_TP_COMM=%s tp %d: %s", cases[k].env, o.tp, err.msg);
+        assert_string_equal(grp->comm[0]->ops->name, cases[k].name);
+        for (int r = 0; r < o.tp; r++)
+            assert_int_equal(kern_cuda_device(grp->be[r]), !strcmp(cases[k].name, "nccl") ? r : 0);
+        kern_group_free(grp);
+    }
+    unsetenv("QUERN_TP_COMM");
+#endif
+}
+
 int main(void)
 {
+    /* the emulator's devices (a GPU build ignores this) */
+    setenv("QUERN_CUDA_EMU_DEVICES", "4", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_init),
         cmocka_unit_test(test_all_reduce_f32),
@@ -531,6 +699,7 @@ int main(void)
         cmocka_unit_test(test_barrier),
         cmocka_unit_test(test_back_to_back),
         cmocka_unit_test(test_staged),
+        cmocka_unit_test(test_nccl),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,7 +114,7 @@ static void test_batch_invariance_bf16(void **state)
     }
     struct fixture f = *(struct fixture *)*state;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_BF16, 0, 1, 0};
     assert_int_equal(kern_backend_open(&f.be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(&f.m, test_model_path(), f.be, &err), ST_OK);
     batch_invariance(&f, 0, KERN_KV_F16);

@@ -71,7 +71,7 @@ static void test_gemma_vs_reference(void **state)
     struct err_detail err = {0};
     struct kern_backend *be;
     struct engine_model *m;
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
     assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
     if (engine_model_load(&m, test_gemma_path(), be, &err))
         fail_msg("%s (run `make gemma` or set QUERN_GEMMA)", err.msg);

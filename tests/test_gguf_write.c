@@ -240,7 +240,7 @@ static void test_dummy_shapes_and_seed(void **state)
 static void greedy(struct io_gguf *g, int tp, int32_t *out, int n)
 {
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {"cpu", 3, NULL, KERN_ACT_F32, 0, tp};
+    struct kern_backend_opts ko = {"cpu", 3, NULL, KERN_ACT_F32, 0, tp, 0};
     struct kern_group *grp;
     assert_int_equal(kern_group_open(&grp, &ko, &err), ST_OK);
     struct engine_model *m;

@@ -53,7 +53,7 @@ static int setup(void **state)
     f.root = cJSON_Parse(js);
     free(js);
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
     if (!f.root || kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err)) {
         fprintf(stderr, "setup failed: %s\n", err.msg);
@@ -179,7 +179,7 @@ static void load_with(const char *isa, enum kern_act act, struct kern_backend **
                       struct engine_model **m)
 {
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, isa, act, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, isa, act, 0, 1, 0};
     assert_int_equal(kern_backend_open(be, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load(m, test_model_path(), *be, &err), ST_OK);
 }
@@ -540,7 +540,7 @@ static void test_device_path(void **state)
     struct err_detail err = {0};
     struct kern_backend *dbe;
     struct engine_model *dm;
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 1, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 1, 1, 0};
     assert_int_equal(kern_backend_open(&dbe, &ko, &err), ST_OK);
     assert_int_equal(dbe->host_memory, 0);
     assert_int_equal(engine_model_load(&dm, test_model_path(), dbe, &err), ST_OK);
@@ -611,7 +611,7 @@ static void test_tensor_parallel(void **state)
     struct err_detail err = {0};
     struct kern_group *g;
     struct engine_model *tm, *one = NULL;
-    struct kern_backend_opts ko = {NULL, 3, NULL, KERN_ACT_F32, 0, 2};
+    struct kern_backend_opts ko = {NULL, 3, NULL, KERN_ACT_F32, 0, 2, 0};
     assert_int_equal(kern_group_open(&g, &ko, &err), ST_OK);
     assert_int_equal(engine_model_load_group(&tm, test_model_path(), g, &err), ST_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "9 query heads"));

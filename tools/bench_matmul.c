@@ -113,7 +113,7 @@ int main(int argc, char **argv)
             setenv("QUERN_CUDA_MMA_SMALL", vs[v].small, 1);
             setenv("QUERN_CUDA_CUBLAS_MIN", vs[v].blas, 1);
         }
-        struct kern_backend_opts o = {device, 2, NULL, vs[v].act, 1, 1};
+        struct kern_backend_opts o = {device, 2, NULL, vs[v].act, 1, 1, 0};
         struct kern_backend *be = NULL;
         struct err_detail err = {0};
         if (kern_backend_open(&be, &o, &err)) {

@@ -57,9 +57,44 @@ struct cuda_state {
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
+/* The device the calling thread's CUDA calls go to, as this file last set it (-1: unknown).
+ * Ranks of a tensor-parallel group each own a device and may be driven from any thread, so every
+ * op makes its backend's device current first (st_of); the cache makes that a compare. */
+static _Thread_local int bound_device = -1;
+
+static void bind_device(int device)
+{
+    if (bound_device != device) {
+        const cudaError_t rc = cudaSetDevice(device);
+        if (rc) {
+            LOG_ERROR("CUDA error making device %d current: %s", device, cudaGetErrorString(rc));
+            abort();
+        }
+        bound_device = device;
+    }
+}
+
+/* The backend's state, its device made current for the calling thread. */
 static struct cuda_state *st_of(struct kern_backend *b)
 {
-    return b->impl;
+    struct cuda_state *s = b->impl;
+    bind_device(s->device);
+    return s;
+}
+
+void *kern_cuda_stream(struct kern_backend *b)
+{
+    return st_of(b)->stream;
+}
+
+int kern_cuda_device(const struct kern_backend *b)
+{
+    return ((const struct cuda_state *)b->impl)->device;
+}
+
+void kern_cuda_forget_device(void)
+{
+    bound_device = -1;
 }
 
 /* Every graph made so far goes: they hold device addresses, and memory given back may come back
@@ -483,7 +518,7 @@ static void cuda_gather(struct kern_backend *b, float *dst, const float *src, co
 
 static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 {
-    (void)b;
+    (void)st_of(b); /* on the backend's device */
     void *p = NULL; /* cudaMalloc aligns to at least 256 bytes */
     return handled(cudaMalloc(&p, bytes ? bytes : 1)) ? NULL : p;
 }
@@ -703,7 +738,7 @@ static const char *cuda_describe(const struct kern_backend *b)
 
 static void cuda_free(struct kern_backend *b)
 {
-    struct cuda_state *s = b->impl;
+    struct cuda_state *s = st_of(b);
     cudaStreamSynchronize(s->stream);
     if (s->best)
         cudaFree(s->best);
@@ -790,6 +825,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "the CUDA backend runs the exact and bf16 matmul modes (not q8/q16)");
     struct cudaDeviceProp prop;
+    kern_cuda_forget_device();
     cudaError_t rc = cudaSetDevice(o->device);
     if (!rc)
         rc = cudaGetDeviceProperties(&prop, o->device);
@@ -817,6 +853,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
                        prop.major, prop.minor);
     }
     s->device = o->device;
+    bound_device = o->device;
     s->act = o->act;
     /* tuning knobs for tests and the GPU check (docs/CUDA_NOTES.md): defaults until measured */
     static const struct {

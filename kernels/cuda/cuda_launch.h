@@ -121,6 +121,32 @@ int kcu_sample(void *stream, const float *logits, float *work, double *zc, float
                int n_vocab, const struct kcu_sample *rows, const int32_t *pen_id,
                const int32_t *pen_count, const uint32_t *masks, struct kcu_sample_out *out);
 
+/* NCCL (kernels/cuda/cuda_nccl.cu), loaded once per process at the first call (QUERN_NCCL_LIB,
+ * else libnccl.so.2): NULL, with the reason in why, when it cannot be had. Moves bytes only; the
+ * calls return 0 or an ncclResult_t (kcu_nccl_error names it). */
+struct kcu_nccl;
+const struct kcu_nccl *kcu_nccl_open(char *why, size_t why_size);
+int kcu_nccl_version(const struct kcu_nccl *l); /* major * 10000 + minor * 100 + patch */
+/* n communicators, rank r's on device devs[r] (distinct devices), from one thread
+ * (ncclCommInitAll); it may leave another device current. */
+int kcu_nccl_init(const struct kcu_nccl *l, void **comms, int n, const int *devs);
+void kcu_nccl_close(const struct kcu_nccl *l, void *comm);
+const char *kcu_nccl_error(const struct kcu_nccl *l, int rc);
+/* The exchange of a rank-order all-reduce over n_bytes at x cut into chunks of chunk_bytes
+ * (rank q's: bytes [q * chunk_bytes, min(n_bytes, (q + 1) * chunk_bytes)) of x): rank `rank`
+ * sends each peer q its chunk of x and receives each peer's copy of its own chunk into
+ * slots + q * chunk_bytes. Every rank calls it, on its own thread and stream. */
+int kcu_nccl_exchange(const struct kcu_nccl *l, void *comm, void *stream, int rank, int size,
+                      const void *x, void *slots, size_t n_bytes, size_t chunk_bytes);
+/* ncclAllGather of bytes from each rank (in may be out + rank * bytes). */
+int kcu_nccl_gather(const struct kcu_nccl *l, void *comm, void *stream, const void *in, void *out,
+                    size_t bytes);
+/* After kcu_nccl_exchange over n elements (f32, or bf16 when bf16) in chunks of `chunk`: slots
+ * + rank * chunk gets rank `rank`'s chunk summed over the ranks in rank order in f32 (rank's own
+ * values read from x), rounded once to bf16 when bf16 (kern_f32_to_bf16's rounding). */
+int kcu_rank_sum(void *stream, const void *x, void *slots, size_t n, size_t chunk, int rank,
+                 int size, int bf16);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,9 +5,11 @@
 # required (QUERN_REQUIRE_CUDA=1): the op test in both modes (exact f32 kernels, bf16 on the
 # emulated tensor cores) against the double-precision reference; a 6-layer dummy model's logits
 # and greedy tokens against the CPU backend, and its decode steps replayed from CUDA graphs
-# bitwise as without (test_cuda_model); the default model's greedy text
-# through `quern generate --device cuda` against --device cpu, and at --tp 3 (three backends on
-# the one emulated device, collectives staged through host memory); and a small `quern run`
+# bitwise as without, and at 3 ranks joined by NCCL (on 3 emulated devices) bitwise as through
+# host memory (test_cuda_model); the communicators, NCCL's stand-in included, bitwise the CPU
+# one's (test_comm); the default model's greedy text through `quern generate --device cuda`
+# against --device cpu, and at --tp 3 (three backends on the one emulated device, collectives
+# staged through host memory; and on three emulated devices joined by NCCL); a small `quern run`
 # job (continuous batching, the paged KV cache, prefix sharing on the device, a sampled request
 # with n = 2) whose records equal the CPU's (graphs on, the default); `quern plan --device cuda`
 # against the device memory a run holds. What this does not show: speed, and what only a GPU
@@ -42,9 +44,13 @@ for order in $orders; do
     n=$(grep -c "quern CUDA emulator (CPU) .*: every op within tolerance" "$tmp/ops.txt" || true)
     [ "$n" = 2 ] || { cat "$tmp/ops.txt"; fail "op test ($order): $n of 2 CUDA modes passed"; }
 done
-QUERN_REQUIRE_CUDA=1 "$E/tests/test_cuda_model" >"$tmp/model.txt" 2>&1 ||
+QUERN_REQUIRE_CUDA=1 QUERN_REQUIRE_NCCL=1 "$E/tests/test_cuda_model" >"$tmp/model.txt" 2>&1 ||
     { cat "$tmp/model.txt"; fail "test_cuda_model on the emulated CUDA backend"; }
-grep "cuda model:\|cuda graphs:" "$tmp/model.txt"
+grep "cuda model:\|cuda graphs:\|cuda tp:" "$tmp/model.txt"
+# the communicators, NCCL's on 4 emulated devices (its stand-in: kernels/cuda/cuda_nccl.cu)
+QUERN_REQUIRE_CUDA=1 "$E/tests/test_comm" >"$tmp/comm.txt" 2>&1 ||
+    { cat "$tmp/comm.txt"; fail "test_comm with the emulated devices"; }
+grep "nccl:" "$tmp/comm.txt"
 
 # 2. Greedy text: cuda = cpu, and cuda --tp 3 = cuda --tp 1.
 gen() { # name, flags...
@@ -68,10 +74,16 @@ if [ -n "${QUERN_SANITIZE:-}" ]; then
 fi
 gen cuda3 --device cuda --tp 3
 cmp -s "$tmp/cuda.txt" "$tmp/cuda3.txt" || fail "cuda --tp 3 text differs from --tp 1"
+grep -q "3 ranks on CUDA device 0, joined through host memory" "$tmp/cuda3.err" ||
+    fail "--tp 3 on one device did not stage through the host"
+QUERN_CUDA_EMU_DEVICES=3 QUERN_TP_COMM=nccl gen cuda3n --device cuda --tp 3
+grep -q "3 ranks on CUDA devices 0-2, joined by NCCL" "$tmp/cuda3n.err" ||
+    fail "--tp 3 on 3 devices was not joined by NCCL"
+cmp -s "$tmp/cuda.txt" "$tmp/cuda3n.txt" || fail "cuda --tp 3 over NCCL text differs from --tp 1"
 # attention split over the positions (flash-decoding) every 4 positions: 2 to 3 splits here
 QUERN_CUDA_ATTN_SPLIT=4 gen cuda_split --device cuda
 cmp -s "$tmp/cuda.txt" "$tmp/cuda_split.txt" || fail "cuda text with split attention differs"
-echo "generate: cuda = cpu = cuda --tp 3 = cuda split attention: $(tr '\n' ' ' <"$tmp/cpu.txt")"
+echo "generate: cuda = cpu = cuda --tp 3 (staged, NCCL) = cuda split attention: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
 # 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
 #    top_k and log-probabilities and a json_object one (its grammar's masks go up with its rows),

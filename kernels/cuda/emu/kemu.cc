@@ -4,7 +4,12 @@
  * the calling thread. Device allocations are recorded so that a copy or memset reaching outside
  * one, or a copy whose direction does not match its pointers, fails as cudaErrorInvalidValue
  * (the GPU would fault or corrupt memory); new allocations are filled with 0xFF bytes (NaN
- * floats, -1 ids), as cudaMalloc gives no zeroed memory. x86-64 only (the context switch). */
+ * floats, -1 ids), as cudaMalloc gives no zeroed memory. Devices: QUERN_CUDA_EMU_DEVICES of them
+ * (1 to 8, default 1), each with its own allocations and streams; as in CUDA, a launch on a
+ * stream of a device other than the calling thread's current one fails (invalid resource
+ * handle), and, stricter than CUDA, so does a host copy or memset on a stream whose device does
+ * not hold the device memory it touches (CUDA would copy across devices; quern's rule is that
+ * each rank touches its own device only, collectives aside). x86-64 only (the context switch). */
 #include "kernels/cuda/emu/kemu.h"
 
 #include <pthread.h>
@@ -423,6 +428,43 @@ bool thread_captures_invalidate(void)
 
 } // namespace
 
+/* ---- devices and streams ---- */
+
+namespace
+{
+
+thread_local int g_cur_dev; /* the calling thread's current device (cudaSetDevice) */
+
+/* QUERN_CUDA_EMU_DEVICES, read once. */
+int n_devices(void)
+{
+    static const int n = [] {
+        const char *e = getenv("QUERN_CUDA_EMU_DEVICES");
+        if (!e || !*e)
+            return 1;
+        char *end;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 1 || v > 8) {
+            fprintf(stderr, "CUDA emulator: QUERN_CUDA_EMU_DEVICES=%s: want 1 to 8\n", e);
+            abort();
+        }
+        return (int)v;
+    }();
+    return n;
+}
+
+struct emu_stream {
+    int device; /* the device current when it was made */
+};
+
+/* The device of stream s (the default stream: the current device's). */
+int stream_device(cudaStream_t s)
+{
+    return s ? reinterpret_cast<emu_stream *>(s)->device : g_cur_dev;
+}
+
+} // namespace
+
 static void run_launch(const char *name, dim3 grid, dim3 block, const std::function<void()> &body);
 
 int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
@@ -433,6 +475,10 @@ int kemu_run(const char *name, dim3 grid, dim3 block, cudaStream_t stream,
         grid.y > 65535 || grid.z > 65535) {
         set_error(cudaErrorInvalidConfiguration);
         return cudaErrorInvalidConfiguration;
+    }
+    if (stream_device(stream) != g_cur_dev) { /* CUDA's rule: the stream's device is current */
+        set_error(cudaErrorInvalidResourceHandle);
+        return cudaErrorInvalidResourceHandle;
     }
     if (capture *c = capture_of(stream)) {
         if (c->invalid) {
@@ -502,18 +548,23 @@ namespace
 {
 
 std::mutex g_mem_lock;
-std::map<uintptr_t, size_t> g_allocs; /* device allocations: start -> bytes */
+struct dev_block {
+    size_t size;
+    int device;
+};
+std::map<uintptr_t, dev_block> g_allocs; /* device allocations by start */
 
-/* Is [p, p + n) inside one device allocation? */
-bool on_device(const void *p, size_t n)
+/* The device whose allocation [p, p + n) lies in, or -1 when it lies in none. */
+int device_of(const void *p, size_t n)
 {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     std::lock_guard<std::mutex> hold(g_mem_lock);
     auto it = g_allocs.upper_bound(a);
     if (it == g_allocs.begin())
-        return false;
+        return -1;
     --it;
-    return a >= it->first && n <= it->second && a - it->first <= it->second - n;
+    const size_t size = it->second.size;
+    return a >= it->first && n <= size && a - it->first <= size - n ? it->second.device : -1;
 }
 
 bool touches_device(const void *p, size_t n)
@@ -524,7 +575,7 @@ bool touches_device(const void *p, size_t n)
     if (it == g_allocs.begin())
         return false;
     --it;
-    return it->first + it->second > a;
+    return it->first + it->second.size > a;
 }
 
 cudaError_t fail(cudaError_t e)
@@ -539,18 +590,27 @@ extern "C" {
 
 cudaError_t cudaGetDeviceCount(int *count)
 {
-    *count = 1;
+    *count = n_devices();
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device)
 {
-    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+    if (device < 0 || device >= n_devices())
+        return fail(cudaErrorInvalidDevice);
+    g_cur_dev = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = g_cur_dev;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
-    if (device != 0)
+    if (device < 0 || device >= n_devices())
         return fail(cudaErrorInvalidDevice);
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "quern CUDA emulator (CPU)");
@@ -576,19 +636,20 @@ cudaError_t cudaMalloc(void **p, size_t size)
         memset(m, 0xFF, size);
     }
     std::lock_guard<std::mutex> hold(g_mem_lock);
-    g_allocs[reinterpret_cast<uintptr_t>(m)] = size;
+    g_allocs[reinterpret_cast<uintptr_t>(m)] = dev_block{size, g_cur_dev};
     *p = m;
     return cudaSuccess;
 }
 
-/* The emulated device: 16 GiB, of which the live allocations are in use (no context). */
+/* The current device: 16 GiB, of which its live allocations are in use (no context). */
 cudaError_t cudaMemGetInfo(size_t *avail, size_t *total)
 {
     size_t used = 0;
     {
         std::lock_guard<std::mutex> hold(g_mem_lock);
         for (const auto &a : g_allocs)
-            used += a.second;
+            if (a.second.device == g_cur_dev)
+                used += a.second.size;
     }
     *total = (size_t)16 << 30;
     *avail = used < *total ? *total - used : 0;
@@ -607,7 +668,7 @@ cudaError_t cudaFree(void *p)
         auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
         if (it == g_allocs.end())
             return fail(cudaErrorInvalidValue);
-        size = it->second;
+        size = it->second.size;
         g_allocs.erase(it);
     }
     dev_free(p, size);
@@ -617,28 +678,28 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t stream)
 {
-    (void)stream;
     if (!n)
         return cudaSuccess;
+    const int sd = stream_device(stream);
     bool ok;
     switch (kind) {
     case cudaMemcpyHostToDevice:
-        ok = on_device(dst, n) && !touches_device(src, n);
+        ok = device_of(dst, n) == sd && !touches_device(src, n);
         break;
     case cudaMemcpyDeviceToHost:
-        ok = on_device(src, n) && !touches_device(dst, n);
+        ok = device_of(src, n) == sd && !touches_device(dst, n);
         break;
-    case cudaMemcpyDeviceToDevice:
-        ok = on_device(src, n) && on_device(dst, n);
+    case cudaMemcpyDeviceToDevice: /* between devices too (a peer copy, as collectives make) */
+        ok = device_of(src, n) >= 0 && device_of(dst, n) >= 0;
         break;
     default:
         ok = false;
     }
     if (!ok) {
         fprintf(stderr,
-                "CUDA emulator: cudaMemcpyAsync(%p, %p, %zu, kind %d) does not match "
-                "the device allocations\n",
-                dst, src, n, (int)kind);
+                "CUDA emulator: cudaMemcpyAsync(%p, %p, %zu, kind %d) on a stream of device %d "
+                "does not match that device's allocations\n",
+                dst, src, n, (int)kind, sd);
         return fail(cudaErrorInvalidValue);
     }
     if (capture *c = capture_of(stream)) {
@@ -661,14 +722,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
 {
-    (void)stream;
     if (!n)
         return cudaSuccess;
-    if (!on_device(p, n)) {
+    if (device_of(p, n) != stream_device(stream)) {
         fprintf(stderr,
-                "CUDA emulator: cudaMemsetAsync(%p, %zu) outside the device "
-                "allocations\n",
-                p, n);
+                "CUDA emulator: cudaMemsetAsync(%p, %zu) outside the allocations of the stream's "
+                "device %d\n",
+                p, n, stream_device(stream));
         return fail(cudaErrorInvalidValue);
     }
     if (capture *c = capture_of(stream)) {
@@ -688,13 +748,23 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
 {
     (void)flags;
-    *s = reinterpret_cast<cudaStream_t>(malloc(1));
-    return *s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    *s = reinterpret_cast<cudaStream_t>(new emu_stream{g_cur_dev});
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    free(s);
+    delete reinterpret_cast<emu_stream *>(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
+{
+    memset(a, 0, sizeof(*a));
+    const int d = device_of(p, 1);
+    a->type = d >= 0 ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+    a->device = d >= 0 ? d : -2; /* as CUDA reports host memory */
+    a->devicePointer = d >= 0 ? const_cast<void *>(p) : nullptr;
     return cudaSuccess;
 }
 
@@ -714,6 +784,15 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
     if (g_caps.count(s))
         return fail(cudaErrorIllegalState);
     g_caps[s] = capture{new graph, false, pthread_self()};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
+{
+    capture *c = capture_of(s);
+    *status = !c           ? cudaStreamCaptureStatusNone
+              : c->invalid ? cudaStreamCaptureStatusInvalidated
+                           : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
 
@@ -791,6 +870,8 @@ const char *cudaGetErrorString(cudaError_t e)
         return "operation failed due to a previous error during capture";
     case cudaErrorIllegalState:
         return "the operation is not permitted in the current state";
+    case cudaErrorInvalidResourceHandle:
+        return "invalid resource handle";
     default:
         return "unknown error (CUDA emulator)";
     }
