@@ -14,7 +14,10 @@
 #     - test_cuda_dequant, test_cuda_pack; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
 #       every op against the double-precision reference (exact mode; matmuls also in bf16 mode,
 #       the tensor-core kernel); test_cuda_model: a 6-layer dummy model's logits and greedy
-#       tokens against the CPU backend's;
+#       tokens against the CPU backend's, and --tp 3 on the one GPU against --tp 1; test_comm:
+#       the NCCL communicator (the toolkit's libnccl.so.2, else PyTorch's wheel) bitwise the CPU
+#       one's, for as many ranks as there are GPUs (one here: the library, the chunk exchange,
+#       the rank-order sum kernel and the all-gather, without peers);
 #     - greedy text of --device cuda against --device cpu: the 8-layer dummy GGUF prepare wrote
 #       (gpu-carry/models/, real SmolLM2 width and tokenizer) and --dummy smollm2-135m (all 30
 #       layers, the tokenizer from that file); --tp 3 on the one GPU (three backends, collectives
@@ -41,12 +44,13 @@ C=gpu-carry
 prepare() {
     set -e
     make -j"$(nproc)" CUDA=1 all build/tests/test_backend_ops build/tests/test_cuda_dequant \
-        build/tests/test_cuda_pack build/tests/test_cuda_model build/tools/dummy_gguf \
-        build/tools/bench_matmul
+        build/tests/test_cuda_pack build/tests/test_cuda_model build/tests/test_comm \
+        build/tools/dummy_gguf build/tools/bench_matmul
     rm -rf "$C"
     mkdir -p "$C/bin" "$C/lib" "$C/models"
     cp build/bin/quern build/tests/test_backend_ops build/tests/test_cuda_dequant \
-        build/tests/test_cuda_pack build/tests/test_cuda_model build/tools/bench_matmul "$C/bin/"
+        build/tests/test_cuda_pack build/tests/test_cuda_model build/tests/test_comm \
+        build/tools/bench_matmul "$C/bin/"
     # Libraries outside glibc, libgcc and libstdc++ (which any CUDA image has).
     for b in "$C"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -91,17 +95,25 @@ run() {
         python3 -c 'import glob, os, torch; print("\n".join(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcublas.so.13"))))' 2>/dev/null) |
         head -1)
     [ -n "$blas" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$blas")"
+    # NCCL likewise (dlopen libnccl.so.2, or QUERN_NCCL_LIB): the toolkit's, else PyTorch's wheel
+    local nccl
+    nccl=$( (ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null ||
+        python3 -c 'import glob, os, torch; print("\n".join(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libnccl.so.2"))))' 2>/dev/null) |
+        head -1)
+    [ -n "$nccl" ] && export QUERN_NCCL_LIB=$nccl
     failed=""
     {
         echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
         step nvidia-smi 20 nvidia-smi
         step ldd 30 bash -c "! ldd $B/* | grep 'not found'"
         echo "libcublas.so.13 (dlopen'ed for QUERN_CUDA_CUBLAS_MIN): ${blas:-not found}"
+        echo "libnccl.so.2 (dlopen'ed for tensor parallelism over GPUs): ${nccl:-not found}"
         step info 30 "$B/quern" info
         step dequant 60 "$B/test_cuda_dequant"
         step pack 60 "$B/test_cuda_pack"
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$B/test_backend_ops"
         step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$B/test_cuda_model"
+        step comm 60 env QUERN_REQUIRE_CUDA=1 "$B/test_comm"
         local m=$C/models/smollm2-8l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}
