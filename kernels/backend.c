@@ -83,6 +83,13 @@ void kern_backends_print(FILE *f)
     kern_cpu_print(f);
 #ifdef QUERN_CUDA
     kern_cuda_print(f);
+    char why[256] = "";
+    const int devs = kern_cuda_device_count(NULL, 0);
+    if (devs > 0 && kern_nccl_usable(devs, why, sizeof(why)))
+        fprintf(f, "nccl: %s: --tp up to %d on CUDA puts one rank on each GPU\n",
+                kern_nccl_describe(), devs);
+    else if (devs > 0)
+        fprintf(f, "nccl: not usable (%s): --tp on CUDA stages through host memory\n", why);
 #else
     fprintf(f, "cuda: not built in (nvcc not found at build time)\n");
 #endif

@@ -30,6 +30,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$Q" info --model "$M" 2>&1 | grep -q "^cuda 0: quern CUDA emulator (CPU)" ||
     fail "$Q is not an emulator build"
+QUERN_CUDA_EMU_DEVICES=2 "$Q" info 2>&1 | grep -q "^nccl: NCCL .*--tp up to 2 on CUDA" ||
+    fail "quern info does not report NCCL over the 2 emulated devices"
 
 # 1. The op test, the CUDA backend required, with the threads of each block run first to last
 #    and last to first (a missing barrier shows in one order or the other; under sanitizers,
