@@ -566,7 +566,7 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
         }
     /* f16: the kernels' polynomial exp and f32 sums; q8: plus a quantization step of the
      * keys' and values' row maxima (2 and 1) / 127 */
-    const double tol = dtype == KERN_KV_F16 ? 2e-4 : 0.05;
+    const double tol = dtype == KERN_KV_F16 ? (c->att_tol > 0 ? c->att_tol : 2e-4) : 0.05;
     double *sc = malloc(sizeof(double) * (size_t)n);
     char op[96];
     snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d window %d softcap %g",
@@ -1014,6 +1014,67 @@ static void check_broken_sample(struct kern_backend *real)
 /* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
  * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
  * (scripts/gpu-check.sh) no GPU is a failure. */
+/* The bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA, on by default: f16 K/V and
+ * head_dim a multiple of 16 up to 128), against the double reference within what rounding the
+ * scaled queries and the probabilities to halves costs (5e-3; the f32 kernel is held to 2e-4),
+ * and bitwise alone as in its batch (check_attention): heads per KV head 1 to 16 (tiles of 16
+ * tokens of one head to one token of 16 heads, and 5 tokens of 3: tiles that span two
+ * sequences), head_dim 32 to 128, a window, a soft-cap, splits of 24 positions (pieces that
+ * straddle the 16-position runs) and token slices. 8-bit KV and head_dim 256 fall back to the f32
+ * kernel (held to its own tolerance). QUERN_CUDA_ATTN_MMA=0 changes the output, so the kernel
+ * runs. */
+static void check_cuda_attn_mma(void)
+{
+    static const struct {
+        const char *split, *part, *label;
+    } cfg[] = {{"0", "", "cuda bf16 attention on tensor cores"},
+               {"24", "", "cuda bf16 attention on tensor cores, split by 24"},
+               {"24", "20000", "cuda bf16 attention on tensor cores, split, token slices"}};
+    for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++) {
+        setenv("QUERN_CUDA_ATTN_SPLIT", cfg[i].split, 1);
+        if (*cfg[i].part)
+            setenv("QUERN_CUDA_ATTN_PART", cfg[i].part, 1);
+        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_BF16, 1, 1, 0};
+        struct err_detail err = {0};
+        struct check c = {.label = cfg[i].label, .act = KERN_ACT_BF16, .att_tol = 5e-3};
+        c.r.s = 4800 + i;
+        assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+        check_attention(&c, KERN_KV_F16, 9, 3, 64, 0, 0);
+        check_attention(&c, KERN_KV_F16, 4, 4, 32, 0, 0);
+        check_attention(&c, KERN_KV_F16, 8, 1, 128, 0, 0);
+        check_attention(&c, KERN_KV_F16, 16, 1, 48, 0, 0);
+        check_attention(&c, KERN_KV_F16, 9, 3, 64, 5, 0);
+        check_attention(&c, KERN_KV_F16, 8, 2, 64, 23, 1.5f);
+        check_attention(&c, KERN_KV_Q8, 4, 2, 64, 0, 0);
+        check_attention(&c, KERN_KV_F16, 4, 1, 256, 16, 0);
+        printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
+        assert_int_equal(c.fails, 0);
+        kern_backend_free(c.be);
+        unsetenv("QUERN_CUDA_ATTN_PART");
+    }
+    unsetenv("QUERN_CUDA_ATTN_SPLIT");
+    float *got[2] = {NULL, NULL};
+    size_t n_got = 0;
+    for (int mma = 1; mma >= 0; mma--) {
+        setenv("QUERN_CUDA_ATTN_MMA", mma ? "1" : "0", 1);
+        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_BF16, 1, 1, 0};
+        struct err_detail err = {0};
+        struct check c = {
+            .label = "cuda bf16 attention", .act = KERN_ACT_BF16, .keep = 1, .att_tol = 5e-3};
+        c.r.s = 4900;
+        assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+        check_attention(&c, KERN_KV_F16, 9, 3, 64, 0, 0);
+        assert_int_equal(c.fails, 0);
+        got[mma] = c.kept;
+        n_got = c.kept_n;
+        kern_backend_free(c.be);
+    }
+    unsetenv("QUERN_CUDA_ATTN_MMA");
+    assert_true(memcmp(got[0], got[1], sizeof(float) * n_got) != 0);
+    free(got[0]);
+    free(got[1]);
+}
+
 /* kern_ops.graph_begin/graph_end (CUDA graphs): a key is captured the second time it is asked
  * for, the captured ops run once (when the graph is launched at graph_end, not while
  * recorded), a replay reads device memory as it is then, freed memory drops the graphs; a
@@ -1229,6 +1290,7 @@ static void test_cuda_backend(void **state)
     }
     unsetenv("QUERN_CUDA_ATTN_PART");
     unsetenv("QUERN_CUDA_ATTN_SPLIT");
+    check_cuda_attn_mma();
 }
 
 /* ---- the test of the test: one op broken at a time -------------------------------------- */

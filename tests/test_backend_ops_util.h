@@ -31,6 +31,7 @@ struct check {
     int keep;                /* 1: check_attention keeps its output in kept (kept_n floats) */
     float *kept;
     size_t kept_n;
+    double att_tol; /* check_attention's tolerance for f16 KV (0: 2e-4, f32 sums) */
 };
 
 static inline void report(struct check *c, const char *op, const char *fmt, ...)

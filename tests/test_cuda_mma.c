@@ -40,7 +40,7 @@ static void block_step(const uint16_t *as, const uint16_t *bs, float acc[4][32][
                     kcu_frag_b(bs, LD, j * 8, ks, lane, b[lane]);
                     memcpy(c[lane], acc[warp][lane][j], sizeof(c[lane]));
                 }
-                kcu_mma_ref((const uint32_t(*)[4])a, (const uint32_t(*)[2])b, c);
+                kcu_mma_ref((const uint32_t(*)[4])a, (const uint32_t(*)[2])b, c, 0);
                 for (int lane = 0; lane < 32; lane++)
                     memcpy(acc[warp][lane][j], c[lane], sizeof(c[lane]));
             }
@@ -162,12 +162,48 @@ static void test_fragment_rows(void **state)
         }
 }
 
+/* The emulator's f16 inputs (mma.sync .f16.f16, attention's): every half decoded as the CPU's
+ * reference decodes it, and an f16 product of a row of halves with a column equal to the plain
+ * sum (the values chosen so that every partial sum is exact in f32). */
+static void test_f16_inputs(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float want = kern_f16_to_f32((uint16_t)h), lo = kcu_ref_f16(h, 0),
+                    hi = kcu_ref_f16(h << 16, 1);
+        if (isnan(want)) {
+            assert_true(isnan(lo) && isnan(hi));
+            continue;
+        }
+        if (memcmp(&want, &lo, sizeof(want)) || memcmp(&want, &hi, sizeof(want)))
+            fail_msg("half 0x%04x: %g and %g, want %g", h, (double)lo, (double)hi, (double)want);
+    }
+    uint32_t a[32][4], b[32][2];
+    float c[32][4];
+    memset(c, 0, sizeof(c));
+    /* A all 1.5 (0x3E00), B column n all n + 1 (halves): D(m, n) = 16 * 1.5 * (n + 1) */
+    for (int lane = 0; lane < 32; lane++) {
+        for (int p = 0; p < 4; p++)
+            a[lane][p] = 0x3E003E00u;
+        const uint32_t v = kern_f32_to_f16((float)(lane / 4 + 1));
+        b[lane][0] = b[lane][1] = v | v << 16;
+    }
+    kcu_mma_ref((const uint32_t(*)[4])a, (const uint32_t(*)[2])b, c, 1);
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            int row, col;
+            kcu_frag_c(lane, i, &row, &col);
+            assert_true(c[lane][i] == 24.0f * (float)(col + 1));
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments_cover_tiles),
         cmocka_unit_test(test_fragment_rows),
         cmocka_unit_test(test_block_tile),
+        cmocka_unit_test(test_f16_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,8 @@
  * tokens unless the CPU's row is a near-tie. Needs a GPU like test_cuda_backend. */
 #define LOGIT_TOL 5e-3
 
+static enum kern_act g_act = KERN_ACT_F32; /* the matmul mode model_on opens */
+
 static struct engine_model *model_on_tp(const char *device, int tp, struct kern_group **grp)
 {
     struct err_detail err = {0};
@@ -38,9 +40,10 @@ static struct engine_model *model_on_tp(const char *device, int tp, struct kern_
     io_gguf_writer_free(w);
     assert_int_equal(engine_dummy_gguf(&g, "smollm2-135m", empty, 5, 6, 1, &err), ST_OK);
     io_gguf_close(empty);
-    struct kern_backend_opts o = {device, 4, NULL, KERN_ACT_F32, 0, tp, 0};
+    struct kern_backend_opts o = {device, 4, NULL, g_act, 0, tp, 0};
     struct engine_model *m;
     if (kern_group_open(grp, &o, &err) || engine_model_from_gguf_group(&m, g, *grp, &err)) {
+        printf("  (%s, tp %d: %s)\n", device, tp, err.msg);
         io_gguf_close(g);
         kern_group_free(*grp);
         *grp = NULL;
@@ -86,16 +89,18 @@ static void model_run(struct engine_model *m, int n_prompt, int n_gen, float *lg
     engine_kv_free(kv);
 }
 
-static void test_cuda_model(void **state)
+/* The CUDA backend in matmul mode `act` against the CPU backend's exact mode: logits within tol. */
+static void cuda_vs_cpu(const char *what, enum kern_act act, double tol)
 {
-    (void)state;
     struct kern_group *gc, *gg;
+    g_act = act;
     struct engine_model *mg = model_on("cuda", &gg);
+    g_act = KERN_ACT_F32;
     if (!mg) {
         const char *req = getenv("QUERN_REQUIRE_CUDA");
         if (req && !strcmp(req, "1"))
             fail_msg("QUERN_REQUIRE_CUDA=1 but the dummy model did not load on CUDA");
-        printf("  cuda model: not tested here (no CUDA device)\n");
+        printf("  %s: not tested here (no CUDA device)\n", what);
         return;
     }
     struct engine_model *mc = model_on("cpu", &gc);
@@ -117,16 +122,16 @@ static void test_cuda_model(void **state)
         const double d = fabs((double)lc[i] - lgp[i]);
         worst = d > worst ? d : worst;
     }
-    printf("  cuda model: max |logit cuda - cpu| = %.3g over %d rows (tolerance %g); greedy "
+    printf("  %s: max |logit cuda - cpu| = %.3g over %d rows (tolerance %g); greedy "
            "tokens equal for %d of %d steps\n",
-           worst, rows, LOGIT_TOL, same, NG);
-    assert_true(worst <= LOGIT_TOL);
+           what, worst, rows, tol, same, NG);
+    assert_true(worst <= tol);
     if (same < NG) {
         const float *row = lc + (size_t)(NP - 1 + same) * V;
         const double gap = (double)row[gc_ids[same]] - row[gg_ids[same]];
-        printf("  cuda model: step %d chose %d, the CPU %d: a CPU logit gap of %.3g\n", same,
+        printf("  %s: step %d chose %d, the CPU %d: a CPU logit gap of %.3g\n", what, same,
                gg_ids[same], gc_ids[same], gap);
-        assert_true(gap <= 2 * LOGIT_TOL);
+        assert_true(gap <= 2 * tol);
     }
     free(lc);
     free(lgp);
@@ -134,6 +139,66 @@ static void test_cuda_model(void **state)
     engine_model_free(mg);
     kern_group_free(gc);
     kern_group_free(gg);
+}
+
+static void test_cuda_model(void **state)
+{
+    (void)state;
+    cuda_vs_cpu("cuda model", KERN_ACT_F32, LOGIT_TOL);
+}
+
+/* The CUDA backend's bf16 mode with attention on tensor cores (the scaled queries and the
+ * probabilities rounded to halves) against the same mode with attention in f32
+ * (QUERN_CUDA_ATTN_MMA=0): the logits of the whole model within ATTN_MMA_TOL, the greedy tokens
+ * the same unless the f32 run's row is a near-tie. (The bf16 mode itself is ~4 logits from the
+ * exact mode on this random model, too far to show attention's share.) */
+#define ATTN_MMA_TOL 0.1 /* measured on the emulator: 0.037 */
+static void test_cuda_attn_mma(void **state)
+{
+    (void)state;
+    const int NP = 24, NG = 6;
+    float *lg[2] = {NULL, NULL};
+    int32_t ids[2][12] = {{0}};
+    int V = 0;
+    g_act = KERN_ACT_BF16;
+    for (int mma = 0; mma < 2; mma++) {
+        setenv("QUERN_CUDA_ATTN_MMA", mma ? "1" : "0", 1);
+        struct kern_group *grp;
+        struct engine_model *m = model_on("cuda", &grp);
+        if (!m) {
+            unsetenv("QUERN_CUDA_ATTN_MMA");
+            g_act = KERN_ACT_F32;
+            printf("  cuda attention mma: not tested here (no CUDA device)\n");
+            return;
+        }
+        V = engine_model_hparams(m)->n_vocab;
+        assert_non_null(lg[mma] = malloc(sizeof(float) * (size_t)(NP + NG) * V));
+        model_run(m, NP, NG, lg[mma], ids[mma]);
+        engine_model_free(m);
+        kern_group_free(grp);
+    }
+    unsetenv("QUERN_CUDA_ATTN_MMA");
+    g_act = KERN_ACT_F32;
+    int same = 0;
+    while (same < NG && ids[0][same] == ids[1][same])
+        same++;
+    const int rows = NP + same + (same < NG);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)rows * V; i++) {
+        const double d = fabs((double)lg[0][i] - lg[1][i]);
+        worst = d > worst ? d : worst;
+    }
+    printf("  cuda attention mma: bf16 mode, max |logit tensor-core attention - f32 attention| = "
+           "%.3g over %d rows (tolerance %g); greedy tokens equal for %d of %d steps\n",
+           worst, rows, ATTN_MMA_TOL, same, NG);
+    assert_true(worst > 0); /* the tensor cores ran */
+    assert_true(worst <= ATTN_MMA_TOL);
+    if (same < NG) {
+        const float *row = lg[0] + (size_t)(NP - 1 + same) * V;
+        assert_true((double)row[ids[0][same]] - row[ids[1][same]] <= 2 * ATTN_MMA_TOL);
+    }
+    free(lg[0]);
+    free(lg[1]);
 }
 
 /* Three sequences of 5, 9 and 14 prompt tokens, then `steps` decode steps of one token each
@@ -286,6 +351,7 @@ int main(void)
     setenv("QUERN_CUDA_EMU_DEVICES", "3", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_model),
+        cmocka_unit_test(test_cuda_attn_mma),
         cmocka_unit_test(test_cuda_graphs),
         cmocka_unit_test(test_cuda_tp),
     };

@@ -40,6 +40,7 @@ struct cuda_state {
     int mma_small; /* the bf16 tensor-core kernel: 16-token blocks up to this many tokens */
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
+    int att_mma;   /* the bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA) */
     uint16_t *xb;  /* the packed tensor-core kernel's bf16 inputs (xb_bytes), made by reserve */
     size_t xb_bytes;
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
@@ -506,7 +507,7 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     att_part_make(s);
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
                         a->window, a->softcap, s->att_part ? s->att_split : 0, s->att_part,
-                        s->att_part_floats, s->att_stage),
+                        s->att_part_floats, s->att_stage, s->act == KERN_ACT_BF16 && s->att_mma),
           "attention");
 }
 
@@ -870,9 +871,10 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_ATTN_PART", "floats of split attention's scratch (tests: small slices)",
          (long)KCU_ATTN_PART_FLOATS, 1L << 30},
         {"QUERN_CUDA_GRAPHS", "1 to replay repeated steps' layers as CUDA graphs, 0 not", 1, 1},
+        {"QUERN_CUDA_ATTN_MMA", "1 for the bf16 mode's attention on tensor cores, 0 for f32", 1, 1},
     };
-    long v[7];
-    for (int i = 0; i < 7; i++) {
+    long v[8];
+    for (int i = 0; i < 8; i++) {
         v[i] = knobs[i].def;
         const char *e = getenv(knobs[i].name);
         char *end;
@@ -891,6 +893,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     s->blas_min = (int)v[4];
     s->att_part_floats = (size_t)v[5];
     s->graphs = (int)v[6];
+    s->att_mma = (int)v[7];
     if (s->blas_min > 0 && o->act == KERN_ACT_BF16) {
         char blas_why[200] = "";
         if (!(s->blas = kcu_blas_open(s->stream, blas_why, sizeof(blas_why)))) {

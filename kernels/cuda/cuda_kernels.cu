@@ -192,9 +192,22 @@ __global__ void k_matmul(uint32_t type, const uint8_t *w, size_t row_bytes, int6
 static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
 {
 #ifdef KCU_EMU
-    kemu_mma_bf16(c, a, b);
+    kemu_mma(c, a, b, 0);
 #else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* The same with IEEE halves in (attention's keys and values are stored as halves). */
+static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, const uint32_t *b)
+{
+#ifdef KCU_EMU
+    kemu_mma(c, a, b, 1);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -989,25 +1002,35 @@ extern "C" int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t
  * stages each run's keys and values in shared memory once for all of them (one global read of
  * the KV cache per KV head instead of one per query head); each warp then computes exactly what
  * it computed alone, in the same order, so the output is bitwise that of one warp per head.
- * Flash-decoding: with split > 0 a token's positions are cut into runs of `split` (from its
- * first), one block each (blockIdx.y), each warp writing its running maximum, sum and weighted
- * values to part, and k_attn_combine merges them; a token with one run, or with more than
- * max_split (what the scratch holds, fixed by the model), writes its output directly, as without
- * splits. How a token is cut depends only on its own positions, so its output does not depend on
- * the batch. */
+ * Flash-decoding: with split > 0 a token's positions are cut where multiples of `split` fall
+ * (so every token of a sequence is cut at the same places), one block per piece (blockIdx.y),
+ * each warp writing its running maximum, sum and weighted values to part, and k_attn_combine
+ * merges them; a token with one piece, or with more than max_split (what the scratch holds,
+ * fixed by the model), writes its output directly, as without splits. How a token is cut
+ * depends only on its own positions, so its output does not depend on the batch. */
 #define ATT_MAX_CH  (512 / WARP) /* channels per lane at KERN_MAX_HEAD_DIM */
 #define ATT_MAX_HB  8            /* query heads (warps) per block */
 #define ATT_STAGE_D 256          /* head_dim up to which a run's K and V are staged */
 
-/* Token t's positions [*first, n) and the number of splits of `split` positions (1: none; also
- * for a token of more than max_split runs, whose shares would not fit). */
+/* Token t's positions [*first, n) and the number of splits (1: none; also for a token of more
+ * than max_split, whose shares would not fit): split j covers its positions in [(*s0 + j) *
+ * split, (*s0 + j + 1) * split). */
 static __device__ __forceinline__ int att_splits(const int32_t *pos, int t, int window, int split,
-                                                 int max_split, int *first, int *n)
+                                                 int max_split, int *first, int *n, int *s0)
 {
     *n = pos[t] + 1;
     *first = window > 0 && *n > window ? *n - window : 0;
-    const int runs = split > 0 ? (*n - *first + split - 1) / split : 1;
+    *s0 = split > 0 ? *first / split : 0;
+    const int runs = split > 0 ? (*n - 1) / split - *s0 + 1 : 1;
     return runs <= max_split ? runs : 1;
+}
+
+/* Split j's positions [*lo, *hi) of a token att_splits cut into ns (all of them when ns is 1). */
+static __device__ __forceinline__ void att_split_range(int first, int n, int s0, int ns, int j,
+                                                       int split, int *lo, int *hi)
+{
+    *lo = ns > 1 && (s0 + j) * split > first ? (s0 + j) * split : first;
+    *hi = ns > 1 && (s0 + j + 1) * split < n ? (s0 + j + 1) * split : n;
 }
 
 /* The K or V tile (pool kv.k or kv.v) that holds position p of KV head g. */
@@ -1036,12 +1059,11 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     for (int c = lane; c < D; c += WARP)
         qs[wp][c] = qr[c];
     const int32_t *table = kv.ids + (size_t)kv.row[t] * kv.stride;
-    int first, n;
-    const int ns = att_splits(pos, t, window, split, max_split, &first, &n), sp = blockIdx.y;
+    int first, n, s0, lo;
+    const int ns = att_splits(pos, t, window, split, max_split, &first, &n, &s0), sp = blockIdx.y;
     if (sp >= ns) /* the same for every warp of the block: one token, one KV head */
         return;
-    const int lo = ns > 1 ? first + sp * split : first;
-    n = ns > 1 && n - lo > split ? lo + split : n; /* this split's end */
+    att_split_range(first, n, s0, ns, sp, split, &lo, &n); /* this split's positions */
     const int q8 = kv.dtype == 1;
     float acc[ATT_MAX_CH];
     for (int j = 0; j < ATT_MAX_CH; j++)
@@ -1156,14 +1178,235 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     }
 }
 
+/* ---- attention on tensor cores (the bf16 mode, f16 keys and values, head_dim a multiple of 16 up
+ * to AMMA_D): a warp takes a tile of up to 16 query rows that share a KV head, `tt` consecutive
+ * tokens x `hq` of the KV head's query heads (row r: token t0 + r / hq, head h0 + r % hq). The
+ * queries, times the scale and rounded to halves, are A fragments; each run of 16 positions (at
+ * multiples of 16) gives the scores S = Q K^T by mma.sync, K's halves read straight from the cache
+ * tiles as B fragments; then per row the soft-cap, the mask (positions outside the row's range:
+ * -inf), an online softmax (the run's maximum; its probabilities rounded to halves, which are both
+ * what the row's sum adds and what multiplies V) and O += P V by mma.sync, V's halves as B
+ * fragments. A pass serves the rows of one sequence: rows of tokens of another take no part (no
+ * state change, probabilities 0), and a tile whose tokens belong to several sequences makes one
+ * pass each. Every row's inputs, runs and order of operations are its own whatever shares its
+ * tile, and an MMA's row of results depends on that row's inputs alone, so a token's output does
+ * not depend on its batch. Splits are att_splits' pieces: block y is split S0 + y of the tile, S0
+ * the first split of any of its rows. ---- */
+#define AMMA_D 128
+
+/* v rounded to a half (nearest even), as its 16 bits; and back. */
+static __device__ __forceinline__ uint32_t amma_half(float v)
+{
+    const __half h = __float2half_rn(v);
+    return *(const uint16_t *)&h;
+}
+
+static __device__ __forceinline__ float amma_float(uint32_t u)
+{
+    const uint16_t b = (uint16_t)u;
+    return __half2float(*(const __half *)&b);
+}
+
+static __device__ __forceinline__ int warp_min_i(int v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const int w = __shfl_xor_sync(FULL, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+static __device__ __forceinline__ int warp_max_i(int v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const int w = __shfl_xor_sync(FULL, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+template <int DC> /* head_dim / 16 */
+__global__ void __launch_bounds__(WARP)
+    k_attn_mma(struct kcu_kv kv, const float *q, float *out, const int32_t *pos, int n_tok,
+               int n_head, int hq, int tt, float scale, int window, float softcap, int split,
+               int max_split, int n_part, float *part)
+{
+    const int lane = threadIdx.x, g = lane / 4, t4 = lane % 4;
+    const int D = DC * 16, B = kv.block_size;
+    const int group = n_head / kv.n_kv_head, per_kv = group / hq;
+    const int ht = blockIdx.x % per_kv, kvh = blockIdx.x / per_kv % kv.n_kv_head;
+    const int t0 = blockIdx.x / per_kv / kv.n_kv_head * tt, h0 = kvh * group + ht * hq;
+    /* this lane's two rows, g and g + 8: token, head, whether real, their positions and splits */
+    int rt[2], rh[2], rv[2], first[2], n[2], s0[2], ns[2];
+    int smin = 1 << 30;
+    for (int i = 0; i < 2; i++) {
+        const int r = g + 8 * i;
+        rt[i] = t0 + r / hq;
+        rh[i] = h0 + r % hq;
+        rv[i] = r < tt * hq && rt[i] < n_tok;
+        ns[i] =
+            rv[i] ? att_splits(pos, rt[i], window, split, max_split, &first[i], &n[i], &s0[i]) : 0;
+        if (rv[i] && s0[i] < smin)
+            smin = s0[i];
+    }
+    const int sy = warp_min_i(smin) + (int)blockIdx.y; /* this block's split */
+    int lo[2], hi[2], act[2];
+    for (int i = 0; i < 2; i++) {
+        const int j = sy - (rv[i] ? s0[i] : 0);
+        act[i] = rv[i] && j >= 0 && j < ns[i];
+        if (act[i])
+            att_split_range(first[i], n[i], s0[i], ns[i], j, split, &lo[i], &hi[i]);
+    }
+    const int ntt = n_tok - t0 < tt ? n_tok - t0 : tt; /* real tokens of the tile */
+    unsigned done = 0;
+    for (;;) {
+        int i0 = 0; /* the first token not yet served: its sequence is this pass's */
+        while (i0 < ntt && (done >> i0 & 1))
+            i0++;
+        if (i0 >= ntt)
+            return;
+        const int seq = kv.row[t0 + i0];
+        for (int i = i0; i < ntt; i++)
+            if (kv.row[t0 + i] == seq)
+                done |= 1u << i;
+        int live[2], plo = 1 << 30, phi = -1;
+        for (int i = 0; i < 2; i++) {
+            live[i] = act[i] && kv.row[rt[i]] == seq;
+            if (live[i]) {
+                plo = lo[i] < plo ? lo[i] : plo;
+                phi = hi[i] > phi ? hi[i] : phi;
+            }
+        }
+        plo = warp_min_i(plo);
+        phi = warp_max_i(phi);
+        if (phi < 0)
+            continue; /* no row of this sequence has positions in this split */
+        const int32_t *table = kv.ids + (size_t)seq * kv.stride;
+        /* the queries: rows g and g + 8, channels 16 kc + 2 t4 (+1, +8, +9) */
+        uint32_t qa[DC][4];
+        for (int kc = 0; kc < DC; kc++)
+            for (int p = 0; p < 4; p++) {
+                const int i = p & 1, c = 16 * kc + 2 * t4 + (p >= 2 ? 8 : 0);
+                const float *qr = q + ((size_t)rt[i] * n_head + rh[i]) * D + c;
+                qa[kc][p] =
+                    live[i] ? amma_half(qr[0] * scale) | amma_half(qr[1] * scale) << 16 : 0u;
+            }
+        float acc[2 * DC][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int j = 0; j < 2 * DC; j++)
+            for (int e = 0; e < 4; e++)
+                acc[j][e] = 0.0f;
+        for (int p0 = plo / 16 * 16; p0 < phi; p0 += 16) {
+            /* S for positions p0 + 8 j + (0..7): lane's key position p0 + 8 j + g */
+            float sc[2][4];
+            for (int j = 0; j < 2; j++) {
+                const int p = p0 + 8 * j + g;
+                const uint16_t *kt = NULL;
+                if (p >= plo && p < phi)
+                    kt = (const uint16_t *)att_tile(&kv, kv.k, table, kvh, p) + p % B;
+                for (int e = 0; e < 4; e++)
+                    sc[j][e] = 0.0f;
+                for (int kc = 0; kc < DC; kc++) {
+                    uint32_t kb[2] = {0u, 0u};
+                    if (kt) {
+                        const int c = 16 * kc + 2 * t4;
+                        kb[0] = (uint32_t)kt[(size_t)c * B] | (uint32_t)kt[(size_t)(c + 1) * B]
+                                                                  << 16;
+                        kb[1] = (uint32_t)kt[(size_t)(c + 8) * B] |
+                                (uint32_t)kt[(size_t)(c + 9) * B] << 16;
+                    }
+                    mma_f16(sc[j], qa[kc], kb);
+                }
+            }
+            /* per row: soft-cap, mask, the run's maximum */
+            float mx[2] = {-INFINITY, -INFINITY};
+            for (int j = 0; j < 2; j++)
+                for (int e = 0; e < 4; e++) {
+                    const int i = e / 2, p = p0 + 8 * j + 2 * t4 + e % 2;
+                    float v = sc[j][e];
+                    if (softcap > 0.0f)
+                        v = softcap * tanhf(v / softcap);
+                    if (!live[i] || p < lo[i] || p >= hi[i])
+                        v = -INFINITY;
+                    sc[j][e] = v;
+                    mx[i] = fmaxf(mx[i], v);
+                }
+            uint32_t pa[4];
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
+                if (mx[i] > m[i]) {
+                    const float r = expf(m[i] - mx[i]); /* 0 on the row's first run */
+                    l[i] *= r;
+                    for (int j = 0; j < 2 * DC; j++) {
+                        acc[j][2 * i] *= r;
+                        acc[j][2 * i + 1] *= r;
+                    }
+                    m[i] = mx[i];
+                }
+                /* the probabilities as halves: A fragment registers i (positions 2 t4, +1 of the
+                 * run's first 8) and 2 + i (of its second 8) */
+                float sum = 0.0f;
+                for (int j = 0; j < 2; j++) {
+                    const float v0 = sc[j][2 * i], v1 = sc[j][2 * i + 1];
+                    const uint32_t h0 = v0 == -INFINITY ? 0u : amma_half(expf(v0 - m[i]));
+                    const uint32_t h1 = v1 == -INFINITY ? 0u : amma_half(expf(v1 - m[i]));
+                    pa[2 * j + i] = h0 | h1 << 16;
+                    sum += amma_float(h0) + amma_float(h1);
+                }
+                sum += __shfl_xor_sync(FULL, sum, 1);
+                sum += __shfl_xor_sync(FULL, sum, 2);
+                l[i] += sum;
+            }
+            /* O += P V: the lane's value positions p0 + 2 t4 (+1, +8, +9), channel 8 jc + g */
+            const uint16_t *vt[4];
+            for (int k = 0; k < 4; k++) {
+                const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
+                vt[k] = p >= plo && p < phi ? (const uint16_t *)att_tile(&kv, kv.v, table, kvh, p) +
+                                                  (size_t)(p % B) * D
+                                            : NULL;
+            }
+            for (int jc = 0; jc < 2 * DC; jc++) {
+                const int c = 8 * jc + g;
+                uint32_t vb[2];
+                vb[0] = (vt[0] ? (uint32_t)vt[0][c] : 0u) | (vt[1] ? (uint32_t)vt[1][c] : 0u) << 16;
+                vb[1] = (vt[2] ? (uint32_t)vt[2][c] : 0u) | (vt[3] ? (uint32_t)vt[3][c] : 0u) << 16;
+                mma_f16(acc[jc], pa, vb);
+            }
+        }
+        /* the pass's rows out: channels 8 jc + 2 t4 (+1) */
+        for (int i = 0; i < 2; i++) {
+            if (!live[i])
+                continue;
+            const size_t th = (size_t)rt[i] * n_head + rh[i];
+            if (ns[i] > 1) { /* this split's share, for k_attn_combine */
+                float *o = part + (th * n_part + (size_t)(sy - s0[i])) * (size_t)(D + 2);
+                if (t4 == 0) {
+                    o[0] = m[i];
+                    o[1] = l[i];
+                }
+                for (int jc = 0; jc < 2 * DC; jc++) {
+                    o[2 + 8 * jc + 2 * t4] = acc[jc][2 * i];
+                    o[2 + 8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1];
+                }
+            } else {
+                float *o = out + th * D;
+                for (int jc = 0; jc < 2 * DC; jc++) {
+                    o[8 * jc + 2 * t4] = acc[jc][2 * i] / l[i];
+                    o[8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1] / l[i];
+                }
+            }
+        }
+    }
+}
+
 /* The splits of each (token, head) that has several, in split order: out = sum_s acc_s e^(m_s -
  * M) / sum_s l_s e^(m_s - M), M the largest m_s. */
 __global__ void k_attn_combine(const float *part, float *out, const int32_t *pos, int n_head, int D,
                                int window, int split, int max_split, int n_split)
 {
     const int lane = threadIdx.x, t = blockIdx.x / n_head, h = blockIdx.x % n_head;
-    int first, n;
-    const int ns = att_splits(pos, t, window, split, max_split, &first, &n);
+    int first, n, s0;
+    const int ns = att_splits(pos, t, window, split, max_split, &first, &n, &s0);
     if (ns <= 1)
         return;
     const float *pp = part + (size_t)blockIdx.x * n_split * (size_t)(D + 2);
@@ -1182,9 +1425,38 @@ __global__ void k_attn_combine(const float *part, float *out, const int32_t *pos
     }
 }
 
+/* k_attn_mma for head_dim dc * 16 on a grid of tiles (grid.x) and splits (grid.y). */
+static int amma_launch(int dc, dim3 grid, cudaStream_t stream, const struct kcu_kv *kv,
+                       const float *q, float *out, const int32_t *pos, int n_tok, int n_head,
+                       int hq, int tt, float scale, int window, float softcap, int split,
+                       int max_split, int n_part, float *part)
+{
+#define AMMA_CASE(DCV)                                                                             \
+    case DCV:                                                                                      \
+        KCU_LAUNCH(k_attn_mma<DCV>, grid, WARP, stream)                                            \
+        (*kv, q, out, pos, n_tok, n_head, hq, tt, scale, window, softcap, split, max_split,        \
+         n_part, part);                                                                            \
+        break;
+    switch (dc) {
+        AMMA_CASE(1)
+        AMMA_CASE(2)
+        AMMA_CASE(3)
+        AMMA_CASE(4)
+        AMMA_CASE(5)
+        AMMA_CASE(6)
+        AMMA_CASE(7)
+        AMMA_CASE(8)
+    default:
+        return (int)cudaErrorInvalidValue;
+    }
+#undef AMMA_CASE
+    return launched();
+}
+
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                              const int32_t *pos, int n_tok, int n_head, float scale, int window,
-                             float softcap, int split, float *part, size_t part_floats, int stage)
+                             float softcap, int split, float *part, size_t part_floats, int stage,
+                             int mma)
 {
     if (n_tok <= 0)
         return 0;
@@ -1195,16 +1467,26 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     const size_t per_split = (size_t)n_head * (size_t)(kv->head_dim + 2);
     const long max_split =
         part ? (long)(part_floats / per_split < 65535 ? part_floats / per_split : 65535) : 0;
-    /* the grid's y extent: the most splits a token of these block tables can have */
+    /* the most splits a token of these block tables can have (its positions may start anywhere
+     * in a split: one more than the span needs) */
     long span = (long)kv->stride * kv->block_size;
     if (window > 0 && window < span)
         span = window;
-    long n_split = split > 0 ? (span + split - 1) / split : 1;
+    long n_split = split > 0 ? (span + split - 1) / split + 1 : 1;
     if (n_split > max_split)
         n_split = max_split;
+    /* tensor cores: tiles of up to 16 rows, hq query heads of a KV head x tt tokens; the grid's y
+     * extent covers every split of any row of a tile (their first splits may differ) */
+    const int group = n_head / kv->n_kv_head;
+    const int amma = mma && kv->dtype == 0 && kv->head_dim % 16 == 0 && kv->head_dim <= AMMA_D;
+    int hq = group < 16 ? group : 16;
+    while (group % hq)
+        hq--;
+    const int tt = 16 / hq, per_kv = group / hq;
+    long amma_y = split > 0 ? (long)kv->stride * kv->block_size / split + 2 : 1;
+    amma_y = amma_y < 65535 ? amma_y : 65535;
     /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block; staged when there
      * are several (a block of one warp has nothing to share: its own small kernel) */
-    const int group = n_head / kv->n_kv_head;
     int hb = group < ATT_MAX_HB ? group : ATT_MAX_HB;
     while (group % hb)
         hb--;
@@ -1214,6 +1496,11 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
                                        ? k_attention<1, ATT_MAX_HB>
                                        : k_attention<0, ATT_MAX_HB>;
     if (n_split <= 1 || !part) {
+        if (amma)
+            return amma_launch(kv->head_dim / 16,
+                               dim3((unsigned)((n_tok + tt - 1) / tt * kv->n_kv_head * per_kv), 1),
+                               (cudaStream_t)stream, kv, q, out, pos, n_tok, n_head, hq, tt, scale,
+                               window, softcap, 0, 1, 1, NULL);
         KCU_LAUNCH(k, dim3((unsigned)(n_tok * (n_head / hb)), 1), hb * WARP, (cudaStream_t)stream)
         (*kv, q, out, pos, n_head, hb, scale, window, softcap, 0, 1, (float *)NULL);
         return launched();
@@ -1227,11 +1514,20 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
         struct kcu_kv ks = *kv;
         ks.row = kv->row + t0;
         const size_t off = (size_t)t0 * (size_t)n_head * (size_t)D;
-        KCU_LAUNCH(k, dim3((unsigned)(nt * (n_head / hb)), (unsigned)n_split), hb * WARP,
-                   (cudaStream_t)stream)
-        (ks, q + off, out + off, pos + t0, n_head, hb, scale, window, softcap, split,
-         (int)max_split, part);
-        int rc = launched();
+        int rc;
+        if (amma) {
+            rc = amma_launch(
+                D / 16,
+                dim3((unsigned)((nt + tt - 1) / tt * kv->n_kv_head * per_kv), (unsigned)amma_y),
+                (cudaStream_t)stream, &ks, q + off, out + off, pos + t0, nt, n_head, hq, tt, scale,
+                window, softcap, split, (int)max_split, (int)n_split, part);
+        } else {
+            KCU_LAUNCH(k, dim3((unsigned)(nt * (n_head / hb)), (unsigned)n_split), hb * WARP,
+                       (cudaStream_t)stream)
+            (ks, q + off, out + off, pos + t0, n_head, hb, scale, window, softcap, split,
+             (int)max_split, part);
+            rc = launched();
+        }
         if (rc)
             return rc;
         KCU_LAUNCH(k_attn_combine, (unsigned)(nt * n_head), WARP, (cudaStream_t)stream)

@@ -93,10 +93,12 @@ int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, cons
  * fit it); 0 or part NULL: one warp per (token, head) over all its positions. The warps of
  * query heads sharing a KV head go in one block, which with stage 1 (and head_dim <= 256) reads
  * each run of keys and values into shared memory once for all of them; the output is bitwise
- * the same either way. */
+ * the same either way. mma 1: with f16 keys and values and head_dim a multiple of 16 up to 128,
+ * the tensor-core kernel instead (the bf16 mode's attention: queries times the scale and the
+ * softmax's probabilities rounded to halves, f32 sums), splits cut at the same places. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                   const int32_t *pos, int n_tok, int n_head, float scale, int window, float softcap,
-                  int split, float *part, size_t part_floats, int stage);
+                  int split, float *part, size_t part_floats, int stage, int mma);
 
 /* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
 struct kcu_sample {

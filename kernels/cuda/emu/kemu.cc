@@ -223,11 +223,13 @@ bool warp_release(int w0, int n)
         uint32_t a[32][4], b[32][2];
         float c[32][4];
         for (int i = 0; i < 32; i++) {
+            if (f[i].t.mma_f16 != f[0].t.mma_f16)
+                die("mma.sync with lanes of different input types");
             memcpy(a[i], f[i].t.mma_a, sizeof(a[i]));
             memcpy(b[i], f[i].t.mma_b, sizeof(b[i]));
             memcpy(c[i], f[i].t.mma_c, sizeof(c[i]));
         }
-        kcu_mma_ref(a, b, c);
+        kcu_mma_ref(a, b, c, f[0].t.mma_f16);
         for (int i = 0; i < 32; i++)
             memcpy(f[i].t.mma_c, c[i], sizeof(c[i]));
     }

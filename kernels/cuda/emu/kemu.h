@@ -59,6 +59,7 @@ struct kemu_thread {
     int src;
     uint32_t mma_a[4], mma_b[2];
     float mma_c[4];
+    int mma_f16; /* the inputs are halves (else bfloat16) */
 };
 
 extern struct kemu_thread *kemu_cur;
@@ -112,9 +113,10 @@ template <class T> static inline T __shfl_sync(unsigned mask, T v, int src)
     return kemu_shfl(v, src);
 }
 
-/* mma.sync.m16n8k16 bf16 -> f32 for the warp (kernels/cuda/emu/mma_ref.h). */
-static inline void kemu_mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
+/* mma.sync.m16n8k16 bf16 (or f16) -> f32 for the warp (kernels/cuda/emu/mma_ref.h). */
+static inline void kemu_mma(float *c, const uint32_t *a, const uint32_t *b, int f16)
 {
+    kemu_cur->mma_f16 = f16;
     memcpy(kemu_cur->mma_a, a, sizeof(kemu_cur->mma_a));
     memcpy(kemu_cur->mma_b, b, sizeof(kemu_cur->mma_b));
     memcpy(kemu_cur->mma_c, c, sizeof(kemu_cur->mma_c));

@@ -1,5 +1,5 @@
-/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for a whole warp, from the PTX ISA's
- * fragment tables (docs/CUDA_NOTES.md §2.1), written independently of the kernel's helpers
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (and .f16.f16) for a whole warp, from the PTX
+ * ISA's fragment tables (docs/CUDA_NOTES.md §2.1), written independently of the kernel's helpers
  * (kernels/cuda/cuda_mma.h): the 32 lanes' registers are assembled into A (16 x 16) and B
  * (16 x 8), D = A B + C is formed in double precision and rounded to f32, and D is handed back
  * per the C table. Used by tests/test_cuda_mma.c and by the CPU emulator of the CUDA kernels
@@ -10,6 +10,7 @@
 #ifndef KERNELS_CUDA_EMU_MMA_REF_H
 #define KERNELS_CUDA_EMU_MMA_REF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,17 +22,31 @@ static inline float kcu_ref_bf16(uint32_t reg, int hi)
     return f;
 }
 
-static inline void kcu_mma_ref(const uint32_t a[32][4], const uint32_t b[32][2], float c[32][4])
+/* The IEEE half (binary16) in the low or high 16 bits of reg. */
+static inline float kcu_ref_f16(uint32_t reg, int hi)
 {
+    const uint32_t h = hi ? reg >> 16 : reg & 0xFFFFu;
+    const int e = (int)(h >> 10 & 31), m = (int)(h & 1023);
+    const float v = e == 0    ? ldexpf((float)m, -24)
+                    : e == 31 ? (m ? NAN : INFINITY)
+                              : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000u ? -v : v;
+}
+
+/* f16: the inputs are IEEE halves (.f16.f16), else bfloat16. */
+static inline void kcu_mma_ref(const uint32_t a[32][4], const uint32_t b[32][2], float c[32][4],
+                               int f16)
+{
+    float (*const in)(uint32_t, int) = f16 ? kcu_ref_f16 : kcu_ref_bf16;
     float A[16][16], B[16][8], D[16][8];
     for (int lane = 0; lane < 32; lane++) {
         const int g = lane >> 2, t = lane & 3;
         for (int p = 0; p < 4; p++)
             for (int h = 0; h < 2; h++)
-                A[g + 8 * (p % 2)][2 * t + 8 * (p / 2) + h] = kcu_ref_bf16(a[lane][p], h);
+                A[g + 8 * (p % 2)][2 * t + 8 * (p / 2) + h] = in(a[lane][p], h);
         for (int p = 0; p < 2; p++)
             for (int h = 0; h < 2; h++)
-                B[2 * t + 8 * p + h][g] = kcu_ref_bf16(b[lane][p], h);
+                B[2 * t + 8 * p + h][g] = in(b[lane][p], h);
         for (int i = 0; i < 4; i++) /* C in, by the same table as D */
             D[g + 8 * (i / 2)][2 * t + i % 2] = c[lane][i];
     }
