@@ -85,9 +85,12 @@ void kern_backends_print(FILE *f)
     kern_cuda_print(f);
     char why[256] = "";
     const int devs = kern_cuda_device_count(NULL, 0);
-    if (devs > 0 && kern_nccl_usable(devs, why, sizeof(why)))
+    if (devs > 1 && kern_nccl_usable(devs, why, sizeof(why)))
         fprintf(f, "nccl: %s: --tp up to %d on CUDA puts one rank on each GPU\n",
                 kern_nccl_describe(), devs);
+    else if (devs == 1 && kern_nccl_usable(1, why, sizeof(why)))
+        fprintf(f, "nccl: %s, but one GPU: --tp on CUDA stages through host memory\n",
+                kern_nccl_describe());
     else if (devs > 0)
         fprintf(f, "nccl: not usable (%s): --tp on CUDA stages through host memory\n", why);
 #else
@@ -96,11 +99,13 @@ void kern_backends_print(FILE *f)
 }
 
 /* How `size` ranks on o's device are joined (kern_group_open says): *nccl 1 for NCCL, rank r on
- * device r; 0 for the device's own way (shared memory on the CPU, host staging on CUDA). */
+ * device r; 0 for the device's own way (shared memory on the CPU, host staging on CUDA).
+ * *fallback 1: NCCL was not insisted on, so a failed NCCL start falls back to staging. */
 static enum status tp_comm_choice(const struct kern_backend_opts *o, int size, int *nccl,
-                                  struct err_detail *err)
+                                  int *fallback, struct err_detail *err)
 {
     *nccl = 0;
+    *fallback = 0;
     const char *how = getenv("QUERN_TP_COMM");
     if (!how || !*how)
         how = "auto";
@@ -112,6 +117,7 @@ static enum status tp_comm_choice(const struct kern_backend_opts *o, int size, i
     char why[256] = "QUERN_TP_COMM=staged";
     if (strcmp(how, "staged"))
         *nccl = kern_nccl_usable(size, why, sizeof(why));
+    *fallback = !strcmp(how, "auto");
     if (!*nccl && !strcmp(how, "nccl"))
         return err_set(err, ST_ERR_UNSUPPORTED, "QUERN_TP_COMM=nccl: %s", why);
     if (*nccl)
@@ -147,12 +153,35 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
     }
     struct kern_backend_opts ro = *o;
     ro.n_threads = o->n_threads / size > 1 ? o->n_threads / size : 1;
-    int nccl = 0;
-    enum status st = size > 1 ? tp_comm_choice(o, size, &nccl, err) : ST_OK;
+    int nccl = 0, fallback = 0;
+    enum status st = size > 1 ? tp_comm_choice(o, size, &nccl, &fallback, err) : ST_OK;
     for (int r = 0; r < size && !st; r++) {
         ro.ordinal = nccl ? r : o->ordinal;
         st = kern_backend_open(&g->be[r], &ro, err);
     }
+#ifdef QUERN_CUDA
+    if (!st && nccl) {
+        struct kern_nccl_comm_group *ng;
+        if (!(st = kern_nccl_comm_group_init(&ng, g->be, size, err))) {
+            g->impl = ng;
+            g->impl_free = (void (*)(void *))kern_nccl_comm_group_free;
+            for (int r = 0; r < size; r++)
+                g->comm[r] = kern_nccl_comm_get(ng, r);
+        } else if (fallback) { /* the ranks again, all on the one device, staged below */
+            LOG_WARN("tensor parallelism: %s; the %d ranks run on CUDA device %d instead, joined "
+                     "through host memory",
+                     err->msg, size, o->ordinal);
+            st = ST_OK;
+            ro.ordinal = o->ordinal;
+            for (int r = 0; r < size && !st; r++) {
+                kern_backend_free(g->be[r]);
+                g->be[r] = NULL;
+                st = kern_backend_open(&g->be[r], &ro, err);
+            }
+            nccl = 0;
+        }
+    }
+#endif
     if (!st && size > 1 && g->be[0]->host_memory) { /* ranks reduce through shared memory */
         struct kern_cpu_comm_group *cg;
         if (!(st = kern_cpu_comm_group_init(&cg, size, err))) {
@@ -161,17 +190,7 @@ enum status kern_group_open(struct kern_group **out, const struct kern_backend_o
             for (int r = 0; r < size; r++)
                 g->comm[r] = kern_cpu_comm_get(cg, r);
         }
-#ifdef QUERN_CUDA
-    } else if (!st && nccl) {
-        struct kern_nccl_comm_group *ng;
-        if (!(st = kern_nccl_comm_group_init(&ng, g->be, size, err))) {
-            g->impl = ng;
-            g->impl_free = (void (*)(void *))kern_nccl_comm_group_free;
-            for (int r = 0; r < size; r++)
-                g->comm[r] = kern_nccl_comm_get(ng, r);
-        }
-#endif
-    } else if (!st && size > 1) { /* device memory without a device communicator */
+    } else if (!st && size > 1 && !nccl) { /* device memory without a device communicator */
         struct kern_staged_comm_group *sg;
         if (!(st = kern_staged_comm_group_init(&sg, g->be, size, err))) {
             g->impl = sg;

@@ -113,7 +113,7 @@ run() {
         step pack 60 "$B/test_cuda_pack"
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$B/test_backend_ops"
         step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$B/test_cuda_model"
-        step comm 60 env QUERN_REQUIRE_CUDA=1 "$B/test_comm"
+        step comm 60 env QUERN_REQUIRE_NCCL=1 "$B/test_comm"
         local m=$C/models/smollm2-8l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}

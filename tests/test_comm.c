@@ -78,8 +78,10 @@ static void *rank_main(void *v)
  * that report device memory, instead of the CPU one; g_staged_bytes adds up what it staged. */
 static int g_staged;
 static size_t g_staged_bytes;
+#ifdef QUERN_CUDA
 /* 1: run_ranks makes the NCCL communicator over CUDA backends on devices 0, 1, ... */
 static int g_nccl;
+#endif
 
 /* The collectives as a rank calls them on its host buffers: directly, or, on a device rank,
  * through device copies of them (made, filled, and read back around the call). */
@@ -604,23 +606,24 @@ static void test_staged(void **state)
 
 /* The NCCL communicator through the same checks, for as many ranks as there are devices (up to
  * 4): bitwise the CPU communicator's results; and kern_group_open's choice between it and host
- * staging (QUERN_TP_COMM). Where there is no CUDA device it says so (a failure with
- * QUERN_REQUIRE_CUDA=1, as scripts/gpu-check.sh and the emulator's run set). */
+ * staging (QUERN_TP_COMM; and, on the emulator, a failed NCCL start: staged with auto, an error
+ * with nccl). Where there is no CUDA device or no NCCL it says so (a failure with
+ * QUERN_REQUIRE_NCCL=1, as scripts/gpu-check.sh and the emulator's run set). */
 static void test_nccl(void **state)
 {
     (void)state;
-    const char *req = getenv("QUERN_REQUIRE_CUDA");
+    const char *req = getenv("QUERN_REQUIRE_NCCL");
     const int require = req && !strcmp(req, "1");
 #ifndef QUERN_CUDA
     if (require)
-        fail_msg("QUERN_REQUIRE_CUDA=1 but this build has no CUDA backend");
+        fail_msg("QUERN_REQUIRE_NCCL=1 but this build has no CUDA backend");
     printf("  nccl: not checked (no CUDA backend in this build)\n");
 #else
     char why[256] = "";
     const int devs = kern_cuda_device_count(why, sizeof(why));
     if (devs < 1 || !kern_nccl_usable(1, why, sizeof(why))) {
         if (require)
-            fail_msg("QUERN_REQUIRE_CUDA=1 but NCCL is not usable: %s", why);
+            fail_msg("QUERN_REQUIRE_NCCL=1 but NCCL is not usable: %s", why);
         printf("  nccl: not checked (%s)\n", why);
         return;
     }
@@ -655,21 +658,35 @@ static void test_nccl(void **state)
     struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 0, max, 0};
     static const struct {
         const char *env;
-        int tp;           /* 0: max */
+        int tp;           /* 0: max ranks; -1: one more than the devices; 1: max, a failed start */
         const char *name; /* the communicator's name; NULL: the open fails */
     } cases[] = {
-        {NULL, 0, "nccl"},      {"auto", 0, "nccl"}, {"nccl", 0, "nccl"}, {"staged", 0, "staged"},
-        {"auto", -1, "staged"}, {"nccl", -1, NULL},  {"ring", 0, NULL},
+        {NULL, 0, "nccl"},
+        {"auto", 0, "nccl"},
+        {"nccl", 0, "nccl"},
+        {"staged", 0, "staged"},
+        {"auto", -1, "staged"},
+        {"nccl", -1, NULL},
+        {"ring", 0, NULL},
+        /* a start that fails (the emulator's stand-in only: QUERN_CUDA_EMU_NCCL_FAIL) */
+        {"auto", 1, "staged"},
+        {"nccl", 1, NULL},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        o.tp = cases[k].tp ? devs + 1 : max;
-        if (o.tp < 2 || (cases[k].tp && o.tp > 8))
+        const int fail_start = cases[k].tp == 1;
+        if (fail_start && !strstr(kern_nccl_describe(), "2.28.0")) /* not the stand-in */
             continue;
+        o.tp = cases[k].tp == -1 ? devs + 1 : max;
+        if (o.tp < 2 || (cases[k].tp == -1 && o.tp > 8))
+            continue;
+        if (fail_start)
+            setenv("QUERN_CUDA_EMU_NCCL_FAIL", "1", 1);
         if (cases[k].env)
             setenv("QUERN_TP_COMM", cases[k].env, 1);
         else
             unsetenv("QUERN_TP_COMM");
         const enum status st = kern_group_open(&grp, &o, &err);
+        unsetenv("QUERN_CUDA_EMU_NCCL_FAIL");
         if (!cases[k].name) {
             assert_int_not_equal(st, ST_OK);
             continue;

@@ -20,6 +20,9 @@
 #include "io/gguf_write.h"
 #include "kernels/comm.h"
 #include "kernels/kernels.h"
+#ifdef QUERN_CUDA
+#include "kernels/cuda/comm_nccl.h"
+#endif
 
 /* The CUDA backend against the CPU backend on a whole model: a 6-layer dummy SmolLM2 (random
  * Q4_0 weights at the real width, made in memory: no file to carry; logits of RMS ~1), 40 prompt
@@ -310,6 +313,11 @@ static void test_cuda_tp(void **state)
                 return;
             }
             assert_int_equal(k, 2); /* NCCL's absence or too few devices: said below */
+#ifdef QUERN_CUDA
+            char why[256] = "";
+            if (kern_nccl_usable(3, why, sizeof(why)))
+                fail_msg("3 ranks could not be joined by NCCL, which is usable here");
+#endif
             continue;
         }
         if (k)

@@ -146,13 +146,8 @@ int kern_nccl_usable(int n, char *why, size_t why_size)
 
 const char *kern_nccl_describe(void)
 {
-    static char name[32];
     const struct kcu_nccl *lib = kcu_nccl_open(NULL, 0);
-    if (!lib)
-        return "NCCL (not loaded)";
-    const int v = kcu_nccl_version(lib);
-    snprintf(name, sizeof(name), "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
-    return name;
+    return lib ? kcu_nccl_name(lib) : "NCCL (not loaded)";
 }
 
 enum status kern_nccl_comm_group_init(struct kern_nccl_comm_group **out,
@@ -190,9 +185,7 @@ enum status kern_nccl_comm_group_init(struct kern_nccl_comm_group **out,
         s->comm = comms[r];
         s->host = kern_cpu_comm_get(g->cpu, r);
     }
-    if (st && comms)
-        for (int r = 0; r < n; r++)
-            kcu_nccl_close(lib, comms[r]);
+    /* (after a failed ncclCommInitAll there are no communicators to close: NCCL cleans up) */
     free(comms);
     free(devs);
     if (st) {

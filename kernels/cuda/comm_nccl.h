@@ -28,7 +28,7 @@ enum status kern_nccl_comm_group_init(struct kern_nccl_comm_group **out,
 void kern_nccl_comm_group_free(struct kern_nccl_comm_group *g); /* NULL: nothing */
 /* Rank r's handle, owned by the group. */
 struct kern_comm *kern_nccl_comm_get(struct kern_nccl_comm_group *g, int rank);
-/* "NCCL 2.28.9" (static storage), for logs. */
+/* "NCCL 2.28.9" (static storage; "NCCL (not loaded)" when it is not), for logs. */
 const char *kern_nccl_describe(void);
 
 #endif

@@ -63,34 +63,36 @@ __global__ void k_emu_gemm(int ta, int tb, int m, int n, int k, const uint16_t *
     c[i + (size_t)j * ldc] = s;
 }
 
+/* A handle is its stream (as cuBLAS's is per device and stream: ranks on several emulated
+ * devices each have their own). */
+struct emu_handle {
+    void *stream;
+};
 static int emu_create(void **h)
 {
-    *h = (void *)1;
-    return 0;
+    *h = calloc(1, sizeof(struct emu_handle));
+    return *h ? 0 : 3; /* CUBLAS_STATUS_ALLOC_FAILED */
 }
 static int emu_destroy(void *h)
 {
-    (void)h;
+    free(h);
     return 0;
 }
-static void *emu_stream;
 static int emu_set_stream(void *h, void *st)
 {
-    (void)h;
-    emu_stream = st;
+    ((struct emu_handle *)h)->stream = st;
     return 0;
 }
 static int emu_gemm(void *h, int ta, int tb, int m, int n, int k, const void *alpha, const void *a,
                     int at, int lda, const void *b, int bt, int ldb, const void *beta, void *c,
                     int ct, int ldc, int compute, int algo)
 {
-    (void)h;
     (void)algo;
     if (*(const float *)alpha != 1.0f || *(const float *)beta != 0.0f || at != BLAS_R_16BF ||
         bt != BLAS_R_16BF || ct != BLAS_R_32F || compute != BLAS_COMPUTE_32F)
         return 7; /* CUBLAS_STATUS_INVALID_VALUE: only the call this file makes */
     KCU_LAUNCH(k_emu_gemm, dim3((unsigned)((m + 31) / 32), (unsigned)n), 32,
-               (cudaStream_t)emu_stream)
+               (cudaStream_t)((struct emu_handle *)h)->stream)
     (ta == BLAS_OP_T, tb == BLAS_OP_T, m, n, k, (const uint16_t *)a, lda, (const uint16_t *)b, ldb,
      (float *)c, ldc);
     return launched() ? 13 : 0; /* CUBLAS_STATUS_EXECUTION_FAILED */

@@ -128,7 +128,7 @@ int kcu_sample(void *stream, const float *logits, float *work, double *zc, float
  * calls return 0 or an ncclResult_t (kcu_nccl_error names it). */
 struct kcu_nccl;
 const struct kcu_nccl *kcu_nccl_open(char *why, size_t why_size);
-int kcu_nccl_version(const struct kcu_nccl *l); /* major * 10000 + minor * 100 + patch */
+const char *kcu_nccl_name(const struct kcu_nccl *l); /* "NCCL 2.28.9" */
 /* n communicators, rank r's on device devs[r] (distinct devices), from one thread
  * (ncclCommInitAll); it may leave another device current. */
 int kcu_nccl_init(const struct kcu_nccl *l, void **comms, int n, const int *devs);

@@ -36,7 +36,8 @@ enum { NCCL_OK = 0, NCCL_INVALID_ARGUMENT = 4, NCCL_INVALID_USAGE = 5 }; /* nccl
 enum { NCCL_UINT8 = 1 };                                                 /* ncclDataType_t */
 
 struct kcu_nccl {
-    int version; /* NCCL_VERSION_CODE of the library: major * 10000 + minor * 100 + patch */
+    int version;   /* major * 10000 + minor * 100 + patch */
+    char name[32]; /* "NCCL 2.28.9" */
     int (*get_version)(int *);
     int (*init_all)(void **comms, int n, const int *devs);
     int (*destroy)(void *comm);
@@ -167,6 +168,8 @@ int emu_init_all(void **comms, int n, const int *devs)
 {
     int count = 0;
     cudaGetDeviceCount(&count);
+    if (getenv("QUERN_CUDA_EMU_NCCL_FAIL")) /* tests: a start that fails, as in a container */
+        return emu_fail("ncclCommInitAll failed (QUERN_CUDA_EMU_NCCL_FAIL is set)");
     if (n < 1 || n > 8)
         return NCCL_INVALID_ARGUMENT;
     for (int r = 0; r < n; r++) {
@@ -318,9 +321,18 @@ static int load(void)
             return -1;
         }
 #endif
-    if (l->get_version(&l->version) || l->version < 20700) {
-        snprintf(g_why, sizeof(g_why), "NCCL %d is older than 2.7 (point-to-point calls)",
-                 l->version);
+    int code = 0;
+    const int rc = l->get_version(&code);
+    /* NCCL_VERSION_CODE: major * 1000 + minor * 100 + patch before 2.9, major * 10000 + ... since
+     */
+    l->version = code < 10000 ? code / 1000 * 10000 + code / 100 % 10 * 100 + code % 100 : code;
+    snprintf(l->name, sizeof(l->name), "NCCL %d.%d.%d", l->version / 10000, l->version / 100 % 100,
+             l->version % 100);
+    if (rc || l->version < 20700) {
+        snprintf(g_why, sizeof(g_why), "%s is older than 2.7 (point-to-point calls)", l->name);
+#ifndef KCU_EMU
+        dlclose(lib);
+#endif
         return -1;
     }
     return 1;
@@ -338,9 +350,9 @@ extern "C" const struct kcu_nccl *kcu_nccl_open(char *why, size_t why_size)
     return ok ? &g_nccl : NULL;
 }
 
-extern "C" int kcu_nccl_version(const struct kcu_nccl *l)
+extern "C" const char *kcu_nccl_name(const struct kcu_nccl *l)
 {
-    return l->version;
+    return l->name;
 }
 
 extern "C" int kcu_nccl_init(const struct kcu_nccl *l, void **comms, int n, const int *devs)

@@ -50,7 +50,7 @@ QUERN_REQUIRE_CUDA=1 QUERN_REQUIRE_NCCL=1 "$E/tests/test_cuda_model" >"$tmp/mode
     { cat "$tmp/model.txt"; fail "test_cuda_model on the emulated CUDA backend"; }
 grep "cuda model:\|cuda graphs:\|cuda tp:" "$tmp/model.txt"
 # the communicators, NCCL's on 4 emulated devices (its stand-in: kernels/cuda/cuda_nccl.cu)
-QUERN_REQUIRE_CUDA=1 "$E/tests/test_comm" >"$tmp/comm.txt" 2>&1 ||
+QUERN_REQUIRE_NCCL=1 "$E/tests/test_comm" >"$tmp/comm.txt" 2>&1 ||
     { cat "$tmp/comm.txt"; fail "test_comm with the emulated devices"; }
 grep "nccl:" "$tmp/comm.txt"
 
