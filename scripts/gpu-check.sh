@@ -32,7 +32,9 @@
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
 #       (QUERN_CUDA_PACK=0) against the packed layout, batch 1 without CUDA graphs
 #       (QUERN_CUDA_GRAPHS=0), and one 4,000-token context with attention split
-#       over the KV length and without: the numbers the issues' goals are stated against.
+#       over the KV length and without; the bf16 mode's attention on CUDA cores
+#       (QUERN_CUDA_ATTN_MMA=0) against the tensor cores, batched and at 4,000 positions: the
+#       numbers the issues' goals are stated against.
 #
 # Steps run most important first, so a run stopped at the device tool's limit (give it ~480 s of
 # the 15 minutes, leaving room for a rerun) still returns the op test. The results go into
@@ -209,6 +211,17 @@ print(f\"plan {c} bytes, device in use {u}, runtime and rounding {u - c} ({(u - 
                 --max-seqs 1 --prompts 1 --input-len 4000 --output-len 32 --matmul bf16 \
                 >'$out/bench-long-split$split.json' && cat '$out/bench-long-split$split.json'"
         done
+        # the bf16 mode's attention on CUDA cores (QUERN_CUDA_ATTN_MMA=0) against the tensor
+        # cores (the default): batched llama3-8b, and the 4,000-token context
+        step bench-llama3-8b-batch-bf16-attnf32 90 bash -c "QUERN_CUDA_ATTN_MMA=0 '$B/quern' \
+            bench --model $m --dummy llama3-8b --device cuda --peak-seconds 0 --prompts 64 \
+            --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16 \
+            >'$out/bench-llama3-8b-batch-bf16-attnf32.json' && \
+            cat '$out/bench-llama3-8b-batch-bf16-attnf32.json'"
+        step bench-llama3-8b-long-attnf32 120 bash -c "QUERN_CUDA_ATTN_MMA=0 '$B/quern' bench \
+            --model $m --dummy llama3-8b --device cuda --peak-seconds 0 --max-seqs 1 --prompts 1 \
+            --input-len 4000 --output-len 32 --matmul bf16 >'$out/bench-long-attnf32.json' && \
+            cat '$out/bench-long-attnf32.json'"
         echo "failed steps:${failed:- none}"
     } 2>&1 | tee "$out/gpu-check.txt"
     grep -q "^failed steps: none$" "$out/gpu-check.txt"
