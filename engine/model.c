@@ -779,11 +779,23 @@ static void forward_layers(struct fwd_job *j, int r, const struct fwd_bufs *B,
         k->kv_store(be, kvl, &bt, f->pos, engine_kv_block_size(j->kv), R->n_kv_head, hd, kk, vv, n,
                     f->last);
         struct kern_attn a = {
-            .n_tok = n, .q = q, .out = att, .pos = f->pos, .bt = bt,
-            .kv = kvl, .block_size = engine_kv_block_size(j->kv), .n_head = R->n_head,
-            .n_kv_head = R->n_kv_head, .head_dim = hd, .scale = hp->attn_scale,
-            .window = L->swa ? hp->swa_window : 0, .softcap = hp->attn_softcap, .store = f->last,
-            .k_new = kk, .v_new = vv,
+            .n_tok = n,
+            .q = q,
+            .out = att,
+            .pos = f->pos,
+            .bt = bt,
+            .kv = kvl,
+            .block_size = engine_kv_block_size(j->kv),
+            .n_head = R->n_head,
+            .n_kv_head = R->n_kv_head,
+            .head_dim = hd,
+            .scale = hp->attn_scale,
+            .window = L->swa ? hp->swa_window : 0,
+            .softcap = hp->attn_softcap,
+            .store = f->last,
+            .k_new = kk,
+            .v_new = vv,
+            .n_seqs = j->m->stage.n_rows,
         };
         k->attention(be, &a);
         if (N == 1) {

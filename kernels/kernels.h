@@ -114,6 +114,7 @@ struct kern_attn {
      * attends to (the last of its sequence in the batch). */
     const uint8_t *store;
     const float *k_new, *v_new;
+    int n_seqs; /* a hint (0: none): the sequences the tokens belong to (a decode step: n_tok) */
 };
 
 /* Score s soft-capped as struct kern_attn's softcap says (every kernel uses this, so they

@@ -527,31 +527,75 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
                           .softcap = softcap,
                           .store = dlast,
                           .k_new = dk,
-                          .v_new = dv};
+                          .v_new = dv,
+                          .n_seqs = S};
     k->attention(c->be, &a);
     float *out = from_be(c, dout, sizeof(float) * nq);
-    /* batch invariance: sequence 0's tokens again alone, with a block table of its own 3 blocks
-     * (as the engine makes one for a batch), bitwise the same */
-    const size_t n0 = (size_t)len[0] * H * D;
-    int32_t *dtab0 = to_be(c, tables, sizeof(int32_t) * 3);
-    float *dout0 = k->buf_alloc(c->be, sizeof(float) * n0);
-    struct kern_attn a0 = a;
-    a0.n_tok = len[0];
-    a0.out = dout0;
-    a0.bt.ids = dtab0;
-    a0.bt.stride = 3;
-    a0.store = NULL;
-    k->attention(c->be, &a0);
-    float *out0 = from_be(c, dout0, sizeof(float) * n0);
-    if (memcmp(out0, out, sizeof(float) * n0)) {
-        char op0[96];
-        snprintf(op0, sizeof(op0), "attention H %d KV %d D %d window %d batch invariance", H, KV, D,
-                 window);
-        report(c, op0, "sequence 0 alone differs from sequence 0 in the batch");
+    /* batch invariance: sequence 0's tokens again alone, then sequence 2's (which start 53 tokens
+     * into the batch, so whatever groups tokens meets other neighbours), each with a block table
+     * of its own blocks (as the engine makes one for a batch), and the last token of each
+     * sequence as a decode step (3 tokens, 3 sequences): bitwise their outputs in the batch */
+    static const char *const sub_what[3] = {"sequence 0 alone", "sequence 2 alone",
+                                            "the sequences' last tokens as a decode step"};
+    for (int v = 0; v < 3 && !c->fails; v++) {
+        int idx[80], m = 0, rows = 1, stride = 8;
+        int32_t sub_pos[80], sub_row[80], sub_tab[3 * 8];
+        if (v < 2) {
+            const int sq = v ? 2 : 0, base = v ? len[0] + len[1] : 0;
+            stride = (len[sq] + B - 1) / B;
+            memcpy(sub_tab, tables + sq * 8, sizeof(int32_t) * (size_t)stride);
+            for (int i = 0; i < len[sq]; i++, m++) {
+                idx[m] = base + i;
+                sub_pos[m] = i;
+                sub_row[m] = 0;
+            }
+        } else {
+            rows = S;
+            memcpy(sub_tab, tables, sizeof(tables));
+            for (int sq = 0, base = 0; sq < S; base += len[sq++], m++) {
+                idx[m] = base + len[sq] - 1;
+                sub_pos[m] = len[sq] - 1;
+                sub_row[m] = sq;
+            }
+        }
+        const size_t row_floats = (size_t)H * D;
+        float *sub_q = malloc(sizeof(float) * row_floats * (size_t)m);
+        for (int i = 0; i < m; i++)
+            memcpy(sub_q + (size_t)i * row_floats, q + (size_t)idx[i] * row_floats,
+                   sizeof(float) * row_floats);
+        float *dsq = to_be(c, sub_q, sizeof(float) * row_floats * (size_t)m);
+        int32_t *dsp = to_be(c, sub_pos, sizeof(int32_t) * (size_t)m);
+        int32_t *dsr = to_be(c, sub_row, sizeof(int32_t) * (size_t)m);
+        int32_t *dst = to_be(c, sub_tab, sizeof(int32_t) * (size_t)(rows * stride));
+        float *dso = k->buf_alloc(c->be, sizeof(float) * row_floats * (size_t)m);
+        struct kern_attn a0 = a;
+        a0.n_tok = m;
+        a0.q = dsq;
+        a0.out = dso;
+        a0.pos = dsp;
+        a0.bt = (struct kern_block_table){dst, dsr, stride};
+        a0.store = NULL;
+        a0.n_seqs = rows;
+        k->attention(c->be, &a0);
+        float *sub_out = from_be(c, dso, sizeof(float) * row_floats * (size_t)m);
+        for (int i = 0; i < m; i++)
+            if (memcmp(sub_out + (size_t)i * row_floats, out + (size_t)idx[i] * row_floats,
+                       sizeof(float) * row_floats)) {
+                char op0[96];
+                snprintf(op0, sizeof(op0), "attention H %d KV %d D %d window %d batch invariance",
+                         H, KV, D, window);
+                report(c, op0, "%s: token %d differs from itself in the batch", sub_what[v],
+                       idx[i]);
+                break;
+            }
+        free(sub_q);
+        free(sub_out);
+        bfree(c, dsq);
+        bfree(c, dsp);
+        bfree(c, dsr);
+        bfree(c, dst);
+        bfree(c, dso);
     }
-    free(out0);
-    bfree(c, dtab0);
-    bfree(c, dout0);
     /* the reference: keys and values as stored */
     float *kr = malloc(sizeof(float) * nk), *vr = malloc(sizeof(float) * nk);
     for (size_t i = 0; i < nk; i += (size_t)D)
@@ -1017,7 +1061,7 @@ static void check_broken_sample(struct kern_backend *real)
 /* The bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA, on by default: f16 K/V and
  * head_dim a multiple of 16 up to 128), against the double reference within what rounding the
  * scaled queries and the probabilities to halves costs (5e-3; the f32 kernel is held to 2e-4),
- * and bitwise alone as in its batch (check_attention): heads per KV head 1 to 16 (tiles of 16
+ * and bitwise alone as in its batch (check_attention): heads per KV head 1 to 32 (tiles of 16
  * tokens of one head to one token of 16 heads, and 5 tokens of 3: tiles that span two
  * sequences), head_dim 32 to 128, a window, a soft-cap, splits of 24 positions (pieces that
  * straddle the 16-position runs) and token slices. 8-bit KV and head_dim 256 fall back to the f32
@@ -1043,6 +1087,8 @@ static void check_cuda_attn_mma(void)
         check_attention(&c, KERN_KV_F16, 4, 4, 32, 0, 0);
         check_attention(&c, KERN_KV_F16, 8, 1, 128, 0, 0);
         check_attention(&c, KERN_KV_F16, 16, 1, 48, 0, 0);
+        check_attention(&c, KERN_KV_F16, 32, 1, 32, 0, 0); /* two tiles of 16 heads a KV head */
+        check_attention(&c, KERN_KV_F16, 12, 2, 32, 7, 0); /* 6 heads a KV head: 12 rows of 16 */
         check_attention(&c, KERN_KV_F16, 9, 3, 64, 5, 0);
         check_attention(&c, KERN_KV_F16, 8, 2, 64, 23, 1.5f);
         check_attention(&c, KERN_KV_Q8, 4, 2, 64, 0, 0);

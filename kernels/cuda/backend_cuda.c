@@ -507,7 +507,8 @@ static void cuda_attention(struct kern_backend *b, const struct kern_attn *a)
     att_part_make(s);
     check(kcu_attention(s->stream, &d, a->q, a->out, a->pos, a->n_tok, a->n_head, a->scale,
                         a->window, a->softcap, s->att_part ? s->att_split : 0, s->att_part,
-                        s->att_part_floats, s->att_stage, s->act == KERN_ACT_BF16 && s->att_mma),
+                        s->att_part_floats, s->att_stage, s->act == KERN_ACT_BF16 && s->att_mma,
+                        a->n_seqs),
           "attention");
 }
 

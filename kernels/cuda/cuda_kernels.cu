@@ -1238,7 +1238,7 @@ __global__ void __launch_bounds__(WARP)
     const int t0 = blockIdx.x / per_kv / kv.n_kv_head * tt, h0 = kvh * group + ht * hq;
     /* this lane's two rows, g and g + 8: token, head, whether real, their positions and splits */
     int rt[2], rh[2], rv[2], first[2], n[2], s0[2], ns[2];
-    int smin = 1 << 30;
+    int smin = 1 << 30, smax = -1;
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;
         rt[i] = t0 + r / hq;
@@ -1248,151 +1248,160 @@ __global__ void __launch_bounds__(WARP)
             rv[i] ? att_splits(pos, rt[i], window, split, max_split, &first[i], &n[i], &s0[i]) : 0;
         if (rv[i] && s0[i] < smin)
             smin = s0[i];
+        if (rv[i] && s0[i] + ns[i] - 1 > smax)
+            smax = s0[i] + ns[i] - 1;
     }
-    const int sy = warp_min_i(smin) + (int)blockIdx.y; /* this block's split */
-    int lo[2], hi[2], act[2];
-    for (int i = 0; i < 2; i++) {
-        const int j = sy - (rv[i] ? s0[i] : 0);
-        act[i] = rv[i] && j >= 0 && j < ns[i];
-        if (act[i])
-            att_split_range(first[i], n[i], s0[i], ns[i], j, split, &lo[i], &hi[i]);
-    }
+    smin = warp_min_i(smin);
+    smax = warp_max_i(smax);
     const int ntt = n_tok - t0 < tt ? n_tok - t0 : tt; /* real tokens of the tile */
-    unsigned done = 0;
-    for (;;) {
-        int i0 = 0; /* the first token not yet served: its sequence is this pass's */
-        while (i0 < ntt && (done >> i0 & 1))
-            i0++;
-        if (i0 >= ntt)
-            return;
-        const int seq = kv.row[t0 + i0];
-        for (int i = i0; i < ntt; i++)
-            if (kv.row[t0 + i] == seq)
-                done |= 1u << i;
-        int live[2], plo = 1 << 30, phi = -1;
+    /* the tile's splits smin .. smax, gridDim.y apart from blockIdx.y */
+    for (int sy = smin + (int)blockIdx.y; sy <= smax; sy += (int)gridDim.y) {
+        int lo[2], hi[2], act[2];
         for (int i = 0; i < 2; i++) {
-            live[i] = act[i] && kv.row[rt[i]] == seq;
-            if (live[i]) {
-                plo = lo[i] < plo ? lo[i] : plo;
-                phi = hi[i] > phi ? hi[i] : phi;
-            }
+            const int j = sy - (rv[i] ? s0[i] : 0);
+            act[i] = rv[i] && j >= 0 && j < ns[i];
+            if (act[i])
+                att_split_range(first[i], n[i], s0[i], ns[i], j, split, &lo[i], &hi[i]);
         }
-        plo = warp_min_i(plo);
-        phi = warp_max_i(phi);
-        if (phi < 0)
-            continue; /* no row of this sequence has positions in this split */
-        const int32_t *table = kv.ids + (size_t)seq * kv.stride;
-        /* the queries: rows g and g + 8, channels 16 kc + 2 t4 (+1, +8, +9) */
-        uint32_t qa[DC][4];
-        for (int kc = 0; kc < DC; kc++)
-            for (int p = 0; p < 4; p++) {
-                const int i = p & 1, c = 16 * kc + 2 * t4 + (p >= 2 ? 8 : 0);
-                const float *qr = q + ((size_t)rt[i] * n_head + rh[i]) * D + c;
-                qa[kc][p] =
-                    live[i] ? amma_half(qr[0] * scale) | amma_half(qr[1] * scale) << 16 : 0u;
-            }
-        float acc[2 * DC][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-        for (int j = 0; j < 2 * DC; j++)
-            for (int e = 0; e < 4; e++)
-                acc[j][e] = 0.0f;
-        for (int p0 = plo / 16 * 16; p0 < phi; p0 += 16) {
-            /* S for positions p0 + 8 j + (0..7): lane's key position p0 + 8 j + g */
-            float sc[2][4];
-            for (int j = 0; j < 2; j++) {
-                const int p = p0 + 8 * j + g;
-                const uint16_t *kt = NULL;
-                if (p >= plo && p < phi)
-                    kt = (const uint16_t *)att_tile(&kv, kv.k, table, kvh, p) + p % B;
-                for (int e = 0; e < 4; e++)
-                    sc[j][e] = 0.0f;
-                for (int kc = 0; kc < DC; kc++) {
-                    uint32_t kb[2] = {0u, 0u};
-                    if (kt) {
-                        const int c = 16 * kc + 2 * t4;
-                        kb[0] = (uint32_t)kt[(size_t)c * B] | (uint32_t)kt[(size_t)(c + 1) * B]
-                                                                  << 16;
-                        kb[1] = (uint32_t)kt[(size_t)(c + 8) * B] |
-                                (uint32_t)kt[(size_t)(c + 9) * B] << 16;
-                    }
-                    mma_f16(sc[j], qa[kc], kb);
-                }
-            }
-            /* per row: soft-cap, mask, the run's maximum */
-            float mx[2] = {-INFINITY, -INFINITY};
-            for (int j = 0; j < 2; j++)
-                for (int e = 0; e < 4; e++) {
-                    const int i = e / 2, p = p0 + 8 * j + 2 * t4 + e % 2;
-                    float v = sc[j][e];
-                    if (softcap > 0.0f)
-                        v = softcap * tanhf(v / softcap);
-                    if (!live[i] || p < lo[i] || p >= hi[i])
-                        v = -INFINITY;
-                    sc[j][e] = v;
-                    mx[i] = fmaxf(mx[i], v);
-                }
-            uint32_t pa[4];
+        unsigned done = 0;
+        for (;;) {
+            int i0 = 0; /* the first token not yet served: its sequence is this pass's */
+            while (i0 < ntt && (done >> i0 & 1))
+                i0++;
+            if (i0 >= ntt)
+                break;
+            const int seq = kv.row[t0 + i0];
+            for (int i = i0; i < ntt; i++)
+                if (kv.row[t0 + i] == seq)
+                    done |= 1u << i;
+            int live[2], plo = 1 << 30, phi = -1;
             for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
-                if (mx[i] > m[i]) {
-                    const float r = expf(m[i] - mx[i]); /* 0 on the row's first run */
-                    l[i] *= r;
-                    for (int j = 0; j < 2 * DC; j++) {
-                        acc[j][2 * i] *= r;
-                        acc[j][2 * i + 1] *= r;
-                    }
-                    m[i] = mx[i];
+                live[i] = act[i] && kv.row[rt[i]] == seq;
+                if (live[i]) {
+                    plo = lo[i] < plo ? lo[i] : plo;
+                    phi = hi[i] > phi ? hi[i] : phi;
                 }
-                /* the probabilities as halves: A fragment registers i (positions 2 t4, +1 of the
-                 * run's first 8) and 2 + i (of its second 8) */
-                float sum = 0.0f;
+            }
+            plo = warp_min_i(plo);
+            phi = warp_max_i(phi);
+            if (phi < 0)
+                continue; /* no row of this sequence has positions in this split */
+            const int32_t *table = kv.ids + (size_t)seq * kv.stride;
+            /* the queries: rows g and g + 8, channels 16 kc + 2 t4 (+1, +8, +9) */
+            uint32_t qa[DC][4];
+            for (int kc = 0; kc < DC; kc++)
+                for (int p = 0; p < 4; p++) {
+                    const int i = p & 1, c = 16 * kc + 2 * t4 + (p >= 2 ? 8 : 0);
+                    const float *qr = q + ((size_t)rt[i] * n_head + rh[i]) * D + c;
+                    qa[kc][p] =
+                        live[i] ? amma_half(qr[0] * scale) | amma_half(qr[1] * scale) << 16 : 0u;
+                }
+            float acc[2 * DC][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+            for (int j = 0; j < 2 * DC; j++)
+                for (int e = 0; e < 4; e++)
+                    acc[j][e] = 0.0f;
+            for (int p0 = plo / 16 * 16; p0 < phi; p0 += 16) {
+                /* S for positions p0 + 8 j + (0..7): lane's key position p0 + 8 j + g */
+                float sc[2][4];
                 for (int j = 0; j < 2; j++) {
-                    const float v0 = sc[j][2 * i], v1 = sc[j][2 * i + 1];
-                    const uint32_t h0 = v0 == -INFINITY ? 0u : amma_half(expf(v0 - m[i]));
-                    const uint32_t h1 = v1 == -INFINITY ? 0u : amma_half(expf(v1 - m[i]));
-                    pa[2 * j + i] = h0 | h1 << 16;
-                    sum += amma_float(h0) + amma_float(h1);
+                    const int p = p0 + 8 * j + g;
+                    const uint16_t *kt = NULL;
+                    if (p >= plo && p < phi)
+                        kt = (const uint16_t *)att_tile(&kv, kv.k, table, kvh, p) + p % B;
+                    for (int e = 0; e < 4; e++)
+                        sc[j][e] = 0.0f;
+                    for (int kc = 0; kc < DC; kc++) {
+                        uint32_t kb[2] = {0u, 0u};
+                        if (kt) {
+                            const int c = 16 * kc + 2 * t4;
+                            kb[0] = (uint32_t)kt[(size_t)c * B] | (uint32_t)kt[(size_t)(c + 1) * B]
+                                                                      << 16;
+                            kb[1] = (uint32_t)kt[(size_t)(c + 8) * B] |
+                                    (uint32_t)kt[(size_t)(c + 9) * B] << 16;
+                        }
+                        mma_f16(sc[j], qa[kc], kb);
+                    }
                 }
-                sum += __shfl_xor_sync(FULL, sum, 1);
-                sum += __shfl_xor_sync(FULL, sum, 2);
-                l[i] += sum;
-            }
-            /* O += P V: the lane's value positions p0 + 2 t4 (+1, +8, +9), channel 8 jc + g */
-            const uint16_t *vt[4];
-            for (int k = 0; k < 4; k++) {
-                const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
-                vt[k] = p >= plo && p < phi ? (const uint16_t *)att_tile(&kv, kv.v, table, kvh, p) +
-                                                  (size_t)(p % B) * D
-                                            : NULL;
-            }
-            for (int jc = 0; jc < 2 * DC; jc++) {
-                const int c = 8 * jc + g;
-                uint32_t vb[2];
-                vb[0] = (vt[0] ? (uint32_t)vt[0][c] : 0u) | (vt[1] ? (uint32_t)vt[1][c] : 0u) << 16;
-                vb[1] = (vt[2] ? (uint32_t)vt[2][c] : 0u) | (vt[3] ? (uint32_t)vt[3][c] : 0u) << 16;
-                mma_f16(acc[jc], pa, vb);
-            }
-        }
-        /* the pass's rows out: channels 8 jc + 2 t4 (+1) */
-        for (int i = 0; i < 2; i++) {
-            if (!live[i])
-                continue;
-            const size_t th = (size_t)rt[i] * n_head + rh[i];
-            if (ns[i] > 1) { /* this split's share, for k_attn_combine */
-                float *o = part + (th * n_part + (size_t)(sy - s0[i])) * (size_t)(D + 2);
-                if (t4 == 0) {
-                    o[0] = m[i];
-                    o[1] = l[i];
+                /* per row: soft-cap, mask, the run's maximum */
+                float mx[2] = {-INFINITY, -INFINITY};
+                for (int j = 0; j < 2; j++)
+                    for (int e = 0; e < 4; e++) {
+                        const int i = e / 2, p = p0 + 8 * j + 2 * t4 + e % 2;
+                        float v = sc[j][e];
+                        if (softcap > 0.0f)
+                            v = softcap * tanhf(v / softcap);
+                        if (!live[i] || p < lo[i] || p >= hi[i])
+                            v = -INFINITY;
+                        sc[j][e] = v;
+                        mx[i] = fmaxf(mx[i], v);
+                    }
+                uint32_t pa[4];
+                for (int i = 0; i < 2; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
+                    if (mx[i] > m[i]) {
+                        const float r = expf(m[i] - mx[i]); /* 0 on the row's first run */
+                        l[i] *= r;
+                        for (int j = 0; j < 2 * DC; j++) {
+                            acc[j][2 * i] *= r;
+                            acc[j][2 * i + 1] *= r;
+                        }
+                        m[i] = mx[i];
+                    }
+                    /* the probabilities as halves: A fragment registers i (positions 2 t4, +1 of
+                     * the run's first 8) and 2 + i (of its second 8) */
+                    float sum = 0.0f;
+                    for (int j = 0; j < 2; j++) {
+                        const float v0 = sc[j][2 * i], v1 = sc[j][2 * i + 1];
+                        const uint32_t h0 = v0 == -INFINITY ? 0u : amma_half(expf(v0 - m[i]));
+                        const uint32_t h1 = v1 == -INFINITY ? 0u : amma_half(expf(v1 - m[i]));
+                        pa[2 * j + i] = h0 | h1 << 16;
+                        sum += amma_float(h0) + amma_float(h1);
+                    }
+                    sum += __shfl_xor_sync(FULL, sum, 1);
+                    sum += __shfl_xor_sync(FULL, sum, 2);
+                    l[i] += sum;
+                }
+                /* O += P V: the lane's value positions p0 + 2 t4 (+1, +8, +9), channel 8 jc + g */
+                const uint16_t *vt[4];
+                for (int k = 0; k < 4; k++) {
+                    const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
+                    vt[k] = p >= plo && p < phi
+                                ? (const uint16_t *)att_tile(&kv, kv.v, table, kvh, p) +
+                                      (size_t)(p % B) * D
+                                : NULL;
                 }
                 for (int jc = 0; jc < 2 * DC; jc++) {
-                    o[2 + 8 * jc + 2 * t4] = acc[jc][2 * i];
-                    o[2 + 8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1];
+                    const int c = 8 * jc + g;
+                    uint32_t vb[2];
+                    vb[0] = (vt[0] ? (uint32_t)vt[0][c] : 0u) | (vt[1] ? (uint32_t)vt[1][c] : 0u)
+                                                                    << 16;
+                    vb[1] = (vt[2] ? (uint32_t)vt[2][c] : 0u) | (vt[3] ? (uint32_t)vt[3][c] : 0u)
+                                                                    << 16;
+                    mma_f16(acc[jc], pa, vb);
                 }
-            } else {
-                float *o = out + th * D;
-                for (int jc = 0; jc < 2 * DC; jc++) {
-                    o[8 * jc + 2 * t4] = acc[jc][2 * i] / l[i];
-                    o[8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1] / l[i];
+            }
+            /* the pass's rows out: channels 8 jc + 2 t4 (+1) */
+            for (int i = 0; i < 2; i++) {
+                if (!live[i])
+                    continue;
+                const size_t th = (size_t)rt[i] * n_head + rh[i];
+                if (ns[i] > 1) { /* this split's share, for k_attn_combine */
+                    float *o = part + (th * n_part + (size_t)(sy - s0[i])) * (size_t)(D + 2);
+                    if (t4 == 0) {
+                        o[0] = m[i];
+                        o[1] = l[i];
+                    }
+                    for (int jc = 0; jc < 2 * DC; jc++) {
+                        o[2 + 8 * jc + 2 * t4] = acc[jc][2 * i];
+                        o[2 + 8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1];
+                    }
+                } else {
+                    float *o = out + th * D;
+                    for (int jc = 0; jc < 2 * DC; jc++) {
+                        o[8 * jc + 2 * t4] = acc[jc][2 * i] / l[i];
+                        o[8 * jc + 2 * t4 + 1] = acc[jc][2 * i + 1] / l[i];
+                    }
                 }
             }
         }
@@ -1456,7 +1465,7 @@ static int amma_launch(int dc, dim3 grid, cudaStream_t stream, const struct kcu_
 extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                              const int32_t *pos, int n_tok, int n_head, float scale, int window,
                              float softcap, int split, float *part, size_t part_floats, int stage,
-                             int mma)
+                             int mma, int n_seqs)
 {
     if (n_tok <= 0)
         return 0;
@@ -1467,12 +1476,12 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     const size_t per_split = (size_t)n_head * (size_t)(kv->head_dim + 2);
     const long max_split =
         part ? (long)(part_floats / per_split < 65535 ? part_floats / per_split : 65535) : 0;
-    /* the most splits a token of these block tables can have (its positions may start anywhere
-     * in a split: one more than the span needs) */
+    /* the most splits a token of these block tables can have (with a window its positions may
+     * start anywhere in a split: one more than the span needs) */
     long span = (long)kv->stride * kv->block_size;
     if (window > 0 && window < span)
         span = window;
-    long n_split = split > 0 ? (span + split - 1) / split + 1 : 1;
+    long n_split = split > 0 ? (span + split - 1) / split + (window > 0) : 1;
     if (n_split > max_split)
         n_split = max_split;
     /* tensor cores: tiles of up to 16 rows, hq query heads of a KV head x tt tokens; the grid's y
@@ -1482,9 +1491,10 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     int hq = group < 16 ? group : 16;
     while (group % hq)
         hq--;
-    const int tt = 16 / hq, per_kv = group / hq;
-    long amma_y = split > 0 ? (long)kv->stride * kv->block_size / split + 2 : 1;
-    amma_y = amma_y < 65535 ? amma_y : 65535;
+    /* decode-shaped calls (as many sequences as tokens) take one token a tile: a tile of tokens
+     * of several sequences serves them one pass after another */
+    const int tt = n_seqs > 0 && 2 * n_seqs > n_tok ? 1 : 16 / hq, per_kv = group / hq;
+    long amma_y = n_split < 65535 ? n_split : 65535; /* blocks stride over a tile's splits */
     /* the query heads sharing a KV head, up to ATT_MAX_HB of them, per block; staged when there
      * are several (a block of one warp has nothing to share: its own small kernel) */
     int hb = group < ATT_MAX_HB ? group : ATT_MAX_HB;

@@ -95,10 +95,11 @@ int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, cons
  * each run of keys and values into shared memory once for all of them; the output is bitwise
  * the same either way. mma 1: with f16 keys and values and head_dim a multiple of 16 up to 128,
  * the tensor-core kernel instead (the bf16 mode's attention: queries times the scale and the
- * softmax's probabilities rounded to halves, f32 sums), splits cut at the same places. */
+ * softmax's probabilities rounded to halves, f32 sums), splits cut at the same places; n_seqs
+ * (the sequences among the tokens, 0: unknown) only shapes its tiles. */
 int kcu_attention(void *stream, const struct kcu_kv *kv, const float *q, float *out,
                   const int32_t *pos, int n_tok, int n_head, float scale, int window, float softcap,
-                  int split, float *part, size_t part_floats, int stage, int mma);
+                  int split, float *part, size_t part_floats, int stage, int mma, int n_seqs);
 
 /* One row's draw (struct kern_sample_row, kernels/kernels.h: the same fields). */
 struct kcu_sample {
