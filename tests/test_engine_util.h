@@ -57,7 +57,7 @@ static inline int setup(void **state)
 {
     static struct fixture f;
     struct err_detail err = {0};
-    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1};
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
     if (kern_backend_open(&f.be, &ko, &err) ||
         engine_model_load(&f.m, test_model_path(), f.be, &err) ||
         engine_tok_load(&f.tok, f.m->gguf, &err)) {

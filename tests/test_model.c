@@ -625,7 +625,7 @@ static void test_tensor_parallel(void **state)
         if (a != 1) {
             one = f->m;
         } else {
-            struct kern_backend_opts o1 = {NULL, 2, NULL, acts[a], 0, 1};
+            struct kern_backend_opts o1 = {NULL, 2, NULL, acts[a], 0, 1, 0};
             assert_int_equal(kern_backend_open(&be1, &o1, &err), ST_OK);
             assert_int_equal(engine_model_load(&one, test_model_path(), be1, &err), ST_OK);
         }
