@@ -85,6 +85,12 @@ cmp -s "$tmp/cuda.txt" "$tmp/cuda3n.txt" || fail "cuda --tp 3 over NCCL text dif
 # attention split over the positions (flash-decoding) every 4 positions: 2 to 3 splits here
 QUERN_CUDA_ATTN_SPLIT=4 gen cuda_split --device cuda
 cmp -s "$tmp/cuda.txt" "$tmp/cuda_split.txt" || fail "cuda text with split attention differs"
+# the bf16 mode: attention on tensor cores (the default) and in f32 give the same text
+gen cuda_bf16 --device cuda --matmul bf16
+QUERN_CUDA_ATTN_MMA=0 gen cuda_bf16_f32 --device cuda --matmul bf16
+[ -s "$tmp/cuda_bf16.txt" ] && cmp -s "$tmp/cuda_bf16.txt" "$tmp/cuda_bf16_f32.txt" ||
+    fail "bf16 text with tensor-core attention '$(cat "$tmp/cuda_bf16.txt")' differs from f32 attention's"
+echo "generate --matmul bf16: tensor-core attention = f32 attention: $(tr '\n' ' ' <"$tmp/cuda_bf16.txt")"
 echo "generate: cuda = cpu = cuda --tp 3 (staged, NCCL) = cuda split attention: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
 # 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
