@@ -1064,9 +1064,10 @@ static void check_broken_sample(struct kern_backend *real)
  * and bitwise alone as in its batch (check_attention): heads per KV head 1 to 32 (tiles of 16
  * tokens of one head to one token of 16 heads, and 5 tokens of 3: tiles that span two
  * sequences), head_dim 32 to 128, a window, a soft-cap, splits of 24 positions (pieces that
- * straddle the 16-position runs) and token slices. 8-bit KV and head_dim 256 fall back to the f32
- * kernel (held to its own tolerance). QUERN_CUDA_ATTN_MMA=0 changes the output, so the kernel
- * runs. */
+ * straddle the 16-position runs) and token slices; 8-bit KV too (its values as halves, the
+ * keys' scales applied to the scores, the values' folded into the probabilities; held to the
+ * 8-bit tolerance). head_dim 256 falls back to the f32 kernel. QUERN_CUDA_ATTN_MMA=0 changes the
+ * output (f16 and 8-bit), so the kernel runs. */
 static void check_cuda_attn_mma(void)
 {
     static const struct {
@@ -1092,6 +1093,8 @@ static void check_cuda_attn_mma(void)
         check_attention(&c, KERN_KV_F16, 9, 3, 64, 5, 0);
         check_attention(&c, KERN_KV_F16, 8, 2, 64, 23, 1.5f);
         check_attention(&c, KERN_KV_Q8, 4, 2, 64, 0, 0);
+        check_attention(&c, KERN_KV_Q8, 9, 3, 64, 5, 0);
+        check_attention(&c, KERN_KV_Q8, 8, 1, 128, 0, 1.5f);
         check_attention(&c, KERN_KV_F16, 4, 1, 256, 16, 0);
         printf("  %s: %s\n", c.label, c.fails ? "FAILED" : "within tolerance");
         assert_int_equal(c.fails, 0);
@@ -1099,26 +1102,28 @@ static void check_cuda_attn_mma(void)
         unsetenv("QUERN_CUDA_ATTN_PART");
     }
     unsetenv("QUERN_CUDA_ATTN_SPLIT");
-    float *got[2] = {NULL, NULL};
-    size_t n_got = 0;
-    for (int mma = 1; mma >= 0; mma--) {
-        setenv("QUERN_CUDA_ATTN_MMA", mma ? "1" : "0", 1);
-        struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_BF16, 1, 1, 0};
-        struct err_detail err = {0};
-        struct check c = {
-            .label = "cuda bf16 attention", .act = KERN_ACT_BF16, .keep = 1, .att_tol = 5e-3};
-        c.r.s = 4900;
-        assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
-        check_attention(&c, KERN_KV_F16, 9, 3, 64, 0, 0);
-        assert_int_equal(c.fails, 0);
-        got[mma] = c.kept;
-        n_got = c.kept_n;
-        kern_backend_free(c.be);
+    for (int q8 = 0; q8 < 2; q8++) {
+        float *got[2] = {NULL, NULL};
+        size_t n_got = 0;
+        for (int mma = 1; mma >= 0; mma--) {
+            setenv("QUERN_CUDA_ATTN_MMA", mma ? "1" : "0", 1);
+            struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_BF16, 1, 1, 0};
+            struct err_detail err = {0};
+            struct check c = {
+                .label = "cuda bf16 attention", .act = KERN_ACT_BF16, .keep = 1, .att_tol = 5e-3};
+            c.r.s = 4900;
+            assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
+            check_attention(&c, q8 ? KERN_KV_Q8 : KERN_KV_F16, 9, 3, 64, 0, 0);
+            assert_int_equal(c.fails, 0);
+            got[mma] = c.kept;
+            n_got = c.kept_n;
+            kern_backend_free(c.be);
+        }
+        unsetenv("QUERN_CUDA_ATTN_MMA");
+        assert_true(memcmp(got[0], got[1], sizeof(float) * n_got) != 0);
+        free(got[0]);
+        free(got[1]);
     }
-    unsetenv("QUERN_CUDA_ATTN_MMA");
-    assert_true(memcmp(got[0], got[1], sizeof(float) * n_got) != 0);
-    free(got[0]);
-    free(got[1]);
 }
 
 /* kern_ops.graph_begin/graph_end (CUDA graphs): a key is captured the second time it is asked

@@ -1225,7 +1225,7 @@ static __device__ __forceinline__ int warp_max_i(int v)
     return v;
 }
 
-template <int DC> /* head_dim / 16 */
+template <int DC, int Q8> /* head_dim / 16; 8-bit keys and values */
 __global__ void __launch_bounds__(WARP)
     k_attn_mma(struct kcu_kv kv, const float *q, float *out, const int32_t *pos, int n_tok,
                int n_head, int hq, int tt, float scale, int window, float softcap, int split,
@@ -1303,24 +1303,47 @@ __global__ void __launch_bounds__(WARP)
             for (int p0 = plo / 16 * 16; p0 < phi; p0 += 16) {
                 /* S for positions p0 + 8 j + (0..7): lane's key position p0 + 8 j + g */
                 float sc[2][4];
+                /* the lane's positions p0 + 2 t4 (+1, +8, +9): its scores' columns and its
+                 * values' rows; 8-bit: their keys' and values' scales (0 outside the pass) */
+                float ksc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vsc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (Q8)
+                    for (int k = 0; k < 4; k++) {
+                        const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
+                        if (p >= plo && p < phi) {
+                            const size_t at = (size_t)D * B;
+                            ksc[k] =
+                                ((const float *)(att_tile(&kv, kv.k, table, kvh, p) + at))[p % B];
+                            vsc[k] =
+                                ((const float *)(att_tile(&kv, kv.v, table, kvh, p) + at))[p % B];
+                        }
+                    }
                 for (int j = 0; j < 2; j++) {
                     const int p = p0 + 8 * j + g;
-                    const uint16_t *kt = NULL;
+                    const uint8_t *kt = NULL; /* position p's first channel */
                     if (p >= plo && p < phi)
-                        kt = (const uint16_t *)att_tile(&kv, kv.k, table, kvh, p) + p % B;
+                        kt = att_tile(&kv, kv.k, table, kvh, p) + (size_t)(p % B) * (Q8 ? 1 : 2);
                     for (int e = 0; e < 4; e++)
                         sc[j][e] = 0.0f;
                     for (int kc = 0; kc < DC; kc++) {
                         uint32_t kb[2] = {0u, 0u};
                         if (kt) {
                             const int c = 16 * kc + 2 * t4;
-                            kb[0] = (uint32_t)kt[(size_t)c * B] | (uint32_t)kt[(size_t)(c + 1) * B]
-                                                                      << 16;
-                            kb[1] = (uint32_t)kt[(size_t)(c + 8) * B] |
-                                    (uint32_t)kt[(size_t)(c + 9) * B] << 16;
+                            uint32_t h[4];
+                            for (int u = 0; u < 4; u++) {
+                                const size_t at = (size_t)(c + (u & 1) + (u >= 2 ? 8 : 0)) * B;
+                                if (Q8)
+                                    h[u] = amma_half((float)((const int8_t *)kt)[at]);
+                                else
+                                    h[u] = ((const uint16_t *)kt)[at];
+                            }
+                            kb[0] = h[0] | h[1] << 16;
+                            kb[1] = h[2] | h[3] << 16;
                         }
                         mma_f16(sc[j], qa[kc], kb);
                     }
+                    if (Q8) /* the keys' scales, column by column (positions 2 t4, 2 t4 + 1) */
+                        for (int e = 0; e < 4; e++)
+                            sc[j][e] *= ksc[2 * j + e % 2];
                 }
                 /* per row: soft-cap, mask, the run's maximum */
                 float mx[2] = {-INFINITY, -INFINITY};
@@ -1355,29 +1378,32 @@ __global__ void __launch_bounds__(WARP)
                         const float v0 = sc[j][2 * i], v1 = sc[j][2 * i + 1];
                         const uint32_t h0 = v0 == -INFINITY ? 0u : amma_half(expf(v0 - m[i]));
                         const uint32_t h1 = v1 == -INFINITY ? 0u : amma_half(expf(v1 - m[i]));
-                        pa[2 * j + i] = h0 | h1 << 16;
                         sum += amma_float(h0) + amma_float(h1);
+                        /* 8-bit values: their scales go into P (rounded to halves again) */
+                        pa[2 * j + i] = Q8 ? amma_half(amma_float(h0) * vsc[2 * j]) |
+                                                 amma_half(amma_float(h1) * vsc[2 * j + 1]) << 16
+                                           : h0 | h1 << 16;
                     }
                     sum += __shfl_xor_sync(FULL, sum, 1);
                     sum += __shfl_xor_sync(FULL, sum, 2);
                     l[i] += sum;
                 }
                 /* O += P V: the lane's value positions p0 + 2 t4 (+1, +8, +9), channel 8 jc + g */
-                const uint16_t *vt[4];
+                const uint8_t *vt[4]; /* each position's value row */
                 for (int k = 0; k < 4; k++) {
                     const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
-                    vt[k] = p >= plo && p < phi
-                                ? (const uint16_t *)att_tile(&kv, kv.v, table, kvh, p) +
-                                      (size_t)(p % B) * D
-                                : NULL;
+                    vt[k] = p >= plo && p < phi ? att_tile(&kv, kv.v, table, kvh, p) +
+                                                      (size_t)(p % B) * D * (Q8 ? 1 : 2)
+                                                : NULL;
                 }
                 for (int jc = 0; jc < 2 * DC; jc++) {
                     const int c = 8 * jc + g;
-                    uint32_t vb[2];
-                    vb[0] = (vt[0] ? (uint32_t)vt[0][c] : 0u) | (vt[1] ? (uint32_t)vt[1][c] : 0u)
-                                                                    << 16;
-                    vb[1] = (vt[2] ? (uint32_t)vt[2][c] : 0u) | (vt[3] ? (uint32_t)vt[3][c] : 0u)
-                                                                    << 16;
+                    uint32_t h[4];
+                    for (int k = 0; k < 4; k++)
+                        h[k] = !vt[k] ? 0u
+                               : Q8   ? amma_half((float)((const int8_t *)vt[k])[c])
+                                      : ((const uint16_t *)vt[k])[c];
+                    const uint32_t vb[2] = {h[0] | h[1] << 16, h[2] | h[3] << 16};
                     mma_f16(acc[jc], pa, vb);
                 }
             }
@@ -1441,11 +1467,15 @@ static int amma_launch(int dc, dim3 grid, cudaStream_t stream, const struct kcu_
                        int max_split, int n_part, float *part)
 {
 #define AMMA_CASE(DCV)                                                                             \
-    case DCV:                                                                                      \
-        KCU_LAUNCH(k_attn_mma<DCV>, grid, WARP, stream)                                            \
+    case DCV: {                                                                                    \
+        void (*kf)(struct kcu_kv, const float *, float *, const int32_t *, int, int, int, int,     \
+                   float, int, float, int, int, int, float *) =                                    \
+            kv->dtype == 1 ? k_attn_mma<DCV, 1> : k_attn_mma<DCV, 0>;                              \
+        KCU_LAUNCH(kf, grid, WARP, stream)                                                         \
         (*kv, q, out, pos, n_tok, n_head, hq, tt, scale, window, softcap, split, max_split,        \
          n_part, part);                                                                            \
-        break;
+        break;                                                                                     \
+    }
     switch (dc) {
         AMMA_CASE(1)
         AMMA_CASE(2)
@@ -1487,7 +1517,7 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
     /* tensor cores: tiles of up to 16 rows, hq query heads of a KV head x tt tokens; the grid's y
      * extent covers every split of any row of a tile (their first splits may differ) */
     const int group = n_head / kv->n_kv_head;
-    const int amma = mma && kv->dtype == 0 && kv->head_dim % 16 == 0 && kv->head_dim <= AMMA_D;
+    const int amma = mma && kv->head_dim % 16 == 0 && kv->head_dim <= AMMA_D;
     int hq = group < 16 ? group : 16;
     while (group % hq)
         hq--;
