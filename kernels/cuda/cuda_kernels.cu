@@ -1178,20 +1178,21 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     }
 }
 
-/* ---- attention on tensor cores (the bf16 mode, f16 keys and values, head_dim a multiple of 16 up
- * to AMMA_D): a warp takes a tile of up to 16 query rows that share a KV head, `tt` consecutive
- * tokens x `hq` of the KV head's query heads (row r: token t0 + r / hq, head h0 + r % hq). The
- * queries, times the scale and rounded to halves, are A fragments; each run of 16 positions (at
- * multiples of 16) gives the scores S = Q K^T by mma.sync, K's halves read straight from the cache
- * tiles as B fragments; then per row the soft-cap, the mask (positions outside the row's range:
- * -inf), an online softmax (the run's maximum; its probabilities rounded to halves, which are both
- * what the row's sum adds and what multiplies V) and O += P V by mma.sync, V's halves as B
- * fragments. A pass serves the rows of one sequence: rows of tokens of another take no part (no
- * state change, probabilities 0), and a tile whose tokens belong to several sequences makes one
- * pass each. Every row's inputs, runs and order of operations are its own whatever shares its
- * tile, and an MMA's row of results depends on that row's inputs alone, so a token's output does
- * not depend on its batch. Splits are att_splits' pieces: block y is split S0 + y of the tile, S0
- * the first split of any of its rows. ---- */
+/* ---- attention on tensor cores (the bf16 mode, f16 or 8-bit keys and values, head_dim a
+ * multiple of 16 up to AMMA_D; 8-bit: values as exact halves, the keys' scales on the scores,
+ * the values' folded into the probabilities): a warp takes a tile of up to 16 query rows that share
+ * a KV head, `tt` consecutive tokens x `hq` of the KV head's query heads (row r: token t0 + r / hq,
+ * head h0 + r % hq). The queries, times the scale and rounded to halves, are A fragments; each run
+ * of 16 positions (at multiples of 16) gives the scores S = Q K^T by mma.sync, K's halves read
+ * straight from the cache tiles as B fragments; then per row the soft-cap, the mask (positions
+ * outside the row's range: -inf), an online softmax (the run's maximum; its probabilities rounded
+ * to halves, which are both what the row's sum adds and what multiplies V) and O += P V by
+ * mma.sync, V's halves as B fragments. A pass serves the rows of one sequence: rows of tokens of
+ * another take no part (no state change, probabilities 0), and a tile whose tokens belong to
+ * several sequences makes one pass each. Every row's inputs, runs and order of operations are its
+ * own whatever shares its tile, and an MMA's row of results depends on that row's inputs alone, so
+ * a token's output does not depend on its batch. Splits are att_splits' pieces: block y is split S0
+ * + y of the tile, S0 the first split of any of its rows. ---- */
 #define AMMA_D 128
 
 /* v rounded to a half (nearest even), as its 16 bits; and back. */

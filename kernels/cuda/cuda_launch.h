@@ -93,7 +93,7 @@ int kcu_kv_store(void *stream, const struct kcu_kv *kv, const int32_t *pos, cons
  * fit it); 0 or part NULL: one warp per (token, head) over all its positions. The warps of
  * query heads sharing a KV head go in one block, which with stage 1 (and head_dim <= 256) reads
  * each run of keys and values into shared memory once for all of them; the output is bitwise
- * the same either way. mma 1: with f16 keys and values and head_dim a multiple of 16 up to 128,
+ * the same either way. mma 1: with head_dim a multiple of 16 up to 128 (f16 or 8-bit K/V),
  * the tensor-core kernel instead (the bf16 mode's attention: queries times the scale and the
  * softmax's probabilities rounded to halves, f32 sums), splits cut at the same places; n_seqs
  * (the sequences among the tokens, 0: unknown) only shapes its tiles. */
