@@ -55,7 +55,7 @@ db, pid = sys.argv[1], int(sys.argv[2])
 def alive():
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between open and read
         return False
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline and alive():
@@ -128,7 +128,7 @@ db, pid = sys.argv[1], int(sys.argv[2])
 def alive():
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between open and read
         return False
 def has_items_table():
     try:
