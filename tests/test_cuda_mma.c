@@ -162,6 +162,47 @@ static void test_fragment_rows(void **state)
         }
 }
 
+/* ldmatrix.x4 (as mma_ref.h emulates it from the PTX ISA) pointed where kcu_ldsm_a says returns
+ * kcu_frag_a's registers, for tiles at every row and k offset a kernel uses; .trans returns the
+ * transposed matrices. */
+static void test_ldmatrix_a(void **state)
+{
+    (void)state;
+    enum { LDA = 136 }; /* k_p4_mma's pitch */
+    static uint16_t a[64 * LDA];
+    for (int i = 0; i < 64 * LDA; i++)
+        a[i] = (uint16_t)(i * 7 + 3);
+    for (int r0 = 0; r0 < 64; r0 += 16)
+        for (int ks = 0; ks < 128; ks += 16) {
+            const uint16_t *addr[32];
+            uint32_t got[32][4];
+            for (int lane = 0; lane < 32; lane++)
+                addr[lane] = kcu_ldsm_a(a, LDA, r0, ks, lane);
+            kcu_ldmatrix_ref(addr, 4, 0, got);
+            for (int lane = 0; lane < 32; lane++) {
+                uint32_t want[4];
+                kcu_frag_a(a, LDA, r0, ks, lane, want);
+                for (int p = 0; p < 4; p++)
+                    assert_int_equal(got[lane][p], want[p]);
+            }
+        }
+    /* .trans: an 8 x 8 matrix m(i, j) = 8 i + j read transposed gives lane l the pair
+     * (m(2 (l % 4), l / 4), m(2 (l % 4) + 1, l / 4)) */
+    uint16_t m[8][8];
+    const uint16_t *rows[32];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++)
+            m[i][j] = (uint16_t)(8 * i + j);
+    for (int lane = 0; lane < 32; lane++)
+        rows[lane] = m[lane % 8];
+    uint32_t t[32][4];
+    kcu_ldmatrix_ref(rows, 1, 1, t);
+    for (int lane = 0; lane < 32; lane++) {
+        const uint32_t lo = (uint32_t)(8 * (2 * (lane % 4)) + lane / 4);
+        assert_int_equal(t[lane][0], lo | (lo + 8) << 16);
+    }
+}
+
 /* The emulator's f16 inputs (mma.sync .f16.f16, attention's): every half decoded as the CPU's
  * reference decodes it, and an f16 product of a row of halves with a column equal to the plain
  * sum (the values chosen so that every partial sum is exact in f32). */
@@ -204,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_fragment_rows),
         cmocka_unit_test(test_block_tile),
         cmocka_unit_test(test_f16_inputs),
+        cmocka_unit_test(test_ldmatrix_a),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

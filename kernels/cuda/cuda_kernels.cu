@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 /* kernel<<<grid, block, 0, stream>>>, written so that the emulator can run it too */
 #define KCU_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
+#define KCU_SHARED(a)                           ((void)0) /* for the emulator (kemu.h) */
 #endif
 #include <math.h>
 #include <stdint.h>
@@ -214,6 +215,53 @@ static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, cons
 #endif
 }
 
+/* ldmatrix.x4 (docs/CUDA_NOTES.md §2.2): r gets the lane's registers of the four 8x8 b16
+ * matrices whose rows lanes 0-7, 8-15, 16-23 and 24-31 point at (p: this lane's row). */
+static __device__ __forceinline__ void ldsm_x4(const uint16_t *p, uint32_t *r)
+{
+#ifdef KCU_EMU
+    kemu_ldmatrix(p, 4, 0, r);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+#endif
+}
+
+/* 16 bytes from global to shared memory without a register on the way (cp.async.cg): src
+ * bytes of them from src, zeros for the rest (src 0: all zeros, src not read). Waited for by
+ * cp_wait after cp_commit. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+#ifdef KCU_EMU
+    kemu_cp_async(dst, src, 16, src_bytes);
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+#ifdef KCU_EMU
+    kemu_cp_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Until at most N of this thread's committed groups are in flight. */
+template <int N> static __device__ __forceinline__ void cp_wait(void)
+{
+#ifdef KCU_EMU
+    kemu_cp_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ uint16_t bf16_bits(float v)
 {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
@@ -340,6 +388,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
             int n_tok, unsigned long long *best)
 {
     __shared__ float part[MV_WARPS][8][MV_TOK];
+    KCU_SHARED(part);
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, t = lane % 4;
     const int64_t tile = blockIdx.x, groups = kcu_p4_groups(ne0), units = ne0 / 32;
     const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
@@ -482,7 +531,7 @@ p4_group_mma(const uint16_t *as, const uint32_t (*cq)[4 * p4_w<TYPE>::W], const 
 #pragma unroll
             for (int m = 0; m < BM / 16; m++) {
                 uint32_t af[4];
-                kcu_frag_a(as, PM_LD, m * 16, j * 32 + h * 16, lane, af);
+                ldsm_x4(kcu_ldsm_a(as, PM_LD, m * 16, j * 32 + h * 16, lane), af);
 #pragma unroll
                 for (int n = 0; n < 2; n++)
                     mma_bf16(acc[m][n], af, bf[n] + 2 * h);
@@ -503,6 +552,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 {
     constexpr int W = p4_w<TYPE>::W;
     __shared__ float sums[PM_WARPS * WARP * 8];
+    KCU_SHARED(sums);
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4;
     const int sl = warp % ks;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
@@ -592,14 +642,18 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 /* 64-token blocks: 8 warps, 2 tiles each (128 rows a block), the K slices one after the other:
  * at each slice's end a thread adds its sums to its outputs in y (the first slice stores them).
  * best (the greedy fold) only with one slice: p4_launch sends other greedy batches to
- * k_p4_mma16, whose sums are the same. */
+ * k_p4_mma16, whose sums are the same. A's groups come through shared memory in two stages:
+ * cp.async brings group q + 1 into one while the warps multiply group q out of the other (A
+ * fragments by ldmatrix), and each warp keeps its B words of group q + 1 in flight in
+ * registers meanwhile: one barrier a group. */
 template <uint32_t TYPE>
 __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
     k_p4_mma(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const uint16_t *xb, float *y,
              int n_tok, unsigned long long *best, int64_t gps)
 {
     constexpr int W = p4_w<TYPE>::W, BM = 64;
-    __shared__ __align__(16) uint16_t as[BM * PM_LD];
+    __shared__ __align__(16) uint16_t as[2][BM * PM_LD]; /* group q's A in stage q % 2 */
+    KCU_SHARED(as);
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1);
     const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
@@ -613,30 +667,31 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
-    /* the next group's A chunks (row e / 16, k 8 (e % 16) of the group, e = tid + 256 i) and
-     * this warp's B words and records */
-    uint4 ax[PM_CHUNKS(BM)];
-    uint32_t qw[2][4 * W], hw[2][2], rw[2][4];
-    auto load = [&](int64_t q4) {
+    /* group q4's A into its stage: chunk e = tid + 256 i is row e / 16, k 8 (e % 16) of the
+     * group; zeros past the batch and past K */
+    auto load_a = [&](int64_t q4) {
+        uint16_t *st = as[q4 & 1];
 #pragma unroll
         for (int i = 0; i < PM_CHUNKS(BM); i++) {
             const int e = tid + i * PM_WARPS * WARP, r = e / (PM_BK / 8);
             const int64_t k = q4 * PM_BK + (e % (PM_BK / 8)) * 8;
-            ax[i] = m0 + r < n_tok && k < ne0 ? *(const uint4 *)(xb + (size_t)(m0 + r) * ne0 + k)
-                                              : make_uint4(0u, 0u, 0u, 0u);
+            const bool in = m0 + r < n_tok && k < ne0;
+            cp_async16(st + r * PM_LD + (e % (PM_BK / 8)) * 8,
+                       in ? xb + (size_t)(m0 + r) * ne0 + k : xb, in ? 16 : 0);
         }
-        p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q4, lane, qw, hw, rw);
+        cp_commit();
     };
-    load(0);
+    uint32_t qw[2][4 * W], hw[2][2], rw[2][4]; /* this warp's B words and records, next group */
+    load_a(0);
+    p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, 0, lane, qw, hw, rw);
     for (int64_t s0 = 0; s0 < groups; s0 += gps) { /* slice [s0, s1) */
         const int64_t s1 = s0 + gps < groups ? s0 + gps : groups;
         for (int64_t q4 = s0; q4 < s1; q4++) {
-            __syncthreads(); /* every warp is done with the previous group's A */
-#pragma unroll
-            for (int i = 0; i < PM_CHUNKS(BM); i++) {
-                const int e = tid + i * PM_WARPS * WARP;
-                *(uint4 *)(as + (e / (PM_BK / 8)) * PM_LD + (e % (PM_BK / 8)) * 8) = ax[i];
-            }
+            cp_wait<0>();
+            __syncthreads(); /* group q4's A is in for every warp, and every warp is done with
+                                group q4 - 1's stage, which group q4 + 1 now takes */
+            if (q4 + 1 < groups)
+                load_a(q4 + 1);
             uint32_t cq[2][4 * W], ch[2][2], cr[2][4];
 #pragma unroll
             for (int n = 0; n < 2; n++) {
@@ -649,10 +704,9 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
                 ch[n][0] = hw[n][0];
                 ch[n][1] = hw[n][1];
             }
-            __syncthreads();
-            if (q4 + 1 < groups)
-                load(q4 + 1); /* in flight while this group is multiplied */
-            p4_group_mma<TYPE, BM>(as, cq, ch, cr, lane, acc);
+            if (q4 + 1 < groups) /* in flight while this group is multiplied */
+                p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q4 + 1, lane, qw, hw, rw);
+            p4_group_mma<TYPE, BM>(as[q4 & 1], cq, ch, cr, lane, acc);
         }
         int64_t rb = tile0 * 8; /* made opaque, so that the 32 outputs' addresses are not
                                    computed before the loop and kept in registers */
@@ -1052,6 +1106,11 @@ __global__ void k_attention(struct kcu_kv kv, const float *q, float *out, const 
     __shared__ __align__(16) uint8_t kst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
     __shared__ __align__(16) uint8_t vst[STAGE ? 2 * ATT_STAGE_D * WARP : 16];
     __shared__ float ksc[WARP], vsc[WARP];
+    KCU_SHARED(qs);
+    KCU_SHARED(kst);
+    KCU_SHARED(vst);
+    KCU_SHARED(ksc);
+    KCU_SHARED(vsc);
     const int lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
     const int t = blockIdx.x / (n_head / hb), h = (blockIdx.x % (n_head / hb)) * hb + wp;
     const int B = kv.block_size, D = kv.head_dim, g = h / (n_head / kv.n_kv_head);

@@ -33,6 +33,13 @@ KCU_MMA_FN void kcu_frag_a(const uint16_t *a, int ld, int r0, int ks, int lane, 
     f[3] = kcu_pair(a + (r0 + g + 8) * ld + ks + 2 * t + 8);
 }
 
+/* The row lane l points ldmatrix.x4 at so that it returns kcu_frag_a's four registers (A in
+ * shared memory, rows 16-byte aligned): row r0 + l % 16, k ks + 8 (l / 16). */
+KCU_MMA_FN const uint16_t *kcu_ldsm_a(const uint16_t *a, int ld, int r0, int ks, int lane)
+{
+    return a + (r0 + lane % 16) * ld + ks + 8 * (lane / 16);
+}
+
 /* kcu_frag_a with rows r0 + g and r0 + g + 8 of a row-major A in global memory at x0 and x1
  * (k from 0, n elements a row): zeros for a NULL row and for k >= n. */
 KCU_MMA_FN void kcu_frag_a_rows(const uint16_t *x0, const uint16_t *x1, int64_t n, int64_t ks,

@@ -81,7 +81,7 @@ struct sched {
     const std::function<void()> *body; /* the launch's kernel call */
     const char *name;
     int nthreads;             /* of the running block */
-    int reverse;              /* QUERN_CUDA_EMU_ORDER=reverse: the last thread first */
+    int reverse;              /* QUERN_CUDA_EMU_ORDER=reverse: the last warp first, alone */
     const void *sched_bottom; /* the scheduler's (calling thread's) stack, for ASan */
     size_t sched_size;
 };
@@ -94,6 +94,23 @@ extern "C" char __start_kemu_shared[] __attribute__((weak));
 extern "C" char __stop_kemu_shared[] __attribute__((weak));
 #endif
 thread_local int g_last_error; /* per host thread, as in CUDA */
+
+/* template kernels' __shared__ arrays (KCU_SHARED), which the section cannot hold */
+std::vector<std::pair<char *, size_t>> g_shared_extents;
+
+/* Whether [p, p + n) lies in the kernels' shared memory (not known under ASan: yes). */
+bool in_shared(const void *p, size_t n)
+{
+    const char *c = static_cast<const char *>(p);
+    for (const auto &e : g_shared_extents)
+        if (c >= e.first && c + n <= e.first + e.second)
+            return true;
+#if KEMU_ASAN
+    return true;
+#else
+    return __start_kemu_shared && c >= __start_kemu_shared && c + n <= __stop_kemu_shared;
+#endif
+}
 
 void die(const char *what)
 {
@@ -158,6 +175,8 @@ extern "C" void fiber_main(void)
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
     (*S.body)();
+    if (f->t.cp_n)
+        die("a thread returned with cp.async copies it never waited for");
     f->state = ST_DONE;
     yield_from(f);
     die("a finished thread was resumed");
@@ -180,6 +199,7 @@ void fiber_start(fiber *f)
         sp[i] = nullptr;
     f->sp = sp;
     f->state = ST_RUN;
+    f->t.cp_n = f->t.cp_groups = 0;
 }
 
 /* From the scheduler into fiber f, until some fiber switches back. */
@@ -232,6 +252,22 @@ bool warp_release(int w0, int n)
         kcu_mma_ref(a, b, c, f[0].t.mma_f16);
         for (int i = 0; i < 32; i++)
             memcpy(f[i].t.mma_c, c[i], sizeof(c[i]));
+    } else if (op == KEMU_OP_LDSM) {
+        if (n != 32)
+            die("ldmatrix in a partial warp");
+        const int nmat = f[0].t.ldsm & 15;
+        const uint16_t *addr[32];
+        uint32_t out[32][4];
+        for (int i = 0; i < 32; i++) {
+            if (f[i].t.ldsm != f[0].t.ldsm)
+                die("ldmatrix with lanes of different shapes");
+            addr[i] = reinterpret_cast<const uint16_t *>(static_cast<uintptr_t>(f[i].t.val));
+            if (i < 8 * nmat && (f[i].t.val % 16 || !in_shared(addr[i], 16)))
+                die("ldmatrix row not 16-byte aligned in shared memory");
+        }
+        kcu_ldmatrix_ref(addr, nmat, f[0].t.ldsm & 16, out);
+        for (int i = 0; i < 32; i++)
+            memcpy(f[i].t.mma_a, out[i], sizeof(out[i]));
     }
     for (int i = 0; i < n; i++)
         f[i].state = ST_RUN;
@@ -245,14 +281,30 @@ void run_block(int nthreads)
     if (__start_kemu_shared) /* shared memory starts a block as garbage, here NaN */
         memset(__start_kemu_shared, 0xFF, (size_t)(__stop_kemu_shared - __start_kemu_shared));
 #endif
+    for (const auto &e : g_shared_extents)
+        memset(e.first, 0xFF, e.second);
     for (int i = 0; i < nthreads; i++)
         fiber_start(&S.f[(size_t)i]);
     for (;;) {
-        for (int k = 0; k < nthreads; k++) {
-            const int i = S.reverse ? nthreads - 1 - k : k;
-            if (S.f[(size_t)i].state == ST_RUN)
-                resume(&S.f[(size_t)i]);
-        }
+        if (S.reverse) /* the last warp first, each to its next barrier (or end) before the next
+                          one starts: a warp runs ahead of the others, as one may on a GPU */
+            for (int w0 = (nthreads - 1) / 32 * 32; w0 >= 0; w0 -= 32) {
+                const int n = nthreads - w0 < 32 ? nthreads - w0 : 32;
+                for (bool moved = true; moved;) {
+                    moved = false;
+                    for (int i = w0 + n - 1; i >= w0; i--)
+                        if (S.f[(size_t)i].state == ST_RUN) {
+                            resume(&S.f[(size_t)i]);
+                            moved = true;
+                        }
+                    if (S.f[(size_t)w0].state == ST_WAIT)
+                        warp_release(w0, n);
+                }
+            }
+        else
+            for (int i = 0; i < nthreads; i++)
+                if (S.f[(size_t)i].state == ST_RUN)
+                    resume(&S.f[(size_t)i]);
         for (int w0 = 0; w0 < nthreads; w0 += 32)
             if (S.f[(size_t)w0].state == ST_WAIT)
                 warp_release(w0, nthreads - w0 < 32 ? nthreads - w0 : 32);
@@ -276,6 +328,13 @@ void run_block(int nthreads)
         for (int i = 0; i < nthreads; i++) /* everyone is at the barrier */
             S.f[(size_t)i].state = ST_RUN;
     }
+}
+
+void cp_land(const kemu_thread &t, int i)
+{
+    memcpy(t.cp[i].dst, t.cp[i].src, (size_t)t.cp[i].src_bytes);
+    memset(static_cast<char *>(t.cp[i].dst) + t.cp[i].src_bytes, 0,
+           (size_t)(t.cp[i].bytes - t.cp[i].src_bytes));
 }
 
 void set_error(int e) /* the last error, as cudaGetLastError reports it */
@@ -376,6 +435,60 @@ void kemu_full_mask(unsigned mask)
 {
     if (mask != 0xffffffffu)
         die("a warp operation with a partial mask (the emulator knows the full mask only)");
+}
+
+void kemu_shared_extent(void *p, size_t n)
+{
+    char *c = static_cast<char *>(p);
+    for (const auto &e : g_shared_extents)
+        if (e.first == c)
+            return;
+    g_shared_extents.emplace_back(c, n);
+    memset(c, 0xFF, n); /* named by the block's first thread, before any use */
+}
+
+void kemu_cp_async(void *dst, const void *src, int bytes, int src_bytes)
+{
+    kemu_thread &t = *kemu_cur;
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes < 0 || src_bytes > bytes)
+        die("cp.async of other than 4, 8 or 16 bytes, or src-size past cp-size");
+    if (reinterpret_cast<uintptr_t>(dst) % (unsigned)bytes ||
+        reinterpret_cast<uintptr_t>(src) % (unsigned)bytes || !in_shared(dst, (size_t)bytes))
+        die("cp.async to or from a misaligned address, or not into shared memory");
+    if (t.cp_n == (int)(sizeof(t.cp) / sizeof(t.cp[0])))
+        die("more cp.async copies in flight than the emulator keeps");
+    t.cp[t.cp_n].dst = dst;
+    t.cp[t.cp_n].src = src;
+    t.cp[t.cp_n].bytes = bytes;
+    t.cp[t.cp_n].src_bytes = src_bytes;
+    t.cp[t.cp_n].group = -1;
+    if (S.reverse)
+        cp_land(t, t.cp_n); /* at once, and waited for below as if in flight */
+    t.cp_n++;
+}
+
+void kemu_cp_commit(void)
+{
+    kemu_thread &t = *kemu_cur;
+    for (int i = 0; i < t.cp_n; i++)
+        if (t.cp[i].group < 0)
+            t.cp[i].group = t.cp_groups;
+    t.cp_groups++;
+}
+
+void kemu_cp_wait(int n)
+{
+    kemu_thread &t = *kemu_cur;
+    int kept = 0;
+    for (int i = 0; i < t.cp_n; i++) {
+        if (t.cp[i].group >= 0 && t.cp[i].group < t.cp_groups - n) {
+            if (!S.reverse)
+                cp_land(t, i);
+        } else {
+            t.cp[kept++] = t.cp[i];
+        }
+    }
+    t.cp_n = kept;
 }
 
 void kemu_wait(int op)

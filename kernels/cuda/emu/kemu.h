@@ -2,13 +2,15 @@
  * it is compiled as plain C++ (`make CUDA=emu`, build-emu/), so that the CUDA backend's kernels
  * and host code run, and are tested, where no GPU is. Every CUDA thread is a fiber; a block's
  * fibers run one at a time and switch only at the points where CUDA threads synchronise
- * (__syncthreads, __syncwarp, warp shuffles, mma.sync), so the kernels' results are those of
- * one legal schedule. What it checks beyond the results: a barrier or warp operation that not
- * all the threads reach (divergence, a lane that returned) stops the run with a message, and
- * device memory is the host heap, so ASan sees a kernel's out-of-bounds access. What it cannot
- * show: speed, races that another schedule would expose, and the GPU's own rounding of expf and
- * friends (glibc's here). The runtime API the backend calls (cudaMalloc, cudaMemcpyAsync, ...)
- * is kernels/cuda/emu/kemu.cc, linked instead of libcudart. */
+ * (__syncthreads, __syncwarp, warp shuffles, mma.sync, ldmatrix), so the kernels' results are
+ * those of one legal schedule: lane after lane, warp operation by warp operation, or (under
+ * QUERN_CUDA_EMU_ORDER=reverse) the last warp first, each alone up to its next barrier. What it
+ * checks beyond the results: a barrier or warp operation that not all the threads reach
+ * (divergence, a lane that returned) stops the run with a message, and device memory is the host
+ * heap, so ASan sees a kernel's out-of-bounds access. What it cannot show: speed, races that
+ * another schedule would expose, and the GPU's own rounding of expf and friends (glibc's here). The
+ * runtime API the backend calls (cudaMalloc, cudaMemcpyAsync, ...) is kernels/cuda/emu/kemu.cc,
+ * linked instead of libcudart. */
 #ifndef KERNELS_CUDA_EMU_KEMU_H
 #define KERNELS_CUDA_EMU_KEMU_H
 
@@ -48,6 +50,13 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
+/* GCC ignores the section of a function template's static, so a template kernel's __shared__
+ * arrays name themselves (KCU_SHARED(array) after the declaration; nothing on a GPU): the
+ * emulator then fills them with NaN before each block as it does the section, and lets
+ * cp.async and ldmatrix use them. */
+void kemu_shared_extent(void *p, size_t n);
+#define KCU_SHARED(a) kemu_shared_extent((a), sizeof(a))
+
 /* ---- the executing thread ---- */
 struct kemu_thread {
     uint3 tid; /* threadIdx */
@@ -60,6 +69,14 @@ struct kemu_thread {
     uint32_t mma_a[4], mma_b[2];
     float mma_c[4];
     int mma_f16; /* the inputs are halves (else bfloat16) */
+    int ldsm;    /* ldmatrix: matrices | 16 for .trans */
+    /* cp.async copies not waited for yet (kemu_cp_async) */
+    struct {
+        void *dst;
+        const void *src;
+        int bytes, src_bytes, group; /* group -1: not committed yet */
+    } cp[32];
+    int cp_n, cp_groups; /* pending copies; groups committed so far */
 };
 
 extern struct kemu_thread *kemu_cur;
@@ -70,7 +87,7 @@ extern dim3 kemu_block_idx, kemu_block_dim, kemu_grid_dim;
 #define blockDim  kemu_block_dim
 #define gridDim   kemu_grid_dim
 
-enum { KEMU_OP_SYNCTHREADS = 1, KEMU_OP_SYNCWARP, KEMU_OP_SHFL, KEMU_OP_MMA };
+enum { KEMU_OP_SYNCTHREADS = 1, KEMU_OP_SYNCWARP, KEMU_OP_SHFL, KEMU_OP_MMA, KEMU_OP_LDSM };
 
 /* Suspend the current thread in warp or block operation `op` until its peers arrive. */
 void kemu_wait(int op);
@@ -123,6 +140,26 @@ static inline void kemu_mma(float *c, const uint32_t *a, const uint32_t *b, int 
     kemu_wait(KEMU_OP_MMA);
     memcpy(c, kemu_cur->mma_c, sizeof(kemu_cur->mma_c));
 }
+
+/* ldmatrix.sync.aligned.m8n8.x{nmat}{.trans}.shared.b16 for the warp (mma_ref.h): p is the row
+ * this lane supplies; r gets the lane's nmat registers. */
+static inline void kemu_ldmatrix(const void *p, int nmat, int trans, uint32_t *r)
+{
+    kemu_cur->val = (uint64_t)(uintptr_t)p;
+    kemu_cur->ldsm = nmat | (trans ? 16 : 0);
+    kemu_wait(KEMU_OP_LDSM);
+    memcpy(r, kemu_cur->mma_a, sizeof(uint32_t) * (size_t)nmat);
+}
+
+/* cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes (the rest zeros), commit_group
+ * and wait_group n, for the running thread. Copies land at the wait, the latest moment CUDA
+ * allows, so a read of shared memory before its wait sees the old bytes; under
+ * QUERN_CUDA_EMU_ORDER=reverse they land at once instead, so a copy issued into memory other
+ * threads still read (before the barrier that frees it) changes what they read. A thread that
+ * returns with copies it never waited for stops the run. */
+void kemu_cp_async(void *dst, const void *src, int bytes, int src_bytes);
+void kemu_cp_commit(void);
+void kemu_cp_wait(int n);
 
 /* Atomics: fibers switch only at the waits above, so a read-modify-write is never interleaved. */
 static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)

@@ -64,4 +64,26 @@ static inline void kcu_mma_ref(const uint32_t a[32][4], const uint32_t b[32][2],
     }
 }
 
+/* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 for a whole warp (docs/CUDA_NOTES.md
+ * §2.2): addr[l] is the address lane l supplies (row l % 8 of matrix l / 8; lanes past the
+ * nmat matrices' 8 * nmat are ignored); out[l][m] is lane l's register for matrix m: row l / 4,
+ * elements 2 (l % 4) and 2 (l % 4) + 1, the lower in bits 0-15; with trans, matrix m's column
+ * l / 4, rows 2 (l % 4) and 2 (l % 4) + 1. */
+static inline void kcu_ldmatrix_ref(const uint16_t *const addr[32], int nmat, int trans,
+                                    uint32_t out[32][4])
+{
+    for (int lane = 0; lane < 32; lane++)
+        for (int m = 0; m < nmat; m++) {
+            uint16_t lo, hi;
+            if (trans) {
+                lo = addr[8 * m + 2 * (lane % 4)][lane / 4];
+                hi = addr[8 * m + 2 * (lane % 4) + 1][lane / 4];
+            } else {
+                lo = addr[8 * m + lane / 4][2 * (lane % 4)];
+                hi = addr[8 * m + lane / 4][2 * (lane % 4) + 1];
+            }
+            out[lane][m] = (uint32_t)lo | (uint32_t)hi << 16;
+        }
+}
+
 #endif
