@@ -186,6 +186,31 @@ static void test_ldmatrix_a(void **state)
                     assert_int_equal(got[lane][p], want[p]);
             }
         }
+    /* B stored k-major (attention's keys, channel-major, and values, position-major) read by
+     * ldmatrix.x4.trans where kcu_ldsm_bt says: kcu_frag_b's registers of the same B stored
+     * n-major, for two n8 tiles at each k16 */
+    enum { KB = 48, NB = 32, LDK = 40, LDN = 56 };
+    static uint16_t bk[KB * LDK], bn[NB * LDN];
+    for (int k = 0; k < KB; k++)
+        for (int n = 0; n < NB; n++)
+            bk[k * LDK + n] = bn[n * LDN + k] = (uint16_t)(k * 131 + n * 7 + 1);
+    for (int ks = 0; ks < KB; ks += 16)
+        for (int n0 = 0; n0 < NB; n0 += 16) {
+            const uint16_t *addr[32];
+            uint32_t got[32][4];
+            for (int lane = 0; lane < 32; lane++)
+                addr[lane] = kcu_ldsm_bt(bk, LDK, n0, ks, lane);
+            kcu_ldmatrix_ref(addr, 4, 1, got);
+            for (int lane = 0; lane < 32; lane++) {
+                uint32_t w0[2], w1[2];
+                kcu_frag_b(bn, LDN, n0, ks, lane, w0);
+                kcu_frag_b(bn, LDN, n0 + 8, ks, lane, w1);
+                assert_int_equal(got[lane][0], w0[0]);
+                assert_int_equal(got[lane][1], w0[1]);
+                assert_int_equal(got[lane][2], w1[0]);
+                assert_int_equal(got[lane][3], w1[1]);
+            }
+        }
     /* .trans: an 8 x 8 matrix m(i, j) = 8 i + j read transposed gives lane l the pair
      * (m(2 (l % 4), l / 4), m(2 (l % 4) + 1, l / 4)) */
     uint16_t m[8][8];

@@ -39,7 +39,7 @@ struct cuda_state {
     int att_part_tried;
     int mma_small; /* the bf16 tensor-core kernel: 16-token blocks up to this many tokens */
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
-    int att_stage; /* attention stages K/V in shared memory per KV head (QUERN_CUDA_ATTN_STAGE) */
+    int att_stage; /* attention stages K/V runs in shared memory (QUERN_CUDA_ATTN_STAGE) */
     int att_mma;   /* the bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA) */
     uint16_t *xb;  /* the packed tensor-core kernel's bf16 inputs (xb_bytes), made by reserve */
     size_t xb_bytes;
@@ -866,7 +866,10 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         {"QUERN_CUDA_MMA_SMALL",
          "the most tokens the bf16 tensor-core kernel takes in blocks of 16", 16, 1 << 20},
         {"QUERN_CUDA_PACK", "1 to repack 4- and 8-bit weights, 0 to keep GGUF rows", 1, 1},
-        {"QUERN_CUDA_ATTN_STAGE", "1 to stage K/V runs for a KV head's query heads, 0 not", 1, 1},
+        {"QUERN_CUDA_ATTN_STAGE",
+         "1 to stage K/V runs in shared memory (for a KV head's query heads; on tensor cores by "
+         "cp.async), 0 not",
+         1, 1},
         {"QUERN_CUDA_CUBLAS_MIN", "the fewest tokens a bf16 matmul takes cuBLAS for (0: never)", 0,
          1 << 20},
         {"QUERN_CUDA_ATTN_PART", "floats of split attention's scratch (tests: small slices)",

@@ -228,6 +228,18 @@ static __device__ __forceinline__ void ldsm_x4(const uint16_t *p, uint32_t *r)
 #endif
 }
 
+/* The same, each matrix transposed (.trans). */
+static __device__ __forceinline__ void ldsm_x4_t(const uint16_t *p, uint32_t *r)
+{
+#ifdef KCU_EMU
+    kemu_ldmatrix(p, 4, 1, r);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+#endif
+}
+
 /* 16 bytes from global to shared memory without a register on the way (cp.async.cg): src
  * bytes of them from src, zeros for the rest (src 0: all zeros, src not read). Waited for by
  * cp_wait after cp_commit. */
@@ -1285,14 +1297,27 @@ static __device__ __forceinline__ int warp_max_i(int v)
     return v;
 }
 
-template <int DC, int Q8> /* head_dim / 16; 8-bit keys and values */
+/* head_dim / 16; 8-bit keys and values; STG (f16, blocks of a multiple of 16 positions): each
+ * run's keys and values come through shared memory, two runs in flight (cp.async: the next
+ * run's while this one is multiplied; 16-byte reads of whole channel and position rows), their
+ * fragments by ldmatrix.trans; else each lane reads its own halves (2 bytes a load) */
+template <int DC, int Q8, int STG>
 __global__ void __launch_bounds__(WARP)
     k_attn_mma(struct kcu_kv kv, const float *q, float *out, const int32_t *pos, int n_tok,
                int n_head, int hq, int tt, float scale, int window, float softcap, int split,
                int max_split, int n_part, float *part)
 {
+    static_assert(!(STG && Q8), "8-bit K/V is read directly");
+    constexpr int D = DC * 16;
+    /* staged run s % 2: keys channel-major as in the cache (pitch 24 halves: the 8 rows an
+     * ldmatrix reads fall in distinct banks), values position-major (pitch D + 8) */
+    constexpr int KP = 24, VP = D + 8;
+    __shared__ __align__(16) uint16_t kst[2][STG ? D * KP : 8];
+    __shared__ __align__(16) uint16_t vst[2][STG ? 16 * VP : 8];
+    KCU_SHARED(kst);
+    KCU_SHARED(vst);
     const int lane = threadIdx.x, g = lane / 4, t4 = lane % 4;
-    const int D = DC * 16, B = kv.block_size;
+    const int B = kv.block_size;
     const int group = n_head / kv.n_kv_head, per_kv = group / hq;
     const int ht = blockIdx.x % per_kv, kvh = blockIdx.x / per_kv % kv.n_kv_head;
     const int t0 = blockIdx.x / per_kv / kv.n_kv_head * tt, h0 = kvh * group + ht * hq;
@@ -1360,7 +1385,35 @@ __global__ void __launch_bounds__(WARP)
             for (int j = 0; j < 2 * DC; j++)
                 for (int e = 0; e < 4; e++)
                     acc[j][e] = 0.0f;
-            for (int p0 = plo / 16 * 16; p0 < phi; p0 += 16) {
+            /* STG: run p0's keys and values into stage s; values of positions outside the pass
+             * as zeros (their probabilities are 0, and 0 * NaN would not be); keys all (the run
+             * is in one tile; the mask drops the scores of other positions) */
+            auto stage_run = [&](int p0, int s) {
+                const uint8_t *kt = att_tile(&kv, kv.k, table, kvh, p0) + (size_t)(p0 % B) * 2;
+                const uint8_t *vt = att_tile(&kv, kv.v, table, kvh, p0) + (size_t)(p0 % B) * D * 2;
+                for (int i = 0; i < DC; i++) { /* 2 D 16-byte chunks of each */
+                    const int e = lane + WARP * i, c = e / 2, h = e % 2;
+                    cp_async16(&kst[s][c * KP + 8 * h], kt + ((size_t)c * B + 8 * h) * 2, 16);
+                    const int pp = e / (D / 8), vc = e % (D / 8);
+                    const bool in = p0 + pp >= plo && p0 + pp < phi;
+                    cp_async16(&vst[s][pp * VP + 8 * vc],
+                               in ? vt + ((size_t)pp * D + 8 * vc) * 2 : vt, in ? 16 : 0);
+                }
+                cp_commit();
+            };
+            if (STG)
+                stage_run(plo / 16 * 16, 0);
+            for (int p0 = plo / 16 * 16, s = 0; p0 < phi; p0 += 16, s ^= 1) {
+                if (STG) {
+                    __syncwarp(); /* every lane is done with stage s ^ 1 (the last run's) */
+                    if (p0 + 16 < phi) {
+                        stage_run(p0 + 16, s ^ 1);
+                        cp_wait<1>();
+                    } else {
+                        cp_wait<0>();
+                    }
+                    __syncwarp(); /* run p0 is in for every lane */
+                }
                 /* S for positions p0 + 8 j + (0..7): lane's key position p0 + 8 j + g */
                 float sc[2][4];
                 /* the lane's positions p0 + 2 t4 (+1, +8, +9): its scores' columns and its
@@ -1377,7 +1430,18 @@ __global__ void __launch_bounds__(WARP)
                                 ((const float *)(att_tile(&kv, kv.v, table, kvh, p) + at))[p % B];
                         }
                     }
-                for (int j = 0; j < 2; j++) {
+                if (STG) { /* the same products, from the stage */
+                    for (int j = 0; j < 2; j++)
+                        for (int e = 0; e < 4; e++)
+                            sc[j][e] = 0.0f;
+                    for (int kc = 0; kc < DC; kc++) {
+                        uint32_t kb[4];
+                        ldsm_x4_t(kcu_ldsm_bt(kst[s], KP, 0, 16 * kc, lane), kb);
+                        mma_f16(sc[0], qa[kc], kb);
+                        mma_f16(sc[1], qa[kc], kb + 2);
+                    }
+                }
+                for (int j = 0; j < 2 && !STG; j++) {
                     const int p = p0 + 8 * j + g;
                     const uint8_t *kt = NULL; /* position p's first channel */
                     if (p >= plo && p < phi)
@@ -1448,15 +1512,23 @@ __global__ void __launch_bounds__(WARP)
                     sum += __shfl_xor_sync(FULL, sum, 2);
                     l[i] += sum;
                 }
+                if (STG) { /* O += P V, V from the stage */
+                    for (int jc = 0; jc < 2 * DC; jc += 2) {
+                        uint32_t vb[4];
+                        ldsm_x4_t(kcu_ldsm_bt(vst[s], VP, 8 * jc, 0, lane), vb);
+                        mma_f16(acc[jc], pa, vb);
+                        mma_f16(acc[jc + 1], pa, vb + 2);
+                    }
+                }
                 /* O += P V: the lane's value positions p0 + 2 t4 (+1, +8, +9), channel 8 jc + g */
                 const uint8_t *vt[4]; /* each position's value row */
-                for (int k = 0; k < 4; k++) {
+                for (int k = 0; k < 4 && !STG; k++) {
                     const int p = p0 + 2 * t4 + (k & 1) + (k >= 2 ? 8 : 0);
                     vt[k] = p >= plo && p < phi ? att_tile(&kv, kv.v, table, kvh, p) +
                                                       (size_t)(p % B) * D * (Q8 ? 1 : 2)
                                                 : NULL;
                 }
-                for (int jc = 0; jc < 2 * DC; jc++) {
+                for (int jc = 0; jc < 2 * DC && !STG; jc++) {
                     const int c = 8 * jc + g;
                     uint32_t h[4];
                     for (int k = 0; k < 4; k++)
@@ -1520,8 +1592,9 @@ __global__ void k_attn_combine(const float *part, float *out, const int32_t *pos
     }
 }
 
-/* k_attn_mma for head_dim dc * 16 on a grid of tiles (grid.x) and splits (grid.y). */
-static int amma_launch(int dc, dim3 grid, cudaStream_t stream, const struct kcu_kv *kv,
+/* k_attn_mma for head_dim dc * 16 on a grid of tiles (grid.x) and splits (grid.y); staged
+ * (stg) where the cache allows it. */
+static int amma_launch(int dc, int stg, dim3 grid, cudaStream_t stream, const struct kcu_kv *kv,
                        const float *q, float *out, const int32_t *pos, int n_tok, int n_head,
                        int hq, int tt, float scale, int window, float softcap, int split,
                        int max_split, int n_part, float *part)
@@ -1530,7 +1603,9 @@ static int amma_launch(int dc, dim3 grid, cudaStream_t stream, const struct kcu_
     case DCV: {                                                                                    \
         void (*kf)(struct kcu_kv, const float *, float *, const int32_t *, int, int, int, int,     \
                    float, int, float, int, int, int, float *) =                                    \
-            kv->dtype == 1 ? k_attn_mma<DCV, 1> : k_attn_mma<DCV, 0>;                              \
+            kv->dtype == 1                    ? k_attn_mma<DCV, 1, 0>                              \
+            : stg && kv->block_size % 16 == 0 ? k_attn_mma<DCV, 0, 1>                              \
+                                              : k_attn_mma<DCV, 0, 0>;                             \
         KCU_LAUNCH(kf, grid, WARP, stream)                                                         \
         (*kv, q, out, pos, n_tok, n_head, hq, tt, scale, window, softcap, split, max_split,        \
          n_part, part);                                                                            \
@@ -1597,7 +1672,7 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
                                        : k_attention<0, ATT_MAX_HB>;
     if (n_split <= 1 || !part) {
         if (amma)
-            return amma_launch(kv->head_dim / 16,
+            return amma_launch(kv->head_dim / 16, stage,
                                dim3((unsigned)((n_tok + tt - 1) / tt * kv->n_kv_head * per_kv), 1),
                                (cudaStream_t)stream, kv, q, out, pos, n_tok, n_head, hq, tt, scale,
                                window, softcap, 0, 1, 1, NULL);
@@ -1617,7 +1692,7 @@ extern "C" int kcu_attention(void *stream, const struct kcu_kv *kv, const float 
         int rc;
         if (amma) {
             rc = amma_launch(
-                D / 16,
+                D / 16, stage,
                 dim3((unsigned)((nt + tt - 1) / tt * kv->n_kv_head * per_kv), (unsigned)amma_y),
                 (cudaStream_t)stream, &ks, q + off, out + off, pos + t0, nt, n_head, hq, tt, scale,
                 window, softcap, split, (int)max_split, (int)n_split, part);

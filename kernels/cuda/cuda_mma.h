@@ -40,6 +40,15 @@ KCU_MMA_FN const uint16_t *kcu_ldsm_a(const uint16_t *a, int ld, int r0, int ks,
     return a + (r0 + lane % 16) * ld + ks + 8 * (lane / 16);
 }
 
+/* The row lane l points ldmatrix.x4.trans at so that it returns the B fragments (kcu_frag_b's
+ * registers) of two n8 tiles, columns n0..n0+7 (registers 0, 1) and n0+8..n0+15 (2, 3), k
+ * ks..ks+15, of a B stored k-major (element (k, n) at b[k * ld + n], rows 16-byte aligned): row
+ * ks + l % 16, column n0 + 8 (l / 16). */
+KCU_MMA_FN const uint16_t *kcu_ldsm_bt(const uint16_t *b, int ld, int n0, int ks, int lane)
+{
+    return b + (ks + lane % 16) * ld + n0 + 8 * (lane / 16);
+}
+
 /* kcu_frag_a with rows r0 + g and r0 + g + 8 of a row-major A in global memory at x0 and x1
  * (k from 0, n elements a row): zeros for a NULL row and for k >= n. */
 KCU_MMA_FN void kcu_frag_a_rows(const uint16_t *x0, const uint16_t *x1, int64_t n, int64_t ks,

@@ -75,7 +75,7 @@ struct kemu_thread {
         void *dst;
         const void *src;
         int bytes, src_bytes, group; /* group -1: not committed yet */
-    } cp[32];
+    } cp[64];
     int cp_n, cp_groups; /* pending copies; groups committed so far */
 };
 
