@@ -563,7 +563,22 @@ static int pad_bucket(int n, int cap)
     return b < cap ? b : cap;
 }
 
-/* With graphs on (kern_ops.graphs_on, one rank), a step's tokens, block-table rows and width are
+/* Whether steps may go through graphs: every rank's backend makes them (kern_ops.graphs_on), and
+ * with several ranks every collective can be captured with the rest (kern_comm_ops.in_graphs:
+ * NCCL's, not host staging). */
+static int graphs_usable(const struct engine_model *m)
+{
+    for (int r = 0; r < m->n_rank; r++) {
+        const struct engine_rank *R = &m->rank[r];
+        const struct kern_ops *k = R->be->ops;
+        if (!k->graphs_on || !k->graph_begin || !k->graphs_on(R->be) ||
+            (m->n_rank > 1 && !(R->comm && R->comm->ops->in_graphs)))
+            return 0;
+    }
+    return 1;
+}
+
+/* With graphs usable (graphs_usable), a step's tokens, block-table rows and width are
  * padded to buckets (pad_bucket; the width to a multiple of 8 blocks) so that a decode batch's
  * shape repeats while sequences come and go and grow: the padding tokens (copies of token 0,
  * whose blocks are valid in every pool: a sliding-window pool's tables hold -1 for blocks out
@@ -571,8 +586,7 @@ static int pad_bucket(int n, int cap)
  * row-wise and batch-invariant, so the real rows are bitwise those of the unpadded step. */
 static int pads(const struct engine_model *m)
 {
-    const struct kern_backend *be = m->rank[0].be;
-    return m->n_rank == 1 && be->ops->graphs_on && be->ops->graphs_on(m->rank[0].be);
+    return graphs_usable(m);
 }
 
 static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
@@ -644,9 +658,10 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int t = 0; t < n; t++)
         if (b->logits ? b->logits[t] != 0 : t == n - 1)
             s->idx[s->n_out++] = t;
-    for (int t = 0; m->n_rank > 1 && t < n; t++) /* the all-gathers' reordering */
+    for (int t = 0; m->n_rank > 1 && t < np; t++) /* the all-gathers' reordering (of np rows:
+                                                       the layers run the padding too) */
         for (int r = 0; r < m->n_rank; r++)
-            s->perm[t * m->n_rank + r] = r * n + t;
+            s->perm[t * m->n_rank + r] = r * np + t;
     s->stride = stride;
     s->n_rows = n_rows;
     s->n_pad = np;
@@ -870,8 +885,9 @@ static uint64_t graph_key(const struct fwd_job *j, int r)
 /* Rank r's share of the pass: its query/KV heads of attention and its rows of every matrix;
  * with more than one rank the slices each next matrix reads are all-gathered first (every rank
  * then holds the whole residual stream, bitwise as one rank computes it). Rank 0 then runs the
- * output head. One rank on a backend with graphs (CUDA): the layers' ops go through
- * kern_ops.graph_begin, which replays a graph of them when one was made for the same shape. */
+ * output head. On a backend with graphs (CUDA; several ranks: joined by NCCL) the layers' ops
+ * go through kern_ops.graph_begin, which replays a graph of them when one was made for the same
+ * shape. */
 static void forward_rank(struct fwd_job *j, int r)
 {
     struct engine_model *m = j->m;
@@ -891,14 +907,18 @@ static void forward_rank(struct fwd_job *j, int r)
     k->upload(be, f->last, s->last, (size_t)np);
     k->upload(be, f->rope, s->rope, sizeof(float) * (size_t)np * (size_t)hp->rope_dim * m->n_rope);
     if (N > 1)
-        k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)n * (size_t)N);
+        k->upload(be, f->perm, s->perm, sizeof(int32_t) * (size_t)np * (size_t)N);
     const int n_pools = engine_kv_n_pools(j->kv);
     const size_t table_ids = (size_t)s->n_rows * (size_t)s->stride;
     k->upload(be, f->tables, s->tables, sizeof(int32_t) * table_ids * (size_t)n_pools);
     const struct kern_block_table bts[2] = {{f->tables, f->row, s->stride},
                                             {f->tables + table_ids, f->row, s->stride}};
 
-    const int g = N == 1 && k->graph_begin ? k->graph_begin(be, graph_key(j, r)) : KERN_GRAPH_NONE;
+    /* every rank asks: whatever each one's answer (a rank may have dropped its graphs), the
+     * ranks run the same collectives in the same order, captured or not */
+    const int g = (N == 1 || R->comm->ops->in_graphs) && k->graph_begin
+                      ? k->graph_begin(be, graph_key(j, r))
+                      : KERN_GRAPH_NONE;
     if (g == KERN_GRAPH_REPLAYED)
         __atomic_fetch_add(&m->graph_replays, 1, __ATOMIC_RELAXED);
     else {

@@ -39,6 +39,10 @@ struct kern_comm_ops {
     void (*all_gather)(struct kern_comm *c, const void *in, void *out, size_t bytes);
     /* Returns on any rank only after every rank has called it. */
     void (*barrier)(struct kern_comm *c);
+    /* The collectives above are work queued on the rank's backend stream and nothing else (no
+     * host wait, no host memory), so a CUDA graph of a step may hold them (NCCL's); 0 for the
+     * host-staged and CPU communicators. */
+    int in_graphs;
 };
 
 /* One rank's handle. Owned by whatever made it (for the CPU, a kern_cpu_comm_group); used by

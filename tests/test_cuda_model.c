@@ -292,8 +292,10 @@ static void test_cuda_graphs(void **state)
 
 /* Tensor parallelism on CUDA: 3 ranks joined by NCCL (one device each: the emulator has 3) give
  * bitwise the logits of 3 ranks on one device joined through host memory (both add the ranks'
- * partial sums in rank order), and both are within LOGIT_TOL of one rank. With fewer than 3
- * devices only the host-staged ranks are checked. */
+ * partial sums in rank order), and both are within LOGIT_TOL of one rank. The NCCL ranks' decode
+ * steps go through CUDA graphs (the collectives captured with the layers; host staging has
+ * none), so the bitwise check covers their replays too. With fewer than 3 devices only the
+ * host-staged ranks are checked. */
 static void test_cuda_tp(void **state)
 {
     (void)state;
@@ -302,6 +304,7 @@ static void test_cuda_tp(void **state)
     int32_t ids[3][12] = {{0}};
     static const char *const how[3] = {"auto", "staged", "nccl"};
     int V = 0, ran = 0;
+    long graphs[3][2] = {{0}}; /* captures, replays */
     for (int k = 0; k < 3; k++) {
         setenv("QUERN_TP_COMM", how[k], 1);
         struct kern_group *grp;
@@ -325,6 +328,7 @@ static void test_cuda_tp(void **state)
         V = engine_model_hparams(m)->n_vocab;
         assert_non_null(lg[k] = malloc(sizeof(float) * (size_t)(NP + NG) * V));
         model_run(m, NP, NG, lg[k], ids[k]);
+        engine_model_graph_counts(m, &graphs[k][0], &graphs[k][1]);
         engine_model_free(m);
         kern_group_free(grp);
         ran = k + 1;
@@ -339,10 +343,13 @@ static void test_cuda_tp(void **state)
            "(tolerance %g); greedy tokens %s\n",
            worst, LOGIT_TOL, memcmp(ids[0], ids[1], sizeof(int32_t) * NG) ? "differ" : "equal");
     assert_true(worst <= LOGIT_TOL);
+    assert_true(graphs[1][0] == 0 && graphs[1][1] == 0); /* staged: no graphs */
     if (ran == 3) {
         assert_memory_equal(lg[1], lg[2], sizeof(float) * (size_t)(NP + NG) * V);
         printf("  cuda tp: 3 ranks joined by NCCL on 3 devices: logits bitwise those through "
-               "host memory\n");
+               "host memory (%ld graphs captured, %ld rank steps replayed)\n",
+               graphs[2][0], graphs[2][1]);
+        assert_true(graphs[2][0] >= 3 && graphs[2][1] >= 3); /* every rank captured, replayed */
     } else {
         const char *req = getenv("QUERN_REQUIRE_NCCL");
         if (req && !strcmp(req, "1"))

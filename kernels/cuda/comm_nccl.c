@@ -123,6 +123,7 @@ static const struct kern_comm_ops nccl_ops = {
     .all_reduce_sum_bf16 = nccl_reduce_bf16,
     .all_gather = nccl_gather,
     .barrier = nccl_barrier,
+    .in_graphs = 1,
 };
 
 int kern_nccl_usable(int n, char *why, size_t why_size)

@@ -9,7 +9,8 @@
  * ranks (threads, one communicator each, on distinct emulated devices) meet at a barrier, copy
  * their peers' buffers with device-to-device copies on their own streams, and meet again. What it
  * checks: devices distinct at init, every buffer on its communicator's device, sends and
- * receives matched in order and size, no collective inside a stream capture. What it cannot:
+ * receives matched in order and size. A collective on a stream being captured goes into the
+ * graph, as NCCL's kernels do, and meets its peers when the graph is launched. What it cannot:
  * NCCL's own asynchrony (the emulator's streams run at once). It requires every rank of a
  * communicator to take part in each grouped call, which the communicator's exchange does. */
 #ifdef KCU_EMU
@@ -101,12 +102,6 @@ bool emu_on(const void *p, size_t bytes, int device)
            b.device == device;
 }
 
-bool emu_capturing(void *stream)
-{
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing((cudaStream_t)stream, &st) || st != cudaStreamCaptureStatusNone;
-}
-
 thread_local int t_depth;               /* ncclGroupStart nesting */
 thread_local std::vector<emu_op> t_ops; /* the group's operations so far */
 thread_local emu_comm *t_comm;
@@ -118,15 +113,30 @@ int emu_fail(const char *what)
     return NCCL_INVALID_USAGE;
 }
 
+[[noreturn]] void die_replay(void)
+{
+    fprintf(stderr, "NCCL emulator: a collective of a CUDA graph failed\n");
+    abort();
+}
+
 /* The group's operations: posted, matched with the peers' (the k-th receive from a peer takes
  * the k-th send from it to this rank) and copied. */
-int emu_run_group(void)
+/* Work a collective puts on a stream: done now, or, when the stream is being captured, recorded
+ * into its graph and done at each launch of the graph (as NCCL's kernels are; a failure then
+ * stops the run, as a kernel's fault would). */
+int emu_on_stream(void *stream, std::function<int()> work)
 {
-    std::vector<emu_op> ops;
-    ops.swap(t_ops);
-    emu_comm *cm = t_comm;
-    if (ops.empty())
-        return NCCL_OK;
+    const int rec = kemu_capture_record((cudaStream_t)stream, [work] {
+        if (work())
+            die_replay();
+    });
+    return rec < 0 ? emu_fail("a collective in an invalidated stream capture")
+           : rec   ? NCCL_OK
+                   : work();
+}
+
+int emu_exchange(emu_comm *cm, void *stream, const std::vector<emu_op> &ops)
+{
     emu_clique *c = cm->c;
     {
         std::lock_guard<std::mutex> hold(c->m);
@@ -149,13 +159,24 @@ int emu_run_group(void)
             break;
         }
         if (cudaMemcpyAsync(o.buf, match->buf, o.bytes, cudaMemcpyDeviceToDevice,
-                            (cudaStream_t)t_stream)) {
+                            (cudaStream_t)stream)) {
             rc = emu_fail("a receive's copy failed");
             break;
         }
     }
     emu_barrier(c); /* nobody reuses a buffer a peer still reads */
     return rc;
+}
+
+int emu_run_group(void)
+{
+    std::vector<emu_op> ops;
+    ops.swap(t_ops);
+    emu_comm *cm = t_comm;
+    void *stream = t_stream;
+    if (ops.empty())
+        return NCCL_OK;
+    return emu_on_stream(stream, [cm, stream, ops] { return emu_exchange(cm, stream, ops); });
 }
 
 int emu_get_version(int *v)
@@ -228,8 +249,6 @@ int emu_p2p(int recv, const void *buf, size_t count, int type, int peer, void *c
         return NCCL_INVALID_ARGUMENT;
     if (!emu_on(buf, count, cm->device))
         return emu_fail("a buffer not on its communicator's device");
-    if (emu_capturing(stream))
-        return emu_fail("a collective in a stream capture (the emulator's are not capturable)");
     if ((t_comm && t_comm != cm && !t_ops.empty()) || (t_stream != stream && !t_ops.empty()))
         return emu_fail("one group over two communicators or streams (not emulated)");
     t_comm = cm;
@@ -248,6 +267,8 @@ int emu_recv(void *buf, size_t count, int type, int peer, void *comm, void *stre
     return emu_p2p(1, buf, count, type, peer, comm, stream);
 }
 
+int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream);
+
 int emu_all_gather(const void *in, void *out, size_t count, int type, void *comm, void *stream)
 {
     emu_comm *cm = static_cast<emu_comm *>(comm);
@@ -259,8 +280,13 @@ int emu_all_gather(const void *in, void *out, size_t count, int type, void *comm
         return emu_fail("an all-gather inside a group (not emulated)");
     if (!emu_on(in, count, cm->device) || !emu_on(out, count * (size_t)c->n, cm->device))
         return emu_fail("a buffer not on its communicator's device");
-    if (emu_capturing(stream))
-        return emu_fail("a collective in a stream capture (the emulator's are not capturable)");
+    return emu_on_stream(
+        stream, [cm, in, o, count, stream] { return emu_gather(cm, in, o, count, stream); });
+}
+
+int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream)
+{
+    emu_clique *c = cm->c;
     {
         std::lock_guard<std::mutex> hold(c->m);
         c->gather_in[cm->rank] = in;

@@ -993,3 +993,14 @@ const char *cudaGetErrorString(cudaError_t e)
 }
 
 } // extern "C"
+
+int kemu_capture_record(cudaStream_t s, const std::function<void()> &op)
+{
+    capture *c = capture_of(s);
+    if (!c)
+        return 0;
+    if (c->invalid)
+        return -1;
+    c->g->ops.push_back(op);
+    return 1;
+}

@@ -161,6 +161,11 @@ void kemu_cp_async(void *dst, const void *src, int bytes, int src_bytes);
 void kemu_cp_commit(void);
 void kemu_cp_wait(int n);
 
+/* Stream work other than kernels, copies and memsets (the NCCL stand-in's collectives): 0 when
+ * stream s is not being captured (the caller does the work now), 1 when op went into the
+ * capture's graph (to run at each launch), -1 when the capture is invalidated. */
+int kemu_capture_record(cudaStream_t s, const std::function<void()> &op);
+
 /* Atomics: fibers switch only at the waits above, so a read-modify-write is never interleaved. */
 static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
 {
