@@ -460,7 +460,7 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
                             float softcap)
 {
     const struct kern_ops *k = c->be->ops;
-    const int B = 16, NB = 24, S = 3;
+    const int B = c->kv_block ? c->kv_block : 16, NB = 24, S = 3;
     const int len[3] = {37, 16, 70};
     struct kern_kv_desc desc = {2, KV, D, B, dtype};
     struct kern_kv_layer layers[2];
@@ -1272,7 +1272,8 @@ static void test_cuda_backend(void **state)
      * (QUERN_CUDA_ATTN_STAGE=0): bitwise the same, for groups of 1, 3, 4 and 8 heads, f16 and
      * 8-bit KV, head_dim 64 to 256 (the largest staged), windows, soft-caps and splits; in
      * both modes (bf16: the tensor-core kernel's runs through shared memory by cp.async and
-     * ldmatrix, or each lane's halves read directly) */
+     * ldmatrix, or each lane's halves read directly), the bf16 mode also over blocks of 32
+     * positions (runs that start inside a block) */
     static const struct {
         int dtype, H, KV, D, window;
         float softcap;
@@ -1280,38 +1281,40 @@ static void test_cuda_backend(void **state)
     } att[] = {{KERN_KV_F16, 9, 3, 64, 0, 0, "0"},     {KERN_KV_Q8, 9, 3, 64, 0, 0, "0"},
                {KERN_KV_F16, 4, 4, 32, 0, 0, "0"},     {KERN_KV_F16, 8, 1, 128, 0, 0, "24"},
                {KERN_KV_Q8, 4, 1, 256, 16, 1.5f, "0"}, {KERN_KV_F16, 8, 2, 64, 23, 0, "24"}};
-    for (size_t i = 0; i < 2 * sizeof(att) / sizeof(att[0]); i++) {
-        const int bf = i % 2; /* the mode */
+    for (size_t i = 0; i < 3 * sizeof(att) / sizeof(att[0]); i++) {
+        const int bf = i % 3 > 0; /* the mode */
         float *got[2] = {NULL, NULL};
         size_t n_got = 0;
         for (int stage = 1; stage >= 0; stage--) {
             setenv("QUERN_CUDA_ATTN_STAGE", stage ? "1" : "0", 1);
-            setenv("QUERN_CUDA_ATTN_SPLIT", att[i / 2].split, 1);
+            setenv("QUERN_CUDA_ATTN_SPLIT", att[i / 3].split, 1);
             const int act = bf ? KERN_ACT_BF16 : KERN_ACT_F32;
             struct kern_backend_opts o = {"cuda", 2, NULL, act, 1, 1, 0};
             struct err_detail err = {0};
             struct check c = {.label = "cuda attention staged / unstaged",
                               .act = act,
                               .keep = 1,
-                              .att_tol = bf ? 5e-3 : 0};
-            c.r.s = 4500 + i / 2;
+                              .att_tol = bf ? 5e-3 : 0,
+                              .kv_block = i % 3 == 2 ? 32 : 16};
+            c.r.s = 4500 + i / 3;
             assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);
-            check_attention(&c, att[i / 2].dtype, att[i / 2].H, att[i / 2].KV, att[i / 2].D,
-                            att[i / 2].window, att[i / 2].softcap);
+            check_attention(&c, att[i / 3].dtype, att[i / 3].H, att[i / 3].KV, att[i / 3].D,
+                            att[i / 3].window, att[i / 3].softcap);
             assert_int_equal(c.fails, 0);
             got[stage] = c.kept;
             n_got = c.kept_n;
             kern_backend_free(c.be);
         }
         if (memcmp(got[0], got[1], sizeof(float) * n_got))
-            fail_msg("attention %zu (%s): staged output differs from unstaged", i / 2,
-                     bf ? "bf16" : "exact");
+            fail_msg("attention %zu (%s, blocks of %d): staged output differs from unstaged", i / 3,
+                     bf ? "bf16" : "exact", i % 3 == 2 ? 32 : 16);
         free(got[0]);
         free(got[1]);
     }
     unsetenv("QUERN_CUDA_ATTN_STAGE");
     unsetenv("QUERN_CUDA_ATTN_SPLIT");
-    printf("  cuda attention, K/V staged: bitwise the unstaged output (6 shapes, both modes)\n");
+    printf("  cuda attention, K/V staged: bitwise the unstaged output (6 shapes, both modes; "
+           "bf16 also in blocks of 32)\n");
     /* head_dim 512 (KERN_MAX_HEAD_DIM): too wide to stage, read directly */
     {
         struct kern_backend_opts o = {"cuda", 2, NULL, KERN_ACT_F32, 1, 1, 0};

@@ -32,6 +32,7 @@ struct check {
     float *kept;
     size_t kept_n;
     double att_tol; /* check_attention's tolerance for f16 KV (0: 2e-4, f32 sums) */
+    int kv_block;   /* check_attention's positions per KV block (0: 16) */
 };
 
 static inline void report(struct check *c, const char *op, const char *fmt, ...)

@@ -1401,8 +1401,10 @@ __global__ void __launch_bounds__(WARP)
                 }
                 cp_commit();
             };
-            if (STG)
+            if (STG) {
+                __syncwarp(); /* a pass before this one may have read stage 0 last */
                 stage_run(plo / 16 * 16, 0);
+            }
             for (int p0 = plo / 16 * 16, s = 0; p0 < phi; p0 += 16, s ^= 1) {
                 if (STG) {
                     __syncwarp(); /* every lane is done with stage s ^ 1 (the last run's) */
