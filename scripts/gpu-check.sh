@@ -5,8 +5,8 @@
 #   scripts/gpu-check.sh prepare   here, on the build machine: builds the CUDA-enabled binary and
 #                                  the op tests (make CUDA=1) and gathers them (debug info
 #                                  stripped) with the shared libraries they need that a bare CUDA
-#                                  image lacks (both compressed), and an 8-layer dummy GGUF in gpu-carry/
-#                                  (git-ignored; ~52 MB: what travels must stay under 64 MiB)
+#                                  image lacks (both compressed), and a 6-layer dummy GGUF in gpu-carry/
+#                                  (git-ignored; ~56 MB: what travels must stay under 64 MiB)
 #   scripts/gpu-check.sh run       there (device tool: carry ["gpu-carry"]): each step under its
 #                                  own timeout, everything into $OUT/gpu-check.txt (default
 #                                  ./gpu-check-out), exit 0 only when every step passed:
@@ -18,7 +18,7 @@
 #       the NCCL communicator (the toolkit's libnccl.so.2, else PyTorch's wheel) bitwise the CPU
 #       one's, for as many ranks as there are GPUs (one here: the library, the chunk exchange,
 #       the rank-order sum kernel and the all-gather, without peers);
-#     - greedy text of --device cuda against --device cpu: the 8-layer dummy GGUF prepare wrote
+#     - greedy text of --device cuda against --device cpu: the 6-layer dummy GGUF prepare wrote
 #       (gpu-carry/models/, real SmolLM2 width and tokenizer) and --dummy smollm2-135m (all 30
 #       layers, the tokenizer from that file); --tp 3 on the one GPU (three backends, collectives
 #       staged through host memory) against --tp 1; perplexity on the dummy, cuda within 0.5 %
@@ -58,7 +58,7 @@ prepare() {
     for b in "$C"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" "$C/lib/"; done
-    build/tools/dummy_gguf smollm2-135m 8 1 "$C/models/smollm2-8l-dummy.gguf"
+    build/tools/dummy_gguf smollm2-135m 6 1 "$C/models/smollm2-6l-dummy.gguf"
     # what travels is limited to 64 MiB: no debug info, libraries compressed (ICU is half)
     strip --strip-debug "$C"/bin/*
     tar czf "$C/carry.tar.gz" -C "$C" lib bin
@@ -118,7 +118,7 @@ run() {
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$B/test_backend_ops"
         step cuda-model 120 env QUERN_REQUIRE_CUDA=1 "$B/test_cuda_model"
         step comm 60 env QUERN_REQUIRE_NCCL=1 "$B/test_comm"
-        local m=$C/models/smollm2-8l-dummy.gguf
+        local m=$C/models/smollm2-6l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}
             for d in cpu cuda; do

@@ -1,6 +1,6 @@
 /* Write a dummy model (engine/dummy.h) to a GGUF file: a preset's real width with random Q4_0
  * weights, optionally fewer layers, and the tokenizer of a real GGUF. For machines the real model
- * cannot reach (scripts/gpu-check.sh carries an 8-layer SmolLM2-shaped file of ~32 MB to the GPU
+ * cannot reach (scripts/gpu-check.sh carries a 6-layer SmolLM2-shaped file of ~29 MB to the GPU
  * machine): `make build/tools/dummy_gguf && build/tools/dummy_gguf PRESET LAYERS SEED OUT.gguf
  * [TOKENIZER.gguf]` (tokenizer default: the default model). */
 #include <stdio.h>
