@@ -19,6 +19,7 @@
 
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -94,6 +95,12 @@ extern "C" char __start_kemu_shared[] __attribute__((weak));
 extern "C" char __stop_kemu_shared[] __attribute__((weak));
 #endif
 thread_local int g_last_error; /* per host thread, as in CUDA */
+
+/* cp.async landings other threads may not read yet: 16-byte shared chunk -> the landing thread
+ * (linear index). CUDA makes a thread's landed copies visible to the others only through a
+ * barrier after its wait: a thread's entries go at its warp's next __syncwarp, all at the next
+ * __syncthreads; ldmatrix (which hands each row to the whole warp) reading one stops the run. */
+std::unordered_map<uintptr_t, int> g_unpublished;
 
 /* template kernels' __shared__ arrays (KCU_SHARED), which the section cannot hold */
 std::vector<std::pair<char *, size_t>> g_shared_extents;
@@ -231,6 +238,9 @@ bool warp_release(int w0, int n)
         if (f[i].t.op != op)
             return false; /* a deadlock unless someone else moves; judged by the caller */
     }
+    if (op == KEMU_OP_SYNCWARP) /* the warp's landed copies are visible to it now */
+        for (auto it = g_unpublished.begin(); it != g_unpublished.end();)
+            it = it->second >= w0 && it->second < w0 + n ? g_unpublished.erase(it) : std::next(it);
     if (op == KEMU_OP_SHFL) {
         for (int i = 0; i < n; i++) {
             if (f[i].t.src >= n)
@@ -264,6 +274,9 @@ bool warp_release(int w0, int n)
             addr[i] = reinterpret_cast<const uint16_t *>(static_cast<uintptr_t>(f[i].t.val));
             if (i < 8 * nmat && (f[i].t.val % 16 || !in_shared(addr[i], 16)))
                 die("ldmatrix row not 16-byte aligned in shared memory");
+            if (i < 8 * nmat && g_unpublished.count(static_cast<uintptr_t>(f[i].t.val)))
+                die("ldmatrix reads a cp.async copy no barrier has published since its wait "
+                    "(__syncwarp or __syncthreads)");
         }
         kcu_ldmatrix_ref(addr, nmat, f[0].t.ldsm & 16, out);
         for (int i = 0; i < 32; i++)
@@ -277,6 +290,7 @@ bool warp_release(int w0, int n)
 void run_block(int nthreads)
 {
     S.nthreads = nthreads;
+    g_unpublished.clear();
 #if !KEMU_ASAN
     if (__start_kemu_shared) /* shared memory starts a block as garbage, here NaN */
         memset(__start_kemu_shared, 0xFF, (size_t)(__stop_kemu_shared - __start_kemu_shared));
@@ -325,6 +339,7 @@ void run_block(int nthreads)
                 "(divergence)");
         if (done)
             die("__syncthreads after some of the block's threads returned");
+        g_unpublished.clear();             /* every landed copy is visible to the block now */
         for (int i = 0; i < nthreads; i++) /* everyone is at the barrier */
             S.f[(size_t)i].state = ST_RUN;
     }
@@ -332,6 +347,9 @@ void run_block(int nthreads)
 
 void cp_land(const kemu_thread &t, int i)
 {
+    const uintptr_t d = reinterpret_cast<uintptr_t>(t.cp[i].dst);
+    for (uintptr_t c = d & ~(uintptr_t)15; c < d + (uintptr_t)t.cp[i].bytes; c += 16)
+        g_unpublished[c] = t.warp * 32 + t.lane;
     memcpy(t.cp[i].dst, t.cp[i].src, (size_t)t.cp[i].src_bytes);
     memset(static_cast<char *>(t.cp[i].dst) + t.cp[i].src_bytes, 0,
            (size_t)(t.cp[i].bytes - t.cp[i].src_bytes));

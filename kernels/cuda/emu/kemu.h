@@ -156,7 +156,8 @@ static inline void kemu_ldmatrix(const void *p, int nmat, int trans, uint32_t *r
  * allows, so a read of shared memory before its wait sees the old bytes; under
  * QUERN_CUDA_EMU_ORDER=reverse they land at once instead, so a copy issued into memory other
  * threads still read (before the barrier that frees it) changes what they read. A thread that
- * returns with copies it never waited for stops the run. */
+ * returns with copies it never waited for stops the run, and so does an ldmatrix that reads a
+ * landed copy no __syncwarp or __syncthreads has published since. */
 void kemu_cp_async(void *dst, const void *src, int bytes, int src_bytes);
 void kemu_cp_commit(void);
 void kemu_cp_wait(int n);
