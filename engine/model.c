@@ -564,15 +564,16 @@ static int pad_bucket(int n, int cap)
 }
 
 /* Whether steps may go through graphs: every rank's backend makes them (kern_ops.graphs_on), and
- * with several ranks every collective can be captured with the rest (kern_comm_ops.in_graphs:
- * NCCL's, not host staging). */
+ * with several ranks every collective can be captured with the rest (kern_comm.in_graphs: NCCL's
+ * with QUERN_TP_GRAPHS=1, not host staging). Decided once a step (stage_batch: engine_model_stage
+ * .graphs), so that every rank asks graph_begin or none does. */
 static int graphs_usable(const struct engine_model *m)
 {
     for (int r = 0; r < m->n_rank; r++) {
         const struct engine_rank *R = &m->rank[r];
         const struct kern_ops *k = R->be->ops;
         if (!k->graphs_on || !k->graph_begin || !k->graphs_on(R->be) ||
-            (m->n_rank > 1 && !(R->comm && R->comm->ops->in_graphs)))
+            (m->n_rank > 1 && !(R->comm && R->comm->in_graphs && k->graph_epoch)))
             return 0;
     }
     return 1;
@@ -586,7 +587,7 @@ static int graphs_usable(const struct engine_model *m)
  * row-wise and batch-invariant, so the real rows are bitwise those of the unpadded step. */
 static int pads(const struct engine_model *m)
 {
-    return graphs_usable(m);
+    return m->stage.graphs;
 }
 
 static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
@@ -596,6 +597,7 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     const struct engine_hparams *hp = &m->hp;
     const int n = b->n_tok;
     int n_rows = 0, stride = 1;
+    s->graphs = graphs_usable(m);
     for (int t = 0; t < n; t++) {
         int32_t *r = &s->seq_row[b->seq[t]];
         if (*r < 0) {
@@ -914,11 +916,9 @@ static void forward_rank(struct fwd_job *j, int r)
     const struct kern_block_table bts[2] = {{f->tables, f->row, s->stride},
                                             {f->tables + table_ids, f->row, s->stride}};
 
-    /* every rank asks: whatever each one's answer (a rank may have dropped its graphs), the
-     * ranks run the same collectives in the same order, captured or not */
-    const int g = (N == 1 || R->comm->ops->in_graphs) && k->graph_begin
-                      ? k->graph_begin(be, graph_key(j, r))
-                      : KERN_GRAPH_NONE;
+    /* every rank asks or none does (stage.graphs), with the same graph state (sync_graphs): so
+     * every rank captures, replays or runs its collectives alike, as NCCL requires */
+    const int g = m->stage.graphs ? k->graph_begin(be, graph_key(j, r)) : KERN_GRAPH_NONE;
     if (g == KERN_GRAPH_REPLAYED)
         __atomic_fetch_add(&m->graph_replays, 1, __ATOMIC_RELAXED);
     else {
@@ -992,6 +992,27 @@ static enum status logits_rows(struct engine_model *m, int n, struct err_detail 
                          : err_set(err, ST_ERR_NOMEM, "no device memory for %d rows of logits", n);
 }
 
+/* Ranks that take graphs together keep the same graph state: when any rank dropped its graphs
+ * since the last step (it gave memory back: rank 0's logits or sampling scratch grew), every
+ * rank drops them, so the ranks ask for the same keys with the same memory of them and decide
+ * alike (a rank whose graphs are off turns graphs_usable off for all). */
+static void sync_graphs(struct engine_model *m)
+{
+    if (!m->stage.graphs)
+        return;
+    int moved = 0;
+    for (int r = 0; r < m->n_rank; r++) {
+        const struct engine_rank *R = &m->rank[r];
+        moved |= R->be->ops->graph_epoch(R->be) != R->graph_epoch;
+    }
+    for (int r = 0; r < m->n_rank; r++) {
+        struct engine_rank *R = &m->rank[r];
+        if (moved)
+            R->be->ops->graphs_reset(R->be);
+        R->graph_epoch = R->be->ops->graph_epoch(R->be);
+    }
+}
+
 static enum status forward(struct fwd_job *j, struct err_detail *err)
 {
     enum status st = check_batch(j->m, j->kv, j->b, err);
@@ -1000,9 +1021,10 @@ static enum status forward(struct fwd_job *j, struct err_detail *err)
     stage_batch(j->m, j->kv, j->b);
     if ((st = logits_rows(j->m, j->m->stage.n_out, err)))
         return st;
-    if (j->m->n_rank > 1)
+    if (j->m->n_rank > 1) {
+        sync_graphs(j->m);
         pool_run(j->m->rank_pool, rank_worker, j);
-    else
+    } else
         forward_rank(j, 0);
     return ST_OK;
 }

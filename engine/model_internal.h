@@ -52,6 +52,7 @@ struct engine_rank_bufs {
 struct engine_rank {
     struct kern_backend *be;      /* its backend (not owned) */
     struct kern_comm *comm;       /* joins the ranks; NULL with one */
+    uint64_t graph_epoch;         /* its backend's graph_epoch after the last step's check */
     int n_head;                   /* query heads here */
     int n_kv_head;                /* KV heads here */
     int n_ff;                     /* FFN rows here */
@@ -64,6 +65,7 @@ struct engine_rank {
 
 /* Host-side staging of one forward pass, sized once with the ranks' buffers. */
 struct engine_model_stage {
+    int graphs;         /* this step goes through graph_begin on every rank (graphs_usable) */
     int max_tok;        /* tokens per batch at most */
     int max_seqs;       /* sequence slots of the KV cache it was sized for */
     int max_blocks;     /* blocks per sequence at most (block table stride) */

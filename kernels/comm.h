@@ -39,10 +39,6 @@ struct kern_comm_ops {
     void (*all_gather)(struct kern_comm *c, const void *in, void *out, size_t bytes);
     /* Returns on any rank only after every rank has called it. */
     void (*barrier)(struct kern_comm *c);
-    /* The collectives above are work queued on the rank's backend stream and nothing else (no
-     * host wait, no host memory), so a CUDA graph of a step may hold them (NCCL's); 0 for the
-     * host-staged and CPU communicators. */
-    int in_graphs;
 };
 
 /* One rank's handle. Owned by whatever made it (for the CPU, a kern_cpu_comm_group); used by
@@ -52,6 +48,10 @@ struct kern_comm {
     void *impl;                      /* backend-private state (shared by the group's ranks) */
     int rank;                        /* this rank, in [0, size) */
     int size;                        /* ranks in the communicator, >= 1 */
+    /* 1: the collectives are work queued on the rank's backend stream and nothing else (no host
+     * wait, no host memory), and may go into CUDA graphs of a step (NCCL's, with
+     * QUERN_TP_GRAPHS=1); 0 for the host-staged and CPU communicators */
+    int in_graphs;
 };
 
 static inline int kern_comm_rank(const struct kern_comm *c)

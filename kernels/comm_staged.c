@@ -127,7 +127,7 @@ enum status kern_staged_comm_group_init(struct kern_staged_comm_group **out,
     }
     for (int r = 0; r < n; r++) {
         struct staged_rank *s = &g->ranks[r];
-        s->pub = (struct kern_comm){&staged_ops, s, r, n};
+        s->pub = (struct kern_comm){&staged_ops, s, r, n, 0};
         s->group = g;
         s->be = be[r];
         s->inner = kern_cpu_comm_get(g->cpu, r);

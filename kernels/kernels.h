@@ -333,6 +333,12 @@ struct kern_ops {
      * repeat; padding tokens carry KERN_STORE_PAD in kv_store's skip and attention's store,
      * and neither writes them. */
     int (*graphs_on)(struct kern_backend *b);
+    /* Optional with graph_begin: how many times this backend has dropped its graphs (and what
+     * graph_begin remembers of keys) so far, and a drop on demand. Ranks whose graphs go
+     * through collectives must make the same graph decisions: when one rank has dropped its
+     * graphs (it gave memory back), the engine drops every rank's. */
+    uint64_t (*graph_epoch)(struct kern_backend *b);
+    void (*graphs_reset)(struct kern_backend *b);
     void (*free)(struct kern_backend *b); /* frees b itself (kern_backend_free) */
     const char *(*describe)(const struct kern_backend *b);
 };

@@ -55,6 +55,7 @@ struct cuda_state {
     int seen_next;
     uint64_t capturing; /* the key being captured */
     unsigned long graph_tick;
+    uint64_t graph_epoch;     /* graphs_drop calls so far */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
 };
 
@@ -102,6 +103,7 @@ void kern_cuda_forget_device(void)
  * from a later allocation in another role (graph_begin makes them anew). */
 static void graphs_drop(struct cuda_state *s)
 {
+    s->graph_epoch++;
     for (int i = 0; i < CUDA_GRAPHS; i++) {
         if (s->graph[i].exec)
             cudaGraphExecDestroy(s->graph[i].exec);
@@ -688,6 +690,16 @@ static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
     return KERN_GRAPH_CAPTURE;
 }
 
+static uint64_t cuda_graph_epoch(struct kern_backend *b)
+{
+    return st_of(b)->graph_epoch;
+}
+
+static void cuda_graphs_reset(struct kern_backend *b)
+{
+    graphs_drop(st_of(b));
+}
+
 static int cuda_graphs_on(struct kern_backend *b)
 {
     const struct cuda_state *s = st_of(b);
@@ -793,6 +805,8 @@ static const struct kern_ops cuda_ops = {
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graphs_on = cuda_graphs_on,
+    .graph_epoch = cuda_graph_epoch,
+    .graphs_reset = cuda_graphs_reset,
     .free = cuda_free,
     .describe = cuda_describe,
 };

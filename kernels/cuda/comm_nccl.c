@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "kernels/comm.h"
@@ -123,7 +124,6 @@ static const struct kern_comm_ops nccl_ops = {
     .all_reduce_sum_bf16 = nccl_reduce_bf16,
     .all_gather = nccl_gather,
     .barrier = nccl_barrier,
-    .in_graphs = 1,
 };
 
 int kern_nccl_usable(int n, char *why, size_t why_size)
@@ -178,9 +178,14 @@ enum status kern_nccl_comm_group_init(struct kern_nccl_comm_group **out,
             st = err_set(err, ST_ERR_IO, "NCCL: ncclCommInitAll over %d devices: %s", n,
                          kcu_nccl_error(lib, rc));
     }
+    /* steps of NCCL ranks in CUDA graphs: opt-in (NCCL 2.9 or later captures; NCCL requires
+     * every rank to capture or not alike, which the engine keeps, but warns that several GPUs
+     * in one process capturing may deadlock: not yet run on such a machine) */
+    const char *tg = getenv("QUERN_TP_GRAPHS");
+    const int in_graphs = tg && !strcmp(tg, "1") && kcu_nccl_version(lib) >= 20900;
     for (int r = 0; !st && r < n; r++) {
         struct nccl_rank *s = &g->ranks[r];
-        s->pub = (struct kern_comm){&nccl_ops, s, r, n};
+        s->pub = (struct kern_comm){&nccl_ops, s, r, n, in_graphs};
         s->group = g;
         s->be = be[r];
         s->comm = comms[r];

@@ -130,6 +130,7 @@ int kcu_sample(void *stream, const float *logits, float *work, double *zc, float
 struct kcu_nccl;
 const struct kcu_nccl *kcu_nccl_open(char *why, size_t why_size);
 const char *kcu_nccl_name(const struct kcu_nccl *l); /* "NCCL 2.28.9" */
+int kcu_nccl_version(const struct kcu_nccl *l);      /* 22809 */
 /* n communicators, rank r's on device devs[r] (distinct devices), from one thread
  * (ncclCommInitAll); it may leave another device current. */
 int kcu_nccl_init(const struct kcu_nccl *l, void **comms, int n, const int *devs);

@@ -10,7 +10,8 @@
  * their peers' buffers with device-to-device copies on their own streams, and meet again. What it
  * checks: devices distinct at init, every buffer on its communicator's device, sends and
  * receives matched in order and size. A collective on a stream being captured goes into the
- * graph, as NCCL's kernels do, and meets its peers when the graph is launched. What it cannot:
+ * graph, as NCCL's kernels do, and meets its peers when the graph is launched; every rank must
+ * run a collective alike, all from graphs or none (NCCL's rule), or the run stops. What it cannot:
  * NCCL's own asynchrony (the emulator's streams run at once). It requires every rank of a
  * communicator to take part in each grouped call, which the communicator's exchange does. */
 #ifdef KCU_EMU
@@ -69,6 +70,7 @@ struct emu_clique {
     int arrived;
     std::vector<emu_op> posted[8]; /* each rank's grouped operations */
     const void *gather_in[8];      /* each rank's all-gather input */
+    int from_graph[8];             /* each rank's collective is a graph's (else run directly) */
 };
 
 struct emu_comm {
@@ -124,27 +126,41 @@ int emu_fail(const char *what)
 /* Work a collective puts on a stream: done now, or, when the stream is being captured, recorded
  * into its graph and done at each launch of the graph (as NCCL's kernels are; a failure then
  * stops the run, as a kernel's fault would). */
-int emu_on_stream(void *stream, std::function<int()> work)
+int emu_on_stream(void *stream, std::function<int(int)> work)
 {
     const int rec = kemu_capture_record((cudaStream_t)stream, [work] {
-        if (work())
+        if (work(1))
             die_replay();
     });
     return rec < 0 ? emu_fail("a collective in an invalidated stream capture")
            : rec   ? NCCL_OK
-                   : work();
+                   : work(0);
 }
 
-int emu_exchange(emu_comm *cm, void *stream, const std::vector<emu_op> &ops)
+/* After the first barrier of a collective: NCCL requires all ranks to run it captured in a graph
+ * or all outside one (its graph notes); the stand-in would not care, so it checks. */
+int emu_uniform(emu_clique *c, int from_graph)
+{
+    for (int q = 0; q < c->n; q++)
+        if (c->from_graph[q] != from_graph)
+            return emu_fail("ranks mix a collective in a CUDA graph with one outside a graph "
+                            "(NCCL requires every rank to capture alike)");
+    return NCCL_OK;
+}
+
+int emu_exchange(emu_comm *cm, void *stream, const std::vector<emu_op> &ops, int from_graph)
 {
     emu_clique *c = cm->c;
     {
         std::lock_guard<std::mutex> hold(c->m);
         c->posted[cm->rank] = ops;
+        c->from_graph[cm->rank] = from_graph;
     }
     emu_barrier(c);
-    int rc = NCCL_OK, seen[8] = {0};
+    int rc = emu_uniform(c, from_graph), seen[8] = {0};
     for (const emu_op &o : ops) {
+        if (rc)
+            break;
         if (!o.recv)
             continue;
         const emu_op *match = nullptr;
@@ -176,7 +192,8 @@ int emu_run_group(void)
     void *stream = t_stream;
     if (ops.empty())
         return NCCL_OK;
-    return emu_on_stream(stream, [cm, stream, ops] { return emu_exchange(cm, stream, ops); });
+    return emu_on_stream(stream,
+                         [cm, stream, ops](int g) { return emu_exchange(cm, stream, ops, g); });
 }
 
 int emu_get_version(int *v)
@@ -267,7 +284,7 @@ int emu_recv(void *buf, size_t count, int type, int peer, void *comm, void *stre
     return emu_p2p(1, buf, count, type, peer, comm, stream);
 }
 
-int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream);
+int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream, int from_graph);
 
 int emu_all_gather(const void *in, void *out, size_t count, int type, void *comm, void *stream)
 {
@@ -280,19 +297,21 @@ int emu_all_gather(const void *in, void *out, size_t count, int type, void *comm
         return emu_fail("an all-gather inside a group (not emulated)");
     if (!emu_on(in, count, cm->device) || !emu_on(out, count * (size_t)c->n, cm->device))
         return emu_fail("a buffer not on its communicator's device");
-    return emu_on_stream(
-        stream, [cm, in, o, count, stream] { return emu_gather(cm, in, o, count, stream); });
+    return emu_on_stream(stream, [cm, in, o, count, stream](int g) {
+        return emu_gather(cm, in, o, count, stream, g);
+    });
 }
 
-int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream)
+int emu_gather(emu_comm *cm, const void *in, char *o, size_t count, void *stream, int from_graph)
 {
     emu_clique *c = cm->c;
     {
         std::lock_guard<std::mutex> hold(c->m);
         c->gather_in[cm->rank] = in;
+        c->from_graph[cm->rank] = from_graph;
     }
     emu_barrier(c);
-    int rc = NCCL_OK;
+    int rc = emu_uniform(c, from_graph);
     for (int q = 0; q < c->n && !rc; q++) {
         char *dst = o + (size_t)q * count;
         if (c->gather_in[q] != dst &&
@@ -379,6 +398,11 @@ extern "C" const struct kcu_nccl *kcu_nccl_open(char *why, size_t why_size)
 extern "C" const char *kcu_nccl_name(const struct kcu_nccl *l)
 {
     return l->name;
+}
+
+extern "C" int kcu_nccl_version(const struct kcu_nccl *l)
+{
+    return l->version;
 }
 
 extern "C" int kcu_nccl_init(const struct kcu_nccl *l, void **comms, int n, const int *devs)
