@@ -96,11 +96,15 @@ extern "C" char __stop_kemu_shared[] __attribute__((weak));
 #endif
 thread_local int g_last_error; /* per host thread, as in CUDA */
 
-/* cp.async landings other threads may not read yet: 16-byte shared chunk -> the landing thread
- * (linear index). CUDA makes a thread's landed copies visible to the others only through a
- * barrier after its wait: a thread's entries go at its warp's next __syncwarp, all at the next
- * __syncthreads; ldmatrix (which hands each row to the whole warp) reading one stops the run. */
-std::unordered_map<uintptr_t, int> g_unpublished;
+/* cp.async landings not visible to the whole block yet: 16-byte shared chunk -> the landing
+ * thread (linear index) and the warp it is visible to (-1: none). CUDA makes a thread's landed
+ * copies visible to others only through a barrier after its wait: its warp's next __syncwarp
+ * shows them to that warp, the next __syncthreads to all (the entries go); ldmatrix (which hands
+ * each row to the whole warp) reading one its warp cannot see stops the run. */
+struct landing {
+    int owner, warp;
+};
+std::unordered_map<uintptr_t, landing> g_unpublished;
 
 /* template kernels' __shared__ arrays (KCU_SHARED), which the section cannot hold */
 std::vector<std::pair<char *, size_t>> g_shared_extents;
@@ -239,8 +243,9 @@ bool warp_release(int w0, int n)
             return false; /* a deadlock unless someone else moves; judged by the caller */
     }
     if (op == KEMU_OP_SYNCWARP) /* the warp's landed copies are visible to it now */
-        for (auto it = g_unpublished.begin(); it != g_unpublished.end();)
-            it = it->second >= w0 && it->second < w0 + n ? g_unpublished.erase(it) : std::next(it);
+        for (auto &e : g_unpublished)
+            if (e.second.owner >= w0 && e.second.owner < w0 + n)
+                e.second.warp = w0 / 32;
     if (op == KEMU_OP_SHFL) {
         for (int i = 0; i < n; i++) {
             if (f[i].t.src >= n)
@@ -274,9 +279,10 @@ bool warp_release(int w0, int n)
             addr[i] = reinterpret_cast<const uint16_t *>(static_cast<uintptr_t>(f[i].t.val));
             if (i < 8 * nmat && (f[i].t.val % 16 || !in_shared(addr[i], 16)))
                 die("ldmatrix row not 16-byte aligned in shared memory");
-            if (i < 8 * nmat && g_unpublished.count(static_cast<uintptr_t>(f[i].t.val)))
-                die("ldmatrix reads a cp.async copy no barrier has published since its wait "
-                    "(__syncwarp or __syncthreads)");
+            const auto e = g_unpublished.find(static_cast<uintptr_t>(f[i].t.val));
+            if (i < 8 * nmat && e != g_unpublished.end() && e->second.warp != w0 / 32)
+                die("ldmatrix reads a cp.async copy no barrier has shown its warp since the "
+                    "wait (__syncwarp in the landing warp, or __syncthreads)");
         }
         kcu_ldmatrix_ref(addr, nmat, f[0].t.ldsm & 16, out);
         for (int i = 0; i < 32; i++)
@@ -349,7 +355,7 @@ void cp_land(const kemu_thread &t, int i)
 {
     const uintptr_t d = reinterpret_cast<uintptr_t>(t.cp[i].dst);
     for (uintptr_t c = d & ~(uintptr_t)15; c < d + (uintptr_t)t.cp[i].bytes; c += 16)
-        g_unpublished[c] = t.warp * 32 + t.lane;
+        g_unpublished[c] = landing{t.warp * 32 + t.lane, -1};
     memcpy(t.cp[i].dst, t.cp[i].src, (size_t)t.cp[i].src_bytes);
     memset(static_cast<char *>(t.cp[i].dst) + t.cp[i].src_bytes, 0,
            (size_t)(t.cp[i].bytes - t.cp[i].src_bytes));
