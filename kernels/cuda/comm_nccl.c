@@ -210,6 +210,10 @@ void kern_nccl_comm_group_free(struct kern_nccl_comm_group *g)
         struct nccl_rank *s = &g->ranks[r];
         if (s->be)
             s->be->ops->sync(s->be);
+        /* graphs holding this rank's collectives go first: from NCCL 2.26 destroying a
+         * communicator waits until every graph that uses it is gone (here, forever) */
+        if (s->be && s->be->ops->graphs_reset)
+            s->be->ops->graphs_reset(s->be);
         if (s->slots)
             s->be->ops->buf_free(s->be, s->slots);
         kcu_nccl_close(g->lib, s->comm);

@@ -17,7 +17,9 @@
 #ifdef KCU_EMU
 #include "kernels/cuda/emu/kemu.h"
 
+#include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <vector>
 #else
@@ -76,6 +78,22 @@ struct emu_clique {
 struct emu_comm {
     emu_clique *c;
     int rank, device;
+    std::atomic<int> graphs; /* graphs (captures) holding its collectives */
+};
+
+/* A captured collective's hold on its communicator, for as long as a graph keeps it. */
+struct emu_graph_ref {
+    emu_comm *cm;
+    explicit emu_graph_ref(emu_comm *c) : cm(c)
+    {
+        cm->graphs++;
+    }
+    ~emu_graph_ref()
+    {
+        cm->graphs--;
+    }
+    emu_graph_ref(const emu_graph_ref &) = delete;
+    emu_graph_ref &operator=(const emu_graph_ref &) = delete;
 };
 
 void emu_barrier(emu_clique *c)
@@ -126,9 +144,10 @@ int emu_fail(const char *what)
 /* Work a collective puts on a stream: done now, or, when the stream is being captured, recorded
  * into its graph and done at each launch of the graph (as NCCL's kernels are; a failure then
  * stops the run, as a kernel's fault would). */
-int emu_on_stream(void *stream, std::function<int(int)> work)
+int emu_on_stream(emu_comm *cm, void *stream, std::function<int(int)> work)
 {
-    const int rec = kemu_capture_record((cudaStream_t)stream, [work] {
+    const std::shared_ptr<emu_graph_ref> ref = std::make_shared<emu_graph_ref>(cm);
+    const int rec = kemu_capture_record((cudaStream_t)stream, [work, ref] {
         if (work(1))
             die_replay();
     });
@@ -192,7 +211,7 @@ int emu_run_group(void)
     void *stream = t_stream;
     if (ops.empty())
         return NCCL_OK;
-    return emu_on_stream(stream,
+    return emu_on_stream(cm, stream,
                          [cm, stream, ops](int g) { return emu_exchange(cm, stream, ops, g); });
 }
 
@@ -221,13 +240,20 @@ int emu_init_all(void **comms, int n, const int *devs)
     emu_clique *c = new emu_clique();
     c->n = c->live = n;
     for (int r = 0; r < n; r++)
-        comms[r] = new emu_comm{c, r, devs ? devs[r] : r};
+        comms[r] = new emu_comm{c, r, devs ? devs[r] : r, {0}};
     return NCCL_OK;
 }
 
 int emu_destroy(void *comm)
 {
     emu_comm *cm = static_cast<emu_comm *>(comm);
+    if (cm->graphs.load()) { /* NCCL 2.26 and later would wait for them forever */
+        fprintf(stderr,
+                "NCCL emulator: a communicator destroyed while %d CUDA graph "
+                "collective(s) still use it\n",
+                cm->graphs.load());
+        abort();
+    }
     bool last;
     {
         std::lock_guard<std::mutex> hold(cm->c->m);
@@ -297,7 +323,7 @@ int emu_all_gather(const void *in, void *out, size_t count, int type, void *comm
         return emu_fail("an all-gather inside a group (not emulated)");
     if (!emu_on(in, count, cm->device) || !emu_on(out, count * (size_t)c->n, cm->device))
         return emu_fail("a buffer not on its communicator's device");
-    return emu_on_stream(stream, [cm, in, o, count, stream](int g) {
+    return emu_on_stream(cm, stream, [cm, in, o, count, stream](int g) {
         return emu_gather(cm, in, o, count, stream, g);
     });
 }
