@@ -579,16 +579,12 @@ static int graphs_usable(const struct engine_model *m)
     return 1;
 }
 
-/* With graphs usable (graphs_usable), a step's tokens, block-table rows and width are
+/* With graphs usable (graphs_usable: stage.graphs), a step's tokens, block-table rows and width are
  * padded to buckets (pad_bucket; the width to a multiple of 8 blocks) so that a decode batch's
  * shape repeats while sequences come and go and grow: the padding tokens (copies of token 0,
  * whose blocks are valid in every pool: a sliding-window pool's tables hold -1 for blocks out
  * of the window; KERN_STORE_PAD: never stored) compute rows nobody reads, and every op is
  * row-wise and batch-invariant, so the real rows are bitwise those of the unpadded step. */
-static int pads(const struct engine_model *m)
-{
-    return m->stage.graphs;
-}
 
 static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
                         const struct engine_batch *b)
@@ -612,7 +608,7 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     }
     int np = n;
     const int32_t *pos = b->pos;
-    if (pads(m)) {
+    if (s->graphs) {
         const int rows_cap = s->max_tok < s->max_seqs ? s->max_tok : s->max_seqs;
         np = n <= PAD_MAX ? pad_bucket(n, s->max_tok) : n;
         n_rows = pad_bucket(n_rows, rows_cap);

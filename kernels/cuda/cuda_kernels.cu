@@ -216,27 +216,22 @@ static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, cons
 }
 
 /* ldmatrix.x4 (docs/CUDA_NOTES.md §2.2): r gets the lane's registers of the four 8x8 b16
- * matrices whose rows lanes 0-7, 8-15, 16-23 and 24-31 point at (p: this lane's row). */
-static __device__ __forceinline__ void ldsm_x4(const uint16_t *p, uint32_t *r)
+ * matrices whose rows lanes 0-7, 8-15, 16-23 and 24-31 point at (p: this lane's row); TRANS:
+ * each matrix transposed (.trans). */
+template <int TRANS> static __device__ __forceinline__ void ldsm_x4(const uint16_t *p, uint32_t *r)
 {
 #ifdef KCU_EMU
-    kemu_ldmatrix(p, 4, 0, r);
+    kemu_ldmatrix(p, 4, TRANS, r);
 #else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-#endif
-}
-
-/* The same, each matrix transposed (.trans). */
-static __device__ __forceinline__ void ldsm_x4_t(const uint16_t *p, uint32_t *r)
-{
-#ifdef KCU_EMU
-    kemu_ldmatrix(p, 4, 1, r);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+#define KCU_LDSM(T)                                                                                \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" T ".shared.b16 {%0, %1, %2, %3}, [%4];\n"         \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                  \
+                 : "r"((unsigned)__cvta_generic_to_shared(p)))
+    if (TRANS)
+        KCU_LDSM(".trans");
+    else
+        KCU_LDSM("");
+#undef KCU_LDSM
 #endif
 }
 
@@ -543,7 +538,7 @@ p4_group_mma(const uint16_t *as, const uint32_t (*cq)[4 * p4_w<TYPE>::W], const 
 #pragma unroll
             for (int m = 0; m < BM / 16; m++) {
                 uint32_t af[4];
-                ldsm_x4(kcu_ldsm_a(as, PM_LD, m * 16, j * 32 + h * 16, lane), af);
+                ldsm_x4<0>(kcu_ldsm_a(as, PM_LD, m * 16, j * 32 + h * 16, lane), af);
 #pragma unroll
                 for (int n = 0; n < 2; n++)
                     mma_bf16(acc[m][n], af, bf[n] + 2 * h);
@@ -1438,7 +1433,7 @@ __global__ void __launch_bounds__(WARP)
                             sc[j][e] = 0.0f;
                     for (int kc = 0; kc < DC; kc++) {
                         uint32_t kb[4];
-                        ldsm_x4_t(kcu_ldsm_bt(kst[s], KP, 0, 16 * kc, lane), kb);
+                        ldsm_x4<1>(kcu_ldsm_bt(kst[s], KP, 0, 16 * kc, lane), kb);
                         mma_f16(sc[0], qa[kc], kb);
                         mma_f16(sc[1], qa[kc], kb + 2);
                     }
@@ -1517,7 +1512,7 @@ __global__ void __launch_bounds__(WARP)
                 if (STG) { /* O += P V, V from the stage */
                     for (int jc = 0; jc < 2 * DC; jc += 2) {
                         uint32_t vb[4];
-                        ldsm_x4_t(kcu_ldsm_bt(vst[s], VP, 8 * jc, 0, lane), vb);
+                        ldsm_x4<1>(kcu_ldsm_bt(vst[s], VP, 8 * jc, 0, lane), vb);
                         mma_f16(acc[jc], pa, vb);
                         mma_f16(acc[jc + 1], pa, vb + 2);
                     }

@@ -106,15 +106,22 @@ struct landing {
 };
 std::unordered_map<uintptr_t, landing> g_unpublished;
 
-/* template kernels' __shared__ arrays (KCU_SHARED), which the section cannot hold */
-std::vector<std::pair<char *, size_t>> g_shared_extents;
+/* template kernels' __shared__ arrays (KCU_SHARED), which the section cannot hold, each with the
+ * block (g_block, counting from 1) that last filled it */
+struct extent {
+    char *p;
+    size_t n;
+    unsigned long block;
+};
+std::vector<extent> g_shared_extents;
+unsigned long g_block;
 
 /* Whether [p, p + n) lies in the kernels' shared memory (not known under ASan: yes). */
 bool in_shared(const void *p, size_t n)
 {
     const char *c = static_cast<const char *>(p);
     for (const auto &e : g_shared_extents)
-        if (c >= e.first && c + n <= e.first + e.second)
+        if (c >= e.p && c + n <= e.p + e.n)
             return true;
 #if KEMU_ASAN
     return true;
@@ -301,8 +308,7 @@ void run_block(int nthreads)
     if (__start_kemu_shared) /* shared memory starts a block as garbage, here NaN */
         memset(__start_kemu_shared, 0xFF, (size_t)(__stop_kemu_shared - __start_kemu_shared));
 #endif
-    for (const auto &e : g_shared_extents)
-        memset(e.first, 0xFF, e.second);
+    g_block++; /* template kernels' arrays are filled when first named in the block */
     for (int i = 0; i < nthreads; i++)
         fiber_start(&S.f[(size_t)i]);
     for (;;) {
@@ -464,11 +470,18 @@ void kemu_full_mask(unsigned mask)
 void kemu_shared_extent(void *p, size_t n)
 {
     char *c = static_cast<char *>(p);
-    for (const auto &e : g_shared_extents)
-        if (e.first == c)
-            return;
-    g_shared_extents.emplace_back(c, n);
-    memset(c, 0xFF, n); /* named by the block's first thread, before any use */
+    extent *e = nullptr;
+    for (auto &x : g_shared_extents)
+        if (x.p == c)
+            e = &x;
+    if (!e) {
+        g_shared_extents.push_back(extent{c, n, 0});
+        e = &g_shared_extents.back();
+    }
+    if (e->block != g_block) { /* named first by the block's first thread, before any use */
+        memset(c, 0xFF, n);
+        e->block = g_block;
+    }
 }
 
 void kemu_cp_async(void *dst, const void *src, int bytes, int src_bytes)
