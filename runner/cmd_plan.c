@@ -112,8 +112,8 @@ int runner_cmd_plan(int argc, char **argv)
     }
     if (cuda && eo.act == RUNNER_ACT_DEFAULT)
         eo.act = KERN_ACT_F32; /* the CUDA backend's default mode */
-    if (cuda && eo.act != KERN_ACT_F32 && eo.act != KERN_ACT_BF16) {
-        fprintf(stderr, "quern plan: --device cuda runs --matmul exact or bf16, not %s\n",
+    if (cuda && eo.act == KERN_ACT_Q16) {
+        fprintf(stderr, "quern plan: --device cuda runs --matmul exact, bf16 or q8, not %s\n",
                 runner_matmul_name(eo.act));
         return RUNNER_EXIT_USAGE;
     }
@@ -181,8 +181,11 @@ int runner_cmd_plan(int argc, char **argv)
     const size_t dev_act =
         cuda ? engine_model_stage_bytes(m, (int)tp, 0, max_tok, max_seqs, tbl_blocks, 1) : 0;
     const size_t dev_scratch =
-        cuda ? kcu_scratch_bytes(eo.act == KERN_ACT_BF16, max_tok, widest,
-                                 max_tok < max_seqs ? max_tok : max_seqs, hp->n_vocab)
+        cuda ? kcu_scratch_bytes(eo.act == KERN_ACT_BF16 ? 1
+                                 : eo.act == KERN_ACT_Q8 ? 2
+                                                         : 0,
+                                 max_tok, widest, max_tok < max_seqs ? max_tok : max_seqs,
+                                 hp->n_vocab)
              : 0;
     /* a rank's resident weights: the file's bytes (mapped) and the repacked copy on the CPU;
      * the device copy alone on CUDA */

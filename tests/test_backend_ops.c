@@ -84,12 +84,25 @@ static void check_matmul(struct check *c, uint32_t type, int64_t ne0, int64_t ne
                      dtype_get(type)->name, (long long)ne0, (long long)w[i].t.ne1, n_tok, form, i);
             compare_mm(c, op, y, yr, mag, m);
             if (c->act == KERN_ACT_BF16 && form == 0) {
-                /* the mode's rounding itself, which the tolerance above would let pass unrounded */
-                ref_matmul_r(&w[i], xin, n_tok, yr, mag, 1);
+                /* the mode's rounding itself, which the tolerance above would let pass unrounded
+                 * (or its absence, for the weights a CPU table's bf16 mode runs exactly; its
+                 * type after prepare: the CPU widens Q5_0 to Q8_0) */
+                ref_matmul_r(&w[i], xin, n_tok, yr, mag,
+                             !c->cpu || (w[i].t.packed && c->cpu->gemm_bf16_packed[w[i].t.type]));
                 const struct check strict = {.act = KERN_ACT_F32};
                 for (size_t e = 0; e < m; e++)
                     if (!(fabs(y[e] - yr[e]) <= mm_tol(strict.act) * mag[e] + 1e-6)) {
                         report(c, op, "bf16 rounding: element %zu: %g, bf16 reference %g", e,
+                               (double)y[e], yr[e]);
+                        break;
+                    }
+            }
+            if (c->act == KERN_ACT_Q8 && form == 0 && q8_type(type)) {
+                /* likewise the 8-bit quantization: the inputs as kern_ref_quantize_q8 makes them */
+                ref_matmul_q8(&w[i], xin, n_tok, yr, mag);
+                for (size_t e = 0; e < m; e++)
+                    if (!(fabs(y[e] - yr[e]) <= mm_tol(KERN_ACT_F32) * mag[e] + 1e-6)) {
+                        report(c, op, "q8 quantization: element %zu: %g, q8 reference %g", e,
                                (double)y[e], yr[e]);
                         break;
                     }
@@ -1009,6 +1022,7 @@ static void test_cpu_backends(void **state)
                          dev ? " (device path)" : "");
                 c.label = label;
                 c.act = acts[m];
+                c.cpu = kern_cpu_fns_get((enum kern_isa)i);
                 c.r.s = 1000 + i * 10 + m;
                 check_backend(&c, m == 0);
                 printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
@@ -1065,8 +1079,8 @@ static void check_broken_sample(struct kern_backend *real)
     }
 }
 
-/* The CUDA backend in its two modes (exact: f32 kernels; bf16: tensor cores), when this build has
- * it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
+/* The CUDA backend in its three modes (exact: f32 kernels; bf16, q8: tensor cores), when this build
+ * has it and a GPU is here. Elsewhere it says why it did not run; with QUERN_REQUIRE_CUDA=1
  * (scripts/gpu-check.sh) no GPU is a failure. */
 /* The bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA, on by default: f16 K/V and
  * head_dim a multiple of 16 up to 128), against the double reference within what rounding the
@@ -1195,8 +1209,9 @@ static void check_graphs(struct kern_backend *be)
 static void test_cuda_backend(void **state)
 {
     (void)state;
-    static const enum kern_act modes[2] = {KERN_ACT_F32, KERN_ACT_BF16};
-    for (int i = 0; i < 2; i++) {
+    static const enum kern_act modes[3] = {KERN_ACT_F32, KERN_ACT_BF16, KERN_ACT_Q8};
+    static const char *const mode_names[3] = {"exact", "bf16", "q8"};
+    for (int i = 0; i < 3; i++) {
         struct kern_backend_opts o = {"cuda", 2, NULL, modes[i], 1, 1, 0};
         struct err_detail err = {0};
         struct check c = {0};
@@ -1208,7 +1223,7 @@ static void test_cuda_backend(void **state)
             return;
         }
         char label[200];
-        snprintf(label, sizeof(label), "%s %s", kern_backend_describe(c.be), i ? "bf16" : "exact");
+        snprintf(label, sizeof(label), "%s %s", kern_backend_describe(c.be), mode_names[i]);
         c.label = label;
         c.act = modes[i];
         c.r.s = 4242 + (uint64_t)i;
@@ -1231,7 +1246,8 @@ static void test_cuda_backend(void **state)
         enum kern_act act;
     } knobs[] = {{"0", "16", "0", KERN_ACT_F32},  {"0", "16", "0", KERN_ACT_BF16},
                  {"1", "0", "0", KERN_ACT_BF16},  {"1", "100", "0", KERN_ACT_BF16},
-                 {"1", "16", "1", KERN_ACT_BF16}, {"0", "16", "1", KERN_ACT_BF16}};
+                 {"1", "16", "1", KERN_ACT_BF16}, {"0", "16", "1", KERN_ACT_BF16},
+                 {"0", "16", "0", KERN_ACT_Q8}};
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         setenv("QUERN_CUDA_PACK", knobs[i].pack, 1);
         setenv("QUERN_CUDA_MMA_SMALL", knobs[i].small, 1);
@@ -1241,8 +1257,10 @@ static void test_cuda_backend(void **state)
         char label[128];
         snprintf(label, sizeof(label),
                  "cuda %s, QUERN_CUDA_PACK=%s QUERN_CUDA_MMA_SMALL=%s QUERN_CUDA_CUBLAS_MIN=%s",
-                 knobs[i].act == KERN_ACT_BF16 ? "bf16" : "exact", knobs[i].pack, knobs[i].small,
-                 knobs[i].blas);
+                 knobs[i].act == KERN_ACT_BF16 ? "bf16"
+                 : knobs[i].act == KERN_ACT_Q8 ? "q8"
+                                               : "exact",
+                 knobs[i].pack, knobs[i].small, knobs[i].blas);
         struct check c = {.label = label, .act = knobs[i].act};
         c.r.s = 4400 + i;
         assert_int_equal(kern_backend_open(&c.be, &o, &err), ST_OK);

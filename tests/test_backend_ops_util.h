@@ -33,6 +33,10 @@ struct check {
     size_t kept_n;
     double att_tol; /* check_attention's tolerance for f16 KV (0: 2e-4, f32 sums) */
     int kv_block;   /* check_attention's positions per KV block (0: 16) */
+    /* a CPU backend's table: its bf16 mode rounds only the packed weights of the types
+     * gemm_bf16_packed takes and runs the rest exactly (kernels.h); NULL: every weight rounded
+     * (CUDA) */
+    const struct kern_cpu_fns *cpu;
 };
 
 static inline void report(struct check *c, const char *op, const char *fmt, ...)
@@ -159,6 +163,41 @@ static inline void ref_matmul(const struct weight *w, const float *x, int n_tok,
                               double *mag)
 {
     ref_matmul_r(w, x, n_tok, y, mag, 0);
+}
+
+/* 1 for the weight types the q8 mode multiplies by quantized activations (the rest: exact). */
+static inline int q8_type(uint32_t type)
+{
+    return type == DTYPE_Q4_0 || type == DTYPE_Q4_1 || type == DTYPE_Q5_0 || type == DTYPE_Q8_0 ||
+           type == DTYPE_Q4_K || type == DTYPE_Q6_K;
+}
+
+/* ref_matmul with each input row first quantized by kern_ref_quantize_q8 (8 bits per block of
+ * 32): what a q8 backend must compute up to its sums' order. */
+static inline void ref_matmul_q8(const struct weight *w, const float *x, int n_tok, double *y,
+                                 double *mag)
+{
+    const int64_t n = w->t.ne0, m = w->t.ne1;
+    struct kern_q8 *xq = malloc(sizeof(*xq) * (size_t)(n / KERN_QK));
+    double *xd = malloc(sizeof(double) * (size_t)n);
+    assert_true(xq && xd);
+    for (int t = 0; t < n_tok; t++) {
+        kern_ref_quantize_q8(x + (size_t)t * n, xq, n);
+        for (int64_t i = 0; i < n; i++)
+            xd[i] = (double)xq[i / KERN_QK].d * xq[i / KERN_QK].q[i % KERN_QK];
+        for (int64_t r = 0; r < m; r++) {
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double p = (double)w->deq[r * n + i] * xd[i];
+                s += p;
+                a += fabs(p);
+            }
+            y[(size_t)t * m + r] = s;
+            mag[(size_t)t * m + r] = a;
+        }
+    }
+    free(xq);
+    free(xd);
 }
 
 static inline void compare_mm(struct check *c, const char *op, const float *got, const double *want,

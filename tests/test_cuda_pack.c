@@ -141,6 +141,30 @@ static void test_fragment_order(void **state)
         assert_int_equal(seen[k], 1);
 }
 
+/* The q8 mode's byte order (kcu_q8_pos) against the int8 mma's fragment table (PTX ISA, "Matrix
+ * Fragments for mma.m16n8k32"; mma_ref.h): the B register p of lane t holds k 4t + 16p + e in
+ * byte e, so the quantized input at that byte must be the element the lane's weight value
+ * i = 4p + e stands for, kcu_p4_k(t, i), and every element has one byte. */
+static void test_q8_order(void **state)
+{
+    (void)state;
+    int seen[32] = {0};
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 8; i++) {
+            const int k = kcu_p4_k(t, i);
+            assert_int_equal(kcu_q8_pos(k), 4 * t + 16 * (i / 4) + i % 4);
+            seen[kcu_q8_pos(k)]++;
+        }
+    for (int p = 0; p < 32; p++)
+        assert_int_equal(seen[p], 1);
+    /* the integer values the int8 mma multiplies: a weight is a * this (less b) */
+    assert_int_equal(kcu_p4_int(KCU_Q4_0, 0), -8);
+    assert_int_equal(kcu_p4_int(KCU_Q5_0, 31), 15);
+    assert_int_equal(kcu_p4_int(KCU_Q6_K, 0), -32);
+    assert_int_equal(kcu_p4_int(KCU_Q4_1, 15), 15);
+    assert_int_equal(kcu_p4_int(KCU_Q8_0, -128), -128);
+}
+
 /* Bits per weight at a large shape: Q4_0 4.5, Q4_1 5 and Q8_0 8.5 as GGUF, Q4_K 4.75; a (tile,
  * group) is the 512 bytes (Q8_0: 1024) a warp loads. */
 static void test_sizes(void **state)
@@ -170,6 +194,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_fragment_order),
+        cmocka_unit_test(test_q8_order),
         cmocka_unit_test(test_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

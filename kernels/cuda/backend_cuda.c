@@ -25,7 +25,7 @@
 struct cuda_state {
     int device;               /* ordinal */
     cudaStream_t stream;      /* every op and copy, in call order */
-    enum kern_act act;        /* exact (f32 kernels) or bf16 (tensor cores) */
+    enum kern_act act;        /* exact (f32 kernels), bf16 or q8 (tensor cores) */
     unsigned long long *best; /* matmul_argmax's per-token keys (device memory) */
     int best_cap;             /* tokens best holds */
     void *smp;                /* sample's device scratch (smp_bytes) */
@@ -41,7 +41,8 @@ struct cuda_state {
     int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
     int att_stage; /* attention stages K/V runs in shared memory (QUERN_CUDA_ATTN_STAGE) */
     int att_mma;   /* the bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA) */
-    uint16_t *xb;  /* the packed tensor-core kernel's bf16 inputs (xb_bytes), made by reserve */
+    uint16_t *xb;  /* the packed tensor-core kernels' inputs (xb_bytes: bf16, or q8's bytes and
+                    * scales), made by reserve */
     size_t xb_bytes;
     int blas_min;  /* bf16 matmuls of at least this many tokens go to cuBLAS (0: never) */
     struct kcu_blas *blas;    /* ... loaded when blas_min > 0 in the bf16 mode, else NULL */
@@ -174,6 +175,7 @@ static struct kcu_mm mm_of(const struct cuda_state *s, const struct kern_tensor 
                                  .ne1 = w->ne1,
                                  .p4_scales = w->packed_panel},
                            .bf16 = s->act == KERN_ACT_BF16,
+                           .q8 = s->act == KERN_ACT_Q8,
                            .small = s->mma_small};
 }
 
@@ -206,6 +208,21 @@ static const uint16_t *bf16_inputs(struct cuda_state *s, const float *x, size_t 
     return s->xb;
 }
 
+/* The q8 mode's inputs (kcu_quant_q8) in s->xb, quantized once per matmul call into mm. */
+static void q8_inputs(struct cuda_state *s, const float *x, size_t n, struct kcu_mm *mm)
+{
+    const cudaError_t rc = grow(s, (void **)&s->xb, &s->xb_bytes, kcu_q8_bytes(n));
+    if (rc) {
+        LOG_ERROR("CUDA: no device memory for %zu q8 matmul inputs: %s", n, cudaGetErrorString(rc));
+        abort();
+    }
+    int8_t *xq = (int8_t *)s->xb;
+    float *xs = (float *)(void *)(xq + (n + 15) / 16 * 16);
+    check(kcu_quant_q8(s->stream, x, (int64_t)n, xq, xs), "matmul inputs (q8)");
+    mm->xq = xq;
+    mm->xs = xs;
+}
+
 /* 1 when a matmul of n_tok tokens goes to cuBLAS (QUERN_CUDA_CUBLAS_MIN). */
 static int blas_takes(const struct cuda_state *s, int n_tok)
 {
@@ -218,8 +235,15 @@ static void cuda_matmul(struct kern_backend *b, const struct kern_tensor *const 
     struct cuda_state *s = st_of(b);
     const float *x = mm_input(s, in, n_tok, w[0]->ne0);
     const uint16_t *xb = NULL; /* the weights share the inputs: rounded once */
+    struct kcu_mm q8 = {0};    /* ... or quantized once */
     for (int i = 0; i < n_w; i++) {
         struct kcu_mm mm = mm_of(s, w[i]);
+        if (mm.q8 && mm.w.p4_scales) {
+            if (!q8.xq)
+                q8_inputs(s, x, (size_t)n_tok * (size_t)w[i]->ne0, &q8);
+            mm.xq = q8.xq;
+            mm.xs = q8.xs;
+        }
         if (mm.bf16 && (mm.w.p4_scales || blas_takes(s, n_tok)))
             mm.xb = xb ? xb : (xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w[i]->ne0));
         if (blas_takes(s, n_tok)) {
@@ -253,12 +277,14 @@ static int cuda_matmul_argmax(struct kern_backend *b, const struct kern_tensor *
     struct kcu_mm mm = mm_of(s, w);
     if (mm.bf16 && mm.w.p4_scales)
         mm.xb = bf16_inputs(s, x, (size_t)n_tok * (size_t)w->ne0);
+    if (mm.q8 && mm.w.p4_scales)
+        q8_inputs(s, x, (size_t)n_tok * (size_t)w->ne0, &mm);
     check(kcu_matmul_argmax(s->stream, &mm, x, n_tok, s->best, ids), "matmul_argmax");
     return 1;
 }
 
 /* Scratch sized once for batches of up to max_tok tokens of rows up to max_width floats: the
- * bf16 inputs (bf16 mode), the greedy keys and split attention's partials, so that no op
+ * bf16 or q8 inputs (bf16, q8 modes), the greedy keys and split attention's partials, so that no op
  * allocates in a forward pass. */
 static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
                                 struct err_detail *err)
@@ -271,6 +297,9 @@ static enum status cuda_reserve(struct kern_backend *b, int max_tok, int64_t max
     if (!rc && s->act == KERN_ACT_BF16)
         rc = grow(s, (void **)&s->xb, &s->xb_bytes,
                   (size_t)max_tok * (size_t)max_width * sizeof(uint16_t));
+    if (!rc && s->act == KERN_ACT_Q8)
+        rc = grow(s, (void **)&s->xb, &s->xb_bytes,
+                  kcu_q8_bytes((size_t)max_tok * (size_t)max_width));
     if (rc)
         return err_set(err, ST_ERR_NOMEM,
                        "no device memory for the scratch of %d-token batches: %s", max_tok,
@@ -393,10 +422,11 @@ static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     cuda_matmul(b, d, yd, 1, &din, n_tok);
 }
 
-/* 1 when prepare repacks w into the packed layout of cuda_pack.h. */
+/* 1 when prepare repacks w into the packed layout of cuda_pack.h (always in the q8 mode: its
+ * kernel reads only that layout). */
 static int packs(const struct cuda_state *s, const struct kern_tensor *w)
 {
-    return s->pack && kcu_p4_type(w->type);
+    return (s->pack || s->act == KERN_ACT_Q8) && kcu_p4_type(w->type);
 }
 
 /* Weights go up once, Q4_0/Q4_1/Q4_K/Q8_0 ones repacked (cuda_pack.h: 16-byte lane loads in mma
@@ -639,7 +669,9 @@ static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
 
 static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
-    return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes, st_of(b)->pack);
+    const struct cuda_state *s = st_of(b);
+    return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes,
+                                   s->pack || s->act == KERN_ACT_Q8);
 }
 
 /* CUDA graphs (kern_ops.graph_begin): a key is captured the second time it is asked for among
@@ -837,9 +869,9 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     if (o->device < 0 || o->device >= n)
         return err_set(err, ST_ERR_INVALID_ARG, "CUDA device %d: this machine has %d", o->device,
                        n);
-    if (o->act != KERN_ACT_F32 && o->act != KERN_ACT_BF16)
+    if (o->act == KERN_ACT_Q16)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "the CUDA backend runs the exact and bf16 matmul modes (not q8/q16)");
+                       "the CUDA backend runs the exact, bf16 and q8 matmul modes (not q16)");
     struct cudaDeviceProp prop;
     kern_cuda_forget_device();
     cudaError_t rc = cudaSetDevice(o->device);
@@ -859,14 +891,14 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
         free(s);
         return err_set(err, ST_ERR_IO, "CUDA stream: %s", cudaGetErrorString(rc));
     }
-    if (o->act == KERN_ACT_BF16 && prop.major < 8) {
+    if ((o->act == KERN_ACT_BF16 || o->act == KERN_ACT_Q8) && prop.major < 8) {
         cudaStreamDestroy(s->stream);
         free(b);
         free(s);
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--matmul bf16 needs sm_80 or later (this GPU "
+                       "--matmul %s needs sm_80 or later (this GPU "
                        "is sm_%d%d)",
-                       prop.major, prop.minor);
+                       o->act == KERN_ACT_Q8 ? "q8" : "bf16", prop.major, prop.minor);
     }
     s->device = o->device;
     bound_device = o->device;

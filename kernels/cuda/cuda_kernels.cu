@@ -14,6 +14,7 @@
 #define KCU_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
 #define KCU_SHARED(a)                           ((void)0) /* for the emulator (kemu.h) */
 #endif
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -757,6 +758,204 @@ extern "C" int kcu_to_bf16(void *stream, const float *x, uint16_t *out, size_t n
     return launched();
 }
 
+/* ---- the q8 mode: activations quantized to 8 bits per block of 32 once per matmul, bitwise as
+ * the CPU's kern_ref_quantize_q8, times the packed weights' integer values on int8 tensor cores
+ * (mma.sync m16n8k32, int32 sums); each unit's sums are scaled in f32 as the CPU's q8 dot
+ * products scale them. ---- */
+
+static __device__ __forceinline__ void mma_s8(int32_t *c, const uint32_t *a, const uint32_t *b)
+{
+#ifdef KCU_EMU
+    kemu_mma_s8(c, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* Token rows of x (n_tok x ne0, ne0 a multiple of 32) per block of 32 (block b = token b / units,
+ * unit b % units): xq[32 b + kcu_q8_pos(k)] = q of element k, xs[b] = (d, d * sum(q)), with
+ * kern_ref_quantize_q8's arithmetic. A warp a block, lane k its element k. */
+__global__ void k_quant_q8(const float *x, int64_t n_blocks, int8_t *xq, float2 *xs)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (b >= n_blocks) /* the whole warp */
+        return;
+    const float v = x[b * 32 + lane];
+    float d = warp_max(fabsf(v)) / 127.0f; /* fmaxf, like the reference, never picks a NaN */
+    if (!(d >= FLT_MIN))
+        d = 0.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float r = v * id;
+    if (!(r >= -127.0f))
+        r = r != r ? 0.0f : -127.0f;
+    if (r > 127.0f)
+        r = 127.0f;
+    const int q = (int)roundf(r);
+    xq[b * 32 + kcu_q8_pos(lane)] = (int8_t)q;
+    int sum = q;
+    for (int o = WARP / 2; o > 0; o /= 2)
+        sum += __shfl_xor_sync(FULL, sum, o);
+    if (lane == 0)
+        xs[b] = make_float2(d, d * (float)sum);
+}
+
+extern "C" int kcu_quant_q8(void *stream, const float *x, int64_t n, int8_t *xq, float *xs)
+{
+    const int64_t blocks = n / 32;
+    if (blocks == 0)
+        return 0;
+    KCU_LAUNCH(k_quant_q8, (unsigned)((blocks + 7) / 8), 8 * WARP, (cudaStream_t)stream)
+    (x, blocks, xq, (float2 *)xs);
+    return launched();
+}
+
+#define Q8_NT 8 /* n8 token tiles a warp: 64 tokens a block */
+
+/* The q8 GEMM over the packed layout, weights as mma's A: a warp's 2 tiles are its 16 rows (lane
+ * (g, t) holds row g of each, its unit values at k = kcu_p4_k(t, i) as bytes: registers 0, 1 values
+ * 0..3 of tiles 0, 1; registers 2, 3 values 4..7), tokens as B (up to Q8_NT n8 tiles; the bytes
+ * of lane (g, t) are one aligned word of token g's quantized row, by kcu_q8_pos's order), C as
+ * (row, token). Per unit one mma (Q6_K two: one per half, each with its scale), then in f32:
+ * acc += (a d_x) sum + b s_x (Q4_1's m; -b for Q4_K's dmin m) with the unit's parameters
+ * (kcu_p4_par). K is cut into the shape's slices side by side as in k_p4_mma16 (warp w: slice
+ * w % ks of 2 tiles), slice 0's warps adding the others' sums in slice order: every output is the
+ * same sum in the same order whatever the batch. */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(PM_WARPS *WARP, 2)
+    k_p4_q8(const uint8_t *w, size_t sbase, int64_t ne0, int64_t ne1, const int8_t *xq,
+            const float2 *xs, float *y, int n_tok, unsigned long long *best, int ks, int64_t gps)
+{
+    constexpr int W = p4_w<TYPE>::W;
+    __shared__ float sums[PM_WARPS * WARP * 4 * Q8_NT];
+    KCU_SHARED(sums);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, t = lane % 4;
+    const int sl = warp % ks;
+    const int64_t groups = kcu_p4_groups(ne0), tiles = kcu_p4_tiles(ne1), units = ne0 / 32;
+    const int64_t nsl = (groups + gps - 1) / gps; /* slices with groups */
+    const int64_t q0 = sl * gps, q1 = q0 + gps < groups ? q0 + gps : groups; /* this slice's */
+    const size_t hbase = kcu_p4_qbytes(TYPE, ne0, ne1);
+    const int64_t tile0 = (int64_t)blockIdx.x * (PM_WARPS / ks) * 2 + (warp / ks) * 2;
+    const int m0 = blockIdx.y * 8 * Q8_NT;
+    const int nt_n = (n_tok - m0 + 7) / 8 < Q8_NT ? (n_tok - m0 + 7) / 8 : Q8_NT; /* tiles used */
+    float acc[Q8_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < Q8_NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[nt][i] = 0.0f;
+    /* B words of groups q (a) and q + 1 (b) */
+    uint32_t qa[2][4 * W], ha[2][2], ra[2][4], qb[2][4 * W] = {}, hb[2][2] = {}, rb[2][4] = {};
+    if (q0 < q1)
+        p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q0, lane, qa, ha, ra);
+    for (int64_t q = q0; q < q1; q++) {
+        if (q + 1 < q1) /* in flight while q is multiplied */
+            p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q + 1, lane, qb, hb, rb);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t u = q * 4 + j;
+            if (u >= units)
+                break;
+            uint32_t af[4];
+            float pa[2], pb[2];
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                kcu_p4_par(TYPE, ra[n], j, &pa[n], &pb[n]);
+                const uint32_t hi = kcu_p4_hi(TYPE, ha[n], j);
+                uint32_t lo4 = 0u, hi4 = 0u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    lo4 |= (uint32_t)(uint8_t)kcu_p4_int(TYPE, kcu_p4_q(TYPE, qa[n] + j * W, hi, e))
+                           << (8 * e);
+                    hi4 |= (uint32_t)(uint8_t)kcu_p4_int(TYPE,
+                                                         kcu_p4_q(TYPE, qa[n] + j * W, hi, 4 + e))
+                           << (8 * e);
+                }
+                af[n] = lo4;
+                af[2 + n] = hi4;
+            }
+#pragma unroll
+            for (int nt = 0; nt < Q8_NT; nt++) {
+                if (nt >= nt_n)
+                    break;
+                const int tb = m0 + nt * 8 + g; /* B's column: this lane's token */
+                uint32_t bf[2] = {0u, 0u};
+                if (tb < n_tok) {
+                    const uint32_t *xw = (const uint32_t *)(xq + (size_t)tb * ne0 + u * 32);
+                    bf[0] = xw[t];
+                    bf[1] = xw[4 + t];
+                }
+                float2 sx[2]; /* C's tokens: 2t, 2t + 1 of the tile */
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int tc = m0 + nt * 8 + 2 * t + e;
+                    sx[e] = tc < n_tok ? xs[(size_t)tc * units + u] : make_float2(0.0f, 0.0f);
+                }
+                if (TYPE == KCU_Q6_K) { /* values 0..3 (the unit's first 16) scale by a, 4..7 b */
+                    const uint32_t al[4] = {af[0], af[1], 0u, 0u}, ah[4] = {0u, 0u, af[2], af[3]};
+                    int32_t cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+                    mma_s8(cl, al, bf);
+                    mma_s8(ch, ah, bf);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float dx = sx[i % 2].x;
+                        acc[nt][i] = fmaf(pa[i / 2] * dx, (float)cl[i], acc[nt][i]);
+                        acc[nt][i] = fmaf(pb[i / 2] * dx, (float)ch[i], acc[nt][i]);
+                    }
+                } else {
+                    int32_t c[4] = {0, 0, 0, 0};
+                    mma_s8(c, af, bf);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) { /* row g of tile i / 2, token 2t + i % 2 */
+                        acc[nt][i] = fmaf(pa[i / 2] * sx[i % 2].x, (float)c[i], acc[nt][i]);
+                        if (TYPE == KCU_Q4_1)
+                            acc[nt][i] = fmaf(pb[i / 2], sx[i % 2].y, acc[nt][i]);
+                        if (TYPE == KCU_Q4_K)
+                            acc[nt][i] = fmaf(-pb[i / 2], sx[i % 2].y, acc[nt][i]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int k = 0; k < 4 * W; k++)
+                qa[n][k] = qb[n][k];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                ra[n][k] = rb[n][k];
+            ha[n][0] = hb[n][0];
+            ha[n][1] = hb[n][1];
+        }
+    }
+    if (sl > 0 && sl < nsl)
+#pragma unroll
+        for (int nt = 0; nt < Q8_NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sums[((warp * WARP + lane) * Q8_NT + nt) * 4 + i] = acc[nt][i];
+    __syncthreads();
+    if (sl != 0)
+        return;
+#pragma unroll
+    for (int nt = 0; nt < Q8_NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = acc[nt][i];
+            for (int s = 1; s < nsl; s++)
+                v += sums[(((warp + s) * WARP + lane) * Q8_NT + nt) * 4 + i];
+            const int tok = m0 + nt * 8 + 2 * t + i % 2;
+            const int64_t row = (tile0 + i / 2) * 8 + g;
+            if (tok < n_tok && row < ne1 && best)
+                fold_best(best, tok, row, v);
+            else if (tok < n_tok && row < ne1)
+                y[(size_t)tok * ne1 + row] = v;
+        }
+}
+
 /* The packed layout: in the bf16 mode always a tensor-core kernel (k_p4_mma16 up to mm->small
  * tokens, k_p4_mma above, both over the shape's K slices: the same sums in the same order for
  * every output, so a token's result does not depend on its batch); in the exact mode the GEMV
@@ -768,6 +967,19 @@ static int p4_launch(cudaStream_t st, const struct kcu_mm *mm, const float *x, f
     const struct kcu_weight *wt = &mm->w;
     const uint8_t *w = (const uint8_t *)wt->w;
     const unsigned tiles = (unsigned)kcu_p4_tiles(wt->ne1);
+    if (mm->q8) {
+        if (!mm->xq)
+            return (int)cudaErrorInvalidValue; /* the caller owes the quantized inputs */
+        int64_t gps;
+        const int ks = kcu_p4_slices(wt->ne0, wt->ne1, &gps);
+        const unsigned per = (unsigned)(PM_WARPS / ks) * 2; /* tiles a block */
+        KCU_LAUNCH(k_p4_q8<TYPE>,
+                   dim3((tiles + per - 1) / per, (unsigned)((n_tok + 8 * Q8_NT - 1) / (8 * Q8_NT))),
+                   PM_WARPS * WARP, st)
+        (w, wt->p4_scales, wt->ne0, wt->ne1, mm->xq, (const float2 *)mm->xs, y, n_tok, best, ks,
+         gps);
+        return 0;
+    }
     if (mm->bf16) {
         if (!mm->xb)
             return (int)cudaErrorInvalidValue; /* the caller owes the bf16 inputs */

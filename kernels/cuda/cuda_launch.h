@@ -39,7 +39,15 @@ struct kcu_mm {
     int bf16;
     int small;
     const uint16_t *xb; /* the bf16 mode, packed weights: the n_tok x ne0 inputs in bf16 */
+    int q8;             /* the q8 mode (packed weights; the rest run as in the exact mode) */
+    const int8_t *xq;   /* ... its inputs by kcu_quant_q8 */
+    const float *xs;
 };
+
+/* The q8 mode's inputs: x (n floats, a multiple of 32: n_tok rows of ne0) quantized per block of
+ * 32 bitwise as kern_ref_quantize_q8: xq (n bytes; element k of block b at 32 b + kcu_q8_pos(k))
+ * and per block its scale d and s = d * sum(q) at xs[2 b], xs[2 b + 1] (8-byte aligned). */
+int kcu_quant_q8(void *stream, const float *x, int64_t n, int8_t *xq, float *xs);
 
 /* xb[i] = x[i] rounded to bfloat16 (nearest even), i < n. */
 int kcu_to_bf16(void *stream, const float *x, uint16_t *xb, size_t n);

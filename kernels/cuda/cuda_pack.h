@@ -197,6 +197,24 @@ KCU_FN float kcu_p4_val(uint32_t type, int q, float a, float b, int i)
     return KCU_SUB(KCU_MUL(a, (float)q), b);
 }
 
+/* The q8 mode (8-bit activations, int8 tensor cores): value q (kcu_p4_q) as the signed integer
+ * its unit's parameters scale (kcu_p4_par: w = a * this, less b for Q4_1/Q4_K's offset; Q6_K's
+ * first four values take a, the rest b). */
+KCU_FN int kcu_p4_int(uint32_t type, int q)
+{
+    return type == KCU_Q4_0 ? q - 8 : type == KCU_Q5_0 ? q - 16 : type == KCU_Q6_K ? q - 32 : q;
+}
+
+/* Where element k (0..31) of a 32-element block of activations sits in the q8 mode's quantized
+ * rows: value i of lane t's unit words (element kcu_p4_k(t, i)) at byte 16 (i / 4) + 4t + i % 4,
+ * so that the bytes mma.sync.m16n8k32 wants in one register (lane t: k 4t..4t+3, then
+ * 16 + 4t..) are one aligned word and line up with the weights' values. */
+KCU_HD int kcu_q8_pos(int k)
+{
+    const int r = k % 16; /* = 2t + (i & 1) + 8 ((i / 2) & 1) */
+    return 16 * (k / 16) + 4 * ((r % 8) / 2) + (r & 1) + 2 * (r / 8);
+}
+
 /* Byte offsets of row r's lane t words of unit u (W words from there), and of row r's record
  * of group u / 4. */
 KCU_HD size_t kcu_p4_qoff(uint32_t type, int64_t groups, int64_t r, int64_t u, int t)

@@ -48,16 +48,26 @@ static inline struct kcu_sample_layout kcu_sample_layout(int n, int n_vocab, int
     return l;
 }
 
+/* Bytes of the q8 mode's matmul inputs for n floats: the quantized bytes, then (16-byte
+ * aligned) a scale and a sum per block of 32 (kcu_quant_q8). */
+static inline size_t kcu_q8_bytes(size_t n)
+{
+    return (n + 15) / 16 * 16 + n / 32 * 2 * sizeof(float);
+}
+
 /* The scratch `reserve` makes for batches of max_tok tokens of rows up to max_width floats
- * (the greedy keys; in the bf16 mode the inputs rounded to bf16; split attention's partials),
- * plus the sampler's for sample_rows rows of n_vocab (grammar masks on every row), which it
- * makes at the first sampled step. cuBLAS's weight copy (off by default) is not counted. */
-static inline size_t kcu_scratch_bytes(int bf16, int max_tok, int64_t max_width, int sample_rows,
+ * (the greedy keys; the matmul inputs rounded to bf16 (inputs 1: the bf16 mode) or quantized
+ * (2: q8); split attention's partials), plus the sampler's for sample_rows rows of n_vocab
+ * (grammar masks on every row), which it makes at the first sampled step. cuBLAS's weight copy
+ * (off by default) is not counted. */
+static inline size_t kcu_scratch_bytes(int inputs, int max_tok, int64_t max_width, int sample_rows,
                                        int n_vocab)
 {
     size_t b = sizeof(unsigned long long) * (size_t)max_tok + sizeof(float) * KCU_ATTN_PART_FLOATS;
-    if (bf16)
+    if (inputs == 1)
         b += sizeof(uint16_t) * (size_t)max_tok * (size_t)max_width;
+    if (inputs == 2)
+        b += kcu_q8_bytes((size_t)max_tok * (size_t)max_width);
     return b + kcu_sample_layout(sample_rows, n_vocab, 0, sample_rows).bytes;
 }
 

@@ -271,7 +271,13 @@ bool warp_release(int w0, int n)
             memcpy(b[i], f[i].t.mma_b, sizeof(b[i]));
             memcpy(c[i], f[i].t.mma_c, sizeof(c[i]));
         }
-        kcu_mma_ref(a, b, c, f[0].t.mma_f16);
+        if (f[0].t.mma_f16 == 2) { /* int32 sums, carried in the float slots' bits */
+            int32_t ci[32][4];
+            memcpy(ci, c, sizeof(ci));
+            kcu_mma_ref_s8(a, b, ci);
+            memcpy(c, ci, sizeof(ci));
+        } else
+            kcu_mma_ref(a, b, c, f[0].t.mma_f16);
         for (int i = 0; i < 32; i++)
             memcpy(f[i].t.mma_c, c[i], sizeof(c[i]));
     } else if (op == KEMU_OP_LDSM) {

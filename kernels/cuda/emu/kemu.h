@@ -68,7 +68,8 @@ struct kemu_thread {
     int src;
     uint32_t mma_a[4], mma_b[2];
     float mma_c[4];
-    int mma_f16; /* the inputs are halves (else bfloat16) */
+    int mma_f16; /* the inputs: 0 bfloat16, 1 halves (m16n8k16, f32 sums), 2 signed bytes
+                  * (m16n8k32, int32 sums, their bits in mma_c) */
     int ldsm;    /* ldmatrix: matrices | 16 for .trans */
     /* cp.async copies not waited for yet (kemu_cp_async) */
     struct {
@@ -134,6 +135,17 @@ template <class T> static inline T __shfl_sync(unsigned mask, T v, int src)
 static inline void kemu_mma(float *c, const uint32_t *a, const uint32_t *b, int f16)
 {
     kemu_cur->mma_f16 = f16;
+    memcpy(kemu_cur->mma_a, a, sizeof(kemu_cur->mma_a));
+    memcpy(kemu_cur->mma_b, b, sizeof(kemu_cur->mma_b));
+    memcpy(kemu_cur->mma_c, c, sizeof(kemu_cur->mma_c));
+    kemu_wait(KEMU_OP_MMA);
+    memcpy(c, kemu_cur->mma_c, sizeof(kemu_cur->mma_c));
+}
+
+/* mma.sync.m16n8k32 s8 -> s32 for the warp (mma_ref.h). */
+static inline void kemu_mma_s8(int32_t *c, const uint32_t *a, const uint32_t *b)
+{
+    kemu_cur->mma_f16 = 2;
     memcpy(kemu_cur->mma_a, a, sizeof(kemu_cur->mma_a));
     memcpy(kemu_cur->mma_b, b, sizeof(kemu_cur->mma_b));
     memcpy(kemu_cur->mma_c, c, sizeof(kemu_cur->mma_c));

@@ -64,6 +64,40 @@ static inline void kcu_mma_ref(const uint32_t a[32][4], const uint32_t b[32][2],
     }
 }
 
+/* mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for a whole warp, from the PTX ISA's "Matrix
+ * Fragments for mma.m16n8k32" (integer types; docs/CUDA_NOTES.md §2.1): each register holds four
+ * signed bytes, the lowest k in bits 0-7. A, row-major 16 x 32: register p (0..3) of lane (g, t)
+ * covers row g + 8 * (p % 2), k 4t + 16 * (p / 2) + {0..3}. B, 32 (k) x 8 (n): register p covers
+ * k 4t + 16p + {0..3}, column n = g. C/D, 16 x 8 int32: as the f32 table above. D = A B + C in
+ * 64-bit integers, wrapped to 32 bits as the hardware's (non-saturating) sums wrap. */
+static inline void kcu_mma_ref_s8(const uint32_t a[32][4], const uint32_t b[32][2],
+                                  int32_t c[32][4])
+{
+    int A[16][32], B[32][8];
+    int64_t D[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int p = 0; p < 4; p++)
+            for (int e = 0; e < 4; e++)
+                A[g + 8 * (p % 2)][4 * t + 16 * (p / 2) + e] =
+                    (int8_t)(uint8_t)(a[lane][p] >> (8 * e));
+        for (int p = 0; p < 2; p++)
+            for (int e = 0; e < 4; e++)
+                B[4 * t + 16 * p + e][g] = (int8_t)(uint8_t)(b[lane][p] >> (8 * e));
+        for (int i = 0; i < 4; i++)
+            D[g + 8 * (i / 2)][2 * t + i % 2] = c[lane][i];
+    }
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++)
+            for (int k = 0; k < 32; k++)
+                D[m][n] += (int64_t)A[m][k] * B[k][n];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 4; i++)
+            c[lane][i] = (int32_t)(uint32_t)(uint64_t)D[g + 8 * (i / 2)][2 * t + i % 2];
+    }
+}
+
 /* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 for a whole warp (docs/CUDA_NOTES.md
  * §2.2): addr[l] is the address lane l supplies (row l % 8 of matrix l / 8; lanes past the
  * nmat matrices' 8 * nmat are ignored); out[l][m] is lane l's register for matrix m: row l / 4,
