@@ -26,7 +26,8 @@
 #     - the machine's HBM copy bandwidth and cuBLAS bf16 GEMM rate (PyTorch, which the GPU image
 #       has); each matmul kernel timed alone (tools/bench_matmul: the packed tensor-core kernel in
 #       16- and 64-token blocks, the GGUF-row kernels, cuBLAS on bf16 copies, the exact mode's
-#       GEMV; llama3-8b's shapes, 1 to 512 tokens); then quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched, and
+#       GEMV, the q8 mode's int8 tensor-core kernel; llama3-8b's shapes, 1 to 512 tokens); then
+#       quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched (bf16 and q8), and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
 #       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
@@ -170,7 +171,8 @@ PY
             "smollm2-batch-sampled:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --temperature 0.8 --top-p 0.95" \
             "smollm2-batch-bf16:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --matmul bf16" \
             "llama3-8b-b1:llama3-8b:--max-seqs 1 --prompts 2 --input-len 128 --output-len 32" \
-            "llama3-8b-batch-bf16:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16"; do
+            "llama3-8b-batch-bf16:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16" \
+            "llama3-8b-batch-q8:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul q8"; do
             IFS=: read -r tag preset flags <<<"$spec"
             step "bench-$tag" 90 bash -c "'$B/quern' bench --model $m --dummy $preset \
                 --device cuda --peak-seconds 0 $flags >'$out/bench-$tag.json' && \

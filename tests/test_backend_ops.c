@@ -1598,7 +1598,8 @@ static void test_broken_ops_fail(void **state)
         struct check c = {.be = &be,
                           .label = names[m],
                           .act = base == amx ? KERN_ACT_BF16 : KERN_ACT_F32,
-                          .quiet = 1};
+                          .quiet = 1,
+                          .cpu = kern_cpu_fns_get(base == amx ? KERN_ISA_AMX : KERN_ISA_SCALAR)};
         c.r.s = 77;
         check_backend(&c, 1);
         printf("  %s broken: %d failed checks\n", names[m], c.fails);

@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_mma.h"
 #include "kernels/cuda/cuda_pack.h"
+#include "kernels/cuda/emu/mma_ref.h"
 #include "tests/test_rand.h"
 
 static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K,
@@ -157,6 +158,43 @@ static void test_q8_order(void **state)
         }
     for (int p = 0; p < 32; p++)
         assert_int_equal(seen[p], 1);
+    /* and through the emulated instruction (mma_ref.h, the PTX table): A from 16 weight rows'
+     * values as k_p4_q8 takes them (registers 0, 1: values 0..3 of rows g, g + 8; 2, 3: values
+     * 4..7), B from 8 token rows stored in kcu_q8_pos order (one word each), gives the plain
+     * integer products */
+    int8_t W[16][32], X[8][32], xs[8][32];
+    struct rng r = {5};
+    for (int m = 0; m < 16; m++)
+        for (int k = 0; k < 32; k++)
+            W[m][k] = (int8_t)((int)(rng_u64(&r) % 255) - 127);
+    for (int n = 0; n < 8; n++)
+        for (int k = 0; k < 32; k++) {
+            X[n][k] = (int8_t)((int)(rng_u64(&r) % 255) - 127);
+            xs[n][kcu_q8_pos(k)] = X[n][k];
+        }
+    uint32_t a[32][4], b[32][2];
+    int32_t c[32][4];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, t = lane % 4;
+        for (int p = 0; p < 4; p++) {
+            a[lane][p] = 0;
+            for (int e = 0; e < 4; e++)
+                a[lane][p] |= (uint32_t)(uint8_t)W[g + 8 * (p % 2)][kcu_p4_k(t, 4 * (p / 2) + e)]
+                              << (8 * e);
+        }
+        for (int p = 0; p < 2; p++)
+            memcpy(&b[lane][p], &xs[g][16 * p + 4 * t], 4); /* little-endian, as the GPU */
+        memset(c[lane], 0, sizeof(c[lane]));
+    }
+    kcu_mma_ref_s8((const uint32_t(*)[4])a, (const uint32_t(*)[2])b, c);
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            const int m = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
+            int32_t want = 0;
+            for (int k = 0; k < 32; k++)
+                want += W[m][k] * X[n][k];
+            assert_int_equal(c[lane][i], want);
+        }
     /* the integer values the int8 mma multiplies: a weight is a * this (less b) */
     assert_int_equal(kcu_p4_int(KCU_Q4_0, 0), -8);
     assert_int_equal(kcu_p4_int(KCU_Q5_0, 31), 15);

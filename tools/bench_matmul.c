@@ -8,8 +8,9 @@
  * 64-token blocks at every count), "gguf" (the GGUF-row kernels, QUERN_CUDA_PACK=0), "cublas"
  * (cublasGemmEx on bf16 copies made per call, QUERN_CUDA_CUBLAS_MIN=1; the same as the default
  * where libcublas.so.13 cannot be loaded, which the backend logs); exact mode: "gemv-exact" (the
- * packed layout's f32 GEMV). --quick: small shapes and few repetitions (the emulator's smoke run
- * in tests/e2e/cuda_emu.sh). */
+ * packed layout's f32 GEMV); q8 mode: "q8-int8" (the packed layout on int8 tensor cores, inputs
+ * quantized per call, the quantization timed with it). --quick: small shapes and few repetitions
+ * (the emulator's smoke run in tests/e2e/cuda_emu.sh). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,15 +98,14 @@ int main(int argc, char **argv)
     const int n_shapes = quick ? 1 : 4;
     const int *toks = quick ? toks_small : toks_full;
     const int n_toks = quick ? 3 : 10;
-    static const struct variant cuda_v[] = {{"mma16", "1", "1048576", "0", KERN_ACT_BF16},
-                                            {"mma64", "1", "0", "0", KERN_ACT_BF16},
-                                            {"gguf", "0", "16", "0", KERN_ACT_BF16},
-                                            {"cublas", "1", "16", "1", KERN_ACT_BF16},
-                                            {"gemv-exact", "1", "16", "0", KERN_ACT_F32}};
+    static const struct variant cuda_v[] = {
+        {"mma16", "1", "1048576", "0", KERN_ACT_BF16}, {"mma64", "1", "0", "0", KERN_ACT_BF16},
+        {"gguf", "0", "16", "0", KERN_ACT_BF16},       {"cublas", "1", "16", "1", KERN_ACT_BF16},
+        {"gemv-exact", "1", "16", "0", KERN_ACT_F32},  {"q8-int8", "1", "16", "0", KERN_ACT_Q8}};
     static const struct variant cpu_v[] = {{"cpu", NULL, NULL, NULL, KERN_ACT_F32}};
     const int is_cuda = !strcmp(device, "cuda");
     const struct variant *vs = is_cuda ? cuda_v : cpu_v;
-    const int n_v = is_cuda ? 5 : 1;
+    const int n_v = is_cuda ? (int)(sizeof(cuda_v) / sizeof(cuda_v[0])) : 1;
     printf("variant\ttype\tne0\tne1\ttokens\tus_per_call\tweight_GB_s\tTFLOPS\n");
     for (int v = 0; v < n_v; v++) {
         if (vs[v].pack) {

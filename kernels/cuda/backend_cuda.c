@@ -869,7 +869,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     if (o->device < 0 || o->device >= n)
         return err_set(err, ST_ERR_INVALID_ARG, "CUDA device %d: this machine has %d", o->device,
                        n);
-    if (o->act == KERN_ACT_Q16)
+    if (o->act != KERN_ACT_F32 && o->act != KERN_ACT_BF16 && o->act != KERN_ACT_Q8)
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "the CUDA backend runs the exact, bf16 and q8 matmul modes (not q16)");
     struct cudaDeviceProp prop;

@@ -91,6 +91,12 @@ QUERN_CUDA_ATTN_MMA=0 gen cuda_bf16_f32 --device cuda --matmul bf16
 [ -s "$tmp/cuda_bf16.txt" ] && cmp -s "$tmp/cuda_bf16.txt" "$tmp/cuda_bf16_f32.txt" ||
     fail "bf16 text with tensor-core attention '$(cat "$tmp/cuda_bf16.txt")' differs from f32 attention's"
 echo "generate --matmul bf16: tensor-core attention = f32 attention: $(tr '\n' ' ' <"$tmp/cuda_bf16.txt")"
+# the q8 mode: the same 8-bit inputs as the CPU's (bitwise), int8 tensor cores: the CPU's text
+gen cpu_q8 --device cpu --matmul q8
+gen cuda_q8 --device cuda --matmul q8
+[ -s "$tmp/cpu_q8.txt" ] && cmp -s "$tmp/cpu_q8.txt" "$tmp/cuda_q8.txt" ||
+    fail "q8 text on cuda '$(cat "$tmp/cuda_q8.txt")' differs from the cpu's '$(cat "$tmp/cpu_q8.txt")'"
+echo "generate --matmul q8: cuda = cpu: $(tr '\n' ' ' <"$tmp/cpu_q8.txt")"
 echo "generate: cuda = cpu = cuda --tp 3 (staged, NCCL) = cuda split attention: $(tr '\n' ' ' <"$tmp/cpu.txt")"
 
 # 3. A job of three greedy chat requests, a sampled one with two choices and penalties, one with
@@ -157,16 +163,16 @@ assert n[0] >= 6 and n[0] + n[1] == 9, n
 print(f"bench: {j['sampled_backend']} rows drawn on the device, {j['sampled_host']} on the host")
 PY
 # 5. tools/bench_matmul (which the GPU check times) runs each CUDA kernel choice: the packed
-#    layout's GEMV and tensor-core kernels, the GGUF-row kernels and cuBLAS (speed means nothing
+#    layout's GEMV, tensor-core and int8 kernels, the GGUF-row kernels and cuBLAS (speed means nothing
 #    here).
 "$E/tools/bench_matmul" --quick >"$tmp/mm.tsv" 2>"$tmp/mm.log" ||
     { cat "$tmp/mm.log"; fail "bench_matmul on the emulated device"; }
 python3 - "$tmp/mm.tsv" <<'PY' || { cat "$tmp/mm.tsv"; fail "bench_matmul's table"; }
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
-assert sorted({r[0] for r in rows}) == ["cublas", "gemv-exact", "gguf", "mma16", "mma64"], rows
-assert len(rows) == 15 and all(float(r[5]) > 0 for r in rows), rows
-print(f"bench_matmul: {len(rows)} timings (mma16, mma64, gguf, cublas, gemv-exact)")
+assert sorted({r[0] for r in rows}) == ["cublas", "gemv-exact", "gguf", "mma16", "mma64", "q8-int8"], rows
+assert len(rows) == 18 and all(float(r[5]) > 0 for r in rows), rows
+print(f"bench_matmul: {len(rows)} timings (mma16, mma64, gguf, cublas, gemv-exact, q8-int8)")
 PY
 # 6. `quern plan --device cuda` counts what the backend holds: its weights in the CUDA layout,
 #    the engine's buffers, the backend's scratch and the KV pool, against the device memory a
