@@ -2,8 +2,8 @@
 # End-to-end: the CUDA backend on the CPU emulator (`make CUDA=emu`, kernels/cuda/emu/kemu.h),
 # where no GPU is. The CUDA kernels compiled as C++ run thread by thread, switching where CUDA
 # threads synchronise; the backend's host code is unchanged. Checked, with the CUDA backend
-# required (QUERN_REQUIRE_CUDA=1): the op test in both modes (exact f32 kernels, bf16 on the
-# emulated tensor cores) against the double-precision reference; a 6-layer dummy model's logits
+# required (QUERN_REQUIRE_CUDA=1): the op test in its three modes (exact f32 kernels, bf16 and
+# q8 on the emulated tensor cores) against the double-precision reference; a 6-layer dummy model's logits
 # and greedy tokens against the CPU backend, and its decode steps replayed from CUDA graphs
 # bitwise as without, and at 3 ranks joined by NCCL (on 3 emulated devices) bitwise as through
 # host memory (test_cuda_model); the communicators, NCCL's stand-in included, bitwise the CPU
@@ -44,7 +44,7 @@ for order in $orders; do
         "$E/tests/test_backend_ops" >"$tmp/ops.txt" 2>&1 ||
         { tail -30 "$tmp/ops.txt"; fail "test_backend_ops on the emulated CUDA backend ($order)"; }
     n=$(grep -c "quern CUDA emulator (CPU) .*: every op within tolerance" "$tmp/ops.txt" || true)
-    [ "$n" = 2 ] || { cat "$tmp/ops.txt"; fail "op test ($order): $n of 2 CUDA modes passed"; }
+    [ "$n" = 3 ] || { cat "$tmp/ops.txt"; fail "op test ($order): $n of 3 CUDA modes passed"; }
 done
 QUERN_REQUIRE_CUDA=1 QUERN_REQUIRE_NCCL=1 "$E/tests/test_cuda_model" >"$tmp/model.txt" 2>&1 ||
     { cat "$tmp/model.txt"; fail "test_cuda_model on the emulated CUDA backend"; }

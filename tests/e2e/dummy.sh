@@ -80,7 +80,7 @@ assert p["rank_scratch_bytes"] >= 64 << 20, p   # split attention's partials
 held = p["rank_weights_bytes"] + p["rank_activation_bytes"] + p["rank_scratch_bytes"]
 assert p["kv_mem"] == (80 << 30) - held - p["reserve_bytes"], p
 PY
-for bad in "--device tpu" "--device cuda --matmul q8"; do
+for bad in "--device tpu" "--device cuda --matmul q16"; do
     set +e
     # shellcheck disable=SC2086
     "$Q" plan --model "$M" --dummy llama3-8b $bad >/dev/null 2>"$tmp/bad.err"

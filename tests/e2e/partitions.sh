@@ -330,12 +330,21 @@ mkdir -p fakebin
 ln -s "$Q" fakebin/quern
 printf '#!/bin/sh\necho "$@" >>"%s/scontrol.log"\n' "$tmp" >fakebin/scontrol
 chmod +x fakebin/scontrol
-make_job F jf 2 $((N * 2)) 48 # enough work that the task is still running at the USR1s
+# 300 items a part, more than one run admits at once (--max-seqs 256), each of 2-7 tokens: the
+# USR1s come as soon as the run reports (its first progress file), so items are left unclaimed
+# however fast the machine (with 60 items all were admitted at once and a fast CPU finished them
+# between the two signals: exit 0)
+make_job F jf 2 600 6
 PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS_PER_TASK=1 \
     bash "$SBATCH" F >sb1.log 2>&1 &
 ps=$!
 pids+=("$ps")
-wait_done F 1 1 "$ps"
+for _ in $(seq 1 600); do
+    [ -e F/part-0001.progress.json ] && break
+    kill -0 "$ps" 2>/dev/null || break
+    sleep 0.1
+done
+[ -e F/part-0001.progress.json ] || { cat sb1.log >&2; fail "the array task's run never reported"; }
 kill -USR1 "$ps" # stop admitting ...
 sleep 0.5
 kill -USR1 "$ps" # ... and skip the script's 90 s grace
