@@ -45,6 +45,13 @@ const char *kern_device_resolve(const char *device)
     return !device || !strcmp(device, "auto") ? auto_device() : device;
 }
 
+enum kern_act kern_default_act(const char *device, const char *isa)
+{
+    if (!strcmp(kern_device_resolve(device), "cuda"))
+        return KERN_ACT_F32;
+    return kern_cpu_isa_bf16(isa) ? KERN_ACT_BF16 : KERN_ACT_Q8;
+}
+
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,
                               struct err_detail *err)
 {

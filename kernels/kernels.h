@@ -378,6 +378,12 @@ struct kern_backend_opts {
  * usable GPU); any other value is returned as it is (kern_backend_open refuses it). */
 const char *kern_device_resolve(const char *device);
 
+/* The matmul mode a device runs when --matmul is not given: on CUDA exact; on the CPU bf16 where
+ * the kernel table --isa picks has AMX-BF16 tiles (there the fastest mode, and its perplexity
+ * within 0.01 % of exact's: docs/BENCHMARKS.md, 2026-12-04), else q8 (the fastest mode within
+ * 0.5 % of exact's). */
+enum kern_act kern_default_act(const char *device, const char *isa);
+
 /* Open a backend. An unknown device or an instruction set the machine lacks is an error that
  * says so. Caller frees with kern_backend_free. */
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,

@@ -193,15 +193,17 @@ void runner_engine_help(FILE *f, unsigned groups)
             "                         GPUs and libnccl.so.2 are found, else all on GPU 0 through\n"
             "                         host memory (QUERN_TP_COMM=auto|nccl|staged; `quern info`)\n"
             "  --isa NAME             auto|scalar|avx2|avxvnni|avx512|amx (default auto)\n"
-            "  --matmul MODE          q8 (default on the CPU): 8-bit activations as llama.cpp,\n"
-            "                         the fastest mode whose perplexity is within 0.5 % of "
-            "exact's\n"
-            "                         (+0.42 % on `make eval`'s text, ~2.3x exact's batch speed);\n"
-            "                         exact (default on CUDA): f32 activations, matches the float\n"
-            "                         reference (bit-reproducible); q16: 16-bit activations with\n"
-            "                         exact integer sums (Q4_0/Q4_1/Q8_0 weights, near-exact);\n"
-            "                         bf16: activations and weights rounded to bfloat16 (AMX-BF16\n"
-            "                         CPUs: fastest for big batches; CUDA: tensor cores)\n",
+            "  --matmul MODE          q8 (default on CPUs without AMX-BF16): 8-bit activations as\n"
+            "                         llama.cpp, the fastest mode whose perplexity is within\n"
+            "                         0.5 % of exact's (+0.42 % on `make eval`'s text);\n"
+            "                         bf16 (default on AMX-BF16 CPUs): activations and weights\n"
+            "                         rounded to bfloat16 (on AMX: exact's perplexity, 1.5x q8's\n"
+            "                         speed; CUDA: tensor cores); exact (default on CUDA): f32\n"
+            "                         activations, matches the float reference "
+            "(bit-reproducible);\n"
+            "                         q16: 16-bit activations with exact integer sums\n"
+            "                         (Q4_0/Q4_1/Q8_0 weights, near-exact); CUDA runs exact, bf16\n"
+            "                         and q8\n",
             f);
     if (groups & RUNNER_EO_BATCH)
         fputs("  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
@@ -238,7 +240,7 @@ void runner_engine_help(FILE *f, unsigned groups)
 struct kern_backend_opts runner_engine_backend(struct runner_engine_opts *o)
 {
     if (o->act == RUNNER_ACT_DEFAULT)
-        o->act = strcmp(kern_device_resolve(o->device), "cuda") ? KERN_ACT_Q8 : KERN_ACT_F32;
+        o->act = (int)kern_default_act(o->device, o->isa);
     struct kern_backend_opts ko = {o->device, (int)o->threads, o->isa, (enum kern_act)o->act,
                                    0,         (int)o->tp,      0};
     return ko;

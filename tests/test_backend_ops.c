@@ -1004,6 +1004,15 @@ static const char *const act_names[] = {"exact", "q16", "q8", "bf16"};
 static void test_cpu_backends(void **state)
 {
     (void)state;
+    /* the default matmul mode: bf16 where the table that runs has AMX-BF16 tiles, else q8 */
+    assert_int_equal(kern_default_act("cpu", "scalar"), KERN_ACT_Q8);
+    assert_int_equal(kern_default_act("cpu", NULL),
+                     kern_cpu_fns_best()->prep_bf16 ? KERN_ACT_BF16 : KERN_ACT_Q8);
+    assert_int_equal(kern_default_act("cpu", "amx"),
+                     kern_cpu_fns_get(KERN_ISA_AMX) && kern_cpu_fns_get(KERN_ISA_AMX)->prep_bf16
+                         ? KERN_ACT_BF16
+                         : KERN_ACT_Q8);
+    assert_int_equal(kern_default_act("cuda", NULL), KERN_ACT_F32);
     int tested = 0;
     for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
         for (size_t m = 0; m < sizeof(acts) / sizeof(acts[0]); m++)

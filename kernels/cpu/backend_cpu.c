@@ -907,25 +907,42 @@ static const struct kern_ops cpu_ops = {
     .describe = cpu_describe,
 };
 
+/* The table --isa names (NULL or "auto": this CPU's best); NULL when this CPU lacks it, and
+ * *known 0 for a name that is none. */
+static const struct kern_cpu_fns *fns_named(const char *isa, int *known)
+{
+    *known = 1;
+    if (!isa || !strcmp(isa, "auto"))
+        return kern_cpu_fns_best();
+    if (!strcmp(isa, "scalar"))
+        return kern_cpu_fns_get(KERN_ISA_SCALAR);
+    if (!strcmp(isa, "avx2"))
+        return kern_cpu_fns_get(KERN_ISA_AVX2);
+    if (!strcmp(isa, "avxvnni") || !strcmp(isa, "avx-vnni"))
+        return kern_cpu_fns_get(KERN_ISA_AVXVNNI);
+    if (!strcmp(isa, "avx512"))
+        return kern_cpu_fns_get(KERN_ISA_AVX512);
+    if (!strcmp(isa, "amx"))
+        return kern_cpu_fns_get(KERN_ISA_AMX);
+    *known = 0;
+    return NULL;
+}
+
+int kern_cpu_isa_bf16(const char *isa)
+{
+    int known;
+    const struct kern_cpu_fns *fn = fns_named(isa, &known);
+    return fn && fn->prep_bf16;
+}
+
 enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
                                   struct err_detail *err)
 {
     *out = NULL;
     const char *isa = o->isa;
-    const struct kern_cpu_fns *fn;
-    if (!isa || !strcmp(isa, "auto"))
-        fn = kern_cpu_fns_best();
-    else if (!strcmp(isa, "scalar"))
-        fn = kern_cpu_fns_get(KERN_ISA_SCALAR);
-    else if (!strcmp(isa, "avx2"))
-        fn = kern_cpu_fns_get(KERN_ISA_AVX2);
-    else if (!strcmp(isa, "avxvnni") || !strcmp(isa, "avx-vnni"))
-        fn = kern_cpu_fns_get(KERN_ISA_AVXVNNI);
-    else if (!strcmp(isa, "avx512"))
-        fn = kern_cpu_fns_get(KERN_ISA_AVX512);
-    else if (!strcmp(isa, "amx"))
-        fn = kern_cpu_fns_get(KERN_ISA_AMX);
-    else
+    int known;
+    const struct kern_cpu_fns *fn = fns_named(isa, &known);
+    if (!known)
         return err_set(err, ST_ERR_INVALID_ARG,
                        "unknown ISA '%s' (auto|scalar|avx2|avxvnni|avx512|amx)", isa);
     if (!fn)
@@ -982,7 +999,8 @@ void kern_cpu_print(FILE *f)
     fprintf(f, "cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
             kern_isa_name(kern_cpu_detect()),
             kern_cpu_detect() == KERN_ISA_AMX
-                ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them (AMX-INT8 unused)"
+                ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them, bf16 by default "
+                  "(AMX-INT8 unused)"
             : kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)"
                                  : "");
 }

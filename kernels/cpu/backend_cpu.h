@@ -17,6 +17,8 @@ struct kern_cpu_opts {
 /* CPU backend; an ISA the CPU lacks is an error. Caller frees with kern_backend_free. */
 enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_cpu_opts *o,
                                   struct err_detail *err);
+/* 1 when the table --isa names (NULL/"auto": the best) runs the bf16 matmul mode (AMX-BF16). */
+int kern_cpu_isa_bf16(const char *isa);
 /* Name of the instruction set in use ("avx512-vnni", ...). */
 const char *kern_cpu_backend_isa(const struct kern_backend *b);
 /* The CPU line of kern_backends_print. */
