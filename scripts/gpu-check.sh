@@ -18,7 +18,8 @@
 #       the NCCL communicator (the toolkit's libnccl.so.2, else PyTorch's wheel) bitwise the CPU
 #       one's, for as many ranks as there are GPUs (one here: the library, the chunk exchange,
 #       the rank-order sum kernel and the all-gather, without peers);
-#     - greedy text of --device cuda against --device cpu: the 6-layer dummy GGUF prepare wrote
+#     - greedy text of --device cuda against --device cpu (both --matmul exact, and both q8 on
+#       the GGUF: the devices' defaults differ): the 6-layer dummy GGUF prepare wrote
 #       (gpu-carry/models/, real SmolLM2 width and tokenizer) and --dummy smollm2-135m (all 30
 #       layers, the tokenizer from that file); --tp 3 on the one GPU (three backends, collectives
 #       staged through host memory) against --tp 1; perplexity on the dummy, cuda within 0.5 %
@@ -122,13 +123,21 @@ run() {
         local m=$C/models/smollm2-6l-dummy.gguf
         for spec in "file:--model $m" "dummy:--model $m --dummy smollm2-135m"; do
             local tag=${spec%%:*} flags=${spec#*:}
+            # --matmul exact on both: the devices' defaults differ (CPU q8, or bf16 with AMX)
             for d in cpu cuda; do
                 step "generate-$tag-$d" 60 bash -c "'$B/quern' generate $flags --device $d \
-                    --threads 16 --chat 'Name three planets.' --temperature 0 --max-tokens 48 \
-                    >'$out/gen-$tag-$d.txt'"
+                    --threads 16 --matmul exact --chat 'Name three planets.' --temperature 0 \
+                    --max-tokens 48 >'$out/gen-$tag-$d.txt'"
             done
             same "same-text-$tag" "$out/gen-$tag-cpu.txt" "$out/gen-$tag-cuda.txt"
         done
+        # the q8 mode: the same 8-bit inputs on both (bitwise), int8 tensor cores on the GPU
+        for d in cpu cuda; do
+            step "generate-q8-$d" 60 bash -c "'$B/quern' generate --model $m --device $d \
+                --threads 16 --matmul q8 --chat 'Name three planets.' --temperature 0 \
+                --max-tokens 48 >'$out/gen-q8-$d.txt'"
+        done
+        same same-text-q8 "$out/gen-q8-cpu.txt" "$out/gen-q8-cuda.txt"
         step generate-dummy-cuda-tp3 90 bash -c "'$B/quern' generate --model $m \
             --dummy smollm2-135m --device cuda --tp 3 --chat 'Name three planets.' \
             --temperature 0 --max-tokens 48 >'$out/gen-dummy-cuda-tp3.txt'"
@@ -136,7 +145,7 @@ run() {
         for d in cpu cuda; do
             step "perplexity-$d" 60 bash -c "'$B/quern' perplexity --model $m --dummy \
                 smollm2-135m --file tests/fixtures/perplexity_text.txt --ctx 128 --device $d \
-                --threads 16 --json >'$out/ppl-$d.json' && cat '$out/ppl-$d.json'"
+                --matmul exact --threads 16 --json >'$out/ppl-$d.json' && cat '$out/ppl-$d.json'"
         done
         step perplexity-cuda-vs-cpu 10 python3 - "$out/ppl-cpu.json" "$out/ppl-cuda.json" <<'PY'
 import json, sys
