@@ -36,7 +36,7 @@ static const char plan_usage[] =
     "  --tp N                 tensor-parallel ranks (default 1)\n"
     "  --mem SIZE             memory of each rank's device, e.g. 80G (a GPU's HBM)\n"
     "  --device cpu|cuda      the backend to plan for (default cpu)\n"
-    "  --matmul MODE          cuda: exact (default) or bf16 (its scratch differs)\n"
+    "  --matmul MODE          cuda: exact (default), bf16 or q8 (their scratch differs)\n"
     "  --seq-len L            sequence length (prompt + output) to count (default 1024)\n"
     "  --json                 print JSON instead of text\n";
 

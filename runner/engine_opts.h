@@ -56,9 +56,10 @@ struct runner_engine_opts {
     const char *draft_model; /* --draft-model PATH (with --spec model), or NULL (borrowed) */
 };
 
-/* --matmul unset: the device's default mode, which runner_engine_backend settles. On the CPU
- * that is q8, the fastest mode whose perplexity is within 0.5 % of exact's on `make eval`'s
- * text (docs/BENCHMARKS.md, 2026-12-02); on CUDA exact. */
+/* --matmul unset: the device's default mode, which runner_engine_backend settles
+ * (kern_default_act). On the CPU that is q8, the fastest mode whose perplexity is within 0.5 %
+ * of exact's on `make eval`'s text (docs/BENCHMARKS.md, 2026-12-02), and bf16 where the kernel
+ * table has AMX-BF16 tiles (exact's perplexity, and faster: 2026-12-04); on CUDA exact. */
 #define RUNNER_ACT_DEFAULT (-1)
 
 /* Every field at its default. */

@@ -996,11 +996,12 @@ const char *kern_cpu_backend_isa(const struct kern_backend *b)
 
 void kern_cpu_print(FILE *f)
 {
-    fprintf(f, "cpu kernels: %s (best this CPU supports: %s)%s\n", kern_cpu_fns_best()->name,
-            kern_isa_name(kern_cpu_detect()),
+    const struct kern_cpu_fns *best = kern_cpu_fns_best();
+    fprintf(f, "cpu kernels: %s (best this CPU supports: %s)%s; default matmul mode %s\n",
+            best->name, kern_isa_name(kern_cpu_detect()),
             kern_cpu_detect() == KERN_ISA_AMX
-                ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them, bf16 by default "
-                  "(AMX-INT8 unused)"
+                ? "; AMX-BF16 tiles: exact and bf16 matmul modes run on them (AMX-INT8 unused)"
             : kern_cpu_has_amx() ? "; AMX-INT8 tiles present (not used by the kernels)"
-                                 : "");
+                                 : "",
+            best->prep_bf16 ? "bf16" : "q8");
 }

@@ -9,8 +9,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# 1. A sensible answer, in exact mode (the float reference's numbers: with the default q8
-#    activations this 135M model's greedy answer to this prompt drifts away from Paris).
+# 1. A sensible answer, in exact mode (the float reference's numbers: with q8 activations, the
+#    default without AMX, this 135M model's greedy answer to this prompt drifts away from Paris).
 "$Q" generate --model "$M" --chat "What is the capital of France?" --temperature 0 \
     --matmul exact --max-tokens 48 >"$tmp/paris.txt" 2>"$tmp/paris.err" ||
     { cat "$tmp/paris.err"; fail "generate exited non-zero"; }

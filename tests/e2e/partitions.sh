@@ -330,11 +330,11 @@ mkdir -p fakebin
 ln -s "$Q" fakebin/quern
 printf '#!/bin/sh\necho "$@" >>"%s/scontrol.log"\n' "$tmp" >fakebin/scontrol
 chmod +x fakebin/scontrol
-# 300 items a part, more than one run admits at once (--max-seqs 256), each of 2-7 tokens: the
-# USR1s come as soon as the run reports (its first progress file), so items are left unclaimed
-# however fast the machine (with 60 items all were admitted at once and a fast CPU finished them
-# between the two signals: exit 0)
-make_job F jf 2 600 6
+# 700 items a part, more than a run ever holds (it claims up to twice --max-seqs 256 before its
+# first step, and its first progress file follows that step), each of 2-4 tokens: the USR1s come
+# as soon as the run reports, so items are left unclaimed however fast the machine (with 60
+# items all were claimed at once and a fast CPU finished them between the two signals: exit 0)
+make_job F jf 2 1400 3
 PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS_PER_TASK=1 \
     bash "$SBATCH" F >sb1.log 2>&1 &
 ps=$!

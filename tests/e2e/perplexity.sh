@@ -2,7 +2,8 @@
 # End-to-end: quern perplexity. On a short fixed text (tests/fixtures/perplexity_text.txt, the
 # start of the GPL-3), both window methods against the independent float64 reference
 # (tests/fixtures/perplexity_ref.json, tools/ref_perplexity.py): the same windows and tokens
-# scored, perplexity within a relative 1e-4 in exact mode; the default mode is q8. Batch
+# scored, perplexity within a relative 1e-4 in exact mode; the default mode is q8 (bf16 on
+# AMX-BF16 CPUs). Batch
 # invariance: one window at a time,
 # all at once and small steps give the same mean NLL to the last digit printed; --tp 3 on a dummy
 # model equals one rank. Clear errors: text that is not UTF-8, too short for a window, a stride
@@ -57,9 +58,17 @@ if [ -z "${QUERN_SANITIZE:-}" ]; then
             fail "batching changed the result ($f)"
     done
 fi
-# the default mode on the CPU is q8 (make eval: within 0.5 % of exact on its text)
+# the default mode on the CPU is q8 (make eval: within 0.5 % of exact on its text), and bf16
+# where the kernels run on AMX-BF16 tiles (as fast and exact's quality there): `quern info`
+# says which, and only a CPU with amx_bf16 may say bf16
+want=$("$Q" info 2>/dev/null | sed -n 's/^cpu kernels: .*; default matmul mode \([a-z0-9]*\)$/\1/p')
+case "$want" in
+q8) ;;
+bf16) grep -qw amx_bf16 /proc/cpuinfo || fail "quern info says bf16 by default on a CPU without amx_bf16" ;;
+*) fail "quern info names no default matmul mode ('$want')" ;;
+esac
 ppl "$tmp/default.json"
-[ "$(field "$tmp/default.json" matmul)" = q8 ] || fail "the default matmul mode is $(field "$tmp/default.json" matmul)"
+[ "$(field "$tmp/default.json" matmul)" = "$want" ] || fail "the default matmul mode is $(field "$tmp/default.json" matmul), quern info says $want"
 # tensor parallelism on a dummy model: the same as one rank
 ppl "$tmp/d1.json" --dummy smollm2-135m
 ppl "$tmp/d3.json" --dummy smollm2-135m --tp 3

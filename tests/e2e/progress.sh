@@ -38,7 +38,7 @@ make_job two.jsonl $TOK2
 "$Q" submit --db p.db --model "$M" --name one one.jsonl >/dev/null 2>&1 || fail "submit one"
 "$Q" submit --db p.db --model "$M" --name two two.jsonl >/dev/null 2>&1 || fail "submit two"
 # --matmul exact: the jobs are sized so a run lasts several seconds at exact mode's pace (the
-# checks watch it live); the default q8 finishes them before the watchers look.
+# checks watch it live); the faster default modes finish them before the watchers look.
 RUN=(--out out --max-seqs 32 --threads 2 --matmul exact)
 
 # pty_capture.py OUT.json SECS ENV... -- CMD...: run CMD with stdin/stderr on a pty of 100
