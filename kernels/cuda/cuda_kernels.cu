@@ -507,6 +507,26 @@ p4_load2(const uint8_t *w, size_t hbase, size_t sbase, int64_t groups, int64_t t
         }
 }
 
+/* A warp's loaded words of its 2 tiles (p4_load2's quant, high and record words) copied from s
+ * to d: the kernels' software pipelines hand a group's words down a stage. */
+template <uint32_t TYPE>
+static __device__ __forceinline__ void
+p4_move2(uint32_t (*dq)[4 * p4_w<TYPE>::W], uint32_t (*dh)[2], uint32_t (*dr)[4],
+         const uint32_t (*sq)[4 * p4_w<TYPE>::W], const uint32_t (*sh)[2], const uint32_t (*sr)[4])
+{
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int k = 0; k < 4 * p4_w<TYPE>::W; k++)
+            dq[n][k] = sq[n][k];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            dr[n][k] = sr[n][k];
+        dh[n][0] = sh[n][0];
+        dh[n][1] = sh[n][1];
+    }
+}
+
 /* The B fragments (k 32j..32j+31 of its 2 tiles) of unit j from a warp's loaded words. */
 template <uint32_t TYPE>
 static __device__ __forceinline__ void p4_bfrag(const uint32_t (*cq)[4 * p4_w<TYPE>::W],
@@ -601,24 +621,8 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
                     mma_bf16(acc[0][n], af, bf[n] + 2 * h);
             }
         }
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int k = 0; k < 4 * W; k++) {
-                qa[n][k] = qb[n][k];
-                qb[n][k] = qc[n][k];
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                ra[n][k] = rb[n][k];
-                rb[n][k] = rc[n][k];
-            }
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                ha[n][k] = hb[n][k];
-                hb[n][k] = hc[n][k];
-            }
-        }
+        p4_move2<TYPE>(qa, ha, ra, qb, hb, rb);
+        p4_move2<TYPE>(qb, hb, rb, qc, hc, rc);
     }
     if (sl > 0 && sl < nsl)
 #pragma unroll
@@ -701,17 +705,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
             if (q4 + 1 < groups)
                 load_a(q4 + 1);
             uint32_t cq[2][4 * W], ch[2][2], cr[2][4];
-#pragma unroll
-            for (int n = 0; n < 2; n++) {
-#pragma unroll
-                for (int k = 0; k < 4 * W; k++)
-                    cq[n][k] = qw[n][k];
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    cr[n][k] = rw[n][k];
-                ch[n][0] = hw[n][0];
-                ch[n][1] = hw[n][1];
-            }
+            p4_move2<TYPE>(cq, ch, cr, qw, hw, rw);
             if (q4 + 1 < groups) /* in flight while this group is multiplied */
                 p4_load2<TYPE>(w, hbase, sbase, groups, tiles, tile0, q4 + 1, lane, qw, hw, rw);
             p4_group_mma<TYPE, BM>(as[q4 & 1], cq, ch, cr, lane, acc);
@@ -919,17 +913,7 @@ __global__ void __launch_bounds__(PM_WARPS *WARP, 2)
                 }
             }
         }
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int k = 0; k < 4 * W; k++)
-                qa[n][k] = qb[n][k];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                ra[n][k] = rb[n][k];
-            ha[n][0] = hb[n][0];
-            ha[n][1] = hb[n][1];
-        }
+        p4_move2<TYPE>(qa, ha, ra, qb, hb, rb);
     }
     if (sl > 0 && sl < nsl)
 #pragma unroll
