@@ -12,8 +12,8 @@
 #                                  ./gpu-check-out), exit 0 only when every step passed:
 #     - the GPU (nvidia-smi), libraries the binaries miss (ldd), `quern info`;
 #     - test_cuda_dequant, test_cuda_pack; test_backend_ops with the CUDA backend required (QUERN_REQUIRE_CUDA=1):
-#       every op against the double-precision reference (exact mode; matmuls also in bf16 mode,
-#       the tensor-core kernel); test_cuda_model: a 6-layer dummy model's logits and greedy
+#       every op against the double-precision reference (exact mode; matmuls also in the bf16
+#       and q8 modes, the tensor-core kernels); test_cuda_model: a 6-layer dummy model's logits and greedy
 #       tokens against the CPU backend's, and --tp 3 on the one GPU against --tp 1; test_comm:
 #       the NCCL communicator (the toolkit's libnccl.so.2, else PyTorch's wheel) bitwise the CPU
 #       one's, for as many ranks as there are GPUs (one here: the library, the chunk exchange,
@@ -28,7 +28,8 @@
 #       has); each matmul kernel timed alone (tools/bench_matmul: the packed tensor-core kernel in
 #       16- and 64-token blocks, the GGUF-row kernels, cuBLAS on bf16 copies, the exact mode's
 #       GEMV, the q8 mode's int8 tensor-core kernel; llama3-8b's shapes, 1 to 512 tokens); then
-#       quern bench on --dummy smollm2-135m and llama3-8b (batch 1 and batched (bf16 and q8), and
+#       quern bench on --dummy smollm2-135m (batch 1 and batched, exact and bf16) and llama3-8b
+#       (batch 1 exact, batched bf16 and q8), and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
 #       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
