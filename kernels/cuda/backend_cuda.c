@@ -38,7 +38,8 @@ struct cuda_state {
     size_t att_part_floats;
     int att_part_tried;
     int mma_small; /* the bf16 tensor-core kernel: 16-token blocks up to this many tokens */
-    int pack;   /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows */
+    int pack;      /* repack Q4_0/Q4_1/Q4_K/Q8_0 weights at prepare (cuda_pack.h); 0: GGUF rows
+                    * (QUERN_CUDA_PACK=0, ignored in the q8 mode) */
     int att_stage; /* attention stages K/V runs in shared memory (QUERN_CUDA_ATTN_STAGE) */
     int att_mma;   /* the bf16 mode's attention on tensor cores (QUERN_CUDA_ATTN_MMA) */
     uint16_t *xb;  /* the packed tensor-core kernels' inputs (xb_bytes: bf16, or q8's bytes and
@@ -217,7 +218,7 @@ static void q8_inputs(struct cuda_state *s, const float *x, size_t n, struct kcu
         abort();
     }
     int8_t *xq = (int8_t *)s->xb;
-    float *xs = (float *)(void *)(xq + (n + 15) / 16 * 16);
+    float *xs = (float *)(void *)(xq + kcu_q8_scales_at(n));
     check(kcu_quant_q8(s->stream, x, (int64_t)n, xq, xs), "matmul inputs (q8)");
     mm->xq = xq;
     mm->xs = xs;
@@ -422,11 +423,10 @@ static void cuda_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     cuda_matmul(b, d, yd, 1, &din, n_tok);
 }
 
-/* 1 when prepare repacks w into the packed layout of cuda_pack.h (always in the q8 mode: its
- * kernel reads only that layout). */
+/* 1 when prepare repacks w into the packed layout of cuda_pack.h. */
 static int packs(const struct cuda_state *s, const struct kern_tensor *w)
 {
-    return (s->pack || s->act == KERN_ACT_Q8) && kcu_p4_type(w->type);
+    return s->pack && kcu_p4_type(w->type);
 }
 
 /* Weights go up once, Q4_0/Q4_1/Q4_K/Q8_0 ones repacked (cuda_pack.h: 16-byte lane loads in mma
@@ -669,9 +669,7 @@ static void cuda_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
 
 static size_t cuda_weight_bytes(struct kern_backend *b, const struct kern_tensor *w)
 {
-    const struct cuda_state *s = st_of(b);
-    return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes,
-                                   s->pack || s->act == KERN_ACT_Q8);
+    return kcu_weight_device_bytes(w->type, w->ne0, w->ne1, w->row_bytes, st_of(b)->pack);
 }
 
 /* CUDA graphs (kern_ops.graph_begin): a key is captured the second time it is asked for among
@@ -938,7 +936,7 @@ enum status kern_cuda_backend_init(struct kern_backend **out, const struct kern_
     }
     s->att_split = (int)v[0];
     s->mma_small = (int)v[1];
-    s->pack = (int)v[2];
+    s->pack = (int)v[2] || o->act == KERN_ACT_Q8; /* the q8 kernel reads only that layout */
     s->att_stage = (int)v[3];
     s->blas_min = (int)v[4];
     s->att_part_floats = (size_t)v[5];

@@ -48,11 +48,16 @@ static inline struct kcu_sample_layout kcu_sample_layout(int n, int n_vocab, int
     return l;
 }
 
-/* Bytes of the q8 mode's matmul inputs for n floats: the quantized bytes, then (16-byte
- * aligned) a scale and a sum per block of 32 (kcu_quant_q8). */
+/* The q8 mode's matmul inputs for n floats: the quantized bytes, then from this offset (16-byte
+ * aligned) a scale and a sum per block of 32 (kcu_quant_q8); kcu_q8_bytes in all. */
+static inline size_t kcu_q8_scales_at(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
 static inline size_t kcu_q8_bytes(size_t n)
 {
-    return (n + 15) / 16 * 16 + n / 32 * 2 * sizeof(float);
+    return kcu_q8_scales_at(n) + n / 32 * 2 * sizeof(float);
 }
 
 /* The scratch `reserve` makes for batches of max_tok tokens of rows up to max_width floats
