@@ -4,6 +4,7 @@
  * engine/tokenizer_encode.c and engine/tokenizer_spm.c, decoding in engine/tokenizer_decode.c. */
 #include "engine/tokenizer_internal.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,7 +402,9 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
         if (k == TOK_KIND_BYTE) { /* "<0xXX>": that byte */
             char hex[8] = {0};
             memcpy(hex, src, len < 7 ? len : 7);
-            if (len != 6 || sscanf(hex, "<0x%2x%c", &bv, &tail) != 2 || tail != '>')
+            /* two hex digits exactly: %2x alone takes a sign ("<0x-1>" would be byte ~0u) */
+            if (len != 6 || !isxdigit((unsigned char)hex[3]) || !isxdigit((unsigned char)hex[4]) ||
+                sscanf(hex, "<0x%2x%c", &bv, &tail) != 2 || tail != '>' || bv > 255)
                 return err_set(err, ST_ERR_FORMAT, "byte token %llu has text '%.*s', not <0xXX>",
                                (unsigned long long)i, (int)(len > 16 ? 16 : len),
                                (const char *)src);
