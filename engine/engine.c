@@ -164,6 +164,13 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->s_row = calloc(bt, sizeof(*e->s_row));
     e->s_out = calloc(bt, sizeof(*e->s_out));
     e->s_drawn = calloc(bt, 1);
+    e->s_hook = calloc(bt, 1);
+    e->h_nc =
+        ((size_t)engine_model_hparams(m)->n_vocab + ENGINE_SAMPLE_CHUNK - 1) / ENGINE_SAMPLE_CHUNK;
+    e->h_z = malloc(sizeof(*e->h_z) * (size_t)e->n_logit_rows * e->h_nc);
+    e->h_m = malloc(sizeof(*e->h_m) * (size_t)e->n_logit_rows * e->h_nc);
+    const char *hook_env = getenv("QUERN_SAMPLE_HOOK");
+    e->hook_off = hook_env && !strcmp(hook_env, "0");
     e->lp_row = calloc((size_t)e->n_smp, sizeof(*e->lp_row));
     for (int i = 0; e->lp_row && i < e->n_smp; i++)
         if (!(e->lp_row[i] = malloc(sizeof(float) * (size_t)engine_model_hparams(m)->n_vocab))) {
@@ -175,7 +182,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     if (!e->running || !e->free_slots || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want ||
         !e->b_owner || !e->logits || !e->piece || !e->s_seq || !e->s_logits || !e->s_id ||
         !e->s_lp || !e->s_off || !e->s_alt || !e->s_stuck || !e->s_top_id || !e->s_top_lp ||
-        !e->lp_row || !e->s_mask || !e->s_row || !e->s_out || !e->s_drawn) {
+        !e->lp_row || !e->s_mask || !e->s_row || !e->s_out || !e->s_drawn || !e->s_hook ||
+        !e->h_z || !e->h_m) {
         engine_free(e);
         return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
     }
@@ -229,8 +237,12 @@ void engine_free(struct engine *e)
     free(e->s_row);
     free(e->s_out);
     free(e->s_drawn);
+    free(e->s_hook);
+    free(e->h_z);
+    free(e->h_m);
     free(e->pen_id);
     free(e->pen_count);
+    free(e->pen_pair);
     free(e->masks);
     engine_vocab_free(e->vocab);
     pool_free(e->pool);
@@ -368,6 +380,13 @@ static void sample_range(void *arg, int ith, int nth)
         }
         if (e->s_drawn[j]) /* the backend drew it (forward_sampled) */
             continue;
+        const size_t at = s->n_tok + (size_t)e->s_off[j];
+        if (e->s_hook[j]) { /* its whole-row pass ran in the epilogue (forward_hooked) */
+            e->s_id[j] = engine_sample_chunked(e->smp[ith], &s->sp, engine_rng_at(&s->rng, at, 0),
+                                               e->s_logits[j], e->h_z + (size_t)j * e->h_nc,
+                                               e->h_m + (size_t)j * e->h_nc, NULL);
+            continue;
+        }
         float *row = e->s_logits[j];
         const uint32_t *m = e->s_mask[j];
         if (m) /* structured output: tokens that cannot continue the grammar are out */
@@ -380,7 +399,6 @@ static void sample_range(void *arg, int ith, int nth)
             memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
             row = e->lp_row[ith];
         }
-        const size_t at = s->n_tok + (size_t)e->s_off[j];
         if (e->p.spec_test_broken && e->s_off[j] < s->n_draft && s->lp_k < 0) {
             /* the deliberately wrong replacement for a rejected draft: a fresh draw from the
              * whole distribution (another key), which can be the rejected token again */
@@ -399,6 +417,27 @@ static void sample_range(void *arg, int ith, int nth)
     }
 }
 
+/* Room for need penalty entries in pen_id, pen_count and pen_pair. */
+static enum status pen_room(struct engine *e, size_t need, struct err_detail *err)
+{
+    if (need <= e->pen_cap)
+        return ST_OK;
+    const size_t cap = 2 * need + 256;
+    int32_t *id = realloc(e->pen_id, sizeof(*id) * cap);
+    if (id)
+        e->pen_id = id;
+    int32_t *cnt = realloc(e->pen_count, sizeof(*cnt) * cap);
+    if (cnt)
+        e->pen_count = cnt;
+    uint64_t *pair = realloc(e->pen_pair, sizeof(*pair) * cap);
+    if (pair)
+        e->pen_pair = pair;
+    if (!id || !cnt || !pair)
+        return err_set(err, ST_ERR_NOMEM, "no memory for the sampling penalties");
+    e->pen_cap = cap;
+    return ST_OK;
+}
+
 /* The forward pass with this step's n_s sampling rows drawn by the backend (engine_model_samples):
  * each row's parameters, penalties over its history, grammar mask (s_mask, made before the
  * pass) and uniform, exactly what sample_range would use; stuck grammar rows and the
@@ -410,6 +449,7 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
     _Static_assert(ENGINE_TOP_LOGPROBS_MAX == KERN_TOP_LOGPROBS_MAX, "top log-probability rows");
     const size_t words = ((size_t)engine_model_hparams(e->m)->n_vocab + 31) / 32;
     int n_pen = 0, n_masks = 0;
+    enum status st;
     for (int j = 0; j < n_s; j++) {
         struct seq *s = e->s_seq[j];
         const size_t at = s->n_tok + (size_t)e->s_off[j];
@@ -417,18 +457,8 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
         struct kern_sample_row *R = &e->s_row[j];
         const size_t window =
             p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
-        if ((size_t)n_pen + window > e->pen_cap) {
-            const size_t cap = 2 * ((size_t)n_pen + window) + 256;
-            int32_t *id = realloc(e->pen_id, sizeof(*id) * cap);
-            if (id)
-                e->pen_id = id;
-            int32_t *cnt = realloc(e->pen_count, sizeof(*cnt) * cap);
-            if (cnt)
-                e->pen_count = cnt;
-            if (!id || !cnt)
-                return err_set(err, ST_ERR_NOMEM, "no memory for the sampling penalties");
-            e->pen_cap = cap;
-        }
+        if ((st = pen_room(e, (size_t)n_pen + window, err)))
+            return st;
         *R = (struct kern_sample_row){.temperature = p->temperature,
                                       .top_k = p->top_k,
                                       .top_p = p->top_p,
@@ -457,9 +487,8 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
                                                   e->pen_count + n_pen);
         n_pen += R->pen_n;
     }
-    enum status st =
-        engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id, e->pen_count, n_pen,
-                                    e->masks, n_masks, e->s_out, e->logits, err);
+    st = engine_model_forward_sample(e->m, e->kv, b, e->s_row, e->pen_id, e->pen_count, n_pen,
+                                     e->masks, n_masks, e->s_out, e->logits, err);
     if (st)
         return st;
     for (int j = 0; j < n_s; j++) {
@@ -479,6 +508,93 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
                sizeof(o->top_lp[0]) * (size_t)e->s_row[j].lp_k);
     }
     return ST_OK;
+}
+
+/* packed (token, count) pairs in token order (qsort) */
+static int pair_cmp(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The output projection's epilogue (engine_model_forward_hook): for each row that takes it,
+ * columns [r0, r1) of its logits penalised and through engine_sampler_chunk. */
+static void sample_hook(void *ctx, int ith, int64_t r0, int64_t r1)
+{
+    (void)ith;
+    struct engine *e = ctx;
+    const size_t c = (size_t)r0 / ENGINE_SAMPLE_CHUNK;
+    for (int j = 0; j < e->n_hook_rows; j++) {
+        if (!e->s_hook[j])
+            continue;
+        const struct engine_sampling *p = &e->s_seq[j]->sp;
+        float *l = e->s_logits[j] + r0;
+        const int32_t *pid = e->pen_id + e->s_row[j].pen_first;
+        const int32_t *pc = e->pen_count + e->s_row[j].pen_first;
+        int32_t lo = 0, hi = e->s_row[j].pen_n; /* the first penalised token >= r0 */
+        while (lo < hi) {
+            const int32_t mid = lo + (hi - lo) / 2;
+            if (pid[mid] < r0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (; lo < e->s_row[j].pen_n && pid[lo] < r1; lo++)
+            l[pid[lo] - r0] = engine_sampler_penalise(p, l[pid[lo] - r0], pc[lo]);
+        e->h_z[(size_t)j * e->h_nc + c] = engine_sampler_chunk(l, (size_t)(r1 - r0), p->temperature,
+                                                               &e->h_m[(size_t)j * e->h_nc + c]);
+    }
+}
+
+/* The forward pass with this step's n_s sampling rows' whole-row pass in the output
+ * projection's epilogue, for the rows whose draw takes it (temperature > 0, no top_k, no
+ * grammar, no log-probabilities: engine_sample_chunked); sets s_hook, all 0 when the backend
+ * did not run it. */
+static enum status forward_hooked(struct engine *e, const struct engine_batch *b, int n_s,
+                                  struct err_detail *err)
+{
+    const int32_t n_vocab = engine_model_hparams(e->m)->n_vocab;
+    int n_pen = 0, any = 0;
+    enum status st;
+    for (int j = 0; j < n_s; j++) {
+        struct seq *s = e->s_seq[j];
+        const struct engine_sampling *p = &s->sp;
+        e->s_hook[j] = !e->hook_off && p->temperature > 0.0f &&
+                       !(p->top_k > 0 && p->top_k < n_vocab) && !e->s_mask[j] && !e->s_stuck[j] &&
+                       s->lp_k < 0 && !e->p.spec_test_broken;
+        if (!e->s_hook[j])
+            continue;
+        any = 1;
+        const size_t at = s->n_tok + (size_t)e->s_off[j];
+        const size_t window =
+            p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
+        if ((st = pen_room(e, (size_t)n_pen + window, err)))
+            return st;
+        e->s_row[j].pen_first = n_pen;
+        e->s_row[j].pen_n = (int32_t)engine_sampler_counts(e->smp[0], p, s->tok, at,
+                                                           e->pen_id + n_pen, e->pen_count + n_pen);
+        /* sorted by token: each (id, count) pair packed in one word, ids distinct */
+        uint64_t *pair = e->pen_pair;
+        const int32_t np = e->s_row[j].pen_n;
+        for (int32_t k = 0; k < np; k++)
+            pair[k] =
+                (uint64_t)(uint32_t)e->pen_id[n_pen + k] << 32 | (uint32_t)e->pen_count[n_pen + k];
+        qsort(pair, (size_t)np, sizeof(*pair), pair_cmp);
+        for (int32_t k = 0; k < np; k++) {
+            e->pen_id[n_pen + k] = (int32_t)(pair[k] >> 32);
+            e->pen_count[n_pen + k] = (int32_t)(uint32_t)pair[k];
+        }
+        n_pen += e->s_row[j].pen_n;
+    }
+    e->n_hook_rows = n_s;
+    int hooked = 0;
+    st = any ? engine_model_forward_hook(e->m, e->kv, b, e->logits, sample_hook, e, &hooked, err)
+             : engine_model_forward(e->m, e->kv, b, e->logits, err);
+    if (!hooked)
+        memset(e->s_hook, 0, (size_t)n_s);
+    for (int j = 0; j < n_s; j++)
+        e->stats.sampled_epilogue += e->s_hook[j];
+    return st;
 }
 
 /* A finished sequence leaves the running list; the job's suffix index learns its output. */
@@ -567,7 +683,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
     enum status st =
         greedy ? engine_model_forward_greedy(e->m, e->kv, &b, e->logits, e->s_id, &fused, err)
         : engine_model_samples(e->m) ? forward_sampled(e, &b, n_s, err)
-                                     : engine_model_forward(e->m, e->kv, &b, e->logits, err);
+                                     : forward_hooked(e, &b, n_s, err);
     if (st)
         return st;
     e->stats.steps++;

@@ -130,6 +130,8 @@ struct engine_stats {
     uint64_t nucleus_full;      /* ... and by ranking the whole row (the fallback) */
     uint64_t sampled_backend;   /* rows drawn by a backend that samples (kern_ops.sample) */
     uint64_t sampled_host;      /* ... and rows it left to the host (grammars, its limits) */
+    uint64_t sampled_epilogue;  /* rows whose whole-row pass ran in the output projection's
+                                 * epilogue (kern_ops.matmul_hook, the CPU backend) */
     int32_t peak_blocks_used;   /* most KV blocks referenced at once */
     /* speculative decoding (engine_params.spec) */
     uint64_t spec_steps;        /* steps that verified draft tokens */

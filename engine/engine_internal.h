@@ -132,7 +132,18 @@ struct engine {
     struct kern_sample_out *s_out;
     uint8_t *s_drawn;
     int32_t *pen_id, *pen_count; /* pen_cap entries */
+    uint64_t *pen_pair;          /* pen_cap entries of sorting scratch (forward_hooked) */
     size_t pen_cap;
+    /* the sampler's whole-row pass run in the output projection's epilogue (host-memory
+     * backends, engine_model_forward_hook): per row whether it takes it (s_hook), its
+     * penalties sorted by token (s_row[j].pen_first/pen_n in pen_id/pen_count), and each
+     * chunk's sum and maximum (h_z, h_m: n_logit_rows x h_nc); hook_off: QUERN_SAMPLE_HOOK=0 */
+    uint8_t *s_hook;
+    double *h_z;
+    float *h_m;
+    size_t h_nc;
+    int n_hook_rows; /* this step's rows (sampling rows) */
+    int hook_off;
     uint32_t *masks; /* the step's grammar masks back to back (masks_cap masks) */
     int masks_cap;
     struct spec_slot *slots;     /* a step's candidate draft slots (sched.c) */

@@ -679,6 +679,9 @@ struct fwd_job {
     const uint32_t *masks; /* ... their grammars' masks */
     int n_masks;
     struct kern_sample_out *sout; /* ... and what it drew */
+    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1); /* logits epilogue, or NULL */
+    void *hook_ctx;
+    int *hooked; /* set to 1 when the hook ran */
 };
 
 static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
@@ -942,6 +945,9 @@ static void forward_rank(struct fwd_job *j, int r)
         if (!be->host_memory)
             k->download(be, j->ids, f->ids, sizeof(int32_t) * (size_t)n_out);
         *j->fused = 1;
+    } else if (j->hook && be->host_memory && k->matmul_hook && !(hp->final_softcap > 0) &&
+               k->matmul_hook(be, &m->output, &out_in, n_out, j->logits, j->hook, j->hook_ctx)) {
+        *j->hooked = 1;
     } else {
         matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
         if (j->srows) { /* engine_model_samples: drawn on the device; its leftovers come back */
@@ -1039,6 +1045,22 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 {
     *fused = 0;
     struct fwd_job j = {.m = m, .kv = kv, .b = b, .logits = logits, .ids = ids, .fused = fused};
+    return forward(&j, err);
+}
+
+enum status engine_model_forward_hook(struct engine_model *m, struct engine_kv *kv,
+                                      const struct engine_batch *b, float *logits,
+                                      void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1),
+                                      void *ctx, int *hooked, struct err_detail *err)
+{
+    *hooked = 0;
+    struct fwd_job j = {.m = m,
+                        .kv = kv,
+                        .b = b,
+                        .logits = logits,
+                        .hook = hook,
+                        .hook_ctx = ctx,
+                        .hooked = hooked};
     return forward(&j, err);
 }
 

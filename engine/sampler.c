@@ -218,14 +218,15 @@ static void apply_penalties(struct engine_sampler *s, const struct engine_sampli
                             float *logits, const int32_t *history, size_t n_history)
 {
     const size_t n = engine_sampler_counts(s, p, history, n_history, s->touched, s->counts);
-    for (size_t j = 0; j < n; j++) {
-        int32_t t = s->touched[j];
-        float l = logits[t];
-        if (p->repeat_penalty != 1.0f)
-            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-        l -= (float)s->counts[j] * p->frequency_penalty + p->presence_penalty;
-        logits[t] = l;
-    }
+    for (size_t j = 0; j < n; j++)
+        logits[s->touched[j]] = engine_sampler_penalise(p, logits[s->touched[j]], s->counts[j]);
+}
+
+float engine_sampler_penalise(const struct engine_sampling *p, float l, int32_t count)
+{
+    if (p->repeat_penalty != 1.0f)
+        l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+    return l - ((float)count * p->frequency_penalty + p->presence_penalty);
 }
 
 int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
@@ -235,6 +236,11 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
     const double u = p->temperature == 0.0f ? 0.0 : engine_rng_at(rng, pos, 0);
     return engine_sample_u(s, p, u, logits, history, n_history, logprob);
 }
+
+static int32_t sample_scaled(struct engine_sampler *s, const struct engine_sampling *p,
+                             double u_draw, float *logits, float mx, double total, float *logprob);
+static int32_t draw_cands(struct engine_sampler *s, const struct engine_sampling *p, double u_draw,
+                          size_t m, double total, float *logprob);
 
 int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *p, double u_draw,
                         float *logits, const int32_t *history, size_t n_history, float *logprob)
@@ -249,38 +255,65 @@ int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *
     if (t == 0.0f)
         return engine_sampler_greedy(s, logits, logprob);
 
-    /* Candidates with their weights, cand[0..m), ranked: after top_k the k best by penalised
-     * logit (temperature touches only them); else a ranked prefix holding the kept set. */
-    size_t m;
-    float mx;
     double total = 0.0;
-    if (p->top_k > 0 && (size_t)p->top_k < n) {
-        m = (size_t)p->top_k;
-        engine_sampler_select_top_k(s, logits, m);
-        for (size_t j = 0; j < m; j++)
-            logits[s->cand[j].id] = t == 1.0f ? s->cand[j].w : s->cand[j].w / t;
-        mx = logits[s->cand[0].id]; /* dividing by t > 0 keeps the best on top */
-        for (size_t j = 0; j < m; j++) {
-            s->cand[j].w = engine_sampler_cand_weight(logits[s->cand[j].id], mx);
-            total += s->cand[j].w;
-        }
-        /* weights can tie where logits did not: re-rank by id */
-        engine_sampler_insertion_sort(s->cand, m);
-    } else {
-        mx = engine_sampler_scale_chunks(s, logits, t, &total);
-        if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
-            int32_t id = engine_sampler_draw_row(s, logits, mx, total, u_draw);
-            if (logprob)
-                *logprob = (float)(log((double)engine_sampler_cand_weight(logits[id], mx)) -
-                                   log(total));
-            s->row = logits;
-            s->row_max = mx;
-            s->n_kept = n;
-            s->kept_total = total;
-            return id;
-        }
-        m = engine_sampler_truncate_row(s, p, logits, mx, total);
+    if (!(p->top_k > 0 && (size_t)p->top_k < n)) { /* the whole-row pass, then its draw */
+        const float mx = engine_sampler_scale_chunks(s, logits, t, &total);
+        return sample_scaled(s, p, u_draw, logits, mx, total, logprob);
     }
+    /* top_k: the k best by penalised logit (temperature touches only them), ranked with their
+     * weights in cand[0 .. k) */
+    const size_t m = (size_t)p->top_k;
+    engine_sampler_select_top_k(s, logits, m);
+    for (size_t j = 0; j < m; j++)
+        logits[s->cand[j].id] = t == 1.0f ? s->cand[j].w : s->cand[j].w / t;
+    const float mx = logits[s->cand[0].id]; /* dividing by t > 0 keeps the best on top */
+    for (size_t j = 0; j < m; j++) {
+        s->cand[j].w = engine_sampler_cand_weight(logits[s->cand[j].id], mx);
+        total += s->cand[j].w;
+    }
+    /* weights can tie where logits did not: re-rank by id */
+    engine_sampler_insertion_sort(s->cand, m);
+    return draw_cands(s, p, u_draw, m, total, logprob);
+}
+
+int32_t engine_sample_chunked(struct engine_sampler *s, const struct engine_sampling *p, double u,
+                              float *logits, const double *zc, const float *mc, float *logprob)
+{
+    assert(p->temperature > 0.0f && !(p->top_k > 0 && p->top_k < s->n_vocab));
+    assert(p->top_p > 0.0f && p->top_p <= 1.0f && p->min_p >= 0.0f && p->min_p <= 1.0f);
+    s->row = NULL;
+    double total;
+    const float mx = engine_sampler_combine(s, zc, mc, &total);
+    return sample_scaled(s, p, u, logits, mx, total, logprob);
+}
+
+/* engine_sample after the whole-row pass (scaled row logits, maximum mx, weights summing to
+ * total; s->zc the chunk weights): the whole row, or the candidates truncation keeps. */
+static int32_t sample_scaled(struct engine_sampler *s, const struct engine_sampling *p,
+                             double u_draw, float *logits, float mx, double total, float *logprob)
+{
+    const size_t n = (size_t)s->n_vocab;
+    if (p->top_p >= 1.0f && p->min_p <= 0.0f) { /* nothing truncates: the whole row */
+        int32_t id = engine_sampler_draw_row(s, logits, mx, total, u_draw);
+        if (logprob)
+            *logprob =
+                (float)(log((double)engine_sampler_cand_weight(logits[id], mx)) - log(total));
+        s->row = logits;
+        s->row_max = mx;
+        s->n_kept = n;
+        s->kept_total = total;
+        return id;
+    }
+    return draw_cands(s, p, u_draw, engine_sampler_truncate_row(s, p, logits, mx, total), total,
+                      logprob);
+}
+
+/* engine_sample's end: cand[0 .. m) ranked with their weights (the row's summing to total),
+ * truncated by top_p and min_p, renormalised and drawn from at u_draw. */
+static int32_t draw_cands(struct engine_sampler *s, const struct engine_sampling *p, double u_draw,
+                          size_t m, double total, float *logprob)
+{
+    const size_t n = (size_t)s->n_vocab;
     const size_t m_weighed = m;
 
     /* top_p: the smallest ranked prefix whose mass reaches top_p of the total. */

@@ -126,6 +126,27 @@ size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampl
 int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *p, double u,
                         float *logits, const int32_t *history, size_t n_history, float *logprob);
 
+/* engine_sample's whole-row pass cut in chunks, so that a backend can run it while the rows
+ * are in cache (kern_ops.matmul_hook): chunk c holds tokens [c * ENGINE_SAMPLE_CHUNK,
+ * min((c + 1) * ENGINE_SAMPLE_CHUNK, n_vocab)). For a row whose draw takes it (temperature > 0
+ * and no top_k below n_vocab), engine_sample is bitwise: penalise each chunk's logits of the
+ * tokens engine_sampler_counts gives (l = engine_sampler_penalise(p, l, count)), run
+ * engine_sampler_chunk on it (z[c], m[c]), then engine_sample_chunked with the uniform
+ * engine_rng_at(rng, pos, 0). */
+#define ENGINE_SAMPLE_CHUNK 256
+
+/* One penalised logit: l after the repetition penalty and count * frequency + presence. */
+float engine_sampler_penalise(const struct engine_sampling *p, float l, int32_t count);
+
+/* One chunk l[0 .. n) of a row at temperature t: scaled in place (NaN -> -inf, / t); returns
+ * the sum of the chunk's weights relative to its maximum, which goes to *max. */
+double engine_sampler_chunk(float *l, size_t n, float t, float *max);
+
+/* engine_sample's draw from a row whose chunks went through the above (z, m: one entry per
+ * chunk), at uniform u. */
+int32_t engine_sample_chunked(struct engine_sampler *s, const struct engine_sampling *p, double u,
+                              float *logits, const double *z, const float *m, float *logprob);
+
 /* Most candidates the truncated fast path ranks (see engine_sample). */
 #define ENGINE_SAMPLE_CANDS 8192
 

@@ -25,7 +25,7 @@ struct cand {
 };
 
 /* Tokens per chunk of the row total (see engine_sample). */
-#define SAMPLE_CHUNK 256
+#define SAMPLE_CHUNK ENGINE_SAMPLE_CHUNK
 
 /* The sampler's scratch (opaque in engine/sampler.h). */
 struct engine_sampler {
@@ -93,6 +93,14 @@ void engine_sampler_select_top_k(struct engine_sampler *s, const float *logits, 
 /* Scales the row l in place by 1/t (NaN -> -inf) and fills s->zc with the weight per
  * SAMPLE_CHUNK tokens; returns the row maximum and sets *total to the sum of the weights. */
 float engine_sampler_scale_chunks(struct engine_sampler *s, float *l, float t, double *total);
+
+/* The second half of engine_sampler_scale_chunks, from each chunk's engine_sampler_chunk (z in
+ * zc, maximum in mc; zc may be s->zc): returns the row maximum M; s->zc[c] becomes zc[c] times
+ * e^(mc[c] - M) (the weight the chunk holds: every weight is engine_sampler_exp_nonpos(s - M),
+ * 1 for the maximum), and *total their sum, added in chunk order in double. A fixed order, so
+ * a fixed total. */
+float engine_sampler_combine(struct engine_sampler *s, const double *zc, const float *mc,
+                             double *total);
 
 /* Inverse CDF over the whole scaled row l (maximum mx, weights summing to total) at u in
  * [0, 1): the token drawn. */

@@ -195,65 +195,75 @@ static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
     return vsel(under, vsplat(0.0f), p * (vf16)bits);
 }
 
-
-/* The whole-row pass: every logit scaled in place (NaN -> -inf, divided by t unless t == 1),
- * and per SAMPLE_CHUNK tokens, while they are in L1, the chunk's maximum m_c and the float sum
- * of exp(s - m_c) in 16 lanes. Returns the row maximum M; s->zc[c] becomes the chunk's sum times
- * e^(m_c - M) (the weight it holds: every weight is engine_sampler_exp_nonpos(s - M), 1 for the
- * maximum), and *total their sum, added in chunk order in double. A fixed order, so a fixed
- * total. */
-ROW_CLONES float engine_sampler_scale_chunks(struct engine_sampler *s, float *l, float t,
-                                             double *total)
+/* The whole-row pass for one chunk l[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled in place
+ * (NaN -> -inf, divided by t unless t == 1), then, while they are in L1, the chunk's maximum
+ * *max and the float sum of exp(s - max) in 16 lanes (lane k the tokens k, k + 16, ...), the
+ * lanes added pairwise in double after the scalar tail. */
+ROW_CLONES double engine_sampler_chunk(float *l, size_t n, float t, float *max)
 {
-    const size_t n = (size_t)s->n_vocab;
     const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t), one = vsplat(1.0f);
-    float *mc = s->tmp_f; /* chunk maxima */
-    float mx = -INFINITY;
-    size_t nc = 0;
-    for (size_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK, nc++) {
-        const size_t i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
-        vf16 hi = ninf;
-        size_t i = i0;
-        for (; i + VLANES <= i1; i += VLANES) {
-            vf16 v = vload(l + i);
-            if (t != 1.0f)
-                v = v / tv;
-            v = vsel(v != v, ninf, v);
-            VSTORE(l + i, v);
-            hi = vsel(v > hi, v, hi);
-        }
-        float m = -INFINITY;
-        for (int k = 0; k < VLANES; k++)
-            m = hi[k] > m ? hi[k] : m;
-        for (; i < i1; i++) {
-            float v = l[i];
-            v = isnan(v) ? -INFINITY : t == 1.0f ? v : v / t;
-            l[i] = v;
-            m = v > m ? v : m;
-        }
-        const vf16 mv = vsplat(m);
-        vf16 acc = vsplat(0.0f);
-        float tail = 0.0f;
-        for (i = i0; i + VLANES <= i1; i += VLANES) {
-            const vf16 v = vload(l + i);
-            acc += vsel(v == mv, one, vexp_nonpos(v - mv));
-        }
-        for (; i < i1; i++)
-            tail += engine_sampler_cand_weight(l[i], m);
-        double z = tail;
-        for (int k = 0; k < VLANES; k += 4)
-            z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
-        s->zc[nc] = z;
-        mc[nc] = m;
-        mx = m > mx ? m : mx;
+    vf16 hi = ninf;
+    size_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) {
+        vf16 v = vload(l + i);
+        if (t != 1.0f)
+            v = v / tv;
+        v = vsel(v != v, ninf, v);
+        VSTORE(l + i, v);
+        hi = vsel(v > hi, v, hi);
     }
+    float m = -INFINITY;
+    for (int k = 0; k < VLANES; k++)
+        m = hi[k] > m ? hi[k] : m;
+    for (; i < n; i++) {
+        float v = l[i];
+        v = isnan(v) ? -INFINITY : t == 1.0f ? v : v / t;
+        l[i] = v;
+        m = v > m ? v : m;
+    }
+    const vf16 mv = vsplat(m);
+    vf16 acc = vsplat(0.0f);
+    float tail = 0.0f;
+    for (i = 0; i + VLANES <= n; i += VLANES) {
+        const vf16 v = vload(l + i);
+        acc += vsel(v == mv, one, vexp_nonpos(v - mv));
+    }
+    for (; i < n; i++)
+        tail += engine_sampler_cand_weight(l[i], m);
+    double z = tail;
+    for (int k = 0; k < VLANES; k += 4)
+        z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
+    *max = m;
+    return z;
+}
+
+float engine_sampler_combine(struct engine_sampler *s, const double *zc, const float *mc,
+                             double *total)
+{
+    const size_t nc = ((size_t)s->n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    float mx = -INFINITY;
+    for (size_t c = 0; c < nc; c++)
+        mx = mc[c] > mx ? mc[c] : mx;
     double sum = 0.0;
     for (size_t c = 0; c < nc; c++) {
-        s->zc[c] *= engine_sampler_cand_weight(mc[c], mx);
+        s->zc[c] = zc[c] * engine_sampler_cand_weight(mc[c], mx);
         sum += s->zc[c];
     }
     *total = sum;
     return mx;
+}
+
+/* The whole-row pass: engine_sampler_chunk over every SAMPLE_CHUNK tokens, then
+ * engine_sampler_combine. */
+float engine_sampler_scale_chunks(struct engine_sampler *s, float *l, float t, double *total)
+{
+    const size_t n = (size_t)s->n_vocab;
+    float *mc = s->tmp_f; /* chunk maxima */
+    size_t nc = 0;
+    for (size_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK, nc++)
+        s->zc[nc] =
+            engine_sampler_chunk(l + i0, n - i0 < SAMPLE_CHUNK ? n - i0 : SAMPLE_CHUNK, t, &mc[nc]);
+    return engine_sampler_combine(s, s->zc, mc, total);
 }
 
 /* Inverse CDF over the whole row in id order (l: engine_sampler_scale_chunks' scaled logits,

@@ -476,6 +476,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "nucleus_full", (double)es->nucleus_full);
     cJSON_AddNumberToObject(j, "sampled_backend", (double)es->sampled_backend);
     cJSON_AddNumberToObject(j, "sampled_host", (double)es->sampled_host);
+    cJSON_AddNumberToObject(j, "sampled_epilogue", (double)es->sampled_epilogue);
     runner_add_spec_json(j, es);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     if (mem_used)

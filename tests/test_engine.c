@@ -99,6 +99,91 @@ static void test_batch_invariance_nucleus(void **state)
     batch_invariance(*state, 2, KERN_KV_F16);
 }
 
+/* The sampler's whole-row pass in the output projection's epilogue (kern_ops.matmul_hook):
+ * requests of every kind of sampling (temperature alone, top_p, min_p, penalties, top_k,
+ * greedy) in one batch draw exactly the tokens they draw with the pass on the host
+ * (QUERN_SAMPLE_HOOK=0), and the rows that can take the epilogue are counted as taking it. */
+static void test_sample_epilogue(void **state)
+{
+    struct fixture *f = *state;
+    enum { NR = 24, G = 12 };
+    static struct result res[2][NR];
+    struct engine_stats st[2];
+    uint64_t want_epilogue = 0;
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("QUERN_SAMPLE_HOOK", "0", 1);
+        struct engine_params p;
+        params(&p, NR, 512, 256, 0);
+        p.host_threads = 2;
+        struct engine *e;
+        struct err_detail err = {0};
+        assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+        for (int i = 0; i < NR; i++) {
+            struct engine_request r = {0};
+            char id[32];
+            snprintf(id, sizeof(id), "ep-%d", i);
+            r.prompt = f->prompt[i % n_prompts()];
+            r.n_prompt = f->n_prompt[i % n_prompts()];
+            engine_sampling_default(&r.sampling);
+            struct engine_sampling *sp = &r.sampling;
+            sp->temperature = 0.6f + 0.1f * (float)(i % 6);
+            switch (i % 6) {
+            case 1:
+                sp->top_p = 0.9f;
+                break;
+            case 2:
+                sp->min_p = 0.05f;
+                break;
+            case 3: /* penalties over the whole output: tokens in many chunks */
+                sp->top_p = 0.95f;
+                sp->repeat_penalty = 1.3f;
+                sp->frequency_penalty = 0.4f;
+                sp->presence_penalty = 0.6f;
+                sp->repeat_last_n = -1;
+                break;
+            case 4:
+                sp->top_k = 40;
+                break; /* no epilogue: top_k ranks the raw row */
+            case 5:
+                sp->temperature = 0.0f;
+                break; /* greedy in a sampled batch */
+            default:
+                break;
+            }
+            if (!off && i % 6 < 4)
+                want_epilogue += G;
+            sp->seed = 7 + (uint64_t)i;
+            r.max_tokens = G;
+            r.ignore_eos = 1;
+            r.request_id = id;
+            r.user = &res[off][i];
+            assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+        }
+        while (engine_pending(e)) {
+            if (engine_step(e, &err))
+                fail_msg("step: %s", err.msg);
+            struct engine_output o[NR];
+            size_t k = engine_poll(e, o, NR);
+            for (size_t j = 0; j < k; j++) {
+                struct result *rr = o[j].user;
+                memcpy(rr->tok, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+                rr->n = o[j].n_tokens;
+            }
+        }
+        st[off] = *engine_get_stats(e);
+        engine_free(e);
+        unsetenv("QUERN_SAMPLE_HOOK");
+    }
+    print_message("epilogue: %llu of %llu rows\n", (unsigned long long)st[0].sampled_epilogue,
+                  (unsigned long long)st[0].gen_tokens);
+    assert_int_equal(st[0].sampled_epilogue, want_epilogue);
+    assert_int_equal(st[1].sampled_epilogue, 0);
+    assert_same(res[1], res[0], NR, "epilogue");
+    for (int i = 0; i < NR; i++)
+        assert_int_equal(res[0][i].n, G);
+}
+
 /* The 8-bit KV cache quantizes each token's keys and values on their own: still invariant. */
 static void test_batch_invariance_kv_q8(void **state)
 {
@@ -622,6 +707,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
         cmocka_unit_test(test_batch_invariance_nucleus),
+        cmocka_unit_test(test_sample_epilogue),
         cmocka_unit_test(test_batch_invariance_kv_q8),
         cmocka_unit_test(test_batch_invariance_bf16),
     };

@@ -81,6 +81,38 @@ struct matmul_job {
     int n_tok;                           /* tokens */
 };
 
+/* Rows [r0, r1) of w (r0 a multiple of KERN_PANEL_ROWS) times every token into y (n_tok x
+ * ne1), by whichever GEMM the job's activations and w's layout take. */
+static void gemm_rows(const struct matmul_job *j, const struct kern_tensor *w, long r0, long r1,
+                      float *y_all)
+{
+    const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    const char *pk =
+        w->packed ? (const char *)w->packed + (size_t)(r0 / KERN_PANEL_ROWS) * w->packed_panel
+                  : NULL;
+    float *y = y_all + r0;
+    const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
+    if (j->xb && pk && j->fn->gemm_bf16_packed[w->type])
+        j->fn->gemm_bf16_packed[w->type](pk, r1 - r0, j->xb, j->n_tok, w->ne0, y, ldy);
+    else if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
+        j->fn->gemm_x3_packed[w->type](pk, r1 - r0, j->xs, j->n_tok, w->ne0, y, ldy);
+    else if (j->xq16 && pk)
+        j->fn->gemm_q16_packed[w->type](pk, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y, ldy);
+    else if (j->xq16 && j->fn->gemm_q16[w->type])
+        j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y,
+                                 ldy);
+    else if (j->xq && pk)
+        j->fn->gemm_q8_packed[w->type](pk, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y, ldy);
+    else if (j->xq && j->fn->gemm_q8[w->type])
+        j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y, ldy);
+    else if (pk)
+        j->fn->gemm_f32_packed[w->type](pk, r1 - r0, j->x, (size_t)w->ne0, j->n_tok, w->ne0, y,
+                                        ldy);
+    else
+        j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok, w->ne0,
+                                 y, ldy);
+}
+
 /* Each thread takes an even share of the concatenated 16-row panels of all weights (the unit
  * of packed weights) and runs one batch-invariant GEMM per weight it touches: a (row, token)
  * result is bitwise the same whatever the batch size or the row split. */
@@ -98,30 +130,7 @@ static void matmul_worker(void *arg, int ith, int nth)
         if (p0 >= p1)
             continue;
         long r0 = p0 * P, r1 = p1 * P < (long)w->ne1 ? p1 * P : (long)w->ne1;
-        const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        const char *pk = w->packed ? (const char *)w->packed + (size_t)p0 * w->packed_panel : NULL;
-        float *y = j->y[i] + r0;
-        const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
-        if (j->xb && pk && j->fn->gemm_bf16_packed[w->type])
-            j->fn->gemm_bf16_packed[w->type](pk, r1 - r0, j->xb, j->n_tok, w->ne0, y, ldy);
-        else if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
-            j->fn->gemm_x3_packed[w->type](pk, r1 - r0, j->xs, j->n_tok, w->ne0, y, ldy);
-        else if (j->xq16 && pk)
-            j->fn->gemm_q16_packed[w->type](pk, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0, y, ldy);
-        else if (j->xq16 && j->fn->gemm_q16[w->type])
-            j->fn->gemm_q16[w->type](w0, w->row_bytes, r1 - r0, j->xq16, ldxq, j->n_tok, w->ne0,
-                                     y, ldy);
-        else if (j->xq && pk)
-            j->fn->gemm_q8_packed[w->type](pk, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y, ldy);
-        else if (j->xq && j->fn->gemm_q8[w->type])
-            j->fn->gemm_q8[w->type](w0, w->row_bytes, r1 - r0, j->xq, ldxq, j->n_tok, w->ne0, y,
-                                    ldy);
-        else if (pk)
-            j->fn->gemm_f32_packed[w->type](pk, r1 - r0, j->x, (size_t)w->ne0, j->n_tok, w->ne0, y,
-                                            ldy);
-        else
-            j->fn->gemm_f32[w->type](w0, w->row_bytes, r1 - r0, j->x, (size_t)w->ne0, j->n_tok,
-                                     w->ne0, y, ldy);
+        gemm_rows(j, w, r0, r1, j->y[i]);
     }
 }
 
@@ -308,6 +317,44 @@ static int cpu_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w
                 ids[t] = aj.bi[(size_t)th * (size_t)n_tok + (size_t)t];
             }
     }
+    return 1;
+}
+
+/* matmul_hook: each thread takes an even share of the KERN_HOOK_ROWS-row ranges, in order, and
+ * runs the range's GEMM for every token, then the hook, while the range's n_tok x 256 values
+ * are still in L2 (a GEMM call per range costs nothing extra: every kernel here expands or
+ * packs its panels once per call and then streams all the tokens through them). */
+struct hook_job {
+    struct matmul_job mm;
+    float *y;
+    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1);
+    void *ctx;
+};
+
+static void hook_worker(void *arg, int ith, int nth)
+{
+    const struct hook_job *h = arg;
+    const struct kern_tensor *w = h->mm.w[0];
+    _Static_assert(KERN_HOOK_ROWS % KERN_PANEL_ROWS == 0, "hook ranges are whole panels");
+    long lo, hi;
+    pool_range((w->ne1 + KERN_HOOK_ROWS - 1) / KERN_HOOK_ROWS, ith, nth, &lo, &hi);
+    for (long c = lo; c < hi; c++) {
+        const long r0 = c * KERN_HOOK_ROWS;
+        const long r1 = (long)w->ne1 - r0 < KERN_HOOK_ROWS ? (long)w->ne1 : r0 + KERN_HOOK_ROWS;
+        gemm_rows(&h->mm, w, r0, r1, h->y);
+        h->hook(h->ctx, ith, r0, r1);
+    }
+}
+
+static int cpu_matmul_hook(struct kern_backend *b, const struct kern_tensor *w,
+                           const struct kern_mm_in *in, int n_tok, float *y,
+                           void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1), void *ctx)
+{
+    struct cpu_state *s = st_of(b);
+    struct hook_job h = {.y = y, .hook = hook, .ctx = ctx};
+    float *const ys[1] = {y};
+    mm_input(s, &w, ys, 1, in, n_tok, &h.mm);
+    pool_run(s->pool, hook_worker, &h);
     return 1;
 }
 
@@ -879,6 +926,7 @@ static const struct kern_ops cpu_ops = {
     .matmul = cpu_matmul,
     .ffn = cpu_ffn,
     .matmul_argmax = cpu_matmul_argmax,
+    .matmul_hook = cpu_matmul_hook,
     .prepare = cpu_prepare,
     .release = cpu_release,
     .get_rows = cpu_get_rows,
