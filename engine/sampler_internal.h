@@ -32,7 +32,8 @@ struct engine_sampler {
     int32_t n_vocab;   /* vocabulary size */
     struct cand *cand; /* n_vocab: candidates of the current call; after it, the kept ones */
     double *zc;        /* weight per SAMPLE_CHUNK tokens (engine_sampler_scale_chunks) */
-    float *tmp_f;      /* per-chunk scratch of engine_sampler_scale_chunks */
+    float *tmp_f;      /* per chunk: the last whole-row pass's chunk maxima (set by
+                        * engine_sampler_combine; truncation skips the chunks they rule out) */
     const float *row;  /* the last call's scaled logits when it kept every token (else NULL) */
     float row_max;     /* ... and their maximum */
     size_t max_cands;  /* most candidates of the truncated fast path */

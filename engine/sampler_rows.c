@@ -242,8 +242,10 @@ float engine_sampler_combine(struct engine_sampler *s, const double *zc, const f
 {
     const size_t nc = ((size_t)s->n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
     float mx = -INFINITY;
-    for (size_t c = 0; c < nc; c++)
+    for (size_t c = 0; c < nc; c++) {
         mx = mc[c] > mx ? mc[c] : mx;
+        s->tmp_f[c] = mc[c]; /* kept for collect (mc may be s->tmp_f) */
+    }
     double sum = 0.0;
     for (size_t c = 0; c < nc; c++) {
         s->zc[c] = zc[c] * engine_sampler_cand_weight(mc[c], mx);
@@ -361,6 +363,10 @@ ROW_CLONES static size_t collect(struct engine_sampler *s, const float *l, float
     const vf16 tv = vsplat(theta), mv = vsplat(mx), bv = vsplat(bound), one = vsplat(1.0f);
     size_t m = 0, i = 0;
     for (; i + VLANES <= n && m <= max; i += VLANES) {
+        if (i % SAMPLE_CHUNK == 0 && s->tmp_f[i / SAMPLE_CHUNK] < theta) {
+            i += SAMPLE_CHUNK - VLANES; /* no token of this chunk passes: not read */
+            continue;
+        }
         const vf16 v = vload(l + i);
         const vi16 pass = v >= tv;
         if (!vany(&pass))
