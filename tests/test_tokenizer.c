@@ -466,6 +466,36 @@ static void test_tiny_vocab(void **state)
     }
 }
 
+/* A byte token's text must be "<0x" two hex digits ">": a sign or a missing digit is refused
+ * (sscanf's %2x took "<0x-1>" as byte ~0u, an index past the byte table; found by fuzzing). */
+static void test_byte_token_text(void **state)
+{
+    (void)state;
+    static struct gbuf b;
+    static const char *const bad[] = {"<0x-1>", "<0x+1>",  "<0x 1>", "<0x1>",
+                                      "<0x1G>", "<0x123>", "<0x12",  "<0X41>"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct err_detail err = {0};
+        struct io_gguf *g = tiny_model_byte(&b, NULL, bad[i], &err);
+        struct engine_tok *t = NULL;
+        if (engine_tok_load(&t, g, &err) != ST_ERR_FORMAT)
+            fail_msg("byte token '%s' accepted (or refused for another reason: %s)", bad[i],
+                     err.msg);
+        assert_non_null(strstr(err.msg, "not <0xXX>"));
+        io_gguf_close(g);
+    }
+    struct err_detail err = {0};
+    struct io_gguf *g = tiny_model_byte(&b, NULL, "<0x4a>", &err);
+    struct engine_tok *t;
+    if (engine_tok_load(&t, g, &err) != ST_OK)
+        fail_msg("byte token <0x4a>: %s", err.msg);
+    io_gguf_close(g);
+    char buf[8];
+    assert_int_equal(engine_tok_piece(t, 257, 0, buf, sizeof(buf)), 1);
+    assert_int_equal((unsigned char)buf[0], 0x4a);
+    engine_tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -481,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_tiny_vocab),
+        cmocka_unit_test(test_byte_token_text),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

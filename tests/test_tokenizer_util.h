@@ -358,8 +358,11 @@ static inline void check_random_bytes(const struct engine_tok *t, int iters)
 }
 
 /* A tiny vocabulary built in memory: the 256 byte tokens (GPT-2 byte-level text), "12", "123",
- * a control "<|end|>" and a user-defined "<tool>"; merges "1 2" and "12 3". */
-static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
+ * a control "<|end|>" and a user-defined "<tool>"; merges "1 2" and "12 3". With byte_tok, token
+ * 257 is instead a byte token (type 6) with that text in a SentencePiece vocabulary (model
+ * "llama", all scores 0), and "12 3" is not a merge. */
+static inline struct io_gguf *tiny_model_byte(struct gbuf *b, const char *pre, const char *byte_tok,
+                                              struct err_detail *err)
 {
     static char bytes[256][3];
     const char *toks[256 + 4];
@@ -382,8 +385,11 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
     toks[257] = "123", types[257] = 1;
     toks[258] = "<|end|>", types[258] = 3;
     toks[259] = "<tool>", types[259] = 4;
+    if (byte_tok)
+        toks[257] = byte_tok, types[257] = 6;
     static const char *merges[] = {"1 2", "12 3"};
-    size_t n_kv = 6 + (pre != NULL);
+    const int n_merges = byte_tok ? 1 : 2;
+    size_t n_kv = 6 + (pre != NULL) + (byte_tok != NULL);
     b->n = 0;
     gb_put(b, "GGUF", 4);
     gb_u32(b, 3);
@@ -391,7 +397,15 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
     gb_u64(b, n_kv);
     gb_str(b, "tokenizer.ggml.model");
     gb_u32(b, 8);
-    gb_str(b, "gpt2");
+    gb_str(b, byte_tok ? "llama" : "gpt2"); /* byte tokens are SentencePiece's */
+    if (byte_tok) {
+        static const float zero[260];
+        gb_str(b, "tokenizer.ggml.scores");
+        gb_u32(b, 9);
+        gb_u32(b, 6);
+        gb_u64(b, 260);
+        gb_put(b, zero, sizeof(zero));
+    }
     if (pre) {
         gb_str(b, "tokenizer.ggml.pre");
         gb_u32(b, 8);
@@ -411,9 +425,9 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
     gb_str(b, "tokenizer.ggml.merges");
     gb_u32(b, 9);
     gb_u32(b, 8);
-    gb_u64(b, 2);
-    gb_str(b, merges[0]);
-    gb_str(b, merges[1]);
+    gb_u64(b, (uint64_t)n_merges);
+    for (int i = 0; i < n_merges; i++)
+        gb_str(b, merges[i]);
     gb_str(b, "tokenizer.ggml.bos_token_id");
     gb_u32(b, 4);
     gb_u32(b, 258);
@@ -423,10 +437,15 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
     while (b->n % 32)
         b->data[b->n++] = 0;
     struct io_gguf *g;
-    struct err_detail err = {0};
-    if (io_gguf_open_mem(&g, b->data, b->n, &err) != ST_OK)
-        fail_msg("in-memory GGUF rejected: %s", err.msg);
+    if (io_gguf_open_mem(&g, b->data, b->n, err) != ST_OK)
+        fail_msg("in-memory GGUF rejected: %s", err->msg);
     return g;
+}
+
+static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
+{
+    struct err_detail err = {0};
+    return tiny_model_byte(b, pre, NULL, &err);
 }
 
 #endif
