@@ -517,18 +517,21 @@ static int pair_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The output projection's epilogue (engine_model_forward_hook): for each row that takes it,
- * columns [r0, r1) of its logits penalised and through engine_sampler_chunk. */
-static void sample_hook(void *ctx, int ith, int64_t r0, int64_t r1)
+/* The output projection's epilogue (engine_model_forward_hook): columns [r0, r1) of every
+ * row, at blk + j * ld, go to its logits; on the way a row that takes it is penalised (in the
+ * block) and through engine_sampler_chunk. */
+static void sample_hook(void *ctx, int ith, int64_t r0, int64_t r1, float *blk, size_t ld)
 {
     (void)ith;
     struct engine *e = ctx;
-    const size_t c = (size_t)r0 / ENGINE_SAMPLE_CHUNK;
+    const size_t c = (size_t)r0 / ENGINE_SAMPLE_CHUNK, n = (size_t)(r1 - r0);
     for (int j = 0; j < e->n_hook_rows; j++) {
-        if (!e->s_hook[j])
+        float *src = blk + (size_t)j * ld, *dst = e->s_logits[j] + r0;
+        if (!e->s_hook[j]) {
+            memcpy(dst, src, sizeof(float) * n);
             continue;
+        }
         const struct engine_sampling *p = &e->s_seq[j]->sp;
-        float *l = e->s_logits[j] + r0;
         const int32_t *pid = e->pen_id + e->s_row[j].pen_first;
         const int32_t *pc = e->pen_count + e->s_row[j].pen_first;
         int32_t lo = 0, hi = e->s_row[j].pen_n; /* the first penalised token >= r0 */
@@ -540,9 +543,9 @@ static void sample_hook(void *ctx, int ith, int64_t r0, int64_t r1)
                 hi = mid;
         }
         for (; lo < e->s_row[j].pen_n && pid[lo] < r1; lo++)
-            l[pid[lo] - r0] = engine_sampler_penalise(p, l[pid[lo] - r0], pc[lo]);
-        e->h_z[(size_t)j * e->h_nc + c] = engine_sampler_chunk(l, (size_t)(r1 - r0), p->temperature,
-                                                               &e->h_m[(size_t)j * e->h_nc + c]);
+            src[pid[lo] - r0] = engine_sampler_penalise(p, src[pid[lo] - r0], pc[lo]);
+        e->h_z[(size_t)j * e->h_nc + c] =
+            engine_sampler_chunk(src, dst, n, p->temperature, &e->h_m[(size_t)j * e->h_nc + c]);
     }
 }
 

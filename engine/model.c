@@ -679,7 +679,8 @@ struct fwd_job {
     const uint32_t *masks; /* ... their grammars' masks */
     int n_masks;
     struct kern_sample_out *sout; /* ... and what it drew */
-    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1); /* logits epilogue, or NULL */
+    /* the logits' epilogue, or NULL */
+    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1, float *blk, size_t ld);
     void *hook_ctx;
     int *hooked; /* set to 1 when the hook ran */
 };
@@ -946,7 +947,7 @@ static void forward_rank(struct fwd_job *j, int r)
             k->download(be, j->ids, f->ids, sizeof(int32_t) * (size_t)n_out);
         *j->fused = 1;
     } else if (j->hook && be->host_memory && k->matmul_hook && !(hp->final_softcap > 0) &&
-               k->matmul_hook(be, &m->output, &out_in, n_out, j->logits, j->hook, j->hook_ctx)) {
+               k->matmul_hook(be, &m->output, &out_in, n_out, j->hook, j->hook_ctx)) {
         *j->hooked = 1;
     } else {
         matmul1(be, &m->output, &out_in, be->host_memory ? j->logits : f->logits, n_out);
@@ -1050,7 +1051,8 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
 
 enum status engine_model_forward_hook(struct engine_model *m, struct engine_kv *kv,
                                       const struct engine_batch *b, float *logits,
-                                      void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1),
+                                      void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1,
+                                                   float *blk, size_t ld),
                                       void *ctx, int *hooked, struct err_detail *err)
 {
     *hooked = 0;

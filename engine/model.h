@@ -112,14 +112,16 @@ enum status engine_model_forward_greedy(struct engine_model *m, struct engine_kv
                                         const struct engine_batch *b, float *logits,
                                         int32_t *ids, int *fused, struct err_detail *err);
 
-/* engine_model_forward with an epilogue on the logits: where the model's backend can
+/* engine_model_forward with an epilogue instead of the logits: where the model's backend can
  * (kern_ops.matmul_hook, a host-memory backend; not with soft-capped logits), hook(ctx, ith,
- * r0, r1) runs on the backend's threads for each KERN_HOOK_ROWS-column range of the logits as
- * soon as every wanted row has it, and *hooked = 1; otherwise *hooked = 0 and the hook never
- * runs. Either way the logits are engine_model_forward's (before the hook touches them). */
+ * r0, r1, blk, ld) runs on the backend's threads for each KERN_HOOK_ROWS-column range with
+ * wanted row j's logits of columns r0 .. r1 - 1 at blk + j * ld (the hook stores what it
+ * wants of them: the logits are not written), and *hooked = 1; otherwise *hooked = 0, the
+ * hook never runs and the logits are written as by engine_model_forward. */
 enum status engine_model_forward_hook(struct engine_model *m, struct engine_kv *kv,
                                       const struct engine_batch *b, float *logits,
-                                      void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1),
+                                      void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1,
+                                                   float *blk, size_t ld),
                                       void *ctx, int *hooked, struct err_detail *err);
 
 /* 1 when the model's backend draws tokens itself (kern_ops.sample, a device backend): then

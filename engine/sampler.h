@@ -138,9 +138,9 @@ int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *
 /* One penalised logit: l after the repetition penalty and count * frequency + presence. */
 float engine_sampler_penalise(const struct engine_sampling *p, float l, int32_t count);
 
-/* One chunk l[0 .. n) of a row at temperature t: scaled in place (NaN -> -inf, / t); returns
- * the sum of the chunk's weights relative to its maximum, which goes to *max. */
-double engine_sampler_chunk(float *l, size_t n, float t, float *max);
+/* One chunk src[0 .. n) of a row at temperature t, scaled into l (NaN -> -inf, / t; l may be
+ * src); returns the sum of the chunk's weights relative to its maximum, which goes to *max. */
+double engine_sampler_chunk(const float *src, float *l, size_t n, float t, float *max);
 
 /* engine_sample's draw from a row whose chunks went through the above (z, m: one entry per
  * chunk), at uniform u. */

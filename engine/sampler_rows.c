@@ -195,17 +195,17 @@ static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
     return vsel(under, vsplat(0.0f), p * (vf16)bits);
 }
 
-/* The whole-row pass for one chunk l[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled in place
- * (NaN -> -inf, divided by t unless t == 1), then, while they are in L1, the chunk's maximum
- * *max and the float sum of exp(s - max) in 16 lanes (lane k the tokens k, k + 16, ...), the
- * lanes added pairwise in double after the scalar tail. */
-ROW_CLONES double engine_sampler_chunk(float *l, size_t n, float t, float *max)
+/* The whole-row pass for one chunk src[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled into l
+ * (NaN -> -inf, divided by t unless t == 1; l may be src), then, while they are in L1, the
+ * chunk's maximum *max and the float sum of exp(s - max) in 16 lanes (lane k the tokens k,
+ * k + 16, ...), the lanes added pairwise in double after the scalar tail. */
+ROW_CLONES double engine_sampler_chunk(const float *src, float *l, size_t n, float t, float *max)
 {
     const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t), one = vsplat(1.0f);
     vf16 hi = ninf;
     size_t i = 0;
     for (; i + VLANES <= n; i += VLANES) {
-        vf16 v = vload(l + i);
+        vf16 v = vload(src + i);
         if (t != 1.0f)
             v = v / tv;
         v = vsel(v != v, ninf, v);
@@ -216,7 +216,7 @@ ROW_CLONES double engine_sampler_chunk(float *l, size_t n, float t, float *max)
     for (int k = 0; k < VLANES; k++)
         m = hi[k] > m ? hi[k] : m;
     for (; i < n; i++) {
-        float v = l[i];
+        float v = src[i];
         v = isnan(v) ? -INFINITY : t == 1.0f ? v : v / t;
         l[i] = v;
         m = v > m ? v : m;
@@ -263,8 +263,8 @@ float engine_sampler_scale_chunks(struct engine_sampler *s, float *l, float t, d
     float *mc = s->tmp_f; /* chunk maxima */
     size_t nc = 0;
     for (size_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK, nc++)
-        s->zc[nc] =
-            engine_sampler_chunk(l + i0, n - i0 < SAMPLE_CHUNK ? n - i0 : SAMPLE_CHUNK, t, &mc[nc]);
+        s->zc[nc] = engine_sampler_chunk(l + i0, l + i0,
+                                         n - i0 < SAMPLE_CHUNK ? n - i0 : SAMPLE_CHUNK, t, &mc[nc]);
     return engine_sampler_combine(s, s->zc, mc, total);
 }
 

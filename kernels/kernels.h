@@ -217,16 +217,17 @@ struct kern_ops {
     int (*matmul_argmax)(struct kern_backend *b, const struct kern_tensor *w,
                          const struct kern_mm_in *in, int n_tok, int32_t *ids);
     /* Optional, host-memory backends only (NULL, or 0 returned = not done, nothing touched): one
-     * weight's matmul into y (n_tok x ne1, host memory), bitwise what matmul writes, calling
-     * hook(ctx, ith, r0, r1) once for each range of KERN_HOOK_ROWS rows [r0, r1) (r0 a multiple
-     * of KERN_HOOK_ROWS, r1 = min(r0 + KERN_HOOK_ROWS, ne1)) as soon as those columns of y are
-     * written for every token, while they are still in cache: an epilogue that reads and
-     * rewrites them (the sampler's whole-row pass, engine/sampler.h). Calls run concurrently on
-     * the backend's threads (ith < the number of threads); one thread's ranges come in
-     * increasing order. Returns 1 when done. */
-    int (*matmul_hook)(struct kern_backend *b, const struct kern_tensor *w,
-                       const struct kern_mm_in *in, int n_tok, float *y,
-                       void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1), void *ctx);
+     * weight's matmul handed to an epilogue instead of stored: hook(ctx, ith, r0, r1, blk, ld)
+     * is called once for each range of KERN_HOOK_ROWS rows [r0, r1) (r0 a multiple of
+     * KERN_HOOK_ROWS, r1 = min(r0 + KERN_HOOK_ROWS, ne1)) with token t's values of rows r0 ..
+     * r1 - 1 at blk + t * ld, bitwise what matmul writes, in backend scratch that is still in
+     * cache and that the hook may overwrite (the sampler's whole-row pass, engine/sampler.h,
+     * copies them to the logits on the way). Calls run concurrently on the backend's threads
+     * (ith < the number of threads); one thread's ranges come in increasing order. Returns 1
+     * when done. */
+    int (*matmul_hook)(
+        struct kern_backend *b, const struct kern_tensor *w, const struct kern_mm_in *in, int n_tok,
+        void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1, float *blk, size_t ld), void *ctx);
     /* Optional (NULL: the caller downloads the logits and draws on the host): draw one token
      * from each row i < n of logits (n x n_vocab, backend memory, left unchanged) as rows[i]
      * says (host memory), bitwise the token engine_sample (engine/sampler.h) draws from the same

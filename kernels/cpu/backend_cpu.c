@@ -34,6 +34,8 @@ struct cpu_state {
     size_t bv_cap;                 /* entries allocated in bv */
     int32_t *bi;                   /* ... and their rows */
     size_t bi_cap;                 /* entries allocated in bi */
+    float *hb;                     /* matmul_hook: per-thread output blocks */
+    size_t hb_cap;                 /* floats allocated in hb */
     char name[32];                 /* "cpu " + the table's name (kern_backend_describe) */
 };
 
@@ -81,17 +83,17 @@ struct matmul_job {
     int n_tok;                           /* tokens */
 };
 
-/* Rows [r0, r1) of w (r0 a multiple of KERN_PANEL_ROWS) times every token into y (n_tok x
- * ne1), by whichever GEMM the job's activations and w's layout take. */
+/* Rows [r0, r1) of w (r0 a multiple of KERN_PANEL_ROWS) times every token into y_all (token t's
+ * row r at t * ldy + r), by whichever GEMM the job's activations and w's layout take. */
 static void gemm_rows(const struct matmul_job *j, const struct kern_tensor *w, long r0, long r1,
-                      float *y_all)
+                      size_t ldy, float *y_all)
 {
     const char *w0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
     const char *pk =
         w->packed ? (const char *)w->packed + (size_t)(r0 / KERN_PANEL_ROWS) * w->packed_panel
                   : NULL;
     float *y = y_all + r0;
-    const size_t ldxq = (size_t)(w->ne0 / KERN_QK), ldy = (size_t)w->ne1;
+    const size_t ldxq = (size_t)(w->ne0 / KERN_QK);
     if (j->xb && pk && j->fn->gemm_bf16_packed[w->type])
         j->fn->gemm_bf16_packed[w->type](pk, r1 - r0, j->xb, j->n_tok, w->ne0, y, ldy);
     else if (j->xs && pk && j->fn->gemm_x3_packed[w->type])
@@ -130,7 +132,7 @@ static void matmul_worker(void *arg, int ith, int nth)
         if (p0 >= p1)
             continue;
         long r0 = p0 * P, r1 = p1 * P < (long)w->ne1 ? p1 * P : (long)w->ne1;
-        gemm_rows(j, w, r0, r1, j->y[i]);
+        gemm_rows(j, w, r0, r1, (size_t)w->ne1, j->y[i]);
     }
 }
 
@@ -321,13 +323,26 @@ static int cpu_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w
 }
 
 /* matmul_hook: each thread takes an even share of the KERN_HOOK_ROWS-row ranges, in order, and
- * runs the range's GEMM for every token, then the hook, while the range's n_tok x 256 values
- * are still in L2 (a GEMM call per range costs nothing extra: every kernel here expands or
- * packs its panels once per call and then streams all the tokens through them). */
+ * runs one GEMM over as many of them as fill HOOK_L2_BYTES of its own compact block (token t's
+ * values at t * ld, ld = the call's rows), then the hook on each range. The block stays in L2:
+ * rows of the logits themselves lie n_vocab floats apart, a stride that maps every token's
+ * piece of a range to the same few L2 sets (49,152 floats = 3 * 2^16 bytes), so they would not. */
+#define HOOK_L2_BYTES (1u << 20)
+
+/* Ranges per GEMM call for n_tok tokens; a thread's block is n_tok * KERN_HOOK_ROWS * that
+ * floats, at most max(HOOK_L2_BYTES, n_tok * KERN_HOOK_ROWS floats). */
+static long hook_step(int n_tok)
+{
+    const size_t range_bytes = (size_t)n_tok * KERN_HOOK_ROWS * sizeof(float);
+    return range_bytes < HOOK_L2_BYTES ? (long)(HOOK_L2_BYTES / range_bytes) : 1;
+}
+
 struct hook_job {
     struct matmul_job mm;
-    float *y;
-    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1);
+    float *blk; /* per thread: blk_floats of scratch */
+    size_t blk_floats;
+    long step; /* ranges per GEMM call */
+    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1, float *blk, size_t ld);
     void *ctx;
 };
 
@@ -335,25 +350,33 @@ static void hook_worker(void *arg, int ith, int nth)
 {
     const struct hook_job *h = arg;
     const struct kern_tensor *w = h->mm.w[0];
+    const long ne1 = (long)w->ne1;
     _Static_assert(KERN_HOOK_ROWS % KERN_PANEL_ROWS == 0, "hook ranges are whole panels");
+    float *blk = h->blk + (size_t)ith * h->blk_floats;
     long lo, hi;
-    pool_range((w->ne1 + KERN_HOOK_ROWS - 1) / KERN_HOOK_ROWS, ith, nth, &lo, &hi);
-    for (long c = lo; c < hi; c++) {
-        const long r0 = c * KERN_HOOK_ROWS;
-        const long r1 = (long)w->ne1 - r0 < KERN_HOOK_ROWS ? (long)w->ne1 : r0 + KERN_HOOK_ROWS;
-        gemm_rows(&h->mm, w, r0, r1, h->y);
-        h->hook(h->ctx, ith, r0, r1);
+    pool_range((ne1 + KERN_HOOK_ROWS - 1) / KERN_HOOK_ROWS, ith, nth, &lo, &hi);
+    for (long c0 = lo; c0 < hi; c0 += h->step) {
+        const long c1 = hi - c0 < h->step ? hi : c0 + h->step;
+        const long r0 = c0 * KERN_HOOK_ROWS,
+                   r1 = ne1 < c1 * KERN_HOOK_ROWS ? ne1 : c1 * KERN_HOOK_ROWS;
+        const size_t ld = (size_t)(r1 - r0);
+        gemm_rows(&h->mm, w, r0, r1, ld, blk - r0);
+        for (long r = r0; r < r1; r += KERN_HOOK_ROWS)
+            h->hook(h->ctx, ith, r, r1 - r < KERN_HOOK_ROWS ? r1 : r + KERN_HOOK_ROWS,
+                    blk + (r - r0), ld);
     }
 }
 
-static int cpu_matmul_hook(struct kern_backend *b, const struct kern_tensor *w,
-                           const struct kern_mm_in *in, int n_tok, float *y,
-                           void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1), void *ctx)
+static int cpu_matmul_hook(
+    struct kern_backend *b, const struct kern_tensor *w, const struct kern_mm_in *in, int n_tok,
+    void (*hook)(void *ctx, int ith, int64_t r0, int64_t r1, float *blk, size_t ld), void *ctx)
 {
     struct cpu_state *s = st_of(b);
-    struct hook_job h = {.y = y, .hook = hook, .ctx = ctx};
-    float *const ys[1] = {y};
-    mm_input(s, &w, ys, 1, in, n_tok, &h.mm);
+    struct hook_job h = {.hook = hook, .ctx = ctx, .step = hook_step(n_tok)};
+    h.blk_floats = (size_t)n_tok * KERN_HOOK_ROWS * (size_t)h.step;
+    const size_t nth = (size_t)pool_size(s->pool);
+    h.blk = s->hb = grow(s->hb, &s->hb_cap, nth * h.blk_floats, sizeof(float));
+    mm_input(s, &w, NULL, 1, in, n_tok, &h.mm);
     pool_run(s->pool, hook_worker, &h);
     return 1;
 }
@@ -911,6 +934,10 @@ static enum status cpu_reserve(struct kern_backend *b, int max_tok, int64_t max_
         ok = ok && grow_to((void **)&s->bv, &s->bv_cap, nth * T, sizeof(*s->bv));
         ok = ok && grow_to((void **)&s->bi, &s->bi_cap, nth * T, sizeof(*s->bi));
     }
+    const size_t hb = T * KERN_HOOK_ROWS > HOOK_L2_BYTES / sizeof(float)
+                          ? T * KERN_HOOK_ROWS
+                          : HOOK_L2_BYTES / sizeof(float);
+    ok = ok && grow_to((void **)&s->hb, &s->hb_cap, nth * hb, sizeof(*s->hb));
     return ok ? ST_OK
               : err_set(err, ST_ERR_NOMEM, "no memory for the CPU kernels' scratch (%d tokens)",
                         max_tok);
@@ -1033,6 +1060,7 @@ static void cpu_free(struct kern_backend *b)
     free(s->xh);
     free(s->bv);
     free(s->bi);
+    free(s->hb);
     free(s);
     free(b);
 }
