@@ -40,6 +40,7 @@ static const char bench_usage[] =
     "  --temperature T        sampling temperature, 0 = greedy (default 0)\n"
     "  --top-p P              nucleus sampling: keep the most likely tokens holding P of\n"
     "                         the probability (default 1 = off; with --temperature > 0)\n"
+    "  --top-k K              keep the K most likely tokens (default 0 = off)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
     "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
@@ -70,10 +71,22 @@ struct bench_opts {
     float peak_seconds;         /* --peak-seconds */
     float temperature;          /* --temperature */
     float top_p;                /* --top-p */
+    int top_k;                  /* --top-k */
     struct runner_engine_opts eo; /* engine and backend flags */
 };
 
-enum { B_MODEL = 256, B_PROMPTS, B_INLEN, B_OUTLEN, B_INPUT, B_SEED, B_PEAK, B_TEMP, B_TOPP };
+enum {
+    B_MODEL = 256,
+    B_PROMPTS,
+    B_INLEN,
+    B_OUTLEN,
+    B_INPUT,
+    B_SEED,
+    B_PEAK,
+    B_TEMP,
+    B_TOPP,
+    B_TOPK
+};
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
 {
@@ -87,6 +100,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {"peak-seconds", required_argument, 0, B_PEAK},
         {"temperature", required_argument, 0, B_TEMP},
         {"top-p", required_argument, 0, B_TOPP},
+        {"top-k", required_argument, 0, B_TOPK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -140,6 +154,13 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             if (!runner_parse_float("bench", "top-p", optarg, 1e-6, 1, &o->top_p))
                 return 0;
             break;
+        case B_TOPK: {
+            long k;
+            if (!runner_parse_long("bench", "top-k", optarg, 0, INT32_MAX, &k))
+                return 0;
+            o->top_k = (int)k;
+            break;
+        }
         case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
         default: usage(stderr); return 0;
         }
@@ -356,6 +377,7 @@ int runner_cmd_bench(int argc, char **argv)
         engine_sampling_default(&r.sampling);
         r.sampling.temperature = o.temperature;
         r.sampling.top_p = o.top_p;
+        r.sampling.top_k = o.top_k;
         r.sampling.seed = o.seed;
         r.max_tokens = (int32_t)o.output_len;
         r.ignore_eos = 1;
@@ -444,6 +466,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "output_len", (double)o.output_len);
     cJSON_AddNumberToObject(j, "temperature", o.temperature);
     cJSON_AddNumberToObject(j, "top_p", o.top_p);
+    cJSON_AddNumberToObject(j, "top_k", o.top_k);
     cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
