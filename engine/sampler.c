@@ -124,7 +124,9 @@ enum status engine_sampler_init(struct engine_sampler **out, int32_t n_vocab,
     s->counts = malloc(n * sizeof(*s->counts));
     s->zc = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->zc));
     s->tmp_f = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->tmp_f));
-    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->counts || !s->zc || !s->tmp_f) {
+    s->wtmp = malloc((n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK * sizeof(*s->wtmp));
+    if (!s->cand || !s->tmp || !s->count || !s->touched || !s->counts || !s->zc || !s->tmp_f ||
+        !s->wtmp) {
         engine_sampler_free(s);
         return err_set(err, ST_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
     }
@@ -143,6 +145,7 @@ void engine_sampler_free(struct engine_sampler *s)
     free(s->counts);
     free(s->zc);
     free(s->tmp_f);
+    free(s->wtmp);
     free(s);
 }
 
@@ -501,39 +504,13 @@ int engine_stop_push(struct engine_stop *s, const char *text, size_t len, size_t
 void engine_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int k,
                      float *chosen_lp, int32_t *top_id, float *top_lp)
 {
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (logits[i] > mx) /* NaN never compares greater */
-            mx = logits[i];
-    double sum = 0;
-    for (int32_t c = 0; c < n_vocab; c += 256) { /* float chunks, added in double */
-        int32_t end = c + 256 < n_vocab ? c + 256 : n_vocab;
-        float part = 0;
-        for (int32_t i = c; i < end; i++)
-            part += logits[i] >= mx - 80.0f ? engine_sample_exp(logits[i] - mx) : 0.0f;
-        sum += part;
-    }
-    const double norm = (double)mx + log(sum);
+    const float mx = engine_sampler_row_max(logits, (size_t)n_vocab);
+    const double norm = (double)mx + log(engine_sampler_weight_sum(logits, (size_t)n_vocab, mx));
     const float lc = logits[chosen];
     *chosen_lp = lc == lc ? (float)((double)lc - norm) : -INFINITY;
     if (k > n_vocab)
         k = n_vocab;
-    int n = 0; /* top_id[0..n) sorted by descending logit; a later equal logit goes after */
-    for (int32_t i = 0; i < n_vocab && k > 0; i++) {
-        float l = logits[i];
-        if (!(l == l))
-            l = -INFINITY;
-        if (n == k && !(l > top_lp[n - 1]))
-            continue;
-        int j = n < k ? n++ : n - 1;
-        while (j > 0 && l > top_lp[j - 1]) {
-            top_lp[j] = top_lp[j - 1];
-            top_id[j] = top_id[j - 1];
-            j--;
-        }
-        top_lp[j] = l;
-        top_id[j] = i;
-    }
+    const int n = engine_sampler_top_values(logits, (size_t)n_vocab, k, top_id, top_lp);
     for (int j = 0; j < n; j++)
         top_lp[j] = (float)((double)top_lp[j] - norm);
 }

@@ -34,6 +34,7 @@ struct engine_sampler {
     double *zc;        /* weight per SAMPLE_CHUNK tokens (engine_sampler_scale_chunks) */
     float *tmp_f;      /* per chunk: the last whole-row pass's chunk maxima (set by
                         * engine_sampler_combine; truncation skips the chunks they rule out) */
+    float *wtmp;       /* one per chunk: weights scratch (engine_sampler_combine) */
     const float *row;  /* the last call's scaled logits when it kept every token (else NULL) */
     float row_max;     /* ... and their maximum */
     size_t max_cands;  /* most candidates of the truncated fast path */
@@ -48,7 +49,8 @@ struct engine_sampler {
     double mass[4][RANK_BUCKETS]; /* top-p scratch: weight per rank bucket, in four lanes */
 };
 
-/* e^x for x <= 0 (engine_sample_exp), inlined into the weight loops. */
+/* e^x for x <= 0 (engine_sample_exp), inlined into the weight loops; 0 below -80, for -inf
+ * and for NaN. */
 static inline float engine_sampler_exp_nonpos(float x)
 {
     /* 2^n * e^r with n = round(x / ln 2) and |r| <= ln(2) / 2; e^r by its Taylor series to
@@ -58,9 +60,10 @@ static inline float engine_sampler_exp_nonpos(float x)
      * multiply-adds are not fused (-std=c11 implies -ffp-contract=off). */
     const float log2e = 1.44269504f, ln2_hi = 0.693145751953125f, ln2_lo = 1.42860677e-6f;
     const float round_magic = 12582912.0f;
-    float xc = x < -80.0f ? -80.0f : x;
-    float n = (xc * log2e + round_magic) - round_magic;
-    float r = (xc - n * ln2_hi) - n * ln2_lo;
+    if (!(x >= -80.0f))
+        return 0.0f;
+    float n = (x * log2e + round_magic) - round_magic;
+    float r = (x - n * ln2_hi) - n * ln2_lo;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
     p = p * r + 1.0f / 24.0f;
@@ -71,7 +74,7 @@ static inline float engine_sampler_exp_nonpos(float x)
     uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
-    return x < -80.0f ? 0.0f : p * scale;
+    return p * scale;
 }
 
 /* Weight of logit l when the largest candidate logit is mx: exactly 1 for the maximum
@@ -90,6 +93,21 @@ void engine_sampler_insertion_sort(struct cand *c, size_t n);
 /* The k (< n_vocab) highest-ranked logits, best first, at the front of s->cand (NaN ranks as
  * -inf). */
 void engine_sampler_select_top_k(struct engine_sampler *s, const float *logits, size_t k);
+
+/* engine_sampler_cand_weight(l[i], mx) for i in [0, n) into w, 16 at a time (a NaN weighs
+ * 0). */
+void engine_sampler_weights(const float *l, size_t n, float mx, float *w);
+
+/* The largest value of l[0 .. n) (NaN never wins; -inf when there is none). */
+float engine_sampler_row_max(const float *l, size_t n);
+
+/* The sum of engine_sampler_cand_weight(l[i], mx) over l[0 .. n), in engine_sampler_chunk's
+ * order within each SAMPLE_CHUNK tokens, the chunks added in double. */
+double engine_sampler_weight_sum(const float *l, size_t n, float mx);
+
+/* The k largest values of l[0 .. n) (NaN as -inf), largest first, a later equal value after
+ * an earlier one, into top_v and their indices into top_id; returns how many (min(k, n)). */
+int engine_sampler_top_values(const float *l, size_t n, int k, int32_t *top_id, float *top_v);
 
 /* Scales the row l in place by 1/t (NaN -> -inf) and fills s->zc with the weight per
  * SAMPLE_CHUNK tokens; returns the row maximum and sets *total to the sum of the weights. */

@@ -180,8 +180,8 @@ float engine_sample_exp(float x)
 static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
 {
     const vf16 lo = vsplat(-80.0f), magic = vsplat(12582912.0f);
-    const vi16 under = x < lo;
-    const vf16 xc = vsel(under, lo, x);
+    const vi16 ok = x >= lo; /* false below -80 and for NaN */
+    const vf16 xc = vsel(ok, x, lo);
     const vf16 nf = (xc * vsplat(1.44269504f) + magic) - magic;
     const vf16 r = (xc - nf * vsplat(0.693145751953125f)) - nf * vsplat(1.42860677e-6f);
     vf16 p = vsplat(1.0f / 720.0f);
@@ -192,16 +192,50 @@ static inline __attribute__((always_inline)) vf16 vexp_nonpos(vf16 x)
     p = p * r + vsplat(1.0f);
     p = p * r + vsplat(1.0f);
     const vi16 bits = (__builtin_convertvector(nf, vi16) + 127) << 23;
-    return vsel(under, vsplat(0.0f), p * (vf16)bits);
+    return (vf16)((vi16)(p * (vf16)bits) & ok);
+}
+
+/* engine_sampler_cand_weight of every lane (mv: the maximum in every lane). */
+static inline __attribute__((always_inline)) vf16 vweight(vf16 v, vf16 mv)
+{
+    return vsel(v == mv, vsplat(1.0f), vexp_nonpos(v - mv));
+}
+
+ROW_CLONES void engine_sampler_weights(const float *l, size_t n, float mx, float *w)
+{
+    const vf16 mv = vsplat(mx);
+    size_t i = 0;
+    for (; i + VLANES <= n; i += VLANES)
+        VSTORE(w + i, vweight(vload(l + i), mv));
+    for (; i < n; i++)
+        w[i] = engine_sampler_cand_weight(l[i], mx);
 }
 
 /* The whole-row pass for one chunk src[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled into l
  * (NaN -> -inf, divided by t unless t == 1; l may be src), then, while they are in L1, the
  * chunk's maximum *max and the float sum of exp(s - max) in 16 lanes (lane k the tokens k,
  * k + 16, ...), the lanes added pairwise in double after the scalar tail. */
+/* The sum of l[0 .. n)'s weights relative to m: lane k adds the tokens k, k + 16, ... in
+ * float, the scalar tail apart, the lanes added pairwise in double after the tail. */
+static inline __attribute__((always_inline)) double chunk_sum(const float *l, size_t n, float m)
+{
+    const vf16 mv = vsplat(m);
+    vf16 acc = vsplat(0.0f);
+    float tail = 0.0f;
+    size_t i = 0;
+    for (; i + VLANES <= n; i += VLANES)
+        acc += vweight(vload(l + i), mv);
+    for (; i < n; i++)
+        tail += engine_sampler_cand_weight(l[i], m);
+    double z = tail;
+    for (int k = 0; k < VLANES; k += 4)
+        z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
+    return z;
+}
+
 ROW_CLONES double engine_sampler_chunk(const float *src, float *l, size_t n, float t, float *max)
 {
-    const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t), one = vsplat(1.0f);
+    const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t);
     vf16 hi = ninf;
     size_t i = 0;
     for (; i + VLANES <= n; i += VLANES) {
@@ -221,20 +255,65 @@ ROW_CLONES double engine_sampler_chunk(const float *src, float *l, size_t n, flo
         l[i] = v;
         m = v > m ? v : m;
     }
-    const vf16 mv = vsplat(m);
-    vf16 acc = vsplat(0.0f);
-    float tail = 0.0f;
-    for (i = 0; i + VLANES <= n; i += VLANES) {
-        const vf16 v = vload(l + i);
-        acc += vsel(v == mv, one, vexp_nonpos(v - mv));
-    }
-    for (; i < n; i++)
-        tail += engine_sampler_cand_weight(l[i], m);
-    double z = tail;
-    for (int k = 0; k < VLANES; k += 4)
-        z += ((double)acc[k] + acc[k + 1]) + ((double)acc[k + 2] + acc[k + 3]);
     *max = m;
-    return z;
+    return chunk_sum(l, n, m);
+}
+
+ROW_CLONES float engine_sampler_row_max(const float *l, size_t n)
+{
+    vf16 hi = vsplat(-INFINITY);
+    size_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) {
+        const vf16 v = vload(l + i);
+        hi = vsel(v > hi, v, hi);
+    }
+    float m = -INFINITY;
+    for (int k = 0; k < VLANES; k++)
+        m = hi[k] > m ? hi[k] : m;
+    for (; i < n; i++)
+        m = l[i] > m ? l[i] : m;
+    return m;
+}
+
+ROW_CLONES double engine_sampler_weight_sum(const float *l, size_t n, float mx)
+{
+    double sum = 0.0;
+    for (size_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK)
+        sum += chunk_sum(l + i0, n - i0 < SAMPLE_CHUNK ? n - i0 : SAMPLE_CHUNK, mx);
+    return sum;
+}
+
+ROW_CLONES int engine_sampler_top_values(const float *l, size_t n, int k, int32_t *top_id,
+                                         float *top_v)
+{
+    int m = 0;
+    vf16 bar = vsplat(INFINITY); /* once full: the k-th value (nothing passes before) */
+    for (size_t i0 = 0; i0 < n && k > 0; i0 += VLANES) {
+        const size_t i1 = n - i0 < VLANES ? n : i0 + VLANES;
+        if (m == k && i1 - i0 == VLANES) {
+            const vi16 gt = vload(l + i0) > bar;
+            if (!vany(&gt))
+                continue;
+        }
+        for (size_t i = i0; i < i1; i++) {
+            float v = l[i];
+            if (!(v == v))
+                v = -INFINITY;
+            if (m == k && !(v > top_v[m - 1]))
+                continue;
+            int j = m < k ? m++ : m - 1;
+            while (j > 0 && v > top_v[j - 1]) {
+                top_v[j] = top_v[j - 1];
+                top_id[j] = top_id[j - 1];
+                j--;
+            }
+            top_v[j] = v;
+            top_id[j] = (int32_t)i;
+        }
+        if (m == k)
+            bar = vsplat(top_v[k - 1]);
+    }
+    return m;
 }
 
 float engine_sampler_combine(struct engine_sampler *s, const double *zc, const float *mc,
@@ -246,9 +325,10 @@ float engine_sampler_combine(struct engine_sampler *s, const double *zc, const f
         mx = mc[c] > mx ? mc[c] : mx;
         s->tmp_f[c] = mc[c]; /* kept for collect (mc may be s->tmp_f) */
     }
+    engine_sampler_weights(s->tmp_f, nc, mx, s->wtmp);
     double sum = 0.0;
     for (size_t c = 0; c < nc; c++) {
-        s->zc[c] = zc[c] * engine_sampler_cand_weight(mc[c], mx);
+        s->zc[c] = zc[c] * s->wtmp[c];
         sum += s->zc[c];
     }
     *total = sum;
@@ -289,9 +369,11 @@ int32_t engine_sampler_draw_row(const struct engine_sampler *s, const float *l, 
     if (c == nc) /* only by rounding */
         c = last_c;
     const size_t i0 = c * SAMPLE_CHUNK, i1 = n - i0 < SAMPLE_CHUNK ? n : i0 + SAMPLE_CHUNK;
+    float wc[SAMPLE_CHUNK];
+    engine_sampler_weights(l + i0, i1 - i0, mx, wc);
     size_t last = i0;
     for (size_t i = i0; i < i1; i++) {
-        const float w = engine_sampler_cand_weight(l[i], mx);
+        const float w = wc[i - i0];
         if (w > 0.0f)
             last = i;
         cum += w;
@@ -360,7 +442,7 @@ ROW_CLONES static size_t collect(struct engine_sampler *s, const float *l, float
 {
     const size_t n = (size_t)s->n_vocab;
     const float theta = (float)((double)mx + log((double)bound) - 1e-3);
-    const vf16 tv = vsplat(theta), mv = vsplat(mx), bv = vsplat(bound), one = vsplat(1.0f);
+    const vf16 tv = vsplat(theta), mv = vsplat(mx), bv = vsplat(bound);
     size_t m = 0, i = 0;
     for (; i + VLANES <= n && m <= max; i += VLANES) {
         if (i % SAMPLE_CHUNK == 0 && s->tmp_f[i / SAMPLE_CHUNK] < theta) {
@@ -371,7 +453,7 @@ ROW_CLONES static size_t collect(struct engine_sampler *s, const float *l, float
         const vi16 pass = v >= tv;
         if (!vany(&pass))
             continue;
-        const vf16 w = vsel(v == mv, one, vexp_nonpos(v - mv)); /* = engine_sampler_cand_weight */
+        const vf16 w = vweight(v, mv);
         const vi16 keep = pass & (w >= bv);
         for (int k = 0; k < VLANES; k++)
             if (keep[k])
@@ -432,7 +514,14 @@ ROW_CLONES size_t engine_sampler_truncate_row(struct engine_sampler *s,
         }
     }
     s->n_slow++;
-    for (size_t i = 0; i < n; i++)
+    const vf16 mv = vsplat(mx);
+    size_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) {
+        const vf16 w = vweight(vload(l + i), mv);
+        for (int k = 0; k < VLANES; k++)
+            s->cand[i + (size_t)k] = (struct cand){w[k], (int32_t)(i + (size_t)k)};
+    }
+    for (; i < n; i++)
         s->cand[i] = (struct cand){engine_sampler_cand_weight(l[i], mx), (int32_t)i};
     return rank_cands(s, n, total, p->top_p, p->min_p);
 }
@@ -474,7 +563,13 @@ ROW_CLONES int32_t engine_sampler_greedy(struct engine_sampler *s, float *logits
         best++;
     if (logprob) {
         double sum = 0.0;
-        for (i = 0; i < n; i++)
+        const vf16 mv = vsplat(mx);
+        for (i = 0; i + VLANES <= n; i += VLANES) {
+            const vf16 w = vweight(vload(logits + i), mv);
+            for (int k = 0; k < VLANES; k++)
+                sum += w[k];
+        }
+        for (; i < n; i++)
             sum += engine_sampler_cand_weight(logits[i], mx);
         *logprob = (float)-log(sum);
     }

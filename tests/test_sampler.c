@@ -15,6 +15,7 @@
 
 #include "common/philox.h"
 #include "engine/sampler.h"
+#include "engine/sampler_internal.h"
 #include "tests/test_sampler_util.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -259,6 +260,94 @@ static void test_exp_accuracy(void **state)
     assert_true(engine_sample_exp(0.0f) == 1.0f);
     assert_true(engine_sample_exp(-80.001f) == 0.0f);
     assert_true(engine_sample_exp(-INFINITY) == 0.0f);
+    assert_true(engine_sample_exp(NAN) == 0.0f);
+}
+
+/* The vector weight passes (engine_sampler_chunk, engine_sampler_weights), bit for bit
+ * against the scalar definition computed here: scaled = src / t (src itself at t = 1) with
+ * NaN as -inf, weight = 1 at the maximum else engine_sample_exp(scaled - max), lane k
+ * of 16 summing the tokens k, k + 16, ... in float, the tail apart, the lanes added pairwise
+ * in double. Chunks of random values with ties, -0, +-inf, NaN and values either side of
+ * -80 below the maximum; lengths with and without a tail. */
+static void test_weights_bitwise(void **state)
+{
+    (void)state;
+    struct engine_rng r;
+    engine_rng_seed(&r, 21, "weights", 7);
+    static const size_t lens[] = {256, 255, 17, 16, 5};
+    static const float temps[] = {1.0f, 0.8f, 0.7f, 1.3f};
+    float src[256], want_l[256], got_l[256], w[256];
+    int checked = 0;
+    for (int kind = 0; kind < 8; kind++)
+        for (int li = 0; li < 5; li++) {
+            const size_t n = lens[li];
+            const float t = temps[(kind + li) % 4];
+            for (size_t i = 0; i < n; i++)
+                src[i] = (float)(engine_rng_uniform(&r) * 60.0 - 50.0);
+            if (kind == 1) /* ties, zeros of both signs, -inf */
+                for (size_t i = 0; i < n; i += 3)
+                    src[i] = i % 2 ? -0.0f : (i % 9 ? 0.0f : -INFINITY);
+            if (kind == 2 && n > 4) { /* NaN and -inf, a max in the tail */
+                src[1] = NAN;
+                src[3] = -INFINITY;
+                src[n - 1] = 30.0f;
+            }
+            if (kind == 3) /* around -80 below the maximum (after scaling) */
+                for (size_t i = 0; i < n; i++)
+                    src[i] = i == 0 ? 0.0f : -t * (80.0f + (float)((int)(i % 5) - 2) * 1e-5f);
+            if (kind == 4) /* every value -inf: each is the maximum */
+                for (size_t i = 0; i < n; i++)
+                    src[i] = -INFINITY;
+            if (kind == 5 && n > 2) /* +inf: only it weighs */
+                src[2] = INFINITY;
+            if (kind == 6) /* large spread */
+                for (size_t i = 0; i < n; i++)
+                    src[i] *= 40.0f;
+            float m = -INFINITY;
+            for (size_t i = 0; i < n; i++) {
+                float v = t == 1.0f ? src[i] : src[i] / t;
+                want_l[i] = isnan(v) ? -INFINITY : v;
+                m = want_l[i] > m ? want_l[i] : m;
+            }
+            float lane[16] = {0}, tail = 0.0f, wt[256];
+            const size_t nv = n / 16 * 16;
+            for (size_t i = 0; i < n; i++) {
+                wt[i] = want_l[i] == m ? 1.0f : engine_sample_exp(want_l[i] - m);
+                if (i < nv)
+                    lane[i % 16] += wt[i];
+                else
+                    tail += wt[i];
+            }
+            double z = tail;
+            for (int k = 0; k < 16; k += 4)
+                z += ((double)lane[k] + lane[k + 1]) + ((double)lane[k + 2] + lane[k + 3]);
+            float got_m;
+            const double got_z = engine_sampler_chunk(src, got_l, n, t, &got_m);
+            assert_memory_equal(got_l, want_l, n * sizeof(float));
+            assert_memory_equal(&got_m, &m, sizeof(float));
+            assert_memory_equal(&got_z, &z, sizeof(double));
+            engine_sampler_weights(want_l, n, m, w);
+            assert_memory_equal(w, wt, n * sizeof(float));
+            want_l[0] = NAN; /* weighs nothing (in a lane or in the tail) */
+            engine_sampler_weights(want_l, n, m, w);
+            assert_true(w[0] == 0.0f);
+            checked++;
+        }
+    /* a dense sweep of [-80.5, 0] against engine_sample_exp (maximum 0) */
+    enum { SWEEP = 1 << 18 };
+    float *x = malloc(SWEEP * sizeof(float)), *wx = malloc(SWEEP * sizeof(float));
+    assert_non_null(x);
+    assert_non_null(wx);
+    for (size_t i = 0; i < SWEEP; i++)
+        x[i] = -80.5f * (float)i / (float)(SWEEP - 1);
+    engine_sampler_weights(x, SWEEP, 0.0f, wx);
+    for (size_t i = 0; i < SWEEP; i++)
+        if (memcmp(&wx[i], &(float){engine_sample_exp(x[i])}, sizeof(float)))
+            fail_msg("weight of %a is %a, scalar %a", (double)x[i], (double)wx[i],
+                     (double)engine_sample_exp(x[i]));
+    free(x);
+    free(wx);
+    assert_int_equal(checked, 40);
 }
 
 /* Rows with +inf, -inf and NaN entries draw only from what deserves mass. */
@@ -734,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_top_k1_equals_greedy),
         cmocka_unit_test(test_truncation_matches_reference),
         cmocka_unit_test(test_exp_accuracy),
+        cmocka_unit_test(test_weights_bitwise),
         cmocka_unit_test(test_edge_rows),
         cmocka_unit_test(test_top_k_orders),
         cmocka_unit_test(test_top_p_smallest_prefix),

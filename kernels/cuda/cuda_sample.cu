@@ -46,14 +46,16 @@ struct smp_shared {
     double total;
 };
 
-/* engine_sampler_exp_nonpos: e^x for x <= 0, the same float operations in the same order. */
+/* engine_sampler_exp_nonpos: e^x for x <= 0 (0 below -80, for -inf and for NaN), the same
+ * float operations in the same order. */
 static __device__ __forceinline__ float smp_exp(float x)
 {
     const float log2e = 1.44269504f, ln2_hi = 0.693145751953125f, ln2_lo = 1.42860677e-6f;
     const float magic = 12582912.0f;
-    const float xc = x < -80.0f ? -80.0f : x;
-    const float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, log2e), magic), magic);
-    const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(n, ln2_hi)), __fmul_rn(n, ln2_lo));
+    if (!(x >= -80.0f))
+        return 0.0f;
+    const float n = __fsub_rn(__fadd_rn(__fmul_rn(x, log2e), magic), magic);
+    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, ln2_hi)), __fmul_rn(n, ln2_lo));
     float p = 1.0f / 720.0f;
     p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
@@ -62,7 +64,7 @@ static __device__ __forceinline__ float smp_exp(float x)
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     const float scale = __uint_as_float((uint32_t)((int32_t)n + 127) << 23);
-    return x < -80.0f ? 0.0f : __fmul_rn(p, scale);
+    return __fmul_rn(p, scale);
 }
 
 /* engine_sampler_cand_weight */
@@ -382,14 +384,13 @@ static __device__ void logprobs(struct smp_shared *sh, const float *x, const uin
         m = v > m ? v : m;
     }
     const float mx = block_max(sh->redf, m);
-    const float lo = __fsub_rn(mx, 80.0f);
     const int nc = (n + SMP_CHUNK - 1) / SMP_CHUNK;
     for (int c = threadIdx.x; c < nc; c += SMP_THREADS) {
         const int i1 = n - c * SMP_CHUNK < SMP_CHUNK ? n : c * SMP_CHUNK + SMP_CHUNK;
         float s = 0.0f;
         for (int i = c * SMP_CHUNK; i < i1; i++) {
             const float v = masked(x, mask, i);
-            s = __fadd_rn(s, v >= lo ? smp_exp(__fsub_rn(v, mx)) : 0.0f);
+            s = __fadd_rn(s, smp_weight(v, mx));
         }
         part[c] = s;
     }
