@@ -417,9 +417,15 @@ static void sample_range(void *arg, int ith, int nth)
     }
 }
 
-/* Room for need penalty entries in pen_id, pen_count and pen_pair. */
-static enum status pen_room(struct engine *e, size_t need, struct err_detail *err)
+/* Room in pen_id, pen_count and pen_pair for a row's (token, count) pairs after the first
+ * n_pen entries: at most one per token of its penalty window (the last repeat_last_n of its
+ * history of `at` tokens, or all of them). */
+static enum status pen_room(struct engine *e, int n_pen, const struct engine_sampling *p, size_t at,
+                            struct err_detail *err)
 {
+    const size_t window =
+        p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
+    const size_t need = (size_t)n_pen + window;
     if (need <= e->pen_cap)
         return ST_OK;
     const size_t cap = 2 * need + 256;
@@ -455,9 +461,7 @@ static enum status forward_sampled(struct engine *e, const struct engine_batch *
         const size_t at = s->n_tok + (size_t)e->s_off[j];
         const struct engine_sampling *p = &s->sp;
         struct kern_sample_row *R = &e->s_row[j];
-        const size_t window =
-            p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
-        if ((st = pen_room(e, (size_t)n_pen + window, err)))
+        if ((st = pen_room(e, n_pen, p, at, err)))
             return st;
         *R = (struct kern_sample_row){.temperature = p->temperature,
                                       .top_k = p->top_k,
@@ -569,9 +573,7 @@ static enum status forward_hooked(struct engine *e, const struct engine_batch *b
             continue;
         any = 1;
         const size_t at = s->n_tok + (size_t)e->s_off[j];
-        const size_t window =
-            p->repeat_last_n > 0 && (size_t)p->repeat_last_n < at ? (size_t)p->repeat_last_n : at;
-        if ((st = pen_room(e, (size_t)n_pen + window, err)))
+        if ((st = pen_room(e, n_pen, p, at, err)))
             return st;
         e->s_row[j].pen_first = n_pen;
         e->s_row[j].pen_n = (int32_t)engine_sampler_counts(e->smp[0], p, s->tok, at,
