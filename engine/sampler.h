@@ -161,7 +161,8 @@ void engine_sampler_take_counts(struct engine_sampler *s, uint64_t *fast, uint64
 
 /* e^x for x <= 0 exactly as the sampler computes softmax weights: plain float arithmetic,
  * so the same bits on every IEEE machine and libm (relative error under 4e-7); returns 0
- * for x < -80 (such tokens never matter next to the maximum, whose weight is 1). */
+ * for x < -80 (such tokens never matter next to the maximum, whose weight is 1), -inf and
+ * NaN. */
 float engine_sample_exp(float x);
 
 /* The candidates that survived truncation in the last engine_sample call on s: how many. */
@@ -184,8 +185,10 @@ int32_t engine_sampler_kept(const struct engine_sampler *s, size_t i, double *pr
  * (before penalties, temperature and any truncation, as OpenAI's logprobs are; NaN counts as
  * -inf). Stores the chosen token's in *chosen_lp and the k (0..ENGINE_TOP_LOGPROBS_MAX, at most
  * n_vocab) most likely ids in top_id[0..k) with theirs in top_lp, by descending logit, ties to
- * the lower id. The normaliser is max + log of the sum, in double, of engine_sample_exp(l - max)
- * (relative error of each weight under 4e-7). Reads logits only; a pure function. */
+ * the lower id. The normaliser is max + log of the sum of the weights 1 for the maximum,
+ * engine_sample_exp(l - max) for the others (relative error of each under 4e-7), summed as
+ * the sampler's chunk pass sums them (16 float lanes per 256 tokens, chunks in double). Reads
+ * logits only; a pure function. */
 void engine_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int k,
                      float *chosen_lp, int32_t *top_id, float *top_lp);
 

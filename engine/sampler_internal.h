@@ -106,7 +106,8 @@ float engine_sampler_row_max(const float *l, size_t n);
 double engine_sampler_weight_sum(const float *l, size_t n, float mx);
 
 /* The k largest values of l[0 .. n) (NaN as -inf), largest first, a later equal value after
- * an earlier one, into top_v and their indices into top_id; returns how many (min(k, n)). */
+ * an earlier one, into top_v and their indices into top_id; returns how many (min(k, n), 0
+ * for k <= 0). */
 int engine_sampler_top_values(const float *l, size_t n, int k, int32_t *top_id, float *top_v);
 
 /* Scales the row l in place by 1/t (NaN -> -inf) and fills s->zc with the weight per

@@ -211,10 +211,6 @@ ROW_CLONES void engine_sampler_weights(const float *l, size_t n, float mx, float
         w[i] = engine_sampler_cand_weight(l[i], mx);
 }
 
-/* The whole-row pass for one chunk src[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled into l
- * (NaN -> -inf, divided by t unless t == 1; l may be src), then, while they are in L1, the
- * chunk's maximum *max and the float sum of exp(s - max) in 16 lanes (lane k the tokens k,
- * k + 16, ...), the lanes added pairwise in double after the scalar tail. */
 /* The sum of l[0 .. n)'s weights relative to m: lane k adds the tokens k, k + 16, ... in
  * float, the scalar tail apart, the lanes added pairwise in double after the tail. */
 static inline __attribute__((always_inline)) double chunk_sum(const float *l, size_t n, float m)
@@ -233,6 +229,9 @@ static inline __attribute__((always_inline)) double chunk_sum(const float *l, si
     return z;
 }
 
+/* The whole-row pass for one chunk src[0 .. n) (n <= SAMPLE_CHUNK): every logit scaled into l
+ * (NaN -> -inf, divided by t unless t == 1; l may be src), then, while they are in L1, the
+ * chunk's maximum *max and chunk_sum. */
 ROW_CLONES double engine_sampler_chunk(const float *src, float *l, size_t n, float t, float *max)
 {
     const vf16 ninf = vsplat(-INFINITY), tv = vsplat(t);

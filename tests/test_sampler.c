@@ -287,7 +287,7 @@ static void test_weights_bitwise(void **state)
             if (kind == 1) /* ties, zeros of both signs, -inf */
                 for (size_t i = 0; i < n; i += 3)
                     src[i] = i % 2 ? -0.0f : (i % 9 ? 0.0f : -INFINITY);
-            if (kind == 2 && n > 4) { /* NaN and -inf, a max in the tail */
+            if (kind == 2 && n > 4) { /* NaN and -inf, the maximum last */
                 src[1] = NAN;
                 src[3] = -INFINITY;
                 src[n - 1] = 30.0f;
@@ -348,6 +348,47 @@ static void test_weights_bitwise(void **state)
     free(x);
     free(wx);
     assert_int_equal(checked, 40);
+}
+
+/* engine_sampler_top_values against a full sort (descending value, NaN as -inf, a later equal
+ * value after an earlier one): rows of 1 to 49,152 values, coarse values so that many tie at
+ * the k-th (blocks that hold only ties of the bar must be skipped, one above it must not),
+ * NaN and -inf inside blocks, k from 0 to 20. */
+static void test_top_values(void **state)
+{
+    (void)state;
+    struct engine_rng r;
+    engine_rng_seed(&r, 23, "top", 3);
+    static const size_t lens[] = {1, 15, 16, 17, 48, 1000, 49152};
+    const size_t cap = 49152;
+    float *l = malloc(cap * sizeof(float));
+    struct ref_item *it = malloc(cap * sizeof(*it));
+    assert_non_null(l);
+    assert_non_null(it);
+    for (int li = 0; li < 7; li++)
+        for (int k = 0; k <= 20; k += (k < 4 ? 1 : 4)) {
+            const size_t n = lens[li];
+            const int coarse = k % 2;
+            for (size_t i = 0; i < n; i++) {
+                const double u = engine_rng_uniform(&r);
+                l[i] = coarse ? (float)(int)(u * 6.0) : (float)(u * 100.0 - 50.0);
+                if (n > 20 && i % 37 == 5)
+                    l[i] = i % 2 ? NAN : -INFINITY;
+            }
+            for (size_t i = 0; i < n; i++)
+                it[i] = (struct ref_item){isnan(l[i]) ? -INFINITY : l[i], (int32_t)i};
+            qsort(it, n, sizeof(*it), ref_cmp); /* descending, ties to the lower id */
+            int32_t id[20];
+            float v[20];
+            const int m = engine_sampler_top_values(l, n, k, id, v);
+            assert_int_equal(m, (size_t)k < n ? k : (int)n);
+            for (int j = 0; j < m; j++) {
+                assert_int_equal(id[j], it[j].id);
+                assert_memory_equal(&v[j], &it[j].v, sizeof(float));
+            }
+        }
+    free(l);
+    free(it);
 }
 
 /* Rows with +inf, -inf and NaN entries draw only from what deserves mass. */
@@ -824,6 +865,7 @@ int main(void)
         cmocka_unit_test(test_truncation_matches_reference),
         cmocka_unit_test(test_exp_accuracy),
         cmocka_unit_test(test_weights_bitwise),
+        cmocka_unit_test(test_top_values),
         cmocka_unit_test(test_edge_rows),
         cmocka_unit_test(test_top_k_orders),
         cmocka_unit_test(test_top_p_smallest_prefix),

@@ -374,7 +374,8 @@ static __device__ int collect(struct smp_shared *sh, const float *l, int n, floa
 }
 
 /* engine_logprobs of the raw row x (masked) for the chosen token: its log-probability and the
- * lp_k most likely tokens' (thread 0 writes them). part: one float per chunk of scratch. */
+ * lp_k most likely tokens' (thread 0 writes them); each chunk's weights summed token by token
+ * (the host sums 16 lanes: the same to ~1e-7). part: one float per chunk of scratch. */
 static __device__ void logprobs(struct smp_shared *sh, const float *x, const uint32_t *mask, int n,
                                 int chosen, int lp_k, float *part, struct kcu_sample_out *o)
 {
