@@ -41,6 +41,8 @@ static const char bench_usage[] =
     "  --top-p P              nucleus sampling: keep the most likely tokens holding P of\n"
     "                         the probability (default 1 = off; with --temperature > 0)\n"
     "  --top-k K              keep the K most likely tokens (default 0 = off)\n"
+    "  --logprobs K           every request asks for each token's log-probability and K\n"
+    "                         (0-20) alternatives, as `logprobs` does (default: off)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
     "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
@@ -72,6 +74,7 @@ struct bench_opts {
     float temperature;          /* --temperature */
     float top_p;                /* --top-p */
     int top_k;                  /* --top-k */
+    int logprobs;               /* --logprobs: alternatives per token, -1 = off */
     struct runner_engine_opts eo; /* engine and backend flags */
 };
 
@@ -85,7 +88,8 @@ enum {
     B_PEAK,
     B_TEMP,
     B_TOPP,
-    B_TOPK
+    B_TOPK,
+    B_LOGPROBS
 };
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
@@ -101,6 +105,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {"temperature", required_argument, 0, B_TEMP},
         {"top-p", required_argument, 0, B_TOPP},
         {"top-k", required_argument, 0, B_TOPK},
+        {"logprobs", required_argument, 0, B_LOGPROBS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -115,6 +120,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
     o->seed = 1;
     o->peak_seconds = 1;
     o->top_p = 1;
+    o->logprobs = -1;
     int c, e;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -159,6 +165,13 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             if (!runner_parse_long("bench", "top-k", optarg, 0, INT32_MAX, &k))
                 return 0;
             o->top_k = (int)k;
+            break;
+        }
+        case B_LOGPROBS: {
+            long k;
+            if (!runner_parse_long("bench", "logprobs", optarg, 0, ENGINE_TOP_LOGPROBS_MAX, &k))
+                return 0;
+            o->logprobs = (int)k;
             break;
         }
         case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
@@ -378,6 +391,8 @@ int runner_cmd_bench(int argc, char **argv)
         r.sampling.temperature = o.temperature;
         r.sampling.top_p = o.top_p;
         r.sampling.top_k = o.top_k;
+        r.logprobs = o.logprobs >= 0;
+        r.top_logprobs = o.logprobs > 0 ? o.logprobs : 0;
         r.sampling.seed = o.seed;
         r.max_tokens = (int32_t)o.output_len;
         r.ignore_eos = 1;
@@ -467,6 +482,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "temperature", o.temperature);
     cJSON_AddNumberToObject(j, "top_p", o.top_p);
     cJSON_AddNumberToObject(j, "top_k", o.top_k);
+    cJSON_AddNumberToObject(j, "logprobs", o.logprobs);
     cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);

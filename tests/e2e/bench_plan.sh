@@ -64,6 +64,12 @@ PY
     --peak-seconds 0 >"$tmp/bench8.json"
 [ "$(jget "$tmp/bench8.json" '["kv_dtype"]')" = q8 ] || fail "bench kv_dtype"
 [ "$(jget "$tmp/bench8.json" '["output_tokens"]')" = 20 ] || fail "q8 KV output tokens"
+"$Q" bench --model "$M" --prompts 4 --input-len 20 --output-len 5 --temperature 0.8 \
+    --top-p 0.9 --logprobs 3 --peak-seconds 0 >"$tmp/bench_lp.json" || fail "bench --logprobs"
+[ "$(jget "$tmp/bench_lp.json" '["logprobs"]')" = 3 ] || fail "bench logprobs"
+[ "$(jget "$tmp/bench_lp.json" '["output_tokens"]')" = 20 ] || fail "logprobs output tokens"
+[ "$(jget "$tmp/bench.json" '["logprobs"]')" = -1 ] || fail "bench logprobs off by default"
+"$Q" bench --model "$M" --prompts 2 --logprobs 21 >/dev/null 2>&1 && fail "--logprobs 21 accepted"
 "$Q" bench --model "$M" --prompts 2 --max-seqs 600 >/dev/null 2>"$tmp/b.err" && fail "max-seqs > max-batch-tokens accepted"
 grep -q "max-batch-tokens" "$tmp/b.err" || fail "no explanation for bad engine params"
 # a prompt longer than the model context is skipped with a warning, the others still run
