@@ -374,10 +374,12 @@ static __device__ int collect(struct smp_shared *sh, const float *l, int n, floa
 }
 
 /* engine_logprobs of the raw row x (masked) for the chosen token: its log-probability and the
- * lp_k most likely tokens' (thread 0 writes them); each chunk's weights summed token by token
- * (the host sums 16 lanes: the same to ~1e-7). part: one float per chunk of scratch. */
+ * lp_k most likely tokens' (thread 0 writes them). The normaliser's sum as the host's
+ * (engine_sampler_weight_sum): one thread a chunk, lane k of 16 adding the chunk's tokens k,
+ * k + 16, ... in float, the tail apart, the lanes pairwise in double, the chunks in double in
+ * order. part: one double per chunk of scratch. */
 static __device__ void logprobs(struct smp_shared *sh, const float *x, const uint32_t *mask, int n,
-                                int chosen, int lp_k, float *part, struct kcu_sample_out *o)
+                                int chosen, int lp_k, double *part, struct kcu_sample_out *o)
 {
     float m = -INFINITY;
     for (int i = threadIdx.x; i < n; i += SMP_THREADS) {
@@ -387,13 +389,21 @@ static __device__ void logprobs(struct smp_shared *sh, const float *x, const uin
     const float mx = block_max(sh->redf, m);
     const int nc = (n + SMP_CHUNK - 1) / SMP_CHUNK;
     for (int c = threadIdx.x; c < nc; c += SMP_THREADS) {
-        const int i1 = n - c * SMP_CHUNK < SMP_CHUNK ? n : c * SMP_CHUNK + SMP_CHUNK;
-        float s = 0.0f;
-        for (int i = c * SMP_CHUNK; i < i1; i++) {
-            const float v = masked(x, mask, i);
-            s = __fadd_rn(s, smp_weight(v, mx));
-        }
-        part[c] = s;
+        const int i0 = c * SMP_CHUNK, i1 = n - i0 < SMP_CHUNK ? n : i0 + SMP_CHUNK;
+        const int iv = i0 + (i1 - i0) / SMP_LANES * SMP_LANES; /* end of the lanes' part */
+        float a[SMP_LANES];
+        for (int k = 0; k < SMP_LANES; k++)
+            a[k] = 0.0f;
+        for (int b = i0; b < iv; b += SMP_LANES)
+            for (int k = 0; k < SMP_LANES; k++)
+                a[k] = __fadd_rn(a[k], smp_weight(masked(x, mask, b + k), mx));
+        float tail = 0.0f;
+        for (int i = iv; i < i1; i++)
+            tail = __fadd_rn(tail, smp_weight(masked(x, mask, i), mx));
+        double z = tail;
+        for (int k = 0; k < SMP_LANES; k += 4)
+            z += ((double)a[k] + a[k + 1]) + ((double)a[k + 2] + a[k + 3]);
+        part[c] = z;
     }
     __syncthreads();
     const int k = lp_k < n ? lp_k : n;
@@ -519,7 +529,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
         id = sh.id;
     }
     if (id >= 0 && R.lp_k >= 0)
-        logprobs(&sh, raw, mask, n, id, R.lp_k, mc, o);
+        logprobs(&sh, raw, mask, n, id, R.lp_k, zc, o); /* zc is free after the draw */
     if (threadIdx.x == 0)
         o->id = id;
 }
