@@ -31,7 +31,8 @@
 #       quern bench on --dummy smollm2-135m (batch 1 and batched, exact and bf16) and llama3-8b
 #       (batch 1 exact, batched bf16 and q8), and
 #       smollm2's batch sampled, temperature 0.8 / top_p 0.95, drawn on the device, against the
-#       same batch greedy: issue 21's >= 95 %), llama3-8b batched with cuBLAS from 256 tokens
+#       same batch greedy: issue 21's >= 95 %, in exact and bf16; the sampled batch with
+#       log-probabilities (--logprobs 5) against it), llama3-8b batched with cuBLAS from 256 tokens
 #       (QUERN_CUDA_CUBLAS_MIN=256), llama3-8b batch 1 with the weights as GGUF rows
 #       (QUERN_CUDA_PACK=0) against the packed layout, batch 1 without CUDA graphs
 #       (QUERN_CUDA_GRAPHS=0), and one 4,000-token context with attention split
@@ -180,6 +181,8 @@ PY
             "smollm2-batch:smollm2-135m:--prompts 256 --input-len 128 --output-len 64" \
             "smollm2-batch-sampled:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --temperature 0.8 --top-p 0.95" \
             "smollm2-batch-bf16:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --matmul bf16" \
+            "smollm2-batch-bf16-sampled:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --matmul bf16 --temperature 0.8 --top-p 0.95" \
+            "smollm2-batch-logprobs:smollm2-135m:--prompts 256 --input-len 128 --output-len 64 --temperature 0.8 --top-p 0.95 --logprobs 5" \
             "llama3-8b-b1:llama3-8b:--max-seqs 1 --prompts 2 --input-len 128 --output-len 32" \
             "llama3-8b-batch-bf16:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul bf16" \
             "llama3-8b-batch-q8:llama3-8b:--prompts 64 --input-len 128 --output-len 32 --kv-mem 20G --matmul q8"; do
