@@ -330,11 +330,18 @@ static int cpu_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w
 #define HOOK_L2_BYTES (1u << 20)
 
 /* Ranges per GEMM call for n_tok tokens; a thread's block is n_tok * KERN_HOOK_ROWS * that
- * floats, at most max(HOOK_L2_BYTES, n_tok * KERN_HOOK_ROWS floats). */
+ * floats, at most hook_block_max(n_tok). */
 static long hook_step(int n_tok)
 {
     const size_t range_bytes = (size_t)n_tok * KERN_HOOK_ROWS * sizeof(float);
     return range_bytes < HOOK_L2_BYTES ? (long)(HOOK_L2_BYTES / range_bytes) : 1;
+}
+
+/* The most floats a thread's block takes for up to max_tok tokens. */
+static size_t hook_block_max(int max_tok)
+{
+    const size_t range = (size_t)max_tok * KERN_HOOK_ROWS, l2 = HOOK_L2_BYTES / sizeof(float);
+    return range > l2 ? range : l2;
 }
 
 struct hook_job {
@@ -934,10 +941,7 @@ static enum status cpu_reserve(struct kern_backend *b, int max_tok, int64_t max_
         ok = ok && grow_to((void **)&s->bv, &s->bv_cap, nth * T, sizeof(*s->bv));
         ok = ok && grow_to((void **)&s->bi, &s->bi_cap, nth * T, sizeof(*s->bi));
     }
-    const size_t hb = T * KERN_HOOK_ROWS > HOOK_L2_BYTES / sizeof(float)
-                          ? T * KERN_HOOK_ROWS
-                          : HOOK_L2_BYTES / sizeof(float);
-    ok = ok && grow_to((void **)&s->hb, &s->hb_cap, nth * hb, sizeof(*s->hb));
+    ok = ok && grow_to((void **)&s->hb, &s->hb_cap, nth * hook_block_max(max_tok), sizeof(*s->hb));
     return ok ? ST_OK
               : err_set(err, ST_ERR_NOMEM, "no memory for the CPU kernels' scratch (%d tokens)",
                         max_tok);
