@@ -44,8 +44,11 @@ wait_done() { # wait_done DB JOB MIN: until at least MIN items are done
 make_small one.jsonl $N1
 "$Q" submit --db one.db --model "$M" --name one one.jsonl >/dev/null 2>&1
 # (commits every 0.3 s: with the default 5 s a fast machine finished the whole job before its
-# first commit, and there was nothing left to kill)
-"$Q" run --db one.db --out out --max-seqs 16 --flush-secs 0.3 >/dev/null 2>one.log &
+# first commit, and there was nothing left to kill; paced in exact mode on one thread, ~4 s of
+# work here: in the default mode the job took ~1.3 s and a CI machine finished it between the
+# first commit being seen and the kill)
+"$Q" run --db one.db --out out --max-seqs 16 --flush-secs 0.3 --threads 1 --matmul exact \
+    >/dev/null 2>one.log &
 pid=$!
 wait_done one.db one 1
 kill -9 $pid
