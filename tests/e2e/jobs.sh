@@ -43,10 +43,11 @@ assert s['state']=='done' and s['by_state']['done']==$n_ex, s" || fail "status a
 grep -q '"exit_reason":"drained"' run.json || fail "run summary"
 
 # 2. SIGTERM: exit 75 within grace, rerun completes
-make_small small.jsonl 60
+# (paced in exact mode on one thread, ~5 s of work: SIGTERM must find the job unfinished)
+make_small small.jsonl 150
 "$Q" submit --db term.db --model "$M" --name term small.jsonl >/dev/null 2>&1
 "$Q" run --db term.db --out out --max-seqs 4 --max-batch-tokens 64 --grace 20 --flush-secs 0.2 \
-    >/dev/null 2>term.log &
+    --threads 1 --matmul exact >/dev/null 2>term.log &
 pid=$!
 for _ in $(seq 100); do
     "$Q" status --db term.db --job term --json 2>/dev/null | grep -q '"done":[1-9]' && break
@@ -60,7 +61,7 @@ t1=$(date +%s)
 [ $((t1 - t0)) -le 25 ] || fail "SIGTERM: took $((t1 - t0)) s (grace 20)"
 "$Q" status --db term.db --job term --json | grep -q '"leased":0' || fail "SIGTERM left leases"
 "$Q" run --db term.db --out out >/dev/null 2>&1 || fail "rerun after SIGTERM"
-check_job term.db term 60
+check_job term.db term 150
 
 # 3. kill -9 at random moments, resume each time
 make_small crash.jsonl 80

@@ -268,9 +268,11 @@ grep -q "does not exist" typo.log || fail "10a: no message about the missing dat
 [ "$(json_field typo.json "['items_done']")" = 0 ] || fail "10a: --create summary"
 
 # 10. SIGHUP, and SIGPIPE from a reader that went away, stop the run like SIGTERM
-make_small ten.jsonl 40
+# (paced in exact mode on one thread, ~5 s of work: the signal must find the job unfinished)
+make_small ten.jsonl 100
 "$Q" submit --db ten.db --model "$M" --name ten ten.jsonl >/dev/null 2>&1
-"$Q" run --db ten.db --out out --max-seqs 2 --flush-secs 0.2 --grace 0 >/dev/null 2>ten.log &
+"$Q" run --db ten.db --out out --max-seqs 2 --flush-secs 0.2 --grace 0 --threads 1 \
+    --matmul exact >/dev/null 2>ten.log &
 pid=$!
 wait_done ten.db ten 1
 kill -HUP $pid
@@ -286,5 +288,5 @@ set +e
 set -e
 "$Q" status --db ten.db --job ten --json | grep -q '"leased":0' || fail "10: SIGPIPE left leases"
 "$Q" run --db ten.db --out out >/dev/null 2>>ten.log || fail "10: final run"
-check_job ten.db ten 40
+check_job ten.db ten 100
 echo "e2e reliability: ok"
