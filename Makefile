@@ -162,6 +162,17 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 endif
 
+# The source revision (common/version.c): a stamp file holds it and changes only when it does,
+# so only that file is compiled again after a commit or an edit.
+QUERN_GIT := $(or $(shell git describe --always --dirty --abbrev=12 2>/dev/null),unknown)
+$(OBJ_DIR)/common/version.o: $(BUILD)/version.stamp
+$(OBJ_DIR)/common/version.o: CPPFLAGS += -DQUERN_GIT='"$(QUERN_GIT)"'
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(QUERN_GIT)' | cmp -s - $@ || echo '$(QUERN_GIT)' >$@
+.PHONY: FORCE
+FORCE:
+
 # engine/sampler_rows.c's row passes use 64-byte vector types in static inline helpers (no
 # vector crosses a real call); GCC still warns that such functions would have another ABI.
 $(BUILD)/engine/sampler_rows.o: CFLAGS += -Wno-psabi

@@ -195,14 +195,22 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
     return err_set(err, ST_ERR_IO, "%s: could not create or read the marker", path);
 }
 
-/* The closed shards with records, as the manifest lists them (names point into sh). */
-static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, size_t n, size_t *k)
+/* The closed shards with records, as the manifest lists them (names point into sh); with ids
+ * (may be NULL) their shard ids, which the caller frees. */
+static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, size_t n, size_t *k,
+                                                 int64_t **ids)
 {
     struct io_manifest_shard *ms = calloc(n + 1, sizeof(*ms));
     *k = 0;
+    if (ids && ms && !(*ids = calloc(n + 1, sizeof(**ids)))) {
+        free(ms);
+        return NULL;
+    }
     for (size_t i = 0; ms && i < n; i++) {
         if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
             continue;
+        if (ids)
+            (*ids)[*k] = sh[i].id;
         const char *slash = strrchr(sh[i].path, '/');
         struct io_manifest_shard *m = &ms[(*k)++];
         m->name = slash ? slash + 1 : sh[i].path;
@@ -214,17 +222,82 @@ static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, s
     return ms;
 }
 
+/* A listed shard's id and its index in the manifest's shard list. */
+struct shard_slot {
+    int64_t id;
+    size_t slot;
+};
+
+static int slot_cmp(const void *a, const void *b)
+{
+    const struct shard_slot *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Who wrote the listed shards' records: ms[i] (the shard ids[i]) gets its rows of w (ordered
+ * by shard then run), and *runs every run named once (strings point into w). The writers'
+ * array (caller frees), or NULL when out of memory. */
+static struct io_manifest_writer *manifest_writers(struct io_manifest_shard *ms, const int64_t *ids,
+                                                   size_t k, const struct queue_writer *w,
+                                                   size_t nw, struct io_manifest_run **runs,
+                                                   size_t *n_runs)
+{
+    struct io_manifest_writer *mw = calloc(nw + 1, sizeof(*mw));
+    struct io_manifest_run *mr = calloc(nw + 1, sizeof(*mr));
+    struct shard_slot *by_id = calloc(k + 1, sizeof(*by_id));
+    *runs = mr;
+    *n_runs = 0;
+    if (!mw || !mr || !by_id) {
+        free(mw);
+        free(by_id);
+        return NULL;
+    }
+    for (size_t s = 0; s < k; s++)
+        by_id[s] = (struct shard_slot){ids[s], s};
+    qsort(by_id, k, sizeof(*by_id), slot_cmp);
+    for (size_t i = 0; i < nw; i++) {
+        mw[i] = (struct io_manifest_writer){w[i].run_id, w[i].records};
+        size_t r = 0;
+        while (r < *n_runs && mr[r].id != w[i].run_id)
+            r++;
+        if (r == *n_runs)
+            mr[(*n_runs)++] = (struct io_manifest_run){w[i].run_id, w[i].host, w[i].engine_json};
+        struct shard_slot key = {w[i].shard_id, 0};
+        const struct shard_slot *hit = bsearch(&key, by_id, k, sizeof(*by_id), slot_cmp);
+        if (!hit) /* a shard the manifest does not list (still open, or empty) */
+            continue;
+        struct io_manifest_shard *m = &ms[hit->slot];
+        if (!m->writers)
+            m->writers = &mw[i]; /* the shard's rows are consecutive in w */
+        m->n_writers++;
+    }
+    free(by_id);
+    return mw;
+}
+
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
                                  int complete, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
-    size_t n = 0, k = 0;
+    struct queue_writer *w = NULL;
+    size_t n = 0, k = 0, nw = 0, n_runs = 0;
     enum status st = queue_shard_list(q, job->id, &sh, &n, err);
     if (st)
         return st;
-    struct io_manifest_shard *ms = manifest_shards(sh, n, &k);
-    if (!ms) {
+    if ((st = queue_job_writers(q, job->id, &w, &nw, err))) {
         queue_shard_list_free(sh, n);
+        return st;
+    }
+    int64_t *ids = NULL;
+    struct io_manifest_shard *ms = manifest_shards(sh, n, &k, &ids);
+    struct io_manifest_run *runs = NULL;
+    struct io_manifest_writer *mw = ms ? manifest_writers(ms, ids, k, w, nw, &runs, &n_runs) : NULL;
+    free(ids);
+    if (!mw) {
+        free(ms);
+        free(runs);
+        queue_shard_list_free(sh, n);
+        queue_writers_free(w, nw);
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     }
     char jid[32];
@@ -237,9 +310,14 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
     m.complete = complete;
     m.shards = ms;
     m.n_shards = k;
+    m.runs = runs;
+    m.n_runs = n_runs;
     st = io_manifest_write(dir, &m, err);
     free(ms);
+    free(mw);
+    free(runs);
     queue_shard_list_free(sh, n);
+    queue_writers_free(w, nw);
     return st ? st : batch_manifest_combined(q, dir, err);
 }
 
@@ -302,7 +380,7 @@ int batch_manifest_current(struct queue *q, const struct queue_job *job, const c
     size_t n = 0, k = 0;
     int ok = m && cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")) &&
              !queue_shard_list(q, job->id, &sh, &n, NULL);
-    struct io_manifest_shard *ms = ok ? manifest_shards(sh, n, &k) : NULL;
+    struct io_manifest_shard *ms = ok ? manifest_shards(sh, n, &k, NULL) : NULL;
     const cJSON *arr = cJSON_GetObjectItem(m, "shards");
     ok = ok && ms && cJSON_IsArray(arr) && (size_t)cJSON_GetArraySize(arr) == k;
     for (size_t i = 0; ok && i < k; i++) {

@@ -222,9 +222,20 @@ enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, in
     return st;
 }
 
-/* Add part k's manifest m to the combined one: its shards, prefixed, and their totals. */
-static int add_part(cJSON *shards, uint64_t tot[2][3], const cJSON *m, int k)
+/* Add part k's manifest m to the combined one: its shards, prefixed, and their totals; its
+ * runs (their ids are the part's: each gets "part" as the shards do). */
+static int add_part(cJSON *shards, cJSON *runs, uint64_t tot[2][3], const cJSON *m, int k)
 {
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(m, "runs"))
+    {
+        cJSON *o = cJSON_Duplicate(r, 1);
+        if (!o || !cJSON_AddNumberToObject(o, "part", k)) {
+            cJSON_Delete(o);
+            return 0;
+        }
+        cJSON_AddItemToArray(runs, o);
+    }
     const cJSON *arr = cJSON_GetObjectItem(m, "shards"), *e;
     char file[300];
     cJSON_ArrayForEach(e, arr)
@@ -269,9 +280,9 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
 {
     int lock = manifest_lock(job_root);
     cJSON *root = cJSON_CreateObject(), *shards = cJSON_CreateArray(),
-          *missing = cJSON_CreateArray();
+          *missing = cJSON_CreateArray(), *runs = cJSON_CreateArray();
     uint64_t tot[2][3] = {{0, 0, 0}, {0, 0, 0}};
-    int all = 1, oom = !root || !shards || !missing;
+    int all = 1, oom = !root || !shards || !missing || !runs;
     char path[4400];
     for (int k = 0; k < n && !oom; k++) {
         snprintf(path, sizeof(path), "%s/part-%04d/manifest.json", job_root, k);
@@ -284,7 +295,7 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
                     cJSON_AddItemToObject(root, copy[i], cJSON_Duplicate(v, 1));
             }
         }
-        if (m && !add_part(shards, tot, m, k))
+        if (m && !add_part(shards, runs, tot, m, k))
             oom = 1;
         if (!m || !cJSON_IsTrue(cJSON_GetObjectItem(m, "complete"))) {
             all = 0;
@@ -298,7 +309,8 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
         cJSON_AddBoolToObject(root, "complete", all);
         cJSON_AddItemToObject(root, "parts_incomplete", missing);
         cJSON_AddItemToObject(root, "shards", shards);
-        missing = shards = NULL;
+        cJSON_AddItemToObject(root, "runs", runs);
+        missing = shards = runs = NULL;
         cJSON *t = cJSON_AddObjectToObject(root, "totals");
         static const char *const kinds[2] = {"results", "errors"};
         for (int ki = 0; t && ki < 2; ki++) {
@@ -320,6 +332,7 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
     cJSON_Delete(root);
     cJSON_Delete(shards);
     cJSON_Delete(missing);
+    cJSON_Delete(runs);
     if (lock >= 0)
         close(lock); /* releases the flock */
     if (oom)

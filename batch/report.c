@@ -113,6 +113,8 @@ struct rep_run {
     int ended;          /* 1 when it recorded its end */
     char reason[32];    /* exit reason, or "killed" for a run that never ended and is silent */
     char host[64];      /* host */
+    char engine[192];   /* its engine in words ("cpu amx, matmul bf16, KV f16, quern ..."), or
+                           "" when none was recorded */
 };
 
 struct rep_part {
@@ -197,6 +199,23 @@ static enum status on_item(void *user, const struct queue_item_info *it)
     return ST_OK;
 }
 
+/* A run's engine_json (queue_run_set_engine) in words into out; "" when there is none. */
+static void engine_words(const char *engine_json, char *out, size_t cap)
+{
+    cJSON *e = engine_json ? cJSON_Parse(engine_json) : NULL;
+    const cJSON *dev = cJSON_GetObjectItem(e, "device"), *mm = cJSON_GetObjectItem(e, "matmul"),
+                *kv = cJSON_GetObjectItem(e, "kv_dtype"), *tp = cJSON_GetObjectItem(e, "tp"),
+                *rev = cJSON_GetObjectItem(e, "quern");
+    char ranks[32] = "";
+    out[0] = 0;
+    if (cJSON_IsNumber(tp) && tp->valuedouble > 1)
+        snprintf(ranks, sizeof(ranks), ", TP %.0f", tp->valuedouble);
+    if (cJSON_IsString(dev) && cJSON_IsString(mm) && cJSON_IsString(kv) && cJSON_IsString(rev))
+        snprintf(out, cap, "%s%s, matmul %s, KV %s, quern %s", dev->valuestring, ranks,
+                 mm->valuestring, kv->valuestring, rev->valuestring);
+    cJSON_Delete(e);
+}
+
 /* Gather part k's (or the queue file's) job into r. */
 static enum status gather(struct report *r, struct queue *q, int k, const char *job,
                           int64_t stale_ms, struct err_detail *err)
@@ -269,6 +288,7 @@ static enum status gather(struct report *r, struct queue *q, int k, const char *
                      x->ended ? (runs[i].exit_reason ? runs[i].exit_reason : "?")
                               : (runs[i].age_ms > stale_ms ? "killed" : "running"));
             snprintf(x->host, sizeof(x->host), "%s", runs[i].host ? runs[i].host : "");
+            engine_words(runs[i].engine_json, x->engine, sizeof(x->engine));
         }
         queue_run_info_free(runs, nr);
     }
@@ -627,7 +647,7 @@ static void sec_runs(struct sbuf *b, const struct report *r, int64_t t0)
 {
     sb_printf(b,
               "<section id=\"runs\"><h2>Runs</h2><table><tr>%s<th>run</th><th>host</th>"
-              "<th>start (%s)</th><th>length (%s)</th><th>how it ended</th></tr>",
+              "<th>start (%s)</th><th>length (%s)</th><th>how it ended</th><th>engine</th></tr>",
               r->n_parts > 1 ? "<th>part</th>" : "", g_unit, g_unit);
     for (size_t i = 0; i < r->n_runs; i++) {
         const struct rep_run *x = &r->runs[i];
@@ -636,10 +656,12 @@ static void sec_runs(struct sbuf *b, const struct report *r, int64_t t0)
             sb_printf(b, "<td>%d</td>", x->part);
         sb_printf(b, "<td>%lld</td><td>", (long long)x->id);
         sb_esc(b, x->host);
-        sb_printf(b, "</td><td>%.1f</td><td>%.1f</td><td class=\"%s\">%s</td></tr>",
+        sb_printf(b, "</td><td>%.1f</td><td>%.1f</td><td class=\"%s\">%s</td><td>",
                   minutes(x->started_ms, t0), minutes(x->end_ms, x->started_ms),
                   !strcmp(x->reason, "killed") || !strcmp(x->reason, "dead") ? "bad" : "",
                   x->reason);
+        sb_esc(b, x->engine[0] ? x->engine : "unknown");
+        sb_printf(b, "</td></tr>");
     }
     sb_printf(b, "</table></section>");
 }

@@ -11,9 +11,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "batch/batch_internal.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/version.h"
 #include "jobs/record.h"
 
 double batch_now(void)
@@ -548,6 +551,36 @@ static int close_done_job(struct batch_run *r, struct err_detail *err)
 }
 
 /* The job's parameters, model (checked against its sha256), engine and shard writer. */
+/* What can change this run's outputs (docs/ARCHITECTURE.md, "Provenance"), as the JSON object
+ * stored in its row (queue_run_set_engine) and listed by manifests and `quern status`; logged
+ * once per job. Threads are not in it (outputs do not depend on them), nor speculative decoding
+ * (lossless). */
+static enum status record_engine(struct batch_run *r, const struct engine_params *ep,
+                                 struct err_detail *err)
+{
+    cJSON *o = cJSON_CreateObject();
+    const char *device = kern_backend_describe(r->group->be[0]);
+    const char *matmul = kern_act_name(r->o->backend.act);
+    const char *kv = kern_kv_dtype_name((enum kern_kv_dtype)ep->kv_dtype);
+    if (!o || !cJSON_AddStringToObject(o, "quern", quern_version()) ||
+        !cJSON_AddStringToObject(o, "device", device) ||
+        !cJSON_AddNumberToObject(o, "tp", r->group->size) ||
+        !cJSON_AddStringToObject(o, "matmul", matmul) ||
+        !cJSON_AddStringToObject(o, "kv_dtype", kv)) {
+        cJSON_Delete(o);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!text)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s, quern %s", (long long)r->stats.run_id,
+             device, r->group->size, matmul, kv, quern_version());
+    enum status st = queue_run_set_engine(r->q, r->stats.run_id, text, err);
+    free(text);
+    return st;
+}
+
 static enum status job_open(struct batch_run *r, struct err_detail *err)
 {
     enum status st;
@@ -583,7 +616,7 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
         return st;
     }
     ep.draft_model = r->draft;
-    if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)))
+    if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)) || (st = record_engine(r, &ep, err)))
         return st;
     struct err_detail e2 = {0};
     if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))

@@ -120,14 +120,47 @@ static enum status build(const char *dir, const struct io_manifest *m, cJSON *ro
         if (!o)
             return err_set(err, nomem, "out of memory");
         cJSON_AddItemToArray(shards, o);
+        cJSON *wr;
         if (!cJSON_AddStringToObject(o, "file", sh->name) ||
             !cJSON_AddStringToObject(o, "kind", io_shard_kind_name(sh->kind)) ||
             !add_u64(o, "records", sh->records) || !add_u64(o, "bytes", sh->bytes) ||
-            !cJSON_AddStringToObject(o, "sha256", sum))
+            !cJSON_AddStringToObject(o, "sha256", sum) || !(wr = cJSON_AddArrayToObject(o, "runs")))
             return err_set(err, nomem, "out of memory");
+        for (size_t k = 0; k < sh->n_writers; k++) {
+            cJSON *w = cJSON_CreateObject();
+            if (!w)
+                return err_set(err, nomem, "out of memory");
+            cJSON_AddItemToArray(wr, w);
+            if (!cJSON_AddNumberToObject(w, "run", (double)sh->writers[k].run_id) ||
+                !add_u64(w, "records", sh->writers[k].records))
+                return err_set(err, nomem, "out of memory");
+        }
         rec[sh->kind] += sh->records;
         bytes[sh->kind] += sh->bytes;
         count[sh->kind]++;
+    }
+    cJSON *runs = cJSON_AddArrayToObject(root, "runs");
+    if (!runs)
+        return err_set(err, nomem, "out of memory");
+    for (size_t i = 0; i < m->n_runs; i++) {
+        const struct io_manifest_run *r = &m->runs[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            return err_set(err, nomem, "out of memory");
+        cJSON_AddItemToArray(runs, o);
+        if (!cJSON_AddNumberToObject(o, "run", (double)r->id) ||
+            !(r->host ? cJSON_AddStringToObject(o, "host", r->host)
+                      : cJSON_AddNullToObject(o, "host")))
+            return err_set(err, nomem, "out of memory");
+        /* an engine that does not parse (never written so by quern) is listed as unknown */
+        cJSON *eng = r->engine_json ? cJSON_Parse(r->engine_json) : NULL;
+        if (eng && !cJSON_IsObject(eng)) {
+            cJSON_Delete(eng);
+            eng = NULL;
+        }
+        if (!eng && !(eng = cJSON_CreateNull()))
+            return err_set(err, nomem, "out of memory");
+        cJSON_AddItemToObject(o, "engine", eng);
     }
     cJSON *tot = cJSON_AddObjectToObject(root, "totals");
     if (!tot)

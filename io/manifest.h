@@ -1,7 +1,8 @@
 /* manifest.json for a job's output directory: job parameters, the model and its sha256,
- * and every shard with its kind, record count, byte length and sha256. Written atomically
- * (temporary file, fsync, rename, fsync of the directory), so readers see the old or the new
- * manifest, never a mix. */
+ * every shard with its kind, record count, byte length and sha256 and the runs that wrote its
+ * records, and those runs with their host and engine (docs/ARCHITECTURE.md, "Provenance"). Written
+ * atomically (temporary file, fsync, rename, fsync of the directory), so readers see the old or the
+ * new manifest, never a mix. */
 #ifndef IO_MANIFEST_H
 #define IO_MANIFEST_H
 
@@ -19,6 +20,19 @@ enum io_shard_kind {
     IO_SHARD_ERRORS,      /* errors-NNNNN.jsonl.zst: one output object per failed item */
 };
 
+/* How many of a shard's records one run wrote. */
+struct io_manifest_writer {
+    int64_t run_id;   /* the run (0: unknown) */
+    uint64_t records; /* its records in the shard */
+};
+
+/* A run that wrote records, listed once. Strings are borrowed from the caller. */
+struct io_manifest_run {
+    int64_t id;              /* the run */
+    const char *host;        /* its host, or NULL */
+    const char *engine_json; /* its engine as JSON object text, or NULL (unknown) */
+};
+
 /* One shard as listed in the manifest. Strings are borrowed from the caller. */
 struct io_manifest_shard {
     const char *name;            /* file name inside the output directory, no '/' */
@@ -27,6 +41,8 @@ struct io_manifest_shard {
     uint64_t bytes;              /* committed length in bytes */
     char sha256[SHA256_HEX_LEN]; /* hex sha256 of the first `bytes` bytes; an empty string
                                     makes io_manifest_write hash DIR/name itself */
+    const struct io_manifest_writer *writers; /* n_writers entries, the runs that wrote the */
+    size_t n_writers;                         /* records of the shard's finished items */
 };
 
 /* Everything written to manifest.json. Pointers are borrowed for the duration of the call. */
@@ -41,6 +57,8 @@ struct io_manifest {
     int64_t created_unix;                   /* seconds since the epoch; 0 means now */
     const struct io_manifest_shard *shards; /* n_shards entries, in shard order */
     size_t n_shards;                        /* number of shards */
+    const struct io_manifest_run *runs;     /* n_runs entries: the runs the shards name */
+    size_t n_runs;
 };
 
 /* Write dir/manifest.json atomically. Totals (records and bytes per kind) are added. Fails

@@ -226,3 +226,16 @@ void kern_group_free(struct kern_group *g)
     free(g->comm);
     free(g);
 }
+
+const char *kern_act_name(enum kern_act act)
+{
+    return act == KERN_ACT_Q8     ? "q8"
+           : act == KERN_ACT_Q16  ? "q16"
+           : act == KERN_ACT_BF16 ? "bf16"
+                                  : "exact";
+}
+
+const char *kern_kv_dtype_name(enum kern_kv_dtype dtype)
+{
+    return dtype == KERN_KV_Q8 ? "q8" : "f16";
+}

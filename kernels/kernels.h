@@ -399,6 +399,11 @@ const char *kern_device_resolve(const char *device);
  * 0.5 % of exact's). */
 enum kern_act kern_default_act(const char *device, const char *isa);
 
+/* The --matmul name of a mode ("exact", "q8", "q16", "bf16") and the --kv-dtype name of a KV
+ * type ("f16", "q8"); static storage. */
+const char *kern_act_name(enum kern_act act);
+const char *kern_kv_dtype_name(enum kern_kv_dtype dtype);
+
 /* Open a backend. An unknown device or an instruction set the machine lacks is an error that
  * says so. Caller frees with kern_backend_free. */
 enum status kern_backend_open(struct kern_backend **out, const struct kern_backend_opts *o,

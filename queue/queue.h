@@ -63,7 +63,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       4     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       5     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -361,6 +361,28 @@ enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_deta
 enum status queue_run_progress(struct queue *q, int64_t run_id, const char *progress_json,
                                struct err_detail *err);
 
+/* Store engine_json (a JSON object: what can change the run's outputs, docs/ARCHITECTURE.md
+ * "Provenance") in the run's row; the run calls it when its engine for a job is ready. Errors
+ * as queue_run_heartbeat. */
+enum status queue_run_set_engine(struct queue *q, int64_t run_id, const char *engine_json,
+                                 struct err_detail *err);
+
+/* Which run wrote how many of a shard's records: one row per (shard, run). */
+struct queue_writer {
+    int64_t shard_id;  /* shards.id */
+    int64_t run_id;    /* the run that committed them (0: unknown) */
+    uint64_t records;  /* how many of the job's finished items have their record there */
+    char *host;        /* the run's host, or NULL */
+    char *engine_json; /* the run's engine_json, or NULL */
+};
+
+/* For every shard of job_id holding records of finished (done or failed) items, the runs that
+ * committed them, ordered by shard then run; one read over the job's items (for manifests,
+ * not for polling). *w is malloc'd (NULL when *n is 0); free with queue_writers_free. */
+enum status queue_job_writers(struct queue *q, int64_t job_id, struct queue_writer **w, size_t *n,
+                              struct err_detail *err);
+void queue_writers_free(struct queue_writer *w, size_t n);
+
 /* A run (kind 'run') that has not ended, as queue_run_list_live reports it. Strings owned by
  * the array. */
 struct queue_run_info {
@@ -375,6 +397,8 @@ struct queue_run_info {
     char *progress_json;   /* last queue_run_progress document, or NULL */
     int64_t ended_ms;      /* when it ended, unix ms; 0 while not (always, for a live run) */
     char *exit_reason;     /* how it ended ("drained", "signal", "dead", ...), or NULL */
+    char *engine_json;     /* queue_run_set_engine's document, or NULL (none yet, a run of an
+                              older quern) */
 };
 
 /* Every run not ended (alive, or dead and not yet noticed: see age_ms), oldest first, in one

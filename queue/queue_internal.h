@@ -50,6 +50,8 @@ enum queue_stmt_id {
     QS_RUN_END,
     QS_RUN_HEARTBEAT,
     QS_RUN_PROGRESS,
+    QS_RUN_ENGINE,
+    QS_JOB_WRITERS,
     QS_RUN_LIST_LIVE,
     QS_RUN_LIST_JOB,
     QS_SAMPLE_ADD,

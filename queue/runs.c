@@ -236,6 +236,84 @@ enum status queue_run_progress(struct queue *q, int64_t run_id, const char *prog
     return run_touch(q, QS_RUN_PROGRESS, run_id, progress_json, err);
 }
 
+/* The array a (cnt used of *cap elements of elem bytes) with room for one more: itself, or
+ * grown by doubling; NULL when out of memory (a is left as it was). */
+static void *room_for_one(void *a, size_t cnt, size_t *cap, size_t elem)
+{
+    if (cnt < *cap)
+        return a;
+    size_t nc = *cap ? *cap * 2 : 8;
+    void *na = realloc(a, elem * nc);
+    if (na)
+        *cap = nc;
+    return na;
+}
+
+enum status queue_run_set_engine(struct queue *q, int64_t run_id, const char *engine_json,
+                                 struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    sqlite3_stmt *s = queue_stmt(q, QS_RUN_ENGINE, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    queue_bind_str(s, 2, engine_json);
+    enum status st = queue_step_done(q, s, "recording the run's engine", err);
+    if (st == ST_OK && sqlite3_changes(q->db) == 0)
+        st = err_set(err, ST_ERR_INVALID_ARG, "no run with id %lld", (long long)run_id);
+    return st;
+}
+
+void queue_writers_free(struct queue_writer *w, size_t n)
+{
+    for (size_t i = 0; w && i < n; i++) {
+        free(w[i].host);
+        free(w[i].engine_json);
+    }
+    free(w);
+}
+
+enum status queue_job_writers(struct queue *q, int64_t job_id, struct queue_writer **w, size_t *n,
+                              struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    *w = NULL;
+    *n = 0;
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_WRITERS, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    struct queue_writer *a = NULL;
+    size_t cnt = 0, cap = 0;
+    enum status st = ST_OK;
+    int rc = SQLITE_DONE;
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct queue_writer *na = room_for_one(a, cnt, &cap, sizeof(*a));
+        if (!na) {
+            st = err_set(err, ST_ERR_NOMEM, "out of memory listing a job's writers");
+            break;
+        }
+        a = na;
+        struct queue_writer *r = &a[cnt++];
+        memset(r, 0, sizeof(*r));
+        r->shard_id = sqlite3_column_int64(s, 0);
+        r->run_id = sqlite3_column_int64(s, 1);
+        r->records = (uint64_t)sqlite3_column_int64(s, 2);
+        if ((st = queue_col_dup(s, 3, &r->host, err)) == ST_OK)
+            st = queue_col_dup(s, 4, &r->engine_json, err);
+    }
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "listing a job's writers", err);
+    queue_stmt_done(s);
+    if (st != ST_OK) {
+        queue_writers_free(a, cnt);
+        return st;
+    }
+    *w = a;
+    *n = cnt;
+    return ST_OK;
+}
+
 void queue_run_info_free(struct queue_run_info *runs, size_t n)
 {
     for (size_t i = 0; runs && i < n; i++) {
@@ -243,6 +321,7 @@ void queue_run_info_free(struct queue_run_info *runs, size_t n)
         free(runs[i].host);
         free(runs[i].progress_json);
         free(runs[i].exit_reason);
+        free(runs[i].engine_json);
     }
     free(runs);
 }
@@ -265,16 +344,12 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
     enum status st = ST_OK;
     int rc = SQLITE_DONE;
     while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            size_t nc = cap ? cap * 2 : 8;
-            struct queue_run_info *na = realloc(a, sizeof(*na) * nc);
-            if (!na) {
-                st = err_set(err, ST_ERR_NOMEM, "out of memory listing runs");
-                break;
-            }
-            a = na;
-            cap = nc;
+        struct queue_run_info *na = room_for_one(a, cnt, &cap, sizeof(*a));
+        if (!na) {
+            st = err_set(err, ST_ERR_NOMEM, "out of memory listing runs");
+            break;
         }
+        a = na;
         struct queue_run_info *r = &a[cnt++];
         memset(r, 0, sizeof(*r));
         r->id = sqlite3_column_int64(s, 0);
@@ -286,8 +361,9 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
         r->ended_ms = sqlite3_column_int64(s, 8);
         if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
             (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK &&
-            (st = queue_col_dup(s, 7, &r->progress_json, err)) == ST_OK)
-            st = queue_col_dup(s, 9, &r->exit_reason, err);
+            (st = queue_col_dup(s, 7, &r->progress_json, err)) == ST_OK &&
+            (st = queue_col_dup(s, 9, &r->exit_reason, err)) == ST_OK)
+            st = queue_col_dup(s, 10, &r->engine_json, err);
     }
     if (st == ST_OK && rc != SQLITE_DONE)
         st = queue_sql_err(q, rc, "listing runs", err);

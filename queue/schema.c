@@ -137,11 +137,14 @@ static const char SCHEMA_V4[] =
     "ALTER TABLE items ADD COLUMN ttft_ms REAL;"
     "ALTER TABLE items ADD COLUMN tpot_ms REAL;";
 
+/* Version 5: runs.engine_json, what can change a run's outputs (docs/ARCHITECTURE.md,
+ * "Provenance"): quern's source revision, the device, the matmul mode, the KV type and the
+ * tensor-parallel ranks; set when the run's engine for a job is ready (queue_run_set_engine),
+ * NULL for submits and for runs before version 5. Manifests and `quern status` list it. */
+static const char SCHEMA_V5[] = "ALTER TABLE runs ADD COLUMN engine_json TEXT;";
+
 const struct queue_migration queue_migrations[] = {
-    {1, SCHEMA_V1},
-    {2, SCHEMA_V2},
-    {3, SCHEMA_V3},
-    {4, SCHEMA_V4},
+    {1, SCHEMA_V1}, {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5},
 };
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
@@ -263,18 +266,26 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_PROGRESS] = "UPDATE runs SET heartbeat = ?2, progress_json = ?3"
                         " WHERE id = ?1 AND ended IS NULL",
-    [QS_SAMPLE_ADD] = "INSERT INTO samples (run_id, job_id, t, done, failed, gen_tokens,"
-                      " prompt_tokens, cached_tokens, running, waiting, kv_used, kv_total, steps,"
-                      " batch_tokens, spec_drafted, spec_accepted)"
-                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    /* a finished item's lease_owner is the run that committed its record (QS_ITEM_FINISH) */
+    [QS_JOB_WRITERS] = "SELECT i.shard_id, coalesce(i.lease_owner, 0), count(*), r.host,"
+                       " r.engine_json FROM items i LEFT JOIN runs r ON r.id = i.lease_owner"
+                       " WHERE i.job_id = ?1 AND i.state IN ('done', 'failed')"
+                       " AND i.shard_id IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
+    [QS_SAMPLE_ADD] =
+        "INSERT INTO samples (run_id, job_id, t, done, failed, gen_tokens,"
+        " prompt_tokens, cached_tokens, running, waiting, kv_used, kv_total, steps,"
+        " batch_tokens, spec_drafted, spec_accepted)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     [QS_SAMPLE_LIST] = "SELECT run_id, job_id, t, done, failed, gen_tokens, prompt_tokens,"
                        " cached_tokens, running, waiting, kv_used, kv_total, steps, batch_tokens,"
                        " spec_drafted, spec_accepted FROM samples WHERE job_id = ?1 ORDER BY t, id",
+    [QS_RUN_ENGINE] = "UPDATE runs SET engine_json = ?2 WHERE id = ?1",
     [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                         " heartbeat, progress_json, 0, NULL FROM runs"
+                         " heartbeat, progress_json, 0, NULL, engine_json FROM runs"
                          " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
     [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason FROM runs"
+                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json"
+                        " FROM runs"
                         " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
                         " AND EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
                         " AND s.job_id = ?1))) ORDER BY id",

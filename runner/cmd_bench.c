@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/pool.h"
+#include "common/version.h"
 #include "engine/chat.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -469,9 +470,10 @@ int runner_cmd_bench(int argc, char **argv)
     char label[512];
     cJSON_AddStringToObject(j, "model", runner_model_label(o.model, &o.eo, label, sizeof(label)));
     cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
+    cJSON_AddStringToObject(j, "quern", quern_version());
     cJSON_AddNumberToObject(j, "tp", (double)grp->size);
     cJSON_AddNumberToObject(j, "threads", (double)o.eo.threads);
-    cJSON_AddStringToObject(j, "matmul", runner_matmul_name(o.eo.act));
+    cJSON_AddStringToObject(j, "matmul", kern_act_name((enum kern_act)o.eo.act));
     cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
     cJSON_AddNumberToObject(j, "rejected_requests", (double)rejected);
     if (o.input)
@@ -486,7 +488,8 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
-    cJSON_AddStringToObject(j, "kv_dtype", runner_kv_dtype_name(o.eo.ep.kv_dtype));
+    cJSON_AddStringToObject(j, "kv_dtype",
+                            kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", engine_kv_n_blocks(kv));
     cJSON_AddNumberToObject(j, "kv_window_blocks", engine_kv_pool_blocks(kv, 1));
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);

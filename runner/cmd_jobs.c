@@ -246,6 +246,49 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
     return a;
 }
 
+/* The engines of the runs that worked on job_id (queue_run_list_job) as [{"engine": {...},
+ * "runs": [ids]}, ...], one entry per distinct engine, in the order of their first run; runs
+ * with no engine recorded (a quern before queue version 5, or one that stopped before its
+ * engine was ready) are left out. NULL with err set on failure. */
+static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    if (queue_run_list_job(q, job_id, &runs, &n, err))
+        return NULL;
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) {
+        cJSON *eng = runs[i].engine_json ? cJSON_Parse(runs[i].engine_json) : NULL, *e, *x;
+        if (!cJSON_IsObject(eng)) {
+            cJSON_Delete(eng);
+            continue;
+        }
+        e = NULL;
+        cJSON_ArrayForEach(x, a)
+        {
+            if (!e && cJSON_Compare(cJSON_GetObjectItem(x, "engine"), eng, 1))
+                e = x;
+        }
+        if (e) {
+            cJSON_Delete(eng);
+        } else {
+            if (!(e = cJSON_CreateObject())) {
+                cJSON_Delete(eng);
+                continue;
+            }
+            cJSON_AddItemToArray(a, e);
+            cJSON_AddItemToObject(e, "engine", eng);
+            cJSON_AddArrayToObject(e, "runs");
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(e, "runs"),
+                             cJSON_CreateNumber((double)runs[i].id));
+    }
+    queue_run_info_free(runs, n);
+    if (!a)
+        err_set(err, ST_ERR_NOMEM, "out of memory");
+    return a;
+}
+
 /* The job's time series (queue_sample_list) as {"fields": [...], "rows": [[...], ...]}: one
  * row per sample, oldest first, with t_ms and run_id before the sample's fields. NULL with
  * err set on failure. */
@@ -333,6 +376,12 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     cJSON_AddNumberToObject(live, "kv_used", (double)p.kv_used);
     cJSON_AddNumberToObject(live, "kv_total", (double)p.kv_total);
     cJSON_AddItemToObject(o, "runs", runs_json(runs, j->ready ? n_runs : 0, j->id));
+    cJSON *engines = engines_json(q, j->id, err);
+    if (!engines) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToObject(o, "engines", engines);
     cJSON *errs = cJSON_AddObjectToObject(o, "errors");
     for (size_t i = 0; i < c.n_error_codes; i++)
         cJSON_AddNumberToObject(errs, c.errors[i].code[0] ? c.errors[i].code : "unknown",
@@ -396,6 +445,24 @@ static void print_status_text(const cJSON *o)
                    jnum(lp, "gen_tok_s"), jnum(lp, "prompt_tok_s"), jnum(lp, "running"),
                    jnum(lp, "kv_used"), jnum(lp, "kv_total"));
         putchar('\n');
+    }
+    const cJSON *engines = cJSON_GetObjectItem(o, "engines");
+    int n_eng = cJSON_GetArraySize(engines);
+    if (n_eng > 1)
+        printf("  %d engines ran this job (their outputs can differ):\n", n_eng);
+    cJSON_ArrayForEach(e, engines)
+    {
+        const cJSON *en = cJSON_GetObjectItem(e, "engine"), *id;
+        printf("  %s%s, %.0f rank(s), matmul %s, KV %s, quern %s (run",
+               n_eng > 1 ? "  " : "engine: ", jstr(en, "device"), jnum(en, "tp"),
+               jstr(en, "matmul"), jstr(en, "kv_dtype"), jstr(en, "quern"));
+        const char *sep = cJSON_GetArraySize(cJSON_GetObjectItem(e, "runs")) > 1 ? "s " : " ";
+        cJSON_ArrayForEach(id, cJSON_GetObjectItem(e, "runs"))
+        {
+            printf("%s%.0f", sep, cJSON_IsNumber(id) ? id->valuedouble : 0);
+            sep = ", ";
+        }
+        printf(")\n");
     }
     const cJSON *errs = cJSON_GetObjectItem(o, "errors");
     if (cJSON_GetArraySize(errs)) {

@@ -294,9 +294,10 @@ int runner_cmd_perplexity(int argc, char **argv)
                "\"tokens_scored\": %zu, \"mean_nll\": %.9g, \"nll_stderr\": %.9g, "
                "\"perplexity\": %.9g, \"perplexity_stderr\": %.9g, \"tokens_run\": %ld, "
                "\"seconds\": %.3f, \"tok_per_s\": %.1f, \"load_seconds\": %.3f}\n",
-               o.file, name, kern_backend_describe(grp->be[0]), runner_matmul_name(o.eo.act),
-               runner_kv_dtype_name(o.eo.ep.kv_dtype), grp->size, method, ctx, stride, n_ids,
-               n_win, in_flight, n_scored, mean, se, ppl, ppl * se, total_tok, secs,
+               o.file, name, kern_backend_describe(grp->be[0]),
+               kern_act_name((enum kern_act)o.eo.act),
+               kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype), grp->size, method, ctx,
+               stride, n_ids, n_win, in_flight, n_scored, mean, se, ppl, ppl * se, total_tok, secs,
                (double)total_tok / secs, load_s);
     } else {
         printf("perplexity %.4f +/- %.4f  (mean NLL %.6f +/- %.6f nats over %zu tokens)\n", ppl,
@@ -304,8 +305,9 @@ int runner_cmd_perplexity(int argc, char **argv)
         printf("%s: %zu tokens, %d windows of %d (%s), %d at a time; %s, %s, matmul %s, KV %s\n",
                o.file, n_ids, n_win, ctx,
                stride ? "sliding, each scoring its new tokens" : "llama.cpp: second halves",
-               in_flight, name, kern_backend_describe(grp->be[0]), runner_matmul_name(o.eo.act),
-               runner_kv_dtype_name(o.eo.ep.kv_dtype));
+               in_flight, name, kern_backend_describe(grp->be[0]),
+               kern_act_name((enum kern_act)o.eo.act),
+               kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype));
         printf("%ld tokens through the model in %.2f s: %.0f tok/s\n", total_tok, secs,
                (double)total_tok / secs);
     }

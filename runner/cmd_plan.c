@@ -115,7 +115,7 @@ int runner_cmd_plan(int argc, char **argv)
         eo.act = KERN_ACT_F32; /* the CUDA backend's default mode */
     if (cuda && eo.act == KERN_ACT_Q16) {
         fprintf(stderr, "quern plan: --device cuda runs --matmul exact, bf16 or q8, not %s\n",
-                runner_matmul_name(eo.act));
+                kern_act_name((enum kern_act)eo.act));
         return RUNNER_EXIT_USAGE;
     }
     size_t kv_mem = eo.ep.kv_mem;
@@ -235,12 +235,13 @@ int runner_cmd_plan(int argc, char **argv)
                "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
                "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
                "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu}\n",
-               name, (unsigned long long)weights, per_tok, runner_kv_dtype_name(dtype), kv_mem,
-               block, blocks, tokens, seq_len, seqs, hp->n_ctx_train,
-               full_ctx_fits ? "true" : "false", (unsigned long long)packed, tp,
-               (unsigned long long)w_rank, per_tok_rank, mem, weights_fit ? "true" : "false",
-               plan.n_local ? plan.window : 0, plan.n_local ? n_local : 0, (long long)plan.n_local,
-               cuda ? "cuda" : "cpu", runner_matmul_name(eo.act), dev_act, dev_scratch, reserve);
+               name, (unsigned long long)weights, per_tok,
+               kern_kv_dtype_name((enum kern_kv_dtype)dtype), kv_mem, block, blocks, tokens,
+               seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
+               (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
+               weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
+               plan.n_local ? n_local : 0, (long long)plan.n_local, cuda ? "cuda" : "cpu",
+               kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve);
     } else {
         printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
@@ -262,7 +263,7 @@ int runner_cmd_plan(int argc, char **argv)
                    "MiB (%d tokens, %d sequences, logits rows), backend scratch %.1f MiB (matmul "
                    "%s)\n",
                    (double)w_rank / 1048576.0, (double)dev_act / 1048576.0, max_tok, max_seqs,
-                   (double)dev_scratch / 1048576.0, runner_matmul_name(eo.act));
+                   (double)dev_scratch / 1048576.0, kern_act_name((enum kern_act)eo.act));
         if (mem && cuda)
             printf("device memory:       %.1f MiB per rank: weights, buffers and scratch %.1f MiB, "
                    "runtime reserve %.1f MiB, KV pool %.1f MiB%s\n",
@@ -295,7 +296,7 @@ int runner_cmd_plan(int argc, char **argv)
             printf("packed weights:      %.1f MiB (the matrices repacked at load for %s kernels, "
                    "matmul %s)\n",
                    (double)packed / 1048576.0, kern_backend_describe(be),
-                   runner_matmul_name(eo.act));
+                   kern_act_name((enum kern_act)eo.act));
             printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, "
                    "plus activations)\n",
                    (double)(weights + packed + kv_mem) / 1048576.0);

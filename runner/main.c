@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/version.h"
 #include "runner/runner.h"
 
 static const char usage[] =
@@ -23,7 +24,20 @@ static const char usage[] =
     "  perplexity a model's perplexity on a text file (llama.cpp's method or sliding windows)\n"
     "\n"
 
-    "Run 'quern <command> --help' for a command's options.\n";
+    "Run 'quern <command> --help' for a command's options; 'quern --version' says which quern\n"
+    "this is.\n";
+
+/* --version: the source revision and what this binary can run on. */
+static int version(void)
+{
+    printf("quern %s\n", quern_version());
+#ifdef QUERN_CUDA
+    puts("CUDA backend: built in (`quern info` lists the devices it finds)");
+#else
+    puts("CUDA backend: not built in");
+#endif
+    return RUNNER_EXIT_OK;
+}
 
 int main(int argc, char **argv)
 {
@@ -33,6 +47,8 @@ int main(int argc, char **argv)
         return argc < 2 ? RUNNER_EXIT_USAGE : RUNNER_EXIT_OK;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version"))
+        return version();
     if (!strcmp(cmd, "submit"))
         return runner_cmd_submit(argc - 1, argv + 1);
     if (!strcmp(cmd, "run"))

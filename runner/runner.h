@@ -36,14 +36,12 @@ int runner_parse_float(const char *cmd, const char *flag, const char *s, double 
                        float *out);
 
 /* --matmul MODE: "exact", "q8" or "q16" into *out (an enum kern_act); 0 and a message on
- * anything else. runner_matmul_name gives the name back. */
+ * anything else. kern_act_name gives the name back. */
 int runner_parse_matmul(const char *cmd, const char *s, int *out);
-const char *runner_matmul_name(int act);
 
 /* --kv-dtype f16|q8 into *out (an enum kern_kv_dtype); 0 and a message on anything else.
- * runner_kv_dtype_name gives the name back. */
+ * kern_kv_dtype_name gives the name back. */
 int runner_parse_kv_dtype(const char *cmd, const char *s, int *out);
-const char *runner_kv_dtype_name(int dtype);
 
 /* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);

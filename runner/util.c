@@ -83,19 +83,6 @@ int runner_parse_kv_dtype(const char *cmd, const char *s, int *out)
     return 0;
 }
 
-const char *runner_kv_dtype_name(int dtype)
-{
-    return dtype == KERN_KV_Q8 ? "q8" : "f16";
-}
-
-const char *runner_matmul_name(int act)
-{
-    return act == KERN_ACT_Q8     ? "q8"
-           : act == KERN_ACT_Q16  ? "q16"
-           : act == KERN_ACT_BF16 ? "bf16"
-                                  : "exact";
-}
-
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out)
 {
     char *end;

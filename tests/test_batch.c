@@ -562,6 +562,23 @@ static void test_recover_empty_shard(void **state)
 
 /* ---- the manifest ---- */
 
+/* The job's manifest.json, parsed (caller deletes). */
+static cJSON *read_manifest(struct fixture *f)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/manifest.json", f->job_dir);
+    FILE *mf = fopen(path, "rb");
+    assert_non_null(mf);
+    char *text = calloc(1, 65536);
+    size_t len = fread(text, 1, 65535, mf);
+    fclose(mf);
+    assert_true(len > 0);
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    assert_non_null(m);
+    return m;
+}
+
 static void test_manifest(void **state)
 {
     struct fixture *f = *state;
@@ -579,18 +596,7 @@ static void test_manifest(void **state)
     check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
     assert_true(batch_manifest_current(f->q, &f->job, f->job_dir));
 
-    char path[4200];
-    size_t len;
-    snprintf(path, sizeof(path), "%s/manifest.json", f->job_dir);
-    FILE *mf = fopen(path, "rb");
-    assert_non_null(mf);
-    char *text = calloc(1, 65536);
-    len = fread(text, 1, 65535, mf);
-    fclose(mf);
-    assert_true(len > 0);
-    cJSON *m = cJSON_Parse(text);
-    free(text);
-    assert_non_null(m);
+    cJSON *m = read_manifest(f);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")));
     char jid[32];
     snprintf(jid, sizeof(jid), "%lld", (long long)f->job.id);
@@ -620,6 +626,77 @@ static void test_manifest(void **state)
     /* an incomplete manifest is not current */
     check(batch_manifest_write(f->q, &f->job, f->job_dir, 0, &err), &err, "manifest");
     assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
+}
+
+/* Provenance: each listed shard names the runs that wrote its records and how many, and the
+ * manifest lists those runs once, with their host and engine (null where none was recorded). A
+ * run whose engine is not a JSON object is listed with a null engine, not refused. */
+static void test_manifest_writers(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    const char *eng2 = "{\"quern\":\"x\",\"device\":\"cpu avx2\",\"tp\":1,\"matmul\":\"q8\","
+                       "\"kv_dtype\":\"f16\"}";
+    /* run 1 (no engine recorded) writes items 0-2, then ends: its other leases go back */
+    struct batch_out *w = open_writer(f, f->run_id, 1000);
+    for (size_t i = 0; i < 3; i++)
+        add_result(f, w, i);
+    check(batch_out_commit(w, &err), &err, "commit");
+    check(batch_out_close(w, &err), &err, "close");
+    batch_out_free(w);
+    check(queue_run_end(f->q, f->run_id, "drained", NULL, NULL, &err), &err, "end");
+    /* run 2 (engine recorded) writes items 3-4 and an error for 5 */
+    int64_t run2 = start_run(f->q);
+    check(queue_run_set_engine(f->q, run2, eng2, &err), &err, "set engine");
+    assert_int_equal(claim_all(f->q, f->job.id, run2), 3);
+    w = open_writer(f, run2, 1000);
+    add_result(f, w, 3);
+    add_result(f, w, 4);
+    check(batch_out_hold(w, f->items[5], &err), &err, "hold");
+    check(batch_out_error(w, f->items[5], strdup("{\"custom_id\":\"c5\"}"), "bad", "no", &err),
+          &err, "error");
+    check(batch_out_commit(w, &err), &err, "commit");
+    check(batch_out_close(w, &err), &err, "close");
+    batch_out_free(w);
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
+    cJSON *m = read_manifest(f);
+    static const char *const names[3] = {"results-00000.jsonl.zst", "results-00001.jsonl.zst",
+                                         "errors-00000.jsonl.zst"};
+    const int64_t writer[3] = {f->run_id, run2, run2};
+    static const double records[3] = {3, 2, 1};
+    const cJSON *arr = cJSON_GetObjectItem(m, "shards");
+    assert_int_equal(cJSON_GetArraySize(arr), 3);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *e = cJSON_GetArrayItem(arr, i);
+        assert_string_equal(cJSON_GetObjectItem(e, "file")->valuestring, names[i]);
+        const cJSON *runs = cJSON_GetObjectItem(e, "runs");
+        assert_int_equal(cJSON_GetArraySize(runs), 1);
+        const cJSON *r = cJSON_GetArrayItem(runs, 0);
+        assert_true(cJSON_GetObjectItem(r, "run")->valuedouble == (double)writer[i]);
+        assert_true(cJSON_GetObjectItem(r, "records")->valuedouble == records[i]);
+    }
+    const cJSON *runs = cJSON_GetObjectItem(m, "runs");
+    assert_int_equal(cJSON_GetArraySize(runs), 2);
+    const cJSON *r1 = cJSON_GetArrayItem(runs, 0), *r2 = cJSON_GetArrayItem(runs, 1);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    assert_true(cJSON_GetObjectItem(r1, "run")->valuedouble == (double)f->run_id);
+    assert_string_equal(cJSON_GetObjectItem(r1, "host")->valuestring, self.host);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(r1, "engine")));
+    assert_true(cJSON_GetObjectItem(r2, "run")->valuedouble == (double)run2);
+    cJSON *want = cJSON_Parse(eng2);
+    assert_true(cJSON_Compare(cJSON_GetObjectItem(r2, "engine"), want, 1));
+    cJSON_Delete(want);
+    cJSON_Delete(m);
+
+    /* an engine that is not an object: listed as unknown */
+    check(queue_run_set_engine(f->q, run2, "[1", &err), &err, "set engine");
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
+    m = read_manifest(f);
+    r2 = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "runs"), 1);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(r2, "engine")));
+    cJSON_Delete(m);
+    assert_int_equal(queue_run_set_engine(f->q, 999, eng2, &err), ST_ERR_INVALID_ARG);
 }
 
 /* The output directory belongs to one job of one database: another job is refused it. */
@@ -784,6 +861,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_recover_dead_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recover_empty_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manifest_writers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outdir_marker, setup, teardown),
         cmocka_unit_test(test_progress_json),
         cmocka_unit_test(test_run_drains),

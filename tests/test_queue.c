@@ -564,6 +564,66 @@ static void test_migrate_v2_to_v3(void **state)
     assert_int_equal(sql_int(f->path, "SELECT heartbeat FROM runs WHERE id = 1"), f->now);
 }
 
+/* A version-4 queue migrates to version 5: its runs have no engine; a run can record one, and
+ * the job's runs list it; queue_job_writers says which run committed which shard's records (a
+ * finished item's lease owner), per shard, with the run's host and engine; items not finished
+ * or in no shard are not counted. */
+static void test_migrate_v4_to_v5_engine(void **state)
+{
+    struct fixture *f = *state;
+    for (int i = 0; i < 4; i++)
+        sql_exec(f->path, queue_migrations[i].sql);
+    sql_exec(f->path,
+             "PRAGMA user_version = 4;"
+             "INSERT INTO jobs (name, created, model_path, out_dir) VALUES ('a', 1, 'm', 'o');"
+             "INSERT INTO runs (job_id, host, pid, started, heartbeat, ended)"
+             " VALUES (1, 'h1', 7, 1, 2, 3), (1, 'h2', 8, 4, 5, NULL);"
+             "INSERT INTO shards (job_id, kind, seq, path, run_id, created, records)"
+             " VALUES (1, 'results', 0, 'p0', 1, 1, 3), (1, 'errors', 0, 'e0', 2, 1, 1),"
+             " (1, 'results', 1, 'p1', 2, 1, 1);"
+             "INSERT INTO items (job_id, custom_id, payload, state, lease_owner, shard_id)"
+             " VALUES (1, 'a', '{}', 'done', 1, 1), (1, 'b', '{}', 'done', 1, 1),"
+             " (1, 'c', '{}', 'done', 2, 1), (1, 'd', '{}', 'failed', 2, 2),"
+             " (1, 'e', '{}', 'done', 2, 3), (1, 'f', '{}', 'leased', 2, NULL),"
+             " (1, 'g', '{}', 'queued', NULL, NULL);");
+    struct queue *q = open_q(f);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+    struct err_detail err = {0};
+    assert_int_equal(queue_run_set_engine(q, 2, "{\"matmul\":\"q8\"}", &err), ST_OK);
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_job(q, 1, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 2);
+    assert_null(runs[0].engine_json);
+    assert_string_equal(runs[1].engine_json, "{\"matmul\":\"q8\"}");
+    queue_run_info_free(runs, n);
+    assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(runs[0].engine_json, "{\"matmul\":\"q8\"}");
+    queue_run_info_free(runs, n);
+    struct queue_writer *w = NULL;
+    assert_int_equal(queue_job_writers(q, 1, &w, &n, &err), ST_OK);
+    /* (shard, run, records, host, engine) */
+    assert_int_equal(n, 4);
+    const int64_t want[4][3] = {{1, 1, 2}, {1, 2, 1}, {2, 2, 1}, {3, 2, 1}};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(w[i].shard_id, want[i][0]);
+        assert_int_equal(w[i].run_id, want[i][1]);
+        assert_int_equal(w[i].records, want[i][2]);
+        assert_string_equal(w[i].host, want[i][1] == 1 ? "h1" : "h2");
+        if (want[i][1] == 1)
+            assert_null(w[i].engine_json);
+        else
+            assert_string_equal(w[i].engine_json, "{\"matmul\":\"q8\"}");
+    }
+    queue_writers_free(w, n);
+    assert_int_equal(queue_job_writers(q, 2, &w, &n, &err), ST_OK); /* no such job: none */
+    assert_int_equal(n, 0);
+    assert_null(w);
+    assert_int_equal(queue_run_set_engine(q, 9, "{}", &err), ST_ERR_INVALID_ARG);
+    queue_close(q);
+}
+
 /* A version-3 queue with a run migrates to version 4: samples can be added for its job and
  * come back in time order with every field; another job's are not listed. */
 static void test_migrate_v3_to_v4_samples(void **state)
@@ -577,7 +637,7 @@ static void test_migrate_v3_to_v4_samples(void **state)
                       "INSERT INTO runs (job_id, host, pid, started, heartbeat)"
                       " VALUES (1, 'h', 7, 1, 2);");
     struct queue *q = open_q(f);
-    assert_int_equal(queue_schema_version(q), 4);
+    assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION); /* through v4 */
     struct err_detail err = {0};
     struct queue_sample s = {0}, *got = NULL;
     size_t n = 0;
@@ -1026,6 +1086,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v2_to_v3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v3_to_v4_samples, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_v4_to_v5_engine, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_list_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_ready_job_invisible, setup, teardown),
         cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),

@@ -39,6 +39,7 @@ grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warn
 [ "$(jget "$tmp/bench.json" '["requests"]')" = 12 ] || fail "requests"
 [ "$(jget "$tmp/bench.json" '["input_tokens"]')" = 240 ] || fail "input tokens"
 [ "$(jget "$tmp/bench.json" '["output_tokens"]')" = 60 ] || fail "output tokens"
+[ "quern $(jget "$tmp/bench.json" '["quern"]')" = "$("$Q" --version | head -1)" ] || fail "quern"
 python3 - "$tmp/bench.json" <<'PY' || fail "bench JSON inconsistent"
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -73,8 +73,10 @@ wait_done() {
 check_parts() {
     local dir=$1 job=$2 n=$3
     "$Q" export --db "$dir" --out "$job.all.jsonl" 2>/dev/null || fail "$job: export failed"
-    python3 - "$job.all.jsonl" "$n" "out/$job" <<'PY' || fail "$job: combined output check"
+    PY_PROVENANCE=$PY_PROVENANCE python3 - "$job.all.jsonl" "$n" "out/$job" \
+        "$("$Q" --version | head -1)" <<'PY' || fail "$job: combined output check"
 import collections, hashlib, json, os, subprocess, sys
+exec(os.environ["PY_PROVENANCE"])
 ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
 dup = [k for k, v in collections.Counter(ids).items() if v > 1]
 assert not dup, f"duplicated custom_ids: {dup[:5]}"
@@ -95,6 +97,7 @@ for s in m["shards"]:
     listed.add(s["file"])
     recs += s["records"]
 assert recs == len(ids) == m["totals"]["results"]["records"] + m["totals"]["errors"]["records"]
+check_provenance(m, len(ids), sys.argv[4], lambda s: s["part"])
 on_disk = set()
 for k in range(m["parts"]):
     d = os.path.join(root, "part-%04d" % k)

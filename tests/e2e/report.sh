@@ -109,6 +109,8 @@ runs = json.load(open("runs.json"))
 assert len(runs) == 2 and runs[0]["exit_reason"] == "dead" and runs[1]["exit_reason"] == "drained", runs
 rows = re.findall(r'<section id="runs">.*?</section>', t, re.S)[0]
 assert rows.count("<tr>") == 3 and ">dead<" in rows and ">drained<" in rows
+# each run's engine, as it recorded it
+assert rows.count("matmul ") == 2 and "unknown" not in rows, rows
 # a run found dead stopped at its last heartbeat, not when another run noticed
 end = lambda r: r["heartbeat"] if r["exit_reason"] == "dead" else (r["ended"] or r["heartbeat"])
 hours = sum((end(r) - r["started"]) / 3.6e6 for r in runs)

@@ -12,6 +12,25 @@ e2e_workdir() {
 }
 
 # check_job DB JOB N_EXPECTED [OUTROOT]: export, exactly-once ids, shard integrity, manifest.
+# (Python, in the scripts below) provenance: every finished item's record is counted once, for
+# the run that wrote it, and each such run is listed with its engine, from this quern
+PY_PROVENANCE='
+def check_provenance(m, n, version, part=lambda s: None):
+    runs = {(r.get("part"), r["run"]): r for r in m["runs"]}
+    total = 0
+    for s in m["shards"]:
+        got = sum(w["records"] for w in s["runs"])
+        assert got <= s["records"], (s["file"], got, s["records"])
+        for w in s["runs"]:
+            assert (part(s), w["run"]) in runs, (s["file"], w, sorted(runs))
+        total += got
+    assert total == n, f"the runs wrote {total} records, want {n}"
+    for r in runs.values():
+        e = r["engine"]
+        assert isinstance(e, dict) and set(e) == {"quern", "device", "tp", "matmul", "kv_dtype"}, r
+        assert version == "quern " + e["quern"], (version, e)
+'
+
 check_job() {
     local db=$1 job=$2 n=$3 root=${4:-out}
     "$Q" export --db "$db" --job "$job" --out "$job.export.jsonl" 2>/dev/null ||
@@ -31,11 +50,13 @@ PY
 import json, sys
 for l in sys.stdin: json.loads(l)' || fail "$f holds a partial or invalid line"
     done
-    python3 - "$dir" <<'PY' || fail "$job: manifest does not match the shards"
+    PY_PROVENANCE=$PY_PROVENANCE python3 - "$dir" "$n" "$("$Q" --version | head -1)" <<'PY' || fail "$job: manifest does not match the shards"
 import hashlib, json, os, sys, subprocess
+exec(os.environ["PY_PROVENANCE"])
 d = sys.argv[1]
 m = json.load(open(os.path.join(d, "manifest.json")))
 assert m["complete"] is True, "manifest not complete"
+check_provenance(m, int(sys.argv[2]), sys.argv[3])
 listed = set()
 for s in m["shards"]:
     p = os.path.join(d, s["file"])
