@@ -409,6 +409,31 @@ static double jnum(const cJSON *o, const char *key)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+void runner_print_engines(const cJSON *engines, const char *unit)
+{
+    char key[16];
+    snprintf(key, sizeof(key), "%ss", unit);
+    int n = cJSON_GetArraySize(engines);
+    if (n > 1)
+        printf("  %d engines ran this job (their outputs can differ):\n", n);
+    const cJSON *e, *id;
+    cJSON_ArrayForEach(e, engines)
+    {
+        const cJSON *en = cJSON_GetObjectItem(e, "engine"), *ids = cJSON_GetObjectItem(e, key);
+        printf("  %s%s, %.0f rank(s), matmul %s, KV %s, quern %s (%s%s",
+               n > 1 ? "  " : "engine: ", jstr(en, "device"), jnum(en, "tp"), jstr(en, "matmul"),
+               jstr(en, "kv_dtype"), jstr(en, "quern"), unit,
+               cJSON_GetArraySize(ids) > 1 ? "s" : "");
+        const char *sep = " ";
+        cJSON_ArrayForEach(id, ids)
+        {
+            printf("%s%.0f", sep, cJSON_IsNumber(id) ? id->valuedouble : 0);
+            sep = ", ";
+        }
+        printf(")\n");
+    }
+}
+
 static void print_status_text(const cJSON *o)
 {
     printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
@@ -446,24 +471,7 @@ static void print_status_text(const cJSON *o)
                    jnum(lp, "kv_used"), jnum(lp, "kv_total"));
         putchar('\n');
     }
-    const cJSON *engines = cJSON_GetObjectItem(o, "engines");
-    int n_eng = cJSON_GetArraySize(engines);
-    if (n_eng > 1)
-        printf("  %d engines ran this job (their outputs can differ):\n", n_eng);
-    cJSON_ArrayForEach(e, engines)
-    {
-        const cJSON *en = cJSON_GetObjectItem(e, "engine"), *id;
-        printf("  %s%s, %.0f rank(s), matmul %s, KV %s, quern %s (run",
-               n_eng > 1 ? "  " : "engine: ", jstr(en, "device"), jnum(en, "tp"),
-               jstr(en, "matmul"), jstr(en, "kv_dtype"), jstr(en, "quern"));
-        const char *sep = cJSON_GetArraySize(cJSON_GetObjectItem(e, "runs")) > 1 ? "s " : " ";
-        cJSON_ArrayForEach(id, cJSON_GetObjectItem(e, "runs"))
-        {
-            printf("%s%.0f", sep, cJSON_IsNumber(id) ? id->valuedouble : 0);
-            sep = ", ";
-        }
-        printf(")\n");
-    }
+    runner_print_engines(cJSON_GetObjectItem(o, "engines"), "run");
     const cJSON *errs = cJSON_GetObjectItem(o, "errors");
     if (cJSON_GetArraySize(errs)) {
         printf("  errors:");

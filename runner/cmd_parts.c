@@ -67,6 +67,7 @@ static cJSON *part_from_queue(struct queue *q, int k, struct err_detail *err)
     cJSON_AddNumberToObject(o, "completion_tokens", num(js, "completion_tokens"));
     cJSON_AddNumberToObject(o, "gen_tok_s", 0);
     cJSON_AddItemToObject(o, "errors", cJSON_DetachItemFromObject(js, "errors"));
+    cJSON_AddItemToObject(o, "engines", cJSON_DetachItemFromObject(js, "engines"));
     cJSON_AddItemToObject(o, "series", cJSON_DetachItemFromObject(js, "series"));
     cJSON_Delete(js);
     return o;
@@ -125,6 +126,37 @@ static const char *combined_state(const cJSON *parts)
     return started ? "running" : "queued";
 }
 
+/* The engines of every part's runs (each part's "engines"), one entry per distinct engine:
+ * [{"engine": {...}, "parts": [k, ...]}, ...]. */
+static cJSON *parts_engines(const cJSON *parts)
+{
+    cJSON *a = cJSON_CreateArray();
+    const cJSON *pe, *e, *x;
+    cJSON_ArrayForEach(pe, parts)
+    {
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pe, "engines"))
+        {
+            const cJSON *eng = cJSON_GetObjectItem(e, "engine");
+            cJSON *hit = NULL, *ks;
+            cJSON_ArrayForEach(x, a)
+            {
+                if (!hit && cJSON_Compare(cJSON_GetObjectItem(x, "engine"), eng, 1))
+                    hit = (cJSON *)x;
+            }
+            if (!hit && (hit = cJSON_CreateObject())) {
+                cJSON_AddItemToArray(a, hit);
+                cJSON_AddItemToObject(hit, "engine", cJSON_Duplicate(eng, 1));
+                cJSON_AddArrayToObject(hit, "parts");
+            }
+            ks = cJSON_GetObjectItem(hit, "parts");
+            const cJSON *last = cJSON_GetArrayItem(ks, cJSON_GetArraySize(ks) - 1);
+            if (ks && !(cJSON_IsNumber(last) && last->valuedouble == num(pe, "part")))
+                cJSON_AddItemToArray(ks, cJSON_CreateNumber(num(pe, "part")));
+        }
+    }
+    return a;
+}
+
 int runner_parts_status(const struct batch_parts *p, const char *job, int json)
 {
     if (job && strcmp(job, p->job)) {
@@ -166,6 +198,8 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     for (int i = 0; i < 6; i++)
         cJSON_AddNumberToObject(j, keys[i], sum[i]);
     cJSON_AddItemToObject(j, "part_status", parts);
+    cJSON *engines = parts_engines(parts);
+    cJSON_AddItemToObject(j, "engines", engines);
     if (json) {
         cJSON *arr = cJSON_CreateArray();
         cJSON_AddItemToArray(arr, j);
@@ -182,6 +216,7 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     if (sum[5] > 0)
         printf(", %.1f tok/s live", sum[5]);
     putchar('\n');
+    runner_print_engines(engines, "part");
     const cJSON *e;
     cJSON_ArrayForEach(e, parts)
     {

@@ -58,6 +58,10 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
 struct engine_stats;
 void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es);
 
+/* Print a job's "engines" (status JSON: [{"engine": {...}, "<unit>s": [ids]}]) as text: one
+ * "engine: ..." line, or a count and a line per engine when they differ. unit: "run", "part". */
+void runner_print_engines(const struct cJSON *engines, const char *unit);
+
 /* One job's `quern status` object (cmd_jobs.c): counts by state, tokens, rates, ETA, the live
  * numbers of runs (runs[0..n_runs) as queue_run_list_live gave them), errors by code. NULL
  * with err set on failure; caller frees with cJSON_Delete. */

@@ -225,7 +225,11 @@ import json, sys
 j = json.load(open("st2.json"))[0]
 assert j["state"] == "done" and j["done"] == int(sys.argv[1]) and j["failed"] == 1, j
 assert all(p["state"] == "done" and not p["in_use"] for p in j["part_status"]), j
+# one engine ran every part (same binary and options), and each part says which runs
+assert len(j["engines"]) == 1 and j["engines"][0]["parts"] == [0, 1, 2], j["engines"]
+assert all(p["engines"][0]["engine"] == j["engines"][0]["engine"] for p in j["part_status"])
 PY
+"$Q" status --db A | grep -q "^  engine: .*matmul .*(parts 0, 1, 2)$" || fail "status text: engine"
 
 # ---- 3. a part held by another process ---------------------------------------------------
 make_job() { # make_job DIR NAME PARTS N TOK
