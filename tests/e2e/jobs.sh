@@ -63,12 +63,13 @@ t1=$(date +%s)
 "$Q" run --db term.db --out out >/dev/null 2>&1 || fail "rerun after SIGTERM"
 check_job term.db term 150
 
-# 3. kill -9 at random moments, resume each time
-make_small crash.jsonl 80
+# 3. kill -9 at random moments, resume each time (paced in exact mode on one thread, so that
+# the job outlasts most of the trials: checked below)
+make_small crash.jsonl 400
 "$Q" submit --db crash.db --model "$M" --name crash crash.jsonl >/dev/null 2>&1
 for i in $(seq "$TRIALS"); do
     "$Q" run --db crash.db --out out --max-seqs 8 --max-batch-tokens 64 --flush-secs 0 \
-        --flush-records 3 >/dev/null 2>>crash.log &
+        --flush-records 3 --threads 1 --matmul exact >/dev/null 2>>crash.log &
     pid=$!
     sleep "$(python3 -c "import random; print(random.uniform(0.05, 1.5))")"
     kill -9 $pid 2>/dev/null || true
@@ -78,14 +79,17 @@ done
 # they were silent, so this run takes over their items and open shards at once
 timeout 120 "$Q" run --db crash.db --out out >/dev/null 2>>crash.log ||
     { tail crash.log; fail "final resume"; }
-check_job crash.db crash 80
+dead=$(sqlite3 crash.db "SELECT count(*) FROM runs WHERE exit_reason = 'dead'")
+[ "$dead" -ge $((TRIALS / 2)) ] || fail "3: only $dead of $TRIALS runs were killed mid-job"
+check_job crash.db crash 400
 
 # 3b. a run killed with an open shard holding records: a resume at once, with the default
 # --lease 300, sees its process is gone, takes the shard over and completes the manifest
-make_small open.jsonl 30
+# (paced in exact mode on one thread: the kill must find the run alive)
+make_small open.jsonl 60
 "$Q" submit --db open.db --model "$M" --name open open.jsonl >/dev/null 2>&1
 "$Q" run --db open.db --out out --max-seqs 2 --max-batch-tokens 64 --flush-secs 0 \
-    --flush-records 1 --lease 2 >/dev/null 2>>open.log &
+    --flush-records 1 --lease 2 --threads 1 --matmul exact >/dev/null 2>>open.log &
 pid=$!
 for _ in $(seq 300); do
     "$Q" status --db open.db --job open --json 2>/dev/null | grep -q '"done":[1-9]' && break
@@ -93,9 +97,11 @@ for _ in $(seq 300); do
 done
 kill -9 $pid 2>/dev/null || true
 wait $pid 2>/dev/null || true
+[ "$(sqlite3 open.db "SELECT count(*) FROM runs WHERE kind = 'run' AND ended IS NULL")" = 1 ] ||
+    fail "3b: the run ended before it was killed (make the job longer)"
 "$Q" run --db open.db --out out >/dev/null 2>>open.log || fail "resume with the default lease"
 grep -q "dead run(s) on this host" open.log || fail "the killed run was not found dead"
-check_job open.db open 30
+check_job open.db open 60
 
 # 4. two concurrent runs on one DB
 make_small conc.jsonl 60

@@ -249,7 +249,7 @@ db = sqlite3.connect("B/part-0001.db", isolation_level=None)
 db.execute("PRAGMA locking_mode = EXCLUSIVE")
 db.execute("BEGIN EXCLUSIVE")
 open("held", "w").close()
-time.sleep(60)' &
+time.sleep(600)' &
 holder=$!
 pids+=("$holder")
 for _ in $(seq 1 100); do [ -e held ] && break; sleep 0.1; done

@@ -120,36 +120,42 @@ zstd -q -dc out/two/errors-*.jsonl.zst | grep -q '"custom_id":"line-2"' ||
     fail "2: the rejected line is not in the errors shards"
 
 # 4. the shard is taken over under the run (as by a run on another host that missed our
-# heartbeats): the run must end that shard and write its records to a new one
-make_small four.jsonl 40
+# heartbeats): the run must end that shard and write its records to a new one (paced in exact
+# mode on one thread, ~4 s of work: the run must still be writing that shard after the take-over)
+make_small four.jsonl 120
 "$Q" submit --db four.db --model "$M" --name four four.jsonl >/dev/null 2>&1
 "$Q" run --db four.db --out out --max-seqs 4 --max-batch-tokens 64 --flush-secs 0 \
-    --flush-records 2 >four.json 2>four.log &
+    --flush-records 2 --threads 1 --matmul exact >four.json 2>four.log &
 pid=$!
 wait_done four.db four 4
-python3 - four.db <<'PY'
+python3 - four.db <<'PY' || fail "4: the run finished first (make the job longer)"
 import sqlite3, sys, time
 db = sqlite3.connect(sys.argv[1], timeout=30)
 now = int(time.time() * 1000)
 cur = db.execute("INSERT INTO runs (host, pid, started, heartbeat, ended, exit_reason)"
                  " VALUES ('elsewhere', 1, ?, ?, ?, 'test')", (now, now, now))
-db.execute("UPDATE shards SET run_id = ? WHERE state = 'open' AND kind = 'results'",
-           (cur.lastrowid,))
+moved = db.execute("UPDATE shards SET run_id = ? WHERE state = 'open' AND kind = 'results'",
+                   (cur.lastrowid,)).rowcount
+left = db.execute("SELECT count(*) FROM items WHERE state IN ('queued', 'leased')").fetchone()[0]
 db.commit()
+sys.exit(0 if moved == 1 and left > 0 else 1)
 PY
 wait $pid || { tail four.log; fail "4: the run whose shard was taken exited non-zero"; }
 grep -q "ending this shard" four.log || fail "4: no shard-level conflict seen"
 "$Q" run --db four.db --out out >/dev/null 2>>four.log || fail "4: closing run"
-check_job four.db four 40
+check_job four.db four 120
 
-# 5. a run stalled past its own lease does not re-claim its own items
+# 5. a run stalled past its own lease does not re-claim its own items (paced in exact mode on
+# one thread: the stall must come before the job's end)
 make_small five.jsonl 30
 "$Q" submit --db five.db --model "$M" --name five five.jsonl >/dev/null 2>&1
 "$Q" run --db five.db --out out --max-seqs 4 --max-batch-tokens 64 --lease 1 --claim 4 \
-    --flush-secs 0 --flush-records 2 >/dev/null 2>five.log &
+    --flush-secs 0 --flush-records 2 --threads 1 --matmul exact >/dev/null 2>five.log &
 pid=$!
 wait_done five.db five 2
 kill -STOP $pid
+[ "$(sqlite3 five.db "SELECT count(*) FROM items WHERE state IN ('queued', 'leased')")" -gt 0 ] ||
+    { kill -CONT $pid; fail "5: the run finished before the stall (make the job longer)"; }
 sleep 2.5
 kill -CONT $pid
 wait $pid || { tail five.log; fail "5: stalled run exited non-zero"; }
@@ -165,14 +171,14 @@ for i in range(24):
 PY
 "$Q" submit --db six.db --model "$M" --name six six.jsonl >/dev/null 2>&1
 "$Q" run --db six.db --out out --max-seqs 4 --max-batch-tokens 64 --lease 1 --claim 4 \
-    --flush-secs 0 --flush-records 1 >/dev/null 2>six_a.log &
+    --flush-secs 0 --flush-records 1 --threads 1 --matmul exact >/dev/null 2>six_a.log &
 pa=$!
 wait_done six.db six 2
 kill -STOP $pa
 # the items the stalled run holds
 python3 -c 'import sqlite3, sys; print(" ".join(str(r[0]) for r in sqlite3.connect(sys.argv[1],
     timeout=30).execute("SELECT id FROM items WHERE state = \x27leased\x27")))' six.db >six.held
-[ -s six.held ] || { kill -CONT $pa; fail "6: the stalled run held nothing"; }
+[ -s six.held ] || { kill -CONT $pa; fail "6: the stalled run held nothing (make the job longer)"; }
 "$Q" run --db six.db --out out --max-seqs 4 --max-batch-tokens 64 --claim 4 \
     --flush-secs 0 --flush-records 1 >/dev/null 2>six_b.log &
 pb=$!

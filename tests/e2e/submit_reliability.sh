@@ -152,6 +152,8 @@ while alive():
         sys.exit(f"BEGIN IMMEDIATE failed after {time.monotonic() - t:.1f} s: {e}")
     waits.append(time.monotonic() - t)
     time.sleep(0.01)
+if not waits:
+    sys.exit("the submit ended before the first lock was tried (make its input larger)")
 print(f"2: {len(waits)} write locks taken during the submit, longest wait {max(waits):.2f} s,"
       f" {len(seen)} different item counts seen under the lock")
 # the lock was taken between the submit's transactions, not only before or after one big one:
