@@ -162,12 +162,18 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 endif
 
-# The source revision (common/version.c): a stamp file holds it and changes only when it does,
-# so only that file is compiled again after a commit or an edit.
-QUERN_GIT := $(or $(shell git describe --always --dirty --abbrev=12 2>/dev/null),unknown)
-$(OBJ_DIR)/common/version.o: $(BUILD)/version.stamp
+# The source revision (common/version.c): the commit's 12-digit hash, "-dirty" when tracked
+# files differ from it, "unknown" outside a git checkout of this directory itself (a tarball, or
+# a copy inside another repository). A stamp file holds it and changes only when it does, so
+# only that file is compiled again after a commit or an edit.
+ifeq ($(realpath $(shell git rev-parse --show-toplevel 2>/dev/null)),$(realpath $(CURDIR)))
+QUERN_GIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell \
+               git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+endif
+QUERN_GIT := $(or $(QUERN_GIT),unknown)
+$(OBJ_DIR)/common/version.o: $(OBJ_DIR)/version.stamp
 $(OBJ_DIR)/common/version.o: CPPFLAGS += -DQUERN_GIT='"$(QUERN_GIT)"'
-$(BUILD)/version.stamp: FORCE
+$(OBJ_DIR)/version.stamp: FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(QUERN_GIT)' | cmp -s - $@ || echo '$(QUERN_GIT)' >$@
 .PHONY: FORCE

@@ -46,6 +46,7 @@ struct batch_run {
     struct queue_job job;            /* current job */
     char job_dir[4096];              /* OUT/<job name> */
     char model_name[256];            /* for records: model file name without .gguf */
+    char *engine_json;               /* the run's engine (record_engine), or NULL before one */
     struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */
     struct engine_model *draft;      /* draft model (--spec model) or NULL */

@@ -216,6 +216,7 @@ static struct io_manifest_shard *manifest_shards(const struct queue_shard *sh, s
         m->name = slash ? slash + 1 : sh[i].path;
         m->kind = sh[i].kind == QUEUE_SHARD_RESULTS ? IO_SHARD_RESULTS : IO_SHARD_ERRORS;
         m->records = sh[i].records;
+        m->superseded = sh[i].superseded;
         m->bytes = sh[i].committed_bytes;
         snprintf(m->sha256, sizeof(m->sha256), "%s", sh[i].sha256);
     }
@@ -257,15 +258,15 @@ static struct io_manifest_writer *manifest_writers(struct io_manifest_shard *ms,
     qsort(by_id, k, sizeof(*by_id), slot_cmp);
     for (size_t i = 0; i < nw; i++) {
         mw[i] = (struct io_manifest_writer){w[i].run_id, w[i].records};
+        struct shard_slot key = {w[i].shard_id, 0};
+        const struct shard_slot *hit = bsearch(&key, by_id, k, sizeof(*by_id), slot_cmp);
+        if (!hit) /* a shard the manifest does not list (still open, or empty) */
+            continue;
         size_t r = 0;
         while (r < *n_runs && mr[r].id != w[i].run_id)
             r++;
         if (r == *n_runs)
             mr[(*n_runs)++] = (struct io_manifest_run){w[i].run_id, w[i].host, w[i].engine_json};
-        struct shard_slot key = {w[i].shard_id, 0};
-        const struct shard_slot *hit = bsearch(&key, by_id, k, sizeof(*by_id), slot_cmp);
-        if (!hit) /* a shard the manifest does not list (still open, or empty) */
-            continue;
         struct io_manifest_shard *m = &ms[hit->slot];
         if (!m->writers)
             m->writers = &mw[i]; /* the shard's rows are consecutive in w */
@@ -382,16 +383,19 @@ int batch_manifest_current(struct queue *q, const struct queue_job *job, const c
              !queue_shard_list(q, job->id, &sh, &n, NULL);
     struct io_manifest_shard *ms = ok ? manifest_shards(sh, n, &k, NULL) : NULL;
     const cJSON *arr = cJSON_GetObjectItem(m, "shards");
-    ok = ok && ms && cJSON_IsArray(arr) && (size_t)cJSON_GetArraySize(arr) == k;
+    /* (a manifest from before provenance, without "runs", is rewritten with them) */
+    ok = ok && ms && cJSON_IsArray(arr) && (size_t)cJSON_GetArraySize(arr) == k &&
+         cJSON_IsArray(cJSON_GetObjectItem(m, "runs"));
     for (size_t i = 0; ok && i < k; i++) {
         const cJSON *e = cJSON_GetArrayItem(arr, (int)i);
         const cJSON *file = cJSON_GetObjectItem(e, "file"), *sha = cJSON_GetObjectItem(e, "sha256");
         const cJSON *bytes = cJSON_GetObjectItem(e, "bytes"),
                     *rec = cJSON_GetObjectItem(e, "records");
-        ok = cJSON_IsString(file) && !strcmp(file->valuestring, ms[i].name) &&
-             cJSON_IsString(sha) && !strcmp(sha->valuestring, ms[i].sha256) &&
-             cJSON_IsNumber(bytes) && (uint64_t)bytes->valuedouble == ms[i].bytes &&
-             cJSON_IsNumber(rec) && (uint64_t)rec->valuedouble == ms[i].records;
+        ok = cJSON_IsArray(cJSON_GetObjectItem(e, "runs")) && cJSON_IsString(file) &&
+             !strcmp(file->valuestring, ms[i].name) && cJSON_IsString(sha) &&
+             !strcmp(sha->valuestring, ms[i].sha256) && cJSON_IsNumber(bytes) &&
+             (uint64_t)bytes->valuedouble == ms[i].bytes && cJSON_IsNumber(rec) &&
+             (uint64_t)rec->valuedouble == ms[i].records;
     }
     free(ms);
     queue_shard_list_free(sh, n);

@@ -223,6 +223,9 @@ static void publish_part(struct batch_run *r, const struct batch_progress *p)
     cJSON_AddStringToObject(o, "host", r->self.host);
     cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
     cJSON_AddNumberToObject(o, "updated_ms", (double)batch_unix_ms());
+    cJSON *eng = r->engine_json ? cJSON_Parse(r->engine_json) : NULL;
+    if (eng)
+        cJSON_AddItemToObject(o, "engine", eng);
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     char name[64];

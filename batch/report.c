@@ -204,15 +204,11 @@ static void engine_words(const char *engine_json, char *out, size_t cap)
 {
     cJSON *e = engine_json ? cJSON_Parse(engine_json) : NULL;
     const cJSON *dev = cJSON_GetObjectItem(e, "device"), *mm = cJSON_GetObjectItem(e, "matmul"),
-                *kv = cJSON_GetObjectItem(e, "kv_dtype"), *tp = cJSON_GetObjectItem(e, "tp"),
-                *rev = cJSON_GetObjectItem(e, "quern");
-    char ranks[32] = "";
+                *kv = cJSON_GetObjectItem(e, "kv_dtype"), *rev = cJSON_GetObjectItem(e, "quern");
     out[0] = 0;
-    if (cJSON_IsNumber(tp) && tp->valuedouble > 1)
-        snprintf(ranks, sizeof(ranks), ", TP %.0f", tp->valuedouble);
     if (cJSON_IsString(dev) && cJSON_IsString(mm) && cJSON_IsString(kv) && cJSON_IsString(rev))
-        snprintf(out, cap, "%s%s, matmul %s, KV %s, quern %s", dev->valuestring, ranks,
-                 mm->valuestring, kv->valuestring, rev->valuestring);
+        snprintf(out, cap, "%s, matmul %s, KV %s, quern %s", dev->valuestring, mm->valuestring,
+                 kv->valuestring, rev->valuestring);
     cJSON_Delete(e);
 }
 

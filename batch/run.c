@@ -550,11 +550,11 @@ static int close_done_job(struct batch_run *r, struct err_detail *err)
     return 1;
 }
 
-/* The job's parameters, model (checked against its sha256), engine and shard writer. */
 /* What can change this run's outputs (docs/ARCHITECTURE.md, "Provenance"), as the JSON object
- * stored in its row (queue_run_set_engine) and listed by manifests and `quern status`; logged
- * once per job. Threads are not in it (outputs do not depend on them), nor speculative decoding
- * (lossless). */
+ * stored in its row (queue_run_set_engine), kept in r->engine_json for a part's progress file
+ * and listed by manifests and `quern status`; logged once per job. Not in it: the thread count
+ * and the tensor-parallel ranks (outputs do not depend on them: README "Devices"), nor
+ * speculative decoding (lossless). */
 static enum status record_engine(struct batch_run *r, const struct engine_params *ep,
                                  struct err_detail *err)
 {
@@ -564,7 +564,6 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
     const char *kv = kern_kv_dtype_name((enum kern_kv_dtype)ep->kv_dtype);
     if (!o || !cJSON_AddStringToObject(o, "quern", quern_version()) ||
         !cJSON_AddStringToObject(o, "device", device) ||
-        !cJSON_AddNumberToObject(o, "tp", r->group->size) ||
         !cJSON_AddStringToObject(o, "matmul", matmul) ||
         !cJSON_AddStringToObject(o, "kv_dtype", kv)) {
         cJSON_Delete(o);
@@ -576,10 +575,12 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s, quern %s", (long long)r->stats.run_id,
              device, r->group->size, matmul, kv, quern_version());
-    enum status st = queue_run_set_engine(r->q, r->stats.run_id, text, err);
-    free(text);
-    return st;
+    free(r->engine_json);
+    r->engine_json = text;
+    return queue_run_set_engine(r->q, r->stats.run_id, text, err);
 }
+
+/* The job's parameters, model (checked against its sha256), engine and shard writer. */
 
 static enum status job_open(struct batch_run *r, struct err_detail *err)
 {
@@ -878,6 +879,7 @@ void batch_run_free(struct batch_run *r)
         return;
     job_close(r);
     free(r->job_ids);
+    free(r->engine_json);
     free(r->stats.ttft_ms);
     free(r->stats.tpot_ms);
     queue_close(r->q);

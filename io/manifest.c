@@ -123,8 +123,9 @@ static enum status build(const char *dir, const struct io_manifest *m, cJSON *ro
         cJSON *wr;
         if (!cJSON_AddStringToObject(o, "file", sh->name) ||
             !cJSON_AddStringToObject(o, "kind", io_shard_kind_name(sh->kind)) ||
-            !add_u64(o, "records", sh->records) || !add_u64(o, "bytes", sh->bytes) ||
-            !cJSON_AddStringToObject(o, "sha256", sum) || !(wr = cJSON_AddArrayToObject(o, "runs")))
+            !add_u64(o, "records", sh->records) || !add_u64(o, "superseded", sh->superseded) ||
+            !add_u64(o, "bytes", sh->bytes) || !cJSON_AddStringToObject(o, "sha256", sum) ||
+            !(wr = cJSON_AddArrayToObject(o, "runs")))
             return err_set(err, nomem, "out of memory");
         for (size_t k = 0; k < sh->n_writers; k++) {
             cJSON *w = cJSON_CreateObject();

@@ -38,6 +38,8 @@ struct io_manifest_shard {
     const char *name;            /* file name inside the output directory, no '/' */
     enum io_shard_kind kind;     /* results or errors */
     uint64_t records;            /* lines in the shard */
+    uint64_t superseded;         /* of those, records of items retried since (their current
+                                    record is elsewhere): no run in writers counts them */
     uint64_t bytes;              /* committed length in bytes */
     char sha256[SHA256_HEX_LEN]; /* hex sha256 of the first `bytes` bytes; an empty string
                                     makes io_manifest_write hash DIR/name itself */

@@ -399,6 +399,8 @@ struct queue_run_info {
     char *exit_reason;     /* how it ended ("drained", "signal", "dead", ...), or NULL */
     char *engine_json;     /* queue_run_set_engine's document, or NULL (none yet, a run of an
                               older quern) */
+    int sampled;           /* queue_run_list_job: it recorded samples for the job (it worked
+                              on it); 0 from queue_run_list_live */
 };
 
 /* Every run not ended (alive, or dead and not yet noticed: see age_ms), oldest first, in one

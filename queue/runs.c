@@ -359,6 +359,7 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
         r->heartbeat_ms = sqlite3_column_int64(s, 6);
         r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
         r->ended_ms = sqlite3_column_int64(s, 8);
+        r->sampled = sqlite3_column_int(s, 11);
         if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
             (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK &&
             (st = queue_col_dup(s, 7, &r->progress_json, err)) == ST_OK &&

@@ -281,11 +281,12 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                        " spec_drafted, spec_accepted FROM samples WHERE job_id = ?1 ORDER BY t, id",
     [QS_RUN_ENGINE] = "UPDATE runs SET engine_json = ?2 WHERE id = ?1",
     [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                         " heartbeat, progress_json, 0, NULL, engine_json FROM runs"
+                         " heartbeat, progress_json, 0, NULL, engine_json, 0 FROM runs"
                          " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
     [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json"
-                        " FROM runs"
+                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
+                        " EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
+                        " AND s.job_id = ?1) FROM runs"
                         " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
                         " AND EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
                         " AND s.job_id = ?1))) ORDER BY id",

@@ -247,9 +247,10 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
 }
 
 /* The engines of the runs that worked on job_id (queue_run_list_job) as [{"engine": {...},
- * "runs": [ids]}, ...], one entry per distinct engine, in the order of their first run; runs
- * with no engine recorded (a quern before queue version 5, or one that stopped before its
- * engine was ready) are left out. NULL with err set on failure. */
+ * "runs": [ids]}, ...], one entry per distinct engine, in the order of their first run. A run
+ * with no engine recorded that recorded samples for the job (a quern before queue version 5)
+ * is under "engine": null; one without samples either stopped before its engine was ready and
+ * did no work, and is left out. NULL with err set on failure. */
 static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *err)
 {
     struct queue_run_info *runs = NULL;
@@ -261,7 +262,8 @@ static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *e
         cJSON *eng = runs[i].engine_json ? cJSON_Parse(runs[i].engine_json) : NULL, *e, *x;
         if (!cJSON_IsObject(eng)) {
             cJSON_Delete(eng);
-            continue;
+            if (!runs[i].sampled || !(eng = cJSON_CreateNull()))
+                continue;
         }
         e = NULL;
         cJSON_ArrayForEach(x, a)
@@ -420,10 +422,14 @@ void runner_print_engines(const cJSON *engines, const char *unit)
     cJSON_ArrayForEach(e, engines)
     {
         const cJSON *en = cJSON_GetObjectItem(e, "engine"), *ids = cJSON_GetObjectItem(e, key);
-        printf("  %s%s, %.0f rank(s), matmul %s, KV %s, quern %s (%s%s",
-               n > 1 ? "  " : "engine: ", jstr(en, "device"), jnum(en, "tp"), jstr(en, "matmul"),
-               jstr(en, "kv_dtype"), jstr(en, "quern"), unit,
-               cJSON_GetArraySize(ids) > 1 ? "s" : "");
+        if (cJSON_IsObject(en))
+            printf("  %s%s, matmul %s, KV %s, quern %s (%s%s",
+                   n > 1 ? "  " : "engine: ", jstr(en, "device"), jstr(en, "matmul"),
+                   jstr(en, "kv_dtype"), jstr(en, "quern"), unit,
+                   cJSON_GetArraySize(ids) > 1 ? "s" : "");
+        else
+            printf("  %snot recorded (%s%s", n > 1 ? "  " : "engine: ", unit,
+                   cJSON_GetArraySize(ids) > 1 ? "s" : "");
         const char *sep = " ";
         cJSON_ArrayForEach(id, ids)
         {

@@ -102,6 +102,17 @@ static cJSON *part_from_progress(const struct batch_parts *p, int k)
         cJSON_AddNumberToObject(o, "pid", num(pj, "pid"));
         cJSON_AddNumberToObject(o, "progress_age_s", age);
     }
+    /* the engine of the run that holds it (earlier runs' are in the part, unreadable now) */
+    cJSON *eng = cJSON_DetachItemFromObject(pj, "engine"), *engines = cJSON_CreateArray(), *e;
+    if (cJSON_IsObject(eng) && engines && (e = cJSON_CreateObject())) {
+        cJSON_AddItemToArray(engines, e);
+        cJSON_AddItemToObject(e, "engine", eng);
+        cJSON *runs = cJSON_AddArrayToObject(e, "runs");
+        cJSON_AddItemToArray(runs, cJSON_CreateNumber(num(pj, "run_id")));
+        eng = NULL;
+    }
+    cJSON_Delete(eng);
+    cJSON_AddItemToObject(o, "engines", engines);
     cJSON_Delete(pj);
     return o;
 }

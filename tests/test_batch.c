@@ -623,6 +623,20 @@ static void test_manifest(void **state)
     assert_string_equal(cJSON_GetObjectItem(model, "sha256")->valuestring, sha);
     cJSON_Delete(m);
 
+    /* one written before provenance (no "runs") is not current: it gets rewritten */
+    m = read_manifest(f);
+    cJSON_DeleteItemFromObject(m, "runs");
+    char *old = cJSON_Print(m);
+    cJSON_Delete(m);
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/manifest.json", f->job_dir);
+    FILE *mf = fopen(path, "wb");
+    assert_non_null(mf);
+    fputs(old, mf);
+    fclose(mf);
+    free(old);
+    assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
+
     /* an incomplete manifest is not current */
     check(batch_manifest_write(f->q, &f->job, f->job_dir, 0, &err), &err, "manifest");
     assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
@@ -635,7 +649,7 @@ static void test_manifest_writers(void **state)
 {
     struct fixture *f = *state;
     struct err_detail err = {0};
-    const char *eng2 = "{\"quern\":\"x\",\"device\":\"cpu avx2\",\"tp\":1,\"matmul\":\"q8\","
+    const char *eng2 = "{\"quern\":\"x\",\"device\":\"cpu avx2\",\"matmul\":\"q8\","
                        "\"kv_dtype\":\"f16\"}";
     /* run 1 (no engine recorded) writes items 0-2, then ends: its other leases go back */
     struct batch_out *w = open_writer(f, f->run_id, 1000);

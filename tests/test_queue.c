@@ -585,7 +585,8 @@ static void test_migrate_v4_to_v5_engine(void **state)
              " VALUES (1, 'a', '{}', 'done', 1, 1), (1, 'b', '{}', 'done', 1, 1),"
              " (1, 'c', '{}', 'done', 2, 1), (1, 'd', '{}', 'failed', 2, 2),"
              " (1, 'e', '{}', 'done', 2, 3), (1, 'f', '{}', 'leased', 2, NULL),"
-             " (1, 'g', '{}', 'queued', NULL, NULL);");
+             " (1, 'g', '{}', 'queued', NULL, NULL);"
+             "INSERT INTO samples VALUES (1, 1, 1, 5, 3, 0, 9, 9, 0, 1, 0, 1, 8, 4, 4, 0, 0);");
     struct queue *q = open_q(f);
     assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
     struct err_detail err = {0};
@@ -596,6 +597,8 @@ static void test_migrate_v4_to_v5_engine(void **state)
     assert_int_equal(n, 2);
     assert_null(runs[0].engine_json);
     assert_string_equal(runs[1].engine_json, "{\"matmul\":\"q8\"}");
+    assert_int_equal(runs[0].sampled, 1); /* it worked on the job */
+    assert_int_equal(runs[1].sampled, 0);
     queue_run_info_free(runs, n);
     assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
     assert_int_equal(n, 1);

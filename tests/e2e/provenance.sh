@@ -68,4 +68,20 @@ e = json.load(sys.stdin)[0]["engines"]
 assert [x["engine"]["matmul"] for x in e] == ["exact", "q8"], e
 assert all(len(x["runs"]) == 1 for x in e), e
 ' || fail "status --json engines"
+
+# a run from before engines were recorded (queue version 4) that worked on the job: listed as
+# not recorded, not left out (the manifest, rewritten, says null)
+exact_run=$(sqlite3 p.db "SELECT id FROM runs WHERE engine_json LIKE '%\"exact\"%'")
+sqlite3 p.db "UPDATE runs SET engine_json = NULL WHERE id = $exact_run"
+"$Q" status --db p.db --job p >status2.txt
+grep -q "^    not recorded (run $exact_run)$" status2.txt || { cat status2.txt; fail "status: not recorded"; }
+grep -q "2 engines ran this job" status2.txt || { cat status2.txt; fail "status: two engines (one unknown)"; }
+rm out/p/manifest.json
+"$Q" run --db p.db --out out >/dev/null 2>&1 || fail "run of the done job"
+python3 -c "
+import json, sys
+m = json.load(open('out/p/manifest.json'))
+e = {r['run']: r['engine'] for r in m['runs']}
+assert e[$exact_run] is None and sum(x is not None for x in e.values()) == 1, e
+" || fail "manifest: the unrecorded engine as null"
 echo "e2e provenance: ok"
