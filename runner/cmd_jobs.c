@@ -259,31 +259,16 @@ static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *e
         return NULL;
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++) {
-        cJSON *eng = runs[i].engine_json ? cJSON_Parse(runs[i].engine_json) : NULL, *e, *x;
+        cJSON *eng = runs[i].engine_json ? cJSON_Parse(runs[i].engine_json) : NULL;
         if (!cJSON_IsObject(eng)) {
             cJSON_Delete(eng);
             if (!runs[i].sampled || !(eng = cJSON_CreateNull()))
                 continue;
         }
-        e = NULL;
-        cJSON_ArrayForEach(x, a)
-        {
-            if (!e && cJSON_Compare(cJSON_GetObjectItem(x, "engine"), eng, 1))
-                e = x;
+        if (runner_engine_group_add(a, "runs", eng, (double)runs[i].id)) {
+            cJSON_Delete(a);
+            a = NULL;
         }
-        if (e) {
-            cJSON_Delete(eng);
-        } else {
-            if (!(e = cJSON_CreateObject())) {
-                cJSON_Delete(eng);
-                continue;
-            }
-            cJSON_AddItemToArray(a, e);
-            cJSON_AddItemToObject(e, "engine", eng);
-            cJSON_AddArrayToObject(e, "runs");
-        }
-        cJSON_AddItemToArray(cJSON_GetObjectItem(e, "runs"),
-                             cJSON_CreateNumber((double)runs[i].id));
     }
     queue_run_info_free(runs, n);
     if (!a)
@@ -409,6 +394,38 @@ static double jnum(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItem(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+int runner_engine_group_add(cJSON *groups, const char *key, cJSON *eng, double id)
+{
+    cJSON *e = NULL, *x;
+    cJSON_ArrayForEach(x, groups)
+    {
+        if (!e && cJSON_Compare(cJSON_GetObjectItem(x, "engine"), eng, 1))
+            e = x;
+    }
+    if (e) {
+        cJSON_Delete(eng);
+    } else if (!(e = cJSON_CreateObject()) || !cJSON_AddItemToArray(groups, e)) {
+        cJSON_Delete(e);
+        cJSON_Delete(eng);
+        return -1;
+    } else if (!cJSON_AddItemToObject(e, "engine", eng)) {
+        cJSON_Delete(eng);
+        return -1;
+    }
+    cJSON *ids = cJSON_GetObjectItem(e, key);
+    if (!ids && !(ids = cJSON_AddArrayToObject(e, key)))
+        return -1;
+    const cJSON *last = cJSON_GetArrayItem(ids, cJSON_GetArraySize(ids) - 1);
+    if (cJSON_IsNumber(last) && last->valuedouble == id)
+        return 0;
+    cJSON *v = cJSON_CreateNumber(id);
+    if (!v || !cJSON_AddItemToArray(ids, v)) {
+        cJSON_Delete(v);
+        return -1;
+    }
+    return 0;
 }
 
 void runner_print_engines(const cJSON *engines, const char *unit)

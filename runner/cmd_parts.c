@@ -142,27 +142,17 @@ static const char *combined_state(const cJSON *parts)
 static cJSON *parts_engines(const cJSON *parts)
 {
     cJSON *a = cJSON_CreateArray();
-    const cJSON *pe, *e, *x;
+    const cJSON *pe, *e;
     cJSON_ArrayForEach(pe, parts)
     {
         cJSON_ArrayForEach(e, cJSON_GetObjectItem(pe, "engines"))
         {
-            const cJSON *eng = cJSON_GetObjectItem(e, "engine");
-            cJSON *hit = NULL, *ks;
-            cJSON_ArrayForEach(x, a)
-            {
-                if (!hit && cJSON_Compare(cJSON_GetObjectItem(x, "engine"), eng, 1))
-                    hit = (cJSON *)x;
+            if (a && runner_engine_group_add(a, "parts",
+                                             cJSON_Duplicate(cJSON_GetObjectItem(e, "engine"), 1),
+                                             num(pe, "part"))) {
+                cJSON_Delete(a);
+                a = NULL;
             }
-            if (!hit && (hit = cJSON_CreateObject())) {
-                cJSON_AddItemToArray(a, hit);
-                cJSON_AddItemToObject(hit, "engine", cJSON_Duplicate(eng, 1));
-                cJSON_AddArrayToObject(hit, "parts");
-            }
-            ks = cJSON_GetObjectItem(hit, "parts");
-            const cJSON *last = cJSON_GetArrayItem(ks, cJSON_GetArraySize(ks) - 1);
-            if (ks && !(cJSON_IsNumber(last) && last->valuedouble == num(pe, "part")))
-                cJSON_AddItemToArray(ks, cJSON_CreateNumber(num(pe, "part")));
         }
     }
     return a;

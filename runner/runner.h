@@ -58,6 +58,11 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
 struct engine_stats;
 void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es);
 
+/* Add id to the entry of groups ([{"engine": {...}, key: [ids]}, ...]) whose engine equals eng,
+ * or to a new entry at the end; an id equal to the entry's last is not added twice. eng is taken
+ * (kept or freed). 0, or -1 out of memory (groups unchanged but for a new empty entry). */
+int runner_engine_group_add(struct cJSON *groups, const char *key, struct cJSON *eng, double id);
+
 /* Print a job's "engines" (status JSON: [{"engine": {...}, "<unit>s": [ids]}]) as text: one
  * "engine: ..." line, or a count and a line per engine when they differ. unit: "run", "part". */
 void runner_print_engines(const struct cJSON *engines, const char *unit);
