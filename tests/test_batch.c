@@ -174,6 +174,14 @@ static void add_result(struct fixture *f, struct batch_out *w, size_t i)
     check(batch_out_result(w, f->items[i], record(i), 10, 5, 20.0 + (double)i, 0, &err), &err, "batch_out_result");
 }
 
+/* Item i's error record ("bad": "no"), held then written. */
+static void add_error(struct fixture *f, struct batch_out *w, size_t i)
+{
+    struct err_detail err = {0};
+    check(batch_out_hold(w, f->items[i], &err), &err, "batch_out_hold");
+    check(batch_out_error(w, f->items[i], record(i), "bad", "no", &err), &err, "batch_out_error");
+}
+
 static void item_counts(struct fixture *f, struct queue_counts *c)
 {
     struct err_detail err = {0};
@@ -586,9 +594,7 @@ static void test_manifest(void **state)
     struct batch_out *w = open_writer(f, f->run_id, 1000);
     for (size_t i = 0; i < 5; i++)
         add_result(f, w, i);
-    check(batch_out_hold(w, f->items[5], &err), &err, "hold");
-    check(batch_out_error(w, f->items[5], strdup("{\"custom_id\":\"c5\"}"), "bad", "no", &err),
-          &err, "error");
+    add_error(f, w, 5);
     check(batch_out_commit(w, &err), &err, "commit");
     check(batch_out_close(w, &err), &err, "close");
     batch_out_free(w);
@@ -666,9 +672,7 @@ static void test_manifest_writers(void **state)
     w = open_writer(f, run2, 1000);
     add_result(f, w, 3);
     add_result(f, w, 4);
-    check(batch_out_hold(w, f->items[5], &err), &err, "hold");
-    check(batch_out_error(w, f->items[5], strdup("{\"custom_id\":\"c5\"}"), "bad", "no", &err),
-          &err, "error");
+    add_error(f, w, 5);
     check(batch_out_commit(w, &err), &err, "commit");
     check(batch_out_close(w, &err), &err, "close");
     batch_out_free(w);
