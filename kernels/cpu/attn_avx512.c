@@ -74,7 +74,10 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
     const int32_t n = a->pos[t] + 1;
     const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G) * D;
     float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G) * D;
-    __m512 acc[AG_MAX_G][NV], lsum[AG_MAX_G];
+    /* the weighted values' sums live in memory (L1) between runs: kept in registers they
+     * crowd out the scores' accumulators, which GCC then spills inside the channel loop */
+    _Alignas(64) float acc[AG_MAX_G][NV * 16];
+    __m512 lsum[AG_MAX_G];
     float m[AG_MAX_G];
     _Alignas(64) float pw[AG_MAX_G][16];
     UNROLL
@@ -83,7 +86,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         lsum[h] = _mm512_setzero_ps();
         UNROLL
         for (int j = 0; j < NV; j++)
-            acc[h][j] = _mm512_setzero_ps();
+            _mm512_store_ps(acc[h] + 16 * j, _mm512_setzero_ps());
     }
     struct pf_stream ps = {{table, table}, {(n + B - 1) / B, 0}, {g, gn}};
     if (tn >= 0) {
@@ -161,7 +164,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
                 lsum[h] = _mm512_mul_ps(lsum[h], r);
                 UNROLL
                 for (int j = 0; j < NV; j++)
-                    acc[h][j] = _mm512_mul_ps(acc[h][j], r);
+                    _mm512_store_ps(acc[h] + 16 * j,
+                                    _mm512_mul_ps(_mm512_load_ps(acc[h] + 16 * j), r));
                 m[h] = bm;
             }
             __m512 p = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m[h])));
@@ -171,14 +175,14 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             _mm512_store_ps(pw[h], p);
         }
         /* weighted values, two 16-channel slices at a time so their 2 G accumulators stay in
-         * registers across the run (acc[][] itself does not fit them); tokens in order */
+         * registers across the run; tokens in order */
         UNROLL
         for (int j = 0; j < NV; j += 2) {
             __m512 a0[AG_MAX_G], a1[AG_MAX_G];
             UNROLL
             for (int h = 0; h < G; h++) {
-                a0[h] = acc[h][j];
-                a1[h] = acc[h][j + 1];
+                a0[h] = _mm512_load_ps(acc[h] + 16 * j);
+                a1[h] = _mm512_load_ps(acc[h] + 16 * (j + 1));
             }
             for (int i = 0; i < cnt; i++) {
                 const char *vr = vt + ((size_t)i * D + 16 * (size_t)j) * es;
@@ -193,8 +197,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             }
             UNROLL
             for (int h = 0; h < G; h++) {
-                acc[h][j] = a0[h];
-                acc[h][j + 1] = a1[h];
+                _mm512_store_ps(acc[h] + 16 * j, a0[h]);
+                _mm512_store_ps(acc[h] + 16 * (j + 1), a1[h]);
             }
         }
         p0 += cnt;
@@ -204,7 +208,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         __m512 l = _mm512_set1_ps(_mm512_reduce_add_ps(lsum[h]));
         UNROLL
         for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(out + h * D + 16 * j, _mm512_div_ps(acc[h][j], l));
+            _mm512_storeu_ps(out + h * D + 16 * j,
+                             _mm512_div_ps(_mm512_load_ps(acc[h] + 16 * j), l));
     }
 }
 
