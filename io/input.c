@@ -187,7 +187,9 @@ static enum status read_chunk(struct io_input *in, struct err_detail *err)
     do
         n = archive_read_data(in->a, in->chunk, INPUT_CHUNK);
     while (n == ARCHIVE_RETRY);
-    if (n < 0 && n != ARCHIVE_WARN) {
+    /* ARCHIVE_WARN from a data read (a zip member's bad CRC) is an error too: libarchive
+     * returns it instead of the bytes the call read, so going on would lose them */
+    if (n < 0) {
         const char *msg = archive_error_string(in->a);
         char buf[300];
         snprintf(buf, sizeof(buf), "corrupt or truncated data: %s",

@@ -510,6 +510,55 @@ static void test_truncated_and_corrupt(void **state)
         print_message("%-12s -> %s\n", cases[c].name, err.msg);
     }
 
+    /* a zip member whose CRC does not match its data (every copy of the CRC: the local
+     * header, the data descriptor, the central directory): an error, not lines lost */
+    {
+        char zpath[300];
+        path_in(zpath, sizeof(zpath), "badcrc.zip");
+        write_archive(zpath, 1, F_NONE, m, 2);
+        FILE *zf = fopen(zpath, "r+b");
+        assert_non_null(zf);
+        fseek(zf, 0, SEEK_END);
+        const long zn = ftell(zf);
+        unsigned char *z = malloc((size_t)zn);
+        fseek(zf, 0, SEEK_SET);
+        assert_int_equal(fread(z, 1, (size_t)zn, zf), (size_t)zn);
+        int flipped = 0;
+        for (long i = 0; i + 20 < zn; i++) {
+            if (z[i] != 'P' || z[i + 1] != 'K')
+                continue;
+            const int at = z[i + 2] == 3 && z[i + 3] == 4   ? 14 /* local header */
+                           : z[i + 2] == 7 && z[i + 3] == 8 ? 4  /* data descriptor */
+                           : z[i + 2] == 1 && z[i + 3] == 2 ? 16 /* central directory */
+                                                            : -1;
+            if (at > 0 && (z[i + at] | z[i + at + 1] | z[i + at + 2] | z[i + at + 3])) {
+                z[i + at] ^= 0x5a;
+                flipped++;
+            }
+        }
+        assert_true(flipped >= 2);
+        fseek(zf, 0, SEEK_SET);
+        assert_int_equal(fwrite(z, 1, (size_t)zn, zf), (size_t)zn);
+        fclose(zf);
+        free(z);
+        struct io_input *zi = NULL;
+        struct err_detail zerr = {0};
+        enum status zst = io_input_open(&zi, zpath, 4096, &zerr);
+        uint64_t zlines = 0;
+        if (zst == ST_OK) {
+            const char *line;
+            size_t l;
+            while ((zst = io_input_next(zi, &line, &l, NULL, &zerr)) == ST_OK)
+                zlines++;
+            io_input_close(zi);
+        }
+        if (zst != ST_ERR_FORMAT)
+            fail_msg("zip with bad CRCs: status %d after %llu lines (%s)", (int)zst,
+                     (unsigned long long)zlines, zerr.msg);
+        assert_non_null(strstr(zerr.msg, zpath));
+        print_message("%-12s -> %s\n", "badcrc.zip", zerr.msg);
+    }
+
     /* random bytes: a clear error at open */
     char path[300];
     path_in(path, sizeof(path), "garbage.jsonl");
