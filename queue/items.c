@@ -11,7 +11,7 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
         "SELECT id, custom_id, source, line_no, state, shard_id, error_code, error_msg, "
         "coalesce(shard_record, -1), payload, coalesce(prompt_tokens, 0), "
         "coalesce(completion_tokens, 0), coalesce(ttft_ms, -1), coalesce(tpot_ms, -1), attempts "
-        "FROM items WHERE job_id = ?1 ORDER BY source, line_no, id";
+        "FROM items WHERE job_id = ?1 ORDER BY id"; /* ids: the order submit read the lines in */
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
     if (rc != SQLITE_OK)

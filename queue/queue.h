@@ -648,7 +648,8 @@ struct queue_item_info {
  * *it are valid only during the call. */
 typedef enum status (*queue_item_fn)(void *user, const struct queue_item_info *it);
 
-/* Every item of job_id in input order (source, line_no, id). One read transaction. */
+/* Every item of job_id in input order: id order, the order submit read the files (as given)
+ * and their lines in. One read transaction. */
 enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
                             struct err_detail *err);
 

@@ -13,7 +13,8 @@
 #     SIGKILL only its temp file, never a file at the final path;
 #  3. an errors shard holding lines no item names (custom_id null, or an unknown id) exports
 #     cleanly, and items without a record number (schema v1) fall back to custom_id, one record
-#     each.
+#     each;
+#  4. --order input over several input files follows the order they were submitted in.
 # Under sanitizers (QUERN_SANITIZE) the same checks run on 60 small requests instead of 300.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -203,4 +204,16 @@ if "$Q" export --db q.db --job idj --out fresh.tar 2>/dev/null; then
 fi
 [ ! -e fresh.tar ] || fail "a failed bundle left a partial fresh.tar"
 ls ./*.tmp.* >/dev/null 2>&1 && fail "temp files left behind: $(ls ./*.tmp.*)"
+# 4. --order input with several input files is the order they were given in (not their names')
+for f in zz aa; do
+    python3 -c 'import json, sys
+for i in range(3):
+    print(json.dumps({"custom_id": f"{sys.argv[1]}{i}", "prompt": "Hi", "max_tokens": 1}))' \
+        "$f" >"$f.jsonl"
+done
+"$Q" submit --db two.db --model "$M" --name two zz.jsonl aa.jsonl >/dev/null 2>&1 || fail "4: submit"
+"$Q" run --db two.db --out out >/dev/null 2>&1 || fail "4: run"
+"$Q" export --db two.db --job two --out two.jsonl --order input 2>/dev/null || fail "4: export"
+got=$(python3 -c 'import json, sys; print(" ".join(json.loads(l)["custom_id"] for l in open(sys.argv[1])))' two.jsonl)
+[ "$got" = "zz0 zz1 zz2 aa0 aa1 aa2" ] || fail "4: --order input gave $got"
 echo "export_identity: OK"
