@@ -184,6 +184,8 @@ void batch_out_free(struct batch_out *w);
 /* Note a claimed item: the run holds it until its record is committed (or the queue refuses
  * it); batch_out_release gives held items back. */
 enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_detail *err);
+/* Whether item_id is held (claimed, its request in flight or its record not committed yet). */
+int batch_out_holds(const struct batch_out *w, int64_t item_id);
 /* Forget a held item whose lease the run has lost (cancelled, or taken over) before it has a
  * record: it is no longer counted held, nor released. */
 void batch_out_drop(struct batch_out *w, int64_t item_id);

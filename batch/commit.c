@@ -109,6 +109,14 @@ enum status batch_out_hold(struct batch_out *w, int64_t item_id, struct err_deta
     return ST_OK;
 }
 
+int batch_out_holds(const struct batch_out *w, int64_t item_id)
+{
+    for (size_t i = 0; i < w->n_live; i++)
+        if (w->live[i] == item_id)
+            return 1;
+    return 0;
+}
+
 void batch_out_drop(struct batch_out *w, int64_t item_id)
 {
     live_remove(w, item_id);

@@ -151,6 +151,12 @@ static enum status request_grammar(struct batch_run *r, const struct job_request
 
 static enum status admit(struct batch_run *r, const struct queue_claimed *c, struct err_detail *err)
 {
+    /* Our own item again: this run stalled past its --lease, another run's claim put its
+     * expired leases back in the queue, and this claim took one back. Its request is still in
+     * flight here or its record waits for the commit, which the lease now covers again:
+     * computing it a second time would give the commit two records of one item. */
+    if (batch_out_holds(r->out, c->id))
+        return ST_OK;
     enum status st = batch_out_hold(r->out, c->id, err);
     if (st)
         return st;

@@ -18,7 +18,9 @@
 #     first job's shards are untouched; a symlink planted at a shard path is not followed;
 #  9. a done job whose manifest is missing or stale is given one by the next run or status;
 # 10. `run --db typo.db` is an error (no file created) unless --create; SIGHUP and SIGPIPE (a
-#     closed stderr reader) stop a run like SIGTERM: leases given back.
+#     closed stderr reader) stop a run like SIGTERM: leases given back;
+# 11. a run stalled past its --lease, whose expired leases went back to the queue, claims its
+#     own items again when it resumes: each is still computed and committed once.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -295,4 +297,34 @@ set -e
 "$Q" status --db ten.db --job ten --json | grep -q '"leased":0' || fail "10: SIGPIPE left leases"
 "$Q" run --db ten.db --out out >/dev/null 2>>ten.log || fail "10: final run"
 check_job ten.db ten 100
+
+# 11. a run stalled past its --lease while another run's claim put its expired leases back in
+# the queue (taking none of them): resumed, the run claims its own items again, and each is
+# still computed and committed once, the run ending well. Its finished records wait for the
+# commit (--flush-secs 1000) when it stalls; paced in exact mode on one thread.
+make_small eleven.jsonl 200
+"$Q" submit --db eleven.db --model "$M" --name eleven eleven.jsonl >/dev/null 2>&1
+"$Q" run --db eleven.db --out out --max-seqs 4 --claim 4 --lease 1 --flush-secs 1000 \
+    --flush-records 100000 --progress 0.1 --threads 1 --matmul exact >/dev/null 2>eleven.log &
+pid=$!
+for _ in $(seq 600); do # until records are finished (in memory: nothing is committed yet)
+    grep -qs "progress: .* done=[1-9]" eleven.log && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+done
+kill -STOP $pid 2>/dev/null || fail "11: the run ended before the stall (make the job longer)"
+grep -q "progress: .* done=[1-9]" eleven.log || { kill -CONT $pid; fail "11: no finished record"; }
+sleep 1.5 # past its --lease
+# another run's claim sweeps expired leases (queue/schema.c QS_LEASE_EXPIRE), here by hand
+python3 - eleven.db <<'PY' || { kill -CONT $pid; fail "11: no lease expired (make the job longer)"; }
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=30)
+n = db.execute("UPDATE items SET state = 'queued', lease_owner = NULL, lease_expiry = NULL"
+               " WHERE state = 'leased' AND lease_expiry <= ?", (int(time.time() * 1000),)).rowcount
+db.commit()
+sys.exit(0 if n > 0 else 1)
+PY
+kill -CONT $pid
+wait $pid || { tail eleven.log; fail "11: the resumed run exited non-zero"; }
+check_job eleven.db eleven 200
 echo "e2e reliability: ok"
