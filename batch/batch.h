@@ -357,7 +357,11 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
 /* Work the chosen jobs in turn: each job drained through the engine, or (done earlier) its
  * output sealed and its manifest made current. */
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err);
-/* Record the end of the run (queue_run_end): items still leased go back to the queue. */
+/* Record the end of the run (queue_run_end): items still leased go back to the queue, their
+ * attempt counted, except after reason "error": a run that failed (an I/O error, a full disk)
+ * gives them back uncounted first, since they did not make it fail. Attempts count against
+ * items only when a run dies holding them (kill -9, a crash): the guard against an input that
+ * crashes quern. */
 enum status batch_run_end(struct batch_run *r, const char *reason, const char *summary_json,
                           struct err_detail *err);
 /* The run's totals (valid until batch_run_free). */

@@ -870,7 +870,14 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 enum status batch_run_end(struct batch_run *r, const char *reason, const char *summary_json,
                           struct err_detail *err)
 {
-    int64_t requeued = 0;
+    int64_t requeued = 0, released = 0;
+    if (!strcmp(reason, "error")) {
+        struct err_detail e2 = {0}; /* failing, the items go back counted, below */
+        if (queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2))
+            LOG_WARN("giving back this run's items: %s", e2.msg);
+        else if (released)
+            LOG_INFO("%lld unfinished items given back to the queue", (long long)released);
+    }
     return queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
 }
 

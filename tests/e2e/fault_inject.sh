@@ -79,4 +79,23 @@ for site in shard.write shard.torn shard.fsync dir.fsync queue.commit manifest.w
     done
 done
 [ $fired -ge $((trials / 2)) ] || fail "only $fired of $trials faults fired"
+
+# runs that fail (here: their first shard write) give their items back uncounted: four of them
+# in a row use up no attempts (3 per item), and the resume fails no item as attempts_exhausted
+cp base.db fails.db
+for i in 1 2 3 4; do
+    set +e
+    QUERN_FAULT=shard.write:1:fail "$Q" run --db fails.db --out out-fails "${RUN[@]}" \
+        >/dev/null 2>>fails.log
+    rc=$?
+    set -e
+    [ $rc -eq 1 ] || { tail fails.log; fail "failing run $i exited $rc"; }
+done
+[ "$(sqlite3 fails.db "SELECT count(*) FROM items WHERE state = 'leased' OR attempts > 0")" = 0 ] ||
+    fail "failed runs left leases or counted attempts"
+timeout 120 "$Q" run --db fails.db --out out-fails "${RUN[@]}" >/dev/null 2>>fails.log ||
+    { tail -20 fails.log; fail "resume after failing runs"; }
+[ "$(sqlite3 fails.db "SELECT count(*) FROM items WHERE error_code = 'attempts_exhausted'")" = 0 ] ||
+    fail "items failed as attempts_exhausted after runs that failed"
+check_job fails.db job $N out-fails
 echo "e2e fault injection: ok ($trials trials, $fired faults fired)"
