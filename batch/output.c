@@ -309,6 +309,7 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
     m.model_path = job->model_path;
     m.model_sha256 = job->model_sha256;
     m.complete = complete;
+    m.cancelled = job->state == QUEUE_JOB_CANCELLED;
     m.shards = ms;
     m.n_shards = k;
     m.runs = runs;
@@ -379,8 +380,10 @@ int batch_manifest_current(struct queue *q, const struct queue_job *job, const c
     cJSON *m = batch_json_file(path);
     struct queue_shard *sh = NULL;
     size_t n = 0, k = 0;
-    int ok = m && cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")) &&
-             !queue_shard_list(q, job->id, &sh, &n, NULL);
+    int ok =
+        m && cJSON_IsTrue(cJSON_GetObjectItem(m, "complete")) &&
+        cJSON_IsTrue(cJSON_GetObjectItem(m, "cancelled")) == (job->state == QUEUE_JOB_CANCELLED) &&
+        !queue_shard_list(q, job->id, &sh, &n, NULL);
     struct io_manifest_shard *ms = ok ? manifest_shards(sh, n, &k, NULL) : NULL;
     const cJSON *arr = cJSON_GetObjectItem(m, "shards");
     /* (a manifest from before provenance, without "runs", is rewritten with them) */

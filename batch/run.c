@@ -540,7 +540,8 @@ static void nap(const struct batch_run *r, double secs)
     }
 }
 
-/* A job whose items are all finished but whose output is not sealed: close the shards dead runs
+/* A job whose items are all finished (or that was cancelled) but whose output is not sealed:
+ * close the shards dead runs
  * left open and write the manifest, complete when nothing is open any more (a shard of a run
  * that still looks alive keeps it incomplete until a later run closes it). */
 static int close_done_job(struct batch_run *r, struct err_detail *err)
@@ -550,7 +551,8 @@ static int close_done_job(struct batch_run *r, struct err_detail *err)
         recover_shards(r, err) || batch_count_open_shards(r->q, r->job.id, &open, err) ||
         batch_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
         return -1;
-    LOG_INFO("job %s: done earlier; manifest %s", r->job.name,
+    LOG_INFO("job %s: %s earlier; manifest %s", r->job.name,
+             r->job.state == QUEUE_JOB_CANCELLED ? "cancelled" : "done",
              open ? "still incomplete (a run that looks alive holds a shard open)"
                   : "written, complete");
     return 1;
@@ -773,8 +775,9 @@ static enum status choose_jobs(struct batch_run *r, struct err_detail *err)
         if ((st = queue_job_list(r->q, &jobs, &n, err)))
             return st;
         r->job_ids = malloc(sizeof(int64_t) * (n + 1));
-        for (size_t i = 0; r->job_ids && i < n; i++) /* done jobs: batch_run_jobs checks them */
-            if (jobs[i].state != QUEUE_JOB_CANCELLED && jobs[i].ready)
+        for (size_t i = 0; r->job_ids && i < n; i++) /* done and cancelled jobs: batch_run_jobs
+                                                      * checks their output is sealed */
+            if (jobs[i].ready)
                 r->job_ids[r->n_jobs++] = jobs[i].id;
         queue_job_list_free(jobs, n);
     }
@@ -827,6 +830,17 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
     return ST_OK;
 }
 
+/* How many shards the current job has. */
+static enum status job_shard_count(struct batch_run *r, int64_t *n_shards, struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    enum status st = queue_shard_list(r->q, r->job.id, &sh, &n, err);
+    queue_shard_list_free(sh, n);
+    *n_shards = (int64_t)n;
+    return st;
+}
+
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 {
     int result = 1, remains = 0;
@@ -835,13 +849,17 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
             result = -1;
             break;
         }
-        if (r->job.state == QUEUE_JOB_CANCELLED) {
+        int64_t shards = 1;
+        if (r->job.state == QUEUE_JOB_CANCELLED && job_shard_count(r, &shards, err))
+            result = -1;
+        if (result < 0 || !shards) { /* cancelled before any output: nothing to seal */
             queue_job_free(&r->job);
             memset(&r->job, 0, sizeof(r->job));
             continue;
         }
-        if (r->job.state == QUEUE_JOB_DONE) {
-            /* finished earlier: make sure its output is sealed and its manifest current */
+        if (r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED) {
+            /* finished or cancelled earlier: make sure its output is sealed (a dead run's open
+             * shard cut back to what was committed and closed) and its manifest current */
             int64_t open = 0;
             result = 1;
             if (batch_count_open_shards(r->q, r->job.id, &open, err) ||

@@ -44,7 +44,8 @@ static enum status build(const char *dir, const struct io_manifest *m, cJSON *ro
         return err_set(err, nomem, "out of memory");
     int64_t created = m->created_unix ? m->created_unix : (int64_t)time(NULL);
     if (!cJSON_AddNumberToObject(root, "created_unix", (double)created) ||
-        !cJSON_AddBoolToObject(root, "complete", m->complete != 0))
+        !cJSON_AddBoolToObject(root, "complete", m->complete != 0) ||
+        (m->cancelled && !cJSON_AddTrueToObject(root, "cancelled")))
         return err_set(err, nomem, "out of memory");
 
     cJSON *params;

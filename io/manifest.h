@@ -55,7 +55,10 @@ struct io_manifest {
                                                NULL; both NULL writes {}) */
     const char *model_path;                 /* model file as given to the job (may be NULL) */
     const char *model_sha256;               /* its hex sha256; NULL or "" hashes model_path */
-    int complete;                           /* 1 when every item of the job is done or failed */
+    int complete;                           /* 1 when every item of the job is done or failed
+                                               (or cancelled) and no shard is open */
+    int cancelled;                          /* 1: the job was cancelled ("cancelled": true; its
+                                               cancelled items have no record) */
     int64_t created_unix;                   /* seconds since the epoch; 0 means now */
     const struct io_manifest_shard *shards; /* n_shards entries, in shard order */
     size_t n_shards;                        /* number of shards */

@@ -506,8 +506,8 @@ static void print_status_text(const cJSON *o)
     }
 }
 
-/* A done job whose output directory has no current manifest (its last write failed, or the
- * run was killed right after the last commit) gets one here, when no shard is open. */
+/* A done or cancelled job whose output directory has no current manifest (its last write failed,
+ * the run was killed right after the last commit) gets one here, when no shard is open. */
 static void seal_manifest(struct queue *q, const struct queue_job *j)
 {
     char dir[4096];
@@ -515,7 +515,8 @@ static void seal_manifest(struct queue *q, const struct queue_job *j)
     struct queue_shard *sh = NULL;
     size_t n = 0;
     struct stat sb;
-    if (!j->ready || j->state != QUEUE_JOB_DONE || queue_shard_list(q, j->id, &sh, &n, &err))
+    if (!j->ready || (j->state != QUEUE_JOB_DONE && j->state != QUEUE_JOB_CANCELLED) ||
+        queue_shard_list(q, j->id, &sh, &n, &err))
         return;
     int open = 0;
     for (size_t i = 0; i < n; i++)

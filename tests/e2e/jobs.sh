@@ -12,7 +12,9 @@
 #     blank line is skipped (no item, no record);
 #  6. the same prompts as .tar.zst and .zip give the same results as .jsonl;
 #  7. `quern cancel` of a job while a run works on it: the run drops its unfinished requests
-#     from the engine (items_dropped in its summary) instead of computing them to the end.
+#     from the engine (items_dropped in its summary) instead of computing them to the end;
+#  8. a job cancelled after a run died between a frame's fsync and its commit: the next run
+#     seals its output anyway (shard cut back, manifest complete and "cancelled").
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -213,4 +215,39 @@ grep -q "unfinished requests dropped" cx.log || fail "no drop in the run's log"
 "$Q" status --db cx.db --json | python3 -c "
 import json,sys; s=json.load(sys.stdin)[0]
 assert s['state']=='cancelled' and s['by_state']['cancelled'] > 0, s" || fail "status after cancel"
+
+# 8. a run killed between a frame's fsync and its queue commit, then the job cancelled: the next
+# run still seals the output, cutting the dead run's shard back to what was committed and
+# writing a manifest (complete, "cancelled"), so the files hold exactly the committed records
+make_small kc.jsonl 40
+"$Q" submit --db kc.db --model "$M" --name kc kc.jsonl >/dev/null 2>&1
+set +e
+QUERN_FAULT=queue.commit:10:kill "$Q" run --db kc.db --out out --threads 1 --max-seqs 4 \
+    --flush-secs 0 --flush-records 4 >/dev/null 2>kc.log
+rc=$?
+set -e
+[ $rc -eq 137 ] || { tail kc.log; fail "8: the run was not killed at its 10th commit ($rc)"; }
+# the kill must leave an open shard longer than its committed part (else: move the point)
+sqlite3 kc.db "SELECT path, committed_bytes FROM shards WHERE state = 'open'" | {
+    IFS='|' read -r path committed || fail "8: no open shard after the kill"
+    [ "$(stat -c %s "$path")" -gt "$committed" ] || fail "8: no uncommitted tail after the kill"
+}
+"$Q" cancel --db kc.db --job kc >/dev/null 2>&1 || fail "8: cancel"
+"$Q" run --db kc.db --out out >/dev/null 2>>kc.log || { tail kc.log; fail "8: run after cancel"; }
+python3 - kc.db out/kc <<'PY' || { tail kc.log; fail "8: the cancelled job's output is not sealed"; }
+import json, sqlite3, subprocess, sys
+db = sqlite3.connect(sys.argv[1])
+assert db.execute("SELECT count(*) FROM shards WHERE state = 'open'").fetchone()[0] == 0
+done = db.execute("SELECT count(*) FROM items WHERE state IN ('done', 'failed')").fetchone()[0]
+m = json.load(open(sys.argv[2] + "/manifest.json"))
+assert m["complete"] is True and m["cancelled"] is True, m
+lines = 0
+for sh in m["shards"]:
+    out = subprocess.run(["zstd", "-q", "-dc", sys.argv[2] + "/" + sh["file"]], check=True,
+                         capture_output=True).stdout.decode()
+    assert out.count("\n") == sh["records"], (sh, out.count("\n"))
+    lines += sh["records"]
+assert 0 < done < 40 and lines == done, (lines, done)
+PY
+"$Q" status --db kc.db --job kc >/dev/null 2>&1 || fail "8: status"
 echo "e2e jobs: ok"
