@@ -64,6 +64,24 @@ static int same_dir(const char *a, const char *b)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+static int marker_matches(const char *text, const char *uuid, int64_t job_id, char *owner,
+                          size_t cap);
+
+/* Does dir hold this database's marker for job (a run has claimed it for its output)? */
+static int dir_claimed(struct queue *q, const struct queue_job *job, const char *dir)
+{
+    char uuid[33], path[4300], text[4096], owner[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    text[n > 0 ? n : 0] = 0;
+    return !queue_db_uuid(q, uuid, NULL) &&
+           marker_matches(text, uuid, job->id, owner, sizeof(owner));
+}
+
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
                           int create, char *dir, size_t cap, struct err_detail *err)
 {
@@ -105,9 +123,17 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
     if (create && (st = mkdirs(dir, err)))
         return st;
     if (out_flag && !shard_dir[0]) { /* first output: record where it goes */
-        char stored[4096];
+        char stored[4096], claimed[4200];
         if ((st = queue_resolve_path(q, job->out_dir, stored, sizeof(stored), err)))
             return st;
+        /* ... unless a run has claimed the recorded place already (one started with another
+         * --out, its first shard not made yet): the job is never split */
+        snprintf(claimed, sizeof(claimed), "%s/%s%s", stored, job->name, sub);
+        if (strcmp(stored, root) && dir_claimed(q, job, claimed))
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "job '%s' writes its output in %s (a run has started it there); %s "
+                           "would split it across directories (run without --out, or with %s)",
+                           job->name, claimed, dir, stored);
         if (strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
             return st;
     }

@@ -228,6 +228,26 @@ paths = [r[0] for r in sqlite3.connect(sys.argv[1]).execute("SELECT path FROM sh
 assert paths and all(p.startswith("/") for p in paths), paths
 PY
 check_job d7/q.db seven 20 d7/results
+# 7b. ... also before the first run has made a shard (stopped at once: only its directory and
+# marker exist): a run with another --out would split the job, and is refused
+make_small sevenb.jsonl 4
+"$Q" submit --db q7b.db --model "$M" --name sevenb sevenb.jsonl >/dev/null 2>&1
+set +e
+"$Q" run --db q7b.db --out first --max-runtime 0.001 >/dev/null 2>sevenb.log
+rc=$?
+set -e
+[ $rc -eq 75 ] || { tail sevenb.log; fail "7b: the stopped run exited $rc, want 75"; }
+[ -e first/sevenb/.quern-job.json ] || fail "7b: the first run made no output directory"
+[ "$(sqlite3 q7b.db "SELECT count(*) FROM shards")" = 0 ] ||
+    fail "7b: the first run made a shard (stop it sooner)"
+set +e
+"$Q" run --db q7b.db --out second >/dev/null 2>>sevenb.log
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "7b: a run with another --out exited $rc, want 1"
+grep -q "would split it" sevenb.log || fail "7b: no message about splitting the output"
+"$Q" run --db q7b.db >/dev/null 2>>sevenb.log || fail "7b: resume"
+check_job q7b.db sevenb 4 first
 
 # 8. a second database's job of the same name and --out is refused; a planted symlink is not
 # followed
