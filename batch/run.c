@@ -235,6 +235,12 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
             r->inflight->prev = inf;
         r->inflight = inf;
     }
+    if (st == ST_ERR_NOMEM) { /* not the request's fault: the run fails, the item goes back */
+        if (inf)
+            inflight_free(inf);
+        job_request_free(req);
+        return err_set(err, ST_ERR_NOMEM, "out of memory admitting a request: %s", e2.msg);
+    }
     if (st) {
         if (inf)
             inflight_free(inf);
