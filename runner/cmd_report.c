@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "batch/batch.h"
 #include "common/log.h"
@@ -62,6 +63,11 @@ int runner_cmd_report(int argc, char **argv)
     }
     if (optind < argc || !db || !out) {
         fprintf(stderr, "quern report: --db and --out are required\n%s", report_usage);
+        return RUNNER_EXIT_USAGE;
+    }
+    struct stat sb;
+    if (!job && !stat(db, &sb) && !S_ISDIR(sb.st_mode)) { /* a queue file: which job? */
+        fprintf(stderr, "quern report: --job is required for a queue file\n%s", report_usage);
         return RUNNER_EXIT_USAGE;
     }
     struct err_detail err = {0};

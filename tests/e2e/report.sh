@@ -45,6 +45,11 @@ kill_after_second_sample q.db "$p" 3
 "$Q" run --db q.db "${RUN[@]}" >/dev/null 2>r2.err || { cat r2.err >&2; fail "second run"; }
 "$Q" report --db q.db --job jr --out report.html --cost-per-hour 3 2>rep.err ||
     { cat rep.err >&2; fail "report"; }
+set +e # a queue file without --job is a usage error (2), and writes nothing
+"$Q" report --db q.db --out nojob.html 2>/dev/null
+rc=$?
+set -e
+[ $rc -eq 2 ] && [ ! -e nojob.html ] || fail "report without --job: exit $rc, want 2"
 "$Q" status --db q.db --json >st.json 2>/dev/null
 sqlite3 -json q.db "SELECT state, prompt_tokens, completion_tokens, ttft_ms, tpot_ms FROM items" >items.json
 sqlite3 -json q.db "SELECT id, started, ended, heartbeat, exit_reason FROM runs WHERE kind = 'run'" >runs.json
