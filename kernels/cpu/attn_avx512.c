@@ -74,10 +74,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
     const int32_t n = a->pos[t] + 1;
     const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * G) * D;
     float *out = a->out + ((size_t)t * a->n_head + (size_t)g * G) * D;
-    /* the weighted values' sums live in memory (L1) between runs: kept in registers they
-     * crowd out the scores' accumulators, which GCC then spills inside the channel loop */
-    _Alignas(64) float acc[AG_MAX_G][NV * 16];
-    __m512 lsum[AG_MAX_G];
+    __m512 acc[AG_MAX_G][NV], lsum[AG_MAX_G];
     float m[AG_MAX_G];
     _Alignas(64) float pw[AG_MAX_G][16];
     UNROLL
@@ -86,7 +83,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         lsum[h] = _mm512_setzero_ps();
         UNROLL
         for (int j = 0; j < NV; j++)
-            _mm512_store_ps(acc[h] + 16 * j, _mm512_setzero_ps());
+            acc[h][j] = _mm512_setzero_ps();
     }
     struct pf_stream ps = {{table, table}, {(n + B - 1) / B, 0}, {g, gn}};
     if (tn >= 0) {
@@ -164,8 +161,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
                 lsum[h] = _mm512_mul_ps(lsum[h], r);
                 UNROLL
                 for (int j = 0; j < NV; j++)
-                    _mm512_store_ps(acc[h] + 16 * j,
-                                    _mm512_mul_ps(_mm512_load_ps(acc[h] + 16 * j), r));
+                    acc[h][j] = _mm512_mul_ps(acc[h][j], r);
                 m[h] = bm;
             }
             __m512 p = exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m[h])));
@@ -175,14 +171,14 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             _mm512_store_ps(pw[h], p);
         }
         /* weighted values, two 16-channel slices at a time so their 2 G accumulators stay in
-         * registers across the run; tokens in order */
+         * registers across the run (acc[][] itself does not fit them); tokens in order */
         UNROLL
         for (int j = 0; j < NV; j += 2) {
             __m512 a0[AG_MAX_G], a1[AG_MAX_G];
             UNROLL
             for (int h = 0; h < G; h++) {
-                a0[h] = _mm512_load_ps(acc[h] + 16 * j);
-                a1[h] = _mm512_load_ps(acc[h] + 16 * (j + 1));
+                a0[h] = acc[h][j];
+                a1[h] = acc[h][j + 1];
             }
             for (int i = 0; i < cnt; i++) {
                 const char *vr = vt + ((size_t)i * D + 16 * (size_t)j) * es;
@@ -197,8 +193,8 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
             }
             UNROLL
             for (int h = 0; h < G; h++) {
-                _mm512_store_ps(acc[h] + 16 * j, a0[h]);
-                _mm512_store_ps(acc[h] + 16 * (j + 1), a1[h]);
+                acc[h][j] = a0[h];
+                acc[h][j + 1] = a1[h];
             }
         }
         p0 += cnt;
@@ -208,8 +204,7 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         __m512 l = _mm512_set1_ps(_mm512_reduce_add_ps(lsum[h]));
         UNROLL
         for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(out + h * D + 16 * j,
-                             _mm512_div_ps(_mm512_load_ps(acc[h] + 16 * j), l));
+            _mm512_storeu_ps(out + h * D + 16 * j, _mm512_div_ps(acc[h][j], l));
     }
 }
 
@@ -240,18 +235,31 @@ void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
     *scale = amax / 127.0f;
 }
 
+/* One function per shape (G heads, NV 16-channel vectors, 8-bit or f16 KV): compiled apart, each
+ * gets the registers to itself (inlined together into one switch, GCC kept most of the scores'
+ * accumulators on the stack inside the channel loop). */
+#define AG_FN(G, NV, Q8)                                                                           \
+    static __attribute__((noinline)) void attn_##G##_##NV##_##Q8(                                  \
+        const struct kern_attn *a, int t, int g, int tn, int gn, int cold)                         \
+    {                                                                                              \
+        attn_gn(a, t, g, tn, gn, cold, G, NV, Q8);                                                 \
+    }
+#define AG_FNS(G) AG_FN(G, 4, 0) AG_FN(G, 4, 1) AG_FN(G, 8, 0) AG_FN(G, 8, 1)
+AG_FNS(1)
+AG_FNS(2)
+AG_FNS(3)
+AG_FNS(4)
+AG_FNS(5)
+AG_FNS(6)
+AG_FNS(7)
+AG_FNS(8)
+
 #define AG_CASE(G)                                                                                 \
     case (G)*16 + 4:                                                                               \
-        if (q8)                                                                                    \
-            attn_gn(a, t, g, tn, gn, cold, G, 4, 1);                                               \
-        else                                                                                       \
-            attn_gn(a, t, g, tn, gn, cold, G, 4, 0);                                               \
+        (q8 ? attn_##G##_4_1 : attn_##G##_4_0)(a, t, g, tn, gn, cold);                             \
         return;                                                                                    \
     case (G)*16 + 8:                                                                               \
-        if (q8)                                                                                    \
-            attn_gn(a, t, g, tn, gn, cold, G, 8, 1);                                               \
-        else                                                                                       \
-            attn_gn(a, t, g, tn, gn, cold, G, 8, 0);                                               \
+        (q8 ? attn_##G##_8_1 : attn_##G##_8_0)(a, t, g, tn, gn, cold);                             \
         return;
 
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn, int cold)
