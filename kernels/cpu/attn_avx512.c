@@ -239,8 +239,8 @@ void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale)
  * gets the registers to itself (inlined together into one switch, GCC kept most of the scores'
  * accumulators on the stack inside the channel loop). */
 #define AG_FN(G, NV, Q8)                                                                           \
-    static __attribute__((noinline)) void attn_##G##_##NV##_##Q8(                                  \
-        const struct kern_attn *a, int t, int g, int tn, int gn, int cold)                         \
+    static __attribute__((noinline)) void attn_##G##_##NV##_##Q8(const struct kern_attn *a, int t, \
+                                                                 int g, int tn, int gn, int cold)  \
     {                                                                                              \
         attn_gn(a, t, g, tn, gn, cold, G, NV, Q8);                                                 \
     }
