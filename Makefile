@@ -250,7 +250,7 @@ asan:
 
 # libFuzzer harnesses for the parsers of untrusted input (clang): request lines, the grammar
 # compilers (JSON schemas, GBNF text), GGUF model files and the tokenizer metadata and chat
-# template in them (seeds: tests/fuzz/chat_seeds.py, the published templates). `make fuzz` runs each for FUZZ_SECONDS (CI: 30 s each; run
+# template in them (seeds: tests/fuzz/chat_seeds.py, the published templates). `make fuzz` runs each for FUZZ_SECONDS (CI: 20 s each; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
 # example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first

@@ -81,7 +81,7 @@ static const char run_usage[] =
     "                         tokens are produced, running sequences, KV use, elapsed, ETA;\n"
     "                         NO_COLOR and TERM=dumb honoured), then one summary line per job.\n"
     "                         `quern status --watch` shows the same from another process.\n"
-    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID or pid)\n"
+    "  --worker-id ID         name recorded for this run (default $SLURM_JOB_ID, else none)\n"
     "  --metrics-file PATH    write Prometheus text-format metrics to PATH every 5 s,\n"
     "                         replaced atomically (for node_exporter's textfile collector:\n"
     "                         PATH ending in .prom in its directory): the job's items by\n"

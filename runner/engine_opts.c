@@ -212,20 +212,21 @@ void runner_engine_help(FILE *f, unsigned groups)
               "  --no-prefix-cache      disable automatic prefix caching\n",
               f);
     if (groups & RUNNER_EO_SPEC)
-        fprintf(f,
-                "  --spec MODE            speculative decoding: off (default), auto (both drafters),\n"
-                "                         ngram (the request's own tokens), suffix (the job's\n"
-                "                         finished outputs) or model (--draft-model, greedy);\n"
-                "                         lossless: the same tokens as off\n"
-                "  --draft-model PATH     GGUF draft model for --spec model: the same vocabulary;\n"
-                "                         its KV cache gets as many blocks as --kv-mem gives the\n"
-                "                         model (its own bytes per block)\n"
-                "  --spec-max-k K         draft tokens per sequence and step at most (1..%d,\n"
-                "                         default 8)\n"
-                "  --spec-budget B        auto (default): verify only the draft tokens expected to\n"
-                "                         raise tokens/second at the current load (none at full\n"
-                "                         batch); all: every drafted token\n",
-                ENGINE_SPEC_MAX_K);
+        fprintf(
+            f,
+            "  --spec MODE            speculative decoding: off (default), auto (both drafters),\n"
+            "                         ngram (the request's own tokens), suffix (the job's\n"
+            "                         finished outputs) or model (--draft-model, greedy);\n"
+            "                         lossless: the same tokens as off\n"
+            "  --draft-model PATH     GGUF draft model for --spec model: the same vocabulary;\n"
+            "                         its KV cache gets as many blocks as the model's KV\n"
+            "                         pool (its own bytes per block)\n"
+            "  --spec-max-k K         draft tokens per sequence and step at most (1..%d,\n"
+            "                         default 8)\n"
+            "  --spec-budget B        auto (default): verify only the draft tokens expected to\n"
+            "                         raise tokens/second at the current load (none at full\n"
+            "                         batch); all: every drafted token\n",
+            ENGINE_SPEC_MAX_K);
     if (groups & RUNNER_EO_KV)
         fputs(
             "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
