@@ -113,14 +113,21 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
          * the one AG_AHEAD blocks ahead from memory into L2 (more misses in flight than L1 can
          * track), a few lines per channel pair of the scores loop: issued all at once they
          * fill the fill buffers and stall the loads behind them */
-        int32_t nid = -1, fid = -1;
-        int ng = 0, fg = 0;
+        const char *nk = NULL, *nv = NULL, *fk = NULL, *fv = NULL; /* those tiles, or NULL */
         if (i0 + cnt == B || p0 + cnt == n) {
             const int32_t nb = p0 / B + 1;
-            if (!stream_block(&ps, nb, &nid, &ng))
-                nid = -1;
-            if (!stream_block(&ps, nb + AG_AHEAD - 1, &fid, &fg))
-                fid = -1;
+            int32_t id;
+            int kg;
+            if (stream_block(&ps, nb, &id, &kg)) {
+                const size_t o = ((size_t)id * a->n_kv_head + (size_t)kg) * tb;
+                nk = (const char *)a->kv.k + o;
+                nv = (const char *)a->kv.v + o;
+            }
+            if (stream_block(&ps, nb + AG_AHEAD - 1, &id, &kg)) {
+                const size_t o = ((size_t)id * a->n_kv_head + (size_t)kg) * tb;
+                fk = (const char *)a->kv.k + o;
+                fv = (const char *)a->kv.v + o;
+            }
         }
         /* scores: two partial sums per head (even and odd channels) */
         __m512 s0[AG_MAX_G], s1[AG_MAX_G];
@@ -128,11 +135,20 @@ static ALWAYS_INLINE void attn_gn(const struct kern_attn *a, int t, int g, int t
         for (int h = 0; h < G; h++)
             s0[h] = s1[h] = _mm512_setzero_ps();
         for (int c = 0; c < D; c += 2) {
+            /* (the addresses worked out once a run: recomputed here, they cost more than the
+             * prefetches; past a tile's end they prefetch the next tile's first lines, which
+             * never faults) */
             const size_t o0 = (size_t)(c / 2) * pstep;
-            if (nid >= 0)
-                prefetch_tiles(a, nid, ng, tb, o0, o0 + pstep, 1);
-            if (fid >= 0)
-                prefetch_tiles(a, fid, fg, tb, o0, o0 + pstep, 0);
+            if (nk)
+                for (size_t o = o0; o < o0 + pstep; o += 64) {
+                    _mm_prefetch(nk + o, _MM_HINT_T0);
+                    _mm_prefetch(nv + o, _MM_HINT_T0);
+                }
+            if (fk)
+                for (size_t o = o0; o < o0 + pstep; o += 64) {
+                    _mm_prefetch(fk + o, _MM_HINT_T1);
+                    _mm_prefetch(fv + o, _MM_HINT_T1);
+                }
             __m512 k0 = kv_load16(kt + (size_t)c * B * es, km, Q8);
             __m512 k1 = kv_load16(kt + (size_t)(c + 1) * B * es, km, Q8);
             UNROLL
