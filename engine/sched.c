@@ -155,9 +155,10 @@ static int newest_running(const struct engine *e)
 static int32_t fit_tokens(const struct engine *e, const struct seq *s, int32_t want, int32_t keep)
 {
     const int B = e->p.kv_block;
-    int32_t held = engine_kv_seq_blocks(e->kv, s->slot);
-    int32_t cap = (held + engine_kv_available(e->kv) - keep) * B - s->n_computed;
-    return want < cap ? want : cap;
+    /* in 64 bits: a pool may hold over 2^31 tokens */
+    int64_t held = engine_kv_seq_blocks(e->kv, s->slot);
+    int64_t cap = (held + engine_kv_available(e->kv) - keep) * B - s->n_computed;
+    return want < cap ? want : (int32_t)cap;
 }
 
 /* Blocks an admission leaves free: what the running sequences' next block boundaries take in
@@ -199,8 +200,7 @@ static void batch_add(struct engine *e, int *nb, int *rows, struct seq *s, int32
  * from the first choice's KV. Returns the tokens it holds (0: not forked). */
 static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
 {
-    if (!s->gate || s->lead || s->gate->lead_slot < 0 || s->n_tok != s->n_prompt ||
-        s->n_prompt < 2)
+    if (!s->gate || s->lead || s->gate->lead_slot < 0 || s->n_tok != s->n_prompt || s->n_prompt < 2)
         return 0;
     const int32_t n = (int32_t)s->n_prompt - 1;
     return engine_kv_fork(e->kv, slot, s->gate->lead_slot, n) ? n : 0;
