@@ -120,23 +120,26 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
                        "job '%s' writes its output in %s; %s would split it across directories "
                        "(run without --out, or with the directory that holds %s)",
                        job->name, shard_dir, dir, job->name);
-    if (create && (st = mkdirs(dir, err)))
-        return st;
-    if (out_flag && !shard_dir[0]) { /* first output: record where it goes */
-        char stored[4096], claimed[4200];
+    char stored[4096] = "";
+    if (out_flag && !shard_dir[0]) { /* first output: it goes where --out says ... */
+        char claimed[4200];
         if ((st = queue_resolve_path(q, job->out_dir, stored, sizeof(stored), err)))
             return st;
-        /* ... unless a run has claimed the recorded place already (one started with another
-         * --out, its first shard not made yet): the job is never split */
+        /* ... unless a run working on the job now (it holds items) has started it in the
+         * recorded place, its first shard not made yet: the job is never split */
         snprintf(claimed, sizeof(claimed), "%s/%s%s", stored, job->name, sub);
-        if (strcmp(stored, root) && dir_claimed(q, job, claimed))
+        struct queue_counts c;
+        if (!same_dir(claimed, dir) && dir_claimed(q, job, claimed) &&
+            !queue_job_counts(q, job->id, &c, NULL) && c.items[QUEUE_ITEM_LEASED] > 0)
             return err_set(err, ST_ERR_INVALID_ARG,
-                           "job '%s' writes its output in %s (a run has started it there); %s "
+                           "job '%s' is being written in %s by a run working on it now; %s "
                            "would split it across directories (run without --out, or with %s)",
                            job->name, claimed, dir, stored);
-        if (strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
-            return st;
     }
+    if (create && (st = mkdirs(dir, err)))
+        return st;
+    if (stored[0] && strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
+        return st;
     return create ? batch_outdir_claim(q, job, dir, err) : ST_OK;
 }
 

@@ -235,12 +235,6 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
             r->inflight->prev = inf;
         r->inflight = inf;
     }
-    if (st == ST_ERR_NOMEM) { /* not the request's fault: the run fails, the item goes back */
-        if (inf)
-            inflight_free(inf);
-        job_request_free(req);
-        return err_set(err, ST_ERR_NOMEM, "out of memory admitting a request: %s", e2.msg);
-    }
     if (st) {
         if (inf)
             inflight_free(inf);
@@ -553,7 +547,7 @@ static void nap(const struct batch_run *r, double secs)
 static int close_done_job(struct batch_run *r, struct err_detail *err)
 {
     int64_t open = 0;
-    if (batch_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err) ||
+    if (batch_job_dir(r->q, &r->job, NULL, 1, r->job_dir, sizeof(r->job_dir), err) ||
         recover_shards(r, err) || batch_count_open_shards(r->q, r->job.id, &open, err) ||
         batch_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
         return -1;
@@ -745,6 +739,11 @@ static int run_job(struct batch_run *r, struct err_detail *err)
                  r->job.name, (long long)open, (double)r->o->lease);
         complete = 0;
     }
+    struct queue_job now; /* a cancel while the run worked: the manifest says so */
+    if ((st = queue_job_get(r->q, r->job.id, &now, err)))
+        return -1;
+    r->job.state = now.state;
+    queue_job_free(&now);
     if ((st = batch_manifest_write(r->q, &r->job, r->job_dir, complete, err)))
         return -1;
     LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
@@ -869,7 +868,7 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
             int64_t open = 0;
             result = 1;
             if (batch_count_open_shards(r->q, r->job.id, &open, err) ||
-                batch_job_dir(r->q, &r->job, r->o->out, 0, r->job_dir, sizeof(r->job_dir), err))
+                batch_job_dir(r->q, &r->job, NULL, 0, r->job_dir, sizeof(r->job_dir), err))
                 result = -1;
             else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
                 result = close_done_job(r, err);

@@ -212,6 +212,10 @@ s = json.load(open("cx.json"))
 assert 0 < s["items_done"] and s["items_dropped"] > 0, s
 PY
 grep -q "unfinished requests dropped" cx.log || fail "no drop in the run's log"
+python3 -c "
+import json; m = json.load(open('out/cx/manifest.json'))
+assert m['complete'] is True and m.get('cancelled') is True, m" ||
+    fail "7: the manifest written by the run that saw the cancel"
 "$Q" status --db cx.db --json | python3 -c "
 import json,sys; s=json.load(sys.stdin)[0]
 assert s['state']=='cancelled' and s['by_state']['cancelled'] > 0, s" || fail "status after cancel"

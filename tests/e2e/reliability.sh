@@ -228,26 +228,43 @@ paths = [r[0] for r in sqlite3.connect(sys.argv[1]).execute("SELECT path FROM sh
 assert paths and all(p.startswith("/") for p in paths), paths
 PY
 check_job d7/q.db seven 20 d7/results
-# 7b. ... also before the first run has made a shard (stopped at once: only its directory and
-# marker exist): a run with another --out would split the job, and is refused
-make_small sevenb.jsonl 4
+# 7b. ... also while a run works on the job (its first shard made, or not yet: then its
+# marker and the items it holds say so): a run with another --out would split it, and is
+# refused before it makes anything. A first run
+# that stopped at once (its directory and marker, no shard, no items held) does not pin the
+# job: a later run may take it to another --out.
+make_small sevenb.jsonl 200
 "$Q" submit --db q7b.db --model "$M" --name sevenb sevenb.jsonl >/dev/null 2>&1
+"$Q" run --db q7b.db --out first --flush-secs 1000 --flush-records 100000 --threads 1 \
+    --matmul exact --max-seqs 4 --claim 4 >/dev/null 2>sevenb.log &
+pid=$!
+for _ in $(seq 600); do # until it holds items
+    [ "$(sqlite3 q7b.db "SELECT count(*) FROM items WHERE state = 'leased'" 2>/dev/null)" \
+        -gt 0 ] 2>/dev/null && break
+    sleep 0.05
+done
 set +e
-"$Q" run --db q7b.db --out first --max-runtime 0.001 >/dev/null 2>sevenb.log
+"$Q" run --db q7b.db --out second >/dev/null 2>sevenb2.log
 rc=$?
 set -e
-[ $rc -eq 75 ] || { tail sevenb.log; fail "7b: the stopped run exited $rc, want 75"; }
-[ -e first/sevenb/.quern-job.json ] || fail "7b: the first run made no output directory"
-[ "$(sqlite3 q7b.db "SELECT count(*) FROM shards")" = 0 ] ||
-    fail "7b: the first run made a shard (stop it sooner)"
-set +e
-"$Q" run --db q7b.db --out second >/dev/null 2>>sevenb.log
-rc=$?
-set -e
-[ $rc -eq 1 ] || fail "7b: a run with another --out exited $rc, want 1"
-grep -q "would split it" sevenb.log || fail "7b: no message about splitting the output"
+kill -0 $pid 2>/dev/null || fail "7b: the first run ended before the second (make the job longer)"
+kill -TERM $pid
+wait $pid || true
+[ $rc -eq 1 ] || fail "7b: a run with another --out exited $rc while the first one worked, want 1"
+grep -q "would split it" sevenb2.log || fail "7b: no message about splitting the output"
+[ ! -e second ] || fail "7b: the refused run created output"
 "$Q" run --db q7b.db >/dev/null 2>>sevenb.log || fail "7b: resume"
-check_job q7b.db sevenb 4 first
+check_job q7b.db sevenb 200 first
+make_small sevenc.jsonl 4
+"$Q" submit --db q7c.db --model "$M" --name sevenc sevenc.jsonl >/dev/null 2>&1
+set +e
+"$Q" run --db q7c.db --out first --max-runtime 0.001 >/dev/null 2>sevenc.log
+rc=$?
+set -e
+[ $rc -eq 75 ] || { tail sevenc.log; fail "7b: the stopped run exited $rc, want 75"; }
+[ -e first/sevenc/.quern-job.json ] || fail "7b: the first run made no output directory"
+"$Q" run --db q7c.db --out ./moved >/dev/null 2>>sevenc.log || fail "7b: run to another --out"
+check_job q7c.db sevenc 4 moved
 
 # 8. a second database's job of the same name and --out is refused; a planted symlink is not
 # followed
