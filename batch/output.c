@@ -67,18 +67,24 @@ static int same_dir(const char *a, const char *b)
 static int marker_matches(const char *text, const char *uuid, int64_t job_id, char *owner,
                           size_t cap);
 
+/* The marker at path into text (cap bytes, NUL-terminated): 1 read, 0 none (errno says why). */
+static int read_marker(const char *path, char *text, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, text, cap - 1);
+    close(fd);
+    text[n > 0 ? n : 0] = 0;
+    return 1;
+}
+
 /* Does dir hold this database's marker for job (a run has claimed it for its output)? */
 static int dir_claimed(struct queue *q, const struct queue_job *job, const char *dir)
 {
     char uuid[33], path[4300], text[4096], owner[1024];
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, text, sizeof(text) - 1);
-    close(fd);
-    text[n > 0 ? n : 0] = 0;
-    return !queue_db_uuid(q, uuid, NULL) &&
+    return read_marker(path, text, sizeof(text)) && !queue_db_uuid(q, uuid, NULL) &&
            marker_matches(text, uuid, job->id, owner, sizeof(owner));
 }
 
@@ -170,14 +176,10 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
         return st;
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
     for (int tries = 0; tries < 2; tries++) {
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd >= 0) {
-            char text[4096];
-            ssize_t n = read(fd, text, sizeof(text) - 1);
-            close(fd);
-            text[n > 0 ? n : 0] = 0;
+        char have[4096];
+        if (read_marker(path, have, sizeof(have))) {
             char owner[1024];
-            if (marker_matches(text, uuid, job->id, owner, sizeof(owner)))
+            if (marker_matches(have, uuid, job->id, owner, sizeof(owner)))
                 return ST_OK;
             return err_set(err, ST_ERR_EXISTS,
                            "%s belongs to %s; refusing to write job '%s' there (choose another "
@@ -201,7 +203,7 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
             return err_set(err, ST_ERR_NOMEM, "out of memory");
         snprintf(tmp, sizeof(tmp), "%s/.quern-job.tmp.%ld", dir, (long)getpid());
         unlink(tmp);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         size_t len = strlen(text);
         int ok = fd >= 0 && write(fd, text, len) == (ssize_t)len && write(fd, "\n", 1) == 1 &&
                  fsync(fd) == 0;

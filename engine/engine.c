@@ -40,7 +40,8 @@ static enum status set_window(struct engine *e, const struct engine_kv_plan *pla
         return err_set(err, ST_ERR_NOMEM, "no memory");
     for (int l = 0; l < n_layer; l++)
         local[l] = (uint8_t)engine_model_layer_local(e->m, l);
-    enum status st = engine_kv_set_window(e->kv, local, plan->window, (int32_t)plan->n_local, err);
+    enum status st =
+        engine_kv_set_window(e->kv, local, plan->window, (int32_t)plan->n_local, err);
     free(local);
     return st;
 }
@@ -59,9 +60,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
 {
     *out = NULL;
     if (p->max_seqs < 1 || p->max_batch_tokens < 1 || p->kv_block < 1 || p->kv_block > 4096)
-        return err_set(err, ST_ERR_INVALID_ARG,
-                       "engine: max-seqs, max-batch-tokens and "
-                       "kv-block must be positive (kv-block <= 4096)");
+        return err_set(err, ST_ERR_INVALID_ARG, "engine: max-seqs, max-batch-tokens and "
+                                                "kv-block must be positive (kv-block <= 4096)");
     if (p->max_batch_tokens < p->max_seqs)
         return err_set(err, ST_ERR_INVALID_ARG,
                        "engine: max-batch-tokens (%d) must be >= max-seqs (%d) so every running "
@@ -71,7 +71,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         return err_set(err, ST_ERR_INVALID_ARG, "engine: host-threads %d not in 0..1024",
                        p->host_threads);
     if (p->spec & ~(ENGINE_SPEC_NGRAM | ENGINE_SPEC_SUFFIX | ENGINE_SPEC_MODEL) ||
-        p->spec_max_k < 1 || p->spec_max_k > ENGINE_SPEC_MAX_K ||
+        p->spec_max_k < 1 ||
+        p->spec_max_k > ENGINE_SPEC_MAX_K ||
         (p->spec_budget != ENGINE_SPEC_BUDGET_AUTO && p->spec_budget != ENGINE_SPEC_BUDGET_ALL))
         return err_set(err, ST_ERR_INVALID_ARG,
                        "engine: speculation drafters 0x%x, max-k %d (1..%d) or budget %d invalid",
@@ -92,10 +93,9 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->m = m;
     e->tok = tok;
     e->p = *p;
-    enum status st =
-        engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head,
-                       engine_model_hparams(m)->head_dim, p->kv_dtype, p->kv_block,
-                       (int32_t)plan.n_main, p->max_seqs, p->prefix_cache, err);
+    enum status st = engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head, engine_model_hparams(m)->head_dim,
+                                    p->kv_dtype, p->kv_block, (int32_t)plan.n_main, p->max_seqs,
+                                    p->prefix_cache, err);
     if (st) {
         free(e);
         return st;
@@ -132,10 +132,10 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
     e->n_logit_rows = p->max_seqs; /* one sampled row per running sequence */
-    if (p->spec) {                 /* and rows for draft tokens: a few per sequence when few run */
+    if (p->spec) { /* and rows for draft tokens: a few per sequence when few run */
         int extra = p->max_seqs * p->spec_max_k < 128 ? p->max_seqs * p->spec_max_k : 128;
-        e->n_logit_rows =
-            p->max_seqs + extra < p->max_batch_tokens ? p->max_seqs + extra : p->max_batch_tokens;
+        e->n_logit_rows = p->max_seqs + extra < p->max_batch_tokens ? p->max_seqs + extra
+                                                                    : p->max_batch_tokens;
         if ((st = engine_spec_new(&e->spec, p->spec, p->max_batch_tokens, err))) {
             engine_free(e);
             return st;
@@ -150,8 +150,7 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
             return st;
         }
     }
-    e->logits =
-        malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)engine_model_hparams(m)->n_vocab);
+    e->logits = malloc(sizeof(float) * (size_t)e->n_logit_rows * (size_t)engine_model_hparams(m)->n_vocab);
     e->s_seq = malloc(sizeof(*e->s_seq) * bt);
     e->s_logits = malloc(sizeof(*e->s_logits) * bt);
     e->s_id = malloc(sizeof(*e->s_id) * bt);
@@ -262,20 +261,11 @@ void engine_free(struct engine *e)
     free(e);
 }
 
-size_t engine_pending(const struct engine *e)
-{
-    return e->n_waiting + (size_t)e->n_running;
-}
+size_t engine_pending(const struct engine *e) { return e->n_waiting + (size_t)e->n_running; }
 
-const struct engine_stats *engine_get_stats(const struct engine *e)
-{
-    return &e->stats;
-}
+const struct engine_stats *engine_get_stats(const struct engine *e) { return &e->stats; }
 
-const struct engine_kv *engine_get_kv(const struct engine *e)
-{
-    return e->kv;
-}
+const struct engine_kv *engine_get_kv(const struct engine *e) { return e->kv; }
 
 void engine_get_load(const struct engine *e, struct engine_load *out)
 {
@@ -301,10 +291,8 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
         return st;
     if (r->n_choices < 0 || r->n_choices > ENGINE_MAX_CHOICES || r->first_choice < 0 ||
         r->first_choice > INT32_MAX - ENGINE_MAX_CHOICES)
-        return err_set(err, ST_ERR_INVALID_ARG,
-                       "n_choices %d not in 0..%d (or first_choice %d "
-                       "negative)",
-                       r->n_choices, ENGINE_MAX_CHOICES, r->first_choice);
+        return err_set(err, ST_ERR_INVALID_ARG, "n_choices %d not in 0..%d (or first_choice %d "
+                       "negative)", r->n_choices, ENGINE_MAX_CHOICES, r->first_choice);
     if (r->logprobs && (r->top_logprobs < 0 || r->top_logprobs > ENGINE_TOP_LOGPROBS_MAX))
         return err_set(err, ST_ERR_INVALID_ARG, "top_logprobs %d not in 0..%d", r->top_logprobs,
                        ENGINE_TOP_LOGPROBS_MAX);
@@ -420,8 +408,8 @@ static void sample_range(void *arg, int ith, int nth)
             e->s_alt[j] = engine_sample(e->smp[ith], &s->sp, &other, (uint64_t)at, e->lp_row[ith],
                                         s->tok, at, NULL);
         }
-        e->s_id[j] =
-            engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)at, row, s->tok, at, NULL);
+        e->s_id[j] = engine_sample(e->smp[ith], &s->sp, &s->rng, (uint64_t)at, row, s->tok, at,
+                                   NULL);
         if (s->lp_k >= 0)
             engine_logprobs(e->s_logits[j], n_vocab, e->s_id[j], s->lp_k, &e->s_lp[j],
                             e->s_top_id + j * ENGINE_TOP_LOGPROBS_MAX,
@@ -657,8 +645,9 @@ enum status engine_step(struct engine *e, struct err_detail *err)
      * the argmax tokens without writing the logits */
     int greedy = 1, fused = 0;
     for (int k = 0; k < nb && greedy; k++)
-        greedy = !e->b_want[k] || (engine_sampling_is_argmax(&e->b_owner[k]->sp) &&
-                                   e->b_owner[k]->lp_k < 0 && !e->b_owner[k]->grammar);
+        greedy = !e->b_want[k] ||
+                 (engine_sampling_is_argmax(&e->b_owner[k]->sp) && e->b_owner[k]->lp_k < 0 &&
+                  !e->b_owner[k]->grammar);
     /* the rows to sample: every sequence whose last known token is computed this step, each
      * row's logits at its index in e->logits */
     int n_s = 0;

@@ -200,7 +200,8 @@ static void batch_add(struct engine *e, int *nb, int *rows, struct seq *s, int32
  * from the first choice's KV. Returns the tokens it holds (0: not forked). */
 static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
 {
-    if (!s->gate || s->lead || s->gate->lead_slot < 0 || s->n_tok != s->n_prompt || s->n_prompt < 2)
+    if (!s->gate || s->lead || s->gate->lead_slot < 0 || s->n_tok != s->n_prompt ||
+        s->n_prompt < 2)
         return 0;
     const int32_t n = (int32_t)s->n_prompt - 1;
     return engine_kv_fork(e->kv, slot, s->gate->lead_slot, n) ? n : 0;
