@@ -124,7 +124,8 @@ enum status batch_parts_which(struct queue *q, int *k, int *n, struct err_detail
 /* Rewrite job_root/manifest.json from the part manifests job_root/part-NNNN/manifest.json
  * (k < n): every part's shards (file "part-NNNN/<name>", with "part"), totals summed, complete
  * when every part's manifest is; parts without a complete manifest are listed in
- * "parts_incomplete". *complete (may be NULL) gets that. */
+ * "parts_incomplete"; "cancelled": true when a part's manifest has it. *complete (may be
+ * NULL) gets that. */
 enum status batch_parts_manifest(const char *job_root, int n, int *complete,
                                  struct err_detail *err);
 

@@ -282,7 +282,7 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
     cJSON *root = cJSON_CreateObject(), *shards = cJSON_CreateArray(),
           *missing = cJSON_CreateArray(), *runs = cJSON_CreateArray();
     uint64_t tot[2][3] = {{0, 0, 0}, {0, 0, 0}};
-    int all = 1, oom = !root || !shards || !missing || !runs;
+    int all = 1, cancelled = 0, oom = !root || !shards || !missing || !runs;
     char path[4400];
     for (int k = 0; k < n && !oom; k++) {
         snprintf(path, sizeof(path), "%s/part-%04d/manifest.json", job_root, k);
@@ -297,6 +297,9 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
         }
         if (m && !add_part(shards, runs, tot, m, k))
             oom = 1;
+        /* `quern cancel` is of the whole job (every part not done yet): one cancelled part
+         * means the job was cancelled and its cancelled items have no record */
+        cancelled |= cJSON_IsTrue(cJSON_GetObjectItem(m, "cancelled"));
         if (!m || !cJSON_IsTrue(cJSON_GetObjectItem(m, "complete"))) {
             all = 0;
             cJSON_AddItemToArray(missing, cJSON_CreateNumber(k));
@@ -307,6 +310,8 @@ enum status batch_parts_manifest(const char *job_root, int n, int *complete, str
     if (!oom) {
         cJSON_AddNumberToObject(root, "parts", n);
         cJSON_AddBoolToObject(root, "complete", all);
+        if (cancelled) /* as in a single queue's manifest (io/manifest.h): present only then */
+            cJSON_AddTrueToObject(root, "cancelled");
         cJSON_AddItemToObject(root, "parts_incomplete", missing);
         cJSON_AddItemToObject(root, "shards", shards);
         cJSON_AddItemToObject(root, "runs", runs);

@@ -289,7 +289,7 @@ static enum status gather(struct report *r, struct queue *q, int k, const char *
         queue_run_info_free(runs, nr);
     }
     if (!st)
-        st = queue_item_scan(q, j.id, on_item, r, err);
+        st = queue_item_scan_finished(q, j.id, on_item, r, err);
     queue_job_free(&j);
     if (!st && r->oom)
         st = err_set(err, ST_ERR_NOMEM, "out of memory");

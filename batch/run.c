@@ -855,9 +855,13 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
             break;
         }
         int64_t shards = 1;
-        if (r->job.state == QUEUE_JOB_CANCELLED && job_shard_count(r, &shards, err))
+        int part = 0, parts = 0;
+        if (r->job.state == QUEUE_JOB_CANCELLED &&
+            (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
             result = -1;
-        if (result < 0 || !shards) { /* cancelled before any output: nothing to seal */
+        /* cancelled before any output: nothing to seal, except in a part, whose manifest
+         * (empty) the job's combined one waits for to be complete */
+        if (result < 0 || (!shards && !parts)) {
             queue_job_free(&r->job);
             memset(&r->job, 0, sizeof(r->job));
             continue;

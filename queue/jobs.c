@@ -2,6 +2,8 @@
  * items, per-state counts and error counts, and the recorded output directory. */
 #include "queue/queue_internal.h"
 
+#include "common/fault.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,39 +265,61 @@ enum status queue_jobs_finish(struct queue *q, int64_t job_id, struct err_detail
     return queue_step_done(q, s, "marking finished jobs done", err);
 }
 
+void queue_set_cancel_batch(struct queue *q, int64_t n)
+{
+    q->cancel_batch = n > 0 ? n : QUEUE_CANCEL_BATCH;
+}
+
+/* One transaction per q->cancel_batch items: in one, a job of millions held the write lock
+ * longer than the busy timeout (5M items: 57 s, the WAL grown to the database's size), and
+ * every other process on the queue failed with "database is locked". The batch that finds
+ * fewer items left also marks the job cancelled, so a job is never cancelled with items still
+ * queued; a cancel stopped half-way leaves a live job with some items cancelled, and the next
+ * cancel finishes it. */
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
                              struct err_detail *err)
 {
     QUEUE_ERR_LOCAL(err);
     if (n_cancelled)
         *n_cancelled = 0;
-    struct queue_scope sc;
-    enum status st = queue_scope_enter(q, &sc, err);
-    if (st != ST_OK)
-        return st;
-    enum queue_job_state js;
-    int64_t now = queue_now(q), changed = 0;
-    st = queue_job_state_get(q, job_id, &js, err);
-    if (st == ST_OK && (js == QUEUE_JOB_QUEUED || js == QUEUE_JOB_RUNNING)) {
-        sqlite3_stmt *s = queue_stmt(q, QS_JOB_CANCEL_ITEMS, err);
-        st = s ? ST_OK : err->status;
-        if (st == ST_OK) {
-            sqlite3_bind_int64(s, 1, job_id);
-            sqlite3_bind_int64(s, 2, now);
-            st = queue_step_done(q, s, "cancelling items", err);
-            changed = sqlite3_changes(q->db);
+    const int64_t batch = q->cancel_batch > 0 ? q->cancel_batch : QUEUE_CANCEL_BATCH;
+    int64_t now = queue_now(q), n = 0, changed = batch;
+    enum status st = ST_OK;
+    while (st == ST_OK && changed == batch) {
+        struct queue_scope sc;
+        if ((st = queue_scope_enter(q, &sc, err)) != ST_OK)
+            break;
+        enum queue_job_state js;
+        changed = 0;
+        st = queue_job_state_get(q, job_id, &js, err);
+        if (st == ST_OK && (js == QUEUE_JOB_QUEUED || js == QUEUE_JOB_RUNNING)) {
+            sqlite3_stmt *s = queue_stmt(q, QS_JOB_CANCEL_ITEMS, err);
+            st = s ? ST_OK : err->status;
+            if (st == ST_OK) {
+                sqlite3_bind_int64(s, 1, job_id);
+                sqlite3_bind_int64(s, 2, now);
+                sqlite3_bind_int64(s, 3, batch);
+                st = queue_step_done(q, s, "cancelling items", err);
+                changed = sqlite3_changes(q->db);
+            }
+            if (st == ST_OK && changed < batch) { /* the last items: the job too */
+                if ((s = queue_stmt(q, QS_JOB_CANCEL, err)) == NULL)
+                    st = err->status;
+                if (st == ST_OK) {
+                    sqlite3_bind_int64(s, 1, job_id);
+                    sqlite3_bind_int64(s, 2, now);
+                    st = queue_step_done(q, s, "cancelling job", err);
+                }
+            }
         }
-        if (st == ST_OK && (s = queue_stmt(q, QS_JOB_CANCEL, err)) == NULL)
-            st = err->status;
-        if (st == ST_OK) {
-            sqlite3_bind_int64(s, 1, job_id);
-            sqlite3_bind_int64(s, 2, now);
-            st = queue_step_done(q, s, "cancelling job", err);
-        }
+        st = queue_scope_leave(q, &sc, st, err);
+        if (st == ST_OK)
+            n += changed;
+        if (st == ST_OK && changed == batch && fault_hit("queue.cancel"))
+            st = err_set(err, ST_ERR_IO, "cancelling items: injected fault");
     }
-    st = queue_scope_leave(q, &sc, st, err);
-    if (st == ST_OK && n_cancelled)
-        *n_cancelled = changed;
+    if (n_cancelled)
+        *n_cancelled = n;
     return st;
 }
 

@@ -267,10 +267,18 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
 /* Cancel: every queued or leased item becomes cancelled, the job becomes cancelled. Done and
  * failed items keep their records. Runs holding leases find out when their next
  * queue_commit_shard returns ST_ERR_CONFLICT (or queue_lease_extend reports fewer leases).
- * Cancelling a done or cancelled job changes nothing. *n_cancelled (may be NULL) gets the
- * number of items cancelled. */
+ * Cancelling a done or cancelled job changes nothing. Committed in transactions of at most
+ * QUEUE_CANCEL_BATCH items (queue_set_cancel_batch), the job marked with the last, so that no
+ * other process waits on the queue for long; an error or a kill part-way leaves the job live
+ * with the items cancelled so far (a run may still work the others), and cancelling it again
+ * finishes it. *n_cancelled (may be NULL) gets the number of items cancelled by this call,
+ * also on error. Fault site: queue.cancel (after each full batch). */
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
                              struct err_detail *err);
+
+/* Items per transaction of queue_job_cancel (default QUEUE_CANCEL_BATCH; n <= 0 restores it). */
+#define QUEUE_CANCEL_BATCH 20000
+void queue_set_cancel_batch(struct queue *q, int64_t n);
 
 /* Retry: every failed item goes back to queued with attempts reset to 0 and its error cleared;
  * a done job becomes running again. Its old error record stays in its errors shard but no
@@ -652,6 +660,11 @@ typedef enum status (*queue_item_fn)(void *user, const struct queue_item_info *i
  * and their lines in. One read transaction. */
 enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
                             struct err_detail *err);
+
+/* queue_item_scan of the done and failed items only (what export and report read), payload
+ * always NULL: its cost follows the finished items, not the job's size. */
+enum status queue_item_scan_finished(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
+                                     struct err_detail *err);
 
 /* Wall-clock span of the runs (kind 'run'; submits do not count) that worked on job_id (or on
  * any job): first start and last heartbeat/end, unix ms; both 0 when no run has started. */

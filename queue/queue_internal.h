@@ -97,6 +97,7 @@ struct queue {
     sqlite3_stmt *stmts[QS_COUNT]; /* prepared lazily, finalized at close */
     char *dir;                     /* directory of the database file, absolute (owned) */
     char *file;                    /* the database file, absolute (owned) */
+    int64_t cancel_batch;          /* items per transaction of queue_job_cancel */
 };
 
 /* A write scope: BEGIN IMMEDIATE outside a user transaction, a savepoint inside one. */

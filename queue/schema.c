@@ -189,8 +189,10 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                           " WHERE ready AND state IN ('queued', 'running') AND NOT EXISTS"
                           " (SELECT 1 FROM items WHERE items.job_id = jobs.id"
                           "  AND items.state IN ('queued', 'leased'))",
+    /* at most ?3 items (queue_job_cancel's bounded transactions) */
     [QS_JOB_CANCEL_ITEMS] = "UPDATE items SET state = 'cancelled', lease_expiry = NULL,"
-                            " finished = ?2 WHERE job_id = ?1 AND state IN ('queued', 'leased')",
+                            " finished = ?2 WHERE id IN (SELECT id FROM items WHERE job_id = ?1"
+                            " AND state IN ('queued', 'leased') LIMIT ?3)",
     [QS_JOB_CANCEL] = "UPDATE jobs SET state = 'cancelled', finished = ?2"
                       " WHERE id = ?1 AND state IN ('queued', 'running')",
     [QS_JOB_RETRY_SHARDS] = "UPDATE shards SET superseded = superseded +"

@@ -635,7 +635,7 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
     exporter_reset(x);
     enum status st;
     if ((st = queue_job_find(q, job, &x->job, err)) ||
-        (st = queue_item_scan(q, x->job.id, on_item, x, err)) ||
+        (st = queue_item_scan_finished(q, x->job.id, on_item, x, err)) ||
         (st = queue_shard_list(q, x->job.id, &sh, &n_sh, err)))
         goto out;
     for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */

@@ -59,7 +59,9 @@ static const char cancel_usage[] =
     "its leases gone at its next lease check (every 2 s) and drops them from the engine then;\n"
     "their records are never committed. Finished records stay in the output. In a partitioned\n"
     "queue every part is cancelled; a part in use gets a request file (part-NNNN.cancel) that\n"
-    "its run carries out within about a second.\n";
+    "its run carries out within about a second. Items are cancelled 20,000 per transaction, so\n"
+    "that runs sharing the queue are never held up for long; a cancel stopped part-way (a\n"
+    "signal, an error) leaves the job live with the items cancelled so far: cancel it again.\n";
 
 static const char retry_usage[] =
     "usage: quern retry --db Q.db --job ID|NAME --failed\n"
@@ -729,9 +731,13 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     /* these write: check the whole file first rather than change a damaged one */
     struct queue_options qo = {.must_exist = true, .check_integrity = true};
     if (queue_open_opts(&q, o.db, &qo, &err) || queue_job_find(q, o.job, &j, &err) ||
-        (retry ? queue_job_retry_failed(q, j.id, &n, &err) : queue_job_cancel(q, j.id, &n, &err)))
+        (retry ? queue_job_retry_failed(q, j.id, &n, &err) : queue_job_cancel(q, j.id, &n, &err))) {
         LOG_ERROR("%s", err.msg);
-    else {
+        if (!retry && n > 0)
+            LOG_ERROR("job %lld: %lld items were cancelled before the error; the job is not "
+                      "cancelled yet: run the cancel again",
+                      (long long)j.id, (long long)n);
+    } else {
         fprintf(stderr, "quern %s: job %lld '%s': %lld items %s\n", cmd, (long long)j.id, j.name,
                 (long long)n, retry ? "queued again" : "cancelled");
         rc = RUNNER_EXIT_OK;

@@ -41,6 +41,18 @@
 #       the tensor cores' K/V read directly (QUERN_CUDA_ATTN_STAGE=0) against their cp.async
 #       stages at 4,000 positions: the numbers the issues' goals are stated against.
 #
+#   scripts/gpu-check.sh rehearse  here, before a GPU session: `run` as it is, on the CUDA
+#                                  emulator's build (make CUDA=emu: --device cuda runs the CUDA
+#                                  backend's kernels on the CPU) and a dummy GGUF of its own, every
+#                                  job shrunk (2 requests of 16 + 2 tokens, llama3-8b's jobs on
+#                                  smollm2-135m, 4 tokens of text, --quick matmul timings); the
+#                                  steps that need a GPU or PyTorch (nvidia-smi, the HBM and cuBLAS
+#                                  rates) and the unit tests tests/e2e/cuda_emu.sh already runs on
+#                                  the emulator are skipped. It checks the script itself: every
+#                                  command line, flag, file and JSON field it uses, and that each
+#                                  comparison holds; a GPU session then spends no minutes on a
+#                                  typo. Numbers mean nothing there.
+#
 # Steps run most important first, so a run stopped at the device tool's limit (give it ~480 s of
 # the 15 minutes, leaving room for a rerun) still returns the op test. The results go into
 # docs/gpu/ with the date and this command.
@@ -75,9 +87,30 @@ prepare() {
     [ $((total + tree)) -lt 66800000 ] || { echo "gpu-carry is too big to travel" >&2; exit 1; }
 }
 
+# A rehearsal's version of a command line (see `rehearse`): the same flags, small sizes.
+shrink() {
+    sed -E -e 's/--prompts [0-9]+/--prompts 2/g' -e 's/--input-len [0-9]+/--input-len 16/g' \
+        -e 's/--output-len [0-9]+/--output-len 2/g' -e 's/--max-tokens [0-9]+/--max-tokens 4/g' \
+        -e 's/--kv-mem [0-9]+G/--kv-mem 64M/g' -e 's/--threads [0-9]+/--threads 2/g' \
+        -e 's/--ctx [0-9]+/--ctx 32/g' -e 's/--type q4_0/--type q4_0 --quick/g' \
+        -e 's/llama3-8b/smollm2-135m/g' <<<"$1"
+}
+
 step() { # name, timeout seconds, command...
     local name=$1 secs=$2
     shift 2
+    if [ -n "${REHEARSE:-}" ]; then
+        case " $REHEARSE_SKIP " in
+        *" $name "*)
+            echo "=== $name: skipped (rehearsal)"
+            return
+            ;;
+        esac
+        local args=() arg
+        for arg in "$@"; do args+=("$(shrink "$arg")"); done
+        set -- "${args[@]}"
+        secs=$((secs * 4)) # the emulator is slow
+    fi
     echo "=== $name ($(date -u +%H:%M:%S))"
     timeout "$secs" "$@"
     local rc=$?
@@ -92,17 +125,21 @@ same() { # name, two files that must be non-empty and equal
 run() {
     local out=${OUT:-gpu-check-out}
     mkdir -p "$out"
-    local libs
-    libs=$(mktemp -d)
-    tar xzf "$C/carry.tar.gz" -C "$libs" || exit 1
-    export LD_LIBRARY_PATH="$libs/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    local B=$libs/bin # the binaries, unpacked
+    local libs B
+    if [ -n "${REHEARSE:-}" ]; then
+        B=$REHEARSE_BIN
+    else
+        libs=$(mktemp -d)
+        tar xzf "$C/carry.tar.gz" -C "$libs" || exit 1
+        export LD_LIBRARY_PATH="$libs/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        B=$libs/bin # the binaries, unpacked
+    fi
     # cuBLAS is loaded at run time (dlopen libcublas.so.13): the toolkit's, else PyTorch's wheel
     local blas
     blas=$( (ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
         python3 -c 'import glob, os, torch; print("\n".join(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcublas.so.13"))))' 2>/dev/null) |
         head -1)
-    [ -n "$blas" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$blas")"
+    [ -n "$blas" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$blas")"
     # NCCL likewise (dlopen libnccl.so.2, or QUERN_NCCL_LIB): the toolkit's, else PyTorch's wheel
     local nccl
     nccl=$( (ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null ||
@@ -250,11 +287,35 @@ print(f\"plan {c} bytes, device in use {u}, runtime and rounding {u - c} ({(u - 
     grep -q "^failed steps: none$" "$out/gpu-check.txt"
 }
 
+# `run` on the CUDA emulator's build (EMU: its directory, default build-emu, which make test
+# builds; the CPU tests from BUILD, default build), in a temporary directory that holds the
+# binaries and the dummy GGUF; OUT as for run.
+rehearse() {
+    local emu=${EMU:-build-emu} cpu=${BUILD:-build} f
+    for f in "$emu/bin/quern" "$emu/tests/test_backend_ops" "$emu/tests/test_cuda_model" \
+        "$emu/tests/test_comm" "$emu/tools/bench_matmul" "$cpu/tests/test_cuda_dequant" \
+        "$cpu/tests/test_cuda_pack" "$cpu/tools/dummy_gguf"; do
+        [ -x "$f" ] || { echo "rehearse: $f is missing (make test-build and make cuda-emu build it)" >&2; exit 1; }
+    done
+    dir=$(mktemp -d) # (global: the trap reads it after rehearse returns)
+    trap 'rm -rf "$dir"' EXIT
+    mkdir -p "$dir/bin" "$dir/models"
+    for f in "$emu/bin/quern" "$emu/tests/test_backend_ops" "$emu/tests/test_cuda_model" \
+        "$emu/tests/test_comm" "$emu/tools/bench_matmul" "$cpu/tests/test_cuda_dequant" \
+        "$cpu/tests/test_cuda_pack"; do
+        ln -s "$PWD/$f" "$dir/bin/"
+    done
+    "$cpu/tools/dummy_gguf" smollm2-135m 6 1 "$dir/models/smollm2-6l-dummy.gguf" >/dev/null || exit 1
+    REHEARSE=1 REHEARSE_BIN=$dir/bin C=$dir \
+        REHEARSE_SKIP="nvidia-smi dequant pack backend-ops cuda-model comm hbm-and-gemm" run
+}
+
 case "${1:-}" in
 prepare) prepare ;;
 run) run ;;
+rehearse) rehearse ;;
 *)
-    echo "usage: scripts/gpu-check.sh prepare|run" >&2
+    echo "usage: scripts/gpu-check.sh prepare|run|rehearse" >&2
     exit 2
     ;;
 esac

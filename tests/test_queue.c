@@ -1000,6 +1000,49 @@ static void test_discard_batches(void **state)
     queue_close(q);
 }
 
+/* queue_job_cancel in bounded transactions: a job of 25 items cancelled 10 at a time (some
+ * leased by a run, one done), every unfinished item cancelled, the done one kept, the job
+ * cancelled with the last batch and the count right; a batch that ends exactly at the last
+ * item still marks the job; a cancelled job stays as it is. */
+static void test_cancel_batches(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    queue_set_cancel_batch(q, 10);
+    int64_t job = make_job(q, "c25", 25);
+    int64_t run = start_run(q, job);
+    size_t nc = 0;
+    struct queue_claimed *cl = claim(q, job, run, 4, 60000, &nc);
+    assert_int_equal(nc, 4);
+    queue_claimed_free(cl, nc);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'leased'"), 4);
+    char sql[160];
+    snprintf(sql, sizeof(sql),
+             "UPDATE items SET state = 'done' WHERE id = (SELECT min(id) FROM"
+             " items WHERE state = 'queued')");
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    int64_t n = 0;
+    assert_int_equal(queue_job_cancel(q, job, &n, &err), ST_OK);
+    assert_int_equal(n, 24);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'cancelled'"), 24);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'done'"), 1);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs WHERE state = 'cancelled'"), 1);
+    assert_int_equal(queue_job_cancel(q, job, &n, &err), ST_OK);
+    assert_int_equal(n, 0);
+    /* 20 items: two full batches, the job marked by a third that finds none */
+    int64_t job2 = make_job(q, "c20", 20);
+    assert_int_equal(queue_job_cancel(q, job2, &n, &err), ST_OK);
+    assert_int_equal(n, 20);
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM jobs WHERE id = %lld AND state = 'cancelled'",
+             (long long)job2);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    queue_close(q);
+}
+
 /* queue_jobs_gc deletes the job of a submit whose process died (a forked child that exits
  * without publishing) with its items, so its name can be used again, and the job of a submit
  * on another host once its heartbeat is stale; it leaves alone a not-ready job whose submit is
@@ -1093,6 +1136,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_run_list_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_ready_job_invisible, setup, teardown),
         cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
