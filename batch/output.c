@@ -134,9 +134,9 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
         /* ... unless a run working on the job now (it holds items) has started it in the
          * recorded place, its first shard not made yet: the job is never split */
         snprintf(claimed, sizeof(claimed), "%s/%s%s", stored, job->name, sub);
-        struct queue_counts c;
+        int64_t leased = 0;
         if (!same_dir(claimed, dir) && dir_claimed(q, job, claimed) &&
-            !queue_job_counts(q, job->id, &c, NULL) && c.items[QUEUE_ITEM_LEASED] > 0)
+            !queue_job_unfinished(q, job->id, NULL, &leased, NULL) && leased > 0)
             return err_set(err, ST_ERR_INVALID_ARG,
                            "job '%s' is being written in %s by a run working on it now; %s "
                            "would split it across directories (run without --out, or with %s)",

@@ -671,21 +671,21 @@ static int run_job(struct batch_run *r, struct err_detail *err)
             /* nothing queued for us: finished, or other runs hold the rest */
             if ((st = take_outputs(r, err)) || (st = flush_all(r, err)))
                 return -1;
-            struct queue_counts c;
-            if ((st = queue_job_counts(r->q, r->job.id, &c, err)))
+            int64_t queued = 0, leased = 0; /* (every second while waiting: through an index) */
+            if ((st = queue_job_unfinished(r->q, r->job.id, &queued, &leased, err)))
                 return -1;
-            if (c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] == 0)
+            if (queued + leased == 0)
                 break;
             if (r->o->no_wait) {
                 LOG_INFO("job %s: %lld items are leased by other runs; --no-wait: leaving them",
-                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+                         r->job.name, (long long)leased);
                 remains = 1;
                 break;
             }
             if (!waiting++)
                 LOG_INFO("job %s: waiting for %lld items leased by other runs (taken over if "
                          "their run dies; --no-wait exits 75 instead)",
-                         r->job.name, (long long)c.items[QUEUE_ITEM_LEASED]);
+                         r->job.name, (long long)leased);
             double t_nap = batch_now();
             nap(r, 1.0);
             r->stats.waited_s += batch_now() - t_nap;
@@ -725,13 +725,12 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         return -1;
     /* shards of runs that died while we ran are closed now; one whose run still looks alive
      * may hold records, so the manifest is not complete until a later run has closed it */
-    struct queue_counts c;
-    int64_t open = 0;
+    int64_t open = 0, queued = 0, leased = 0;
     if ((st = recover_shards(r, err)) ||
         (st = batch_count_open_shards(r->q, r->job.id, &open, err)) ||
-        (st = queue_job_counts(r->q, r->job.id, &c, err)))
+        (st = queue_job_unfinished(r->q, r->job.id, &queued, &leased, err)))
         return -1;
-    int complete = c.items[QUEUE_ITEM_QUEUED] == 0 && c.items[QUEUE_ITEM_LEASED] == 0;
+    int complete = queued == 0 && leased == 0;
     if (complete && open) {
         LOG_WARN("job %s: %lld shard(s) still open by a run that looks alive (its heartbeat is "
                  "within --lease %g s); the manifest says complete once a later run has closed "

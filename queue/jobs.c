@@ -265,12 +265,12 @@ enum status queue_jobs_finish(struct queue *q, int64_t job_id, struct err_detail
     return queue_step_done(q, s, "marking finished jobs done", err);
 }
 
-void queue_set_cancel_batch(struct queue *q, int64_t n)
+void queue_set_job_batch(struct queue *q, int64_t n)
 {
-    q->cancel_batch = n > 0 ? n : QUEUE_CANCEL_BATCH;
+    q->job_batch = n > 0 ? n : QUEUE_JOB_BATCH;
 }
 
-/* One transaction per q->cancel_batch items: in one, a job of millions held the write lock
+/* One transaction per q->job_batch items: in one, a job of millions held the write lock
  * longer than the busy timeout (5M items: 57 s, the WAL grown to the database's size), and
  * every other process on the queue failed with "database is locked". The batch that finds
  * fewer items left also marks the job cancelled, so a job is never cancelled with items still
@@ -282,7 +282,7 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
     QUEUE_ERR_LOCAL(err);
     if (n_cancelled)
         *n_cancelled = 0;
-    const int64_t batch = q->cancel_batch > 0 ? q->cancel_batch : QUEUE_CANCEL_BATCH;
+    const int64_t batch = q->job_batch > 0 ? q->job_batch : QUEUE_JOB_BATCH;
     int64_t now = queue_now(q), n = 0, changed = batch;
     enum status st = ST_OK;
     while (st == ST_OK && changed == batch) {
@@ -323,41 +323,101 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
     return st;
 }
 
+/* One range [lo, hi) of item ids of queue_job_retry_failed, in the caller's transaction: the
+ * failed items there back to the queue, their errors shards' superseded counts up by as many,
+ * the job reopened when any was; *n gets how many. */
+static enum status retry_range(struct queue *q, int64_t job_id, int64_t lo, int64_t hi, int64_t *n,
+                               struct err_detail *err)
+{
+    *n = 0;
+    /* the shards' counts first: they look at the items still failed and naming their shard */
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_RETRY_PICK, err), *u;
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int64(s, 2, lo);
+    sqlite3_bind_int64(s, 3, hi);
+    enum status st = ST_OK;
+    int rc;
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (!(u = queue_stmt(q, QS_JOB_RETRY_SHARD, err))) {
+            st = err->status;
+            break;
+        }
+        sqlite3_bind_int64(u, 1, sqlite3_column_int64(s, 0));
+        sqlite3_bind_int64(u, 2, sqlite3_column_int64(s, 1));
+        st = queue_step_done(q, u, "retrying failed items", err);
+    }
+    queue_stmt_done(s);
+    if (st == ST_OK && rc != SQLITE_DONE)
+        st = queue_sql_err(q, rc, "retrying failed items", err);
+    if (st == ST_OK && !(s = queue_stmt(q, QS_JOB_RETRY_ITEM, err)))
+        st = err->status;
+    if (st == ST_OK) {
+        sqlite3_bind_int64(s, 1, job_id);
+        sqlite3_bind_int64(s, 2, lo);
+        sqlite3_bind_int64(s, 3, hi);
+        st = queue_step_done(q, s, "retrying failed items", err);
+    }
+    if (st == ST_OK)
+        *n = sqlite3_changes(q->db);
+    if (st == ST_OK && *n > 0) { /* (nothing failed: the job keeps its state) */
+        if (!(s = queue_stmt(q, QS_JOB_REOPEN, err)))
+            return err->status;
+        sqlite3_bind_int64(s, 1, job_id);
+        st = queue_step_done(q, s, "retrying failed items", err);
+    }
+    return st;
+}
+
+/* One transaction per q->job_batch item ids, for the reason queue_job_cancel gives (ranges of
+ * ids rather than the next failed items: those would have to be found and sorted again each
+ * time, and one UPDATE per item was twice as slow as the single transaction). */
 enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_retried,
                                    struct err_detail *err)
 {
     QUEUE_ERR_LOCAL(err);
     if (n_retried)
         *n_retried = 0;
-    struct queue_scope sc;
-    enum status st = queue_scope_enter(q, &sc, err);
-    if (st != ST_OK)
-        return st;
+    const int64_t batch = q->job_batch > 0 ? q->job_batch : QUEUE_JOB_BATCH;
     enum queue_job_state js;
-    int64_t changed = 0;
-    st = queue_job_state_get(q, job_id, &js, err);
+    int64_t lo = 0, last = -1, n = 0;
+    enum status st = queue_job_state_get(q, job_id, &js, err);
     if (st == ST_OK && js == QUEUE_JOB_CANCELLED)
-        st = err_set(err, ST_ERR_INVALID_ARG, "job %lld is cancelled; nothing can be retried",
-                     (long long)job_id);
-    /* superseded counts first: they look at items still failed and pointing at the shard */
-    static const enum queue_stmt_id steps[] = {QS_JOB_RETRY_SHARDS, QS_JOB_RETRY_ITEMS,
-                                               QS_JOB_REOPEN};
-    for (size_t i = 0; st == ST_OK && i < sizeof(steps) / sizeof(steps[0]); i++) {
-        sqlite3_stmt *s = queue_stmt(q, steps[i], err);
-        if (!s) {
-            st = err->status;
-            break;
-        }
+        return err_set(err, ST_ERR_INVALID_ARG, "job %lld is cancelled; nothing can be retried",
+                       (long long)job_id);
+    sqlite3_stmt *s = st == ST_OK ? queue_stmt(q, QS_JOB_RETRY_SPAN, err) : NULL;
+    if (st == ST_OK && !s)
+        st = err->status;
+    if (st == ST_OK) {
         sqlite3_bind_int64(s, 1, job_id);
-        st = queue_step_done(q, s, "retrying failed items", err);
-        if (steps[i] == QS_JOB_RETRY_ITEMS)
-            changed = sqlite3_changes(q->db);
-        if (steps[i] == QS_JOB_RETRY_ITEMS && changed == 0)
-            break; /* nothing failed: the job keeps its state */
+        if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+            lo = sqlite3_column_int64(s, 0);
+            last = sqlite3_column_int64(s, 1);
+        }
+        queue_stmt_done(s);
     }
-    st = queue_scope_leave(q, &sc, st, err);
-    if (st == ST_OK && n_retried)
-        *n_retried = changed;
+    for (; st == ST_OK && lo <= last; lo += batch) {
+        struct queue_scope sc;
+        int64_t m = 0;
+        if ((st = queue_scope_enter(q, &sc, err)) != ST_OK)
+            break;
+        st = queue_job_state_get(q, job_id, &js, err); /* cancelled since? */
+        if (st == ST_OK && js == QUEUE_JOB_CANCELLED)
+            st = err_set(err, ST_ERR_INVALID_ARG,
+                         "job %lld was cancelled while its failed items "
+                         "were retried",
+                         (long long)job_id);
+        if (st == ST_OK)
+            st = retry_range(q, job_id, lo, lo + batch, &m, err);
+        st = queue_scope_leave(q, &sc, st, err);
+        if (st == ST_OK)
+            n += m;
+        if (st == ST_OK && lo + batch <= last && fault_hit("queue.retry"))
+            st = err_set(err, ST_ERR_IO, "retrying failed items: injected fault");
+    }
+    if (n_retried)
+        *n_retried = n;
     return st;
 }
 
@@ -404,6 +464,29 @@ enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_count
     queue_stmt_done(s);
     if (rc != SQLITE_DONE && rc != SQLITE_ROW)
         return queue_sql_err(q, rc, "counting errors", err);
+    return ST_OK;
+}
+
+enum status queue_job_unfinished(struct queue *q, int64_t job_id, int64_t *queued, int64_t *leased,
+                                 struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    int64_t n[2] = {0, 0};
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_UNFINISHED, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+        n[queue_item_state_parse((const char *)sqlite3_column_text(s, 0)) == QUEUE_ITEM_LEASED] =
+            sqlite3_column_int64(s, 1);
+    queue_stmt_done(s);
+    if (rc != SQLITE_DONE)
+        return queue_sql_err(q, rc, "counting unfinished items", err);
+    if (queued)
+        *queued = n[0];
+    if (leased)
+        *leased = n[1];
     return ST_OK;
 }
 

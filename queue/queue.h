@@ -268,7 +268,7 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
  * failed items keep their records. Runs holding leases find out when their next
  * queue_commit_shard returns ST_ERR_CONFLICT (or queue_lease_extend reports fewer leases).
  * Cancelling a done or cancelled job changes nothing. Committed in transactions of at most
- * QUEUE_CANCEL_BATCH items (queue_set_cancel_batch), the job marked with the last, so that no
+ * QUEUE_JOB_BATCH items (queue_set_job_batch), the job marked with the last, so that no
  * other process waits on the queue for long; an error or a kill part-way leaves the job live
  * with the items cancelled so far (a run may still work the others), and cancelling it again
  * finishes it. *n_cancelled (may be NULL) gets the number of items cancelled by this call,
@@ -276,15 +276,19 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
                              struct err_detail *err);
 
-/* Items per transaction of queue_job_cancel (default QUEUE_CANCEL_BATCH; n <= 0 restores it). */
-#define QUEUE_CANCEL_BATCH 20000
-void queue_set_cancel_batch(struct queue *q, int64_t n);
+/* Items per transaction of queue_job_cancel and queue_job_retry_failed (default QUEUE_JOB_BATCH;
+ * n <= 0 restores it). */
+#define QUEUE_JOB_BATCH 20000
+void queue_set_job_batch(struct queue *q, int64_t n);
 
 /* Retry: every failed item goes back to queued with attempts reset to 0 and its error cleared;
  * a done job becomes running again. Its old error record stays in its errors shard but no
  * longer counts: the item no longer points at that shard, and the shard's `superseded` count
  * grows by one, so export keeps a record only while its item still names its shard. A
- * cancelled job is ST_ERR_INVALID_ARG. *n_retried (may be NULL) gets the number of items. */
+ * cancelled job is ST_ERR_INVALID_ARG. One transaction per QUEUE_JOB_BATCH item ids (each whole:
+ * items, counts and the job's state), so an error or a kill part-way leaves the rest failed,
+ * for another retry. *n_retried (may be NULL) gets the number of items, also on error. Fault
+ * site: queue.retry (after each transaction but the last). */
 enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_retried,
                                    struct err_detail *err);
 
@@ -305,9 +309,15 @@ struct queue_counts {
     struct queue_error_count errors[QUEUE_MAX_ERROR_CODES]; /* most frequent first */
 };
 
-/* Counts for job_id, or for all ready jobs when job_id is 0. */
+/* Counts for job_id, or for all ready jobs when job_id is 0. Reads every item of the job (2 s
+ * at 5M items): for what a run asks again and again, queue_job_unfinished. */
 enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_counts *out,
                              struct err_detail *err);
+
+/* job_id's queued and leased items (either pointer may be NULL), counted through an index: the
+ * cost follows those items, not the job's size. */
+enum status queue_job_unfinished(struct queue *q, int64_t job_id, int64_t *queued, int64_t *leased,
+                                 struct err_detail *err);
 
 /* ---- Items ----------------------------------------------------------------------------- */
 

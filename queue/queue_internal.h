@@ -26,8 +26,10 @@ enum queue_stmt_id {
     QS_JOB_FINISH_ALL,
     QS_JOB_CANCEL_ITEMS,
     QS_JOB_CANCEL,
-    QS_JOB_RETRY_SHARDS,
-    QS_JOB_RETRY_ITEMS,
+    QS_JOB_RETRY_SPAN,
+    QS_JOB_RETRY_PICK,
+    QS_JOB_RETRY_SHARD,
+    QS_JOB_RETRY_ITEM,
     QS_JOB_REOPEN,
     QS_JOB_SET_OUT,
     QS_META_GET,
@@ -38,6 +40,7 @@ enum queue_stmt_id {
     QS_GC_CANDIDATES,
     QS_COUNTS_JOB,
     QS_COUNTS_ALL,
+    QS_JOB_UNFINISHED,
     QS_ERRORS_JOB,
     QS_ERRORS_ALL,
     QS_ITEM_INSERT,
@@ -97,7 +100,7 @@ struct queue {
     sqlite3_stmt *stmts[QS_COUNT]; /* prepared lazily, finalized at close */
     char *dir;                     /* directory of the database file, absolute (owned) */
     char *file;                    /* the database file, absolute (owned) */
-    int64_t cancel_batch;          /* items per transaction of queue_job_cancel */
+    int64_t job_batch;             /* items per transaction of queue_job_cancel and _retry_failed */
 };
 
 /* A write scope: BEGIN IMMEDIATE outside a user transaction, a savepoint inside one. */

@@ -195,15 +195,26 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                             " AND state IN ('queued', 'leased') LIMIT ?3)",
     [QS_JOB_CANCEL] = "UPDATE jobs SET state = 'cancelled', finished = ?2"
                       " WHERE id = ?1 AND state IN ('queued', 'running')",
-    [QS_JOB_RETRY_SHARDS] = "UPDATE shards SET superseded = superseded +"
-                            " (SELECT count(*) FROM items WHERE items.shard_id = shards.id"
-                            "  AND items.state = 'failed' AND items.payload IS NOT NULL)"
-                            " WHERE job_id = ?1 AND kind = 'errors'",
-    [QS_JOB_RETRY_ITEMS] = "UPDATE items SET state = 'queued', attempts = 0, lease_owner = NULL,"
-                           " lease_expiry = NULL, shard_id = NULL, shard_record = NULL,"
-                           " error_code = NULL, error_msg = NULL, prompt_tokens = NULL,"
-                           " completion_tokens = NULL, finished = NULL"
-                           " WHERE job_id = ?1 AND state = 'failed' AND payload IS NOT NULL",
+    /* queue_job_retry_failed, one range of item ids [?2, ?3) per transaction (a range of the
+     * primary key, NOT INDEXED: SQLite would rather walk every failed item of the job through
+     * items_claim_job each time; the range's cost is bounded whatever the job's size): the
+     * failed items' ids, then
+     * per errors shard how many of its records the range supersedes, then the items */
+    [QS_JOB_RETRY_SPAN] = "SELECT min(id), max(id) FROM items WHERE job_id = ?1"
+                          " AND state = 'failed'",
+    [QS_JOB_RETRY_PICK] = "SELECT shard_id, count(*) FROM items NOT INDEXED"
+                          " WHERE id >= ?2 AND id < ?3"
+                          " AND job_id = ?1 AND state = 'failed' AND payload IS NOT NULL"
+                          " AND shard_id IS NOT NULL GROUP BY shard_id",
+    [QS_JOB_RETRY_SHARD] = "UPDATE shards SET superseded = superseded + ?2"
+                           " WHERE id = ?1 AND kind = 'errors'",
+    [QS_JOB_RETRY_ITEM] = "UPDATE items NOT INDEXED SET state = 'queued', attempts = 0,"
+                          " lease_owner = NULL,"
+                          " lease_expiry = NULL, shard_id = NULL, shard_record = NULL,"
+                          " error_code = NULL, error_msg = NULL, prompt_tokens = NULL,"
+                          " completion_tokens = NULL, finished = NULL"
+                          " WHERE id >= ?2 AND id < ?3 AND job_id = ?1 AND state = 'failed'"
+                          " AND payload IS NOT NULL",
     /* a job's readiness and its submit run; run_ended is 1 when there is no such run */
     [QS_JOB_SUBMIT_INFO] = "SELECT j.ready, coalesce(j.submit_run, 0),"
                            " coalesce(r.ended IS NOT NULL, 1) FROM jobs j"
@@ -231,6 +242,9 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_COUNTS_ALL] = "SELECT state, count(*), total(prompt_tokens), total(completion_tokens),"
                       " total(attempts) FROM items"
                       " WHERE job_id IN (SELECT id FROM jobs WHERE ready) GROUP BY state",
+    /* through items_claim_job (job_id, state, ...): only the rows counted are read */
+    [QS_JOB_UNFINISHED] = "SELECT state, count(*) FROM items WHERE job_id = ?1"
+                          " AND state IN ('queued', 'leased') GROUP BY state",
     [QS_ERRORS_JOB] = "SELECT coalesce(error_code, ''), count(*) FROM items"
                       " WHERE job_id = ?1 AND state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1"
                       " LIMIT ?2",

@@ -69,7 +69,9 @@ static const char retry_usage[] =
     "\n"
     "Put the job's failed items back in the queue (attempts reset). Their old error records\n"
     "stay in the errors shards but are left out by `quern export`. In a partitioned queue\n"
-    "every part; a part in use by a run is an error (retry it when the run has ended).\n";
+    "every part; a part in use by a run is an error (retry it when the run has ended). Items\n"
+    "are retried 20,000 ids per transaction; a retry stopped part-way leaves the rest failed:\n"
+    "retry again.\n";
 
 /* Common flags: --db, --job, --json, --failed; status's --watch and --progress. */
 struct jobs_opts {

@@ -360,11 +360,9 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
         return 0;
     struct queue_job *jobs = NULL;
     size_t n = 0;
-    struct queue_counts c;
-    int64_t first = 0, last = 0;
+    int64_t queued = 0, leased = 0, first = 0, last = 0;
     int ok = !queue_job_list(q, &jobs, &n, &err) && n == 1 &&
-             !queue_job_counts(q, jobs[0].id, &c, &err) &&
-             c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] > 0 &&
+             !queue_job_unfinished(q, jobs[0].id, &queued, &leased, &err) && queued + leased > 0 &&
              !queue_job_timing(q, jobs[0].id, &first, &last, &err) && (!owned || first > 0);
     queue_job_list_free(jobs, n);
     queue_close(q);

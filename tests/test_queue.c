@@ -1001,7 +1001,8 @@ static void test_discard_batches(void **state)
 }
 
 /* queue_job_cancel in bounded transactions: a job of 25 items cancelled 10 at a time (some
- * leased by a run, one done), every unfinished item cancelled, the done one kept, the job
+ * leased by a run, one done; queue_job_unfinished counts them before and after), every
+ * unfinished item cancelled, the done one kept, the job
  * cancelled with the last batch and the count right; a batch that ends exactly at the last
  * item still marks the job; a cancelled job stays as it is. */
 static void test_cancel_batches(void **state)
@@ -1009,7 +1010,7 @@ static void test_cancel_batches(void **state)
     struct fixture *f = *state;
     struct err_detail err = {0};
     struct queue *q = open_q(f);
-    queue_set_cancel_batch(q, 10);
+    queue_set_job_batch(q, 10);
     int64_t job = make_job(q, "c25", 25);
     int64_t run = start_run(q, job);
     size_t nc = 0;
@@ -1025,9 +1026,14 @@ static void test_cancel_batches(void **state)
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
-    int64_t n = 0;
+    int64_t n = 0, queued = -1, leased = -1;
+    assert_int_equal(queue_job_unfinished(q, job, &queued, &leased, &err), ST_OK);
+    assert_int_equal(queued, 20);
+    assert_int_equal(leased, 4);
     assert_int_equal(queue_job_cancel(q, job, &n, &err), ST_OK);
     assert_int_equal(n, 24);
+    assert_int_equal(queue_job_unfinished(q, job, &queued, &leased, &err), ST_OK);
+    assert_int_equal(queued + leased, 0);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'cancelled'"), 24);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'done'"), 1);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs WHERE state = 'cancelled'"), 1);
@@ -1040,6 +1046,50 @@ static void test_cancel_batches(void **state)
     snprintf(sql, sizeof(sql), "SELECT count(*) FROM jobs WHERE id = %lld AND state = 'cancelled'",
              (long long)job2);
     assert_int_equal(sql_int(f->path, sql), 1);
+    queue_close(q);
+}
+
+/* queue_job_retry_failed in bounded transactions: 25 failed items over two errors shards (one
+ * failed item without a payload, rejected at submit, stays) retried 10 ids at a time: every other
+ * item queued again without its shard, each shard's superseded count up by its items, the
+ * done job running again and the count right; a second retry finds nothing and keeps the
+ * state. */
+static void test_retry_batches(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    queue_set_job_batch(q, 10);
+    int64_t job = make_job(q, "r26", 26);
+    int64_t run = start_run(q, job);
+    int64_t sh[2] = {new_shard(q, run, job, QUEUE_SHARD_ERRORS, f),
+                     new_shard(q, run, job, QUEUE_SHARD_ERRORS, f)};
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "UPDATE items SET state = 'failed', shard_id = CASE WHEN id %% 3 = 0 THEN %lld"
+             " ELSE %lld END, shard_record = id; UPDATE items SET payload = NULL, shard_id ="
+             " NULL WHERE id = (SELECT max(id) FROM items); UPDATE jobs SET state = 'done'",
+             (long long)sh[0], (long long)sh[1]);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    int64_t want0 = sql_int(f->path, "SELECT count(*) FROM items WHERE id % 3 = 0 AND payload"
+                                     " IS NOT NULL"),
+            n = 0;
+    assert_int_equal(queue_job_retry_failed(q, job, &n, &err), ST_OK);
+    assert_int_equal(n, 25);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'queued' AND"
+                                      " shard_id IS NULL AND attempts = 0"),
+                     25);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'failed'"), 1);
+    snprintf(sql, sizeof(sql), "SELECT superseded FROM shards WHERE id = %lld", (long long)sh[0]);
+    assert_int_equal(sql_int(f->path, sql), want0);
+    snprintf(sql, sizeof(sql), "SELECT superseded FROM shards WHERE id = %lld", (long long)sh[1]);
+    assert_int_equal(sql_int(f->path, sql), 25 - want0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs WHERE state = 'running'"), 1);
+    assert_int_equal(queue_job_retry_failed(q, job, &n, &err), ST_OK);
+    assert_int_equal(n, 0);
     queue_close(q);
 }
 
@@ -1137,6 +1187,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_ready_job_invisible, setup, teardown),
         cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

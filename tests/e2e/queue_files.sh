@@ -118,6 +118,16 @@ for v in jobs_null_row jobs_page_ff items_leaf schema truncated; do
         rm -f x.db-wal x.db-shm
         pat="is corrupt|not an SQLite database|no job named"
         [ "${cmd%% *}" != run ] || pat="."
+        if [ "$v" = items_leaf ] && [ "${cmd%% *}" = export ]; then
+            # export reads only the finished items, through an index (its cost follows the
+            # output, not the job): here there are none, so the damaged leaf of queued items is
+            # never read and the export is complete, and empty
+            # shellcheck disable=SC2086
+            "$Q" $cmd --db x.db >out.txt 2>err.txt || { cat err.txt >&2; fail "$v: $cmd"; }
+            [ -e e.jsonl ] && [ ! -s e.jsonl ] || fail "$v: $cmd: not one empty export"
+            rm -f e.jsonl
+            continue
+        fi
         # shellcheck disable=SC2086
         expect_error "$v: $cmd" "$pat" "$Q" $cmd --db x.db
     done
