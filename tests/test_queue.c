@@ -1002,9 +1002,9 @@ static void test_discard_batches(void **state)
 
 /* queue_job_cancel in bounded transactions: a job of 25 items cancelled 10 at a time (some
  * leased by a run, one done; queue_job_unfinished counts them before and after), every
- * unfinished item cancelled, the done one kept, the job
- * cancelled with the last batch and the count right; a batch that ends exactly at the last
- * item still marks the job; a cancelled job stays as it is. */
+ * unfinished item cancelled, the done one kept, the job cancelled with the last batch and the
+ * count right; a batch that ends exactly at the last item still marks the job; a cancelled job
+ * stays as it is. */
 static void test_cancel_batches(void **state)
 {
     struct fixture *f = *state;
@@ -1022,10 +1022,7 @@ static void test_cancel_batches(void **state)
     snprintf(sql, sizeof(sql),
              "UPDATE items SET state = 'done' WHERE id = (SELECT min(id) FROM"
              " items WHERE state = 'queued')");
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
+    sql_exec(f->path, sql);
     int64_t n = 0, queued = -1, leased = -1;
     assert_int_equal(queue_job_unfinished(q, job, &queued, &leased, &err), ST_OK);
     assert_int_equal(queued, 20);
@@ -1050,10 +1047,9 @@ static void test_cancel_batches(void **state)
 }
 
 /* queue_job_retry_failed in bounded transactions: 25 failed items over two errors shards (one
- * failed item without a payload, rejected at submit, stays) retried 10 ids at a time: every other
- * item queued again without its shard, each shard's superseded count up by its items, the
- * done job running again and the count right; a second retry finds nothing and keeps the
- * state. */
+ * failed item without a payload, rejected at submit, stays) retried 10 ids at a time: every
+ * other item queued again without its shard, each shard's superseded count up by its items,
+ * the done job running again and the count right; a second retry finds nothing. */
 static void test_retry_batches(void **state)
 {
     struct fixture *f = *state;
@@ -1070,10 +1066,7 @@ static void test_retry_batches(void **state)
              " ELSE %lld END, shard_record = id; UPDATE items SET payload = NULL, shard_id ="
              " NULL WHERE id = (SELECT max(id) FROM items); UPDATE jobs SET state = 'done'",
              (long long)sh[0], (long long)sh[1]);
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
+    sql_exec(f->path, sql);
     int64_t want0 = sql_int(f->path, "SELECT count(*) FROM items WHERE id % 3 = 0 AND payload"
                                      " IS NOT NULL"),
             n = 0;
