@@ -502,9 +502,10 @@ static enum status tar_open(struct exporter *x, int fd, int zst, struct err_deta
 }
 
 /* One queue's part of the bundle: its shards and manifest under <job>/<sub> (sub "" or
- * "part-NNNN/"), and its submit-time errors. The shards' directory goes to x->tar_dir. */
+ * "part-NNNN/"), and its submit-time errors. The shards' directory goes to x->tar_dir; without
+ * shards (a part cancelled before any output has a manifest all the same) it is job_dir. */
 static enum status tar_queue(struct exporter *x, const struct queue_shard *sh, size_t n,
-                             const char *sub, struct err_detail *err)
+                             const char *sub, const char *job_dir, struct err_detail *err)
 {
     enum status st = ST_OK;
     char dir[4096] = "";
@@ -518,6 +519,8 @@ static enum status tar_queue(struct exporter *x, const struct queue_shard *sh, s
         if (slash && !dir[0])
             snprintf(dir, sizeof(dir), "%.*s", (int)(slash - sh[i].path), sh[i].path);
     }
+    if (!dir[0])
+        snprintf(dir, sizeof(dir), "%s", job_dir);
     if (!st && dir[0]) {
         char mpath[4200], name[400];
         struct stat sb;
@@ -649,9 +652,16 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
         free(sh[i].path);
         sh[i].path = dup;
     }
-    if (tar)
-        st = tar_queue(x, sh, n_sh, sub, err);
-    else
+    if (tar) {
+        char root[4096], job_dir[4400];
+        if (!(st = queue_resolve_path(q, x->job.out_dir, root, sizeof(root), err))) {
+            snprintf(job_dir, sizeof(job_dir), "%s/%s/%s", root, x->job.name, sub);
+            size_t l = strlen(job_dir);
+            if (l && job_dir[l - 1] == '/')
+                job_dir[l - 1] = 0;
+            st = tar_queue(x, sh, n_sh, sub, job_dir, err);
+        }
+    } else
         st = export_jsonl(x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, err);
     if (!st && !tar) {
         uint64_t missing = 0;

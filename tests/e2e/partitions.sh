@@ -18,7 +18,8 @@
 #     own, and a part whose task never started is left alone;
 #  5. cancel of a part in use: its run sees the request, cancels, drops what it has in flight
 #     and exits; the part cancelled before any output gets an empty manifest from its task's
-#     run, and the combined manifest is complete and says "cancelled" as a single queue's does;
+#     run, the combined manifest is complete and says "cancelled" as a single queue's does, and
+#     `export` bundles every part's manifest, the empty part's too;
 #  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts;
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
 #     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
@@ -345,6 +346,12 @@ p = [json.load(open(f"out/jd/part-{k:04d}/manifest.json")) for k in range(2)]
 assert all(x["complete"] is True and x.get("cancelled") is True for x in p), p
 assert p[0]["shards"] and p[1]["shards"] == [], (p[0]["shards"], p[1]["shards"])
 assert [s["file"] for s in m["shards"]] == ["part-0000/" + s["file"] for s in p[0]["shards"]]
+PY
+"$Q" export --db D --out d.tar 2>/dev/null || fail "export of the cancelled parts as a bundle"
+python3 - <<'PY' || fail "the bundle of a cancelled partitioned job lacks a manifest"
+import tarfile
+names = set(tarfile.open("d.tar").getnames())
+assert {"jd/manifest.json", "jd/part-0000/manifest.json", "jd/part-0001/manifest.json"} <= names, names
 PY
 
 # ---- 6. parts on a network file system -------------------------------------------------
