@@ -257,7 +257,8 @@ PY
 
 # 9. a big cancel goes in transactions of 20,000 items (a single one held the queue's lock for
 #    a minute at 5M items, and runs sharing the queue failed): killed after its first one, the
-#    job is still live with 20,000 items cancelled, and a second cancel finishes it.
+#    job is still live with 20,000 items cancelled, and a second cancel finishes it; the same
+#    for retry --failed.
 python3 -c '
 for i in range(20005):
     print("{\"custom_id\": \"b%d\", \"prompt\": \"hi\", \"max_tokens\": 1}" % i)' >big.jsonl
@@ -275,4 +276,16 @@ grep -q "5 items cancelled" kb.log || { cat kb.log; fail "9: the second cancel's
 [ "$(sqlite3 kb.db "SELECT state FROM jobs")" = cancelled ] || fail "9: the job is not cancelled"
 [ "$(sqlite3 kb.db "SELECT count(*) FROM items WHERE state <> 'cancelled'")" = 0 ] ||
     fail "9: items left uncancelled"
+# retry --failed likewise (20,000 item ids per transaction): the same items made failed
+sqlite3 kb.db "UPDATE items SET state = 'failed'; UPDATE jobs SET state = 'done'"
+set +e
+QUERN_FAULT=queue.retry:1:kill "$Q" retry --db kb.db --job kb --failed >/dev/null 2>kb.log
+rc=$?
+set -e
+[ $rc -eq 137 ] || { cat kb.log; fail "9: the retry was not killed after its first batch ($rc)"; }
+[ "$(sqlite3 kb.db "SELECT state, count(*) FROM items GROUP BY 1 ORDER BY 1" | tr '\n' ' ')" = \
+    "failed|5 queued|20000 " ] || fail "9: not 20,000 items retried by the first transaction"
+[ "$(sqlite3 kb.db "SELECT state FROM jobs")" = running ] || fail "9: the job was not reopened"
+"$Q" retry --db kb.db --job kb --failed 2>kb.log || { cat kb.log; fail "9: second retry"; }
+grep -q "5 items queued again" kb.log || { cat kb.log; fail "9: the second retry's count"; }
 echo "e2e jobs: ok"
