@@ -272,8 +272,8 @@ void queue_set_job_batch(struct queue *q, int64_t n)
 
 /* One transaction per q->job_batch items: in one, a job of millions held the write lock
  * longer than the busy timeout (5M items: 57 s, the WAL grown to the database's size), and
- * every other process on the queue failed with "database is locked". The batch that finds
- * fewer items left also marks the job cancelled, so a job is never cancelled with items still
+ * every other process on the queue failed with "database is locked". The batch after which
+ * none is left also marks the job cancelled, so a job is never cancelled with items still
  * queued; a cancel stopped half-way leaves a live job with some items cancelled, and the next
  * cancel finishes it. */
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
@@ -283,14 +283,14 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
     if (n_cancelled)
         *n_cancelled = 0;
     const int64_t batch = q->job_batch > 0 ? q->job_batch : QUEUE_JOB_BATCH;
-    int64_t now = queue_now(q), n = 0, changed = batch;
+    int64_t now = queue_now(q), n = 0, changed = 0, more = 1;
     enum status st = ST_OK;
-    while (st == ST_OK && changed == batch) {
+    while (st == ST_OK && more) {
         struct queue_scope sc;
         if ((st = queue_scope_enter(q, &sc, err)) != ST_OK)
             break;
         enum queue_job_state js;
-        changed = 0;
+        changed = more = 0;
         st = queue_job_state_get(q, job_id, &js, err);
         if (st == ST_OK && (js == QUEUE_JOB_QUEUED || js == QUEUE_JOB_RUNNING)) {
             sqlite3_stmt *s = queue_stmt(q, QS_JOB_CANCEL_ITEMS, err);
@@ -302,7 +302,22 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
                 st = queue_step_done(q, s, "cancelling items", err);
                 changed = sqlite3_changes(q->db);
             }
-            if (st == ST_OK && changed < batch) { /* the last items: the job too */
+            /* any left? (asked here, not inferred from a short batch: a batch that takes the
+             * last items exactly must mark the job too, or a run finishing the job before the
+             * next transaction would mark it done) */
+            if (st == ST_OK && changed == batch) {
+                if ((s = queue_stmt(q, QS_JOB_ANY_UNFINISHED, err)) == NULL)
+                    st = err->status;
+                if (st == ST_OK) {
+                    sqlite3_bind_int64(s, 1, job_id);
+                    int rc = sqlite3_step(s);
+                    more = rc == SQLITE_ROW && sqlite3_column_int(s, 0);
+                    queue_stmt_done(s);
+                    if (rc != SQLITE_ROW)
+                        st = queue_sql_err(q, rc, "cancelling items", err);
+                }
+            }
+            if (st == ST_OK && !more) { /* the last items: the job too */
                 if ((s = queue_stmt(q, QS_JOB_CANCEL, err)) == NULL)
                     st = err->status;
                 if (st == ST_OK) {
@@ -315,7 +330,7 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
         st = queue_scope_leave(q, &sc, st, err);
         if (st == ST_OK)
             n += changed;
-        if (st == ST_OK && changed == batch && fault_hit("queue.cancel"))
+        if (st == ST_OK && more && fault_hit("queue.cancel"))
             st = err_set(err, ST_ERR_IO, "cancelling items: injected fault");
     }
     if (n_cancelled)

@@ -41,6 +41,7 @@ enum queue_stmt_id {
     QS_COUNTS_JOB,
     QS_COUNTS_ALL,
     QS_JOB_UNFINISHED,
+    QS_JOB_ANY_UNFINISHED,
     QS_ERRORS_JOB,
     QS_ERRORS_ALL,
     QS_ITEM_INSERT,

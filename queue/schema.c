@@ -245,6 +245,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     /* through items_claim_job (job_id, state, ...): only the rows counted are read */
     [QS_JOB_UNFINISHED] = "SELECT state, count(*) FROM items WHERE job_id = ?1"
                           " AND state IN ('queued', 'leased') GROUP BY state",
+    [QS_JOB_ANY_UNFINISHED] = "SELECT EXISTS (SELECT 1 FROM items WHERE job_id = ?1"
+                              " AND state IN ('queued', 'leased'))",
     [QS_ERRORS_JOB] = "SELECT coalesce(error_code, ''), count(*) FROM items"
                       " WHERE job_id = ?1 AND state = 'failed' GROUP BY 1 ORDER BY 2 DESC, 1"
                       " LIMIT ?2",

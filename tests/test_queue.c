@@ -1036,7 +1036,7 @@ static void test_cancel_batches(void **state)
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM jobs WHERE state = 'cancelled'"), 1);
     assert_int_equal(queue_job_cancel(q, job, &n, &err), ST_OK);
     assert_int_equal(n, 0);
-    /* 20 items: two full batches, the job marked by a third that finds none */
+    /* 20 items: two full batches, the second (the last items) marking the job */
     int64_t job2 = make_job(q, "c20", 20);
     assert_int_equal(queue_job_cancel(q, job2, &n, &err), ST_OK);
     assert_int_equal(n, 20);
