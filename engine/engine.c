@@ -326,9 +326,9 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
     for (int i = 0; i < n; i++) {
         struct seq *s;
         if ((st = engine_seq_new(&s, r, err))) {
-            engine_seq_list_free(first);
-            if (gate && !gate->refs)
+            if (gate && !first) /* else the choices made hold it: freed with the last */
                 free(gate);
+            engine_seq_list_free(first);
             return st;
         }
         s->id = e->next_id;

@@ -4,6 +4,8 @@
  * final is streamed to the request's on_text. Nothing here knows about queues or the KV cache. */
 #include "engine/engine_internal.h"
 
+#include "common/fault.h"
+
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,7 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
                            struct err_detail *err)
 {
     *out = NULL;
-    struct seq *s = calloc(1, sizeof(*s));
+    struct seq *s = fault_hit("engine.seq_new") ? NULL : calloc(1, sizeof(*s));
     if (!s)
         return err_set(err, ST_ERR_NOMEM, "no memory");
     s->cap_tok = r->n_prompt + (size_t)(r->max_tokens < 64 ? r->max_tokens : 64) + 1;

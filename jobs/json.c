@@ -109,8 +109,14 @@ void job_json_put_str(struct job_json *b, const char *s, size_t n)
             }
             i++;
         } else {
-            size_t k = utf8_decode(p + i, n - i, NULL, NULL);
-            if (k) {
+            uint32_t cp = 0;
+            size_t k = utf8_decode(p + i, n - i, &cp, NULL);
+            if (cp == 0x2028 || cp == 0x2029) { /* valid JSON raw, but line breaks to some
+                                                 * readers of JSONL (str.splitlines, old JS) */
+                memcpy(o, cp == 0x2028 ? "\\u2028" : "\\u2029", 6);
+                o += 6;
+                i += k;
+            } else if (k) {
                 memcpy(o, p + i, k);
                 o += k;
                 i += k;

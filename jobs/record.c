@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
 #include "engine/tokenizer.h"
 #include "jobs/json.h"
 
@@ -133,6 +134,27 @@ static void put_chat_logprobs(struct job_json *b, const struct job_choice *c,
     job_json_put_lit(b, "],\"refusal\":null}");
 }
 
+/* A completions logprobs token: its text, or when its bytes are not whole UTF-8 characters
+ * (a byte-level token cut inside one) "bytes:\\xNN..." as OpenAI writes them: replaced by
+ * U+FFFD, such tokens would all be the same key of top_logprobs, and JSON readers keep one. */
+static void put_completion_token(struct job_json *b, const char *p, size_t n)
+{
+    size_t i = 0, k;
+    while (i < n && (k = utf8_decode((const unsigned char *)p + i, n - i, NULL, NULL)))
+        i += k;
+    if (i == n) {
+        job_json_put_str(b, p, n);
+        return;
+    }
+    char t[6 + 4 * 64];
+    size_t m = 0;
+    memcpy(t, "bytes:", 6);
+    m = 6;
+    for (i = 0; i < n && i < 64; i++)
+        m += (size_t)snprintf(t + m, sizeof(t) - m, "\\x%02x", (unsigned)(unsigned char)p[i]);
+    job_json_put_str(b, t, m);
+}
+
 static void put_completion_logprobs(struct job_json *b, const struct job_choice *c,
                                     const struct engine_tok *tok, char **buf, size_t *cap)
 {
@@ -141,7 +163,7 @@ static void put_completion_logprobs(struct job_json *b, const struct job_choice 
         size_t n = piece(tok, c->tokens[t], buf, cap);
         if (t)
             job_json_put_lit(b, ",");
-        job_json_put_str(b, *buf, n);
+        put_completion_token(b, *buf, n);
     }
     job_json_put_lit(b, "],\"token_logprobs\":[");
     for (int32_t t = 0; t < c->completion_tokens; t++) {
@@ -157,7 +179,7 @@ static void put_completion_logprobs(struct job_json *b, const struct job_choice 
             size_t i = (size_t)t * (size_t)c->top_logprobs + (size_t)k;
             size_t n = piece(tok, c->top_ids[i], buf, cap);
             job_json_put_lit(b, k ? "," : "");
-            job_json_put_str(b, *buf, n);
+            put_completion_token(b, *buf, n);
             job_json_put_lit(b, ":");
             put_lp(b, c->top_lps[i]);
             chosen_listed |= c->top_ids[i] == c->tokens[t];
@@ -165,7 +187,7 @@ static void put_completion_logprobs(struct job_json *b, const struct job_choice 
         if (!chosen_listed) {
             size_t n = piece(tok, c->tokens[t], buf, cap);
             job_json_put_lit(b, c->top_logprobs ? "," : "");
-            job_json_put_str(b, *buf, n);
+            put_completion_token(b, *buf, n);
             job_json_put_lit(b, ":");
             put_lp(b, c->logprobs[t]);
         }

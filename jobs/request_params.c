@@ -267,7 +267,12 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
         return 1;
     if (!cJSON_IsObject(it))
         return job_request_fail_type(c, path, "an object", it);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
+    /* (job_request_get: a key given twice is an error, as everywhere in a request) */
+    char pfx[JOB_PATH_CAP];
+    const cJSON *t;
+    job_request_pathf(pfx, "%s.", path);
+    if (!job_request_get(c, it, pfx, "type", &t))
+        return 0;
     job_request_pathf(sub, "%s.type", path);
     if (!t)
         return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
@@ -282,18 +287,23 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
     if (strcmp(t->valuestring, "json_schema") != 0)
         return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, sub,
                                 "%s must be \"text\", \"json_object\" or \"json_schema\"", sub);
-    const cJSON *js = cJSON_GetObjectItemCaseSensitive(it, "json_schema");
+    const cJSON *js;
+    if (!job_request_get(c, it, pfx, "json_schema", &js))
+        return 0;
     job_request_pathf(sub, "%s.json_schema", path);
     if (!js)
         return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
     if (!cJSON_IsObject(js))
         return job_request_fail_type(c, sub, "an object", js);
-    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    const cJSON *strict, *schema;
+    job_request_pathf(pfx, "%s.json_schema.", path);
+    if (!job_request_get(c, js, pfx, "strict", &strict) ||
+        !job_request_get(c, js, pfx, "schema", &schema))
+        return 0;
     if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) {
         job_request_pathf(sub, "%s.json_schema.strict", path);
         return job_request_fail_type(c, sub, "a boolean", strict);
     }
-    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
     job_request_pathf(sub, "%s.json_schema.schema", path);
     if (!schema)
         return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, sub, "%s is missing", sub);
@@ -437,7 +447,7 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
                                 (int)r->max_tokens, (int)cap);
 
     if (!param_float(c, obj, "temperature", 0.0f, 2.0f, 0, &sp->temperature) ||
-        !param_float(c, obj, "top_p", 0.0f, 1.0f, 1, &sp->top_p) ||
+        !param_float(c, obj, "top_p", 0.0f, 1.0f, 0, &sp->top_p) ||
         !param_float(c, obj, "min_p", 0.0f, 1.0f, 0, &sp->min_p) ||
         !param_float(c, obj, "repetition_penalty", 0.0f, INFINITY, 1, &sp->repeat_penalty) ||
         !param_float(c, obj, "frequency_penalty", -2.0f, 2.0f, 0, &sp->frequency_penalty) ||
@@ -447,6 +457,11 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
         return 0;
     if (present)
         sp->top_k = iv < 0 ? 0 : (int32_t)iv; /* -1 (vLLM) and 0 both mean off */
+    if (sp->top_p == 0.0f) { /* OpenAI takes 0: the smallest nucleus, the most likely token
+                              * alone (ties to the lowest id, as ranking does everywhere) */
+        sp->top_p = 1.0f;
+        sp->top_k = 1;
+    }
     if (!param_int(c, obj, "repeat_last_n", -1, INT32_MAX, &iv, &present))
         return 0;
     if (present)

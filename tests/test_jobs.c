@@ -164,6 +164,22 @@ static void test_record_text_encoding(void **state)
     assert_non_null(strstr(line, "\"content\":\"\""));
     free(line);
 
+    /* U+2028 and U+2029 escaped (line breaks to some JSONL readers), read back the same */
+    static const char seps[] = "a\xe2\x80\xa8"
+                               "b\xe2\x80\xa9"
+                               "c";
+    ch0.text = seps;
+    ch0.text_len = sizeof(seps) - 1;
+    line = job_record_success(&res);
+    assert_strict_json(line);
+    assert_non_null(strstr(line, "\"a\\u2028b\\u2029c\""));
+    assert_null(strstr(line, "\xe2\x80\xa8"));
+    root = cJSON_Parse(line);
+    ch = cJSON_GetArrayItem(at(at(at(root, "response"), "body"), "choices"), 0);
+    assert_string_equal(at(at(ch, "message"), "content")->valuestring, seps);
+    cJSON_Delete(root);
+    free(line);
+
     /* every valid code point class passes through verbatim */
     static const char good[] = "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80"
                                "\xf4\x8f\xbf\xbf";
@@ -279,7 +295,8 @@ static void test_record_choices_logprobs(void **state)
     const cJSON *lp = at(cJSON_GetArrayItem(choices, 0), "logprobs");
     const cJSON *toks = at(lp, "tokens"), *tl = at(lp, "token_logprobs");
     assert_string_equal(cJSON_GetArrayItem(toks, 0)->valuestring, " Paris");
-    assert_string_equal(cJSON_GetArrayItem(toks, 2)->valuestring, "\xef\xbf\xbd");
+    /* a token that is not whole UTF-8 characters: its bytes, as OpenAI writes them */
+    assert_string_equal(cJSON_GetArrayItem(toks, 2)->valuestring, "bytes:\\xc3");
     assert_true(cJSON_GetArrayItem(tl, 0)->valuedouble == -0.25);
     assert_true(cJSON_GetArrayItem(tl, 2)->valuedouble == -9999.0);
     assert_true(cJSON_GetArrayItem(tl, 3)->valuedouble == -9999.0);
@@ -287,7 +304,12 @@ static void test_record_choices_logprobs(void **state)
     assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(top, 0)), 2); /* chosen among them */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(top, 1)), 2);
     assert_true(at(cJSON_GetArrayItem(top, 1), ".")->valuedouble == -0.5);
-    /* token 2 (0xC3) and its alternatives 0xA9 and 0xC3 both print as U+FFFD: one key */
+    /* token 2 (0xC3) and its alternatives 0xA9 and 0xC3: two keys (as U+FFFD they were one,
+     * and JSON readers kept the last) */
+    const cJSON *t2 = cJSON_GetArrayItem(top, 2);
+    assert_int_equal(cJSON_GetArraySize(t2), 2);
+    assert_true(at(t2, "bytes:\\xa9")->valuedouble == -0.1); /* shortest form of -0.1f */
+    assert_true(at(t2, "bytes:\\xc3")->valuedouble == -9999.0);
     const cJSON *off = at(lp, "text_offset");
     const int want_off[4] = {0, 6, 7, 8};
     for (int i = 0; i < 4; i++)
@@ -304,7 +326,8 @@ static void test_record_choices_logprobs(void **state)
     assert_true(cJSON_IsNull(at(lp, "refusal")));
     const cJSON *content = at(lp, "content");
     assert_int_equal(cJSON_GetArraySize(content), 4);
-    const cJSON *t2 = cJSON_GetArrayItem(content, 2), *t3 = cJSON_GetArrayItem(content, 3);
+    t2 = cJSON_GetArrayItem(content, 2);
+    const cJSON *t3 = cJSON_GetArrayItem(content, 3);
     assert_string_equal(at(t2, "token")->valuestring, "\xef\xbf\xbd");
     assert_int_equal(cJSON_GetArraySize(at(t2, "bytes")), 1);
     assert_int_equal(cJSON_GetArrayItem(at(t2, "bytes"), 0)->valueint, 0xc3);

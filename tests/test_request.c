@@ -96,6 +96,13 @@ static void check_parts(const struct job_request *r)
     assert_string_equal(r->messages[0].content, "Hello, world");
 }
 
+/* top_p 0 (OpenAI accepts it): the smallest nucleus, kept as top_k 1 */
+static void check_top_p_0(const struct job_request *r)
+{
+    assert_true(r->sampling.top_p == 1.0f);
+    assert_int_equal(r->sampling.top_k, 1);
+}
+
 static void check_mct(const struct job_request *r)
 {
     assert_int_equal(r->max_tokens, 12);
@@ -247,8 +254,8 @@ static const struct line_case cases[] = {
          BATCH(",\"n\":3,\"logprobs\":true,\"top_logprobs\":4"), check_n3_logprobs),
     GOOD("completions' integer logprobs 0: the chosen tokens only",
          "{\"prompt\":\"x\",\"logprobs\":0}", check_logprobs_int),
-    GOOD("logprobs false, top_logprobs 0, n 1", CHAT(",\"logprobs\":false,\"top_logprobs\":0,\"n\":1"),
-         check_no_logprobs),
+    GOOD("logprobs false, top_logprobs 0, n 1",
+         CHAT(",\"logprobs\":false,\"top_logprobs\":0,\"n\":1"), check_no_logprobs),
     GOOD("integer logprobs with an agreeing top_logprobs",
          "{\"prompt\":\"x\",\"logprobs\":4,\"top_logprobs\":4,\"n\":3}", check_n3_logprobs),
     GOOD("max_tokens and max_completion_tokens agreeing",
@@ -421,6 +428,13 @@ static const struct line_case cases[] = {
     BAD("temperature a string", BATCH(",\"temperature\":\"hot\""), JOB_ERR_INVALID_TYPE,
         "body.temperature must be a number, got \"hot\""),
     BAD("top_p a bool", CHAT(",\"top_p\":true"), JOB_ERR_INVALID_TYPE, "top_p"),
+    BAD("response_format type twice",
+        CHAT(",\"response_format\":{\"type\":\"json_object\",\"type\":\"text\"}"),
+        JOB_ERR_INVALID_JSON, "duplicate key response_format.type"),
+    BAD("json_schema schema twice",
+        CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},"
+             "\"schema\":{\"type\":\"object\"}}}"),
+        JOB_ERR_INVALID_JSON, "duplicate key response_format.json_schema.schema"),
     BAD("top_k fractional", CHAT(",\"top_k\":1.5"), JOB_ERR_INVALID_TYPE, "top_k"),
     BAD("min_p a string", CHAT(",\"min_p\":\"x\""), JOB_ERR_INVALID_TYPE, "min_p"),
     BAD("repetition_penalty an array", CHAT(",\"repetition_penalty\":[1]"), JOB_ERR_INVALID_TYPE,
@@ -449,9 +463,11 @@ static const struct line_case cases[] = {
         "body.temperature must be a number in [0, 2], got 3"),
     BAD("temperature negative", CHAT(",\"temperature\":-0.1"), JOB_ERR_INVALID_VALUE,
         "temperature"),
-    BAD("top_p 0", CHAT(",\"top_p\":0"), JOB_ERR_INVALID_VALUE, "top_p must be a number in (0, 1]"),
+    GOOD("top_p 0", CHAT(",\"top_p\":0,\"top_k\":40"), check_top_p_0),
+    BAD("top_p below 0", CHAT(",\"top_p\":-0.1"), JOB_ERR_INVALID_VALUE,
+        "top_p must be a number in [0, 1]"),
     BAD("top_p 1.5", CHAT(",\"top_p\":1.5"), JOB_ERR_INVALID_VALUE, "top_p"),
-    BAD("top_p tiny (float 0)", CHAT(",\"top_p\":1e-60"), JOB_ERR_INVALID_VALUE, "top_p"),
+    GOOD("top_p tiny (float 0)", CHAT(",\"top_p\":1e-60"), check_top_p_0),
     BAD("top_k -2", CHAT(",\"top_k\":-2"), JOB_ERR_INVALID_VALUE, "top_k"),
     BAD("top_k too big", CHAT(",\"top_k\":3e9"), JOB_ERR_INVALID_VALUE, "top_k"),
     BAD("min_p 2", CHAT(",\"min_p\":2"), JOB_ERR_INVALID_VALUE, "min_p"),
@@ -477,15 +493,16 @@ static const struct line_case cases[] = {
     BAD("empty stop", BATCH(",\"stop\":\"\""), JOB_ERR_INVALID_VALUE, "body.stop"),
     BAD("empty stop in array", CHAT(",\"stop\":[\"a\",\"\"]"), JOB_ERR_INVALID_VALUE, "stop[1]"),
     BAD("n 0", CHAT(",\"n\":0"), JOB_ERR_INVALID_VALUE, "n must be"),
-    BAD("n 129", BATCH(",\"n\":129"), JOB_ERR_INVALID_VALUE, "body.n must be an integer in [1, 128]"),
+    BAD("n 129", BATCH(",\"n\":129"), JOB_ERR_INVALID_VALUE,
+        "body.n must be an integer in [1, 128]"),
     BAD("top_logprobs without logprobs", CHAT(",\"top_logprobs\":3"), JOB_ERR_INVALID_VALUE,
         "top_logprobs needs logprobs set to true"),
     BAD("top_logprobs 21", CHAT(",\"logprobs\":true,\"top_logprobs\":21"), JOB_ERR_INVALID_VALUE,
         "top_logprobs must be an integer in [0, 20]"),
     BAD("logprobs 21 (completions)", "{\"prompt\":\"x\",\"logprobs\":21}", JOB_ERR_INVALID_VALUE,
         "logprobs must be an integer in [0, 20]"),
-    BAD("logprobs and top_logprobs disagree", "{\"prompt\":\"x\",\"logprobs\":2,\"top_logprobs\":3}",
-        JOB_ERR_INVALID_VALUE, "disagrees"),
+    BAD("logprobs and top_logprobs disagree",
+        "{\"prompt\":\"x\",\"logprobs\":2,\"top_logprobs\":3}", JOB_ERR_INVALID_VALUE, "disagrees"),
     BAD("logprobs fractional", "{\"prompt\":\"x\",\"logprobs\":1.5}", JOB_ERR_INVALID_TYPE,
         "logprobs must be a boolean or an integer"),
 
@@ -501,10 +518,12 @@ static const struct line_case cases[] = {
               "\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}"),
         JOB_ERR_UNSUPPORTED,
         "body.response_format.json_schema.schema: schema: keyword 'pattern' is not supported"),
-    BAD("grammar with an undefined rule", "{\"prompt\":\"x\",\"grammar\":\"root ::= a b\\na ::= \\\"a\\\"\"}",
-        JOB_ERR_INVALID_VALUE, "grammar: line 1: rule 'b' is used but not defined"),
-    BAD("grammar and json_object", CHAT(",\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":"
-                                        "{\"type\":\"json_object\"}"),
+    BAD("grammar with an undefined rule",
+        "{\"prompt\":\"x\",\"grammar\":\"root ::= a b\\na ::= \\\"a\\\"\"}", JOB_ERR_INVALID_VALUE,
+        "grammar: line 1: rule 'b' is used but not defined"),
+    BAD("grammar and json_object",
+        CHAT(",\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":"
+             "{\"type\":\"json_object\"}"),
         JOB_ERR_INVALID_VALUE, "grammar and a JSON response_format cannot be used together"),
     BAD("grammar not a string", CHAT(",\"grammar\":5"), JOB_ERR_INVALID_TYPE,
         "grammar must be a string"),

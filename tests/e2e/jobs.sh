@@ -288,4 +288,17 @@ set -e
 [ "$(sqlite3 kb.db "SELECT state FROM jobs")" = running ] || fail "9: the job was not reopened"
 "$Q" retry --db kb.db --job kb --failed 2>kb.log || { cat kb.log; fail "9: second retry"; }
 grep -q "5 items queued again" kb.log || { cat kb.log; fail "9: the second retry's count"; }
+
+# 10. out of memory making a request's second choice (QUERN_FAULT=engine.seq_new: the run's
+#     third request made, after its start-up's and the first choice's; n = 2): the
+#     request fails with an error record and the run ends normally (the choice already made
+#     was freed, and with it the choices' shared prompt gate, which was then read and freed
+#     again: under ASan, a use after free)
+echo '{"custom_id":"n2","prompt":"hi","max_tokens":3,"n":2,"temperature":1}' >n2.jsonl
+"$Q" submit --db n2.db --name n2 --model "$M" n2.jsonl >/dev/null 2>&1 || fail "10: submit"
+QUERN_FAULT=engine.seq_new:3:fail "$Q" run --db n2.db --out out --threads 1 >/dev/null \
+    2>n2.log || { cat n2.log; fail "10: the run"; }
+! grep -q -e AddressSanitizer -e 'runtime error' n2.log || { cat n2.log; fail "10: sanitizer"; }
+"$Q" export --db n2.db --job n2 --out n2out.jsonl 2>/dev/null || fail "10: export"
+grep -q '"custom_id":"n2".*"message":"no memory"' n2out.jsonl || fail "10: no error record"
 echo "e2e jobs: ok"
