@@ -83,11 +83,13 @@ static enum status flush_all(struct batch_run *r, struct err_detail *err)
     return st;
 }
 
-/* Write an error record for an item that could not run. */
-static enum status item_error(struct batch_run *r, int64_t item, const char *custom_id,
-                              const char *code, const char *msg, struct err_detail *err)
+/* Write an error record for an item that could not run: status 400 (the request's fault; param:
+ * the field at fault, or NULL) or 500 (quern's: a server_error). */
+static enum status item_error(struct batch_run *r, int64_t item, const char *custom_id, int status,
+                              const char *code, const char *msg, const char *param,
+                              struct err_detail *err)
 {
-    char *line = job_record_invalid(r->job.id, custom_id, 400, code, msg, NULL);
+    char *line = job_record_invalid(r->job.id, custom_id, status, code, msg, param);
     return batch_out_error(r->out, item, line, code, msg, err);
 }
 
@@ -163,7 +165,7 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
         char msg[128];
         snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
-        return item_error(r, c->id, c->custom_id, "attempts_exhausted", msg, err);
+        return item_error(r, c->id, c->custom_id, 500, "attempts_exhausted", msg, NULL, err);
     }
     if (!c->payload) { /* a line rejected at submit: its error record, as submit found it */
         const char *code = c->error_code ? c->error_code : "invalid_request";
@@ -177,7 +179,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (st == ST_ERR_NOMEM)
         return err_set(err, st, "out of memory");
     if (st)
-        return item_error(r, c->id, c->custom_id, job_err_code_str(je.code), je.message, err);
+        return item_error(r, c->id, c->custom_id, 400, job_err_code_str(je.code), je.message,
+                          je.field[0] ? je.field : NULL, err);
     int32_t *ids = NULL;
     size_t n = 0;
     struct err_detail e2 = {0};
@@ -238,8 +241,11 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (st) {
         if (inf)
             inflight_free(inf);
-        const char *code = st == ST_ERR_RANGE ? "context_length_exceeded" : "invalid_request";
-        st = item_error(r, c->id, req->custom_id, code, e2.msg, err);
+        const char *code = st == ST_ERR_RANGE   ? "context_length_exceeded"
+                           : st == ST_ERR_NOMEM ? "out_of_memory"
+                                                : "invalid_request";
+        st = item_error(r, c->id, req->custom_id, st == ST_ERR_NOMEM ? 500 : 400, code, e2.msg,
+                        NULL, err);
     }
     job_request_free(req);
     return st;
@@ -383,11 +389,11 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
             r->stats.completion_tokens += gen;
             r->n_out++;
             if (inf->grammar_stuck) /* an output that cannot be completed is no answer */
-                st = item_error(r, inf->item_id, inf->custom_id, "grammar_too_ambiguous",
+                st = item_error(r, inf->item_id, inf->custom_id, 400, "grammar_too_ambiguous",
                                 "the request's grammar allowed no next token (more than "
                                 "4096 parses alive at once, or none that a token can spell); "
                                 "simplify it (nested repetitions like (x+)+ multiply parses)",
-                                err);
+                                NULL, err);
             else
                 st = write_result(r, inf, gen, err);
             inflight_retire(r, inf);
