@@ -509,10 +509,11 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "mean_batch_tokens",
                             es->steps ? (double)es->batch_tokens / (double)es->steps : 0);
     cJSON_AddNumberToObject(j, "peak_kv_util", (double)es->peak_blocks_used / engine_kv_n_blocks(kv));
-    cJSON_AddNumberToObject(j, "prefix_hit_rate",
-                            engine_kv_get_stats(kv)->lookup_blocks ? (double)engine_kv_get_stats(kv)->hit_blocks /
-                                                          (double)engine_kv_get_stats(kv)->lookup_blocks
-                                                    : 0);
+    /* prompt tokens found in the prefix cache when each request was first admitted (the KV
+     * pool's own block counts also count admissions retried for room and re-admissions after
+     * a preemption, which inflated this) */
+    cJSON_AddNumberToObject(j, "cached_tokens", (double)cached);
+    cJSON_AddNumberToObject(j, "prefix_hit_rate", in_tok ? (double)cached / (double)in_tok : 0);
     cJSON_AddNumberToObject(j, "preemptions", (double)es->preemptions);
     cJSON_AddNumberToObject(j, "nucleus_fast", (double)es->nucleus_fast);
     cJSON_AddNumberToObject(j, "nucleus_full", (double)es->nucleus_full);
