@@ -440,6 +440,12 @@ int engine_sched_speculate(struct engine *e, int nb)
         if (kmax <= 0)
             continue;
         if (e->dkv) { /* the draft model drafts for all of them at once, below */
+            /* only within the draft model's context: its buffers hold no more, and one
+             * sequence past it failed the whole draft batch (no drafts for any sequence
+             * while it ran) */
+            if ((int64_t)s->n_tok + kmax >
+                (int64_t)engine_model_hparams(e->p.draft_model)->n_ctx_train)
+                continue;
             s->d_kmax = kmax;
             e->d_cand[n_cand++] = s;
             continue;

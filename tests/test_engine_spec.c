@@ -257,6 +257,48 @@ static void test_spec_draft_model(void **state)
     free_set(&s, getenv("QUERN_SANITIZE") ? 0 : 4);
 }
 
+/* A draft model with a shorter context than the target's (a second copy of the model, its
+ * context cut to 32 tokens): a sequence past it drafts nothing, the others still draft (one
+ * sequence past it used to fail the whole draft batch: no drafts at all while it ran), and the
+ * tokens are those of no speculation. */
+static void test_spec_draft_short_context(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct engine_model *dm = NULL;
+    assert_int_equal(engine_model_load(&dm, test_model_path(), f->be, &err), ST_OK);
+    ((struct engine_hparams *)engine_model_hparams(dm))->n_ctx_train = 32;
+    struct sp_set s;
+    make_set(f, &s, 0);
+    /* the list prompt (~20 tokens) three times: past the draft's context from the start */
+    static const char *const longp = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5,"
+                                     " 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,";
+    free(s.prompt[0]);
+    assert_int_equal(
+        engine_tok_encode(f->tok, longp, strlen(longp), 0, &s.prompt[0], &s.n_prompt[0], &err),
+        ST_OK);
+    assert_true(s.n_prompt[0] > 40);
+    s.n = 4;
+    static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
+    struct engine_params p;
+    params(&p, 8, 256, 64, 1);
+    p.kv_block = 4;
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, 12, NULL};
+    run_set(f, &p, &s, &c, off, NULL);
+    p.spec = ENGINE_SPEC_MODEL;
+    p.draft_model = dm;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p.spec_max_k = 4;
+    struct engine_stats st;
+    run_set(f, &p, &s, &c, on, &st);
+    assert_outs_same(off, on, s.n, "draft model with a short context");
+    print_message("draft model, 32-token context: %llu drafted, %llu accepted\n",
+                  (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
+    assert_true(st.spec_drafted > 0);
+    free_set(&s, 0);
+    engine_model_free(dm);
+}
+
 /* Chi-square statistic of counts against n x probs over the tokens expected at least 5 times
  * (the rest lumped into one cell); *df gets the degrees of freedom. */
 static double chi_square(const int *counts, const double *probs, int V, int n, int *df)
@@ -537,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_spec_sampled_same),
         cmocka_unit_test(test_spec_grammar_same),
         cmocka_unit_test(test_spec_draft_model),
+        cmocka_unit_test(test_spec_draft_short_context),
         cmocka_unit_test(test_spec_distribution),
         cmocka_unit_test(test_spec_rollback_invariants),
     };
