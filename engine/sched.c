@@ -440,11 +440,14 @@ int engine_sched_speculate(struct engine *e, int nb)
         if (kmax <= 0)
             continue;
         if (e->dkv) { /* the draft model drafts for all of them at once, below */
-            /* only within the draft model's context: its buffers hold no more, and one
-             * sequence past it failed the whole draft batch (no drafts for any sequence
-             * while it ran) */
-            if ((int64_t)s->n_tok + kmax >
-                (int64_t)engine_model_hparams(e->p.draft_model)->n_ctx_train)
+            /* only within the draft model's context (it writes positions up to n_tok + kmax
+             * - 2): its buffers hold no more, and one sequence past it failed the whole draft
+             * batch (no drafts for any sequence while it ran) */
+            const int64_t room = (int64_t)engine_model_hparams(e->p.draft_model)->n_ctx_train -
+                                 (int64_t)s->n_tok + 1;
+            if (room < kmax)
+                kmax = (int)(room > 0 ? room : 0);
+            if (kmax <= 0)
                 continue;
             s->d_kmax = kmax;
             e->d_cand[n_cand++] = s;

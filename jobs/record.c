@@ -146,13 +146,20 @@ static void put_completion_token(struct job_json *b, const char *p, size_t n)
         job_json_put_str(b, p, n);
         return;
     }
-    char t[6 + 4 * 64];
-    size_t m = 0;
+    static const char hex[] = "0123456789abcdef";
+    char *t = malloc(6 + 4 * n);
+    if (!t) {
+        b->failed = 1; /* the record is then reported as out of memory */
+        return;
+    }
     memcpy(t, "bytes:", 6);
-    m = 6;
-    for (i = 0; i < n && i < 64; i++)
-        m += (size_t)snprintf(t + m, sizeof(t) - m, "\\x%02x", (unsigned)(unsigned char)p[i]);
+    size_t m = 6;
+    for (i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)p[i];
+        t[m++] = '\\', t[m++] = 'x', t[m++] = hex[c >> 4], t[m++] = hex[c & 15];
+    }
     job_json_put_str(b, t, m);
+    free(t);
 }
 
 static void put_completion_logprobs(struct job_json *b, const struct job_choice *c,

@@ -406,11 +406,14 @@ enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_r
         st = err->status;
     if (st == ST_OK) {
         sqlite3_bind_int64(s, 1, job_id);
-        if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
             lo = sqlite3_column_int64(s, 0);
             last = sqlite3_column_int64(s, 1);
         }
         queue_stmt_done(s);
+        if (rc != SQLITE_ROW)
+            st = queue_sql_err(q, rc, "retrying failed items", err);
     }
     for (; st == ST_OK && lo <= last; lo += batch) {
         struct queue_scope sc;

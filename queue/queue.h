@@ -271,8 +271,9 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
  * QUEUE_JOB_BATCH items (queue_set_job_batch), the job marked with the last, so that no
  * other process waits on the queue for long; an error or a kill part-way leaves the job live
  * with the items cancelled so far (a run may still work the others), and cancelling it again
- * finishes it. *n_cancelled (may be NULL) gets the number of items cancelled by this call,
- * also on error. Fault site: queue.cancel (after each full batch). */
+ * finishes it (if runs finish the others first, the job ends cancelled all the same: a job
+ * with cancelled items never ends done). *n_cancelled (may be NULL) gets the number of items
+ * cancelled by this call, also on error. Fault site: queue.cancel (after each full batch). */
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
                              struct err_detail *err);
 

@@ -182,10 +182,16 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                         " finished = CASE WHEN ?2 AND state = 'done' THEN NULL ELSE finished END"
                         " WHERE id = ?1",
     [QS_JOB_START] = "UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'queued'",
-    [QS_JOB_FINISH] = "UPDATE jobs SET state = 'done', finished = ?2"
+    /* a job with cancelled items ends cancelled: a cancel stopped between its transactions
+     * (queue_job_cancel) whose other items runs then finished */
+    [QS_JOB_FINISH] = "UPDATE jobs SET state = CASE WHEN EXISTS (SELECT 1 FROM items"
+                      " WHERE job_id = ?1 AND state = 'cancelled') THEN 'cancelled' ELSE 'done'"
+                      " END, finished = ?2"
                       " WHERE id = ?1 AND ready AND state IN ('queued', 'running') AND NOT EXISTS"
                       " (SELECT 1 FROM items WHERE job_id = ?1 AND state IN ('queued', 'leased'))",
-    [QS_JOB_FINISH_ALL] = "UPDATE jobs SET state = 'done', finished = ?1"
+    [QS_JOB_FINISH_ALL] = "UPDATE jobs SET state = CASE WHEN EXISTS (SELECT 1 FROM items"
+                          " WHERE items.job_id = jobs.id AND items.state = 'cancelled')"
+                          " THEN 'cancelled' ELSE 'done' END, finished = ?1"
                           " WHERE ready AND state IN ('queued', 'running') AND NOT EXISTS"
                           " (SELECT 1 FROM items WHERE items.job_id = jobs.id"
                           "  AND items.state IN ('queued', 'leased'))",

@@ -289,12 +289,13 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
                            : queue_job_cancel(q, jobs[i].id, &moved, &err);
         queue_job_list_free(jobs, n);
         queue_close(q);
+        total += moved; /* (also on an error: the transactions before it stand) */
         if (st) {
-            LOG_ERROR("part %d: %s", k, err.msg);
+            LOG_ERROR("part %d: %s%s", k, err.msg,
+                      moved ? "; the items done before the error stand: run it again" : "");
             rc = RUNNER_EXIT_ERROR;
             continue;
         }
-        total += moved;
     }
     fprintf(stderr, "quern %s: job '%s' (%d parts): %lld items %s", cmd, p->job, p->n,
             (long long)total, retry ? "queued again" : "cancelled");

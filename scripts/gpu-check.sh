@@ -303,7 +303,7 @@ rehearse() {
     for f in "$emu/bin/quern" "$emu/tests/test_backend_ops" "$emu/tests/test_cuda_model" \
         "$emu/tests/test_comm" "$emu/tools/bench_matmul" "$cpu/tests/test_cuda_dequant" \
         "$cpu/tests/test_cuda_pack"; do
-        ln -s "$PWD/$f" "$dir/bin/"
+        ln -s "$(realpath "$f")" "$dir/bin/"
     done
     "$cpu/tools/dummy_gguf" smollm2-135m 6 1 "$dir/models/smollm2-6l-dummy.gguf" >/dev/null || exit 1
     REHEARSE=1 REHEARSE_BIN=$dir/bin C=$dir \
