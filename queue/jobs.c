@@ -282,7 +282,7 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
     QUEUE_ERR_LOCAL(err);
     if (n_cancelled)
         *n_cancelled = 0;
-    const int64_t batch = q->job_batch > 0 ? q->job_batch : QUEUE_JOB_BATCH;
+    const int64_t batch = q->job_batch;
     int64_t now = queue_now(q), n = 0, changed = 0, more = 1;
     enum status st = ST_OK;
     while (st == ST_OK && more) {
@@ -317,15 +317,8 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
                         st = queue_sql_err(q, rc, "cancelling items", err);
                 }
             }
-            if (st == ST_OK && !more) { /* the last items: the job too */
-                if ((s = queue_stmt(q, QS_JOB_CANCEL, err)) == NULL)
-                    st = err->status;
-                if (st == ST_OK) {
-                    sqlite3_bind_int64(s, 1, job_id);
-                    sqlite3_bind_int64(s, 2, now);
-                    st = queue_step_done(q, s, "cancelling job", err);
-                }
-            }
+            if (st == ST_OK && !more) /* the last items: the job too */
+                st = queue_run_changes(q, QS_JOB_CANCEL, job_id, now, NULL, "cancelling job", err);
         }
         st = queue_scope_leave(q, &sc, st, err);
         if (st == ST_OK)
@@ -346,7 +339,7 @@ static enum status retry_range(struct queue *q, int64_t job_id, int64_t lo, int6
 {
     *n = 0;
     /* the shards' counts first: they look at the items still failed and naming their shard */
-    sqlite3_stmt *s = queue_stmt(q, QS_JOB_RETRY_PICK, err), *u;
+    sqlite3_stmt *s = queue_stmt(q, QS_JOB_RETRY_PICK, err);
     if (!s)
         return err->status;
     sqlite3_bind_int64(s, 1, job_id);
@@ -354,15 +347,9 @@ static enum status retry_range(struct queue *q, int64_t job_id, int64_t lo, int6
     sqlite3_bind_int64(s, 3, hi);
     enum status st = ST_OK;
     int rc;
-    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (!(u = queue_stmt(q, QS_JOB_RETRY_SHARD, err))) {
-            st = err->status;
-            break;
-        }
-        sqlite3_bind_int64(u, 1, sqlite3_column_int64(s, 0));
-        sqlite3_bind_int64(u, 2, sqlite3_column_int64(s, 1));
-        st = queue_step_done(q, u, "retrying failed items", err);
-    }
+    while (st == ST_OK && (rc = sqlite3_step(s)) == SQLITE_ROW)
+        st = queue_run_changes(q, QS_JOB_RETRY_SHARD, sqlite3_column_int64(s, 0),
+                               sqlite3_column_int64(s, 1), NULL, "retrying failed items", err);
     queue_stmt_done(s);
     if (st == ST_OK && rc != SQLITE_DONE)
         st = queue_sql_err(q, rc, "retrying failed items", err);
@@ -376,12 +363,8 @@ static enum status retry_range(struct queue *q, int64_t job_id, int64_t lo, int6
     }
     if (st == ST_OK)
         *n = sqlite3_changes(q->db);
-    if (st == ST_OK && *n > 0) { /* (nothing failed: the job keeps its state) */
-        if (!(s = queue_stmt(q, QS_JOB_REOPEN, err)))
-            return err->status;
-        sqlite3_bind_int64(s, 1, job_id);
-        st = queue_step_done(q, s, "retrying failed items", err);
-    }
+    if (st == ST_OK && *n > 0) /* (nothing failed: the job keeps its state) */
+        st = queue_run_changes(q, QS_JOB_REOPEN, job_id, 0, NULL, "retrying failed items", err);
     return st;
 }
 
@@ -394,7 +377,7 @@ enum status queue_job_retry_failed(struct queue *q, int64_t job_id, int64_t *n_r
     QUEUE_ERR_LOCAL(err);
     if (n_retried)
         *n_retried = 0;
-    const int64_t batch = q->job_batch > 0 ? q->job_batch : QUEUE_JOB_BATCH;
+    const int64_t batch = q->job_batch;
     enum queue_job_state js;
     int64_t lo = 0, last = -1, n = 0;
     enum status st = queue_job_state_get(q, job_id, &js, err);

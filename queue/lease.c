@@ -89,22 +89,6 @@ static int claimed_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* Run one statement binding ?1 = a; *changes gets the rows it changed. */
-static enum status run_changes(struct queue *q, enum queue_stmt_id id, int64_t a, int64_t b,
-                               int64_t *changes, const char *what, struct err_detail *err)
-{
-    sqlite3_stmt *s = queue_stmt(q, id, err);
-    if (!s)
-        return err->status;
-    sqlite3_bind_int64(s, 1, a);
-    if (sqlite3_bind_parameter_count(s) >= 2)
-        sqlite3_bind_int64(s, 2, b);
-    enum status st = queue_step_done(q, s, what, err);
-    if (st == ST_OK && changes)
-        *changes = sqlite3_changes(q->db);
-    return st;
-}
-
 /* Step the claim statement and collect its RETURNING rows into a growing array. */
 static enum status collect_claimed(struct queue *q, sqlite3_stmt *s, struct queue_claimed **out,
                                    size_t *n_out, struct err_detail *err)
@@ -176,7 +160,8 @@ enum status queue_claim(struct queue *q, int64_t job_id, int64_t run_id, int max
     size_t len = 0;
     st = queue_run_check(q, run_id, err);
     if (st == ST_OK)
-        st = run_changes(q, QS_LEASE_EXPIRE, now, run_id, NULL, "requeueing expired leases", err);
+        st = queue_run_changes(q, QS_LEASE_EXPIRE, now, run_id, NULL, "requeueing expired leases",
+                               err);
     sqlite3_stmt *s = NULL;
     if (st == ST_OK && (s = queue_stmt(q, job_id ? QS_CLAIM_JOB : QS_CLAIM_ANY, err)) == NULL)
         st = err->status;
@@ -196,7 +181,7 @@ enum status queue_claim(struct queue *q, int64_t job_id, int64_t run_id, int max
         for (size_t k = 0; k < i && !seen; k++)
             seen = arr[k].job_id == arr[i].job_id;
         if (!seen)
-            st = run_changes(q, QS_JOB_START, arr[i].job_id, 0, NULL, "starting a job", err);
+            st = queue_run_changes(q, QS_JOB_START, arr[i].job_id, 0, NULL, "starting a job", err);
     }
     if (st == ST_OK && len == 0)
         st = queue_jobs_finish(q, job_id, err);
@@ -223,12 +208,12 @@ enum status queue_lease_extend(struct queue *q, int64_t run_id, int64_t lease_ms
     if (st != ST_OK)
         return st;
     int64_t now = queue_now(q), held = 0, beat = 0;
-    st = run_changes(q, QS_RUN_HEARTBEAT, run_id, now, &beat, "heartbeat", err);
+    st = queue_run_changes(q, QS_RUN_HEARTBEAT, run_id, now, &beat, "heartbeat", err);
     if (st == ST_OK && beat == 0)
         st = queue_run_check(q, run_id, err); /* says why: missing or ended */
     if (st == ST_OK)
-        st =
-            run_changes(q, QS_LEASE_EXTEND, run_id, now + lease_ms, &held, "extending leases", err);
+        st = queue_run_changes(q, QS_LEASE_EXTEND, run_id, now + lease_ms, &held,
+                               "extending leases", err);
     st = queue_scope_leave(q, &sc, st, err);
     if (st == ST_OK && n_held)
         *n_held = held;
@@ -284,10 +269,10 @@ enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, s
         return st;
     int64_t total = 0, c = 0;
     if (!ids) {
-        st = run_changes(q, QS_RELEASE_ALL, run_id, 0, &total, "releasing leases", err);
+        st = queue_run_changes(q, QS_RELEASE_ALL, run_id, 0, &total, "releasing leases", err);
     } else {
         for (size_t i = 0; st == ST_OK && i < n; i++) {
-            st = run_changes(q, QS_RELEASE_ONE, run_id, ids[i], &c, "releasing a lease", err);
+            st = queue_run_changes(q, QS_RELEASE_ONE, run_id, ids[i], &c, "releasing a lease", err);
             total += c;
         }
     }
@@ -307,7 +292,8 @@ enum status queue_lease_expire(struct queue *q, int64_t *n_expired, struct err_d
     if (st != ST_OK)
         return st;
     int64_t c = 0;
-    st = run_changes(q, QS_LEASE_EXPIRE, queue_now(q), 0, &c, "requeueing expired leases", err);
+    st = queue_run_changes(q, QS_LEASE_EXPIRE, queue_now(q), 0, &c, "requeueing expired leases",
+                           err);
     st = queue_scope_leave(q, &sc, st, err);
     if (st == ST_OK && n_expired)
         *n_expired = c;

@@ -577,6 +577,7 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     }
     q->now_ms = real_now_ms;
+    q->job_batch = QUEUE_JOB_BATCH;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     if ((q->dir = db_dir(path)) != NULL &&

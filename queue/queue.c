@@ -248,3 +248,18 @@ void queue_tx_rollback(struct queue *q)
     if (!sqlite3_get_autocommit(q->db))
         run_simple(q, QS_ROLLBACK, NULL);
 }
+
+enum status queue_run_changes(struct queue *q, enum queue_stmt_id id, int64_t a, int64_t b,
+                              int64_t *changes, const char *what, struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, id, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, a);
+    if (sqlite3_bind_parameter_count(s) >= 2)
+        sqlite3_bind_int64(s, 2, b);
+    enum status st = queue_step_done(q, s, what, err);
+    if (st == ST_OK && changes)
+        *changes = sqlite3_changes(q->db);
+    return st;
+}

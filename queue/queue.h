@@ -277,8 +277,8 @@ enum status queue_job_set_out_dir(struct queue *q, int64_t job_id, const char *o
 enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancelled,
                              struct err_detail *err);
 
-/* Items per transaction of queue_job_cancel and queue_job_retry_failed (default QUEUE_JOB_BATCH;
- * n <= 0 restores it). */
+/* Items per transaction of queue_job_cancel and queue_job_retry_failed (QUEUE_JOB_BATCH from
+ * queue_open; n <= 0 restores it). */
 #define QUEUE_JOB_BATCH 20000
 void queue_set_job_batch(struct queue *q, int64_t n);
 

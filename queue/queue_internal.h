@@ -157,6 +157,11 @@ enum status queue_scope_enter(struct queue *q, struct queue_scope *sc, struct er
 enum status queue_scope_leave(struct queue *q, struct queue_scope *sc, enum status st,
                               struct err_detail *err);
 
+/* Run the write statement id with ?1 = a (and ?2 = b when it has a second parameter);
+ * *changes (may be NULL) gets the rows it changed. */
+enum status queue_run_changes(struct queue *q, enum queue_stmt_id id, int64_t a, int64_t b,
+                              int64_t *changes, const char *what, struct err_detail *err);
+
 /* Current state of a job; ST_ERR_NOT_FOUND if it does not exist. */
 enum status queue_job_state_get(struct queue *q, int64_t job_id, enum queue_job_state *state,
                                 struct err_detail *err);
