@@ -391,8 +391,9 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
             if (inf->grammar_stuck) /* an output that cannot be completed is no answer */
                 st = item_error(r, inf->item_id, inf->custom_id, 400, "grammar_too_ambiguous",
                                 "the request's grammar allowed no next token (more than "
-                                "4096 parses alive at once, or none that a token can spell); "
-                                "simplify it (nested repetitions like (x+)+ multiply parses)",
+                                "4096 parses alive at once, a token mask past its work bound, "
+                                "or none that a token can spell); simplify it (nested "
+                                "repetitions like (x+)+ or (x?{100}){40} multiply parses)",
                                 NULL, err);
             else
                 st = write_result(r, inf, gen, err);

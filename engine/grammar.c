@@ -128,10 +128,14 @@ static void expand(struct engine_grammar *g, int32_t f, int depth)
     }
     /* a frame's closure depends on the frame alone: once per closure is enough (without this,
      * chains of optional items re-expanded what follows them once per path: exponential) */
-    if (g->visit[f] == g->epoch)
+    if (g->visit[f] == g->epoch || g->too_many)
         return;
     g->visit[f] = g->epoch;
     g->n_expand++;
+    if (++g->n_closure > ENGINE_GRAMMAR_MAX_EXPAND) {
+        g->too_many = 1;
+        return;
+    }
     const struct frame fr = g->frames[f];
     const struct gelem *e = &g->elems[g->alt_first[fr.alt] + fr.idx];
     if (e->ref < 0) {
@@ -241,7 +245,7 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
         return ENGINE_GRAMMAR_DEAD;
     struct state *st = &g->states[s];
     if (!st->trans) {
-        if (!(st->trans = malloc(sizeof(int32_t) * 256)))
+        if (!(st->trans = malloc(sizeof(int32_t) * 256 + sizeof(uint16_t) * 256)))
             return ENGINE_GRAMMAR_DEAD;
         for (int i = 0; i < 256; i++)
             st->trans[i] = -2;
@@ -253,6 +257,7 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
     g->oom = 0;
     g->too_many = 0;
     g->epoch++; /* a new closure */
+    g->n_closure = 0;
     for (int32_t i = 0; i < st->n; i++) {
         int32_t f = g->state_frames[st->off + i];
         const struct frame fr = g->frames[f];
@@ -266,10 +271,21 @@ int32_t engine_grammar_step(struct engine_grammar *g, int32_t s, unsigned char c
         }
     }
     int32_t r = g->too_many ? ENGINE_GRAMMAR_DEAD : intern(g);
-    if (!g->oom) /* a failure to allocate (or the state limit) is not remembered as "dead" */
+    if (!g->oom) { /* a failure to allocate (or the state limit) is not remembered as "dead" */
         g->states[s].trans[c] = r;
+        const uint32_t cost = g->n_closure;
+        ((uint16_t *)(g->states[s].trans + 256))[c] = (uint16_t)(cost < 65535 ? cost : 65535);
+    }
     g->oom = 0;
     return r;
+}
+
+uint32_t engine_grammar_step_cost(const struct engine_grammar *g, int32_t s, unsigned char c)
+{
+    const struct state *st = &g->states[s];
+    if (!st->trans || st->trans[c] == -2) /* not remembered: the closure just computed */
+        return g->n_closure < 65535 ? g->n_closure : 65535;
+    return ((const uint16_t *)(st->trans + 256))[c];
 }
 
 int32_t engine_grammar_feed(struct engine_grammar *g, int32_t s, const char *p, size_t n)
@@ -459,6 +475,13 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
             g->tmp_accept = 1;
         else
             expand(g, frame_id(g, a, 0, -1), 0);
+    }
+    if (g->too_many) { /* a start state cut short would accept less than the grammar says */
+        st = err_set(err, ST_ERR_INVALID_ARG,
+                     "the grammar is too ambiguous: its start alone needs more than %d parse "
+                     "stacks or %d expansions",
+                     ENGINE_GRAMMAR_MAX_STACKS, ENGINE_GRAMMAR_MAX_EXPAND);
+        goto done;
     }
     g->start = intern(g);
     if (g->start < 0) {

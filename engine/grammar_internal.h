@@ -43,7 +43,9 @@ struct frame {
 struct state {
     int32_t off, n;    /* frames[off..off+n) in state_frames: sorted, each at a byte set */
     int accept;        /* the input may end here */
-    int32_t *trans;    /* 256 next states (-2 = not computed yet), or NULL */
+    int32_t *trans;    /* 256 next states (-2 = not computed yet), or NULL; then (same
+                        * allocation) 256 uint16_t: each computed step's frame expansions,
+                        * at most 65535 (engine_grammar_step_cost) */
     uint32_t *mask;    /* allowed tokens, or NULL */
 };
 
@@ -61,6 +63,7 @@ struct engine_grammar {
     uint32_t *visit;     /* per frame: the closure (epoch) that last expanded it */
     uint32_t epoch;      /* the closure being computed */
     uint64_t n_expand;   /* frames expanded, over all closures (engine_grammar_expansions) */
+    uint32_t n_closure;  /* frames expanded by the closure being computed */
     int32_t *fhash;      /* open addressing, frame id + 1 (0 = empty) */
     uint32_t fhash_cap;
     /* states */
@@ -76,13 +79,19 @@ struct engine_grammar {
     size_t n_tmp, cap_tmp;
     int tmp_accept;
     int oom;
-    int too_many;        /* the closure passed ENGINE_GRAMMAR_MAX_STACKS stacks */
+    int too_many; /* the closure passed ENGINE_GRAMMAR_MAX_STACKS stacks or
+                   * ENGINE_GRAMMAR_MAX_EXPAND expansions: it stops there */
     /* masks */
     const struct engine_vocab *vocab; /* the vocabulary the cached masks are for */
     size_t mask_bytes;
-    uint64_t n_computed, n_cached;
+    uint64_t n_computed, n_cached, n_cut;
     int32_t *dfs;        /* trie walk stack: (node, state) pairs */
     size_t cap_dfs;
 };
+
+/* The frames expanded to compute the step from state s on byte c (saturated at 65535), once
+ * engine_grammar_step(g, s, c) has been called; a function of (s, c) alone, whether the step was
+ * computed now or earlier, so the masks' work bound does not depend on what else ran. */
+uint32_t engine_grammar_step_cost(const struct engine_grammar *g, int32_t s, unsigned char c);
 
 #endif

@@ -153,23 +153,30 @@ const uint32_t *engine_grammar_mask(struct engine_grammar *g, int32_t s,
         g->dfs[sp++] = (node_);                                                                    \
         g->dfs[sp++] = (st_);                                                                      \
     } while (0)
+    uint64_t work = 0; /* the steps' expansions, cached or not (engine_grammar_step_cost) */
+    int cut = 0;
     DFS_PUSH(0, s);
-    while (sp && !failed) {
+    while (sp && !failed && !cut) {
         int32_t st = g->dfs[--sp], node = g->dfs[--sp];
         for (int32_t t = v->nodes[node].tok; t >= 0; t = v->tok_next[t])
             m[t >> 5] |= 1u << (t & 31);
         for (int32_t c = v->nodes[node].child; c >= 0 && !failed; c = v->nodes[c].sibling) {
             int32_t nx = engine_grammar_step(g, st, v->nodes[c].byte);
+            work += engine_grammar_step_cost(g, st, v->nodes[c].byte);
             if (nx >= 0)
                 DFS_PUSH(c, nx);
         }
+        cut = work > ENGINE_GRAMMAR_MASK_WORK;
     }
 #undef DFS_PUSH
     if (failed) {
         free(m);
         return NULL;
     }
-    if (g->states[s].accept)
+    if (cut) { /* too costly to follow: nothing is allowed (a partial mask would bias the draw) */
+        memset(m, 0, words * sizeof(uint32_t));
+        g->n_cut++;
+    } else if (g->states[s].accept)
         for (int32_t i = 0; i < v->n_eog; i++)
             m[v->eog[i] >> 5] |= 1u << (v->eog[i] & 31);
     g->states[s].mask = m;
@@ -182,4 +189,9 @@ void engine_grammar_counts(const struct engine_grammar *g, uint64_t *computed, u
 {
     *computed = g->n_computed;
     *cached = g->n_cached;
+}
+
+uint64_t engine_grammar_masks_cut(const struct engine_grammar *g)
+{
+    return g->n_cut;
 }

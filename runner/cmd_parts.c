@@ -284,9 +284,12 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
             unlink(path);
         }
         if (!st && !(st = queue_job_list(q, &jobs, &n, &err)))
-            for (size_t i = 0; !st && i < n; i++)
-                st = retry ? queue_job_retry_failed(q, jobs[i].id, &moved, &err)
-                           : queue_job_cancel(q, jobs[i].id, &moved, &err);
+            for (size_t i = 0; !st && i < n; i++) {
+                int64_t m = 0; /* each job's count, summed (also on an error) */
+                st = retry ? queue_job_retry_failed(q, jobs[i].id, &m, &err)
+                           : queue_job_cancel(q, jobs[i].id, &m, &err);
+                moved += m;
+            }
         queue_job_list_free(jobs, n);
         queue_close(q);
         total += moved; /* (also on an error: the transactions before it stand) */

@@ -138,6 +138,17 @@ static long check_masks(struct engine_grammar *g, struct engine_vocab *v,
     return total;
 }
 
+/* The default model's tokenizer and its vocabulary for masks of n_vocab + pad logits. */
+static struct engine_vocab *load_vocab(struct io_gguf **gf, struct engine_tok **tok, int32_t pad)
+{
+    struct err_detail err = {0};
+    struct engine_vocab *v = NULL;
+    if (io_gguf_open(gf, test_model_path(), &err) || engine_tok_load(tok, *gf, &err) ||
+        engine_vocab_new(&v, *tok, engine_tok_n_vocab(*tok) + pad, &err))
+        fail_msg("tokenizer: %s", err.msg);
+    return v;
+}
+
 /* Masks against the obvious computation (feed each token's bytes), on JSON objects at several
  * depths and on a GBNF grammar. */
 static void test_masks_match_feeding(void **state)
@@ -146,11 +157,8 @@ static void test_masks_match_feeding(void **state)
     struct io_gguf *gf = NULL;
     struct engine_tok *tok = NULL;
     struct err_detail err = {0};
-    if (io_gguf_open(&gf, test_model_path(), &err) || engine_tok_load(&tok, gf, &err))
-        fail_msg("tokenizer: %s", err.msg);
-    const int32_t n_logits = engine_tok_n_vocab(tok) + 40; /* padded rows */
-    struct engine_vocab *v;
-    assert_int_equal(engine_vocab_new(&v, tok, n_logits, &err), ST_OK);
+    struct engine_vocab *v = load_vocab(&gf, &tok, 40); /* padded rows */
+    const int32_t n_logits = engine_tok_n_vocab(tok) + 40;
     static const char *const json_prefixes[] = {
         "", "{", "{\"ke", "{\"k\":", "{\"k\": 1", "{\"k\":[", "{\"k\":\"caf\xc3", "{\"k\":true}",
         "{\"k\":1.5e", "{\"a\":{\"b\":[{\"c\":\"x", "{\"a\":{\"b\":[{\"c\":\"x\"}", "{\"a\":[[[1,"};
@@ -175,12 +183,59 @@ static void test_masks_match_feeding(void **state)
     io_gguf_close(gf);
 }
 
+/* A mask's work is bounded (ENGINE_GRAMMAR_MASK_WORK), and whether a mask passes the bound
+ * depends on its state alone: "([a-z ]?{100}){40}" keeps ~4,000 parses alive through every
+ * letter, and its first mask (0.45 s without the bound) allows nothing, also when another walk
+ * computed and cached steps first; a JSON state's mask is untouched. */
+static void test_mask_work_bound(void **state)
+{
+    (void)state;
+    struct io_gguf *gf = NULL;
+    struct engine_tok *tok = NULL;
+    struct err_detail err = {0};
+    struct engine_vocab *v = load_vocab(&gf, &tok, 0);
+    const int32_t n_logits = engine_tok_n_vocab(tok);
+    for (int warm = 0; warm < 2; warm++) {
+        struct engine_grammar *g = NULL;
+        assert_int_equal(job_gbnf_grammar("root ::= ([a-z ]?{100}){40}", &g, &err), ST_OK);
+        int32_t s = engine_grammar_start(g);
+        if (warm) /* steps of the start state computed (and cached) by feeding first */
+            assert_true(engine_grammar_feed(g, s, "the cat", 7) >= 0);
+        const uint32_t *m = engine_grammar_mask(g, s, v);
+        assert_non_null(m);
+        int any = 0;
+        for (int32_t w = 0; w < (n_logits + 31) / 32; w++)
+            any |= m[w] != 0;
+        print_message("([a-z ]?{100}){40}%s: mask cut %llu, %llu frame expansions\n",
+                      warm ? " after a feed" : "", (unsigned long long)engine_grammar_masks_cut(g),
+                      (unsigned long long)engine_grammar_expansions(g));
+        assert_false(any);
+        assert_int_equal(engine_grammar_masks_cut(g), 1);
+        assert_true(engine_grammar_expansions(g) <= 2 * (uint64_t)ENGINE_GRAMMAR_MASK_WORK);
+        engine_grammar_unref(g);
+    }
+    struct engine_grammar *g = json_object_grammar();
+    int32_t s = engine_grammar_feed(g, engine_grammar_start(g), "{\"k\": \"ab", 9);
+    const uint32_t *m = engine_grammar_mask(g, s, v);
+    assert_non_null(m);
+    int32_t allowed = 0;
+    for (int32_t t = 0; t < n_logits; t++)
+        allowed += m[t >> 5] >> (t & 31) & 1;
+    assert_true(allowed > 40000); /* inside a string: nearly every token */
+    assert_int_equal(engine_grammar_masks_cut(g), 0);
+    engine_grammar_unref(g);
+    engine_vocab_free(v);
+    engine_tok_free(tok);
+    io_gguf_close(gf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_object_texts),
         cmocka_unit_test(test_bad_grammars),
         cmocka_unit_test(test_masks_match_feeding),
+        cmocka_unit_test(test_mask_work_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
