@@ -385,6 +385,12 @@ enum status engine_gb_finish(struct engine_gb *b, struct engine_grammar **out,
     enum status st = ST_OK;
     struct engine_grammar *g = NULL;
     uint8_t *nullable = NULL, *mark = NULL;
+    if (b->too_big) {
+        st = err_set(err, ST_ERR_INVALID_ARG,
+                     "grammar: too large (more than %d alternatives or %d elements)",
+                     ENGINE_GB_MAX_ALTS, ENGINE_GB_MAX_ELEMS);
+        goto done;
+    }
     if (b->oom || !b->n_rules) {
         st = err_set(err, b->oom ? ST_ERR_NOMEM : ST_ERR_INVALID_ARG,
                      b->oom ? "grammar: out of memory" : "grammar: no rules");

@@ -50,6 +50,14 @@ void engine_gb_set(struct engine_gb *b, const uint32_t set[8]);
 void engine_gb_lit(struct engine_gb *b, const char *s, size_t n);
 /* Append a reference to rule (which may be defined later). */
 void engine_gb_ref(struct engine_gb *b, int32_t rule);
+/* A builder takes at most ENGINE_GB_MAX_ALTS alternatives (and rules) and ENGINE_GB_MAX_ELEMS
+ * elements; past either it keeps nothing more, engine_gb_full says so (a parser can stop
+ * there), and engine_gb_finish refuses the grammar. A line's 16 MiB could otherwise ask for
+ * gigabytes: a 220 KB GBNF of 20,000 alternatives "a"{256} took 4.8 s and 2.1 GB. JSON schemas
+ * make a few hundred alternatives (at most 259 for tests/e2e/gen_schemas.py's 60). */
+#define ENGINE_GB_MAX_ALTS  (1 << 18)
+#define ENGINE_GB_MAX_ELEMS (1 << 20)
+int engine_gb_full(const struct engine_gb *b);
 
 /* Standard pieces for JSON grammars, each a rule made once per builder and shared:
  * ws (0 or 1 space, or a newline and up to 20 spaces/tabs: whitespace cannot run on forever),

@@ -48,7 +48,14 @@ void engine_gb_free(struct engine_gb *b)
 
 int32_t engine_gb_rule(struct engine_gb *b)
 {
+    if (b->n_rules >= ENGINE_GB_MAX_ALTS)
+        b->too_big = 1; /* (ids still count on: finish refuses the grammar) */
     return b->n_rules++;
+}
+
+int engine_gb_full(const struct engine_gb *b)
+{
+    return b->too_big;
 }
 
 void engine_gb_name(struct engine_gb *b, int32_t rule, const char *name)
@@ -70,6 +77,11 @@ void engine_gb_name(struct engine_gb *b, int32_t rule, const char *name)
 
 void engine_gb_alt(struct engine_gb *b, int32_t rule)
 {
+    if (b->too_big || b->n_alts >= ENGINE_GB_MAX_ALTS) {
+        b->too_big = 1;
+        b->cur = -1;
+        return;
+    }
     if (b->n_alts == b->cap_alts) {
         int32_t cap = b->cap_alts ? 2 * b->cap_alts : 64;
         struct balt *a = realloc(b->alts, sizeof(*a) * (size_t)cap);
@@ -87,10 +99,15 @@ void engine_gb_alt(struct engine_gb *b, int32_t rule)
 
 static struct gelem *push_elem(struct engine_gb *b)
 {
+    if (b->too_big || b->n_elems >= ENGINE_GB_MAX_ELEMS) {
+        b->too_big = 1;
+        return NULL;
+    }
     if (b->cur < 0) {
         b->oom = 1;
         return NULL;
     }
+    b->n_elems++;
     struct balt *a = &b->alts[b->cur];
     if (a->n == a->cap) {
         int32_t cap = a->cap ? 2 * a->cap : 8;

@@ -27,6 +27,8 @@ struct engine_gb {
     int32_t n_rules;          /* rules made */
     int32_t cur;              /* alternative being appended to, -1 = none */
     int oom;                  /* an allocation failed: finish reports it */
+    int too_big;              /* past ENGINE_GB_MAX_ALTS / _ELEMS: nothing more is kept */
+    int32_t n_elems;          /* elements appended, over every alternative */
     int32_t json[11];         /* the shared JSON rules once made (-1 before) */
     char **names;             /* rule names for messages (engine_gb_name), n_names entries */
     int32_t n_names;

@@ -319,6 +319,14 @@ static int sequence(struct gp *g, int32_t alt_rule, int top)
             break;
         if (n == 256)
             return gfail(g, ST_ERR_UNSUPPORTED, "more than 256 items in a sequence");
+        if (engine_gb_full(g->b)) { /* (finish would refuse it: stop reading now) */
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "the grammar is too large (more than %d alternatives or %d elements, "
+                     "repetitions counted out)",
+                     ENGINE_GB_MAX_ALTS, ENGINE_GB_MAX_ELEMS);
+            return gfail(g, ST_ERR_INVALID_ARG, msg);
+        }
         int32_t x = primary(g);
         if (x < 0)
             return 0;
