@@ -904,14 +904,26 @@ enum status batch_run_end(struct batch_run *r, const char *reason, const char *s
                           struct err_detail *err)
 {
     int64_t requeued = 0, released = 0;
+    int room = 0; /* queue_make_room tried */
     if (!strcmp(reason, "error")) {
         struct err_detail e2 = {0}; /* failing, the items go back counted, below */
-        if (queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2))
+        enum status st = queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2);
+        if (st == ST_ERR_IO && (room = 1, !queue_make_room(r->q, &e2))) {
+            /* a full disk (the usual I/O error): the WAL made room, try once more; without
+             * it the next run would find the items a dead run's, their attempts spent */
+            LOG_WARN("giving back this run's items: %s; checkpointed the WAL, trying again",
+                     e2.msg);
+            st = queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2);
+        }
+        if (st)
             LOG_WARN("giving back this run's items: %s", e2.msg);
         else if (released)
             LOG_INFO("%lld unfinished items given back to the queue", (long long)released);
     }
-    return queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
+    enum status st = queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
+    if (st == ST_ERR_IO && !room && !queue_make_room(r->q, &(struct err_detail){0}))
+        st = queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
+    return st;
 }
 
 const struct batch_stats *batch_run_stats(struct batch_run *r)

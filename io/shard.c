@@ -606,7 +606,9 @@ void io_shard_close(struct io_shard *s)
     if (!s)
         return;
     if (s->pending)
-        LOG_WARN("%s: closing with %zu unflushed records (discarded)", s->path, s->pending);
+        LOG_WARN("%s: closing with %zu records not yet written, dropped (their items are not "
+                 "committed: they go back to the queue)",
+                 s->path, s->pending);
     if (s->fd >= 0)
         close(s->fd);
     ZSTD_freeCCtx(s->cctx);

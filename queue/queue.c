@@ -6,6 +6,7 @@
 #include "common/fault.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,19 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
                        "queue %s is not an SQLite database, or its header is destroyed (%s: %s)"
                        "; if it was a queue, restore it from a backup",
                        p, what, msg);
+    if ((rc & 0xff) == SQLITE_FULL ||
+        ((rc & 0xff) == SQLITE_IOERR && db && sqlite3_system_errno(db) == ENOSPC))
+        return err_set(err, st,
+                       "queue %s: %s: %s (no space left on its file system, which also "
+                       "holds its -wal and -shm files)",
+                       p, what, msg);
     return err_set(err, st, "%s: %s", what, msg);
+}
+
+enum status queue_make_room(struct queue *q, struct err_detail *err)
+{
+    int rc = sqlite3_wal_checkpoint_v2(q->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    return rc == SQLITE_OK ? ST_OK : queue_sql_err(q, rc, "checkpointing the WAL", err);
 }
 
 enum status queue_sql_err(struct queue *q, int rc, const char *what, struct err_detail *err)

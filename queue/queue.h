@@ -565,6 +565,13 @@ enum status queue_lease_list(struct queue *q, int64_t run_id, int64_t **ids, siz
 enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
                           int64_t *n_released, struct err_detail *err);
 
+/* Make room after "database or disk is full": checkpoint the WAL into the database and cut it
+ * to zero bytes (SQLITE_CHECKPOINT_TRUNCATE; waits up to the busy timeout for other
+ * connections' readers). A small transaction after it needs no new space where it only changes
+ * existing rows: a run that failed on a full disk can still give its items back, so they keep
+ * their attempts. */
+enum status queue_make_room(struct queue *q, struct err_detail *err);
+
 /* Return every expired lease to queued (attempts kept) now; claims also do this.
  * *n_expired may be NULL. */
 enum status queue_lease_expire(struct queue *q, int64_t *n_expired, struct err_detail *err);

@@ -46,7 +46,9 @@ static const char export_usage[] =
     "run), each part's records in the order above; its bundle holds <job>/part-NNNN/ for each\n"
     "part and the combined <job>/manifest.json.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
-    "and renamed over FILE: FILE is either its old self or the complete export.\n"
+    "and renamed over FILE: FILE is either its old self or the complete export. FILE '-' or\n"
+    "/dev/stdout is standard output; a pipe or a character device is written directly; a\n"
+    "symlink is followed (the temporary file goes beside its target).\n"
     "\n"
     "  --order shard   shard by shard, results then errors (default; streams)\n"
     "  --order input   the order of the input lines (holds all records in memory)\n";
@@ -426,6 +428,44 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
     return st;
 }
 
+/* The output, *fd open for writing. "-" and "/dev/stdout" are standard output (a dup of fd 1:
+ * "--out /dev/stdout >>all.jsonl" appends, as the shell set it up). A character device, FIFO or
+ * socket is written directly (*direct = 1): renaming a file over it would replace the device
+ * node (as root, /dev/full became a regular file). A symlink to a regular file is followed:
+ * the temporary file goes beside its target (*path, realpath's, to free; the link stays). A
+ * regular file, or nothing yet, gets a temporary file beside it (tmp_create). */
+static enum status out_open(const char *out, int *fd, int *direct, char **path,
+                            struct err_detail *err)
+{
+    struct stat sb, lb;
+    *direct = 0;
+    *path = NULL;
+    if (!strcmp(out, "-") || !strcmp(out, "/dev/stdout")) {
+        if ((*fd = fcntl(1, F_DUPFD_CLOEXEC, 3)) < 0)
+            return err_set(err, ST_ERR_IO, "standard output: %s", strerror(errno));
+        *direct = 1;
+        return ST_OK;
+    }
+    if (stat(out, &sb))
+        return tmp_create(out, fd, err);
+    if (S_ISDIR(sb.st_mode))
+        return err_set(err, ST_ERR_INVALID_ARG, "%s is a directory: --out names a file", out);
+    if (S_ISREG(sb.st_mode)) {
+        if (lstat(out, &lb) || !S_ISLNK(lb.st_mode))
+            return tmp_create(out, fd, err);
+        if (!(*path = realpath(out, NULL)))
+            return err_set(err, ST_ERR_IO, "cannot resolve %s: %s", out, strerror(errno));
+        return tmp_create(*path, fd, err);
+    }
+    if (!S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode) && !S_ISSOCK(sb.st_mode))
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "%s is not a regular file, a pipe or a character device", out);
+    if ((*fd = open(out, O_WRONLY | O_CLOEXEC)) < 0)
+        return err_set(err, ST_ERR_IO, "cannot open %s: %s", out, strerror(errno));
+    *direct = 1;
+    return ST_OK;
+}
+
 /* Finish the temporary file (*fd, closed here either way) after writing it ended with st:
  * on ST_OK fsync it, rename it over out and fsync the directory; otherwise, or when any of
  * that fails, remove it. Returns st, or the status of the step that failed. */
@@ -713,7 +753,8 @@ int runner_cmd_export(int argc, char **argv)
     struct batch_parts parts;
     int dir = batch_parts_find(db, &parts, &err);
     enum fmt fmt = pick_format(out);
-    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST, rc = RUNNER_EXIT_ERROR, fd = -1;
+    int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST, rc = RUNNER_EXIT_ERROR, fd = -1, direct = 0;
+    char *real = NULL; /* out's target when out is a symlink (out_open) */
     enum status st = ST_OK;
     if (dir < 0)
         goto out;
@@ -725,7 +766,8 @@ int runner_cmd_export(int argc, char **argv)
         fprintf(stderr, "quern export: --job is required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
-    if ((st = tmp_create(out, &fd, &err)) || (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
+    if ((st = out_open(out, &fd, &direct, &real, &err)) ||
+        (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
         goto out;
     /* a partitioned queue: part by part into the one file (each part's records as they would
      * be exported alone; a .zst gets a frame per part, which zstd reads as one stream) */
@@ -745,7 +787,14 @@ int runner_cmd_export(int argc, char **argv)
         queue_close(q);
     }
     st = tar_close(&x, dir ? parts.job : NULL, st, &err);
-    if ((st = tmp_commit(out, &fd, st, &err)))
+    if (direct) {
+        if (close(fd) && !st)
+            st = err_set(&err, ST_ERR_IO, "close %s: %s", out, strerror(errno));
+        fd = -1;
+    } else {
+        st = tmp_commit(real ? real : out, &fd, st, &err);
+    }
+    if (st)
         goto out;
     if (!tar)
         fprintf(stderr, "quern export: %llu records to %s (%llu superseded left out)\n",
@@ -755,8 +804,11 @@ out:
     if (rc)
         LOG_ERROR("%s", err.msg);
     tar_close(&x, NULL, ST_ERR_IO, NULL);
-    if (fd >= 0)
-        tmp_commit(out, &fd, ST_ERR_IO, NULL);
+    if (fd >= 0 && direct)
+        close(fd);
+    else if (fd >= 0)
+        tmp_commit(real ? real : out, &fd, ST_ERR_IO, NULL);
+    free(real);
     exporter_reset(&x);
     return rc;
 }

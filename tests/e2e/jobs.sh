@@ -146,6 +146,28 @@ grep -q "bad.jsonl:7:" bad.err && fail "blank line 7 reported as bad"
 grep -q "1 blank lines skipped" bad.err || { cat bad.err; fail "blank line 7 not counted"; }
 "$Q" run --db bad.db --out out >/dev/null 2>bad.run || { cat bad.run; fail "run on bad input"; }
 "$Q" export --db bad.db --job bad --out bad.export.jsonl --order input 2>/dev/null
+# --out - and /dev/stdout are standard output (appending where the shell appends); a FIFO is
+# written directly, not renamed over (as root, a rename replaced /dev/full and /dev/stdout with
+# regular files); a symlink is followed (the link stays); a directory is refused
+"$Q" export --db bad.db --job bad --out /dev/stdout --order input 2>/dev/null >bad.stdout.jsonl ||
+    fail "export to /dev/stdout"
+[ -L /dev/stdout ] || fail "export replaced /dev/stdout"
+cmp -s bad.export.jsonl bad.stdout.jsonl || fail "export to /dev/stdout differs from the file's"
+"$Q" export --db bad.db --job bad --out - --order input 2>/dev/null >>bad.stdout.jsonl ||
+    fail "export to -"
+[ "$(wc -l <bad.stdout.jsonl)" = $((2 * $(wc -l <bad.export.jsonl))) ] || fail "export to - >>"
+mkfifo bad.fifo
+cat bad.fifo >bad.fifo.jsonl &
+"$Q" export --db bad.db --job bad --out bad.fifo --order input 2>/dev/null || fail "export to a FIFO"
+wait $!
+[ -p bad.fifo ] && cmp -s bad.export.jsonl bad.fifo.jsonl || fail "export to a FIFO"
+echo old >bad.target.jsonl
+ln -s bad.target.jsonl bad.link.jsonl
+"$Q" export --db bad.db --job bad --out bad.link.jsonl --order input 2>/dev/null || fail "export to a symlink"
+[ -L bad.link.jsonl ] && cmp -s bad.export.jsonl bad.target.jsonl || fail "export through a symlink"
+mkdir bad.dir
+"$Q" export --db bad.db --job bad --out bad.dir 2>bad.dir.err && fail "export to a directory"
+grep -q "is a directory" bad.dir.err || { cat bad.dir.err; fail "export to a directory: message"; }
 python3 - bad.export.jsonl <<'PY' || fail "bad input: export"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]

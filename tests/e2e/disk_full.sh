@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A full disk (a 2 MiB tmpfs in a private mount namespace, filled with a filler file):
+#  1. runs whose queue's file system is full fail (exit 1, the message says the file system is
+#     full) but give their items back without spending attempts: the WAL is checkpointed and
+#     truncated to make room for the give-back (before, three such runs left every unfinished
+#     item attempts_exhausted, and the next run with space answered them all with 500 errors);
+#     once space is freed one run finishes the job, every line answered once with status 200;
+#  2. with 0 bytes free, status says the file system is full (it cannot create the -shm file);
+#  3. an export to a full file system fails and leaves the old export and no temporary file.
+# Needs root (unshare -m, mount -t tmpfs); without it the script says NOT RUN and exits 0.
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+fail() {
+    echo "e2e disk_full: FAIL: $*" >&2
+    exit 1
+}
+if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
+    echo "e2e disk_full: NOT RUN (needs root for a private tmpfs)"
+    exit 0
+fi
+e2e_workdir
+python3 -c '
+for i in range(60):
+    print("{\"custom_id\": \"p%03d\", \"prompt\": \"Write a short story number %d about a cat:\", \"max_tokens\": 32, \"temperature\": 0.7}" % (i, i))' >p60.jsonl
+export Q M tmp
+unshare -m bash -s <<'INNER' || exit 1
+set -euo pipefail
+fail() {
+    echo "e2e disk_full: FAIL: $*" >&2
+    exit 1
+}
+S=$tmp/small
+mkdir -p "$S"
+mount -t tmpfs -o size=2M tmpfs "$S"
+# fill_to KIB: leave about KIB KiB free on $S
+fill_to() {
+    rm -f "$S/.filler"
+    local n=$(($(df -k --output=avail "$S" | tail -1) - $1))
+    [ "$n" -le 0 ] || fallocate -l "${n}K" "$S/.filler"
+}
+"$Q" submit --db "$S/q.db" --name j --model "$M" --out "$S/out" "$tmp/p60.jsonl" >/dev/null 2>&1 ||
+    fail "submit"
+fill_to 180
+failed=0
+for i in 1 2 3; do
+    rc=0
+    "$Q" run --db "$S/q.db" --threads 1 --flush-records 4 >/dev/null 2>"$tmp/run$i.err" || rc=$?
+    [ "$rc" = 0 ] && break
+    [ "$rc" = 1 ] || { cat "$tmp/run$i.err"; fail "1: run $i exited $rc"; }
+    failed=$((failed + 1))
+    grep -q "no space left on its file system" "$tmp/run$i.err" ||
+        grep -q "No space left on device" "$tmp/run$i.err" ||
+        { cat "$tmp/run$i.err"; fail "1: run $i does not say the disk is full"; }
+done
+[ "$failed" -ge 2 ] || fail "1: only $failed runs failed on the full disk (the test needs the disk to fill)"
+python3 - "$S/q.db" <<'PY' || fail "1: items spent attempts on a full disk"
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
+print("  after the failed runs: (state, attempts, items)", rows)
+assert all(a == 0 for s, a, n in rows if s == "queued"), rows
+assert not [r for r in rows if r[0] in ("leased", "failed")], rows
+PY
+rm -f "$S/.filler"
+"$Q" run --db "$S/q.db" --threads 1 >/dev/null 2>"$tmp/runF.err" || { cat "$tmp/runF.err"; fail "1: run after freeing space"; }
+"$Q" export --db "$S/q.db" --job j --out "$tmp/e.jsonl" 2>/dev/null || fail "1: export"
+python3 - "$tmp/e.jsonl" <<'PY' || fail "1: the job's export"
+import collections, json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+ids = collections.Counter(r["custom_id"] for r in recs)
+assert sorted(ids) == ["p%03d" % i for i in range(60)] and max(ids.values()) == 1, ids
+bad = [r["custom_id"] for r in recs if r["response"]["status_code"] != 200]
+assert not bad, bad
+PY
+echo "  1. $failed runs failed on the full queue disk; the next one answered all 60 lines, status 200"
+# 2. 0 bytes free: the queue cannot even be read (SQLite needs its -shm file)
+fill_to 0
+"$Q" status --db "$S/q.db" >/dev/null 2>"$tmp/st.err" && fail "2: status on a full disk succeeded?"
+grep -q "no space left on its file system" "$tmp/st.err" || { cat "$tmp/st.err"; fail "2: status message"; }
+rm -f "$S/.filler"
+# 3. an export onto the full file system: fails, the old export stays, no temporary file
+cp "$tmp/e.jsonl" "$S/e.jsonl"
+cp "$S/q.db" "$tmp/q2.db" # (the queue elsewhere: the write of the export is what fails)
+fill_to 4
+"$Q" export --db "$tmp/q2.db" --job j --out "$S/e.jsonl" 2>"$tmp/ex.err" && fail "3: export onto a full disk succeeded?"
+grep -q "No space left on device" "$tmp/ex.err" || { cat "$tmp/ex.err"; fail "3: export message"; }
+cmp -s "$tmp/e.jsonl" "$S/e.jsonl" || fail "3: the old export changed"
+ls "$S" | grep -q "tmp\." && fail "3: a temporary file is left"
+echo "  2-3. status with 0 bytes free says so; an export onto a full disk fails and keeps the old one"
+INNER
+echo "e2e disk_full: ok"
