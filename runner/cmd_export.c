@@ -490,6 +490,16 @@ static enum status tmp_commit(const char *out, int *fd, enum status st, struct e
 
 /* ---- formats ----------------------------------------------------------------------------- */
 
+static const char *bundle_out; /* the bundle's --out, for messages */
+
+/* A failed write to the bundle: its path, libarchive's message and the system's reason. */
+static enum status tar_fail(struct archive *a, struct err_detail *err)
+{
+    const int e = archive_errno(a);
+    return err_set(err, ST_ERR_IO, "writing the bundle %s: %s%s%s", bundle_out,
+                   archive_error_string(a), e > 0 ? ": " : "", e > 0 ? strerror(e) : "");
+}
+
 /* Add a file (its first `bytes` bytes) or a memory buffer to the tar bundle. */
 static enum status tar_add(struct archive *a, const char *name, const char *path, uint64_t bytes,
                            const char *mem, size_t mem_len, struct err_detail *err)
@@ -502,7 +512,7 @@ static enum status tar_add(struct archive *a, const char *name, const char *path
     archive_entry_set_mtime(e, time(NULL), 0);
     enum status st = ST_OK;
     if (archive_write_header(a, e) != ARCHIVE_OK)
-        st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(a));
+        st = tar_fail(a, err);
     if (!st && path) {
         FILE *f = fopen(path, "rb");
         char buf[1 << 16];
@@ -514,13 +524,13 @@ static enum status tar_add(struct archive *a, const char *name, const char *path
             if (fread(buf, 1, want, f) != want)
                 st = err_set(err, ST_ERR_IO, "%s is shorter than its committed length", path);
             else if (archive_write_data(a, buf, want) != (la_ssize_t)want)
-                st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(a));
+                st = tar_fail(a, err);
             left -= want;
         }
         if (f)
             fclose(f);
     } else if (!st && mem_len && archive_write_data(a, mem, mem_len) != (la_ssize_t)mem_len) {
-        st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(a));
+        st = tar_fail(a, err);
     }
     archive_entry_free(e);
     return st;
@@ -537,7 +547,7 @@ static enum status tar_open(struct exporter *x, int fd, int zst, struct err_deta
     if (zst && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
         return err_set(err, ST_ERR_UNSUPPORTED, "tar: %s", archive_error_string(a));
     if (archive_write_open_fd(a, fd) != ARCHIVE_OK)
-        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, archive_error_string(a));
+        return tar_fail(a, err);
     return ST_OK;
 }
 
@@ -603,7 +613,7 @@ static enum status tar_close(struct exporter *x, const char *job, enum status st
             st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
     }
     if (archive_write_close(x->tar) != ARCHIVE_OK && !st)
-        st = err_set(err, ST_ERR_IO, "tar: %s", archive_error_string(x->tar));
+        st = tar_fail(x->tar, err);
     archive_write_free(x->tar);
     x->tar = NULL;
     return st;
@@ -766,6 +776,7 @@ int runner_cmd_export(int argc, char **argv)
         fprintf(stderr, "quern export: --job is required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
+    bundle_out = out;
     if ((st = out_open(out, &fd, &direct, &real, &err)) ||
         (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
         goto out;
