@@ -99,6 +99,14 @@ size_t utf8_decode(const unsigned char *p, size_t n, uint32_t *cp, enum utf8_err
     return len;
 }
 
+size_t utf8_bad_len(const unsigned char *p, size_t n)
+{
+    size_t k = 1;
+    while (k < n && utf8_is_prefix(p, k + 1))
+        k++;
+    return k;
+}
+
 int utf8_is_prefix(const unsigned char *p, size_t n)
 {
     assert(n >= 1);

@@ -29,6 +29,13 @@ size_t utf8_decode(const unsigned char *p, size_t n, uint32_t *cp, enum utf8_err
  * could complete it (0xE2 0x82 can; 0xE0 0x80 and 0xC0 cannot); else 0. */
 int utf8_is_prefix(const unsigned char *p, size_t n);
 
+/* Where p[0..n) (n >= 1) does not start a well-formed character: how many bytes one U+FFFD
+ * replaces, its maximal subpart (Unicode 3.9, "U+FFFD Substitution of Maximal Subparts"): the
+ * longest prefix that more bytes could have completed, at least 1 ("\xE2\x82A" -> 2, then
+ * 'A'; "\xED\xA0\x80" -> 1 each). Python's bytes.decode(errors="replace") and Rust's
+ * from_utf8_lossy (Hugging Face tokenizers' decode) replace the same way. */
+size_t utf8_bad_len(const unsigned char *p, size_t n);
+
 /* Short description of a decode error ("overlong encoding"); never NULL. */
 const char *utf8_err_str(enum utf8_err e);
 

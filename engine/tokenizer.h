@@ -93,15 +93,16 @@ struct engine_tok_stream {
 
 /* Append the bytes of token id (as engine_tok_piece with include_special = 0) to out,
  * emitting only complete UTF-8 characters: a valid but incomplete trailing sequence is held
- * in s until the next push; a byte that can never become valid is emitted as U+FFFD (one per
- * byte). Returns the number of bytes of output. If that is more than cap, nothing is written,
- * s is unchanged, and the caller should retry with a buffer of at least the returned size
- * (ENGINE_TOK_STREAM_OUT_MAX(engine_tok_max_piece(t)) always suffices). */
+ * in s until the next push; bytes that can never become valid are emitted as U+FFFD, one per
+ * maximal subpart (utf8_bad_len: "\xE2\x82" then "A" gives one U+FFFD, as Hugging Face's and
+ * Python's decoders do). Returns the number of bytes of output. If that is more than cap, nothing
+ * is written, s is unchanged, and the caller should retry with a buffer of at least the returned
+ * size (ENGINE_TOK_STREAM_OUT_MAX(engine_tok_max_piece(t)) always suffices). */
 size_t engine_tok_stream_push(const struct engine_tok *t, struct engine_tok_stream *s, int32_t id,
                               char *out, size_t cap);
 
-/* End of stream: each held byte becomes U+FFFD; s is reset. Returns the byte count (at most
- * 9); when it exceeds cap nothing is written and s is unchanged. */
+/* End of stream: the held bytes (a cut-off character) become one U+FFFD; s is reset. Returns
+ * the byte count (0 or 3); when it exceeds cap nothing is written and s is unchanged. */
 size_t engine_tok_stream_flush(struct engine_tok_stream *s, char *out, size_t cap);
 
 #endif

@@ -95,10 +95,10 @@ static size_t stream_run(const unsigned char *a, size_t na, const unsigned char 
             *n_pend = (int)avail;
             break;
         }
-        if (out)
+        if (out) /* one U+FFFD for the maximal subpart */
             memcpy(out + o, "\xEF\xBF\xBD", 3);
         o += 3;
-        i++;
+        i += utf8_bad_len(q, avail);
     }
     return o;
 }
@@ -122,11 +122,11 @@ size_t engine_tok_stream_push(const struct engine_tok *t, struct engine_tok_stre
 
 size_t engine_tok_stream_flush(struct engine_tok_stream *s, char *out, size_t cap)
 {
-    size_t need = 3 * (size_t)s->n_pend;
+    size_t need = s->n_pend ? 3 : 0; /* the held bytes are one maximal subpart: one U+FFFD */
     if (need > cap)
         return need;
-    for (int i = 0; i < s->n_pend; i++)
-        memcpy(out + 3 * i, "\xEF\xBF\xBD", 3);
+    if (need)
+        memcpy(out, "\xEF\xBF\xBD", 3);
     s->n_pend = 0;
     return need;
 }

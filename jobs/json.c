@@ -120,9 +120,10 @@ void job_json_put_str(struct job_json *b, const char *s, size_t n)
                 memcpy(o, p + i, k);
                 o += k;
                 i += k;
-            } else { /* U+FFFD: 3 bytes for 1 input byte, within the reservation */
+            } else { /* one U+FFFD for the maximal subpart (at most 3 bytes for 1 input byte,
+                      * within the reservation) */
                 *o++ = (char)0xEF, *o++ = (char)0xBF, *o++ = (char)0xBD;
-                i++;
+                i += utf8_bad_len(p + i, n - i);
             }
         }
     }

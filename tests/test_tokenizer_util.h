@@ -141,6 +141,44 @@ static inline char *utf8_replace_invalid(const unsigned char *s, size_t n, size_
     return d;
 }
 
+/* Independent reference for decoded output: well-formed characters kept, and each maximal
+ * subpart of an ill-formed sequence (the longest run that Table 3-7 lets a character start
+ * with) replaced by one EF BF BD, as Python's errors="replace" does. Returns a malloc'd buffer
+ * of *out_len bytes. */
+static inline char *utf8_lossy_ref(const unsigned char *s, size_t n, size_t *out_len)
+{
+    char *d = malloc(3 * n + 1);
+    assert_non_null(d);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned c = s[i];
+        size_t len = 0;
+        unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+        if (c < 0x80)
+            len = 1;
+        else if (c >= 0xC2 && c <= 0xDF)
+            len = 2;
+        else if (c >= 0xE0 && c <= 0xEF)
+            len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        else if (c >= 0xF0 && c <= 0xF4)
+            len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        size_t j = 1; /* bytes that fit a character starting at i */
+        while (len && j < len && i + j < n && s[i + j] >= (j == 1 ? lo : 0x80) &&
+               s[i + j] <= (j == 1 ? hi : 0xBF))
+            j++;
+        if (len && j == len) {
+            memcpy(d + o, s + i, len);
+            o += len;
+        } else {
+            memcpy(d + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+        i += j;
+    }
+    *out_len = o;
+    return d;
+}
+
 /* Bytes the vocabulary has no token for are dropped by encode; remove them from s in place. */
 static inline size_t drop_tokenless_bytes(const struct engine_tok *t, char *s, size_t n)
 {

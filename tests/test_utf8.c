@@ -9,9 +9,12 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/utf8.h"
+#include "tests/test_util.h"
 
 /* One decode case: bytes, how many are readable, expected length (0 = error) and result. */
 struct dcase {
@@ -410,6 +413,82 @@ static void test_every_scalar(void **state)
     }
 }
 
+static size_t unhex(const char *h, size_t n, unsigned char *out)
+{
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        unsigned v;
+        if (sscanf(h + i, "%2x", &v) != 1)
+            fail_msg("bad hex in the fixture");
+        out[i / 2] = (unsigned char)v;
+    }
+    return n / 2;
+}
+
+/* Decoding with one U+FFFD per maximal subpart (utf8_decode, else utf8_bad_len bytes) equals
+ * Python's bytes.decode("utf-8", errors="replace") on 400 random mixes of well-formed, cut-off
+ * and ill-formed sequences (tests/fixtures/utf8_lossy_ref.txt, tools/gen_utf8_lossy.py); and
+ * utf8_bad_len on hand-picked cases. */
+static void test_bad_len(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        size_t n, want;
+    } c[] = {
+        {"\xe2\x82", 2, 2},
+        {"\xe2\x82"
+         "A",
+         3, 2},
+        {"\xf0\x9f\x98", 3, 3},
+        {"\xf0\x9f\x98"
+         "A",
+         4, 3},
+        {"\xed\xa0\x80", 3, 1},
+        {"\xc0\xaf", 2, 1},
+        {"\xf4\x90\x80\x80", 4, 1},
+        {"\x80", 1, 1},
+        {"\xff\xff", 2, 1},
+        {"\xe0\x80", 2, 1},
+        {"\xe0\xa0", 2, 2},
+        {"\xf4\x8f\xbf", 3, 3},
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+        if (utf8_bad_len((const unsigned char *)c[i].s, c[i].n) != c[i].want)
+            fail_msg("case %zu: %zu, want %zu", i,
+                     utf8_bad_len((const unsigned char *)c[i].s, c[i].n), c[i].want);
+    size_t len;
+    char *text = test_read_file("tests/fixtures/utf8_lossy_ref.txt", &len);
+    assert_non_null(text);
+    int cases = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        char *sp = strchr(line, ' ');
+        assert_non_null(sp);
+        unsigned char in[256], want[512], got[1024];
+        size_t n = unhex(line, (size_t)(sp - line), in),
+               n_want = unhex(sp + 1, strlen(sp + 1), want);
+        size_t o = 0;
+        for (size_t i = 0; i < n;) {
+            size_t k = utf8_decode(in + i, n - i, NULL, NULL);
+            if (k) {
+                memcpy(got + o, in + i, k);
+                o += k;
+                i += k;
+            } else {
+                memcpy(got + o, "\xef\xbf\xbd", 3);
+                o += 3;
+                i += utf8_bad_len(in + i, n - i);
+            }
+        }
+        if (o != n_want || memcmp(got, want, o))
+            fail_msg("fixture line %s: decoded differently from Python", line);
+        cases++;
+    }
+    free(text);
+    assert_int_equal(cases, 400);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -423,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_prefix),
         cmocka_unit_test(test_against_oracle),
         cmocka_unit_test(test_every_scalar),
+        cmocka_unit_test(test_bad_len),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
