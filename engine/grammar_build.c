@@ -189,6 +189,14 @@ int32_t engine_gb_json_ws(struct engine_gb *b)
     SHARED_END(b);
 }
 
+/* set = the bytes of s. */
+static void char_set(uint32_t set[8], const char *s)
+{
+    memset(set, 0, 8 * sizeof(uint32_t));
+    for (; *s; s++)
+        set[(unsigned char)*s >> 5] |= 1u << ((unsigned char)*s & 31);
+}
+
 int32_t engine_gb_json_string_char(struct engine_gb *b)
 {
     SHARED_BEGIN(b, J_CHAR);
@@ -200,12 +208,37 @@ int32_t engine_gb_json_string_char(struct engine_gb *b)
     static const uint32_t esc[8] = {0, 1u << 2 | 1u << 15, 1u << 28, /* " / \ */
                                     1u << 2 | 1u << 6 | 1u << 14 | 1u << 18 | 1u << 20};
     engine_gb_set(b, esc); /* b f n r t */
-    engine_gb_alt(b, r);
+    /* \uXXXX: one character, so a surrogate pair (\uD8xx-\uDBxx then \uDCxx-\uDFxx) is one
+     * (it counts once toward minLength/maxLength) and a lone surrogate is no character */
+    uint32_t hex[8], not_d[8], d[8], lo[8], hi[8], low[8];
+    char_set(hex, "0123456789abcdefABCDEF");
+    char_set(not_d, "0123456789abcefABCEF");
+    char_set(d, "dD");
+    char_set(lo, "01234567");
+    char_set(hi, "89abAB");
+    char_set(low, "cdefCDEF");
+    engine_gb_alt(b, r); /* U+0000..U+CFFF, U+E000..U+FFFF */
     engine_gb_lit(b, "\\u", 2);
-    for (int i = 0; i < 4; i++) {
-        static const uint32_t hex[8] = {0, 0x03ff0000u, 0x7e, 0x7e};
+    engine_gb_set(b, not_d);
+    for (int i = 0; i < 3; i++)
         engine_gb_set(b, hex);
-    }
+    engine_gb_alt(b, r); /* U+D000..U+D7FF */
+    engine_gb_lit(b, "\\u", 2);
+    engine_gb_set(b, d);
+    engine_gb_set(b, lo);
+    engine_gb_set(b, hex);
+    engine_gb_set(b, hex);
+    engine_gb_alt(b, r); /* a surrogate pair */
+    engine_gb_lit(b, "\\u", 2);
+    engine_gb_set(b, d);
+    engine_gb_set(b, hi);
+    engine_gb_set(b, hex);
+    engine_gb_set(b, hex);
+    engine_gb_lit(b, "\\u", 2);
+    engine_gb_set(b, d);
+    engine_gb_set(b, low);
+    engine_gb_set(b, hex);
+    engine_gb_set(b, hex);
     engine_gb_alt(b, r);
     engine_gb_ref(b, engine_gb_utf8_multibyte(b));
     SHARED_END(b);

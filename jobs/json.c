@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/utf8.h"
 
 static int json_reserve(struct job_json *b, size_t extra)
@@ -157,6 +159,58 @@ void job_json_put_float(struct job_json *b, float f)
     }
     snprintf(tmp, sizeof(tmp), "%.17g", (double)f); /* the double is exact */
     job_json_put_lit(b, tmp);
+}
+
+void job_json_put_double(struct job_json *b, double d)
+{
+    char tmp[64];
+    if (isnan(d)) {
+        job_json_put_lit(b, "null");
+        return;
+    }
+    if (isinf(d)) {
+        job_json_put_lit(b, d > 0 ? "1e999" : "-1e999");
+        return;
+    }
+    if (d == floor(d) && fabs(d) < 9007199254740992.0) {
+        job_json_put_fmt(b, "%.0f", d); /* (-0 stays "-0") */
+        return;
+    }
+    for (int prec = 15; prec < 17; prec++) {
+        snprintf(tmp, sizeof(tmp), "%.*g", prec, d);
+        if (strtod(tmp, NULL) == d) {
+            job_json_put_lit(b, tmp);
+            return;
+        }
+    }
+    snprintf(tmp, sizeof(tmp), "%.17g", d);
+    job_json_put_lit(b, tmp);
+}
+
+void job_json_put_value(struct job_json *b, const cJSON *v)
+{
+    const cJSON *it;
+    if (cJSON_IsNumber(v)) {
+        job_json_put_double(b, v->valuedouble);
+    } else if (cJSON_IsString(v)) {
+        job_json_put_cstr(b, v->valuestring);
+    } else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        const int obj = cJSON_IsObject(v);
+        job_json_put_raw(b, obj ? "{" : "[", 1);
+        cJSON_ArrayForEach(it, v)
+        {
+            if (it != v->child)
+                job_json_put_raw(b, ",", 1);
+            if (obj) {
+                job_json_put_cstr(b, it->string);
+                job_json_put_raw(b, ":", 1);
+            }
+            job_json_put_value(b, it);
+        }
+        job_json_put_raw(b, obj ? "}" : "]", 1);
+    } else {
+        job_json_put_lit(b, cJSON_IsTrue(v) ? "true" : cJSON_IsFalse(v) ? "false" : "null");
+    }
 }
 
 char *job_json_take(struct job_json *b)

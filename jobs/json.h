@@ -26,8 +26,8 @@ void job_json_put_fmt(struct job_json *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Append s[0..n) as a quoted JSON string: '"' and '\\' escaped, control characters as \n,
- * \t, \r, \b, \f or \u00XX (NUL too), each byte that does not start well-formed UTF-8 as
- * U+FFFD; everything else verbatim. s may be NULL when n is 0. */
+ * \t, \r, \b, \f or \u00XX (NUL too), U+2028/U+2029 as \u2028/\u2029, each maximal subpart of
+ * ill-formed UTF-8 as one U+FFFD; everything else verbatim. s may be NULL when n is 0. */
 void job_json_put_str(struct job_json *b, const char *s, size_t n);
 
 /* Append a JSON string for a NUL-terminated s, or null when s is NULL. */
@@ -36,6 +36,17 @@ void job_json_put_cstr(struct job_json *b, const char *s);
 /* Append the shortest decimal text that reads back (strtof) as exactly the float f; f must
  * be finite. */
 void job_json_put_float(struct job_json *b, float f);
+
+/* Append the shortest decimal text that reads back (strtod) as exactly d: integral values
+ * below 2^53 as integers, others "%.15g" to "%.17g"; an infinity as 1e999 or -1e999 (which read
+ * back as it), NaN as null. */
+void job_json_put_double(struct job_json *b, double d);
+
+/* Append v (a cJSON value) as compact JSON, its numbers by job_json_put_double, members in
+ * their order (duplicate keys kept). cJSON's own printer is lossy: its round-trip check is
+ * approximate, and 9007199254740991 printed as 9.00719925474099e+15. */
+struct cJSON;
+void job_json_put_value(struct job_json *b, const struct cJSON *v);
 
 /* Hand over the text: returns the malloc'd NUL-terminated string (caller frees) and resets
  * b, or NULL (freeing everything) if any put failed. */

@@ -1,6 +1,7 @@
 /* Pass 2 of request parsing, the typed field access shared by the field walk (describe, get, type
  * errors), and the sampling parameters, max_tokens, stop and model with the unsupported features
  * that are refused. */
+#include "jobs/json.h"
 #include "jobs/request_internal.h"
 
 #include <errno.h>
@@ -314,7 +315,9 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
     enum status st = job_schema_grammar(JOB_FORMAT_JSON_SCHEMA, schema, &g, &ed);
     if (!compiled(c, sub, g, st, &ed))
         return 0;
-    if (!(r->schema = cJSON_PrintUnformatted(schema)))
+    struct job_json text = {0}; /* numbers exact (cJSON's printer rounds some) */
+    job_json_put_value(&text, schema);
+    if (!(r->schema = job_json_take(&text)))
         return job_request_fail(c->e, JOB_ERR_INTERNAL, NULL, "out of memory");
     r->format = JOB_FORMAT_JSON_SCHEMA;
     return 1;

@@ -52,10 +52,34 @@ static int32_t compile(struct sc *c, const cJSON *s);
 
 /* ---- literals and numbers ----------------------------------------------------------------- */
 
-/* A rule matching exactly the compact JSON text of v. */
+/* 1 when every number in v reads back exactly from its text (job_json_put_double): finite, and
+ * integral ones below 2^53 in magnitude (9007199254740993 parses as 2^53: the value the user
+ * wrote is already lost, and a validator with exact integers would want it). */
+static int exact_numbers(const cJSON *v)
+{
+    if (cJSON_IsNumber(v))
+        return isfinite(v->valuedouble) &&
+               (v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) < EXACT_INT);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v)
+    {
+        if (!exact_numbers(it))
+            return 0;
+    }
+    return 1;
+}
+
+/* A rule matching exactly the compact JSON text of v (numbers in their shortest exact form). */
 static int32_t literal(struct sc *c, const cJSON *v)
 {
-    char *t = cJSON_PrintUnformatted(v);
+    if (!exact_numbers(v))
+        return fail(c, ST_ERR_UNSUPPORTED,
+                    "an enum or const number that is not finite, or an integer beyond +-2^53, is "
+                    "not supported%s%s",
+                    NULL, NULL);
+    struct job_json j = {0};
+    job_json_put_value(&j, v);
+    char *t = job_json_take(&j);
     if (!t)
         return fail(c, ST_ERR_NOMEM, "out of memory%s%s", NULL, NULL);
     int32_t r = engine_gb_rule(c->b);
@@ -139,12 +163,14 @@ static int int_bound(struct sc *c, const cJSON *s, const char *key, int up, int 
     if (!cJSON_IsNumber(v))
         return fail(c, ST_ERR_INVALID_ARG, "'%s' must be a number%s", key, NULL) + 2;
     double d = v->valuedouble;
-    if (!(fabs(d) <= EXACT_INT))
-        return fail(c, ST_ERR_UNSUPPORTED, "'%s' beyond +-2^53 is not supported%s", key, NULL) + 2;
-    double x = up ? floor(d) : ceil(d);
+    if (!(fabs(d) < EXACT_INT)) /* (2^53 + 1 parses as 2^53: the bound is lost) */
+        return fail(c, ST_ERR_UNSUPPORTED, "'%s' at or beyond +-2^53 is not supported%s", key,
+                    NULL) +
+               2;
+    const double x = up ? floor(d) : ceil(d);
+    *out = (long long)x; /* exact below 2^53; the step past an exclusive bound in integers */
     if (excl && x == d)
-        x += up ? -1 : 1;
-    *out = (long long)x;
+        *out += up ? -1 : 1;
     *has = 1;
     return 1;
 }
@@ -213,7 +239,24 @@ static void digit2(struct engine_gb *b, unsigned a_lo, unsigned a_hi, unsigned b
     engine_gb_range(b, b_lo, b_hi);
 }
 
-/* "YYYY-MM-DD" with the day within its month (February to 28: every year has them), year
+/* Alternatives of r: the two-digit multiples of 4 from 04 to 96. */
+static void mult4(struct engine_gb *b, int32_t r)
+{
+    static const uint32_t even[8] = {0, 0x155u << 16}, e48[8] = {0, 1u << 20 | 1u << 24},
+                          e2468[8] = {0, 0x154u << 16}, odd[8] = {0, 0x2aau << 16},
+                          e26[8] = {0, 1u << 18 | 1u << 22};
+    engine_gb_alt(b, r); /* 04 08 24 28 ... 88 */
+    engine_gb_set(b, even);
+    engine_gb_set(b, e48);
+    engine_gb_alt(b, r); /* 20 40 60 80 */
+    engine_gb_set(b, e2468);
+    engine_gb_lit(b, "0", 1);
+    engine_gb_alt(b, r); /* 12 16 32 36 ... */
+    engine_gb_set(b, odd);
+    engine_gb_set(b, e26);
+}
+
+/* "YYYY-MM-DD" with the day within its month (February 29 in leap years only), year
  * 0001-9999. */
 static int32_t date_rule(struct engine_gb *b)
 {
@@ -258,6 +301,18 @@ static int32_t date_rule(struct engine_gb *b)
     engine_gb_ref(b, year);
     engine_gb_lit(b, "-", 1);
     engine_gb_ref(b, md);
+    /* leap years: YY then a multiple of 4, or a multiple of 4 then 00 (0000 is no year) */
+    int32_t m4 = engine_gb_rule(b), leap = engine_gb_rule(b);
+    mult4(b, m4);
+    engine_gb_alt(b, leap);
+    digit2(b, '0', '9', '0', '9');
+    engine_gb_ref(b, m4);
+    engine_gb_alt(b, leap);
+    engine_gb_ref(b, m4);
+    engine_gb_lit(b, "00", 2);
+    engine_gb_alt(b, r);
+    engine_gb_ref(b, leap);
+    engine_gb_lit(b, "-02-29", 6);
     return r;
 }
 
@@ -275,7 +330,9 @@ static int32_t time_rule(struct engine_gb *b)
     engine_gb_lit(b, ".", 1);
     engine_gb_ref(b, digs);
     engine_gb_alt(b, off);
-    engine_gb_lit(b, "Z", 1);
+    engine_gb_range(b, 'Z', 'Z');
+    engine_gb_alt(b, off); /* (RFC 3339 allows the lower case) */
+    engine_gb_range(b, 'z', 'z');
     engine_gb_alt(b, off);
     static const uint32_t pm[8] = {0, 1u << 11 | 1u << 13};
     engine_gb_set(b, pm);
@@ -316,9 +373,10 @@ static int32_t string_rule(struct sc *c, const cJSON *s)
         } else if (!strcmp(f, "date-time")) {
             int32_t d = date_rule(b), t = time_rule(b);
             body = engine_gb_rule(b);
+            static const uint32_t tt[8] = {0, 0, 1u << 20, 1u << 20}; /* T or t */
             engine_gb_alt(b, body);
             engine_gb_ref(b, d);
-            engine_gb_lit(b, "T", 1);
+            engine_gb_set(b, tt);
             engine_gb_ref(b, t);
         } else if (!strcmp(f, "uuid")) {
             static const uint32_t hex[8] = {0, 0x03ff0000u, 0x7e, 0x7e};
@@ -575,9 +633,10 @@ static int32_t object_rule(struct sc *c, const cJSON *s)
         R[i] = engine_gb_rule(b);
     }
     for (i = 0; i <= n; i++) {
-        if (i == n) {
+        if (i == n) { /* the end: after a member, whitespace may come before the brace */
             engine_gb_alt(b, F[i]);
             engine_gb_alt(b, R[i]);
+            engine_gb_ref(b, ws);
             continue;
         }
         engine_gb_alt(b, F[i]);
@@ -596,16 +655,11 @@ static int32_t object_rule(struct sc *c, const cJSON *s)
             engine_gb_ref(b, R[i + 1]);
         }
     }
-    int32_t r = engine_gb_rule(b), body = F[0];
-    int any_required = 0;
-    for (i = 0; i < n; i++)
-        any_required |= !opt[i];
+    int32_t r = engine_gb_rule(b);
     engine_gb_alt(b, r);
     engine_gb_lit(b, "{", 1);
     engine_gb_ref(b, ws);
-    engine_gb_ref(b, body);
-    if (any_required) /* F_0 wrote something: close after optional whitespace */
-        engine_gb_ref(b, ws);
+    engine_gb_ref(b, F[0]);
     engine_gb_lit(b, "}", 1);
     free(kv);
     free(opt);
@@ -675,7 +729,7 @@ static int32_t ref_rule(struct sc *c, const char *ref)
         int defs = ref[2] == '$';
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(c->root, defs ? "$defs" : "definitions");
         target = d ? cJSON_GetObjectItemCaseSensitive(d, ref + (defs ? 8 : 14)) : NULL;
-        if (strchr(ref + (defs ? 8 : 14), '/') || strchr(ref, '~'))
+        if (strchr(ref + (defs ? 8 : 14), '/') || strchr(ref, '~') || strchr(ref, '%'))
             return fail(c, ST_ERR_UNSUPPORTED,
                         "$ref '%s': only #/$defs/NAME and "
                         "#/definitions/NAME are supported%s",
@@ -732,6 +786,32 @@ static const char *const handled[] = {"type",
                                       "exclusiveMaximum",
                                       NULL};
 
+/* The type a handled keyword constrains ("object", "array", "string", "number"), or NULL for
+ * the keywords that are not constraints of one type (type, nullable, enum, const, anyOf,
+ * $ref). */
+static const char *kind_of(const char *k)
+{
+    static const char *const kinds[][2] = {
+        {"properties", "object"},
+        {"required", "object"},
+        {"additionalProperties", "object"},
+        {"items", "array"},
+        {"minItems", "array"},
+        {"maxItems", "array"},
+        {"minLength", "string"},
+        {"maxLength", "string"},
+        {"format", "string"},
+        {"minimum", "number"},
+        {"maximum", "number"},
+        {"exclusiveMinimum", "number"},
+        {"exclusiveMaximum", "number"},
+    };
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (!strcmp(kinds[i][0], k))
+            return kinds[i][1];
+    return NULL;
+}
+
 static int listed(const char *const *list, const char *k)
 {
     for (; *list; list++)
@@ -779,6 +859,16 @@ static int32_t compile(struct sc *c, const cJSON *s)
                  "schema is not supported%s%s",
                  NULL, NULL);
         goto out;
+    }
+    if (en || cn || any) { /* their neighbours would be ignored: refuse them, as for $ref */
+        for (const char *const *h = handled; *h; h++)
+            if (kind_of(*h) && cJSON_GetObjectItemCaseSensitive(s, *h)) {
+                r = fail(c, ST_ERR_UNSUPPORTED, "'%s' next to %s is not supported", *h,
+                         en   ? "enum"
+                         : cn ? "const"
+                              : "anyOf");
+                goto out;
+            }
     }
     if (ref) {
         if (!cJSON_IsString(ref)) {
@@ -850,10 +940,29 @@ static int32_t compile(struct sc *c, const cJSON *s)
         }
         goto out;
     }
-    if (!type) { /* untyped: what the keywords imply, else any value */
-        const char *t = cJSON_GetObjectItemCaseSensitive(s, "properties") ? "object"
-                        : cJSON_GetObjectItemCaseSensitive(s, "items")    ? "array"
-                                                                          : NULL;
+    if (!type) { /* untyped: the one type its keywords constrain (values of the other types
+                  * would be valid too: never written, so never wrong), else any value */
+        const char *t = NULL, *kw = NULL;
+        for (const char *const *h = handled; *h; h++) {
+            const char *kt = kind_of(*h);
+            if (!kt || !cJSON_GetObjectItemCaseSensitive(s, *h))
+                continue;
+            if (!strcmp(kt, "number")) {
+                r = fail(c, ST_ERR_UNSUPPORTED,
+                         "'%s' without 'type' is not supported (give \"integer\" or "
+                         "\"number\")%s",
+                         *h, NULL);
+                goto out;
+            }
+            if (t && strcmp(t, kt)) {
+                r = fail(c, ST_ERR_UNSUPPORTED,
+                         "'%s' and '%s' (keywords of two types) without 'type' are not supported",
+                         kw, *h);
+                goto out;
+            }
+            t = kt;
+            kw = *h;
+        }
         if (!add_alt(b, r, t ? type_rule(c, s, t) : engine_gb_json_value(b)))
             r = -1;
         goto out;
@@ -879,10 +988,54 @@ out:
     return c->st ? -1 : r;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A key that appears twice in one object anywhere in v (NULL: none; *oom on a failure to
+ * allocate). cJSON keeps both and reads the first, Python's json the last: the schema would
+ * mean one thing to quern and another to the user's validator. */
+static const char *dup_key(const cJSON *v, int *oom)
+{
+    const cJSON *it;
+    int n = 0;
+    cJSON_ArrayForEach(it, v)
+    {
+        const char *d = dup_key(it, oom);
+        if (d || *oom)
+            return d;
+        n++;
+    }
+    if (!cJSON_IsObject(v) || n < 2)
+        return NULL;
+    const char **k = malloc(sizeof(char *) * (size_t)n);
+    if (!k) {
+        *oom = 1;
+        return NULL;
+    }
+    n = 0;
+    cJSON_ArrayForEach(it, v) k[n++] = it->string;
+    qsort(k, (size_t)n, sizeof(char *), cmp_str);
+    const char *d = NULL;
+    for (int i = 1; i < n && !d; i++)
+        if (!strcmp(k[i - 1], k[i]))
+            d = k[i];
+    free(k);
+    return d;
+}
+
 enum status job_schema_grammar(enum job_format format, const cJSON *schema,
                                struct engine_grammar **out, struct err_detail *err)
 {
     *out = NULL;
+    int oom = 0;
+    const char *dup = format == JOB_FORMAT_JSON_SCHEMA ? dup_key(schema, &oom) : NULL;
+    if (oom)
+        return err_set(err, ST_ERR_NOMEM, "schema: out of memory");
+    if (dup)
+        return err_set(err, ST_ERR_INVALID_ARG, "schema: key '%.200s' appears twice in one object",
+                       dup);
     struct sc c = {0};
     enum status st = engine_gb_new(&c.b, err);
     if (st)

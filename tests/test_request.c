@@ -148,6 +148,15 @@ static void check_json_schema(const struct job_request *r)
                                    "\"integer\"}},\"required\":[\"a\"]}");
 }
 
+/* the stored schema keeps its numbers exact (cJSON's printer made 9007199254740991 into
+ * 9.00719925474099e+15, and the run compiled other bounds than submit checked) */
+static void check_schema_numbers(const struct job_request *r)
+{
+    assert_string_equal(r->schema, "{\"type\":\"integer\",\"minimum\":9007199254740991,"
+                                   "\"maximum\":9007199254740991,\"description\":"
+                                   "[0.30000000000000004,-0,1e999]}");
+}
+
 static void check_unicode(const struct job_request *r)
 {
     assert_string_equal(r->prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\x97\xa5 \\u0000 /");
@@ -250,6 +259,11 @@ static const struct line_case cases[] = {
                "\"strict\":true,\"schema\":{\"type\": \"object\", \"properties\": {\"a\": "
                "{\"type\": \"integer\"}}, \"required\": [\"a\"]}}}"),
          check_json_schema),
+    GOOD("response_format json_schema: numbers stored exactly",
+         CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+              "{\"type\":\"integer\",\"minimum\":9007199254740991,\"maximum\":9007199254740991,"
+              "\"description\":[0.30000000000000004,-0.0,1e400]}}}"),
+         check_schema_numbers),
     GOOD("n 3, logprobs true, top_logprobs 4",
          BATCH(",\"n\":3,\"logprobs\":true,\"top_logprobs\":4"), check_n3_logprobs),
     GOOD("completions' integer logprobs 0: the chosen tokens only",
