@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -162,16 +163,19 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     enum status st = batch_out_hold(r->out, c->id, err);
     if (st)
         return st;
-    if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
-        return item_error(r, c->id, c->custom_id, 500, "attempts_exhausted", msg, NULL, err);
-    }
-    if (!c->payload) { /* a line rejected at submit: its error record, as submit found it */
+    /* a line rejected at submit: its error record, as submit found it, however many runs died
+     * holding it (it cannot be what crashed them: the attempts guard is not for it; before,
+     * three kill -9s turned its reason into attempts_exhausted and its custom_id into null) */
+    if (!c->payload) {
         const char *code = c->error_code ? c->error_code : "invalid_request";
         const char *msg = c->error_msg ? c->error_msg : "the line was rejected at submit";
         char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg);
         return batch_out_error(r->out, c->id, line, code, msg, err);
+    }
+    if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
+        return item_error(r, c->id, c->custom_id, 500, "attempts_exhausted", msg, NULL, err);
     }
     struct job_request *req = NULL;
     struct job_error je = {0};
@@ -852,6 +856,18 @@ static enum status job_shard_count(struct batch_run *r, int64_t *n_shards, struc
     return st;
 }
 
+/* 1 when r->job's output directory holds a manifest.json. */
+static int manifest_written(struct batch_run *r)
+{
+    char dir[4096], path[4200];
+    struct stat sb;
+    struct err_detail e = {0};
+    if (batch_job_dir(r->q, &r->job, NULL, 0, dir, sizeof(dir), &e))
+        return 0;
+    snprintf(path, sizeof(path), "%s/manifest.json", dir);
+    return !stat(path, &sb);
+}
+
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 {
     int result = 1, remains = 0;
@@ -866,8 +882,11 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
             (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
             result = -1;
         /* cancelled before any output: nothing to seal, except in a part, whose manifest
-         * (empty) the job's combined one waits for to be complete */
-        if (result < 0 || (!shards && !parts)) {
+         * (empty) the job's combined one waits for to be complete, or where a stopped run
+         * wrote one already (it says complete: false until sealed) */
+        if (result >= 0 && !shards && !parts && !manifest_written(r))
+            shards = -1;
+        if (result < 0 || shards < 0) {
             queue_job_free(&r->job);
             memset(&r->job, 0, sizeof(r->job));
             continue;

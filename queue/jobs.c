@@ -10,9 +10,7 @@
 
 /* ---- jobs ------------------------------------------------------------------------------ */
 
-/* Names become directory names: [A-Za-z0-9._-]{1,128}, no leading '.', not all digits (so
- * that queue_job_find can tell names from ids). */
-static enum status check_job_name(const char *name, struct err_detail *err)
+enum status queue_job_name_check(const char *name, struct err_detail *err)
 {
     if (!name || !*name)
         return err_set(err, ST_ERR_INVALID_ARG, "job name is empty");
@@ -42,7 +40,7 @@ enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec,
 {
     QUEUE_ERR_LOCAL(err);
     *job_id = 0;
-    enum status st = check_job_name(spec->name, err);
+    enum status st = queue_job_name_check(spec->name, err);
     if (st != ST_OK)
         return st;
     if (!spec->model_path || !spec->out_dir)

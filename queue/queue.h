@@ -242,6 +242,10 @@ struct queue_job {
 enum status queue_job_create(struct queue *q, const struct queue_job_spec *spec, int64_t *job_id,
                              struct err_detail *err);
 
+/* A job name becomes a directory name: [A-Za-z0-9._-]{1,128}, no leading '.', not all digits
+ * (so that queue_job_find can tell names from ids); else ST_ERR_INVALID_ARG saying why. */
+enum status queue_job_name_check(const char *name, struct err_detail *err);
+
 /* Fill *out (caller-owned struct, strings freed with queue_job_free) from the job with this id,
  * or ST_ERR_NOT_FOUND. */
 enum status queue_job_get(struct queue *q, int64_t job_id, struct queue_job *out,

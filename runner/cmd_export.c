@@ -33,7 +33,9 @@ static const char export_usage[] =
     "       quern export --db PARTS_DIR --out FILE [--order shard|input]\n"
     "\n"
     "Write the job's output records to FILE: .jsonl, .jsonl.zst, or a .tar/.tar.zst bundle\n"
-    "(shards, manifest.json and submit-time errors, unchanged). Records of items still\n"
+    "(shards, manifest.json and submit-time errors, unchanged); any other name gets plain\n"
+    "JSONL, except a compressed or archive name quern does not write (.gz, .tgz, .zip, .bz2,\n"
+    ".xz, .lz4, .7z), which is refused. Records of items still\n"
     "queued or running are not there yet; run `quern status` to see what is left.\n"
     "\n"
     "In .jsonl and .jsonl.zst each finished item has exactly one record: the one at the\n"
@@ -46,9 +48,9 @@ static const char export_usage[] =
     "run), each part's records in the order above; its bundle holds <job>/part-NNNN/ for each\n"
     "part and the combined <job>/manifest.json.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
-    "and renamed over FILE: FILE is either its old self or the complete export. FILE '-' or\n"
-    "/dev/stdout is standard output; a pipe or a character device is written directly; a\n"
-    "symlink is followed (the temporary file goes beside its target).\n"
+    "and renamed over FILE: FILE is either its old self or the complete export (a symlink\n"
+    "there is replaced, its target untouched). FILE '-' or /dev/stdout is standard output; a\n"
+    "pipe or a character device is written directly.\n"
     "\n"
     "  --order shard   shard by shard, results then errors (default; streams)\n"
     "  --order input   the order of the input lines (holds all records in memory)\n";
@@ -194,7 +196,7 @@ struct item {
     char *line;           /* record held for --order input (owned) */
 };
 
-enum fmt { FMT_JSONL, FMT_JSONL_ZST, FMT_TAR, FMT_TAR_ZST };
+enum fmt { FMT_JSONL, FMT_JSONL_ZST, FMT_TAR, FMT_TAR_ZST, FMT_UNSUPPORTED };
 
 struct exporter {
     struct queue_job job;      /* the job */
@@ -360,6 +362,10 @@ static enum fmt pick_format(const char *path)
         return FMT_TAR;
     if (ENDS(".zst"))
         return FMT_JSONL_ZST;
+    static const char *const other[] = {".gz", ".tgz", ".zip", ".bz2", ".xz", ".lz4", ".7z"};
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
+        if (ENDS(other[i]))
+            return FMT_UNSUPPORTED; /* plain JSONL under that name would fail far away */
 #undef ENDS
     return FMT_JSONL;
 }
@@ -430,16 +436,14 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
 
 /* The output, *fd open for writing. "-" and "/dev/stdout" are standard output (a dup of fd 1:
  * "--out /dev/stdout >>all.jsonl" appends, as the shell set it up). A character device, FIFO or
- * socket is written directly (*direct = 1): renaming a file over it would replace the device
- * node (as root, /dev/full became a regular file). A symlink to a regular file is followed:
- * the temporary file goes beside its target (*path, realpath's, to free; the link stays). A
- * regular file, or nothing yet, gets a temporary file beside it (tmp_create). */
-static enum status out_open(const char *out, int *fd, int *direct, char **path,
-                            struct err_detail *err)
+ * socket (or a symlink to one) is written directly (*direct = 1): renaming a file over it would
+ * replace the device node (as root, /dev/full became a regular file). A regular file, a symlink
+ * to one (the link is replaced, its target never written: it may have been planted), or
+ * nothing yet gets a temporary file beside it (tmp_create). */
+static enum status out_open(const char *out, int *fd, int *direct, struct err_detail *err)
 {
-    struct stat sb, lb;
+    struct stat sb;
     *direct = 0;
-    *path = NULL;
     if (!strcmp(out, "-") || !strcmp(out, "/dev/stdout")) {
         if ((*fd = fcntl(1, F_DUPFD_CLOEXEC, 3)) < 0)
             return err_set(err, ST_ERR_IO, "standard output: %s", strerror(errno));
@@ -450,13 +454,8 @@ static enum status out_open(const char *out, int *fd, int *direct, char **path,
         return tmp_create(out, fd, err);
     if (S_ISDIR(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG, "%s is a directory: --out names a file", out);
-    if (S_ISREG(sb.st_mode)) {
-        if (lstat(out, &lb) || !S_ISLNK(lb.st_mode))
-            return tmp_create(out, fd, err);
-        if (!(*path = realpath(out, NULL)))
-            return err_set(err, ST_ERR_IO, "cannot resolve %s: %s", out, strerror(errno));
-        return tmp_create(*path, fd, err);
-    }
+    if (S_ISREG(sb.st_mode))
+        return tmp_create(out, fd, err);
     if (!S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode) && !S_ISSOCK(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG,
                        "%s is not a regular file, a pipe or a character device", out);
@@ -758,13 +757,19 @@ int runner_cmd_export(int argc, char **argv)
         fprintf(stderr, "quern export: --db and --out are required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
+    if (pick_format(out) == FMT_UNSUPPORTED) {
+        fprintf(stderr,
+                "quern export: %s: quern writes .jsonl, .jsonl.zst, .tar or .tar.zst (and "
+                "plain JSONL under other names), not this compression\n",
+                out);
+        return RUNNER_EXIT_USAGE;
+    }
     struct err_detail err = {0};
     x.err = &err;
     struct batch_parts parts;
     int dir = batch_parts_find(db, &parts, &err);
     enum fmt fmt = pick_format(out);
     int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST, rc = RUNNER_EXIT_ERROR, fd = -1, direct = 0;
-    char *real = NULL; /* out's target when out is a symlink (out_open) */
     enum status st = ST_OK;
     if (dir < 0)
         goto out;
@@ -777,7 +782,7 @@ int runner_cmd_export(int argc, char **argv)
         return RUNNER_EXIT_USAGE;
     }
     bundle_out = out;
-    if ((st = out_open(out, &fd, &direct, &real, &err)) ||
+    if ((st = out_open(out, &fd, &direct, &err)) ||
         (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
         goto out;
     /* a partitioned queue: part by part into the one file (each part's records as they would
@@ -803,7 +808,7 @@ int runner_cmd_export(int argc, char **argv)
             st = err_set(&err, ST_ERR_IO, "close %s: %s", out, strerror(errno));
         fd = -1;
     } else {
-        st = tmp_commit(real ? real : out, &fd, st, &err);
+        st = tmp_commit(out, &fd, st, &err);
     }
     if (st)
         goto out;
@@ -818,8 +823,7 @@ out:
     if (fd >= 0 && direct)
         close(fd);
     else if (fd >= 0)
-        tmp_commit(real ? real : out, &fd, ST_ERR_IO, NULL);
-    free(real);
+        tmp_commit(out, &fd, ST_ERR_IO, NULL);
     exporter_reset(&x);
     return rc;
 }

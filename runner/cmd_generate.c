@@ -33,7 +33,7 @@ static const char gen_usage[] =
     "                         what the model's tokenizer.chat_template is recognised as\n"
     "  --special              let --prompt text contain special tokens like <|im_start|>\n"
     "  --max-tokens N         tokens to generate at most (default 256)\n"
-    "  --temperature T        0 = greedy (default 0.8)\n"
+    "  --temperature T        0 = greedy, up to 2 (default 0.8)\n"
     "  --top-k K              keep the K most likely tokens, 0 = off (default 40)\n"
     "  --top-p P              nucleus sampling mass, 1 = off (default 0.95)\n"
     "  --min-p P              drop tokens below P x the top probability (default 0)\n"
@@ -130,7 +130,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
             o->sp.top_k = (int32_t)l;
             break;
         case OPT_TEMP:
-            if (!runner_parse_float("generate", "temperature", optarg, 0, 100, &o->sp.temperature))
+            if (!runner_parse_float("generate", "temperature", optarg, 0, 2, &o->sp.temperature))
                 return 0;
             break;
         case OPT_TOPP:

@@ -130,9 +130,9 @@ static const char *combined_state(const cJSON *parts)
         cancelled += !strcmp(s, "cancelled");
         started += strcmp(s, "queued") != 0 || num(e, "done") + num(e, "failed") > 0;
     }
-    if (cancelled == n)
+    if (cancelled && done + cancelled == n) /* as a single queue's job with cancelled items */
         return "cancelled";
-    if (done + cancelled == n)
+    if (done == n)
         return "done";
     return started ? "running" : "queued";
 }

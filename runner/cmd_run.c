@@ -35,7 +35,8 @@ static const char run_usage[] =
     "\n"
     "Process queued items (of --job, else of every job in turn) and write OpenAI Batch output\n"
     "lines to DIR/<job>/results-NNNNN.jsonl.zst and errors-NNNNN.jsonl.zst, plus\n"
-    "DIR/<job>/manifest.json when the job is drained. Safe to kill at any moment: rerun to\n"
+    "DIR/<job>/manifest.json (written at each stop, \"complete\" once the job is drained).\n"
+    "Safe to kill at any moment: rerun to\n"
     "resume; every item ends up in the output exactly once.\n"
     "Exit codes: 0 every item of the selected jobs is finished; 75 work remains (stopped by a\n"
     "signal or --max-runtime, or --no-wait while other runs hold items; rerun to resume);\n"
@@ -449,8 +450,16 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
             return rc;
     }
     for (int k = 0; k < p->n && (rc == RUNNER_EXIT_OK || rc == RUN_EXIT_TEMPFAIL); k++) {
-        if (g_signals || (max_rt > 0 && runner_now() - t0 >= max_rt))
+        if (g_signals || (max_rt > 0 && runner_now() - t0 >= max_rt)) {
+            /* stopped with parts this run would have worked on still to do: 75, not the last
+             * part's 0 (exit 0 means every item is finished) */
+            for (int j = k; j < p->n; j++)
+                if (j != own && part_free_with_work(p, j, own >= 0)) {
+                    rc = RUN_EXIT_TEMPFAIL;
+                    break;
+                }
             break;
+        }
         if (k == own || !part_free_with_work(p, k, own >= 0))
             continue;
         if (max_rt > 0)

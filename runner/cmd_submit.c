@@ -53,7 +53,8 @@ static const char submit_usage[] =
     "                         max_tokens x n) are balanced; for Slurm arrays across hosts\n"
     "                         (`quern run --db DIR --part K`). Prints DIR instead of the job id\n"
     "  --model PATH           GGUF model for the job (default " RUNNER_DEFAULT_MODEL ")\n"
-    "  --name NAME            job name ([A-Za-z0-9._-], not all digits; default job-<time>)\n"
+    "  --name NAME            job name ([A-Za-z0-9._-], at most 128, not all digits, no\n"
+    "                         leading '.'; default job-<time>)\n"
     "  --out DIR              output root recorded with the job (default out)\n"
     "  --max-tokens N         default max_tokens (default 256)\n"
     "  --temperature T        default temperature (default 1, as OpenAI)\n"
@@ -115,7 +116,15 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
         switch (c) {
         case S_DB: o->db = optarg; break;
         case S_MODEL: o->model = optarg; break;
-        case S_NAME: o->name = optarg; break;
+        case S_NAME: { /* checked now: before the model is hashed or the queue made */
+            struct err_detail ne = {0};
+            if (queue_job_name_check(optarg, &ne)) {
+                fprintf(stderr, "quern submit: --name: %s\n", ne.msg);
+                return 0;
+            }
+            o->name = optarg;
+            break;
+        }
         case S_OUT: o->out = optarg; break;
         case S_STRICT: o->strict = 1; break;
         case S_MAXTOK:

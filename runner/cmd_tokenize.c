@@ -14,7 +14,8 @@
 static const char tok_usage[] =
     "usage: quern tokenize [--model PATH] [--chat [--chat-template NAME]] [--special] < TEXT\n"
     "\n"
-    "Read text from stdin and print its token ids as a JSON array on stdout.\n"
+    "Read text from stdin and print its token ids as a JSON array on stdout. Plain text gets\n"
+    "no BOS token (`quern generate --prompt` adds the model's, where it has one).\n"
     "\n"
     "  --model PATH   GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --chat         treat stdin as one user message and render the chat template around\n"
@@ -23,7 +24,8 @@ static const char tok_usage[] =
     "                 chatml, gemma, llama2, llama3, mistral or phi3 instead of the\n"
     "                 model's recognised template\n"
     "  --special      recognise special-token text such as <|im_end|> in the input\n"
-    "                 (by default it is tokenized as plain text)\n"
+    "                 (by default it is tokenized as plain text); with --chat, in the\n"
+    "                 message too (`quern generate --chat` never does)\n"
     "  -h, --help     this help\n";
 
 int runner_cmd_tokenize(int argc, char **argv)

@@ -83,17 +83,43 @@ void runner_engine_longopts(struct option *dst, size_t cap, const struct option 
     memset(&dst[k], 0, sizeof(dst[k]));
 }
 
+/* 1 when s is one of the "|"-separated names. */
+static int one_of(const char *s, const char *names)
+{
+    const size_t n = strlen(s);
+    for (const char *p = names; *p;) {
+        const char *e = strchr(p, '|');
+        const size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && !strncmp(p, s, n))
+            return 1;
+        p += k + (e != NULL);
+    }
+    return 0;
+}
+
+static int usage_bad(const char *cmd, const char *opt, const char *arg, const char *names)
+{
+    fprintf(stderr, "quern %s: unknown --%s '%s' (%s)\n", cmd, opt, arg, names);
+    return -1;
+}
+
 int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_engine_opts *o)
 {
     long l;
     switch (c) {
-    case RUNNER_EO_OPT_DEVICE:
+    case RUNNER_EO_OPT_DEVICE: /* names checked here: a usage error, before any loading */
+        if (!one_of(arg, "auto|cpu|cuda"))
+            return usage_bad(cmd, "device", arg, "auto|cpu|cuda");
         o->device = arg;
         return 1;
     case RUNNER_EO_OPT_ISA:
+        if (!one_of(arg, "auto|scalar|avx2|avxvnni|avx-vnni|avx512|amx"))
+            return usage_bad(cmd, "isa", arg, "auto|scalar|avx2|avxvnni|avx512|amx");
         o->isa = arg;
         return 1;
     case RUNNER_EO_OPT_DUMMY:
+        if (!one_of(arg, engine_dummy_names()))
+            return usage_bad(cmd, "dummy", arg, engine_dummy_names());
         o->dummy = arg;
         return 1;
     case RUNNER_EO_OPT_NOPREFIX:

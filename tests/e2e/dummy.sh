@@ -3,7 +3,7 @@
 # at --tp 3, and the same as the file build/tools/dummy_gguf writes for that preset and seed
 # (the in-memory model is the file); a dummy's tokenizer from another GGUF (an 8-layer dummy
 # file) gives the same text; bench reports the dummy; plan --dummy llama3-70b with --tp 8 and
-# --mem gives per-rank numbers without touching 37 GiB of weights; an unknown preset is exit 1.
+# --mem gives per-rank numbers without touching 37 GiB of weights; an unknown preset is exit 2.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -93,7 +93,7 @@ set +e
 "$Q" generate --model "$M" --dummy llama3-9b --prompt hi >/dev/null 2>"$tmp/bad.err"
 rc=$?
 set -e
-[ $rc -eq 1 ] || fail "unknown preset: exit $rc, want 1"
-grep -q "unknown dummy preset 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b)" \
+[ $rc -eq 2 ] || fail "unknown preset: exit $rc, want 2 (a usage error)"
+grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b)" \
     "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
 echo "dummy.sh: ok"

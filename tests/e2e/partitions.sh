@@ -23,7 +23,8 @@
 #  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts;
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
 #     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
-#     --max-runtime taken from SLURM_JOB_END_TIME.
+#     --max-runtime taken from SLURM_JOB_END_TIME;
+#  8. a run stopped with a part left exits 75; a job with a part cancelled is "cancelled".
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 SBATCH=$(realpath examples/quern-array.sbatch)
@@ -390,4 +391,29 @@ PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS
 grep -q "SLURM_JOB_END_TIME: --max-runtime 34[0-9][0-9] s" sb2.log ||
     fail "the allocation's end did not set --max-runtime"
 [ "$(wc -l <scontrol.log)" -eq 1 ] || fail "a finished task requeued itself"
+
+# 8. (found by a kill -9 chaos audit) a run without --part stopped by --max-runtime after its
+# first part, with another part untouched, exits 75, not 0; a job with one part done and one
+# cancelled is "cancelled" in status, as its combined manifest says (status said "done")
+# (part 0's two items, 200 letters each by grammar, are in flight when --max-runtime stops the
+# claims and finish in the grace: part 0 drained, its run exited 0, and so did quern run)
+python3 -c '
+import json
+for i in range(4):
+    print(json.dumps({"custom_id": "g%d" % i, "prompt": "Letters:", "max_tokens": 400,
+                      "grammar": "root ::= ([a-z] \" \"){200}"}))' >jh.jsonl
+"$Q" submit --db H --partitions 2 --name jh --model "$M" jh.jsonl >/dev/null 2>&1 || fail "8: submit"
+rc=0
+"$Q" run --db H --threads 1 --grace 60 --max-runtime 0.5 >/dev/null 2>h.log || rc=$?
+[ $rc = 75 ] || { cat h.log; fail "8: a stopped run with a part left exited $rc"; }
+make_job I ji 2 20 4
+"$Q" run --db I --part 1 --no-take-over --threads 1 >/dev/null 2>i.log || { cat i.log; fail "8: part 1"; }
+"$Q" cancel --db I 2>/dev/null || fail "8: cancel"
+"$Q" run --db I --part 0 --threads 1 >/dev/null 2>>i.log || { cat i.log; fail "8: part 0"; }
+"$Q" status --db I --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+assert s["state"] == "cancelled" and s["cancelled"] > 0, (s["state"], s["cancelled"])
+assert json.load(open("out/ji/manifest.json"))["cancelled"] is True' ||
+    fail "8: the state of a job with a cancelled part"
 echo "partitions: ok"

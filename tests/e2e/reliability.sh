@@ -300,6 +300,26 @@ check_job e1.db eight 6 o8
 echo '{"complete": false}' >o8/eight/manifest.json
 "$Q" status --db e1.db >/dev/null 2>>e8.log || fail "9: status"
 check_job e1.db eight 6 o8
+# a job stopped before its first commit (its manifest says complete: false), then cancelled:
+# the next run seals it (only status did, before)
+echo '{"custom_id":"k","prompt":"Letters:","max_tokens":400,"grammar":"root ::= ([a-z] \" \"){200}"}' >nine.jsonl
+"$Q" submit --db nine.db --name nine --model "$M" --out o9 nine.jsonl >/dev/null 2>&1 || fail "9: submit"
+"$Q" run --db nine.db --threads 1 --grace 0 >/dev/null 2>>e8.log &
+pid=$!
+for _ in $(seq 600); do # (until its item is claimed)
+    "$Q" status --db nine.db --job nine --json 2>/dev/null | grep -q '"leased":1' && break
+    sleep 0.1
+done
+kill -TERM $pid
+rc=0
+wait $pid || rc=$?
+[ $rc = 75 ] || fail "9: the stopped run exited $rc"
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["complete"] is False' \
+    o9/nine/manifest.json || fail "9: the stopped run wrote no manifest"
+"$Q" cancel --db nine.db --job nine 2>/dev/null || fail "9: cancel"
+"$Q" run --db nine.db >/dev/null 2>>e8.log || fail "9: run after the cancel"
+python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); assert m["complete"] and m.get("cancelled"), m' \
+    o9/nine/manifest.json || fail "9: the cancelled job's manifest was not sealed by run"
 
 # 10a. run on a mistyped --db is an error and creates nothing; --create makes an empty queue
 set +e
