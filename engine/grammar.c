@@ -227,7 +227,7 @@ static int32_t intern(struct engine_grammar *g)
     if (n)
         memcpy(g->state_frames + g->n_sf, g->tmp, sizeof(int32_t) * n);
     g->states[g->n_states] =
-        (struct state){(int32_t)g->n_sf, (int32_t)n, g->tmp_accept, NULL, NULL};
+        (struct state){.off = (int32_t)g->n_sf, .n = (int32_t)n, .accept = g->tmp_accept};
     g->n_sf += n;
     g->shash[h] = ++g->n_states;
     g->oom = 0;

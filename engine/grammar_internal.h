@@ -49,6 +49,8 @@ struct state {
                         * allocation) 256 uint16_t: each computed step's frame expansions,
                         * at most 65535 (engine_grammar_step_cost) */
     uint32_t *mask;    /* allowed tokens, or NULL */
+    uint32_t wepoch;   /* the mask computation (mask_epoch) that last counted its steps */
+    uint32_t wseen[8]; /* bytes whose step that computation counted already */
 };
 
 struct engine_grammar {
@@ -87,6 +89,7 @@ struct engine_grammar {
     const struct engine_vocab *vocab; /* the vocabulary the cached masks are for */
     size_t mask_bytes;
     uint64_t n_computed, n_cached, n_cut;
+    uint32_t mask_epoch; /* mask computations begun (each state's wepoch refers to one) */
     int32_t *dfs;        /* trie walk stack: (node, state) pairs */
     size_t cap_dfs;
 };

@@ -153,16 +153,29 @@ const uint32_t *engine_grammar_mask(struct engine_grammar *g, int32_t s,
         g->dfs[sp++] = (node_);                                                                    \
         g->dfs[sp++] = (st_);                                                                      \
     } while (0)
-    uint64_t work = 0; /* the steps' expansions, cached or not (engine_grammar_step_cost) */
+    /* the work: the expansions of every distinct step the walk takes, cached or not
+     * (engine_grammar_step_cost) -- what computing this mask from a cold grammar costs, a
+     * function of the state alone */
+    uint64_t work = 0;
     int cut = 0;
+    const uint32_t epoch = ++g->mask_epoch;
     DFS_PUSH(0, s);
     while (sp && !failed && !cut) {
         int32_t st = g->dfs[--sp], node = g->dfs[--sp];
         for (int32_t t = v->nodes[node].tok; t >= 0; t = v->tok_next[t])
             m[t >> 5] |= 1u << (t & 31);
         for (int32_t c = v->nodes[node].child; c >= 0 && !failed; c = v->nodes[c].sibling) {
-            int32_t nx = engine_grammar_step(g, st, v->nodes[c].byte);
-            work += engine_grammar_step_cost(g, st, v->nodes[c].byte);
+            const unsigned char byte = v->nodes[c].byte;
+            int32_t nx = engine_grammar_step(g, st, byte);
+            struct state *ts = &g->states[st]; /* (after the step: interning may move them) */
+            if (ts->wepoch != epoch) {
+                ts->wepoch = epoch;
+                memset(ts->wseen, 0, sizeof(ts->wseen));
+            }
+            if (!(ts->wseen[byte >> 5] >> (byte & 31) & 1)) {
+                ts->wseen[byte >> 5] |= 1u << (byte & 31);
+                work += engine_grammar_step_cost(g, st, byte);
+            }
             if (nx >= 0)
                 DFS_PUSH(c, nx);
         }

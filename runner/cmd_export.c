@@ -49,8 +49,9 @@ static const char export_usage[] =
     "part and the combined <job>/manifest.json.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
     "and renamed over FILE: FILE is either its old self or the complete export (a symlink\n"
-    "there is replaced, its target untouched). FILE '-' or /dev/stdout is standard output; a\n"
-    "pipe or a character device is written directly.\n"
+    "there is replaced, its target untouched). FILE '-' or /dev/stdout is standard output,\n"
+    "/dev/stderr and /dev/fd/N those descriptors; a pipe or a character device is written\n"
+    "directly.\n"
     "\n"
     "  --order shard   shard by shard, results then errors (default; streams)\n"
     "  --order input   the order of the input lines (holds all records in memory)\n";
@@ -434,19 +435,29 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
     return st;
 }
 
-/* The output, *fd open for writing. "-" and "/dev/stdout" are standard output (a dup of fd 1:
- * "--out /dev/stdout >>all.jsonl" appends, as the shell set it up). A character device, FIFO or
- * socket (or a symlink to one) is written directly (*direct = 1): renaming a file over it would
- * replace the device node (as root, /dev/full became a regular file). A regular file, a symlink
- * to one (the link is replaced, its target never written: it may have been planted), or
+/* The output, *fd open for writing. "-" and "/dev/stdout" are standard output, "/dev/stderr"
+ * and "/dev/fd/N" (or /proc/self/fd/N) those descriptors (a dup: "--out /dev/stdout >>all.jsonl"
+ * appends, as the shell set it up; renaming over those links replaced them, as root). A character
+ * device, FIFO or socket (or a symlink to one) is written directly (*direct = 1): renaming a file
+ * over it would replace the device node (as root, /dev/full became a regular file). A regular file,
+ * a symlink to one (the link is replaced, its target never written: it may have been planted), or
  * nothing yet gets a temporary file beside it (tmp_create). */
 static enum status out_open(const char *out, int *fd, int *direct, struct err_detail *err)
 {
     struct stat sb;
     *direct = 0;
-    if (!strcmp(out, "-") || !strcmp(out, "/dev/stdout")) {
-        if ((*fd = fcntl(1, F_DUPFD_CLOEXEC, 3)) < 0)
-            return err_set(err, ST_ERR_IO, "standard output: %s", strerror(errno));
+    int std = !strcmp(out, "-") || !strcmp(out, "/dev/stdout") ? 1
+              : !strcmp(out, "/dev/stderr")                    ? 2
+                                                               : -1;
+    char *end;
+    if (!strncmp(out, "/dev/fd/", 8) || !strncmp(out, "/proc/self/fd/", 14)) {
+        long n = strtol(out + (out[1] == 'd' ? 8 : 14), &end, 10);
+        if (!*end && n >= 0 && n < 1024)
+            std = (int)n;
+    }
+    if (std >= 0) { /* the descriptor itself, as the shell set it up (>> appends) */
+        if ((*fd = fcntl(std, F_DUPFD_CLOEXEC, 3)) < 0)
+            return err_set(err, ST_ERR_IO, "%s: %s", out, strerror(errno));
         *direct = 1;
         return ST_OK;
     }

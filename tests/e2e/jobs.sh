@@ -159,6 +159,10 @@ cmp -s bad.export.jsonl bad.stdout.jsonl || fail "export to /dev/stdout differs 
 "$Q" export --db bad.db --job bad --out - --order input 2>/dev/null >>bad.stdout.jsonl ||
     fail "export to -"
 [ "$(wc -l <bad.stdout.jsonl)" = $((2 * $(wc -l <bad.export.jsonl))) ] || fail "export to - >>"
+"$Q" export --db bad.db --job bad --out /dev/stderr --order input 2>bad.stderr.jsonl ||
+    fail "export to /dev/stderr"
+[ -L /dev/stderr ] && grep -c '"custom_id"' bad.stderr.jsonl | grep -qx "$(wc -l <bad.export.jsonl)" ||
+    fail "export to /dev/stderr"
 mkfifo bad.fifo
 cat bad.fifo >bad.fifo.jsonl &
 "$Q" export --db bad.db --job bad --out bad.fifo --order input 2>/dev/null || fail "export to a FIFO"

@@ -302,7 +302,7 @@ echo '{"complete": false}' >o8/eight/manifest.json
 check_job e1.db eight 6 o8
 # a job stopped before its first commit (its manifest says complete: false), then cancelled:
 # the next run seals it (only status did, before)
-echo '{"custom_id":"k","prompt":"Letters:","max_tokens":400,"grammar":"root ::= ([a-z] \" \"){200}"}' >nine.jsonl
+echo '{"custom_id":"k","prompt":"Letters:","max_tokens":8000,"grammar":"root ::= (([a-z] \" \"){200}){20}"}' >nine.jsonl
 "$Q" submit --db nine.db --name nine --model "$M" --out o9 nine.jsonl >/dev/null 2>&1 || fail "9: submit"
 "$Q" run --db nine.db --threads 1 --grace 0 >/dev/null 2>>e8.log &
 pid=$!
