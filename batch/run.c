@@ -174,7 +174,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     }
     if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
         char msg[128];
-        snprintf(msg, sizeof(msg), "gave up after %d attempts", c->attempts - 1);
+        /* (runs that died holding the item after it was exhausted counted more claims) */
+        snprintf(msg, sizeof(msg), "gave up after %d attempts", c->max_attempts);
         return item_error(r, c->id, c->custom_id, 500, "attempts_exhausted", msg, NULL, err);
     }
     struct job_request *req = NULL;

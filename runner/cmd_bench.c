@@ -183,7 +183,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "quern bench: unexpected argument '%s'\n", argv[optind]);
         return 0;
     }
-    return runner_spec_check("bench", &o->eo);
+    return runner_engine_opts_check("bench", &o->eo);
 }
 
 struct prompt_set {

@@ -185,7 +185,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         fprintf(stderr, "quern generate: --system needs --chat\n");
         return 0;
     }
-    return runner_spec_check("generate", &o->eo);
+    return runner_engine_opts_check("generate", &o->eo);
 }
 
 /* Everything a generation holds; freed by gen_free. */

@@ -224,7 +224,7 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         usage(stderr);
         return 0;
     }
-    return runner_spec_check("run", &o->eo);
+    return runner_engine_opts_check("run", &o->eo);
 }
 
 /* The core's progress, shown on stderr: a live line on a terminal, else a log line every

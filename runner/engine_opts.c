@@ -308,8 +308,13 @@ const char *runner_model_label(const char *path, const struct runner_engine_opts
     return buf;
 }
 
-int runner_spec_check(const char *cmd, const struct runner_engine_opts *o)
+int runner_engine_opts_check(const char *cmd, const struct runner_engine_opts *o)
 {
+    if (o->ep.max_batch_tokens < o->ep.max_seqs) {
+        fprintf(stderr, "quern %s: --max-batch-tokens (%d) must be at least --max-seqs (%d)\n", cmd,
+                o->ep.max_batch_tokens, o->ep.max_seqs);
+        return 0;
+    }
     const int model = (o->ep.spec & ENGINE_SPEC_MODEL) != 0;
     if (model && !o->draft_model) {
         fprintf(stderr, "quern %s: --spec model needs --draft-model PATH\n", cmd);

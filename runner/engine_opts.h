@@ -77,9 +77,9 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
 /* The help lines of groups, as every command prints them. */
 void runner_engine_help(FILE *f, unsigned groups);
 
-/* --spec model and --draft-model go together: 0 (with a message naming cmd) when one is given
- * without the other. */
-int runner_spec_check(const char *cmd, const struct runner_engine_opts *o);
+/* The rules across options, after parsing (a usage error: 0, with a message naming cmd):
+ * --spec model and --draft-model go together; --max-batch-tokens >= --max-seqs. */
+int runner_engine_opts_check(const char *cmd, const struct runner_engine_opts *o);
 /* With --spec model, the draft model (--draft-model) on grp into *out and o->ep.draft_model;
  * else *out = NULL. */
 enum status runner_draft_load(struct engine_model **out, struct runner_engine_opts *o,
