@@ -46,6 +46,8 @@ void engine_gb_alt(struct engine_gb *b, int32_t rule);
 void engine_gb_range(struct engine_gb *b, unsigned lo, unsigned hi);
 /* Append one element matching any byte of set (256 bits, bit b of set[b / 32]). */
 void engine_gb_set(struct engine_gb *b, const uint32_t set[8]);
+/* Append one element matching any of the bytes of the NUL-terminated string chars. */
+void engine_gb_chars(struct engine_gb *b, const char *chars);
 /* Append the n bytes of s, one element each. */
 void engine_gb_lit(struct engine_gb *b, const char *s, size_t n);
 /* Append a reference to rule (which may be defined later). */

@@ -139,6 +139,13 @@ void engine_gb_set(struct engine_gb *b, const uint32_t set[8])
         memcpy(e->set, set, sizeof(e->set));
 }
 
+void engine_gb_chars(struct engine_gb *b, const char *chars)
+{
+    struct gelem *e = push_elem(b);
+    for (; e && *chars; chars++)
+        e->set[(unsigned char)*chars >> 5] |= 1u << ((unsigned char)*chars & 31);
+}
+
 void engine_gb_lit(struct engine_gb *b, const char *s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -189,14 +196,6 @@ int32_t engine_gb_json_ws(struct engine_gb *b)
     SHARED_END(b);
 }
 
-/* set = the bytes of s. */
-static void char_set(uint32_t set[8], const char *s)
-{
-    memset(set, 0, 8 * sizeof(uint32_t));
-    for (; *s; s++)
-        set[(unsigned char)*s >> 5] |= 1u << ((unsigned char)*s & 31);
-}
-
 int32_t engine_gb_json_string_char(struct engine_gb *b)
 {
     SHARED_BEGIN(b, J_CHAR);
@@ -210,35 +209,26 @@ int32_t engine_gb_json_string_char(struct engine_gb *b)
     engine_gb_set(b, esc); /* b f n r t */
     /* \uXXXX: one character, so a surrogate pair (\uD8xx-\uDBxx then \uDCxx-\uDFxx) is one
      * (it counts once toward minLength/maxLength) and a lone surrogate is no character */
-    uint32_t hex[8], not_d[8], d[8], lo[8], hi[8], low[8];
-    char_set(hex, "0123456789abcdefABCDEF");
-    char_set(not_d, "0123456789abcefABCEF");
-    char_set(d, "dD");
-    char_set(lo, "01234567");
-    char_set(hi, "89abAB");
-    char_set(low, "cdefCDEF");
+    static const char hex[] = "0123456789abcdefABCDEF";
     engine_gb_alt(b, r); /* U+0000..U+CFFF, U+E000..U+FFFF */
     engine_gb_lit(b, "\\u", 2);
-    engine_gb_set(b, not_d);
+    engine_gb_chars(b, "0123456789abcefABCEF");
     for (int i = 0; i < 3; i++)
-        engine_gb_set(b, hex);
+        engine_gb_chars(b, hex);
     engine_gb_alt(b, r); /* U+D000..U+D7FF */
     engine_gb_lit(b, "\\u", 2);
-    engine_gb_set(b, d);
-    engine_gb_set(b, lo);
-    engine_gb_set(b, hex);
-    engine_gb_set(b, hex);
-    engine_gb_alt(b, r); /* a surrogate pair */
-    engine_gb_lit(b, "\\u", 2);
-    engine_gb_set(b, d);
-    engine_gb_set(b, hi);
-    engine_gb_set(b, hex);
-    engine_gb_set(b, hex);
-    engine_gb_lit(b, "\\u", 2);
-    engine_gb_set(b, d);
-    engine_gb_set(b, low);
-    engine_gb_set(b, hex);
-    engine_gb_set(b, hex);
+    engine_gb_chars(b, "dD");
+    engine_gb_chars(b, "01234567");
+    engine_gb_chars(b, hex);
+    engine_gb_chars(b, hex);
+    engine_gb_alt(b, r); /* a surrogate pair: \\uD800-\\uDBFF then \\uDC00-\\uDFFF */
+    for (int half = 0; half < 2; half++) {
+        engine_gb_lit(b, "\\u", 2);
+        engine_gb_chars(b, "dD");
+        engine_gb_chars(b, half ? "cdefCDEF" : "89abAB");
+        engine_gb_chars(b, hex);
+        engine_gb_chars(b, hex);
+    }
     engine_gb_alt(b, r);
     engine_gb_ref(b, engine_gb_utf8_multibyte(b));
     SHARED_END(b);

@@ -242,18 +242,15 @@ static void digit2(struct engine_gb *b, unsigned a_lo, unsigned a_hi, unsigned b
 /* Alternatives of r: the two-digit multiples of 4 from 04 to 96. */
 static void mult4(struct engine_gb *b, int32_t r)
 {
-    static const uint32_t even[8] = {0, 0x155u << 16}, e48[8] = {0, 1u << 20 | 1u << 24},
-                          e2468[8] = {0, 0x154u << 16}, odd[8] = {0, 0x2aau << 16},
-                          e26[8] = {0, 1u << 18 | 1u << 22};
     engine_gb_alt(b, r); /* 04 08 24 28 ... 88 */
-    engine_gb_set(b, even);
-    engine_gb_set(b, e48);
+    engine_gb_chars(b, "02468");
+    engine_gb_chars(b, "48");
     engine_gb_alt(b, r); /* 20 40 60 80 */
-    engine_gb_set(b, e2468);
+    engine_gb_chars(b, "2468");
     engine_gb_lit(b, "0", 1);
     engine_gb_alt(b, r); /* 12 16 32 36 ... */
-    engine_gb_set(b, odd);
-    engine_gb_set(b, e26);
+    engine_gb_chars(b, "13579");
+    engine_gb_chars(b, "26");
 }
 
 /* "YYYY-MM-DD" with the day within its month (February 29 in leap years only), year
@@ -330,12 +327,9 @@ static int32_t time_rule(struct engine_gb *b)
     engine_gb_lit(b, ".", 1);
     engine_gb_ref(b, digs);
     engine_gb_alt(b, off);
-    engine_gb_range(b, 'Z', 'Z');
-    engine_gb_alt(b, off); /* (RFC 3339 allows the lower case) */
-    engine_gb_range(b, 'z', 'z');
+    engine_gb_chars(b, "Zz"); /* (RFC 3339 allows the lower case) */
     engine_gb_alt(b, off);
-    static const uint32_t pm[8] = {0, 1u << 11 | 1u << 13};
-    engine_gb_set(b, pm);
+    engine_gb_chars(b, "+-");
     engine_gb_ref(b, hh);
     engine_gb_lit(b, ":", 1);
     digit2(b, '0', '5', '0', '9');
@@ -373,13 +367,11 @@ static int32_t string_rule(struct sc *c, const cJSON *s)
         } else if (!strcmp(f, "date-time")) {
             int32_t d = date_rule(b), t = time_rule(b);
             body = engine_gb_rule(b);
-            static const uint32_t tt[8] = {0, 0, 1u << 20, 1u << 20}; /* T or t */
             engine_gb_alt(b, body);
             engine_gb_ref(b, d);
-            engine_gb_set(b, tt);
+            engine_gb_chars(b, "Tt");
             engine_gb_ref(b, t);
         } else if (!strcmp(f, "uuid")) {
-            static const uint32_t hex[8] = {0, 0x03ff0000u, 0x7e, 0x7e};
             body = engine_gb_rule(b);
             engine_gb_alt(b, body);
             static const int groups[5] = {8, 4, 4, 4, 12};
@@ -387,7 +379,7 @@ static int32_t string_rule(struct sc *c, const cJSON *s)
                 if (g)
                     engine_gb_lit(b, "-", 1);
                 for (int i = 0; i < groups[g]; i++)
-                    engine_gb_set(b, hex);
+                    engine_gb_chars(b, "0123456789abcdefABCDEF");
             }
         } else {
             return fail(c, ST_ERR_UNSUPPORTED,

@@ -39,22 +39,6 @@ static enum status submit_info_get(struct queue *q, int64_t job_id, struct submi
     return st;
 }
 
-/* Run a job statement (?1 = job_id, ?2 = limit when it has one); *changes gets the rows. */
-static enum status job_step(struct queue *q, enum queue_stmt_id id, int64_t job_id, int64_t limit,
-                            int64_t *changes, const char *what, struct err_detail *err)
-{
-    sqlite3_stmt *s = queue_stmt(q, id, err);
-    if (!s)
-        return err->status;
-    sqlite3_bind_int64(s, 1, job_id);
-    if (sqlite3_bind_parameter_count(s) >= 2)
-        sqlite3_bind_int64(s, 2, limit);
-    enum status st = queue_step_done(q, s, what, err);
-    if (st == ST_OK && changes)
-        *changes = sqlite3_changes(q->db);
-    return st;
-}
-
 enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summary_json,
                               struct err_detail *err)
 {
@@ -73,7 +57,7 @@ enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summa
                      "be deleted",
                      (long long)job_id, (long long)si.run);
     if (st == ST_OK)
-        st = job_step(q, QS_JOB_PUBLISH, job_id, 0, NULL, "publishing a job", err);
+        st = queue_run_changes(q, QS_JOB_PUBLISH, job_id, 0, NULL, "publishing a job", err);
     if (st == ST_OK)
         st = queue_run_mark_ended(q, si.run, "submitted", summary_json, err);
     return queue_scope_leave(q, &sc, st, err);
@@ -106,18 +90,19 @@ enum status queue_job_discard(struct queue *q, int64_t job_id, const char *exit_
     while (st == ST_OK && changes == DISCARD_BATCH) {
         if ((st = queue_scope_enter(q, &sc, err)) != ST_OK)
             break;
-        st = job_step(q, QS_ITEM_DELETE_BATCH, job_id, DISCARD_BATCH, &changes,
-                      "deleting a discarded job's items", err);
+        st = queue_run_changes(q, QS_ITEM_DELETE_BATCH, job_id, DISCARD_BATCH, &changes,
+                               "deleting a discarded job's items", err);
         st = queue_scope_leave(q, &sc, st, err);
         if (st == ST_OK)
             total += changes;
     }
     if (st == ST_OK && (st = queue_scope_enter(q, &sc, err)) == ST_OK) {
-        st = job_step(q, QS_ITEM_DELETE_BATCH, job_id, -1, &changes,
-                      "deleting a discarded job's items", err);
+        st = queue_run_changes(q, QS_ITEM_DELETE_BATCH, job_id, -1, &changes,
+                               "deleting a discarded job's items", err);
         if (st == ST_OK) {
             total += changes;
-            st = job_step(q, QS_JOB_DELETE, job_id, 0, NULL, "deleting a discarded job", err);
+            st = queue_run_changes(q, QS_JOB_DELETE, job_id, 0, NULL, "deleting a discarded job",
+                                   err);
         }
         st = queue_scope_leave(q, &sc, st, err);
     }
