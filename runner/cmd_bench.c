@@ -32,8 +32,10 @@ static const char bench_usage[] =
     "peak_rss_mb is in MiB; cpu_s is the CPU time of the measured part (all threads).\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
-    "  --prompts N            synthetic requests (default 256)\n"
-    "  --input-len L          tokens per synthetic prompt (default 128; random ids)\n"
+    "  --prompts N            requests (default 256 synthetic ones; with --input, the\n"
+    "                         file's prompts, cycled to N when given)\n"
+    "  --input-len L          tokens per synthetic prompt (default 128; random ids; not\n"
+    "                         with --input)\n"
     "  --output-len M         tokens generated per request (default 128)\n"
     "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
     "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
@@ -68,7 +70,9 @@ struct bench_opts {
     const char *model;          /* --model */
     const char *input;          /* --input */
     long prompts;               /* --prompts */
+    int prompts_set;            /* --prompts given */
     long input_len;             /* --input-len */
+    int input_len_set;          /* --input-len given */
     long output_len;            /* --output-len */
     uint64_t seed;              /* --seed */
     float peak_seconds;         /* --peak-seconds */
@@ -136,10 +140,12 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         case B_PROMPTS:
             if (!runner_parse_long("bench", "prompts", optarg, 1, 1 << 24, &o->prompts))
                 return 0;
+            o->prompts_set = 1;
             break;
         case B_INLEN:
             if (!runner_parse_long("bench", "input-len", optarg, 1, 1 << 20, &o->input_len))
                 return 0;
+            o->input_len_set = 1;
             break;
         case B_OUTLEN:
             if (!runner_parse_long("bench", "output-len", optarg, 1, 1 << 20, &o->output_len))
@@ -181,6 +187,10 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
     }
     if (optind < argc) {
         fprintf(stderr, "quern bench: unexpected argument '%s'\n", argv[optind]);
+        return 0;
+    }
+    if (o->input && o->input_len_set) {
+        fputs("quern bench: --input-len is for synthetic prompts, not with --input\n", stderr);
         return 0;
     }
     return runner_engine_opts_check("bench", &o->eo);
@@ -313,6 +323,24 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
     return ok;
 }
 
+/* The set's prompts repeated in order until it holds n (n above the count). */
+static int prompts_cycle(struct prompt_set *ps, size_t n)
+{
+    size_t have = ps->count, cap = ps->count;
+    for (size_t i = have; i < n; i++) {
+        size_t len = ps->n[i % have];
+        int32_t *ids = malloc(sizeof(int32_t) * len);
+        if (!ids)
+            return 0;
+        memcpy(ids, ps->ids[i % have], sizeof(int32_t) * len);
+        if (!prompts_push(ps, ids, len, &cap)) {
+            free(ids);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* 2 x parameters of the layers' matmul weights (body) and of the output projection (head):
  * FLOPs per token, attention excluded. */
 static void model_flops(const struct engine_model *m, double *body, double *head)
@@ -365,6 +393,14 @@ int runner_cmd_bench(int argc, char **argv)
             LOG_WARN("no usable chat template (%s); \"messages\" lines will fail", err.msg);
         if (!prompts_from_file(&ps, o.input, tok, chat))
             goto out;
+        if (o.prompts_set && (size_t)o.prompts < ps.count) {
+            for (size_t i = (size_t)o.prompts; i < ps.count; i++)
+                free(ps.ids[i]);
+            ps.count = (size_t)o.prompts;
+        } else if (o.prompts_set && !prompts_cycle(&ps, (size_t)o.prompts)) {
+            LOG_ERROR("no memory for prompts");
+            goto out;
+        }
     } else if (!prompts_synthetic(&ps, &o, tok)) {
         LOG_ERROR("no memory for prompts");
         goto out;

@@ -96,7 +96,7 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
     memset(o, 0, sizeof(*o));
     o->progress = 10;
     int status = !strcmp(cmd, "status");
-    int c;
+    int c, progress_set = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
@@ -108,6 +108,7 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
         case 'p':
             if (!runner_parse_float(cmd, "progress", optarg, 0.1, 1e6, &o->progress))
                 return 0;
+            progress_set = 1;
             break;
         case 'h': fputs(usage, stdout); exit(RUNNER_EXIT_OK);
         default: fputs(usage, stderr); return 0;
@@ -121,6 +122,14 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
     if ((o->watch && (!status || o->json)) || (!status && o->json)) {
         fprintf(stderr, "quern %s: %s\n%s", cmd,
                 status ? "--watch and --json do not go together" : "unexpected option", usage);
+        return 0;
+    }
+    /* options another command takes are refused, not ignored */
+    const char *stray = o->failed && strcmp(cmd, "retry") ? "--failed is retry's option"
+                        : progress_set && !o->watch       ? "--progress goes with --watch"
+                                                          : NULL;
+    if (stray) {
+        fprintf(stderr, "quern %s: %s\n%s", cmd, stray, usage);
         return 0;
     }
     return 1;

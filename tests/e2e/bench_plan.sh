@@ -88,6 +88,18 @@ PY
 [ "$(jget "$tmp/bench_in.json" '["output_tokens"]')" = 8 ] || fail "output tokens with one rejected"
 grep -q "request 1 skipped: .*exceeds the model context" "$tmp/bench_in.err" ||
     fail "no warning for the rejected request"
+# --prompts with --input cycles the file's prompts (3 lines, one too long: 7 taken, 5 run,
+# 2 rejected) or takes its first ones; --input-len with --input is refused
+"$Q" bench --model "$M" --input "$tmp/in.jsonl" --prompts 7 --output-len 4 --peak-seconds 0 \
+    >"$tmp/bench_cyc.json" 2>/dev/null || fail "bench --input --prompts 7"
+[ "$(jget "$tmp/bench_cyc.json" '["requests"]')" = 5 ] &&
+    [ "$(jget "$tmp/bench_cyc.json" '["rejected_requests"]')" = 2 ] || fail "--prompts 7 cycled"
+"$Q" bench --model "$M" --input "$tmp/in.jsonl" --prompts 1 --output-len 4 --peak-seconds 0 \
+    >"$tmp/bench_one.json" 2>/dev/null || fail "bench --input --prompts 1"
+[ "$(jget "$tmp/bench_one.json" '["requests"]')" = 1 ] || fail "--prompts 1 with --input"
+rc=0
+"$Q" bench --model "$M" --input "$tmp/in.jsonl" --input-len 9 >/dev/null 2>&1 || rc=$?
+[ $rc -eq 2 ] || fail "--input-len with --input: exit $rc, want 2"
 # all rejected: an error, not an empty measurement
 python3 -c 'import json; print(json.dumps({"prompt": "word " * 9000}))' >"$tmp/long.jsonl"
 "$Q" bench --model "$M" --input "$tmp/long.jsonl" --output-len 4 --peak-seconds 0 \

@@ -175,6 +175,12 @@ grep -q "is a directory" bad.dir.err || { cat bad.dir.err; fail "export to a dir
 rc=0
 "$Q" submit --db badname.db --model "$M" --name 'bad name' bad.jsonl 2>/dev/null || rc=$?
 [ "$rc" = 2 ] && [ ! -e badname.db ] || fail "submit --name 'bad name': exit $rc"
+# an option of another command is refused (exit 2), not ignored
+for args in "status --failed" "status --progress 5" "cancel --job bad --failed"; do
+    rc=0
+    "$Q" $args --db bad.db 2>/dev/null || rc=$?
+    [ "$rc" = 2 ] || fail "$args: exit $rc, want 2"
+done
 # a compression quern does not write is refused (it wrote plain JSONL under .gz before)
 rc=0
 "$Q" export --db bad.db --job bad --out bad.jsonl.gz 2>/dev/null || rc=$?
