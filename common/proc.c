@@ -93,6 +93,47 @@ enum proc_liveness proc_liveness(const struct proc_identity *self,
     return PROC_ALIVE;
 }
 
+#define PROC_TAG_BOOT 12 /* boot id characters in a tag */
+
+int proc_tag_self(char *buf, size_t cap)
+{
+    struct proc_identity id;
+    proc_identity_self(&id);
+    unsigned long long ns = 0;
+    if (!id.host[0] || strlen(id.boot_id) < PROC_TAG_BOOT || !id.start_ticks ||
+        sscanf(id.pid_ns, "pid:[%llu]", &ns) != 1 ||
+        strspn(id.host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.") !=
+            strlen(id.host))
+        return -1;
+    int n = snprintf(buf, cap, "%lld.%lld.%llu.%.*s.%s", (long long)id.pid,
+                     (long long)id.start_ticks, ns, PROC_TAG_BOOT, id.boot_id, id.host);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+enum proc_liveness proc_tag_liveness(const char *tag)
+{
+    struct proc_identity self, other;
+    proc_identity_self(&self);
+    memset(&other, 0, sizeof(other));
+    long long pid, ticks;
+    unsigned long long ns;
+    char boot[PROC_TAG_BOOT + 1];
+    int used = 0;
+    if (sscanf(tag, "%lld.%lld.%llu.%12[0-9a-f-].%n", &pid, &ticks, &ns, boot, &used) != 4 ||
+        !used || strlen(boot) != PROC_TAG_BOOT || !tag[used] ||
+        strlen(tag + used) >= sizeof(other.host))
+        return PROC_UNKNOWN;
+    /* the boot id is known by its first characters only: the same boot where they match */
+    if (strncmp(self.boot_id, boot, PROC_TAG_BOOT))
+        return PROC_UNKNOWN;
+    snprintf(other.host, sizeof(other.host), "%s", tag + used);
+    snprintf(other.boot_id, sizeof(other.boot_id), "%s", self.boot_id);
+    snprintf(other.pid_ns, sizeof(other.pid_ns), "pid:[%llu]", ns);
+    other.pid = pid;
+    other.start_ticks = ticks;
+    return proc_liveness(&self, &other);
+}
+
 const char *proc_liveness_str(enum proc_liveness l)
 {
     switch (l) {

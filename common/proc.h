@@ -5,6 +5,7 @@
 #ifndef COMMON_PROC_H
 #define COMMON_PROC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct proc_identity {
@@ -35,6 +36,16 @@ int proc_stat_start(int64_t pid, int64_t *ticks, char *state);
  * have a host, boot id, namespace and start time for anything but PROC_UNKNOWN. */
 enum proc_liveness proc_liveness(const struct proc_identity *self,
                                  const struct proc_identity *other);
+
+/* A file-name-safe tag naming the calling process, "PID.TICKS.NS.BOOT.HOST" (NS the PID
+ * namespace's inode number, BOOT the boot id's first 12 characters), for temporary files that a
+ * later process may remove once their writer is dead. 0, or -1 when a fact is unknown, the host
+ * name holds a character other than letters, digits, '-' and '.', or the tag does not fit. */
+int proc_tag_self(char *buf, size_t cap);
+
+/* Liveness of the process a tag from proc_tag_self names, as proc_liveness tells it; a malformed
+ * tag is PROC_UNKNOWN. */
+enum proc_liveness proc_tag_liveness(const char *tag);
 
 /* "unknown", "alive" or "dead". */
 const char *proc_liveness_str(enum proc_liveness l);

@@ -6,6 +6,7 @@
  * stored it for its item; the output file appears at its path only once it is complete. */
 #include <archive.h>
 #include <archive_entry.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -22,7 +23,9 @@
 #include <zstd.h>
 
 #include "batch/batch.h"
+#include "common/fault.h"
 #include "common/log.h"
+#include "common/proc.h"
 #include "io/shard.h"
 #include "jobs/record.h"
 #include "queue/queue.h"
@@ -47,9 +50,11 @@ static const char export_usage[] =
     "A partitioned queue is exported part by part (every part must be free: not in use by a\n"
     "run), each part's records in the order above; its bundle holds <job>/part-NNNN/ for each\n"
     "part and the combined <job>/manifest.json.\n"
-    "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX), synced,\n"
-    "and renamed over FILE: FILE is either its old self or the complete export (a symlink\n"
-    "there is replaced, its target untouched). FILE '-' or /dev/stdout is standard output,\n"
+    "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX.<pid,\n"
+    "host...>), synced, and renamed over FILE: FILE is either its old self or the complete\n"
+    "export (a symlink there is replaced, its target untouched). Such files left by an export\n"
+    "killed on this host are removed by the next export to FILE. FILE '-' or /dev/stdout is "
+    "standard output,\n"
     "/dev/stderr and /dev/fd/N those descriptors; a pipe or a character device is written\n"
     "directly.\n"
     "\n"
@@ -397,13 +402,52 @@ static void tmp_forget(void)
         sigaction(tmp_signals[i], &tmp_old_sa[i], NULL);
 }
 
-/* Create the temporary file for out; *fd gets it, open for writing. */
+static const char tmp_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+#define TMP_RANDOM 6 /* random characters after ".tmp." */
+
+/* Remove the temporary files beside out ("<name>.tmp.XXXXXX.<tag>") whose tag names a process
+ * that is certainly gone: exports killed on this host (kill -9, a power cut) leave them. */
+static void tmp_sweep(const char *out)
+{
+    const char *slash = strrchr(out, '/');
+    const char *base = slash ? slash + 1 : out;
+    char dir[sizeof(tmp_path)];
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - out) + (slash == out) : 1,
+             slash ? out : ".");
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    size_t bl = strlen(base);
+    const struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        if (strncmp(nm, base, bl) || strncmp(nm + bl, ".tmp.", 5))
+            continue;
+        const char *r = nm + bl + 5;
+        if (strspn(r, tmp_alnum) < TMP_RANDOM || r[TMP_RANDOM] != '.' ||
+            proc_tag_liveness(r + TMP_RANDOM + 1) != PROC_DEAD)
+            continue;
+        if (!unlinkat(dirfd(d), nm, 0))
+            LOG_INFO("removed %s/%s, left by an export that was killed", dir, nm);
+    }
+    closedir(d);
+}
+
+/* Create the temporary file for out, "out.tmp.XXXXXX.<tag>" (the tag names this process, so a
+ * later export can remove the file if this one is killed; without the tag where it cannot be
+ * made or the name would be too long); *fd gets it, open for writing. */
 static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
 {
-    static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     size_t n = strlen(out);
     if (n + sizeof(".tmp.XXXXXX") > sizeof(tmp_path))
         return err_set(err, ST_ERR_INVALID_ARG, "output path too long");
+    const char *slash = strrchr(out, '/');
+    size_t base_len = strlen(slash ? slash + 1 : out);
+    char tag[400] = ".";
+    if (proc_tag_self(tag + 1, sizeof(tag) - 1) || base_len + 5 + TMP_RANDOM + strlen(tag) > 255 ||
+        n + 5 + TMP_RANDOM + strlen(tag) >= sizeof(tmp_path))
+        tag[0] = 0;
+    tmp_sweep(out);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = tmp_on_signal;
@@ -411,7 +455,7 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
     for (int i = 0; i < 3; i++)
         sigaction(tmp_signals[i], &sa, &tmp_old_sa[i]);
     for (int tries = 0; tries < 100; tries++) {
-        unsigned char rnd[6];
+        unsigned char rnd[TMP_RANDOM];
         if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
             uint64_t t = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)tries;
             for (size_t i = 0; i < sizeof(rnd); i++)
@@ -420,8 +464,8 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
         memcpy(tmp_path, out, n);
         memcpy(tmp_path + n, ".tmp.", 5);
         for (size_t i = 0; i < sizeof(rnd); i++)
-            tmp_path[n + 5 + i] = alnum[rnd[i] % (sizeof(alnum) - 1)];
-        tmp_path[n + 5 + sizeof(rnd)] = '\0';
+            tmp_path[n + 5 + i] = tmp_alnum[rnd[i] % (sizeof(tmp_alnum) - 1)];
+        strcpy(tmp_path + n + 5 + sizeof(rnd), tag);
         *fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (*fd >= 0) {
             tmp_live = 1;
@@ -481,6 +525,8 @@ static enum status out_open(const char *out, int *fd, int *direct, struct err_de
  * that fails, remove it. Returns st, or the status of the step that failed. */
 static enum status tmp_commit(const char *out, int *fd, enum status st, struct err_detail *err)
 {
+    if (!st && fault_hit("export.fsync"))
+        st = err_set(err, ST_ERR_IO, "fsync %s: injected fault", tmp_path);
     if (!st && fsync(*fd))
         st = err_set(err, ST_ERR_IO, "fsync %s: %s", tmp_path, strerror(errno));
     if (close(*fd) && !st)

@@ -141,8 +141,22 @@ interrupt() {
 interrupt term.jsonl TERM
 ls term.jsonl* >/dev/null 2>&1 && fail "SIGTERM left $(ls term.jsonl*)"
 interrupt kill.tar.zst KILL
-rm -f kill.tar.zst.tmp.* "$res"
+rm -f "$res"
 mv res.save "$res"
+# the next export to that name removes the killed export's temp file (its tag names a process
+# gone from this host) and keeps those of a live process (this shell) and of another host
+ls kill.tar.zst.tmp.* >/dev/null 2>&1 || fail "SIGKILL left no temp file to clean up"
+ns=$(readlink /proc/$$/ns/pid | tr -dc 0-9)
+boot=$(head -c 12 /proc/sys/kernel/random/boot_id)
+ticks=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20)
+live="kill.tar.zst.tmp.AAAAAA.$$.$ticks.$ns.$boot.$(hostname)"
+other="kill.tar.zst.tmp.BBBBBB.$$.$ticks.$ns.$boot.not-$(hostname)"
+touch "$live" "$other"
+"$Q" export --db q.db --job idj --out kill.tar.zst 2>sweep.err || fail "export after a SIGKILL"
+grep -q "left by an export that was killed" sweep.err || fail "no word of the removed temp file"
+[ "$(ls kill.tar.zst.tmp.* | sort | tr '\n' ' ')" = "$live $other " ] ||
+    fail "temp files after the sweep: $(ls kill.tar.zst.tmp.*)"
+rm -f "$live" "$other"
 
 # 3. lines no item names: a crafted errors shard with a custom_id null line and an unknown id
 # in front of its records (committed length, record count and the items' numbers moved on)
