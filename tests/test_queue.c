@@ -1114,6 +1114,42 @@ static void test_retry_batches(void **state)
     queue_close(q);
 }
 
+/* proc_tag_self names this process: alive; a dead child's tag, dead; another host's or boot's,
+ * or a malformed one, unknown. */
+static void test_proc_tag(void **state)
+{
+    (void)state;
+    char tag[300], other[400];
+    assert_int_equal(proc_tag_self(tag, sizeof(tag)), 0);
+    assert_int_equal(proc_tag_liveness(tag), PROC_ALIVE);
+    assert_int_equal(proc_tag_self(other, 8), -1); /* does not fit */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the child's own tag, through the pipe */
+        char t[400];
+        _exit(!proc_tag_self(t, sizeof(t)) && write(fds[1], t, strlen(t) + 1) > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    memset(other, 0, sizeof(other));
+    assert_true(read(fds[0], other, sizeof(other) - 1) > 0);
+    close(fds[0]);
+    assert_int_equal(proc_tag_liveness(other), PROC_DEAD); /* exited and reaped */
+    /* the same process on another host, or another boot: nothing can be said */
+    snprintf(other, sizeof(other), "%s-x", tag);
+    assert_int_equal(proc_tag_liveness(other), PROC_UNKNOWN);
+    char *boot = strchr(strchr(strchr(tag, '.') + 1, '.') + 1, '.') + 1;
+    *boot = *boot == '0' ? '1' : '0';
+    assert_int_equal(proc_tag_liveness(tag), PROC_UNKNOWN);
+    assert_int_equal(proc_tag_liveness("12.34"), PROC_UNKNOWN);
+    assert_int_equal(proc_tag_liveness(""), PROC_UNKNOWN);
+    assert_int_equal(proc_tag_liveness("-1.5.6.0123456789ab.h"), PROC_UNKNOWN);
+}
+
 /* queue_jobs_gc deletes the job of a submit whose process died (a forked child that exits
  * without publishing) with its items, so its name can be used again, and the job of a submit
  * on another host once its heartbeat is stale; it leaves alone a not-ready job whose submit is
@@ -1209,6 +1245,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_discard_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_batches, setup, teardown),
+        cmocka_unit_test(test_proc_tag),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
