@@ -238,6 +238,24 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     return bad ? RUNNER_EXIT_ERROR : RUNNER_EXIT_OK;
 }
 
+/* A part cancelled while free (its lock held here): its manifest written now, complete (empty
+ * when it never had output), and the job's combined manifest with it, rather than at the next
+ * run of that part. Not while a shard is open: a dead run's shard is recovered by a run. */
+static enum status seal_cancelled(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    struct queue_job j = {0};
+    int64_t open = 0;
+    char dir[4096];
+    enum status st = queue_job_get(q, job_id, &j, err);
+    if (!st && j.state == QUEUE_JOB_CANCELLED &&
+        !(st = batch_count_open_shards(q, job_id, &open, err)) && !open &&
+        !(st = batch_job_dir(q, &j, NULL, 1, dir, sizeof(dir), err)) &&
+        !batch_manifest_current(q, &j, dir))
+        st = batch_manifest_write(q, &j, dir, 1, err);
+    queue_job_free(&j);
+    return st;
+}
+
 int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char *job, int retry)
 {
     if (job && strcmp(job, p->job)) {
@@ -289,6 +307,8 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
                 st = retry ? queue_job_retry_failed(q, jobs[i].id, &m, &err)
                            : queue_job_cancel(q, jobs[i].id, &m, &err);
                 moved += m;
+                if (!st && !retry)
+                    st = seal_cancelled(q, jobs[i].id, &err);
             }
         queue_job_list_free(jobs, n);
         queue_close(q);

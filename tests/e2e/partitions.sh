@@ -17,8 +17,8 @@
 #  4. take-over: a part whose run was killed is finished by the run of another part after its
 #     own, and a part whose task never started is left alone;
 #  5. cancel of a part in use: its run sees the request, cancels, drops what it has in flight
-#     and exits; the part cancelled before any output gets an empty manifest from its task's
-#     run, the combined manifest is complete and says "cancelled" as a single queue's does, and
+#     and exits; the part cancelled before any output gets an empty manifest from the cancel
+#     itself, the combined manifest is complete and says "cancelled" as a single queue's does, and
 #     `export` bundles every part's manifest, the empty part's too;
 #  6. a directory that looks like NFS (QUERN_TEST_FS_MAGIC) is fine for parts;
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
@@ -334,11 +334,23 @@ import json
 j = json.load(open("std.json"))[0]
 assert j["state"] == "cancelled" and j["unfinished"] == 0 and j["cancelled"] > 0, j
 PY
-# part 1 was cancelled by `quern cancel` itself (not in use), before any output: its array task
-# still runs, and seals it (the combined manifest waits for every part's)
+# part 1 was cancelled by `quern cancel` itself (not in use), before any output: the cancel
+# sealed it (an empty manifest), and part 0's run the rest: the combined manifest is complete
+# without another run (before, it waited for a run of part 1)
+python3 - <<'PY' || fail "the manifests of a cancelled partitioned job"
+import json
+m = json.load(open("out/jd/manifest.json"))
+assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
+assert m.get("cancelled") is True, "the combined manifest does not say cancelled"
+p = [json.load(open(f"out/jd/part-{k:04d}/manifest.json")) for k in range(2)]
+assert all(x["complete"] is True and x.get("cancelled") is True for x in p), p
+assert p[0]["shards"] and p[1]["shards"] == [], (p[0]["shards"], p[1]["shards"])
+assert [s["file"] for s in m["shards"]] == ["part-0000/" + s["file"] for s in p[0]["shards"]]
+PY
+# its array task still runs, and finds nothing to do
 "$Q" run --db D --part 1 --no-take-over "${RUN[@]}" >d1.out 2>d1.err ||
     { cat d1.err >&2; fail "the run of a part cancelled before any output"; }
-python3 - <<'PY' || fail "the manifests of a cancelled partitioned job"
+python3 - <<'PY' || fail "the manifests after the run of the cancelled part"
 import json
 m = json.load(open("out/jd/manifest.json"))
 assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
