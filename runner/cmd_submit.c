@@ -60,8 +60,10 @@ static const char submit_usage[] =
     "  --temperature T        default temperature (default 1, as OpenAI)\n"
     "  --top-p P, --top-k K, --min-p P, --repeat-penalty R,\n"
     "  --frequency-penalty F, --presence-penalty F   other sampling defaults\n"
-    "  --seed N               job seed: each request's RNG is seeded from (seed, custom_id)\n"
-    "                         unless the request gives its own seed (default 0)\n"
+    "  --seed N               job seed (default 0): each request's RNG is keyed by (seed,\n"
+    "                         custom_id); a request's own \"seed\" replaces the job's, and\n"
+    "                         is still mixed with its custom_id: equal lines with different\n"
+    "                         custom_ids sample differently\n"
     "  --max-line BYTES       longest accepted line (default 16M)\n"
     "  --strict               abort (nothing inserted) at the first bad line\n"
     "  -h, --help             this help\n";
