@@ -3,8 +3,11 @@
 #ifndef BATCH_BATCH_INTERNAL_H
 #define BATCH_BATCH_INTERNAL_H
 
+#include <sys/stat.h>
+
 #include "batch/batch.h"
 #include "common/proc.h"
+#include "common/sha256.h"
 #include "engine/chat.h"
 #include "engine/engine.h"
 #include "jobs/params.h"
@@ -47,6 +50,13 @@ struct batch_run {
     char job_dir[4096];              /* OUT/<job name> */
     char model_name[256];            /* for records: model file name without .gguf */
     char *engine_json;               /* the run's engine (record_engine), or NULL before one */
+    /* The model stays loaded from one job to the next that names the same file, unchanged
+     * (model_loaded: its path; model_id: its identity when it was hashed, model_sha: the sha256
+     * it had then, "" when not hashed): neither hashed nor loaded again (model_release frees it).
+     */
+    char *model_loaded;
+    struct stat model_id;
+    char model_sha[SHA256_HEX_LEN];
     struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */
     struct engine_model *draft;      /* draft model (--spec model) or NULL */
@@ -61,6 +71,8 @@ struct batch_run {
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
     double t_stop;                   /* when stopping began (0 = not stopping) */
+    int stop_recorded;               /* queue_run_stopping done */
+    int stop_warned;                 /* ... and its failure logged */
     double t_flush, t_beat;          /* last flush, heartbeat */
     double t_lease_check;            /* last check for lost leases (0: check at the next turn) */
     struct batch_stats stats;        /* totals; stats.ttft_ms/tpot_ms owned */

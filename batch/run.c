@@ -6,6 +6,7 @@
  * seconds, release the rest, commit, seal the shards and write the manifest. */
 #include "batch/batch.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,8 @@ static int fill(struct batch_run *r, struct err_detail *err, enum status *st)
                           (int64_t)(r->o->lease * 1000), &items, &n, err);
         if (*st)
             return 0;
+        if (n) /* leases held: from now on a wait for the queue is waited out, stop or not */
+            queue_set_interrupt(r->q, NULL);
         for (size_t i = 0; i < n && !*st; i++)
             *st = admit(r, &items[i], err);
         queue_claimed_free(items, n);
@@ -425,6 +428,84 @@ static void add_spec_stats(struct engine_stats *sum, const struct engine_stats *
     sum->spec_ece = s->spec_ece;
 }
 
+/* Free the loaded model and what comes with it (job_close keeps them for the next job). */
+static void model_release(struct batch_run *r)
+{
+    engine_chat_free(r->chat);
+    engine_tok_free(r->tok);
+    engine_model_free(r->m);
+    engine_model_free(r->draft);
+    kern_group_free(r->group);
+    r->chat = NULL;
+    r->tok = NULL;
+    r->m = NULL;
+    r->draft = NULL;
+    r->group = NULL;
+    free(r->model_loaded);
+    r->model_loaded = NULL;
+    r->model_sha[0] = 0;
+}
+
+/* The same file, unchanged? (device, inode, size, modification and change times) */
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* The job's model, checked against its sha256 and loaded with its tokenizer, chat template and
+ * the draft model; the previous job's when it names the same file and the file is unchanged. */
+static enum status model_open(struct batch_run *r, struct err_detail *err)
+{
+    const char *path = r->job.model_path;
+    struct stat before, after;
+    if (stat(path, &before))
+        return err_set(err, ST_ERR_IO, "model %s: %s", path, strerror(errno));
+    const char *want = r->job.model_sha256 && *r->job.model_sha256 ? r->job.model_sha256 : NULL;
+    int kept = r->m && !strcmp(r->model_loaded, path) && same_file(&before, &r->model_id) &&
+               (!want || r->model_sha[0]);
+    if (!kept) {
+        model_release(r);
+        if (want) {
+            enum status st = sha256_file(path, SHA256_WHOLE_FILE, r->model_sha, err);
+            if (st)
+                return st;
+        }
+    }
+    if (want && strcmp(r->model_sha, want)) {
+        enum status st = err_set(err, ST_ERR_INVALID_ARG,
+                                 "model %s changed since the job was submitted (sha256 %s, job "
+                                 "has %s)",
+                                 path, r->model_sha, want);
+        model_release(r);
+        return st;
+    }
+    if (kept) {
+        LOG_INFO("job %s: model %s still loaded", r->job.name, path);
+        return ST_OK;
+    }
+    enum status st;
+    if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
+        (st = engine_model_load_group(&r->m, path, r->group, err)) ||
+        (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)))
+        return st;
+    if ((r->o->engine.spec & ENGINE_SPEC_MODEL) &&
+        (st = engine_model_load_group(&r->draft, r->o->draft_model, r->group, err))) {
+        err_prefix(err, "--draft-model %s", r->o->draft_model);
+        return st;
+    }
+    struct err_detail e2 = {0};
+    if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
+        LOG_WARN("%s: %s; chat requests will fail", path, e2.msg);
+    /* kept for the next job only if the file did not change while it was hashed and loaded */
+    if (!stat(path, &after) && same_file(&before, &after) && (r->model_loaded = strdup(path)))
+        r->model_id = before;
+    else
+        r->model_sha[0] = 0;
+    return ST_OK;
+}
+
 static void job_close(struct batch_run *r)
 {
     if (r->e)
@@ -437,16 +518,6 @@ static void job_close(struct batch_run *r)
         r->inflight = next;
     }
     grammars_free(r);
-    engine_chat_free(r->chat);
-    engine_tok_free(r->tok);
-    engine_model_free(r->m);
-    engine_model_free(r->draft);
-    kern_group_free(r->group);
-    r->chat = NULL;
-    r->tok = NULL;
-    r->m = NULL;
-    r->draft = NULL;
-    r->group = NULL;
     if (r->out) {
         count_commits(r);
         r->done_base = r->stats.items_done;
@@ -472,6 +543,16 @@ static int stop_requested(struct batch_run *r)
             r->t_stop = batch_now();
             LOG_INFO("stopping: %s; in-flight requests get %.0f s to finish",
                      sig ? "signal received" : "--max-runtime reached", (double)r->o->grace);
+        }
+        /* recorded in the queue (tried again until it is): killed during the grace, this run
+         * costs its items no attempt */
+        if (!r->stop_recorded) {
+            struct err_detail e2 = {0};
+            enum status st = queue_run_stopping(r->q, r->stats.run_id, &e2);
+            if (!st)
+                r->stop_recorded = 1;
+            else if (st != ST_ERR_BUSY && !r->stop_warned++)
+                LOG_WARN("recording this run's stop in the queue: %s", e2.msg);
         }
         return 1;
     }
@@ -617,31 +698,12 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
     r->defaults.default_id = NULL;
     if ((st = job_params_from_json(r->job.params_json, &r->defaults, err)))
         return st;
-    if (r->job.model_sha256 && *r->job.model_sha256) {
-        char sha[SHA256_HEX_LEN];
-        if ((st = sha256_file(r->job.model_path, SHA256_WHOLE_FILE, sha, err)))
-            return st;
-        if (strcmp(sha, r->job.model_sha256))
-            return err_set(err, ST_ERR_INVALID_ARG,
-                           "model %s changed since the job was submitted (sha256 %s, job has %s)",
-                           r->job.model_path, sha, r->job.model_sha256);
-    }
+    if ((st = model_open(r, err)))
+        return st;
     struct engine_params ep = r->o->engine;
-    if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
-        (st = engine_model_load_group(&r->m, r->job.model_path, r->group, err)) ||
-        (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)))
-        return st;
-    if ((ep.spec & ENGINE_SPEC_MODEL) &&
-        (st = engine_model_load_group(&r->draft, r->o->draft_model, r->group, err))) {
-        err_prefix(err, "--draft-model %s", r->o->draft_model);
-        return st;
-    }
     ep.draft_model = r->draft;
     if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)) || (st = record_engine(r, &ep, err)))
         return st;
-    struct err_detail e2 = {0};
-    if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
-        LOG_WARN("%s: %s; chat requests will fail", r->job.model_path, e2.msg);
     struct batch_out_spec spec = {r->q,
                                   r->stats.run_id,
                                   r->job.id,
@@ -823,6 +885,9 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
         st = queue_open_opts(&r->q, o->db, &qo, err);
     if (st)
         return st;
+    /* until the run first holds leases (fill), a stop signal ends a wait for another process's
+     * lock at once: there is nothing to commit or give back yet */
+    queue_set_interrupt(r->q, o->signals);
     /* runs and submits on this host whose process is gone: items back, half-submitted jobs
      * deleted, before anything is chosen */
     int64_t reaped = 0;
@@ -925,7 +990,7 @@ enum status batch_run_end(struct batch_run *r, const char *reason, const char *s
 {
     int64_t requeued = 0, released = 0;
     int room = 0; /* queue_make_room tried */
-    if (!strcmp(reason, "error")) {
+    if (!strcmp(reason, "error") || !strcmp(reason, "signal")) { /* (none left after a stop) */
         struct err_detail e2 = {0}; /* failing, the items go back counted, below */
         enum status st = queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2);
         if (st == ST_ERR_IO && (room = 1, !queue_make_room(r->q, &e2))) {
@@ -956,6 +1021,7 @@ void batch_run_free(struct batch_run *r)
     if (!r)
         return;
     job_close(r);
+    model_release(r);
     free(r->job_ids);
     free(r->engine_json);
     free(r->stats.ttft_ms);

@@ -75,11 +75,31 @@ enum status queue_item_scan_finished(struct queue *q, int64_t job_id, queue_item
 enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
                              struct err_detail *err)
 {
+    /* A run started with --job worked on the job from its start to its end (or last heartbeat).
+     * A run without one works on its jobs one after another and records a sample of each every
+     * few seconds and when its work on the job ends: its work on this job began when its last
+     * sample of another job before then was taken (its start, if none), and ended at its last
+     * sample of this job, or is still going on (its heartbeat) if it is live and has recorded
+     * nothing since. Runs without a sample of the job did not work on it. */
     static const char sql[] =
-        "SELECT min(started), max(coalesce(ended, heartbeat)) FROM runs "
-        "WHERE kind = 'run' AND (job_id = ?1 OR job_id IS NULL OR job_id = 0)";
+        "WITH js AS (SELECT run_id, min(t) AS t0, max(t) AS t1 FROM samples WHERE job_id = ?1"
+        " GROUP BY run_id)"
+        " SELECT coalesce(min(s), 0), coalesce(max(e), 0) FROM ("
+        "  SELECT started AS s, coalesce(ended, heartbeat) AS e FROM runs"
+        "   WHERE kind = 'run' AND job_id = ?1"
+        "  UNION ALL"
+        "  SELECT max(r.started, coalesce((SELECT max(o.t) FROM samples o WHERE o.run_id = r.id"
+        "    AND o.t <= js.t0 AND o.job_id <> ?1), 0)) AS s,"
+        "   CASE WHEN r.ended IS NULL AND NOT EXISTS (SELECT 1 FROM samples o"
+        "    WHERE o.run_id = r.id AND o.t > js.t1) THEN max(js.t1, r.heartbeat)"
+        "    ELSE js.t1 END AS e"
+        "   FROM js JOIN runs r ON r.id = js.run_id"
+        "   WHERE r.kind = 'run' AND (r.job_id IS NULL OR r.job_id = 0))";
+    static const char sql_all[] = /* any job: every run */
+        "SELECT coalesce(min(started), 0), coalesce(max(coalesce(ended, heartbeat)), 0) FROM runs"
+        " WHERE kind = 'run'";
     sqlite3_stmt *s = NULL;
-    int rc = sqlite3_prepare_v2(q->db, sql, -1, &s, NULL);
+    int rc = sqlite3_prepare_v2(q->db, job_id ? sql : sql_all, -1, &s, NULL);
     if (rc != SQLITE_OK)
         return queue_sql_err(q, rc, "preparing the run timing query", err);
     sqlite3_bind_int64(s, 1, job_id);
@@ -91,6 +111,22 @@ enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms,
     } else {
         st = queue_sql_err(q, rc, "reading run times", err);
     }
+    sqlite3_finalize(s);
+    return st;
+}
+
+enum status queue_runs_any(struct queue *q, int *any, struct err_detail *err)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(q->db, "SELECT EXISTS (SELECT 1 FROM runs WHERE kind = 'run')", -1,
+                                &s, NULL);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "preparing the run query", err);
+    enum status st = ST_OK;
+    if ((rc = sqlite3_step(s)) == SQLITE_ROW)
+        *any = sqlite3_column_int(s, 0) != 0;
+    else
+        st = queue_sql_err(q, rc, "looking for runs", err);
     sqlite3_finalize(s);
     return st;
 }

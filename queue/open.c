@@ -124,6 +124,29 @@ static int journal_mode(struct queue *q, const char *set, char mode[16])
     return rc;
 }
 
+/* The busy handler: wait in steps of at most 10 ms (SQLite's own handler's steps, without its
+ * longer ones) until the busy timeout has passed, or at once stop when the interrupt is set. */
+static int busy_wait(void *arg, int count)
+{
+    static const int steps[] = {1, 2, 5, 10};
+    const struct queue *q = arg;
+    if (q->interrupt && *q->interrupt)
+        return 0;
+    /* waited so far: the steps before this one */
+    int64_t waited =
+        count <= 4 ? (int64_t[]){0, 1, 3, 8, 18}[count] : 18 + 10 * (int64_t)(count - 4);
+    if (waited >= q->busy_ms)
+        return 0;
+    sqlite3_sleep(steps[count < 4 ? count : 3]);
+    return 1;
+}
+
+void queue_set_interrupt(struct queue *q, const volatile sig_atomic_t *flag)
+{
+    if (q)
+        q->interrupt = flag;
+}
+
 /* A part: rollback journal, and the write lock taken now and kept (locking_mode EXCLUSIVE
  * keeps every lock a connection gets until it closes). */
 static enum status set_exclusive(struct queue *q, struct err_detail *err)
@@ -597,8 +620,8 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
         goto fail;
     }
     sqlite3_extended_result_codes(q->db, 1);
-    sqlite3_busy_timeout(q->db,
-                         opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS);
+    q->busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS;
+    sqlite3_busy_handler(q->db, busy_wait, q);
     if ((st = set_pragmas(q, opts, err)) != ST_OK)
         goto fail;
     if ((st = migrate(q, err)) != ST_OK)

@@ -56,6 +56,7 @@
 #ifndef QUEUE_QUEUE_H
 #define QUEUE_QUEUE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,7 +64,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       5     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       6     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -124,6 +125,12 @@ struct queue_options {
                              Lustre with flock), which are therefore not refused. A file
                              another connection holds is ST_ERR_BUSY after the busy timeout. */
 };
+
+/* While *flag (NULL: never) is nonzero, a wait for a locked database gives up at once (the call
+ * fails with ST_ERR_BUSY) instead of lasting the busy timeout: for a run told to stop before it
+ * holds anything, so that a signal is not ignored for 30 s behind another process's lock. */
+struct queue;
+void queue_set_interrupt(struct queue *q, const volatile sig_atomic_t *flag);
 
 /* Open (creating if missing, unless must_exist) the queue at path and migrate it to
  * QUEUE_SCHEMA_VERSION. Nothing is written until the file has been inspected read-only, and a
@@ -324,6 +331,10 @@ enum status queue_job_counts(struct queue *q, int64_t job_id, struct queue_count
 enum status queue_job_unfinished(struct queue *q, int64_t job_id, int64_t *queued, int64_t *leased,
                                  struct err_detail *err);
 
+/* Has any run (kind 'run'; submits do not count) ever started on this queue file? *any 1 or 0.
+ * (A part of a partitioned queue worked on before, rather than one whose task never started.) */
+enum status queue_runs_any(struct queue *q, int *any, struct err_detail *err);
+
 /* ---- Items ----------------------------------------------------------------------------- */
 
 /* What queue_item_add copies; every pointer is borrowed for the call. */
@@ -377,6 +388,13 @@ enum status queue_run_end(struct queue *q, int64_t run_id, const char *exit_reas
  * commit). A run that has ended (e.g. ended as dead by another process) is ST_ERR_CONFLICT, a
  * missing one ST_ERR_INVALID_ARG. */
 enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_detail *err);
+
+/* A heartbeat that also records that the run has begun to stop (a signal, --max-runtime): if it
+ * dies from here on (killed when its grace outlasts the scheduler's patience), its leases go
+ * back to queued with attempts - 1, as a graceful stop's (queue_release) do, whether a run on
+ * this host finds it dead or its leases expire. Once per run is enough; again is harmless. It
+ * never waits for a lock: ST_ERR_BUSY while another process writes (try again later). */
+enum status queue_run_stopping(struct queue *q, int64_t run_id, struct err_detail *err);
 
 /* A heartbeat that also stores progress_json (a JSON object of the run's live numbers, or NULL
  * to clear it) in the run's row, for observers (queue_run_list_live). One autocommit UPDATE; a
@@ -688,8 +706,12 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
 enum status queue_item_scan_finished(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
                                      struct err_detail *err);
 
-/* Wall-clock span of the runs (kind 'run'; submits do not count) that worked on job_id (or on
- * any job): first start and last heartbeat/end, unix ms; both 0 when no run has started. */
+/* Wall-clock span of the runs' work on job_id (kind 'run'; submits do not count): a run started
+ * for the job from its start to its end or last heartbeat; a run over several jobs from the end
+ * of its work on the job before (its samples tell) to its last sample of this one (its heartbeat
+ * while it still works on it); first start and last end, unix ms; both 0 when no run has worked
+ * on it (a run over several jobs counts from its first sample of the job, a few seconds in).
+ * job_id 0: every run's span. */
 enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
                              struct err_detail *err);
 

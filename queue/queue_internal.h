@@ -53,6 +53,7 @@ enum queue_stmt_id {
     QS_RUN_ENDED,
     QS_RUN_END,
     QS_RUN_HEARTBEAT,
+    QS_RUN_STOPPING,
     QS_RUN_PROGRESS,
     QS_RUN_ENGINE,
     QS_JOB_WRITERS,
@@ -102,6 +103,8 @@ struct queue {
     char *dir;                     /* directory of the database file, absolute (owned) */
     char *file;                    /* the database file, absolute (owned) */
     int64_t job_batch;             /* items per transaction of queue_job_cancel and _retry_failed */
+    int busy_ms;                   /* how long a wait for a locked database lasts */
+    const volatile sig_atomic_t *interrupt; /* queue_set_interrupt: nonzero ends such a wait */
 };
 
 /* A write scope: BEGIN IMMEDIATE outside a user transaction, a savepoint inside one. */

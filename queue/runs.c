@@ -204,7 +204,8 @@ static enum status run_touch(struct queue *q, enum queue_stmt_id id, int64_t run
     sqlite3_bind_int64(s, 2, queue_now(q));
     if (id == QS_RUN_PROGRESS)
         queue_bind_str(s, 3, progress_json);
-    enum status st = queue_step_done(q, s, "heartbeat", err);
+    enum status st = queue_step_done(
+        q, s, id == QS_RUN_STOPPING ? "recording the run's stop" : "heartbeat", err);
     if (st != ST_OK || sqlite3_changes(q->db) > 0)
         return st;
     /* no row changed: the run is missing, or it has ended */
@@ -227,6 +228,17 @@ enum status queue_run_heartbeat(struct queue *q, int64_t run_id, struct err_deta
 {
     QUEUE_ERR_LOCAL(err);
     return run_touch(q, QS_RUN_HEARTBEAT, run_id, NULL, err);
+}
+
+enum status queue_run_stopping(struct queue *q, int64_t run_id, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    static const volatile sig_atomic_t now = 1; /* no wait for a lock */
+    const volatile sig_atomic_t *saved = q->interrupt;
+    q->interrupt = &now;
+    enum status st = run_touch(q, QS_RUN_STOPPING, run_id, NULL, err);
+    q->interrupt = saved;
+    return st;
 }
 
 enum status queue_run_progress(struct queue *q, int64_t run_id, const char *progress_json,

@@ -143,8 +143,18 @@ static const char SCHEMA_V4[] =
  * NULL for submits and for runs before version 5. Manifests and `quern status` list it. */
 static const char SCHEMA_V5[] = "ALTER TABLE runs ADD COLUMN engine_json TEXT;";
 
+/* Version 6: samples by run, for what a run without --job did on a job (queue_job_timing: where
+ * its work on the job began and ended). Without it each such run searched every sample of the
+ * job: `status` on a queue a cron job had run on for two weeks took minutes.
+ * runs.stopping: when the run began to stop (a signal, --max-runtime; queue_run_stopping), NULL
+ * while it works. A run killed during its grace (Slurm's KillWait, 30 s, is shorter than many
+ * a --grace) did not die of its requests: its leases go back without counting an attempt, as
+ * a graceful stop's do. */
+static const char SCHEMA_V6[] = "CREATE INDEX samples_run ON samples (run_id, t);"
+                                "ALTER TABLE runs ADD COLUMN stopping INTEGER;";
+
 const struct queue_migration queue_migrations[] = {
-    {1, SCHEMA_V1}, {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5},
+    {1, SCHEMA_V1}, {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {6, SCHEMA_V6},
 };
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
@@ -288,6 +298,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
+    [QS_RUN_STOPPING] = "UPDATE runs SET heartbeat = ?2, stopping = coalesce(stopping, ?2)"
+                        " WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_PROGRESS] = "UPDATE runs SET heartbeat = ?2, progress_json = ?3"
                         " WHERE id = ?1 AND ended IS NULL",
     /* a finished item's lease_owner is the run that committed its record (QS_ITEM_FINISH) */
@@ -307,22 +319,26 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
                          " heartbeat, progress_json, 0, NULL, engine_json, 0 FROM runs"
                          " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
+    /* the runs with samples of the job: one list (samples_job), not a search per run */
     [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
                         " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
-                        " EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
-                        " AND s.job_id = ?1) FROM runs"
+                        " id IN (SELECT run_id FROM samples WHERE job_id = ?1) FROM runs"
                         " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
-                        " AND EXISTS (SELECT 1 FROM samples s WHERE s.run_id = runs.id"
-                        " AND s.job_id = ?1))) ORDER BY id",
+                        " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
     /* ?2: the sweeping run, whose own leases are never swept (0: none) */
+    /* (an attempt is given back when the owner had begun to stop: see SCHEMA_V6) */
     [QS_LEASE_EXPIRE] = "UPDATE items INDEXED BY items_lease_expiry SET state = 'queued',"
-                        " lease_owner = NULL, lease_expiry = NULL"
+                        " lease_owner = NULL, lease_expiry = NULL,"
+                        " attempts = max(attempts - coalesce((SELECT 1 FROM runs"
+                        " WHERE runs.id = items.lease_owner AND stopping IS NOT NULL), 0), 0)"
                         " WHERE state = 'leased' AND lease_expiry <= ?1 AND lease_owner <> ?2",
     [QS_LEASE_REQUEUE_RUN] =
         "UPDATE items INDEXED BY items_lease_owner SET state = 'queued', lease_owner = NULL,"
-        " lease_expiry = NULL WHERE state = 'leased' AND lease_owner = ?1",
+        " lease_expiry = NULL, attempts = max(attempts - coalesce((SELECT 1 FROM runs"
+        " WHERE id = ?1 AND stopping IS NOT NULL), 0), 0)"
+        " WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
                         " WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_LIST] = "SELECT id FROM items INDEXED BY items_lease_owner"

@@ -291,13 +291,21 @@ static int run_once(struct run_opts *o, int *busy)
     if (st) {
         if (busy && st == ST_ERR_BUSY)
             *busy = 1;
+        else if (g_signals && st == ST_ERR_BUSY) /* (the wait was cut short: queue_set_interrupt) */
+            LOG_INFO("stopping: signal received while another process held the queue: %s", err.msg);
         else
             LOG_ERROR("%s", err.msg);
         batch_run_free(r);
-        return rc;
+        return g_signals && st == ST_ERR_BUSY ? RUN_EXIT_TEMPFAIL : rc;
     }
     switch (batch_run_jobs(r, &err)) {
     case BATCH_END_FAILED:
+        if (g_signals && err.status == ST_ERR_BUSY) { /* before it could hold anything */
+            LOG_INFO("stopping: signal received while another process held the queue: %s", err.msg);
+            reason = "signal";
+            rc = RUN_EXIT_TEMPFAIL;
+            break;
+        }
         LOG_ERROR("%s", err.msg);
         reason = "error";
         break;
@@ -361,10 +369,11 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
         return 0;
     struct queue_job *jobs = NULL;
     size_t n = 0;
-    int64_t queued = 0, leased = 0, first = 0, last = 0;
+    int64_t queued = 0, leased = 0;
+    int ran = 0;
     int ok = !queue_job_list(q, &jobs, &n, &err) && n == 1 &&
              !queue_job_unfinished(q, jobs[0].id, &queued, &leased, &err) && queued + leased > 0 &&
-             !queue_job_timing(q, jobs[0].id, &first, &last, &err) && (!owned || first > 0);
+             !queue_runs_any(q, &ran, &err) && (!owned || ran);
     queue_job_list_free(jobs, n);
     queue_close(q);
     return ok;
@@ -501,8 +510,13 @@ int runner_cmd_run(int argc, char **argv)
     /* HUP (terminal closed) and PIPE (stdout/stderr reader gone) stop like TERM: the leases go
      * back and the work done so far is committed, instead of dying mid-run */
     static const int stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
-    for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
+    for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++) {
+        /* ... except a HUP ignored on purpose (`nohup quern run`): it stays ignored */
+        struct sigaction old;
+        if (stop_sigs[i] == SIGHUP && !sigaction(SIGHUP, NULL, &old) && old.sa_handler == SIG_IGN)
+            continue;
         sigaction(stop_sigs[i], &sa, NULL);
+    }
 
     struct runner_term term;
     runner_term_init(&term, stderr);

@@ -941,13 +941,14 @@ static void test_not_ready_job_invisible(void **state)
     assert_int_equal(queue_job_counts(q, job, &counts, &err), ST_OK);
     assert_int_equal(counts.total, 5);
 
-    /* submit runs do not count as run time of any job */
+    /* submit runs do not count as run time of any job (nor does a run over all jobs that has
+     * recorded no sample of it yet) */
     f->now += 5000;
     assert_int_equal(queue_run_heartbeat(q, srun, &err), ST_OK);
     int64_t first = 0, last = 0;
     assert_int_equal(queue_job_timing(q, ready_job, &first, &last, &err), ST_OK);
-    assert_int_equal(first, 1000000);
-    assert_int_equal(last, 1000000);
+    assert_int_equal(first, 0);
+    assert_int_equal(last, 0);
 
     /* publish: ready, the submit run ended as "submitted"; now its items can be claimed */
     assert_int_equal(queue_job_publish(q, job, "{\"lines\":5}", &err), ST_OK);
@@ -1114,6 +1115,73 @@ static void test_retry_batches(void **state)
     queue_close(q);
 }
 
+static void sample_at(struct queue *q, int64_t run, int64_t job, int64_t t)
+{
+    struct err_detail err = {0};
+    struct queue_sample smp = {.t_ms = t, .run_id = run, .job_id = job};
+    assert_int_equal(queue_sample_add(q, &smp, &err), ST_OK);
+}
+
+static void expect_timing(struct queue *q, int64_t job, int64_t first, int64_t last)
+{
+    struct err_detail err = {0};
+    int64_t f0 = -1, l0 = -1;
+    assert_int_equal(queue_job_timing(q, job, &f0, &l0, &err), ST_OK);
+    assert_int_equal(f0, first);
+    assert_int_equal(l0, last);
+}
+
+/* A job's time span counts a run over all jobs only for its own work on the job (from the end
+ * of its work on the job before, by its samples, to its last sample of this one); before, every
+ * such run counted whole for every job: a job that ran for a second showed "over 31 s of runs",
+ * one never run the span of every run. */
+static void test_job_timing(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t a = make_job(q, "a", 1), b = make_job(q, "b", 1), c = make_job(q, "c", 1);
+    int64_t r1 = start_run(q, 0); /* at 1,000,000: a, then b */
+    sample_at(q, r1, a, 1005000);
+    sample_at(q, r1, a, 1010000);
+    sample_at(q, r1, b, 1015000);
+    sample_at(q, r1, b, 1020000);
+    f->now = 1021000;
+    assert_int_equal(queue_run_end(q, r1, "drained", NULL, NULL, &err), ST_OK);
+    f->now = 1100000;
+    int64_t r2 = start_run(q, b); /* b alone */
+    f->now = 1200000;
+    assert_int_equal(queue_run_end(q, r2, "drained", NULL, NULL, &err), ST_OK);
+    expect_timing(q, a, 1000000, 1010000);
+    expect_timing(q, b, 1010000, 1200000);
+    expect_timing(q, c, 0, 0);
+    expect_timing(q, 0, 1000000, 1200000); /* any job: every run */
+    /* a live run over all jobs, working on a: until its heartbeat; once it has moved on to c,
+     * until its last sample of a */
+    f->now = 1300000;
+    int64_t r3 = start_run(q, 0);
+    sample_at(q, r3, a, 1305000);
+    f->now = 1308000;
+    assert_int_equal(queue_run_heartbeat(q, r3, &err), ST_OK);
+    expect_timing(q, a, 1000000, 1308000);
+    sample_at(q, r3, c, 1309000);
+    expect_timing(q, a, 1000000, 1305000);
+    expect_timing(q, c, 1305000, 1309000);
+    /* the run list of a job: the runs with its samples, and those started for it */
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_job(q, b, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(runs[0].id, r1);
+    assert_int_equal(runs[1].id, r2);
+    queue_run_info_free(runs, n);
+    assert_int_equal(queue_run_list_job(q, c, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(runs[0].id, r3);
+    queue_run_info_free(runs, n);
+    queue_close(q);
+}
+
 /* proc_tag_self names this process: alive; a dead child's tag, dead; another host's or boot's,
  * or a malformed one, unknown. */
 static void test_proc_tag(void **state)
@@ -1246,6 +1314,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cancel_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_batches, setup, teardown),
         cmocka_unit_test(test_proc_tag),
+        cmocka_unit_test_setup_teardown(test_job_timing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

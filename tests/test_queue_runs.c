@@ -209,6 +209,78 @@ static void test_reap_dead_runs(void **state)
     assert_int_equal(sql_int(f->path, sql), 1);
 }
 
+/* A run that recorded its stop (queue_run_stopping) and then died (SIGKILL at the end of a
+ * scheduler's KillWait, inside its --grace) costs its items no attempt: neither when a run on
+ * its host finds it dead, nor when its leases expire (another host). A run that died without
+ * stopping still does (the guard against requests that crash runs). */
+static void test_stopping_run_dies(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 6);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
+        fail_msg("no /proc identity on this machine");
+    /* runs of this host whose process is gone (another start time): one stopping, one not */
+    struct queue_run_spec gone = {.job_id = job,
+                                  .host = self.host,
+                                  .pid = self.pid,
+                                  .boot_id = self.boot_id,
+                                  .pid_ns = self.pid_ns,
+                                  .pstart = self.start_ticks + 1};
+    int64_t r_stop = 0, r_crash = 0, r_far = 0;
+    assert_int_equal(queue_run_start(q, &gone, &r_stop, &err), ST_OK);
+    assert_int_equal(queue_run_start(q, &gone, &r_crash, &err), ST_OK);
+    /* and a run on another host, stopping, whose leases will expire */
+    struct queue_run_spec far = gone;
+    far.host = "elsewhere";
+    assert_int_equal(queue_run_start(q, &far, &r_far, &err), ST_OK);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, r_stop, 2, 3600000, &n);
+    assert_int_equal(n, 2);
+    queue_claimed_free(c, n);
+    c = claim(q, job, r_crash, 2, 3600000, &n);
+    assert_int_equal(n, 2);
+    queue_claimed_free(c, n);
+    c = claim(q, job, r_far, 2, 1000, &n);
+    assert_int_equal(n, 2);
+    queue_claimed_free(c, n);
+    assert_int_equal(queue_run_stopping(q, r_stop, &err), ST_OK);
+    assert_int_equal(queue_run_stopping(q, r_stop, &err), ST_OK); /* again: harmless */
+    assert_int_equal(queue_run_stopping(q, r_far, &err), ST_OK);
+    int64_t reaped = 0;
+    assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
+    assert_int_equal(reaped, 2);
+    char sql[160];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM items WHERE state = 'queued' AND attempts = 0"
+             " AND id IN (1, 2)");
+    assert_int_equal(sql_int(f->path, sql), 2); /* the stopping run's: given back uncounted */
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'queued'"
+                                      " AND attempts = 1 AND id IN (3, 4)"),
+                     2); /* the crashed run's: counted */
+    /* the far run's leases expire: a claim puts them back, uncounted */
+    f->now += 2000;
+    int64_t r_new = start_run(q, job);
+    c = claim(q, job, r_new, 1, 1000, &n);
+    queue_claimed_free(c, n);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE id IN (5, 6)"
+                                      " AND attempts = 0 AND state = 'queued'") +
+                         sql_int(f->path, "SELECT count(*) FROM items WHERE id IN (5, 6)"
+                                          " AND attempts = 1 AND state = 'leased'"),
+                     2);
+    /* the stop is recorded once, when it began */
+    snprintf(sql, sizeof(sql), "SELECT stopping IS NOT NULL FROM runs WHERE id = %lld",
+             (long long)r_stop);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    snprintf(sql, sizeof(sql), "SELECT stopping IS NULL FROM runs WHERE id = %lld",
+             (long long)r_crash);
+    assert_int_equal(sql_int(f->path, sql), 1);
+    queue_close(q);
+}
+
 /* ---- claiming ------------------------------------------------------------------------------ */
 
 static void test_claim_order_limits(void **state)
@@ -733,6 +805,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_own_leases_not_swept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reap_dead_runs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stopping_run_dies, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

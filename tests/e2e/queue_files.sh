@@ -105,7 +105,7 @@ damaged("jobs_null_row.db", jobs + 8, 64, 0)  # cell pointers -> 0: a row of NUL
 damaged("jobs_page_ff.db", jobs, ps, 0xFF)
 leaf = (leaves[len(leaves) // 2] - 1) * ps
 damaged("items_leaf.db", leaf + 8, ps - 8)  # page header kept, cells garbage
-damaged("schema.db", 200, 1500)  # page 1 after the 100-byte file header
+damaged("schema.db", 100, ps - 100)  # page 1 after the 100-byte file header
 open("truncated.db", "wb").write(data[: len(data) // 2])
 PY
 # run does not check the whole file before it starts yet (queue_options.check_integrity is

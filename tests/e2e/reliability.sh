@@ -20,7 +20,10 @@
 # 10. `run --db typo.db` is an error (no file created) unless --create; SIGHUP and SIGPIPE (a
 #     closed stderr reader) stop a run like SIGTERM: leases given back;
 # 11. a run stalled past its --lease, whose expired leases went back to the queue, claims its
-#     own items again when it resumes: each is still computed and committed once.
+#     own items again when it resumes: each is still computed and committed once;
+# 12. a run SIGKILLed during its grace (a scheduler's KillWait) costs its items no attempt;
+# 13. a stop signal while another process holds the queue locked exits 75 at once;
+# 14. `nohup quern run` ignores SIGHUP.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -400,4 +403,89 @@ done
 kill -CONT $pid
 wait $pid || { tail eleven.log; fail "11: the resumed run exited non-zero"; }
 check_job eleven.db eleven 200
+# 12. a run killed during its grace (Slurm: SIGTERM, then SIGKILL after KillWait, 30 s, shorter
+# than the examples' --grace 90) recorded its stop first: its items go back without costing an
+# attempt (before, three preemptions made every in-flight item attempts_exhausted); paced in
+# exact mode on one thread, each request longer than the test waits
+python3 - <<'PY'
+import json
+with open("twelve.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"custom_id": f"s{i}", "max_tokens": 400, "temperature": 0,
+                            "messages": [{"role": "user",
+                                          "content": f"Write a long story about dragon {i}."}]})
+                + "\n")
+PY
+"$Q" submit --db twelve.db --model "$M" --name twelve twelve.jsonl >/dev/null 2>&1
+"$Q" run --db twelve.db --out out --max-seqs 4 --grace 600 --threads 1 --matmul exact \
+    >/dev/null 2>twelve.log &
+pid=$!
+for _ in $(seq 600); do # until it holds leases
+    python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('twelve.db').execute(
+        \"SELECT count(*) FROM items WHERE state = 'leased'\").fetchone()[0] > 0 else 1)" && break
+    sleep 0.1
+done
+kill -TERM $pid
+for _ in $(seq 600); do # until the queue has its stop
+    python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('twelve.db').execute(
+        \"SELECT count(*) FROM runs WHERE stopping IS NOT NULL\").fetchone()[0] > 0 else 1)" &&
+        break
+    sleep 0.1
+done
+kill -0 $pid 2>/dev/null || fail "12: the run ended within its grace (make the requests longer)"
+kill -9 $pid
+wait $pid 2>/dev/null || true
+"$Q" status --db twelve.db >/dev/null 2>&1 # finds the run dead: its leases go back
+python3 - twelve.db <<'PY' || fail "12: a run killed during its grace cost its items attempts"
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute("SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
+assert ("leased" not in [r[0] for r in rows]), rows
+assert all(a == 0 for st, a, n in rows if st == "queued"), rows
+assert sum(n for st, a, n in rows if st == "queued") > 0, rows
+PY
+# 13. a stop signal while another process holds the queue's write lock, before the run holds
+# anything: exit 75 at once (it waited out SQLite's 30 s busy timeout, then exited 1, which
+# Slurm scripts do not requeue)
+python3 - twelve.db <<'PY' &
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+open("locked", "w").close()
+time.sleep(20)
+db.execute("COMMIT")
+PY
+holder=$!
+for _ in $(seq 100); do [ -e locked ] && break; sleep 0.1; done
+"$Q" run --db twelve.db --out out --threads 1 >/dev/null 2>thirteen.log &
+pid=$!
+sleep 1
+t0=$(date +%s)
+kill -TERM $pid
+set +e
+wait $pid
+rc=$?
+set -e
+t1=$(date +%s)
+kill $holder 2>/dev/null || true
+wait $holder 2>/dev/null || true
+[ $rc -eq 75 ] && [ $((t1 - t0)) -le 5 ] ||
+    { cat thirteen.log; fail "13: TERM behind a locked queue: exit $rc after $((t1 - t0)) s"; }
+# 14. `nohup quern run`: the HUP it ignores stays ignored (it stopped the run before); TERM
+# still stops it
+make_small fourteen.jsonl 100
+"$Q" submit --db fourteen.db --model "$M" --name fourteen fourteen.jsonl >/dev/null 2>&1
+nohup "$Q" run --db fourteen.db --out out --max-seqs 2 --flush-secs 0.2 --grace 0 --threads 1 \
+    --matmul exact >/dev/null 2>fourteen.log &
+pid=$!
+wait_done fourteen.db fourteen 1
+kill -HUP $pid
+sleep 1
+kill -0 $pid 2>/dev/null || { cat fourteen.log; fail "14: nohup'd run stopped on SIGHUP"; }
+kill -TERM $pid
+set +e
+wait $pid
+rc=$?
+set -e
+[ $rc -eq 75 ] || fail "14: TERM after an ignored HUP: exit $rc, want 75"
 echo "e2e reliability: ok"
