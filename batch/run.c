@@ -467,10 +467,14 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
                (!want || r->model_sha[0]);
     if (!kept) {
         model_release(r);
+        int cached = 0;
         if (want) {
-            enum status st = sha256_file(path, SHA256_WHOLE_FILE, r->model_sha, err);
+            enum status st = queue_model_sha(r->q, path, r->model_sha, &cached, err);
             if (st)
                 return st;
+            if (cached)
+                LOG_INFO("model %s: unchanged since it was hashed (sha256 recorded in the queue)",
+                         path);
         }
     }
     if (want && strcmp(r->model_sha, want)) {

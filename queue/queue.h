@@ -335,6 +335,15 @@ enum status queue_job_unfinished(struct queue *q, int64_t job_id, int64_t *queue
  * (A part of a partitioned queue worked on before, rather than one whose task never started.) */
 enum status queue_runs_any(struct queue *q, int *any, struct err_detail *err);
 
+/* The sha256 of the model file at path (SHA256_HEX_LEN with its NUL): the one recorded in the
+ * queue when the file, as stat shows it now (device, inode, size, modification and change
+ * times), was hashed before; else read and hashed now and recorded (only when the file did not
+ * change while it was read and was last changed over 2 s before, so that a write within the
+ * clock's granularity cannot hide behind an unchanged identity). *cached (may be NULL) says
+ * whether the file was read. A failed record only costs the next caller a read. */
+enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *cached,
+                            struct err_detail *err);
+
 /* ---- Items ----------------------------------------------------------------------------- */
 
 /* What queue_item_add copies; every pointer is borrowed for the call. */

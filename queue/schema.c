@@ -150,8 +150,20 @@ static const char SCHEMA_V5[] = "ALTER TABLE runs ADD COLUMN engine_json TEXT;";
  * while it works. A run killed during its grace (Slurm's KillWait, 30 s, is shorter than many
  * a --grace) did not die of its requests: its leases go back without counting an attempt, as
  * a graceful stop's do. */
-static const char SCHEMA_V6[] = "CREATE INDEX samples_run ON samples (run_id, t);"
-                                "ALTER TABLE runs ADD COLUMN stopping INTEGER;";
+static const char SCHEMA_V6[] =
+    "CREATE INDEX samples_run ON samples (run_id, t);"
+    "ALTER TABLE runs ADD COLUMN stopping INTEGER;"
+    /* model_files: the sha256 of a model file as it was when hashed, by its identity (device,
+     * inode, size, modification and change times in ns): a later submit or run finds the same
+     * unchanged file without reading it again (queue_model_sha) */
+    "CREATE TABLE model_files ("
+    "  path TEXT PRIMARY KEY,"
+    "  dev INTEGER NOT NULL,"
+    "  ino INTEGER NOT NULL,"
+    "  size INTEGER NOT NULL,"
+    "  mtime_ns INTEGER NOT NULL,"
+    "  ctime_ns INTEGER NOT NULL,"
+    "  sha256 TEXT NOT NULL);";
 
 const struct queue_migration queue_migrations[] = {
     {1, SCHEMA_V1}, {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {6, SCHEMA_V6},

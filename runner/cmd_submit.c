@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -679,8 +680,13 @@ int runner_cmd_submit(int argc, char **argv)
     s.lock_fd = -1;
     char sha[SHA256_HEX_LEN], name[64];
     int rc = RUNNER_EXIT_ERROR;
-    if (sha256_file(o.model, SHA256_WHOLE_FILE, sha, &err)) {
-        LOG_ERROR("model: %s", err.msg);
+    struct stat msb; /* (hashed once the queue is open: it may hold the file's hash) */
+    if (stat(o.model, &msb)) {
+        LOG_ERROR("model: %s: %s", o.model, strerror(errno));
+        return RUNNER_EXIT_ERROR;
+    }
+    if (!S_ISREG(msb.st_mode)) {
+        LOG_ERROR("model: %s: not a regular file", o.model);
         return RUNNER_EXIT_ERROR;
     }
     if (!o.name) {
@@ -704,6 +710,12 @@ int runner_cmd_submit(int argc, char **argv)
     if (!params || submit_open(&s, &parts, &err)) {
         LOG_ERROR("%s", params ? err.msg : "out of memory");
         if (params && o.partitions && parts.n) /* parts made before the failure */
+            submit_undo(&s, &parts);
+        goto out;
+    }
+    if (queue_model_sha(s.q[0], o.model, sha, NULL, &err)) {
+        LOG_ERROR("model: %s", err.msg);
+        if (o.partitions)
             submit_undo(&s, &parts);
         goto out;
     }

@@ -13,6 +13,9 @@
 #include <limits.h>
 #include <sys/stat.h>
 
+#include <time.h>
+
+#include "common/sha256.h"
 #include "tests/test_queue_util.h"
 
 static void sql_exec(const char *path, const char *sql)
@@ -1182,6 +1185,52 @@ static void test_job_timing(void **state)
     queue_close(q);
 }
 
+/* queue_model_sha reads a file once and then knows it by its identity; a file changed since is
+ * read again, and one changed within the last 2 s is not recorded (a write in the same clock
+ * tick could hide behind an unchanged identity). */
+static void test_model_sha(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    char path[512], want[SHA256_HEX_LEN], got[SHA256_HEX_LEN];
+    snprintf(path, sizeof(path), "%s.model", f->path);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    for (int i = 0; i < 100000; i++)
+        fputc(i * 7 % 251, fp);
+    fclose(fp);
+    int cached = -1;
+    /* just written: hashed, not recorded */
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(sha256_file(path, SHA256_WHOLE_FILE, want, &err), ST_OK);
+    assert_string_equal(got, want);
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_OK);
+    assert_int_equal(cached, 0);
+    /* settled: recorded once read, then not read again */
+    struct timespec ts = {2, 200000000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_OK);
+    assert_int_equal(cached, 1);
+    assert_string_equal(got, want);
+    /* changed: read again, the new hash */
+    fp = fopen(path, "ab");
+    assert_non_null(fp);
+    fputc('x', fp);
+    fclose(fp);
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(sha256_file(path, SHA256_WHOLE_FILE, want, &err), ST_OK);
+    assert_string_equal(got, want);
+    /* a missing file is an error */
+    unlink(path);
+    assert_int_equal(queue_model_sha(q, path, got, &cached, &err), ST_ERR_IO);
+    queue_close(q);
+}
+
 /* proc_tag_self names this process: alive; a dead child's tag, dead; another host's or boot's,
  * or a malformed one, unknown. */
 static void test_proc_tag(void **state)
@@ -1314,6 +1363,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cancel_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_batches, setup, teardown),
         cmocka_unit_test(test_proc_tag),
+        cmocka_unit_test_setup_teardown(test_model_sha, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_timing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_gc, setup, teardown),
     };

@@ -14,7 +14,9 @@
 #  7. `quern cancel` of a job while a run works on it: the run drops its unfinished requests
 #     from the engine (items_dropped in its summary) instead of computing them to the end;
 #  8. a job cancelled after a run died between a frame's fsync and its commit: the next run
-#     seals its output anyway (shard cut back, manifest complete and "cancelled").
+#     seals its output anyway (shard cut back, manifest complete and "cancelled");
+#  9-10. big cancels and retries in transactions; out of memory making a second choice;
+# 11. three jobs on one model: read and loaded once by one run; a changed model refused.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -340,4 +342,23 @@ QUERN_FAULT=engine.seq_new:3:fail "$Q" run --db n2.db --out out --threads 1 >/de
 ! grep -q -e AddressSanitizer -e 'runtime error' n2.log || { cat n2.log; fail "10: sanitizer"; }
 "$Q" export --db n2.db --job n2 --out n2out.jsonl 2>/dev/null || fail "10: export"
 grep -q '"custom_id":"n2".*"message":"no memory"' n2out.jsonl || fail "10: no error record"
+# 11. three jobs on one model in one run: the file is read and loaded once (the queue knows it
+# by its identity once hashed: submit and run skip it; the run keeps the model loaded), each
+# job's records exactly once; a model file changed after submit is still refused
+cp "$M" multi.gguf
+sleep 2.2 # (a file changed within 2 s is hashed, not recorded)
+for k in 1 2 3; do
+    make_small multi$k.jsonl 3
+    "$Q" submit --db multi.db --model multi.gguf --name m$k multi$k.jsonl >/dev/null 2>&1 ||
+        fail "11: submit m$k"
+done
+"$Q" run --db multi.db --out out >/dev/null 2>multi.log || { cat multi.log; fail "11: the run"; }
+grep -q "multi.gguf: unchanged since it was hashed" multi.log || { cat multi.log; fail "11: hashed"; }
+[ "$(grep -c "multi.gguf still loaded" multi.log)" = 2 ] || { cat multi.log; fail "11: reloaded"; }
+for k in 1 2 3; do check_job multi.db m$k 3; done
+"$Q" submit --db multi.db --model multi.gguf --name m4 multi1.jsonl >/dev/null 2>&1 ||
+    fail "11: submit m4"
+printf x >>multi.gguf
+"$Q" run --db multi.db --out out >/dev/null 2>multi4.log && fail "11: a changed model was used"
+grep -q "changed since the job was submitted" multi4.log || { cat multi4.log; fail "11: message"; }
 echo "e2e jobs: ok"

@@ -1,0 +1,99 @@
+/* Hashes of model files recorded by identity (queue_model_sha, schema version 6). */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/sha256.h"
+#include "queue/queue_internal.h"
+
+#define QUEUE_FILE_SETTLED_NS 2000000000LL /* changed longer ago than this: recordable */
+
+struct file_id {
+    int64_t dev, ino, size, mtime_ns, ctime_ns;
+};
+
+static int file_id(const char *path, struct file_id *id)
+{
+    struct stat sb;
+    if (stat(path, &sb))
+        return -1;
+    id->dev = (int64_t)sb.st_dev;
+    id->ino = (int64_t)sb.st_ino;
+    id->size = (int64_t)sb.st_size;
+    id->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
+    id->ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000LL + sb.st_ctim.tv_nsec;
+    return 0;
+}
+
+/* The recorded hash of path at identity id into sha: 1, or 0 when there is none (or the query
+ * failed: then the file is read). */
+static int recorded(struct queue *q, const char *path, const struct file_id *id, char *sha)
+{
+    static const char sql[] = "SELECT sha256 FROM model_files WHERE path = ?1 AND dev = ?2 AND"
+                              " ino = ?3 AND size = ?4 AND mtime_ns = ?5 AND ctime_ns = ?6";
+    sqlite3_stmt *s = NULL;
+    int hit = 0;
+    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK)
+        return 0;
+    sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, id->dev);
+    sqlite3_bind_int64(s, 3, id->ino);
+    sqlite3_bind_int64(s, 4, id->size);
+    sqlite3_bind_int64(s, 5, id->mtime_ns);
+    sqlite3_bind_int64(s, 6, id->ctime_ns);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        const unsigned char *v = sqlite3_column_text(s, 0);
+        if (v && strlen((const char *)v) == SHA256_HEX_LEN - 1) {
+            memcpy(sha, v, SHA256_HEX_LEN);
+            hit = 1;
+        }
+    }
+    sqlite3_finalize(s);
+    return hit;
+}
+
+static void record(struct queue *q, const char *path, const struct file_id *id, const char *sha)
+{
+    static const char sql[] = "INSERT OR REPLACE INTO model_files (path, dev, ino, size,"
+                              " mtime_ns, ctime_ns, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, id->dev);
+    sqlite3_bind_int64(s, 3, id->ino);
+    sqlite3_bind_int64(s, 4, id->size);
+    sqlite3_bind_int64(s, 5, id->mtime_ns);
+    sqlite3_bind_int64(s, 6, id->ctime_ns);
+    sqlite3_bind_text(s, 7, sha, -1, SQLITE_STATIC);
+    sqlite3_step(s);
+    sqlite3_finalize(s);
+}
+
+enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *cached,
+                            struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    struct file_id before, after;
+    if (cached)
+        *cached = 0;
+    if (file_id(path, &before))
+        return err_set(err, ST_ERR_IO, "%s: %s", path, strerror(errno));
+    if (recorded(q, path, &before, sha)) {
+        if (cached)
+            *cached = 1;
+        return ST_OK;
+    }
+    enum status st = sha256_file(path, SHA256_WHOLE_FILE, sha, err);
+    if (st)
+        return st;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+    int64_t changed = before.mtime_ns > before.ctime_ns ? before.mtime_ns : before.ctime_ns;
+    if (!file_id(path, &after) && !memcmp(&before, &after, sizeof(before)) &&
+        now_ns - changed > QUEUE_FILE_SETTLED_NS)
+        record(q, path, &before, sha);
+    return ST_OK;
+}
