@@ -63,6 +63,92 @@ static void compress_block(uint32_t h[8], const uint8_t *p)
     h[7] += k;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* The same compression on the x86 SHA extensions (SHA-NI): the state as the two vectors the
+ * sha256rnds2 instruction takes (ABEF and CDGH), two rounds per instruction, the message
+ * schedule four words at a time with sha256msg1/msg2. Checked against compress_block in
+ * tests/test_shard.c (test_sha256_shani). */
+__attribute__((target("sha,sse4.1"))) static void compress_shani(uint32_t h[8], const uint8_t *p,
+                                                                 size_t n)
+{
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    __m128i dcba = _mm_loadu_si128((const __m128i *)&h[0]); /* lanes h0..h3 */
+    __m128i hgfe = _mm_loadu_si128((const __m128i *)&h[4]); /* lanes h4..h7 */
+    __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1);
+    __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+    __m128i abef = _mm_alignr_epi8(cdab, efgh, 8);
+    __m128i cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+    for (; n; n--, p += 64) {
+        const __m128i abef0 = abef, cdgh0 = cdgh;
+        __m128i w[4];
+        for (int i = 0; i < 16; i++) {
+            if (i < 4) {
+                w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), bswap);
+            } else { /* words 4i..4i+3 from the four vectors before them */
+                __m128i x = _mm_sha256msg1_epu32(w[i & 3], w[(i + 1) & 3]);
+                x = _mm_add_epi32(x, _mm_alignr_epi8(w[(i + 3) & 3], w[(i + 2) & 3], 4));
+                w[i & 3] = _mm_sha256msg2_epu32(x, w[(i + 3) & 3]);
+            }
+            __m128i m = _mm_add_epi32(w[i & 3], _mm_loadu_si128((const __m128i *)&K[4 * i]));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, m);
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(m, 0x0E));
+        }
+        abef = _mm_add_epi32(abef, abef0);
+        cdgh = _mm_add_epi32(cdgh, cdgh0);
+    }
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+    __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+    _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+    _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static int use_shani = -1; /* unknown yet; sha256_force_scalar sets 0 */
+
+static int shani(void)
+{
+    int u = __atomic_load_n(&use_shani, __ATOMIC_RELAXED);
+    if (u < 0) {
+        __builtin_cpu_init();
+        u = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+        __atomic_store_n(&use_shani, u, __ATOMIC_RELAXED);
+    }
+    return u;
+}
+
+int sha256_force_scalar(int scalar)
+{
+    int was = shani();
+    __atomic_store_n(&use_shani, scalar ? 0 : -1, __ATOMIC_RELAXED);
+    return was;
+}
+#else
+static int shani(void)
+{
+    return 0;
+}
+
+int sha256_force_scalar(int scalar)
+{
+    (void)scalar;
+    return 0;
+}
+#endif
+
+/* n whole blocks at p. */
+static void compress_blocks(uint32_t h[8], const uint8_t *p, size_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (shani()) {
+        compress_shani(h, p, n);
+        return;
+    }
+#endif
+    for (; n; n--, p += 64)
+        compress_block(h, p);
+}
+
 void sha256_init(struct sha256 *s)
 {
     /* First 32 bits of the fractional parts of the square roots of the first 8 primes. */
@@ -87,11 +173,12 @@ void sha256_update(struct sha256 *s, const void *data, size_t len)
         len -= take;
         if (s->block_len < 64)
             return;
-        compress_block(s->h, s->block);
+        compress_blocks(s->h, s->block, 1);
         s->block_len = 0;
     }
-    for (; len >= 64; p += 64, len -= 64)
-        compress_block(s->h, p);
+    compress_blocks(s->h, p, len / 64);
+    p += len / 64 * 64;
+    len %= 64;
     memcpy(s->block, p, len);
     s->block_len = len;
 }
@@ -102,13 +189,13 @@ void sha256_final(struct sha256 *s, uint8_t digest[SHA256_DIGEST_LEN])
     s->block[s->block_len++] = 0x80;
     if (s->block_len > 56) {
         memset(s->block + s->block_len, 0, 64 - s->block_len);
-        compress_block(s->h, s->block);
+        compress_blocks(s->h, s->block, 1);
         s->block_len = 0;
     }
     memset(s->block + s->block_len, 0, 56 - s->block_len);
     for (int i = 0; i < 8; i++)
         s->block[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
-    compress_block(s->h, s->block);
+    compress_blocks(s->h, s->block, 1);
     for (int i = 0; i < 8; i++) {
         digest[4 * i] = (uint8_t)(s->h[i] >> 24);
         digest[4 * i + 1] = (uint8_t)(s->h[i] >> 16);

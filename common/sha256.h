@@ -20,6 +20,11 @@ struct sha256 {
     size_t block_len;  /* bytes used in block (0..63) */
 };
 
+/* Hashes use the CPU's SHA extensions where it has them (x86 SHA-NI), else the portable code:
+ * the same digests. For tests: sha256_force_scalar(1) makes later hashes use the portable code,
+ * (0) lets them choose again; returns whether the extensions were in use before. */
+int sha256_force_scalar(int scalar);
+
 void sha256_init(struct sha256 *s);
 void sha256_update(struct sha256 *s, const void *data, size_t len);
 /* Finish and write the 32-byte digest; s must be re-initialised before reuse. */

@@ -550,6 +550,51 @@ static void test_shard_kill(void **state)
 
 /* ---- sha256 ----------------------------------------------------------------------------- */
 
+/* The SHA extensions' path (where this CPU has them) and the portable one give the same
+ * digests: random messages of every length up to 1,100 bytes, fed whole and in pieces, and the
+ * standard vectors through each (test_sha256_vectors runs on whichever is in use). */
+static void test_sha256_shani(void **state)
+{
+    (void)state;
+    int accel = sha256_force_scalar(0);
+    if (!accel)
+        print_message("(no SHA extensions on this CPU: only the portable path is checked)\n");
+    unsigned char *msg = malloc(1100);
+    assert_non_null(msg);
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (size_t i = 0; i < 1100; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        msg[i] = (unsigned char)x;
+    }
+    for (size_t len = 0; len <= 1100; len += len < 200 ? 1 : 37) {
+        char a[SHA256_HEX_LEN], b[SHA256_HEX_LEN], c[SHA256_HEX_LEN];
+        sha256_force_scalar(1);
+        sha256_buf_hex(msg, len, a);
+        sha256_force_scalar(0);
+        sha256_buf_hex(msg, len, b);
+        struct sha256 s; /* pieces of 1..191 bytes: whole blocks and partial ones mixed */
+        uint8_t d[SHA256_DIGEST_LEN];
+        sha256_init(&s);
+        for (size_t off = 0, step = 1; off < len; step = step * 7 % 191 + 1) {
+            size_t n = step < len - off ? step : len - off;
+            sha256_update(&s, msg + off, n);
+            off += n;
+        }
+        sha256_final(&s, d);
+        sha256_hex(d, c);
+        assert_string_equal(a, b);
+        assert_string_equal(a, c);
+    }
+    char hex[SHA256_HEX_LEN];
+    sha256_force_scalar(1);
+    sha256_buf_hex("abc", 3, hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    sha256_force_scalar(0);
+    sha256_buf_hex("abc", 3, hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    free(msg);
+}
+
 static void test_sha256_vectors(void **state)
 {
     (void)state;
@@ -840,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_shard_plain_zstd),
         cmocka_unit_test(test_shard_kill),
         cmocka_unit_test(test_sha256_vectors),
+        cmocka_unit_test(test_sha256_shani),
         cmocka_unit_test(test_sha256_file),
         cmocka_unit_test(test_manifest_roundtrip),
         cmocka_unit_test(test_shard_no_clobber),
