@@ -64,6 +64,7 @@ static void compress_block(uint32_t h[8], const uint8_t *p)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* The same compression on the x86 SHA extensions (SHA-NI): the state as the two vectors the
@@ -109,9 +110,10 @@ static int use_shani = -1; /* unknown yet; sha256_force_scalar sets 0 */
 static int shani(void)
 {
     int u = __atomic_load_n(&use_shani, __ATOMIC_RELAXED);
-    if (u < 0) {
-        __builtin_cpu_init();
-        u = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    if (u < 0) { /* CPUID: leaf 7 EBX bit 29 SHA, leaf 1 ECX bit 19 SSE4.1 */
+        unsigned a, b, c, d;
+        u = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 29 & 1) &&
+            __get_cpuid(1, &a, &b, &c, &d) && (c >> 19 & 1);
         __atomic_store_n(&use_shani, u, __ATOMIC_RELAXED);
     }
     return u;
