@@ -40,6 +40,10 @@ struct batch_grammar {
     struct batch_grammar *next;  /* most recently used first */
 };
 
+/* Latencies kept for the run summary's percentiles: all of the first this many requests, then
+ * a uniform sample of this size (16 MiB; before, 16 bytes per request for the whole run). */
+#define BATCH_LATENCY_KEEP ((size_t)1 << 20)
+
 struct batch_run {
     const struct batch_opts *o;      /* options (borrowed) */
     struct queue *q;                 /* queue connection */
@@ -77,6 +81,8 @@ struct batch_run {
     double t_lease_check;            /* last check for lost leases (0: check at the next turn) */
     struct batch_stats stats;        /* totals; stats.ttft_ms/tpot_ms owned */
     size_t cap_lat;                  /* capacity of stats.ttft_ms and tpot_ms */
+    uint64_t n_lat_seen;             /* requests whose latencies note_latency was given */
+    uint64_t lat_rng;                /* its sampling state once BATCH_LATENCY_KEEP are kept */
     int64_t done_base, failed_base;  /* items committed by the writers of earlier jobs */
     int64_t n_out;                   /* requests the engine finished this run */
     /* live progress of the current job (batch/progress.c) */

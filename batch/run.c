@@ -288,6 +288,21 @@ static int fill(struct batch_run *r, struct err_detail *err, enum status *st)
 static void note_latency(struct batch_run *r, const struct engine_output *o)
 {
     struct batch_stats *s = &r->stats;
+    double ttft = 1e3 * (o->t_first - o->t_arrival);
+    double tpot =
+        o->n_tokens > 1 ? 1e3 * (o->t_finish - o->t_first) / (double)(o->n_tokens - 1) : 0;
+    r->n_lat_seen++;
+    if (s->n_lat == BATCH_LATENCY_KEEP) {
+        /* memory stays bounded over a run of millions of requests: a uniform sample of them
+         * (reservoir sampling, a fixed seed) from here on */
+        r->lat_rng = r->lat_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t j = (r->lat_rng >> 11) % r->n_lat_seen;
+        if (j < BATCH_LATENCY_KEEP) {
+            s->ttft_ms[j] = ttft;
+            s->tpot_ms[j] = tpot;
+        }
+        return;
+    }
     if (s->n_lat == r->cap_lat) {
         size_t cap = r->cap_lat ? r->cap_lat * 2 : 1024;
         double *a = realloc(s->ttft_ms, sizeof(double) * cap);
@@ -300,9 +315,8 @@ static void note_latency(struct batch_run *r, const struct engine_output *o)
             r->cap_lat = cap;
     }
     if (s->n_lat < r->cap_lat) {
-        s->ttft_ms[s->n_lat] = 1e3 * (o->t_first - o->t_arrival);
-        s->tpot_ms[s->n_lat] =
-            o->n_tokens > 1 ? 1e3 * (o->t_finish - o->t_first) / (double)(o->n_tokens - 1) : 0;
+        s->ttft_ms[s->n_lat] = ttft;
+        s->tpot_ms[s->n_lat] = tpot;
         s->n_lat++;
     }
 }
