@@ -365,6 +365,11 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err);
  * crashes quern. */
 enum status batch_run_end(struct batch_run *r, const char *reason, const char *summary_json,
                           struct err_detail *err);
+/* Does a stop signal still end the run's waits for a locked queue (it holds no lease and has not
+ * begun an orderly stop)? Then a run that failed with ST_ERR_BUSY after a signal was stopped, not
+ * failed (its caller exits 75). */
+int batch_run_interruptible(const struct batch_run *r);
+
 /* The run's totals (valid until batch_run_free). */
 const struct batch_stats *batch_run_stats(struct batch_run *r);
 /* Free everything (closing the queue); NULL is a no-op. */

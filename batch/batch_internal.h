@@ -75,6 +75,8 @@ struct batch_run {
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
     double t_stop;                   /* when stopping began (0 = not stopping) */
+    int interruptible;               /* a stop signal ends waits for the queue (no leases
+                                        held yet, no stop noticed: queue_set_interrupt) */
     int stop_recorded;               /* queue_run_stopping done */
     int stop_warned;                 /* ... and its failure logged */
     double t_flush, t_beat;          /* last flush, heartbeat */

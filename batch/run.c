@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "batch/batch_internal.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/version.h"
@@ -271,8 +272,10 @@ static int fill(struct batch_run *r, struct err_detail *err, enum status *st)
                           (int64_t)(r->o->lease * 1000), &items, &n, err);
         if (*st)
             return 0;
-        if (n) /* leases held: from now on a wait for the queue is waited out, stop or not */
+        if (n && r->interruptible) { /* leases held: from now on waits are waited out */
             queue_set_interrupt(r->q, NULL);
+            r->interruptible = 0;
+        }
         for (size_t i = 0; i < n && !*st; i++)
             *st = admit(r, &items[i], err);
         queue_claimed_free(items, n);
@@ -477,8 +480,8 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
     if (stat(path, &before))
         return err_set(err, ST_ERR_IO, "model %s: %s", path, strerror(errno));
     const char *want = r->job.model_sha256 && *r->job.model_sha256 ? r->job.model_sha256 : NULL;
-    int kept = r->m && !strcmp(r->model_loaded, path) && same_file(&before, &r->model_id) &&
-               (!want || r->model_sha[0]);
+    int kept = r->m && r->model_loaded && !strcmp(r->model_loaded, path) &&
+               same_file(&before, &r->model_id) && (!want || r->model_sha[0]);
     if (!kept) {
         model_release(r);
         int cached = 0;
@@ -517,7 +520,8 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
     if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
         LOG_WARN("%s: %s; chat requests will fail", path, e2.msg);
     /* kept for the next job only if the file did not change while it was hashed and loaded */
-    if (!stat(path, &after) && same_file(&before, &after) && (r->model_loaded = strdup(path)))
+    if (!fault_hit("run.model_changed") && !stat(path, &after) && same_file(&before, &after) &&
+        (r->model_loaded = strdup(path)))
         r->model_id = before;
     else
         r->model_sha[0] = 0;
@@ -559,6 +563,10 @@ static int stop_requested(struct batch_run *r)
     if (sig || (r->o->max_runtime > 0 && batch_now() - r->stats.t_start >= r->o->max_runtime)) {
         if (!r->t_stop) {
             r->t_stop = batch_now();
+            /* an orderly stop from here on: its writes (commit, give-back, the run's end) wait
+             * for a lock as long as they must */
+            queue_set_interrupt(r->q, NULL);
+            r->interruptible = 0;
             LOG_INFO("stopping: %s; in-flight requests get %.0f s to finish",
                      sig ? "signal received" : "--max-runtime reached", (double)r->o->grace);
         }
@@ -895,7 +903,10 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
     snprintf(worker, sizeof(worker), "%s", o->worker ? o->worker : slurm ? slurm : "");
     /* the whole file is checked once (a corrupt queue is an error before any work), and a
      * missing one is an error unless create: a mistyped --db must not look like "drained" */
-    struct queue_options qo = {.must_exist = !o->create, .check_integrity = true};
+    /* until the run first holds leases (fill) or notices a stop, a stop signal ends a wait for
+     * another process's lock at once: there is nothing to commit or give back yet */
+    struct queue_options qo = {
+        .must_exist = !o->create, .check_integrity = true, .interrupt = o->signals};
     enum status st;
     if (o->parts)
         st = batch_parts_open(o->parts, o->part, o->busy_ms, BATCH_PART_CHECK, &r->q, err);
@@ -903,9 +914,8 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
         st = queue_open_opts(&r->q, o->db, &qo, err);
     if (st)
         return st;
-    /* until the run first holds leases (fill), a stop signal ends a wait for another process's
-     * lock at once: there is nothing to commit or give back yet */
-    queue_set_interrupt(r->q, o->signals);
+    queue_set_interrupt(r->q, o->signals); /* (a part's file is opened without it) */
+    r->interruptible = 1;
     /* runs and submits on this host whose process is gone: items back, half-submitted jobs
      * deleted, before anything is chosen */
     int64_t reaped = 0;
@@ -1008,7 +1018,8 @@ enum status batch_run_end(struct batch_run *r, const char *reason, const char *s
 {
     int64_t requeued = 0, released = 0;
     int room = 0; /* queue_make_room tried */
-    if (!strcmp(reason, "error") || !strcmp(reason, "signal")) { /* (none left after a stop) */
+    /* (none to give back after an orderly stop, nor when it never held any: interruptible) */
+    if ((!strcmp(reason, "error") || !strcmp(reason, "signal")) && !r->interruptible) {
         struct err_detail e2 = {0}; /* failing, the items go back counted, below */
         enum status st = queue_release(r->q, r->stats.run_id, NULL, 0, &released, &e2);
         if (st == ST_ERR_IO && (room = 1, !queue_make_room(r->q, &e2))) {
@@ -1027,6 +1038,11 @@ enum status batch_run_end(struct batch_run *r, const char *reason, const char *s
     if (st == ST_ERR_IO && !room && !queue_make_room(r->q, &(struct err_detail){0}))
         st = queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
     return st;
+}
+
+int batch_run_interruptible(const struct batch_run *r)
+{
+    return r && r->interruptible;
 }
 
 const struct batch_stats *batch_run_stats(struct batch_run *r)

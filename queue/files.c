@@ -13,16 +13,14 @@ struct file_id {
     int64_t dev, ino, size, mtime_ns, ctime_ns;
 };
 
+static void id_of(const struct stat *sb, struct file_id *id);
+
 static int file_id(const char *path, struct file_id *id)
 {
     struct stat sb;
     if (stat(path, &sb))
         return -1;
-    id->dev = (int64_t)sb.st_dev;
-    id->ino = (int64_t)sb.st_ino;
-    id->size = (int64_t)sb.st_size;
-    id->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
-    id->ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000LL + sb.st_ctim.tv_nsec;
+    id_of(&sb, id);
     return 0;
 }
 
@@ -71,6 +69,50 @@ static void record(struct queue *q, const char *path, const struct file_id *id, 
     sqlite3_finalize(s);
 }
 
+/* Changed over QUEUE_FILE_SETTLED_NS ago (as of now)? */
+static int settled(const struct file_id *id)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+    int64_t changed = id->mtime_ns > id->ctime_ns ? id->mtime_ns : id->ctime_ns;
+    return now_ns - changed > QUEUE_FILE_SETTLED_NS;
+}
+
+static void id_of(const struct stat *sb, struct file_id *id)
+{
+    id->dev = (int64_t)sb->st_dev;
+    id->ino = (int64_t)sb->st_ino;
+    id->size = (int64_t)sb->st_size;
+    id->mtime_ns = (int64_t)sb->st_mtim.tv_sec * 1000000000LL + sb->st_mtim.tv_nsec;
+    id->ctime_ns = (int64_t)sb->st_ctim.tv_sec * 1000000000LL + sb->st_ctim.tv_nsec;
+}
+
+int queue_model_sha_peek(const char *db_path, const char *path, char *sha)
+{
+    struct file_id id;
+    struct queue q; /* just the connection, read-only; nothing is created */
+    memset(&q, 0, sizeof(q));
+    if (file_id(path, &id) ||
+        sqlite3_open_v2(db_path, &q.db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        sqlite3_close(q.db);
+        return 0;
+    }
+    sqlite3_busy_timeout(q.db, 1000);
+    int hit = recorded(&q, path, &id, sha);
+    sqlite3_close(q.db);
+    return hit;
+}
+
+void queue_model_sha_note(struct queue *q, const char *path, const struct stat *before,
+                          const char *sha)
+{
+    struct file_id id, now;
+    id_of(before, &id);
+    if (!file_id(path, &now) && !memcmp(&id, &now, sizeof(id)) && settled(&id))
+        record(q, path, &id, sha);
+}
+
 enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *cached,
                             struct err_detail *err)
 {
@@ -88,12 +130,7 @@ enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *c
     enum status st = sha256_file(path, SHA256_WHOLE_FILE, sha, err);
     if (st)
         return st;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
-    int64_t changed = before.mtime_ns > before.ctime_ns ? before.mtime_ns : before.ctime_ns;
-    if (!file_id(path, &after) && !memcmp(&before, &after, sizeof(before)) &&
-        now_ns - changed > QUEUE_FILE_SETTLED_NS)
+    if (!file_id(path, &after) && !memcmp(&before, &after, sizeof(before)) && settled(&before))
         record(q, path, &before, sha);
     return ST_OK;
 }

@@ -621,6 +621,7 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     }
     sqlite3_extended_result_codes(q->db, 1);
     q->busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS;
+    q->interrupt = opts->interrupt;
     sqlite3_busy_handler(q->db, busy_wait, q);
     if ((st = set_pragmas(q, opts, err)) != ST_OK)
         goto fail;

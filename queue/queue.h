@@ -19,8 +19,9 @@
  *   queued  --claim-->              leased (attempts + 1, lease_owner = run, lease_expiry)
  *   leased  --commit_shard-->       done | failed (with the shard that holds its record)
  *   leased  --release-->            queued (attempts - 1: a graceful stop is not an attempt)
- *   leased  --lease expiry-->       queued (attempts kept: the run died holding it)
- *   leased  --run_end-->            queued (attempts kept)
+ *   leased  --lease expiry-->       queued (attempts kept: the run died holding it; less one
+ *                                     when it had begun to stop: queue_run_stopping)
+ *   leased  --run_end-->            queued (attempts kept; less one after queue_run_stopping)
  *   queued|leased --job_cancel-->   cancelled
  *   failed  --job_retry_failed-->   queued (attempts reset to 0; only items with a payload)
  * Items added with an error_code (a line rejected at submit) are queued without a payload: the
@@ -116,6 +117,7 @@ struct queue_options {
     bool check_integrity; /* run PRAGMA quick_check before using the file: costs one read of
                              the whole database, so worth it where a run starts, not in a
                              status poll; any problem is ST_ERR_FORMAT */
+    const volatile sig_atomic_t *interrupt; /* as queue_set_interrupt, from the open on */
     bool exclusive;       /* a part of a partitioned queue (or any file meant for one process
                              at a time): rollback journal instead of WAL, and the file's write
                              lock taken at open and held until queue_close (SQLite's
@@ -344,6 +346,17 @@ enum status queue_runs_any(struct queue *q, int *any, struct err_detail *err);
 enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *cached,
                             struct err_detail *err);
 
+/* For a submit, which must not create a queue file before the model is hashed: the hash of
+ * path recorded in the queue file db_path, if that file exists, is a queue and knows the file
+ * as it is now (1; sha set), else 0. Opens db_path read-only, creates and changes nothing. */
+int queue_model_sha_peek(const char *db_path, const char *path, char *sha);
+
+/* Record sha as the hash of path, read when stat gave *before, if the file is still so and was
+ * last changed over 2 s before (as queue_model_sha records). Failures are ignored. */
+struct stat;
+void queue_model_sha_note(struct queue *q, const char *path, const struct stat *before,
+                          const char *sha);
+
 /* ---- Items ----------------------------------------------------------------------------- */
 
 /* What queue_item_add copies; every pointer is borrowed for the call. */
@@ -512,7 +525,8 @@ enum status queue_sample_list(struct queue *q, int64_t job_id, struct queue_samp
  * only process using it, so every run of another host not ended is dead. queue_reap_dead
  * applies the last two cases: every run not ended whose process `self` can see is dead (and in
  * an exclusive file every other host's) is ended now (exit_reason "dead") and its leases
- * go back to queued with their attempts kept, exactly as if they had expired; its open shards
+ * go back to queued with their attempts kept (less one if it had begun to stop), exactly as if
+ * they had expired; its open shards
  * can then be adopted at once. *n_reaped (may be NULL) gets the number of runs ended. */
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
                             struct err_detail *err);
@@ -603,7 +617,8 @@ enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, s
  * their attempts. */
 enum status queue_make_room(struct queue *q, struct err_detail *err);
 
-/* Return every expired lease to queued (attempts kept) now; claims also do this.
+/* Return every expired lease to queued (attempts kept, less one where the run holding it had
+ * begun to stop) now; claims also do this.
  * *n_expired may be NULL. */
 enum status queue_lease_expire(struct queue *q, int64_t *n_expired, struct err_detail *err);
 

@@ -118,7 +118,8 @@ enum status queue_run_mark_ended(struct queue *q, int64_t run_id, const char *ex
     return queue_step_done(q, s, "ending a run", err);
 }
 
-/* End one run found dead: its leases go back to queued (attempts kept), ended = now. */
+/* End one run found dead: its leases go back to queued (attempts kept; less one if it had begun
+ * to stop: killed in its grace), ended = now. */
 static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_detail *err)
 {
     sqlite3_stmt *s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err);

@@ -298,12 +298,14 @@ static int run_once(struct run_opts *o, int *busy)
         batch_run_free(r);
         return g_signals && st == ST_ERR_BUSY ? RUN_EXIT_TEMPFAIL : rc;
     }
+    int cut = 0; /* a wait for the queue cut short by a signal, before the run held anything */
     switch (batch_run_jobs(r, &err)) {
     case BATCH_END_FAILED:
-        if (g_signals && err.status == ST_ERR_BUSY) { /* before it could hold anything */
+        if (g_signals && err.status == ST_ERR_BUSY && batch_run_interruptible(r)) {
             LOG_INFO("stopping: signal received while another process held the queue: %s", err.msg);
             reason = "signal";
             rc = RUN_EXIT_TEMPFAIL;
+            cut = 1;
             break;
         }
         LOG_ERROR("%s", err.msg);
@@ -329,8 +331,14 @@ static int run_once(struct run_opts *o, int *busy)
     if (batch_run_end(r, reason, sum, &err)) {
         /* the work is committed, but the queue could not be written: say so (the run row is
          * ended by the next run on this host, or when its heartbeat is older than a lease) */
-        LOG_ERROR("recording the end of the run: %s", err.msg);
-        rc = RUNNER_EXIT_ERROR;
+        if (cut) { /* (the queue is still locked, and the run holds nothing: not an error) */
+            LOG_WARN("recording the end of the run: %s; the next run or status on this host "
+                     "ends it",
+                     err.msg);
+        } else {
+            LOG_ERROR("recording the end of the run: %s", err.msg);
+            rc = RUNNER_EXIT_ERROR;
+        }
     }
     free(sum);
     batch_run_free(r);

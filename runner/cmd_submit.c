@@ -680,13 +680,18 @@ int runner_cmd_submit(int argc, char **argv)
     s.lock_fd = -1;
     char sha[SHA256_HEX_LEN], name[64];
     int rc = RUNNER_EXIT_ERROR;
-    struct stat msb; /* (hashed once the queue is open: it may hold the file's hash) */
+    /* hashed before any queue file is made (an interrupted or failed submit leaves nothing),
+     * unless the queue already knows the file as it is now (queue_model_sha_peek) */
+    struct stat msb;
     if (stat(o.model, &msb)) {
         LOG_ERROR("model: %s: %s", o.model, strerror(errno));
         return RUNNER_EXIT_ERROR;
     }
-    if (!S_ISREG(msb.st_mode)) {
-        LOG_ERROR("model: %s: not a regular file", o.model);
+    char *model_real = realpath(o.model, NULL); /* (as runs record and look it up) */
+    int known = model_real && !o.partitions && queue_model_sha_peek(o.db, model_real, sha);
+    free(model_real);
+    if (!known && sha256_file(o.model, SHA256_WHOLE_FILE, sha, &err)) {
+        LOG_ERROR("model: %s", err.msg);
         return RUNNER_EXIT_ERROR;
     }
     if (!o.name) {
@@ -713,12 +718,9 @@ int runner_cmd_submit(int argc, char **argv)
             submit_undo(&s, &parts);
         goto out;
     }
-    if (queue_model_sha(s.q[0], o.model, sha, NULL, &err)) {
-        LOG_ERROR("model: %s", err.msg);
-        if (o.partitions)
-            submit_undo(&s, &parts);
-        goto out;
-    }
+    /* every part (each part's runs look there) */
+    for (int k = 0; !known && k < s.n_parts; k++)
+        queue_model_sha_note(s.q[k], o.model, &msb, sha);
     /* a killed submit's job may hold the name we want: collect dead submits first */
     struct proc_identity self;
     proc_identity_self(&self);

@@ -356,6 +356,16 @@ done
 grep -q "multi.gguf: unchanged since it was hashed" multi.log || { cat multi.log; fail "11: hashed"; }
 [ "$(grep -c "multi.gguf still loaded" multi.log)" = 2 ] || { cat multi.log; fail "11: reloaded"; }
 for k in 1 2 3; do check_job multi.db m$k 3; done
+# a model file that changed while it was loaded (the fault site says so) is loaded again for
+# the next job (that run crashed: the kept model had no path)
+for k in 5 6; do
+    "$Q" submit --db multi.db --model multi.gguf --name m$k multi1.jsonl >/dev/null 2>&1 ||
+        fail "11: submit m$k"
+done
+QUERN_FAULT=run.model_changed:1:fail "$Q" run --db multi.db --out out >/dev/null 2>multi56.log ||
+    { cat multi56.log; fail "11: the run after a model changed under its load"; }
+! grep -q "still loaded" multi56.log || { cat multi56.log; fail "11: a changed model was kept"; }
+for k in 5 6; do check_job multi.db m$k 3; done
 "$Q" submit --db multi.db --model multi.gguf --name m4 multi1.jsonl >/dev/null 2>&1 ||
     fail "11: submit m4"
 printf x >>multi.gguf

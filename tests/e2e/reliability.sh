@@ -471,6 +471,43 @@ kill $holder 2>/dev/null || true
 wait $holder 2>/dev/null || true
 [ $rc -eq 75 ] && [ $((t1 - t0)) -le 5 ] ||
     { cat thirteen.log; fail "13: TERM behind a locked queue: exit $rc after $((t1 - t0)) s"; }
+# 13b. the same for a run waiting for items another run holds (it never held any): exit 75,
+# not 1 (its end could not be recorded behind the lock: the next run or status ends it)
+head -4 twelve.jsonl >thirteen.jsonl
+"$Q" submit --db thirteen.db --model "$M" --name thirteen thirteen.jsonl >/dev/null 2>&1
+"$Q" run --db thirteen.db --out out --max-seqs 4 --grace 1 --threads 1 --matmul exact \
+    >/dev/null 2>thirteen_a.log &
+pid_a=$!
+for _ in $(seq 600); do # until run A holds every item
+    python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('thirteen.db').execute(
+        \"SELECT count(*) FROM items WHERE state = 'leased'\").fetchone()[0] == 4 else 1)" && break
+    sleep 0.1
+done
+"$Q" run --db thirteen.db --out out --threads 1 >/dev/null 2>thirteen_b.log &
+pid_b=$!
+for _ in $(seq 100); do grep -q "waiting for" thirteen_b.log && break; sleep 0.1; done
+grep -q "waiting for" thirteen_b.log || fail "13b: run B is not waiting (make the requests longer)"
+rm -f locked
+python3 - thirteen.db <<'PY' &
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+open("locked", "w").close()
+time.sleep(8)
+db.execute("COMMIT")
+PY
+holder=$!
+for _ in $(seq 100); do [ -e locked ] && break; sleep 0.1; done
+sleep 1.5 # (B's next look at the queue meets the lock)
+kill -TERM $pid_b
+set +e
+wait $pid_b
+rc=$?
+set -e
+wait $holder 2>/dev/null || true
+kill -TERM $pid_a
+wait $pid_a 2>/dev/null || true
+[ $rc -eq 75 ] || { cat thirteen_b.log; fail "13b: TERM to a waiting run behind a lock: exit $rc"; }
 # 14. `nohup quern run`: the HUP it ignores stays ignored (it stopped the run before); TERM
 # still stops it
 make_small fourteen.jsonl 100
