@@ -24,23 +24,32 @@ static int file_id(const char *path, struct file_id *id)
     return 0;
 }
 
+/* The statement sql (NULL on failure) with path and the identity bound as ?1..?6. */
+static sqlite3_stmt *prepare_id(struct queue *q, const char *sql, const char *path,
+                                const struct file_id *id)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK) {
+        sqlite3_finalize(s);
+        return NULL;
+    }
+    const int64_t v[5] = {id->dev, id->ino, id->size, id->mtime_ns, id->ctime_ns};
+    sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+    for (int i = 0; i < 5; i++)
+        sqlite3_bind_int64(s, 2 + i, v[i]);
+    return s;
+}
+
 /* The recorded hash of path at identity id into sha: 1, or 0 when there is none (or the query
  * failed: then the file is read). */
 static int recorded(struct queue *q, const char *path, const struct file_id *id, char *sha)
 {
-    static const char sql[] = "SELECT sha256 FROM model_files WHERE path = ?1 AND dev = ?2 AND"
-                              " ino = ?3 AND size = ?4 AND mtime_ns = ?5 AND ctime_ns = ?6";
-    sqlite3_stmt *s = NULL;
+    sqlite3_stmt *s = prepare_id(q,
+                                 "SELECT sha256 FROM model_files WHERE path = ?1 AND dev = ?2"
+                                 " AND ino = ?3 AND size = ?4 AND mtime_ns = ?5 AND ctime_ns = ?6",
+                                 path, id);
     int hit = 0;
-    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK)
-        return 0;
-    sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 2, id->dev);
-    sqlite3_bind_int64(s, 3, id->ino);
-    sqlite3_bind_int64(s, 4, id->size);
-    sqlite3_bind_int64(s, 5, id->mtime_ns);
-    sqlite3_bind_int64(s, 6, id->ctime_ns);
-    if (sqlite3_step(s) == SQLITE_ROW) {
+    if (s && sqlite3_step(s) == SQLITE_ROW) {
         const unsigned char *v = sqlite3_column_text(s, 0);
         if (v && strlen((const char *)v) == SHA256_HEX_LEN - 1) {
             memcpy(sha, v, SHA256_HEX_LEN);
@@ -53,17 +62,12 @@ static int recorded(struct queue *q, const char *path, const struct file_id *id,
 
 static void record(struct queue *q, const char *path, const struct file_id *id, const char *sha)
 {
-    static const char sql[] = "INSERT OR REPLACE INTO model_files (path, dev, ino, size,"
-                              " mtime_ns, ctime_ns, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK)
+    sqlite3_stmt *s = prepare_id(q,
+                                 "INSERT OR REPLACE INTO model_files (path, dev, ino, size,"
+                                 " mtime_ns, ctime_ns, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                                 path, id);
+    if (!s)
         return;
-    sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 2, id->dev);
-    sqlite3_bind_int64(s, 3, id->ino);
-    sqlite3_bind_int64(s, 4, id->size);
-    sqlite3_bind_int64(s, 5, id->mtime_ns);
-    sqlite3_bind_int64(s, 6, id->ctime_ns);
     sqlite3_bind_text(s, 7, sha, -1, SQLITE_STATIC);
     sqlite3_step(s);
     sqlite3_finalize(s);

@@ -316,6 +316,19 @@ PY
 grep -q "working on part 2 of 3" c2.err || fail "run without --part skipped part 2"
 check_parts C jc 30
 
+# check_jd_manifests WHEN: part 0 with its shards, part 1 empty, all complete and cancelled
+check_jd_manifests() {
+    python3 - <<'PY' || fail "the manifests of a cancelled partitioned job ($1)"
+import json
+m = json.load(open("out/jd/manifest.json"))
+assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
+assert m.get("cancelled") is True, "the combined manifest does not say cancelled"
+p = [json.load(open(f"out/jd/part-{k:04d}/manifest.json")) for k in range(2)]
+assert all(x["complete"] is True and x.get("cancelled") is True for x in p), p
+assert p[0]["shards"] and p[1]["shards"] == [], (p[0]["shards"], p[1]["shards"])
+assert [s["file"] for s in m["shards"]] == ["part-0000/" + s["file"] for s in p[0]["shards"]]
+PY
+}
 # ---- 5. cancel reaches a part's run through its request file -----------------------------
 make_job D jd 2 400 48 # ~30 s of work in part 0: the cancel must find it running
 "$Q" run --db D --part 0 --no-take-over "${RUN[@]}" >d0.out 2>d0.err &
@@ -337,29 +350,11 @@ PY
 # part 1 was cancelled by `quern cancel` itself (not in use), before any output: the cancel
 # sealed it (an empty manifest), and part 0's run the rest: the combined manifest is complete
 # without another run (before, it waited for a run of part 1)
-python3 - <<'PY' || fail "the manifests of a cancelled partitioned job"
-import json
-m = json.load(open("out/jd/manifest.json"))
-assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
-assert m.get("cancelled") is True, "the combined manifest does not say cancelled"
-p = [json.load(open(f"out/jd/part-{k:04d}/manifest.json")) for k in range(2)]
-assert all(x["complete"] is True and x.get("cancelled") is True for x in p), p
-assert p[0]["shards"] and p[1]["shards"] == [], (p[0]["shards"], p[1]["shards"])
-assert [s["file"] for s in m["shards"]] == ["part-0000/" + s["file"] for s in p[0]["shards"]]
-PY
+check_jd_manifests "after the cancel"
 # its array task still runs, and finds nothing to do
 "$Q" run --db D --part 1 --no-take-over "${RUN[@]}" >d1.out 2>d1.err ||
     { cat d1.err >&2; fail "the run of a part cancelled before any output"; }
-python3 - <<'PY' || fail "the manifests after the run of the cancelled part"
-import json
-m = json.load(open("out/jd/manifest.json"))
-assert m["complete"] is True and m["parts_incomplete"] == [], m["parts_incomplete"]
-assert m.get("cancelled") is True, "the combined manifest does not say cancelled"
-p = [json.load(open(f"out/jd/part-{k:04d}/manifest.json")) for k in range(2)]
-assert all(x["complete"] is True and x.get("cancelled") is True for x in p), p
-assert p[0]["shards"] and p[1]["shards"] == [], (p[0]["shards"], p[1]["shards"])
-assert [s["file"] for s in m["shards"]] == ["part-0000/" + s["file"] for s in p[0]["shards"]]
-PY
+check_jd_manifests "after the run of the cancelled part"
 "$Q" export --db D --out d.tar 2>/dev/null || fail "export of the cancelled parts as a bundle"
 python3 - <<'PY' || fail "the bundle of a cancelled partitioned job lacks a manifest"
 import tarfile

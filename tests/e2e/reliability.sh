@@ -22,6 +22,22 @@
 # 11. a run stalled past its --lease, whose expired leases went back to the queue, claims its
 #     own items again when it resumes: each is still computed and committed once;
 # 12. a run SIGKILLed during its grace (a scheduler's KillWait) costs its items no attempt;
+# hold_lock DB SECONDS: another process holds DB's write lock for SECONDS (in the background,
+# $holder); returns once it does
+hold_lock() {
+    rm -f locked
+    python3 - "$1" "$2" <<'PY' &
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+open("locked", "w").close()
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+PY
+    holder=$!
+    for _ in $(seq 100); do [ -e locked ] && return 0; sleep 0.1; done
+    fail "no lock taken on $1"
+}
 # 13. a stop signal while another process holds the queue locked exits 75 at once;
 # 14. `nohup quern run` ignores SIGHUP.
 set -euo pipefail
@@ -447,16 +463,7 @@ PY
 # 13. a stop signal while another process holds the queue's write lock, before the run holds
 # anything: exit 75 at once (it waited out SQLite's 30 s busy timeout, then exited 1, which
 # Slurm scripts do not requeue)
-python3 - twelve.db <<'PY' &
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN EXCLUSIVE")
-open("locked", "w").close()
-time.sleep(20)
-db.execute("COMMIT")
-PY
-holder=$!
-for _ in $(seq 100); do [ -e locked ] && break; sleep 0.1; done
+hold_lock twelve.db 20
 "$Q" run --db twelve.db --out out --threads 1 >/dev/null 2>thirteen.log &
 pid=$!
 sleep 1
@@ -487,17 +494,7 @@ done
 pid_b=$!
 for _ in $(seq 100); do grep -q "waiting for" thirteen_b.log && break; sleep 0.1; done
 grep -q "waiting for" thirteen_b.log || fail "13b: run B is not waiting (make the requests longer)"
-rm -f locked
-python3 - thirteen.db <<'PY' &
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-open("locked", "w").close()
-time.sleep(8)
-db.execute("COMMIT")
-PY
-holder=$!
-for _ in $(seq 100); do [ -e locked ] && break; sleep 0.1; done
+hold_lock thirteen.db 8
 sleep 1.5 # (B's next look at the queue meets the lock)
 kill -TERM $pid_b
 set +e
