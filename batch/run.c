@@ -171,7 +171,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (!c->payload) {
         const char *code = c->error_code ? c->error_code : "invalid_request";
         const char *msg = c->error_msg ? c->error_msg : "the line was rejected at submit";
-        char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg);
+        char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg,
+                                         c->error_param);
         return batch_out_error(r->out, c->id, line, code, msg, err);
     }
     if (c->max_attempts > 0 && c->attempts > c->max_attempts) {

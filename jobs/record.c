@@ -264,7 +264,7 @@ char *job_record_success(const struct job_result *r)
 }
 
 char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
-                          int64_t line_no, const char *code, const char *message)
+                          int64_t line_no, const char *code, const char *message, const char *param)
 {
     char idbuf[64], msg[1024];
     if (!custom_id) {
@@ -273,7 +273,7 @@ char *job_record_rejected(int64_t job_id, const char *custom_id, const char *sou
     }
     snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
              message ? message : "rejected at submit");
-    return job_record_invalid(job_id, custom_id, 400, code ? code : "invalid_request", msg, NULL);
+    return job_record_invalid(job_id, custom_id, 400, code ? code : "invalid_request", msg, param);
 }
 
 char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,

@@ -39,6 +39,7 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
         sqlite3_bind_int(s, 8, it->max_attempts ? it->max_attempts : QUEUE_DEFAULT_MAX_ATTEMPTS);
         queue_bind_str(s, 9, it->error_code);
         queue_bind_str(s, 10, it->error_msg);
+        queue_bind_str(s, 12, it->error_param);
         st = queue_step_done(q, s, "adding an item", err);
         if (st == ST_ERR_EXISTS)
             err_set(err, ST_ERR_EXISTS, "custom_id \"%.200s\" is already used in job %lld",
@@ -75,6 +76,7 @@ void queue_claimed_free(struct queue_claimed *items, size_t n)
         free(items[i].payload);
         free(items[i].error_code);
         free(items[i].error_msg);
+        free(items[i].error_param);
         free(items[i].source);
     }
     free(items);
@@ -126,6 +128,8 @@ static enum status collect_claimed(struct queue *q, sqlite3_stmt *s, struct queu
             st = queue_col_dup(s, 8, &c->error_msg, err);
         if (st == ST_OK)
             st = queue_col_dup(s, 9, &c->source, err);
+        if (st == ST_OK)
+            st = queue_col_dup(s, 11, &c->error_param, err);
         if (st != ST_OK)
             break;
     }

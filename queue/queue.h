@@ -369,6 +369,7 @@ struct queue_item_spec {
     int32_t max_attempts;   /* 0 means QUEUE_DEFAULT_MAX_ATTEMPTS */
     const char *error_code; /* non-NULL: a line rejected at submit (see the life cycle) */
     const char *error_msg;  /* human-readable reason for a rejected line */
+    const char *error_param; /* the request field it names (its error's param), or NULL */
 };
 
 /* Add one item to a job (queued; a rejected line when it->error_code is set). A custom_id already
@@ -572,6 +573,7 @@ struct queue_claimed {
     char *payload;        /* request JSON text; NULL for a line rejected at submit */
     char *error_code;     /* non-NULL for a line rejected at submit: write this error */
     char *error_msg;      /* its reason, or NULL */
+    char *error_param;    /* the field it names, or NULL */
     char *source;         /* input file (+ member), or NULL */
     int64_t line_no;      /* 1-based input line, 0 if unknown */
     int32_t priority;     /* as added */

@@ -153,6 +153,8 @@ static const char SCHEMA_V5[] = "ALTER TABLE runs ADD COLUMN engine_json TEXT;";
 static const char SCHEMA_V6[] =
     "CREATE INDEX samples_run ON samples (run_id, t);"
     "ALTER TABLE runs ADD COLUMN stopping INTEGER;"
+    /* items.error_param: the request field a line rejected at submit named (its error's param) */
+    "ALTER TABLE items ADD COLUMN error_param TEXT;"
     /* model_files: the sha256 of a model file as it was when hashed, by its identity (device,
      * inode, size, modification and change times in ns): a later submit or run finds the same
      * unchanged file without reading it again (queue_model_sha) */
@@ -179,8 +181,8 @@ const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrat
     "UPDATE items SET state = 'leased', lease_owner = ?1, lease_expiry = ?2, "                     \
     "attempts = attempts + 1 WHERE id IN "
 #define CLAIM_RETURNING                                                                            \
-    " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts, error_code,"    \
-    " error_msg, source, line_no"
+    " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts, error_code,"     \
+    " error_msg, source, line_no, error_param"
 
 const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_BEGIN] = "BEGIN IMMEDIATE",
@@ -284,8 +286,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
 
     /* inserts nothing when the job is missing or cancelled */
     [QS_ITEM_INSERT] = "INSERT INTO items (job_id, custom_id, source, line_no, payload, state,"
-                       " priority, max_attempts, error_code, error_msg, finished)"
-                       " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11"
+                       " priority, max_attempts, error_code, error_msg, finished, error_param)"
+                       " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12"
                        " FROM jobs WHERE id = ?1 AND state <> 'cancelled'",
     [QS_ITEM_DELETE_BATCH] = "DELETE FROM items WHERE id IN (SELECT id FROM items"
                              " WHERE job_id = ?1 LIMIT ?2)",

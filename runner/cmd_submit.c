@@ -225,6 +225,7 @@ struct pending {
     char *payload;    /* canonical request JSON; NULL for a bad line */
     const char *code; /* error code (static text) of a bad line; NULL for a good one */
     char *msg;        /* why the line is bad */
+    char *param;      /* the request field it names, or NULL */
     int part;         /* the queue it goes to (0 without --partitions) */
 };
 
@@ -321,6 +322,7 @@ static void pending_clear(struct submit *s)
         free(s->pend[i].source);
         free(s->pend[i].payload);
         free(s->pend[i].msg);
+        free(s->pend[i].param);
     }
     s->n_pend = 0;
     s->pend_bytes = 0;
@@ -358,7 +360,7 @@ static int route(struct submit *s, const char *custom_id, double est)
  * its estimated tokens, for dealing lines out to parts. */
 static enum status pending_add(struct submit *s, const char *custom_id, const char *source,
                                uint64_t line, char *payload, const char *code, const char *msg,
-                               double est, struct err_detail *err)
+                               const char *param, double est, struct err_detail *err)
 {
     int part = route(s, custom_id, est);
     if (part < 0) {
@@ -382,19 +384,22 @@ static enum status pending_add(struct submit *s, const char *custom_id, const ch
     p->payload = payload;
     p->code = code;
     p->msg = msg ? strdup(msg) : NULL;
+    p->param = param && *param ? strdup(param) : NULL;
     p->part = part;
     s->pend_bytes += payload ? strlen(payload) : 0;
-    if ((custom_id && *custom_id && !p->custom_id) || !p->source || (msg && !p->msg))
+    if ((custom_id && *custom_id && !p->custom_id) || !p->source || (msg && !p->msg) ||
+        (param && *param && !p->param))
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     return ST_OK;
 }
 
 /* Record one bad line as a failed item; report the first SUBMIT_WARN_LINES of them. */
-static enum status add_failed(struct submit *s, int part, const char *custom_id,
-                              const char *source, uint64_t line, const char *code,
-                              const char *msg, struct err_detail *err)
+static enum status add_failed(struct submit *s, int part, const char *custom_id, const char *source,
+                              uint64_t line, const char *code, const char *msg, const char *param,
+                              struct err_detail *err)
 {
     struct queue_item_spec it = {0};
+    it.error_param = param;
     it.custom_id = custom_id;
     it.source = source;
     it.line_no = (int64_t)line;
@@ -415,7 +420,8 @@ static enum status write_pending(struct submit *s, const struct pending *p,
                                  struct err_detail *err)
 {
     if (p->code)
-        return add_failed(s, p->part, p->custom_id, p->source, p->line, p->code, p->msg, err);
+        return add_failed(s, p->part, p->custom_id, p->source, p->line, p->code, p->msg, p->param,
+                          err);
     struct queue_item_spec it = {0};
     it.custom_id = p->custom_id;
     it.source = p->source;
@@ -429,7 +435,8 @@ static enum status write_pending(struct submit *s, const struct pending *p,
         if (s->o->strict)
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s (--strict)", p->source,
                            (unsigned long long)p->line, msg);
-        return add_failed(s, p->part, NULL, p->source, p->line, "duplicate_custom_id", msg, err);
+        return add_failed(s, p->part, NULL, p->source, p->line, "duplicate_custom_id", msg,
+                          "custom_id", err);
     }
     if (!st)
         s->ss.ok++;
@@ -516,13 +523,14 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict)", source,
                            (unsigned long long)pos->line, job_err_code_str(je.code), je.message);
         return pending_add(s, je.custom_id, source, pos->line, NULL, job_err_code_str(je.code),
-                           je.message, 1, err);
+                           je.message, je.field, 1, err);
     }
     char *payload = job_request_to_json(r);
     /* what the line will cost a run: its prompt (about 4 bytes a token) and its outputs */
     double est = payload ? (double)strlen(payload) / 4 + (double)r->max_tokens * r->n : 0;
-    st = payload ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, est, err)
-                 : err_set(err, ST_ERR_NOMEM, "out of memory");
+    st = payload
+             ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, NULL, est, err)
+             : err_set(err, ST_ERR_NOMEM, "out of memory");
     job_request_free(r);
     return st;
 }
@@ -554,7 +562,8 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
         if (st == ST_ERR_RANGE) {
             if (s->o->strict)
                 break;
-            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, 1, err);
+            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, NULL, 1,
+                             err);
         } else if (blank_line(line, len)) {
             s->ss.blank++;
         } else {

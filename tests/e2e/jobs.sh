@@ -201,6 +201,14 @@ assert codes.get("toolong") == "context_length_exceeded", codes
 # lines whose custom_id cannot be read (or is a duplicate) are reported as line-N
 assert codes.get("line-2") == "invalid_json" and codes.get("line-3") == "invalid_utf8", codes
 assert codes.get("types") == "invalid_type" and codes.get("line-5") == "duplicate_custom_id", codes
+# each rejected line's error names the field it is about, as a run's parse error does (it was
+# null: the field was not stored)
+params = {r["custom_id"]: r["response"]["body"]["error"]["param"] for r in recs
+          if r["response"] and r["response"]["status_code"] == 400}
+assert params.get("types") == "prompt" and params.get("line-5") == "custom_id", params
+# (lines 2 and 3 break inside the prompt's value: bad JSON there, bad UTF-8 there)
+assert params.get("line-2") == "prompt" and params.get("line-3") == "prompt", params
+assert params.get("toolong") is None, params  # (too long for the model: found by the run)
 # line 7 is blank: skipped at submit, so no record at all
 assert "line-7" not in codes, codes
 PY
