@@ -126,11 +126,6 @@ int sha256_force_scalar(int scalar)
     return was;
 }
 #else
-static int shani(void)
-{
-    return 0;
-}
-
 int sha256_force_scalar(int scalar)
 {
     (void)scalar;

@@ -1,5 +1,7 @@
 /* Hashes of model files recorded by identity (queue_model_sha, schema version 6). */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -95,14 +97,32 @@ static void id_of(const struct stat *sb, struct file_id *id)
 int queue_model_sha_peek(const char *db_path, const char *path, char *sha)
 {
     struct file_id id;
-    struct queue q; /* just the connection, read-only; nothing is created */
+    struct queue q; /* just the connection */
     memset(&q, 0, sizeof(q));
-    if (file_id(path, &id) ||
-        sqlite3_open_v2(db_path, &q.db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+    /* read-only and immutable: no lock, no -wal/-shm made beside a WAL database (a plain
+     * read-only open leaves them); what the WAL holds that is not checkpointed yet is not seen,
+     * which costs only a hash */
+    size_t n = strlen(db_path);
+    char *uri = malloc(3 * n + 32);
+    if (!uri || file_id(path, &id)) {
+        free(uri);
+        return 0;
+    }
+    char *u = uri + sprintf(uri, "file:");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)db_path[i];
+        if (c == '%' || c == '?' || c == '#' || c < 0x20 || c >= 0x7f)
+            u += sprintf(u, "%%%02X", c);
+        else
+            *u++ = (char)c;
+    }
+    strcpy(u, "?immutable=1");
+    int rc = sqlite3_open_v2(uri, &q.db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+    free(uri);
+    if (rc != SQLITE_OK) {
         sqlite3_close(q.db);
         return 0;
     }
-    sqlite3_busy_timeout(q.db, 1000);
     int hit = recorded(&q, path, &id, sha);
     sqlite3_close(q.db);
     return hit;

@@ -696,6 +696,10 @@ int runner_cmd_submit(int argc, char **argv)
         LOG_ERROR("model: %s: %s", o.model, strerror(errno));
         return RUNNER_EXIT_ERROR;
     }
+    if (!S_ISREG(msb.st_mode)) { /* (/dev/zero or a FIFO would be read forever) */
+        LOG_ERROR("model: %s: not a regular file", o.model);
+        return RUNNER_EXIT_ERROR;
+    }
     char *model_real = realpath(o.model, NULL); /* (as runs record and look it up) */
     int known = model_real && !o.partitions && queue_model_sha_peek(o.db, model_real, sha);
     free(model_real);
