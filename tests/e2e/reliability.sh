@@ -469,6 +469,13 @@ PY
 hold_lock twelve.db 20
 "$Q" run --db twelve.db --out out --threads 1 >/dev/null 2>thirteen.log &
 pid=$!
+# until it catches TERM (SigCgt bit 15; a slow start under ASan must not meet the default
+# action), then a moment for it to reach the lock
+for _ in $(seq 300); do
+    cgt=$(awk '/^SigCgt:/ {print $2}' /proc/$pid/status 2>/dev/null || true)
+    [ -n "$cgt" ] && (((0x$cgt >> 14) & 1)) && break
+    sleep 0.05
+done
 sleep 1
 t0=$(date +%s)
 kill -TERM $pid
