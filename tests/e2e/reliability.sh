@@ -502,7 +502,7 @@ for _ in $(seq 600); do # until run A holds every item
 done
 "$Q" run --db thirteen.db --out out --threads 1 >/dev/null 2>thirteen_b.log &
 pid_b=$!
-for _ in $(seq 100); do grep -q "waiting for" thirteen_b.log && break; sleep 0.1; done
+for _ in $(seq 1200); do grep -q "waiting for" thirteen_b.log && break; sleep 0.1; done
 grep -q "waiting for" thirteen_b.log || fail "13b: run B is not waiting (make the requests longer)"
 hold_lock thirteen.db 8
 sleep 1.5 # (B's next look at the queue meets the lock)
