@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "batch/batch.h"
+#include "common/fileid.h"
 #include "common/proc.h"
 #include "common/sha256.h"
 #include "engine/chat.h"
@@ -59,7 +60,7 @@ struct batch_run {
      * it had then, "" when not hashed): neither hashed nor loaded again (model_release frees it).
      */
     char *model_loaded;
-    struct stat model_id;
+    struct file_version model_id;
     char model_sha[SHA256_HEX_LEN];
     struct kern_group *group;        /* backends (one per tensor-parallel rank) */
     struct engine_model *m;          /* model */

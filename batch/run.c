@@ -464,25 +464,17 @@ static void model_release(struct batch_run *r)
     r->model_sha[0] = 0;
 }
 
-/* The same file, unchanged? (device, inode, size, modification and change times) */
-static int same_file(const struct stat *a, const struct stat *b)
-{
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
-           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
-}
-
 /* The job's model, checked against its sha256 and loaded with its tokenizer, chat template and
  * the draft model; the previous job's when it names the same file and the file is unchanged. */
 static enum status model_open(struct batch_run *r, struct err_detail *err)
 {
     const char *path = r->job.model_path;
-    struct stat before, after;
-    if (stat(path, &before))
+    struct file_version before, after;
+    if (file_version_get(path, &before))
         return err_set(err, ST_ERR_IO, "model %s: %s", path, strerror(errno));
     const char *want = r->job.model_sha256 && *r->job.model_sha256 ? r->job.model_sha256 : NULL;
     int kept = r->m && r->model_loaded && !strcmp(r->model_loaded, path) &&
-               same_file(&before, &r->model_id) && (!want || r->model_sha[0]);
+               file_version_same(&before, &r->model_id) && (!want || r->model_sha[0]);
     if (!kept) {
         model_release(r);
         int cached = 0;
@@ -521,8 +513,8 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
     if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
         LOG_WARN("%s: %s; chat requests will fail", path, e2.msg);
     /* kept for the next job only if the file did not change while it was hashed and loaded */
-    if (!fault_hit("run.model_changed") && !stat(path, &after) && same_file(&before, &after) &&
-        (r->model_loaded = strdup(path)))
+    if (!fault_hit("run.model_changed") && !file_version_get(path, &after) &&
+        file_version_same(&before, &after) && (r->model_loaded = strdup(path)))
         r->model_id = before;
     else
         r->model_sha[0] = 0;

@@ -3,32 +3,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 
+#include "common/fileid.h"
 #include "common/sha256.h"
 #include "queue/queue_internal.h"
 
 #define QUEUE_FILE_SETTLED_NS 2000000000LL /* changed longer ago than this: recordable */
 
-struct file_id {
-    int64_t dev, ino, size, mtime_ns, ctime_ns;
-};
-
-static void id_of(const struct stat *sb, struct file_id *id);
-
-static int file_id(const char *path, struct file_id *id)
-{
-    struct stat sb;
-    if (stat(path, &sb))
-        return -1;
-    id_of(&sb, id);
-    return 0;
-}
-
 /* The statement sql (NULL on failure) with path and the identity bound as ?1..?6. */
 static sqlite3_stmt *prepare_id(struct queue *q, const char *sql, const char *path,
-                                const struct file_id *id)
+                                const struct file_version *id)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK) {
@@ -44,7 +28,7 @@ static sqlite3_stmt *prepare_id(struct queue *q, const char *sql, const char *pa
 
 /* The recorded hash of path at identity id into sha: 1, or 0 when there is none (or the query
  * failed: then the file is read). */
-static int recorded(struct queue *q, const char *path, const struct file_id *id, char *sha)
+static int recorded(struct queue *q, const char *path, const struct file_version *id, char *sha)
 {
     sqlite3_stmt *s = prepare_id(q,
                                  "SELECT sha256 FROM model_files WHERE path = ?1 AND dev = ?2"
@@ -62,7 +46,8 @@ static int recorded(struct queue *q, const char *path, const struct file_id *id,
     return hit;
 }
 
-static void record(struct queue *q, const char *path, const struct file_id *id, const char *sha)
+static void record(struct queue *q, const char *path, const struct file_version *id,
+                   const char *sha)
 {
     sqlite3_stmt *s = prepare_id(q,
                                  "INSERT OR REPLACE INTO model_files (path, dev, ino, size,"
@@ -75,28 +60,9 @@ static void record(struct queue *q, const char *path, const struct file_id *id, 
     sqlite3_finalize(s);
 }
 
-/* Changed over QUEUE_FILE_SETTLED_NS ago (as of now)? */
-static int settled(const struct file_id *id)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
-    int64_t changed = id->mtime_ns > id->ctime_ns ? id->mtime_ns : id->ctime_ns;
-    return now_ns - changed > QUEUE_FILE_SETTLED_NS;
-}
-
-static void id_of(const struct stat *sb, struct file_id *id)
-{
-    id->dev = (int64_t)sb->st_dev;
-    id->ino = (int64_t)sb->st_ino;
-    id->size = (int64_t)sb->st_size;
-    id->mtime_ns = (int64_t)sb->st_mtim.tv_sec * 1000000000LL + sb->st_mtim.tv_nsec;
-    id->ctime_ns = (int64_t)sb->st_ctim.tv_sec * 1000000000LL + sb->st_ctim.tv_nsec;
-}
-
 int queue_model_sha_peek(const char *db_path, const char *path, char *sha)
 {
-    struct file_id id;
+    struct file_version id;
     struct queue q; /* just the connection */
     memset(&q, 0, sizeof(q));
     /* read-only and immutable: no lock, no -wal/-shm made beside a WAL database (a plain
@@ -104,7 +70,7 @@ int queue_model_sha_peek(const char *db_path, const char *path, char *sha)
      * which costs only a hash */
     size_t n = strlen(db_path);
     char *uri = malloc(3 * n + 32);
-    if (!uri || file_id(path, &id)) {
+    if (!uri || file_version_get(path, &id)) {
         free(uri);
         return 0;
     }
@@ -128,23 +94,23 @@ int queue_model_sha_peek(const char *db_path, const char *path, char *sha)
     return hit;
 }
 
-void queue_model_sha_note(struct queue *q, const char *path, const struct stat *before,
+void queue_model_sha_note(struct queue *q, const char *path, const struct file_version *before,
                           const char *sha)
 {
-    struct file_id id, now;
-    id_of(before, &id);
-    if (!file_id(path, &now) && !memcmp(&id, &now, sizeof(id)) && settled(&id))
-        record(q, path, &id, sha);
+    struct file_version now;
+    if (!file_version_get(path, &now) && file_version_same(before, &now) &&
+        file_version_settled(before, QUEUE_FILE_SETTLED_NS))
+        record(q, path, before, sha);
 }
 
 enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *cached,
                             struct err_detail *err)
 {
     QUEUE_ERR_LOCAL(err);
-    struct file_id before, after;
+    struct file_version before, after;
     if (cached)
         *cached = 0;
-    if (file_id(path, &before))
+    if (file_version_get(path, &before))
         return err_set(err, ST_ERR_IO, "%s: %s", path, strerror(errno));
     if (recorded(q, path, &before, sha)) {
         if (cached)
@@ -154,7 +120,8 @@ enum status queue_model_sha(struct queue *q, const char *path, char *sha, int *c
     enum status st = sha256_file(path, SHA256_WHOLE_FILE, sha, err);
     if (st)
         return st;
-    if (!file_id(path, &after) && !memcmp(&before, &after, sizeof(before)) && settled(&before))
+    if (!file_version_get(path, &after) && file_version_same(&before, &after) &&
+        file_version_settled(&before, QUEUE_FILE_SETTLED_NS))
         record(q, path, &before, sha);
     return ST_OK;
 }

@@ -353,8 +353,8 @@ int queue_model_sha_peek(const char *db_path, const char *path, char *sha);
 
 /* Record sha as the hash of path, read when stat gave *before, if the file is still so and was
  * last changed over 2 s before (as queue_model_sha records). Failures are ignored. */
-struct stat;
-void queue_model_sha_note(struct queue *q, const char *path, const struct stat *before,
+struct file_version;
+void queue_model_sha_note(struct queue *q, const char *path, const struct file_version *before,
                           const char *sha);
 
 /* ---- Items ----------------------------------------------------------------------------- */

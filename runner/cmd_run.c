@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "batch/batch.h"
+#include "common/fileid.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
@@ -389,15 +390,18 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
 
 #define PART_ALIVE_WAIT_S 5.0 /* how long a part's progress file may stay unchanged */
 
-/* The identity of the file at path as of now: open() revalidates a network file system's
+/* The version of the file at path as of now: open() revalidates a network file system's
  * cached attributes (close-to-open consistency), which stat() of a path may not. */
-static int file_version(const char *path, struct stat *sb)
+static int open_file_version(const char *path, struct file_version *v)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    int rc = fstat(fd, sb);
+    struct stat sb;
+    int rc = fstat(fd, &sb);
     close(fd);
+    if (!rc)
+        file_version_of(&sb, v);
     return rc;
 }
 
@@ -411,15 +415,14 @@ static int part_run_alive(const struct batch_parts *p, int k)
 {
     char path[4200];
     batch_parts_path(p, k, ".progress.json", path, sizeof(path));
-    struct stat a, b;
-    if (file_version(path, &a))
+    struct file_version a, b;
+    if (open_file_version(path, &a))
         return 0;
     for (double t0 = runner_now(); runner_now() - t0 < PART_ALIVE_WAIT_S && !g_signals;) {
         usleep(200000);
-        if (file_version(path, &b))
+        if (open_file_version(path, &b))
             continue; /* (replaced by rename: the name is never missing, but be lenient) */
-        if (b.st_ino != a.st_ino || b.st_size != a.st_size || b.st_mtim.tv_sec != a.st_mtim.tv_sec ||
-            b.st_mtim.tv_nsec != a.st_mtim.tv_nsec)
+        if (!file_version_same(&a, &b))
             return 1;
     }
     return 0;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "batch/batch.h"
+#include "common/fileid.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "engine/sampler.h"
@@ -700,6 +701,8 @@ int runner_cmd_submit(int argc, char **argv)
         LOG_ERROR("model: %s: not a regular file", o.model);
         return RUNNER_EXIT_ERROR;
     }
+    struct file_version mver;
+    file_version_of(&msb, &mver);
     char *model_real = realpath(o.model, NULL); /* (as runs record and look it up) */
     int known = model_real && !o.partitions && queue_model_sha_peek(o.db, model_real, sha);
     free(model_real);
@@ -733,7 +736,7 @@ int runner_cmd_submit(int argc, char **argv)
     }
     /* every part (each part's runs look there) */
     for (int k = 0; !known && k < s.n_parts; k++)
-        queue_model_sha_note(s.q[k], o.model, &msb, sha);
+        queue_model_sha_note(s.q[k], o.model, &mver, sha);
     /* a killed submit's job may hold the name we want: collect dead submits first */
     struct proc_identity self;
     proc_identity_self(&self);
