@@ -263,29 +263,41 @@ char *job_record_success(const struct job_result *r)
     return job_json_take(&b);
 }
 
+static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *idkey,
+                           int status_code, const char *code, const char *message,
+                           const char *param);
+
 char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
                           int64_t line_no, const char *code, const char *message, const char *param)
 {
-    char idbuf[64], msg[1024];
-    if (!custom_id) {
-        snprintf(idbuf, sizeof(idbuf), "line-%lld", (long long)line_no);
-        custom_id = idbuf;
-    }
+    char key[1100], msg[1024];
+    /* a line without its own custom_id gets null, and ids made from where it was (a leading
+     * control byte, so that only a custom_id of that very form could share them) */
+    snprintf(key, sizeof(key), "\001%s:%lld", source ? source : "?", (long long)line_no);
     snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
              message ? message : "rejected at submit");
-    return job_record_invalid(job_id, custom_id, 400, code ? code : "invalid_request", msg, param);
+    return invalid_keyed(job_id, custom_id, custom_id ? custom_id : key, 400,
+                         code ? code : "invalid_request", msg, param);
 }
 
 char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,
                          const char *message, const char *param)
 {
+    return invalid_keyed(job_id, custom_id, custom_id, status_code, code, message, param);
+}
+
+/* job_record_invalid with the record's ids made from idkey (custom_id unless it is NULL). */
+static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *idkey,
+                           int status_code, const char *code, const char *message,
+                           const char *param)
+{
     struct job_json b = {0};
     job_json_put_lit(&b, "{");
-    put_id(&b, "id", "batch_req_", "batch_req", job_id, custom_id);
+    put_id(&b, "id", "batch_req_", "batch_req", job_id, idkey);
     job_json_put_lit(&b, ",\"custom_id\":");
     job_json_put_cstr(&b, custom_id);
     job_json_put_fmt(&b, ",\"response\":{\"status_code\":%d,", status_code);
-    put_id(&b, "request_id", "req_", "req", job_id, custom_id);
+    put_id(&b, "request_id", "req_", "req", job_id, idkey);
     job_json_put_lit(&b, ",\"body\":{\"error\":{\"message\":");
     job_json_put_cstr(&b, message ? message : "");
     job_json_put_lit(&b, status_code >= 400 && status_code < 500

@@ -76,7 +76,9 @@ char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code,
  * failure, taking custom_id, code, message and param from e. Caller frees. */
 char *job_record_parse_error(int64_t job_id, const struct job_error *e);
 
-/* The error line of an input line rejected at submit: custom_id (NULL -> "line-N"), status
+/* The error line of an input line rejected at submit: custom_id (NULL -> null: a line whose
+ * own custom_id could not be read, or that repeats another line's; its id and request_id are
+ * then made from source and line, so no two records share them), status
  * 400, code (NULL -> "invalid_request"), the message "SOURCE:LINE: MESSAGE" and param, the
  * request field it names (NULL: null; queues before schema 6 did not keep it). Written by the
  * run that claims the line and synthesised by export for older queues, so both agree. Caller

@@ -70,6 +70,16 @@ static enum status status_of(enum job_err_code code)
     }
 }
 
+/* A line that failed before its custom_id was read: the first top-level "custom_id" string the
+ * scan passed (a valid JSON string, so cJSON reads it alone), if it is a valid custom_id. */
+static void salvage_custom_id(const struct job_scan *s, struct job_error *e)
+{
+    cJSON *v = cJSON_ParseWithLength(s->id_raw - 1, s->id_len + 2);
+    if (cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= JOB_CUSTOM_ID_MAX)
+        snprintf(e->custom_id, sizeof(e->custom_id), "%s", v->valuestring);
+    cJSON_Delete(v);
+}
+
 enum status job_request_parse(const char *line, size_t len, const struct job_defaults *defaults,
                               struct job_request **out, struct job_error *jerr)
 {
@@ -81,8 +91,6 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
 
     *out = NULL;
     memset(e, 0, sizeof(*e));
-    if (defaults->default_id)
-        snprintf(e->custom_id, sizeof(e->custom_id), "%s", defaults->default_id);
 
     /* Pass 1 (the scan state is ~2.5 KB: heap, not stack). */
     if (!(s = calloc(1, sizeof(*s)))) {
@@ -129,6 +137,8 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
     r = NULL;
     e->code = JOB_ERR_NONE;
 done:
+    if (!*out && !e->custom_id[0] && s && s->id_raw)
+        salvage_custom_id(s, e);
     job_request_free(r);
     cJSON_Delete(root);
     free(s);

@@ -82,8 +82,10 @@ struct job_error {
     enum job_err_code code; /* what kind of problem */
     char field[128];        /* offending field path ("body.messages[0].role"), "" when none */
     char message[512];      /* human message naming the field, NUL-terminated */
-    char custom_id[JOB_CUSTOM_ID_MAX + 1]; /* the line's custom_id when one could be read,
-                                              else the default id, else "" */
+    char custom_id[JOB_CUSTOM_ID_MAX + 1]; /* the line's own custom_id when one could be
+                                              read (even from a line that is not valid JSON
+                                              further on), else "": never the default id, which
+                                              a bad line must not take from another line */
 };
 
 /* Job-level settings a line is parsed against. Pointers are caller-owned, only read. */

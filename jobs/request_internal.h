@@ -34,6 +34,9 @@ struct job_scan {
     struct job_error *e;                              /* where problems are reported */
     const char *seed_raw[2]; /* raw number text of top-level "seed" / "body"."seed" */
     size_t seed_len[2];      /* their lengths */
+    const char *id_raw;      /* text between the quotes of the first top-level "custom_id"
+                                string (escapes undone by the caller), or NULL */
+    size_t id_len;           /* its length */
 };
 
 /* State of one parse. */

@@ -278,6 +278,8 @@ int job_scan_value(struct job_scan *s)
     case '[':
         return scan_container(s, 1);
     case '"':
+        if (s->depth == 1 && key_is(&s->st[1], "custom_id") && !s->id_raw)
+            return scan_string(s, &s->id_raw, &s->id_len);
         return scan_string(s, NULL, NULL);
     case 't':
         return scan_literal(s, "true");

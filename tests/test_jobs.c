@@ -243,6 +243,30 @@ static void test_record_errors(void **state)
     assert_non_null(strstr(line, h));
     free(line);
 
+    /* a line rejected at submit without its own custom_id: null, and ids of its own that
+     * differ from another line's and from those of any line whose custom_id is "line-N" */
+    char *r2 = job_record_rejected(5, NULL, "in.jsonl", 2, "invalid_json", "bad", NULL);
+    char *r3 = job_record_rejected(5, NULL, "in.jsonl", 3, "invalid_json", "bad", NULL);
+    char *named = job_record_rejected(5, "line-2", "in.jsonl", 2, "invalid_json", "bad", "x");
+    cJSON *a = cJSON_Parse(r2), *b = cJSON_Parse(r3), *n = cJSON_Parse(named);
+    assert_true(cJSON_IsNull(at(a, "custom_id")));
+    assert_string_equal(at(n, "custom_id")->valuestring, "line-2");
+    assert_string_equal(at(at(at(at(a, "response"), "body"), "error"), "message")->valuestring,
+                        "in.jsonl:2: bad");
+    const char *ida = at(a, "id")->valuestring, *idb = at(b, "id")->valuestring,
+               *idn = at(n, "id")->valuestring;
+    assert_hex_id(ida, "batch_req_");
+    assert_string_not_equal(ida, idb);
+    assert_string_not_equal(ida, idn);
+    assert_string_not_equal(at(at(a, "response"), "request_id")->valuestring,
+                            at(at(b, "response"), "request_id")->valuestring);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(n);
+    free(r2);
+    free(r3);
+    free(named);
+
     /* 500: server_error, param null */
     line = job_record_invalid(1, "x", 500, "internal_error", "boom", NULL);
     root = cJSON_Parse(line);

@@ -637,7 +637,7 @@ static void test_sizes(void **state)
             assert_int_equal(st, ST_ERR_INVALID_ARG);
             assert_int_equal(e.code, JOB_ERR_INVALID_VALUE);
             assert_non_null(strstr(e.message, "custom_id"));
-            assert_string_equal(e.custom_id, "line-7"); /* falls back to the default id */
+            assert_string_equal(e.custom_id, ""); /* not its own, and never the default id */
         }
     }
 
@@ -713,9 +713,28 @@ static void test_error_custom_id(void **state)
     assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_INVALID_ARG);
     assert_string_equal(e.custom_id, "b");
     assert_string_equal(e.field, "body.temperature");
+    /* a line that is not valid JSON further on keeps the custom_id the scan read whole */
     l = "{\"custom_id\":\"zz\"";
     assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
-    assert_string_equal(e.custom_id, "line-7");
+    assert_string_equal(e.custom_id, "zz");
+    l = "{\"custom_id\":\"a\\u00e9\\ud83d\\ude00\",\"prompt\":\"\\ud800\"}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
+    assert_int_equal(e.code, JOB_ERR_INVALID_UTF8);
+    assert_string_equal(e.custom_id, "a\xc3\xa9\xf0\x9f\x98\x80"); /* escapes undone */
+    l = "{\"meta\":{\"custom_id\":\"inner\"},\"prompt\":\"x\",}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
+    assert_string_equal(e.custom_id, ""); /* only the top level's */
+    l = "{\"custom_id\":\"\",\"prompt\":1,}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
+    assert_string_equal(e.custom_id, ""); /* not a valid custom_id */
+    /* a line without one never gets the default id ("line-7"): that name may be another
+     * line's own custom_id, which a bad line must not take */
+    l = "{\"prompt\":\"x\",\"max_tokens\":0}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_INVALID_ARG);
+    assert_string_equal(e.custom_id, "");
+    l = "garbage";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
+    assert_string_equal(e.custom_id, "");
     assert_string_equal(job_err_code_str(JOB_ERR_INVALID_UTF8), "invalid_utf8");
     assert_string_equal(job_err_code_str(JOB_ERR_MISSING_FIELD), "missing_field");
 }

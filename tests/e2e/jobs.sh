@@ -198,19 +198,57 @@ codes = {r["custom_id"]: r["response"]["body"]["error"]["code"] for r in recs
 # a 1 MB line is accepted at submit; its 600k-token prompt cannot fit the 8k context
 assert codes.get("huge") == "context_length_exceeded", codes
 assert codes.get("toolong") == "context_length_exceeded", codes
-# lines whose custom_id cannot be read (or is a duplicate) are reported as line-N
-assert codes.get("line-2") == "invalid_json" and codes.get("line-3") == "invalid_utf8", codes
-assert codes.get("types") == "invalid_type" and codes.get("line-5") == "duplicate_custom_id", codes
+# a line keeps its own custom_id when the scan read it whole, even if the line breaks later
+assert codes.get("broken") == "invalid_json" and codes.get("utf8") == "invalid_utf8", codes
+assert codes.get("types") == "invalid_type", codes
+# a duplicate's record has a null custom_id (its first line's record owns the name), its error
+# names the line and the id
+dup = [r for r in recs if r["custom_id"] is None]
+assert len(dup) == 1, dup
+e = dup[0]["response"]["body"]["error"]
+assert e["code"] == "duplicate_custom_id" and e["param"] == "custom_id", e
+assert "bad.jsonl:5:" in e["message"] and "ok1" in e["message"], e
 # each rejected line's error names the field it is about, as a run's parse error does (it was
 # null: the field was not stored)
 params = {r["custom_id"]: r["response"]["body"]["error"]["param"] for r in recs
           if r["response"] and r["response"]["status_code"] == 400}
-assert params.get("types") == "prompt" and params.get("line-5") == "custom_id", params
+assert params.get("types") == "prompt", params
 # (lines 2 and 3 break inside the prompt's value: bad JSON there, bad UTF-8 there)
-assert params.get("line-2") == "prompt" and params.get("line-3") == "prompt", params
+assert params.get("broken") == "prompt" and params.get("utf8") == "prompt", params
 assert params.get("toolong") is None, params  # (too long for the model: found by the run)
-# line 7 is blank: skipped at submit, so no record at all
-assert "line-7" not in codes, codes
+# no two records share an id or a request_id
+assert len({r["id"] for r in recs}) == len(recs), recs
+assert len({r["response"]["request_id"] for r in recs}) == len(recs), recs
+PY
+
+# 5b. a bad line takes no name from the others: neither the custom_id a later line gives (a
+# garbage line 2 was stored as "line-2", and the valid line named "line-2" was then refused as
+# its duplicate), nor one an earlier line has (two records named "line-3")
+python3 - names.jsonl <<'PY'
+import json, sys
+ok = lambda cid: json.dumps({"custom_id": cid, "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+lines = [ok("line-3"), "garbage", json.dumps({"prompt": "x", "max_tokens": 0}), ok("line-2"),
+         '{"custom_id": "kept", "prompt": "\\ud800"}']
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+PY
+"$Q" submit --db names.db --model "$M" --name names names.jsonl >/dev/null 2>names.err ||
+    fail "5b: submit"
+grep -q "duplicate" names.err && { cat names.err; fail "5b: a valid line was refused as a duplicate"; }
+"$Q" run --db names.db --out out >/dev/null 2>&1 || fail "5b: run"
+"$Q" export --db names.db --job names --out names.export.jsonl --order input 2>/dev/null ||
+    fail "5b: export"
+python3 - names.export.jsonl <<'PY' || fail "5b: records"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 5, recs
+ok = sorted(r["custom_id"] for r in recs if r["response"]["status_code"] == 200)
+assert ok == ["line-2", "line-3"], ok
+err = {(r["custom_id"], r["response"]["body"]["error"]["code"],
+        r["response"]["body"]["error"]["message"].split(" ")[0])
+       for r in recs if r["response"]["status_code"] == 400}
+assert err == {(None, "invalid_json", "names.jsonl:2:"), (None, "invalid_value", "names.jsonl:3:"),
+               ("kept", "invalid_utf8", "names.jsonl:5:")}, err
+assert len({r["id"] for r in recs}) == 5 and len({r["response"]["request_id"] for r in recs}) == 5
 PY
 
 # 6. archives give the same results as plain JSONL
