@@ -119,6 +119,17 @@ enum status batch_parts_create(const char *dir, const char *name, int n, struct 
                      "%s holds parts without a catalogue (a submit that did not finish?): "
                      "remove its part-*.db files or choose another directory",
                      dir);
+    /* a file at any of the new parts' names is not ours: never written into (a queue there
+     * would become a part), and never deleted by a failed submit's undo */
+    for (int k = 1; !st && k < n; k++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/part-%04d.db", dir, k);
+        if (access(path, F_OK) == 0 || errno != ENOENT)
+            st = err_set(err, ST_ERR_EXISTS,
+                         "%s exists (a file this submit did not make): remove it or choose "
+                         "another directory",
+                         path);
+    }
     if (st) {
         close(*lock_fd);
         *lock_fd = -1;

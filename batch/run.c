@@ -654,12 +654,13 @@ static void nap(const struct batch_run *r, double secs)
 
 /* A job whose items are all finished (or that was cancelled) but whose output is not sealed:
  * close the shards dead runs
- * left open and write the manifest, complete when nothing is open any more (a shard of a run
- * that still looks alive keeps it incomplete until a later run closes it). */
-static int close_done_job(struct batch_run *r, struct err_detail *err)
+ * left open and write the manifest (in OUT/<name>, out_flag as for batch_job_dir), complete when
+ * nothing is open any more (a shard of a run that still looks alive keeps it incomplete until a
+ * later run closes it). */
+static int close_done_job(struct batch_run *r, const char *out_flag, struct err_detail *err)
 {
     int64_t open = 0;
-    if (batch_job_dir(r->q, &r->job, NULL, 1, r->job_dir, sizeof(r->job_dir), err) ||
+    if (batch_job_dir(r->q, &r->job, out_flag, 1, r->job_dir, sizeof(r->job_dir), err) ||
         recover_shards(r, err) || batch_count_open_shards(r->q, r->job.id, &open, err) ||
         batch_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
         return -1;
@@ -965,29 +966,34 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
         }
         int64_t shards = 1;
         int part = 0, parts = 0;
-        if (r->job.state == QUEUE_JOB_CANCELLED &&
+        int finished = r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED;
+        if (finished &&
             (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
             result = -1;
         /* cancelled before any output: nothing to seal, except in a part, whose manifest
          * (empty) the job's combined one waits for to be complete, or where a stopped run
          * wrote one already (it says complete: false until sealed) */
-        if (result >= 0 && !shards && !parts && !manifest_written(r))
+        if (result >= 0 && r->job.state == QUEUE_JOB_CANCELLED && !shards && !parts &&
+            !manifest_written(r))
             shards = -1;
         if (result < 0 || shards < 0) {
             queue_job_free(&r->job);
             memset(&r->job, 0, sizeof(r->job));
             continue;
         }
-        if (r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED) {
+        if (finished) {
             /* finished or cancelled earlier: make sure its output is sealed (a dead run's open
-             * shard cut back to what was committed and closed) and its manifest current */
+             * shard cut back to what was committed and closed) and its manifest current; one
+             * without output yet (a part that got no lines, done at submit) writes it where
+             * this run's --out says, as its first shard would */
+            const char *out_flag = shards ? NULL : r->o->out;
             int64_t open = 0;
             result = 1;
             if (batch_count_open_shards(r->q, r->job.id, &open, err) ||
-                batch_job_dir(r->q, &r->job, NULL, 0, r->job_dir, sizeof(r->job_dir), err))
+                batch_job_dir(r->q, &r->job, out_flag, 0, r->job_dir, sizeof(r->job_dir), err))
                 result = -1;
             else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
-                result = close_done_job(r, err);
+                result = close_done_job(r, out_flag, err);
             else if (batch_manifest_combined(r->q, r->job_dir, err))
                 result = -1; /* (a run killed between a part's manifest and the combined one) */
             job_close(r);

@@ -36,6 +36,7 @@ enum queue_stmt_id {
     QS_META_SET,
     QS_JOB_SUBMIT_INFO,
     QS_JOB_PUBLISH,
+    QS_JOB_PUBLISH_EMPTY,
     QS_JOB_DELETE,
     QS_GC_CANDIDATES,
     QS_COUNTS_JOB,

@@ -250,6 +250,10 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                            " coalesce(r.ended IS NOT NULL, 1) FROM jobs j"
                            " LEFT JOIN runs r ON r.id = j.submit_run WHERE j.id = ?1",
     [QS_JOB_PUBLISH] = "UPDATE jobs SET ready = 1 WHERE id = ?1 AND NOT ready",
+    /* a job published without items is done at once (a part that got no lines): no run has
+     * anything to do in it but write its (empty) manifest */
+    [QS_JOB_PUBLISH_EMPTY] = "UPDATE jobs SET state = 'done', finished = ?2 WHERE id = ?1"
+                             " AND ready AND n_items = 0 AND state = 'queued'",
     [QS_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1 AND NOT ready",
     /* not-ready jobs whose submit run may be dead: ended, or no heartbeat since ?1 (the
      * caller checks the process of the latter); never one a run or shard names. ?2: cursor */

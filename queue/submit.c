@@ -59,6 +59,9 @@ enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summa
     if (st == ST_OK)
         st = queue_run_changes(q, QS_JOB_PUBLISH, job_id, 0, NULL, "publishing a job", err);
     if (st == ST_OK)
+        st = queue_run_changes(q, QS_JOB_PUBLISH_EMPTY, job_id, queue_now(q), NULL,
+                               "publishing a job", err);
+    if (st == ST_OK)
         st = queue_run_mark_ended(q, si.run, "submitted", summary_json, err);
     return queue_scope_leave(q, &sc, st, err);
 }

@@ -367,22 +367,35 @@ static void slurm_runtime(struct run_opts *o)
              left);
 }
 
-/* May part k be taken over? Not in use (we can open it at once), with work left, and, when
- * `owned` is set, worked on before by a run that is gone (never-started parts are left to
- * their own task). */
+/* May part k be taken over? Not in use (we can open it at once), with work left (items, or a
+ * finished job whose manifest is not written yet: a part that got no lines is done at submit),
+ * and, when `owned` is set, worked on before by a run that is gone (never-started parts are
+ * left to their own task). -1 (logged) when the part cannot be opened for another reason than
+ * being in use: missing, or not a queue. */
 static int part_free_with_work(const struct batch_parts *p, int k, int owned)
 {
     struct queue *q = NULL;
     struct err_detail err = {0};
-    if (batch_parts_open(p, k, 1, 0, &q, &err))
+    enum status st = batch_parts_open(p, k, 1, 0, &q, &err);
+    if (st == ST_ERR_BUSY)
         return 0;
+    if (st) {
+        LOG_ERROR("part %d: %s", k, err.msg);
+        return -1;
+    }
     struct queue_job *jobs = NULL;
     size_t n = 0;
     int64_t queued = 0, leased = 0;
-    int ran = 0;
-    int ok = !queue_job_list(q, &jobs, &n, &err) && n == 1 &&
-             !queue_job_unfinished(q, jobs[0].id, &queued, &leased, &err) && queued + leased > 0 &&
-             !queue_runs_any(q, &ran, &err) && (!owned || ran);
+    int ran = 0, work = 0;
+    if (!queue_job_list(q, &jobs, &n, &err) && n == 1 &&
+        !queue_job_unfinished(q, jobs[0].id, &queued, &leased, &err)) {
+        char dir[4096];
+        work = queued + leased > 0;
+        if (!work && (jobs[0].state == QUEUE_JOB_DONE || jobs[0].state == QUEUE_JOB_CANCELLED))
+            work = batch_job_dir(q, &jobs[0], NULL, 0, dir, sizeof(dir), &err) ||
+                   !batch_manifest_current(q, &jobs[0], dir);
+    }
+    int ok = work && !queue_runs_any(q, &ran, &err) && (!owned || ran);
     queue_job_list_free(jobs, n);
     queue_close(q);
     return ok;
@@ -448,7 +461,7 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
         return RUNNER_EXIT_USAGE;
     }
     o->b.parts = p;
-    int rc = RUNNER_EXIT_OK, busy = 0;
+    int rc = RUNNER_EXIT_OK, busy = 0, broken = 0;
     double t0 = runner_now(), max_rt = o->b.max_runtime;
     if (own >= 0) {
         o->b.part = (int)own;
@@ -474,13 +487,15 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
             /* stopped with parts this run would have worked on still to do: 75, not the last
              * part's 0 (exit 0 means every item is finished) */
             for (int j = k; j < p->n; j++)
-                if (j != own && part_free_with_work(p, j, own >= 0)) {
+                if (j != own && part_free_with_work(p, j, own >= 0) > 0) {
                     rc = RUN_EXIT_TEMPFAIL;
                     break;
                 }
             break;
         }
-        if (k == own || !part_free_with_work(p, k, own >= 0))
+        int w = k == own ? 0 : part_free_with_work(p, k, own >= 0);
+        broken |= w < 0;
+        if (w <= 0)
             continue;
         if (max_rt > 0)
             o->b.max_runtime = (float)(max_rt - (runner_now() - t0));
@@ -492,6 +507,10 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
         int r = run_once(o, &busy);
         if (!busy && r != RUNNER_EXIT_OK)
             rc = r;
+    }
+    if (broken && rc == RUNNER_EXIT_OK) { /* exit 0 says every item is finished */
+        LOG_ERROR("%s: a part cannot be opened (above): its items are not finished", p->dir);
+        rc = RUNNER_EXIT_ERROR;
     }
     return rc;
 }

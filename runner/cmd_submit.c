@@ -634,8 +634,9 @@ static enum status submit_open(struct submit *s, struct batch_parts *parts,
 }
 
 /* A failed submit: each part's partial job deleted; with --partitions, the part files too, and
- * the catalogue if it was written (its directory's fsync failed). The directory's submit lock,
- * still held, guarantees these files are this submit's own. */
+ * the catalogue if it was written (its directory's fsync failed). They are this submit's own:
+ * batch_parts_create found none of their names taken, and the directory's submit lock, still
+ * held, keeps other submits out. */
 static void submit_undo(struct submit *s, const struct batch_parts *parts)
 {
     for (int k = 0; k < s->n_parts && s->q && s->job; k++) {
@@ -653,10 +654,12 @@ static void submit_undo(struct submit *s, const struct batch_parts *parts)
         char path[4200];
         queue_close(s->q[k]);
         s->q[k] = NULL;
-        batch_parts_path(parts, k, ".db", path, sizeof(path));
-        unlink(path);
-        strcat(path, "-journal");
-        unlink(path);
+        /* (batch_parts_create made sure that no file had these names before) */
+        static const char *const sfx[] = {".db", ".db-journal", ".db-wal", ".db-shm"};
+        for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+            batch_parts_path(parts, k, sfx[i], path, sizeof(path));
+            unlink(path);
+        }
     }
     if (s->o->partitions) {
         char cat[4200];

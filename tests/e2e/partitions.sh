@@ -423,4 +423,38 @@ s = json.load(sys.stdin)[0]
 assert s["state"] == "cancelled" and s["cancelled"] > 0, (s["state"], s["cancelled"])
 assert json.load(open("out/ji/manifest.json"))["cancelled"] is True' ||
     fail "8: the state of a job with a cancelled part"
+
+# ---- 9. (found by a partitioned-queue audit) files a submit did not make --------------------
+# a file at a new part's name was written into (a plain queue there became a broken part) or,
+# when the submit then failed, deleted with whatever it held
+mkdir -p K && echo precious >K/part-0001.db
+rc=0
+"$Q" submit --db K --partitions 2 --name jk --model "$M" jh.jsonl >/dev/null 2>k.log || rc=$?
+[ $rc = 1 ] && grep -q "part-0001.db exists" k.log || { cat k.log; fail "9: submit over a file: $rc"; }
+[ "$(cat K/part-0001.db)" = precious ] || fail "9: the file at a part's name was changed or deleted"
+[ ! -e K/part-0000.db ] && [ ! -e K/quern-parts.json ] || fail "9: the refused submit left parts"
+
+# ---- 10. more parts than lines: a run without --part finishes the job -----------------------
+# (the parts that got no line stayed queued for ever, the combined manifest incomplete, and the
+# run exited 0)
+make_job P jp 5 2 4
+"$Q" status --db P --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)[0]["part_status"]
+assert sum(x["state"] == "done" for x in p) == 3, p' || fail "10: empty parts are not done"
+"$Q" run --db P --threads 1 >/dev/null 2>p.log || { cat p.log; fail "10: run"; }
+"$Q" status --db P --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+assert s["state"] == "done" and s["done"] == 2, s
+m = json.load(open("out/jp/manifest.json"))
+assert m["complete"] is True and m["parts_incomplete"] == [], m
+assert len(m["shards"]) >= 1' || fail "10: the job of an empty part"
+
+# ---- 11. a part that cannot be opened fails the run (it exited 0, the part skipped) ---------
+make_job N jn 3 6 4
+rm N/part-0001.db
+rc=0
+"$Q" run --db N --threads 1 >/dev/null 2>n.log || rc=$?
+[ $rc = 1 ] && grep -q "part 1: " n.log || { cat n.log; fail "11: a missing part: exit $rc"; }
 echo "partitions: ok"
