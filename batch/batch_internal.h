@@ -20,7 +20,6 @@ struct batch_inflight {
     int64_t item_id;                    /* queue item */
     char *custom_id;                    /* owned */
     enum job_kind kind;                 /* chat or completion */
-    char *model;                        /* request's model field or NULL (owned) */
     struct batch_inflight *prev, *next; /* in batch_run.inflight, while the engine holds it */
     int n_choices;                      /* choices the request asked for (n) */
     int n_got;                          /* of those, finished so far */

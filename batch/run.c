@@ -53,7 +53,6 @@ static void inflight_free(struct batch_inflight *inf)
     }
     free(inf->choices);
     free(inf->custom_id);
-    free(inf->model);
     free(inf);
 }
 
@@ -213,7 +212,6 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         }
         inf->item_id = c->id;
         inf->kind = req->kind;
-        inf->model = req->model ? strdup(req->model) : NULL;
         inf->n_choices = req->n;
         inf->n_prompt = (int32_t)n;
         struct engine_request er = {0};
@@ -374,7 +372,7 @@ static enum status write_result(struct batch_run *r, struct batch_inflight *inf,
     struct job_result jr = {0};
     jr.custom_id = inf->custom_id;
     jr.kind = inf->kind;
-    jr.model = inf->model ? inf->model : r->model_name;
+    jr.model = r->model_name; /* the model that ran, as OpenAI's (not the request's "model") */
     jr.choices = inf->choices;
     jr.n_choices = (size_t)inf->n_choices;
     jr.prompt_tokens = inf->n_prompt;

@@ -29,6 +29,8 @@ const char *job_err_code_str(enum job_err_code c)
         return "invalid_value";
     case JOB_ERR_UNSUPPORTED:
         return "unsupported";
+    case JOB_ERR_UNKNOWN_FIELD:
+        return "unknown_field";
     case JOB_ERR_INTERNAL:
         return "internal_error";
     }

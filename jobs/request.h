@@ -71,6 +71,7 @@ enum job_err_code {
     JOB_ERR_INVALID_TYPE,  /* "invalid_type": a field has the wrong JSON type */
     JOB_ERR_INVALID_VALUE, /* "invalid_value": right type, value out of range or not allowed */
     JOB_ERR_UNSUPPORTED,   /* "unsupported": valid OpenAI input quern cannot honour */
+    JOB_ERR_UNKNOWN_FIELD, /* "unknown_field": a field neither OpenAI's nor quern's (a typo) */
     JOB_ERR_INTERNAL,      /* "internal_error": out of memory; not the line's fault */
 };
 

@@ -267,6 +267,16 @@ int job_request_read(struct job_parse_ctx *c, const cJSON *root, struct job_requ
         if (r->kind == JOB_KIND_COMPLETION && !prompt)
             return job_request_fail(c->e, JOB_ERR_MISSING_FIELD, "body.prompt",
                                     "body.prompt is missing (required by /v1/completions)");
+        static const char *const line_fields[] = {"custom_id", "method", "url", "body", NULL};
+        static const char *const chat_fields[] = {"messages", NULL};
+        static const char *const completion_fields[] = {"prompt", NULL};
+        const char *pfx = c->pfx;
+        c->pfx = "";
+        int known = job_request_check_fields(c, root, line_fields, 0);
+        c->pfx = pfx;
+        if (!known || !job_request_check_fields(
+                          c, body, r->kind == JOB_KIND_CHAT ? chat_fields : completion_fields, 1))
+            return 0;
     } else {
         if (!job_request_get(c, root, "", "messages", &msgs) ||
             !job_request_get(c, root, "", "prompt", &prompt))
@@ -280,6 +290,9 @@ int job_request_read(struct job_parse_ctx *c, const cJSON *root, struct job_requ
                 "messages (chat) or prompt (completion) is missing, and there is no "
                 "OpenAI Batch body");
         r->kind = msgs ? JOB_KIND_CHAT : JOB_KIND_COMPLETION;
+        static const char *const short_fields[] = {"custom_id", "messages", "prompt", NULL};
+        if (!job_request_check_fields(c, root, short_fields, 1))
+            return 0;
     }
     if (r->kind == JOB_KIND_CHAT ? !read_messages(c, msgs, r) : !read_prompt(c, prompt, r))
         return 0;

@@ -215,6 +215,98 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
     return 1;
 }
 
+/* Request parameters quern reads (check_unsupported refuses some of their values). */
+static const char *const known_params[] = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
+    "n", "logprobs", "top_logprobs", "response_format", "grammar", "best_of", "stream", "echo",
+    "suffix", "tools", "functions", "logit_bias",
+    /* OpenAI's that change nothing here: bookkeeping, service hints, options of refused ones */
+    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
+    "prediction", "tool_choice", "function_call", "modalities", NULL};
+
+/* OpenAI's that would change the output in ways quern cannot: refused with why. */
+static const char *const refused_params[][2] = {
+    {"audio", "audio output is not supported"},
+    {"web_search_options", "web search is not supported"},
+    {"reasoning_effort", "the model has no reasoning setting"},
+    {"verbosity", "the model has no verbosity setting"},
+    /* vLLM's extensions that would change the output */
+    {"guided_json", "vLLM's guided decoding is not supported (use response_format json_schema)"},
+    {"guided_regex", "vLLM's guided decoding is not supported (use quern's grammar)"},
+    {"guided_choice", "vLLM's guided decoding is not supported (use quern's grammar)"},
+    {"guided_grammar", "vLLM's guided decoding is not supported (use quern's grammar)"},
+    {"ignore_eos", "not supported: generation stops at the end-of-sequence token"},
+    {"min_tokens", "not supported: generation stops at the end-of-sequence token"},
+    {"stop_token_ids", "not supported (use stop strings)"},
+    {"include_stop_str_in_output", "not supported: a stop string is never in the output"},
+    {"continue_final_message", "not supported: a chat always gets a new assistant turn"},
+    {"add_generation_prompt", "not supported: a chat always gets a new assistant turn"},
+    {"chat_template", "not supported: the model's own chat template is used"},
+};
+
+static int in_list(const char *const *list, const char *k)
+{
+    for (; *list; list++)
+        if (!strcmp(*list, k))
+            return 1;
+    return 0;
+}
+
+/* tool_choice / function_call: "none" or "auto" choose nothing when no tools can be given;
+ * anything else asks for a tool call. */
+static int check_choice(struct job_parse_ctx *c, const cJSON *v, const char *name)
+{
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%s%s", c->pfx, name);
+    if (cJSON_IsNull(v) ||
+        (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return 1;
+    return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
+                            "%s: tool and function calls are not supported (only \"none\")", path);
+}
+
+int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *const *extra,
+                             int params)
+{
+    char path[JOB_PATH_CAP];
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        const char *k = it->string;
+        if (in_list(extra, k))
+            continue;
+        job_request_pathf(path, "%s%s", c->pfx, k);
+        if (!params) /* (the line of a Batch request: its parameters go in its body) */
+            return job_request_fail(c->e, JOB_ERR_UNKNOWN_FIELD, path,
+                                    "unknown field %s beside the body (parameters go in body)",
+                                    path);
+        int refused = 0;
+        for (size_t i = 0; i < sizeof(refused_params) / sizeof(refused_params[0]); i++)
+            if (!strcmp(k, refused_params[i][0])) {
+                if (!cJSON_IsNull(it)) /* (null: not asked for) */
+                    return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s: %s", path,
+                                            refused_params[i][1]);
+                refused = 1;
+            }
+        if (refused)
+            continue;
+        if (!in_list(known_params, k))
+            return job_request_fail(c->e, JOB_ERR_UNKNOWN_FIELD, path,
+                                    "unknown field %s (a typo? your own data can go in "
+                                    "metadata)",
+                                    path);
+        if ((!strcmp(k, "tool_choice") || !strcmp(k, "function_call")) && !check_choice(c, it, k))
+            return 0;
+        if (!strcmp(k, "modalities") && !cJSON_IsNull(it)) {
+            const cJSON *m = it->child;
+            if (!cJSON_IsArray(it) || !m || m->next || !cJSON_IsString(m) ||
+                strcmp(m->valuestring, "text"))
+                return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path,
+                                        "%s: only [\"text\"] is supported", path);
+        }
+    }
+    return 1;
+}
+
 /* The outcome of compiling a request's schema or grammar (g, st, ed) as the line's verdict:
  * 1 when it compiled (g released: the run compiles its own), else the job error at path. */
 static int compiled(struct job_parse_ctx *c, const char *path, struct engine_grammar *g,

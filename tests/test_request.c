@@ -287,8 +287,34 @@ static const struct line_case cases[] = {
     GOOD("integers written as 1e3 and 5.0; temperature 0",
          "{\"prompt\":\"x\",\"seed\":1e3,\"max_tokens\":5.0,\"temperature\":0}", check_seed_exp),
     GOOD("one-element prompt array", "{\"prompt\":[\"only one\"]}", check_prompt_array),
-    GOOD("unknown fields ignored, even duplicated",
-         "{\"prompt\":\"x\",\"foo\":1,\"foo\":[true,false],\"stream_options\":{}}", NULL),
+    GOOD("OpenAI's fields that change nothing are ignored (metadata even duplicated)",
+         "{\"prompt\":\"x\",\"metadata\":1,\"metadata\":[true,false],\"stream_options\":{},"
+         "\"user\":\"u\",\"store\":false,\"service_tier\":\"auto\",\"tool_choice\":\"none\","
+         "\"function_call\":\"auto\",\"parallel_tool_calls\":true,\"modalities\":[\"text\"],"
+         "\"prediction\":{},\"audio\":null}",
+         NULL),
+    BAD("an unknown field (a typo) is refused", "{\"prompt\":\"x\",\"max_token\":3}",
+        JOB_ERR_UNKNOWN_FIELD, "unknown field max_token"),
+    BAD("an unknown field in a body is refused", BATCH(",\"temprature\":0"), JOB_ERR_UNKNOWN_FIELD,
+        "unknown field body.temprature"),
+    BAD("a parameter beside the body is refused",
+        "{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
+        "\"max_tokens\":3,\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}",
+        JOB_ERR_UNKNOWN_FIELD, "unknown field max_tokens"),
+    BAD("a prompt in a chat body is refused",
+        "{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
+        "\"body\":{\"prompt\":\"p\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}",
+        JOB_ERR_UNKNOWN_FIELD, "unknown field body.prompt"),
+    BAD("audio output", BATCH(",\"audio\":{\"voice\":\"alloy\"}"), JOB_ERR_UNSUPPORTED,
+        "body.audio: audio output"),
+    BAD("web search", "{\"prompt\":\"x\",\"web_search_options\":{}}", JOB_ERR_UNSUPPORTED,
+        "web search"),
+    BAD("reasoning effort", BATCH(",\"reasoning_effort\":\"low\""), JOB_ERR_UNSUPPORTED,
+        "reasoning"),
+    BAD("a required tool call", BATCH(",\"tool_choice\":\"required\""), JOB_ERR_UNSUPPORTED,
+        "body.tool_choice: tool and function calls"),
+    BAD("audio modality", BATCH(",\"modalities\":[\"text\",\"audio\"]"), JOB_ERR_UNSUPPORTED,
+        "body.modalities: only"),
     GOOD("short chat, greedy",
          "{\"custom_id\":\"g\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
          "\"temperature\":0.0}",
@@ -658,7 +684,7 @@ static void test_sizes(void **state)
     /* nesting: 60 levels in an ignored field fine, 70 not */
     for (int depth = 60; depth <= 70; depth += 10) {
         char buf[400];
-        int m = sprintf(buf, "{\"prompt\":\"x\",\"meta\":");
+        int m = sprintf(buf, "{\"prompt\":\"x\",\"metadata\":");
         for (int i = 0; i < depth - 1; i++)
             buf[m++] = '[';
         for (int i = 0; i < depth - 1; i++)
@@ -721,7 +747,7 @@ static void test_error_custom_id(void **state)
     assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
     assert_int_equal(e.code, JOB_ERR_INVALID_UTF8);
     assert_string_equal(e.custom_id, "a\xc3\xa9\xf0\x9f\x98\x80"); /* escapes undone */
-    l = "{\"meta\":{\"custom_id\":\"inner\"},\"prompt\":\"x\",}";
+    l = "{\"metadata\":{\"custom_id\":\"inner\"},\"prompt\":\"x\",}";
     assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_FORMAT);
     assert_string_equal(e.custom_id, ""); /* only the top level's */
     l = "{\"custom_id\":\"\",\"prompt\":1,}";
