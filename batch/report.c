@@ -209,6 +209,11 @@ static void engine_words(const char *engine_json, char *out, size_t cap)
     if (cJSON_IsString(dev) && cJSON_IsString(mm) && cJSON_IsString(kv) && cJSON_IsString(rev))
         snprintf(out, cap, "%s, matmul %s, KV %s, quern %s", dev->valuestring, mm->valuestring,
                  kv->valuestring, rev->valuestring);
+    const cJSON *blk = cJSON_GetObjectItem(e, "kv_block"); /* (older runs lack it) */
+    if (out[0] && cJSON_IsNumber(blk)) {
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, ", KV blocks of %d", blk->valueint);
+    }
     cJSON_Delete(e);
 }
 

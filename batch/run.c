@@ -219,6 +219,11 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         er.n_prompt = n;
         er.sampling = req->sampling;
         er.max_tokens = req->max_tokens;
+        /* a line without max_tokens gets the job's default, or what the context leaves when
+         * that is less (as OpenAI's default is the rest of the context) */
+        int n_ctx = engine_model_hparams(r->m)->n_ctx_train;
+        if (req->max_tokens_default && n < (size_t)n_ctx && er.max_tokens > n_ctx - (int)n)
+            er.max_tokens = n_ctx - (int32_t)n;
         er.stop = (const char *const *)req->stop;
         er.n_stop = req->n_stop;
         er.request_id = req->custom_id;
@@ -684,7 +689,8 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
     if (!o || !cJSON_AddStringToObject(o, "quern", quern_version()) ||
         !cJSON_AddStringToObject(o, "device", device) ||
         !cJSON_AddStringToObject(o, "matmul", matmul) ||
-        !cJSON_AddStringToObject(o, "kv_dtype", kv)) {
+        !cJSON_AddStringToObject(o, "kv_dtype", kv) ||
+        !cJSON_AddNumberToObject(o, "kv_block", ep->kv_block)) {
         cJSON_Delete(o);
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     }
@@ -692,8 +698,9 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
     cJSON_Delete(o);
     if (!text)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
-    LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s, quern %s", (long long)r->stats.run_id,
-             device, r->group->size, matmul, kv, quern_version());
+    LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s in blocks of %d, quern %s",
+             (long long)r->stats.run_id, device, r->group->size, matmul, kv, ep->kv_block,
+             quern_version());
     free(r->engine_json);
     r->engine_json = text;
     return queue_run_set_engine(r->q, r->stats.run_id, text, err);
@@ -785,7 +792,8 @@ static int run_job(struct batch_run *r, struct err_detail *err)
             if ((st = queue_reap_dead(r->q, &r->self, &reaped, err)) || (st = beat(r, 1, err)))
                 return -1;
             if (reaped)
-                LOG_INFO("%lld dead run(s) on this host: their items are queued again",
+                LOG_INFO("%lld dead run(s) (processes gone on this host, or any other host's in a "
+                         "part this run holds): their items are queued again",
                          (long long)reaped);
             drained = 0;
             batch_progress_tick(r);
@@ -926,7 +934,8 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
     if ((st = queue_run_start(r->q, &rs, &r->stats.run_id, err)))
         return st;
     if (reaped)
-        LOG_INFO("%lld dead run(s) on this host: their items and open shards are taken over",
+        LOG_INFO("%lld dead run(s) (processes gone on this host, or any other host's in a part "
+                 "this run holds): their items and open shards are taken over",
                  (long long)reaped);
     return ST_OK;
 }

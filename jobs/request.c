@@ -191,7 +191,9 @@ char *job_request_to_json(const struct job_request *r)
         job_json_put_lit(&b, ",\"model\":");
         job_json_put_cstr(&b, r->model);
     }
-    job_json_put_fmt(&b, ",\"max_tokens\":%d,\"temperature\":", (int)r->max_tokens);
+    if (!r->max_tokens_default) /* (else the job's default applies when it is read back) */
+        job_json_put_fmt(&b, ",\"max_tokens\":%d", (int)r->max_tokens);
+    job_json_put_lit(&b, ",\"temperature\":");
     job_json_put_float(&b, sp->temperature);
     job_json_put_lit(&b, ",\"top_p\":");
     job_json_put_float(&b, sp->top_p);
@@ -243,8 +245,9 @@ int job_request_equal(const struct job_request *a, const struct job_request *b)
     const struct engine_sampling *x = &a->sampling, *y = &b->sampling;
     if (!str_eq(a->custom_id, b->custom_id) || a->kind != b->kind ||
         a->n_messages != b->n_messages || !str_eq(a->prompt, b->prompt) ||
-        a->max_tokens != b->max_tokens || a->n_stop != b->n_stop || !str_eq(a->model, b->model) ||
-        a->n != b->n || a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs ||
+        a->max_tokens != b->max_tokens || a->max_tokens_default != b->max_tokens_default ||
+        a->n_stop != b->n_stop || !str_eq(a->model, b->model) || a->n != b->n ||
+        a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs ||
         a->format != b->format || !str_eq(a->schema, b->schema))
         return 0;
     for (size_t i = 0; i < a->n_messages; i++)

@@ -109,6 +109,9 @@ struct job_request {
     char *prompt;                     /* completion: non-empty prompt text; NULL for chat */
     struct engine_sampling sampling;  /* defaults overridden by the line; validated */
     int32_t max_tokens;               /* >= 1 and <= the cap */
+    int max_tokens_default;           /* 1: the line gave none, max_tokens is the job's default,
+                                         which a run lowers to what the context leaves (the
+                                         line's JSON then has no max_tokens) */
     char **stop;                      /* n_stop owned non-empty strings (<= ENGINE_STOP_MAX_LEN
                                          bytes); NULL when n_stop is 0 */
     size_t n_stop;                    /* 0..JOB_STOP_MAX */

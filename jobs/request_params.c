@@ -536,6 +536,7 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
                                 "%smax_tokens (%lld) and %smax_completion_tokens (%lld) disagree",
                                 c->pfx, (long long)mt, c->pfx, (long long)mct);
     r->max_tokens = has_mct ? (int32_t)mct : has_mt ? (int32_t)mt : c->d->max_tokens;
+    r->max_tokens_default = !has_mct && !has_mt;
     if (r->max_tokens < 1 || r->max_tokens > cap)
         return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, "max_tokens",
                                 "the job's default max_tokens %d is not in [1, %d]",

@@ -453,11 +453,14 @@ void runner_print_engines(const cJSON *engines, const char *unit)
     cJSON_ArrayForEach(e, engines)
     {
         const cJSON *en = cJSON_GetObjectItem(e, "engine"), *ids = cJSON_GetObjectItem(e, key);
+        const cJSON *blk = cJSON_GetObjectItem(en, "kv_block"); /* (older runs lack it) */
+        char kv[64];
+        snprintf(kv, sizeof(kv), cJSON_IsNumber(blk) ? "%s in blocks of %d" : "%s",
+                 jstr(en, "kv_dtype"), cJSON_IsNumber(blk) ? blk->valueint : 0);
         if (cJSON_IsObject(en))
             printf("  %s%s, matmul %s, KV %s, quern %s (%s%s",
-                   n > 1 ? "  " : "engine: ", jstr(en, "device"), jstr(en, "matmul"),
-                   jstr(en, "kv_dtype"), jstr(en, "quern"), unit,
-                   cJSON_GetArraySize(ids) > 1 ? "s" : "");
+                   n > 1 ? "  " : "engine: ", jstr(en, "device"), jstr(en, "matmul"), kv,
+                   jstr(en, "quern"), unit, cJSON_GetArraySize(ids) > 1 ? "s" : "");
         else
             printf("  %snot recorded (%s%s", n > 1 ? "  " : "engine: ", unit,
                    cJSON_GetArraySize(ids) > 1 ? "s" : "");

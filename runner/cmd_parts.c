@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "batch/batch.h"
+#include "common/fileid.h"
 #include "common/log.h"
 #include "queue/queue.h"
 #include "runner/runner.h"
@@ -238,6 +240,46 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     return bad ? RUNNER_EXIT_ERROR : RUNNER_EXIT_OK;
 }
 
+#define PART_ALIVE_WAIT_S 5.0 /* how long a part's progress file may stay unchanged */
+
+/* The version of the file at path as of now: open() revalidates a network file system's
+ * cached attributes (close-to-open consistency), which stat() of a path may not. */
+static int open_file_version(const char *path, struct file_version *v)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    int rc = fstat(fd, &sb);
+    close(fd);
+    if (!rc)
+        file_version_of(&sb, v);
+    return rc;
+}
+
+/* Does a run report from part k? Its run replaces part-NNNN.progress.json about every second
+ * (batch/progress.c): alive when the file changes within PART_ALIVE_WAIT_S. No clocks are
+ * compared (the file server's may differ from this host's), and a file that is merely recent
+ * is not enough: a run that just ended (exit 75, requeued) leaves one, while a reader (status,
+ * export) holds the lock. Unsure means 0 (a run's task comes back, 75, rather than leave a
+ * part that no run finishes; a cancel waits for the lock instead). */
+int runner_part_run_alive(const struct batch_parts *p, int k, const volatile sig_atomic_t *stop)
+{
+    char path[4200];
+    batch_parts_path(p, k, ".progress.json", path, sizeof(path));
+    struct file_version a, b;
+    if (open_file_version(path, &a))
+        return 0;
+    for (double t0 = runner_now(); runner_now() - t0 < PART_ALIVE_WAIT_S && !*stop;) {
+        usleep(200000);
+        if (open_file_version(path, &b))
+            continue; /* (replaced by rename: the name is never missing, but be lenient) */
+        if (!file_version_same(&a, &b))
+            return 1;
+    }
+    return 0;
+}
+
 /* A part cancelled while free (its lock held here): its manifest written now, complete (empty
  * when it never had output), and the job's combined manifest with it, rather than at the next
  * run of that part. Not while a shard is open: a dead run's shard is recovered by a run. */
@@ -255,6 +297,8 @@ static enum status seal_cancelled(struct queue *q, int64_t job_id, struct err_de
     queue_job_free(&j);
     return st;
 }
+
+#define PART_READER_WAIT_MS 30000 /* how long a cancel waits for a reader's lock on a part */
 
 int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char *job, int retry)
 {
@@ -281,13 +325,28 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
                 LOG_ERROR("part %d is in use and %s cannot be created: %s", k, path,
                           strerror(errno));
                 rc = RUNNER_EXIT_ERROR;
-            } else {
-                close(fd);
+                continue;
+            }
+            close(fd);
+            static const volatile sig_atomic_t never;
+            if (runner_part_run_alive(p, k, &never)) {
                 requested++;
                 fprintf(stderr, "quern cancel: part %d is in use: its run cancels it (%s)\n", k,
                         path);
+                continue;
             }
-            continue;
+            /* held, but no run reports from it: a reader (status, export, report), whose lock
+             * goes soon; the request stays for a run that starts meanwhile */
+            st = batch_parts_open(p, k, PART_READER_WAIT_MS, BATCH_PART_CHECK, &q, &err);
+            if (st == ST_ERR_BUSY) {
+                LOG_ERROR("part %d is locked by another process and no run reports from it: "
+                          "cancel again later (its next run cancels it: %s)",
+                          k, path);
+                rc = RUNNER_EXIT_ERROR;
+                continue;
+            }
+            if (!st)
+                unlink(path); /* (cancelled here) */
         }
         if (st == ST_ERR_BUSY) {
             LOG_ERROR("part %d is in use by a run: retry it when that run has ended", k);

@@ -19,7 +19,6 @@
 #include <cjson/cJSON.h>
 
 #include "batch/batch.h"
-#include "common/fileid.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
@@ -401,46 +400,6 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
     return ok;
 }
 
-#define PART_ALIVE_WAIT_S 5.0 /* how long a part's progress file may stay unchanged */
-
-/* The version of the file at path as of now: open() revalidates a network file system's
- * cached attributes (close-to-open consistency), which stat() of a path may not. */
-static int open_file_version(const char *path, struct file_version *v)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    struct stat sb;
-    int rc = fstat(fd, &sb);
-    close(fd);
-    if (!rc)
-        file_version_of(&sb, v);
-    return rc;
-}
-
-/* Does a run report from part k? Its run replaces part-NNNN.progress.json about every second
- * (batch/progress.c): alive when the file changes within PART_ALIVE_WAIT_S. No clocks are
- * compared (the file server's may differ from this host's), and a file that is merely recent
- * is not enough: a run that just ended (exit 75, requeued) leaves one, while a reader (status,
- * export) holds the lock. Unsure means 0: the task comes back (75) rather than leave a part
- * that no run finishes. */
-static int part_run_alive(const struct batch_parts *p, int k)
-{
-    char path[4200];
-    batch_parts_path(p, k, ".progress.json", path, sizeof(path));
-    struct file_version a, b;
-    if (open_file_version(path, &a))
-        return 0;
-    for (double t0 = runner_now(); runner_now() - t0 < PART_ALIVE_WAIT_S && !g_signals;) {
-        usleep(200000);
-        if (open_file_version(path, &b))
-            continue; /* (replaced by rename: the name is never missing, but be lenient) */
-        if (!file_version_same(&a, &b))
-            return 1;
-    }
-    return 0;
-}
-
 /* A partitioned queue: the run's own part (--part, $SLURM_ARRAY_TASK_ID), then the parts it
  * may take over; without a part, every part not in use that has work. */
 static int run_parts(struct run_opts *o, const struct batch_parts *p)
@@ -468,7 +427,7 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
         o->b.busy_ms = 2000; /* ride over a status or export reading it */
         LOG_INFO("job '%s': part %ld of %d (%s)", p->job, own, p->n, p->dir);
         rc = run_once(o, &busy);
-        if (busy && part_run_alive(p, (int)own)) {
+        if (busy && runner_part_run_alive(p, (int)own, &g_signals)) {
             rc = RUNNER_EXIT_OK;
             LOG_INFO("part %ld is in use by a run: it is that run's to finish", own);
         } else if (busy) {

@@ -566,8 +566,10 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
         if (st == ST_ERR_RANGE) {
             if (s->o->strict)
                 break;
-            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", err->msg, NULL, 1,
-                             err);
+            char msg[128]; /* (err->msg names the file and line, as the record does already) */
+            snprintf(msg, sizeof(msg), "the line is longer than --max-line (%zu bytes)",
+                     (size_t)s->o->max_line);
+            st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", msg, NULL, 1, err);
         } else if (blank_line(line, len)) {
             s->ss.blank++;
         } else {

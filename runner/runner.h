@@ -3,6 +3,7 @@
 #ifndef RUNNER_RUNNER_H
 #define RUNNER_RUNNER_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,6 +84,9 @@ struct cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
 struct batch_parts;
 int runner_parts_status(const struct batch_parts *p, const char *job, int json);
 int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char *job, int retry);
+/* Does a run report from part k (its progress file changes within 5 s)? Stops waiting when
+ * *stop becomes non-zero. */
+int runner_part_run_alive(const struct batch_parts *p, int k, const volatile sig_atomic_t *stop);
 
 /* Online CPU count (>= 1): the default for --threads. */
 int runner_default_threads(void);

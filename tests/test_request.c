@@ -718,6 +718,24 @@ static void test_sizes(void **state)
     l = "{\"prompt\":\"x\",\"max_tokens\":2147483648}";
     assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_ERR_INVALID_ARG);
 
+    /* a line without max_tokens: the default, marked as such, and its JSON leaves it out (so a
+     * run knows it may lower it to what the context leaves); a line with it keeps it */
+    l = "{\"prompt\":\"x\"}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_OK);
+    assert_int_equal(r->max_tokens, d.max_tokens);
+    assert_true(r->max_tokens_default);
+    char *js = job_request_to_json(r);
+    assert_null(strstr(js, "max_tokens"));
+    free(js);
+    job_request_free(r);
+    l = "{\"prompt\":\"x\",\"max_completion_tokens\":7}";
+    assert_int_equal(job_request_parse(l, strlen(l), &d, &r, &e), ST_OK);
+    assert_false(r->max_tokens_default);
+    js = job_request_to_json(r);
+    assert_non_null(strstr(js, "\"max_tokens\":7"));
+    free(js);
+    job_request_free(r);
+
     /* the line is not read past len: a valid prefix of a longer buffer */
     l = "{\"prompt\":\"x\"}GARBAGE";
     assert_int_equal(job_request_parse(l, 14, &d, &r, &e), ST_OK);
@@ -767,7 +785,9 @@ static void test_error_custom_id(void **state)
 
 /* ---- canonical JSON ----------------------------------------------------------------------- */
 
-/* to_json(r) parses back (under other defaults) to an equal request and the same text. */
+/* to_json(r) parses back (under other defaults) to an equal request and the same text; all but
+ * a default max_tokens, which the JSON leaves to the job's defaults (a run reads it back under
+ * the same, and may lower it to what the context leaves). */
 static void check_round_trip(const struct job_request *r)
 {
     char *j1 = job_request_to_json(r);
@@ -776,7 +796,7 @@ static void check_round_trip(const struct job_request *r)
     other.sampling.temperature = 0.3f;
     other.sampling.seed = 999;
     other.sampling.top_k = 7;
-    other.max_tokens = 17;
+    other.max_tokens = r->max_tokens_default ? r->max_tokens : 17;
     other.default_id = NULL;
     struct job_request *r2 = NULL;
     struct job_error e;
@@ -823,7 +843,7 @@ static void test_round_trip(void **state)
     assert_non_null(strstr(j, "\"top_p\":0.95,"));
     assert_non_null(strstr(j, "\"repetition_penalty\":1.1,"));
     assert_non_null(strstr(j, "\"seed\":18446744073709551615"));
-    assert_non_null(strstr(j, "\"max_tokens\":256,"));
+    assert_null(strstr(j, "max_tokens")); /* (the job's default: left to it) */
     free(j);
     job_request_free(r);
 

@@ -104,7 +104,7 @@ wait $pid 2>/dev/null || true
 [ "$(sqlite3 open.db "SELECT count(*) FROM runs WHERE kind = 'run' AND ended IS NULL")" = 1 ] ||
     fail "3b: the run ended before it was killed (make the job longer)"
 "$Q" run --db open.db --out out >/dev/null 2>>open.log || fail "resume with the default lease"
-grep -q "dead run(s) on this host" open.log || fail "the killed run was not found dead"
+grep -q "dead run(s) (processes gone on this host" open.log || fail "the killed run was not found dead"
 check_job open.db open 60
 
 # 4. two concurrent runs on one DB
@@ -249,6 +249,30 @@ err = {(r["custom_id"], r["response"]["body"]["error"]["code"],
 assert err == {(None, "invalid_json", "names.jsonl:2:"), (None, "invalid_value", "names.jsonl:3:"),
                ("kept", "invalid_utf8", "names.jsonl:5:")}, err
 assert len({r["id"] for r in recs}) == 5 and len({r["response"]["request_id"] for r in recs}) == 5
+PY
+
+# 5c. a line without max_tokens whose prompt leaves less room than the job's default runs with
+# what the context leaves (it was refused: context_length_exceeded); one that gives max_tokens
+# is still held to it
+python3 - ctx.jsonl <<'PY'
+import json, sys
+msg = [{"role": "user", "content": "Reply with the single word: hi"}]
+stop = [" ", "\n", ".", "!"]
+with open(sys.argv[1], "w") as f:
+    print(json.dumps({"custom_id": "dflt", "messages": msg, "temperature": 0, "stop": stop}), file=f)
+    print(json.dumps({"custom_id": "given", "messages": msg, "temperature": 0, "stop": stop,
+                      "max_tokens": 8190}), file=f)
+PY
+"$Q" submit --db ctx.db --model "$M" --name ctx --max-tokens 8190 ctx.jsonl >/dev/null 2>&1 ||
+    fail "5c: submit"
+"$Q" run --db ctx.db --out out >/dev/null 2>&1 || fail "5c: run"
+"$Q" export --db ctx.db --job ctx --out ctx.export.jsonl 2>/dev/null || fail "5c: export"
+python3 - ctx.export.jsonl <<'PY' || fail "5c: records"
+import json, sys
+r = {json.loads(l)["custom_id"]: json.loads(l)["response"] for l in open(sys.argv[1])}
+assert r["dflt"]["status_code"] == 200, r["dflt"]
+assert r["given"]["status_code"] == 400, r["given"]
+assert r["given"]["body"]["error"]["code"] == "context_length_exceeded", r["given"]
 PY
 
 # 6. archives give the same results as plain JSONL

@@ -286,8 +286,20 @@ rc=0; "$Q" retry --db B --failed 2>retry.err || rc=$?
 rc=0; "$Q" export --db B --out b.jsonl 2>exp.err || rc=$?
 [ $rc -eq 1 ] && grep -q "part 1 is in use" exp.err && [ ! -e b.jsonl ] ||
     fail "export of a part in use: exit $rc"
-"$Q" cancel --db B 2>cancel.err || fail "cancel with a part in use"
+# cancel: a part whose run reports gets a request file, which its run acts on (exit 0) ...
+(while :; do echo "{\"t\": $RANDOM}" >B/p.tmp && mv B/p.tmp B/part-0001.progress.json; sleep 0.3; done) &
+reporter=$!
+pids+=("$reporter")
+"$Q" cancel --db B 2>cancel.err || fail "cancel with a part in use: $(cat cancel.err)"
+kill "$reporter"; wait "$reporter" 2>/dev/null || true
+rm B/part-0001.progress.json
+grep -q "part 1 is in use: its run cancels it" cancel.err || fail "cancel: $(cat cancel.err)"
 [ -e B/part-0001.cancel ] || fail "cancel left no request for the part in use"
+# ... one locked with no run reporting is waited for (30 s), then exit 1, the request kept
+rc=0; "$Q" cancel --db B 2>cancel.err || rc=$?
+[ $rc -eq 1 ] && grep -q "part 1 is locked by another process and no run reports" cancel.err ||
+    fail "cancel of a part locked by a non-run: exit $rc $(cat cancel.err)"
+[ -e B/part-0001.cancel ] || fail "the request for the locked part was not kept"
 rm -f B/part-0001.cancel
 kill "$holder"; wait "$holder" 2>/dev/null || true
 rc=0; "$Q" status --db B/part-0000.db 2>plain.err || rc=$?
@@ -457,4 +469,26 @@ rm N/part-0001.db
 rc=0
 "$Q" run --db N --threads 1 >/dev/null 2>n.log || rc=$?
 [ $rc = 1 ] && grep -q "part 1: " n.log || { cat n.log; fail "11: a missing part: exit $rc"; }
+
+# ---- 12. a cancel waits for a reader's lock on a part no run works on ----------------------
+# (it left a request file for a run that never came: "part 1 is in use: its run cancels it",
+# and the job stayed running)
+make_job R jr 2 6 4
+rm -f held
+python3 -c '
+import sqlite3, time
+db = sqlite3.connect("R/part-0001.db", isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+open("held", "w").close()
+time.sleep(8)' &
+reader=$!
+pids+=("$reader")
+for _ in $(seq 1 100); do [ -e held ] && break; sleep 0.1; done
+"$Q" cancel --db R 2>r.cancel || { cat r.cancel; fail "12: cancel"; }
+wait "$reader" || true
+"$Q" status --db R --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+assert s["state"] == "cancelled" and s["unfinished"] == 0, s' || fail "12: the part was not cancelled"
+[ ! -e R/part-0001.cancel ] || fail "12: the request file stayed"
 echo "partitions: ok"

@@ -83,7 +83,7 @@ timeout 250 "$Q" run --db one.db --out out --max-seqs 16 >one.json 2>>one.log ||
     { tail one.log; fail "1: resume exited non-zero"; }
 [ "$(json_field one.json "['exit_reason']")" = drained ] || fail "1: resume exit_reason"
 [ "$(json_field one.json "['items_done']")" -gt 0 ] || fail "1: resume did no work"
-grep -q "dead run(s) on this host" one.log || fail "1: the dead run was not taken over"
+grep -q "dead run(s) (processes gone on this host" one.log || fail "1: the dead run was not taken over"
 check_job one.db one $N1
 echo "1: resumed after kill -9 in $(($(date +%s) - t0)) s"
 

@@ -65,7 +65,7 @@ grammars = [
 ]
 for i in range(24):
     g, rx = grammars[i % 3]
-    print(json.dumps({"custom_id": "g%d" % i, "rx": rx, "messages": [{"role": "user", "content":
+    print(json.dumps({"custom_id": "g%d" % i, "metadata": {"rx": rx}, "messages": [{"role": "user", "content":
         ["Is water wet?", "Write a CSV with columns a,b,c.", "Say something about cats."][i % 3]}],
         "max_tokens": 48, "temperature": 0.9, "seed": i, "grammar": g}))
 PY
@@ -76,7 +76,7 @@ PY
 zstd -dcq "$tmp"/out/gr/results-*.jsonl.zst >"$tmp/g_out.jsonl"
 python3 - "$tmp/g.jsonl" "$tmp/g_out.jsonl" <<'PY' || fail "grammar outputs"
 import json, re, sys
-rx = {json.loads(l)["custom_id"]: json.loads(l)["rx"] for l in open(sys.argv[1])}
+rx = {json.loads(l)["custom_id"]: json.loads(l)["metadata"]["rx"] for l in open(sys.argv[1])}
 stop = 0
 for line in open(sys.argv[2]):
     d = json.loads(line)

@@ -27,7 +27,8 @@ def check_provenance(m, n, version, part=lambda s: None):
     assert total == n, f"the runs wrote {total} records, want {n}"
     for r in runs.values():
         e = r["engine"]
-        assert isinstance(e, dict) and set(e) == {"quern", "device", "matmul", "kv_dtype"}, r
+        assert isinstance(e, dict) and set(e) == {"quern", "device", "matmul", "kv_dtype", "kv_block"}, r
+        assert isinstance(e["kv_block"], int) and e["kv_block"] > 0, r
         assert version == "quern " + e["quern"], (version, e)
 '
 
