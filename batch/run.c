@@ -170,8 +170,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (!c->payload) {
         const char *code = c->error_code ? c->error_code : "invalid_request";
         const char *msg = c->error_msg ? c->error_msg : "the line was rejected at submit";
-        char *line = job_record_rejected(r->job.id, c->custom_id, c->source, c->line_no, code, msg,
-                                         c->error_param);
+        char *line = job_record_rejected(r->job.id, c->id, c->custom_id, c->source, c->line_no,
+                                         code, msg, c->error_param);
         return batch_out_error(r->out, c->id, line, code, msg, err);
     }
     if (c->max_attempts > 0 && c->attempts > c->max_attempts) {
@@ -973,6 +973,16 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
         }
         int64_t shards = 1;
         int part = 0, parts = 0;
+        if (r->job.state == QUEUE_JOB_QUEUED && r->job.n_items == 0) {
+            /* a job without items (an older quern left such parts queued): done */
+            queue_job_free(&r->job);
+            if (queue_job_finish_empty(r->q, r->job_ids[i], err) ||
+                queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
+                memset(&r->job, 0, sizeof(r->job));
+                result = -1;
+                break;
+            }
+        }
         int finished = r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED;
         if (finished &&
             (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
@@ -991,9 +1001,9 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
         if (finished) {
             /* finished or cancelled earlier: make sure its output is sealed (a dead run's open
              * shard cut back to what was committed and closed) and its manifest current; one
-             * without output yet (a part that got no lines, done at submit) writes it where
-             * this run's --out says, as its first shard would */
-            const char *out_flag = shards ? NULL : r->o->out;
+             * without output or manifest yet (a part that got no lines, done at submit) writes
+             * it where this run's --out says, as its first shard would */
+            const char *out_flag = shards || manifest_written(r) ? NULL : r->o->out;
             int64_t open = 0;
             result = 1;
             if (batch_count_open_shards(r->q, r->job.id, &open, err) ||

@@ -267,13 +267,15 @@ static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *id
                            int status_code, const char *code, const char *message,
                            const char *param);
 
-char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
-                          int64_t line_no, const char *code, const char *message, const char *param)
+char *job_record_rejected(int64_t job_id, int64_t item_id, const char *custom_id,
+                          const char *source, int64_t line_no, const char *code,
+                          const char *message, const char *param)
 {
     char key[1100], msg[1024];
-    /* a line without its own custom_id gets null, and ids made from where it was (a leading
-     * control byte, so that only a custom_id of that very form could share them) */
-    snprintf(key, sizeof(key), "\001%s:%lld", source ? source : "?", (long long)line_no);
+    /* a line without its own custom_id gets null, and ids made from its item and where it was
+     * (a leading control byte, so that only a custom_id of that very form could share them) */
+    snprintf(key, sizeof(key), "\001%lld:%s:%lld", (long long)item_id, source ? source : "?",
+             (long long)line_no);
     snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
              message ? message : "rejected at submit");
     return invalid_keyed(job_id, custom_id, custom_id ? custom_id : key, 400,

@@ -78,14 +78,14 @@ char *job_record_parse_error(int64_t job_id, const struct job_error *e);
 
 /* The error line of an input line rejected at submit: custom_id (NULL -> null: a line whose
  * own custom_id could not be read, or that repeats another line's; its id and request_id are
- * then made from source and line, so no two records share them), status
+ * then made from its item id (items.id), source and line, so no two records share them), status
  * 400, code (NULL -> "invalid_request"), the message "SOURCE:LINE: MESSAGE" and param, the
  * request field it names (NULL: null; queues before schema 6 did not keep it). Written by the
  * run that claims the line and synthesised by export for older queues, so both agree. Caller
  * frees; NULL when out of memory. */
-char *job_record_rejected(int64_t job_id, const char *custom_id, const char *source,
-                          int64_t line_no, const char *code, const char *message,
-                          const char *param);
+char *job_record_rejected(int64_t job_id, int64_t item_id, const char *custom_id,
+                          const char *source, int64_t line_no, const char *code,
+                          const char *message, const char *param);
 
 /* No-response failure line ({"response":null,"error":{"code","message"}}). code and message
  * must be non-NULL; custom_id NULL -> null. Caller frees the result; NULL when out of memory. */

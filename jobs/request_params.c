@@ -223,7 +223,10 @@ static const char *const known_params[] = {
     "suffix", "tools", "functions", "logit_bias",
     /* OpenAI's that change nothing here: bookkeeping, service hints, options of refused ones */
     "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
-    "prediction", "tool_choice", "function_call", "modalities", NULL};
+    "prediction", "tool_choice", "function_call", "modalities", "safety_identifier",
+    "prompt_cache_key", "prompt_cache_retention",
+    /* vLLM's scheduling priority (no effect on the output) */
+    "priority", NULL};
 
 /* OpenAI's that would change the output in ways quern cannot: refused with why. */
 static const char *const refused_params[][2] = {

@@ -6,6 +6,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Insert it into job_id (QS_ITEM_INSERT, a rejected line when it has an error_code). */
+static enum status insert_item(struct queue *q, int64_t job_id, const struct queue_item_spec *it,
+                               struct err_detail *err)
+{
+    sqlite3_stmt *s = queue_stmt(q, QS_ITEM_INSERT, err);
+    if (!s)
+        return err->status;
+    sqlite3_bind_int64(s, 1, job_id);
+    queue_bind_str(s, 2, it->custom_id);
+    queue_bind_str(s, 3, it->source);
+    if (it->line_no > 0)
+        sqlite3_bind_int64(s, 4, it->line_no);
+    queue_bind_str(s, 5, it->payload);
+    queue_bind_str(s, 6, queue_item_state_str(QUEUE_ITEM_QUEUED));
+    sqlite3_bind_int(s, 7, it->priority);
+    sqlite3_bind_int(s, 8, it->max_attempts ? it->max_attempts : QUEUE_DEFAULT_MAX_ATTEMPTS);
+    queue_bind_str(s, 9, it->error_code);
+    queue_bind_str(s, 10, it->error_msg);
+    queue_bind_str(s, 12, it->error_param);
+    return queue_step_done(q, s, "adding an item", err);
+}
+
+/* A line rejected at submit that holds custom_id (read from its broken text) gives it up to a
+ * valid line (its record then names none): 1 when one did. */
+static enum status yield_rejected_id(struct queue *q, int64_t job_id, const char *custom_id,
+                                     int *yielded, struct err_detail *err)
+{
+    *yielded = 0;
+    sqlite3_stmt *y = queue_stmt(q, QS_ITEM_YIELD_ID, err);
+    if (!y)
+        return err->status;
+    sqlite3_bind_int64(y, 1, job_id);
+    queue_bind_str(y, 2, custom_id);
+    enum status st = queue_step_done(q, y, "freeing a custom_id", err);
+    if (!st)
+        *yielded = sqlite3_changes(q->db) == 1;
+    return st;
+}
+
 enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_item_spec *it,
                            int64_t *item_id, struct err_detail *err)
 {
@@ -24,27 +63,18 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
     enum status st = queue_scope_enter(q, &sc, err);
     if (st != ST_OK)
         return st;
-    sqlite3_stmt *s = queue_stmt(q, QS_ITEM_INSERT, err);
-    if (!s)
-        st = err->status;
-    if (st == ST_OK) {
-        sqlite3_bind_int64(s, 1, job_id);
-        queue_bind_str(s, 2, it->custom_id);
-        queue_bind_str(s, 3, it->source);
-        if (it->line_no > 0)
-            sqlite3_bind_int64(s, 4, it->line_no);
-        queue_bind_str(s, 5, it->payload);
-        queue_bind_str(s, 6, queue_item_state_str(QUEUE_ITEM_QUEUED));
-        sqlite3_bind_int(s, 7, it->priority);
-        sqlite3_bind_int(s, 8, it->max_attempts ? it->max_attempts : QUEUE_DEFAULT_MAX_ATTEMPTS);
-        queue_bind_str(s, 9, it->error_code);
-        queue_bind_str(s, 10, it->error_msg);
-        queue_bind_str(s, 12, it->error_param);
-        st = queue_step_done(q, s, "adding an item", err);
-        if (st == ST_ERR_EXISTS)
-            err_set(err, ST_ERR_EXISTS, "custom_id \"%.200s\" is already used in job %lld",
-                    it->custom_id ? it->custom_id : "", (long long)job_id);
+    st = insert_item(q, job_id, it, err);
+    int yielded = 0;
+    if (st == ST_ERR_EXISTS && !rejected) {
+        enum status ys = yield_rejected_id(q, job_id, it->custom_id, &yielded, err);
+        if (ys)
+            st = ys;
+        else if (yielded)
+            st = insert_item(q, job_id, it, err);
     }
+    if (st == ST_ERR_EXISTS)
+        err_set(err, ST_ERR_EXISTS, "custom_id \"%.200s\" is already used in job %lld",
+                it->custom_id ? it->custom_id : "", (long long)job_id);
     if (st == ST_OK && sqlite3_changes(q->db) == 0) {
         /* the INSERT ... SELECT found no live job: say which way */
         enum queue_job_state js;
@@ -54,6 +84,7 @@ enum status queue_item_add(struct queue *q, int64_t job_id, const struct queue_i
                          (long long)job_id);
     }
     int64_t id = st == ST_OK ? sqlite3_last_insert_rowid(q->db) : 0;
+    sqlite3_stmt *s = NULL;
     if (st == ST_OK && (s = queue_stmt(q, QS_JOB_ADD_ITEM, err)) == NULL)
         st = err->status;
     if (st == ST_OK) {

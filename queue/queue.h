@@ -545,6 +545,11 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
 enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summary_json,
                               struct err_detail *err);
 
+/* A ready job without items (a part that got no line, an empty input) is done: marked so when
+ * it is still queued (queue_job_publish does it; a queue of an older quern may hold such a job
+ * queued). */
+enum status queue_job_finish_empty(struct queue *q, int64_t job_id, struct err_detail *err);
+
 /* Delete a job that is not ready, with its items: first its submit run is ended with
  * exit_reason (when still open), so the job can never become ready, then the items go in
  * transactions of at most 10,000 rows and the job last; a discard cut short is finished by

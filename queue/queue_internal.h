@@ -37,6 +37,7 @@ enum queue_stmt_id {
     QS_JOB_SUBMIT_INFO,
     QS_JOB_PUBLISH,
     QS_JOB_PUBLISH_EMPTY,
+    QS_ITEM_YIELD_ID,
     QS_JOB_DELETE,
     QS_GC_CANDIDATES,
     QS_COUNTS_JOB,

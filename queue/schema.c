@@ -254,6 +254,9 @@ const char *const queue_stmt_sql[QS_COUNT] = {
      * anything to do in it but write its (empty) manifest */
     [QS_JOB_PUBLISH_EMPTY] = "UPDATE jobs SET state = 'done', finished = ?2 WHERE id = ?1"
                              " AND ready AND n_items = 0 AND state = 'queued'",
+    /* a line rejected at submit gives up the custom_id a valid line wants (queue_item_add) */
+    [QS_ITEM_YIELD_ID] = "UPDATE items SET custom_id = NULL WHERE job_id = ?1 AND custom_id = ?2"
+                         " AND payload IS NULL AND error_code IS NOT NULL",
     [QS_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1 AND NOT ready",
     /* not-ready jobs whose submit run may be dead: ended, or no heartbeat since ?1 (the
      * caller checks the process of the latter); never one a run or shard names. ?2: cursor */

@@ -59,11 +59,17 @@ enum status queue_job_publish(struct queue *q, int64_t job_id, const char *summa
     if (st == ST_OK)
         st = queue_run_changes(q, QS_JOB_PUBLISH, job_id, 0, NULL, "publishing a job", err);
     if (st == ST_OK)
-        st = queue_run_changes(q, QS_JOB_PUBLISH_EMPTY, job_id, queue_now(q), NULL,
-                               "publishing a job", err);
+        st = queue_job_finish_empty(q, job_id, err);
     if (st == ST_OK)
         st = queue_run_mark_ended(q, si.run, "submitted", summary_json, err);
     return queue_scope_leave(q, &sc, st, err);
+}
+
+enum status queue_job_finish_empty(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    return queue_run_changes(q, QS_JOB_PUBLISH_EMPTY, job_id, queue_now(q), NULL,
+                             "finishing a job without items", err);
 }
 
 enum status queue_job_discard(struct queue *q, int64_t job_id, const char *exit_reason,

@@ -281,7 +281,7 @@ static enum status on_item(void *user, const struct queue_item_info *it)
             return err_set(x->err, ST_ERR_NOMEM, "out of memory");
     }
     if (it->state == QUEUE_ITEM_FAILED && !it->shard_id) { /* rejected at submit (schema v1) */
-        char *rec = job_record_rejected(x->job.id, it->custom_id, it->source, it->line_no,
+        char *rec = job_record_rejected(x->job.id, it->id, it->custom_id, it->source, it->line_no,
                                         it->error_code, it->error_msg ? it->error_msg : "", NULL);
         if (!rec)
             return err_set(x->err, ST_ERR_NOMEM, "out of memory");

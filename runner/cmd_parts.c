@@ -280,16 +280,17 @@ int runner_part_run_alive(const struct batch_parts *p, int k, const volatile sig
     return 0;
 }
 
-/* A part cancelled while free (its lock held here): its manifest written now, complete (empty
- * when it never had output), and the job's combined manifest with it, rather than at the next
- * run of that part. Not while a shard is open: a dead run's shard is recovered by a run. */
+/* A part cancelled while free (its lock held here), or done before (one that got no line): its
+ * manifest written now, complete (empty when it never had output), and the job's combined
+ * manifest with it, rather than at the next run of that part. Not while a shard is open: a dead
+ * run's shard is recovered by a run. */
 static enum status seal_cancelled(struct queue *q, int64_t job_id, struct err_detail *err)
 {
     struct queue_job j = {0};
     int64_t open = 0;
     char dir[4096];
     enum status st = queue_job_get(q, job_id, &j, err);
-    if (!st && j.state == QUEUE_JOB_CANCELLED &&
+    if (!st && (j.state == QUEUE_JOB_CANCELLED || j.state == QUEUE_JOB_DONE) &&
         !(st = batch_count_open_shards(q, job_id, &open, err)) && !open &&
         !(st = batch_job_dir(q, &j, NULL, 1, dir, sizeof(dir), err)) &&
         !batch_manifest_current(q, &j, dir))

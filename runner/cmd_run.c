@@ -389,7 +389,7 @@ static int part_free_with_work(const struct batch_parts *p, int k, int owned)
     if (!queue_job_list(q, &jobs, &n, &err) && n == 1 &&
         !queue_job_unfinished(q, jobs[0].id, &queued, &leased, &err)) {
         char dir[4096];
-        work = queued + leased > 0;
+        work = queued + leased > 0 || (jobs[0].state == QUEUE_JOB_QUEUED && !jobs[0].n_items);
         if (!work && (jobs[0].state == QUEUE_JOB_DONE || jobs[0].state == QUEUE_JOB_CANCELLED))
             work = batch_job_dir(q, &jobs[0], NULL, 0, dir, sizeof(dir), &err) ||
                    !batch_manifest_current(q, &jobs[0], dir);

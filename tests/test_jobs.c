@@ -244,10 +244,11 @@ static void test_record_errors(void **state)
     free(line);
 
     /* a line rejected at submit without its own custom_id: null, and ids of its own that
-     * differ from another line's and from those of any line whose custom_id is "line-N" */
-    char *r2 = job_record_rejected(5, NULL, "in.jsonl", 2, "invalid_json", "bad", NULL);
-    char *r3 = job_record_rejected(5, NULL, "in.jsonl", 3, "invalid_json", "bad", NULL);
-    char *named = job_record_rejected(5, "line-2", "in.jsonl", 2, "invalid_json", "bad", "x");
+     * differ from another item's (the same file given twice: the same source and line) and
+     * from those of any line whose custom_id is "line-N" */
+    char *r2 = job_record_rejected(5, 2, NULL, "in.jsonl", 2, "invalid_json", "bad", NULL);
+    char *r3 = job_record_rejected(5, 3, NULL, "in.jsonl", 2, "invalid_json", "bad", NULL);
+    char *named = job_record_rejected(5, 2, "line-2", "in.jsonl", 2, "invalid_json", "bad", "x");
     cJSON *a = cJSON_Parse(r2), *b = cJSON_Parse(r3), *n = cJSON_Parse(named);
     assert_true(cJSON_IsNull(at(a, "custom_id")));
     assert_string_equal(at(n, "custom_id")->valuestring, "line-2");

@@ -291,7 +291,8 @@ static const struct line_case cases[] = {
          "{\"prompt\":\"x\",\"metadata\":1,\"metadata\":[true,false],\"stream_options\":{},"
          "\"user\":\"u\",\"store\":false,\"service_tier\":\"auto\",\"tool_choice\":\"none\","
          "\"function_call\":\"auto\",\"parallel_tool_calls\":true,\"modalities\":[\"text\"],"
-         "\"prediction\":{},\"audio\":null}",
+         "\"prediction\":{},\"audio\":null,\"safety_identifier\":\"s\",\"prompt_cache_key\":\"k\","
+         "\"priority\":1}",
          NULL),
     BAD("an unknown field (a typo) is refused", "{\"prompt\":\"x\",\"max_token\":3}",
         JOB_ERR_UNKNOWN_FIELD, "unknown field max_token"),

@@ -228,7 +228,8 @@ python3 - names.jsonl <<'PY'
 import json, sys
 ok = lambda cid: json.dumps({"custom_id": cid, "prompt": "Hi", "max_tokens": 2, "temperature": 0})
 lines = [ok("line-3"), "garbage", json.dumps({"prompt": "x", "max_tokens": 0}), ok("line-2"),
-         '{"custom_id": "kept", "prompt": "\\ud800"}']
+         '{"custom_id": "kept", "prompt": "\\ud800"}', '{"custom_id": "taken", "prompt": "a",}',
+         ok("taken")]
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 PY
 "$Q" submit --db names.db --model "$M" --name names names.jsonl >/dev/null 2>names.err ||
@@ -240,15 +241,15 @@ grep -q "duplicate" names.err && { cat names.err; fail "5b: a valid line was ref
 python3 - names.export.jsonl <<'PY' || fail "5b: records"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
-assert len(recs) == 5, recs
+assert len(recs) == 7, recs
 ok = sorted(r["custom_id"] for r in recs if r["response"]["status_code"] == 200)
-assert ok == ["line-2", "line-3"], ok
+assert ok == ["line-2", "line-3", "taken"], ok  # (a valid line takes its id from a broken one)
 err = {(r["custom_id"], r["response"]["body"]["error"]["code"],
         r["response"]["body"]["error"]["message"].split(" ")[0])
        for r in recs if r["response"]["status_code"] == 400}
 assert err == {(None, "invalid_json", "names.jsonl:2:"), (None, "invalid_value", "names.jsonl:3:"),
-               ("kept", "invalid_utf8", "names.jsonl:5:")}, err
-assert len({r["id"] for r in recs}) == 5 and len({r["response"]["request_id"] for r in recs}) == 5
+               ("kept", "invalid_utf8", "names.jsonl:5:"), (None, "invalid_json", "names.jsonl:6:")}, err
+assert len({r["id"] for r in recs}) == 7 and len({r["response"]["request_id"] for r in recs}) == 7
 PY
 
 # 5c. a line without max_tokens whose prompt leaves less room than the job's default runs with

@@ -462,6 +462,23 @@ assert s["state"] == "done" and s["done"] == 2, s
 m = json.load(open("out/jp/manifest.json"))
 assert m["complete"] is True and m["parts_incomplete"] == [], m
 assert len(m["shards"]) >= 1' || fail "10: the job of an empty part"
+# a cancel seals them too (they stayed out of the combined manifest), and parts an older quern
+# left queued without items are finished by a run
+make_job S js 3 1 4
+"$Q" cancel --db S 2>/dev/null || fail "10: cancel"
+python3 -c '
+import json
+m = json.load(open("out/js/manifest.json"))
+assert m["complete"] is True and m["parts_incomplete"] == [] and m["cancelled"] is True, m' ||
+    fail "10: the manifest of a cancelled job with empty parts"
+make_job T jt 3 1 4
+for k in 1 2; do sqlite3 T/part-000$k.db "UPDATE jobs SET state = 'queued', finished = NULL"; done
+"$Q" run --db T --threads 1 >/dev/null 2>t.log || { cat t.log; fail "10: run of old empty parts"; }
+python3 -c '
+import json
+m = json.load(open("out/jt/manifest.json"))
+assert m["complete"] is True and m["parts_incomplete"] == [], m' ||
+    fail "10: parts left queued without items"
 
 # ---- 11. a part that cannot be opened fails the run (it exited 0, the part skipped) ---------
 make_job N jn 3 6 4
