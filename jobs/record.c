@@ -263,31 +263,6 @@ char *job_record_success(const struct job_result *r)
     return job_json_take(&b);
 }
 
-static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *idkey,
-                           int status_code, const char *code, const char *message,
-                           const char *param);
-
-char *job_record_rejected(int64_t job_id, int64_t item_id, const char *custom_id,
-                          const char *source, int64_t line_no, const char *code,
-                          const char *message, const char *param)
-{
-    char key[1100], msg[1024];
-    /* a line without its own custom_id gets null, and ids made from its item and where it was
-     * (a leading control byte, so that only a custom_id of that very form could share them) */
-    snprintf(key, sizeof(key), "\001%lld:%s:%lld", (long long)item_id, source ? source : "?",
-             (long long)line_no);
-    snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
-             message ? message : "rejected at submit");
-    return invalid_keyed(job_id, custom_id, custom_id ? custom_id : key, 400,
-                         code ? code : "invalid_request", msg, param);
-}
-
-char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,
-                         const char *message, const char *param)
-{
-    return invalid_keyed(job_id, custom_id, custom_id, status_code, code, message, param);
-}
-
 /* job_record_invalid with the record's ids made from idkey (custom_id unless it is NULL). */
 static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *idkey,
                            int status_code, const char *code, const char *message,
@@ -310,6 +285,27 @@ static char *invalid_keyed(int64_t job_id, const char *custom_id, const char *id
     job_json_put_cstr(&b, code);
     job_json_put_lit(&b, "}}},\"error\":null}");
     return job_json_take(&b);
+}
+
+char *job_record_rejected(int64_t job_id, int64_t item_id, const char *custom_id,
+                          const char *source, int64_t line_no, const char *code,
+                          const char *message, const char *param)
+{
+    char key[1100], msg[1024];
+    /* a line without its own custom_id gets null, and ids made from its item and where it was
+     * (a leading control byte, so that only a custom_id of that very form could share them) */
+    snprintf(key, sizeof(key), "\001%lld:%s:%lld", (long long)item_id, source ? source : "?",
+             (long long)line_no);
+    snprintf(msg, sizeof(msg), "%s:%lld: %s", source ? source : "?", (long long)line_no,
+             message ? message : "rejected at submit");
+    return invalid_keyed(job_id, custom_id, custom_id ? custom_id : key, 400,
+                         code ? code : "invalid_request", msg, param);
+}
+
+char *job_record_invalid(int64_t job_id, const char *custom_id, int status_code, const char *code,
+                         const char *message, const char *param)
+{
+    return invalid_keyed(job_id, custom_id, custom_id, status_code, code, message, param);
 }
 
 char *job_record_parse_error(int64_t job_id, const struct job_error *e)

@@ -270,12 +270,9 @@ int job_request_read(struct job_parse_ctx *c, const cJSON *root, struct job_requ
         static const char *const line_fields[] = {"custom_id", "method", "url", "body", NULL};
         static const char *const chat_fields[] = {"messages", NULL};
         static const char *const completion_fields[] = {"prompt", NULL};
-        const char *pfx = c->pfx;
-        c->pfx = "";
-        int known = job_request_check_fields(c, root, line_fields, 0);
-        c->pfx = pfx;
-        if (!known || !job_request_check_fields(
-                          c, body, r->kind == JOB_KIND_CHAT ? chat_fields : completion_fields, 1))
+        if (!job_request_check_fields(c, root, "", line_fields, 0) ||
+            !job_request_check_fields(
+                c, body, "body.", r->kind == JOB_KIND_CHAT ? chat_fields : completion_fields, 1))
             return 0;
     } else {
         if (!job_request_get(c, root, "", "messages", &msgs) ||
@@ -291,7 +288,7 @@ int job_request_read(struct job_parse_ctx *c, const cJSON *root, struct job_requ
                 "OpenAI Batch body");
         r->kind = msgs ? JOB_KIND_CHAT : JOB_KIND_COMPLETION;
         static const char *const short_fields[] = {"custom_id", "messages", "prompt", NULL};
-        if (!job_request_check_fields(c, root, short_fields, 1))
+        if (!job_request_check_fields(c, root, "", short_fields, 1))
             return 0;
     }
     if (r->kind == JOB_KIND_CHAT ? !read_messages(c, msgs, r) : !read_prompt(c, prompt, r))

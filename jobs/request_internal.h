@@ -88,13 +88,13 @@ int job_request_get_opt(struct job_parse_ctx *c, const cJSON *obj, const char *p
 /* Sampling parameters, max_tokens, stop and model from obj (top level or body) into r. */
 int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r);
 
-/* Every member of obj is named in extra (NULL-terminated: the object's other fields, e.g.
- * "messages") or, when params is set, a request parameter quern knows (OpenAI's or its own);
- * an unknown one (a typo
- * such as "max_token", which would otherwise change the output silently) fails with
+/* Every member of obj (whose fields' paths begin with prefix: "" or "body.") is named in extra
+ * (NULL-terminated: the object's other fields, e.g. "messages") or, when params is set, a
+ * request parameter quern knows (OpenAI's or its own); an unknown one (a typo such as
+ * "max_token", which would otherwise change the output silently) fails with
  * JOB_ERR_UNKNOWN_FIELD, OpenAI's that quern cannot honour with JOB_ERR_UNSUPPORTED. */
-int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *const *extra,
-                             int params);
+int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
+                             const char *const *extra, int params);
 
 /* Pass 2's field walk: shape detection and every field of a parsed root into r; 1 on success,
  * 0 with the error in c->e (jobs/request_fields.c). */

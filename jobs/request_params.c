@@ -215,7 +215,8 @@ static int check_unsupported(struct job_parse_ctx *c, const cJSON *obj)
     return 1;
 }
 
-/* Request parameters quern reads (check_unsupported refuses some of their values). */
+/* Request parameters quern reads (check_unsupported refuses some of their values): what
+ * job_request_read_params reads must be here, or its lines are refused as unknown. */
 static const char *const known_params[] = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
@@ -248,6 +249,15 @@ static const char *const refused_params[][2] = {
     {"chat_template", "not supported: the model's own chat template is used"},
 };
 
+/* Why parameter k is refused, or NULL. */
+static const char *refusal(const char *k)
+{
+    for (size_t i = 0; i < sizeof(refused_params) / sizeof(refused_params[0]); i++)
+        if (!strcmp(k, refused_params[i][0]))
+            return refused_params[i][1];
+    return NULL;
+}
+
 static int in_list(const char *const *list, const char *k)
 {
     for (; *list; list++)
@@ -258,10 +268,8 @@ static int in_list(const char *const *list, const char *k)
 
 /* tool_choice / function_call: "none" or "auto" choose nothing when no tools can be given;
  * anything else asks for a tool call. */
-static int check_choice(struct job_parse_ctx *c, const cJSON *v, const char *name)
+static int check_choice(struct job_parse_ctx *c, const cJSON *v, const char *path)
 {
-    char path[JOB_PATH_CAP];
-    job_request_pathf(path, "%s%s", c->pfx, name);
     if (cJSON_IsNull(v) ||
         (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
         return 1;
@@ -269,35 +277,31 @@ static int check_choice(struct job_parse_ctx *c, const cJSON *v, const char *nam
                             "%s: tool and function calls are not supported (only \"none\")", path);
 }
 
-int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *const *extra,
-                             int params)
+int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
+                             const char *const *extra, int params)
 {
     char path[JOB_PATH_CAP];
     for (const cJSON *it = obj->child; it; it = it->next) {
         const char *k = it->string;
         if (in_list(extra, k))
             continue;
-        job_request_pathf(path, "%s%s", c->pfx, k);
+        job_request_pathf(path, "%s%s", prefix, k);
         if (!params) /* (the line of a Batch request: its parameters go in its body) */
             return job_request_fail(c->e, JOB_ERR_UNKNOWN_FIELD, path,
                                     "unknown field %s beside the body (parameters go in body)",
                                     path);
-        int refused = 0;
-        for (size_t i = 0; i < sizeof(refused_params) / sizeof(refused_params[0]); i++)
-            if (!strcmp(k, refused_params[i][0])) {
-                if (!cJSON_IsNull(it)) /* (null: not asked for) */
-                    return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s: %s", path,
-                                            refused_params[i][1]);
-                refused = 1;
-            }
-        if (refused)
+        const char *why = refusal(k);
+        if (why && !cJSON_IsNull(it))
+            return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s: %s", path, why);
+        if (why) /* (null: not asked for) */
             continue;
         if (!in_list(known_params, k))
             return job_request_fail(c->e, JOB_ERR_UNKNOWN_FIELD, path,
                                     "unknown field %s (a typo? your own data can go in "
                                     "metadata)",
                                     path);
-        if ((!strcmp(k, "tool_choice") || !strcmp(k, "function_call")) && !check_choice(c, it, k))
+        if ((!strcmp(k, "tool_choice") || !strcmp(k, "function_call")) &&
+            !check_choice(c, it, path))
             return 0;
         if (!strcmp(k, "modalities") && !cJSON_IsNull(it)) {
             const cJSON *m = it->child;

@@ -284,7 +284,7 @@ int runner_part_run_alive(const struct batch_parts *p, int k, const volatile sig
  * manifest written now, complete (empty when it never had output), and the job's combined
  * manifest with it, rather than at the next run of that part. Not while a shard is open: a dead
  * run's shard is recovered by a run. */
-static enum status seal_cancelled(struct queue *q, int64_t job_id, struct err_detail *err)
+static enum status seal_finished(struct queue *q, int64_t job_id, struct err_detail *err)
 {
     struct queue_job j = {0};
     int64_t open = 0;
@@ -368,7 +368,7 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
                            : queue_job_cancel(q, jobs[i].id, &m, &err);
                 moved += m;
                 if (!st && !retry)
-                    st = seal_cancelled(q, jobs[i].id, &err);
+                    st = seal_finished(q, jobs[i].id, &err);
             }
         queue_job_list_free(jobs, n);
         queue_close(q);
