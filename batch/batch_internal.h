@@ -98,6 +98,7 @@ struct batch_run {
                                     * that took */
     int64_t done_at_counts, failed_at_counts; /* stats.items_done, items_failed then */
     int64_t job_out0, job_tok0;               /* n_out and completion tokens when the job started */
+    struct batch_loading *loading; /* a part's progress kept fresh while the job's model loads */
 };
 
 /* Monotonic seconds. */
@@ -112,5 +113,11 @@ int batch_run_signals(const struct batch_run *r);
 void batch_progress_start(struct batch_run *r);
 void batch_progress_tick(struct batch_run *r);
 void batch_progress_end(struct batch_run *r);
+/* In a part, from before the job's model is hashed and loaded until its engine has warmed up
+ * (no tick meanwhile): a thread replaces the part's progress file every second, so that
+ * `quern cancel` and other runs see the part's run alive (runner_part_run_alive). Nothing
+ * outside a part; a failure to start is logged, not an error. */
+void batch_progress_loading_start(struct batch_run *r);
+void batch_progress_loading_stop(struct batch_run *r);
 
 #endif

@@ -3,6 +3,7 @@
 #include "batch/batch.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +235,107 @@ static void publish_part(struct batch_run *r, const struct batch_progress *p)
     if (text && io_file_replace(r->o->parts->dir, name, text, strlen(text), NULL, &err))
         LOG_DEBUG("publishing progress: %s", err.msg);
     free(text);
+}
+
+/* ---- a part's progress while its run loads the job's model ---- */
+
+struct batch_loading {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int stop;
+    cJSON *doc;     /* the progress document; updated_ms set at each write */
+    char dir[4096]; /* the parts' directory */
+    char name[64];  /* part-NNNN.progress.json */
+};
+
+static void *loading_main(void *arg)
+{
+    struct batch_loading *l = arg;
+    pthread_mutex_lock(&l->lock);
+    while (!l->stop) {
+        cJSON_ReplaceItemInObject(l->doc, "updated_ms",
+                                  cJSON_CreateNumber((double)batch_unix_ms()));
+        char *text = cJSON_PrintUnformatted(l->doc);
+        pthread_mutex_unlock(&l->lock);
+        struct err_detail err = {0};
+        if (text && io_file_replace(l->dir, l->name, text, strlen(text), NULL, &err))
+            LOG_DEBUG("publishing progress: %s", err.msg);
+        free(text);
+        pthread_mutex_lock(&l->lock);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        while (!l->stop && pthread_cond_timedwait(&l->wake, &l->lock, &until) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+void batch_progress_loading_start(struct batch_run *r)
+{
+    if (!r->o->parts || r->loading)
+        return;
+    struct queue_counts c = {0};
+    struct err_detail err = {0};
+    if (queue_job_counts(r->q, r->job.id, &c, &err))
+        LOG_DEBUG("counting the job's items: %s", err.msg);
+    struct batch_progress p;
+    memset(&p, 0, sizeof(p));
+    p.job_id = r->job.id;
+    snprintf(p.job, sizeof(p.job), "%s", r->job.name ? r->job.name : "");
+    p.total = c.total;
+    p.done = c.items[QUEUE_ITEM_DONE];
+    p.failed = c.items[QUEUE_ITEM_FAILED];
+    p.cancelled = c.items[QUEUE_ITEM_CANCELLED];
+    p.runs = 1;
+    p.eta_s = -1;
+    struct batch_loading *l = calloc(1, sizeof(*l));
+    cJSON *o = cJSON_CreateObject();
+    if (!l || !o) {
+        free(l);
+        cJSON_Delete(o);
+        return;
+    }
+    batch_progress_add_json(o, &p);
+    cJSON_AddNumberToObject(o, "part", r->o->part);
+    cJSON_AddNumberToObject(o, "run_id", (double)r->stats.run_id);
+    cJSON_AddStringToObject(o, "host", r->self.host);
+    cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
+    cJSON_AddNumberToObject(o, "updated_ms", 0);
+    cJSON_AddBoolToObject(o, "loading", 1);
+    l->doc = o;
+    snprintf(l->dir, sizeof(l->dir), "%s", r->o->parts->dir);
+    snprintf(l->name, sizeof(l->name), "part-%04d.progress.json", r->o->part);
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->wake, NULL);
+    if (pthread_create(&l->thread, NULL, loading_main, l)) {
+        LOG_WARN("cannot start a thread to publish this part's progress while the model loads");
+        pthread_mutex_destroy(&l->lock);
+        pthread_cond_destroy(&l->wake);
+        cJSON_Delete(o);
+        free(l);
+        return;
+    }
+    r->loading = l;
+}
+
+void batch_progress_loading_stop(struct batch_run *r)
+{
+    struct batch_loading *l = r->loading;
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->lock);
+    l->stop = 1;
+    pthread_cond_signal(&l->wake);
+    pthread_mutex_unlock(&l->lock);
+    pthread_join(l->thread, NULL);
+    pthread_mutex_destroy(&l->lock);
+    pthread_cond_destroy(&l->wake);
+    cJSON_Delete(l->doc);
+    free(l);
+    r->loading = NULL;
 }
 
 /* A cancel request left beside the part (`quern cancel` could not open it): cancel the job

@@ -503,6 +503,7 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
         return ST_OK;
     }
     enum status st;
+    fault_hit("run.model_load"); /* (QUERN_FAULT=run.model_load:1:sleep=S: a slow load) */
     if ((st = kern_group_open(&r->group, &r->o->backend, err)) ||
         (st = engine_model_load_group(&r->m, path, r->group, err)) ||
         (st = engine_tok_load(&r->tok, engine_model_gguf(r->m), err)))
@@ -526,6 +527,7 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
 
 static void job_close(struct batch_run *r)
 {
+    batch_progress_loading_stop(r);
     if (r->e)
         add_spec_stats(&r->stats.spec, engine_get_stats(r->e));
     engine_free(r->e);
@@ -743,8 +745,10 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
 static int run_job(struct batch_run *r, struct err_detail *err)
 {
     enum status st;
+    batch_progress_loading_start(r); /* (stopped by job_close too) */
     if (job_open(r, err) || recover_shards(r, err) || engine_warmup(r->e, err))
         return -1;
+    batch_progress_loading_stop(r);
     int drained = 0, remains = 0, waiting = 0;
     r->t_flush = r->t_beat = batch_now();
     batch_progress_start(r);

@@ -13,6 +13,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_site[64]; /* the site to fault, "" when off */
 static long g_nth;      /* fire at this call (1-based) */
 static int g_kill;      /* 1: SIGKILL, 0: return true */
+static int g_sleep_s;   /* > 0: sleep this long, then go on (return false) */
 static long g_calls;    /* calls of g_site so far */
 
 static void fault_init(void)
@@ -30,7 +31,9 @@ static void fault_init(void)
     if (action)
         *action++ = 0;
     g_nth = strtol(n, NULL, 10);
-    g_kill = !action || strcmp(action, "fail") != 0;
+    if (action && !strncmp(action, "sleep=", 6))
+        g_sleep_s = atoi(action + 6);
+    g_kill = !g_sleep_s && (!action || strcmp(action, "fail") != 0);
     if (g_nth > 0)
         snprintf(g_site, sizeof(g_site), "%.63s", buf);
 }
@@ -47,11 +50,18 @@ bool fault_hit(const char *site)
         return false;
     char msg[160];
     int len = snprintf(msg, sizeof(msg), "quern fault: %s #%ld: %s\n", site, call,
-                       g_kill ? "kill" : "fail");
+                       g_kill      ? "kill"
+                       : g_sleep_s ? "sleep"
+                                   : "fail");
     if (write(2, msg, (size_t)len) < 0) {
         /* nothing to do: the fault fires either way */
     }
     if (g_kill)
         raise(SIGKILL);
+    if (g_sleep_s) {
+        for (unsigned left = (unsigned)g_sleep_s; left;)
+            left = sleep(left); /* (a signal cuts it short: sleep on) */
+        return false;
+    }
     return true;
 }

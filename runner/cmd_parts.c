@@ -101,6 +101,8 @@ static cJSON *part_from_progress(const struct batch_parts *p, int k)
     if (cJSON_IsString(host))
         cJSON_AddStringToObject(o, "host", host->valuestring);
     if (pj) {
+        /* (a run loading the job's model: batch_progress_loading_start) */
+        cJSON_AddBoolToObject(o, "loading", cJSON_IsTrue(cJSON_GetObjectItem(pj, "loading")));
         cJSON_AddNumberToObject(o, "pid", num(pj, "pid"));
         cJSON_AddNumberToObject(o, "progress_age_s", age);
     }
@@ -229,7 +231,10 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
                num(e, "items"));
         if (num(e, "failed") > 0)
             printf(" (%.0f failed)", num(e, "failed"));
-        if (cJSON_IsString(host))
+        if (cJSON_IsString(host) && cJSON_IsTrue(cJSON_GetObjectItem(e, "loading")))
+            printf("  in use by pid %.0f on %s, loading the model, updated %.0f s ago",
+                   num(e, "pid"), host->valuestring, num(e, "progress_age_s"));
+        else if (cJSON_IsString(host))
             printf("  in use by pid %.0f on %s, %.1f tok/s, updated %.0f s ago", num(e, "pid"),
                    host->valuestring, num(e, "gen_tok_s"), num(e, "progress_age_s"));
         else if (cJSON_IsTrue(cJSON_GetObjectItem(e, "in_use")))

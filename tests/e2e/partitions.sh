@@ -24,7 +24,9 @@
 #  7. examples/quern-array.sbatch under a simulated Slurm (a fake scontrol): USR1 (twice, to
 #     skip the grace) stops the task with exit 75 and it requeues itself; the requeued task finishes its part, with
 #     --max-runtime taken from SLURM_JOB_END_TIME;
-#  8. a run stopped with a part left exits 75; a job with a part cancelled is "cancelled".
+#  8. a run stopped with a part left exits 75; a job with a part cancelled is "cancelled";
+#  9-13. (below) parts a submit did not make, parts without lines, a part that cannot be
+#     opened, a cancel waiting for a reader, a cancel while a part's run loads its model.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
 SBATCH=$(realpath examples/quern-array.sbatch)
@@ -392,12 +394,14 @@ PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS
     bash "$SBATCH" F >sb1.log 2>&1 &
 ps=$!
 pids+=("$ps")
+# (its engine ready: a progress file that no longer says "loading")
+working() { [ -e F/part-0001.progress.json ] && ! grep -q '"loading":true' F/part-0001.progress.json; }
 for _ in $(seq 1 600); do
-    [ -e F/part-0001.progress.json ] && break
+    working && break
     kill -0 "$ps" 2>/dev/null || break
     sleep 0.1
 done
-[ -e F/part-0001.progress.json ] || { cat sb1.log >&2; fail "the array task's run never reported"; }
+working || { cat sb1.log >&2; fail "the array task's run never reported"; }
 kill -USR1 "$ps" # stop admitting ...
 sleep 0.5
 kill -USR1 "$ps" # ... and skip the script's 90 s grace
@@ -508,4 +512,29 @@ import json, sys
 s = json.load(sys.stdin)[0]
 assert s["state"] == "cancelled" and s["unfinished"] == 0, s' || fail "12: the part was not cancelled"
 [ ! -e R/part-0001.cancel ] || fail "12: the request file stayed"
+# ---- 13. a cancel while a part's run loads its model -----------------------------------
+# (the run published no progress before its engine was ready: the cancel took it for a
+# reader, waited 30 s for the lock and exited 1 "cancel again later"; status said "unknown")
+make_job LM jlm 2 6 4
+QUERN_FAULT=run.model_load:1:sleep=20 "$Q" run --db LM --part 0 --no-take-over "${RUN[@]}" \
+    >l0.out 2>l0.err &
+pl=$!
+pids+=("$pl")
+for _ in $(seq 1 100); do
+    grep -q "run.model_load #1: sleep" l0.err && [ -e LM/part-0000.progress.json ] && break
+    sleep 0.1
+done
+"$Q" status --db LM >l.st 2>&1 || true
+grep -q "part    0: running.*loading the model" l.st || { cat l.st; fail "13: status while loading"; }
+t0=$(date +%s)
+"$Q" cancel --db LM 2>l.cancel || { cat l.cancel; fail "13: cancel while the run loads"; }
+[ $(($(date +%s) - t0)) -lt 15 ] || fail "13: the cancel waited for the lock ($(cat l.cancel))"
+grep -q "part 0 is in use: its run cancels it" l.cancel || { cat l.cancel; fail "13: cancel"; }
+wait "$pl" || { cat l0.err; fail "13: the loading run failed"; }
+grep -q "cancelled on request" l0.err || { cat l0.err; fail "13: the run did not cancel"; }
+"$Q" status --db LM --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+assert s["state"] == "cancelled" and s["unfinished"] == 0, s' || fail "13: not cancelled"
+
 echo "partitions: ok"
