@@ -814,6 +814,8 @@ int runner_cmd_export(int argc, char **argv)
         fprintf(stderr, "quern export: --db and --out are required\n%s", export_usage);
         return RUNNER_EXIT_USAGE;
     }
+    if (!runner_out_file_ok("export", "out", out, db))
+        return RUNNER_EXIT_USAGE;
     if (pick_format(out) == FMT_UNSUPPORTED) {
         fprintf(stderr,
                 "quern export: %s: quern writes .jsonl, .jsonl.zst, .tar or .tar.zst (and "

@@ -65,6 +65,8 @@ int runner_cmd_report(int argc, char **argv)
         fprintf(stderr, "quern report: --db and --out are required\n%s", report_usage);
         return RUNNER_EXIT_USAGE;
     }
+    if (!runner_out_file_ok("report", "out", out, db))
+        return RUNNER_EXIT_USAGE;
     struct stat sb;
     if (!job && !stat(db, &sb) && !S_ISDIR(sb.st_mode)) { /* a queue file: which job? */
         fprintf(stderr, "quern report: --job is required for a queue file\n%s", report_usage);

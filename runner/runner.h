@@ -44,6 +44,14 @@ int runner_parse_matmul(const char *cmd, const char *s, int *out);
  * kern_kv_dtype_name gives the name back. */
 int runner_parse_kv_dtype(const char *cmd, const char *s, int *out);
 
+/* An output file of export, report or --metrics-file must not be a file quern keeps: the queue
+ * at db (its file, -wal, -shm or -journal; any file in a partitioned queue's directory) or a
+ * name quern uses in a job's output directory (one holding the job marker, or a part's
+ * directory under one): manifest.json, results-*, errors-*, part-*, hidden files. Standard
+ * streams and devices ("-", /dev/...) are fine. 1 when out is fine, else 0 after a message
+ * "quern CMD: ..." on stderr. */
+int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db);
+
 /* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);
 

@@ -4,11 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "batch/batch.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
@@ -107,6 +109,66 @@ int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *
     }
     *out = (size_t)(v * mul);
     return 1;
+}
+
+/* dir and base of path ("." for a bare name) */
+static void split_path(const char *path, char *dir, size_t cap, const char **base)
+{
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    if (!slash)
+        snprintf(dir, cap, ".");
+    else
+        snprintf(dir, cap, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+}
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+static int has_marker(const char *dir)
+{
+    char path[4400];
+    struct stat sb;
+    snprintf(path, sizeof(path), "%.4200s/%s", dir, BATCH_MARKER_NAME);
+    return !lstat(path, &sb);
+}
+
+int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db)
+{
+    if (!strcmp(out, "-") || !strncmp(out, "/dev/", 5) || !strncmp(out, "/proc/self/fd/", 14))
+        return 1;
+    char dir[4096], qdir[4096], up[4200];
+    const char *base, *qbase;
+    struct stat ds, qs, os, qds;
+    split_path(out, dir, sizeof(dir), &base);
+    if (stat(dir, &ds))
+        return 1; /* (writing it fails, with the reason) */
+    const char *why = NULL;
+    if (db && !stat(db, &qs)) {
+        if (S_ISDIR(qs.st_mode) && same_file(&qs, &ds))
+            why = "a file in the partitioned queue's directory";
+        else if (!S_ISDIR(qs.st_mode) && !stat(out, &os) && same_file(&qs, &os))
+            why = "the queue itself";
+        split_path(db, qdir, sizeof(qdir), &qbase);
+        size_t n = strlen(qbase);
+        if (!why && !S_ISDIR(qs.st_mode) && !stat(qdir, &qds) && same_file(&qds, &ds) &&
+            !strncmp(base, qbase, n) &&
+            (!base[n] || !strcmp(base + n, "-wal") || !strcmp(base + n, "-shm") ||
+             !strcmp(base + n, "-journal")))
+            why = "the queue's own file";
+    }
+    snprintf(up, sizeof(up), "%s/..", dir);
+    int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
+               !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
+    if (!why && ours && (has_marker(dir) || has_marker(up)))
+        why = "a name quern uses in a job's output directory (shards, manifests, markers)";
+    if (!why)
+        return 1;
+    fprintf(stderr, "quern %s: --%s %s is %s (queue %s): write it elsewhere\n", cmd, flag, out, why,
+            db ? db : "-");
+    return 0;
 }
 
 int runner_default_threads(void)

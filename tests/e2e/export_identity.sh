@@ -102,6 +102,8 @@ grep -qx "idj/manifest.json" tar.list || fail "no manifest in the bundle"
 grep -qx "idj/results-00000.jsonl.zst" tar.list || fail "no results shard in the bundle"
 
 # 2. atomic output
+res0=$(ls out/idj/results-*.jsonl.zst | head -1)
+cp "$res0" res0.save
 echo victim >victim
 ln -s "$tmp/victim" sym.jsonl.tmp # the temp name the old export opened with fopen "wb"
 "$Q" export --db q.db --job idj --out sym.jsonl 2>/dev/null || fail "export beside a symlink"
@@ -118,6 +120,24 @@ if "$Q" export --db q.db --job idj --out "$tmp/no-such-dir/x.jsonl" 2>/dev/null;
 fi
 [ ! -e no-such-dir ] || fail "export created the missing directory"
 ls ./*.tmp.* >/dev/null 2>&1 && fail "temp files left behind: $(ls ./*.tmp.*)"
+
+# 2b. (found by a CLI audit) an output that names the queue or a job's own files is refused
+# before anything is written: `export --out q.db` replaced the queue with JSONL (exit 0, every
+# job lost), as did `report --out q.db` and `run --metrics-file q.db`
+cp q.db q.save
+man=$(cat out/idj/manifest.json)
+for o in q.db ./q.db-wal q.db-journal out/idj/manifest.json "$res0"; do
+    rc=0; "$Q" export --db q.db --job idj --out "$o" 2>o.err || rc=$?
+    [ $rc = 2 ] && grep -q "write it elsewhere" o.err || fail "export --out $o: exit $rc $(cat o.err)"
+done
+rc=0; "$Q" report --db q.db --job idj --out q.db 2>o.err || rc=$?
+[ $rc = 2 ] || fail "report --out q.db: exit $rc"
+rc=0; "$Q" run --db q.db --threads 1 --metrics-file q.db 2>o.err || rc=$?
+[ $rc = 2 ] || fail "run --metrics-file q.db: exit $rc"
+cmp -s q.db q.save && [ "$(cat out/idj/manifest.json)" = "$man" ] && cmp -s "$res0" res0.save ||
+    fail "a refused output changed the queue or the job's files"
+"$Q" export --db q.db --job idj --out out/idj/all.jsonl 2>/dev/null && rm out/idj/all.jsonl ||
+    fail "an export of another name into the job's directory"
 
 # 2c. an export interrupted midway: the results shard replaced by a FIFO, so the export blocks
 # reading it once its temp file exists. SIGTERM removes the temp file; SIGKILL cannot, but
