@@ -44,7 +44,13 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
 enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
                                struct err_detail *err);
 
-/* Write dir/manifest.json from the job's closed, non-empty shards (atomic, see io/manifest.h). */
+/* Every closed, non-empty shard of the job is a regular file of its committed length where the
+ * queue says; else ST_ERR_NOT_FOUND naming the first that is not (its output was deleted, moved
+ * or cut since: nothing may claim it complete). */
+enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_detail *err);
+
+/* Write dir/manifest.json from the job's closed, non-empty shards (atomic, see io/manifest.h),
+ * after batch_check_shard_files. */
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
                                  int complete, struct err_detail *err);
 

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,15 +308,64 @@ static struct io_manifest_writer *manifest_writers(struct io_manifest_shard *ms,
     return mw;
 }
 
+/* The first closed, non-empty shard of sh[0..n) that is not a regular file of its committed
+ * length: its index, or -1 when every one is (*size: what is there, -1 when nothing is). */
+static ptrdiff_t shard_file_bad(const struct queue_shard *sh, size_t n, long long *size)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct stat sb;
+        if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
+            continue;
+        *size = lstat(sh[i].path, &sb) ? -1 : (long long)sb.st_size;
+        if (*size < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != sh[i].committed_bytes)
+            return (ptrdiff_t)i;
+    }
+    return -1;
+}
+
+static enum status shard_file_err(const struct queue_shard *s, long long size,
+                                  struct err_detail *err)
+{
+    char had[64] = "is missing";
+    if (size >= 0)
+        snprintf(had, sizeof(had), "has %lld bytes", size);
+    return err_set(err, ST_ERR_NOT_FOUND,
+                   "%s %s, but %llu bytes (%llu records) of it were committed: the job's output "
+                   "was deleted, moved or cut since; restore it there (the queue counts those "
+                   "items done)",
+                   s->path, had, (unsigned long long)s->committed_bytes,
+                   (unsigned long long)s->records);
+}
+
+enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    long long size = 0;
+    enum status st = queue_shard_list(q, job_id, &sh, &n, err);
+    ptrdiff_t bad = st ? -1 : shard_file_bad(sh, n, &size);
+    if (bad >= 0)
+        st = shard_file_err(&sh[bad], size, err);
+    queue_shard_list_free(sh, n);
+    return st;
+}
+
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
                                  int complete, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
     struct queue_writer *w = NULL;
     size_t n = 0, k = 0, nw = 0, n_runs = 0;
+    long long size = 0;
     enum status st = queue_shard_list(q, job->id, &sh, &n, err);
     if (st)
         return st;
+    ptrdiff_t bad = shard_file_bad(sh, n, &size);
+    if (bad >= 0) {
+        st = shard_file_err(&sh[bad], size, err);
+        queue_shard_list_free(sh, n);
+        return st;
+    }
     if ((st = queue_job_writers(q, job->id, &w, &nw, err))) {
         queue_shard_list_free(sh, n);
         return st;

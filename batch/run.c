@@ -713,7 +713,8 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
 static enum status job_open(struct batch_run *r, struct err_detail *err)
 {
     enum status st;
-    if ((st = batch_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err)))
+    if ((st = batch_job_dir(r->q, &r->job, r->o->out, 1, r->job_dir, sizeof(r->job_dir), err)) ||
+        (st = batch_check_shard_files(r->q, r->job.id, err))) /* (before any work) */
         return st;
     const char *base = strrchr(r->job.model_path, '/');
     snprintf(r->model_name, sizeof(r->model_name), "%s", base ? base + 1 : r->job.model_path);

@@ -530,6 +530,21 @@ enum status io_shard_append(struct io_shard *s, const char *line, size_t len,
     return ST_OK;
 }
 
+/* The open file is still the one at its path: a shard whose directory was deleted or moved
+ * during the run takes records into a file nobody can read; its items must not be marked done. */
+static enum status still_there(const struct io_shard *s, struct err_detail *err)
+{
+    struct stat a, b;
+    if (fstat(s->fd, &a))
+        return err_set(err, ST_ERR_IO, "%s: fstat: %s", s->path, strerror(errno));
+    if (a.st_nlink == 0 || stat(s->path, &b) || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+        return err_set(err, ST_ERR_IO,
+                       "%s: the shard file was removed or replaced while this run wrote it (its "
+                       "directory deleted or moved?): its new records are not committed",
+                       s->path);
+    return ST_OK;
+}
+
 enum status io_shard_flush(struct io_shard *s, uint64_t *committed_bytes, uint64_t *records_total,
                            struct err_detail *err)
 {
@@ -565,7 +580,8 @@ enum status io_shard_flush(struct io_shard *s, uint64_t *committed_bytes, uint64
         }
         if (fault_hit("shard.fsync"))
             st = err_set(err, ST_ERR_IO, "%s: fsync: injected fault", s->path);
-        if (st != ST_OK || (st = sync_fd(s->fd, 1, s->path, err)) != ST_OK) {
+        if (st != ST_OK || (st = sync_fd(s->fd, 1, s->path, err)) != ST_OK ||
+            (st = still_there(s, err)) != ST_OK) {
             s->broken = 1;
             return st;
         }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A job's output taken away under the queue (found by an environment audit):
+#  1. the output directory deleted during a run: the run went on committing records into the
+#     unlinked shard and marked every item done (30 of 40 records lost, `retry` could not
+#     bring them back); now the first commit after the deletion fails (exit 1, the message
+#     says what happened) and the unfinished items go back to the queue;
+#  2. the output directory deleted between runs: the next run computed the rest, exited 0 and
+#     wrote a manifest saying complete that listed the missing shard; now it stops before any
+#     work (exit 1, the shard named with its committed bytes), and so does a run of a job that
+#     was done before (it rewrote the manifest "complete" over nothing).
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+fail() {
+    echo "e2e output_lost: FAIL: $*" >&2
+    exit 1
+}
+e2e_workdir
+python3 -c '
+for i in range(40):
+    print("{\"custom_id\": \"c%02d\", \"prompt\": \"Tell me about the number %d.\", \"max_tokens\": 12}" % (i, i))' >p40.jsonl
+count() { # count DB STATE
+    "$Q" status --db "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)[0]['by_state']['$2'])"
+}
+
+# 1. deleted during a run (one sequence at a time, a commit per record: it runs for a while)
+"$Q" submit --db a.db --name a --model "$M" --out aout p40.jsonl >/dev/null 2>&1 || fail "submit a"
+"$Q" run --db a.db --threads 1 --max-seqs 1 --flush-records 1 >/dev/null 2>a.err &
+pa=$!
+pids+=("$pa")
+for _ in $(seq 1 300); do
+    [ "$(count a.db done)" -ge 3 ] && break
+    kill -0 "$pa" 2>/dev/null || break
+    sleep 0.1
+done
+rm -rf aout
+rc=0; wait "$pa" || rc=$?
+[ $rc = 1 ] && grep -q "the shard file was removed or replaced while this run wrote it" a.err ||
+    { cat a.err; fail "1: a run whose output was deleted: exit $rc"; }
+done_a=$(count a.db done)
+[ "$done_a" -lt 40 ] && [ "$(count a.db queued)" = $((40 - done_a)) ] ||
+    fail "1: items marked done after the deletion ($done_a done)"
+echo "  1. output deleted mid-run: exit 1 at the next commit, $((40 - done_a)) items queued again"
+
+# 2. deleted between runs
+"$Q" submit --db b.db --name b --model "$M" --out bout p40.jsonl >/dev/null 2>&1 || fail "submit b"
+rc=0; "$Q" run --db b.db --threads 1 --max-seqs 1 --flush-records 1 --max-runtime 2 --grace 0 \
+    >/dev/null 2>b1.err || rc=$?
+[ $rc = 75 ] || { cat b1.err; fail "2: the first run: exit $rc"; }
+done_b=$(count b.db done)
+[ "$done_b" -gt 0 ] || fail "2: the first run committed nothing"
+rm -rf bout
+rc=0; "$Q" run --db b.db --threads 1 >/dev/null 2>b2.err || rc=$?
+[ $rc = 1 ] && grep -q "results-00000.jsonl.zst is missing, but [0-9]* bytes ($done_b records)" b2.err ||
+    { cat b2.err; fail "2: a run after the output was deleted: exit $rc"; }
+[ "$(count b.db done)" = "$done_b" ] || fail "2: the run worked on"
+[ ! -e bout/b/manifest.json ] || fail "2: a manifest was written"
+# a job done before
+"$Q" submit --db c.db --name c --model "$M" --out cout p40.jsonl >/dev/null 2>&1 || fail "submit c"
+"$Q" run --db c.db --threads 1 >/dev/null 2>&1 || fail "2: run c"
+rm cout/c/results-00000.jsonl.zst cout/c/manifest.json
+rc=0; "$Q" run --db c.db --threads 1 >/dev/null 2>c.err || rc=$?
+[ $rc = 1 ] && grep -q "is missing, but" c.err || { cat c.err; fail "2: a done job's run: exit $rc"; }
+[ ! -e cout/c/manifest.json ] || fail "2: the done job's manifest was rewritten"
+echo "  2. output deleted between runs: the next run stops before any work, naming the shard"
+echo "e2e output_lost: ok"
