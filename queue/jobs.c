@@ -291,20 +291,25 @@ enum status queue_job_cancel(struct queue *q, int64_t job_id, int64_t *n_cancell
         changed = more = 0;
         st = queue_job_state_get(q, job_id, &js, err);
         if (st == ST_OK && (js == QUEUE_JOB_QUEUED || js == QUEUE_JOB_RUNNING)) {
-            sqlite3_stmt *s = queue_stmt(q, QS_JOB_CANCEL_ITEMS, err);
-            st = s ? ST_OK : err->status;
-            if (st == ST_OK) {
-                sqlite3_bind_int64(s, 1, job_id);
-                sqlite3_bind_int64(s, 2, now);
-                sqlite3_bind_int64(s, 3, batch);
-                st = queue_step_done(q, s, "cancelling items", err);
-                changed = sqlite3_changes(q->db);
+            int64_t rejected = 0;
+            for (int k = 0; st == ST_OK && k < 2; k++) {
+                sqlite3_stmt *s =
+                    queue_stmt(q, k ? QS_JOB_CANCEL_ITEMS : QS_JOB_CANCEL_REJECTED, err);
+                st = s ? ST_OK : err->status;
+                if (st == ST_OK) {
+                    sqlite3_bind_int64(s, 1, job_id);
+                    sqlite3_bind_int64(s, 2, now);
+                    sqlite3_bind_int64(s, 3, batch);
+                    st = queue_step_done(q, s, "cancelling items", err);
+                    *(k ? &changed : &rejected) = sqlite3_changes(q->db);
+                }
             }
             /* any left? (asked here, not inferred from a short batch: a batch that takes the
              * last items exactly must mark the job too, or a run finishing the job before the
              * next transaction would mark it done) */
-            if (st == ST_OK && changed == batch) {
-                if ((s = queue_stmt(q, QS_JOB_ANY_UNFINISHED, err)) == NULL)
+            if (st == ST_OK && (changed == batch || rejected == batch)) {
+                sqlite3_stmt *s = queue_stmt(q, QS_JOB_ANY_UNFINISHED, err);
+                if (s == NULL)
                     st = err->status;
                 if (st == ST_OK) {
                     sqlite3_bind_int64(s, 1, job_id);

@@ -223,6 +223,12 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_JOB_CANCEL_ITEMS] = "UPDATE items SET state = 'cancelled', lease_expiry = NULL,"
                             " finished = ?2 WHERE id IN (SELECT id FROM items WHERE job_id = ?1"
                             " AND state IN ('queued', 'leased') LIMIT ?3)",
+    /* lines rejected at submit are not work to cancel: their error is their answer, failed
+     * without a shard (as schema v1 stored them; export writes their records) */
+    [QS_JOB_CANCEL_REJECTED] = "UPDATE items SET state = 'failed', lease_expiry = NULL,"
+                               " finished = ?2 WHERE id IN (SELECT id FROM items WHERE job_id = ?1"
+                               " AND state IN ('queued', 'leased') AND payload IS NULL"
+                               " AND error_code IS NOT NULL LIMIT ?3)",
     [QS_JOB_CANCEL] = "UPDATE jobs SET state = 'cancelled', finished = ?2"
                       " WHERE id = ?1 AND state IN ('queued', 'running')",
     /* queue_job_retry_failed, one range of item ids [?2, ?3) per transaction (a range of the

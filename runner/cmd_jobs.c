@@ -57,11 +57,13 @@ static const char cancel_usage[] =
     "\n"
     "Cancel a job: its queued and leased items become cancelled. A run working on them sees\n"
     "its leases gone at its next lease check (every 2 s) and drops them from the engine then;\n"
-    "their records are never committed. Finished records stay in the output. In a partitioned\n"
-    "queue every part is cancelled; a part in use gets a request file (part-NNNN.cancel) that\n"
-    "its run carries out within about a second. Items are cancelled 20,000 per transaction, so\n"
-    "that runs sharing the queue are never held up for long; a cancel stopped part-way (a\n"
-    "signal, an error) leaves the job live with the items cancelled so far: cancel it again.\n";
+    "their records are never committed. Finished records stay in the output, and lines\n"
+    "rejected at submit become failed (their error is their answer: `export` writes it). In\n"
+    "a partitioned queue every part is cancelled; a part in use gets a request file\n"
+    "(part-NNNN.cancel) that its run carries out within about a second. Items are cancelled\n"
+    "20,000 per transaction, so that runs sharing the queue are never held up for long; a\n"
+    "cancel stopped part-way (a signal, an error) leaves the job live with the items cancelled\n"
+    "so far: cancel it again.\n";
 
 static const char retry_usage[] =
     "usage: quern retry --db Q.db --job ID|NAME --failed\n"

@@ -15,7 +15,8 @@
 #     from the engine (items_dropped in its summary) instead of computing them to the end;
 #  8. a job cancelled after a run died between a frame's fsync and its commit: the next run
 #     seals its output anyway (shard cut back, manifest complete and "cancelled");
-#  9-10. big cancels and retries in transactions; out of memory making a second choice;
+#  9-10. big cancels and retries in transactions (9b: a cancel keeps the lines rejected at
+#     submit as failed, with their records); out of memory making a second choice;
 # 11. three jobs on one model: read and loaded once by one run; a changed model refused.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
@@ -400,6 +401,24 @@ set -e
 [ "$(sqlite3 kb.db "SELECT state FROM jobs")" = running ] || fail "9: the job was not reopened"
 "$Q" retry --db kb.db --job kb --failed 2>kb.log || { cat kb.log; fail "9: second retry"; }
 grep -q "5 items queued again" kb.log || { cat kb.log; fail "9: the second retry's count"; }
+
+# 9b. (found by an output audit) a cancel keeps the lines rejected at submit: their error is
+# their answer, not work to cancel (they became "cancelled" and their records were never written)
+printf '%s\n' '{"custom_id": "bad1", "messages": "x"}' \
+    '{"custom_id": "ok1", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}' >cr.jsonl
+"$Q" submit --db cr.db --name cr --model "$M" cr.jsonl >/dev/null 2>&1 || fail "9b: submit"
+"$Q" cancel --db cr.db --job cr >/dev/null 2>&1 || fail "9b: cancel"
+"$Q" run --db cr.db --out out >/dev/null 2>&1 || fail "9b: run"
+"$Q" export --db cr.db --job cr --out cr.out.jsonl 2>/dev/null || fail "9b: export"
+python3 - "$Q" <<'PY' || fail "9b: the rejected line's record after a cancel"
+import json, subprocess, sys
+recs = [json.loads(l) for l in open("cr.out.jsonl")]
+assert [(r["custom_id"], r["response"]["status_code"]) for r in recs] == [("bad1", 400)], recs
+assert recs[0]["response"]["body"]["error"]["code"] == "invalid_type", recs
+s = json.loads(subprocess.run([sys.argv[1], "status", "--db", "cr.db", "--json"], check=True,
+                              capture_output=True).stdout)[0]
+assert s["state"] == "cancelled" and s["by_state"]["failed"] == 1 and s["by_state"]["cancelled"] == 1, s
+PY
 
 # 10. out of memory making a request's second choice (QUERN_FAULT=engine.seq_new: the run's
 #     third request made, after its start-up's and the first choice's; n = 2): the
