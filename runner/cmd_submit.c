@@ -36,8 +36,10 @@ static const char submit_usage[] =
     "Lines: OpenAI Batch requests ({\"custom_id\",\"method\":\"POST\",\"url\":\n"
     "\"/v1/chat/completions\"|\"/v1/completions\",\"body\":{...}}) or the short forms\n"
     "{\"custom_id\"?, \"prompt\": ...} and {\"custom_id\"?, \"messages\": [...]}. A short-form\n"
-    "line without custom_id gets \"line-N\" (\"FILE:line-N\" with several inputs); a Batch line\n"
-    "must have one. Bad lines become queued items that carry their error (the first 20\n"
+    "line without custom_id gets \"line-N\" (\"MEMBER:line-N\" in an archive, \"FILE:line-N\"\n"
+    "or \"FILE:MEMBER:line-N\" with several inputs, FILE as given; over 400 bytes of it:\n"
+    "\"sha256-<16 hex digits of it>:line-N\"); a Batch line must have one. Bad lines become queued "
+    "items that carry their error (the first 20\n"
     "reported on stderr with their line numbers) unless --strict; a run writes their error\n"
     "records (custom_id null when the line's own could not be read) and they are failed then.\n"
     "Blank lines are skipped. The job becomes visible to runs only once every line is in.\n"
@@ -509,12 +511,22 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
                                const struct io_input_pos *pos, const char *path, int multi,
                                const char *source, struct err_detail *err)
 {
-    char defid[1100];
-    if (multi)
-        snprintf(defid, sizeof(defid), "%s:line-%llu", pos->member ? pos->member : path,
-                 (unsigned long long)pos->line);
-    else
-        snprintf(defid, sizeof(defid), "line-%llu", (unsigned long long)pos->line);
+    /* the default custom_id names the line uniquely: "line-N" in a single plain file, with the
+     * archive member ("MEMBER:line-N"), with the input ("FILE:[MEMBER:]line-N") among several
+     * (two archives' members of one name gave one id, and the second line was refused as a
+     * duplicate); a name too long for an id (512 bytes) is hashed */
+    char *where = NULL, defid[600];
+    const char *member = pos->member;
+    if (asprintf(&where, "%s%s%s%s", multi ? path : "", multi && member ? ":" : "",
+                 member ? member : "", multi || member ? ":" : "") < 0)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    if (strlen(where) > 400) {
+        char hex[SHA256_HEX_LEN];
+        sha256_buf_hex(where, strlen(where), hex);
+        snprintf(where, strlen(where) + 1, "sha256-%.16s:", hex);
+    }
+    snprintf(defid, sizeof(defid), "%sline-%llu", where, (unsigned long long)pos->line);
+    free(where);
     struct job_defaults d = s->o->def;
     d.default_id = defid;
     struct job_request *r = NULL;

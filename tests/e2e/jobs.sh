@@ -10,7 +10,8 @@
 #  4. two concurrent runs on one DB: no item processed twice;
 #  5. a bad input file: valid lines complete, each bad line is reported with its number, a
 #     blank line is skipped (no item, no record);
-#  6. the same prompts as .tar.zst and .zip give the same results as .jsonl;
+#  6. the same prompts as .tar.zst and .zip give the same results as .jsonl (6b: lines without
+#     custom_id in archives get distinct default ids);
 #  7. `quern cancel` of a job while a run works on it: the run drops its unfinished requests
 #     from the engine (items_dropped in its summary) instead of computing them to the end;
 #  8. a job cancelled after a run died between a frame's fsync and its commit: the next run
@@ -298,6 +299,22 @@ assert len(base) == 12
 for p in sys.argv[2:]:
     assert texts(p) == base, p
 PY
+# 6b. (found by an output audit) lines without custom_id in archives get distinct default ids:
+# two members of one archive both had "line-1", as had one member name in two archives given
+# together, and the second line was refused as a duplicate
+mkdir -p noid d1 d2
+echo '{"prompt": "hi", "max_tokens": 1}' >noid/a.jsonl
+cp noid/a.jsonl noid/b.jsonl
+tar -cf d1/day.tar -C noid a.jsonl b.jsonl
+cp d1/day.tar d2/day.tar
+"$Q" submit --db noid1.db --name n1 --model "$M" d1/day.tar >/dev/null 2>&1 || fail "6b: submit"
+[ "$(sqlite3 noid1.db "SELECT group_concat(custom_id, ' ') FROM items WHERE error_code IS NULL")" = \
+    "a.jsonl:line-1 b.jsonl:line-1" ] || fail "6b: the ids in one archive"
+"$Q" submit --db noid2.db --name n2 --model "$M" d1/day.tar d2/day.tar >/dev/null 2>&1 ||
+    fail "6b: submit of two archives"
+[ "$(sqlite3 noid2.db "SELECT count(DISTINCT custom_id) FROM items WHERE error_code IS NULL")" = 4 ] ||
+    fail "6b: the ids in two archives: $(sqlite3 noid2.db "SELECT custom_id, error_code FROM items")"
+
 # 7. cancel while a run works: the run drops what it has in flight. 200 requests of 2 to 48
 # tokens; the cancel comes once the first records are committed.
 NC=200
