@@ -1,4 +1,5 @@
 /* quern: offline batch LLM generation. This file dispatches to the subcommands. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,7 +40,25 @@ static int version(void)
     return RUNNER_EXIT_OK;
 }
 
+static int dispatch(int argc, char **argv);
+
+/* What a command printed on standard output must have reached it: a full disk or a closed
+ * descriptor (`status --json >/dev/full`, a submit's job id) is an error, not exit 0. */
 int main(int argc, char **argv)
+{
+    int rc = dispatch(argc, argv);
+    errno = 0;
+    if ((fflush(stdout) || ferror(stdout)) && rc == RUNNER_EXIT_OK) {
+        fprintf(stderr,
+                "quern: writing standard output: %s (the command itself is done: only "
+                "what it printed is lost)\n",
+                errno ? strerror(errno) : "write error");
+        rc = RUNNER_EXIT_ERROR;
+    }
+    return rc;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {

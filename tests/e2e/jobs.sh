@@ -19,6 +19,7 @@
 #  9-10. big cancels and retries in transactions (9b: a cancel keeps the lines rejected at
 #     submit as failed, with their records); out of memory making a second choice;
 # 11. three jobs on one model: read and loaded once by one run; a changed model refused.
+# 12. output that cannot reach standard output is exit 1.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -478,4 +479,13 @@ for k in 5 6; do check_job multi.db m$k 3; done
 printf x >>multi.gguf
 "$Q" run --db multi.db --out out >/dev/null 2>multi4.log && fail "11: a changed model was used"
 grep -q "changed since the job was submitted" multi4.log || { cat multi4.log; fail "11: message"; }
+
+# 12. (found by an environment audit) what a command prints must reach standard output: a full
+# disk or a closed descriptor there was exit 0 (a submit's job id, status --json, a run's summary)
+for args in "status --db multi.db --json" "status --db multi.db" "--version"; do
+    rc=0; "$Q" $args >/dev/full 2>full.err || rc=$?
+    [ $rc = 1 ] && grep -q "writing standard output" full.err || fail "12: $args >/dev/full: exit $rc"
+done
+rc=0; "$Q" submit --db full.db --model "$M" multi1.jsonl >&- 2>full.err || rc=$?
+[ $rc = 1 ] || fail "12: submit with standard output closed: exit $rc"
 echo "e2e jobs: ok"
