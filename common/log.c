@@ -34,16 +34,33 @@ enum log_level log_get_level(void)
     return (enum log_level)log_level;
 }
 
+char *log_printable(const char *s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < cap; p++) {
+        if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            o += (size_t)snprintf(buf + o, cap - o, "\\u%04x", *++p);
+        else
+            buf[o++] = (char)*p;
+    }
+    if (cap)
+        buf[o < cap ? o : cap - 1] = 0;
+    return buf;
+}
+
 void log_write(enum log_level lvl, const char *file, int line, const char *fmt, ...)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
     if ((int)lvl > (int)log_get_level())
         return;
-    char buf[1024];
+    char raw[1024], buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    log_printable(raw, buf, sizeof(buf));
     if (log_before_write)
         log_before_write();
     if (lvl == LOG_LEVEL_DEBUG)

@@ -478,8 +478,9 @@ void runner_print_engines(const cJSON *engines, const char *unit)
 
 static void print_status_text(const cJSON *o)
 {
+    char model[8192]; /* (a path from the user's submit: printed without control characters) */
     printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
-           jstr(o, "model"));
+           log_printable(jstr(o, "model"), model, sizeof(model)));
     if (!cJSON_IsTrue(cJSON_GetObjectItem(o, "ready"))) {
         printf("  items so far %.0f (still being submitted; no run takes them yet)\n",
                jnum(o, "items"));
@@ -504,8 +505,10 @@ static void print_status_text(const cJSON *o)
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(o, "runs"))
     {
         const cJSON *lp = cJSON_GetObjectItem(r, "progress");
+        char host[1024];
         printf("  run %.0f on %s pid %.0f: heartbeat %.0f s ago%s", jnum(r, "run_id"),
-               jstr(r, "host"), jnum(r, "pid"), jnum(r, "heartbeat_age_s"),
+               log_printable(jstr(r, "host"), host, sizeof(host)), jnum(r, "pid"),
+               jnum(r, "heartbeat_age_s"),
                cJSON_IsTrue(cJSON_GetObjectItem(r, "stale")) ? " (stale)" : "");
         if (cJSON_IsObject(lp))
             printf(", gen %.1f tok/s, prompt %.1f tok/s, %.0f running, KV %.0f/%.0f blocks",

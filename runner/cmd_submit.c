@@ -20,6 +20,7 @@
 #include "common/fileid.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/utf8.h"
 #include "engine/sampler.h"
 #include "io/input.h"
 #include "jobs/params.h"
@@ -497,6 +498,27 @@ static int blank_line(const char *line, size_t len)
     return 1;
 }
 
+/* The model's path and the output root go into JSON (manifests, status --json, records'
+ * model) and onto terminals: valid UTF-8 without control characters, else refused (1: fine). */
+static int text_path_ok(const char *what, const char *path)
+{
+    const unsigned char *p = (const unsigned char *)path;
+    size_t n = strlen(path);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = 0;
+        size_t len = utf8_decode(p + i, n - i, &cp, NULL);
+        if (!len || cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
+            char shown[8192];
+            LOG_ERROR("%s %s: the path is not UTF-8 text without control characters (it goes into "
+                      "JSON manifests and onto terminals): rename it",
+                      what, log_printable(path, shown, sizeof(shown)));
+            return 0;
+        }
+        i += len;
+    }
+    return 1;
+}
+
 /* Source label of a line: the file, plus the archive member when there is one. */
 static void source_label(const struct io_input_pos *pos, char *buf, size_t cap)
 {
@@ -746,6 +768,11 @@ int runner_cmd_submit(int argc, char **argv)
         return RUNNER_EXIT_ERROR;
     }
     o.model = model_abs;
+    char out_abs[4096];
+    if (!text_path_ok("model", o.model) || !text_path_ok("--out", o.out)) {
+        free(model_abs);
+        return RUNNER_EXIT_ERROR;
+    }
     char *params = job_params_to_json(&o.def);
     struct batch_parts parts;
     memset(&parts, 0, sizeof(parts));
@@ -768,7 +795,6 @@ int runner_cmd_submit(int argc, char **argv)
         LOG_INFO("deleted %lld unfinished job(s) left by dead submits", (long long)n_gc);
     submit_signals();
     /* the output root is stored absolute: runs started anywhere write to the same place */
-    char out_abs[4096];
     if (batch_abspath(o.out, out_abs, sizeof(out_abs), &err)) {
         LOG_ERROR("--out: %s", err.msg);
         if (o.partitions)

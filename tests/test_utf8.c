@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/utf8.h"
 #include "tests/test_util.h"
 
@@ -489,20 +490,36 @@ static void test_bad_len(void **state)
     assert_int_equal(cases, 400);
 }
 
+/* log_printable: users' text on a terminal (log lines, status) carries no control characters:
+ * C0 (but tab), DEL and C1 (U+0080..U+009F in UTF-8) are escaped, everything else kept. */
+static void test_log_printable(void **state)
+{
+    (void)state;
+    char buf[256];
+    assert_string_equal(log_printable("a\tb é ✓", buf, sizeof(buf)), "a\tb é ✓");
+    assert_string_equal(log_printable("x\x1b]0;T\x07\x1b[2J\ny\r\x7f", buf, sizeof(buf)),
+                        "x\\x1b]0;T\\x07\\x1b[2J\\x0ay\\x0d\\x7f");
+    assert_string_equal(log_printable("\xc2\x9b"
+                                      "2J \xc2\xa0",
+                                      buf, sizeof(buf)),
+                        "\\u009b2J \xc2\xa0");
+    /* a small buffer: cut, terminated, never a half escape */
+    char small[9];
+    log_printable("\x1b\x1b\x1b", small, sizeof(small));
+    assert_string_equal(small, "\\x1b");
+    log_printable("abcdefghijkl", small, sizeof(small));
+    assert_true(strlen(small) < sizeof(small));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_table_rows),
-        cmocka_unit_test(test_overlong),
-        cmocka_unit_test(test_surrogate),
-        cmocka_unit_test(test_too_large),
-        cmocka_unit_test(test_truncated_and_bad_cont),
-        cmocka_unit_test(test_jobs_cases),
-        cmocka_unit_test(test_err_str),
-        cmocka_unit_test(test_prefix),
-        cmocka_unit_test(test_against_oracle),
-        cmocka_unit_test(test_every_scalar),
-        cmocka_unit_test(test_bad_len),
+        cmocka_unit_test(test_log_printable), cmocka_unit_test(test_table_rows),
+        cmocka_unit_test(test_overlong),      cmocka_unit_test(test_surrogate),
+        cmocka_unit_test(test_too_large),     cmocka_unit_test(test_truncated_and_bad_cont),
+        cmocka_unit_test(test_jobs_cases),    cmocka_unit_test(test_err_str),
+        cmocka_unit_test(test_prefix),        cmocka_unit_test(test_against_oracle),
+        cmocka_unit_test(test_every_scalar),  cmocka_unit_test(test_bad_len),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,7 +19,8 @@
 #  9-10. big cancels and retries in transactions (9b: a cancel keeps the lines rejected at
 #     submit as failed, with their records); out of memory making a second choice;
 # 11. three jobs on one model: read and loaded once by one run; a changed model refused.
-# 12. output that cannot reach standard output is exit 1.
+# 12. output that cannot reach standard output is exit 1; 13. users' text on terminals
+#     without control characters, paths that are not UTF-8 text refused.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -488,4 +489,22 @@ for args in "status --db multi.db --json" "status --db multi.db" "--version"; do
 done
 rc=0; "$Q" submit --db full.db --model "$M" multi1.jsonl >&- 2>full.err || rc=$?
 [ $rc = 1 ] || fail "12: submit with standard output closed: exit $rc"
+# 13. (found by an output audit) users' text reaches a terminal without control characters (a
+# custom_id or field name with ESC ] 0 ; set the title, OSC 52 the clipboard, newlines forged
+# log lines), and a model path or output root that is not UTF-8 text is refused at submit (it
+# made manifest.json and status --json invalid UTF-8)
+printf '%s\n' '{"custom_id": "d\u001b]0;T\u0007", "prompt": "hi", "max_tokens": 1}' \
+    '{"custom_id": "d\u001b]0;T\u0007", "prompt": "hi", "max_tokens": 1}' \
+    '{"prompt": "x", "max_tokens": 1, "f\u001b[2J\n\u009b": 1}' >esc.jsonl
+"$Q" submit --db esc.db --model "$M" esc.jsonl >/dev/null 2>esc.err || fail "13: submit"
+python3 - <<'PY' || { cat -v esc.err; fail "13: control characters on the terminal"; }
+err = open("esc.err", "rb").read()
+assert not any(b < 0x20 and b not in (0x09, 0x0a) for b in err) and b"\xc2\x9b" not in err, err
+assert err.count(b"\n") == 3, err  # two warnings and the summary: no forged lines
+assert b"d\\x1b]0;T\\x07" in err and b"\\x0a\\u009b" in err, err
+PY
+cp "$M" "$(printf 'bad\xff.gguf')"
+rc=0; "$Q" submit --db utf.db --model "$(printf 'bad\xff.gguf')" multi1.jsonl >/dev/null 2>utf.err || rc=$?
+[ $rc = 1 ] && grep -q "is not UTF-8 text" utf.err || fail "13: a model path that is not UTF-8: exit $rc"
+rm -f "$(printf 'bad\xff.gguf')"
 echo "e2e jobs: ok"
