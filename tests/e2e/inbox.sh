@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# examples/quern-inbox.sh (what examples/crontab runs): files put in the inbox whole become jobs
+# once, named in-<file>-<time> whatever the file is called (an all-digit name, spaces: the old
+# one-liner left such files in the inbox for ever, failing every tick); a file changed in the
+# last 2 minutes (maybe still being written) waits; a second tick submits nothing again.
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+Q=$(realpath "${QUERN_BIN:-bin/quern}")
+M=$(realpath "${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")
+INBOX=$(realpath examples/quern-inbox.sh)
+fail() {
+    echo "e2e inbox: FAIL: $*" >&2
+    exit 1
+}
+e2e_workdir
+mkdir inbox
+for f in 2024 "a b" recent; do
+    printf '%s\n' '{"prompt": "hi", "max_tokens": 1}' '{"prompt": "ho", "max_tokens": 1}' >"inbox/$f.jsonl"
+done
+touch -d '-5 minutes' inbox/2024.jsonl "inbox/a b.jsonl"
+touch inbox/x.jsonl.part
+bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>inbox.log || { cat inbox.log; fail "the inbox script"; }
+[ -e inbox/done/2024.jsonl ] && [ -e "inbox/done/a b.jsonl" ] || { cat inbox.log; fail "files not done"; }
+[ -e inbox/recent.jsonl ] && [ -e inbox/x.jsonl.part ] || fail "a recent file or a .part was taken"
+names=$(sqlite3 q.db "SELECT name FROM jobs ORDER BY id" | tr '\n' ' ')
+[[ "$names" =~ in-2024-[0-9]{8}-[0-9]{6}\ in-a_b-[0-9]{8}-[0-9]{6} ]] || fail "job names: $names"
+[ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] || fail "items"
+bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "second tick"
+[ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] || fail "a second tick submitted again"
+echo "e2e inbox: ok"
