@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/log.h"
 #include "common/sha256.h"
 #include "io/shard.h"
@@ -61,6 +63,43 @@ static void live_remove(struct batch_out *w, int64_t id)
         }
 }
 
+/* 1 when the path fits */
+static int shard_path(const struct batch_out *w, enum queue_shard_kind kind, int64_t seq,
+                      char *path, size_t cap)
+{
+    return (size_t)snprintf(path, cap, "%s/%s-%05lld.jsonl.zst", w->dir,
+                            kind == QUEUE_SHARD_RESULTS ? "results" : "errors",
+                            (long long)seq) < cap;
+}
+
+/* The files this run's first shards will get must not be there yet: a queue older than its
+ * output (restored from a backup, an idle copy, its -wal deleted after a kill) computed the
+ * whole job and then failed at its first shard ("a file is already there"), every run again.
+ * (A file that appears between the two reads of the next number is another run's new shard.) */
+static enum status check_next_shards(const struct batch_out *w, struct err_detail *err)
+{
+    for (int k = 0; k < 2; k++) {
+        enum queue_shard_kind kind = k ? QUEUE_SHARD_ERRORS : QUEUE_SHARD_RESULTS;
+        int64_t seq = 0, again = 0;
+        char path[4200];
+        struct stat sb;
+        enum status st = queue_shard_next_seq(w->spec.q, w->spec.job_id, kind, &seq, err);
+        if (st)
+            return st;
+        if (!shard_path(w, kind, seq, path, sizeof(path)) || lstat(path, &sb))
+            continue;
+        if ((st = queue_shard_next_seq(w->spec.q, w->spec.job_id, kind, &again, err)))
+            return st;
+        if (again == seq)
+            return err_set(err, ST_ERR_EXISTS,
+                           "%s is there but the queue has no record of it: the queue is older "
+                           "than the job's output (restored from a backup, a copy, or its -wal "
+                           "deleted?); nothing was computed",
+                           path);
+    }
+    return ST_OK;
+}
+
 enum status batch_out_open(struct batch_out **out, const struct batch_out_spec *spec,
                            struct err_detail *err)
 {
@@ -76,6 +115,11 @@ enum status batch_out_open(struct batch_out **out, const struct batch_out_spec *
     w->spec.job_dir = w->dir;
     w->res.kind = QUEUE_SHARD_RESULTS;
     w->errs.kind = QUEUE_SHARD_ERRORS;
+    enum status st = check_next_shards(w, err);
+    if (st) {
+        free(w);
+        return st;
+    }
     *out = w;
     return ST_OK;
 }
@@ -141,9 +185,7 @@ static enum status shard_start(struct batch_out *w, struct oshard *s, struct err
         return st;
     if ((st = queue_shard_next_seq(q, w->spec.job_id, s->kind, &seq, err)))
         goto fail;
-    if ((size_t)snprintf(s->path, sizeof(s->path), "%s/%s-%05lld.jsonl.zst", w->dir,
-                         s->kind == QUEUE_SHARD_RESULTS ? "results" : "errors",
-                         (long long)seq) >= sizeof(s->path)) {
+    if (!shard_path(w, s->kind, seq, s->path, sizeof(s->path))) {
         st = err_set(err, ST_ERR_INVALID_ARG, "output path too long under %s", w->dir);
         goto fail;
     }
@@ -384,6 +426,37 @@ enum status batch_out_close(struct batch_out *w, struct err_detail *err)
 
 /* ---- recovery ---- */
 
+/* A dead run's open shard is cut back to what this queue says was committed; but when the
+ * job's manifest lists the file closed with more bytes, another copy of the queue committed
+ * them (this one is a backup or a copy that ran behind it): cutting would destroy records
+ * that copy counts done. */
+static enum status check_manifest_bytes(const char *path, uint64_t committed,
+                                        struct err_detail *err)
+{
+    char man[4200];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return ST_OK;
+    snprintf(man, sizeof(man), "%.*s/manifest.json", (int)(slash - path), path);
+    cJSON *m = batch_json_file(man);
+    const cJSON *e;
+    uint64_t listed = 0;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(m, "shards"))
+    {
+        const cJSON *f = cJSON_GetObjectItem(e, "file"), *b = cJSON_GetObjectItem(e, "bytes");
+        if (cJSON_IsString(f) && cJSON_IsNumber(b) && !strcmp(f->valuestring, slash + 1))
+            listed = (uint64_t)b->valuedouble;
+    }
+    cJSON_Delete(m);
+    if (listed <= committed)
+        return ST_OK;
+    return err_set(err, ST_ERR_CONFLICT,
+                   "%s: the job's manifest lists it closed with %llu bytes, this queue only %llu "
+                   "committed: another copy of the queue went on with this job (this one is a "
+                   "backup or a copy); left as it is",
+                   path, (unsigned long long)listed, (unsigned long long)committed);
+}
+
 enum status batch_recover_shards(struct queue *q, int64_t job_id, int64_t run_id, int64_t stale_ms,
                                  struct err_detail *err)
 {
@@ -404,6 +477,8 @@ enum status batch_recover_shards(struct queue *q, int64_t job_id, int64_t run_id
         struct err_detail e2 = {0};
         if (queue_shard_adopt(q, sh[i].id, run_id, stale_ms, &e2))
             continue;                /* a live run still writes it */
+        if ((st = check_manifest_bytes(path, sh[i].committed_bytes, err)))
+            break;
         if (sh[i].committed_bytes) { /* cut the uncommitted tail */
             struct io_shard *w;
             if ((st = io_shard_open(&w, path, sh[i].committed_bytes, 3, err)))

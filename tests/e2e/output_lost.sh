@@ -7,7 +7,8 @@
 #  2. the output directory deleted between runs: the next run computed the rest, exited 0 and
 #     wrote a manifest saying complete that listed the missing shard; now it stops before any
 #     work (exit 1, the shard named with its committed bytes), and so does a run of a job that
-#     was done before (it rewrote the manifest "complete" over nothing).
+#     was done before (it rewrote the manifest "complete" over nothing);
+#  3. a queue older than its output (a copy, a backup): refused before it computes or cuts.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -64,4 +65,30 @@ rc=0; "$Q" run --db c.db --threads 1 >/dev/null 2>c.err || rc=$?
 [ $rc = 1 ] && grep -q "is missing, but" c.err || { cat c.err; fail "2: a done job's run: exit $rc"; }
 [ ! -e cout/c/manifest.json ] || fail "2: the done job's manifest was rewritten"
 echo "  2. output deleted between runs: the next run stops before any work, naming the shard"
+# 3. a queue older than its output: (a) restored from a copy made before a run (its -wal
+#    deleted after a kill does the same): the run computed the whole job, then failed at its
+#    first shard ("a file is already there"), every run again; now it stops before any work.
+#    (b) a backup taken during a run, run after the original finished: it cut the original's
+#    closed shard back to what the backup knew (records the original counts done); now refused.
+"$Q" submit --db d.db --name d --model "$M" --out dout p40.jsonl >/dev/null 2>&1 || fail "submit d"
+cp d.db d.save
+"$Q" run --db d.db --threads 1 >/dev/null 2>&1 || fail "3: run d"
+cp d.save d.db
+rm -f d.db-wal d.db-shm
+rc=0; "$Q" run --db d.db --threads 1 >/dev/null 2>d.err || rc=$?
+[ $rc = 1 ] && grep -q "the queue is older than the job's output" d.err && ! grep -q "progress:" d.err ||
+    { cat d.err; fail "3a: a run of a stale queue: exit $rc"; }
+"$Q" submit --db e.db --name e --model "$M" --out eout p40.jsonl >/dev/null 2>&1 || fail "submit e"
+"$Q" run --db e.db --threads 1 --max-seqs 1 --flush-records 1 >/dev/null 2>&1 &
+pe=$!
+pids+=("$pe")
+for _ in $(seq 1 300); do [ "$(count e.db done)" -ge 3 ] && break; sleep 0.1; done
+mkdir -p ecopy
+sqlite3 e.db ".backup ecopy/e.db"
+wait "$pe" || fail "3b: the original run"
+rc=0; (cd ecopy && "$Q" run --db e.db --threads 1 >/dev/null 2>../e.err) || rc=$?
+[ $rc = 1 ] && grep -q "another copy of the queue went on with this job" e.err ||
+    { cat e.err; fail "3b: a run of a backup: exit $rc"; }
+check_job e.db e 40 eout
+echo "  3. a queue older than its output stops before any work; a backup cuts nothing"
 echo "e2e output_lost: ok"
