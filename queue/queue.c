@@ -108,7 +108,18 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
                        "queue %s: %s: %s (no space left on its file system, which also "
                        "holds its -wal and -shm files)",
                        p, what, msg);
-    return err_set(err, st, "%s: %s", what, msg);
+    if ((rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_CANTOPEN ||
+        (rc & 0xff) == SQLITE_PERM) {
+        int e = db ? sqlite3_system_errno(db) : 0;
+        return err_set(err, st,
+                       "queue %s: %s: %s%s%s (quern writes the queue and, beside it, its -wal "
+                       "and -shm files, also to read it: the file and its directory must be "
+                       "writable%s)",
+                       p, what, msg, e ? ": " : "", e ? strerror(e) : "",
+                       e == EMFILE || e == ENFILE ? "; and the process needs file descriptors"
+                                                  : "");
+    }
+    return err_set(err, st, "queue %s: %s: %s", p, what, msg);
 }
 
 enum status queue_make_room(struct queue *q, struct err_detail *err)
