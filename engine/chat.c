@@ -301,6 +301,14 @@ enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
     return engine_chat_init_named(out, g, NULL, err);
 }
 
+int engine_chat_name_known(const char *name)
+{
+    for (size_t i = 0; i < CHAT_N_FMTS; i++)
+        if (!strcmp(name, g_fmts[i].name))
+            return 1;
+    return 0;
+}
+
 enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
                                    const char *name, struct err_detail *err)
 {

@@ -56,6 +56,9 @@ enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
 enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
                                    const char *name, struct err_detail *err);
 
+/* 1 when name is one of engine_chat_init_named's formats. */
+int engine_chat_name_known(const char *name);
+
 /* Free; NULL is a no-op. */
 void engine_chat_free(struct engine_chat *c);
 

@@ -185,6 +185,17 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         fprintf(stderr, "quern generate: --system needs --chat\n");
         return 0;
     }
+    if (o->chat_template && !o->chat) {
+        fprintf(stderr, "quern generate: --chat-template needs --chat\n");
+        return 0;
+    }
+    if (o->chat_template && !engine_chat_name_known(o->chat_template)) {
+        fprintf(stderr,
+                "quern generate: --chat-template: unknown '%s' (chatml, gemma, llama2, "
+                "llama3, mistral or phi3)\n",
+                o->chat_template);
+        return 0;
+    }
     return runner_engine_opts_check("generate", &o->eo);
 }
 

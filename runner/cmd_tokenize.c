@@ -55,6 +55,14 @@ int runner_cmd_tokenize(int argc, char **argv)
                 argv[optind]);
         return RUNNER_EXIT_USAGE;
     }
+    if (tmpl && (!chat || !engine_chat_name_known(tmpl))) {
+        fprintf(stderr,
+                chat ? "quern tokenize: --chat-template: unknown '%s' (chatml, gemma, llama2, "
+                       "llama3, mistral or phi3)\n"
+                     : "quern tokenize: --chat-template needs --chat ('%s')\n",
+                tmpl);
+        return RUNNER_EXIT_USAGE;
+    }
     struct err_detail err = {0};
     struct io_gguf *g = NULL;
     struct engine_tok *tok = NULL;

@@ -66,4 +66,12 @@ set -e
 [ $rc3 -eq 2 ] || fail "no prompt: rc $rc3"
 [ $rc4 -eq 1 ] && grep -q "magic" "$tmp/e4" || fail "junk model: rc $rc4 $(cat "$tmp/e4")"
 [ $rc5 -eq 2 ] || fail "unknown command: rc $rc5"
+# (found by a CLI audit: an unknown --chat-template was exit 1 after loading the model, and
+# ignored without --chat)
+for args in "generate --model $M --chat hi --chat-template bogus" \
+    "generate --model $M --prompt hi --chat-template chatml" "tokenize --chat-template chatml" \
+    "tokenize --chat --chat-template bogus"; do
+    rc=0; echo hi | "$Q" $args >/dev/null 2>"$tmp/e6" || rc=$?
+    [ $rc -eq 2 ] && grep -q "chat-template" "$tmp/e6" || fail "$args: rc $rc $(cat "$tmp/e6")"
+done
 echo "e2e generate: ok"
