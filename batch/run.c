@@ -252,11 +252,18 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     if (st) {
         if (inf)
             inflight_free(inf);
-        const char *code = st == ST_ERR_RANGE   ? "context_length_exceeded"
-                           : st == ST_ERR_NOMEM ? "out_of_memory"
-                                                : "invalid_request";
-        st = item_error(r, c->id, req->custom_id, st == ST_ERR_NOMEM ? 500 : 400, code, e2.msg,
-                        NULL, err);
+        /* (a KV pool too small for a request the model's context holds is this run's limit,
+         * not the request's: a 500 "kv_cache_too_small" that `retry --failed` with a larger
+         * --kv-mem answers) */
+        const char *code = st == ST_ERR_RANGE      ? "context_length_exceeded"
+                           : st == ST_ERR_NOMEM    ? "out_of_memory"
+                           : st == ST_ERR_CAPACITY ? "kv_cache_too_small"
+                                                   : "invalid_request";
+        if (st == ST_ERR_CAPACITY)
+            err_prefix(&e2, "this run's KV cache is too small for the request");
+        st = item_error(r, c->id, req->custom_id,
+                        st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg, NULL,
+                        err);
     }
     job_request_free(req);
     return st;

@@ -20,6 +20,8 @@ const char *status_str(enum status st)
     case ST_ERR_EXISTS: return "already exists";
     case ST_ERR_BUSY: return "busy";
     case ST_ERR_CONFLICT: return "conflict";
+    case ST_ERR_CAPACITY:
+        return "over capacity";
     }
     return "unknown status";
 }

@@ -19,6 +19,7 @@ enum status {
     ST_ERR_EXISTS,      /* a unique thing already exists (duplicate custom_id, job name) */
     ST_ERR_BUSY,        /* a shared resource stayed locked past its timeout; retry later */
     ST_ERR_CONFLICT,    /* lost a race: the item/shard is no longer ours (lease re-claimed) */
+    ST_ERR_CAPACITY,    /* fits the model, not what this process was given (--kv-mem) */
 };
 
 struct err_detail {

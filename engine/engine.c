@@ -307,7 +307,7 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
                        r->n_prompt, r->max_tokens, n_ctx);
     uint64_t blocks = (total + (uint64_t)e->p.kv_block - 1) / (uint64_t)e->p.kv_block;
     if (blocks > (uint64_t)engine_kv_n_blocks(e->kv))
-        return err_set(err, ST_ERR_RANGE,
+        return err_set(err, ST_ERR_CAPACITY,
                        "prompt + max_tokens needs %llu KV blocks; the pool has %d (raise --kv-mem)",
                        (unsigned long long)blocks, engine_kv_n_blocks(e->kv));
     if (r->grammar && !e->vocab &&

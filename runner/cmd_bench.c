@@ -435,7 +435,7 @@ int runner_cmd_bench(int argc, char **argv)
         r.ignore_eos = 1;
         r.request_id = id;
         if ((st = engine_add_request(e, &r, NULL, &err))) {
-            if (st != ST_ERR_RANGE) { /* only out of range (does not fit) is skipped */
+            if (st != ST_ERR_RANGE && st != ST_ERR_CAPACITY) { /* only what does not fit */
                 LOG_ERROR("request %zu: %s", i, err.msg);
                 goto out;
             }

@@ -418,8 +418,8 @@ static void test_rejects(void **state)
     r.max_tokens = f->m->hp.n_ctx_train; /* 4 + n_ctx > n_ctx */
     assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_RANGE);
     assert_non_null(strstr(err.msg, "context"));
-    r.max_tokens = 4000; /* fits the context, not the 64 MB pool (~1400 tokens) */
-    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_RANGE);
+    r.max_tokens = 4000; /* fits the context, not the 64 MB pool (~1400 tokens): the pool's */
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_ERR_CAPACITY);
     assert_non_null(strstr(err.msg, "kv-mem"));
     tok[1] = f->m->hp.n_vocab;
     r.max_tokens = 4;

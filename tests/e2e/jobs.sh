@@ -20,7 +20,8 @@
 #     submit as failed, with their records); out of memory making a second choice;
 # 11. three jobs on one model: read and loaded once by one run; a changed model refused.
 # 12. output that cannot reach standard output is exit 1; 13. users' text on terminals
-#     without control characters, paths that are not UTF-8 text refused.
+#     without control characters, paths that are not UTF-8 text refused; 14. a KV pool too
+#     small for a request is the run's error (500 kv_cache_too_small), retried with a larger one.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -507,4 +508,16 @@ cp "$M" "$(printf 'bad\xff.gguf')"
 rc=0; "$Q" submit --db utf.db --model "$(printf 'bad\xff.gguf')" multi1.jsonl >/dev/null 2>utf.err || rc=$?
 [ $rc = 1 ] && grep -q "is not UTF-8 text" utf.err || fail "13: a model path that is not UTF-8: exit $rc"
 rm -f "$(printf 'bad\xff.gguf')"
+# 14. (found by a CLI audit) a request the model's context holds but this run's --kv-mem pool
+# cannot is the run's limit, not the request's: 500 kv_cache_too_small (it was a 400
+# context_length_exceeded), answered by retry --failed and a run with a larger pool
+echo '{"custom_id": "k1", "prompt": "hi", "max_tokens": 100}' >kv.jsonl
+"$Q" submit --db kv.db --name kv --model "$M" kv.jsonl >/dev/null 2>&1 || fail "14: submit"
+"$Q" run --db kv.db --out out --kv-mem 1M >/dev/null 2>&1 || fail "14: run with a small pool"
+"$Q" export --db kv.db --job kv --out kv1.out.jsonl 2>/dev/null || fail "14: export"
+grep -q '"status_code":500,.*"code":"kv_cache_too_small"' kv1.out.jsonl || fail "14: $(cat kv1.out.jsonl)"
+"$Q" retry --db kv.db --job kv --failed 2>/dev/null && "$Q" run --db kv.db --out out >/dev/null 2>&1 ||
+    fail "14: retry and run"
+"$Q" export --db kv.db --job kv --out kv2.out.jsonl 2>/dev/null || fail "14: export after retry"
+grep -q '"custom_id":"k1","response":{"status_code":200' kv2.out.jsonl || fail "14: $(cat kv2.out.jsonl)"
 echo "e2e jobs: ok"
