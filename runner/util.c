@@ -102,7 +102,9 @@ int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *
         end++;
     if (mul > 1 && (*end == 'b' || *end == 'B'))
         end++;
-    if (errno || end == s || *end || !isfinite(v) || v < 1 || v * mul > 1e15) {
+    /* (a plain number is bytes, a whole one; 0.5K is 512) */
+    if (errno || end == s || *end || !isfinite(v) || v * mul < 1 || v * mul > 1e15 ||
+        (mul == 1 && v != floor(v))) {
         fprintf(stderr, "quern %s: bad value for --%s: '%s' (want a size like 2G or 512M)\n", cmd,
                 flag, s);
         return 0;
