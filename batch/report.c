@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/utf8.h"
 #include "io/shard.h"
 
 /* ---- a growing text buffer ---- */
@@ -52,9 +53,28 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
 }
 
 /* Text with &, <, >, " escaped for HTML. */
+/* s as HTML text or a double-quoted attribute value: markup characters as entities, and
+ * well-formed UTF-8 whatever s holds (a path or message cut mid-character, a file name in
+ * another encoding: U+FFFD), control characters but tab and newline as U+FFFD too. */
 static void sb_esc(struct sbuf *b, const char *s)
 {
     for (; s && *s; s++) {
+        const unsigned char *u = (const unsigned char *)s;
+        if (*u >= 0x80) {
+            size_t n = utf8_decode(u, strlen(s), NULL, NULL);
+            if (n) {
+                sb_printf(b, "%.*s", (int)n, s);
+                s += n - 1;
+            } else {
+                sb_printf(b, "\xef\xbf\xbd");
+                s += utf8_bad_len(u, strlen(s)) - 1;
+            }
+            continue;
+        }
+        if ((*u < 0x20 && *u != '\t' && *u != '\n') || *u == 0x7f) {
+            sb_printf(b, "\xef\xbf\xbd");
+            continue;
+        }
         switch (*s) {
         case '&':
             sb_printf(b, "&amp;");
@@ -67,6 +87,9 @@ static void sb_esc(struct sbuf *b, const char *s)
             break;
         case '"':
             sb_printf(b, "&quot;");
+            break;
+        case '\'':
+            sb_printf(b, "&#39;");
             break;
         default:
             sb_printf(b, "%c", *s);
