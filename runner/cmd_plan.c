@@ -244,8 +244,9 @@ int runner_cmd_plan(int argc, char **argv)
                kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve);
     } else {
         printf("model:               %s\n", name);
-        printf("weights:             %.1f MiB (%llu bytes, mapped from the file)\n",
-               (double)weights / 1048576.0, (unsigned long long)weights);
+        printf("weights:             %.1f MiB (%llu bytes, %s)\n", (double)weights / 1048576.0,
+               (unsigned long long)weights,
+               eo.dummy ? "random, built in memory: --dummy" : "mapped from the file");
         if (dtype == KERN_KV_Q8)
             printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x (%d dims x 1 B + "
                    "4 B scale), q8)\n",
@@ -276,9 +277,12 @@ int runner_cmd_plan(int argc, char **argv)
                    (double)mem / 1048576.0, (double)(w_rank + p_rank) / 1048576.0,
                    (double)reserve / 1048576.0, (double)kv_mem / (double)tp / 1048576.0,
                    weights_fit ? "" : " (the weights do NOT fit)");
+        char all[40] = "";
+        if (tp > 1) /* (the pool and the totals below: every rank's together) */
+            snprintf(all, sizeof(all), " (all %ld ranks)", tp);
         if (!plan.n_local) {
-            printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens\n",
-                   (double)kv_mem / 1048576.0, blocks, block, tokens);
+            printf("KV pool:             %.1f MiB%s = %zu blocks of %ld tokens = %zu tokens\n",
+                   (double)kv_mem / 1048576.0, all, blocks, block, tokens);
         } else {
             printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens for the "
                    "%d global layers\n",
@@ -297,13 +301,13 @@ int runner_cmd_plan(int argc, char **argv)
                    "matmul %s)\n",
                    (double)packed / 1048576.0, kern_backend_describe(be),
                    kern_act_name((enum kern_act)eo.act));
-            printf("total resident:      ~%.1f MiB (weights + packed copy + KV pool when full, "
+            printf("total resident:      ~%.1f MiB%s (weights + packed copy + KV pool when full, "
                    "plus activations)\n",
-                   (double)(weights + packed + kv_mem) / 1048576.0);
+                   (double)(weights + packed + kv_mem) / 1048576.0, all);
         } else
-            printf("total on the GPUs:   ~%.1f MiB (each rank's weights, buffers and scratch + KV "
-                   "pool when full, plus the runtime)\n",
-                   (double)(counted * (size_t)tp + kv_mem) / 1048576.0);
+            printf("total on the GPUs:   ~%.1f MiB%s (each rank's weights, buffers and scratch + "
+                   "KV pool when full, plus the runtime)\n",
+                   (double)(counted * (size_t)tp + kv_mem) / 1048576.0, all);
     }
     if (!weights_fit)
         LOG_WARN("--mem %.1f MiB per rank does not hold the %.1f MiB of weights%s each rank needs",
