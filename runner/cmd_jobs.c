@@ -339,6 +339,10 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     cJSON_AddStringToObject(o, "state", j->ready ? queue_job_state_str(j->state) : "submitting");
     cJSON_AddBoolToObject(o, "ready", j->ready);
     cJSON_AddStringToObject(o, "model", j->model_path);
+    char dir[4096]; /* where its shards and manifest are (or go: the job's --out at submit) */
+    struct err_detail e2 = {0};
+    if (!batch_job_dir(q, j, NULL, 0, dir, sizeof(dir), &e2))
+        cJSON_AddStringToObject(o, "output_dir", dir);
     cJSON_AddNumberToObject(o, "items", (double)c.total);
     cJSON *st = cJSON_AddObjectToObject(o, "by_state");
     for (int s = 0; s < QUEUE_ITEM_STATE_COUNT; s++)
@@ -481,6 +485,8 @@ static void print_status_text(const cJSON *o)
     char model[8192]; /* (a path from the user's submit: printed without control characters) */
     printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
            log_printable(jstr(o, "model"), model, sizeof(model)));
+    if (cJSON_IsString(cJSON_GetObjectItem(o, "output_dir")))
+        printf("  output %s\n", log_printable(jstr(o, "output_dir"), model, sizeof(model)));
     if (!cJSON_IsTrue(cJSON_GetObjectItem(o, "ready"))) {
         printf("  items so far %.0f (still being submitted; no run takes them yet)\n",
                jnum(o, "items"));

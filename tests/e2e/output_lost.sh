@@ -51,6 +51,11 @@ rc=0; "$Q" run --db b.db --threads 1 --max-seqs 1 --flush-records 1 --max-runtim
 [ $rc = 75 ] || { cat b1.err; fail "2: the first run: exit $rc"; }
 done_b=$(count b.db done)
 [ "$done_b" -gt 0 ] || fail "2: the first run committed nothing"
+# (status names the job's output directory: only a run's log said where it went)
+"$Q" status --db b.db --json | python3 -c '
+import json, os, sys
+assert json.load(sys.stdin)[0]["output_dir"] == os.getcwd() + "/bout/b"' || fail "2: status output_dir"
+"$Q" status --db b.db | grep -qx "  output $PWD/bout/b" || fail "2: status's output line"
 rm -rf bout
 rc=0; "$Q" run --db b.db --threads 1 >/dev/null 2>b2.err || rc=$?
 [ $rc = 1 ] && grep -q "results-00000.jsonl.zst is missing, but [0-9]* bytes ($done_b records)" b2.err ||
