@@ -204,7 +204,7 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
             return err_set(err, ST_ERR_NOMEM, "out of memory");
         snprintf(tmp, sizeof(tmp), "%s/.quern-job.tmp.%ld", dir, (long)getpid());
         unlink(tmp);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         size_t len = strlen(text);
         int ok = fd >= 0 && write(fd, text, len) == (ssize_t)len && write(fd, "\n", 1) == 1 &&
                  fsync(fd) == 0;

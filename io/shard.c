@@ -282,7 +282,8 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
         st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
         goto out;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+              0666); /* (the umask decides, as for any output) */
     if (fd < 0) {
         st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
@@ -380,7 +381,7 @@ static enum status shard_open(struct io_shard **out, const char *path, uint64_t 
                            "%s: shard is missing but %llu bytes of it were committed: "
                            "committed output has been lost",
                            path, (unsigned long long)committed_bytes);
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         created = fd >= 0;
         if (fd < 0 && errno == EEXIST)
             return err_set(err, ST_ERR_EXISTS,
