@@ -282,8 +282,8 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
         st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
         goto out;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-              0666); /* (the umask decides, as for any output) */
+    /* (0666: the umask decides, as for any output) */
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) {
         st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
