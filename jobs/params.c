@@ -9,6 +9,19 @@
 
 #include <cjson/cJSON.h>
 
+/* A float as the shortest decimal that reads back as the same float (0.7f is 0.7, not
+ * 0.699999988079071: manifests and status show what the user typed). */
+static double short_float(float f)
+{
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof(buf), "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
 char *job_params_to_json(const struct job_defaults *d)
 {
     cJSON *o = cJSON_CreateObject();
@@ -18,14 +31,14 @@ char *job_params_to_json(const struct job_defaults *d)
     snprintf(seed, sizeof(seed), "%" PRIu64, d->sampling.seed);
     cJSON_AddNumberToObject(o, "max_tokens", d->max_tokens);
     cJSON_AddNumberToObject(o, "max_tokens_cap", d->max_tokens_cap);
-    cJSON_AddNumberToObject(o, "temperature", d->sampling.temperature);
-    cJSON_AddNumberToObject(o, "top_p", d->sampling.top_p);
+    cJSON_AddNumberToObject(o, "temperature", short_float(d->sampling.temperature));
+    cJSON_AddNumberToObject(o, "top_p", short_float(d->sampling.top_p));
     cJSON_AddNumberToObject(o, "top_k", d->sampling.top_k);
-    cJSON_AddNumberToObject(o, "min_p", d->sampling.min_p);
-    cJSON_AddNumberToObject(o, "repetition_penalty", d->sampling.repeat_penalty);
+    cJSON_AddNumberToObject(o, "min_p", short_float(d->sampling.min_p));
+    cJSON_AddNumberToObject(o, "repetition_penalty", short_float(d->sampling.repeat_penalty));
     cJSON_AddNumberToObject(o, "repeat_last_n", d->sampling.repeat_last_n);
-    cJSON_AddNumberToObject(o, "frequency_penalty", d->sampling.frequency_penalty);
-    cJSON_AddNumberToObject(o, "presence_penalty", d->sampling.presence_penalty);
+    cJSON_AddNumberToObject(o, "frequency_penalty", short_float(d->sampling.frequency_penalty));
+    cJSON_AddNumberToObject(o, "presence_penalty", short_float(d->sampling.presence_penalty));
     cJSON_AddStringToObject(o, "seed", seed);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -9,6 +9,7 @@
 
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
+#include "jobs/params.h"
 #include "tests/test_jobs_util.h"
 #include "tests/test_util.h"
 
@@ -367,12 +368,44 @@ static void test_record_choices_logprobs(void **state)
     io_gguf_close(g);
 }
 
+/* Job parameters in JSON: floats as the shortest decimal of the float (0.7, not
+ * 0.699999988079071), read back as the very same floats; the seed exactly. */
+static void test_params_round_trip(void **state)
+{
+    (void)state;
+    struct job_defaults d = {0}, back = {0};
+    engine_sampling_default(&d.sampling);
+    d.max_tokens = 64;
+    d.sampling.temperature = 0.7f;
+    d.sampling.top_p = 0.9f;
+    d.sampling.min_p = 0.05f;
+    d.sampling.repeat_penalty = 1.1f;
+    d.sampling.frequency_penalty = -0.3f;
+    d.sampling.presence_penalty = 1.0f / 3.0f;
+    d.sampling.seed = UINT64_MAX;
+    char *js = job_params_to_json(&d);
+    assert_non_null(js);
+    assert_non_null(strstr(js, "\"temperature\":0.7,"));
+    assert_non_null(strstr(js, "\"top_p\":0.9,"));
+    assert_non_null(strstr(js, "\"repetition_penalty\":1.1,"));
+    assert_non_null(strstr(js, "\"presence_penalty\":0.33333334,"));
+    engine_sampling_default(&back.sampling);
+    assert_int_equal(job_params_from_json(js, &back, NULL), ST_OK);
+    assert_true(back.sampling.temperature == d.sampling.temperature);
+    assert_true(back.sampling.top_p == d.sampling.top_p);
+    assert_true(back.sampling.min_p == d.sampling.min_p);
+    assert_true(back.sampling.repeat_penalty == d.sampling.repeat_penalty);
+    assert_true(back.sampling.frequency_penalty == d.sampling.frequency_penalty);
+    assert_true(back.sampling.presence_penalty == d.sampling.presence_penalty);
+    assert_true(back.sampling.seed == UINT64_MAX);
+    free(js);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_record_success),
-        cmocka_unit_test(test_record_text_encoding),
-        cmocka_unit_test(test_record_choices_logprobs),
+        cmocka_unit_test(test_params_round_trip),    cmocka_unit_test(test_record_success),
+        cmocka_unit_test(test_record_text_encoding), cmocka_unit_test(test_record_choices_logprobs),
         cmocka_unit_test(test_record_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
