@@ -168,7 +168,13 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_OUT: o->b.out = optarg; break;
         case R_JOB: o->b.job = optarg; break;
         case R_LOCK: o->lock = optarg; break;
-        case R_WORKER: o->b.worker = optarg; break;
+        case R_WORKER:
+            if (!*optarg || strlen(optarg) > 63) {
+                fprintf(stderr, "quern run: --worker-id: 1 to 63 bytes\n");
+                return 0;
+            }
+            o->b.worker = optarg;
+            break;
         case R_NOWAIT: o->b.no_wait = 1; break;
         case R_CREATE: o->b.create = 1; break;
         case R_NOTAKE: o->no_take_over = 1; break;
@@ -418,6 +424,10 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
             return RUNNER_EXIT_USAGE;
         }
     }
+    if (own < 0 && o->no_take_over) {
+        LOG_ERROR("--no-take-over works on one part: give --part (or $SLURM_ARRAY_TASK_ID)");
+        return RUNNER_EXIT_USAGE;
+    }
     if (own >= p->n) {
         LOG_ERROR("part %ld does not exist: %s has parts 0..%d (array tasks 0-%d)", own, p->dir,
                   p->n - 1, p->n - 1);
@@ -528,9 +538,11 @@ int runner_cmd_run(int argc, char **argv)
         LOG_ERROR("%s", err.msg);
     else if (isdir)
         rc = run_parts(&o, &parts);
-    else if (o.part >= 0)
-        LOG_ERROR("--part: %s is not the directory of a partitioned queue", o.b.db);
-    else
+    else if (o.part >= 0 || o.no_take_over) {
+        LOG_ERROR("--%s: %s is not the directory of a partitioned queue",
+                  o.part >= 0 ? "part" : "no-take-over", o.b.db);
+        rc = RUNNER_EXIT_USAGE;
+    } else
         rc = run_once(&o, NULL);
     runner_term_close(&term);
     if (lock_fd >= 0)

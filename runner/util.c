@@ -35,7 +35,7 @@ int runner_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t 
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || *s == '-') {
+    if (errno || end == s || *end || *s < '0' || *s > '9') { /* (" -1" would wrap) */
         fprintf(stderr, "quern %s: bad value for --%s: '%s' (want an unsigned integer)\n", cmd,
                 flag, s);
         return 0;

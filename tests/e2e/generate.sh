@@ -74,4 +74,14 @@ for args in "generate --model $M --chat hi --chat-template bogus" \
     rc=0; echo hi | "$Q" $args >/dev/null 2>"$tmp/e6" || rc=$?
     [ $rc -eq 2 ] && grep -q "chat-template" "$tmp/e6" || fail "$args: rc $rc $(cat "$tmp/e6")"
 done
+# (the same audit: " -1" wrapped to 2^64-1; a 100-byte worker id was cut to 63 bytes; --part
+# and --no-take-over on a queue file were runtime errors, --no-take-over alone was ignored)
+"$Q" submit --db "$tmp/u.db" --model "$M" /dev/null >/dev/null 2>&1 || true
+rc=0; "$Q" generate --model "$M" --prompt hi --seed " -1" >/dev/null 2>"$tmp/e7" || rc=$?
+[ $rc -eq 2 ] || fail "--seed ' -1': rc $rc"
+for args in "run --db $tmp/u.db --worker-id $(printf 'w%.0s' $(seq 1 100))" "run --db $tmp/u.db --part 0" \
+    "run --db $tmp/u.db --no-take-over"; do
+    rc=0; "$Q" $args >/dev/null 2>"$tmp/e7" || rc=$?
+    [ $rc -eq 2 ] || fail "$args: rc $rc $(cat "$tmp/e7")"
+done
 echo "e2e generate: ok"
