@@ -810,8 +810,12 @@ int runner_cmd_export(int argc, char **argv)
         default: fputs(export_usage, stderr); return RUNNER_EXIT_USAGE;
         }
     }
-    if (optind < argc || !db || !out) {
-        fprintf(stderr, "quern export: --db and --out are required\n%s", export_usage);
+    if (optind < argc || !db || !out || !*out || (0)) {
+        fprintf(stderr, "quern export: %s\n%s",
+                optind < argc       ? "unexpected argument"
+                : db && out && *out ? "--out names a file (standard output is not offered)"
+                                    : "--db and --out (a file name) are required",
+                export_usage);
         return RUNNER_EXIT_USAGE;
     }
     if (!runner_out_file_ok("export", "out", out, db))

@@ -742,7 +742,10 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     if (prc)
         return prc;
     if ((!o.job && !o.dir) || (retry && !o.failed)) {
-        fprintf(stderr, "quern %s: --job%s required\n%s", cmd, retry ? " and --failed are" : " is",
+        fprintf(stderr, "quern %s: %s\n%s", cmd,
+                retry && !o.failed
+                    ? "--failed is required (the failed items are what a retry queues)"
+                    : "--job is required",
                 usage);
         return RUNNER_EXIT_USAGE;
     }

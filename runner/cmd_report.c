@@ -61,8 +61,12 @@ int runner_cmd_report(int argc, char **argv)
             return RUNNER_EXIT_USAGE;
         }
     }
-    if (optind < argc || !db || !out) {
-        fprintf(stderr, "quern report: --db and --out are required\n%s", report_usage);
+    if (optind < argc || !db || !out || !*out || (!strcmp(out, "-"))) {
+        fprintf(stderr, "quern report: %s\n%s",
+                optind < argc       ? "unexpected argument"
+                : db && out && *out ? "--out names a file (standard output is not offered)"
+                                    : "--db and --out (a file name) are required",
+                report_usage);
         return RUNNER_EXIT_USAGE;
     }
     if (!runner_out_file_ok("report", "out", out, db))
