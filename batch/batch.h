@@ -178,6 +178,8 @@ struct batch_out_counts {
     size_t pending_results; /* result records waiting for the next commit */
     size_t pending_errors;  /* error records waiting for the next commit */
     int64_t done, failed;   /* items committed done / failed by this writer */
+    int64_t discarded;      /* finished records not committed: their item was taken over or
+                               cancelled before the commit */
 };
 
 /* A writer for spec (copied). Caller frees with batch_out_free. */
@@ -343,6 +345,7 @@ struct batch_stats {
     int64_t items_done;        /* items committed done by this run */
     int64_t items_failed;      /* items committed failed by this run */
     int64_t items_dropped;     /* unfinished requests dropped when their lease was lost */
+    int64_t records_discarded; /* finished records not committed: their lease was lost */
     int64_t prompt_tokens;     /* of the requests the engine finished */
     int64_t completion_tokens; /* likewise */
     double *ttft_ms;           /* per finished request: time to first token (ms) */

@@ -86,6 +86,7 @@ struct batch_run {
     uint64_t n_lat_seen;             /* requests whose latencies note_latency was given */
     uint64_t lat_rng;                /* its sampling state once BATCH_LATENCY_KEEP are kept */
     int64_t done_base, failed_base;  /* items committed by the writers of earlier jobs */
+    int64_t discarded_base;          /* records discarded by the writers of earlier jobs */
     int64_t n_out;                   /* requests the engine finished this run */
     /* live progress of the current job (batch/progress.c) */
     struct batch_rate gen_rate;    /* engine tokens generated, sampled */

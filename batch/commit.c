@@ -45,6 +45,7 @@ struct batch_out {
     int64_t *live;              /* items held: claimed and not yet committed (for release) */
     size_t n_live, cap_live;    /* count, capacity */
     int64_t n_done, n_failed;   /* items committed */
+    int64_t n_discarded;        /* records dropped at a commit: their lease was lost */
 };
 
 static void pend_free(struct pend *p)
@@ -173,6 +174,7 @@ void batch_out_get_counts(const struct batch_out *w, struct batch_out_counts *c)
     c->pending_errors = w->errs.n_pend;
     c->done = w->n_done;
     c->failed = w->n_failed;
+    c->discarded = w->n_discarded;
 }
 
 /* Start the next shard of s's kind: its row first, then its file. */
@@ -349,6 +351,7 @@ static enum status shard_commit(struct batch_out *w, struct oshard *s, struct er
         size_t n_lost = 0;
         for (size_t i = 0; i < s->n_pend; i++)
             n_lost += lost[i];
+        w->n_discarded += (int64_t)n_lost;
         struct err_detail e2 = {0};
         if (n_lost == 0) { /* the shard is not ours any more */
             LOG_WARN("%s: %s; ending this shard and writing its %zu pending records to a new one",

@@ -75,6 +75,7 @@ static void count_commits(struct batch_run *r)
     batch_out_get_counts(r->out, &c);
     r->stats.items_done = r->done_base + c.done;
     r->stats.items_failed = r->failed_base + c.failed;
+    r->stats.records_discarded = r->discarded_base + c.discarded;
 }
 
 static enum status flush_all(struct batch_run *r, struct err_detail *err)
@@ -549,6 +550,7 @@ static void job_close(struct batch_run *r)
         count_commits(r);
         r->done_base = r->stats.items_done;
         r->failed_base = r->stats.items_failed;
+        r->discarded_base = r->stats.records_discarded;
         batch_out_free(r->out);
         r->out = NULL;
     }

@@ -277,6 +277,7 @@ static char *summary_json(const struct batch_stats *s, const char *reason)
     cJSON_AddNumberToObject(o, "items_failed", (double)s->items_failed);
     /* unfinished requests whose lease the run lost (cancelled, taken over): not computed on */
     cJSON_AddNumberToObject(o, "items_dropped", (double)s->items_dropped);
+    cJSON_AddNumberToObject(o, "records_discarded", (double)s->records_discarded);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)s->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", (double)s->completion_tokens);
     cJSON_AddNumberToObject(o, "output_tok_s", el > 0 ? (double)s->completion_tokens / el : 0);

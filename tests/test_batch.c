@@ -347,6 +347,7 @@ static void test_commit_drops_lost_items(void **state)
     batch_out_get_counts(w, &oc);
     assert_int_equal(oc.done, 2);
     assert_int_equal(oc.held, 0);
+    assert_int_equal(oc.discarded, 1); /* (the run summary's records_discarded) */
     struct queue_shard *sh;
     size_t n;
     shards(f, &sh, &n);

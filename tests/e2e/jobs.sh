@@ -342,7 +342,7 @@ wait $px || true
 python3 - <<'PY' || { cat cx.log >&2; fail "the run computed a cancelled job on"; }
 import json
 s = json.load(open("cx.json"))
-assert 0 < s["items_done"] and s["items_dropped"] > 0, s
+assert 0 < s["items_done"] and s["items_dropped"] > 0 and s["records_discarded"] >= 0, s
 PY
 grep -q "unfinished requests dropped" cx.log || fail "no drop in the run's log"
 python3 -c "
