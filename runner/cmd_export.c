@@ -123,6 +123,8 @@ static int64_t recmap_get(const struct recmap *m, int64_t shard_id, int64_t reco
     return m->cap ? recmap_find(m->slots, m->cap, shard_id, record)->item : -1;
 }
 
+static const char *bundle_out; /* the export's --out, for messages */
+
 /* custom_id -> item index (open addressing), only for items without a record index. */
 struct idmap {
     char **keys;  /* owned strings, NULL = empty */
@@ -229,7 +231,7 @@ static enum status out_bytes(struct exporter *x, const void *p, size_t n, int en
 {
     if (!x->z) {
         if (n && fwrite(p, 1, n, x->f) != n)
-            return err_set(x->err, ST_ERR_IO, "write failed: %s", strerror(errno));
+            return err_set(x->err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
         return ST_OK;
     }
     char buf[1 << 16];
@@ -240,7 +242,7 @@ static enum status out_bytes(struct exporter *x, const void *p, size_t n, int en
         if (ZSTD_isError(left))
             return err_set(x->err, ST_ERR_INTERNAL, "zstd: %s", ZSTD_getErrorName(left));
         if (ob.pos && fwrite(buf, 1, ob.pos, x->f) != ob.pos)
-            return err_set(x->err, ST_ERR_IO, "write failed: %s", strerror(errno));
+            return err_set(x->err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
         if (end ? left == 0 : in.pos == in.size)
             return ST_OK;
     }
@@ -546,8 +548,6 @@ static enum status tmp_commit(const char *out, int *fd, enum status st, struct e
 
 /* ---- formats ----------------------------------------------------------------------------- */
 
-static const char *bundle_out; /* the bundle's --out, for messages */
-
 /* A failed write to the bundle: its path, libarchive's message and the system's reason. */
 static enum status tar_fail(struct archive *a, struct err_detail *err)
 {
@@ -704,7 +704,7 @@ static enum status export_jsonl(struct exporter *x, int fd, int zst, const struc
     if (!st)
         st = out_bytes(x, "", 0, 1);
     if (fclose(x->f) && !st)
-        st = err_set(err, ST_ERR_IO, "write failed: %s", strerror(errno));
+        st = err_set(err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
     x->f = NULL;
     return st;
 }

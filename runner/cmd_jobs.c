@@ -499,7 +499,7 @@ static void print_status_text(const cJSON *o)
         printf(" %s %.0f", e->string ? e->string : "?", cJSON_IsNumber(e) ? e->valuedouble : 0);
     }
     printf("\n  tokens: %.0f prompt, %.0f completion; %.1f completion tok/s, %.2f items/s over "
-           "%.0f s of runs",
+           "%.1f s of runs",
            jnum(o, "prompt_tokens"), jnum(o, "completion_tokens"), jnum(o, "completion_tok_s"),
            jnum(o, "items_s"), jnum(o, "run_seconds"));
     const cJSON *eta = cJSON_GetObjectItem(o, "eta_s");

@@ -819,7 +819,8 @@ static enum status cpu_kv_alloc(struct kern_backend *b, const struct kern_kv_des
             munmap(k, bytes);
         if (v != MAP_FAILED)
             munmap(v, bytes);
-        return err_set(err, ST_ERR_NOMEM, "no memory for a KV pool of 2 x %zu bytes", bytes);
+        return err_set(err, ST_ERR_NOMEM,
+                       "no memory for a KV pool of 2 x %zu bytes (lower --kv-mem)", bytes);
     }
     for (int l = 0; l < d->n_layer; l++) {
         layers[l].k = (uint8_t *)k + (size_t)l * per_layer;
