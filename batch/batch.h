@@ -108,7 +108,12 @@ int batch_parts_find(const char *path, struct batch_parts *p, struct err_detail 
 #define BATCH_PARTS_SUBMIT_LOCK ".quern-submit.lock"
 enum status batch_parts_create(const char *dir, const char *name, int n, struct batch_parts *p,
                                int *lock_fd, struct err_detail *err);
-enum status batch_parts_publish(const struct batch_parts *p, struct err_detail *err);
+enum status batch_parts_publish(const struct batch_parts *p, const struct cJSON *inputs,
+                                struct err_detail *err);
+/* The catalogue's inputs (the sources of the job's lines in input order, as the items name
+ * them), a cJSON array the caller deletes; NULL when it has none (a submit before they were
+ * kept). */
+struct cJSON *batch_parts_inputs(const struct batch_parts *p);
 
 /* DIR/part-NNNN<suffix> into out (suffix ".db", ".progress.json", ".cancel"). */
 void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, char *out,

@@ -143,14 +143,53 @@ enum status batch_parts_create(const char *dir, const char *name, int n, struct 
     return ST_OK;
 }
 
-enum status batch_parts_publish(const struct batch_parts *p, struct err_detail *err)
+enum status batch_parts_publish(const struct batch_parts *p, const cJSON *inputs,
+                                struct err_detail *err)
 {
-    char text[512];
-    int len = snprintf(text, sizeof(text),
-                       "{\"format\": \"%s\", \"version\": 1, \"job\": \"%s\", \"parts\": %d, "
-                       "\"part_set\": \"%s\", \"files\": \"part-NNNN.db, NNNN = 0000..%04d\"}\n",
-                       CATALOG_FORMAT, p->job, p->n, p->set_id, p->n - 1);
-    return io_file_replace(p->dir, BATCH_PARTS_CATALOG, text, (size_t)len, NULL, err);
+    char files[64];
+    snprintf(files, sizeof(files), "part-NNNN.db, NNNN = 0000..%04d", p->n - 1);
+    cJSON *c = cJSON_CreateObject();
+    if (!c || !cJSON_AddStringToObject(c, "format", CATALOG_FORMAT) ||
+        !cJSON_AddNumberToObject(c, "version", 1) || !cJSON_AddStringToObject(c, "job", p->job) ||
+        !cJSON_AddNumberToObject(c, "parts", p->n) ||
+        !cJSON_AddStringToObject(c, "part_set", p->set_id) ||
+        !cJSON_AddStringToObject(c, "files", files) ||
+        (inputs && !cJSON_AddItemToObject(c, "inputs", cJSON_Duplicate(inputs, 1)))) {
+        cJSON_Delete(c);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (!text)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    size_t len = strlen(text);
+    char *t = realloc(text, len + 2);
+    if (!t) {
+        free(text);
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    t[len++] = '\n';
+    t[len] = 0;
+    enum status st = io_file_replace(p->dir, BATCH_PARTS_CATALOG, t, len, NULL, err);
+    free(t);
+    return st;
+}
+
+cJSON *batch_parts_inputs(const struct batch_parts *p)
+{
+    char cat[4200];
+    snprintf(cat, sizeof(cat), "%s/%s", p->dir, BATCH_PARTS_CATALOG);
+    cJSON *c = batch_json_file(cat);
+    cJSON *in = cJSON_DetachItemFromObject(c, "inputs");
+    cJSON_Delete(c);
+    const cJSON *e;
+    int ok = cJSON_IsArray(in);
+    cJSON_ArrayForEach(e, in) ok = ok && cJSON_IsString(e);
+    if (!ok) {
+        cJSON_Delete(in);
+        return NULL;
+    }
+    return in;
 }
 
 void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, char *out, size_t cap)

@@ -48,8 +48,10 @@ static const char export_usage[] =
     "first such record in their shard. A bundle copies the shards unchanged, superseded\n"
     "records included.\n"
     "A partitioned queue is exported part by part (every part must be free: not in use by a\n"
-    "run), each part's records in the order above; its bundle holds <job>/part-NNNN/ for each\n"
-    "part and the combined <job>/manifest.json.\n"
+    "run), each part's records in the order above, or with --order input all parts' records\n"
+    "in the order of the input lines (the catalogue lists the inputs; a queue submitted before\n"
+    "it did goes part by part); its bundle holds <job>/part-NNNN/ for each part and the\n"
+    "combined <job>/manifest.json.\n"
     "The output is written to a new temporary file beside FILE (FILE.tmp.XXXXXX.<pid,\n"
     "host...>), synced, and renamed over FILE: FILE is either its old self or the complete\n"
     "export (a symlink there is replaced, its target untouched). Such files left by an export\n"
@@ -202,6 +204,17 @@ struct item {
     char *custom_id;      /* owned copy, NULL when the input line had none */
     int found;            /* its record was read from its shard */
     char *line;           /* record held for --order input (owned) */
+    uint32_t rank;        /* its source's place among the job's inputs (a partitioned job's) */
+    int64_t line_no;      /* its line in that source */
+};
+
+/* A record of a partitioned job held for --order input across its parts. */
+struct merged {
+    uint32_t rank;   /* its source's place in the catalogue's inputs (n_inputs: unknown) */
+    int32_t part;    /* its part */
+    int64_t line_no; /* its line in the source */
+    int64_t idx;     /* its item's place in its part (input order there) */
+    char *line;      /* the record (owned) */
 };
 
 enum fmt { FMT_JSONL, FMT_JSONL_ZST, FMT_TAR, FMT_TAR_ZST, FMT_UNSUPPORTED };
@@ -225,7 +238,38 @@ struct exporter {
     struct err_detail *err;    /* failure detail */
     struct archive *tar;       /* the bundle being written, or NULL */
     char tar_dir[4096];        /* the directory of the last queue's shards in it */
+    /* --order input over a partitioned job: every part's records gathered, then written in
+     * input order, by their source's place in the catalogue's inputs and their line */
+    int merge;             /* gathering */
+    int part;              /* the part being read */
+    cJSON *inputs;         /* the catalogue's inputs (owned) */
+    uint32_t n_inputs;     /* their count */
+    const cJSON *last_in;  /* the input the last item named, and its place */
+    uint32_t last_rank;    /* (items of one source come together: found once) */
+    struct merged *all;    /* the gathered records */
+    size_t n_all, cap_all; /* their count, capacity */
 };
+
+/* The place of source among the catalogue's inputs (n_inputs when it is not there). */
+static uint32_t input_rank(struct exporter *x, const char *source)
+{
+    if (!source)
+        return x->n_inputs;
+    if (x->last_in && !strcmp(x->last_in->valuestring, source))
+        return x->last_rank;
+    uint32_t r = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, x->inputs)
+    {
+        if (!strcmp(e->valuestring, source)) {
+            x->last_in = e;
+            x->last_rank = r;
+            return r;
+        }
+        r++;
+    }
+    return x->n_inputs;
+}
 
 static enum status out_bytes(struct exporter *x, const void *p, size_t n, int end)
 {
@@ -271,6 +315,10 @@ static enum status on_item(void *user, const struct queue_item_info *it)
     int64_t idx = (int64_t)x->n_items;
     struct item *d = &x->items[x->n_items++];
     memset(d, 0, sizeof(*d));
+    if (x->merge) {
+        d->rank = input_rank(x, it->source);
+        d->line_no = it->line_no;
+    }
     d->shard_id = it->shard_id;
     d->shard_record = it->shard_id ? it->shard_record : -1;
     if (it->custom_id && !(d->custom_id = strdup(it->custom_id)))
@@ -735,6 +783,87 @@ static void exporter_reset(struct exporter *x)
 
 /* Export job (id or name) of the open queue q to fd in format fmt, appending (a bundle: to
  * x->tar, its names under <job>/<sub>). */
+/* --order input over parts: this part's records (read from its shards into its items) join
+ * the gathered ones; nothing is written yet. */
+static enum status gather_part(struct exporter *x, const struct queue_shard *sh, size_t n_sh,
+                               struct err_detail *err)
+{
+    enum status st = ST_OK;
+    for (int kind = 0; !st && kind < 2; kind++)
+        for (size_t i = 0; !st && i < n_sh; i++) {
+            if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
+                continue;
+            x->cur_shard = sh[i].id;
+            x->cur_record = 0;
+            st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, x, err);
+        }
+    for (size_t i = 0; !st && i < x->n_items; i++) {
+        if (!x->items[i].line)
+            continue;
+        if (x->n_all == x->cap_all) {
+            size_t cap = x->cap_all ? x->cap_all * 2 : 1024;
+            struct merged *n = realloc(x->all, sizeof(*n) * cap);
+            if (!n)
+                return err_set(err, ST_ERR_NOMEM, "out of memory");
+            x->all = n;
+            x->cap_all = cap;
+        }
+        x->all[x->n_all++] = (struct merged){x->items[i].rank, x->part, x->items[i].line_no,
+                                             (int64_t)i, x->items[i].line};
+        x->items[i].line = NULL;
+    }
+    return st;
+}
+
+static int cmp_merged(const void *pa, const void *pb)
+{
+    const struct merged *a = pa, *b = pb;
+    if (a->rank != b->rank)
+        return a->rank < b->rank ? -1 : 1;
+    if (a->line_no != b->line_no)
+        return a->line_no < b->line_no ? -1 : 1;
+    if (a->part != b->part)
+        return a->part < b->part ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* The gathered records, in input order, to fd (one zstd frame for .jsonl.zst). */
+static enum status write_merged(struct exporter *x, int fd, int zst, struct err_detail *err)
+{
+    qsort(x->all, x->n_all, sizeof(*x->all), cmp_merged);
+    int dfd = dup(fd);
+    if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
+        if (dfd >= 0)
+            close(dfd);
+        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, strerror(errno));
+    }
+    enum status st = ST_OK;
+    if (zst && !(x->z = ZSTD_createCCtx()))
+        st = err_set(err, ST_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < x->n_all; i++)
+        st = out_line(x, x->all[i].line);
+    if (!st)
+        st = out_bytes(x, "", 0, 1);
+    if (fclose(x->f) && !st)
+        st = err_set(err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
+    x->f = NULL;
+    ZSTD_freeCCtx(x->z);
+    x->z = NULL;
+    return st;
+}
+
+static void merged_free(struct exporter *x)
+{
+    for (size_t i = 0; i < x->n_all; i++)
+        free(x->all[i].line);
+    free(x->all);
+    x->all = NULL;
+    x->n_all = x->cap_all = 0;
+    cJSON_Delete(x->inputs);
+    x->inputs = NULL;
+    x->last_in = NULL;
+}
+
 static enum status export_queue(struct exporter *x, struct queue *q, const char *job, int fd,
                                 enum fmt fmt, const char *sub, struct err_detail *err)
 {
@@ -767,7 +896,9 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
                 job_dir[l - 1] = 0;
             st = tar_queue(x, sh, n_sh, sub, job_dir, err);
         }
-    } else
+    } else if (x->merge)
+        st = gather_part(x, sh, n_sh, err);
+    else
         st = export_jsonl(x, fd, fmt == FMT_JSONL_ZST, sh, n_sh, err);
     if (!st && !tar) {
         uint64_t missing = 0;
@@ -849,8 +980,20 @@ int runner_cmd_export(int argc, char **argv)
         (tar && (st = tar_open(&x, fd, fmt == FMT_TAR_ZST, &err))))
         goto out;
     /* a partitioned queue: part by part into the one file (each part's records as they would
-     * be exported alone; a .zst gets a frame per part, which zstd reads as one stream) */
+     * be exported alone; a .zst gets a frame per part, which zstd reads as one stream); with
+     * --order input every part's records gathered first and written in input order, by the
+     * inputs the catalogue lists (a queue submitted before it listed them: part by part) */
+    if (dir && x.order_input && !tar) {
+        x.inputs = batch_parts_inputs(&parts);
+        x.n_inputs = (uint32_t)cJSON_GetArraySize(x.inputs);
+        x.merge = x.inputs != NULL;
+        if (!x.merge)
+            LOG_WARN("%s: its catalogue does not list the inputs (a submit before 2026-12-05): "
+                     "--order input goes part by part",
+                     db);
+    }
     for (int k = 0; !st && k < (dir ? parts.n : 1); k++) {
+        x.part = k;
         struct queue *q = NULL;
         struct queue_options qo = {.must_exist = true};
         st = dir ? batch_parts_open(&parts, k, 500, 0, &q, &err)
@@ -865,6 +1008,8 @@ int runner_cmd_export(int argc, char **argv)
             st = export_queue(&x, q, dir ? parts.job : job, fd, fmt, sub, &err);
         queue_close(q);
     }
+    if (!st && x.merge)
+        st = write_merged(&x, fd, fmt == FMT_JSONL_ZST, &err);
     st = tar_close(&x, dir ? parts.job : NULL, st, &err);
     if (direct) {
         if (close(fd) && !st)
@@ -888,5 +1033,6 @@ out:
     else if (fd >= 0)
         tmp_commit(out, &fd, ST_ERR_IO, NULL);
     exporter_reset(&x);
+    merged_free(&x);
     return rc;
 }

@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "batch/batch.h"
 #include "common/fileid.h"
 #include "common/log.h"
@@ -321,6 +323,9 @@ struct submit {
     double batch_t0;             /* runner_now() at the last write */
     struct submit_stats ss;      /* counts so far */
     int lock_fd;                 /* with --partitions: the directory's submit lock, or -1 */
+    cJSON *inputs;               /* with --partitions: the lines' sources in input order (the
+                                    catalogue keeps them: `export --order input` merges by them) */
+    cJSON *last_input;           /* the last of them */
 };
 
 static void pending_clear(struct submit *s)
@@ -598,6 +603,16 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
         s->ss.lines++;
         s->batch_lines++;
         source_label(&pos, source, sizeof(source));
+        if (s->inputs && (!s->last_input || strcmp(s->last_input->valuestring, source))) {
+            /* (each file's, each member's lines come together) */
+            cJSON *label = cJSON_CreateString(source);
+            if (!label || !cJSON_AddItemToArray(s->inputs, label)) {
+                cJSON_Delete(label);
+                st = err_set(err, ST_ERR_NOMEM, "out of memory");
+                break;
+            }
+            s->last_input = label;
+        }
         if (st == ST_ERR_RANGE) {
             if (s->o->strict)
                 break;
@@ -729,6 +744,10 @@ int runner_cmd_submit(int argc, char **argv)
     struct err_detail err = {0};
     struct submit s;
     memset(&s, 0, sizeof(s));
+    if (o.partitions && !(s.inputs = cJSON_CreateArray())) {
+        LOG_ERROR("out of memory");
+        return RUNNER_EXIT_ERROR;
+    }
     s.o = &o;
     s.lock_fd = -1;
     char sha[SHA256_HEX_LEN], name[64];
@@ -808,7 +827,7 @@ int runner_cmd_submit(int argc, char **argv)
     if (!st && !(st = check_signal(&err)))
         st = submit_write(&s, 1, &err);
     if (!st && o.partitions)
-        st = batch_parts_publish(&parts, &err);
+        st = batch_parts_publish(&parts, s.inputs, &err);
     pending_clear(&s);
     free(s.pend);
     if (s.ss.bad > SUBMIT_WARN_LINES)
@@ -849,6 +868,7 @@ out:
     free(s.run);
     free(s.load);
     id_map_free(&s.ids);
+    cJSON_Delete(s.inputs);
     if (s.lock_fd >= 0)
         close(s.lock_fd); /* after the parts are closed: the directory is released last */
     return rc;

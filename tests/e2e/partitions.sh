@@ -216,6 +216,21 @@ check_parts A ja $((N + 1))
 rm out/ja/manifest.json
 "$Q" run --db A --part 1 --no-take-over "${RUN[@]}" >r1c.out 2>r1c.err || fail "run of a done part"
 check_parts A ja $((N + 1))
+# --order input over the parts: the input's order, not part by part (the catalogue lists the
+# inputs; each part's items keep their lines' numbers)
+"$Q" export --db A --out a.input.jsonl --order input 2>/dev/null || fail "export --order input"
+python3 - <<'PY' || fail "export --order input of a partitioned job"
+import json
+want, seen = [], set()
+for l in open("in.jsonl"):
+    c = json.loads(l)["custom_id"]
+    if c not in seen:
+        seen.add(c)
+        want.append(c)
+got = [json.loads(l)["custom_id"] for l in open("a.input.jsonl")]
+assert [c for c in got if c is not None] == want, (got[:10], want[:10])
+assert len(got) == len(want) + 1, len(got)  # and the duplicate's record (custom_id null)
+PY
 "$Q" export --db A --out a.tar 2>/dev/null || fail "export of parts as a bundle"
 python3 - <<'PY' || fail "the bundle of a partitioned queue"
 import json, tarfile
