@@ -95,7 +95,9 @@ static enum status check_next_shards(const struct batch_out *w, struct err_detai
             return err_set(err, ST_ERR_EXISTS,
                            "%s is there but the queue has no record of it: the queue is older "
                            "than the job's output (restored from a backup, a copy, or its -wal "
-                           "deleted?); nothing was computed",
+                           "deleted?); nothing was computed. (If this queue is the only one and "
+                           "lost its last commits in a system crash, the file's items are still "
+                           "queued: move the file away and run again.)",
                            path);
     }
     return ST_OK;

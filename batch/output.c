@@ -310,13 +310,18 @@ static struct io_manifest_writer *manifest_writers(struct io_manifest_shard *ms,
 
 /* The first closed, non-empty shard of sh[0..n) that is not a regular file of its committed
  * length: its index, or -1 when every one is (*size: what is there, -1 when nothing is). */
-static ptrdiff_t shard_file_bad(const struct queue_shard *sh, size_t n, long long *size)
+static ptrdiff_t shard_file_bad(struct queue *q, const struct queue_shard *sh, size_t n,
+                                long long *size)
 {
     for (size_t i = 0; i < n; i++) {
         struct stat sb;
+        char path[4096];
         if (sh[i].state != QUEUE_SHARD_CLOSED || !sh[i].committed_bytes)
             continue;
-        *size = lstat(sh[i].path, &sb) ? -1 : (long long)sb.st_size;
+        /* (an older queue's paths are relative to its directory) */
+        if (queue_resolve_path(q, sh[i].path, path, sizeof(path), NULL))
+            snprintf(path, sizeof(path), "%s", sh[i].path);
+        *size = lstat(path, &sb) ? -1 : (long long)sb.st_size;
         if (*size < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != sh[i].committed_bytes)
             return (ptrdiff_t)i;
     }
@@ -343,7 +348,7 @@ enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_
     size_t n = 0;
     long long size = 0;
     enum status st = queue_shard_list(q, job_id, &sh, &n, err);
-    ptrdiff_t bad = st ? -1 : shard_file_bad(sh, n, &size);
+    ptrdiff_t bad = st ? -1 : shard_file_bad(q, sh, n, &size);
     if (bad >= 0)
         st = shard_file_err(&sh[bad], size, err);
     queue_shard_list_free(sh, n);
@@ -360,7 +365,7 @@ enum status batch_manifest_write(struct queue *q, const struct queue_job *job, c
     enum status st = queue_shard_list(q, job->id, &sh, &n, err);
     if (st)
         return st;
-    ptrdiff_t bad = shard_file_bad(sh, n, &size);
+    ptrdiff_t bad = shard_file_bad(q, sh, n, &size);
     if (bad >= 0) {
         st = shard_file_err(&sh[bad], size, err);
         queue_shard_list_free(sh, n);

@@ -31,8 +31,8 @@ static void fault_init(void)
     if (action)
         *action++ = 0;
     g_nth = strtol(n, NULL, 10);
-    if (action && !strncmp(action, "sleep=", 6))
-        g_sleep_s = atoi(action + 6);
+    if (action && !strncmp(action, "sleep=", 6) && (g_sleep_s = atoi(action + 6)) <= 0)
+        return; /* (not a duration: no fault, rather than a kill or a sleep for ever) */
     g_kill = !g_sleep_s && (!action || strcmp(action, "fail") != 0);
     if (g_nth > 0)
         snprintf(g_site, sizeof(g_site), "%.63s", buf);

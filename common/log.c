@@ -1,6 +1,8 @@
 /* stderr logger with a process-wide level (set once at start-up by the CLI). */
 #include "common/log.h"
 
+#include "common/utf8.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,14 +38,20 @@ enum log_level log_get_level(void)
 
 char *log_printable(const char *s, char *buf, size_t cap)
 {
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < cap; p++) {
-        if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+    size_t o = 0, left = strlen(s);
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < cap; p++, left--) {
+        size_t n = *p >= 0x80 ? utf8_decode(p, left, NULL, NULL) : 1;
+        if ((*p < 0x20 && *p != '\t') || *p == 0x7f || !n) /* (a byte of no character too) */
             o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", *p);
         else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-            o += (size_t)snprintf(buf + o, cap - o, "\\u%04x", *++p);
-        else
-            buf[o++] = (char)*p;
+            o += (size_t)snprintf(buf + o, cap - o, "\\u%04x", *++p), left--;
+        else if (o + n + 1 < cap) {
+            memcpy(buf + o, p, n);
+            o += n;
+            p += n - 1;
+            left -= n - 1;
+        } else
+            break;
     }
     if (cap)
         buf[o < cap ? o : cap - 1] = 0;

@@ -222,7 +222,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     /* at most ?3 items (queue_job_cancel's bounded transactions) */
     [QS_JOB_CANCEL_ITEMS] = "UPDATE items SET state = 'cancelled', lease_expiry = NULL,"
                             " finished = ?2 WHERE id IN (SELECT id FROM items WHERE job_id = ?1"
-                            " AND state IN ('queued', 'leased') LIMIT ?3)",
+                            " AND state IN ('queued', 'leased')"
+                            " AND (payload IS NOT NULL OR error_code IS NULL) LIMIT ?3)",
     /* lines rejected at submit are not work to cancel: their error is their answer, failed
      * without a shard (as schema v1 stored them; export writes their records) */
     [QS_JOB_CANCEL_REJECTED] = "UPDATE items SET state = 'failed', lease_expiry = NULL,"

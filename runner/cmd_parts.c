@@ -231,12 +231,15 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
                num(e, "items"));
         if (num(e, "failed") > 0)
             printf(" (%.0f failed)", num(e, "failed"));
+        char hn[512];
+        if (cJSON_IsString(host))
+            log_printable(host->valuestring, hn, sizeof(hn));
         if (cJSON_IsString(host) && cJSON_IsTrue(cJSON_GetObjectItem(e, "loading")))
             printf("  in use by pid %.0f on %s, loading the model, updated %.0f s ago",
-                   num(e, "pid"), host->valuestring, num(e, "progress_age_s"));
+                   num(e, "pid"), hn, num(e, "progress_age_s"));
         else if (cJSON_IsString(host))
-            printf("  in use by pid %.0f on %s, %.1f tok/s, updated %.0f s ago", num(e, "pid"),
-                   host->valuestring, num(e, "gen_tok_s"), num(e, "progress_age_s"));
+            printf("  in use by pid %.0f on %s, %.1f tok/s, updated %.0f s ago", num(e, "pid"), hn,
+                   num(e, "gen_tok_s"), num(e, "progress_age_s"));
         else if (cJSON_IsTrue(cJSON_GetObjectItem(e, "in_use")))
             printf("  in use (no progress yet)");
         putchar('\n');

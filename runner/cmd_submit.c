@@ -788,7 +788,8 @@ int runner_cmd_submit(int argc, char **argv)
     }
     o.model = model_abs;
     char out_abs[4096];
-    if (!text_path_ok("model", o.model) || !text_path_ok("--out", o.out)) {
+    if (!text_path_ok("model", o.model) || (!batch_abspath(o.out, out_abs, sizeof(out_abs), &err) &&
+                                            !text_path_ok("--out", out_abs))) {
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }

@@ -162,9 +162,11 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
             why = "the queue's own file";
     }
     snprintf(up, sizeof(up), "%s/..", dir);
+    char first[4200]; /* a partitioned job's directory: its parts hold the markers */
+    snprintf(first, sizeof(first), "%s/part-0000", dir);
     int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
                !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
-    if (!why && ours && (has_marker(dir) || has_marker(up)))
+    if (!why && ours && (has_marker(dir) || has_marker(up) || has_marker(first)))
         why = "a name quern uses in a job's output directory (shards, manifests, markers)";
     if (!why)
         return 1;

@@ -1047,6 +1047,27 @@ static void test_cancel_batches(void **state)
     snprintf(sql, sizeof(sql), "SELECT count(*) FROM jobs WHERE id = %lld AND state = 'cancelled'",
              (long long)job2);
     assert_int_equal(sql_int(f->path, sql), 1);
+    /* lines rejected at submit (no payload, an error) become failed, never cancelled, in every
+     * transaction: 23 of them and 5 good ones, 10 a batch (the second batch's cancel of the
+     * good ones took the rejected ones the first left) */
+    int64_t job5 = make_job(q, "rj", 28);
+    snprintf(sql, sizeof(sql),
+             "UPDATE items SET payload = NULL, error_code = 'invalid_json' WHERE job_id = %lld"
+             " AND id < (SELECT min(id) + 23 FROM items WHERE job_id = %lld)",
+             (long long)job5, (long long)job5);
+    sql_exec(f->path, sql);
+    assert_int_equal(queue_job_cancel(q, job5, &n, &err), ST_OK);
+    assert_int_equal(n, 5);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM items WHERE job_id = %lld AND state = 'failed' AND"
+             " payload IS NULL",
+             (long long)job5);
+    assert_int_equal(sql_int(f->path, sql), 23);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM items WHERE job_id = %lld AND state = 'cancelled' AND"
+             " payload IS NOT NULL",
+             (long long)job5);
+    assert_int_equal(sql_int(f->path, sql), 5);
     /* a cancel stopped between its transactions (3 of 6 items cancelled, the job still live),
      * whose other items a run then finished: the claim that finds nothing ends the job
      * cancelled, not done (the manifest would say complete, without "cancelled") */

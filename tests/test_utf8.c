@@ -503,6 +503,12 @@ static void test_log_printable(void **state)
                                       "2J \xc2\xa0",
                                       buf, sizeof(buf)),
                         "\\u009b2J \xc2\xa0");
+    /* bytes of no character (a raw C1 byte is CSI to a Latin-1 terminal) are escaped too:
+     * the output is always UTF-8 */
+    assert_string_equal(log_printable("a\x9b"
+                                      "2J\xff\xe2\x82",
+                                      buf, sizeof(buf)),
+                        "a\\x9b2J\\xff\\xe2\\x82");
     /* a small buffer: cut, terminated, never a half escape */
     char small[9];
     log_printable("\x1b\x1b\x1b", small, sizeof(small));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # examples/quern-inbox.sh (what examples/crontab runs): files put in the inbox whole become jobs
-# once, named in-<file>-<time> whatever the file is called (an all-digit name, spaces: the old
+# once, named in-<file>-<sha256> whatever the file is called (an all-digit name, spaces: the old
 # one-liner left such files in the inbox for ever, failing every tick); a file changed in the
 # last 2 minutes (maybe still being written) waits; a second tick submits nothing again.
 set -euo pipefail
@@ -23,8 +23,15 @@ bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>inbox.log || { cat inbox.log; f
 [ -e inbox/done/2024.jsonl ] && [ -e "inbox/done/a b.jsonl" ] || { cat inbox.log; fail "files not done"; }
 [ -e inbox/recent.jsonl ] && [ -e inbox/x.jsonl.part ] || fail "a recent file or a .part was taken"
 names=$(sqlite3 q.db "SELECT name FROM jobs ORDER BY id" | tr '\n' ' ')
-[[ "$names" =~ in-2024-[0-9]{8}-[0-9]{6}\ in-a_b-[0-9]{8}-[0-9]{6} ]] || fail "job names: $names"
+[[ "$names" =~ in-2024-[0-9a-f]{12}\ in-a_b-[0-9a-f]{12} ]] || fail "job names: $names"
 [ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] || fail "items"
 bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "second tick"
 [ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] || fail "a second tick submitted again"
+# a tick killed between the submit and the move (or a move that failed): the file is moved,
+# not submitted again (with time in the job's name it was, every tick)
+cp inbox/done/2024.jsonl inbox/2024.jsonl
+touch -d '-5 minutes' inbox/2024.jsonl
+bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "third tick"
+[ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] && [ ! -e inbox/2024.jsonl ] ||
+    { cat inbox.log; fail "a file already submitted was submitted again"; }
 echo "e2e inbox: ok"

@@ -46,9 +46,17 @@ echo "  1. output deleted mid-run: exit 1 at the next commit, $((40 - done_a)) i
 
 # 2. deleted between runs
 "$Q" submit --db b.db --name b --model "$M" --out bout p40.jsonl >/dev/null 2>&1 || fail "submit b"
-rc=0; "$Q" run --db b.db --threads 1 --max-seqs 1 --flush-records 1 --max-runtime 2 --grace 0 \
-    >/dev/null 2>b1.err || rc=$?
-[ $rc = 75 ] || { cat b1.err; fail "2: the first run: exit $rc"; }
+"$Q" run --db b.db --threads 1 --max-seqs 1 --flush-records 1 --grace 0 >/dev/null 2>b1.err &
+pb=$!
+pids+=("$pb")
+for _ in $(seq 1 600); do
+    [ "$(count b.db done)" -ge 2 ] && break
+    kill -0 "$pb" 2>/dev/null || break
+    sleep 0.1
+done
+kill -TERM "$pb" 2>/dev/null || true
+rc=0; wait "$pb" || rc=$?
+[ $rc = 75 ] || { cat b1.err; fail "2: the first run: exit $rc (it finished before the signal?)"; }
 done_b=$(count b.db done)
 [ "$done_b" -gt 0 ] || fail "2: the first run committed nothing"
 # (status names the job's output directory: only a run's log said where it went)
@@ -69,6 +77,24 @@ rm cout/c/results-00000.jsonl.zst cout/c/manifest.json
 rc=0; "$Q" run --db c.db --threads 1 >/dev/null 2>c.err || rc=$?
 [ $rc = 1 ] && grep -q "is missing, but" c.err || { cat c.err; fail "2: a done job's run: exit $rc"; }
 [ ! -e cout/c/manifest.json ] || fail "2: the done job's manifest was rewritten"
+# (a review: the check read an older queue's shard paths, relative to its directory, from the
+# working directory, and refused every run started elsewhere)
+mkdir -p rq elsewhere
+head -8 p40.jsonl >p8.jsonl
+"$Q" submit --db rq/q.db --name r --model "$M" --out rq/out p8.jsonl >/dev/null 2>&1 || fail "submit r"
+"$Q" run --db rq/q.db --threads 1 >/dev/null 2>&1 || fail "2: run r"
+python3 - <<'PY'
+import os, sqlite3
+db = sqlite3.connect("rq/q.db")
+for i, p in db.execute("SELECT id, path FROM shards").fetchall():
+    db.execute("UPDATE shards SET path = ? WHERE id = ?", (os.path.relpath(p, os.path.abspath("rq")), i))
+db.execute("UPDATE items SET state = 'queued', shard_id = NULL, shard_record = NULL, finished = NULL"
+           " WHERE id = (SELECT max(id) FROM items)")
+db.execute("UPDATE jobs SET state = 'running', finished = NULL")
+db.commit()
+PY
+(cd elsewhere && "$Q" run --db ../rq/q.db --threads 1 >/dev/null 2>../rq.err) ||
+    { cat rq.err; fail "2: a queue with relative shard paths, run from elsewhere"; }
 echo "  2. output deleted between runs: the next run stops before any work, naming the shard"
 # 3. a queue older than its output: (a) restored from a copy made before a run (its -wal
 #    deleted after a kill does the same): the run computed the whole job, then failed at its
