@@ -318,7 +318,7 @@ static int manifest_lock(const char *job_root)
 {
     char path[4200];
     snprintf(path, sizeof(path), "%s/.manifest.lock", job_root);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
         close(fd);
         fd = -1;

@@ -329,7 +329,7 @@ int runner_parts_steer(const struct batch_parts *p, const char *cmd, const char 
             /* its run acts on the request within about a second (batch/progress.c) */
             char path[4200];
             batch_parts_path(p, k, ".cancel", path, sizeof(path));
-            int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+            int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
             if (fd < 0) {
                 LOG_ERROR("part %d is in use and %s cannot be created: %s", k, path,
                           strerror(errno));
