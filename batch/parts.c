@@ -148,13 +148,15 @@ enum status batch_parts_publish(const struct batch_parts *p, const cJSON *inputs
 {
     char files[64];
     snprintf(files, sizeof(files), "part-NNNN.db, NNNN = 0000..%04d", p->n - 1);
-    cJSON *c = cJSON_CreateObject();
+    cJSON *c = cJSON_CreateObject(), *in = NULL;
     if (!c || !cJSON_AddStringToObject(c, "format", CATALOG_FORMAT) ||
         !cJSON_AddNumberToObject(c, "version", 1) || !cJSON_AddStringToObject(c, "job", p->job) ||
         !cJSON_AddNumberToObject(c, "parts", p->n) ||
         !cJSON_AddStringToObject(c, "part_set", p->set_id) ||
         !cJSON_AddStringToObject(c, "files", files) ||
-        (inputs && !cJSON_AddItemToObject(c, "inputs", cJSON_Duplicate(inputs, 1)))) {
+        (inputs && !cJSON_AddItemToObject(c, "inputs", in = cJSON_Duplicate(inputs, 1)))) {
+        if (in && !cJSON_GetObjectItem(c, "inputs"))
+            cJSON_Delete(in);
         cJSON_Delete(c);
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     }

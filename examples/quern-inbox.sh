@@ -22,7 +22,9 @@ find "$inbox" -maxdepth 1 -type f -name '*.jsonl' -mmin +2 -print0 | sort -z |
     while IFS= read -r -d '' f; do
         base=$(basename "$f" .jsonl)
         base=$(printf '%s' "$base" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-90)
-        sum=$(sha256sum <"$f" | cut -c1-12) || continue
+        sum=$(sha256sum -- "$f") && [ ${#sum} -ge 64 ] ||
+            { echo "quern-inbox: $f: cannot hash it (sha256sum); left" >&2; continue; }
+        sum=${sum:0:12}
         name="in-$base-$sum"
         if "$q" status --db "$db" --job "$name" --json 2>/dev/null | grep -q '"ready":true'; then
             echo "quern-inbox: $f is job $name already; moving it" >&2

@@ -244,31 +244,57 @@ struct exporter {
     int part;              /* the part being read */
     cJSON *inputs;         /* the catalogue's inputs (owned) */
     uint32_t n_inputs;     /* their count */
-    const cJSON *last_in;  /* the input the last item named, and its place */
-    uint32_t last_rank;    /* (items of one source come together: found once) */
+    const char **in_labels; /* the inputs' labels by place (in inputs) */
+    uint32_t *in_slots;     /* label -> place + 1, open addressing; 0: empty */
+    size_t in_cap;          /* slots (a power of two), 0 before input_table */
+    const char *last_label; /* the input the last item named, and its place */
+    uint32_t last_rank;     /* (items of one source come together: found once) */
     struct merged *all;    /* the gathered records */
     size_t n_all, cap_all; /* their count, capacity */
 };
 
-/* The place of source among the catalogue's inputs (n_inputs when it is not there). */
-static uint32_t input_rank(struct exporter *x, const char *source)
+/* The catalogue's inputs by label: an open-addressing table of their places (the first place
+ * of a label given twice). 0 when out of memory. */
+static int input_table(struct exporter *x)
 {
-    if (!source)
-        return x->n_inputs;
-    if (x->last_in && !strcmp(x->last_in->valuestring, source))
-        return x->last_rank;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)x->n_inputs + 2)
+        cap *= 2;
+    x->in_slots = calloc(cap, sizeof(*x->in_slots));
+    x->in_labels = calloc(x->n_inputs ? x->n_inputs : 1, sizeof(*x->in_labels));
+    if (!x->in_slots || !x->in_labels)
+        return 0;
+    x->in_cap = cap;
     uint32_t r = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, x->inputs)
     {
-        if (!strcmp(e->valuestring, source)) {
-            x->last_in = e;
-            x->last_rank = r;
-            return r;
-        }
+        x->in_labels[r] = e->valuestring;
+        size_t i = (size_t)str_hash(e->valuestring) & (cap - 1);
+        while (x->in_slots[i] && strcmp(x->in_labels[x->in_slots[i] - 1], e->valuestring))
+            i = (i + 1) & (cap - 1);
+        if (!x->in_slots[i])
+            x->in_slots[i] = r + 1;
         r++;
     }
-    return x->n_inputs;
+    return 1;
+}
+
+/* The place of source among the catalogue's inputs (n_inputs when it is not there). */
+static uint32_t input_rank(struct exporter *x, const char *source)
+{
+    if (!source || !x->in_cap)
+        return x->n_inputs;
+    if (x->last_label && !strcmp(x->last_label, source))
+        return x->last_rank;
+    size_t i = (size_t)str_hash(source) & (x->in_cap - 1);
+    while (x->in_slots[i] && strcmp(x->in_labels[x->in_slots[i] - 1], source))
+        i = (i + 1) & (x->in_cap - 1);
+    if (!x->in_slots[i])
+        return x->n_inputs;
+    x->last_rank = x->in_slots[i] - 1;
+    x->last_label = x->in_labels[x->last_rank];
+    return x->last_rank;
 }
 
 static enum status out_bytes(struct exporter *x, const void *p, size_t n, int end)
@@ -830,7 +856,8 @@ static int cmp_merged(const void *pa, const void *pb)
 /* The gathered records, in input order, to fd (one zstd frame for .jsonl.zst). */
 static enum status write_merged(struct exporter *x, int fd, int zst, struct err_detail *err)
 {
-    qsort(x->all, x->n_all, sizeof(*x->all), cmp_merged);
+    if (x->n_all)
+        qsort(x->all, x->n_all, sizeof(*x->all), cmp_merged);
     int dfd = dup(fd);
     if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
         if (dfd >= 0)
@@ -861,7 +888,12 @@ static void merged_free(struct exporter *x)
     x->n_all = x->cap_all = 0;
     cJSON_Delete(x->inputs);
     x->inputs = NULL;
-    x->last_in = NULL;
+    free(x->in_slots);
+    free(x->in_labels);
+    x->in_slots = NULL;
+    x->in_labels = NULL;
+    x->in_cap = 0;
+    x->last_label = NULL;
 }
 
 static enum status export_queue(struct exporter *x, struct queue *q, const char *job, int fd,
@@ -987,6 +1019,10 @@ int runner_cmd_export(int argc, char **argv)
         x.inputs = batch_parts_inputs(&parts);
         x.n_inputs = (uint32_t)cJSON_GetArraySize(x.inputs);
         x.merge = x.inputs != NULL;
+        if (x.merge && !input_table(&x)) {
+            err_set(&err, ST_ERR_NOMEM, "out of memory");
+            goto out;
+        }
         if (!x.merge)
             LOG_WARN("%s: its catalogue does not list the inputs (a submit before 2026-12-05): "
                      "--order input goes part by part",

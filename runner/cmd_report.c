@@ -61,7 +61,7 @@ int runner_cmd_report(int argc, char **argv)
             return RUNNER_EXIT_USAGE;
         }
     }
-    if (optind < argc || !db || !out || !*out || (!strcmp(out, "-"))) {
+    if (optind < argc || !db || !out || !*out || (!strcmp(out, "-") || !strncmp(out, "/dev/", 5))) {
         fprintf(stderr, "quern report: %s\n%s",
                 optind < argc       ? "unexpected argument"
                 : db && out && *out ? "--out names a file (standard output is not offered)"

@@ -1,5 +1,6 @@
 /* Option parsing and small helpers shared by the subcommands. */
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,11 +163,15 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
             why = "the queue's own file";
     }
     snprintf(up, sizeof(up), "%s/..", dir);
-    char first[4200]; /* a partitioned job's directory: its parts hold the markers */
-    snprintf(first, sizeof(first), "%s/part-0000", dir);
+    /* a partitioned job's directory: its parts hold the markers (any part that has run) */
+    glob_t parts = {0};
+    char pat[4200];
+    snprintf(pat, sizeof(pat), "%s/part-[0-9][0-9][0-9][0-9]/" BATCH_MARKER_NAME, dir);
+    int partitioned = glob(pat, GLOB_NOSORT, NULL, &parts) == 0 && parts.gl_pathc > 0;
+    globfree(&parts);
     int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
                !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
-    if (!why && ours && (has_marker(dir) || has_marker(up) || has_marker(first)))
+    if (!why && ours && (has_marker(dir) || has_marker(up) || partitioned))
         why = "a name quern uses in a job's output directory (shards, manifests, markers)";
     if (!why)
         return 1;

@@ -231,6 +231,33 @@ got = [json.loads(l)["custom_id"] for l in open("a.input.jsonl")]
 assert [c for c in got if c is not None] == want, (got[:10], want[:10])
 assert len(got) == len(want) + 1, len(got)  # and the duplicate's record (custom_id null)
 PY
+# several inputs, one an archive of two members, and a bad line: the input's order too
+python3 - <<'PY'
+import io, json, tarfile
+def lines(p, n):
+    return [json.dumps({"custom_id": "%s%02d" % (p, i), "prompt": "x" * (1 + (i * 7) % 13),
+                        "max_tokens": 1}) for i in range(n)]
+open("oa.jsonl", "w").write("\n".join(lines("a", 9) + ["not json"] + lines("b", 3)) + "\n")
+open("oc.jsonl", "w").write("\n".join(lines("e", 7)) + "\n")
+with tarfile.open("od.tar", "w") as t:
+    for m, p in (("m1.jsonl", "c"), ("m2.jsonl", "d")):
+        data = ("\n".join(lines(p, 6)) + "\n").encode()
+        ti = tarfile.TarInfo(m)
+        ti.size = len(data)
+        t.addfile(ti, io.BytesIO(data))
+PY
+"$Q" submit --db O --partitions 3 --name jo --model "$M" oa.jsonl od.tar oc.jsonl >/dev/null 2>&1 ||
+    fail "submit of several inputs"
+"$Q" run --db O --threads 1 >/dev/null 2>&1 || fail "run of several inputs"
+"$Q" export --db O --out o.input.jsonl --order input 2>/dev/null || fail "export --order input of O"
+python3 - <<'PY' || fail "export --order input of several inputs"
+import json
+got = [json.loads(l)["custom_id"] for l in open("o.input.jsonl")]
+want = (["a%02d" % i for i in range(9)] + [None] + ["b%02d" % i for i in range(3)] +
+        ["c%02d" % i for i in range(6)] + ["d%02d" % i for i in range(6)] +
+        ["e%02d" % i for i in range(7)])
+assert got == want, got
+PY
 # (a review: the combined manifest, whose directory holds no marker, could be overwritten)
 rc=0; "$Q" export --db A --out out/ja/manifest.json 2>/dev/null || rc=$?
 [ $rc = 2 ] && python3 -c 'import json; json.load(open("out/ja/manifest.json"))["shards"]' ||
