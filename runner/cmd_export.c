@@ -749,19 +749,11 @@ static enum status tar_close(struct exporter *x, const char *job, enum status st
     return st;
 }
 
-/* The records as JSONL (zstd-compressed when zst), written to fd (which stays open). */
-static enum status export_jsonl(struct exporter *x, int fd, int zst, const struct queue_shard *sh,
-                                size_t n_sh, struct err_detail *err)
+/* Read the shards' committed records (on_line: each kept as the items say), results first. */
+static enum status read_shards(struct exporter *x, const struct queue_shard *sh, size_t n_sh,
+                               struct err_detail *err)
 {
-    int dfd = dup(fd);
-    if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
-        if (dfd >= 0)
-            close(dfd);
-        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, strerror(errno));
-    }
     enum status st = ST_OK;
-    if (zst && !(x->z = ZSTD_createCCtx()))
-        st = err_set(err, ST_ERR_NOMEM, "out of memory");
     for (int kind = 0; !st && kind < 2; kind++)
         for (size_t i = 0; !st && i < n_sh; i++) {
             if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
@@ -770,17 +762,49 @@ static enum status export_jsonl(struct exporter *x, int fd, int zst, const struc
             x->cur_record = 0;
             st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, x, err);
         }
+    return st;
+}
+
+/* Start writing JSONL to fd (which stays open; zstd-compressed, one frame, when zst). */
+static enum status stream_open(struct exporter *x, int fd, int zst, struct err_detail *err)
+{
+    int dfd = dup(fd);
+    if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
+        if (dfd >= 0)
+            close(dfd);
+        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, strerror(errno));
+    }
+    if (zst && !(x->z = ZSTD_createCCtx()))
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    return ST_OK;
+}
+
+/* End what stream_open began (the frame, the stream); st: how the writing went. */
+static enum status stream_close(struct exporter *x, enum status st, struct err_detail *err)
+{
+    if (!st)
+        st = out_bytes(x, "", 0, 1);
+    if (x->f && fclose(x->f) && !st)
+        st = err_set(err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
+    x->f = NULL;
+    ZSTD_freeCCtx(x->z);
+    x->z = NULL;
+    return st;
+}
+
+/* The records as JSONL (zstd-compressed when zst), written to fd (which stays open). */
+static enum status export_jsonl(struct exporter *x, int fd, int zst, const struct queue_shard *sh,
+                                size_t n_sh, struct err_detail *err)
+{
+    enum status st = stream_open(x, fd, zst, err);
+    if (!st)
+        st = read_shards(x, sh, n_sh, err);
     for (size_t i = 0; !st && i < x->n_submit_errors; i++)
         st = out_line(x, x->submit_errors[i]);
     for (size_t i = 0; !st && x->order_input && i < x->n_items; i++)
         if (x->items[i].line)
             st = out_line(x, x->items[i].line);
-    if (!st)
-        st = out_bytes(x, "", 0, 1);
-    if (fclose(x->f) && !st)
-        st = err_set(err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
-    x->f = NULL;
-    return st;
+    return stream_close(x, st, err);
 }
 
 /* Drop what the exporter holds for one queue (items, lookups, the job). */
@@ -814,15 +838,7 @@ static void exporter_reset(struct exporter *x)
 static enum status gather_part(struct exporter *x, const struct queue_shard *sh, size_t n_sh,
                                struct err_detail *err)
 {
-    enum status st = ST_OK;
-    for (int kind = 0; !st && kind < 2; kind++)
-        for (size_t i = 0; !st && i < n_sh; i++) {
-            if ((int)sh[i].kind != kind || !sh[i].committed_bytes)
-                continue;
-            x->cur_shard = sh[i].id;
-            x->cur_record = 0;
-            st = io_shard_read(sh[i].path, sh[i].committed_bytes, on_line, x, err);
-        }
+    enum status st = read_shards(x, sh, n_sh, err);
     for (size_t i = 0; !st && i < x->n_items; i++) {
         if (!x->items[i].line)
             continue;
@@ -858,25 +874,10 @@ static enum status write_merged(struct exporter *x, int fd, int zst, struct err_
 {
     if (x->n_all)
         qsort(x->all, x->n_all, sizeof(*x->all), cmp_merged);
-    int dfd = dup(fd);
-    if (dfd < 0 || !(x->f = fdopen(dfd, "wb"))) {
-        if (dfd >= 0)
-            close(dfd);
-        return err_set(err, ST_ERR_IO, "cannot write %s: %s", tmp_path, strerror(errno));
-    }
-    enum status st = ST_OK;
-    if (zst && !(x->z = ZSTD_createCCtx()))
-        st = err_set(err, ST_ERR_NOMEM, "out of memory");
+    enum status st = stream_open(x, fd, zst, err);
     for (size_t i = 0; !st && i < x->n_all; i++)
         st = out_line(x, x->all[i].line);
-    if (!st)
-        st = out_bytes(x, "", 0, 1);
-    if (fclose(x->f) && !st)
-        st = err_set(err, ST_ERR_IO, "writing %s: %s", bundle_out, strerror(errno));
-    x->f = NULL;
-    ZSTD_freeCCtx(x->z);
-    x->z = NULL;
-    return st;
+    return stream_close(x, st, err);
 }
 
 static void merged_free(struct exporter *x)

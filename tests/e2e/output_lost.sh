@@ -24,17 +24,20 @@ for i in range(40):
 count() { # count DB STATE
     "$Q" status --db "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)[0]['by_state']['$2'])"
 }
+wait_done() { # wait_done DB N PID: until N items are done (or the run has exited; 60 s at most)
+    for _ in $(seq 1 600); do
+        [ "$(count "$1" done)" -ge "$2" ] && return 0
+        kill -0 "$3" 2>/dev/null || return 0
+        sleep 0.1
+    done
+}
 
 # 1. deleted during a run (one sequence at a time, a commit per record: it runs for a while)
 "$Q" submit --db a.db --name a --model "$M" --out aout p40.jsonl >/dev/null 2>&1 || fail "submit a"
 "$Q" run --db a.db --threads 1 --max-seqs 1 --flush-records 1 >/dev/null 2>a.err &
 pa=$!
 pids+=("$pa")
-for _ in $(seq 1 300); do
-    [ "$(count a.db done)" -ge 3 ] && break
-    kill -0 "$pa" 2>/dev/null || break
-    sleep 0.1
-done
+wait_done a.db 3 "$pa"
 rm -rf aout
 rc=0; wait "$pa" || rc=$?
 [ $rc = 1 ] && grep -q "the shard file was removed or replaced while this run wrote it" a.err ||
@@ -49,11 +52,7 @@ echo "  1. output deleted mid-run: exit 1 at the next commit, $((40 - done_a)) i
 "$Q" run --db b.db --threads 1 --max-seqs 1 --flush-records 1 --grace 0 >/dev/null 2>b1.err &
 pb=$!
 pids+=("$pb")
-for _ in $(seq 1 600); do
-    [ "$(count b.db done)" -ge 2 ] && break
-    kill -0 "$pb" 2>/dev/null || break
-    sleep 0.1
-done
+wait_done b.db 2 "$pb"
 kill -TERM "$pb" 2>/dev/null || true
 rc=0; wait "$pb" || rc=$?
 [ $rc = 75 ] || { cat b1.err; fail "2: the first run: exit $rc (it finished before the signal?)"; }
@@ -113,7 +112,7 @@ rc=0; "$Q" run --db d.db --threads 1 >/dev/null 2>d.err || rc=$?
 "$Q" run --db e.db --threads 1 --max-seqs 1 --flush-records 1 >/dev/null 2>&1 &
 pe=$!
 pids+=("$pe")
-for _ in $(seq 1 300); do [ "$(count e.db done)" -ge 3 ] && break; sleep 0.1; done
+wait_done e.db 3 "$pe"
 mkdir -p ecopy
 sqlite3 e.db ".backup ecopy/e.db"
 wait "$pe" || fail "3b: the original run"
