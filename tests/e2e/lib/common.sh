@@ -32,13 +32,26 @@ def check_provenance(m, n, version, part=lambda s: None):
         assert version == "quern " + e["quern"], (version, e)
 '
 
+# (Python) a record's identity: its custom_id, or for a line whose id could not be read
+# (custom_id null) the file and line its error message begins with
+PY_RECORD_KEY='
+import re
+def record_key(r):
+    if r["custom_id"] is not None:
+        return r["custom_id"]
+    e = ((r.get("response") or {}).get("body") or {}).get("error") or r.get("error") or {}
+    m = re.match(r"(.+?:[0-9]+):", e.get("message") or "")
+    return "null@" + (m.group(1) if m else (e.get("message") or ""))
+'
+
 check_job() {
     local db=$1 job=$2 n=$3 root=${4:-out}
     "$Q" export --db "$db" --job "$job" --out "$job.export.jsonl" 2>/dev/null ||
         fail "$job: export failed"
-    python3 - "$job.export.jsonl" "$n" <<'PY' || fail "$job: export check"
-import collections, json, sys
-ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+    PY_RECORD_KEY=$PY_RECORD_KEY python3 - "$job.export.jsonl" "$n" <<'PY' || fail "$job: export check"
+import collections, json, os, sys
+exec(os.environ["PY_RECORD_KEY"])
+ids = [record_key(json.loads(l)) for l in open(sys.argv[1])]
 dup = [k for k, v in collections.Counter(ids).items() if v > 1]
 assert not dup, f"duplicated custom_ids: {dup[:5]}"
 assert len(ids) == int(sys.argv[2]), f"{len(ids)} records, want {sys.argv[2]}"
@@ -77,9 +90,10 @@ check_partial() {
     local db=$1 job=$2
     "$Q" export --db "$db" --job "$job" --out "$job.partial.jsonl" 2>/dev/null ||
         fail "$job: export of a partial job failed"
-    python3 - "$job.partial.jsonl" <<'PY' || fail "$job: partial export check"
-import collections, json, sys
-ids = [json.loads(l)["custom_id"] for l in open(sys.argv[1])]
+    PY_RECORD_KEY=$PY_RECORD_KEY python3 - "$job.partial.jsonl" <<'PY' || fail "$job: partial export check"
+import collections, json, os, sys
+exec(os.environ["PY_RECORD_KEY"])
+ids = [record_key(json.loads(l)) for l in open(sys.argv[1])]
 dup = [k for k, v in collections.Counter(ids).items() if v > 1]
 assert not dup, f"duplicated custom_ids: {dup[:5]}"
 PY
