@@ -192,7 +192,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
     if (o->chat_template && !engine_chat_name_known(o->chat_template)) {
         fprintf(stderr,
                 "quern generate: --chat-template: unknown '%s' (chatml, gemma, llama2, "
-                "llama3, mistral or phi3)\n",
+                "llama3, mistral, phi3)\n",
                 o->chat_template);
         return 0;
     }

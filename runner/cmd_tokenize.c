@@ -58,7 +58,7 @@ int runner_cmd_tokenize(int argc, char **argv)
     if (tmpl && (!chat || !engine_chat_name_known(tmpl))) {
         fprintf(stderr,
                 chat ? "quern tokenize: --chat-template: unknown '%s' (chatml, gemma, llama2, "
-                       "llama3, mistral or phi3)\n"
+                       "llama3, mistral, phi3)\n"
                      : "quern tokenize: --chat-template needs --chat ('%s')\n",
                 tmpl);
         return RUNNER_EXIT_USAGE;
