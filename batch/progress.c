@@ -211,30 +211,51 @@ static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
     batch_progress_eta(p);
 }
 
-/* A part's numbers for processes that cannot open it while this run holds it: the progress
- * document with the run's identity, replaced in DIR/part-NNNN.progress.json. */
-static void publish_part(struct batch_run *r, const struct batch_progress *p)
+/* A part's progress document for processes that cannot open the part while this run holds
+ * it: p's numbers and the run's identity (updated_ms set when it is written). */
+static cJSON *part_doc(const struct batch_run *r, const struct batch_progress *p)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o)
-        return;
+        return NULL;
     batch_progress_add_json(o, p);
     cJSON_AddNumberToObject(o, "part", r->o->part);
     cJSON_AddNumberToObject(o, "run_id", (double)r->stats.run_id);
     cJSON_AddStringToObject(o, "host", r->self.host);
     cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
-    cJSON_AddNumberToObject(o, "updated_ms", (double)batch_unix_ms());
+    cJSON_AddNumberToObject(o, "updated_ms", 0);
+    return o;
+}
+
+static void part_doc_name(int part, char name[64])
+{
+    snprintf(name, 64, "part-%04d.progress.json", part);
+}
+
+/* Replace dir/name (part_doc_name) with doc, its updated_ms now. */
+static void part_doc_write(const char *dir, const char *name, cJSON *doc)
+{
+    cJSON_ReplaceItemInObject(doc, "updated_ms", cJSON_CreateNumber((double)batch_unix_ms()));
+    char *text = cJSON_PrintUnformatted(doc);
+    struct err_detail err = {0};
+    if (text && io_file_replace(dir, name, text, strlen(text), NULL, &err))
+        LOG_DEBUG("publishing progress: %s", err.msg);
+    free(text);
+}
+
+/* The part's progress file, with the run's engine. */
+static void publish_part(struct batch_run *r, const struct batch_progress *p)
+{
+    cJSON *o = part_doc(r, p);
+    if (!o)
+        return;
     cJSON *eng = r->engine_json ? cJSON_Parse(r->engine_json) : NULL;
     if (eng)
         cJSON_AddItemToObject(o, "engine", eng);
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
     char name[64];
-    snprintf(name, sizeof(name), "part-%04d.progress.json", r->o->part);
-    struct err_detail err = {0};
-    if (text && io_file_replace(r->o->parts->dir, name, text, strlen(text), NULL, &err))
-        LOG_DEBUG("publishing progress: %s", err.msg);
-    free(text);
+    part_doc_name(r->o->part, name);
+    part_doc_write(r->o->parts->dir, name, o);
+    cJSON_Delete(o);
 }
 
 /* ---- a part's progress while its run loads the job's model ---- */
@@ -244,7 +265,7 @@ struct batch_loading {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     int stop;
-    cJSON *doc;     /* the progress document; updated_ms set at each write */
+    cJSON *doc;     /* the progress document (part_doc; only the thread touches it) */
     char dir[4096]; /* the parts' directory */
     char name[64];  /* part-NNNN.progress.json */
 };
@@ -254,14 +275,8 @@ static void *loading_main(void *arg)
     struct batch_loading *l = arg;
     pthread_mutex_lock(&l->lock);
     while (!l->stop) {
-        cJSON_ReplaceItemInObject(l->doc, "updated_ms",
-                                  cJSON_CreateNumber((double)batch_unix_ms()));
-        char *text = cJSON_PrintUnformatted(l->doc);
         pthread_mutex_unlock(&l->lock);
-        struct err_detail err = {0};
-        if (text && io_file_replace(l->dir, l->name, text, strlen(text), NULL, &err))
-            LOG_DEBUG("publishing progress: %s", err.msg);
-        free(text);
+        part_doc_write(l->dir, l->name, l->doc);
         pthread_mutex_lock(&l->lock);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -292,22 +307,16 @@ void batch_progress_loading_start(struct batch_run *r)
     p.runs = 1;
     p.eta_s = -1;
     struct batch_loading *l = calloc(1, sizeof(*l));
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = part_doc(r, &p);
     if (!l || !o) {
         free(l);
         cJSON_Delete(o);
         return;
     }
-    batch_progress_add_json(o, &p);
-    cJSON_AddNumberToObject(o, "part", r->o->part);
-    cJSON_AddNumberToObject(o, "run_id", (double)r->stats.run_id);
-    cJSON_AddStringToObject(o, "host", r->self.host);
-    cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
-    cJSON_AddNumberToObject(o, "updated_ms", 0);
     cJSON_AddBoolToObject(o, "loading", 1);
     l->doc = o;
     snprintf(l->dir, sizeof(l->dir), "%s", r->o->parts->dir);
-    snprintf(l->name, sizeof(l->name), "part-%04d.progress.json", r->o->part);
+    part_doc_name(r->o->part, l->name);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->wake, NULL);
     if (pthread_create(&l->thread, NULL, loading_main, l)) {
