@@ -38,6 +38,13 @@ enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detai
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
                           int create, char *dir, size_t cap, struct err_detail *err);
 
+/* A stored shard path resolved as queue_resolve_path does into out, except that a relative
+ * one (a quern before 2026-12-01 stored them relative to the directory it ran in) whose file is
+ * not under the queue's directory but is under the working directory is ST_ERR_NOT_FOUND,
+ * saying to move the output: without it the shard would read as deleted. */
+enum status batch_shard_path(struct queue *q, const char *stored, char *out, size_t cap,
+                             struct err_detail *err);
+
 /* Claim dir for the job: create the marker (exclusively, never through a link) or check that
  * the one there names this database (its db_uuid) and job id; a directory that belongs to
  * another job or database is refused with ST_ERR_EXISTS, naming its owner. */

@@ -80,7 +80,7 @@ char *job_record_parse_error(int64_t job_id, const struct job_error *e);
  * own custom_id could not be read, or that repeats another line's; its id and request_id are
  * then made from its item id (items.id), source and line, so no two records share them), status
  * 400, code (NULL -> "invalid_request"), the message "SOURCE:LINE: MESSAGE" and param, the
- * request field it names (NULL: null; queues before schema 6 did not keep it). Written by the
+ * request field it names (NULL: null; queues before schema 7 may not keep it). Written by the
  * run that claims the line and synthesised by export for older queues, so both agree. Caller
  * frees; NULL when out of memory. */
 char *job_record_rejected(int64_t job_id, int64_t item_id, const char *custom_id,

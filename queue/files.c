@@ -1,4 +1,4 @@
-/* Hashes of model files recorded by identity (queue_model_sha, schema version 6). */
+/* Hashes of model files recorded by identity (queue_model_sha, schema version 7). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -90,12 +90,10 @@ static enum status migrate(struct queue *q, struct err_detail *err)
         const struct queue_migration *m = &queue_migrations[i];
         if (m->version <= v)
             continue;
-        char pragma[64];
-        snprintf(pragma, sizeof(pragma), "PRAGMA user_version = %d", m->version);
-        st = exec(q, m->sql, "migrating the queue schema", err);
-        if (st == ST_OK)
-            st = exec(q, pragma, "setting the schema version", err);
-        if (st == ST_OK)
+        int rc = queue_migration_apply(q->db, m);
+        if (rc != SQLITE_OK)
+            st = queue_sql_err(q, rc, "migrating the queue schema", err);
+        else
             v = m->version;
     }
     if (st == ST_OK)

@@ -65,7 +65,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       6     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       7     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */

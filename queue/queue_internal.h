@@ -88,11 +88,16 @@ extern const char *const queue_stmt_sql[QS_COUNT];
 
 /* One forward migration: running `sql` on a database at version - 1 brings it to version. */
 struct queue_migration {
-    int version;     /* user_version after this step */
-    const char *sql; /* statements run in the migration's transaction */
+    int version;            /* user_version after this step */
+    const char *sql;        /* statements run in the migration's transaction */
+    int (*then)(sqlite3 *); /* then this, for what SQL alone cannot say (NULL: nothing); an
+                               SQLite result code */
 };
 extern const struct queue_migration queue_migrations[]; /* ascending; the last is current */
 extern const size_t queue_n_migrations;                 /* entries in queue_migrations */
+/* Run migration m on db (in the caller's transaction) and set user_version to m->version; an
+ * SQLite result code. */
+int queue_migration_apply(sqlite3 *db, const struct queue_migration *m);
 
 struct queue {
     sqlite3 *db;                   /* the connection, owned */

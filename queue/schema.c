@@ -1,6 +1,12 @@
 /* Every piece of SQL the queue runs: the forward migrations that build the schema (version n is
  * PRAGMA user_version n) and the text of each prepared statement. To change the schema, append
- * a migration with the next version and raise QUEUE_SCHEMA_VERSION; never edit a shipped one. */
+ * a migration with the next version and raise QUEUE_SCHEMA_VERSION; never edit a shipped one
+ * (tests/fixtures/queue_schema.txt holds the schema each version makes, and test_queue's
+ * test_schema_versions fails when one changes). Raise the version too when the tables stay
+ * but an older quern would misread what a newer one writes: the version is the only thing an
+ * older binary checks, and it refuses a newer one. */
+#include <stdio.h>
+
 #include "queue/queue_internal.h"
 
 /* Version 1. States are readable text (CHECKed) so the file can be inspected with sqlite3.
@@ -150,26 +156,73 @@ static const char SCHEMA_V5[] = "ALTER TABLE runs ADD COLUMN engine_json TEXT;";
  * while it works. A run killed during its grace (Slurm's KillWait, 30 s, is shorter than many
  * a --grace) did not die of its requests: its leases go back without counting an attempt, as
  * a graceful stop's do. */
-static const char SCHEMA_V6[] =
-    "CREATE INDEX samples_run ON samples (run_id, t);"
-    "ALTER TABLE runs ADD COLUMN stopping INTEGER;"
-    /* items.error_param: the request field a line rejected at submit named (its error's param) */
-    "ALTER TABLE items ADD COLUMN error_param TEXT;"
-    /* model_files: the sha256 of a model file as it was when hashed, by its identity (device,
-     * inode, size, modification and change times in ns): a later submit or run finds the same
-     * unchanged file without reading it again (queue_model_sha) */
-    "CREATE TABLE model_files ("
-    "  path TEXT PRIMARY KEY,"
-    "  dev INTEGER NOT NULL,"
-    "  ino INTEGER NOT NULL,"
-    "  size INTEGER NOT NULL,"
-    "  mtime_ns INTEGER NOT NULL,"
-    "  ctime_ns INTEGER NOT NULL,"
-    "  sha256 TEXT NOT NULL);";
+static const char SCHEMA_V6[] = "CREATE INDEX samples_run ON samples (run_id, t);"
+                                "ALTER TABLE runs ADD COLUMN stopping INTEGER;";
+
+/* Version 7. Version 6 was changed after it first shipped: the tables below came later under
+ * the same number (39a5249 had only the index and runs.stopping above, edcb352 added
+ * model_files, 0b56cea items.error_param), so a queue at 6 may lack either, and a quern that
+ * expects them failed on it ("no such column: error_param", every run). Version 7 brings each
+ * form of 6 to one schema, and its number keeps every earlier binary off the queues of this one:
+ * a binary of version 6 reads them wrongly (its cancel erased the error records of lines
+ * rejected at submit).
+ * items.error_param: the request field a line rejected at submit named (its error's param).
+ * model_files: the sha256 of a model file as it was when hashed, by its identity (device, inode,
+ * size, modification and change times in ns): a later submit or run finds the same unchanged
+ * file without reading it again (queue_model_sha). */
+static const char SCHEMA_V7[] = "CREATE TABLE IF NOT EXISTS model_files ("
+                                "  path TEXT PRIMARY KEY,"
+                                "  dev INTEGER NOT NULL,"
+                                "  ino INTEGER NOT NULL,"
+                                "  size INTEGER NOT NULL,"
+                                "  mtime_ns INTEGER NOT NULL,"
+                                "  ctime_ns INTEGER NOT NULL,"
+                                "  sha256 TEXT NOT NULL);";
+
+/* Does table have column? -1 when it cannot be read (an SQLite result code in *rc). */
+static int has_column(sqlite3 *db, const char *table, const char *column, int *rc)
+{
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT 1 FROM pragma_table_info('%s') WHERE name = '%s'", table,
+             column);
+    sqlite3_stmt *s = NULL;
+    *rc = sqlite3_prepare_v2(db, sql, -1, &s, NULL);
+    int found = *rc == SQLITE_OK ? sqlite3_step(s) : *rc;
+    sqlite3_finalize(s);
+    if (found == SQLITE_ROW || found == SQLITE_DONE) {
+        *rc = SQLITE_OK;
+        return found == SQLITE_ROW;
+    }
+    *rc = found;
+    return -1;
+}
+
+/* Version 7's column, added where version 6 did not bring it. */
+static int v7_error_param(sqlite3 *db)
+{
+    int rc, has = has_column(db, "items", "error_param", &rc);
+    if (has == 0)
+        rc = sqlite3_exec(db, "ALTER TABLE items ADD COLUMN error_param TEXT;", NULL, NULL, NULL);
+    return rc;
+}
 
 const struct queue_migration queue_migrations[] = {
-    {1, SCHEMA_V1}, {2, SCHEMA_V2}, {3, SCHEMA_V3}, {4, SCHEMA_V4}, {5, SCHEMA_V5}, {6, SCHEMA_V6},
+    {1, SCHEMA_V1, NULL},           {2, SCHEMA_V2, NULL}, {3, SCHEMA_V3, NULL},
+    {4, SCHEMA_V4, NULL},           {5, SCHEMA_V5, NULL}, {6, SCHEMA_V6, NULL},
+    {7, SCHEMA_V7, v7_error_param},
 };
+
+int queue_migration_apply(sqlite3 *db, const struct queue_migration *m)
+{
+    char pragma[64];
+    int rc = sqlite3_exec(db, m->sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK && m->then)
+        rc = m->then(db);
+    snprintf(pragma, sizeof(pragma), "PRAGMA user_version = %d", m->version);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, pragma, NULL, NULL, NULL);
+    return rc;
+}
 const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrations[0]);
 
 #define JOB_COLS                                                                                   \

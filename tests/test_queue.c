@@ -17,6 +17,7 @@
 
 #include "common/sha256.h"
 #include "tests/test_queue_util.h"
+#include "tests/test_util.h"
 
 static void sql_exec(const char *path, const char *sql)
 {
@@ -507,6 +508,153 @@ static void test_exclusive_hot_journal(void **state)
     assert_string_equal(v, "1");
     queue_close(q);
     assert_int_equal(stat(journal, &sb), -1);
+}
+
+/* The schema of a database as text: its user_version, then each object's SQL by type and name
+ * (SQLite keeps a table's text up to date through ALTER TABLE). Appended to *buf. */
+static void schema_text(const char *path, char **buf, size_t *len)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    const char *sql = "SELECT type || ' ' || name || ': ' || sql FROM sqlite_master "
+                      "WHERE sql IS NOT NULL ORDER BY type, name";
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    FILE *m = open_memstream(buf, len);
+    assert_non_null(m);
+    while (sqlite3_step(st) == SQLITE_ROW)
+        fprintf(m, "%s\n", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    fclose(m);
+}
+
+/* Apply migrations [0, k) to the file at path as queue_open does (one transaction). */
+static void migrate_to(const char *path, size_t k)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    for (size_t i = 0; i < k; i++)
+        assert_int_equal(queue_migration_apply(db, &queue_migrations[i]), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+}
+
+/* Every version's schema equals the one it shipped with (tests/fixtures/queue_schema.txt): a
+ * migration edited after it shipped leaves queues of that version in several forms, and a
+ * quern expecting one fails on the others. QUERN_SCHEMA_FIXTURE_WRITE=1 writes the file
+ * instead, for a new version (check that only its own section was added). */
+static void test_schema_versions(void **state)
+{
+    struct fixture *f = *state;
+    char *all = NULL;
+    size_t all_len = 0;
+    FILE *out = open_memstream(&all, &all_len);
+    assert_non_null(out);
+    for (size_t k = 1; k <= queue_n_migrations; k++) {
+        char path[256], *text = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof(path), "%s/v%zu.db", f->dir, k);
+        migrate_to(path, k);
+        assert_int_equal(sql_int(path, "PRAGMA user_version"), queue_migrations[k - 1].version);
+        schema_text(path, &text, &len);
+        fprintf(out, "-- version %d\n%s", queue_migrations[k - 1].version, text);
+        free(text);
+    }
+    fclose(out);
+    assert_int_equal(queue_migrations[queue_n_migrations - 1].version, QUEUE_SCHEMA_VERSION);
+    const char *fixture = "tests/fixtures/queue_schema.txt";
+    if (getenv("QUERN_SCHEMA_FIXTURE_WRITE")) {
+        FILE *w = fopen(fixture, "w");
+        assert_non_null(w);
+        assert_int_equal(fwrite(all, 1, all_len, w), all_len);
+        assert_int_equal(fclose(w), 0);
+    }
+    size_t want_len = 0;
+    char *want = test_read_file(fixture, &want_len);
+    if (!want)
+        fail_msg("missing %s", fixture);
+    if (want_len != all_len || memcmp(want, all, all_len))
+        fail_msg("the schema differs from %s (a shipped migration was changed?); now:\n%s", fixture,
+                 all);
+    /* a new queue is the last version's schema */
+    char *fresh = NULL;
+    size_t fresh_len = 0;
+    queue_close(open_q(f));
+    schema_text(f->path, &fresh, &fresh_len);
+    char head[32];
+    snprintf(head, sizeof(head), "-- version %d\n", QUEUE_SCHEMA_VERSION);
+    const char *last = strstr(all, head);
+    assert_non_null(last);
+    last = strchr(last, '\n') + 1;
+    assert_int_equal(strlen(last), fresh_len);
+    assert_memory_equal(last, fresh, fresh_len);
+    free(fresh);
+    free(want);
+    free(all);
+}
+
+/* Version 6 shipped in three forms (39a5249: the index and runs.stopping; edcb352: and
+ * model_files; 0b56cea: and items.error_param). Each migrates to the one schema of version 7,
+ * its job and items kept, and a rejected line keeps its field after. */
+static void test_migrate_v6_forms(void **state)
+{
+#define MODEL_FILES_V6                                                                             \
+    "CREATE TABLE model_files ("                                                                   \
+    "  path TEXT PRIMARY KEY,"                                                                     \
+    "  dev INTEGER NOT NULL,"                                                                      \
+    "  ino INTEGER NOT NULL,"                                                                      \
+    "  size INTEGER NOT NULL,"                                                                     \
+    "  mtime_ns INTEGER NOT NULL,"                                                                 \
+    "  ctime_ns INTEGER NOT NULL,"                                                                 \
+    "  sha256 TEXT NOT NULL);"
+    struct fixture *f = *state;
+    static const char *const forms[3] = {
+        "CREATE INDEX samples_run ON samples (run_id, t);"
+        "ALTER TABLE runs ADD COLUMN stopping INTEGER;",
+        "CREATE INDEX samples_run ON samples (run_id, t);"
+        "ALTER TABLE runs ADD COLUMN stopping INTEGER;" MODEL_FILES_V6,
+        "CREATE INDEX samples_run ON samples (run_id, t);"
+        "ALTER TABLE runs ADD COLUMN stopping INTEGER;"
+        "ALTER TABLE items ADD COLUMN error_param TEXT;" MODEL_FILES_V6,
+    };
+    char *fresh = NULL;
+    size_t fresh_len = 0;
+    queue_close(open_q(f));
+    schema_text(f->path, &fresh, &fresh_len);
+    for (int form = 0; form < 3; form++) {
+        char path[256];
+        snprintf(path, sizeof(path), "%s/six-%d.db", f->dir, form);
+        migrate_to(path, 5);
+        sql_exec(path, forms[form]);
+        sql_exec(path,
+                 "PRAGMA user_version = 6;"
+                 "INSERT INTO jobs (name, created, model_path, out_dir) VALUES ('a', 1, 'm', 'o');"
+                 "INSERT INTO items (job_id, custom_id, payload, state) VALUES (1, 'x', '{}', "
+                 "'queued');");
+        struct queue *q = NULL;
+        struct err_detail err = {0};
+        assert_int_equal(queue_open(&q, path, &err), ST_OK);
+        assert_int_equal(queue_schema_version(q), QUEUE_SCHEMA_VERSION);
+        struct queue_item_spec bad = {.line_no = 2,
+                                      .error_code = "unknown_field",
+                                      .error_msg = "no such field",
+                                      .error_param = "max_token"};
+        assert_int_equal(queue_item_add(q, 1, &bad, NULL, &err), ST_OK);
+        queue_close(q);
+        char *text = NULL;
+        size_t len = 0;
+        schema_text(path, &text, &len);
+        assert_int_equal(len, fresh_len);
+        assert_memory_equal(text, fresh, len);
+        free(text);
+        assert_int_equal(sql_int(path, "SELECT count(*) FROM items WHERE custom_id = 'x'"), 1);
+        assert_int_equal(sql_int(path, "SELECT count(*) FROM items WHERE error_param = "
+                                       "'max_token'"),
+                         1);
+    }
+    free(fresh);
 }
 
 /* A version-1 database with a finished item migrates to version 2: the data stays, the item's
@@ -1374,6 +1522,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_exclusive_hot_journal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_version_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_item_add_duplicate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_schema_versions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_v6_forms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1_to_v2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v2_to_v3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v3_to_v4_samples, setup, teardown),

@@ -7,7 +7,8 @@
 #  2. the output directory deleted between runs: the next run computed the rest, exited 0 and
 #     wrote a manifest saying complete that listed the missing shard; now it stops before any
 #     work (exit 1, the shard named with its committed bytes), and so does a run of a job that
-#     was done before (it rewrote the manifest "complete" over nothing);
+#     was done before (it rewrote the manifest "complete" over nothing); an old queue's paths
+#     relative to the directory its runs ran in are named as such, not as lost output;
 #  3. a queue older than its output (a copy, a backup): refused before it computes or cuts.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -94,6 +95,31 @@ db.commit()
 PY
 (cd elsewhere && "$Q" run --db ../rq/q.db --threads 1 >/dev/null 2>../rq.err) ||
     { cat rq.err; fail "2: a queue with relative shard paths, run from elsewhere"; }
+# (an upgrade audit: quern before 2026-12-01 stored paths relative to the directory it ran in;
+# a newer run from there said "committed output has been lost" and made an output directory
+# beside the queue, which then stood in the way of moving the real one there)
+mkdir -p wq wd
+"$Q" submit --db wq/q.db --name w --model "$M" --out wd/out p8.jsonl >/dev/null 2>&1 || fail "submit w"
+"$Q" run --db wq/q.db --threads 1 >/dev/null 2>&1 || fail "2: run w"
+python3 - <<'PY'
+import os, sqlite3
+db = sqlite3.connect("wq/q.db")
+for i, p in db.execute("SELECT id, path FROM shards").fetchall():
+    db.execute("UPDATE shards SET path = ? WHERE id = ?", (os.path.relpath(p, os.path.abspath("wd")), i))
+db.execute("UPDATE items SET state = 'queued', shard_id = NULL, shard_record = NULL, finished = NULL"
+           " WHERE id = (SELECT max(id) FROM items)")
+db.execute("UPDATE jobs SET state = 'running', finished = NULL, out_dir = 'out'")
+db.commit()
+PY
+rc=0; (cd wd && "$Q" run --db ../wq/q.db --threads 1 >/dev/null 2>../wq.err) || rc=$?
+[ $rc = 1 ] && grep -q "stored the job's paths relative to the directory it ran in" wq.err &&
+    [ ! -e wq/out ] || { cat wq.err; fail "2: shards under the old run's directory: exit $rc"; }
+mv wd/out wq/
+(cd wd && "$Q" run --db ../wq/q.db --threads 1 >/dev/null 2>../wq.err) ||
+    { cat wq.err; fail "2: the output moved beside the queue"; }
+"$Q" export --db wq/q.db --job w --out w.jsonl 2>/dev/null || fail "2: export w"
+[ "$(python3 -c 'import json,sys; print(len({json.loads(l)["custom_id"] for l in open("w.jsonl")}))')" = 8 ] &&
+    [ "$(wc -l <w.jsonl)" = 8 ] || fail "2: w's export"
 echo "  2. output deleted between runs: the next run stops before any work, naming the shard"
 # 3. a queue older than its output: (a) restored from a copy made before a run (its -wal
 #    deleted after a kill does the same): the run computed the whole job, then failed at its
