@@ -244,6 +244,7 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
             st = engine_add_request(r->e, &er, NULL, &e2);
     }
     free(ids);
+    const int tokenized = inf != NULL;
     if (!st && inf) { /* the engine holds it now */
         inf->next = r->inflight;
         if (r->inflight)
@@ -262,9 +263,17 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
                                                    : "invalid_request";
         if (st == ST_ERR_CAPACITY)
             err_prefix(&e2, "this run's KV cache is too small for the request");
+        /* the field to shorten, as OpenAI names it: the prompt when it fills the context alone,
+         * else the max_tokens the line set */
+        const char *param = NULL;
+        const size_t n_ctx = (size_t)engine_model_hparams(r->m)->n_ctx_train;
+        if (st == ST_ERR_RANGE && tokenized && n >= n_ctx)
+            param = req->kind == JOB_KIND_CHAT ? "messages" : "prompt";
+        else if (st == ST_ERR_RANGE && tokenized && n + (size_t)req->max_tokens > n_ctx)
+            param = "max_tokens";
         st = item_error(r, c->id, req->custom_id,
-                        st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg, NULL,
-                        err);
+                        st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg,
+                        param, err);
     }
     job_request_free(req);
     return st;

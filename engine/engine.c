@@ -301,6 +301,10 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
             return err_set(err, ST_ERR_RANGE, "prompt token %d is outside the vocabulary",
                            r->prompt[i]);
     uint64_t total = (uint64_t)r->n_prompt + (uint64_t)r->max_tokens;
+    if (r->n_prompt >= (size_t)n_ctx) /* (whatever max_tokens is: no room for one token) */
+        return err_set(err, ST_ERR_RANGE,
+                       "prompt (%zu tokens) leaves no room for output in the model context (%d)",
+                       r->n_prompt, n_ctx);
     if (total > (uint64_t)n_ctx)
         return err_set(err, ST_ERR_RANGE,
                        "prompt (%zu tokens) + max_tokens (%d) exceeds the model context (%d)",

@@ -32,7 +32,7 @@ static const char ppl_usage[] =
     "forward pass; the result does not depend on how they are batched.\n"
     "\n"
     "  --file PATH            the text (UTF-8)\n"
-    "  --ctx N                window length in tokens (default 512)\n"
+    "  --ctx N                window length in tokens (default 512; at most the model's context)\n"
     "  --stride S             sliding windows advancing by S tokens (1..ctx-1)\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --json                 one JSON object on stdout instead of text\n"
@@ -211,6 +211,12 @@ int runner_cmd_perplexity(int argc, char **argv)
         goto out;
     }
     const int ctx = (int)o.ctx, stride = (int)o.stride;
+    if (ctx > engine_model_hparams(m)->n_ctx_train) { /* (its block tables end there) */
+        LOG_ERROR("--ctx %d is longer than the model's context (%d tokens)", ctx,
+                  engine_model_hparams(m)->n_ctx_train);
+        rc = RUNNER_EXIT_USAGE;
+        goto out;
+    }
     const int32_t bos = engine_tok_bos(tok);
     const int add_bos = n_ids > 0 && bos >= 0 && ids[0] == bos;
     int n_win = 0;

@@ -220,7 +220,12 @@ params = {r["custom_id"]: r["response"]["body"]["error"]["param"] for r in recs
 assert params.get("types") == "prompt", params
 # (lines 2 and 3 break inside the prompt's value: bad JSON there, bad UTF-8 there)
 assert params.get("broken") == "prompt" and params.get("utf8") == "prompt", params
-assert params.get("toolong") is None, params  # (too long for the model: found by the run)
+# (too long for the model, found by the run: the field to shorten, as OpenAI names it; it was
+# null, and the message blamed a max_tokens the line did not set when its prompt filled the
+# context alone)
+assert params.get("toolong") == "prompt" and params.get("huge") == "prompt", params
+toolong = [r for r in recs if r["custom_id"] == "toolong"][0]["response"]["body"]["error"]
+assert "leaves no room for output in the model context (8192)" in toolong["message"], toolong
 # no two records share an id or a request_id
 assert len({r["id"] for r in recs}) == len(recs), recs
 assert len({r["response"]["request_id"] for r in recs}) == len(recs), recs
@@ -268,6 +273,8 @@ with open(sys.argv[1], "w") as f:
     print(json.dumps({"custom_id": "dflt", "messages": msg, "temperature": 0, "stop": stop}), file=f)
     print(json.dumps({"custom_id": "given", "messages": msg, "temperature": 0, "stop": stop,
                       "max_tokens": 8190}), file=f)
+    print(json.dumps({"custom_id": "full", "messages": [{"role": "user", "content": "word " * 9000}]}),
+          file=f)
 PY
 "$Q" submit --db ctx.db --model "$M" --name ctx --max-tokens 8190 ctx.jsonl >/dev/null 2>&1 ||
     fail "5c: submit"
@@ -279,6 +286,9 @@ r = {json.loads(l)["custom_id"]: json.loads(l)["response"] for l in open(sys.arg
 assert r["dflt"]["status_code"] == 200, r["dflt"]
 assert r["given"]["status_code"] == 400, r["given"]
 assert r["given"]["body"]["error"]["code"] == "context_length_exceeded", r["given"]
+assert r["given"]["body"]["error"]["param"] == "max_tokens", r["given"]
+e = r["full"]["body"]["error"]
+assert e["param"] == "messages" and "leaves no room for output" in e["message"], e
 PY
 
 # 6. archives give the same results as plain JSONL

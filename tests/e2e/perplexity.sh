@@ -88,6 +88,10 @@ expect() { # exit code, text, then the command
 printf 'valid text then \xff\xfe bad bytes' >"$tmp/bad.txt"
 expect 1 "is not UTF-8: byte 16" "$Q" perplexity --model "$M" --file "$tmp/bad.txt"
 expect 1 "too short for one window of --ctx 1024" "$Q" perplexity --model "$M" --file "$TXT" --ctx 1024
+# (a long-context audit: --ctx 9000 failed with "sequence 0 holds 563 KV blocks, more than 513"
+# and --ctx 8200 scored positions past the trained context without a word)
+expect 2 "--ctx 8200 is longer than the model's context (8192 tokens)" "$Q" perplexity --model "$M" \
+    --file "$TXT" --ctx 8200
 expect 2 "must be shorter than --ctx" "$Q" perplexity --model "$M" --file "$TXT" --ctx 128 --stride 128
 expect 2 "--file is required" "$Q" perplexity --model "$M"
 expect 1 "cannot open" "$Q" perplexity --model "$M" --file "$tmp/missing.txt"
