@@ -38,11 +38,12 @@ enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detai
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
                           int create, char *dir, size_t cap, struct err_detail *err);
 
-/* A stored shard path resolved as queue_resolve_path does into out, except that a relative
+/* The shard's stored path resolved as queue_resolve_path does into out, except that a relative
  * one (a quern before 2026-12-01 stored them relative to the directory it ran in) whose file is
- * not under the queue's directory but is under the working directory is ST_ERR_NOT_FOUND,
- * saying to move the output: without it the shard would read as deleted. */
-enum status batch_shard_path(struct queue *q, const char *stored, char *out, size_t cap,
+ * not under the queue's directory but is under the working directory (a regular file of at
+ * least its committed bytes) is ST_ERR_NOT_FOUND, saying what to move where: without it the
+ * shard would read as deleted. */
+enum status batch_shard_path(struct queue *q, const struct queue_shard *sh, char *out, size_t cap,
                              struct err_detail *err);
 
 /* Claim dir for the job: create the marker (exclusively, never through a link) or check that

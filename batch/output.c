@@ -89,22 +89,29 @@ static int dir_claimed(struct queue *q, const struct queue_job *job, const char 
            marker_matches(text, uuid, job->id, owner, sizeof(owner));
 }
 
-enum status batch_shard_path(struct queue *q, const char *stored, char *out, size_t cap,
+enum status batch_shard_path(struct queue *q, const struct queue_shard *sh, char *out, size_t cap,
                              struct err_detail *err)
 {
+    const char *stored = sh->path;
     enum status st = queue_resolve_path(q, stored, out, cap, err);
     struct stat sb;
-    if (st || stored[0] == '/' || lstat(out, &sb) == 0 || errno != ENOENT || lstat(stored, &sb))
+    if (st || stored[0] == '/' || lstat(out, &sb) == 0 || errno != ENOENT)
         return st;
+    /* under the working directory: a regular file holding at least what was committed (a
+     * same-named shard of another job there is not taken for it) */
+    if (lstat(stored, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < sh->committed_bytes)
+        return ST_OK;
     char cwd[4096];
     if (!getcwd(cwd, sizeof(cwd)))
         snprintf(cwd, sizeof(cwd), ".");
+    const char *slash = strrchr(stored, '/'), *oslash = strrchr(out, '/');
+    int dl = slash ? (int)(slash - stored) : 0, ol = oslash ? (int)(oslash - out) : 0;
     return err_set(err, ST_ERR_NOT_FOUND,
                    "shard %s is not where the queue says (%s) but under the working directory "
                    "%s: a quern from before 2026-12-01 stored the job's paths relative to the "
                    "directory it ran in, and they are read relative to the queue's directory; "
-                   "move the output from %s to the queue's directory, then try again",
-                   stored, out, cwd, cwd);
+                   "move %s/%.*s to %.*s, then try again",
+                   stored, out, cwd, cwd, dl, stored, ol, out);
 }
 
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
@@ -117,7 +124,7 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
     if ((st = queue_shard_list(q, job->id, &sh, &n, err)))
         return st;
     if (n) { /* where the job's output already is */
-        st = batch_shard_path(q, sh[0].path, shard_dir, sizeof(shard_dir), err);
+        st = batch_shard_path(q, &sh[0], shard_dir, sizeof(shard_dir), err);
         char *slash = strrchr(shard_dir, '/');
         if (!st && slash)
             *slash = 0;

@@ -200,6 +200,7 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         st = engine_tok_encode(r->tok, req->prompt, strlen(req->prompt), ENGINE_TOK_ADD_BOS, &ids,
                                &n, &e2);
     struct batch_inflight *inf = NULL;
+    int32_t max_eff = req->max_tokens; /* what the engine is asked for */
     if (!st) {
         inf = calloc(1, sizeof(*inf));
         if (!inf || !(inf->custom_id = strdup(req->custom_id)) ||
@@ -225,6 +226,7 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         int n_ctx = engine_model_hparams(r->m)->n_ctx_train;
         if (req->max_tokens_default && n < (size_t)n_ctx && er.max_tokens > n_ctx - (int)n)
             er.max_tokens = n_ctx - (int32_t)n;
+        max_eff = er.max_tokens;
         er.stop = (const char *const *)req->stop;
         er.n_stop = req->n_stop;
         er.request_id = req->custom_id;
@@ -263,14 +265,12 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
                                                    : "invalid_request";
         if (st == ST_ERR_CAPACITY)
             err_prefix(&e2, "this run's KV cache is too small for the request");
-        /* the field to shorten, as OpenAI names it: the prompt when it fills the context alone,
-         * else the max_tokens the line set */
+        /* a context error names the prompt, as OpenAI's does (even when max_tokens is what
+         * pushed it over) */
         const char *param = NULL;
-        const size_t n_ctx = (size_t)engine_model_hparams(r->m)->n_ctx_train;
-        if (st == ST_ERR_RANGE && tokenized && n >= n_ctx)
+        if (st == ST_ERR_RANGE && tokenized &&
+            n + (size_t)max_eff > (size_t)engine_model_hparams(r->m)->n_ctx_train)
             param = req->kind == JOB_KIND_CHAT ? "messages" : "prompt";
-        else if (st == ST_ERR_RANGE && tokenized && n + (size_t)req->max_tokens > n_ctx)
-            param = "max_tokens";
         st = item_error(r, c->id, req->custom_id,
                         st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg,
                         param, err);

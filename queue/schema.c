@@ -182,11 +182,13 @@ static const char SCHEMA_V7[] = "CREATE TABLE IF NOT EXISTS model_files ("
 /* Does table have column? -1 when it cannot be read (an SQLite result code in *rc). */
 static int has_column(sqlite3 *db, const char *table, const char *column, int *rc)
 {
-    char sql[128];
-    snprintf(sql, sizeof(sql), "SELECT 1 FROM pragma_table_info('%s') WHERE name = '%s'", table,
-             column);
     sqlite3_stmt *s = NULL;
-    *rc = sqlite3_prepare_v2(db, sql, -1, &s, NULL);
+    *rc =
+        sqlite3_prepare_v2(db, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", -1, &s, NULL);
+    if (*rc == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, table, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, column, -1, SQLITE_STATIC);
+    }
     int found = *rc == SQLITE_OK ? sqlite3_step(s) : *rc;
     sqlite3_finalize(s);
     if (found == SQLITE_ROW || found == SQLITE_DONE) {

@@ -911,7 +911,7 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
         goto out;
     for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
         char path[4096], *dup;
-        if ((st = batch_shard_path(q, sh[i].path, path, sizeof(path), err)))
+        if ((st = batch_shard_path(q, &sh[i], path, sizeof(path), err)))
             goto out;
         if (!(dup = strdup(path))) {
             st = err_set(err, ST_ERR_NOMEM, "out of memory");

@@ -49,6 +49,7 @@ struct ppl_opts {
     const char *file;             /* --file */
     const char *model;            /* --model */
     long ctx;                     /* --ctx */
+    int ctx_given;                /* --ctx was given (else 512, or the model's context if less) */
     long stride;                  /* --stride, 0 = llama.cpp's method */
     int json;                     /* --json */
     float progress;               /* --progress seconds */
@@ -88,6 +89,7 @@ static int parse_opts(int argc, char **argv, struct ppl_opts *o)
         case P_CTX:
             if (!runner_parse_long("perplexity", "ctx", optarg, 4, 1 << 20, &o->ctx))
                 return 0;
+            o->ctx_given = 1;
             break;
         case P_STRIDE:
             if (!runner_parse_long("perplexity", "stride", optarg, 1, 1 << 20, &o->stride))
@@ -204,19 +206,30 @@ int runner_cmd_perplexity(int argc, char **argv)
     struct kern_backend_opts ko = runner_engine_backend(&o.eo);
     enum status st;
     if ((st = kern_group_open(&grp, &ko, &err)) ||
-        (st = runner_model_load(&m, o.model, &o.eo, grp, &err)) ||
-        (st = engine_tok_load(&tok, engine_model_gguf(m), &err)) ||
+        (st = runner_model_load(&m, o.model, &o.eo, grp, &err))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    const int n_ctx_train = engine_model_hparams(m)->n_ctx_train;
+    if (!o.ctx_given && o.ctx > n_ctx_train) /* the default, for a model of a shorter context */
+        o.ctx = n_ctx_train;
+    if (o.ctx > n_ctx_train || o.stride >= o.ctx) { /* (its block tables end there) */
+        if (o.ctx > n_ctx_train)
+            LOG_ERROR("--ctx %ld is longer than the model's context (%d tokens)", o.ctx,
+                      n_ctx_train);
+        else
+            LOG_ERROR("--stride %ld must be shorter than the window, the model's context (%d "
+                      "tokens)",
+                      o.stride, n_ctx_train);
+        rc = RUNNER_EXIT_USAGE;
+        goto out;
+    }
+    if ((st = engine_tok_load(&tok, engine_model_gguf(m), &err)) ||
         (st = engine_tok_encode(tok, text, len, ENGINE_TOK_ADD_BOS, &ids, &n_ids, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }
     const int ctx = (int)o.ctx, stride = (int)o.stride;
-    if (ctx > engine_model_hparams(m)->n_ctx_train) { /* (its block tables end there) */
-        LOG_ERROR("--ctx %d is longer than the model's context (%d tokens)", ctx,
-                  engine_model_hparams(m)->n_ctx_train);
-        rc = RUNNER_EXIT_USAGE;
-        goto out;
-    }
     const int32_t bos = engine_tok_bos(tok);
     const int add_bos = n_ids > 0 && bos >= 0 && ids[0] == bos;
     int n_win = 0;

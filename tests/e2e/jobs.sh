@@ -220,8 +220,8 @@ params = {r["custom_id"]: r["response"]["body"]["error"]["param"] for r in recs
 assert params.get("types") == "prompt", params
 # (lines 2 and 3 break inside the prompt's value: bad JSON there, bad UTF-8 there)
 assert params.get("broken") == "prompt" and params.get("utf8") == "prompt", params
-# (too long for the model, found by the run: the field to shorten, as OpenAI names it; it was
-# null, and the message blamed a max_tokens the line did not set when its prompt filled the
+# (too long for the model, found by the run: the error names the prompt, as OpenAI's does; it
+# was null, and the message blamed a max_tokens the line did not set when its prompt filled the
 # context alone)
 assert params.get("toolong") == "prompt" and params.get("huge") == "prompt", params
 toolong = [r for r in recs if r["custom_id"] == "toolong"][0]["response"]["body"]["error"]
@@ -286,7 +286,7 @@ r = {json.loads(l)["custom_id"]: json.loads(l)["response"] for l in open(sys.arg
 assert r["dflt"]["status_code"] == 200, r["dflt"]
 assert r["given"]["status_code"] == 400, r["given"]
 assert r["given"]["body"]["error"]["code"] == "context_length_exceeded", r["given"]
-assert r["given"]["body"]["error"]["param"] == "max_tokens", r["given"]
+assert r["given"]["body"]["error"]["param"] == "messages", r["given"]  # (as OpenAI's)
 e = r["full"]["body"]["error"]
 assert e["param"] == "messages" and "leaves no room for output" in e["message"], e
 PY
