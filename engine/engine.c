@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cpus.h"
 #include "common/log.h"
 #include "common/pool.h"
 #include "engine/engine_internal.h"
@@ -46,13 +47,14 @@ static enum status set_window(struct engine *e, const struct engine_kv_plan *pla
     return st;
 }
 
-/* host_threads 0: the online CPUs, at most 8 (sampling a step's rows gains little beyond). */
+/* host_threads 0: the CPUs this process may use, at most 8 (sampling a step's rows gains
+ * little beyond). */
 static int host_threads(const struct engine_params *p)
 {
     if (p->host_threads > 0)
         return p->host_threads;
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+    int n = cpus_usable();
+    return n > 8 ? 8 : n;
 }
 
 enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,

@@ -206,7 +206,8 @@ void runner_engine_help(FILE *f, unsigned groups)
         fputs(
             "  --device NAME          compute device: auto|cpu|cuda (default auto); `quern info`\n"
             "                         lists the ones this build has\n"
-            "  --threads N            CPU threads (default: all online CPUs), shared by the ranks\n"
+            "  --threads N            CPU threads (default: the CPUs this process may use:\n"
+            "                         affinity mask, cgroup CPU quota), shared by the ranks\n"
             "  --tp N                 tensor-parallel ranks (default 1): every matrix split by\n"
             "                         output rows (attention by heads, the KV cache by KV head),\n"
             "                         the slices all-gathered (four a layer), the outputs bitwise\n"

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "batch/batch.h"
+#include "common/cpus.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
@@ -182,8 +183,8 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
 
 int runner_default_threads(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+    int n = cpus_usable();
+    return n > 256 ? 256 : n;
 }
 
 double runner_now(void)
