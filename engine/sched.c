@@ -207,6 +207,28 @@ static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
     return engine_kv_fork(e->kv, slot, s->gate->lead_slot, n) ? n : 0;
 }
 
+/* 1 when s, with `cached` prompt tokens found in the prefix cache, would compute its next whole
+ * block although a running sequence with the same tokens up to that block's end is computing it
+ * now (in this batch or a later one) and will register it: s then waits, and finds it in the
+ * cache a step later, instead of computing it twice (identical prompts, or a long shared
+ * system prompt, admitted together). Waiting ends as soon as that sequence has computed the
+ * block, whether or not it was registered. */
+static int shared_block_pending(const struct engine *e, const struct seq *s, int32_t cached)
+{
+    const int32_t B = e->p.kv_block, end = cached + B;
+    if (!e->p.prefix_cache || end > (int32_t)s->n_tok - 1) /* (attach stops before the last) */
+        return 0;
+    for (int i = 0; i < e->n_running; i++) {
+        const struct seq *r = e->running[i];
+        if (r == s || r->n_computed >= end || (int32_t)r->n_tok < end ||
+            memcmp(r->tok + cached, s->tok + cached, sizeof(int32_t) * (size_t)B) ||
+            memcmp(r->tok, s->tok, sizeof(int32_t) * (size_t)cached))
+            continue;
+        return 1;
+    }
+    return 0;
+}
+
 /* Build one step's batch; returns its token count (0 only when nothing can run). */
 static int schedule(struct engine *e, struct err_detail *err)
 {
@@ -265,6 +287,11 @@ static int schedule(struct engine *e, struct err_detail *err)
         if (!cached)
             cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,
                                              (int32_t)s->n_tok - 1);
+        if (shared_block_pending(e, s, cached)) {
+            engine_kv_release(e->kv, slot);
+            prev = s;
+            continue;
+        }
         s->slot = slot;
         s->n_computed = cached;
         int32_t left = (int32_t)s->n_tok - cached;
