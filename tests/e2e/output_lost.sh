@@ -83,16 +83,23 @@ mkdir -p rq elsewhere
 head -8 p40.jsonl >p8.jsonl
 "$Q" submit --db rq/q.db --name r --model "$M" --out rq/out p8.jsonl >/dev/null 2>&1 || fail "submit r"
 "$Q" run --db rq/q.db --threads 1 >/dev/null 2>&1 || fail "2: run r"
-python3 - <<'PY'
-import os, sqlite3
-db = sqlite3.connect("rq/q.db")
+# as an older quern left it: DB's shard paths relative to BASE, its last item queued again, the
+# job running (and its out_dir OUT, when given)
+as_older() { # as_older DB BASE [OUT]
+    python3 - "$@" <<'PY'
+import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
 for i, p in db.execute("SELECT id, path FROM shards").fetchall():
-    db.execute("UPDATE shards SET path = ? WHERE id = ?", (os.path.relpath(p, os.path.abspath("rq")), i))
+    db.execute("UPDATE shards SET path = ? WHERE id = ?", (os.path.relpath(p, os.path.abspath(sys.argv[2])), i))
 db.execute("UPDATE items SET state = 'queued', shard_id = NULL, shard_record = NULL, finished = NULL"
            " WHERE id = (SELECT max(id) FROM items)")
 db.execute("UPDATE jobs SET state = 'running', finished = NULL")
+if len(sys.argv) > 3:
+    db.execute("UPDATE jobs SET out_dir = ?", (sys.argv[3],))
 db.commit()
 PY
+}
+as_older rq/q.db rq
 (cd elsewhere && "$Q" run --db ../rq/q.db --threads 1 >/dev/null 2>../rq.err) ||
     { cat rq.err; fail "2: a queue with relative shard paths, run from elsewhere"; }
 # (an upgrade audit: quern before 2026-12-01 stored paths relative to the directory it ran in;
@@ -101,16 +108,7 @@ PY
 mkdir -p wq wd
 "$Q" submit --db wq/q.db --name w --model "$M" --out wd/out p8.jsonl >/dev/null 2>&1 || fail "submit w"
 "$Q" run --db wq/q.db --threads 1 >/dev/null 2>&1 || fail "2: run w"
-python3 - <<'PY'
-import os, sqlite3
-db = sqlite3.connect("wq/q.db")
-for i, p in db.execute("SELECT id, path FROM shards").fetchall():
-    db.execute("UPDATE shards SET path = ? WHERE id = ?", (os.path.relpath(p, os.path.abspath("wd")), i))
-db.execute("UPDATE items SET state = 'queued', shard_id = NULL, shard_record = NULL, finished = NULL"
-           " WHERE id = (SELECT max(id) FROM items)")
-db.execute("UPDATE jobs SET state = 'running', finished = NULL, out_dir = 'out'")
-db.commit()
-PY
+as_older wq/q.db wd out
 rc=0; (cd wd && "$Q" run --db ../wq/q.db --threads 1 >/dev/null 2>../wq.err) || rc=$?
 [ $rc = 1 ] && grep -q "stored the job's paths relative to the directory it ran in" wq.err &&
     [ ! -e wq/out ] || { cat wq.err; fail "2: shards under the old run's directory: exit $rc"; }
