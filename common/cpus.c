@@ -1,5 +1,6 @@
 #include "common/cpus.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,7 +95,9 @@ int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
         const char *eol = strchr(line, '\n'), *end = eol ? eol : line + strlen(line);
         const char *c1 = memchr(line, ':', (size_t)(end - line));
         const char *c2 = c1 ? memchr(c1 + 1, ':', (size_t)(end - c1 - 1)) : NULL;
-        if (c2 && c2[1] == '/') {
+        /* (a path outside the namespace's root, "/..", names nothing under root) */
+        const char *dots = c2 ? strstr(c2 + 1, "/..") : NULL;
+        if (c2 && c2[1] == '/' && !(dots && dots < end)) {
             int v2 = c1 == line + 1 && line[0] == '0' && c2 == c1 + 1;
             char base[4096];
             int c = 0;
@@ -113,12 +116,31 @@ int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
     return best;
 }
 
+/* CPUs in this process's affinity mask, 0 when it cannot be read (a mask wider than the one
+ * tried is EINVAL: tried again twice as wide, up to 2^20 CPUs). */
+static long affinity_cpus(void)
+{
+    for (int ncpu = 1024; ncpu <= (1 << 20); ncpu *= 2) {
+        cpu_set_t *set = CPU_ALLOC(ncpu);
+        if (!set)
+            return 0;
+        size_t size = CPU_ALLOC_SIZE(ncpu);
+        CPU_ZERO_S(size, set);
+        int rc = sched_getaffinity(0, size, set);
+        long n = rc == 0 ? CPU_COUNT_S(size, set) : 0;
+        CPU_FREE(set);
+        if (rc == 0 || errno != EINVAL)
+            return n;
+    }
+    return 0;
+}
+
 int cpus_usable(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        n = CPU_COUNT(&set);
+    long a = affinity_cpus();
+    if (a > 0)
+        n = a;
     char text[4096];
     if (!read_small("/proc/self/cgroup", text, sizeof(text))) {
         int lim = cpus_cgroup_limit("/sys/fs/cgroup", text);

@@ -212,15 +212,18 @@ static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
  * now (in this batch or a later one) and will register it: s then waits, and finds it in the
  * cache a step later, instead of computing it twice (identical prompts, or a long shared
  * system prompt, admitted together). Waiting ends as soon as that sequence has computed the
- * block, whether or not it was registered. */
+ * block, whether or not it was registered; and s keeps a free slot meanwhile (schedule), so
+ * requests behind it cannot take every slot and leave it waiting for a whole generation. */
 static int shared_block_pending(const struct engine *e, const struct seq *s, int32_t cached)
 {
     const int32_t B = e->p.kv_block, end = cached + B;
-    if (!e->p.prefix_cache || end > (int32_t)s->n_tok - 1) /* (attach stops before the last) */
+    /* (attach stops before the last token; a preempted sequence keeps its place: it is not
+     * passed over) */
+    if (!e->p.prefix_cache || end > (int32_t)s->n_tok - 1 || s->preemptions)
         return 0;
     for (int i = 0; i < e->n_running; i++) {
         const struct seq *r = e->running[i];
-        if (r == s || r->n_computed >= end || (int32_t)r->n_tok < end ||
+        if (r == s || r->n_computed >= end || r->n_computed < cached || (int32_t)r->n_tok < end ||
             memcmp(r->tok + cached, s->tok + cached, sizeof(int32_t) * (size_t)B) ||
             memcmp(r->tok, s->tok, sizeof(int32_t) * (size_t)cached))
             continue;
@@ -272,9 +275,11 @@ static int schedule(struct engine *e, struct err_detail *err)
         batch_add(e, &nb, &rows, s, s->n_computed, n);
         budget -= n;
     }
-    /* 3. admit waiting requests, in order, passing over gated choices */
+    /* 3. admit waiting requests, in order, passing over gated choices and requests waiting for
+     * a shared block (each keeping a free slot) */
     struct seq *prev = NULL;
-    while (budget > 0 && e->n_free_slots) {
+    int kept = 0;
+    while (budget > 0 && e->n_free_slots > kept) {
         struct seq *s = prev ? prev->next : e->wait_head;
         if (!s)
             break;
@@ -289,6 +294,7 @@ static int schedule(struct engine *e, struct err_detail *err)
                                              (int32_t)s->n_tok - 1);
         if (shared_block_pending(e, s, cached)) {
             engine_kv_release(e->kv, slot);
+            kept++;
             prev = s;
             continue;
         }

@@ -70,6 +70,10 @@ static void test_v2(void **state)
     put("cpu.max", "garbage\n");
     assert_int_equal(cpus_cgroup_limit(root, "0::/\n"), 0);
     assert_int_equal(cpus_cgroup_limit(root, ""), 0);
+    /* a cgroup outside the namespace's root names nothing under it */
+    put("x/cpu.max", "100000 100000\n");
+    assert_int_equal(cpus_cgroup_limit(root, "0::/../x\n"), 0);
+    assert_int_equal(cpus_cgroup_limit(root, "0::/x\n"), 1);
     assert_int_equal(cpus_cgroup_limit(root, "no colons here"), 0);
 }
 

@@ -286,6 +286,41 @@ static void test_chunking_preemption_prefix(void **state)
         free(pr[i]);
 }
 
+/* Identical prompts admitted together: the later copies wait for the first's blocks, each
+ * keeping a free slot, so the distinct requests behind them cannot take every slot (a review:
+ * passed over without one, a copy waited for a whole generation to finish). max_seqs 4: A1 and
+ * B start, A2 and A3 start a step later from the cache, C only when a slot frees. */
+static void test_shared_block_wait(void **state)
+{
+    struct fixture *f = *state;
+    enum { N = 7 };
+    static struct result res[N], alone[N];
+    int32_t *pr[N];
+    size_t np[N];
+    for (int i = 0; i < N; i++) {
+        int src = i < 3 ? 0 : i - 2; /* three copies of A, then B, C, D, E */
+        np[i] = 48 + f->n_prompt[src];
+        pr[i] = malloc(sizeof(int32_t) * np[i]);
+        for (int k = 0; k < 48; k++)
+            pr[i][k] = f->prompt[(src + k) % N_PROMPTS][k % f->n_prompt[(src + k) % N_PROMPTS]];
+        memcpy(pr[i] + 48, f->prompt[src], sizeof(int32_t) * f->n_prompt[src]);
+    }
+    struct engine_params p;
+    struct engine_stats st;
+    params(&p, 4, 512, 256, 1);
+    run_engine(f, &p, pr, np, N, 0, 0, res, &st);
+    params(&p, 16, 512, 256, 0);
+    run_engine(f, &p, pr, np, N, 0, 0, alone, NULL);
+    assert_same(alone, res, N, "shared blocks waited for");
+    for (int i = 1; i < 3; i++) { /* the copies: from the cache, before C */
+        assert_int_equal(res[i].n_cached, (np[0] - 1) / 16 * 16);
+        if (!(res[i].t_first < res[4].t_first))
+            fail_msg("copy %d started after C (%.6f >= %.6f)", i, res[i].t_first, res[4].t_first);
+    }
+    for (int i = 0; i < N; i++)
+        free(pr[i]);
+}
+
 /* Preemption policy. Three requests a, b, c are admitted in that order (max_seqs 3) and d
  * waits for a slot; the pool holds a and b to the end but not c as well. When the pool runs
  * out, the most recently admitted sequence (c) must be preempted, never a or b, and requeued at
@@ -720,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_live_load),
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_prefix_hit_logits),
+        cmocka_unit_test(test_shared_block_wait),
         cmocka_unit_test(test_preemption_policy),
         cmocka_unit_test(test_batch_invariance_greedy),
         cmocka_unit_test(test_batch_invariance_sampled),
