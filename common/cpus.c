@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The first line of a small file into text (cap > 1); 0 on success. */
+/* A small file's text into text (at most cap - 1 bytes, cap > 1); 0 on success. */
 static int read_small(const char *path, char *text, size_t cap)
 {
     FILE *f = fopen(path, "re");
@@ -99,12 +99,11 @@ int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
         const char *dots = c2 ? strstr(c2 + 1, "/..") : NULL;
         if (c2 && c2[1] == '/' && !(dots && dots < end)) {
             int v2 = c1 == line + 1 && line[0] == '0' && c2 == c1 + 1;
-            char base[4096];
             int c = 0;
             if (v2) {
-                snprintf(base, sizeof(base), "%s", root);
-                c = path_limit(base, c2 + 1, (size_t)(end - c2 - 1), 0);
+                c = path_limit(root, c2 + 1, (size_t)(end - c2 - 1), 0);
             } else if (has_cpu(c1 + 1, (size_t)(c2 - c1 - 1))) {
+                char base[4096];
                 snprintf(base, sizeof(base), "%s/cpu", root);
                 c = path_limit(base, c2 + 1, (size_t)(end - c2 - 1), 1);
             }
