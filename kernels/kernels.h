@@ -51,8 +51,15 @@ struct kern_tensor {
  * In 8 bits (KERN_KV_Q8, opt-in): the same positions hold int8 quants q, and the tile's last
  * 4 B bytes the B float scales s (token i's at byte D * B + 4 i); a token's D keys (values) of
  * one head are s q with s = max|x| / 127 and q = round(x / s) (kern_kv_quant_q8): half the
- * bytes of f16 for every attention read, at a rounding error of up to s / 2 per element. */
-enum kern_kv_dtype { KERN_KV_F16 = 0, KERN_KV_Q8 = 1 };
+ * bytes of f16 for every attention read, at a rounding error of up to s / 2 per element.
+ * In bfloat16 for the tile unit (KERN_KV_BF16T): never asked for; the CPU backend's kv_alloc
+ * picks it for KERN_KV_F16 in the bf16 matmul mode on AMX (block_size a multiple of 16,
+ * head_dim of 32), and only that backend reads it. The same bytes as f16, laid out as AMX-BF16
+ * tile products take them (word w of a tile; values rounded to bfloat16, nearest even):
+ *   key     channel c of token i: w = ((c / 2) * B + i) * 2 + c % 2   (channel pairs per token)
+ *   value   channel c of token i: w = ((i / 2) * D + c) * 2 + i % 2   (token pairs per channel)
+ */
+enum kern_kv_dtype { KERN_KV_F16 = 0, KERN_KV_Q8 = 1, KERN_KV_BF16T = 2 };
 
 #define KERN_KV_TILE_BYTES(dtype, B, D)                                                            \
     ((dtype) == KERN_KV_Q8 ? (size_t)(B) * ((size_t)(D) + 4) : (size_t)(B) * (size_t)(D) * 2)

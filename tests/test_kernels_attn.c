@@ -272,6 +272,197 @@ static void test_attention_vs_naive(void **state)
     }
 }
 
+/* ---- bf16 mode: attention on AMX tiles over a KERN_KV_BF16T pool ---------------------------- */
+
+/* Word w of a KERN_KV_BF16T tile as a float. */
+static double bf16t_at(const void *pool, size_t tile, int B, int D, size_t w)
+{
+    return kern_bf16_to_f32(((const uint16_t *)pool)[tile * (size_t)B * D + w]);
+}
+
+/* Float64 attention of row (token t, head h) from the bf16 values the tile kernel reads: q
+ * rounded to bfloat16, keys and values as stored. */
+static void naive_tiles(const struct kern_attn *a, int t, int h, double *out)
+{
+    const int D = a->head_dim, B = a->block_size, G = a->n_head / a->n_kv_head, g = h / G;
+    const int32_t first = kern_attn_first(a, t), n = a->pos[t] + 1;
+    const float *q = a->q + ((size_t)t * a->n_head + h) * D;
+    double *sc = malloc(sizeof(double) * (size_t)n), mx = -INFINITY, sum = 0;
+    for (int32_t p = first; p < n; p++) {
+        const size_t tile = (size_t)kern_block_row(&a->bt, t)[p / B] * a->n_kv_head + g;
+        const int i = p % B;
+        double d = 0;
+        for (int c = 0; c < D; c++)
+            d += (double)kern_bf16_to_f32(kern_f32_to_bf16(q[c])) *
+                 bf16t_at(a->kv.k, tile, B, D, ((size_t)(c / 2) * B + i) * 2 + c % 2);
+        d *= a->scale;
+        if (a->softcap > 0)
+            d = a->softcap * tanh(d / a->softcap);
+        sc[p] = d;
+        mx = d > mx ? d : mx;
+    }
+    for (int c = 0; c < D; c++)
+        out[c] = 0;
+    for (int32_t p = first; p < n; p++) {
+        const size_t tile = (size_t)kern_block_row(&a->bt, t)[p / B] * a->n_kv_head + g;
+        const int i = p % B;
+        const double w = exp(sc[p] - mx);
+        sum += w;
+        for (int c = 0; c < D; c++)
+            out[c] += w * bf16t_at(a->kv.v, tile, B, D, ((size_t)(i / 2) * D + c) * 2 + i % 2);
+    }
+    for (int c = 0; c < D; c++)
+        out[c] /= sum;
+    free(sc);
+}
+
+/* The AMX table's attn_tiles: against float64 on the same bf16 values, for several head
+ * shapes, block sizes, a sliding window and a softcap, over a pool whose unwritten slots hold
+ * large stale values (a tile reads whole runs of 16 positions: those past a sequence's end
+ * must not leak in; kv_store_tiles never stores NaN or infinities there);
+ * and row by row bitwise the same whether a token is computed alone, with all the others in
+ * one call, or in calls of random sizes (batch invariance). */
+static void test_attention_tiles(void **state)
+{
+    (void)state;
+    const struct kern_cpu_fns *f = isa_fns(KERN_ISA_AMX);
+    if (!f || !f->attn_tiles) {
+        print_message("attention tiles: this CPU has no AMX-BF16; not run\n");
+        return;
+    }
+    static const struct {
+        int n_head, n_kv_head, head_dim, block_size, window;
+        float softcap;
+    } shapes[] = {{9, 3, 64, 16, 0, 0},  {8, 1, 128, 32, 0, 0}, {4, 1, 256, 16, 40, 0},
+                  {8, 8, 64, 64, 0, 30}, {6, 3, 32, 16, 0, 0},  {16, 2, 64, 48, 100, 0}};
+    struct rng r = {0x711E5};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int H = shapes[si].n_head, KV = shapes[si].n_kv_head, D = shapes[si].head_dim;
+        const int B = shapes[si].block_size, G = H / KV, n_blocks = 24, len = 300, n_tok = 70;
+        const size_t tw = (size_t)B * D, pool = (size_t)n_blocks * KV * tw;
+        uint16_t *kp = malloc(2 * pool), *vp = malloc(2 * pool);
+        for (size_t i = 0; i < pool; i++) /* stale values (finite: see below) where no token was */
+            kp[i] = vp[i] = (uint16_t)(0x4000 + rng_u64(&r) % 0x3000); /* 2 .. 2^97 */
+        int32_t table[24];
+        for (int b = 0; b < n_blocks; b++)
+            table[b] = b;
+        for (int b = n_blocks - 1; b > 0; b--) {
+            int j = (int)(rng_u64(&r) % (uint64_t)(b + 1));
+            int32_t x = table[b];
+            table[b] = table[j];
+            table[j] = x;
+        }
+        float kr[256], vr[256];
+        for (int p = 0; p < len; p++)
+            for (int g = 0; g < KV; g++) {
+                for (int c = 0; c < D; c++) {
+                    kr[c] = rng_uniform(&r, -1.0f, 1.0f);
+                    vr[c] = rng_uniform(&r, -1.0f, 1.0f);
+                }
+                const size_t tile = (size_t)table[p / B] * KV + g;
+                f->kv_store_tiles(kr, vr, kp + tile * tw, vp + tile * tw, B, D, p % B);
+            }
+        /* the stored words are kern_f32_to_bf16 of what was given (spot check, last token) */
+        {
+            const int p = len - 1, g = KV - 1;
+            const size_t tile = (size_t)table[p / B] * KV + g;
+            for (int c = 0; c < D; c++) {
+                assert_int_equal(kp[tile * tw + ((size_t)(c / 2) * B + p % B) * 2 + c % 2],
+                                 kern_f32_to_bf16(kr[c]));
+                assert_int_equal(vp[tile * tw + ((size_t)(p % B / 2) * D + c) * 2 + p % B % 2],
+                                 kern_f32_to_bf16(vr[c]));
+            }
+        }
+        { /* NaN and infinities are stored as 0, so no stale slot ever holds one */
+            uint16_t kt[16 * 256], vt[16 * 256];
+            kr[0] = NAN;
+            kr[1] = INFINITY;
+            vr[0] = -INFINITY;
+            vr[D - 1] = NAN;
+            f->kv_store_tiles(kr, vr, kt, vt, 16, D, 5);
+            assert_int_equal(kt[(0 * 16 + 5) * 2 + 0], 0);
+            assert_int_equal(kt[(0 * 16 + 5) * 2 + 1], 0);
+            assert_int_equal(vt[((size_t)(5 / 2) * D + 0) * 2 + 1], 0);
+            assert_int_equal(vt[((size_t)(5 / 2) * D + D - 1) * 2 + 1], 0);
+            assert_int_equal(kt[(1 * 16 + 5) * 2 + 0], kern_f32_to_bf16(kr[2]));
+        }
+        float *q = malloc(sizeof(float) * (size_t)n_tok * H * D);
+        float *out[3];
+        for (int k = 0; k < 3; k++)
+            out[k] = malloc(sizeof(float) * (size_t)n_tok * H * D);
+        double want[256];
+        int32_t pos[70], rows[70], toks[70];
+        for (int t = 0; t < n_tok; t++) {
+            pos[t] = len - n_tok + t; /* a chunk ending at the sequence's last position */
+            rows[t] = 0;
+            toks[t] = t;
+        }
+        pos[0] = 3; /* and two tokens far back: a block none of whose keys some rows read */
+        pos[1] = 40;
+        for (int i = 0; i < n_tok * H * D; i++)
+            q[i] = rng_uniform(&r, -1.5f, 1.5f);
+        struct kern_attn a = {.n_tok = n_tok,
+                              .q = q,
+                              .out = out[0],
+                              .pos = pos,
+                              .bt = {table, rows, 24},
+                              .kv = {kp, vp, KERN_KV_BF16T},
+                              .block_size = B,
+                              .n_head = H,
+                              .n_kv_head = KV,
+                              .head_dim = D,
+                              .scale = 1.0f / sqrtf((float)D) * 4.0f,
+                              .window = shapes[si].window,
+                              .softcap = shapes[si].softcap};
+        void *ws = aligned_alloc(64, (KERN_ATTN_TILES_BYTES(D, len / 32 + 1) + 63) / 64 * 64);
+        for (int k = 0; k < 3; k++) {
+            a.out = out[k];
+            memset(out[k], 0xff, sizeof(float) * (size_t)n_tok * H * D);
+            for (int g = 0; g < KV; g++) {
+                if (k == 0) /* all tokens in one call */
+                    f->attn_tiles(&a, toks, n_tok, g, ws, NULL);
+                else if (k == 1) /* one token a call, last first */
+                    for (int t = n_tok - 1; t >= 0; t--)
+                        f->attn_tiles(&a, toks + t, 1, g, ws, NULL);
+                else /* calls of random sizes */
+                    for (int t = 0; t < n_tok;) {
+                        int m = 1 + (int)(rng_u64(&r) % 23);
+                        m = m < n_tok - t ? m : n_tok - t;
+                        f->attn_tiles(&a, toks + t, m, g, ws, NULL);
+                        t += m;
+                    }
+            }
+        }
+        double worst = 0;
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < H; h++) {
+                const size_t o = ((size_t)t * H + h) * D;
+                if (memcmp(out[0] + o, out[1] + o, sizeof(float) * D) ||
+                    memcmp(out[0] + o, out[2] + o, sizeof(float) * D))
+                    fail_msg("shape %zu token %d head %d: not the same bits alone and in a batch",
+                             si, t, h);
+                naive_tiles(&a, t, h, want);
+                for (int c = 0; c < D; c++) {
+                    const double d = fabs((double)out[0][o + c] - want[c]);
+                    if (!(d <= 5e-3))
+                        fail_msg("shape %zu token %d (pos %d) head %d ch %d: %g vs %g", si, t,
+                                 pos[t], h, c, (double)out[0][o + c], want[c]);
+                    worst = d > worst ? d : worst;
+                }
+            }
+        print_message("attention tiles H %2d KV %d D %3d B %2d window %3d softcap %2.0f: max "
+                      "|diff| %.2e\n",
+                      H, KV, D, B, shapes[si].window, (double)shapes[si].softcap, worst);
+        (void)G;
+        free(ws);
+        free(q);
+        for (int k = 0; k < 3; k++)
+            free(out[k]);
+        free(kp);
+        free(vp);
+    }
+}
+
 /* The CPU backend's KV store deferred into the attention pass (kern_attn.store, kv_store's skip)
  * writes the same pool bytes and gives bitwise the same outputs as storing every token first:
  * a batch of 3 sequences (a 21-token prefill chunk starting mid-block, one decode token, a
@@ -455,6 +646,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_vs_naive),
+        cmocka_unit_test(test_attention_tiles),
         cmocka_unit_test(test_backend_deferred_kv_store),
         cmocka_unit_test(test_row_ops_vs_double),
         cmocka_unit_test(test_rope_tables),

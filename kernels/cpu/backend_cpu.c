@@ -36,6 +36,11 @@ struct cpu_state {
     size_t bi_cap;                 /* entries allocated in bi */
     float *hb;                     /* matmul_hook: per-thread output blocks */
     size_t hb_cap;                 /* floats allocated in hb */
+    int attn_tiles;                /* bf16 mode on the AMX table: attention on the tiles */
+    void *aw;                      /* attention on the tiles: per-thread workspaces */
+    size_t aw_cap;                 /* bytes allocated in aw */
+    struct tile_item *items;       /* attention on the tiles: the call's items */
+    size_t items_cap;              /* entries allocated in items */
     char name[32];                 /* "cpu " + the table's name (kern_backend_describe) */
 };
 
@@ -645,6 +650,8 @@ static void kv_store_head(const struct kern_cpu_fns *fn, struct kern_kv_layer kv
         fn->kv_quant_q8(vr, D, (int8_t *)vt + (size_t)i * D, &vs);
         memcpy(kt + (size_t)D * B + 4 * (size_t)i, &ks, sizeof ks);
         memcpy(vt + (size_t)D * B + 4 * (size_t)i, &vs, sizeof vs);
+    } else if (kv.dtype == KERN_KV_BF16T) {
+        fn->kv_store_tiles(kr, vr, (uint16_t *)kt, (uint16_t *)vt, B, D, i);
     } else {
         uint16_t kh[KERN_MAX_HEAD_DIM];
         fn->to_f16(kr, kh, D);
@@ -735,10 +742,118 @@ static void attn_worker(void *arg, int ith, int nth)
     }
 }
 
+/* bf16 mode's attention on the AMX tiles (kern_cpu_fns.attn_tiles) over a KERN_KV_BF16T pool,
+ * which kv_alloc picks in that mode. Items are runs of consecutive tokens of one sequence in
+ * the batch (a prefill chunk, a speculative step's tokens, a decode token), at most
+ * TILE_ITEM_ROWS query rows each, so that each tile load of keys and values serves many rows. Items
+ * are claimed from a shared counter, the costliest first; an item's KV heads run in order on one
+ * thread. Which thread runs an item never changes its result. */
+#define TILE_ITEM_ROWS 128
+
+struct tile_item {
+    int32_t first, n; /* tokens [first, first + n) of the batch */
+    int64_t cost;     /* rows x positions: the order of the work */
+    int32_t blocks;   /* key blocks they span (the workspace) */
+};
+
+struct tile_job {
+    const struct kern_attn *a;
+    const struct kern_cpu_fns *fn;
+    const struct tile_item *items;
+    const int32_t *toks; /* 0 .. n_tok - 1 */
+    char *ws;            /* per-thread workspaces of ws_bytes */
+    size_t ws_bytes;
+    long n_units; /* items */
+    long next;    /* next unclaimed unit (atomic) */
+};
+
+static int tile_item_cmp(const void *x, const void *y)
+{
+    const struct tile_item *a = x, *b = y;
+    return a->cost != b->cost ? (a->cost < b->cost ? 1 : -1)
+                              : (a->first > b->first) - (a->first < b->first);
+}
+
+static void tile_worker(void *arg, int ith, int nth)
+{
+    (void)nth;
+    struct tile_job *j = arg;
+    const struct kern_attn *a = j->a;
+    const int KV = a->n_kv_head, D = a->head_dim;
+    /* an item's KV heads run in order on one thread (their tiles are neighbours in the pool);
+     * the next item is claimed as this one's last head starts, so that call can prefetch its
+     * first keys */
+    long u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    int cold = 1;
+    while (u < j->n_units) {
+        const struct tile_item *it = &j->items[u];
+        long un = -1;
+        for (int g = 0; g < KV; g++) {
+            struct kern_tiles_next nx = {j->toks + it->first, it->n, g + 1, cold};
+            if (g + 1 == KV) {
+                un = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+                nx.n = 0;
+                if (un < j->n_units) {
+                    nx.toks = j->toks + j->items[un].first;
+                    nx.n = j->items[un].n;
+                    nx.g = 0;
+                }
+            }
+            for (int32_t t = it->first; a->store && t < it->first + it->n; t++)
+                if (a->store[t]) {
+                    const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
+                    kv_store_head(j->fn, a->kv, kern_block_row(&a->bt, (int)t), a->pos[t],
+                                  a->block_size, KV, D, g, a->k_new + row, a->v_new + row);
+                }
+            j->fn->attn_tiles(a, j->toks + it->first, it->n, g, j->ws + (size_t)ith * j->ws_bytes,
+                              &nx);
+            cold = 0;
+        }
+        u = un;
+    }
+}
+
+static void attention_tiles(struct cpu_state *s, const struct kern_attn *a)
+{
+    const int G = a->n_head / a->n_kv_head;
+    const int per = TILE_ITEM_ROWS / G > 1 ? TILE_ITEM_ROWS / G : 1; /* tokens per item */
+    s->items = grow(s->items, &s->items_cap, (size_t)a->n_tok * 2, sizeof(*s->items));
+    int32_t *toks = (int32_t *)(s->items + a->n_tok); /* n_tok ids after the items */
+    size_t n_items = 0, ws = 0;
+    for (int t = 0; t < a->n_tok;) {
+        struct tile_item *it = &s->items[n_items++];
+        int32_t lo = INT32_MAX, hi = -1;
+        it->first = t;
+        do {
+            toks[t] = t;
+            const int32_t f = kern_attn_first(a, t);
+            lo = f < lo ? f : lo;
+            hi = a->pos[t] > hi ? a->pos[t] : hi;
+            t++;
+        } while (t < a->n_tok && t - it->first < per && a->bt.row[t] == a->bt.row[it->first]);
+        it->n = t - it->first;
+        it->cost = (int64_t)it->n * (hi - lo + 1);
+        it->blocks = hi / KERN_ATTN_TILE_KEYS - lo / KERN_ATTN_TILE_KEYS + 1;
+        const size_t need = KERN_ATTN_TILES_BYTES(a->head_dim, it->blocks);
+        ws = need > ws ? need : ws;
+    }
+    qsort(s->items, n_items, sizeof(*s->items), tile_item_cmp);
+    const int nth = pool_size(s->pool);
+    ws = (ws + 63) / 64 * 64;
+    s->aw = grow(s->aw, &s->aw_cap, ws * (size_t)nth, 1);
+    struct tile_job j = {a, s->fn, s->items, toks, s->aw, ws, (long)n_items, 0};
+    pool_run(s->pool, tile_worker, &j);
+}
+
 static void cpu_attention(struct kern_backend *b, const struct kern_attn *a)
 {
-    struct attn_job j = {a, st_of(b)->fn, (long)a->n_tok, 0};
-    pool_run(st_of(b)->pool, attn_worker, &j);
+    struct cpu_state *s = st_of(b);
+    if (a->kv.dtype == KERN_KV_BF16T) {
+        attention_tiles(s, a);
+        return;
+    }
+    struct attn_job j = {a, s->fn, (long)a->n_tok, 0};
+    pool_run(s->pool, attn_worker, &j);
 }
 
 /* Rows are copied in parallel chunks of rows. */
@@ -805,7 +920,6 @@ static enum status cpu_kv_alloc(struct kern_backend *b, const struct kern_kv_des
                                 int32_t n_blocks, struct kern_kv_layer *layers,
                                 struct err_detail *err)
 {
-    (void)b;
     const size_t tb = KERN_KV_TILE_BYTES(d->dtype, d->block_size, d->head_dim);
     if (n_blocks < 1 || (size_t)n_blocks > SIZE_MAX / tb / (size_t)d->n_kv_head / 2 /
                                                (size_t)d->n_layer)
@@ -826,6 +940,9 @@ static enum status cpu_kv_alloc(struct kern_backend *b, const struct kern_kv_des
         layers[l].k = (uint8_t *)k + (size_t)l * per_layer;
         layers[l].v = (uint8_t *)v + (size_t)l * per_layer;
         layers[l].dtype = d->dtype;
+        if (st_of(b)->attn_tiles && d->dtype == KERN_KV_F16 && d->block_size % 16 == 0 &&
+            d->head_dim % 32 == 0 && d->head_dim <= KERN_MAX_HEAD_DIM)
+            layers[l].dtype = KERN_KV_BF16T; /* the tile unit's layout (kernels.h) */
     }
     return ST_OK;
 }
@@ -1047,6 +1164,8 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
     }
     s->fn = fn;
     s->act = o->act;
+    const char *tiles = getenv("QUERN_ATTN_TILES"); /* "0": the vector kernels (measurements) */
+    s->attn_tiles = o->act == KERN_ACT_BF16 && fn->attn_tiles && !(tiles && !strcmp(tiles, "0"));
     snprintf(s->name, sizeof(s->name), "cpu %s", fn->name);
     b->ops = &cpu_ops;
     b->impl = s;
@@ -1066,6 +1185,8 @@ static void cpu_free(struct kern_backend *b)
     free(s->bv);
     free(s->bi);
     free(s->hb);
+    free(s->aw);
+    free(s->items);
     free(s);
     free(b);
 }

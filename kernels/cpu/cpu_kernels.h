@@ -19,6 +19,12 @@
 #define KERN_BF16_BYTES(n_tok, n) ((size_t)(n_tok) * (size_t)(n) * 2)
 #define KERN_QK_K 256 /* elements per Q4_K/Q6_K super-block */
 #define KERN_ATTN_RUN 16 /* keys per attention step (one AVX-512 vector of scores) */
+#define KERN_ATTN_TILE_KEYS       32 /* positions per key block of attn_tiles */
+/* attn_tiles' workspace for head_dim D and `blocks` key blocks (from the first position any of
+ * the call's tokens reads to the last): one query tile's rows (bf16 queries; f32 scores and
+ * bf16 weights of every position; f32 value sums of 64 channels). */
+#define KERN_ATTN_TILES_BYTES(D, blocks)                                                           \
+    (16 * (size_t)(D)*2 + 16 * (size_t)(blocks)*KERN_ATTN_TILE_KEYS * 6 + 16 * 64 * 4)
 
 /* Activations quantized per block of 32: q = round(x/d) (halves away from zero, as roundf),
  * d = max|x|/127, s = d * sum(q). A block whose d would be below FLT_MIN (all zeros, or so tiny
@@ -131,6 +137,13 @@ enum kern_isa {
  * implement point at the scalar reference (or, in the AVX-512 table, at the AVX2 kernel). Results
  * are deterministic for a given table (same inputs, same bits) but may differ slightly between
  * tables (summation order, FMA). */
+/* The call to attn_tiles a thread makes next (its first keys are prefetched while the current
+ * one ends); n 0: none. cold: no earlier call prefetched for this one. */
+struct kern_tiles_next {
+    const int32_t *toks;
+    int n, g, cold;
+};
+
 struct kern_cpu_fns {
     enum kern_isa isa; /* which instruction set these use */
     const char *name;  /* "scalar", "avx2", "avx-vnni", "avx512-vnni", "amx" */
@@ -246,6 +259,29 @@ struct kern_cpu_fns {
      * none), whose first KV blocks a kernel may prefetch while it ends this one; cold: no
      * earlier call did that for this one. Neither changes a result. */
     void (*attn_group)(const struct kern_attn *a, int t, int g, int tn, int gn, int cold);
+    /* bf16 mode's attention on AMX-BF16 tiles (the AMX table; NULL elsewhere), over a
+     * KERN_KV_BF16T pool (kernels.h; block_size a multiple of 16, head_dim of 32). Tokens
+     * toks[0 .. n) of the batch, all of one sequence, KV head g: each of their query heads of
+     * the group (a row) attends to its own positions (kern_attn_first .. pos[t]). Queries are
+     * rounded to bfloat16 (nearest even) like the pool's keys and values. Two passes per row:
+     * every score q . k (summed in f32 by the tile unit), times scale (then softcap), and
+     * their maximum m; then the weights exp(s - m) (exp16) rounded to bfloat16, their sum l
+     * (f32: 32 positions at a time in one fixed order, then in position order), and the tile
+     * unit's sums of weights times values, 16 positions at a time in position order;
+     * out = sums / l. A row's result depends on nothing but its query, its positions and the
+     * KV (positions that are not the row's weigh exactly 0, and a run of 16 of them adds
+     * zeros to sums the tile unit wrote), so results are batch invariant. ws:
+     * KERN_ATTN_TILES_BYTES bytes, 64-byte aligned. next (or NULL: the call stands alone): the
+     * call this thread makes next, whose first keys it may prefetch; the tile configuration
+     * stays loaded from a call with next->cold (the thread's first of a pass) to one with
+     * next->n 0 (its last). No result changes. */
+    void (*attn_tiles)(const struct kern_attn *a, const int32_t *toks, int n, int g, void *ws,
+                       const struct kern_tiles_next *next);
+    /* Token i's key and value rows k, v (D floats) of one head into its KERN_KV_BF16T tiles
+     * (kt, vt: block_size B), rounded to bfloat16 (nearest even), NaN and infinities as 0 (so
+     * that the slots attn_tiles weighs 0 hold finite values). With attn_tiles. */
+    void (*kv_store_tiles)(const float *k, const float *v, uint16_t *kt, uint16_t *vt, int B, int D,
+                           int i);
     /* y[i] = x[i] * (1 / sqrt(mean(x^2) + eps)) * w[i], the sum of squares in double; y may
      * alias x. */
     void (*rmsnorm)(const float *x, const float *w, float *y, int64_t n, float eps);

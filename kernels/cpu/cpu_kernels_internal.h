@@ -231,6 +231,10 @@ void kern_avx2_to_f16(const float *x, uint16_t *y, int64_t n);
 void kern_avx512_kv_quant_q8(const float *x, int n, int8_t *q, float *scale);
 void kern_avx512_attn_group(const struct kern_attn *a, int t, int g, int tn, int gn,
                             int cold);
+void kern_amx_attn_tiles(const struct kern_attn *a, const int32_t *toks, int n, int g, void *ws,
+                         const struct kern_tiles_next *next);
+void kern_amx_kv_store_tiles(const float *k, const float *v, uint16_t *kt, uint16_t *vt, int B,
+                             int D, int i);
 
 /* Row operations (ew_ref.c, ew_avx2.c, ew_avx512.c). */
 void kern_ref_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);

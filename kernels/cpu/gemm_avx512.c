@@ -715,16 +715,6 @@ void kern_avx512_gemm_q8_0_f32_packed(KERN_GEMM_PK_ARGS_F32)
  * invariant. Per 16-token group and block, prep_x3's layout is the hi, mid and lo tiles
  * (16 tokens x 32 bf16, 1 KiB each) and the 16 tokens' block sums X. */
 
-struct amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* The tile intrinsics are asm statements that do not tell the compiler which memory they touch:
- * a full compiler barrier before tiles load what C code wrote. */
-#define AMX_FENCE() __asm__ volatile("" ::: "memory")
-
 #define X3_BLK_BYTES (3 * 1024 + 64) /* one group's block in prep_x3's output */
 #define X3_BLKS      48              /* longest rows (in blocks): a panel's B tiles, 48 KiB */
 #define AMX_BF16     __attribute__((target("amx-tile,amx-bf16")))
@@ -1338,6 +1328,8 @@ void kern_amx_patch(struct kern_cpu_fns *f)
     f->gemm_bf16_swiglu[DTYPE_Q4_1] = amx_gemm_q4_1_bf16_swiglu;
     f->gemm_bf16_swiglu[DTYPE_Q8_0] = amx_gemm_q8_0_bf16_swiglu;
     f->prep_x3 = x3_prep;
+    f->attn_tiles = kern_amx_attn_tiles;
+    f->kv_store_tiles = kern_amx_kv_store_tiles;
     f->gemm_x3_packed[DTYPE_Q4_0] = amx_gemm_q4_0_x3_packed;
     f->gemm_x3_packed[DTYPE_Q4_1] = amx_gemm_q4_1_x3_packed;
     f->gemm_x3_packed[DTYPE_Q8_0] = amx_gemm_q8_0_x3_packed;

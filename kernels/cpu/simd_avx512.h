@@ -13,6 +13,17 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLL        _Pragma("GCC unroll 16")
 
+/* An AMX tile configuration (ldtilecfg's 64-byte operand). */
+struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* The tile intrinsics are asm statements that do not tell the compiler which memory they touch:
+ * a full compiler barrier before tiles load what C code wrote. */
+#define AMX_FENCE() __asm__ volatile("" ::: "memory")
+
 /* e^x on 16 lanes with the polynomial of kern_attn_exp: x clamped to at most 88, n = round(x /
  * ln2), degree-6 polynomial on the remainder, times 2^n by scalef. Lanes below -87 (and -inf,
  * NaN) give 0. Relative error < 3e-7. */
