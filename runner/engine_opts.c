@@ -258,8 +258,10 @@ void runner_engine_help(FILE *f, unsigned groups)
         fputs(
             "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
             "  --kv-block B           tokens per KV block (default 16)\n"
-            "  --kv-dtype f16|q8      KV cache storage (default f16; q8: 8 bits per value with a\n"
-            "                         scale per token and head, half the bytes, less accurate)\n"
+            "  --kv-dtype f16|q8      KV cache storage (default f16: 16 bits per value, stored\n"
+            "                         as bfloat16 for the tile unit in the bf16 matmul mode on\n"
+            "                         AMX; q8: 8 bits per value with a scale per token and head,\n"
+            "                         half the bytes, less accurate)\n"
             "  --no-window-pool       keep sliding-window layers (Gemma 3) in the main KV pool\n"
             "                         instead of their own, whose blocks are given back once out\n"
             "                         of the window (sized for sequences two windows long)\n",
