@@ -536,12 +536,16 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
     struct err_detail err = {0};
     assert_int_equal(k->kv_alloc(c->be, &desc, NB, layers, &err), ST_OK);
     const struct kern_kv_layer layer = layers[1];
+    /* the CPU's bf16 mode on AMX stores bfloat16 for its tile attention (kernels.h) */
+    const int t16 = layer.dtype == KERN_KV_BF16T;
     if (dtype == KERN_KV_F16) { /* positions never written hold infinities (a stale one may
-                                   have overflowed): no kernel may let them into an output */
+                                   have overflowed): no kernel may let them into an output;
+                                   bfloat16 stores never write one (kv_store_tiles), so there
+                                   the largest finite value */
         const size_t bytes = (size_t)NB * KV * KERN_KV_TILE_BYTES(dtype, B, D);
         uint16_t *inf = malloc(bytes);
         for (size_t i = 0; i < bytes / 2; i++)
-            inf[i] = 0x7C00;
+            inf[i] = t16 ? 0x7F7F : 0x7C00;
         k->upload(c->be, layer.k, inf, bytes);
         k->upload(c->be, layer.v, inf, bytes);
         free(inf);
@@ -679,7 +683,10 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
     float *kr = malloc(sizeof(float) * nk), *vr = malloc(sizeof(float) * nk);
     for (size_t i = 0; i < nk; i += (size_t)D)
         for (int j = 0; j < D; j++) {
-            if (dtype == KERN_KV_F16) {
+            if (t16) {
+                kr[i + j] = kern_bf16_to_f32(kern_f32_to_bf16(kk[i + j]));
+                vr[i + j] = kern_bf16_to_f32(kern_f32_to_bf16(vv[i + j]));
+            } else if (dtype == KERN_KV_F16) {
                 kr[i + j] = kern_f16_to_f32(kern_f32_to_f16(kk[i + j]));
                 vr[i + j] = kern_f16_to_f32(kern_f32_to_f16(vv[i + j]));
             } else {
@@ -689,7 +696,9 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
         }
     /* f16: the kernels' polynomial exp and f32 sums; q8: plus a quantization step of the
      * keys' and values' row maxima (2 and 1) / 127 */
-    const double tol = dtype == KERN_KV_F16 ? (c->att_tol > 0 ? c->att_tol : 2e-4) : 0.05;
+    const double tol = t16                    ? 5e-3 /* bfloat16 queries and softmax weights */
+                       : dtype == KERN_KV_F16 ? (c->att_tol > 0 ? c->att_tol : 2e-4)
+                                              : 0.05;
     double *sc = malloc(sizeof(double) * (size_t)n);
     char op[96];
     snprintf(op, sizeof(op), "kv_store+attention %s H %d KV %d D %d window %d softcap %g",
@@ -705,8 +714,10 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
             for (int p = p_lo; p <= pos[t]; p++) {
                 double d = 0;
                 const size_t kt = ((size_t)(base + p) * KV + g) * D;
-                for (int j = 0; j < D; j++)
-                    d += (double)q[((size_t)t * H + h) * D + j] * kr[kt + j];
+                for (int j = 0; j < D; j++) {
+                    const float qj = q[((size_t)t * H + h) * D + j];
+                    d += (double)(t16 ? kern_bf16_to_f32(kern_f32_to_bf16(qj)) : qj) * kr[kt + j];
+                }
                 sc[p] = d * a.scale;
                 if (softcap > 0)
                     sc[p] = softcap * tanh(sc[p] / softcap);
@@ -1013,6 +1024,8 @@ static void check_sample(struct check *c, int n_vocab)
     free(out);
 }
 
+static void check_attentions(struct check *c);
+
 static void check_backend(struct check *c, int all_ops)
 {
     static const uint32_t types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q8_0,
@@ -1037,6 +1050,16 @@ static void check_backend(struct check *c, int all_ops)
     check_ffn(c, DTYPE_Q4_1, 96, 160, 5, KERN_GLU_GELU);
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         check_small_ops(c, types[i], dtype_get(types[i])->block_elems == 256 ? 256 : 96);
+    check_attentions(c);
+    if (c->be->ops->sample) {
+        check_sample(c, 5000);
+        check_sample(c, 49152);
+    }
+}
+
+/* Attention over every KV type, head shape, window and softcap the models use. */
+static void check_attentions(struct check *c)
+{
     check_attention(c, KERN_KV_F16, 9, 3, 64, 0, 0);
     check_attention(c, KERN_KV_Q8, 9, 3, 64, 0, 0);
     check_attention(c, KERN_KV_F16, 4, 4, 32, 0, 0);
@@ -1049,10 +1072,6 @@ static void check_backend(struct check *c, int all_ops)
     check_attention(c, KERN_KV_F16, 9, 3, 64, 0, 1.5f);
     check_attention(c, KERN_KV_Q8, 4, 2, 128, 0, 1.5f);
     check_attention(c, KERN_KV_F16, 4, 1, 256, 16, 1.5f);
-    if (c->be->ops->sample) {
-        check_sample(c, 5000);
-        check_sample(c, 49152);
-    }
 }
 
 /* ---- the backends ---------------------------------------------------------------------------- */
@@ -1096,6 +1115,8 @@ static void test_cpu_backends(void **state)
                 c.cpu = kern_cpu_fns_get((enum kern_isa)i);
                 c.r.s = 1000 + i * 10 + m;
                 check_backend(&c, m == 0);
+                if (acts[m] == KERN_ACT_BF16) /* its attention runs on the tiles */
+                    check_attentions(&c);
                 printf("  %s: %s\n", label, c.fails ? "FAILED" : "every op within tolerance");
                 assert_int_equal(c.fails, 0);
                 kern_backend_free(c.be);

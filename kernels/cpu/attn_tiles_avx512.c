@@ -36,15 +36,17 @@ static AT_TARGET void at_config(int nr)
     _tile_loadconfig(&c);
 }
 
-/* x with NaN and infinite lanes made 0. */
-static ALWAYS_INLINE AT_TARGET __m512 at_finite(__m512 x)
+/* hi's and lo's 16 floats rounded to bfloat16 (nearest even; lo's in words 0-15), each NaN or
+ * infinity (also one a finite value rounded to) made 0. */
+static ALWAYS_INLINE AT_TARGET __m512i at_bf16_finite(__m512 hi, __m512 lo)
 {
-    return _mm512_maskz_mov_ps(
-        _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(3.40282347e+38f), _CMP_LE_OQ), x);
+    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, lo), e = _mm512_set1_epi16(0x7F80);
+    return _mm512_maskz_mov_epi16(_mm512_cmpneq_epi16_mask(_mm512_and_si512(w, e), e), w);
 }
 
 /* Token i's key and value rows of one head into a KERN_KV_BF16T tile (kt, vt: words), rounded
- * to bfloat16 (nearest even), NaN and infinities stored as 0: a tile product reads whole runs
+ * to bfloat16 (nearest even), NaN and infinities (also a finite value that rounds to one)
+ * stored as 0: a tile product reads whole runs
  * of 16 positions, weighing the ones past a sequence's end 0, and 0 times what an earlier owner
  * of the block left there must be 0. */
 AT_TARGET void kern_amx_kv_store_tiles(const float *k, const float *v, uint16_t *kt, uint16_t *vt,
@@ -56,13 +58,11 @@ AT_TARGET void kern_amx_kv_store_tiles(const float *k, const float *v, uint16_t 
     uint32_t *kd = (uint32_t *)kt + i; /* channel pair r at kd[r * B] */
     for (int c = 0; c < D; c += 32)    /* dword r = channels (2r, 2r + 1) */
         _mm512_i32scatter_epi32(kd + (size_t)(c / 2) * B, lane,
-                                (__m512i)_mm512_cvtne2ps_pbh(at_finite(_mm512_loadu_ps(k + c + 16)),
-                                                             at_finite(_mm512_loadu_ps(k + c))),
+                                at_bf16_finite(_mm512_loadu_ps(k + c + 16), _mm512_loadu_ps(k + c)),
                                 4);
     uint16_t *vr = vt + (size_t)(i / 2) * D * 2 + (i & 1); /* channel c at vr[2c] */
     for (int c = 0; c < D; c += 32) {
-        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(at_finite(_mm512_loadu_ps(v + c + 16)),
-                                                       at_finite(_mm512_loadu_ps(v + c)));
+        const __m512i w = at_bf16_finite(_mm512_loadu_ps(v + c + 16), _mm512_loadu_ps(v + c));
         /* word j to dword j's low (even i) or high (odd i) half */
         const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
         const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));

@@ -744,10 +744,10 @@ static void attn_worker(void *arg, int ith, int nth)
 
 /* bf16 mode's attention on the AMX tiles (kern_cpu_fns.attn_tiles) over a KERN_KV_BF16T pool,
  * which kv_alloc picks in that mode. Items are runs of consecutive tokens of one sequence in
- * the batch (a prefill chunk, a speculative step's tokens, a decode token), at most
- * TILE_ITEM_ROWS query rows each, so that each tile load of keys and values serves many rows. Items
- * are claimed from a shared counter, the costliest first; an item's KV heads run in order on one
- * thread. Which thread runs an item never changes its result. */
+ * the batch, at consecutive positions (a prefill chunk, a speculative step's tokens, a decode
+ * token), at most TILE_ITEM_ROWS query rows each, so that each tile load of keys and values serves
+ * many rows. Items are claimed from a shared counter, the costliest first; an item's KV heads run
+ * in order on one thread. Which thread runs an item never changes its result. */
 #define TILE_ITEM_ROWS 128
 
 struct tile_item {
@@ -830,7 +830,8 @@ static void attention_tiles(struct cpu_state *s, const struct kern_attn *a)
             lo = f < lo ? f : lo;
             hi = a->pos[t] > hi ? a->pos[t] : hi;
             t++;
-        } while (t < a->n_tok && t - it->first < per && a->bt.row[t] == a->bt.row[it->first]);
+        } while (t < a->n_tok && t - it->first < per && a->bt.row[t] == a->bt.row[t - 1] &&
+                 a->pos[t] == a->pos[t - 1] + 1); /* (a window's keys: between its tokens') */
         it->n = t - it->first;
         it->cost = (int64_t)it->n * (hi - lo + 1);
         it->blocks = hi / KERN_ATTN_TILE_KEYS - lo / KERN_ATTN_TILE_KEYS + 1;

@@ -278,7 +278,8 @@ struct kern_cpu_fns {
     void (*attn_tiles)(const struct kern_attn *a, const int32_t *toks, int n, int g, void *ws,
                        const struct kern_tiles_next *next);
     /* Token i's key and value rows k, v (D floats) of one head into its KERN_KV_BF16T tiles
-     * (kt, vt: block_size B), rounded to bfloat16 (nearest even), NaN and infinities as 0 (so
+     * (kt, vt: block_size B), rounded to bfloat16 (nearest even), NaN and infinities (also those
+     * a finite value rounds to) as 0 (so
      * that the slots attn_tiles weighs 0 hold finite values). With attn_tiles. */
     void (*kv_store_tiles)(const float *k, const float *v, uint16_t *kt, uint16_t *vt, int B, int D,
                            int i);
