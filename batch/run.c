@@ -705,7 +705,9 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
     cJSON *o = cJSON_CreateObject();
     const char *device = kern_backend_describe(r->group->be[0]);
     const char *matmul = kern_act_name(r->o->backend.act);
-    const char *kv = kern_kv_dtype_name((enum kern_kv_dtype)ep->kv_dtype);
+    /* as stored (f16 is bfloat16 in the CPU's bf16 mode on AMX: the tiles' attention) */
+    const char *kv =
+        kern_kv_dtype_name((enum kern_kv_dtype)engine_kv_layer(engine_get_kv(r->e), 0, 0).dtype);
     if (!o || !cJSON_AddStringToObject(o, "quern", quern_version()) ||
         !cJSON_AddStringToObject(o, "device", device) ||
         !cJSON_AddStringToObject(o, "matmul", matmul) ||

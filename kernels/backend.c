@@ -237,5 +237,5 @@ const char *kern_act_name(enum kern_act act)
 
 const char *kern_kv_dtype_name(enum kern_kv_dtype dtype)
 {
-    return dtype == KERN_KV_Q8 ? "q8" : "f16";
+    return dtype == KERN_KV_Q8 ? "q8" : dtype == KERN_KV_BF16T ? "bf16" : "f16";
 }

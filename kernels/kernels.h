@@ -407,7 +407,7 @@ const char *kern_device_resolve(const char *device);
 enum kern_act kern_default_act(const char *device, const char *isa);
 
 /* The --matmul name of a mode ("exact", "q8", "q16", "bf16") and the --kv-dtype name of a KV
- * type ("f16", "q8"); static storage. */
+ * type ("f16", "q8"; a pool's KERN_KV_BF16T: "bf16"); static storage. */
 const char *kern_act_name(enum kern_act act);
 const char *kern_kv_dtype_name(enum kern_kv_dtype dtype);
 

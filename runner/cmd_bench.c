@@ -524,8 +524,9 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "max_seqs", o.eo.ep.max_seqs);
     cJSON_AddNumberToObject(j, "max_batch_tokens", o.eo.ep.max_batch_tokens);
     cJSON_AddNumberToObject(j, "kv_block", o.eo.ep.kv_block);
-    cJSON_AddStringToObject(j, "kv_dtype",
-                            kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype));
+    cJSON_AddStringToObject(
+        j, "kv_dtype", /* as stored: f16 is bf16 in the CPU's bf16 mode */
+        kern_kv_dtype_name((enum kern_kv_dtype)engine_kv_layer(kv, 0, 0).dtype));
     cJSON_AddNumberToObject(j, "kv_blocks", engine_kv_n_blocks(kv));
     cJSON_AddNumberToObject(j, "kv_window_blocks", engine_kv_pool_blocks(kv, 1));
     cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
