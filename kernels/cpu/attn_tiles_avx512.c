@@ -81,21 +81,6 @@ static ALWAYS_INLINE AT_TARGET float at_sum_bf16(__m512i w)
     return _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
 }
 
-/* Positions [p, p + 16) of one pool block (KV head g) toward L1: their key rows (D / 2 lines,
- * B * 4 bytes apart) and their values (D / 2 lines in a row). */
-static ALWAYS_INLINE void at_prefetch(const struct kern_attn *a, const int32_t *table, int g,
-                                      int32_t p)
-{
-    const int D = a->head_dim, B = a->block_size;
-    const size_t tile = ((size_t)table[p / B] * (size_t)a->n_kv_head + (size_t)g) * (size_t)B * D;
-    const char *k = (const char *)((const uint16_t *)a->kv.k + tile + (size_t)(p % B) * 2);
-    const char *v = (const char *)((const uint16_t *)a->kv.v + tile + (size_t)(p % B) * D);
-    for (int r = 0; r < D / 2; r++) {
-        _mm_prefetch(k + (size_t)r * B * 4, _MM_HINT_T1);
-        _mm_prefetch(v + (size_t)r * 64, _MM_HINT_T1);
-    }
-}
-
 /* Where positions [p, p + 16) of KV head g are in the pool: their keys (16 rows of channel
  * pairs, B * 4 bytes apart) and values (8 rows of position pairs, D * 4 bytes apart). */
 static ALWAYS_INLINE void at_where(const struct kern_attn *a, const int32_t *table, int g,
@@ -105,6 +90,19 @@ static ALWAYS_INLINE void at_where(const struct kern_attn *a, const int32_t *tab
     const size_t tile = ((size_t)table[p / B] * (size_t)a->n_kv_head + (size_t)g) * (size_t)B * D;
     *k = (const uint16_t *)a->kv.k + tile + (size_t)(p % B) * 2;
     *v = (const uint16_t *)a->kv.v + tile + (size_t)(p % B) * D;
+}
+
+/* Positions [p, p + 16) of one pool block (KV head g) toward L2: their key rows (D / 2 lines,
+ * B * 4 bytes apart) and their values (D / 2 lines in a row). */
+static ALWAYS_INLINE void at_prefetch(const struct kern_attn *a, const int32_t *table, int g,
+                                      int32_t p)
+{
+    const uint16_t *k, *v;
+    at_where(a, table, g, p, &k, &v);
+    for (int r = 0; r < a->head_dim / 2; r++) {
+        _mm_prefetch((const char *)k + (size_t)r * a->block_size * 4, _MM_HINT_T1);
+        _mm_prefetch((const char *)v + (size_t)r * 64, _MM_HINT_T1);
+    }
 }
 
 AT_TARGET void kern_amx_attn_tiles(const struct kern_attn *a, const int32_t *toks, int n, int g,
@@ -180,25 +178,23 @@ AT_TARGET void kern_amx_attn_tiles(const struct kern_attn *a, const int32_t *tok
                         _tile_loadd(2, qb + 32 * ch, 2 * D);
                 }
                 const size_t ko = (size_t)ch * 32 * a->block_size;
-                if (ch & 1) {
-                    if (k0) {
-                        _tile_loadd(6, k0 + ko, 4 * a->block_size);
-                        _tile_dpbf16ps(0, 3, 6);
-                    }
-                    if (k1) {
-                        _tile_loadd(7, k1 + ko, 4 * a->block_size);
-                        _tile_dpbf16ps(1, 3, 7);
-                    }
-                } else {
-                    if (k0) {
-                        _tile_loadd(6, k0 + ko, 4 * a->block_size);
-                        _tile_dpbf16ps(0, 2, 6);
-                    }
-                    if (k1) {
-                        _tile_loadd(7, k1 + ko, 4 * a->block_size);
-                        _tile_dpbf16ps(1, 2, 7);
-                    }
-                }
+/* the keys of the two halves times query tile QT (tile numbers are immediates) */
+#define AT_SCORES(QT)                                                                              \
+    do {                                                                                           \
+        if (k0) {                                                                                  \
+            _tile_loadd(6, k0 + ko, 4 * a->block_size);                                            \
+            _tile_dpbf16ps(0, QT, 6);                                                              \
+        }                                                                                          \
+        if (k1) {                                                                                  \
+            _tile_loadd(7, k1 + ko, 4 * a->block_size);                                            \
+            _tile_dpbf16ps(1, QT, 7);                                                              \
+        }                                                                                          \
+    } while (0)
+                if (ch & 1)
+                    AT_SCORES(3);
+                else
+                    AT_SCORES(2);
+#undef AT_SCORES
             }
             _tile_stored(0, sb + (p0 - base), 4 * np);
             _tile_stored(1, sb + (p0 - base) + 16, 4 * np);

@@ -698,6 +698,16 @@ static void cpu_kv_store(struct kern_backend *b, struct kern_kv_layer kv,
         kv_store_worker(&j, 0, 1);
 }
 
+/* Token t's key and value rows of KV head g into the pool, as kern_attn.store defers them to
+ * the attention pass. */
+static void store_deferred(const struct kern_cpu_fns *fn, const struct kern_attn *a, int t, int g)
+{
+    const int KV = a->n_kv_head, D = a->head_dim;
+    const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
+    kv_store_head(fn, a->kv, kern_block_row(&a->bt, t), a->pos[t], a->block_size, KV, D, g,
+                  a->k_new + row, a->v_new + row);
+}
+
 /* Work items are tokens, claimed one at a time from a shared counter: their cost grows with
  * the token's position, so a static split would leave threads idle. A token's KV heads run in
  * order on one thread. Items are claimed one ahead so each call can prefetch the next one's
@@ -716,7 +726,6 @@ static void attn_worker(void *arg, int ith, int nth)
     struct attn_job *j = arg;
     const int KV = j->a->n_kv_head;
     const struct kern_attn *a = j->a;
-    const int D = a->head_dim;
     /* the next item is claimed as this one's last KV head starts, so that call knows it (for
      * its prefetches) while no item waits on a busy thread longer than one head */
     long t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
@@ -724,12 +733,8 @@ static void attn_worker(void *arg, int ith, int nth)
     while (t < j->n_items) {
         long tn = -1;
         for (int g = 0; g < KV; g++) {
-            if (a->store && a->store[t]) {
-                const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
-                kv_store_head(j->fn, a->kv, kern_block_row(&a->bt, (int)t), a->pos[t], a->block_size,
-                              KV, D, g,
-                              a->k_new + row, a->v_new + row);
-            }
+            if (a->store && a->store[t])
+                store_deferred(j->fn, a, (int)t, g);
             if (g + 1 < KV) {
                 j->fn->attn_group(a, (int)t, g, (int)t, g + 1, cold);
             } else {
@@ -753,7 +758,6 @@ static void attn_worker(void *arg, int ith, int nth)
 struct tile_item {
     int32_t first, n; /* tokens [first, first + n) of the batch */
     int64_t cost;     /* rows x positions: the order of the work */
-    int32_t blocks;   /* key blocks they span (the workspace) */
 };
 
 struct tile_job {
@@ -779,7 +783,7 @@ static void tile_worker(void *arg, int ith, int nth)
     (void)nth;
     struct tile_job *j = arg;
     const struct kern_attn *a = j->a;
-    const int KV = a->n_kv_head, D = a->head_dim;
+    const int KV = a->n_kv_head;
     /* an item's KV heads run in order on one thread (their tiles are neighbours in the pool);
      * the next item is claimed as this one's last head starts, so that call can prefetch its
      * first keys */
@@ -800,11 +804,8 @@ static void tile_worker(void *arg, int ith, int nth)
                 }
             }
             for (int32_t t = it->first; a->store && t < it->first + it->n; t++)
-                if (a->store[t]) {
-                    const size_t row = (size_t)t * (size_t)KV * (size_t)D + (size_t)g * (size_t)D;
-                    kv_store_head(j->fn, a->kv, kern_block_row(&a->bt, (int)t), a->pos[t],
-                                  a->block_size, KV, D, g, a->k_new + row, a->v_new + row);
-                }
+                if (a->store[t])
+                    store_deferred(j->fn, a, t, g);
             j->fn->attn_tiles(a, j->toks + it->first, it->n, g, j->ws + (size_t)ith * j->ws_bytes,
                               &nx);
             cold = 0;
@@ -834,8 +835,8 @@ static void attention_tiles(struct cpu_state *s, const struct kern_attn *a)
                  a->pos[t] == a->pos[t - 1] + 1); /* (a window's keys: between its tokens') */
         it->n = t - it->first;
         it->cost = (int64_t)it->n * (hi - lo + 1);
-        it->blocks = hi / KERN_ATTN_TILE_KEYS - lo / KERN_ATTN_TILE_KEYS + 1;
-        const size_t need = KERN_ATTN_TILES_BYTES(a->head_dim, it->blocks);
+        const size_t need = KERN_ATTN_TILES_BYTES(a->head_dim, hi / KERN_ATTN_TILE_KEYS -
+                                                                   lo / KERN_ATTN_TILE_KEYS + 1);
         ws = need > ws ? need : ws;
     }
     qsort(s->items, n_items, sizeof(*s->items), tile_item_cmp);
