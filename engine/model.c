@@ -462,7 +462,8 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         const int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
         enum status rs = be->ops->reserve
-                             ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd, err)
+                             ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd,
+                                                max_blocks * engine_kv_block_size(kv), err)
                              : ST_OK;
         if (rs) {
             stage_free(m);

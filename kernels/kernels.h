@@ -323,8 +323,9 @@ struct kern_ops {
     void (*kv_copy)(struct kern_backend *b, const struct kern_kv_desc *d,
                     const struct kern_kv_layer *layers, int32_t dst, int32_t src);
     /* Optional (NULL: nothing to size): allocate the backend's own scratch once for ops over up
-     * to max_tok tokens of rows of up to max_width floats, so that no op allocates later. */
-    enum status (*reserve)(struct kern_backend *b, int max_tok, int64_t max_width,
+     * to max_tok tokens of rows of up to max_width floats, whose attention spans at most
+     * max_pos positions of a sequence, so that no op allocates later. Called after kv_alloc. */
+    enum status (*reserve)(struct kern_backend *b, int max_tok, int64_t max_width, int32_t max_pos,
                            struct err_detail *err);
     /* Optional (NULL: none): the device's measured peak multiply-add rates (2 ops per MAC),
      * each loop run for about `seconds` on all the backend's threads at once: fills up to max

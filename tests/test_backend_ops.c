@@ -19,6 +19,7 @@
 
 #include "common/dtype.h"
 #include "engine/sampler.h"
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 #include "tests/test_backend_ops_util.h"
@@ -612,7 +613,17 @@ static void check_attention(struct check *c, int dtype, int H, int KV, int D, in
                           .k_new = dk,
                           .v_new = dv,
                           .n_seqs = S};
+    /* reserve sizes the attention's scratch (the tiles' workspaces grow with the positions):
+     * the call allocates nothing more */
+    size_t late = 0;
+    if (c->cpu && k->reserve) {
+        assert_int_equal(k->reserve(c->be, n, (int64_t)H * D, 8 * B, &err), ST_OK);
+        late = kern_cpu_late_allocs(c->be);
+    }
     k->attention(c->be, &a);
+    if (c->cpu && kern_cpu_late_allocs(c->be) != late)
+        report(c, "attention", "allocated %zu scratch arrays that reserve had not sized",
+               kern_cpu_late_allocs(c->be) - late);
     float *out = from_be(c, dout, sizeof(float) * nq);
     /* batch invariance: sequence 0's tokens again alone, then sequence 2's (which start 53 tokens
      * into the batch, so whatever groups tokens meets other neighbours), each with a block table
@@ -1592,6 +1603,14 @@ static void bad_kv_copy(struct kern_backend *b, const struct kern_kv_desc *d,
     g_real.kv_copy(b, &d1, layers, dst, src);
 }
 
+/* sizes the scratch for one position: attention's workspaces are then made in the call */
+static enum status bad_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
+                               int32_t max_pos, struct err_detail *err)
+{
+    (void)max_pos;
+    return g_real.reserve(b, max_tok, max_width, 1, err);
+}
+
 static void bad_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
                        int n, long width)
 {
@@ -1599,7 +1618,8 @@ static void bad_gather(struct kern_backend *b, float *dst, const float *src, con
 }
 
 /* Broken copies of the scalar table (and of the AMX table in bf16 mode where this machine has
- * it: its greedy epilogue is the only matmul_argmax the CPU backend offers). */
+ * it: its greedy epilogue is the only matmul_argmax the CPU backend offers, and only its
+ * attention's scratch grows with the positions). */
 static void test_broken_ops_fail(void **state)
 {
     (void)state;
@@ -1626,11 +1646,16 @@ static void test_broken_ops_fail(void **state)
                                         "scale",
                                         "attention (window)",
                                         "attention (softcap)",
-                                        "kv_copy"};
+                                        "kv_copy",
+                                        "reserve"};
     for (int m = 0; m < (int)(sizeof(names) / sizeof(names[0])); m++) {
-        struct kern_backend *base = m == 1 ? amx : real;
+        if (m == 16 && amx) { /* a fresh one: the checks before grew its scratch already */
+            kern_backend_free(amx);
+            assert_int_equal(kern_backend_open(&amx, &o_amx, &err), ST_OK);
+        }
+        struct kern_backend *base = m == 1 || m == 16 ? amx : real;
         if (!base) {
-            printf("  %s broken: no backend here offers it (the AMX bf16 epilogue)\n", names[m]);
+            printf("  %s broken: no backend here offers it (AMX bf16 mode)\n", names[m]);
             continue;
         }
         g_real = *base->ops;
@@ -1683,6 +1708,9 @@ static void test_broken_ops_fail(void **state)
             break;
         case 15:
             bad.kv_copy = bad_kv_copy;
+            break;
+        case 16: /* the tiles' workspaces (bf16 mode) */
+            bad.reserve = bad_reserve;
             break;
         }
         struct kern_backend be = *base;

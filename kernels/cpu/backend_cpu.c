@@ -37,11 +37,13 @@ struct cpu_state {
     float *hb;                     /* matmul_hook: per-thread output blocks */
     size_t hb_cap;                 /* floats allocated in hb */
     int attn_tiles;                /* bf16 mode on the AMX table: attention on the tiles */
+    int tile_hd;                   /* largest head_dim of a KERN_KV_BF16T pool made (0: none) */
     void *aw;                      /* attention on the tiles: per-thread workspaces */
     size_t aw_cap;                 /* bytes allocated in aw */
     struct tile_item *items;       /* attention on the tiles: the call's items */
     size_t items_cap;              /* entries allocated in items */
     char name[32];                 /* "cpu " + the table's name (kern_backend_describe) */
+    size_t late;                   /* scratch allocations made in ops (kern_cpu_late_allocs) */
 };
 
 static int packs(const struct cpu_state *s, const struct kern_tensor *w);
@@ -157,10 +159,12 @@ static int grow_to(void **p, size_t *cap, size_t need, size_t sz)
 }
 
 /* grow_to for the forward pass, where kern_ops.reserve has sized every array already (a
- * caller that skipped it gets the memory now; aborts when out of memory: nothing sensible to
- * do mid-forward). */
-static void *grow(void *p, size_t *cap, size_t need, size_t sz)
+ * caller that skipped it gets the memory now, counted in s->late; aborts when out of memory:
+ * nothing sensible to do mid-forward). */
+static void *grow(struct cpu_state *s, void *p, size_t *cap, size_t need, size_t sz)
 {
+    if (*cap < need)
+        s->late++;
     if (!grow_to(&p, cap, need, sz))
         abort();
     return p;
@@ -235,15 +239,15 @@ static void mm_input(struct cpu_state *s, const struct kern_tensor *const *w, fl
     if (quant) {
         size_t need = (size_t)n_tok * (size_t)(n / KERN_QK);
         if (s->act == KERN_ACT_Q16)
-            j.xq16 = ij.xq16 = s->xq16 = grow(s->xq16, &s->xq16_cap, need, sizeof(*s->xq16));
+            j.xq16 = ij.xq16 = s->xq16 = grow(s, s->xq16, &s->xq16_cap, need, sizeof(*s->xq16));
         else
-            j.xq = ij.xq = s->xq = grow(s->xq, &s->xq_cap, need, sizeof(*s->xq));
+            j.xq = ij.xq = s->xq = grow(s, s->xq, &s->xq_cap, need, sizeof(*s->xq));
     }
     if (x3 || bf) {
         ij.prep = bf ? s->fn->prep_bf16 : s->fn->prep_x3;
         ij.group_bytes = bf ? KERN_BF16_BYTES(16, n) : KERN_X3_BYTES(16, n);
-        ij.xs = s->xs = grow(s->xs, &s->xs_cap, bf ? KERN_BF16_BYTES(n_tok, n)
-                                                  : KERN_X3_BYTES(n_tok, n), 1);
+        ij.xs = s->xs =
+            grow(s, s->xs, &s->xs_cap, bf ? KERN_BF16_BYTES(n_tok, n) : KERN_X3_BYTES(n_tok, n), 1);
         if (bf)
             j.xb = ij.xs;
         else
@@ -312,8 +316,8 @@ static int cpu_matmul_argmax(struct kern_backend *b, const struct kern_tensor *w
     const int nth = pool_size(s->pool);
     size_t need = (size_t)nth * (size_t)n_tok;
     struct argmax_job aj = {s->fn, w, j.xb, n_tok, NULL, NULL};
-    aj.bv = s->bv = grow(s->bv, &s->bv_cap, need, sizeof(*s->bv));
-    aj.bi = s->bi = grow(s->bi, &s->bi_cap, need, sizeof(*s->bi));
+    aj.bv = s->bv = grow(s, s->bv, &s->bv_cap, need, sizeof(*s->bv));
+    aj.bi = s->bi = grow(s, s->bi, &s->bi_cap, need, sizeof(*s->bi));
     pool_run(s->pool, argmax_worker, &aj);
     for (int t = 0; t < n_tok; t++) {
         float best = aj.bv[t];
@@ -387,7 +391,7 @@ static int cpu_matmul_hook(
     struct hook_job h = {.hook = hook, .ctx = ctx, .step = hook_step(n_tok)};
     h.blk_floats = (size_t)n_tok * KERN_HOOK_ROWS * (size_t)h.step;
     const size_t nth = (size_t)pool_size(s->pool);
-    h.blk = s->hb = grow(s->hb, &s->hb_cap, nth * h.blk_floats, sizeof(float));
+    h.blk = s->hb = grow(s, s->hb, &s->hb_cap, nth * h.blk_floats, sizeof(float));
     mm_input(s, &w, NULL, 1, in, n_tok, &h.mm);
     pool_run(s->pool, hook_worker, &h);
     return 1;
@@ -436,7 +440,7 @@ static void cpu_ffn(struct kern_backend *b, const struct kern_tensor *gate,
     struct matmul_job j;
     mm_input(s, gu, guy, 2, in, n_tok, &j);
     struct swiglu_job sj = {s->fn, gate, up, j.xb, NULL, n_tok};
-    sj.h = s->xh = grow(s->xh, &s->xh_cap, KERN_BF16_BYTES(n_tok, gate->ne1), 1);
+    sj.h = s->xh = grow(s, s->xh, &s->xh_cap, KERN_BF16_BYTES(n_tok, gate->ne1), 1);
     pool_run(s->pool, swiglu_worker, &sj);
     const long down_panels = (down->ne1 + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
     struct matmul_job jd = {s->fn, &down, &y, 1, down_panels, NULL, NULL, NULL, NULL, sj.h, n_tok};
@@ -757,6 +761,7 @@ static void attn_worker(void *arg, int ith, int nth)
 
 struct tile_item {
     int32_t first, n; /* tokens [first, first + n) of the batch */
+    int32_t stored;   /* 1: its deferred stores are done (its sequence has several items) */
     int64_t cost;     /* rows x positions: the order of the work */
 };
 
@@ -803,7 +808,7 @@ static void tile_worker(void *arg, int ith, int nth)
                     nx.g = 0;
                 }
             }
-            for (int32_t t = it->first; a->store && t < it->first + it->n; t++)
+            for (int32_t t = it->first; a->store && !it->stored && t < it->first + it->n; t++)
                 if (a->store[t])
                     store_deferred(j->fn, a, t, g);
             j->fn->attn_tiles(a, j->toks + it->first, it->n, g, j->ws + (size_t)ith * j->ws_bytes,
@@ -814,17 +819,26 @@ static void tile_worker(void *arg, int ith, int nth)
     }
 }
 
+/* attn_tiles' workspace rounded to whole cache lines, for keys from position lo to hi. */
+static size_t tiles_ws_bytes(int head_dim, int32_t lo, int32_t hi)
+{
+    const size_t b =
+        KERN_ATTN_TILES_BYTES(head_dim, hi / KERN_ATTN_TILE_KEYS - lo / KERN_ATTN_TILE_KEYS + 1);
+    return (b + 63) / 64 * 64;
+}
+
 static void attention_tiles(struct cpu_state *s, const struct kern_attn *a)
 {
     const int G = a->n_head / a->n_kv_head;
     const int per = TILE_ITEM_ROWS / G > 1 ? TILE_ITEM_ROWS / G : 1; /* tokens per item */
-    s->items = grow(s->items, &s->items_cap, (size_t)a->n_tok * 2, sizeof(*s->items));
+    s->items = grow(s, s->items, &s->items_cap, (size_t)a->n_tok * 2, sizeof(*s->items));
     int32_t *toks = (int32_t *)(s->items + a->n_tok); /* n_tok ids after the items */
-    size_t n_items = 0, ws = 0;
+    size_t n_items = 0, ws = 0, chain = 0; /* chain: the first item of the current sequence */
     for (int t = 0; t < a->n_tok;) {
         struct tile_item *it = &s->items[n_items++];
         int32_t lo = INT32_MAX, hi = -1;
         it->first = t;
+        it->stored = 0;
         do {
             toks[t] = t;
             const int32_t f = kern_attn_first(a, t);
@@ -835,14 +849,27 @@ static void attention_tiles(struct cpu_state *s, const struct kern_attn *a)
                  a->pos[t] == a->pos[t - 1] + 1); /* (a window's keys: between its tokens') */
         it->n = t - it->first;
         it->cost = (int64_t)it->n * (hi - lo + 1);
-        const size_t need = KERN_ATTN_TILES_BYTES(a->head_dim, hi / KERN_ATTN_TILE_KEYS -
-                                                                   lo / KERN_ATTN_TILE_KEYS + 1);
+        const size_t need = tiles_ws_bytes(a->head_dim, lo, hi);
         ws = need > ws ? need : ws;
+        const int more = t < a->n_tok && a->bt.row[t] == a->bt.row[t - 1] &&
+                         a->pos[t] == a->pos[t - 1] + 1; /* the next item goes on with it */
+        if (!more && n_items - chain > 1 && a->store) {
+            /* A sequence cut in several items: its other items read (with weight 0) the whole
+             * key blocks around the slots its last token's deferred store writes, so those stores
+             * are done before any thread reads. */
+            for (size_t i = chain; i < n_items; i++) {
+                s->items[i].stored = 1;
+                for (int32_t u = s->items[i].first; u < s->items[i].first + s->items[i].n; u++)
+                    for (int g = 0; a->store[u] && g < a->n_kv_head; g++)
+                        store_deferred(s->fn, a, u, g);
+            }
+        }
+        if (!more)
+            chain = n_items;
     }
     qsort(s->items, n_items, sizeof(*s->items), tile_item_cmp);
     const int nth = pool_size(s->pool);
-    ws = (ws + 63) / 64 * 64;
-    s->aw = grow(s->aw, &s->aw_cap, ws * (size_t)nth, 1);
+    s->aw = grow(s, s->aw, &s->aw_cap, ws * (size_t)nth, 1);
     struct tile_job j = {a, s->fn, s->items, toks, s->aw, ws, (long)n_items, 0};
     pool_run(s->pool, tile_worker, &j);
 }
@@ -946,6 +973,8 @@ static enum status cpu_kv_alloc(struct kern_backend *b, const struct kern_kv_des
             d->head_dim % 32 == 0 && d->head_dim <= KERN_MAX_HEAD_DIM)
             layers[l].dtype = KERN_KV_BF16T; /* the tile unit's layout (kernels.h) */
     }
+    if (layers[0].dtype == KERN_KV_BF16T && d->head_dim > st_of(b)->tile_hd)
+        st_of(b)->tile_hd = d->head_dim; /* for reserve's workspace */
     return ST_OK;
 }
 
@@ -1041,9 +1070,10 @@ static size_t cpu_weight_bytes(struct kern_backend *b, const struct kern_tensor 
 
 static void cpu_free(struct kern_backend *b);
 
-/* Every scratch array at its largest for batches of max_tok tokens of rows up to max_width. */
+/* Every scratch array at its largest for batches of max_tok tokens of rows up to max_width,
+ * attention over up to max_pos positions of a sequence. */
 static enum status cpu_reserve(struct kern_backend *b, int max_tok, int64_t max_width,
-                               struct err_detail *err)
+                               int32_t max_pos, struct err_detail *err)
 {
     struct cpu_state *s = st_of(b);
     const size_t T = (size_t)max_tok, W = (size_t)max_width;
@@ -1062,6 +1092,10 @@ static enum status cpu_reserve(struct kern_backend *b, int max_tok, int64_t max_
         ok = ok && grow_to((void **)&s->bi, &s->bi_cap, nth * T, sizeof(*s->bi));
     }
     ok = ok && grow_to((void **)&s->hb, &s->hb_cap, nth * hook_block_max(max_tok), sizeof(*s->hb));
+    if (s->tile_hd && max_pos > 0) { /* attention_tiles' items and workspaces */
+        ok = ok && grow_to((void **)&s->items, &s->items_cap, T * 2, sizeof(*s->items));
+        ok = ok && grow_to(&s->aw, &s->aw_cap, nth * tiles_ws_bytes(s->tile_hd, 0, max_pos - 1), 1);
+    }
     return ok ? ST_OK
               : err_set(err, ST_ERR_NOMEM, "no memory for the CPU kernels' scratch (%d tokens)",
                         max_tok);
@@ -1196,6 +1230,11 @@ static void cpu_free(struct kern_backend *b)
 const char *kern_cpu_backend_isa(const struct kern_backend *b)
 {
     return ((const struct cpu_state *)b->impl)->fn->name;
+}
+
+size_t kern_cpu_late_allocs(const struct kern_backend *b)
+{
+    return ((const struct cpu_state *)b->impl)->late;
 }
 
 void kern_cpu_print(FILE *f)

@@ -21,6 +21,9 @@ enum status kern_cpu_backend_init(struct kern_backend **out, const struct kern_c
 int kern_cpu_isa_bf16(const char *isa);
 /* Name of the instruction set in use ("avx512-vnni", ...). */
 const char *kern_cpu_backend_isa(const struct kern_backend *b);
+/* Scratch allocations b's ops have made since it was opened because kern_ops.reserve had
+ * not sized them for the call (tests: 0 for calls within what reserve was given). */
+size_t kern_cpu_late_allocs(const struct kern_backend *b);
 /* The CPU line of kern_backends_print. */
 void kern_cpu_print(FILE *f);
 
