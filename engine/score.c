@@ -48,6 +48,8 @@ enum status engine_score(struct engine_model *m, const struct engine_score_windo
         engine_kv_free(kv);
         return st;
     }
+    if (o->kv_stored)
+        *o->kv_stored = engine_kv_layer(kv, 0, 0).dtype;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *pos = malloc(sizeof(int32_t) * (size_t)T);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)T), *target = malloc(sizeof(int32_t) * (size_t)T);
     uint8_t *want = malloc((size_t)T);

@@ -27,6 +27,8 @@ struct engine_score_opts {
     /* Optional: called after each forward step with windows finished and tokens run so far. */
     void (*progress)(void *ctx, int windows_done, long tokens_run);
     void *progress_ctx; /* its argument */
+    int *kv_stored;     /* Optional out: the KV dtype the backend stores (kern_kv_layer.dtype:
+                         * f16 is bf16 in the CPU's bf16 mode) */
 };
 
 /* Scores n_win windows: nll[k] (caller-owned, sum of (n - from) over the windows, in window

@@ -308,18 +308,28 @@ enum status io_input_next(struct io_input *in, const char **line, size_t *len,
     }
 }
 
-enum status io_input_open(struct io_input **out, const char *path, size_t max_line,
-                          struct err_detail *err)
+enum status io_input_check(const char *path, struct err_detail *err)
 {
-    *out = NULL;
-    if (max_line == 0 || max_line > ((size_t)1 << 40))
-        return err_set(err, ST_ERR_INVALID_ARG, "%s: max_line %zu out of range", path, max_line);
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(err, errno == ENOENT ? ST_ERR_NOT_FOUND : ST_ERR_IO,
                        "%s: cannot open input: %s", path, strerror(errno));
     if (S_ISDIR(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG, "%s: is a directory, not an input file", path);
+    if (access(path, R_OK) != 0)
+        return err_set(err, ST_ERR_IO, "%s: cannot open input: %s", path, strerror(errno));
+    return ST_OK;
+}
+
+enum status io_input_open(struct io_input **out, const char *path, size_t max_line,
+                          struct err_detail *err)
+{
+    *out = NULL;
+    if (max_line == 0 || max_line > ((size_t)1 << 40))
+        return err_set(err, ST_ERR_INVALID_ARG, "%s: max_line %zu out of range", path, max_line);
+    enum status cst = io_input_check(path, err);
+    if (cst)
+        return cst;
 
     struct io_input *in = calloc(1, sizeof(*in));
     if (!in)

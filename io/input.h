@@ -26,6 +26,10 @@ struct io_input_pos {
 
 struct io_input;
 
+/* What io_input_open checks before it reads: path exists, is not a directory and is readable
+ * (a command can check all its inputs before it creates anything). */
+enum status io_input_check(const char *path, struct err_detail *err);
+
 /* Open the file at path and detect its format by content (compression filter, then tar, zip
  * or plain data). Lines longer than max_line bytes (excluding the line ending) are reported
  * as per-line errors. On success *out owns the reader (close with io_input_close); on

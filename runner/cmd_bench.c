@@ -181,7 +181,9 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
             o->logprobs = (int)k;
             break;
         }
-        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            usage(stdout);
+            runner_help_exit();
         default: usage(stderr); return 0;
         }
     }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -35,11 +36,12 @@ static const char export_usage[] =
     "usage: quern export --db Q.db --job ID|NAME --out FILE [--order shard|input]\n"
     "       quern export --db PARTS_DIR --out FILE [--order shard|input]\n"
     "\n"
-    "Write the job's output records to FILE: .jsonl, .jsonl.zst, or a .tar/.tar.zst bundle\n"
-    "(shards, manifest.json and submit-time errors, unchanged); any other name gets plain\n"
-    "JSONL, except a compressed or archive name quern does not write (.gz, .tgz, .zip, .bz2,\n"
-    ".xz, .lz4, .7z), which is refused. Records of items still\n"
-    "queued or running are not there yet; run `quern status` to see what is left.\n"
+    "Write the job's output records to FILE: .jsonl, .jsonl.zst (.zstd), or a .tar/.tar.zst\n"
+    "(.tzst) bundle (shards, manifest.json and submit-time errors, unchanged); the suffix in\n"
+    "any case; any other name gets plain JSONL, except a compressed or archive name quern does\n"
+    "not write (.gz, .tgz, .zip, .bz2, .xz, .lz4, .7z), which is refused. Records of items still\n"
+    "queued or running are not there yet: export warns how many (exit 0); `quern status` shows\n"
+    "them.\n"
     "\n"
     "In .jsonl and .jsonl.zst each finished item has exactly one record: the one at the\n"
     "place (shard, record number) the queue stored when the item was committed. A shard\n"
@@ -61,7 +63,8 @@ static const char export_usage[] =
     "directly.\n"
     "\n"
     "  --order shard   shard by shard, results then errors (default; streams)\n"
-    "  --order input   the order of the input lines (holds all records in memory)\n";
+    "  --order input   the order of the input lines (holds all records in memory; not for a\n"
+    "                  bundle)\n";
 
 /* ---- lookups: record place -> item, and custom_id -> item for legacy items ------------------ */
 
@@ -235,6 +238,7 @@ struct exporter {
     int64_t cur_record;        /* index of the next line in it */
     uint64_t written;          /* records written */
     uint64_t superseded;       /* shard lines no item names, left out */
+    int64_t unfinished;        /* items of the job(s) still queued or leased */
     struct err_detail *err;    /* failure detail */
     struct archive *tar;       /* the bundle being written, or NULL */
     char tar_dir[4096];        /* the directory of the last queue's shards in it */
@@ -437,12 +441,12 @@ static enum status on_line(const char *line, size_t len, void *user)
 static enum fmt pick_format(const char *path)
 {
     size_t n = strlen(path);
-#define ENDS(s) (n >= strlen(s) && !strcmp(path + n - strlen(s), s))
-    if (ENDS(".tar.zst"))
+#define ENDS(s) (n >= strlen(s) && !strcasecmp(path + n - strlen(s), s))
+    if (ENDS(".tar.zst") || ENDS(".tar.zstd") || ENDS(".tzst"))
         return FMT_TAR_ZST;
     if (ENDS(".tar"))
         return FMT_TAR;
-    if (ENDS(".zst"))
+    if (ENDS(".zst") || ENDS(".zstd"))
         return FMT_JSONL_ZST;
     static const char *const other[] = {".gz", ".tgz", ".zip", ".bz2", ".xz", ".lz4", ".7z"};
     for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
@@ -905,10 +909,13 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
     int tar = fmt == FMT_TAR || fmt == FMT_TAR_ZST;
     exporter_reset(x);
     enum status st;
+    int64_t queued = 0, leased = 0;
     if ((st = queue_job_find(q, job, &x->job, err)) ||
+        (st = queue_job_unfinished(q, x->job.id, &queued, &leased, err)) ||
         (st = queue_item_scan_finished(q, x->job.id, on_item, x, err)) ||
         (st = queue_shard_list(q, x->job.id, &sh, &n_sh, err)))
         goto out;
+    x->unfinished += queued + leased;
     for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
         char path[4096], *dup;
         if ((st = batch_shard_path(q, &sh[i], path, sizeof(path), err)))
@@ -974,16 +981,24 @@ int runner_cmd_export(int argc, char **argv)
         default: fputs(export_usage, stderr); return RUNNER_EXIT_USAGE;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "quern export: unexpected argument '%s'\n", argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
     if (optind < argc || !db || !out || !*out || (0)) {
         fprintf(stderr, "quern export: %s\n%s",
-                optind < argc       ? "unexpected argument"
-                : db && out && *out ? "--out names a file (standard output is not offered)"
-                                    : "--db and --out (a file name) are required",
+                db && out && *out ? "--out names a file (standard output is not offered)"
+                                  : "--db and --out (a file name) are required",
                 export_usage);
         return RUNNER_EXIT_USAGE;
     }
     if (!runner_out_file_ok("export", "out", out, db))
         return RUNNER_EXIT_USAGE;
+    if (x.order_input && (pick_format(out) == FMT_TAR || pick_format(out) == FMT_TAR_ZST)) {
+        fprintf(stderr, "quern export: --order input is for .jsonl and .jsonl.zst: a bundle "
+                        "copies the shards unchanged\n");
+        return RUNNER_EXIT_USAGE;
+    }
     if (pick_format(out) == FMT_UNSUPPORTED) {
         fprintf(stderr,
                 "quern export: %s: quern writes .jsonl, .jsonl.zst, .tar or .tar.zst (and "
@@ -1060,6 +1075,10 @@ int runner_cmd_export(int argc, char **argv)
     if (!tar)
         fprintf(stderr, "quern export: %llu records to %s (%llu superseded left out)\n",
                 (unsigned long long)x.written, out, (unsigned long long)x.superseded);
+    if (x.unfinished)
+        LOG_WARN("%lld items are not finished yet (queued or running): their records are not in "
+                 "%s (quern status --db %s shows them)",
+                 (long long)x.unfinished, out, db);
     rc = RUNNER_EXIT_OK;
 out:
     if (rc)

@@ -168,7 +168,9 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
             }
             o->stops[o->n_stops++] = optarg;
             break;
-        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            usage(stdout);
+            runner_help_exit();
         default: usage(stderr); return 0;
         }
     }
@@ -187,6 +189,11 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
     }
     if (o->chat_template && !o->chat) {
         fprintf(stderr, "quern generate: --chat-template needs --chat\n");
+        return 0;
+    }
+    if (o->special && o->chat) {
+        fprintf(stderr, "quern generate: --special is for --prompt (a --chat message is plain "
+                        "text, as in a job)\n");
         return 0;
     }
     if (o->chat_template && !engine_chat_name_known(o->chat_template)) {

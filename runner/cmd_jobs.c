@@ -112,13 +112,18 @@ static int parse_jobs(const char *cmd, const char *usage, int argc, char **argv,
                 return 0;
             progress_set = 1;
             break;
-        case 'h': fputs(usage, stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            fputs(usage, stdout);
+            runner_help_exit();
         default: fputs(usage, stderr); return 0;
         }
     }
-    if (optind < argc || !o->db) {
-        fprintf(stderr, "quern %s: %s\n%s", cmd,
-                optind < argc ? "unexpected argument" : "--db is required", usage);
+    if (optind < argc) {
+        fprintf(stderr, "quern %s: unexpected argument '%s'\n", cmd, argv[optind]);
+        return 0;
+    }
+    if (!o->db) {
+        fprintf(stderr, "quern %s: --db is required\n%s", cmd, usage);
         return 0;
     }
     if ((o->watch && (!status || o->json)) || (!status && o->json)) {

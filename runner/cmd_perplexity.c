@@ -29,7 +29,8 @@ static const char ppl_usage[] =
     "first token, then each next window of --ctx tokens ends S tokens further and scores those S\n"
     "(at least ctx - S tokens of context each): every token after the first, once.\n"
     "Windows run many at a time (as many as --max-seqs and --kv-mem allow) through the batched\n"
-    "forward pass; the result does not depend on how they are batched.\n"
+    "forward pass; the result does not depend on how they are batched. A step holds at least a\n"
+    "token of each window in flight: --max-batch-tokens below that many is raised to it.\n"
     "\n"
     "  --file PATH            the text (UTF-8)\n"
     "  --ctx N                window length in tokens (default 512; at most the model's context)\n"
@@ -41,7 +42,7 @@ static const char ppl_usage[] =
 static void usage(FILE *f)
 {
     fputs(ppl_usage, f);
-    runner_engine_help(f, RUNNER_EO_ALL | RUNNER_EO_DUMMY);
+    runner_engine_help(f, (RUNNER_EO_ALL & ~RUNNER_EO_PREFIX) | RUNNER_EO_DUMMY);
     fputs("  -h, --help             this help\n", f);
 }
 
@@ -68,7 +69,7 @@ static int parse_opts(int argc, char **argv, struct ppl_opts *o)
     };
     struct option longopts[sizeof(own) / sizeof(own[0]) + RUNNER_EO_MAX_LONGOPTS];
     runner_engine_longopts(longopts, sizeof(longopts) / sizeof(longopts[0]), own,
-                           RUNNER_EO_ALL | RUNNER_EO_DUMMY);
+                           (RUNNER_EO_ALL & ~RUNNER_EO_PREFIX) | RUNNER_EO_DUMMY);
     memset(o, 0, sizeof(*o));
     runner_engine_opts_default(&o->eo);
     o->model = RUNNER_DEFAULT_MODEL;
@@ -99,7 +100,9 @@ static int parse_opts(int argc, char **argv, struct ppl_opts *o)
             if (!runner_parse_float("perplexity", "progress", optarg, 0.1, 1e6, &o->progress))
                 return 0;
             break;
-        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            usage(stdout);
+            runner_help_exit();
         default: usage(stderr); return 0;
         }
     }
@@ -117,7 +120,7 @@ static int parse_opts(int argc, char **argv, struct ppl_opts *o)
                 "needs a token of context before its first target)\n", o->stride, o->ctx);
         return 0;
     }
-    return 1;
+    return 1; /* (its batch rule: --max-batch-tokens raised to the windows in flight) */
 }
 
 /* The text, checked to be UTF-8 (a bad byte is an error naming its offset). Caller frees. */
@@ -285,8 +288,10 @@ int runner_cmd_perplexity(int argc, char **argv)
     in_flight = in_flight < n_win ? in_flight : n_win;
     in_flight = in_flight < 1 ? 1 : in_flight;
     struct ppl_progress pr = {o.progress, 0, 0, n_win, total_tok};
-    struct engine_score_opts so = {in_flight, o.eo.ep.max_batch_tokens, o.eo.ep.kv_block,
-                                   o.eo.ep.kv_dtype, on_progress, &pr};
+    int kv_stored = o.eo.ep.kv_dtype;
+    struct engine_score_opts so = {
+        in_flight, o.eo.ep.max_batch_tokens, o.eo.ep.kv_block, o.eo.ep.kv_dtype, on_progress, &pr,
+        &kv_stored};
     const double load_s = runner_now() - t_load;
     pr.t0 = pr.last = runner_now();
     if ((st = engine_score(m, win, n_win, &so, nll, &err))) {
@@ -307,17 +312,20 @@ int runner_cmd_perplexity(int argc, char **argv)
     const char *name = runner_model_label(o.model, &o.eo, label, sizeof(label));
     const char *method = stride ? "sliding" : "llama.cpp";
     if (o.json) {
-        printf("{\"file\": \"%s\", \"model\": \"%s\", \"backend\": \"%s\", \"matmul\": \"%s\", "
+        char *qfile = runner_json_quote(o.file), *qname = runner_json_quote(name);
+        printf("{\"file\": %s, \"model\": %s, \"backend\": \"%s\", \"matmul\": \"%s\", "
                "\"kv_dtype\": \"%s\", \"tp\": %d, \"method\": \"%s\", \"ctx\": %d, "
                "\"stride\": %d, \"text_tokens\": %zu, \"windows\": %d, \"windows_in_flight\": %d, "
                "\"tokens_scored\": %zu, \"mean_nll\": %.9g, \"nll_stderr\": %.9g, "
                "\"perplexity\": %.9g, \"perplexity_stderr\": %.9g, \"tokens_run\": %ld, "
                "\"seconds\": %.3f, \"tok_per_s\": %.1f, \"load_seconds\": %.3f}\n",
-               o.file, name, kern_backend_describe(grp->be[0]),
+               qfile ? qfile : "null", qname ? qname : "null", kern_backend_describe(grp->be[0]),
                kern_act_name((enum kern_act)o.eo.act),
-               kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype), grp->size, method, ctx,
-               stride, n_ids, n_win, in_flight, n_scored, mean, se, ppl, ppl * se, total_tok, secs,
+               kern_kv_dtype_name((enum kern_kv_dtype)kv_stored), grp->size, method, ctx, stride,
+               n_ids, n_win, in_flight, n_scored, mean, se, ppl, ppl * se, total_tok, secs,
                (double)total_tok / secs, load_s);
+        free(qfile);
+        free(qname);
     } else {
         printf("perplexity %.4f +/- %.4f  (mean NLL %.6f +/- %.6f nats over %zu tokens)\n", ppl,
                ppl * se, mean, se, n_scored);
@@ -326,7 +334,7 @@ int runner_cmd_perplexity(int argc, char **argv)
                stride ? "sliding, each scoring its new tokens" : "llama.cpp: second halves",
                in_flight, name, kern_backend_describe(grp->be[0]),
                kern_act_name((enum kern_act)o.eo.act),
-               kern_kv_dtype_name((enum kern_kv_dtype)o.eo.ep.kv_dtype));
+               kern_kv_dtype_name((enum kern_kv_dtype)kv_stored));
         printf("%ld tokens through the model in %.2f s: %.0f tok/s\n", total_tok, secs,
                (double)total_tok / secs);
     }

@@ -2,6 +2,7 @@
  * how many tokens and sequences of a given length the pool holds. */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -111,6 +112,8 @@ int runner_cmd_plan(int argc, char **argv)
         fprintf(stderr, "quern plan: unexpected argument '%s'\n", argv[optind]);
         return RUNNER_EXIT_USAGE;
     }
+    if (!runner_engine_opts_check("plan", &eo))
+        return RUNNER_EXIT_USAGE;
     if (cuda && eo.act == RUNNER_ACT_DEFAULT)
         eo.act = KERN_ACT_F32; /* the CUDA backend's default mode */
     if (cuda && eo.act == KERN_ACT_Q16) {
@@ -210,22 +213,25 @@ int runner_cmd_plan(int argc, char **argv)
     size_t blocks = plan.n_main > 0 ? (size_t)plan.n_main : 0;
     size_t tokens = blocks * (size_t)block;
     size_t blocks_per_seq = ((size_t)seq_len + (size_t)block - 1) / (size_t)block;
-    size_t seqs = blocks / blocks_per_seq;
+    size_t fit = blocks / blocks_per_seq; /* what the pools hold */
     int n_local = 0;
     for (int l = 0; l < hp->n_layer; l++)
         n_local += engine_model_layer_local(m, l);
     if (plan.n_local) { /* a sequence holds its window's blocks there (and a partial one) */
         size_t win = ((size_t)hp->swa_window - 1 + (size_t)block - 1) / (size_t)block + 2;
         size_t w_seqs = (size_t)plan.n_local / (win < blocks_per_seq ? win : blocks_per_seq);
-        seqs = w_seqs < seqs ? w_seqs : seqs;
+        fit = w_seqs < fit ? w_seqs : fit;
     }
+    /* the engine runs at most --max-seqs */
+    const size_t seqs = fit < (size_t)eo.ep.max_seqs ? fit : (size_t)eo.ep.max_seqs;
     size_t ctx_blocks = ((size_t)hp->n_ctx_train + (size_t)block - 1) / (size_t)block;
     int full_ctx_fits = blocks >= ctx_blocks;
     const int weights_fit = !mem || kv_mem > 0;
     char label[512];
     const char *name = runner_model_label(model, &eo, label, sizeof(label));
     if (json) {
-        printf("{\"model\": \"%s\", \"weights_bytes\": %llu, \"kv_bytes_per_token\": %zu, "
+        char *qname = runner_json_quote(name); /* NULL only when out of memory */
+        printf("{\"model\": %s, \"weights_bytes\": %llu, \"kv_bytes_per_token\": %zu, "
                "\"kv_dtype\": \"%s\", \"kv_mem\": %zu, \"kv_block\": %ld, \"kv_blocks\": %zu, "
                "\"kv_tokens\": %zu, "
                "\"seq_len\": %ld, \"sequences\": %zu, \"context\": %d, "
@@ -235,13 +241,14 @@ int runner_cmd_plan(int argc, char **argv)
                "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
                "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
                "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu}\n",
-               name, (unsigned long long)weights, per_tok,
+               qname ? qname : "null", (unsigned long long)weights, per_tok,
                kern_kv_dtype_name((enum kern_kv_dtype)dtype), kv_mem, block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
                (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
                weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
                plan.n_local ? n_local : 0, (long long)plan.n_local, cuda ? "cuda" : "cpu",
                kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve);
+        free(qname);
     } else {
         printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, %s)\n", (double)weights / 1048576.0,
@@ -293,7 +300,12 @@ int runner_cmd_plan(int argc, char **argv)
                    (double)((size_t)plan.n_local * plan.bytes_local) / 1048576.0,
                    (long long)plan.n_local, n_local, plan.window);
         }
-        printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
+        if (seqs < fit)
+            printf("sequences:           %zu of %ld tokens at once (--max-seqs; the pool holds "
+                   "%zu)\n",
+                   seqs, seq_len, fit);
+        else
+            printf("sequences:           %zu of %ld tokens at once\n", seqs, seq_len);
         printf("context:             %d tokens (%s)\n", hp->n_ctx_train,
                full_ctx_fits ? "one full-context sequence fits" : "does NOT fit");
         if (be) {

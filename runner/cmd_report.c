@@ -61,11 +61,14 @@ int runner_cmd_report(int argc, char **argv)
             return RUNNER_EXIT_USAGE;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "quern report: unexpected argument '%s'\n", argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
     if (optind < argc || !db || !out || !*out || (!strcmp(out, "-") || !strncmp(out, "/dev/", 5))) {
         fprintf(stderr, "quern report: %s\n%s",
-                optind < argc       ? "unexpected argument"
-                : db && out && *out ? "--out names a file (standard output is not offered)"
-                                    : "--db and --out (a file name) are required",
+                db && out && *out ? "--out names a file (standard output is not offered)"
+                                  : "--db and --out (a file name) are required",
                 report_usage);
         return RUNNER_EXIT_USAGE;
     }

@@ -30,7 +30,7 @@
 #define RUN_EXIT_TEMPFAIL 75
 
 static const char run_usage[] =
-    "usage: quern run --db Q.db --out DIR [options]\n"
+    "usage: quern run --db Q.db [--out DIR] [options]\n"
     "       quern run --db PARTS_DIR [--part K] [options]\n"
     "\n"
     "Process queued items (of --job, else of every job in turn) and write OpenAI Batch output\n"
@@ -219,7 +219,9 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
             if (!runner_parse_size(cmd, "shard-bytes", optarg, &o->b.shard_bytes))
                 return 0;
             break;
-        case 'h': usage(stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            usage(stdout);
+            runner_help_exit();
         default: usage(stderr); return 0;
         }
     }

@@ -190,7 +190,9 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
             if (!runner_parse_size(cmd, "max-line", optarg, &o->max_line))
                 return 0;
             break;
-        case 'h': fputs(submit_usage, stdout); exit(RUNNER_EXIT_OK);
+        case 'h':
+            fputs(submit_usage, stdout);
+            runner_help_exit();
         default: fputs(submit_usage, stderr); return 0;
         }
     }
@@ -793,6 +795,12 @@ int runner_cmd_submit(int argc, char **argv)
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }
+    for (int i = optind; i < argc; i++) /* before the queue is made: a typo creates nothing */
+        if (io_input_check(argv[i], &err)) {
+            LOG_ERROR("%s", err.msg);
+            free(model_abs);
+            return RUNNER_EXIT_ERROR;
+        }
     char *params = job_params_to_json(&o.def);
     struct batch_parts parts;
     memset(&parts, 0, sizeof(parts));

@@ -37,6 +37,8 @@ static const struct option kv_opts[] = {
 static const struct option batch_opts[] = {
     {"max-seqs", required_argument, 0, RUNNER_EO_OPT_SEQS},
     {"max-batch-tokens", required_argument, 0, RUNNER_EO_OPT_BATCH},
+};
+static const struct option prefix_opts[] = {
     {"no-prefix-cache", no_argument, 0, RUNNER_EO_OPT_NOPREFIX},
 };
 
@@ -76,6 +78,8 @@ void runner_engine_longopts(struct option *dst, size_t cap, const struct option 
         k = append(dst, k, cap, kv_opts, sizeof(kv_opts) / sizeof(kv_opts[0]));
     if (groups & RUNNER_EO_BATCH)
         k = append(dst, k, cap, batch_opts, sizeof(batch_opts) / sizeof(batch_opts[0]));
+    if (groups & RUNNER_EO_PREFIX)
+        k = append(dst, k, cap, prefix_opts, sizeof(prefix_opts) / sizeof(prefix_opts[0]));
     if (groups & RUNNER_EO_SPEC)
         k = append(dst, k, cap, spec_opts, sizeof(spec_opts) / sizeof(spec_opts[0]));
     if (groups & RUNNER_EO_DUMMY)
@@ -152,11 +156,13 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
         if (!runner_parse_long(cmd, "spec-max-k", arg, 1, ENGINE_SPEC_MAX_K, &l))
             return -1;
         o->ep.spec_max_k = (int)l;
+        o->spec_tuned = "--spec-max-k";
         return 1;
     case RUNNER_EO_OPT_SPEC_BUDGET:
         if (!strcmp(arg, "auto") || !strcmp(arg, "all")) {
             o->ep.spec_budget = arg[0] == 'a' && arg[1] == 'l' ? ENGINE_SPEC_BUDGET_ALL
                                                                : ENGINE_SPEC_BUDGET_AUTO;
+            o->spec_tuned = "--spec-budget";
             return 1;
         }
         fprintf(stderr, "quern %s: --spec-budget: '%s' is not auto or all\n", cmd, arg);
@@ -235,9 +241,10 @@ void runner_engine_help(FILE *f, unsigned groups)
             f);
     if (groups & RUNNER_EO_BATCH)
         fputs("  --max-seqs S           sequences running at once (default 256; 1 = no batching)\n"
-              "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n"
-              "  --no-prefix-cache      disable automatic prefix caching\n",
+              "  --max-batch-tokens T   tokens per forward step, >= --max-seqs (default 512)\n",
               f);
+    if (groups & RUNNER_EO_PREFIX)
+        fputs("  --no-prefix-cache      disable automatic prefix caching\n", f);
     if (groups & RUNNER_EO_SPEC)
         fprintf(
             f,
@@ -325,6 +332,11 @@ int runner_engine_opts_check(const char *cmd, const struct runner_engine_opts *o
     }
     if (!model && o->draft_model) {
         fprintf(stderr, "quern %s: --draft-model is used with --spec model\n", cmd);
+        return 0;
+    }
+    if (!o->ep.spec && o->spec_tuned) {
+        fprintf(stderr, "quern %s: %s tunes speculative decoding: give --spec too\n", cmd,
+                o->spec_tuned);
         return 0;
     }
     return 1;

@@ -15,10 +15,11 @@
 /* Groups of flags a command takes (or-ed together). */
 #define RUNNER_EO_BACKEND 0x1 /* --device --threads --isa --matmul */
 #define RUNNER_EO_KV      0x2 /* --kv-mem --kv-block --kv-dtype */
-#define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens --no-prefix-cache */
+#define RUNNER_EO_BATCH   0x4 /* --max-seqs --max-batch-tokens */
 #define RUNNER_EO_DUMMY   0x8 /* --dummy (commands that load a model by path, not run) */
 #define RUNNER_EO_SPEC    0x10 /* --spec --spec-max-k --spec-budget --draft-model */
-#define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH)
+#define RUNNER_EO_PREFIX  0x20 /* --no-prefix-cache (commands whose requests can share one) */
+#define RUNNER_EO_ALL     (RUNNER_EO_BACKEND | RUNNER_EO_KV | RUNNER_EO_BATCH | RUNNER_EO_PREFIX)
 
 /* getopt_long values of these flags; a command's own options use values below 512. */
 enum {
@@ -54,6 +55,7 @@ struct runner_engine_opts {
                               * --spec* */
     const char *dummy;       /* --dummy PRESET, or NULL (borrowed) */
     const char *draft_model; /* --draft-model PATH (with --spec model), or NULL (borrowed) */
+    const char *spec_tuned;  /* --spec-max-k or --spec-budget when given (needs --spec) */
 };
 
 /* --matmul unset: the device's default mode, which runner_engine_backend settles

@@ -105,4 +105,12 @@ double runner_now(void);
 /* Read all of stdin into a malloc'd NUL-terminated buffer (caller frees); NULL on error. */
 char *runner_read_stdin(size_t *len);
 
+/* The end of a command's --help printed on stdout: exit 0, or 1 when it did not reach stdout
+ * (a full disk, a closed descriptor), as main checks for every command that returns. */
+__attribute__((noreturn)) void runner_help_exit(void);
+
+/* s as a quoted JSON string (escaped as job_json_put_str does; NULL: null), malloc'd; NULL when
+ * out of memory. For the JSON lines commands print with printf. */
+char *runner_json_quote(const char *s);
+
 #endif

@@ -14,6 +14,7 @@
 #include "batch/batch.h"
 #include "common/cpus.h"
 #include "engine/engine.h"
+#include "jobs/json.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
 
@@ -268,4 +269,22 @@ void runner_add_spec_json(cJSON *o, const struct engine_stats *es)
     else
         cJSON_AddNullToObject(j, "survival_ece");
     cJSON_AddNumberToObject(j, "draft_s", es->spec_draft_s);
+}
+
+char *runner_json_quote(const char *s)
+{
+    struct job_json b = {0};
+    job_json_put_cstr(&b, s);
+    return job_json_take(&b);
+}
+
+void runner_help_exit(void)
+{
+    errno = 0;
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "quern: writing standard output: %s\n",
+                errno ? strerror(errno) : "write error");
+        exit(RUNNER_EXIT_ERROR);
+    }
+    exit(RUNNER_EXIT_OK);
 }

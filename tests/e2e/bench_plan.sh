@@ -33,6 +33,15 @@ p2=$(QUERN_ISA=avx2 "$Q" plan --model "$M" --json 2>/dev/null |
 grep -q "f16|q8" "$tmp/plan.err" || fail "no explanation for a bad --kv-dtype"
 "$Q" plan --model "$M" --kv-mem 100M 2>"$tmp/plan.err" >/dev/null
 grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warning for a small pool"
+# (a CLI audit) the engine runs at most --max-seqs at once; its batch checks as run's; the model
+# path escaped in JSON; --no-prefix-cache is not plan's (it was accepted and ignored)
+"$Q" plan --model "$M" --kv-mem 2G --seq-len 256 --max-seqs 100 --json >"$tmp/plan_s.json"
+[ "$(jget "$tmp/plan_s.json" '["sequences"]')" = 100 ] || fail "plan ignores --max-seqs"
+"$Q" plan --model "$M" --max-seqs 512 --max-batch-tokens 10 >/dev/null 2>&1 && fail "plan: bad batch"
+"$Q" plan --model "$M" --no-prefix-cache >/dev/null 2>&1 && fail "plan --no-prefix-cache accepted"
+mkdir -p "$tmp/a\"b\\c" && ln -s "$(realpath "$M")" "$tmp/a\"b\\c/m.gguf"
+"$Q" plan --model "$tmp/a\"b\\c/m.gguf" --json >"$tmp/plan_q.json" || fail "plan, odd path"
+[ "$(jget "$tmp/plan_q.json" '["model"]')" = "$tmp/a\"b\\c/m.gguf" ] || fail "plan JSON: the model path"
 
 "$Q" bench --model "$M" --prompts 12 --input-len 20 --output-len 5 --max-seqs 8 \
     --max-batch-tokens 64 --peak-seconds 0.2 >"$tmp/bench.json"

@@ -250,4 +250,20 @@ done
 "$Q" export --db two.db --job two --out two.jsonl --order input 2>/dev/null || fail "4: export"
 got=$(python3 -c 'import json, sys; print(" ".join(json.loads(l)["custom_id"] for l in open(sys.argv[1])))' two.jsonl)
 [ "$got" = "zz0 zz1 zz2 aa0 aa1 aa2" ] || fail "4: --order input gave $got"
+# 5. (a CLI audit) the format by the suffix in any case (.JSONL.ZST was plain text), --order
+# input refused for a bundle (it was ignored), and an export of a job with items left warns
+# how many (it said nothing)
+"$Q" export --db two.db --job two --out TWO.JSONL.ZST 2>/dev/null || fail "5: export .ZST"
+[ "$(zstd -dcq TWO.JSONL.ZST | wc -l)" = 6 ] || fail "5: TWO.JSONL.ZST is not zstd JSONL"
+"$Q" export --db two.db --job two --out two.zstd 2>/dev/null && zstd -t -q two.zstd ||
+    fail "5: .zstd is not zstd"
+rc=0
+"$Q" export --db two.db --job two --out two.tar --order input 2>e5 || rc=$?
+[ $rc = 2 ] && grep -q "bundle" e5 && [ ! -e two.tar ] || fail "5: --order input with a bundle: rc $rc"
+python3 -c 'import json
+for i in range(2):
+    print(json.dumps({"custom_id": f"w{i}", "prompt": "Hi", "max_tokens": 1}))' >w.jsonl
+"$Q" submit --db two.db --model "$M" --name waiting w.jsonl >/dev/null 2>&1 || fail "5: submit"
+"$Q" export --db two.db --job waiting --out w.export.jsonl 2>e5 || fail "5: export of a waiting job"
+grep -q "2 items are not finished" e5 || fail "5: no warning of the unfinished items: $(cat e5)"
 echo "export_identity: OK"

@@ -66,6 +66,16 @@ set -e
 [ $rc3 -eq 2 ] || fail "no prompt: rc $rc3"
 [ $rc4 -eq 1 ] && grep -q "magic" "$tmp/e4" || fail "junk model: rc $rc4 $(cat "$tmp/e4")"
 [ $rc5 -eq 2 ] || fail "unknown command: rc $rc5"
+# (a CLI audit: these were accepted and did nothing)
+for c in run status submit generate bench perplexity export tokenize; do # help lost: not 0
+    "$Q" $c --help >/dev/full 2>/dev/null && fail "$c --help >/dev/full exited 0"
+done
+for bad in "--chat hi --special" "--prompt hi --spec-max-k 4" "--prompt hi --spec-budget all"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$Q" generate --model "$M" $bad >/dev/null 2>&1 || rc=$?
+    [ $rc -eq 2 ] || fail "generate $bad: exit $rc, want 2"
+done
 # (found by a CLI audit: an unknown --chat-template was exit 1 after loading the model, and
 # ignored without --chat)
 for args in "generate --model $M --chat hi --chat-template bogus" \

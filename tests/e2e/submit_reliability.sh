@@ -235,4 +235,10 @@ grep -q "nothing was submitted" i.err || { cat i.err; fail "5: no 'nothing was s
 [ "$(sql i.db "SELECT count(*) FROM jobs") $(sql i.db "SELECT count(*) FROM items")" = "0 0" ] ||
     fail "5: the interrupted submit left a job or items"
 [ -s i.out ] && fail "5: a job id was printed"
+# 6. (a CLI audit) an input that cannot be read is found before the queue file is made: a typo
+# leaves nothing behind (it left an empty queue)
+rc=0
+"$Q" submit --db typo.db --model "$M" small.jsonl no-such-input.jsonl >/dev/null 2>typo.err || rc=$?
+[ $rc = 1 ] && grep -q "no-such-input.jsonl" typo.err || fail "6: rc $rc: $(cat typo.err)"
+ls typo.db* >/dev/null 2>&1 && fail "6: a failed submit left $(ls typo.db*)"
 echo "e2e submit_reliability: ok"
