@@ -246,7 +246,7 @@ static enum status gather(struct report *r, struct queue *q, int k, const char *
 {
     struct queue_job j = {0};
     struct queue_counts c;
-    enum status st = queue_job_find(q, job, &j, err);
+    enum status st = queue_job_find_ready(q, job, &j, err);
     if (!st)
         st = queue_job_counts(q, j.id, &c, err);
     if (st) {

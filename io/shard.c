@@ -3,6 +3,7 @@
  * the frames with ZSTD_decompressStream and checks that every frame ends on a line end. */
 #include "io/shard.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -16,6 +17,7 @@
 
 #include "common/fault.h"
 #include "common/log.h"
+#include "common/proc.h"
 
 #define SHARD_MAX_LINE ((size_t)1 << 30) /* a decoded line longer than this is corrupt data */
 
@@ -261,11 +263,38 @@ static int fault_at(const char *fault, const char *what)
     return fault_hit(site);
 }
 
+/* Remove dir's ".<name>.tmp.<tag>" files whose tag names a process that is certainly gone
+ * (io_file_replace's of a writer killed on this host). */
+static void replace_sweep(const char *dir, const char *name)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    const size_t nl = strlen(name);
+    const struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        if (nm[0] != '.' || strncmp(nm + 1, name, nl) || strncmp(nm + 1 + nl, ".tmp.", 5))
+            continue;
+        if (proc_tag_liveness(nm + 1 + nl + 5) == PROC_DEAD && !unlinkat(dirfd(d), nm, 0))
+            LOG_INFO("removed %s/%s, left by a writer that was killed", dir, nm);
+    }
+    closedir(d);
+}
+
 enum status io_file_replace(const char *dir, const char *name, const char *data, size_t len,
                             const char *fault, struct err_detail *err)
 {
-    size_t n = strlen(dir) + strlen(name) + 64;
-    char *tmp = malloc(n + 64), *final = malloc(n);
+    if (!*name)
+        return err_set(err, ST_ERR_INVALID_ARG, "%s/: a directory, not a file name", dir);
+    char tag[400];
+    if (proc_tag_self(tag, sizeof(tag))) { /* (hosts sharing dir may reuse a pid) */
+        char host[64] = "";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(tag, sizeof(tag), "%s.%ld", host, (long)getpid());
+    }
+    size_t n = strlen(dir) + strlen(name) + 8;
+    char *tmp = malloc(n + strlen(tag) + 8), *final = malloc(n);
     enum status st = ST_OK;
     int fd = -1;
     if (!tmp || !final) {
@@ -273,21 +302,25 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
         goto out;
     }
     snprintf(final, n, "%s/%s", dir, name);
-    char host[64] = "";
-    gethostname(host, sizeof(host) - 1); /* hosts sharing dir may reuse a pid */
-    snprintf(tmp, n + sizeof(host), "%s/.%s.tmp.%s.%ld", dir, name, host, (long)getpid());
+    snprintf(tmp, n + strlen(tag) + 8, "%s/.%s.tmp.%s", dir, name, tag);
+    replace_sweep(dir, name);
     /* never write through whatever is at the temp name (a symlink, a stale file): remove it
      * (unlink does not follow links) and create the file exclusively */
     if (unlink(tmp) != 0 && errno != ENOENT) {
-        st = err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
+        st = errno == EROFS || errno == EACCES || errno == EPERM
+                 ? err_set(err, ST_ERR_IO, "cannot write %s: %s", final, strerror(errno))
+                 : err_set(err, ST_ERR_IO, "%s: cannot remove: %s", tmp, strerror(errno));
         goto out;
     }
-    /* (0666: the umask decides, as for any output) */
+    /* (0666: the umask decides, as for any output; a file replaced keeps its permissions) */
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) {
         st = err_set(err, ST_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
+    struct stat old;
+    if (!stat(final, &old) && S_ISREG(old.st_mode))
+        (void)fchmod(fd, old.st_mode & 07777);
     st = fault_at(fault, "write") ? err_set(err, ST_ERR_IO, "%s: write: injected fault", tmp)
                                   : write_all(fd, data, len, tmp, err);
     if (st == ST_OK && fault_at(fault, "fsync"))

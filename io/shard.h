@@ -93,9 +93,11 @@ enum status io_shard_verify(const char *path, uint64_t limit_bytes, uint64_t *fr
                             uint64_t *records, struct err_detail *err);
 
 /* Replace dir/name with data[0..len) atomically and durably: written to a temporary file in
- * dir (created exclusively, never through a link), fsynced, renamed over name, and the
- * directory fsynced; readers see the old file or the new one, never a mix. `fault` (may be
- * NULL) names the fault-injection sites "<fault>.write", ".fsync" and ".rename". */
+ * dir, ".<name>.tmp.<tag>" (created exclusively, never through a link; the tag names this
+ * process, common/proc.h, so that a later call removes the file of a writer killed on this
+ * host), fsynced, renamed over name (keeping the old file's permissions), and the directory
+ * fsynced; readers see the old file or the new one, never a mix. `fault` (may be NULL) names
+ * the fault-injection sites "<fault>.write", ".fsync" and ".rename". */
 enum status io_file_replace(const char *dir, const char *name, const char *data, size_t len,
                             const char *fault, struct err_detail *err);
 

@@ -185,6 +185,21 @@ enum status queue_job_find(struct queue *q, const char *id_or_name, struct queue
     return job_one(q, s, what, out, err);
 }
 
+enum status queue_job_find_ready(struct queue *q, const char *id_or_name, struct queue_job *out,
+                                 struct err_detail *err)
+{
+    enum status st = queue_job_find(q, id_or_name, out, err);
+    if (st || out->ready)
+        return st;
+    st = err_set(err, ST_ERR_BUSY,
+                 "job %lld '%s' is still being submitted (or its submit was killed: the next "
+                 "submit, run or status deletes it)",
+                 (long long)out->id, out->name ? out->name : "");
+    queue_job_free(out);
+    memset(out, 0, sizeof(*out));
+    return st;
+}
+
 enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
                            struct err_detail *err)
 {

@@ -264,6 +264,12 @@ enum status queue_job_get(struct queue *q, int64_t job_id, struct queue_job *out
 enum status queue_job_find(struct queue *q, const char *id_or_name, struct queue_job *out,
                            struct err_detail *err);
 
+/* queue_job_find for commands that act on a job's items (cancel, retry, export, report): a job
+ * still being submitted, or left half-written by a submit that was killed, is ST_ERR_BUSY
+ * saying so (*out cleared): it holds no job's items yet. */
+enum status queue_job_find_ready(struct queue *q, const char *id_or_name, struct queue_job *out,
+                                 struct err_detail *err);
+
 /* Every job, oldest first, in a malloc'd array the caller frees with queue_job_list_free. */
 enum status queue_job_list(struct queue *q, struct queue_job **jobs, size_t *n,
                            struct err_detail *err);

@@ -589,8 +589,12 @@ static enum status out_open(const char *out, int *fd, int *direct, struct err_de
         return tmp_create(out, fd, err);
     if (S_ISDIR(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG, "%s is a directory: --out names a file", out);
-    if (S_ISREG(sb.st_mode))
-        return tmp_create(out, fd, err);
+    if (S_ISREG(sb.st_mode)) { /* replaced, keeping its permissions */
+        enum status st = tmp_create(out, fd, err);
+        if (!st)
+            (void)fchmod(*fd, sb.st_mode & 07777);
+        return st;
+    }
     if (!S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode) && !S_ISSOCK(sb.st_mode))
         return err_set(err, ST_ERR_INVALID_ARG,
                        "%s is not a regular file, a pipe or a character device", out);
@@ -910,7 +914,7 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
     exporter_reset(x);
     enum status st;
     int64_t queued = 0, leased = 0;
-    if ((st = queue_job_find(q, job, &x->job, err)) ||
+    if ((st = queue_job_find_ready(q, job, &x->job, err)) ||
         (st = queue_job_unfinished(q, x->job.id, &queued, &leased, err)) ||
         (st = queue_item_scan_finished(q, x->job.id, on_item, x, err)) ||
         (st = queue_shard_list(q, x->job.id, &sh, &n_sh, err)))

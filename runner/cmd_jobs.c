@@ -763,7 +763,7 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     int rc = RUNNER_EXIT_ERROR;
     /* these write: check the whole file first rather than change a damaged one */
     struct queue_options qo = {.must_exist = true, .check_integrity = true};
-    if (queue_open_opts(&q, o.db, &qo, &err) || queue_job_find(q, o.job, &j, &err) ||
+    if (queue_open_opts(&q, o.db, &qo, &err) || queue_job_find_ready(q, o.job, &j, &err) ||
         (retry ? queue_job_retry_failed(q, j.id, &n, &err) : queue_job_cancel(q, j.id, &n, &err))) {
         LOG_ERROR("%s", err.msg);
         if (!retry && n > 0)

@@ -148,9 +148,22 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
     const char *base, *qbase;
     struct stat ds, qs, os, qds;
     split_path(out, dir, sizeof(dir), &base);
-    if (stat(dir, &ds))
-        return 1; /* (writing it fails, with the reason) */
+    int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
+               !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
     const char *why = NULL;
+    if (stat(dir, &ds)) {
+        /* no directory yet: writing there fails, unless quern makes it (a run makes its job's
+         * output directory), so a name quern puts there is refused too */
+        if (!ours)
+            return 1;
+        why = "a name quern uses in a job's output directory (shards, manifests, markers)";
+        goto refuse;
+    }
+    /* the queue by its real name: SQLite names its -wal, -shm and -journal after it, not
+     * after a symlink the user typed */
+    char *rdb = db ? realpath(db, NULL) : NULL;
+    if (rdb)
+        db = rdb;
     if (db && !stat(db, &qs)) {
         if (S_ISDIR(qs.st_mode) && same_file(&qs, &ds))
             why = "a file in the partitioned queue's directory";
@@ -164,6 +177,7 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
              !strcmp(base + n, "-journal")))
             why = "the queue's own file";
     }
+    free(rdb);
     snprintf(up, sizeof(up), "%s/..", dir);
     /* a partitioned job's directory: its parts hold the markers (any part that has run) */
     glob_t parts = {0};
@@ -171,14 +185,12 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
     snprintf(pat, sizeof(pat), "%s/part-[0-9][0-9][0-9][0-9]/" BATCH_MARKER_NAME, dir);
     int partitioned = glob(pat, GLOB_NOSORT, NULL, &parts) == 0 && parts.gl_pathc > 0;
     globfree(&parts);
-    int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
-               !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
     if (!why && ours && (has_marker(dir) || has_marker(up) || partitioned))
         why = "a name quern uses in a job's output directory (shards, manifests, markers)";
     if (!why)
         return 1;
-    fprintf(stderr, "quern %s: --%s %s is %s (queue %s): write it elsewhere\n", cmd, flag, out, why,
-            db ? db : "-");
+refuse:
+    fprintf(stderr, "quern %s: --%s %s is %s: write it elsewhere\n", cmd, flag, out, why);
     return 0;
 }
 

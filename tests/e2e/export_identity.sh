@@ -134,6 +134,17 @@ rc=0; "$Q" report --db q.db --job idj --out q.db 2>o.err || rc=$?
 [ $rc = 2 ] || fail "report --out q.db: exit $rc"
 rc=0; "$Q" run --db q.db --threads 1 --metrics-file q.db 2>o.err || rc=$?
 [ $rc = 2 ] || fail "run --metrics-file q.db: exit $rc"
+# (a crash-safety audit) through a symlinked --db the queue's -wal and -shm are refused too
+# (SQLite names them after the real file; an export was renamed over the live WAL), and a name
+# quern puts in a job directory a run has not made yet (run --metrics-file
+# out/<job>/manifest.json replaced the manifest with metrics)
+ln -s q.db qlink.db
+for o in q.db-wal q.db-shm; do
+    rc=0; "$Q" export --db qlink.db --job idj --out "$o" 2>o.err || rc=$?
+    [ $rc = 2 ] && grep -q "write it elsewhere" o.err || fail "export --db qlink.db --out $o: exit $rc"
+done
+rc=0; "$Q" run --db q.db --threads 1 --metrics-file out/newjob/manifest.json 2>o.err || rc=$?
+[ $rc = 2 ] && [ ! -e out/newjob ] || fail "run --metrics-file out/newjob/manifest.json: exit $rc"
 cmp -s q.db q.save && [ "$(cat out/idj/manifest.json)" = "$man" ] && cmp -s "$res0" res0.save ||
     fail "a refused output changed the queue or the job's files"
 "$Q" export --db q.db --job idj --out out/idj/all.jsonl 2>/dev/null && rm out/idj/all.jsonl ||

@@ -54,6 +54,21 @@ set +e # a queue file without --job is a usage error (2), and writes nothing
 rc=$?
 set -e
 [ $rc -eq 2 ] && [ ! -e nojob.html ] || fail "report without --job: exit $rc, want 2"
+# (a crash-safety audit) the temporary file of a report killed on this host is removed by the
+# next one (its tag names a process that is gone), those of live processes and other hosts
+# kept; a replaced report keeps its permissions (0600 became 0644)
+ns=$(readlink /proc/$$/ns/pid | tr -dc 0-9)
+boot=$(head -c 12 /proc/sys/kernel/random/boot_id)
+ticks=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20)
+dead=$(sh -c 'echo $$')
+touch ".report.html.tmp.$dead.1.$ns.$boot.$(hostname)" ".report.html.tmp.$$.$ticks.$ns.$boot.$(hostname)" \
+    ".report.html.tmp.$dead.1.$ns.$boot.not-$(hostname)"
+chmod 600 report.html
+"$Q" report --db q.db --job jr --out report.html --cost-per-hour 3 2>rep.err || fail "report again"
+[ "$(ls -A | grep -c '^\.report\.html\.tmp\.')" = 2 ] && [ ! -e ".report.html.tmp.$dead.1.$ns.$boot.$(hostname)" ] ||
+    fail "temp files after a report: $(ls -A | grep tmp)"
+[ "$(stat -c %a report.html)" = 600 ] || fail "report.html became $(stat -c %a report.html)"
+rm -f .report.html.tmp.*
 "$Q" status --db q.db --json >st.json 2>/dev/null
 sqlite3 -json q.db "SELECT state, prompt_tokens, completion_tokens, ttft_ms, tpot_ms FROM items" >items.json
 sqlite3 -json q.db "SELECT id, started, ended, heartbeat, exit_reason FROM runs WHERE kind = 'run'" >runs.json

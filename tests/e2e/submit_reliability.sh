@@ -86,6 +86,16 @@ for name in big big2; do
     n=$(sql k.db "SELECT count(*) FROM items JOIN jobs ON jobs.id = job_id WHERE name = '$name'")
     [ "$n" -gt 0 ] && [ "$n" -lt "$BIG" ] || fail "1: $n items committed at the kill"
     [ "$(sql k.db "SELECT ready FROM jobs WHERE name = '$name'")" = 0 ] || fail "1: job is ready"
+    # (a crash-safety audit) commands that act on a job's items refuse the half-written job:
+    # they reported "0 records", wrote a report, or "cancelled" its items
+    for c in "cancel --job $name" "retry --job $name --failed" "export --job $name --out k.x.jsonl" \
+        "report --job $name --out k.x.html"; do
+        rc=0
+        # shellcheck disable=SC2086
+        "$Q" $c --db k.db >/dev/null 2>k.cmd || rc=$?
+        [ $rc = 1 ] && grep -q "still being submitted" k.cmd || fail "1: $c: exit $rc $(cat k.cmd)"
+    done
+    [ ! -e k.x.jsonl ] && [ ! -e k.x.html ] || fail "1: an output of the half-written job"
     if [ "$name" = big ]; then
         # status deletes the dead submit's job and shows nothing
         "$Q" status --db k.db >k.status 2>&1 || fail "1: status"
