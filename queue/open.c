@@ -586,6 +586,8 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     struct queue_options def = {0};
     if (!opts)
         opts = &def;
+    if (!path || !*path)
+        return err_set(err, ST_ERR_INVALID_ARG, "the queue's path (--db) is empty");
     /* Nothing below may create or change the file until the checks have passed. */
     enum status st = check_fs(path, opts, err);
     if (st == ST_OK)

@@ -165,7 +165,13 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         }
         switch (c) {
         case R_DB: o->b.db = optarg; break;
-        case R_OUT: o->b.out = optarg; break;
+        case R_OUT:
+            if (!*optarg) { /* (it meant the working directory) */
+                fprintf(stderr, "quern run: --out is empty\n");
+                return 0;
+            }
+            o->b.out = optarg;
+            break;
         case R_JOB: o->b.job = optarg; break;
         case R_LOCK: o->lock = optarg; break;
         case R_WORKER:

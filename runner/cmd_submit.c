@@ -138,7 +138,13 @@ static int parse_submit(int argc, char **argv, struct submit_opts *o)
             o->name = optarg;
             break;
         }
-        case S_OUT: o->out = optarg; break;
+        case S_OUT:
+            if (!*optarg) { /* (it meant the working directory) */
+                fprintf(stderr, "quern submit: --out is empty\n");
+                return 0;
+            }
+            o->out = optarg;
+            break;
         case S_STRICT: o->strict = 1; break;
         case S_MAXTOK:
             if (!runner_parse_long(cmd, "max-tokens", optarg, 1, 1 << 24, &l))

@@ -60,14 +60,29 @@ int main(int argc, char **argv)
 
 static int dispatch(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-        !strcmp(argv[1], "help")) {
+    if (argc == 3 && !strcmp(argv[1], "help")) { /* quern help CMD: CMD's help */
+        char *av[] = {argv[0], argv[2], "--help", NULL};
+        return dispatch(3, av);
+    }
+    if (argc < 2 ||
+        ((!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) &&
+         argc == 2)) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? RUNNER_EXIT_USAGE : RUNNER_EXIT_OK;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version"))
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        if (argc > 2) {
+            fprintf(stderr, "quern: unexpected argument '%s'\n", argv[2]);
+            return RUNNER_EXIT_USAGE;
+        }
         return version();
+    }
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        fprintf(stderr, "quern: unexpected argument '%s' (quern help COMMAND: its help)\n",
+                argv[2]);
+        return RUNNER_EXIT_USAGE;
+    }
     if (!strcmp(cmd, "submit"))
         return runner_cmd_submit(argc - 1, argv + 1);
     if (!strcmp(cmd, "run"))

@@ -18,13 +18,40 @@
 #include "kernels/kernels.h"
 #include "runner/runner.h"
 
+/* The end of the plain decimal number s starts with: an optional '-' (when sign), digits with
+ * at most one '.' (when frac; at least one digit), an exponent e[+-]digits (when exp); NULL when
+ * there is none. Callers require strtol/strtod to end there too: no spaces, '+', hex ("0x10"
+ * read as 16), inf or nan. */
+static const char *plain_number(const char *s, int sign, int frac, int exp)
+{
+    if (sign && *s == '-')
+        s++;
+    size_t d = strspn(s, "0123456789");
+    s += d;
+    if (frac && *s == '.') {
+        size_t f = strspn(s + 1, "0123456789");
+        d += f;
+        s += 1 + f;
+    }
+    if (!d)
+        return NULL;
+    if (exp && (*s == 'e' || *s == 'E')) {
+        s += 1 + (s[1] == '+' || s[1] == '-');
+        size_t e = strspn(s, "0123456789");
+        if (!e)
+            return NULL;
+        s += e;
+    }
+    return s;
+}
+
 int runner_parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
                       long *out)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
+    if (plain_number(s, 1, 0, 0) != end || errno || end == s || *end || v < lo || v > hi) {
         fprintf(stderr, "quern %s: bad value for --%s: '%s' (want an integer in %ld..%ld)\n", cmd,
                 flag, s, lo, hi);
         return 0;
@@ -53,7 +80,8 @@ int runner_parse_float(const char *cmd, const char *flag, const char *s, double 
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+    if (plain_number(s, 1, 1, 1) != end || errno || end == s || *end || !isfinite(v) || v < lo ||
+        v > hi) {
         fprintf(stderr, "quern %s: bad value for --%s: '%s' (want a number in %g..%g)\n", cmd,
                 flag, s, lo, hi);
         return 0;
@@ -93,6 +121,8 @@ int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *
     char *end;
     errno = 0;
     double v = strtod(s, &end);
+    if (plain_number(s, 0, 1, 0) != end)
+        end = (char *)s; /* (refused below) */
     double mul = 1;
     switch (*end) {
     case 'k': case 'K': mul = 1024.0; end++; break;

@@ -39,6 +39,9 @@ grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warn
 [ "$(jget "$tmp/plan_s.json" '["sequences"]')" = 100 ] || fail "plan ignores --max-seqs"
 "$Q" plan --model "$M" --max-seqs 512 --max-batch-tokens 10 >/dev/null 2>&1 && fail "plan: bad batch"
 "$Q" plan --model "$M" --no-prefix-cache >/dev/null 2>&1 && fail "plan --no-prefix-cache accepted"
+for v in 0x10 1e3 " 2G" +2G; do
+    "$Q" plan --model "$M" --kv-mem "$v" >/dev/null 2>&1 && fail "plan --kv-mem '$v' accepted"
+done
 mkdir -p "$tmp/a\"b\\c" && ln -s "$(realpath "$M")" "$tmp/a\"b\\c/m.gguf"
 "$Q" plan --model "$tmp/a\"b\\c/m.gguf" --json >"$tmp/plan_q.json" || fail "plan, odd path"
 [ "$(jget "$tmp/plan_q.json" '["model"]')" = "$tmp/a\"b\\c/m.gguf" ] || fail "plan JSON: the model path"

@@ -70,6 +70,19 @@ set -e
 for c in run status submit generate bench perplexity export tokenize; do # help lost: not 0
     "$Q" $c --help >/dev/full 2>/dev/null && fail "$c --help >/dev/full exited 0"
 done
+# numbers as plain decimals (" 4", "+4", "0x10" and "1e3" were read by strtol/strtod)
+for v in " 4" "+4" "0x10" "1e3"; do
+    rc=0
+    "$Q" generate --model "$M" --prompt hi --max-tokens "$v" >/dev/null 2>&1 || rc=$?
+    [ $rc -eq 2 ] || fail "--max-tokens '$v': exit $rc, want 2"
+done
+for v in "0x1" "+0.5" " 0.5"; do
+    rc=0
+    "$Q" generate --model "$M" --prompt hi --max-tokens 1 --temperature "$v" >/dev/null 2>&1 || rc=$?
+    [ $rc -eq 2 ] || fail "--temperature '$v': exit $rc, want 2"
+done
+"$Q" generate --model "$M" --prompt hi --max-tokens 1 --temperature 5e-1 >/dev/null 2>&1 ||
+    fail "--temperature 5e-1"
 for bad in "--chat hi --special" "--prompt hi --spec-max-k 4" "--prompt hi --spec-budget all"; do
     rc=0
     # shellcheck disable=SC2086
