@@ -181,14 +181,15 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
     int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
                !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
     const char *why = NULL;
-    if (stat(dir, &ds)) {
-        /* no directory yet: writing there fails, unless quern makes it (a run makes its job's
-         * output directory), so a name quern puts there is refused too */
-        if (!ours)
-            return 1;
+    if (!strcmp(cmd, "run") && ours && base[0] != '.') {
+        /* a run makes job directories as it goes: a file it writes there must not take one of
+         * their names, wherever it is (--metrics-file out/<job>/manifest.json replaced the
+         * manifest with metrics when out/<job> was made after this check) */
         why = "a name quern uses in a job's output directory (shards, manifests, markers)";
         goto refuse;
     }
+    if (stat(dir, &ds))
+        return 1; /* (writing it fails, with the reason) */
     /* the queue by its real name: SQLite names its -wal, -shm and -journal after it, not
      * after a symlink the user typed */
     char *rdb = db ? realpath(db, NULL) : NULL;

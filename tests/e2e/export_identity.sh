@@ -143,8 +143,12 @@ for o in q.db-wal q.db-shm; do
     rc=0; "$Q" export --db qlink.db --job idj --out "$o" 2>o.err || rc=$?
     [ $rc = 2 ] && grep -q "write it elsewhere" o.err || fail "export --db qlink.db --out $o: exit $rc"
 done
-rc=0; "$Q" run --db q.db --threads 1 --metrics-file out/newjob/manifest.json 2>o.err || rc=$?
-[ $rc = 2 ] && [ ! -e out/newjob ] || fail "run --metrics-file out/newjob/manifest.json: exit $rc"
+for d in newjob madejob; do
+    [ $d = madejob ] && mkdir out/madejob # (made before the run, still without a marker)
+    rc=0; "$Q" run --db q.db --threads 1 --metrics-file out/$d/manifest.json 2>o.err || rc=$?
+    [ $rc = 2 ] && [ ! -e out/$d/manifest.json ] || fail "run --metrics-file out/$d/manifest.json: exit $rc"
+done
+rmdir out/madejob
 cmp -s q.db q.save && [ "$(cat out/idj/manifest.json)" = "$man" ] && cmp -s "$res0" res0.save ||
     fail "a refused output changed the queue or the job's files"
 "$Q" export --db q.db --job idj --out out/idj/all.jsonl 2>/dev/null && rm out/idj/all.jsonl ||
