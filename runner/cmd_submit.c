@@ -750,6 +750,12 @@ int runner_cmd_submit(int argc, char **argv)
     if (!parse_submit(argc, argv, &o))
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
+    /* the inputs first: a typo fails at once, before the model is hashed or the queue made */
+    for (int i = optind; i < argc; i++)
+        if (io_input_check(argv[i], &err)) {
+            LOG_ERROR("%s", err.msg);
+            return RUNNER_EXIT_ERROR;
+        }
     struct submit s;
     memset(&s, 0, sizeof(s));
     if (o.partitions && !(s.inputs = cJSON_CreateArray())) {
@@ -801,12 +807,6 @@ int runner_cmd_submit(int argc, char **argv)
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }
-    for (int i = optind; i < argc; i++) /* before the queue is made: a typo creates nothing */
-        if (io_input_check(argv[i], &err)) {
-            LOG_ERROR("%s", err.msg);
-            free(model_abs);
-            return RUNNER_EXIT_ERROR;
-        }
     char *params = job_params_to_json(&o.def);
     struct batch_parts parts;
     memset(&parts, 0, sizeof(parts));
