@@ -200,16 +200,22 @@ size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampl
     size_t start = 0;
     if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)
         start = n_history - (size_t)p->repeat_last_n;
+    /* s->count[t]: 0 unseen, else 1 + its generated occurrences */
+    const int rep = p->repeat_penalty != 1.0f;
     size_t n = 0;
     for (size_t i = start; i < n_history; i++) {
         int32_t t = history[i];
-        if (t < 0 || t >= s->n_vocab)
+        const int gen = i >= (size_t)p->counted_from;
+        if (t < 0 || t >= s->n_vocab || !(gen || rep))
             continue;
-        if (s->count[t]++ == 0)
+        if (s->count[t] == 0) {
             ids[n++] = t;
+            s->count[t] = 1;
+        }
+        s->count[t] += gen;
     }
     for (size_t j = 0; j < n; j++) {
-        counts[j] = s->count[ids[j]];
+        counts[j] = s->count[ids[j]] - 1;
         s->count[ids[j]] = 0;
     }
     return n;
@@ -229,7 +235,7 @@ float engine_sampler_penalise(const struct engine_sampling *p, float l, int32_t 
 {
     if (p->repeat_penalty != 1.0f)
         l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-    return l - ((float)count * p->frequency_penalty + p->presence_penalty);
+    return l - ((float)count * p->frequency_penalty + (count > 0 ? p->presence_penalty : 0.0f));
 }
 
 int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,

@@ -19,14 +19,19 @@ struct engine_sampling {
     float min_p;           /* drop tokens with p < min_p * p_max; 0 = off */
     float repeat_penalty;  /* tokens in the window: logit > 0 ? logit / rp : logit * rp; 1 = off */
     int32_t repeat_last_n; /* penalty window in tokens: -1 = whole history, 0 = no penalties */
-    float frequency_penalty; /* logit -= count * fp, count = occurrences in the window */
-    float presence_penalty;  /* logit -= pp when count > 0 */
+    float frequency_penalty; /* logit -= count * fp, count = generated occurrences in the window */
+    float presence_penalty;  /* logit -= pp when that count > 0 */
     uint64_t seed;           /* job/request seed, mixed with the request id by engine_rng_seed */
+    /* Not a request parameter: the history index of the first generated token (the engine
+     * sets the prompt's length). Frequency and presence count only tokens from there on, as
+     * OpenAI's do (tokens sampled so far); the repetition penalty covers the prompt too
+     * (llama.cpp's and Hugging Face's). 0: all of history counts. */
+    uint32_t counted_from;
 };
 
-/* Temperature 1, top_p 1, repeat_penalty 1, every other penalty and filter off, seed 0;
- * repeat_last_n -1 so that a request setting only frequency/presence penalties gets the
- * OpenAI behaviour (counts over the whole history). */
+/* Temperature 1, top_p 1, repeat_penalty 1, every other penalty and filter off, seed 0,
+ * counted_from 0; repeat_last_n -1 so that a request setting only frequency/presence
+ * penalties gets the OpenAI behaviour (counts over everything generated). */
 void engine_sampling_default(struct engine_sampling *p);
 
 /* 1 when sampling with p is the plain argmax of the logits (greedy, no penalties): the engine
@@ -112,9 +117,11 @@ int32_t engine_sample(struct engine_sampler *s, const struct engine_sampling *p,
                       const int32_t *history, size_t n_history, float *logprob);
 
 /* The penalties engine_sample applies for p after history: the distinct tokens among the last
- * repeat_last_n of history (ids outside [0, n_vocab) ignored), in first-seen order, into ids with
- * their counts; returns how many (0 when p penalises nothing). ids and counts must hold the
- * window's length (at most n_history). A backend that samples (kern_ops.sample) gets these. */
+ * repeat_last_n of history (ids outside [0, n_vocab) ignored) that a penalty touches (with a
+ * repetition penalty all of them; else those generated, from p->counted_from on), in first-seen
+ * order, into ids with their generated counts (0 for a token only the prompt holds); returns
+ * how many (0 when p penalises nothing). ids and counts must hold the window's length (at most
+ * n_history). A backend that samples (kern_ops.sample) gets these. */
 size_t engine_sampler_counts(struct engine_sampler *s, const struct engine_sampling *p,
                              const int32_t *history, size_t n_history, int32_t *ids,
                              int32_t *counts);
@@ -135,7 +142,8 @@ int32_t engine_sample_u(struct engine_sampler *s, const struct engine_sampling *
  * engine_rng_at(rng, pos, 0). */
 #define ENGINE_SAMPLE_CHUNK 256
 
-/* One penalised logit: l after the repetition penalty and count * frequency + presence. */
+/* One penalised logit: l after the repetition penalty and count * frequency + presence (the
+ * presence only when count > 0). */
 float engine_sampler_penalise(const struct engine_sampling *p, float l, int32_t count);
 
 /* One chunk src[0 .. n) of a row at temperature t, scaled into l (NaN -> -inf, / t; l may be

@@ -67,6 +67,7 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
     memcpy(s->tok, r->prompt, sizeof(int32_t) * r->n_prompt);
     s->n_tok = s->n_prompt = r->n_prompt;
     s->sp = r->sampling;
+    s->sp.counted_from = (uint32_t)r->n_prompt; /* frequency and presence: generated tokens */
     const char *rid = r->request_id ? r->request_id : "";
     engine_rng_seed(&s->rng, r->sampling.seed, rid, strlen(rid));
     s->max_tokens = r->max_tokens;

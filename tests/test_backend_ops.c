@@ -809,6 +809,8 @@ static void check_sample(struct check *c, int n_vocab)
     ps[1].temperature = 0.0f;
     ps[1].repeat_penalty = 1.3f;
     ps[1].frequency_penalty = 0.5f;
+    ps[1].presence_penalty = 0.4f;
+    ps[1].counted_from = 30;  /* history 0..29 the prompt: repeated, not counted (count 0) */
     ps[2].temperature = 0.8f; /* the whole row */
     ps[3].temperature = 1.0f;
     ps[4].temperature = 0.7f;
@@ -835,6 +837,7 @@ static void check_sample(struct check *c, int n_vocab)
     ps[13].temperature = 0.5f;
     ps[13].frequency_penalty = -0.5f;
     ps[13].presence_penalty = 0.3f;
+    ps[13].counted_from = 40;
     enum { NP = 14, NSHAPE = 4, NH = 48 };
     const int n = NP * NSHAPE;
     float *x = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);

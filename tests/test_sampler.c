@@ -641,6 +641,28 @@ static void test_penalties_exact(void **state)
     /* a penalty can change the greedy choice: token 3 (4.0 -> 2.0 - 0.75) loses to 5 */
     memcpy(l, base, sizeof(l));
     assert_int_equal(engine_sample(s, &p, &r, next_pos(), l, one, 1, NULL), 5);
+
+    /* the prompt (hist[0..4): 5, 0, 2, 0) is repeated but not counted: frequency and presence
+     * count the generated 99, 1, -1, 2, 0 (0, 1 and 2 once each); without a repetition
+     * penalty a token only the prompt holds is untouched (5), with one it is repeated only */
+    p = sampling(0.0f, 0, 1.0f, 0.0f);
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    p.counted_from = 4;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
+    const float e5[8] = {2.0f - 0.75f, -2.0f - 0.75f, 1.0f - 0.75f, 4.0f, 0.0f, 3.0f, -1.0f, 0.5f};
+    assert_memory_equal(l, e5, sizeof(l));
+    int32_t ids[9], cnt[9];
+    assert_int_equal(engine_sampler_counts(s, &p, hist, 9, ids, cnt), 3); /* 1, 2, 0 */
+    p.repeat_penalty = 2.0f;
+    memcpy(l, base, sizeof(l));
+    engine_sample(s, &p, &r, next_pos(), l, hist, 9, NULL);
+    const float e6[8] = {1.0f - 0.75f, -4.0f - 0.75f, 0.5f - 0.75f, 4.0f, 0.0f, 1.5f, -1.0f, 0.5f};
+    assert_memory_equal(l, e6, sizeof(l));
+    assert_int_equal(engine_sampler_counts(s, &p, hist, 9, ids, cnt), 4);
+    assert_int_equal(ids[0], 5);
+    assert_int_equal(cnt[0], 0);
     engine_sampler_free(s);
 }
 

@@ -452,9 +452,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
         float v = l[t];
         if (R.repeat_penalty != 1.0f)
             v = v > 0.0f ? __fdiv_rn(v, R.repeat_penalty) : __fmul_rn(v, R.repeat_penalty);
-        v = __fsub_rn(v,
-                      __fadd_rn(__fmul_rn((float)pen_count[R.pen_first + e], R.frequency_penalty),
-                                R.presence_penalty));
+        const int32_t c = pen_count[R.pen_first + e]; /* generated occurrences (0: prompt only) */
+        v = __fsub_rn(v, __fadd_rn(__fmul_rn((float)c, R.frequency_penalty),
+                                   c > 0 ? R.presence_penalty : 0.0f));
         l[t] = v;
     }
     __syncthreads();

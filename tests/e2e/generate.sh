@@ -70,6 +70,12 @@ set -e
 for c in run status submit generate bench perplexity export tokenize; do # help lost: not 0
     "$Q" $c --help >/dev/full 2>/dev/null && fail "$c --help >/dev/full exited 0"
 done
+# frequency and presence penalties count generated tokens only (an audit: they counted the
+# prompt, so a prompt of repeated words changed even the first token)
+a=$("$Q" generate --model "$M" --prompt "cat cat cat cat cat cat" --max-tokens 1 --temperature 0)
+b=$("$Q" generate --model "$M" --prompt "cat cat cat cat cat cat" --max-tokens 1 --temperature 0 \
+    --presence-penalty 2 --frequency-penalty 2)
+[ "$a" = "$b" ] || fail "penalties changed the first token: '$a' vs '$b'"
 # numbers as plain decimals (" 4", "+4", "0x10" and "1e3" were read by strtol/strtod)
 for v in " 4" "+4" "0x10" "1e3"; do
     rc=0
