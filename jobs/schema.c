@@ -845,6 +845,32 @@ static int32_t compile(struct sc *c, const cJSON *s)
         goto out;
     }
     int nul = cJSON_IsTrue(nullable);
+    if (s != c->root && cJSON_GetObjectItemCaseSensitive(s, "$id")) {
+        /* a $ref inside would resolve against this resource, not the root as quern's do */
+        r = fail(c, ST_ERR_UNSUPPORTED,
+                 "'$id' below the root is not supported (a $ref resolves against the root)%s%s",
+                 NULL, NULL);
+        goto out;
+    }
+    if (nul && (en || cn)) { /* JSON Schema: null is valid only when listed; OpenAPI agrees */
+        r = fail(c, ST_ERR_UNSUPPORTED,
+                 "'nullable' next to %s is not supported (list null among the values)%s",
+                 en ? "enum" : "const", NULL);
+        goto out;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s, "format") && type) {
+        /* formats are string formats here: int32 or float on a number would go unchecked */
+        int str = cJSON_IsString(type) && !strcmp(type->valuestring, "string");
+        const cJSON *tt;
+        if (cJSON_IsArray(type))
+            cJSON_ArrayForEach(tt, type) str |=
+                cJSON_IsString(tt) && !strcmp(tt->valuestring, "string");
+        if (!str) {
+            r = fail(c, ST_ERR_UNSUPPORTED,
+                     "'format' on a type other than string is not supported%s%s", NULL, NULL);
+            goto out;
+        }
+    }
     if ((ref != NULL) + (en != NULL) + (cn != NULL) + (any != NULL) > 1) {
         r = fail(c, ST_ERR_UNSUPPORTED,
                  "more than one of $ref, enum, const and anyOf in one "

@@ -192,6 +192,19 @@ static void test_refusals(void **state)
         {"{\"maximum\":5}", "'maximum' without 'type'", ST_ERR_UNSUPPORTED},
         {"{\"minLength\":1,\"minItems\":1}", "keywords of two types", ST_ERR_UNSUPPORTED},
         {"{\"$ref\":\"#/$defs/a%25b\",\"$defs\":{\"a%b\":{}}}", "only #", ST_ERR_UNSUPPORTED},
+        /* an audit of 2026-12-06: a sub-schema's $id would scope its $refs (quern's resolve
+         * against the root: outputs violated the schema), nullable next to enum let null
+         * through, and a format on an integer went unchecked */
+        {"{\"type\":\"object\",\"properties\":{\"c\":{\"$id\":\"https://x/c\",\"$defs\":{\"x\":"
+         "{\"type\":\"integer\"}},\"properties\":{\"v\":{\"$ref\":\"#/$defs/x\"}}}}}",
+         "properties.c: '$id' below the root", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"string\",\"enum\":[\"x\"],\"nullable\":true}", "'nullable' next to enum",
+         ST_ERR_UNSUPPORTED},
+        {"{\"const\":1,\"nullable\":true}", "'nullable' next to const", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"integer\",\"format\":\"int32\"}", "'format' on a type other than string",
+         ST_ERR_UNSUPPORTED},
+        {"{\"type\":[\"number\",\"null\"],\"format\":\"float\"}", "'format' on a type",
+         ST_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
         struct engine_grammar *g = NULL;

@@ -28,7 +28,7 @@ def leaf(r, depth, defs):
         lo = r.randint(0, 3)
         return {"type": "string", "minLength": lo, "maxLength": lo + r.randint(1, 12)}
     if k == 3:
-        return {"type": "string", "format": r.choice(["date", "date-time", "uuid"])}
+        return {"type": "string", "format": r.choice(["date", "date-time", "time", "uuid"])}
     if k == 4:
         s = {"type": "integer"}
         if r.random() < 0.6:
