@@ -30,7 +30,12 @@ static int read_content(struct job_parse_ctx *c, const cJSON *v, const char *pat
                                          it);
         char pfx[JOB_PATH_CAP];
         job_request_pathf(pfx, "%s.", ppath);
+        static const char *const part_known[] = {"type", "text", NULL};
         if (!job_request_get(c, it, pfx, "type", &t))
+            return 0;
+        /* (the type first: an image part's image_url is "unsupported", not unknown) */
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "text") &&
+            !job_request_known_fields(c, it, pfx, part_known, NULL))
             return 0;
         job_request_pathf(fpath, "%s.type", ppath);
         if (!t)
@@ -97,9 +102,15 @@ static int read_messages(struct job_parse_ctx *c, const cJSON *v, struct job_req
         job_request_pathf(pfx, "%s.", mpath);
         if (!cJSON_IsObject(m))
             return job_request_fail_type(c, mpath, "an object with role and content", m);
+        /* OpenAI's other message fields: name (no place in a chat template), refusal,
+         * function_call, tool_call_id, audio: null or refused */
+        static const char *const msg_known[] = {"role", "content", "tool_calls", NULL};
+        static const char *const msg_unhonoured[] = {"name",         "refusal", "function_call",
+                                                     "tool_call_id", "audio",   NULL};
         if (!job_request_get(c, m, pfx, "role", &role) ||
             !job_request_get(c, m, pfx, "content", &content) ||
-            !job_request_get(c, m, pfx, "tool_calls", &tc))
+            !job_request_get(c, m, pfx, "tool_calls", &tc) ||
+            !job_request_known_fields(c, m, pfx, msg_known, msg_unhonoured))
             return 0;
         job_request_pathf(fpath, "%srole", pfx);
         if (!role)

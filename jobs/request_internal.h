@@ -96,6 +96,13 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
 int job_request_check_fields(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
                              const char *const *extra, int params);
 
+/* Every member of a nested object (a message, a content part, response_format...: paths begin
+ * with prefix) is named in known (NULL-terminated), or in unhonoured with a null value (OpenAI's
+ * fields quern cannot honour: a value is JOB_ERR_UNSUPPORTED); anything else fails with
+ * JOB_ERR_UNKNOWN_FIELD (a key quern ignored would change the output silently). */
+int job_request_known_fields(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
+                             const char *const *known, const char *const *unhonoured);
+
 /* Pass 2's field walk: shape detection and every field of a parsed root into r; 1 on success,
  * 0 with the error in c->e (jobs/request_fields.c). */
 int job_request_read(struct job_parse_ctx *c, const cJSON *root, struct job_request *r);

@@ -266,6 +266,24 @@ static int in_list(const char *const *list, const char *k)
     return 0;
 }
 
+int job_request_known_fields(struct job_parse_ctx *c, const cJSON *obj, const char *prefix,
+                             const char *const *known, const char *const *unhonoured)
+{
+    char path[JOB_PATH_CAP];
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        if (in_list(known, it->string))
+            continue;
+        job_request_pathf(path, "%s%s", prefix, it->string);
+        if (unhonoured && in_list(unhonoured, it->string)) {
+            if (cJSON_IsNull(it))
+                continue;
+            return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, path, "%s is not supported", path);
+        }
+        return job_request_fail(c->e, JOB_ERR_UNKNOWN_FIELD, path, "unknown field %s", path);
+    }
+    return 1;
+}
+
 /* tool_choice / function_call: "none" or "auto" choose nothing when no tools can be given;
  * anything else asks for a tool call. */
 static int check_choice(struct job_parse_ctx *c, const cJSON *v, const char *path)
@@ -371,6 +389,9 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
     char pfx[JOB_PATH_CAP];
     const cJSON *t;
     job_request_pathf(pfx, "%s.", path);
+    static const char *const rf_known[] = {"type", "json_schema", NULL};
+    if (!job_request_known_fields(c, it, pfx, rf_known, NULL))
+        return 0;
     if (!job_request_get(c, it, pfx, "type", &t))
         return 0;
     job_request_pathf(sub, "%s.type", path);
@@ -397,6 +418,9 @@ static int read_response_format(struct job_parse_ctx *c, const cJSON *obj, struc
         return job_request_fail_type(c, sub, "an object", js);
     const cJSON *strict, *schema;
     job_request_pathf(pfx, "%s.json_schema.", path);
+    static const char *const js_known[] = {"name", "description", "schema", "strict", NULL};
+    if (!job_request_known_fields(c, js, pfx, js_known, NULL))
+        return 0;
     if (!job_request_get(c, js, pfx, "strict", &strict) ||
         !job_request_get(c, js, pfx, "schema", &schema))
         return 0;

@@ -243,8 +243,8 @@ static const struct line_case cases[] = {
          check_defaults_used),
     GOOD("developer role maps to system; empty content",
          "{\"custom_id\":\"dev\",\"messages\":[{\"role\":\"developer\",\"content\":\"rules\"},"
-         "{\"role\":\"user\",\"content\":\"q\",\"name\":\"bob\"},{\"role\":\"assistant\","
-         "\"content\":\"\",\"tool_calls\":[]}]}",
+         "{\"role\":\"user\",\"content\":\"q\",\"name\":null},{\"role\":\"assistant\","
+         "\"content\":\"\",\"tool_calls\":[],\"refusal\":null}]}",
          check_developer),
     GOOD("text content parts are concatenated",
          "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hello, \"},"
@@ -306,6 +306,25 @@ static const struct line_case cases[] = {
         "{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
         "\"body\":{\"prompt\":\"p\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}",
         JOB_ERR_UNKNOWN_FIELD, "unknown field body.prompt"),
+    /* an audit of 2026-12-06: keys inside messages and response_format were ignored (a
+     * message's "temperature" sampled at 1; a misspelt "shema" accepted) */
+    BAD("a message's name is refused (no place in a chat template)",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\",\"name\":\"bob\"}]}",
+        JOB_ERR_UNSUPPORTED, "messages[0].name is not supported"),
+    BAD("an unknown key in a message is refused",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\",\"temperature\":0}]}",
+        JOB_ERR_UNKNOWN_FIELD, "unknown field messages[0].temperature"),
+    BAD("an unknown key in a content part is refused",
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"q\","
+        "\"txt\":\"r\"}]}]}",
+        JOB_ERR_UNKNOWN_FIELD, "unknown field messages[0].content[0].txt"),
+    BAD("an unknown key in response_format is refused",
+        CHAT(",\"response_format\":{\"type\":\"json_object\",\"shema\":{}}"), JOB_ERR_UNKNOWN_FIELD,
+        "unknown field response_format.shema"),
+    BAD("an unknown key in json_schema is refused",
+        CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\","
+             "\"schema\":{},\"strct\":true}}"),
+        JOB_ERR_UNKNOWN_FIELD, "unknown field response_format.json_schema.strct"),
     BAD("audio output", BATCH(",\"audio\":{\"voice\":\"alloy\"}"), JOB_ERR_UNSUPPORTED,
         "body.audio: audio output"),
     BAD("web search", "{\"prompt\":\"x\",\"web_search_options\":{}}", JOB_ERR_UNSUPPORTED,
