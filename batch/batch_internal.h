@@ -25,6 +25,7 @@ struct batch_inflight {
     int n_got;                          /* of those, finished so far */
     int grammar_stuck;                  /* a choice ended because its grammar allowed no token */
     int32_t n_prompt;                   /* prompt tokens */
+    int32_t n_cached;                   /* of those, choice 0 found in the prefix cache */
     double ttft_ms;                     /* time to first token of its first choice, 0 = none */
     double decode_ms;                   /* summed over choices: first token to last ... */
     int64_t decode_tokens;              /* ... and the tokens after the first */

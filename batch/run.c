@@ -398,6 +398,7 @@ static enum status write_result(struct batch_run *r, struct batch_inflight *inf,
     jr.choices = inf->choices;
     jr.n_choices = (size_t)inf->n_choices;
     jr.prompt_tokens = inf->n_prompt;
+    jr.cached_tokens = inf->n_cached;
     jr.created = (int64_t)time(NULL);
     jr.job_id = r->job.id;
     jr.tok = r->tok;
@@ -424,6 +425,8 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
                 inf->decode_ms += 1e3 * (o[i].t_finish - o[i].t_first);
                 inf->decode_tokens += (int64_t)o[i].n_tokens - 1;
             }
+            if (o[i].choice == 0)
+                inf->n_cached = (int32_t)o[i].n_cached;
             if (!st && keep_choice(inf, &o[i]))
                 st = err_set(err, ST_ERR_NOMEM, "out of memory keeping an output");
             if (st || inf->n_got < inf->n_choices)

@@ -239,7 +239,7 @@ char *job_record_success(const struct job_result *r)
             job_json_put_fmt(&b, "%s{\"index\":%zu,\"message\":{\"role\":\"assistant\","
                                  "\"content\":", i ? "," : "", i);
             job_json_put_str(&b, c->text, c->text_len);
-            job_json_put_lit(&b, "},\"logprobs\":");
+            job_json_put_lit(&b, ",\"refusal\":null},\"logprobs\":");
         } else {
             job_json_put_lit(&b, i ? ",{\"text\":" : "{\"text\":");
             job_json_put_str(&b, c->text, c->text_len);
@@ -258,8 +258,12 @@ char *job_record_success(const struct job_result *r)
     free(buf);
     job_json_put_fmt(&b,
                      "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,"
-                     "\"total_tokens\":%lld}}},\"error\":null}",
+                     "\"total_tokens\":%lld,",
                      (int)r->prompt_tokens, completion, (long long)r->prompt_tokens + completion);
+    job_json_put_fmt(&b, "\"prompt_tokens_details\":{\"cached_tokens\":%d},",
+                     (int)r->cached_tokens);
+    job_json_put_lit(&b, "\"completion_tokens_details\":{\"reasoning_tokens\":0}},"
+                         "\"system_fingerprint\":null}},\"error\":null}");
     return job_json_take(&b);
 }
 

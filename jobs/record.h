@@ -4,7 +4,10 @@
  * Line shapes (keys in this order, no trailing newline):
  *   success  {"id","custom_id","response":{"status_code":200,"request_id","body":<chat.completion
  *            or text_completion object>},"error":null}
- *            usage.completion_tokens sums every choice's tokens. With logprobs, a chat choice's
+ *            usage.completion_tokens sums every choice's tokens; usage also has OpenAI's
+ *            prompt_tokens_details {cached_tokens} and completion_tokens_details
+ *            {reasoning_tokens: 0}, the body "system_fingerprint": null and a chat message
+ *            "refusal": null, for code that reads them. With logprobs, a chat choice's
  *            "logprobs" is {"content":[{"token","logprob","bytes","top_logprobs":[{"token",
  *            "logprob","bytes"}]}],"refusal":null}; a completion's is {"tokens","token_logprobs",
  *            "top_logprobs":[{token: logprob}] (the alternatives plus the chosen token, as
@@ -18,8 +21,8 @@
  *            -- the request reached "the endpoint" and was refused (bad input line, prompt
  *            longer than the context): OpenAI writes these to the batch error file this way.
  *   error    {"id","custom_id","response":null,"error":{"code","message"}}
- *            -- no response at all (cancelled, expired, engine failure), as OpenAI does for
- *            batch_expired / batch_cancelled.
+ *            -- no response at all, as OpenAI's batch_expired lines (quern writes none today:
+ *            a cancelled item gets no record, and a failed one an invalid line).
  * Ids are deterministic: "id" = "batch_req_" + 32 hex, "request_id" = "req_" + 32 hex, body
  * "id" = "chatcmpl-" / "cmpl-" + 32 hex, each a 128-bit (non-cryptographic) hash of a tag,
  * the job id and the custom_id, so rerunning an item reproduces its ids. */
@@ -55,6 +58,8 @@ struct job_result {
     const struct job_choice *choices; /* n_choices >= 1, written as choices[i] with index i */
     size_t n_choices;
     int32_t prompt_tokens;     /* usage.prompt_tokens (the prompt once, as OpenAI counts) */
+    int32_t cached_tokens;     /* usage.prompt_tokens_details.cached_tokens: of those, served
+                                  from the prefix cache (depends on what ran before) */
     int64_t created;           /* unix seconds, supplied by the caller (tests stay stable) */
     int64_t job_id;            /* queue job id; with custom_id it determines every id */
     const struct engine_tok *tok; /* token strings and bytes for logprobs; may be NULL when

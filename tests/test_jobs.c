@@ -39,9 +39,15 @@ static void test_record_success(void **state)
     static const char text[] = "Paris.\nThe \"capital\" \\ \xc3\xa9";
     struct job_choice ch0 = {.text = text, .text_len = sizeof(text) - 1, .finish_reason = "stop",
                              .completion_tokens = 4};
-    struct job_result res = {.custom_id = "q-1", .kind = JOB_KIND_CHAT, .model = "smollm2",
-                             .choices = &ch0, .n_choices = 1, .prompt_tokens = 31,
-                             .created = 1700000000, .job_id = 9};
+    struct job_result res = {.custom_id = "q-1",
+                             .kind = JOB_KIND_CHAT,
+                             .model = "smollm2",
+                             .choices = &ch0,
+                             .n_choices = 1,
+                             .prompt_tokens = 31,
+                             .cached_tokens = 16,
+                             .created = 1700000000,
+                             .job_id = 9};
     char *line = job_record_success(&res);
     assert_non_null(line);
     assert_null(strchr(line, '\n'));
@@ -71,6 +77,11 @@ static void test_record_success(void **state)
     assert_int_equal(at(usage, "prompt_tokens")->valueint, 31);
     assert_int_equal(at(usage, "completion_tokens")->valueint, 4);
     assert_int_equal(at(usage, "total_tokens")->valueint, 35);
+    /* OpenAI's fields that code reads without .get (an audit): present, with quern's values */
+    assert_int_equal(at(at(usage, "prompt_tokens_details"), "cached_tokens")->valueint, 16);
+    assert_int_equal(at(at(usage, "completion_tokens_details"), "reasoning_tokens")->valueint, 0);
+    assert_true(cJSON_IsNull(at(body, "system_fingerprint")));
+    assert_true(cJSON_IsNull(at(at(ch, "message"), "refusal")));
 
     /* ids: deterministic, distinct per field, per custom_id and per job */
     char *again = job_record_success(&res);

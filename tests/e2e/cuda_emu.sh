@@ -127,7 +127,9 @@ for line in open(sys.argv[1]):
     for c in body["choices"]:
         for t in (c.get("logprobs") or {}).get("content") or []:
             lp.append([t["token"], [a["token"] for a in t["top_logprobs"]]])
-    print(json.dumps([r["custom_id"], [c["message"] for c in body["choices"]], body["usage"], lp]))
+    u = dict(body["usage"])
+    u.pop("prompt_tokens_details") # (prefix-cache hits follow the schedule)
+    print(json.dumps([r["custom_id"], [c["message"] for c in body["choices"]], u, lp]))
 PY
 done
 [ "$(wc -l <"$tmp/cuda.rec")" = 6 ] || fail "the cuda run wrote $(wc -l <"$tmp/cuda.rec") records, want 6"
