@@ -32,7 +32,10 @@ static int32_t fail(struct sc *c, enum status st, const char *fmt, const char *a
     if (!c->st) {
         char msg[256];
         snprintf(msg, sizeof(msg), fmt, a ? a : "", b ? b : "");
-        c->st = err_set(c->err, st, "%s: %s", c->path[0] ? c->path : "schema", msg);
+        if (c->path[0])
+            c->st = err_set(c->err, st, "%s: %s", c->path, msg);
+        else /* (the caller names the schema: "...json_schema.schema: keyword ...") */
+            c->st = err_set(c->err, st, "%s", msg);
     }
     return -1;
 }
@@ -852,6 +855,15 @@ static int32_t compile(struct sc *c, const cJSON *s)
                  NULL, NULL);
         goto out;
     }
+    static const char *const types[] = {"string", "number", "integer", "boolean",
+                                        "object", "array",  "null",    NULL};
+    const cJSON *tv = cJSON_IsArray(type) ? type->child : type;
+    for (; tv; tv = cJSON_IsArray(type) ? tv->next : NULL)
+        if (cJSON_IsString(tv) && !listed(types, tv->valuestring)) {
+            /* (before enum's "no value has the schema's type") */
+            r = fail(c, ST_ERR_INVALID_ARG, "unknown type '%s'%s", tv->valuestring, NULL);
+            goto out;
+        }
     if (nul && (en || cn)) { /* JSON Schema: null is valid only when listed; OpenAPI agrees */
         r = fail(c, ST_ERR_UNSUPPORTED,
                  "'nullable' next to %s is not supported (list null among the values)%s",

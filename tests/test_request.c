@@ -577,7 +577,7 @@ static const struct line_case cases[] = {
         BATCH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
               "\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}"),
         JOB_ERR_UNSUPPORTED,
-        "body.response_format.json_schema.schema: schema: keyword 'pattern' is not supported"),
+        "body.response_format.json_schema.schema: keyword 'pattern' is not supported"),
     BAD("grammar with an undefined rule",
         "{\"prompt\":\"x\",\"grammar\":\"root ::= a b\\na ::= \\\"a\\\"\"}", JOB_ERR_INVALID_VALUE,
         "grammar: line 1: rule 'b' is used but not defined"),

@@ -201,6 +201,7 @@ static void test_refusals(void **state)
         {"{\"type\":\"string\",\"enum\":[\"x\"],\"nullable\":true}", "'nullable' next to enum",
          ST_ERR_UNSUPPORTED},
         {"{\"const\":1,\"nullable\":true}", "'nullable' next to const", ST_ERR_UNSUPPORTED},
+        {"{\"type\":\"strin\",\"enum\":[\"a\"]}", "unknown type 'strin'", ST_ERR_INVALID_ARG},
         {"{\"type\":\"integer\",\"format\":\"int32\"}", "'format' on a type other than string",
          ST_ERR_UNSUPPORTED},
         {"{\"type\":[\"number\",\"null\"],\"format\":\"float\"}", "'format' on a type",
