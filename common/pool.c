@@ -2,10 +2,12 @@
  * then block on a condition variable; a countdown tells the caller when all have finished. */
 #include "common/pool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct pool {
     int n;                      /* threads including the caller */
@@ -79,19 +81,30 @@ enum status pool_init(struct pool **out, int n_threads, struct err_detail *err)
         pool_free(p);
         return err_set(err, ST_ERR_NOMEM, "no memory for thread pool");
     }
+    /* the kernels keep tiles of up to 256 KiB on the stack: 8 MiB, whatever `ulimit -s` said
+     * when the process started (glibc's default for threads) */
+    pthread_attr_t attr;
+    const int attr_ok = !pthread_attr_init(&attr) && !pthread_attr_setstacksize(&attr, 8 << 20);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof(*wa));
         if (wa) {
             wa->p = p;
             wa->ith = i;
         }
-        if (!wa || pthread_create(&p->threads[i - 1], NULL, worker_main, wa)) {
+        int rc = wa ? pthread_create(&p->threads[i - 1], attr_ok ? &attr : NULL, worker_main, wa)
+                    : ENOMEM;
+        if (rc) {
             free(wa);
             p->n = i; /* only i - 1 workers exist */
             pool_free(p);
-            return err_set(err, ST_ERR_INTERNAL, "cannot start worker thread %d", i);
+            if (attr_ok)
+                pthread_attr_destroy(&attr);
+            return err_set(err, ST_ERR_INTERNAL, "cannot start worker thread %d: %s", i,
+                           strerror(rc));
         }
     }
+    if (attr_ok)
+        pthread_attr_destroy(&attr);
     *out = p;
     return ST_OK;
 }

@@ -57,6 +57,22 @@ static int host_threads(const struct engine_params *p)
     return n > 8 ? 8 : n;
 }
 
+int engine_logit_rows(const struct engine_params *p)
+{
+    int rows = p->max_seqs; /* one sampled row per running sequence */
+    if (p->spec) {          /* and rows for draft tokens: a few per sequence when few run */
+        int extra = p->max_seqs * p->spec_max_k < 128 ? p->max_seqs * p->spec_max_k : 128;
+        rows =
+            p->max_seqs + extra < p->max_batch_tokens ? p->max_seqs + extra : p->max_batch_tokens;
+    }
+    return rows;
+}
+
+size_t engine_logits_bytes(const struct engine_params *p, int32_t n_vocab)
+{
+    return sizeof(float) * (size_t)engine_logit_rows(p) * (size_t)n_vocab;
+}
+
 enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,
                         const struct engine_params *p, struct err_detail *err)
 {
@@ -133,11 +149,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->b_seq = malloc(sizeof(int32_t) * bt);
     e->b_want = malloc(bt);
     e->b_owner = malloc(sizeof(*e->b_owner) * bt);
-    e->n_logit_rows = p->max_seqs; /* one sampled row per running sequence */
-    if (p->spec) { /* and rows for draft tokens: a few per sequence when few run */
-        int extra = p->max_seqs * p->spec_max_k < 128 ? p->max_seqs * p->spec_max_k : 128;
-        e->n_logit_rows = p->max_seqs + extra < p->max_batch_tokens ? p->max_seqs + extra
-                                                                    : p->max_batch_tokens;
+    e->n_logit_rows = engine_logit_rows(p);
+    if (p->spec) {
         if ((st = engine_spec_new(&e->spec, p->spec, p->max_batch_tokens, err))) {
             engine_free(e);
             return st;
@@ -187,7 +200,11 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
         !e->lp_row || !e->s_mask || !e->s_row || !e->s_out || !e->s_drawn || !e->s_hook ||
         !e->h_z || !e->h_m) {
         engine_free(e);
-        return err_set(err, ST_ERR_NOMEM, "no memory for the engine");
+        return err_set(err, ST_ERR_NOMEM,
+                       "no memory for the engine (its logits alone: %.0f MiB for --max-seqs %d; "
+                       "lower --max-seqs)",
+                       (double)engine_logits_bytes(p, engine_model_hparams(m)->n_vocab) / 1048576.0,
+                       p->max_seqs);
     }
     for (int i = 0; i < p->max_seqs; i++)
         e->free_slots[i] = p->max_seqs - 1 - i;
@@ -718,6 +735,13 @@ enum status engine_step(struct engine *e, struct err_detail *err)
             e->stats.nucleus_full += full;
         }
     }
+    /* room for every sequence's tokens first, so that accepting them cannot fail half-way */
+    for (int j = 0; j < n_s; j += 1 + e->s_seq[j]->n_draft)
+        if (engine_seq_room(e->s_seq[j], 1 + (size_t)e->s_seq[j]->n_draft, e->piece_cap))
+            return err_set(err, ST_ERR_NOMEM,
+                           "out of memory for the generated tokens of %d "
+                           "sequences (lower --max-seqs)",
+                           n_s);
     /* accept each sequence's tokens: row i's draw, for i = 0 and for every row whose previous
      * row drew the draft that follows it (a speculative step samples 1 + n_draft rows; the
      * rows after the first rejected draft are dropped and their KV rolled back) */

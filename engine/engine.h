@@ -156,6 +156,13 @@ struct engine_load {
 struct engine;
 
 /* The engine borrows m and tok (they must outlive it). */
+/* Rows of logits the engine keeps for p (one per running sequence, and some for draft tokens
+ * with speculation): with the vocabulary, what engine_logits_bytes costs. */
+int engine_logit_rows(const struct engine_params *p);
+/* The engine's largest host buffer: its logits rows x n_vocab floats (`quern plan` counts it;
+ * --max-seqs 8192 on a 49k vocabulary is 1.6 GB). */
+size_t engine_logits_bytes(const struct engine_params *p, int32_t n_vocab);
+
 enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,
                         const struct engine_params *p, struct err_detail *err);
 /* Frees everything; in debug builds (!NDEBUG) aborts if the KV check finds a leak. */

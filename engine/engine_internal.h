@@ -188,6 +188,10 @@ void engine_seq_free(struct seq *s);
 /* End s because its grammar allows no token (ENGINE_FINISH_GRAMMAR); its text so far is final
  * and streamed. */
 void engine_seq_end_grammar(struct seq *s);
+/* Room in s for k more accepted tokens of up to piece_cap text bytes each (tokens, text and,
+ * when s wants log-probabilities, theirs): ST_ERR_NOMEM when memory ran out. A step makes it
+ * for every sequence before it accepts any token, so that accepting cannot fail. */
+enum status engine_seq_room(struct seq *s, size_t k, size_t piece_cap);
 /* Record the log-probabilities of the token about to be accepted for s (lp_k >= 0): lp for
  * it, top_id / top_lp its lp_k alternatives. Call before engine_seq_accept of that token. */
 void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp);

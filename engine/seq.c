@@ -102,24 +102,51 @@ static enum status tok_push(struct seq *s, int32_t id)
     return ST_OK;
 }
 
-void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp)
+enum status engine_seq_room(struct seq *s, size_t k, size_t piece_cap)
 {
-    size_t i = s->n_tok - s->n_prompt, k = (size_t)s->lp_k;
-    if (i >= s->cap_lp) {
+    if (fault_hit("engine.seq_room"))
+        return ST_ERR_NOMEM;
+    if (s->n_tok + k > s->cap_tok) {
+        size_t cap = (s->n_tok + k) * 2;
+        int32_t *nt = realloc(s->tok, sizeof(int32_t) * cap);
+        if (!nt)
+            return ST_ERR_NOMEM;
+        s->tok = nt;
+        s->cap_tok = cap;
+    }
+    const size_t text = s->n_text + k * piece_cap + 1;
+    if (text > s->cap_text) {
+        char *nt = realloc(s->text, text * 2);
+        if (!nt)
+            return ST_ERR_NOMEM;
+        s->text = nt;
+        s->cap_text = text * 2;
+    }
+    const size_t i = s->n_tok - s->n_prompt + k, lk = s->lp_k > 0 ? (size_t)s->lp_k : 0;
+    if (s->lp_k >= 0 && i > s->cap_lp) {
         size_t cap = s->cap_lp ? s->cap_lp * 2 : 64;
+        cap = cap < i ? i : cap;
         float *a = realloc(s->lp, sizeof(float) * cap);
         if (a)
             s->lp = a;
-        int32_t *b = k ? realloc(s->lp_id, sizeof(int32_t) * cap * k) : NULL;
+        int32_t *b = lk ? realloc(s->lp_id, sizeof(int32_t) * cap * lk) : NULL;
         if (b)
             s->lp_id = b;
-        float *c = k ? realloc(s->lp_top, sizeof(float) * cap * k) : NULL;
+        float *c = lk ? realloc(s->lp_top, sizeof(float) * cap * lk) : NULL;
         if (c)
             s->lp_top = c;
-        if (!a || (k && (!b || !c)))
-            abort(); /* a few bytes per token, as the tokens themselves */
+        if (!a || (lk && (!b || !c)))
+            return ST_ERR_NOMEM; /* (cap_lp unchanged: the arrays that grew are only larger) */
         s->cap_lp = cap;
     }
+    return ST_OK;
+}
+
+void engine_seq_note_logprob(struct seq *s, float lp, const int32_t *top_id, const float *top_lp)
+{
+    size_t i = s->n_tok - s->n_prompt, k = (size_t)s->lp_k;
+    if (i >= s->cap_lp)
+        abort(); /* engine_seq_room made room before the step accepted anything */
     s->lp[i] = lp;
     if (k) {
         memcpy(s->lp_id + i * k, top_id, sizeof(int32_t) * k);
@@ -171,7 +198,7 @@ static void accept_one(struct engine *e, struct seq *s, int32_t id)
     size_t n = 0;
     if (!eog) {
         if (tok_push(s, id))
-            abort(); /* a few bytes per token: out of memory here is fatal */
+            abort();      /* cannot be: engine_seq_room made room */
         if (s->grammar) { /* the mask let only tokens through that continue the grammar */
             size_t pn = engine_tok_piece(e->tok, id, 0, e->piece, e->piece_cap);
             s->gstate = engine_grammar_feed(s->grammar, s->gstate, e->piece, pn);
@@ -182,7 +209,7 @@ static void accept_one(struct engine *e, struct seq *s, int32_t id)
     if (end)
         n += engine_tok_stream_flush(&s->ts, e->piece + n, e->piece_cap - n);
     if (text_append(s, e->piece, n))
-        abort();
+        abort(); /* cannot be: engine_seq_room made room */
     int stopped = 0;
     if (s->stop) {
         size_t ok = 0;

@@ -615,8 +615,13 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     int flags = SQLITE_OPEN_READWRITE | (opts->must_exist ? 0 : SQLITE_OPEN_CREATE);
     int rc = sqlite3_open_v2(path, &q->db, flags, NULL);
     if (rc != SQLITE_OK) {
-        st = err_set(err, ST_ERR_IO, "opening queue %s: %s", path,
-                     q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc));
+        const int e = q->db ? sqlite3_system_errno(q->db) : 0;
+        st = err_set(err, ST_ERR_IO, "opening queue %s: %s%s", path,
+                     q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc),
+                     e == EMFILE || e == ENFILE
+                         ? ": too many open files (raise `ulimit -n`: each part of a "
+                           "partitioned queue holds two)"
+                         : "");
         goto fail;
     }
     sqlite3_extended_result_codes(q->db, 1);

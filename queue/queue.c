@@ -111,13 +111,16 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
     if ((rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_CANTOPEN ||
         (rc & 0xff) == SQLITE_PERM) {
         int e = db ? sqlite3_system_errno(db) : 0;
+        if (e == EMFILE || e == ENFILE)
+            return err_set(err, st,
+                           "queue %s: %s: %s: %s (raise `ulimit -n`: a queue holds its file and "
+                           "a journal or -wal and -shm open, each part of a partitioned queue "
+                           "its own)",
+                           p, what, msg, strerror(e));
         return err_set(err, st,
-                       "queue %s: %s: %s%s%s (quern writes the queue and, beside it, its -wal "
-                       "and -shm files, also to read it: the file and its directory must be "
-                       "writable%s)",
-                       p, what, msg, e ? ": " : "", e ? strerror(e) : "",
-                       e == EMFILE || e == ENFILE ? "; and the process needs file descriptors"
-                                                  : "");
+                       "queue %s: %s: %s%s%s (quern writes the queue and, beside it, its journal "
+                       "files, also to read it: the file and its directory must be writable)",
+                       p, what, msg, e ? ": " : "", e ? strerror(e) : "");
     }
     return err_set(err, st, "queue %s: %s: %s", p, what, msg);
 }

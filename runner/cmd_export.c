@@ -464,8 +464,8 @@ static enum fmt pick_format(const char *path)
 
 static char tmp_path[4200];            /* the temporary file, while tmp_live */
 static volatile sig_atomic_t tmp_live; /* tmp_path exists and is ours */
-static struct sigaction tmp_old_sa[3]; /* handlers replaced while it exists */
-static const int tmp_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction tmp_old_sa[4]; /* handlers replaced while it exists */
+static const int tmp_signals[4] = {SIGINT, SIGTERM, SIGHUP, SIGXCPU};
 
 static void tmp_on_signal(int sig)
 {
@@ -478,7 +478,7 @@ static void tmp_on_signal(int sig)
 static void tmp_forget(void)
 {
     tmp_live = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         sigaction(tmp_signals[i], &tmp_old_sa[i], NULL);
 }
 
@@ -532,7 +532,7 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = tmp_on_signal;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         sigaction(tmp_signals[i], &sa, &tmp_old_sa[i]);
     for (int tries = 0; tries < 100; tries++) {
         unsigned char rnd[TMP_RANDOM];

@@ -240,14 +240,15 @@ int runner_cmd_plan(int argc, char **argv)
                "\"mem\": %zu, \"weights_fit\": %s, \"kv_window\": %d, "
                "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
                "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
-               "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu}\n",
+               "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu, \"logits_bytes\": %zu}\n",
                qname ? qname : "null", (unsigned long long)weights, per_tok,
                kern_kv_dtype_name((enum kern_kv_dtype)dtype), kv_mem, block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
                (unsigned long long)packed, tp, (unsigned long long)w_rank, per_tok_rank, mem,
                weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
                plan.n_local ? n_local : 0, (long long)plan.n_local, cuda ? "cuda" : "cpu",
-               kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve);
+               kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve,
+               engine_logits_bytes(&eo.ep, hp->n_vocab));
         free(qname);
     } else {
         printf("model:               %s\n", name);
@@ -313,9 +314,12 @@ int runner_cmd_plan(int argc, char **argv)
                    "matmul %s)\n",
                    (double)packed / 1048576.0, kern_backend_describe(be),
                    kern_act_name((enum kern_act)eo.act));
-            printf("total resident:      ~%.1f MiB%s (weights + packed copy + KV pool when full, "
-                   "plus activations)\n",
-                   (double)(weights + packed + kv_mem) / 1048576.0, all);
+            const size_t lg = engine_logits_bytes(&eo.ep, hp->n_vocab);
+            printf("engine logits:       %.1f MiB (%d rows of %d floats: --max-seqs)\n",
+                   (double)lg / 1048576.0, engine_logit_rows(&eo.ep), (int)hp->n_vocab);
+            printf("total resident:      ~%.1f MiB%s (weights + packed copy + KV pool when full + "
+                   "logits, plus activations)\n",
+                   (double)(weights + packed + kv_mem + lg) / 1048576.0, all);
         } else
             printf("total on the GPUs:   ~%.1f MiB%s (each rank's weights, buffers and scratch + "
                    "KV pool when full, plus the runtime)\n",

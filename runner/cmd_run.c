@@ -519,9 +519,10 @@ int runner_cmd_run(int argc, char **argv)
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    /* HUP (terminal closed) and PIPE (stdout/stderr reader gone) stop like TERM: the leases go
-     * back and the work done so far is committed, instead of dying mid-run */
-    static const int stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE};
+    /* HUP (terminal closed), PIPE (stdout/stderr reader gone) and XCPU (a soft CPU-time limit:
+     * the kernel's warning before its kill) stop like TERM: the leases go back and the work done
+     * so far is committed, instead of dying mid-run with the items' attempts spent */
+    static const int stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE, SIGXCPU};
     for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++) {
         /* ... except a HUP ignored on purpose (`nohup quern run`): it stays ignored */
         struct sigaction old;

@@ -232,7 +232,9 @@ static enum status check_signal(struct err_detail *err)
     if (!g_submit_signal)
         return ST_OK;
     return err_set(err, ST_ERR_IO, "interrupted by %s",
-                   g_submit_signal == SIGINT ? "SIGINT" : "SIGTERM");
+                   g_submit_signal == SIGINT    ? "SIGINT"
+                   : g_submit_signal == SIGXCPU ? "SIGXCPU (the CPU-time limit)"
+                                                : "SIGTERM");
 }
 
 /* One line parsed and waiting for its write transaction; strings owned. */
@@ -742,6 +744,7 @@ static void submit_signals(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGXCPU, &sa, NULL); /* a soft CPU-time limit: stop before the hard one kills */
 }
 
 int runner_cmd_submit(int argc, char **argv)

@@ -1,5 +1,6 @@
 /* The engine and backend flags shared by the commands (runner/engine_opts.h). */
 #include "runner/engine_opts.h"
+#include "common/log.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -170,7 +171,13 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
     case RUNNER_EO_OPT_TP:
         return runner_parse_long(cmd, "tp", arg, 1, 64, &o->tp) ? 1 : -1;
     case RUNNER_EO_OPT_THREADS:
-        return runner_parse_long(cmd, "threads", arg, 1, 256, &o->threads) ? 1 : -1;
+        if (!runner_parse_long(cmd, "threads", arg, 1, 256, &o->threads))
+            return -1;
+        if (o->threads > runner_default_threads()) /* (an audit: 256 on 2 CPUs, 25-35x slower) */
+            LOG_WARN("--threads %ld is more than the %d CPUs this process may use: the threads "
+                     "wait on each other, much slower than %d",
+                     o->threads, runner_default_threads(), runner_default_threads());
+        return 1;
     case RUNNER_EO_OPT_MATMUL:
         return runner_parse_matmul(cmd, arg, &o->act) ? 1 : -1;
     case RUNNER_EO_OPT_KVMEM:

@@ -1,7 +1,9 @@
 /* quern: offline batch LLM generation. This file dispatches to the subcommands. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "common/version.h"
 #include "runner/runner.h"
@@ -44,8 +46,44 @@ static int dispatch(int argc, char **argv);
 
 /* What a command printed on standard output must have reached it: a full disk or a closed
  * descriptor (`status --json >/dev/full`, a submit's job id) is an error, not exit 0. */
+/* Limits a shared node's shell may have set low: a stack below what the kernels keep on it
+ * (tiles of up to 256 KiB: `ulimit -s 256` crashed a run) is raised within the hard limit, or
+ * refused; open files are raised to the hard limit (a queue of many parts holds two each);
+ * a file-size limit makes writes fail with EFBIG, which the I/O paths report, instead of
+ * SIGXFSZ killing the process silently mid-commit. 0, or -1 after a message. */
+static int settle_limits(void)
+{
+    const rlim_t need = (rlim_t)1 << 20, want = (rlim_t)8 << 20;
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_STACK, &rl) && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_STACK, &rl);
+        if (rl.rlim_cur < need) {
+            fprintf(stderr,
+                    "quern: the stack limit (ulimit -s) is %llu KiB, and cannot be raised to "
+                    "the 1024 KiB quern needs\n",
+                    (unsigned long long)(rl.rlim_cur >> 10));
+            return -1;
+        }
+    }
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    signal(SIGXFSZ, SIG_IGN);
+    if (!getrlimit(RLIMIT_FSIZE, &rl) && rl.rlim_cur != RLIM_INFINITY)
+        fprintf(stderr,
+                "quern warn: a file-size limit (ulimit -f) of %llu KiB: the queue, shards or "
+                "exports growing past it fail to write (\"disk I/O error\")\n",
+                (unsigned long long)(rl.rlim_cur >> 10));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (settle_limits())
+        return RUNNER_EXIT_ERROR;
     int rc = dispatch(argc, argv);
     errno = 0;
     if ((fflush(stdout) || ferror(stdout)) && rc == RUNNER_EXIT_OK) {

@@ -37,6 +37,9 @@ grep -q "cannot hold one full-context sequence" "$tmp/plan.err" || fail "no warn
 # path escaped in JSON; --no-prefix-cache is not plan's (it was accepted and ignored)
 "$Q" plan --model "$M" --kv-mem 2G --seq-len 256 --max-seqs 100 --json >"$tmp/plan_s.json"
 [ "$(jget "$tmp/plan_s.json" '["sequences"]')" = 100 ] || fail "plan ignores --max-seqs"
+# (a resource audit) the engine's logits, --max-seqs rows of the vocabulary, are counted
+"$Q" plan --model "$M" --max-seqs 8192 --max-batch-tokens 8192 --json >"$tmp/plan_l.json"
+[ "$(jget "$tmp/plan_l.json" '["logits_bytes"]')" = $((8192 * 49152 * 4)) ] || fail "plan: logits bytes"
 "$Q" plan --model "$M" --max-seqs 512 --max-batch-tokens 10 >/dev/null 2>&1 && fail "plan: bad batch"
 "$Q" plan --model "$M" --no-prefix-cache >/dev/null 2>&1 && fail "plan --no-prefix-cache accepted"
 for v in 0x10 1e3 " 2G" +2G; do

@@ -462,6 +462,40 @@ QUERN_FAULT=engine.seq_new:3:fail "$Q" run --db n2.db --out out --threads 1 >/de
 ! grep -q -e AddressSanitizer -e 'runtime error' n2.log || { cat n2.log; fail "10: sanitizer"; }
 "$Q" export --db n2.db --job n2 --out n2out.jsonl 2>/dev/null || fail "10: export"
 grep -q '"custom_id":"n2".*"message":"no memory"' n2out.jsonl || fail "10: no error record"
+# 10b. out of memory growing a sequence's tokens, text or log-probabilities during a step (an
+#     audit: abort(), exit 134, the items' attempts spent until attempts_exhausted): the run
+#     ends with exit 1 and gives its items back unspent; the next run finishes them
+make_small oom.jsonl 4
+"$Q" submit --db oom.db --name oom --model "$M" oom.jsonl >/dev/null 2>&1 || fail "10b: submit"
+rc=0
+QUERN_FAULT=engine.seq_room:5:fail "$Q" run --db oom.db --out out --threads 1 >/dev/null \
+    2>oom.log || rc=$?
+[ $rc = 1 ] && grep -q "out of memory for the generated tokens" oom.log || { cat oom.log; fail "10b: exit $rc"; }
+[ "$(sqlite3 oom.db "SELECT count(*) FROM items WHERE state = 'queued' AND attempts = 0")" = 4 ] ||
+    fail "10b: items not given back unspent: $(sqlite3 oom.db "SELECT state, attempts FROM items")"
+"$Q" run --db oom.db --out out --threads 1 >/dev/null 2>&1 || fail "10b: the second run"
+check_job oom.db oom 4
+# 10c. the shell's limits (an audit): a soft stack limit of 256 KiB is raised (the kernels keep
+#     256 KiB tiles on the stack: SIGSEGV); a soft CPU-time limit's SIGXCPU stops the run like
+#     SIGTERM (exit 75, the items given back unspent; it killed the run, attempts spent); a
+#     file-size limit the queue is past fails the run with exit 1 and a word on it (SIGXFSZ
+#     killed it silently)
+python3 -c 'import json
+for i in range(48):
+    print(json.dumps({"custom_id": f"x{i}", "prompt": f"Write a story about {i}.", "max_tokens": 64,
+                      "temperature": 0}))' >xcpu.jsonl
+"$Q" submit --db xcpu.db --name xcpu --model "$M" xcpu.jsonl >/dev/null 2>&1 || fail "10c: submit"
+(ulimit -S -s 256 && "$Q" generate --model "$M" --prompt hi --max-tokens 2 --threads 2 >/dev/null 2>&1) ||
+    fail "10c: generate under ulimit -S -s 256"
+rc=0
+(ulimit -S -t 1 && ulimit -H -t 60 &&
+    exec "$Q" run --db xcpu.db --out out --threads 1 --max-seqs 4 >/dev/null 2>xcpu.log) || rc=$?
+[ $rc = 75 ] || { cat xcpu.log; fail "10c: a run under a soft CPU-time limit: exit $rc, want 75"; }
+[ "$(sqlite3 xcpu.db "SELECT count(*) FROM items WHERE state <> 'done' AND attempts > 0")" = 0 ] ||
+    fail "10c: items' attempts spent: $(sqlite3 xcpu.db "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2")"
+rc=0
+(ulimit -S -f 16 && exec "$Q" run --db xcpu.db --out out --threads 1 >/dev/null 2>fsize.log) || rc=$?
+[ $rc = 1 ] && grep -q "file-size limit" fsize.log || { cat fsize.log; fail "10c: ulimit -f: exit $rc, want 1"; }
 # 11. three jobs on one model in one run: the file is read and loaded once (the queue knows it
 # by its identity once hashed: submit and run skip it; the run keeps the model loaded), each
 # job's records exactly once; a model file changed after submit is still refused

@@ -251,4 +251,11 @@ rc=0
 "$Q" submit --db typo.db --model "$M" small.jsonl no-such-input.jsonl >/dev/null 2>typo.err || rc=$?
 [ $rc = 1 ] && grep -q "no-such-input.jsonl" typo.err || fail "6: rc $rc: $(cat typo.err)"
 ls typo.db* >/dev/null 2>&1 && fail "6: a failed submit left $(ls typo.db*)"
+# 7. (a resource audit) more parts than open files: the error says to raise ulimit -n (it said
+# "unable to open database file"), and nothing is left but the directory's submit lock
+rc=0
+(ulimit -n 40 && exec "$Q" submit --db fdP --partitions 40 --model "$M" small.jsonl >/dev/null 2>fd.err) ||
+    rc=$?
+[ $rc = 1 ] && grep -q "ulimit -n" fd.err || fail "7: exit $rc: $(cat fd.err)"
+[ -z "$(ls fdP 2>/dev/null | grep -v '^\.')" ] || fail "7: left $(ls fdP)"
 echo "e2e submit_reliability: ok"
