@@ -97,6 +97,11 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
     if ((rc & 0xff) == SQLITE_CORRUPT)
         return err_set(err, st, "queue %s is corrupt (%s: %s)" QUEUE_CORRUPT_ADVICE, p, what, msg,
                        p);
+    if ((rc & 0xff) == SQLITE_IOERR && db && sqlite3_system_errno(db) == EFBIG)
+        return err_set(err, st,
+                       "queue %s: %s: %s (file too large: the file-size limit, `ulimit -f`, "
+                       "stops the queue or its journal growing)",
+                       p, what, msg);
     if ((rc & 0xff) == SQLITE_NOTADB)
         return err_set(err, st,
                        "queue %s is not an SQLite database, or its header is destroyed (%s: %s)"

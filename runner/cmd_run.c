@@ -1,8 +1,8 @@
 /* `quern run`: the command line of the job runner core (batch/batch.h), which drains queued
  * items through the engine into zstd JSONL shards, exactly once. This file parses the options,
- * takes --lock, turns stop signals (TERM, INT, HUP, PIPE, USR1) into a count the core watches,
- * shows progress (a live line on a terminal, else log lines), prints the run's JSON summary and
- * maps how the run ended to the exit code (0 drained, 75 rerun to resume, 1 error). */
+ * takes --lock, turns stop signals (TERM, INT, HUP, PIPE, USR1, XCPU) into a count the core
+ * watches, shows progress (a live line on a terminal, else log lines), prints the run's JSON
+ * summary and maps how the run ended to the exit code (0 drained, 75 rerun to resume, 1 error). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -92,7 +92,8 @@ static const char run_usage[] =
     "                         KV blocks, ETA; labels job, part, run, host\n";
 static const char run_usage_tail[] =
     "  -h, --help             this help\n"
-    "Signals: TERM, INT, HUP, PIPE and USR1 stop admission; a second one skips the grace.\n";
+    "Signals: TERM, INT, HUP, PIPE, USR1 and XCPU (a soft CPU-time limit below the hard one)\n"
+    "stop admission; a second one skips the grace (XCPU, repeated each CPU-second, counts once).\n";
 
 static void usage(FILE *f)
 {
@@ -114,7 +115,13 @@ static volatile sig_atomic_t g_signals; /* stop signals received */
 
 static void on_signal(int sig)
 {
-    (void)sig;
+    /* SIGXCPU comes again each CPU-second past the soft limit: only its first counts, so that
+     * it is not a "second signal" that skips the grace */
+    static volatile sig_atomic_t xcpu_seen;
+    if (sig == SIGXCPU && xcpu_seen)
+        return;
+    if (sig == SIGXCPU)
+        xcpu_seen = 1;
     g_signals++;
 }
 

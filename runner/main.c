@@ -99,6 +99,12 @@ int main(int argc, char **argv)
 static int dispatch(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "help")) { /* quern help CMD: CMD's help */
+        if (!strcmp(argv[2], "version") || !strcmp(argv[2], "--version"))
+            return version();
+        if (!strcmp(argv[2], "help") || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
+            fputs(usage, stdout);
+            return RUNNER_EXIT_OK;
+        }
         char *av[] = {argv[0], argv[2], "--help", NULL};
         return dispatch(3, av);
     }

@@ -495,7 +495,8 @@ rc=0
     fail "10c: items' attempts spent: $(sqlite3 xcpu.db "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2")"
 rc=0
 (ulimit -S -f 16 && exec "$Q" run --db xcpu.db --out out --threads 1 >/dev/null 2>fsize.log) || rc=$?
-[ $rc = 1 ] && grep -q "file-size limit" fsize.log || { cat fsize.log; fail "10c: ulimit -f: exit $rc, want 1"; }
+[ $rc = 1 ] && grep -q "file too large: the file-size limit" fsize.log ||
+    { cat fsize.log; fail "10c: ulimit -f: exit $rc, want 1 and the reason"; }
 # 11. three jobs on one model in one run: the file is read and loaded once (the queue knows it
 # by its identity once hashed: submit and run skip it; the run keeps the model loaded), each
 # job's records exactly once; a model file changed after submit is still refused
