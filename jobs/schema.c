@@ -2,6 +2,7 @@
  * compiled once each (their rule made before their body, so recursion works). */
 #include "jobs/schema.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -712,6 +713,47 @@ static int has_type(const cJSON *v, const char *t)
            (!strcmp(t, "object") && cJSON_IsObject(v)) || (!strcmp(t, "array") && cJSON_IsArray(v));
 }
 
+/* The definition name of a "#/$defs/NAME" fragment's NAME (sizeof(out) bytes at most): its
+ * %XX escapes decoded (a URI fragment), then its JSON-pointer escapes (~1 is '/', ~0 is '~').
+ * 0 when it is not one name (a raw '/' after decoding: a deeper pointer), a stray '%' or '~',
+ * or too long. */
+static int ref_name(const char *s, char *out, size_t cap)
+{
+    char dec[256];
+    size_t n = 0;
+    for (; *s; s++) {
+        int ch = (unsigned char)*s;
+        if (ch == '%') {
+            unsigned v;
+            if (!isxdigit((unsigned char)s[1]) || !isxdigit((unsigned char)s[2]) ||
+                sscanf(s + 1, "%2x", &v) != 1)
+                return 0;
+            ch = (int)v;
+            s += 2;
+        }
+        if (n + 1 >= sizeof(dec) || ch == 0)
+            return 0;
+        dec[n++] = (char)ch;
+    }
+    dec[n] = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = dec[i];
+        if (ch == '/')
+            return 0;
+        if (ch == '~') {
+            if (dec[i + 1] != '0' && dec[i + 1] != '1')
+                return 0;
+            ch = dec[++i] == '1' ? '/' : '~';
+        }
+        if (k + 1 >= cap)
+            return 0;
+        out[k++] = ch;
+    }
+    out[k] = 0;
+    return 1;
+}
+
 static int32_t ref_rule(struct sc *c, const char *ref)
 {
     for (int i = 0; i < c->n_refs; i++)
@@ -722,13 +764,14 @@ static int32_t ref_rule(struct sc *c, const char *ref)
         target = c->root;
     } else if (!strncmp(ref, "#/$defs/", 8) || !strncmp(ref, "#/definitions/", 14)) {
         int defs = ref[2] == '$';
-        const cJSON *d = cJSON_GetObjectItemCaseSensitive(c->root, defs ? "$defs" : "definitions");
-        target = d ? cJSON_GetObjectItemCaseSensitive(d, ref + (defs ? 8 : 14)) : NULL;
-        if (strchr(ref + (defs ? 8 : 14), '/') || strchr(ref, '~') || strchr(ref, '%'))
+        char name[256];
+        if (!ref_name(ref + (defs ? 8 : 14), name, sizeof(name)))
             return fail(c, ST_ERR_UNSUPPORTED,
                         "$ref '%s': only #/$defs/NAME and "
                         "#/definitions/NAME are supported%s",
                         ref, NULL);
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(c->root, defs ? "$defs" : "definitions");
+        target = d ? cJSON_GetObjectItemCaseSensitive(d, name) : NULL;
     } else {
         return fail(c, ST_ERR_UNSUPPORTED,
                     "$ref '%s': only #, #/$defs/NAME and "

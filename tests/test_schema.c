@@ -75,6 +75,14 @@ static const struct case_ cases[] = {
      {"\"5\"", "true", NULL}},
     {"{\"type\":[\"string\",\"boolean\"]}", {"\"s\"", "false", NULL}, {"1", "null", NULL}},
     {"{\"type\":\"integer\",\"nullable\":true}", {"3", "null", NULL}, {"\"3\"", NULL}},
+    /* a $ref's NAME escaped as a JSON pointer in a URI fragment: ~1 '/', ~0 '~', %25 '%' (an
+     * audit: refused) */
+    {"{\"type\":\"array\",\"items\":{\"anyOf\":[{\"$ref\":\"#/$defs/a~1b\"},"
+     "{\"$ref\":\"#/$defs/c~0d\"},{\"$ref\":\"#/$defs/e%25f\"}]},"
+     "\"$defs\":{\"a/b\":{\"type\":\"integer\"},\"c~d\":{\"type\":\"boolean\"},"
+     "\"e%f\":{\"type\":\"null\"}}}",
+     {"[1,true,null]", "[]", "[-3]", NULL},
+     {"[\"x\"]", "[1.5]", "[{}]", NULL}},
     {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
      "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}},"
      "\"required\":[\"v\",\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
@@ -191,7 +199,10 @@ static void test_refusals(void **state)
          ST_ERR_INVALID_ARG},
         {"{\"maximum\":5}", "'maximum' without 'type'", ST_ERR_UNSUPPORTED},
         {"{\"minLength\":1,\"minItems\":1}", "keywords of two types", ST_ERR_UNSUPPORTED},
-        {"{\"$ref\":\"#/$defs/a%25b\",\"$defs\":{\"a%b\":{}}}", "only #", ST_ERR_UNSUPPORTED},
+        {"{\"$ref\":\"#/$defs/a%2x\",\"$defs\":{\"a%b\":{}}}", "only #", ST_ERR_UNSUPPORTED},
+        {"{\"$ref\":\"#/$defs/a~2\",\"$defs\":{\"a~2\":{}}}", "only #", ST_ERR_UNSUPPORTED},
+        {"{\"$ref\":\"#/$defs/a/b\",\"$defs\":{\"a\":{\"b\":{}}}}", "only #", ST_ERR_UNSUPPORTED},
+        {"{\"$ref\":\"#/$defs/a%2Fb\",\"$defs\":{\"a/b\":{}}}", "only #", ST_ERR_UNSUPPORTED},
         /* an audit of 2026-12-06: a sub-schema's $id would scope its $refs (quern's resolve
          * against the root: outputs violated the schema), nullable next to enum let null
          * through, and a format on an integer went unchecked */
