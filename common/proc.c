@@ -1,6 +1,9 @@
 /* Process identity and same-host liveness checks through /proc (see common/proc.h). */
 #include "common/proc.h"
 
+#include "common/log.h"
+
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -132,6 +135,28 @@ enum proc_liveness proc_tag_liveness(const char *tag)
     other.pid = pid;
     other.start_ticks = ticks;
     return proc_liveness(&self, &other);
+}
+
+void proc_sweep_dead(const char *dir, const char *prefix, size_t random_len, const char *who)
+{
+    static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    const size_t pl = strlen(prefix);
+    const struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        if (strncmp(nm, prefix, pl))
+            continue;
+        const char *r = nm + pl;
+        if (random_len && (strspn(r, alnum) < random_len || r[random_len] != '.'))
+            continue;
+        if (proc_tag_liveness(r + (random_len ? random_len + 1 : 0)) == PROC_DEAD &&
+            !unlinkat(dirfd(d), nm, 0))
+            LOG_INFO("removed %s/%s, left by %s that was killed", dir, nm, who);
+    }
+    closedir(d);
 }
 
 const char *proc_liveness_str(enum proc_liveness l)

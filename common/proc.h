@@ -47,6 +47,12 @@ int proc_tag_self(char *buf, size_t cap);
  * tag is PROC_UNKNOWN. */
 enum proc_liveness proc_tag_liveness(const char *tag);
 
+/* Remove dir's files named prefix, then random_len characters of [A-Za-z0-9] and a '.' (neither
+ * when random_len is 0), then a tag from proc_tag_self whose process is certainly gone: the
+ * temporary files of writers killed on this host. Each removal is logged as left by who (e.g.
+ * "an export"). A directory that cannot be read is left alone. */
+void proc_sweep_dead(const char *dir, const char *prefix, size_t random_len, const char *who);
+
 /* "unknown", "alive" or "dead". */
 const char *proc_liveness_str(enum proc_liveness l);
 

@@ -3,10 +3,11 @@
  * the frames with ZSTD_decompressStream and checks that every frame ends on a line end. */
 #include "io/shard.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,22 +265,31 @@ static int fault_at(const char *fault, const char *what)
 }
 
 /* Remove dir's ".<name>.tmp.<tag>" files whose tag names a process that is certainly gone
- * (io_file_replace's of a writer killed on this host). */
+ * (io_file_replace's of a writer killed on this host), once per dir and name in a process: the
+ * files replaced every second (progress, metrics) would read their directory each time. */
 static void replace_sweep(const char *dir, const char *name)
 {
-    DIR *d = opendir(dir);
-    if (!d)
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t swept[64]; /* FNV-1a of "dir/name" (a collision only skips a sweep) */
+    static int n_swept;
+    uint64_t h = 14695981039346656037ull;
+    for (const char *p = dir; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ '/') * 1099511628211ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    pthread_mutex_lock(&lock);
+    int seen = 0;
+    for (int i = 0; i < n_swept && !seen; i++)
+        seen = swept[i] == h;
+    if (!seen && n_swept < (int)(sizeof(swept) / sizeof(swept[0])))
+        swept[n_swept++] = h; /* (past 64 names every call sweeps) */
+    pthread_mutex_unlock(&lock);
+    if (seen)
         return;
-    const size_t nl = strlen(name);
-    const struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name;
-        if (nm[0] != '.' || strncmp(nm + 1, name, nl) || strncmp(nm + 1 + nl, ".tmp.", 5))
-            continue;
-        if (proc_tag_liveness(nm + 1 + nl + 5) == PROC_DEAD && !unlinkat(dirfd(d), nm, 0))
-            LOG_INFO("removed %s/%s, left by a writer that was killed", dir, nm);
-    }
-    closedir(d);
+    char prefix[300];
+    if (snprintf(prefix, sizeof(prefix), ".%s.tmp.", name) < (int)sizeof(prefix))
+        proc_sweep_dead(dir, prefix, 0, "a writer");
 }
 
 enum status io_file_replace(const char *dir, const char *name, const char *data, size_t len,

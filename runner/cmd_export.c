@@ -6,7 +6,6 @@
  * stored it for its item; the output file appears at its path only once it is complete. */
 #include <archive.h>
 #include <archive_entry.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -490,27 +489,11 @@ static const char tmp_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstu
 static void tmp_sweep(const char *out)
 {
     const char *slash = strrchr(out, '/');
-    const char *base = slash ? slash + 1 : out;
-    char dir[sizeof(tmp_path)];
+    char dir[sizeof(tmp_path)], prefix[300];
     snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - out) + (slash == out) : 1,
              slash ? out : ".");
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    size_t bl = strlen(base);
-    const struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name;
-        if (strncmp(nm, base, bl) || strncmp(nm + bl, ".tmp.", 5))
-            continue;
-        const char *r = nm + bl + 5;
-        if (strspn(r, tmp_alnum) < TMP_RANDOM || r[TMP_RANDOM] != '.' ||
-            proc_tag_liveness(r + TMP_RANDOM + 1) != PROC_DEAD)
-            continue;
-        if (!unlinkat(dirfd(d), nm, 0))
-            LOG_INFO("removed %s/%s, left by an export that was killed", dir, nm);
-    }
-    closedir(d);
+    snprintf(prefix, sizeof(prefix), "%s.tmp.", slash ? slash + 1 : out);
+    proc_sweep_dead(dir, prefix, TMP_RANDOM, "an export");
 }
 
 /* Create the temporary file for out, "out.tmp.XXXXXX.<tag>" (the tag names this process, so a
@@ -996,7 +979,7 @@ int runner_cmd_export(int argc, char **argv)
                 export_usage);
         return RUNNER_EXIT_USAGE;
     }
-    if (!runner_out_file_ok("export", "out", out, db))
+    if (!runner_out_file_ok("export", "out", out, db, 0))
         return RUNNER_EXIT_USAGE;
     if (x.order_input && (pick_format(out) == FMT_TAR || pick_format(out) == FMT_TAR_ZST)) {
         fprintf(stderr, "quern export: --order input is for .jsonl and .jsonl.zst: a bundle "

@@ -72,7 +72,7 @@ int runner_cmd_report(int argc, char **argv)
                 report_usage);
         return RUNNER_EXIT_USAGE;
     }
-    if (!runner_out_file_ok("report", "out", out, db))
+    if (!runner_out_file_ok("report", "out", out, db, 0))
         return RUNNER_EXIT_USAGE;
     struct stat sb;
     if (!job && !stat(db, &sb) && !S_ISDIR(sb.st_mode)) { /* a queue file: which job? */

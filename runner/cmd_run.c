@@ -247,7 +247,8 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         usage(stderr);
         return 0;
     }
-    if (o->b.metrics_file && !runner_out_file_ok("run", "metrics-file", o->b.metrics_file, o->b.db))
+    if (o->b.metrics_file &&
+        !runner_out_file_ok("run", "metrics-file", o->b.metrics_file, o->b.db, 1))
         return 0;
     return runner_engine_opts_check("run", &o->eo);
 }

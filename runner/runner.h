@@ -49,10 +49,10 @@ int runner_parse_kv_dtype(const char *cmd, const char *s, int *out);
  * name quern uses in a job's output directory (one holding the job marker, or a part's
  * directory under one): manifest.json, results-*, errors-*, part-*, hidden files. Standard
  * streams and devices ("-", /dev/...) are fine. 1 when out is fine, else 0 after a message
- * "quern CMD: ..." on stderr. */
-/* For `run` (which makes job directories as it goes) the names manifest.json, results-*,
- * errors-* and part-* are refused wherever they are. */
-int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db);
+ * "quern CMD: ..." on stderr. With makes_job_dirs (run, which makes job directories as it goes)
+ * the names manifest.json, results-*, errors-* and part-* are refused wherever they are. */
+int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db,
+                       int makes_job_dirs);
 
 /* Byte sizes like "2G", "512M", "1.5GiB", "65536" (K/M/G/T are powers of 1024). */
 int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *out);

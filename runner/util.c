@@ -170,7 +170,8 @@ static int has_marker(const char *dir)
     return !lstat(path, &sb);
 }
 
-int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db)
+int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const char *db,
+                       int makes_job_dirs)
 {
     if (!strcmp(out, "-") || !strncmp(out, "/dev/", 5) || !strncmp(out, "/proc/self/fd/", 14))
         return 1;
@@ -181,10 +182,10 @@ int runner_out_file_ok(const char *cmd, const char *flag, const char *out, const
     int ours = !strcmp(base, "manifest.json") || !strncmp(base, "results-", 8) ||
                !strncmp(base, "errors-", 7) || base[0] == '.' || !strncmp(base, "part-", 5);
     const char *why = NULL;
-    if (!strcmp(cmd, "run") && ours && base[0] != '.') {
-        /* a run makes job directories as it goes: a file it writes there must not take one of
-         * their names, wherever it is (--metrics-file out/<job>/manifest.json replaced the
-         * manifest with metrics when out/<job> was made after this check) */
+    if (makes_job_dirs && ours && base[0] != '.') {
+        /* a file a run writes must not take one of its job directories' names, wherever it is
+         * (--metrics-file out/<job>/manifest.json replaced the manifest with metrics when out/<job>
+         * was made after this check) */
         why = "a name quern uses in a job's output directory (shards, manifests, markers)";
         goto refuse;
     }

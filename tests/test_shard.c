@@ -1,7 +1,8 @@
 /* Unit tests for io/shard (zstd JSONL shards and their exactly-once protocol), common/sha256
  * and io/manifest: round trips over several flushes, torn tails discarded on reopen, lost
  * committed data detected, frames readable by plain libzstd and the zstd CLI, a writer
- * SIGKILLed at random moments, FIPS 180-4 vectors, and manifest.json parsed back. */
+ * SIGKILLed at random moments, FIPS 180-4 vectors, manifest.json parsed back, and the sweep of
+ * temporary files that killed writers left. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "common/proc.h"
 #include "common/sha256.h"
 #include "io/manifest.h"
 #include "io/shard.h"
@@ -874,6 +876,88 @@ static void test_shard_no_clobber(void **state)
     assert_int_equal(recs, 5);
 }
 
+/* The tag of a process that has exited (a child's, reaped). */
+static void dead_tag(char *out, size_t cap)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char t[400];
+        _exit(!proc_tag_self(t, sizeof(t)) && write(fds[1], t, strlen(t) + 1) > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    memset(out, 0, cap);
+    assert_true(read(fds[0], out, cap - 1) > 0);
+    close(fds[0]);
+}
+
+static void touch_in(const char *name)
+{
+    char path[1024];
+    path_in(path, sizeof(path), name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+static int exists_in(const char *name)
+{
+    char path[1024];
+    struct stat sb;
+    path_in(path, sizeof(path), name);
+    return !lstat(path, &sb);
+}
+
+/* io_file_replace removes the temp files of its name's dead writers (not a live one's, not
+ * another name's), once per directory and name in a process; proc_sweep_dead with random
+ * characters (export's "<name>.tmp.XXXXXX.<tag>") wants exactly that many. */
+static void test_replace_sweep(void **state)
+{
+    (void)state;
+    char dead[400], self[400], name[600];
+    struct err_detail err = {0};
+    dead_tag(dead, sizeof(dead));
+    assert_int_equal(proc_tag_liveness(dead), PROC_DEAD);
+    assert_int_equal(proc_tag_self(self, sizeof(self)), 0);
+    const char *made[] = {".m.json.tmp.%s", ".m.json.tmp.x%s", ".other.tmp.%s", "m.json.tmp.%s"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), made[i], dead);
+        touch_in(name);
+    }
+    snprintf(name, sizeof(name), ".m.json.tmp.%s.live", self); /* not a tag: unknown, kept */
+    touch_in(name);
+    assert_int_equal(io_file_replace(tmpdir, "m.json", "{}\n", 3, NULL, &err), ST_OK);
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), made[i], dead);
+        assert_int_equal(exists_in(name), i != 0);
+    }
+    snprintf(name, sizeof(name), ".m.json.tmp.%s.live", self);
+    assert_true(exists_in(name));
+    /* a second replace in this process does not read the directory again */
+    snprintf(name, sizeof(name), made[0], dead);
+    touch_in(name);
+    assert_int_equal(io_file_replace(tmpdir, "m.json", "{}\n", 3, NULL, &err), ST_OK);
+    assert_true(exists_in(name));
+    assert_true(exists_in("m.json"));
+
+    const char *exp[] = {"o.tar.tmp.AbC123.%s", "o.tar.tmp.AbC12.%s", "o.tar.tmp.AbC1234.%s",
+                         "o.tar.tmp.AbC-23.%s"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), exp[i], dead);
+        touch_in(name);
+    }
+    proc_sweep_dead(tmpdir, "o.tar.tmp.", 6, "a test");
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), exp[i], dead);
+        assert_int_equal(exists_in(name), i != 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -889,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_sha256_file),
         cmocka_unit_test(test_manifest_roundtrip),
         cmocka_unit_test(test_shard_no_clobber),
+        cmocka_unit_test(test_replace_sweep),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }
