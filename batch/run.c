@@ -723,9 +723,12 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
     cJSON_Delete(o);
     if (!text)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
-    LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s in blocks of %d, quern %s",
+    const int32_t blocks = engine_kv_n_blocks(engine_get_kv(r->e));
+    LOG_INFO("run %lld: %s, %d rank(s), matmul %s, KV %s in blocks of %d (a pool of %.0f MiB%s "
+             "for %lld tokens), quern %s",
              (long long)r->stats.run_id, device, r->group->size, matmul, kv, ep->kv_block,
-             quern_version());
+             (double)engine_kv_pool_bytes(r->e) / 1048576.0, ep->kv_mem ? "" : ", --kv-mem auto",
+             (long long)blocks * ep->kv_block, quern_version());
     free(r->engine_json);
     r->engine_json = text;
     return queue_run_set_engine(r->q, r->stats.run_id, text, err);

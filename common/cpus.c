@@ -30,7 +30,7 @@ static int quota_cpus(long long quota, long long period)
 
 /* The CPU limit of cgroup dir (v2: cpu.max; v1: cpu.cfs_quota_us and cpu.cfs_period_us), 0 for
  * none. */
-static int dir_limit(const char *dir, int v1)
+static long long cpu_limit(const char *dir, int v1)
 {
     char file[4200], text[128], q[32];
     long long quota = 0, period = 0;
@@ -52,17 +52,38 @@ static int dir_limit(const char *dir, int v1)
     return quota_cpus(quota, period);
 }
 
+/* A cgroup directory's limit of one kind, > 0, or 0 for none. */
+typedef long long (*dir_limit_fn)(const char *dir, int v1);
+
+/* The bytes cgroup dir may still take: its limit less its use (v2: memory.max and
+ * memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes), at least 1; 0 for no
+ * limit ("max", or v1's "unlimited" of about 2^63). */
+static long long mem_room(const char *dir, int v1)
+{
+    char file[4200], text[128];
+    long long lim = 0, used = 0;
+    snprintf(file, sizeof(file), "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+    if (read_small(file, text, sizeof(text)) || sscanf(text, "%lld", &lim) != 1 || lim <= 0 ||
+        lim >= (1ll << 60))
+        return 0;
+    snprintf(file, sizeof(file), "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
+    if (read_small(file, text, sizeof(text)) || sscanf(text, "%lld", &used) != 1 || used < 0)
+        used = 0;
+    return lim > used ? lim - used : 1;
+}
+
 /* The smallest limit of base + path and each of its ancestors down to base itself. */
-static int path_limit(const char *base, const char *path, size_t n, int v1)
+static long long path_limit(const char *base, const char *path, size_t n, int v1,
+                            dir_limit_fn dir_limit)
 {
     char dir[4096];
     size_t bl = strlen(base);
     if (bl + n + 1 >= sizeof(dir))
         return 0;
     snprintf(dir, sizeof(dir), "%s%.*s", base, (int)n, path);
-    int best = 0;
+    long long best = 0;
     for (;;) {
-        int c = dir_limit(dir, v1);
+        long long c = dir_limit(dir, v1);
         if (c > 0 && (best == 0 || c < best))
             best = c;
         char *slash = strlen(dir) > bl ? strrchr(dir + bl, '/') : NULL;
@@ -73,14 +94,15 @@ static int path_limit(const char *base, const char *path, size_t n, int v1)
     return best;
 }
 
-/* Does the comma-separated list [s, s + n) hold the word "cpu"? */
-static int has_cpu(const char *s, size_t n)
+/* Does the comma-separated list [s, s + n) hold word? */
+static int has_word(const char *s, size_t n, const char *word)
 {
+    const size_t wl = strlen(word);
     while (n) {
         size_t w = 0;
         while (w < n && s[w] != ',')
             w++;
-        if (w == 3 && !strncmp(s, "cpu", 3))
+        if (w == wl && !strncmp(s, word, wl))
             return 1;
         s += w < n ? w + 1 : w;
         n -= w < n ? w + 1 : w;
@@ -88,9 +110,12 @@ static int has_cpu(const char *s, size_t n)
     return 0;
 }
 
-int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
+/* The smallest limit over the cgroups a /proc/self/cgroup text names (v2, and v1's controller,
+ * mounted at root/controller) and their ancestors; 0 when none is set. */
+static long long cgroup_limit(const char *root, const char *proc_cgroup, const char *controller,
+                              dir_limit_fn dir_limit)
 {
-    int best = 0;
+    long long best = 0;
     for (const char *line = proc_cgroup; line && *line;) {
         const char *eol = strchr(line, '\n'), *end = eol ? eol : line + strlen(line);
         const char *c1 = memchr(line, ':', (size_t)(end - line));
@@ -99,13 +124,13 @@ int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
         const char *dots = c2 ? strstr(c2 + 1, "/..") : NULL;
         if (c2 && c2[1] == '/' && !(dots && dots < end)) {
             int v2 = c1 == line + 1 && line[0] == '0' && c2 == c1 + 1;
-            int c = 0;
+            long long c = 0;
             if (v2) {
-                c = path_limit(root, c2 + 1, (size_t)(end - c2 - 1), 0);
-            } else if (has_cpu(c1 + 1, (size_t)(c2 - c1 - 1))) {
+                c = path_limit(root, c2 + 1, (size_t)(end - c2 - 1), 0, dir_limit);
+            } else if (has_word(c1 + 1, (size_t)(c2 - c1 - 1), controller)) {
                 char base[4096];
-                snprintf(base, sizeof(base), "%s/cpu", root);
-                c = path_limit(base, c2 + 1, (size_t)(end - c2 - 1), 1);
+                snprintf(base, sizeof(base), "%s/%s", root, controller);
+                c = path_limit(base, c2 + 1, (size_t)(end - c2 - 1), 1, dir_limit);
             }
             if (c > 0 && (best == 0 || c < best))
                 best = c;
@@ -113,6 +138,35 @@ int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
         line = eol ? eol + 1 : NULL;
     }
     return best;
+}
+
+int cpus_cgroup_limit(const char *root, const char *proc_cgroup)
+{
+    long long c = cgroup_limit(root, proc_cgroup, "cpu", cpu_limit);
+    return c > 65536 ? 65536 : (int)c;
+}
+
+uint64_t mem_cgroup_room(const char *root, const char *proc_cgroup)
+{
+    return (uint64_t)cgroup_limit(root, proc_cgroup, "memory", mem_room);
+}
+
+uint64_t mem_available(void)
+{
+    char text[4096];
+    uint64_t avail = 0;
+    unsigned long long kb = 0;
+    if (!read_small("/proc/meminfo", text, sizeof(text))) {
+        const char *m = strstr(text, "MemAvailable:");
+        if (m && sscanf(m + 13, "%llu", &kb) == 1)
+            avail = (uint64_t)kb * 1024;
+    }
+    if (!read_small("/proc/self/cgroup", text, sizeof(text))) {
+        uint64_t room = mem_cgroup_room("/sys/fs/cgroup", text);
+        if (room && (!avail || room < avail))
+            avail = room;
+    }
+    return avail;
 }
 
 /* CPUs in this process's affinity mask, 0 when it cannot be read (a mask wider than the one

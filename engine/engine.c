@@ -31,6 +31,28 @@ void engine_params_default(struct engine_params *p)
     p->spec_test_broken = 0;
 }
 
+size_t engine_kv_pool_bytes(const struct engine *e)
+{
+    return e->p.kv_mem;
+}
+
+size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_params *p,
+                          uint64_t avail)
+{
+    if (!avail || !engine_model_host_memory(m) || p->kv_block < 1 || p->max_seqs < 1)
+        return (size_t)1 << 30;
+    const struct engine_hparams *hp = engine_model_hparams(m);
+    /* a sequence at the full context holds this many blocks (and one more while it grows) */
+    const uint64_t per_seq =
+        ((uint64_t)hp->n_ctx_train + (uint64_t)p->kv_block - 1) / (uint64_t)p->kv_block + 1;
+    const uint64_t need =
+        per_seq * (uint64_t)p->max_seqs * engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+    const uint64_t least = need < ((uint64_t)64 << 20) ? need : (uint64_t)64 << 20;
+    uint64_t kv = avail / 4 < need ? avail / 4 : need;
+    kv = kv > least ? kv : least;
+    return kv > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)kv;
+}
+
 /* The sliding-window layers' own KV pool (engine_kv_set_window), as planned. */
 static enum status set_window(struct engine *e, const struct engine_kv_plan *plan,
                               struct err_detail *err)
@@ -97,20 +119,22 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        (unsigned)p->spec, p->spec_max_k, ENGINE_SPEC_MAX_K, p->spec_budget);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
-    const struct engine_kv_plan_in pin = {p->kv_mem,   p->kv_block,         p->kv_dtype,
+    const size_t kv_mem = p->kv_mem ? p->kv_mem : engine_kv_mem_auto(m, p, mem_available());
+    const struct engine_kv_plan_in pin = {kv_mem,      p->kv_block,         p->kv_dtype,
                                           p->max_seqs, p->max_batch_tokens, p->kv_window_pool};
     struct engine_kv_plan plan;
     engine_model_kv_plan(m, &pin, &plan);
     if (plan.n_main < 1 || plan.n_main > (1 << 28))
         return err_set(err, ST_ERR_INVALID_ARG,
                        "engine: kv-mem %zu bytes holds %lld blocks of %zu bytes (need 1..2^28)",
-                       p->kv_mem, (long long)plan.n_main, plan.bytes_main + plan.bytes_local);
+                       kv_mem, (long long)plan.n_main, plan.bytes_main + plan.bytes_local);
     struct engine *e = calloc(1, sizeof(*e));
     if (!e)
         return err_set(err, ST_ERR_NOMEM, "no memory");
     e->m = m;
     e->tok = tok;
     e->p = *p;
+    e->p.kv_mem = kv_mem;
     enum status st = engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head, engine_model_hparams(m)->head_dim,
                                     p->kv_dtype, p->kv_block, (int32_t)plan.n_main, p->max_seqs,
                                     p->prefix_cache, err);

@@ -21,7 +21,7 @@ struct engine_params {
     int max_seqs;          /* sequences running at once (default 256) */
     int max_batch_tokens;  /* tokens per forward step (default 512) */
     int kv_block;          /* tokens per KV block (default 16) */
-    size_t kv_mem;         /* bytes for the KV pool (default 1 GiB) */
+    size_t kv_mem;         /* bytes for the KV pool (default 1 GiB); 0 = engine_kv_mem_auto's */
     int prefix_cache;      /* reuse cached prompt blocks (default 1) */
     int kv_window_pool;    /* sliding-window layers in their own pool, blocks out of the window
                             * given back (default 1; engine_model_kv_plan) */
@@ -44,6 +44,13 @@ struct engine_params {
 
 
 void engine_params_default(struct engine_params *p);
+
+/* The KV pool engine_init makes of kv_mem 0 (--kv-mem auto), given avail bytes of host memory
+ * this process can take (mem_available, 0 unknown): on a backend in host memory a quarter of
+ * avail, at most what max_seqs sequences at the model's full context take and at least 64 MiB
+ * (or all of that when less); 1 GiB on a device backend or where avail is unknown. */
+size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_params *p,
+                          uint64_t avail);
 
 #define ENGINE_MAX_STOP 8
 #define ENGINE_MAX_CHOICES 128
@@ -155,16 +162,19 @@ struct engine_load {
 
 struct engine;
 
-/* The engine borrows m and tok (they must outlive it). */
 /* Rows of logits the engine keeps for p (one per running sequence, and some for draft tokens
  * with speculation): with the vocabulary, what engine_logits_bytes costs. */
 int engine_logit_rows(const struct engine_params *p);
+
 /* The engine's largest host buffer: its logits rows x n_vocab floats (`quern plan` counts it;
  * --max-seqs 8192 on a 49k vocabulary is 1.6 GB). */
 size_t engine_logits_bytes(const struct engine_params *p, int32_t n_vocab);
 
+/* The engine borrows m and tok (they must outlive it). */
 enum status engine_init(struct engine **out, struct engine_model *m, const struct engine_tok *tok,
                         const struct engine_params *p, struct err_detail *err);
+/* The bytes of KV storage engine_init sized its pools for (p->kv_mem, or what 0 made). */
+size_t engine_kv_pool_bytes(const struct engine *e);
 /* Frees everything; in debug builds (!NDEBUG) aborts if the KV check finds a leak. */
 void engine_free(struct engine *e);
 

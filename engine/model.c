@@ -302,6 +302,11 @@ size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size,
     return kv_bytes(m, m->hp.n_layer, block_size, dtype);
 }
 
+int engine_model_host_memory(const struct engine_model *m)
+{
+    return !m->be || m->be->host_memory;
+}
+
 int engine_model_layer_local(const struct engine_model *m, int layer)
 {
     return m->layers[layer].swa;

@@ -162,6 +162,10 @@ const struct io_gguf *engine_model_gguf(const struct engine_model *m);
  * all layers, K and V; kern_ops.kv_block_bytes), or in the CPU layout without a backend. */
 size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype);
 
+/* 1 when the model's backend holds its memory in host memory (the CPU backend), or it has none
+ * (loaded to plan); 0 on a device (CUDA). */
+int engine_model_host_memory(const struct engine_model *m);
+
 /* 1 when layer is a sliding-window layer (attends to the last hparams.swa_window positions). */
 int engine_model_layer_local(const struct engine_model *m, int layer);
 

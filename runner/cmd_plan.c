@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cpus.h"
 #include "common/log.h"
 #include "engine/kv.h"
 #include "engine/model.h"
@@ -203,6 +204,9 @@ int runner_cmd_plan(int argc, char **argv)
         reserve = mem / 20 > ((size_t)256 << 20) ? mem / 20 : (size_t)256 << 20;
         kv_mem = mem > counted + reserve ? (mem - counted - reserve) * (size_t)tp : 0;
     }
+    const int kv_auto = !mem && !kv_mem; /* --kv-mem auto: what a run here would make */
+    if (kv_auto)
+        kv_mem = engine_kv_mem_auto(m, &eo.ep, cuda ? 0 : mem_available());
     size_t per_block = per_tok * (size_t)block;
     /* the engine's own split: sliding-window layers in a pool of their own (engine_kv_plan) */
     const struct engine_kv_plan_in pin = {kv_mem,          (int)block,
@@ -240,7 +244,8 @@ int runner_cmd_plan(int argc, char **argv)
                "\"mem\": %zu, \"weights_fit\": %s, \"kv_window\": %d, "
                "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
                "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
-               "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu, \"logits_bytes\": %zu}\n",
+               "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu, \"logits_bytes\": %zu, "
+               "\"kv_mem_auto\": %s}\n",
                qname ? qname : "null", (unsigned long long)weights, per_tok,
                kern_kv_dtype_name((enum kern_kv_dtype)dtype), kv_mem, block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
@@ -248,7 +253,7 @@ int runner_cmd_plan(int argc, char **argv)
                weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
                plan.n_local ? n_local : 0, (long long)plan.n_local, cuda ? "cuda" : "cpu",
                kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve,
-               engine_logits_bytes(&eo.ep, hp->n_vocab));
+               engine_logits_bytes(&eo.ep, hp->n_vocab), kv_auto ? "true" : "false");
         free(qname);
     } else {
         printf("model:               %s\n", name);
@@ -288,14 +293,18 @@ int runner_cmd_plan(int argc, char **argv)
         char all[40] = "";
         if (tp > 1) /* (the pool and the totals below: every rank's together) */
             snprintf(all, sizeof(all), " (all %ld ranks)", tp);
+        const char *how = !kv_auto ? ""
+                          : cuda   ? " (--kv-mem auto: 1G on CUDA)"
+                                   : " (--kv-mem auto: on this machine now)";
         if (!plan.n_local) {
-            printf("KV pool:             %.1f MiB%s = %zu blocks of %ld tokens = %zu tokens\n",
-                   (double)kv_mem / 1048576.0, all, blocks, block, tokens);
+            printf("KV pool:             %.1f MiB%s%s = %zu blocks of %ld tokens = %zu tokens\n",
+                   (double)kv_mem / 1048576.0, all, how, blocks, block, tokens);
         } else {
-            printf("KV pool:             %.1f MiB = %zu blocks of %ld tokens = %zu tokens for the "
-                   "%d global layers\n",
-                   (double)((size_t)plan.n_main * plan.bytes_main) / 1048576.0, blocks, block,
-                   tokens, hp->n_layer - n_local);
+            printf(
+                "KV pool:             %.1f MiB%s = %zu blocks of %ld tokens = %zu tokens for the "
+                "%d global layers\n",
+                (double)((size_t)plan.n_main * plan.bytes_main) / 1048576.0, how, blocks, block,
+                tokens, hp->n_layer - n_local);
             printf("window pool:         %.1f MiB = %lld blocks for the %d sliding-window layers "
                    "(%d positions: blocks that leave the window are given back)\n",
                    (double)((size_t)plan.n_local * plan.bytes_local) / 1048576.0,

@@ -20,6 +20,7 @@ void runner_engine_opts_default(struct runner_engine_opts *o)
     o->act = RUNNER_ACT_DEFAULT;
     o->tp = 1;
     engine_params_default(&o->ep);
+    o->ep.kv_mem = 0; /* --kv-mem auto: the engine sizes it (engine_kv_mem_auto) */
 }
 
 static const struct option backend_opts[] = {
@@ -181,6 +182,10 @@ int runner_engine_opt(const char *cmd, int c, const char *arg, struct runner_eng
     case RUNNER_EO_OPT_MATMUL:
         return runner_parse_matmul(cmd, arg, &o->act) ? 1 : -1;
     case RUNNER_EO_OPT_KVMEM:
+        if (!strcmp(arg, "auto")) {
+            o->ep.kv_mem = 0;
+            return 1;
+        }
         return runner_parse_size(cmd, "kv-mem", arg, &o->ep.kv_mem) ? 1 : -1;
     case RUNNER_EO_OPT_KVDTYPE:
         return runner_parse_kv_dtype(cmd, arg, &o->ep.kv_dtype) ? 1 : -1;
@@ -270,7 +275,10 @@ void runner_engine_help(FILE *f, unsigned groups)
             ENGINE_SPEC_MAX_K);
     if (groups & RUNNER_EO_KV)
         fputs(
-            "  --kv-mem SIZE          KV cache pool, e.g. 2G (default 1G)\n"
+            "  --kv-mem SIZE|auto     KV cache pool, e.g. 2G (default auto: on the CPU a quarter\n"
+            "                         of the memory available to this process (its cgroup's\n"
+            "                         limit too, e.g. Slurm's --mem), at most what --max-seqs\n"
+            "                         sequences at the model's full context take; 1G on CUDA)\n"
             "  --kv-block B           tokens per KV block (default 16)\n"
             "  --kv-dtype f16|q8      KV cache storage (default f16: 16 bits per value, stored\n"
             "                         as bfloat16 for the tile unit in the bf16 matmul mode on\n"

@@ -1,6 +1,7 @@
 /* Unit tests for common/cpus: the cgroup CPU limit read from a fake hierarchy (v2 cpu.max and
  * v1 cfs quota/period, on the cgroup and its ancestors, the smallest winning, "max" and -1 as
- * no limit, rounding up), and cpus_usable against the process's affinity mask. */
+ * no limit, rounding up), and cpus_usable against the process's affinity mask; the memory a
+ * cgroup has room for (limit less use, v2 and v1, ancestors, "max" and v1's unlimited). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -94,6 +95,37 @@ static void test_v1(void **state)
     assert_int_equal(cpus_cgroup_limit(root, "3:cpuacct:/slurm/job7\n2:cpuset:/slurm/job7\n"), 0);
 }
 
+static void test_mem_room(void **state)
+{
+    (void)state;
+    const char *v2 = "0::/system.slice/slurmstepd/job9\n";
+    assert_int_equal(mem_cgroup_room(root, v2), 0); /* no files: no limit */
+    put("system.slice/slurmstepd/job9/memory.max", "max\n");
+    put("system.slice/slurmstepd/job9/memory.current", "1000\n");
+    assert_int_equal(mem_cgroup_room(root, v2), 0);
+    put("system.slice/slurmstepd/job9/memory.max", "8589934592\n"); /* --mem=8G */
+    assert_int_equal(mem_cgroup_room(root, v2), 8589934592ull - 1000);
+    put("system.slice/memory.max", "4294967296\n"); /* an ancestor's smaller room wins */
+    put("system.slice/memory.current", "4294967000\n");
+    assert_int_equal(mem_cgroup_room(root, v2), 296);
+    put("system.slice/memory.current", "5000000000\n"); /* over: at least 1 */
+    assert_int_equal(mem_cgroup_room(root, v2), 1);
+    /* v1: the memory controller's hierarchy, its "unlimited" (2^63 rounded to pages) */
+    const char *v1 = "4:memory:/slurm/job7\n3:cpu,cpuacct:/slurm/job7\n0::/\n";
+    put("memory/slurm/job7/memory.limit_in_bytes", "9223372036854771712\n");
+    put("memory/slurm/job7/memory.usage_in_bytes", "123\n");
+    assert_int_equal(mem_cgroup_room(root, v1), 0);
+    put("memory/slurm/memory.limit_in_bytes", "2000000\n");
+    put("memory/slurm/memory.usage_in_bytes", "500000\n");
+    assert_int_equal(mem_cgroup_room(root, v1), 1500000);
+    /* the cpu controller's line names no memory limit */
+    assert_int_equal(mem_cgroup_room(root, "3:cpu,cpuacct:/slurm\n"), 0);
+    /* this process: whatever it is, no more than the host has */
+    uint64_t avail = mem_available();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    assert_true(avail > 0 && avail <= (uint64_t)pages * (uint64_t)page);
+}
+
 static void test_usable(void **state)
 {
     (void)state;
@@ -118,6 +150,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_v2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mem_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_v1, setup, teardown),
         cmocka_unit_test(test_usable),
     };

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "common/cpus.h"
 #include "tests/test_engine_util.h"
 
 static void batch_invariance(struct fixture *f, int sampled, int kv_dtype)
@@ -450,6 +451,46 @@ static void test_prefix_hit_logits(void **state)
     free(hit);
 }
 
+/* --kv-mem auto (kv_mem 0): a quarter of the memory available, at most max_seqs sequences at
+ * the full context, at least 64 MiB; 1 GiB where the memory is unknown; engine_init makes it. */
+static void test_kv_mem_auto(void **state)
+{
+    struct fixture *f = *state;
+    struct engine_params p;
+    engine_params_default(&p);
+    const uint64_t blk = engine_model_kv_block_bytes(f->m, p.kv_block, p.kv_dtype);
+    const uint64_t per_seq = (uint64_t)(f->m->hp.n_ctx_train / p.kv_block + 1) * blk;
+    const uint64_t gib = (uint64_t)1 << 30;
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 0), gib);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 4 * gib), gib);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 10 * gib + 3), 10 * gib / 4);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, (uint64_t)1 << 50), 256 * per_seq);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 100 << 20), 64 << 20);
+    p.max_seqs = 1;
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, (uint64_t)1 << 50), per_seq);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 1 << 20), 64 << 20);
+    p.kv_dtype = KERN_KV_Q8;
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, (uint64_t)1 << 50),
+                     (f->m->hp.n_ctx_train / p.kv_block + 1) *
+                         engine_model_kv_block_bytes(f->m, p.kv_block, KERN_KV_Q8));
+
+    p.kv_dtype = KERN_KV_F16;
+    p.max_seqs = 2;
+    p.max_batch_tokens = 64;
+    p.kv_mem = 0;
+    struct engine *e;
+    struct err_detail err = {0};
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    const uint64_t avail = mem_available();
+    assert_true(avail > 0);
+    if (avail / 4 >= 2 * per_seq + (64 << 20)) /* (the machine's memory can move a little) */
+        assert_int_equal(engine_kv_pool_bytes(e), 2 * per_seq);
+    else
+        assert_true(engine_kv_pool_bytes(e) >= (64 << 20) && engine_kv_pool_bytes(e) <= avail);
+    assert_int_equal(engine_kv_n_blocks(engine_get_kv(e)), engine_kv_pool_bytes(e) / blk);
+    engine_free(e);
+}
+
 static void test_rejects(void **state)
 {
     struct fixture *f = *state;
@@ -750,6 +791,7 @@ int main(void)
 {
     const struct CMUnitTest engine_tests[] = {
         cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_kv_mem_auto),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_request_times_and_warmup),
         cmocka_unit_test(test_live_load),
