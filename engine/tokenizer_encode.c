@@ -271,12 +271,29 @@ struct frag {
 
 /* Split the text fragments at occurrences of each applicable special token, longest first.
  * On success *frags (caller frees) holds *n_frags fragments in input order. */
+/* *a with room for at least need fragments (*cap grown by doubling); 0 when out of memory (*a
+ * unchanged). */
+static int grow_frags(struct frag **a, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 1;
+    size_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    struct frag *b = realloc(*a, c * sizeof(**a));
+    if (!b)
+        return 0;
+    *a = b;
+    *cap = c;
+    return 1;
+}
+
 static enum status split_special(struct enc *e, const unsigned char *s, size_t n, unsigned flags,
                                  struct frag **frags, size_t *n_frags)
 {
     const struct engine_tok *t = e->t;
-    size_t cap = 16, nf = 1;
-    struct frag *f = malloc(cap * sizeof(*f));
+    size_t cap = 16, nf = 1, gcap = 0;
+    struct frag *f = malloc(cap * sizeof(*f)), *g = NULL;
     if (!f)
         return err_set(e->err, ST_ERR_NOMEM, "allocating fragments");
     f[0] = (struct frag){0, n, -1};
@@ -286,38 +303,57 @@ static enum status split_special(struct enc *e, const unsigned char *s, size_t n
             continue;
         const char *tt = engine_tok_text(t, id);
         size_t tl = engine_tok_text_len(t, id);
-        for (size_t i = 0; i < nf; i++) {
-            if (f[i].id >= 0 || f[i].len < tl)
-                continue;
-            const unsigned char *p = memmem(s + f[i].off, f[i].len, tt, tl);
-            if (!p)
-                continue;
-            /* Replace fragment i by [before][token][after]; "after" is scanned next. */
-            if (nf + 2 > cap) {
-                cap *= 2;
-                struct frag *g = realloc(f, cap * sizeof(*f));
-                if (!g) {
-                    free(f);
-                    return err_set(e->err, ST_ERR_NOMEM, "allocating fragments");
-                }
-                f = g;
-            }
-            size_t at = (size_t)(p - s), end = f[i].off + f[i].len;
-            struct frag before = {f[i].off, at - f[i].off, -1};
-            struct frag tok = {at, tl, id};
-            struct frag after = {at + tl, end - at - tl, -1};
-            size_t ins = (before.len ? 1 : 0) + 1 + (after.len ? 1 : 0);
-            memmove(f + i + ins, f + i + 1, (nf - i - 1) * sizeof(*f));
-            size_t j = i;
-            if (before.len)
-                f[j++] = before;
-            f[j++] = tok;
-            if (after.len)
-                f[j] = after;
-            nf += ins - 1;
-            i = j - 1; /* the loop's i++ lands on "after" */
+        /* the first text fragment holding the token; none: nothing to split */
+        size_t i = 0;
+        const unsigned char *p = NULL;
+        for (; i < nf && !p; i++)
+            if (f[i].id < 0 && f[i].len >= tl)
+                p = memmem(s + f[i].off, f[i].len, tt, tl);
+        if (!p)
+            continue;
+        i--;
+        /* the fragments again into g, each text fragment from i on cut at every occurrence
+         * (leftmost first, the rest after it): [before][token]...[after]. One pass per token,
+         * not a shift of the array per occurrence (quadratic in lines with many of them). */
+        size_t ng = 0;
+        if (!grow_frags(&g, &gcap, i + 16)) {
+            free(f);
+            return err_set(e->err, ST_ERR_NOMEM, "allocating fragments");
         }
+        memcpy(g, f, i * sizeof(*f));
+        ng = i;
+        for (; i < nf; i++) {
+            size_t off = f[i].off, end = off + f[i].len;
+            if (f[i].id < 0)
+                while (end - off >= tl && (p = memmem(s + off, end - off, tt, tl)) != NULL) {
+                    size_t at = (size_t)(p - s);
+                    if (!grow_frags(&g, &gcap, ng + 2 + (nf - i))) {
+                        free(f);
+                        free(g);
+                        return err_set(e->err, ST_ERR_NOMEM, "allocating fragments");
+                    }
+                    if (at > off)
+                        g[ng++] = (struct frag){off, at - off, -1};
+                    g[ng++] = (struct frag){at, tl, id};
+                    off = at + tl;
+                }
+            if (!grow_frags(&g, &gcap, ng + 1 + (nf - i))) {
+                free(f);
+                free(g);
+                return err_set(e->err, ST_ERR_NOMEM, "allocating fragments");
+            }
+            if (off < end)
+                g[ng++] = (struct frag){off, end - off, f[i].id};
+        }
+        struct frag *tmp = f;
+        f = g;
+        g = tmp;
+        size_t tc = cap;
+        cap = gcap;
+        gcap = tc;
+        nf = ng;
     }
+    free(g);
     *frags = f;
     *n_frags = nf;
     return ST_OK;

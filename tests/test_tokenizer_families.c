@@ -62,6 +62,25 @@ static void test_gemma_reference(void **state)
     assert_memory_equal(d, "a b", 3);
     free(d);
     free(ids);
+    /* a line of many user-defined tokens (whitespace runs, tags: always split out) encodes
+     * as its repeated unit does, once per repetition (split_special cut it in one pass per
+     * token; shifting its fragment array per occurrence was quadratic: 2.2 MB took 46 s) */
+    const char unit[] = "x\n\n\ny  <b>z</b>\t\t";
+    size_t nu, nl;
+    int32_t *one = encode(t, unit, sizeof(unit) - 1, 0, &nu);
+    assert_true(nu >= 5);
+    enum { REPS = 20000 };
+    char *line = malloc(REPS * (sizeof(unit) - 1));
+    assert_non_null(line);
+    for (int r = 0; r < REPS; r++)
+        memcpy(line + (size_t)r * (sizeof(unit) - 1), unit, sizeof(unit) - 1);
+    ids = encode(t, line, REPS * (sizeof(unit) - 1), 0, &nl);
+    assert_int_equal(nl, REPS * nu);
+    for (size_t i = 0; i < nl; i++)
+        assert_int_equal(ids[i], one[i % nu]);
+    free(ids);
+    free(line);
+    free(one);
     check_fixture(t, "tests/fixtures/tokenizer_gemma3.jsonl", 1000);
     check_random_bytes(t, getenv("QUERN_SANITIZE") ? 500 : 3000);
     engine_tok_free(t);
