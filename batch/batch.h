@@ -30,13 +30,22 @@
  * dropped) into out; ST_ERR_RANGE when it does not fit. */
 enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detail *err);
 
-/* The job's output directory OUT/<name> into dir (absolute). OUT is the job's out_dir (absolute,
- * or relative to the database's directory) unless out_flag (relative to the working directory)
- * is given: then it must be where the job's shards already are, else ST_ERR_INVALID_ARG (a job
- * never splits across directories); a job without shards yet records it as its out_dir. With
- * create, the directories are made and the marker is checked or written (batch_outdir_claim). */
+/* The job's output directory OUT/<name> into dir (absolute). Without out_flag it is where the
+ * job's shards are (out_dir set to match with create), or for a job without shards its out_dir
+ * (absolute, or relative to the database's directory). out_flag (relative to the working
+ * directory) must name where the job's shards already are, else ST_ERR_INVALID_ARG (a job never
+ * splits across directories); a job without shards yet records it as its out_dir. With create,
+ * the directories are made and the marker is checked or written (batch_outdir_claim). */
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
                           int create, char *dir, size_t cap, struct err_detail *err);
+
+/* ST_ERR_CONFLICT when the job already has a shard outside dir: the check a run makes in the
+ * transaction that records each new shard, so that two runs started with different --out
+ * before either made a shard (batch_job_dir cannot see a run that is still loading its model)
+ * never split the job: the second to make a shard stops instead. Without --out, batch_job_dir
+ * follows the shards. */
+enum status batch_job_dir_check(struct queue *q, int64_t job_id, const char *dir,
+                                struct err_detail *err);
 
 /* The shard's stored path resolved as queue_resolve_path does into out, except that a relative
  * one (a quern before 2026-12-01 stored them relative to the directory it ran in) whose file is

@@ -187,7 +187,9 @@ static enum status shard_start(struct batch_out *w, struct oshard *s, struct err
     enum status st;
     if ((st = queue_tx_begin(q, err)))
         return st;
-    if ((st = queue_shard_next_seq(q, w->spec.job_id, s->kind, &seq, err)))
+    /* (in the transaction: another run cannot make the job's first shard elsewhere meanwhile) */
+    if ((st = batch_job_dir_check(q, w->spec.job_id, w->dir, err)) ||
+        (st = queue_shard_next_seq(q, w->spec.job_id, s->kind, &seq, err)))
         goto fail;
     if (!shard_path(w, s->kind, seq, s->path, sizeof(s->path))) {
         st = err_set(err, ST_ERR_INVALID_ARG, "output path too long under %s", w->dir);

@@ -114,36 +114,69 @@ enum status batch_shard_path(struct queue *q, const struct queue_shard *sh, char
                    stored, out, cwd, cwd, dl, stored, ol, out);
 }
 
+/* The directory of job_id's first shard into dir (cap bytes), "" when it has none. */
+static enum status shards_dir(struct queue *q, int64_t job_id, char *dir, size_t cap,
+                              struct err_detail *err)
+{
+    struct queue_shard *sh = NULL;
+    size_t n = 0;
+    enum status st = queue_shard_list(q, job_id, &sh, &n, err);
+    dir[0] = 0;
+    if (st)
+        return st;
+    if (n) {
+        st = batch_shard_path(q, &sh[0], dir, cap, err);
+        char *slash = strrchr(dir, '/');
+        if (!st && slash)
+            *slash = 0;
+    }
+    queue_shard_list_free(sh, n);
+    return st;
+}
+
+enum status batch_job_dir_check(struct queue *q, int64_t job_id, const char *dir,
+                                struct err_detail *err)
+{
+    char have[4096];
+    enum status st = shards_dir(q, job_id, have, sizeof(have), err);
+    if (!st && have[0] && !same_dir(have, dir))
+        st = err_set(err, ST_ERR_CONFLICT,
+                     "job %lld writes its output in %s (a run started at the same time made its "
+                     "first shard there); this run's %s would split it across directories, so "
+                     "it stops here and gives its items back: a run without --out continues the "
+                     "job where its shards are",
+                     (long long)job_id, have, dir);
+    return st;
+}
+
 enum status batch_job_dir(struct queue *q, const struct queue_job *job, const char *out_flag,
                           int create, char *dir, size_t cap, struct err_detail *err)
 {
     char root[4096], shard_dir[4096] = "";
     enum status st;
-    struct queue_shard *sh = NULL;
-    size_t n = 0;
-    if ((st = queue_shard_list(q, job->id, &sh, &n, err)))
-        return st;
-    if (n) { /* where the job's output already is */
-        st = batch_shard_path(q, &sh[0], shard_dir, sizeof(shard_dir), err);
-        char *slash = strrchr(shard_dir, '/');
-        if (!st && slash)
-            *slash = 0;
-    }
-    queue_shard_list_free(sh, n);
-    if (st)
-        return st;
-    if (out_flag)
-        st = batch_abspath(out_flag, root, sizeof(root), err);
-    else
-        st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
-    if (st)
+    if ((st = shards_dir(q, job->id, shard_dir, sizeof(shard_dir), err)))
         return st;
     int part, parts; /* a part writes OUT/<job>/part-NNNN (batch/parts.c) */
     if ((st = batch_parts_which(q, &part, &parts, err)))
         return st;
-    char sub[32] = "";
+    char sub[32] = "", tail[300];
     if (parts)
         snprintf(sub, sizeof(sub), "/part-%04d", part);
+    snprintf(tail, sizeof(tail), "/%s%s", job->name, sub);
+    const size_t sl = strlen(shard_dir), tl = strlen(tail);
+    char stored[4096] = "";
+    if (out_flag) {
+        st = batch_abspath(out_flag, root, sizeof(root), err);
+    } else if (sl > tl && !strcmp(shard_dir + sl - tl, tail)) {
+        /* the job's output is where its shards are, whatever out_dir says (a run with another
+         * --out that lost the race for the first shard may have recorded its own) */
+        snprintf(root, sizeof(root), "%.*s", (int)(sl - tl), shard_dir);
+        st = queue_resolve_path(q, job->out_dir, stored, sizeof(stored), err);
+    } else {
+        st = queue_resolve_path(q, job->out_dir, root, sizeof(root), err);
+    }
+    if (st)
+        return st;
     int len = snprintf(dir, cap, "%s/%s%s", root, job->name, sub);
     if (len < 0 || (size_t)len + 64 >= cap)
         return err_set(err, ST_ERR_RANGE, "output path too long under %.200s", root);
@@ -152,7 +185,6 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
                        "job '%s' writes its output in %s; %s would split it across directories "
                        "(run without --out, or with the directory that holds %s)",
                        job->name, shard_dir, dir, job->name);
-    char stored[4096] = "";
     if (out_flag && !shard_dir[0]) { /* first output: it goes where --out says ... */
         char claimed[4200];
         if ((st = queue_resolve_path(q, job->out_dir, stored, sizeof(stored), err)))
@@ -170,7 +202,9 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
     }
     if (create && (st = mkdirs(dir, err)))
         return st;
-    if (stored[0] && strcmp(stored, root) && (st = queue_job_set_out_dir(q, job->id, root, err)))
+    /* (a plain run records where the shards are; status, opened read-only, only reads) */
+    if (stored[0] && strcmp(stored, root) && (out_flag || create) &&
+        (st = queue_job_set_out_dir(q, job->id, root, err)))
         return st;
     return create ? batch_outdir_claim(q, job, dir, err) : ST_OK;
 }

@@ -13,7 +13,8 @@
 #  6. a run stalled past its lease while another run takes its items over drops them from its
 #     engine when it resumes (it does not compute what it can no longer commit);
 #  7. output location: shards stored absolute, resume from another directory, submit --out is
-#     the job's output root, a resume with another --out is refused (no split);
+#     the job's output root, a resume with another --out is refused (no split), also when two
+#     runs start together (7d);
 #  8. no clobbering: a second database's job with the same name and --out is refused and the
 #     first job's shards are untouched; a symlink planted at a shard path is not followed;
 #  9. a done job whose manifest is missing or stale is given one by the next run or status;
@@ -284,6 +285,43 @@ set -e
 [ -e first/sevenc/.quern-job.json ] || fail "7b: the first run made no output directory"
 "$Q" run --db q7c.db --out ./moved >/dev/null 2>>sevenc.log || fail "7b: run to another --out"
 check_job q7c.db sevenc 4 moved
+
+# 7d. two runs started together with different --out, one still loading its model (no items
+# held, no shard: 7b's refusal cannot see it): the run that makes the job's first shard keeps
+# the job; the other stops when it would make one elsewhere (exit 1, its items given back), and
+# a run without --out continues where the shards are (the job was split across both
+# directories, and later runs refused it: found by an audit)
+make_small sevend.jsonl 200
+"$Q" submit --db q7d.db --model "$M" --name sevend sevend.jsonl >/dev/null 2>&1
+QUERN_FAULT=run.model_load:1:sleep=6 "$Q" run --db q7d.db --threads 1 --max-seqs 4 \
+    --matmul exact >/dev/null 2>sevend.log &
+pida=$!
+for _ in $(seq 200); do [ -e out/sevend/.quern-job.json ] && break; sleep 0.05; done
+[ -e out/sevend/.quern-job.json ] || fail "7d: the loading run made no output directory"
+"$Q" run --db q7d.db --out second --threads 1 --max-seqs 4 --matmul exact --flush-secs 0 \
+    >/dev/null 2>sevend2.log &
+pidb=$!
+for _ in $(seq 1200); do # until a shard exists; then B stops, leaving work for A
+    ls second/sevend/results-* out/sevend/results-* >/dev/null 2>&1 && break
+    kill -0 $pidb 2>/dev/null || break
+    sleep 0.05
+done
+! ls second/sevend/results-* >/dev/null 2>&1 || kill -TERM $pidb 2>/dev/null || true
+set +e
+wait $pida
+rca=$?
+wait $pidb
+rcb=$?
+set -e
+win=second lose_rc=$rca lose_log=sevend.log # (usually: B commits at once, A is asleep)
+if ls out/sevend/results-* >/dev/null 2>&1; then
+    win=out lose_rc=$rcb lose_log=sevend2.log
+    ! ls second/sevend/results-* >/dev/null 2>&1 || fail "7d: shards in both directories"
+fi
+[ "$lose_rc" -eq 1 ] || { tail $lose_log; fail "7d: the run that lost the first shard exited $lose_rc, want 1"; }
+grep -q "would split it across directories" $lose_log || fail "7d: no word of the split"
+"$Q" run --db q7d.db >/dev/null 2>>sevend.log || fail "7d: resume without --out"
+check_job q7d.db sevend 200 $win
 
 # 8. a second database's job of the same name and --out is refused; a planted symlink is not
 # followed
