@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -414,15 +415,54 @@ enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_
     return st;
 }
 
+static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
+                                         const char *dir, int complete, struct err_detail *err);
+
+/* The job directory's marker (batch_outdir_claim), open and flock'ed exclusively: runs of the
+ * job write its manifest one at a time; -1 (no lock) where there is no marker. */
+static int manifest_lock(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    while (flock(fd, LOCK_EX) != 0)
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    return fd;
+}
+
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
                                  int complete, struct err_detail *err)
+{
+    const int lock = manifest_lock(dir);
+    enum status st = manifest_write_locked(q, job, dir, complete, err);
+    if (lock >= 0)
+        close(lock); /* (releases the flock) */
+    return st;
+}
+
+static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
+                                         const char *dir, int complete, struct err_detail *err)
 {
     struct queue_shard *sh = NULL;
     struct queue_writer *w = NULL;
     size_t n = 0, k = 0, nw = 0, n_runs = 0;
     long long size = 0;
-    enum status st = queue_shard_list(q, job->id, &sh, &n, err);
-    if (st)
+    enum status st;
+    if (!complete) { /* the queue now, read under the lock: another run may have finished the
+                      * job since the caller looked, and written its complete manifest, which
+                      * this one must not replace with an older view */
+        int64_t open = 0, queued = 0, leased = 0;
+        if ((st = batch_count_open_shards(q, job->id, &open, err)) ||
+            (st = queue_job_unfinished(q, job->id, &queued, &leased, err)))
+            return st;
+        complete = open == 0 && queued == 0 && leased == 0;
+    }
+    if ((st = queue_shard_list(q, job->id, &sh, &n, err)))
         return st;
     ptrdiff_t bad = shard_file_bad(q, sh, n, &size);
     if (bad >= 0) {

@@ -378,6 +378,32 @@ python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["complete"] is 
 python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); assert m["complete"] and m.get("cancelled"), m' \
     o9/nine/manifest.json || fail "9: the cancelled job's manifest was not sealed by run"
 
+# 9b. two runs of one job write its manifest one at a time, each from the queue as it is then:
+# a run stopping while the other still holds a shard open, its manifest write slow (fsync:
+# seconds, by a fault), no longer renames its incomplete manifest over the complete one the
+# other wrote when it drained the job (found by an audit)
+python3 - >ninb.jsonl <<'PY'
+import json
+for i in range(60):
+    print(json.dumps({"custom_id": f"n{i}", "prompt": f"Count {i}:", "max_tokens": 12,
+                      "temperature": 0}))
+PY
+"$Q" submit --db ninb.db --name ninb --model "$M" --out o9b ninb.jsonl >/dev/null 2>&1
+QUERN_FAULT=manifest.fsync:1:sleep=4 "$Q" run --db ninb.db --threads 1 --max-seqs 8 \
+    --flush-records 4 --grace 0 >/dev/null 2>ninb1.log &
+pid=$!
+"$Q" run --db ninb.db --threads 1 --max-seqs 8 --flush-records 4 >/dev/null 2>ninb2.log &
+pid2=$!
+sleep 1.2
+kill -TERM $pid
+set +e
+wait $pid2
+rc2=$?
+wait $pid
+set -e
+[ $rc2 = 0 ] || { tail ninb2.log; fail "9b: the draining run exited $rc2"; }
+check_job ninb.db ninb 60 o9b
+
 # 10a. run on a mistyped --db is an error and creates nothing; --create makes an empty queue
 set +e
 "$Q" run --db typo.db >/dev/null 2>typo.log
