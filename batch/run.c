@@ -994,65 +994,107 @@ static int manifest_written(struct batch_run *r)
     return !stat(path, &sb);
 }
 
+/* Without --job: the ready jobs submitted since choose_jobs (or the last call) that are not
+ * finished, appended to r->job_ids; *added says how many. */
+static enum status add_new_jobs(struct batch_run *r, size_t *added, struct err_detail *err)
+{
+    struct queue_job *jobs;
+    size_t n;
+    *added = 0;
+    enum status st = queue_job_list(r->q, &jobs, &n, err);
+    if (st)
+        return st;
+    for (size_t i = 0; i < n && !st; i++) {
+        int known = !jobs[i].ready || jobs[i].state == QUEUE_JOB_DONE ||
+                    jobs[i].state == QUEUE_JOB_CANCELLED;
+        for (size_t k = 0; k < r->n_jobs && !known; k++)
+            known = r->job_ids[k] == jobs[i].id;
+        if (known)
+            continue;
+        int64_t *ids = realloc(r->job_ids, sizeof(int64_t) * (r->n_jobs + 1));
+        if (!ids) {
+            st = err_set(err, ST_ERR_NOMEM, "out of memory");
+            break;
+        }
+        r->job_ids = ids;
+        r->job_ids[r->n_jobs++] = jobs[i].id;
+        (*added)++;
+    }
+    queue_job_list_free(jobs, n);
+    return st;
+}
+
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 {
     int result = 1, remains = 0;
-    for (size_t i = 0; i < r->n_jobs && (result == 1 || result == 2); i++) {
-        if (queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
-            result = -1;
-            break;
-        }
-        int64_t shards = 1;
-        int part = 0, parts = 0;
-        if (r->job.state == QUEUE_JOB_QUEUED && r->job.n_items == 0) {
-            /* a job without items (an older quern left such parts queued): done */
-            queue_job_free(&r->job);
-            if (queue_job_finish_empty(r->q, r->job_ids[i], err) ||
-                queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
-                memset(&r->job, 0, sizeof(r->job));
+    size_t i = 0, added = 0;
+    do {
+        for (; i < r->n_jobs && (result == 1 || result == 2); i++) {
+            if (queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
                 result = -1;
                 break;
             }
-        }
-        int finished = r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED;
-        if (finished &&
-            (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
-            result = -1;
-        /* cancelled before any output: nothing to seal, except in a part, whose manifest
-         * (empty) the job's combined one waits for to be complete, or where a stopped run
-         * wrote one already (it says complete: false until sealed) */
-        if (result >= 0 && r->job.state == QUEUE_JOB_CANCELLED && !shards && !parts &&
-            !manifest_written(r))
-            shards = -1;
-        if (result < 0 || shards < 0) {
-            queue_job_free(&r->job);
-            memset(&r->job, 0, sizeof(r->job));
-            continue;
-        }
-        if (finished) {
-            /* finished or cancelled earlier: make sure its output is sealed (a dead run's open
-             * shard cut back to what was committed and closed) and its manifest current; one
-             * without output or manifest yet (a part that got no lines, done at submit) writes
-             * it where this run's --out says, as its first shard would */
-            const char *out_flag = shards || manifest_written(r) ? NULL : r->o->out;
-            int64_t open = 0;
-            result = 1;
-            if (batch_count_open_shards(r->q, r->job.id, &open, err) ||
-                batch_job_dir(r->q, &r->job, out_flag, 0, r->job_dir, sizeof(r->job_dir), err))
+            int64_t shards = 1;
+            int part = 0, parts = 0;
+            if (r->job.state == QUEUE_JOB_QUEUED && r->job.n_items == 0) {
+                /* a job without items (an older quern left such parts queued): done */
+                queue_job_free(&r->job);
+                if (queue_job_finish_empty(r->q, r->job_ids[i], err) ||
+                    queue_job_get(r->q, r->job_ids[i], &r->job, err)) {
+                    memset(&r->job, 0, sizeof(r->job));
+                    result = -1;
+                    break;
+                }
+            }
+            int finished = r->job.state == QUEUE_JOB_DONE || r->job.state == QUEUE_JOB_CANCELLED;
+            if (finished &&
+                (job_shard_count(r, &shards, err) || batch_parts_which(r->q, &part, &parts, err)))
                 result = -1;
-            else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
-                result = close_done_job(r, out_flag, err);
-            else if (batch_manifest_combined(r->q, r->job_dir, err))
-                result = -1; /* (a run killed between a part's manifest and the combined one) */
+            /* cancelled before any output: nothing to seal, except in a part, whose manifest
+             * (empty) the job's combined one waits for to be complete, or where a stopped run
+             * wrote one already (it says complete: false until sealed) */
+            if (result >= 0 && r->job.state == QUEUE_JOB_CANCELLED && !shards && !parts &&
+                !manifest_written(r))
+                shards = -1;
+            if (result < 0 || shards < 0) {
+                queue_job_free(&r->job);
+                memset(&r->job, 0, sizeof(r->job));
+                continue;
+            }
+            if (finished) {
+                /* finished or cancelled earlier: make sure its output is sealed (a dead run's open
+                 * shard cut back to what was committed and closed) and its manifest current; one
+                 * without output or manifest yet (a part that got no lines, done at submit) writes
+                 * it where this run's --out says, as its first shard would */
+                const char *out_flag = shards || manifest_written(r) ? NULL : r->o->out;
+                int64_t open = 0;
+                result = 1;
+                if (batch_count_open_shards(r->q, r->job.id, &open, err) ||
+                    batch_job_dir(r->q, &r->job, out_flag, 0, r->job_dir, sizeof(r->job_dir), err))
+                    result = -1;
+                else if (open || !batch_manifest_current(r->q, &r->job, r->job_dir))
+                    result = close_done_job(r, out_flag, err);
+                else if (batch_manifest_combined(r->q, r->job_dir, err))
+                    result = -1; /* (a run killed between a part's manifest and the combined one) */
+                job_close(r);
+                continue;
+            }
+            LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r->stats.run_id,
+                     (long long)r->job.id, r->job.name, r->job.model_path);
+            result = run_job(r, err);
+            remains |= result == 2;
             job_close(r);
-            continue;
         }
-        LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r->stats.run_id, (long long)r->job.id,
-                 r->job.name, r->job.model_path);
-        result = run_job(r, err);
-        remains |= result == 2;
-        job_close(r);
-    }
+        /* without --job, jobs submitted while this run worked are worked too before it says it
+         * drained the queue (it exited 0 "drained" with them queued) */
+        added = 0;
+        if (!r->o->job && (result == 1 || result == 2) && !batch_run_signals(r)) {
+            if (add_new_jobs(r, &added, err))
+                result = -1;
+            else if (added)
+                LOG_INFO("%zu job(s) submitted while this run worked: working them too", added);
+        }
+    } while (added);
     if (result < 0)
         return BATCH_END_FAILED;
     if (result == 0)

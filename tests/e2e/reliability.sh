@@ -4,7 +4,8 @@
 # submit_reliability.sh):
 #  1. resume right after kill -9 gets straight back to work (no 300 s lease wait, not "drained")
 #     and exits 0 only when every item is finished; with other runs holding items a run waits
-#     for them (exit 0 after) or, with --no-wait, exits 75;
+#     for them (exit 0 after) or, with --no-wait, exits 75; 1c: a job submitted while a run
+#     works is worked by it before it exits "drained";
 #  2. retry --failed after a line rejected at submit: the rerun does not crash, the line is not
 #     queued again, export accounts for both lines;
 #  4. a shard taken over by another run (as a run on another host would after a missed lease):
@@ -17,7 +18,8 @@
 #     runs start together (7d);
 #  8. no clobbering: a second database's job with the same name and --out is refused and the
 #     first job's shards are untouched; a symlink planted at a shard path is not followed;
-#  9. a done job whose manifest is missing or stale is given one by the next run or status;
+#  9. a done job whose manifest is missing or stale is given one by the next run or status; 9b:
+#     two runs write a job's manifest one at a time, from the queue as it is then;
 # 10. `run --db typo.db` is an error (no file created) unless --create; SIGHUP and SIGPIPE (a
 #     closed stderr reader) stop a run like SIGTERM: leases given back;
 # 11. a run stalled past its --lease, whose expired leases went back to the queue, claims its
@@ -120,6 +122,27 @@ fi
 [ "$(json_field waited.json "['exit_reason']")" = drained ] || fail "1b: waiting run's exit_reason"
 wait $pa || fail "1b: first run"
 check_job wait.db wait 24
+
+# 1c. a job submitted while a run without --job works is worked by that run before it says
+# it drained the queue (it took the job list once at its start and exited 0 "drained" with the
+# new job queued: found by an audit)
+make_small onec.jsonl 240
+"$Q" submit --db onec.db --model "$M" --name onec onec.jsonl >/dev/null 2>&1
+"$Q" run --db onec.db --threads 1 --matmul exact --max-seqs 4 >onec.json 2>onec.log &
+pid=$!
+for _ in $(seq 600); do # until it holds items
+    [ "$(sqlite3 onec.db "SELECT count(*) FROM items WHERE state = 'leased'" 2>/dev/null)" \
+        -gt 0 ] 2>/dev/null && break
+    sleep 0.05
+done
+make_small onecb.jsonl 3
+"$Q" submit --db onec.db --model "$M" --name onecb onecb.jsonl >/dev/null 2>&1
+kill -0 $pid 2>/dev/null || fail "1c: the run ended before the second submit (make the job longer)"
+wait $pid || fail "1c: the run exited non-zero"
+[ "$(json_field onec.json '["exit_reason"]')" = drained ] || fail "1c: $(cat onec.json)"
+[ "$(sqlite3 onec.db "SELECT count(*) FROM items WHERE state != 'done'")" = 0 ] ||
+    fail "1c: items left: $(sqlite3 onec.db "SELECT job_id, state, count(*) FROM items GROUP BY 1, 2")"
+check_job onec.db onecb 3
 
 # 2. retry --failed with a line rejected at submit
 printf '%s\n' '{"custom_id": "good", "prompt": "Hello", "max_tokens": 3, "temperature": 0}' \
