@@ -2,7 +2,7 @@
 # Top up a queue from an inbox directory (examples/crontab runs it every 5 minutes):
 #   quern-inbox.sh QUERN_BIN DB INBOX OUT [submit options: --model M, --max-tokens N, ...]
 # Every request file INBOX/*.jsonl becomes a job and is moved to INBOX/done/ once `quern
-# submit` has published it. The job is named after the file and its content,
+# submit` has published it (as NAME.<12 hex digits>.jsonl when done/ holds another NAME.jsonl). The job is named after the file and its content,
 # in-<file name>-<12 hex digits of its sha256> (job names are unique, of [A-Za-z0-9._-], at
 # most 128 characters and not all digits, whatever the file is called), so a file is never
 # submitted twice: one whose job is already in the queue (a tick killed between the submit and
@@ -18,23 +18,32 @@ set -u
 q=$1 db=$2 inbox=$3 out=$4
 shift 4
 mkdir -p "$inbox/done"
+# move a submitted file to done/, under its own name unless a different file has it (a second
+# daily.jsonl): then with the 12 hex digits of its sha256 added, so no archived file is lost
+done_mv() {
+    local dest
+    dest="$inbox/done/$(basename "$1")"
+    [ -e "$dest" ] && ! cmp -s -- "$1" "$dest" && dest="$inbox/done/$(basename "$1" .jsonl).$2.jsonl"
+    mv -- "$1" "$dest"
+}
 find "$inbox" -maxdepth 1 -type f -name '*.jsonl' -mmin +2 -print0 | sort -z |
     while IFS= read -r -d '' f; do
         base=$(basename "$f" .jsonl)
         base=$(printf '%s' "$base" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-90)
+        [ -e "$f" ] || continue # (an overlapping tick, run without --lock, took it)
         sum=$(sha256sum -- "$f") && [ ${#sum} -ge 64 ] ||
-            { echo "quern-inbox: $f: cannot hash it (sha256sum); left" >&2; continue; }
+            { [ -e "$f" ] && echo "quern-inbox: $f: cannot hash it (sha256sum); left" >&2; continue; }
         sum=${sum:0:12}
         name="in-$base-$sum"
         if "$q" status --db "$db" --job "$name" --json 2>/dev/null | grep -q '"ready":true'; then
             echo "quern-inbox: $f is job $name already; moving it" >&2
-            mv "$f" "$inbox/done/" || echo "quern-inbox: cannot move $f" >&2
+            done_mv "$f" "$sum" || echo "quern-inbox: cannot move $f" >&2
             continue
         fi
         rc=0
         "$q" submit --db "$db" --name "$name" --out "$out" "$@" "$f" || rc=$?
         if [ $rc = 0 ]; then
-            mv "$f" "$inbox/done/" || echo "quern-inbox: $f submitted as $name; cannot move it" >&2
+            done_mv "$f" "$sum" || echo "quern-inbox: $f submitted as $name; cannot move it" >&2
         else
             echo "quern-inbox: $f: submit exit $rc; left for the next tick" >&2
         fi

@@ -34,4 +34,13 @@ touch -d '-5 minutes' inbox/2024.jsonl
 bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "third tick"
 [ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 4 ] && [ ! -e inbox/2024.jsonl ] ||
     { cat inbox.log; fail "a file already submitted was submitted again"; }
+# a second file of the same name with other lines is a second job, and its archived copy does
+# not replace the first's (mv replaced it: found by an audit)
+printf '%s\n' '{"prompt": "new", "max_tokens": 1}' >inbox/2024.jsonl
+touch -d '-5 minutes' inbox/2024.jsonl
+bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "fourth tick"
+[ "$(sqlite3 q.db "SELECT count(*) FROM items")" = 5 ] || fail "the second 2024.jsonl was not a job"
+[ "$(wc -l <inbox/done/2024.jsonl)" = 2 ] || fail "the first 2024.jsonl's archive was replaced"
+ls inbox/done/2024.*.jsonl >/dev/null 2>&1 && grep -q new inbox/done/2024.*.jsonl ||
+    fail "the second 2024.jsonl was not archived: $(ls inbox/done)"
 echo "e2e inbox: ok"
