@@ -428,7 +428,13 @@ static enum status load_vocab(struct engine_tok *t, const struct io_gguf *g,
         } else if (len) {
             memcpy(dst, src, len);
         }
-        if (is_eog_text(t->text + off, len) && (k == TOK_KIND_NORMAL || k == TOK_KIND_USER))
+        /* a vocabulary that types an end-of-turn marker as text has it as control all the same
+         * (as llama.cpp does), except "</s>" declared user-defined: in Gemma's that is HTML's
+         * strikethrough end among the other tags, text to Hugging Face's tokenizer and
+         * vLLM (it ended Gemma's output wherever it wrote one) */
+        if (is_eog_text(t->text + off, len) &&
+            (k == TOK_KIND_NORMAL ||
+             (k == TOK_KIND_USER && !(len == 4 && !memcmp(t->text + off, "</s>", 4)))))
             t->kind[i] = TOK_KIND_CONTROL;
         off += (uint32_t)len;
         if (len > t->max_piece)

@@ -37,6 +37,23 @@ static void test_gemma_reference(void **state)
     const int32_t eot = engine_tok_find(t, "<end_of_turn>", 13);
     assert_int_equal(eot, 106);
     assert_true(engine_tok_is_eog(t, eot) && engine_tok_is_eog(t, 1));
+    /* "</s>" is one of Gemma's user-defined HTML tags (212): text, as Hugging Face's tokenizer
+     * has it, not an end of generation (llama.cpp makes it one: a generated strikethrough
+     * ended the output) */
+    const int32_t strike = engine_tok_find(t, "</s>", 4);
+    assert_int_equal(strike, 212);
+    assert_false(engine_tok_is_eog(t, strike));
+    {
+        size_t ns;
+        int32_t *sid = encode(t, "a</s>", 5, 0, &ns);
+        assert_true(ns == 2 && sid[1] == 212);
+        size_t sl;
+        char *sd = decode(t, sid, ns, 0, &sl);
+        assert_int_equal(sl, 5);
+        assert_memory_equal(sd, "a</s>", 5);
+        free(sd);
+        free(sid);
+    }
     /* BOS is prepended (add_bos_token); no space is (add_space_prefix false) */
     size_t n;
     int32_t *ids = encode(t, "Hi", 2, ENGINE_TOK_ADD_BOS, &n);

@@ -5,7 +5,12 @@
                                           llama.cpp (llama-cpp-python, vocab only) for the
                                           same >1,000 generated strings as tokenizer_ref.jsonl
                                           (whitespace runs, CJK, emoji, code, random unicode)
-                                          plus whitespace/special-token cases
+                                          plus whitespace/special-token cases; the lines
+                                          holding "</s>" (Gemma's user-defined HTML tag 212,
+                                          which llama.cpp turns into an end-of-generation
+                                          control token) carry Hugging Face `tokenizers`' ids
+                                          instead (built from the GGUF's vocabulary, 2026-12-06):
+                                          quern follows HF and vLLM there
   tests/fixtures/pretok_ref.jsonl         the llama-bpe (Llama 3) and qwen2 pre-tokenizer
                                           regexes run by Python's `regex` module over those
                                           strings: the pieces, as hex
