@@ -67,9 +67,11 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
 enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_detail *err);
 
 /* Write dir/manifest.json from the job's closed, non-empty shards (atomic, see io/manifest.h),
- * after batch_check_shard_files. */
+ * after batch_check_shard_files: "complete" when no item of the job is queued or leased and no
+ * shard is open. Runs of one job write it one at a time (an flock on the directory's marker,
+ * given up after 30 s), each from the queue as it is under that lock. */
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
-                                 int complete, struct err_detail *err);
+                                 struct err_detail *err);
 
 /* For a part of a partitioned queue, whose job directory dir is OUT/<job>/part-NNNN: rebuild
  * the job's combined manifest above it from every part's (batch_parts_manifest; a failure is

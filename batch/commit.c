@@ -41,6 +41,8 @@ struct oshard {
 struct batch_out {
     struct batch_out_spec spec; /* job_dir points at dir */
     char dir[4096];             /* OUT/<job> */
+    int dir_held;               /* a shard of this writer's is recorded in dir: the job's
+                                 * output is there (batch_job_dir_check need not run again) */
     struct oshard res, errs;    /* output shards */
     int64_t *live;              /* items held: claimed and not yet committed (for release) */
     size_t n_live, cap_live;    /* count, capacity */
@@ -188,7 +190,7 @@ static enum status shard_start(struct batch_out *w, struct oshard *s, struct err
     if ((st = queue_tx_begin(q, err)))
         return st;
     /* (in the transaction: another run cannot make the job's first shard elsewhere meanwhile) */
-    if ((st = batch_job_dir_check(q, w->spec.job_id, w->dir, err)) ||
+    if ((!w->dir_held && (st = batch_job_dir_check(q, w->spec.job_id, w->dir, err))) ||
         (st = queue_shard_next_seq(q, w->spec.job_id, s->kind, &seq, err)))
         goto fail;
     if (!shard_path(w, s->kind, seq, s->path, sizeof(s->path))) {
@@ -199,6 +201,7 @@ static enum status shard_start(struct batch_out *w, struct oshard *s, struct err
                                  err)) ||
         (st = queue_tx_commit(q, err)))
         goto fail;
+    w->dir_held = 1;
     /* the row first, then the file, exclusively: a file already there is never overwritten;
      * the row is then closed empty at once, so an open row's file is always its run's own */
     if ((st = io_shard_create(&s->sh, s->path, 3, err)) == ST_ERR_EXISTS) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -416,46 +417,58 @@ enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_
 }
 
 static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
-                                         const char *dir, int complete, struct err_detail *err);
+                                         const char *dir, struct err_detail *err);
 
 /* The job directory's marker (batch_outdir_claim), open and flock'ed exclusively: runs of the
- * job write its manifest one at a time; -1 (no lock) where there is no marker. */
+ * job write its manifest one at a time; -1 (no lock) where there is no marker, or after 30 s
+ * (a writer stopped with SIGSTOP, a lock a crashed NFS client left: the manifest is written
+ * unordered then, as before, rather than never). */
 static int manifest_lock(const char *dir)
 {
     char path[4200];
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* (for writing: Linux's NFS client emulates flock with POSIX locks, whose exclusive lock
+     * wants a file open for writing) */
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    while (flock(fd, LOCK_EX) != 0)
-        if (errno != EINTR) {
+    for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || tries == 600) {
+            LOG_WARN("%s: cannot lock it for the manifest (%s); writing it unlocked", path,
+                     errno == EWOULDBLOCK ? "another run held it for 30 s" : strerror(errno));
             close(fd);
             return -1;
         }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     return fd;
 }
 
 enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
-                                 int complete, struct err_detail *err)
+                                 struct err_detail *err)
 {
     const int lock = manifest_lock(dir);
-    enum status st = manifest_write_locked(q, job, dir, complete, err);
+    enum status st = manifest_write_locked(q, job, dir, err);
     if (lock >= 0)
         close(lock); /* (releases the flock) */
     return st;
 }
 
 static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
-                                         const char *dir, int complete, struct err_detail *err)
+                                         const char *dir, struct err_detail *err)
 {
+    int complete;
     struct queue_shard *sh = NULL;
     struct queue_writer *w = NULL;
     size_t n = 0, k = 0, nw = 0, n_runs = 0;
     long long size = 0;
     enum status st;
-    if (!complete) { /* the queue now, read under the lock: another run may have finished the
-                      * job since the caller looked, and written its complete manifest, which
-                      * this one must not replace with an older view */
+    { /* the queue now, read under the lock, decides: another run may have finished the job
+       * since the caller looked, and written its complete manifest, which this one must not
+       * replace with an older view (nor a stale "complete" one after a retry, the other way) */
         int64_t open = 0, queued = 0, leased = 0;
         if ((st = batch_count_open_shards(q, job->id, &open, err)) ||
             (st = queue_job_unfinished(q, job->id, &queued, &leased, err)))

@@ -688,7 +688,7 @@ static int close_done_job(struct batch_run *r, const char *out_flag, struct err_
     int64_t open = 0;
     if (batch_job_dir(r->q, &r->job, out_flag, 1, r->job_dir, sizeof(r->job_dir), err) ||
         recover_shards(r, err) || batch_count_open_shards(r->q, r->job.id, &open, err) ||
-        batch_manifest_write(r->q, &r->job, r->job_dir, open == 0, err))
+        batch_manifest_write(r->q, &r->job, r->job_dir, err))
         return -1;
     LOG_INFO("job %s: %s earlier; manifest %s", r->job.name,
              r->job.state == QUEUE_JOB_CANCELLED ? "cancelled" : "done",
@@ -874,7 +874,7 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         return -1;
     r->job.state = now.state;
     queue_job_free(&now);
-    if ((st = batch_manifest_write(r->q, &r->job, r->job_dir, complete, err)))
+    if ((st = batch_manifest_write(r->q, &r->job, r->job_dir, err)))
         return -1;
     LOG_INFO("job %s: shards and manifest.json in %s/", r->job.name, r->job_dir);
     batch_progress_end(r);

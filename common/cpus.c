@@ -56,12 +56,14 @@ static long long cpu_limit(const char *dir, int v1)
 typedef long long (*dir_limit_fn)(const char *dir, int v1);
 
 /* The bytes cgroup dir may still take: its limit less its use (v2: memory.max and
- * memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes), at least 1; 0 for no
- * limit ("max", or v1's "unlimited" of about 2^63). */
+ * memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes), its inactive file
+ * cache counted as room (memory.stat's inactive_file, v1 total_inactive_file: the kernel
+ * reclaims it first, as MemAvailable counts it), at least 1; 0 for no limit ("max", or v1's
+ * "unlimited" of about 2^63). */
 static long long mem_room(const char *dir, int v1)
 {
-    char file[4200], text[128];
-    long long lim = 0, used = 0;
+    char file[4200], text[8192];
+    long long lim = 0, used = 0, cache = 0;
     snprintf(file, sizeof(file), "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
     if (read_small(file, text, sizeof(text)) || sscanf(text, "%lld", &lim) != 1 || lim <= 0 ||
         lim >= (1ll << 60))
@@ -69,6 +71,15 @@ static long long mem_room(const char *dir, int v1)
     snprintf(file, sizeof(file), "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
     if (read_small(file, text, sizeof(text)) || sscanf(text, "%lld", &used) != 1 || used < 0)
         used = 0;
+    snprintf(file, sizeof(file), "%s/memory.stat", dir);
+    const char *key = v1 ? "\ntotal_inactive_file " : "\ninactive_file ";
+    text[0] = '\n'; /* (so that the first line's key is found too) */
+    if (!read_small(file, text + 1, sizeof(text) - 1)) {
+        const char *k = strstr(text, key);
+        if (!k || sscanf(k + strlen(key), "%lld", &cache) != 1 || cache < 0)
+            cache = 0;
+    }
+    used = cache < used ? used - cache : 0;
     return lim > used ? lim - used : 1;
 }
 

@@ -43,11 +43,16 @@ size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_para
         return (size_t)1 << 30;
     const struct engine_hparams *hp = engine_model_hparams(m);
     /* a sequence at the full context holds this many blocks (and one more while it grows) */
-    const uint64_t per_seq =
+    const uint64_t blocks =
         ((uint64_t)hp->n_ctx_train + (uint64_t)p->kv_block - 1) / (uint64_t)p->kv_block + 1;
-    const uint64_t need =
-        per_seq * (uint64_t)p->max_seqs * engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
-    const uint64_t least = need < ((uint64_t)64 << 20) ? need : (uint64_t)64 << 20;
+    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+    const uint64_t cap = (uint64_t)1 << 62; /* (saturating: a context length of nonsense) */
+    const uint64_t one = bb && blocks > cap / bb ? cap : blocks * bb;
+    const uint64_t need = one > cap / (uint64_t)p->max_seqs ? cap : one * (uint64_t)p->max_seqs;
+    /* never less than 1 GiB (the fixed default before) nor one full-context sequence: a request
+     * the context holds always fits; all of need where that is less */
+    uint64_t least = one > ((uint64_t)1 << 30) ? one : (uint64_t)1 << 30;
+    least = least < need ? least : need;
     uint64_t kv = avail / 4 < need ? avail / 4 : need;
     kv = kv > least ? kv : least;
     return kv > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)kv;

@@ -284,8 +284,8 @@ static void add_eog(struct engine_tok *t, int32_t id)
 }
 
 /* Texts that mark the end of a turn in common chat formats: a token with one of them is a
- * control token that ends generation, whatever its type says (as llama.cpp, which makes Gemma's
- * user-defined "</s>" one). */
+ * control token that ends generation, whatever its type says (as llama.cpp), except a
+ * user-defined "</s>" (Gemma's HTML tag: see the vocabulary load). */
 static const char *const eog_texts[] = {
     "<|im_end|>",    "<|endoftext|>",   "<|eot_id|>", "<|eom_id|>", "<|end|>",
     "<end_of_turn>", "<|end_of_text|>", "</s>",       "<EOT>",      "<end_of_utterance>",

@@ -269,8 +269,6 @@ struct frag {
     int32_t id; /* special token id, or -1 for text */
 };
 
-/* Split the text fragments at occurrences of each applicable special token, longest first.
- * On success *frags (caller frees) holds *n_frags fragments in input order. */
 /* *a with room for at least need fragments (*cap grown by doubling); 0 when out of memory (*a
  * unchanged). */
 static int grow_frags(struct frag **a, size_t *cap, size_t need)
@@ -288,6 +286,8 @@ static int grow_frags(struct frag **a, size_t *cap, size_t need)
     return 1;
 }
 
+/* Split the text fragments at occurrences of each applicable special token, longest first.
+ * On success *frags (caller frees) holds *n_frags fragments in input order. */
 static enum status split_special(struct enc *e, const unsigned char *s, size_t n, unsigned flags,
                                  struct frag **frags, size_t *n_frags)
 {

@@ -558,7 +558,7 @@ static void seal_manifest(struct queue *q, const struct queue_job *j)
     if (open || batch_job_dir(q, j, NULL, 0, dir, sizeof(dir), &err) || stat(dir, &sb) ||
         batch_manifest_current(q, j, dir))
         return;
-    if (batch_outdir_claim(q, j, dir, &err) || batch_manifest_write(q, j, dir, 1, &err))
+    if (batch_outdir_claim(q, j, dir, &err) || batch_manifest_write(q, j, dir, &err))
         LOG_WARN("job %s: writing its missing manifest: %s", j->name, err.msg);
     else
         LOG_INFO("job %s: manifest.json was missing or stale; written", j->name);

@@ -302,7 +302,7 @@ static enum status seal_finished(struct queue *q, int64_t job_id, struct err_det
         !(st = batch_count_open_shards(q, job_id, &open, err)) && !open &&
         !(st = batch_job_dir(q, &j, NULL, 1, dir, sizeof(dir), err)) &&
         !batch_manifest_current(q, &j, dir))
-        st = batch_manifest_write(q, &j, dir, 1, err);
+        st = batch_manifest_write(q, &j, dir, err);
     queue_job_free(&j);
     return st;
 }

@@ -600,7 +600,7 @@ static void test_manifest(void **state)
     check(batch_out_close(w, &err), &err, "close");
     batch_out_free(w);
     assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
-    check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, &err), &err, "manifest");
     assert_true(batch_manifest_current(f->q, &f->job, f->job_dir));
 
     cJSON *m = read_manifest(f);
@@ -644,8 +644,19 @@ static void test_manifest(void **state)
     free(old);
     assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
 
-    /* an incomplete manifest is not current */
-    check(batch_manifest_write(f->q, &f->job, f->job_dir, 0, &err), &err, "manifest");
+    /* an incomplete manifest is not current; written again, the queue (every item done)
+     * makes it complete */
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, &err), &err, "manifest");
+    assert_true(batch_manifest_current(f->q, &f->job, f->job_dir));
+    m = read_manifest(f);
+    cJSON_ReplaceItemInObject(m, "complete", cJSON_CreateFalse());
+    old = cJSON_Print(m);
+    cJSON_Delete(m);
+    mf = fopen(path, "wb");
+    assert_non_null(mf);
+    fputs(old, mf);
+    fclose(mf);
+    free(old);
     assert_false(batch_manifest_current(f->q, &f->job, f->job_dir));
 }
 
@@ -677,7 +688,7 @@ static void test_manifest_writers(void **state)
     check(batch_out_commit(w, &err), &err, "commit");
     check(batch_out_close(w, &err), &err, "close");
     batch_out_free(w);
-    check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, &err), &err, "manifest");
     cJSON *m = read_manifest(f);
     static const char *const names[3] = {"results-00000.jsonl.zst", "results-00001.jsonl.zst",
                                          "errors-00000.jsonl.zst"};
@@ -710,7 +721,7 @@ static void test_manifest_writers(void **state)
 
     /* an engine that is not an object: listed as unknown */
     check(queue_run_set_engine(f->q, run2, "[1", &err), &err, "set engine");
-    check(batch_manifest_write(f->q, &f->job, f->job_dir, 1, &err), &err, "manifest");
+    check(batch_manifest_write(f->q, &f->job, f->job_dir, &err), &err, "manifest");
     m = read_manifest(f);
     r2 = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "runs"), 1);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(r2, "engine")));

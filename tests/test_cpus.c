@@ -110,6 +110,11 @@ static void test_mem_room(void **state)
     assert_int_equal(mem_cgroup_room(root, v2), 296);
     put("system.slice/memory.current", "5000000000\n"); /* over: at least 1 */
     assert_int_equal(mem_cgroup_room(root, v2), 1);
+    /* inactive file cache (reclaimable) is room */
+    put("system.slice/memory.stat", "anon 100\nfile 3000000000\ninactive_file 2000000000\n");
+    assert_int_equal(mem_cgroup_room(root, v2), 4294967296ull - 3000000000ull);
+    put("system.slice/memory.stat", "inactive_file 7000000000\n"); /* (first line; > use) */
+    assert_int_equal(mem_cgroup_room(root, v2), 4294967296ull);
     /* v1: the memory controller's hierarchy, its "unlimited" (2^63 rounded to pages) */
     const char *v1 = "4:memory:/slurm/job7\n3:cpu,cpuacct:/slurm/job7\n0::/\n";
     put("memory/slurm/job7/memory.limit_in_bytes", "9223372036854771712\n");
@@ -118,6 +123,8 @@ static void test_mem_room(void **state)
     put("memory/slurm/memory.limit_in_bytes", "2000000\n");
     put("memory/slurm/memory.usage_in_bytes", "500000\n");
     assert_int_equal(mem_cgroup_room(root, v1), 1500000);
+    put("memory/slurm/memory.stat", "cache 9\ninactive_file 7\ntotal_inactive_file 400000\n");
+    assert_int_equal(mem_cgroup_room(root, v1), 1900000);
     /* the cpu controller's line names no memory limit */
     assert_int_equal(mem_cgroup_room(root, "3:cpu,cpuacct:/slurm\n"), 0);
     /* this process: whatever it is, no more than the host has */
