@@ -1414,21 +1414,7 @@ static void test_proc_tag(void **state)
     assert_int_equal(proc_tag_self(tag, sizeof(tag)), 0);
     assert_int_equal(proc_tag_liveness(tag), PROC_ALIVE);
     assert_int_equal(proc_tag_self(other, 8), -1); /* does not fit */
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) { /* the child's own tag, through the pipe */
-        char t[400];
-        _exit(!proc_tag_self(t, sizeof(t)) && write(fds[1], t, strlen(t) + 1) > 0 ? 0 : 1);
-    }
-    close(fds[1]);
-    int wst = 0;
-    assert_int_equal(waitpid(pid, &wst, 0), pid);
-    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
-    memset(other, 0, sizeof(other));
-    assert_true(read(fds[0], other, sizeof(other) - 1) > 0);
-    close(fds[0]);
+    assert_int_equal(test_dead_proc_tag(other, sizeof(other)), 0);
     assert_int_equal(proc_tag_liveness(other), PROC_DEAD); /* exited and reaped */
     /* the same process on another host, or another boot: nothing can be said */
     snprintf(other, sizeof(other), "%s-x", tag);

@@ -876,26 +876,6 @@ static void test_shard_no_clobber(void **state)
     assert_int_equal(recs, 5);
 }
 
-/* The tag of a process that has exited (a child's, reaped). */
-static void dead_tag(char *out, size_t cap)
-{
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        char t[400];
-        _exit(!proc_tag_self(t, sizeof(t)) && write(fds[1], t, strlen(t) + 1) > 0 ? 0 : 1);
-    }
-    close(fds[1]);
-    int wst = 0;
-    assert_int_equal(waitpid(pid, &wst, 0), pid);
-    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
-    memset(out, 0, cap);
-    assert_true(read(fds[0], out, cap - 1) > 0);
-    close(fds[0]);
-}
-
 static void touch_in(const char *name)
 {
     char path[1024];
@@ -921,7 +901,7 @@ static void test_replace_sweep(void **state)
     (void)state;
     char dead[400], self[400], name[600];
     struct err_detail err = {0};
-    dead_tag(dead, sizeof(dead));
+    assert_int_equal(test_dead_proc_tag(dead, sizeof(dead)), 0);
     assert_int_equal(proc_tag_liveness(dead), PROC_DEAD);
     assert_int_equal(proc_tag_self(self, sizeof(self)), 0);
     const char *made[] = {".m.json.tmp.%s", ".m.json.tmp.x%s", ".other.tmp.%s", "m.json.tmp.%s"};

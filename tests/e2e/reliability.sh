@@ -54,6 +54,13 @@ trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cd "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 json_field() { python3 -c "import json,sys; print(json.load(open('$1'))$2)"; }
+wait_leased() { # wait_leased DB: until a run holds items of DB (30 s at most)
+    for _ in $(seq 600); do
+        [ "$(sqlite3 "$1" "SELECT count(*) FROM items WHERE state = 'leased'" 2>/dev/null)" \
+            -gt 0 ] 2>/dev/null && return 0
+        sleep 0.05
+    done
+}
 wait_done() { # wait_done DB JOB MIN: until at least MIN items are done
     for _ in $(seq 600); do
         "$Q" status --db "$1" --job "$2" --json 2>/dev/null |
@@ -130,11 +137,7 @@ make_small onec.jsonl 240
 "$Q" submit --db onec.db --model "$M" --name onec onec.jsonl >/dev/null 2>&1
 "$Q" run --db onec.db --threads 1 --matmul exact --max-seqs 4 >onec.json 2>onec.log &
 pid=$!
-for _ in $(seq 600); do # until it holds items
-    [ "$(sqlite3 onec.db "SELECT count(*) FROM items WHERE state = 'leased'" 2>/dev/null)" \
-        -gt 0 ] 2>/dev/null && break
-    sleep 0.05
-done
+wait_leased onec.db
 make_small onecb.jsonl 3
 "$Q" submit --db onec.db --model "$M" --name onecb onecb.jsonl >/dev/null 2>&1
 kill -0 $pid 2>/dev/null || fail "1c: the run ended before the second submit (make the job longer)"
@@ -281,11 +284,7 @@ make_small sevenb.jsonl 200
 "$Q" run --db q7b.db --out first --flush-secs 1000 --flush-records 100000 --threads 1 \
     --matmul exact --max-seqs 4 --claim 4 >/dev/null 2>sevenb.log &
 pid=$!
-for _ in $(seq 600); do # until it holds items
-    [ "$(sqlite3 q7b.db "SELECT count(*) FROM items WHERE state = 'leased'" 2>/dev/null)" \
-        -gt 0 ] 2>/dev/null && break
-    sleep 0.05
-done
+wait_leased q7b.db
 set +e
 "$Q" run --db q7b.db --out second >/dev/null 2>sevenb2.log
 rc=$?
