@@ -73,8 +73,9 @@ assert json.load(open(sys.argv[1]))["kv_window_blocks"] > 0
 # 5. The sliding-window pool: plan counts it (more 1,024-token sequences fit than in one pool),
 # and a prompt longer than the window (its window blocks given back during the prefill chunks)
 # generates what it generates with one pool.
-"$Q" plan --model "$G" --seq-len 1024 --json >"$tmp/p1.json"
-"$Q" plan --model "$G" --seq-len 1024 --json --no-window-pool >"$tmp/p0.json"
+# (a fixed budget: --kv-mem auto's pool can hold --max-seqs such sequences either way)
+"$Q" plan --model "$G" --seq-len 1024 --kv-mem 1G --json >"$tmp/p1.json"
+"$Q" plan --model "$G" --seq-len 1024 --kv-mem 1G --json --no-window-pool >"$tmp/p0.json"
 python3 - "$tmp/p1.json" "$tmp/p0.json" <<'PY' || fail "plan: $(cat "$tmp/p1.json")"
 import json, sys
 w, o = (json.load(open(f)) for f in sys.argv[1:3])
