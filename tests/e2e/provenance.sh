@@ -35,7 +35,8 @@ kill -9 $pid 2>/dev/null || true
 wait $pid 2>/dev/null || true
 left=$(sqlite3 p.db "SELECT count(*) FROM items WHERE state IN ('queued', 'leased')")
 [ "$left" -gt 0 ] || fail "the exact run finished the job before it was killed (make it longer)"
-grep -q "matmul exact, KV f16 in blocks of 16, quern ${v#quern }" a.log || { cat a.log; fail "no engine line in the log"; }
+grep -Eq "matmul exact, KV f16 in blocks of 16 \(a pool of [0-9]+ MiB, --kv-mem auto for [0-9]+ tokens\), quern ${v#quern }" a.log ||
+    { cat a.log; fail "no engine line in the log"; }
 "$Q" run --db p.db --out out --matmul q8 >/dev/null 2>b.log || { tail b.log; fail "resume"; }
 check_job p.db p 120
 
