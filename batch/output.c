@@ -416,9 +416,6 @@ enum status batch_check_shard_files(struct queue *q, int64_t job_id, struct err_
     return st;
 }
 
-static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
-                                         const char *dir, struct err_detail *err);
-
 /* The job directory's marker (batch_outdir_claim), open and flock'ed exclusively: runs of the
  * job write its manifest one at a time; -1 (no lock) where there is no marker, or after 30 s
  * (a writer stopped with SIGSTOP, a lock a crashed NFS client left: the manifest is written
@@ -445,16 +442,6 @@ static int manifest_lock(const char *dir)
         nanosleep(&ts, NULL);
     }
     return fd;
-}
-
-enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
-                                 struct err_detail *err)
-{
-    const int lock = manifest_lock(dir);
-    enum status st = manifest_write_locked(q, job, dir, err);
-    if (lock >= 0)
-        close(lock); /* (releases the flock) */
-    return st;
 }
 
 static enum status manifest_write_locked(struct queue *q, const struct queue_job *job,
@@ -519,6 +506,16 @@ static enum status manifest_write_locked(struct queue *q, const struct queue_job
     queue_shard_list_free(sh, n);
     queue_writers_free(w, nw);
     return st ? st : batch_manifest_combined(q, dir, err);
+}
+
+enum status batch_manifest_write(struct queue *q, const struct queue_job *job, const char *dir,
+                                 struct err_detail *err)
+{
+    const int lock = manifest_lock(dir);
+    enum status st = manifest_write_locked(q, job, dir, err);
+    if (lock >= 0)
+        close(lock); /* (releases the flock) */
+    return st;
 }
 
 enum status batch_manifest_combined(struct queue *q, const char *dir, struct err_detail *err)

@@ -885,6 +885,37 @@ static int run_job(struct batch_run *r, struct err_detail *err)
 
 /* ---- the run ---- */
 
+/* The queue's ready jobs that r->job_ids lacks, appended to it (finished ones too with
+ * finished); *added says how many. */
+static enum status add_jobs(struct batch_run *r, int finished, size_t *added,
+                            struct err_detail *err)
+{
+    struct queue_job *jobs;
+    size_t n;
+    *added = 0;
+    enum status st = queue_job_list(r->q, &jobs, &n, err);
+    if (st)
+        return st;
+    for (size_t i = 0; i < n && !st; i++) {
+        int known = !jobs[i].ready || (!finished && (jobs[i].state == QUEUE_JOB_DONE ||
+                                                     jobs[i].state == QUEUE_JOB_CANCELLED));
+        for (size_t k = 0; k < r->n_jobs && !known; k++)
+            known = r->job_ids[k] == jobs[i].id;
+        if (known)
+            continue;
+        int64_t *ids = realloc(r->job_ids, sizeof(int64_t) * (r->n_jobs + 1));
+        if (!ids) {
+            st = err_set(err, ST_ERR_NOMEM, "out of memory");
+            break;
+        }
+        r->job_ids = ids;
+        r->job_ids[r->n_jobs++] = jobs[i].id;
+        (*added)++;
+    }
+    queue_job_list_free(jobs, n);
+    return st;
+}
+
 /* The jobs to work on, into r->job_ids. */
 static enum status choose_jobs(struct batch_run *r, struct err_detail *err)
 {
@@ -904,19 +935,10 @@ static enum status choose_jobs(struct batch_run *r, struct err_detail *err)
         if (r->job_ids)
             r->job_ids[r->n_jobs++] = j.id;
         queue_job_free(&j);
-    } else {
-        struct queue_job *jobs;
-        size_t n;
-        if ((st = queue_job_list(r->q, &jobs, &n, err)))
-            return st;
-        r->job_ids = malloc(sizeof(int64_t) * (n + 1));
-        for (size_t i = 0; r->job_ids && i < n; i++) /* done and cancelled jobs: batch_run_jobs
-                                                      * checks their output is sealed */
-            if (jobs[i].ready)
-                r->job_ids[r->n_jobs++] = jobs[i].id;
-        queue_job_list_free(jobs, n);
+        return r->job_ids ? ST_OK : err_set(err, ST_ERR_NOMEM, "out of memory");
     }
-    return r->job_ids ? ST_OK : err_set(err, ST_ERR_NOMEM, "out of memory");
+    size_t added; /* (done and cancelled jobs too: batch_run_jobs checks their output is sealed) */
+    return add_jobs(r, 1, &added, err);
 }
 
 enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
@@ -994,36 +1016,6 @@ static int manifest_written(struct batch_run *r)
     return !stat(path, &sb);
 }
 
-/* Without --job: the ready jobs submitted since choose_jobs (or the last call) that are not
- * finished, appended to r->job_ids; *added says how many. */
-static enum status add_new_jobs(struct batch_run *r, size_t *added, struct err_detail *err)
-{
-    struct queue_job *jobs;
-    size_t n;
-    *added = 0;
-    enum status st = queue_job_list(r->q, &jobs, &n, err);
-    if (st)
-        return st;
-    for (size_t i = 0; i < n && !st; i++) {
-        int known = !jobs[i].ready || jobs[i].state == QUEUE_JOB_DONE ||
-                    jobs[i].state == QUEUE_JOB_CANCELLED;
-        for (size_t k = 0; k < r->n_jobs && !known; k++)
-            known = r->job_ids[k] == jobs[i].id;
-        if (known)
-            continue;
-        int64_t *ids = realloc(r->job_ids, sizeof(int64_t) * (r->n_jobs + 1));
-        if (!ids) {
-            st = err_set(err, ST_ERR_NOMEM, "out of memory");
-            break;
-        }
-        r->job_ids = ids;
-        r->job_ids[r->n_jobs++] = jobs[i].id;
-        (*added)++;
-    }
-    queue_job_list_free(jobs, n);
-    return st;
-}
-
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 {
     int result = 1, remains = 0;
@@ -1089,7 +1081,7 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
          * drained the queue (it exited 0 "drained" with them queued) */
         added = 0;
         if (!r->o->job && (result == 1 || result == 2) && !batch_run_signals(r)) {
-            if (add_new_jobs(r, &added, err))
+            if (add_jobs(r, 0, &added, err)) /* (submitted since: not finished ones) */
                 result = -1;
             else if (added)
                 LOG_INFO("%zu job(s) submitted while this run worked: working them too", added);
