@@ -36,19 +36,27 @@ size_t engine_kv_pool_bytes(const struct engine *e)
     return e->p.kv_mem;
 }
 
+/* What --kv-mem auto never goes beyond: max_seqs sequences at the model's full context (each
+ * holds this many blocks, and one more while it grows); *one: one such sequence. Saturating (a
+ * context length of nonsense). */
+static uint64_t kv_need(const struct engine_model *m, const struct engine_params *p, uint64_t *one)
+{
+    const struct engine_hparams *hp = engine_model_hparams(m);
+    const uint64_t blocks =
+        ((uint64_t)hp->n_ctx_train + (uint64_t)p->kv_block - 1) / (uint64_t)p->kv_block + 1;
+    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+    const uint64_t cap = (uint64_t)1 << 62;
+    *one = bb && blocks > cap / bb ? cap : blocks * bb;
+    return *one > cap / (uint64_t)p->max_seqs ? cap : *one * (uint64_t)p->max_seqs;
+}
+
 size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_params *p,
                           uint64_t avail)
 {
     if (!avail || !engine_model_host_memory(m) || p->kv_block < 1 || p->max_seqs < 1)
         return (size_t)1 << 30;
-    const struct engine_hparams *hp = engine_model_hparams(m);
-    /* a sequence at the full context holds this many blocks (and one more while it grows) */
-    const uint64_t blocks =
-        ((uint64_t)hp->n_ctx_train + (uint64_t)p->kv_block - 1) / (uint64_t)p->kv_block + 1;
-    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
-    const uint64_t cap = (uint64_t)1 << 62; /* (saturating: a context length of nonsense) */
-    const uint64_t one = bb && blocks > cap / bb ? cap : blocks * bb;
-    const uint64_t need = one > cap / (uint64_t)p->max_seqs ? cap : one * (uint64_t)p->max_seqs;
+    uint64_t one;
+    const uint64_t need = kv_need(m, p, &one);
     /* never less than 1 GiB (the fixed default before) nor one full-context sequence: a request
      * the context holds always fits; all of need where that is less */
     uint64_t least = one > ((uint64_t)1 << 30) ? one : (uint64_t)1 << 30;
@@ -56,6 +64,97 @@ size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_para
     uint64_t kv = avail / 4 < need ? avail / 4 : need;
     kv = kv > least ? kv : least;
     return kv > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)kv;
+}
+
+size_t engine_device_reserve(size_t total)
+{
+    const size_t least = (size_t)256 << 20;
+    return total / 20 > least ? total / 20 : least;
+}
+
+uint64_t engine_kv_mem_device(const struct kern_mem_info *mi, int n_rank, uint64_t need)
+{
+    uint64_t per_rank = UINT64_MAX;
+    for (int r = 0; r < n_rank; r++) {
+        /* the ranks on rank r's device, and the least free memory any of them saw */
+        int n = 0;
+        size_t avail = mi[r].avail;
+        for (int q = 0; q < n_rank; q++)
+            if (mi[q].device == mi[r].device) {
+                n++;
+                avail = mi[q].avail < avail ? mi[q].avail : avail;
+            }
+        const size_t keep = engine_device_reserve(mi[r].total);
+        const uint64_t room = avail > keep ? (uint64_t)(avail - keep) / (uint64_t)n : 0;
+        per_rank = room < per_rank ? room : per_rank;
+    }
+    const uint64_t kv =
+        n_rank > 0 && per_rank <= UINT64_MAX / (uint64_t)n_rank ? per_rank * (uint64_t)n_rank : 0;
+    return kv < need ? kv : need;
+}
+
+/* --kv-mem auto on a device backend: the forward pass's buffers (and the draft model's) are
+ * reserved first, at their largest, then the pool takes what the devices have left beside
+ * engine_device_reserve's share for the runtime (and, with a draft model on the device, its
+ * pool of as many blocks takes its part). */
+static enum status kv_mem_device(struct engine_model *m, const struct engine_params *p, size_t *out,
+                                 struct err_detail *err)
+{
+    const int ctx_blocks =
+        (int)((engine_model_hparams(m)->n_ctx_train + p->kv_block - 1) / p->kv_block + 1);
+    struct engine_model *dm = p->spec & ENGINE_SPEC_MODEL ? p->draft_model : NULL;
+    enum status st = engine_model_reserve_sizes(m, p->max_batch_tokens, p->max_seqs, p->kv_block,
+                                                ctx_blocks, err);
+    if (!st && dm && !engine_model_host_memory(dm))
+        st = engine_model_reserve_sizes(dm, p->max_batch_tokens, p->max_seqs, p->kv_block,
+                                        ctx_blocks, err);
+    if (st)
+        return st;
+    struct kern_mem_info mi[ENGINE_MAX_RANKS];
+    const int n = engine_model_mem_info(m, mi, ENGINE_MAX_RANKS);
+    uint64_t one;
+    const uint64_t need = kv_need(m, p, &one);
+    if (!n) { /* the device cannot say */
+        *out = (size_t)1 << 30;
+        return ST_OK;
+    }
+    uint64_t kv = engine_kv_mem_device(mi, n, UINT64_MAX);
+    if (dm && !engine_model_host_memory(dm)) {
+        const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+        const uint64_t db = engine_model_kv_block_bytes(dm, p->kv_block, p->kv_dtype);
+        kv = bb + db ? (uint64_t)((double)kv * (double)bb / (double)(bb + db)) : kv;
+    }
+    kv = kv < need ? kv : need;
+    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+    if (kv < bb * 2)
+        return err_set(err, ST_ERR_NOMEM,
+                       "--kv-mem auto: device %d has %.0f MiB free after the weights and the "
+                       "forward pass's buffers, and keeps %.0f MiB for the runtime: no room for "
+                       "a KV cache (smaller --max-batch-tokens or --max-seqs, more --tp ranks, "
+                       "or a device with more memory)",
+                       mi[0].device, (double)mi[0].avail / 1048576.0,
+                       (double)engine_device_reserve(mi[0].total) / 1048576.0);
+    if (kv < one && kv < need)
+        LOG_WARN("--kv-mem auto: the device's free memory holds a KV pool of %.0f MiB, less "
+                 "than one sequence at the model's full context (%.0f MiB): longer requests "
+                 "fail as kv_cache_too_small",
+                 (double)kv / 1048576.0, (double)one / 1048576.0);
+    *out = kv > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)kv;
+    return ST_OK;
+}
+
+enum status engine_kv_mem_resolve(struct engine_model *m, const struct engine_params *p,
+                                  size_t *out, struct err_detail *err)
+{
+    if (p->kv_mem) {
+        *out = p->kv_mem;
+        return ST_OK;
+    }
+    if (engine_model_host_memory(m)) {
+        *out = engine_kv_mem_auto(m, p, mem_available());
+        return ST_OK;
+    }
+    return kv_mem_device(m, p, out, err);
 }
 
 /* The sliding-window layers' own KV pool (engine_kv_set_window), as planned. */
@@ -124,7 +223,10 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
                        (unsigned)p->spec, p->spec_max_k, ENGINE_SPEC_MAX_K, p->spec_budget);
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
-    const size_t kv_mem = p->kv_mem ? p->kv_mem : engine_kv_mem_auto(m, p, mem_available());
+    size_t kv_mem;
+    enum status st = engine_kv_mem_resolve(m, p, &kv_mem, err);
+    if (st)
+        return st;
     const struct engine_kv_plan_in pin = {kv_mem,      p->kv_block,         p->kv_dtype,
                                           p->max_seqs, p->max_batch_tokens, p->kv_window_pool};
     struct engine_kv_plan plan;
@@ -140,9 +242,10 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     e->tok = tok;
     e->p = *p;
     e->p.kv_mem = kv_mem;
-    enum status st = engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head, engine_model_hparams(m)->head_dim,
-                                    p->kv_dtype, p->kv_block, (int32_t)plan.n_main, p->max_seqs,
-                                    p->prefix_cache, err);
+    st =
+        engine_kv_init(&e->kv, engine_model_hparams(m)->n_layer, engine_model_hparams(m)->n_kv_head,
+                       engine_model_hparams(m)->head_dim, p->kv_dtype, p->kv_block,
+                       (int32_t)plan.n_main, p->max_seqs, p->prefix_cache, err);
     if (st) {
         free(e);
         return st;

@@ -48,10 +48,27 @@ void engine_params_default(struct engine_params *p);
 /* The KV pool engine_init makes of kv_mem 0 (--kv-mem auto), given avail bytes of host memory
  * this process can take (mem_available, 0 unknown): on a backend in host memory a quarter of
  * avail, at most what max_seqs sequences at the model's full context take, and at least 1 GiB
- * and one full-context sequence (or all of the first when less); 1 GiB on a device backend or
- * where avail is unknown. */
+ * and one full-context sequence (or all of the first when less); 1 GiB where avail is unknown
+ * (a device backend: engine_kv_mem_resolve). */
 size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_params *p,
                           uint64_t avail);
+
+/* The device memory --kv-mem auto leaves to the runtime (its context, the allocator's rounding,
+ * libraries' workspaces) on a device of total bytes: 5 %, at least 256 MiB. */
+size_t engine_device_reserve(size_t total);
+
+/* The KV pool --kv-mem auto makes on n_rank device ranks whose memory is mi[r] (the forward
+ * pass's buffers already taken): each rank's share of its device's free memory beyond
+ * engine_device_reserve (ranks reporting one device share it), the least of the ranks' shares
+ * times n_rank (the pool splits evenly by KV head), at most need; 0 when a device has no room. */
+uint64_t engine_kv_mem_device(const struct kern_mem_info *mi, int n_rank, uint64_t need);
+
+/* The KV pool's bytes engine_init makes of p: p->kv_mem when set, else --kv-mem auto's: on the
+ * CPU engine_kv_mem_auto of the memory available now, on a device the buffers of the forward
+ * pass (and the draft model's) reserved first and engine_kv_mem_device of what is left, at most
+ * max_seqs full-context sequences (a warning when less than one; an error when no room). */
+enum status engine_kv_mem_resolve(struct engine_model *m, const struct engine_params *p,
+                                  size_t *out, struct err_detail *err);
 
 #define ENGINE_MAX_STOP 8
 #define ENGINE_MAX_CHOICES 128

@@ -13,8 +13,6 @@
 
 #include "common/pool.h"
 
-#define ENGINE_MAX_RANKS 64 /* tensor-parallel ranks at most */
-
 /* ---- ranks ---- */
 
 /* Rows [r0, r0 + n) of w, as a view of the same bytes. */
@@ -307,6 +305,18 @@ int engine_model_host_memory(const struct engine_model *m)
     return !m->be || m->be->host_memory;
 }
 
+int engine_model_mem_info(const struct engine_model *m, struct kern_mem_info *out, int max)
+{
+    int n = 0;
+    for (int r = 0; r < m->n_rank && n < max; r++) {
+        struct kern_backend *be = m->rank[r].be;
+        if (!be || !be->ops->mem_info || !be->ops->mem_info(be, &out[n]))
+            return 0;
+        n++;
+    }
+    return n;
+}
+
 int engine_model_layer_local(const struct engine_model *m, int layer)
 {
     return m->layers[layer].swa;
@@ -446,18 +456,26 @@ size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int ra
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
                                  struct err_detail *err)
 {
+    const int block = engine_kv_block_size(kv);
+    /* a sequence never holds more blocks than the pool, nor more than the model's context */
+    int32_t ctx_blocks = (m->hp.n_ctx_train + block - 1) / block + 1;
+    int max_blocks = engine_kv_n_blocks(kv) < ctx_blocks ? engine_kv_n_blocks(kv) : ctx_blocks;
+    return engine_model_reserve_sizes(m, max_tok, engine_kv_max_seqs(kv), block, max_blocks, err);
+}
+
+enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int max_seqs, int block,
+                                       int max_blocks, struct err_detail *err)
+{
     struct engine_model_stage *s = &m->stage;
     const struct engine_hparams *hp = &m->hp;
-    /* a sequence never holds more blocks than the pool, nor more than the model's context */
-    int32_t ctx_blocks = (hp->n_ctx_train + engine_kv_block_size(kv) - 1) / engine_kv_block_size(kv) + 1;
-    int max_blocks = engine_kv_n_blocks(kv) < ctx_blocks ? engine_kv_n_blocks(kv) : ctx_blocks;
-    if (max_tok < 1)
-        return err_set(err, ST_ERR_INVALID_ARG, "engine_model_reserve: %d tokens", max_tok);
-    if (s->max_tok >= max_tok && s->max_seqs >= engine_kv_max_seqs(kv) && s->max_blocks >= max_blocks)
+    if (max_tok < 1 || max_seqs < 1 || block < 1 || max_blocks < 1)
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "engine_model_reserve: %d tokens, %d sequences, %d blocks of %d", max_tok,
+                       max_seqs, max_blocks, block);
+    if (s->max_tok >= max_tok && s->max_seqs >= max_seqs && s->max_blocks >= max_blocks)
         return ST_OK;
     stage_free(m);
-    const struct stage_sizes z =
-        stage_sizes(m, m->n_rank, max_tok, engine_kv_max_seqs(kv), max_blocks);
+    const struct stage_sizes z = stage_sizes(m, m->n_rank, max_tok, max_seqs, max_blocks);
     const size_t T = z.T, Rw = z.rows, tables = z.tables, rope = z.rope;
     int ok = 1;
     for (int r = 0; r < m->n_rank; r++) {
@@ -466,10 +484,9 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         struct kern_backend *be = R->be;
         const int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
-        enum status rs = be->ops->reserve
-                             ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd,
-                                                max_blocks * engine_kv_block_size(kv), err)
-                             : ST_OK;
+        enum status rs = be->ops->reserve ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd,
+                                                             max_blocks * block, err)
+                                          : ST_OK;
         if (rs) {
             stage_free(m);
             return rs;
@@ -502,7 +519,7 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
     s->rope = calloc(rope, sizeof(*s->rope));
     s->tables = calloc(tables, sizeof(*s->tables));
     s->idx = calloc(T, sizeof(*s->idx));
-    s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)engine_kv_max_seqs(kv));
+    s->seq_row = malloc(sizeof(*s->seq_row) * (size_t)max_seqs);
     s->seq_top = malloc(sizeof(*s->seq_top) * Rw);
     s->perm = malloc(sizeof(*s->perm) * T * (size_t)m->n_rank);
     if (!ok || !s->row || !s->last || !s->tok || !s->pos || !s->rope || !s->tables || !s->idx ||
@@ -511,10 +528,10 @@ enum status engine_model_reserve(struct engine_model *m, const struct engine_kv 
         return err_set(err, ST_ERR_NOMEM, "no memory for the buffers of %d-token batches",
                        max_tok);
     }
-    for (int i = 0; i < engine_kv_max_seqs(kv); i++)
+    for (int i = 0; i < max_seqs; i++)
         s->seq_row[i] = -1;
     s->max_tok = max_tok;
-    s->max_seqs = engine_kv_max_seqs(kv);
+    s->max_seqs = max_seqs;
     s->max_blocks = max_blocks;
     return ST_OK;
 }

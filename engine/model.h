@@ -85,6 +85,11 @@ void engine_model_free(struct engine_model *m);
  * larger sizes reallocates; with sizes it already covers it does nothing. */
 enum status engine_model_reserve(struct engine_model *m, const struct engine_kv *kv, int max_tok,
                                  struct err_detail *err);
+/* The same for max_seqs sequence slots whose block tables (blocks of `block` tokens) hold up to
+ * max_blocks ids, before a KV pool exists (--kv-mem auto on a device: the buffers first, then
+ * the pool from what is left). */
+enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int max_seqs, int block,
+                                       int max_blocks, struct err_detail *err);
 
 /* Forward passes whose layers' ops were captured into a graph, and replayed from one
  * (kern_ops.graph_begin: CUDA graphs; both 0 elsewhere). */
@@ -165,6 +170,12 @@ size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size,
 /* 1 when the model's backend holds its memory in host memory (the CPU backend), or it has none
  * (loaded to plan); 0 on a device (CUDA). */
 int engine_model_host_memory(const struct engine_model *m);
+
+#define ENGINE_MAX_RANKS 64 /* tensor-parallel ranks at most */
+
+/* Each rank's device memory now (kern_ops.mem_info), in rank order into out (room for max):
+ * returns the ranks reported, or 0 when any rank's backend cannot say (the CPU backend). */
+int engine_model_mem_info(const struct engine_model *m, struct kern_mem_info *out, int max);
 
 /* 1 when layer is a sliding-window layer (attends to the last hparams.swa_window positions). */
 int engine_model_layer_local(const struct engine_model *m, int layer);

@@ -208,6 +208,13 @@ enum { KERN_GRAPH_NONE = 0, KERN_GRAPH_CAPTURE = 1, KERN_GRAPH_REPLAYED = 2 };
 /* Rows per call of kern_ops.matmul_hook's epilogue. */
 #define KERN_HOOK_ROWS 256
 
+/* A device's memory (kern_ops.mem_info). */
+struct kern_mem_info {
+    size_t avail; /* bytes free now */
+    size_t total; /* bytes the device has */
+    int device;   /* its ordinal: backends reporting the same one share this memory */
+};
+
 struct kern_ops {
     const char *name; /* "cpu", "cuda" */
     /* For each of the n_w weights (same ne0, e.g. Q, K and V): y[i][t][r] = dot(row r of w[i],
@@ -334,10 +341,11 @@ struct kern_ops {
     /* Optional (NULL: 0): bytes of backend memory prepare would hold for w (its packed copy)
      * in the current matmul mode, without making it (quern plan). */
     size_t (*weight_bytes)(struct kern_backend *b, const struct kern_tensor *w);
-    /* Optional (NULL: unknown): bytes of the backend's device memory in use, as its runtime
-     * sees them (device-wide: this process's allocations and runtime context, and any other
-     * process's on the same device), to set against `quern plan --device ...`. */
-    size_t (*mem_used)(struct kern_backend *b);
+    /* Optional (NULL: unknown): 1 and the backend's device memory as its runtime sees it, once
+     * every queued op is done (device-wide: this process's allocations and runtime context,
+     * and any other process's on the same device, are not free): what --kv-mem auto sizes the
+     * KV pool from, and what `quern plan --device ...` is set against. */
+    int (*mem_info)(struct kern_backend *b, struct kern_mem_info *out);
     /* Optional (NULL: none), both or neither: graphs of a run of ops (CUDA graphs), for a run
      * whose ops and arguments (buffers, counts, scalars) are the same whenever `key` is, and
      * which reads what changes (inputs uploaded before it) from device memory at run time.

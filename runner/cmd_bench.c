@@ -488,7 +488,9 @@ int runner_cmd_bench(int argc, char **argv)
                    ? be->ops->peaks(be, o.peak_seconds, pk, 8)
                    : 0;
     /* the device memory in use now, the engine's buffers and KV pool still held */
-    const size_t mem_used = be->ops->mem_used ? be->ops->mem_used(be) : 0;
+    struct kern_mem_info mi;
+    const size_t mem_used =
+        be->ops->mem_info && be->ops->mem_info(be, &mi) ? mi.total - mi.avail : 0;
     double peak = peak_of(pk, n_pk, "int8");
     double amx_peak = peak_of(pk, n_pk, "amx_int8");
     double bf16_peak = peak_of(pk, n_pk, "amx_bf16");

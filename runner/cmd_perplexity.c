@@ -284,8 +284,11 @@ int runner_cmd_perplexity(int argc, char **argv)
     /* windows in flight: --max-seqs, as many as --kv-mem holds, at least one */
     const size_t per_win = engine_model_kv_block_bytes(m, o.eo.ep.kv_block, o.eo.ep.kv_dtype) *
                            (size_t)((ctx + o.eo.ep.kv_block - 1) / o.eo.ep.kv_block);
-    const size_t kv_mem =
-        o.eo.ep.kv_mem ? o.eo.ep.kv_mem : engine_kv_mem_auto(m, &o.eo.ep, mem_available());
+    size_t kv_mem;
+    if ((st = engine_kv_mem_resolve(m, &o.eo.ep, &kv_mem, &err))) {
+        LOG_ERROR("%s", err.msg);
+        goto out;
+    }
     int in_flight = (int)(kv_mem / (per_win ? per_win : 1));
     in_flight = in_flight < o.eo.ep.max_seqs ? in_flight : o.eo.ep.max_seqs;
     in_flight = in_flight < n_win ? in_flight : n_win;

@@ -201,12 +201,15 @@ int runner_cmd_plan(int argc, char **argv)
     const size_t per_tok_rank = per_tok / (size_t)tp;
     size_t reserve = 0;
     if (mem) {
-        reserve = mem / 20 > ((size_t)256 << 20) ? mem / 20 : (size_t)256 << 20;
+        reserve = engine_device_reserve(mem);
         kv_mem = mem > counted + reserve ? (mem - counted - reserve) * (size_t)tp : 0;
     }
     const int kv_auto = !mem && !kv_mem; /* --kv-mem auto: what a run here would make */
+    /* (on CUDA a run's pool is what the device has free beside the rest, at most --max-seqs
+     * full-context sequences: that most, which the model's plan without a backend is given by
+     * memory without bound) */
     if (kv_auto)
-        kv_mem = engine_kv_mem_auto(m, &eo.ep, cuda ? 0 : mem_available());
+        kv_mem = engine_kv_mem_auto(m, &eo.ep, cuda ? UINT64_MAX : mem_available());
     size_t per_block = per_tok * (size_t)block;
     /* the engine's own split: sliding-window layers in a pool of their own (engine_kv_plan) */
     const struct engine_kv_plan_in pin = {kv_mem,          (int)block,
@@ -294,7 +297,8 @@ int runner_cmd_plan(int argc, char **argv)
         if (tp > 1) /* (the pool and the totals below: every rank's together) */
             snprintf(all, sizeof(all), " (all %ld ranks)", tp);
         const char *how = !kv_auto ? ""
-                          : cuda   ? " (--kv-mem auto: 1G on CUDA)"
+                          : cuda   ? " (--kv-mem auto on CUDA: at most this, what the device "
+                                     "has free at start; --mem plans a GPU's)"
                                    : " (--kv-mem auto: on this machine now)";
         if (!plan.n_local) {
             printf("KV pool:             %.1f MiB%s%s = %zu blocks of %ld tokens = %zu tokens\n",

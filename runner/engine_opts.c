@@ -20,7 +20,7 @@ void runner_engine_opts_default(struct runner_engine_opts *o)
     o->act = RUNNER_ACT_DEFAULT;
     o->tp = 1;
     engine_params_default(&o->ep);
-    o->ep.kv_mem = 0; /* --kv-mem auto: the engine sizes it (engine_kv_mem_auto) */
+    o->ep.kv_mem = 0; /* --kv-mem auto: the engine sizes it (engine_kv_mem_resolve) */
 }
 
 static const struct option backend_opts[] = {
@@ -279,7 +279,9 @@ void runner_engine_help(FILE *f, unsigned groups)
             "                         of the memory available to this process (its cgroup's\n"
             "                         limit too, e.g. Slurm's --mem), at most what --max-seqs\n"
             "                         sequences at the model's full context take, at least\n"
-            "                         1G and one such sequence; 1G on CUDA)\n"
+            "                         1G and one such sequence; on CUDA what the devices\n"
+            "                         have free once the weights and buffers are in, less\n"
+            "                         5 % (at least 256M) for the runtime, at most the same)\n"
             "  --kv-block B           tokens per KV block (default 16)\n"
             "  --kv-dtype f16|q8      KV cache storage (default f16: 16 bits per value, stored\n"
             "                         as bfloat16 for the tile unit in the bf16 matmul mode on\n"

@@ -491,6 +491,38 @@ static void test_kv_mem_auto(void **state)
     engine_free(e);
 }
 
+/* --kv-mem auto on devices (engine_kv_mem_device): each device's free memory beyond its reserve
+ * (5 %, at least 256 MiB), shared by the ranks on it, the least share times the ranks, at most
+ * need. */
+static void test_kv_mem_device(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20, gib = (size_t)1 << 30;
+    assert_int_equal(engine_device_reserve(gib), 256 * mib);
+    assert_int_equal(engine_device_reserve(80 * gib), 4 * gib);
+    /* one rank: free less the reserve; need caps it; no room is 0 */
+    struct kern_mem_info one = {10 * gib, 80 * gib, 0};
+    assert_int_equal(engine_kv_mem_device(&one, 1, UINT64_MAX), 6 * gib);
+    assert_int_equal(engine_kv_mem_device(&one, 1, gib), gib);
+    one.avail = 3 * gib;
+    assert_int_equal(engine_kv_mem_device(&one, 1, UINT64_MAX), 0);
+    /* three ranks on one device (host-staged): the room split three ways, then the pool is
+     * three shares; the least free memory any of them saw counts */
+    struct kern_mem_info same[3] = {
+        {7 * gib, 16 * gib, 0}, {8 * gib, 16 * gib, 0}, {8 * gib, 16 * gib, 0}};
+    const uint64_t share = (7 * gib - (16 * gib) / 20) / 3;
+    assert_int_equal(engine_kv_mem_device(same, 3, UINT64_MAX), 3 * share);
+    /* ranks on their own devices: the device with the least room decides every rank's share */
+    struct kern_mem_info own[2] = {{20 * gib, 80 * gib, 0}, {12 * gib, 80 * gib, 1}};
+    assert_int_equal(engine_kv_mem_device(own, 2, UINT64_MAX), 2 * (8 * gib));
+    /* two devices with two ranks each: device 1's two ranks share its room */
+    struct kern_mem_info mix[4] = {{20 * gib, 80 * gib, 0},
+                                   {20 * gib, 80 * gib, 1},
+                                   {20 * gib, 80 * gib, 0},
+                                   {20 * gib, 80 * gib, 1}};
+    assert_int_equal(engine_kv_mem_device(mix, 4, UINT64_MAX), 4 * (8 * gib));
+}
+
 static void test_rejects(void **state)
 {
     struct fixture *f = *state;
@@ -792,6 +824,7 @@ int main(void)
     const struct CMUnitTest engine_tests[] = {
         cmocka_unit_test(test_rejects),
         cmocka_unit_test(test_kv_mem_auto),
+        cmocka_unit_test(test_kv_mem_device),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_request_times_and_warmup),
         cmocka_unit_test(test_live_load),

@@ -769,11 +769,12 @@ static int cuda_graph_end(struct kern_backend *b)
     return 1;
 }
 
-static size_t cuda_mem_used(struct kern_backend *b)
+static int cuda_mem_info(struct kern_backend *b, struct kern_mem_info *out)
 {
-    size_t avail = 0, total = 0;
-    cudaStreamSynchronize(st_of(b)->stream);
-    return handled(cudaMemGetInfo(&avail, &total)) ? 0 : total - avail;
+    struct cuda_state *s = st_of(b);
+    cudaStreamSynchronize(s->stream);
+    out->device = s->device;
+    return !handled(cudaMemGetInfo(&out->avail, &out->total));
 }
 
 static const char *cuda_describe(const struct kern_backend *b)
@@ -832,7 +833,7 @@ static const struct kern_ops cuda_ops = {
     .kv_free = cuda_kv_free,
     .kv_copy = cuda_kv_copy,
     .weight_bytes = cuda_weight_bytes,
-    .mem_used = cuda_mem_used,
+    .mem_info = cuda_mem_info,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graphs_on = cuda_graphs_on,

@@ -12,7 +12,8 @@
 # staged through host memory; and on three emulated devices joined by NCCL); a small `quern run`
 # job (continuous batching, the paged KV cache, prefix sharing on the device, a sampled request
 # with n = 2) whose records equal the CPU's (graphs on, the default); `quern plan --device cuda`
-# against the device memory a run holds. What this does not show: speed, and what only a GPU
+# against the device memory a run holds; --kv-mem auto's pool from the device's free memory
+# (and its errors). What this does not show: speed, and what only a GPU
 # does (scripts/gpu-check.sh).
 # QUERN_EMU: the emulator build directory (make test sets it), or "none" when this machine has
 # no CUDA toolkit headers to build it with (make says so).
@@ -195,4 +196,40 @@ planned = p["rank_weights_bytes"] + p["rank_activation_bytes"] + p["rank_scratch
 assert planned - (2 << 20) <= used <= planned, (used, planned, p)
 print(f"plan --device cuda: {planned} bytes counted, {used} in use on the device")
 PY
+# 7. --kv-mem auto on the device: the buffers first, then the pool takes what the device has
+#    free beside the runtime's reserve (256 MiB on the emulator's 1 GiB device), one rank, three
+#    ranks on the one device and three on three devices; a device without room is an error
+#    that says so (exit 1), as is a --kv-mem the device cannot hold.
+auto_mem() { # name, environment ("A=1 B=2"), flags...
+    local name=$1 vars=$2
+    shift 2
+    env $vars "$Q" bench --model "$M" --dummy smollm2-135m --device cuda --prompts 2 \
+        --input-len 6 --output-len 3 --peak-seconds 0 "$@" >"$tmp/auto-$name.json" \
+        2>"$tmp/auto-$name.err" || { cat "$tmp/auto-$name.err"; fail "bench --kv-mem auto ($name)"; }
+}
+auto_mem tp1 QUERN_CUDA_EMU_MEM=1G
+auto_mem staged3 "QUERN_CUDA_EMU_MEM=1G QUERN_TP_COMM=staged" --tp 3
+auto_mem nccl3 "QUERN_CUDA_EMU_MEM=1G QUERN_CUDA_EMU_DEVICES=3 QUERN_TP_COMM=nccl" --tp 3
+python3 - "$tmp" <<'PY' || fail "--kv-mem auto on the emulated device"
+import json, sys
+block = 16 * 30 * 3 * 64 * 2 * 2  # a block of 16 tokens: layers x KV heads x head dim x K,V x f16
+for name in ("tp1", "staged3", "nccl3"):
+    j = json.load(open(f"{sys.argv[1]}/auto-{name}.json"))
+    left = (1 << 30) - j["device_mem_used_bytes"]  # device 0 at the bench's end
+    # what the pool left is the reserve, less any buffer made after it, within a block
+    assert (256 << 20) - (2 << 20) <= left <= (256 << 20) + block, (name, left)
+    print(f"--kv-mem auto {name}: {j['kv_blocks']} blocks, {left / 2**20:.1f} MiB left on device 0")
+PY
+set +e
+QUERN_CUDA_EMU_MEM=300M "$Q" bench --model "$M" --dummy smollm2-135m --device cuda --prompts 2 \
+    --input-len 6 --output-len 3 --peak-seconds 0 >/dev/null 2>"$tmp/noroom.err"
+rc=$?
+"$Q" bench --model "$M" --dummy smollm2-135m --device cuda --prompts 2 --input-len 6 \
+    --output-len 3 --peak-seconds 0 --kv-mem 2G >/dev/null 2>"$tmp/toobig.err"
+rc2=$?
+set -e
+[ $rc = 1 ] && grep -q "no room for a KV cache" "$tmp/noroom.err" ||
+    { cat "$tmp/noroom.err"; fail "a device without room: exit $rc"; }
+[ $rc2 = 1 ] && grep -q "no device memory for a KV pool" "$tmp/toobig.err" ||
+    { cat "$tmp/toobig.err"; fail "--kv-mem 2G on a 1 GiB device: exit $rc2"; }
 echo "cuda_emu.sh: passed"

@@ -5,7 +5,9 @@
  * one, or a copy whose direction does not match its pointers, fails as cudaErrorInvalidValue
  * (the GPU would fault or corrupt memory); new allocations are filled with 0xFF bytes (NaN
  * floats, -1 ids), as cudaMalloc gives no zeroed memory. Devices: QUERN_CUDA_EMU_DEVICES of them
- * (1 to 8, default 1), each with its own allocations and streams; as in CUDA, a launch on a
+ * (1 to 8, default 1) of QUERN_CUDA_EMU_MEM bytes each (a number with an optional K, M or G
+ * suffix; default 1G; an allocation beyond it fails as cudaErrorMemoryAllocation), each with
+ * its own allocations and streams; as in CUDA, a launch on a
  * stream of a device other than the calling thread's current one fails (invalid resource
  * handle), and, stricter than CUDA, so does a host copy or memset on a stream whose device does
  * not hold the device memory it touches (CUDA would copy across devices; quern's rule is that
@@ -611,6 +613,27 @@ int n_devices(void)
     return n;
 }
 
+/* QUERN_CUDA_EMU_MEM, read once: each device's memory. */
+size_t device_bytes(void)
+{
+    static const size_t n = [] {
+        const char *e = getenv("QUERN_CUDA_EMU_MEM");
+        if (!e || !*e)
+            return (size_t)1 << 30;
+        char *end;
+        const unsigned long long v = strtoull(e, &end, 10);
+        const int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+        if (shift)
+            end++;
+        if (*end || *e == '-' || v < 1 || v > ((1ULL << 40) >> shift)) {
+            fprintf(stderr, "CUDA emulator: QUERN_CUDA_EMU_MEM=%s: want 1 byte to 1T\n", e);
+            abort();
+        }
+        return (size_t)(v << shift);
+    }();
+    return n;
+}
+
 struct emu_stream {
     int device; /* the device current when it was made */
 };
@@ -772,7 +795,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
         return fail(cudaErrorInvalidDevice);
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "quern CUDA emulator (CPU)");
-    prop->totalGlobalMem = (size_t)16 << 30;
+    prop->totalGlobalMem = device_bytes();
     prop->major = 9;
     prop->minor = 0;
     prop->warpSize = 32;
@@ -781,11 +804,27 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     return cudaSuccess;
 }
 
+/* Bytes of the current device's live allocations (g_mem_lock held). */
+size_t device_used(void)
+{
+    size_t used = 0;
+    for (const auto &a : g_allocs)
+        if (a.second.device == g_cur_dev)
+            used += a.second.size;
+    return used;
+}
+
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     *p = nullptr;
     if (thread_captures_invalidate())
         return fail(cudaErrorStreamCaptureUnsupported);
+    {
+        std::lock_guard<std::mutex> hold(g_mem_lock);
+        const size_t used = device_used();
+        if (used >= device_bytes() || size > device_bytes() - used)
+            return fail(cudaErrorMemoryAllocation); /* the device is full */
+    }
     void *m = dev_alloc(size);
     if (!m)
         return fail(cudaErrorMemoryAllocation);
@@ -799,17 +838,15 @@ cudaError_t cudaMalloc(void **p, size_t size)
     return cudaSuccess;
 }
 
-/* The current device: 16 GiB, of which its live allocations are in use (no context). */
+/* The current device: device_bytes(), of which its live allocations are in use (no context). */
 cudaError_t cudaMemGetInfo(size_t *avail, size_t *total)
 {
-    size_t used = 0;
+    size_t used;
     {
         std::lock_guard<std::mutex> hold(g_mem_lock);
-        for (const auto &a : g_allocs)
-            if (a.second.device == g_cur_dev)
-                used += a.second.size;
+        used = device_used();
     }
-    *total = (size_t)16 << 30;
+    *total = device_bytes();
     *avail = used < *total ? *total - used : 0;
     return cudaSuccess;
 }
