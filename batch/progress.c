@@ -28,12 +28,28 @@ void batch_progress_eta(struct batch_progress *p)
         p->eta_s = 0;
         return;
     }
-    if (p->mean_out <= 0 || p->gen_tok_s <= 0) {
+    /* mean_out is the finished items' mean length, and the first to finish are the short ones:
+     * until as many have finished as are running, it says too little about those still
+     * running (the ETA is unknown rather than far too short) */
+    if (p->mean_out <= 0 || p->gen_tok_s <= 0 || p->done + p->failed < p->running) {
         p->eta_s = -1;
         return;
     }
-    double tokens = (double)left * p->mean_out - p->inflight_tokens;
-    p->eta_s = tokens > 0 ? tokens / p->gen_tok_s : 0;
+    /* a running sequence's tokens so far are a lower bound on its length: the mean over the
+     * finished and running ones together is the least the mean can be */
+    double mean = p->mean_out;
+    const double run = (double)p->running;
+    if (p->running > 0) {
+        const double floor =
+            ((double)p->done * p->mean_out + p->inflight_tokens) / ((double)p->done + run);
+        mean = floor > mean ? floor : mean;
+    }
+    /* the items not running at that mean; the running ones the rest of it, one more token
+     * each at least */
+    const double queued = (double)left > run ? (double)left - run : 0;
+    double running_left = run * mean - p->inflight_tokens;
+    running_left = running_left > run ? running_left : run;
+    p->eta_s = (queued * mean + running_left) / p->gen_tok_s;
 }
 
 void batch_progress_add_json(cJSON *o, const struct batch_progress *p)

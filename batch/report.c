@@ -12,6 +12,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/log.h"
+#include "common/proc.h"
 #include "common/utf8.h"
 #include "io/shard.h"
 
@@ -883,8 +885,14 @@ enum status batch_report_write(const char *db, const char *job, const struct bat
             st = ST_OK;
             continue;
         }
-        if (!st)
+        if (!st) { /* as status does: this host's runs whose process is gone are ended */
+            struct proc_identity self;
+            struct err_detail e2 = {0};
+            proc_identity_self(&self);
+            if (queue_reap_dead(q, &self, NULL, &e2))
+                LOG_WARN("ending the runs found dead: %s", e2.msg);
             st = gather(&r, q, k, dir ? parts.job : job, stale_ms, err);
+        }
         queue_close(q);
     }
     if (!r.job[0] && dir)

@@ -272,6 +272,22 @@ enum status queue_tx_commit(struct queue *q, struct err_detail *err)
     return st;
 }
 
+enum status queue_read_begin(struct queue *q, struct err_detail *err)
+{
+    if (q->user_tx)
+        return err_set(err, ST_ERR_INVALID_ARG, "queue: transaction already open");
+    int rc = sqlite3_exec(q->db, "BEGIN DEFERRED", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return queue_sql_err(q, rc, "starting a read transaction", err);
+    q->user_tx = true; /* (a scope inside takes a savepoint) */
+    return ST_OK;
+}
+
+void queue_read_end(struct queue *q)
+{
+    queue_tx_rollback(q); /* (nothing was written) */
+}
+
 void queue_tx_rollback(struct queue *q)
 {
     if (!q || !q->user_tx)

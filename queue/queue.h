@@ -213,6 +213,13 @@ enum status queue_tx_commit(struct queue *q, struct err_detail *err);
 /* Roll back; a no-op without an open transaction. */
 void queue_tx_rollback(struct queue *q);
 
+/* A read transaction (deferred BEGIN): every read until queue_read_end sees one snapshot of the
+ * queue, as a reader that combines several queries needs (a commit between two of them would
+ * be half seen); writers go on meanwhile in WAL mode. Not nestable, nor inside queue_tx_begin;
+ * only reads belong in it. */
+enum status queue_read_begin(struct queue *q, struct err_detail *err);
+void queue_read_end(struct queue *q);
+
 /* ---- Jobs ------------------------------------------------------------------------------ */
 
 /* What queue_job_create copies; every pointer is borrowed for the call. */
@@ -722,6 +729,7 @@ struct queue_item_info {
     const char *payload;         /* request JSON, NULL for a line rejected at submit */
     const char *error_code;      /* for failed items, else NULL */
     const char *error_msg;       /* for failed items, else NULL */
+    const char *error_param;     /* the request field a line rejected at submit named, or NULL */
     int64_t prompt_tokens;       /* usage of a finished item (0 when unknown) */
     int64_t completion_tokens;   /* likewise */
     double ttft_ms;              /* time to first token, < 0 when unknown */
@@ -743,13 +751,14 @@ enum status queue_item_scan(struct queue *q, int64_t job_id, queue_item_fn fn, v
 enum status queue_item_scan_finished(struct queue *q, int64_t job_id, queue_item_fn fn, void *user,
                                      struct err_detail *err);
 
-/* Wall-clock span of the runs' work on job_id (kind 'run'; submits do not count): a run started
- * for the job from its start to its end or last heartbeat; a run over several jobs from the end
- * of its work on the job before (its samples tell) to its last sample of this one (its heartbeat
- * while it still works on it); first start and last end, unix ms; both 0 when no run has worked
- * on it (a run over several jobs counts from its first sample of the job, a few seconds in).
+/* Wall-clock spans of the runs' work on job_id (kind 'run'; submits do not count): a run started
+ * for the job from its start to its end or last heartbeat (a run found dead: its last
+ * heartbeat); a run over several jobs from the end of its work on the job before (its samples
+ * tell) to its last sample of this one, or its end (heartbeat) when it did nothing else after;
+ * first start and last end, unix ms, and *worked_ms (may be NULL) the time covered by at least
+ * one of the spans (the time between runs left out); all 0 when no run has worked on it.
  * job_id 0: every run's span. */
 enum status queue_job_timing(struct queue *q, int64_t job_id, int64_t *first_ms, int64_t *last_ms,
-                             struct err_detail *err);
+                             int64_t *worked_ms, struct err_detail *err);
 
 #endif

@@ -55,6 +55,7 @@ enum queue_stmt_id {
     QS_RUN_ACTIVE,
     QS_RUN_ENDED,
     QS_RUN_END,
+    QS_RUN_END_DEAD,
     QS_RUN_HEARTBEAT,
     QS_RUN_STOPPING,
     QS_RUN_PROGRESS,

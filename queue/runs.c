@@ -119,7 +119,7 @@ enum status queue_run_mark_ended(struct queue *q, int64_t run_id, const char *ex
 }
 
 /* End one run found dead: its leases go back to queued (attempts kept; less one if it had begun
- * to stop: killed in its grace), ended = now. */
+ * to stop: killed in its grace), ended = its last heartbeat (when it last showed life). */
 static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_detail *err)
 {
     sqlite3_stmt *s = queue_stmt(q, QS_LEASE_REQUEUE_RUN, err);
@@ -127,7 +127,10 @@ static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_deta
         return err->status;
     sqlite3_bind_int64(s, 1, run_id);
     enum status st = queue_step_done(q, s, "requeueing a dead run's leases", err);
-    return st == ST_OK ? queue_run_mark_ended(q, run_id, "dead", NULL, err) : st;
+    if (st != ST_OK || !(s = queue_stmt(q, QS_RUN_END_DEAD, err)))
+        return st != ST_OK ? st : err->status;
+    sqlite3_bind_int64(s, 1, run_id);
+    return queue_step_done(q, s, "ending a dead run", err);
 }
 
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,

@@ -380,6 +380,9 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_ENDED] = "SELECT ended IS NOT NULL FROM runs WHERE id = ?1",
     [QS_RUN_END] = "UPDATE runs SET ended = ?2, exit_reason = ?3, summary_json = ?4"
                    " WHERE id = ?1 AND ended IS NULL",
+    /* a run found dead stopped when it last showed life, not when another process noticed */
+    [QS_RUN_END_DEAD] = "UPDATE runs SET ended = max(started, heartbeat), exit_reason = 'dead'"
+                        " WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_HEARTBEAT] = "UPDATE runs SET heartbeat = ?2 WHERE id = ?1 AND ended IS NULL",
     [QS_RUN_STOPPING] = "UPDATE runs SET heartbeat = ?2, stopping = coalesce(stopping, ?2)"
                         " WHERE id = ?1 AND ended IS NULL",

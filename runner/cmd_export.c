@@ -47,7 +47,9 @@ static const char export_usage[] =
     "record no item names any more (the old error of an item retried since) is left out.\n"
     "Items committed by an older queue (no record number) match by custom_id, taking the\n"
     "first such record in their shard. A bundle copies the shards unchanged, superseded\n"
-    "records included.\n"
+    "records included (those of a running job cut at their committed length), and the\n"
+    "manifest.json the job's last run wrote when it stopped: until the job is finished it may\n"
+    "not list every shard, or be missing (export warns).\n"
     "A partitioned queue is exported part by part (every part must be free: not in use by a\n"
     "run), each part's records in the order above, or with --order input all parts' records\n"
     "in the order of the input lines (the catalogue lists the inputs; a queue submitted before\n"
@@ -361,7 +363,8 @@ static enum status on_item(void *user, const struct queue_item_info *it)
     }
     if (it->state == QUEUE_ITEM_FAILED && !it->shard_id) { /* rejected at submit (schema v1) */
         char *rec = job_record_rejected(x->job.id, it->id, it->custom_id, it->source, it->line_no,
-                                        it->error_code, it->error_msg ? it->error_msg : "", NULL);
+                                        it->error_code, it->error_msg ? it->error_msg : "",
+                                        it->error_param);
         if (!rec)
             return err_set(x->err, ST_ERR_NOMEM, "out of memory");
         if (x->order_input) {
@@ -675,8 +678,8 @@ static enum status tar_open(struct exporter *x, int fd, int zst, struct err_deta
 /* One queue's part of the bundle: its shards and manifest under <job>/<sub> (sub "" or
  * "part-NNNN/"), and its submit-time errors. The shards' directory goes to x->tar_dir; without
  * shards (a part cancelled before any output has a manifest all the same) it is job_dir. */
-static enum status tar_queue(struct exporter *x, const struct queue_shard *sh, size_t n,
-                             const char *sub, const char *job_dir, struct err_detail *err)
+static enum status tar_queue(struct exporter *x, struct queue *q, const struct queue_shard *sh,
+                             size_t n, const char *sub, const char *job_dir, struct err_detail *err)
 {
     enum status st = ST_OK;
     char dir[4096] = "";
@@ -697,8 +700,19 @@ static enum status tar_queue(struct exporter *x, const struct queue_shard *sh, s
         struct stat sb;
         snprintf(mpath, sizeof(mpath), "%s/manifest.json", dir);
         snprintf(name, sizeof(name), "%s/%smanifest.json", x->job.name, sub);
-        if (!stat(mpath, &sb))
+        const int have = !stat(mpath, &sb);
+        if (have)
             st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
+        /* a run writes the manifest when it stops: while the job is unfinished it may not list
+         * the shards written since (or be missing, during the first run) */
+        if (!st && !have)
+            LOG_WARN("job %s has no manifest.json yet (a run writes it when it stops): the "
+                     "bundle has none",
+                     x->job.name);
+        else if (!st && (x->unfinished || !batch_manifest_current(q, &x->job, dir)))
+            LOG_WARN("job %s %s: the bundle's manifest.json is the one its last run wrote when it "
+                     "stopped, and may not list every shard in the bundle",
+                     x->job.name, x->unfinished ? "is not finished" : "changed since its manifest");
         snprintf(x->tar_dir, sizeof(x->tar_dir), "%s", dir);
     }
     if (!st && x->n_submit_errors) {
@@ -897,10 +911,19 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
     exporter_reset(x);
     enum status st;
     int64_t queued = 0, leased = 0;
-    if ((st = queue_job_find_ready(q, job, &x->job, err)) ||
-        (st = queue_job_unfinished(q, x->job.id, &queued, &leased, err)) ||
-        (st = queue_item_scan_finished(q, x->job.id, on_item, x, err)) ||
-        (st = queue_shard_list(q, x->job.id, &sh, &n_sh, err)))
+    /* one snapshot: a commit between the item scan and the shard list would make the records
+     * it added look superseded */
+    if ((st = queue_read_begin(q, err)))
+        goto out;
+    st = queue_job_find_ready(q, job, &x->job, err);
+    if (!st)
+        st = queue_job_unfinished(q, x->job.id, &queued, &leased, err);
+    if (!st)
+        st = queue_item_scan_finished(q, x->job.id, on_item, x, err);
+    if (!st)
+        st = queue_shard_list(q, x->job.id, &sh, &n_sh, err);
+    queue_read_end(q);
+    if (st)
         goto out;
     x->unfinished += queued + leased;
     for (size_t i = 0; i < n_sh; i++) { /* stored paths may be relative to the database */
@@ -921,7 +944,7 @@ static enum status export_queue(struct exporter *x, struct queue *q, const char 
             size_t l = strlen(job_dir);
             if (l && job_dir[l - 1] == '/')
                 job_dir[l - 1] = 0;
-            st = tar_queue(x, sh, n_sh, sub, job_dir, err);
+            st = tar_queue(x, q, sh, n_sh, sub, job_dir, err);
         }
     } else if (x->merge)
         st = gather_part(x, sh, n_sh, err);

@@ -27,8 +27,10 @@ static const char status_usage[] =
     "heartbeat age, live generated/prompt tok/s, running sequences, KV use, as each run stores\n"
     "them about once a second; --json adds started_ms). The ETA is token-based while runs\n"
     "report live rates (items left x mean completion tokens, less tokens already generated,\n"
-    "over the summed generation rate), else from the items finished per second so far; null\n"
-    "when unknown. Counts are committed items. A job still being submitted shows as\n"
+    "over the summed generation rate; unknown until as many items have finished as are\n"
+    "running), else, with no run on the job, from the items its runs finished per second; null\n"
+    "when unknown. Time of runs leaves out the time between runs. Counts are committed items. A "
+    "job still being submitted shows as\n"
     "\"submitting\" with its items so far, and nothing else counts it yet. First, runs on this\n"
     "host whose process is gone give their items back, and the jobs left by killed submits are\n"
     "deleted; a finished job whose manifest.json is missing or stale gets a new one.\n"
@@ -180,10 +182,12 @@ static int run_on_job(const struct queue_run_info *r, const struct batch_progres
 /* The job's numbers (job_id 0: all ready jobs) as another process sees them: committed counts
  * from the queue, and the live rates, sequences and KV use summed over its runs whose last
  * progress is fresher than BATCH_PROGRESS_STALE_S; the ETA token-based from those. Elapsed
- * time counts from *run_start, the earliest start of a run seen on the job (in/out, 0 none
- * yet), else it is the span of the job's runs (first_ms to last_ms). */
+ * time is the time runs have worked on the job (worked_ms, queue_job_timing: the time between
+ * runs left out), and while a run works on it, the time since the later of the last run time
+ * counted (last_ms) and *run_start, the earliest start of a run seen on the job (in/out, 0
+ * none yet). */
 static void job_progress(int64_t job_id, const char *name, const struct queue_counts *c,
-                         int64_t first_ms, int64_t last_ms, const struct queue_run_info *runs,
+                         int64_t last_ms, int64_t worked_ms, const struct queue_run_info *runs,
                          size_t n_runs, int64_t *run_start, struct batch_progress *p)
 {
     memset(p, 0, sizeof(*p));
@@ -224,11 +228,10 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
         p->mean_out = (double)c->completion_tokens / (double)p->done;
     else if (mean_n > 0)
         p->mean_out = mean_sum / mean_n;
-    int64_t now = now_ms();
-    if (*run_start)
-        p->elapsed_s = now > *run_start ? (double)(now - *run_start) / 1000.0 : 0;
-    else
-        p->elapsed_s = first_ms && last_ms > first_ms ? (double)(last_ms - first_ms) / 1000.0 : 0;
+    const int64_t now = now_ms(), since = last_ms > *run_start ? last_ms : *run_start;
+    p->elapsed_s = (double)worked_ms / 1000.0;
+    if (p->runs && since && now > since) /* a run works on it now */
+        p->elapsed_s += (double)(now - since) / 1000.0;
     batch_progress_eta(p);
 }
 
@@ -328,16 +331,17 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
                          const struct queue_run_info *runs, size_t n_runs, struct err_detail *err)
 {
     struct queue_counts c;
-    int64_t first, last;
-    if (queue_job_counts(q, j->id, &c, err) || queue_job_timing(q, j->id, &first, &last, err))
+    int64_t first, last, worked;
+    if (queue_job_counts(q, j->id, &c, err) ||
+        queue_job_timing(q, j->id, &first, &last, &worked, err))
         return NULL;
     if (!j->ready) {
         submitting_counts(&c);
-        first = last = 0;
+        first = last = worked = 0;
     }
     struct batch_progress p;
     int64_t run_start = 0;
-    job_progress(j->id, j->name, &c, first, last, runs, j->ready ? n_runs : 0, &run_start, &p);
+    job_progress(j->id, j->name, &c, last, worked, runs, j->ready ? n_runs : 0, &run_start, &p);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "id", (double)j->id);
     cJSON_AddStringToObject(o, "name", j->name);
@@ -355,7 +359,7 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
                                 (double)c.items[s]);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)c.prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", (double)c.completion_tokens);
-    double secs = first && last > first ? (double)(last - first) / 1000.0 : 0;
+    double secs = (double)worked / 1000.0; /* the time runs worked on it */
     int64_t fin = c.items[QUEUE_ITEM_DONE] + c.items[QUEUE_ITEM_FAILED];
     int64_t left = c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED];
     cJSON_AddNumberToObject(o, "run_seconds", secs);
@@ -370,7 +374,7 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     } else if (p.eta_s >= 0) {
         cJSON_AddNumberToObject(o, "eta_s", p.eta_s);
         cJSON_AddStringToObject(o, "eta_basis", "tokens");
-    } else if (secs > 0 && fin > 0) {
+    } else if (!p.runs && secs > 0 && fin > 0) { /* no run on it now: at its runs' pace */
         cJSON_AddNumberToObject(o, "eta_s", (double)left / ((double)fin / secs));
         cJSON_AddStringToObject(o, "eta_basis", "items");
     } else {
@@ -578,19 +582,19 @@ static enum status watch_look(struct queue *q, const struct queue_job *j, int64_
                               struct batch_progress *p, int *left, struct err_detail *err)
 {
     struct queue_counts c;
-    int64_t first, last;
+    int64_t first, last, worked;
     struct queue_run_info *runs = NULL;
     size_t n_runs = 0;
     enum status st;
     if ((st = queue_job_counts(q, j ? j->id : 0, &c, err)) ||
-        (st = queue_job_timing(q, j ? j->id : 0, &first, &last, err)) ||
+        (st = queue_job_timing(q, j ? j->id : 0, &first, &last, &worked, err)) ||
         (st = queue_run_list_live(q, &runs, &n_runs, err)))
         return st;
     if (j && !j->ready) { /* still being submitted: it may become ready; show it empty */
         submitting_counts(&c);
-        first = 0;
+        last = worked = 0;
     }
-    job_progress(j ? j->id : 0, j ? j->name : NULL, &c, first, last, runs, n_runs, run_start, p);
+    job_progress(j ? j->id : 0, j ? j->name : NULL, &c, last, worked, runs, n_runs, run_start, p);
     queue_run_info_free(runs, n_runs);
     *left = (j && !j->ready) || c.items[QUEUE_ITEM_QUEUED] + c.items[QUEUE_ITEM_LEASED] > 0;
     return ST_OK;

@@ -19,7 +19,9 @@ static const char report_usage[] =
     "and KV use over time, histograms of time to first token, time per output token, prompt\n"
     "and output lengths with P50/P90/P99, errors by code with examples, progress by part, the\n"
     "runs, and the cost. The time series comes from the samples runs record every 5 s\n"
-    "(status --json's \"series\"); a part in use by a run shows only its counts.\n"
+    "(status --json's \"series\"); a part in use by a run shows only its counts. As status\n"
+    "does, it first ends this host's runs whose process is gone (a killed run shows \"dead\",\n"
+    "its time up to its last heartbeat).\n"
     "\n"
     "  --cost-per-hour X  cost of one run's device or node per hour (each run uses one): the\n"
     "                     cost of all runs and per million output tokens\n";

@@ -755,9 +755,33 @@ static void test_progress_json(void **state)
     p.mean_out = 50;
     p.gen_tok_s = 100;
     p.inflight_tokens = 500;
+    p.running = 10;
     batch_progress_eta(&p);
     assert_int_equal(batch_progress_left(&p), 50);
-    assert_true(p.eta_s > 19.99 && p.eta_s < 20.01); /* (50 x 50 - 500) / 100 */
+    /* 40 queued x 50, and the 10 running need 10 x 50 - 500 = 0: one token each at least */
+    assert_true(p.eta_s > 20.09 && p.eta_s < 20.11);
+    /* the first items to finish were short, those running already longer: their lengths so far
+     * raise the mean ((40 x 50 + 1500) / 50 = 70): 40 x 70 + (700 - 1500 -> 10) */
+    struct batch_progress q = p;
+    q.inflight_tokens = 1500;
+    batch_progress_eta(&q);
+    assert_true(q.eta_s > 28.09 && q.eta_s < 28.11);
+    /* fewer finished than running (5 short ones of 300, 256 running, already 10 tokens each):
+     * unknown, not 0 s (before: 295 x 3 - 2560 < 0 made it 0) */
+    struct batch_progress e = {.total = 300,
+                               .done = 5,
+                               .mean_out = 3,
+                               .gen_tok_s = 100,
+                               .inflight_tokens = 2560,
+                               .running = 256};
+    batch_progress_eta(&e);
+    assert_true(e.eta_s == -1);
+    e.done = 256; /* the tail: 44 left, all running, longer than the mean: still > 0 */
+    e.total = 300;
+    e.running = 44;
+    e.inflight_tokens = 44 * 20;
+    batch_progress_eta(&e);
+    assert_true(e.eta_s > 0.43 && e.eta_s < 0.45); /* 44 tokens at 100 tok/s */
     char *js = batch_progress_to_json(&p);
     assert_non_null(js);
     assert_true(batch_progress_from_json(js, &back));

@@ -1102,7 +1102,7 @@ static void test_not_ready_job_invisible(void **state)
     f->now += 5000;
     assert_int_equal(queue_run_heartbeat(q, srun, &err), ST_OK);
     int64_t first = 0, last = 0;
-    assert_int_equal(queue_job_timing(q, ready_job, &first, &last, &err), ST_OK);
+    assert_int_equal(queue_job_timing(q, ready_job, &first, &last, NULL, &err), ST_OK);
     assert_int_equal(first, 0);
     assert_int_equal(last, 0);
 
@@ -1299,13 +1299,14 @@ static void sample_at(struct queue *q, int64_t run, int64_t job, int64_t t)
     assert_int_equal(queue_sample_add(q, &smp, &err), ST_OK);
 }
 
-static void expect_timing(struct queue *q, int64_t job, int64_t first, int64_t last)
+static void expect_timing(struct queue *q, int64_t job, int64_t first, int64_t last, int64_t worked)
 {
     struct err_detail err = {0};
-    int64_t f0 = -1, l0 = -1;
-    assert_int_equal(queue_job_timing(q, job, &f0, &l0, &err), ST_OK);
+    int64_t f0 = -1, l0 = -1, w0 = -1;
+    assert_int_equal(queue_job_timing(q, job, &f0, &l0, &w0, &err), ST_OK);
     assert_int_equal(f0, first);
     assert_int_equal(l0, last);
+    assert_int_equal(w0, worked);
 }
 
 /* A job's time span counts a run over all jobs only for its own work on the job (from the end
@@ -1329,10 +1330,12 @@ static void test_job_timing(void **state)
     int64_t r2 = start_run(q, b); /* b alone */
     f->now = 1200000;
     assert_int_equal(queue_run_end(q, r2, "drained", NULL, NULL, &err), ST_OK);
-    expect_timing(q, a, 1000000, 1010000);
-    expect_timing(q, b, 1010000, 1200000);
-    expect_timing(q, c, 0, 0);
-    expect_timing(q, 0, 1000000, 1200000); /* any job: every run */
+    /* b: r1 from its last sample of a to its end (it did nothing after b), then r2; the 79 s
+     * between the runs are no time of b's (before, status divided by the whole span) */
+    expect_timing(q, a, 1000000, 1010000, 10000);
+    expect_timing(q, b, 1010000, 1200000, 11000 + 100000);
+    expect_timing(q, c, 0, 0, 0);
+    expect_timing(q, 0, 1000000, 1200000, 21000 + 100000); /* any job: every run */
     /* a live run over all jobs, working on a: until its heartbeat; once it has moved on to c,
      * until its last sample of a */
     f->now = 1300000;
@@ -1340,10 +1343,10 @@ static void test_job_timing(void **state)
     sample_at(q, r3, a, 1305000);
     f->now = 1308000;
     assert_int_equal(queue_run_heartbeat(q, r3, &err), ST_OK);
-    expect_timing(q, a, 1000000, 1308000);
+    expect_timing(q, a, 1000000, 1308000, 10000 + 8000);
     sample_at(q, r3, c, 1309000);
-    expect_timing(q, a, 1000000, 1305000);
-    expect_timing(q, c, 1305000, 1309000);
+    expect_timing(q, a, 1000000, 1305000, 10000 + 5000);
+    expect_timing(q, c, 1305000, 1309000, 4000);
     /* the run list of a job: the runs with its samples, and those started for it */
     struct queue_run_info *runs = NULL;
     size_t n = 0;
@@ -1356,6 +1359,28 @@ static void test_job_timing(void **state)
     assert_int_equal(n, 1);
     assert_int_equal(runs[0].id, r3);
     queue_run_info_free(runs, n);
+    /* a run found dead stopped at its last heartbeat, not when another process noticed (as
+     * older quern recorded its end); one over all jobs killed while on a job likewise */
+    f->now = 1400000;
+    int64_t r4 = start_run(q, c);
+    f->now = 1405000;
+    assert_int_equal(queue_run_heartbeat(q, r4, &err), ST_OK);
+    char sql[160];
+    snprintf(sql, sizeof(sql),
+             "UPDATE runs SET ended = 1500000, exit_reason = 'dead' WHERE id = %lld",
+             (long long)r4);
+    sql_exec(f->path, sql);
+    f->now = 1500000;
+    expect_timing(q, c, 1305000, 1405000, 4000 + 5000);
+    int64_t r5 = start_run(q, 0); /* at 1,500,000 */
+    sample_at(q, r5, b, 1502000);
+    f->now = 1507000;
+    assert_int_equal(queue_run_heartbeat(q, r5, &err), ST_OK);
+    snprintf(sql, sizeof(sql),
+             "UPDATE runs SET ended = 1600000, exit_reason = 'dead' WHERE id = %lld",
+             (long long)r5);
+    sql_exec(f->path, sql);
+    expect_timing(q, b, 1010000, 1507000, 11000 + 100000 + 7000);
     queue_close(q);
 }
 
