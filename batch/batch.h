@@ -266,7 +266,9 @@ struct batch_progress {
     int64_t failed;            /* finished with an error record */
     int64_t cancelled;         /* cancelled */
     int64_t gen_tokens;        /* tokens generated, unfinished requests included */
-    int64_t prompt_tokens;     /* prompt tokens computed (prefix-cache hits excluded) */
+    int64_t prompt_tokens;     /* prompt tokens computed (prefix-cache hits excluded); with
+                                * prompt_all, of the finished requests, hits included */
+    int prompt_all;            /* 1: prompt_tokens are the finished requests' (status) */
     double gen_tok_s;          /* generated tokens per second, recent window */
     double prompt_tok_s;       /* prompt tokens per second, same window */
     double mean_out;           /* mean completion tokens of finished requests, 0 unknown */
@@ -284,9 +286,11 @@ struct batch_progress {
 /* Items not finished: total - done - failed - cancelled (>= 0). */
 int64_t batch_progress_left(const struct batch_progress *p);
 
-/* eta_s from the other fields: items left x mean_out, less the tokens already generated for
- * unfinished requests, over gen_tok_s; 0 when nothing is left; -1 (unknown) until a request has
- * finished and tokens are being generated. */
+/* eta_s from the other fields: items left x mean_out (at least the mean over the finished and
+ * running requests' lengths so far), less the tokens already generated for unfinished requests
+ * (a token more for each running one at least), over gen_tok_s; 0 when nothing is left; -1
+ * (unknown) until as many requests have finished as are running and tokens are being
+ * generated. */
 void batch_progress_eta(struct batch_progress *p);
 
 /* The published form: a JSON object (caller frees), and back (1 ok; 0 and *p zeroed when json

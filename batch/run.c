@@ -756,6 +756,17 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
         return st;
     struct engine_params ep = r->o->engine;
     ep.draft_model = r->draft;
+    if ((ep.spec & ENGINE_SPEC_MODEL) && r->draft &&
+        engine_model_hparams(r->draft)->n_vocab != engine_model_hparams(r->m)->n_vocab) {
+        /* one job of another vocabulary does not stop the run's other jobs: it goes without
+         * the draft model (speculation never changes outputs) */
+        LOG_WARN("job %s: the draft model's vocabulary has %d tokens, the job's model's %d: "
+                 "this job runs without --spec model",
+                 r->job.name, engine_model_hparams(r->draft)->n_vocab,
+                 engine_model_hparams(r->m)->n_vocab);
+        ep.spec &= ~ENGINE_SPEC_MODEL;
+        ep.draft_model = NULL;
+    }
     if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)) || (st = record_engine(r, &ep, err)))
         return st;
     struct batch_out_spec spec = {r->q,

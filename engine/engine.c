@@ -886,12 +886,10 @@ enum status engine_step(struct engine *e, struct err_detail *err)
             acc++;
         if (s->d_proposed)
             engine_draft_settle(e, s, base, acc);
-        if (nd) {
-            spec_outcome(e, s, acc);
-            if (e->p.spec_test_broken && acc < nd && s->lp_k < 0)
-                e->s_id[j + acc] = e->s_alt[j + acc];
-        }
-        for (int i = 0; i <= acc && !s->ended; i++) {
+        if (nd && e->p.spec_test_broken && acc < nd && s->lp_k < 0)
+            e->s_id[j + acc] = e->s_alt[j + acc];
+        int took = 0; /* tokens this step gave the sequence: its draw, then accepted drafts */
+        for (int i = 0; i <= acc && !s->ended; i++, took++) {
             if (e->s_stuck[j + i]) {
                 engine_seq_end_grammar(s);
                 break;
@@ -902,6 +900,10 @@ enum status engine_step(struct engine *e, struct err_detail *err)
                                         e->s_top_lp + (j + i) * ENGINE_TOP_LOGPROBS_MAX);
             engine_seq_accept(e, s, &e->s_id[j + i], 1);
         }
+        /* the drafts it used (one that matched after the sequence ended, at a stop string, was
+         * no gain: counted as rejected) */
+        if (nd)
+            spec_outcome(e, s, took - 1 < acc ? (took > 0 ? took - 1 : 0) : acc);
         s->n_draft = 0;
         if (s->ended) {
             finish(e, s);

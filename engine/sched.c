@@ -367,11 +367,19 @@ static int grammar_drafts(struct engine *e, struct seq *s)
     return s->draft.n = n;
 }
 
-/* Candidate slots for s's drafted path (after cutting it to what its grammar can read). */
+/* Candidate slots for s's drafted path (after cutting it to what its grammar can read, and to
+ * what the request can still take: a step accepts its sampled token and then its drafts, and
+ * none after an end-of-generation token or beyond max_tokens could ever be used). */
 static int add_slots(struct engine *e, struct seq *s, int n_slots)
 {
     if (s->grammar && !grammar_drafts(e, s))
         return n_slots;
+    const int32_t left = s->max_tokens - s->n_gen - 1; /* tokens after this step's sampled one */
+    if (s->draft.n > left)
+        s->draft.n = left > 0 ? left : 0;
+    for (int j = 0; !s->ignore_eos && j < s->draft.n; j++)
+        if (engine_tok_is_eog(e->tok, s->draft.tok[j]))
+            s->draft.n = j + 1;
     float surv = 1;
     for (int j = 0; j < s->draft.n; j++) {
         surv *= s->draft.c[j];

@@ -540,7 +540,8 @@ static enum status tmp_create(const char *out, int *fd, struct err_detail *err)
         if (errno != EEXIST && errno != ELOOP)
             break;
     }
-    enum status st = err_set(err, ST_ERR_IO, "cannot create %s: %s", tmp_path, strerror(errno));
+    enum status st = err_set(err, ST_ERR_IO, "cannot create %s (its temporary file %s): %s", out,
+                             tmp_path, strerror(errno));
     tmp_forget();
     return st;
 }

@@ -198,7 +198,9 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
     p->failed = c->items[QUEUE_ITEM_FAILED];
     p->cancelled = c->items[QUEUE_ITEM_CANCELLED];
     p->prompt_tokens = c->prompt_tokens;
+    p->prompt_all = 1;
     double mean_sum = 0, mean_n = 0;
+    int on_job = 0; /* runs not ended working on it */
     for (size_t i = 0; i < n_runs; i++) {
         struct batch_progress rp;
         int have = batch_progress_from_json(runs[i].progress_json, &rp);
@@ -206,6 +208,7 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
             continue;
         if (!*run_start || runs[i].started_ms < *run_start)
             *run_start = runs[i].started_ms;
+        on_job++;
         if (!have || (double)runs[i].age_ms / 1000.0 > BATCH_PROGRESS_STALE_S)
             continue;
         p->runs++;
@@ -230,7 +233,7 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
         p->mean_out = mean_sum / mean_n;
     const int64_t now = now_ms(), since = last_ms > *run_start ? last_ms : *run_start;
     p->elapsed_s = (double)worked_ms / 1000.0;
-    if (p->runs && since && now > since) /* a run works on it now */
+    if (on_job && since && now > since) /* a run works on it now */
         p->elapsed_s += (double)(now - since) / 1000.0;
     batch_progress_eta(p);
 }

@@ -353,8 +353,10 @@ int runner_engine_opts_check(const char *cmd, const struct runner_engine_opts *o
         return 0;
     }
     if (!o->ep.spec && o->spec_tuned) {
-        fprintf(stderr, "quern %s: %s tunes speculative decoding: give --spec too\n", cmd,
-                o->spec_tuned);
+        fprintf(stderr,
+                "quern %s: %s tunes speculative decoding, which is off: give --spec "
+                "ngram|suffix|auto|model too\n",
+                cmd, o->spec_tuned);
         return 0;
     }
     return 1;

@@ -142,11 +142,15 @@ void runner_progress_summary(const struct batch_progress *p, char *buf, size_t c
     char d[32];
     fmt_dur(d, sizeof(d), p->elapsed_s);
     double el = p->elapsed_s > 0 ? p->elapsed_s : 0;
+    char cancelled[48] = "";
+    if (p->cancelled)
+        snprintf(cancelled, sizeof(cancelled), ", %lld cancelled,", (long long)p->cancelled);
     snprintf(buf, cap,
-             "job %s: %lld/%lld finished (%lld failed, %lld cancelled) in %s; %lld tokens "
-             "sampled (%.1f tok/s), %lld prompt tokens computed (%.1f tok/s)",
-             p->job[0] ? p->job : "(all jobs)", (long long)(p->done + p->failed + p->cancelled),
-             (long long)p->total, (long long)p->failed, (long long)p->cancelled, d,
-             (long long)p->gen_tokens, el > 0 ? (double)p->gen_tokens / el : 0,
-             (long long)p->prompt_tokens, el > 0 ? (double)p->prompt_tokens / el : 0);
+             "job %s: %lld/%lld finished (%lld failed)%s in %s; %lld tokens sampled (%.1f tok/s), "
+             "%lld prompt tokens %s (%.1f tok/s)",
+             p->job[0] ? p->job : "(all jobs)", (long long)(p->done + p->failed),
+             (long long)p->total, (long long)p->failed, cancelled, d, (long long)p->gen_tokens,
+             el > 0 ? (double)p->gen_tokens / el : 0, (long long)p->prompt_tokens,
+             p->prompt_all ? "in finished requests" : "computed",
+             el > 0 ? (double)p->prompt_tokens / el : 0);
 }

@@ -299,6 +299,77 @@ static void test_spec_draft_short_context(void **state)
     engine_model_free(dm);
 }
 
+/* One greedy request of a repeating prompt alone, ngram drafts verified every step: its output
+ * tokens (into out, at most 64) and the engine's counters. */
+static int one_request(struct fixture *f, int max_tokens, const char *stop, int32_t *out,
+                       struct engine_stats *st)
+{
+    static const char *const text = "a b c d e f g h a b c d e f g h a b c d e f g h a b";
+    struct err_detail err = {0};
+    int32_t *prompt = NULL;
+    size_t np = 0;
+    assert_int_equal(engine_tok_encode(f->tok, text, strlen(text), 0, &prompt, &np, &err), ST_OK);
+    struct engine_params p;
+    params(&p, 1, 64, 64, 1);
+    p.spec = ENGINE_SPEC_NGRAM;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p.spec_max_k = 16;
+    struct engine *e;
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+    struct engine_request r = {0};
+    r.prompt = prompt;
+    r.n_prompt = np;
+    engine_sampling_default(&r.sampling);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.stop = &stop;
+    r.n_stop = stop ? 1 : 0;
+    r.request_id = "cut";
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    int n = 0;
+    while (engine_pending(e)) {
+        assert_int_equal(engine_step(e, &err), ST_OK);
+        struct engine_output o[2];
+        size_t k;
+        while ((k = engine_poll(e, o, 2)) > 0)
+            for (size_t i = 0; i < k; i++) {
+                assert_true(o[i].n_tokens <= 64);
+                memcpy(out, o[i].tokens, sizeof(int32_t) * o[i].n_tokens);
+                n = (int)o[i].n_tokens;
+            }
+    }
+    *st = *engine_get_stats(e);
+    engine_free(e);
+    free(prompt);
+    return n;
+}
+
+/* Drafts a request could never use are not drafted (past its max_tokens) and drafts that
+ * matched after a stop string ended it do not count as accepted: before, a request of 10
+ * tokens that a stop string ended showed 16 drafted and 16 accepted, and one of max_tokens 2
+ * had 16-token drafts verified. */
+static void test_spec_counts_used(void **state)
+{
+    struct fixture *f = *state;
+    int32_t out[64];
+    struct engine_stats st;
+    int n = one_request(f, 40, "f g h a b c d", out, &st);
+    print_message("stop string: %d tokens, %llu drafted, %llu accepted\n", n,
+                  (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
+    assert_true(n > 0 && n < 40);
+    assert_true(st.spec_drafted > 0);
+    assert_true(st.spec_accepted <= (uint64_t)n); /* (the stop string's tokens are cut out) */
+    assert_true(st.spec_accepted < st.spec_drafted);
+    n = one_request(f, 2, NULL, out, &st);
+    print_message("max_tokens 2: %d tokens, %llu drafted, %llu accepted\n", n,
+                  (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
+    assert_int_equal(n, 2);
+    assert_true(st.spec_drafted <= 1); /* one token after the prefill's, at most */
+    n = one_request(f, 9, NULL, out, &st);
+    assert_int_equal(n, 9);
+    assert_true(st.spec_accepted <= 8 && st.spec_drafted <= 8 + 16);
+}
+
 /* Chi-square statistic of counts against n x probs over the tokens expected at least 5 times
  * (the rest lumped into one cell); *df gets the degrees of freedom. */
 static double chi_square(const int *counts, const double *probs, int V, int n, int *df)
@@ -580,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_spec_grammar_same),
         cmocka_unit_test(test_spec_draft_model),
         cmocka_unit_test(test_spec_draft_short_context),
+        cmocka_unit_test(test_spec_counts_used),
         cmocka_unit_test(test_spec_distribution),
         cmocka_unit_test(test_spec_rollback_invariants),
     };
