@@ -68,4 +68,23 @@ for name in ("all", "auto", "model"):
         assert sp and sp["drafted"] > 0 and 0 < sp["accepted"] < sp["drafted"], s
     print("  --spec %s: %d records identical to --spec off; spec %s" % (name, len(on), sp))
 PY
+
+# A job of another vocabulary (Gemma 3) before one of the draft model's own: with --spec model
+# the run does the Gemma job without drafting (a warning) and the other with it; it stopped the
+# whole run (exit 1, both jobs left queued) before.
+G=${QUERN_GEMMA:-models/gemma-3-270m-q4_k_m.gguf}
+if [ -f "$G" ]; then
+    printf '{"custom_id":"g%d","prompt":"1, 2, 3, 4,","max_tokens":4}\n' 1 2 >"$tmp/g.jsonl"
+    "$Q" submit --db "$tmp/two.db" --model "$G" --name g --out "$tmp/two" "$tmp/g.jsonl" \
+        >/dev/null 2>&1 || fail "submit the Gemma job"
+    "$Q" submit --db "$tmp/two.db" --model "$M" --name s --out "$tmp/two" "$tmp/g.jsonl" \
+        >/dev/null 2>&1 || fail "submit the SmolLM2 job"
+    "$Q" run --db "$tmp/two.db" --spec model --draft-model "$M" >"$tmp/two.sum" 2>"$tmp/two.err" ||
+        { cat "$tmp/two.err"; fail "a run over a job of another vocabulary than the draft model's"; }
+    grep -q "job g: the draft model's vocabulary has 49152 tokens, the job's model's 262144" \
+        "$tmp/two.err" || { cat "$tmp/two.err"; fail "no warning for the Gemma job"; }
+    [ "$(sqlite3 "$tmp/two.db" "SELECT count(*) FROM items WHERE state = 'done'")" = 4 ] ||
+        fail "the two jobs are not done"
+    echo "  --spec model over a job of another vocabulary: that job without it, the run goes on"
+fi
 echo "spec: OK"
