@@ -94,47 +94,72 @@ uint64_t engine_kv_mem_device(const struct kern_mem_info *mi, int n_rank, uint64
 }
 
 /* --kv-mem auto on a device backend: the forward pass's buffers (and the draft model's) are
- * reserved first, at their largest, then the pool takes what the devices have left beside
- * engine_device_reserve's share for the runtime (and, with a draft model on the device, its
- * pool of as many blocks takes its part). */
-static enum status kv_mem_device(struct engine_model *m, const struct engine_params *p, size_t *out,
+ * reserved first, at their largest (block tables as long as the context, or as the devices
+ * could hold), then the pool takes what the devices have left beside engine_device_reserve's
+ * share for the runtime and what comes later on rank 0's device: the logits buffer grown to
+ * logit_rows rows and the device sampler's scratch of sample_rows. With a draft model on the
+ * device its pool of as many blocks takes its part. */
+static enum status kv_mem_device(struct engine_model *m, const struct engine_params *p,
+                                 int logit_rows, int sample_rows, size_t *out,
                                  struct err_detail *err)
 {
-    const int ctx_blocks =
-        (int)((engine_model_hparams(m)->n_ctx_train + p->kv_block - 1) / p->kv_block + 1);
-    struct engine_model *dm = p->spec & ENGINE_SPEC_MODEL ? p->draft_model : NULL;
-    enum status st = engine_model_reserve_sizes(m, p->max_batch_tokens, p->max_seqs, p->kv_block,
-                                                ctx_blocks, err);
-    if (!st && dm && !engine_model_host_memory(dm))
-        st = engine_model_reserve_sizes(dm, p->max_batch_tokens, p->max_seqs, p->kv_block,
-                                        ctx_blocks, err);
-    if (st)
-        return st;
     struct kern_mem_info mi[ENGINE_MAX_RANKS];
-    const int n = engine_model_mem_info(m, mi, ENGINE_MAX_RANKS);
-    uint64_t one;
-    const uint64_t need = kv_need(m, p, &one);
+    int n = engine_model_mem_info(m, mi, ENGINE_MAX_RANKS);
     if (!n) { /* the device cannot say */
         *out = (size_t)1 << 30;
         return ST_OK;
     }
+    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+    uint64_t avail = 0;
+    for (int r = 0; r < n; r++)
+        avail += mi[r].avail;
+    /* no block table longer than the context, nor than all the free memory could hold */
+    const int64_t fit = bb ? (int64_t)(avail / bb) + 2 : INT32_MAX;
+    struct engine_model *dm = p->spec & ENGINE_SPEC_MODEL ? p->draft_model : NULL;
+    enum status st = ST_OK;
+    for (int k = 0; k < 2 && !st; k++) {
+        struct engine_model *x = k ? dm : m;
+        if (!x || (k && engine_model_host_memory(x)))
+            continue;
+        int64_t ctx = (engine_model_hparams(x)->n_ctx_train + p->kv_block - 1) / p->kv_block + 1;
+        ctx = ctx < fit ? ctx : fit;
+        st = engine_model_reserve_sizes(x, p->max_batch_tokens, p->max_seqs, p->kv_block,
+                                        (int)(ctx < INT32_MAX ? ctx : INT32_MAX), err);
+    }
+    if (st)
+        return st;
+    if (!(n = engine_model_mem_info(m, mi, ENGINE_MAX_RANKS))) {
+        *out = (size_t)1 << 30;
+        return ST_OK;
+    }
+    const uint64_t later = ((uint64_t)(logit_rows > 0 ? logit_rows : 0) +
+                            (uint64_t)(sample_rows > 0 ? sample_rows : 0)) *
+                           (uint64_t)engine_model_hparams(m)->n_vocab * sizeof(float);
+    for (int r = 0; r < n; r++)
+        if (mi[r].device == mi[0].device)
+            mi[r].avail = mi[r].avail > later ? mi[r].avail - (size_t)later : 0;
+    uint64_t one;
+    const uint64_t need = kv_need(m, p, &one);
     uint64_t kv = engine_kv_mem_device(mi, n, UINT64_MAX);
     if (dm && !engine_model_host_memory(dm)) {
-        const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
         const uint64_t db = engine_model_kv_block_bytes(dm, p->kv_block, p->kv_dtype);
         kv = bb + db ? (uint64_t)((double)kv * (double)bb / (double)(bb + db)) : kv;
     }
     kv = kv < need ? kv : need;
-    const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
-    if (kv < bb * 2)
+    if (kv < bb * 2) {
+        int w = 0; /* the device with the least room */
+        for (int r = 1; r < n; r++)
+            w = mi[r].avail < mi[w].avail ? r : w;
         return err_set(err, ST_ERR_NOMEM,
                        "--kv-mem auto: device %d has %.0f MiB free after the weights and the "
-                       "forward pass's buffers, and keeps %.0f MiB for the runtime: no room for "
-                       "a KV cache (smaller --max-batch-tokens or --max-seqs, more --tp ranks, "
-                       "or a device with more memory)",
-                       mi[0].device, (double)mi[0].avail / 1048576.0,
-                       (double)engine_device_reserve(mi[0].total) / 1048576.0);
-    if (kv < one && kv < need)
+                       "forward pass's buffers (and what its logits rows will take), and keeps "
+                       "%.0f MiB for the runtime: no room for a KV cache (smaller "
+                       "--max-batch-tokens or --max-seqs, more --tp ranks, or a device with "
+                       "more memory)",
+                       mi[w].device, (double)mi[w].avail / 1048576.0,
+                       (double)engine_device_reserve(mi[w].total) / 1048576.0);
+    }
+    if (kv < one && kv < need && sample_rows > 0) /* (a run's; perplexity checks its windows) */
         LOG_WARN("--kv-mem auto: the device's free memory holds a KV pool of %.0f MiB, less "
                  "than one sequence at the model's full context (%.0f MiB): longer requests "
                  "fail as kv_cache_too_small",
@@ -144,7 +169,8 @@ static enum status kv_mem_device(struct engine_model *m, const struct engine_par
 }
 
 enum status engine_kv_mem_resolve(struct engine_model *m, const struct engine_params *p,
-                                  size_t *out, struct err_detail *err)
+                                  int logit_rows, int sample_rows, size_t *out,
+                                  struct err_detail *err)
 {
     if (p->kv_mem) {
         *out = p->kv_mem;
@@ -154,7 +180,7 @@ enum status engine_kv_mem_resolve(struct engine_model *m, const struct engine_pa
         *out = engine_kv_mem_auto(m, p, mem_available());
         return ST_OK;
     }
-    return kv_mem_device(m, p, out, err);
+    return kv_mem_device(m, p, logit_rows, sample_rows, out, err);
 }
 
 /* The sliding-window layers' own KV pool (engine_kv_set_window), as planned. */
@@ -224,7 +250,8 @@ enum status engine_init(struct engine **out, struct engine_model *m, const struc
     if (p->kv_dtype != KERN_KV_F16 && p->kv_dtype != KERN_KV_Q8)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: unknown KV dtype %d", p->kv_dtype);
     size_t kv_mem;
-    enum status st = engine_kv_mem_resolve(m, p, &kv_mem, err);
+    enum status st =
+        engine_kv_mem_resolve(m, p, engine_logit_rows(p), engine_logit_rows(p), &kv_mem, err);
     if (st)
         return st;
     const struct engine_kv_plan_in pin = {kv_mem,      p->kv_block,         p->kv_dtype,
@@ -764,18 +791,20 @@ static void finish(struct engine *e, struct seq *s)
     engine_sched_retire(e, s);
 }
 
-/* s's verification outcome: its first n_acc of n_draft drafts were accepted. Updates the
- * confidence model, the counters and the request's recent acceptance, and sends a request
- * whose drafts keep failing to sit out a while (doubling each time, up to 64 steps). */
-static void spec_outcome(struct engine *e, struct seq *s, int n_acc)
+/* s's verification outcome: its first n_acc of n_draft drafts matched the draws, and the first
+ * n_used of those became output (fewer when a stop string ended the request). The confidence
+ * model learns from the matches (what it predicts); the counters count what was used. Updates
+ * the request's recent acceptance, and sends a request whose drafts keep failing to sit out a
+ * while (doubling each time, up to 64 steps). */
+static void spec_outcome(struct engine *e, struct seq *s, int n_acc, int n_used)
 {
     const int nd = s->n_draft;
     engine_spec_observe(e->spec, &s->draft, nd, n_acc);
     e->stats.spec_drafted += (uint64_t)nd;
-    e->stats.spec_accepted += (uint64_t)n_acc;
+    e->stats.spec_accepted += (uint64_t)n_used;
     for (int i = 0; i < nd; i++) {
         e->stats.spec_tried_at[i]++;
-        e->stats.spec_acc_at[i] += i < n_acc;
+        e->stats.spec_acc_at[i] += i < n_used;
     }
     float r = (float)n_acc / (float)nd;
     s->spec_rate = s->spec_rate < 0 ? r : 0.7f * s->spec_rate + 0.3f * r;
@@ -903,7 +932,7 @@ enum status engine_step(struct engine *e, struct err_detail *err)
         /* the drafts it used (one that matched after the sequence ended, at a stop string, was
          * no gain: counted as rejected) */
         if (nd)
-            spec_outcome(e, s, took - 1 < acc ? (took > 0 ? took - 1 : 0) : acc);
+            spec_outcome(e, s, acc, took - 1 < acc ? (took > 0 ? took - 1 : 0) : acc);
         s->n_draft = 0;
         if (s->ended) {
             finish(e, s);

@@ -65,10 +65,13 @@ uint64_t engine_kv_mem_device(const struct kern_mem_info *mi, int n_rank, uint64
 
 /* The KV pool's bytes engine_init makes of p: p->kv_mem when set, else --kv-mem auto's: on the
  * CPU engine_kv_mem_auto of the memory available now, on a device the buffers of the forward
- * pass (and the draft model's) reserved first and engine_kv_mem_device of what is left, at most
+ * pass (and the draft model's) reserved first and engine_kv_mem_device of what is left once
+ * logit_rows rows of logits and sample_rows rows of the device sampler's scratch are set aside
+ * (the most a batch of the caller's wants: engine_logit_rows each for engine_init), at most
  * max_seqs full-context sequences (a warning when less than one; an error when no room). */
 enum status engine_kv_mem_resolve(struct engine_model *m, const struct engine_params *p,
-                                  size_t *out, struct err_detail *err);
+                                  int logit_rows, int sample_rows, size_t *out,
+                                  struct err_detail *err);
 
 #define ENGINE_MAX_STOP 8
 #define ENGINE_MAX_CHOICES 128

@@ -285,7 +285,8 @@ int runner_cmd_perplexity(int argc, char **argv)
     const size_t per_win = engine_model_kv_block_bytes(m, o.eo.ep.kv_block, o.eo.ep.kv_dtype) *
                            (size_t)((ctx + o.eo.ep.kv_block - 1) / o.eo.ep.kv_block);
     size_t kv_mem;
-    if ((st = engine_kv_mem_resolve(m, &o.eo.ep, &kv_mem, &err))) {
+    /* (a scoring batch wants a row of logits for each of its tokens, and samples none) */
+    if ((st = engine_kv_mem_resolve(m, &o.eo.ep, o.eo.ep.max_batch_tokens, 0, &kv_mem, &err))) {
         LOG_ERROR("%s", err.msg);
         goto out;
     }

@@ -451,6 +451,16 @@ static int run_parts(struct run_opts *o, const struct batch_parts *p)
                   p->n - 1, p->n - 1);
         return RUNNER_EXIT_USAGE;
     }
+    { /* an array that does not cover the parts 0..N-1 leaves some never started (a task only
+       * takes over parts whose task started and died): say so in every task's log */
+        const char *cnt = getenv("SLURM_ARRAY_TASK_COUNT"), *lo = getenv("SLURM_ARRAY_TASK_MIN");
+        const long n_tasks = cnt && *cnt ? strtol(cnt, NULL, 10) : -1;
+        const long first = lo && *lo ? strtol(lo, NULL, 10) : 0;
+        if ((n_tasks >= 0 && n_tasks != p->n) || first != 0)
+            LOG_WARN("this Slurm array has %s task(s) from index %ld, but %s has %d parts: "
+                     "give --array=0-%d, or parts no task runs stay queued",
+                     cnt && *cnt ? cnt : "?", first, p->dir, p->n, p->n - 1);
+    }
     o->b.parts = p;
     int rc = RUNNER_EXIT_OK, busy = 0, broken = 0;
     double t0 = runner_now(), max_rt = o->b.max_runtime;

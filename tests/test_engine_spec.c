@@ -344,10 +344,9 @@ static int one_request(struct fixture *f, int max_tokens, const char *stop, int3
     return n;
 }
 
-/* Drafts a request could never use are not drafted (past its max_tokens) and drafts that
- * matched after a stop string ended it do not count as accepted: before, a request of 10
- * tokens that a stop string ended showed 16 drafted and 16 accepted, and one of max_tokens 2
- * had 16-token drafts verified. */
+/* Drafts that matched after a stop string ended a request do not count as accepted (before, a
+ * request of 10 tokens that a stop string ended showed 16 drafted and 16 accepted), and none
+ * goes past a request's max_tokens (a guard the scheduler's k already kept). */
 static void test_spec_counts_used(void **state)
 {
     struct fixture *f = *state;

@@ -460,6 +460,31 @@ PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS
 grep -q "SLURM_JOB_END_TIME: --max-runtime 34[0-9][0-9] s" sb2.log ||
     fail "the allocation's end did not set --max-runtime"
 [ "$(wc -l <scontrol.log)" -eq 1 ] || fail "a finished task requeued itself"
+# 7b. scancel or preemption: Slurm sends TERM to every process of the job and kills what is left
+#     the moment the batch script exits. The script (its own process group here, as a job's)
+#     waits through the TERM until quern has stopped (exit 75), does not requeue itself, and no
+#     quern is left for that kill; before, the shell died at once (143) with quern in its grace.
+#     The array is one task short of the parts: quern warns.
+make_job G jg 2 1400 3
+PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=78 SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_TASK_COUNT=1 \
+    SLURM_CPUS_PER_TASK=1 setsid bash "$SBATCH" G >sb3.log 2>&1 &
+ps=$!
+pids+=("$ps")
+g_working() { [ -e G/part-0000.progress.json ] && ! grep -q '"loading":true' G/part-0000.progress.json; }
+for _ in $(seq 1 600); do
+    g_working && break
+    kill -0 "$ps" 2>/dev/null || break
+    sleep 0.1
+done
+g_working || { cat sb3.log >&2; fail "the array task's run (7b) never reported"; }
+kill -TERM -- -"$ps" # the job's processes, the shell and quern alike
+rc=0; wait "$ps" || rc=$?
+[ $rc -eq 75 ] || { cat sb3.log >&2; fail "array task after Slurm's TERM: exit $rc, want 75"; }
+! pgrep -g "$ps" >/dev/null || fail "a process of the job outlived its batch script"
+grep -q "not requeued" sb3.log && [ "$(wc -l <scontrol.log)" -eq 1 ] ||
+    { cat sb3.log scontrol.log >&2; fail "a task stopped by TERM requeued itself"; }
+grep -q "this Slurm array has 1 task(s) from index 0, but G has 2 parts" sb3.log ||
+    { cat sb3.log >&2; fail "no warning for an array short of the parts"; }
 
 # 8. (found by a kill -9 chaos audit) a run without --part stopped by --max-runtime after its
 # first part, with another part untouched, exits 75, not 0; a job with one part done and one

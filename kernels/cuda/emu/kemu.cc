@@ -5,7 +5,7 @@
  * one, or a copy whose direction does not match its pointers, fails as cudaErrorInvalidValue
  * (the GPU would fault or corrupt memory); new allocations are filled with 0xFF bytes (NaN
  * floats, -1 ids), as cudaMalloc gives no zeroed memory. Devices: QUERN_CUDA_EMU_DEVICES of them
- * (1 to 8, default 1) of QUERN_CUDA_EMU_MEM bytes each (a number with an optional K, M or G
+ * (1 to 8, default 1) of QUERN_CUDA_EMU_MEM bytes each (a number with an optional K, M, G or T
  * suffix; default 1G; an allocation beyond it fails as cudaErrorMemoryAllocation), each with
  * its own allocations and streams; as in CUDA, a launch on a
  * stream of a device other than the calling thread's current one fails (invalid resource
@@ -622,7 +622,11 @@ size_t device_bytes(void)
             return (size_t)1 << 30;
         char *end;
         const unsigned long long v = strtoull(e, &end, 10);
-        const int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+        const int shift = *end == 'K'   ? 10
+                          : *end == 'M' ? 20
+                          : *end == 'G' ? 30
+                          : *end == 'T' ? 40
+                                        : 0;
         if (shift)
             end++;
         if (*end || *e == '-' || v < 1 || v > ((1ULL << 40) >> shift)) {
