@@ -441,13 +441,17 @@ PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 SLURM_CPUS
 ps=$!
 pids+=("$ps")
 # (its engine ready: a progress file that no longer says "loading")
-working() { [ -e F/part-0001.progress.json ] && ! grep -q '"loading":true' F/part-0001.progress.json; }
-for _ in $(seq 1 600); do
-    working && break
-    kill -0 "$ps" 2>/dev/null || break
-    sleep 0.1
-done
-working || { cat sb1.log >&2; fail "the array task's run never reported"; }
+working() { [ -e "$1" ] && ! grep -q '"loading":true' "$1"; }
+wait_working() { # progress file, the task's pid: 0 once its run works, 1 if it never did
+    for _ in $(seq 1 600); do
+        working "$1" && return 0
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.1
+    done
+    working "$1"
+}
+wait_working F/part-0001.progress.json "$ps" ||
+    { cat sb1.log >&2; fail "the array task's run never reported"; }
 kill -USR1 "$ps" # stop admitting ...
 sleep 0.5
 kill -USR1 "$ps" # ... and skip the script's 90 s grace
@@ -470,13 +474,8 @@ PATH="$tmp/fakebin:$PATH" SLURM_ARRAY_JOB_ID=78 SLURM_ARRAY_TASK_ID=0 SLURM_ARRA
     SLURM_CPUS_PER_TASK=1 setsid bash "$SBATCH" G >sb3.log 2>&1 &
 ps=$!
 pids+=("$ps")
-g_working() { [ -e G/part-0000.progress.json ] && ! grep -q '"loading":true' G/part-0000.progress.json; }
-for _ in $(seq 1 600); do
-    g_working && break
-    kill -0 "$ps" 2>/dev/null || break
-    sleep 0.1
-done
-g_working || { cat sb3.log >&2; fail "the array task's run (7b) never reported"; }
+wait_working G/part-0000.progress.json "$ps" ||
+    { cat sb3.log >&2; fail "the array task's run (7b) never reported"; }
 kill -TERM -- -"$ps" # the job's processes, the shell and quern alike
 rc=0; wait "$ps" || rc=$?
 [ $rc -eq 75 ] || { cat sb3.log >&2; fail "array task after Slurm's TERM: exit $rc, want 75"; }
