@@ -75,10 +75,12 @@ struct batch_run {
     struct batch_inflight *inflight; /* requests in the engine (their user data), owned: freed
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
+    int64_t n_inflight;              /* of them */
     double t_stop;                   /* when stopping began (0 = not stopping) */
     int interruptible;               /* a stop signal ends waits for the queue (no leases
                                         held yet, no stop noticed: queue_set_interrupt) */
     int stop_recorded;               /* queue_run_stopping done */
+    int unstarted_back;              /* the stop gave the unstarted requests back (tried once) */
     int stop_warned;                 /* ... and its failure logged */
     double t_flush, t_beat;          /* last flush, heartbeat */
     double t_lease_check;            /* last check for lost leases (0: check at the next turn) */

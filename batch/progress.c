@@ -28,23 +28,27 @@ void batch_progress_eta(struct batch_progress *p)
         p->eta_s = 0;
         return;
     }
-    /* mean_out is the finished items' mean length, and the first to finish are the short ones:
-     * until as many have finished as are running, it says too little about those still
-     * running (the ETA is unknown rather than far too short) */
-    if (p->mean_out <= 0 || p->gen_tok_s <= 0 || p->done + p->failed < p->running) {
+    /* requests, not sequences (mean_out counts every choice of one): those in flight, running
+     * or waiting in the engine (older documents: the running sequences). mean_out is the
+     * finished items' mean length, and the first to finish are the short ones: until as many
+     * have finished as are running, it says too little about those still running (the ETA is
+     * unknown rather than far too short) */
+    const int64_t flight = p->in_flight > 0 ? p->in_flight : p->running;
+    const int64_t running = p->running < flight ? p->running : flight;
+    if (p->mean_out <= 0 || p->gen_tok_s <= 0 || p->done + p->failed < running) {
         p->eta_s = -1;
         return;
     }
-    /* a running sequence's tokens so far are a lower bound on its length: the mean over the
-     * finished and running ones together is the least the mean can be */
+    /* an unfinished request's tokens so far are a lower bound on its length: the mean over the
+     * finished and in-flight ones together is the least the mean can be */
     double mean = p->mean_out;
-    const double run = (double)p->running;
-    if (p->running > 0) {
+    const double run = (double)flight;
+    if (flight > 0) {
         const double floor =
             ((double)p->done * p->mean_out + p->inflight_tokens) / ((double)p->done + run);
         mean = floor > mean ? floor : mean;
     }
-    /* the items not running at that mean; the running ones the rest of it, one more token
+    /* the items not in flight at that mean; those in flight the rest of it, one more token
      * each at least */
     const double queued = (double)left > run ? (double)left - run : 0;
     double running_left = run * mean - p->inflight_tokens;
@@ -67,6 +71,7 @@ void batch_progress_add_json(cJSON *o, const struct batch_progress *p)
     cJSON_AddNumberToObject(o, "mean_out", p->mean_out);
     cJSON_AddNumberToObject(o, "inflight_tokens", p->inflight_tokens);
     cJSON_AddNumberToObject(o, "running", (double)p->running);
+    cJSON_AddNumberToObject(o, "in_flight", (double)p->in_flight);
     cJSON_AddNumberToObject(o, "waiting", (double)p->waiting);
     cJSON_AddNumberToObject(o, "kv_used", (double)p->kv_used);
     cJSON_AddNumberToObject(o, "kv_total", (double)p->kv_total);
@@ -124,6 +129,7 @@ int batch_progress_from_json(const char *json, struct batch_progress *p)
     p->spec_drafted = (int64_t)num(o, "spec_drafted", 0);
     p->spec_accepted = (int64_t)num(o, "spec_accepted", 0);
     p->running = (int64_t)num(o, "running", 0);
+    p->in_flight = (int64_t)num(o, "in_flight", 0);
     p->waiting = (int64_t)num(o, "waiting", 0);
     p->kv_used = (int64_t)num(o, "kv_used", 0);
     p->kv_total = (int64_t)num(o, "kv_total", 0);
@@ -210,6 +216,7 @@ static void snapshot(struct batch_run *r, double now, struct batch_progress *p)
     p->gen_tok_s = batch_rate_get(&r->gen_rate);
     p->prompt_tok_s = batch_rate_get(&r->prompt_rate);
     p->running = ld.running;
+    p->in_flight = r->n_inflight;
     p->waiting = (int64_t)ld.waiting;
     p->kv_used = ld.kv_used;
     p->kv_total = ld.kv_total;

@@ -66,6 +66,7 @@ static void inflight_retire(struct batch_run *r, struct batch_inflight *inf)
     if (inf->next)
         inf->next->prev = inf->prev;
     inflight_free(inf);
+    r->n_inflight--;
 }
 
 /* Fold the writer's commit counts into the run's totals. */
@@ -252,6 +253,7 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         if (r->inflight)
             r->inflight->prev = inf;
         r->inflight = inf;
+        r->n_inflight++;
     }
     if (st) {
         if (inf)
@@ -557,6 +559,7 @@ static void job_close(struct batch_run *r)
         inflight_free(r->inflight);
         r->inflight = next;
     }
+    r->n_inflight = 0;
     grammars_free(r);
     if (r->out) {
         count_commits(r);
@@ -666,6 +669,47 @@ static enum status drop_lost(struct batch_run *r, struct err_detail *err)
                  r->job.name, dropped);
     }
     return ST_OK;
+}
+
+/* A stop's grace is for the requests that run: those the engine has not started yet go back to
+ * the queue at once (queue_release: no attempt counted), where another run may take them, rather
+ * than start during the grace, take compute from the ones finishing and be cut at its end. */
+static enum status give_back_unstarted(struct batch_run *r, struct err_detail *err)
+{
+    r->unstarted_back = 1;
+    size_t cap = engine_pending(r->e);
+    if (!cap)
+        return ST_OK;
+    const void **users = malloc(cap * sizeof(*users));
+    int64_t *ids = malloc(cap * sizeof(*ids));
+    enum status st = ST_OK;
+    if (!users || !ids) {
+        st = err_set(err, ST_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    size_t n = 0, m = engine_unstarted(r->e, users, cap);
+    for (size_t i = 0; i < m; i++) {
+        const struct batch_inflight *inf = users[i];
+        if (!inf->n_got) /* (a choice of it finished: it has started) */
+            users[n] = inf, ids[n++] = inf->item_id;
+    }
+    int64_t released = 0;
+    if (!n || (st = queue_release(r->q, r->stats.run_id, ids, n, &released, err)))
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        struct batch_inflight *inf = (struct batch_inflight *)users[i];
+        engine_cancel(r->e, inf);
+        batch_out_drop(r->out, inf->item_id);
+        inflight_retire(r, inf);
+    }
+    r->stats.items_returned += released;
+    LOG_INFO("job %s: %lld requests not started yet went back to the queue; %zu run on in the "
+             "grace",
+             r->job.name, (long long)released, engine_pending(r->e));
+out:
+    free(users);
+    free(ids);
+    return st;
 }
 
 /* Sleep up to secs, waking early on a stop signal. */
@@ -794,6 +838,8 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         int stopping = stop_requested(r);
         if (stopping && (batch_run_signals(r) > 1 || batch_now() - r->t_stop >= r->o->grace))
             break;
+        if (stopping && !r->unstarted_back && (st = give_back_unstarted(r, err)))
+            return -1;
         if ((st = beat(r, 0, err)))
             return -1;
         if (batch_now() - r->t_lease_check >= BATCH_LEASE_CHECK_S) {

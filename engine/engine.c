@@ -955,6 +955,11 @@ size_t engine_cancel(struct engine *e, const void *user)
     return engine_sched_cancel(e, user);
 }
 
+size_t engine_unstarted(const struct engine *e, const void **users, size_t max)
+{
+    return engine_sched_unstarted(e, users, max);
+}
+
 size_t engine_poll(struct engine *e, struct engine_output *out, size_t max)
 {
     engine_seq_list_free(e->polled);

@@ -208,6 +208,11 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
  * and not yet polled. Nothing of it is returned by engine_poll any more. Between steps only.
  * Returns the sequences dropped (0 when none has that user). */
 size_t engine_cancel(struct engine *e, const void *user);
+/* The users of the requests none of whose choices has started (every one waiting, never
+ * admitted to a step, none finished): up to max of them into users, oldest first, each once;
+ * returns how many. A choice already polled is not seen here: the caller knows those. With
+ * engine_cancel, a stopping run gives such requests back instead of starting them. */
+size_t engine_unstarted(const struct engine *e, const void **users, size_t max);
 /* Run one step (no-op when idle). */
 enum status engine_step(struct engine *e, struct err_detail *err);
 /* Requests waiting or running. */

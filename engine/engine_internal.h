@@ -229,5 +229,7 @@ void engine_sched_computed(struct engine *e, int nb);
 void engine_sched_retire(struct engine *e, struct seq *s);
 /* engine_cancel's work on the queues: unlink and free every sequence of `user`. */
 size_t engine_sched_cancel(struct engine *e, const void *user);
+/* engine_unstarted's work (see engine.h). */
+size_t engine_sched_unstarted(const struct engine *e, const void **users, size_t max);
 
 #endif

@@ -130,6 +130,35 @@ size_t engine_sched_cancel(struct engine *e, const void *user)
     return n_wait + n_run + n_done;
 }
 
+/* Whether a sequence of user runs, has run (admitted once: preempted ones wait again) or ended. */
+static int user_started(const struct engine *e, const void *user)
+{
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->user == user)
+            return 1;
+    for (const struct seq *s = e->done_head; s; s = s->next)
+        if (s->user == user)
+            return 1;
+    for (const struct seq *s = e->wait_head; s; s = s->next)
+        if (s->user == user && (s->admitted || s->n_gen))
+            return 1;
+    return 0;
+}
+
+size_t engine_sched_unstarted(const struct engine *e, const void **users, size_t max)
+{
+    size_t n = 0;
+    /* (once per stop, over at most a few times --max-seqs sequences) */
+    for (const struct seq *s = e->wait_head; s && n < max; s = s->next) {
+        int seen = 0;
+        for (size_t i = 0; i < n && !seen; i++)
+            seen = users[i] == s->user;
+        if (!seen && !user_started(e, s->user))
+            users[n++] = s->user;
+    }
+    return n;
+}
+
 /* Evict running[ri]: its blocks go back (cached), it waits at the front to be recomputed. */
 static void preempt(struct engine *e, int ri)
 {

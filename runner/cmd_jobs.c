@@ -216,6 +216,7 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
         p->prompt_tok_s += rp.prompt_tok_s;
         p->inflight_tokens += rp.inflight_tokens;
         p->running += rp.running;
+        p->in_flight += rp.in_flight > 0 ? rp.in_flight : rp.running;
         p->waiting += rp.waiting;
         p->kv_used += rp.kv_used;
         p->kv_total += rp.kv_total;
@@ -391,6 +392,7 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     cJSON_AddNumberToObject(live, "inflight_tokens", p.inflight_tokens);
     cJSON_AddNumberToObject(live, "mean_out", p.mean_out);
     cJSON_AddNumberToObject(live, "running", (double)p.running);
+    cJSON_AddNumberToObject(live, "in_flight", (double)p.in_flight);
     cJSON_AddNumberToObject(live, "waiting", (double)p.waiting);
     cJSON_AddNumberToObject(live, "kv_used", (double)p.kv_used);
     cJSON_AddNumberToObject(live, "kv_total", (double)p.kv_total);

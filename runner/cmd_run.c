@@ -66,7 +66,8 @@ static const char run_usage[] =
     "  --max-runtime SECS     stop admitting after this long, then finish as on a signal\n"
     "                         (default under Slurm: until $SLURM_JOB_END_TIME less --grace\n"
     "                         and 60 s)\n"
-    "  --grace SECS           how long in-flight requests may finish after a stop (default 30)\n"
+    "  --grace SECS           how long running requests may finish after a stop (default 30;\n"
+    "                         those not started yet go back to the queue at once)\n"
     "  --lock FILE            exclusive flock; if another run holds it, exit 0 immediately\n"
     "  --lease SECS           item lease, renewed while running (default 300); also how long\n"
     "                         a run on another host may be silent before it counts as dead\n"
@@ -294,6 +295,7 @@ static char *summary_json(const struct batch_stats *s, const char *reason)
     cJSON_AddNumberToObject(o, "items_failed", (double)s->items_failed);
     /* unfinished requests whose lease the run lost (cancelled, taken over): not computed on */
     cJSON_AddNumberToObject(o, "items_dropped", (double)s->items_dropped);
+    cJSON_AddNumberToObject(o, "items_returned", (double)s->items_returned);
     cJSON_AddNumberToObject(o, "records_discarded", (double)s->records_discarded);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)s->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", (double)s->completion_tokens);

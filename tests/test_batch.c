@@ -782,7 +782,23 @@ static void test_progress_json(void **state)
     e.inflight_tokens = 44 * 20;
     batch_progress_eta(&e);
     assert_true(e.eta_s > 0.43 && e.eta_s < 0.45); /* 44 tokens at 100 tok/s */
-    char *js = batch_progress_to_json(&p);
+    /* n = 4: the tail's 5 requests run 20 sequences, each request 200 tokens in all (mean_out
+     * counts its four choices) and 100 so far: 5 x 100 tokens left, not 20 x 200 - 500 */
+    struct batch_progress n4 = {.total = 100,
+                                .done = 95,
+                                .mean_out = 200,
+                                .gen_tok_s = 100,
+                                .inflight_tokens = 500,
+                                .running = 20,
+                                .in_flight = 5};
+    batch_progress_eta(&n4);
+    assert_true(n4.eta_s > 4.99 && n4.eta_s < 5.01);
+    char *js = batch_progress_to_json(&n4);
+    assert_non_null(js);
+    assert_true(batch_progress_from_json(js, &back));
+    free(js);
+    assert_true(back.in_flight == 5 && back.running == 20);
+    js = batch_progress_to_json(&p);
     assert_non_null(js);
     assert_true(batch_progress_from_json(js, &back));
     free(js);

@@ -304,6 +304,27 @@ static void cancel_case(struct fixture *f, int spec)
     for (struct seq *s = e->wait_head; s; s = s->next)
         waiting6 |= s->user == &got[6];
     assert_true(running1 && waiting6);
+    /* the requests nothing of which has started: each once, in arrival order, and only those */
+    const void *un[3 * N];
+    size_t n_un = engine_unstarted(e, un, 3 * N);
+    int listed[N] = {0}, started[N] = {0};
+    for (size_t k = 0; k < n_un; k++) {
+        int i = (int)((const struct result *)un[k] - got);
+        assert_true(i >= 0 && i < N && !listed[i]);
+        assert_true(k == 0 || (const struct result *)un[k - 1] < (const struct result *)un[k]);
+        listed[i] = 1;
+    }
+    for (struct seq *s = e->done_head; s; s = s->next)
+        started[(const struct result *)s->user - got] = 1;
+    for (int k = 0; k < e->n_running; k++)
+        started[(const struct result *)e->running[k]->user - got] = 1;
+    for (struct seq *s = e->wait_head; s; s = s->next)
+        started[(const struct result *)s->user - got] |= s->admitted || s->n_gen;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(listed[i], !started[i]);
+    assert_true(!listed[0] && !listed[1] && listed[6] && listed[7]);
+    assert_int_equal(engine_unstarted(e, un, 1), 1); /* at most max */
+    assert_true(listed[(const struct result *)un[0] - got]);
     assert_int_equal(engine_cancel(e, &got[0]), 1); /* finished, not polled */
     assert_int_equal(engine_cancel(e, &got[1]), 1); /* running */
     assert_int_equal(engine_cancel(e, &got[2]), 3); /* three choices */

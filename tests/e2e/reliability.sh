@@ -25,6 +25,7 @@
 # 11. a run stalled past its --lease, whose expired leases went back to the queue, claims its
 #     own items again when it resumes: each is still computed and committed once;
 # 12. a run SIGKILLed during its grace (a scheduler's KillWait) costs its items no attempt;
+#     12b: the stop gives back at once the requests the engine had not started;
 # hold_lock DB SECONDS: another process holds DB's write lock for SECONDS (in the background,
 # $holder); returns once it does
 hold_lock() {
@@ -525,11 +526,16 @@ PY
 "$Q" run --db twelve.db --out out --max-seqs 4 --grace 600 --threads 1 --matmul exact \
     >/dev/null 2>twelve.log &
 pid=$!
-for _ in $(seq 600); do # until it holds leases
-    python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('twelve.db').execute(
-        \"SELECT count(*) FROM items WHERE state = 'leased'\").fetchone()[0] > 0 else 1)" && break
+leased() {
+    python3 -c "import sqlite3; print(sqlite3.connect('twelve.db').execute(
+        \"SELECT count(*) FROM items WHERE state = 'leased'\").fetchone()[0])"
+}
+# until it holds leases: 4 running and 4 more waiting in the engine (it keeps 2 x --max-seqs)
+for _ in $(seq 600); do
+    [ "$(leased)" -gt 4 ] && break
     sleep 0.1
 done
+[ "$(leased)" -gt 4 ] || fail "12: the run holds $(leased) items, want 8"
 kill -TERM $pid
 for _ in $(seq 600); do # until the queue has its stop
     python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('twelve.db').execute(
@@ -537,6 +543,16 @@ for _ in $(seq 600); do # until the queue has its stop
         break
     sleep 0.1
 done
+# 12b. the stop gives the requests not started yet back at once (the grace is for those that
+# run: before, the 4 waiting ones started in it, took compute from the 4 finishing, and were
+# cut at its end)
+for _ in $(seq 100); do
+    grep -q "requests not started yet went back to the queue" twelve.log && break
+    sleep 0.1
+done
+grep -q "4 requests not started yet went back to the queue; 4 run on" twelve.log ||
+    { cat twelve.log; fail "12b: the unstarted requests were not given back at the stop"; }
+[ "$(leased)" -le 4 ] || fail "12b: the stopping run still holds $(leased) items"
 kill -0 $pid 2>/dev/null || fail "12: the run ended within its grace (make the requests longer)"
 kill -9 $pid
 wait $pid 2>/dev/null || true
