@@ -497,8 +497,11 @@ void runner_print_engines(const cJSON *engines, const char *unit)
 static void print_status_text(const cJSON *o)
 {
     char model[8192]; /* (a path from the user's submit: printed without control characters) */
-    printf("job %.0f '%s' [%s] model %s\n", jnum(o, "id"), jstr(o, "name"), jstr(o, "state"),
-           log_printable(jstr(o, "model"), model, sizeof(model)));
+    /* the queue's state says a run began the job; whether one works on it now, the runs do */
+    const char *state = jstr(o, "state");
+    int idle = !strcmp(state, "running") && !cJSON_GetArraySize(cJSON_GetObjectItem(o, "runs"));
+    printf("job %.0f '%s' [%s%s] model %s\n", jnum(o, "id"), jstr(o, "name"), state,
+           idle ? ", no live run" : "", log_printable(jstr(o, "model"), model, sizeof(model)));
     if (cJSON_IsString(cJSON_GetObjectItem(o, "output_dir")))
         printf("  output %s\n", log_printable(jstr(o, "output_dir"), model, sizeof(model)));
     if (!cJSON_IsTrue(cJSON_GetObjectItem(o, "ready"))) {

@@ -69,6 +69,9 @@ t1=$(date +%s)
 [ $rc -eq 75 ] || { cat term.log; fail "SIGTERM: exit $rc, want 75"; }
 [ $((t1 - t0)) -le 25 ] || fail "SIGTERM: took $((t1 - t0)) s (grace 20)"
 "$Q" status --db term.db --job term --json | grep -q '"leased":0' || fail "SIGTERM left leases"
+# (the job was begun, nothing works on it now: said so, not a bare [running])
+"$Q" status --db term.db --job term | grep -q "^job .* \[running, no live run\]" ||
+    fail "status: a stopped job's state"
 "$Q" run --db term.db --out out >/dev/null 2>&1 || fail "rerun after SIGTERM"
 check_job term.db term 150
 
