@@ -13,7 +13,7 @@ GEMMA   ?= models/gemma-3-270m-q4_k_m.gguf
 CFLAGS_WARN = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(WERROR)
 CFLAGS_OPT  = -O2 -g
 CPPFLAGS    = -I. -D_GNU_SOURCE -MMD -MP
-LDLIBS      = -lsqlite3 -lzstd -lpcre2-8 -lcjson -larchive -lpthread -lm
+LDLIBS      = -lsqlite3 -lzstd -lpcre2-8 -lcjson -larchive -lz -lpthread -lm
 
 ifneq ($(filter asan,$(MAKECMDGOALS)),)
 BUILD      := build-asan

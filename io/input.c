@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/log.h"
 
@@ -21,9 +22,30 @@
 #define INPUT_SNIFF (64u << 10)  /* leading bytes of each member checked for NUL bytes */
 #define INPUT_BLOCK (64u << 10)  /* compressed read size handed to libarchive */
 
+/* gzip's own checks, which libarchive's gzip filter skips (3.6: a member's CRC-32 and length
+ * are never compared, and data after the last member is dropped as if the file ended): the
+ * compressed bytes as libarchive reads them, inflated again by zlib into a scratch buffer. */
+enum gz_state { GZ_OFF, GZ_MEMBER, GZ_BETWEEN, GZ_ZEROS, GZ_BAD };
+
+struct gz_check {
+    enum gz_state state; /* GZ_OFF: the file is not gzip (or was read out of order) */
+    z_stream z;          /* zlib's gzip decoder (ready while state != GZ_OFF) */
+    int z_ready;         /* inflateInit2 done */
+    int magic1;          /* between members: the first magic byte (0x1f) seen */
+    uint64_t fed;        /* compressed bytes checked */
+    unsigned char *out;  /* GZ_OUT scratch bytes (owned) */
+    char msg[200];       /* what GZ_BAD found */
+};
+
+#define GZ_OUT (64u << 10)
+
 struct io_input {
     struct archive *a;     /* libarchive read handle (reader-owned) */
     int fd;                /* the input file, read by libarchive; -1 when closed */
+    int regular;           /* fd is a regular file (seekable) */
+    unsigned char *raw;    /* INPUT_BLOCK bytes: what the read callback hands libarchive */
+    uint64_t raw_read;     /* bytes read from fd */
+    struct gz_check gz;    /* gzip's checks on those bytes */
     char *path;            /* copy of the input path */
     char *member;          /* current member name (owned), NULL for single files */
     char format[64];       /* "tar+gzip", "raw+zstd", ... (set at the first header) */
@@ -76,6 +98,178 @@ static enum status fail(struct io_input *in, enum status st, struct err_detail *
     return err_set(err, st, "%s", tmp.msg);
 }
 
+static void gz_bad(struct gz_check *g, const char *what)
+{
+    g->state = GZ_BAD;
+    snprintf(g->msg, sizeof(g->msg), "corrupt gzip data (compressed byte %llu): %s",
+             (unsigned long long)g->fed, what);
+}
+
+/* Inflate up to n bytes of a member into the scratch buffer; the bytes consumed. At the
+ * member's end (its CRC-32 and length checked by zlib) the state becomes GZ_BETWEEN. */
+static size_t gz_inflate(struct gz_check *g, const unsigned char *p, size_t n)
+{
+    g->z.next_in = (unsigned char *)p;
+    g->z.avail_in = n > (1u << 30) ? 1u << 30 : (uInt)n;
+    const size_t given = g->z.avail_in;
+    for (;;) {
+        g->z.next_out = g->out;
+        g->z.avail_out = GZ_OUT;
+        int r = inflate(&g->z, Z_NO_FLUSH);
+        if (r == Z_STREAM_END) {
+            g->state = GZ_BETWEEN;
+            break;
+        }
+        if (r != Z_OK && r != Z_BUF_ERROR) {
+            g->fed += given - g->z.avail_in;
+            gz_bad(g, g->z.msg ? g->z.msg : "zlib error");
+            return given - g->z.avail_in;
+        }
+        if (!g->z.avail_in && g->z.avail_out)
+            break;
+        if (r == Z_BUF_ERROR)
+            break;
+    }
+    size_t used = given - g->z.avail_in;
+    g->fed += used;
+    return used;
+}
+
+/* Check the next n compressed bytes: members one after another (a multi-member file), then
+ * nothing but zero padding (which gzip itself allows). */
+static void gz_feed(struct gz_check *g, const unsigned char *p, size_t n)
+{
+    while (n && g->state != GZ_BAD && g->state != GZ_OFF) {
+        if (g->state == GZ_MEMBER) {
+            size_t used = gz_inflate(g, p, n);
+            p += used;
+            n -= used;
+            continue;
+        }
+        if (g->magic1) { /* a member starts with 0x1f 0x8b */
+            g->magic1 = 0;
+            if (*p != 0x8b) {
+                gz_bad(g, "data after the end of the gzip stream (not gzip: a file appended "
+                          "to a .gz? compress it, or give it to submit as a file of its own)");
+                return;
+            }
+            static const unsigned char m1 = 0x1f;
+            inflateReset(&g->z);
+            g->state = GZ_MEMBER;
+            g->fed--;
+            gz_inflate(g, &m1, 1);
+            continue;
+        }
+        if (*p == 0) {
+            g->state = GZ_ZEROS;
+        } else if (*p == 0x1f && g->state == GZ_BETWEEN) {
+            g->magic1 = 1;
+        } else {
+            gz_bad(g, "data after the end of the gzip stream (not gzip: a file appended to a "
+                      ".gz? compress it, or give it to submit as a file of its own)");
+            return;
+        }
+        p++;
+        n--;
+        g->fed++;
+    }
+}
+
+/* The file's first bytes: gzip's magic turns the checks on. */
+static void gz_start(struct gz_check *g, const unsigned char *p, size_t n)
+{
+    if (n < 2 || p[0] != 0x1f || p[1] != 0x8b)
+        return;
+    if (!g->out && !(g->out = malloc(GZ_OUT)))
+        return; /* (no checks then: libarchive's decoding goes on as before) */
+    memset(&g->z, 0, sizeof(g->z));
+    if (inflateInit2(&g->z, 15 + 16) != Z_OK)
+        return;
+    g->z_ready = 1;
+    g->state = GZ_MEMBER;
+}
+
+static la_ssize_t input_read_cb(struct archive *a, void *data, const void **buf)
+{
+    struct io_input *in = data;
+    ssize_t n;
+    do
+        n = read(in->fd, in->raw, INPUT_BLOCK);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        archive_set_error(a, errno, "read error: %s", strerror(errno));
+        return -1;
+    }
+    if (!in->raw_read)
+        gz_start(&in->gz, in->raw, (size_t)n);
+    gz_feed(&in->gz, in->raw, (size_t)n);
+    in->raw_read += (uint64_t)n;
+    *buf = in->raw;
+    return n;
+}
+
+/* Skipping compressed bytes (tar over a plain file) is a seek; with gzip's checks on nothing
+ * is skipped (libarchive reads it instead). */
+static la_int64_t input_skip_cb(struct archive *a, void *data, la_int64_t request)
+{
+    (void)a;
+    struct io_input *in = data;
+    if (!in->regular || in->gz.state != GZ_OFF || request <= 0)
+        return 0;
+    off_t here = lseek(in->fd, 0, SEEK_CUR);
+    if (here < 0 || lseek(in->fd, (off_t)request, SEEK_CUR) < 0)
+        return 0;
+    in->raw_read += (uint64_t)request;
+    return request;
+}
+
+/* zip's reader seeks to the central directory; gzip's checks, sequential, stop then. */
+static la_int64_t input_seek_cb(struct archive *a, void *data, la_int64_t offset, int whence)
+{
+    struct io_input *in = data;
+    off_t r = lseek(in->fd, (off_t)offset, whence);
+    if (r < 0) {
+        archive_set_error(a, errno, "seek error: %s", strerror(errno));
+        return ARCHIVE_FATAL;
+    }
+    in->gz.state = GZ_OFF;
+    return (la_int64_t)r;
+}
+
+/* A fatal error when gzip's checks have found one (mid-stream: reported at once), else ST_OK. */
+static enum status gz_error(struct io_input *in, struct err_detail *err)
+{
+    if (in->gz.state != GZ_BAD)
+        return ST_OK;
+    /* (no line: the compressed data is checked ahead of the lines read) */
+    struct err_detail tmp;
+    err_set(&tmp, ST_ERR_FORMAT, "%s: %s", in->path, in->gz.msg);
+    in->fatal = ST_ERR_FORMAT;
+    memcpy(in->fatal_msg, tmp.msg, sizeof(in->fatal_msg));
+    return err_set(err, ST_ERR_FORMAT, "%s", tmp.msg);
+}
+
+/* After the decoded input's end: the compressed bytes libarchive left unread (a tar's
+ * trailing blocks, data after the gzip stream) go through gzip's checks too; then a member
+ * still open means the file was cut. ST_OK or a fatal error. */
+static enum status gz_finish(struct io_input *in, struct err_detail *err)
+{
+    while (in->gz.state != GZ_OFF && in->gz.state != GZ_BAD) {
+        ssize_t n = read(in->fd, in->raw, INPUT_BLOCK);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return fail(in, ST_ERR_IO, err, strerror(errno));
+        if (!n)
+            break;
+        in->raw_read += (uint64_t)n;
+        gz_feed(&in->gz, in->raw, (size_t)n);
+    }
+    if (in->gz.state == GZ_MEMBER || in->gz.magic1)
+        gz_bad(&in->gz, "the file ends inside a gzip member (truncated)");
+    return gz_error(in, err);
+}
+
 static int ends_with_jsonl(const char *name)
 {
     size_t n = strlen(name);
@@ -120,6 +314,9 @@ static enum status next_member(struct io_input *in, struct err_detail *err)
         }
         if (r == ARCHIVE_EOF) {
             in->done = 1;
+            enum status gst = gz_finish(in, err);
+            if (gst)
+                return gst;
             if (in->is_archive && in->members_read == 0) {
                 in->line_no = 0;
                 return fail(in, ST_ERR_FORMAT, err,
@@ -131,6 +328,9 @@ static enum status next_member(struct io_input *in, struct err_detail *err)
         if (r == ARCHIVE_WARN) {
             LOG_WARN("%s: %s", in->path, archive_error_string(in->a));
         } else if (r != ARCHIVE_OK) {
+            enum status gst = gz_error(in, err); /* (the more precise message) */
+            if (gst)
+                return gst;
             const char *msg = archive_error_string(in->a);
             char buf[300];
             snprintf(buf, sizeof(buf), "%s%s",
@@ -189,6 +389,9 @@ static enum status read_chunk(struct io_input *in, struct err_detail *err)
     while (n == ARCHIVE_RETRY);
     /* ARCHIVE_WARN from a data read (a zip member's bad CRC) is an error too: libarchive
      * returns it instead of the bytes the call read, so going on would lose them */
+    enum status gst = gz_error(in, err);
+    if (gst)
+        return gst;
     if (n < 0) {
         const char *msg = archive_error_string(in->a);
         char buf[300];
@@ -338,9 +541,10 @@ enum status io_input_open(struct io_input **out, const char *path, size_t max_li
     in->fd = -1;
     in->path = strdup(path);
     in->chunk = malloc(INPUT_CHUNK);
+    in->raw = malloc(INPUT_BLOCK);
     in->acc = malloc(max_line + 1);
     in->a = archive_read_new();
-    if (!in->path || !in->chunk || !in->acc || !in->a) {
+    if (!in->path || !in->chunk || !in->raw || !in->acc || !in->a) {
         io_input_close(in);
         return err_set(err, ST_ERR_NOMEM, "%s: out of memory", path);
     }
@@ -356,8 +560,16 @@ enum status io_input_open(struct io_input **out, const char *path, size_t max_li
         io_input_close(in);
         return st;
     }
+    struct stat sb;
+    in->regular = !fstat(in->fd, &sb) && S_ISREG(sb.st_mode);
+    /* our own callbacks over fd (as archive_read_open_fd's, plus gzip's checks on the way) */
+    archive_read_set_callback_data(in->a, in);
+    archive_read_set_read_callback(in->a, input_read_cb);
+    archive_read_set_skip_callback(in->a, input_skip_cb);
+    if (in->regular)
+        archive_read_set_seek_callback(in->a, input_seek_cb);
     /* the file is readable, so a failure here is about its content (a corrupt header) */
-    if (archive_read_open_fd(in->a, in->fd, INPUT_BLOCK) != ARCHIVE_OK) {
+    if (archive_read_open1(in->a) != ARCHIVE_OK) {
         const char *msg = archive_error_string(in->a);
         enum status st = err_set(err, ST_ERR_FORMAT, "%s: unreadable input: %s", path,
                                  msg ? msg : "unknown libarchive error");
@@ -391,6 +603,10 @@ void io_input_close(struct io_input *in)
         archive_read_free(in->a);
     if (in->fd >= 0)
         close(in->fd);
+    if (in->gz.z_ready)
+        inflateEnd(&in->gz.z);
+    free(in->gz.out);
+    free(in->raw);
     free(in->path);
     free(in->member);
     free(in->chunk);

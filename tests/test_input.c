@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "io/input.h"
 #include "tests/test_util.h"
@@ -605,6 +606,102 @@ static void test_truncated_and_corrupt(void **state)
     free(text);
 }
 
+/* Read path to its end: the lines (status IO_INPUT_END) or the fatal status, err its message. */
+static enum status count_lines(const char *path, uint64_t *n_lines, struct err_detail *err)
+{
+    struct io_input *in = NULL;
+    *n_lines = 0;
+    enum status st = io_input_open(&in, path, 4096, err);
+    if (st)
+        return st;
+    const char *line;
+    size_t l;
+    while ((st = io_input_next(in, &line, &l, NULL, err)) == ST_OK)
+        ++*n_lines;
+    io_input_close(in);
+    return st;
+}
+
+/* gzip members written by zlib ("wb0": stored, so a flipped data byte alters a line and only
+ * the CRC-32 can tell), appended to path (append) or replacing it. */
+static void write_gz(const char *path, const char *mode, const char *data, size_t len)
+{
+    gzFile g = gzopen(path, mode);
+    assert_non_null(g);
+    assert_int_equal(gzwrite(g, data, (unsigned)len), (int)len);
+    assert_int_equal(gzclose(g), Z_OK);
+}
+
+static void flip_byte(const char *path, long at_from_end, unsigned char mask)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, at_from_end, at_from_end < 0 ? SEEK_END : SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_true(c != EOF);
+    assert_int_equal(fseek(f, -1, SEEK_CUR), 0);
+    fputc(c ^ mask, f);
+    fclose(f);
+}
+
+/* gzip's own checks, which libarchive 3.6's gzip filter skips: a member's CRC-32 and length,
+ * and data after the stream. Each was read "successfully" with altered or lost lines before. */
+static void test_gzip_checks(void **state)
+{
+    (void)state;
+    size_t len;
+    char *text = varied_text(3000, &len);
+    char path[300];
+    uint64_t nl;
+    struct err_detail err = {0};
+    path_in(path, sizeof(path), "c.jsonl.gz");
+    /* sound: one member; two members and gzip's allowed zero padding */
+    write_gz(path, "wb0", text, len);
+    assert_int_equal(count_lines(path, &nl, &err), IO_INPUT_END);
+    assert_int_equal(nl, 3000);
+    write_gz(path, "ab9", text, len);
+    FILE *f = fopen(path, "ab");
+    assert_non_null(f);
+    for (int i = 0; i < 1000; i++)
+        fputc(0, f);
+    fclose(f);
+    assert_int_equal(count_lines(path, &nl, &err), IO_INPUT_END);
+    assert_int_equal(nl, 6000);
+    /* a data byte altered in a stored member: a line changes, the CRC-32 says so */
+    write_gz(path, "wb0", text, len);
+    flip_byte(path, 5000, 0x01);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "incorrect data check"));
+    assert_non_null(strstr(err.msg, path));
+    /* the trailer's CRC-32, then its length */
+    write_gz(path, "wb6", text, len);
+    flip_byte(path, -6, 0x10);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "incorrect data check"));
+    write_gz(path, "wb6", text, len);
+    flip_byte(path, -2, 0x10);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "incorrect length check"));
+    /* plain lines appended to a .gz: an error, not lines dropped */
+    write_gz(path, "wb6", text, len);
+    f = fopen(path, "ab");
+    assert_non_null(f);
+    fputs("{\"prompt\": \"appended\"}\n", f);
+    fclose(f);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "data after the end of the gzip stream"));
+    /* a tar.gz: the trailer after the tar's end is checked too */
+    const struct member m[] = {{"a.jsonl", text, len, 0}};
+    path_in(path, sizeof(path), "c.tar.gz");
+    write_archive(path, 0, F_GZIP, m, 1);
+    assert_int_equal(count_lines(path, &nl, &err), IO_INPUT_END);
+    assert_int_equal(nl, 3000);
+    flip_byte(path, -7, 0x04);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "incorrect data check"));
+    free(text);
+}
+
 static long rss_kb(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -715,6 +812,7 @@ int main(void)
         cmocka_unit_test(test_long_line_skipped),
         cmocka_unit_test(test_max_line_boundaries),
         cmocka_unit_test(test_truncated_and_corrupt),
+        cmocka_unit_test(test_gzip_checks),
         cmocka_unit_test(test_large_input_flat_memory),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);

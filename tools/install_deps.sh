@@ -4,7 +4,7 @@
 # and headless Chromium (tests/e2e/report.sh renders the HTML report with it).
 set -euo pipefail
 PKGS="gcc make pkg-config libsqlite3-dev libzstd-dev zstd libpcre2-dev
-      libcjson-dev libcmocka-dev libarchive-dev ca-certificates qemu-user
+      libcjson-dev libcmocka-dev libarchive-dev zlib1g-dev ca-certificates qemu-user
       clang libclang-rt-14-dev"
 [ "${1:-}" = test ] && PKGS="$PKGS sqlite3 chromium"
 missing=""

@@ -823,21 +823,27 @@ cudaError_t cudaMalloc(void **p, size_t size)
     *p = nullptr;
     if (thread_captures_invalidate())
         return fail(cudaErrorStreamCaptureUnsupported);
-    {
-        std::lock_guard<std::mutex> hold(g_mem_lock);
-        const size_t used = device_used();
-        if (used >= device_bytes() || size > device_bytes() - used)
-            return fail(cudaErrorMemoryAllocation); /* the device is full */
-    }
+    if (size > device_bytes()) /* (never asks the host for more than a device holds) */
+        return fail(cudaErrorMemoryAllocation);
     void *m = dev_alloc(size);
     if (!m)
         return fail(cudaErrorMemoryAllocation);
+    { /* the capacity check and the record in one section: two threads' allocations (the
+       * ranks') cannot both pass it with room for one */
+        std::lock_guard<std::mutex> hold(g_mem_lock);
+        const size_t used = device_used();
+        const int full = used >= device_bytes() || size > device_bytes() - used;
+        if (!full)
+            g_allocs[reinterpret_cast<uintptr_t>(m)] = dev_block{size, g_cur_dev};
+        if (full) {
+            dev_free(m, size);
+            return fail(cudaErrorMemoryAllocation); /* the device is full */
+        }
+    }
     {
         const dev_access hold;
         memset(m, 0xFF, size);
     }
-    std::lock_guard<std::mutex> hold(g_mem_lock);
-    g_allocs[reinterpret_cast<uintptr_t>(m)] = dev_block{size, g_cur_dev};
     *p = m;
     return cudaSuccess;
 }
