@@ -1043,6 +1043,7 @@ enum status batch_run_open(struct batch_run **out, const struct batch_opts *o,
     rs.pstart = r->self.start_ticks;
     if ((st = queue_run_start(r->q, &rs, &r->stats.run_id, err)))
         return st;
+    queue_reserve_keep(r->q);
     if (reaped)
         LOG_INFO("%lld dead run(s) (processes gone on this host, or any other host's in a part "
                  "this run holds): their items and open shards are taken over",

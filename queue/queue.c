@@ -4,12 +4,16 @@
 #include "queue/queue_internal.h"
 
 #include "common/fault.h"
+#include "common/log.h"
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 /* ---- names ----------------------------------------------------------------------------- */
 
@@ -130,8 +134,40 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
     return err_set(err, st, "queue %s: %s: %s", p, what, msg);
 }
 
+static void reserve_path(const struct queue *q, char *out, size_t n)
+{
+    snprintf(out, n, "%s-reserve", q->path ? q->path : "");
+}
+
+void queue_reserve_keep(struct queue *q)
+{
+    char path[4200];
+    struct statvfs sv;
+    if (!q->path || statvfs(q->path, &sv))
+        return;
+    reserve_path(q, path, sizeof(path));
+    uint64_t half = (uint64_t)sv.f_bavail * sv.f_frsize / 2, want = QUEUE_RESERVE_BYTES;
+    if (half < want)
+        want = half & ~(uint64_t)4095;
+    int fd = want ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
+    if (fd < 0)
+        return; /* (there already, or no room, or not allowed) */
+    int e = posix_fallocate(fd, 0, (off_t)want);
+    if (e) {
+        unlink(path);
+        LOG_DEBUG("%s: no reserve file (%s)", path, strerror(e));
+    }
+    close(fd);
+}
+
 enum status queue_make_room(struct queue *q, struct err_detail *err)
 {
+    char path[4200];
+    reserve_path(q, path, sizeof(path));
+    if (q->path && !unlink(path))
+        LOG_WARN("%s's file system is full: its reserve file is deleted, to give the run's work "
+                 "back (free space there; the next run makes it again)",
+                 q->path);
     int rc = sqlite3_wal_checkpoint_v2(q->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
     return rc == SQLITE_OK ? ST_OK : queue_sql_err(q, rc, "checkpointing the WAL", err);
 }

@@ -5,6 +5,7 @@
 #     truncated to make room for the give-back (before, three such runs left every unfinished
 #     item attempts_exhausted, and the next run with space answered them all with 500 errors);
 #     once space is freed one run finishes the job, every line answered once with status 200;
+#     1b: so do runs that fill the disk while they work (the queue's reserve file makes room);
 #  2. with 0 bytes free, status says the file system is full (it cannot create the -shm file);
 #  3. an export to a full file system fails and leaves the old export and no temporary file.
 # Needs root (unshare -m, mount -t tmpfs); without it the script says NOT RUN and exits 0.
@@ -75,6 +76,32 @@ bad = [r["custom_id"] for r in recs if r["response"]["status_code"] != 200]
 assert not bad, bad
 PY
 echo "  1. $failed runs failed on the full queue disk; the next one answered all 60 lines, status 200"
+# 1b. runs each starting with 400 KiB free fill the disk while they work: the checkpoint that
+# makes room must grow the database, which a full disk refuses, so the give-back failed and each
+# run's items spent an attempt (3 such runs: attempts_exhausted, 500s for valid requests, exit
+# 0). The run's reserve file beside the queue (deleted first to make room) keeps them.
+"$Q" submit --db "$S/r.db" --name r --model "$M" --out "$S/rout" "$tmp/p60.jsonl" >/dev/null 2>&1 ||
+    fail "1b: submit"
+failed=0
+for i in 1 2 3 4; do
+    fill_to 400
+    rc=0
+    "$Q" run --db "$S/r.db" --threads 1 --flush-records 4 --max-seqs 8 >/dev/null \
+        2>"$tmp/r$i.err" || rc=$?
+    [ "$rc" = 0 ] && break
+    failed=$((failed + 1))
+done
+[ "$failed" -ge 2 ] || fail "1b: only $failed runs failed on the full disk"
+grep -q "reserve file is deleted" "$tmp/r1.err" || { cat "$tmp/r1.err"; fail "1b: no reserve used"; }
+python3 - "$S/r.db" <<'PY' || fail "1b: items spent attempts on a disk that filled during runs"
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
+print("  1b. after the failed runs: (state, attempts, items)", rows)
+assert all(a == 0 for s, a, n in rows if s == "queued"), rows
+assert not [r for r in rows if r[0] in ("leased", "failed")], rows
+PY
+rm -f "$S/.filler" "$S/r.db"* && rm -rf "$S/rout"
 # 2. 0 bytes free: the queue cannot even be read (SQLite needs its -shm file)
 fill_to 0
 "$Q" status --db "$S/q.db" >/dev/null 2>"$tmp/st.err" && fail "2: status on a full disk succeeded?"
