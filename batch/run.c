@@ -1074,9 +1074,32 @@ static int manifest_written(struct batch_run *r)
     return !stat(path, &sb);
 }
 
+/* A job that failed (its model missing, its output directory full or gone, ...) in a run over
+ * several jobs: its items go back to the queue uncounted and the run goes on with the others
+ * (before, every run stopped at that job and never reached the rest); 1 when it may go on, 0
+ * when even the give-back failed (the queue itself: the run ends as before). */
+static int job_failed_go_on(struct batch_run *r, const struct err_detail *err)
+{
+    int64_t released = 0;
+    struct err_detail e2 = {0};
+    if (r->o->job || r->o->parts || (r->out && batch_out_release(r->out, &released, &e2))) {
+        if (e2.msg[0])
+            LOG_WARN("job %s: giving back its items: %s", r->job.name, e2.msg);
+        return 0;
+    }
+    char back[96] = "";
+    if (released)
+        snprintf(back, sizeof(back), "; its %lld unfinished items are back in the queue, uncounted",
+                 (long long)released);
+    LOG_ERROR("job %s failed: %s%s; going on with the other jobs (this run exits 1)", r->job.name,
+              err->msg, back);
+    return 1;
+}
+
 enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
 {
-    int result = 1, remains = 0;
+    int result = 1, remains = 0, n_failed = 0;
+    struct err_detail first = {0}; /* the first failed job's error */
     size_t i = 0, added = 0;
     do {
         for (; i < r->n_jobs && (result == 1 || result == 2); i++) {
@@ -1132,6 +1155,11 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
             LOG_INFO("run %lld: job %lld '%s' (%s)", (long long)r->stats.run_id,
                      (long long)r->job.id, r->job.name, r->job.model_path);
             result = run_job(r, err);
+            if (result < 0 && !batch_run_signals(r) && job_failed_go_on(r, err)) {
+                if (!n_failed++)
+                    err_set(&first, err->status, "job %s: %s", r->job.name, err->msg);
+                result = 1;
+            }
             remains |= result == 2;
             job_close(r);
         }
@@ -1147,6 +1175,14 @@ enum batch_end batch_run_jobs(struct batch_run *r, struct err_detail *err)
     } while (added);
     if (result < 0)
         return BATCH_END_FAILED;
+    if (n_failed) { /* the others done (or stopped): the run still says it failed */
+        if (n_failed > 1)
+            err_set(err, first.status, "%s (and %d more jobs failed: see above)", first.msg,
+                    n_failed - 1);
+        else
+            err_set(err, first.status, "%s", first.msg);
+        return BATCH_END_FAILED;
+    }
     if (result == 0)
         return BATCH_END_STOPPED;
     return remains ? BATCH_END_REMAINS : BATCH_END_DRAINED;

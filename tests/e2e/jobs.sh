@@ -21,7 +21,8 @@
 # 11. three jobs on one model: read and loaded once by one run; a changed model refused.
 # 12. output that cannot reach standard output is exit 1; 13. users' text on terminals
 #     without control characters, paths that are not UTF-8 text refused; 14. a KV pool too
-#     small for a request is the run's error (500 kv_cache_too_small), retried with a larger one.
+#     small for a request is the run's error (500 kv_cache_too_small), retried with a larger one;
+# 15. a job that fails does not keep a run from the other jobs (exit 1, its items uncounted).
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -568,4 +569,19 @@ grep -q '"status_code":500,.*"code":"kv_cache_too_small"' kv1.out.jsonl || fail 
     fail "14: retry and run"
 "$Q" export --db kv.db --job kv --out kv2.out.jsonl 2>/dev/null || fail "14: export after retry"
 grep -q '"custom_id":"k1","response":{"status_code":200' kv2.out.jsonl || fail "14: $(cat kv2.out.jsonl)"
+# 15. (found by a storage audit) a job that fails (here its model file is gone; a full or
+# removed output directory the same) does not keep a run from the other jobs: they are done,
+# the run exits 1 naming the failed job, whose items wait in the queue uncounted
+cp "$M" gone.gguf
+"$Q" submit --db two.db --name first --model gone.gguf kv.jsonl >/dev/null 2>&1 || fail "15: submit"
+"$Q" submit --db two.db --name second --model "$M" kv.jsonl >/dev/null 2>&1 || fail "15: submit"
+rm gone.gguf
+rc=0; "$Q" run --db two.db --out out >/dev/null 2>two.err || rc=$?
+[ $rc = 1 ] && grep -q "job first failed: .*going on with the other jobs" two.err ||
+    { cat two.err; fail "15: a failing job: exit $rc"; }
+"$Q" status --db two.db --json | python3 -c "
+import json, sys
+s = {j['name']: j for j in json.load(sys.stdin)}
+assert s['second']['state'] == 'done' and s['second']['by_state']['done'] == 1, s
+assert s['first']['by_state']['queued'] == 1, s" || fail "15: the other job was not run"
 echo "e2e jobs: ok"
