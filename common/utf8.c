@@ -2,6 +2,7 @@
 #include "common/utf8.h"
 
 #include <assert.h>
+#include <string.h>
 
 /* One row of Unicode Table 3-7 (well-formed UTF-8 byte sequences): lead bytes lead_lo..lead_hi
  * start sequences of len bytes whose second byte lies in second_lo..second_hi; every later
@@ -140,4 +141,31 @@ const char *utf8_err_str(enum utf8_err e)
         return "code point above U+10FFFF";
     }
     return "invalid UTF-8";
+}
+
+void utf8_escape_bad(const char *s, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), o = 0;
+    if (!cap)
+        return;
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_decode(p + i, n - i, NULL, NULL);
+        if (len) {
+            if (o + len >= cap)
+                break;
+            memcpy(out + o, p + i, len);
+            o += len;
+            i += len;
+            continue;
+        }
+        if (o + 3 >= cap)
+            break;
+        out[o++] = '%';
+        out[o++] = hex[p[i] >> 4];
+        out[o++] = hex[p[i] & 15];
+        i++;
+    }
+    out[o] = 0;
 }

@@ -36,6 +36,11 @@ int utf8_is_prefix(const unsigned char *p, size_t n);
  * from_utf8_lossy (Hugging Face tokenizers' decode) replace the same way. */
 size_t utf8_bad_len(const unsigned char *p, size_t n);
 
+/* s as well-formed UTF-8 in out (cap bytes, always NUL-terminated, cut at a character): each
+ * byte of a sequence that is not well-formed written as "%XX" (upper-case hex), the rest as it
+ * is; distinct inputs stay distinct apart from a literal "%XX". For names from outside (files,
+ * archive members) that go into JSON, whose writers would turn such bytes into U+FFFD. */
+void utf8_escape_bad(const char *s, char *out, size_t cap);
 /* Short description of a decode error ("overlong encoding"); never NULL. */
 const char *utf8_err_str(enum utf8_err e);
 

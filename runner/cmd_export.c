@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/proc.h"
 #include "io/shard.h"
+#include "jobs/json.h"
 #include "jobs/record.h"
 #include "queue/queue.h"
 #include "runner/runner.h"
@@ -407,6 +408,24 @@ static enum status keep_line(struct exporter *x, struct item *it, const char *li
     return it->line ? ST_OK : err_set(x->err, ST_ERR_NOMEM, "out of memory");
 }
 
+/* Whether a record's custom_id is the item's: the same, or the same once JSON-written as the
+ * record was (bytes that are not UTF-8 become U+FFFD): queues before 2026-12-06 kept a default
+ * id made from a file or member name that is not UTF-8 raw, and every record of its job was
+ * refused. */
+static int same_id(const char *rec_id, const char *item_id)
+{
+    if (!strcmp(rec_id, item_id))
+        return 1;
+    struct job_json b = {0};
+    job_json_put_cstr(&b, item_id);
+    char *js = job_json_take(&b);
+    cJSON *v = js ? cJSON_Parse(js) : NULL;
+    int same = cJSON_IsString(v) && !strcmp(v->valuestring, rec_id);
+    cJSON_Delete(v);
+    free(js);
+    return same;
+}
+
 /* One shard line, record number cur_record of cur_shard: kept iff an item names that place
  * (or, for a legacy item without a record number, it is the first line in the item's shard
  * with the item's custom_id). Anything else is a superseded record and left out. */
@@ -420,7 +439,7 @@ static enum status on_line(const char *line, size_t len, void *user)
         struct item *it = &x->items[idx];
         if (it->custom_id) { /* the queue and the shard must agree on whose record this is */
             char *cid = line_custom_id(line);
-            int differ = cid && strcmp(cid, it->custom_id);
+            int differ = cid && !same_id(cid, it->custom_id);
             free(cid);
             if (differ)
                 return err_set(x->err, ST_ERR_FORMAT,

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <locale.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,6 +331,7 @@ struct submit {
     size_t cap_pend;             /* allocated entries of pend */
     size_t pend_bytes;           /* payload bytes in pend */
     long batch_lines;            /* lines read since the last write, blank ones too */
+    long valid;                  /* requests read (written or pending) */
     double batch_t0;             /* runner_now() at the last write */
     struct submit_stats ss;      /* counts so far */
     int lock_fd;                 /* with --partitions: the directory's submit lock, or -1 */
@@ -504,10 +506,12 @@ static enum status submit_write(struct submit *s, int last, struct err_detail *e
     return st;
 }
 
-/* Empty or only ASCII white space. */
+/* Empty or only ASCII white space, after a UTF-8 byte order mark (a BOM alone on a line: an
+ * editor's empty file, a BOM before a blank first line), which the request parser skips too. */
 static int blank_line(const char *line, size_t len)
 {
-    for (size_t i = 0; i < len; i++)
+    size_t i = len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    for (; i < len; i++)
         if (!strchr(" \t\r\n\v\f", line[i]) || !line[i])
             return 0;
     return 1;
@@ -534,13 +538,20 @@ static int text_path_ok(const char *what, const char *path)
     return 1;
 }
 
-/* Source label of a line: the file, plus the archive member when there is one. */
+/* Source label of a line: the file, plus the archive member when there is one; bytes of the
+ * names that are not UTF-8 (a Latin-1 file name, a zip tool's CP437 member) as %XX, for the
+ * JSON they go into. */
 static void source_label(const struct io_input_pos *pos, char *buf, size_t cap)
 {
-    if (pos->member)
-        snprintf(buf, cap, "%s:%s", pos->path, pos->member);
-    else
-        snprintf(buf, cap, "%s", pos->path);
+    char path[4200], member[4200];
+    utf8_escape_bad(pos->path, path, sizeof(path));
+    utf8_escape_bad(pos->member ? pos->member : "", member, sizeof(member));
+    int n =
+        pos->member ? snprintf(buf, cap, "%s:%s", path, member) : snprintf(buf, cap, "%s", path);
+    if (n >= (int)cap && cap <= sizeof(path)) { /* (cut: mend a character cut in two) */
+        memcpy(path, buf, cap);
+        utf8_escape_bad(path, buf, cap);
+    }
 }
 
 /* Parse one non-blank line into a pending item (or fail under --strict). */
@@ -552,10 +563,14 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
      * archive member ("MEMBER:line-N"), with the input ("FILE:[MEMBER:]line-N") among several
      * (two archives' members of one name gave one id, and the second line was refused as a
      * duplicate); a name too long for an id (512 bytes) is hashed */
-    char *where = NULL, defid[600];
-    const char *member = pos->member;
-    if (asprintf(&where, "%s%s%s%s", multi ? path : "", multi && member ? ":" : "",
-                 member ? member : "", multi || member ? ":" : "") < 0)
+    /* (names escaped as in source_label: the id must be the record's, which is JSON; raw, an
+     * id that is not UTF-8 came back altered, and export refused the whole job) */
+    char *where = NULL, defid[600], file[4200], member[4200];
+    utf8_escape_bad(path, file, sizeof(file));
+    utf8_escape_bad(pos->member ? pos->member : "", member, sizeof(member));
+    const int in_member = pos->member != NULL;
+    if (asprintf(&where, "%s%s%s%s", multi ? file : "", multi && in_member ? ":" : "", member,
+                 multi || in_member ? ":" : "") < 0)
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     if (strlen(where) > 400) {
         char hex[SHA256_HEX_LEN];
@@ -585,6 +600,7 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
     st = payload
              ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, NULL, est, err)
              : err_set(err, ST_ERR_NOMEM, "out of memory");
+    s->valid += !st;
     job_request_free(r);
     return st;
 }
@@ -593,6 +609,8 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
                                struct err_detail *err)
 {
     struct io_input *in;
+    struct stat before;
+    const int regular = !stat(path, &before) && S_ISREG(before.st_mode);
     enum status st = io_input_open(&in, path, s->o->max_line, err);
     if (st)
         return st;
@@ -605,7 +623,18 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
             break;
         st = io_input_next(in, &line, &len, &pos, err);
         if (st == IO_INPUT_END) {
+            /* a file cut, replaced or still being written while it was read: what was read is
+             * not the file (a truncated one read "completely", the rest never submitted) */
+            struct stat after;
             st = ST_OK;
+            if (regular &&
+                (stat(path, &after) || after.st_ino != before.st_ino ||
+                 after.st_size != before.st_size || after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
+                 after.st_mtim.tv_nsec != before.st_mtim.tv_nsec))
+                st = err_set(err, ST_ERR_IO,
+                             "%s changed while it was read (cut, replaced or still being "
+                             "written): submit it once it is complete",
+                             path);
             break;
         }
         if (st != ST_OK && st != ST_ERR_RANGE)
@@ -753,6 +782,10 @@ int runner_cmd_submit(int argc, char **argv)
     if (!parse_submit(argc, argv, &o))
         return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
+    /* archive member names as libarchive gives them: in the C locale a zip's UTF-8 name
+     * ("café.jsonl") cannot be converted and the member could not be read (C.UTF-8 changes no
+     * other behaviour here: its ctype and numbers are C's for ASCII) */
+    setlocale(LC_CTYPE, "C.UTF-8");
     /* the inputs first: a typo fails at once, before the model is hashed or the queue made */
     for (int i = optind; i < argc; i++)
         if (io_input_check(argv[i], &err)) {
@@ -842,6 +875,16 @@ int runner_cmd_submit(int argc, char **argv)
     enum status st = submit_begin(&s, &js, &self, &err);
     for (int i = optind; !st && i < argc; i++)
         st = submit_file(&s, argv[i], argc - optind > 1, &err);
+    /* a job that could only fail: not JSONL (its lines written first, for their messages) */
+    if (!st && !s.valid && s.ss.lines > s.ss.blank && !(st = submit_write(&s, 0, &err)))
+        st = err_set(&err, ST_ERR_FORMAT,
+                     "no line of the input is a request (%ld invalid, see above): "
+                     "JSONL is one JSON object per line, each ended by \\n or \\r\\n (a "
+                     "pretty-printed JSON array, or a file with \\r alone at line ends, is not)",
+                     s.ss.lines - s.ss.blank);
+    if (!st && !s.valid && !(st = check_signal(&err)))
+        LOG_WARN("the input holds no request (%s): the job is empty, and done",
+                 s.ss.lines ? "only blank lines" : "no lines");
     if (!st && !(st = check_signal(&err)))
         st = submit_write(&s, 1, &err);
     if (!st && o.partitions)

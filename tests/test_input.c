@@ -702,6 +702,31 @@ static void test_gzip_checks(void **state)
     free(text);
 }
 
+/* A NUL in a later line of a text file is that line's (a per-line error upstream), as it is past
+ * the first 64 KiB: the whole file was refused as binary, naming line 1. UTF-16 is named. */
+static void test_nul_lines(void **state)
+{
+    (void)state;
+    char path[300];
+    uint64_t nl;
+    struct err_detail err = {0};
+    static const char text[] = "{\"a\": 1}\n{\"b\": 2}\n{\"c\": \"\0\"}\n{\"d\": 4}\n";
+    path_in(path, sizeof(path), "nul.jsonl");
+    write_single(path, F_NONE, text, sizeof(text) - 1);
+    assert_int_equal(count_lines(path, &nl, &err), IO_INPUT_END);
+    assert_int_equal(nl, 4);
+    /* in the first line, or many: binary, at its line */
+    static const char first[] = "{\"a\": \"\0\"}\n{\"b\": 2}\n";
+    write_single(path, F_NONE, first, sizeof(first) - 1);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "binary data"));
+    static const char u16[] = "\xff\xfe{\0\"\0a\0\"\0:\0 \0001\0}\0\n\0";
+    path_in(path, sizeof(path), "u16.jsonl");
+    write_single(path, F_NONE, u16, sizeof(u16) - 1);
+    assert_int_equal(count_lines(path, &nl, &err), ST_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "UTF-16"));
+}
+
 static long rss_kb(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -813,6 +838,7 @@ int main(void)
         cmocka_unit_test(test_max_line_boundaries),
         cmocka_unit_test(test_truncated_and_corrupt),
         cmocka_unit_test(test_gzip_checks),
+        cmocka_unit_test(test_nul_lines),
         cmocka_unit_test(test_large_input_flat_memory),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);

@@ -12,7 +12,9 @@
 #     items, the first 20 reported and one line for the rest;
 #  4. --strict with a bad line after more than 10,000 good ones: exit non-zero, and the
 #     database holds no job and no item (the committed part is deleted again);
-#  5. SIGINT mid-submit: exit non-zero, "nothing was submitted", no job and no item.
+#  5. SIGINT mid-submit: exit non-zero, "nothing was submitted", no job and no item;
+#  8. a file cut while read, no request in a file: exit 1, nothing submitted; a BOM alone on a
+#     line is blank; names that are not UTF-8, and zip's UTF-8 names, come back in the records.
 # Under sanitizers (QUERN_SANITIZE) the inputs are smaller.
 set -euo pipefail
 Q=$(realpath "${QUERN_BIN:-bin/quern}")
@@ -258,4 +260,43 @@ rc=0
     rc=$?
 [ $rc = 1 ] && grep -q "ulimit -n" fd.err || fail "7: exit $rc: $(cat fd.err)"
 [ -z "$(ls fdP 2>/dev/null | grep -v '^\.')" ] || fail "7: left $(ls fdP)"
+
+# 8. (found by an input audit, each silent before) a file cut while submit reads it; a file with
+# no request in it (CR-only line ends); a BOM alone on a line; a file or zip member name that is
+# not UTF-8 (its default custom_id came back altered and export refused the whole job) or is
+# (a zip's UTF-8 name, unreadable in the C locale: the member was skipped)
+python3 -c "
+f = open('cut.jsonl', 'w')
+for i in range(60000):
+    f.write('{\"custom_id\": \"k%06d\", \"prompt\": \"p\"}\n' % i)"
+rc=0
+QUERN_FAULT=queue.commit:4:sleep=3 "$Q" submit --db cut.db --model "$M" cut.jsonl >/dev/null \
+    2>cut.err &
+pid=$!
+for _ in $(seq 100); do grep -q "queue.commit #4: sleep" cut.err 2>/dev/null && break; sleep 0.1; done
+truncate -s 1000000 cut.jsonl
+wait $pid || rc=$?
+[ $rc = 1 ] && grep -q "cut.jsonl changed while it was read" cut.err ||
+    { cat cut.err; fail "8: a file cut during submit: exit $rc"; }
+printf '{"prompt": "a"}\r{"prompt": "b"}\r' >cr.jsonl
+rc=0; "$Q" submit --db cr.db --model "$M" cr.jsonl >/dev/null 2>cr.err || rc=$?
+[ $rc = 1 ] && grep -q "no line of the input is a request" cr.err ||
+    { cat cr.err; fail "8: no request in the input: exit $rc"; }
+printf '\xef\xbb\xbf\r\n{"custom_id": "x", "prompt": "Hi", "max_tokens": 2}\r\n' >bom.jsonl
+printf '{"prompt": "x", "max_tokens": 2}\n' >"$(printf 'caf\xe9.jsonl')"
+python3 -c "
+import zipfile
+z = zipfile.ZipFile('names.zip', 'w')
+z.writestr('caf\u00e9.jsonl', '{\"custom_id\": \"u1\", \"prompt\": \"z\", \"max_tokens\": 2}\n')
+z.close()"
+"$Q" submit --db names.db --name names --model "$M" bom.jsonl "$(printf 'caf\xe9.jsonl')" names.zip \
+    >/dev/null 2>names.err || { cat names.err; fail "8: submit"; }
+grep -q "4 lines, 3 queued, 0 invalid, 1 blank" names.err || { cat names.err; fail "8: $(cat names.err)"; }
+"$Q" run --db names.db --out out --threads 1 >/dev/null 2>&1 || fail "8: run"
+"$Q" export --db names.db --job names --out names.out.jsonl 2>/dev/null || fail "8: export"
+python3 - <<'PY' || fail "8: the records' ids"
+import json
+ids = sorted(json.loads(l)["custom_id"] for l in open("names.out.jsonl"))
+assert ids == ["caf%E9.jsonl:line-1", "u1", "x"], ids
+PY
 echo "e2e submit_reliability: ok"
