@@ -154,6 +154,15 @@ run() {
         echo "libcublas.so.13 (dlopen'ed for QUERN_CUDA_CUBLAS_MIN): ${blas:-not found}"
         echo "libnccl.so.2 (dlopen'ed for tensor parallelism over GPUs): ${nccl:-not found}"
         step info 30 "$B/quern" info
+        # a binary that cannot use the GPU (a driver older than CUDA 13's, R580: error 35,
+        # "insufficient driver") would fail every step below: stop here, the minutes kept
+        if "$B/quern" info 2>&1 | grep -q "^cuda: .*no usable device"; then
+            echo "=== STOP: $("$B/quern" info 2>&1 | grep '^cuda:'); the driver is in nvidia-smi's" \
+                "output above (CUDA 13 needs R580 or newer: carry the cuda-compat libcuda, or build" \
+                "with the toolkit that driver supports). No GPU step was run."
+            echo "failed steps:$failed cuda-unusable"
+            exit 0
+        fi
         step dequant 60 "$B/test_cuda_dequant"
         step pack 60 "$B/test_cuda_pack"
         step backend-ops 180 env QUERN_REQUIRE_CUDA=1 "$B/test_backend_ops"
