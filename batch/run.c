@@ -1212,6 +1212,11 @@ enum status batch_run_end(struct batch_run *r, const char *reason, const char *s
     enum status st = queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
     if (st == ST_ERR_IO && !room && !queue_make_room(r->q, &(struct err_detail){0}))
         st = queue_run_end(r->q, r->stats.run_id, reason, summary_json, &requeued, err);
+    /* (SQLite's own checkpoints, and the one at close, swallow their errors: a failing disk's
+     * EIO went unsaid, exit 0) */
+    if (!st && (st = queue_checkpoint(r->q, err)))
+        err_prefix(err, "recorded, and its work is in the queue's WAL (read back by the next "
+                        "run), but the disk failed");
     return st;
 }
 

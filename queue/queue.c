@@ -134,6 +134,17 @@ enum status queue_sql_fail(sqlite3 *db, const char *path, int rc, const char *wh
     return err_set(err, st, "queue %s: %s: %s", p, what, msg);
 }
 
+enum status queue_checkpoint(struct queue *q, struct err_detail *err)
+{
+    static const char what[] = "copying the WAL's commits into the database (a checkpoint)";
+    if (fault_hit("queue.checkpoint"))
+        return queue_sql_fail(NULL, q->path, SQLITE_IOERR_FSYNC, what, err);
+    int rc = sqlite3_wal_checkpoint_v2(q->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    if (rc == SQLITE_OK || rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
+        return ST_OK;
+    return queue_sql_err(q, rc, what, err);
+}
+
 static void reserve_path(const struct queue *q, char *out, size_t n)
 {
     snprintf(out, n, "%s-reserve", q->path ? q->path : "");

@@ -637,6 +637,13 @@ enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, s
  * their attempts. */
 enum status queue_make_room(struct queue *q, struct err_detail *err);
 
+/* Copy the WAL's commits into the database now (SQLITE_CHECKPOINT_PASSIVE: never waits for
+ * other connections; what their readers still need stays in the WAL), so a failure (an fsync's
+ * EIO: a failing disk) is reported rather than swallowed by SQLite's automatic checkpoints and
+ * sqlite3_close. Nothing is lost when it fails: the WAL keeps the commits and the next
+ * connection recovers them. Fault site "queue.checkpoint" ("fail": an I/O error). */
+enum status queue_checkpoint(struct queue *q, struct err_detail *err);
+
 /* Keep a reserve file beside the queue (DB-reserve, QUEUE_RESERVE_BYTES or half the free
  * space, whichever is less; made only where none is) that queue_make_room deletes first: a
  * checkpoint may need to grow the database file, and a give-back needs room in the WAL, so on

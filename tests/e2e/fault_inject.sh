@@ -98,4 +98,13 @@ timeout 120 "$Q" run --db fails.db --out out-fails "${RUN[@]}" >/dev/null 2>>fai
 [ "$(sqlite3 fails.db "SELECT count(*) FROM items WHERE error_code = 'attempts_exhausted'")" = 0 ] ||
     fail "items failed as attempts_exhausted after runs that failed"
 check_job fails.db job $N out-fails
+# a checkpoint that fails at the run's end (an fsync's EIO: SQLite's own checkpoints swallow it)
+# is exit 1 with the disk named, nothing lost (before: exit 0, nothing said)
+"$Q" submit --db ck.db --name job --model "$M" job.jsonl >/dev/null 2>&1 || fail "ck: submit"
+rc=0
+QUERN_FAULT=queue.checkpoint:1:fail "$Q" run --db ck.db --out out-ck "${RUN[@]}" >/dev/null \
+    2>ck.log || rc=$?
+[ $rc = 1 ] && grep -q "but the disk failed: .*disk I/O error" ck.log ||
+    { cat ck.log; fail "ck: a failed checkpoint: exit $rc"; }
+check_job ck.db job $N out-ck
 echo "e2e fault injection: ok ($trials trials, $fired faults fired)"
