@@ -36,7 +36,8 @@ static const char submit_usage[] =
     "       quern submit --db DIR --partitions N [options] FILE...\n"
     "\n"
     "Create a job from request lines and print its id on stdout. FILEs may be .jsonl,\n"
-    ".jsonl.gz, .jsonl.zst, or .tar/.tar.gz/.tar.zst/.zip archives of .jsonl members.\n"
+    ".jsonl.gz, .jsonl.zst, or .tar/.tar.gz/.tar.zst/.zip archives of .jsonl members\n"
+    "(- reads standard input, as /dev/stdin).\n"
     "Lines: OpenAI Batch requests ({\"custom_id\",\"method\":\"POST\",\"url\":\n"
     "\"/v1/chat/completions\"|\"/v1/completions\",\"body\":{...}}) or the short forms\n"
     "{\"custom_id\"?, \"prompt\": ...} and {\"custom_id\"?, \"messages\": [...]}. A short-form\n"
@@ -787,11 +788,14 @@ int runner_cmd_submit(int argc, char **argv)
      * other behaviour here: its ctype and numbers are C's for ASCII) */
     setlocale(LC_CTYPE, "C.UTF-8");
     /* the inputs first: a typo fails at once, before the model is hashed or the queue made */
-    for (int i = optind; i < argc; i++)
+    for (int i = optind; i < argc; i++) {
+        if (!strcmp(argv[i], "-"))
+            argv[i] = (char *)"/dev/stdin";
         if (io_input_check(argv[i], &err)) {
             LOG_ERROR("%s", err.msg);
             return RUNNER_EXIT_ERROR;
         }
+    }
     struct submit s;
     memset(&s, 0, sizeof(s));
     if (o.partitions && !(s.inputs = cJSON_CreateArray())) {

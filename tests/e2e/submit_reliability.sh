@@ -299,4 +299,8 @@ import json
 ids = sorted(json.loads(l)["custom_id"] for l in open("names.out.jsonl"))
 assert ids == ["caf%E9.jsonl:line-1", "u1", "x"], ids
 PY
+# (- is standard input)
+printf '{"prompt": "from a pipe"}\n' | "$Q" submit --db pipe.db --model "$M" - >/dev/null 2>pipe.err ||
+    { cat pipe.err; fail "8: submit -"; }
+grep -q "1 lines, 1 queued" pipe.err || fail "8: submit -: $(cat pipe.err)"
 echo "e2e submit_reliability: ok"
