@@ -343,10 +343,13 @@ enum status io_file_replace(const char *dir, const char *name, const char *data,
         st = err_set(err, ST_ERR_IO, "rename %s: injected fault", tmp);
     if (st == ST_OK && rename(tmp, final) != 0)
         st = err_set(err, ST_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
-    if (st != ST_OK)
+    if (st != ST_OK) {
         unlink(tmp);
-    else
+        /* (the message names the temporary file; the user knows the file it stands for) */
+        err_prefix(err, "cannot write %s", final);
+    } else {
         st = io_fsync_dir(dir, err);
+    }
 out:
     free(tmp);
     free(final);
