@@ -193,7 +193,19 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     int32_t *ids = NULL;
     size_t n = 0;
     struct err_detail e2 = {0};
-    if (req->kind == JOB_KIND_CHAT)
+    /* a prompt longer than the context could hold even at the longest token text is refused
+     * untokenized (a 16 MiB line took seconds and ~0.5 GB to find it too long) */
+    size_t bytes = req->kind == JOB_KIND_CHAT ? 0 : strlen(req->prompt);
+    for (size_t i = 0; req->kind == JOB_KIND_CHAT && i < req->n_messages; i++)
+        bytes += strlen(req->messages[i].content);
+    const int32_t ctx = engine_model_hparams(r->m)->n_ctx_train;
+    const size_t most = (size_t)ctx * engine_tok_max_piece(r->tok);
+    if (bytes > most)
+        st = err_set(&e2, ST_ERR_RANGE,
+                     "the prompt's %zu bytes are more than the model's context of %d tokens can "
+                     "hold (%zu bytes at most)",
+                     bytes, (int)ctx, most);
+    else if (req->kind == JOB_KIND_CHAT)
         st = r->chat ? engine_chat_tokenize(r->chat, r->tok, req->messages, req->n_messages, 1, 0,
                                             &ids, &n, &e2)
                      : err_set(&e2, ST_ERR_UNSUPPORTED, "the model has no usable chat template");
@@ -270,8 +282,9 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
         /* a context error names the prompt, as OpenAI's does (even when max_tokens is what
          * pushed it over) */
         const char *param = NULL;
-        if (st == ST_ERR_RANGE && tokenized &&
-            n + (size_t)max_eff > (size_t)engine_model_hparams(r->m)->n_ctx_train)
+        if (st == ST_ERR_RANGE &&
+            (bytes > most ||
+             (tokenized && n + (size_t)max_eff > (size_t)engine_model_hparams(r->m)->n_ctx_train)))
             param = req->kind == JOB_KIND_CHAT ? "messages" : "prompt";
         st = item_error(r, c->id, req->custom_id,
                         st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg,

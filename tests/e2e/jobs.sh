@@ -22,7 +22,8 @@
 # 12. output that cannot reach standard output is exit 1; 13. users' text on terminals
 #     without control characters, paths that are not UTF-8 text refused; 14. a KV pool too
 #     small for a request is the run's error (500 kv_cache_too_small), retried with a larger one;
-# 15. a job that fails does not keep a run from the other jobs (exit 1, its items uncounted).
+# 15. a job that fails does not keep a run from the other jobs (exit 1, its items uncounted);
+# 16. a prompt longer than the context can hold in bytes is refused without tokenizing it.
 # Under sanitizers (QUERN_SANITIZE, set by `make asan test`) the same checks run on the
 # first 12 examples with 5 crash trials: ASan makes every run several times slower, and
 # the full-size checks run in the normal suite of the same CI job.
@@ -584,4 +585,14 @@ import json, sys
 s = {j['name']: j for j in json.load(sys.stdin)}
 assert s['second']['state'] == 'done' and s['second']['by_state']['done'] == 1, s
 assert s['first']['by_state']['queued'] == 1, s" || fail "15: the other job was not run"
+# 16. (input audit) a prompt more bytes than the context could hold at the longest token text is
+# refused untokenized (a 64 MB one took 27 s and 2.2 GB to tokenize, only to be refused)
+python3 -c "
+import json
+print(json.dumps({'custom_id': 'huge', 'prompt': 'word ' * 400000, 'max_tokens': 2}))" >huge.jsonl
+"$Q" submit --db huge.db --name huge --model "$M" huge.jsonl >/dev/null 2>&1 || fail "16: submit"
+"$Q" run --db huge.db --out out >/dev/null 2>&1 || fail "16: run"
+"$Q" export --db huge.db --job huge --out huge.out.jsonl 2>/dev/null || fail "16: export"
+grep -q '"message":"the prompt.s 2000000 bytes are more than the model.s context of 8192 tokens can hold.*"param":"prompt","code":"context_length_exceeded"' huge.out.jsonl ||
+    fail "16: $(cut -c1-400 huge.out.jsonl)"
 echo "e2e jobs: ok"
