@@ -250,7 +250,7 @@ asan:
 
 # libFuzzer harnesses for the parsers of untrusted input (clang): request lines, the grammar
 # compilers (JSON schemas, GBNF text), GGUF model files and the tokenizer metadata and chat
-# template in them (seeds: tests/fuzz/chat_seeds.py, the published templates). `make fuzz` runs each for FUZZ_SECONDS (CI: 20 s each; run
+# template in them, submit's input files and archives (seeds: tests/fuzz/input_seeds.py) (seeds: tests/fuzz/chat_seeds.py, the published templates). `make fuzz` runs each for FUZZ_SECONDS (CI: 20 s each; run
 # `make fuzz FUZZ_SECONDS=600` before resolving work on either parser). The request seeds are the
 # example requests and tests/fuzz/request_seeds.jsonl (response formats, n, logprobs); the GGUF seeds are tests/fixtures/small.gguf and the files
 # tests/fuzz/gguf_seeds.c writes (synthetic ones, and the default model's metadata and first
@@ -292,13 +292,19 @@ build-fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(FUZZ_TOK_SRC) $(wildcar
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_tokenizer.c \
 	    $(FUZZ_TOK_SRC) -lpcre2-8 -o $@
 
+FUZZ_INPUT_SRC = io/input.c common/err.c common/log.c common/utf8.c
+build-fuzz/fuzz_input: tests/fuzz/fuzz_input.c $(FUZZ_INPUT_SRC) io/input.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_input.c \
+	    $(FUZZ_INPUT_SRC) -larchive -lz -o $@
+
 build-fuzz/gguf_seeds: tests/fuzz/gguf_seeds.c $(FUZZ_GGUF_SRC) $(FUZZ_GGUF_H)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=address,undefined tests/fuzz/gguf_seeds.c \
 	    $(FUZZ_GGUF_SRC) -o $@
 
 fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-fuzz/fuzz_grammar \
-      build-fuzz/fuzz_tokenizer
+      build-fuzz/fuzz_tokenizer build-fuzz/fuzz_input
 	@mkdir -p build-fuzz/corpus-request build-fuzz/seeds build-fuzz/corpus-gguf \
 	    build-fuzz/seeds-gguf
 	split -l 1 examples/prompts.jsonl build-fuzz/seeds/ex_
@@ -321,6 +327,10 @@ fuzz: build-fuzz/fuzz_request build-fuzz/fuzz_gguf build-fuzz/gguf_seeds build-f
 	python3 tests/fuzz/chat_seeds.py build-fuzz/seeds-tokenizer
 	build-fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-tokenizer build-fuzz/seeds-tokenizer
+	@mkdir -p build-fuzz/corpus-input
+	python3 tests/fuzz/input_seeds.py build-fuzz/seeds-input
+	build-fuzz/fuzz_input -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-input build-fuzz/seeds-input
 
 # The default model's perplexity on a fixed text (Debian's license texts, checksummed) for every
 # matmul mode x KV type this machine runs, with throughput: the table in docs/BENCHMARKS.md.
