@@ -11,6 +11,7 @@
 #include "common/sha256.h"
 #include "engine/chat.h"
 #include "engine/engine.h"
+#include "io/manifest.h"
 #include "jobs/params.h"
 #include "jobs/request.h"
 #include "queue/queue.h"
@@ -55,6 +56,8 @@ struct batch_run {
     char job_dir[4096];              /* OUT/<job name> */
     char model_name[256];            /* for records: model file name without .gguf */
     char *engine_json;               /* the run's engine (record_engine), or NULL before one */
+    char fingerprint[IO_FINGERPRINT_LEN]; /* io_manifest_fingerprint(engine_json): the records'
+                                             system_fingerprint ("" before one) */
     /* The model stays loaded from one job to the next that names the same file, unchanged
      * (model_loaded: its path; model_id: its identity when it was hashed, model_sha: the sha256
      * it had then, "" when not hashed): neither hashed nor loaded again (model_release frees it).

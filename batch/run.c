@@ -18,7 +18,6 @@
 #include "batch/batch_internal.h"
 #include "common/fault.h"
 #include "common/log.h"
-#include "common/sha256.h"
 #include "common/version.h"
 #include "jobs/record.h"
 
@@ -417,6 +416,7 @@ static enum status write_result(struct batch_run *r, struct batch_inflight *inf,
     jr.created = (int64_t)time(NULL);
     jr.job_id = r->job.id;
     jr.tok = r->tok;
+    jr.fingerprint = r->fingerprint[0] ? r->fingerprint : NULL;
     double tpot = inf->decode_tokens ? inf->decode_ms / (double)inf->decode_tokens : 0;
     return batch_out_result(r->out, inf->item_id, job_record_success(&jr),
                             (int64_t)inf->n_prompt, gen, inf->ttft_ms, tpot, err);
@@ -788,6 +788,7 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
              (long long)blocks * ep->kv_block, quern_version());
     free(r->engine_json);
     r->engine_json = text;
+    io_manifest_fingerprint(text, r->fingerprint);
     return queue_run_set_engine(r->q, r->stats.run_id, text, err);
 }
 

@@ -163,6 +163,11 @@ static enum status build(const char *dir, const struct io_manifest *m, cJSON *ro
         if (!eng && !(eng = cJSON_CreateNull()))
             return err_set(err, nomem, "out of memory");
         cJSON_AddItemToObject(o, "engine", eng);
+        char fp[IO_FINGERPRINT_LEN];
+        io_manifest_fingerprint(r->engine_json ? r->engine_json : "", fp);
+        if (!(r->engine_json ? cJSON_AddStringToObject(o, "fingerprint", fp)
+                             : cJSON_AddNullToObject(o, "fingerprint")))
+            return err_set(err, nomem, "out of memory");
     }
     cJSON *tot = cJSON_AddObjectToObject(root, "totals");
     if (!tot)
@@ -194,4 +199,11 @@ enum status io_manifest_write(const char *dir, const struct io_manifest *m, stru
     st = io_file_replace(dir, "manifest.json", text, len + 1, "manifest", err);
     free(text);
     return st;
+}
+
+void io_manifest_fingerprint(const char *engine_json, char out[IO_FINGERPRINT_LEN])
+{
+    char hex[SHA256_HEX_LEN];
+    sha256_buf_hex(engine_json, strlen(engine_json), hex);
+    snprintf(out, IO_FINGERPRINT_LEN, "fp_%.16s", hex);
 }

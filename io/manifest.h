@@ -71,6 +71,11 @@ struct io_manifest {
  * Missing checksums are computed here (reading the shards / the model). */
 enum status io_manifest_write(const char *dir, const struct io_manifest *m, struct err_detail *err);
 
+/* A run's fingerprint from its engine JSON text (exactly as stored): "fp_" and the first 16 hex
+ * digits of its sha256. Records carry it as system_fingerprint, the manifest's runs as
+ * "fingerprint". */
+#define IO_FINGERPRINT_LEN 20 /* with its NUL */
+void io_manifest_fingerprint(const char *engine_json, char out[IO_FINGERPRINT_LEN]);
 /* "results" or "errors". */
 const char *io_shard_kind_name(enum io_shard_kind k);
 

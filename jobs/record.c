@@ -263,7 +263,9 @@ char *job_record_success(const struct job_result *r)
     job_json_put_fmt(&b, "\"prompt_tokens_details\":{\"cached_tokens\":%d},",
                      (int)r->cached_tokens);
     job_json_put_lit(&b, "\"completion_tokens_details\":{\"reasoning_tokens\":0}},"
-                         "\"system_fingerprint\":null}},\"error\":null}");
+                         "\"system_fingerprint\":");
+    job_json_put_cstr(&b, r->fingerprint);
+    job_json_put_lit(&b, "}},\"error\":null}");
     return job_json_take(&b);
 }
 

@@ -64,6 +64,8 @@ struct job_result {
     int64_t job_id;            /* queue job id; with custom_id it determines every id */
     const struct engine_tok *tok; /* token strings and bytes for logprobs; may be NULL when
                                      no choice has logprobs */
+    const char *fingerprint;      /* body.system_fingerprint: what made the output (the run's
+                                     engine, hashed), NULL -> null */
 };
 
 /* Success line for r. Returns a malloc'd NUL-terminated string the caller frees, or NULL when

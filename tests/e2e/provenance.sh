@@ -2,7 +2,8 @@
 # Provenance (docs/ARCHITECTURE.md): `quern --version` names the source revision; a job whose
 # records come from two engines (a run in exact mode killed with -9, then a resume in q8) says
 # so: the manifest lists which run wrote how many records of each shard and each run's engine,
-# and `quern status` (text and --json) lists both engines and their runs.
+# and `quern status` (text and --json) lists both engines and their runs; each exported record's
+# system_fingerprint names its run's engine.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 REPO=$(realpath "$(dirname "$0")/../..")
@@ -40,6 +41,7 @@ grep -Eq "matmul exact, KV f16 in blocks of 16 \(a pool of [0-9]+ MiB, --kv-mem 
 "$Q" run --db p.db --out out --matmul q8 >/dev/null 2>b.log || { tail b.log; fail "resume"; }
 check_job p.db p 120
 
+"$Q" export --db p.db --job p --out p.export.jsonl 2>/dev/null || fail "export"
 python3 - out/p/manifest.json p.db <<'PY' || fail "manifest provenance"
 import json, sqlite3, sys
 m = json.load(open(sys.argv[1]))
@@ -57,6 +59,16 @@ for s in m["shards"]:
     for w in s["runs"]:
         by_mode[mode[w["run"]]] = by_mode.get(mode[w["run"]], 0) + w["records"]
 assert by_mode["exact"] >= 8 and by_mode["exact"] + by_mode["q8"] == 120, by_mode
+# each record says which engine made it (system_fingerprint: the hash of its run's engine, as
+# the manifest's runs list it)
+import collections, hashlib
+fp_mode = {}
+for run, text in db.execute("SELECT id, engine_json FROM runs WHERE engine_json IS NOT NULL"):
+    fp_mode["fp_" + hashlib.sha256(text.encode()).hexdigest()[:16]] = json.loads(text)["matmul"]
+assert {r["fingerprint"]: r["engine"]["matmul"] for r in m["runs"]} == fp_mode, (m["runs"], fp_mode)
+got = collections.Counter(fp_mode[json.loads(l)["response"]["body"]["system_fingerprint"]]
+                          for l in open("p.export.jsonl"))
+assert got == by_mode, (got, by_mode)
 PY
 
 "$Q" status --db p.db --job p >status.txt
