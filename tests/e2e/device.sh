@@ -56,7 +56,7 @@ else
 fi
 expect_fail "$why" "$Q" generate --model "$M" --device cuda --prompt hi --max-tokens 2
 expect_fail "$why" "$Q" bench --model "$M" --device cuda --prompts 2 --output-len 2 --peak-seconds 0
-printf '{"custom_id":"a","body":{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}}\n' \
+printf '{"custom_id":"a","messages":[{"role":"user","content":"hi"}],"max_tokens":2}\n' \
     >"$tmp/in.jsonl"
 "$Q" submit --db "$tmp/q.db" --model "$M" --out "$tmp/out" "$tmp/in.jsonl" >/dev/null 2>"$tmp/sub.err" ||
     { cat "$tmp/sub.err"; fail "submit"; }
