@@ -145,16 +145,18 @@ enum status queue_checkpoint(struct queue *q, struct err_detail *err)
     return queue_sql_err(q, rc, what, err);
 }
 
+/* One per directory, shared by the queues there (a partitioned queue's parts: one file, not
+ * one per part). */
 static void reserve_path(const struct queue *q, char *out, size_t n)
 {
-    snprintf(out, n, "%s-reserve", q->path ? q->path : "");
+    snprintf(out, n, "%s/" QUEUE_RESERVE_NAME, q->dir ? q->dir : ".");
 }
 
 void queue_reserve_keep(struct queue *q)
 {
     char path[4200];
     struct statvfs sv;
-    if (!q->path || statvfs(q->path, &sv))
+    if (!q->dir || statvfs(q->dir, &sv))
         return;
     reserve_path(q, path, sizeof(path));
     uint64_t half = (uint64_t)sv.f_bavail * sv.f_frsize / 2, want = QUEUE_RESERVE_BYTES;
@@ -175,10 +177,10 @@ enum status queue_make_room(struct queue *q, struct err_detail *err)
 {
     char path[4200];
     reserve_path(q, path, sizeof(path));
-    if (q->path && !unlink(path))
-        LOG_WARN("%s's file system is full: its reserve file is deleted, to give the run's work "
-                 "back (free space there; the next run makes it again)",
-                 q->path);
+    if (q->dir && !unlink(path))
+        LOG_WARN("%s's file system is full: the reserve file %s is deleted, to give the run's "
+                 "work back (free space there; the next run makes it again)",
+                 q->path ? q->path : "the queue", path);
     int rc = sqlite3_wal_checkpoint_v2(q->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
     return rc == SQLITE_OK ? ST_OK : queue_sql_err(q, rc, "checkpointing the WAL", err);
 }

@@ -644,13 +644,15 @@ enum status queue_make_room(struct queue *q, struct err_detail *err);
  * connection recovers them. Fault site "queue.checkpoint" ("fail": an I/O error). */
 enum status queue_checkpoint(struct queue *q, struct err_detail *err);
 
-/* Keep a reserve file beside the queue (DB-reserve, QUEUE_RESERVE_BYTES or half the free
- * space, whichever is less; made only where none is) that queue_make_room deletes first: a
+/* Keep a reserve file beside the queue (QUEUE_RESERVE_NAME in its directory, one for every queue
+ * there; QUEUE_RESERVE_BYTES or half the free space, whichever is less; made only where none
+ * is) that queue_make_room deletes first: a
  * checkpoint may need to grow the database file, and a give-back needs room in the WAL, so on
  * a file system that filled while the run worked, the space kept lets the failing run give its
  * items back and record its end. Best effort (nothing said when it cannot be made). */
 void queue_reserve_keep(struct queue *q);
 #define QUEUE_RESERVE_BYTES (2u << 20)
+#define QUEUE_RESERVE_NAME  ".quern-reserve"
 
 /* Return every expired lease to queued (attempts kept, less one where the run holding it had
  * begun to stop) now; claims also do this.

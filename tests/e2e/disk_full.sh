@@ -92,7 +92,8 @@ for i in 1 2 3 4; do
     failed=$((failed + 1))
 done
 [ "$failed" -ge 2 ] || fail "1b: only $failed runs failed on the full disk"
-grep -q "reserve file is deleted" "$tmp/r1.err" || { cat "$tmp/r1.err"; fail "1b: no reserve used"; }
+grep -q "the reserve file .*/.quern-reserve is deleted" "$tmp/r1.err" ||
+    { cat "$tmp/r1.err"; fail "1b: no reserve used"; }
 python3 - "$S/r.db" <<'PY' || fail "1b: items spent attempts on a disk that filled during runs"
 import sqlite3, sys
 rows = sqlite3.connect(sys.argv[1]).execute(
