@@ -707,8 +707,14 @@ static enum status give_back_unstarted(struct batch_run *r, struct err_detail *e
             users[n] = inf, ids[n++] = inf->item_id;
     }
     int64_t released = 0;
-    if (!n || (st = queue_release(r->q, r->stats.run_id, ids, n, &released, err)))
+    struct err_detail e2 = {0};
+    if (!n)
         goto out;
+    if (queue_release(r->q, r->stats.run_id, ids, n, &released, &e2)) {
+        /* (only saves work: they start in the grace, and what is left goes back at its end) */
+        LOG_WARN("giving back the requests not started yet: %s", e2.msg);
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
         struct batch_inflight *inf = (struct batch_inflight *)users[i];
         engine_cancel(r->e, inf);
