@@ -41,6 +41,18 @@ fill_to() {
     local n=$(($(df -k --output=avail "$S" | tail -1) - $1))
     [ "$n" -le 0 ] || fallocate -l "${n}K" "$S/.filler"
 }
+# attempts_unspent DB LABEL: after failed runs, no item leased or failed, every queued one at
+# attempts 0 (prints the states)
+attempts_unspent() {
+    python3 - "$1" "$2" <<'PY'
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
+print(sys.argv[2], "after the failed runs: (state, attempts, items)", rows)
+assert all(a == 0 for s, a, n in rows if s == "queued"), rows
+assert not [r for r in rows if r[0] in ("leased", "failed")], rows
+PY
+}
 "$Q" submit --db "$S/q.db" --name j --model "$M" --out "$S/out" "$tmp/p60.jsonl" >/dev/null 2>&1 ||
     fail "submit"
 fill_to 180
@@ -56,14 +68,7 @@ for i in 1 2 3; do
         { cat "$tmp/run$i.err"; fail "1: run $i does not say the disk is full"; }
 done
 [ "$failed" -ge 2 ] || fail "1: only $failed runs failed on the full disk (the test needs the disk to fill)"
-python3 - "$S/q.db" <<'PY' || fail "1: items spent attempts on a full disk"
-import sqlite3, sys
-rows = sqlite3.connect(sys.argv[1]).execute(
-    "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
-print("  after the failed runs: (state, attempts, items)", rows)
-assert all(a == 0 for s, a, n in rows if s == "queued"), rows
-assert not [r for r in rows if r[0] in ("leased", "failed")], rows
-PY
+attempts_unspent "$S/q.db" "  1." || fail "1: items spent attempts on a full disk"
 rm -f "$S/.filler"
 "$Q" run --db "$S/q.db" --threads 1 >/dev/null 2>"$tmp/runF.err" || { cat "$tmp/runF.err"; fail "1: run after freeing space"; }
 "$Q" export --db "$S/q.db" --job j --out "$tmp/e.jsonl" 2>/dev/null || fail "1: export"
@@ -94,14 +99,7 @@ done
 [ "$failed" -ge 2 ] || fail "1b: only $failed runs failed on the full disk"
 grep -q "the reserve file .*/.quern-reserve is deleted" "$tmp/r1.err" ||
     { cat "$tmp/r1.err"; fail "1b: no reserve used"; }
-python3 - "$S/r.db" <<'PY' || fail "1b: items spent attempts on a disk that filled during runs"
-import sqlite3, sys
-rows = sqlite3.connect(sys.argv[1]).execute(
-    "SELECT state, attempts, count(*) FROM items GROUP BY 1, 2").fetchall()
-print("  1b. after the failed runs: (state, attempts, items)", rows)
-assert all(a == 0 for s, a, n in rows if s == "queued"), rows
-assert not [r for r in rows if r[0] in ("leased", "failed")], rows
-PY
+attempts_unspent "$S/r.db" "  1b." || fail "1b: items spent attempts on a disk that filled during runs"
 rm -f "$S/.filler" "$S/r.db"* && rm -rf "$S/rout"
 # 2. 0 bytes free: the queue cannot even be read (SQLite needs its -shm file)
 fill_to 0
