@@ -484,6 +484,11 @@ struct queue_run_info {
  * read. *runs is malloc'd (NULL when *n is 0); free with queue_run_info_free. */
 enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, size_t *n,
                                 struct err_detail *err);
+/* The run (kind 'run') that ended last, as queue_run_list_live lists (*n 0 or 1), with its
+ * summary_json (the run's JSON summary: exit_reason, and error for a failed run) in
+ * progress_json. */
+enum status queue_run_last_ended(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                 struct err_detail *err);
 /* Every run (kind 'run') that worked on job_id, ended or not, oldest first: runs started for
  * it, and runs started for any job that recorded samples for it (queue_sample_add); free with
  * queue_run_info_free. For reports: a run not ended whose heartbeat stopped was killed (or is

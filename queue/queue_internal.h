@@ -63,6 +63,7 @@ enum queue_stmt_id {
     QS_JOB_WRITERS,
     QS_RUN_LIST_LIVE,
     QS_RUN_LIST_JOB,
+    QS_RUN_LAST_ENDED,
     QS_SAMPLE_ADD,
     QS_SAMPLE_LIST,
     QS_LEASE_EXPIRE,

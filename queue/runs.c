@@ -400,6 +400,12 @@ enum status queue_run_list_live(struct queue *q, struct queue_run_info **runs, s
     return list_runs(q, QS_RUN_LIST_LIVE, 0, runs, n, err);
 }
 
+enum status queue_run_last_ended(struct queue *q, struct queue_run_info **runs, size_t *n,
+                                 struct err_detail *err)
+{
+    return list_runs(q, QS_RUN_LAST_ENDED, 0, runs, n, err);
+}
+
 enum status queue_run_list_job(struct queue *q, int64_t job_id, struct queue_run_info **runs,
                                size_t *n, struct err_detail *err)
 {

@@ -411,6 +411,11 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                         " id IN (SELECT run_id FROM samples WHERE job_id = ?1) FROM runs"
                         " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
                         " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
+    /* (its summary in the progress column) */
+    [QS_RUN_LAST_ENDED] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
+                          " heartbeat, summary_json, ended, exit_reason, engine_json, 0 FROM runs"
+                          " WHERE kind = 'run' AND ended IS NOT NULL ORDER BY ended DESC, id DESC"
+                          " LIMIT 1",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
     /* ?2: the sweeping run, whose own leases are never swept (0: none) */

@@ -564,6 +564,31 @@ static void print_status_text(const cJSON *o)
     }
 }
 
+/* When the run that ended last failed: which, where, when and why (its summary's error; older
+ * runs kept none), so that a cron or Slurm user sees it without its log. */
+static void print_last_run_failure(struct queue *q)
+{
+    struct queue_run_info *last = NULL;
+    size_t n = 0;
+    struct err_detail err = {0};
+    if (queue_run_last_ended(q, &last, &n, &err) || !n || !last[0].exit_reason ||
+        strcmp(last[0].exit_reason, "error")) {
+        queue_run_info_free(last, n);
+        return;
+    }
+    cJSON *sum = last[0].progress_json ? cJSON_Parse(last[0].progress_json) : NULL;
+    const cJSON *e = cJSON_GetObjectItem(sum, "error");
+    char host[1024], msg[2048];
+    const int64_t ago = (int64_t)time(NULL) * 1000 - last[0].ended_ms;
+    printf("last run %lld on %s pid %lld failed %.0f s ago: %s\n", (long long)last[0].id,
+           log_printable(last[0].host ? last[0].host : "?", host, sizeof(host)),
+           (long long)last[0].pid, ago > 0 ? (double)ago / 1000.0 : 0.0,
+           cJSON_IsString(e) ? log_printable(e->valuestring, msg, sizeof(msg))
+                             : "(no message kept: see its log)");
+    cJSON_Delete(sum);
+    queue_run_info_free(last, n);
+}
+
 /* A done or cancelled job whose output directory has no current manifest (its last write failed,
  * the run was killed right after the last commit) gets one here, when no shard is open. */
 static void seal_manifest(struct queue *q, const struct queue_job *j)
@@ -752,6 +777,8 @@ int runner_cmd_status(int argc, char **argv)
     } else if (!n) {
         puts("no jobs");
     }
+    if (!o.json && n && !o.job)
+        print_last_run_failure(q);
     cJSON_Delete(arr);
     queue_run_info_free(runs, n_runs);
     rc = RUNNER_EXIT_OK;

@@ -280,7 +280,7 @@ static void show(void *user, const struct batch_progress *p, enum batch_show wha
 }
 
 /* The run's JSON summary (caller frees); sorts the latency arrays. */
-static char *summary_json(const struct batch_stats *s, const char *reason)
+static char *summary_json(const struct batch_stats *s, const char *reason, const char *error)
 {
     double el = runner_now() - s->t_start;
     struct rusage ru;
@@ -288,6 +288,8 @@ static char *summary_json(const struct batch_stats *s, const char *reason)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "run_id", (double)s->run_id);
     cJSON_AddStringToObject(o, "exit_reason", reason);
+    if (error) /* (kept in the queue: status says why the last run failed) */
+        cJSON_AddStringToObject(o, "error", error);
     cJSON_AddNumberToObject(o, "elapsed_s", el);
     /* > 0: the run waited for items leased by other live runs before it could finish */
     cJSON_AddNumberToObject(o, "waited_for_other_runs_s", s->waited_s);
@@ -354,7 +356,7 @@ static int run_once(struct run_opts *o, int *busy)
         rc = RUNNER_EXIT_OK;
         break;
     }
-    char *sum = summary_json(batch_run_stats(r), reason);
+    char *sum = summary_json(batch_run_stats(r), reason, strcmp(reason, "error") ? NULL : err.msg);
     if (sum)
         puts(sum);
     fflush(stdout);

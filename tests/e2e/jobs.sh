@@ -585,6 +585,9 @@ import json, sys
 s = {j['name']: j for j in json.load(sys.stdin)}
 assert s['second']['state'] == 'done' and s['second']['by_state']['done'] == 1, s
 assert s['first']['by_state']['queued'] == 1, s" || fail "15: the other job was not run"
+# (status says the last run failed and why, without its log)
+"$Q" status --db two.db | grep -q "^last run [0-9]* on .* failed .* ago: job first: model .*gone.gguf" ||
+    { "$Q" status --db two.db; fail "15: status does not say why the last run failed"; }
 # 16. (input audit) a prompt more bytes than the context could hold at the longest token text is
 # refused untokenized (a 64 MB one took 27 s and 2.2 GB to tokenize, only to be refused)
 python3 -c "
