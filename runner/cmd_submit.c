@@ -249,6 +249,7 @@ struct pending {
     char *msg;        /* why the line is bad */
     char *param;      /* the request field it names, or NULL */
     int part;         /* the queue it goes to (0 without --partitions) */
+    int default_id;   /* custom_id is the one a line without one gets (line-N) */
 };
 
 /* custom_id -> part, so that a repeated id lands in the part that has it, whose queue then
@@ -412,6 +413,7 @@ static enum status pending_add(struct submit *s, const char *custom_id, const ch
     p->msg = msg ? strdup(msg) : NULL;
     p->param = param && *param ? strdup(param) : NULL;
     p->part = part;
+    p->default_id = 0;
     s->pend_bytes += payload ? strlen(payload) : 0;
     if ((custom_id && *custom_id && !p->custom_id) || !p->source || (msg && !p->msg) ||
         (param && *param && !p->param))
@@ -455,9 +457,15 @@ static enum status write_pending(struct submit *s, const struct pending *p,
     it.payload = p->payload;
     enum status st = queue_item_add(s->q[p->part], s->job[p->part], &it, NULL, err);
     if (st == ST_ERR_EXISTS) {
-        char msg[700];
-        snprintf(msg, sizeof(msg), "duplicate custom_id '%.600s' (the first line with it is kept)",
-                 p->custom_id);
+        char msg[800];
+        if (p->default_id) /* (the user never wrote this id: another line did) */
+            snprintf(msg, sizeof(msg),
+                     "the line has no custom_id, and the one it gets by default, '%.600s', is "
+                     "another line's: give it a custom_id",
+                     p->custom_id);
+        else
+            snprintf(msg, sizeof(msg),
+                     "duplicate custom_id '%.600s' (the first line with it is kept)", p->custom_id);
         if (s->o->strict)
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s (--strict)", p->source,
                            (unsigned long long)p->line, msg);
@@ -602,6 +610,8 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
              ? pending_add(s, r->custom_id, source, pos->line, payload, NULL, NULL, NULL, est, err)
              : err_set(err, ST_ERR_NOMEM, "out of memory");
     s->valid += !st;
+    if (!st)
+        s->pend[s->n_pend - 1].default_id = !strcmp(r->custom_id, defid);
     job_request_free(r);
     return st;
 }

@@ -299,6 +299,11 @@ import json
 ids = sorted(json.loads(l)["custom_id"] for l in open("names.out.jsonl"))
 assert ids == ["caf%E9.jsonl:line-1", "u1", "x"], ids
 PY
+# (a line without custom_id whose default id another line took is told so, not "duplicate")
+printf '{"custom_id": "line-2", "prompt": "a"}\n{"prompt": "b"}\n' >dflt.jsonl
+"$Q" submit --db dflt.db --model "$M" dflt.jsonl >/dev/null 2>dflt.err || fail "8: submit dflt"
+grep -q "dflt.jsonl:2: duplicate_custom_id: the line has no custom_id, and the one it gets by default, 'line-2', is another line's" dflt.err ||
+    { cat dflt.err; fail "8: a taken default id"; }
 # (- is standard input)
 printf '{"prompt": "from a pipe"}\n' | "$Q" submit --db pipe.db --model "$M" - >/dev/null 2>pipe.err ||
     { cat pipe.err; fail "8: submit -"; }
