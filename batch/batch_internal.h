@@ -25,6 +25,8 @@ struct batch_inflight {
     int n_choices;                      /* choices the request asked for (n) */
     int n_got;                          /* of those, finished so far */
     int grammar_stuck;                  /* a choice ended because its grammar allowed no token */
+    int started;                        /* the queue marks it started (queue_mark_started): the
+                                           engine may compute it (start_gate) */
     int32_t n_prompt;                   /* prompt tokens */
     int32_t n_cached;                   /* of those, choice 0 found in the prefix cache */
     double ttft_ms;                     /* time to first token of its first choice, 0 = none */
@@ -79,6 +81,9 @@ struct batch_run {
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
     int64_t n_inflight;              /* of them */
+    enum status gate_st;             /* start_gate could not mark requests started (gate_err
+                                        says why): the run fails after the step */
+    struct err_detail gate_err;
     double t_stop;                   /* when stopping began (0 = not stopping) */
     int interruptible;               /* a stop signal ends waits for the queue (no leases
                                         held yet, no stop noticed: queue_set_interrupt) */

@@ -955,6 +955,12 @@ size_t engine_cancel(struct engine *e, const void *user)
     return engine_sched_cancel(e, user);
 }
 
+void engine_set_start_gate(struct engine *e, int (*gate)(void *ctx, const void *user), void *ctx)
+{
+    e->start_gate = gate;
+    e->start_gate_ctx = ctx;
+}
+
 size_t engine_unstarted(const struct engine *e, const void **users, size_t max)
 {
     return engine_sched_unstarted(e, users, max);

@@ -213,6 +213,11 @@ size_t engine_cancel(struct engine *e, const void *user);
  * returns how many. A choice already polled is not seen here: the caller knows those. With
  * engine_cancel, a stopping run gives such requests back instead of starting them. */
 size_t engine_unstarted(const struct engine *e, const void **users, size_t max);
+/* A gate on first admissions: before a step first computes a sequence, gate(ctx, user) is
+ * called with its request's user (for each choice of it); 0 keeps it waiting, and every request
+ * behind it, this step. A runner records there, durably, that the request has begun (a crash
+ * from then on may be its doing). NULL: no gate. */
+void engine_set_start_gate(struct engine *e, int (*gate)(void *ctx, const void *user), void *ctx);
 /* Run one step (no-op when idle). */
 enum status engine_step(struct engine *e, struct err_detail *err);
 /* Requests waiting or running. */

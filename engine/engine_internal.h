@@ -111,6 +111,8 @@ struct engine {
     size_t n_waiting;            /* waiting count */
     uint64_t next_id;            /* request ids */
     uint64_t admit_counter;      /* admission order */
+    int (*start_gate)(void *ctx, const void *user); /* engine_set_start_gate, or NULL */
+    void *start_gate_ctx;
     /* per-step batch scratch, max_batch_tokens entries */
     int32_t *b_tok, *b_pos, *b_seq; /* token, position, KV slot */
     uint8_t *b_want;             /* logits wanted */

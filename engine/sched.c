@@ -316,6 +316,9 @@ static int schedule(struct engine *e, struct err_detail *err)
             prev = s;
             continue;
         }
+        if (e->start_gate && s->n_cached == (size_t)-1 &&
+            !e->start_gate(e->start_gate_ctx, s->user))
+            break;
         int slot = e->free_slots[e->n_free_slots - 1];
         int32_t cached = prompt_fork(e, s, slot);
         if (!cached)

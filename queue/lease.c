@@ -317,6 +317,30 @@ enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, s
     return st;
 }
 
+enum status queue_mark_started(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
+                               int started, struct err_detail *err)
+{
+    QUEUE_ERR_LOCAL(err);
+    if (!n)
+        return ST_OK;
+    struct queue_scope sc;
+    enum status st = queue_scope_enter(q, &sc, err);
+    if (st != ST_OK)
+        return st;
+    for (size_t i = 0; st == ST_OK && i < n; i++) {
+        sqlite3_stmt *s = queue_stmt(q, QS_ITEM_STARTED, err);
+        if (!s) {
+            st = err->status;
+            break;
+        }
+        sqlite3_bind_int64(s, 1, run_id);
+        sqlite3_bind_int64(s, 2, ids[i]);
+        sqlite3_bind_int(s, 3, started != 0);
+        st = queue_step_done(q, s, "marking items started", err);
+    }
+    return queue_scope_leave(q, &sc, st, err);
+}
+
 enum status queue_lease_expire(struct queue *q, int64_t *n_expired, struct err_detail *err)
 {
     QUEUE_ERR_LOCAL(err);

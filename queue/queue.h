@@ -65,7 +65,7 @@
 #include "common/err.h"
 #include "common/proc.h"
 
-#define QUEUE_SCHEMA_VERSION       7     /* PRAGMA user_version this build creates and knows */
+#define QUEUE_SCHEMA_VERSION       8     /* PRAGMA user_version this build creates and knows */
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */
@@ -634,6 +634,14 @@ enum status queue_lease_list(struct queue *q, int64_t run_id, int64_t **ids, siz
  * run_id are skipped. *n_released (may be NULL) gets how many moved. */
 enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
                           int64_t *n_released, struct err_detail *err);
+
+/* Whether the computation of each listed item still leased by run_id may have begun, in one
+ * transaction: a claim marks its items started (parsing and tokenizing them may crash the run);
+ * the run clears the mark of those it hands to its engine (started 0) and sets it again before
+ * the engine first computes them (started 1). A run that dies holding an item not marked did
+ * not die of it: whoever requeues it (queue_reap_dead, expired leases) takes its attempt back. */
+enum status queue_mark_started(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
+                               int started, struct err_detail *err);
 
 /* Make room after "database or disk is full": checkpoint the WAL into the database and cut it
  * to zero bytes (SQLITE_CHECKPOINT_TRUNCATE; waits up to the busy timeout for other

@@ -74,6 +74,7 @@ enum queue_stmt_id {
     QS_CLAIM_ANY,
     QS_RELEASE_ONE,
     QS_RELEASE_ALL,
+    QS_ITEM_STARTED,
     QS_SHARD_GET,
     QS_SHARD_NEXT_SEQ,
     QS_SHARD_INSERT,

@@ -179,6 +179,15 @@ static const char SCHEMA_V7[] = "CREATE TABLE IF NOT EXISTS model_files ("
                                 "  ctime_ns INTEGER NOT NULL,"
                                 "  sha256 TEXT NOT NULL);";
 
+/* Version 8: items.started, the run that may have begun computing the item under its lease:
+ * set by the claim (parsing and tokenizing may crash too), cleared for the requests handed to
+ * the engine and set again, in small batches, before the engine first computes them
+ * (queue_mark_started). A run that dies holding an item its computation never reached did not
+ * die of it: whoever requeues it (a dead run's leases, expired leases) takes its attempt back.
+ * Before, a kill -9 counted an attempt for every item a run held (two per engine slot), so three
+ * crashes failed hundreds of requests that never ran as attempts_exhausted. */
+static const char SCHEMA_V8[] = "ALTER TABLE items ADD COLUMN started INTEGER;";
+
 /* Does table have column? -1 when it cannot be read (an SQLite result code in *rc). */
 static int has_column(sqlite3 *db, const char *table, const char *column, int *rc)
 {
@@ -211,7 +220,7 @@ static int v7_error_param(sqlite3 *db)
 const struct queue_migration queue_migrations[] = {
     {1, SCHEMA_V1, NULL},           {2, SCHEMA_V2, NULL}, {3, SCHEMA_V3, NULL},
     {4, SCHEMA_V4, NULL},           {5, SCHEMA_V5, NULL}, {6, SCHEMA_V6, NULL},
-    {7, SCHEMA_V7, v7_error_param},
+    {7, SCHEMA_V7, v7_error_param}, {8, SCHEMA_V8, NULL},
 };
 
 int queue_migration_apply(sqlite3 *db, const struct queue_migration *m)
@@ -234,7 +243,7 @@ const size_t queue_n_migrations = sizeof(queue_migrations) / sizeof(queue_migrat
     "id, job_id, kind, seq, path, run_id, committed_bytes, records, superseded, state, sha256"
 #define CLAIM_SET                                                                                  \
     "UPDATE items SET state = 'leased', lease_owner = ?1, lease_expiry = ?2, "                     \
-    "attempts = attempts + 1 WHERE id IN "
+    "attempts = attempts + 1, started = ?1 WHERE id IN "
 #define CLAIM_RETURNING                                                                            \
     " RETURNING id, job_id, custom_id, payload, priority, attempts, max_attempts, error_code,"     \
     " error_msg, source, line_no, error_param"
@@ -420,16 +429,21 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */
     /* ?2: the sweeping run, whose own leases are never swept (0: none) */
     /* (an attempt is given back when the owner had begun to stop: see SCHEMA_V6) */
+    /* (and when the owner never started computing it: see SCHEMA_V8) */
     [QS_LEASE_EXPIRE] = "UPDATE items INDEXED BY items_lease_expiry SET state = 'queued',"
-                        " lease_owner = NULL, lease_expiry = NULL,"
-                        " attempts = max(attempts - coalesce((SELECT 1 FROM runs"
-                        " WHERE runs.id = items.lease_owner AND stopping IS NOT NULL), 0), 0)"
+                        " lease_owner = NULL, lease_expiry = NULL, started = NULL,"
+                        " attempts = max(attempts - (started IS NOT lease_owner OR EXISTS"
+                        " (SELECT 1 FROM runs WHERE runs.id = items.lease_owner"
+                        " AND stopping IS NOT NULL)), 0)"
                         " WHERE state = 'leased' AND lease_expiry <= ?1 AND lease_owner <> ?2",
     [QS_LEASE_REQUEUE_RUN] =
         "UPDATE items INDEXED BY items_lease_owner SET state = 'queued', lease_owner = NULL,"
-        " lease_expiry = NULL, attempts = max(attempts - coalesce((SELECT 1 FROM runs"
-        " WHERE id = ?1 AND stopping IS NOT NULL), 0), 0)"
+        " lease_expiry = NULL, started = NULL, attempts = max(attempts - (started IS NOT ?1"
+        " OR EXISTS (SELECT 1 FROM runs WHERE id = ?1 AND stopping IS NOT NULL)), 0)"
         " WHERE state = 'leased' AND lease_owner = ?1",
+    /* queue_mark_started: ?3 1 (may have begun) or 0 (handed to the engine, not begun) */
+    [QS_ITEM_STARTED] = "UPDATE items SET started = CASE WHEN ?3 THEN ?1 END"
+                        " WHERE id = ?2 AND state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_EXTEND] = "UPDATE items INDEXED BY items_lease_owner SET lease_expiry = ?2"
                         " WHERE state = 'leased' AND lease_owner = ?1",
     [QS_LEASE_LIST] = "SELECT id FROM items INDEXED BY items_lease_owner"

@@ -281,6 +281,73 @@ static void test_stopping_run_dies(void **state)
     queue_close(q);
 }
 
+/* A run that dies holding items whose computation it never reached (queue_mark_started: the
+ * claim marks them, handing them to the engine clears the mark, the engine's first step on
+ * them sets it again) did not die of them: their attempts come back, whether a run on its host
+ * finds it dead or its leases expire. Marked ones keep theirs. Before, a kill -9 counted an
+ * attempt for every item a run held, so three crashes failed requests that never ran. */
+static void test_unstarted_items_refunded(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 10);
+    struct proc_identity self;
+    proc_identity_self(&self);
+    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
+        fail_msg("no /proc identity on this machine");
+    struct queue_run_spec gone = {.job_id = job,
+                                  .host = self.host,
+                                  .pid = self.pid,
+                                  .boot_id = self.boot_id,
+                                  .pid_ns = self.pid_ns,
+                                  .pstart = self.start_ticks + 1};
+    int64_t r_crash = 0, r_far = 0;
+    assert_int_equal(queue_run_start(q, &gone, &r_crash, &err), ST_OK);
+    struct queue_run_spec far = gone;
+    far.host = "elsewhere";
+    assert_int_equal(queue_run_start(q, &far, &r_far, &err), ST_OK);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, r_crash, 6, 3600000, &n);
+    assert_int_equal(n, 6);
+    queue_claimed_free(c, n);
+    c = claim(q, job, r_far, 2, 1000, &n);
+    assert_int_equal(n, 2);
+    queue_claimed_free(c, n);
+    /* items 1-5 handed to the engine (6 crashed its parser, say: still marked); 1 and 2 then
+     * computed; a mark by a run that does not hold the item changes nothing */
+    const int64_t handed[] = {1, 2, 3, 4, 5}, begun[] = {1, 2}, far_handed[] = {7, 8},
+                  far_begun[] = {7};
+    assert_int_equal(queue_mark_started(q, r_crash, handed, 5, 0, &err), ST_OK);
+    assert_int_equal(queue_mark_started(q, r_crash, begun, 2, 1, &err), ST_OK);
+    assert_int_equal(queue_mark_started(q, r_far, handed, 5, 1, &err), ST_OK);
+    assert_int_equal(queue_mark_started(q, r_far, far_handed, 2, 0, &err), ST_OK);
+    assert_int_equal(queue_mark_started(q, r_far, far_begun, 1, 1, &err), ST_OK);
+    assert_int_equal(queue_mark_started(q, r_far, NULL, 0, 1, &err), ST_OK);
+    int64_t reaped = 0;
+    assert_int_equal(queue_reap_dead(q, &self, &reaped, &err), ST_OK);
+    assert_int_equal(reaped, 1);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'queued'"
+                                      " AND attempts = 1 AND started IS NULL AND id IN (1, 2, 6)"),
+                     3);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE state = 'queued'"
+                                      " AND attempts = 0 AND id IN (3, 4, 5)"),
+                     3);
+    /* the far run's leases expire: a claim (of one item, the lowest queued) puts them back */
+    f->now += 2000;
+    int64_t r_new = start_run(q, job);
+    c = claim(q, job, r_new, 1, 1000, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(c[0].id, 1);
+    queue_claimed_free(c, n);
+    assert_int_equal(sql_int(f->path, "SELECT attempts FROM items WHERE id = 7"), 1);
+    assert_int_equal(sql_int(f->path, "SELECT attempts FROM items WHERE id = 8"), 0);
+    assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE id IN (7, 8)"
+                                      " AND state = 'queued' AND started IS NULL"),
+                     2);
+    queue_close(q);
+}
+
 /* ---- claiming ------------------------------------------------------------------------------ */
 
 static void test_claim_order_limits(void **state)
@@ -806,6 +873,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reap_dead_runs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopping_run_dies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unstarted_items_refunded, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,9 @@
 #     own items again when it resumes: each is still computed and committed once;
 # 12. a run SIGKILLed during its grace (a scheduler's KillWait) costs its items no attempt;
 #     12b: the stop gives back at once the requests the engine had not started;
+# 15. a run killed (-9) holds twice as many items as its engine runs: only those whose
+#     computation had begun spend an attempt, and three such crashes in a row still fail the
+#     requests in compute each time as attempts_exhausted, and no other;
 # hold_lock DB SECONDS: another process holds DB's write lock for SECONDS (in the background,
 # $holder); returns once it does
 hold_lock() {
@@ -530,12 +533,20 @@ leased() {
     python3 -c "import sqlite3; print(sqlite3.connect('twelve.db').execute(
         \"SELECT count(*) FROM items WHERE state = 'leased'\").fetchone()[0])"
 }
-# until it holds leases: 4 running and 4 more waiting in the engine (it keeps 2 x --max-seqs)
+# until it holds leases: 4 running and 4 more waiting in the engine (it keeps 2 x --max-seqs),
+# as its live progress shows (the first step admits one request: the others wait for the
+# shared chat-template block it computes; a stop before then gave back 7 and ran 1)
+running() {
+    python3 -c "import json, sqlite3; r = sqlite3.connect('twelve.db').execute(
+        \"SELECT progress_json FROM runs WHERE progress_json IS NOT NULL\").fetchone();
+print(json.loads(r[0]).get('running', 0) if r else 0)"
+}
 for _ in $(seq 600); do
-    [ "$(leased)" -gt 4 ] && break
+    [ "$(leased)" -gt 4 ] && [ "$(running)" -eq 4 ] && break
     sleep 0.1
 done
-[ "$(leased)" -gt 4 ] || fail "12: the run holds $(leased) items, want 8"
+[ "$(leased)" -gt 4 ] && [ "$(running)" -eq 4 ] ||
+    fail "12: the run holds $(leased) items and runs $(running), want 8 and 4"
 kill -TERM $pid
 for _ in $(seq 600); do # until the queue has its stop
     python3 -c "import sqlite3, sys; sys.exit(0 if sqlite3.connect('twelve.db').execute(
@@ -634,4 +645,36 @@ wait $pid
 rc=$?
 set -e
 [ $rc -eq 75 ] || fail "14: TERM after an ignored HUP: exit $rc, want 75"
+# 15. kill -9 before a run's third step, three times (QUERN_FAULT=run.step:3:kill): each run
+# claimed 2 x --max-seqs = 64 items and began 32 (admitted in its first step; 6 tokens each,
+# none finished). Before, every held item spent an attempt: after three crashes 64 requests,
+# half of which never ran, failed as attempts_exhausted.
+make_small fifteen.jsonl 200
+"$Q" submit --db fifteen.db --model "$M" --name fifteen fifteen.jsonl >/dev/null 2>&1
+for k in 1 2 3; do
+    rc=0
+    QUERN_FAULT=run.step:3:kill "$Q" run --db fifteen.db --out out --max-seqs 32 \
+        --max-batch-tokens 2048 --threads 1 >/dev/null 2>fifteen.log || rc=$?
+    [ $rc -eq 137 ] || { cat fifteen.log; fail "15: crash $k: exit $rc, want 137 (killed)"; }
+    "$Q" status --db fifteen.db >/dev/null 2>&1 # finds the run dead: its leases go back
+    python3 - fifteen.db $k <<'PY' || fail "15: crash $k spent the attempts of requests not begun"
+import sqlite3, sys
+k = int(sys.argv[2])
+db = sqlite3.connect(sys.argv[1])
+rows = dict(db.execute("SELECT attempts, count(*) FROM items WHERE state = 'queued' GROUP BY 1"))
+assert sum(rows.values()) == 200, rows  # nothing finished, nothing leased
+assert 1 <= rows.get(k, 0) <= 32 and sum(n for a, n in rows.items() if a not in (0, k)) == 0, rows
+PY
+done
+"$Q" run --db fifteen.db --out out --max-seqs 32 --threads 1 >/dev/null 2>fifteen.log ||
+    { cat fifteen.log; fail "15: the run after the crashes"; }
+"$Q" export --db fifteen.db --job fifteen --out fifteen.out.jsonl 2>/dev/null || fail "15: export"
+python3 - fifteen.out.jsonl <<'PY' || fail "15: the requests after three crashes"
+import collections, json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 200, len(recs)
+by = collections.Counter("ok" if r["response"]["status_code"] == 200 else
+                         r["response"]["body"]["error"]["code"] for r in recs)
+assert set(by) <= {"ok", "attempts_exhausted"} and 1 <= by["attempts_exhausted"] <= 32, by
+PY
 echo "e2e reliability: ok"
