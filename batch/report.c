@@ -867,7 +867,7 @@ enum status batch_report_write(const char *db, const char *job, const struct bat
     int64_t stale_ms = (int64_t)(BATCH_PROGRESS_STALE_S * 1000);
     for (int k = 0; !st && k < r.n_parts; k++) {
         struct queue *q = NULL;
-        struct queue_options qo = {.must_exist = true};
+        struct queue_options qo = {.must_exist = true, .read_only_ok = true};
         st = dir ? batch_parts_open(&parts, k, 500, 0, &q, err) : queue_open_opts(&q, db, &qo, err);
         if (st == ST_ERR_BUSY && dir) { /* in use: its counts from its run's progress file */
             char path[4200];
@@ -889,7 +889,7 @@ enum status batch_report_write(const char *db, const char *job, const struct bat
             struct proc_identity self;
             struct err_detail e2 = {0};
             proc_identity_self(&self);
-            if (queue_reap_dead(q, &self, NULL, &e2))
+            if (!queue_read_only(q) && queue_reap_dead(q, &self, NULL, &e2))
                 LOG_WARN("ending the runs found dead: %s", e2.msg);
             st = gather(&r, q, k, dir ? parts.job : job, stale_ms, err);
         }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -579,6 +580,95 @@ static enum status busy_in_use(enum status st, const char *path, const struct qu
                    path);
 }
 
+/* Whether the file system holding path's directory is mounted read-only. */
+static bool on_read_only_fs(const char *path)
+{
+    char *dir = db_dir(path);
+    struct statvfs sv;
+    bool ro = dir && statvfs(dir, &sv) == 0 && (sv.f_flag & ST_RDONLY);
+    free(dir);
+    return ro;
+}
+
+/* A side file of the queue (suffix "-wal", "-journal") that holds bytes: commits or a killed
+ * transaction that the database file alone lacks. */
+static bool side_file_used(const char *path, const char *suffix)
+{
+    char side[4200];
+    struct stat sb;
+    snprintf(side, sizeof(side), "%s%s", path, suffix);
+    return stat(side, &sb) == 0 && sb.st_size > 0;
+}
+
+/* Open the queue on a read-only file system as it is stored (queue_options.read_only_ok): an
+ * SQLite URI with immutable=1, which reads no WAL and writes nothing; so refused when a WAL or
+ * a journal holds what the file lacks. Fills q->db and q->schema_version. */
+static enum status open_read_only(struct queue *q, const char *path, struct err_detail *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return err_set(err, errno == ENOENT ? ST_ERR_NOT_FOUND : ST_ERR_IO, "queue %s: %s", path,
+                       errno == ENOENT ? "does not exist" : strerror(errno));
+    if (!S_ISREG(sb.st_mode) || sb.st_size == 0)
+        return err_set(err, ST_ERR_NOT_FOUND, "queue %s is not a queue (%s)", path,
+                       S_ISREG(sb.st_mode) ? "an empty file" : "not a regular file");
+    for (int i = 0; i < 2; i++)
+        if (side_file_used(path, i ? "-journal" : "-wal"))
+            return err_set(err, ST_ERR_IO,
+                           "queue %s is on a read-only file system, and %s%s holds %s the "
+                           "database file lacks: reading it needs writing; copy the queue with "
+                           "its %s file to writable storage (or mount it writable) to read it",
+                           path, path, i ? "-journal" : "-wal",
+                           i ? "a transaction interrupted by a killed process" : "commits",
+                           i ? "-journal" : "-wal");
+    /* file: URI: the path's '%', '?' and '#' escaped */
+    size_t len = strlen(path);
+    char *uri = malloc(3 * len + 32);
+    if (!uri)
+        return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
+    char *o = uri + sprintf(uri, "file:");
+    for (const char *c = path; *c; c++)
+        o += (*c == '%' || *c == '?' || *c == '#') ? sprintf(o, "%%%02X", (unsigned char)*c)
+                                                   : (*o = *c, 1);
+    strcpy(o, "?immutable=1");
+    int rc = sqlite3_open_v2(uri, &q->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+    free(uri);
+    if (rc != SQLITE_OK)
+        return err_set(err, ST_ERR_IO, "opening queue %s read-only: %s", path,
+                       q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc));
+    sqlite3_extended_result_codes(q->db, 1);
+    int v = 0;
+    enum status st = read_user_version(q, &v, err);
+    struct peek pk = {q->db, path};
+    char names[256];
+    bool quern = false;
+    if (st == ST_OK && v > QUEUE_SCHEMA_VERSION)
+        st = refuse_newer(v, err);
+    if (st == ST_OK)
+        st = peek_tables(&pk, names, sizeof(names), &quern, err);
+    if (st == ST_OK && (v == 0 || !quern))
+        st = err_set(err, ST_ERR_FORMAT,
+                     "queue %s is an SQLite database but not a quern queue (user_version %d, "
+                     "tables: %s)",
+                     path, v, names[0] ? names : "none");
+    if (st == ST_OK && v < QUEUE_SCHEMA_VERSION)
+        st = err_set(err, ST_ERR_UNSUPPORTED,
+                     "queue %s has schema version %d, written by an older quern (this one: %d), "
+                     "and is on a read-only file system: its upgrade writes, so copy it to "
+                     "writable storage (or read it with the quern that wrote it)",
+                     path, v, QUEUE_SCHEMA_VERSION);
+    if (st == ST_OK && sqlite3_exec(q->db, "PRAGMA query_only = 1", NULL, NULL, NULL) != SQLITE_OK)
+        st = queue_sql_err(q, sqlite3_extended_errcode(q->db), "opening read-only", err);
+    q->schema_version = v;
+    q->read_only = st == ST_OK;
+    return st;
+}
+
+bool queue_read_only(const struct queue *q)
+{
+    return q->read_only;
+}
+
 enum status queue_open_opts(struct queue **out, const char *path, const struct queue_options *opts,
                             struct err_detail *err)
 {
@@ -589,8 +679,14 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     if (!path || !*path)
         return err_set(err, ST_ERR_INVALID_ARG, "the queue's path (--db) is empty");
     /* Nothing below may create or change the file until the checks have passed. */
-    enum status st = check_fs(path, opts, err);
-    if (st == ST_OK)
+    const bool ro_fs = on_read_only_fs(path), ro = ro_fs && opts->read_only_ok && !opts->exclusive;
+    if (ro_fs && !ro)
+        return err_set(err, ST_ERR_IO,
+                       "queue %s is on a read-only file system: this command writes the queue "
+                       "(status, export and report read a plain queue there as it is stored)",
+                       path);
+    enum status st = ro ? ST_OK : check_fs(path, opts, err);
+    if (st == ST_OK && !ro)
         st = inspect(path, opts, err);
     if (st != ST_OK)
         return busy_in_use(st, path, opts, err);
@@ -611,6 +707,13 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
         free(q->path);
         free(q);
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
+    }
+    if (ro) {
+        q->busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS;
+        if ((st = open_read_only(q, path, err)) != ST_OK)
+            goto fail;
+        *out = q;
+        return ST_OK;
     }
     int flags = SQLITE_OPEN_READWRITE | (opts->must_exist ? 0 : SQLITE_OPEN_CREATE);
     int rc = sqlite3_open_v2(path, &q->db, flags, NULL);

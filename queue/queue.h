@@ -118,6 +118,12 @@ struct queue_options {
                              the whole database, so worth it where a run starts, not in a
                              status poll; any problem is ST_ERR_FORMAT */
     const volatile sig_atomic_t *interrupt; /* as queue_set_interrupt, from the open on */
+    bool read_only_ok;    /* for commands that only read (status, export, report): a queue on
+                             a read-only file system (an archive, a snapshot, a read-only
+                             mount) is opened as it is stored, read-only (SQLite's immutable
+                             mode: nothing written, not even the WAL's index), when its WAL
+                             holds no commits the database lacks and its schema is this
+                             quern's; queue_read_only then says so, and every write fails */
     bool exclusive;       /* a part of a partitioned queue (or any file meant for one process
                              at a time): rollback journal instead of WAL, and the file's write
                              lock taken at open and held until queue_close (SQLite's
@@ -170,6 +176,9 @@ const char *queue_fs_kind(uint64_t magic, bool *refuse);
 
 /* Close the connection, rolling back an open queue_tx_begin. queue_close(NULL) is a no-op. */
 void queue_close(struct queue *q);
+
+/* Whether q was opened read-only (queue_options.read_only_ok on a read-only file system). */
+bool queue_read_only(const struct queue *q);
 
 /* Schema version of the open database (QUEUE_SCHEMA_VERSION after a successful open). */
 int queue_schema_version(struct queue *q);

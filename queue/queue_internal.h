@@ -107,6 +107,7 @@ struct queue {
     char *path;                    /* the database file as given to queue_open, owned */
     bool user_tx;                  /* inside queue_tx_begin/commit */
     bool exclusive;                /* opened with queue_options.exclusive (a part) */
+    bool read_only;                /* opened read-only (queue_options.read_only_ok) */
     int schema_version;            /* user_version after open */
     int64_t (*now_ms)(void *ctx);  /* clock; never NULL */
     void *clock_ctx;               /* passed to now_ms */

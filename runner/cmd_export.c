@@ -1077,7 +1077,7 @@ int runner_cmd_export(int argc, char **argv)
     for (int k = 0; !st && k < (dir ? parts.n : 1); k++) {
         x.part = k;
         struct queue *q = NULL;
-        struct queue_options qo = {.must_exist = true};
+        struct queue_options qo = {.must_exist = true, .read_only_ok = true};
         st = dir ? batch_parts_open(&parts, k, 500, 0, &q, &err)
                  : queue_open_opts(&q, db, &qo, &err);
         if (st == ST_ERR_BUSY)

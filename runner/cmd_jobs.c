@@ -598,7 +598,8 @@ static void seal_manifest(struct queue *q, const struct queue_job *j)
     struct queue_shard *sh = NULL;
     size_t n = 0;
     struct stat sb;
-    if (!j->ready || (j->state != QUEUE_JOB_DONE && j->state != QUEUE_JOB_CANCELLED) ||
+    if (queue_read_only(q) || !j->ready ||
+        (j->state != QUEUE_JOB_DONE && j->state != QUEUE_JOB_CANCELLED) ||
         queue_shard_list(q, j->id, &sh, &n, &err))
         return;
     int open = 0;
@@ -722,7 +723,7 @@ int runner_cmd_status(int argc, char **argv)
         return runner_parts_status(&o.parts, o.job, o.json);
     struct queue *q;
     /* no quick_check: status is polled, and a damaged page it reads is still an error */
-    struct queue_options qo = {.must_exist = true};
+    struct queue_options qo = {.must_exist = true, .read_only_ok = true};
     if (queue_open_opts(&q, o.db, &qo, &err)) {
         LOG_ERROR("%s", err.msg);
         return RUNNER_EXIT_ERROR;
@@ -730,7 +731,11 @@ int runner_cmd_status(int argc, char **argv)
     /* killed submits leave jobs that are not ready: delete them before showing any */
     struct proc_identity self;
     proc_identity_self(&self);
-    if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
+    if (queue_read_only(q))
+        LOG_INFO("queue %s is on a read-only file system: shown as stored (a run that has not "
+                 "ended there is not running: nothing can write the queue)",
+                 o.db);
+    else if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
         LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
     struct queue_job *jobs = NULL;
     size_t n = 0;

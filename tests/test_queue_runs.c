@@ -209,6 +209,22 @@ static void test_reap_dead_runs(void **state)
     assert_int_equal(sql_int(f->path, sql), 1);
 }
 
+/* A run of job on this host (*self: this process) whose process is gone: this process's
+ * identity with another start time. */
+static struct queue_run_spec gone_run_spec(int64_t job, struct proc_identity *self)
+{
+    proc_identity_self(self);
+    if (!self->boot_id[0] || !self->pid_ns[0] || !self->start_ticks)
+        fail_msg("no /proc identity on this machine");
+    struct queue_run_spec gone = {.job_id = job,
+                                  .host = self->host,
+                                  .pid = self->pid,
+                                  .boot_id = self->boot_id,
+                                  .pid_ns = self->pid_ns,
+                                  .pstart = self->start_ticks + 1};
+    return gone;
+}
+
 /* A run that recorded its stop (queue_run_stopping) and then died (SIGKILL at the end of a
  * scheduler's KillWait, inside its --grace) costs its items no attempt: neither when a run on
  * its host finds it dead, nor when its leases expire (another host). A run that died without
@@ -220,16 +236,8 @@ static void test_stopping_run_dies(void **state)
     struct queue *q = open_q(f);
     int64_t job = make_job(q, "j", 6);
     struct proc_identity self;
-    proc_identity_self(&self);
-    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
-        fail_msg("no /proc identity on this machine");
     /* runs of this host whose process is gone (another start time): one stopping, one not */
-    struct queue_run_spec gone = {.job_id = job,
-                                  .host = self.host,
-                                  .pid = self.pid,
-                                  .boot_id = self.boot_id,
-                                  .pid_ns = self.pid_ns,
-                                  .pstart = self.start_ticks + 1};
+    struct queue_run_spec gone = gone_run_spec(job, &self);
     int64_t r_stop = 0, r_crash = 0, r_far = 0;
     assert_int_equal(queue_run_start(q, &gone, &r_stop, &err), ST_OK);
     assert_int_equal(queue_run_start(q, &gone, &r_crash, &err), ST_OK);
@@ -293,15 +301,7 @@ static void test_unstarted_items_refunded(void **state)
     struct queue *q = open_q(f);
     int64_t job = make_job(q, "j", 10);
     struct proc_identity self;
-    proc_identity_self(&self);
-    if (!self.boot_id[0] || !self.pid_ns[0] || !self.start_ticks)
-        fail_msg("no /proc identity on this machine");
-    struct queue_run_spec gone = {.job_id = job,
-                                  .host = self.host,
-                                  .pid = self.pid,
-                                  .boot_id = self.boot_id,
-                                  .pid_ns = self.pid_ns,
-                                  .pstart = self.start_ticks + 1};
+    struct queue_run_spec gone = gone_run_spec(job, &self);
     int64_t r_crash = 0, r_far = 0;
     assert_int_equal(queue_run_start(q, &gone, &r_crash, &err), ST_OK);
     struct queue_run_spec far = gone;

@@ -7,7 +7,11 @@
 #     once space is freed one run finishes the job, every line answered once with status 200;
 #     1b: so do runs that fill the disk while they work (the queue's reserve file makes room);
 #  2. with 0 bytes free, status says the file system is full (it cannot create the -shm file);
-#  3. an export to a full file system fails and leaves the old export and no temporary file.
+#  3. an export to a full file system fails and leaves the old export and no temporary file;
+#  4. a queue on a read-only file system (a tmpfs remounted read-only): status, export and
+#     report read it as stored (they failed: SQLite wants to create its -shm file), a run is
+#     refused saying why; a queue whose WAL holds commits (its run killed) is refused with the
+#     reason rather than read without them.
 # Needs root (unshare -m, mount -t tmpfs); without it the script says NOT RUN and exits 0.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -115,5 +119,39 @@ grep -q "No space left on device" "$tmp/ex.err" || { cat "$tmp/ex.err"; fail "3:
 cmp -s "$tmp/e.jsonl" "$S/e.jsonl" || fail "3: the old export changed"
 ls "$S" | grep -q "tmp\." && fail "3: a temporary file is left"
 echo "  2-3. status with 0 bytes free says so; an export onto a full disk fails and keeps the old one"
+# 4. read-only media
+R=$tmp/ro
+mkdir -p "$R"
+mount -t tmpfs -o size=8M tmpfs "$R"
+head -8 "$tmp/p60.jsonl" >"$tmp/p8.jsonl"
+"$Q" submit --db "$R/q.db" --model "$M" --name j "$tmp/p8.jsonl" >/dev/null 2>&1
+"$Q" run --db "$R/q.db" --out "$R/out" --threads 1 >/dev/null 2>&1 || fail "4: run"
+"$Q" export --db "$R/q.db" --job j --out "$tmp/rw.jsonl" 2>/dev/null || fail "4: export (writable)"
+"$Q" submit --db "$R/k.db" --model "$M" --name k "$tmp/p8.jsonl" >/dev/null 2>&1
+rc=0
+QUERN_FAULT=run.step:3:kill "$Q" run --db "$R/k.db" --out "$R/out" --threads 1 >/dev/null 2>&1 ||
+    rc=$?
+[ $rc = 137 ] || fail "4: the run meant to be killed exited $rc"
+[ -s "$R/k.db-wal" ] || fail "4: the killed run left no WAL"
+mount -o remount,ro "$R"
+"$Q" status --db "$R/q.db" >"$tmp/ro.st" 2>"$tmp/ro.err" || { cat "$tmp/ro.err"; fail "4: status"; }
+grep -q "^job 1 'j' \[done\]" "$tmp/ro.st" || { cat "$tmp/ro.st"; fail "4: status text"; }
+grep -q "read-only file system: shown as stored" "$tmp/ro.err" || fail "4: status note"
+"$Q" status --db "$R/q.db" --json 2>/dev/null | python3 -c '
+import json, sys
+j = json.load(sys.stdin)[0]
+assert j["state"] == "done" and j["by_state"]["done"] == 8, j' || fail "4: status --json"
+"$Q" export --db "$R/q.db" --job j --out "$tmp/ro.jsonl" 2>/dev/null || fail "4: export"
+cmp -s "$tmp/rw.jsonl" "$tmp/ro.jsonl" || fail "4: the export differs from the one before"
+"$Q" report --db "$R/q.db" --job j --out "$tmp/ro.html" 2>/dev/null || fail "4: report"
+rc=0
+"$Q" run --db "$R/q.db" --out "$R/out" --threads 1 >/dev/null 2>"$tmp/ro.err" || rc=$?
+[ $rc = 1 ] && grep -q "is on a read-only file system: this command writes the queue" "$tmp/ro.err" ||
+    { cat "$tmp/ro.err"; fail "4: a run on read-only media: exit $rc"; }
+rc=0
+"$Q" status --db "$R/k.db" >/dev/null 2>"$tmp/ro.err" || rc=$?
+[ $rc = 1 ] && grep -q "k.db-wal holds commits the database file lacks" "$tmp/ro.err" ||
+    { cat "$tmp/ro.err"; fail "4: status of a queue with a WAL on read-only media: exit $rc"; }
+echo "  4. a queue on a read-only file system: status, export and report read it; a run is refused"
 INNER
 echo "e2e disk_full: ok"
