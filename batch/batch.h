@@ -145,6 +145,7 @@ void batch_parts_path(const struct batch_parts *p, int k, const char *suffix, ch
  * ST_ERR_FORMAT. */
 #define BATCH_PART_CREATE 1
 #define BATCH_PART_CHECK  2
+#define BATCH_PART_READ   4 /* only reads: read-only media are fine (queue_options.read_only_ok) */
 enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, int flags,
                              struct queue **q, struct err_detail *err);
 

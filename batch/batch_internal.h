@@ -81,9 +81,6 @@ struct batch_run {
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
     int64_t n_inflight;              /* of them */
-    enum status gate_st;             /* start_gate could not mark requests started (gate_err
-                                        says why): the run fails after the step */
-    struct err_detail gate_err;
     double t_stop;                   /* when stopping began (0 = not stopping) */
     int interruptible;               /* a stop signal ends waits for the queue (no leases
                                         held yet, no stop noticed: queue_set_interrupt) */

@@ -265,7 +265,8 @@ enum status batch_parts_open(const struct batch_parts *p, int k, int busy_ms, in
     struct queue_options qo = {.exclusive = true,
                                .busy_timeout_ms = busy_ms,
                                .must_exist = !(flags & BATCH_PART_CREATE),
-                               .check_integrity = (flags & BATCH_PART_CHECK) != 0};
+                               .check_integrity = (flags & BATCH_PART_CHECK) != 0,
+                               .read_only_ok = (flags & BATCH_PART_READ) != 0};
     enum status st = queue_open_opts(q, path, &qo, err);
     if (!st && (st = part_mark(*q, p, k, err))) {
         queue_close(*q);

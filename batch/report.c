@@ -868,7 +868,8 @@ enum status batch_report_write(const char *db, const char *job, const struct bat
     for (int k = 0; !st && k < r.n_parts; k++) {
         struct queue *q = NULL;
         struct queue_options qo = {.must_exist = true, .read_only_ok = true};
-        st = dir ? batch_parts_open(&parts, k, 500, 0, &q, err) : queue_open_opts(&q, db, &qo, err);
+        st = dir ? batch_parts_open(&parts, k, 500, BATCH_PART_READ, &q, err)
+                 : queue_open_opts(&q, db, &qo, err);
         if (st == ST_ERR_BUSY && dir) { /* in use: its counts from its run's progress file */
             char path[4200];
             batch_parts_path(&parts, k, ".progress.json", path, sizeof(path));

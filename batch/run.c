@@ -293,37 +293,28 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     return st;
 }
 
-/* The engine's gate on a request's first computation (engine_set_start_gate): its item is
- * marked started in the queue first, with the next requests that wait (oldest first) up to
- * BATCH_START_MARKS in one transaction, so a crash from here on counts its attempt and one
- * before does not (queue_mark_started). 0 (the request waits) when the mark fails: the run
- * fails after the step (gate_st). */
-#define BATCH_START_MARKS 16
-static int start_gate(void *ctx, const void *user)
+/* The engine's gate on the requests a step computes for the first time
+ * (engine_set_start_gate): their items are marked started in the queue, in one transaction,
+ * before the step, so a crash from then on counts their attempts and one before does not
+ * (queue_mark_started). */
+static enum status start_gate(void *ctx, const void *const *users, int n, struct err_detail *err)
 {
     struct batch_run *r = ctx;
-    struct batch_inflight *inf = (struct batch_inflight *)user;
-    if (!inf || inf->started)
-        return 1;
-    if (r->gate_st)
-        return 0;
-    struct batch_inflight *pick[BATCH_START_MARKS], *t = r->inflight;
-    int64_t ids[BATCH_START_MARKS];
-    size_t n = 0;
-    pick[n++] = inf;
-    while (t && t->next) /* r->inflight is newest first: from its tail */
-        t = t->next;
-    for (; t && n < BATCH_START_MARKS; t = t->prev)
-        if (t != inf && !t->started)
-            pick[n++] = t;
-    for (size_t i = 0; i < n; i++)
-        ids[i] = pick[i]->item_id;
-    r->gate_st = queue_mark_started(r->q, r->stats.run_id, ids, n, 1, &r->gate_err);
-    if (r->gate_st)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        pick[i]->started = 1;
-    return 1;
+    int64_t *ids = calloc((size_t)n, sizeof(*ids));
+    if (!ids)
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        const struct batch_inflight *inf = users[i];
+        if (inf && !inf->started)
+            ids[k++] = inf->item_id; /* (a request's choices: twice, harmlessly) */
+    }
+    enum status st = queue_mark_started(r->q, r->stats.run_id, ids, k, 1, err);
+    free(ids);
+    for (int i = 0; !st && i < n; i++)
+        if (users[i])
+            ((struct batch_inflight *)users[i])->started = 1;
+    return st;
 }
 
 /* Claim more items while the engine has room. Returns 1 when the job has nothing queued. */
@@ -344,18 +335,20 @@ static int fill(struct batch_run *r, struct err_detail *err, enum status *st)
             queue_set_interrupt(r->q, NULL);
             r->interruptible = 0;
         }
-        struct batch_inflight *before = r->inflight;
-        for (size_t i = 0; i < n && !*st; i++)
-            *st = admit(r, &items[i], err);
-        queue_claimed_free(items, n);
-        /* the claim marked them started (parsing or tokenizing one may crash the run); those
-         * now waiting in the engine have not (start_gate marks them again) */
+        /* the claim marked them started (parsing or tokenizing one may crash the run); once
+         * admitted, none has (those waiting in the engine: start_gate marks them again, those
+         * answered with an error record: nothing more to compute), but for this run's own
+         * items claimed again, which may be running here */
         int64_t *ids = n ? malloc(n * sizeof(*ids)) : NULL;
         size_t k = 0;
-        for (struct batch_inflight *t = r->inflight; ids && t && t != before; t = t->next)
-            ids[k++] = t->item_id;
-        if (!*st && n && !ids)
+        if (n && !ids)
             *st = err_set(err, ST_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < n && !*st; i++) {
+            if (!batch_out_holds(r->out, items[i].id))
+                ids[k++] = items[i].id;
+            *st = admit(r, &items[i], err);
+        }
+        queue_claimed_free(items, n);
         if (!*st)
             *st = queue_mark_started(r->q, r->stats.run_id, ids, k, 0, err);
         free(ids);
@@ -878,8 +871,8 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
     }
     if ((st = engine_init(&r->e, r->m, r->tok, &ep, err)) || (st = record_engine(r, &ep, err)))
         return st;
-    engine_set_start_gate(r->e, start_gate, r);
-    r->gate_st = ST_OK;
+    if ((st = engine_set_start_gate(r->e, start_gate, r, err)))
+        return st;
     struct batch_out_spec spec = {r->q,
                                   r->stats.run_id,
                                   r->job.id,
@@ -957,10 +950,6 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         fault_hit("run.step"); /* (QUERN_FAULT=run.step:N:kill: a crash before the Nth step) */
         if ((st = engine_step(r->e, err)) || (st = take_outputs(r, err)))
             return -1;
-        if (r->gate_st) {
-            *err = r->gate_err;
-            return -1;
-        }
         double now = batch_now();
         struct batch_out_counts oc;
         batch_out_get_counts(r->out, &oc);

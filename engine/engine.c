@@ -429,6 +429,7 @@ void engine_free(struct engine *e)
     free(e->s_id);
     free(e->running);
     free(e->free_slots);
+    free(e->gate_users);
     free(e->b_tok);
     free(e->b_pos);
     free(e->b_seq);
@@ -821,6 +822,8 @@ enum status engine_step(struct engine *e, struct err_detail *err)
 {
     const double t_step = engine_now();
     int nb = engine_sched_build(e, err);
+    if (nb < 0)
+        return err->status;
     if (!nb)
         return ST_OK;
     nb = engine_sched_speculate(e, nb);
@@ -955,10 +958,15 @@ size_t engine_cancel(struct engine *e, const void *user)
     return engine_sched_cancel(e, user);
 }
 
-void engine_set_start_gate(struct engine *e, int (*gate)(void *ctx, const void *user), void *ctx)
+enum status engine_set_start_gate(struct engine *e, engine_start_gate_fn gate, void *ctx,
+                                  struct err_detail *err)
 {
+    if (gate && !e->gate_users &&
+        !(e->gate_users = malloc(sizeof(*e->gate_users) * (size_t)e->p.max_seqs)))
+        return err_set(err, ST_ERR_NOMEM, "out of memory");
     e->start_gate = gate;
     e->start_gate_ctx = ctx;
+    return ST_OK;
 }
 
 size_t engine_unstarted(const struct engine *e, const void **users, size_t max)

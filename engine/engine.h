@@ -213,11 +213,16 @@ size_t engine_cancel(struct engine *e, const void *user);
  * returns how many. A choice already polled is not seen here: the caller knows those. With
  * engine_cancel, a stopping run gives such requests back instead of starting them. */
 size_t engine_unstarted(const struct engine *e, const void **users, size_t max);
-/* A gate on first admissions: before a step first computes a sequence, gate(ctx, user) is
- * called with its request's user (for each choice of it); 0 keeps it waiting, and every request
- * behind it, this step. A runner records there, durably, that the request has begun (a crash
- * from then on may be its doing). NULL: no gate. */
-void engine_set_start_gate(struct engine *e, int (*gate)(void *ctx, const void *user), void *ctx);
+/* A gate on first admissions: once a step's batch is built, before it is computed, gate(ctx,
+ * users, n, err) is called with the users of the sequences the step computes for the first time
+ * (a request with several choices may be there more than once): a runner records there,
+ * durably, that those requests have begun (a crash from then on may be their doing). An error
+ * it returns is engine_step's, and nothing is computed; the engine must not be stepped again
+ * (the run fails). NULL: no gate. Fails only for lack of memory. */
+typedef enum status (*engine_start_gate_fn)(void *ctx, const void *const *users, int n,
+                                            struct err_detail *err);
+enum status engine_set_start_gate(struct engine *e, engine_start_gate_fn gate, void *ctx,
+                                  struct err_detail *err);
 /* Run one step (no-op when idle). */
 enum status engine_step(struct engine *e, struct err_detail *err);
 /* Requests waiting or running. */

@@ -111,8 +111,10 @@ struct engine {
     size_t n_waiting;            /* waiting count */
     uint64_t next_id;            /* request ids */
     uint64_t admit_counter;      /* admission order */
-    int (*start_gate)(void *ctx, const void *user); /* engine_set_start_gate, or NULL */
+    engine_start_gate_fn start_gate; /* engine_set_start_gate, or NULL */
     void *start_gate_ctx;
+    const void **gate_users; /* this step's first admissions' users (max_seqs), for the gate */
+    int n_gate_users;
     /* per-step batch scratch, max_batch_tokens entries */
     int32_t *b_tok, *b_pos, *b_seq; /* token, position, KV slot */
     uint8_t *b_want;             /* logits wanted */
@@ -217,7 +219,8 @@ void engine_sched_enqueue(struct engine *e, struct seq *s);
  * token (preempting the newest running sequences when the KV pool runs out), then prefill
  * chunks of running sequences, then newly admitted waiting ones, never more than
  * max_batch_tokens tokens nor n_logit_rows wanted rows. KV blocks for every entry are reserved.
- * Returns the token count, 0 only when nothing is waiting or running. */
+ * Returns the token count, 0 only when nothing is waiting or running, -1 when the start gate
+ * (engine_set_start_gate) failed (*err says why). */
 int engine_sched_build(struct engine *e, struct err_detail *err);
 /* Speculative decoding: draft for the sequences sampled in the nb-token batch just built, pick
  * the draft tokens worth verifying (engine/spec.h: survival against the step-cost model, or all

@@ -316,9 +316,6 @@ static int schedule(struct engine *e, struct err_detail *err)
             prev = s;
             continue;
         }
-        if (e->start_gate && s->n_cached == (size_t)-1 &&
-            !e->start_gate(e->start_gate_ctx, s->user))
-            break;
         int slot = e->free_slots[e->n_free_slots - 1];
         int32_t cached = prompt_fork(e, s, slot);
         if (!cached)
@@ -343,6 +340,8 @@ static int schedule(struct engine *e, struct err_detail *err)
         wait_remove(e, prev, s);
         e->n_free_slots--;
         if (s->n_cached == (size_t)-1) { /* its first admission (not a re-admission) */
+            if (e->start_gate)
+                e->gate_users[e->n_gate_users++] = s->user;
             s->n_cached = (size_t)cached;
             e->stats.cached_tokens +=
                 (uint64_t)(cached < (int32_t)s->n_prompt ? cached : (int32_t)s->n_prompt);
@@ -360,6 +359,7 @@ static int schedule(struct engine *e, struct err_detail *err)
 int engine_sched_build(struct engine *e, struct err_detail *err)
 {
     int nb;
+    e->n_gate_users = 0;
     for (;;) {
         nb = schedule(e, err);
         if (nb || !e->n_running)
@@ -367,6 +367,9 @@ int engine_sched_build(struct engine *e, struct err_detail *err)
         /* running sequences all blocked on KV blocks: make room by preempting */
         preempt(e, newest_running(e));
     }
+    if (nb && e->n_gate_users &&
+        e->start_gate(e->start_gate_ctx, e->gate_users, e->n_gate_users, err) != ST_OK)
+        return -1;
     return nb;
 }
 

@@ -603,31 +603,47 @@ static bool side_file_used(const char *path, const char *suffix)
 /* Open the queue on a read-only file system as it is stored (queue_options.read_only_ok): an
  * SQLite URI with immutable=1, which reads no WAL and writes nothing; so refused when a WAL or
  * a journal holds what the file lacks. Fills q->db and q->schema_version. */
+static enum status open_immutable(struct queue *q, const char *path, const char *real,
+                                  struct err_detail *err);
 static enum status open_read_only(struct queue *q, const char *path, struct err_detail *err)
 {
+    /* the file itself, and its side files beside it, not beside a symbolic link to it */
+    char *real = realpath(path, NULL);
+    if (!real)
+        return err_set(err, errno == ENOENT ? ST_ERR_NOT_FOUND : ST_ERR_IO, "queue %s: %s", path,
+                       errno == ENOENT ? "does not exist" : strerror(errno));
+    enum status st = open_immutable(q, path, real, err);
+    free(real);
+    return st;
+}
+
+/* open_read_only of the file at real (path: as the user named it, for messages). */
+static enum status open_immutable(struct queue *q, const char *path, const char *real,
+                                  struct err_detail *err)
+{
     struct stat sb;
-    if (stat(path, &sb) != 0)
+    if (stat(real, &sb) != 0)
         return err_set(err, errno == ENOENT ? ST_ERR_NOT_FOUND : ST_ERR_IO, "queue %s: %s", path,
                        errno == ENOENT ? "does not exist" : strerror(errno));
     if (!S_ISREG(sb.st_mode) || sb.st_size == 0)
         return err_set(err, ST_ERR_NOT_FOUND, "queue %s is not a queue (%s)", path,
                        S_ISREG(sb.st_mode) ? "an empty file" : "not a regular file");
     for (int i = 0; i < 2; i++)
-        if (side_file_used(path, i ? "-journal" : "-wal"))
+        if (side_file_used(real, i ? "-journal" : "-wal"))
             return err_set(err, ST_ERR_IO,
                            "queue %s is on a read-only file system, and %s%s holds %s the "
                            "database file lacks: reading it needs writing; copy the queue with "
                            "its %s file to writable storage (or mount it writable) to read it",
-                           path, path, i ? "-journal" : "-wal",
+                           path, real, i ? "-journal" : "-wal",
                            i ? "a transaction interrupted by a killed process" : "commits",
                            i ? "-journal" : "-wal");
     /* file: URI: the path's '%', '?' and '#' escaped */
-    size_t len = strlen(path);
+    size_t len = strlen(real);
     char *uri = malloc(3 * len + 32);
     if (!uri)
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     char *o = uri + sprintf(uri, "file:");
-    for (const char *c = path; *c; c++)
+    for (const char *c = real; *c; c++)
         o += (*c == '%' || *c == '?' || *c == '#') ? sprintf(o, "%%%02X", (unsigned char)*c)
                                                    : (*o = *c, 1);
     strcpy(o, "?immutable=1");
@@ -651,12 +667,12 @@ static enum status open_read_only(struct queue *q, const char *path, struct err_
                      "queue %s is an SQLite database but not a quern queue (user_version %d, "
                      "tables: %s)",
                      path, v, names[0] ? names : "none");
-    if (st == ST_OK && v < QUEUE_SCHEMA_VERSION)
+    if (st == ST_OK && v < QUEUE_READ_ONLY_MIN_VERSION)
         st = err_set(err, ST_ERR_UNSUPPORTED,
-                     "queue %s has schema version %d, written by an older quern (this one: %d), "
-                     "and is on a read-only file system: its upgrade writes, so copy it to "
-                     "writable storage (or read it with the quern that wrote it)",
-                     path, v, QUEUE_SCHEMA_VERSION);
+                     "queue %s has schema version %d, older than this quern reads without "
+                     "upgrading it (%d), and is on a read-only file system: the upgrade writes, so "
+                     "copy it to writable storage to read it",
+                     path, v, QUEUE_READ_ONLY_MIN_VERSION);
     if (st == ST_OK && sqlite3_exec(q->db, "PRAGMA query_only = 1", NULL, NULL, NULL) != SQLITE_OK)
         st = queue_sql_err(q, sqlite3_extended_errcode(q->db), "opening read-only", err);
     q->schema_version = v;
@@ -679,7 +695,10 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     if (!path || !*path)
         return err_set(err, ST_ERR_INVALID_ARG, "the queue's path (--db) is empty");
     /* Nothing below may create or change the file until the checks have passed. */
-    const bool ro_fs = on_read_only_fs(path), ro = ro_fs && opts->read_only_ok && !opts->exclusive;
+    /* (of the file itself: a symbolic link's own directory may be writable, or read-only) */
+    char *real = realpath(path, NULL);
+    const bool ro_fs = on_read_only_fs(real ? real : path), ro = ro_fs && opts->read_only_ok;
+    free(real);
     if (ro_fs && !ro)
         return err_set(err, ST_ERR_IO,
                        "queue %s is on a read-only file system: this command writes the queue "

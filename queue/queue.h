@@ -66,6 +66,9 @@
 #include "common/proc.h"
 
 #define QUEUE_SCHEMA_VERSION       8     /* PRAGMA user_version this build creates and knows */
+/* The oldest schema version read read-only as it is (queue_options.read_only_ok): what status,
+ * export and report read was all there by version 7 (version 8 added items.started). */
+#define QUEUE_READ_ONLY_MIN_VERSION 7
 #define QUEUE_DEFAULT_BUSY_MS      30000 /* default busy timeout */
 #define QUEUE_DEFAULT_MAX_ATTEMPTS 3     /* items added with max_attempts 0 get this */
 #define QUEUE_MAX_ERROR_CODES      16    /* error codes reported by queue_job_counts */

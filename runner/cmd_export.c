@@ -1078,7 +1078,7 @@ int runner_cmd_export(int argc, char **argv)
         x.part = k;
         struct queue *q = NULL;
         struct queue_options qo = {.must_exist = true, .read_only_ok = true};
-        st = dir ? batch_parts_open(&parts, k, 500, 0, &q, &err)
+        st = dir ? batch_parts_open(&parts, k, 500, BATCH_PART_READ, &q, &err)
                  : queue_open_opts(&q, db, &qo, &err);
         if (st == ST_ERR_BUSY)
             err_set(&err, st, "part %d is in use by a run: export when it has ended (quern status "

@@ -731,11 +731,12 @@ int runner_cmd_status(int argc, char **argv)
     /* killed submits leave jobs that are not ready: delete them before showing any */
     struct proc_identity self;
     proc_identity_self(&self);
-    if (queue_read_only(q))
+    if (queue_read_only(q)) {
         LOG_INFO("queue %s is on a read-only file system: shown as stored (a run that has not "
-                 "ended there is not running: nothing can write the queue)",
-                 o.db);
-    else if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
+                 "ended there is not running: nothing can write the queue)%s",
+                 o.db, o.watch ? "; shown once, not watched" : "");
+        o.watch = 0;
+    } else if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
         LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
     struct queue_job *jobs = NULL;
     size_t n = 0;

@@ -176,7 +176,7 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     for (int k = 0; k < p->n; k++) {
         struct queue *q = NULL;
         struct err_detail err = {0};
-        enum status st = batch_parts_open(p, k, PARTS_BUSY_MS, 0, &q, &err);
+        enum status st = batch_parts_open(p, k, PARTS_BUSY_MS, BATCH_PART_READ, &q, &err);
         cJSON *o = NULL;
         if (st == ST_ERR_BUSY)
             o = part_from_progress(p, k);

@@ -377,13 +377,104 @@ static void test_cancel(void **state)
     cancel_case(*state, 1);
 }
 
+/* The start gate (engine_set_start_gate): each step passes it the users of the sequences it
+ * admits for the first time, before computing them (so a runner can record that they began);
+ * a request never admitted is never passed; an error from the gate is the step's, and the
+ * step computes nothing. */
+struct gate_log {
+    const void *seen[64]; /* users passed so far */
+    int n_seen;
+    int calls, fail_at; /* fail_at: the call (1-based) that fails, 0 none */
+};
+
+static enum status gate_record(void *ctx, const void *const *users, int n, struct err_detail *err)
+{
+    struct gate_log *g = ctx;
+    if (++g->calls == g->fail_at)
+        return err_set(err, ST_ERR_IO, "the gate's queue failed");
+    for (int i = 0; i < n && g->n_seen < 64; i++)
+        g->seen[g->n_seen++] = users[i];
+    return ST_OK;
+}
+
+static int gate_passed(const struct gate_log *g, const void *user)
+{
+    for (int i = 0; i < g->n_seen; i++)
+        if (g->seen[i] == user)
+            return 1;
+    return 0;
+}
+
+static void test_start_gate(void **state)
+{
+    struct fixture *f = *state;
+    enum { N = 8 };
+    static struct result got[N];
+    struct engine_params p;
+    params(&p, 4, 64, 64, 1);
+    for (int fail = 0; fail < 2; fail++) {
+        struct gate_log g = {.fail_at = fail ? 1 : 0};
+        struct engine *e;
+        struct err_detail err = {0};
+        assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+        assert_int_equal(engine_set_start_gate(e, gate_record, &g, &err), ST_OK);
+        for (int i = 0; i < N; i++) {
+            struct engine_request r = {0};
+            r.prompt = f->prompt[i];
+            r.n_prompt = f->n_prompt[i];
+            engine_sampling_default(&r.sampling);
+            r.sampling.temperature = 0;
+            r.max_tokens = 2 + i;
+            r.ignore_eos = 1;
+            r.user = &got[i];
+            r.n_choices = i == 2 ? 3 : 1;
+            assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+        }
+        if (fail) {
+            assert_int_equal(engine_step(e, &err), ST_ERR_IO);
+            assert_string_equal(err.msg, "the gate's queue failed");
+            assert_int_equal(engine_get_stats(e)->prompt_tokens, 0);
+            assert_int_equal(engine_get_stats(e)->gen_tokens, 0);
+            engine_free(e);
+            continue;
+        }
+        int steps = 0;
+        while (engine_pending(e)) {
+            int before = g.n_seen, calls = g.calls;
+            assert_int_equal(engine_step(e, &err), ST_OK);
+            steps++;
+            /* every sequence admitted by now was passed, and only those admitted this step were
+             * passed in it */
+            for (int k = 0; k < e->n_running; k++)
+                assert_true(gate_passed(&g, e->running[k]->user));
+            for (int k = before; k < g.n_seen; k++) {
+                int admitted = 0;
+                for (int j = 0; j < e->n_running && !admitted; j++)
+                    admitted = e->running[j]->user == g.seen[k];
+                for (struct seq *q = e->done_head; q && !admitted; q = q->next)
+                    admitted = q->user == g.seen[k];
+                assert_true(admitted);
+            }
+            assert_true(g.calls <= calls + 1);
+            struct engine_output o[8];
+            while (engine_poll(e, o, 8) > 0)
+                ;
+        }
+        /* each request passed; the one of three choices once per choice at most */
+        for (int i = 0; i < N; i++)
+            assert_true(gate_passed(&g, &got[i]));
+        assert_true(g.n_seen >= N && g.n_seen <= N + 2);
+        assert_true(g.calls >= 2 && g.calls < steps);
+        engine_free(e);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest engine_tests[] = {
-        cmocka_unit_test(test_accept_run),
-        cmocka_unit_test(test_sched_budget_and_victims),
-        cmocka_unit_test(test_host_threads),
-        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_accept_run),   cmocka_unit_test(test_sched_budget_and_victims),
+        cmocka_unit_test(test_host_threads), cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_start_gate),
     };
     return cmocka_run_group_tests_name("engine", engine_tests, setup, teardown);
 }

@@ -9,7 +9,8 @@
 #  2. with 0 bytes free, status says the file system is full (it cannot create the -shm file);
 #  3. an export to a full file system fails and leaves the old export and no temporary file;
 #  4. a queue on a read-only file system (a tmpfs remounted read-only): status, export and
-#     report read it as stored (they failed: SQLite wants to create its -shm file), a run is
+#     report read it as stored, a partitioned one too (they failed: SQLite wants to create its
+#     -shm file, or to lock the part), a run is
 #     refused saying why; a queue whose WAL holds commits (its run killed) is refused with the
 #     reason rather than read without them.
 # Needs root (unshare -m, mount -t tmpfs); without it the script says NOT RUN and exits 0.
@@ -127,6 +128,8 @@ head -8 "$tmp/p60.jsonl" >"$tmp/p8.jsonl"
 "$Q" submit --db "$R/q.db" --model "$M" --name j "$tmp/p8.jsonl" >/dev/null 2>&1
 "$Q" run --db "$R/q.db" --out "$R/out" --threads 1 >/dev/null 2>&1 || fail "4: run"
 "$Q" export --db "$R/q.db" --job j --out "$tmp/rw.jsonl" 2>/dev/null || fail "4: export (writable)"
+"$Q" submit --db "$R/P" --partitions 2 --model "$M" --name jp "$tmp/p8.jsonl" >/dev/null 2>&1
+"$Q" run --db "$R/P" --threads 1 >/dev/null 2>&1 || fail "4: run of the parts"
 "$Q" submit --db "$R/k.db" --model "$M" --name k "$tmp/p8.jsonl" >/dev/null 2>&1
 rc=0
 QUERN_FAULT=run.step:3:kill "$Q" run --db "$R/k.db" --out "$R/out" --threads 1 >/dev/null 2>&1 ||
@@ -144,6 +147,10 @@ assert j["state"] == "done" and j["by_state"]["done"] == 8, j' || fail "4: statu
 "$Q" export --db "$R/q.db" --job j --out "$tmp/ro.jsonl" 2>/dev/null || fail "4: export"
 cmp -s "$tmp/rw.jsonl" "$tmp/ro.jsonl" || fail "4: the export differs from the one before"
 "$Q" report --db "$R/q.db" --job j --out "$tmp/ro.html" 2>/dev/null || fail "4: report"
+"$Q" status --db "$R/P" 2>/dev/null | grep -q "^job jp (2 parts in .*): done, 8/8 finished" ||
+    fail "4: status of a partitioned queue"
+"$Q" export --db "$R/P" --out "$tmp/rop.jsonl" 2>/dev/null && [ "$(wc -l <"$tmp/rop.jsonl")" = 8 ] ||
+    fail "4: export of a partitioned queue"
 rc=0
 "$Q" run --db "$R/q.db" --out "$R/out" --threads 1 >/dev/null 2>"$tmp/ro.err" || rc=$?
 [ $rc = 1 ] && grep -q "is on a read-only file system: this command writes the queue" "$tmp/ro.err" ||
