@@ -28,7 +28,8 @@
 #     12b: the stop gives back at once the requests the engine had not started;
 # 15. a run killed (-9) holds twice as many items as its engine runs: only those whose
 #     computation had begun spend an attempt, and three such crashes in a row still fail the
-#     requests in compute each time as attempts_exhausted, and no other;
+#     requests in compute each time as attempts_exhausted, and no other (nor a line answered
+#     with an error record not committed yet);
 # hold_lock DB SECONDS: another process holds DB's write lock for SECONDS (in the background,
 # $holder); returns once it does
 hold_lock() {
@@ -649,7 +650,12 @@ set -e
 # claimed 2 x --max-seqs = 64 items and began 32 (admitted in its first step; 6 tokens each,
 # none finished). Before, every held item spent an attempt: after three crashes 64 requests,
 # half of which never ran, failed as attempts_exhausted.
-make_small fifteen.jsonl 200
+# (first, a line too long for the context: answered with an error record at once, which a crash
+# before its commit must not charge either: three made it attempts_exhausted)
+python3 -c 'import json; print(json.dumps({"custom_id": "long", "prompt": "sea " * 9000,
+                                           "max_tokens": 4}))' >fifteen.jsonl
+make_small fifteen.more.jsonl 200
+cat fifteen.more.jsonl >>fifteen.jsonl
 "$Q" submit --db fifteen.db --model "$M" --name fifteen fifteen.jsonl >/dev/null 2>&1
 for k in 1 2 3; do
     rc=0
@@ -662,7 +668,7 @@ import sqlite3, sys
 k = int(sys.argv[2])
 db = sqlite3.connect(sys.argv[1])
 rows = dict(db.execute("SELECT attempts, count(*) FROM items WHERE state = 'queued' GROUP BY 1"))
-assert sum(rows.values()) == 200, rows  # nothing finished, nothing leased
+assert sum(rows.values()) == 201, rows  # nothing finished, nothing leased
 assert 1 <= rows.get(k, 0) <= 32 and sum(n for a, n in rows.items() if a not in (0, k)) == 0, rows
 PY
 done
@@ -672,9 +678,10 @@ done
 python3 - fifteen.out.jsonl <<'PY' || fail "15: the requests after three crashes"
 import collections, json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
-assert len(recs) == 200, len(recs)
+assert len(recs) == 201, len(recs)
 by = collections.Counter("ok" if r["response"]["status_code"] == 200 else
                          r["response"]["body"]["error"]["code"] for r in recs)
-assert set(by) <= {"ok", "attempts_exhausted"} and 1 <= by["attempts_exhausted"] <= 32, by
+assert set(by) == {"ok", "attempts_exhausted", "context_length_exceeded"}, by
+assert 1 <= by["attempts_exhausted"] <= 32 and by["context_length_exceeded"] == 1, by
 PY
 echo "e2e reliability: ok"
