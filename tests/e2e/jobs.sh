@@ -374,11 +374,12 @@ assert s['state']=='cancelled' and s['by_state']['cancelled'] > 0, s" || fail "s
 make_small kc.jsonl 40
 "$Q" submit --db kc.db --model "$M" --name kc kc.jsonl >/dev/null 2>&1
 set +e
-QUERN_FAULT=queue.commit:10:kill "$Q" run --db kc.db --out out --threads 1 --max-seqs 4 \
+# (at the third frame's fsync: written, not committed)
+QUERN_FAULT=shard.fsync:3:kill "$Q" run --db kc.db --out out --threads 1 --max-seqs 4 \
     --flush-secs 0 --flush-records 4 >/dev/null 2>kc.log
 rc=$?
 set -e
-[ $rc -eq 137 ] || { tail kc.log; fail "8: the run was not killed at its 10th commit ($rc)"; }
+[ $rc -eq 137 ] || { tail kc.log; fail "8: the run was not killed at its third frame ($rc)"; }
 # the kill must leave an open shard longer than its committed part (else: move the point)
 sqlite3 kc.db "SELECT path, committed_bytes FROM shards WHERE state = 'open'" | {
     IFS='|' read -r path committed || fail "8: no open shard after the kill"
