@@ -25,8 +25,9 @@ struct batch_inflight {
     int n_choices;                      /* choices the request asked for (n) */
     int n_got;                          /* of those, finished so far */
     int grammar_stuck;                  /* a choice ended because its grammar allowed no token */
-    int started;                        /* the queue marks it started (queue_mark_started): the
-                                           engine may compute it (start_gate) */
+    int started;                        /* the queue marks it started (queue_mark_started):
+                                           the engine may compute it (start_gate; 2 while
+                                           start_gate marks it) */
     int32_t n_prompt;                   /* prompt tokens */
     int32_t n_cached;                   /* of those, choice 0 found in the prefix cache */
     double ttft_ms;                     /* time to first token of its first choice, 0 = none */
@@ -81,6 +82,8 @@ struct batch_run {
                                         when they come out, or by the job's close when a stop
                                         leaves them behind */
     int64_t n_inflight;              /* of them */
+    double t_mark;                   /* start_gate's last marks (0: none yet) */
+    int mark_ahead;                  /* how many waiting requests it marks ahead */
     double t_stop;                   /* when stopping began (0 = not stopping) */
     int interruptible;               /* a stop signal ends waits for the queue (no leases
                                         held yet, no stop noticed: queue_set_interrupt) */

@@ -296,24 +296,57 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
 /* The engine's gate on the requests a step computes for the first time
  * (engine_set_start_gate): their items are marked started in the queue, in one transaction,
  * before the step, so a crash from then on counts their attempts and one before does not
- * (queue_mark_started). */
+ * (queue_mark_started). Where steps come faster than BATCH_MARK_GAP_S (a GPU), a transaction
+ * per step would cost (a part's rollback journal syncs at each commit; on NFS that is
+ * milliseconds): a mark that comes sooner than that after the last also marks the next
+ * requests that wait (oldest first), twice as many each time up to --max-seqs, half as many
+ * after a quiet spell; so marks stay a few per second, and a crash charges at most those few
+ * that had not begun yet. */
+#define BATCH_MARK_GAP_S 0.25
 static enum status start_gate(void *ctx, const void *const *users, int n, struct err_detail *err)
 {
     struct batch_run *r = ctx;
-    int64_t *ids = calloc((size_t)n, sizeof(*ids));
-    if (!ids)
-        return err_set(err, ST_ERR_NOMEM, "out of memory");
+    int due = 0;
+    for (int i = 0; i < n; i++)
+        due += users[i] && !((const struct batch_inflight *)users[i])->started;
+    if (!due)
+        return ST_OK;
+    const double now = batch_now();
+    if (r->t_mark > 0 && now - r->t_mark < BATCH_MARK_GAP_S)
+        r->mark_ahead = r->mark_ahead ? 2 * r->mark_ahead : 4;
+    else if (now - r->t_mark > 4 * BATCH_MARK_GAP_S)
+        r->mark_ahead /= 2;
+    if (r->mark_ahead > r->o->engine.max_seqs)
+        r->mark_ahead = r->o->engine.max_seqs;
+    r->t_mark = now;
+    struct batch_inflight **pick = calloc((size_t)(n + r->mark_ahead), sizeof(*pick));
+    int64_t *ids = calloc((size_t)(n + r->mark_ahead), sizeof(*ids));
+    enum status st = pick && ids ? ST_OK : err_set(err, ST_ERR_NOMEM, "out of memory");
     size_t k = 0;
-    for (int i = 0; i < n; i++) {
-        const struct batch_inflight *inf = users[i];
-        if (inf && !inf->started)
-            ids[k++] = inf->item_id; /* (a request's choices: twice, harmlessly) */
+    for (int i = 0; !st && i < n; i++) {
+        struct batch_inflight *inf = (struct batch_inflight *)users[i];
+        if (inf && !inf->started) {
+            inf->started = 2; /* (picked: a request's choices once) */
+            pick[k++] = inf;
+        }
     }
-    enum status st = queue_mark_started(r->q, r->stats.run_id, ids, k, 1, err);
+    struct batch_inflight *t = r->inflight; /* newest first: the oldest from its tail */
+    while (t && t->next)
+        t = t->next;
+    for (int a = 0; !st && t && a < r->mark_ahead; t = t->prev)
+        if (!t->started) {
+            t->started = 2;
+            pick[k++] = t;
+            a++;
+        }
+    for (size_t i = 0; !st && i < k; i++)
+        ids[i] = pick[i]->item_id;
+    if (!st)
+        st = queue_mark_started(r->q, r->stats.run_id, ids, k, 1, err);
+    for (size_t i = 0; pick && i < k; i++)
+        pick[i]->started = !st;
+    free(pick);
     free(ids);
-    for (int i = 0; !st && i < n; i++)
-        if (users[i])
-            ((struct batch_inflight *)users[i])->started = 1;
     return st;
 }
 
@@ -873,6 +906,8 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
         return st;
     if ((st = engine_set_start_gate(r->e, start_gate, r, err)))
         return st;
+    r->t_mark = 0;
+    r->mark_ahead = 0;
     struct batch_out_spec spec = {r->q,
                                   r->stats.run_id,
                                   r->job.id,
