@@ -603,22 +603,7 @@ static bool side_file_used(const char *path, const char *suffix)
 /* Open the queue on a read-only file system as it is stored (queue_options.read_only_ok): an
  * SQLite URI with immutable=1, which reads no WAL and writes nothing; so refused when a WAL or
  * a journal holds what the file lacks. Fills q->db and q->schema_version. */
-static enum status open_immutable(struct queue *q, const char *path, const char *real,
-                                  struct err_detail *err);
-static enum status open_read_only(struct queue *q, const char *path, struct err_detail *err)
-{
-    /* the file itself, and its side files beside it, not beside a symbolic link to it */
-    char *real = realpath(path, NULL);
-    if (!real)
-        return err_set(err, errno == ENOENT ? ST_ERR_NOT_FOUND : ST_ERR_IO, "queue %s: %s", path,
-                       errno == ENOENT ? "does not exist" : strerror(errno));
-    enum status st = open_immutable(q, path, real, err);
-    free(real);
-    return st;
-}
-
-/* open_read_only of the file at real (path: as the user named it, for messages). */
-static enum status open_immutable(struct queue *q, const char *path, const char *real,
+static enum status open_read_only(struct queue *q, const char *path, const char *real,
                                   struct err_detail *err)
 {
     struct stat sb;
@@ -698,11 +683,12 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     /* (of the file itself: a symbolic link's own directory may be writable, or read-only) */
     char *real = realpath(path, NULL);
     const bool ro_fs = on_read_only_fs(real ? real : path), ro = ro_fs && opts->read_only_ok;
-    free(real);
+    if (!ro)
+        free(real);
     if (ro_fs && !ro)
         return err_set(err, ST_ERR_IO,
                        "queue %s is on a read-only file system: this command writes the queue "
-                       "(status, export and report read a plain queue there as it is stored)",
+                       "(status, export and report read a queue there as it is stored)",
                        path);
     enum status st = ro ? ST_OK : check_fs(path, opts, err);
     if (st == ST_OK && !ro)
@@ -712,6 +698,8 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
     struct queue *q = calloc(1, sizeof(*q));
     if (!q || !(q->path = strdup(path))) {
         free(q);
+        if (ro)
+            free(real);
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     }
     q->now_ms = real_now_ms;
@@ -725,11 +713,16 @@ enum status queue_open_opts(struct queue **out, const char *path, const struct q
         free(q->dir);
         free(q->path);
         free(q);
+        if (ro)
+            free(real);
         return err_set(err, ST_ERR_NOMEM, "queue: out of memory");
     }
     if (ro) {
         q->busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : QUEUE_DEFAULT_BUSY_MS;
-        if ((st = open_read_only(q, path, err)) != ST_OK)
+        /* (the file itself, its side files beside it: not beside a symbolic link to it) */
+        st = open_read_only(q, path, real ? real : path, err);
+        free(real);
+        if (st != ST_OK)
             goto fail;
         *out = q;
         return ST_OK;

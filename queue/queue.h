@@ -125,8 +125,9 @@ struct queue_options {
                              a read-only file system (an archive, a snapshot, a read-only
                              mount) is opened as it is stored, read-only (SQLite's immutable
                              mode: nothing written, not even the WAL's index), when its WAL
-                             holds no commits the database lacks and its schema is this
-                             quern's; queue_read_only then says so, and every write fails */
+                             holds no commits the database lacks and its schema is at least
+                             QUEUE_READ_ONLY_MIN_VERSION; queue_read_only then says so, and
+                             every write fails */
     bool exclusive;       /* a part of a partitioned queue (or any file meant for one process
                              at a time): rollback journal instead of WAL, and the file's write
                              lock taken at open and held until queue_close (SQLite's
@@ -649,8 +650,8 @@ enum status queue_release(struct queue *q, int64_t run_id, const int64_t *ids, s
 
 /* Whether the computation of each listed item still leased by run_id may have begun, in one
  * transaction: a claim marks its items started (parsing and tokenizing them may crash the run);
- * the run clears the mark of those it hands to its engine (started 0) and sets it again before
- * the engine first computes them (started 1). A run that dies holding an item not marked did
+ * the run clears the mark once it has admitted them (started 0) and sets it again before the
+ * engine first computes them (started 1). A run that dies holding an item not marked did
  * not die of it: whoever requeues it (queue_reap_dead, expired leases) takes its attempt back. */
 enum status queue_mark_started(struct queue *q, int64_t run_id, const int64_t *ids, size_t n,
                                int started, struct err_detail *err);

@@ -180,12 +180,12 @@ static const char SCHEMA_V7[] = "CREATE TABLE IF NOT EXISTS model_files ("
                                 "  sha256 TEXT NOT NULL);";
 
 /* Version 8: items.started, the run that may have begun computing the item under its lease:
- * set by the claim (parsing and tokenizing may crash too), cleared for the requests handed to
- * the engine and set again, in small batches, before the engine first computes them
- * (queue_mark_started). A run that dies holding an item its computation never reached did not
- * die of it: whoever requeues it (a dead run's leases, expired leases) takes its attempt back.
- * Before, a kill -9 counted an attempt for every item a run held (two per engine slot), so three
- * crashes failed hundreds of requests that never ran as attempts_exhausted. */
+ * set by the claim (parsing and tokenizing may crash too), cleared once the run has admitted
+ * them and set again before the engine step that first computes them (queue_mark_started). A run
+ * that dies holding an item its computation never reached did not die of it: whoever requeues it (a
+ * dead run's leases, expired leases) takes its attempt back. Before, a kill -9 counted an attempt
+ * for every item a run held (two per engine slot), so three crashes failed hundreds of requests
+ * that never ran as attempts_exhausted. */
 static const char SCHEMA_V8[] = "ALTER TABLE items ADD COLUMN started INTEGER;";
 
 /* Does table have column? -1 when it cannot be read (an SQLite result code in *rc). */

@@ -266,6 +266,24 @@ static void test_host_threads(void **state)
  * produce the tokens they produce without the others. Fails if a dropped sequence stays on a
  * list, keeps its slot or blocks (the draft model's too, with speculation on), or disturbs
  * the rest. */
+/* Add the fixture's prompt i as a greedy request of max_tokens (no EOS) for user; request 2
+ * asks for three choices. */
+static void add_greedy(const struct fixture *f, struct engine *e, int i, int32_t max_tokens,
+                       void *user)
+{
+    struct err_detail err = {0};
+    struct engine_request r = {0};
+    r.prompt = f->prompt[i];
+    r.n_prompt = f->n_prompt[i];
+    engine_sampling_default(&r.sampling);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = 1;
+    r.user = user;
+    r.n_choices = i == 2 ? 3 : 1;
+    assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+}
+
 static void cancel_case(struct fixture *f, int spec)
 {
     enum { N = 8 };
@@ -280,18 +298,8 @@ static void cancel_case(struct fixture *f, int spec)
     struct engine *e;
     struct err_detail err = {0};
     assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
-    for (int i = 0; i < N; i++) {
-        struct engine_request r = {0};
-        r.prompt = f->prompt[i];
-        r.n_prompt = f->n_prompt[i];
-        engine_sampling_default(&r.sampling);
-        r.sampling.temperature = 0;
-        r.max_tokens = i == 0 ? 1 : GEN; /* request 0 finishes at its first token */
-        r.ignore_eos = 1;
-        r.user = &got[i];
-        r.n_choices = i == 2 ? 3 : 1;
-        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
-    }
+    for (int i = 0; i < N; i++) /* request 0 finishes at its first token */
+        add_greedy(f, e, i, i == 0 ? 1 : GEN, &got[i]);
     /* until request 0 has finished (not polled) while request 1 runs */
     while (!e->done_head)
         assert_int_equal(engine_step(e, &err), ST_OK);
@@ -418,18 +426,8 @@ static void test_start_gate(void **state)
         struct err_detail err = {0};
         assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
         assert_int_equal(engine_set_start_gate(e, gate_record, &g, &err), ST_OK);
-        for (int i = 0; i < N; i++) {
-            struct engine_request r = {0};
-            r.prompt = f->prompt[i];
-            r.n_prompt = f->n_prompt[i];
-            engine_sampling_default(&r.sampling);
-            r.sampling.temperature = 0;
-            r.max_tokens = 2 + i;
-            r.ignore_eos = 1;
-            r.user = &got[i];
-            r.n_choices = i == 2 ? 3 : 1;
-            assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
-        }
+        for (int i = 0; i < N; i++)
+            add_greedy(f, e, i, 2 + i, &got[i]);
         if (fail) {
             assert_int_equal(engine_step(e, &err), ST_ERR_IO);
             assert_string_equal(err.msg, "the gate's queue failed");

@@ -245,16 +245,9 @@ static void test_stopping_run_dies(void **state)
     struct queue_run_spec far = gone;
     far.host = "elsewhere";
     assert_int_equal(queue_run_start(q, &far, &r_far, &err), ST_OK);
-    size_t n = 0;
-    struct queue_claimed *c = claim(q, job, r_stop, 2, 3600000, &n);
-    assert_int_equal(n, 2);
-    queue_claimed_free(c, n);
-    c = claim(q, job, r_crash, 2, 3600000, &n);
-    assert_int_equal(n, 2);
-    queue_claimed_free(c, n);
-    c = claim(q, job, r_far, 2, 1000, &n);
-    assert_int_equal(n, 2);
-    queue_claimed_free(c, n);
+    assert_int_equal(claim_count(q, job, r_stop, 2, 3600000), 2);
+    assert_int_equal(claim_count(q, job, r_crash, 2, 3600000), 2);
+    assert_int_equal(claim_count(q, job, r_far, 2, 1000), 2);
     assert_int_equal(queue_run_stopping(q, r_stop, &err), ST_OK);
     assert_int_equal(queue_run_stopping(q, r_stop, &err), ST_OK); /* again: harmless */
     assert_int_equal(queue_run_stopping(q, r_far, &err), ST_OK);
@@ -272,8 +265,7 @@ static void test_stopping_run_dies(void **state)
     /* the far run's leases expire: a claim puts them back, uncounted */
     f->now += 2000;
     int64_t r_new = start_run(q, job);
-    c = claim(q, job, r_new, 1, 1000, &n);
-    queue_claimed_free(c, n);
+    claim_count(q, job, r_new, 1, 1000);
     assert_int_equal(sql_int(f->path, "SELECT count(*) FROM items WHERE id IN (5, 6)"
                                       " AND attempts = 0 AND state = 'queued'") +
                          sql_int(f->path, "SELECT count(*) FROM items WHERE id IN (5, 6)"
@@ -307,13 +299,8 @@ static void test_unstarted_items_refunded(void **state)
     struct queue_run_spec far = gone;
     far.host = "elsewhere";
     assert_int_equal(queue_run_start(q, &far, &r_far, &err), ST_OK);
-    size_t n = 0;
-    struct queue_claimed *c = claim(q, job, r_crash, 6, 3600000, &n);
-    assert_int_equal(n, 6);
-    queue_claimed_free(c, n);
-    c = claim(q, job, r_far, 2, 1000, &n);
-    assert_int_equal(n, 2);
-    queue_claimed_free(c, n);
+    assert_int_equal(claim_count(q, job, r_crash, 6, 3600000), 6);
+    assert_int_equal(claim_count(q, job, r_far, 2, 1000), 2);
     /* items 1-5 handed to the engine (6 crashed its parser, say: still marked); 1 and 2 then
      * computed; a mark by a run that does not hold the item changes nothing */
     const int64_t handed[] = {1, 2, 3, 4, 5}, begun[] = {1, 2}, far_handed[] = {7, 8},
@@ -336,7 +323,8 @@ static void test_unstarted_items_refunded(void **state)
     /* the far run's leases expire: a claim (of one item, the lowest queued) puts them back */
     f->now += 2000;
     int64_t r_new = start_run(q, job);
-    c = claim(q, job, r_new, 1, 1000, &n);
+    size_t n = 0;
+    struct queue_claimed *c = claim(q, job, r_new, 1, 1000, &n);
     assert_int_equal(n, 1);
     assert_int_equal(c[0].id, 1);
     queue_claimed_free(c, n);

@@ -173,6 +173,15 @@ static inline struct queue_claimed *claim(struct queue *q, int64_t job, int64_t 
     return c;
 }
 
+/* claim, the items dropped at once: how many were claimed. */
+static inline size_t claim_count(struct queue *q, int64_t job, int64_t run, int max,
+                                 int64_t lease_ms)
+{
+    size_t n = 0;
+    queue_claimed_free(claim(q, job, run, max, lease_ms, &n), n);
+    return n;
+}
+
 static inline struct queue_shard get_shard(struct queue *q, int64_t job, int64_t shard_id)
 {
     struct err_detail err = {0};
