@@ -178,7 +178,8 @@ static inline size_t claim_count(struct queue *q, int64_t job, int64_t run, int 
                                  int64_t lease_ms)
 {
     size_t n = 0;
-    queue_claimed_free(claim(q, job, run, max, lease_ms, &n), n);
+    struct queue_claimed *c = claim(q, job, run, max, lease_ms, &n);
+    queue_claimed_free(c, n);
     return n;
 }
 
