@@ -552,6 +552,8 @@ static void add_spec_stats(struct engine_stats *sum, const struct engine_stats *
         sum->spec_acc_at[i] += s->spec_acc_at[i];
     }
     sum->spec_draft_s += s->spec_draft_s;
+    sum->spec_model_tokens += s->spec_model_tokens;
+    sum->spec_model_cached += s->spec_model_cached;
     sum->spec_ece = s->spec_ece;
 }
 

@@ -169,6 +169,8 @@ struct engine_stats {
     uint64_t spec_tried_at[ENGINE_SPEC_MAX_K]; /* per draft position: verified ... */
     uint64_t spec_acc_at[ENGINE_SPEC_MAX_K];   /* ... and accepted */
     double spec_draft_s;        /* seconds spent drafting */
+    uint64_t spec_model_tokens; /* --spec model: tokens the draft model computed ... */
+    uint64_t spec_model_cached; /* ... and known tokens it found in its prefix cache instead */
     double spec_ece;            /* survival ECE after warm-up (engine/spec.h), -1 = none yet */
 };
 

@@ -74,6 +74,7 @@ struct seq {
     int32_t d_computed;          /* draft model: positions of its KV that hold tok's tokens */
     int d_proposed;              /* draft model: tokens it drafted this step */
     int d_kmax;                  /* draft model: most tokens to draft this step */
+    int d_ready;                 /* draft model: its room taken this step (spec_model.c) */
 };
 
 /* One draft token that could be verified this step: draft j of s, and the chance that it and
@@ -158,6 +159,7 @@ struct engine {
     uint8_t *d_want;
     struct seq **d_owner;
     struct seq **d_cand;         /* this step's drafting sequences (sched.c) */
+    struct seq **d_todo, **d_lead; /* spec_model.c's catch-up lists (max_seqs each) */
 };
 
 /* Monotonic seconds (the clock of engine_output's timestamps). */

@@ -1,12 +1,15 @@
 /* Drafting with a draft model (engine_params.spec ENGINE_SPEC_MODEL): a second, usually
- * smaller, model with the same vocabulary keeps its own KV cache per sequence slot (no prefix
- * cache) and drafts greedily — a deterministic drafter, so the engine's verification stays
- * exactly lossless. Each step it first catches up on the tokens a sequence gained since its last
- * drafts (the prompt, for a new sequence), then runs one forward pass per draft position over
- * every drafting sequence. After verification its KV keeps only the positions whose tokens were
- * accepted (engine_draft_settle). */
+ * smaller, model with the same vocabulary keeps its own KV cache per sequence slot, with its
+ * own prefix cache (the known tokens' full blocks are registered as they are computed, so
+ * prompts that share a prefix, and a preempted sequence coming back, compute it once; draft
+ * tokens not yet verified are never registered), and drafts greedily — a deterministic drafter, so
+ * the engine's verification stays exactly lossless. Each step it first catches up on the tokens a
+ * sequence gained since its last drafts (the prompt, for a new sequence), then runs one forward
+ * pass per draft position over every drafting sequence. After verification its KV keeps only the
+ * positions whose tokens were accepted (engine_draft_settle). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/engine_internal.h"
 
@@ -21,9 +24,9 @@ enum status engine_draft_init(struct engine *e, struct err_detail *err)
         return err_set(err, ST_ERR_INVALID_ARG,
                        "engine: the draft model's vocabulary has %d tokens, the model's %d: they "
                        "must be the same", h->n_vocab, V);
-    enum status st = engine_kv_init(&e->dkv, h->n_layer, h->n_kv_head, h->head_dim,
-                                    e->p.kv_dtype, e->p.kv_block, engine_kv_n_blocks(e->kv),
-                                    e->p.max_seqs, 0, err);
+    enum status st =
+        engine_kv_init(&e->dkv, h->n_layer, h->n_kv_head, h->head_dim, e->p.kv_dtype, e->p.kv_block,
+                       engine_kv_n_blocks(e->kv), e->p.max_seqs, e->p.prefix_cache, err);
     if (st || (st = engine_model_kv_attach(dm, e->dkv, e->p.max_batch_tokens, err)))
         return st;
     const size_t bt = (size_t)e->p.max_batch_tokens;
@@ -34,8 +37,10 @@ enum status engine_draft_init(struct engine *e, struct err_detail *err)
     e->d_want = malloc(bt);
     e->d_owner = malloc(sizeof(*e->d_owner) * bt);
     e->d_cand = malloc(sizeof(*e->d_cand) * (size_t)e->p.max_seqs);
+    e->d_todo = malloc(sizeof(*e->d_todo) * (size_t)e->p.max_seqs);
+    e->d_lead = malloc(sizeof(*e->d_lead) * (size_t)e->p.max_seqs);
     if (!e->d_logits || !e->d_tok || !e->d_pos || !e->d_seq || !e->d_want || !e->d_owner ||
-        !e->d_cand)
+        !e->d_cand || !e->d_todo || !e->d_lead)
         return err_set(err, ST_ERR_NOMEM, "no memory for the draft model");
     return ST_OK;
 }
@@ -55,6 +60,8 @@ void engine_draft_free(struct engine *e)
     free(e->d_want);
     free(e->d_owner);
     free(e->d_cand);
+    free(e->d_todo);
+    free(e->d_lead);
 }
 
 void engine_draft_release(struct engine *e, struct seq *s)
@@ -94,6 +101,7 @@ static enum status run(struct engine *e, int nb, struct err_detail *err)
     enum status st = engine_model_forward(e->p.draft_model, e->dkv, &b, e->d_logits, err);
     if (st)
         return st;
+    e->stats.spec_model_tokens += (uint64_t)nb;
     const int32_t V = engine_model_hparams(e->m)->n_vocab;
     int row = 0;
     for (int k = 0; k < nb; k++) {
@@ -117,43 +125,95 @@ static enum status run(struct engine *e, int nb, struct err_detail *err)
     return ST_OK;
 }
 
+/* 1 when s, whose draft KV is empty, starts with the same block of tokens as one of the n
+ * sequences whose prompts are being caught up from nothing (it waits for their blocks). */
+static int follows(struct seq *const *lead, int n, const struct seq *s, int kb)
+{
+    if (s->n_tok <= (size_t)kb)
+        return 0; /* no whole block it could find cached */
+    for (int i = 0; i < n; i++)
+        if (lead[i]->n_tok > (size_t)kb &&
+            !memcmp(lead[i]->tok, s->tok, sizeof(int32_t) * (size_t)kb))
+            return 1;
+    return 0;
+}
+
+/* Take s's room in the draft KV for this step: the cached blocks of its prompt when its KV is
+ * empty, then the positions it will write. 0 when there is none (s drafts nothing). */
+static int take_room(struct engine *e, struct seq *s, int fresh)
+{
+    s->d_ready = 1;
+    if (fresh) {
+        s->d_computed = engine_kv_prefix_attach(e->dkv, s->slot, s->tok, (int32_t)s->n_tok,
+                                                (int32_t)s->n_tok - 1);
+        e->stats.spec_model_cached += (uint64_t)s->d_computed;
+    }
+    const int32_t need = (int32_t)s->n_tok + s->d_kmax - 1;
+    if (engine_kv_blocks_needed(e->dkv, s->slot, need) > engine_kv_available(e->dkv) ||
+        engine_kv_reserve(e->dkv, s->slot, need, NULL))
+        s->d_kmax = 0;
+    return s->d_kmax > 0;
+}
+
 enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int n,
                                  struct err_detail *err)
 {
-    const int B = e->p.max_batch_tokens;
-    int k_most = 0;
-    for (int i = 0; i < n; i++) { /* room in the draft KV for the positions it will write */
+    const int B = e->p.max_batch_tokens, kb = engine_kv_block_size(e->dkv);
+    struct seq **todo = e->d_todo, **lead = e->d_lead;
+    for (int i = 0; i < n; i++) {
         struct seq *s = cand[i];
         s->draft.n = 0;
         s->draft.src = ENGINE_SPEC_SRC_MODEL;
         s->d_proposed = 0;
-        const int32_t need = (int32_t)s->n_tok + s->d_kmax - 1;
-        if (engine_kv_blocks_needed(e->dkv, s->slot, need) > engine_kv_available(e->dkv) ||
-            engine_kv_reserve(e->dkv, s->slot, need, NULL))
-            s->d_kmax = 0; /* no drafts this step */
-        k_most = s->d_kmax > k_most ? s->d_kmax : k_most;
+        s->d_ready = 0;
+        todo[i] = s;
     }
     /* catch up: the tokens each gained since its last drafts, in passes of at most B tokens;
-     * the pass that reaches a sequence's last token drafts its first token */
+     * the pass that reaches a sequence's last token drafts its first token. A sequence whose
+     * KV is empty (new, or preempted) first takes what the prefix cache holds of its prompt;
+     * one whose first block another such sequence is computing in this step waits for a later
+     * pass, so that a shared prefix is computed once (as the scheduler's shared_block_pending
+     * does for the model itself). Each pass's known blocks are registered after it runs. */
     enum status st = ST_OK;
-    for (int next = 0; next < n && !st;) {
-        int nb = 0;
-        while (next < n && nb < B) {
-            struct seq *s = cand[next];
-            if (!s->d_kmax) {
-                next++;
+    int n_todo = n, n_lead = 0, k_most = 0;
+    while (n_todo && !st) {
+        int nb = 0, kept = 0;
+        for (int i = 0; i < n_todo; i++) {
+            struct seq *s = todo[i];
+            if (nb >= B) {
+                todo[kept++] = s;
                 continue;
             }
-            int32_t left = (int32_t)s->n_tok - s->d_computed;
-            int32_t t = left < B - nb ? left : B - nb;
-            for (int32_t i = 0; i < t; i++)
-                add(e, &nb, s, s->tok[s->d_computed + i], s->d_computed + i, i + 1 == left);
+            if (!s->d_ready) {
+                const int fresh = s->d_computed == 0 && !engine_kv_seq_blocks(e->dkv, s->slot);
+                if (fresh && follows(lead, n_lead, s, kb)) {
+                    todo[kept++] = s; /* after its lead's blocks are registered */
+                    continue;
+                }
+                if (!take_room(e, s, fresh))
+                    continue; /* no drafts this step */
+                k_most = s->d_kmax > k_most ? s->d_kmax : k_most;
+                if (fresh)
+                    lead[n_lead++] = s;
+            }
+            const int32_t left = (int32_t)s->n_tok - s->d_computed;
+            const int32_t t = left < B - nb ? left : B - nb;
+            for (int32_t j = 0; j < t; j++)
+                add(e, &nb, s, s->tok[s->d_computed + j], s->d_computed + j, j + 1 == left);
             if (t < left)
-                break; /* continues in the next pass (run advances d_computed) */
-            next++;
+                todo[kept++] = s; /* continues in the next pass (run advances d_computed) */
         }
+        n_todo = kept;
         if (nb)
             st = run(e, nb, err);
+        for (int i = 0; i < n && !st; i++) /* the known tokens' blocks now written */
+            if (cand[i]->d_kmax && cand[i]->d_ready)
+                engine_kv_prefix_commit(e->dkv, cand[i]->slot, cand[i]->tok, cand[i]->d_computed);
+        for (int i = 0; i < n_lead;) /* leads done with their prompts free their followers */
+            if (lead[i]->d_computed >= (int32_t)lead[i]->n_tok)
+                lead[i] = lead[--n_lead];
+            else
+                i++;
     }
     /* one pass per further draft position */
     for (int j = 1; j < k_most && !st; j++) {

@@ -313,6 +313,10 @@ void runner_add_spec_json(cJSON *o, const struct engine_stats *es)
     else
         cJSON_AddNullToObject(j, "survival_ece");
     cJSON_AddNumberToObject(j, "draft_s", es->spec_draft_s);
+    if (es->spec_model_tokens || es->spec_model_cached) {
+        cJSON_AddNumberToObject(j, "draft_model_tokens", (double)es->spec_model_tokens);
+        cJSON_AddNumberToObject(j, "draft_model_cached", (double)es->spec_model_cached);
+    }
 }
 
 char *runner_json_quote(const char *s)

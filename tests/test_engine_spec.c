@@ -67,6 +67,10 @@ struct sp_cfg {
     struct engine_grammar *grammar; /* or NULL */
 };
 
+/* Tests only: run_set holds every sequence's drafting back until all of the set's requests
+ * are decoding, so that they start drafting in the same step. */
+static int sp_hold_drafts;
+
 /* Run the set through an engine with p; out[i] gets request i's tokens. KV checked each step. */
 static void run_set(struct fixture *f, const struct engine_params *p, const struct sp_set *s,
                     const struct sp_cfg *c, struct sp_out *out, struct engine_stats *stats)
@@ -93,9 +97,20 @@ static void run_set(struct fixture *f, const struct engine_params *p, const stru
         out[i].n = 0;
         assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
     }
+    int held = sp_hold_drafts;
+    for (struct seq *q = e->wait_head; held && q; q = q->next)
+        q->spec_wait = 1 << 20;
     while (engine_pending(e)) {
         assert_int_equal(engine_step(e, &err), ST_OK);
         check_ok(e->kv, 0);
+        int decoding = 0;
+        for (int i = 0; held && i < e->n_running; i++)
+            decoding += e->running[i]->n_gen > 0;
+        if (held && decoding == s->n) { /* every one decoding: all draft from the next step */
+            for (int i = 0; i < e->n_running; i++)
+                e->running[i]->spec_wait = 0;
+            held = 0;
+        }
         struct engine_output o[16];
         size_t k;
         while ((k = engine_poll(e, o, 16)) > 0)
@@ -297,6 +312,105 @@ static void test_spec_draft_short_context(void **state)
     assert_true(st.spec_drafted > 0);
     free_set(&s, 0);
     engine_model_free(dm);
+}
+
+/* The draft model's own prefix cache: requests that share a long prefix, two slots, so the later
+ * ones find the prefix's blocks in the draft model's cache (before, the draft model computed
+ * every request's whole prompt again: 6 prompts of ~8,150 tokens sharing a prefix took 5x
+ * as long as without speculation); the tokens are those of no speculation, and the draft model
+ * computes fewer tokens than without the cache by about what it found there. */
+/* Four prompts that share a long prefix (their question differs): the tokens they share. */
+static size_t shared_prefix_set(struct fixture *f, struct sp_set *s)
+{
+    static const char *const prefix =
+        "You are a careful assistant. Answer in one short sentence and never use lists. "
+        "Keep to the facts you are sure of, and say so when you are not. Question: ";
+    static const char *const q[] = {"What is the capital of France?", "Why is the sky blue?",
+                                    "How many legs has a spider?", "What is 7 times 8?"};
+    struct err_detail err = {0};
+    memset(s, 0, sizeof(*s));
+    for (int i = 0; i < 4; i++) {
+        char text[512];
+        snprintf(text, sizeof(text), "%s%s", prefix, q[i]);
+        assert_int_equal(
+            engine_tok_encode(f->tok, text, strlen(text), 0, &s->prompt[i], &s->n_prompt[i], &err),
+            ST_OK);
+    }
+    s->n = s->made = 4;
+    size_t common = 0;
+    for (int same = 1; same && common < s->n_prompt[0]; common += same)
+        for (int i = 1; i < 4; i++)
+            if (common >= s->n_prompt[i] || s->prompt[i][common] != s->prompt[0][common])
+                same = 0;
+    assert_true(common >= 32);
+    return common;
+}
+
+static void test_spec_draft_prefix_cache(void **state)
+{
+    struct fixture *f = *state;
+    struct sp_set s;
+    const size_t common = shared_prefix_set(f, &s);
+    static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
+    struct engine_params p;
+    params(&p, 2, 256, 64, 1); /* two at a time: the last two start after the first two */
+    p.kv_block = 4;
+    struct sp_cfg c = {0.8f, 0.95f, 1.0f, getenv("QUERN_SANITIZE") ? 6 : 16, NULL};
+    run_set(f, &p, &s, &c, off, NULL);
+    p.spec = ENGINE_SPEC_MODEL;
+    p.draft_model = f->m;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p.spec_max_k = 3;
+    struct engine_stats with, without;
+    run_set(f, &p, &s, &c, on, &with);
+    assert_outs_same(off, on, s.n, "draft model with its prefix cache");
+    p.prefix_cache = 0;
+    run_set(f, &p, &s, &c, on, &without);
+    assert_outs_same(off, on, s.n, "draft model without a prefix cache");
+    print_message("draft model prefix cache: %llu tokens computed, %llu found cached; without "
+                  "the cache %llu computed\n",
+                  (unsigned long long)with.spec_model_tokens,
+                  (unsigned long long)with.spec_model_cached,
+                  (unsigned long long)without.spec_model_tokens);
+    assert_int_equal(without.spec_model_cached, 0);
+    /* the last two requests each found the shared prefix's whole blocks */
+    assert_true(with.spec_model_cached >= 2 * (common / 4 * 4));
+    /* the same drafts either way (budget "all"), so what it found it did not compute */
+    assert_int_equal(with.spec_model_tokens + with.spec_model_cached, without.spec_model_tokens);
+    assert_true(with.spec_drafted > 0 && without.spec_drafted > 0);
+    free_set(&s, 0);
+}
+
+/* The same four prompts all starting to draft in the same step (as when a busy run's budget
+ * skipped drafting and the load then falls): the first computes the shared prefix in the draft
+ * model, the other three wait for its blocks within the step and find them cached. */
+static void test_spec_draft_prefix_same_step(void **state)
+{
+    struct fixture *f = *state;
+    struct sp_set s;
+    const size_t common = shared_prefix_set(f, &s);
+    static struct sp_out off[SP_MAX_REQ], on[SP_MAX_REQ];
+    struct engine_params p;
+    params(&p, 4, 256, 64, 1);
+    p.kv_block = 4;
+    struct sp_cfg c = {0.0f, 1.0f, 1.0f, getenv("QUERN_SANITIZE") ? 6 : 12, NULL};
+    run_set(f, &p, &s, &c, off, NULL);
+    p.spec = ENGINE_SPEC_MODEL;
+    p.draft_model = f->m;
+    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p.spec_max_k = 3;
+    struct engine_stats st;
+    sp_hold_drafts = 1;
+    run_set(f, &p, &s, &c, on, &st);
+    sp_hold_drafts = 0;
+    assert_outs_same(off, on, s.n, "draft model, four sequences starting in one step");
+    print_message("draft model, four starting in one step: %llu tokens computed, %llu found "
+                  "cached (%zu prompt tokens shared)\n",
+                  (unsigned long long)st.spec_model_tokens,
+                  (unsigned long long)st.spec_model_cached, common);
+    assert_true(st.spec_model_cached >= 3 * (common / 4 * 4));
+    assert_true(st.spec_drafted > 0);
+    free_set(&s, 0);
 }
 
 /* One greedy request of a repeating prompt alone, ngram drafts verified every step: its output
@@ -649,6 +763,8 @@ int main(void)
         cmocka_unit_test(test_spec_sampled_same),
         cmocka_unit_test(test_spec_grammar_same),
         cmocka_unit_test(test_spec_draft_model),
+        cmocka_unit_test(test_spec_draft_prefix_cache),
+        cmocka_unit_test(test_spec_draft_prefix_same_step),
         cmocka_unit_test(test_spec_draft_short_context),
         cmocka_unit_test(test_spec_counts_used),
         cmocka_unit_test(test_spec_distribution),
