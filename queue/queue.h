@@ -491,6 +491,9 @@ struct queue_run_info {
                               older quern) */
     int sampled;           /* queue_run_list_job: it recorded samples for the job (it worked
                               on it); 0 from queue_run_list_live */
+    int gone;              /* not ended, yet its process is known to have exited (a run of this
+                              host whose process is gone): dead, not yet noticed, as when ending
+                              it failed (a full disk) */
 };
 
 /* Every run not ended (alive, or dead and not yet noticed: see age_ms), oldest first, in one

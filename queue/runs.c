@@ -133,6 +133,23 @@ static enum status end_dead_run(struct queue *q, int64_t run_id, struct err_deta
     return queue_step_done(q, s, "ending a dead run", err);
 }
 
+/* A run's process identity from the columns of row s that hold its host, boot id, PID
+ * namespace, PID and start ticks. */
+static void run_identity(sqlite3_stmt *s, int host, int boot, int ns, int pid, int start,
+                         struct proc_identity *id)
+{
+    memset(id, 0, sizeof(*id));
+    const unsigned char *t;
+    if ((t = sqlite3_column_text(s, host)))
+        snprintf(id->host, sizeof(id->host), "%s", (const char *)t);
+    if ((t = sqlite3_column_text(s, boot)))
+        snprintf(id->boot_id, sizeof(id->boot_id), "%s", (const char *)t);
+    if ((t = sqlite3_column_text(s, ns)))
+        snprintf(id->pid_ns, sizeof(id->pid_ns), "%s", (const char *)t);
+    id->pid = sqlite3_column_int64(s, pid);
+    id->start_ticks = sqlite3_column_int64(s, start);
+}
+
 enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, int64_t *n_reaped,
                             struct err_detail *err)
 {
@@ -164,16 +181,7 @@ enum status queue_reap_dead(struct queue *q, const struct proc_identity *self, i
         int rc;
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
             struct proc_identity other;
-            memset(&other, 0, sizeof(other));
-            const unsigned char *t;
-            if ((t = sqlite3_column_text(s, 1)))
-                snprintf(other.host, sizeof(other.host), "%s", (const char *)t);
-            if ((t = sqlite3_column_text(s, 2)))
-                snprintf(other.boot_id, sizeof(other.boot_id), "%s", (const char *)t);
-            if ((t = sqlite3_column_text(s, 3)))
-                snprintf(other.pid_ns, sizeof(other.pid_ns), "%s", (const char *)t);
-            other.pid = sqlite3_column_int64(s, 4);
-            other.start_ticks = sqlite3_column_int64(s, 5);
+            run_identity(s, 1, 2, 3, 4, 5, &other);
             if (strcmp(other.host, self->host) == 0 ? proc_liveness(self, &other) != PROC_DEAD
                                                     : !q->exclusive)
                 continue;
@@ -355,6 +363,8 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
     if (which == QS_RUN_LIST_JOB)
         sqlite3_bind_int64(s, 1, job_id);
     int64_t now = queue_now(q);
+    struct proc_identity self;
+    proc_identity_self(&self);
     struct queue_run_info *a = NULL;
     size_t cnt = 0, cap = 0;
     enum status st = ST_OK;
@@ -376,6 +386,12 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
         r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
         r->ended_ms = sqlite3_column_int64(s, 8);
         r->sampled = sqlite3_column_int(s, 11);
+        if (!r->ended_ms) {
+            struct proc_identity other;
+            run_identity(s, 3, 12, 13, 4, 14, &other);
+            r->gone = self.host[0] && !strcmp(other.host, self.host) &&
+                      proc_liveness(&self, &other) == PROC_DEAD;
+        }
         if ((st = queue_col_dup(s, 2, &r->worker_id, err)) == ST_OK &&
             (st = queue_col_dup(s, 3, &r->host, err)) == ST_OK &&
             (st = queue_col_dup(s, 7, &r->progress_json, err)) == ST_OK &&

@@ -411,19 +411,23 @@ const char *const queue_stmt_sql[QS_COUNT] = {
                        " cached_tokens, running, waiting, kv_used, kv_total, steps, batch_tokens,"
                        " spec_drafted, spec_accepted FROM samples WHERE job_id = ?1 ORDER BY t, id",
     [QS_RUN_ENGINE] = "UPDATE runs SET engine_json = ?2 WHERE id = ?1",
-    [QS_RUN_LIST_LIVE] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                         " heartbeat, progress_json, 0, NULL, engine_json, 0 FROM runs"
-                         " WHERE ended IS NULL AND kind = 'run' ORDER BY id",
+    [QS_RUN_LIST_LIVE] =
+        "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
+        " heartbeat, progress_json, 0, NULL, engine_json, 0, boot_id, pid_ns, pstart"
+        " FROM runs WHERE ended IS NULL AND kind = 'run' ORDER BY id",
     /* the runs with samples of the job: one list (samples_job), not a search per run */
-    [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
-                        " id IN (SELECT run_id FROM samples WHERE job_id = ?1) FROM runs"
-                        " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
-                        " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
+    [QS_RUN_LIST_JOB] =
+        "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
+        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
+        " id IN (SELECT run_id FROM samples WHERE job_id = ?1), boot_id, pid_ns, pstart"
+        " FROM runs"
+        " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
+        " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
     /* (its summary in the progress column) */
     [QS_RUN_LAST_ENDED] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-                          " heartbeat, summary_json, ended, exit_reason, engine_json, 0 FROM runs"
-                          " WHERE kind = 'run' AND ended IS NOT NULL ORDER BY ended DESC, id DESC"
+                          " heartbeat, summary_json, ended, exit_reason, engine_json, 0, boot_id,"
+                          " pid_ns, pstart FROM runs WHERE kind = 'run' AND ended IS NOT NULL "
+                          "ORDER BY ended DESC, id DESC"
                           " LIMIT 1",
 
     /* INDEXED BY: without ANALYZE statistics SQLite may otherwise walk every leased item */

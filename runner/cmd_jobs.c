@@ -204,7 +204,7 @@ static void job_progress(int64_t job_id, const char *name, const struct queue_co
     for (size_t i = 0; i < n_runs; i++) {
         struct batch_progress rp;
         int have = batch_progress_from_json(runs[i].progress_json, &rp);
-        if (!run_on_job(&runs[i], have ? &rp : NULL, job_id))
+        if (runs[i].gone || !run_on_job(&runs[i], have ? &rp : NULL, job_id))
             continue;
         if (!*run_start || runs[i].started_ms < *run_start)
             *run_start = runs[i].started_ms;
@@ -263,6 +263,7 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
         cJSON_AddNumberToObject(o, "heartbeat_age_s", (double)runs[i].age_ms / 1000.0);
         cJSON_AddBoolToObject(o, "stale",
                               (double)runs[i].age_ms / 1000.0 > BATCH_PROGRESS_STALE_S);
+        cJSON_AddBoolToObject(o, "dead", runs[i].gone);
         if (have) {
             cJSON *lp = cJSON_AddObjectToObject(o, "progress");
             batch_progress_add_json(lp, &rp);
@@ -512,7 +513,13 @@ static void print_status_text(const cJSON *o)
     char model[8192]; /* (a path from the user's submit: printed without control characters) */
     /* the queue's state says a run began the job; whether one works on it now, the runs do */
     const char *state = jstr(o, "state");
-    int idle = !strcmp(state, "running") && !cJSON_GetArraySize(cJSON_GetObjectItem(o, "runs"));
+    int idle = !strcmp(state, "running"); /* and no run on it that is not dead */
+    const cJSON *run;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItem(o, "runs"))
+    {
+        if (!cJSON_IsTrue(cJSON_GetObjectItem(run, "dead")))
+            idle = 0;
+    }
     printf("job %.0f '%s' [%s%s] model %s\n", jnum(o, "id"), jstr(o, "name"), state,
            idle ? ", no live run" : "", log_printable(jstr(o, "model"), model, sizeof(model)));
     if (cJSON_IsString(cJSON_GetObjectItem(o, "output_dir")))
@@ -545,7 +552,11 @@ static void print_status_text(const cJSON *o)
         printf("  run %.0f on %s pid %.0f: heartbeat %.0f s ago%s", jnum(r, "run_id"),
                log_printable(jstr(r, "host"), host, sizeof(host)), jnum(r, "pid"),
                jnum(r, "heartbeat_age_s"),
-               cJSON_IsTrue(cJSON_GetObjectItem(r, "stale")) ? " (stale)" : "");
+               cJSON_IsTrue(cJSON_GetObjectItem(r, "dead"))
+                   ? " (dead: its process is gone; the next run or status that can write "
+                     "the queue gives its items back)"
+               : cJSON_IsTrue(cJSON_GetObjectItem(r, "stale")) ? " (stale)"
+                                                               : "");
         if (cJSON_IsObject(lp))
             printf(", gen %.1f tok/s, prompt %.1f tok/s, %.0f running, KV %.0f/%.0f blocks",
                    jnum(lp, "gen_tok_s"), jnum(lp, "prompt_tok_s"), jnum(lp, "running"),
@@ -737,7 +748,7 @@ int runner_cmd_status(int argc, char **argv)
                  o.db, o.watch ? "; shown once, not watched" : "");
         o.watch = 0;
     } else if (queue_jobs_gc(q, &self, QUEUE_DEFAULT_SUBMIT_STALE_MS, NULL, &err))
-        LOG_WARN("deleting the jobs of dead submits: %s", err.msg);
+        LOG_WARN("ending dead runs and the jobs of dead submits: %s", err.msg);
     struct queue_job *jobs = NULL;
     size_t n = 0;
     int rc = RUNNER_EXIT_ERROR;

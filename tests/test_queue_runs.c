@@ -225,6 +225,34 @@ static struct queue_run_spec gone_run_spec(int64_t job, struct proc_identity *se
     return gone;
 }
 
+/* queue_run_list_live marks a run of this host whose process is gone (status shows it dead
+ * where ending it failed, as on a full disk), not this process's own run nor another host's. */
+static void test_gone_runs_listed(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct queue *q = open_q(f);
+    int64_t job = make_job(q, "j", 2);
+    struct proc_identity self;
+    struct queue_run_spec gone = gone_run_spec(job, &self), mine = gone, remote = gone;
+    mine.pstart = self.start_ticks;
+    remote.host = "another-host";
+    int64_t ids[3];
+    assert_int_equal(queue_run_start(q, &gone, &ids[0], &err), ST_OK);
+    assert_int_equal(queue_run_start(q, &mine, &ids[1], &err), ST_OK);
+    assert_int_equal(queue_run_start(q, &remote, &ids[2], &err), ST_OK);
+    struct queue_run_info *runs = NULL;
+    size_t n = 0;
+    assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(runs[i].id, ids[i]);
+        assert_int_equal(runs[i].gone, i == 0);
+    }
+    queue_run_info_free(runs, n);
+    queue_close(q);
+}
+
 /* A run that recorded its stop (queue_run_stopping) and then died (SIGKILL at the end of a
  * scheduler's KillWait, inside its --grace) costs its items no attempt: neither when a run on
  * its host finds it dead, nor when its leases expire (another host). A run that died without
@@ -860,6 +888,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_own_leases_not_swept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_skips_submit_rejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reap_dead_runs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gone_runs_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopping_run_dies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unstarted_items_refunded, setup, teardown),
     };

@@ -684,4 +684,32 @@ by = collections.Counter("ok" if r["response"]["status_code"] == 200 else
 assert set(by) == {"ok", "attempts_exhausted", "context_length_exceeded"}, by
 assert 1 <= by["attempts_exhausted"] <= 32 and by["context_length_exceeded"] == 1, by
 PY
+
+# 16. a run killed with -9, and a status that cannot end it (its commit fails, as on a full
+# disk): the run is shown dead, not live (before: a live run, its last rates counted, the job
+# not "no live run"); the next status ends it and its items go back
+for i in 1 2 3 4; do
+    echo "{\"custom_id\":\"s$i\",\"prompt\":\"Count to ten: one, two,\",\"max_tokens\":64}"
+done >sixteen.jsonl
+"$Q" submit --db sixteen.db --model "$M" --name sixteen sixteen.jsonl >/dev/null 2>&1
+rc=0
+QUERN_FAULT=run.step:2:kill "$Q" run --db sixteen.db --out out --threads 1 >/dev/null 2>&1 || rc=$?
+[ $rc -eq 137 ] || fail "16: exit $rc, want 137 (killed)"
+QUERN_FAULT=queue.commit:1:fail "$Q" status --db sixteen.db --json 2>sixteen.log >sixteen.json ||
+    { cat sixteen.log; fail "16: status whose commit fails"; }
+grep -q "ending dead runs" sixteen.log || { cat sixteen.log; fail "16: no warning"; }
+python3 - sixteen.json <<'PY' || fail "16: the dead run shown live"
+import json, sys
+j = json.load(open(sys.argv[1]))[0]
+assert len(j["runs"]) == 1 and j["runs"][0]["dead"] is True, j["runs"]
+assert j["live"]["runs"] == 0 and j["by_state"]["leased"] == 4, (j["live"], j["by_state"])
+PY
+QUERN_FAULT=queue.commit:1:fail "$Q" status --db sixteen.db 2>/dev/null | grep -q "no live run" ||
+    fail "16: the text status counts the dead run"
+"$Q" status --db sixteen.db --json 2>/dev/null >sixteen.json || fail "16: status"
+python3 - sixteen.json <<'PY' || fail "16: the next status did not end the dead run"
+import json, sys
+j = json.load(open(sys.argv[1]))[0]
+assert j["runs"] == [] and j["by_state"]["queued"] == 4, (j["runs"], j["by_state"])
+PY
 echo "e2e reliability: ok"
