@@ -314,11 +314,15 @@ static void test_spec_draft_short_context(void **state)
     engine_model_free(dm);
 }
 
-/* The draft model's own prefix cache: requests that share a long prefix, two slots, so the later
- * ones find the prefix's blocks in the draft model's cache (before, the draft model computed
- * every request's whole prompt again: 6 prompts of ~8,150 tokens sharing a prefix took 5x
- * as long as without speculation); the tokens are those of no speculation, and the draft model
- * computes fewer tokens than without the cache by about what it found there. */
+/* p drafts with the fixture's model itself, every draft verified, up to 3 a step. */
+static void self_draft(struct fixture *f, struct engine_params *p)
+{
+    p->spec = ENGINE_SPEC_MODEL;
+    p->draft_model = f->m;
+    p->spec_budget = ENGINE_SPEC_BUDGET_ALL;
+    p->spec_max_k = 3;
+}
+
 /* Four prompts that share a long prefix (their question differs): the tokens they share. */
 static size_t shared_prefix_set(struct fixture *f, struct sp_set *s)
 {
@@ -346,6 +350,11 @@ static size_t shared_prefix_set(struct fixture *f, struct sp_set *s)
     return common;
 }
 
+/* The draft model's own prefix cache: requests that share a long prefix, two slots, so the later
+ * ones find the prefix's blocks in the draft model's cache (before, the draft model computed
+ * every request's whole prompt again: 6 prompts of ~8,150 tokens sharing a prefix took 5x
+ * as long as without speculation); the tokens are those of no speculation, and the draft model
+ * computes exactly what it found there fewer tokens than without the cache. */
 static void test_spec_draft_prefix_cache(void **state)
 {
     struct fixture *f = *state;
@@ -357,10 +366,7 @@ static void test_spec_draft_prefix_cache(void **state)
     p.kv_block = 4;
     struct sp_cfg c = {0.8f, 0.95f, 1.0f, getenv("QUERN_SANITIZE") ? 6 : 16, NULL};
     run_set(f, &p, &s, &c, off, NULL);
-    p.spec = ENGINE_SPEC_MODEL;
-    p.draft_model = f->m;
-    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
-    p.spec_max_k = 3;
+    self_draft(f, &p);
     struct engine_stats with, without;
     run_set(f, &p, &s, &c, on, &with);
     assert_outs_same(off, on, s.n, "draft model with its prefix cache");
@@ -395,10 +401,7 @@ static void test_spec_draft_prefix_same_step(void **state)
     p.kv_block = 4;
     struct sp_cfg c = {0.0f, 1.0f, 1.0f, getenv("QUERN_SANITIZE") ? 6 : 12, NULL};
     run_set(f, &p, &s, &c, off, NULL);
-    p.spec = ENGINE_SPEC_MODEL;
-    p.draft_model = f->m;
-    p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
-    p.spec_max_k = 3;
+    self_draft(f, &p);
     struct engine_stats st;
     sp_hold_drafts = 1;
     run_set(f, &p, &s, &c, on, &st);
