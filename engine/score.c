@@ -77,7 +77,7 @@ enum status engine_score(struct engine_model *m, const struct engine_score_windo
             for (int s = 0; s < ng; s++) {
                 const struct engine_score_window *w = &win[g0 + s];
                 for (int p = p0; p < p0 + chunk && p < w->n; p++, n++) {
-                    tok[n] = w->tok[p];
+                    tok[n] = p == 0 && w->bos_first ? w->bos : w->tok[p];
                     pos[n] = p;
                     seq[n] = s;
                     /* position p's logits score target p + 1 */

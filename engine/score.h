@@ -16,6 +16,9 @@ struct engine_score_window {
     const int32_t *tok; /* n tokens (borrowed) */
     int n;              /* window length, <= the KV pool's per-sequence capacity */
     int from;           /* first scored target */
+    int bos_first;      /* 1: position 0 holds bos instead of tok[0] (a window that starts in
+                         * the middle of a text, for a model that adds BOS; from >= 1) */
+    int32_t bos;
 };
 
 /* How windows go through the model. */

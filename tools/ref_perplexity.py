@@ -12,6 +12,11 @@ one, targets ctx/2+1 .. ctx-1 scored by the logits before them; stride S: the fi
 [b - ctx, b).
 
   python3 tools/ref_perplexity.py [--model M] [--text F] [--ctx 128] [--stride 0 96 ...]
+      [--ids IDS.json --out F]
+
+--ids: the text's token ids (a JSON array, without BOS: `quern tokenize --model M < F`) for a
+model whose tokenizer the HF reference here does not build (SentencePiece: Gemma; quern's
+ids for it are checked against llama.cpp's by tests/test_tokenizer_families.c).
 """
 import argparse
 import hashlib
@@ -43,7 +48,10 @@ def windows(ids, ctx, stride, bos):
         a = ctx
         while a < n:
             b = min(a + stride, n)
-            out.append((list(ids[b - ctx:b]), ctx - (b - a)))
+            t = list(ids[b - ctx:b])
+            if bos is not None:
+                t[0] = bos
+            out.append((t, ctx - (b - a)))
             a = b
     return out
 
@@ -65,17 +73,20 @@ def main():
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--stride", type=int, nargs="+", default=[0, 96])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "perplexity_ref.json"))
+    ap.add_argument("--ids", help="the text's token ids (JSON array, no BOS) instead of the HF tokenizer")
     args = ap.parse_args()
     m = ref_forward.Model(args.model)
     m.kv_f16 = True
-    meta = ref_tokenizer.gguf_tokenizer_meta(args.model)
-    hf = ref_tokenizer.HFRef(meta)
     import gguf
     f = gguf.GGUFReader(args.model).fields
     add_bos = "tokenizer.ggml.add_bos_token" in f and bool(f["tokenizer.ggml.add_bos_token"].contents())
     bos = int(f["tokenizer.ggml.bos_token_id"].contents()) if add_bos else None
     text = open(args.text, "rb").read()
-    ids = hf.encode(text.decode("utf-8"))
+    if args.ids:
+        ids = [int(t) for t in json.load(open(args.ids))]
+    else:
+        ids = ref_tokenizer.HFRef(ref_tokenizer.gguf_tokenizer_meta(args.model)).encode(
+            text.decode("utf-8"))
     if add_bos:
         ids = [bos] + ids
     runs = []

@@ -111,4 +111,31 @@ for r in recs:
         fail "prompts past the window generate differently with the window pool: $(cat texts.txt)"
     cd "$OLDPWD"
 fi
-echo "gemma e2e: Paris, chat format, 12-record job, bench, window pool OK"
+
+# 6. perplexity of a model that adds BOS, both window methods, against the float64 reference
+# (tests/fixtures/perplexity_ref_gemma.json: tools/ref_perplexity.py --ids, the ids of `quern
+# tokenize`): the sliding windows' first token is BOS as the default method's is (before, the
+# windows after the first started mid-text without it: 175 against the reference's 21.0)
+TXT=tests/fixtures/perplexity_text.txt
+REF=tests/fixtures/perplexity_ref_gemma.json
+for s in 0 48; do
+    a=()
+    [ $s -eq 0 ] || a=(--stride $s)
+    "$Q" perplexity --model "$G" --file "$TXT" --ctx 64 --matmul exact --json "${a[@]}" \
+        >"$tmp/ppl$s.json" 2>"$tmp/ppl$s.err" || { cat "$tmp/ppl$s.err"; fail "perplexity $s"; }
+done
+python3 - "$REF" "$TXT" "$tmp/ppl0.json" "$tmp/ppl48.json" <<'PY' || fail "perplexity against the reference"
+import hashlib, json, sys
+ref = json.load(open(sys.argv[1]))
+assert hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest() == ref["text_sha256"]
+assert ref["add_bos"] is True
+for path, run in zip(sys.argv[3:], ref["runs"]):
+    q = json.load(open(path))
+    assert (q["stride"], q["windows"], q["tokens_scored"], q["text_tokens"]) == (
+        run["stride"], run["windows"], run["tokens_scored"], ref["text_tokens"]), (q, run)
+    rel = abs(q["perplexity"] - run["perplexity"]) / run["perplexity"]
+    print("  gemma stride %d: perplexity %.5f, reference %.5f, relative %.1e"
+          % (run["stride"], q["perplexity"], run["perplexity"], rel))
+    assert rel < 3e-4, rel
+PY
+echo "gemma e2e: Paris, chat format, 12-record job, bench, window pool, perplexity OK"
