@@ -32,4 +32,10 @@ const struct dtype_info *dtype_get(uint32_t t);
  * unsupported. */
 size_t dtype_row_bytes(uint32_t t, int64_t n);
 
+/* The first of n elements of type t at data (a whole number of blocks) whose value is not
+ * finite (NaN or an infinity), or -1 when all are. For the block types, the blocks' float
+ * scales decide (their integer parts cannot make a value infinite); the index is the first
+ * element of the first such block. -1 too for an unsupported type (dtype_get says). */
+int64_t dtype_first_nonfinite(uint32_t t, const void *data, int64_t n);
+
 #endif

@@ -312,6 +312,12 @@ int runner_cmd_perplexity(int argc, char **argv)
     const double secs = runner_now() - pr.t0;
     double sum = 0, sum2 = 0;
     for (size_t i = 0; i < n_scored; i++) {
+        if (!isfinite(nll[i])) { /* (a model whose weights load can still overflow) */
+            LOG_ERROR("the model's logits for scored token %zu are not finite (NaN or an "
+                      "infinity): no perplexity (try --matmul exact)",
+                      i);
+            goto out;
+        }
         sum += nll[i];
         sum2 += nll[i] * nll[i];
     }

@@ -16,15 +16,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
+#include "common/dtype.h"
 #include "engine/engine.h"
 #include "engine/kv_internal.h"
 #include "engine/model_internal.h"
 #include "engine/spec.h"
 #include "engine/tokenizer.h"
+#include "io/gguf.h"
 #include "tests/test_util.h"
 
 static cJSON *g_root; /* parsed arch_ref.json */
@@ -358,12 +361,64 @@ static void test_unsupported_arch(void **state)
     assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, gemma2, gemma3"));
 }
 
+/* A model file holding a NaN or an infinity is refused at load, naming the tensor (before, its
+ * text was garbage or empty and its perplexity the vocabulary size, with no word): an F32 norm,
+ * a Q4_0 and a Q8_0 block's scale of the llama fixture, each patched in a copy. */
+static void test_damaged_weights(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    char *buf = test_read_file("tests/fixtures/arch/llama3.gguf", &len);
+    assert_non_null(buf);
+    struct err_detail err = {0};
+    struct io_gguf *g = NULL;
+    assert_int_equal(io_gguf_open_mem(&g, buf, len, &err), ST_OK);
+    static const struct {
+        const char *tensor;
+        size_t at;          /* byte within its data */
+        unsigned char b[4]; /* written there */
+        const char *where;  /* the message's row and element */
+    } cases[] = {
+        {"output_norm.weight", 12, {0x00, 0x00, 0xc0, 0x7f}, "row 0, element 3"}, /* f32 NaN */
+        {"blk.1.attn_q.weight", 18 * 5, {0x00, 0x7c}, "row 2, element 32"},       /* Q4_0 block 5's
+                                                                                      d: +inf */
+        {"blk.0.ffn_down.weight", 0, {0x01, 0xfc}, "row 0, element 0"},           /* d: NaN */
+    };
+    char path[] = "/tmp/quern-damaged-XXXXXX";
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const struct io_gguf_tensor *t = io_gguf_find_tensor(g, cases[c].tensor);
+        assert_non_null(t);
+        char *copy = malloc(len);
+        assert_non_null(copy);
+        memcpy(copy, buf, len);
+        const size_t off = (size_t)((const char *)t->data - buf) + cases[c].at;
+        memcpy(copy + off, cases[c].b, t->type == DTYPE_F32 ? 4 : 2);
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, copy, len), (ssize_t)len);
+        close(fd);
+        free(copy);
+        struct engine_model *m = NULL;
+        assert_int_equal(engine_model_load(&m, path, NULL, &err), ST_ERR_FORMAT);
+        assert_null(m);
+        printf("  %s\n", err.msg);
+        assert_non_null(strstr(err.msg, cases[c].tensor));
+        assert_non_null(strstr(err.msg, "holds a NaN or an infinity"));
+        assert_non_null(strstr(err.msg, cases[c].where));
+        unlink(path);
+        memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+    }
+    io_gguf_close(g);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arch_logits),
         cmocka_unit_test(test_arch_engine_window),
         cmocka_unit_test(test_unsupported_arch),
+        cmocka_unit_test(test_damaged_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

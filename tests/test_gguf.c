@@ -307,14 +307,56 @@ static void test_empty_string_array(void **state)
     io_gguf_close(g);
 }
 
+/* dtype_first_nonfinite: every type, a NaN or infinity in each float field a block has (the
+ * scales; for plain types any value) found at its block's first element, finite ones passing
+ * (huge finite halves and int8 quants included). */
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    static const struct {
+        uint32_t type;
+        int field[2]; /* byte offsets of a block's f16 fields (-1: none), F32/F16/BF16: -2 */
+    } ty[] = {
+        {DTYPE_F32, {-2, -1}}, {DTYPE_F16, {-2, -1}}, {DTYPE_BF16, {-2, -1}},
+        {DTYPE_Q4_0, {0, -1}}, {DTYPE_Q4_1, {0, 2}},  {DTYPE_Q5_0, {0, -1}},
+        {DTYPE_Q8_0, {0, -1}}, {DTYPE_Q4_K, {0, 2}},  {DTYPE_Q6_K, {208, -1}},
+    };
+    unsigned char buf[4 * 256 * 4];
+    for (size_t k = 0; k < sizeof(ty) / sizeof(ty[0]); k++) {
+        const struct dtype_info *di = dtype_get(ty[k].type);
+        assert_non_null(di);
+        const int64_t n = 4 * (int64_t)di->block_elems; /* four blocks (or values) */
+        const size_t bytes = (size_t)(n / di->block_elems) * (size_t)di->block_bytes;
+        memset(buf, 0xfb, bytes); /* finite in every field: f16 -65504, bf16 -2.6e36, f32 */
+        assert_int_equal(dtype_first_nonfinite(ty[k].type, buf, n), -1);
+        for (int f = 0; f < 2; f++) {
+            const int off = ty[k].field[f];
+            if (off == -1)
+                continue;
+            const int size = off == -2 ? di->block_bytes : 2;
+            const int at = off == -2 ? 0 : off;
+            for (int bad = 0; bad < 2; bad++) { /* an infinity, then a NaN, in block 2 */
+                unsigned char *p = buf + 2 * (size_t)di->block_bytes + (size_t)at;
+                memset(buf, 0xfb, bytes);
+                if (size == 4)
+                    memcpy(p, bad ? "\x01\x00\x80\x7f" : "\x00\x00\x80\xff", 4);
+                else if (ty[k].type == DTYPE_BF16)
+                    memcpy(p, bad ? "\xc1\x7f" : "\x80\x7f", 2);
+                else
+                    memcpy(p, bad ? "\x01\x7e" : "\x00\xfc", 2);
+                assert_int_equal(dtype_first_nonfinite(ty[k].type, buf, n),
+                                 2 * (int64_t)di->block_elems);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_tensors),
-        cmocka_unit_test(test_small_metadata),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_empty_string_array),
-        cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_model_tensors), cmocka_unit_test(test_small_metadata),
+        cmocka_unit_test(test_errors),        cmocka_unit_test(test_empty_string_array),
+        cmocka_unit_test(test_fuzz),          cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
