@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "io/manifest.h"
 #include "io/shard.h"
+#include "jobs/json.h"
 
 enum status batch_abspath(const char *p, char *out, size_t cap, struct err_detail *err)
 {
@@ -258,7 +259,7 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
         cJSON_AddStringToObject(m, "db_uuid", uuid);
         cJSON_AddNumberToObject(m, "job_id", (double)job->id);
         cJSON_AddStringToObject(m, "job_name", job->name);
-        cJSON_AddStringToObject(m, "database", dbpath);
+        job_json_add_text(m, "database", dbpath);
         char *text = cJSON_PrintUnformatted(m);
         cJSON_Delete(m);
         if (!text)

@@ -14,6 +14,7 @@
 #include "batch/batch_internal.h"
 #include "common/log.h"
 #include "io/shard.h"
+#include "jobs/json.h"
 
 int64_t batch_progress_left(const struct batch_progress *p)
 {
@@ -244,7 +245,7 @@ static cJSON *part_doc(const struct batch_run *r, const struct batch_progress *p
     batch_progress_add_json(o, p);
     cJSON_AddNumberToObject(o, "part", r->o->part);
     cJSON_AddNumberToObject(o, "run_id", (double)r->stats.run_id);
-    cJSON_AddStringToObject(o, "host", r->self.host);
+    job_json_add_text(o, "host", r->self.host);
     cJSON_AddNumberToObject(o, "pid", (double)r->self.pid);
     cJSON_AddNumberToObject(o, "updated_ms", 0);
     return o;

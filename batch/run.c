@@ -192,25 +192,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
     int32_t *ids = NULL;
     size_t n = 0;
     struct err_detail e2 = {0};
-    /* a prompt longer than the context could hold even at the longest token text is refused
-     * untokenized (a 16 MiB line took seconds and ~0.5 GB to find it too long) */
-    size_t bytes = req->kind == JOB_KIND_CHAT ? 0 : strlen(req->prompt);
-    for (size_t i = 0; req->kind == JOB_KIND_CHAT && i < req->n_messages; i++)
-        bytes += strlen(req->messages[i].content);
-    const int32_t ctx = engine_model_hparams(r->m)->n_ctx_train;
-    const size_t most = (size_t)ctx * engine_tok_max_piece(r->tok);
-    if (bytes > most)
-        st = err_set(&e2, ST_ERR_RANGE,
-                     "the prompt's %zu bytes are more than the model's context of %d tokens can "
-                     "hold (%zu bytes at most)",
-                     bytes, (int)ctx, most);
-    else if (req->kind == JOB_KIND_CHAT)
-        st = r->chat ? engine_chat_tokenize(r->chat, r->tok, req->messages, req->n_messages, 1, 0,
-                                            &ids, &n, &e2)
-                     : err_set(&e2, ST_ERR_UNSUPPORTED, "the model has no usable chat template");
-    else
-        st = engine_tok_encode(r->tok, req->prompt, strlen(req->prompt), ENGINE_TOK_ADD_BOS, &ids,
-                               &n, &e2);
+    st = job_request_tokens(req, r->tok, r->chat, engine_model_hparams(r->m)->n_ctx_train, &ids, &n,
+                            &e2);
     struct batch_inflight *inf = NULL;
     int32_t max_eff = req->max_tokens; /* what the engine is asked for */
     if (!st) {
@@ -282,8 +265,8 @@ static enum status admit(struct batch_run *r, const struct queue_claimed *c, str
          * pushed it over) */
         const char *param = NULL;
         if (st == ST_ERR_RANGE &&
-            (bytes > most ||
-             (tokenized && n + (size_t)max_eff > (size_t)engine_model_hparams(r->m)->n_ctx_train)))
+            (!tokenized /* (job_request_tokens: too many bytes) */ ||
+             n + (size_t)max_eff > (size_t)engine_model_hparams(r->m)->n_ctx_train))
             param = req->kind == JOB_KIND_CHAT ? "messages" : "prompt";
         st = item_error(r, c->id, req->custom_id,
                         st == ST_ERR_NOMEM || st == ST_ERR_CAPACITY ? 500 : 400, code, e2.msg,

@@ -233,3 +233,39 @@ void job_json_free(struct job_json *b)
     b->len = b->cap = 0;
     b->failed = 0;
 }
+
+cJSON *job_json_add_text(cJSON *o, const char *key, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    const size_t n = strlen(s);
+    size_t i = 0, bad = 0;
+    while (i < n) { /* count the replacements first: most text needs none */
+        size_t k = utf8_decode(p + i, n - i, NULL, NULL);
+        if (!k) {
+            k = utf8_bad_len(p + i, n - i);
+            bad++;
+        }
+        i += k;
+    }
+    if (!bad)
+        return cJSON_AddStringToObject(o, key, s);
+    char *t = malloc(n + 2 * bad + 1), *w = t; /* each U+FFFD: 3 bytes for at least 1 */
+    if (!t)
+        return NULL;
+    for (i = 0; i < n;) {
+        size_t k = utf8_decode(p + i, n - i, NULL, NULL);
+        if (k) {
+            memcpy(w, s + i, k);
+            w += k;
+        } else {
+            k = utf8_bad_len(p + i, n - i);
+            memcpy(w, "\xef\xbf\xbd", 3);
+            w += 3;
+        }
+        i += k;
+    }
+    *w = 0;
+    cJSON *item = cJSON_AddStringToObject(o, key, t);
+    free(t);
+    return item;
+}

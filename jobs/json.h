@@ -33,6 +33,13 @@ void job_json_put_str(struct job_json *b, const char *s, size_t n);
 /* Append a JSON string for a NUL-terminated s, or null when s is NULL. */
 void job_json_put_cstr(struct job_json *b, const char *s);
 
+struct cJSON;
+/* Add s (NUL-terminated: a path, a host name, an error message) to cJSON object o under key,
+ * each maximal subpart of ill-formed UTF-8 as one U+FFFD, as job_json_put_str writes it (cJSON
+ * copies bytes as they are: a file name with a byte like 0xFF made the document invalid UTF-8).
+ * Returns the new item, NULL when out of memory. */
+struct cJSON *job_json_add_text(struct cJSON *o, const char *key, const char *s);
+
 /* Append the shortest decimal text that reads back (strtof) as exactly the float f; f must
  * be finite. */
 void job_json_put_float(struct job_json *b, float f);

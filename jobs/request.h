@@ -136,6 +136,16 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
 /* Free a request; NULL is a no-op. */
 void job_request_free(struct job_request *r);
 
+struct engine_chat;
+/* r's prompt as token ids (*ids malloc'd, *n of them): a chat request's messages through chat
+ * (NULL: the model has none, ST_ERR_UNSUPPORTED), a completion's text with the model's BOS.
+ * With n_ctx > 0, a prompt longer than a context of n_ctx tokens could hold even at the longest
+ * token text is refused untokenized (ST_ERR_RANGE; a 16 MiB line took seconds and ~0.5 GB to
+ * find too long). The engine checks the tokens' count against the context itself. */
+enum status job_request_tokens(const struct job_request *r, const struct engine_tok *tok,
+                               const struct engine_chat *chat, int32_t n_ctx, int32_t **ids,
+                               size_t *n, struct err_detail *err);
+
 /* Canonical compact JSON of r (short form, every parameter written out, keys in a fixed
  * order), such that job_request_parse gives back an equal request whatever the defaults
  * (as long as max_tokens is within their cap). Returns a malloc'd string the caller frees, or

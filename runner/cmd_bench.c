@@ -18,6 +18,8 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "jobs/json.h"
+#include "jobs/request.h"
 #include "kernels/kernels.h"
 #include "runner/engine_opts.h"
 #include "runner/runner.h"
@@ -28,7 +30,8 @@ static const char bench_usage[] =
     "Offline throughput benchmark: all requests arrive at once and each generates exactly\n"
     "--output-len tokens (end-of-generation tokens are ignored). Prints JSON on stdout.\n"
     "A request that cannot fit (prompt + --output-len longer than the model context or the KV\n"
-    "pool) is skipped with a warning and counted in rejected_requests; if all are, it fails.\n"
+    "pool) is skipped with a warning and counted in rejected_requests; if all are, it fails\n"
+    "(at once, before any prompt is made, when --input-len + --output-len exceed the context).\n"
     "peak_rss_mb is in MiB; cpu_s is the CPU time of the measured part (all threads).\n"
     "\n"
     "  --model PATH           GGUF model (default " RUNNER_DEFAULT_MODEL ")\n"
@@ -37,8 +40,8 @@ static const char bench_usage[] =
     "  --input-len L          tokens per synthetic prompt (default 128; random ids; not\n"
     "                         with --input)\n"
     "  --output-len M         tokens generated per request (default 128)\n"
-    "  --input FILE.jsonl     real prompts instead: lines {\"prompt\": ...} or\n"
-    "                         {\"messages\": [...]} (also inside an OpenAI Batch \"body\")\n"
+    "  --input FILE.jsonl     real prompts instead: request lines as `quern submit` takes\n"
+    "                         them (short forms or OpenAI Batch; only their prompt is used)\n"
     "  --seed N               seed for synthetic prompts and for sampling (default 1)\n"
     "  --temperature T        sampling temperature, 0 = greedy (default 0)\n"
     "  --top-p P              nucleus sampling: keep the most likely tokens holding P of\n"
@@ -277,34 +280,24 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
         lineno++;
         if (len <= 1)
             continue;
-        cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
-        const cJSON *body = j ? cJSON_GetObjectItem(j, "body") : NULL;
-        const cJSON *src = body ? body : j;
-        const cJSON *pr = src ? cJSON_GetObjectItem(src, "prompt") : NULL;
-        const cJSON *msgs = src ? cJSON_GetObjectItem(src, "messages") : NULL;
+        /* the line as a job would take it (submit's parser: the same lines accepted, the same
+         * errors); only its prompt is used (every request generates --output-len tokens) */
+        char id[32];
+        snprintf(id, sizeof(id), "line-%ld", lineno);
+        struct job_defaults d = {.max_tokens = 1, .default_id = id};
+        engine_sampling_default(&d.sampling);
+        struct job_request *req = NULL;
+        struct job_error je = {0};
         int32_t *ids = NULL;
         size_t n = 0;
         struct err_detail err = {0};
-        enum status st = ST_ERR_INVALID_ARG;
-        if (cJSON_IsString(pr)) {
-            st = engine_tok_encode(tok, pr->valuestring, strlen(pr->valuestring),
-                                   ENGINE_TOK_ADD_BOS, &ids, &n, &err);
-        } else if (cJSON_IsArray(msgs) && chat) {
-            int nm = cJSON_GetArraySize(msgs);
-            struct engine_chat_msg *m = calloc((size_t)nm + 1, sizeof(*m));
-            for (int i = 0; m && i < nm; i++) {
-                const cJSON *mi = cJSON_GetArrayItem(msgs, i);
-                const cJSON *role = cJSON_GetObjectItem(mi, "role");
-                const cJSON *content = cJSON_GetObjectItem(mi, "content");
-                m[i].role = cJSON_IsString(role) ? role->valuestring : "";
-                m[i].content = cJSON_IsString(content) ? content->valuestring : "";
-            }
-            if (m)
-                st = engine_chat_tokenize(chat, tok, m, (size_t)nm, 1, 0, &ids, &n, &err);
-            free(m);
-        } else {
-            snprintf(err.msg, sizeof(err.msg), "no \"prompt\" string or \"messages\" array");
-        }
+        enum status st = job_request_parse(line, (size_t)len, &d, &req, &je);
+        if (st)
+            snprintf(err.msg, sizeof(err.msg), "%s", je.message);
+        else
+            st = job_request_tokens(req, tok, chat, 0, &ids, &n, &err); /* (too long: the
+                                                                         * engine skips it) */
+        job_request_free(req);
         if (st || !n) {
             LOG_ERROR("%s:%ld: %s", path, lineno, err.msg[0] ? err.msg : "empty prompt");
             ok = 0;
@@ -314,7 +307,6 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
             ids = NULL;
         }
         free(ids);
-        cJSON_Delete(j);
     }
     free(line);
     fclose(f);
@@ -403,6 +395,13 @@ int runner_cmd_bench(int argc, char **argv)
             LOG_ERROR("no memory for prompts");
             goto out;
         }
+    } else if (o.input_len + o.output_len > engine_model_hparams(m)->n_ctx_train) {
+        /* (before, every prompt was made first: 100 x 1M tokens took 617 MB, then each was
+         * refused) */
+        LOG_ERROR("--input-len %ld + --output-len %ld is longer than the model's context (%d "
+                  "tokens): every request would be refused",
+                  o.input_len, o.output_len, engine_model_hparams(m)->n_ctx_train);
+        goto out;
     } else if (!prompts_synthetic(&ps, &o, tok)) {
         LOG_ERROR("no memory for prompts");
         goto out;
@@ -508,7 +507,7 @@ int runner_cmd_bench(int argc, char **argv)
 
     cJSON *j = cJSON_CreateObject();
     char label[512];
-    cJSON_AddStringToObject(j, "model", runner_model_label(o.model, &o.eo, label, sizeof(label)));
+    job_json_add_text(j, "model", runner_model_label(o.model, &o.eo, label, sizeof(label)));
     cJSON_AddStringToObject(j, "isa", kern_backend_describe(be));
     cJSON_AddStringToObject(j, "quern", quern_version());
     cJSON_AddNumberToObject(j, "tp", (double)grp->size);
@@ -517,7 +516,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "requests", (double)(ps.count - rejected));
     cJSON_AddNumberToObject(j, "rejected_requests", (double)rejected);
     if (o.input)
-        cJSON_AddStringToObject(j, "input", o.input);
+        job_json_add_text(j, "input", o.input);
     else
         cJSON_AddNumberToObject(j, "input_len", (double)o.input_len);
     cJSON_AddNumberToObject(j, "output_len", (double)o.output_len);

@@ -286,7 +286,9 @@ static int run(struct gen_opts *o)
     }
     const int n_ctx = engine_model_hparams(g.model)->n_ctx_train;
     if (n_prompt >= (size_t)n_ctx) {
-        LOG_ERROR("prompt is %zu tokens; the model's context is %d", n_prompt, n_ctx);
+        LOG_ERROR("prompt is %zu tokens; the model's context is %d: it leaves no room for "
+                  "output",
+                  n_prompt, n_ctx);
         goto out;
     }
     long max_new = o->max_tokens;
@@ -346,11 +348,15 @@ static int run(struct gen_opts *o)
     fflush(stdout);
     const char *why = res.finish == ENGINE_FINISH_LENGTH ? "length" : res.stop_string ? "stop" : "eos";
     double t_prompt = res.t_first - t0, t_gen = res.t_finish - res.t_first;
+    char rate[96] = ""; /* the tokens after the first, where there were any */
+    if (res.n_tokens > 1 && t_gen > 0)
+        snprintf(rate, sizeof(rate), " in %.3f s after the first (%.1f tok/s)", t_gen,
+                 (double)(res.n_tokens - 1) / t_gen);
     fprintf(stderr,
             "quern generate: load %.2f s; prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu "
-            "tokens in %.3f s after the first (%.1f tok/s); finish: %s\n",
-            t0 - t_load, n_prompt, t_prompt, (double)n_prompt / t_prompt, res.n_tokens, t_gen,
-            t_gen > 0 ? (double)(res.n_tokens > 0 ? res.n_tokens - 1 : 0) / t_gen : 0.0, why);
+            "token%s%s; finish: %s\n",
+            t0 - t_load, n_prompt, t_prompt, (double)n_prompt / t_prompt, res.n_tokens,
+            res.n_tokens == 1 ? "" : "s", rate, why);
     rc = RUNNER_EXIT_OK;
 out:
     gen_free(&g);

@@ -11,9 +11,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/log.h"
-#include "queue/queue.h"
 #include "batch/batch.h"
+#include "common/log.h"
+#include "jobs/json.h"
+#include "queue/queue.h"
 #include "runner/progress.h"
 #include "runner/runner.h"
 #include "runner/term.h"
@@ -251,11 +252,11 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "run_id", (double)runs[i].id);
         if (runs[i].worker_id)
-            cJSON_AddStringToObject(o, "worker_id", runs[i].worker_id);
+            job_json_add_text(o, "worker_id", runs[i].worker_id);
         else
             cJSON_AddNullToObject(o, "worker_id");
         if (runs[i].host)
-            cJSON_AddStringToObject(o, "host", runs[i].host);
+            job_json_add_text(o, "host", runs[i].host);
         else
             cJSON_AddNullToObject(o, "host");
         cJSON_AddNumberToObject(o, "pid", (double)runs[i].pid);
@@ -365,11 +366,11 @@ cJSON *runner_job_status(struct queue *q, const struct queue_job *j,
     cJSON_AddStringToObject(o, "name", j->name);
     cJSON_AddStringToObject(o, "state", j->ready ? queue_job_state_str(j->state) : "submitting");
     cJSON_AddBoolToObject(o, "ready", j->ready);
-    cJSON_AddStringToObject(o, "model", j->model_path);
+    job_json_add_text(o, "model", j->model_path);
     char dir[4096]; /* where its shards and manifest are (or go: the job's --out at submit) */
     struct err_detail e2 = {0};
     if (!batch_job_dir(q, j, NULL, 0, dir, sizeof(dir), &e2))
-        cJSON_AddStringToObject(o, "output_dir", dir);
+        job_json_add_text(o, "output_dir", dir);
     cJSON_AddNumberToObject(o, "items", (double)c.total);
     cJSON *st = cJSON_AddObjectToObject(o, "by_state");
     for (int s = 0; s < QUEUE_ITEM_STATE_COUNT; s++)

@@ -15,6 +15,7 @@
 #include "batch/batch.h"
 #include "common/fileid.h"
 #include "common/log.h"
+#include "jobs/json.h"
 #include "queue/queue.h"
 #include "runner/runner.h"
 
@@ -99,7 +100,7 @@ static cJSON *part_from_progress(const struct batch_parts *p, int k)
                             age >= 0 && age <= BATCH_PROGRESS_STALE_S ? num(pj, "gen_tok_s") : 0);
     const cJSON *host = cJSON_GetObjectItem(pj, "host");
     if (cJSON_IsString(host))
-        cJSON_AddStringToObject(o, "host", host->valuestring);
+        job_json_add_text(o, "host", host->valuestring);
     if (pj) {
         /* (a run loading the job's model: batch_progress_loading_start) */
         cJSON_AddBoolToObject(o, "loading", cJSON_IsTrue(cJSON_GetObjectItem(pj, "loading")));
@@ -188,7 +189,7 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
             o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "part", k);
             cJSON_AddStringToObject(o, "state", "error");
-            cJSON_AddStringToObject(o, "error", err.msg);
+            job_json_add_text(o, "error", err.msg);
             bad = 1;
         }
         for (int i = 0; i < 6; i++)
@@ -197,7 +198,7 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "name", p->job);
-    cJSON_AddStringToObject(j, "dir", p->dir);
+    job_json_add_text(j, "dir", p->dir);
     cJSON_AddNumberToObject(j, "parts", p->n);
     cJSON_AddStringToObject(j, "state", bad ? "error" : combined_state(parts));
     for (int i = 0; i < 6; i++)

@@ -219,6 +219,10 @@ int runner_cmd_plan(int argc, char **argv)
     engine_model_kv_plan(m, &pin, &plan);
     size_t blocks = plan.n_main > 0 ? (size_t)plan.n_main : 0;
     size_t tokens = blocks * (size_t)block;
+    if (seq_len > hp->n_ctx_train)
+        LOG_WARN("--seq-len %ld is longer than the model's context (%d tokens): no request can "
+                 "be that long (counted as asked)",
+                 seq_len, hp->n_ctx_train);
     size_t blocks_per_seq = ((size_t)seq_len + (size_t)block - 1) / (size_t)block;
     size_t fit = blocks / blocks_per_seq; /* what the pools hold */
     int n_local = 0;

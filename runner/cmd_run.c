@@ -21,6 +21,7 @@
 #include "batch/batch.h"
 #include "common/log.h"
 #include "engine/engine.h"
+#include "jobs/json.h"
 #include "kernels/kernels.h"
 #include "runner/engine_opts.h"
 #include "runner/progress.h"
@@ -289,7 +290,7 @@ static char *summary_json(const struct batch_stats *s, const char *reason, const
     cJSON_AddNumberToObject(o, "run_id", (double)s->run_id);
     cJSON_AddStringToObject(o, "exit_reason", reason);
     if (error) /* (kept in the queue: status says why the last run failed) */
-        cJSON_AddStringToObject(o, "error", error);
+        job_json_add_text(o, "error", error);
     cJSON_AddNumberToObject(o, "elapsed_s", el);
     /* > 0: the run waited for items leased by other live runs before it could finish */
     cJSON_AddNumberToObject(o, "waited_for_other_runs_s", s->waited_s);

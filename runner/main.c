@@ -124,7 +124,7 @@ static int dispatch(int argc, char **argv)
     }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         fprintf(stderr, "quern: unexpected argument '%s' (quern help COMMAND: its help)\n",
-                argv[2]);
+                argv[argc - 1]);
         return RUNNER_EXIT_USAGE;
     }
     if (!strcmp(cmd, "submit"))

@@ -201,6 +201,16 @@ static void test_record_text_encoding(void **state)
     assert_int_equal(strlen(s), sizeof(good) + 1);
     assert_memory_equal(s + 1, good, sizeof(good) - 1);
     free(s);
+
+    /* job_json_add_text (paths and messages into cJSON documents): the same replacement, so the
+     * printed document is UTF-8; valid text (the classes above) unchanged */
+    cJSON *o = cJSON_CreateObject();
+    assert_non_null(job_json_add_text(o, "a", "x\xffy\xe2\x82z\xed\xa0\x80/\xc3\xa9"));
+    assert_non_null(job_json_add_text(o, "b", good));
+    assert_string_equal(at(o, "a")->valuestring, "x\xef\xbf\xbdy\xef\xbf\xbdz"
+                                                 "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd/\xc3\xa9");
+    assert_string_equal(at(o, "b")->valuestring, good);
+    cJSON_Delete(o);
 }
 
 static void test_record_errors(void **state)

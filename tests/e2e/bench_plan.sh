@@ -103,6 +103,36 @@ PY
 [ "$(jget "$tmp/bench_in.json" '["output_tokens"]')" = 8 ] || fail "output tokens with one rejected"
 grep -q "request 1 skipped: .*leaves no room for output in the model context" "$tmp/bench_in.err" ||
     fail "no warning for the rejected request"
+# synthetic prompts longer than the context: refused before any is made (a stop-48 audit:
+# 100 x 1M-token prompts took 617 MB and 6 s before each was refused)
+set +e
+"$Q" bench --model "$M" --prompts 100 --input-len 1048576 --output-len 1 --peak-seconds 0 \
+    >/dev/null 2>"$tmp/big.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q "longer than the model's context (8192 tokens)" "$tmp/big.err" ||
+    { cat "$tmp/big.err"; fail "bench with prompts past the context: rc $rc"; }
+# a model path that is not UTF-8 (a symbolic link named with byte 0xFF): bench's JSON stays
+# UTF-8, the byte a U+FFFD (it was written raw); plan warns of a --seq-len past the context
+ln -s "$(realpath "$M")" "$tmp/$(printf 'x\xffy').gguf"
+"$Q" bench --model "$tmp/$(printf 'x\xffy').gguf" --prompts 2 --input-len 8 --output-len 2 \
+    --peak-seconds 0 >"$tmp/u8.json" 2>/dev/null || fail "bench on a non-UTF-8 path"
+python3 -c 'import json, sys; assert json.load(open(sys.argv[1], encoding="utf-8"))["model"].endswith("x\ufffdy.gguf")' \
+    "$tmp/u8.json" || fail "bench JSON with a non-UTF-8 model path"
+# --input lines are read as submit reads them (a content that is no string was taken as empty,
+# text after the JSON ignored, a line that is not JSON called one without a prompt)
+printf '%s\n' '{"messages":[{"role":"user","content":5}]}' >"$tmp/bad5.jsonl"
+printf '%s\n' '{"prompt":"hi"} trailing' >"$tmp/trail.jsonl"
+for f in bad5:"must be a string or an array of text parts" trail:"expected the end of the line"; do
+    set +e
+    "$Q" bench --model "$M" --input "$tmp/${f%%:*}.jsonl" --output-len 2 --peak-seconds 0 \
+        >/dev/null 2>"$tmp/in.err"
+    rc=$?
+    set -e
+    [ $rc -eq 1 ] && grep -q "${f#*:}" "$tmp/in.err" || { cat "$tmp/in.err"; fail "bench --input ${f%%:*}: rc $rc"; }
+done
+"$Q" plan --model "$M" --seq-len 10000 2>&1 >/dev/null |
+    grep -q "longer than the model's context (8192 tokens)" || fail "plan --seq-len past the context"
 # --prompts with --input cycles the file's prompts (3 lines, one too long: 7 taken, 5 run,
 # 2 rejected) or takes its first ones; --input-len with --input is refused
 "$Q" bench --model "$M" --input "$tmp/in.jsonl" --prompts 7 --output-len 4 --peak-seconds 0 \
