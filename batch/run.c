@@ -876,14 +876,14 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
         return st;
     struct engine_params ep = r->o->engine;
     ep.draft_model = r->draft;
+    char why[128];
     if ((ep.spec & ENGINE_SPEC_MODEL) && r->draft &&
-        engine_model_hparams(r->draft)->n_vocab != engine_model_hparams(r->m)->n_vocab) {
+        !engine_model_same_vocab(r->m, r->draft, why, sizeof(why))) {
         /* one job of another vocabulary does not stop the run's other jobs: it goes without
          * the draft model (speculation never changes outputs) */
-        LOG_WARN("job %s: the draft model's vocabulary has %d tokens, the job's model's %d: "
-                 "this job runs without --spec model",
-                 r->job.name, engine_model_hparams(r->draft)->n_vocab,
-                 engine_model_hparams(r->m)->n_vocab);
+        LOG_WARN("job %s: the draft model's vocabulary is not the job's model's (%s): this job "
+                 "runs without --spec model",
+                 r->job.name, why);
         ep.spec &= ~ENGINE_SPEC_MODEL;
         ep.draft_model = NULL;
     }

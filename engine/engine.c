@@ -61,7 +61,14 @@ size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_para
      * the context holds always fits; all of need where that is less */
     uint64_t least = one > ((uint64_t)1 << 30) ? one : (uint64_t)1 << 30;
     least = least < need ? least : need;
-    uint64_t kv = avail / 4 < need ? avail / 4 : need;
+    uint64_t kv = avail / 4;
+    const struct engine_model *dm = p->spec & ENGINE_SPEC_MODEL ? p->draft_model : NULL;
+    if (dm) { /* the draft model's pool, as many blocks, takes its share of the quarter */
+        const uint64_t bb = engine_model_kv_block_bytes(m, p->kv_block, p->kv_dtype);
+        const uint64_t db = engine_model_kv_block_bytes(dm, p->kv_block, p->kv_dtype);
+        kv = bb + db ? (uint64_t)((double)kv * (double)bb / (double)(bb + db)) : kv;
+    }
+    kv = kv < need ? kv : need;
     kv = kv > least ? kv : least;
     return kv > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)kv;
 }

@@ -47,7 +47,8 @@ void engine_params_default(struct engine_params *p);
 
 /* The KV pool engine_init makes of kv_mem 0 (--kv-mem auto), given avail bytes of host memory
  * this process can take (mem_available, 0 unknown): on a backend in host memory a quarter of
- * avail, at most what max_seqs sequences at the model's full context take, and at least 1 GiB
+ * avail (with a draft model, the main pool's share of it: the draft's pool has as many blocks),
+ * at most what max_seqs sequences at the model's full context take, and at least 1 GiB
  * and one full-context sequence (or all of the first when less); 1 GiB where avail is unknown
  * (a device backend: engine_kv_mem_resolve). */
 size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_params *p,

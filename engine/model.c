@@ -1127,3 +1127,25 @@ const struct io_gguf *engine_model_gguf(const struct engine_model *m)
 {
     return m->gguf;
 }
+
+int engine_model_same_vocab(const struct engine_model *a, const struct engine_model *b, char *why,
+                            size_t cap)
+{
+    const struct io_gguf_str *ta = NULL, *tb = NULL;
+    uint64_t na = 0, nb = 0;
+    if (a->hp.n_vocab != b->hp.n_vocab) {
+        snprintf(why, cap, "%d tokens against %d", b->hp.n_vocab, a->hp.n_vocab);
+        return 0;
+    }
+    if (io_gguf_get_str_arr(a->gguf, "tokenizer.ggml.tokens", &ta, &na, NULL) ||
+        io_gguf_get_str_arr(b->gguf, "tokenizer.ggml.tokens", &tb, &nb, NULL) || na != nb) {
+        snprintf(why, cap, "their token lists cannot be compared");
+        return 0;
+    }
+    for (uint64_t i = 0; i < na; i++)
+        if (ta[i].len != tb[i].len || memcmp(ta[i].ptr, tb[i].ptr, ta[i].len)) {
+            snprintf(why, cap, "token %llu differs", (unsigned long long)i);
+            return 0;
+        }
+    return 1;
+}

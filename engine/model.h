@@ -163,6 +163,13 @@ const struct kern_tensor *engine_model_untied_embedding(const struct engine_mode
 const struct engine_hparams *engine_model_hparams(const struct engine_model *m);
 const struct io_gguf *engine_model_gguf(const struct engine_model *m);
 
+/* 1 when models a and b have the same vocabulary: as many tokens, each the same text (what a
+ * draft model must share with the model it drafts for: a count alone let a model of another
+ * family, or an edited vocabulary, draft tokens that mean something else); else 0 with why
+ * (cap bytes) saying where they differ. */
+int engine_model_same_vocab(const struct engine_model *a, const struct engine_model *b, char *why,
+                            size_t cap);
+
 /* Bytes one KV block of block_size tokens takes on the model's backends (every rank's KV heads,
  * all layers, K and V; kern_ops.kv_block_bytes), or in the CPU layout without a backend. */
 size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size, int dtype);

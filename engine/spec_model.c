@@ -19,18 +19,19 @@ enum status engine_draft_init(struct engine *e, struct err_detail *err)
     if (!dm)
         return err_set(err, ST_ERR_INVALID_ARG, "engine: --spec model needs a draft model");
     const struct engine_hparams *h = engine_model_hparams(dm);
-    const int V = engine_model_hparams(e->m)->n_vocab;
-    if (h->n_vocab != V)
+    char why[128];
+    if (!engine_model_same_vocab(e->m, dm, why, sizeof(why)))
         return err_set(err, ST_ERR_INVALID_ARG,
-                       "engine: the draft model's vocabulary has %d tokens, the model's %d: they "
-                       "must be the same", h->n_vocab, V);
+                       "engine: the draft model's vocabulary is not the model's (%s): they must "
+                       "be the same",
+                       why);
     enum status st =
         engine_kv_init(&e->dkv, h->n_layer, h->n_kv_head, h->head_dim, e->p.kv_dtype, e->p.kv_block,
                        engine_kv_n_blocks(e->kv), e->p.max_seqs, e->p.prefix_cache, err);
     if (st || (st = engine_model_kv_attach(dm, e->dkv, e->p.max_batch_tokens, err)))
         return st;
     const size_t bt = (size_t)e->p.max_batch_tokens;
-    e->d_logits = malloc(sizeof(float) * (size_t)e->p.max_seqs * (size_t)V);
+    e->d_logits = malloc(sizeof(float) * (size_t)e->p.max_seqs * (size_t)h->n_vocab);
     e->d_tok = malloc(sizeof(int32_t) * bt);
     e->d_pos = malloc(sizeof(int32_t) * bt);
     e->d_seq = malloc(sizeof(int32_t) * bt);

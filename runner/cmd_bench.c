@@ -560,7 +560,7 @@ int runner_cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "sampled_backend", (double)es->sampled_backend);
     cJSON_AddNumberToObject(j, "sampled_host", (double)es->sampled_host);
     cJSON_AddNumberToObject(j, "sampled_epilogue", (double)es->sampled_epilogue);
-    runner_add_spec_json(j, es);
+    runner_add_spec_json(j, es, o.eo.ep.spec != 0);
     cJSON_AddNumberToObject(j, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     if (mem_used)
         cJSON_AddNumberToObject(j, "device_mem_used_bytes", (double)mem_used);

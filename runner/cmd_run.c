@@ -281,7 +281,8 @@ static void show(void *user, const struct batch_progress *p, enum batch_show wha
 }
 
 /* The run's JSON summary (caller frees); sorts the latency arrays. */
-static char *summary_json(const struct batch_stats *s, const char *reason, const char *error)
+static char *summary_json(const struct batch_stats *s, const char *reason, const char *error,
+                          int spec_on)
 {
     double el = runner_now() - s->t_start;
     struct rusage ru;
@@ -305,7 +306,7 @@ static char *summary_json(const struct batch_stats *s, const char *reason, const
     cJSON_AddNumberToObject(o, "output_tok_s", el > 0 ? (double)s->completion_tokens / el : 0);
     runner_add_percentiles(o, "ttft_ms", s->ttft_ms, s->n_lat);
     runner_add_percentiles(o, "tpot_ms", s->tpot_ms, s->n_lat);
-    runner_add_spec_json(o, &s->spec);
+    runner_add_spec_json(o, &s->spec, spec_on);
     cJSON_AddNumberToObject(o, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     char *str = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -357,7 +358,8 @@ static int run_once(struct run_opts *o, int *busy)
         rc = RUNNER_EXIT_OK;
         break;
     }
-    char *sum = summary_json(batch_run_stats(r), reason, strcmp(reason, "error") ? NULL : err.msg);
+    char *sum = summary_json(batch_run_stats(r), reason, strcmp(reason, "error") ? NULL : err.msg,
+                             o->eo.ep.spec != 0);
     if (sum)
         puts(sum);
     fflush(stdout);

@@ -62,12 +62,13 @@ int runner_parse_size(const char *cmd, const char *flag, const char *s, size_t *
  * where they use it. */
 struct cJSON;
 void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t n);
-/* Speculative decoding's numbers from es as o's "spec" object (nothing when no step drafted
- * or skipped): steps that verified drafts and steps the load skipped, draft tokens verified
- * and accepted, acceptance, accepted tokens per sequence verification, verified draft tokens per
- * step (the budget), acceptance per draft position, survival ECE, drafting seconds. */
+/* Speculative decoding's numbers from es as o's "spec" object (nothing when speculation is off,
+ * on 0; zeros where it is on and nothing was drafted yet): steps that verified drafts and steps the
+ * load skipped, draft tokens verified and accepted, acceptance, accepted tokens per sequence
+ * verification, verified draft tokens per step (the budget), acceptance per draft position,
+ * survival ECE, drafting seconds. */
 struct engine_stats;
-void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es);
+void runner_add_spec_json(struct cJSON *o, const struct engine_stats *es, int on);
 
 /* Add id to the entry of groups ([{"engine": {...}, key: [ids]}, ...]) whose engine equals eng,
  * or to a new entry at the end; an id equal to the entry's last is not added twice. eng is taken

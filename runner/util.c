@@ -289,9 +289,9 @@ void runner_add_percentiles(struct cJSON *o, const char *name, double *v, size_t
     }
 }
 
-void runner_add_spec_json(cJSON *o, const struct engine_stats *es)
+void runner_add_spec_json(cJSON *o, const struct engine_stats *es, int on)
 {
-    if (!es->spec_steps && !es->spec_skipped)
+    if (!on && !es->spec_steps && !es->spec_skipped)
         return;
     cJSON *j = cJSON_AddObjectToObject(o, "spec");
     const double drafted = (double)es->spec_drafted, verifies = (double)es->spec_tried_at[0];

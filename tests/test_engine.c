@@ -451,9 +451,10 @@ static void test_prefix_hit_logits(void **state)
     free(hit);
 }
 
-/* --kv-mem auto (kv_mem 0): a quarter of the memory available, at most max_seqs sequences at
- * the full context, at least 1 GiB and one such sequence (all of the first where less); 1 GiB
- * where the memory is unknown; engine_init makes it. */
+/* --kv-mem auto (kv_mem 0): a quarter of the memory available (with a draft model, the main
+ * pool's share of it), at most max_seqs sequences at the full context, at least 1 GiB and one
+ * such sequence (all of the first where less); 1 GiB where the memory is unknown; engine_init
+ * makes it. */
 static void test_kv_mem_auto(void **state)
 {
     struct fixture *f = *state;
@@ -478,7 +479,19 @@ static void test_kv_mem_auto(void **state)
                      (f->m->hp.n_ctx_train / p.kv_block + 1) *
                          engine_model_kv_block_bytes(f->m, p.kv_block, KERN_KV_Q8));
 
+    /* a draft model (here the model itself: as many bytes a block) halves the main pool's
+     * share of the quarter (its own pool has as many blocks); the floors hold (the audit of
+     * stop 48: the draft's pool came on top, half the memory in all) */
     p.kv_dtype = KERN_KV_F16;
+    p.max_seqs = 256;
+    p.spec = ENGINE_SPEC_MODEL;
+    p.draft_model = f->m;
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 40 * gib), 5 * gib);
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 4 * gib), gib);
+    p.spec = 0;
+    p.draft_model = NULL;
+    assert_int_equal(engine_kv_mem_auto(f->m, &p, 40 * gib), 10 * gib);
+
     p.max_seqs = 2;
     p.max_batch_tokens = 64;
     p.kv_mem = 0;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "engine/spec.h"
+#include "io/gguf.h"
 #include "jobs/schema.h"
 
 #define SP_GEN 32
@@ -416,6 +417,33 @@ static void test_spec_draft_prefix_same_step(void **state)
     free_set(&s, 0);
 }
 
+/* A draft model is refused unless its vocabulary is the model's token for token (it was
+ * compared by count only: an edited or another family's vocabulary of the same size drafted
+ * tokens that mean something else): a second copy of the model with one token's text cut. */
+static void test_spec_draft_vocab(void **state)
+{
+    struct fixture *f = *state;
+    struct err_detail err = {0};
+    struct engine_model *dm = NULL;
+    assert_int_equal(engine_model_load(&dm, test_model_path(), f->be, &err), ST_OK);
+    char why[128];
+    assert_true(engine_model_same_vocab(f->m, dm, why, sizeof(why)));
+    const struct io_gguf_kv *kv = io_gguf_find_kv(engine_model_gguf(dm), "tokenizer.ggml.tokens");
+    assert_non_null(kv);
+    assert_true(kv->arr_n > 1000 && kv->strs[1000].len > 1);
+    ((struct io_gguf_str *)kv->strs)[1000].len--; /* (the copy's reader-owned list) */
+    assert_false(engine_model_same_vocab(f->m, dm, why, sizeof(why)));
+    assert_string_equal(why, "token 1000 differs");
+    struct engine_params p;
+    params(&p, 2, 64, 64, 1);
+    p.spec = ENGINE_SPEC_MODEL;
+    p.draft_model = dm;
+    struct engine *e = NULL;
+    assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "the draft model's vocabulary is not the model's (token 1000"));
+    engine_model_free(dm);
+}
+
 /* One greedy request of a repeating prompt alone, ngram drafts verified every step: its output
  * tokens (into out, at most 64) and the engine's counters. */
 static int one_request(struct fixture *f, int max_tokens, const char *stop, int32_t *out,
@@ -768,6 +796,7 @@ int main(void)
         cmocka_unit_test(test_spec_draft_model),
         cmocka_unit_test(test_spec_draft_prefix_cache),
         cmocka_unit_test(test_spec_draft_prefix_same_step),
+        cmocka_unit_test(test_spec_draft_vocab),
         cmocka_unit_test(test_spec_draft_short_context),
         cmocka_unit_test(test_spec_counts_used),
         cmocka_unit_test(test_spec_distribution),
