@@ -585,10 +585,13 @@ static void svg_hist(struct sbuf *b, const char *id, const char *title, const ch
     double p50 = pct(a->v, a->n, 50), p90 = pct(a->v, a->n, 90), p99 = pct(a->v, a->n, 99);
     sb_printf(b, "<div class=\"hist\" id=\"%s\"><h3>", id);
     sb_esc(b, title);
-    sb_printf(b,
-              "</h3><p class=\"note\">%zu values; P50 <b data-k=\"%s_p50\">%.4g</b> %s, P90 "
-              "<b data-k=\"%s_p90\">%.4g</b> %s, P99 <b data-k=\"%s_p99\">%.4g</b> %s</p>",
-              a->n, id, p50, unit, id, p90, unit, id, p99, unit);
+    if (!a->n) /* (it showed "0 values; P50 0 ms") */
+        sb_printf(b, "</h3><p class=\"note\">no values</p>");
+    else
+        sb_printf(b,
+                  "</h3><p class=\"note\">%zu values; P50 <b data-k=\"%s_p50\">%.4g</b> %s, P90 "
+                  "<b data-k=\"%s_p90\">%.4g</b> %s, P99 <b data-k=\"%s_p99\">%.4g</b> %s</p>",
+                  a->n, id, p50, unit, id, p90, unit, id, p99, unit);
     enum { NB = 30 };
     double cnt[NB] = {0};
     double lo = a->n ? a->v[0] : 0, hi = a->n ? fmax(p99, lo + 1e-9) : 1;
@@ -769,7 +772,7 @@ static void render(struct sbuf *b, struct report *r, const struct batch_report_o
     kv(b, "unfinished", "unfinished", "%lld", (long long)(items - done - failed - cancelled));
     kv(b, "prompt_tokens", "prompt tokens", "%lld", (long long)r->prompt_tokens);
     kv(b, "completion_tokens", "output tokens", "%lld", (long long)r->completion_tokens);
-    kv(b, "wall_s", "wall time (s)", "%.0f", wall);
+    kv(b, "wall_s", "wall time (s)", "%.1f", wall); /* (%.0f showed 0 beside a rate) */
     kv(b, "output_tok_s", "output tok/s (wall)", "%.1f",
        wall > 0 ? (double)r->completion_tokens / wall : 0);
     kv(b, "run_hours", "run hours (all runs)", "%.3f", run_h);

@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "io/gguf.h"
 #include "kernels/kernels.h"
 #include "runner/runner.h"
@@ -19,20 +20,30 @@ static const char info_usage[] =
     "  --tensors      also list every tensor (name, type, shape, bytes)\n"
     "  -h, --help     this help\n";
 
-/* Print a string value, escaping control bytes, cut at max bytes. */
+/* Print a string value, escaping control bytes and bytes that are not well-formed UTF-8 (as
+ * \xNN; they went to the terminal raw), cut at max bytes. */
 static void print_str(struct io_gguf_str s, size_t max)
 {
     putchar('"');
-    for (uint64_t i = 0; i < s.len && i < max; i++) {
-        unsigned char ch = (unsigned char)s.ptr[i];
+    const unsigned char *p = (const unsigned char *)s.ptr;
+    const uint64_t end = s.len < max ? s.len : max;
+    for (uint64_t i = 0; i < end;) {
+        unsigned char ch = p[i];
+        size_t k = ch >= 0x80 ? utf8_decode(p + i, (size_t)(end - i), NULL, NULL) : 1;
+        if (ch >= 0x80 && k) { /* a whole character */
+            fwrite(p + i, 1, k, stdout);
+            i += k;
+            continue;
+        }
         if (ch == '\n')
             fputs("\\n", stdout);
         else if (ch == '"' || ch == '\\')
             printf("\\%c", ch);
-        else if (ch < 0x20)
+        else if (ch < 0x20 || ch >= 0x7f)
             printf("\\x%02x", ch);
         else
             putchar(ch);
+        i++;
     }
     putchar('"');
     if (s.len > max)

@@ -295,6 +295,10 @@ int runner_cmd_perplexity(int argc, char **argv)
         goto out;
     }
     int in_flight = (int)(kv_mem / (per_win ? per_win : 1));
+    if (!in_flight)
+        LOG_WARN("a KV pool of %zu bytes holds no window of --ctx %d (%zu bytes): the windows run "
+                 "one at a time, each in a pool of that size",
+                 kv_mem, ctx, per_win);
     in_flight = in_flight < o.eo.ep.max_seqs ? in_flight : o.eo.ep.max_seqs;
     in_flight = in_flight < n_win ? in_flight : n_win;
     in_flight = in_flight < 1 ? 1 : in_flight;

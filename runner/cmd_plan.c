@@ -346,6 +346,10 @@ int runner_cmd_plan(int argc, char **argv)
         LOG_WARN("--mem %.1f MiB per rank does not hold the %.1f MiB of weights%s each rank needs",
                  (double)mem / 1048576.0, (double)counted / 1048576.0,
                  cuda ? ", buffers and scratch" : "");
+    else if (!blocks)
+        LOG_WARN("a KV pool of %zu bytes holds no block (%zu bytes each): run and bench refuse "
+                 "it",
+                 kv_mem, per_block);
     else if (!full_ctx_fits)
         LOG_WARN("a KV pool of %.1f MiB cannot hold one full-context sequence (%d tokens need "
                  "%.1f MiB); long requests will be rejected",
