@@ -262,24 +262,3 @@ int job_request_equal(const struct job_request *a, const struct job_request *b)
            x->repeat_last_n == y->repeat_last_n && x->frequency_penalty == y->frequency_penalty &&
            x->presence_penalty == y->presence_penalty && x->seed == y->seed;
 }
-
-enum status job_request_tokens(const struct job_request *r, const struct engine_tok *tok,
-                               const struct engine_chat *chat, int32_t n_ctx, int32_t **ids,
-                               size_t *n, struct err_detail *err)
-{
-    *ids = NULL;
-    *n = 0;
-    size_t bytes = r->kind == JOB_KIND_CHAT ? 0 : strlen(r->prompt);
-    for (size_t i = 0; r->kind == JOB_KIND_CHAT && i < r->n_messages; i++)
-        bytes += strlen(r->messages[i].content);
-    const size_t most = (size_t)n_ctx * engine_tok_max_piece(tok);
-    if (n_ctx > 0 && bytes > most)
-        return err_set(err, ST_ERR_RANGE,
-                       "the prompt's %zu bytes are more than the model's context of %d tokens "
-                       "can hold (%zu bytes at most)",
-                       bytes, (int)n_ctx, most);
-    if (r->kind == JOB_KIND_CHAT)
-        return chat ? engine_chat_tokenize(chat, tok, r->messages, r->n_messages, 1, 0, ids, n, err)
-                    : err_set(err, ST_ERR_UNSUPPORTED, "the model has no usable chat template");
-    return engine_tok_encode(tok, r->prompt, strlen(r->prompt), ENGINE_TOK_ADD_BOS, ids, n, err);
-}
