@@ -306,15 +306,55 @@ static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *e
     return a;
 }
 
-/* The job's time series (queue_sample_list) as {"fields": [...], "rows": [[...], ...]}: one
- * row per sample, oldest first, with t_ms and run_id before the sample's fields. NULL with
- * err set on failure. */
 /* Rows of a job's series in `status --json` at most: a run samples every 5 s, so days of runs
  * made megabytes of JSON and seconds of work on every status (an audit: 4 s and 247 MB at ten
  * days); longer series are thinned evenly, each run's first and last samples kept (the rows
  * are counters: a thinned series reads the same, coarser). */
 #define STATUS_SERIES_MAX 2000
 
+struct run_ix {
+    int64_t run_id;
+    size_t i;
+};
+
+static int by_run_then_index(const void *a, const void *b)
+{
+    const struct run_ix *x = a, *y = b;
+    if (x->run_id != y->run_id)
+        return x->run_id < y->run_id ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Marks (1) each run's first and last sample of smp[0..n), the series' first and last, and
+ * nothing else; NULL when out of memory. By run, not by neighbours: runs working on one job at
+ * once interleave their samples, and every row of such a series was an "edge" (no thinning). */
+static unsigned char *run_edges(const struct queue_sample *smp, size_t n)
+{
+    unsigned char *edge = calloc(n ? n : 1, 1);
+    struct run_ix *ix = malloc((n ? n : 1) * sizeof(*ix));
+    if (!edge || !ix) {
+        free(edge);
+        free(ix);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        ix[i] = (struct run_ix){smp[i].run_id, i};
+    qsort(ix, n, sizeof(*ix), by_run_then_index);
+    for (size_t k = 0; k < n; k++)
+        if (k == 0 || k + 1 == n || ix[k - 1].run_id != ix[k].run_id ||
+            ix[k + 1].run_id != ix[k].run_id)
+            edge[ix[k].i] = 1;
+    if (n) {
+        edge[0] = 1;
+        edge[n - 1] = 1;
+    }
+    free(ix);
+    return edge;
+}
+
+/* The job's time series (queue_sample_list) as {"fields": [...], "rows": [[...], ...]}: one
+ * row per sample, oldest first, with t_ms and run_id before the sample's fields. NULL with
+ * err set on failure. */
 static cJSON *series_json(struct queue *q, int64_t job_id, struct err_detail *err)
 {
     struct queue_sample *smp = NULL;
@@ -330,10 +370,15 @@ static cJSON *series_json(struct queue *q, int64_t job_id, struct err_detail *er
     for (int f = 0; f < QUEUE_SAMPLE_FIELDS; f++)
         cJSON_AddItemToArray(fields, cJSON_CreateString(queue_sample_field_name(f)));
     cJSON *rows = cJSON_AddArrayToObject(o, "rows");
+    unsigned char *edge = every > 1 ? run_edges(smp, n) : NULL;
+    if (every > 1 && !edge) {
+        free(smp);
+        cJSON_Delete(o);
+        err_set(err, ST_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
     for (size_t i = 0; i < n; i++) {
-        const int edge = i == 0 || i + 1 == n || smp[i - 1].run_id != smp[i].run_id ||
-                         smp[i + 1].run_id != smp[i].run_id;
-        if (every > 1 && !edge && i % every)
+        if (every > 1 && !edge[i] && i % every)
             continue;
         cJSON *row = cJSON_CreateArray();
         cJSON_AddItemToArray(row, cJSON_CreateNumber((double)smp[i].t_ms));
@@ -342,6 +387,7 @@ static cJSON *series_json(struct queue *q, int64_t job_id, struct err_detail *er
             cJSON_AddItemToArray(row, cJSON_CreateNumber((double)smp[i].v[f]));
         cJSON_AddItemToArray(rows, row);
     }
+    free(edge);
     free(smp);
     return o;
 }

@@ -107,32 +107,39 @@ PY
 [ "$(sqlite3 q.db "SELECT count(*) FROM items WHERE completion_tokens > 1 AND NOT tpot_ms > 0")" -eq 0 ] ||
     fail "items without a time per output token"
 # a long series (days of samples, one each 5 s) is thinned in status --json to at most 2,000
-# rows, each run's first and last kept (it was every row: 4 s and 247 MB at ten days)
+# rows, each run's first and last kept (it was every row: 4 s and 247 MB at ten days); also
+# when runs worked on the job at once, their samples interleaved (each row was then a run's
+# "edge" and nothing was thinned)
 cp q.db long.db
 python3 - long.db <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
 cols = [r[1] for r in db.execute("PRAGMA table_info(samples)") if r[1] != "id"]
 last = db.execute("SELECT " + ", ".join(cols) + " FROM samples ORDER BY t DESC LIMIT 1").fetchone()
+runs = [r[0] for r in db.execute("SELECT DISTINCT run_id FROM samples ORDER BY run_id")]
 row = dict(zip(cols, last))
-t0 = row["t"]
-for i in range(1, 30001): # 30,000 more samples of the last run, before its last one
-    row["t"] = t0 - 5000 * i
+t0 = db.execute("SELECT min(t) FROM samples").fetchone()[0]
+for i in range(1, 30001): # 30,000 earlier samples, the two runs' taking turns
+    row["t"] = t0 - 2500 * i
+    row["run_id"] = runs[i % len(runs)]
     db.execute("INSERT INTO samples (" + ", ".join(cols) + ") VALUES (" +
                ", ".join("?" * len(cols)) + ")", [row[c] for c in cols])
 db.commit()
 PY
 "$Q" status --db long.db --json >long.json 2>/dev/null || fail "status --json, long series"
-python3 - st.json long.json <<'PY' || fail "a long series thinned"
-import json, sys
+python3 - st.json long.json long.db <<'PY' || fail "a long series thinned"
+import json, sqlite3, sys
 short = json.load(open(sys.argv[1]))[0]["series"]
 s = json.load(open(sys.argv[2]))[0]["series"]
-f = {name: i for i, name in enumerate(s["fields"])}
 rows = s["rows"]
-assert short["every"] == 1 and s["every"] == 16 and len(rows) <= 2000, (s["every"], len(rows))
+db = sqlite3.connect(sys.argv[3])
+runs = [r[0] for r in db.execute("SELECT DISTINCT run_id FROM samples")]
+assert len(runs) == 2, runs
+assert short["every"] == 1 and s["every"] == 16 and len(rows) <= 2000 + 2 * len(runs), (s["every"], len(rows))
 assert rows[-1] == short["rows"][-1], "the last sample"
-for run in {r[f["run_id"]] for r in short["rows"]}:
-    want = [r for r in short["rows"] if r[f["run_id"]] == run]
-    assert want[0] in rows, run
+kept = {(r[0], r[1]) for r in rows}
+for run in runs:
+    ts = [r[0] for r in db.execute("SELECT t FROM samples WHERE run_id = ? ORDER BY t, id", (run,))]
+    assert (ts[0], run) in kept and (ts[-1], run) in kept, f"run {run}: its first or last sample thinned"
 PY
 echo "observe: ok"
