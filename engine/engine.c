@@ -1027,7 +1027,10 @@ static enum status measure_steps(struct engine *e, struct err_detail *err)
     const int slot = e->free_slots[e->n_free_slots - 1];
     const int32_t n_vocab = engine_model_hparams(e->m)->n_vocab;
     enum status st = ST_OK;
-    const int max_b = e->p.max_batch_tokens < 64 ? e->p.max_batch_tokens : 64;
+    const int n_ctx = engine_model_hparams(e->m)->n_ctx_train;
+    int max_b = e->p.max_batch_tokens < 64 ? e->p.max_batch_tokens : 64;
+    if (max_b > n_ctx) /* positions past the context are none a sequence reaches */
+        max_b = n_ctx;
     for (int b = 1; b <= max_b && !st; b = b < 8 ? b + 1 : b + (b + 3) / 4) {
         if (engine_kv_blocks_needed(e->kv, slot, b) > engine_kv_available(e->kv))
             break;
@@ -1050,15 +1053,18 @@ static enum status measure_steps(struct engine *e, struct err_detail *err)
 
 enum status engine_warmup(struct engine *e, struct err_detail *err)
 {
+    /* 8 prompt tokens and 2 generated, or what a model's context holds of them */
+    const int n_ctx = engine_model_hparams(e->m)->n_ctx_train;
+    const int n_prompt = n_ctx - 2 < 8 ? (n_ctx - 2 > 1 ? n_ctx - 2 : 1) : 8;
     int32_t prompt[8];
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)((i * 7919) % engine_model_hparams(e->m)->n_vocab);
     struct engine_request r = {0};
     r.prompt = prompt;
-    r.n_prompt = 8;
+    r.n_prompt = (size_t)n_prompt;
     engine_sampling_default(&r.sampling);
     r.sampling.temperature = 0;
-    r.max_tokens = 2;
+    r.max_tokens = n_ctx - n_prompt < 2 ? n_ctx - n_prompt : 2;
     r.ignore_eos = 1;
     r.request_id = "warmup";
     enum status st = engine_add_request(e, &r, NULL, err);

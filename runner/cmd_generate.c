@@ -249,7 +249,8 @@ static enum status tokenize_prompt(struct gen *g, const struct gen_opts *o, size
     if (st)
         return st;
     if (n == 0)
-        return err_set(err, ST_ERR_INVALID_ARG, "the prompt is empty");
+        return err_set(err, ST_ERR_INVALID_ARG,
+                       "the prompt is empty (and this model adds no BOS token to begin from)");
     *n_prompt = n;
     return ST_OK;
 }

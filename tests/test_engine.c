@@ -772,6 +772,36 @@ static void test_request_times_and_warmup(void **state)
     assert_int_equal(kst[1].evictions, kst[0].evictions);
 }
 
+/* The warm-up fits a model whose context is shorter than its 8 + 2 tokens (it failed there:
+ * no run or bench could start), with and without speculation (whose step timing went to 64
+ * positions); and leaves nothing behind. */
+static void test_warmup_short_context(void **state)
+{
+    struct fixture *f = *state;
+    struct engine_hparams *hp = (struct engine_hparams *)engine_model_hparams(f->m);
+    const int keep = hp->n_ctx_train;
+    static const int ctx[] = {2, 3, 9, 10};
+    for (size_t c = 0; c < sizeof(ctx) / sizeof(ctx[0]); c++)
+        for (int spec = 0; spec < 2; spec++) {
+            hp->n_ctx_train = ctx[c];
+            struct engine_params p;
+            params(&p, 2, 64, 64, 1);
+            p.kv_block = 4;
+            p.spec = spec ? ENGINE_SPEC_NGRAM : 0;
+            struct engine *e;
+            struct err_detail err = {0};
+            assert_int_equal(engine_init(&e, f->m, f->tok, &p, &err), ST_OK);
+            if (engine_warmup(e, &err) != ST_OK) {
+                hp->n_ctx_train = keep; /* (the tests after this one use the model too) */
+                fail_msg("context %d, spec %d: %s", ctx[c], spec, err.msg);
+            }
+            assert_int_equal(engine_pending(e), 0);
+            assert_int_equal(engine_kv_pool_used(engine_get_kv(e), 0), 0);
+            engine_free(e);
+        }
+    hp->n_ctx_train = keep;
+}
+
 /* engine_get_load and the live token count, as a progress display reads them mid-run: before
  * any request finishes, gen_tokens already counts the tokens sampled, the requests are running
  * and hold KV blocks; once drained nothing runs and no block is referenced. Fails if tokens were
@@ -840,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_kv_mem_device),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_request_times_and_warmup),
+        cmocka_unit_test(test_warmup_short_context),
         cmocka_unit_test(test_live_load),
         cmocka_unit_test(test_chunking_preemption_prefix),
         cmocka_unit_test(test_prefix_hit_logits),
