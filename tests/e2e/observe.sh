@@ -63,13 +63,13 @@ for _ in $(seq 1 300); do [ -s m/quern.prom ] && break; sleep 0.1; done
 check_prom m/quern.prom >mid.json || fail "the metrics file written mid-run does not parse"
 kill_after_second_sample q.db "$p1" 4
 # (a kill during a write may leave the killed process's own temporary file, nothing else)
-ls -A m | grep -v -e '^quern.prom$' -e "^\.quern\.prom\.tmp\..*\.$p1\$" &&
+ls -A m | grep -v -e '^quern.prom$' -e "^\.quern\.prom\.tmp\.$p1\." -e "^\.quern\.prom\.tmp\..*\.$p1\$" &&
     fail "a file other than the killed run's temporary one beside the metrics file"
 
 # ---- a second run finishes the job ---------------------------------------------------------
 "$Q" run --db q.db "${RUN[@]}" >r2.out 2>r2.err || { cat r2.err >&2; fail "second run"; }
 check_prom m/quern.prom >end.json || fail "the final metrics file does not parse"
-ls -A m | grep -v -e '^quern.prom$' -e "^\.quern\.prom\.tmp\..*\.$p1\$" &&
+ls -A m | grep -v -e '^quern.prom$' -e "^\.quern\.prom\.tmp\.$p1\." -e "^\.quern\.prom\.tmp\..*\.$p1\$" &&
     fail "the finishing run left a temporary file beside the metrics file"
 "$Q" status --db q.db --json >st.json 2>/dev/null || fail "status --json"
 python3 - "$N" <<'PY' || fail "metrics and time series"

@@ -37,7 +37,7 @@ run() { # name, flags...
 }
 run off --spec off
 run all --spec auto --spec-budget all
-run model --spec model --draft-model "$M" --spec-max-k 3
+run model --spec model --draft-model "$M" --spec-max-k 3 --spec-budget all
 [ -n "${QUERN_SANITIZE:-}" ] || run auto --spec auto
 
 python3 - "$tmp" <<'PY' || fail "outputs differ"
