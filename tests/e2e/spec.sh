@@ -2,9 +2,10 @@
 # End-to-end: speculative decoding is lossless. The 57 examples (greedy) and the same prompts
 # sampled (temperature 0.8, top_p 0.95, a seed each) run with --spec off and with --spec auto
 # (both drafters; --spec-budget all so that every draft is verified, and the default load-aware
-# budget) and with --spec model (the model drafting for itself) in --matmul exact: every record's choices and usage are identical, and the run summary
-# reports the drafts (accepted ones among them). Under sanitizers: the first 4 prompts, without
-# the default-budget run.
+# budget) and with --spec model (the model drafting for itself, every draft verified) in
+# --matmul exact: every record's choices and usage are identical, and the run summary reports
+# the drafts (accepted ones among them). Under sanitizers: the first 4 prompts, without the
+# default-budget run.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
