@@ -336,6 +336,7 @@ struct submit {
     long valid;                  /* requests read (written or pending) */
     double batch_t0;             /* runner_now() at the last write */
     struct submit_stats ss;      /* counts so far */
+    long objects;                /* lines that were JSON objects (valid requests or not) */
     int lock_fd;                 /* with --partitions: the directory's submit lock, or -1 */
     cJSON *inputs;               /* with --partitions: the lines' sources in input order (the
                                     catalogue keeps them: `export --order input` merges by them) */
@@ -596,6 +597,9 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
     if (st == ST_ERR_NOMEM)
         return err_set(err, st, "out of memory parsing %s:%llu", source,
                        (unsigned long long)pos->line);
+    /* (a line that is no JSON object at all: the input may not be JSONL) */
+    s->objects += !st || !(je.code == JOB_ERR_INVALID_JSON || je.code == JOB_ERR_INVALID_UTF8 ||
+                           (je.code == JOB_ERR_INVALID_TYPE && !je.field[0]));
     if (st) {
         if (s->o->strict)
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict)", source,
@@ -889,14 +893,22 @@ int runner_cmd_submit(int argc, char **argv)
     enum status st = submit_begin(&s, &js, &self, &err);
     for (int i = optind; !st && i < argc; i++)
         st = submit_file(&s, argv[i], argc - optind > 1, &err);
-    /* a job that could only fail: not JSONL (its lines written first, for their messages) */
-    if (!st && !s.valid && s.ss.lines > s.ss.blank && !(st = submit_write(&s, 0, &err)))
+    /* an input none of whose lines is a JSON object is not JSONL: refused (its lines written
+     * first, for their messages); one whose objects are all bad requests is a job of failed
+     * items, as any bad line is (an inbox must not retry such a file forever) */
+    if (!st && !s.valid && !s.objects && s.ss.lines > s.ss.blank &&
+        !(st = submit_write(&s, 0, &err)))
         st = err_set(&err, ST_ERR_FORMAT,
-                     "no line of the input is a request (%ld invalid, see above): "
+                     "no line of the input is a JSON object (%ld invalid, see above): "
                      "JSONL is one JSON object per line, each ended by \\n or \\r\\n (a "
                      "pretty-printed JSON array, or a file with \\r alone at line ends, is not)",
                      s.ss.lines - s.ss.blank);
-    if (!st && !s.valid && !(st = check_signal(&err)))
+    if (!st && !s.valid && s.objects && !(st = submit_write(&s, 0, &err)) &&
+        !(st = check_signal(&err)))
+        LOG_WARN("no line of the input is a valid request (%ld invalid, see above): every "
+                 "item of the job is a failed one",
+                 s.ss.lines - s.ss.blank);
+    if (!st && !s.valid && !s.objects && !(st = check_signal(&err)))
         LOG_WARN("the input holds no request (%s): the job is empty, and done",
                  s.ss.lines ? "only blank lines" : "no lines");
     if (!st && !(st = check_signal(&err)))

@@ -43,4 +43,16 @@ bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "fourth tick
 [ "$(wc -l <inbox/done/2024.jsonl)" = 2 ] || fail "the first 2024.jsonl's archive was replaced"
 ls inbox/done/2024.*.jsonl >/dev/null 2>&1 && grep -q new inbox/done/2024.*.jsonl ||
     fail "the second 2024.jsonl was not archived: $(ls inbox/done)"
+# a file that is not JSONL (a JSON array) is refused once and moved to failed/, not retried
+# every tick; one of bad requests is a job of failed items
+printf '[{"prompt": "a"},\n {"prompt": "b"}]\n' >inbox/arr.jsonl
+printf '%s\n' '{"prompt": "c", "max_token": 1}' >inbox/typo.jsonl
+touch -d '-5 minutes' inbox/arr.jsonl inbox/typo.jsonl
+bash "$INBOX" "$Q" q.db inbox out --model "$M" 2>>inbox.log || fail "fifth tick"
+ls inbox/failed/arr.*.jsonl >/dev/null 2>&1 && [ ! -e inbox/arr.jsonl ] ||
+    { cat inbox.log; fail "the JSON array was not moved to failed/"; }
+grep -q "arr.jsonl is not JSONL" inbox.log || fail "no message for the JSON array"
+[ -e inbox/done/typo.jsonl ] || { cat inbox.log; fail "the file of bad requests is not done"; }
+[ "$(sqlite3 q.db "SELECT count(*) FROM items WHERE error_code = 'unknown_field'")" = 1 ] ||
+    fail "the bad request is not a failed item"
 echo "e2e inbox: ok"

@@ -280,8 +280,16 @@ wait $pid || rc=$?
     { cat cut.err; fail "8: a file cut during submit: exit $rc"; }
 printf '{"prompt": "a"}\r{"prompt": "b"}\r' >cr.jsonl
 rc=0; "$Q" submit --db cr.db --model "$M" cr.jsonl >/dev/null 2>cr.err || rc=$?
-[ $rc = 1 ] && grep -q "no line of the input is a request" cr.err ||
+[ $rc = 1 ] && grep -q "no line of the input is a JSON object" cr.err ||
     { cat cr.err; fail "8: no request in the input: exit $rc"; }
+# JSON objects that are all bad requests are a job of failed items, as any bad line is (it was
+# refused as "not JSONL": an inbox retried such a file forever)
+printf '{"prompt": "a", "max_token": 5}\n{"prompt": 7}\n' >allbad.jsonl
+"$Q" submit --db allbad.db --name allbad --model "$M" allbad.jsonl >/dev/null 2>allbad.err ||
+    { cat allbad.err; fail "8: a file of bad requests refused"; }
+grep -q "every item of the job is a failed one" allbad.err || { cat allbad.err; fail "8: warning"; }
+[ "$(sql allbad.db "SELECT count(*) FROM items WHERE error_code IS NOT NULL")" = 2 ] ||
+    fail "8: the bad requests are not failed items"
 printf '\xef\xbb\xbf\r\n{"custom_id": "x", "prompt": "Hi", "max_tokens": 2}\r\n' >bom.jsonl
 printf '{"prompt": "x", "max_tokens": 2}\n' >"$(printf 'caf\xe9.jsonl')"
 python3 -c "
