@@ -377,7 +377,9 @@ struct batch_stats {
     int64_t items_done;        /* items committed done by this run */
     int64_t items_failed;      /* items committed failed by this run */
     int64_t items_dropped;     /* unfinished requests dropped when their lease was lost */
-    int64_t items_returned;    /* requests not started when the run stopped: given back at once */
+    int64_t items_returned;    /* items given back to the queue uncounted: those not started
+                                  when the run stopped (at once), those unfinished after its
+                                  grace, a failed job's */
     int64_t records_discarded; /* finished records not committed: their lease was lost */
     int64_t prompt_tokens;     /* of the requests the engine finished */
     int64_t completion_tokens; /* likewise */

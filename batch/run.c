@@ -988,6 +988,7 @@ static int run_job(struct batch_run *r, struct err_detail *err)
         int64_t released = 0;
         if ((st = batch_out_release(r->out, &released, err)))
             return -1;
+        r->stats.items_returned += released;
         LOG_INFO("released %lld unfinished items back to the queue", (long long)released);
     }
     if ((st = batch_out_close(r->out, err)))
@@ -1169,6 +1170,7 @@ static int job_failed_go_on(struct batch_run *r, const struct err_detail *err)
         return 0;
     }
     char back[96] = "";
+    r->stats.items_returned += released;
     if (released)
         snprintf(back, sizeof(back), "; its %lld unfinished items are back in the queue, uncounted",
                  (long long)released);

@@ -385,7 +385,7 @@ static enum status list_runs(struct queue *q, enum queue_stmt_id which, int64_t 
         r->heartbeat_ms = sqlite3_column_int64(s, 6);
         r->age_ms = now > r->heartbeat_ms ? now - r->heartbeat_ms : 0;
         r->ended_ms = sqlite3_column_int64(s, 8);
-        r->sampled = sqlite3_column_int(s, 11);
+        r->worked = sqlite3_column_int(s, 11);
         if (!r->ended_ms) {
             struct proc_identity other;
             run_identity(s, 3, 12, 13, 4, 14, &other);

@@ -419,7 +419,8 @@ const char *const queue_stmt_sql[QS_COUNT] = {
     [QS_RUN_LIST_JOB] =
         "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
         " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
-        " id IN (SELECT run_id FROM samples WHERE job_id = ?1), boot_id, pid_ns, pstart"
+        " id IN (SELECT run_id FROM samples WHERE job_id = ?1"
+        " AND (gen_tokens > 0 OR prompt_tokens > 0 OR cached_tokens > 0)), boot_id, pid_ns, pstart"
         " FROM runs"
         " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
         " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",

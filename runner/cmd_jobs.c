@@ -278,9 +278,10 @@ static cJSON *runs_json(const struct queue_run_info *runs, size_t n_runs, int64_
 
 /* The engines of the runs that worked on job_id (queue_run_list_job) as [{"engine": {...},
  * "runs": [ids]}, ...], one entry per distinct engine, in the order of their first run. A run
- * with no engine recorded that recorded samples for the job (a quern before queue version 5)
- * is under "engine": null; one without samples either stopped before its engine was ready and
- * did no work, and is left out. NULL with err set on failure. */
+ * that ended (or died) having computed nothing for the job is left out (a `run --no-wait`
+ * that found every item leased by another run made status warn that engines differed); a live
+ * one is in, whose outputs are to come. A run that worked with no engine recorded (a quern
+ * before queue version 5) is under "engine": null. NULL with err set on failure. */
 static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *err)
 {
     struct queue_run_info *runs = NULL;
@@ -289,10 +290,12 @@ static cJSON *engines_json(struct queue *q, int64_t job_id, struct err_detail *e
         return NULL;
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++) {
+        if (!runs[i].worked && (runs[i].ended_ms || runs[i].gone))
+            continue;
         cJSON *eng = runs[i].engine_json ? cJSON_Parse(runs[i].engine_json) : NULL;
         if (!cJSON_IsObject(eng)) {
             cJSON_Delete(eng);
-            if (!runs[i].sampled || !(eng = cJSON_CreateNull()))
+            if (!runs[i].worked || !(eng = cJSON_CreateNull()))
                 continue;
         }
         if (runner_engine_group_add(a, "runs", eng, (double)runs[i].id)) {

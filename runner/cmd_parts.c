@@ -60,6 +60,7 @@ static cJSON *part_from_queue(struct queue *q, int k, struct err_detail *err)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "part", k);
     cJSON_AddBoolToObject(o, "in_use", 0);
+    cJSON_AddBoolToObject(o, "live", 0); /* (no run holds it: a running one's run died) */
     cJSON *state = cJSON_GetObjectItem(js, "state");
     cJSON_AddStringToObject(o, "state", cJSON_IsString(state) ? state->valuestring : "?");
     cJSON_AddNumberToObject(o, "items", num(js, "items"));
@@ -85,6 +86,7 @@ static cJSON *part_from_progress(const struct batch_parts *p, int k)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "part", k);
     cJSON_AddBoolToObject(o, "in_use", 1);
+    cJSON_AddBoolToObject(o, "live", 1);
     cJSON_AddStringToObject(o, "state", pj ? "running" : "unknown");
     double total = num(pj, "total"), done = num(pj, "done"), failed = num(pj, "failed"),
            cancelled = num(pj, "cancelled");
@@ -243,6 +245,9 @@ int runner_parts_status(const struct batch_parts *p, const char *job, int json)
                    num(e, "gen_tok_s"), num(e, "progress_age_s"));
         else if (cJSON_IsTrue(cJSON_GetObjectItem(e, "in_use")))
             printf("  in use (no progress yet)");
+        else if (!strcmp(cJSON_GetObjectItem(e, "state")->valuestring, "running"))
+            printf("  no live run (its run stopped or died: `quern run --part %d` goes on)",
+                   (int)num(e, "part"));
         putchar('\n');
     }
     cJSON_Delete(j);

@@ -56,6 +56,8 @@ struct cuda_state {
     uint64_t seen[CUDA_SEEN]; /* keys asked for without a graph (a ring; 0: none) */
     int seen_next;
     uint64_t capturing; /* the key being captured */
+    int in_capture;     /* between a capture's begin and its end */
+    int capture_broken; /* something in the capture failed (an allocation): it is dropped */
     unsigned long graph_tick;
     uint64_t graph_epoch;     /* graphs_drop calls so far */
     char name[160];           /* "cuda 0 NVIDIA H200 (sm_90, 139 GiB)" */
@@ -553,9 +555,15 @@ static void cuda_gather(struct kern_backend *b, float *dst, const float *src, co
 
 static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 {
-    (void)st_of(b); /* on the backend's device */
-    void *p = NULL; /* cudaMalloc aligns to at least 256 bytes */
-    return handled(cudaMalloc(&p, bytes ? bytes : 1)) ? NULL : p;
+    struct cuda_state *s = st_of(b); /* on the backend's device */
+    void *p = NULL;                  /* cudaMalloc aligns to at least 256 bytes */
+    if (handled(cudaMalloc(&p, bytes ? bytes : 1))) {
+        /* (in a capture it is not allowed: the capture is dropped at its end whatever the
+         * driver made of it) */
+        s->capture_broken |= s->in_capture;
+        return NULL;
+    }
+    return p;
 }
 
 static void cuda_buf_free(struct kern_backend *b, void *p)
@@ -718,6 +726,8 @@ static int cuda_graph_begin(struct kern_backend *b, uint64_t key)
         return KERN_GRAPH_NONE;
     }
     s->capturing = key;
+    s->in_capture = 1;
+    s->capture_broken = 0;
     return KERN_GRAPH_CAPTURE;
 }
 
@@ -743,6 +753,11 @@ static int cuda_graph_end(struct kern_backend *b)
     cudaGraph_t g = NULL;
     cudaGraphExec_t e = NULL;
     cudaError_t rc = cudaStreamEndCapture(s->stream, &g);
+    s->in_capture = 0;
+    if (!rc && s->capture_broken) {
+        cudaGraphDestroy(g);
+        rc = cudaErrorStreamCaptureInvalidated;
+    }
     if (rc) {
         graphs_off(s, "a stream capture", rc);
         return 0;

@@ -101,7 +101,11 @@ __global__ void k_mm_prep(float *x, const float *add, const float *norm, float e
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const float g = xr[i];
             /* GeGLU as g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3), as the CPU */
-            const float z = glu ? -1.5957691216057308f * (g + 0.044715f * g * g * g) : -g;
+            /* (explicit roundings: nvcc would fuse a multiply and add the emulator rounds twice) */
+            const float z =
+                glu ? __fmul_rn(-1.5957691216057308f,
+                                __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g)))
+                    : -g;
             const float a = __fdiv_rn(g, __fadd_rn(1.0f, expf(z)));
             xr[i] = __fmul_rn(a, up[off + i]);
         }

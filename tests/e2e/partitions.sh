@@ -185,7 +185,13 @@ assert j["items"] == sum(p["items"] for p in j["part_status"]), j
 for p in j["part_status"]:
     if p["in_use"] and p["state"] == "running" and not p.get("loading"):
         assert len(p["engines"]) == 1 and p["engines"][0]["engine"]["matmul"], p
+# parts 0 and 2, whose runs were killed: held by no run, running, no live run
+for k in (0, 2):
+    p = j["part_status"][k]
+    assert not p["in_use"] and p["live"] is False and p["state"] == "running", p
 PY
+"$Q" status --db A >st.txt 2>/dev/null || fail "status text while part 1 runs"
+grep -q "part    0: running .* no live run" st.txt || { cat st.txt; fail "status: part 0's dead run"; }
 grep -q "part 1 of 3" r1.err || fail "SLURM_ARRAY_TASK_ID did not choose part 1"
 mkdir -p node2/work
 # part 0's killed run as if it had been on another node (a Slurm requeue lands elsewhere): the

@@ -97,4 +97,27 @@ m = json.load(open('out/p/manifest.json'))
 e = {r['run']: r['engine'] for r in m['runs']}
 assert e[$exact_run] is None and sum(x is not None for x in e.values()) == 1, e
 " || fail "manifest: the unrecorded engine as null"
+# a run that computed nothing for a job (--no-wait, every item leased by a live run) is no
+# engine of it (status warned that two engines ran it, their outputs possibly different)
+python3 -c '
+import json
+for i in range(4):
+    print(json.dumps({"custom_id": f"w{i}", "prompt": f"Tell a long story {i}.", "max_tokens": 300,
+                      "temperature": 0}))' >w.jsonl
+"$Q" submit --db w.db --model "$M" --name w w.jsonl >/dev/null 2>&1
+"$Q" run --db w.db --out out --max-seqs 4 --threads 1 --matmul exact >/dev/null 2>w.log &
+pid=$!
+for _ in $(seq 600); do
+    [ "$(sqlite3 w.db "SELECT count(*) FROM items WHERE state = 'leased'")" = 4 ] && break
+    sleep 0.1
+done
+rc=0; "$Q" run --db w.db --out out --no-wait --matmul q8 >/dev/null 2>w2.log || rc=$?
+[ $rc = 75 ] || { cat w2.log; fail "the --no-wait run exited $rc, want 75"; }
+"$Q" status --db w.db --job w --json | python3 -c '
+import json, sys
+e = json.load(sys.stdin)[0]["engines"]
+assert [x["engine"]["matmul"] for x in e] == ["exact"], e
+' || fail "status: a run that computed nothing listed as an engine of the job"
+kill -TERM $pid
+wait $pid 2>/dev/null || true
 echo "e2e provenance: ok"

@@ -594,6 +594,29 @@ assert ("leased" not in [r[0] for r in rows]), rows
 assert all(a == 0 for st, a, n in rows if st == "queued"), rows
 assert sum(n for st, a, n in rows if st == "queued") > 0, rows
 PY
+# 12c. the run summary's items_returned counts every item the stop gave back: with --grace 0
+# too (it counted only the requests not started, given back before a grace: 0 here)
+"$Q" submit --db twelvec.db --model "$M" --name twelvec twelve.jsonl >/dev/null 2>&1
+"$Q" run --db twelvec.db --out out --max-seqs 4 --grace 0 --threads 1 --matmul exact \
+    >twelvec.sum 2>twelvec.log &
+pid=$!
+for _ in $(seq 600); do
+    [ "$(sqlite3 twelvec.db "SELECT count(*) FROM items WHERE state = 'leased'")" -gt 4 ] && break
+    sleep 0.1
+done
+kill -TERM $pid
+rc=0; wait $pid || rc=$?
+[ $rc -eq 75 ] || { cat twelvec.log; fail "12c: the stopped run exited $rc, want 75"; }
+python3 - twelvec.sum twelvec.log twelvec.db <<'PY' || fail "12c: items_returned"
+import json, re, sqlite3, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+log = open(sys.argv[2]).read()
+back = sum(int(n) for n in re.findall(r"(\d+) requests not started yet went back", log))
+back += sum(int(n) for n in re.findall(r"released (\d+) unfinished items back", log))
+db = sqlite3.connect(sys.argv[3])
+assert db.execute("SELECT count(*) FROM items WHERE state = 'leased' OR attempts > 0").fetchone()[0] == 0
+assert s["items_returned"] == back and back > 4, (s["items_returned"], back, log)
+PY
 # 13. a stop signal while another process holds the queue's write lock, before the run holds
 # anything: exit 75 at once (it waited out SQLite's 30 s busy timeout, then exited 1, which
 # Slurm scripts do not requeue)
