@@ -61,6 +61,10 @@ enum status batch_shard_path(struct queue *q, const struct queue_shard *sh, char
 enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
                                struct err_detail *err);
 
+/* 1 when dir holds a job's marker (some run claimed it for a job's output), its owner described
+ * in owner ("job 'x' (id 1) of database /q.db (uuid ...)"); else 0. */
+int batch_outdir_owner(const char *dir, char *owner, size_t cap);
+
 /* Every closed, non-empty shard of the job is a regular file of its committed length where the
  * queue says; else ST_ERR_NOT_FOUND naming the first that is not (its output was deleted, moved
  * or cut since: nothing may claim it complete). */

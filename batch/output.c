@@ -229,6 +229,16 @@ static int marker_matches(const char *text, const char *uuid, int64_t job_id, ch
     return ok;
 }
 
+int batch_outdir_owner(const char *dir, char *owner, size_t cap)
+{
+    char path[4300], text[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
+    if (!read_marker(path, text, sizeof(text)))
+        return 0;
+    marker_matches(text, "", -1, owner, cap);
+    return 1;
+}
+
 enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, const char *dir,
                                struct err_detail *err)
 {

@@ -23,6 +23,11 @@ static void log_init_level(void)
         log_level = LOG_LEVEL_WARN;
     else if (!strcmp(s, "error"))
         log_level = LOG_LEVEL_ERROR;
+    else if (strcmp(s, "info")) {
+        char shown[64];
+        fprintf(stderr, "quern warn: QUERN_LOG=%s is none of debug, info, warn, error: info\n",
+                log_printable(s, shown, sizeof(shown)));
+    }
 }
 
 void log_set_level(enum log_level lvl) { log_level = (int)lvl; }

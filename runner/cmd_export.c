@@ -725,7 +725,11 @@ static enum status tar_queue(struct exporter *x, struct queue *q, const struct q
             st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
         /* a run writes the manifest when it stops: while the job is unfinished it may not list
          * the shards written since (or be missing, during the first run) */
-        if (!st && !have)
+        if (!st && !have && x->job.state == QUEUE_JOB_CANCELLED)
+            LOG_WARN("job %s was cancelled before any run wrote its output: it has no "
+                     "manifest.json, nor will it (the bundle has none)",
+                     x->job.name);
+        else if (!st && !have)
             LOG_WARN("job %s has no manifest.json yet (a run writes it when it stops): the "
                      "bundle has none",
                      x->job.name);

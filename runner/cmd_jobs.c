@@ -73,7 +73,8 @@ static const char retry_usage[] =
     "       quern retry --db PARTS_DIR --failed\n"
     "\n"
     "Put the job's failed items back in the queue (attempts reset). Their old error records\n"
-    "stay in the errors shards but are left out by `quern export`. In a partitioned queue\n"
+    "stay in the errors shards but are left out by `quern export`. Lines rejected at submit\n"
+    "(invalid requests) stay failed: fix them and submit them again. In a partitioned queue\n"
     "every part; a part in use by a run is an error (retry it when the run has ended). Items\n"
     "are retried 20,000 ids per transaction; a retry stopped part-way leaves the rest failed:\n"
     "retry again.\n";
@@ -892,6 +893,12 @@ static int steer(const char *cmd, const char *usage, int argc, char **argv, int 
     } else {
         fprintf(stderr, "quern %s: job %lld '%s': %lld items %s\n", cmd, (long long)j.id, j.name,
                 (long long)n, retry ? "queued again" : "cancelled");
+        struct queue_counts c;
+        if (retry && !queue_job_counts(q, j.id, &c, &err) && c.items[QUEUE_ITEM_FAILED] > 0)
+            fprintf(stderr,
+                    "quern retry: %lld failed items stay failed: lines rejected at submit are "
+                    "not retried (fix them and submit them again)\n",
+                    (long long)c.items[QUEUE_ITEM_FAILED]);
         rc = RUNNER_EXIT_OK;
     }
     queue_job_free(&j);

@@ -66,7 +66,7 @@ static const char submit_usage[] =
     "                         (`quern run --db DIR --part K`). Prints DIR instead of the job id\n"
     "  --model PATH           GGUF model for the job (default " RUNNER_DEFAULT_MODEL ")\n"
     "  --name NAME            job name ([A-Za-z0-9._-], at most 128, not all digits, no\n"
-    "                         leading '.'; default job-<time>)\n"
+    "                         leading '.'; default job-YYYYMMDD-HHMMSS-PID, UTC)\n"
     "  --out DIR              output root recorded with the job (default out)\n"
     "  --max-tokens N         default max_tokens (default 256; lowered for a line to what the\n"
     "                         model context leaves after its prompt)\n"
@@ -858,6 +858,17 @@ int runner_cmd_submit(int argc, char **argv)
     char out_abs[4096];
     if (!text_path_ok("model", o.model) || (!batch_abspath(o.out, out_abs, sizeof(out_abs), &err) &&
                                             !text_path_ok("--out", out_abs))) {
+        free(model_abs);
+        return RUNNER_EXIT_ERROR;
+    }
+    /* OUT/<name> (a part's OUT/<name>/part-0000) claimed by another job's runs already: every
+     * run of this one would refuse to write there, so it is refused now */
+    char jdir[4400], owner[1024];
+    snprintf(jdir, sizeof(jdir), "%s/%s%s", out_abs, o.name, o.partitions ? "/part-0000" : "");
+    if (batch_outdir_owner(jdir, owner, sizeof(owner))) {
+        LOG_ERROR("%s holds the output of %s: no run of job '%s' could write there (choose "
+                  "another --out or --name)",
+                  jdir, owner, o.name);
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }

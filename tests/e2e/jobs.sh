@@ -457,6 +457,18 @@ s = json.loads(subprocess.run([sys.argv[1], "status", "--db", "cr.db", "--json"]
                               capture_output=True).stdout)[0]
 assert s["state"] == "cancelled" and s["by_state"]["failed"] == 1 and s["by_state"]["cancelled"] == 1, s
 PY
+# (a bundle of it has no manifest: none is written for a job cancelled before any output, and
+# export said a run would write one)
+"$Q" export --db cr.db --job cr --out cr.tar 2>cr.tar.log || fail "9b: export of a bundle"
+grep -q "cancelled before any run wrote its output" cr.tar.log || { cat cr.tar.log; fail "9b: bundle"; }
+
+# 9c. a retry says why the lines rejected at submit stay failed (it printed "0 items queued
+# again" and nothing more)
+"$Q" submit --db rr.db --name rr --model "$M" cr.jsonl >/dev/null 2>&1 || fail "9c: submit"
+"$Q" run --db rr.db --out out >/dev/null 2>&1 || fail "9c: run"
+"$Q" retry --db rr.db --job rr --failed 2>rr.log || { cat rr.log; fail "9c: retry"; }
+grep -q "0 items queued again" rr.log && grep -q "1 failed items stay failed: lines rejected at submit" rr.log ||
+    { cat rr.log; fail "9c: the retry's message"; }
 
 # 10. out of memory making a request's second choice (QUERN_FAULT=engine.seq_new: the run's
 #     third request made, after its start-up's and the first choice's; n = 2): the

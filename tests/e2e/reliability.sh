@@ -381,6 +381,10 @@ set -e
 [ $rc -eq 1 ] || fail "8: a second database's run into the same directory exited $rc"
 grep -q "belongs to job 'eight'" e8.log || fail "8: no message naming the owner"
 [ "$(cat o8/eight/*.jsonl.zst | sha256sum)" = "$sha_before" ] || fail "8: first job's shards changed"
+# (and a submit naming that directory is refused at once: every run of its job would fail)
+rc=0; "$Q" submit --db e2b.db --model "$M" --name eight --out o8 eight.jsonl >/dev/null 2>>e8.log || rc=$?
+[ $rc -eq 1 ] && grep -q "o8/eight holds the output of job 'eight'" e8.log && [ ! -e e2b.db ] ||
+    fail "8: a submit into another job's output directory: exit $rc"
 echo precious >victim.txt
 "$Q" submit --db e3.db --model "$M" --name eight3 eight.jsonl >/dev/null 2>&1
 mkdir -p o8b/eight3
