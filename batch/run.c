@@ -526,6 +526,7 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
 static void add_spec_stats(struct engine_stats *sum, const struct engine_stats *s)
 {
     sum->steps += s->steps;
+    sum->preemptions += s->preemptions;
     sum->spec_steps += s->spec_steps;
     sum->spec_skipped += s->spec_skipped;
     sum->spec_drafted += s->spec_drafted;

@@ -613,4 +613,26 @@ print(json.dumps({'custom_id': 'huge', 'prompt': 'word ' * 400000, 'max_tokens':
 "$Q" export --db huge.db --job huge --out huge.out.jsonl 2>/dev/null || fail "16: export"
 grep -q '"message":"the prompt.s 2000000 bytes are more than the model.s context of 8192 tokens can hold.*"param":"prompt","code":"context_length_exceeded"' huge.out.jsonl ||
     fail "16: $(cut -c1-400 huge.out.jsonl)"
+
+# 17. (found by an invariance audit: a run never said it preempted) a run whose KV pool is
+# small for its load preempts sequences and computes them again later: its summary counts them,
+# and its records are those of a run with room
+head -16 "$EX" >pre.jsonl
+for kv in 8M 256M; do
+    "$Q" submit --db "pre$kv.db" --name pre --model "$M" pre.jsonl >/dev/null 2>&1 || fail "17: submit"
+    "$Q" run --db "pre$kv.db" --out "pre$kv" --max-seqs 16 --kv-mem "$kv" --threads 1 \
+        >"pre$kv.sum" 2>"pre$kv.log" || { cat "pre$kv.log"; fail "17: run --kv-mem $kv"; }
+    "$Q" export --db "pre$kv.db" --job pre --order input --out "pre$kv.jsonl" 2>/dev/null ||
+        fail "17: export"
+done
+python3 - <<'PY' || fail "17: preemptions"
+import json
+small = json.loads(open("pre8M.sum").read().strip().splitlines()[-1])
+big = json.loads(open("pre256M.sum").read().strip().splitlines()[-1])
+assert small["preemptions"] > 0 and big["preemptions"] == 0, (small, big)
+def choices(name):
+    return [(json.loads(l)["custom_id"], json.loads(l)["response"]["body"]["choices"])
+            for l in open(name)]
+assert choices("pre8M.jsonl") == choices("pre256M.jsonl"), "records differ"
+PY
 echo "e2e jobs: ok"
