@@ -62,8 +62,9 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
                                struct err_detail *err);
 
 /* 1 when dir holds a job's marker (some run claimed it for a job's output), its owner described
- * in owner ("job 'x' (id 1) of database /q.db (uuid ...)"); else 0. */
-int batch_outdir_owner(const char *dir, char *owner, size_t cap);
+ * in owner ("job 'x' (id 1) of database /q.db (uuid ...)") and its database's path in db ("" if
+ * the marker names none); else 0. */
+int batch_outdir_owner(const char *dir, char *owner, size_t cap, char *db, size_t db_cap);
 
 /* Every closed, non-empty shard of the job is a regular file of its committed length where the
  * queue says; else ST_ERR_NOT_FOUND naming the first that is not (its output was deleted, moved

@@ -229,13 +229,17 @@ static int marker_matches(const char *text, const char *uuid, int64_t job_id, ch
     return ok;
 }
 
-int batch_outdir_owner(const char *dir, char *owner, size_t cap)
+int batch_outdir_owner(const char *dir, char *owner, size_t cap, char *db, size_t db_cap)
 {
     char path[4300], text[4096];
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
     if (!read_marker(path, text, sizeof(text)))
         return 0;
     marker_matches(text, "", -1, owner, cap);
+    cJSON *m = cJSON_Parse(text);
+    const cJSON *d = cJSON_GetObjectItem(m, "database");
+    snprintf(db, db_cap, "%s", cJSON_IsString(d) ? d->valuestring : "");
+    cJSON_Delete(m);
     return 1;
 }
 

@@ -15,7 +15,7 @@ static void log_init_level(void)
 {
     const char *s = getenv("QUERN_LOG");
     log_level = LOG_LEVEL_INFO;
-    if (!s)
+    if (!s || !*s)
         return;
     if (!strcmp(s, "debug"))
         log_level = LOG_LEVEL_DEBUG;

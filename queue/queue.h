@@ -490,7 +490,8 @@ struct queue_run_info {
     char *engine_json;     /* queue_run_set_engine's document, or NULL (none yet, a run of an
                               older quern) */
     int worked;            /* queue_run_list_job: its samples of the job show work (a prompt
-                              or generated token); 0 from queue_run_list_live */
+                              or generated token) or it made a shard of the job with records; 0
+                              from queue_run_list_live */
     int gone;              /* not ended, yet its process is known to have exited (a run of this
                               host whose process is gone): dead, not yet noticed, as when ending
                               it failed (a full disk) */

@@ -416,14 +416,15 @@ const char *const queue_stmt_sql[QS_COUNT] = {
         " heartbeat, progress_json, 0, NULL, engine_json, 0, boot_id, pid_ns, pstart"
         " FROM runs WHERE ended IS NULL AND kind = 'run' ORDER BY id",
     /* the runs with samples of the job: one list (samples_job), not a search per run */
-    [QS_RUN_LIST_JOB] =
-        "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
-        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
-        " id IN (SELECT run_id FROM samples WHERE job_id = ?1"
-        " AND (gen_tokens > 0 OR prompt_tokens > 0 OR cached_tokens > 0)), boot_id, pid_ns, pstart"
-        " FROM runs"
-        " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
-        " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
+    [QS_RUN_LIST_JOB] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
+                        " heartbeat, progress_json, coalesce(ended, 0), exit_reason, engine_json,"
+                        " id IN (SELECT run_id FROM samples WHERE job_id = ?1"
+                        " AND (gen_tokens > 0 OR prompt_tokens > 0 OR cached_tokens > 0))"
+                        " OR id IN (SELECT run_id FROM shards WHERE job_id = ?1 AND records > 0),"
+                        " boot_id, pid_ns, pstart"
+                        " FROM runs"
+                        " WHERE kind = 'run' AND (job_id = ?1 OR ((job_id IS NULL OR job_id = 0)"
+                        " AND id IN (SELECT run_id FROM samples WHERE job_id = ?1))) ORDER BY id",
     /* (its summary in the progress column) */
     [QS_RUN_LAST_ENDED] = "SELECT id, coalesce(job_id, 0), worker_id, host, pid, started,"
                           " heartbeat, summary_json, ended, exit_reason, engine_json, 0, boot_id,"

@@ -725,7 +725,8 @@ static enum status tar_queue(struct exporter *x, struct queue *q, const struct q
             st = tar_add(x->tar, name, mpath, (uint64_t)sb.st_size, NULL, 0, err);
         /* a run writes the manifest when it stops: while the job is unfinished it may not list
          * the shards written since (or be missing, during the first run) */
-        if (!st && !have && x->job.state == QUEUE_JOB_CANCELLED)
+        /* (a job, not a part, cancelled with no shard and no run on it: run.c writes it none) */
+        if (!st && !have && x->job.state == QUEUE_JOB_CANCELLED && !n && !sub[0] && !x->unfinished)
             LOG_WARN("job %s was cancelled before any run wrote its output: it has no "
                      "manifest.json, nor will it (the bundle has none)",
                      x->job.name);

@@ -337,6 +337,7 @@ struct submit {
     double batch_t0;             /* runner_now() at the last write */
     struct submit_stats ss;      /* counts so far */
     long objects;                /* lines that were JSON objects (valid requests or not) */
+    long too_long;               /* lines longer than --max-line (not read) */
     int lock_fd;                 /* with --partitions: the directory's submit lock, or -1 */
     cJSON *inputs;               /* with --partitions: the lines' sources in input order (the
                                     catalogue keeps them: `export --order input` merges by them) */
@@ -673,6 +674,7 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
             char msg[128]; /* (err->msg names the file and line, as the record does already) */
             snprintf(msg, sizeof(msg), "the line is longer than --max-line (%zu bytes)",
                      (size_t)s->o->max_line);
+            s->too_long++;
             st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", msg, NULL, 1, err);
         } else if (blank_line(line, len)) {
             s->ss.blank++;
@@ -689,6 +691,35 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
     }
     io_input_close(in);
     return st;
+}
+
+/* Does OUT/<name> hold another database's job (its marker, or a part's, in OUT/<name>/part-0000:
+ * a plain job and a partitioned one of one name would share it)? Every run of the new job would
+ * refuse to write there, so the submit is refused now (logged; 1). A marker of this submit's own
+ * database (or of a part in its directory) is left to the queue, which refuses a name in use. */
+static int out_claimed(const char *out_abs, const char *name, const char *db)
+{
+    char *db_real = realpath(db, NULL); /* (NULL: a new queue, which owns no output) */
+    static const char *const subs[2] = {"", "/part-0000"};
+    int claimed = 0;
+    for (int i = 0; i < 2 && !claimed; i++) {
+        char jdir[4400], owner[1024], mdb[4096];
+        snprintf(jdir, sizeof(jdir), "%s/%s%s", out_abs, name, subs[i]);
+        if (!batch_outdir_owner(jdir, owner, sizeof(owner), mdb, sizeof(mdb)))
+            continue;
+        const char *slash = strrchr(mdb, '/');
+        const int ours = db_real && (!strcmp(mdb, db_real) ||
+                                     (slash && (size_t)(slash - mdb) == strlen(db_real) &&
+                                      !strncmp(mdb, db_real, strlen(db_real))));
+        if (ours)
+            continue;
+        LOG_ERROR("%s holds the output of %s: no run of job '%s' could write there (choose "
+                  "another --out or --name)",
+                  jdir, owner, name);
+        claimed = 1;
+    }
+    free(db_real);
+    return claimed;
 }
 
 /* Record the submit run and the (not ready) job in one short transaction per part. */
@@ -855,20 +886,13 @@ int runner_cmd_submit(int argc, char **argv)
         return RUNNER_EXIT_ERROR;
     }
     o.model = model_abs;
-    char out_abs[4096];
+    char out_abs[4096] = "";
     if (!text_path_ok("model", o.model) || (!batch_abspath(o.out, out_abs, sizeof(out_abs), &err) &&
                                             !text_path_ok("--out", out_abs))) {
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }
-    /* OUT/<name> (a part's OUT/<name>/part-0000) claimed by another job's runs already: every
-     * run of this one would refuse to write there, so it is refused now */
-    char jdir[4400], owner[1024];
-    snprintf(jdir, sizeof(jdir), "%s/%s%s", out_abs, o.name, o.partitions ? "/part-0000" : "");
-    if (batch_outdir_owner(jdir, owner, sizeof(owner))) {
-        LOG_ERROR("%s holds the output of %s: no run of job '%s' could write there (choose "
-                  "another --out or --name)",
-                  jdir, owner, o.name);
+    if (out_abs[0] && out_claimed(out_abs, o.name, o.db)) {
         free(model_abs);
         return RUNNER_EXIT_ERROR;
     }
@@ -908,12 +932,16 @@ int runner_cmd_submit(int argc, char **argv)
      * first, for their messages); one whose objects are all bad requests is a job of failed
      * items, as any bad line is (an inbox must not retry such a file forever) */
     if (!st && !s.valid && !s.objects && s.ss.lines > s.ss.blank &&
-        !(st = submit_write(&s, 0, &err)))
+        !(st = submit_write(&s, 0, &err))) {
+        char longer[96] = "";
+        if (s.too_long)
+            snprintf(longer, sizeof(longer), ", %ld of them longer than --max-line", s.too_long);
         st = err_set(&err, ST_ERR_FORMAT,
-                     "no line of the input is a JSON object (%ld invalid, see above): "
-                     "JSONL is one JSON object per line, each ended by \\n or \\r\\n (a "
-                     "pretty-printed JSON array, or a file with \\r alone at line ends, is not)",
-                     s.ss.lines - s.ss.blank);
+                     "no line of the input is a JSON object (%ld invalid%s, see above): JSONL is "
+                     "one JSON object per line, each ended by \\n or \\r\\n (a pretty-printed "
+                     "JSON array, or a file with \\r alone at line ends, is not)",
+                     s.ss.lines - s.ss.blank, longer);
+    }
     if (!st && !s.valid && s.objects && !(st = submit_write(&s, 0, &err)) &&
         !(st = check_signal(&err)))
         LOG_WARN("no line of the input is a valid request (%ld invalid, see above): every "

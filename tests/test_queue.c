@@ -753,8 +753,8 @@ static void test_migrate_v4_to_v5_engine(void **state)
     assert_int_equal(n, 2);
     assert_null(runs[0].engine_json);
     assert_string_equal(runs[1].engine_json, "{\"matmul\":\"q8\"}");
-    assert_int_equal(runs[0].worked, 1); /* it worked on the job */
-    assert_int_equal(runs[1].worked, 0);
+    assert_int_equal(runs[0].worked, 1); /* its sample shows tokens */
+    assert_int_equal(runs[1].worked, 1); /* no sample, but it made shards with records */
     queue_run_info_free(runs, n);
     assert_int_equal(queue_run_list_live(q, &runs, &n, &err), ST_OK);
     assert_int_equal(n, 1);
@@ -860,6 +860,7 @@ static void test_run_list_job(void **state)
     assert_int_equal(runs[0].id, any_b);
     assert_true(runs[0].ended_ms > 0);
     assert_string_equal(runs[0].exit_reason, "drained");
+    assert_int_equal(runs[0].worked, 0); /* its one sample shows no token computed */
     queue_run_info_free(runs, n);
     queue_close(q);
 }

@@ -143,6 +143,16 @@ static cudaError_t handled(cudaError_t rc)
     return rc;
 }
 
+/* cudaMalloc for the backend: an allocation that fails inside a graph capture (where it is not
+ * allowed) marks the capture broken, dropped at its end whatever the driver made of it. */
+static cudaError_t dev_malloc(struct cuda_state *s, void **p, size_t bytes)
+{
+    const cudaError_t rc = handled(cudaMalloc(p, bytes));
+    if (rc)
+        s->capture_broken |= s->in_capture;
+    return rc;
+}
+
 /* A matmul's input steps (struct kern_mm_in) queued; returns the rows the matmul reads. */
 static const float *mm_input(struct cuda_state *s, const struct kern_mm_in *in, int n_tok,
                              int64_t n)
@@ -162,7 +172,7 @@ static void att_part_make(struct cuda_state *s)
         return;
     s->att_part_tried = 1;
     void *p = NULL;
-    if (handled(cudaMalloc(&p, sizeof(float) * s->att_part_floats)))
+    if (dev_malloc(s, &p, sizeof(float) * s->att_part_floats))
         LOG_WARN("no device memory for split attention: long contexts run unsplit");
     else
         s->att_part = p;
@@ -188,7 +198,7 @@ static cudaError_t grow(struct cuda_state *s, void **p, size_t *have, size_t n)
     if (n <= *have)
         return cudaSuccess;
     void *q = NULL;
-    const cudaError_t rc = handled(cudaMalloc(&q, n));
+    const cudaError_t rc = dev_malloc(s, &q, n);
     if (rc)
         return rc;
     dev_free(s, *p); /* waits for the kernels still using it */
@@ -331,7 +341,7 @@ static int cuda_sample(struct kern_backend *b, const float *logits, int n, int32
     const size_t mask_bytes = sizeof(uint32_t) * (((size_t)n_vocab + 31) / 32) * (size_t)n_masks;
     if (need > s->smp_bytes) {
         void *p = NULL;
-        if (handled(cudaMalloc(&p, need)))
+        if (dev_malloc(s, &p, need))
             goto none;
         dev_free(s, s->smp);
         s->smp = p;
@@ -450,7 +460,7 @@ static enum status cuda_prepare(struct kern_backend *b, struct kern_tensor *w,
     if (p4)
         kcu_p4_pack(w->type, w->data, w->row_bytes, w->ne0, w->ne1, host);
     void *p = NULL;
-    cudaError_t rc = handled(cudaMalloc(&p, bytes ? bytes : 1));
+    cudaError_t rc = dev_malloc(s, &p, bytes ? bytes : 1);
     if (rc) {
         free(host);
         return err_set(err, ST_ERR_NOMEM, "no device memory for a %zu-byte weight: %s", bytes,
@@ -557,13 +567,7 @@ static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 {
     struct cuda_state *s = st_of(b); /* on the backend's device */
     void *p = NULL;                  /* cudaMalloc aligns to at least 256 bytes */
-    if (handled(cudaMalloc(&p, bytes ? bytes : 1))) {
-        /* (in a capture it is not allowed: the capture is dropped at its end whatever the
-         * driver made of it) */
-        s->capture_broken |= s->in_capture;
-        return NULL;
-    }
-    return p;
+    return dev_malloc(s, &p, bytes ? bytes : 1) ? NULL : p;
 }
 
 static void cuda_buf_free(struct kern_backend *b, void *p)
@@ -619,9 +623,9 @@ static enum status cuda_kv_alloc(struct kern_backend *b, const struct kern_kv_de
     const size_t per_layer = (size_t)n_blocks * (size_t)d->n_kv_head * tb;
     const size_t bytes = per_layer * (size_t)d->n_layer;
     void *k = NULL, *v = NULL;
-    cudaError_t rc = handled(cudaMalloc(&k, bytes));
+    cudaError_t rc = dev_malloc(s, &k, bytes);
     if (!rc)
-        rc = handled(cudaMalloc(&v, bytes));
+        rc = dev_malloc(s, &v, bytes);
     if (!rc)
         rc = cudaMemsetAsync(k, 0, bytes, s->stream);
     if (!rc)

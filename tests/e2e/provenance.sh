@@ -101,14 +101,16 @@ assert e[$exact_run] is None and sum(x is not None for x in e.values()) == 1, e
 # engine of it (status warned that two engines ran it, their outputs possibly different)
 python3 -c '
 import json
-for i in range(4):
-    print(json.dumps({"custom_id": f"w{i}", "prompt": f"Tell a long story {i}.", "max_tokens": 300,
+for i in range(16):
+    print(json.dumps({"custom_id": f"w{i}", "prompt": f"Tell a long story {i}.", "max_tokens": 400,
                       "temperature": 0}))' >w.jsonl
 "$Q" submit --db w.db --model "$M" --name w w.jsonl >/dev/null 2>&1
-"$Q" run --db w.db --out out --max-seqs 4 --threads 1 --matmul exact >/dev/null 2>w.log &
+# (it holds all 16, twice --max-seqs, and computes 8 at a time: minutes of work, paced)
+"$Q" run --db w.db --out out --max-seqs 8 --threads 1 --matmul exact --grace 0 >/dev/null \
+    2>w.log &
 pid=$!
 for _ in $(seq 600); do
-    [ "$(sqlite3 w.db "SELECT count(*) FROM items WHERE state = 'leased'")" = 4 ] && break
+    [ "$(sqlite3 w.db "SELECT count(*) FROM items WHERE state = 'leased'")" = 16 ] && break
     sleep 0.1
 done
 rc=0; "$Q" run --db w.db --out out --no-wait --matmul q8 >/dev/null 2>w2.log || rc=$?
