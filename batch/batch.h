@@ -391,9 +391,9 @@ struct batch_stats {
     double *ttft_ms;           /* per finished request: time to first token (ms) */
     double *tpot_ms;           /* time per output token after the first (ms) */
     size_t n_lat;              /* entries in ttft_ms and tpot_ms */
-    struct engine_stats spec;  /* the engine's counters in the summary (steps, preemptions,
-                                * spec_*), summed over the run's jobs; spec_ece is the last
-                                * job's */
+    struct engine_stats engine; /* the engine's counters in the summary (steps, preemptions,
+                                 * spec_*), summed over the run's jobs; spec_ece is the last
+                                 * job's */
 };
 
 struct batch_run; /* opaque */

@@ -69,7 +69,7 @@ static int same_dir(const char *a, const char *b)
 }
 
 static int marker_matches(const char *text, const char *uuid, int64_t job_id, char *owner,
-                          size_t cap);
+                          size_t cap, char *db_path, size_t db_cap);
 
 /* The marker at path into text (cap bytes, NUL-terminated): 1 read, 0 none (errno says why). */
 static int read_marker(const char *path, char *text, size_t cap)
@@ -89,7 +89,7 @@ static int dir_claimed(struct queue *q, const struct queue_job *job, const char 
     char uuid[33], path[4300], text[4096], owner[1024];
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
     return read_marker(path, text, sizeof(text)) && !queue_db_uuid(q, uuid, NULL) &&
-           marker_matches(text, uuid, job->id, owner, sizeof(owner));
+           marker_matches(text, uuid, job->id, owner, sizeof(owner), NULL, 0);
 }
 
 enum status batch_shard_path(struct queue *q, const struct queue_shard *sh, char *out, size_t cap,
@@ -212,9 +212,10 @@ enum status batch_job_dir(struct queue *q, const struct queue_job *job, const ch
     return create ? batch_outdir_claim(q, job, dir, err) : ST_OK;
 }
 
-/* Does the marker text name this database and job? */
+/* Does the marker text name this database and job? Its owner described in owner, and its
+ * database's path in db_path ("" if none; db_path may be NULL). */
 static int marker_matches(const char *text, const char *uuid, int64_t job_id, char *owner,
-                          size_t cap)
+                          size_t cap, char *db_path, size_t db_cap)
 {
     cJSON *m = cJSON_Parse(text);
     const cJSON *u = cJSON_GetObjectItem(m, "db_uuid"), *j = cJSON_GetObjectItem(m, "job_id");
@@ -225,6 +226,8 @@ static int marker_matches(const char *text, const char *uuid, int64_t job_id, ch
              cJSON_IsString(nm) ? nm->valuestring : "?",
              cJSON_IsNumber(j) ? (long long)j->valuedouble : -1LL,
              cJSON_IsString(db) ? db->valuestring : "?", cJSON_IsString(u) ? u->valuestring : "?");
+    if (db_path)
+        snprintf(db_path, db_cap, "%s", cJSON_IsString(db) ? db->valuestring : "");
     cJSON_Delete(m);
     return ok;
 }
@@ -235,11 +238,7 @@ int batch_outdir_owner(const char *dir, char *owner, size_t cap, char *db, size_
     snprintf(path, sizeof(path), "%s/%s", dir, BATCH_MARKER_NAME);
     if (!read_marker(path, text, sizeof(text)))
         return 0;
-    marker_matches(text, "", -1, owner, cap);
-    cJSON *m = cJSON_Parse(text);
-    const cJSON *d = cJSON_GetObjectItem(m, "database");
-    snprintf(db, db_cap, "%s", cJSON_IsString(d) ? d->valuestring : "");
-    cJSON_Delete(m);
+    marker_matches(text, "", -1, owner, cap, db, db_cap);
     return 1;
 }
 
@@ -256,7 +255,7 @@ enum status batch_outdir_claim(struct queue *q, const struct queue_job *job, con
         char have[4096];
         if (read_marker(path, have, sizeof(have))) {
             char owner[1024];
-            if (marker_matches(have, uuid, job->id, owner, sizeof(owner)))
+            if (marker_matches(have, uuid, job->id, owner, sizeof(owner), NULL, 0))
                 return ST_OK;
             return err_set(err, ST_ERR_EXISTS,
                            "%s belongs to %s; refusing to write job '%s' there (choose another "

@@ -523,7 +523,7 @@ static enum status take_outputs(struct batch_run *r, struct err_detail *err)
 /* ---- job lifecycle ---- */
 
 /* Add an engine's speculation counters to the run's. */
-static void add_spec_stats(struct engine_stats *sum, const struct engine_stats *s)
+static void add_engine_stats(struct engine_stats *sum, const struct engine_stats *s)
 {
     sum->steps += s->steps;
     sum->preemptions += s->preemptions;
@@ -621,7 +621,7 @@ static void job_close(struct batch_run *r)
 {
     batch_progress_loading_stop(r);
     if (r->e)
-        add_spec_stats(&r->stats.spec, engine_get_stats(r->e));
+        add_engine_stats(&r->stats.engine, engine_get_stats(r->e));
     engine_free(r->e);
     r->e = NULL;
     while (r->inflight) { /* requests a stop left in the engine */

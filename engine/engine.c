@@ -1055,7 +1055,11 @@ enum status engine_warmup(struct engine *e, struct err_detail *err)
 {
     /* 8 prompt tokens and 2 generated, or what a model's context holds of them */
     const int n_ctx = engine_model_hparams(e->m)->n_ctx_train;
-    const int n_prompt = n_ctx - 2 < 8 ? (n_ctx - 2 > 1 ? n_ctx - 2 : 1) : 8;
+    int n_prompt = n_ctx - 2;
+    if (n_prompt > 8)
+        n_prompt = 8;
+    if (n_prompt < 1)
+        n_prompt = 1;
     int32_t prompt[8];
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)((i * 7919) % engine_model_hparams(e->m)->n_vocab);

@@ -307,8 +307,8 @@ static char *summary_json(const struct batch_stats *s, const char *reason, const
     runner_add_percentiles(o, "ttft_ms", s->ttft_ms, s->n_lat);
     runner_add_percentiles(o, "tpot_ms", s->tpot_ms, s->n_lat);
     /* sequences preempted to free KV blocks (recomputed later): the pool is small for the load */
-    cJSON_AddNumberToObject(o, "preemptions", (double)s->spec.preemptions);
-    runner_add_spec_json(o, &s->spec, spec_on);
+    cJSON_AddNumberToObject(o, "preemptions", (double)s->engine.preemptions);
+    runner_add_spec_json(o, &s->engine, spec_on);
     cJSON_AddNumberToObject(o, "peak_rss_mb", (double)ru.ru_maxrss / 1024.0);
     char *str = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
