@@ -185,7 +185,7 @@ $(BUILD)/engine/sampler_rows.o: CFLAGS += -Wno-psabi
 
 # Developer tools built on the library (not part of `all`; `make test` builds them so they
 # keep compiling): build/tools/bench_sampler, build/tools/dummy_gguf, build/tools/bench_masks,
-# build/tools/bench_matmul.
+# build/tools/bench_matmul, build/tools/gguf_draft (tests/e2e/spec.sh uses it too).
 $(BUILD)/tools/%: tools/%.c $(BUILD)/libquern.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libquern.a $(LDLIBS)
@@ -198,7 +198,8 @@ $(BUILD)/tests/%: $(OBJ_DIR)/tests/%.o $(BUILD)/libquern.a
 
 # Everything the suite runs, built (`make -j2 test-build` first builds it in parallel; CI does).
 TEST_BUILD = all $(TEST_BIN) $(BUILD)/tools/bench_sampler $(BUILD)/tools/dummy_gguf \
-             $(BUILD)/tools/bench_masks $(BUILD)/tools/bench_matmul cuda-emu
+             $(BUILD)/tools/bench_masks $(BUILD)/tools/bench_matmul $(BUILD)/tools/gguf_draft \
+             cuda-emu
 test-build: $(TEST_BUILD)
 
 # Unit tests (cmocka, one binary per module) then end-to-end scripts on the real model.

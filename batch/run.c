@@ -538,6 +538,8 @@ static void add_engine_stats(struct engine_stats *sum, const struct engine_stats
     sum->spec_draft_s += s->spec_draft_s;
     sum->spec_model_tokens += s->spec_model_tokens;
     sum->spec_model_cached += s->spec_model_cached;
+    sum->spec_model_drawn += s->spec_model_drawn;
+    sum->spec_model_argmax += s->spec_model_argmax;
     sum->spec_ece = s->spec_ece;
 }
 

@@ -29,6 +29,7 @@ void engine_params_default(struct engine_params *p)
     p->spec_max_k = 8;
     p->spec_budget = ENGINE_SPEC_BUDGET_AUTO;
     p->spec_test_broken = 0;
+    p->spec_test_draws = 0;
 }
 
 size_t engine_kv_pool_bytes(const struct engine *e)
@@ -544,6 +545,19 @@ enum status engine_add_request(struct engine *e, const struct engine_request *r,
     return ST_OK;
 }
 
+int engine_mask_row(const uint32_t *m, float *row, int32_t n_vocab)
+{
+    int any = 0;
+    for (int32_t w = 0; w < (n_vocab + 31) / 32; w++) {
+        any |= m[w] != 0;
+        if (m[w] != 0xffffffffu)
+            for (int32_t t = w * 32; t < w * 32 + 32 && t < n_vocab; t++)
+                if (!(m[w] >> (t & 31) & 1))
+                    row[t] = -INFINITY;
+    }
+    return any;
+}
+
 struct sample_job {
     struct engine *e; /* the engine */
     long n;           /* sampling jobs this step */
@@ -578,13 +592,8 @@ static void sample_range(void *arg, int ith, int nth)
             continue;
         }
         float *row = e->s_logits[j];
-        const uint32_t *m = e->s_mask[j];
-        if (m) /* structured output: tokens that cannot continue the grammar are out */
-            for (int32_t w = 0; w < (n_vocab + 31) / 32; w++)
-                if (m[w] != 0xffffffffu)
-                    for (int32_t t = w * 32; t < w * 32 + 32 && t < n_vocab; t++)
-                        if (!(m[w] >> (t & 31) & 1))
-                            row[t] = -INFINITY;
+        if (e->s_mask[j]) /* structured output: tokens that cannot continue the grammar are out */
+            engine_mask_row(e->s_mask[j], row, n_vocab);
         if (s->lp_k >= 0) { /* sample a copy: the log-probabilities read the raw row */
             memcpy(e->lp_row[ith], row, sizeof(float) * (size_t)n_vocab);
             row = e->lp_row[ith];

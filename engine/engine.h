@@ -40,6 +40,9 @@ struct engine_params {
     int spec_test_broken;  /* tests only: 1 = a rejected draft's replacement is drawn afresh
                             * from the whole distribution instead of the residual (wrong: the
                             * distribution test must catch it) */
+    int spec_test_draws;   /* tests only: how a draft model drafts for sampled requests: 0 as
+                            * learned (engine_spec_model_kind), 1 draws, 2 argmax, 3 draws with
+                            * other random numbers than the verifier's (matching less often) */
 };
 
 
@@ -172,6 +175,8 @@ struct engine_stats {
     double spec_draft_s;        /* seconds spent drafting */
     uint64_t spec_model_tokens; /* --spec model: tokens the draft model computed ... */
     uint64_t spec_model_cached; /* ... and known tokens it found in its prefix cache instead */
+    uint64_t spec_model_drawn; /* sampled requests' draft-model paths drawn from its distribution */
+    uint64_t spec_model_argmax; /* ... and those that took its argmax (engine_spec_model_kind) */
     double spec_ece;            /* survival ECE after warm-up (engine/spec.h), -1 = none yet */
 };
 

@@ -75,6 +75,7 @@ struct seq {
     int d_proposed;              /* draft model: tokens it drafted this step */
     int d_kmax;                  /* draft model: most tokens to draft this step */
     int d_ready;                 /* draft model: its room taken this step (spec_model.c) */
+    int d_kind;                  /* draft model: this step's path kind (ENGINE_SPEC_KIND_*) */
 };
 
 /* One draft token that could be verified this step: draft j of s, and the chance that it and
@@ -167,14 +168,16 @@ double engine_now(void);
 
 /* ---- the draft model (spec_model.c) ---- */
 
-/* Its KV cache (as many blocks as the model's, no prefix cache) and buffers; checks that its
- * vocabulary is the model's. */
+/* Its KV cache (as many blocks as the model's, with its own prefix cache) and buffers; checks that
+ * its vocabulary is the model's. */
 enum status engine_draft_init(struct engine *e, struct err_detail *err);
 /* Frees them (aborts if a slot was left holding blocks). */
 void engine_draft_free(struct engine *e);
-/* Draft up to cand[i]->d_kmax tokens (greedy) into cand[i]->draft for each of the n
- * sequences, after catching the draft KV up on their known tokens; a sequence without room in
- * the draft KV gets none. d_proposed is set to what each drafted. */
+/* Draft up to cand[i]->d_kmax tokens into cand[i]->draft for each of the n sequences (each drawn
+ * as the request's own sampler would draw it from the draft model's logits, with its random
+ * number for that position), after catching the draft KV up on their known tokens; a sequence
+ * without room in the draft KV gets none. d_proposed is set to what each drafted. Uses the
+ * engine's first sampler scratch (call it between steps). */
 enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int n,
                                  struct err_detail *err);
 /* After verification: base = the known tokens before it, acc = drafts accepted; the draft KV
@@ -229,6 +232,12 @@ int engine_sched_build(struct engine *e, struct err_detail *err);
  * with ENGINE_SPEC_BUDGET_ALL), reserve their KV and insert them after their sequences' last
  * entries (logits wanted). Returns the new token count (nb when nothing was drafted). */
 int engine_sched_speculate(struct engine *e, int nb);
+/* A grammar's token mask m (bit t of word t / 32: token t allowed) applied to a row of n_vocab
+ * logits: each token it does not allow set to -inf. Returns 0 when it allows none. */
+int engine_mask_row(const uint32_t *m, float *row, int32_t n_vocab);
+/* Room in s's token array for its known tokens plus n more (drafts written after them) and one
+ * spare; 0 when it cannot grow. */
+int engine_seq_tok_room(struct seq *s, size_t n);
 /* After the forward pass of the nb-token batch: advance computed counts, register full blocks
  * of known tokens in the prefix cache (never draft tokens), count prompt tokens. */
 void engine_sched_computed(struct engine *e, int nb);

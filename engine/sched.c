@@ -423,8 +423,7 @@ static int add_slots(struct engine *e, struct seq *s, int n_slots)
     return n_slots;
 }
 
-/* Room for s's known tokens plus n drafts in its token array. */
-static int tok_room(struct seq *s, size_t n)
+int engine_seq_tok_room(struct seq *s, size_t n)
 {
     if (s->n_tok + n + 1 <= s->cap_tok)
         return 1;
@@ -443,7 +442,7 @@ static int admit_next(struct engine *e, struct seq *s)
 {
     const int32_t n_pos = (int32_t)s->n_tok + s->n_draft + 1;
     if (engine_kv_blocks_needed(e->kv, s->slot, n_pos) > engine_kv_available(e->kv) ||
-        !tok_room(s, (size_t)s->n_draft + 1))
+        !engine_seq_tok_room(s, (size_t)s->n_draft + 1))
         return 0;
     enum status st = engine_kv_reserve(e->kv, s->slot, n_pos, NULL);
     assert(!st);

@@ -24,6 +24,7 @@
 #define N_COARSE (N_SRC * N_DEPTH * N_SHARE)
 #define SHRINK 8.0 /* observations a fine bin needs to weigh as much as its coarse bin */
 #define N_ECE 10
+#define KIND_DECAY (1.0 - 1.0 / 128)
 
 struct cand {
     int match;                    /* tokens matched before the continuation */
@@ -43,6 +44,11 @@ struct engine_spec {
     /* survival calibration: predicted and observed sums per bin of predicted survival */
     double ece_pred[N_ECE], ece_obs[N_ECE];
     uint64_t ece_n[N_ECE], n_obs;
+    /* a draft model's paths for sampled requests, by kind (DRAW, ARGMAX): first tokens verified,
+     * the same and those accepted counted with a decay of KIND_DECAY per observation of the kind
+     * (its last few hundred weigh), and paths chosen */
+    uint64_t kind_n[3], kind_paths;
+    double kind_tried[3], kind_acc[3];
     /* step cost per batch size */
     int max_b;
     double *t_avg;                /* max_b + 1 entries: real steps' average, 0 = none */
@@ -238,10 +244,29 @@ static void rate(const struct engine_spec *sp, struct engine_draft *d, int j, in
     d->u[j] = (float)optimistic_rate(sp, f);
 }
 
-void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j,
-                            float prob, float recent)
+void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j, float prob,
+                            int kind, float recent)
 {
-    rate(sp, d, j, bin_of(ENGINE_SPEC_SRC_MODEL, j, prob, 1, 0, recent));
+    /* (the support dimension, unused by a draft model otherwise, tells the kinds apart: 1, 2
+     * and 4 fall in its buckets 0, 1 and 2) */
+    rate(sp, d, j, bin_of(ENGINE_SPEC_SRC_MODEL, j, prob, 1 << kind, 0, recent));
+}
+
+/* The kind of a draft model's path (ENGINE_SPEC_KIND_*) from its first token's bin. */
+static int kind_of(int f)
+{
+    return f / (N_MATCH * N_RECENT) % N_SUPPORT;
+}
+
+int engine_spec_model_kind(struct engine_spec *sp)
+{
+    const uint64_t n = sp->kind_paths++;
+    enum { D = ENGINE_SPEC_KIND_DRAW, A = ENGINE_SPEC_KIND_ARGMAX };
+    if (sp->kind_n[D] < ENGINE_SPEC_EXPLORE || sp->kind_n[A] < ENGINE_SPEC_EXPLORE)
+        return n & 1 ? A : D;
+    const double *t = sp->kind_tried, *a = sp->kind_acc;
+    const int best = (a[D] + 1) / (t[D] + 2) >= (a[A] + 1) / (t[A] + 2) ? D : A;
+    return n % 16 == 15 ? D + A - best : best;
 }
 
 /* Vote one path out of nc candidates into d; returns its expected accepted length. */
@@ -315,6 +340,12 @@ int engine_spec_propose(struct engine_spec *sp, const int32_t *tok, size_t n, in
 void engine_spec_observe(struct engine_spec *sp, const struct engine_draft *d, int n_tried,
                          int n_acc)
 {
+    if (d->src == ENGINE_SPEC_SRC_MODEL && n_tried > 0) {
+        const int k = kind_of(d->bin[0]);
+        sp->kind_n[k]++;
+        sp->kind_tried[k] = sp->kind_tried[k] * KIND_DECAY + 1;
+        sp->kind_acc[k] = sp->kind_acc[k] * KIND_DECAY + (n_acc > 0);
+    }
     double surv = 1;
     for (int i = 0; i < n_tried; i++) {
         if (i <= n_acc) { /* tried given the earlier ones were accepted */

@@ -30,7 +30,7 @@
 
 #define ENGINE_SPEC_NGRAM 0x1  /* draft from the request's own tokens (prompt lookup) */
 #define ENGINE_SPEC_SUFFIX 0x2 /* draft from the job's finished outputs */
-#define ENGINE_SPEC_MODEL 0x4  /* draft with a draft model (engine_params.draft_model), greedy */
+#define ENGINE_SPEC_MODEL  0x4 /* draft with a draft model (engine_params.draft_model) */
 enum { ENGINE_SPEC_BUDGET_AUTO = 0, ENGINE_SPEC_BUDGET_ALL = 1 };
 
 enum engine_spec_src { ENGINE_SPEC_SRC_SELF = 0, ENGINE_SPEC_SRC_JOB = 1, ENGINE_SPEC_SRC_MODEL = 2 };
@@ -59,11 +59,27 @@ void engine_spec_free(struct engine_spec *sp);
 int engine_spec_propose(struct engine_spec *sp, const int32_t *tok, size_t n, int k,
                         float recent, struct engine_draft *d);
 
+/* How a draft model drafts a path: a greedy request gets its argmax (ENGINE_SPEC_KIND_GREEDY);
+ * a sampled request either a draw from the draft model's distribution with the verifier's random
+ * number for that position (ENGINE_SPEC_KIND_DRAW), which the verifier's own draw matches
+ * whenever the two distributions agree around that number -- always, when the draft model is the
+ * model -- or its argmax (ENGINE_SPEC_KIND_ARGMAX), which the verifier's draw matches with the
+ * model's probability of it: better where the two models differ more (engine_spec_model_kind
+ * chooses). */
+enum { ENGINE_SPEC_KIND_GREEDY = 0, ENGINE_SPEC_KIND_DRAW = 1, ENGINE_SPEC_KIND_ARGMAX = 2 };
+
 /* Estimates for token j of a draft model's path (d->src ENGINE_SPEC_SRC_MODEL): its bin by
- * depth, the draft model's probability of the token (prob, as a vote share) and the request's
- * recent acceptance. */
-void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j,
-                            float prob, float recent);
+ * depth, the draft model's probability of the token (prob, as a vote share), the path's kind
+ * (ENGINE_SPEC_KIND_*: each is accepted at its own rate for the same probability) and the
+ * request's recent acceptance. */
+void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j, float prob,
+                            int kind, float recent);
+
+/* The kind of a sampled request's next draft-model path: the one whose first tokens were accepted
+ * more often lately (each kind's rate over its last ~128 verified first tokens, older ones fading;
+ * each is tried on alternate paths until both have ENGINE_SPEC_EXPLORE, and then the other on
+ * every 16th path still, so that the choice follows the job). Call once per path. */
+int engine_spec_model_kind(struct engine_spec *sp);
 
 /* A verification of d's first n_tried tokens accepted the first n_acc: updates the bins and
  * the survival calibration statistics. */

@@ -2,11 +2,12 @@
  * smaller, model with the same vocabulary keeps its own KV cache per sequence slot, with its
  * own prefix cache (the known tokens' full blocks are registered as they are computed, so
  * prompts that share a prefix, and a preempted sequence coming back, compute it once; draft
- * tokens not yet verified are never registered), and drafts greedily — a deterministic drafter, so
- * the engine's verification stays exactly lossless. Each step it first catches up on the tokens a
- * sequence gained since its last drafts (the prompt, for a new sequence), then runs one forward
- * pass per draft position over every drafting sequence. After verification its KV keeps only the
- * positions whose tokens were accepted (engine_draft_settle). */
+ * tokens not yet verified are never registered), and drafts each token as the request's sampler
+ * would draw it from the draft model's logits (draw, below) -- a deterministic function of the
+ * request's random numbers, so the engine's verification stays exactly lossless. Each step it first
+ * catches up on the tokens a sequence gained since its last drafts (the prompt, for a new
+ * sequence), then runs one forward pass per draft position over every drafting sequence. After
+ * verification its KV keeps only the positions whose tokens were accepted (engine_draft_settle). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,48 @@ static void add(struct engine *e, int *nb, struct seq *s, int32_t t, int32_t pos
     e->d_owner[k] = s;
 }
 
-/* Run the draft batch; each wanted row's argmax becomes its sequence's next draft token (with
- * the draft model's probability of it as evidence). */
+/* Draw draft token j of s (at position n_tok + j) from the draft model's logits l (scratch) as
+ * the request's own sampler would draw it there (its penalties over its history with drafts
+ * 0..j-1 after its known tokens, written at tok[n_tok..]; its grammar's mask in the state those
+ * drafts lead to), by the path's kind (ENGINE_SPEC_KIND_*): at temperature 0 for GREEDY and
+ * ARGMAX paths, with the request's parameters and its random number for that position for DRAW
+ * paths (the inverse CDF at the u the verifier uses). Correctness never rests on it: the
+ * verifier keeps a draft only where it equals its own draw. Returns the token, its probability
+ * in *prob, or -1 when s can draft no further (no room, or its grammar allows nothing). */
+static int32_t draw(struct engine *e, struct seq *s, int j, float *l, float *prob)
+{
+    const int32_t V = engine_model_hparams(e->m)->n_vocab;
+    const size_t at = s->n_tok + (size_t)j;
+    if (!engine_seq_tok_room(s, (size_t)j))
+        return -1;
+    memcpy(s->tok + s->n_tok, s->draft.tok, sizeof(int32_t) * (size_t)j);
+    const int32_t gs = !s->grammar ? 0 : j ? s->dstate[j - 1] : s->gstate;
+    if (s->grammar) {
+        const uint32_t *m = gs >= 0 ? engine_grammar_mask(s->grammar, gs, e->vocab) : NULL;
+        if (!m || !engine_mask_row(m, l, V))
+            return -1;
+    }
+    struct engine_sampling sp = s->sp;
+    if (s->d_kind != ENGINE_SPEC_KIND_DRAW)
+        sp.temperature = 0;
+    struct engine_rng r = s->rng;
+    if (e->p.spec_test_draws == 3)
+        r.key ^= 0x9e3779b97f4a7c15ull;
+    float lp = 0;
+    const int32_t t = engine_sample(e->smp[0], &sp, &r, at, l, s->tok, at, &lp);
+    *prob = expf(lp);
+    if (s->grammar) { /* its state after the draft, for the next draw */
+        size_t pn = engine_tok_piece(e->tok, t, 0, e->piece, e->piece_cap);
+        s->dstate[j] =
+            engine_tok_is_eog(e->tok, t) ? -1 : engine_grammar_feed(s->grammar, gs, e->piece, pn);
+    }
+    return t;
+}
+
+/* Run the draft batch; each wanted row's draw (draw above) becomes its sequence's next draft
+ * token, with the draft model's probability of it as evidence. A sequence whose draft ends its
+ * output (an end-of-generation token it does not ignore) or that can draft no further is given
+ * no more draft positions this step (d_kmax cut to what it has). */
 static enum status run(struct engine *e, int nb, struct err_detail *err)
 {
     struct engine_batch b = {nb, e->d_tok, e->d_pos, e->d_seq, e->d_want};
@@ -110,18 +151,24 @@ static enum status run(struct engine *e, int nb, struct err_detail *err)
         s->d_computed = e->d_pos[k] + 1;
         if (!e->d_want[k])
             continue;
-        const float *l = e->d_logits + (size_t)row++ * (size_t)V;
-        int32_t best = 0;
-        for (int32_t t = 1; t < V; t++)
-            if (l[t] > l[best])
-                best = t;
-        double sum = 0;
-        for (int32_t t = 0; t < V; t++)
-            sum += exp((double)l[t] - (double)l[best]);
+        float *l = e->d_logits + (size_t)row++ * (size_t)V, prob = 0;
         const int j = s->draft.n;
-        s->draft.tok[j] = best;
-        engine_spec_rate_model(e->spec, &s->draft, j, (float)(1.0 / sum), s->spec_rate);
+        if (!j) { /* a path of its kind drafted */
+            if (s->d_kind == ENGINE_SPEC_KIND_DRAW)
+                e->stats.spec_model_drawn++;
+            else if (s->d_kind == ENGINE_SPEC_KIND_ARGMAX)
+                e->stats.spec_model_argmax++;
+        }
+        const int32_t t = draw(e, s, j, l, &prob);
+        if (t < 0) {
+            s->d_kmax = j > 0 ? j : 1; /* (nonzero: its known tokens' blocks still register) */
+            continue;
+        }
+        s->draft.tok[j] = t;
+        engine_spec_rate_model(e->spec, &s->draft, j, prob, s->d_kind, s->spec_rate);
         s->draft.n = j + 1;
+        if ((engine_tok_is_eog(e->tok, t) && !s->ignore_eos) || (s->grammar && s->dstate[j] < 0))
+            s->d_kmax = j + 1;
     }
     return ST_OK;
 }
@@ -167,6 +214,13 @@ enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int 
         s->draft.src = ENGINE_SPEC_SRC_MODEL;
         s->d_proposed = 0;
         s->d_ready = 0;
+        /* the path's kind, chosen here in candidate order (not in the order the passes below
+         * reach the sequences' first drafts, which the prefix cache changes) */
+        const int forced = e->p.spec_test_draws;
+        s->d_kind = s->sp.temperature == 0.0f ? ENGINE_SPEC_KIND_GREEDY
+                    : forced == 2             ? ENGINE_SPEC_KIND_ARGMAX
+                    : forced                  ? ENGINE_SPEC_KIND_DRAW
+                                              : engine_spec_model_kind(e->spec);
         todo[i] = s;
     }
     /* catch up: the tokens each gained since its last drafts, in passes of at most B tokens;

@@ -262,7 +262,7 @@ void runner_engine_help(FILE *f, unsigned groups)
             f,
             "  --spec MODE            speculative decoding: off (default), auto (both drafters),\n"
             "                         ngram (the request's own tokens), suffix (the job's\n"
-            "                         finished outputs) or model (--draft-model, greedy);\n"
+            "                         finished outputs) or model (--draft-model);\n"
             "                         lossless: the same tokens as off\n"
             "  --draft-model PATH     GGUF draft model for --spec model: the same vocabulary;\n"
             "                         its KV cache gets as many blocks as the model's KV\n"

@@ -316,6 +316,8 @@ void runner_add_spec_json(cJSON *o, const struct engine_stats *es, int on)
     if (es->spec_model_tokens || es->spec_model_cached) {
         cJSON_AddNumberToObject(j, "draft_model_tokens", (double)es->spec_model_tokens);
         cJSON_AddNumberToObject(j, "draft_model_cached", (double)es->spec_model_cached);
+        cJSON_AddNumberToObject(j, "draft_model_drawn", (double)es->spec_model_drawn);
+        cJSON_AddNumberToObject(j, "draft_model_argmax", (double)es->spec_model_argmax);
     }
 }
 

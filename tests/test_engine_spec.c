@@ -190,15 +190,17 @@ static void test_spec_sampled_same(void **state)
 
 /* Structured outputs: drafts are cut where the grammar cannot read them, each draft row gets
  * the mask of the grammar's state after the drafts before it; the tokens stay identical. */
+static const char sp_schema[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":6}"
+    "},"
+    "\"required\":[\"name\",\"tags\"],\"additionalProperties\":false}";
+
 static void test_spec_grammar_same(void **state)
 {
-    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
-                         "\"maxLength\":12},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":"
-                         "[\"red\",\"green\",\"blue\"]},\"maxItems\":6}},\"required\":[\"name\","
-                         "\"tags\"],\"additionalProperties\":false}";
     struct engine_grammar *g;
     struct err_detail err = {0};
-    assert_int_equal(job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, schema, &g, &err), ST_OK);
+    assert_int_equal(job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, sp_schema, &g, &err), ST_OK);
     struct sp_cfg c = {0.0f, 1.0f, 1.0f, sp_gen() + 16, g};
     same_tokens(state, &c, "grammar, greedy");
     c.temperature = 0.8f;
@@ -236,9 +238,13 @@ static void test_spec_suffix_learns(void **state)
     assert_true(st.spec_accepted == st.spec_drafted);
 }
 
-/* A draft model (here the model itself, on its own KV cache): greedy drafts of the same model
- * are all accepted (batch-invariant kernels: its argmax is the verifier's); sampled requests
- * keep their tokens; the draft KV is rolled back and released (engine_free checks). */
+/* A draft model (here the model itself, on its own KV cache) drafts each token as the request's
+ * sampler would draw it, with its random number for that position: with batch-invariant kernels
+ * its logits are the verifier's, so every draft is accepted -- greedy, sampled (temperature,
+ * top-p), penalised and under a grammar alike -- and the tokens are those of no speculation; the
+ * draft KV is rolled back and released (engine_free checks). Drawn with other random numbers
+ * than the verifier's, or taken as the argmax, sampled drafts are rejected now and then; paths
+ * of the kinds chosen as learned mix both; the tokens never change. */
 static void test_spec_draft_model(void **state)
 {
     struct fixture *f = *state;
@@ -251,25 +257,55 @@ static void test_spec_draft_model(void **state)
     params(&p, 8, 256, 64, 1);
     p.kv_block = 4; /* rollbacks cross blocks */
     struct engine_stats st;
-    for (int sampled = 0; sampled < 2; sampled++) {
-        struct sp_cfg c = {sampled ? 0.8f : 0.0f, 1.0f, 1.0f, sp_gen(), NULL};
+    struct engine_grammar *g;
+    struct err_detail err = {0};
+    assert_int_equal(job_schema_grammar_text(JOB_FORMAT_JSON_SCHEMA, sp_schema, &g, &err), ST_OK);
+    const struct {
+        const char *what;
+        struct sp_cfg c;
+        int draws; /* engine_params.spec_test_draws */
+    } cases[] = {{"greedy", {0.0f, 1.0f, 1.0f, 0, NULL}, 1},
+                 {"sampled, drawn", {0.8f, 1.0f, 1.0f, 0, NULL}, 1},
+                 {"top-p, penalised, drawn", {1.0f, 0.9f, 1.3f, 0, NULL}, 1},
+                 {"sampled, json_schema, drawn", {0.8f, 1.0f, 1.0f, 0, g}, 1},
+                 {"sampled, drawn apart", {0.8f, 1.0f, 1.0f, 0, NULL}, 3},
+                 {"sampled, argmax", {0.8f, 1.0f, 1.0f, 0, NULL}, 2},
+                 {"sampled, as learned", {0.8f, 1.0f, 1.0f, 0, NULL}, 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sp_cfg c = cases[i].c;
+        c.max_tokens = sp_gen() + (c.grammar ? 16 : 0);
         p.spec = 0;
         run_set(f, &p, &s, &c, off, NULL);
         p.spec = ENGINE_SPEC_MODEL;
         p.draft_model = f->m;
         p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
         p.spec_max_k = 4;
+        p.spec_test_draws = cases[i].draws;
         run_set(f, &p, &s, &c, on, &st);
-        assert_outs_same(off, on, s.n, sampled ? "draft model, sampled" : "draft model, greedy");
-        print_message("draft model (itself), %s: %llu drafted, %llu accepted, %llu steps\n",
-                      sampled ? "sampled" : "greedy", (unsigned long long)st.spec_drafted,
-                      (unsigned long long)st.spec_accepted, (unsigned long long)st.steps);
+        assert_outs_same(off, on, s.n, cases[i].what);
+        print_message("draft model (itself), %s: %llu drafted, %llu accepted, %llu steps; paths "
+                      "%llu drawn, %llu argmax\n",
+                      cases[i].what, (unsigned long long)st.spec_drafted,
+                      (unsigned long long)st.spec_accepted, (unsigned long long)st.steps,
+                      (unsigned long long)st.spec_model_drawn,
+                      (unsigned long long)st.spec_model_argmax);
         assert_true(st.spec_drafted > 0);
-        if (!sampled)
+        switch (cases[i].draws) {
+        case 1:
             assert_true(st.spec_accepted == st.spec_drafted);
-        else
-            assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_drafted);
+            assert_true(!st.spec_model_argmax && (st.spec_model_drawn > 0) == (c.temperature > 0));
+            break;
+        case 3:
+            assert_true(st.spec_accepted < st.spec_drafted);
+            break;
+        case 2:
+            assert_true(st.spec_accepted < st.spec_drafted && !st.spec_model_drawn);
+            break;
+        default:
+            assert_true(st.spec_model_drawn > 0 && st.spec_model_argmax > 0);
+        }
     }
+    engine_grammar_unref(g);
     free_set(&s, getenv("QUERN_SANITIZE") ? 0 : 4);
 }
 
@@ -322,6 +358,9 @@ static void self_draft(struct fixture *f, struct engine_params *p)
     p->draft_model = f->m;
     p->spec_budget = ENGINE_SPEC_BUDGET_ALL;
     p->spec_max_k = 3;
+    p->spec_test_draws = 1; /* every path drawn: drafts that do not follow the schedule (the
+                             * learned kinds alternate by path, and the schedule differs with
+                             * and without a prefix cache) */
 }
 
 /* Four prompts that share a long prefix (their question differs): the tokens they share. */
@@ -785,6 +824,43 @@ static void test_spec_units(void **state)
     engine_spec_free(sp);
 }
 
+/* A draft model's path kind for sampled requests follows what is accepted: both kinds on
+ * alternate paths until each has ENGINE_SPEC_EXPLORE verified first tokens, then the one
+ * accepted more often lately on 15 paths of 16 -- draws when they match 90 % and the argmax
+ * 40 %, the argmax when the rates swap mid-job; the kinds fall in bins of their own. */
+static void test_spec_model_kind(void **state)
+{
+    (void)state;
+    struct engine_spec *sp;
+    struct err_detail err = {0};
+    assert_int_equal(engine_spec_new(&sp, 0, 64, &err), ST_OK);
+    uint64_t lcg = 7;
+    for (int phase = 0; phase < 2; phase++) {
+        const int good = phase ? ENGINE_SPEC_KIND_ARGMAX : ENGINE_SPEC_KIND_DRAW;
+        int n[3] = {0, 0, 0};
+        for (int i = 0; i < 6000; i++) {
+            const int k = engine_spec_model_kind(sp);
+            assert_true(k == ENGINE_SPEC_KIND_DRAW || k == ENGINE_SPEC_KIND_ARGMAX);
+            if (i >= 4000)
+                n[k]++;
+            struct engine_draft d = {.n = 1, .src = ENGINE_SPEC_SRC_MODEL, .tok = {5}};
+            engine_spec_rate_model(sp, &d, 0, 0.6f, k, -1);
+            lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+            const int hit = (int)((lcg >> 33) % 10) < (k == good ? 9 : 4);
+            engine_spec_observe(sp, &d, 1, hit);
+        }
+        /* the last third of each phase: the better kind on 15 paths of 16 */
+        assert_int_equal(n[good], 2000 - 2000 / 16);
+        assert_int_equal(n[ENGINE_SPEC_KIND_DRAW + ENGINE_SPEC_KIND_ARGMAX - good], 2000 / 16);
+        struct engine_draft a = {.src = ENGINE_SPEC_SRC_MODEL}, b = a;
+        engine_spec_rate_model(sp, &a, 0, 0.6f, ENGINE_SPEC_KIND_DRAW, -1);
+        engine_spec_rate_model(sp, &b, 0, 0.6f, ENGINE_SPEC_KIND_ARGMAX, -1);
+        assert_true(a.bin[0] != b.bin[0]);
+        assert_true(phase ? b.c[0] > a.c[0] : a.c[0] > b.c[0]);
+    }
+    engine_spec_free(sp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -794,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_spec_sampled_same),
         cmocka_unit_test(test_spec_grammar_same),
         cmocka_unit_test(test_spec_draft_model),
+        cmocka_unit_test(test_spec_model_kind),
         cmocka_unit_test(test_spec_draft_prefix_cache),
         cmocka_unit_test(test_spec_draft_prefix_same_step),
         cmocka_unit_test(test_spec_draft_vocab),

@@ -2,10 +2,12 @@
 # End-to-end: speculative decoding is lossless. The 57 examples (greedy) and the same prompts
 # sampled (temperature 0.8, top_p 0.95, a seed each) run with --spec off and with --spec auto
 # (both drafters; --spec-budget all so that every draft is verified, and the default load-aware
-# budget) and with --spec model (the model drafting for itself, every draft verified) in
-# --matmul exact: every record's choices and usage are identical, and the run summary reports
-# the drafts (accepted ones among them). Under sanitizers: the first 4 prompts, without the
-# default-budget run.
+# budget) and with --spec model (the model drafting for itself, every draft verified; and a
+# coarser copy of it, its blocks' weights requantized to Q4_0 by build/tools/gguf_draft, whose
+# drafts, drawn and argmax, are rejected often) in --matmul exact: every record's choices and
+# usage are identical, and the run summary reports the drafts (accepted ones among them; with
+# the copy, sampled requests' paths of both kinds). Under sanitizers: the first 4 prompts,
+# without the default-budget run.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -39,6 +41,9 @@ run() { # name, flags...
 run off --spec off
 run all --spec auto --spec-budget all
 run model --spec model --draft-model "$M" --spec-max-k 3 --spec-budget all
+"$(dirname "$Q")/../tools/gguf_draft" "$M" "$tmp/q4_0.gguf" 0 -1 q4_0 >/dev/null ||
+    fail "gguf_draft (a Q4_0 copy of the model)"
+run copy --spec model --draft-model "$tmp/q4_0.gguf" --spec-max-k 3 --spec-budget all
 [ -n "${QUERN_SANITIZE:-}" ] || run auto --spec auto
 
 python3 - "$tmp" <<'PY' || fail "outputs differ"
@@ -56,7 +61,7 @@ def load(name):
     return out
 off = load("off")
 import os
-for name in ("all", "auto", "model"):
+for name in ("all", "auto", "model", "copy"):
     if not os.path.exists("%s/%s.jsonl" % (d, name)):
         continue
     on = load(name)
@@ -65,8 +70,10 @@ for name in ("all", "auto", "model"):
     assert not bad, (name, bad[:5])
     s = json.loads(open("%s/%s.sum" % (d, name)).read().strip().splitlines()[-1])
     sp = s.get("spec")
-    if name in ("all", "model"):
+    if name in ("all", "model", "copy"):
         assert sp and sp["drafted"] > 0 and 0 < sp["accepted"] < sp["drafted"], s
+    if name == "copy":
+        assert sp["draft_model_drawn"] > 0 and sp["draft_model_argmax"] > 0, s
     print("  --spec %s: %d records identical to --spec off; spec %s" % (name, len(on), sp))
 PY
 
