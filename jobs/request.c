@@ -90,6 +90,8 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
     struct job_scan *s = NULL;
     struct job_request *r = NULL;
     cJSON *root = NULL;
+    const char *json = NULL; /* the value's first byte */
+    int whole = 0;           /* 1 once it scanned as strict JSON */
 
     *out = NULL;
     memset(e, 0, sizeof(*e));
@@ -110,7 +112,7 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
         job_request_fail(e, JOB_ERR_INVALID_JSON, NULL, "the line is empty");
         goto done;
     }
-    const char *json = (const char *)s->p;
+    json = (const char *)s->p;
     if (!job_scan_value(s))
         goto done;
     job_scan_ws(s);
@@ -119,6 +121,7 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
         goto done;
     }
 
+    whole = 1;
     /* Pass 2: the input is now known to be strict JSON that cJSON accepts. */
     const char *parse_end = NULL;
     root = cJSON_ParseWithLengthOpts(json, (size_t)(s->end - (const unsigned char *)json),
@@ -139,6 +142,10 @@ enum status job_request_parse(const char *line, size_t len, const struct job_def
     r = NULL;
     e->code = JOB_ERR_NONE;
 done:
+    /* a JSON object, bad only in what it holds (scanned whole, or its scan stopped at a value
+     * that is valid JSON but not taken, as a \u0000) */
+    e->is_object = json && *json == '{' &&
+                   (whole || (e->code != JOB_ERR_INVALID_JSON && e->code != JOB_ERR_INVALID_UTF8));
     if (!*out && !e->custom_id[0] && s && s->id_raw)
         salvage_custom_id(s, e);
     job_request_free(r);

@@ -87,6 +87,8 @@ struct job_error {
                                               read (even from a line that is not valid JSON
                                               further on), else "": never the default id, which
                                               a bad line must not take from another line */
+    int is_object; /* 1 when the line is a JSON object whose fault, if any, is in what
+                      it holds (a bad request, not a line of another format) */
 };
 
 /* Job-level settings a line is parsed against. Pointers are caller-owned, only read. */

@@ -599,8 +599,7 @@ static enum status submit_line(struct submit *s, const char *line, size_t len,
         return err_set(err, st, "out of memory parsing %s:%llu", source,
                        (unsigned long long)pos->line);
     /* (a line that is no JSON object at all: the input may not be JSONL) */
-    s->objects += !st || !(je.code == JOB_ERR_INVALID_JSON || je.code == JOB_ERR_INVALID_UTF8 ||
-                           (je.code == JOB_ERR_INVALID_TYPE && !je.field[0]));
+    s->objects += !st || je.is_object;
     if (st) {
         if (s->o->strict)
             return err_set(err, ST_ERR_INVALID_ARG, "%s:%llu: %s: %s (--strict)", source,

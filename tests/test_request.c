@@ -633,6 +633,15 @@ static void check_case(const struct line_case *c)
     /* a named field is also in e.field, and the message names it */
     if (e.field[0])
         assert_non_null(strstr(e.message, e.field));
+    /* a JSON object bad in what it holds (a bad request, not another format) unless the JSON
+     * itself is bad or the line is another JSON value; a duplicate key is bad JSON in a whole
+     * object */
+    const int object = !(c->code == JOB_ERR_INVALID_JSON || c->code == JOB_ERR_INVALID_UTF8 ||
+                         (c->code == JOB_ERR_INVALID_TYPE && !e.field[0])) ||
+                       strstr(e.message, "duplicate key");
+    if (e.is_object != object)
+        print_error("case '%s': is_object %d\n", c->name, e.is_object);
+    assert_int_equal(e.is_object, object);
 }
 
 static void test_line_table(void **state)

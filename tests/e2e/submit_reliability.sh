@@ -283,13 +283,20 @@ rc=0; "$Q" submit --db cr.db --model "$M" cr.jsonl >/dev/null 2>cr.err || rc=$?
 [ $rc = 1 ] && grep -q "no line of the input is a JSON object" cr.err ||
     { cat cr.err; fail "8: no request in the input: exit $rc"; }
 # JSON objects that are all bad requests are a job of failed items, as any bad line is (it was
-# refused as "not JSONL": an inbox retried such a file forever)
+# refused as "not JSONL": an inbox retried such a file forever), one with a duplicate key too
+# (a whole JSON object; such a file was still refused)
 printf '{"prompt": "a", "max_token": 5}\n{"prompt": 7}\n' >allbad.jsonl
 "$Q" submit --db allbad.db --name allbad --model "$M" allbad.jsonl >/dev/null 2>allbad.err ||
     { cat allbad.err; fail "8: a file of bad requests refused"; }
 grep -q "every item of the job is a failed one" allbad.err || { cat allbad.err; fail "8: warning"; }
 [ "$(sql allbad.db "SELECT count(*) FROM items WHERE error_code IS NOT NULL")" = 2 ] ||
     fail "8: the bad requests are not failed items"
+printf '{"prompt": "a", "prompt": "b"}\n{"custom_id": "d", "custom_id": "e", "prompt": "c"}\n' \
+    >dupkeys.jsonl
+"$Q" submit --db allbad.db --name dupkeys --model "$M" dupkeys.jsonl >/dev/null 2>dup.err ||
+    { cat dup.err; fail "8: a file of requests with duplicate keys refused"; }
+[ "$(sql allbad.db "SELECT count(*) FROM items WHERE error_code = 'invalid_json'")" = 2 ] ||
+    fail "8: the requests with duplicate keys are not failed items"
 printf '\xef\xbb\xbf\r\n{"custom_id": "x", "prompt": "Hi", "max_tokens": 2}\r\n' >bom.jsonl
 printf '{"prompt": "x", "max_tokens": 2}\n' >"$(printf 'caf\xe9.jsonl')"
 python3 -c "
