@@ -76,6 +76,7 @@ struct seq {
     int d_kmax;                  /* draft model: most tokens to draft this step */
     int d_ready;                 /* draft model: its room taken this step (spec_model.c) */
     int d_kind;                  /* draft model: this step's path kind (ENGINE_SPEC_KIND_*) */
+    uint32_t d_paths;            /* draft model: paths it was given a kind for */
 };
 
 /* One draft token that could be verified this step: draft j of s, and the chance that it and
@@ -161,6 +162,7 @@ struct engine {
     struct seq **d_owner;
     struct seq **d_cand;         /* this step's drafting sequences (sched.c) */
     struct seq **d_todo, **d_lead; /* spec_model.c's catch-up lists (max_seqs each) */
+    struct engine_sampler *d_smp;  /* the draft model's draws' scratch (its counts not the run's) */
 };
 
 /* Monotonic seconds (the clock of engine_output's timestamps). */
@@ -176,8 +178,7 @@ void engine_draft_free(struct engine *e);
 /* Draft up to cand[i]->d_kmax tokens into cand[i]->draft for each of the n sequences (each drawn
  * as the request's own sampler would draw it from the draft model's logits, with its random
  * number for that position), after catching the draft KV up on their known tokens; a sequence
- * without room in the draft KV gets none. d_proposed is set to what each drafted. Uses the
- * engine's first sampler scratch (call it between steps). */
+ * without room in the draft KV gets none. d_proposed is set to what each drafted. */
 enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int n,
                                  struct err_detail *err);
 /* After verification: base = the known tokens before it, acc = drafts accepted; the draft KV

@@ -46,8 +46,8 @@ struct engine_spec {
     uint64_t ece_n[N_ECE], n_obs;
     /* a draft model's paths for sampled requests, by kind (DRAW, ARGMAX): first tokens verified,
      * the same and those accepted counted with a decay of KIND_DECAY per observation of the kind
-     * (its last few hundred weigh), and paths chosen */
-    uint64_t kind_n[3], kind_paths;
+     * (its last few hundred weigh) */
+    uint64_t kind_n[3];
     double kind_tried[3], kind_acc[3];
     /* step cost per batch size */
     int max_b;
@@ -258,15 +258,19 @@ static int kind_of(int f)
     return f / (N_MATCH * N_RECENT) % N_SUPPORT;
 }
 
-int engine_spec_model_kind(struct engine_spec *sp)
+int engine_spec_model_kind(const struct engine_spec *sp, uint64_t seq, uint32_t path)
 {
-    const uint64_t n = sp->kind_paths++;
+    /* a coin per (sequence, path): splitmix64's finaliser */
+    uint64_t h = seq * 0x9E3779B97F4A7C15ull + path + 1;
+    h = (h ^ h >> 30) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ h >> 27) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
     enum { D = ENGINE_SPEC_KIND_DRAW, A = ENGINE_SPEC_KIND_ARGMAX };
     if (sp->kind_n[D] < ENGINE_SPEC_EXPLORE || sp->kind_n[A] < ENGINE_SPEC_EXPLORE)
-        return n & 1 ? A : D;
+        return h & 1 ? A : D;
     const double *t = sp->kind_tried, *a = sp->kind_acc;
     const int best = (a[D] + 1) / (t[D] + 2) >= (a[A] + 1) / (t[A] + 2) ? D : A;
-    return n % 16 == 15 ? D + A - best : best;
+    return (h >> 1) % 16 == 0 ? D + A - best : best;
 }
 
 /* Vote one path out of nc candidates into d; returns its expected accepted length. */

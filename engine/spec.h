@@ -75,11 +75,13 @@ enum { ENGINE_SPEC_KIND_GREEDY = 0, ENGINE_SPEC_KIND_DRAW = 1, ENGINE_SPEC_KIND_
 void engine_spec_rate_model(const struct engine_spec *sp, struct engine_draft *d, int j, float prob,
                             int kind, float recent);
 
-/* The kind of a sampled request's next draft-model path: the one whose first tokens were accepted
- * more often lately (each kind's rate over its last ~128 verified first tokens, older ones fading;
- * each is tried on alternate paths until both have ENGINE_SPEC_EXPLORE, and then the other on
- * every 16th path still, so that the choice follows the job). Call once per path. */
-int engine_spec_model_kind(struct engine_spec *sp);
+/* The kind of path number `path` of sequence `seq` (a sampled request's): the kind whose first
+ * tokens were accepted more often lately (each kind's rate over its last ~128 verified first
+ * tokens, older ones fading). Until both kinds have ENGINE_SPEC_EXPLORE verified first tokens,
+ * either at even odds, and after that the other one on 1 path in 16, so that the choice follows
+ * the job: a coin from (seq, path), so that every sequence tries both and the choice depends on
+ * nothing else (not on which sequences draft together). */
+int engine_spec_model_kind(const struct engine_spec *sp, uint64_t seq, uint32_t path);
 
 /* A verification of d's first n_tried tokens accepted the first n_acc: updates the bins and
  * the survival calibration statistics. */

@@ -41,6 +41,8 @@ enum status engine_draft_init(struct engine *e, struct err_detail *err)
     e->d_cand = malloc(sizeof(*e->d_cand) * (size_t)e->p.max_seqs);
     e->d_todo = malloc(sizeof(*e->d_todo) * (size_t)e->p.max_seqs);
     e->d_lead = malloc(sizeof(*e->d_lead) * (size_t)e->p.max_seqs);
+    if ((st = engine_sampler_init(&e->d_smp, h->n_vocab, err)))
+        return st;
     if (!e->d_logits || !e->d_tok || !e->d_pos || !e->d_seq || !e->d_want || !e->d_owner ||
         !e->d_cand || !e->d_todo || !e->d_lead)
         return err_set(err, ST_ERR_NOMEM, "no memory for the draft model");
@@ -64,6 +66,7 @@ void engine_draft_free(struct engine *e)
     free(e->d_cand);
     free(e->d_todo);
     free(e->d_lead);
+    engine_sampler_free(e->d_smp);
 }
 
 void engine_draft_release(struct engine *e, struct seq *s)
@@ -123,7 +126,7 @@ static int32_t draw(struct engine *e, struct seq *s, int j, float *l, float *pro
     if (e->p.spec_test_draws == 3)
         r.key ^= 0x9e3779b97f4a7c15ull;
     float lp = 0;
-    const int32_t t = engine_sample(e->smp[0], &sp, &r, at, l, s->tok, at, &lp);
+    const int32_t t = engine_sample(e->d_smp, &sp, &r, at, l, s->tok, at, &lp);
     *prob = expf(lp);
     if (s->grammar) { /* its state after the draft, for the next draw */
         size_t pn = engine_tok_piece(e->tok, t, 0, e->piece, e->piece_cap);
@@ -153,16 +156,14 @@ static enum status run(struct engine *e, int nb, struct err_detail *err)
             continue;
         float *l = e->d_logits + (size_t)row++ * (size_t)V, prob = 0;
         const int j = s->draft.n;
-        if (!j) { /* a path of its kind drafted */
-            if (s->d_kind == ENGINE_SPEC_KIND_DRAW)
-                e->stats.spec_model_drawn++;
-            else if (s->d_kind == ENGINE_SPEC_KIND_ARGMAX)
-                e->stats.spec_model_argmax++;
-        }
         const int32_t t = draw(e, s, j, l, &prob);
         if (t < 0) {
             s->d_kmax = j > 0 ? j : 1; /* (nonzero: its known tokens' blocks still register) */
             continue;
+        }
+        if (!j) { /* a path of its kind drafted */
+            e->stats.spec_model_drawn += s->d_kind == ENGINE_SPEC_KIND_DRAW;
+            e->stats.spec_model_argmax += s->d_kind == ENGINE_SPEC_KIND_ARGMAX;
         }
         s->draft.tok[j] = t;
         engine_spec_rate_model(e->spec, &s->draft, j, prob, s->d_kind, s->spec_rate);
@@ -214,13 +215,13 @@ enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int 
         s->draft.src = ENGINE_SPEC_SRC_MODEL;
         s->d_proposed = 0;
         s->d_ready = 0;
-        /* the path's kind, chosen here in candidate order (not in the order the passes below
-         * reach the sequences' first drafts, which the prefix cache changes) */
+        /* the path's kind, by the sequence and its path number (not by the order in which
+         * sequences come: a fixed order would give a sequence the same kind on every path) */
         const int forced = e->p.spec_test_draws;
         s->d_kind = s->sp.temperature == 0.0f ? ENGINE_SPEC_KIND_GREEDY
                     : forced == 2             ? ENGINE_SPEC_KIND_ARGMAX
                     : forced                  ? ENGINE_SPEC_KIND_DRAW
-                                              : engine_spec_model_kind(e->spec);
+                             : engine_spec_model_kind(e->spec, s->id, s->d_paths++);
         todo[i] = s;
     }
     /* catch up: the tokens each gained since its last drafts, in passes of at most B tokens;

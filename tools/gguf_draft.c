@@ -5,8 +5,10 @@
  * 2-D weights are requantized to Q4_0 (from their dequantized values: scale = the block's
  * largest-magnitude value / -8, each nibble rounded to nearest), a coarser copy of the same model.
  * Every other tensor and metadata pair is copied as it is. A layer-skipping draft predicts the
- * model's tokens worse than a trained small model would; a requantized one predicts them
- * closely (the case of a low-bit copy drafting for a higher-precision model). */
+ * model's tokens worse than a trained small model would (and for a model whose layers alternate
+ * by index, as Gemma 3's sliding-window and global layers do, the blocks after the dropped ones
+ * change kind unless a multiple of the pattern is dropped); a Q4_0 copy of a 4-bit model is a
+ * coarser copy of it, not a close one (docs/BENCHMARKS.md, 2026-12-07). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
