@@ -209,8 +209,8 @@ static enum status from_gguf(struct engine_model **out, struct io_gguf *g,
                              struct kern_backend *const *be, struct kern_comm *const *comm, int n,
                              struct err_detail *err)
 {
-    enum status st = engine_model_load_weights(out, g, err);
-    if (st)
+    enum status st = n ? engine_model_check_finite(g, err) : ST_OK;
+    if (st || (st = engine_model_load_weights(out, g, err)))
         return st;
     if (n && (st = ranks_init(*out, be, comm, n, err))) {
         (*out)->gguf = NULL; /* on failure the caller closes g */

@@ -105,6 +105,11 @@ struct engine_model {
     long graph_replays;              /* ... and that replayed one (atomic) */
 };
 
+/* A tensor of g holding a NaN or an infinity is refused (a damaged file: every token after it
+ * would be garbage or nothing, with no word; perplexity printed the vocabulary size). It reads
+ * every weight byte, so it runs only for a model that will compute (on backends), not for one
+ * loaded to be described (quern plan: a 70B plan read 40 GB). */
+enum status engine_model_check_finite(const struct io_gguf *g, struct err_detail *err);
 /* The weights from the file (engine/model_load.c): hyperparameters, whole matrices (views of the
  * mapping) and norm/bias vectors; no backend yet. On success the model owns g. */
 enum status engine_model_load_weights(struct engine_model **out, struct io_gguf *g,

@@ -82,6 +82,15 @@ static void salvage_custom_id(const struct job_scan *s, struct job_error *e)
     cJSON_Delete(v);
 }
 
+int job_line_blank(const char *line, size_t len)
+{
+    size_t i = len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    for (; i < len; i++)
+        if (!strchr(" \t\r\n\v\f", line[i]) || !line[i])
+            return 0;
+    return 1;
+}
+
 enum status job_request_parse(const char *line, size_t len, const struct job_defaults *defaults,
                               struct job_request **out, struct job_error *jerr)
 {

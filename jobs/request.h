@@ -127,6 +127,11 @@ struct job_request {
                                          when the line was parsed); else NULL */
 };
 
+/* 1 when a line is empty or only ASCII white space, after a UTF-8 byte order mark (a BOM alone on
+ * a line: an editor's empty file, a BOM before a blank first line): a line the job's readers
+ * skip (submit counts it blank; bench --input passes over it). */
+int job_line_blank(const char *line, size_t len);
+
 /* Parse and validate line[0..len) (not NUL-terminated; any bytes). On ST_OK *out is a new
  * request the caller frees with job_request_free. On a bad line *out is NULL, the return is
  * ST_ERR_FORMAT (invalid_json, invalid_utf8), ST_ERR_UNSUPPORTED (unsupported) or

@@ -2,6 +2,7 @@
  * style of vLLM's benchmark_throughput: N requests arrive at once, each generates a fixed
  * number of tokens (EOS ignored); prints one JSON object with throughput, latency
  * percentiles, batch and KV statistics, peak RSS and efficiency against the CPU's int8 peak. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -51,7 +52,8 @@ static const char bench_usage[] =
     "                         (0-20) alternatives, as `logprobs` does (default: off)\n"
     "  --peak-seconds S       length of each peak microbenchmark (the kernels' int8 instruction;\n"
     "                         AMX int8 and bf16 tiles too where the CPU has them), 0 = skip\n"
-    "                         (default 1). fraction_of_*_peak = the model FLOPs the requests\n"
+    "                         (default 1; with --tp above 1 not measured: a warning when given).\n"
+    "                         fraction_of_*_peak = the model FLOPs the requests\n"
     "                         needed (matmuls; attention excluded) per second / that peak;\n"
     "                         ..._with_attention also counts attention's q.k and weighted-value\n"
     "                         FLOPs (attention_flops_s)\n";
@@ -79,6 +81,7 @@ struct bench_opts {
     long output_len;            /* --output-len */
     uint64_t seed;              /* --seed */
     float peak_seconds;         /* --peak-seconds */
+    int peak_given;             /* --peak-seconds was given (not the default) */
     float temperature;          /* --temperature */
     float top_p;                /* --top-p */
     int top_k;                  /* --top-k */
@@ -161,6 +164,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         case B_PEAK:
             if (!runner_parse_float("bench", "peak-seconds", optarg, 0, 60, &o->peak_seconds))
                 return 0;
+            o->peak_given = 1;
             break;
         case B_TEMP:
             if (!runner_parse_float("bench", "temperature", optarg, 0, 2, &o->temperature))
@@ -268,7 +272,7 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        LOG_ERROR("cannot open %s", path);
+        LOG_ERROR("cannot open %s: %s", path, strerror(errno));
         return 0;
     }
     char *line = NULL;
@@ -278,7 +282,7 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
     int ok = 1;
     while (ok && (len = getline(&line, &lcap, f)) >= 0) {
         lineno++;
-        if (len <= 1)
+        if (job_line_blank(line, (size_t)len)) /* skipped, as submit skips it */
             continue;
         /* the line as a job would take it (submit's parser: the same lines accepted, the same
          * errors); only its prompt is used (every request generates --output-len tokens) */
@@ -307,6 +311,10 @@ static int prompts_from_file(struct prompt_set *ps, const char *path, const stru
             ids = NULL;
         }
         free(ids);
+    }
+    if (ok && ferror(f)) {
+        LOG_ERROR("cannot read %s: %s", path, strerror(errno));
+        ok = 0;
     }
     free(line);
     fclose(f);
@@ -483,6 +491,10 @@ int runner_cmd_bench(int argc, char **argv)
     struct kern_peak pk[8];
     /* the machine's peak: rank 0's backend measures on all the threads when there is one rank */
     struct kern_backend *be = grp->be[0];
+    if (o.peak_given && o.peak_seconds > 0 && grp->size > 1)
+        LOG_WARN("--peak-seconds: no peak measured with --tp %d (the ranks' threads share the "
+                 "machine: measure with --tp 1)",
+                 grp->size);
     int n_pk = o.peak_seconds > 0 && grp->size == 1 && be->ops->peaks
                    ? be->ops->peaks(be, o.peak_seconds, pk, 8)
                    : 0;

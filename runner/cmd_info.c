@@ -22,29 +22,39 @@ static const char info_usage[] =
 
 /* Print a string value, escaping control bytes and bytes that are not well-formed UTF-8 (as
  * \xNN; they went to the terminal raw), cut at max bytes. */
-static void print_str(struct io_gguf_str s, size_t max)
+/* s's first max bytes with control characters, '"', '\\' and bytes that are not UTF-8 escaped
+ * (a file's text must not reach the terminal as escape sequences); returns the columns printed. */
+static size_t print_escaped(struct io_gguf_str s, size_t max)
 {
-    putchar('"');
     const unsigned char *p = (const unsigned char *)s.ptr;
     const uint64_t end = s.len < max ? s.len : max;
+    size_t cols = 0;
     for (uint64_t i = 0; i < end;) {
         unsigned char ch = p[i];
         size_t k = ch >= 0x80 ? utf8_decode(p + i, (size_t)(end - i), NULL, NULL) : 1;
         if (ch >= 0x80 && k) { /* a whole character */
             fwrite(p + i, 1, k, stdout);
             i += k;
+            cols++;
             continue;
         }
         if (ch == '\n')
-            fputs("\\n", stdout);
+            cols += (size_t)printf("\\n");
         else if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
+            cols += (size_t)printf("\\%c", ch);
         else if (ch < 0x20 || ch >= 0x7f)
-            printf("\\x%02x", ch);
+            cols += (size_t)printf("\\x%02x", ch);
         else
-            putchar(ch);
+            cols += putchar(ch) != EOF;
         i++;
     }
+    return cols;
+}
+
+static void print_str(struct io_gguf_str s, size_t max)
+{
+    putchar('"');
+    print_escaped(s, max);
     putchar('"');
     if (s.len > max)
         printf("... (%" PRIu64 " bytes)", s.len);
@@ -87,7 +97,9 @@ static size_t scalar_size(enum io_gguf_vtype t)
 
 static void print_kv(const struct io_gguf_kv *kv)
 {
-    printf("  %.*s = ", (int)kv->key.len, kv->key.ptr);
+    fputs("  ", stdout);
+    print_escaped(kv->key, SIZE_MAX);
+    fputs(" = ", stdout);
     if (kv->type == IO_GGUF_STRING) {
         struct io_gguf_str s;
         memcpy(&s.len, kv->val, 8);
@@ -165,7 +177,11 @@ int runner_cmd_info(int argc, char **argv)
         total_b += t->nbytes;
         total_e += ne;
         if (list) {
-            printf("  %-32s %-5s [", t->name, dtype_get(t->type)->name);
+            fputs("  ", stdout);
+            const struct io_gguf_str name = {t->name, strlen(t->name)};
+            for (size_t w = print_escaped(name, SIZE_MAX); w < 32; w++)
+                putchar(' ');
+            printf(" %-5s [", dtype_get(t->type)->name);
             for (uint32_t d = 0; d < t->n_dims; d++)
                 printf(d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
             printf("] %" PRIu64 " bytes\n", t->nbytes);

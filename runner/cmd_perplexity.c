@@ -5,6 +5,7 @@
  * ctx - S tokens of context, a window's first token replaced by BOS likewise). Prints the
  * perplexity, the mean negative log-likelihood and their standard errors, tokens scored and the
  * throughput; --json for a JSON object. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -131,7 +132,7 @@ static char *read_text(const char *path, size_t *len, struct err_detail *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        err_set(err, ST_ERR_IO, "cannot open %s", path);
+        err_set(err, ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, n = 0, got;
@@ -147,11 +148,12 @@ static char *read_text(const char *path, size_t *len, struct err_detail *err)
             buf = nb;
         }
     }
-    const int bad_read = ferror(f);
+    const int bad_read = ferror(f), read_errno = errno;
     fclose(f);
     if (!buf || bad_read) {
         free(buf);
-        err_set(err, bad_read ? ST_ERR_IO : ST_ERR_NOMEM, "cannot read %s", path);
+        err_set(err, bad_read ? ST_ERR_IO : ST_ERR_NOMEM, "cannot read %s: %s", path,
+                bad_read ? strerror(read_errno) : "out of memory");
         return NULL;
     }
     for (size_t i = 0; i < n;) {

@@ -229,7 +229,7 @@ int runner_cmd_plan(int argc, char **argv)
     for (int l = 0; l < hp->n_layer; l++)
         n_local += engine_model_layer_local(m, l);
     if (plan.n_local) { /* a sequence holds its window's blocks there (and a partial one) */
-        size_t win = ((size_t)hp->swa_window - 1 + (size_t)block - 1) / (size_t)block + 2;
+        const size_t win = ((size_t)hp->swa_window - 1 + (size_t)block - 1) / (size_t)block + 2;
         size_t w_seqs = (size_t)plan.n_local / (win < blocks_per_seq ? win : blocks_per_seq);
         fit = w_seqs < fit ? w_seqs : fit;
     }
@@ -237,6 +237,23 @@ int runner_cmd_plan(int argc, char **argv)
     const size_t seqs = fit < (size_t)eo.ep.max_seqs ? fit : (size_t)eo.ep.max_seqs;
     size_t ctx_blocks = ((size_t)hp->n_ctx_train + (size_t)block - 1) / (size_t)block;
     int full_ctx_fits = blocks >= ctx_blocks;
+    /* the smallest pool whose main part holds one full-context sequence, as the engine splits
+     * it (beside a window pool, the main pool holds only the global layers) */
+    size_t ctx_need = ctx_blocks * per_block;
+    if (plan.n_local && !full_ctx_fits) {
+        size_t lo = kv_mem, hi = ctx_need;
+        struct engine_kv_plan_in q = pin;
+        struct engine_kv_plan t;
+        for (int i = 0; i < 64 && hi - lo > 1048576; i++) {
+            q.kv_mem = lo + (hi - lo) / 2;
+            engine_model_kv_plan(m, &q, &t);
+            if (t.n_main >= (int64_t)ctx_blocks)
+                hi = q.kv_mem;
+            else
+                lo = q.kv_mem;
+        }
+        ctx_need = hi;
+    }
     const int weights_fit = !mem || kv_mem > 0;
     char label[512];
     const char *name = runner_model_label(model, &eo, label, sizeof(label));
@@ -353,8 +370,7 @@ int runner_cmd_plan(int argc, char **argv)
     else if (!full_ctx_fits)
         LOG_WARN("a KV pool of %.1f MiB cannot hold one full-context sequence (%d tokens need "
                  "%.1f MiB); long requests will be rejected",
-                 (double)kv_mem / 1048576.0, hp->n_ctx_train,
-                 (double)(ctx_blocks * per_block) / 1048576.0);
+                 (double)kv_mem / 1048576.0, hp->n_ctx_train, (double)ctx_need / 1048576.0);
     kern_backend_free(be);
     engine_model_free(m);
     return RUNNER_EXIT_OK;

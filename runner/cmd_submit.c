@@ -517,17 +517,6 @@ static enum status submit_write(struct submit *s, int last, struct err_detail *e
     return st;
 }
 
-/* Empty or only ASCII white space, after a UTF-8 byte order mark (a BOM alone on a line: an
- * editor's empty file, a BOM before a blank first line), which the request parser skips too. */
-static int blank_line(const char *line, size_t len)
-{
-    size_t i = len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3) ? 3 : 0;
-    for (; i < len; i++)
-        if (!strchr(" \t\r\n\v\f", line[i]) || !line[i])
-            return 0;
-    return 1;
-}
-
 /* The model's path and the output root go into JSON (manifests, status --json, records'
  * model) and onto terminals: valid UTF-8 without control characters, else refused (1: fine). */
 static int text_path_ok(const char *what, const char *path)
@@ -675,7 +664,7 @@ static enum status submit_file(struct submit *s, const char *path, int multi,
                      (size_t)s->o->max_line);
             s->too_long++;
             st = pending_add(s, NULL, source, pos.line, NULL, "line_too_long", msg, NULL, 1, err);
-        } else if (blank_line(line, len)) {
+        } else if (job_line_blank(line, len)) {
             s->ss.blank++;
         } else {
             st = submit_line(s, line, len, &pos, path, multi, source, err);

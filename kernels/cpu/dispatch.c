@@ -161,6 +161,8 @@ const char *kern_isa_name(enum kern_isa isa)
     return tables[isa]->name;
 }
 
+static int isa_warned; /* a bad QUERN_ISA was told (kern_cpu_fns_best runs more than once) */
+
 const struct kern_cpu_fns *kern_cpu_fns_best(void)
 {
     enum kern_isa best = kern_cpu_detect();
@@ -180,12 +182,15 @@ const struct kern_cpu_fns *kern_cpu_fns_best(void)
     else if (!strcmp(want, "amx"))
         isa = KERN_ISA_AMX;
     else {
-        LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avxvnni|avx512|amx; using %s", want,
-                 tables[best]->name);
+        if (!__atomic_exchange_n(&isa_warned, 1, __ATOMIC_RELAXED)) /* once, though asked often */
+            LOG_WARN("QUERN_ISA=%s is not one of scalar|avx2|avxvnni|avx512|amx; using %s", want,
+                     tables[best]->name);
         return tables[best];
     }
     if (!supported(isa)) {
-        LOG_WARN("QUERN_ISA=%s is not supported by this CPU; using %s", want, tables[best]->name);
+        if (!__atomic_exchange_n(&isa_warned, 1, __ATOMIC_RELAXED))
+            LOG_WARN("QUERN_ISA=%s is not supported by this CPU; using %s", want,
+                     tables[best]->name);
         return tables[best];
     }
     return tables[isa];

@@ -131,6 +131,18 @@ for f in bad5:"must be a string or an array of text parts" trail:"expected the e
     set -e
     [ $rc -eq 1 ] && grep -q "${f#*:}" "$tmp/in.err" || { cat "$tmp/in.err"; fail "bench --input ${f%%:*}: rc $rc"; }
 done
+# ... blank lines too: CRLF-only, white space, a BOM alone are skipped as submit skips them
+# (bench called them "the line is empty"); a directory says why it cannot be read
+printf '{"prompt":"a"}\r\n\r\n  \n\xef\xbb\xbf\n{"prompt":"b"}\n' >"$tmp/blank.jsonl"
+"$Q" bench --model "$M" --input "$tmp/blank.jsonl" --output-len 2 --peak-seconds 0 \
+    >"$tmp/blank.json" 2>"$tmp/blank.err" || { cat "$tmp/blank.err"; fail "bench --input with blank lines"; }
+[ "$(jget "$tmp/blank.json" '["requests"]')" = 2 ] || fail "bench --input with blank lines: requests"
+set +e
+"$Q" bench --model "$M" --input "$tmp" --output-len 2 --peak-seconds 0 >/dev/null 2>"$tmp/dir.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q "cannot read $tmp: Is a directory" "$tmp/dir.err" ||
+    { cat "$tmp/dir.err"; fail "bench --input DIR: rc $rc"; }
 "$Q" plan --model "$M" --seq-len 10000 2>&1 >/dev/null |
     grep -q "longer than the model's context (8192 tokens)" || fail "plan --seq-len past the context"
 # --prompts with --input cycles the file's prompts (3 lines, one too long: 7 taken, 5 run,

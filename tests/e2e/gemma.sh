@@ -82,6 +82,14 @@ w, o = (json.load(open(f)) for f in sys.argv[1:3])
 assert w["kv_window"] == 512 and w["kv_window_layers"] == 15 and w["kv_window_blocks"] > 0, w
 assert o["kv_window_blocks"] == 0 and w["sequences"] > o["sequences"], (w, o)
 PY
+# the pool a full-context sequence needs, as plan's warning states it, is one where it fits (the
+# warning counted every layer's bytes: 576 MiB, though 512 MiB fit)
+need=$("$Q" plan --model "$G" --kv-mem 100M 2>&1 >/dev/null |
+       sed -n 's/.*32768 tokens need \([0-9.]*\) MiB.*/\1/p')
+[ -n "$need" ] || fail "plan: no full-context warning at 100M"
+"$Q" plan --model "$G" --kv-mem "$(python3 -c "import math; print(math.ceil($need) + 1)")M" --json |
+    python3 -c 'import json, sys; assert json.load(sys.stdin)["full_context_fits"]' ||
+    fail "plan: the stated need ($need MiB) does not fit a full-context sequence"
 if [ -z "${QUERN_SANITIZE:-}" ]; then
     python3 - >"$tmp/long.jsonl" <<'PY'
 import json
