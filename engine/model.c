@@ -209,10 +209,13 @@ static enum status from_gguf(struct engine_model **out, struct io_gguf *g,
                              struct kern_backend *const *be, struct kern_comm *const *comm, int n,
                              struct err_detail *err)
 {
-    enum status st = n ? engine_model_check_finite(g, err) : ST_OK;
-    if (st || (st = engine_model_load_weights(out, g, err)))
+    enum status st = engine_model_load_weights(out, g, err);
+    if (st)
         return st;
-    if (n && (st = ranks_init(*out, be, comm, n, err))) {
+    /* (after the cheap checks of the file, so that a wrong architecture or a missing tensor is
+     * told before every weight byte is read) */
+    if (n &&
+        ((st = engine_model_check_finite(g, err)) || (st = ranks_init(*out, be, comm, n, err)))) {
         (*out)->gguf = NULL; /* on failure the caller closes g */
         engine_model_free(*out);
         *out = NULL;

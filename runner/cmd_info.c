@@ -22,8 +22,9 @@ static const char info_usage[] =
 
 /* Print a string value, escaping control bytes and bytes that are not well-formed UTF-8 (as
  * \xNN; they went to the terminal raw), cut at max bytes. */
-/* s's first max bytes with control characters, '"', '\\' and bytes that are not UTF-8 escaped
- * (a file's text must not reach the terminal as escape sequences); returns the columns printed. */
+/* s's first max bytes with control characters (C1 too), '"', '\\' and bytes that are not UTF-8
+ * escaped (a file's text must not reach the terminal as escape sequences); returns the columns
+ * printed. */
 static size_t print_escaped(struct io_gguf_str s, size_t max)
 {
     const unsigned char *p = (const unsigned char *)s.ptr;
@@ -32,6 +33,12 @@ static size_t print_escaped(struct io_gguf_str s, size_t max)
     for (uint64_t i = 0; i < end;) {
         unsigned char ch = p[i];
         size_t k = ch >= 0x80 ? utf8_decode(p + i, (size_t)(end - i), NULL, NULL) : 1;
+        if (ch == 0xC2 && k == 2 && p[i + 1] < 0xA0) { /* a C1 control, U+0080-9F (U+009B
+                                                        * starts a terminal escape too) */
+            cols += (size_t)printf("\\u%04x", p[i + 1]);
+            i += 2;
+            continue;
+        }
         if (ch >= 0x80 && k) { /* a whole character */
             fwrite(p + i, 1, k, stdout);
             i += k;

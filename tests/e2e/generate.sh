@@ -51,6 +51,19 @@ grep -q '^\[[0-9]' "$tmp/t1.json" || fail "tokenize output not a JSON array"
 "$Q" info --model "$M" >"$tmp/info.txt"
 grep -q "general.architecture = \"llama\"" "$tmp/info.txt" || fail "info: no architecture"
 grep -Eq "Q4_1 +210 tensors" "$tmp/info.txt" || fail "info: Q4_1 tensor count"
+# a file's metadata keys reach the terminal escaped, as its values do: ESC, a C1 CSI (U+009B),
+# a byte that is not UTF-8 (keys were printed raw); a whole character (U+00A9) stays itself
+python3 - "$tmp/keys.gguf" <<'PY'
+import struct, sys
+s = lambda b: struct.pack("<Q", len(b)) + b
+kvs = [(b"general.architecture", 8, s(b"llama")), (b"k\x1b[31m\xc2\x9b1m\xff\xc2\xa9", 4, struct.pack("<I", 1))]
+out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+for k, t, v in kvs:
+    out += s(k) + struct.pack("<I", t) + v
+open(sys.argv[1], "wb").write(out)
+PY
+"$Q" info --model "$tmp/keys.gguf" >"$tmp/keys.txt" || fail "info on a file without tensors"
+grep -Fq 'k\x1b[31m\u009b1m\xff© = 1' "$tmp/keys.txt" || fail "info: keys not escaped: $(cat -v "$tmp/keys.txt")"
 
 # 7. Errors: clear message, exit codes 1 (runtime) and 2 (usage).
 set +e
