@@ -1,6 +1,6 @@
 /* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
- * Llama 2, Llama 3, Mistral, Phi-3), and renders or tokenizes a conversation as a list of
- * parts (the template's special tokens and text). */
+ * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2 and v0.3, Phi-3), and renders or tokenizes a
+ * conversation as a list of parts (the template's special tokens and text). */
 #include "engine/chat.h"
 
 #include <stdlib.h>
@@ -15,6 +15,10 @@
 enum chat_part_kind {
     CHAT_PART_TEXT = 0, /* plain text */
     CHAT_PART_SPECIAL,  /* one of the template's special tokens (s: its text) */
+    CHAT_PART_CONTROL,  /* a special token where the vocabulary has it, else text (Mistral
+                         * v0.3's [INST]: a control token there, text in v0.1's) */
+    CHAT_PART_PREFIX,   /* " " before text after a control token: the space SentencePiece's
+                         * prefix writes, so left out where the tokenizer adds that prefix */
 };
 
 /* The conversation formats. */
@@ -25,6 +29,8 @@ enum chat_fmt {
     CHAT_FMT_LLAMA2,
     CHAT_FMT_MISTRAL,
     CHAT_FMT_PHI3,
+    CHAT_FMT_LLAMA31,
+    CHAT_FMT_MISTRAL3,
 };
 
 static const struct {
@@ -38,10 +44,12 @@ static const struct {
     {"llama2", NULL},
     {"mistral", NULL},
     {"phi3", "<|user|>"},
+    {"llama31", NULL}, /* a model without a template gets llama3 (its marker) */
+    {"mistral-v3", NULL},
 };
 
 #define CHAT_N_FMTS    (sizeof(g_fmts) / sizeof(g_fmts[0]))
-#define CHAT_FMT_NAMES "chatml, gemma, llama2, llama3, mistral, phi3"
+#define CHAT_FMT_NAMES ENGINE_CHAT_NAMES
 
 /* One piece of the rendered conversation; text points into caller or chat-owned memory. */
 struct chat_part {
@@ -56,6 +64,10 @@ struct engine_chat {
     int fmt;                                                /* enum chat_fmt */
     int no_system;                                          /* gemma: no system role (Gemma 2's
                                                              * template raises on one) */
+    int m3_tight;    /* mistral-v3: "[INST]" + content (Nemo's), not "[INST] " + content */
+    int m3_sys_last; /* mistral-v3: the system text goes into the last message if it is a user
+                      * turn (loop.last), not into each user turn equal to the last one */
+    int m3_raw;      /* mistral-v3: an assistant turn is content + eos, not " " + trim(it) */
     char *default_system;                                   /* unescaped default turn, or NULL */
     struct chat_part default_parts[CHAT_MAX_DEFAULT_PARTS]; /* it split at special tokens */
     size_t n_default_parts;                                 /* entries in default_parts */
@@ -261,6 +273,76 @@ static int fmt_from_vocab(const struct io_gguf *g)
     return -1;
 }
 
+/* The lines of Llama 3.1's template (3.2's and 3.3's are the same but for tools and the date)
+ * that write what a conversation without tools renders to, as they are written there. */
+static const char *const g_llama31[] = {
+    "{{- bos_token }}",
+    "{%- set date_string = \"26 Jul 2024\" %}",
+    "{%- if messages[0]['role'] == 'system' %}",
+    "{%- set system_message = messages[0]['content']|trim %}",
+    "{%- set messages = messages[1:] %}",
+    "{%- set system_message = \"\" %}",
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}",
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}",
+    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}",
+    "{{- system_message }}",
+    "{{- \"<|eot_id|>\" }}",
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + '<|eot_id|>' }}",
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}",
+    NULL};
+
+/* Those of Mistral v0.3's (and Nemo's) template; which variant it is, engine_chat_init reads
+ * from the lines of m3_variants. */
+static const char *const g_mistral3[] = {
+    "{%- if messages[0][\"role\"] == \"system\" %}",
+    "{%- set system_message = messages[0][\"content\"] %}",
+    "{%- set loop_messages = messages[1:] %}",
+    "{{- raise_exception(\"After the optional system message, conversation roles must alternate "
+    "user/assistant/user/assistant/...\") }}",
+    "{{- bos_token }}",
+    "{{- raise_exception(\"Only user and assistant roles are supported, with the exception of an "
+    "initial optional system message!\") }}",
+    NULL};
+
+/* Mistral v0.3's variants: for each of its three choices, the line of one way and the line of
+ * the other; exactly one of each pair must be there. */
+static const char *const g_m3_variants[][2] = {
+    {"{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
+     "{{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"},
+    {"{%- if (message == user_messages[-1]) and system_message is defined %}",
+     "{%- if loop.last and system_message is defined %}"},
+    {"{{- \" \" + message[\"content\"]|trim + eos_token}}",
+     "{{- message[\"content\"] + eos_token}}"},
+};
+/* the user turn without the system text, spaced and tight as the first pair */
+static const char *const g_m3_plain[2] = {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
+                                          "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}"};
+
+/* 1 when s holds every line of the NULL-terminated list. */
+static int has_all(const char *s, const char *const *lines)
+{
+    for (; *lines; lines++)
+        if (!strstr(s, *lines))
+            return 0;
+    return 1;
+}
+
+/* Mistral v0.3's variant choices into c (m3_tight, m3_sys_last, m3_raw); 0 when a choice's
+ * lines are both there or neither. */
+static int m3_variant(struct engine_chat *c, const char *s)
+{
+    int *const pick[] = {&c->m3_tight, &c->m3_sys_last, &c->m3_raw};
+    for (size_t i = 0; i < 3; i++) {
+        const int a = strstr(s, g_m3_variants[i][0]) != NULL,
+                  b = strstr(s, g_m3_variants[i][1]) != NULL;
+        if (a == b)
+            return 0;
+        *pick[i] = b;
+    }
+    return strstr(s, g_m3_plain[c->m3_tight]) != NULL;
+}
+
 /* The format of the NUL-terminated template text s, or -1 when it is none this renderer
  * writes exactly. Each format is recognised by the special tokens or phrases its published
  * templates write; a variant that renders differently (Llama 3.1's dated system turn and tools,
@@ -270,8 +352,13 @@ static int fmt_from_template(const char *s)
 {
     if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
         return CHAT_FMT_GEMMA;
-    if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker))
-        return strstr(s, "Cutting Knowledge") || strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
+    if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
+        if (strstr(s, "Cutting Knowledge"))
+            return has_all(s, g_llama31) ? CHAT_FMT_LLAMA31 : -1;
+        return strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
+    }
+    if (has_all(s, g_mistral3))
+        return CHAT_FMT_MISTRAL3;
     if (strstr(s, "[INST]")) {
         if (strstr(s, "<<SYS>>"))
             return strstr(s, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
@@ -353,14 +440,17 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     c->fmt = ok ? fmt_from_template(s) : -1;
     ok = c->fmt >= 0;
     c->no_system = ok && c->fmt == CHAT_FMT_GEMMA && strstr(s, "System role not supported");
+    if (ok && c->fmt == CHAT_FMT_MISTRAL3 && !m3_variant(c, s))
+        ok = 0;
     if (!ok) {
         char snip[200];
         template_snippet(s, n, snip, sizeof(snip));
         free(s);
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Mistral "
-                       "v0.1/v0.2 and Phi-3 are; --chat-template NAME picks one): \"%s\"",
+                       "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
+                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3 and Phi-3 are; --chat-template NAME "
+                       "picks one): \"%s\"",
                        snip);
     }
     st = c->fmt == CHAT_FMT_CHATML ? find_default_system(s, n, &c->default_system, err) : ST_OK;
@@ -510,12 +600,15 @@ static enum status parts_gemma(const struct engine_chat *c, const struct engine_
     return ST_OK;
 }
 
-/* Llama 3: <|begin_of_text|>, then <|start_header_id|>role<|end_header_id|>\n\ntrim(content)
+/* Llama 3: <|begin_of_text|> (when bos), then
+ * <|start_header_id|>role<|end_header_id|>\n\ntrim(content)
  * <|eot_id|> per message; <|start_header_id|>assistant<|end_header_id|>\n\n. */
-static size_t parts_llama3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
+static size_t parts_llama3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p,
+                           int bos)
 {
     size_t k = 0;
-    p[k++] = special("<|begin_of_text|>");
+    if (bos)
+        p[k++] = special("<|begin_of_text|>");
     for (size_t i = 0; i <= n; i++) {
         if (i == n && !gen)
             break;
@@ -529,6 +622,26 @@ static size_t parts_llama3(const struct engine_chat_msg *m, size_t n, int gen, s
         p[k++] = special("<|eot_id|>");
     }
     return k;
+}
+
+/* Llama 3.1/3.2/3.3: <|begin_of_text|>, a system turn written always: the knowledge cutoff,
+ * the date (the template's own "26 Jul 2024": Llama 3.2's asks strftime_now for today's, which
+ * Jinja2 itself does not define; a fixed date keeps a job's prompts the same on every day it
+ * runs), then trim(the leading system message) if there is one; the other messages and the
+ * generation prompt as Llama 3's. */
+static size_t parts_llama31(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
+{
+    size_t k = 0;
+    const size_t first = strcmp(m[0].role, "system") == 0;
+    p[k++] = special("<|begin_of_text|>");
+    p[k++] = special("<|start_header_id|>");
+    p[k++] = text("system");
+    p[k++] = special("<|end_header_id|>");
+    p[k++] = text("\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    if (first)
+        p[k++] = trimmed(m[0].content);
+    p[k++] = special("<|eot_id|>");
+    return k + parts_llama3(m + first, n - first, gen, p + k, 0);
 }
 
 /* Llama 2: a leading system message becomes "<<SYS>>\nsystem\n<</SYS>>\n\n" in front of the
@@ -592,6 +705,61 @@ static enum status parts_mistral(const struct engine_chat_msg *m, size_t n, stru
             return err_set(err, ST_ERR_INVALID_ARG,
                            "the mistral chat template takes only user and assistant roles "
                            "(message %zu is %s)",
+                           i, m[i].role);
+        }
+    }
+    *np = k;
+    return ST_OK;
+}
+
+/* Mistral v0.3 (and Nemo's variant, the m3_* choices): "<s>", then user and assistant turns
+ * alternating from user after an optional leading system message (checked over all of them
+ * first, as the template does); a user turn "[INST] " + content + "[/INST]" ("[INST]" tight),
+ * with the system text and a blank line before the content in each user turn equal to the last
+ * one (the template compares the messages) or only in the last message (m3_sys_last); an
+ * assistant turn " " + trim(content) + "</s>" (m3_raw: content + "</s>"); a system message
+ * elsewhere is an error; no generation prompt (the template has none). [INST] and [/INST] are
+ * control tokens in v0.3's vocabulary, and the space after [INST] (or before an assistant
+ * turn) is the one SentencePiece's prefix writes there, as in Mistral's own tokenizer. */
+static enum status parts_mistral3(const struct engine_chat *c, const struct engine_chat_msg *m,
+                                  size_t n, struct chat_part *p, size_t *np, struct err_detail *err)
+{
+    size_t k = 0;
+    const size_t first = strcmp(m[0].role, "system") == 0;
+    size_t last_user = n;
+    for (size_t i = first; i < n; i++) {
+        enum status st = check_alternation("mistral-v3", m, i, first, err);
+        if (st != ST_OK)
+            return st;
+        if (!strcmp(m[i].role, "user"))
+            last_user = i;
+    }
+    p[k++] = special("<s>");
+    for (size_t i = first; i < n; i++) {
+        if (!strcmp(m[i].role, "user")) {
+            const int sys = first && (c->m3_sys_last ? i == n - 1
+                                                     : !strcmp(m[i].content, m[last_user].content));
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[INST]", 6};
+            if (!c->m3_tight)
+                p[k++] = (struct chat_part){CHAT_PART_PREFIX, " ", 1};
+            if (sys) {
+                p[k++] = text(m[0].content);
+                p[k++] = text("\n\n");
+            }
+            p[k++] = text(m[i].content);
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[/INST]", 7};
+        } else if (!strcmp(m[i].role, "assistant")) {
+            if (c->m3_raw) {
+                p[k++] = text(m[i].content);
+            } else {
+                p[k++] = (struct chat_part){CHAT_PART_PREFIX, " ", 1};
+                p[k++] = trimmed(m[i].content);
+            }
+            p[k++] = special("</s>");
+        } else {
+            return err_set(err, ST_ERR_INVALID_ARG,
+                           "the mistral-v3 chat template takes only user and assistant roles "
+                           "after an optional first system message (message %zu is %s)",
                            i, m[i].role);
         }
     }
@@ -666,7 +834,11 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
     if (c->fmt == CHAT_FMT_GEMMA)
         st = parts_gemma(c, msgs, n, add_generation_prompt, p, &k, err);
     else if (c->fmt == CHAT_FMT_LLAMA3)
-        k = parts_llama3(msgs, n, add_generation_prompt, p);
+        k = parts_llama3(msgs, n, add_generation_prompt, p, 1);
+    else if (c->fmt == CHAT_FMT_LLAMA31)
+        k = parts_llama31(msgs, n, add_generation_prompt, p);
+    else if (c->fmt == CHAT_FMT_MISTRAL3)
+        st = parts_mistral3(c, msgs, n, p, &k, err);
     else if (c->fmt == CHAT_FMT_LLAMA2)
         st = parts_llama2(msgs, n, p, (char *)(p + n_p), &k, err);
     else if (c->fmt == CHAT_FMT_MISTRAL)
@@ -767,6 +939,17 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
     if (st != ST_OK)
         return st;
 
+    /* [INST]-like parts: special tokens where the vocabulary has them; the space after one
+     * only where the tokenizer does not write it itself */
+    for (size_t i = 0; i < np; i++)
+        if (p[i].kind == CHAT_PART_CONTROL)
+            p[i].kind = engine_tok_find_special(t, p[i].s, p[i].n) >= 0 ? CHAT_PART_SPECIAL
+                                                                        : CHAT_PART_TEXT;
+        else if (p[i].kind == CHAT_PART_PREFIX) {
+            if (i > 0 && p[i - 1].kind == CHAT_PART_SPECIAL && engine_tok_space_prefix(t))
+                p[i].n = 0;
+            p[i].kind = CHAT_PART_TEXT;
+        }
     struct chat_ids a = {0};
     unsigned flags = allow_special_in_content ? ENGINE_TOK_PARSE_SPECIAL : 0;
     char *buf = NULL;

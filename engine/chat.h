@@ -8,9 +8,10 @@
  *           it is taken verbatim from the template's string literal.
  *   gemma   Gemma 2/3: "<bos>", "<start_of_turn>role\n" + trim(content) + "<end_of_turn>\n"
  *           with assistant written "model", a leading system message as a prefix of the first
- *           turn (content + "\n\n"; Gemma 2's template has no system role: an error), user/assistant alternating from user (else an error, as
- *           the template raises), generation prompt "<start_of_turn>model\n".
- *   llama3  Llama 3 (3.0: no dated default system turn): "<|begin_of_text|>", then
+ *           turn (content + "\n\n"; Gemma 2's template has no system role: an error),
+ * user/assistant alternating from user (else an error, as the template raises), generation prompt
+ * "<start_of_turn>model\n". llama3  Llama 3 (3.0: no dated default system turn):
+ * "<|begin_of_text|>", then
  *           "<|start_header_id|>role<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>".
  *   llama2  Llama 2 chat: a leading system message as "<<SYS>>\nsystem\n<</SYS>>\n\n" before
  *           the first turn's content; "<s>[INST] " + trim(content) + " [/INST]" per user turn,
@@ -21,10 +22,17 @@
  *           template raises); no generation prompt.
  *   phi3    Phi-3/3.5: "<|role|>\n" + content + "<|end|>\n" (an empty system message is left
  *           out); generation prompt "<|assistant|>\n", else "<|endoftext|>".
- * trim is Jinja's (Python's str.strip whitespace). Variants that render differently (Llama 3.1's
- * dated system turn, Mistral v0.3's, Llama 2 templates with a default system prompt, the first
- * Phi-3 template) are refused. A model without tokenizer.chat_template gets the format whose
- * marker token its vocabulary has (<start_of_turn>: gemma, <|start_header_id|>: llama3,
+ *   llama31 Llama 3.1/3.2/3.3: llama3's with a system turn always first: "Cutting Knowledge
+ *           Date: December 2023\nToday Date: 26 Jul 2024\n\n" + trim(leading system message).
+ *   mistral-v3 Mistral v0.3: "<s>", "[INST] " + content + "[/INST]" with the system message +
+ *           "\n\n" before the content of each user turn equal to the last one, " " +
+ *           trim(content) + "</s>" per assistant turn; Nemo's variant (tight "[INST]", the
+ *           system message only in a last user message, untrimmed assistant turns) recognised
+ *           from its template.
+ * trim is Jinja's (Python's str.strip whitespace). Variants that render differently (Llama 2
+ * templates with a default system prompt, the first Phi-3 template, templates edited where
+ * they write a conversation) are refused. A model without tokenizer.chat_template gets the format
+ * whose marker token its vocabulary has (<start_of_turn>: gemma, <|start_header_id|>: llama3,
  * <|user|>: phi3), else plain ChatML without a default system turn (llama.cpp's fallback
  * too). */
 #ifndef ENGINE_CHAT_H
@@ -45,13 +53,17 @@ struct engine_chat_msg {
 
 struct engine_chat; /* opaque; see engine/chat.c */
 
+/* The formats' names, as --chat-template takes them and errors list them. */
+#define ENGINE_CHAT_NAMES "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3"
+
 /* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
  * template's first 60 characters. The result copies what it needs (g may be closed); the
  * caller frees it with engine_chat_free. */
 enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
                              struct err_detail *err);
 
-/* Use the format called name (chatml, gemma, llama2, llama3, mistral, phi3) whatever g's template says; NULL: as
+/* Use the format called name (ENGINE_CHAT_NAMES; mistral-v3 as v0.3's published template)
+ * whatever g's template says; NULL: as
  * engine_chat_init. An unknown name is ST_ERR_INVALID_ARG listing the names. */
 enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
                                    const char *name, struct err_detail *err);

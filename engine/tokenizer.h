@@ -71,6 +71,14 @@ int engine_tok_is_eog(const struct engine_tok *t, int32_t id);
  * one byte. -1 when no token has that text. */
 int32_t engine_tok_find(const struct engine_tok *t, const char *text, size_t len);
 
+/* The control or user-defined token whose literal text is text[0..len), or -1 (a normal token
+ * with that text does not count). */
+int32_t engine_tok_find_special(const struct engine_tok *t, const char *text, size_t len);
+
+/* 1 when encoding writes a space before text at the start or after a special token
+ * (SentencePiece with add_space_prefix), else 0. */
+int engine_tok_space_prefix(const struct engine_tok *t);
+
 /* Raw bytes of token id (byte-level decoded). Control tokens give their literal text when
  * include_special is nonzero and 0 bytes otherwise; user-defined tokens always give their
  * text; ids out of range give 0 bytes. Writes at most cap bytes to buf (no NUL terminator)

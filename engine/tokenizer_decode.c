@@ -40,6 +40,16 @@ int32_t engine_tok_find(const struct engine_tok *t, const char *text, size_t len
     return id;
 }
 
+int32_t engine_tok_find_special(const struct engine_tok *t, const char *text, size_t len)
+{
+    return engine_tok_text_map_find(t, text, len, 0);
+}
+
+int engine_tok_space_prefix(const struct engine_tok *t)
+{
+    return t->spm && t->spm_space_prefix;
+}
+
 /* Bytes of token id as decoding emits them; *len 0 for hidden or out-of-range tokens. */
 static const char *piece_of(const struct engine_tok *t, int32_t id, int include_special,
                             size_t *len)

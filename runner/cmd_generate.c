@@ -29,8 +29,9 @@ static const char gen_usage[] =
     "  --prompt TEXT          raw prompt, tokenized as plain text\n"
     "  --chat TEXT            user message, rendered through the model's chat template\n"
     "  --system TEXT          system message for --chat (default: the template's own)\n"
-    "  --chat-template NAME   chatml, gemma, llama2, llama3, mistral or phi3 instead of\n"
-    "                         what the model's tokenizer.chat_template is recognised as\n"
+    "  --chat-template NAME   " ENGINE_CHAT_NAMES "\n"
+    "                         instead of what the model's tokenizer.chat_template is\n"
+    "                         recognised as\n"
     "  --special              let --prompt text contain special tokens like <|im_start|>\n"
     "  --max-tokens N         tokens to generate at most (default 256)\n"
     "  --temperature T        0 = greedy, up to 2 (default 0.8)\n"
@@ -197,9 +198,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         return 0;
     }
     if (o->chat_template && !engine_chat_name_known(o->chat_template)) {
-        fprintf(stderr,
-                "quern generate: --chat-template: unknown '%s' (chatml, gemma, llama2, "
-                "llama3, mistral, phi3)\n",
+        fprintf(stderr, "quern generate: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
                 o->chat_template);
         return 0;
     }

@@ -21,8 +21,8 @@ static const char tok_usage[] =
     "  --chat         treat stdin as one user message and render the chat template around\n"
     "                 it (with the generation prompt), as `quern generate --chat` does\n"
     "  --chat-template NAME\n"
-    "                 chatml, gemma, llama2, llama3, mistral or phi3 instead of the\n"
-    "                 model's recognised template\n"
+    "                 " ENGINE_CHAT_NAMES "\n"
+    "                 instead of the model's recognised template\n"
     "  --special      recognise special-token text such as <|im_end|> in the input\n"
     "                 (by default it is tokenized as plain text); with --chat, in the\n"
     "                 message too (`quern generate --chat` never does)\n"
@@ -57,8 +57,7 @@ int runner_cmd_tokenize(int argc, char **argv)
     }
     if (tmpl && (!chat || !engine_chat_name_known(tmpl))) {
         fprintf(stderr,
-                chat ? "quern tokenize: --chat-template: unknown '%s' (chatml, gemma, llama2, "
-                       "llama3, mistral, phi3)\n"
+                chat ? "quern tokenize: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n"
                      : "quern tokenize: --chat-template needs --chat ('%s')\n",
                 tmpl);
         return RUNNER_EXIT_USAGE;

@@ -55,17 +55,27 @@ static void test_templates_vs_jinja(void **state)
                  err.msg);
     assert_int_equal(engine_tok_load(&gtok, gg, &err), ST_OK);
     assert_int_equal(engine_chat_init(&gchat, gg, &err), ST_OK); /* no template: by vocabulary */
+    /* Mistral v0.3's vocabulary (with its template) for Mistral's own token ids */
+    struct io_gguf *mg;
+    struct engine_tok *mtok;
+    struct engine_chat *mchat;
+    assert_int_equal(io_gguf_open(&mg, "tests/fixtures/mistral_v3_vocab.gguf", &err), ST_OK);
+    assert_int_equal(engine_tok_load(&mtok, mg, &err), ST_OK);
+    assert_int_equal(engine_chat_init(&mchat, mg, &err), ST_OK);
     size_t flen;
     char *file = test_read_file("tests/fixtures/chat_templates_ref.jsonl", &flen);
     assert_non_null(file);
-    size_t lines = 0, id_lines = 0, errors = 0;
+    size_t lines = 0, id_lines = 0, errors = 0, mistral_lines = 0;
     char *save = NULL;
     for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
         assert_non_null(j);
         static struct gbuf b;
-        struct io_gguf *g =
-            gguf_kv(&b, "tokenizer.chat_template", cJSON_GetObjectItem(j, "source")->valuestring);
+        const cJSON *src_file = cJSON_GetObjectItem(j, "source_file");
+        char *src = src_file ? test_read_file(src_file->valuestring, &flen) : NULL;
+        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template",
+                                    src ? src : cJSON_GetObjectItem(j, "source")->valuestring);
+        free(src);
         struct engine_chat *c;
         assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
         struct engine_chat_msg m[MAX_MSGS];
@@ -93,16 +103,23 @@ static void test_templates_vs_jinja(void **state)
                          gen, s, text->valuestring);
         }
         const cJSON *want = cJSON_GetObjectItem(j, "ids");
-        if (want) {
+        const cJSON *mwant = cJSON_GetObjectItem(j, "mistral_ids");
+        if (want || mwant) {
             int32_t *ids;
             size_t n_ids;
-            assert_int_equal(engine_chat_tokenize(gchat, gtok, m, n, gen, 0, &ids, &n_ids, &err),
+            if (mwant) {
+                want = mwant;
+                mistral_lines++;
+            } else {
+                id_lines++;
+            }
+            assert_int_equal(engine_chat_tokenize(mwant ? mchat : gchat, mwant ? mtok : gtok, m, n,
+                                                  gen, 0, &ids, &n_ids, &err),
                              ST_OK);
             assert_int_equal(n_ids, (size_t)cJSON_GetArraySize(want));
             for (size_t i = 0; i < n_ids; i++)
                 assert_int_equal(ids[i], cJSON_GetArrayItem(want, (int)i)->valueint);
             free(ids);
-            id_lines++;
         }
         free(s);
         engine_chat_free(c);
@@ -112,9 +129,13 @@ static void test_templates_vs_jinja(void **state)
     }
     free(file);
     print_message("chat_templates_ref: %zu renderings identical to Jinja2 (%zu refused alike), "
-                  "%zu Gemma token lists identical to llama.cpp's\n",
-                  lines, errors, id_lines);
-    assert_true(lines >= 140 && id_lines >= 20 && errors >= 20);
+                  "%zu Gemma token lists identical to llama.cpp's, %zu Mistral v0.3 token lists "
+                  "identical to Mistral's own tokenizer's\n",
+                  lines, errors, id_lines, mistral_lines);
+    assert_true(lines >= 260 && id_lines >= 20 && errors >= 30 && mistral_lines >= 12);
+    engine_chat_free(mchat);
+    engine_tok_free(mtok);
+    io_gguf_close(mg);
     engine_chat_free(gchat);
     engine_tok_free(gtok);
     io_gguf_close(gg);
@@ -141,9 +162,10 @@ static void test_named_and_refused(void **state)
     free(s);
     engine_chat_free(c);
     assert_int_equal(engine_chat_init_named(&c, g, "vicuna", &err), ST_ERR_INVALID_ARG);
-    assert_non_null(strstr(err.msg, "chatml, gemma, llama2, llama3, mistral, phi3"));
+    assert_non_null(
+        strstr(err.msg, "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3"));
     io_gguf_close(g);
-    /* Llama 3.1's template writes a dated system turn this renderer does not: refused */
+    /* a template that writes Llama 3.1's dated system turn without the rest of its lines */
     g = gguf_kv(&b, "tokenizer.chat_template",
                 "{{- bos_token }}{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
                 "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}");
@@ -152,7 +174,7 @@ static void test_named_and_refused(void **state)
     io_gguf_close(g);
     /* variants of the recognised families that render differently: refused, not misrendered */
     static const char *const variants[] = {
-        /* Mistral v0.3: the system message goes into the last user turn */
+        /* a piece of Mistral v0.3's: the system message goes into the last user turn */
         "{%- if messages[0][\"role\"] == \"system\" %}{%- set system_message = "
         "messages[0][\"content\"] %}{%- endif %}{{- bos_token }}{{- \"[INST] \" + "
         "system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
@@ -185,11 +207,87 @@ static void test_named_and_refused(void **state)
     io_gguf_close(g);
 }
 
+/* The published Llama 3.1 and Mistral v0.3 templates edited where they write what a
+ * conversation renders to: refused, not rendered as the unedited ones; --chat-template llama31
+ * and mistral-v3 render as those. */
+static void test_edited_templates(void **state)
+{
+    (void)state;
+    static struct gbuf b;
+    struct err_detail err = {0};
+    struct engine_chat *c;
+    size_t len;
+    static const char *const files[] = {
+        "tests/fixtures/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja"};
+    /* (file, what is replaced, by what) */
+    static const struct {
+        int file;
+        const char *from, *to;
+    } edits[] = {
+        {0, "\"26 Jul 2024\"", "\"01 Jan 2025\""},
+        {0, "December 2023", "March 2024"},
+        {0, "messages[0]['content']|trim", "messages[0]['content']"},
+        {0, "'<|end_header_id|>\\n\\n'+ message['content'] | trim",
+         "'<|end_header_id|>\\n\\n'+ message['content']"},
+        {1, "(message == user_messages[-1]) and system_message", "loop.first and system_message"},
+        {1, "\" \" + message[\"content\"]|trim + eos_token",
+         "message[\"content\"]|trim + eos_token"},
+        {1, "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
+         "{{- \"[INST]\" + message[\"content\"] + \" [/INST]\" }}"},
+    };
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        char *src = test_read_file(files[edits[i].file], &len);
+        assert_non_null(src);
+        /* unedited: recognised */
+        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template", src);
+        assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
+        engine_chat_free(c);
+        io_gguf_close(g);
+        char *at = strstr(src, edits[i].from);
+        if (!at)
+            fail_msg("edit %zu: \"%s\" is not in %s", i, edits[i].from, files[edits[i].file]);
+        const size_t fl = strlen(edits[i].from), tl = strlen(edits[i].to);
+        char *ed = malloc(len + tl + 1);
+        assert_non_null(ed);
+        memcpy(ed, src, (size_t)(at - src));
+        memcpy(ed + (at - src), edits[i].to, tl);
+        strcpy(ed + (at - src) + tl, at + fl);
+        g = gguf_kv(&b, "tokenizer.chat_template", ed);
+        if (engine_chat_init(&c, g, &err) != ST_ERR_UNSUPPORTED)
+            fail_msg("edit %zu (%s -> %s) was not refused", i, edits[i].from, edits[i].to);
+        assert_non_null(strstr(err.msg, "Llama 3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3"));
+        io_gguf_close(g);
+        free(ed);
+        free(src);
+    }
+    /* by name */
+    struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template", "{{ messages }}");
+    struct engine_chat_msg m[] = {
+        {"system", " S "}, {"user", " Hi "}, {"assistant", " A "}, {"user", "Q"}};
+    char *s;
+    assert_int_equal(engine_chat_init_named(&c, g, "llama31", &err), ST_OK);
+    assert_int_equal(engine_chat_render(c, m, 2, 1, &s, &len, &err), ST_OK);
+    assert_string_equal(s, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                           "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nS"
+                           "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(s);
+    engine_chat_free(c);
+    assert_int_equal(engine_chat_init_named(&c, g, "mistral-v3", &err), ST_OK);
+    assert_int_equal(engine_chat_render(c, m, 4, 1, &s, &len, &err), ST_OK);
+    assert_string_equal(s, "<s>[INST]  Hi [/INST] A</s>[INST]  S \n\nQ[/INST]");
+    free(s);
+    engine_chat_free(c);
+    io_gguf_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_templates_vs_jinja),
         cmocka_unit_test(test_named_and_refused),
+        cmocka_unit_test(test_edited_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

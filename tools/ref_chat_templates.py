@@ -10,6 +10,21 @@ Gemma 3 (google/gemma-3-*-it), Gemma 2 (google/gemma-2-*-it), Llama 3 (meta-llam
 Phi-3 (microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini-instruct), with each model's BOS and EOS
 texts.
 
+Templates too long to keep here are files under tests/fixtures/chat_templates/ (lines for them
+name the file in "source_file" instead of carrying "source"): Llama 3.1 (also 3.3's, the same
+text) and Llama 3.2 as llama.cpp keeps them (models/templates/meta-llama-*.jinja), Mistral Nemo
+(models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja) and Mistral 7B Instruct v0.3
+(mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json). Jinja2 defines no strftime_now,
+so Llama 3.2's template writes its fallback date, as quern does.
+
+For Mistral v0.3 the lines also carry the token ids Mistral's own tokenizer (mistral_common,
+MistralTokenizer.v3) gives the conversation, where it takes it (it refuses some that the
+template renders), and the script writes tests/fixtures/mistral_v3_vocab.gguf: that tokenizer's
+SentencePiece vocabulary as a GGUF (llama.cpp's token types), with the v0.3 template.
+
+Without llama_cpp installed, Gemma's ids are taken from the fixture as it was (a line whose
+text did not change keeps its ids).
+
 Usage: python3 tools/ref_chat_templates.py [--gemma models/gemma-3-270m-q4_k_m.gguf]"""
 import argparse
 import json
@@ -97,10 +112,19 @@ PHI3 = (
     "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
 
+TPL_DIR = os.path.join("tests", "fixtures", "chat_templates")
+FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
+         "llama32": "meta-llama-Llama-3.2-3B-Instruct.jinja",
+         "mistral-v3": "mistralai-Mistral-7B-Instruct-v0.3.jinja",
+         "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja"}
+
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
              "llama2": (LLAMA2, "<s>", "</s>"), "mistral": (MISTRAL, "<s>", "</s>"),
-             "phi3": (PHI3, "<s>", "<|endoftext|>"), "gemma2": (GEMMA2, "<bos>", "<eos>")}
+             "phi3": (PHI3, "<s>", "<|endoftext|>"), "gemma2": (GEMMA2, "<bos>", "<eos>"),
+             "llama31": (None, "<|begin_of_text|>", "<|eot_id|>"),
+             "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
+             "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>")}
 
 U, A, S = "user", "assistant", "system"
 CONVS = [
@@ -117,6 +141,81 @@ CONVS = [
     [(U, "a"), (S, "a system message in the middle"), (U, "b")],
     [(A, "an assistant turn first")],
 ]
+# Mistral v0.3's system text goes into each user turn equal to the last one, Nemo's only into
+# a last message that is a user turn
+MISTRAL_CONVS = [
+    [(S, "sys"), (U, "same"), (A, "x"), (U, "same")],
+    [(S, "sys"), (U, "q"), (A, "answer")],
+    [(S, "sys"), (U, "q"), (A, "a"), (S, "again")],
+    [(S, "sys"), (U, "q"), (A, "a"), (A, "b")],
+    [(S, "sys")],
+]
+
+
+def mistral_ids(msgs):
+    """Mistral's own token ids for msgs, or None where it refuses them."""
+    from mistral_common.protocol.instruct.messages import (AssistantMessage, SystemMessage,
+                                                          UserMessage)
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    cls = {S: SystemMessage, U: UserMessage, A: AssistantMessage}
+    try:
+        req = ChatCompletionRequest(messages=[cls[m["role"]](content=m["content"]) for m in msgs])
+        return MistralTokenizer.v3().encode_chat_completion(req).tokens
+    except Exception:  # mistral_common's validation: not every conversation is taken
+        return None
+
+
+def spm_ids(text):
+    """text's ids as Mistral's tokenizer writes a prompt: <s> [INST] [/INST] </s> as control
+    tokens, each piece between them encoded alone (SentencePiece's prefix writing the space the
+    template puts after [INST] and before an assistant turn). Only to check that Mistral's own
+    ids are those of the template's text."""
+    import re
+    sp = spm()
+    out = []
+    for piece in re.split(r"(<s>|</s>|\[INST\]|\[/INST\])", text):
+        if piece in ("<s>", "</s>", "[INST]", "[/INST]"):
+            out.append(sp.piece_to_id(piece))
+        elif piece:
+            out += sp.encode(piece[1:] if piece.startswith(" ") else piece)
+    return out
+
+
+def spm():
+    import glob
+    import mistral_common
+    import sentencepiece
+    model = glob.glob(os.path.join(os.path.dirname(mistral_common.__file__), "data",
+                                   "mistral_instruct_tokenizer_240323.model.v3"))[0]
+    return sentencepiece.SentencePieceProcessor(model_file=model)
+
+
+def mistral_vocab(out, template):
+    """Mistral v0.3's SentencePiece vocabulary (from mistral_common) as a GGUF."""
+    import gguf
+    sp = spm()
+    toks, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        toks.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i)
+                     else 5 if sp.is_unused(i) else 1)
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def raise_exception(msg):
@@ -127,27 +226,52 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemma", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     a = ap.parse_args()
-    from llama_cpp import Llama
-    voc = Llama(model_path=a.gemma, vocab_only=True, verbose=False)
+    try:
+        from llama_cpp import Llama
+        voc = Llama(model_path=a.gemma, vocab_only=True, verbose=False)
+    except ImportError:
+        voc = None
+    out = os.path.join(ROOT, "tests", "fixtures", "chat_templates_ref.jsonl")
+    old_ids = {}
+    with open(out) as f:
+        for line in f:
+            r = json.loads(line)
+            if "ids" in r:
+                old_ids[r["text"]] = r["ids"]
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # as transformers does
     env.globals["raise_exception"] = raise_exception
-    out = os.path.join(ROOT, "tests", "fixtures", "chat_templates_ref.jsonl")
     n = 0
     with open(out, "w") as f:
         for name, (src, bos, eos) in TEMPLATES.items():
+            if src is None:
+                with open(os.path.join(ROOT, TPL_DIR, FILES[name])) as tf:
+                    src = tf.read()
             tpl = env.from_string(src)
-            for conv in CONVS:
+            for conv in CONVS + (MISTRAL_CONVS if name.startswith("mistral-") else []):
                 msgs = [{"role": r, "content": c} for r, c in conv]
                 for agp in (False, True):
-                    rec = {"template": name, "source": src, "messages": msgs,
-                           "add_generation_prompt": agp}
+                    rec = {"template": name}
+                    if name in FILES:
+                        rec["source_file"] = TPL_DIR + "/" + FILES[name]
+                    else:
+                        rec["source"] = src
+                    rec.update({"messages": msgs, "add_generation_prompt": agp})
                     try:
                         rec["text"] = tpl.render(messages=msgs, add_generation_prompt=agp,
                                                  bos_token=bos, eos_token=eos)
                     except jinja2.exceptions.TemplateError as e:
                         rec["error"] = str(e)
                     if name == "gemma" and "text" in rec:
-                        rec["ids"] = voc.tokenize(rec["text"].encode(), add_bos=False, special=True)
+                        rec["ids"] = (voc.tokenize(rec["text"].encode(), add_bos=False,
+                                                   special=True) if voc
+                                      else old_ids[rec["text"]])
+                    if name == "mistral-v3" and "text" in rec:
+                        ids = mistral_ids(msgs)
+                        if ids is not None and ids == spm_ids(rec["text"]):
+                            rec["mistral_ids"] = ids
+                        else:  # Mistral's tokenizer refuses it or builds another prompt
+                            print("no mistral_ids: %r (%s)" % (
+                                rec["text"], "refused" if ids is None else "another prompt"))
                     f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
                     n += 1
         # a conversation the Gemma template refuses: two user turns in a row
@@ -161,6 +285,8 @@ def main():
                                separators=(",", ":")) + "\n")
             n += 1
     print("wrote %s: %d renderings" % (out, n))
+    with open(os.path.join(ROOT, TPL_DIR, FILES["mistral-v3"])) as tf:
+        mistral_vocab(os.path.join(ROOT, "tests", "fixtures", "mistral_v3_vocab.gguf"), tf.read())
 
 
 if __name__ == "__main__":

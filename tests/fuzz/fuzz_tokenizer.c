@@ -69,17 +69,18 @@ struct tok {
 #define MAX_MSGS 6
 
 /* The text's lines as chat messages (first byte: role, also an unknown one), rendered and
- * tokenized through the template g names, or the format `pick` names (6: none, so recognised
- * from g). Errors must come with a message; ids must be in the vocabulary. */
+ * tokenized through the template g names, or the format `pick` names (8 and up: none, so
+ * recognised from g). Errors must come with a message; ids must be in the vocabulary. */
 static void fuzz_chat(const struct io_gguf *g, const struct engine_tok *t, const uint8_t *text,
                       size_t n, int pick)
 {
-    static const char *const names[] = {"chatml", "gemma", "llama2", "llama3", "mistral", "phi3"};
+    static const char *const names[] = {"chatml",  "gemma",   "llama2",     "llama3",
+                                        "llama31", "mistral", "mistral-v3", "phi3"};
     static const char *const roles[] = {"user", "assistant", "system", "tool"};
     struct err_detail err = {0};
     struct engine_chat *c;
     enum status st =
-        pick < 6 ? engine_chat_init_named(&c, g, names[pick], &err) : engine_chat_init(&c, g, &err);
+        pick < 8 ? engine_chat_init_named(&c, g, names[pick], &err) : engine_chat_init(&c, g, &err);
     if (st) {
         if (!err.msg[0])
             abort();
@@ -132,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     static const char *const pres[] = {"default", "smollm", "llama-bpe", "qwen2", "gpt2", "nope"};
     const int spm = data[0] & 1, bad = data[0] >> 1 & 7, pre = data[1] % 6;
-    const int add_bos = data[2] & 1, prefix = data[2] >> 1 & 1;
+    const int add_bos = data[2] & 1, prefix = data[2] >> 1 & 1, by_template = data[2] >> 2 & 1;
     data += 3;
     size = size - 3;
     /* vocabulary lines up to a blank line, then the text */
@@ -247,7 +248,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 free(ids);
             }
             if (tpl)
-                fuzz_chat(g, t, text, text_n, bad);
+                fuzz_chat(g, t, text, text_n, bad + 8 * by_template);
             engine_tok_free(t);
         }
         io_gguf_close(g);
