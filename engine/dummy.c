@@ -42,6 +42,7 @@ static const struct preset presets[] = {
     {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
      1024},
     {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
@@ -180,12 +181,22 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         {"post_ffw_norm.weight", &E, "gemma3"}, {"post_attention_norm.weight", &E, "gemma2"},
         {"post_ffw_norm.weight", &E, "gemma2"},
     };
+    const int phi3 = !strcmp(p->arch, "phi3"); /* [Q; K; V] and [gate; up], each one matrix */
     for (int l = 0; l < n_layer && !st; l++) {
         static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k",
                                              "attn_v",    "attn_output", "ffn_norm",
                                              "ffn_gate",  "ffn_up",   "ffn_down"};
+        static const char *const phi3_names[6] = {"attn_norm", "attn_qkv", "attn_output",
+                                                  "ffn_norm",  "ffn_up",   "ffn_down"};
         const int64_t in[9] = {E, E, E, E, Q, E, E, E, F}, out[9] = {1, Q, KV, KV, E, 1, F, F, E};
-        for (int i = 0; i < 9 && !st; i++) {
+        const int64_t phi3_in[6] = {E, E, Q, E, E, F},
+                      phi3_out[6] = {1, Q + 2 * KV, E, 1, 2 * F, E};
+        for (int i = 0; phi3 && i < 6 && !st; i++) {
+            snprintf(name, sizeof(name), "blk.%d.%s.weight", l, phi3_names[i]);
+            st = phi3_out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &phi3_in[i], err)
+                                  : add_matrix(w, name, phi3_in[i], phi3_out[i], err);
+        }
+        for (int i = 0; !phi3 && i < 9 && !st; i++) {
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
             st = out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &in[i], err)
                              : add_matrix(w, name, in[i], out[i], err);

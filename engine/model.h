@@ -20,6 +20,7 @@ enum engine_arch {
                              * sliding-window layers with their own RoPE base */
     ENGINE_ARCH_GEMMA2 = 4, /* "gemma2": as gemma3 without QK-norm, every other layer sliding
                              * (one RoPE base), attention and output logits soft-capped */
+    ENGINE_ARCH_PHI3 = 5,   /* "phi3": Q, K, V in one matrix, gate and up in one; NEOX RoPE */
 };
 
 struct engine_hparams {

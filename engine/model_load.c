@@ -1,4 +1,4 @@
-/* Loading a model's weights from GGUF: the architecture (llama, qwen2, qwen3, gemma2, gemma3) and its
+/* Loading a model's weights from GGUF: the architecture (ENGINE_ARCH_NAMES) and its
  * hyperparameters from the metadata, whole matrices as views of the mapping, the norm and bias
  * vectors each architecture has. No backend here: engine/model.c splits and prepares them. */
 #include "engine/model_internal.h"
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/log.h"
 
 static enum status get_hparam(const struct io_gguf *g, const char *arch, const char *key, int *out,
                               int required, int dflt, struct err_detail *err)
@@ -46,12 +47,10 @@ static const struct {
     const char *name;
     int arch;
 } g_archs[] = {
-    {"llama", ENGINE_ARCH_LLAMA},
-    {"qwen2", ENGINE_ARCH_QWEN2},
-    {"qwen3", ENGINE_ARCH_QWEN3},
-    {"gemma2", ENGINE_ARCH_GEMMA2},
-    {"gemma3", ENGINE_ARCH_GEMMA3},
+    {"llama", ENGINE_ARCH_LLAMA},   {"qwen2", ENGINE_ARCH_QWEN2},   {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma2", ENGINE_ARCH_GEMMA2}, {"gemma3", ENGINE_ARCH_GEMMA3}, {"phi3", ENGINE_ARCH_PHI3},
 };
+#define ENGINE_ARCH_NAMES "llama, qwen2, qwen3, gemma2, gemma3, phi3"
 
 /* 1 when g has the metadata key "<arch>.<key>". */
 static int has_key(const struct io_gguf *g, const char *arch, const char *key)
@@ -98,8 +97,7 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         }
     if (!arch)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                       "gemma3)",
+                       "architecture '%.*s' is not supported (" ENGINE_ARCH_NAMES ")",
                        (int)(arch_s.len > 40 ? 40 : arch_s.len), arch_s.ptr);
     if ((st = get_hparam(g, arch, "embedding_length", &hp->n_embd, 1, 0, err)) ||
         (st = get_hparam(g, arch, "block_count", &hp->n_layer, 1, 0, err)) ||
@@ -158,6 +156,23 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
     hp->swa_window = 0;
     hp->swa_pattern = 1;
     hp->rope_theta_swa = hp->rope_theta;
+    if (hp->arch == ENGINE_ARCH_PHI3) {
+        /* LongRoPE (Phi-3/3.5's 128k models: factors for short and long contexts, an attention
+         * factor) is not built; the sliding window Phi-3 mini's GGUF may declare is not applied,
+         * as llama.cpp does not (Hugging Face does: past it, outputs differ from HF's) */
+        if (io_gguf_find_tensor(g, "rope_factors_long.weight") ||
+            io_gguf_find_tensor(g, "rope_factors_short.weight"))
+            return err_set(err, ST_ERR_UNSUPPORTED,
+                           "phi3: LongRoPE (rope_factors_long/short, the 128k-context models) is "
+                           "not supported");
+        int window;
+        if ((st = get_hparam(g, arch, "attention.sliding_window", &window, 0, 0, err)))
+            return st;
+        if (window && window < hp->n_ctx_train)
+            LOG_WARN("phi3: attention.sliding_window %d is not applied (as llama.cpp); past %d "
+                     "tokens outputs differ from Hugging Face's",
+                     window, window);
+    }
     if (gemma) {
         hp->emb_scale = sqrtf((float)hp->n_embd);
         /* Gemma 2 and 3 27B scale by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
@@ -214,6 +229,22 @@ enum status engine_model_check_finite(const struct io_gguf *g, struct err_detail
 }
 
 static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in, int64_t out,
+                               struct kern_tensor *t, struct err_detail *err);
+
+/* Rows [row0, row0 + n) of the [in, out] matrix name as a matrix of its own (a view: Phi-3's
+ * Q, K and V in attn_qkv, gate and up in ffn_up). */
+static enum status load_rows(const struct io_gguf *g, const char *name, int64_t in, int64_t out,
+                             int64_t row0, int64_t n, struct kern_tensor *t, struct err_detail *err)
+{
+    enum status st = load_matrix(g, name, in, out, t, err);
+    if (st)
+        return st;
+    t->ne1 = n;
+    t->data = (const char *)t->data + (size_t)row0 * t->row_bytes;
+    return ST_OK;
+}
+
+static enum status load_matrix(const struct io_gguf *g, const char *name, int64_t in, int64_t out,
                                struct kern_tensor *t, struct err_detail *err)
 {
     const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
@@ -255,7 +286,9 @@ static enum status load_vector(const struct io_gguf *g, const char *name, int64_
 static enum status load_extras(const struct io_gguf *g, const struct engine_hparams *hp, int l,
                                struct engine_layer *L, struct err_detail *err)
 {
-    const int a = hp->arch, qd = hp->n_head * hp->head_dim, kvd = hp->n_kv_head * hp->head_dim;
+    const int a = hp->arch;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_kv_head * hp->head_dim;
     const struct {
         const char *name;
         int want;        /* the architecture has it */
@@ -309,7 +342,8 @@ enum status engine_model_load_weights(struct engine_model **out, struct io_gguf 
         goto fail;
     }
     hp->n_vocab = (int)emb->ne[1];
-    int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_kv_head * hp->head_dim;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim,
+                  kv_dim = (int64_t)hp->n_kv_head * hp->head_dim;
     if ((st = load_matrix(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)) ||
         (st = load_vector(g, "output_norm.weight", hp->n_embd, &m->output_norm, err)))
         goto fail;
@@ -339,6 +373,23 @@ enum status engine_model_load_weights(struct engine_model **out, struct io_gguf 
             snprintf(n[i], sizeof(n[i]), "blk.%d.%s.weight", l, names[i]);
         if ((st = load_extras(g, hp, l, L, err)))
             goto fail;
+        if (hp->arch == ENGINE_ARCH_PHI3) { /* [Q; K; V] and [gate; up], each one matrix */
+            char qkv[64];
+            const int64_t E = hp->n_embd, all = q_dim + 2 * kv_dim;
+            snprintf(qkv, sizeof(qkv), "blk.%d.attn_qkv.weight", l);
+            if ((st = load_vector(g, n[0], E, &L->attn_norm, err)) ||
+                (st = load_rows(g, qkv, E, all, 0, q_dim, &L->wq, err)) ||
+                (st = load_rows(g, qkv, E, all, q_dim, kv_dim, &L->wk, err)) ||
+                (st = load_rows(g, qkv, E, all, q_dim + kv_dim, kv_dim, &L->wv, err)) ||
+                (st = load_matrix(g, n[4], q_dim, E, &L->wo, err)) ||
+                (st = load_vector(g, n[5], E, &L->ffn_norm, err)) ||
+                (st = load_rows(g, n[7], E, 2 * (int64_t)hp->n_ff, 0, hp->n_ff, &L->w_gate, err)) ||
+                (st = load_rows(g, n[7], E, 2 * (int64_t)hp->n_ff, hp->n_ff, hp->n_ff, &L->w_up,
+                                err)) ||
+                (st = load_matrix(g, n[8], hp->n_ff, E, &L->w_down, err)))
+                goto fail;
+            continue;
+        }
         if ((st = load_vector(g, n[0], hp->n_embd, &L->attn_norm, err)) ||
             (st = load_matrix(g, n[1], hp->n_embd, q_dim, &L->wq, err)) ||
             (st = load_matrix(g, n[2], hp->n_embd, kv_dim, &L->wk, err)) ||

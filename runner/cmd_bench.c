@@ -238,14 +238,17 @@ static int prompts_push(struct prompt_set *ps, int32_t *ids, size_t n, size_t *c
     return 1;
 }
 
-/* Synthetic prompts: random ids among normal (non-control) tokens, distinct per request. */
+/* Synthetic prompts: random ids among normal (non-control) tokens that the model has (a dummy's
+ * vocabulary may be smaller than its tokenizer's), distinct per request. */
 static int prompts_synthetic(struct prompt_set *ps, const struct bench_opts *o,
-                             const struct engine_tok *tok)
+                             const struct engine_tok *tok, int32_t model_vocab)
 {
     size_t cap = 0;
     struct engine_rng rng;
     engine_rng_seed(&rng, o->seed, "bench", 5);
     int32_t nv = engine_tok_n_vocab(tok);
+    if (model_vocab < nv)
+        nv = model_vocab;
     for (long i = 0; i < o->prompts; i++) {
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)o->input_len);
         if (!ids)
@@ -410,7 +413,7 @@ int runner_cmd_bench(int argc, char **argv)
                   "tokens): every request would be refused",
                   o.input_len, o.output_len, engine_model_hparams(m)->n_ctx_train);
         goto out;
-    } else if (!prompts_synthetic(&ps, &o, tok)) {
+    } else if (!prompts_synthetic(&ps, &o, tok, engine_model_hparams(m)->n_vocab)) {
         LOG_ERROR("no memory for prompts");
         goto out;
     }

@@ -129,7 +129,7 @@ static double compare(const char *name, const char *how, const float *got, const
 static void test_arch_logits(void **state)
 {
     const cJSON *models = cJSON_GetObjectItem(*state, "models");
-    assert_int_equal(cJSON_GetArraySize(models), 5);
+    assert_int_equal(cJSON_GetArraySize(models), 6);
     struct err_detail err = {0};
     struct kern_backend *be;
     struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
@@ -185,6 +185,13 @@ static void test_arch_logits(void **state)
             assert_true(m->layers[0].q_norm && m->hp.head_dim == 32);
         if (!strcmp(name, "llama3"))
             assert_non_null(m->rope_freqs);
+        if (!strcmp(name, "phi3")) { /* Q, K, V and gate, up: row views of two matrices */
+            assert_ptr_equal((const char *)m->layers[0].wk.data,
+                             (const char *)m->layers[0].wq.data +
+                                 m->layers[0].wq.ne1 * m->layers[0].wq.row_bytes);
+            assert_true(m->layers[0].w_up.ne1 == m->hp.n_ff && m->hp.head_dim == 48 &&
+                        !m->hp.swa_window && m->hp.rope_neox);
+        }
 
         /* two ranks: bitwise one rank's logits */
         struct kern_group *g;
@@ -353,12 +360,12 @@ static void test_unsupported_arch(void **state)
     (void)state;
     struct err_detail err = {0};
     struct engine_model *m = NULL;
-    assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/phi3.gguf", NULL, &err),
+    assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/phi2.gguf", NULL, &err),
                      ST_ERR_UNSUPPORTED);
     assert_null(m);
     printf("  %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "architecture 'phi3' is not supported"));
-    assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, gemma2, gemma3"));
+    assert_non_null(strstr(err.msg, "architecture 'phi2' is not supported"));
+    assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, gemma2, gemma3, phi3"));
 }
 
 /* A model file holding a NaN or an infinity is refused at load onto a backend, naming the tensor

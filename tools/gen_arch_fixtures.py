@@ -2,7 +2,7 @@
 """Small random-weight GGUFs of each supported architecture and their reference logits (NOT run
 by CI; the outputs are committed):
 
-  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2}.gguf   written by the `gguf` package
+  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3}.gguf   written by `gguf`
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -12,7 +12,8 @@ Q8_0, Q4_0, Q4_1 and F16. llama3 carries rope_freqs.weight with Llama 3.1's fact
 qwen3 and gemma3 a head_dim (32) that is not hidden / heads (16); gemma3 a 5-token sliding
 window, so a 24-token prompt crosses it in the five sliding layers of every six; gemma2 the
 same window in every other layer and soft-capping (attention 4, logits 30: caps these random
-weights' scores and logits reach, so that tanh bends them).
+weights' scores and logits reach, so that tanh bends them); phi3 Q/K/V in one matrix and gate/up
+in one, head_dim 48 (not a power of two), the sliding window Phi-3 mini's GGUF declares.
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -69,6 +70,8 @@ def write(name, arch, head_dim, extra, types, rng):
     w.add_rope_freq_base(theta)
     if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(5)
+    if "window" in extra:
+        w.add_sliding_window(2047)
     if arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 4.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
@@ -86,13 +89,20 @@ def write(name, arch, head_dim, extra, types, rng):
 
     mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
     vec("output_norm.weight", E, 1.0, 0.2)
-    if name == "llama3":
+    if name in ("llama3", "phi3"):
         mat("output.weight", E, V, types[1], scale=2.0)
+    if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
     for l in range(NL):
         p = "blk.%d." % l
         vec(p + "attn_norm.weight", E, 1.0, 0.2)
         vec(p + "ffn_norm.weight", E, 1.0, 0.2)
+        if arch == "phi3":  # [Q; K; V] and [gate; up], each one matrix
+            mat(p + "attn_qkv.weight", E, (H + 2 * KV) * head_dim, types[l % len(types)], 2.0)
+            mat(p + "attn_output.weight", H * head_dim, E, types[(l + 3) % len(types)])
+            mat(p + "ffn_up.weight", E, 2 * FF, types[(l + 1) % len(types)], 1.5)
+            mat(p + "ffn_down.weight", FF, E, types[(l + 2) % len(types)])
+            continue
         mat(p + "attn_q.weight", E, H * head_dim, types[l % len(types)], 2.0)
         mat(p + "attn_k.weight", E, KV * head_dim, types[(l + 1) % len(types)], 2.0)
         mat(p + "attn_v.weight", E, KV * head_dim, types[(l + 2) % len(types)])
@@ -126,6 +136,9 @@ def main():
         ("qwen3", "qwen3", 32, ("qk_norm",), (Q.Q4_1, Q.Q8_0)),
         ("gemma3", "gemma3", 32, ("qk_norm", "post_norm"), (Q.Q8_0, Q.Q4_0, Q.Q4_1)),
         ("gemma2", "gemma2", 32, ("post_norm",), (Q.Q4_0, Q.Q8_0, Q.F16)),
+        # Phi-3's head_dim is 96 (mini) or 128: 48 here, not a power of two; its mini's GGUF
+        # declares a sliding window that is not applied (only a warning)
+        ("phi3", "phi3", 48, ("window",), (Q.Q4_1, Q.Q8_0, Q.Q4_0)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}
@@ -145,7 +158,7 @@ def main():
         print("%-7s %6d bytes  logits |max| %.2f  std %.2f" %
               (name, os.path.getsize(path), float(np.abs(logits).max()), float(logits.std())))
     # an architecture quern does not run: only its name (the loader refuses it first)
-    w = GGUFWriter(os.path.join(ROOT, "tests", "fixtures", "arch", "phi3.gguf"), "phi3")
+    w = GGUFWriter(os.path.join(ROOT, "tests", "fixtures", "arch", "phi2.gguf"), "phi2")
     w.add_block_count(1)
     w.write_header_to_file()
     w.write_kv_data_to_file()

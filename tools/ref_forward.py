@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the llama.cpp forward pass of the llama, qwen2, qwen3 and
-gemma3 architectures (NOT run by CI; class Model says how the others differ from llama).
+"""Independent numpy reference of the llama.cpp forward pass of the llama, qwen2, qwen3, gemma2,
+gemma3 and phi3 architectures (NOT run by CI; class Model says how the others differ from llama).
 
 Every tensor is dequantized with gguf.quants.dequantize (exact float32 values of the
 quantized weights), then ALL compute is done in float64. Writes tests/fixtures/forward_ref.json.
@@ -55,13 +55,16 @@ class Model:
       gemma2: as gemma3 without QK-norm; every other layer (il % 2 == 0) sliding, all with
               rope.freq_base; scores soft-capped (cap * tanh(s / cap), attn_logit_softcapping)
               after scaling, and the output logits (final_logit_softcapping).
-      llama:  rope_freqs.weight, when present, divides pair i's frequency (Llama 3)."""
+      llama:  rope_freqs.weight, when present, divides pair i's frequency (Llama 3).
+      phi3:   Q, K and V are the rows of one matrix (attn_qkv: query rows, then key, then value,
+              as Hugging Face's Phi3Attention slices qkv_proj's output), gate and up the two
+              halves of ffn_up (gate first: Phi3MLP's gate_up_proj chunked in two); NEOX."""
 
     def __init__(self, path):
         r = gguf.GGUFReader(path)
         f = r.fields
         arch = f["general.architecture"].contents()
-        assert arch in ("llama", "qwen2", "qwen3", "gemma2", "gemma3"), arch
+        assert arch in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"), arch
         self.arch = arch
         g = lambda k: f[arch + "." + k].contents()
         has = lambda k: arch + "." + k in f
@@ -106,9 +109,19 @@ class Model:
         self.layers = []
         for i in range(self.n_layer):
             p = "blk.%d." % i
-            L = {k: W(p + k + ".weight") for k in
-                 ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+            if arch == "phi3":
+                L = {k: W(p + k + ".weight") for k in
+                     ("attn_norm", "attn_output", "ffn_norm", "ffn_down")}
+                qkv, gate_up = W(p + "attn_qkv.weight"), W(p + "ffn_up.weight")
+                nq, nk = self.n_head * self.head_dim, self.n_kv * self.head_dim
+                assert qkv.shape == (nq + 2 * nk, self.n_embd)
+                assert gate_up.shape == (2 * self.n_ff, self.n_embd)
+                L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+                L["ffn_gate"], L["ffn_up"] = gate_up[:self.n_ff], gate_up[self.n_ff:]
+            else:
+                L = {k: W(p + k + ".weight") for k in
+                     ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                      "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
             for k in extra:
                 L[k] = W(p + k)
             assert L["attn_q"].shape == (self.n_head * self.head_dim, self.n_embd)

@@ -3,7 +3,10 @@
 # at --tp 3, and the same as the file build/tools/dummy_gguf writes for that preset and seed
 # (the in-memory model is the file); a dummy's tokenizer from another GGUF (an 8-layer dummy
 # file) gives the same text; bench reports the dummy; plan --dummy llama3-70b with --tp 8 and
-# --mem gives per-rank numbers without touching 37 GiB of weights; an unknown preset is exit 2.
+# --mem gives per-rank numbers without touching 37 GiB of weights; a 2-layer Phi-3 mini file (Q,
+# K, V in one matrix, head_dim 96, a vocabulary smaller than the tokenizer's) generates the same
+# at --tp 2 as at --tp 1, and bench's synthetic prompts stay inside its vocabulary; an unknown
+# preset is exit 2.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -46,6 +49,17 @@ j = json.load(open(sys.argv[1]))
 assert j["model"].startswith("dummy smollm2-135m"), j["model"]
 assert j["output_tokens"] == 16, j
 PY
+
+"$T" phi3-mini 2 1 "$tmp/phi3.gguf" >/dev/null || fail "dummy_gguf phi3-mini"
+gen "$tmp/phi3" --model "$tmp/phi3.gguf"
+gen "$tmp/phi3tp2" --model "$tmp/phi3.gguf" --tp 2
+[ -s "$tmp/phi3" ] && cmp -s "$tmp/phi3" "$tmp/phi3tp2" || fail "phi3 --tp 2 differs"
+grep -q "2 layers, 3072-dim, vocab 32064" "$tmp/phi3.err" || fail "phi3 dims"
+"$Q" bench --model "$tmp/phi3.gguf" --prompts 4 --input-len 32 --output-len 2 \
+    --peak-seconds 0 >"$tmp/bench3.json" 2>"$tmp/bench3.err" || { cat "$tmp/bench3.err"; fail "bench phi3"; }
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["output_tokens"] == 8, j' \
+    "$tmp/bench3.json" || fail "bench phi3: a prompt left the vocabulary"
+rm -f "$tmp/phi3.gguf"
 
 "$Q" plan --model "$M" --dummy llama3-70b --tp 8 --mem 80G --json >"$tmp/plan.json" ||
     fail "plan --dummy llama3-70b"
@@ -94,6 +108,6 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 2 ] || fail "unknown preset: exit $rc, want 2 (a usage error)"
-grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b)" \
+grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b|phi3-mini)" \
     "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
 echo "dummy.sh: ok"
