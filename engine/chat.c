@@ -31,6 +31,7 @@ enum chat_fmt {
     CHAT_FMT_PHI3,
     CHAT_FMT_LLAMA31,
     CHAT_FMT_MISTRAL3,
+    CHAT_FMT_QWEN3,
 };
 
 static const struct {
@@ -46,6 +47,7 @@ static const struct {
     {"phi3", "<|user|>"},
     {"llama31", NULL}, /* a model without a template gets llama3 (its marker) */
     {"mistral-v3", NULL},
+    {"qwen3", NULL}, /* ChatML's marker */
 };
 
 #define CHAT_N_FMTS    (sizeof(g_fmts) / sizeof(g_fmts[0]))
@@ -319,6 +321,33 @@ static const char *const g_m3_variants[][2] = {
 static const char *const g_m3_plain[2] = {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
                                           "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}"};
 
+/* Those of Qwen3's (the thinking models': Qwen3-0.6B ... 235B-A22B). */
+static const char *const g_qwen3[] = {
+    "{%- if messages[0].role == 'system' %}",
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}",
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}",
+    "{%- for message in messages[::-1] %}",
+    "{%- if ns.multi_step_tool and message.role == \"user\" and "
+    "not(message.content.startswith('<tool_response>') and "
+    "message.content.endswith('</tool_response>')) %}",
+    "{%- set ns.last_query_index = index %}",
+    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}",
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
+    "{%- if '</think>' in message.content %}",
+    "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}",
+    "{%- set reasoning_content = "
+    "message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}",
+    "{%- if loop.index0 > ns.last_query_index %}",
+    "{%- if loop.last or (not loop.last and reasoning_content) %}",
+    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+    "'\\n</think>\\n\\n' + content.lstrip('\\n') }}",
+    "{{- '<|im_start|>' + message.role + '\\n' + content }}",
+    "{{- '<|im_end|>\\n' }}",
+    "{{- '<|im_start|>assistant\\n' }}",
+    "{%- if enable_thinking is defined and enable_thinking is false %}",
+    "{{- '<think>\\n\\n</think>\\n\\n' }}",
+    NULL};
+
 /* 1 when s holds every line of the NULL-terminated list. */
 static int has_all(const char *s, const char *const *lines)
 {
@@ -377,8 +406,15 @@ static int fmt_from_template(const char *s)
                        strstr(s, "add_generation_prompt") && !strstr(s, "tools")
                    ? CHAT_FMT_PHI3
                    : -1;
-    if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>"))
-        return CHAT_FMT_CHATML;
+    if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>")) {
+        /* a template that writes or strips reasoning (<think>) is not plain ChatML: Qwen3's is
+         * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
+        if (has_all(s, g_qwen3))
+            return CHAT_FMT_QWEN3;
+        return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning")
+                   ? -1
+                   : CHAT_FMT_CHATML;
+    }
     return -1;
 }
 
@@ -449,8 +485,8 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
-                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3 and Phi-3 are; --chat-template NAME "
-                       "picks one): \"%s\"",
+                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Phi-3 and Qwen3 are; "
+                       "--chat-template NAME picks one): \"%s\"",
                        snip);
     }
     st = c->fmt == CHAT_FMT_CHATML ? find_default_system(s, n, &c->default_system, err) : ST_OK;
@@ -767,6 +803,104 @@ static enum status parts_mistral3(const struct engine_chat *c, const struct engi
     return ST_OK;
 }
 
+/* s[0..n) without leading / trailing '\n' (Python's lstrip('\n') / rstrip('\n')). */
+static struct chat_part nl_lstrip(const char *s, size_t n)
+{
+    while (n && *s == '\n') {
+        s++;
+        n--;
+    }
+    return (struct chat_part){CHAT_PART_TEXT, s, n};
+}
+
+static struct chat_part nl_rstrip(const char *s, size_t n)
+{
+    while (n && s[n - 1] == '\n')
+        n--;
+    return (struct chat_part){CHAT_PART_TEXT, s, n};
+}
+
+/* The last occurrence of needle in s[0..n), or NULL. */
+static const char *last_of(const char *s, size_t n, const char *needle)
+{
+    const size_t k = strlen(needle);
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, needle, k))
+            return s + i;
+    return NULL;
+}
+
+/* 1 when the NUL-terminated s starts with a and ends with b. */
+static int wrapped(const char *s, const char *a, const char *b)
+{
+    const size_t n = strlen(s), la = strlen(a), lb = strlen(b);
+    return n >= la && n >= lb && !strncmp(s, a, la) && !strcmp(s + n - lb, b);
+}
+
+/* Qwen3: ChatML without a default system turn, but an assistant turn after the last user
+ * query (the last user message that is not a <tool_response>...</tool_response>) splits its
+ * content at </think>: "<think>\n" + the reasoning (what follows the last <think> before the
+ * first </think>, '\n' stripped) + "\n</think>\n\n" + the answer (after the last </think>),
+ * when it is the last message or has reasoning; other assistant turns keep only the answer;
+ * no_thinking (enable_thinking false) adds "<think>\n\n</think>\n\n" after the generation
+ * prompt. <think> and </think> are the vocabulary's tokens where it has them. */
+static size_t parts_qwen3(const struct engine_chat_msg *m, size_t n, int gen, int no_thinking,
+                          struct chat_part *p)
+{
+    size_t k = 0, last_query = n - 1;
+    for (size_t i = n; i-- > 0;)
+        if (!strcmp(m[i].role, "user") &&
+            !wrapped(m[i].content, "<tool_response>", "</tool_response>")) {
+            last_query = i;
+            break;
+        }
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        const size_t len = strlen(c);
+        p[k++] = special(CHAT_IM_START);
+        p[k++] = text(m[i].role);
+        p[k++] = text("\n");
+        if (strcmp(m[i].role, "assistant")) {
+            p[k++] = text(c);
+        } else {
+            struct chat_part answer = {CHAT_PART_TEXT, c, len}, reason = {CHAT_PART_TEXT, c, 0};
+            const char *first = strstr(c, "</think>");
+            if (first) {
+                const char *last = last_of(c, len, "</think>") + strlen("</think>");
+                answer = nl_lstrip(last, len - (size_t)(last - c));
+                const struct chat_part before = nl_rstrip(c, (size_t)(first - c));
+                const char *t = last_of(before.s, before.n, "<think>");
+                t = t ? t + strlen("<think>") : before.s;
+                reason = nl_lstrip(t, before.n - (size_t)(t - before.s));
+            }
+            if (i > last_query && (i == n - 1 || reason.n)) {
+                p[k++] = (struct chat_part){CHAT_PART_CONTROL, "<think>", 7};
+                p[k++] = text("\n");
+                reason = nl_lstrip(reason.s, reason.n);
+                p[k++] = nl_rstrip(reason.s, reason.n);
+                p[k++] = text("\n");
+                p[k++] = (struct chat_part){CHAT_PART_CONTROL, "</think>", 8};
+                p[k++] = text("\n\n");
+                answer = nl_lstrip(answer.s, answer.n);
+            }
+            p[k++] = answer;
+        }
+        p[k++] = special(CHAT_IM_END);
+        p[k++] = text("\n");
+    }
+    if (gen) {
+        p[k++] = special(CHAT_IM_START);
+        p[k++] = text("assistant\n");
+    }
+    if (gen && no_thinking) { /* enable_thinking false: an empty reasoning block */
+        p[k++] = (struct chat_part){CHAT_PART_CONTROL, "<think>", 7};
+        p[k++] = text("\n\n");
+        p[k++] = (struct chat_part){CHAT_PART_CONTROL, "</think>", 8};
+        p[k++] = text("\n\n");
+    }
+    return k;
+}
+
 /* Phi-3/3.5: "<|role|>\ncontent<|end|>\n" per message (a system message with empty content
  * is left out), then "<|assistant|>\n" as the generation prompt, else "<|endoftext|>". */
 static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
@@ -802,8 +936,8 @@ static int writes_bos(const struct engine_chat *c)
 /* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs, c and
  * its own tail. */
 static enum status chat_parts(const struct engine_chat *c, const struct engine_chat_msg *msgs,
-                              size_t n, int add_generation_prompt, struct chat_part **parts,
-                              size_t *n_parts, struct err_detail *err)
+                              size_t n, unsigned flags, struct chat_part **parts, size_t *n_parts,
+                              struct err_detail *err)
 {
     *parts = NULL;
     *n_parts = 0;
@@ -822,7 +956,7 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
     if (n > SIZE_MAX / (16 * sizeof(struct chat_part)))
         return err_set(err, ST_ERR_INVALID_ARG, "too many messages (%zu)", n);
     /* the parts, then (Llama 2) room for the first turn's content joined with the system's */
-    const size_t n_p = 8 * n + 8 + CHAT_MAX_DEFAULT_PARTS;
+    const size_t n_p = 12 * n + 8 + CHAT_MAX_DEFAULT_PARTS; /* qwen3: 12 a message */
     size_t scratch = 0;
     if (c->fmt == CHAT_FMT_LLAMA2 && n > 1)
         scratch = strlen(msgs[0].content) + strlen(msgs[1].content) + 32;
@@ -831,22 +965,25 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         return err_set(err, ST_ERR_NOMEM, "rendering the chat");
     size_t k = 0;
     enum status st = ST_OK;
+    const int gen = (flags & ENGINE_CHAT_GEN_PROMPT) != 0;
     if (c->fmt == CHAT_FMT_GEMMA)
-        st = parts_gemma(c, msgs, n, add_generation_prompt, p, &k, err);
+        st = parts_gemma(c, msgs, n, gen, p, &k, err);
     else if (c->fmt == CHAT_FMT_LLAMA3)
-        k = parts_llama3(msgs, n, add_generation_prompt, p, 1);
+        k = parts_llama3(msgs, n, gen, p, 1);
     else if (c->fmt == CHAT_FMT_LLAMA31)
-        k = parts_llama31(msgs, n, add_generation_prompt, p);
+        k = parts_llama31(msgs, n, gen, p);
     else if (c->fmt == CHAT_FMT_MISTRAL3)
         st = parts_mistral3(c, msgs, n, p, &k, err);
+    else if (c->fmt == CHAT_FMT_QWEN3)
+        k = parts_qwen3(msgs, n, gen, flags & ENGINE_CHAT_NO_THINKING, p);
     else if (c->fmt == CHAT_FMT_LLAMA2)
         st = parts_llama2(msgs, n, p, (char *)(p + n_p), &k, err);
     else if (c->fmt == CHAT_FMT_MISTRAL)
         st = parts_mistral(msgs, n, p, &k, err);
     else if (c->fmt == CHAT_FMT_PHI3)
-        k = parts_phi3(msgs, n, add_generation_prompt, p);
+        k = parts_phi3(msgs, n, gen, p);
     else
-        k = parts_chatml(c, msgs, n, add_generation_prompt, p);
+        k = parts_chatml(c, msgs, n, gen, p);
     if (st != ST_OK) {
         free(p);
         return st;
@@ -857,14 +994,14 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
 }
 
 enum status engine_chat_render(const struct engine_chat *c, const struct engine_chat_msg *msgs,
-                               size_t n, int add_generation_prompt, char **out, size_t *out_len,
+                               size_t n, unsigned flags, char **out, size_t *out_len,
                                struct err_detail *err)
 {
     *out = NULL;
     *out_len = 0;
     struct chat_part *p;
     size_t np;
-    enum status st = chat_parts(c, msgs, n, add_generation_prompt, &p, &np, err);
+    enum status st = chat_parts(c, msgs, n, flags, &p, &np, err);
     if (st != ST_OK)
         return st;
     size_t total = 1;
@@ -927,15 +1064,15 @@ static enum status ids_encode(struct chat_ids *a, const struct engine_tok *t, co
 }
 
 enum status engine_chat_tokenize(const struct engine_chat *c, const struct engine_tok *t,
-                                 const struct engine_chat_msg *msgs, size_t n,
-                                 int add_generation_prompt, int allow_special_in_content,
-                                 int32_t **ids, size_t *n_ids, struct err_detail *err)
+                                 const struct engine_chat_msg *msgs, size_t n, unsigned flags,
+                                 int allow_special_in_content, int32_t **ids, size_t *n_ids,
+                                 struct err_detail *err)
 {
     *ids = NULL;
     *n_ids = 0;
     struct chat_part *p;
     size_t np;
-    enum status st = chat_parts(c, msgs, n, add_generation_prompt, &p, &np, err);
+    enum status st = chat_parts(c, msgs, n, flags, &p, &np, err);
     if (st != ST_OK)
         return st;
 
@@ -951,7 +1088,7 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
             p[i].kind = CHAT_PART_TEXT;
         }
     struct chat_ids a = {0};
-    unsigned flags = allow_special_in_content ? ENGINE_TOK_PARSE_SPECIAL : 0;
+    unsigned tflags = allow_special_in_content ? ENGINE_TOK_PARSE_SPECIAL : 0;
     char *buf = NULL;
     size_t cap = 0;
     /* BOS, if the model wants one and the template does not write it: encoding nothing with
@@ -990,7 +1127,7 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
             memcpy(buf + o, p[i].s, p[i].n);
             o += p[i].n;
         }
-        st = ids_encode(&a, t, buf, len, flags, err);
+        st = ids_encode(&a, t, buf, len, tflags, err);
     }
     free(buf);
     free(p);

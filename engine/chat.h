@@ -29,6 +29,10 @@
  *           trim(content) + "</s>" per assistant turn; Nemo's variant (tight "[INST]", the
  *           system message only in a last user message, untrimmed assistant turns) recognised
  *           from its template.
+ *   qwen3   Qwen3 (thinking): ChatML without a default system turn; an assistant turn after the
+ *           last user query as "<think>\n" + reasoning + "\n</think>\n\n" + answer (split at
+ *           </think>), earlier ones with the reasoning cut; ENGINE_CHAT_NO_THINKING adds
+ *           "<think>\n\n</think>\n\n" after the generation prompt.
  * trim is Jinja's (Python's str.strip whitespace). Variants that render differently (Llama 2
  * templates with a default system prompt, the first Phi-3 template, templates edited where
  * they write a conversation) are refused. A model without tokenizer.chat_template gets the format
@@ -54,7 +58,7 @@ struct engine_chat_msg {
 struct engine_chat; /* opaque; see engine/chat.c */
 
 /* The formats' names, as --chat-template takes them and errors list them. */
-#define ENGINE_CHAT_NAMES "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3"
+#define ENGINE_CHAT_NAMES "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3"
 
 /* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
  * template's first 60 characters. The result copies what it needs (g may be closed); the
@@ -74,11 +78,17 @@ int engine_chat_name_known(const char *name);
 /* Free; NULL is a no-op. */
 void engine_chat_free(struct engine_chat *c);
 
+/* What engine_chat_render and engine_chat_tokenize write besides the messages (flags). */
+#define ENGINE_CHAT_GEN_PROMPT 1u /* the assistant generation prompt */
+#define ENGINE_CHAT_NO_THINKING                                                                    \
+    2u /* enable_thinking false, for the templates that read it                                    \
+        * (qwen3: an empty reasoning block after the prompt) */
+
 /* Render n >= 1 messages (roles system/user/assistant, else ST_ERR_INVALID_ARG), followed by
- * the assistant generation prompt when add_generation_prompt. *out is NUL-terminated,
+ * what flags ask for (ENGINE_CHAT_*; 1 is the generation prompt). *out is NUL-terminated,
  * *out_len excludes the NUL; the caller frees *out with free(). */
 enum status engine_chat_render(const struct engine_chat *c, const struct engine_chat_msg *msgs,
-                               size_t n, int add_generation_prompt, char **out, size_t *out_len,
+                               size_t n, unsigned flags, char **out, size_t *out_len,
                                struct err_detail *err);
 
 /* Render and tokenize in one go. Only the special tokens the template itself inserts
@@ -90,8 +100,8 @@ enum status engine_chat_render(const struct engine_chat *c, const struct engine_
  * add_bos_token says so and the format does not write it (gemma, llama3 do). The caller frees
  * *ids with free(). */
 enum status engine_chat_tokenize(const struct engine_chat *c, const struct engine_tok *t,
-                                 const struct engine_chat_msg *msgs, size_t n,
-                                 int add_generation_prompt, int allow_special_in_content,
-                                 int32_t **ids, size_t *n_ids, struct err_detail *err);
+                                 const struct engine_chat_msg *msgs, size_t n, unsigned flags,
+                                 int allow_special_in_content, int32_t **ids, size_t *n_ids,
+                                 struct err_detail *err);
 
 #endif

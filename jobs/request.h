@@ -125,6 +125,8 @@ struct job_request {
     char *schema;                     /* json_schema: the schema's compact JSON; grammar: the
                                          grammar's text (owned; it compiled, jobs/schema.h,
                                          when the line was parsed); else NULL */
+    int no_thinking;                  /* chat: chat_template_kwargs.enable_thinking was false
+                                         (ENGINE_CHAT_NO_THINKING) */
 };
 
 /* 1 when a line is empty or only ASCII white space, after a UTF-8 byte order mark (a BOM alone on

@@ -221,7 +221,7 @@ static const char *const known_params[] = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
     "n", "logprobs", "top_logprobs", "response_format", "grammar", "best_of", "stream", "echo",
-    "suffix", "tools", "functions", "logit_bias",
+    "suffix", "tools", "functions", "logit_bias", "chat_template_kwargs",
     /* OpenAI's that change nothing here: bookkeeping, service hints, options of refused ones */
     "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
     "prediction", "tool_choice", "function_call", "modalities", "safety_identifier",
@@ -528,6 +528,35 @@ static int read_choices_logprobs(struct job_parse_ctx *c, const cJSON *obj, stru
 }
 
 /* Sampling parameters, max_tokens, stop and model from obj (top level or body). */
+/* chat_template_kwargs (vLLM's): only enable_thinking (a boolean, or null), only for chat
+ * requests; a template that does not read it (all but Qwen3's) ignores it, as Jinja does. */
+static int read_template_kwargs(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
+{
+    const cJSON *v;
+    char path[JOB_PATH_CAP];
+    job_request_pathf(path, "%schat_template_kwargs", c->pfx);
+    if (!job_request_get_opt(c, obj, c->pfx, "chat_template_kwargs", &v))
+        return 0;
+    if (!v)
+        return 1;
+    if (!cJSON_IsObject(v))
+        return job_request_fail_type(c, path, "an object", v);
+    if (r->kind != JOB_KIND_CHAT && v->child)
+        return job_request_fail(c->e, JOB_ERR_INVALID_VALUE, path,
+                                "%s is for chat requests (messages), not prompts", path);
+    for (const cJSON *it = v->child; it; it = it->next) {
+        char kpath[JOB_PATH_CAP];
+        job_request_pathf(kpath, "%s.%s", path, it->string);
+        if (strcmp(it->string, "enable_thinking"))
+            return job_request_fail(c->e, JOB_ERR_UNSUPPORTED, kpath,
+                                    "%s is not supported (only enable_thinking)", kpath);
+        if (!cJSON_IsBool(it) && !cJSON_IsNull(it))
+            return job_request_fail_type(c, kpath, "true or false", it);
+        r->no_thinking = cJSON_IsFalse(it);
+    }
+    return 1;
+}
+
 int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct job_request *r)
 {
     struct engine_sampling *sp = &r->sampling;
@@ -537,7 +566,8 @@ int job_request_read_params(struct job_parse_ctx *c, const cJSON *obj, struct jo
     int present;
 
     if (!check_unsupported(c, obj) || !read_choices_logprobs(c, obj, r) ||
-        !read_response_format(c, obj, r) || !read_grammar(c, obj, r))
+        !read_response_format(c, obj, r) || !read_grammar(c, obj, r) ||
+        !read_template_kwargs(c, obj, r))
         return 0;
 
     /* model: recorded only. */

@@ -22,7 +22,10 @@ enum status job_request_tokens(const struct job_request *r, const struct engine_
                        "can hold (%zu bytes at most)",
                        bytes, (int)n_ctx, most);
     if (r->kind == JOB_KIND_CHAT)
-        return chat ? engine_chat_tokenize(chat, tok, r->messages, r->n_messages, 1, 0, ids, n, err)
+        return chat ? engine_chat_tokenize(chat, tok, r->messages, r->n_messages,
+                                           ENGINE_CHAT_GEN_PROMPT |
+                                               (r->no_thinking ? ENGINE_CHAT_NO_THINKING : 0),
+                                           0, ids, n, err)
                     : err_set(err, ST_ERR_UNSUPPORTED, "the model has no usable chat template");
     return engine_tok_encode(tok, r->prompt, strlen(r->prompt), ENGINE_TOK_ADD_BOS, ids, n, err);
 }

@@ -81,11 +81,15 @@ static void test_templates_vs_jinja(void **state)
         struct engine_chat_msg m[MAX_MSGS];
         const size_t n = json_msgs(cJSON_GetObjectItem(j, "messages"), m);
         const int gen = cJSON_IsTrue(cJSON_GetObjectItem(j, "add_generation_prompt"));
+        const unsigned flags =
+            (gen ? ENGINE_CHAT_GEN_PROMPT : 0) |
+            (cJSON_IsFalse(cJSON_GetObjectItem(j, "enable_thinking")) ? ENGINE_CHAT_NO_THINKING
+                                                                      : 0);
         const char *tname = cJSON_GetObjectItem(j, "template")->valuestring;
         char *s = NULL;
         size_t len;
         const cJSON *text = cJSON_GetObjectItem(j, "text");
-        enum status st = engine_chat_render(c, m, n, gen, &s, &len, &err);
+        enum status st = engine_chat_render(c, m, n, flags, &s, &len, &err);
         if (!text) { /* the template raises: so must we, for the same reason */
             const char *why = cJSON_GetObjectItem(j, "error")->valuestring;
             if (st != ST_ERR_INVALID_ARG)
@@ -219,7 +223,8 @@ static void test_edited_templates(void **state)
     size_t len;
     static const char *const files[] = {
         "tests/fixtures/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
-        "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja"};
+        "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja",
+        "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja"};
     /* (file, what is replaced, by what) */
     static const struct {
         int file;
@@ -235,6 +240,9 @@ static void test_edited_templates(void **state)
          "message[\"content\"]|trim + eos_token"},
         {1, "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
          "{{- \"[INST]\" + message[\"content\"] + \" [/INST]\" }}"},
+        {2, "{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if loop.last %}"},
+        {2, "'<think>\\n\\n</think>\\n\\n'", "'<think>\\n</think>\\n'"},
+        {2, ".split('<think>')[-1]", ".split('<think>')[0]"},
     };
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
         char *src = test_read_file(files[edits[i].file], &len);
@@ -257,6 +265,7 @@ static void test_edited_templates(void **state)
         if (engine_chat_init(&c, g, &err) != ST_ERR_UNSUPPORTED)
             fail_msg("edit %zu (%s -> %s) was not refused", i, edits[i].from, edits[i].to);
         assert_non_null(strstr(err.msg, "Llama 3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3"));
+        assert_non_null(strstr(err.msg, "Qwen3"));
         io_gguf_close(g);
         free(ed);
         free(src);
@@ -279,6 +288,19 @@ static void test_edited_templates(void **state)
     assert_string_equal(s, "<s>[INST]  Hi [/INST] A</s>[INST]  S \n\nQ[/INST]");
     free(s);
     engine_chat_free(c);
+    struct engine_chat_msg think[] = {{"user", "Q"}, {"assistant", "<think>r</think>\n\nA"}};
+    assert_int_equal(engine_chat_init_named(&c, g, "qwen3", &err), ST_OK);
+    assert_int_equal(engine_chat_render(c, think, 2, 0, &s, &len, &err), ST_OK);
+    assert_string_equal(s, "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr\n"
+                           "</think>\n\nA<|im_end|>\n");
+    free(s);
+    engine_chat_free(c);
+    io_gguf_close(g);
+    /* ChatML that writes or strips reasoning, but not as Qwen3's does (QwQ's, SmolLM3's) */
+    g = gguf_kv(&b, "tokenizer.chat_template",
+                "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+                "message.content.split('</think>')[-1] + '<|im_end|>\\n' }}{%- endfor %}");
+    assert_int_equal(engine_chat_init(&c, g, &err), ST_ERR_UNSUPPORTED);
     io_gguf_close(g);
 }
 

@@ -220,8 +220,30 @@ struct line_case {
 
 /* clang-format on */
 
+static void check_no_thinking(const struct job_request *r)
+{
+    assert_int_equal(r->kind, JOB_KIND_CHAT);
+    assert_int_equal(r->no_thinking, 1);
+}
+
+static void check_thinking(const struct job_request *r)
+{
+    assert_int_equal(r->no_thinking, 0);
+}
+
 static const struct line_case cases[] = {
     /* good lines */
+    GOOD("chat_template_kwargs enable_thinking false",
+         CHAT(",\"chat_template_kwargs\":{\"enable_thinking\":false}"), check_no_thinking),
+    GOOD("chat_template_kwargs enable_thinking true",
+         CHAT(",\"chat_template_kwargs\":{\"enable_thinking\":true}"), check_thinking),
+    GOOD("chat_template_kwargs enable_thinking null, in a batch body",
+         "{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template_kwargs\":{"
+         "\"enable_thinking\":null}}}",
+         check_thinking),
+    GOOD("chat_template_kwargs empty on a prompt", "{\"prompt\":\"x\",\"chat_template_kwargs\":{}}",
+         NULL),
     GOOD(
         "batch chat, every common field",
         "{\"custom_id\":\"req-1\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
@@ -573,6 +595,16 @@ static const struct line_case cases[] = {
     BAD("suffix", "{\"prompt\":\"x\",\"suffix\":\"end\"}", JOB_ERR_UNSUPPORTED, "suffix"),
     BAD("tools", BATCH(",\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_UNSUPPORTED, "body.tools"),
     BAD("logit_bias", CHAT(",\"logit_bias\":{\"50256\":-100}"), JOB_ERR_UNSUPPORTED, "logit_bias"),
+    BAD("chat_template_kwargs other key", CHAT(",\"chat_template_kwargs\":{\"tools\":[]}"),
+        JOB_ERR_UNSUPPORTED, "chat_template_kwargs.tools is not supported (only enable_thinking)"),
+    BAD("chat_template_kwargs enable_thinking a string",
+        CHAT(",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}"), JOB_ERR_INVALID_TYPE,
+        "chat_template_kwargs.enable_thinking must be true or false"),
+    BAD("chat_template_kwargs an array", CHAT(",\"chat_template_kwargs\":[]"), JOB_ERR_INVALID_TYPE,
+        "chat_template_kwargs must be an object"),
+    BAD("chat_template_kwargs on a prompt",
+        "{\"prompt\":\"x\",\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+        JOB_ERR_INVALID_VALUE, "chat_template_kwargs is for chat requests"),
     BAD("response_format json_schema with pattern",
         BATCH(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
               "\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}"),

@@ -12,7 +12,8 @@ texts.
 
 Templates too long to keep here are files under tests/fixtures/chat_templates/ (lines for them
 name the file in "source_file" instead of carrying "source"): Llama 3.1 (also 3.3's, the same
-text) and Llama 3.2 as llama.cpp keeps them (models/templates/meta-llama-*.jinja), Mistral Nemo
+text) and Llama 3.2 as llama.cpp keeps them (models/templates/meta-llama-*.jinja), Qwen3 (its
+Qwen-Qwen3-0.6B.jinja: all the thinking Qwen3 models have that template), Mistral Nemo
 (models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja) and Mistral 7B Instruct v0.3
 (mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json). Jinja2 defines no strftime_now,
 so Llama 3.2's template writes its fallback date, as quern does.
@@ -116,7 +117,8 @@ TPL_DIR = os.path.join("tests", "fixtures", "chat_templates")
 FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
          "llama32": "meta-llama-Llama-3.2-3B-Instruct.jinja",
          "mistral-v3": "mistralai-Mistral-7B-Instruct-v0.3.jinja",
-         "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja"}
+         "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+         "qwen3": "Qwen-Qwen3-0.6B.jinja"}
 
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
@@ -124,7 +126,8 @@ TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of
              "phi3": (PHI3, "<s>", "<|endoftext|>"), "gemma2": (GEMMA2, "<bos>", "<eos>"),
              "llama31": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
-             "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>")}
+             "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>"),
+             "qwen3": (None, "", "<|im_end|>")}
 
 U, A, S = "user", "assistant", "system"
 CONVS = [
@@ -149,6 +152,20 @@ MISTRAL_CONVS = [
     [(S, "sys"), (U, "q"), (A, "a"), (S, "again")],
     [(S, "sys"), (U, "q"), (A, "a"), (A, "b")],
     [(S, "sys")],
+]
+
+# Qwen3 writes the reasoning of an assistant turn after the last user query and strips it from
+# the others; a user message wrapped in <tool_response> is not a query
+QWEN3_CONVS = [
+    [(U, "q"), (A, "<think>\nhm\n</think>\n\nanswer"), (U, "again")],
+    [(U, "q"), (A, "<think>\nr1\n</think>\n\nans")],
+    [(U, "q"), (A, "plain answer")],
+    [(U, "q"), (A, "a1"), (U, "<tool_response>\nx\n</tool_response>"), (A, "<think>r</think>a2")],
+    [(U, "q"), (A, "x</think>y</think>\n\nz"), (U, "<tool_response>t</tool_response>")],
+    [(U, "q"), (A, "\n\n<think>\n\na<think>b\n\n</think>\n\nc"), (A, "d</think>")],
+    [(S, "s"), (U, "q"), (S, "mid system"), (A, "\n\nlead")],
+    [(A, "first </think>x")],
+    [(U, "<tool_response>only</tool_response>"), (A, "<think>\n</think>a")],
 ]
 
 
@@ -247,18 +264,23 @@ def main():
                 with open(os.path.join(ROOT, TPL_DIR, FILES[name])) as tf:
                     src = tf.read()
             tpl = env.from_string(src)
-            for conv in CONVS + (MISTRAL_CONVS if name.startswith("mistral-") else []):
+            extra = (MISTRAL_CONVS if name.startswith("mistral-") else
+                     QWEN3_CONVS if name == "qwen3" else [])
+            for conv in CONVS + extra:
                 msgs = [{"role": r, "content": c} for r, c in conv]
-                for agp in (False, True):
+                # Qwen3 also with chat_template_kwargs {"enable_thinking": false}
+                kw = [{}, {"enable_thinking": False}] if name == "qwen3" else [{}]
+                for agp, kwargs in [(a, k) for k in kw for a in (False, True)]:
                     rec = {"template": name}
                     if name in FILES:
                         rec["source_file"] = TPL_DIR + "/" + FILES[name]
                     else:
                         rec["source"] = src
                     rec.update({"messages": msgs, "add_generation_prompt": agp})
+                    rec.update(kwargs)
                     try:
                         rec["text"] = tpl.render(messages=msgs, add_generation_prompt=agp,
-                                                 bos_token=bos, eos_token=eos)
+                                                 bos_token=bos, eos_token=eos, **kwargs)
                     except jinja2.exceptions.TemplateError as e:
                         rec["error"] = str(e)
                     if name == "gemma" and "text" in rec:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Seeds for fuzz_tokenizer's chat part (make fuzz): for each published chat template in
 tests/fixtures/chat_templates_ref.jsonl, and a ChatML one, an input whose header picks a
-SentencePiece or BPE tokenizer recognising the template from the GGUF (header byte 2: bit 2),
-a vocabulary with the formats' special tokens (type 3: control), the template, \\x01 and
+SentencePiece or BPE tokenizer recognising the template from the GGUF (header byte 0: bits 1-3
+= 5, byte 2: bit 2; so the pick is 13, past the named formats), a vocabulary with the formats' special tokens (type 3: control), the template, \\x01 and
 three messages (first byte: role). Usage: chat_seeds.py OUT_DIR"""
 import json
 import os
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<s>",
             "</s>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
             "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>", "[INST]",
-            "[/INST]"]
+            "[/INST]", "<think>", "</think>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -34,10 +34,11 @@ def main():
                 sources.append(src)
     vocab = b"".join(b"\x01" + c.encode() + b"\n" for c in "abcdefghij ")
     vocab += b"".join(b"\x03" + s.encode() + b"\n" for s in SPECIALS)
-    msgs = b"\x02You are terse.\n\x00What is 2+2?\n\x01 Four. \n\x00And 3+3?"
+    msgs = (b"\x02You are terse.\n\x00What is 2+2?\n\x01<think>\nadd</think>\n\n Four. \n"
+            b"\x00And 3+3?")
     for i, src in enumerate(sources):
         for spm in (0, 1):
-            head = bytes([spm, 0, 1 | 4])
+            head = bytes([(5 << 1) | spm, 0, 1 | 4])
             with open(os.path.join(out, "chat%d_%d" % (i, spm)), "wb") as f:
                 f.write(head + vocab + b"\n" + src.encode() + b"\x01" + msgs)
 
