@@ -10,6 +10,13 @@
 
 #define CHAT_IM_START "<|im_start|>"
 #define CHAT_IM_END   "<|im_end|>"
+/* DeepSeek's turn tokens (fullwidth vertical lines, U+2581 for spaces) */
+#define DS_BAR       "\xef\xbd\x9c" /* U+FF5C */
+#define DS_SP        "\xe2\x96\x81" /* U+2581 */
+#define DS_BOS       "<" DS_BAR "begin" DS_SP "of" DS_SP "sentence" DS_BAR ">"
+#define DS_EOS       "<" DS_BAR "end" DS_SP "of" DS_SP "sentence" DS_BAR ">"
+#define DS_USER      "<" DS_BAR "User" DS_BAR ">"
+#define DS_ASSISTANT "<" DS_BAR "Assistant" DS_BAR ">"
 
 /* What a rendered part is. */
 enum chat_part_kind {
@@ -32,6 +39,7 @@ enum chat_fmt {
     CHAT_FMT_LLAMA31,
     CHAT_FMT_MISTRAL3,
     CHAT_FMT_QWEN3,
+    CHAT_FMT_DEEPSEEK_R1,
 };
 
 static const struct {
@@ -48,6 +56,7 @@ static const struct {
     {"llama31", NULL}, /* a model without a template gets llama3 (its marker) */
     {"mistral-v3", NULL},
     {"qwen3", NULL}, /* ChatML's marker */
+    {"deepseek-r1", DS_USER},
 };
 
 #define CHAT_N_FMTS    (sizeof(g_fmts) / sizeof(g_fmts[0]))
@@ -348,6 +357,19 @@ static const char *const g_qwen3[] = {
     "{{- '<think>\\n\\n</think>\\n\\n' }}",
     NULL};
 
+/* Those of DeepSeek R1's distills' (Llama 8B, Qwen 1.5B-32B: the revision whose generation
+ * prompt opens the reasoning with <think>). */
+static const char *const g_deepseek_r1[] = {
+    "{%- set ns.system_prompt = message['content'] -%}",
+    "{{bos_token}}{{ns.system_prompt}}",
+    "{%- set ns.is_tool = false -%}{{'" DS_USER "' + message['content']}}",
+    "{%- if '</think>' in content -%}",
+    "{%- set content = content.split('</think>')[-1] -%}",
+    "{%- endif -%}{{'" DS_ASSISTANT "' + content + '" DS_EOS "'}}",
+    "{%- if add_generation_prompt and not ns.is_tool -%}{{'" DS_ASSISTANT "<think>\\n'}}\n"
+    "{%- endif %}",
+    NULL};
+
 /* 1 when s holds every line of the NULL-terminated list. */
 static int has_all(const char *s, const char *const *lines)
 {
@@ -381,6 +403,9 @@ static int fmt_from_template(const char *s)
 {
     if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
         return CHAT_FMT_GEMMA;
+    if (strstr(s, DS_USER))
+        return has_all(s, g_deepseek_r1) && !strstr(s, "enable_thinking") ? CHAT_FMT_DEEPSEEK_R1
+                                                                          : -1;
     if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
         if (strstr(s, "Cutting Knowledge"))
             return has_all(s, g_llama31) ? CHAT_FMT_LLAMA31 : -1;
@@ -485,7 +510,8 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
-                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Phi-3 and Qwen3 are; "
+                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Phi-3, Qwen3 and DeepSeek R1's "
+                       "distills are; "
                        "--chat-template NAME picks one): \"%s\"",
                        snip);
     }
@@ -901,6 +927,40 @@ static size_t parts_qwen3(const struct engine_chat_msg *m, size_t n, int gen, in
     return k;
 }
 
+/* DeepSeek R1's distills: BOS, the last system message's content as it is, then
+ * "<｜User｜>" + content per user turn and "<｜Assistant｜>" + the answer (what follows the last
+ * </think>, where there is one) + "<｜end▁of▁sentence｜>" per assistant turn; generation prompt
+ * "<｜Assistant｜><think>\n". */
+static size_t parts_deepseek_r1(const struct engine_chat_msg *m, size_t n, int gen,
+                                struct chat_part *p)
+{
+    size_t k = 0;
+    p[k++] = special(DS_BOS);
+    for (size_t i = n; i-- > 0;)
+        if (!strcmp(m[i].role, "system")) {
+            p[k++] = text(m[i].content);
+            break;
+        }
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        if (!strcmp(m[i].role, "user")) {
+            p[k++] = special(DS_USER);
+            p[k++] = text(c);
+        } else if (!strcmp(m[i].role, "assistant")) {
+            const char *t = last_of(c, strlen(c), "</think>");
+            p[k++] = special(DS_ASSISTANT);
+            p[k++] = text(t ? t + strlen("</think>") : c);
+            p[k++] = special(DS_EOS);
+        }
+    }
+    if (gen) {
+        p[k++] = special(DS_ASSISTANT);
+        p[k++] = (struct chat_part){CHAT_PART_CONTROL, "<think>", 7};
+        p[k++] = text("\n");
+    }
+    return k;
+}
+
 /* Phi-3/3.5: "<|role|>\ncontent<|end|>\n" per message (a system message with empty content
  * is left out), then "<|assistant|>\n" as the generation prompt, else "<|endoftext|>". */
 static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, struct chat_part *p)
@@ -974,6 +1034,8 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         k = parts_llama31(msgs, n, gen, p);
     else if (c->fmt == CHAT_FMT_MISTRAL3)
         st = parts_mistral3(c, msgs, n, p, &k, err);
+    else if (c->fmt == CHAT_FMT_DEEPSEEK_R1)
+        k = parts_deepseek_r1(msgs, n, gen, p);
     else if (c->fmt == CHAT_FMT_QWEN3)
         k = parts_qwen3(msgs, n, gen, flags & ENGINE_CHAT_NO_THINKING, p);
     else if (c->fmt == CHAT_FMT_LLAMA2)

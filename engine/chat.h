@@ -33,6 +33,9 @@
  *           last user query as "<think>\n" + reasoning + "\n</think>\n\n" + answer (split at
  *           </think>), earlier ones with the reasoning cut; ENGINE_CHAT_NO_THINKING adds
  *           "<think>\n\n</think>\n\n" after the generation prompt.
+ *   deepseek-r1 DeepSeek R1's distills: BOS, the last system message's content, "<｜User｜>" +
+ *           content, "<｜Assistant｜>" + the answer after the last </think> + EOS; generation
+ *           prompt "<｜Assistant｜><think>\n".
  * trim is Jinja's (Python's str.strip whitespace). Variants that render differently (Llama 2
  * templates with a default system prompt, the first Phi-3 template, templates edited where
  * they write a conversation) are refused. A model without tokenizer.chat_template gets the format
@@ -58,7 +61,8 @@ struct engine_chat_msg {
 struct engine_chat; /* opaque; see engine/chat.c */
 
 /* The formats' names, as --chat-template takes them and errors list them. */
-#define ENGINE_CHAT_NAMES "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3"
+#define ENGINE_CHAT_NAMES                                                                          \
+    "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3"
 
 /* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
  * template's first 60 characters. The result copies what it needs (g may be closed); the

@@ -166,8 +166,8 @@ static void test_named_and_refused(void **state)
     free(s);
     engine_chat_free(c);
     assert_int_equal(engine_chat_init_named(&c, g, "vicuna", &err), ST_ERR_INVALID_ARG);
-    assert_non_null(
-        strstr(err.msg, "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3"));
+    assert_non_null(strstr(err.msg, "chatml, deepseek-r1, gemma, llama2, llama3, llama31, "
+                                    "mistral, mistral-v3, phi3, qwen3"));
     io_gguf_close(g);
     /* a template that writes Llama 3.1's dated system turn without the rest of its lines */
     g = gguf_kv(&b, "tokenizer.chat_template",
@@ -224,7 +224,8 @@ static void test_edited_templates(void **state)
     static const char *const files[] = {
         "tests/fixtures/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
         "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja",
-        "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja"};
+        "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja",
+        "tests/fixtures/chat_templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"};
     /* (file, what is replaced, by what) */
     static const struct {
         int file;
@@ -243,6 +244,9 @@ static void test_edited_templates(void **state)
         {2, "{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if loop.last %}"},
         {2, "'<think>\\n\\n</think>\\n\\n'", "'<think>\\n</think>\\n'"},
         {2, ".split('<think>')[-1]", ".split('<think>')[0]"},
+        /* DeepSeek R1's first revision: no <think> in the generation prompt */
+        {3, "<think>\\n'}}", "'}}"},
+        {3, "content.split('</think>')[-1]", "content"},
     };
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
         char *src = test_read_file(files[edits[i].file], &len);
@@ -265,7 +269,7 @@ static void test_edited_templates(void **state)
         if (engine_chat_init(&c, g, &err) != ST_ERR_UNSUPPORTED)
             fail_msg("edit %zu (%s -> %s) was not refused", i, edits[i].from, edits[i].to);
         assert_non_null(strstr(err.msg, "Llama 3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3"));
-        assert_non_null(strstr(err.msg, "Qwen3"));
+        assert_non_null(strstr(err.msg, "Qwen3 and DeepSeek R1's distills"));
         io_gguf_close(g);
         free(ed);
         free(src);

@@ -13,7 +13,8 @@ texts.
 Templates too long to keep here are files under tests/fixtures/chat_templates/ (lines for them
 name the file in "source_file" instead of carrying "source"): Llama 3.1 (also 3.3's, the same
 text) and Llama 3.2 as llama.cpp keeps them (models/templates/meta-llama-*.jinja), Qwen3 (its
-Qwen-Qwen3-0.6B.jinja: all the thinking Qwen3 models have that template), Mistral Nemo
+Qwen-Qwen3-0.6B.jinja: all the thinking Qwen3 models have that template), DeepSeek R1's
+Llama 8B distill (the revision with <think> in the generation prompt), Mistral Nemo
 (models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja) and Mistral 7B Instruct v0.3
 (mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json). Jinja2 defines no strftime_now,
 so Llama 3.2's template writes its fallback date, as quern does.
@@ -118,7 +119,8 @@ FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
          "llama32": "meta-llama-Llama-3.2-3B-Instruct.jinja",
          "mistral-v3": "mistralai-Mistral-7B-Instruct-v0.3.jinja",
          "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-         "qwen3": "Qwen-Qwen3-0.6B.jinja"}
+         "qwen3": "Qwen-Qwen3-0.6B.jinja",
+         "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"}
 
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
@@ -127,7 +129,9 @@ TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of
              "llama31": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>"),
-             "qwen3": (None, "", "<|im_end|>")}
+             "qwen3": (None, "", "<|im_end|>"),
+             "deepseek-r1": (None, "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+                             "<\uff5cend\u2581of\u2581sentence\uff5c>")}
 
 U, A, S = "user", "assistant", "system"
 CONVS = [
@@ -265,7 +269,7 @@ def main():
                     src = tf.read()
             tpl = env.from_string(src)
             extra = (MISTRAL_CONVS if name.startswith("mistral-") else
-                     QWEN3_CONVS if name == "qwen3" else [])
+                     QWEN3_CONVS if name in ("qwen3", "deepseek-r1") else [])
             for conv in CONVS + extra:
                 msgs = [{"role": r, "content": c} for r, c in conv]
                 # Qwen3 also with chat_template_kwargs {"enable_thinking": false}

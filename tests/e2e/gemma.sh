@@ -36,7 +36,7 @@ PY
 set +e # (an unknown template is a usage error: exit 2, before the model loads)
 "$Q" tokenize --model "$G" --chat --chat-template vicuna </dev/null 2>"$tmp/e1"; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "chatml, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3" "$tmp/e1" || fail "unknown template: rc $rc"
+[ $rc -eq 2 ] && grep -q "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3" "$tmp/e1" || fail "unknown template: rc $rc"
 
 # 3. A job: 12 example requests (chat and completion), every record once, shards valid.
 head -n 12 examples/prompts.jsonl >"$tmp/in.jsonl"
