@@ -50,6 +50,25 @@ static void usage(FILE *f)
     fputs("  -h, --help             this help\n", f);
 }
 
+/* The smallest KV pool in (lo, hi] whose main part the engine's split gives main_blocks blocks,
+ * to within step bytes, by bisection over engine_model_kv_plan (a window pool takes its share
+ * first); hi when even hi does not. */
+static size_t pool_for(const struct engine_model *m, const struct engine_kv_plan_in *in, size_t lo,
+                       size_t hi, int64_t main_blocks, size_t step)
+{
+    struct engine_kv_plan_in q = *in;
+    struct engine_kv_plan t;
+    for (int i = 0; i < 64 && hi - lo > step; i++) {
+        q.kv_mem = lo + (hi - lo) / 2;
+        engine_model_kv_plan(m, &q, &t);
+        if (t.n_main >= main_blocks)
+            hi = q.kv_mem;
+        else
+            lo = q.kv_mem;
+    }
+    return hi;
+}
+
 int runner_cmd_plan(int argc, char **argv)
 {
     static const struct option own[] = {
@@ -240,20 +259,12 @@ int runner_cmd_plan(int argc, char **argv)
     /* the smallest pool whose main part holds one full-context sequence, as the engine splits
      * it (beside a window pool, the main pool holds only the global layers) */
     size_t ctx_need = ctx_blocks * per_block;
-    if (plan.n_local && !full_ctx_fits) {
-        size_t lo = kv_mem, hi = ctx_need;
-        struct engine_kv_plan_in q = pin;
-        struct engine_kv_plan t;
-        for (int i = 0; i < 64 && hi - lo > 1048576; i++) {
-            q.kv_mem = lo + (hi - lo) / 2;
-            engine_model_kv_plan(m, &q, &t);
-            if (t.n_main >= (int64_t)ctx_blocks)
-                hi = q.kv_mem;
-            else
-                lo = q.kv_mem;
-        }
-        ctx_need = hi;
-    }
+    if (plan.n_local && !full_ctx_fits)
+        ctx_need = pool_for(m, &pin, kv_mem, ctx_need, (int64_t)ctx_blocks, 1048576);
+    /* the smallest pool that holds a block at all (beside a window pool: one in each) */
+    size_t block_need = per_block;
+    if (plan.n_local && !blocks)
+        block_need = pool_for(m, &pin, kv_mem, 64 * per_block, 1, 1);
     const int weights_fit = !mem || kv_mem > 0;
     char label[512];
     const char *name = runner_model_label(model, &eo, label, sizeof(label));
@@ -364,9 +375,9 @@ int runner_cmd_plan(int argc, char **argv)
                  (double)mem / 1048576.0, (double)counted / 1048576.0,
                  cuda ? ", buffers and scratch" : "");
     else if (!blocks)
-        LOG_WARN("a KV pool of %zu bytes holds no block (%zu bytes each): run and bench refuse "
-                 "it",
-                 kv_mem, per_block);
+        LOG_WARN("a KV pool of %zu bytes holds no block (it takes %zu bytes at least): run and "
+                 "bench refuse it",
+                 kv_mem, block_need);
     else if (!full_ctx_fits)
         LOG_WARN("a KV pool of %.1f MiB cannot hold one full-context sequence (%d tokens need "
                  "%.1f MiB); long requests will be rejected",

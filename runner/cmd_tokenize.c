@@ -69,15 +69,16 @@ int runner_cmd_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n_ids = 0, len = 0;
     int rc = RUNNER_EXIT_ERROR;
-    char *text = runner_read_stdin(&len);
-    if (!text) {
-        LOG_ERROR("cannot read stdin");
-        return RUNNER_EXIT_ERROR;
-    }
+    char *text = NULL;
     enum status st;
+    /* the model first: a wrong --model fails at once, not after the whole input is read */
     if ((st = io_gguf_open(&g, model, &err)) || (st = engine_tok_load(&tok, g, &err)) ||
         (chat && (st = engine_chat_init_named(&ch, g, tmpl, &err)))) {
         LOG_ERROR("%s", err.msg);
+        goto out;
+    }
+    if (!(text = runner_read_stdin(&len))) {
+        LOG_ERROR("cannot read stdin");
         goto out;
     }
     if (chat) {

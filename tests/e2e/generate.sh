@@ -46,6 +46,16 @@ echo -n "<|im_end|>" | "$Q" tokenize --model "$M" --special >"$tmp/t2.json"
 [ "$(cat "$tmp/t2.json")" = "[2]" ] || fail "--special: $(cat "$tmp/t2.json")"
 grep -q '^\[[0-9]' "$tmp/t1.json" || fail "tokenize output not a JSON array"
 [ "$(cat "$tmp/t1.json")" != "[2]" ] || fail "special token smuggled without --special"
+# a missing model fails at once, before stdin is read (it waited for the whole input first)
+set +e
+mkfifo "$tmp/stdin"
+sleep 30 >"$tmp/stdin" & # an input that never ends
+writer=$!
+timeout 10 "$Q" tokenize --model "$tmp/none.gguf" <"$tmp/stdin" 2>"$tmp/t3.err"
+rc=$?
+kill "$writer" 2>/dev/null
+set -e
+[ $rc -eq 1 ] && grep -q "cannot open" "$tmp/t3.err" || fail "tokenize --model missing: exit $rc"
 
 # 6. info reports the architecture and tensor types.
 "$Q" info --model "$M" >"$tmp/info.txt"
