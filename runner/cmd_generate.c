@@ -32,6 +32,8 @@ static const char gen_usage[] =
     "  --chat-template NAME   " ENGINE_CHAT_NAMES "\n"
     "                         instead of what the model's tokenizer.chat_template is\n"
     "                         recognised as\n"
+    "  --no-thinking          for --chat: enable_thinking false, as a request's\n"
+    "                         chat_template_kwargs sets it (Qwen3's template reads it)\n"
     "  --special              let --prompt text contain special tokens like <|im_start|>\n"
     "  --max-tokens N         tokens to generate at most (default 256)\n"
     "  --temperature T        0 = greedy, up to 2 (default 0.8)\n"
@@ -58,6 +60,7 @@ struct gen_opts {
     const char *system;                 /* --system message */
     const char *chat_template;          /* --chat-template name, or NULL */
     int special;                        /* --special */
+    int no_thinking;                    /* --no-thinking */
     int ignore_eos;                     /* --ignore-eos */
     long max_tokens;                    /* --max-tokens */
     struct runner_engine_opts eo;       /* --device, --threads, --isa, --matmul */
@@ -66,9 +69,26 @@ struct gen_opts {
     size_t n_stops;                     /* how many */
 };
 
-enum { OPT_MODEL = 256, OPT_PROMPT, OPT_CHAT, OPT_SYSTEM, OPT_SPECIAL, OPT_MAXTOK, OPT_TEMP,
-       OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_FREQ, OPT_PRES, OPT_STOP, OPT_IGNORE_EOS,
-       OPT_SEED, OPT_CHAT_TEMPLATE };
+enum {
+    OPT_MODEL = 256,
+    OPT_PROMPT,
+    OPT_CHAT,
+    OPT_SYSTEM,
+    OPT_SPECIAL,
+    OPT_MAXTOK,
+    OPT_TEMP,
+    OPT_TOPK,
+    OPT_TOPP,
+    OPT_MINP,
+    OPT_REP,
+    OPT_FREQ,
+    OPT_PRES,
+    OPT_STOP,
+    OPT_IGNORE_EOS,
+    OPT_SEED,
+    OPT_CHAT_TEMPLATE,
+    OPT_NO_THINKING
+};
 
 static int parse_opts(int argc, char **argv, struct gen_opts *o)
 {
@@ -78,6 +98,7 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         {"chat", required_argument, 0, OPT_CHAT},
         {"system", required_argument, 0, OPT_SYSTEM},
         {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
+        {"no-thinking", no_argument, 0, OPT_NO_THINKING},
         {"special", no_argument, 0, OPT_SPECIAL},
         {"max-tokens", required_argument, 0, OPT_MAXTOK},
         {"temperature", required_argument, 0, OPT_TEMP},
@@ -119,6 +140,9 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         case OPT_CHAT: o->chat = optarg; break;
         case OPT_SYSTEM: o->system = optarg; break;
         case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
+        case OPT_NO_THINKING:
+            o->no_thinking = 1;
+            break;
         case OPT_SPECIAL: o->special = 1; break;
         case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
         case OPT_MAXTOK:
@@ -188,8 +212,9 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
         fprintf(stderr, "quern generate: --system needs --chat\n");
         return 0;
     }
-    if (o->chat_template && !o->chat) {
-        fprintf(stderr, "quern generate: --chat-template needs --chat\n");
+    if ((o->chat_template || o->no_thinking) && !o->chat) {
+        fprintf(stderr, "quern generate: --%s needs --chat\n",
+                o->chat_template ? "chat-template" : "no-thinking");
         return 0;
     }
     if (o->special && o->chat) {
@@ -239,7 +264,10 @@ static enum status tokenize_prompt(struct gen *g, const struct gen_opts *o, size
         if (o->system)
             msgs[nm++] = (struct engine_chat_msg){"system", o->system};
         msgs[nm++] = (struct engine_chat_msg){"user", o->chat};
-        st = engine_chat_tokenize(g->chat, g->tok, msgs, nm, 1, 0, &g->ids, &n, err);
+        st = engine_chat_tokenize(g->chat, g->tok, msgs, nm,
+                                  ENGINE_CHAT_GEN_PROMPT |
+                                      (o->no_thinking ? ENGINE_CHAT_NO_THINKING : 0),
+                                  0, &g->ids, &n, err);
     } else {
         st = engine_tok_encode(g->tok, o->prompt, strlen(o->prompt),
                                ENGINE_TOK_ADD_BOS | (o->special ? ENGINE_TOK_PARSE_SPECIAL : 0),

@@ -12,7 +12,8 @@
 #include "runner/runner.h"
 
 static const char tok_usage[] =
-    "usage: quern tokenize [--model PATH] [--chat [--chat-template NAME]] [--special] < TEXT\n"
+    "usage: quern tokenize [--model PATH] [--chat [--chat-template NAME] [--no-thinking]]\n"
+    "                      [--special] < TEXT\n"
     "\n"
     "Read text from stdin and print its token ids as a JSON array on stdout. Plain text gets\n"
     "no BOS token (`quern generate --prompt` adds the model's, where it has one).\n"
@@ -23,6 +24,7 @@ static const char tok_usage[] =
     "  --chat-template NAME\n"
     "                 " ENGINE_CHAT_NAMES "\n"
     "                 instead of the model's recognised template\n"
+    "  --no-thinking  with --chat: enable_thinking false (Qwen3's template reads it)\n"
     "  --special      recognise special-token text such as <|im_end|> in the input\n"
     "                 (by default it is tokenized as plain text); with --chat, in the\n"
     "                 message too (`quern generate --chat` never does)\n"
@@ -31,14 +33,17 @@ static const char tok_usage[] =
 int runner_cmd_tokenize(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'}, {"chat", no_argument, 0, 'c'},
-        {"special", no_argument, 0, 's'},     {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"chat", no_argument, 0, 'c'},
+        {"special", no_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, 't'},
+        {"no-thinking", no_argument, 0, 'n'},
         {0, 0, 0, 0},
     };
     const char *model = RUNNER_DEFAULT_MODEL;
     const char *tmpl = NULL;
-    int chat = 0, special = 0, c;
+    int chat = 0, special = 0, no_thinking = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
@@ -46,6 +51,9 @@ int runner_cmd_tokenize(int argc, char **argv)
         case 'c': chat = 1; break;
         case 's': special = 1; break;
         case 't': tmpl = optarg; break;
+        case 'n':
+            no_thinking = 1;
+            break;
         case 'h': fputs(tok_usage, stdout); return RUNNER_EXIT_OK;
         default: fputs(tok_usage, stderr); return RUNNER_EXIT_USAGE;
         }
@@ -53,6 +61,10 @@ int runner_cmd_tokenize(int argc, char **argv)
     if (optind < argc) {
         fprintf(stderr, "quern tokenize: unexpected argument '%s' (text comes on stdin)\n",
                 argv[optind]);
+        return RUNNER_EXIT_USAGE;
+    }
+    if (no_thinking && !chat) {
+        fprintf(stderr, "quern tokenize: --no-thinking needs --chat\n");
         return RUNNER_EXIT_USAGE;
     }
     if (tmpl && (!chat || !engine_chat_name_known(tmpl))) {
@@ -87,7 +99,9 @@ int runner_cmd_tokenize(int argc, char **argv)
             goto out;
         }
         struct engine_chat_msg msg = {"user", text};
-        st = engine_chat_tokenize(ch, tok, &msg, 1, 1, special, &ids, &n_ids, &err);
+        st = engine_chat_tokenize(
+            ch, tok, &msg, 1, ENGINE_CHAT_GEN_PROMPT | (no_thinking ? ENGINE_CHAT_NO_THINKING : 0),
+            special, &ids, &n_ids, &err);
     } else {
         st = engine_tok_encode(tok, text, len, special ? ENGINE_TOK_PARSE_SPECIAL : 0, &ids,
                                &n_ids, &err);

@@ -46,6 +46,14 @@ echo -n "<|im_end|>" | "$Q" tokenize --model "$M" --special >"$tmp/t2.json"
 [ "$(cat "$tmp/t2.json")" = "[2]" ] || fail "--special: $(cat "$tmp/t2.json")"
 grep -q '^\[[0-9]' "$tmp/t1.json" || fail "tokenize output not a JSON array"
 [ "$(cat "$tmp/t1.json")" != "[2]" ] || fail "special token smuggled without --special"
+# --chat --chat-template qwen3 --no-thinking: the empty reasoning block after the generation
+# prompt (SmolLM2 has no <think> token: text), as the same text tokenized with --special
+printf 'hi' | "$Q" tokenize --model "$M" --chat --chat-template qwen3 --no-thinking >"$tmp/q3.json"
+printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' |
+    "$Q" tokenize --model "$M" --special >"$tmp/q3ref.json"
+cmp -s "$tmp/q3.json" "$tmp/q3ref.json" || fail "qwen3 --no-thinking: $(cat "$tmp/q3.json")"
+printf 'hi' | "$Q" tokenize --model "$M" --chat --chat-template qwen3 >"$tmp/q3t.json"
+! cmp -s "$tmp/q3t.json" "$tmp/q3.json" || fail "qwen3: --no-thinking changed nothing"
 # a missing model fails at once, before stdin is read (it waited for the whole input first)
 set +e
 mkfifo "$tmp/stdin"
