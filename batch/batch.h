@@ -356,6 +356,8 @@ struct batch_opts {
     struct kern_backend_opts backend; /* backend for each job's model (strings borrowed) */
     struct engine_params engine;      /* engine settings (its draft_model is set per job) */
     const char *draft_model;          /* with ENGINE_SPEC_MODEL: the draft model's GGUF path */
+    const char *chat_template;        /* --chat-template: every job's chat format by name
+                                         (engine_chat_init_named), or NULL: each model's own */
     /* Stop signals received so far (the caller's handler counts them; may be NULL): one stops
      * admission, a second skips the grace. */
     const volatile sig_atomic_t *signals;

@@ -608,7 +608,7 @@ static enum status model_open(struct batch_run *r, struct err_detail *err)
         return st;
     }
     struct err_detail e2 = {0};
-    if (engine_chat_init(&r->chat, engine_model_gguf(r->m), &e2))
+    if (engine_chat_init_named(&r->chat, engine_model_gguf(r->m), r->o->chat_template, &e2))
         LOG_WARN("%s: %s; chat requests will fail", path, e2.msg);
     /* kept for the next job only if the file did not change while it was hashed and loaded */
     if (!fault_hit("run.model_changed") && !file_version_get(path, &after) &&
@@ -837,7 +837,9 @@ static enum status record_engine(struct batch_run *r, const struct engine_params
         !cJSON_AddStringToObject(o, "device", device) ||
         !cJSON_AddStringToObject(o, "matmul", matmul) ||
         !cJSON_AddStringToObject(o, "kv_dtype", kv) ||
-        !cJSON_AddNumberToObject(o, "kv_block", ep->kv_block)) {
+        !cJSON_AddNumberToObject(o, "kv_block", ep->kv_block) ||
+        (r->o->chat_template && /* chat prompts rendered otherwise than by the model's own */
+         !cJSON_AddStringToObject(o, "chat_template", r->o->chat_template))) {
         cJSON_Delete(o);
         return err_set(err, ST_ERR_NOMEM, "out of memory");
     }

@@ -43,6 +43,8 @@ static const char bench_usage[] =
     "  --output-len M         tokens generated per request (default 128)\n"
     "  --input FILE.jsonl     real prompts instead: request lines as `quern submit` takes\n"
     "                         them (short forms or OpenAI Batch; only their prompt is used)\n"
+    "  --chat-template NAME   with --input: chat lines in this format (" ENGINE_CHAT_NAMES ")\n"
+    "                         instead of the model's recognised template\n"
     "  --seed N               seed for synthetic prompts and for sampling (default 1)\n"
     "  --temperature T        sampling temperature, 0 = greedy (default 0)\n"
     "  --top-p P              nucleus sampling: keep the most likely tokens holding P of\n"
@@ -74,6 +76,7 @@ static void usage(FILE *f)
 struct bench_opts {
     const char *model;          /* --model */
     const char *input;          /* --input */
+    const char *chat_template;  /* --chat-template, or NULL */
     long prompts;               /* --prompts */
     int prompts_set;            /* --prompts given */
     long input_len;             /* --input-len */
@@ -100,7 +103,8 @@ enum {
     B_TEMP,
     B_TOPP,
     B_TOPK,
-    B_LOGPROBS
+    B_LOGPROBS,
+    B_CHAT_TEMPLATE
 };
 
 static int parse_bench(int argc, char **argv, struct bench_opts *o)
@@ -111,6 +115,7 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         {"input-len", required_argument, 0, B_INLEN},
         {"output-len", required_argument, 0, B_OUTLEN},
         {"input", required_argument, 0, B_INPUT},
+        {"chat-template", required_argument, 0, B_CHAT_TEMPLATE},
         {"seed", required_argument, 0, B_SEED},
         {"peak-seconds", required_argument, 0, B_PEAK},
         {"temperature", required_argument, 0, B_TEMP},
@@ -143,6 +148,15 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         switch (c) {
         case B_MODEL: o->model = optarg; break;
         case B_INPUT: o->input = optarg; break;
+        case B_CHAT_TEMPLATE:
+            if (!engine_chat_name_known(optarg)) {
+                fprintf(stderr,
+                        "quern bench: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
+                        optarg);
+                return 0;
+            }
+            o->chat_template = optarg;
+            break;
         case B_PROMPTS:
             if (!runner_parse_long("bench", "prompts", optarg, 1, 1 << 24, &o->prompts))
                 return 0;
@@ -196,6 +210,10 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
     }
     if (optind < argc) {
         fprintf(stderr, "quern bench: unexpected argument '%s'\n", argv[optind]);
+        return 0;
+    }
+    if (o->chat_template && !o->input) {
+        fputs("quern bench: --chat-template is for --input's chat lines\n", stderr);
         return 0;
     }
     if (o->input && o->input_len_set) {
@@ -394,7 +412,7 @@ int runner_cmd_bench(int argc, char **argv)
         goto out;
     }
     if (o.input) {
-        if (engine_chat_init(&chat, engine_model_gguf(m), &err))
+        if (engine_chat_init_named(&chat, engine_model_gguf(m), o.chat_template, &err))
             LOG_WARN("no usable chat template (%s); \"messages\" lines will fail", err.msg);
         if (!prompts_from_file(&ps, o.input, tok, chat))
             goto out;

@@ -20,6 +20,7 @@
 
 #include "batch/batch.h"
 #include "common/log.h"
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "jobs/json.h"
 #include "kernels/kernels.h"
@@ -92,7 +93,10 @@ static const char run_usage[] =
     "                         replaced atomically (for node_exporter's textfile collector:\n"
     "                         PATH ending in .prom in its directory): the job's items by\n"
     "                         state, this run's token/step/draft counters, tok/s, sequences,\n"
-    "                         KV blocks, ETA; labels job, part, run, host\n";
+    "                         KV blocks, ETA; labels job, part, run, host\n"
+    "  --chat-template NAME   render chat requests in this format (" ENGINE_CHAT_NAMES ")\n"
+    "                         instead of each model's recognised template: for a model whose\n"
+    "                         template is refused; recorded in the run's engine (provenance)\n";
 static const char run_usage_tail[] =
     "  -h, --help             this help\n"
     "Signals: TERM, INT, HUP, PIPE, USR1 and XCPU (a soft CPU-time limit below the hard one)\n"
@@ -128,26 +132,52 @@ static void on_signal(int sig)
     g_signals++;
 }
 
-enum { R_DB = 256, R_OUT, R_JOB, R_MAXRT, R_GRACE, R_LOCK, R_LEASE, R_CLAIM, R_FLUSHS, R_FLUSHR,
-       R_SHARDR, R_SHARDB, R_PROGRESS, R_WORKER, R_NOWAIT, R_CREATE, R_PART, R_NOTAKE,
-       R_METRICS };
+enum {
+    R_DB = 256,
+    R_OUT,
+    R_JOB,
+    R_MAXRT,
+    R_GRACE,
+    R_LOCK,
+    R_LEASE,
+    R_CLAIM,
+    R_FLUSHS,
+    R_FLUSHR,
+    R_SHARDR,
+    R_SHARDB,
+    R_PROGRESS,
+    R_WORKER,
+    R_NOWAIT,
+    R_CREATE,
+    R_PART,
+    R_NOTAKE,
+    R_METRICS,
+    R_CHAT_TEMPLATE
+};
 
 static int parse_run(int argc, char **argv, struct run_opts *o)
 {
     static const struct option own[] = {
-        {"db", required_argument, 0, R_DB}, {"out", required_argument, 0, R_OUT},
+        {"db", required_argument, 0, R_DB},
+        {"out", required_argument, 0, R_OUT},
         {"job", required_argument, 0, R_JOB},
-        {"max-runtime", required_argument, 0, R_MAXRT}, {"grace", required_argument, 0, R_GRACE},
-        {"lock", required_argument, 0, R_LOCK}, {"lease", required_argument, 0, R_LEASE},
-        {"claim", required_argument, 0, R_CLAIM}, {"flush-secs", required_argument, 0, R_FLUSHS},
+        {"max-runtime", required_argument, 0, R_MAXRT},
+        {"grace", required_argument, 0, R_GRACE},
+        {"lock", required_argument, 0, R_LOCK},
+        {"lease", required_argument, 0, R_LEASE},
+        {"claim", required_argument, 0, R_CLAIM},
+        {"flush-secs", required_argument, 0, R_FLUSHS},
         {"flush-records", required_argument, 0, R_FLUSHR},
         {"shard-records", required_argument, 0, R_SHARDR},
         {"shard-bytes", required_argument, 0, R_SHARDB},
         {"progress", required_argument, 0, R_PROGRESS},
-        {"worker-id", required_argument, 0, R_WORKER}, {"no-wait", no_argument, 0, R_NOWAIT},
+        {"worker-id", required_argument, 0, R_WORKER},
+        {"no-wait", no_argument, 0, R_NOWAIT},
         {"create", no_argument, 0, R_CREATE},
-        {"part", required_argument, 0, R_PART}, {"no-take-over", no_argument, 0, R_NOTAKE},
+        {"part", required_argument, 0, R_PART},
+        {"no-take-over", no_argument, 0, R_NOTAKE},
         {"metrics-file", required_argument, 0, R_METRICS},
+        {"chat-template", required_argument, 0, R_CHAT_TEMPLATE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -195,6 +225,15 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_CREATE: o->b.create = 1; break;
         case R_NOTAKE: o->no_take_over = 1; break;
         case R_METRICS: o->b.metrics_file = optarg; break;
+        case R_CHAT_TEMPLATE:
+            if (!engine_chat_name_known(optarg)) {
+                fprintf(stderr,
+                        "quern run: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
+                        optarg);
+                return 0;
+            }
+            o->b.chat_template = optarg;
+            break;
         case R_PART:
             if (!runner_parse_long(cmd, "part", optarg, 0, BATCH_PARTS_MAX - 1, &o->part))
                 return 0;

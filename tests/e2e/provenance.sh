@@ -122,4 +122,27 @@ assert [x["engine"]["matmul"] for x in e] == ["exact"], e
 ' || fail "status: a run that computed nothing listed as an engine of the job"
 kill -TERM $pid
 wait $pid 2>/dev/null || true
+
+# run --chat-template: chat prompts in a named format instead of the model's own (SmolLM2's
+# ChatML without its default system turn: shorter prompts), recorded in the run's engine
+printf '{"custom_id":"c","messages":[{"role":"user","content":"Say hi."}],"max_tokens":2}\n' >c.jsonl
+for t in own chatml; do
+    "$Q" submit --db "c$t.db" --model "$M" --name c c.jsonl >/dev/null 2>&1
+    flag=()
+    [ $t = own ] || flag=(--chat-template chatml)
+    "$Q" run --db "c$t.db" --out "c$t" "${flag[@]}" >/dev/null 2>&1 || fail "run ${flag[*]}"
+    "$Q" export --db "c$t.db" --job c --out "c$t.jsonl" 2>/dev/null || fail "export c$t"
+done
+python3 - cown/c/manifest.json cchatml/c/manifest.json cown.jsonl cchatml.jsonl <<'PY' ||
+import json, sys
+own, named = (json.load(open(f)) for f in sys.argv[1:3])
+assert "chat_template" not in own["runs"][0]["engine"], own["runs"]
+assert named["runs"][0]["engine"]["chat_template"] == "chatml", named["runs"]
+a, b = (json.loads(open(f).read())["response"]["body"] for f in sys.argv[3:5])
+assert b["usage"]["prompt_tokens"] < a["usage"]["prompt_tokens"], (a["usage"], b["usage"])
+assert a["system_fingerprint"] != b["system_fingerprint"], (a, b)
+PY
+    fail "run --chat-template"
+rc=0; "$Q" run --db cown.db --chat-template vicuna >/dev/null 2>c.err || rc=$?
+[ $rc = 2 ] && grep -q "unknown 'vicuna'" c.err || fail "--chat-template vicuna: exit $rc"
 echo "e2e provenance: ok"
