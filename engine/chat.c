@@ -436,7 +436,7 @@ static int fmt_from_template(const char *s)
          * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
         if (has_all(s, g_qwen3))
             return CHAT_FMT_QWEN3;
-        return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning")
+        return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning_content")
                    ? -1
                    : CHAT_FMT_CHATML;
     }
@@ -990,7 +990,7 @@ static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, str
 /* 1 when the format writes BOS itself (the tokenizer must not add another). */
 static int writes_bos(const struct engine_chat *c)
 {
-    return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3;
+    return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3 && c->fmt != CHAT_FMT_QWEN3;
 }
 
 /* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs, c and

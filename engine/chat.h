@@ -40,8 +40,8 @@
  * templates with a default system prompt, the first Phi-3 template, templates edited where
  * they write a conversation) are refused. A model without tokenizer.chat_template gets the format
  * whose marker token its vocabulary has (<start_of_turn>: gemma, <|start_header_id|>: llama3,
- * <|user|>: phi3), else plain ChatML without a default system turn (llama.cpp's fallback
- * too). */
+ * <|user|>: phi3, <｜User｜>: deepseek-r1), else plain ChatML without a default system turn
+ * (llama.cpp's fallback too). */
 #ifndef ENGINE_CHAT_H
 #define ENGINE_CHAT_H
 

@@ -373,32 +373,29 @@ enum status engine_model_load_weights(struct engine_model **out, struct io_gguf 
             snprintf(n[i], sizeof(n[i]), "blk.%d.%s.weight", l, names[i]);
         if ((st = load_extras(g, hp, l, L, err)))
             goto fail;
-        if (hp->arch == ENGINE_ARCH_PHI3) { /* [Q; K; V] and [gate; up], each one matrix */
-            char qkv[64];
-            const int64_t E = hp->n_embd, all = q_dim + 2 * kv_dim;
-            snprintf(qkv, sizeof(qkv), "blk.%d.attn_qkv.weight", l);
-            if ((st = load_vector(g, n[0], E, &L->attn_norm, err)) ||
-                (st = load_rows(g, qkv, E, all, 0, q_dim, &L->wq, err)) ||
-                (st = load_rows(g, qkv, E, all, q_dim, kv_dim, &L->wk, err)) ||
-                (st = load_rows(g, qkv, E, all, q_dim + kv_dim, kv_dim, &L->wv, err)) ||
-                (st = load_matrix(g, n[4], q_dim, E, &L->wo, err)) ||
-                (st = load_vector(g, n[5], E, &L->ffn_norm, err)) ||
-                (st = load_rows(g, n[7], E, 2 * (int64_t)hp->n_ff, 0, hp->n_ff, &L->w_gate, err)) ||
-                (st = load_rows(g, n[7], E, 2 * (int64_t)hp->n_ff, hp->n_ff, hp->n_ff, &L->w_up,
-                                err)) ||
-                (st = load_matrix(g, n[8], hp->n_ff, E, &L->w_down, err)))
-                goto fail;
-            continue;
-        }
-        if ((st = load_vector(g, n[0], hp->n_embd, &L->attn_norm, err)) ||
-            (st = load_matrix(g, n[1], hp->n_embd, q_dim, &L->wq, err)) ||
-            (st = load_matrix(g, n[2], hp->n_embd, kv_dim, &L->wk, err)) ||
-            (st = load_matrix(g, n[3], hp->n_embd, kv_dim, &L->wv, err)) ||
-            (st = load_matrix(g, n[4], q_dim, hp->n_embd, &L->wo, err)) ||
-            (st = load_vector(g, n[5], hp->n_embd, &L->ffn_norm, err)) ||
-            (st = load_matrix(g, n[6], hp->n_embd, hp->n_ff, &L->w_gate, err)) ||
-            (st = load_matrix(g, n[7], hp->n_embd, hp->n_ff, &L->w_up, err)) ||
-            (st = load_matrix(g, n[8], hp->n_ff, hp->n_embd, &L->w_down, err)))
+        /* Phi-3: [Q; K; V] in one matrix and [gate; up] in another where the file has them so
+         * (as converted from Hugging Face), else separate as llama's */
+        char qkv[64];
+        snprintf(qkv, sizeof(qkv), "blk.%d.attn_qkv.weight", l);
+        const int fused_qkv = hp->arch == ENGINE_ARCH_PHI3 && io_gguf_find_tensor(g, qkv),
+                  fused_up = hp->arch == ENGINE_ARCH_PHI3 && !io_gguf_find_tensor(g, n[6]);
+        const int64_t E = hp->n_embd, all = q_dim + 2 * kv_dim, F = hp->n_ff;
+        if (fused_qkv && ((st = load_rows(g, qkv, E, all, 0, q_dim, &L->wq, err)) ||
+                          (st = load_rows(g, qkv, E, all, q_dim, kv_dim, &L->wk, err)) ||
+                          (st = load_rows(g, qkv, E, all, q_dim + kv_dim, kv_dim, &L->wv, err))))
+            goto fail;
+        if (fused_up && ((st = load_rows(g, n[7], E, 2 * F, 0, F, &L->w_gate, err)) ||
+                         (st = load_rows(g, n[7], E, 2 * F, F, F, &L->w_up, err))))
+            goto fail;
+        if ((st = load_vector(g, n[0], E, &L->attn_norm, err)) ||
+            (!fused_qkv && ((st = load_matrix(g, n[1], E, q_dim, &L->wq, err)) ||
+                            (st = load_matrix(g, n[2], E, kv_dim, &L->wk, err)) ||
+                            (st = load_matrix(g, n[3], E, kv_dim, &L->wv, err)))) ||
+            (st = load_matrix(g, n[4], q_dim, E, &L->wo, err)) ||
+            (st = load_vector(g, n[5], E, &L->ffn_norm, err)) ||
+            (!fused_up && ((st = load_matrix(g, n[6], E, F, &L->w_gate, err)) ||
+                           (st = load_matrix(g, n[7], E, F, &L->w_up, err)))) ||
+            (st = load_matrix(g, n[8], F, E, &L->w_down, err)))
             goto fail;
     }
     m->gguf = g;

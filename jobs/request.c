@@ -238,6 +238,8 @@ char *job_request_to_json(const struct job_request *r)
         job_json_put_lit(&b, ",\"grammar\":");
         job_json_put_cstr(&b, r->schema);
     }
+    if (r->no_thinking) /* written only when set, so older payloads read the same */
+        job_json_put_lit(&b, ",\"chat_template_kwargs\":{\"enable_thinking\":false}");
     if (r->n_stop) {
         job_json_put_lit(&b, ",\"stop\":[");
         for (size_t i = 0; i < r->n_stop; i++) {
@@ -264,7 +266,7 @@ int job_request_equal(const struct job_request *a, const struct job_request *b)
         a->max_tokens != b->max_tokens || a->max_tokens_default != b->max_tokens_default ||
         a->n_stop != b->n_stop || !str_eq(a->model, b->model) || a->n != b->n ||
         a->logprobs != b->logprobs || a->top_logprobs != b->top_logprobs ||
-        a->format != b->format || !str_eq(a->schema, b->schema))
+        a->format != b->format || !str_eq(a->schema, b->schema) || a->no_thinking != b->no_thinking)
         return 0;
     for (size_t i = 0; i < a->n_messages; i++)
         if (!str_eq(a->messages[i].role, b->messages[i].role) ||

@@ -143,6 +143,19 @@ assert b["usage"]["prompt_tokens"] < a["usage"]["prompt_tokens"], (a["usage"], b
 assert a["system_fingerprint"] != b["system_fingerprint"], (a, b)
 PY
     fail "run --chat-template"
+# a request's chat_template_kwargs survive submit (the queue keeps requests as parsed): under
+# --chat-template qwen3, enable_thinking false adds the empty reasoning block to its prompt
+printf '%s\n' '{"custom_id":"t","messages":[{"role":"user","content":"Hi"}],"max_tokens":1}' \
+    '{"custom_id":"f","messages":[{"role":"user","content":"Hi"}],"max_tokens":1,"chat_template_kwargs":{"enable_thinking":false}}' >q3.jsonl
+"$Q" submit --db q3.db --model "$M" --name q3 q3.jsonl >/dev/null 2>&1 || fail "submit q3"
+"$Q" run --db q3.db --out q3 --chat-template qwen3 >/dev/null 2>&1 || fail "run --chat-template qwen3"
+"$Q" export --db q3.db --job q3 --out q3.out.jsonl 2>/dev/null || fail "export q3"
+python3 - q3.out.jsonl <<'PY' || fail "enable_thinking false lost on the way to the run"
+import json, sys
+u = {r["custom_id"]: r["response"]["body"]["usage"]["prompt_tokens"]
+     for r in map(json.loads, open(sys.argv[1]))}
+assert u["f"] > u["t"], u
+PY
 rc=0; "$Q" run --db cown.db --chat-template vicuna >/dev/null 2>c.err || rc=$?
 [ $rc = 2 ] && grep -q "unknown 'vicuna'" c.err || fail "--chat-template vicuna: exit $rc"
 echo "e2e provenance: ok"
