@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "engine/chat_published.h"
 
 #define CHAT_IM_START "<|im_start|>"
 #define CHAT_IM_END   "<|im_end|>"
@@ -394,6 +395,166 @@ static int m3_variant(struct engine_chat *c, const char *s)
     return strstr(s, g_m3_plain[c->m3_tight]) != NULL;
 }
 
+/* ---- templates made only of a published template's statements ---- */
+
+/* The tag that starts at or after s[*i] ({{ }}, {% %} or {# #}): [*b, *e) with its delimiters,
+ * *kind its second character ('{', '%' or '#'); quoted strings inside a tag are skipped (a
+ * string may hold "}}"). 1 when found, 0 at the end, -1 when a tag is not closed. */
+static int next_tag(const char *s, size_t n, size_t from, size_t *b, size_t *e, char *kind)
+{
+    size_t i = from;
+    while (i + 1 < n && !(s[i] == '{' && (s[i + 1] == '{' || s[i + 1] == '%' || s[i + 1] == '#')))
+        i++;
+    if (i + 1 >= n)
+        return 0;
+    *b = i;
+    *kind = s[i + 1];
+    const char close = *kind == '{' ? '}' : *kind;
+    char quote = 0;
+    for (i += 2; i + 1 < n; i++) {
+        if (quote) {
+            if (s[i] == '\\')
+                i++;
+            else if (s[i] == quote)
+                quote = 0;
+        } else if (*kind != '#' && (s[i] == '\'' || s[i] == '"')) {
+            quote = s[i];
+        } else if (s[i] == close && s[i + 1] == '}') {
+            *e = i + 2;
+            return 1;
+        }
+    }
+    return -1;
+}
+
+/* The tag s[0..n) with each run of white space outside its strings made one space, into out
+ * (n + 1 bytes), NUL-terminated; returns its length. */
+static size_t tag_norm(const char *s, size_t n, char *out)
+{
+    size_t o = 0;
+    char quote = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = s[i];
+        if (quote) {
+            out[o++] = c;
+            if (c == '\\' && i + 1 < n)
+                out[o++] = s[++i];
+            else if (c == quote)
+                quote = 0;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            if (o && out[o - 1] != ' ')
+                out[o++] = ' ';
+        } else {
+            if (c == '\'' || c == '"')
+                quote = c;
+            out[o++] = c;
+        }
+    }
+    out[o] = 0;
+    return o;
+}
+
+/* 1 when the text between two tags writes nothing (Jinja with trim_blocks and lstrip_blocks,
+ * as transformers renders): white space that a '-' beside it trims, the newline after a block
+ * or comment (trim_blocks) and spaces or tabs before the next one (lstrip_blocks). prev and
+ * next are the tags around it (NULL at the template's start or end). */
+static int gap_silent(const char *g, size_t n, const char *prev, size_t pn, const char *next)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(" \t\n\r", g[i]))
+            return 0;
+    if (!n || (prev && prev[pn - 3] == '-') || (next && next[2] == '-') ||
+        (!next && n == 1 && g[0] == '\n')) /* (Jinja drops the template's last newline) */
+        return 1;
+    const int prev_block = prev && prev[1] != '{', next_block = next && next[1] != '{';
+    size_t i = 0;
+    if (prev_block && g[0] == '\n')
+        i = 1; /* trim_blocks */
+    if (i == n)
+        return 1;
+    if (!next_block || i == 0) /* lstrip_blocks: only spaces and tabs at a line's start */
+        return 0;
+    for (; i < n; i++)
+        if (g[i] != ' ' && g[i] != '\t')
+            return 0;
+    return 1;
+}
+
+/* The tags of the published texts (each a NULL-terminated array of lines) normalised, each
+ * between \x01 marks, in one malloc'd string; NULL when out of memory or a text does not scan
+ * (it always does: test_chat_formats). */
+static char *known_tags(const char *const *const *pub)
+{
+    size_t cap = 1, len = 0;
+    for (size_t t = 0; pub[t]; t++)
+        for (size_t l = 0; pub[t][l]; l++)
+            cap += strlen(pub[t][l]) + 2;
+    char *k = malloc(cap), *text = NULL;
+    if (!k)
+        return NULL;
+    k[len++] = '\x01';
+    for (size_t t = 0; pub[t]; t++) {
+        size_t n = 0, b, e;
+        char kind;
+        for (size_t l = 0; pub[t][l]; l++)
+            n += strlen(pub[t][l]);
+        if (!(text = malloc(n + 1)))
+            goto fail;
+        n = 0;
+        for (size_t l = 0; pub[t][l]; l++) {
+            memcpy(text + n, pub[t][l], strlen(pub[t][l]));
+            n += strlen(pub[t][l]);
+        }
+        int r;
+        for (size_t at = 0; (r = next_tag(text, n, at, &b, &e, &kind)) == 1; at = e) {
+            len += tag_norm(text + b, e - b, k + len);
+            k[len++] = '\x01';
+        }
+        free(text);
+        text = NULL;
+        if (r < 0)
+            goto fail;
+    }
+    k[len] = 0;
+    return k;
+fail:
+    free(text);
+    free(k);
+    return NULL;
+}
+
+/* 1 when the template s is made only of statements the published texts pub have (in any
+ * order; comments aside) with nothing written between them: an edited copy that adds a
+ * statement or text (a default system prompt, a line of its own) is not rendered as the
+ * published one. */
+static int known_only(const char *s, const char *const *const *pub)
+{
+    char *known = known_tags(pub);
+    const size_t n = strlen(s);
+    char *tag = malloc(n + 3);
+    int ok = known && tag;
+    size_t at = 0, b, e, pb = 0, pe = 0;
+    char kind;
+    int r = 0;
+    while (ok && (r = next_tag(s, n, at, &b, &e, &kind)) == 1) {
+        ok = gap_silent(s + at, b - at, at ? s + pb : NULL, pe - pb, s + b);
+        if (ok && kind != '#') {
+            tag[0] = '\x01';
+            const size_t k = tag_norm(s + b, e - b, tag + 1);
+            tag[k + 1] = '\x01';
+            tag[k + 2] = 0;
+            ok = strstr(known, tag) != NULL;
+        }
+        pb = b;
+        pe = e;
+        at = e;
+    }
+    ok = ok && r == 0 && gap_silent(s + at, n - at, at ? s + pb : NULL, pe - pb, NULL);
+    free(tag);
+    free(known);
+    return ok;
+}
+
 /* The format of the NUL-terminated template text s, or -1 when it is none this renderer
  * writes exactly. Each format is recognised by the special tokens or phrases its published
  * templates write; a variant that renders differently (Llama 3.1's dated system turn and tools,
@@ -404,15 +565,15 @@ static int fmt_from_template(const char *s)
     if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
         return CHAT_FMT_GEMMA;
     if (strstr(s, DS_USER))
-        return has_all(s, g_deepseek_r1) && !strstr(s, "enable_thinking") ? CHAT_FMT_DEEPSEEK_R1
-                                                                          : -1;
+        return has_all(s, g_deepseek_r1) && known_only(s, g_pub_deepseek_r1) ? CHAT_FMT_DEEPSEEK_R1
+                                                                             : -1;
     if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
         if (strstr(s, "Cutting Knowledge"))
-            return has_all(s, g_llama31) ? CHAT_FMT_LLAMA31 : -1;
+            return has_all(s, g_llama31) && known_only(s, g_pub_llama31) ? CHAT_FMT_LLAMA31 : -1;
         return strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
     }
     if (has_all(s, g_mistral3))
-        return CHAT_FMT_MISTRAL3;
+        return known_only(s, g_pub_mistral_v3) ? CHAT_FMT_MISTRAL3 : -1;
     if (strstr(s, "[INST]")) {
         if (strstr(s, "<<SYS>>"))
             return strstr(s, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
@@ -434,7 +595,7 @@ static int fmt_from_template(const char *s)
     if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>")) {
         /* a template that writes or strips reasoning (<think>) is not plain ChatML: Qwen3's is
          * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
-        if (has_all(s, g_qwen3))
+        if (has_all(s, g_qwen3) && known_only(s, g_pub_qwen3))
             return CHAT_FMT_QWEN3;
         return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning_content")
                    ? -1
@@ -1202,4 +1363,36 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
     *ids = a.v;
     *n_ids = a.n;
     return ST_OK;
+}
+
+char *engine_chat_published(const char *name, size_t i)
+{
+    static const struct {
+        const char *name;
+        const char *const *const *pub;
+    } f[] = {{"llama31", g_pub_llama31},
+             {"mistral-v3", g_pub_mistral_v3},
+             {"qwen3", g_pub_qwen3},
+             {"deepseek-r1", g_pub_deepseek_r1}};
+    for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++) {
+        if (strcmp(name, f[k].name))
+            continue;
+        for (size_t t = 0; t < i; t++)
+            if (!f[k].pub[t])
+                return NULL;
+        const char *const *lines = f[k].pub[i];
+        if (!lines)
+            return NULL;
+        size_t n = 1;
+        for (size_t l = 0; lines[l]; l++)
+            n += strlen(lines[l]);
+        char *out = malloc(n);
+        if (!out)
+            return NULL;
+        out[0] = 0;
+        for (size_t l = 0; lines[l]; l++)
+            strcat(out, lines[l]);
+        return out;
+    }
+    return NULL;
 }

@@ -108,4 +108,8 @@ enum status engine_chat_tokenize(const struct engine_chat *c, const struct engin
                                  int allow_special_in_content, int32_t **ids, size_t *n_ids,
                                  struct err_detail *err);
 
+/* Tests: the i-th published template (joined; the caller frees) that the format called name
+ * (llama31, mistral-v3, qwen3, deepseek-r1) must be made of, or NULL past the last. */
+char *engine_chat_published(const char *name, size_t i);
+
 #endif

@@ -211,6 +211,45 @@ static void test_named_and_refused(void **state)
     io_gguf_close(g);
 }
 
+/* engine/chat_published.h (what the formats recognised by their statements are checked
+ * against) holds the fixture's published templates as they are (tools/gen_chat_published.py). */
+static void test_published_header(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *file;
+    } pub[] = {
+        {"llama31", "meta-llama-Llama-3.1-8B-Instruct.jinja"},
+        {"llama31", "meta-llama-Llama-3.2-3B-Instruct.jinja"},
+        {"mistral-v3", "mistralai-Mistral-7B-Instruct-v0.3.jinja"},
+        {"mistral-v3", "mistralai-Mistral-Nemo-Instruct-2407.jinja"},
+        {"qwen3", "Qwen-Qwen3-0.6B.jinja"},
+        {"deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"},
+    };
+    size_t k = 0;
+    static const char *const names[] = {"llama31", "mistral-v3", "qwen3", "deepseek-r1"};
+    for (size_t f = 0; f < sizeof(names) / sizeof(names[0]); f++)
+        for (size_t i = 0;; i++) {
+            char *text = engine_chat_published(names[f], i);
+            if (!text)
+                break;
+            assert_true(k < sizeof(pub) / sizeof(pub[0]));
+            assert_string_equal(names[f], pub[k].name);
+            char path[256];
+            size_t len;
+            snprintf(path, sizeof(path), "tests/fixtures/chat_templates/%s", pub[k].file);
+            char *file = test_read_file(path, &len);
+            assert_non_null(file);
+            if (strcmp(text, file))
+                fail_msg("engine/chat_published.h differs from %s: run tools/gen_chat_published.py",
+                         path);
+            free(file);
+            free(text);
+            k++;
+        }
+    assert_int_equal(k, sizeof(pub) / sizeof(pub[0]));
+}
+
 /* The published Llama 3.1 and Mistral v0.3 templates edited where they write what a
  * conversation renders to: refused, not rendered as the unedited ones; --chat-template llama31
  * and mistral-v3 render as those. */
@@ -226,27 +265,46 @@ static void test_edited_templates(void **state)
         "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja",
         "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja",
         "tests/fixtures/chat_templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"};
-    /* (file, what is replaced, by what) */
+    /* (file, what is replaced, by what; 1 where the edited copy still renders the same) */
     static const struct {
         int file;
         const char *from, *to;
+        int same;
     } edits[] = {
-        {0, "\"26 Jul 2024\"", "\"01 Jan 2025\""},
-        {0, "December 2023", "March 2024"},
-        {0, "messages[0]['content']|trim", "messages[0]['content']"},
+        {0, "\"26 Jul 2024\"", "\"01 Jan 2025\"", 0},
+        {0, "December 2023", "March 2024", 0},
+        {0, "messages[0]['content']|trim", "messages[0]['content']", 0},
         {0, "'<|end_header_id|>\\n\\n'+ message['content'] | trim",
-         "'<|end_header_id|>\\n\\n'+ message['content']"},
-        {1, "(message == user_messages[-1]) and system_message", "loop.first and system_message"},
+         "'<|end_header_id|>\\n\\n'+ message['content']", 0},
+        {1, "(message == user_messages[-1]) and system_message", "loop.first and system_message",
+         0},
         {1, "\" \" + message[\"content\"]|trim + eos_token",
-         "message[\"content\"]|trim + eos_token"},
+         "message[\"content\"]|trim + eos_token", 0},
         {1, "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
-         "{{- \"[INST]\" + message[\"content\"] + \" [/INST]\" }}"},
-        {2, "{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if loop.last %}"},
-        {2, "'<think>\\n\\n</think>\\n\\n'", "'<think>\\n</think>\\n'"},
-        {2, ".split('<think>')[-1]", ".split('<think>')[0]"},
+         "{{- \"[INST]\" + message[\"content\"] + \" [/INST]\" }}", 0},
+        {2, "{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if loop.last %}",
+         0},
+        {2, "'<think>\\n\\n</think>\\n\\n'", "'<think>\\n</think>\\n'", 0},
+        {2, ".split('<think>')[-1]", ".split('<think>')[0]", 0},
         /* DeepSeek R1's first revision: no <think> in the generation prompt */
-        {3, "<think>\\n'}}", "'}}"},
-        {3, "content.split('</think>')[-1]", "content"},
+        {3, "<think>\\n'}}", "'}}", 0},
+        {3, "content.split('</think>')[-1]", "content", 0},
+        /* statements or text added: a line of a fine-tune's own, a default system prompt, a
+         * space written between two statements; a tag whose '-' is gone */
+        {0, "{{- system_message }}", "{{- \"Reasoning: on\\n\" }}\n{{- system_message }}", 0},
+        {0, "{{- bos_token }}\n", "{{- bos_token }}\nYou are a pirate.\n", 0},
+        {1, "{{- bos_token }}", "{{- bos_token }}{{- \"[SYSTEM_PROMPT]x[/SYSTEM_PROMPT]\" }}", 0},
+        {2, "{%- for message in messages[::-1] %}",
+         "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\nYou are Qwen.<|im_end|>"
+         "\\n' }}{%- endif %}\n{%- for message in messages[::-1] %}",
+         0},
+        {3, "{{ns.system_prompt}}", "{{ns.system_prompt}}{{'Always answer in French.'}}", 0},
+        {3, "{{bos_token}}{{ns.system_prompt}}", "{{bos_token}} {{ns.system_prompt}}", 0},
+        {0, "{{- \"<|eot_id|>\" }}", "{{ \"<|eot_id|>\" }}", 0},
+        /* white space that the '-'s and trim_blocks remove, a comment: the same */
+        {0, "{%- if not date_string is defined %}", "\n\n  {%- if not date_string is defined %}",
+         1},
+        {1, "{{- bos_token }}", "{#- a note #}\n{{- bos_token }}", 1},
     };
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
         char *src = test_read_file(files[edits[i].file], &len);
@@ -266,10 +324,18 @@ static void test_edited_templates(void **state)
         memcpy(ed + (at - src), edits[i].to, tl);
         strcpy(ed + (at - src) + tl, at + fl);
         g = gguf_kv(&b, "tokenizer.chat_template", ed);
-        if (engine_chat_init(&c, g, &err) != ST_ERR_UNSUPPORTED)
-            fail_msg("edit %zu (%s -> %s) was not refused", i, edits[i].from, edits[i].to);
-        assert_non_null(strstr(err.msg, "Llama 3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3"));
-        assert_non_null(strstr(err.msg, "Qwen3 and DeepSeek R1's distills"));
+        const enum status st = engine_chat_init(&c, g, &err);
+        if (edits[i].same) {
+            if (st != ST_OK)
+                fail_msg("edit %zu (%s -> %s) was refused: %s", i, edits[i].from, edits[i].to,
+                         err.msg);
+            engine_chat_free(c);
+        } else {
+            if (st != ST_ERR_UNSUPPORTED)
+                fail_msg("edit %zu (%s -> %s) was not refused", i, edits[i].from, edits[i].to);
+            assert_non_null(strstr(err.msg, "Llama 3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3"));
+            assert_non_null(strstr(err.msg, "Qwen3 and DeepSeek R1's distills"));
+        }
         io_gguf_close(g);
         free(ed);
         free(src);
@@ -314,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_templates_vs_jinja),
         cmocka_unit_test(test_named_and_refused),
         cmocka_unit_test(test_edited_templates),
+        cmocka_unit_test(test_published_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
