@@ -480,79 +480,66 @@ static int gap_silent(const char *g, size_t n, const char *prev, size_t pn, cons
     return 1;
 }
 
-/* The tags of the published texts (each a NULL-terminated array of lines) normalised, each
- * between \x01 marks, in one malloc'd string; NULL when out of memory or a text does not scan
- * (it always does: test_chat_formats). */
-static char *known_tags(const char *const *const *pub)
+/* The statements ({{ }} and {% %} tags; comments left out) of the template s[0..n), each
+ * normalised (tag_norm) and between \x01 marks, as one malloc'd string; NULL when a tag is not
+ * closed, when silent and the text between two tags writes something (gap_silent), or when
+ * out of memory. */
+static char *tag_seq(const char *s, size_t n, int silent)
 {
-    size_t cap = 1, len = 0;
-    for (size_t t = 0; pub[t]; t++)
-        for (size_t l = 0; pub[t][l]; l++)
-            cap += strlen(pub[t][l]) + 2;
-    char *k = malloc(cap), *text = NULL;
-    if (!k)
+    char *q = malloc(n + 2);
+    if (!q)
         return NULL;
-    k[len++] = '\x01';
-    for (size_t t = 0; pub[t]; t++) {
-        size_t n = 0, b, e;
-        char kind;
-        for (size_t l = 0; pub[t][l]; l++)
-            n += strlen(pub[t][l]);
-        if (!(text = malloc(n + 1)))
-            goto fail;
-        n = 0;
-        for (size_t l = 0; pub[t][l]; l++) {
-            memcpy(text + n, pub[t][l], strlen(pub[t][l]));
-            n += strlen(pub[t][l]);
-        }
-        int r;
-        for (size_t at = 0; (r = next_tag(text, n, at, &b, &e, &kind)) == 1; at = e) {
-            len += tag_norm(text + b, e - b, k + len);
-            k[len++] = '\x01';
-        }
-        free(text);
-        text = NULL;
-        if (r < 0)
-            goto fail;
-    }
-    k[len] = 0;
-    return k;
-fail:
-    free(text);
-    free(k);
-    return NULL;
-}
-
-/* 1 when the template s is made only of statements the published texts pub have (in any
- * order; comments aside) with nothing written between them: an edited copy that adds a
- * statement or text (a default system prompt, a line of its own) is not rendered as the
- * published one. */
-static int known_only(const char *s, const char *const *const *pub)
-{
-    char *known = known_tags(pub);
-    const size_t n = strlen(s);
-    char *tag = malloc(n + 3);
-    int ok = known && tag;
-    size_t at = 0, b, e, pb = 0, pe = 0;
+    size_t len = 0, at = 0, b, e, pb = 0, pe = 0;
     char kind;
-    int r = 0;
-    while (ok && (r = next_tag(s, n, at, &b, &e, &kind)) == 1) {
-        ok = gap_silent(s + at, b - at, at ? s + pb : NULL, pe - pb, s + b);
-        if (ok && kind != '#') {
-            tag[0] = '\x01';
-            const size_t k = tag_norm(s + b, e - b, tag + 1);
-            tag[k + 1] = '\x01';
-            tag[k + 2] = 0;
-            ok = strstr(known, tag) != NULL;
+    int r;
+    q[len++] = '\x01';
+    while ((r = next_tag(s, n, at, &b, &e, &kind)) == 1) {
+        if (silent && !gap_silent(s + at, b - at, at ? s + pb : NULL, pe - pb, s + b))
+            break;
+        if (kind != '#') {
+            len += tag_norm(s + b, e - b, q + len);
+            q[len++] = '\x01';
         }
         pb = b;
         pe = e;
         at = e;
     }
-    ok = ok && r == 0 && gap_silent(s + at, n - at, at ? s + pb : NULL, pe - pb, NULL);
-    free(tag);
-    free(known);
-    return ok;
+    if (r != 0 || (silent && !gap_silent(s + at, n - at, at ? s + pb : NULL, pe - pb, NULL))) {
+        free(q);
+        return NULL;
+    }
+    q[len] = 0;
+    return q;
+}
+
+/* 1 when the template s is one of the published texts pub (each a NULL-terminated array of
+ * lines) but for white space that writes nothing and comments: the same statements in the same
+ * order, each as written there up to white space outside its strings. An edited copy (a
+ * statement added, removed or moved, a default system prompt, text between statements) is not
+ * rendered as the published one. */
+static int published_as(const char *s, const char *const *const *pub)
+{
+    char *seq = tag_seq(s, strlen(s), 1);
+    int same = 0;
+    for (size_t t = 0; seq && pub[t] && !same; t++) {
+        size_t n = 0;
+        for (size_t l = 0; pub[t][l]; l++)
+            n += strlen(pub[t][l]);
+        char *text = malloc(n + 1);
+        if (!text)
+            break;
+        n = 0;
+        for (size_t l = 0; pub[t][l]; l++) {
+            memcpy(text + n, pub[t][l], strlen(pub[t][l]));
+            n += strlen(pub[t][l]);
+        }
+        char *ps = tag_seq(text, n, 0);
+        same = ps && !strcmp(ps, seq);
+        free(ps);
+        free(text);
+    }
+    free(seq);
+    return same;
 }
 
 /* The format of the NUL-terminated template text s, or -1 when it is none this renderer
@@ -565,15 +552,16 @@ static int fmt_from_template(const char *s)
     if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
         return CHAT_FMT_GEMMA;
     if (strstr(s, DS_USER))
-        return has_all(s, g_deepseek_r1) && known_only(s, g_pub_deepseek_r1) ? CHAT_FMT_DEEPSEEK_R1
-                                                                             : -1;
+        return has_all(s, g_deepseek_r1) && published_as(s, g_pub_deepseek_r1)
+                   ? CHAT_FMT_DEEPSEEK_R1
+                   : -1;
     if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
         if (strstr(s, "Cutting Knowledge"))
-            return has_all(s, g_llama31) && known_only(s, g_pub_llama31) ? CHAT_FMT_LLAMA31 : -1;
+            return has_all(s, g_llama31) && published_as(s, g_pub_llama31) ? CHAT_FMT_LLAMA31 : -1;
         return strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
     }
     if (has_all(s, g_mistral3))
-        return known_only(s, g_pub_mistral_v3) ? CHAT_FMT_MISTRAL3 : -1;
+        return published_as(s, g_pub_mistral_v3) ? CHAT_FMT_MISTRAL3 : -1;
     if (strstr(s, "[INST]")) {
         if (strstr(s, "<<SYS>>"))
             return strstr(s, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
@@ -595,7 +583,7 @@ static int fmt_from_template(const char *s)
     if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>")) {
         /* a template that writes or strips reasoning (<think>) is not plain ChatML: Qwen3's is
          * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
-        if (has_all(s, g_qwen3) && known_only(s, g_pub_qwen3))
+        if (has_all(s, g_qwen3) && published_as(s, g_pub_qwen3))
             return CHAT_FMT_QWEN3;
         return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning_content")
                    ? -1

@@ -301,6 +301,11 @@ static void test_edited_templates(void **state)
         {3, "{{ns.system_prompt}}", "{{ns.system_prompt}}{{'Always answer in French.'}}", 0},
         {3, "{{bos_token}}{{ns.system_prompt}}", "{{bos_token}} {{ns.system_prompt}}", 0},
         {0, "{{- \"<|eot_id|>\" }}", "{{ \"<|eot_id|>\" }}", 0},
+        /* a statement of the template's own repeated elsewhere: the system message dropped */
+        {0, "{%- set system_message = messages[0]['content']|trim %}",
+         "{%- set system_message = messages[0]['content']|trim %}\n{%- set system_message = \"\" "
+         "%}",
+         0},
         /* white space that the '-'s and trim_blocks remove, a comment: the same */
         {0, "{%- if not date_string is defined %}", "\n\n  {%- if not date_string is defined %}",
          1},
