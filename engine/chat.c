@@ -60,8 +60,7 @@ static const struct {
     {"deepseek-r1", DS_USER},
 };
 
-#define CHAT_N_FMTS    (sizeof(g_fmts) / sizeof(g_fmts[0]))
-#define CHAT_FMT_NAMES ENGINE_CHAT_NAMES
+#define CHAT_N_FMTS (sizeof(g_fmts) / sizeof(g_fmts[0]))
 
 /* One piece of the rendered conversation; text points into caller or chat-owned memory. */
 struct chat_part {
@@ -285,116 +284,6 @@ static int fmt_from_vocab(const struct io_gguf *g)
     return -1;
 }
 
-/* The lines of Llama 3.1's template (3.2's and 3.3's are the same but for tools and the date)
- * that write what a conversation without tools renders to, as they are written there. */
-static const char *const g_llama31[] = {
-    "{{- bos_token }}",
-    "{%- set date_string = \"26 Jul 2024\" %}",
-    "{%- if messages[0]['role'] == 'system' %}",
-    "{%- set system_message = messages[0]['content']|trim %}",
-    "{%- set messages = messages[1:] %}",
-    "{%- set system_message = \"\" %}",
-    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}",
-    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}",
-    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}",
-    "{{- system_message }}",
-    "{{- \"<|eot_id|>\" }}",
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
-    "trim + '<|eot_id|>' }}",
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}",
-    NULL};
-
-/* Those of Mistral v0.3's (and Nemo's) template; which variant it is, engine_chat_init reads
- * from the lines of m3_variants. */
-static const char *const g_mistral3[] = {
-    "{%- if messages[0][\"role\"] == \"system\" %}",
-    "{%- set system_message = messages[0][\"content\"] %}",
-    "{%- set loop_messages = messages[1:] %}",
-    "{{- raise_exception(\"After the optional system message, conversation roles must alternate "
-    "user/assistant/user/assistant/...\") }}",
-    "{{- bos_token }}",
-    "{{- raise_exception(\"Only user and assistant roles are supported, with the exception of an "
-    "initial optional system message!\") }}",
-    NULL};
-
-/* Mistral v0.3's variants: for each of its three choices, the line of one way and the line of
- * the other; exactly one of each pair must be there. */
-static const char *const g_m3_variants[][2] = {
-    {"{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
-     "{{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"},
-    {"{%- if (message == user_messages[-1]) and system_message is defined %}",
-     "{%- if loop.last and system_message is defined %}"},
-    {"{{- \" \" + message[\"content\"]|trim + eos_token}}",
-     "{{- message[\"content\"] + eos_token}}"},
-};
-/* the user turn without the system text, spaced and tight as the first pair */
-static const char *const g_m3_plain[2] = {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
-                                          "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}"};
-
-/* Those of Qwen3's (the thinking models': Qwen3-0.6B ... 235B-A22B). */
-static const char *const g_qwen3[] = {
-    "{%- if messages[0].role == 'system' %}",
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}",
-    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}",
-    "{%- for message in messages[::-1] %}",
-    "{%- if ns.multi_step_tool and message.role == \"user\" and "
-    "not(message.content.startswith('<tool_response>') and "
-    "message.content.endswith('</tool_response>')) %}",
-    "{%- set ns.last_query_index = index %}",
-    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}",
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
-    "{%- if '</think>' in message.content %}",
-    "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}",
-    "{%- set reasoning_content = "
-    "message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}",
-    "{%- if loop.index0 > ns.last_query_index %}",
-    "{%- if loop.last or (not loop.last and reasoning_content) %}",
-    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
-    "'\\n</think>\\n\\n' + content.lstrip('\\n') }}",
-    "{{- '<|im_start|>' + message.role + '\\n' + content }}",
-    "{{- '<|im_end|>\\n' }}",
-    "{{- '<|im_start|>assistant\\n' }}",
-    "{%- if enable_thinking is defined and enable_thinking is false %}",
-    "{{- '<think>\\n\\n</think>\\n\\n' }}",
-    NULL};
-
-/* Those of DeepSeek R1's distills' (Llama 8B, Qwen 1.5B-32B: the revision whose generation
- * prompt opens the reasoning with <think>). */
-static const char *const g_deepseek_r1[] = {
-    "{%- set ns.system_prompt = message['content'] -%}",
-    "{{bos_token}}{{ns.system_prompt}}",
-    "{%- set ns.is_tool = false -%}{{'" DS_USER "' + message['content']}}",
-    "{%- if '</think>' in content -%}",
-    "{%- set content = content.split('</think>')[-1] -%}",
-    "{%- endif -%}{{'" DS_ASSISTANT "' + content + '" DS_EOS "'}}",
-    "{%- if add_generation_prompt and not ns.is_tool -%}{{'" DS_ASSISTANT "<think>\\n'}}\n"
-    "{%- endif %}",
-    NULL};
-
-/* 1 when s holds every line of the NULL-terminated list. */
-static int has_all(const char *s, const char *const *lines)
-{
-    for (; *lines; lines++)
-        if (!strstr(s, *lines))
-            return 0;
-    return 1;
-}
-
-/* Mistral v0.3's variant choices into c (m3_tight, m3_sys_last, m3_raw); 0 when a choice's
- * lines are both there or neither. */
-static int m3_variant(struct engine_chat *c, const char *s)
-{
-    int *const pick[] = {&c->m3_tight, &c->m3_sys_last, &c->m3_raw};
-    for (size_t i = 0; i < 3; i++) {
-        const int a = strstr(s, g_m3_variants[i][0]) != NULL,
-                  b = strstr(s, g_m3_variants[i][1]) != NULL;
-        if (a == b)
-            return 0;
-        *pick[i] = b;
-    }
-    return strstr(s, g_m3_plain[c->m3_tight]) != NULL;
-}
-
 /* ---- templates made only of a published template's statements ---- */
 
 /* The tag that starts at or after s[*i] ({{ }}, {% %} or {# #}): [*b, *e) with its delimiters,
@@ -486,7 +375,8 @@ static int gap_silent(const char *g, size_t n, const char *prev, size_t pn, cons
  * out of memory. */
 static char *tag_seq(const char *s, size_t n, int silent)
 {
-    char *q = malloc(n + 2);
+    /* each tag (4 bytes or more) writes at most itself and a mark: side by side, more than n */
+    char *q = malloc(2 * n + 2);
     if (!q)
         return NULL;
     size_t len = 0, at = 0, b, e, pb = 0, pe = 0;
@@ -512,29 +402,41 @@ static char *tag_seq(const char *s, size_t n, int silent)
     return q;
 }
 
-/* 1 when the template s is one of the published texts pub (each a NULL-terminated array of
- * lines) but for white space that writes nothing and comments: the same statements in the same
- * order, each as written there up to white space outside its strings. An edited copy (a
- * statement added, removed or moved, a default system prompt, text between statements) is not
- * rendered as the published one. */
+/* The published template's lines joined into one malloc'd string (NULL when out of memory). */
+static char *join_lines(const char *const *lines)
+{
+    size_t n = 1;
+    for (size_t l = 0; lines[l]; l++)
+        n += strlen(lines[l]);
+    char *out = malloc(n);
+    if (!out)
+        return NULL;
+    n = 0;
+    for (size_t l = 0; lines[l]; l++) {
+        const size_t k = strlen(lines[l]);
+        memcpy(out + n, lines[l], k);
+        n += k;
+    }
+    out[n] = 0;
+    return out;
+}
+
+/* Which of the published texts pub (each a NULL-terminated array of lines) the template s is,
+ * but for white space that writes nothing and comments: the same statements in the same order,
+ * each as written there up to white space outside its strings; -1 when none. An edited copy
+ * (a statement added, removed or moved, a default system prompt, text between statements) is
+ * not rendered as the published one. */
 static int published_as(const char *s, const char *const *const *pub)
 {
     char *seq = tag_seq(s, strlen(s), 1);
-    int same = 0;
-    for (size_t t = 0; seq && pub[t] && !same; t++) {
-        size_t n = 0;
-        for (size_t l = 0; pub[t][l]; l++)
-            n += strlen(pub[t][l]);
-        char *text = malloc(n + 1);
+    int same = -1;
+    for (size_t t = 0; seq && pub[t] && same < 0; t++) {
+        char *text = join_lines(pub[t]);
         if (!text)
             break;
-        n = 0;
-        for (size_t l = 0; pub[t][l]; l++) {
-            memcpy(text + n, pub[t][l], strlen(pub[t][l]));
-            n += strlen(pub[t][l]);
-        }
-        char *ps = tag_seq(text, n, 0);
-        same = ps && !strcmp(ps, seq);
+        char *ps = tag_seq(text, strlen(text), 0);
+        if (ps && !strcmp(ps, seq))
+            same = (int)t;
         free(ps);
         free(text);
     }
@@ -547,22 +449,20 @@ static int published_as(const char *s, const char *const *const *pub)
  * templates write; a variant that renders differently (Llama 3.1's dated system turn and tools,
  * Llama 2 templates with a default system prompt, Mistral v0.3's system-in-last-turn and tools,
  * the first Phi-3 template that writes <|assistant|> after every user turn) is refused. */
-static int fmt_from_template(const char *s)
+static int fmt_from_template(const char *s, int *variant)
 {
     if (strstr(s, g_fmts[CHAT_FMT_GEMMA].marker))
         return CHAT_FMT_GEMMA;
     if (strstr(s, DS_USER))
-        return has_all(s, g_deepseek_r1) && published_as(s, g_pub_deepseek_r1)
-                   ? CHAT_FMT_DEEPSEEK_R1
-                   : -1;
+        return published_as(s, g_pub_deepseek_r1) >= 0 ? CHAT_FMT_DEEPSEEK_R1 : -1;
     if (strstr(s, g_fmts[CHAT_FMT_LLAMA3].marker)) {
         if (strstr(s, "Cutting Knowledge"))
-            return has_all(s, g_llama31) && published_as(s, g_pub_llama31) ? CHAT_FMT_LLAMA31 : -1;
+            return published_as(s, g_pub_llama31) >= 0 ? CHAT_FMT_LLAMA31 : -1;
         return strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
     }
-    if (has_all(s, g_mistral3))
-        return published_as(s, g_pub_mistral_v3) ? CHAT_FMT_MISTRAL3 : -1;
     if (strstr(s, "[INST]")) {
+        if ((*variant = published_as(s, g_pub_mistral_v3)) >= 0)
+            return CHAT_FMT_MISTRAL3;
         if (strstr(s, "<<SYS>>"))
             return strstr(s, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
                            strstr(s, "set system_message = messages[0]['content']") &&
@@ -583,7 +483,7 @@ static int fmt_from_template(const char *s)
     if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>")) {
         /* a template that writes or strips reasoning (<think>) is not plain ChatML: Qwen3's is
          * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
-        if (has_all(s, g_qwen3) && published_as(s, g_pub_qwen3))
+        if (published_as(s, g_pub_qwen3) >= 0)
             return CHAT_FMT_QWEN3;
         return strstr(s, "think>") || strstr(s, "enable_thinking") || strstr(s, "reasoning_content")
                    ? -1
@@ -621,7 +521,7 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
             }
         free(c);
         return err_set(err, ST_ERR_INVALID_ARG,
-                       "unknown chat template '%.40s' (" CHAT_FMT_NAMES ")", name);
+                       "unknown chat template '%.40s' (" ENGINE_CHAT_NAMES ")", name);
     }
     struct io_gguf_str tpl;
     enum status st = io_gguf_get_str(g, "tokenizer.chat_template", &tpl, err);
@@ -647,11 +547,12 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     s[tpl.len] = 0;
     size_t n = (size_t)tpl.len;
     int ok = !memchr(s, 0, n);
-    c->fmt = ok ? fmt_from_template(s) : -1;
+    int variant = 0;
+    c->fmt = ok ? fmt_from_template(s, &variant) : -1;
     ok = c->fmt >= 0;
     c->no_system = ok && c->fmt == CHAT_FMT_GEMMA && strstr(s, "System role not supported");
-    if (ok && c->fmt == CHAT_FMT_MISTRAL3 && !m3_variant(c, s))
-        ok = 0;
+    if (ok && c->fmt == CHAT_FMT_MISTRAL3) /* g_pub_mistral_v3[1]: Nemo's variant */
+        c->m3_tight = c->m3_sys_last = c->m3_raw = variant == 1;
     if (!ok) {
         char snip[200];
         template_snippet(s, n, snip, sizeof(snip));
@@ -1368,19 +1269,7 @@ char *engine_chat_published(const char *name, size_t i)
         for (size_t t = 0; t < i; t++)
             if (!f[k].pub[t])
                 return NULL;
-        const char *const *lines = f[k].pub[i];
-        if (!lines)
-            return NULL;
-        size_t n = 1;
-        for (size_t l = 0; lines[l]; l++)
-            n += strlen(lines[l]);
-        char *out = malloc(n);
-        if (!out)
-            return NULL;
-        out[0] = 0;
-        for (size_t l = 0; lines[l]; l++)
-            strcat(out, lines[l]);
-        return out;
+        return f[k].pub[i] ? join_lines(f[k].pub[i]) : NULL;
     }
     return NULL;
 }

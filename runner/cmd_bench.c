@@ -149,12 +149,8 @@ static int parse_bench(int argc, char **argv, struct bench_opts *o)
         case B_MODEL: o->model = optarg; break;
         case B_INPUT: o->input = optarg; break;
         case B_CHAT_TEMPLATE:
-            if (!engine_chat_name_known(optarg)) {
-                fprintf(stderr,
-                        "quern bench: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
-                        optarg);
+            if (!runner_chat_template_ok("bench", optarg))
                 return 0;
-            }
             o->chat_template = optarg;
             break;
         case B_PROMPTS:

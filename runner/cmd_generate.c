@@ -222,11 +222,8 @@ static int parse_opts(int argc, char **argv, struct gen_opts *o)
                         "text, as in a job)\n");
         return 0;
     }
-    if (o->chat_template && !engine_chat_name_known(o->chat_template)) {
-        fprintf(stderr, "quern generate: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
-                o->chat_template);
+    if (o->chat_template && !runner_chat_template_ok("generate", o->chat_template))
         return 0;
-    }
     return runner_engine_opts_check("generate", &o->eo);
 }
 

@@ -226,12 +226,8 @@ static int parse_run(int argc, char **argv, struct run_opts *o)
         case R_NOTAKE: o->no_take_over = 1; break;
         case R_METRICS: o->b.metrics_file = optarg; break;
         case R_CHAT_TEMPLATE:
-            if (!engine_chat_name_known(optarg)) {
-                fprintf(stderr,
-                        "quern run: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n",
-                        optarg);
+            if (!runner_chat_template_ok("run", optarg))
                 return 0;
-            }
             o->b.chat_template = optarg;
             break;
         case R_PART:

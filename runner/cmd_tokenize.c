@@ -67,13 +67,12 @@ int runner_cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "quern tokenize: --no-thinking needs --chat\n");
         return RUNNER_EXIT_USAGE;
     }
-    if (tmpl && (!chat || !engine_chat_name_known(tmpl))) {
-        fprintf(stderr,
-                chat ? "quern tokenize: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n"
-                     : "quern tokenize: --chat-template needs --chat ('%s')\n",
-                tmpl);
+    if (tmpl && !chat) {
+        fprintf(stderr, "quern tokenize: --chat-template needs --chat ('%s')\n", tmpl);
         return RUNNER_EXIT_USAGE;
     }
+    if (tmpl && !runner_chat_template_ok("tokenize", tmpl))
+        return RUNNER_EXIT_USAGE;
     struct err_detail err = {0};
     struct io_gguf *g = NULL;
     struct engine_tok *tok = NULL;

@@ -44,6 +44,9 @@ int runner_parse_matmul(const char *cmd, const char *s, int *out);
  * kern_kv_dtype_name gives the name back. */
 int runner_parse_kv_dtype(const char *cmd, const char *s, int *out);
 
+/* --chat-template NAME: 1 when it names one of ENGINE_CHAT_NAMES; 0 and a message otherwise. */
+int runner_chat_template_ok(const char *cmd, const char *name);
+
 /* An output file of export, report or --metrics-file must not be a file quern keeps: the queue
  * at db (its file, -wal, -shm or -journal; any file in a partitioned queue's directory) or a
  * name quern uses in a job's output directory (one holding the job marker, or a part's

@@ -13,6 +13,7 @@
 
 #include "batch/batch.h"
 #include "common/cpus.h"
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "jobs/json.h"
 #include "kernels/kernels.h"
@@ -113,6 +114,14 @@ int runner_parse_kv_dtype(const char *cmd, const char *s, int *out)
         return 1;
     }
     fprintf(stderr, "quern %s: bad value for --kv-dtype: '%s' (f16|q8)\n", cmd, s);
+    return 0;
+}
+
+int runner_chat_template_ok(const char *cmd, const char *name)
+{
+    if (engine_chat_name_known(name))
+        return 1;
+    fprintf(stderr, "quern %s: --chat-template: unknown '%s' (" ENGINE_CHAT_NAMES ")\n", cmd, name);
     return 0;
 }
 

@@ -345,6 +345,32 @@ static void test_edited_templates(void **state)
         free(ed);
         free(src);
     }
+    /* each published text with the white space before its '-' tags removed (the statements
+     * side by side, as a template written on one line): the same */
+    for (size_t f = 0; f < sizeof(files) / sizeof(files[0]); f++) {
+        char *src = test_read_file(files[f], &len);
+        assert_non_null(src);
+        size_t o = 0, cut = 0;
+        for (size_t i = 0; i < len; i++) {
+            size_t j = i;
+            while (j < len && strchr(" \n", src[j]))
+                j++;
+            if (j > i && (!strncmp(src + j, "{%-", 3) || !strncmp(src + j, "{{-", 3))) {
+                cut += j - i;
+                i = j - 1;
+                continue;
+            }
+            src[o++] = src[i];
+        }
+        src[o] = 0;
+        assert_true(cut > 100);
+        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template", src);
+        if (engine_chat_init(&c, g, &err) != ST_OK)
+            fail_msg("%s on one line was refused: %s", files[f], err.msg);
+        engine_chat_free(c);
+        io_gguf_close(g);
+        free(src);
+    }
     /* by name */
     struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template", "{{ messages }}");
     struct engine_chat_msg m[] = {
