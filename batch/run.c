@@ -879,6 +879,8 @@ static enum status job_open(struct batch_run *r, struct err_detail *err)
         return st;
     if ((st = model_open(r, err)))
         return st;
+    if (r->chat) /* a template's "today" is the day the job was submitted, on every run of it */
+        engine_chat_set_date(r->chat, r->job.created / 1000);
     struct engine_params ep = r->o->engine;
     ep.draft_model = r->draft;
     char why[128];

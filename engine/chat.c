@@ -1,10 +1,13 @@
 /* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
- * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2 and v0.3, Phi-3), and renders or tokenizes a
+ * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2, v0.3 and Small 3.2, Phi-3, Qwen3, DeepSeek R1),
+ * and renders or tokenizes a
  * conversation as a list of parts (the template's special tokens and text). */
 #include "engine/chat.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "engine/chat_published.h"
@@ -41,6 +44,7 @@ enum chat_fmt {
     CHAT_FMT_MISTRAL3,
     CHAT_FMT_QWEN3,
     CHAT_FMT_DEEPSEEK_R1,
+    CHAT_FMT_MISTRAL7,
 };
 
 static const struct {
@@ -58,6 +62,7 @@ static const struct {
     {"mistral-v3", NULL},
     {"qwen3", NULL}, /* ChatML's marker */
     {"deepseek-r1", DS_USER},
+    {"mistral-v7", NULL}, /* [SYSTEM_PROMPT] is text in Nemo's tekken vocabulary too */
 };
 
 #define CHAT_N_FMTS (sizeof(g_fmts) / sizeof(g_fmts[0]))
@@ -79,6 +84,7 @@ struct engine_chat {
     int m3_sys_last; /* mistral-v3: the system text goes into the last message if it is a user
                       * turn (loop.last), not into each user turn equal to the last one */
     int m3_raw;      /* mistral-v3: an assistant turn is content + eos, not " " + trim(it) */
+    char today[16];  /* mistral-v7's date, YYYY-MM-DD (engine_chat_set_date) */
     char *default_system;                                   /* unescaped default turn, or NULL */
     struct chat_part default_parts[CHAT_MAX_DEFAULT_PARTS]; /* it split at special tokens */
     size_t n_default_parts;                                 /* entries in default_parts */
@@ -460,6 +466,8 @@ static int fmt_from_template(const char *s, int *variant)
             return published_as(s, g_pub_llama31) >= 0 ? CHAT_FMT_LLAMA31 : -1;
         return strstr(s, "tools") ? -1 : CHAT_FMT_LLAMA3;
     }
+    if (strstr(s, "[SYSTEM_PROMPT]"))
+        return published_as(s, g_pub_mistral_v7) >= 0 ? CHAT_FMT_MISTRAL7 : -1;
     if (strstr(s, "[INST]")) {
         if ((*variant = published_as(s, g_pub_mistral_v3)) >= 0)
             return CHAT_FMT_MISTRAL3;
@@ -492,6 +500,14 @@ static int fmt_from_template(const char *s, int *variant)
     return -1;
 }
 
+void engine_chat_set_date(struct engine_chat *c, int64_t unix_s)
+{
+    const time_t t = (time_t)unix_s;
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(c->today, sizeof(c->today), "%Y-%m-%d", &tm))
+        snprintf(c->today, sizeof(c->today), "1970-01-01");
+}
+
 enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
                              struct err_detail *err)
 {
@@ -513,6 +529,7 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
     struct engine_chat *c = calloc(1, sizeof(*c));
     if (!c)
         return err_set(err, ST_ERR_NOMEM, "allocating the chat template");
+    engine_chat_set_date(c, (int64_t)time(NULL));
     if (name) { /* chosen by name: the format as it is, no default system turn */
         for (c->fmt = 0; c->fmt < (int)CHAT_N_FMTS; c->fmt++)
             if (!strcmp(name, g_fmts[c->fmt].name)) {
@@ -560,8 +577,8 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
-                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Phi-3, Qwen3 and DeepSeek R1's "
-                       "distills are; "
+                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Mistral Small 3.2, Phi-3, Qwen3 and "
+                       "DeepSeek R1's distills are; "
                        "--chat-template NAME picks one): \"%s\"",
                        snip);
     }
@@ -879,6 +896,103 @@ static enum status parts_mistral3(const struct engine_chat *c, const struct engi
     return ST_OK;
 }
 
+/* Mistral Small 3.2's default system prompt (its template's default_system_message), around
+ * the date its template writes (strftime_now("%Y-%m-%d")). */
+static const char V7_SYS_BEFORE_DATE[] =
+    "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French "
+    "startup headquartered in Paris.\n"
+    "Your knowledge base was last updated on 2023-10-01. The current date is ";
+static const char V7_SYS_AFTER_DATE[] =
+    ".\n"
+    "\n"
+    "When you're not sure about some information or when the user's request requires up-to-"
+    "date or specific data, you must use the available tools to fetch the information. Do n"
+    "ot hesitate to use tools whenever they can provide a more accurate or complete respons"
+    "e. If no relevant tools are available, then clearly state that you don't have the info"
+    "rmation and avoid making up anything.\n"
+    "\n"
+    "If the user's question is not clear, ambiguous, or does not provide enough context for"
+    " you to accurately answer the question, you do not try to answer it right away and you"
+    " rather ask the user to clarify their request (e.g. \"What are some good restaurants a"
+    "round me?\" => \"Where are you?\" or \"When is the next flight to Tokyo\" => \"Where d"
+    "o you travel from?\").\n"
+    "You are always very attentive to dates, and when asked about information at specific d"
+    "ates, you discard information that is at another date.\n"
+    "You follow these instructions in all languages, and always respond to the user in the "
+    "language they use or request.\n"
+    "Next sections describe the capabilities that you have.\n"
+    "\n"
+    "# WEB BROWSING INSTRUCTIONS\n"
+    "\n"
+    "You cannot perform any web search or access internet to open URLs, links etc. If it se"
+    "ems like the user is expecting you to do so, you clarify the situation and ask the use"
+    "r to copy paste the text directly in the chat.\n"
+    "\n"
+    "# MULTI-MODAL INSTRUCTIONS\n"
+    "\n"
+    "You have the ability to read images, but you cannot generate images. You also cannot t"
+    "ranscribe audio files or videos.\n"
+    "You cannot read nor transcribe audio files or videos.\n"
+    "\n"
+    "# TOOL CALLING INSTRUCTIONS\n"
+    "\n"
+    "You may have access to tools that you can use to fetch information or perform actions."
+    " You must use these tools in the following situations:\n"
+    "\n"
+    "1. When the request requires up-to-date information.\n"
+    "2. When the request requires specific data that you do not have in your knowledge base"
+    ".\n"
+    "3. When the request involves actions that you cannot perform without tools.\n"
+    "\n"
+    "Always prioritize using tools to provide the most accurate and helpful response. If to"
+    "ols are not available, inform the user that you cannot perform the requested action at"
+    " the moment.";
+
+/* Mistral Small 3.2 (v7, tekken): <s>[SYSTEM_PROMPT] + the first message's content if it is a
+ * system message, else the default system prompt with c's date + [/SYSTEM_PROMPT]; then per
+ * message [SYSTEM_PROMPT]content[/SYSTEM_PROMPT] (system), [INST]content[/INST] (user) or
+ * content</s> (assistant), turns alternating from user where a later system message counts as
+ * an assistant turn (as the template counts them); no generation prompt. */
+static enum status parts_mistral7(const struct engine_chat *c, const struct engine_chat_msg *m,
+                                  size_t n, struct chat_part *p, size_t *np, struct err_detail *err)
+{
+    size_t k = 0;
+    const size_t first = strcmp(m[0].role, "system") == 0;
+    for (size_t i = first; i < n; i++) {
+        enum status st = check_alternation("mistral-v7", m, i, first, err);
+        if (st != ST_OK)
+            return st;
+    }
+    p[k++] = special("<s>");
+    p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[SYSTEM_PROMPT]", 15};
+    if (first) {
+        p[k++] = text(m[0].content);
+    } else {
+        p[k++] =
+            (struct chat_part){CHAT_PART_TEXT, V7_SYS_BEFORE_DATE, sizeof(V7_SYS_BEFORE_DATE) - 1};
+        p[k++] = text(c->today);
+        p[k++] =
+            (struct chat_part){CHAT_PART_TEXT, V7_SYS_AFTER_DATE, sizeof(V7_SYS_AFTER_DATE) - 1};
+    }
+    p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[/SYSTEM_PROMPT]", 16};
+    for (size_t i = first; i < n; i++) {
+        if (!strcmp(m[i].role, "user")) {
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[INST]", 6};
+            p[k++] = text(m[i].content);
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[/INST]", 7};
+        } else if (!strcmp(m[i].role, "assistant")) {
+            p[k++] = text(m[i].content);
+            p[k++] = special("</s>");
+        } else {
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[SYSTEM_PROMPT]", 15};
+            p[k++] = text(m[i].content);
+            p[k++] = (struct chat_part){CHAT_PART_CONTROL, "[/SYSTEM_PROMPT]", 16};
+        }
+    }
+    *np = k;
+    return ST_OK;
+}
+
 /* s[0..n) without leading / trailing '\n' (Python's lstrip('\n') / rstrip('\n')). */
 static struct chat_part nl_lstrip(const char *s, size_t n)
 {
@@ -1086,6 +1200,8 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         st = parts_mistral3(c, msgs, n, p, &k, err);
     else if (c->fmt == CHAT_FMT_DEEPSEEK_R1)
         k = parts_deepseek_r1(msgs, n, gen, p);
+    else if (c->fmt == CHAT_FMT_MISTRAL7)
+        st = parts_mistral7(c, msgs, n, p, &k, err);
     else if (c->fmt == CHAT_FMT_QWEN3)
         k = parts_qwen3(msgs, n, gen, flags & ENGINE_CHAT_NO_THINKING, p);
     else if (c->fmt == CHAT_FMT_LLAMA2)
@@ -1262,7 +1378,8 @@ char *engine_chat_published(const char *name, size_t i)
     } f[] = {{"llama31", g_pub_llama31},
              {"mistral-v3", g_pub_mistral_v3},
              {"qwen3", g_pub_qwen3},
-             {"deepseek-r1", g_pub_deepseek_r1}};
+             {"deepseek-r1", g_pub_deepseek_r1},
+             {"mistral-v7", g_pub_mistral_v7}};
     for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++) {
         if (strcmp(name, f[k].name))
             continue;

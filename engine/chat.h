@@ -62,7 +62,8 @@ struct engine_chat; /* opaque; see engine/chat.c */
 
 /* The formats' names, as --chat-template takes them and errors list them. */
 #define ENGINE_CHAT_NAMES                                                                          \
-    "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3"
+    "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, mistral-v7, phi3, " \
+    "qwen3"
 
 /* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
  * template's first 60 characters. The result copies what it needs (g may be closed); the
@@ -75,6 +76,11 @@ enum status engine_chat_init(struct engine_chat **out, const struct io_gguf *g,
  * engine_chat_init. An unknown name is ST_ERR_INVALID_ARG listing the names. */
 enum status engine_chat_init_named(struct engine_chat **out, const struct io_gguf *g,
                                    const char *name, struct err_detail *err);
+
+/* The date (UTC day of unix_s) that a template writing today's date writes (mistral-v7's
+ * default system prompt): the day engine_chat_init ran unless set; a job's run sets the day the
+ * job was submitted, so that its prompts do not change with the day a part of it runs. */
+void engine_chat_set_date(struct engine_chat *c, int64_t unix_s);
 
 /* 1 when name is one of engine_chat_init_named's formats. */
 int engine_chat_name_known(const char *name);

@@ -215,6 +215,19 @@ static const char re_digit_src[] = "\\p{N}";
 static const char re_llama3_src[] = RE_LLAMA3("{1,3}");
 static const char re_qwen2_src[] = RE_LLAMA3("");
 
+/* Mistral's tekken (Nemo, Ministral, Mistral Small 3): a word is an optional non-letter, then
+ * capitals (and marks) before lower case or lower case after capitals, so "HelloWorld" splits
+ * into two; digits one by one; punctuation with trailing newlines or slashes:
+ * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+ * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|
+ *  ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+#define TK_UP "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define TK_LO "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+static const char re_tekken_src[] =
+    "[^\\r\\n\\p{L}\\p{N}]?" TK_UP "*" TK_LO "+|[^\\r\\n\\p{L}\\p{N}]?" TK_UP "+" TK_LO
+    "*|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS
+    "]+";
+
 /* The byte-level BPE pre-tokenizers by tokenizer.ggml.pre name: an optional digit split, then
  * the word regex. */
 static const struct {
@@ -224,7 +237,7 @@ static const struct {
 } g_pre[] = {
     {"default", 0, re_words_src}, {"gpt2", 0, re_words_src},       {"gpt-2", 0, re_words_src},
     {"smollm", 1, re_words_src},  {"llama-bpe", 0, re_llama3_src}, {"llama3", 0, re_llama3_src},
-    {"qwen2", 0, re_qwen2_src},   {"llama-v3", 0, re_llama3_src},
+    {"qwen2", 0, re_qwen2_src},   {"llama-v3", 0, re_llama3_src},  {"tekken", 0, re_tekken_src},
 };
 
 static enum status compile_re(pcre2_code **out, const char *src, struct err_detail *err)
@@ -550,7 +563,7 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         if (pre == (int)(sizeof(g_pre) / sizeof(g_pre[0])))
             return err_set(err, ST_ERR_UNSUPPORTED,
                            "pre-tokenizer '%.*s' is not supported (supported: default, gpt2, "
-                           "smollm, llama-bpe, qwen2)",
+                           "smollm, llama-bpe, qwen2, tekken)",
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     } else if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
         return st;

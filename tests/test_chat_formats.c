@@ -5,7 +5,9 @@
  * with and without system messages, multi-turn, whitespace that trim removes, the generation
  * prompt, and the conversation the Gemma template refuses); the Gemma renderings tokenize to
  * llama.cpp's ids for the Jinja text with the real Gemma vocabulary (`make gemma`), which has no
- * template and is recognised by its <start_of_turn> token; --chat-template names a format. */
+ * template and is recognised by its <start_of_turn> token; Mistral v0.3's and Nemo's (tekken)
+ * prompts tokenize to Mistral's own tokenizer's ids (mistral_common); --chat-template names a
+ * format. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
@@ -65,7 +68,8 @@ static void test_templates_vs_jinja(void **state)
     size_t flen;
     char *file = test_read_file("tests/fixtures/chat_templates_ref.jsonl", &flen);
     assert_non_null(file);
-    size_t lines = 0, id_lines = 0, errors = 0, mistral_lines = 0;
+    struct engine_tok *ttok = test_tekken_tok();
+    size_t lines = 0, id_lines = 0, errors = 0, mistral_lines = 0, tekken_lines = 0;
     char *save = NULL;
     for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
@@ -78,6 +82,12 @@ static void test_templates_vs_jinja(void **state)
         free(src);
         struct engine_chat *c;
         assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
+        const cJSON *today = cJSON_GetObjectItem(j, "today"); /* the date Jinja was given */
+        if (today) {
+            struct tm tm = {0};
+            assert_non_null(strptime(today->valuestring, "%Y-%m-%d", &tm));
+            engine_chat_set_date(c, (int64_t)timegm(&tm));
+        }
         struct engine_chat_msg m[MAX_MSGS];
         const size_t n = json_msgs(cJSON_GetObjectItem(j, "messages"), m);
         const int gen = cJSON_IsTrue(cJSON_GetObjectItem(j, "add_generation_prompt"));
@@ -108,18 +118,28 @@ static void test_templates_vs_jinja(void **state)
         }
         const cJSON *want = cJSON_GetObjectItem(j, "ids");
         const cJSON *mwant = cJSON_GetObjectItem(j, "mistral_ids");
-        if (want || mwant) {
+        const cJSON *twant = cJSON_GetObjectItem(j, "tekken_ids");
+        if (want || mwant || twant) {
             int32_t *ids;
             size_t n_ids;
+            /* Gemma's with the model's own template; Mistral v0.3's with the vocabulary's;
+             * Nemo's (tekken) with this line's template */
+            struct engine_chat *uc = gchat;
+            struct engine_tok *ut = gtok;
             if (mwant) {
                 want = mwant;
+                uc = mchat;
+                ut = mtok;
                 mistral_lines++;
+            } else if (twant) {
+                want = twant;
+                uc = c;
+                ut = ttok;
+                tekken_lines++;
             } else {
                 id_lines++;
             }
-            assert_int_equal(engine_chat_tokenize(mwant ? mchat : gchat, mwant ? mtok : gtok, m, n,
-                                                  gen, 0, &ids, &n_ids, &err),
-                             ST_OK);
+            assert_int_equal(engine_chat_tokenize(uc, ut, m, n, gen, 0, &ids, &n_ids, &err), ST_OK);
             assert_int_equal(n_ids, (size_t)cJSON_GetArraySize(want));
             for (size_t i = 0; i < n_ids; i++)
                 assert_int_equal(ids[i], cJSON_GetArrayItem(want, (int)i)->valueint);
@@ -133,10 +153,12 @@ static void test_templates_vs_jinja(void **state)
     }
     free(file);
     print_message("chat_templates_ref: %zu renderings identical to Jinja2 (%zu refused alike), "
-                  "%zu Gemma token lists identical to llama.cpp's, %zu Mistral v0.3 token lists "
-                  "identical to Mistral's own tokenizer's\n",
-                  lines, errors, id_lines, mistral_lines);
-    assert_true(lines >= 260 && id_lines >= 20 && errors >= 30 && mistral_lines >= 12);
+                  "%zu Gemma token lists identical to llama.cpp's, %zu Mistral v0.3 and %zu tekken "
+                  "(Nemo, Mistral Small 3.2) token lists identical to Mistral's own tokenizer's\n",
+                  lines, errors, id_lines, mistral_lines, tekken_lines);
+    assert_true(lines >= 260 && id_lines >= 20 && errors >= 30 && mistral_lines >= 12 &&
+                tekken_lines >= 32);
+    engine_tok_free(ttok);
     engine_chat_free(mchat);
     engine_tok_free(mtok);
     io_gguf_close(mg);
@@ -167,7 +189,7 @@ static void test_named_and_refused(void **state)
     engine_chat_free(c);
     assert_int_equal(engine_chat_init_named(&c, g, "vicuna", &err), ST_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "chatml, deepseek-r1, gemma, llama2, llama3, llama31, "
-                                    "mistral, mistral-v3, phi3, qwen3"));
+                                    "mistral, mistral-v3, mistral-v7, phi3, qwen3"));
     io_gguf_close(g);
     /* a template that writes Llama 3.1's dated system turn without the rest of its lines */
     g = gguf_kv(&b, "tokenizer.chat_template",
@@ -264,7 +286,8 @@ static void test_edited_templates(void **state)
         "tests/fixtures/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
         "tests/fixtures/chat_templates/mistralai-Mistral-7B-Instruct-v0.3.jinja",
         "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja",
-        "tests/fixtures/chat_templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"};
+        "tests/fixtures/chat_templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+        "tests/fixtures/chat_templates/mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja"};
     /* (file, what is replaced, by what; 1 where the edited copy still renders the same) */
     static const struct {
         int file;
@@ -289,6 +312,11 @@ static void test_edited_templates(void **state)
         /* DeepSeek R1's first revision: no <think> in the generation prompt */
         {3, "<think>\\n'}}", "'}}", 0},
         {3, "content.split('</think>')[-1]", "content", 0},
+        /* Mistral Small 3.1's default system prompt, a date format of one's own */
+        {4, "You are Mistral Small 3, a", "You are Mistral Small 3.1, a", 0},
+        {4, "strftime_now(\"%Y-%m-%d\")", "strftime_now(\"%d %b %Y\")", 0},
+        {4, "{{- message['content'] + eos_token }}", "{{- message['content']|trim + eos_token }}",
+         0},
         /* statements or text added: a line of a fine-tune's own, a default system prompt, a
          * space written between two statements; a tag whose '-' is gone */
         {0, "{{- system_message }}", "{{- \"Reasoning: on\\n\" }}\n{{- system_message }}", 0},
@@ -387,6 +415,17 @@ static void test_edited_templates(void **state)
     assert_int_equal(engine_chat_init_named(&c, g, "mistral-v3", &err), ST_OK);
     assert_int_equal(engine_chat_render(c, m, 4, 1, &s, &len, &err), ST_OK);
     assert_string_equal(s, "<s>[INST]  Hi [/INST] A</s>[INST]  S \n\nQ[/INST]");
+    free(s);
+    engine_chat_free(c);
+    /* mistral-v7: the default system prompt holds the date set (the first day here) */
+    assert_int_equal(engine_chat_init_named(&c, g, "mistral-v7", &err), ST_OK);
+    engine_chat_set_date(c, 86399);
+    assert_int_equal(engine_chat_render(c, m + 1, 3, 1, &s, &len, &err), ST_OK);
+    assert_non_null(strstr(s, "The current date is 1970-01-01.\n"));
+    assert_non_null(strstr(s, "[/SYSTEM_PROMPT][INST] Hi [/INST] A </s>[INST]Q[/INST]"));
+    free(s);
+    assert_int_equal(engine_chat_render(c, m, 2, 1, &s, &len, &err), ST_OK);
+    assert_string_equal(s, "<s>[SYSTEM_PROMPT] S [/SYSTEM_PROMPT][INST] Hi [/INST]");
     free(s);
     engine_chat_free(c);
     struct engine_chat_msg think[] = {{"user", "Q"}, {"assistant", "<think>r</think>\n\nA"}};

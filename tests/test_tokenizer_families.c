@@ -2,7 +2,10 @@
  * fetched by `make gemma`) against llama.cpp's ids for >1,000 strings
  * (tests/fixtures/tokenizer_gemma3.jsonl, tools/ref_tokenizer_families.py), its byte fallback,
  * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers
- * against Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl). */
+ * against Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl);
+ * Mistral's tekken vocabulary (Nemo's, as a byte-level BPE GGUF,
+ * tests/fixtures/tekken_vocab.gguf.zst) against mistral_common's Tekkenizer ids for the same
+ * strings (tests/fixtures/tokenizer_tekken.jsonl). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -170,11 +173,32 @@ static void test_pretokenizers(void **state)
     }
 }
 
+static void test_tekken_reference(void **state)
+{
+    (void)state;
+    struct engine_tok *t = test_tekken_tok();
+    assert_int_equal(engine_tok_n_vocab(t), 131072);
+    assert_int_equal(engine_tok_bos(t), 1);
+    assert_int_equal(engine_tok_eos(t), 2);
+    /* the control tokens in text only when asked; words split at capitals */
+    size_t ni;
+    int32_t *ids = encode(t, "[INST]HelloWorld[/INST]", 23, ENGINE_TOK_PARSE_SPECIAL, &ni);
+    assert_true(ni >= 4 && ids[0] == 3 && ids[ni - 1] == 4);
+    free(ids);
+    ids = encode(t, "[INST]", 6, 0, &ni);
+    assert_true(ni > 1);
+    free(ids);
+    check_fixture(t, "tests/fixtures/tokenizer_tekken.jsonl", 1500);
+    check_random_bytes(t, getenv("QUERN_SANITIZE") ? 500 : 3000);
+    engine_tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemma_reference),
         cmocka_unit_test(test_pretokenizers),
+        cmocka_unit_test(test_tekken_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

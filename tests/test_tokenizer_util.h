@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
+#include <zstd.h>
 
 #include "engine/tokenizer_internal.h"
 #include "io/gguf.h"
@@ -484,6 +485,30 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
 {
     struct err_detail err = {0};
     return tiny_model_byte(b, pre, NULL, &err);
+}
+
+/* Mistral's tekken vocabulary (Nemo's; tests/fixtures/tekken_vocab.gguf.zst, written by
+ * tools/ref_tokenizer_families.py) decompressed and loaded. */
+static inline struct engine_tok *test_tekken_tok(void)
+{
+    size_t zl;
+    char *z = test_read_file("tests/fixtures/tekken_vocab.gguf.zst", &zl);
+    assert_non_null(z);
+    const unsigned long long n = ZSTD_getFrameContentSize(z, zl);
+    assert_true(n != ZSTD_CONTENTSIZE_ERROR && n != ZSTD_CONTENTSIZE_UNKNOWN);
+    char *buf = malloc((size_t)n);
+    assert_non_null(buf);
+    assert_int_equal(ZSTD_decompress(buf, (size_t)n, z, zl), n);
+    free(z);
+    struct io_gguf *g;
+    struct engine_tok *t;
+    struct err_detail err = {0};
+    assert_int_equal(io_gguf_open_mem(&g, buf, (size_t)n, &err), ST_OK);
+    if (engine_tok_load(&t, g, &err))
+        fail_msg("tekken vocabulary: %s", err.msg);
+    io_gguf_close(g); /* the tokenizer keeps what it needs */
+    free(buf);
+    return t;
 }
 
 #endif

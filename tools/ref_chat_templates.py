@@ -22,13 +22,17 @@ so Llama 3.2's template writes its fallback date, as quern does.
 For Mistral v0.3 the lines also carry the token ids Mistral's own tokenizer (mistral_common,
 MistralTokenizer.v3) gives the conversation, where it takes it (it refuses some that the
 template renders), and the script writes tests/fixtures/mistral_v3_vocab.gguf: that tokenizer's
-SentencePiece vocabulary as a GGUF (llama.cpp's token types), with the v0.3 template.
+SentencePiece vocabulary as a GGUF (llama.cpp's token types), with the v0.3 template. For Mistral
+Nemo they carry "tekken_ids": Nemo's own tokenizer's (MistralTokenizer from mistral_common's
+tekken_240718.json), which the test checks over tests/fixtures/tekken_vocab.gguf.zst
+(tools/ref_tokenizer_families.py writes it).
 
 Without llama_cpp installed, Gemma's ids are taken from the fixture as it was (a line whose
 text did not change keeps its ids).
 
 Usage: python3 tools/ref_chat_templates.py [--gemma models/gemma-3-270m-q4_k_m.gguf]"""
 import argparse
+import datetime
 import json
 import os
 
@@ -120,7 +124,8 @@ FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
          "mistral-v3": "mistralai-Mistral-7B-Instruct-v0.3.jinja",
          "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
          "qwen3": "Qwen-Qwen3-0.6B.jinja",
-         "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"}
+         "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+         "mistral-v7": "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja"}
 
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
@@ -129,6 +134,7 @@ TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of
              "llama31": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>"),
+             "mistral-v7": (None, "<s>", "</s>"),
              "qwen3": (None, "", "<|im_end|>"),
              "deepseek-r1": (None, "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
                              "<\uff5cend\u2581of\u2581sentence\uff5c>")}
@@ -158,6 +164,18 @@ MISTRAL_CONVS = [
     [(S, "sys")],
 ]
 
+# Mistral Small 3.2 writes a system message anywhere, counted as an assistant turn
+V7_CONVS = [
+    [(U, "hi"), (S, "mid"), (U, "q")],
+    [(S, "s"), (U, "q"), (S, "note"), (U, "more")],
+    [(S, "s"), (U, "q"), (A, "a"), (S, "note"), (U, "more")],
+    [(U, "q"), (S, "x"), (A, "a")],
+]
+
+# the date Mistral Small 3.2's default system prompt writes (strftime_now("%Y-%m-%d")); the
+# lines carry it as "today" and the test sets it
+TODAY = "2026-12-07"
+
 # Qwen3 writes the reasoning of an assistant turn after the last user query and strips it from
 # the others; a user message wrapped in <tool_response> is not a query
 QWEN3_CONVS = [
@@ -173,8 +191,9 @@ QWEN3_CONVS = [
 ]
 
 
-def mistral_ids(msgs):
-    """Mistral's own token ids for msgs, or None where it refuses them."""
+def mistral_ids(msgs, tok=None):
+    """Mistral's own token ids for msgs (tok: a MistralTokenizer, default v0.3's), or None where
+    it refuses them."""
     from mistral_common.protocol.instruct.messages import (AssistantMessage, SystemMessage,
                                                           UserMessage)
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
@@ -182,7 +201,7 @@ def mistral_ids(msgs):
     cls = {S: SystemMessage, U: UserMessage, A: AssistantMessage}
     try:
         req = ChatCompletionRequest(messages=[cls[m["role"]](content=m["content"]) for m in msgs])
-        return MistralTokenizer.v3().encode_chat_completion(req).tokens
+        return (tok or MistralTokenizer.v3()).encode_chat_completion(req).tokens
     except Exception:  # mistral_common's validation: not every conversation is taken
         return None
 
@@ -200,6 +219,38 @@ def spm_ids(text):
             out.append(sp.piece_to_id(piece))
         elif piece:
             out += sp.encode(piece[1:] if piece.startswith(" ") else piece)
+    return out
+
+
+def tekken(version=None):
+    """Mistral Nemo's tokenizer (tekken, v3 instruct) from mistral_common's data; version "v7":
+    the same vocabulary with v7's instruct encoding (Mistral Small 3's: [SYSTEM_PROMPT] turns)."""
+    import tempfile
+    import mistral_common
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    path = os.path.join(os.path.dirname(mistral_common.__file__), "data", "tekken_240718.json")
+    if version:
+        with open(path) as f:
+            d = json.load(f)
+        d["config"]["version"] = version
+        path = os.path.join(tempfile.mkdtemp(), "tekken.json")  # (the name must say tekken)
+        with open(path, "w") as f:
+            json.dump(d, f)
+    return MistralTokenizer.from_file(path)
+
+
+def tekken_text_ids(text, tok):
+    """text's ids as tekken writes a prompt: <s> [INST] [/INST] </s> as control tokens, each
+    piece between them encoded alone (only to check that Mistral's ids are the template's)."""
+    import re
+    tk = tok.instruct_tokenizer.tokenizer
+    out = []
+    ctl = ("<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
+    for piece in re.split("(" + "|".join(re.escape(c) for c in ctl) + ")", text):
+        if piece in ctl:
+            out.append(tk.get_special_token(piece))
+        elif piece:
+            out += tk.encode(piece, bos=False, eos=False)
     return out
 
 
@@ -252,6 +303,7 @@ def main():
         voc = Llama(model_path=a.gemma, vocab_only=True, verbose=False)
     except ImportError:
         voc = None
+    tek, tek7 = tekken(), tekken("v7")
     out = os.path.join(ROOT, "tests", "fixtures", "chat_templates_ref.jsonl")
     old_ids = {}
     with open(out) as f:
@@ -268,7 +320,8 @@ def main():
                 with open(os.path.join(ROOT, TPL_DIR, FILES[name])) as tf:
                     src = tf.read()
             tpl = env.from_string(src)
-            extra = (MISTRAL_CONVS if name.startswith("mistral-") else
+            extra = (MISTRAL_CONVS + V7_CONVS if name == "mistral-v7" else
+                     MISTRAL_CONVS if name.startswith("mistral-") else
                      QWEN3_CONVS if name in ("qwen3", "deepseek-r1") else [])
             for conv in CONVS + extra:
                 msgs = [{"role": r, "content": c} for r, c in conv]
@@ -281,7 +334,11 @@ def main():
                     else:
                         rec["source"] = src
                     rec.update({"messages": msgs, "add_generation_prompt": agp})
-                    rec.update(kwargs)
+                    if name == "mistral-v7":  # (Llama 3.2's: no strftime_now, its fallback)
+                        rec["today"] = TODAY
+                        kwargs = dict(kwargs, strftime_now=lambda fmt: datetime.date.fromisoformat(
+                            TODAY).strftime(fmt))
+                    rec.update({k: v for k, v in kwargs.items() if k != "strftime_now"})
                     try:
                         rec["text"] = tpl.render(messages=msgs, add_generation_prompt=agp,
                                                  bos_token=bos, eos_token=eos, **kwargs)
@@ -291,6 +348,14 @@ def main():
                         rec["ids"] = (voc.tokenize(rec["text"].encode(), add_bos=False,
                                                    special=True) if voc
                                       else old_ids[rec["text"]])
+                    if name in ("mistral-nemo", "mistral-v7") and "text" in rec:
+                        t = tek if name == "mistral-nemo" else tek7
+                        ids = mistral_ids(msgs, t)
+                        if ids is not None and ids == tekken_text_ids(rec["text"], t):
+                            rec["tekken_ids"] = ids
+                        else:
+                            print("no tekken_ids: %r (%s)" % (
+                                rec["text"], "refused" if ids is None else "another prompt"))
                     if name == "mistral-v3" and "text" in rec:
                         ids = mistral_ids(msgs)
                         if ids is not None and ids == spm_ids(rec["text"]):

@@ -11,12 +11,16 @@
                                           control token) carry Hugging Face `tokenizers`' ids
                                           instead (built from the GGUF's vocabulary, 2026-12-06):
                                           quern follows HF and vLLM there
+  tests/fixtures/tekken_vocab.gguf.zst    Mistral's tekken vocabulary (Nemo's, from mistral_common)
+                                          as a byte-level BPE GGUF (see tekken()), and
+  tests/fixtures/tokenizer_tekken.jsonl   mistral_common's Tekkenizer ids for those strings
   tests/fixtures/pretok_ref.jsonl         the llama-bpe (Llama 3) and qwen2 pre-tokenizer
                                           regexes run by Python's `regex` module over those
                                           strings: the pieces, as hex
 
-Usage: python3 tools/ref_tokenizer_families.py [--gemma PATH]
-(needs numpy, gguf, llama-cpp-python and regex: tools/requirements-ref.txt)"""
+Usage: python3 tools/ref_tokenizer_families.py [--gemma PATH] [--only pretok|gemma|tekken]
+(needs numpy, gguf, llama-cpp-python, regex and mistral_common: tools/requirements-ref.txt;
+the zstd command)"""
 import argparse
 import json
 import os
@@ -95,12 +99,91 @@ def pretok():
     print("wrote %s: %d strings x %d pre-tokenizers" % (p, n, len(PRETOK)))
 
 
+def gpt2_byte_chars():
+    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies store)."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tekken(out_vocab, out_ids):
+    """Mistral's tekken tokenizer (Nemo's, mistral_common's tekken_240718.json) as a byte-level
+    BPE GGUF the way llama.cpp's converter writes one (gguf-py MistralVocab): the 1,000 special
+    tokens first (control), then the tiktoken ranks' byte strings through GPT-2's byte table,
+    merges derived from the ranks (every split of a token into two tokens, ordered by the
+    token's rank, as Hugging Face's TikTokenConverter); pre-tokenizer "tekken". The ids are
+    mistral_common's Tekkenizer.encode over the same strings."""
+    import gguf
+    import mistral_common
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+    path = os.path.join(os.path.dirname(mistral_common.__file__), "data", "tekken_240718.json")
+    tk = Tekkenizer.from_file(path)
+    nsp = tk.num_special_tokens
+    bt = gpt2_byte_chars()
+    ranks = tk._tekken_token2id_nospecial  # bytes -> rank, the tiktoken table
+    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+    assert [r for _, r in by_rank] == list(range(len(by_rank)))
+    enc = lambda b: "".join(bt[x] for x in b)
+    toks = [tk.id_to_piece(i) for i in range(nsp)] + [enc(b) for b, _ in by_rank]
+    types = [3] * nsp + [1] * len(by_rank)
+    merges = []
+    for b, r in by_rank:
+        local = []
+        for i in range(1, len(b)):
+            l, rr = b[:i], b[i:]
+            if l in ranks and rr in ranks:
+                local.append((ranks[l], ranks[rr], l, rr))
+        local.sort()
+        merges += [enc(l) + " " + enc(rr) for _, _, l, rr in local]
+    w = gguf.GGUFWriter(out_vocab, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("tekken")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tk.bos_id)
+    w.add_eos_token_id(tk.eos_id)
+    w.add_unk_token_id(tk.unk_id)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    n = 0
+    with open(out_ids, "w") as f:
+        for s in filter(assigned, strings()):
+            ids = tk.encode(s, bos=False, eos=False)
+            f.write(json.dumps({"hex": s.encode("utf-8").hex(), "ids": ids},
+                               separators=(",", ":")) + "\n")
+            n += 1
+    print("wrote %s (%d tokens, %d merges) and %s: %d lines" % (out_vocab, len(toks), len(merges),
+                                                               out_ids, n))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemma", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--only", choices=["pretok", "gemma", "tekken"])
     a = ap.parse_args()
-    pretok()
-    gemma(a.gemma)
+    if a.only in (None, "pretok"):
+        pretok()
+    if a.only in (None, "gemma"):
+        gemma(a.gemma)
+    if a.only in (None, "tekken"):
+        import subprocess
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            g = os.path.join(d, "tekken_vocab.gguf")
+            tekken(g, os.path.join(FIX, "tokenizer_tekken.jsonl"))
+            # 7.9 MB as written, 1.7 MB compressed (the test decompresses it with libzstd)
+            subprocess.run(["zstd", "-19", "-q", "-f", g, "-o",
+                            os.path.join(FIX, "tekken_vocab.gguf.zst")], check=True)
 
 
 if __name__ == "__main__":

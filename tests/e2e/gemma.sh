@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end on the second model family: Gemma 3 270M (`make gemma`; QUERN_GEMMA) through the
 # real binary. A factual completion (the packaged model is the base model, so a plain prompt),
-# the chat template its vocabulary names (no template in the GGUF) with --chat-template, a
+# the chat template its vocabulary names (no template in the GGUF) with --chat-template (and
+# mistral-v7's date: the job's submission day), a
 # 12-request job through submit/run/export (exactly once, valid shards), `quern bench`, and the
 # sliding-window KV pool (plan; a prompt longer than the window, as with one pool).
 set -euo pipefail
@@ -36,7 +37,26 @@ PY
 set +e # (an unknown template is a usage error: exit 2, before the model loads)
 "$Q" tokenize --model "$G" --chat --chat-template vicuna </dev/null 2>"$tmp/e1"; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, phi3, qwen3" "$tmp/e1" || fail "unknown template: rc $rc"
+[ $rc -eq 2 ] && grep -q "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, mistral-v7, phi3, qwen3" "$tmp/e1" || fail "unknown template: rc $rc"
+
+# 2b. --chat-template mistral-v7 (Gemma's vocabulary has <s>; SmolLM2's does not) writes Mistral
+# Small 3.2's default system prompt with a date: the day the job was submitted (jobs.created),
+# on any day it runs. The same day: the same prompt (the same logprobs); another: another.
+printf '{"custom_id":"d","messages":[{"role":"user","content":"Hi"}],"max_tokens":1,"temperature":0,"logprobs":true,"top_logprobs":3}\n' >"$tmp/d.jsonl"
+for k in 1577836800000:a 1577923199000:b 1609459200000:c; do # 2020-01-01 00:00, 23:59, 2021-01-01
+    "$Q" submit --db "$tmp/d${k#*:}.db" --model "$G" --name d "$tmp/d.jsonl" >/dev/null 2>&1 ||
+        fail "submit d"
+    sqlite3 "$tmp/d${k#*:}.db" "UPDATE jobs SET created = ${k%:*}" || fail "jobs.created"
+    "$Q" run --db "$tmp/d${k#*:}.db" --out "$tmp/d${k#*:}" --chat-template mistral-v7 >/dev/null 2>&1 ||
+        fail "run --chat-template mistral-v7"
+    "$Q" export --db "$tmp/d${k#*:}.db" --job d --out "$tmp/d${k#*:}.jsonl" 2>/dev/null || fail "export d"
+done
+python3 - "$tmp/da.jsonl" "$tmp/db.jsonl" "$tmp/dc.jsonl" <<'PY' || fail "mistral-v7's date is not the job's"
+import json, sys
+lp = [json.loads(open(f).read())["response"]["body"]["choices"][0]["logprobs"] for f in sys.argv[1:]]
+assert lp[0] == lp[1], lp
+assert lp[0] != lp[2], lp
+PY
 
 # 3. A job: 12 example requests (chat and completion), every record once, shards valid.
 head -n 12 examples/prompts.jsonl >"$tmp/in.jsonl"
