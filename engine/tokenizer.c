@@ -234,10 +234,13 @@ static const struct {
     const char *name;
     int digits;        /* 1: every digit its own piece first (smollm) */
     const char *words; /* the word regex */
+    int whole_words;   /* engine_tok.whole_words */
 } g_pre[] = {
-    {"default", 0, re_words_src}, {"gpt2", 0, re_words_src},       {"gpt-2", 0, re_words_src},
-    {"smollm", 1, re_words_src},  {"llama-bpe", 0, re_llama3_src}, {"llama3", 0, re_llama3_src},
-    {"qwen2", 0, re_qwen2_src},   {"llama-v3", 0, re_llama3_src},  {"tekken", 0, re_tekken_src},
+    {"default", 0, re_words_src, 0},    {"gpt2", 0, re_words_src, 0},
+    {"gpt-2", 0, re_words_src, 0},      {"smollm", 1, re_words_src, 0},
+    {"llama-bpe", 0, re_llama3_src, 1}, {"llama3", 0, re_llama3_src, 1},
+    {"llama-v3", 0, re_llama3_src, 1},  {"qwen2", 0, re_qwen2_src, 0},
+    {"tekken", 0, re_tekken_src, 1},
 };
 
 static enum status compile_re(pcre2_code **out, const char *src, struct err_detail *err)
@@ -612,6 +615,7 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         return ST_OK;
     if (g_pre[pre].digits && (st = compile_re(&t->re_digit, re_digit_src, err)) != ST_OK)
         return st;
+    t->whole_words = g_pre[pre].whole_words;
     return compile_re(&t->re_words, g_pre[pre].words, err);
 }
 

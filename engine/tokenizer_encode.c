@@ -116,14 +116,20 @@ static enum status bpe_try(struct enc *e, int32_t l, int32_t r)
 }
 
 /* Apply merges to one pre-tokenized word, lowest rank first (leftmost on ties), and append the
- * resulting ids. A byte the vocabulary has no token for is dropped before merging, so its
- * neighbours may merge (as Hugging Face tokenizers does with no unk token; llama.cpp instead
- * lets such a byte block merges across it). */
+ * resulting ids; with whole_words, a word that is a (normal) token is that token. A byte the
+ * vocabulary has no token for is dropped before merging, so its neighbours may merge (as
+ * Hugging Face tokenizers does with no unk token; llama.cpp instead lets such a byte block
+ * merges across it). */
 static enum status bpe_word(struct enc *e, const unsigned char *w, size_t n)
 {
     const struct engine_tok *t = e->t;
     if (n == 0)
         return ST_OK;
+    if (t->whole_words && n > 1) {
+        const int32_t id = engine_tok_text_map_find(t, (const char *)w, n, 1);
+        if (id >= 0)
+            return enc_push(e, id);
+    }
     if (n == 1)
         return t->byte_id[w[0]] >= 0 ? enc_push(e, t->byte_id[w[0]]) : ST_OK;
     if (n > INT32_MAX / 4)

@@ -49,6 +49,9 @@ struct engine_tok {
     size_t max_piece;         /* longest token text in bytes */
     pcre2_code *re_digit;     /* \p{N}: splits digits one by one; NULL when not used */
     pcre2_code *re_words;     /* the pre-tokenizer's word regex (BPE) */
+    int whole_words;          /* a word that is a token as a whole is that token, whatever the
+                               * merges would make of it (Hugging Face's ignore_merges: Llama
+                               * 3; tiktoken looks words up first: tekken) */
     /* SentencePiece (tokenizer.ggml.model "llama"; spm = 1): merges by score instead of by
      * rank, over the GGUF's own token texts (U+2581 for spaces), looked up in raw_map */
     int spm;                  /* 1: SentencePiece, 0: byte-level BPE */

@@ -68,7 +68,7 @@ static void test_templates_vs_jinja(void **state)
     size_t flen;
     char *file = test_read_file("tests/fixtures/chat_templates_ref.jsonl", &flen);
     assert_non_null(file);
-    struct engine_tok *ttok = test_tekken_tok();
+    struct engine_tok *ttok = test_zstd_tok("tests/fixtures/tekken_vocab.gguf.zst");
     size_t lines = 0, id_lines = 0, errors = 0, mistral_lines = 0, tekken_lines = 0;
     char *save = NULL;
     for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -165,6 +165,71 @@ static void test_templates_vs_jinja(void **state)
     engine_chat_free(gchat);
     engine_tok_free(gtok);
     io_gguf_close(gg);
+}
+
+/* Llama 3.0/3.1/3.2's and ChatML/Qwen3's prompts over Llama 3's and Qwen2's vocabularies
+ * (llama.cpp's vocabulary-only GGUFs) as Hugging Face's tokenizer tokenizes the Jinja text
+ * with its special tokens (tests/fixtures/tokenizer_bpe_ref.jsonl, "template" lines). */
+static void test_bpe_chat_ids(void **state)
+{
+    (void)state;
+    struct engine_tok *llama3 = test_zstd_tok("tests/fixtures/vocab_llama_bpe.gguf.zst"),
+                      *qwen2 = test_zstd_tok("tests/fixtures/vocab_qwen2.gguf.zst");
+    struct err_detail err = {0};
+    size_t flen, lines = 0, by[2] = {0, 0};
+    char *file = test_read_file("tests/fixtures/tokenizer_bpe_ref.jsonl", &flen);
+    assert_non_null(file);
+    char *save = NULL;
+    for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        if (!cJSON_GetObjectItem(j, "template")) { /* a plain string: test_tokenizer_families */
+            cJSON_Delete(j);
+            continue;
+        }
+        static struct gbuf b;
+        const cJSON *src_file = cJSON_GetObjectItem(j, "source_file");
+        char *src = src_file ? test_read_file(src_file->valuestring, &flen) : NULL;
+        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template",
+                                    src ? src : cJSON_GetObjectItem(j, "source")->valuestring);
+        free(src);
+        struct engine_chat *c;
+        assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
+        struct engine_chat_msg m[MAX_MSGS];
+        const size_t n = json_msgs(cJSON_GetObjectItem(j, "messages"), m);
+        const int gen = cJSON_IsTrue(cJSON_GetObjectItem(j, "add_generation_prompt"));
+        const int l3 = !strcmp(cJSON_GetObjectItem(j, "vocab")->valuestring, "llama-bpe");
+        const unsigned flags =
+            (gen ? ENGINE_CHAT_GEN_PROMPT : 0) |
+            (cJSON_IsFalse(cJSON_GetObjectItem(j, "enable_thinking")) ? ENGINE_CHAT_NO_THINKING
+                                                                      : 0);
+        int32_t *ids;
+        size_t n_ids;
+        assert_int_equal(
+            engine_chat_tokenize(c, l3 ? llama3 : qwen2, m, n, flags, 0, &ids, &n_ids, &err),
+            ST_OK);
+        const cJSON *want = cJSON_GetObjectItem(j, "ids");
+        int same = n_ids == (size_t)cJSON_GetArraySize(want);
+        for (size_t i = 0; same && i < n_ids; i++)
+            same = ids[i] == cJSON_GetArrayItem(want, (int)i)->valueint;
+        if (!same)
+            fail_msg("tokenizer_bpe_ref chat line %zu (%s): \"%s\" tokenized otherwise", lines + 1,
+                     cJSON_GetObjectItem(j, "template")->valuestring,
+                     cJSON_GetObjectItem(j, "text")->valuestring);
+        by[l3]++;
+        free(ids);
+        engine_chat_free(c);
+        io_gguf_close(g);
+        cJSON_Delete(j);
+        lines++;
+    }
+    free(file);
+    print_message("tokenizer_bpe_ref: %zu Llama 3.x prompts over Llama 3's vocabulary and %zu "
+                  "ChatML/Qwen3 prompts over Qwen2's identical to Hugging Face's ids\n",
+                  by[1], by[0]);
+    assert_true(by[1] >= 60 && by[0] >= 60);
+    engine_tok_free(llama3);
+    engine_tok_free(qwen2);
 }
 
 static void test_named_and_refused(void **state)
@@ -447,9 +512,8 @@ static void test_edited_templates(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_templates_vs_jinja),
-        cmocka_unit_test(test_named_and_refused),
-        cmocka_unit_test(test_edited_templates),
+        cmocka_unit_test(test_templates_vs_jinja), cmocka_unit_test(test_named_and_refused),
+        cmocka_unit_test(test_bpe_chat_ids),       cmocka_unit_test(test_edited_templates),
         cmocka_unit_test(test_published_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

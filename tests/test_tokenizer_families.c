@@ -5,7 +5,9 @@
  * against Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl);
  * Mistral's tekken vocabulary (Nemo's, as a byte-level BPE GGUF,
  * tests/fixtures/tekken_vocab.gguf.zst) against mistral_common's Tekkenizer ids for the same
- * strings (tests/fixtures/tokenizer_tekken.jsonl). */
+ * strings (tests/fixtures/tokenizer_tekken.jsonl); Llama 3's and Qwen2's vocabularies (llama.cpp's
+ * vocabulary-only GGUFs) against Hugging Face's tokenizer (tests/fixtures/tokenizer_bpe_ref.jsonl).
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -176,7 +178,7 @@ static void test_pretokenizers(void **state)
 static void test_tekken_reference(void **state)
 {
     (void)state;
-    struct engine_tok *t = test_tekken_tok();
+    struct engine_tok *t = test_zstd_tok("tests/fixtures/tekken_vocab.gguf.zst");
     assert_int_equal(engine_tok_n_vocab(t), 131072);
     assert_int_equal(engine_tok_bos(t), 1);
     assert_int_equal(engine_tok_eos(t), 2);
@@ -193,12 +195,71 @@ static void test_tekken_reference(void **state)
     engine_tok_free(t);
 }
 
+/* Llama 3's and Qwen2's vocabularies (llama.cpp's vocabulary-only GGUFs) against Hugging
+ * Face's tokenizer over them (tests/fixtures/tokenizer_bpe_ref.jsonl: the reference checked
+ * there against the ids HF's own tokenizer.json gave for llama.cpp's test strings). */
+static void test_bpe_vocab_reference(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"llama-bpe", "qwen2"};
+    struct engine_tok *t[2] = {test_zstd_tok("tests/fixtures/vocab_llama_bpe.gguf.zst"),
+                               test_zstd_tok("tests/fixtures/vocab_qwen2.gguf.zst")};
+    assert_int_equal(engine_tok_n_vocab(t[0]), 128256);
+    assert_int_equal(engine_tok_n_vocab(t[1]), 151936);
+    size_t flen;
+    char *file = test_read_file("tests/fixtures/tokenizer_bpe_ref.jsonl", &flen);
+    if (!file)
+        fail_msg("missing tests/fixtures/tokenizer_bpe_ref.jsonl");
+    size_t lines = 0, ids_total = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const cJSON *hex = cJSON_GetObjectItem(j, "hex");
+        if (!hex) { /* a chat rendering: tests/test_chat_formats.c */
+            cJSON_Delete(j);
+            continue;
+        }
+        size_t len = 0;
+        char *text = unhex(hex->valuestring, &len);
+        assert_non_null(text);
+        for (int k = 0; k < 2; k++) {
+            const cJSON *want = cJSON_GetObjectItem(j, names[k]);
+            size_t n;
+            int32_t *ids = encode(t[k], text, len, 0, &n);
+            int same = (size_t)cJSON_GetArraySize(want) == n;
+            for (size_t i = 0; same && i < n; i++)
+                same = ids[i] == cJSON_GetArrayItem(want, (int)i)->valueint;
+            if (!same) {
+                char *w = cJSON_PrintUnformatted(want);
+                char g[1024];
+                format_ids(g, sizeof(g), ids, n < 32 ? n : 32);
+                fail_msg("tokenizer_bpe_ref line %zu, %s: text \"%.*s\"\n  got  %s\n  want %.400s",
+                         lines + 1, names[k], (int)(len > 200 ? 200 : len), text, g, w);
+            }
+            ids_total += n;
+            free(ids);
+        }
+        free(text);
+        cJSON_Delete(j);
+        lines++;
+    }
+    free(file);
+    print_message("tokenizer_bpe_ref: %zu strings, %zu ids, Llama 3 and Qwen2 vocabularies as "
+                  "Hugging Face's tokenizer\n",
+                  lines, ids_total);
+    assert_true(lines >= 1500);
+    engine_tok_free(t[0]);
+    engine_tok_free(t[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemma_reference),
         cmocka_unit_test(test_pretokenizers),
         cmocka_unit_test(test_tekken_reference),
+        cmocka_unit_test(test_bpe_vocab_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -487,13 +487,14 @@ static inline struct io_gguf *tiny_model(struct gbuf *b, const char *pre)
     return tiny_model_byte(b, pre, NULL, &err);
 }
 
-/* Mistral's tekken vocabulary (Nemo's; tests/fixtures/tekken_vocab.gguf.zst, written by
- * tools/ref_tokenizer_families.py) decompressed and loaded. */
-static inline struct engine_tok *test_tekken_tok(void)
+/* The tokenizer of a zstd-compressed vocabulary GGUF (tests/fixtures/NAME.gguf.zst, written by
+ * tools/ref_tokenizer_families.py: Mistral's tekken, llama.cpp's Llama 3 and Qwen2 files). */
+static inline struct engine_tok *test_zstd_tok(const char *path)
 {
     size_t zl;
-    char *z = test_read_file("tests/fixtures/tekken_vocab.gguf.zst", &zl);
-    assert_non_null(z);
+    char *z = test_read_file(path, &zl);
+    if (!z)
+        fail_msg("missing %s", path);
     const unsigned long long n = ZSTD_getFrameContentSize(z, zl);
     assert_true(n != ZSTD_CONTENTSIZE_ERROR && n != ZSTD_CONTENTSIZE_UNKNOWN);
     char *buf = malloc((size_t)n);
@@ -505,7 +506,7 @@ static inline struct engine_tok *test_tekken_tok(void)
     struct err_detail err = {0};
     assert_int_equal(io_gguf_open_mem(&g, buf, (size_t)n, &err), ST_OK);
     if (engine_tok_load(&t, g, &err))
-        fail_msg("tekken vocabulary: %s", err.msg);
+        fail_msg("%s: %s", path, err.msg);
     io_gguf_close(g); /* the tokenizer keeps what it needs */
     free(buf);
     return t;

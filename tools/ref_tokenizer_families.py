@@ -166,15 +166,107 @@ def tekken(out_vocab, out_ids):
                                                                out_ids, n))
 
 
+# llama.cpp's vocabulary-only GGUFs of Llama 3 and Qwen2 (models/ggml-vocab-*.gguf in its source,
+# as llama-cpp-python's sdist vendors it) and Hugging Face's regexes for them
+HF_PRE = {
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def hf_bpe(path, pre):
+    """Hugging Face `tokenizers` tokenizers built from a byte-level BPE GGUF as the models'
+    tokenizer.json define theirs (Split by the regex, ByteLevel, BPE; Llama 3's ignore_merges),
+    checked here against the ids Hugging Face's own tokenizer gave for llama.cpp's test strings
+    (the GGUF's .inp/.out files): (plain, with the control tokens as special added tokens —
+    what a rendered chat prompt is tokenized with; quern reads them in plain text only when
+    asked), and the test strings."""
+    import gguf
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
+    r = gguf.GGUFReader(path)
+    toks = r.fields["tokenizer.ggml.tokens"].contents()
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in r.fields["tokenizer.ggml.merges"].contents()]
+    out = []
+    for special in (0, 1):
+        tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(toks)}, merges=merges,
+                                  ignore_merges=(pre == "llama-bpe")))
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(HF_PRE[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        if special:
+            tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                   for t, ty in zip(toks, types) if ty == 3])
+        out.append(tk)
+    inp = open(path + ".inp").read().split("\n__ggml_vocab_test__\n")
+    ref = open(path + ".out").read().split("\n")
+    for s, o in zip(inp, ref):
+        for tk in out:
+            got = tk.encode(s, add_special_tokens=False).ids
+            assert got == [int(x) for x in o.split()], (path, s, got, o)
+    return out[0], out[1], inp
+
+
+def bpe_vocabs(src):
+    """tests/fixtures/vocab_{llama_bpe,qwen2}.gguf.zst (llama.cpp's files, compressed) and
+    tests/fixtures/tokenizer_bpe_ref.jsonl: Hugging Face's ids over both vocabularies for the
+    strings of tokenizer_ref.jsonl and llama.cpp's test strings ("text" lines), and for the
+    Llama 3.1/3.2 and Qwen3/ChatML renderings of chat_templates_ref.jsonl with their special
+    tokens ("chat" lines: the conversation, and ids where that vocabulary has the template's
+    tokens)."""
+    import subprocess
+    lines = []
+    tks, tks_special = {}, {}
+    extra = []
+    for pre, fix in (("llama-bpe", "vocab_llama_bpe"), ("qwen2", "vocab_qwen2")):
+        path = os.path.join(src, "ggml-vocab-%s.gguf" % pre)
+        tks[pre], tks_special[pre], inp = hf_bpe(path, pre)
+        extra += inp
+        subprocess.run(["zstd", "-19", "-q", "-f", path, "-o",
+                        os.path.join(FIX, fix + ".gguf.zst")], check=True)
+    seen = set()
+    for s in strings() + extra:
+        if s in seen or not assigned(s):
+            continue
+        seen.add(s)
+        rec = {"hex": s.encode("utf-8").hex()}
+        for pre, tk in tks.items():
+            rec[pre] = tk.encode(s, add_special_tokens=False).ids
+        lines.append(rec)
+    n_text = len(lines)
+    with open(os.path.join(FIX, "chat_templates_ref.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            name = {"llama31": "llama-bpe", "llama32": "llama-bpe", "llama3": "llama-bpe",
+                    "qwen3": "qwen2", "chatml": "qwen2"}.get(r["template"])
+            if not name or "text" not in r:
+                continue
+            rec = {k: r[k] for k in ("template", "source_file", "source", "messages",
+                                     "add_generation_prompt", "enable_thinking", "text")
+                   if k in r}
+            rec["vocab"] = name
+            rec["ids"] = tks_special[name].encode(r["text"], add_special_tokens=False).ids
+            lines.append(rec)
+    p = os.path.join(FIX, "tokenizer_bpe_ref.jsonl")
+    with open(p, "w") as f:
+        for l in lines:
+            f.write(json.dumps(l, ensure_ascii=False, separators=(",", ":")) + "\n")
+    print("wrote %s: %d strings, %d chat renderings" % (p, n_text, len(lines) - n_text))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemma", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
-    ap.add_argument("--only", choices=["pretok", "gemma", "tekken"])
+    ap.add_argument("--only", choices=["pretok", "gemma", "tekken", "bpe"])
+    ap.add_argument("--llama-models", help="llama.cpp's models/ directory (the ggml-vocab-*.gguf "
+                    "files and their .inp/.out; llama-cpp-python's sdist has it under vendor/)")
     a = ap.parse_args()
     if a.only in (None, "pretok"):
         pretok()
     if a.only in (None, "gemma"):
         gemma(a.gemma)
+    if a.only in (None, "bpe"):
+        bpe_vocabs(a.llama_models)
     if a.only in (None, "tekken"):
         import subprocess
         import tempfile
