@@ -236,10 +236,16 @@ static const struct {
     const char *words; /* the word regex */
     int whole_words;   /* engine_tok.whole_words */
 } g_pre[] = {
-    {"default", 0, re_words_src, 0},    {"gpt2", 0, re_words_src, 0},
-    {"gpt-2", 0, re_words_src, 0},      {"smollm", 1, re_words_src, 0},
-    {"llama-bpe", 0, re_llama3_src, 1}, {"llama3", 0, re_llama3_src, 1},
-    {"llama-v3", 0, re_llama3_src, 1},  {"qwen2", 0, re_qwen2_src, 0},
+    {"default", 0, re_words_src, 0},
+    {"gpt2", 0, re_words_src, 0},
+    {"gpt-2", 0, re_words_src, 0},
+    {"smollm", 1, re_words_src, 0},
+    {"llama-bpe", 0, re_llama3_src, 1},
+    {"llama3", 0, re_llama3_src, 1},
+    {"llama-v3", 0, re_llama3_src, 1},
+    {"qwen2", 0, re_qwen2_src, 0},
+    {"deepseek-r1-qwen", 0, re_qwen2_src,
+     0}, /* DeepSeek R1's Qwen distills: Qwen2's, as llama.cpp */
     {"tekken", 0, re_tekken_src, 1},
 };
 
@@ -566,7 +572,7 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         if (pre == (int)(sizeof(g_pre) / sizeof(g_pre[0])))
             return err_set(err, ST_ERR_UNSUPPORTED,
                            "pre-tokenizer '%.*s' is not supported (supported: default, gpt2, "
-                           "smollm, llama-bpe, qwen2, tekken)",
+                           "smollm, llama-bpe, qwen2, deepseek-r1-qwen, tekken)",
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     } else if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
         return st;

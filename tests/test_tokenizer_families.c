@@ -173,6 +173,17 @@ static void test_pretokenizers(void **state)
         cJSON_Delete(got);
         engine_tok_free(tok[k]);
     }
+    /* DeepSeek R1's Qwen distills name Qwen2's pre-tokenizer otherwise */
+    static struct gbuf b;
+    struct io_gguf *g = tiny_model(&b, "deepseek-r1-qwen");
+    struct engine_tok *ds;
+    assert_int_equal(engine_tok_load(&ds, g, &err), ST_OK);
+    io_gguf_close(g);
+    cJSON *got = cJSON_CreateArray();
+    assert_int_equal(engine_tok_pretokenize(ds, digits, 7, on_piece, got, &err), ST_OK);
+    assert_int_equal(cJSON_GetArraySize(got), 1 + 1 + 5);
+    cJSON_Delete(got);
+    engine_tok_free(ds);
 }
 
 static void test_tekken_reference(void **state)
