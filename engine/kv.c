@@ -36,6 +36,13 @@ static uint64_t chain_hash(uint64_t parent, const int32_t *tok, int n)
     return h ? h : 1;
 }
 
+/* The parent hash of a sequence's first block: 0, or one of its variant's own (variants never
+ * share blocks). */
+static uint64_t chain_root(const struct engine_kv_seq *s)
+{
+    return s->variant ? mix64(0x5A17ull + s->variant) | 1 : 0;
+}
+
 /* ---- a pool's bookkeeping ---- */
 
 static int pool_init(struct kv_pool *p, int32_t n_blocks, int block_size, int n_layer)
@@ -423,6 +430,18 @@ void engine_kv_release(struct engine_kv *kv, int seq)
         seq_pop(kv, s);
     s->lo = 0;
     s->n_hashed = 0;
+    s->variant = 0;
+}
+
+void engine_kv_set_variant(struct engine_kv *kv, int seq, uint32_t variant)
+{
+    assert(kv->seqs[seq].n_blocks == 0);
+    kv->seqs[seq].variant = variant;
+}
+
+uint32_t engine_kv_variant(const struct engine_kv *kv, int seq)
+{
+    return kv->seqs[seq].variant;
 }
 
 void engine_kv_slide(struct engine_kv *kv, int seq, int32_t n_done)
@@ -448,7 +467,7 @@ static int window_cached(const struct engine_kv *kv, const struct engine_kv_seq 
 {
     const int B = kv->block_size;
     for (int32_t i = window_lo(kv, k * B); i < k; i++)
-        if (table_find(&kv->pool[1], B, s->chain[i], i ? s->chain[i - 1] : 0,
+        if (table_find(&kv->pool[1], B, s->chain[i], i ? s->chain[i - 1] : chain_root(s),
                        tokens + (size_t)i * B) < 0)
             return 0;
     return 1;
@@ -468,7 +487,7 @@ int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *to
         return 0;
     /* the longest run of cached blocks in pool 0 ... */
     int32_t k = 0;
-    for (uint64_t parent = 0; k < n_full; k++) {
+    for (uint64_t parent = chain_root(s); k < n_full; k++) {
         const int32_t *tok = tokens + (size_t)k * B;
         uint64_t h = chain_hash(parent, tok, B);
         int32_t b = table_find(&kv->pool[0], B, h, parent, tok);
@@ -486,8 +505,9 @@ int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *to
         block_hold(&kv->pool[0], s->blocks[0][i]);
         s->blocks[1][i] = -1;
         if (kv->n_pool > 1 && i >= s->lo) {
-            s->blocks[1][i] = table_find(&kv->pool[1], B, s->chain[i], i ? s->chain[i - 1] : 0,
-                                         tokens + (size_t)i * B);
+            s->blocks[1][i] =
+                table_find(&kv->pool[1], B, s->chain[i], i ? s->chain[i - 1] : chain_root(s),
+                           tokens + (size_t)i * B);
             block_hold(&kv->pool[1], s->blocks[1][i]);
         }
     }
@@ -536,6 +556,7 @@ int engine_kv_fork(struct engine_kv *kv, int dst, int src, int32_t n_tokens)
     }
     d->n_blocks = n_blk;
     d->lo = lo;
+    d->variant = s->variant;
     d->n_hashed = full < s->n_hashed ? full : s->n_hashed;
     if (d->n_hashed)
         memcpy(d->chain, s->chain, sizeof(*d->chain) * (size_t)d->n_hashed);
@@ -556,7 +577,7 @@ void engine_kv_prefix_commit(struct engine_kv *kv, int seq, const int32_t *token
         full = s->n_blocks;
     for (int32_t i = s->n_hashed; i < full; i++) {
         const int32_t *tok = tokens + (size_t)i * B;
-        uint64_t parent = i ? s->chain[i - 1] : 0;
+        uint64_t parent = i ? s->chain[i - 1] : chain_root(s);
         uint64_t h = chain_hash(parent, tok, B);
         s->chain[i] = h;
         block_register(&kv->pool[0], B, s->blocks[0][i], h, parent, tok);

@@ -68,6 +68,12 @@ void engine_kv_release(struct engine_kv *kv, int seq);
  * pool's blocks that no position >= n_done attends to. No-op without that pool. */
 void engine_kv_slide(struct engine_kv *kv, int seq, int32_t n_done);
 
+/* For an empty slot: what its KV depends on besides its tokens, 0 by default (Phi-3's LongRoPE:
+ * 1 = the long factors, engine_model_rope_variant); blocks are shared only between sequences
+ * of one variant. Released slots go back to 0; a fork takes its source's. */
+void engine_kv_set_variant(struct engine_kv *kv, int seq, uint32_t variant);
+uint32_t engine_kv_variant(const struct engine_kv *kv, int seq);
+
 /* Prefix cache. For an empty slot: attach the cached blocks that hold the longest prefix of
  * tokens made of whole blocks, at most max_tokens tokens; returns the tokens covered. */
 int32_t engine_kv_prefix_attach(struct engine_kv *kv, int seq, const int32_t *tokens,

@@ -35,6 +35,7 @@ struct engine_kv_seq {
     int32_t cap;        /* capacity of the tables and chain */
     int32_t n_hashed;   /* leading blocks already offered to the prefix cache */
     uint64_t *chain;    /* chain hash of each of the first n_hashed blocks (owned, cap) */
+    uint32_t variant;   /* engine_kv_set_variant; the chain's root (0 for variant 0) */
 };
 
 struct engine_kv {

@@ -612,6 +612,11 @@ static int graphs_usable(const struct engine_model *m)
  * of the window; KERN_STORE_PAD: never stored) compute rows nobody reads, and every op is
  * row-wise and batch-invariant, so the real rows are bitwise those of the unpadded step. */
 
+int engine_model_rope_variant(const struct engine_model *m, int64_t max_len)
+{
+    return m->rope_long && max_len > m->hp.rope_orig_ctx;
+}
+
 static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
                         const struct engine_batch *b)
 {
@@ -661,20 +666,27 @@ static void stage_batch(struct engine_model *m, const struct engine_kv *kv,
     for (int t = 0; t < n; t++)
         s->seq_row[b->seq[t]] = -1;
     /* RoPE angles pos * scale * theta^(-i/rope_dim) / factor for pair i/2 (factor: Llama 3's
-     * rope_freqs, else 1), one table for the global layers and one for the sliding ones when
-     * their base differs (unscaled, no factors) */
+     * rope_freqs; LongRoPE's long or short factors by the token's KV variant, cos and sin then
+     * times rope_mscale; else 1), one table for the global layers and one for the sliding ones
+     * when their base differs (unscaled, no factors) */
     for (int k = 0; k < m->n_rope; k++) {
         const double theta = k ? hp->rope_theta_swa : hp->rope_theta;
         const double scale = k ? 1.0 : hp->rope_scale;
+        const int longrope = !k && m->rope_long;
+        const double ms = longrope ? (double)hp->rope_mscale : 1.0;
         float *tab = s->rope + (size_t)k * (size_t)np * (size_t)hp->rope_dim;
         for (int i = 0; i < hp->rope_dim; i += 2) {
             double freq = pow(theta, -(double)i / hp->rope_dim);
             if (!k && m->rope_freqs)
                 freq /= m->rope_freqs[i / 2];
             for (int t = 0; t < np; t++) {
-                double ang = (double)pos[t] * scale * freq;
-                tab[(size_t)t * hp->rope_dim + i] = (float)cos(ang);
-                tab[(size_t)t * hp->rope_dim + i + 1] = (float)sin(ang);
+                double f = freq;
+                if (longrope) /* (padding rows: token 0's) */
+                    f /= (engine_kv_variant(kv, b->seq[t < n ? t : 0]) ? m->rope_long
+                                                                       : m->rope_short)[i / 2];
+                double ang = (double)pos[t] * scale * f;
+                tab[(size_t)t * hp->rope_dim + i] = (float)(ms * cos(ang));
+                tab[(size_t)t * hp->rope_dim + i + 1] = (float)(ms * sin(ang));
             }
         }
     }

@@ -47,6 +47,10 @@ struct engine_hparams {
                        * swa_pattern - 1, else sliding */
     float rope_theta_swa; /* the sliding layers' RoPE base */
     float attn_softcap;   /* attention scores s -> cap * tanh(s / cap); 0: none */
+    int rope_orig_ctx;    /* LongRoPE (Phi-3's 128k models): the context the short factors are
+                           * for (rope.scaling.original_context_length); 0: no LongRoPE */
+    float rope_mscale;    /* LongRoPE: cos and sin times this (rope.scaling.attn_factor, else
+                           * sqrt(1 + ln(n_ctx_train / orig) / ln(orig)), as Hugging Face) */
     float final_softcap;  /* output logits likewise (the argmax is unchanged); 0: none */
 };
 
@@ -61,6 +65,11 @@ struct engine_batch {
     const int32_t *seq;      /* KV sequence slot of each token */
     const uint8_t *logits;   /* 1 where logits are wanted; NULL = last token only */
 };
+
+/* The KV variant (engine_kv_set_variant) of a sequence that may grow to max_len positions:
+ * with LongRoPE, 1 (the long factors) when max_len passes the original context, else 0 (as
+ * Hugging Face and vLLM rotate any sequence that stays within it); 0 for every other model. */
+int engine_model_rope_variant(const struct engine_model *m, int64_t max_len);
 
 /* Load the model at path onto backend be (borrowed; must outlive the model). Every
  * hyperparameter comes from metadata; a missing tensor or unsupported feature is an error

@@ -93,6 +93,9 @@ struct engine_model {
     int tied_output;              /* 1 when the output head is tok_embd */
     const float *rope_freqs;      /* NULL, or rope_dim / 2 factors dividing each pair's frequency
                                    * (Llama 3's rope_freqs.weight) */
+    const float *rope_long;       /* LongRoPE: rope_dim / 2 such factors for sequences that may
+                                   * pass rope_orig_ctx positions (KV variant 1), and */
+    const float *rope_short;      /* those for the others (variant 0); NULL without */
     int n_rope;                   /* RoPE tables per step: 1, or 2 when sliding layers have
                                    * their own base */
     struct engine_layer *layers;  /* n_layer layers, whole (host views of the file) */

@@ -156,15 +156,27 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
     hp->swa_window = 0;
     hp->swa_pattern = 1;
     hp->rope_theta_swa = hp->rope_theta;
+    hp->rope_orig_ctx = 0;
+    hp->rope_mscale = 1.0f;
     if (hp->arch == ENGINE_ARCH_PHI3) {
-        /* LongRoPE (Phi-3/3.5's 128k models: factors for short and long contexts, an attention
-         * factor) is not built; the sliding window Phi-3 mini's GGUF may declare is not applied,
-         * as llama.cpp does not (Hugging Face does: past it, outputs differ from HF's) */
+        /* LongRoPE (Phi-3/3.5's 128k models): per-pair factors for short and for long contexts
+         * (engine_model_rope_variant picks per sequence) and an attention factor. The sliding
+         * window Phi-3 mini's GGUF may declare is not applied, as llama.cpp does not (Hugging
+         * Face does: past it, outputs differ from HF's) */
         if (io_gguf_find_tensor(g, "rope_factors_long.weight") ||
-            io_gguf_find_tensor(g, "rope_factors_short.weight"))
-            return err_set(err, ST_ERR_UNSUPPORTED,
-                           "phi3: LongRoPE (rope_factors_long/short, the 128k-context models) is "
-                           "not supported");
+            io_gguf_find_tensor(g, "rope_factors_short.weight")) {
+            if ((st = get_hparam(g, arch, "rope.scaling.original_context_length",
+                                 &hp->rope_orig_ctx, 1, 0, err)))
+                return st;
+            if (hp->rope_orig_ctx < 2)
+                return err_set(err, ST_ERR_FORMAT, "phi3: rope.scaling.original_context_length %d",
+                               hp->rope_orig_ctx);
+            const double f = (double)hp->n_ctx_train / hp->rope_orig_ctx;
+            hp->rope_mscale = f > 1.0 ? (float)sqrt(1.0 + log(f) / log(hp->rope_orig_ctx)) : 1.0f;
+            if (has_key(g, arch, "rope.scaling.attn_factor") &&
+                (st = get_f32(g, arch, "rope.scaling.attn_factor", &hp->rope_mscale, err)))
+                return st;
+        }
         int window;
         if ((st = get_hparam(g, arch, "attention.sliding_window", &window, 0, 0, err)))
             return st;
@@ -362,6 +374,17 @@ enum status engine_model_load_weights(struct engine_model **out, struct io_gguf 
     if (io_gguf_find_tensor(g, "rope_freqs.weight") &&
         (st = load_vector(g, "rope_freqs.weight", hp->rope_dim / 2, &m->rope_freqs, err)))
         goto fail;
+    if (hp->rope_orig_ctx &&
+        ((st = load_vector(g, "rope_factors_long.weight", hp->rope_dim / 2, &m->rope_long, err)) ||
+         (st = load_vector(g, "rope_factors_short.weight", hp->rope_dim / 2, &m->rope_short, err))))
+        goto fail;
+    for (int i = 0; hp->rope_orig_ctx && i < hp->rope_dim / 2; i++)
+        if (!(isfinite(m->rope_long[i]) && m->rope_long[i] > 0 && isfinite(m->rope_short[i]) &&
+              m->rope_short[i] > 0)) {
+            st =
+                err_set(err, ST_ERR_FORMAT, "phi3: LongRoPE factor %d is not a positive number", i);
+            goto fail;
+        }
     m->n_rope = hp->swa_window && hp->rope_theta_swa != hp->rope_theta ? 2 : 1;
     for (int l = 0; l < hp->n_layer; l++) {
         struct engine_layer *L = &m->layers[l];

@@ -317,6 +317,10 @@ static int schedule(struct engine *e, struct err_detail *err)
             continue;
         }
         int slot = e->free_slots[e->n_free_slots - 1];
+        /* (LongRoPE: the factors for the longest the sequence may grow to, its whole life) */
+        engine_kv_set_variant(e->kv, slot,
+                              (uint32_t)engine_model_rope_variant(
+                                  e->m, (int64_t)s->n_tok - s->n_gen + s->max_tokens));
         int32_t cached = prompt_fork(e, s, slot);
         if (!cached)
             cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,

@@ -193,6 +193,9 @@ static int take_room(struct engine *e, struct seq *s, int fresh)
 {
     s->d_ready = 1;
     if (fresh) {
+        engine_kv_set_variant(e->dkv, s->slot,
+                              (uint32_t)engine_model_rope_variant(
+                                  e->p.draft_model, (int64_t)s->n_tok - s->n_gen + s->max_tokens));
         s->d_computed = engine_kv_prefix_attach(e->dkv, s->slot, s->tok, (int32_t)s->n_tok,
                                                 (int32_t)s->n_tok - 1);
         e->stats.spec_model_cached += (uint64_t)s->d_computed;

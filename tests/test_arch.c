@@ -1,7 +1,9 @@
 /* The architectures beyond SmolLM2's llama (engine/model.c): small random-weight GGUFs of
  * llama with Llama 3's RoPE frequency factors, qwen2 (Q/K/V biases), qwen3 (QK-norm, head_dim
  * not hidden / heads) and gemma3 (scaled embedding, QK-norm, post-norms, GeGLU, 5-token sliding
- * windows in five layers of six with their own RoPE base), written by tools/gen_arch_fixtures.py
+ * windows in five layers of six with their own RoPE base), gemma2, phi3 (fused Q/K/V and
+ * gate/up) and phi3 with LongRoPE (each factor set; through the engine, the set chosen by
+ * prompt + max_tokens and kept apart in the prefix cache), written by tools/gen_arch_fixtures.py
  * with the `gguf` package, against tools/ref_forward.py's float64 logits
  * (tests/fixtures/arch_ref.json) at every position: the prompt in one batch, one token at a time
  * over 4-token KV blocks (windows that start inside a block), and over two tensor-parallel ranks
@@ -52,6 +54,8 @@ static int teardown(void **state)
     return 0;
 }
 
+static uint32_t g_variant; /* run_seq's KV variant (LongRoPE: 1 = the long factors) */
+
 /* Tokens [0, n) of one sequence in chunks of `chunk` over blocks of block_size, logits for
  * every position. n_local > 0: the sliding-window layers in their own pool of that many
  * blocks, each chunk's blocks reserved before it and the window slid after it. */
@@ -77,6 +81,7 @@ static void run_seq(struct engine_model *m, const int32_t *ids, int n, int chunk
     }
     int32_t pos[64], seq[64] = {0};
     uint8_t want[64];
+    engine_kv_set_variant(kv, 0, g_variant);
     for (int i = 0; i < n; i++) {
         pos[i] = i;
         want[i] = 1;
@@ -129,7 +134,7 @@ static double compare(const char *name, const char *how, const float *got, const
 static void test_arch_logits(void **state)
 {
     const cJSON *models = cJSON_GetObjectItem(*state, "models");
-    assert_int_equal(cJSON_GetArraySize(models), 6);
+    assert_int_equal(cJSON_GetArraySize(models), 7);
     struct err_detail err = {0};
     struct kern_backend *be;
     struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
@@ -185,6 +190,23 @@ static void test_arch_logits(void **state)
             assert_true(m->layers[0].q_norm && m->hp.head_dim == 32);
         if (!strcmp(name, "llama3"))
             assert_non_null(m->rope_freqs);
+        if (!strcmp(name, "phi3_longrope")) {
+            /* the long factors (a sequence that may pass the original 16 positions): their own
+             * reference logits, one batch and a token at a time, and --tp 2 bitwise below;
+             * within 3e-3, 11x inside what rounding the KV to f16 alone moves them (2.5e-2; the
+             * two factor sets' logits differ by 2.2, a missing attention factor by 2.9) */
+            assert_true(m->hp.rope_orig_ctx == 16 && m->hp.rope_mscale == 1.19f);
+            assert_int_equal(engine_model_rope_variant(m, 16), 0);
+            assert_int_equal(engine_model_rope_variant(m, 17), 1);
+            const cJSON *lref = cJSON_GetObjectItem(md, "logits_long");
+            float *lw = malloc(sizeof(float) * (size_t)n * V);
+            g_variant = 1;
+            run_seq(m, ids, n, n, 16, 0, lw);
+            assert_true(compare(name, "long factors, one batch", lw, lref, n, V) < 3e-3);
+            run_seq(m, ids, n, 1, 4, 0, lw);
+            assert_true(compare(name, "long factors, a token at a time", lw, lref, n, V) < 3e-3);
+            free(lw);
+        }
         if (!strcmp(name, "phi3")) { /* Q, K, V and gate, up: row views of two matrices */
             assert_ptr_equal((const char *)m->layers[0].wk.data,
                              (const char *)m->layers[0].wq.data +
@@ -204,7 +226,9 @@ static void test_arch_logits(void **state)
         run_seq(tm, ids, n, 7, 4, 0, tp);
         run_seq(m, ids, n, 7, 4, 0, steps);
         assert_memory_equal(tp, steps, sizeof(float) * (size_t)n * V);
-        printf("  %-7s tp 2: bitwise one rank's at all %d positions\n", name, n);
+        printf("  %-7s tp 2: bitwise one rank's at all %d positions%s\n", name, n,
+               g_variant ? " (long factors)" : "");
+        g_variant = 0;
         engine_model_free(tm);
         kern_group_free(g);
         free(tp);
@@ -355,6 +379,103 @@ static void test_arch_engine_window(void **state)
     kern_backend_free(be);
 }
 
+/* Greedy tokens (up to 12) of n requests with one prompt and the given max_tokens, through one
+ * engine with room for one sequence at a time (so each finds the earlier ones' blocks in the
+ * prefix cache); the cache's hits in *hits. */
+static void run_longrope(struct engine_model *m, const struct engine_tok *tok,
+                         const int32_t *prompt, int n_prompt, const int *max_tokens, int n,
+                         int32_t out[][12], uint64_t *hits)
+{
+    struct err_detail err = {0};
+    struct engine_params p;
+    engine_params_default(&p);
+    p.max_seqs = 1;
+    p.kv_block = 2;
+    p.kv_mem = 40 * engine_model_kv_block_bytes(m, 2, KERN_KV_F16);
+    struct engine *e;
+    assert_int_equal(engine_init(&e, m, tok, &p, &err), ST_OK);
+    for (int i = 0; i < n; i++) {
+        struct engine_request r = {0};
+        r.prompt = prompt;
+        r.n_prompt = (size_t)n_prompt;
+        engine_sampling_default(&r.sampling);
+        r.sampling.temperature = 0;
+        r.max_tokens = max_tokens[i];
+        r.ignore_eos = 1;
+        r.user = out[i];
+        assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
+    }
+    while (engine_pending(e)) {
+        if (engine_step(e, &err))
+            fail_msg("step: %s", err.msg);
+        struct engine_output o[2];
+        size_t k;
+        while ((k = engine_poll(e, o, 2)) > 0)
+            for (size_t j = 0; j < k; j++)
+                memcpy(o[j].user, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+    }
+    *hits = engine_kv_get_stats(engine_get_kv(e))->hit_blocks;
+    engine_free(e);
+}
+
+/* LongRoPE through the engine: a sequence that may pass the original context (prompt +
+ * max_tokens > 16) gets the long factors, its whole life; one that may not, the short ones
+ * (the first token of each is the fixture's reference argmax for that set); the prefix cache
+ * shares blocks only between sequences of one set. */
+static void test_arch_engine_longrope(void **state)
+{
+    const cJSON *models = cJSON_GetObjectItem(*state, "models");
+    const cJSON *md = cJSON_GetArrayItem(models, 6);
+    assert_string_equal(cJSON_GetObjectItem(md, "name")->valuestring, "phi3_longrope");
+    struct err_detail err = {0};
+    struct kern_backend *be;
+    struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
+    assert_int_equal(kern_backend_open(&be, &ko, &err), ST_OK);
+    struct engine_model *m;
+    struct engine_tok *tok;
+    struct io_gguf *sg;
+    assert_int_equal(engine_model_load(&m, cJSON_GetObjectItem(md, "file")->valuestring, be, &err),
+                     ST_OK);
+    assert_int_equal(io_gguf_open(&sg, test_model_path(), &err), ST_OK);
+    assert_int_equal(engine_tok_load(&tok, sg, &err), ST_OK);
+    enum { NP = 8 };
+    int32_t prompt[NP];
+    for (int t = 0; t < NP; t++)
+        prompt[t] = cJSON_GetArrayItem(cJSON_GetObjectItem(md, "tokens"), t)->valueint;
+    int first[2]; /* the references' argmax after the prompt: short, long */
+    for (int k = 0; k < 2; k++) {
+        const cJSON *row =
+            cJSON_GetArrayItem(cJSON_GetObjectItem(md, k ? "logits_long" : "logits"), NP - 1);
+        first[k] = 0;
+        for (int v = 1; v < cJSON_GetArraySize(row); v++)
+            if (cJSON_GetArrayItem(row, v)->valuedouble >
+                cJSON_GetArrayItem(row, first[k])->valuedouble)
+                first[k] = v;
+    }
+    assert_int_not_equal(first[0], first[1]);
+    static int32_t alone[2][1][12], both[3][12];
+    uint64_t hits;
+    const int mt[3] = {8, 12, 8}; /* 8 + 8 = 16: short; 8 + 12: long */
+    for (int k = 0; k < 2; k++) {
+        run_longrope(m, tok, prompt, NP, &mt[k], 1, alone[k], &hits);
+        assert_int_equal(alone[k][0][0], first[k]);
+    }
+    /* short, long, short again in one engine: the long one finds no block of the first (its
+     * 4 prompt blocks are all computed again), the third all of them but the last's */
+    run_longrope(m, tok, prompt, NP, mt, 3, both, &hits);
+    assert_memory_equal(both[0], alone[0][0], sizeof(int32_t) * 8);
+    assert_memory_equal(both[1], alone[1][0], sizeof(int32_t) * 12);
+    assert_memory_equal(both[2], alone[0][0], sizeof(int32_t) * 8);
+    print_message("phi3_longrope engine: short and long factors by prompt + max_tokens, first "
+                  "tokens %d / %d as the references; prefix hits %llu\n",
+                  first[0], first[1], (unsigned long long)hits);
+    assert_int_equal(hits, 3);
+    engine_tok_free(tok);
+    io_gguf_close(sg);
+    engine_model_free(m);
+    kern_backend_free(be);
+}
+
 static void test_unsupported_arch(void **state)
 {
     (void)state;
@@ -431,9 +552,8 @@ static void test_damaged_weights(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_arch_logits),
-        cmocka_unit_test(test_arch_engine_window),
-        cmocka_unit_test(test_unsupported_arch),
+        cmocka_unit_test(test_arch_logits),          cmocka_unit_test(test_arch_engine_window),
+        cmocka_unit_test(test_arch_engine_longrope), cmocka_unit_test(test_unsupported_arch),
         cmocka_unit_test(test_damaged_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -2,7 +2,7 @@
 """Small random-weight GGUFs of each supported architecture and their reference logits (NOT run
 by CI; the outputs are committed):
 
-  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3}.gguf   written by `gguf`
+  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3,phi3_longrope}.gguf  (`gguf`)
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -13,7 +13,9 @@ qwen3 and gemma3 a head_dim (32) that is not hidden / heads (16); gemma3 a 5-tok
 window, so a 24-token prompt crosses it in the five sliding layers of every six; gemma2 the
 same window in every other layer and soft-capping (attention 4, logits 30: caps these random
 weights' scores and logits reach, so that tanh bends them); phi3 Q/K/V in one matrix and gate/up
-in one, head_dim 48 (not a power of two), the sliding window Phi-3 mini's GGUF declares.
+in one, head_dim 48 (not a power of two), the sliding window Phi-3 mini's GGUF declares;
+phi3_longrope Phi-3.5's LongRoPE (short and long factors, original context 16 of 64, attention
+factor 1.19), with reference logits for each factor set.
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -31,6 +33,7 @@ import ref_forward  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H, KV, FF, V, NL, CTX = 64, 4, 2, 96, 128, 6, 64
 N_PROMPT = 24
+LONGROPE_ORIG = 16
 
 
 def llama3_factors(dim, theta):
@@ -72,6 +75,9 @@ def write(name, arch, head_dim, extra, types, rng):
         w.add_sliding_window(5)
     if "window" in extra:
         w.add_sliding_window(2047)
+    if "longrope" in extra:  # Phi-3.5 mini's keys (original context 4096 of 131072 there)
+        w.add_uint32(arch + ".rope.scaling.original_context_length", LONGROPE_ORIG)
+        w.add_float32(arch + ".rope.scaling.attn_factor", 1.19)
     if arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 4.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
@@ -89,10 +95,14 @@ def write(name, arch, head_dim, extra, types, rng):
 
     mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
     vec("output_norm.weight", E, 1.0, 0.2)
-    if name in ("llama3", "phi3"):
+    if name == "llama3" or arch == "phi3":
         mat("output.weight", E, V, types[1], scale=2.0)
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
+    if "longrope" in extra:  # long factors up to ~6 for the slow pairs, short ones near 1
+        ramp = np.linspace(0, 1, head_dim // 2)
+        w.add_tensor("rope_factors_long.weight", (1 + 5 * ramp ** 2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", (1 + 0.5 * ramp).astype(np.float32))
     for l in range(NL):
         p = "blk.%d." % l
         vec(p + "attn_norm.weight", E, 1.0, 0.2)
@@ -139,6 +149,9 @@ def main():
         # Phi-3's head_dim is 96 (mini) or 128: 48 here, not a power of two; its mini's GGUF
         # declares a sliding window that is not applied (only a warning)
         ("phi3", "phi3", 48, ("window",), (Q.Q4_1, Q.Q8_0, Q.Q4_0)),
+        # Phi-3.5 mini's LongRoPE: short and long factors, the attention factor; reference logits
+        # with each ("logits": short, "logits_long": long)
+        ("phi3_longrope", "phi3", 48, ("longrope",), (Q.Q4_1, Q.Q8_0, Q.Q4_0)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}
@@ -152,9 +165,14 @@ def main():
         cache = m.new_cache()
         step = np.concatenate([m.forward([t], cache) for t in toks], 0)
         assert np.abs(step - logits).max() < 1e-9
-        out["models"].append({"name": name, "file": "tests/fixtures/arch/%s.gguf" % name,
-                              "config": m.meta, "tokens": toks,
-                              "logits": [[round(float(v), 5) for v in row] for row in logits]})
+        rec = {"name": name, "file": "tests/fixtures/arch/%s.gguf" % name, "config": m.meta,
+               "tokens": toks, "logits": [[round(float(v), 5) for v in row] for row in logits]}
+        if "longrope" in extra:
+            m.use_long = True
+            long = m.forward(toks, m.new_cache())
+            assert np.abs(long - logits).max() > 0.1  # the factors matter at these positions
+            rec["logits_long"] = [[round(float(v), 5) for v in row] for row in long]
+        out["models"].append(rec)
         print("%-7s %6d bytes  logits |max| %.2f  std %.2f" %
               (name, os.path.getsize(path), float(np.abs(logits).max()), float(logits.std())))
     # an architecture quern does not run: only its name (the loader refuses it first)

@@ -19,6 +19,7 @@ GGUF shapes are [ne0, ne1] with ne0 the inner (input) dim; numpy arrays from ggu
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -101,6 +102,17 @@ class Model:
         self.out_norm = W("output_norm.weight")
         self.out_w = W("output.weight") if "output.weight" in tens else self.tok_embd
         self.freq_factors = W("rope_freqs.weight") if "rope_freqs.weight" in tens else None
+        # LongRoPE (Phi-3's 128k models), as Hugging Face's _compute_longrope_parameters: the
+        # long factors for a sequence longer than the original context, else the short ones
+        # (set use_long), cos and sin times the attention factor
+        self.mscale = 1.0
+        self.use_long = False
+        if "rope_factors_long.weight" in tens:
+            self.long_f, self.short_f = W("rope_factors_long.weight"), W("rope_factors_short.weight")
+            orig = int(g("rope.scaling.original_context_length"))
+            fac = int(g("context_length")) / orig
+            self.mscale = (float(g("rope.scaling.attn_factor")) if has("rope.scaling.attn_factor")
+                           else math.sqrt(1 + math.log(fac) / math.log(orig)) if fac > 1 else 1.0)
         extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
                  "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
                  "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight",
@@ -147,7 +159,8 @@ class Model:
         if factors is not None:
             inv = inv / factors
         ang = pos[:, None].astype(DT) * inv[None, :]                    # (T, D/2)
-        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        c = self.mscale * np.cos(ang)[:, None, :]
+        s = self.mscale * np.sin(ang)[:, None, :]
         if self.neox:
             x0, x1 = x[..., :D // 2], x[..., D // 2:]
         else:
@@ -188,6 +201,8 @@ class Model:
                 k = self.rmsnorm(k, L["attn_k_norm.weight"])
             theta = self.theta_swa if L["swa"] else self.theta
             factors = None if L["swa"] else self.freq_factors
+            if hasattr(self, "long_f"):
+                factors = self.long_f if self.use_long else self.short_f
             q, k = self.rope(q, pos, theta, factors), self.rope(k, pos, theta, factors)
             if self.kv_f16:
                 k = k.astype(np.float16).astype(DT)
