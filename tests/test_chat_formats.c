@@ -46,6 +46,24 @@ static size_t json_msgs(const cJSON *arr, struct engine_chat_msg *m)
     return n;
 }
 
+/* The chat format of a reference line's template ("source_file" or "source"), recognised from
+ * a GGUF holding it (*g; the caller closes it). */
+static struct engine_chat *line_chat(const cJSON *j, struct io_gguf **g)
+{
+    static struct gbuf b;
+    struct err_detail err = {0};
+    size_t len;
+    const cJSON *src_file = cJSON_GetObjectItem(j, "source_file");
+    char *src = src_file ? test_read_file(src_file->valuestring, &len) : NULL;
+    *g = gguf_kv(&b, "tokenizer.chat_template",
+                 src ? src : cJSON_GetObjectItem(j, "source")->valuestring);
+    free(src);
+    struct engine_chat *c;
+    if (engine_chat_init(&c, *g, &err))
+        fail_msg("%s", err.msg);
+    return c;
+}
+
 static void test_templates_vs_jinja(void **state)
 {
     (void)state;
@@ -74,14 +92,8 @@ static void test_templates_vs_jinja(void **state)
     for (char *line = strtok_r(file, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
         assert_non_null(j);
-        static struct gbuf b;
-        const cJSON *src_file = cJSON_GetObjectItem(j, "source_file");
-        char *src = src_file ? test_read_file(src_file->valuestring, &flen) : NULL;
-        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template",
-                                    src ? src : cJSON_GetObjectItem(j, "source")->valuestring);
-        free(src);
-        struct engine_chat *c;
-        assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
+        struct io_gguf *g;
+        struct engine_chat *c = line_chat(j, &g);
         const cJSON *today = cJSON_GetObjectItem(j, "today"); /* the date Jinja was given */
         if (today) {
             struct tm tm = {0};
@@ -187,14 +199,8 @@ static void test_bpe_chat_ids(void **state)
             cJSON_Delete(j);
             continue;
         }
-        static struct gbuf b;
-        const cJSON *src_file = cJSON_GetObjectItem(j, "source_file");
-        char *src = src_file ? test_read_file(src_file->valuestring, &flen) : NULL;
-        struct io_gguf *g = gguf_kv(&b, "tokenizer.chat_template",
-                                    src ? src : cJSON_GetObjectItem(j, "source")->valuestring);
-        free(src);
-        struct engine_chat *c;
-        assert_int_equal(engine_chat_init(&c, g, &err), ST_OK);
+        struct io_gguf *g;
+        struct engine_chat *c = line_chat(j, &g);
         struct engine_chat_msg m[MAX_MSGS];
         const size_t n = json_msgs(cJSON_GetObjectItem(j, "messages"), m);
         const int gen = cJSON_IsTrue(cJSON_GetObjectItem(j, "add_generation_prompt"));
