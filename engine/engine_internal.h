@@ -195,6 +195,9 @@ enum status engine_seq_new(struct seq **out, const struct engine_request *r,
                            struct err_detail *err);
 /* NULL is a no-op. Drops s's reference to its gate. */
 void engine_seq_free(struct seq *s);
+/* The KV variant of s's sequence in model m's cache (engine_model_rope_variant of the most
+ * positions its forwards hold: prompt + max_tokens - 1, the last token sampled is never fed). */
+uint32_t engine_seq_rope_variant(const struct engine_model *m, const struct seq *s);
 /* End s because its grammar allows no token (ENGINE_FINISH_GRAMMAR); its text so far is final
  * and streamed. */
 void engine_seq_end_grammar(struct seq *s);

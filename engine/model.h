@@ -66,9 +66,10 @@ struct engine_batch {
     const uint8_t *logits;   /* 1 where logits are wanted; NULL = last token only */
 };
 
-/* The KV variant (engine_kv_set_variant) of a sequence that may grow to max_len positions:
- * with LongRoPE, 1 (the long factors) when max_len passes the original context, else 0 (as
- * Hugging Face and vLLM rotate any sequence that stays within it); 0 for every other model. */
+/* The KV variant (engine_kv_set_variant) of a sequence whose forwards hold at most max_len
+ * positions: with LongRoPE, 1 (the long factors) when max_len passes the original context, else
+ * 0 (as Hugging Face and vLLM rotate any forward that stays within it); 0 for every other
+ * model. */
 int engine_model_rope_variant(const struct engine_model *m, int64_t max_len);
 
 /* Load the model at path onto backend be (borrowed; must outlive the model). Every

@@ -243,6 +243,11 @@ static int32_t prompt_fork(struct engine *e, const struct seq *s, int slot)
  * system prompt, admitted together). Waiting ends as soon as that sequence has computed the
  * block, whether or not it was registered; and s keeps a free slot meanwhile (schedule), so
  * requests behind it cannot take every slot and leave it waiting for a whole generation. */
+uint32_t engine_seq_rope_variant(const struct engine_model *m, const struct seq *s)
+{
+    return (uint32_t)engine_model_rope_variant(m, (int64_t)s->n_tok - s->n_gen + s->max_tokens - 1);
+}
+
 static int shared_block_pending(const struct engine *e, const struct seq *s, int32_t cached)
 {
     const int32_t B = e->p.kv_block, end = cached + B;
@@ -254,8 +259,9 @@ static int shared_block_pending(const struct engine *e, const struct seq *s, int
         const struct seq *r = e->running[i];
         if (r == s || r->n_computed >= end || r->n_computed < cached || (int32_t)r->n_tok < end ||
             memcmp(r->tok + cached, s->tok + cached, sizeof(int32_t) * (size_t)B) ||
-            memcmp(r->tok, s->tok, sizeof(int32_t) * (size_t)cached))
-            continue;
+            memcmp(r->tok, s->tok, sizeof(int32_t) * (size_t)cached) ||
+            engine_seq_rope_variant(e->m, r) != engine_seq_rope_variant(e->m, s))
+            continue; /* (another variant's blocks are none s can use) */
         return 1;
     }
     return 0;
@@ -318,9 +324,7 @@ static int schedule(struct engine *e, struct err_detail *err)
         }
         int slot = e->free_slots[e->n_free_slots - 1];
         /* (LongRoPE: the factors for the longest the sequence may grow to, its whole life) */
-        engine_kv_set_variant(e->kv, slot,
-                              (uint32_t)engine_model_rope_variant(
-                                  e->m, (int64_t)s->n_tok - s->n_gen + s->max_tokens));
+        engine_kv_set_variant(e->kv, slot, engine_seq_rope_variant(e->m, s));
         int32_t cached = prompt_fork(e, s, slot);
         if (!cached)
             cached = engine_kv_prefix_attach(e->kv, slot, s->tok, (int32_t)s->n_tok,

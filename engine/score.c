@@ -68,6 +68,8 @@ enum status engine_score(struct engine_model *m, const struct engine_score_windo
         const int ng = n_win - g0 < S ? n_win - g0 : S;
         int len = 0;
         for (int s = 0; s < ng && !st; s++) {
+            /* (LongRoPE: a window longer than the original context, the long factors) */
+            engine_kv_set_variant(kv, s, (uint32_t)engine_model_rope_variant(m, win[g0 + s].n));
             st = engine_kv_reserve(kv, s, win[g0 + s].n, err);
             len = win[g0 + s].n > len ? win[g0 + s].n : len;
         }

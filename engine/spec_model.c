@@ -176,13 +176,15 @@ static enum status run(struct engine *e, int nb, struct err_detail *err)
 
 /* 1 when s, whose draft KV is empty, starts with the same block of tokens as one of the n
  * sequences whose prompts are being caught up from nothing (it waits for their blocks). */
-static int follows(struct seq *const *lead, int n, const struct seq *s, int kb)
+static int follows(const struct engine_model *dm, struct seq *const *lead, int n,
+                   const struct seq *s, int kb)
 {
     if (s->n_tok <= (size_t)kb)
         return 0; /* no whole block it could find cached */
     for (int i = 0; i < n; i++)
         if (lead[i]->n_tok > (size_t)kb &&
-            !memcmp(lead[i]->tok, s->tok, sizeof(int32_t) * (size_t)kb))
+            !memcmp(lead[i]->tok, s->tok, sizeof(int32_t) * (size_t)kb) &&
+            engine_seq_rope_variant(dm, lead[i]) == engine_seq_rope_variant(dm, s))
             return 1;
     return 0;
 }
@@ -193,9 +195,7 @@ static int take_room(struct engine *e, struct seq *s, int fresh)
 {
     s->d_ready = 1;
     if (fresh) {
-        engine_kv_set_variant(e->dkv, s->slot,
-                              (uint32_t)engine_model_rope_variant(
-                                  e->p.draft_model, (int64_t)s->n_tok - s->n_gen + s->max_tokens));
+        engine_kv_set_variant(e->dkv, s->slot, engine_seq_rope_variant(e->p.draft_model, s));
         s->d_computed = engine_kv_prefix_attach(e->dkv, s->slot, s->tok, (int32_t)s->n_tok,
                                                 (int32_t)s->n_tok - 1);
         e->stats.spec_model_cached += (uint64_t)s->d_computed;
@@ -245,7 +245,7 @@ enum status engine_draft_propose(struct engine *e, struct seq *const *cand, int 
             }
             if (!s->d_ready) {
                 const int fresh = s->d_computed == 0 && !engine_kv_seq_blocks(e->dkv, s->slot);
-                if (fresh && follows(lead, n_lead, s, kb)) {
+                if (fresh && follows(e->p.draft_model, lead, n_lead, s, kb)) {
                     todo[kept++] = s; /* after its lead's blocks are registered */
                     continue;
                 }

@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/kv_internal.h"
 #include "engine/model_internal.h"
+#include "engine/score.h"
 #include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
@@ -380,20 +381,30 @@ static void test_arch_engine_window(void **state)
 }
 
 /* Greedy tokens (up to 12) of n requests with one prompt and the given max_tokens, through one
- * engine with room for one sequence at a time (so each finds the earlier ones' blocks in the
- * prefix cache); the cache's hits in *hits. */
+ * engine with room for `seqs` sequences at a time (1: each finds the earlier ones' blocks in the
+ * prefix cache), each request with `choices` choices (which must agree), drafting with the
+ * model itself when spec; the cache's hits in *hits, the engine's counters in *es. */
 static void run_longrope(struct engine_model *m, const struct engine_tok *tok,
                          const int32_t *prompt, int n_prompt, const int *max_tokens, int n,
-                         int32_t out[][12], uint64_t *hits)
+                         int seqs, int choices, int spec, int32_t out[][12], uint64_t *hits,
+                         struct engine_stats *es)
 {
     struct err_detail err = {0};
     struct engine_params p;
     engine_params_default(&p);
-    p.max_seqs = 1;
+    p.max_seqs = seqs;
     p.kv_block = 2;
     p.kv_mem = 40 * engine_model_kv_block_bytes(m, 2, KERN_KV_F16);
+    if (spec) {
+        p.spec = ENGINE_SPEC_MODEL;
+        p.draft_model = m;
+        p.spec_budget = ENGINE_SPEC_BUDGET_ALL;
+        p.spec_max_k = 3;
+    }
+    int seen[4] = {0};
     struct engine *e;
-    assert_int_equal(engine_init(&e, m, tok, &p, &err), ST_OK);
+    if (engine_init(&e, m, tok, &p, &err))
+        fail_msg("engine_init: %s", err.msg);
     for (int i = 0; i < n; i++) {
         struct engine_request r = {0};
         r.prompt = prompt;
@@ -403,6 +414,7 @@ static void run_longrope(struct engine_model *m, const struct engine_tok *tok,
         r.max_tokens = max_tokens[i];
         r.ignore_eos = 1;
         r.user = out[i];
+        r.n_choices = choices;
         assert_int_equal(engine_add_request(e, &r, NULL, &err), ST_OK);
     }
     while (engine_pending(e)) {
@@ -411,17 +423,28 @@ static void run_longrope(struct engine_model *m, const struct engine_tok *tok,
         struct engine_output o[2];
         size_t k;
         while ((k = engine_poll(e, o, 2)) > 0)
-            for (size_t j = 0; j < k; j++)
-                memcpy(o[j].user, o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+            for (size_t j = 0; j < k; j++) {
+                const int i = (int)((int32_t(*)[12])o[j].user - out);
+                assert_true(i >= 0 && i < n && i < 4 && o[j].n_tokens == (size_t)max_tokens[i]);
+                if (seen[i]++)
+                    assert_memory_equal(out[i], o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+                else
+                    memcpy(out[i], o[j].tokens, sizeof(int32_t) * o[j].n_tokens);
+            }
     }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(seen[i], choices);
     *hits = engine_kv_get_stats(engine_get_kv(e))->hit_blocks;
+    *es = *engine_get_stats(e);
     engine_free(e);
 }
 
-/* LongRoPE through the engine: a sequence that may pass the original context (prompt +
- * max_tokens > 16) gets the long factors, its whole life; one that may not, the short ones
- * (the first token of each is the fixture's reference argmax for that set); the prefix cache
- * shares blocks only between sequences of one set. */
+/* LongRoPE through the engine: a sequence whose forwards may pass the original context
+ * (prompt + max_tokens - 1 > 16) gets the long factors, its whole life; one that may not, the
+ * short ones (the first token of each is the fixture's reference argmax for that set); the
+ * prefix cache shares blocks only between sequences of one set; choices forked from a first
+ * one and a draft model (the model itself, in a KV cache of its own) keep the set; scoring a
+ * window longer than the original context uses the long factors. */
 static void test_arch_engine_longrope(void **state)
 {
     const cJSON *models = cJSON_GetObjectItem(*state, "models");
@@ -455,17 +478,56 @@ static void test_arch_engine_longrope(void **state)
     assert_int_not_equal(first[0], first[1]);
     static int32_t alone[2][1][12], both[3][12];
     uint64_t hits;
-    const int mt[3] = {8, 12, 8}; /* 8 + 8 = 16: short; 8 + 12: long */
+    struct engine_stats es;
+    const int mt[3] = {9, 12, 9}; /* 8 + 9 - 1 = 16 positions: short; 8 + 12 - 1: long */
     for (int k = 0; k < 2; k++) {
-        run_longrope(m, tok, prompt, NP, &mt[k], 1, alone[k], &hits);
+        run_longrope(m, tok, prompt, NP, &mt[k], 1, 1, 1, 0, alone[k], &hits, &es);
         assert_int_equal(alone[k][0][0], first[k]);
     }
     /* short, long, short again in one engine: the long one finds no block of the first (its
      * 4 prompt blocks are all computed again), the third all of them but the last's */
-    run_longrope(m, tok, prompt, NP, mt, 3, both, &hits);
-    assert_memory_equal(both[0], alone[0][0], sizeof(int32_t) * 8);
+    run_longrope(m, tok, prompt, NP, mt, 3, 1, 1, 0, both, &hits, &es);
+    assert_memory_equal(both[0], alone[0][0], sizeof(int32_t) * 9);
     assert_memory_equal(both[1], alone[1][0], sizeof(int32_t) * 12);
-    assert_memory_equal(both[2], alone[0][0], sizeof(int32_t) * 8);
+    assert_memory_equal(both[2], alone[0][0], sizeof(int32_t) * 9);
+    const uint64_t hits_seq = hits;
+    /* the three at once, two choices each (the second forks the first's KV), drafting with
+     * the model itself: the same tokens, every greedy draft accepted (a draft KV rotated with
+     * the other set would propose other tokens) */
+    run_longrope(m, tok, prompt, NP, mt, 3, 4, 2, 1, both, &hits, &es);
+    assert_memory_equal(both[0], alone[0][0], sizeof(int32_t) * 9);
+    assert_memory_equal(both[1], alone[1][0], sizeof(int32_t) * 12);
+    assert_memory_equal(both[2], alone[0][0], sizeof(int32_t) * 9);
+    assert_true(es.spec_drafted > 0 && es.spec_accepted == es.spec_drafted);
+    /* scoring a 24-token window (past the original 16): the long factors' logits */
+    {
+        enum { NW = 24 };
+        int32_t wt[NW];
+        for (int t = 0; t < NW; t++)
+            wt[t] = cJSON_GetArrayItem(cJSON_GetObjectItem(md, "tokens"), t)->valueint;
+        struct engine_score_window w = {wt, NW, 1, 0, 0};
+        struct engine_score_opts so = {1, 32, 4, KERN_KV_F16, NULL, NULL, NULL};
+        double nll[NW];
+        assert_int_equal(engine_score(m, &w, 1, &so, nll, &err), ST_OK);
+        double worst[2] = {0, 0};
+        for (int k = 0; k < 2; k++)
+            for (int p = 1; p < NW; p++) { /* target p is predicted at position p - 1 */
+                const cJSON *row = cJSON_GetArrayItem(
+                    cJSON_GetObjectItem(md, k ? "logits_long" : "logits"), p - 1);
+                double mx = -INFINITY, sum = 0;
+                for (int v = 0; v < cJSON_GetArraySize(row); v++)
+                    mx = fmax(mx, cJSON_GetArrayItem(row, v)->valuedouble);
+                for (int v = 0; v < cJSON_GetArraySize(row); v++)
+                    sum += exp(cJSON_GetArrayItem(row, v)->valuedouble - mx);
+                const double ref = mx + log(sum) - cJSON_GetArrayItem(row, wt[p])->valuedouble;
+                worst[k] = fmax(worst[k], fabs(nll[p - 1] - ref));
+            }
+        print_message("phi3_longrope scoring 24 tokens: max |nll - ref| %.2e with the long "
+                      "factors' reference, %.2e with the short's\n",
+                      worst[1], worst[0]);
+        assert_true(worst[1] < 0.02 && worst[0] > 0.2);
+    }
+    hits = hits_seq;
     print_message("phi3_longrope engine: short and long factors by prompt + max_tokens, first "
                   "tokens %d / %d as the references; prefix hits %llu\n",
                   first[0], first[1], (unsigned long long)hits);
