@@ -1,5 +1,6 @@
 /* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
- * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2, v0.3 and Small 3.2, Phi-3, Qwen3, DeepSeek R1),
+ * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2, v0.3 and Small 3.2, Phi-3, Phi-4, Qwen3,
+ * DeepSeek R1),
  * and renders or tokenizes a
  * conversation as a list of parts (the template's special tokens and text). */
 #include "engine/chat.h"
@@ -14,6 +15,7 @@
 
 #define CHAT_IM_START "<|im_start|>"
 #define CHAT_IM_END   "<|im_end|>"
+#define CHAT_IM_SEP   "<|im_sep|>"
 /* DeepSeek's turn tokens (fullwidth vertical lines, U+2581 for spaces) */
 #define DS_BAR       "\xef\xbd\x9c" /* U+FF5C */
 #define DS_SP        "\xe2\x96\x81" /* U+2581 */
@@ -45,6 +47,7 @@ enum chat_fmt {
     CHAT_FMT_QWEN3,
     CHAT_FMT_DEEPSEEK_R1,
     CHAT_FMT_MISTRAL7,
+    CHAT_FMT_PHI4,
 };
 
 static const struct {
@@ -63,6 +66,7 @@ static const struct {
     {"qwen3", NULL}, /* ChatML's marker */
     {"deepseek-r1", DS_USER},
     {"mistral-v7", NULL}, /* [SYSTEM_PROMPT] is text in Nemo's tekken vocabulary too */
+    {"phi4", CHAT_IM_SEP},
 };
 
 #define CHAT_N_FMTS (sizeof(g_fmts) / sizeof(g_fmts[0]))
@@ -488,7 +492,9 @@ static int fmt_from_template(const char *s, int *variant)
                        strstr(s, "add_generation_prompt") && !strstr(s, "tools")
                    ? CHAT_FMT_PHI3
                    : -1;
-    if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END) && !strstr(s, "<|im_sep|>")) {
+    if (strstr(s, CHAT_IM_SEP))
+        return published_as(s, g_pub_phi4) >= 0 ? CHAT_FMT_PHI4 : -1;
+    if (strstr(s, CHAT_IM_START) && strstr(s, CHAT_IM_END)) {
         /* a template that writes or strips reasoning (<think>) is not plain ChatML: Qwen3's is
          * rendered as it is, the others (QwQ, SmolLM3, DeepSeek's distills) are refused */
         if (published_as(s, g_pub_qwen3) >= 0)
@@ -577,8 +583,8 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         free(c);
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
-                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Mistral Small 3.2, Phi-3, Qwen3 and "
-                       "DeepSeek R1's distills are; "
+                       "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Mistral Small 3.2, Phi-3, Phi-4, "
+                       "Qwen3 and DeepSeek R1's distills are; "
                        "--chat-template NAME picks one): \"%s\"",
                        snip);
     }
@@ -672,6 +678,29 @@ static size_t parts_chatml(const struct engine_chat *c, const struct engine_chat
     if (gen) {
         p[k++] = special(CHAT_IM_START);
         p[k++] = text("assistant\n");
+    }
+    return k;
+}
+
+/* Phi-4: <|im_start|>role<|im_sep|>content<|im_end|> for system and user turns, a user turn
+ * followed at once by <|im_start|>assistant<|im_sep|> (the template writes it after every user
+ * message: it has no generation prompt of its own), an assistant turn content<|im_end|>. */
+static size_t parts_phi4(const struct engine_chat_msg *m, size_t n, struct chat_part *p)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(m[i].role, "assistant")) {
+            p[k++] = special(CHAT_IM_START);
+            p[k++] = text(m[i].role);
+            p[k++] = special(CHAT_IM_SEP);
+        }
+        p[k++] = text(m[i].content);
+        p[k++] = special(CHAT_IM_END);
+        if (!strcmp(m[i].role, "user")) {
+            p[k++] = special(CHAT_IM_START);
+            p[k++] = text("assistant");
+            p[k++] = special(CHAT_IM_SEP);
+        }
     }
     return k;
 }
@@ -1154,7 +1183,8 @@ static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, str
 /* 1 when the format writes BOS itself (the tokenizer must not add another). */
 static int writes_bos(const struct engine_chat *c)
 {
-    return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3 && c->fmt != CHAT_FMT_QWEN3;
+    return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3 && c->fmt != CHAT_FMT_QWEN3 &&
+           c->fmt != CHAT_FMT_PHI4;
 }
 
 /* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs, c and
@@ -1202,6 +1232,8 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         k = parts_deepseek_r1(msgs, n, gen, p);
     else if (c->fmt == CHAT_FMT_MISTRAL7)
         st = parts_mistral7(c, msgs, n, p, &k, err);
+    else if (c->fmt == CHAT_FMT_PHI4)
+        k = parts_phi4(msgs, n, p);
     else if (c->fmt == CHAT_FMT_QWEN3)
         k = parts_qwen3(msgs, n, gen, flags & ENGINE_CHAT_NO_THINKING, p);
     else if (c->fmt == CHAT_FMT_LLAMA2)
@@ -1375,11 +1407,9 @@ char *engine_chat_published(const char *name, size_t i)
     static const struct {
         const char *name;
         const char *const *const *pub;
-    } f[] = {{"llama31", g_pub_llama31},
-             {"mistral-v3", g_pub_mistral_v3},
-             {"qwen3", g_pub_qwen3},
-             {"deepseek-r1", g_pub_deepseek_r1},
-             {"mistral-v7", g_pub_mistral_v7}};
+    } f[] = {{"llama31", g_pub_llama31},       {"mistral-v3", g_pub_mistral_v3},
+             {"qwen3", g_pub_qwen3},           {"deepseek-r1", g_pub_deepseek_r1},
+             {"mistral-v7", g_pub_mistral_v7}, {"phi4", g_pub_phi4}};
     for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++) {
         if (strcmp(name, f[k].name))
             continue;

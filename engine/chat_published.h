@@ -665,6 +665,12 @@ static const char *const g_pub_mistral_v7_0[] = {
     NULL};
 static const char *const *const g_pub_mistral_v7[] = {g_pub_mistral_v7_0, NULL};
 
+/* microsoft-phi-4.jinja */
+static const char *const g_pub_phi4_0[] = {
+    "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|><|im_start|>assistant<|im_sep|>'}}{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}",
+    NULL};
+static const char *const *const g_pub_phi4[] = {g_pub_phi4_0, NULL};
+
 /* clang-format on */
 
 #endif

@@ -244,8 +244,10 @@ static const struct {
     {"llama3", 0, re_llama3_src, 1},
     {"llama-v3", 0, re_llama3_src, 1},
     {"qwen2", 0, re_qwen2_src, 0},
-    {"deepseek-r1-qwen", 0, re_qwen2_src,
-     0}, /* DeepSeek R1's Qwen distills: Qwen2's, as llama.cpp */
+    /* DeepSeek R1's Qwen distills name Qwen2's otherwise; cl100k's (Phi-4, DBRX) is Llama 3's
+     * regex without the whole-word lookup (as llama.cpp maps them) */
+    {"deepseek-r1-qwen", 0, re_qwen2_src, 0},
+    {"dbrx", 0, re_llama3_src, 0},
     {"tekken", 0, re_tekken_src, 1},
 };
 
@@ -572,7 +574,7 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         if (pre == (int)(sizeof(g_pre) / sizeof(g_pre[0])))
             return err_set(err, ST_ERR_UNSUPPORTED,
                            "pre-tokenizer '%.*s' is not supported (supported: default, gpt2, "
-                           "smollm, llama-bpe, qwen2, deepseek-r1-qwen, tekken)",
+                           "smollm, llama-bpe, qwen2, deepseek-r1-qwen, dbrx, tekken)",
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     } else if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
         return st;

@@ -260,7 +260,7 @@ static void test_named_and_refused(void **state)
     engine_chat_free(c);
     assert_int_equal(engine_chat_init_named(&c, g, "vicuna", &err), ST_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "chatml, deepseek-r1, gemma, llama2, llama3, llama31, "
-                                    "mistral, mistral-v3, mistral-v7, phi3, qwen3"));
+                                    "mistral, mistral-v3, mistral-v7, phi3, phi4, qwen3"));
     io_gguf_close(g);
     /* a template that writes Llama 3.1's dated system turn without the rest of its lines */
     g = gguf_kv(&b, "tokenizer.chat_template",
@@ -287,6 +287,14 @@ static void test_named_and_refused(void **state)
         "' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}{% elif "
         "(message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\\n'}}{% endif %}"
         "{% endfor %}",
+        /* Phi-4's with a generation prompt of its own (it writes the assistant header after
+         * every user turn) */
+        "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system"
+        "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') "
+        "%}{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+        "(message['role'] == 'assistant') %}{{message['content'] + '<|im_end|>'}}{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant<|im_sep|>'}}"
+        "{% endif %}",
     };
     for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
         g = gguf_kv(&b, "tokenizer.chat_template", variants[i]);

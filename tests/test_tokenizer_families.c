@@ -173,17 +173,24 @@ static void test_pretokenizers(void **state)
         cJSON_Delete(got);
         engine_tok_free(tok[k]);
     }
-    /* DeepSeek R1's Qwen distills name Qwen2's pre-tokenizer otherwise */
-    static struct gbuf b;
-    struct io_gguf *g = tiny_model(&b, "deepseek-r1-qwen");
-    struct engine_tok *ds;
-    assert_int_equal(engine_tok_load(&ds, g, &err), ST_OK);
-    io_gguf_close(g);
-    cJSON *got = cJSON_CreateArray();
-    assert_int_equal(engine_tok_pretokenize(ds, digits, 7, on_piece, got, &err), ST_OK);
-    assert_int_equal(cJSON_GetArraySize(got), 1 + 1 + 5);
-    cJSON_Delete(got);
-    engine_tok_free(ds);
+    /* DeepSeek R1's Qwen distills name Qwen2's pre-tokenizer otherwise; cl100k's (Phi-4) is
+     * named dbrx and splits as Llama 3's */
+    static const struct {
+        const char *name;
+        int pieces;
+    } alias[] = {{"deepseek-r1-qwen", 1 + 1 + 5}, {"dbrx", 1 + 1 + 2}};
+    for (size_t k = 0; k < sizeof(alias) / sizeof(alias[0]); k++) {
+        static struct gbuf b;
+        struct io_gguf *g = tiny_model(&b, alias[k].name);
+        struct engine_tok *at;
+        assert_int_equal(engine_tok_load(&at, g, &err), ST_OK);
+        io_gguf_close(g);
+        cJSON *got = cJSON_CreateArray();
+        assert_int_equal(engine_tok_pretokenize(at, digits, 7, on_piece, got, &err), ST_OK);
+        assert_int_equal(cJSON_GetArraySize(got), alias[k].pieces);
+        cJSON_Delete(got);
+        engine_tok_free(at);
+    }
 }
 
 static void test_tekken_reference(void **state)

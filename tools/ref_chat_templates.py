@@ -16,7 +16,9 @@ text) and Llama 3.2 as llama.cpp keeps them (models/templates/meta-llama-*.jinja
 Qwen-Qwen3-0.6B.jinja: all the thinking Qwen3 models have that template), DeepSeek R1's
 Llama 8B distill (the revision with <think> in the generation prompt), Mistral Nemo
 (models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja) and Mistral 7B Instruct v0.3
-(mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json). Jinja2 defines no strftime_now,
+(mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json), Mistral Small 3.2 (llama.cpp's
+models/templates copy) and Phi-4 (microsoft/phi-4's, as llama.cpp's tests/test-chat-template.cpp
+holds it). Jinja2 defines no strftime_now,
 so Llama 3.2's template writes its fallback date, as quern does.
 
 For Mistral v0.3 the lines also carry the token ids Mistral's own tokenizer (mistral_common,
@@ -125,7 +127,8 @@ FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
          "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
          "qwen3": "Qwen-Qwen3-0.6B.jinja",
          "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
-         "mistral-v7": "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja"}
+         "mistral-v7": "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja",
+         "phi4": "microsoft-phi-4.jinja"}
 
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
@@ -134,7 +137,7 @@ TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of
              "llama31": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>"),
-             "mistral-v7": (None, "<s>", "</s>"),
+             "mistral-v7": (None, "<s>", "</s>"), "phi4": (None, "<|endoftext|>", "<|im_end|>"),
              "qwen3": (None, "", "<|im_end|>"),
              "deepseek-r1": (None, "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
                              "<\uff5cend\u2581of\u2581sentence\uff5c>")}

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<s>",
             "</s>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
             "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>", "[INST]",
-            "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<think>", "</think>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+            "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<|im_sep|>", "<think>", "</think>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
             "<\uff5cend\u2581of\u2581sentence\uff5c>", "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"

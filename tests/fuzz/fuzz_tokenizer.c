@@ -69,18 +69,18 @@ struct tok {
 #define MAX_MSGS 6
 
 /* The text's lines as chat messages (first byte: role, also an unknown one), rendered and
- * tokenized through the template g names, or the format `pick` names (11 and up: none, so
+ * tokenized through the template g names, or the format `pick` names (12 and up: none, so
  * recognised from g). Errors must come with a message; ids must be in the vocabulary. */
 static void fuzz_chat(const struct io_gguf *g, const struct engine_tok *t, const uint8_t *text,
                       size_t n, int pick)
 {
     static const char *const names[] = {"chatml",     "deepseek-r1", "gemma",   "llama2",
                                         "llama3",     "llama31",     "mistral", "mistral-v3",
-                                        "mistral-v7", "phi3",        "qwen3"};
+                                        "mistral-v7", "phi3",        "phi4",    "qwen3"};
     static const char *const roles[] = {"user", "assistant", "system", "tool"};
     struct err_detail err = {0};
     struct engine_chat *c;
-    enum status st = pick < 11 ? engine_chat_init_named(&c, g, names[pick], &err)
+    enum status st = pick < 12 ? engine_chat_init_named(&c, g, names[pick], &err)
                                : engine_chat_init(&c, g, &err);
     if (st) {
         if (!err.msg[0])
