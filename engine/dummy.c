@@ -28,21 +28,23 @@ struct preset {
     const char *arch;   /* GGUF general.architecture */
     int head_dim;       /* 0: n_embd / n_head; else attention.key_length */
     int swa;            /* gemma2/3: attention.sliding_window */
+    int orig_ctx;       /* phi3 LongRoPE: rope.scaling.original_context_length; 0: none */
 };
 
 /* Dimensions and architectures as the models' published configs give them, each with its
  * family's extra tensors (Llama 3's rope_freqs, Qwen's q/k/v biases, QK-norms, Gemma's
  * post-norms): the matrices, heads and vocabulary, which set the cost, are the real ones. */
 static const struct preset presets[] = {
-    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0},
-    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0},
-    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0},
-    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0},
-    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0},
+    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0, 0},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0},
+    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0},
+    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0, 0},
+    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0, 0},
     {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
-     1024},
-    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0},
+     1024, 0},
+    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 0},
+    {"phi3.5-mini", 3072, 32, 32, 32, 8192, 32064, 131072, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 4096},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
@@ -140,6 +142,7 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         {"attention.key_length", p->head_dim ? (uint32_t)head_dim : 0},
         {"attention.value_length", p->head_dim ? (uint32_t)head_dim : 0},
         {"attention.sliding_window", (uint32_t)p->swa},
+        {"rope.scaling.original_context_length", (uint32_t)p->orig_ctx},
     };
     if (st || (st = io_gguf_writer_str(w, "general.architecture", p->arch, err)) ||
         (st = io_gguf_writer_str(w, "general.name", name, err)))
@@ -166,7 +169,11 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
     if ((st = add_matrix(w, "token_embd.weight", E, p->n_vocab, err)) ||
         (st = io_gguf_writer_tensor(w, "output_norm.weight", DTYPE_F32, 1, &E, err)) ||
         (!p->tied && (st = add_matrix(w, "output.weight", E, p->n_vocab, err))) ||
-        (llama3 && (st = io_gguf_writer_tensor(w, "rope_freqs.weight", DTYPE_F32, 1, &HALF, err))))
+        (llama3 &&
+         (st = io_gguf_writer_tensor(w, "rope_freqs.weight", DTYPE_F32, 1, &HALF, err))) ||
+        (p->orig_ctx && /* LongRoPE's factor sets (filled as norms are: all positive) */
+         ((st = io_gguf_writer_tensor(w, "rope_factors_long.weight", DTYPE_F32, 1, &HALF, err)) ||
+          (st = io_gguf_writer_tensor(w, "rope_factors_short.weight", DTYPE_F32, 1, &HALF, err)))))
         return st;
     /* the family's per-layer vectors: name, length, architecture */
     const struct {
@@ -230,17 +237,20 @@ enum status engine_dummy_gguf(struct io_gguf **out, const char *preset, const st
     if (!st)
         st = io_gguf_writer_open(w, out, err);
     io_gguf_writer_free(w);
-    if (st || !fill)
+    if (st)
         return st;
+    /* (the vectors even without fill: small, and what the loader checks, LongRoPE's factors) */
     for (uint64_t i = 0; i < (*out)->n_tensors; i++) {
         const struct io_gguf_tensor *t = &(*out)->tensors[i];
         uint64_t key = seed * 0x9E3779B97F4A7C15ull + i + 1;
         key = splitmix(&key);
         void *data = (void *)t->data; /* the writer's mapping is writable */
-        if (t->type == DTYPE_Q4_0)
-            fill_q4_0(data, t->ne[0], t->ne[1], key);
-        else
+        if (t->type == DTYPE_Q4_0) {
+            if (fill)
+                fill_q4_0(data, t->ne[0], t->ne[1], key);
+        } else {
             fill_norm(data, t->ne[0], key, strstr(t->name, ".bias") ? -1.0f : 0.0f);
+        }
     }
     return ST_OK;
 }

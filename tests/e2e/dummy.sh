@@ -60,6 +60,14 @@ grep -q "2 layers, 3072-dim, vocab 32064" "$tmp/phi3.err" || fail "phi3 dims"
 python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["output_tokens"] == 8, j' \
     "$tmp/bench3.json" || fail "bench phi3: a prompt left the vocabulary"
 rm -f "$tmp/phi3.gguf"
+# Phi-3.5 mini: LongRoPE's factor sets (the short ones for these short requests), --tp 2
+"$T" phi3.5-mini 2 1 "$tmp/phi35.gguf" >/dev/null || fail "dummy_gguf phi3.5-mini"
+gen "$tmp/phi35" --model "$tmp/phi35.gguf"
+gen "$tmp/phi35tp2" --model "$tmp/phi35.gguf" --tp 2
+[ -s "$tmp/phi35" ] && cmp -s "$tmp/phi35" "$tmp/phi35tp2" || fail "phi3.5 --tp 2 differs"
+"$Q" plan --dummy phi3.5-mini --model "$M" >"$tmp/plan35" 2>&1 || fail "plan --dummy phi3.5-mini"
+grep -q "context: *131072 tokens" "$tmp/plan35" || fail "plan phi3.5: $(cat "$tmp/plan35")"
+rm -f "$tmp/phi35.gguf"
 
 "$Q" plan --model "$M" --dummy llama3-70b --tp 8 --mem 80G --json >"$tmp/plan.json" ||
     fail "plan --dummy llama3-70b"
@@ -108,6 +116,6 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 2 ] || fail "unknown preset: exit $rc, want 2 (a usage error)"
-grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b|phi3-mini)" \
+grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b|phi3-mini|phi3.5-mini)" \
     "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
 echo "dummy.sh: ok"
