@@ -59,8 +59,12 @@ size_t engine_kv_mem_auto(const struct engine_model *m, const struct engine_para
     uint64_t one;
     const uint64_t need = kv_need(m, p, &one);
     /* never less than 1 GiB (the fixed default before) nor one full-context sequence: a request
-     * the context holds always fits; all of need where that is less */
+     * the context holds always fits; all of need where that is less. But one sequence of a
+     * long context (Phi-3.5 mini's 131,072 tokens: 48 GiB) gets at most half the memory: the
+     * requests longer than the pool holds are refused one by one, not the whole run */
     uint64_t least = one > ((uint64_t)1 << 30) ? one : (uint64_t)1 << 30;
+    if (one > avail / 2)
+        least = avail / 2 > ((uint64_t)1 << 30) ? avail / 2 : (uint64_t)1 << 30;
     least = least < need ? least : need;
     uint64_t kv = avail / 4;
     const struct engine_model *dm = p->spec & ENGINE_SPEC_MODEL ? p->draft_model : NULL;

@@ -453,8 +453,9 @@ static void test_prefix_hit_logits(void **state)
 
 /* --kv-mem auto (kv_mem 0): a quarter of the memory available (with a draft model, the main
  * pool's share of it), at most max_seqs sequences at the full context, at least 1 GiB and one
- * such sequence (all of the first where less); 1 GiB where the memory is unknown; engine_init
- * makes it. */
+ * such sequence where half the memory holds it (all of the first where less); 1 GiB where the
+ * memory is unknown; engine_init makes it. (A sequence past half the memory: dummy.sh plans
+ * Phi-3.5 mini's 131,072 tokens.) */
 static void test_kv_mem_auto(void **state)
 {
     struct fixture *f = *state;

@@ -67,6 +67,13 @@ gen "$tmp/phi35tp2" --model "$tmp/phi35.gguf" --tp 2
 [ -s "$tmp/phi35" ] && cmp -s "$tmp/phi35" "$tmp/phi35tp2" || fail "phi3.5 --tp 2 differs"
 "$Q" plan --dummy phi3.5-mini --model "$M" >"$tmp/plan35" 2>&1 || fail "plan --dummy phi3.5-mini"
 grep -q "context: *131072 tokens" "$tmp/plan35" || fail "plan phi3.5: $(cat "$tmp/plan35")"
+# (--kv-mem auto: one full-context sequence, 48 GiB, only where half the memory holds it)
+python3 - "$tmp/plan35" <<'PY' || fail "plan phi3.5: a KV pool past half the memory"
+import re, sys
+pool = float(re.search(r"KV pool: *([0-9.]+) MiB", open(sys.argv[1]).read()).group(1))
+avail = int(re.search(r"MemAvailable: *([0-9]+) kB", open("/proc/meminfo").read()).group(1)) / 1024
+assert pool <= max(1024, avail / 2) * 1.05 + 64, (pool, avail)
+PY
 rm -f "$tmp/phi35.gguf"
 
 "$Q" plan --model "$M" --dummy llama3-70b --tp 8 --mem 80G --json >"$tmp/plan.json" ||
