@@ -29,27 +29,42 @@ struct preset {
     int head_dim;       /* 0: n_embd / n_head; else attention.key_length */
     int swa;            /* gemma2/3: attention.sliding_window */
     int orig_ctx;       /* phi3 LongRoPE: rope.scaling.original_context_length; 0: none */
+    int n_expert;       /* a mixture of experts: experts per layer; 0: dense */
+    int n_expert_used;  /* ... experts a token runs */
+    int n_ff_exp;       /* ... each expert's width when it is not n_ff (Qwen3-MoE) */
 };
 
 /* Dimensions and architectures as the models' published configs give them, each with its
  * family's extra tensors (Llama 3's rope_freqs, Qwen's q/k/v biases, QK-norms, Gemma's
  * post-norms): the matrices, heads and vocabulary, which set the cost, are the real ones. */
 static const struct preset presets[] = {
-    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0, 0},
-    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0},
-    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0},
-    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0, 0},
-    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0, 0},
+    {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0, 0, 0, 0,
+     0},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0, 0, 0,
+     0},
+    {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0, 0,
+     0, 0},
+    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0, 0, 0,
+     0, 0},
+    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0, 0, 0,
+     0, 0},
     {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
-     1024, 0},
-    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 0},
-    {"phi3.5-mini", 3072, 32, 32, 32, 8192, 32064, 131072, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 4096},
+     1024, 0, 0, 0, 0},
+    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096, 0,
+     0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 0, 0, 0,
+     0},
+    {"phi3.5-mini", 3072, 32, 32, 32, 8192, 32064, 131072, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 4096,
+     0, 0, 0},
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3moe", 128,
+     0, 0, 128, 8, 768},
+    {"mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 32768, 1000000.0f, 1e-5f, 0, "llama", 0, 0, 0,
+     8, 2, 0},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
 /* The table's names joined by "|" (built once: the table is the only list of presets). */
-static char preset_names[128];
+static char preset_names[256];
 
 static void join_names(void)
 {
@@ -111,11 +126,37 @@ static void fill_norm(float *p, int64_t n, uint64_t key, float offset)
         p[i] = offset + 0.75f + (float)(splitmix(&s) >> 40) * 0x1p-24f * 0.5f;
 }
 
+/* n floats uniform in [-a, a]. */
+static void fill_signed(float *p, int64_t n, uint64_t key, float a)
+{
+    uint64_t s = key;
+    for (int64_t i = 0; i < n; i++)
+        p[i] = a * ((float)(splitmix(&s) >> 40) * 0x1p-23f - 1.0f);
+}
+
 static enum status add_matrix(struct io_gguf_writer *w, const char *name, int64_t ne0,
                               int64_t ne1, struct err_detail *err)
 {
     const int64_t ne[2] = {ne0, ne1};
     return io_gguf_writer_tensor(w, name, DTYPE_Q4_0, 2, ne, err);
+}
+
+/* Layer l's router and 3-D expert tensors ([in, out, n_expert]), as llama.cpp's converter
+ * names them. */
+static enum status add_experts(struct io_gguf_writer *w, const struct preset *p, int l,
+                               struct err_detail *err)
+{
+    const int64_t E = p->n_embd, F = p->n_ff_exp ? p->n_ff_exp : p->n_ff, X = p->n_expert;
+    const int64_t router[2] = {E, X}, up[3] = {E, F, X}, down[3] = {F, E, X};
+    static const char *const names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    char name[96];
+    snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp.weight", l);
+    enum status st = io_gguf_writer_tensor(w, name, DTYPE_F32, 2, router, err);
+    for (int i = 0; i < 3 && !st; i++) {
+        snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
+        st = io_gguf_writer_tensor(w, name, DTYPE_Q4_0, 3, i == 2 ? down : up, err);
+    }
+    return st;
 }
 
 static enum status layout(struct io_gguf_writer *w, const struct preset *p, int n_layer,
@@ -143,6 +184,9 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         {"attention.value_length", p->head_dim ? (uint32_t)head_dim : 0},
         {"attention.sliding_window", (uint32_t)p->swa},
         {"rope.scaling.original_context_length", (uint32_t)p->orig_ctx},
+        {"expert_count", (uint32_t)p->n_expert},
+        {"expert_used_count", (uint32_t)p->n_expert_used},
+        {"expert_feed_forward_length", (uint32_t)p->n_ff_exp},
     };
     if (st || (st = io_gguf_writer_str(w, "general.architecture", p->arch, err)) ||
         (st = io_gguf_writer_str(w, "general.name", name, err)))
@@ -175,19 +219,22 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
          ((st = io_gguf_writer_tensor(w, "rope_factors_long.weight", DTYPE_F32, 1, &HALF, err)) ||
           (st = io_gguf_writer_tensor(w, "rope_factors_short.weight", DTYPE_F32, 1, &HALF, err)))))
         return st;
-    /* the family's per-layer vectors: name, length, architecture */
+    /* the family's per-layer vectors: name, length, the architectures (" name " in a list) */
     const struct {
         const char *name;
         const int64_t *n;
-        const char *arch;
+        const char *archs;
     } extra[] = {
-        {"attn_q.bias", &Q, "qwen2"},           {"attn_k.bias", &KV, "qwen2"},
-        {"attn_v.bias", &KV, "qwen2"},          {"attn_q_norm.weight", &HD, "qwen3"},
-        {"attn_k_norm.weight", &HD, "qwen3"},   {"attn_q_norm.weight", &HD, "gemma3"},
-        {"attn_k_norm.weight", &HD, "gemma3"},  {"post_attention_norm.weight", &E, "gemma3"},
-        {"post_ffw_norm.weight", &E, "gemma3"}, {"post_attention_norm.weight", &E, "gemma2"},
-        {"post_ffw_norm.weight", &E, "gemma2"},
+        {"attn_q.bias", &Q, " qwen2 "},
+        {"attn_k.bias", &KV, " qwen2 "},
+        {"attn_v.bias", &KV, " qwen2 "},
+        {"attn_q_norm.weight", &HD, " qwen3 qwen3moe gemma3 "},
+        {"attn_k_norm.weight", &HD, " qwen3 qwen3moe gemma3 "},
+        {"post_attention_norm.weight", &E, " gemma3 gemma2 "},
+        {"post_ffw_norm.weight", &E, " gemma3 gemma2 "},
     };
+    char arch_word[40];
+    snprintf(arch_word, sizeof(arch_word), " %s ", p->arch);
     const int phi3 = !strcmp(p->arch, "phi3"); /* [Q; K; V] and [gate; up], each one matrix */
     for (int l = 0; l < n_layer && !st; l++) {
         static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k",
@@ -203,13 +250,15 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
             st = phi3_out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &phi3_in[i], err)
                                   : add_matrix(w, name, phi3_in[i], phi3_out[i], err);
         }
-        for (int i = 0; !phi3 && i < 9 && !st; i++) {
+        for (int i = 0; !phi3 && i < (p->n_expert ? 6 : 9) && !st; i++) {
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
             st = out[i] == 1 ? io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &in[i], err)
                              : add_matrix(w, name, in[i], out[i], err);
         }
+        if (p->n_expert && !st) /* the router (F32, as llama.cpp keeps it) and the experts */
+            st = add_experts(w, p, l, err);
         for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]) && !st; i++) {
-            if (strcmp(extra[i].arch, p->arch))
+            if (!strstr(extra[i].archs, arch_word))
                 continue;
             snprintf(name, sizeof(name), "blk.%d.%s", l, extra[i].name);
             st = io_gguf_writer_tensor(w, name, DTYPE_F32, 1, extra[i].n, err);
@@ -247,7 +296,10 @@ enum status engine_dummy_gguf(struct io_gguf **out, const char *preset, const st
         void *data = (void *)t->data; /* the writer's mapping is writable */
         if (t->type == DTYPE_Q4_0) {
             if (fill)
-                fill_q4_0(data, t->ne[0], t->ne[1], key);
+                fill_q4_0(data, t->ne[0], t->ne[1] * t->ne[2], key);
+        } else if (t->ne[1] > 1) { /* a router: logits of about unit variance */
+            if (fill)
+                fill_signed(data, t->ne[0] * t->ne[1], key, 1.7f / sqrtf((float)t->ne[0]));
         } else {
             fill_norm(data, t->ne[0], key, strstr(t->name, ".bias") ? -1.0f : 0.0f);
         }

@@ -67,6 +67,31 @@ static int rank_vecs(const struct engine_model *m, struct engine_rank *R, int r,
     return n;
 }
 
+/* Rank r of n's router (whole) and experts (each split as a dense FFN: gate and up by rows, down
+ * by hidden rows), prepared on be. */
+static enum status rank_experts(struct engine_layer *S, const struct engine_layer *L, int n_expert,
+                                int r, int n, struct kern_backend *be, struct err_detail *err)
+{
+    S->experts = NULL;
+    if (!L->experts)
+        return ST_OK;
+    if (!(S->experts = calloc(3 * (size_t)n_expert, sizeof(*S->experts))))
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    for (int e = 0; e < n_expert; e++) {
+        const struct kern_tensor *g = &L->experts[3 * e], *d = &L->experts[3 * e + 2];
+        const int64_t F = g->ne1 / n, E = d->ne1 / n;
+        S->experts[3 * e] = rows_of(g, r * F, F);
+        S->experts[3 * e + 1] = rows_of(&L->experts[3 * e + 1], r * F, F);
+        S->experts[3 * e + 2] = rows_of(d, r * E, E);
+    }
+    for (int i = 0; be->ops->prepare && i <= 3 * n_expert; i++) {
+        enum status st = be->ops->prepare(be, i < 3 * n_expert ? &S->experts[i] : &S->router, err);
+        if (st)
+            return st;
+    }
+    return ST_OK;
+}
+
 /* Rank r of n: its slices of every layer, prepared on its backend, and its norm vectors. */
 static enum status rank_init(struct engine_model *m, int r, int n, struct kern_backend *be,
                              struct kern_comm *comm, struct err_detail *err)
@@ -99,10 +124,15 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
         struct kern_tensor *mats[] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up,
                                       &S->w_down};
         for (size_t i = 0; be->ops->prepare && i < sizeof(mats) / sizeof(mats[0]); i++) {
+            if (!mats[i]->data) /* (a mixture of experts has no dense FFN) */
+                continue;
             enum status st = be->ops->prepare(be, mats[i], err);
             if (st)
                 return st;
         }
+        enum status st = rank_experts(S, L, hp->n_expert, r, n, be, err);
+        if (st)
+            return st;
     }
     /* the norm and bias vectors (norms whole, biases this rank's slice) into one backend
      * buffer: counted, then copied */
@@ -132,6 +162,12 @@ static void rank_bufs_free(struct engine_rank *R)
                  f->tables, f->idx, f->logits, f->ids, f->perm};
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
         R->be->ops->buf_free(R->be, d[i]);
+    R->be->ops->buf_free(R->be, f->slot_tok);
+    R->be->ops->buf_free(R->be, f->slot_w);
+    free(f->h_slot);
+    free(f->h_w);
+    free(f->h_count);
+    free(f->h_router);
     memset(f, 0, sizeof(*f));
 }
 
@@ -154,16 +190,19 @@ static void stage_free(struct engine_model *m)
     memset(s, 0, sizeof(*s));
 }
 
-static void rank_free(struct engine_rank *R, int n_layer)
+static void rank_free(struct engine_rank *R, int n_layer, int n_expert)
 {
     if (!R->be)
         return;
     for (int l = 0; R->layers && l < n_layer; l++) {
         struct engine_layer *S = &R->layers[l];
-        struct kern_tensor *mats[] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up,
-                                      &S->w_down};
+        struct kern_tensor *mats[] = {&S->wq,     &S->wk,   &S->wv,     &S->wo,
+                                      &S->w_gate, &S->w_up, &S->w_down, &S->router};
         for (size_t i = 0; R->be->ops->release && i < sizeof(mats) / sizeof(mats[0]); i++)
             R->be->ops->release(R->be, mats[i]);
+        for (int i = 0; S->experts && R->be->ops->release && i < 3 * n_expert; i++)
+            R->be->ops->release(R->be, &S->experts[i]);
+        free(S->experts);
     }
     R->be->ops->buf_free(R->be, R->norms);
     free(R->layers);
@@ -269,7 +308,7 @@ void engine_model_free(struct engine_model *m)
         return;
     stage_free(m);
     for (int r = 0; m->rank && r < m->n_rank; r++)
-        rank_free(&m->rank[r], m->hp.n_layer);
+        rank_free(&m->rank[r], m->hp.n_layer, m->hp.n_expert);
     if (m->be && m->be->ops->release) {
         m->be->ops->release(m->be, &m->output);
         if (!m->tied_output)
@@ -278,6 +317,8 @@ void engine_model_free(struct engine_model *m)
     pool_free(m->rank_pool);
     free(m->rank);
     io_gguf_close(m->gguf);
+    for (int l = 0; m->layers && l < m->hp.n_layer; l++)
+        free(m->layers[l].experts);
     free(m->layers);
     free(m);
 }
@@ -412,7 +453,16 @@ static size_t scratch_per_tok(const struct engine_hparams *hp, int n_rank)
         widest = widest > (size_t)hp->n_embd ? widest : (size_t)hp->n_embd;
         s += qf + 2 * F + (size_t)(hp->n_embd / n_rank) + widest;
     }
+    if (hp->n_expert) /* the experts' input and output rows, their sum, the router logits */
+        s += 3 * (size_t)hp->n_embd + (size_t)hp->n_expert;
     return s;
+}
+
+/* A mixture of experts' int32 slot arrays for T tokens (engine_rank_bufs.slot_tok: the slots'
+ * tokens, their moe_add rows, and with several ranks each expert run's all-gather order). */
+static size_t moe_slot_ints(const struct engine_hparams *hp, size_t T, int n_rank)
+{
+    return T * (size_t)hp->n_expert_used * (2 + (n_rank > 1 ? (size_t)n_rank : 0));
 }
 
 /* The element counts of engine_model_reserve's buffers. */
@@ -451,6 +501,8 @@ size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int ra
                sizeof(int32_t) * z.tables; /* act, tok pos row idx, last, rope, tables */
     if (n_rank > 1)
         b += sizeof(int32_t) * z.T * (size_t)n_rank; /* perm */
+    b += sizeof(int32_t) * moe_slot_ints(&m->hp, z.T, n_rank) +
+         sizeof(float) * z.T * (size_t)m->hp.n_expert_used; /* the experts' slots */
     if (rank == 0 && device)                         /* logits (one row a sequence slot) and ids */
         b += sizeof(float) * z.rows * (size_t)m->hp.n_vocab + sizeof(int32_t) * z.T;
     return b;
@@ -508,6 +560,16 @@ enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int 
         f->idx = be->ops->buf_alloc(be, sizeof(int32_t) * T);
         ok = ok && f->act && f->tok && f->pos && f->row && f->last && f->rope && f->tables &&
              f->idx;
+        if (hp->n_expert) {
+            const size_t ints = moe_slot_ints(hp, T, m->n_rank), slots = T * hp->n_expert_used;
+            f->slot_tok = be->ops->buf_alloc(be, sizeof(int32_t) * ints);
+            f->slot_w = be->ops->buf_alloc(be, sizeof(float) * slots);
+            f->h_slot = malloc(sizeof(int32_t) * ints);
+            f->h_w = malloc(sizeof(float) * slots);
+            f->h_count = malloc(sizeof(int32_t) * (size_t)hp->n_expert);
+            f->h_router = malloc(sizeof(float) * T * (size_t)hp->n_expert);
+            ok = ok && f->slot_tok && f->slot_w && f->h_slot && f->h_w && f->h_count && f->h_router;
+        }
         if (r == 0 && !be->host_memory) {
             f->logits = be->ops->buf_alloc(be, sizeof(float) * Rw * (size_t)hp->n_vocab);
             f->logits_rows = (int)Rw;
@@ -595,6 +657,8 @@ static int pad_bucket(int n, int cap)
  * .graphs), so that every rank asks graph_begin or none does. */
 static int graphs_usable(const struct engine_model *m)
 {
+    if (m->hp.n_expert) /* the routing is read back to the host in every layer */
+        return 0;
     for (int r = 0; r < m->n_rank; r++) {
         const struct engine_rank *R = &m->rank[r];
         const struct kern_ops *k = R->be->ops;
@@ -731,12 +795,20 @@ static void matmul1(struct kern_backend *be, const struct kern_tensor *w,
 }
 
 /* The ranks' slices src (n rows of w floats each, one slice per rank) gathered into dst: n rows
- * of n_rank * w floats, rank r's slice at columns r w .. (through the landing area land). */
+ * of n_rank * w floats, rank r's slice at columns r w .. (through the landing area land), perm
+ * the order: n_rank entries per row, rank r's r n + the row. */
+static void gather_perm(struct engine_rank *R, int n_rank, const float *src, float *dst,
+                        float *land, int n, int w, const int32_t *perm)
+{
+    kern_comm_all_gather(R->comm, src, land, sizeof(float) * (size_t)n * (size_t)w);
+    R->be->ops->gather(R->be, dst, land, perm, n * n_rank, w);
+}
+
+/* ... in the step's order (engine_model_stage.perm: n is the step's token count). */
 static void gather_slices(struct engine_rank *R, int n_rank, const float *src, float *dst,
                           float *land, int n, int w)
 {
-    kern_comm_all_gather(R->comm, src, land, sizeof(float) * (size_t)n * (size_t)w);
-    R->be->ops->gather(R->be, dst, land, R->buf.perm, n * n_rank, w);
+    gather_perm(R, n_rank, src, dst, land, n, w, R->buf.perm);
 }
 
 /* A block's output y (n rows of E) normed in place when the layer has a post-norm (gemma3). */
@@ -762,10 +834,15 @@ struct fwd_bufs {
     float *up_all;   /* n x n_ff (whole) */
     float *y;        /* n x R->n_embd */
     float *land;     /* n x widest */
+    /* a mixture of experts (at the scratch's end): the rows a group of slots runs through their
+     * experts, the experts' outputs, the weighted sum of each token's, its router logits */
+    float *moe_in, *moe_out; /* n x E */
+    float *moe_sum;          /* n x E */
+    float *router;           /* n x n_expert */
 };
 
 static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct engine_rank *R,
-                                   int n)
+                                   int n_rank, int n)
 {
     const int E = hp->n_embd, hd = hp->head_dim;
     const int q_dim = R->n_head * hd, kv_dim = R->n_kv_head * hd;
@@ -783,7 +860,153 @@ static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct
     B.up_all = B.gate_all + (size_t)n * hp->n_ff;
     B.y = B.up_all + (size_t)n * hp->n_ff;
     B.land = B.y + (size_t)n * R->n_embd;
+    const size_t moe = 3 * (size_t)E + (size_t)hp->n_expert;
+    B.moe_in = B.x + (size_t)n * (scratch_per_tok(hp, n_rank) - moe);
+    B.moe_out = B.moe_in + (size_t)n * E;
+    B.moe_sum = B.moe_out + (size_t)n * E;
+    B.router = B.moe_sum + (size_t)n * E;
     return B;
+}
+
+/* A mixture of experts' routing of n tokens from their router logits (n x n_expert) on the host:
+ * each token's n_expert_used experts of the largest logits (NaN never chosen unless nothing else
+ * is left, ties to the lower expert), weighted by their softmax over the chosen ones (Mixtral's
+ * and Qwen3-MoE's softmax over all experts, renormalized over the chosen: the same weights);
+ * the slots (token, expert) in expert order, by token within an expert: slot_tok = the tokens,
+ * slot_tok + n k = their moe_add rows (~token where it is the token's first slot, its lowest
+ * expert), w = the weights, count = slots per expert. */
+static void moe_route(const float *logits, int n, int n_expert, int k, int32_t *slot_tok, float *w,
+                      int32_t *count)
+{
+    int32_t *row = slot_tok + (size_t)n * k;
+    memset(count, 0, sizeof(*count) * (size_t)n_expert);
+    /* pass 0 counts each expert's slots, pass 1 writes them at their expert's offset */
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t off[ENGINE_MAX_EXPERTS];
+        for (int e = 0, o = 0; pass && e < n_expert; e++) {
+            off[e] = o;
+            o += count[e];
+        }
+        for (int t = 0; t < n; t++) {
+            const float *l = logits + (size_t)t * n_expert;
+            int sel[ENGINE_MAX_EXPERTS];
+            uint8_t used[ENGINE_MAX_EXPERTS] = {0};
+            double wt[ENGINE_MAX_EXPERTS], sum = 0;
+            for (int i = 0; i < k; i++) {
+                int best = -1;
+                for (int e = 0; e < n_expert; e++)
+                    if (!used[e] &&
+                        (best < 0 || l[e] > l[best] || (l[best] != l[best] && l[e] == l[e])))
+                        best = e;
+                used[best] = 1;
+                sel[i] = best;
+            }
+            for (int i = 0; i < k; i++) {
+                const double d = (double)l[sel[i]] - (double)l[sel[0]];
+                wt[i] = d == d ? exp(d) : 0.0;
+                sum += wt[i];
+            }
+            int lowest = sel[0];
+            for (int i = 1; i < k; i++)
+                lowest = sel[i] < lowest ? sel[i] : lowest;
+            for (int i = 0; i < k; i++) {
+                if (!pass) {
+                    count[sel[i]]++;
+                    continue;
+                }
+                const int32_t at = off[sel[i]]++;
+                slot_tok[at] = t;
+                row[at] = sel[i] == lowest ? ~t : t;
+                w[at] = sum > 0 ? (float)(wt[i] / sum) : 0.0f;
+            }
+        }
+    }
+}
+
+/* One expert's run of slots within a group (moe_ffn): expert e, slots [c0 + off, c0 + off + m) of
+ * the group starting at slot c0. */
+struct moe_run {
+    int e, c0, off, m;
+};
+
+/* The runs of the slots (count[e] slots of expert e, in expert order) in groups of at most n:
+ * at most n_expert + groups of them. Returns their number. */
+static int moe_runs(const int32_t *count, int n_expert, int n_slot, int n, struct moe_run *run)
+{
+    int nr = 0, e = 0, e0 = 0; /* expert e's slots start at e0 */
+    for (int c0 = 0; c0 < n_slot; c0 += n) {
+        const int c1 = c0 + n < n_slot ? c0 + n : n_slot;
+        for (;;) {
+            while (e < n_expert && e0 + count[e] <= c0)
+                e0 += count[e++];
+            if (e == n_expert || e0 >= c1)
+                break;
+            const int s0 = e0 > c0 ? e0 : c0, s1 = e0 + count[e] < c1 ? e0 + count[e] : c1;
+            run[nr++] = (struct moe_run){e, c0, s0 - c0, s1 - s0};
+            if (e0 + count[e] > c1)
+                break;
+            e0 += count[e++];
+        }
+    }
+    return nr;
+}
+
+/* The FFN of a mixture-of-experts layer on rank r: x += xn and xn = norm(x) in the router's
+ * matmul; the routing on the host (moe_route); then the slots in groups of at most n: their
+ * tokens' normed rows gathered, each expert's run of them through the expert (with several
+ * ranks as the dense FFN splits: this rank's gate and up rows, gathered, its down rows,
+ * gathered), and moe_add summing the group's outputs into their tokens' rows in slot order (so
+ * each token's in expert order); those sums to xn. A token's output is its own experts' alone,
+ * whatever else the batch holds. */
+static void moe_ffn(const struct engine_model *m, struct engine_rank *R, const struct fwd_bufs *B,
+                    const struct engine_layer *L, int n)
+{
+    const struct engine_hparams *hp = &m->hp;
+    struct engine_rank_bufs *f = &R->buf;
+    struct kern_backend *be = R->be;
+    const int N = m->n_rank, E = hp->n_embd, K = hp->n_expert_used, n_slot = n * K;
+    const struct kern_mm_in in = {
+        .x = B->x, .add = B->xn, .norm = L->ffn_norm, .eps = hp->rms_eps, .xn = B->xn};
+    matmul1(be, &L->router, &in, B->router, n);
+    be->ops->download(be, f->h_router, B->router, sizeof(float) * (size_t)n * hp->n_expert);
+    moe_route(f->h_router, n, hp->n_expert, K, f->h_slot, f->h_w, f->h_count);
+    struct moe_run run[ENGINE_MAX_EXPERTS + ENGINE_MAX_EXPERTS];
+    const int nr = moe_runs(f->h_count, hp->n_expert, n_slot, n, run);
+    /* with several ranks each run's all-gather order (as stage_batch's perm for its rows) */
+    for (int i = 0, p = 2 * n_slot; N > 1 && i < nr; p += run[i++].m * N)
+        for (int t = 0; t < run[i].m; t++)
+            for (int q = 0; q < N; q++)
+                f->h_slot[p + t * N + q] = q * run[i].m + t;
+    be->ops->upload(be, f->slot_tok, f->h_slot,
+                    sizeof(int32_t) * (size_t)n_slot * (size_t)(2 + (N > 1 ? N : 0)));
+    be->ops->upload(be, f->slot_w, f->h_w, sizeof(float) * (size_t)n_slot);
+    const int32_t *perm = f->slot_tok + 2 * (size_t)n_slot;
+    for (int i = 0; i < nr; i++) {
+        const struct moe_run *u = &run[i];
+        const int c1 = u->c0 + n < n_slot ? u->c0 + n : n_slot;
+        if (!i || u->c0 != run[i - 1].c0) /* a new group: its tokens' normed rows */
+            be->ops->gather(be, B->moe_in, B->xn, f->slot_tok + u->c0, c1 - u->c0, E);
+        const struct kern_tensor *X = &L->experts[3 * u->e];
+        const struct kern_mm_in x_in = {.x = B->moe_in + (size_t)u->off * E};
+        float *out = B->moe_out + (size_t)u->off * E;
+        if (N == 1)
+            be->ops->ffn(be, &X[0], &X[1], &X[2], &x_in, hp->glu, out, B->gate, B->up, u->m);
+        else {
+            const struct kern_tensor *gu_w[2] = {&X[0], &X[1]};
+            float *const gu_y[2] = {B->gate, B->up};
+            be->ops->matmul(be, gu_w, gu_y, 2, &x_in, u->m);
+            gather_perm(R, N, B->gate, B->gate_all, B->land, u->m, R->n_ff, perm);
+            gather_perm(R, N, B->up, B->up_all, B->land, u->m, R->n_ff, perm);
+            const struct kern_mm_in down_in = {.x = B->gate_all, .up = B->up_all, .glu = hp->glu};
+            matmul1(be, &X[2], &down_in, B->y, u->m);
+            gather_perm(R, N, B->y, out, B->land, u->m, R->n_embd, perm);
+            perm += (size_t)u->m * N;
+        }
+        if (i == nr - 1 || run[i + 1].c0 != u->c0) /* the group's outputs into their sums */
+            be->ops->moe_add(be, B->moe_sum, B->moe_out, f->slot_tok + n_slot + u->c0,
+                             f->slot_w + u->c0, c1 - u->c0, E);
+    }
+    be->ops->copy(be, B->xn, B->moe_sum, sizeof(float) * (size_t)n * E);
 }
 
 /* The embedding and every layer of rank r's share: the ops between the step's uploads and the
@@ -853,6 +1076,21 @@ static void forward_layers(struct fwd_job *j, int r, const struct fwd_bufs *B,
             .n_seqs = j->m->stage.n_rows,
         };
         k->attention(be, &a);
+        if (L->experts) {
+            if (N == 1) {
+                const struct kern_mm_in o_in = {.x = att};
+                matmul1(be, &L->wo, &o_in, xn, n);
+            } else {
+                gather_slices(R, N, att, att_all, land, n, q_dim);
+                const struct kern_mm_in o_in = {.x = att_all};
+                matmul1(be, &L->wo, &o_in, y, n);
+                gather_slices(R, N, y, xn, land, n, R->n_embd);
+            }
+            post_norm(be, L->post_attn_norm, xn, n, E, hp->rms_eps);
+            moe_ffn(m, R, B, L, n);
+            post_norm(be, L->post_ffn_norm, xn, n, E, hp->rms_eps);
+            continue;
+        }
         if (N == 1) {
             const struct kern_mm_in o_in = {.x = att};
             matmul1(be, &L->wo, &o_in, xn, n);
@@ -939,7 +1177,7 @@ static void forward_rank(struct fwd_job *j, int r)
     const struct kern_ops *k = be->ops;
     const struct engine_batch *b = j->b;
     const int N = m->n_rank, n = b->n_tok, E = hp->n_embd, np = s->n_pad;
-    const struct fwd_bufs B = fwd_bufs_of(hp, R, np); /* the layers run np tokens */
+    const struct fwd_bufs B = fwd_bufs_of(hp, R, N, np); /* the layers run np tokens */
     float *x = B.x, *xn = B.xn;
     k->upload(be, f->tok, np > n ? s->tok : b->token, sizeof(int32_t) * (size_t)np);
     k->upload(be, f->pos, np > n ? s->pos : b->pos, sizeof(int32_t) * (size_t)np);

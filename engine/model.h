@@ -1,4 +1,4 @@
-/* A decoder-only transformer loaded from GGUF (architectures: llama, qwen2, qwen3, gemma3), with
+/* A decoder-only transformer loaded from GGUF (engine/model_load.c lists the architectures), with
  * a batched forward pass: one call computes a flat list of tokens from several sequences (each
  * with its own position and KV block table) and returns logits only where asked. */
 #ifndef ENGINE_MODEL_H
@@ -15,7 +15,7 @@
 enum engine_arch {
     ENGINE_ARCH_LLAMA = 0,  /* "llama": Llama 2/3, SmolLM2, Mistral-style */
     ENGINE_ARCH_QWEN2 = 1,  /* "qwen2": Q/K/V biases, NEOX RoPE */
-    ENGINE_ARCH_QWEN3 = 2,  /* "qwen3": QK-norm, NEOX RoPE */
+    ENGINE_ARCH_QWEN3 = 2,  /* "qwen3": QK-norm, NEOX RoPE ("qwen3moe": the same with experts) */
     ENGINE_ARCH_GEMMA3 = 3, /* "gemma3": scaled embedding, QK-norm, pre- and post-norms, GeGLU,
                              * sliding-window layers with their own RoPE base */
     ENGINE_ARCH_GEMMA2 = 4, /* "gemma2": as gemma3 without QK-norm, every other layer sliding
@@ -31,7 +31,7 @@ struct engine_hparams {
     int n_head;       /* query heads */
     int n_kv_head;    /* key/value heads */
     int head_dim;     /* n_embd / n_head */
-    int n_ff;         /* FFN hidden size */
+    int n_ff;         /* FFN hidden size (of each expert in a mixture of experts) */
     int rope_dim;     /* channels rotated by RoPE per head */
     float rope_theta; /* RoPE base frequency */
     float rms_eps;    /* RMSNorm epsilon */
@@ -52,6 +52,10 @@ struct engine_hparams {
     float rope_mscale;    /* LongRoPE: cos and sin times this (rope.scaling.attn_factor, else
                            * sqrt(1 + ln(n_ctx_train / orig) / ln(orig)), as Hugging Face) */
     float final_softcap;  /* output logits likewise (the argmax is unchanged); 0: none */
+    int n_expert;         /* mixture of experts (Mixtral, Qwen3-MoE): experts per layer, each an
+                           * FFN of n_ff rows; 0: one dense FFN */
+    int n_expert_used;    /* ... experts each token runs: the router's top ones, their softmax
+                           * weights renormalized over them */
 };
 
 struct engine_model; /* opaque: engine/model_internal.h */
@@ -160,10 +164,14 @@ enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv
 #define ENGINE_MAX_LAYER_WEIGHTS 8 /* matrices engine_model_weights returns at most */
 
 /* The weight matrices matmuls read in layer `layer` (0 <= layer < n_layer: q, k, v, o, gate,
- * up, down), or with layer == n_layer the output head: points out[i] at them and returns
- * their count (<= ENGINE_MAX_LAYER_WEIGHTS). The one list of a layer's matrices (load,
- * prepare/release, bench FLOPs, plan memory). */
+ * up, down; q, k, v, o, router with experts), or with layer == n_layer the output head: points
+ * out[i] at them and returns their count (<= ENGINE_MAX_LAYER_WEIGHTS). The one list of a layer's
+ * matrices (load, prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
+/* A mixture-of-experts layer's experts (3 n_expert matrices: expert e's gate, up and down at 3e,
+ * 3e + 1, 3e + 2; each token runs n_expert_used of them), beside engine_model_weights' list
+ * (whose FFN is then the router); NULL for a dense layer. */
+const struct kern_tensor *engine_model_experts(const struct engine_model *m, int layer);
 
 /* The token embedding, or NULL when it is the output head (tied): a device backend prepares it
  * like a matrix (get_rows reads that copy). */
@@ -190,6 +198,7 @@ size_t engine_model_kv_block_bytes(const struct engine_model *m, int block_size,
 int engine_model_host_memory(const struct engine_model *m);
 
 #define ENGINE_MAX_RANKS 64 /* tensor-parallel ranks at most */
+#define ENGINE_MAX_EXPERTS 512 /* experts per layer at most */
 
 /* Each rank's device memory now (kern_ops.mem_info), in rank order into out (room for max):
  * returns the ranks reported, or 0 when any rank's backend cannot say (the CPU backend). */

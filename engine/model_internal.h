@@ -18,6 +18,10 @@ struct engine_layer {
     struct kern_tensor w_gate; /* n_embd -> n_ff */
     struct kern_tensor w_up;   /* n_embd -> n_ff */
     struct kern_tensor w_down; /* n_ff -> n_embd */
+    struct kern_tensor router; /* mixture of experts: n_embd -> n_expert (ffn_gate_inp); the
+                                * layer's FFN is then its experts, not w_gate/up/down */
+    struct kern_tensor *experts; /* ... 3 n_expert matrices: expert e's gate, up and down at 3e,
+                                  * 3e + 1, 3e + 2 (views of the file's 3-D tensors) */
     const float *bq, *bk, *bv; /* NULL, or the projections' biases (qwen2) */
     const float *q_norm;       /* NULL, or head_dim: RMS norm of each query head (QK-norm) */
     const float *k_norm;       /* NULL, or head_dim: the same for each key head */
@@ -41,6 +45,15 @@ struct engine_rank_bufs {
     int logits_rows; /* ... rows it holds: one a sequence slot, grown when a batch wants more */
     int32_t *ids;   /* greedy ids (same) */
     int32_t *perm;  /* more than one rank: gathered rank-major rows -> token-major (per step) */
+    /* mixture of experts: a layer's routing, n_tok x n_expert_used slots in expert order (made
+     * on the host from the router logits each rank downloads, then uploaded) */
+    int32_t *slot_tok; /* each slot's token, then its moe_add row (~token at the token's first
+                        * slot), then with several ranks each expert run's all-gather order */
+    float *slot_w;     /* each slot's weight */
+    float *h_router;   /* host: the router logits, n_tok x n_expert */
+    int32_t *h_slot;   /* host: slot_tok */
+    float *h_w;        /* host: slot_w */
+    int32_t *h_count;  /* host: slots per expert */
 };
 
 /* One tensor-parallel rank: its backend and its share of every layer, every matrix split by

@@ -47,10 +47,11 @@ static const struct {
     const char *name;
     int arch;
 } g_archs[] = {
-    {"llama", ENGINE_ARCH_LLAMA},   {"qwen2", ENGINE_ARCH_QWEN2},   {"qwen3", ENGINE_ARCH_QWEN3},
-    {"gemma2", ENGINE_ARCH_GEMMA2}, {"gemma3", ENGINE_ARCH_GEMMA3}, {"phi3", ENGINE_ARCH_PHI3},
+    {"llama", ENGINE_ARCH_LLAMA},    {"qwen2", ENGINE_ARCH_QWEN2},   {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma2", ENGINE_ARCH_GEMMA2},  {"gemma3", ENGINE_ARCH_GEMMA3}, {"phi3", ENGINE_ARCH_PHI3},
+    {"qwen3moe", ENGINE_ARCH_QWEN3},
 };
-#define ENGINE_ARCH_NAMES "llama, qwen2, qwen3, gemma2, gemma3, phi3"
+#define ENGINE_ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3"
 
 /* 1 when g has the metadata key "<arch>.<key>". */
 static int has_key(const struct io_gguf *g, const char *arch, const char *key)
@@ -82,6 +83,40 @@ static enum status read_rope_scaling(const struct io_gguf *g, const char *arch,
     return ST_OK;
 }
 
+/* A mixture of experts (expert_count): how many each token runs, each expert's FFN rows
+ * (expert_feed_forward_length where given: Qwen3-MoE; else feed_forward_length: Mixtral). Only
+ * softmax routing with the chosen weights renormalized, as Mixtral and Qwen3-MoE route; what
+ * routes otherwise (shared experts, sigmoid gating, groups) is refused by its key. */
+static enum status read_experts(const struct io_gguf *g, const char *arch,
+                                struct engine_hparams *hp, struct err_detail *err)
+{
+    enum status st;
+    hp->n_expert = hp->n_expert_used = 0;
+    if ((st = get_hparam(g, arch, "expert_count", &hp->n_expert, 0, 0, err)) || !hp->n_expert)
+        return st;
+    if (hp->arch != ENGINE_ARCH_LLAMA && strcmp(arch, "qwen3moe"))
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "%s: experts are not supported in this "
+                       "architecture (llama, qwen3moe)",
+                       arch);
+    static const char *const unsupported[] = {"expert_shared_count", "expert_gating_func",
+                                              "expert_group_count", "expert_weights_scale"};
+    for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++)
+        if (has_key(g, arch, unsupported[i]))
+            return err_set(err, ST_ERR_UNSUPPORTED,
+                           "%s.%s: this routing is not supported "
+                           "(softmax over the experts, the top ones renormalized)",
+                           arch, unsupported[i]);
+    if ((st = get_hparam(g, arch, "expert_used_count", &hp->n_expert_used, 1, 0, err)) ||
+        (has_key(g, arch, "expert_feed_forward_length") &&
+         (st = get_hparam(g, arch, "expert_feed_forward_length", &hp->n_ff, 1, 0, err))))
+        return st;
+    if (hp->n_expert > ENGINE_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
+        return err_set(err, ST_ERR_UNSUPPORTED, "%d experts, %d used: at most %d, used <= count",
+                       hp->n_expert, hp->n_expert_used, ENGINE_MAX_EXPERTS);
+    return ST_OK;
+}
+
 static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *hp,
                                 struct err_detail *err)
 {
@@ -107,6 +142,8 @@ static enum status read_hparams(const struct io_gguf *g, struct engine_hparams *
         (st = get_f32(g, arch, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)))
         return st;
     if ((st = get_hparam(g, arch, "attention.head_count_kv", &hp->n_kv_head, 0, hp->n_head, err)))
+        return st;
+    if ((st = read_experts(g, arch, hp, err)))
         return st;
     if (hp->n_head % hp->n_kv_head)
         return err_set(err, ST_ERR_FORMAT, "heads do not divide: n_head %d, n_kv_head %d",
@@ -219,10 +256,20 @@ int engine_model_weights(const struct engine_model *m, int layer, const struct k
         return 1;
     }
     const struct engine_layer *L = &m->layers[layer];
+    if (L->experts) {
+        const struct kern_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router};
+        memcpy(out, w, sizeof(w));
+        return (int)(sizeof(w) / sizeof(w[0]));
+    }
     const struct kern_tensor *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                      &L->w_gate, &L->w_up, &L->w_down};
     memcpy(out, w, sizeof(w));
     return (int)(sizeof(w) / sizeof(w[0]));
+}
+
+const struct kern_tensor *engine_model_experts(const struct engine_model *m, int layer)
+{
+    return layer < m->hp.n_layer ? m->layers[layer].experts : NULL;
 }
 
 enum status engine_model_check_finite(const struct io_gguf *g, struct err_detail *err)
@@ -337,6 +384,50 @@ static enum status load_extras(const struct io_gguf *g, const struct engine_hpar
     return ST_OK;
 }
 
+/* A mixture-of-experts layer's router and experts: expert e's matrix of the 3-D tensor name
+ * ([in, out, n_expert]) as a view, to experts[3e + which]. */
+static enum status load_experts(const struct io_gguf *g, const struct engine_hparams *hp, int l,
+                                struct engine_layer *L, struct err_detail *err)
+{
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    static const char *const names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    char name[96];
+    snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp.weight", l);
+    enum status st = load_matrix(g, name, E, hp->n_expert, &L->router, err);
+    if (st)
+        return st;
+    if (!(L->experts = calloc(3 * (size_t)hp->n_expert, sizeof(*L->experts))))
+        return err_set(err, ST_ERR_NOMEM, "no memory");
+    for (int w = 0; w < 3; w++) {
+        const int64_t in = w == 2 ? F : E, out = w == 2 ? E : F;
+        snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[w]);
+        const struct io_gguf_tensor *gt = io_gguf_find_tensor(g, name);
+        if (!gt)
+            return err_set(err, ST_ERR_NOT_FOUND,
+                           "tensor '%s' is missing (a GGUF with one tensor per expert, from "
+                           "before llama.cpp merged them, must be converted again)",
+                           name);
+        if (gt->n_dims != 3 || gt->ne[0] != in || gt->ne[1] != out || gt->ne[2] != hp->n_expert)
+            return err_set(err, ST_ERR_FORMAT,
+                           "tensor '%s' has shape [%lld, %lld, %lld], want [%lld, %lld, %d]", name,
+                           (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2],
+                           (long long)in, (long long)out, hp->n_expert);
+        if (gt->type != DTYPE_F32 && gt->type != DTYPE_F16 && gt->type != DTYPE_BF16 && in % 32)
+            return err_set(err, ST_ERR_UNSUPPORTED,
+                           "tensor '%s': row length %lld not a multiple of 32", name,
+                           (long long)in);
+        for (int e = 0; e < hp->n_expert; e++) {
+            struct kern_tensor *t = &L->experts[3 * e + w];
+            t->type = gt->type;
+            t->ne0 = in;
+            t->ne1 = out;
+            t->row_bytes = dtype_row_bytes(gt->type, in);
+            t->data = (const char *)gt->data + (size_t)e * (size_t)out * t->row_bytes;
+        }
+    }
+    return ST_OK;
+}
+
 enum status engine_model_load_weights(struct engine_model **out, struct io_gguf *g,
                                       struct err_detail *err)
 {
@@ -410,15 +501,18 @@ enum status engine_model_load_weights(struct engine_model **out, struct io_gguf 
         if (fused_up && ((st = load_rows(g, n[7], E, 2 * F, 0, F, &L->w_gate, err)) ||
                          (st = load_rows(g, n[7], E, 2 * F, F, F, &L->w_up, err))))
             goto fail;
+        const int dense = !hp->n_expert;
         if ((st = load_vector(g, n[0], E, &L->attn_norm, err)) ||
             (!fused_qkv && ((st = load_matrix(g, n[1], E, q_dim, &L->wq, err)) ||
                             (st = load_matrix(g, n[2], E, kv_dim, &L->wk, err)) ||
                             (st = load_matrix(g, n[3], E, kv_dim, &L->wv, err)))) ||
             (st = load_matrix(g, n[4], q_dim, E, &L->wo, err)) ||
             (st = load_vector(g, n[5], E, &L->ffn_norm, err)) ||
-            (!fused_up && ((st = load_matrix(g, n[6], E, F, &L->w_gate, err)) ||
-                           (st = load_matrix(g, n[7], E, F, &L->w_up, err)))) ||
-            (st = load_matrix(g, n[8], F, E, &L->w_down, err)))
+            (dense && !fused_up &&
+             ((st = load_matrix(g, n[6], E, F, &L->w_gate, err)) ||
+              (st = load_matrix(g, n[7], E, F, &L->w_up, err)))) ||
+            (dense && (st = load_matrix(g, n[8], F, E, &L->w_down, err))) ||
+            (!dense && (st = load_experts(g, hp, l, L, err))))
             goto fail;
     }
     m->gguf = g;

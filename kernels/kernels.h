@@ -310,6 +310,12 @@ struct kern_ops {
                    int n, long width);
     /* Memory (see the top of this file). buf_alloc returns 64-byte aligned backend memory, or
      * NULL when there is none left; buf_free(NULL) does nothing. */
+    /* A mixture of experts' weighted sum: for i = 0 .. n - 1 in that order, with t = rows[i]
+     * (or ~rows[i] when it is negative), row t of y (width floats) = w[i] * row i of x when
+     * rows[i] < 0 (the token's first), else row t += w[i] * row i of x, each product rounded to
+     * float and then added (no fused multiply-add). rows and w backend memory. */
+    void (*moe_add)(struct kern_backend *b, float *y, const float *x, const int32_t *rows,
+                    const float *w, int n, long width);
     void *(*buf_alloc)(struct kern_backend *b, size_t bytes);
     void (*buf_free)(struct kern_backend *b, void *p);
     void (*upload)(struct kern_backend *b, void *dst, const void *src, size_t bytes);

@@ -360,15 +360,19 @@ static int prompts_cycle(struct prompt_set *ps, size_t n)
     return 1;
 }
 
-/* 2 x parameters of the layers' matmul weights (body) and of the output projection (head):
- * FLOPs per token, attention excluded. */
+/* 2 x parameters of the layers' matmul weights (body; of a mixture of experts, those a token
+ * runs) and of the output projection (head): FLOPs per token, attention excluded. */
 static void model_flops(const struct engine_model *m, double *body, double *head)
 {
+    const struct engine_hparams *hp = engine_model_hparams(m);
     double p = 0;
-    for (int l = 0; l < engine_model_hparams(m)->n_layer; l++) {
+    for (int l = 0; l < hp->n_layer; l++) {
         const struct kern_tensor *ts[ENGINE_MAX_LAYER_WEIGHTS];
         for (int i = 0, nw = engine_model_weights(m, l, ts); i < nw; i++)
             p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
+        const struct kern_tensor *xs = engine_model_experts(m, l);
+        for (int i = 0; xs && i < 3 * hp->n_expert; i++)
+            p += (double)xs[i].ne0 * (double)xs[i].ne1 * hp->n_expert_used / hp->n_expert;
     }
     *body = 2 * p;
     const struct kern_tensor *out[ENGINE_MAX_LAYER_WEIGHTS];

@@ -179,8 +179,10 @@ int runner_cmd_plan(int argc, char **argv)
         weights += engine_model_gguf(m)->tensors[i].nbytes;
     for (int l = 0; l <= hp->n_layer; l++) {
         const struct kern_tensor *ws[ENGINE_MAX_LAYER_WEIGHTS];
-        for (int i = 0, nw = engine_model_weights(m, l, ws); i < nw; i++) {
-            const struct kern_tensor *w = ws[i];
+        const struct kern_tensor *xs = engine_model_experts(m, l); /* a mixture's experts */
+        const int nw = engine_model_weights(m, l, ws), nx = xs ? 3 * hp->n_expert : 0;
+        for (int i = 0; i < nw + nx; i++) {
+            const struct kern_tensor *w = i < nw ? ws[i] : &xs[i - nw];
             mats += (uint64_t)w->ne1 * w->row_bytes;
             if (l < hp->n_layer)
                 split += (uint64_t)w->ne1 * w->row_bytes;
@@ -280,7 +282,7 @@ int runner_cmd_plan(int argc, char **argv)
                "\"kv_window_layers\": %d, \"kv_window_blocks\": %lld, \"device\": \"%s\", "
                "\"matmul\": \"%s\", \"rank_activation_bytes\": %zu, "
                "\"rank_scratch_bytes\": %zu, \"reserve_bytes\": %zu, \"logits_bytes\": %zu, "
-               "\"kv_mem_auto\": %s}\n",
+               "\"kv_mem_auto\": %s, \"experts\": %d, \"experts_used\": %d}\n",
                qname ? qname : "null", (unsigned long long)weights, per_tok,
                kern_kv_dtype_name((enum kern_kv_dtype)dtype), kv_mem, block, blocks, tokens,
                seq_len, seqs, hp->n_ctx_train, full_ctx_fits ? "true" : "false",
@@ -288,13 +290,17 @@ int runner_cmd_plan(int argc, char **argv)
                weights_fit ? "true" : "false", plan.n_local ? plan.window : 0,
                plan.n_local ? n_local : 0, (long long)plan.n_local, cuda ? "cuda" : "cpu",
                kern_act_name((enum kern_act)eo.act), dev_act, dev_scratch, reserve,
-               engine_logits_bytes(&eo.ep, hp->n_vocab), kv_auto ? "true" : "false");
+               engine_logits_bytes(&eo.ep, hp->n_vocab), kv_auto ? "true" : "false", hp->n_expert,
+               hp->n_expert_used);
         free(qname);
     } else {
         printf("model:               %s\n", name);
         printf("weights:             %.1f MiB (%llu bytes, %s)\n", (double)weights / 1048576.0,
                (unsigned long long)weights,
                eo.dummy ? "random, built in memory: --dummy" : "mapped from the file");
+        if (hp->n_expert)
+            printf("experts:             %d per layer, %d a token, each %d wide\n", hp->n_expert,
+                   hp->n_expert_used, hp->n_ff);
         if (dtype == KERN_KV_Q8)
             printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x (%d dims x 1 B + "
                    "4 B scale), q8)\n",

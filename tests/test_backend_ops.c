@@ -403,8 +403,52 @@ static void check_row_ops(struct check *c)
     }
 }
 
-/* get_rows (exact: dequantization is exact), gather, add (exact), rope, the row ops, memory
- * round trips. */
+/* moe_add over n slots of 5 tokens' rows (width floats), in slot order, each token's first
+ * slot setting its row and the others adding, a token with no slot left as it was: bitwise the
+ * host's sums in the same order. */
+static void check_moe_add(struct check *c, int n, long width)
+{
+    const struct kern_ops *k = c->be->ops;
+    enum { T = 6 }; /* token 5 gets no slot */
+    const size_t xs = sizeof(float) * (size_t)n * (size_t)width, ys = sizeof(float) * T * width;
+    float *x = malloc(xs), *y = malloc(ys), *wt = malloc(sizeof(float) * (size_t)n);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n);
+    rand_floats(&c->r, x, (size_t)n * (size_t)width, -4, 4);
+    rand_floats(&c->r, y, (size_t)T * (size_t)width, -4, 4);
+    rand_floats(&c->r, wt, (size_t)n, 0, 1);
+    int seen[T] = {0};
+    for (int i = 0; i < n; i++) {
+        const int t = i < T - 1 ? (i * 3) % (T - 1) : (int)(rng_u64(&c->r) % (T - 1));
+        rows[i] = seen[t]++ ? t : ~t;
+    }
+    float *dy = to_be(c, y, ys), *dx = to_be(c, x, xs);
+    float *dw = to_be(c, wt, sizeof(float) * (size_t)n);
+    int32_t *dr = to_be(c, rows, sizeof(int32_t) * (size_t)n);
+    k->moe_add(c->be, dy, dx, dr, dw, n, width);
+    float *got = from_be(c, dy, ys);
+    for (int i = 0; i < n; i++) {
+        const int t = rows[i] < 0 ? ~rows[i] : rows[i];
+        for (long j = 0; j < width; j++) {
+            const float p = wt[i] * x[(size_t)i * width + j];
+            float *yj = &y[(size_t)t * width + j];
+            *yj = rows[i] < 0 ? p : *yj + p;
+        }
+    }
+    if (memcmp(got, y, ys))
+        report(c, "moe_add", "%d slots of width %ld: not the host's sums in slot order", n, width);
+    free(got);
+    bfree(c, dr);
+    bfree(c, dw);
+    bfree(c, dx);
+    bfree(c, dy);
+    free(rows);
+    free(wt);
+    free(y);
+    free(x);
+}
+
+/* get_rows (exact: dequantization is exact), gather, moe_add, add (exact), rope, the row ops,
+ * memory round trips. */
 static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
 {
     const struct kern_ops *k = c->be->ops;
@@ -436,6 +480,8 @@ static void check_small_ops(struct check *c, uint32_t type, int64_t ne0)
     bfree(c, dout);
     bfree(c, dids);
     weight_free(c, &w);
+    check_moe_add(c, 7, ne0);
+    check_moe_add(c, 40, 2001); /* past the CPU's threading threshold, ragged columns */
 
     /* add over sizes around the backend's chunking */
     static const long sizes[] = {1, 7, 4096, 4097, 100000};
@@ -1614,6 +1660,21 @@ static enum status bad_reserve(struct kern_backend *b, int max_tok, int64_t max_
     return g_real.reserve(b, max_tok, max_width, 1, err);
 }
 
+/* every slot adds: a token's first slot does not reset its row */
+static void bad_moe_add(struct kern_backend *b, float *y, const float *x, const int32_t *rows,
+                        const float *w, int n, long width)
+{
+    int32_t *r = malloc(sizeof(int32_t) * (size_t)n);
+    g_real.download(b, r, rows, sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        r[i] = r[i] < 0 ? ~r[i] : r[i];
+    int32_t *dr = g_real.buf_alloc(b, sizeof(int32_t) * (size_t)n);
+    g_real.upload(b, dr, r, sizeof(int32_t) * (size_t)n);
+    g_real.moe_add(b, y, x, dr, w, n, width);
+    g_real.buf_free(b, dr);
+    free(r);
+}
+
 static void bad_gather(struct kern_backend *b, float *dst, const float *src, const int32_t *idx,
                        int n, long width)
 {
@@ -1650,7 +1711,8 @@ static void test_broken_ops_fail(void **state)
                                         "attention (window)",
                                         "attention (softcap)",
                                         "kv_copy",
-                                        "reserve"};
+                                        "reserve",
+                                        "moe_add"};
     for (int m = 0; m < (int)(sizeof(names) / sizeof(names[0])); m++) {
         if (m == 16 && amx) { /* a fresh one: the checks before grew its scratch already */
             kern_backend_free(amx);
@@ -1714,6 +1776,9 @@ static void test_broken_ops_fail(void **state)
             break;
         case 16: /* the tiles' workspaces (bf16 mode) */
             bad.reserve = bad_reserve;
+            break;
+        case 17:
+            bad.moe_add = bad_moe_add;
             break;
         }
         struct kern_backend be = *base;

@@ -2,7 +2,8 @@
 """Small random-weight GGUFs of each supported architecture and their reference logits (NOT run
 by CI; the outputs are committed):
 
-  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3,phi3_longrope}.gguf  (`gguf`)
+  tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3,phi3_longrope,qwen3moe,
+                      mixtral}.gguf  (`gguf`)
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -15,7 +16,9 @@ same window in every other layer and soft-capping (attention 4, logits 30: caps 
 weights' scores and logits reach, so that tanh bends them); phi3 Q/K/V in one matrix and gate/up
 in one, head_dim 48 (not a power of two), the sliding window Phi-3 mini's GGUF declares;
 phi3_longrope Phi-3.5's LongRoPE (short and long factors, original context 16 of 64, attention
-factor 1.19), with reference logits for each factor set.
+factor 1.19), with reference logits for each factor set; qwen3moe and mixtral mixtures of
+experts (Qwen3-MoE's 3 of 8 experts a token, Mixtral's 2 of 4: the router's softmax over all,
+renormalized over the chosen).
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -33,6 +36,9 @@ import ref_forward  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H, KV, FF, V, NL, CTX = 64, 4, 2, 96, 128, 6, 64
 N_PROMPT = 24
+# mixtures of experts: (experts, used per token) by architecture, each expert's FFN width
+MOE = {"qwen3moe": (8, 3), "llama": (4, 2)}
+FF_QWEN3MOE, FF_MIXTRAL = 32, 64
 LONGROPE_ORIG = 16
 
 
@@ -62,7 +68,8 @@ def write(name, arch, head_dim, extra, types, rng):
     w.add_context_length(CTX)
     w.add_embedding_length(E)
     w.add_block_count(NL)
-    w.add_feed_forward_length(FF)
+    moe = "moe" in extra
+    w.add_feed_forward_length(FF_MIXTRAL if moe and arch == "llama" else FF)
     w.add_head_count(H)
     w.add_head_count_kv(KV)
     w.add_layer_norm_rms_eps(1e-6)
@@ -78,14 +85,23 @@ def write(name, arch, head_dim, extra, types, rng):
     if "longrope" in extra:  # Phi-3.5 mini's keys (original context 4096 of 131072 there)
         w.add_uint32(arch + ".rope.scaling.original_context_length", LONGROPE_ORIG)
         w.add_float32(arch + ".rope.scaling.attn_factor", 1.19)
+    if moe:  # Mixtral's keys (its experts' width is feed_forward_length), or Qwen3-MoE's
+        n_expert, n_used = MOE[arch]
+        w.add_uint32(arch + ".expert_count", n_expert)
+        w.add_uint32(arch + ".expert_used_count", n_used)
+        if arch == "qwen3moe":
+            w.add_uint32(arch + ".expert_feed_forward_length", FF_QWEN3MOE)
     if arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 4.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
 
-    def mat(tname, n_in, n_out, qt, scale=1.0):
-        x = (rng.standard_normal((n_out, n_in)) * scale / math.sqrt(n_in)).astype(np.float32)
+    def mat(tname, n_in, n_out, qt, scale=1.0, n_expert=0):
+        shape = (n_expert, n_out, n_in) if n_expert else (n_out, n_in)
+        x = (rng.standard_normal(shape) * scale / math.sqrt(n_in)).astype(np.float32)
         if qt == Q.F16:
             w.add_tensor(tname, x.astype(np.float16))
+        elif qt == Q.F32:
+            w.add_tensor(tname, x)
         else:
             q = quants.quantize(x, qt)
             w.add_tensor(tname, q, raw_shape=q.shape, raw_dtype=qt)
@@ -95,7 +111,7 @@ def write(name, arch, head_dim, extra, types, rng):
 
     mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
     vec("output_norm.weight", E, 1.0, 0.2)
-    if name == "llama3" or arch == "phi3":
+    if name in ("llama3", "mixtral") or arch == "phi3":
         mat("output.weight", E, V, types[1], scale=2.0)
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
@@ -117,9 +133,18 @@ def write(name, arch, head_dim, extra, types, rng):
         mat(p + "attn_k.weight", E, KV * head_dim, types[(l + 1) % len(types)], 2.0)
         mat(p + "attn_v.weight", E, KV * head_dim, types[(l + 2) % len(types)])
         mat(p + "attn_output.weight", H * head_dim, E, types[(l + 3) % len(types)])
-        mat(p + "ffn_gate.weight", E, FF, types[l % len(types)], 2.0)
-        mat(p + "ffn_up.weight", E, FF, types[(l + 1) % len(types)])
-        mat(p + "ffn_down.weight", FF, E, types[(l + 2) % len(types)])
+        if moe:  # the router (F32 as llama.cpp keeps it; F16 in qwen3moe), experts 3-D
+            n_expert = MOE[arch][0]
+            ff = FF_QWEN3MOE if arch == "qwen3moe" else FF_MIXTRAL
+            mat(p + "ffn_gate_inp.weight", E, n_expert, Q.F16 if arch == "qwen3moe" else Q.F32,
+                2.0)
+            mat(p + "ffn_gate_exps.weight", E, ff, types[l % len(types)], 2.0, n_expert)
+            mat(p + "ffn_up_exps.weight", E, ff, types[(l + 1) % len(types)], 1.0, n_expert)
+            mat(p + "ffn_down_exps.weight", ff, E, types[(l + 2) % len(types)], 1.0, n_expert)
+        else:
+            mat(p + "ffn_gate.weight", E, FF, types[l % len(types)], 2.0)
+            mat(p + "ffn_up.weight", E, FF, types[(l + 1) % len(types)])
+            mat(p + "ffn_down.weight", FF, E, types[(l + 2) % len(types)])
         if "bias" in extra:
             vec(p + "attn_q.bias", H * head_dim, 0.0, 0.3)
             vec(p + "attn_k.bias", KV * head_dim, 0.0, 0.3)
@@ -152,6 +177,10 @@ def main():
         # Phi-3.5 mini's LongRoPE: short and long factors, the attention factor; reference logits
         # with each ("logits": short, "logits_long": long)
         ("phi3_longrope", "phi3", 48, ("longrope",), (Q.Q4_1, Q.Q8_0, Q.Q4_0)),
+        # mixtures of experts: Qwen3-MoE's (8 experts, 3 a token, each 32 wide, F16 router) and
+        # Mixtral's (llama with 4 experts, 2 a token, each 64 wide)
+        ("qwen3moe", "qwen3moe", 32, ("qk_norm", "moe"), (Q.Q8_0, Q.Q4_1, Q.Q4_0)),
+        ("mixtral", "llama", E // H, ("moe",), (Q.Q4_0, Q.Q8_0)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}
@@ -167,6 +196,10 @@ def main():
         assert np.abs(step - logits).max() < 1e-9
         rec = {"name": name, "file": "tests/fixtures/arch/%s.gguf" % name, "config": m.meta,
                "tokens": toks, "logits": [[round(float(v), 5) for v in row] for row in logits]}
+        if "moe" in extra:
+            print("%-7s smallest gap between a chosen and an unchosen expert's router logit: %.4f"
+                  % (name, m.route_margin))
+            assert m.route_margin > 4e-3  # sums in another order choose the same experts
         if "longrope" in extra:
             m.use_long = True
             long = m.forward(toks, m.new_cache())

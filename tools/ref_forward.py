@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the llama.cpp forward pass of the llama, qwen2, qwen3, gemma2,
-gemma3 and phi3 architectures (NOT run by CI; class Model says how the others differ from llama).
+"""Independent numpy reference of the llama.cpp forward pass of the llama, qwen2, qwen3, qwen3moe,
+gemma2, gemma3 and phi3 architectures (NOT run by CI; class Model says how the others differ from llama).
 
 Every tensor is dequantized with gguf.quants.dequantize (exact float32 values of the
 quantized weights), then ALL compute is done in float64. Writes tests/fixtures/forward_ref.json.
@@ -65,7 +65,7 @@ class Model:
         r = gguf.GGUFReader(path)
         f = r.fields
         arch = f["general.architecture"].contents()
-        assert arch in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"), arch
+        assert arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"), arch
         self.arch = arch
         g = lambda k: f[arch + "." + k].contents()
         has = lambda k: arch + "." + k in f
@@ -77,6 +77,13 @@ class Model:
         self.eps = float(g("attention.layer_norm_rms_epsilon"))
         self.theta = float(g("rope.freq_base")) if has("rope.freq_base") else 10000.0
         self.head_dim = int(g("attention.key_length")) if has("attention.key_length") else self.n_embd // self.n_head
+        # a mixture of experts (Mixtral: llama; Qwen3-MoE: qwen3moe), as Hugging Face's
+        # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock (norm_topk_prob): the router's softmax
+        # over all experts, the top n_used kept and renormalized, their FFNs' outputs summed
+        self.n_expert = int(g("expert_count")) if has("expert_count") else 0
+        self.n_used = int(g("expert_used_count")) if self.n_expert else 0
+        if has("expert_feed_forward_length"):
+            self.n_ff = int(g("expert_feed_forward_length"))
         self.n_rot = int(g("rope.dimension_count")) if has("rope.dimension_count") else self.head_dim
         assert self.n_rot == self.head_dim
         self.neox = arch != "llama"
@@ -115,6 +122,7 @@ class Model:
                            else math.sqrt(1 + math.log(fac) / math.log(orig)) if fac > 1 else 1.0)
         extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
                  "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
+                 "qwen3moe": ("attn_q_norm.weight", "attn_k_norm.weight"),
                  "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight",
                             "post_attention_norm.weight", "post_ffw_norm.weight"),
                  "gemma2": ("post_attention_norm.weight", "post_ffw_norm.weight")}.get(arch, ())
@@ -130,6 +138,14 @@ class Model:
                 assert gate_up.shape == (2 * self.n_ff, self.n_embd)
                 L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
                 L["ffn_gate"], L["ffn_up"] = gate_up[:self.n_ff], gate_up[self.n_ff:]
+            elif self.n_expert:
+                L = {k: W(p + k + ".weight") for k in
+                     ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                      "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
+                X, F, E = self.n_expert, self.n_ff, self.n_embd
+                assert L["ffn_gate_inp"].shape == (X, E)
+                assert L["ffn_gate_exps"].shape == (X, F, E) == L["ffn_up_exps"].shape
+                assert L["ffn_down_exps"].shape == (X, E, F)
             else:
                 L = {k: W(p + k + ".weight") for k in
                      ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -138,15 +154,17 @@ class Model:
                 L[k] = W(p + k)
             assert L["attn_q"].shape == (self.n_head * self.head_dim, self.n_embd)
             assert L["attn_k"].shape == (self.n_kv * self.head_dim, self.n_embd)
-            assert L["ffn_gate"].shape == (self.n_ff, self.n_embd)
-            assert L["ffn_down"].shape == (self.n_embd, self.n_ff)
+            assert self.n_expert or L["ffn_gate"].shape == (self.n_ff, self.n_embd)
+            assert self.n_expert or L["ffn_down"].shape == (self.n_embd, self.n_ff)
             L["swa"] = self.window > 0 and i % self.pattern != self.pattern - 1
             self.layers.append(L)
         self.meta = dict(arch=arch, n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff,
                          n_head=self.n_head, n_kv=self.n_kv, head_dim=self.head_dim,
                          rope_theta=self.theta, rms_eps=float(self.eps), n_vocab=self.n_vocab,
                          window=self.window, attn_softcap=self.attn_cap,
-                         final_softcap=self.final_cap)
+                         final_softcap=self.final_cap, n_expert=self.n_expert,
+                         n_expert_used=self.n_used)
+        self.route_margin = math.inf  # smallest gap between a chosen and an unchosen router logit
         self.kv_f16 = True
 
     def rmsnorm(self, x, w):
@@ -172,6 +190,31 @@ class Model:
         else:
             out[..., 0::2], out[..., 1::2] = r0, r1
         return out
+
+    def ffn(self, h, gate, up, down):
+        gt = h @ gate.T
+        if self.gemma:
+            act = 0.5 * gt * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gt + 0.044715 * gt ** 3)))
+        else:
+            act = gt / (1.0 + np.exp(-gt))
+        return (act * (h @ up.T)) @ down.T
+
+    def moe(self, L, h):
+        logits = h @ L["ffn_gate_inp"].T                                # (T, n_expert)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        y = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            order = np.argsort(-logits[t], kind="stable")
+            top = order[:self.n_used]
+            if self.n_used < self.n_expert:
+                self.route_margin = min(self.route_margin,
+                                        float(logits[t, top[-1]] - logits[t, order[self.n_used]]))
+            w = p[t, top] / p[t, top].sum()
+            for e, we in zip(top, w):
+                y[t] += we * self.ffn(h[t:t + 1], L["ffn_gate_exps"][e], L["ffn_up_exps"][e],
+                                      L["ffn_down_exps"][e])[0]
+        return y
 
     def new_cache(self):
         return [([], []) for _ in range(self.n_layer)]
@@ -231,13 +274,10 @@ class Model:
                 a = self.rmsnorm(a, L["post_attention_norm.weight"])
             x = x + a
             h = self.rmsnorm(x, L["ffn_norm"])
-            gt = h @ L["ffn_gate"].T
-            up = h @ L["ffn_up"].T
-            if gemma:
-                act = 0.5 * gt * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gt + 0.044715 * gt ** 3)))
+            if self.n_expert:
+                y = self.moe(L, h)
             else:
-                act = gt / (1.0 + np.exp(-gt))
-            y = (act * up) @ L["ffn_down"].T
+                y = self.ffn(h, L["ffn_gate"], L["ffn_up"], L["ffn_down"])
             if gemma:
                 y = self.rmsnorm(y, L["post_ffw_norm.weight"])
             x = x + y

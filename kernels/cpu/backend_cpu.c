@@ -911,6 +911,46 @@ static void cpu_gather(struct kern_backend *b, float *dst, const float *src, con
         parallel_ranges(st_of(b), n, gather_rows, &c);
 }
 
+/* The experts' sum: threads take ranges of 16-float columns and run every row in order. */
+struct moe_add_ctx {
+    float *y;
+    const float *x;
+    const int32_t *rows;
+    const float *w;
+    int n;
+    long width;
+};
+
+static void moe_add_cols(void *arg, long lo, long hi)
+{
+    const struct moe_add_ctx *c = arg;
+    const long c0 = lo * 16, c1 = hi * 16 < c->width ? hi * 16 : c->width;
+    for (int i = 0; i < c->n; i++) {
+        const int32_t r = c->rows[i];
+        float *y = c->y + (size_t)(r < 0 ? ~r : r) * (size_t)c->width;
+        const float *x = c->x + (size_t)i * (size_t)c->width, w = c->w[i];
+        if (r < 0)
+            for (long j = c0; j < c1; j++)
+                y[j] = w * x[j];
+        else
+            for (long j = c0; j < c1; j++) {
+                const float p = w * x[j];
+                y[j] += p;
+            }
+    }
+}
+
+static void cpu_moe_add(struct kern_backend *b, float *y, const float *x, const int32_t *rows,
+                        const float *w, int n, long width)
+{
+    struct moe_add_ctx c = {y, x, rows, w, n, width};
+    const long cols = (width + 15) / 16;
+    if ((long)n * width < 65536)
+        moe_add_cols(&c, 0, cols);
+    else
+        parallel_ranges(st_of(b), cols, moe_add_cols, &c);
+}
+
 /* Backend memory is host memory: 64-byte aligned heap blocks, moved with memcpy. */
 static void *cpu_buf_alloc(struct kern_backend *b, size_t bytes)
 {
@@ -1123,6 +1163,7 @@ static const struct kern_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .gather = cpu_gather,
+    .moe_add = cpu_moe_add,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
     .upload = cpu_memcpy,

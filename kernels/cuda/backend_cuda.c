@@ -563,6 +563,12 @@ static void cuda_gather(struct kern_backend *b, float *dst, const float *src, co
     check(kcu_gather(st_of(b)->stream, dst, src, idx, n, width), "gather");
 }
 
+static void cuda_moe_add(struct kern_backend *b, float *y, const float *x, const int32_t *rows,
+                         const float *w, int n, long width)
+{
+    check(kcu_moe_add(st_of(b)->stream, y, x, rows, w, n, width), "moe_add");
+}
+
 static void *cuda_buf_alloc(struct kern_backend *b, size_t bytes)
 {
     struct cuda_state *s = st_of(b); /* on the backend's device */
@@ -841,6 +847,7 @@ static const struct kern_ops cuda_ops = {
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .gather = cuda_gather,
+    .moe_add = cuda_moe_add,
     .buf_alloc = cuda_buf_alloc,
     .buf_free = cuda_buf_free,
     .upload = cuda_upload,

@@ -1186,6 +1186,31 @@ extern "C" int kcu_gather(void *stream, float *dst, const float *src, const int3
     return launched();
 }
 
+/* A thread per column: every row in order (kern_ops.moe_add). */
+__global__ void k_moe_add(float *y, const float *x, const int32_t *rows, const float *w, int n,
+                          long width)
+{
+    const long j = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width)
+        return;
+    for (int i = 0; i < n; i++) {
+        const int32_t r = rows[i];
+        float *yr = y + (size_t)(r < 0 ? ~r : r) * width;
+        const float p = __fmul_rn(w[i], x[(size_t)i * width + j]);
+        yr[j] = r < 0 ? p : __fadd_rn(yr[j], p);
+    }
+}
+
+extern "C" int kcu_moe_add(void *stream, float *y, const float *x, const int32_t *rows,
+                           const float *w, int n, long width)
+{
+    if (n <= 0 || width <= 0)
+        return 0;
+    KCU_LAUNCH(k_moe_add, (unsigned)((width + 127) / 128), 128, (cudaStream_t)stream)
+    (y, x, rows, w, n, width);
+    return launched();
+}
+
 /* ---- KV cache ---- */
 
 static __device__ __forceinline__ size_t tile_bytes(const struct kcu_kv *kv)

@@ -75,6 +75,8 @@ int kcu_add(void *stream, float *y, const float *x, long n);
 int kcu_add_rows(void *stream, float *y, const float *bias, long n_rows, int width);
 int kcu_scale(void *stream, float *x, float s, long n);
 int kcu_gather(void *stream, float *dst, const float *src, const int32_t *idx, int n, long width);
+int kcu_moe_add(void *stream, float *y, const float *x, const int32_t *rows, const float *w, int n,
+                long width);
 
 /* One KV layer as the kernels see it (the CPU backend's tile layout, kernels/kernels.h). */
 struct kcu_kv {
