@@ -84,9 +84,10 @@ static enum status read_rope_scaling(const struct io_gguf *g, const char *arch,
 }
 
 /* A mixture of experts (expert_count): how many each token runs, each expert's FFN rows
- * (expert_feed_forward_length where given: Qwen3-MoE; else feed_forward_length: Mixtral). Only
- * softmax routing with the chosen weights renormalized, as Mixtral and Qwen3-MoE route; what
- * routes otherwise (shared experts, sigmoid gating, groups) is refused by its key. */
+ * (expert_feed_forward_length where given: Qwen3-MoE; else feed_forward_length: Mixtral).
+ * Only softmax routing with the chosen weights renormalized, as llama.cpp runs these
+ * architectures; a file that declares other routing (shared experts, another gating function,
+ * expert groups, a scale of the weights) is refused by its key. */
 static enum status read_experts(const struct io_gguf *g, const char *arch,
                                 struct engine_hparams *hp, struct err_detail *err)
 {
@@ -96,17 +97,23 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
         return st;
     if (hp->arch != ENGINE_ARCH_LLAMA && strcmp(arch, "qwen3moe"))
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "%s: experts are not supported in this "
-                       "architecture (llama, qwen3moe)",
+                       "%s: experts are not supported in this architecture (llama, qwen3moe)",
                        arch);
-    static const char *const unsupported[] = {"expert_shared_count", "expert_gating_func",
-                                              "expert_group_count", "expert_weights_scale"};
-    for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++)
-        if (has_key(g, arch, unsupported[i]))
+    /* what routes otherwise: the key, and the one value that means softmax routing alone */
+    static const struct {
+        const char *key;
+        uint32_t ok;
+    } other[] = {{"expert_shared_count", 0}, {"expert_gating_func", 1}, {"expert_group_count", 1}};
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+        char name[128];
+        uint32_t v;
+        snprintf(name, sizeof(name), "%s.%s", arch, other[i].key);
+        if (io_gguf_find_kv(g, name) && (io_gguf_get_u32(g, name, &v, NULL) || v != other[i].ok))
             return err_set(err, ST_ERR_UNSUPPORTED,
-                           "%s.%s: this routing is not supported "
-                           "(softmax over the experts, the top ones renormalized)",
-                           arch, unsupported[i]);
+                           "%s: this routing is not supported (softmax over the experts, the "
+                           "chosen ones renormalized)",
+                           name);
+    }
     if ((st = get_hparam(g, arch, "expert_used_count", &hp->n_expert_used, 1, 0, err)) ||
         (has_key(g, arch, "expert_feed_forward_length") &&
          (st = get_hparam(g, arch, "expert_feed_forward_length", &hp->n_ff, 1, 0, err))))
@@ -114,6 +121,17 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
     if (hp->n_expert > ENGINE_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
         return err_set(err, ST_ERR_UNSUPPORTED, "%d experts, %d used: at most %d, used <= count",
                        hp->n_expert, hp->n_expert_used, ENGINE_MAX_EXPERTS);
+    /* llama.cpp reads no scale of the weights for these architectures: a file declaring one
+     * (other than 1) is another model */
+    char name[128];
+    float scale;
+    snprintf(name, sizeof(name), "%s.expert_weights_scale", arch);
+    if (io_gguf_find_kv(g, name) &&
+        (io_gguf_get_f32(g, name, &scale, NULL) || (scale != 0.0f && scale != 1.0f)))
+        return err_set(err, ST_ERR_UNSUPPORTED,
+                       "%s: a scale of the experts' weights is not part of %s (llama.cpp reads "
+                       "none)",
+                       name, arch);
     return ST_OK;
 }
 

@@ -353,10 +353,14 @@ static int run(struct gen_opts *o)
         LOG_ERROR("%s", err.msg);
         goto out;
     }
-    char label[512];
-    LOG_INFO("model %s: %d layers, %d-dim, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
-             runner_model_label(o->model, &o->eo, label, sizeof(label)), engine_model_hparams(g.model)->n_layer, engine_model_hparams(g.model)->n_embd, engine_model_hparams(g.model)->n_vocab,
-             kern_backend_describe(g.grp->be[0]), o->eo.threads, n_prompt);
+    char label[512], experts[64] = "";
+    const struct engine_hparams *hp = engine_model_hparams(g.model);
+    if (hp->n_expert)
+        snprintf(experts, sizeof(experts), ", %d experts (%d a token)", hp->n_expert,
+                 hp->n_expert_used);
+    LOG_INFO("model %s: %d layers, %d-dim%s, vocab %d; ISA %s, %ld threads; prompt %zu tokens",
+             runner_model_label(o->model, &o->eo, label, sizeof(label)), hp->n_layer, hp->n_embd,
+             experts, hp->n_vocab, kern_backend_describe(g.grp->be[0]), o->eo.threads, n_prompt);
 
     double t0 = runner_now();
     while (engine_pending(g.eng))

@@ -31,6 +31,7 @@
 #include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "io/gguf.h"
+#include "io/gguf_write.h"
 #include "tests/test_util.h"
 
 static cJSON *g_root; /* parsed arch_ref.json */
@@ -616,6 +617,75 @@ static void test_arch_moe_batch(void **state)
     }
 }
 
+/* The qwen3moe fixture with one metadata key set (a u32, or with f32 set an f32), loaded without
+ * a backend: its status, the message in msg. */
+static enum status moe_with_key(const char *key, uint32_t v, int f32, float fv, char *msg,
+                                size_t cap)
+{
+    struct err_detail err = {0};
+    struct io_gguf *src, *g;
+    struct io_gguf_writer *w;
+    assert_int_equal(io_gguf_open(&src, "tests/fixtures/arch/qwen3moe.gguf", &err), ST_OK);
+    assert_int_equal(io_gguf_writer_init(&w, &err), ST_OK);
+    for (uint64_t i = 0; i < src->n_kv; i++) /* (the key itself replaced) */
+        if (!io_gguf_str_eq(src->kv[i].key, key))
+            assert_int_equal(io_gguf_writer_copy(w, &src->kv[i], &err), ST_OK);
+    assert_int_equal(
+        f32 ? io_gguf_writer_f32(w, key, fv, &err) : io_gguf_writer_u32(w, key, v, &err), ST_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const struct io_gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(io_gguf_writer_tensor(w, t->name, t->type, (int)t->n_dims, t->ne, &err),
+                         ST_OK);
+    }
+    assert_int_equal(io_gguf_writer_open(w, &g, &err), ST_OK);
+    io_gguf_writer_free(w);
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        memcpy((void *)g->tensors[i].data, src->tensors[i].data, src->tensors[i].nbytes);
+    io_gguf_close(src);
+    struct engine_model *m = NULL;
+    const enum status st = engine_model_from_gguf(&m, g, NULL, &err);
+    memcpy(msg, st ? err.msg : "", st ? cap : 1);
+    if (st)
+        io_gguf_close(g);
+    engine_model_free(m); /* (it owns g) */
+    return st;
+}
+
+/* Routing these architectures do not have is refused by its key (llama.cpp runs Mixtral and
+ * Qwen3-MoE with softmax gating and the chosen weights renormalized, whatever else a file
+ * says), and the keys' values that mean exactly that routing are accepted. */
+static void test_moe_routing_keys(void **state)
+{
+    (void)state;
+    char msg[sizeof(((struct err_detail *)0)->msg)];
+    static const struct {
+        const char *key;
+        uint32_t v;
+        int f32;
+        float fv;
+        enum status want;
+    } cases[] = {
+        {"qwen3moe.expert_shared_count", 1, 0, 0, ST_ERR_UNSUPPORTED},
+        {"qwen3moe.expert_shared_count", 0, 0, 0, ST_OK},
+        {"qwen3moe.expert_gating_func", 2, 0, 0, ST_ERR_UNSUPPORTED}, /* sigmoid */
+        {"qwen3moe.expert_gating_func", 1, 0, 0, ST_OK},              /* softmax */
+        {"qwen3moe.expert_group_count", 4, 0, 0, ST_ERR_UNSUPPORTED},
+        {"qwen3moe.expert_weights_scale", 0, 1, 2.5f, ST_ERR_UNSUPPORTED},
+        {"qwen3moe.expert_weights_scale", 0, 1, 1.0f, ST_OK},
+        {"qwen3moe.expert_used_count", 9, 0, 0, ST_ERR_UNSUPPORTED}, /* more than 8 experts */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const enum status st =
+            moe_with_key(cases[i].key, cases[i].v, cases[i].f32, cases[i].fv, msg, sizeof(msg));
+        if (st != cases[i].want)
+            fail_msg("%s: status %d, want %d (%s)", cases[i].key, st, cases[i].want, msg);
+        if (st) {
+            printf("  %s\n", msg);
+            assert_true(strstr(msg, cases[i].key) || strstr(msg, "used"));
+        }
+    }
+}
+
 static void test_unsupported_arch(void **state)
 {
     (void)state;
@@ -695,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_arch_logits),          cmocka_unit_test(test_arch_engine_window),
         cmocka_unit_test(test_arch_engine_longrope), cmocka_unit_test(test_unsupported_arch),
         cmocka_unit_test(test_damaged_weights),      cmocka_unit_test(test_arch_moe_batch),
+        cmocka_unit_test(test_moe_routing_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
