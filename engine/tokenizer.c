@@ -223,10 +223,15 @@ static const char re_qwen2_src[] = RE_LLAMA3("");
  *  ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
 #define TK_UP "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
 #define TK_LO "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
-static const char re_tekken_src[] =
-    "[^\\r\\n\\p{L}\\p{N}]?" TK_UP "*" TK_LO "+|[^\\r\\n\\p{L}\\p{N}]?" TK_UP "+" TK_LO
-    "*|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS
-    "]+";
+#define RE_CASED(CONTRACTION, DIGITS)                                                              \
+    "[^\\r\\n\\p{L}\\p{N}]?" TK_UP "*" TK_LO "+" CONTRACTION "|[^\\r\\n\\p{L}\\p{N}]?" TK_UP       \
+    "+" TK_LO "*" CONTRACTION "|\\p{N}" DIGITS "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS          \
+    "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+static const char re_tekken_src[] = RE_CASED("", "");
+/* o200k's (GPT-4o; Phi-4-mini's GGUFs name it "gpt-4o"): tekken's words, each with an optional
+ * contraction after it (any case), and digits in runs of up to three (tiktoken's o200k_base):
+ * ...UP*LO+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|...UP+LO*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|... */
+static const char re_gpt4o_src[] = RE_CASED("(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}");
 
 /* The byte-level BPE pre-tokenizers by tokenizer.ggml.pre name: an optional digit split, then
  * the word regex. */
@@ -249,6 +254,8 @@ static const struct {
     {"deepseek-r1-qwen", 0, re_qwen2_src, 0},
     {"dbrx", 0, re_llama3_src, 0},
     {"tekken", 0, re_tekken_src, 1},
+    /* (no whole-word lookup, as llama.cpp runs it) */
+    {"gpt-4o", 0, re_gpt4o_src, 0},
 };
 
 static enum status compile_re(pcre2_code **out, const char *src, struct err_detail *err)
@@ -574,7 +581,7 @@ static enum status tok_load(struct engine_tok *t, const struct io_gguf *g, struc
         if (pre == (int)(sizeof(g_pre) / sizeof(g_pre[0])))
             return err_set(err, ST_ERR_UNSUPPORTED,
                            "pre-tokenizer '%.*s' is not supported (supported: default, gpt2, "
-                           "smollm, llama-bpe, qwen2, deepseek-r1-qwen, dbrx, tekken)",
+                           "smollm, llama-bpe, qwen2, deepseek-r1-qwen, dbrx, tekken, gpt-4o)",
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     } else if (st != ST_OK && st != ST_ERR_NOT_FOUND) {
         return st;

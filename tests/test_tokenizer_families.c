@@ -1,8 +1,9 @@
 /* Tokenizers of the other model families: Gemma 3's SentencePiece vocabulary (the real model,
  * fetched by `make gemma`) against llama.cpp's ids for >1,000 strings
  * (tests/fixtures/tokenizer_gemma3.jsonl, tools/ref_tokenizer_families.py), its byte fallback,
- * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3) and qwen2 pre-tokenizers
- * against Python's `regex` module over the same strings (tests/fixtures/pretok_ref.jsonl);
+ * spaces and end-of-turn token, random bytes; and the llama-bpe (Llama 3), qwen2 and gpt-4o
+ * (o200k: Phi-4-mini) pre-tokenizers against Python's `regex` module over the same strings
+ * (tests/fixtures/pretok_ref.jsonl);
  * Mistral's tekken vocabulary (Nemo's, as a byte-level BPE GGUF,
  * tests/fixtures/tekken_vocab.gguf.zst) against mistral_common's Tekkenizer ids for the same
  * strings (tests/fixtures/tokenizer_tekken.jsonl); Llama 3's and Qwen2's vocabularies (llama.cpp's
@@ -123,10 +124,10 @@ static void on_piece(void *ctx, const char *s, size_t n)
 static void test_pretokenizers(void **state)
 {
     (void)state;
-    static const char *const names[] = {"llama-bpe", "qwen2"};
-    struct engine_tok *tok[2];
+    static const char *const names[] = {"llama-bpe", "qwen2", "gpt-4o"};
+    struct engine_tok *tok[3];
     struct err_detail err = {0};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         static struct gbuf b;
         struct io_gguf *g = tiny_model(&b, names[k]);
         assert_int_equal(engine_tok_load(&tok[k], g, &err), ST_OK);
@@ -143,7 +144,7 @@ static void test_pretokenizers(void **state)
         assert_non_null(j);
         size_t len;
         char *text = unhex(cJSON_GetObjectItem(j, "hex")->valuestring, &len);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             const cJSON *want = cJSON_GetObjectItem(j, names[k]);
             cJSON *got = cJSON_CreateArray();
             assert_int_equal(engine_tok_pretokenize(tok[k], text, len, on_piece, got, &err), ST_OK);
@@ -161,15 +162,17 @@ static void test_pretokenizers(void **state)
         lines++;
     }
     free(file);
-    print_message("pretok_ref: %zu strings, %zu pieces, llama-bpe and qwen2 as Python regex\n",
+    print_message("pretok_ref: %zu strings, %zu pieces, llama-bpe, qwen2 and gpt-4o as Python "
+                  "regex\n",
                   lines, pieces);
     assert_true(lines >= 1000);
-    /* what differs: digits in threes (llama-bpe) or one by one (qwen2) */
+    /* what differs: digits in threes (llama-bpe, gpt-4o) or one by one (qwen2); gpt-4o's "="
+     * goes with its word */
     const char *digits = "x=12345";
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         cJSON *got = cJSON_CreateArray();
         assert_int_equal(engine_tok_pretokenize(tok[k], digits, 7, on_piece, got, &err), ST_OK);
-        assert_int_equal(cJSON_GetArraySize(got), k ? 1 + 1 + 5 : 1 + 1 + 2);
+        assert_int_equal(cJSON_GetArraySize(got), k == 1 ? 1 + 1 + 5 : 1 + 1 + 2);
         cJSON_Delete(got);
         engine_tok_free(tok[k]);
     }

@@ -3,7 +3,7 @@
 by CI; the outputs are committed):
 
   tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3,phi3_longrope,qwen3moe,
-                      mixtral}.gguf  (`gguf`)
+                      mixtral,phi3_partial}.gguf  (`gguf`)
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -18,7 +18,8 @@ in one, head_dim 48 (not a power of two), the sliding window Phi-3 mini's GGUF d
 phi3_longrope Phi-3.5's LongRoPE (short and long factors, original context 16 of 64, attention
 factor 1.19), with reference logits for each factor set; qwen3moe and mixtral mixtures of
 experts (Qwen3-MoE's 3 of 8 experts a token, Mixtral's 2 of 4: the router's softmax over all,
-renormalized over the chosen).
+renormalized over the chosen); phi3_partial Phi-4-mini's RoPE on the first 3/4 of each head
+(with LongRoPE, the output head tied).
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -82,6 +83,8 @@ def write(name, arch, head_dim, extra, types, rng):
         w.add_sliding_window(5)
     if "window" in extra:
         w.add_sliding_window(2047)
+    if "partial" in extra:  # RoPE on the first 3/4 of each head (Phi-4-mini: 96 of 128)
+        w.add_rope_dimension_count(head_dim * 3 // 4)
     if "longrope" in extra:  # Phi-3.5 mini's keys (original context 4096 of 131072 there)
         w.add_uint32(arch + ".rope.scaling.original_context_length", LONGROPE_ORIG)
         w.add_float32(arch + ".rope.scaling.attn_factor", 1.19)
@@ -111,12 +114,12 @@ def write(name, arch, head_dim, extra, types, rng):
 
     mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
     vec("output_norm.weight", E, 1.0, 0.2)
-    if name in ("llama3", "mixtral") or arch == "phi3":
+    if name in ("llama3", "mixtral") or (arch == "phi3" and "partial" not in extra):
         mat("output.weight", E, V, types[1], scale=2.0)
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
     if "longrope" in extra:  # long factors up to ~6 for the slow pairs, short ones near 1
-        ramp = np.linspace(0, 1, head_dim // 2)
+        ramp = np.linspace(0, 1, (head_dim * 3 // 4 if "partial" in extra else head_dim) // 2)
         w.add_tensor("rope_factors_long.weight", (1 + 5 * ramp ** 2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1 + 0.5 * ramp).astype(np.float32))
     for l in range(NL):
@@ -181,6 +184,8 @@ def main():
         # Mixtral's (llama with 4 experts, 2 a token, each 64 wide)
         ("qwen3moe", "qwen3moe", 32, ("qk_norm", "moe"), (Q.Q8_0, Q.Q4_1, Q.Q4_0)),
         ("mixtral", "llama", E // H, ("moe",), (Q.Q4_0, Q.Q8_0)),
+        # Phi-4-mini's shape: RoPE on 12 of each head's 16 channels, LongRoPE, the output tied
+        ("phi3_partial", "phi3", E // H, ("partial", "longrope"), (Q.Q8_0, Q.Q4_0)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}

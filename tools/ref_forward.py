@@ -85,7 +85,7 @@ class Model:
         if has("expert_feed_forward_length"):
             self.n_ff = int(g("expert_feed_forward_length"))
         self.n_rot = int(g("rope.dimension_count")) if has("rope.dimension_count") else self.head_dim
-        assert self.n_rot == self.head_dim
+        assert 0 < self.n_rot <= self.head_dim and self.n_rot % 2 == 0
         self.neox = arch != "llama"
         self.gemma = arch in ("gemma2", "gemma3")
         self.window = int(g("attention.sliding_window")) if self.gemma else 0
@@ -171,7 +171,13 @@ class Model:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def rope(self, x, pos, theta, factors=None):
-        # x: (T, H, D); pair i rotated by pos * theta^(-2i/D) (/ factor i)
+        # x: (T, H, D); pair i of the first n_rot channels rotated by pos * theta^(-2i/n_rot)
+        # (/ factor i); the rest pass (partial rotary: Phi-4-mini, Hugging Face's
+        # partial_rotary_factor)
+        if self.n_rot < x.shape[-1]:
+            out = x.copy()
+            out[..., :self.n_rot] = self.rope(x[..., :self.n_rot], pos, theta, factors)
+            return out
         D = x.shape[-1]
         inv = theta ** (-np.arange(0, D, 2, dtype=DT) / D)             # (D/2,)
         if factors is not None:

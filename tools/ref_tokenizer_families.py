@@ -14,9 +14,9 @@
   tests/fixtures/tekken_vocab.gguf.zst    Mistral's tekken vocabulary (Nemo's, from mistral_common)
                                           as a byte-level BPE GGUF (see tekken()), and
   tests/fixtures/tokenizer_tekken.jsonl   mistral_common's Tekkenizer ids for those strings
-  tests/fixtures/pretok_ref.jsonl         the llama-bpe (Llama 3) and qwen2 pre-tokenizer
-                                          regexes run by Python's `regex` module over those
-                                          strings: the pieces, as hex
+  tests/fixtures/pretok_ref.jsonl         the llama-bpe (Llama 3), qwen2 and gpt-4o (o200k)
+                                          pre-tokenizer regexes run by Python's `regex` module
+                                          over those strings: the pieces, as hex
 
 Usage: python3 tools/ref_tokenizer_families.py [--gemma PATH] [--only pretok|gemma|tekken]
 (needs numpy, gguf, llama-cpp-python, regex and mistral_common: tools/requirements-ref.txt;
@@ -39,9 +39,21 @@ FIX = os.path.join(ROOT, "tests", "fixtures")
 PRETOK = {
     "llama-bpe": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # o200k's (Phi-4-mini and other GPT-4o-vocabulary GGUFs name it "gpt-4o"), as tiktoken's
+    # tiktoken_ext/openai_public.py o200k_base() joins it
+    "gpt-4o": "|".join([
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]),
 }
 
 EXTRA = [
+    "I'M HERE", "they'LL", "HelloWorld's", "CamelCaseID's", "x'S", "3'rd 12345678", "a/\n/b",
     "", " ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\n\n\n", " \n ", "a  b", "a   b",
     "  leading", "trailing  ", "x\t\ty", "<b>bold</b> and <i>it</i>", "<table><tr><td>1</td></tr>",
     "▁already▁escaped", "a▁b c", "1234567890", "3.14159", "I'm", "DON'T", "we'RE",

@@ -133,8 +133,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 3)
         return 0;
     static const char *const pres[] = {"default", "smollm", "llama-bpe", "qwen2",
-                                       "gpt2",    "tekken", "nope"};
-    const int spm = data[0] & 1, bad = data[0] >> 1 & 7, pre = data[1] % 7;
+                                       "gpt2",    "tekken", "gpt-4o",    "nope"};
+    const int spm = data[0] & 1, bad = data[0] >> 1 & 7,
+              pre = data[1] % (int)(sizeof(pres) / sizeof(pres[0]));
     const int add_bos = data[2] & 1, prefix = data[2] >> 1 & 1, by_template = data[2] >> 2 & 1;
     data += 3;
     size = size - 3;
