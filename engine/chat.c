@@ -1,6 +1,6 @@
 /* Chat templates: recognises the template text (ChatML with its default system turn, Gemma,
- * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2, v0.3 and Small 3.2, Phi-3, Phi-4, Qwen3,
- * DeepSeek R1),
+ * Llama 2, Llama 3, Llama 3.1, Mistral v0.1/v0.2, v0.3 and Small 3.2, Phi-3, Phi-4, Phi-4-mini,
+ * Qwen3, DeepSeek R1),
  * and renders or tokenizes a
  * conversation as a list of parts (the template's special tokens and text). */
 #include "engine/chat.h"
@@ -48,6 +48,7 @@ enum chat_fmt {
     CHAT_FMT_DEEPSEEK_R1,
     CHAT_FMT_MISTRAL7,
     CHAT_FMT_PHI4,
+    CHAT_FMT_PHI4_MINI,
 };
 
 static const struct {
@@ -67,6 +68,7 @@ static const struct {
     {"deepseek-r1", DS_USER},
     {"mistral-v7", NULL}, /* [SYSTEM_PROMPT] is text in Nemo's tekken vocabulary too */
     {"phi4", CHAT_IM_SEP},
+    {"phi4-mini", NULL}, /* (its vocabulary has Phi-3's <|user|>) */
 };
 
 #define CHAT_N_FMTS (sizeof(g_fmts) / sizeof(g_fmts[0]))
@@ -487,6 +489,8 @@ static int fmt_from_template(const char *s, int *variant)
                    ? CHAT_FMT_MISTRAL
                    : -1;
     }
+    if (strstr(s, "<|tool|>") && strstr(s, "<|end|>"))
+        return published_as(s, g_pub_phi4_mini) >= 0 ? CHAT_FMT_PHI4_MINI : -1;
     if (strstr(s, g_fmts[CHAT_FMT_PHI3].marker) && strstr(s, "<|end|>"))
         return strstr(s, "message['role'] == 'system' and message['content']") &&
                        strstr(s, "add_generation_prompt") && !strstr(s, "tools")
@@ -584,7 +588,7 @@ enum status engine_chat_init_named(struct engine_chat **out, const struct io_ggu
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "chat template not supported (ChatML, Gemma, Llama 2, Llama 3, Llama "
                        "3.1/3.2/3.3, Mistral v0.1/v0.2/v0.3, Mistral Small 3.2, Phi-3, Phi-4, "
-                       "Qwen3 and DeepSeek R1's distills are; "
+                       "Phi-4-mini, Qwen3 and DeepSeek R1's distills are; "
                        "--chat-template NAME picks one): \"%s\"",
                        snip);
     }
@@ -1180,11 +1184,31 @@ static size_t parts_phi3(const struct engine_chat_msg *m, size_t n, int gen, str
     return k;
 }
 
+/* Phi-4-mini: "<|role|>content<|end|>" per message, every role alike (tools in a system
+ * message, which the template writes after its content, are not offered), then "<|assistant|>"
+ * as the generation prompt, else "<|endoftext|>" (its eos_token). */
+static size_t parts_phi4_mini(const struct engine_chat_msg *m, size_t n, int gen,
+                              struct chat_part *p)
+{
+    static const char *const tag[][2] = {
+        {"system", "<|system|>"}, {"user", "<|user|>"}, {"assistant", "<|assistant|>"}};
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t r = 0; r < 3; r++)
+            if (!strcmp(m[i].role, tag[r][0])) {
+                p[k++] = special(tag[r][1]);
+                p[k++] = text(m[i].content);
+                p[k++] = special("<|end|>");
+            }
+    p[k++] = special(gen ? "<|assistant|>" : "<|endoftext|>");
+    return k;
+}
+
 /* 1 when the format writes BOS itself (the tokenizer must not add another). */
 static int writes_bos(const struct engine_chat *c)
 {
     return c->fmt != CHAT_FMT_CHATML && c->fmt != CHAT_FMT_PHI3 && c->fmt != CHAT_FMT_QWEN3 &&
-           c->fmt != CHAT_FMT_PHI4;
+           c->fmt != CHAT_FMT_PHI4 && c->fmt != CHAT_FMT_PHI4_MINI;
 }
 
 /* The conversation as parts; *parts is malloc'd (caller frees), pointing into msgs, c and
@@ -1242,6 +1266,8 @@ static enum status chat_parts(const struct engine_chat *c, const struct engine_c
         st = parts_mistral(msgs, n, p, &k, err);
     else if (c->fmt == CHAT_FMT_PHI3)
         k = parts_phi3(msgs, n, gen, p);
+    else if (c->fmt == CHAT_FMT_PHI4_MINI)
+        k = parts_phi4_mini(msgs, n, gen, p);
     else
         k = parts_chatml(c, msgs, n, gen, p);
     if (st != ST_OK) {
@@ -1409,7 +1435,8 @@ char *engine_chat_published(const char *name, size_t i)
         const char *const *const *pub;
     } f[] = {{"llama31", g_pub_llama31},       {"mistral-v3", g_pub_mistral_v3},
              {"qwen3", g_pub_qwen3},           {"deepseek-r1", g_pub_deepseek_r1},
-             {"mistral-v7", g_pub_mistral_v7}, {"phi4", g_pub_phi4}};
+             {"mistral-v7", g_pub_mistral_v7}, {"phi4", g_pub_phi4},
+             {"phi4-mini", g_pub_phi4_mini}};
     for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++) {
         if (strcmp(name, f[k].name))
             continue;

@@ -63,7 +63,7 @@ struct engine_chat; /* opaque; see engine/chat.c */
 /* The formats' names, as --chat-template takes them and errors list them. */
 #define ENGINE_CHAT_NAMES                                                                          \
     "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, mistral-v7, phi3, " \
-    "phi4, qwen3"
+    "phi4, phi4-mini, qwen3"
 
 /* Recognise g's chat template. Unknown templates fail with ST_ERR_UNSUPPORTED naming the
  * template's first 60 characters. The result copies what it needs (g may be closed); the

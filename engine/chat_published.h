@@ -671,6 +671,12 @@ static const char *const g_pub_phi4_0[] = {
     NULL};
 static const char *const *const g_pub_phi4[] = {g_pub_phi4_0, NULL};
 
+/* microsoft-Phi-4-mini-instruct.jinja */
+static const char *const g_pub_phi4_mini_0[] = {
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}",
+    NULL};
+static const char *const *const g_pub_phi4_mini[] = {g_pub_phi4_mini_0, NULL};
+
 /* clang-format on */
 
 #endif

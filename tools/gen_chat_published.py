@@ -18,6 +18,7 @@ FORMATS = [
     ("deepseek_r1", ["deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"]),
     ("mistral_v7", ["mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja"]),
     ("phi4", ["microsoft-phi-4.jinja"]),
+    ("phi4_mini", ["microsoft-Phi-4-mini-instruct.jinja"]),
 ]
 
 

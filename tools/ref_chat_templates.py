@@ -17,8 +17,10 @@ Qwen-Qwen3-0.6B.jinja: all the thinking Qwen3 models have that template), DeepSe
 Llama 8B distill (the revision with <think> in the generation prompt), Mistral Nemo
 (models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja) and Mistral 7B Instruct v0.3
 (mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json), Mistral Small 3.2 (llama.cpp's
-models/templates copy) and Phi-4 (microsoft/phi-4's, as llama.cpp's tests/test-chat-template.cpp
-holds it). Jinja2 defines no strftime_now,
+models/templates copy), Phi-4 (microsoft/phi-4's, as llama.cpp's tests/test-chat-template.cpp
+holds it) and Phi-4-mini (microsoft/Phi-4-mini-instruct's tokenizer_config.json value, as
+several public sources quote it alike: guidance's chat templates, onnxruntime-genai's and the
+Berkeley function-calling leaderboard's handlers). Jinja2 defines no strftime_now,
 so Llama 3.2's template writes its fallback date, as quern does.
 
 For Mistral v0.3 the lines also carry the token ids Mistral's own tokenizer (mistral_common,
@@ -128,7 +130,8 @@ FILES = {"llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja",
          "qwen3": "Qwen-Qwen3-0.6B.jinja",
          "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
          "mistral-v7": "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja",
-         "phi4": "microsoft-phi-4.jinja"}
+         "phi4": "microsoft-phi-4.jinja",
+         "phi4-mini": "microsoft-Phi-4-mini-instruct.jinja"}
 
 # name: (template, bos_token, eos_token)
 TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of_text|>", ""),
@@ -138,6 +141,7 @@ TEMPLATES = {"gemma": (GEMMA3, "<bos>", "<eos>"), "llama3": (LLAMA3, "<|begin_of
              "llama32": (None, "<|begin_of_text|>", "<|eot_id|>"),
              "mistral-v3": (None, "<s>", "</s>"), "mistral-nemo": (None, "<s>", "</s>"),
              "mistral-v7": (None, "<s>", "</s>"), "phi4": (None, "<|endoftext|>", "<|im_end|>"),
+             "phi4-mini": (None, "<|endoftext|>", "<|endoftext|>"),
              "qwen3": (None, "", "<|im_end|>"),
              "deepseek-r1": (None, "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
                              "<\uff5cend\u2581of\u2581sentence\uff5c>")}

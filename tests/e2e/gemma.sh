@@ -37,7 +37,7 @@ PY
 set +e # (an unknown template is a usage error: exit 2, before the model loads)
 "$Q" tokenize --model "$G" --chat --chat-template vicuna </dev/null 2>"$tmp/e1"; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, mistral-v7, phi3, phi4, qwen3" "$tmp/e1" || fail "unknown template: rc $rc"
+[ $rc -eq 2 ] && grep -q "chatml, deepseek-r1, gemma, llama2, llama3, llama31, mistral, mistral-v3, mistral-v7, phi3, phi4, phi4-mini, qwen3" "$tmp/e1" || fail "unknown template: rc $rc"
 
 # 2b. --chat-template mistral-v7 (Gemma's vocabulary has <s>; SmolLM2's does not) writes Mistral
 # Small 3.2's default system prompt with a date: the day the job was submitted (jobs.created),
