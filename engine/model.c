@@ -112,6 +112,7 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
         const struct engine_layer *L = &m->layers[l];
         struct engine_layer *S = &R->layers[l];
         *S = *L;
+        S->experts = NULL; /* (rank_experts makes the rank's own; until then not L's to free) */
         if (n > 1) {
             S->wq = rows_of(&L->wq, (int64_t)r * qd, qd);
             S->wk = rows_of(&L->wk, (int64_t)r * kvd, kvd);
@@ -942,7 +943,8 @@ static int moe_runs(const int32_t *count, int n_expert, int n_slot, int n, struc
             if (e == n_expert || e0 >= c1)
                 break;
             const int s0 = e0 > c0 ? e0 : c0, s1 = e0 + count[e] < c1 ? e0 + count[e] : c1;
-            run[nr++] = (struct moe_run){e, c0, s0 - c0, s1 - s0};
+            if (s1 > s0) /* (an expert no token chose has no run) */
+                run[nr++] = (struct moe_run){e, c0, s0 - c0, s1 - s0};
             if (e0 + count[e] > c1)
                 break;
             e0 += count[e++];
@@ -973,10 +975,11 @@ static void moe_ffn(const struct engine_model *m, struct engine_rank *R, const s
     struct moe_run run[ENGINE_MAX_EXPERTS + ENGINE_MAX_EXPERTS];
     const int nr = moe_runs(f->h_count, hp->n_expert, n_slot, n, run);
     /* with several ranks each run's all-gather order (as stage_batch's perm for its rows) */
-    for (int i = 0, p = 2 * n_slot; N > 1 && i < nr; p += run[i++].m * N)
+    size_t p = 2 * (size_t)n_slot;
+    for (int i = 0; N > 1 && i < nr; p += (size_t)run[i++].m * N)
         for (int t = 0; t < run[i].m; t++)
             for (int q = 0; q < N; q++)
-                f->h_slot[p + t * N + q] = q * run[i].m + t;
+                f->h_slot[p + (size_t)t * N + q] = q * run[i].m + t;
     be->ops->upload(be, f->slot_tok, f->h_slot,
                     sizeof(int32_t) * (size_t)n_slot * (size_t)(2 + (N > 1 ? N : 0)));
     be->ops->upload(be, f->slot_w, f->h_w, sizeof(float) * (size_t)n_slot);

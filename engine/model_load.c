@@ -93,7 +93,14 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
 {
     enum status st;
     hp->n_expert = hp->n_expert_used = 0;
-    if ((st = get_hparam(g, arch, "expert_count", &hp->n_expert, 0, 0, err)) || !hp->n_expert)
+    char name[128];
+    uint32_t count;
+    snprintf(name, sizeof(name), "%s.expert_count", arch);
+    if (!io_gguf_find_kv(g, name)) /* (0, as llama.cpp takes it, is a dense model too) */
+        return ST_OK;
+    if ((st = io_gguf_get_u32(g, name, &count, err)) || !count)
+        return st;
+    if ((st = get_hparam(g, arch, "expert_count", &hp->n_expert, 1, 0, err)))
         return st;
     if (hp->arch != ENGINE_ARCH_LLAMA && strcmp(arch, "qwen3moe"))
         return err_set(err, ST_ERR_UNSUPPORTED,
@@ -105,7 +112,6 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
         uint32_t ok;
     } other[] = {{"expert_shared_count", 0}, {"expert_gating_func", 1}, {"expert_group_count", 1}};
     for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
-        char name[128];
         uint32_t v;
         snprintf(name, sizeof(name), "%s.%s", arch, other[i].key);
         if (io_gguf_find_kv(g, name) && (io_gguf_get_u32(g, name, &v, NULL) || v != other[i].ok))
@@ -123,7 +129,6 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
                        hp->n_expert, hp->n_expert_used, ENGINE_MAX_EXPERTS);
     /* llama.cpp reads no scale of the weights for these architectures: a file declaring one
      * (other than 1) is another model */
-    char name[128];
     float scale;
     snprintf(name, sizeof(name), "%s.expert_weights_scale", arch);
     if (io_gguf_find_kv(g, name) &&

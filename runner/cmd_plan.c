@@ -183,11 +183,14 @@ int runner_cmd_plan(int argc, char **argv)
         const int nw = engine_model_weights(m, l, ws), nx = xs ? 3 * hp->n_expert : 0;
         for (int i = 0; i < nw + nx; i++) {
             const struct kern_tensor *w = i < nw ? ws[i] : &xs[i - nw];
+            /* the layers' matrices are split, but a router (the last of a mixture's list) is
+             * whole on every rank, as the output head is */
+            const int whole = l == hp->n_layer || (xs && i == nw - 1);
             mats += (uint64_t)w->ne1 * w->row_bytes;
-            if (l < hp->n_layer)
+            if (!whole)
                 split += (uint64_t)w->ne1 * w->row_bytes;
-            dev_w += kcu_weight_device_bytes(
-                w->type, w->ne0, l < hp->n_layer ? w->ne1 / tp : w->ne1, w->row_bytes, 1);
+            dev_w += kcu_weight_device_bytes(w->type, w->ne0, whole ? w->ne1 : w->ne1 / tp,
+                                             w->row_bytes, 1);
             if (be && be->ops->weight_bytes)
                 packed += be->ops->weight_bytes(be, w);
         }

@@ -677,6 +677,8 @@ static void test_moe_routing_keys(void **state)
         {"qwen3moe.expert_weights_scale", 0, 1, 2.5f, ST_ERR_UNSUPPORTED},
         {"qwen3moe.expert_weights_scale", 0, 1, 1.0f, ST_OK},
         {"qwen3moe.expert_used_count", 9, 0, 0, ST_ERR_UNSUPPORTED}, /* more than 8 experts */
+        /* 0 experts: a dense model (as llama.cpp takes it), which this file's tensors are not */
+        {"qwen3moe.expert_count", 0, 0, 0, ST_ERR_NOT_FOUND},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const enum status st =
@@ -685,9 +687,65 @@ static void test_moe_routing_keys(void **state)
             fail_msg("%s: status %d, want %d (%s)", cases[i].key, st, cases[i].want, msg);
         if (st) {
             printf("  %s\n", msg);
-            assert_true(strstr(msg, cases[i].key) || strstr(msg, "used"));
+            assert_true(strstr(msg, cases[i].key) || strstr(msg, "used") ||
+                        strstr(msg, "blk.0.ffn_gate.weight' is missing"));
         }
     }
+}
+
+static struct kern_ops g_cpu_ops; /* the CPU backend's, which fail_prepare wraps */
+static int g_prepares, g_fail_at; /* prepare calls so far; the one that fails */
+
+static enum status fail_prepare(struct kern_backend *b, struct kern_tensor *w,
+                                struct err_detail *err)
+{
+    if (++g_prepares == g_fail_at)
+        return err_set(err, ST_ERR_NOMEM, "no memory (prepare call %d, failed on purpose)",
+                       g_prepares);
+    return g_cpu_ops.prepare(b, w, err);
+}
+
+/* A weight that fails to prepare (a device out of memory) fails the load with its status and
+ * frees what was made, whichever it is: a layer's attention matrices, before the rank has its own
+ * list of experts (their list was freed twice), an expert, the router. Under the sanitizers a
+ * double free or a leak fails this. */
+static void test_moe_prepare_fails(void **state)
+{
+    (void)state;
+    struct err_detail err = {0};
+    struct kern_backend *real;
+    struct kern_backend_opts ko = {NULL, 1, NULL, KERN_ACT_Q8, 0, 1, 0};
+    assert_int_equal(kern_backend_open(&real, &ko, &err), ST_OK);
+    g_cpu_ops = *real->ops;
+    if (!g_cpu_ops.prepare) {
+        printf("  (this backend prepares nothing)\n");
+        kern_backend_free(real);
+        return;
+    }
+    struct kern_ops ops = g_cpu_ops;
+    ops.prepare = fail_prepare;
+    struct kern_backend be = *real;
+    be.ops = &ops;
+    /* per layer: q, k, v, o (calls 1-4), 24 experts' matrices, the router (29) */
+    static const int at[] = {1, 4, 7, 28, 29, 30, 33, 59, 140};
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        struct engine_model *m = NULL;
+        g_prepares = 0;
+        g_fail_at = at[i];
+        assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/qwen3moe.gguf", &be, &err),
+                         ST_ERR_NOMEM);
+        assert_null(m);
+        assert_non_null(strstr(err.msg, "failed on purpose"));
+    }
+    g_fail_at = 0; /* and whole: every call made */
+    struct engine_model *m = NULL;
+    g_prepares = 0;
+    assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/qwen3moe.gguf", &be, &err), ST_OK);
+    printf("  qwen3moe: %d prepare calls; a failure at any of 9 of them fails the load cleanly\n",
+           g_prepares);
+    assert_true(g_prepares > 140);
+    engine_model_free(m);
+    kern_backend_free(real);
 }
 
 static void test_unsupported_arch(void **state)
@@ -769,7 +827,7 @@ int main(void)
         cmocka_unit_test(test_arch_logits),          cmocka_unit_test(test_arch_engine_window),
         cmocka_unit_test(test_arch_engine_longrope), cmocka_unit_test(test_unsupported_arch),
         cmocka_unit_test(test_damaged_weights),      cmocka_unit_test(test_arch_moe_batch),
-        cmocka_unit_test(test_moe_routing_keys),
+        cmocka_unit_test(test_moe_routing_keys),     cmocka_unit_test(test_moe_prepare_fails),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
