@@ -69,23 +69,26 @@ static int rank_vecs(const struct engine_model *m, struct engine_rank *R, int r,
 
 /* Rank r of n's router (whole) and experts (each split as a dense FFN: gate and up by rows, down
  * by hidden rows), prepared on be. */
-static enum status rank_experts(struct engine_layer *S, const struct engine_layer *L, int n_expert,
+static enum status rank_experts(struct engine_layer *S, const struct engine_layer *L, int n_ffns,
                                 int r, int n, struct kern_backend *be, struct err_detail *err)
 {
     S->experts = NULL;
     if (!L->experts)
         return ST_OK;
-    if (!(S->experts = calloc(3 * (size_t)n_expert, sizeof(*S->experts))))
+    if (!(S->experts = calloc(3 * (size_t)n_ffns, sizeof(*S->experts))))
         return err_set(err, ST_ERR_NOMEM, "no memory");
-    for (int e = 0; e < n_expert; e++) {
+    for (int e = 0; e < n_ffns; e++) {
         const struct kern_tensor *g = &L->experts[3 * e], *d = &L->experts[3 * e + 2];
         const int64_t F = g->ne1 / n, E = d->ne1 / n;
         S->experts[3 * e] = rows_of(g, r * F, F);
         S->experts[3 * e + 1] = rows_of(&L->experts[3 * e + 1], r * F, F);
         S->experts[3 * e + 2] = rows_of(d, r * E, E);
     }
-    for (int i = 0; be->ops->prepare && i <= 3 * n_expert; i++) {
-        enum status st = be->ops->prepare(be, i < 3 * n_expert ? &S->experts[i] : &S->router, err);
+    for (int i = 0; be->ops->prepare && i < 3 * n_ffns + 2; i++) {
+        struct kern_tensor *w = i < 3 * n_ffns    ? &S->experts[i]
+                                : i == 3 * n_ffns ? &S->router
+                                                  : &S->shexp_gate;
+        enum status st = w->data ? be->ops->prepare(be, w, err) : ST_OK;
         if (st)
             return st;
     }
@@ -131,7 +134,7 @@ static enum status rank_init(struct engine_model *m, int r, int n, struct kern_b
             if (st)
                 return st;
         }
-        enum status st = rank_experts(S, L, hp->n_expert, r, n, be, err);
+        enum status st = rank_experts(S, L, engine_hp_n_ffns(hp), r, n, be, err);
         if (st)
             return st;
     }
@@ -191,17 +194,17 @@ static void stage_free(struct engine_model *m)
     memset(s, 0, sizeof(*s));
 }
 
-static void rank_free(struct engine_rank *R, int n_layer, int n_expert)
+static void rank_free(struct engine_rank *R, int n_layer, int n_ffns)
 {
     if (!R->be)
         return;
     for (int l = 0; R->layers && l < n_layer; l++) {
         struct engine_layer *S = &R->layers[l];
-        struct kern_tensor *mats[] = {&S->wq,     &S->wk,   &S->wv,     &S->wo,
-                                      &S->w_gate, &S->w_up, &S->w_down, &S->router};
+        struct kern_tensor *mats[] = {&S->wq,   &S->wk,     &S->wv,     &S->wo,        &S->w_gate,
+                                      &S->w_up, &S->w_down, &S->router, &S->shexp_gate};
         for (size_t i = 0; R->be->ops->release && i < sizeof(mats) / sizeof(mats[0]); i++)
             R->be->ops->release(R->be, mats[i]);
-        for (int i = 0; S->experts && R->be->ops->release && i < 3 * n_expert; i++)
+        for (int i = 0; S->experts && R->be->ops->release && i < 3 * n_ffns; i++)
             R->be->ops->release(R->be, &S->experts[i]);
         free(S->experts);
     }
@@ -216,7 +219,7 @@ static enum status ranks_init(struct engine_model *m, struct kern_backend *const
     const struct engine_hparams *hp = &m->hp;
     if (n > ENGINE_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, ENGINE_MAX_RANKS);
-    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n)
+    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n || hp->n_ff_shexp % n)
         return err_set(err, ST_ERR_UNSUPPORTED,
                        "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows and %d "
                        "hidden rows must each divide by it (KV heads are not replicated)",
@@ -309,7 +312,7 @@ void engine_model_free(struct engine_model *m)
         return;
     stage_free(m);
     for (int r = 0; m->rank && r < m->n_rank; r++)
-        rank_free(&m->rank[r], m->hp.n_layer, m->hp.n_expert);
+        rank_free(&m->rank[r], m->hp.n_layer, engine_hp_n_ffns(&m->hp));
     if (m->be && m->be->ops->release) {
         m->be->ops->release(m->be, &m->output);
         if (!m->tied_output)
@@ -440,6 +443,18 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
 
 /* ---- forward ---- */
 
+/* The FFN buffers' width: the FFN's (an expert's), or a shared expert's where it is wider. */
+static int ffn_width(const struct engine_hparams *hp)
+{
+    return hp->n_ff_shexp > hp->n_ff ? hp->n_ff_shexp : hp->n_ff;
+}
+
+/* A mixture of experts' slots per token: its chosen experts, and the shared one. */
+static int moe_k(const struct engine_hparams *hp)
+{
+    return hp->n_expert_used + (hp->n_ff_shexp > 0);
+}
+
 /* Floats of a rank's activation scratch per token: residual, norm, its q, attention output, k,
  * v, gate and up; with more than one rank also the whole attention output, gate and up, its
  * slice of o's and down's output, and the all-gather's landing area (rank_init's shares). */
@@ -447,15 +462,16 @@ static size_t scratch_per_tok(const struct engine_hparams *hp, int n_rank)
 {
     size_t q_dim = (size_t)(hp->n_head / n_rank) * hp->head_dim;
     size_t kv_dim = (size_t)(hp->n_kv_head / n_rank) * hp->head_dim;
-    size_t s = 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)(hp->n_ff / n_rank);
+    size_t s =
+        2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)(ffn_width(hp) / n_rank);
     if (n_rank > 1) {
-        size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)hp->n_ff;
+        size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)ffn_width(hp);
         size_t widest = qf > F ? qf : F;
         widest = widest > (size_t)hp->n_embd ? widest : (size_t)hp->n_embd;
         s += qf + 2 * F + (size_t)(hp->n_embd / n_rank) + widest;
     }
     if (hp->n_expert) /* the experts' input and output rows, their sum, the router logits */
-        s += 3 * (size_t)hp->n_embd + (size_t)hp->n_expert;
+        s += 3 * (size_t)hp->n_embd + (size_t)engine_hp_n_ffns(hp);
     return s;
 }
 
@@ -463,7 +479,7 @@ static size_t scratch_per_tok(const struct engine_hparams *hp, int n_rank)
  * tokens, their moe_add rows, and with several ranks each expert run's all-gather order). */
 static size_t moe_slot_ints(const struct engine_hparams *hp, size_t T, int n_rank)
 {
-    return T * (size_t)hp->n_expert_used * (2 + (n_rank > 1 ? (size_t)n_rank : 0));
+    return T * (size_t)moe_k(hp) * (2 + (n_rank > 1 ? (size_t)n_rank : 0));
 }
 
 /* The element counts of engine_model_reserve's buffers. */
@@ -503,7 +519,7 @@ size_t engine_model_stage_bytes(const struct engine_model *m, int n_rank, int ra
     if (n_rank > 1)
         b += sizeof(int32_t) * z.T * (size_t)n_rank; /* perm */
     b += sizeof(int32_t) * moe_slot_ints(&m->hp, z.T, n_rank) +
-         sizeof(float) * z.T * (size_t)m->hp.n_expert_used; /* the experts' slots */
+         sizeof(float) * z.T * (size_t)moe_k(&m->hp); /* the experts' slots */
     if (rank == 0 && device)                         /* logits (one row a sequence slot) and ids */
         b += sizeof(float) * z.rows * (size_t)m->hp.n_vocab + sizeof(int32_t) * z.T;
     return b;
@@ -538,7 +554,7 @@ enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int 
         struct engine_rank *R = &m->rank[r];
         struct engine_rank_bufs *f = &R->buf;
         struct kern_backend *be = R->be;
-        const int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+        const int64_t widest = ffn_width(hp) > hp->n_embd ? ffn_width(hp) : hp->n_embd;
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
         enum status rs = be->ops->reserve ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd,
                                                              max_blocks * block, err)
@@ -562,13 +578,13 @@ enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int 
         ok = ok && f->act && f->tok && f->pos && f->row && f->last && f->rope && f->tables &&
              f->idx;
         if (hp->n_expert) {
-            const size_t ints = moe_slot_ints(hp, T, m->n_rank), slots = T * hp->n_expert_used;
+            const size_t ints = moe_slot_ints(hp, T, m->n_rank), slots = T * moe_k(hp);
             f->slot_tok = be->ops->buf_alloc(be, sizeof(int32_t) * ints);
             f->slot_w = be->ops->buf_alloc(be, sizeof(float) * slots);
             f->h_slot = malloc(sizeof(int32_t) * ints);
             f->h_w = malloc(sizeof(float) * slots);
-            f->h_count = malloc(sizeof(int32_t) * (size_t)hp->n_expert);
-            f->h_router = malloc(sizeof(float) * T * (size_t)hp->n_expert);
+            f->h_count = malloc(sizeof(int32_t) * (size_t)engine_hp_n_ffns(hp));
+            f->h_router = malloc(sizeof(float) * T * (size_t)engine_hp_n_ffns(hp));
             ok = ok && f->slot_tok && f->slot_w && f->h_slot && f->h_w && f->h_count && f->h_router;
         }
         if (r == 0 && !be->host_memory) {
@@ -855,13 +871,13 @@ static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct
     B.kk = B.att + (size_t)n * q_dim;
     B.vv = B.kk + (size_t)n * kv_dim;
     B.gate = B.vv + (size_t)n * kv_dim;
-    B.up = B.gate + (size_t)n * R->n_ff;
-    B.att_all = B.up + (size_t)n * R->n_ff;
+    B.up = B.gate + (size_t)n * (ffn_width(hp) / n_rank);
+    B.att_all = B.up + (size_t)n * (ffn_width(hp) / n_rank);
     B.gate_all = B.att_all + (size_t)n * hp->n_head * hd;
-    B.up_all = B.gate_all + (size_t)n * hp->n_ff;
-    B.y = B.up_all + (size_t)n * hp->n_ff;
+    B.up_all = B.gate_all + (size_t)n * ffn_width(hp);
+    B.y = B.up_all + (size_t)n * ffn_width(hp);
     B.land = B.y + (size_t)n * R->n_embd;
-    const size_t moe = 3 * (size_t)E + (size_t)hp->n_expert;
+    const size_t moe = 3 * (size_t)E + (size_t)engine_hp_n_ffns(hp);
     B.moe_in = B.x + (size_t)n * (scratch_per_tok(hp, n_rank) - moe);
     B.moe_out = B.moe_in + (size_t)n * E;
     B.moe_sum = B.moe_out + (size_t)n * E;
@@ -869,48 +885,59 @@ static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct
     return B;
 }
 
-/* A mixture of experts' routing of n tokens from their router logits (n x n_expert) on the host:
- * each token's n_expert_used experts of the largest logits (NaN never chosen unless nothing else
- * is left, ties to the lower expert), weighted by their softmax over the chosen ones (Mixtral's
- * and Qwen3-MoE's softmax over all experts, renormalized over the chosen: the same weights);
- * the slots (token, expert) in expert order, by token within an expert: slot_tok = the tokens,
- * slot_tok + n k = their moe_add rows (~token where it is the token's first slot, its lowest
- * expert), w = the weights, count = slots per expert. */
-static void moe_route(const float *logits, int n, int n_expert, int k, int32_t *slot_tok, float *w,
-                      int32_t *count)
+/* The routing of a mixture of experts (struct engine_hparams hp) for n tokens, on the host: logits
+ * holds each token's n_expert router logits, then with a shared expert each token's gate logit.
+ * Each token runs the n_expert_used experts of the largest logits (NaN never chosen unless
+ * nothing else is left, ties to the lower expert), weighted by their softmax over all experts,
+ * renormalized over the chosen where hp->expert_norm (Mixtral's, Qwen3-MoE's; Qwen2-MoE's not),
+ * and the shared expert (number n_expert) weighted by the sigmoid of its gate logit. The slots
+ * (token, expert) in expert order, by token within an expert: slot_tok = the tokens, slot_tok +
+ * n moe_k = their moe_add rows (~token where it is the token's first slot, its lowest expert),
+ * w = the weights, count = slots per expert. */
+static void moe_route(const struct engine_hparams *hp, const float *logits, int n,
+                      int32_t *slot_tok, float *w, int32_t *count)
 {
-    int32_t *row = slot_tok + (size_t)n * k;
-    memset(count, 0, sizeof(*count) * (size_t)n_expert);
+    const int X = hp->n_expert, k = hp->n_expert_used, shared = hp->n_ff_shexp > 0;
+    int32_t *row = slot_tok + (size_t)n * moe_k(hp);
+    memset(count, 0, sizeof(*count) * (size_t)(X + shared));
     /* pass 0 counts each expert's slots, pass 1 writes them at their expert's offset */
     for (int pass = 0; pass < 2; pass++) {
-        int32_t off[ENGINE_MAX_EXPERTS];
-        for (int e = 0, o = 0; pass && e < n_expert; e++) {
+        int32_t off[ENGINE_MAX_EXPERTS + 1];
+        for (int e = 0, o = 0; pass && e < X + shared; e++) {
             off[e] = o;
             o += count[e];
         }
         for (int t = 0; t < n; t++) {
-            const float *l = logits + (size_t)t * n_expert;
-            int sel[ENGINE_MAX_EXPERTS];
+            const float *l = logits + (size_t)t * X;
+            int sel[ENGINE_MAX_EXPERTS + 1] = {0}; /* (k >= 1: sel[0] always chosen) */
             uint8_t used[ENGINE_MAX_EXPERTS] = {0};
-            double wt[ENGINE_MAX_EXPERTS], sum = 0;
+            double wt[ENGINE_MAX_EXPERTS + 1], sum = 0;
             for (int i = 0; i < k; i++) {
                 int best = -1;
-                for (int e = 0; e < n_expert; e++)
+                for (int e = 0; e < X; e++)
                     if (!used[e] &&
                         (best < 0 || l[e] > l[best] || (l[best] != l[best] && l[e] == l[e])))
                         best = e;
                 used[best] = 1;
                 sel[i] = best;
             }
+            for (int e = 0; e < X; e++) { /* (renormalized: over the chosen alone) */
+                const double d = (double)l[e] - (double)l[sel[0]];
+                if (used[e] || !hp->expert_norm)
+                    sum += d == d ? exp(d) : 0.0;
+            }
             for (int i = 0; i < k; i++) {
                 const double d = (double)l[sel[i]] - (double)l[sel[0]];
-                wt[i] = d == d ? exp(d) : 0.0;
-                sum += wt[i];
+                wt[i] = sum > 0 && d == d ? exp(d) / sum : 0.0;
+            }
+            if (shared) {
+                sel[k] = X;
+                wt[k] = 1.0 / (1.0 + exp(-(double)logits[(size_t)n * X + t]));
             }
             int lowest = sel[0];
             for (int i = 1; i < k; i++)
                 lowest = sel[i] < lowest ? sel[i] : lowest;
-            for (int i = 0; i < k; i++) {
+            for (int i = 0; i < k + shared; i++) {
                 if (!pass) {
                     count[sel[i]]++;
                     continue;
@@ -918,7 +945,7 @@ static void moe_route(const float *logits, int n, int n_expert, int k, int32_t *
                 const int32_t at = off[sel[i]]++;
                 slot_tok[at] = t;
                 row[at] = sel[i] == lowest ? ~t : t;
-                w[at] = sum > 0 ? (float)(wt[i] / sum) : 0.0f;
+                w[at] = (float)wt[i];
             }
         }
     }
@@ -966,14 +993,17 @@ static void moe_ffn(const struct engine_model *m, struct engine_rank *R, const s
     const struct engine_hparams *hp = &m->hp;
     struct engine_rank_bufs *f = &R->buf;
     struct kern_backend *be = R->be;
-    const int N = m->n_rank, E = hp->n_embd, K = hp->n_expert_used, n_slot = n * K;
+    const int N = m->n_rank, E = hp->n_embd, n_slot = n * moe_k(hp), nf = engine_hp_n_ffns(hp);
     const struct kern_mm_in in = {
         .x = B->x, .add = B->xn, .norm = L->ffn_norm, .eps = hp->rms_eps, .xn = B->xn};
-    matmul1(be, &L->router, &in, B->router, n);
-    be->ops->download(be, f->h_router, B->router, sizeof(float) * (size_t)n * hp->n_expert);
-    moe_route(f->h_router, n, hp->n_expert, K, f->h_slot, f->h_w, f->h_count);
-    struct moe_run run[ENGINE_MAX_EXPERTS + ENGINE_MAX_EXPERTS];
-    const int nr = moe_runs(f->h_count, hp->n_expert, n_slot, n, run);
+    /* the router's logits, and a shared expert's gate logit after them */
+    const struct kern_tensor *rw[2] = {&L->router, &L->shexp_gate};
+    float *const ry[2] = {B->router, B->router + (size_t)n * hp->n_expert};
+    be->ops->matmul(be, rw, ry, 1 + (nf > hp->n_expert), &in, n);
+    be->ops->download(be, f->h_router, B->router, sizeof(float) * (size_t)n * nf);
+    moe_route(hp, f->h_router, n, f->h_slot, f->h_w, f->h_count);
+    struct moe_run run[2 * ENGINE_MAX_EXPERTS + 2];
+    const int nr = moe_runs(f->h_count, nf, n_slot, n, run);
     /* with several ranks each run's all-gather order (as stage_batch's perm for its rows) */
     size_t p = 2 * (size_t)n_slot;
     for (int i = 0; N > 1 && i < nr; p += (size_t)run[i++].m * N)
@@ -998,8 +1028,10 @@ static void moe_ffn(const struct engine_model *m, struct engine_rank *R, const s
             const struct kern_tensor *gu_w[2] = {&X[0], &X[1]};
             float *const gu_y[2] = {B->gate, B->up};
             be->ops->matmul(be, gu_w, gu_y, 2, &x_in, u->m);
-            gather_perm(R, N, B->gate, B->gate_all, B->land, u->m, R->n_ff, perm);
-            gather_perm(R, N, B->up, B->up_all, B->land, u->m, R->n_ff, perm);
+            const int F = (int)X[0].ne1; /* this rank's rows of the expert (the shared one's
+                                          * width may differ) */
+            gather_perm(R, N, B->gate, B->gate_all, B->land, u->m, F, perm);
+            gather_perm(R, N, B->up, B->up_all, B->land, u->m, F, perm);
             const struct kern_mm_in down_in = {.x = B->gate_all, .up = B->up_all, .glu = hp->glu};
             matmul1(be, &X[2], &down_in, B->y, u->m);
             gather_perm(R, N, B->y, out, B->land, u->m, R->n_embd, perm);

@@ -14,7 +14,7 @@
 /* The architectures engine_model_load reads (GGUF general.architecture). */
 enum engine_arch {
     ENGINE_ARCH_LLAMA = 0,  /* "llama": Llama 2/3, SmolLM2, Mistral-style */
-    ENGINE_ARCH_QWEN2 = 1,  /* "qwen2": Q/K/V biases, NEOX RoPE */
+    ENGINE_ARCH_QWEN2 = 1,  /* "qwen2": Q/K/V biases, NEOX RoPE ("qwen2moe": with experts) */
     ENGINE_ARCH_QWEN3 = 2,  /* "qwen3": QK-norm, NEOX RoPE ("qwen3moe": the same with experts) */
     ENGINE_ARCH_GEMMA3 = 3, /* "gemma3": scaled embedding, QK-norm, pre- and post-norms, GeGLU,
                              * sliding-window layers with their own RoPE base */
@@ -54,9 +54,20 @@ struct engine_hparams {
     float final_softcap;  /* output logits likewise (the argmax is unchanged); 0: none */
     int n_expert;         /* mixture of experts (Mixtral, Qwen3-MoE): experts per layer, each an
                            * FFN of n_ff rows; 0: one dense FFN */
-    int n_expert_used;    /* ... experts each token runs: the router's top ones, their softmax
-                           * weights renormalized over them */
+    int n_expert_used;    /* ... experts each token runs: the router's top ones, weighted by
+                           * their softmax over all experts, */
+    int expert_norm;      /* ... renormalized over the chosen ones (1: Mixtral, Qwen3-MoE) or
+                           * not (0: Qwen2-MoE) */
+    int n_ff_shexp;       /* ... a shared expert's FFN rows (Qwen2-MoE): every token runs it
+                           * too, weighted by the sigmoid of its gate's dot product; 0: none */
 };
+
+/* A mixture of experts' FFNs per layer: its experts, and the shared one where it has one
+ * (engine_model_experts lists 3 matrices of each, the shared one's last); 0 when dense. */
+static inline int engine_hp_n_ffns(const struct engine_hparams *hp)
+{
+    return hp->n_expert + (hp->n_ff_shexp > 0);
+}
 
 struct engine_model; /* opaque: engine/model_internal.h */
 
@@ -168,9 +179,10 @@ enum status engine_model_forward_sample(struct engine_model *m, struct engine_kv
  * out[i] at them and returns their count (<= ENGINE_MAX_LAYER_WEIGHTS). The one list of a layer's
  * matrices (load, prepare/release, bench FLOPs, plan memory). */
 int engine_model_weights(const struct engine_model *m, int layer, const struct kern_tensor **out);
-/* A mixture-of-experts layer's experts (3 n_expert matrices: expert e's gate, up and down at 3e,
- * 3e + 1, 3e + 2; each token runs n_expert_used of them), beside engine_model_weights' list
- * (whose FFN is then the router); NULL for a dense layer. */
+/* A mixture-of-experts layer's experts (3 engine_hp_n_ffns matrices: expert e's gate, up and
+ * down at 3e, 3e + 1, 3e + 2, the shared expert's last; each token runs n_expert_used of the
+ * others), beside engine_model_weights' list (whose FFN is then the router, and the shared
+ * expert's gate); NULL for a dense layer. */
 const struct kern_tensor *engine_model_experts(const struct engine_model *m, int layer);
 
 /* The token embedding, or NULL when it is the output head (tied): a device backend prepares it

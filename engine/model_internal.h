@@ -20,8 +20,10 @@ struct engine_layer {
     struct kern_tensor w_down; /* n_ff -> n_embd */
     struct kern_tensor router; /* mixture of experts: n_embd -> n_expert (ffn_gate_inp); the
                                 * layer's FFN is then its experts, not w_gate/up/down */
-    struct kern_tensor *experts; /* ... 3 n_expert matrices: expert e's gate, up and down at 3e,
-                                  * 3e + 1, 3e + 2 (views of the file's 3-D tensors) */
+    struct kern_tensor *experts;   /* ... 3 engine_hp_n_ffns matrices: expert e's gate, up and
+                                    * down at 3e, 3e + 1, 3e + 2 (views of the file's 3-D tensors),
+                                    * then the shared expert's */
+    struct kern_tensor shexp_gate; /* ... the shared expert's gate: 1 row of n_embd; or none */
     const float *bq, *bk, *bv; /* NULL, or the projections' biases (qwen2) */
     const float *q_norm;       /* NULL, or head_dim: RMS norm of each query head (QK-norm) */
     const float *k_norm;       /* NULL, or head_dim: the same for each key head */

@@ -47,11 +47,11 @@ static const struct {
     const char *name;
     int arch;
 } g_archs[] = {
-    {"llama", ENGINE_ARCH_LLAMA},    {"qwen2", ENGINE_ARCH_QWEN2},   {"qwen3", ENGINE_ARCH_QWEN3},
-    {"gemma2", ENGINE_ARCH_GEMMA2},  {"gemma3", ENGINE_ARCH_GEMMA3}, {"phi3", ENGINE_ARCH_PHI3},
-    {"qwen3moe", ENGINE_ARCH_QWEN3},
+    {"llama", ENGINE_ARCH_LLAMA},    {"qwen2", ENGINE_ARCH_QWEN2},    {"qwen3", ENGINE_ARCH_QWEN3},
+    {"gemma2", ENGINE_ARCH_GEMMA2},  {"gemma3", ENGINE_ARCH_GEMMA3},  {"phi3", ENGINE_ARCH_PHI3},
+    {"qwen3moe", ENGINE_ARCH_QWEN3}, {"qwen2moe", ENGINE_ARCH_QWEN2},
 };
-#define ENGINE_ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3"
+#define ENGINE_ARCH_NAMES "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3"
 
 /* 1 when g has the metadata key "<arch>.<key>". */
 static int has_key(const struct io_gguf *g, const char *arch, const char *key)
@@ -84,15 +84,18 @@ static enum status read_rope_scaling(const struct io_gguf *g, const char *arch,
 }
 
 /* A mixture of experts (expert_count): how many each token runs, each expert's FFN rows
- * (expert_feed_forward_length where given: Qwen3-MoE; else feed_forward_length: Mixtral).
- * Only softmax routing with the chosen weights renormalized, as llama.cpp runs these
- * architectures; a file that declares other routing (shared experts, another gating function,
- * expert groups, a scale of the weights) is refused by its key. */
+ * (expert_feed_forward_length where given: Qwen3-MoE, Qwen2-MoE; else feed_forward_length:
+ * Mixtral), and Qwen2-MoE's shared expert (expert_shared_feed_forward_length, else
+ * feed_forward_length, as llama.cpp reads it). Softmax routing, as llama.cpp runs these
+ * architectures: the chosen weights renormalized (llama, qwen3moe) or not (qwen2moe); a file that
+ * declares other routing (more shared experts, another gating function, expert groups, a scale
+ * of the weights) is refused by its key. */
 static enum status read_experts(const struct io_gguf *g, const char *arch,
                                 struct engine_hparams *hp, struct err_detail *err)
 {
     enum status st;
-    hp->n_expert = hp->n_expert_used = 0;
+    hp->n_expert = hp->n_expert_used = hp->n_ff_shexp = 0;
+    hp->expert_norm = 1;
     char name[128];
     uint32_t count;
     snprintf(name, sizeof(name), "%s.expert_count", arch);
@@ -102,23 +105,33 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
         return st;
     if ((st = get_hparam(g, arch, "expert_count", &hp->n_expert, 1, 0, err)))
         return st;
-    if (hp->arch != ENGINE_ARCH_LLAMA && strcmp(arch, "qwen3moe"))
+    const int qwen2moe = !strcmp(arch, "qwen2moe");
+    if (hp->arch != ENGINE_ARCH_LLAMA && strcmp(arch, "qwen3moe") && !qwen2moe)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "%s: experts are not supported in this architecture (llama, qwen3moe)",
+                       "%s: experts are not supported in this architecture (llama, qwen2moe, "
+                       "qwen3moe)",
                        arch);
-    /* what routes otherwise: the key, and the one value that means softmax routing alone */
-    static const struct {
+    /* what routes otherwise: the key, and the one value that means this routing (Qwen2-MoE's one
+     * shared expert) */
+    const struct {
         const char *key;
         uint32_t ok;
-    } other[] = {{"expert_shared_count", 0}, {"expert_gating_func", 1}, {"expert_group_count", 1}};
+    } other[] = {{"expert_shared_count", (uint32_t)qwen2moe},
+                 {"expert_gating_func", 1},
+                 {"expert_group_count", 1}};
     for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
         uint32_t v;
         snprintf(name, sizeof(name), "%s.%s", arch, other[i].key);
         if (io_gguf_find_kv(g, name) && (io_gguf_get_u32(g, name, &v, NULL) || v != other[i].ok))
             return err_set(err, ST_ERR_UNSUPPORTED,
-                           "%s: this routing is not supported (softmax over the experts, the "
-                           "chosen ones renormalized)",
-                           name);
+                           "%s: this routing is not supported (softmax over the experts%s)", name,
+                           qwen2moe ? ", one shared expert" : ", the chosen ones renormalized");
+    }
+    if (qwen2moe) {
+        hp->expert_norm = 0;
+        if ((st = get_hparam(g, arch, "expert_shared_feed_forward_length", &hp->n_ff_shexp, 0,
+                             hp->n_ff, err)))
+            return st;
     }
     if ((st = get_hparam(g, arch, "expert_used_count", &hp->n_expert_used, 1, 0, err)) ||
         (has_key(g, arch, "expert_feed_forward_length") &&
@@ -280,9 +293,10 @@ int engine_model_weights(const struct engine_model *m, int layer, const struct k
     }
     const struct engine_layer *L = &m->layers[layer];
     if (L->experts) {
-        const struct kern_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router};
+        const struct kern_tensor *w[] = {&L->wq, &L->wk,     &L->wv,
+                                         &L->wo, &L->router, &L->shexp_gate};
         memcpy(out, w, sizeof(w));
-        return (int)(sizeof(w) / sizeof(w[0]));
+        return L->shexp_gate.data ? 6 : 5;
     }
     const struct kern_tensor *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                      &L->w_gate, &L->w_up, &L->w_down};
@@ -419,8 +433,27 @@ static enum status load_experts(const struct io_gguf *g, const struct engine_hpa
     enum status st = load_matrix(g, name, E, hp->n_expert, &L->router, err);
     if (st)
         return st;
-    if (!(L->experts = calloc(3 * (size_t)hp->n_expert, sizeof(*L->experts))))
+    if (!(L->experts = calloc(3 * (size_t)engine_hp_n_ffns(hp), sizeof(*L->experts))))
         return err_set(err, ST_ERR_NOMEM, "no memory");
+    if (hp->n_ff_shexp) { /* the shared expert: its gate (a vector: one row), its FFN */
+        static const char *const sh[3] = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+        const int64_t S = hp->n_ff_shexp;
+        struct kern_tensor *X = &L->experts[3 * hp->n_expert];
+        snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp_shexp.weight", l);
+        const float *v;
+        if ((st = load_vector(g, name, E, &v, err)))
+            return st;
+        L->shexp_gate = (struct kern_tensor){.type = DTYPE_F32,
+                                             .ne0 = E,
+                                             .ne1 = 1,
+                                             .row_bytes = dtype_row_bytes(DTYPE_F32, E),
+                                             .data = v};
+        for (int w = 0; w < 3; w++) {
+            snprintf(name, sizeof(name), "blk.%d.%s.weight", l, sh[w]);
+            if ((st = load_matrix(g, name, w == 2 ? S : E, w == 2 ? E : S, &X[w], err)))
+                return st;
+        }
+    }
     for (int w = 0; w < 3; w++) {
         const int64_t in = w == 2 ? F : E, out = w == 2 ? E : F;
         snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[w]);

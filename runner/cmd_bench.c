@@ -371,8 +371,9 @@ static void model_flops(const struct engine_model *m, double *body, double *head
         for (int i = 0, nw = engine_model_weights(m, l, ts); i < nw; i++)
             p += (double)ts[i]->ne0 * (double)ts[i]->ne1;
         const struct kern_tensor *xs = engine_model_experts(m, l);
-        for (int i = 0; xs && i < 3 * hp->n_expert; i++)
-            p += (double)xs[i].ne0 * (double)xs[i].ne1 * hp->n_expert_used / hp->n_expert;
+        for (int i = 0; xs && i < 3 * engine_hp_n_ffns(hp); i++) /* (a shared one: every token) */
+            p += (double)xs[i].ne0 * (double)xs[i].ne1 *
+                 (i < 3 * hp->n_expert ? (double)hp->n_expert_used / hp->n_expert : 1.0);
     }
     *body = 2 * p;
     const struct kern_tensor *out[ENGINE_MAX_LAYER_WEIGHTS];

@@ -180,12 +180,12 @@ int runner_cmd_plan(int argc, char **argv)
     for (int l = 0; l <= hp->n_layer; l++) {
         const struct kern_tensor *ws[ENGINE_MAX_LAYER_WEIGHTS];
         const struct kern_tensor *xs = engine_model_experts(m, l); /* a mixture's experts */
-        const int nw = engine_model_weights(m, l, ws), nx = xs ? 3 * hp->n_expert : 0;
+        const int nw = engine_model_weights(m, l, ws), nx = xs ? 3 * engine_hp_n_ffns(hp) : 0;
         for (int i = 0; i < nw + nx; i++) {
             const struct kern_tensor *w = i < nw ? ws[i] : &xs[i - nw];
-            /* the layers' matrices are split, but a router (the last of a mixture's list) is
-             * whole on every rank, as the output head is */
-            const int whole = l == hp->n_layer || (xs && i == nw - 1);
+            /* the layers' matrices are split, but a router and a shared expert's gate (a
+             * mixture's list after q, k, v, o) are whole on every rank, as the output head is */
+            const int whole = l == hp->n_layer || (xs && i >= 4 && i < nw);
             mats += (uint64_t)w->ne1 * w->row_bytes;
             if (!whole)
                 split += (uint64_t)w->ne1 * w->row_bytes;
@@ -301,9 +301,13 @@ int runner_cmd_plan(int argc, char **argv)
         printf("weights:             %.1f MiB (%llu bytes, %s)\n", (double)weights / 1048576.0,
                (unsigned long long)weights,
                eo.dummy ? "random, built in memory: --dummy" : "mapped from the file");
-        if (hp->n_expert)
-            printf("experts:             %d per layer, %d a token, each %d wide\n", hp->n_expert,
+        if (hp->n_expert) {
+            printf("experts:             %d per layer, %d a token, each %d wide", hp->n_expert,
                    hp->n_expert_used, hp->n_ff);
+            if (hp->n_ff_shexp)
+                printf("; a shared expert %d wide", hp->n_ff_shexp);
+            printf("\n");
+        }
         if (dtype == KERN_KV_Q8)
             printf("KV per token:        %zu bytes (%d layers x 2 x %d kv heads x (%d dims x 1 B + "
                    "4 B scale), q8)\n",

@@ -136,7 +136,7 @@ static double compare(const char *name, const char *how, const float *got, const
 static void test_arch_logits(void **state)
 {
     const cJSON *models = cJSON_GetObjectItem(*state, "models");
-    assert_int_equal(cJSON_GetArraySize(models), 10);
+    assert_int_equal(cJSON_GetArraySize(models), 11);
     struct err_detail err = {0};
     struct kern_backend *be;
     struct kern_backend_opts ko = {NULL, 2, NULL, KERN_ACT_F32, 0, 1, 0};
@@ -205,6 +205,11 @@ static void test_arch_logits(void **state)
             assert_true(m->hp.arch == ENGINE_ARCH_LLAMA && m->hp.n_expert == 4 &&
                         m->hp.n_expert_used == 2 && m->hp.n_ff == 64 &&
                         m->layers[0].router.type == DTYPE_F32 && !m->layers[0].w_gate.data);
+        if (!strcmp(name, "qwen2moe")) /* 2 of 6 experts, not renormalized; a shared one */
+            assert_true(m->hp.arch == ENGINE_ARCH_QWEN2 && m->hp.n_expert == 6 &&
+                        !m->hp.expert_norm && m->hp.n_ff == 32 && m->hp.n_ff_shexp == 64 &&
+                        m->layers[0].bq && m->layers[0].shexp_gate.ne1 == 1 &&
+                        m->layers[0].experts[3 * 6].ne1 == 64);
         if (!strcmp(name, "phi3_partial")) /* Phi-4-mini's: RoPE on 12 of 16, tied output */
             assert_true(m->hp.rope_dim == 12 && m->hp.head_dim == 16 && m->tied_output &&
                         m->rope_long);
@@ -566,7 +571,7 @@ static void test_arch_moe_batch(void **state)
     for (int i = 0; i < cJSON_GetArraySize(models); i++) {
         const cJSON *md = cJSON_GetArrayItem(models, i);
         const char *name = cJSON_GetObjectItem(md, "name")->valuestring;
-        if (strcmp(name, "qwen3moe") && strcmp(name, "mixtral"))
+        if (strcmp(name, "qwen3moe") && strcmp(name, "mixtral") && strcmp(name, "qwen2moe"))
             continue;
         const char *file = cJSON_GetObjectItem(md, "file")->valuestring;
         const cJSON *toks = cJSON_GetObjectItem(md, "tokens");
@@ -758,7 +763,8 @@ static void test_unsupported_arch(void **state)
     assert_null(m);
     printf("  %s\n", err.msg);
     assert_non_null(strstr(err.msg, "architecture 'phi2' is not supported"));
-    assert_non_null(strstr(err.msg, "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3"));
+    assert_non_null(
+        strstr(err.msg, "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3"));
 }
 
 /* A model file holding a NaN or an infinity is refused at load onto a backend, naming the tensor

@@ -169,7 +169,8 @@ static void test_cuda_model(void **state)
     cuda_vs_cpu("cuda model", KERN_ACT_F32, LOGIT_TOL);
 }
 
-/* Mixtures of experts (tests/fixtures/arch: Qwen3-MoE's 3 of 8 experts, Mixtral's 2 of 4; the
+/* Mixtures of experts (tests/fixtures/arch: Qwen3-MoE's 3 of 8 experts, Mixtral's 2 of 4,
+ * Qwen2-MoE's 2 of 6 and a shared expert; the
  * routing read back to the host each layer, moe_add on the device), and the same split over 2
  * ranks through host memory (each expert split as a dense FFN is): the CPU's logits at the 24
  * positions of tests/fixtures/arch_ref.json's prompt (12 at once, then 12 decode steps), where no
@@ -181,13 +182,13 @@ static void test_cuda_model(void **state)
 static void test_cuda_moe(void **state)
 {
     (void)state;
-    static const char *const names[2] = {"qwen3moe", "mixtral"};
+    static const char *const names[3] = {"qwen3moe", "mixtral", "qwen2moe"};
     size_t len;
     char *js = test_read_file("tests/fixtures/arch_ref.json", &len);
     cJSON *root = js ? cJSON_Parse(js) : NULL;
     free(js);
     assert_non_null(root);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) {
         const cJSON *models = cJSON_GetObjectItem(root, "models"), *md = NULL;
         for (int i = 0; i < cJSON_GetArraySize(models); i++)
             if (!strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(models, i), "name")->valuestring,
@@ -201,10 +202,13 @@ static void test_cuda_moe(void **state)
             prompt[t] = (int32_t)cJSON_GetArrayItem(toks, t)->valueint;
         g_prompt = prompt;
         g_file = cJSON_GetObjectItem(md, "file")->valuestring;
-        cuda_vs_cpu(f ? "cuda mixtral" : "cuda qwen3moe", KERN_ACT_F32, MOE_TOL);
+        char what[64];
+        snprintf(what, sizeof(what), "cuda %s", names[f]);
+        cuda_vs_cpu(what, KERN_ACT_F32, MOE_TOL);
         setenv("QUERN_TP_COMM", "staged", 1);
         g_tp = 2;
-        cuda_vs_cpu(f ? "cuda mixtral tp 2" : "cuda qwen3moe tp 2", KERN_ACT_F32, MOE_TOL);
+        snprintf(what, sizeof(what), "cuda %s tp 2", names[f]);
+        cuda_vs_cpu(what, KERN_ACT_F32, MOE_TOL);
         g_tp = 1;
         unsetenv("QUERN_TP_COMM");
     }

@@ -13,7 +13,7 @@ per fixture and fails above --tol. For Gemma's the reference's GELU is computed 
 CPU backend computes it, from a table of f16 inputs (with the exact GELU they differ by 1.3e-3
 and 2.0e-3; this isolates that). The phi3 and phi3_longrope fixtures are not checked:
 llama.cpp's phi3 takes head_dim = hidden / heads, theirs is wider (phi3_partial's is not).
-Measured 2026-12-07 (llama-cpp-python 0.3.36): llama3, qwen2, qwen3, qwen3moe, mixtral
+Measured 2026-12-07 (llama-cpp-python 0.3.36): llama3, qwen2, qwen3, qwen3moe, mixtral, qwen2moe
 0.8-2.7e-5; gemma2 1.5e-5, gemma3 1.2e-4; phi3_partial (RoPE on 12 of 16 channels, LongRoPE's
 long factors, the output tied) 4.8e-5.
 

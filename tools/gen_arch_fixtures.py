@@ -3,7 +3,7 @@
 by CI; the outputs are committed):
 
   tests/fixtures/arch/{llama3,qwen2,qwen3,gemma3,gemma2,phi3,phi3_longrope,qwen3moe,
-                      mixtral,phi3_partial}.gguf  (`gguf`)
+                      mixtral,phi3_partial,qwen2moe}.gguf  (`gguf`)
   tests/fixtures/arch_ref.json                           logits at every position of a prompt,
                                                          from tools/ref_forward.py's Model
 
@@ -19,7 +19,8 @@ phi3_longrope Phi-3.5's LongRoPE (short and long factors, original context 16 of
 factor 1.19), with reference logits for each factor set; qwen3moe and mixtral mixtures of
 experts (Qwen3-MoE's 3 of 8 experts a token, Mixtral's 2 of 4: the router's softmax over all,
 renormalized over the chosen); phi3_partial Phi-4-mini's RoPE on the first 3/4 of each head
-(with LongRoPE, the output head tied).
+(with LongRoPE, the output head tied); qwen2moe Qwen2-MoE's experts (not renormalized) and
+shared expert.
 
 Usage: python3 tools/gen_arch_fixtures.py   (needs numpy and gguf: tools/requirements-ref.txt)"""
 import json
@@ -38,8 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H, KV, FF, V, NL, CTX = 64, 4, 2, 96, 128, 6, 64
 N_PROMPT = 24
 # mixtures of experts: (experts, used per token) by architecture, each expert's FFN width
-MOE = {"qwen3moe": (8, 3), "llama": (4, 2)}
-FF_QWEN3MOE, FF_MIXTRAL = 32, 64
+MOE = {"qwen3moe": (8, 3), "llama": (4, 2), "qwen2moe": (6, 2)}
+FF_QWEN3MOE, FF_MIXTRAL, FF_SHEXP = 32, 64, 64  # (Qwen2-MoE's experts as Qwen3-MoE's, 32)
 LONGROPE_ORIG = 16
 
 
@@ -92,8 +93,10 @@ def write(name, arch, head_dim, extra, types, rng):
         n_expert, n_used = MOE[arch]
         w.add_uint32(arch + ".expert_count", n_expert)
         w.add_uint32(arch + ".expert_used_count", n_used)
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen2moe"):
             w.add_uint32(arch + ".expert_feed_forward_length", FF_QWEN3MOE)
+        if arch == "qwen2moe":
+            w.add_uint32(arch + ".expert_shared_feed_forward_length", FF_SHEXP)
     if arch == "gemma2":
         w.add_float32("gemma2.attn_logit_softcapping", 4.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
@@ -114,7 +117,7 @@ def write(name, arch, head_dim, extra, types, rng):
 
     mat("token_embd.weight", E, V, types[0], scale=math.sqrt(E))
     vec("output_norm.weight", E, 1.0, 0.2)
-    if name in ("llama3", "mixtral") or (arch == "phi3" and "partial" not in extra):
+    if name in ("llama3", "mixtral", "qwen2moe") or (arch == "phi3" and "partial" not in extra):
         mat("output.weight", E, V, types[1], scale=2.0)
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(head_dim, theta))
@@ -138,12 +141,17 @@ def write(name, arch, head_dim, extra, types, rng):
         mat(p + "attn_output.weight", H * head_dim, E, types[(l + 3) % len(types)])
         if moe:  # the router (F32 as llama.cpp keeps it; F16 in qwen3moe), experts 3-D
             n_expert = MOE[arch][0]
-            ff = FF_QWEN3MOE if arch == "qwen3moe" else FF_MIXTRAL
+            ff = FF_MIXTRAL if arch == "llama" else FF_QWEN3MOE
             mat(p + "ffn_gate_inp.weight", E, n_expert, Q.F16 if arch == "qwen3moe" else Q.F32,
                 2.0)
             mat(p + "ffn_gate_exps.weight", E, ff, types[l % len(types)], 2.0, n_expert)
             mat(p + "ffn_up_exps.weight", E, ff, types[(l + 1) % len(types)], 1.0, n_expert)
             mat(p + "ffn_down_exps.weight", ff, E, types[(l + 2) % len(types)], 1.0, n_expert)
+            if arch == "qwen2moe":  # the shared expert: its gate (a vector), its FFN
+                vec(p + "ffn_gate_inp_shexp.weight", E, 0.0, 2.0 / math.sqrt(E))
+                mat(p + "ffn_gate_shexp.weight", E, FF_SHEXP, types[(l + 1) % len(types)], 2.0)
+                mat(p + "ffn_up_shexp.weight", E, FF_SHEXP, types[l % len(types)])
+                mat(p + "ffn_down_shexp.weight", FF_SHEXP, E, types[(l + 2) % len(types)])
         else:
             mat(p + "ffn_gate.weight", E, FF, types[l % len(types)], 2.0)
             mat(p + "ffn_up.weight", E, FF, types[(l + 1) % len(types)])
@@ -186,15 +194,23 @@ def main():
         ("mixtral", "llama", E // H, ("moe",), (Q.Q4_0, Q.Q8_0)),
         # Phi-4-mini's shape: RoPE on 12 of each head's 16 channels, LongRoPE, the output tied
         ("phi3_partial", "phi3", E // H, ("partial", "longrope"), (Q.Q8_0, Q.Q4_0)),
+        # Qwen2-MoE's (Qwen1.5-MoE, Qwen2-57B-A14B): Q/K/V biases, 2 of 6 experts 32 wide with
+        # their softmax weights not renormalized, and a shared expert 64 wide behind a gate
+        ("qwen2moe", "qwen2moe", E // H, ("bias", "moe"), (Q.Q8_0, Q.Q4_1, Q.Q4_0)),
     ]
     out = {"note": "tools/gen_arch_fixtures.py: logits of tools/ref_forward.py (float64, KV "
                    "rounded to f16) at every position", "models": []}
     for name, arch, hd, extra, types in specs:
-        path = write(name, arch, hd, extra, types, rng)
-        m = ref_forward.Model(path)
-        m.kv_f16 = True
-        toks = [int(t) for t in rng.integers(0, V, N_PROMPT)]
-        logits = m.forward(toks, m.new_cache())
+        # a mixture of experts is drawn again (the generator going on) until no token of its
+        # prompt comes within 4e-3 of choosing another expert
+        for attempt in range(20):
+            path = write(name, arch, hd, extra, types, rng)
+            m = ref_forward.Model(path)
+            m.kv_f16 = True
+            toks = [int(t) for t in rng.integers(0, V, N_PROMPT)]
+            logits = m.forward(toks, m.new_cache())
+            if "moe" not in extra or m.route_margin > 4e-3:
+                break
         # the same logits one token at a time (the reference's KV cache path)
         cache = m.new_cache()
         step = np.concatenate([m.forward([t], cache) for t in toks], 0)

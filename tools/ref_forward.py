@@ -65,7 +65,8 @@ class Model:
         r = gguf.GGUFReader(path)
         f = r.fields
         arch = f["general.architecture"].contents()
-        assert arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"), arch
+        assert arch in ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3",
+                        "phi3"), arch
         self.arch = arch
         g = lambda k: f[arch + "." + k].contents()
         has = lambda k: arch + "." + k in f
@@ -82,6 +83,13 @@ class Model:
         # over all experts, the top n_used kept and renormalized, their FFNs' outputs summed
         self.n_expert = int(g("expert_count")) if has("expert_count") else 0
         self.n_used = int(g("expert_used_count")) if self.n_expert else 0
+        # Qwen2-MoE (Qwen2MoeSparseMoeBlock): the chosen weights not renormalized
+        # (norm_topk_prob false), and a shared expert beside them, weighted by
+        # sigmoid(shared_expert_gate(x)), its width expert_shared_feed_forward_length
+        self.norm_topk = arch != "qwen2moe"
+        self.n_ff_shexp = (int(g("expert_shared_feed_forward_length"))
+                           if has("expert_shared_feed_forward_length") else self.n_ff) \
+            if arch == "qwen2moe" else 0
         if has("expert_feed_forward_length"):
             self.n_ff = int(g("expert_feed_forward_length"))
         self.n_rot = int(g("rope.dimension_count")) if has("rope.dimension_count") else self.head_dim
@@ -121,6 +129,7 @@ class Model:
             self.mscale = (float(g("rope.scaling.attn_factor")) if has("rope.scaling.attn_factor")
                            else math.sqrt(1 + math.log(fac) / math.log(orig)) if fac > 1 else 1.0)
         extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+                 "qwen2moe": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
                  "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
                  "qwen3moe": ("attn_q_norm.weight", "attn_k_norm.weight"),
                  "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight",
@@ -146,6 +155,11 @@ class Model:
                 assert L["ffn_gate_inp"].shape == (X, E)
                 assert L["ffn_gate_exps"].shape == (X, F, E) == L["ffn_up_exps"].shape
                 assert L["ffn_down_exps"].shape == (X, E, F)
+                if self.n_ff_shexp:
+                    for k in ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp",
+                              "ffn_down_shexp"):
+                        L[k] = W(p + k + ".weight")
+                    assert L["ffn_gate_shexp"].shape == (self.n_ff_shexp, E)
             else:
                 L = {k: W(p + k + ".weight") for k in
                      ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -216,10 +230,14 @@ class Model:
             if self.n_used < self.n_expert:
                 self.route_margin = min(self.route_margin,
                                         float(logits[t, top[-1]] - logits[t, order[self.n_used]]))
-            w = p[t, top] / p[t, top].sum()
+            w = p[t, top] / p[t, top].sum() if self.norm_topk else p[t, top]
             for e, we in zip(top, w):
                 y[t] += we * self.ffn(h[t:t + 1], L["ffn_gate_exps"][e], L["ffn_up_exps"][e],
                                       L["ffn_down_exps"][e])[0]
+        if self.n_ff_shexp:
+            gate = 1.0 / (1.0 + np.exp(-(h @ L["ffn_gate_inp_shexp"])))     # (T,)
+            y += gate[:, None] * self.ffn(h, L["ffn_gate_shexp"], L["ffn_up_shexp"],
+                                          L["ffn_down_shexp"])
         return y
 
     def new_cache(self):
