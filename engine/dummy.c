@@ -32,6 +32,7 @@ struct preset {
     int n_expert;       /* a mixture of experts: experts per layer; 0: dense */
     int n_expert_used;  /* ... experts a token runs */
     int n_ff_exp;       /* ... each expert's width when it is not n_ff (Qwen3-MoE) */
+    int n_ff_shexp;     /* ... a shared expert's width (Qwen2-MoE); 0: none */
 };
 
 /* Dimensions and architectures as the models' published configs give them, each with its
@@ -39,27 +40,29 @@ struct preset {
  * post-norms): the matrices, heads and vocabulary, which set the cost, are the real ones. */
 static const struct preset presets[] = {
     {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, 1, "llama", 0, 0, 0, 0, 0,
-     0},
+     0, 0},
     {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0, 0, 0,
-     0},
+     0, 0},
     {"llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 500000.0f, 1e-5f, 0, "llama", 0, 0, 0, 0,
-     0, 0},
-    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0, 0, 0,
-     0, 0},
-    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0, 0, 0,
-     0, 0},
-    {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
-     1024, 0, 0, 0, 0},
-    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096, 0,
      0, 0, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 0, 0, 0,
+    {"qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0f, 1e-6f, 0, "qwen2", 0, 0, 0, 0,
+     0, 0, 0},
+    {"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3", 128, 0, 0, 0,
+     0, 0, 0},
+    {"gemma3-27b", 5376, 62, 32, 16, 21504, 262208, 131072, 1000000.0f, 1e-6f, 1, "gemma3", 128,
+     1024, 0, 0, 0, 0, 0},
+    {"gemma2-9b", 3584, 42, 16, 8, 14336, 256000, 8192, 10000.0f, 1e-6f, 1, "gemma2", 256, 4096, 0,
+     0, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 0, 0, 0, 0,
      0},
     {"phi3.5-mini", 3072, 32, 32, 32, 8192, 32064, 131072, 10000.0f, 1e-5f, 0, "phi3", 0, 0, 4096,
-     0, 0, 0},
+     0, 0, 0, 0},
     {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0f, 1e-6f, 0, "qwen3moe", 128,
-     0, 0, 128, 8, 768},
+     0, 0, 128, 8, 768, 0},
     {"mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 32768, 1000000.0f, 1e-5f, 0, "llama", 0, 0, 0,
-     8, 2, 0},
+     8, 2, 0, 0},
+    {"qwen1.5-moe-a2.7b", 2048, 24, 16, 16, 5632, 151936, 8192, 1000000.0f, 1e-6f, 0, "qwen2moe", 0,
+     0, 0, 60, 4, 1408, 5632},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
@@ -156,6 +159,17 @@ static enum status add_experts(struct io_gguf_writer *w, const struct preset *p,
         snprintf(name, sizeof(name), "blk.%d.%s.weight", l, names[i]);
         st = io_gguf_writer_tensor(w, name, DTYPE_Q4_0, 3, i == 2 ? down : up, err);
     }
+    if (!p->n_ff_shexp || st)
+        return st;
+    /* the shared expert: its gate (a vector, F32), its FFN */
+    static const char *const sh[3] = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+    const int64_t S = p->n_ff_shexp, sh_up[2] = {E, S}, sh_down[2] = {S, E};
+    snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp_shexp.weight", l);
+    st = io_gguf_writer_tensor(w, name, DTYPE_F32, 1, &E, err);
+    for (int i = 0; i < 3 && !st; i++) {
+        snprintf(name, sizeof(name), "blk.%d.%s.weight", l, sh[i]);
+        st = io_gguf_writer_tensor(w, name, DTYPE_Q4_0, 2, i == 2 ? sh_down : sh_up, err);
+    }
     return st;
 }
 
@@ -187,6 +201,7 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         {"expert_count", (uint32_t)p->n_expert},
         {"expert_used_count", (uint32_t)p->n_expert_used},
         {"expert_feed_forward_length", (uint32_t)p->n_ff_exp},
+        {"expert_shared_feed_forward_length", (uint32_t)p->n_ff_shexp},
     };
     if (st || (st = io_gguf_writer_str(w, "general.architecture", p->arch, err)) ||
         (st = io_gguf_writer_str(w, "general.name", name, err)))
@@ -225,9 +240,9 @@ static enum status layout(struct io_gguf_writer *w, const struct preset *p, int 
         const int64_t *n;
         const char *archs;
     } extra[] = {
-        {"attn_q.bias", &Q, " qwen2 "},
-        {"attn_k.bias", &KV, " qwen2 "},
-        {"attn_v.bias", &KV, " qwen2 "},
+        {"attn_q.bias", &Q, " qwen2 qwen2moe "},
+        {"attn_k.bias", &KV, " qwen2 qwen2moe "},
+        {"attn_v.bias", &KV, " qwen2 qwen2moe "},
         {"attn_q_norm.weight", &HD, " qwen3 qwen3moe gemma3 "},
         {"attn_k_norm.weight", &HD, " qwen3 qwen3moe gemma3 "},
         {"post_attention_norm.weight", &E, " gemma3 gemma2 "},

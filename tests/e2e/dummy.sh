@@ -6,8 +6,8 @@
 # --mem gives per-rank numbers without touching 37 GiB of weights; a 2-layer Phi-3 mini file (Q,
 # K, V in one matrix, head_dim 96, a vocabulary smaller than the tokenizer's) generates the same
 # at --tp 2 as at --tp 1, and bench's synthetic prompts stay inside its vocabulary; one layer of
-# Qwen3-30B-A3B (a mixture of experts) scores the same at --tp 2 in batches as at --tp 1 alone,
-# and plan counts its experts; an unknown preset is exit 2.
+# Qwen3-30B-A3B and of Qwen1.5-MoE-A2.7B (mixtures of experts) score the same at --tp 2 in
+# batches as at --tp 1 alone, and plan counts their experts; an unknown preset is exit 2.
 set -euo pipefail
 Q=${QUERN_BIN:-bin/quern}
 M=${QUERN_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -76,23 +76,27 @@ avail = int(re.search(r"MemAvailable: *([0-9]+) kB", open("/proc/meminfo").read(
 assert pool <= max(1024, avail / 2) * 1.05 + 64, (pool, avail)
 PY
 rm -f "$tmp/phi35.gguf"
-# A mixture of experts at real widths: one layer of Qwen3-30B-A3B (128 experts 768 wide, 8 a
-# token; a 0.7 GB file): perplexity windows one at a time at --tp 1 and eight at a time at --tp 2
+# Mixtures of experts at real widths: one layer of Qwen3-30B-A3B (128 experts 768 wide, 8 a
+# token; 0.7 GB) and of Qwen1.5-MoE-A2.7B (60 experts, 4 a token, not renormalized, and a shared
+# expert 5632 wide): perplexity windows one at a time at --tp 1 and eight at a time at --tp 2
 # score bitwise alike (a token's experts' sum does not depend on its batch), and plan
-"$T" qwen3-30b-a3b 1 1 "$tmp/moe.gguf" >/dev/null || fail "dummy_gguf qwen3-30b-a3b"
 head -c 3000 "$(dirname "$0")/../../README.md" >"$tmp/ppl.txt"
-for v in "1 1" "2 8"; do
-    set -- $v
-    "$Q" perplexity --model "$tmp/moe.gguf" --file "$tmp/ppl.txt" --ctx 64 --json --tp "$1" \
-        --max-seqs "$2" >"$tmp/moe$1.json" 2>"$tmp/moe.err" || { cat "$tmp/moe.err"; fail "perplexity moe --tp $1"; }
-done
-python3 - "$tmp/moe1.json" "$tmp/moe2.json" <<'PY' || fail "moe perplexity differs with --tp 2 in batches"
+for preset in qwen3-30b-a3b qwen1.5-moe-a2.7b; do
+    "$T" $preset 1 1 "$tmp/moe.gguf" >/dev/null || fail "dummy_gguf $preset"
+    for v in "1 1" "2 8"; do
+        set -- $v
+        "$Q" perplexity --model "$tmp/moe.gguf" --file "$tmp/ppl.txt" --ctx 64 --json --tp "$1" \
+            --max-seqs "$2" >"$tmp/moe$1.json" 2>"$tmp/moe.err" ||
+            { cat "$tmp/moe.err"; fail "perplexity $preset --tp $1"; }
+    done
+    python3 - "$tmp/moe1.json" "$tmp/moe2.json" <<'PY' || fail "$preset perplexity differs with --tp 2 in batches"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:])
 assert a["windows_in_flight"] == 1 and b["windows_in_flight"] == 8 and b["tp"] == 2, (a, b)
 assert a["tokens_scored"] > 400 and a["mean_nll"] == b["mean_nll"], (a, b)
 PY
-rm -f "$tmp/moe.gguf"
+    rm -f "$tmp/moe.gguf"
+done
 "$Q" plan --dummy qwen3-30b-a3b --model "$M" --json >"$tmp/planmoe.json" || fail "plan qwen3-30b-a3b"
 "$Q" plan --dummy mixtral-8x7b --model "$M" >"$tmp/planmix" || fail "plan mixtral-8x7b"
 grep -q "experts: *8 per layer, 2 a token, each 14336 wide" "$tmp/planmix" || fail "plan mixtral: $(cat "$tmp/planmix")"
@@ -151,6 +155,6 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 2 ] || fail "unknown preset: exit $rc, want 2 (a usage error)"
-grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b|phi3-mini|phi3.5-mini|qwen3-30b-a3b|mixtral-8x7b)" \
+grep -q "unknown --dummy 'llama3-9b' (smollm2-135m|llama3-8b|llama3-70b|qwen2.5-7b|qwen3-8b|gemma3-27b|gemma2-9b|phi3-mini|phi3.5-mini|qwen3-30b-a3b|mixtral-8x7b|qwen1.5-moe-a2.7b)" \
     "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "unknown preset message"; }
 echo "dummy.sh: ok"
