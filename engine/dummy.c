@@ -312,7 +312,9 @@ enum status engine_dummy_gguf(struct io_gguf **out, const char *preset, const st
         if (t->type == DTYPE_Q4_0) {
             if (fill)
                 fill_q4_0(data, t->ne[0], t->ne[1] * t->ne[2], key);
-        } else if (t->ne[1] > 1) { /* a router: logits of about unit variance */
+        } else if (t->ne[1] > 1 || strstr(t->name, "_shexp")) { /* a router (or a shared
+                                                                 * expert's gate): logits of
+                                                                 * about unit variance */
             if (fill)
                 fill_signed(data, t->ne[0] * t->ne[1], key, 1.7f / sqrtf((float)t->ne[0]));
         } else {

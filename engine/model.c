@@ -221,9 +221,10 @@ static enum status ranks_init(struct engine_model *m, struct kern_backend *const
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, ENGINE_MAX_RANKS);
     if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n || hp->n_ff_shexp % n)
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows and %d "
-                       "hidden rows must each divide by it (KV heads are not replicated)",
-                       n, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_embd);
+                       "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows (%d of a "
+                       "shared expert) and %d hidden rows must each divide by it (KV heads are "
+                       "not replicated)",
+                       n, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_ff_shexp, hp->n_embd);
     m->rank = calloc((size_t)n, sizeof(*m->rank));
     if (!m->rank)
         return err_set(err, ST_ERR_NOMEM, "no memory");
@@ -443,12 +444,6 @@ enum status engine_model_kv_init(struct engine_model *m, struct engine_kv **out,
 
 /* ---- forward ---- */
 
-/* The FFN buffers' width: the FFN's (an expert's), or a shared expert's where it is wider. */
-static int ffn_width(const struct engine_hparams *hp)
-{
-    return hp->n_ff_shexp > hp->n_ff ? hp->n_ff_shexp : hp->n_ff;
-}
-
 /* A mixture of experts' slots per token: its chosen experts, and the shared one. */
 static int moe_k(const struct engine_hparams *hp)
 {
@@ -462,10 +457,10 @@ static size_t scratch_per_tok(const struct engine_hparams *hp, int n_rank)
 {
     size_t q_dim = (size_t)(hp->n_head / n_rank) * hp->head_dim;
     size_t kv_dim = (size_t)(hp->n_kv_head / n_rank) * hp->head_dim;
-    size_t s =
-        2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)(ffn_width(hp) / n_rank);
+    size_t s = 2 * (size_t)hp->n_embd + 2 * q_dim + 2 * kv_dim +
+               2 * (size_t)(engine_hp_ffn_width(hp) / n_rank);
     if (n_rank > 1) {
-        size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)ffn_width(hp);
+        size_t qf = (size_t)hp->n_head * hp->head_dim, F = (size_t)engine_hp_ffn_width(hp);
         size_t widest = qf > F ? qf : F;
         widest = widest > (size_t)hp->n_embd ? widest : (size_t)hp->n_embd;
         s += qf + 2 * F + (size_t)(hp->n_embd / n_rank) + widest;
@@ -554,7 +549,8 @@ enum status engine_model_reserve_sizes(struct engine_model *m, int max_tok, int 
         struct engine_rank *R = &m->rank[r];
         struct engine_rank_bufs *f = &R->buf;
         struct kern_backend *be = R->be;
-        const int64_t widest = ffn_width(hp) > hp->n_embd ? ffn_width(hp) : hp->n_embd;
+        const int64_t widest =
+            engine_hp_ffn_width(hp) > hp->n_embd ? engine_hp_ffn_width(hp) : hp->n_embd;
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
         enum status rs = be->ops->reserve ? be->ops->reserve(be, max_tok, widest > qd ? widest : qd,
                                                              max_blocks * block, err)
@@ -871,11 +867,11 @@ static struct fwd_bufs fwd_bufs_of(const struct engine_hparams *hp, const struct
     B.kk = B.att + (size_t)n * q_dim;
     B.vv = B.kk + (size_t)n * kv_dim;
     B.gate = B.vv + (size_t)n * kv_dim;
-    B.up = B.gate + (size_t)n * (ffn_width(hp) / n_rank);
-    B.att_all = B.up + (size_t)n * (ffn_width(hp) / n_rank);
+    B.up = B.gate + (size_t)n * (engine_hp_ffn_width(hp) / n_rank);
+    B.att_all = B.up + (size_t)n * (engine_hp_ffn_width(hp) / n_rank);
     B.gate_all = B.att_all + (size_t)n * hp->n_head * hd;
-    B.up_all = B.gate_all + (size_t)n * ffn_width(hp);
-    B.y = B.up_all + (size_t)n * ffn_width(hp);
+    B.up_all = B.gate_all + (size_t)n * engine_hp_ffn_width(hp);
+    B.y = B.up_all + (size_t)n * engine_hp_ffn_width(hp);
     B.land = B.y + (size_t)n * R->n_embd;
     const size_t moe = 3 * (size_t)E + (size_t)engine_hp_n_ffns(hp);
     B.moe_in = B.x + (size_t)n * (scratch_per_tok(hp, n_rank) - moe);

@@ -69,6 +69,12 @@ static inline int engine_hp_n_ffns(const struct engine_hparams *hp)
     return hp->n_expert + (hp->n_ff_shexp > 0);
 }
 
+/* The widest FFN a layer runs: its FFN (an expert's), or a shared expert's where wider. */
+static inline int engine_hp_ffn_width(const struct engine_hparams *hp)
+{
+    return hp->n_ff_shexp > hp->n_ff ? hp->n_ff_shexp : hp->n_ff;
+}
+
 struct engine_model; /* opaque: engine/model_internal.h */
 
 /* One forward step over a flat batch. Tokens of one sequence must appear in position order;

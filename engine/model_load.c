@@ -133,10 +133,15 @@ static enum status read_experts(const struct io_gguf *g, const char *arch,
                              hp->n_ff, err)))
             return st;
     }
+    /* each expert's width: expert_feed_forward_length, else (llama.cpp's default) Qwen's MoE
+     * the FFN's width over the experts a token runs, Mixtral's the FFN's */
     if ((st = get_hparam(g, arch, "expert_used_count", &hp->n_expert_used, 1, 0, err)) ||
-        (has_key(g, arch, "expert_feed_forward_length") &&
-         (st = get_hparam(g, arch, "expert_feed_forward_length", &hp->n_ff, 1, 0, err))))
+        (st = get_hparam(g, arch, "expert_feed_forward_length", &hp->n_ff, 0,
+                         hp->arch == ENGINE_ARCH_LLAMA ? hp->n_ff : hp->n_ff / hp->n_expert_used,
+                         err)))
         return st;
+    if (hp->n_ff < 1)
+        return err_set(err, ST_ERR_FORMAT, "%s: experts of %d rows", arch, hp->n_ff);
     if (hp->n_expert > ENGINE_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
         return err_set(err, ST_ERR_UNSUPPORTED, "%d experts, %d used: at most %d, used <= count",
                        hp->n_expert, hp->n_expert_used, ENGINE_MAX_EXPERTS);

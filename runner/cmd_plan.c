@@ -152,10 +152,11 @@ int runner_cmd_plan(int argc, char **argv)
         return RUNNER_EXIT_ERROR;
     }
     const struct engine_hparams *hp = engine_model_hparams(m);
-    if (hp->n_head % tp || hp->n_kv_head % tp || hp->n_ff % tp) {
-        LOG_ERROR("--tp %ld: the model's %d query heads, %d KV heads and %d FFN rows must divide "
-                  "by it",
-                  tp, hp->n_head, hp->n_kv_head, hp->n_ff);
+    if (hp->n_head % tp || hp->n_kv_head % tp || hp->n_ff % tp || hp->n_ff_shexp % tp ||
+        hp->n_embd % tp) {
+        LOG_ERROR("--tp %ld: the model's %d query heads, %d KV heads, %d FFN rows (%d of a shared "
+                  "expert) and %d hidden rows must divide by it",
+                  tp, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_ff_shexp, hp->n_embd);
         engine_model_free(m);
         return RUNNER_EXIT_ERROR;
     }
@@ -205,7 +206,7 @@ int runner_cmd_plan(int argc, char **argv)
     const int max_tok = eo.ep.max_batch_tokens, max_seqs = eo.ep.max_seqs;
     const int tbl_blocks = (int)((hp->n_ctx_train + block - 1) / block) + 1; /* as reserve */
     const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
-    int64_t widest = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    int64_t widest = engine_hp_ffn_width(hp) > hp->n_embd ? engine_hp_ffn_width(hp) : hp->n_embd;
     widest = widest > qd ? widest : qd;
     const size_t dev_act =
         cuda ? engine_model_stage_bytes(m, (int)tp, 0, max_tok, max_seqs, tbl_blocks, 1) : 0;

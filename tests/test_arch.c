@@ -731,25 +731,35 @@ static void test_moe_prepare_fails(void **state)
     ops.prepare = fail_prepare;
     struct kern_backend be = *real;
     be.ops = &ops;
-    /* per layer: q, k, v, o (calls 1-4), 24 experts' matrices, the router (29) */
-    static const int at[] = {1, 4, 7, 28, 29, 30, 33, 59, 140};
-    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+    /* per layer: q, k, v, o (calls 1-4), the experts' matrices, the router, (qwen2moe) the
+     * shared expert's gate; last the output head */
+    static const struct {
+        const char *name;
+        int at[9], calls;
+    } cases[] = {
+        {"qwen3moe", {1, 4, 7, 28, 29, 30, 33, 59, 140}, 6 * 29 + 1},
+        {"qwen2moe", {1, 4, 5, 25, 26, 27, 28, 54, 163}, 6 * 27 + 1},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char path[96];
+        snprintf(path, sizeof(path), "tests/fixtures/arch/%s.gguf", cases[c].name);
+        for (size_t i = 0; i < 9; i++) {
+            struct engine_model *m = NULL;
+            g_prepares = 0;
+            g_fail_at = cases[c].at[i];
+            assert_int_equal(engine_model_load(&m, path, &be, &err), ST_ERR_NOMEM);
+            assert_null(m);
+            assert_non_null(strstr(err.msg, "failed on purpose"));
+        }
+        g_fail_at = 0; /* and whole: every call made */
         struct engine_model *m = NULL;
         g_prepares = 0;
-        g_fail_at = at[i];
-        assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/qwen3moe.gguf", &be, &err),
-                         ST_ERR_NOMEM);
-        assert_null(m);
-        assert_non_null(strstr(err.msg, "failed on purpose"));
+        assert_int_equal(engine_model_load(&m, path, &be, &err), ST_OK);
+        printf("  %s: %d prepare calls; a failure at any of 9 of them fails the load cleanly\n",
+               cases[c].name, g_prepares);
+        assert_int_equal(g_prepares, cases[c].calls);
+        engine_model_free(m);
     }
-    g_fail_at = 0; /* and whole: every call made */
-    struct engine_model *m = NULL;
-    g_prepares = 0;
-    assert_int_equal(engine_model_load(&m, "tests/fixtures/arch/qwen3moe.gguf", &be, &err), ST_OK);
-    printf("  qwen3moe: %d prepare calls; a failure at any of 9 of them fails the load cleanly\n",
-           g_prepares);
-    assert_true(g_prepares > 140);
-    engine_model_free(m);
     kern_backend_free(real);
 }
 
