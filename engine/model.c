@@ -219,12 +219,16 @@ static enum status ranks_init(struct engine_model *m, struct kern_backend *const
     const struct engine_hparams *hp = &m->hp;
     if (n > ENGINE_MAX_RANKS)
         return err_set(err, ST_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, ENGINE_MAX_RANKS);
-    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n || hp->n_ff_shexp % n)
+    if (hp->n_head % n || hp->n_kv_head % n || hp->n_ff % n || hp->n_embd % n ||
+        hp->n_ff_shexp % n) {
+        char shexp[48] = "";
+        if (hp->n_ff_shexp)
+            snprintf(shexp, sizeof(shexp), " (%d of its shared expert)", hp->n_ff_shexp);
         return err_set(err, ST_ERR_UNSUPPORTED,
-                       "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows (%d of a "
-                       "shared expert) and %d hidden rows must each divide by it (KV heads are "
-                       "not replicated)",
-                       n, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_ff_shexp, hp->n_embd);
+                       "--tp %d: the model's %d query heads, %d KV heads, %d FFN rows%s and %d "
+                       "hidden rows must each divide by it (KV heads are not replicated)",
+                       n, hp->n_head, hp->n_kv_head, hp->n_ff, shexp, hp->n_embd);
+    }
     m->rank = calloc((size_t)n, sizeof(*m->rank));
     if (!m->rank)
         return err_set(err, ST_ERR_NOMEM, "no memory");

@@ -154,9 +154,12 @@ int runner_cmd_plan(int argc, char **argv)
     const struct engine_hparams *hp = engine_model_hparams(m);
     if (hp->n_head % tp || hp->n_kv_head % tp || hp->n_ff % tp || hp->n_ff_shexp % tp ||
         hp->n_embd % tp) {
-        LOG_ERROR("--tp %ld: the model's %d query heads, %d KV heads, %d FFN rows (%d of a shared "
-                  "expert) and %d hidden rows must divide by it",
-                  tp, hp->n_head, hp->n_kv_head, hp->n_ff, hp->n_ff_shexp, hp->n_embd);
+        char shexp[48] = "";
+        if (hp->n_ff_shexp)
+            snprintf(shexp, sizeof(shexp), " (%d of its shared expert)", hp->n_ff_shexp);
+        LOG_ERROR("--tp %ld: the model's %d query heads, %d KV heads, %d FFN rows%s and %d hidden "
+                  "rows must divide by it",
+                  tp, hp->n_head, hp->n_kv_head, hp->n_ff, shexp, hp->n_embd);
         engine_model_free(m);
         return RUNNER_EXIT_ERROR;
     }
